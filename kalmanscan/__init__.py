@@ -1,0 +1,38 @@
+"""kalmanscan: the exact Kalman filter for diagonal linear-Gaussian models, parallel in time.
+
+Precisions come from an associative Möbius scan and information vectors from an affine scan, so
+the filter, smoother and log-likelihood run in O(log T) depth on CPUs and GPUs.
+
+>>> import numpy as np, kalmanscan as ks
+>>> res = ks.filter(np.array([1.0, 2.0, np.nan, 4.0]), obs_var=1.0, decay=1.0, process_var=0.5)
+>>> res.mean.shape
+(4,)
+
+Importing the package is cheap: it imports torch and numpy only; triton, xarray and matplotlib
+load when a function that needs them is called.
+"""
+
+from kalmanscan.core.discretize import discretize_ou
+from kalmanscan.core.filter import FilterResult, InfoState, SmoothResult, filter, smooth
+
+__all__ = [
+    "FilterResult",
+    "InfoState",
+    "SmoothResult",
+    "discretize_ou",
+    "filter",
+    "smooth",
+    "fit_ou",
+    "forecast",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Clients load lazily so `import kalmanscan` stays light.
+    if name in ("fit_ou", "forecast", "OUModel", "OUFit"):
+        from kalmanscan import timeseries
+
+        return getattr(timeseries, name)
+    raise AttributeError(f"module 'kalmanscan' has no attribute {name!r}")

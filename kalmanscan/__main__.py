@@ -1,0 +1,5 @@
+import sys
+
+from kalmanscan.cli import main
+
+sys.exit(main())
