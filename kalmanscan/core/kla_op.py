@@ -1,0 +1,278 @@
+"""The factorized Kalman Linear Attention (KLA) op: many scalar filters with an outer-product
+observation model, read out by a query (SPEC §3).
+
+Notation and shapes (batch B, time L, channels M, state slots S; a lane is ``(b, m, s)``):
+
+- ``v``, ``Lv``: ``[B, L, M]`` value and value precision (``Lv > 0``).
+- ``k``, ``q``: ``[B, L, S]`` key (observation loading) and query (readout weights).
+- ``decay``, ``process_var``: ``[M, S]`` time-invariant dynamics ``a``, ``p`` of each lane.
+- ``lam0``, ``eta0``: ``[B, M, S]`` initial precision and information (default 1 and 0).
+- per step: ``phi = Lv[m] * k[s]**2``, ``r = v[m] * Lv[m] * k[s]``, offset ``c = 0``; then the
+  information-form filter of SPEC §2 gives ``lam``, ``eta`` ``[B, M, S]``.
+- readout: ``y[m] = sum_s q[s] * eta[m,s] / lam[m,s]``, ``yvar[m] = sum_s q[s]**2 / lam[m,s]``.
+
+Backends live in one dict, ``KLA_BACKENDS``: ``"sequential"`` (the step-by-step reference),
+``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes) and ``"triton"``
+(fused GPU kernels in ``kalmanscan/cuda/kla.py``, which never store a ``[B, L, M, S]`` tensor).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import NamedTuple
+
+import torch
+
+from kalmanscan.core.filter import InfoState
+from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+
+__all__ = ["KLAResult", "KLA_BACKENDS", "kla_filter", "kla_step", "kla_filter_sequential"]
+
+
+class KLAResult(NamedTuple):
+    """Outputs of :func:`kla_filter`.
+
+    y, yvar: ``[B, L, M]`` readout mean and variance; final: ``InfoState(lam, eta)`` ``[B, M, S]``
+    after the last token; precision: ``[B, L, M, S]`` filtered precisions, or None unless asked.
+    """
+
+    y: torch.Tensor
+    yvar: torch.Tensor
+    final: InfoState
+    precision: torch.Tensor | None
+
+
+_HALF = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _step(v, Lv, k, q, a, p, qf, d, lam, eta):
+    """One token: v, Lv [B, M]; k, q [B, S]; a, p, qf, d [M, S]; lam, eta [B, M, S]."""
+    lam_pred = predict_precision(lam, p, qf, d)
+    alpha = info_gain(lam, a, p, qf, d)
+    lam = lam_pred + Lv[:, :, None] * (k * k)[:, None, :]
+    eta = alpha * eta + (v * Lv)[:, :, None] * k[:, None, :]
+    y = (q[:, None, :] * eta / lam).sum(-1)
+    yvar = ((q * q)[:, None, :] / lam).sum(-1)
+    return y, yvar, lam, eta
+
+
+def kla_filter_sequential(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+    """The reference: a plain loop over tokens, on prepared inputs (see ``kla_filter``)."""
+    qf, d = predict_coeffs(decay * decay, process_var)
+    lam, eta = lam0, eta0
+    ys, yvars, precs = [], [], []
+    for t in range(v.shape[1]):
+        y, yvar, lam, eta = _step(
+            v[:, t], Lv[:, t], k[:, t], q[:, t], decay, process_var, qf, d, lam, eta
+        )
+        ys.append(y)
+        yvars.append(yvar)
+        if return_precision:
+            precs.append(lam)
+    prec = torch.stack(precs, 1) if return_precision else None
+    return KLAResult(torch.stack(ys, 1), torch.stack(yvars, 1), InfoState(lam, eta), prec)
+
+
+def _kla_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+    """Thin client of the general filter: lanes ``[B, L, M, S]`` materialized (reference path)."""
+    import kalmanscan
+
+    B, L, M = v.shape
+    S = k.shape[-1]
+    shape = (B, L, M, S)
+    res = kalmanscan.filter(
+        v[..., None].expand(shape),
+        obs_var=(1.0 / Lv)[..., None].expand(shape),
+        decay=decay.expand(shape),
+        process_var=process_var.expand(shape),
+        loading=k[:, :, None, :].expand(shape),
+        init=InfoState(lam0, eta0),
+        axis=1,
+        backend="torch",
+    )
+    lam, mean = res.precision, res.mean
+    y = (q[:, :, None, :] * mean).sum(-1)
+    yvar = ((q * q)[:, :, None, :] / lam).sum(-1)
+    final = InfoState(res.final.lam, res.final.eta)
+    return KLAResult(y, yvar, final, lam if return_precision else None)
+
+
+def _kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+    from kalmanscan.cuda.kla import kla_triton
+
+    y, yvar, lam, eta, prec = kla_triton(
+        v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=return_precision
+    )
+    return KLAResult(y, yvar, InfoState(lam, eta), prec)
+
+
+# name -> implementation; every one takes prepared inputs (one dtype and device, exact shapes).
+KLA_BACKENDS = {
+    "sequential": kla_filter_sequential,
+    "torch": _kla_torch,
+    "triton": _kla_triton,
+}
+
+
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _resolve(backend, device: torch.device) -> str:
+    if not isinstance(backend, str) or (backend != "auto" and backend not in KLA_BACKENDS):
+        raise ValueError(
+            f"backend: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {backend!r}"
+        )
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if backend == "triton":
+        if device.type != "cuda":
+            raise ValueError(
+                f"backend: 'triton' runs on CUDA tensors, got tensors on {device}; "
+                "use backend='torch' or 'sequential' there"
+            )
+        if not _triton_available():
+            raise ValueError("backend: 'triton' needs the triton package; use backend='torch'")
+    return backend
+
+
+def _check_tensor(name, x, ndim, desc):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {desc}, got {type(x).__name__}")
+    if x.dtype not in _HALF + (torch.float64,):
+        raise TypeError(
+            f"{name}: expected a float16/bfloat16/float32/float64 tensor, got dtype {x.dtype}"
+        )
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected {desc}, got shape {tuple(x.shape)}")
+
+
+def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0):
+    """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert."""
+    _check_tensor("v", v, 3, "of shape [B, L, M]")
+    B, L, M = v.shape
+    _check_tensor("Lv", Lv, 3, f"of shape [B, L, M] = {[B, L, M]}")
+    _check_tensor("k", k, 3, f"of shape [B, L, S] with B={B}, L={L}")
+    S = k.shape[-1]
+    _check_tensor("q", q, 3, f"of shape [B, L, S] = {[B, L, S]}")
+    if tuple(Lv.shape) != (B, L, M):
+        raise ValueError(f"Lv: expected shape {(B, L, M)} (that of v), got {tuple(Lv.shape)}")
+    if tuple(k.shape[:2]) != (B, L):
+        raise ValueError(f"k: expected shape [B, L, S] with B={B}, L={L}, got {tuple(k.shape)}")
+    if tuple(q.shape) != (B, L, S):
+        raise ValueError(f"q: expected shape {(B, L, S)} (that of k), got {tuple(q.shape)}")
+    if L < 1 or M < 1 or S < 1 or B < 1:
+        raise ValueError(f"v, k: expected non-empty B, L, M, S, got {(B, L, M, S)}")
+    tensors = {"v": v, "Lv": Lv, "k": k, "q": q, "decay": decay, "process_var": process_var}
+    for name in ("decay", "process_var"):
+        x = tensors[name]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{name}: expected a torch.Tensor of shape [M, S], got {type(x).__name__}"
+            )
+        _check_tensor(name, x, x.dim(), "")
+        try:
+            torch.broadcast_shapes(x.shape, (M, S))
+        except RuntimeError:
+            raise ValueError(
+                f"{name}: expected a tensor broadcastable to [M, S] = {[M, S]}, "
+                f"got {tuple(x.shape)}"
+            ) from None
+        if x.dim() > 2:
+            raise ValueError(f"{name}: expected shape [M, S] = {[M, S]}, got {tuple(x.shape)}")
+    for name, x in (("lam0", lam0), ("eta0", eta0)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{name}: expected a torch.Tensor of shape [B, M, S], got {type(x).__name__}"
+            )
+        _check_tensor(name, x, x.dim(), "")
+        try:
+            ok = x.dim() <= 3 and torch.broadcast_shapes(x.shape, (B, M, S)) == (B, M, S)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{name}: expected a tensor broadcastable to [B, M, S] = {[B, M, S]}, "
+                f"got {tuple(x.shape)}"
+            )
+        tensors[name] = x
+    device = v.device
+    for name, x in tensors.items():
+        if x.device != device:
+            raise ValueError(
+                f"{name}: expected a tensor on {device} (the device of v), got {x.device}"
+            )
+    dtype = (
+        torch.float64 if any(x.dtype == torch.float64 for x in tensors.values()) else torch.float32
+    )
+    cv = {n: x.to(dtype) for n, x in tensors.items()}
+    decay = cv["decay"].expand(M, S)
+    process_var = cv["process_var"].expand(M, S)
+    lam0 = (
+        cv["lam0"].expand(B, M, S)
+        if lam0 is not None
+        else torch.ones(B, M, S, dtype=dtype, device=device)
+    )
+    eta0 = (
+        cv["eta0"].expand(B, M, S)
+        if eta0 is not None
+        else torch.zeros(B, M, S, dtype=dtype, device=device)
+    )
+    return cv["v"], cv["Lv"], cv["k"], cv["q"], decay, process_var, lam0, eta0
+
+
+def kla_filter(
+    v, Lv, k, q, decay, process_var, lam0=None, eta0=None, *, return_precision=False, backend="auto"
+) -> KLAResult:
+    """Run the KLA filter over a sequence of tokens (SPEC §3) and read it out.
+
+    v, Lv: ``[B, L, M]``; k, q: ``[B, L, S]``; decay, process_var: ``[M, S]`` (``decay >= 0``,
+    ``process_var >= 0``, not both 0); lam0, eta0: ``[B, M, S]`` (default 1 and 0).
+    float16/bfloat16/float32 inputs compute and return float32; float64 stays float64.
+    ``return_precision=True`` also returns the filtered precisions ``[B, L, M, S]``.
+    ``backend``: ``"auto"`` (``"triton"`` on CUDA tensors when triton is installed, else
+    ``"torch"``), ``"triton"``, ``"torch"`` or ``"sequential"``. Differentiable in every input.
+
+    >>> import torch
+    >>> from kalmanscan.core.kla_op import kla_filter
+    >>> g = torch.Generator().manual_seed(0)
+    >>> v, Lv = torch.randn(2, 5, 3, generator=g), torch.rand(2, 5, 3, generator=g) + 0.5
+    >>> k, q = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    >>> res = kla_filter(v, Lv, k, q, torch.full((3, 4), 0.9), torch.full((3, 4), 0.1))
+    >>> res.y.shape, res.final.lam.shape
+    (torch.Size([2, 5, 3]), torch.Size([2, 3, 4]))
+    """
+    args = _prepare(v, Lv, k, q, decay, process_var, lam0, eta0)
+    name = _resolve(backend, args[0].device)
+    return KLA_BACKENDS[name](*args, return_precision=return_precision)
+
+
+def kla_step(v, Lv, k, q, decay, process_var, lam, eta):
+    """One token of the KLA filter (O(1) decoding): returns ``(y, yvar, InfoState(lam, eta))``.
+
+    v, Lv: ``[B, M]``; k, q: ``[B, S]``; decay, process_var: ``[M, S]``; lam, eta: ``[B, M, S]``
+    (the ``final`` state of :func:`kla_filter` or of the previous step). y, yvar: ``[B, M]``.
+
+    >>> import torch
+    >>> from kalmanscan.core.kla_op import kla_step
+    >>> B, M, S = 2, 3, 4
+    >>> y, yvar, state = kla_step(torch.randn(B, M), torch.ones(B, M), torch.randn(B, S),
+    ...     torch.randn(B, S), torch.full((M, S), 0.9), torch.full((M, S), 0.1),
+    ...     torch.ones(B, M, S), torch.zeros(B, M, S))
+    >>> y.shape, state.lam.shape
+    (torch.Size([2, 3]), torch.Size([2, 3, 4]))
+    """
+    for name, x in (("v", v), ("Lv", Lv), ("k", k), ("q", q)):
+        _check_tensor(name, x, 2, "of shape [B, M] (v, Lv) or [B, S] (k, q)")
+    if lam is None or eta is None:
+        raise ValueError("lam, eta: expected [B, M, S] tensors (the state to continue), got None")
+    args = _prepare(v[:, None], Lv[:, None], k[:, None], q[:, None], decay, process_var, lam, eta)
+    v, Lv, k, q, decay, process_var, lam, eta = args
+    qf, d = predict_coeffs(decay * decay, process_var)
+    y, yvar, lam, eta = _step(
+        v[:, 0], Lv[:, 0], k[:, 0], q[:, 0], decay, process_var, qf, d, lam, eta
+    )
+    return y, yvar, InfoState(lam, eta)
