@@ -1,0 +1,391 @@
+"""The Ornstein–Uhlenbeck / local-level model on a time axis, and forecasting from it.
+
+Notation (docs/model.md): the latent level follows ``dx = -theta (x - mu) dt + sigma dW`` with
+``sigma2 = sigma**2``; an observation is ``z = x + e``, ``e ~ N(0, obs_var)``. Between timestamps a
+step ``dt`` apart the exact transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w ~ N(0, p)``, with
+``(a, p) = kalmanscan.discretize_ou(theta, sigma2, dt)``. ``theta = 0`` is the random walk (local level).
+
+Shapes: ``z`` is ``[T, *S]`` with time on ``axis`` (default 0); ``S`` are independent series sharing
+the timestamps. Parameters are scalars or arrays broadcasting against ``S``.
+
+Prior (the state at the first timestamp): stationary ``N(mu, sigma2 / (2 theta))`` when
+``theta > 0``, diffuse when ``theta = 0``; both are ``lam_0 = 2 theta / sigma2`` in information form,
+so the default is continuous in ``theta``. Override with ``prior_mean`` / ``prior_var``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kalmanscan.timeseries.times import TimeAxis, _labels_array, as_time_axis
+
+PARAMS = ("theta", "sigma2", "mu", "obs_var")
+
+
+def _normal_quantile(coverage: float) -> float:
+    """``q`` with ``P(|N(0,1)| <= q) = coverage``."""
+    return math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(coverage, dtype=torch.float64)))
+
+
+def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
+    """Coverage levels in (0, 1) as a tuple (a single number gives a 1-tuple)."""
+    vals = np.atleast_1d(np.asarray(coverage, dtype=np.float64)).ravel()
+    if vals.size == 0 or not np.all((vals > 0) & (vals < 1)):
+        raise ValueError(f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}")
+    return tuple(float(v) for v in vals)
+
+
+def interval(mean, var, coverage: float):
+    """Central interval ``(lower, upper)`` of ``N(mean, var)`` holding probability ``coverage``."""
+    q = _normal_quantile(check_coverage(coverage)[0])
+    sd = np.sqrt(var)
+    return mean - q * sd, mean + q * sd
+
+
+def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name}: expected a real number or array of numbers, got {value!r}") from err
+    bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
+    if lo is not None:
+        bad |= (arr <= lo) if lo_open else (arr < lo)
+    if bad.any():
+        rng = f"{'>' if lo_open else '>='} {lo}" if lo is not None else "finite"
+        first = arr[bad].ravel()[0]
+        raise ValueError(f"{name}: expected values {rng} and finite, got {first!r}")
+    return float(arr) if arr.ndim == 0 else arr
+
+
+def series_input(z, times, axis: int = 0):
+    """Normalize data to ``(z [T, *S] float64 numpy, times, series_labels)``.
+
+    pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
+    DataFrame's columns as the series labels.
+    """
+    labels = None
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover
+        pd = None
+    if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
+        if times is None and not isinstance(z.index, pd.RangeIndex):
+            times = z.index
+        if isinstance(z, pd.DataFrame):
+            labels = [str(c) for c in z.columns]
+        z = z.to_numpy(dtype=np.float64, na_value=np.nan)
+        if axis != 0:
+            raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
+    if isinstance(z, torch.Tensor):
+        z = z.detach().cpu().numpy()
+    try:
+        arr = np.asarray(z, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"z: expected an array of numbers (NaN = missing), got {type(z).__name__}") from err
+    if arr.ndim == 0:
+        raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
+    if not -arr.ndim <= axis < arr.ndim:
+        raise ValueError(f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, got {axis}")
+    arr = np.moveaxis(arr, axis, 0)
+    if np.isinf(arr).any():
+        raise ValueError("z: expected finite values or NaN (missing), got inf")
+    if arr.shape[0] == 0:
+        raise ValueError("z: expected at least one time step, got an empty time axis")
+    return arr, times, labels
+
+
+def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
+    """Per-step ``(decay, process_var, offset)`` for steps ``dt [T]``, shaped ``[T, 1 (x n_series_dims)]``
+    broadcast against the parameters (numpy, or torch when ``like`` is a tensor).
+    """
+    import kalmanscan as ks
+
+    if isinstance(like, torch.Tensor):
+        dt = torch.as_tensor(np.asarray(dt), dtype=like.dtype, device=like.device)
+        dt = dt.reshape((-1,) + (1,) * n_series_dims)
+    else:
+        dt = np.asarray(dt, dtype=np.float64).reshape((-1,) + (1,) * n_series_dims)
+    decay, process_var = ks.discretize_ou(theta, sigma2, dt)
+    offset = mu * (1 - decay)
+    return decay, process_var, offset
+
+
+def default_prior(theta, sigma2, mu):
+    """``(prior_mean, prior_var)``: stationary ``N(mu, sigma2/(2 theta))``, diffuse where ``theta = 0``."""
+    if isinstance(theta, torch.Tensor) or isinstance(sigma2, torch.Tensor):
+        theta = torch.as_tensor(theta, dtype=torch.float64)
+        sigma2 = torch.as_tensor(sigma2, dtype=theta.dtype)
+        pos = theta > 0
+        var = torch.where(pos, sigma2 / (2 * torch.where(pos, theta, 1.0)), math.inf)
+        return mu, var
+    theta = np.asarray(theta, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = np.where(theta > 0, np.asarray(sigma2) / (2 * np.where(theta > 0, theta, 1.0)), np.inf)
+    return mu, (float(var) if var.ndim == 0 else var)
+
+
+class Forecast(NamedTuple):
+    """Forecast at future ``times`` (time first: ``[H, *S]``).
+
+    ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
+    ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
+    """
+
+    times: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    predictive_var: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    coverage: float
+
+
+@dataclass(frozen=True)
+class OUModel:
+    """An OU (``theta > 0``) or local-level (``theta = 0``) model for series on a time axis.
+
+    Args:
+        theta: mean-reversion rate per time unit (``>= 0``; 0 = random walk).
+        sigma2: diffusion variance per time unit (``>= 0``).
+        mu: long-run mean.
+        obs_var: observation-noise variance (``> 0``).
+        prior_mean, prior_var: state at the first timestamp; default stationary / diffuse (see module).
+        time_unit: model time unit for datetime timestamps (default ``"1D"``); ``None`` for numbers.
+
+    Each parameter is a scalar or an array over the series shape ``S``.
+
+    >>> import numpy as np
+    >>> m = OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
+    >>> res = m.filter(np.array([1120.0, 1160.0, 963.0]))
+    >>> res.var.round(1).tolist()
+    [15099.0, 7899.7, 5496.7]
+    """
+
+    theta: object = 0.0
+    sigma2: object = 1.0
+    mu: object = 0.0
+    obs_var: object = 1.0
+    prior_mean: object = None
+    prior_var: object = None
+    time_unit: object = field(default=None)
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        set_("theta", _param_array("theta", self.theta, lo=0.0))
+        set_("sigma2", _param_array("sigma2", self.sigma2, lo=0.0))
+        set_("mu", _param_array("mu", self.mu))
+        set_("obs_var", _param_array("obs_var", self.obs_var, lo=0.0, lo_open=True))
+        if self.prior_mean is not None:
+            set_("prior_mean", _param_array("prior_mean", self.prior_mean))
+        if self.prior_var is not None:
+            set_("prior_var", _param_array("prior_var", self.prior_var, lo=0.0, lo_open=True, allow_inf=True))
+
+    # --- the pieces every method shares -------------------------------------------------------
+    def params(self) -> dict:
+        """The four parameters as a dict."""
+        return {k: getattr(self, k) for k in PARAMS}
+
+    def prior(self):
+        """``(prior_mean, prior_var)`` actually used (defaults filled in)."""
+        mean, var = default_prior(self.theta, self.sigma2, self.mu)
+        return (
+            mean if self.prior_mean is None else self.prior_mean,
+            var if self.prior_var is None else self.prior_var,
+        )
+
+    def _prepare(self, z, times, axis):
+        z, times, labels = series_input(z, times, axis)
+        ax = as_time_axis(times, z.shape[0], self.time_unit)
+        return z, ax, labels
+
+    def filter_args(self, time_axis: TimeAxis, n_series_dims: int) -> dict:
+        """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``."""
+        decay, process_var, offset = ou_arrays(self.theta, self.sigma2, self.mu, time_axis.dt, n_series_dims)
+        prior_mean, prior_var = self.prior()
+        return dict(obs_var=self.obs_var, decay=decay, process_var=process_var, offset=offset,
+                    prior_mean=prior_mean, prior_var=prior_var)
+
+    # --- public methods -----------------------------------------------------------------------
+    def filter(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
+        """Filter ``z`` (time on ``axis``) observed at ``times``: a :class:`kalmanscan.FilterResult`.
+
+        >>> import numpy as np
+        >>> OUModel(theta=0.5, sigma2=1.0, obs_var=0.1).filter(np.zeros(3)).mean.tolist()
+        [0.0, 0.0, 0.0]
+        """
+        zt, ax, _ = self._prepare(z, times, axis)
+        return _move_time(self.filter_prepared(zt, ax, backend=backend), axis)
+
+    def filter_prepared(self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"):
+        """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
+        import kalmanscan as ks
+
+        fn = ks.smooth if smooth else ks.filter
+        return fn(z, **self.filter_args(time_axis, z.ndim - 1), axis=0, backend=backend)
+
+    def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
+        """RTS smoother over the whole record: a :class:`kalmanscan.SmoothResult`.
+
+        >>> import numpy as np
+        >>> sm = OUModel(theta=0.0, sigma2=1.0, obs_var=1.0).smooth(np.array([0.0, 2.0]))
+        >>> sm.mean.tolist()
+        [1.0, 1.0]
+        """
+        zt, ax, _ = self._prepare(z, times, axis)
+        res = self.filter_prepared(zt, ax, smooth=True, backend=backend)
+        return type(res)(
+            np.moveaxis(res.mean, 0, axis), np.moveaxis(res.var, 0, axis), _move_time(res.filtered, axis)
+        )
+
+    def loglik(self, z, times=None, *, axis: int = 0):
+        """Log-likelihood per series (exact diffuse convention where the prior is diffuse).
+
+        >>> import numpy as np
+        >>> round(float(OUModel(sigma2=1.0, obs_var=1.0).loglik(np.array([0.0, 1.0]))), 4)
+        -1.6671
+        """
+        return self.filter(z, times, axis=axis).loglik
+
+    def forecast(self, z, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0) -> Forecast:
+        """Forecast after the last timestamp of ``z`` (see :func:`forecast`).
+
+        >>> import numpy as np
+        >>> fc = OUModel(theta=0.0, sigma2=1.0, obs_var=1.0).forecast(np.array([0.0, 2.0]), steps=2)
+        >>> fc.times.tolist(), fc.mean.round(3).tolist()
+        ([2.0, 3.0], [1.333, 1.333])
+        """
+        zt, ax, _ = self._prepare(z, times, axis)
+        res = self.filter_prepared(zt, ax)
+        return forecast_from_state(self, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage)
+
+    def with_params(self, **changes) -> OUModel:
+        """A copy with some fields replaced."""
+        return replace(self, **changes)
+
+    def simulate(self, times=None, *, n: int | None = None, shape=(), seed=None):
+        """Draw ``(level, z)``, each ``[T, *shape]``, from the model at ``times`` (or ``n`` unit steps).
+
+        A diffuse prior starts the level at ``prior_mean`` (or ``mu``).
+
+        >>> lev, z = OUModel(theta=1.0, sigma2=2.0, obs_var=0.5).simulate(n=5, shape=(3,), seed=0)
+        >>> z.shape
+        (5, 3)
+        """
+        import kalmanscan as ks
+
+        if times is None:
+            if n is None:
+                raise ValueError("times, n: give the timestamps or the number of unit steps n")
+            times = np.arange(n, dtype=np.float64)
+        ax = as_time_axis(times, len(times), self.time_unit)
+        rng = np.random.default_rng(seed)
+        shape = tuple(np.broadcast_shapes(tuple(shape), *(np.shape(v) for v in self.params().values())))
+        pm, pv = self.prior()
+        pm = np.broadcast_to(self.mu if self.prior_mean is None else pm, shape)
+        pv = np.broadcast_to(pv, shape)
+        x = np.where(np.isinf(pv), pm, pm + np.sqrt(np.where(np.isinf(pv), 0.0, pv)) * rng.standard_normal(shape))
+        T = len(ax.t)
+        level = np.empty((T,) + shape)
+        decay, process_var = ks.discretize_ou(np.asarray(self.theta, dtype=np.float64), np.asarray(self.sigma2, dtype=np.float64),
+                                              ax.dt.reshape((-1,) + (1,) * len(shape)))
+        decay = np.broadcast_to(decay, (T,) + shape)
+        process_var = np.broadcast_to(process_var, (T,) + shape)
+        for t in range(T):
+            x = decay[t] * x + self.mu * (1 - decay[t]) + np.sqrt(process_var[t]) * rng.standard_normal(shape)
+            level[t] = x
+        z = level + np.sqrt(self.obs_var) * rng.standard_normal((T,) + shape)
+        return level, z
+
+    def to_dataset(self, z, times=None, *, coverage=(0.5, 0.9), smooth: bool = True, forecast_steps=None,
+                   forecast_at=None, series_dims=None, series_coords=None, name: str | None = None):
+        """Filter (and smooth, and forecast) ``z`` and return an ``xarray.Dataset``.
+
+        See :func:`kalmanscan.xarray.to_dataset`; needs xarray.
+        """
+        from kalmanscan import xarray as kx
+
+        return kx.to_dataset(self, z, times, coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
+                             forecast_at=forecast_at, series_dims=series_dims, series_coords=series_coords,
+                             name=name)
+
+
+def _move_time(res, axis):
+    if axis == 0:
+        return res
+    timed = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
+    return res._replace(**{k: np.moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)})
+
+
+def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var, *, steps=None, at=None,
+                        coverage: float = 0.95) -> Forecast:
+    """Forecast from the filtered state ``N(last_mean, last_var)`` at the last timestamp of ``time_axis``."""
+    import kalmanscan as ks
+
+    cov = check_coverage(coverage)[0]
+    if (steps is None) == (at is None):
+        raise ValueError(f"steps, at: give exactly one (a number of steps or future timestamps), got steps={steps!r}, at={at!r}")
+    labels = time_axis.future(steps) if steps is not None else _labels_array(at, "at")
+    pos = time_axis.position(labels, "at")
+    if pos.ndim != 1:
+        raise ValueError(f"at: expected a 1-D sequence of timestamps, got shape {pos.shape}")
+    dt = pos - time_axis.t[-1]
+    if (dt < 0).any():
+        i = int(np.flatnonzero(dt < 0)[0])
+        raise ValueError(f"at: expected timestamps at or after the last observation time, got {labels[i]!r}")
+    last_mean = np.asarray(last_mean, dtype=np.float64)
+    last_var = np.asarray(last_var, dtype=np.float64)
+    nd = last_mean.ndim
+    dt = dt.reshape((-1,) + (1,) * nd)
+    theta = np.asarray(model.theta, dtype=np.float64)
+    decay, process_var = ks.discretize_ou(theta, np.asarray(model.sigma2, dtype=np.float64), dt)
+    with np.errstate(invalid="ignore"):
+        mean = decay * last_mean + model.mu * (1 - decay)
+        var = decay * decay * last_var + process_var
+    shape = np.broadcast_shapes(mean.shape, var.shape, (len(pos),) + np.shape(model.obs_var))
+    mean, var = np.broadcast_to(mean, shape).copy(), np.broadcast_to(var, shape).copy()
+    pvar = var + model.obs_var
+    lo, hi = interval(mean, pvar, cov)
+    if time_axis.is_datetime:
+        labels = np.asarray(labels).astype("datetime64[ns]")
+    else:
+        labels = np.asarray(labels, dtype=np.float64)
+    return Forecast(labels, mean, var, pvar, lo, hi, cov)
+
+
+def forecast(model_or_fit, z=None, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0) -> Forecast:
+    """Forecast past the last observation, ``steps`` typical steps ahead or at timestamps ``at``.
+
+    Args:
+        model_or_fit: an :class:`OUFit` (uses its data) or an :class:`OUModel` (then give ``z``).
+        z, times, axis: the record, as for :meth:`OUModel.filter` (only with a model).
+        steps: number of future steps spaced by the median step of ``times``.
+        at: future timestamps (numbers or datetimes, like ``times``), each ``>=`` the last one.
+        coverage: probability of the predictive interval of a new observation.
+
+    Returns:
+        :class:`Forecast` with arrays ``[H, *S]``.
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> m = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
+    >>> fc = ks.forecast(m, np.array([1120.0, 1160.0, 963.0]), np.array([1871, 1872, 1873]), steps=1)
+    >>> fc.times.tolist()
+    [1874.0]
+    """
+    from kalmanscan.timeseries.fit import OUFit
+
+    if isinstance(model_or_fit, OUFit):
+        if z is not None or times is not None:
+            raise ValueError("z, times: an OUFit forecasts its own data; pass z only with an OUModel")
+        return model_or_fit.forecast(steps=steps, at=at, coverage=coverage)
+    if not isinstance(model_or_fit, OUModel):
+        raise TypeError(f"model_or_fit: expected an OUModel or OUFit, got {type(model_or_fit).__name__}")
+    if z is None:
+        raise ValueError("z: expected the observed record to forecast from, got None")
+    return model_or_fit.forecast(z, times, steps=steps, at=at, coverage=coverage, axis=axis)
