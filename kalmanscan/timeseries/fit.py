@@ -283,7 +283,20 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
 
     opt.step(closure)
     n_iter = int(opt.state[opt.param_groups[0]["params"][0]].get("n_iter", 0))
-    u_hat = u.detach().clone().requires_grad_(True)
+    with torch.no_grad():
+        start_est = natural(u.detach())
+    x = torch.stack([start_est[p][:1] if joint else start_est[p] for p in free], 1)
+
+    def group_loss(y):  # negative log-likelihood per group [G]
+        ll_ = loglik_of(_with_free(y, free, fixed_t, N, joint))
+        return -ll_.sum(0, keepdim=True) if joint else -ll_
+
+    positive = torch.tensor([p in _POSITIVE for p in free], device=device)
+    x = _newton_polish(x, group_loss, positive)
+    # convergence: gradient of the scaled objective in the unconstrained coordinates
+    u_hat = torch.stack([
+        _U_BOUND * torch.atanh((torch.log(x[:, j] / scale[p]) / _U_BOUND).clamp(-1 + 1e-12, 1 - 1e-12))
+        if p != "mu" else (x[:, j] - scale[p]) / sd for j, p in enumerate(free)], 1).requires_grad_(True)
     loss = objective(u_hat)
     (grad,) = torch.autograd.grad(loss, u_hat)
     grad_ok = torch.isfinite(grad).all(1) & (grad.abs().amax(1) <= max(1e3 * tol, 1e-5))
@@ -292,7 +305,7 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
         converged = converged & ~too_few
 
     with torch.no_grad():
-        est = {k: v.detach() for k, v in natural(u.detach()).items()}
+        est = _with_free(x, free, fixed_t, N, joint)
         ll = loglik_of(est).cpu().numpy()
     est_np = {k: v.cpu().numpy().copy() for k, v in est.items()}
     if not converged.all():
@@ -338,6 +351,46 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
         converged=conv_out, n_iter=n_iter, n_obs=int(n_obs[0]) if shape == () else n_obs.reshape(shape),
         joint=joint, z=zt, time_axis=ax, series_labels=labels,
     )
+
+
+def _newton_polish(x, group_loss, positive, steps: int = 4):
+    """A few safeguarded Newton steps per group from the L-BFGS estimate ``x [G, k]``.
+
+    Groups are independent, so each takes its own step, halved until its loss does not increase and
+    positive parameters stay positive; this makes separate fits independent of how series are batched.
+    """
+    x = x.detach()
+    for _ in range(steps):
+        y = x.clone().requires_grad_(True)
+        f = group_loss(y)
+        (g,) = torch.autograd.grad(f.sum(), y)
+        try:
+            H = _hessian(lambda v: group_loss(v).sum(), x)
+        except RuntimeError:
+            return x
+        H = 0.5 * (H + H.transpose(1, 2))
+        L, info = torch.linalg.cholesky_ex(H)
+        ok = (info == 0) & torch.isfinite(g).all(1)
+        eye = torch.eye(H.shape[1], dtype=H.dtype, device=H.device)
+        Hs = torch.where(ok[:, None, None], H, eye)
+        step = torch.linalg.solve(Hs, g.unsqueeze(-1)).squeeze(-1) * ok[:, None]
+        f = f.detach()
+        pending = ok.clone()
+        t = 1.0
+        for _ in range(8):
+            cand = x - t * step
+            valid = pending & ~((cand <= 0) & positive).any(1)
+            with torch.no_grad():
+                fc = group_loss(cand)
+            accept = valid & torch.isfinite(fc) & (fc <= f + 1e-12 * f.abs())
+            x = torch.where(accept[:, None], cand, x)
+            pending = pending & ~accept
+            if not pending.any():
+                break
+            t *= 0.5
+        if (step.abs() <= 1e-10 * x.abs().clamp_min(1e-300)).all():
+            break
+    return x
 
 
 def _with_free(x, free, fixed_t, N, joint):

@@ -81,6 +81,8 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
     if time_unit is None:
         time_unit = DEFAULT_DATETIME_UNIT
     name = str(time_unit)
+    if isinstance(time_unit, (np.timedelta64, _dt.timedelta)):
+        name = None
     if isinstance(time_unit, np.timedelta64):
         td = time_unit.astype("timedelta64[ns]")
     elif isinstance(time_unit, _dt.timedelta):
@@ -101,7 +103,15 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
         )
     if not td > np.timedelta64(0, "ns"):
         raise ValueError(f"time_unit: expected a positive duration, got {time_unit!r}")
-    return td, name
+    return td, name or _unit_name(td)
+
+
+def _unit_name(td: np.timedelta64) -> str:
+    ns = int(td / np.timedelta64(1, "ns"))
+    for suffix, size in (("D", 86400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9)):
+        if ns % size == 0:
+            return f"{ns // size}{suffix}"
+    return f"{ns}ns"
 
 
 def _labels_array(times, name: str) -> np.ndarray:
