@@ -1,0 +1,1 @@
+"""Validation suite: kalmanscan against independent classic Kalman filters (placeholder docstring)."""
