@@ -49,7 +49,7 @@ def _block(z, theta, sigma2, mu, obs_var, *prior, time_axis: TimeAxis, smooth: b
     prior_mean, prior_var = prior if prior else (None, None)
     model = OUModel(theta=theta, sigma2=sigma2, mu=mu, obs_var=obs_var, prior_mean=prior_mean,
                     prior_var=prior_var)
-    zt = np.moveaxis(np.asarray(z, dtype=np.float64), -1, 0)
+    zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
     res = model.filter_prepared(zt, time_axis, smooth=smooth, backend=backend)
     filt = res.filtered if smooth else res
     last = lambda a: np.broadcast_to(np.moveaxis(a, 0, -1), loop + a.shape[:1])  # noqa: E731
@@ -337,7 +337,7 @@ def _fit_block(z, *, time_axis: TimeAxis, fix, options):
     loop = z.shape[:-1]
     if z.size == 0:
         return np.zeros(loop + (4,)), np.zeros(loop + (4,)), np.zeros(loop), np.zeros(loop, np.int8), np.zeros(loop)
-    zt = np.moveaxis(np.asarray(z, dtype=np.float64), -1, 0)
+    zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
     fit = fit_ou(zt, time_axis.labels, fix=fix, time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
                  **options)
     est = np.stack([np.broadcast_to(np.asarray(fit.params[p], dtype=np.float64), loop) for p in PARAMS], -1)

@@ -51,7 +51,7 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     if isinstance(value, torch.Tensor):
         return value
     try:
-        arr = np.asarray(value, dtype=np.float64)
+        arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise TypeError(f"{name}: expected a real number or array of numbers, got {value!r}") from err
     bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))

@@ -1,0 +1,262 @@
+"""matplotlib helpers for filtered/smoothed series with uncertainty bands.
+
+Every function takes ``ax=None`` (a new figure) or an axes to draw on and returns the axes; none
+calls ``plt.show()``. Inputs are the Datasets of :mod:`kalmanscan.xarray` (``OUFit.to_dataset()``,
+``da.kalman.filter(...)``) or, for :func:`plot_bands`, plain arrays.
+
+>>> import numpy as np, kalmanscan as ks
+>>> from kalmanscan.timeseries import load_nile
+>>> from kalmanscan.plot import plot_overview
+>>> years, flow = load_nile()
+>>> ds = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).to_dataset(forecast_steps=10)
+>>> axes = plot_overview(ds)
+>>> len(axes)
+2
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _quantile(c: float) -> float:
+    from kalmanscan.timeseries.model import _normal_quantile
+
+    return _normal_quantile(c)
+
+
+def _missing_spans(times, observed, gap_factor: float = 10.0):
+    """``[(start, end)]`` to shade: runs of NaN in ``observed`` (padded to midpoints with the
+    neighbours) and stretches between consecutive observations longer than ``gap_factor`` times the
+    median spacing of the observations (``gap_factor=None``: NaN runs only).
+    """
+    nan = np.isnan(observed)
+    spans = []
+    T = len(times)
+    i = 0
+    while i < T:
+        if not nan[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < T and nan[j + 1]:
+            j += 1
+        start = times[i] - (times[i] - times[i - 1]) / 2 if i > 0 else times[i]
+        end = times[j] + (times[j + 1] - times[j]) / 2 if j + 1 < T else times[j]
+        spans.append((start, end))
+        i = j + 1
+    obs_t = np.asarray(times)[~nan]
+    if gap_factor is not None and len(obs_t) >= 3:
+        d = np.diff(obs_t)
+        d = d / np.timedelta64(1, "ns") if d.dtype.kind == "m" else d.astype(np.float64)
+        med = float(np.median(d))
+        if med > 0:
+            for k in np.flatnonzero(d > gap_factor * med):
+                a, b = obs_t[k], obs_t[k + 1]
+                if not any(s <= a and b <= e for s, e in spans):
+                    spans.append((a, b))
+    return sorted(spans, key=lambda se: se[0])
+
+
+def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None, color="C0",
+               label="mean", forecast_times=None, forecast_mean=None, forecast_var=None,
+               show_missing: bool = True):
+    """Mean with shaded central bands at ``coverages``, data points, missing stretches and a forecast.
+
+    Args:
+        times, mean, var: ``[T]`` (numbers or datetimes; ``var`` may be inf while nothing is known).
+        observed: ``[T]`` data (NaN = missing), drawn as points; NaN runs are shaded grey.
+        coverages: band probabilities, e.g. ``(0.5, 0.9)``.
+        forecast_times, forecast_mean, forecast_var: ``[H]`` forecast (predictive variance) drawn
+            dashed in a shaded forecast region.
+
+    >>> import numpy as np
+    >>> ax = plot_bands(np.arange(5.0), np.zeros(5), np.ones(5), observed=np.array([0, 1, np.nan, 0, 1.0]))
+    >>> ax.get_legend_handles_labels()[1][:2]
+    ['data', 'mean']
+    """
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    times = np.asarray(times)
+    mean = np.asarray(mean, dtype=np.float64)
+    var = np.asarray(var, dtype=np.float64)
+    if mean.shape != times.shape or var.shape != times.shape:
+        raise ValueError(f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, {var.shape}")
+    covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
+    if show_missing and observed is not None:
+        for k, (a, b) in enumerate(_missing_spans(times, np.asarray(observed, dtype=np.float64))):
+            ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing / no data" if k == 0 else None, zorder=0)
+    if observed is not None:
+        ax.plot(times, observed, "o", ms=3, color="0.25", label="data", zorder=3)
+    finite = np.isfinite(var)
+    sd = np.sqrt(np.where(finite, var, np.nan))
+    for k, c in enumerate(covs):
+        q = _quantile(c)
+        alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
+        ax.fill_between(times, mean - q * sd, mean + q * sd, color=color, alpha=alpha, lw=0,
+                        label=f"{c:.0%} band")
+    ax.plot(times, mean, color=color, lw=1.6, label=label, zorder=4)
+    if forecast_times is not None and len(forecast_times):
+        ft = np.asarray(forecast_times)
+        fm = np.asarray(forecast_mean, dtype=np.float64)
+        fsd = np.sqrt(np.asarray(forecast_var, dtype=np.float64))
+        t_join = np.concatenate([times[-1:], ft])
+        m_join = np.concatenate([mean[-1:], fm])
+        sd_join = np.concatenate([sd[-1:], fsd])
+        ax.axvspan(times[-1], ft[-1], color="C1", alpha=0.07, lw=0, label="forecast region", zorder=0)
+        for k, c in enumerate(covs):
+            q = _quantile(c)
+            alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
+            ax.fill_between(t_join, m_join - q * sd_join, m_join + q * sd_join, color="C1", alpha=alpha, lw=0,
+                            label=f"{c:.0%} predictive")
+        ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
+    ax.legend(loc="best", fontsize="small", ncol=2)
+    return ax
+
+
+def _series_dims(ds):
+    tdim = ds.attrs.get("time_dim", "time")
+    return tdim, [d for d in ds["mean"].dims if d != tdim]
+
+
+def _select(ds, series):
+    """One series of ``ds``: ``series`` is None (a single series), a flat int index or ``{dim: label}``."""
+    tdim, sdims = _series_dims(ds)
+    if not sdims:
+        return ds, ds.attrs.get("name", "")
+    if series is None:
+        n = math.prod(ds.sizes[d] for d in sdims)
+        if n != 1:
+            raise ValueError(f"series: the Dataset holds {n} series over dims {sdims}; pick one with an int or {{dim: label}}")
+        series = 0
+    if isinstance(series, dict):
+        one = ds.sel(series)
+        rest = [d for d in sdims if d not in series]
+        if rest:
+            raise ValueError(f"series: expected labels for every series dim {sdims}, got {list(series)}")
+        return one, ", ".join(f"{k}={v}" for k, v in series.items())
+    if isinstance(series, (int, np.integer)):
+        shape = tuple(ds.sizes[d] for d in sdims)
+        n = math.prod(shape)
+        if not -n <= series < n:
+            raise ValueError(f"series: expected an index in [0, {n}), got {series}")
+        idx = dict(zip(sdims, np.unravel_index(int(series) % n, shape)))
+        one = ds.isel(idx)
+        label = ", ".join(f"{d}={one[d].values}" if d in one.coords else f"{d}={i}" for d, i in idx.items())
+        return one, label
+    raise TypeError(f"series: expected None, an int or a dict {{dim: label}}, got {type(series).__name__}")
+
+
+def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=None, title=None):
+    """One series of a results Dataset: data, smoothed (or filtered) mean, bands, gaps, forecast.
+
+    Args:
+        ds: a Dataset from :mod:`kalmanscan.xarray`. series: which series (see module).
+        smoothed: draw the smoothed moments (if present) instead of the filtered ones.
+        coverages: band probabilities (default the Dataset's ``coverage`` attr).
+
+    >>> import numpy as np
+    >>> from kalmanscan.timeseries import OUModel
+    >>> ds = OUModel(sigma2=1.0, obs_var=1.0).to_dataset(np.array([0.0, 1.0, np.nan, 2.0]))
+    >>> plot_series(ds).get_title()
+    'smoothed level'
+    """
+    one, label = _select(ds, series)
+    tdim, _ = _series_dims(ds)
+    covs = coverages if coverages is not None else ds.attrs.get("coverage", (0.5, 0.9))
+    use_smooth = smoothed and "smoothed_mean" in one
+    m = one["smoothed_mean"] if use_smooth else one["mean"]
+    v = one["smoothed_variance"] if use_smooth else one["variance"]
+    kind = "smoothed" if use_smooth else "filtered"
+    fc = {}
+    if "forecast_mean" in one:
+        fc = dict(forecast_times=one["forecast_time"].values, forecast_mean=one["forecast_mean"].values,
+                  forecast_var=one["forecast_predictive_variance"].values)
+    ax = plot_bands(one[tdim].values, m.values, v.values, observed=one["observed"].values, coverages=covs, ax=ax,
+                    label=f"{kind} mean", **fc)
+    ax.set_title(title if title is not None else (f"{kind} level" + (f" ({label})" if label else "")))
+    ax.set_xlabel(tdim)
+    return ax
+
+
+def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_series: int = 8):
+    """Precision (1 / variance) of the level over time, log scale; all series if ``series`` is None.
+
+    Precision grows with each observation and decays across gaps, so missing stretches show as dips.
+
+    >>> import numpy as np
+    >>> from kalmanscan.timeseries import OUModel
+    >>> ds = OUModel(sigma2=1.0, obs_var=1.0).to_dataset(np.array([0.0, 1.0, np.nan, 2.0]))
+    >>> plot_precision(ds).get_yscale()
+    'log'
+    """
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 2.5))
+    tdim, sdims = _series_dims(ds)
+    var_name = "smoothed_variance" if smoothed and "smoothed_variance" in ds else "variance"
+    if series is None and sdims:
+        n = math.prod(ds.sizes[d] for d in sdims)
+        picks = [_select(ds, i) for i in range(min(n, max_series))]
+    else:
+        picks = [_select(ds, series)]
+    for k, (one, label) in enumerate(picks):
+        prec = 1.0 / one[var_name].values
+        ax.plot(one[tdim].values, np.where(prec > 0, prec, np.nan), lw=1.3, color=f"C{k}",
+                label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"))
+        if "forecast_variance" in one and len(picks) == 1:
+            ft = one["forecast_time"].values
+            fprec = 1.0 / one["forecast_variance"].values
+            ax.plot(np.concatenate([one[tdim].values[-1:], ft]), np.concatenate([prec[-1:], fprec]), "--",
+                    color="C1", lw=1.3, label="forecast")
+        if "observed" in one and len(picks) == 1:
+            for j, (a, b) in enumerate(_missing_spans(one[tdim].values, one["observed"].values)):
+                ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing" if j == 0 else None, zorder=0)
+    ax.set_yscale("log")
+    ax.set_ylabel("precision")
+    ax.set_xlabel(tdim)
+    ax.legend(loc="best", fontsize="small")
+    return ax
+
+
+def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max_series: int = 4, axes=None):
+    """Bands panels (one per series, at most ``max_series``) above a shared precision panel.
+
+    Returns the array of axes (``axes=None`` makes a new figure with the right number of rows).
+
+    >>> import numpy as np
+    >>> from kalmanscan.timeseries import OUModel
+    >>> ds = OUModel(sigma2=1.0, obs_var=1.0).to_dataset(np.ones((4, 2)))
+    >>> len(plot_overview(ds))
+    3
+    """
+    plt = _plt()
+    tdim, sdims = _series_dims(ds)
+    if series is not None:
+        picks = [series]
+    elif sdims:
+        picks = list(range(min(math.prod(ds.sizes[d] for d in sdims), max_series)))
+    else:
+        picks = [None]
+    rows = len(picks) + 1
+    if axes is None:
+        fig, axes = plt.subplots(rows, 1, figsize=(10, 3.2 * len(picks) + 2.4), sharex=True,
+                                 gridspec_kw={"height_ratios": [3] * len(picks) + [1.6]})
+        fig.set_layout_engine("constrained")
+    axes = np.atleast_1d(axes)
+    if len(axes) != rows:
+        raise ValueError(f"axes: expected {rows} axes ({rows - 1} series panels + precision), got {len(axes)}")
+    for ax, s in zip(axes[:-1], picks):
+        plot_series(ds, s, smoothed=smoothed, coverages=coverages, ax=ax)
+    plot_precision(ds, series if series is not None else (None if sdims else None), ax=axes[-1],
+                   max_series=max(len(picks), 1))
+    return axes
