@@ -1,0 +1,160 @@
+"""Argument conversion and checks at the public boundary (kernels and inner loops assume valid input).
+
+Every message names the argument, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+_FLOAT_TORCH = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"torch.Tensor(dtype={value.dtype}, shape={tuple(value.shape)}, device={value.device})"
+    if isinstance(value, np.ndarray):
+        return f"numpy.ndarray(dtype={value.dtype}, shape={value.shape})"
+    return f"{type(value).__name__} {value!r}"[:200]
+
+
+class Converter:
+    """Turn named user inputs into tensors of one dtype and device and back.
+
+    torch mode (any input is a tensor): results stay tensors on that device. Otherwise inputs are
+    converted from numpy/Python and results come back as numpy arrays.
+    ``dtype_from`` names the input whose floating dtype sets the working dtype (integer numpy data
+    becomes float64, half precision computes in float32); without it float64 wins over float32.
+    """
+
+    def __init__(self, values: dict, dtype_from: str | None = None):
+        self.values = values
+        self.arrays = {}
+        for name, value in values.items():
+            if value is None or isinstance(value, torch.Tensor):
+                continue
+            self.arrays[name] = _to_numpy(name, value)
+        tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+        self.torch_mode = bool(tensors)
+        self.device = torch.device("cpu")
+        if tensors:
+            first_name, first = next(iter(tensors.items()))
+            self.device = first.device
+            for name, t in tensors.items():
+                if t.device != first.device:
+                    raise ValueError(
+                        f"{name}: expected a tensor on {first.device} (the device of "
+                        f"{first_name}), got one on {t.device}"
+                    )
+                if t.dtype not in _FLOAT_TORCH:
+                    raise TypeError(
+                        f"{name}: expected a floating-point tensor (float32 or float64), got {t.dtype}"
+                    )
+        self.dtype = self._working_dtype(dtype_from)
+
+    def _dtype_of(self, name):
+        v = self.values[name]
+        if isinstance(v, torch.Tensor):
+            return v.dtype
+        a = self.arrays[name]
+        return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}.get(
+            a.dtype, torch.float64 if a.dtype.kind == "f" or a.ndim > 0 else None
+        )
+
+    def _working_dtype(self, dtype_from):
+        if dtype_from is not None:
+            dt = self._dtype_of(dtype_from)
+            return torch.float64 if dt is None else (torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
+        found = set()
+        for name, v in self.values.items():
+            if v is None:
+                continue
+            if isinstance(v, torch.Tensor) or (isinstance(self.arrays.get(name), np.ndarray) and self.arrays[name].ndim > 0):
+                found.add(self._dtype_of(name))
+        if torch.float64 in found or not found:
+            return torch.float64
+        return torch.float32
+
+    def tensor(self, name) -> torch.Tensor:
+        v = self.values[name]
+        if isinstance(v, torch.Tensor):
+            return v.to(self.dtype)
+        return torch.as_tensor(self.arrays[name], dtype=self.dtype, device=self.device)
+
+    def out(self, t: torch.Tensor):
+        if self.torch_mode:
+            return t
+        a = t.detach().cpu().numpy()
+        return a[()] if a.ndim == 0 else a
+
+
+def _to_numpy(name, value) -> np.ndarray:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a real number or array of real numbers, got {_describe(value)}")
+    try:
+        a = np.asarray(value)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name}: expected a real number or array of real numbers, got {_describe(value)} ({exc})") from None
+    if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
+        raise TypeError(
+            f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
+        )
+    return a
+
+
+def first_bad(mask: torch.Tensor):
+    """Index tuple of the first True element of ``mask``, or None."""
+    if not bool(mask.any()):
+        return None
+    idx = mask.nonzero()[0].tolist()
+    return tuple(idx)
+
+
+def check_range(name, t, *, lo=None, lo_open=False, allow_inf=False, allow_nan=False, what=None):
+    """Raise ValueError naming ``name`` unless every element satisfies the stated range."""
+    x = t.detach()
+    expect = what or _range_text(lo, lo_open, allow_inf)
+    if not allow_nan:
+        bad = first_bad(torch.isnan(x))
+        if bad is not None:
+            raise ValueError(f"{name}: expected {expect}, got NaN at index {bad}")
+    if not allow_inf:
+        bad = first_bad(torch.isinf(x))
+        if bad is not None:
+            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()} at index {bad}")
+    if lo is not None:
+        bad = first_bad(x <= lo if lo_open else x < lo)
+        if bad is not None:
+            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()!r} at index {bad}")
+
+
+def _range_text(lo, lo_open, allow_inf):
+    parts = []
+    if lo is not None:
+        parts.append(f"values {'>' if lo_open else '>='} {lo:g}")
+    else:
+        parts.append("real values")
+    parts.append("(inf allowed)" if allow_inf else "and finite")
+    return " ".join(parts)
+
+
+def broadcast_to(name, t: torch.Tensor, shape, target_desc) -> torch.Tensor:
+    """Broadcast ``t`` to ``shape`` (numpy rules) or raise naming ``name``."""
+    try:
+        if torch.broadcast_shapes(t.shape, shape) != torch.Size(shape):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: expected a shape that broadcasts to {target_desc} {tuple(shape)}, "
+            f"got shape {tuple(t.shape)}"
+        ) from None
+    return t.expand(shape)
+
+
+def check_int(name, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {_describe(value)}")
+    return int(value)

@@ -1,0 +1,291 @@
+"""The information-form Kalman filter and RTS smoother for many independent scalar lanes.
+
+Model of one lane (docs/model.md; notation in docs/architecture.md)::
+
+    x_t = decay_t * x_{t-1} + offset_t + w_t,   w_t ~ N(0, process_var_t)
+    z_t = loading_t * x_t + e_t,                 e_t ~ N(0, obs_var_t)
+    x_0 ~ N(prior_mean, prior_var)               (prior_var = inf: diffuse)
+
+``z`` carries time on ``axis``; its other axes are independent lanes. Every model argument
+broadcasts against ``z`` (numpy rules), so a parameter may vary along time and lanes; the prior
+broadcasts against the lane shape. A time-varying parameter of a multi-lane ``z`` with time on axis 0
+therefore has shape ``[T, 1, ...]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from kalmanscan.core import _args, backends
+from kalmanscan.core.scan import affine_scan
+from kalmanscan.core.sequential import observation_information
+from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class InfoState(NamedTuple):
+    """A belief in information form: precision ``lam`` and information vector ``eta = lam * mean``."""
+
+    lam: object
+    eta: object
+
+
+class FilterResult(NamedTuple):
+    """Filtered moments; arrays have ``z``'s shape unless noted.
+
+    ``mean`` is NaN and ``var`` inf while a lane knows nothing (``precision`` 0).
+    ``loglik`` has the lane shape (summed over time; steps with prior precision 0 add nothing).
+    ``final`` is the last step's :class:`InfoState` (lane shape), ready to continue filtering.
+    """
+
+    mean: object
+    var: object
+    precision: object
+    info: object
+    pred_mean: object
+    pred_var: object
+    pred_precision: object
+    loglik: object
+    final: InfoState
+
+
+class SmoothResult(NamedTuple):
+    """RTS-smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind them."""
+
+    mean: object
+    var: object
+    filtered: FilterResult
+
+
+class _Prepared(NamedTuple):
+    conv: _args.Converter
+    axis: int
+    shape: tuple
+    lane_shape: tuple
+    z: torch.Tensor  # [T, N], NaN where not observed
+    obs_var: torch.Tensor  # [T, N], inf where not observed
+    decay: torch.Tensor
+    process_var: torch.Tensor
+    loading: torch.Tensor
+    offset: torch.Tensor
+    lam0: torch.Tensor  # [N]
+    eta0: torch.Tensor  # [N]
+    backend: str
+
+
+def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend):
+    if z is None:
+        raise TypeError("z: expected an array of observations, got None")
+    values = {
+        "z": z, "obs_var": obs_var, "decay": decay, "process_var": process_var,
+        "loading": loading, "offset": offset, "prior_mean": prior_mean, "prior_var": prior_var,
+    }
+    if init is not None:
+        if not (isinstance(init, tuple) and len(init) == 2):
+            raise TypeError(f"init: expected an InfoState(lam, eta), got {_args._describe(init)}")
+        values["init.lam"], values["init.eta"] = init
+    for name, v in values.items():
+        if v is None:
+            raise TypeError(f"{name}: expected a real number or array, got None")
+    conv = _args.Converter(values, dtype_from="z")
+    zt = conv.tensor("z")
+    if zt.ndim == 0:
+        raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
+    axis = _args.check_int("axis", axis)
+    if not -zt.ndim <= axis < zt.ndim:
+        raise ValueError(f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape {tuple(zt.shape)}, got {axis}")
+    axis %= zt.ndim
+    shape = tuple(zt.shape)
+    T = shape[axis]
+    if T == 0:
+        raise ValueError(f"z: expected at least one time step along axis {axis}, got shape {shape}")
+    _args.check_range("z", zt, allow_nan=True, what="finite values or NaN (missing)")
+    lane_shape = shape[:axis] + shape[axis + 1:]
+    N = math.prod(lane_shape)
+
+    def series(name, lo=None, lo_open=False, allow_inf=False):
+        t = conv.tensor(name)
+        _args.check_range(name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf,
+                          what=_EXPECT.get(name))
+        _args.broadcast_to(name, t, shape, "z's shape")
+        # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
+        t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape)).movedim(axis, 0)
+        if all(n == 1 for n in t.shape[1:]):
+            t = t.reshape(t.shape[0], 1)
+        else:
+            t = t.expand((t.shape[0],) + lane_shape).reshape(t.shape[0], N)
+        return t.expand(T, N)
+
+    def lanes(name, lo=None, lo_open=False, allow_inf=False):
+        t = conv.tensor(name)
+        _args.check_range(name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf, what=_EXPECT.get(name))
+        return _args.broadcast_to(name, t, lane_shape, "the lane shape (z without its time axis)").reshape(N)
+
+    obs = series("obs_var", lo=0.0, lo_open=True, allow_inf=True)
+    a = series("decay")
+    p = series("process_var", lo=0.0)
+    h = series("loading")
+    c = series("offset")
+    zz = zt.movedim(axis, 0).reshape(T, N)
+    det = (a == 0) & (p == 0) if a.dtype == torch.float64 else (a * a == 0) & (p == 0)
+    bad = _args.first_bad(det)
+    if bad is not None:
+        raise ValueError(
+            "decay, process_var: expected process_var > 0 wherever decay**2 is 0 (otherwise the "
+            f"state is deterministic with infinite precision), got decay={a[bad].item()!r} and "
+            f"process_var=0 at (time, lane) {bad}"
+        )
+    if init is not None:
+        lam0 = lanes("init.lam", lo=0.0)
+        eta0 = lanes("init.eta")
+        bad = _args.first_bad((lam0 == 0) & (eta0 != 0))
+        if bad is not None:
+            raise ValueError(f"init.eta: expected 0 where init.lam is 0 (no information), got {eta0[bad].item()!r} at lane {bad}")
+    else:
+        pv = lanes("prior_var", lo=0.0, lo_open=True, allow_inf=True)
+        pm = lanes("prior_mean")
+        lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv)
+        eta0 = lam0 * pm
+    observed = ~torch.isnan(zz) & ~torch.isinf(obs)
+    zz = zz.masked_fill(~observed, float("nan"))
+    obs = obs.masked_fill(~observed, float("inf"))
+    name = backends.resolve(backend, conv.device)
+    return _Prepared(conv, axis, shape, lane_shape, zz, obs, a, p, h, c, lam0, eta0, name)
+
+
+_EXPECT = {
+    "obs_var": "values > 0 (inf marks a step as not observed)",
+    "process_var": "values >= 0 and finite",
+    "prior_var": "values > 0 (inf: diffuse prior)",
+    "init.lam": "values >= 0 and finite",
+}
+
+
+def _run(prep: _Prepared):
+    """Filter ``[T, N]`` lanes: returns a dict of ``[T, N]`` / ``[N]`` tensors."""
+    z, obs, a, p, h, c = prep.z, prep.obs_var, prep.decay, prep.process_var, prep.loading, prep.offset
+    lam, eta = backends.get(prep.backend)(z, obs, a, p, h, c, prep.lam0, prep.eta0)
+    lam_prev = torch.cat([prep.lam0[None], lam[:-1]])
+    eta_prev = torch.cat([prep.eta0[None], eta[:-1]])
+    q, d = predict_coeffs(a * a, p)
+    lam_pred = predict_precision(lam_prev, p, q, d)
+    alpha = info_gain(lam_prev, a, p, q, d)
+    eta_pred = alpha * eta_prev + lam_pred * c
+    known = lam > 0
+    lam_safe = torch.where(known, lam, 1.0)
+    mean = torch.where(known, eta / lam_safe, float("nan"))
+    var = torch.where(known, 1.0 / lam_safe, float("inf"))
+    known_pred = lam_pred > 0
+    lam_pred_safe = torch.where(known_pred, lam_pred, 1.0)
+    mean_pred = torch.where(known_pred, eta_pred / lam_pred_safe, float("nan"))
+    var_pred = torch.where(known_pred, 1.0 / lam_pred_safe, float("inf"))
+    # Log-likelihood: steps whose prior precision is 0 add nothing (exact diffuse convention),
+    # unless the loading is 0 there (then z_t carries no information on the state).
+    observed = ~torch.isnan(z)
+    contrib = observed & (known_pred | (h == 0))
+    s = h * h * torch.where(known_pred, var_pred, 0.0) + torch.where(observed, obs, 1.0)
+    innov = torch.where(contrib, z, 0.0) - h * torch.where(known_pred, mean_pred, 0.0)
+    ll = torch.where(contrib, -0.5 * (_LOG_2PI + torch.log(s) + innov * innov / s), 0.0)
+    return dict(
+        lam=lam, eta=eta, mean=mean, var=var, lam_pred=lam_pred, mean_pred=mean_pred,
+        var_pred=var_pred, alpha=alpha, loglik=ll.sum(0),
+    )
+
+
+def _out_series(prep: _Prepared, t: torch.Tensor):
+    T = prep.shape[prep.axis]
+    return prep.conv.out(t.reshape((T,) + prep.lane_shape).movedim(0, prep.axis))
+
+
+def _out_lanes(prep: _Prepared, t: torch.Tensor):
+    return prep.conv.out(t.reshape(prep.lane_shape))
+
+
+def _filter_result(prep, r) -> FilterResult:
+    s = lambda k: _out_series(prep, r[k])  # noqa: E731
+    return FilterResult(
+        mean=s("mean"), var=s("var"), precision=s("lam"), info=s("eta"),
+        pred_mean=s("mean_pred"), pred_var=s("var_pred"), pred_precision=s("lam_pred"),
+        loglik=_out_lanes(prep, r["loglik"]),
+        final=InfoState(_out_lanes(prep, r["lam"][-1]), _out_lanes(prep, r["eta"][-1])),
+    )
+
+
+def filter(  # noqa: A001 - the public name users expect
+    z, obs_var, decay, process_var, *, loading=1.0, offset=0.0, prior_mean=0.0,
+    prior_var=math.inf, init=None, axis=0, backend="auto",
+) -> FilterResult:
+    """Exact Kalman filter of independent scalar lanes, parallel in time.
+
+    Args:
+        z: observations, time on ``axis``; NaN = not observed. float32 stays float32, float64 stays
+            float64 (integer numpy data becomes float64).
+        obs_var: observation variance (> 0; ``inf`` = not observed), broadcasts against ``z``.
+        decay: state transition ``a``, broadcasts against ``z``.
+        process_var: process-noise variance (>= 0), broadcasts against ``z``.
+        loading: observation loading ``h``. offset: state offset ``c``.
+        prior_mean, prior_var: prior of the state before the first step, broadcast against the
+            lane shape; ``prior_var = inf`` (default) is diffuse.
+        init: an :class:`InfoState` ``(lam, eta)`` to start from instead of the prior (e.g. the
+            ``final`` state of an earlier call); ``lam = 0`` is diffuse.
+        axis: the time axis of ``z``.
+        backend: ``"auto"``, ``"torch"`` (chunked parallel scans), ``"sequential"`` (the
+            step-by-step reference) or ``"triton"`` (fused GPU kernels).
+
+    Returns:
+        :class:`FilterResult`: numpy arrays for numpy input, tensors (on ``z``'s device, with
+        autograd) when any input is a tensor.
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> z = np.array([1.1, 0.9, np.nan, 1.4])
+    >>> res = ks.filter(z, obs_var=0.1, decay=1.0, process_var=0.01)
+    >>> res.var.round(4).tolist()
+    [0.1, 0.0524, 0.0624, 0.0424]
+    >>> float(res.loglik.round(4))
+    -0.1713
+    """
+    prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
+    return _filter_result(prep, _run(prep))
+
+
+def smooth(
+    z, obs_var, decay, process_var, *, loading=1.0, offset=0.0, prior_mean=0.0,
+    prior_var=math.inf, init=None, axis=0, backend="auto",
+) -> SmoothResult:
+    """Rauch–Tung–Striebel smoother: the filter, then two reverse affine scans.
+
+    Same arguments as :func:`filter`. With ``J_t = a_{t+1} lam_t / lam^-_{t+1}... = alpha_{t+1}``,
+    the smoothed moments follow ``ms_t = J_t ms_{t+1} + (p_{t+1} eta_t - a_{t+1} c_{t+1}) / den_{t+1}``
+    and ``Ps_t = J_t^2 Ps_{t+1} + p_{t+1} / den_{t+1}`` (``den = a^2 + p lam_t``), forms that stay
+    finite where the filtered state is still diffuse (docs/algorithm.md).
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> sm = ks.smooth(np.array([1.1, 0.9, np.nan, 1.4]), obs_var=0.1, decay=1.0, process_var=0.01)
+    >>> sm.var.round(4).tolist()
+    [0.0338, 0.0309, 0.0309, 0.0424]
+    """
+    prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
+    r = _run(prep)
+    a, p, c = prep.decay, prep.process_var, prep.offset
+    T = prep.z.shape[0]
+    if T > 1:
+        lam, eta = r["lam"][:-1], r["eta"][:-1]
+        a1, p1, c1 = (x[1:] if x.shape[0] > 1 else x for x in (a, p, c))
+        q, d = predict_coeffs(a1 * a1, p1)
+        forget = q > 0
+        den = p1 * lam + d  # a^2 + p lam where a^2 > 0
+        gain = r["alpha"][1:]
+        mean_off = torch.where(forget, r["mean"][:-1], (p1 * eta - a1 * c1) / den)
+        var_off = torch.where(forget, r["var"][:-1], p1 / den)
+        flip = lambda x: x.expand(T - 1, -1).flip(0)  # noqa: E731
+        ms = affine_scan(flip(gain), flip(mean_off), r["mean"][-1], annihilate=True).flip(0)
+        ps = affine_scan(flip(gain * gain), flip(var_off), r["var"][-1], annihilate=True).flip(0)
+        ms = torch.cat([ms, r["mean"][-1:]])
+        ps = torch.cat([ps, r["var"][-1:]])
+    else:
+        ms, ps = r["mean"], r["var"]
+    return SmoothResult(_out_series(prep, ms), _out_series(prep, ps), _filter_result(prep, r))

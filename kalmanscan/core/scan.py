@@ -1,0 +1,141 @@
+"""Chunked parallel scans in torch: the Möbius (precision) scan and the affine (information) scan.
+
+Shapes: every sequence is ``[T, N]`` (time first, N independent lanes); initial values are ``[N]``.
+
+Möbius leaf ``t``: the map ``lam -> (A lam + B) / (C lam + D)`` with entrywise non-negative
+``[[A, B], [C, D]]`` whose first column is non-zero. Maps compose by matrix product (later @ earlier);
+products are divided by the sum of their entries, which keeps them in range and changes no map.
+Affine leaf ``t``: ``x -> alpha x + b``; ``(alpha1, b1)`` then ``(alpha2, b2)`` is
+``(alpha2 alpha1, alpha2 b1 + b2)``.
+
+Both scans are reduce-then-scan: split time into ``n`` chunks of ``K`` steps, reduce each chunk to
+its composed map (a pairwise tree, ``log2 K`` vectorized levels), scan the ``n`` chunk maps by the
+same algorithm (recursively) to get each chunk's entry value, then run the chunk-local recursion for
+all chunks at once (``K`` vectorized steps over ``n * N`` lanes). Work is O(T N); the number of
+sequential torch operations is about ``K`` per level. ``n`` is chosen from the shape so that each
+vectorized step touches enough elements: many lanes need no time-chunking, one long lane uses many.
+Derivation: docs/algorithm.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_TARGET_ELEMS = 1 << 15  # elements per vectorized step worth aiming for
+_MIN_CHUNK = 16
+
+
+def num_chunks(T: int, N: int) -> int:
+    """Number of time chunks for a ``[T, N]`` scan (1 = plain recursion over time)."""
+    if T < 2 * _MIN_CHUNK:
+        return 1
+    want = max(1, _TARGET_ELEMS // max(N, 1))
+    return int(min(T // _MIN_CHUNK, want))
+
+
+def mobius_compose(later, earlier):
+    """Compose Möbius maps ``later ∘ earlier`` (tuples ``(A, B, C, D)``), entry-sum normalized."""
+    A2, B2, C2, D2 = later
+    A1, B1, C1, D1 = earlier
+    A = A2 * A1 + B2 * C1
+    B = A2 * B1 + B2 * D1
+    C = C2 * A1 + D2 * C1
+    D = C2 * B1 + D2 * D1
+    s = A + B + C + D
+    return A / s, B / s, C / s, D / s
+
+
+def affine_compose(later, earlier, annihilate: bool = False):
+    """Compose affine maps ``later ∘ earlier`` (tuples ``(alpha, b)``).
+
+    ``annihilate``: ``0 * x = 0`` even for infinite or NaN ``x`` (used by the smoother, where an
+    unconstrained state has infinite variance and a zero gain cuts it off).
+    """
+    a2, b2 = later
+    a1, b1 = earlier
+    if annihilate:
+        b1 = b1.masked_fill(a2 == 0, 0.0)
+    return a2 * a1, a2 * b1 + b2
+
+
+def _tree_reduce(leaves, compose):
+    """Reduce ``[n, K, N]`` leaves along K (earliest first) to ``[n, N]``; K is a power of two."""
+    while leaves[0].shape[1] > 1:
+        earlier = tuple(x[:, 0::2] for x in leaves)
+        later = tuple(x[:, 1::2] for x in leaves)
+        leaves = compose(later, earlier)
+    return tuple(x[:, 0] for x in leaves)
+
+
+def _chunked(leaves, identity, T, N):
+    """Pad ``[T, N]`` leaves to ``n*K`` steps and view them as ``[n, K, N]``."""
+    n = num_chunks(T, N)
+    K = math.ceil(T / n)
+    K = 1 << (K - 1).bit_length()  # power of two for the pairwise reduction
+    n = math.ceil(T / K)
+    pad = n * K - T
+    out = []
+    for x, ident in zip(leaves, identity):
+        x = x.expand(T, N)
+        if pad:
+            x = torch.cat([x, x.new_full((pad, N), ident)])
+        out.append(x.reshape(n, K, N))
+    return n, K, out
+
+
+def mobius_scan(A, B, C, D, lam0):
+    """Apply Möbius leaves ``[T, N]`` in turn starting from ``lam0 [N]``; return all ``lam_t [T, N]``."""
+    T, N = torch.broadcast_shapes(A.shape, B.shape, C.shape, D.shape)
+    if num_chunks(T, N) <= 1:
+        return _mobius_loop((A, B, C, D), lam0)
+    n, K, leaves = _chunked((A, B, C, D), (1.0, 0.0, 0.0, 1.0), T, N)
+    totals = _tree_reduce(tuple(leaves), mobius_compose)
+    ends = mobius_scan(*totals, lam0)
+    starts = torch.cat([lam0.expand(1, N), ends[:-1]])
+    local = tuple(x.transpose(0, 1) for x in leaves)  # [K, n, N]
+    lam = _mobius_loop(local, starts)
+    return lam.transpose(0, 1).reshape(n * K, N)[:T]
+
+
+def _mobius_loop(leaves, lam):
+    A, B, C, D = leaves
+    T = max(x.shape[0] for x in leaves)
+    pick = [(lambda t, x=x: x[t] if x.shape[0] > 1 else x[0]) for x in leaves]
+    out = []
+    for t in range(T):
+        a, b, c, d = (f(t) for f in pick)
+        lam = torch.addcmul(b, a, lam) / torch.addcmul(d, c, lam)
+        out.append(lam)
+    return torch.stack(out)
+
+
+def affine_scan(alpha, b, x0, annihilate: bool = False):
+    """``x_t = alpha_t x_{t-1} + b_t`` from ``x0 [N]`` for ``[T, N]`` inputs; returns ``x [T, N]``."""
+    T, N = torch.broadcast_shapes(alpha.shape, b.shape)
+    if num_chunks(T, N) <= 1:
+        return _affine_loop(alpha, b, x0, annihilate)
+    n, K, (al, bl) = _chunked((alpha, b), (1.0, 0.0), T, N)
+
+    def compose(later, earlier):
+        return affine_compose(later, earlier, annihilate)
+
+    totals = _tree_reduce((al, bl), compose)
+    ends = affine_scan(*totals, x0, annihilate)
+    starts = torch.cat([x0.expand(1, N), ends[:-1]])
+    x = _affine_loop(al.transpose(0, 1), bl.transpose(0, 1), starts, annihilate)
+    return x.transpose(0, 1).reshape(n * K, N)[:T]
+
+
+def _affine_loop(alpha, b, x, annihilate):
+    T = max(alpha.shape[0], b.shape[0])
+    out = []
+    for t in range(T):
+        a_t = alpha[t] if alpha.shape[0] > 1 else alpha[0]
+        b_t = b[t] if b.shape[0] > 1 else b[0]
+        if annihilate:
+            x = x.masked_fill(a_t == 0, 0.0)
+        x = torch.addcmul(b_t, a_t, x)
+        out.append(x)
+    return torch.stack(out)

@@ -1,0 +1,76 @@
+"""Model generators and an independent covariance-form filter/smoother used by the core tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def random_model(rng, T, N, *, missing=0.2, time_varying=True, diffuse=True, offset=True):
+    shape = (T, N) if time_varying else (1, N)
+    model = dict(
+        decay=rng.uniform(-1.05, 1.05, shape),
+        process_var=rng.uniform(0.0, 0.5, shape),
+        obs_var=rng.uniform(0.05, 2.0, shape),
+        loading=rng.uniform(0.3, 1.5, shape) * rng.choice([-1, 1], shape),
+        offset=rng.normal(size=shape) if offset else np.zeros(shape),
+    )
+    model["process_var"][model["decay"] ** 2 < 1e-3] += 0.1
+    x = rng.normal(size=N) * 3
+    z = np.empty((T, N))
+    for t in range(T):
+        i = min(t, shape[0] - 1)
+        x = model["decay"][i] * x + model["offset"][i] + rng.normal(size=N) * np.sqrt(model["process_var"][i])
+        z[t] = model["loading"][i] * x + rng.normal(size=N) * np.sqrt(model["obs_var"][i])
+    z[rng.random((T, N)) < missing] = np.nan
+    prior = dict(prior_mean=rng.normal(size=N), prior_var=np.full(N, np.inf) if diffuse else rng.uniform(0.1, 5, N))
+    return z, model, prior
+
+
+def covariance_filter(z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf):
+    """Textbook covariance-form Kalman filter + RTS smoother, one lane at a time (exact diffuse start).
+
+    Returns dict of [T, N] arrays: mean, var, pred_mean, pred_var, smean, svar, and loglik [N].
+    """
+    z = np.atleast_2d(np.asarray(z, float).T).T
+    T, N = z.shape
+    b = lambda x: np.broadcast_to(np.asarray(x, float), (T, N))  # noqa: E731
+    R, A, Q, H, C = b(obs_var), b(decay), b(process_var), b(loading), b(offset)
+    m0 = np.broadcast_to(np.asarray(prior_mean, float), (N,))
+    P0 = np.broadcast_to(np.asarray(prior_var, float), (N,))
+    out = {k: np.empty((T, N)) for k in ("mean", "var", "pred_mean", "pred_var", "smean", "svar")}
+    ll = np.zeros(N)
+    for n in range(N):
+        m, P = m0[n], P0[n]
+        for t in range(T):
+            a, q, h, r, c = A[t, n], Q[t, n], H[t, n], R[t, n], C[t, n]
+            if a == 0:
+                mp, Pp = c, q
+            elif math.isinf(P):
+                mp, Pp = math.nan, math.inf
+            else:
+                mp, Pp = a * m + c, a * a * P + q
+            out["pred_mean"][t, n], out["pred_var"][t, n] = mp, Pp
+            y = z[t, n]
+            if math.isnan(y) or math.isinf(r):
+                m, P = mp, Pp
+            elif math.isinf(Pp):
+                m, P = y / h, r / (h * h)
+            else:
+                S = h * h * Pp + r
+                K = Pp * h / S
+                ll[n] += -0.5 * (math.log(2 * math.pi * S) + (y - h * mp) ** 2 / S)
+                m, P = mp + K * (y - h * mp), (1 - K * h) * Pp
+            out["mean"][t, n], out["var"][t, n] = m, P
+        ms, Ps = out["mean"][T - 1, n], out["var"][T - 1, n]
+        out["smean"][T - 1, n], out["svar"][T - 1, n] = ms, Ps
+        for t in range(T - 2, -1, -1):
+            a, Pp1, mp1 = A[t + 1, n], out["pred_var"][t + 1, n], out["pred_mean"][t + 1, n]
+            m, P = out["mean"][t, n], out["var"][t, n]
+            J = a * P / Pp1
+            ms = m + J * (ms - mp1)
+            Ps = P + J * J * (Ps - Pp1)
+            out["smean"][t, n], out["svar"][t, n] = ms, Ps
+    out["loglik"] = ll
+    return out
