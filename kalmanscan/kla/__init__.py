@@ -1,0 +1,55 @@
+"""Kalman Linear Attention: the neural client of the KLA filter op, a byte-level language model,
+and tools to inspect the belief-state precisions inside trained models.
+
+>>> import torch
+>>> from kalmanscan.kla import KLALayer, KLAConfig
+>>> layer = KLALayer(32, KLAConfig(d_state=4))
+>>> tuple(layer(torch.randn(1, 6, 32)).shape)
+(1, 6, 32)
+
+``inspect`` and the plot helpers import xarray/matplotlib lazily.
+"""
+
+from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
+from kalmanscan.kla.io import (
+    CheckpointError,
+    decode_bytes,
+    encode_text,
+    load_checkpoint,
+    load_state_dict,
+    save_checkpoint,
+)
+from kalmanscan.kla.layer import KLALayer, KLALayerState, KLATrace
+from kalmanscan.kla.model import CausalSelfAttention, KLALanguageModel
+
+__all__ = [
+    "AttentionConfig",
+    "CausalSelfAttention",
+    "CheckpointError",
+    "KLAConfig",
+    "KLALanguageModel",
+    "KLALayer",
+    "KLALayerState",
+    "KLATrace",
+    "ModelConfig",
+    "decode_bytes",
+    "encode_text",
+    "inspect",
+    "load_checkpoint",
+    "load_state_dict",
+    "plot_layer_summary",
+    "plot_precision",
+    "save_checkpoint",
+]
+
+
+def __getattr__(name):
+    if name == "inspect":
+        from kalmanscan.kla.inspect import inspect
+
+        return inspect
+    if name in ("plot_precision", "plot_layer_summary"):
+        from kalmanscan.kla import plot
+
+        return getattr(plot, name)
+    raise AttributeError(f"module 'kalmanscan.kla' has no attribute {name!r}")

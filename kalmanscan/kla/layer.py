@@ -1,0 +1,309 @@
+"""The Kalman Linear Attention layer: parameters and projections around the KLA filter op.
+
+Shapes: batch ``B``, time ``L``, model width ``D``, channels ``M = int(expand * D)``, state slots
+``S = d_state``. The block (SPEC.md §3)::
+
+    x [B,L,D] -> in_proj -> (z, gate) [B,L,M]
+    z -> causal depthwise conv (width 4) -> SiLU                          (also the skip input)
+    z -> sensor_proj -> (v, log var_v [B,L,M], k, q [B,L,S]); k, q L2-normalised per token
+    Lv = 1 / (softplus(log var_v) + obs_var_min)
+    (y, yvar) = kla_filter(v, Lv, k, q, decay, process_var)                (kalmanscan.core.kla_op)
+    y += lambda_skip * z;  y *= act(gate);  yvar *= act(gate)**2
+    out = out_proj(y);  out_var = yvar @ (W_out**2)^T                     (model-space variance)
+
+``decay, process_var [M,S]`` come from :func:`kalmanscan.discretize_ou` with rate
+``exp(lambda_log)``, diffusion ``max(process_noise, 1e-7)`` and step ``softplus(delta) + 1e-7``.
+The parameter names and shapes are those of the authors' published implementation, so its state
+dicts load with ``strict=True``. The filter math lives in the op; this module only holds
+parameters and projects. Details and derivations: docs/kla.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kalmanscan.core.discretize import discretize_ou
+from kalmanscan.kla.config import KLAConfig
+
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+# Floors taken from the published layer (process-noise rate and step) and qk-norm.
+PROCESS_NOISE_MIN = 1e-7
+DT_OFFSET = 1e-7
+L2_EPS = 1e-12
+
+
+class KLALayerState(NamedTuple):
+    """Recurrent state of one layer: the conv window and the filter's information state.
+
+    ``conv [B,M,K-1]`` holds the last ``K-1`` pre-conv inputs; ``lam, eta [B,M,S]`` are the
+    posterior precision and information vector after the last token.
+    """
+
+    conv: torch.Tensor
+    lam: torch.Tensor
+    eta: torch.Tensor
+
+
+class KLASensors(NamedTuple):
+    """What the filter observes for each token (all ``[B,L,·]``, filter dtype except z/gate).
+
+    ``z`` is the post-conv activation (skip input), ``gate`` the pre-activation gate,
+    ``v`` the value, ``obs_prec`` the value precision ``Lv``, ``k``/``q`` key and query.
+    """
+
+    z: torch.Tensor
+    gate: torch.Tensor
+    v: torch.Tensor
+    obs_prec: torch.Tensor
+    k: torch.Tensor
+    q: torch.Tensor
+
+
+class KLATrace(NamedTuple):
+    """Everything one layer computed for a chunk of tokens (see :meth:`KLALayer.trace`).
+
+    ``out [B,L,D]``, ``out_var [B,L,D]``, ``state`` the new :class:`KLALayerState`,
+    ``sensors`` the :class:`KLASensors`, ``decay, process_var [M,S]``,
+    ``precision [B,L,M,S]`` the posterior precision per token, ``yvar [B,L,M]`` the readout
+    variance before the gate, ``gate_act [B,L,M]`` the activated gate.
+    """
+
+    out: torch.Tensor
+    out_var: torch.Tensor
+    state: KLALayerState
+    sensors: KLASensors
+    decay: torch.Tensor
+    process_var: torch.Tensor
+    precision: torch.Tensor
+    yvar: torch.Tensor
+    gate_act: torch.Tensor
+
+
+class CausalConv1d(nn.Module):
+    """Depthwise causal convolution over time, ``[B,L,M] -> [B,L,M]``, with a carried window.
+
+    Parameters ``weight [M,1,K]`` and ``bias [M]`` (the layout of ``nn.Conv1d(groups=M)``).
+
+    >>> conv = CausalConv1d(8, 4)
+    >>> y, window = conv(torch.randn(2, 5, 8))
+    >>> tuple(y.shape), tuple(window.shape)
+    ((2, 5, 8), (2, 8, 3))
+    """
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.channels = channels
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+        self.bias = nn.Parameter(torch.empty(channels))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        # nn.Conv1d's default: uniform in +-1/sqrt(fan_in); zero bias.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor | None = None):
+        """``x [B,L,M]``, optional ``window [B,M,K-1]`` -> ``(conv(x) [B,L,M], new window)``."""
+        xt = x.transpose(1, 2)
+        if window is None:
+            window = xt.new_zeros(xt.shape[0], self.channels, self.kernel - 1)
+        padded = torch.cat((window.to(xt.dtype), xt), dim=-1)
+        y = F.conv1d(padded, self.weight.to(xt.dtype), self.bias.to(xt.dtype), groups=self.channels)
+        return y.transpose(1, 2), padded[..., padded.shape[-1] - (self.kernel - 1) :]
+
+
+def _filter_dtype(dtype: torch.dtype) -> torch.dtype:
+    # The filter runs in float32 for half-precision activations and passes float64 through.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(L2_EPS)
+
+
+class KLALayer(nn.Module):
+    """Kalman Linear Attention sequence mixer, ``[B,L,D] -> [B,L,D]``.
+
+    Args:
+        d_model: model width ``D``.
+        config: a :class:`KLAConfig` (defaults: ``d_state=16, expand=2``).
+
+    ``forward(x, state=None, *, return_variance=False, return_state=False)`` returns ``out``,
+    ``(out, out_var)`` with ``return_variance``, and the new :class:`KLALayerState` as a last
+    element when ``return_state`` or a ``state`` is given. A one-token call with a state costs
+    O(1) (it calls ``kla_step``); processing a sequence at once or token by token gives the same
+    results.
+
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> layer = KLALayer(32, KLAConfig(d_state=4))
+    >>> out, out_var = layer(torch.randn(2, 7, 32), return_variance=True)
+    >>> tuple(out.shape), bool((out_var >= 0).all())
+    ((2, 7, 32), True)
+    """
+
+    def __init__(self, d_model: int, config: KLAConfig | None = None):
+        super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
+            raise ValueError(f"d_model: expected a positive int, got {d_model!r}")
+        config = KLAConfig() if config is None else config
+        if not isinstance(config, KLAConfig):
+            raise TypeError(f"config: expected a KLAConfig, got {type(config).__name__}")
+        self.config = config
+        self.d_model = d_model
+        self.d_inner = M = config.d_inner(d_model)
+        self.d_state = S = config.d_state
+        self.in_proj = nn.Linear(d_model, 2 * M, bias=False)  # rows: z, then gate
+        self.conv = CausalConv1d(M, config.conv_kernel)
+        self.sensor_proj = nn.Linear(M, 2 * M + 2 * S, bias=False)  # rows: v, log var_v, k, q
+        self.delta = nn.Parameter(torch.empty(M, S))
+        self.lambda_log = nn.Parameter(torch.empty(M, S))
+        self.process_noise = nn.Parameter(torch.empty(M, S))
+        self.lambda_skip = nn.Parameter(torch.empty(()))
+        self.out_proj = nn.Linear(M, d_model, bias=False)
+        self._act = _ACTIVATIONS[config.gate_activation]
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Linear weights N(0, 0.02); ``delta`` so that ``softplus(delta)`` is log-uniform in
+        ``[dt_min, dt_max]``; ``lambda_log = 0``; ``process_noise = process_noise_init``;
+        ``lambda_skip = lambda_skip_init``; conv as ``nn.Conv1d``."""
+        cfg = self.config
+        for lin in (self.in_proj, self.sensor_proj, self.out_proj):
+            nn.init.normal_(lin.weight, std=0.02)
+        self.conv.reset_parameters()
+        lo, hi = math.log(cfg.dt_min), math.log(cfg.dt_max)
+        dt = torch.exp(torch.rand(self.delta.shape) * (hi - lo) + lo).clamp_min(cfg.dt_init_floor)
+        self.delta.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.lambda_log.zero_()
+        self.process_noise.fill_(cfg.process_noise_init)
+        self.lambda_skip.fill_(cfg.lambda_skip_init)
+
+    # ------------------------------------------------------------------ state and dynamics
+
+    def init_state(self, batch: int, device=None, dtype=None) -> KLALayerState:
+        """Fresh state: zero conv window, unit precision ``lam = 1``, zero information ``eta``."""
+        device = self.out_proj.weight.device if device is None else device
+        dtype = self.out_proj.weight.dtype if dtype is None else dtype
+        fdtype = _filter_dtype(dtype)
+        M, S = self.d_inner, self.d_state
+        return KLALayerState(
+            conv=torch.zeros(batch, M, self.config.conv_kernel - 1, device=device, dtype=dtype),
+            lam=torch.ones(batch, M, S, device=device, dtype=fdtype),
+            eta=torch.zeros(batch, M, S, device=device, dtype=fdtype),
+        )
+
+    def dynamics(self, dtype: torch.dtype = torch.float32):
+        """Discrete ``(decay, process_var)``, each ``[M,S]``, from the continuous parameters."""
+        theta = torch.exp(self.lambda_log.to(dtype))
+        sigma2 = self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
+        dt = F.softplus(self.delta.to(dtype)) + DT_OFFSET
+        if self.config.discretization == "ou":
+            return discretize_ou(theta, sigma2, dt)
+        return torch.exp(-theta * dt), sigma2 * dt
+
+    # ------------------------------------------------------------------ projections
+
+    def sensors(self, x: torch.Tensor, conv_window: torch.Tensor | None = None):
+        """``x [B,L,D]`` -> ``(KLASensors, new conv window [B,M,K-1])``."""
+        M, S = self.d_inner, self.d_state
+        z, gate = self.in_proj(x).split(M, dim=-1)
+        z, window = self.conv(z, conv_window)
+        z = F.silu(z)
+        v, log_var, k, q = self.sensor_proj(z).split([M, M, S, S], dim=-1)
+        if self.config.qk_norm:
+            k, q = _l2_normalize(k), _l2_normalize(q)
+        fdtype = _filter_dtype(x.dtype)
+        obs_prec = 1.0 / (F.softplus(log_var.to(fdtype)) + self.config.obs_var_min)
+        sensors = KLASensors(z, gate, v.to(fdtype), obs_prec, k.to(fdtype), q.to(fdtype))
+        return sensors, window
+
+    # ------------------------------------------------------------------ compute
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor [B,L,D], got {type(x).__name__}")
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x: expected shape [B, L, {self.d_model}], got {tuple(x.shape)}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"x: expected a floating dtype, got {x.dtype}")
+
+    def _forward(self, x, state, return_precision):
+        from kalmanscan.core.kla_op import kla_filter, kla_step
+
+        self._check_input(x)
+        B, L, _ = x.shape
+        if state is not None and not isinstance(state, KLALayerState):
+            raise TypeError(f"state: expected a KLALayerState, got {type(state).__name__}")
+        sens, window = self.sensors(x, None if state is None else state.conv)
+        fdtype = sens.v.dtype
+        decay, process_var = self.dynamics(fdtype)
+        precision = None
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if state is not None and L == 1 and not return_precision:
+                y, yvar, final = kla_step(
+                    sens.v[:, 0], sens.obs_prec[:, 0], sens.k[:, 0], sens.q[:, 0],
+                    decay, process_var, state.lam.to(fdtype), state.eta.to(fdtype),
+                )
+                y, yvar = y[:, None], yvar[:, None]
+            else:
+                res = kla_filter(
+                    sens.v, sens.obs_prec, sens.k, sens.q, decay, process_var,
+                    None if state is None else state.lam.to(fdtype),
+                    None if state is None else state.eta.to(fdtype),
+                    return_precision=return_precision,
+                    backend=self.config.backend,
+                )
+                y, yvar, final, precision = res.y, res.yvar, res.final, res.precision
+        g = self._act(sens.gate)
+        y = (y.to(x.dtype) + self.lambda_skip.to(x.dtype) * sens.z) * g
+        yvar_gated = yvar.to(x.dtype) * g.square()
+        out = self.out_proj(y)
+        new_state = KLALayerState(window, final.lam, final.eta)
+        return out, yvar_gated, new_state, sens, decay, process_var, precision, yvar, g
+
+    def output_variance(self, yvar_gated: torch.Tensor) -> torch.Tensor:
+        """Model-space output variance ``yvar_gated @ (W_out**2)^T`` (channels independent)."""
+        return F.linear(yvar_gated, self.out_proj.weight.square())
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: KLALayerState | None = None,
+        *,
+        return_variance: bool = False,
+        return_state: bool = False,
+    ):
+        """``x [B,L,D]`` -> ``out [B,L,D]`` (see the class docstring for the other returns)."""
+        out, yvar_gated, new_state, *_ = self._forward(x, state, return_precision=False)
+        result = (out, self.output_variance(yvar_gated)) if return_variance else (out,)
+        if return_state or state is not None:
+            result = result + (new_state,)
+        return result[0] if len(result) == 1 else result
+
+    def trace(self, x: torch.Tensor, state: KLALayerState | None = None) -> KLATrace:
+        """Run the layer and return every intermediate, including the per-token posterior
+        precision ``[B,L,M,S]``. ``trace(x).out`` equals ``forward(x)``.
+
+        >>> layer = KLALayer(16, KLAConfig(d_state=4))
+        >>> tr = layer.trace(torch.randn(1, 5, 16))
+        >>> tuple(tr.precision.shape)
+        (1, 5, 32, 4)
+        """
+        out, yvar_gated, new_state, sens, decay, pvar, precision, yvar, g = self._forward(
+            x, state, return_precision=True
+        )
+        return KLATrace(
+            out, self.output_variance(yvar_gated), new_state, sens, decay, pvar, precision, yvar, g
+        )

@@ -1,0 +1,291 @@
+"""A decoder-only language model whose blocks mix with KLA or causal softmax attention.
+
+Layout (the authors' ``SequenceModel`` state-dict names)::
+
+    embedding.weight                      [V, D]
+    blocks.{i}.mixer_norm.weight          [D]        RMSNorm, eps 1e-5
+    blocks.{i}.mixer.*                    KLALayer or CausalSelfAttention
+    blocks.{i}.mlp_norm.weight            [D]
+    blocks.{i}.mlp.w12.weight             [2H, D]    SwiGLU (gate rows, then up rows), H = int(2*4*D/3)
+    blocks.{i}.mlp.w3.weight              [D, H]
+    norm_f.weight                         [D]
+    lm_head.weight                        [V, D]
+
+Each block is ``x += mixer(mixer_norm(x)); x += mlp(mlp_norm(x))``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
+from kalmanscan.kla.layer import KLALayer
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last axis (computed in float32), ``weight [D]``.
+
+    >>> RMSNorm(4)(torch.ones(2, 4)).tolist()[0]  # doctest: +ELLIPSIS
+    [0.99999..., 0.99999..., 0.99999..., 0.99999...]
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xf = x.to(wide)
+        xf = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
+        return (xf * self.weight.to(wide)).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU channel mixer ``w3(silu(gate) * up)`` with ``(gate, up) = w12(x)``.
+
+    Hidden width ``int(2 * int(ratio * D) / 3)`` (``int(2*4*D/3)`` at the default ratio 4).
+    """
+
+    def __init__(self, dim: int, ratio: float = 4.0):
+        super().__init__()
+        hidden = int(2 * int(dim * ratio) / 3)
+        self.w12 = nn.Linear(dim, 2 * hidden, bias=False)
+        self.w3 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(gate) * up)
+
+
+class AttentionState(NamedTuple):
+    """Key/value cache of one attention layer, each ``[B, heads, T, head_dim]``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _rotate(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
+    # Rotary position embedding (half-split convention) for positions offset .. offset+L-1.
+    L, hd = x.shape[-2], x.shape[-1]
+    half = hd // 2
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv = base ** (-torch.arange(half, device=x.device, dtype=wide) / half)
+    pos = torch.arange(offset, offset + L, device=x.device, dtype=wide)
+    ang = pos[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    rot = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return torch.cat((rot, x[..., 2 * half :]), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head softmax attention with rotary positions, ``[B,L,D] -> [B,L,D]``.
+
+    Parameters ``qkv.weight [3D, D]`` and ``out_proj.weight [D, D]``. Same calling convention as
+    :class:`KLALayer` (``state`` is a key/value cache that grows with the sequence).
+
+    >>> attn = CausalSelfAttention(16, AttentionConfig(n_heads=2))
+    >>> tuple(attn(torch.randn(1, 5, 16)).shape)
+    (1, 5, 16)
+    """
+
+    def __init__(self, d_model: int, config: AttentionConfig | None = None):
+        super().__init__()
+        config = AttentionConfig() if config is None else config
+        if d_model % config.n_heads:
+            raise ValueError(
+                f"config.n_heads: expected a divisor of d_model={d_model}, got {config.n_heads}"
+            )
+        self.config = config
+        self.d_model = d_model
+        self.n_heads = config.n_heads
+        self.head_dim = d_model // config.n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.qkv.weight, std=0.02)
+        nn.init.normal_(self.out_proj.weight, std=0.02)
+
+    def init_state(self, batch: int, device=None, dtype=None) -> AttentionState:
+        device = self.qkv.weight.device if device is None else device
+        dtype = self.qkv.weight.dtype if dtype is None else dtype
+        empty = torch.zeros(batch, self.n_heads, 0, self.head_dim, device=device, dtype=dtype)
+        return AttentionState(empty, empty.clone())
+
+    def forward(self, x, state=None, *, return_variance=False, return_state=False):
+        if return_variance:
+            raise ValueError("return_variance: softmax attention has no output variance; use a KLA mixer")
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        offset = 0 if state is None else state.k.shape[2]
+        q = _rotate(q, offset, self.config.rope_base)
+        k = _rotate(k, offset, self.config.rope_base)
+        if state is not None:
+            k = torch.cat((state.k.to(k.dtype), k), dim=2)
+            v = torch.cat((state.v.to(v.dtype), v), dim=2)
+        if offset == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            qpos = torch.arange(offset, offset + L, device=x.device)
+            mask = torch.arange(offset + L, device=x.device)[None, :] <= qpos[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+        if return_state or state is not None:
+            return out, AttentionState(k, v)
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: ``x += mixer(mixer_norm(x)); x += mlp(mlp_norm(x))``."""
+
+    def __init__(self, d_model: int, mixer: str, config: ModelConfig):
+        super().__init__()
+        self.mixer_kind = mixer
+        self.mixer_norm = RMSNorm(d_model, config.norm_eps)
+        if mixer == "kla":
+            self.mixer = KLALayer(d_model, config.kla)
+        else:
+            self.mixer = CausalSelfAttention(d_model, config.attention)
+        self.mlp_norm = RMSNorm(d_model, config.norm_eps)
+        self.mlp = SwiGLU(d_model, config.mlp_ratio)
+
+    def forward(self, x, state=None, trace: list | None = None):
+        """``x [B,L,D]`` -> ``(x, new_state)``; with ``trace`` (a list) a KLA mixer appends its
+        :class:`~kalmanscan.kla.layer.KLATrace` and its output is taken from the trace."""
+        h = self.mixer_norm(x)
+        if trace is not None and self.mixer_kind == "kla":
+            tr = self.mixer.trace(h, state)
+            trace.append(tr)
+            mixed, new_state = tr.out, tr.state
+        else:
+            mixed, new_state = self.mixer(h, state, return_state=True)
+        x = x + mixed
+        return x + self.mlp(self.mlp_norm(x)), new_state
+
+
+class KLALanguageModel(nn.Module):
+    """Decoder-only LM over token ids: embedding, pre-norm blocks (KLA or attention), LM head.
+
+    ``forward(tokens [B,L]) -> logits [B,L,V]``; with ``state`` (from :meth:`init_state`) or
+    ``return_state=True`` it also returns the per-block states, so a prompt can be processed in
+    chunks and then decoded one token at a time (O(1) per token in KLA blocks).
+
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> cfg = ModelConfig(d_model=32, n_layers=2, kla=KLAConfig(d_state=4))
+    >>> model = KLALanguageModel(cfg)
+    >>> tuple(model(torch.randint(0, 256, (2, 9))).shape)
+    (2, 9, 256)
+    """
+
+    def __init__(self, config: ModelConfig | None = None):
+        super().__init__()
+        config = ModelConfig() if config is None else config
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        D = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, D)
+        self.blocks = nn.ModuleList(Block(D, m, config) for m in config.mixer_list())
+        self.norm_f = RMSNorm(D, config.norm_eps)
+        self.lm_head = nn.Linear(D, config.vocab_size, bias=False)
+        with torch.no_grad():
+            nn.init.normal_(self.embedding.weight, std=0.02)
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+            for blk in self.blocks:
+                nn.init.normal_(blk.mlp.w12.weight, std=0.02)
+                nn.init.normal_(blk.mlp.w3.weight, std=0.02)
+
+    @property
+    def kla_blocks(self) -> list[int]:
+        """Indices of the blocks whose mixer is KLA."""
+        return [i for i, m in enumerate(self.config.mixer_list()) if m == "kla"]
+
+    def init_state(self, batch: int, device=None, dtype=None) -> list:
+        """Fresh per-block states for ``batch`` sequences."""
+        return [blk.mixer.init_state(batch, device=device, dtype=dtype) for blk in self.blocks]
+
+    def _check_tokens(self, tokens) -> None:
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(
+                "tokens: expected an integer torch.Tensor [B, L], got "
+                f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}"
+            )
+        if tokens.ndim != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens: expected shape [B, L] with L >= 1, got {tuple(tokens.shape)}")
+
+    def forward(self, tokens, state=None, *, return_state=False, trace: dict | None = None):
+        """``tokens [B,L]`` -> ``logits [B,L,V]`` (and the new states with ``state``/``return_state``).
+
+        ``trace``: an optional dict ``{block index: list}``; the KLA blocks named there append
+        their :class:`~kalmanscan.kla.layer.KLATrace` (used by :func:`kalmanscan.kla.inspect`).
+        """
+        self._check_tokens(tokens)
+        if state is not None and len(state) != len(self.blocks):
+            raise ValueError(f"state: expected {len(self.blocks)} per-block states, got {len(state)}")
+        x = self.embedding(tokens)
+        new_states = []
+        for i, blk in enumerate(self.blocks):
+            x, s = blk(x, None if state is None else state[i], None if trace is None else trace.get(i))
+            new_states.append(s)
+        logits = self.lm_head(self.norm_f(x))
+        if return_state or state is not None:
+            return logits, new_states
+        return logits
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue ``tokens [B,L]`` by ``max_new_tokens``; returns ``[B, L + max_new_tokens]``.
+
+        The prompt is processed at once, then each new token costs one O(1) step per KLA block
+        (attention blocks use their key/value cache). ``temperature=0`` is greedy.
+
+        >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+        >>> tuple(model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0).shape)
+        (1, 7)
+        """
+        self._check_tokens(tokens)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature: expected >= 0, got {temperature}")
+        out = [tokens]
+        if max_new_tokens == 0:
+            return tokens
+        logits, state = self(tokens, return_state=True)
+        for step in range(max_new_tokens):
+            nxt = self._sample(logits[:, -1].float(), temperature, top_k, generator)
+            out.append(nxt)
+            if step + 1 < max_new_tokens:
+                logits, state = self(nxt, state)
+        return torch.cat(out, dim=1)
+
+    @staticmethod
+    def _sample(logits, temperature, top_k, generator):
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+    def num_parameters(self) -> int:
+        """Number of parameters."""
+        return sum(p.numel() for p in self.parameters())
