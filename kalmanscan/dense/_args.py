@@ -1,0 +1,222 @@
+"""Argument checks and layout for the dense filter: user arrays -> [B, T, ...] tensors and back."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+
+def _describe(x) -> str:
+    if x is None:
+        return "None"
+    if hasattr(x, "shape"):
+        return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return f"{type(x).__name__} {x!r}"
+
+
+class Model(NamedTuple):
+    """A dense model laid out as [B, T, ...] (B flattened series; parameters may be stride-0 views)."""
+
+    z: torch.Tensor  # [B, T, d], 0 where missing
+    observed: torch.Tensor  # [B, T, d] bool
+    F: torch.Tensor  # [B, T, n, n]
+    c: torch.Tensor  # [B, T, n]
+    Q: torch.Tensor  # [B, T, n, n]
+    H: torch.Tensor  # [B, T, d, n]
+    R: torch.Tensor  # [B, T, d, d]
+    m0: torch.Tensor  # [B, n]
+    P0: torch.Tensor | None  # [B, n, n] proper prior covariance (covariance mode)
+    L0: torch.Tensor | None  # [B, n, n] prior precision, 0 in diffuse directions (precision mode)
+
+
+class Layout(NamedTuple):
+    to_numpy: bool
+    axis: int
+    batch_shape: tuple
+    T: int
+    n: int
+    d: int
+
+
+def _as_tensor(name, x, dtype, device, min_ndim):
+    if isinstance(x, torch.Tensor):
+        t = x.to(dtype=dtype, device=device)
+    else:
+        try:
+            arr = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name}: expected a real array, got {_describe(x)}") from err
+        t = torch.as_tensor(arr, dtype=dtype, device=device)
+    if t.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def _working(values: dict):
+    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+    if tensors:
+        ref = values["z"] if isinstance(values["z"], torch.Tensor) else tensors[0]
+        dtype = ref.dtype if ref.dtype in (torch.float32, torch.float64) else torch.float64
+        return False, dtype, ref.device
+    z = np.asarray(values["z"])
+    dtype = torch.float32 if z.dtype == np.float32 else torch.float64
+    return True, dtype, torch.device("cpu")
+
+
+def _check_square(name, t, k, what):
+    if t.shape[-1] != k or t.shape[-2] != k:
+        raise ValueError(f"{name}: expected trailing shape ({k}, {k}) ({what}), got {tuple(t.shape)}")
+
+
+def _to_layout(name, t, lead, axis, k):
+    """Broadcast t [..., *trail] against lead (z's shape without d), move time to -1-k, flatten batch."""
+    trail = t.shape[t.ndim - k :] if k else ()
+    head = t.shape[: t.ndim - k]
+    try:
+        full = torch.broadcast_shapes(head, lead)
+    except RuntimeError:
+        full = None
+    if full != torch.Size(lead):
+        raise ValueError(
+            f"{name}: leading shape {tuple(head)} does not broadcast against z's shape without its last "
+            f"axis {tuple(lead)} (time on axis {axis})"
+        )
+    t = t.expand(*lead, *trail)
+    t = torch.movedim(t, axis, len(lead) - 1)
+    T = lead[axis]
+    return t.reshape(-1, T, *trail)
+
+
+def _to_batch(name, t, batch_shape, k):
+    head = t.shape[: t.ndim - k]
+    trail = t.shape[t.ndim - k :]
+    try:
+        full = torch.broadcast_shapes(head, batch_shape)
+    except RuntimeError:
+        full = None
+    if full != torch.Size(batch_shape):
+        raise ValueError(
+            f"{name}: leading shape {tuple(head)} does not broadcast against the series shape "
+            f"{tuple(batch_shape)} (z's shape without time and the last axis)"
+        )
+    return t.expand(*batch_shape, *trail).reshape(-1, *trail)
+
+
+def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis):
+    """Validate the public arguments and lay them out; see :func:`kalmanscan.dense.filter`."""
+    values = dict(z=z, F=F, Q=Q, H=H, R=R, offset=offset, prior_mean=prior_mean, prior_cov=prior_cov,
+                  prior_precision=prior_precision)
+    to_numpy, dtype, device = _working(values)
+    zt = _as_tensor("z", z, dtype, device, 2)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"axis: expected an int, got {_describe(axis)}")
+    ax = int(axis) + (zt.ndim if axis < 0 else 0)
+    if not 0 <= ax < zt.ndim - 1:
+        raise ValueError(
+            f"axis: expected a time axis of z other than the last (the observation vector), in "
+            f"[{-zt.ndim}, {zt.ndim - 2}], got {axis} for z of shape {tuple(zt.shape)}"
+        )
+    d = zt.shape[-1]
+    Ft = _as_tensor("F", F, dtype, device, 2)
+    n = Ft.shape[-1]
+    if not 1 <= n:
+        raise ValueError(f"F: expected a state dimension n >= 1, got shape {tuple(Ft.shape)}")
+    _check_square("F", Ft, n, "transition, n x n")
+    Qt = _as_tensor("Q", Q, dtype, device, 2)
+    _check_square("Q", Qt, n, "process-noise covariance, n x n")
+    Ht = _as_tensor("H", H, dtype, device, 2)
+    if tuple(Ht.shape[-2:]) != (d, n):
+        raise ValueError(f"H: expected trailing shape (d, n) = ({d}, {n}) (observation matrix), got {tuple(Ht.shape)}")
+    Rt = _as_tensor("R", R, dtype, device, 2)
+    _check_square("R", Rt, d, "observation-noise covariance, d x d")
+    ct = torch.zeros(n, dtype=dtype, device=device) if offset is None else _as_tensor("offset", offset, dtype, device, 1)
+    if ct.shape[-1] != n:
+        raise ValueError(f"offset: expected trailing length n = {n}, got shape {tuple(ct.shape)}")
+    for name, t in (("F", Ft), ("Q", Qt), ("H", Ht), ("R", Rt), ("offset", ct)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name}: expected finite values, got NaN or inf (mark missing data with NaN in z)")
+    for name, t in (("Q", Qt), ("R", Rt)):
+        if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
+            raise ValueError(f"{name}: expected a symmetric covariance matrix, got an asymmetric one")
+    if torch.linalg.cholesky_ex(Rt.detach())[1].any():
+        raise ValueError("R: expected positive-definite observation-noise covariances, got one that is not")
+    if (torch.linalg.eigvalsh(Qt.detach()) < -1e-8 * Qt.detach().abs().amax((-1, -2), keepdim=False).unsqueeze(-1)).any():
+        raise ValueError("Q: expected positive-semidefinite process-noise covariances, got a negative eigenvalue")
+
+    lead = tuple(zt.shape[:-1])
+    T = lead[ax]
+    batch_shape = lead[:ax] + lead[ax + 1 :]
+    zl = _to_layout("z", zt, lead, ax, 1)
+    observed = ~torch.isnan(zl)
+    if bool(torch.isinf(zl).any()):
+        raise ValueError("z: expected finite observations or NaN for missing ones, got inf")
+    zl = torch.where(observed, zl, torch.zeros((), dtype=dtype, device=device))
+    model_parts = dict(
+        F=_to_layout("F", Ft, lead, ax, 2),
+        c=_to_layout("offset", ct, lead, ax, 1),
+        Q=_to_layout("Q", Qt, lead, ax, 2),
+        H=_to_layout("H", Ht, lead, ax, 2),
+        R=_to_layout("R", Rt, lead, ax, 2),
+    )
+
+    m0 = torch.zeros(n, dtype=dtype, device=device) if prior_mean is None else _as_tensor("prior_mean", prior_mean, dtype, device, 1)
+    if m0.shape[-1] != n:
+        raise ValueError(f"prior_mean: expected trailing length n = {n}, got shape {tuple(m0.shape)}")
+    if not bool(torch.isfinite(m0).all()):
+        raise ValueError("prior_mean: expected finite values (a diffuse direction takes any finite mean, e.g. 0)")
+    m0 = _to_batch("prior_mean", m0, batch_shape, 1)
+    if prior_cov is not None and prior_precision is not None:
+        raise ValueError("prior_cov, prior_precision: expected at most one of them, got both")
+    P0 = L0 = None
+    if prior_cov is not None:
+        P0 = _as_tensor("prior_cov", prior_cov, dtype, device, 2)
+        _check_square("prior_cov", P0, n, "prior covariance, n x n")
+        P0 = _to_batch("prior_cov", P0, batch_shape, 2)
+        diag_inf = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
+        if bool(diag_inf.any()):
+            L0 = _precision_from_partly_infinite(P0, diag_inf)
+            P0 = None
+        elif not bool(torch.isfinite(P0).all()):
+            raise ValueError("prior_cov: expected finite entries, or inf on the diagonal for diffuse states")
+    elif prior_precision is not None:
+        L0 = _as_tensor("prior_precision", prior_precision, dtype, device, 2)
+        _check_square("prior_precision", L0, n, "prior precision, n x n")
+        if not bool(torch.isfinite(L0).all()):
+            raise ValueError("prior_precision: expected finite entries (0 precision marks a diffuse direction)")
+        L0 = _to_batch("prior_precision", L0, batch_shape, 2)
+    else:
+        L0 = torch.zeros(zl.shape[0], n, n, dtype=dtype, device=device)
+    for name, t in (("prior_cov", P0), ("prior_precision", L0)):
+        if t is not None and not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
+            raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
+    model = Model(zl, observed, **model_parts, m0=m0, P0=P0, L0=L0)
+    return model, Layout(to_numpy, ax, batch_shape, T, n, d)
+
+
+def _precision_from_partly_infinite(P0, diffuse):
+    off = diffuse.unsqueeze(-1) | diffuse.unsqueeze(-2)
+    eye = torch.diag_embed(diffuse.to(P0.dtype))
+    finite_block = torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), P0) + eye
+    inv, info = torch.linalg.inv_ex(finite_block)
+    if bool(info.any()) or not bool(torch.isfinite(inv).all()):
+        raise ValueError("prior_cov: the block of finite (non-diffuse) states must be invertible")
+    return torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), inv)
+
+
+def output(layout: Layout, t: torch.Tensor, k: int):
+    """[B, T, *trail(k dims)] -> user layout (time back on its axis); numpy if the inputs were."""
+    trail = t.shape[2:]
+    t = t.reshape(*layout.batch_shape, layout.T, *trail)
+    t = torch.movedim(t, len(layout.batch_shape), layout.axis)
+    return t.detach().cpu().numpy() if layout.to_numpy else t
+
+
+def output_batch(layout: Layout, t: torch.Tensor):
+    t = t.reshape(layout.batch_shape)
+    return t.detach().cpu().numpy() if layout.to_numpy else t
+
+
+LOG_2PI = math.log(2 * math.pi)

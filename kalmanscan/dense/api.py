@@ -1,0 +1,194 @@
+"""Public dense filter and smoother: ``kalmanscan.dense.filter`` and ``kalmanscan.dense.smooth``.
+
+Model (state n, observation d; docs/dense.md)::
+
+    x_t = F_t x_{t-1} + offset_t + w_t,   w_t ~ N(0, Q_t)
+    z_t = H_t x_t + e_t,                  e_t ~ N(0, R_t)
+    x_0 ~ N(prior_mean, prior_cov)        or information form with prior_precision (0 = diffuse)
+
+``z`` has time on ``axis`` and the observation vector on its last axis; every other axis indexes
+independent series. Each matrix argument broadcasts against ``z.shape[:-1]`` in its leading axes
+(time-varying matrices carry the time axis), the prior against the series shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from kalmanscan.dense import _args
+from kalmanscan.dense.parallel import (
+    Moments,
+    cov_with_inf,
+    filter_parts,
+    precision_of,
+    rank_tol,
+    smooth_moments,
+)
+from kalmanscan.dense.sequential import filter_reference, smooth_reference
+
+
+class DenseFilterResult(NamedTuple):
+    """Filtered moments (time on ``axis`` as in ``z``).
+
+    mean [..., n], cov [..., n, n] (``inf`` entries where the state is still diffuse),
+    precision [..., n, n] (finite; singular while diffuse), pred_mean/pred_cov the one-step
+    predictions (finite part), loglik with the series shape (exact diffuse convention, docs/dense.md),
+    diffuse [...] bool: the filtered state is still unbounded in some direction.
+    """
+
+    mean: object
+    cov: object
+    precision: object
+    pred_mean: object
+    pred_cov: object
+    loglik: object
+    diffuse: object
+
+
+class DenseSmoothResult(NamedTuple):
+    """Smoothed ``mean`` [..., n], ``cov`` and ``precision`` [..., n, n], and the filter behind them."""
+
+    mean: object
+    cov: object
+    precision: object
+    filtered: DenseFilterResult
+
+
+BACKENDS = ("auto", "torch", "sequential", "diagonal")
+
+
+def _is_diag(t) -> bool:
+    t = torch.as_tensor(t) if not isinstance(t, torch.Tensor) else t
+    off = t - torch.diag_embed(torch.diagonal(t, dim1=-2, dim2=-1))
+    return bool((off == 0).all())
+
+
+def _wants_grad(*xs) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
+def _diagonal_ok(model: _args.Model, layout: _args.Layout) -> bool:
+    if layout.n != layout.d:
+        return False
+    mats = [model.F, model.Q, model.H, model.R]
+    mats.append(model.P0 if model.P0 is not None else model.L0)
+    return all(_is_diag(m) for m in mats)
+
+
+def _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, smooth, chunk):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    model, layout = _args.prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
+    if backend == "diagonal" or backend == "auto":
+        diag = _diagonal_ok(model, layout)
+        if backend == "diagonal" and not diag:
+            raise ValueError(
+                "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; use 'torch' for this model"
+            )
+        grads = _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision)
+        if diag and (backend == "diagonal" or not grads):
+            return _run_diagonal(model, layout, smooth)
+        backend = "torch"
+    tol = rank_tol(model.z.dtype)
+    if backend == "torch":
+        parts = filter_parts(model, chunk=chunk)
+        filt, pm, pP, ll = parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps
+        sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
+    else:
+        if model.z.dtype != torch.float64:
+            raise ValueError(f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs")
+        filt, pm, pP, ll = filter_reference(model)
+        sm = smooth_reference(model, filt) if smooth else None
+    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
+    diffuse = torch.zeros(filt.mean.shape[:2], dtype=torch.bool, device=filt.mean.device)
+    if filt.ndiffuse:
+        diffuse[:, : filt.ndiffuse] = torch.linalg.matrix_norm(filt.diffuse[:, : filt.ndiffuse]) > 0
+    fres = DenseFilterResult(
+        mean=out(filt.mean, 1),
+        cov=out(cov_with_inf(filt, tol), 2),
+        precision=out(precision_of(filt, tol), 2),
+        pred_mean=out(pm, 1),
+        pred_cov=out(pP, 2),
+        loglik=_args.output_batch(layout, ll.sum(1)),
+        diffuse=out(diffuse, 0),
+    )
+    if not smooth:
+        return fres
+    return DenseSmoothResult(out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres)
+
+
+def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
+    """Independent scalar lanes: hand the diagonals to kalmanscan.filter / smooth and repackage."""
+    import kalmanscan
+
+    dg = lambda m: torch.diagonal(m, dim1=-2, dim2=-1)  # noqa: E731
+    z = torch.where(model.observed, model.z, torch.full_like(model.z, float("nan")))
+    if model.P0 is not None:
+        pv = dg(model.P0)
+    else:
+        lam0 = dg(model.L0)
+        pv = torch.where(lam0 > 0, 1.0 / torch.where(lam0 > 0, lam0, torch.ones_like(lam0)), torch.full_like(lam0, float("inf")))
+    kwargs = dict(
+        obs_var=dg(model.R), decay=dg(model.F), process_var=dg(model.Q), loading=dg(model.H), offset=model.c,
+        prior_mean=model.m0, prior_var=pv, axis=1,
+    )
+    res = kalmanscan.smooth(z, **kwargs) if smooth else kalmanscan.filter(z, **kwargs)
+    f = res.filtered if smooth else res
+    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
+    fres = DenseFilterResult(
+        mean=out(f.mean, 1),
+        cov=out(torch.diag_embed(f.var), 2),
+        precision=out(torch.diag_embed(f.precision), 2),
+        pred_mean=out(f.pred_mean, 1),
+        pred_cov=out(torch.diag_embed(f.pred_var), 2),
+        loglik=_args.output_batch(layout, f.loglik.sum(-1)),
+        diffuse=out((f.precision == 0).any(-1), 0),
+    )
+    if not smooth:
+        return fres
+    return DenseSmoothResult(
+        out(res.mean, 1), out(torch.diag_embed(res.var), 2), out(torch.diag_embed(1.0 / res.var), 2), fres
+    )
+
+
+def filter(
+    z, F, Q, H, R, *, offset=None, prior_mean=None, prior_cov=None, prior_precision=None, axis=0,
+    backend="auto", chunk=32,
+) -> DenseFilterResult:
+    """Kalman filter of a dense linear-Gaussian state-space model, parallel in time.
+
+    z: [..., T, ..., d] observations (time on ``axis``, NaN entries are missing); F, Q: [..., n, n];
+    H: [..., d, n]; R: [..., d, d] (positive definite); offset: [..., n]; prior_mean: [..., n];
+    either prior_cov [..., n, n] (``inf`` on the diagonal marks diffuse states) or prior_precision
+    [..., n, n] (0 in diffuse directions); neither means fully diffuse. numpy in -> numpy out,
+    torch in -> torch out (differentiable). backend: ``"auto"`` (the scalar core
+    :func:`kalmanscan.filter` when the model is diagonal with d == n and nothing needs a gradient,
+    otherwise ``"torch"``), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),
+    ``"diagonal"``. ``chunk`` is the block length of the scan.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
+    >>> z = np.cumsum(np.arange(50.0))[:, None] / 50
+    >>> res = kd.filter(z, **m._asdict())
+    >>> res.mean.shape, res.cov.shape, bool(res.diffuse[0]), bool(res.diffuse[1])
+    ((50, 2), (50, 2, 2), True, False)
+    """
+    return _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, False, chunk)
+
+
+def smooth(
+    z, F, Q, H, R, *, offset=None, prior_mean=None, prior_cov=None, prior_precision=None, axis=0,
+    backend="auto", chunk=32,
+) -> DenseSmoothResult:
+    """Smoothed moments p(x_t | z_{1:T}) of a dense model; same arguments as :func:`filter`.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
+    >>> z = np.cumsum(np.arange(50.0))[:, None] / 50
+    >>> res = kd.smooth(z, **m._asdict())
+    >>> res.mean.shape, bool(np.isfinite(res.cov).all())
+    ((50, 2), True)
+    """
+    return _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, True, chunk)

@@ -1,0 +1,218 @@
+"""Builders for common dense models; each returns a :class:`DenseModel` (F, Q, H, R, offset).
+
+Pass one to the filter as ``kd.filter(z, **model._asdict())``. Continuous-time models are
+discretized exactly with the matrix exponential (Van Loan 1978): for dx = A x dt + L dW with
+E[dW dW'] = Qc dt, a step dt gives F = exp(A dt) and Q = ∫_0^dt exp(A s) L Qc L' exp(A s)' ds, read
+off exp([[-A, L Qc L'], [0, A']] dt). An array ``dt`` (irregular sampling) gives per-step F and Q
+with a leading time axis.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+
+class DenseModel(NamedTuple):
+    """F [..., n, n], Q [..., n, n], H [..., d, n], R [..., d, d], offset [..., n]."""
+
+    F: object
+    Q: object
+    H: object
+    R: object
+    offset: object
+
+
+def _scalar(name, x, lo=0.0, lo_open=False):
+    try:
+        v = float(x)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__} {x!r}") from err
+    if not np.isfinite(v) or v < lo or (lo_open and v == lo):
+        op = ">" if lo_open else ">="
+        raise ValueError(f"{name}: expected a finite number {op} {lo}, got {x!r}")
+    return v
+
+
+def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
+    """Local linear trend: level_t = level + slope + N(0, level_var), slope_t = slope + N(0, slope_var).
+
+    State [level, slope]; z_t = level_t + N(0, obs_var). Matches statsmodels'
+    ``UnobservedComponents(level="local linear trend")``.
+
+    >>> import kalmanscan.dense as kd
+    >>> kd.local_linear_trend(1.0, 0.1, 2.0).F
+    array([[1., 1.],
+           [0., 1.]])
+    """
+    lv, sv = _scalar("level_var", level_var), _scalar("slope_var", slope_var)
+    ov = _scalar("obs_var", obs_var)
+    return DenseModel(
+        F=np.array([[1.0, 1.0], [0.0, 1.0]]),
+        Q=np.diag([lv, sv]),
+        H=np.array([[1.0, 0.0]]),
+        R=np.array([[ov]]),
+        offset=np.zeros(2),
+    )
+
+
+def seasonal_dummies(period, seasonal_var, obs_var=0.0) -> DenseModel:
+    """Stochastic dummy seasonal of ``period`` seasons (state dimension period - 1).
+
+    gamma_t = -(gamma_{t-1} + ... + gamma_{t-period+1}) + N(0, seasonal_var); z_t = gamma_t + noise.
+    ``obs_var`` defaults to 0 so it can be added to other components with :func:`add_components`.
+
+    >>> import kalmanscan.dense as kd
+    >>> kd.seasonal_dummies(4, 0.1).F
+    array([[-1., -1., -1.],
+           [ 1.,  0.,  0.],
+           [ 0.,  1.,  0.]])
+    """
+    if not isinstance(period, (int, np.integer)) or isinstance(period, bool) or period < 2:
+        raise ValueError(f"period: expected an int >= 2, got {period!r}")
+    sv, ov = _scalar("seasonal_var", seasonal_var), _scalar("obs_var", obs_var)
+    k = int(period) - 1
+    F = np.zeros((k, k))
+    F[0, :] = -1.0
+    F[1:, :-1] = np.eye(k - 1)
+    Q = np.zeros((k, k))
+    Q[0, 0] = sv
+    H = np.zeros((1, k))
+    H[0, 0] = 1.0
+    return DenseModel(F, Q, H, np.array([[ov]]), np.zeros(k))
+
+
+def _van_loan(A, LQL, dt):
+    """F, Q for dx = A x dt + noise of intensity LQL over steps dt (array [...]) -> [..., n, n]."""
+    n = A.shape[-1]
+    dt_t = torch.as_tensor(np.asarray(dt, dtype=np.float64))
+    M = torch.zeros(2 * n, 2 * n, dtype=torch.float64)
+    M[:n, :n] = -torch.as_tensor(A)
+    M[:n, n:] = torch.as_tensor(LQL)
+    M[n:, n:] = torch.as_tensor(A).T
+    E = torch.linalg.matrix_exp(M * dt_t[..., None, None])
+    F = E[..., n:, n:].transpose(-1, -2)
+    Q = F @ E[..., :n, n:]
+    Q = 0.5 * (Q + Q.transpose(-1, -2))
+    return F.numpy(), Q.numpy()
+
+
+def _dt(dt):
+    arr = np.asarray(dt, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"dt: expected finite step lengths >= 0, got {dt!r}")
+    return arr
+
+
+def _kinematic(order, dt, noise_var, obs_var, ndim):
+    dt = _dt(dt)
+    q = _scalar("noise_var", noise_var)
+    ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
+    if not isinstance(ndim, (int, np.integer)) or ndim < 1:
+        raise ValueError(f"ndim: expected an int >= 1, got {ndim!r}")
+    k = order + 1
+    A = np.diag(np.ones(k - 1), 1)
+    LQL = np.zeros((k, k))
+    LQL[-1, -1] = q
+    F1, Q1 = _van_loan(A, LQL, dt)
+    n = k * ndim
+    F = np.zeros(dt.shape + (n, n))
+    Q = np.zeros(dt.shape + (n, n))
+    H = np.zeros((ndim, n))
+    for i in range(ndim):
+        s = slice(i * k, (i + 1) * k)
+        F[..., s, s] = F1
+        Q[..., s, s] = Q1
+        H[i, i * k] = 1.0
+    return DenseModel(F, Q, H, ov * np.eye(ndim), np.zeros(n))
+
+
+def constant_velocity(dt, accel_var, obs_var, ndim=1) -> DenseModel:
+    """Constant velocity (white-noise acceleration of intensity ``accel_var``), position observed.
+
+    State [pos_1, vel_1, pos_2, vel_2, ...] for ``ndim`` spatial axes; exact discretization for
+    step ``dt`` (scalar or per-step array): F = [[1, dt], [0, 1]], Q = q [[dt^3/3, dt^2/2], [dt^2/2, dt]].
+
+    >>> import kalmanscan.dense as kd
+    >>> m = kd.constant_velocity(0.5, accel_var=2.0, obs_var=1.0)
+    >>> m.F.tolist(), m.Q.round(6).tolist()
+    ([[1.0, 0.5], [0.0, 1.0]], [[0.083333, 0.25], [0.25, 1.0]])
+    """
+    return _kinematic(1, dt, accel_var, obs_var, ndim)
+
+
+def constant_acceleration(dt, jerk_var, obs_var, ndim=1) -> DenseModel:
+    """Constant acceleration (white-noise jerk of intensity ``jerk_var``), position observed.
+
+    State [pos, vel, acc] per spatial axis; exact discretization via the matrix exponential.
+
+    >>> import kalmanscan.dense as kd
+    >>> kd.constant_acceleration(1.0, jerk_var=1.0, obs_var=1.0).F.round(12).tolist()
+    [[1.0, 1.0, 0.5], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
+    """
+    return _kinematic(2, dt, jerk_var, obs_var, ndim)
+
+
+def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
+    """Sum of independent Ornstein–Uhlenbeck components observed through one noisy sum.
+
+    theta, sigma2, mu: [k] rates, diffusions and means; dt scalar or per-step array [T];
+    z_t = sum_i x_{i,t} + N(0, obs_var). Discretized exactly with :func:`kalmanscan.discretize_ou`.
+
+    >>> import kalmanscan.dense as kd
+    >>> m = kd.ou_sum([0.1, 2.0], [1.0, 0.5], dt=1.0, obs_var=0.2)
+    >>> m.H.tolist(), m.F.shape
+    ([[1.0, 1.0]], (2, 2))
+    """
+    from kalmanscan import discretize_ou
+
+    th = np.atleast_1d(np.asarray(theta, dtype=np.float64))
+    s2 = np.atleast_1d(np.asarray(sigma2, dtype=np.float64))
+    mu = np.broadcast_to(np.asarray(mu, dtype=np.float64), th.shape)
+    if th.ndim != 1 or s2.shape != th.shape:
+        raise ValueError(f"theta, sigma2: expected two 1-d arrays of equal length, got {th.shape} and {s2.shape}")
+    dt = _dt(dt)
+    ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
+    decay, pvar = discretize_ou(th, s2, dt[..., None])
+    decay, pvar = np.asarray(decay), np.asarray(pvar)
+    k = th.shape[0]
+    F = decay[..., None] * np.eye(k)
+    Q = pvar[..., None] * np.eye(k)
+    return DenseModel(F, Q, np.ones((1, k)), np.array([[ov]]), mu * (1.0 - decay))
+
+
+def add_components(*models: DenseModel) -> DenseModel:
+    """Independent components observed through the sum of their observations.
+
+    Block-diagonal F and Q, offsets stacked, H side by side, R the sum of the components' R.
+
+    >>> import kalmanscan.dense as kd
+    >>> m = kd.add_components(kd.local_linear_trend(1.0, 0.1, 2.0), kd.seasonal_dummies(4, 0.1))
+    >>> m.F.shape, m.H.tolist()
+    ((5, 5), [[1.0, 0.0, 1.0, 0.0, 0.0]])
+    """
+    if not models:
+        raise ValueError("models: expected at least one DenseModel, got none")
+    arrs = [DenseModel(*(np.asarray(x, dtype=np.float64) for x in m)) for m in models]
+    d = arrs[0].H.shape[-2]
+    if any(m.H.shape[-2] != d for m in arrs):
+        raise ValueError(f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in arrs]}")
+    sizes = [m.F.shape[-1] for m in arrs]
+    n = sum(sizes)
+    lead = np.broadcast_shapes(*(m.F.shape[:-2] for m in arrs), *(m.Q.shape[:-2] for m in arrs))
+    F = np.zeros(lead + (n, n))
+    Q = np.zeros(lead + (n, n))
+    off = np.zeros(np.broadcast_shapes(*(m.offset.shape[:-1] for m in arrs)) + (n,))
+    H = np.zeros(np.broadcast_shapes(*(m.H.shape[:-2] for m in arrs)) + (d, n))
+    i = 0
+    for m, k in zip(arrs, sizes):
+        s = slice(i, i + k)
+        F[..., s, s] = m.F
+        Q[..., s, s] = m.Q
+        off[..., s] = m.offset
+        H[..., :, s] = m.H
+        i += k
+    R = sum(m.R for m in arrs)
+    return DenseModel(F, Q, H, R, off)

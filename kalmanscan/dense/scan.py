@@ -1,0 +1,138 @@
+"""Associative scan over dense filtering elements (Särkkä & García-Fernández 2021).
+
+Derivation, choice of element and float32 behaviour: docs/dense.md.
+
+Notation (B flattened series, T steps, n state, d observation):
+
+    A    [B, T, n, n]   an element over steps i..j says  p(x_j | x_{i-1}, z_{i:j}) = N(A x_{i-1} + b, C)
+    b    [B, T, n]
+    C    [B, T, n, n]
+    eta  [B, T, n]      and  p(z_{i:j} | x_{i-1}) ∝ exp(eta' x_{i-1} - x_{i-1}' J x_{i-1} / 2)
+    J    [B, T, n, n]
+
+The identity element is (I, 0, 0, 0, 0). Elements compose with :func:`combine`; :func:`scan`
+computes inclusive prefixes (or suffixes) blockwise: a sequential pass inside chunks, a recursive
+scan of the chunk totals, then one vectorized fix-up.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Element(NamedTuple):
+    A: torch.Tensor
+    b: torch.Tensor
+    C: torch.Tensor
+    eta: torch.Tensor
+    J: torch.Tensor
+
+
+def _sym(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (x + x.transpose(-1, -2))
+
+
+def step_elements(z, observed, F, c, Q, H, R) -> Element:
+    """Single-step elements: x_{t-1} known, z_t observed through H with noise R.
+
+    z [B,T,d] (zero where missing), observed [B,T,d] bool, F [..,n,n], c [..,n], Q [..,n,n],
+    H [..,d,n], R [..,d,d] broadcastable to [B,T,...]. Missing entries get a zero row in H and a
+    unit, uncorrelated noise, so they carry no information.
+    """
+    H, R, z = mask_observation(z, observed, H, R)
+    S = H @ Q @ H.transpose(-1, -2) + R
+    L = torch.linalg.cholesky(_sym(S))
+    HF = H @ F
+    W = torch.linalg.solve_triangular(L, torch.cat([H, HF], -1), upper=False)  # L^-1 [H, HF]
+    n = F.shape[-1]
+    WH, WHF = W[..., :n], W[..., n:]
+    e = torch.linalg.solve_triangular(L, (z - (H @ c.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1), upper=False)
+    QW = Q @ WH.transpose(-1, -2)  # Q H' L^-T   [.., n, d]
+    A = F - QW @ WHF
+    b = c + (QW @ e).squeeze(-1)
+    C = _sym(Q - QW @ QW.transpose(-1, -2))
+    J = _sym(WHF.transpose(-1, -2) @ WHF)
+    eta = (WHF.transpose(-1, -2) @ e).squeeze(-1)
+    return Element(A, b, C, eta, J)
+
+
+def mask_observation(z, observed, H, R):
+    """Zero the rows of H and the entries of z that are missing; give them unit, independent noise."""
+    m = observed.to(H.dtype)
+    H = H * m.unsqueeze(-1)
+    R = R * (m.unsqueeze(-1) * m.unsqueeze(-2)) + torch.diag_embed(1.0 - m)
+    z = torch.where(observed, z, torch.zeros((), dtype=z.dtype, device=z.device))
+    return H, R, z
+
+
+def combine(e1: Element, e2: Element) -> Element:
+    """Element over i..k from e1 over i..j-1 and e2 over j..k (e1 happens first)."""
+    A1, b1, C1, eta1, J1 = e1
+    A2, b2, C2, eta2, J2 = e2
+    n = A1.shape[-1]
+    eye = torch.eye(n, dtype=A1.dtype, device=A1.device)
+    X = eye + C1 @ J2  # X' = I + J2 C1
+    LU, piv = torch.linalg.lu_factor(X)
+    rhs = torch.cat([A1, C1, (b1 + (C1 @ eta2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)], -1)
+    sol = torch.linalg.lu_solve(LU, piv, rhs)
+    A = A2 @ sol[..., :n]
+    C = _sym(A2 @ sol[..., n : 2 * n] @ A2.transpose(-1, -2) + C2)
+    b = (A2 @ sol[..., 2 * n :]).squeeze(-1) + b2
+    rhs2 = torch.cat([J2 @ A1, (eta2 - (J2 @ b1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)], -1)
+    sol2 = torch.linalg.lu_solve(LU, piv, rhs2, adjoint=True)
+    A1t = A1.transpose(-1, -2)
+    J = _sym(A1t @ sol2[..., :n] + J1)
+    eta = (A1t @ sol2[..., n:]).squeeze(-1) + eta1
+    return Element(A, b, C, eta, J)
+
+
+def identity(shape, n, dtype, device) -> Element:
+    eye = torch.eye(n, dtype=dtype, device=device).expand(*shape, n, n)
+    zv = torch.zeros(*shape, n, dtype=dtype, device=device)
+    zm = torch.zeros(*shape, n, n, dtype=dtype, device=device)
+    return Element(eye, zv, zm, zv, zm)
+
+
+def _sequential(e: Element, op) -> Element:
+    """Inclusive scan along dim 1 by a plain loop (used inside chunks)."""
+    L = e.A.shape[1]
+    acc = Element(*(x[:, 0] for x in e))
+    out = [acc]
+    for k in range(1, L):
+        acc = op(acc, Element(*(x[:, k] for x in e)))
+        out.append(acc)
+    return Element(*(torch.stack([o[i] for o in out], 1) for i in range(5)))
+
+
+def _scan(e: Element, op, chunk: int) -> Element:
+    N, T = e.A.shape[:2]
+    if T <= chunk:
+        return _sequential(e, op)
+    n = e.A.shape[-1]
+    nc = -(-T // chunk)
+    pad = nc * chunk - T
+    if pad:
+        ident = identity((N, pad), n, e.A.dtype, e.A.device)
+        e = Element(*(torch.cat([x, i], 1) for x, i in zip(e, ident)))
+    loc = Element(*(x.reshape(N * nc, chunk, *x.shape[2:]) for x in e))
+    loc = _sequential(loc, op)
+    tot = Element(*(x[:, -1].reshape(N, nc, *x.shape[2:]) for x in loc))
+    tot = _scan(tot, op, chunk)
+    loc = Element(*(x.reshape(N, nc, chunk, *x.shape[2:]) for x in loc))
+    carry = Element(*(x[:, :-1].unsqueeze(2).expand(-1, -1, chunk, *x.shape[2:]) for x in tot))
+    rest = op(carry, Element(*(x[:, 1:] for x in loc)))
+    out = Element(
+        *(torch.cat([x[:, :1], r], 1).reshape(N, nc * chunk, *x.shape[3:])[:, :T] for x, r in zip(loc, rest))
+    )
+    return out
+
+
+def scan(e: Element, *, reverse: bool = False, chunk: int = 32) -> Element:
+    """Inclusive prefix (``reverse=False``: e_1 ⊗ ... ⊗ e_t) or suffix (e_t ⊗ ... ⊗ e_T) along dim 1."""
+    if not reverse:
+        return _scan(e, combine, chunk)
+    flipped = Element(*(torch.flip(x, [1]) for x in e))
+    out = _scan(flipped, lambda a, b: combine(b, a), chunk)
+    return Element(*(torch.flip(x, [1]) for x in out))
