@@ -8,8 +8,9 @@ error per (lane, truth, quantity, dtype, backend) for figures.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,7 +19,14 @@ from .models import LaneBatch, growth_families, named_regimes, random_batch
 from .tolerances import tolerance
 from .truths import NotApplicable, Truth, dense_truth, filterpy_truth
 
-__all__ = ["Runner", "available_runners", "BatteryConfig", "BatteryResult", "run_battery", "QUANTITIES"]
+__all__ = [
+    "Runner",
+    "available_runners",
+    "BatteryConfig",
+    "BatteryResult",
+    "run_battery",
+    "QUANTITIES",
+]
 
 QUANTITIES = (
     "filtered mean",
@@ -70,6 +78,7 @@ class BatteryConfig:
     lanes_per_length: int = 8
     growth_lengths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
     quick: bool = True
+    named_regimes: bool = True
     dense_max_T: int = 1000
     sequential_max_T: int = 5000
 
@@ -119,16 +128,32 @@ class _Collector:
         row = self.worst.get(key)
         if row is None:
             row = self.worst[key] = dict(
-                truth=truth, quantity=quantity, dtype=dtype, backend=backend, max_rel_err=0.0,
-                tol=tolerance(truth, quantity, dtype), n_models=0, worst_model="",
+                truth=truth,
+                quantity=quantity,
+                dtype=dtype,
+                backend=backend,
+                max_rel_err=0.0,
+                tol=tolerance(truth, quantity, dtype),
+                n_models=0,
+                worst_model="",
             )
         row["n_models"] += 1
         err = float(err)
         if not err <= row["max_rel_err"]:  # NaN and larger both win
             if row["max_rel_err"] == row["max_rel_err"]:
                 row["max_rel_err"], row["worst_model"] = err, model
-        self.records.append(dict(truth=truth, quantity=quantity, dtype=dtype, backend=backend,
-                                 rel_err=err, model=model, T=int(T), family=family))
+        self.records.append(
+            dict(
+                truth=truth,
+                quantity=quantity,
+                dtype=dtype,
+                backend=backend,
+                rel_err=err,
+                model=model,
+                T=int(T),
+                family=family,
+            )
+        )
 
     def rows(self) -> list[dict]:
         return list(self.worst.values())
@@ -147,9 +172,16 @@ def run_kalmanscan(batch: LaneBatch, runner: Runner, dtype: str) -> dict:
 
     import kalmanscan as ks
 
-    arrays = dict(z=batch.z, obs_var=batch.obs_var, decay=batch.decay, process_var=batch.process_var,
-                  loading=batch.loading, offset=batch.offset, prior_mean=batch.prior_mean,
-                  prior_var=batch.prior_var)
+    arrays = dict(
+        z=batch.z,
+        obs_var=batch.obs_var,
+        decay=batch.decay,
+        process_var=batch.process_var,
+        loading=batch.loading,
+        offset=batch.offset,
+        prior_mean=batch.prior_mean,
+        prior_var=batch.prior_var,
+    )
     if runner.device == "cpu":
         conv = {k: v.astype(_np_dtype(dtype)) for k, v in arrays.items()}
     else:
@@ -157,16 +189,23 @@ def run_kalmanscan(batch: LaneBatch, runner: Runner, dtype: str) -> dict:
         conv = {k: torch.as_tensor(v, dtype=tdt, device=runner.device) for k, v in arrays.items()}
     kw = {k: conv[k] for k in ("loading", "offset", "prior_mean", "prior_var")}
     args = (conv["z"], conv["obs_var"], conv["decay"], conv["process_var"])
-    f = ks.filter(*args, **kw, backend=runner.backend)
-    s = ks.smooth(*args, **kw, backend=runner.backend)
+    s = ks.smooth(*args, **kw, backend=runner.backend)  # its .filtered is what ks.filter returns
+    f = s.filtered
 
     def out(x):
         if isinstance(x, torch.Tensor):
             x = x.detach().cpu().numpy()
         return np.asarray(x, dtype=np.float64)
 
-    return dict(mean=out(f.mean), var=out(f.var), pred_mean=out(f.pred_mean), pred_var=out(f.pred_var),
-                loglik=out(f.loglik), smooth_mean=out(s.mean), smooth_var=out(s.var))
+    return dict(
+        mean=out(f.mean),
+        var=out(f.var),
+        pred_mean=out(f.pred_mean),
+        pred_var=out(f.pred_var),
+        loglik=out(f.loglik),
+        smooth_mean=out(s.mean),
+        smooth_var=out(s.var),
+    )
 
 
 def lane_errors(ks_out: dict, n: int, truth: Truth) -> dict[str, float]:
@@ -231,7 +270,7 @@ def _vanloan_rows(col, cfg):
     from .vanloan import van_loan_ou, vanloan_grid
 
     th, s2, dt = vanloan_grid(cfg.quick)
-    truth = np.array([van_loan_ou(*v) for v in zip(th, s2, dt)])
+    truth = np.array([van_loan_ou(*v) for v in zip(th, s2, dt, strict=True)])
     tiny32 = float(np.finfo(np.float32).tiny)
     for dtype in DTYPES:
         cast = _np_dtype(dtype)
@@ -242,8 +281,16 @@ def _vanloan_rows(col, cfg):
                 if dtype == "float32" and not tiny32 <= ref[i] <= float(np.finfo(np.float32).max):
                     continue  # outside float32's normal range
                 err = elementwise(np.array([got[i]]), np.array([ref[i]]))
-                col.add("scipy expm (Van Loan)", q, dtype, "-", err,
-                        f"theta={th[i]:g},sigma2={s2[i]:g},dt={dt[i]:g}", 1, "van loan")
+                col.add(
+                    "scipy expm (Van Loan)",
+                    q,
+                    dtype,
+                    "-",
+                    err,
+                    f"theta={th[i]:g},sigma2={s2[i]:g},dt={dt[i]:g}",
+                    1,
+                    "van loan",
+                )
 
 
 def _nile_rows(col, runners):
@@ -261,12 +308,16 @@ def _nile_rows(col, runners):
             params.append((ov, lv))
     T, N = flow.shape[0], len(lanes_z)
     batch = LaneBatch(
-        family="nile", z=np.stack(lanes_z, axis=1),
+        family="nile",
+        z=np.stack(lanes_z, axis=1),
         obs_var=np.broadcast_to(np.array([p[0] for p in params]), (T, N)).copy(),
         decay=np.ones((T, N)),
         process_var=np.broadcast_to(np.array([p[1] for p in params]), (T, N)).copy(),
-        loading=np.ones((T, N)), offset=np.zeros((T, N)),
-        prior_mean=np.zeros(N), prior_var=np.full(N, np.inf), names=names,
+        loading=np.ones((T, N)),
+        offset=np.zeros((T, N)),
+        prior_mean=np.zeros(N),
+        prior_var=np.full(N, np.inf),
+        names=names,
     )
     refs = [statsmodels_local_level(batch.z[:, n], *params[n]) for n in range(N)]
     for runner in runners:
@@ -295,18 +346,21 @@ def _dense_model_rows(quick: bool) -> list[dict]:
     return [dict(r) for r in check_dense(quick)]
 
 
-def run_battery(quick: bool = True, seed: int = 0, runners: list[Runner] | None = None,
-                progress: Callable[[str], None] | None = None,
-                config: BatteryConfig | None = None) -> BatteryResult:
+def run_battery(
+    quick: bool = True,
+    seed: int = 0,
+    runners: list[Runner] | None = None,
+    progress: Callable[[str], None] | None = None,
+    config: BatteryConfig | None = None,
+) -> BatteryResult:
     """Run every truth against kalmanscan and collect the worst error per row.
 
-    >>> res = run_battery(quick=True, config=BatteryConfig(random_lengths=(7,), lanes_per_length=2,
-    ...                   growth_lengths=(16,)), runners=[Runner("torch", "torch", "cpu")])  # doctest: +SKIP
+    >>> cfg = BatteryConfig(random_lengths=(7,), lanes_per_length=2, growth_lengths=(16,))
+    >>> res = run_battery(config=cfg, runners=[Runner("torch", "torch", "cpu")])  # doctest: +SKIP
     >>> res.ok  # doctest: +SKIP
     True
     """
     cfg = config or (BatteryConfig.quick_config(seed) if quick else BatteryConfig.full_config(seed))
-    cfg.seed = seed if config is None else cfg.seed
     runners = available_runners() if runners is None else runners
     say = progress or (lambda msg: None)
     col = _Collector()
@@ -317,7 +371,8 @@ def run_battery(quick: bool = True, seed: int = 0, runners: list[Runner] | None 
     say("statsmodels exact-diffuse local level on Nile")
     _nile_rows(col, runners)
     batches = [random_batch(cfg.seed, T, cfg.lanes_per_length) for T in cfg.random_lengths]
-    batches += named_regimes(cfg.seed, cfg.quick)
+    if cfg.named_regimes:
+        batches += named_regimes(cfg.seed, cfg.quick)
     for b in batches:
         say(f"{b.family}: {b.shape[1]} lanes x {b.shape[0]} steps")
         _battery_batch(col, b, runners, cfg, b.family, timings)

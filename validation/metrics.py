@@ -45,7 +45,7 @@ def normwise(a, b) -> float:
 
 
 def elementwise(a, b) -> float:
-    """Max elementwise relative error of positive ``a`` against ``b``; ``b = inf`` needs ``a = inf``.
+    """Max elementwise relative error of positive ``a`` vs ``b``; ``b = inf`` needs ``a = inf``.
 
     >>> elementwise([1.0, np.inf], [1.0 + 1e-12, np.inf]) < 1e-11
     True

@@ -143,13 +143,25 @@ def _random_lane(rng: np.random.Generator, T: int, name: str) -> Lane:
             if rng.random() < 0.5:
                 decay = np.clip(decay + 0.05 * rng.standard_normal(T), 0.05, 1.2)
         else:
-            decay = rng.uniform(-1.0, 1.0, size=T) if rng.random() < 0.5 else np.full(T, -rng.uniform(0.2, 0.99))
+            decay = (
+                rng.uniform(-1.0, 1.0, size=T)
+                if rng.random() < 0.5
+                else np.full(T, -rng.uniform(0.2, 0.99))
+            )
         process_var = _maybe_varying(rng, T, 10 ** rng.uniform(-3, 1), 0.5, 0.4)
     obs_var = _maybe_varying(rng, T, 10 ** rng.uniform(-2, 2), 0.7, 0.4)
-    loading = np.ones(T) if rng.random() < 0.5 else _maybe_varying(rng, T, rng.uniform(0.3, 2.0), 0.3, 0.5)
+    loading = (
+        np.ones(T)
+        if rng.random() < 0.5
+        else _maybe_varying(rng, T, rng.uniform(0.3, 2.0), 0.3, 0.5)
+    )
     if rng.random() < 0.25:
         loading = -loading
-    offset = np.zeros(T) if rng.random() < 0.5 else rng.normal(0, 1) + 0.3 * rng.standard_normal(T) * (rng.random() < 0.5)
+    offset = (
+        np.zeros(T)
+        if rng.random() < 0.5
+        else rng.normal(0, 1) + 0.3 * rng.standard_normal(T) * (rng.random() < 0.5)
+    )
     diffuse = rng.random() < 0.4
     prior_mean = float(rng.normal(0, 3))
     prior_var = np.inf if diffuse else float(10 ** rng.uniform(-2, 2))
@@ -178,12 +190,21 @@ def _random_lane(rng: np.random.Generator, T: int, name: str) -> Lane:
         obs_var[miss] = np.inf
         z[miss] = rng.normal(0, 1, size=int(miss.sum()))  # finite garbage that must be ignored
     tag = f"{kind}-{'diffuse' if diffuse else 'prior'}-miss{frac:.1f}-s{scale:.0e}"
-    return Lane(name=f"{name}:{tag}", z=z, obs_var=obs_var, decay=decay, process_var=process_var,
-                loading=loading, offset=offset, prior_mean=prior_mean, prior_var=prior_var)
+    return Lane(
+        name=f"{name}:{tag}",
+        z=z,
+        obs_var=obs_var,
+        decay=decay,
+        process_var=process_var,
+        loading=loading,
+        offset=offset,
+        prior_mean=prior_mean,
+        prior_var=prior_var,
+    )
 
 
 def random_batch(seed: int, T: int, n_lanes: int) -> LaneBatch:
-    """``n_lanes`` seeded random lanes of length ``T`` (time-varying, missing data, priors, offsets).
+    """``n_lanes`` seeded random lanes of length ``T`` (time-varying, gaps, priors, offsets).
 
     >>> b = random_batch(0, 63, 4)
     >>> b.shape
@@ -194,20 +215,50 @@ def random_batch(seed: int, T: int, n_lanes: int) -> LaneBatch:
     return LaneBatch.stack(f"random T={T}", lanes)
 
 
-def _lane(name, T, *, decay, process_var, obs_var, loading=1.0, offset=0.0, prior_mean=0.0,
-          prior_var=np.inf, rng, missing=0.0, lead_missing=0):
+def _lane(
+    name,
+    T,
+    *,
+    decay,
+    process_var,
+    obs_var,
+    loading=1.0,
+    offset=0.0,
+    prior_mean=0.0,
+    prior_var=np.inf,
+    rng,
+    missing=0.0,
+    lead_missing=0,
+):
     full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (T,)).copy()  # noqa: E731
     decay, process_var, obs_var = full(decay), full(process_var), full(obs_var)
     loading, offset = full(loading), full(offset)
-    z = _simulate(rng, decay, process_var, loading, offset, obs_var, prior_mean,
-                  prior_var if np.isfinite(prior_var) else 0.0)
+    z = _simulate(
+        rng,
+        decay,
+        process_var,
+        loading,
+        offset,
+        obs_var,
+        prior_mean,
+        prior_var if np.isfinite(prior_var) else 0.0,
+    )
     miss = rng.random(T) < missing
     miss[:lead_missing] = True
     if miss.all():
         miss[-1] = False
     z[miss] = np.nan
-    return Lane(name=name, z=z, obs_var=obs_var, decay=decay, process_var=process_var, loading=loading,
-                offset=offset, prior_mean=float(prior_mean), prior_var=float(prior_var))
+    return Lane(
+        name=name,
+        z=z,
+        obs_var=obs_var,
+        decay=decay,
+        process_var=process_var,
+        loading=loading,
+        offset=offset,
+        prior_mean=float(prior_mean),
+        prior_var=float(prior_var),
+    )
 
 
 def named_regimes(seed: int, quick: bool) -> list[LaneBatch]:
@@ -215,55 +266,121 @@ def named_regimes(seed: int, quick: bool) -> list[LaneBatch]:
 
     Regimes: decay near 0 (and exactly 0: total forgetting), decay near 1, no process noise,
     huge and tiny observation variances, large offsets, diffuse prior with leading gaps,
-    lengths 1/2/3, and long lanes (10^5 steps; 2*10^4 in quick mode).
+    lengths 1/2/3, and long lanes (10^5 steps; 10^4 in quick mode).
     """
     rng = np.random.default_rng([seed, 7])
     out = []
 
     def batch(family, T, specs):
-        out.append(LaneBatch.stack(family, [_lane(f"{family}:{k}", T, rng=rng, **kw) for k, kw in specs]))
+        out.append(
+            LaneBatch.stack(family, [_lane(f"{family}:{k}", T, rng=rng, **kw) for k, kw in specs])
+        )
 
-    batch("decay near 0", 200, [
-        ("a=1e-8,diffuse", dict(decay=1e-8, process_var=1.0, obs_var=0.5, missing=0.2)),
-        ("a=1e-3,prior", dict(decay=1e-3, process_var=2.0, obs_var=1.0, prior_var=1.0, missing=0.2)),
-        ("a=0,prior", dict(decay=0.0, process_var=1.0, obs_var=1.0, prior_mean=3.0, prior_var=4.0, missing=0.2)),
-    ])
-    batch("decay near 1", 1000, [
-        ("a=1-1e-9,p=1e-6", dict(decay=1 - 1e-9, process_var=1e-6, obs_var=1.0, missing=0.1)),
-        ("a=1-1e-6,p=1e-3,prior", dict(decay=1 - 1e-6, process_var=1e-3, obs_var=1.0, prior_var=10.0)),
-        ("a=1,p=1e-4,offset", dict(decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01)),
-    ])
-    batch("no process noise", 300, [
-        ("a=1,diffuse", dict(decay=1.0, process_var=0.0, obs_var=1.0, missing=0.2)),
-        ("a=0.9,prior", dict(decay=0.9, process_var=0.0, obs_var=1.0, prior_mean=5.0, prior_var=2.0)),
-        ("a=1.001,offset,diffuse", dict(decay=1.001, process_var=0.0, obs_var=0.3, offset=0.1)),
-    ])
-    batch("huge obs var", 500, [
-        ("R=1e8,p=1", dict(decay=0.99, process_var=1.0, obs_var=1e8)),
-        ("R=1e12,rw,diffuse", dict(decay=1.0, process_var=1.0, obs_var=1e12, missing=0.3)),
-    ])
-    batch("tiny obs var", 500, [
-        ("R=1e-8", dict(decay=0.9, process_var=1.0, obs_var=1e-8)),
-        ("R=1e-12,diffuse,gaps", dict(decay=1.0, process_var=1.0, obs_var=1e-12, missing=0.3)),
-    ])
-    batch("large offsets", 400, [
-        ("c=1e4,a=0.5", dict(decay=0.5, process_var=1.0, obs_var=1.0, offset=1e4, prior_var=1.0)),
-        ("c=1e3,rw,diffuse", dict(decay=1.0, process_var=0.1, obs_var=1.0, offset=1e3)),
-    ])
-    batch("diffuse, leading gaps", 100, [
-        ("5 missing", dict(decay=0.95, process_var=0.5, obs_var=1.0, lead_missing=5)),
-        ("rw, 20 missing", dict(decay=1.0, process_var=1.0, obs_var=2.0, lead_missing=20, loading=0.7)),
-    ])
+    batch(
+        "decay near 0",
+        200,
+        [
+            ("a=1e-8,diffuse", dict(decay=1e-8, process_var=1.0, obs_var=0.5, missing=0.2)),
+            (
+                "a=1e-3,prior",
+                dict(decay=1e-3, process_var=2.0, obs_var=1.0, prior_var=1.0, missing=0.2),
+            ),
+            (
+                "a=0,prior",
+                dict(
+                    decay=0.0,
+                    process_var=1.0,
+                    obs_var=1.0,
+                    prior_mean=3.0,
+                    prior_var=4.0,
+                    missing=0.2,
+                ),
+            ),
+        ],
+    )
+    batch(
+        "decay near 1",
+        1000,
+        [
+            ("a=1-1e-9,p=1e-6", dict(decay=1 - 1e-9, process_var=1e-6, obs_var=1.0, missing=0.1)),
+            (
+                "a=1-1e-6,p=1e-3,prior",
+                dict(decay=1 - 1e-6, process_var=1e-3, obs_var=1.0, prior_var=10.0),
+            ),
+            ("a=1,p=1e-4,offset", dict(decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01)),
+        ],
+    )
+    batch(
+        "no process noise",
+        300,
+        [
+            ("a=1,diffuse", dict(decay=1.0, process_var=0.0, obs_var=1.0, missing=0.2)),
+            (
+                "a=0.9,prior",
+                dict(decay=0.9, process_var=0.0, obs_var=1.0, prior_mean=5.0, prior_var=2.0),
+            ),
+            ("a=1.001,offset,diffuse", dict(decay=1.001, process_var=0.0, obs_var=0.3, offset=0.1)),
+        ],
+    )
+    batch(
+        "huge obs var",
+        500,
+        [
+            ("R=1e8,p=1", dict(decay=0.99, process_var=1.0, obs_var=1e8)),
+            ("R=1e12,rw,diffuse", dict(decay=1.0, process_var=1.0, obs_var=1e12, missing=0.3)),
+        ],
+    )
+    batch(
+        "tiny obs var",
+        500,
+        [
+            ("R=1e-8", dict(decay=0.9, process_var=1.0, obs_var=1e-8)),
+            ("R=1e-12,diffuse,gaps", dict(decay=1.0, process_var=1.0, obs_var=1e-12, missing=0.3)),
+        ],
+    )
+    batch(
+        "large offsets",
+        400,
+        [
+            (
+                "c=1e4,a=0.5",
+                dict(decay=0.5, process_var=1.0, obs_var=1.0, offset=1e4, prior_var=1.0),
+            ),
+            ("c=1e3,rw,diffuse", dict(decay=1.0, process_var=0.1, obs_var=1.0, offset=1e3)),
+        ],
+    )
+    batch(
+        "diffuse, leading gaps",
+        100,
+        [
+            ("5 missing", dict(decay=0.95, process_var=0.5, obs_var=1.0, lead_missing=5)),
+            (
+                "rw, 20 missing",
+                dict(decay=1.0, process_var=1.0, obs_var=2.0, lead_missing=20, loading=0.7),
+            ),
+        ],
+    )
     for T in (1, 2, 3):
-        batch(f"length {T}", T, [
-            ("diffuse", dict(decay=0.9, process_var=1.0, obs_var=1.0)),
-            ("prior", dict(decay=0.9, process_var=1.0, obs_var=1.0, prior_mean=1.0, prior_var=2.0)),
-        ])
-    T_long = 20_000 if quick else 100_000
-    batch(f"long lanes T={T_long}", T_long, [
-        ("rw, gaps, diffuse", dict(decay=1.0, process_var=0.1, obs_var=1.0, missing=0.2)),
-        ("a=0.999", dict(decay=0.999, process_var=0.01, obs_var=1.0, prior_var=1.0)),
-    ])
+        batch(
+            f"length {T}",
+            T,
+            [
+                ("diffuse", dict(decay=0.9, process_var=1.0, obs_var=1.0)),
+                (
+                    "prior",
+                    dict(decay=0.9, process_var=1.0, obs_var=1.0, prior_mean=1.0, prior_var=2.0),
+                ),
+            ],
+        )
+    T_long = 10_000 if quick else 100_000
+    batch(
+        f"long lanes T={T_long}",
+        T_long,
+        [
+            ("rw, gaps, diffuse", dict(decay=1.0, process_var=0.1, obs_var=1.0, missing=0.2)),
+            ("a=0.999", dict(decay=0.999, process_var=0.01, obs_var=1.0, prior_var=1.0)),
+        ],
+    )
     return out
 
 
@@ -271,10 +388,21 @@ def growth_families(seed: int, T: int) -> LaneBatch:
     """Model families for the error-against-length study, each one lane of length ``T``."""
     rng = np.random.default_rng([seed, 11, T])
     lanes = [
-        _lane("local level (Nile-like)", T, decay=1.0, process_var=1469.1, obs_var=15099.0,
-              prior_mean=1000.0, rng=rng, missing=0.1, offset=0.0),
+        _lane(
+            "local level (Nile-like)",
+            T,
+            decay=1.0,
+            process_var=1469.1,
+            obs_var=15099.0,
+            prior_mean=1000.0,
+            rng=rng,
+            missing=0.1,
+            offset=0.0,
+        ),
         _lane("AR a=0.9", T, decay=0.9, process_var=1.0, obs_var=1.0, prior_var=1.0, rng=rng),
         _lane("a=1-1e-9, p=1e-6", T, decay=1 - 1e-9, process_var=1e-6, obs_var=1.0, rng=rng),
-        _lane("rw + offset 1e-2", T, decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01, rng=rng),
+        _lane(
+            "rw + offset 1e-2", T, decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01, rng=rng
+        ),
     ]
     return LaneBatch.stack(f"growth T={T}", lanes)

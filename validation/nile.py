@@ -1,11 +1,11 @@
 """statsmodels' exact-diffuse local level on the bundled Nile data.
 
 Model (Durbin & Koopman 2012, ch. 2): ``z_t = x_t + e_t``, ``x_t = x_{t-1} + w_t``, diffuse prior,
-``e ~ N(0, obs_var)``, ``w ~ N(0, level_var)``. statsmodels' ``use_exact_diffuse=True`` log-likelihood
-(``llf``) is DK's eq. 7.2 form: its diffuse first step contributes ``-0.5 log 2 pi`` (with
-``F_inf = 1``). kalmanscan's convention excludes that step, so the aligned value is
-``llf_obs[d:].sum()`` with ``d = nobs_diffuse`` (= ``llf + 0.5 log 2 pi`` on Nile): -632.5456 at
-the Durbin–Koopman variances, as KFAS reports.
+``e ~ N(0, obs_var)``, ``w ~ N(0, level_var)``. statsmodels' ``use_exact_diffuse=True``
+log-likelihood (``llf``) is DK's eq. 7.2 form: its diffuse first step contributes
+``-0.5 log 2 pi`` (with ``F_inf = 1``). kalmanscan's convention excludes that step, so the
+aligned value is ``llf_obs[d:].sum()`` with ``d = nobs_diffuse`` (= ``llf + 0.5 log 2 pi`` on
+Nile): -632.5456 at the Durbin–Koopman variances, as KFAS reports.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def statsmodels_local_level(z: np.ndarray, obs_var: float, level_var: float) -> 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mod = UnobservedComponents(np.asarray(z, dtype=np.float64), level="llevel", use_exact_diffuse=True)
+        mod = UnobservedComponents(
+            np.asarray(z, dtype=np.float64), level="llevel", use_exact_diffuse=True
+        )
         res = mod.smooth([obs_var, level_var])
     d = int(res.nobs_diffuse)
     llf_obs = np.asarray(res.llf_obs)

@@ -178,7 +178,11 @@ def _banded_system(lane: Lane):
     d_own = 1.0 / p + rho * h * h
     b_own = c / p + rho * h * zo
     obs_var = np.where(observed, lane.obs_var, 1.0)
-    C_own = np.log(2 * np.pi * p) + c * c / p + np.where(observed, np.log(2 * np.pi * obs_var) + rho * zo**2, 0.0)
+    C_own = (
+        np.log(2 * np.pi * p)
+        + c * c / p
+        + np.where(observed, np.log(2 * np.pi * obs_var) + rho * zo**2, 0.0)
+    )
     # the first state: x_1 = a_1 x_0 + c_1 + w_1 with x_0 ~ N(m0, v0) integrated out
     start, how = diffuse_start(lane)
     if how == "prior":

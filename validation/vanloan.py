@@ -1,7 +1,7 @@
 """Van Loan's matrix-exponential discretization of the OU prior, with scipy.
 
-For ``dx = A x dt + dW`` with diffusion ``Qc`` (here ``A = -theta``, ``Qc = sigma2``), Van Loan (1978)
-forms ``M = [[-A, Qc], [0, A^T]] * dt``; with ``E = expm(M)`` the discrete transition is
+For ``dx = A x dt + dW`` with diffusion ``Qc`` (here ``A = -theta``, ``Qc = sigma2``), Van Loan
+(1978) forms ``M = [[-A, Qc], [0, A^T]] * dt``; with ``E = expm(M)`` the discrete transition is
 ``Phi = E22^T`` and the process covariance ``Qd = Phi @ E12``. For the OU prior
 ``E12 = sigma2 sinh(theta dt) / theta``, so ``Qd = sigma2 (1 - exp(-2 theta dt)) / (2 theta)``.
 ``E11 = exp(theta dt)`` overflows past ``theta dt ~ 709``; the grid stays below 700.
@@ -28,7 +28,9 @@ def van_loan_ou(theta: float, sigma2: float, dt: float) -> tuple[float, float]:
     from scipy.linalg import expm
 
     if not theta * dt <= MAX_THETA_DT:
-        raise ValueError(f"theta*dt: expected <= {MAX_THETA_DT} (expm overflows), got {theta * dt!r}")
+        raise ValueError(
+            f"theta*dt: expected <= {MAX_THETA_DT} (expm overflows), got {theta * dt!r}"
+        )
     A = np.array([[-float(theta)]])
     Qc = np.array([[float(sigma2)]])
     M = np.block([[-A, Qc], [np.zeros((1, 1)), A.T]]) * float(dt)
@@ -49,5 +51,5 @@ def vanloan_grid(quick: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dts = [1e-9, 1e-6, 1e-3, 0.1, 1.0, 10.0, 65.0]
     sigma2s = [1e-6, 1.0, 1e4] if not quick else [1e-6, 3.0]
     combos = [c for c in itertools.product(thetas, sigma2s, dts) if c[0] * c[2] <= MAX_THETA_DT]
-    th, s2, dt = (np.array(v, dtype=np.float64) for v in zip(*combos))
+    th, s2, dt = (np.array(v, dtype=np.float64) for v in zip(*combos, strict=True))
     return th, s2, dt
