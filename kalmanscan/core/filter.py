@@ -244,9 +244,9 @@ def filter(  # noqa: A001 - the public name users expect
     >>> z = np.array([1.1, 0.9, np.nan, 1.4])
     >>> res = ks.filter(z, obs_var=0.1, decay=1.0, process_var=0.01)
     >>> res.var.round(4).tolist()
-    [0.1, 0.0524, 0.0624, 0.0424]
+    [0.1, 0.0524, 0.0624, 0.042]
     >>> float(res.loglik.round(4))
-    -0.1713
+    -0.749
     """
     prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
     return _filter_result(prep, _run(prep))
@@ -258,7 +258,7 @@ def smooth(
 ) -> SmoothResult:
     """Rauch–Tung–Striebel smoother: the filter, then two reverse affine scans.
 
-    Same arguments as :func:`filter`. With ``J_t = a_{t+1} lam_t / lam^-_{t+1}... = alpha_{t+1}``,
+    Same arguments as :func:`filter`. With the gain ``J_t = a_{t+1} lam^-_{t+1} / lam_t = alpha_{t+1}``,
     the smoothed moments follow ``ms_t = J_t ms_{t+1} + (p_{t+1} eta_t - a_{t+1} c_{t+1}) / den_{t+1}``
     and ``Ps_t = J_t^2 Ps_{t+1} + p_{t+1} / den_{t+1}`` (``den = a^2 + p lam_t``), forms that stay
     finite where the filtered state is still diffuse (docs/algorithm.md).
@@ -266,7 +266,7 @@ def smooth(
     >>> import numpy as np, kalmanscan as ks
     >>> sm = ks.smooth(np.array([1.1, 0.9, np.nan, 1.4]), obs_var=0.1, decay=1.0, process_var=0.01)
     >>> sm.var.round(4).tolist()
-    [0.0338, 0.0309, 0.0309, 0.0424]
+    [0.0392, 0.0365, 0.0398, 0.042]
     """
     prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
     r = _run(prep)
