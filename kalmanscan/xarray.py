@@ -330,6 +330,38 @@ def _record_fit(ds, fit, series_dims):
     ds["converged"].attrs["description"] = "1 if the optimizer reached the gradient tolerance"
 
 
+def netcdf_engine() -> str:
+    """The first installed netCDF engine: ``"netcdf4"``, ``"h5netcdf"`` or ``"scipy"`` (netCDF3)."""
+    import importlib.util
+
+    for module, engine in (("netCDF4", "netcdf4"), ("h5netcdf", "h5netcdf"), ("scipy", "scipy")):
+        if importlib.util.find_spec(module) is not None:
+            return engine
+    raise ImportError("writing netCDF needs one of netCDF4, h5netcdf or scipy (pip install scipy)")
+
+
+def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
+    """Write ``ds`` to netCDF with ``engine`` (default :func:`netcdf_engine`); returns the engine used.
+
+    netCDF3 (the ``scipy`` engine) has no 64-bit integers, so datetimes are stored there as float64
+    seconds since 1970-01-01 (about microsecond precision over centuries).
+
+    >>> import tempfile, os, numpy as np
+    >>> from kalmanscan.timeseries import OUModel
+    >>> ds = OUModel(sigma2=1.0, obs_var=1.0).to_dataset(np.array([1.0, 2.0]))
+    >>> save_netcdf(ds, os.path.join(tempfile.mkdtemp(), "r.nc"), engine="scipy")
+    'scipy'
+    """
+    engine = engine or netcdf_engine()
+    encoding = {}
+    if engine == "scipy":
+        for name, var in ds.variables.items():
+            if var.dtype.kind == "M":
+                encoding[name] = {"units": "seconds since 1970-01-01T00:00:00", "dtype": "float64"}
+    ds.to_netcdf(path, engine=engine, encoding=encoding)
+    return engine
+
+
 # --- fitting --------------------------------------------------------------------------------------
 def _fit_block(z, *, time_axis: TimeAxis, fix, options):
     from kalmanscan.timeseries.fit import fit_ou

@@ -65,15 +65,6 @@ def _parse(parser: argparse.ArgumentParser, argv):
         return None, int(e.code or 0)
 
 
-def _netcdf_engine() -> str:
-    import importlib.util
-
-    for module, engine in (("netCDF4", "netcdf4"), ("h5netcdf", "h5netcdf"), ("scipy", "scipy")):
-        if importlib.util.find_spec(module) is not None:
-            return engine
-    raise InputError("writing netCDF needs one of netCDF4, h5netcdf or scipy; install one (pip install scipy)")
-
-
 def _write_outputs(ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4) -> list[str]:
     import matplotlib
 
@@ -81,12 +72,16 @@ def _write_outputs(ds, out_dir: str, stem: str, summary: str, *, title: str, max
     import matplotlib.pyplot as plt
 
     from kalmanscan.plot import plot_overview
+    from kalmanscan.xarray import save_netcdf
 
     os.makedirs(out_dir, exist_ok=True)
     nc = os.path.join(out_dir, stem + ".nc")
     png = os.path.join(out_dir, stem + ".png")
     txt = os.path.join(out_dir, "summary.txt")
-    ds.to_netcdf(nc, engine=_netcdf_engine())
+    try:
+        save_netcdf(ds, nc, engine=os.environ.get("KALMANSCAN_NETCDF_ENGINE") or None)
+    except ImportError as err:
+        raise InputError(str(err)) from err
     axes = plot_overview(ds, max_series=max_series)
     axes[0].figure.suptitle(title)
     axes[0].figure.savefig(png, dpi=110)

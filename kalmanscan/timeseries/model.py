@@ -65,7 +65,7 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
 
 
 def series_input(z, times, axis: int = 0):
-    """Normalize data to ``(z [T, *S] float64 numpy, times, series_labels)``.
+    """Normalize data to ``(z [T, *S] numpy float64 (float32 stays float32), times, series_labels)``.
 
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
     DataFrame's columns as the series labels.
@@ -86,7 +86,8 @@ def series_input(z, times, axis: int = 0):
     if isinstance(z, torch.Tensor):
         z = z.detach().cpu().numpy()
     try:
-        arr = np.asarray(z, dtype=np.float64)
+        arr = np.array(z)
+        arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
     except (TypeError, ValueError) as err:
         raise TypeError(f"z: expected an array of numbers (NaN = missing), got {type(z).__name__}") from err
     if arr.ndim == 0:
@@ -348,7 +349,7 @@ def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var
     with np.errstate(invalid="ignore"):
         mean = decay * last_mean + model.mu * (1 - decay)
         var = decay * decay * last_var + process_var
-    shape = np.broadcast_shapes(mean.shape, var.shape, (len(pos),) + np.shape(model.obs_var))
+    shape = np.broadcast_shapes(mean.shape, var.shape, np.shape(model.obs_var), (len(pos),) + (1,) * nd)
     mean, var = np.broadcast_to(mean, shape).copy(), np.broadcast_to(var, shape).copy()
     pvar = var + model.obs_var
     lo, hi = interval(mean, pvar, cov)
