@@ -7,7 +7,7 @@ and tools to inspect the belief-state precisions inside trained models.
 >>> tuple(layer(torch.randn(1, 6, 32)).shape)
 (1, 6, 32)
 
-``inspect`` and the plot helpers import xarray/matplotlib lazily.
+``inspect`` imports xarray and the plot helpers matplotlib when first called.
 """
 
 from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
@@ -19,6 +19,7 @@ from kalmanscan.kla.io import (
     load_state_dict,
     save_checkpoint,
 )
+from kalmanscan.kla.inspect import inspect  # binds the function over the submodule's name
 from kalmanscan.kla.layer import KLALayer, KLALayerState, KLATrace
 from kalmanscan.kla.model import CausalSelfAttention, KLALanguageModel
 
@@ -44,10 +45,6 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name == "inspect":
-        from kalmanscan.kla.inspect import inspect
-
-        return inspect
     if name in ("plot_precision", "plot_layer_summary"):
         from kalmanscan.kla import plot
 
