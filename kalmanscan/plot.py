@@ -38,6 +38,9 @@ def _missing_spans(times, observed, gap_factor: float = 10.0):
     neighbours) and stretches between consecutive observations longer than ``gap_factor`` times the
     median spacing of the observations (``gap_factor=None``: NaN runs only).
     """
+    times = np.asarray(times)
+    if times.dtype.kind == "M":
+        times = times.astype("datetime64[ns]")
     nan = np.isnan(observed)
     spans = []
     T = len(times)

@@ -316,6 +316,7 @@ def _filter(args) -> int:
         raise InputError("--fix and --joint only apply with --fit")
     if not args.fit and not {"sigma2", "obs_var"} <= set(given):
         raise InputError("give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)")
+    fix = _fix_arg(args.fix)
     times, z, names, was_sorted = read_csv_series(args.csv, args.time_col, args.value_col)
     T, S = z.shape
     try:
@@ -329,7 +330,6 @@ def _filter(args) -> int:
     time_unit = args.time_unit if ax.is_datetime else None
     t0 = time.perf_counter()
     if args.fit:
-        fix = _fix_arg(args.fix)
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)

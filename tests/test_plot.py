@@ -1,0 +1,102 @@
+"""matplotlib helpers (kalmanscan.plot): bands, gaps, forecast region, precision panel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+
+from kalmanscan import plot  # noqa: E402
+from kalmanscan.timeseries import OUModel  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_show(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("library code must not call plt.show()")
+
+    monkeypatch.setattr(plt, "show", refuse)
+    yield
+    plt.close("all")
+
+
+def _bands(ax):
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]
+
+
+def _vspans(ax):
+    return [p for p in ax.patches if p.get_label() in ("missing / no data", "forecast region") or p.get_label().startswith("_")]
+
+
+@pytest.mark.parametrize("covs", [(0.9,), (0.5, 0.9), (0.5, 0.8, 0.95)], ids=["C1", "C2", "C3"])
+def test_plot_bands_synthetic_arrays(covs):
+    t = np.arange(50.0)
+    mean = np.sin(t / 5)
+    var = np.full(50, 0.04)
+    z = mean + 0.1
+    z[10:15] = np.nan
+    fig, ax = plt.subplots()
+    out = plot.plot_bands(t, mean, var, observed=z, coverages=covs, ax=ax)
+    assert out is ax
+    bands = _bands(ax)
+    assert len(bands) == len(covs)
+    # the widest band spans mean -/+ q(0.95 or max) * sd
+    q = {0.9: 1.6448536269514722, 0.95: 1.959963984540054}[max(covs)]
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert abs(ys.max() - (mean.max() + q * 0.2)) < 1e-9
+    labels = ax.get_legend_handles_labels()[1]
+    assert "missing / no data" in labels and "data" in labels
+
+
+def test_missing_spans_cover_nan_runs_and_long_gaps():
+    t = np.array([0.0, 1, 2, 3, 4, 5, 6, 40, 41, 42])
+    z = np.array([1.0, np.nan, np.nan, 1, 1, 1, 1, 1, 1, 1])
+    spans = plot._missing_spans(t, z)
+    assert spans[0] == (0.5, 2.5)
+    assert (6.0, 40.0) in spans
+    assert plot._missing_spans(t, z, gap_factor=None) == [(0.5, 2.5)]
+    tt = np.datetime64("2024-01-01") + np.array([0, 1, 2, 3], dtype="timedelta64[D]")
+    assert plot._missing_spans(tt, np.array([1.0, np.nan, 1.0, 1.0]))[0][0] == np.datetime64("2024-01-01T12")
+
+
+def test_plot_series_with_forecast_and_datetimes():
+    stamps = np.datetime64("2024-01-01") + np.arange(0, 60, 2).astype("timedelta64[D]")
+    m = OUModel(theta=0.1, sigma2=0.5, mu=1.0, obs_var=0.2, time_unit="1D")
+    _, z = m.simulate(stamps, seed=0)
+    z[5:9] = np.nan
+    ds = m.to_dataset(z, stamps, forecast_steps=6, coverage=(0.5, 0.9))
+    ax = plot.plot_series(ds)
+    labels = ax.get_legend_handles_labels()[1]
+    for want in ("forecast", "forecast region", "90% band", "90% predictive", "smoothed mean", "missing / no data"):
+        assert want in labels, want
+    assert len(_bands(ax)) == 4  # two bands for the level, two for the forecast
+    ax2 = plot.plot_series(ds, smoothed=False, coverages=(0.95,))
+    assert "filtered mean" in ax2.get_legend_handles_labels()[1] and len(_bands(ax2)) == 2
+
+
+def test_precision_panel_and_overview_for_several_series():
+    m = OUModel(theta=0.0, sigma2=np.array([0.1, 1.0, 2.0]), obs_var=1.0)
+    _, z = m.simulate(np.arange(80.0), seed=2)
+    z[20:40, 1] = np.nan
+    ds = m.to_dataset(z, series_coords={"series": ["a", "b", "c"]})
+    ax = plot.plot_precision(ds)
+    assert ax.get_yscale() == "log" and len(ax.lines) == 3
+    prec_b = ax.lines[1].get_ydata()
+    assert prec_b[39] < prec_b[19]  # precision decays across the gap
+    axes = plot.plot_overview(ds, max_series=2)
+    assert len(axes) == 3 and axes[0].get_title() == "smoothed level (series=a)"
+    ax = plot.plot_series(ds, {"series": "c"})
+    assert ax.get_title() == "smoothed level (series=c)"
+    with pytest.raises(ValueError, match="series: the Dataset holds 3 series"):
+        plot.plot_series(ds)
+    with pytest.raises(ValueError, match="series: expected an index"):
+        plot.plot_series(ds, 7)
+
+
+def test_plot_bands_shape_check():
+    with pytest.raises(ValueError, match="times, mean, var: expected equal 1-D shapes"):
+        plot.plot_bands(np.arange(3.0), np.zeros(4), np.ones(4))
