@@ -67,7 +67,7 @@ class _Prepared(NamedTuple):
     shape: tuple
     lane_shape: tuple
     z: torch.Tensor  # [T, N], NaN where not observed
-    obs_var: torch.Tensor  # [T, N], inf where not observed
+    obs_var: torch.Tensor  # [T, N] (maybe an expanded view), inf or anything where z is NaN
     decay: torch.Tensor
     process_var: torch.Tensor
     loading: torch.Tensor
@@ -150,9 +150,7 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
         pm = lanes("prior_mean")
         lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv)
         eta0 = lam0 * pm
-    observed = ~torch.isnan(zz) & ~torch.isinf(obs)
-    zz = zz.masked_fill(~observed, float("nan"))
-    obs = obs.masked_fill(~observed, float("inf"))
+    zz = zz.masked_fill(torch.isinf(obs), float("nan"))  # z alone marks the steps not observed
     name = backends.resolve(backend, conv.device)
     return _Prepared(conv, axis, shape, lane_shape, zz, obs, a, p, h, c, lam0, eta0, name)
 
@@ -165,12 +163,38 @@ _EXPECT = {
 }
 
 
+# Long inputs are filtered in time blocks of about this many elements, carrying the exact
+# (lam, eta) state from block to block, so that every pass over the data stays cache-resident.
+_BLOCK_ELEMS = 1 << 20
+_SERIES_KEYS = ("lam", "eta", "mean", "var", "lam_pred", "mean_pred", "var_pred", "alpha")
+
+
+def _time_blocks(T: int, N: int):
+    step = max(1, _BLOCK_ELEMS // max(N, 1))
+    return [(t, min(T, t + step)) for t in range(0, T, step)]
+
+
 def _run(prep: _Prepared):
     """Filter ``[T, N]`` lanes: returns a dict of ``[T, N]`` / ``[N]`` tensors."""
-    z, obs, a, p, h, c = prep.z, prep.obs_var, prep.decay, prep.process_var, prep.loading, prep.offset
-    lam, eta = backends.get(prep.backend)(z, obs, a, p, h, c, prep.lam0, prep.eta0)
-    lam_prev = torch.cat([prep.lam0[None], lam[:-1]])
-    eta_prev = torch.cat([prep.eta0[None], eta[:-1]])
+    T, N = prep.z.shape
+    lam0, eta0 = prep.lam0, prep.eta0
+    parts, loglik = [], 0
+    for t0, t1 in _time_blocks(T, N):
+        sl = lambda x: x[t0:t1]  # noqa: E731
+        r = _run_block(prep.backend, sl(prep.z), sl(prep.obs_var), sl(prep.decay), sl(prep.process_var),
+                       sl(prep.loading), sl(prep.offset), lam0, eta0)
+        lam0, eta0 = r["lam"][-1], r["eta"][-1]
+        loglik = loglik + r.pop("loglik")
+        parts.append(r)
+    out = {k: parts[0][k] if len(parts) == 1 else torch.cat([p[k] for p in parts]) for k in _SERIES_KEYS}
+    out["loglik"] = loglik
+    return out
+
+
+def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
+    lam, eta = backends.get(backend)(z, obs, a, p, h, c, lam0, eta0)
+    lam_prev = torch.cat([lam0[None], lam[:-1]])
+    eta_prev = torch.cat([eta0[None], eta[:-1]])
     q, d = predict_coeffs(a * a, p)
     lam_pred = predict_precision(lam_prev, p, q, d)
     alpha = info_gain(lam_prev, a, p, q, d)

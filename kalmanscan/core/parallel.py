@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import torch
 
-from kalmanscan.core.scan import affine_scan, mobius_scan
+from kalmanscan.core import sequential
+from kalmanscan.core.scan import affine_scan, mobius_scan, num_chunks
 from kalmanscan.core.sequential import observation_information
 from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
 
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
+    if num_chunks(*z.shape) <= 1:
+        # One chunk: the scan is the plain recursion over time, vectorized across the many lanes.
+        return sequential.filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0)
     phi, r = observation_information(z, obs_var, loading)
     p = process_var
     q, d = predict_coeffs(decay * decay, p)
-    lam = mobius_scan(1 + p * phi, q + d * phi, p.expand_as(phi), d.expand_as(phi), lam0)
+    lam = mobius_scan(1 + p * phi, q + d * phi, p, d, lam0)
     lam_prev = torch.cat([lam0.expand(1, -1), lam[:-1]])
     lam_pred = predict_precision(lam_prev, p, q, d)
     alpha = info_gain(lam_prev, decay, p, q, d)

@@ -69,20 +69,20 @@ def _tree_reduce(leaves, compose):
     return tuple(x[:, 0] for x in leaves)
 
 
-def _chunked(leaves, identity, T, N):
-    """Pad ``[T, N]`` leaves to ``n*K`` steps and view them as ``[n, K, N]``."""
+def _chunked(leaves, T, N):
+    """View the first ``n*K`` steps of ``[T, N]`` leaves as ``[n, K, N]`` (K a power of two).
+
+    Broadcast (stride-0) leaves stay unmaterialized. The ``T - n*K < K`` remaining steps are
+    continued by the plain recursion from the last chunk's end.
+    """
     n = num_chunks(T, N)
-    K = math.ceil(T / n)
-    K = 1 << (K - 1).bit_length()  # power of two for the pairwise reduction
-    n = math.ceil(T / K)
-    pad = n * K - T
-    out = []
-    for x, ident in zip(leaves, identity):
-        x = x.expand(T, N)
-        if pad:
-            x = torch.cat([x, x.new_full((pad, N), ident)])
-        out.append(x.reshape(n, K, N))
-    return n, K, out
+    K = 1 << max(0, (T // n).bit_length() - 1)  # largest power of two <= T / n
+    n = T // K
+    return n, K, tuple(x.expand(T, N)[: n * K].reshape(n, K, N) for x in leaves)
+
+
+def _tail(leaves, n, K):
+    return tuple(x[n * K:] if x.shape[0] > 1 else x for x in leaves)
 
 
 def mobius_scan(A, B, C, D, lam0):
@@ -90,17 +90,18 @@ def mobius_scan(A, B, C, D, lam0):
     T, N = torch.broadcast_shapes(A.shape, B.shape, C.shape, D.shape)
     if num_chunks(T, N) <= 1:
         return _mobius_loop((A, B, C, D), lam0)
-    n, K, leaves = _chunked((A, B, C, D), (1.0, 0.0, 0.0, 1.0), T, N)
-    totals = _tree_reduce(tuple(leaves), mobius_compose)
+    n, K, leaves = _chunked((A, B, C, D), T, N)
+    totals = _tree_reduce(leaves, mobius_compose)
     ends = mobius_scan(*totals, lam0)
     starts = torch.cat([lam0.expand(1, N), ends[:-1]])
-    local = tuple(x.transpose(0, 1) for x in leaves)  # [K, n, N]
-    lam = _mobius_loop(local, starts)
-    return lam.transpose(0, 1).reshape(n * K, N)[:T]
+    lam = _mobius_loop(tuple(x.transpose(0, 1) for x in leaves), starts)  # [K, n, N]
+    lam = lam.transpose(0, 1).reshape(n * K, N)
+    if n * K == T:
+        return lam
+    return torch.cat([lam, _mobius_loop(_tail((A, B, C, D), n, K), ends[-1])])
 
 
 def _mobius_loop(leaves, lam):
-    A, B, C, D = leaves
     T = max(x.shape[0] for x in leaves)
     pick = [(lambda t, x=x: x[t] if x.shape[0] > 1 else x[0]) for x in leaves]
     out = []
@@ -116,7 +117,7 @@ def affine_scan(alpha, b, x0, annihilate: bool = False):
     T, N = torch.broadcast_shapes(alpha.shape, b.shape)
     if num_chunks(T, N) <= 1:
         return _affine_loop(alpha, b, x0, annihilate)
-    n, K, (al, bl) = _chunked((alpha, b), (1.0, 0.0), T, N)
+    n, K, (al, bl) = _chunked((alpha, b), T, N)
 
     def compose(later, earlier):
         return affine_compose(later, earlier, annihilate)
@@ -125,7 +126,11 @@ def affine_scan(alpha, b, x0, annihilate: bool = False):
     ends = affine_scan(*totals, x0, annihilate)
     starts = torch.cat([x0.expand(1, N), ends[:-1]])
     x = _affine_loop(al.transpose(0, 1), bl.transpose(0, 1), starts, annihilate)
-    return x.transpose(0, 1).reshape(n * K, N)[:T]
+    x = x.transpose(0, 1).reshape(n * K, N)
+    if n * K == T:
+        return x
+    ta, tb = _tail((alpha, b), n, K)
+    return torch.cat([x, _affine_loop(ta, tb, ends[-1], annihilate)])
 
 
 def _affine_loop(alpha, b, x, annihilate):

@@ -5,20 +5,21 @@ Same backend contract as every filter backend (docs/architecture.md):
 
     filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0) -> (lam, eta)
 
-with ``[T, N]`` inputs (``z`` NaN and ``obs_var`` inf where not observed) and ``[N]`` initial state.
+with ``[T, N]`` inputs (``z`` NaN where not observed; ``obs_var`` is ignored there) and ``[N]``
+initial state.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+from kalmanscan.core.steps import predict_coeffs
 
 
 def observation_information(z, obs_var, loading):
     """``phi = h^2 / obs_var`` and ``r = h z / obs_var``; both 0 where not observed."""
-    observed = ~torch.isnan(z) & ~torch.isinf(obs_var)
-    rho = torch.where(observed, 1.0 / obs_var.masked_fill(~observed, 1.0), 0.0)
+    observed = ~torch.isnan(z)
+    rho = torch.where(observed, 1.0 / obs_var, 0.0)
     z0 = z.masked_fill(~observed, 0.0)
     return rho * loading * loading, rho * loading * z0
 
@@ -26,18 +27,22 @@ def observation_information(z, obs_var, loading):
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
     T = z.shape[0]
     phi, r = observation_information(z, obs_var, loading)
+    q, d = predict_coeffs(decay * decay, process_var)
+    gain_num = decay * (1 - q)  # info_gain(lam) = gain_num / (p*lam + d)
+    with_offset = bool((offset != 0).any())
     lam, eta = lam0, eta0
     lams, etas = [], []
-    for t in range(T):
-        def at(x):
-            return x[t] if x.shape[0] > 1 else x[0]
 
-        a, p, c = at(decay), at(process_var), at(offset)
-        q, d = predict_coeffs(a * a, p)
-        lam_pred = predict_precision(lam, p, q, d)
-        eta_pred = info_gain(lam, a, p, q, d) * eta + lam_pred * c
-        lam = lam_pred + at(phi)
-        eta = eta_pred + at(r)
+    def at(x, t):
+        return x[t] if x.shape[0] > 1 else x[0]
+
+    for t in range(T):
+        p = at(process_var, t)
+        den = torch.addcmul(at(d, t), p, lam)  # a^2 + p*lam (p*(1 + lam) where a^2 == 0)
+        lam_pred = (lam + at(q, t)) / den  # = predict_precision(lam, p, q, d)
+        b = at(r, t) + lam_pred * at(offset, t) if with_offset else at(r, t)
+        eta = torch.addcmul(b, at(gain_num, t) / den, eta)
+        lam = lam_pred + at(phi, t)
         lams.append(lam)
         etas.append(eta)
     return torch.stack(lams), torch.stack(etas)
