@@ -33,10 +33,10 @@ def _quantile(c: float) -> float:
     return _normal_quantile(c)
 
 
-def _missing_spans(times, observed, gap_factor: float = 10.0):
+def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = True):
     """``[(start, end)]`` to shade: runs of NaN in ``observed`` (padded to midpoints with the
-    neighbours) and stretches between consecutive observations longer than ``gap_factor`` times the
-    median spacing of the observations (``gap_factor=None``: NaN runs only).
+    neighbours; skipped if ``nan_runs`` is False) and stretches between consecutive observations
+    longer than ``gap_factor`` times the median spacing of the observations (``None``: no such rule).
     """
     times = np.asarray(times)
     if times.dtype.kind == "M":
@@ -45,7 +45,7 @@ def _missing_spans(times, observed, gap_factor: float = 10.0):
     spans = []
     T = len(times)
     i = 0
-    while i < T:
+    while nan_runs and i < T:
         if not nan[i]:
             i += 1
             continue
@@ -71,7 +71,7 @@ def _missing_spans(times, observed, gap_factor: float = 10.0):
 
 def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None, color="C0",
                label="mean", forecast_times=None, forecast_mean=None, forecast_var=None,
-               show_missing: bool = True):
+               show_missing=True):
     """Mean with shaded central bands at ``coverages``, data points, missing stretches and a forecast.
 
     Args:
@@ -80,6 +80,9 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
         coverages: band probabilities, e.g. ``(0.5, 0.9)``.
         forecast_times, forecast_mean, forecast_var: ``[H]`` forecast (predictive variance) drawn
             dashed in a shaded forecast region.
+        show_missing: ``True`` shades NaN runs and long stretches without data (over 10 times the
+            median spacing); ``"gaps"`` only the latter (for data with NaN query rows added on
+            purpose); ``False`` nothing.
 
     >>> import numpy as np
     >>> ax = plot_bands(np.arange(5.0), np.zeros(5), np.ones(5), observed=np.array([0, 1, np.nan, 0, 1.0]))
@@ -96,7 +99,8 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
         raise ValueError(f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, {var.shape}")
     covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
     if show_missing and observed is not None:
-        for k, (a, b) in enumerate(_missing_spans(times, np.asarray(observed, dtype=np.float64))):
+        spans = _missing_spans(times, np.asarray(observed, dtype=np.float64), nan_runs=show_missing != "gaps")
+        for k, (a, b) in enumerate(spans):
             ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing / no data" if k == 0 else None, zorder=0)
     if observed is not None:
         ax.plot(times, observed, "o", ms=3, color="0.25", label="data", zorder=3)
@@ -159,13 +163,14 @@ def _select(ds, series):
     raise TypeError(f"series: expected None, an int or a dict {{dim: label}}, got {type(series).__name__}")
 
 
-def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=None, title=None):
+def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=None, title=None, show_missing=True):
     """One series of a results Dataset: data, smoothed (or filtered) mean, bands, gaps, forecast.
 
     Args:
         ds: a Dataset from :mod:`kalmanscan.xarray`. series: which series (see module).
         smoothed: draw the smoothed moments (if present) instead of the filtered ones.
         coverages: band probabilities (default the Dataset's ``coverage`` attr).
+        show_missing: as in :func:`plot_bands`.
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -185,13 +190,13 @@ def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=No
         fc = dict(forecast_times=one["forecast_time"].values, forecast_mean=one["forecast_mean"].values,
                   forecast_var=one["forecast_predictive_variance"].values)
     ax = plot_bands(one[tdim].values, m.values, v.values, observed=one["observed"].values, coverages=covs, ax=ax,
-                    label=f"{kind} mean", **fc)
+                    label=f"{kind} mean", show_missing=show_missing, **fc)
     ax.set_title(title if title is not None else (f"{kind} level" + (f" ({label})" if label else "")))
     ax.set_xlabel(tdim)
     return ax
 
 
-def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_series: int = 8):
+def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_series: int = 8, show_missing=True):
     """Precision (1 / variance) of the level over time, log scale; all series if ``series`` is None.
 
     Precision grows with each observation and decays across gaps, so missing stretches show as dips.
@@ -221,8 +226,9 @@ def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_seri
             fprec = 1.0 / one["forecast_variance"].values
             ax.plot(np.concatenate([one[tdim].values[-1:], ft]), np.concatenate([prec[-1:], fprec]), "--",
                     color="C1", lw=1.3, label="forecast")
-        if "observed" in one and len(picks) == 1:
-            for j, (a, b) in enumerate(_missing_spans(one[tdim].values, one["observed"].values)):
+        if "observed" in one and len(picks) == 1 and show_missing:
+            spans = _missing_spans(one[tdim].values, one["observed"].values, nan_runs=show_missing != "gaps")
+            for j, (a, b) in enumerate(spans):
                 ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing" if j == 0 else None, zorder=0)
     ax.set_yscale("log")
     ax.set_ylabel("precision")
@@ -231,7 +237,8 @@ def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_seri
     return ax
 
 
-def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max_series: int = 4, axes=None):
+def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max_series: int = 4, axes=None,
+                  show_missing=True):
     """Bands panels (one per series, at most ``max_series``) above a shared precision panel.
 
     Returns the array of axes (``axes=None`` makes a new figure with the right number of rows).
@@ -259,7 +266,6 @@ def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max
     if len(axes) != rows:
         raise ValueError(f"axes: expected {rows} axes ({rows - 1} series panels + precision), got {len(axes)}")
     for ax, s in zip(axes[:-1], picks):
-        plot_series(ds, s, smoothed=smoothed, coverages=coverages, ax=ax)
-    plot_precision(ds, series if series is not None else (None if sdims else None), ax=axes[-1],
-                   max_series=max(len(picks), 1))
+        plot_series(ds, s, smoothed=smoothed, coverages=coverages, ax=ax, show_missing=show_missing)
+    plot_precision(ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing)
     return axes
