@@ -29,6 +29,9 @@ def filter_reference(model: Model):
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
     tol = rank_tol(dtype)
+    # resolving a diffuse direction leaves rounding of relative size ~eps * cond in Pinf; the
+    # reference treats anything below sqrt(eps) of the step's diffuse scale as resolved
+    dtol = torch.finfo(dtype).eps ** 0.5
     eye = torch.eye(n, dtype=dtype, device=device)
     m = model.m0.clone()
     if model.P0 is not None:
@@ -80,7 +83,7 @@ def filter_reference(model: Model):
                 finf = (h * Minf).sum(-1)
                 fs = (h * Ms).sum(-1) + 1.0
                 v = y - (h * m).sum(-1)
-                diff = o & (finf > tol * h.square().sum(-1) * scale0)
+                diff = o & (finf > dtol * h.square().sum(-1) * scale0)
                 prop = o & ~diff
                 fi = torch.where(diff, finf, torch.ones_like(finf))
                 ki = Minf / fi.unsqueeze(-1)
@@ -99,7 +102,7 @@ def filter_reference(model: Model):
                 Pinf = _sym(torch.where(diff[:, None, None], Pinf_d, Pinf))
                 ll = ll + torch.where(diff, ll_d, torch.zeros_like(ll_d)) + torch.where(prop, ll_p, torch.zeros_like(ll_p))
             w, U = torch.linalg.eigh(Pinf)  # drop the rounding left in resolved directions
-            w = torch.where(w > tol * scale0.unsqueeze(-1), w, torch.zeros_like(w))
+            w = torch.where(w > dtol * scale0.unsqueeze(-1), w, torch.zeros_like(w))
             Pinf = (U * w.unsqueeze(-2)) @ U.transpose(-1, -2)
         means.append(m)
         covs.append(P)
