@@ -86,8 +86,8 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
 
     >>> import numpy as np
     >>> ax = plot_bands(np.arange(5.0), np.zeros(5), np.ones(5), observed=np.array([0, 1, np.nan, 0, 1.0]))
-    >>> ax.get_legend_handles_labels()[1][:2]
-    ['data', 'mean']
+    >>> ax.get_legend_handles_labels()[1][:3]
+    ['missing / no data', 'data', '90% band']
     """
     plt = _plt()
     if ax is None:

@@ -390,7 +390,7 @@ def fit_dataarray(da: xr.DataArray, *, time_dim: str = "time", fix=None, joint: 
 
     >>> import numpy as np, xarray as xr
     >>> rng = np.random.default_rng(0)
-    >>> da = xr.DataArray(rng.normal(size=(50, 2)).cumsum(0), dims=("time", "series"))
+    >>> da = xr.DataArray(rng.normal(size=(50, 2)).cumsum(0) + rng.normal(size=(50, 2)), dims=("time", "series"))
     >>> fit_dataarray(da, fix={"theta": 0.0, "mu": 0.0})["sigma2"].dims
     ('series',)
     """
@@ -471,7 +471,8 @@ class _KalmanAccessor:
         """Maximum-likelihood OU parameters per series; see :func:`fit_dataarray`.
 
         >>> import numpy as np, xarray as xr, kalmanscan.xarray
-        >>> da = xr.DataArray(np.random.default_rng(1).normal(size=40).cumsum(), dims="time")
+        >>> rng = np.random.default_rng(1)
+        >>> da = xr.DataArray(rng.normal(size=40).cumsum() + rng.normal(size=40), dims="time")
         >>> float(da.kalman.fit_ou(fix={"theta": 0.0, "mu": 0.0})["obs_var"]) > 0
         True
         """
@@ -479,14 +480,14 @@ class _KalmanAccessor:
 
     def forecast(self, model=None, *, steps=None, at=None, coverage=(0.5, 0.9), time_dim: str = "time",
                  time_unit=None, **params) -> xr.Dataset:
-        """Forecast every series ``steps`` typical steps (or at timestamps ``at``) past its record.
+        """Forecast every series ``steps`` median steps (or at timestamps ``at``) past its record.
 
         Returns the ``forecast_*`` variables on ``forecast_time`` (plus ``loglik``).
 
         >>> import numpy as np, xarray as xr, kalmanscan.xarray
         >>> da = xr.DataArray([1.0, 2.0, 2.5], dims="time", coords={"time": [0.0, 1.0, 3.0]})
         >>> da.kalman.forecast(sigma2=0.5, obs_var=1.0, steps=2)["forecast_time"].values.tolist()
-        [4.0, 5.0]
+        [4.5, 6.0]
         """
         if (steps is None) == (at is None):
             raise ValueError("steps, at: give exactly one")

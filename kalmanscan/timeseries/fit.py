@@ -380,6 +380,7 @@ def _newton_polish(x, group_loss, positive, steps: int = 4):
         for _ in range(8):
             cand = x - t * step
             valid = pending & ~((cand <= 0) & positive).any(1)
+            cand = torch.where(valid[:, None], cand, x)  # evaluate only admissible points
             with torch.no_grad():
                 fc = group_loss(cand)
             accept = valid & torch.isfinite(fc) & (fc <= f + 1e-12 * f.abs())
@@ -419,7 +420,8 @@ def _hessian(loss_fn, x):
             (gy,) = torch.autograd.grad(loss_fn(y), y)
             return gy
 
-        h = 1e-4 * x.detach().abs().clamp_min(1e-8)
+        ax_ = x.detach().abs()
+        h = 1e-4 * torch.where(ax_ > 0, ax_, torch.ones_like(ax_))  # x - h stays positive where x is
         rows = []
         for j in range(k):
             e = torch.zeros_like(x)

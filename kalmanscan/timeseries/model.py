@@ -166,7 +166,7 @@ class OUModel:
     >>> m = OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
     >>> res = m.filter(np.array([1120.0, 1160.0, 963.0]))
     >>> res.var.round(1).tolist()
-    [15099.0, 7899.7, 5496.7]
+    [15099.0, 7899.7, 5781.5]
     """
 
     theta: object = 0.0
@@ -237,7 +237,7 @@ class OUModel:
         >>> import numpy as np
         >>> sm = OUModel(theta=0.0, sigma2=1.0, obs_var=1.0).smooth(np.array([0.0, 2.0]))
         >>> sm.mean.tolist()
-        [1.0, 1.0]
+        [0.6666666666666666, 1.3333333333333333]
         """
         zt, ax, _ = self._prepare(z, times, axis)
         res = self.filter_prepared(zt, ax, smooth=True, backend=backend)
@@ -250,7 +250,7 @@ class OUModel:
 
         >>> import numpy as np
         >>> round(float(OUModel(sigma2=1.0, obs_var=1.0).loglik(np.array([0.0, 1.0]))), 4)
-        -1.6671
+        -1.6349
         """
         return self.filter(z, times, axis=axis).loglik
 
