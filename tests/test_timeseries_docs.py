@@ -22,3 +22,37 @@ def test_docstring_examples(name):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_api_page_examples():
+    import pathlib
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
+    result = doctest.testfile(str(page), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_getting_started_snippets_run(tmp_path, monkeypatch):
+    """The python blocks of docs/getting-started.md run in order (in a scratch directory)."""
+    import pathlib
+    import re
+
+    pytest.importorskip("xarray")
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    text = (repo / "docs" / "getting-started.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    monkeypatch.chdir(repo)
+    scope = {}
+    for block in blocks:
+        if "da.kalman" in block:  # needs a user DataArray; run it on a small one
+            import numpy as np
+            import xarray as xr
+
+            scope["da"] = xr.DataArray(np.random.default_rng(0).normal(size=(30, 2)).cumsum(0) + 5,
+                                       dims=("time", "station"))
+        block = block.replace('savefig("bands.png")', f'savefig(r"{tmp_path / "bands.png"}")')
+        exec(compile(block, "getting-started.md", "exec"), scope)
+    assert scope["fc"].mean.shape == (1, 2)  # the last forecast: one timestamp, two sensors
+    assert (tmp_path / "bands.png").exists()

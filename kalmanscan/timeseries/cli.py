@@ -173,7 +173,7 @@ def _demo(args) -> int:
 
 # --- kalmanscan filter ----------------------------------------------------------------------------
 def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None):
-    """Read a CSV of series: ``(times [T], z [T, S], names [S])`` sorted by time.
+    """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
     ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every numeric column other
     than the time column. Empty cells (and NA/NaN) are missing values. Raises :class:`InputError` with a
