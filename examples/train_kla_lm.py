@@ -231,6 +231,10 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-windows", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="probe", help="KLA backend, or 'probe' to time them")
+    ap.add_argument("--probe-only", action="store_true",
+                    help="only time the KLA backends; print BACKEND=<fastest> and write "
+                         "<out>/kla-lm-probe.json (run it as its own process: a failing GPU "
+                         "kernel cannot then take the training process down)")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--data-root", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
@@ -263,13 +267,24 @@ def main(argv=None) -> int:
             d_model=args.d_model, n_layers=args.n_layers, mixers="kla",
             kla=KLAConfig(backend=backend, **kla_cfg)))
 
+    if args.probe_only:
+        args.backend = "probe"
     backend, backend_report = pick_backend(args, device, make_kla, batches, log)
+    probe_json = args.out / "kla-lm-probe.json"
+    if args.probe_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        probe_json.write_text(json.dumps({"fastest": backend, "backends": backend_report}, indent=2))
+        print(f"BACKEND={backend}", flush=True)
+        return 0
+    if not backend_report and probe_json.is_file():
+        backend_report = json.loads(probe_json.read_text())
     log(f"KLA backend: {backend}")
 
     torch.manual_seed(args.seed)
     kla = make_kla(backend).to(device)
     n_kla = kla.num_parameters()
-    log(f"KLA model: {n_kla} parameters; training for {args.minutes} min")
+    budget = f"{args.max_steps} steps" if args.max_steps else f"{args.minutes} min"
+    log(f"KLA model: {n_kla} parameters; training for {budget}")
     kla_train = train(kla, batches, args, device, max_steps=args.max_steps,
                       minutes=None if args.max_steps else args.minutes, log=log)
     kla_bpb = bits_per_byte(kla, windows, device, 64, device.type == "cuda")
