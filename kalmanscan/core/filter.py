@@ -199,16 +199,16 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     lam_pred = predict_precision(lam_prev, p, q, d)
     alpha = info_gain(lam_prev, a, p, q, d)
     eta_pred = alpha * eta_prev + lam_pred * c
-    known = lam > 0
-    lam_safe = torch.where(known, lam, 1.0)
-    mean = torch.where(known, eta / lam_safe, float("nan"))
-    var = torch.where(known, 1.0 / lam_safe, float("inf"))
-    known_pred = lam_pred > 0
-    lam_pred_safe = torch.where(known_pred, lam_pred, 1.0)
-    mean_pred = torch.where(known_pred, eta_pred / lam_pred_safe, float("nan"))
-    var_pred = torch.where(known_pred, 1.0 / lam_pred_safe, float("inf"))
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (lam, eta, lam_pred, eta_pred)):
+        # where-guarded forms: no inf/NaN in any branch, so no NaN gradients where lam = 0
+        mean, var = _moments(lam, eta)
+        mean_pred, var_pred = _moments(lam_pred, eta_pred)
+    else:
+        mean, var = eta / lam, lam.reciprocal()  # lam = 0 gives NaN (eta = 0) and inf, as documented
+        mean_pred, var_pred = eta_pred / lam_pred, lam_pred.reciprocal()
     # Log-likelihood: steps whose prior precision is 0 add nothing (exact diffuse convention),
     # unless the loading is 0 there (then z_t carries no information on the state).
+    known_pred = lam_pred > 0
     observed = ~torch.isnan(z)
     contrib = observed & (known_pred | (h == 0))
     s = h * h * torch.where(known_pred, var_pred, 0.0) + torch.where(observed, obs, 1.0)
@@ -218,6 +218,13 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
         lam=lam, eta=eta, mean=mean, var=var, lam_pred=lam_pred, mean_pred=mean_pred,
         var_pred=var_pred, alpha=alpha, loglik=ll.sum(0),
     )
+
+
+def _moments(lam, eta):
+    known = lam > 0
+    lam_safe = torch.where(known, lam, 1.0)
+    return (torch.where(known, eta / lam_safe, float("nan")),
+            torch.where(known, lam_safe.reciprocal(), float("inf")))
 
 
 def _out_series(prep: _Prepared, t: torch.Tensor):
