@@ -37,6 +37,12 @@ def pick3(tile, rows, i):
 
 
 @helper
+def put(tile, rows, i, value):
+    """``tile`` with row ``i`` replaced by the ``[BLOCK]`` vector ``value``."""
+    return tl.where(rows[:, None] == i, value[None, :], tile)
+
+
+@helper
 def put3(tile, rows, i, value):
     """``tile`` with row ``i`` replaced by the ``[X, Y]`` tile ``value``."""
     return tl.where(rows[:, None, None] == i, value[None, :, :], tile)

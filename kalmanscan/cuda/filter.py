@@ -36,6 +36,7 @@ from kalmanscan.cuda._common import (
     observation,
     pick,
     predict,
+    put,
 )
 
 __all__ = ["filter_lanes"]
@@ -91,6 +92,9 @@ def _fwd_kernel(
             nh = load_rows(h_ptr, hst, hsn, t0 + TB, rows, lanes, t_lo, t_hi, N, VH)
         if VC:
             nc = load_rows(c_ptr, cst, csn, t0 + TB, rows, lanes, t_lo, t_hi, N, VC)
+        if not COMPOSITE:
+            LAM = tl.zeros([TB, BLOCK], z_ptr.dtype.element_ty)
+            ETA = tl.zeros([TB, BLOCK], z_ptr.dtype.element_ty)
         for i in tl.static_range(TB):
             t = t0 + i
             valid = (lanes * 0 + t) < t_hi
@@ -129,9 +133,14 @@ def _fwd_kernel(
                 lam_pred, alpha, _, _ = predict(lam, a, p)
                 lam = tl.where(valid, lam_pred + phi, lam)
                 eta = tl.where(valid, alpha * eta + lam_pred * c + r, eta)
-                off = t.to(tl.int64) * N + lanes
-                tl.store(lam_ptr + off, lam, mask=lmask & valid)
-                tl.store(eta_ptr + off, eta, mask=lmask & valid)
+                LAM = put(LAM, rows, i, lam)
+                ETA = put(ETA, rows, i, eta)
+        if not COMPOSITE:
+            t = t0 + rows
+            off = t[:, None].to(tl.int64) * N + lanes[None, :]
+            omask = (t < t_hi)[:, None] & lmask[None, :]
+            tl.store(lam_ptr + off, LAM, mask=omask)
+            tl.store(eta_ptr + off, ETA, mask=omask)
         if VZ:
             sz = nz
         if VOV:

@@ -31,12 +31,16 @@ __all__ = ["kla_triton"]
 
 
 @triton.jit
-def _tile(ptr, base, t0, rows, m, s, L, M, S, PER_M: tl.constexpr):
-    """``[TB, BM, SP]`` tile of a ``[B, L, M]`` (``PER_M``) or ``[B, L, S]`` input at rows t0+."""
+def _tile(ptr, base, t0, rows, m, s, L, M, S, sm, PER_M: tl.constexpr):
+    """``[TB, BM, SP]`` tile of a ``[B, L, M]`` (``PER_M``) or ``[B, L, S]`` input at rows t0+.
+
+    ``sm`` is the channel stride (1); as an unspecialized argument it keeps the compiler from
+    giving these loads a layout of their own, so no tile or row is converted between layouts.
+    """
     t = t0 + rows
     tm = (t < L)[:, None, None] & (t >= 0)[:, None, None]
     if PER_M:
-        off = t[:, None, None] * M + m[None, :, None] + s[None, None, :] * 0
+        off = t[:, None, None] * M + m[None, :, None] * sm + s[None, None, :] * 0
         mask = tm & (m < M)[None, :, None] & (s >= 0)[None, None, :]
     else:
         off = t[:, None, None] * S + s[None, None, :] + m[None, :, None] * 0
@@ -44,11 +48,11 @@ def _tile(ptr, base, t0, rows, m, s, L, M, S, PER_M: tl.constexpr):
     return tl.load(ptr + base + off, mask=mask, other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sm"])
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
-    L, M, S, NB,
+    L, M, S, NB, sm,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr,
     TB: tl.constexpr, BM: tl.constexpr, SP: tl.constexpr,
 ):  # fmt: skip
@@ -66,19 +70,21 @@ def _kla_fwd_kernel(
     eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
-    sv = _tile(v_ptr, base_m, 0, rows, m, s, L, M, S, True).to(dt)
-    sL = _tile(Lv_ptr, base_m, 0, rows, m, s, L, M, S, True).to(dt)
-    sk = _tile(k_ptr, base_s, 0, rows, m, s, L, M, S, False).to(dt)
-    sq = _tile(q_ptr, base_s, 0, rows, m, s, L, M, S, False).to(dt)
+    sv = _tile(v_ptr, base_m, 0, rows, m, s, L, M, S, sm, True).to(dt)
+    sL = _tile(Lv_ptr, base_m, 0, rows, m, s, L, M, S, sm, True).to(dt)
+    sk = _tile(k_ptr, base_s, 0, rows, m, s, L, M, S, sm, False).to(dt)
+    sq = _tile(q_ptr, base_s, 0, rows, m, s, L, M, S, sm, False).to(dt)
     for t0 in range(0, L, TB):
-        nv = _tile(v_ptr, base_m, t0 + TB, rows, m, s, L, M, S, True).to(dt)
-        nL = _tile(Lv_ptr, base_m, t0 + TB, rows, m, s, L, M, S, True).to(dt)
-        nk = _tile(k_ptr, base_s, t0 + TB, rows, m, s, L, M, S, False).to(dt)
-        nq = _tile(q_ptr, base_s, t0 + TB, rows, m, s, L, M, S, False).to(dt)
+        nv = _tile(v_ptr, base_m, t0 + TB, rows, m, s, L, M, S, sm, True).to(dt)
+        nL = _tile(Lv_ptr, base_m, t0 + TB, rows, m, s, L, M, S, sm, True).to(dt)
+        nk = _tile(k_ptr, base_s, t0 + TB, rows, m, s, L, M, S, sm, False).to(dt)
+        nq = _tile(q_ptr, base_s, t0 + TB, rows, m, s, L, M, S, sm, False).to(dt)
         if SAVE_CK:
             ck = (b.to(tl.int64) * NB + t0 // TB) * M * S + ms
             tl.store(ck_ptr + ck, lam, mask=lane_mask)
             tl.store(ck_ptr + ck + NB * M * S * tl.num_programs(1), eta, mask=lane_mask)
+        Y = tl.zeros([TB, BM, SP], dt)
+        YV = tl.zeros([TB, BM, SP], dt)
         for i in tl.static_range(TB):
             t = t0 + i
             valid = (m * 0 + t) < L
@@ -89,25 +95,27 @@ def _kla_fwd_kernel(
             lam = tl.where(valid[:, None], lam_pred + Lv * kk * kk, lam)
             eta = tl.where(valid[:, None], alpha * eta + pick3(sv, rows, i) * Lv * kk, eta)
             rl = 1.0 / lam
-            y = tl.sum(qq * eta * rl, axis=1)
-            yv = tl.sum(qq * qq * rl, axis=1)
-            out = base_m + t * M + m
-            tl.store(y_ptr + out, y, mask=valid & (m < M))
-            tl.store(yvar_ptr + out, yv, mask=valid & (m < M))
+            Y = put3(Y, rows, i, qq * eta * rl)
+            YV = put3(YV, rows, i, qq * qq * rl)
             if SAVE_PREC:
                 poff = (base_m + t * M) * S + ms
                 tl.store(prec_ptr + poff, lam, mask=lane_mask & valid[:, None])
+        # one store per block (per-step stores of a slot-reduced vector cost a barrier each)
+        out = base_m + (t0 + rows)[:, None] * M + m[None, :]
+        omask = ((t0 + rows) < L)[:, None] & (m < M)[None, :]
+        tl.store(y_ptr + out, tl.sum(Y, axis=2), mask=omask)
+        tl.store(yvar_ptr + out, tl.sum(YV, axis=2), mask=omask)
         sv, sL, sk, sq = nv, nL, nk, nq
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sm"])
 def _kla_bwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ck_ptr,
     gy_ptr, gyv_ptr, glT_ptr, geT_ptr, gprec_ptr,
     gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr,
-    L, M, S, NB, B,
+    L, M, S, NB, B, sm,
     HAS_GPREC: tl.constexpr, TB: tl.constexpr, BM: tl.constexpr, SP: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
@@ -136,12 +144,12 @@ def _kla_bwd_kernel(
         ck = (b.to(tl.int64) * NB + blk) * M * S + ms
         lam_s = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
         eta_s = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-        sv = _tile(v_ptr, base_m, t0, rows, m, s, L, M, S, True).to(dt)
-        sL = _tile(Lv_ptr, base_m, t0, rows, m, s, L, M, S, True).to(dt)
-        sk = _tile(k_ptr, base_s, t0, rows, m, s, L, M, S, False).to(dt)
-        sq = _tile(q_ptr, base_s, t0, rows, m, s, L, M, S, False).to(dt)
-        sgy = _tile(gy_ptr, base_m, t0, rows, m, s, L, M, S, True).to(dt)
-        sgv = _tile(gyv_ptr, base_m, t0, rows, m, s, L, M, S, True).to(dt)
+        sv = _tile(v_ptr, base_m, t0, rows, m, s, L, M, S, sm, True).to(dt)
+        sL = _tile(Lv_ptr, base_m, t0, rows, m, s, L, M, S, sm, True).to(dt)
+        sk = _tile(k_ptr, base_s, t0, rows, m, s, L, M, S, sm, False).to(dt)
+        sq = _tile(q_ptr, base_s, t0, rows, m, s, L, M, S, sm, False).to(dt)
+        sgy = _tile(gy_ptr, base_m, t0, rows, m, s, L, M, S, sm, True).to(dt)
+        sgv = _tile(gyv_ptr, base_m, t0, rows, m, s, L, M, S, sm, True).to(dt)
         # recompute the block's states from its checkpoint (invalid steps past L keep the state)
         LAM = tl.zeros([TB, BM, SP], dt)
         ETA = tl.zeros([TB, BM, SP], dt)
@@ -157,6 +165,8 @@ def _kla_bwd_kernel(
             ETA = put3(ETA, rows, i, eta)
         GK = tl.zeros([TB, BM, SP], dt)
         GQ = tl.zeros([TB, BM, SP], dt)
+        GV = tl.zeros([TB, BM, SP], dt)
+        GLV = tl.zeros([TB, BM, SP], dt)
         for j in tl.static_range(TB):
             i = TB - 1 - j
             t = t0 + i
@@ -185,11 +195,8 @@ def _kla_bwd_kernel(
             Et = tl.where(valid, gy * qq * rl + Ec, 0.0)
             GQ = put3(GQ, rows, i, tl.where(valid, gy * mean + 2.0 * gyv * qq * rl, 0.0))
             GK = put3(GK, rows, i, 2.0 * Lt * Lv * kk + Et * vv * Lv)
-            gv_t = tl.sum(Et * Lv * kk, axis=1)
-            gLv_t = tl.sum(Lt * kk * kk + Et * vv * kk, axis=1)
-            out = base_m + t * M + m
-            tl.store(gv_ptr + out, gv_t, mask=mmask & (m * 0 + t < L))
-            tl.store(gLv_ptr + out, gLv_t, mask=mmask & (m * 0 + t < L))
+            GV = put3(GV, rows, i, Et * Lv * kk)
+            GLV = put3(GLV, rows, i, Lt * kk * kk + Et * vv * kk)
             lam_pred, alpha, rden, forget = predict(lam_prev, a, p)
             g_al = Et * eta_prev
             ga += tl.where(forget, 0.0, g_al * (rden - 2.0 * alpha * alpha))
@@ -197,6 +204,10 @@ def _kla_bwd_kernel(
             gp -= lam_pred * (Lt * lam_pred + g_al * alpha)
             Lc = tl.where(valid, alpha * alpha * Lt - alpha * p * rden * g_al, Lc)
             Ec = tl.where(valid, alpha * Et, Ec)
+        out = base_m + (t0 + rows)[:, None] * M + m[None, :]
+        omask = ((t0 + rows) < L)[:, None] & mmask[None, :]
+        tl.store(gv_ptr + out, tl.sum(GV, axis=2), mask=omask)
+        tl.store(gLv_ptr + out, tl.sum(GLV, axis=2), mask=omask)
         # partial sums over this program's channels
         t = t0 + rows
         poff = part + t[:, None] * S + s[None, :]
@@ -233,7 +244,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     ck = empty((2, B, NB, M, S), like) if save_ck else y
     grid = (triton.cdiv(M, BM), B)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
-                          L, M, S, NB, SAVE_PREC=save_prec, SAVE_CK=save_ck,
+                          L, M, S, NB, 1, SAVE_PREC=save_prec, SAVE_CK=save_ck,
                           TB=TB, BM=BM, SP=SP, num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), TB
 
@@ -269,7 +280,7 @@ def _backward(v, Lv, k, q, a, p, ck, TB, gy, gyv, glT, geT, gprec):
     gprec = gprec.contiguous() if has_gprec else gy
     _kla_bwd_kernel[(nmb, B)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
                               gv, gLv, gk_part, gq_part, ga_part, gp_part, g0,
-                              L, M, S, NB, B, HAS_GPREC=has_gprec, TB=TB, BM=BM, SP=SP,
+                              L, M, S, NB, B, 1, HAS_GPREC=has_gprec, TB=TB, BM=BM, SP=SP,
                               num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum(0), gp_part.sum(0), g0[0], g0[1]
 

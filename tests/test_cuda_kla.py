@@ -1,0 +1,131 @@
+"""The fused Triton KLA kernels (kalmanscan/cuda/kla.py) against the sequential reference in
+float64, forward and backward, for every input (v, Lv, k, q, decay, process_var, lam0, eta0) and
+every output (y, yvar, final state, precisions). Without CUDA they run under TRITON_INTERPRET=1
+at small sizes. Outputs are NaN-poisoned before every launch so an unwritten element fails.
+"""
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import
+pytest.importorskip("triton")
+
+from kalmanscan.core.kla_op import kla_filter, kla_filter_sequential  # noqa: E402
+from kalmanscan.cuda import _common  # noqa: E402
+from kalmanscan.cuda.kla import kla_triton  # noqa: E402
+from kalmanscan.testing import assert_close  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+NAMES = ("v", "Lv", "k", "q", "decay", "process_var", "lam0", "eta0")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(_common, "POISON", True)
+
+
+def make_inputs(B, L, M, S, seed=0, forget=False):
+    g = torch.Generator().manual_seed(seed)
+
+    def u(*shape, lo=0.0, hi=1.0):
+        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    x = dict(
+        v=torch.randn(B, L, M, generator=g, dtype=torch.float64),
+        Lv=u(B, L, M, lo=0.2, hi=5.0),
+        k=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
+        q=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
+        decay=u(M, S, lo=0.5, hi=1.0),
+        process_var=u(M, S, lo=0.001, hi=0.3),
+        lam0=u(B, M, S, lo=0.5, hi=2.0),
+        eta0=torch.randn(B, M, S, generator=g, dtype=torch.float64),
+    )
+    if forget:
+        x["decay"][0, 0] = 0.0
+    return {n: t.to(DEVICE) for n, t in x.items()}
+
+
+def run(fn, x, dtype, weights, precision=True):
+    leaves = {n: t.detach().to(dtype).requires_grad_(True) for n, t in x.items()}
+    y, yvar, lam, eta, prec = fn(*leaves.values(), return_precision=precision)
+    outs = [y, yvar, lam, eta] + ([prec] if precision else [])
+    loss = sum((w.to(o.dtype) * o).sum() for w, o in zip(weights, outs, strict=False))
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return outs, grads
+
+
+def reference(*args, return_precision):
+    r = kla_filter_sequential(*args, return_precision=return_precision)
+    return r.y, r.yvar, r.final.lam, r.final.eta, r.precision
+
+
+def weights_for(B, L, M, S):
+    g = torch.Generator().manual_seed(11)
+    shapes = [(B, L, M), (B, L, M), (B, M, S), (B, M, S), (B, L, M, S)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(DEVICE) for s in shapes]
+
+
+if CUDA:
+    SHAPES = [(1, 1, 1, 1), (2, 63, 5, 16), (1, 1000, 33, 16), (2, 300, 7, 64), (3, 130, 129, 1)]
+else:
+    SHAPES = [(1, 1, 1, 1), (2, 63, 3, 4), (1, 9, 3, 16), (1, 6, 1, 64), (1, 1000, 1, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
+def test_forward_backward_float64(shape):
+    x = make_inputs(*shape, forget=True)
+    w = weights_for(*shape)
+    got, ggot = run(kla_triton, x, torch.float64, w)
+    ref, gref = run(reference, x, torch.float64, w)
+    for name, a, b in zip(("y", "yvar", "lam", "eta", "precision"), got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        # gradients of the initial state decay like prod(alpha^2) and are exactly 0 behind a
+        # forgetting step (the reference leaves rounding there): entries below 1e-3 are
+        # compared absolutely, to 1e-11
+        scale = max(b.abs().max().item(), 1.0)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
+def test_float32_against_float64_reference():
+    shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
+    x = make_inputs(*shape, seed=2)
+    w = weights_for(*shape)
+    got, ggot = run(kla_triton, x, torch.float32, w, precision=False)
+    ref, gref = run(reference, x, torch.float64, w, precision=False)
+    assert got[0].dtype == torch.float32
+    for name, a, b in zip(("y", "yvar", "lam", "eta"), got, ref, strict=True):
+        # y is a signed sum over slots: measure it on the scale of its typical size
+        assert_close(a, b, "kernel", torch.float32, scale=b.abs().mean(), what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        assert_close(a, b, "kernel_grad", torch.float32, scale=b.abs().mean(), what=f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_inputs_compute_in_float32(dtype):
+    if not CUDA:
+        pytest.skip("the triton backend dispatch needs CUDA tensors; the kernel is dtype-agnostic")
+    x = {n: t.to(dtype) for n, t in make_inputs(2, 100, 8, 16, seed=4).items()}
+    got = kla_filter(**x, backend="triton")
+    ref = kla_filter(**{n: t.double() for n, t in x.items()}, backend="sequential")
+    assert got.y.dtype == torch.float32
+    assert_close(got.y, ref.y, "kernel", torch.float32, scale=ref.y.abs().mean(), what="y")
+
+
+def test_no_checkpoints_without_gradients():
+    x = make_inputs(1, 5, 2, 4, seed=6)
+    with torch.no_grad():
+        y, yvar, lam, eta, prec = kla_triton(*x.values())
+    assert prec is None and torch.isfinite(y).all() and torch.isfinite(lam).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="dispatch to the triton backend needs CUDA tensors")
+def test_auto_backend_is_triton_on_cuda():
+    x = make_inputs(2, 50, 4, 16, seed=8)
+    a = kla_filter(**x)
+    b = kla_filter(**x, backend="sequential")
+    assert_close(a.y, b.y, "kernel", torch.float64)
