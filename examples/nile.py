@@ -31,25 +31,33 @@ def main(out: str) -> None:
     print(fit.summary())
     for name, published in (("obs_var", 15099.0), ("sigma2", 1469.1)):
         est = fit.params[name]
-        print(f"{name:8s} {est:10.2f}  published {published:8.1f}  rel. diff {est / published - 1:+.2e}")
+        print(
+            f"{name:8s} {est:10.2f}  published {published:8.1f}  rel. diff {est / published - 1:+.2e}"
+        )
     print(f"loglik   {fit.loglik:10.4f}  published  -632.5456")
 
     # 2. At the published parameters: one-step forecast for 1971 (published 798.3703, s.e. 143.5279).
     dk = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
     fc = dk.forecast(flow, years, steps=1, coverage=0.9)
-    print(f"1971 forecast {fc.mean[0]:.4f} (s.e. {math.sqrt(fc.predictive_var[0]):.4f}), "
-          f"90% interval [{fc.lower[0]:.2f}, {fc.upper[0]:.2f}]")
+    print(
+        f"1971 forecast {fc.mean[0]:.4f} (s.e. {math.sqrt(fc.predictive_var[0]):.4f}), "
+        f"90% interval [{fc.lower[0]:.2f}, {fc.upper[0]:.2f}]"
+    )
 
     # 3. Missing observations (1891-1910 and 1931-1950 removed): the filter just predicts across them.
     gappy = flow.copy()
     gappy[20:40] = np.nan
     gappy[60:80] = np.nan
     sm = dk.smooth(gappy, years)
-    print(f"with gaps: loglik {float(sm.filtered.loglik):.4f} (published -380.5871), "
-          f"filtered variance at 1910 {sm.filtered.var[39]:.2f} (published 33414.20)")
+    print(
+        f"with gaps: loglik {float(sm.filtered.loglik):.4f} (published -380.5871), "
+        f"filtered variance at 1910 {sm.filtered.var[39]:.2f} (published 33414.20)"
+    )
 
     # 4. Dataset + figure: smoothed level with 50/90 % bands, a 10-year forecast, the precision panel.
-    ds = ks.OUModel(**fit.params).to_dataset(gappy, years, coverage=(0.5, 0.9), forecast_steps=10, name="Nile")
+    ds = ks.OUModel(**fit.params).to_dataset(
+        gappy, years, coverage=(0.5, 0.9), forecast_steps=10, name="Nile"
+    )
     save_netcdf(ds, os.path.join(out, "nile_gaps.nc"))
     axes = plot_overview(ds)
     axes[0].set_ylabel("flow (10^8 m^3)")

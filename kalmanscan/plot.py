@@ -69,9 +69,21 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     return sorted(spans, key=lambda se: se[0])
 
 
-def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None, color="C0",
-               label="mean", forecast_times=None, forecast_mean=None, forecast_var=None,
-               show_missing=True):
+def plot_bands(
+    times,
+    mean,
+    var,
+    *,
+    observed=None,
+    coverages=(0.5, 0.9),
+    ax=None,
+    color="C0",
+    label="mean",
+    forecast_times=None,
+    forecast_mean=None,
+    forecast_var=None,
+    show_missing=True,
+):
     """Mean with shaded central bands at ``coverages``, data points, missing stretches and a forecast.
 
     Args:
@@ -96,12 +108,24 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
     mean = np.asarray(mean, dtype=np.float64)
     var = np.asarray(var, dtype=np.float64)
     if mean.shape != times.shape or var.shape != times.shape:
-        raise ValueError(f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, {var.shape}")
+        raise ValueError(
+            f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, {var.shape}"
+        )
     covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
     if show_missing and observed is not None:
-        spans = _missing_spans(times, np.asarray(observed, dtype=np.float64), nan_runs=show_missing != "gaps")
+        spans = _missing_spans(
+            times, np.asarray(observed, dtype=np.float64), nan_runs=show_missing != "gaps"
+        )
         for k, (a, b) in enumerate(spans):
-            ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing / no data" if k == 0 else None, zorder=0)
+            ax.axvspan(
+                a,
+                b,
+                color="0.85",
+                alpha=0.6,
+                lw=0,
+                label="missing / no data" if k == 0 else None,
+                zorder=0,
+            )
     if observed is not None:
         ax.plot(times, observed, "o", ms=3, color="0.25", label="data", zorder=3)
     finite = np.isfinite(var)
@@ -109,8 +133,15 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
     for k, c in enumerate(covs):
         q = _quantile(c)
         alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
-        ax.fill_between(times, mean - q * sd, mean + q * sd, color=color, alpha=alpha, lw=0,
-                        label=f"{c:.0%} band")
+        ax.fill_between(
+            times,
+            mean - q * sd,
+            mean + q * sd,
+            color=color,
+            alpha=alpha,
+            lw=0,
+            label=f"{c:.0%} band",
+        )
     ax.plot(times, mean, color=color, lw=1.6, label=label, zorder=4)
     if forecast_times is not None and len(forecast_times):
         ft = np.asarray(forecast_times)
@@ -119,12 +150,21 @@ def plot_bands(times, mean, var, *, observed=None, coverages=(0.5, 0.9), ax=None
         t_join = np.concatenate([times[-1:], ft])
         m_join = np.concatenate([mean[-1:], fm])
         sd_join = np.concatenate([sd[-1:], fsd])
-        ax.axvspan(times[-1], ft[-1], color="C1", alpha=0.07, lw=0, label="forecast region", zorder=0)
+        ax.axvspan(
+            times[-1], ft[-1], color="C1", alpha=0.07, lw=0, label="forecast region", zorder=0
+        )
         for k, c in enumerate(covs):
             q = _quantile(c)
             alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
-            ax.fill_between(t_join, m_join - q * sd_join, m_join + q * sd_join, color="C1", alpha=alpha, lw=0,
-                            label=f"{c:.0%} predictive")
+            ax.fill_between(
+                t_join,
+                m_join - q * sd_join,
+                m_join + q * sd_join,
+                color="C1",
+                alpha=alpha,
+                lw=0,
+                label=f"{c:.0%} predictive",
+            )
         ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
     ax.legend(loc="best", fontsize="small", ncol=2)
     return ax
@@ -143,27 +183,44 @@ def _select(ds, series):
     if series is None:
         n = math.prod(ds.sizes[d] for d in sdims)
         if n != 1:
-            raise ValueError(f"series: the Dataset holds {n} series over dims {sdims}; pick one with an int or {{dim: label}}")
+            raise ValueError(
+                f"series: the Dataset holds {n} series over dims {sdims}; pick one with an int or {{dim: label}}"
+            )
         series = 0
     if isinstance(series, dict):
         one = ds.sel(series)
         rest = [d for d in sdims if d not in series]
         if rest:
-            raise ValueError(f"series: expected labels for every series dim {sdims}, got {list(series)}")
+            raise ValueError(
+                f"series: expected labels for every series dim {sdims}, got {list(series)}"
+            )
         return one, ", ".join(f"{k}={v}" for k, v in series.items())
     if isinstance(series, (int, np.integer)):
         shape = tuple(ds.sizes[d] for d in sdims)
         n = math.prod(shape)
         if not -n <= series < n:
             raise ValueError(f"series: expected an index in [0, {n}), got {series}")
-        idx = dict(zip(sdims, np.unravel_index(int(series) % n, shape)))
+        idx = dict(zip(sdims, np.unravel_index(int(series) % n, shape), strict=False))
         one = ds.isel(idx)
-        label = ", ".join(f"{d}={one[d].values}" if d in one.coords else f"{d}={i}" for d, i in idx.items())
+        label = ", ".join(
+            f"{d}={one[d].values}" if d in one.coords else f"{d}={i}" for d, i in idx.items()
+        )
         return one, label
-    raise TypeError(f"series: expected None, an int or a dict {{dim: label}}, got {type(series).__name__}")
+    raise TypeError(
+        f"series: expected None, an int or a dict {{dim: label}}, got {type(series).__name__}"
+    )
 
 
-def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=None, title=None, show_missing=True):
+def plot_series(
+    ds,
+    series=None,
+    *,
+    smoothed: bool = True,
+    coverages=None,
+    ax=None,
+    title=None,
+    show_missing=True,
+):
     """One series of a results Dataset: data, smoothed (or filtered) mean, bands, gaps, forecast.
 
     Args:
@@ -187,16 +244,32 @@ def plot_series(ds, series=None, *, smoothed: bool = True, coverages=None, ax=No
     kind = "smoothed" if use_smooth else "filtered"
     fc = {}
     if "forecast_mean" in one:
-        fc = dict(forecast_times=one["forecast_time"].values, forecast_mean=one["forecast_mean"].values,
-                  forecast_var=one["forecast_predictive_variance"].values)
-    ax = plot_bands(one[tdim].values, m.values, v.values, observed=one["observed"].values, coverages=covs, ax=ax,
-                    label=f"{kind} mean", show_missing=show_missing, **fc)
-    ax.set_title(title if title is not None else (f"{kind} level" + (f" ({label})" if label else "")))
+        fc = dict(
+            forecast_times=one["forecast_time"].values,
+            forecast_mean=one["forecast_mean"].values,
+            forecast_var=one["forecast_predictive_variance"].values,
+        )
+    ax = plot_bands(
+        one[tdim].values,
+        m.values,
+        v.values,
+        observed=one["observed"].values,
+        coverages=covs,
+        ax=ax,
+        label=f"{kind} mean",
+        show_missing=show_missing,
+        **fc,
+    )
+    ax.set_title(
+        title if title is not None else (f"{kind} level" + (f" ({label})" if label else ""))
+    )
     ax.set_xlabel(tdim)
     return ax
 
 
-def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_series: int = 8, show_missing=True):
+def plot_precision(
+    ds, series=None, *, ax=None, smoothed: bool = False, max_series: int = 8, show_missing=True
+):
     """Precision (1 / variance) of the level over time, log scale; all series if ``series`` is None.
 
     Precision grows with each observation and decays across gaps, so missing stretches show as dips.
@@ -219,17 +292,38 @@ def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_seri
         picks = [_select(ds, series)]
     for k, (one, label) in enumerate(picks):
         prec = 1.0 / one[var_name].values
-        ax.plot(one[tdim].values, np.where(prec > 0, prec, np.nan), lw=1.3, color=f"C{k}",
-                label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"))
+        ax.plot(
+            one[tdim].values,
+            np.where(prec > 0, prec, np.nan),
+            lw=1.3,
+            color=f"C{k}",
+            label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"),
+        )
         if "forecast_variance" in one and len(picks) == 1:
             ft = one["forecast_time"].values
             fprec = 1.0 / one["forecast_variance"].values
-            ax.plot(np.concatenate([one[tdim].values[-1:], ft]), np.concatenate([prec[-1:], fprec]), "--",
-                    color="C1", lw=1.3, label="forecast")
+            ax.plot(
+                np.concatenate([one[tdim].values[-1:], ft]),
+                np.concatenate([prec[-1:], fprec]),
+                "--",
+                color="C1",
+                lw=1.3,
+                label="forecast",
+            )
         if "observed" in one and len(picks) == 1 and show_missing:
-            spans = _missing_spans(one[tdim].values, one["observed"].values, nan_runs=show_missing != "gaps")
+            spans = _missing_spans(
+                one[tdim].values, one["observed"].values, nan_runs=show_missing != "gaps"
+            )
             for j, (a, b) in enumerate(spans):
-                ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label="missing" if j == 0 else None, zorder=0)
+                ax.axvspan(
+                    a,
+                    b,
+                    color="0.85",
+                    alpha=0.6,
+                    lw=0,
+                    label="missing" if j == 0 else None,
+                    zorder=0,
+                )
     ax.set_yscale("log")
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)
@@ -237,8 +331,16 @@ def plot_precision(ds, series=None, *, ax=None, smoothed: bool = False, max_seri
     return ax
 
 
-def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max_series: int = 4, axes=None,
-                  show_missing=True):
+def plot_overview(
+    ds,
+    *,
+    series=None,
+    smoothed: bool = True,
+    coverages=None,
+    max_series: int = 4,
+    axes=None,
+    show_missing=True,
+):
     """Bands panels (one per series, at most ``max_series``) above a shared precision panel.
 
     Returns the array of axes (``axes=None`` makes a new figure with the right number of rows).
@@ -259,13 +361,22 @@ def plot_overview(ds, *, series=None, smoothed: bool = True, coverages=None, max
         picks = [None]
     rows = len(picks) + 1
     if axes is None:
-        fig, axes = plt.subplots(rows, 1, figsize=(10, 3.2 * len(picks) + 2.4), sharex=True,
-                                 gridspec_kw={"height_ratios": [3] * len(picks) + [1.6]})
+        fig, axes = plt.subplots(
+            rows,
+            1,
+            figsize=(10, 3.2 * len(picks) + 2.4),
+            sharex=True,
+            gridspec_kw={"height_ratios": [3] * len(picks) + [1.6]},
+        )
         fig.set_layout_engine("constrained")
     axes = np.atleast_1d(axes)
     if len(axes) != rows:
-        raise ValueError(f"axes: expected {rows} axes ({rows - 1} series panels + precision), got {len(axes)}")
-    for ax, s in zip(axes[:-1], picks):
+        raise ValueError(
+            f"axes: expected {rows} axes ({rows - 1} series panels + precision), got {len(axes)}"
+        )
+    for ax, s in zip(axes[:-1], picks, strict=False):
         plot_series(ds, s, smoothed=smoothed, coverages=coverages, ax=ax, show_missing=show_missing)
-    plot_precision(ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing)
+    plot_precision(
+        ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing
+    )
     return axes

@@ -24,7 +24,13 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from kalmanscan.timeseries.model import PARAMS, OUModel, _normal_quantile, check_coverage, forecast_from_state
+from kalmanscan.timeseries.model import (
+    PARAMS,
+    OUModel,
+    _normal_quantile,
+    check_coverage,
+    forecast_from_state,
+)
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 MODEL_DESCRIPTION = (
@@ -36,19 +42,37 @@ LOGLIK_CONVENTION = "sum of one-step predictive log densities; steps with zero p
 
 
 # --- the block function ---------------------------------------------------------------------------
-def _block(z, theta, sigma2, mu, obs_var, *prior, time_axis: TimeAxis, smooth: bool, forecast_labels,
-           backend: str):
+def _block(
+    z,
+    theta,
+    sigma2,
+    mu,
+    obs_var,
+    *prior,
+    time_axis: TimeAxis,
+    smooth: bool,
+    forecast_labels,
+    backend: str,
+):
     """Filter/smooth/forecast ``z [..., T]`` (time last, as apply_ufunc passes it)."""
     T = z.shape[-1]
     loop = z.shape[:-1]
     H = 0 if forecast_labels is None else len(forecast_labels)
     n_out = 4 + (2 if smooth else 0) + 1 + (3 if H else 0)
     if z.size == 0:  # dask may probe with empty blocks
-        shapes = [loop + (T,)] * (4 + (2 if smooth else 0)) + [loop] + [loop + (H,)] * (3 if H else 0)
+        shapes = (
+            [loop + (T,)] * (4 + (2 if smooth else 0)) + [loop] + [loop + (H,)] * (3 if H else 0)
+        )
         return tuple(np.zeros(s) for s in shapes)[:n_out]
     prior_mean, prior_var = prior if prior else (None, None)
-    model = OUModel(theta=theta, sigma2=sigma2, mu=mu, obs_var=obs_var, prior_mean=prior_mean,
-                    prior_var=prior_var)
+    model = OUModel(
+        theta=theta,
+        sigma2=sigma2,
+        mu=mu,
+        obs_var=obs_var,
+        prior_mean=prior_mean,
+        prior_var=prior_var,
+    )
     zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
     res = model.filter_prepared(zt, time_axis, smooth=smooth, backend=backend)
     filt = res.filtered if smooth else res
@@ -58,13 +82,19 @@ def _block(z, theta, sigma2, mu, obs_var, *prior, time_axis: TimeAxis, smooth: b
         out += [last(res.mean), last(res.var)]
     out.append(np.broadcast_to(filt.loglik, loop))
     if H:
-        fc = forecast_from_state(model, time_axis, filt.mean[-1], filt.var[-1], at=forecast_labels, coverage=0.5)
+        fc = forecast_from_state(
+            model, time_axis, filt.mean[-1], filt.var[-1], at=forecast_labels, coverage=0.5
+        )
         out += [last(fc.mean), last(fc.var), last(fc.predictive_var)]
     return tuple(np.array(o) for o in out)
 
 
 def _bounds(mean, var, coverage):
-    q = xr.DataArray([_normal_quantile(c) for c in coverage], dims="coverage", coords={"coverage": list(coverage)})
+    q = xr.DataArray(
+        [_normal_quantile(c) for c in coverage],
+        dims="coverage",
+        coords={"coverage": list(coverage)},
+    )
     sd = np.sqrt(var)
     order = ("coverage",) + mean.dims
     return (mean - q * sd).transpose(*order), (mean + q * sd).transpose(*order)
@@ -74,7 +104,9 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
     """``{name: DataArray}`` of theta, sigma2, mu, obs_var (and prior_mean/prior_var when set)."""
     series_dims = [d for d in da.dims if d != time_dim]
     if model is not None and params:
-        raise ValueError(f"model, {sorted(params)}: give either model= or individual parameters, not both")
+        raise ValueError(
+            f"model, {sorted(params)}: give either model= or individual parameters, not both"
+        )
     from kalmanscan.timeseries.fit import OUFit
 
     if isinstance(model, OUFit):
@@ -82,15 +114,21 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
     if isinstance(model, xr.Dataset):
         missing = [p for p in PARAMS if p not in model]
         if missing:
-            raise ValueError(f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from .kalman.fit_ou()), missing {missing}")
+            raise ValueError(
+                f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from .kalman.fit_ou()), missing {missing}"
+            )
         return {p: model[p] for p in PARAMS}
     if model is None:
         unknown = set(params) - set(PARAMS) - {"prior_mean", "prior_var"}
         if unknown:
-            raise TypeError(f"unexpected parameters {sorted(unknown)}; expected some of {list(PARAMS)}")
+            raise TypeError(
+                f"unexpected parameters {sorted(unknown)}; expected some of {list(PARAMS)}"
+            )
         missing = [p for p in ("sigma2", "obs_var") if p not in params]
         if missing:
-            raise ValueError(f"{', '.join(missing)}: required (or pass model=, e.g. the Dataset from .kalman.fit_ou())")
+            raise ValueError(
+                f"{', '.join(missing)}: required (or pass model=, e.g. the Dataset from .kalman.fit_ou())"
+            )
         values = {"theta": 0.0, "mu": 0.0, **params}
     elif isinstance(model, OUModel):
         values = {p: getattr(model, p) for p in PARAMS}
@@ -98,7 +136,9 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
             if getattr(model, p) is not None:
                 values[p] = getattr(model, p)
     else:
-        raise TypeError(f"model: expected an OUModel, OUFit or parameter Dataset, got {type(model).__name__}")
+        raise TypeError(
+            f"model: expected an OUModel, OUFit or parameter Dataset, got {type(model).__name__}"
+        )
     out = {}
     for k, v in values.items():
         if isinstance(v, xr.DataArray):
@@ -108,26 +148,44 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
         if arr.ndim == 0:
             out[k] = xr.DataArray(arr)
         elif arr.ndim <= len(series_dims):
-            dims = series_dims[len(series_dims) - arr.ndim:]
+            dims = series_dims[len(series_dims) - arr.ndim :]
             try:
-                out[k] = xr.DataArray(np.broadcast_to(arr, tuple(da.sizes[d] for d in dims)), dims=dims)
+                out[k] = xr.DataArray(
+                    np.broadcast_to(arr, tuple(da.sizes[d] for d in dims)), dims=dims
+                )
             except ValueError as err:
-                raise ValueError(f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}") from err
+                raise ValueError(
+                    f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}"
+                ) from err
         else:
-            raise ValueError(f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}")
+            raise ValueError(
+                f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}"
+            )
     return out
 
 
 def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
     if time_dim not in da.dims:
-        raise ValueError(f"time_dim: expected one of the array's dims {list(da.dims)}, got {time_dim!r}")
+        raise ValueError(
+            f"time_dim: expected one of the array's dims {list(da.dims)}, got {time_dim!r}"
+        )
     times = da[time_dim].values if time_dim in da.coords else None
     return as_time_axis(times, da.sizes[time_dim], time_unit, name=f"coordinate {time_dim!r}")
 
 
-def filter_dataarray(da: xr.DataArray, model=None, *, time_dim: str = "time", coverage=(0.5, 0.9),
-                     smooth: bool = True, forecast_steps=None, forecast_at=None, time_unit=None,
-                     backend: str = "auto", **params) -> xr.Dataset:
+def filter_dataarray(
+    da: xr.DataArray,
+    model=None,
+    *,
+    time_dim: str = "time",
+    coverage=(0.5, 0.9),
+    smooth: bool = True,
+    forecast_steps=None,
+    forecast_at=None,
+    time_unit=None,
+    backend: str = "auto",
+    **params,
+) -> xr.Dataset:
     """Filter (and smooth, and forecast) every series of ``da`` along ``time_dim``: a Dataset.
 
     ``model`` is an :class:`OUModel`, an :class:`OUFit`, a parameter Dataset from
@@ -158,7 +216,9 @@ def filter_dataarray(da: xr.DataArray, model=None, *, time_dim: str = "time", co
     if forecast_steps is not None or forecast_at is not None:
         if forecast_steps is not None and forecast_at is not None:
             raise ValueError("forecast_steps, forecast_at: give at most one")
-        fc_labels = ax.future(forecast_steps) if forecast_steps is not None else np.atleast_1d(forecast_at)
+        fc_labels = (
+            ax.future(forecast_steps) if forecast_steps is not None else np.atleast_1d(forecast_at)
+        )
         ax.position(fc_labels, "forecast_at")
     series_dims = [d for d in da.dims if d != time_dim]
     z = da.astype(np.float64)
@@ -171,7 +231,8 @@ def filter_dataarray(da: xr.DataArray, model=None, *, time_dim: str = "time", co
     H = 0 if fc_labels is None else len(fc_labels)
     ocd = [[time_dim]] * (4 + (2 if smooth else 0)) + [[]] + [["forecast_time"]] * (3 if H else 0)
     outs = xr.apply_ufunc(
-        _block, *args,
+        _block,
+        *args,
         input_core_dims=[[time_dim]] + [[]] * (len(args) - 1),
         output_core_dims=ocd,
         kwargs=dict(time_axis=ax, smooth=smooth, forecast_labels=fc_labels, backend=backend),
@@ -198,7 +259,7 @@ def filter_dataarray(da: xr.DataArray, model=None, *, time_dim: str = "time", co
     ds["loglik"] = outs[k].transpose(*series_dims)
     if H:
         fo = ["forecast_time"] + series_dims
-        fmean, fvar, fpvar = (o.transpose(*fo) for o in outs[k + 1:k + 4])
+        fmean, fvar, fpvar = (o.transpose(*fo) for o in outs[k + 1 : k + 4])
         ds = ds.assign_coords(forecast_time=("forecast_time", fc_labels))
         ds["forecast_mean"], ds["forecast_variance"] = fmean, fvar
         ds["forecast_predictive_variance"] = fpvar
@@ -240,16 +301,21 @@ def _describe(ds, time_dim, ax, coverage, model, pv):
         if k in ds:
             ds[k].attrs["description"] = v
     custom_prior = "prior_mean" in pv
-    ds.attrs.update({
-        "model": MODEL_DESCRIPTION,
-        "prior": ("user-given prior_mean / prior_var" if custom_prior else
-                  "stationary N(mu, sigma2 / (2 theta)) where theta > 0; diffuse where theta = 0"),
-        "loglik_convention": LOGLIK_CONVENTION,
-        "time_dim": time_dim,
-        "time_unit": ax.unit_name,
-        "coverage": list(coverage),
-        "produced_by": "kalmanscan",
-    })
+    ds.attrs.update(
+        {
+            "model": MODEL_DESCRIPTION,
+            "prior": (
+                "user-given prior_mean / prior_var"
+                if custom_prior
+                else "stationary N(mu, sigma2 / (2 theta)) where theta > 0; diffuse where theta = 0"
+            ),
+            "loglik_convention": LOGLIK_CONVENTION,
+            "time_dim": time_dim,
+            "time_unit": ax.unit_name,
+            "coverage": list(coverage),
+            "produced_by": "kalmanscan",
+        }
+    )
     for p in PARAMS:
         if pv[p].ndim == 0 and not _is_lazy(pv[p]):
             ds.attrs[p] = float(pv[p].values)
@@ -259,9 +325,21 @@ def _is_lazy(x):
     return getattr(x, "chunks", None) is not None
 
 
-def to_dataset(model: OUModel, z, times=None, *, coverage=(0.5, 0.9), smooth: bool = True, forecast_steps=None,
-               forecast_at=None, series_dims=None, series_coords=None, name=None, fit=None,
-               backend: str = "auto") -> xr.Dataset:
+def to_dataset(
+    model: OUModel,
+    z,
+    times=None,
+    *,
+    coverage=(0.5, 0.9),
+    smooth: bool = True,
+    forecast_steps=None,
+    forecast_at=None,
+    series_dims=None,
+    series_coords=None,
+    name=None,
+    fit=None,
+    backend: str = "auto",
+) -> xr.Dataset:
     """Results of ``model`` on numpy/pandas data as a Dataset (dims ``time`` + series dims).
 
     Args:
@@ -286,10 +364,14 @@ def to_dataset(model: OUModel, z, times=None, *, coverage=(0.5, 0.9), smooth: bo
         ax = as_time_axis(times, zt.shape[0], model.time_unit)
     nd = zt.ndim - 1
     if series_dims is None:
-        series_dims = () if nd == 0 else ("series",) if nd == 1 else tuple(f"series_{i}" for i in range(nd))
+        series_dims = (
+            () if nd == 0 else ("series",) if nd == 1 else tuple(f"series_{i}" for i in range(nd))
+        )
     series_dims = tuple(series_dims)
     if len(series_dims) != nd:
-        raise ValueError(f"series_dims: expected {nd} names for data of shape {zt.shape}, got {series_dims}")
+        raise ValueError(
+            f"series_dims: expected {nd} names for data of shape {zt.shape}, got {series_dims}"
+        )
     coords = {"time": ax.labels}
     if series_coords is None and labels is not None and nd == 1:
         series_coords = {series_dims[0]: labels}
@@ -305,8 +387,18 @@ def to_dataset(model: OUModel, z, times=None, *, coverage=(0.5, 0.9), smooth: bo
     unit = model.time_unit if ax.is_datetime else None
     if isinstance(times, TimeAxis) and ax.is_datetime:
         unit = np.timedelta64(ax.unit, "ns")
-    ds = filter_dataarray(da, None, time_dim="time", coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
-                          forecast_at=forecast_at, time_unit=unit, backend=backend, **params)
+    ds = filter_dataarray(
+        da,
+        None,
+        time_dim="time",
+        coverage=coverage,
+        smooth=smooth,
+        forecast_steps=forecast_steps,
+        forecast_at=forecast_at,
+        time_unit=unit,
+        backend=backend,
+        **params,
+    )
     if ax.is_datetime:
         ds.attrs["time_unit"] = ax.unit_name
     if name:
@@ -318,13 +410,20 @@ def to_dataset(model: OUModel, z, times=None, *, coverage=(0.5, 0.9), smooth: bo
 
 def _record_fit(ds, fit, series_dims):
     ds.attrs["fitted"] = "maximum likelihood (kalmanscan.fit_ou, L-BFGS through the filter)"
-    ds.attrs["fixed"] = ", ".join(f"{k}={np.ravel(v)[0] if np.size(v) == 1 else 'array'}" for k, v in fit.fixed.items()) or "none"
+    ds.attrs["fixed"] = (
+        ", ".join(
+            f"{k}={np.ravel(v)[0] if np.size(v) == 1 else 'array'}" for k, v in fit.fixed.items()
+        )
+        or "none"
+    )
     ds.attrs["joint"] = int(fit.joint)
     ds.attrs["n_iter"] = int(fit.n_iter)
     for p in PARAMS:
         se = np.asarray(fit.stderr[p], dtype=np.float64)
         ds[p + "_se"] = xr.DataArray(se, dims=series_dims if se.ndim else ())
-        ds[p + "_se"].attrs["description"] = f"standard error of {p} (inverse Hessian; NaN if fixed or undefined)"
+        ds[p + "_se"].attrs["description"] = (
+            f"standard error of {p} (inverse Hessian; NaN if fixed or undefined)"
+        )
     conv = np.asarray(fit.converged)
     ds["converged"] = xr.DataArray(conv.astype(np.int8), dims=series_dims if conv.ndim else ())
     ds["converged"].attrs["description"] = "1 if the optimizer reached the gradient tolerance"
@@ -368,20 +467,42 @@ def _fit_block(z, *, time_axis: TimeAxis, fix, options):
 
     loop = z.shape[:-1]
     if z.size == 0:
-        return np.zeros(loop + (4,)), np.zeros(loop + (4,)), np.zeros(loop), np.zeros(loop, np.int8), np.zeros(loop)
+        return (
+            np.zeros(loop + (4,)),
+            np.zeros(loop + (4,)),
+            np.zeros(loop),
+            np.zeros(loop, np.int8),
+            np.zeros(loop),
+        )
     zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
-    fit = fit_ou(zt, time_axis.labels, fix=fix, time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
-                 **options)
-    est = np.stack([np.broadcast_to(np.asarray(fit.params[p], dtype=np.float64), loop) for p in PARAMS], -1)
-    se = np.stack([np.broadcast_to(np.asarray(fit.stderr[p], dtype=np.float64), loop) for p in PARAMS], -1)
+    fit = fit_ou(
+        zt,
+        time_axis.labels,
+        fix=fix,
+        time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
+        **options,
+    )
+    est = np.stack(
+        [np.broadcast_to(np.asarray(fit.params[p], dtype=np.float64), loop) for p in PARAMS], -1
+    )
+    se = np.stack(
+        [np.broadcast_to(np.asarray(fit.stderr[p], dtype=np.float64), loop) for p in PARAMS], -1
+    )
     ll = np.broadcast_to(np.asarray(fit.loglik, dtype=np.float64), loop)
     conv = np.broadcast_to(np.asarray(fit.converged), loop).astype(np.int8)
     nobs = np.broadcast_to(np.asarray(fit.n_obs, dtype=np.float64), loop)
     return tuple(np.array(x) for x in (est, se, ll, conv, nobs))
 
 
-def fit_dataarray(da: xr.DataArray, *, time_dim: str = "time", fix=None, joint: bool = False, time_unit=None,
-                  **options) -> xr.Dataset:
+def fit_dataarray(
+    da: xr.DataArray,
+    *,
+    time_dim: str = "time",
+    fix=None,
+    joint: bool = False,
+    time_unit=None,
+    **options,
+) -> xr.Dataset:
     """Fit an OU model to every series of ``da`` (separately; ``joint=True``: one set for all).
 
     Returns a Dataset over the series dims with ``theta, sigma2, mu, obs_var``, their ``*_se``,
@@ -407,18 +528,24 @@ def fit_dataarray(da: xr.DataArray, *, time_dim: str = "time", fix=None, joint: 
         ds = xr.Dataset({p: xr.DataArray(float(fit.params[p])) for p in PARAMS})
         for p in PARAMS:
             ds[p + "_se"] = xr.DataArray(float(fit.stderr[p]))
-        ds["loglik"] = xr.DataArray(np.asarray(fit.loglik, dtype=np.float64), dims=series_dims,
-                                    coords={d: da[d] for d in series_dims if d in da.coords})
+        ds["loglik"] = xr.DataArray(
+            np.asarray(fit.loglik, dtype=np.float64),
+            dims=series_dims,
+            coords={d: da[d] for d in series_dims if d in da.coords},
+        )
         ds["converged"] = xr.DataArray(np.int8(fit.converged))
         ds["n_obs"] = xr.DataArray(np.asarray(fit.n_obs, dtype=np.float64), dims=series_dims)
     else:
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
         est, se, ll, conv, nobs = xr.apply_ufunc(
-            _fit_block, z, input_core_dims=[[time_dim]],
+            _fit_block,
+            z,
+            input_core_dims=[[time_dim]],
             output_core_dims=[["param"], ["param"], [], [], []],
             kwargs=dict(time_axis=ax, fix=fix, options=options),
-            dask="parallelized", output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64],
+            dask="parallelized",
+            output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64],
             dask_gufunc_kwargs={"output_sizes": {"param": 4}},
         )
         ds = xr.Dataset()
@@ -426,13 +553,17 @@ def fit_dataarray(da: xr.DataArray, *, time_dim: str = "time", fix=None, joint: 
             ds[p] = est.isel(param=j, drop=True)
             ds[p + "_se"] = se.isel(param=j, drop=True)
         ds["loglik"], ds["converged"], ds["n_obs"] = ll, conv, nobs
-    ds.attrs.update({
-        "model": MODEL_DESCRIPTION,
-        "fitted": "maximum likelihood (kalmanscan.fit_ou, L-BFGS through the filter)",
-        "fixed": ", ".join(f"{k}={v}" for k, v in (fix or {}).items()) or "none",
-        "joint": int(joint), "time_dim": time_dim, "time_unit": ax.unit_name,
-        "loglik_convention": LOGLIK_CONVENTION,
-    })
+    ds.attrs.update(
+        {
+            "model": MODEL_DESCRIPTION,
+            "fitted": "maximum likelihood (kalmanscan.fit_ou, L-BFGS through the filter)",
+            "fixed": ", ".join(f"{k}={v}" for k, v in (fix or {}).items()) or "none",
+            "joint": int(joint),
+            "time_dim": time_dim,
+            "time_unit": ax.unit_name,
+            "loglik_convention": LOGLIK_CONVENTION,
+        }
+    )
     if ax.is_datetime:
         ds.attrs["time_unit_ns"] = int(ax.unit / np.timedelta64(1, "ns"))
     return ds
@@ -448,12 +579,25 @@ class _KalmanAccessor:
         if isinstance(obj, xr.Dataset):
             names = [k for k, v in obj.data_vars.items() if time_dim in v.dims]
             if not names:
-                raise ValueError(f"time_dim: no data variable of the Dataset has the dim {time_dim!r}")
+                raise ValueError(
+                    f"time_dim: no data variable of the Dataset has the dim {time_dim!r}"
+                )
             return obj[names].to_dataarray(dim="series")
         return obj
 
-    def filter(self, model=None, *, time_dim: str = "time", coverage=(0.5, 0.9), smooth: bool = True,
-               forecast_steps=None, forecast_at=None, time_unit=None, backend: str = "auto", **params) -> xr.Dataset:
+    def filter(
+        self,
+        model=None,
+        *,
+        time_dim: str = "time",
+        coverage=(0.5, 0.9),
+        smooth: bool = True,
+        forecast_steps=None,
+        forecast_at=None,
+        time_unit=None,
+        backend: str = "auto",
+        **params,
+    ) -> xr.Dataset:
         """Filter/smooth every series along ``time_dim``; see :func:`filter_dataarray`.
 
         On a Dataset, the data variables with ``time_dim`` become a ``series`` dim.
@@ -463,11 +607,22 @@ class _KalmanAccessor:
         >>> da.kalman.filter(sigma2=0.5, obs_var=1.0)["variance"].shape
         (4,)
         """
-        return filter_dataarray(self._da(time_dim), model, time_dim=time_dim, coverage=coverage, smooth=smooth,
-                                forecast_steps=forecast_steps, forecast_at=forecast_at, time_unit=time_unit,
-                                backend=backend, **params)
+        return filter_dataarray(
+            self._da(time_dim),
+            model,
+            time_dim=time_dim,
+            coverage=coverage,
+            smooth=smooth,
+            forecast_steps=forecast_steps,
+            forecast_at=forecast_at,
+            time_unit=time_unit,
+            backend=backend,
+            **params,
+        )
 
-    def fit_ou(self, *, time_dim: str = "time", fix=None, joint: bool = False, time_unit=None, **options) -> xr.Dataset:
+    def fit_ou(
+        self, *, time_dim: str = "time", fix=None, joint: bool = False, time_unit=None, **options
+    ) -> xr.Dataset:
         """Maximum-likelihood OU parameters per series; see :func:`fit_dataarray`.
 
         >>> import numpy as np, xarray as xr, kalmanscan.xarray
@@ -476,10 +631,26 @@ class _KalmanAccessor:
         >>> float(da.kalman.fit_ou(fix={"theta": 0.0, "mu": 0.0})["obs_var"]) > 0
         True
         """
-        return fit_dataarray(self._da(time_dim), time_dim=time_dim, fix=fix, joint=joint, time_unit=time_unit, **options)
+        return fit_dataarray(
+            self._da(time_dim),
+            time_dim=time_dim,
+            fix=fix,
+            joint=joint,
+            time_unit=time_unit,
+            **options,
+        )
 
-    def forecast(self, model=None, *, steps=None, at=None, coverage=(0.5, 0.9), time_dim: str = "time",
-                 time_unit=None, **params) -> xr.Dataset:
+    def forecast(
+        self,
+        model=None,
+        *,
+        steps=None,
+        at=None,
+        coverage=(0.5, 0.9),
+        time_dim: str = "time",
+        time_unit=None,
+        **params,
+    ) -> xr.Dataset:
         """Forecast every series ``steps`` median steps (or at timestamps ``at``) past its record.
 
         Returns the ``forecast_*`` variables on ``forecast_time`` (plus ``loglik``).
@@ -491,9 +662,19 @@ class _KalmanAccessor:
         """
         if (steps is None) == (at is None):
             raise ValueError("steps, at: give exactly one")
-        ds = self.filter(model, time_dim=time_dim, coverage=coverage, smooth=False, forecast_steps=steps,
-                         forecast_at=at, time_unit=time_unit, **params)
-        keep = [k for k in ds.data_vars if k.startswith("forecast_") or k in PARAMS or k == "loglik"]
+        ds = self.filter(
+            model,
+            time_dim=time_dim,
+            coverage=coverage,
+            smooth=False,
+            forecast_steps=steps,
+            forecast_at=at,
+            time_unit=time_unit,
+            **params,
+        )
+        keep = [
+            k for k in ds.data_vars if k.startswith("forecast_") or k in PARAMS or k == "loglik"
+        ]
         return ds[keep].drop_dims(time_dim, errors="ignore")
 
 

@@ -30,8 +30,14 @@ def _env():
 
 def test_demo_end_to_end_through_the_kalmanscan_command(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "kalmanscan", "demo", "--out", str(out)], capture_output=True,
-                          text=True, env=_env(), cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kalmanscan", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert "15098.5" in text and "1469.18" in text and "-632.5456" in text
@@ -55,14 +61,31 @@ def test_demo_default_output_directory(tmp_path, monkeypatch, capsys):
 
 def test_filter_irregular_csv_with_gaps_and_two_series(tmp_path, capsys):
     out = tmp_path / "results"
-    rc = filter_main([str(SENSORS), "--time-col", "t", "--value-col", "sensor_a", "--value-col", "sensor_b",
-                      "--fit", "--forecast", "10", "--out", str(out)])
+    rc = filter_main(
+        [
+            str(SENSORS),
+            "--time-col",
+            "t",
+            "--value-col",
+            "sensor_a",
+            "--value-col",
+            "sensor_b",
+            "--fit",
+            "--forecast",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "fitting" in cap.err and "2/2" in cap.err  # progress bar
     assert "irregular spacing" in cap.out and "sensor_b" in cap.out
     ds = xr.load_dataset(out / "results.nc")
-    assert ds["mean"].dims == ("time", "series") and list(ds["series"].values) == ["sensor_a", "sensor_b"]
+    assert ds["mean"].dims == ("time", "series") and list(ds["series"].values) == [
+        "sensor_a",
+        "sensor_b",
+    ]
     assert ds["time"].dtype.kind == "M" and ds.sizes["time"] == 150
     assert np.isnan(ds["observed"].values).sum() == 28
     assert np.isfinite(ds["smoothed_mean"].values).all()
@@ -79,8 +102,24 @@ def test_filter_irregular_csv_with_gaps_and_two_series(tmp_path, capsys):
 def test_filter_with_given_parameters_and_numeric_times(tmp_path, capsys):
     csv = tmp_path / "d.csv"
     csv.write_text("step,y\n0,1.0\n1,1.4\n2.5,\n4,0.7\n4.5,1.1\n")
-    rc = filter_main([str(csv), "--time-col", "step", "--sigma2", "0.5", "--obs-var", "0.2", "--theta", "0.1",
-                      "--mu", "1", "--out", str(tmp_path / "o"), "--quiet"])
+    rc = filter_main(
+        [
+            str(csv),
+            "--time-col",
+            "step",
+            "--sigma2",
+            "0.5",
+            "--obs-var",
+            "0.2",
+            "--theta",
+            "0.1",
+            "--mu",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+            "--quiet",
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert cap.err == ""
@@ -89,7 +128,8 @@ def test_filter_with_given_parameters_and_numeric_times(tmp_path, capsys):
     from kalmanscan.timeseries import OUModel
 
     ref = OUModel(theta=0.1, sigma2=0.5, mu=1.0, obs_var=0.2).filter(
-        np.array([1.0, 1.4, np.nan, 0.7, 1.1]), np.array([0, 1, 2.5, 4, 4.5]))
+        np.array([1.0, 1.4, np.nan, 0.7, 1.1]), np.array([0, 1, 2.5, 4, 4.5])
+    )
     np.testing.assert_allclose(ds["mean"].values[:, 0], ref.mean, rtol=1e-12)
 
 
@@ -98,11 +138,23 @@ def test_filter_local_level_with_fix_and_unsorted_rows(tmp_path, capsys):
     from kalmanscan.timeseries import load_nile
 
     years, flow = load_nile()
-    rows = [f"{int(y)},{f}" for y, f in zip(years, flow)]
+    rows = [f"{int(y)},{f}" for y, f in zip(years, flow, strict=False)]
     rows[3], rows[4] = rows[4], rows[3]
     csv.write_text("year,flow\n" + "\n".join(rows) + "\n")
-    rc = filter_main([str(csv), "--time-col", "year", "--fit", "--fix", "theta=0", "--fix", "mu=0",
-                      "--out", str(tmp_path / "o")])
+    rc = filter_main(
+        [
+            str(csv),
+            "--time-col",
+            "year",
+            "--fit",
+            "--fix",
+            "theta=0",
+            "--fix",
+            "mu=0",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "rows sorted by time" in cap.err
@@ -116,21 +168,65 @@ def test_filter_local_level_with_fix_and_unsorted_rows(tmp_path, capsys):
         ("", ["--fit"], "the file is empty"),
         ("t,y\n", ["--time-col", "t", "--fit"], "no data rows"),
         ("t,y\n1,2\n", ["--time-col", "time", "--fit"], "--time-col 'time': no such column"),
-        ("t,y\n1,2\n", ["--time-col", "t", "--value-col", "z", "--fit"], "--value-col 'z': no such column"),
-        ("t,y\n2024-01-01,1\nyesterday,2\n", ["--time-col", "t", "--fit"], "row 3: cannot parse 'yesterday' as a time"),
-        ("t,y\n1,2\n2,abc\n", ["--time-col", "t", "--value-col", "y", "--fit"], "column 'y' row 3: 'abc' is not a number"),
+        (
+            "t,y\n1,2\n",
+            ["--time-col", "t", "--value-col", "z", "--fit"],
+            "--value-col 'z': no such column",
+        ),
+        (
+            "t,y\n2024-01-01,1\nyesterday,2\n",
+            ["--time-col", "t", "--fit"],
+            "row 3: cannot parse 'yesterday' as a time",
+        ),
+        (
+            "t,y\n1,2\n2,abc\n",
+            ["--time-col", "t", "--value-col", "y", "--fit"],
+            "column 'y' row 3: 'abc' is not a number",
+        ),
         ("t,y\n1,2\n,3\n", ["--time-col", "t", "--fit"], "empty time at row 3"),
         ("t,label\n1,a\n2,b\n", ["--time-col", "t", "--fit"], "no numeric value columns"),
         ("t,y\n1,2\n2,3\n", ["--time-col", "t", "--no-such-flag"], None),
-        ("t,y\n1,2\n2,3\n", ["--time-col", "t", "--sigma2", "1"], "give --fit, or the model parameters"),
-        ("t,y\n1,2\n2,3\n", ["--time-col", "t", "--fit", "--fix", "rate=1"], "--fix: expected NAME=VALUE"),
-        ("t,y\n1,2\n2,3\n", ["--time-col", "t", "--fit", "--obs-var", "1"], "--fit estimates the parameters"),
-        ("t,y\n1,2\n2,3\n", ["--time-col", "t", "--fit", "--coverage", "1.5"], "--coverage: expected probabilities"),
+        (
+            "t,y\n1,2\n2,3\n",
+            ["--time-col", "t", "--sigma2", "1"],
+            "give --fit, or the model parameters",
+        ),
+        (
+            "t,y\n1,2\n2,3\n",
+            ["--time-col", "t", "--fit", "--fix", "rate=1"],
+            "--fix: expected NAME=VALUE",
+        ),
+        (
+            "t,y\n1,2\n2,3\n",
+            ["--time-col", "t", "--fit", "--obs-var", "1"],
+            "--fit estimates the parameters",
+        ),
+        (
+            "t,y\n1,2\n2,3\n",
+            ["--time-col", "t", "--fit", "--coverage", "1.5"],
+            "--coverage: expected probabilities",
+        ),
     ],
-    ids=["missing-file", "empty-file", "header-only", "bad-time-col", "bad-value-col", "bad-time", "non-numeric",
-         "empty-time", "no-numeric", "bad-flag", "no-params", "bad-fix", "fit-and-params", "bad-coverage"],
+    ids=[
+        "missing-file",
+        "empty-file",
+        "header-only",
+        "bad-time-col",
+        "bad-value-col",
+        "bad-time",
+        "non-numeric",
+        "empty-time",
+        "no-numeric",
+        "bad-flag",
+        "no-params",
+        "bad-fix",
+        "fit-and-params",
+        "bad-coverage",
+    ],
 )
-def test_filter_bad_input_gives_a_clear_message_and_exit_2(tmp_path, capsys, content, args, message):
+def test_filter_bad_input_gives_a_clear_message_and_exit_2(
+    tmp_path, capsys, content, args, message
+):
     csv = tmp_path / "in.csv"
     if content is not None:
         csv.write_text(content)

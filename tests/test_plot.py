@@ -29,7 +29,12 @@ def _bands(ax):
 
 
 def _vspans(ax):
-    return [p for p in ax.patches if p.get_label() in ("missing / no data", "forecast region") or p.get_label().startswith("_")]
+    return [
+        p
+        for p in ax.patches
+        if p.get_label() in ("missing / no data", "forecast region")
+        or p.get_label().startswith("_")
+    ]
 
 
 @pytest.mark.parametrize("covs", [(0.9,), (0.5, 0.9), (0.5, 0.8, 0.95)], ids=["C1", "C2", "C3"])
@@ -60,7 +65,9 @@ def test_missing_spans_cover_nan_runs_and_long_gaps():
     assert (6.0, 40.0) in spans
     assert plot._missing_spans(t, z, gap_factor=None) == [(0.5, 2.5)]
     tt = np.datetime64("2024-01-01") + np.array([0, 1, 2, 3], dtype="timedelta64[D]")
-    assert plot._missing_spans(tt, np.array([1.0, np.nan, 1.0, 1.0]))[0][0] == np.datetime64("2024-01-01T12")
+    assert plot._missing_spans(tt, np.array([1.0, np.nan, 1.0, 1.0]))[0][0] == np.datetime64(
+        "2024-01-01T12"
+    )
 
 
 def test_plot_series_with_forecast_and_datetimes():
@@ -71,7 +78,14 @@ def test_plot_series_with_forecast_and_datetimes():
     ds = m.to_dataset(z, stamps, forecast_steps=6, coverage=(0.5, 0.9))
     ax = plot.plot_series(ds)
     labels = ax.get_legend_handles_labels()[1]
-    for want in ("forecast", "forecast region", "90% band", "90% predictive", "smoothed mean", "missing / no data"):
+    for want in (
+        "forecast",
+        "forecast region",
+        "90% band",
+        "90% predictive",
+        "smoothed mean",
+        "missing / no data",
+    ):
         assert want in labels, want
     assert len(_bands(ax)) == 4  # two bands for the level, two for the forecast
     ax2 = plot.plot_series(ds, smoothed=False, coverages=(0.95,))

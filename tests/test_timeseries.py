@@ -85,7 +85,9 @@ def test_nile_one_step_forecast_1971(nile):
     fc = forecast(OUModel(**DK), flow, years, steps=1, coverage=0.9)
     assert fc.times.tolist() == [1971.0]
     assert_close(fc.mean[0], 798.3703, "published", "float64", what="1971 forecast")
-    assert_close(math.sqrt(fc.predictive_var[0]), 143.5279, "published", "float64", what="1971 s.e.")
+    assert_close(
+        math.sqrt(fc.predictive_var[0]), 143.5279, "published", "float64", what="1971 s.e."
+    )
     assert abs(fc.lower[0] - 562.29) < 0.006 and abs(fc.upper[0] - 1034.45) < 0.006
     assert_close(fc.var[0], 5501.2579, "published", "float64", what="predicted state variance")
 
@@ -98,7 +100,9 @@ def test_nile_missing_observations_variant(nile):
     sm = OUModel(**DK).smooth(z, years)
     f = sm.filtered
     assert_close(f.loglik, -380.5871, "published", "float64", what="loglik with gaps")
-    assert_close(f.mean[20:40], np.full(20, 1026.1416), "published", "float64", what="frozen level in gap")
+    assert_close(
+        f.mean[20:40], np.full(20, 1026.1416), "published", "float64", what="frozen level in gap"
+    )
     assert_close(f.var[39], 33414.20, "published", "float64", what="variance at the end of the gap")
     assert_close(sm.mean[29], 903.4211, "published", "float64", what="smoothed 1900")
     assert_close(sm.var[29], 9715.006, "published", "float64", what="smoothed var 1900")
@@ -114,7 +118,9 @@ def test_nile_standard_errors_match_statsmodels_exact_diffuse(nile, nile_fit):
         mod = sm.tsa.UnobservedComponents(flow, "llevel", use_exact_diffuse=True)
         res = mod.smooth([p["obs_var"], p["sigma2"]], cov_type="approx")
     # statsmodels differentiates its likelihood numerically; agreement to ~1e-6 is what that allows
-    np.testing.assert_allclose([nile_fit.stderr["obs_var"], nile_fit.stderr["sigma2"]], res.bse, rtol=1e-4)
+    np.testing.assert_allclose(
+        [nile_fit.stderr["obs_var"], nile_fit.stderr["sigma2"]], res.bse, rtol=1e-4
+    )
     assert math.isnan(nile_fit.stderr["theta"]) and math.isnan(nile_fit.stderr["mu"])
 
 
@@ -130,14 +136,16 @@ def dense_ou_loglik(z, t, theta, sigma2, mu, obs_var):
 
     obs = ~np.isnan(z)
     tt = t[obs]
-    K = sigma2 / (2 * theta) * np.exp(-theta * np.abs(tt[:, None] - tt[None, :])) + obs_var * np.eye(tt.size)
+    K = sigma2 / (2 * theta) * np.exp(
+        -theta * np.abs(tt[:, None] - tt[None, :])
+    ) + obs_var * np.eye(tt.size)
     return multivariate_normal(np.full(tt.size, mu), K).logpdf(z[obs])
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 200], ids=lambda T: f"T{T}")
 def test_ou_loglik_irregular_matches_dense_gaussian(T, rng):
     t = np.cumsum(rng.exponential(0.7, T)) + 3.0
-    t[T // 2:] += 0.0 if T < 4 else 5.0  # one long gap
+    t[T // 2 :] += 0.0 if T < 4 else 5.0  # one long gap
     if T > 3:
         t[3] = t[2]  # two observations at the same time
     m = OUModel(theta=0.4, sigma2=1.3, mu=-2.0, obs_var=0.25)
@@ -146,7 +154,9 @@ def test_ou_loglik_irregular_matches_dense_gaussian(T, rng):
         z[rng.random(T) < 0.2] = np.nan
         z[0] = 0.3
     ll = m.loglik(z, t)
-    assert_close(ll, dense_ou_loglik(z, t, 0.4, 1.3, -2.0, 0.25), "truth", "float64", what="OU loglik")
+    assert_close(
+        ll, dense_ou_loglik(z, t, 0.4, 1.3, -2.0, 0.25), "truth", "float64", what="OU loglik"
+    )
 
 
 def test_smoothed_moments_match_dense_gaussian_conditioning(rng):
@@ -226,21 +236,35 @@ def test_model_argument_checks():
 def test_several_series_equal_one_at_a_time(T, dtype, rng):
     t = np.cumsum(rng.uniform(0.1, 2.0, T))
     theta = np.array([0.0, 0.5, 2.0])
-    m = OUModel(theta=theta, sigma2=np.array([1.0, 0.3, 4.0]), mu=np.array([0.0, 5.0, -1.0]), obs_var=0.5)
+    m = OUModel(
+        theta=theta, sigma2=np.array([1.0, 0.3, 4.0]), mu=np.array([0.0, 5.0, -1.0]), obs_var=0.5
+    )
     _, z = m.simulate(t, seed=1)
     z[rng.random(z.shape) < 0.15] = np.nan
     res = m.filter(z.astype(dtype), t)
     assert res.mean.dtype == dtype and res.mean.shape == (T, 3)
     kind = "parallel" if dtype == np.float64 else "truth"
     for s in range(3):
-        one = OUModel(theta=theta[s], sigma2=[1.0, 0.3, 4.0][s], mu=[0.0, 5.0, -1.0][s], obs_var=0.5).filter(z[:, s], t)
+        one = OUModel(
+            theta=theta[s], sigma2=[1.0, 0.3, 4.0][s], mu=[0.0, 5.0, -1.0][s], obs_var=0.5
+        ).filter(z[:, s], t)
         known = np.isfinite(one.var)
-        assert_close(res.var[known, s], one.var[known], kind, np.dtype(dtype).name, what=f"series {s} var")
-        assert_close(res.mean[known, s], one.mean[known], kind, np.dtype(dtype).name, what=f"series {s} mean",
-                     scale=np.nanstd(z[:, s]) + 1)
+        assert_close(
+            res.var[known, s], one.var[known], kind, np.dtype(dtype).name, what=f"series {s} var"
+        )
+        assert_close(
+            res.mean[known, s],
+            one.mean[known],
+            kind,
+            np.dtype(dtype).name,
+            what=f"series {s} mean",
+            scale=np.nanstd(z[:, s]) + 1,
+        )
     # time on another axis gives the same numbers
     res_t = m.filter(z.T, t, axis=1)
-    np.testing.assert_array_equal(res_t.mean, res.mean.T.astype(np.float64) if dtype == np.float64 else res_t.mean)
+    np.testing.assert_array_equal(
+        res_t.mean, res.mean.T.astype(np.float64) if dtype == np.float64 else res_t.mean
+    )
 
 
 def test_forecast_at_arbitrary_future_datetimes():
@@ -249,7 +273,9 @@ def test_forecast_at_arbitrary_future_datetimes():
     z = np.array([1.0, 1.5, 1.2, np.nan, 1.4])
     m = OUModel(theta=0.5, sigma2=0.4, mu=1.0, obs_var=0.2)
     res = m.filter(z, stamps)
-    at = np.array(["2024-01-05T00:00", "2024-01-06T12:00", "2024-01-10T00:00"], dtype="datetime64[ns]")
+    at = np.array(
+        ["2024-01-05T00:00", "2024-01-06T12:00", "2024-01-10T00:00"], dtype="datetime64[ns]"
+    )
     fc = m.forecast(z, stamps, at=at, coverage=0.8)
     dt = np.array([0.0, 1.5, 5.0])
     a = np.exp(-0.5 * dt)
@@ -291,9 +317,14 @@ def test_fit_maximizes_the_dense_likelihood(rng):
 
     p = fit.params
     u0 = np.array([np.log(p["theta"]), np.log(p["sigma2"]), p["mu"], np.log(p["obs_var"])])
-    best = scipy_opt.minimize(nll, u0 + 0.05, method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-12, maxiter=20000))
+    best = scipy_opt.minimize(
+        nll, u0 + 0.05, method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-12, maxiter=20000)
+    )
     assert fit.loglik >= -best.fun - 1e-7  # no better point nearby
-    assert abs(fit.loglik - dense_ou_loglik(z, t, p["theta"], p["sigma2"], p["mu"], p["obs_var"])) < 1e-8
+    assert (
+        abs(fit.loglik - dense_ou_loglik(z, t, p["theta"], p["sigma2"], p["mu"], p["obs_var"]))
+        < 1e-8
+    )
 
 
 def test_separate_fits_equal_single_series_fits(nile):

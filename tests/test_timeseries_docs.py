@@ -7,8 +7,14 @@ import importlib
 
 import pytest
 
-MODULES = ["kalmanscan.timeseries.times", "kalmanscan.timeseries.model", "kalmanscan.timeseries.fit",
-           "kalmanscan.timeseries.data", "kalmanscan.xarray", "kalmanscan.plot"]
+MODULES = [
+    "kalmanscan.timeseries.times",
+    "kalmanscan.timeseries.model",
+    "kalmanscan.timeseries.fit",
+    "kalmanscan.timeseries.data",
+    "kalmanscan.xarray",
+    "kalmanscan.plot",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -28,7 +34,9 @@ def test_api_page_examples():
     import pathlib
 
     page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
-    result = doctest.testfile(str(page), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testfile(
+        str(page), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE
+    )
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -50,8 +58,10 @@ def test_getting_started_snippets_run(tmp_path, monkeypatch):
             import numpy as np
             import xarray as xr
 
-            scope["da"] = xr.DataArray(np.random.default_rng(0).normal(size=(30, 2)).cumsum(0) + 5,
-                                       dims=("time", "station"))
+            scope["da"] = xr.DataArray(
+                np.random.default_rng(0).normal(size=(30, 2)).cumsum(0) + 5,
+                dims=("time", "station"),
+            )
         block = block.replace('savefig("bands.png")', f'savefig(r"{tmp_path / "bands.png"}")')
         exec(compile(block, "getting-started.md", "exec"), scope)
     assert scope["fc"].mean.shape == (1, 2)  # the last forecast: one timestamp, two sensors

@@ -11,7 +11,6 @@ import pytest
 xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")
 
-import kalmanscan as ks  # noqa: E402
 import kalmanscan.xarray as kx  # noqa: E402
 from kalmanscan.testing import assert_close  # noqa: E402
 from kalmanscan.timeseries import OUModel, fit_ou, load_nile  # noqa: E402
@@ -23,10 +22,16 @@ def test_import_kalmanscan_does_not_import_xarray_or_matplotlib():
         "bad = [m for m in ('xarray', 'matplotlib', 'dask', 'pandas') if m in sys.modules]; "
         "assert not bad, bad; print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root())
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root()
+    )
     assert out.returncode == 0, out.stderr
-    code = "import xarray as xr, kalmanscan; assert not hasattr(xr.DataArray, 'kalman'); print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root())
+    code = (
+        "import xarray as xr, kalmanscan; assert not hasattr(xr.DataArray, 'kalman'); print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root()
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -39,20 +44,43 @@ def _repo_root():
 def sensors(rng, T=120, S=5, chunks=None):
     days = np.cumsum(rng.exponential(0.8, T))
     time = np.datetime64("2024-01-01T00:00", "ns") + (days * 86400e9).astype("timedelta64[ns]")
-    m = OUModel(theta=np.linspace(0.1, 1.0, S), sigma2=0.5, mu=np.arange(S, dtype=float), obs_var=0.2)
+    m = OUModel(
+        theta=np.linspace(0.1, 1.0, S), sigma2=0.5, mu=np.arange(S, dtype=float), obs_var=0.2
+    )
     _, z = m.simulate(days, seed=int(rng.integers(1 << 30)))
     z[rng.random(z.shape) < 0.1] = np.nan
     z[30:45, 0] = np.nan
-    da = xr.DataArray(z, dims=("time", "station"),
-                      coords={"time": time, "station": [f"s{i}" for i in range(S)]}, name="level")
+    da = xr.DataArray(
+        z,
+        dims=("time", "station"),
+        coords={"time": time, "station": [f"s{i}" for i in range(S)]},
+        name="level",
+    )
     return (da.chunk({"station": chunks}) if chunks else da), m
 
 
 def test_dataset_from_fit_has_the_documented_layout():
     years, flow = load_nile()
-    ds = fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).to_dataset(coverage=(0.5, 0.9), forecast_steps=10)
-    for k in ("observed", "mean", "variance", "precision", "pred_mean", "pred_variance", "smoothed_mean",
-              "smoothed_variance", "loglik", "theta", "sigma2", "mu", "obs_var", "sigma2_se", "converged"):
+    ds = fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).to_dataset(
+        coverage=(0.5, 0.9), forecast_steps=10
+    )
+    for k in (
+        "observed",
+        "mean",
+        "variance",
+        "precision",
+        "pred_mean",
+        "pred_variance",
+        "smoothed_mean",
+        "smoothed_variance",
+        "loglik",
+        "theta",
+        "sigma2",
+        "mu",
+        "obs_var",
+        "sigma2_se",
+        "converged",
+    ):
         assert k in ds, k
     assert ds["mean"].dims == ("time",)
     assert ds["lower"].dims == ("coverage", "time")
@@ -63,7 +91,9 @@ def test_dataset_from_fit_has_the_documented_layout():
     assert_close(ds["loglik"].values, -632.545625, "published", "float64")
     # bands are mean -/+ q sd and precision is 1/variance
     sd = np.sqrt(ds["variance"])
-    assert_close(ds["upper"].sel(coverage=0.9), ds["mean"] + 1.6448536269514722 * sd, "truth", "float64")
+    assert_close(
+        ds["upper"].sel(coverage=0.9), ds["mean"] + 1.6448536269514722 * sd, "truth", "float64"
+    )
     assert_close(ds["precision"], 1 / ds["variance"], "truth", "float64")
 
 
@@ -101,7 +131,9 @@ def test_netcdf_round_trip(tmp_path, engine, rng):
 
 def test_dataset_accessor_stacks_variables_into_series(rng):
     da, m = sensors(rng, S=2)
-    ds_in = xr.Dataset({"north": da.isel(station=0, drop=True), "south": da.isel(station=1, drop=True)})
+    ds_in = xr.Dataset(
+        {"north": da.isel(station=0, drop=True), "south": da.isel(station=1, drop=True)}
+    )
     out = ds_in.kalman.filter(sigma2=0.5, obs_var=0.2, theta=0.3)
     assert out["mean"].dims == ("time", "series")
     assert list(out["series"].values) == ["north", "south"]
@@ -139,15 +171,27 @@ def test_dask_chunks_equal_in_memory_on_a_local_cluster(rng):
     da, m = sensors(rng, T=100, S=4)
     eager = da.kalman.filter(m, forecast_steps=5)
     eager_fit = da.kalman.fit_ou()
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster):
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster),
+    ):
         lazy_in = da.chunk({"station": 2})
         lazy = lazy_in.kalman.filter(m, forecast_steps=5)
         assert lazy["mean"].chunks is not None  # nothing computed yet
         assert lazy["mean"].data.numblocks == (1, 2)
         got = lazy.compute()
         got_fit = lazy_in.kalman.fit_ou().compute()
-    for k in ("mean", "variance", "smoothed_mean", "smoothed_variance", "loglik", "forecast_mean", "lower"):
+    for k in (
+        "mean",
+        "variance",
+        "smoothed_mean",
+        "smoothed_variance",
+        "loglik",
+        "forecast_mean",
+        "lower",
+    ):
         np.testing.assert_array_equal(got[k].values, eager[k].values, err_msg=k)
     for k in ("theta", "sigma2", "mu", "obs_var", "loglik"):
         # separate fits are Newton-polished per series, so batching does not change them

@@ -13,4 +13,13 @@ from kalmanscan.timeseries.fit import OUFit, fit_ou
 from kalmanscan.timeseries.model import Forecast, OUModel, forecast
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
-__all__ = ["Forecast", "OUFit", "OUModel", "TimeAxis", "as_time_axis", "fit_ou", "forecast", "load_nile"]
+__all__ = [
+    "Forecast",
+    "OUFit",
+    "OUModel",
+    "TimeAxis",
+    "as_time_axis",
+    "fit_ou",
+    "forecast",
+    "load_nile",
+]

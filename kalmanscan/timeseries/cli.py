@@ -28,7 +28,9 @@ class InputError(Exception):
 class Progress:
     """A plain-text progress bar on stderr (redrawn in place on a terminal, one final line otherwise)."""
 
-    def __init__(self, label: str, total: int, *, enabled: bool = True, stream=None, width: int = 30):
+    def __init__(
+        self, label: str, total: int, *, enabled: bool = True, stream=None, width: int = 30
+    ):
         self.label, self.total, self.enabled, self.width = label, max(int(total), 1), enabled, width
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
@@ -54,8 +56,9 @@ class Progress:
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
 
 
 def _parse(parser: argparse.ArgumentParser, argv):
@@ -65,7 +68,9 @@ def _parse(parser: argparse.ArgumentParser, argv):
         return None, int(e.code or 0)
 
 
-def _write_outputs(ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4) -> list[str]:
+def _write_outputs(
+    ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4
+) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,12 +114,20 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
     one = ds
     picks = [{}]
     if series_dims:
-        picks = [dict(zip(series_dims, np.unravel_index(i, [ds.sizes[d] for d in series_dims])))
-                 for i in range(min(math.prod(ds.sizes[d] for d in series_dims), 4))]
+        picks = [
+            dict(zip(series_dims, np.unravel_index(i, [ds.sizes[d] for d in series_dims]), strict=False))
+            for i in range(min(math.prod(ds.sizes[d] for d in series_dims), 4))
+        ]
     for idx in picks:
         one = ds.isel(idx) if idx else ds
         if idx:
-            lines.append("  " + ", ".join(f"{d}={one[d].values}" if d in one.coords else f"{d}={i}" for d, i in idx.items()))
+            lines.append(
+                "  "
+                + ", ".join(
+                    f"{d}={one[d].values}" if d in one.coords else f"{d}={i}"
+                    for d, i in idx.items()
+                )
+            )
         for h in range(min(ds.sizes["forecast_time"], max_rows)):
             t = one["forecast_time"].values[h]
             t = str(t)[:19] if isinstance(t, np.datetime64) else f"{float(t):g}"
@@ -129,8 +142,11 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
 # --- kalmanscan demo ------------------------------------------------------------------------------
 def demo_main(argv=None) -> int:
     """``kalmanscan demo``: Nile local-level fit, filter, smoother, forecast; PNG + netCDF + summary."""
-    p = _parser("kalmanscan demo", "Fit the local-level model to the bundled Nile flows (1871-1970), filter, "
-                "smooth and forecast; write a PNG, a netCDF file and a summary.")
+    p = _parser(
+        "kalmanscan demo",
+        "Fit the local-level model to the bundled Nile flows (1871-1970), filter, "
+        "smooth and forecast; write a PNG, a netCDF file and a summary.",
+    )
     p.add_argument("--out", default="kalmanscan-demo", help="output directory")
     p.add_argument("--forecast", type=int, default=10, metavar="N", help="forecast steps (years)")
     p.add_argument("--coverage", type=float, nargs="+", default=[0.5, 0.9], help="band coverages")
@@ -155,16 +171,23 @@ def _demo(args) -> int:
     fit = fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
     ds = fit.to_dataset(coverage=coverage, forecast_steps=args.forecast or None, name="Nile flow")
     elapsed = time.perf_counter() - t0
-    ref = ("reference (Durbin & Koopman 2012, exact diffuse MLE): obs_var 15099, sigma2 1469.1, "
-           "loglik -632.5456")
-    summary = "\n".join(filter(None, [
-        "Nile annual flow at Aswan 1871-1970 (10^8 m^3), local level model (OU with theta = 0, mu = 0)",
-        fit.summary(),
-        ref,
-        f"final filtered level {float(ds['mean'][-1]):.4f} (s.d. {math.sqrt(float(ds['variance'][-1])):.4f}); "
-        f"fit + filter + smoother + forecast took {elapsed:.2f} s",
-        _forecast_table(ds, []),
-    ]))
+    ref = (
+        "reference (Durbin & Koopman 2012, exact diffuse MLE): obs_var 15099, sigma2 1469.1, "
+        "loglik -632.5456"
+    )
+    summary = "\n".join(
+        filter(
+            None,
+            [
+                "Nile annual flow at Aswan 1871-1970 (10^8 m^3), local level model (OU with theta = 0, mu = 0)",
+                fit.summary(),
+                ref,
+                f"final filtered level {float(ds['mean'][-1]):.4f} (s.d. {math.sqrt(float(ds['variance'][-1])):.4f}); "
+                f"fit + filter + smoother + forecast took {elapsed:.2f} s",
+                _forecast_table(ds, []),
+            ],
+        )
+    )
     files = _write_outputs(ds, args.out, "nile", summary, title="Nile flow: local level model")
     print(summary)
     print("wrote " + ", ".join(files))
@@ -189,14 +212,18 @@ def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None
     try:
         df = pd.read_csv(path, comment="#", skipinitialspace=True)
     except pd.errors.EmptyDataError as err:
-        raise InputError(f"{path}: the file is empty (expected a header row and data rows)") from err
+        raise InputError(
+            f"{path}: the file is empty (expected a header row and data rows)"
+        ) from err
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
         raise InputError(f"{path}: cannot be read as CSV ({str(err).splitlines()[0]})") from err
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
     cols = list(df.columns)
-    for name, kind in ([(time_col, "--time-col")] if time_col is not None else []) + [(c, "--value-col") for c in value_cols or []]:
+    for name, kind in ([(time_col, "--time-col")] if time_col is not None else []) + [
+        (c, "--value-col") for c in value_cols or []
+    ]:
         if name not in cols:
             raise InputError(f"{kind} {name!r}: no such column in {path}; columns are {cols}")
     if time_col is not None:
@@ -210,8 +237,10 @@ def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None
     else:
         names = [c for c in cols if c != time_col and pd.api.types.is_numeric_dtype(df[c])]
         if not names:
-            raise InputError(f"{path}: no numeric value columns besides the time column; name them with --value-col "
-                             f"(columns are {cols})")
+            raise InputError(
+                f"{path}: no numeric value columns besides the time column; name them with --value-col "
+                f"(columns are {cols})"
+            )
     z = np.column_stack([_parse_values(df[c], path, c) for c in names])
     order = np.argsort(times, kind="stable")
     sorted_ = bool(np.all(order == np.arange(len(order))))
@@ -234,8 +263,10 @@ def _parse_times(col, path, name):
     bad = parsed.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"{path}: column {name!r} row {i + 2}: cannot parse {text.iloc[i]!r} as a time "
-                         "(expected numbers or dates like 2024-03-01 or 2024-03-01T12:30)")
+        raise InputError(
+            f"{path}: column {name!r} row {i + 2}: cannot parse {text.iloc[i]!r} as a time "
+            "(expected numbers or dates like 2024-03-01 or 2024-03-01T12:30)"
+        )
     if getattr(parsed.dt, "tz", None) is not None:
         parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
     return parsed.to_numpy().astype("datetime64[ns]")
@@ -248,12 +279,16 @@ def _parse_values(col, path, name):
     bad = values.isna() & col.notna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"{path}: column {name!r} row {i + 2}: {col.iloc[i]!r} is not a number "
-                         "(leave the cell empty or write NaN for a missing value)")
+        raise InputError(
+            f"{path}: column {name!r} row {i + 2}: {col.iloc[i]!r} is not a number "
+            "(leave the cell empty or write NaN for a missing value)"
+        )
     out = values.to_numpy(dtype=np.float64)
     if np.isinf(out).any():
         i = int(np.flatnonzero(np.isinf(out))[0])
-        raise InputError(f"{path}: column {name!r} row {i + 2}: infinite value; expected a finite number or empty")
+        raise InputError(
+            f"{path}: column {name!r} row {i + 2}: infinite value; expected a finite number or empty"
+        )
     return out
 
 
@@ -264,7 +299,9 @@ def _fix_arg(items):
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or key not in PARAMS:
-            raise InputError(f"--fix: expected NAME=VALUE with NAME one of {list(PARAMS)}, got {item!r}")
+            raise InputError(
+                f"--fix: expected NAME=VALUE with NAME one of {list(PARAMS)}, got {item!r}"
+            )
         try:
             fix[key] = float(value)
         except ValueError as err:
@@ -274,20 +311,42 @@ def _fix_arg(items):
 
 def filter_main(argv=None) -> int:
     """``kalmanscan filter data.csv ...``: filter/fit/forecast the series of a CSV; PNG + netCDF + summary."""
-    p = _parser("kalmanscan filter", "Filter and smooth the series of a CSV with an OU / local-level model "
-                "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file and a summary.")
+    p = _parser(
+        "kalmanscan filter",
+        "Filter and smooth the series of a CSV with an OU / local-level model "
+        "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file and a summary.",
+    )
     p.add_argument("csv", help="input CSV with a header row")
-    p.add_argument("--time-col", default=None, help="time column (numbers or dates); default: the row number")
-    p.add_argument("--value-col", action="append", default=None, metavar="COL",
-                   help="value column (repeat for several series); default: all numeric columns")
+    p.add_argument(
+        "--time-col", default=None, help="time column (numbers or dates); default: the row number"
+    )
+    p.add_argument(
+        "--value-col",
+        action="append",
+        default=None,
+        metavar="COL",
+        help="value column (repeat for several series); default: all numeric columns",
+    )
     p.add_argument("--fit", action="store_true", help="fit the parameters by maximum likelihood")
-    p.add_argument("--fix", action="append", metavar="NAME=VALUE",
-                   help="with --fit, hold a parameter fixed, e.g. --fix theta=0 --fix mu=0 (local level)")
-    p.add_argument("--joint", action="store_true", help="with --fit, one parameter set for all series")
+    p.add_argument(
+        "--fix",
+        action="append",
+        metavar="NAME=VALUE",
+        help="with --fit, hold a parameter fixed, e.g. --fix theta=0 --fix mu=0 (local level)",
+    )
+    p.add_argument(
+        "--joint", action="store_true", help="with --fit, one parameter set for all series"
+    )
     for name in ("theta", "sigma2", "mu", "obs-var"):
-        p.add_argument(f"--{name}", type=float, default=None, help=f"{name.replace('-', '_')} when not fitting")
-    p.add_argument("--time-unit", default=None, help="model time unit for dates (e.g. 1D, 1h); default 1D")
-    p.add_argument("--forecast", type=int, default=0, metavar="N", help="forecast N typical steps ahead")
+        p.add_argument(
+            f"--{name}", type=float, default=None, help=f"{name.replace('-', '_')} when not fitting"
+        )
+    p.add_argument(
+        "--time-unit", default=None, help="model time unit for dates (e.g. 1D, 1h); default 1D"
+    )
+    p.add_argument(
+        "--forecast", type=int, default=0, metavar="N", help="forecast N typical steps ahead"
+    )
     p.add_argument("--coverage", type=float, nargs="+", default=[0.5, 0.9], help="band coverages")
     p.add_argument("--out", default="kalmanscan-results", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
@@ -309,13 +368,21 @@ def _filter(args) -> int:
     coverage = _coverage_arg(args.coverage)
     if args.forecast < 0:
         raise InputError(f"--forecast: expected a number of steps >= 0, got {args.forecast}")
-    given = {k: getattr(args, k) for k in ("theta", "sigma2", "mu", "obs_var") if getattr(args, k) is not None}
+    given = {
+        k: getattr(args, k)
+        for k in ("theta", "sigma2", "mu", "obs_var")
+        if getattr(args, k) is not None
+    }
     if args.fit and given:
-        raise InputError(f"--fit estimates the parameters; to hold some fixed use --fix (got {sorted(given)})")
+        raise InputError(
+            f"--fit estimates the parameters; to hold some fixed use --fix (got {sorted(given)})"
+        )
     if not args.fit and (args.fix or args.joint):
         raise InputError("--fix and --joint only apply with --fit")
     if not args.fit and not {"sigma2", "obs_var"} <= set(given):
-        raise InputError("give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)")
+        raise InputError(
+            "give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)"
+        )
     fix = _fix_arg(args.fix)
     times, z, names, was_sorted = read_csv_series(args.csv, args.time_col, args.value_col)
     T, S = z.shape
@@ -325,8 +392,10 @@ def _filter(args) -> int:
         raise InputError(str(err)) from err
     if args.time_unit is not None and not ax.is_datetime:
         log("note: --time-unit applies to dates only; numeric times are used as they are")
-    log(f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} missing values"
-        + ("" if was_sorted else "; rows sorted by time"))
+    log(
+        f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} missing values"
+        + ("" if was_sorted else "; rows sorted by time")
+    )
     time_unit = args.time_unit if ax.is_datetime else None
     t0 = time.perf_counter()
     if args.fit:
@@ -339,7 +408,7 @@ def _filter(args) -> int:
             block = max(1, math.ceil(S / 50))
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
-                fits.append(fit_ou(z[:, s0:s0 + block], times, fix=fix, time_unit=time_unit))
+                fits.append(fit_ou(z[:, s0 : s0 + block], times, fix=fix, time_unit=time_unit))
                 bar.update(min(block, S - s0))
         bar.close()
         fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
@@ -351,24 +420,41 @@ def _filter(args) -> int:
             model = OUModel(time_unit=time_unit, **given)
         except (TypeError, ValueError) as err:
             raise InputError(str(err)) from err
-        fit, fit_text = None, "parameters given: " + ", ".join(f"{k}={v:g}" for k, v in model.params().items())
+        fit, fit_text = (
+            None,
+            "parameters given: " + ", ".join(f"{k}={v:g}" for k, v in model.params().items()),
+        )
     bar = Progress("filtering", 1, enabled=not args.quiet)
     from kalmanscan import xarray as kx
 
-    ds = kx.to_dataset(model, z, times, coverage=coverage, forecast_steps=args.forecast or None,
-                       series_coords={"series": names}, fit=fit, name=os.path.basename(args.csv))
+    ds = kx.to_dataset(
+        model,
+        z,
+        times,
+        coverage=coverage,
+        forecast_steps=args.forecast or None,
+        series_coords={"series": names},
+        fit=fit,
+        name=os.path.basename(args.csv),
+    )
     bar.update()
     bar.close()
     elapsed = time.perf_counter() - t0
     ll = np.atleast_1d(ds["loglik"].values)
-    summary = "\n".join(filter(None, [
-        f"{args.csv}: {T} time steps ({'irregular' if np.ptp(np.diff(ax.t)) > 1e-9 * max(np.abs(ax.t).max(), 1) else 'regular'} "
-        f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
-        fit_text,
-        "log-likelihood per series: " + ", ".join(f"{n}={v:.4f}" for n, v in zip(names, ll)),
-        f"computed in {elapsed:.2f} s",
-        _forecast_table(ds, ["series"]),
-    ]))
+    summary = "\n".join(
+        filter(
+            None,
+            [
+                f"{args.csv}: {T} time steps ({'irregular' if np.ptp(np.diff(ax.t)) > 1e-9 * max(np.abs(ax.t).max(), 1) else 'regular'} "
+                f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
+                fit_text,
+                "log-likelihood per series: "
+                + ", ".join(f"{n}={v:.4f}" for n, v in zip(names, ll, strict=False)),
+                f"computed in {elapsed:.2f} s",
+                _forecast_table(ds, ["series"]),
+            ],
+        )
+    )
     files = _write_outputs(ds, args.out, "results", summary, title=os.path.basename(args.csv))
     print(summary)
     print("wrote " + ", ".join(files))
@@ -381,7 +467,12 @@ def _merge_fits(fits):
     from kalmanscan.timeseries.model import PARAMS, OUModel
 
     def cat(values):
-        return np.concatenate([np.broadcast_to(np.asarray(v, dtype=np.float64), f.z.shape[1:]) for v, f in zip(values, fits)])
+        return np.concatenate(
+            [
+                np.broadcast_to(np.asarray(v, dtype=np.float64), f.z.shape[1:])
+                for v, f in zip(values, fits, strict=False)
+            ]
+        )
 
     params = {p: cat([f.params[p] for f in fits]) for p in PARAMS}
     first = fits[0]
@@ -390,7 +481,9 @@ def _merge_fits(fits):
         loglik=cat([f.loglik for f in fits]),
         stderr={p: cat([f.stderr[p] for f in fits]) for p in PARAMS},
         fixed=first.fixed,
-        converged=np.concatenate([np.broadcast_to(np.asarray(f.converged), f.z.shape[1:]) for f in fits]),
+        converged=np.concatenate(
+            [np.broadcast_to(np.asarray(f.converged), f.z.shape[1:]) for f in fits]
+        ),
         n_iter=max(f.n_iter for f in fits),
         n_obs=cat([f.n_obs for f in fits]).astype(int),
         joint=False,

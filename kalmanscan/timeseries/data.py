@@ -17,9 +17,13 @@ def load_nile():
     (1871, 1120.0, (100,))
     """
     text = resources.files("kalmanscan").joinpath("data/nile.csv").read_text()
-    rows = [line.split(",") for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    rows = [
+        line.split(",") for line in text.splitlines() if line.strip() and not line.startswith("#")
+    ]
     header, body = rows[0], rows[1:]
     if header != ["year", "flow"]:
-        raise ValueError(f"kalmanscan/data/nile.csv: expected columns ['year', 'flow'], got {header}")
+        raise ValueError(
+            f"kalmanscan/data/nile.csv: expected columns ['year', 'flow'], got {header}"
+        )
     data = np.array([[float(a), float(b)] for a, b in body])
     return data[:, 0], data[:, 1]

@@ -79,34 +79,69 @@ class OUFit:
     def forecast(self, steps=None, *, at=None, coverage: float = 0.95) -> Forecast:
         """Forecast ``steps`` typical steps past the last timestamp, or at timestamps ``at``."""
         res = self.filter()
-        return forecast_from_state(self.model, self.time_axis, res.mean[-1], res.var[-1], steps=steps,
-                                   at=at, coverage=coverage)
+        return forecast_from_state(
+            self.model,
+            self.time_axis,
+            res.mean[-1],
+            res.var[-1],
+            steps=steps,
+            at=at,
+            coverage=coverage,
+        )
 
-    def to_dataset(self, *, coverage=(0.5, 0.9), smooth: bool = True, forecast_steps=None, forecast_at=None,
-                   series_dims=None, series_coords=None, name: str | None = None):
+    def to_dataset(
+        self,
+        *,
+        coverage=(0.5, 0.9),
+        smooth: bool = True,
+        forecast_steps=None,
+        forecast_at=None,
+        series_dims=None,
+        series_coords=None,
+        name: str | None = None,
+    ):
         """Filtered/smoothed/forecast ``xarray.Dataset`` with the fit recorded (needs xarray)."""
         from kalmanscan import xarray as kx
 
         if series_coords is None and self.series_labels is not None and self.z.ndim == 2:
             series_coords = {"series": self.series_labels}
-        return kx.to_dataset(self.model, self.z, self.time_axis, coverage=coverage, smooth=smooth,
-                             forecast_steps=forecast_steps, forecast_at=forecast_at, series_dims=series_dims,
-                             series_coords=series_coords, name=name, fit=self)
+        return kx.to_dataset(
+            self.model,
+            self.z,
+            self.time_axis,
+            coverage=coverage,
+            smooth=smooth,
+            forecast_steps=forecast_steps,
+            forecast_at=forecast_at,
+            series_dims=series_dims,
+            series_coords=series_coords,
+            name=name,
+            fit=self,
+        )
 
     def summary(self, max_series: int = 10) -> str:
         """A plain-text table of estimates and standard errors."""
         free = [p for p in PARAMS if p not in self.fixed]
-        fixed = ", ".join(f"{k}={float(np.ravel(v)[0]) if np.size(v) == 1 else 'array'}" for k, v in self.fixed.items())
+        fixed = ", ".join(
+            f"{k}={float(np.ravel(v)[0]) if np.size(v) == 1 else 'array'}"
+            for k, v in self.fixed.items()
+        )
         shape = self.z.shape[1:]
         n_series = int(np.prod(shape)) if shape else 1
         lines = [
             f"OU model fit by maximum likelihood: {n_series} series, {self.z.shape[0]} time steps"
             + (f", {self.time_axis.unit_name} per time unit" if self.time_axis.is_datetime else ""),
             f"fixed: {fixed}" if fixed else "fixed: none",
-            f"{'series':>10} " + " ".join(f"{p:>14} {'(s.e.)':>10}" for p in free) + f" {'loglik':>12} {'conv':>5}",
+            f"{'series':>10} "
+            + " ".join(f"{p:>14} {'(s.e.)':>10}" for p in free)
+            + f" {'loglik':>12} {'conv':>5}",
         ]
-        est = {p: np.broadcast_to(np.asarray(self.params[p], dtype=float), shape).ravel() for p in free}
-        se = {p: np.broadcast_to(np.asarray(self.stderr[p], dtype=float), shape).ravel() for p in free}
+        est = {
+            p: np.broadcast_to(np.asarray(self.params[p], dtype=float), shape).ravel() for p in free
+        }
+        se = {
+            p: np.broadcast_to(np.asarray(self.stderr[p], dtype=float), shape).ravel() for p in free
+        }
         ll = np.broadcast_to(np.asarray(self.loglik, dtype=float), shape).ravel()
         conv = np.broadcast_to(np.asarray(self.converged), shape).ravel()
         labels = self.series_labels or [str(i) for i in range(n_series)]
@@ -118,7 +153,8 @@ class OUFit:
         lines.append(
             f"total loglik {self.total_loglik:.4f} over {int(np.sum(self.n_obs))} observations"
             " (exact diffuse convention: steps with zero prior precision add nothing); "
-            f"{self.n_iter} L-BFGS iterations" + (", one parameter set for all series" if self.joint else "")
+            f"{self.n_iter} L-BFGS iterations"
+            + (", one parameter set for all series" if self.joint else "")
         )
         return "\n".join(lines)
 
@@ -136,9 +172,13 @@ def _check_fix(fix, shape):
         try:
             np.broadcast_to(arr, shape)
         except ValueError as err:
-            raise ValueError(f"fix[{k!r}]: expected a scalar or an array broadcasting to the series shape {shape}, got shape {arr.shape}") from err
+            raise ValueError(
+                f"fix[{k!r}]: expected a scalar or an array broadcasting to the series shape {shape}, got shape {arr.shape}"
+            ) from err
         lo_open = k == "obs_var"
-        bad = ~np.isfinite(arr) | ((arr <= 0) if lo_open else (arr < 0) if k != "mu" else np.zeros(arr.shape, bool))
+        bad = ~np.isfinite(arr) | (
+            (arr <= 0) if lo_open else (arr < 0) if k != "mu" else np.zeros(arr.shape, bool)
+        )
         if bad.any():
             rng = "> 0" if lo_open else ">= 0" if k != "mu" else "finite"
             raise ValueError(f"fix[{k!r}]: expected values {rng}, got {arr[bad].ravel()[0]!r}")
@@ -178,13 +218,30 @@ def _initial_values(Z: np.ndarray, dt: np.ndarray, fixed_flat: dict) -> dict:
     sigma2_rw = 0.5 * msd
     sigma2_ou = theta0 * var
     sigma2 = np.where(theta0 > 0, np.maximum(sigma2_ou, 1e-12), np.maximum(sigma2_rw, 1e-12))
-    return {"theta": np.where(theta0 > 0, theta0, 1.0), "sigma2": sigma2, "mu": mean, "obs_var": 0.5 * var,
-            "_sd": np.sqrt(var)}
+    return {
+        "theta": np.where(theta0 > 0, theta0, 1.0),
+        "sigma2": sigma2,
+        "mu": mean,
+        "obs_var": 0.5 * var,
+        "_sd": np.sqrt(var),
+    }
 
 
-def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int = 0, time_unit=None,
-           max_iter: int = 500, tol: float = 1e-9, stderr: bool = True, backend: str = "auto",
-           device=None) -> OUFit:
+def fit_ou(
+    z,
+    times=None,
+    *,
+    fix=None,
+    init=None,
+    joint: bool = False,
+    axis: int = 0,
+    time_unit=None,
+    max_iter: int = 500,
+    tol: float = 1e-9,
+    stderr: bool = True,
+    backend: str = "auto",
+    device=None,
+) -> OUFit:
     """Fit ``theta, sigma2, mu, obs_var`` of an OU / local-level model by maximum likelihood.
 
     Args:
@@ -217,7 +274,9 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
     N = Z.shape[1]
     fixed = _check_fix(fix, shape)
     free = [p for p in PARAMS if p not in fixed]
-    fixed_flat = {k: np.broadcast_to(v, shape).reshape(N).astype(np.float64) for k, v in fixed.items()}
+    fixed_flat = {
+        k: np.broadcast_to(v, shape).reshape(N).astype(np.float64) for k, v in fixed.items()
+    }
     n_obs = (~np.isnan(Z)).sum(0)
     start = _initial_values(Z, ax.dt, fixed_flat)
     if init is not None:
@@ -231,18 +290,30 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
                 raise ValueError(f"init[{k!r}]: expected values > 0, got {v!r}")
     too_few = n_obs < 2
     if too_few.all():
-        raise ValueError(f"z: expected at least 2 observed values in a series to fit, got at most {int(n_obs.max())}")
+        raise ValueError(
+            f"z: expected at least 2 observed values in a series to fit, got at most {int(n_obs.max())}"
+        )
     if too_few.any() and not joint:
-        warnings.warn(f"fit_ou: {int(too_few.sum())} series have fewer than 2 observations; their parameters "
-                      "stay at the starting values and are marked not converged", stacklevel=2)
+        warnings.warn(
+            f"fit_ou: {int(too_few.sum())} series have fewer than 2 observations; their parameters "
+            "stay at the starting values and are marked not converged",
+            stacklevel=2,
+        )
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     f64 = dict(dtype=torch.float64, device=device)
     Zt = torch.as_tensor(Z, **f64)
     groups = 1 if joint else N
     pool = (lambda a: np.full(1, np.exp(np.mean(np.log(a))))) if joint else (lambda a: a)  # noqa: E731
-    scale = {p: torch.as_tensor(pool(start[p]) if p != "mu" else (np.mean(start[p], keepdims=True) if joint else start[p]), **f64)
-             for p in free}
+    scale = {
+        p: torch.as_tensor(
+            pool(start[p])
+            if p != "mu"
+            else (np.mean(start[p], keepdims=True) if joint else start[p]),
+            **f64,
+        )
+        for p in free
+    }
     sd = torch.as_tensor(pool(start["_sd"]), **f64)
     fixed_t = {k: torch.as_tensor(v, **f64) for k, v in fixed_flat.items()}
     weight = torch.as_tensor(1.0 / np.maximum(n_obs, 1), **f64)
@@ -260,10 +331,21 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
     def loglik_of(params):
         import kalmanscan as ks
 
-        decay, process_var, offset = ou_arrays(params["theta"], params["sigma2"], params["mu"], ax.dt, 1, like=Zt)
+        decay, process_var, offset = ou_arrays(
+            params["theta"], params["sigma2"], params["mu"], ax.dt, 1, like=Zt
+        )
         pm, pv = default_prior(params["theta"], params["sigma2"], params["mu"])
-        res = ks.filter(Zt, obs_var=params["obs_var"], decay=decay, process_var=process_var, offset=offset,
-                        prior_mean=pm, prior_var=pv, axis=0, backend=backend)
+        res = ks.filter(
+            Zt,
+            obs_var=params["obs_var"],
+            decay=decay,
+            process_var=process_var,
+            offset=offset,
+            prior_mean=pm,
+            prior_var=pv,
+            axis=0,
+            backend=backend,
+        )
         return res.loglik
 
     def objective(u):
@@ -271,9 +353,16 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
         return -(ll.sum() / total_obs) if joint else -(ll * weight).sum()
 
     u = torch.zeros(groups, len(free), requires_grad=True, **f64)
-    opt = torch.optim.LBFGS([u], lr=1.0, max_iter=max_iter, max_eval=int(max_iter * 1.5) + 10,
-                            tolerance_grad=tol, tolerance_change=1e-16, history_size=30,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [u],
+        lr=1.0,
+        max_iter=max_iter,
+        max_eval=int(max_iter * 1.5) + 10,
+        tolerance_grad=tol,
+        tolerance_change=1e-12,
+        history_size=30,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -294,9 +383,16 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
     positive = torch.tensor([p in _POSITIVE for p in free], device=device)
     x = _newton_polish(x, group_loss, positive)
     # convergence: gradient of the scaled objective in the unconstrained coordinates
-    u_hat = torch.stack([
-        _U_BOUND * torch.atanh((torch.log(x[:, j] / scale[p]) / _U_BOUND).clamp(-1 + 1e-12, 1 - 1e-12))
-        if p != "mu" else (x[:, j] - scale[p]) / sd for j, p in enumerate(free)], 1).requires_grad_(True)
+    u_hat = torch.stack(
+        [
+            _U_BOUND
+            * torch.atanh((torch.log(x[:, j] / scale[p]) / _U_BOUND).clamp(-1 + 1e-12, 1 - 1e-12))
+            if p != "mu"
+            else (x[:, j] - scale[p]) / sd
+            for j, p in enumerate(free)
+        ],
+        1,
+    ).requires_grad_(True)
     loss = objective(u_hat)
     (grad,) = torch.autograd.grad(loss, u_hat)
     grad_ok = torch.isfinite(grad).all(1) & (grad.abs().amax(1) <= max(1e3 * tol, 1e-5))
@@ -309,16 +405,23 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
         ll = loglik_of(est).cpu().numpy()
     est_np = {k: v.cpu().numpy().copy() for k, v in est.items()}
     if not converged.all():
-        warnings.warn(f"fit_ou: {int((~converged).sum())} of {converged.size} fits did not reach the gradient "
-                      f"tolerance in {max_iter} iterations", stacklevel=2)
+        warnings.warn(
+            f"fit_ou: {int((~converged).sum())} of {converged.size} fits did not reach the gradient "
+            f"tolerance in {max_iter} iterations",
+            stacklevel=2,
+        )
 
     se = {p: np.full(groups, np.nan) for p in PARAMS}
     if stderr:
-        nat = torch.stack([est[p][:1] if joint else est[p] for p in free], 1).clone().requires_grad_(True)
+        nat = (
+            torch.stack([est[p][:1] if joint else est[p] for p in free], 1)
+            .clone()
+            .requires_grad_(True)
+        )
         H = _hessian(lambda x: -loglik_of(_with_free(x, free, fixed_t, N, joint)).sum(), nat)
         H = H.cpu().numpy()
         ok_est = np.ones(groups, bool)
-        for j, p in enumerate(free):  # at a boundary the Hessian says nothing about uncertainty
+        for p in free:  # at a boundary the Hessian says nothing about uncertainty
             if p in _POSITIVE:
                 val = est_np[p][:1] if joint else est_np[p]
                 ok_est &= val > 1e-6 * (scale[p].cpu().numpy())
@@ -347,9 +450,17 @@ def fit_ou(z, times=None, *, fix=None, init=None, joint: bool = False, axis: int
     ll_out = float(ll.reshape(())) if shape == () else ll.reshape(shape)
     conv_out = bool(converged[0]) if (joint or shape == ()) else converged.reshape(shape)
     return OUFit(
-        model=model, loglik=ll_out, stderr={p: shaped(se[p]) for p in PARAMS}, fixed=fixed,
-        converged=conv_out, n_iter=n_iter, n_obs=int(n_obs[0]) if shape == () else n_obs.reshape(shape),
-        joint=joint, z=zt, time_axis=ax, series_labels=labels,
+        model=model,
+        loglik=ll_out,
+        stderr={p: shaped(se[p]) for p in PARAMS},
+        fixed=fixed,
+        converged=conv_out,
+        n_iter=n_iter,
+        n_obs=int(n_obs[0]) if shape == () else n_obs.reshape(shape),
+        joint=joint,
+        z=zt,
+        time_axis=ax,
+        series_labels=labels,
     )
 
 
@@ -415,13 +526,16 @@ def _hessian(loss_fn, x):
             rows.append(hj)
         return torch.stack(rows, 1).detach()
     except RuntimeError:
+
         def grad_at(y):
             y = y.detach().requires_grad_(True)
             (gy,) = torch.autograd.grad(loss_fn(y), y)
             return gy
 
         ax_ = x.detach().abs()
-        h = 1e-4 * torch.where(ax_ > 0, ax_, torch.ones_like(ax_))  # x - h stays positive where x is
+        h = 1e-4 * torch.where(
+            ax_ > 0, ax_, torch.ones_like(ax_)
+        )  # x - h stays positive where x is
         rows = []
         for j in range(k):
             e = torch.zeros_like(x)

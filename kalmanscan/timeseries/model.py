@@ -36,7 +36,9 @@ def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
     """Coverage levels in (0, 1) as a tuple (a single number gives a 1-tuple)."""
     vals = np.atleast_1d(np.asarray(coverage, dtype=np.float64)).ravel()
     if vals.size == 0 or not np.all((vals > 0) & (vals < 1)):
-        raise ValueError(f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}")
+        raise ValueError(
+            f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}"
+        )
     return tuple(float(v) for v in vals)
 
 
@@ -53,7 +55,9 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     try:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"{name}: expected a real number or array of numbers, got {value!r}") from err
+        raise TypeError(
+            f"{name}: expected a real number or array of numbers, got {value!r}"
+        ) from err
     bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
     if lo is not None:
         bad |= (arr <= lo) if lo_open else (arr < lo)
@@ -89,11 +93,15 @@ def series_input(z, times, axis: int = 0):
         arr = np.array(z)
         arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"z: expected an array of numbers (NaN = missing), got {type(z).__name__}") from err
+        raise TypeError(
+            f"z: expected an array of numbers (NaN = missing), got {type(z).__name__}"
+        ) from err
     if arr.ndim == 0:
         raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
     if not -arr.ndim <= axis < arr.ndim:
-        raise ValueError(f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, got {axis}")
+        raise ValueError(
+            f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, got {axis}"
+        )
     arr = np.moveaxis(arr, axis, 0)
     if np.isinf(arr).any():
         raise ValueError("z: expected finite values or NaN (missing), got inf")
@@ -128,7 +136,9 @@ def default_prior(theta, sigma2, mu):
         return mu, var
     theta = np.asarray(theta, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        var = np.where(theta > 0, np.asarray(sigma2) / (2 * np.where(theta > 0, theta, 1.0)), np.inf)
+        var = np.where(
+            theta > 0, np.asarray(sigma2) / (2 * np.where(theta > 0, theta, 1.0)), np.inf
+        )
     return mu, (float(var) if var.ndim == 0 else var)
 
 
@@ -186,7 +196,10 @@ class OUModel:
         if self.prior_mean is not None:
             set_("prior_mean", _param_array("prior_mean", self.prior_mean))
         if self.prior_var is not None:
-            set_("prior_var", _param_array("prior_var", self.prior_var, lo=0.0, lo_open=True, allow_inf=True))
+            set_(
+                "prior_var",
+                _param_array("prior_var", self.prior_var, lo=0.0, lo_open=True, allow_inf=True),
+            )
 
     # --- the pieces every method shares -------------------------------------------------------
     def params(self) -> dict:
@@ -208,10 +221,18 @@ class OUModel:
 
     def filter_args(self, time_axis: TimeAxis, n_series_dims: int) -> dict:
         """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``."""
-        decay, process_var, offset = ou_arrays(self.theta, self.sigma2, self.mu, time_axis.dt, n_series_dims)
+        decay, process_var, offset = ou_arrays(
+            self.theta, self.sigma2, self.mu, time_axis.dt, n_series_dims
+        )
         prior_mean, prior_var = self.prior()
-        return dict(obs_var=self.obs_var, decay=decay, process_var=process_var, offset=offset,
-                    prior_mean=prior_mean, prior_var=prior_var)
+        return dict(
+            obs_var=self.obs_var,
+            decay=decay,
+            process_var=process_var,
+            offset=offset,
+            prior_mean=prior_mean,
+            prior_var=prior_var,
+        )
 
     # --- public methods -----------------------------------------------------------------------
     def filter(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
@@ -224,7 +245,9 @@ class OUModel:
         zt, ax, _ = self._prepare(z, times, axis)
         return _move_time(self.filter_prepared(zt, ax, backend=backend), axis)
 
-    def filter_prepared(self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"):
+    def filter_prepared(
+        self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"
+    ):
         """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
         import kalmanscan as ks
 
@@ -242,7 +265,9 @@ class OUModel:
         zt, ax, _ = self._prepare(z, times, axis)
         res = self.filter_prepared(zt, ax, smooth=True, backend=backend)
         return type(res)(
-            np.moveaxis(res.mean, 0, axis), np.moveaxis(res.var, 0, axis), _move_time(res.filtered, axis)
+            np.moveaxis(res.mean, 0, axis),
+            np.moveaxis(res.var, 0, axis),
+            _move_time(res.filtered, axis),
         )
 
     def loglik(self, z, times=None, *, axis: int = 0):
@@ -254,7 +279,9 @@ class OUModel:
         """
         return self.filter(z, times, axis=axis).loglik
 
-    def forecast(self, z, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0) -> Forecast:
+    def forecast(
+        self, z, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0
+    ) -> Forecast:
         """Forecast after the last timestamp of ``z`` (see :func:`forecast`).
 
         >>> import numpy as np
@@ -264,7 +291,9 @@ class OUModel:
         """
         zt, ax, _ = self._prepare(z, times, axis)
         res = self.filter_prepared(zt, ax)
-        return forecast_from_state(self, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage)
+        return forecast_from_state(
+            self, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage
+        )
 
     def with_params(self, **changes) -> OUModel:
         """A copy with some fields replaced."""
@@ -287,51 +316,96 @@ class OUModel:
             times = np.arange(n, dtype=np.float64)
         ax = as_time_axis(times, len(times), self.time_unit)
         rng = np.random.default_rng(seed)
-        shape = tuple(np.broadcast_shapes(tuple(shape), *(np.shape(v) for v in self.params().values())))
+        shape = tuple(
+            np.broadcast_shapes(tuple(shape), *(np.shape(v) for v in self.params().values()))
+        )
         pm, pv = self.prior()
         pm = np.broadcast_to(self.mu if self.prior_mean is None else pm, shape)
         pv = np.broadcast_to(pv, shape)
-        x = np.where(np.isinf(pv), pm, pm + np.sqrt(np.where(np.isinf(pv), 0.0, pv)) * rng.standard_normal(shape))
+        x = np.where(
+            np.isinf(pv),
+            pm,
+            pm + np.sqrt(np.where(np.isinf(pv), 0.0, pv)) * rng.standard_normal(shape),
+        )
         T = len(ax.t)
         level = np.empty((T,) + shape)
-        decay, process_var = ks.discretize_ou(np.asarray(self.theta, dtype=np.float64), np.asarray(self.sigma2, dtype=np.float64),
-                                              ax.dt.reshape((-1,) + (1,) * len(shape)))
+        decay, process_var = ks.discretize_ou(
+            np.asarray(self.theta, dtype=np.float64),
+            np.asarray(self.sigma2, dtype=np.float64),
+            ax.dt.reshape((-1,) + (1,) * len(shape)),
+        )
         decay = np.broadcast_to(decay, (T,) + shape)
         process_var = np.broadcast_to(process_var, (T,) + shape)
         for t in range(T):
-            x = decay[t] * x + self.mu * (1 - decay[t]) + np.sqrt(process_var[t]) * rng.standard_normal(shape)
+            x = (
+                decay[t] * x
+                + self.mu * (1 - decay[t])
+                + np.sqrt(process_var[t]) * rng.standard_normal(shape)
+            )
             level[t] = x
         z = level + np.sqrt(self.obs_var) * rng.standard_normal((T,) + shape)
         return level, z
 
-    def to_dataset(self, z, times=None, *, coverage=(0.5, 0.9), smooth: bool = True, forecast_steps=None,
-                   forecast_at=None, series_dims=None, series_coords=None, name: str | None = None):
+    def to_dataset(
+        self,
+        z,
+        times=None,
+        *,
+        coverage=(0.5, 0.9),
+        smooth: bool = True,
+        forecast_steps=None,
+        forecast_at=None,
+        series_dims=None,
+        series_coords=None,
+        name: str | None = None,
+    ):
         """Filter (and smooth, and forecast) ``z`` and return an ``xarray.Dataset``.
 
         See :func:`kalmanscan.xarray.to_dataset`; needs xarray.
         """
         from kalmanscan import xarray as kx
 
-        return kx.to_dataset(self, z, times, coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
-                             forecast_at=forecast_at, series_dims=series_dims, series_coords=series_coords,
-                             name=name)
+        return kx.to_dataset(
+            self,
+            z,
+            times,
+            coverage=coverage,
+            smooth=smooth,
+            forecast_steps=forecast_steps,
+            forecast_at=forecast_at,
+            series_dims=series_dims,
+            series_coords=series_coords,
+            name=name,
+        )
 
 
 def _move_time(res, axis):
     if axis == 0:
         return res
     timed = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
-    return res._replace(**{k: np.moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)})
+    return res._replace(
+        **{k: np.moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)}
+    )
 
 
-def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var, *, steps=None, at=None,
-                        coverage: float = 0.95) -> Forecast:
+def forecast_from_state(
+    model: OUModel,
+    time_axis: TimeAxis,
+    last_mean,
+    last_var,
+    *,
+    steps=None,
+    at=None,
+    coverage: float = 0.95,
+) -> Forecast:
     """Forecast from the filtered state ``N(last_mean, last_var)`` at the last timestamp of ``time_axis``."""
     import kalmanscan as ks
 
     cov = check_coverage(coverage)[0]
     if (steps is None) == (at is None):
-        raise ValueError(f"steps, at: give exactly one (a number of steps or future timestamps), got steps={steps!r}, at={at!r}")
+        raise ValueError(
+            f"steps, at: give exactly one (a number of steps or future timestamps), got steps={steps!r}, at={at!r}"
+        )
     labels = time_axis.future(steps) if steps is not None else _labels_array(at, "at")
     pos = time_axis.position(labels, "at")
     if pos.ndim != 1:
@@ -339,7 +413,9 @@ def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var
     dt = pos - time_axis.t[-1]
     if (dt < 0).any():
         i = int(np.flatnonzero(dt < 0)[0])
-        raise ValueError(f"at: expected timestamps at or after the last observation time, got {labels[i]!r}")
+        raise ValueError(
+            f"at: expected timestamps at or after the last observation time, got {labels[i]!r}"
+        )
     last_mean = np.asarray(last_mean, dtype=np.float64)
     last_var = np.asarray(last_var, dtype=np.float64)
     nd = last_mean.ndim
@@ -349,7 +425,9 @@ def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var
     with np.errstate(invalid="ignore"):
         mean = decay * last_mean + model.mu * (1 - decay)
         var = decay * decay * last_var + process_var
-    shape = np.broadcast_shapes(mean.shape, var.shape, np.shape(model.obs_var), (len(pos),) + (1,) * nd)
+    shape = np.broadcast_shapes(
+        mean.shape, var.shape, np.shape(model.obs_var), (len(pos),) + (1,) * nd
+    )
     mean, var = np.broadcast_to(mean, shape).copy(), np.broadcast_to(var, shape).copy()
     pvar = var + model.obs_var
     lo, hi = interval(mean, pvar, cov)
@@ -360,7 +438,9 @@ def forecast_from_state(model: OUModel, time_axis: TimeAxis, last_mean, last_var
     return Forecast(labels, mean, var, pvar, lo, hi, cov)
 
 
-def forecast(model_or_fit, z=None, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0) -> Forecast:
+def forecast(
+    model_or_fit, z=None, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0
+) -> Forecast:
     """Forecast past the last observation, ``steps`` typical steps ahead or at timestamps ``at``.
 
     Args:
@@ -383,10 +463,14 @@ def forecast(model_or_fit, z=None, times=None, *, steps=None, at=None, coverage:
 
     if isinstance(model_or_fit, OUFit):
         if z is not None or times is not None:
-            raise ValueError("z, times: an OUFit forecasts its own data; pass z only with an OUModel")
+            raise ValueError(
+                "z, times: an OUFit forecasts its own data; pass z only with an OUModel"
+            )
         return model_or_fit.forecast(steps=steps, at=at, coverage=coverage)
     if not isinstance(model_or_fit, OUModel):
-        raise TypeError(f"model_or_fit: expected an OUModel or OUFit, got {type(model_or_fit).__name__}")
+        raise TypeError(
+            f"model_or_fit: expected an OUModel or OUFit, got {type(model_or_fit).__name__}"
+        )
     if z is None:
         raise ValueError("z: expected the observed record to forecast from, got None")
     return model_or_fit.forecast(z, times, steps=steps, at=at, coverage=coverage, axis=axis)

@@ -50,7 +50,9 @@ class TimeAxis(NamedTuple):
                 )
             return (arr - self.labels[0]) / self.unit
         if arr.dtype.kind not in "iuf":
-            raise TypeError(f"{name}: expected numbers like the record's times, got dtype {arr.dtype}")
+            raise TypeError(
+                f"{name}: expected numbers like the record's times, got dtype {arr.dtype}"
+            )
         origin = self.labels[0] if len(self.labels) else 0.0
         return arr.astype(np.float64) - origin
 
@@ -108,7 +110,12 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
 
 def _unit_name(td: np.timedelta64) -> str:
     ns = int(td / np.timedelta64(1, "ns"))
-    for suffix, size in (("D", 86400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9)):
+    for suffix, size in (
+        ("D", 86400 * 10**9),
+        ("h", 3600 * 10**9),
+        ("min", 60 * 10**9),
+        ("s", 10**9),
+    ):
         if ns % size == 0:
             return f"{ns // size}{suffix}"
     return f"{ns}ns"
