@@ -55,9 +55,10 @@ def _versions() -> str:
 
     import torch
 
-    names = ("kalmanscan", "torch", "numpy", "scipy", "filterpy", "statsmodels")
-    parts = []
-    for n in names:
+    import kalmanscan
+
+    parts = [f"kalmanscan {kalmanscan.__version__}"]
+    for n in ("torch", "numpy", "scipy", "filterpy", "statsmodels"):
         try:
             parts.append(f"{n} {md.version(n)}")
         except md.PackageNotFoundError:

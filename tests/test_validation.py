@@ -151,6 +151,20 @@ def test_truths_handle_a_diffuse_prefix_of_missing_steps():
     assert f.n_loglik_terms == d.n_loglik_terms == int(lane.observed.sum()) - 1
 
 
+@pytest.mark.parametrize("small_decay", [0.0, 0.01], ids=["forget", "a=0.01"])
+def test_truths_agree_behind_a_diffuse_prefix_with_small_decays(small_decay):
+    """A flat prefix is integrated out exactly; a decay of 0 there resets the state."""
+    lane = _lane(50, 7, diffuse=True, missing=0.0)
+    lane.z[:6] = np.nan
+    lane.decay[3] = small_decay
+    f, d = truths.filterpy_truth(lane), truths.dense_truth(lane)
+    first = 3 if small_decay == 0.0 else 6
+    assert np.all(np.isinf(f.var[:first])) and np.isfinite(f.var[first])
+    for q in ("mean", "var", "smooth_mean", "smooth_var"):
+        assert metrics.normwise(getattr(d, q), getattr(f, q)) < 1e-11, q
+    assert metrics.loglik_error(d.loglik, f.loglik, f.n_loglik_terms) < 1e-11
+
+
 def test_dense_oracle_refuses_what_it_cannot_represent():
     lane = _lane(10, 0, diffuse=False)
     lane.process_var[3] = 0.0
@@ -280,6 +294,18 @@ def test_rows_follow_the_documented_format_and_dense_checks_join(monkeypatch):
     assert rows and set(report.ROW_KEYS) <= set(rows[0])
     assert not battery.row_passes(rows[0])
     assert "FAIL" in report.format_table(rows)
+
+
+def test_a_raising_dense_check_becomes_a_failing_row(monkeypatch):
+    fake = types.ModuleType("kalmanscan.validation.dense_checks")
+
+    def check_dense(quick):
+        raise RuntimeError("broken")
+
+    fake.check_dense = check_dense
+    monkeypatch.setitem(sys.modules, "kalmanscan.validation.dense_checks", fake)
+    (row,) = battery._dense_model_rows(quick=True)
+    assert not battery.row_passes(row) and "broken" in row["worst_model"]
 
 
 TINY_CONFIG = battery.BatteryConfig(

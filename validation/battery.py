@@ -343,7 +343,21 @@ def _dense_model_rows(quick: bool) -> list[dict]:
         if exc.name and exc.name.endswith("dense_checks"):
             return []
         raise
-    return [dict(r) for r in check_dense(quick)]
+    try:
+        return [dict(r) for r in check_dense(quick)]
+    except Exception as exc:  # report it as a failing row; keep the rest of the table
+        return [
+            dict(
+                truth="dense checks",
+                quantity="(raised)",
+                dtype="-",
+                backend="-",
+                max_rel_err=float("nan"),
+                tol=0.0,
+                n_models=0,
+                worst_model=f"{type(exc).__name__}: {exc}"[:300],
+            )
+        ]
 
 
 def run_battery(
@@ -362,7 +376,12 @@ def run_battery(
     """
     cfg = config or (BatteryConfig.quick_config(seed) if quick else BatteryConfig.full_config(seed))
     runners = available_runners() if runners is None else runners
-    say = progress or (lambda msg: None)
+    t_start = time.perf_counter()
+    report = progress or (lambda msg: None)
+
+    def say(msg):
+        report(f"[{time.perf_counter() - t_start:6.1f} s] {msg}")
+
     col = _Collector()
     timings: dict = {}
     t0 = time.perf_counter()
@@ -382,6 +401,9 @@ def run_battery(
         _battery_batch(col, b, runners, cfg, "growth", timings)
     rows = col.rows()
     say("dense state-space checks")
+    t_dense = time.perf_counter()
     rows += _dense_model_rows(cfg.quick)
+    timings["dense checks"] = time.perf_counter() - t_dense
+    say("done")
     timings["total"] = time.perf_counter() - t0
     return BatteryResult(rows=rows, records=col.records, timings=timings)

@@ -308,6 +308,7 @@ def named_regimes(seed: int, quick: bool) -> list[LaneBatch]:
                 dict(decay=1 - 1e-6, process_var=1e-3, obs_var=1.0, prior_var=10.0),
             ),
             ("a=1,p=1e-4,offset", dict(decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01)),
+            ("a=1,p=1e-7", dict(decay=1.0, process_var=1e-7, obs_var=1.0, missing=0.1)),
         ],
     )
     batch(
@@ -357,6 +358,24 @@ def named_regimes(seed: int, quick: bool) -> list[LaneBatch]:
             (
                 "rw, 20 missing",
                 dict(decay=1.0, process_var=1.0, obs_var=2.0, lead_missing=20, loading=0.7),
+            ),
+            (
+                "decay 0 inside the gap",
+                dict(
+                    decay=np.r_[0.9, 0.9, 0.9, 0.0, np.full(96, 0.9)],
+                    process_var=0.5,
+                    obs_var=1.0,
+                    lead_missing=6,
+                ),
+            ),
+            (
+                "decay 0.01 inside the gap",
+                dict(
+                    decay=np.r_[0.9, 0.9, 0.9, 0.01, np.full(96, 0.9)],
+                    process_var=0.5,
+                    obs_var=1.0,
+                    lead_missing=6,
+                ),
             ),
         ],
     )

@@ -216,7 +216,11 @@ def _banded_system(lane: Lane):
 
 
 def _solve(diag, off, rhs):
-    """Banded Cholesky of the tridiagonal ``Q``: returns ``(Q^{-1} rhs, log det Q)``."""
+    """Banded Cholesky of the tridiagonal ``Q``: ``(Q^{-1} rhs, log det Q, max diag/pivot^2)``.
+
+    The last is the cancellation of the elimination: a pivot far below its diagonal entry was
+    computed as a small difference of large numbers.
+    """
     from scipy.linalg import cho_solve_banded, cholesky_banded
 
     n = diag.shape[0]
@@ -225,7 +229,8 @@ def _solve(diag, off, rhs):
     ab[0, 1:] = off[: n - 1]
     cb = cholesky_banded(ab, lower=False, check_finite=False)
     sol = cho_solve_banded((cb, False), rhs, check_finite=False)
-    return sol, 2.0 * float(np.sum(np.log(cb[1])))
+    cancel = float(np.max(diag / cb[1] ** 2))
+    return sol, 2.0 * float(np.sum(np.log(cb[1]))), cancel
 
 
 def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
@@ -250,6 +255,9 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     >>> tr.smooth_var.shape
     (20,)
     """
+    start, how = diffuse_start(lane)
+    if start > 0:
+        return _dense_after_diffuse_prefix(lane, start, how, max_T)
     T = lane.T
     if T > max_T:
         raise NotApplicable(f"T = {T} > max_T = {max_T} for the O(T^2) oracle")
@@ -259,6 +267,7 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     mean = np.full(T, np.nan)
     var = np.full(T, np.inf)
     logZ = np.full(T, np.nan)
+    cancel = 1.0
     C_cum = np.cumsum(C_own)
     for t in range(proper_from, T):
         n = t + 1
@@ -268,7 +277,8 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
         b[-1] = b_own[t]
         e = np.zeros(n)
         e[-1] = 1.0
-        sol, logdet = _solve(diag, off, np.stack([b, e], axis=1))
+        sol, logdet, cancel_t = _solve(diag, off, np.stack([b, e], axis=1))
+        cancel = max(cancel, cancel_t)
         mean[t] = sol[-1, 0]
         var[t] = sol[-1, 1]
         logZ[t] = -0.5 * C_cum[t] + 0.5 * float(b @ sol[:, 0]) - 0.5 * logdet + 0.5 * n * LOG2PI
@@ -283,14 +293,67 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     b = b_own + b_next
     b[-1] = b_own[-1]
     rhs = np.concatenate([b[:, None], np.eye(T)], axis=1)
-    sol, logdet_T = _solve(diag, off, rhs)
+    sol, logdet_T, cancel_T = _solve(diag, off, rhs)
+    cancel = max(cancel, cancel_T)
     sm_mean = sol[:, 0]
     sm_var = np.diagonal(sol[:, 1:]).copy()
     eps = np.finfo(np.float64).eps
     phi = np.where(observed, lane.loading**2 / np.where(observed, lane.obs_var, 1.0), 0.0)
     ratio = np.where(phi > 0, diag / np.where(phi > 0, phi, 1.0), 1.0)
-    moments = eps * float(np.max(ratio))
+    moments = eps * max(float(np.max(ratio)), cancel)
     terms = np.abs(C_own).sum() + abs(float(b @ sm_mean)) + abs(logdet_T) + T * LOG2PI
     scale = max(abs(loglik), n_terms, 1.0)
     own = {"moments": moments, "loglik": eps * terms / scale + moments * n_terms / scale}
     return Truth(mean, var, None, None, loglik, n_terms, sm_mean, sm_var, own)
+
+
+def _slice(lane: Lane, start: int) -> Lane:
+    return Lane(
+        name=lane.name,
+        z=lane.z[start:],
+        obs_var=lane.obs_var[start:],
+        decay=lane.decay[start:],
+        process_var=lane.process_var[start:],
+        loading=lane.loading[start:],
+        offset=lane.offset[start:],
+        prior_mean=lane.prior_mean,
+        prior_var=lane.prior_var,
+    )
+
+
+def _dense_after_diffuse_prefix(lane: Lane, start: int, how: str, max_T: int) -> Truth:
+    """A diffuse lane whose first ``start`` steps see nothing.
+
+    A flat density pushed through ``x_t = a_t x_{t-1} + c_t + w_t`` (``a_t != 0``) stays flat, so
+    the states before ``start`` integrate out to a constant: the oracle runs on ``x_start..x_T``
+    with a flat density on ``x_start`` (``how == "observed"``) or the proper prior
+    ``N(c, p)`` of a ``decay = 0`` step (``how == "forget"``). Building them into the joint
+    instead adds states whose only precision is ``a^2/p`` of the next step, an ill-conditioned
+    block that pollutes every solve when some ``a`` is small. Their smoothed moments follow the
+    exact backward relation of the chain, ``ms_{t-1} = (ms_t - c_t)/a_t`` and
+    ``Ps_{t-1} = (Ps_t + p_t)/a_t^2``; behind a ``decay = 0`` step they stay improper.
+    """
+    sub = dense_truth(_slice(lane, start), max_T)
+    T = lane.T
+
+    def pad(x, fill):
+        return np.concatenate([np.full(start, fill), x])
+
+    sm_mean, sm_var = pad(sub.smooth_mean, np.nan), pad(sub.smooth_var, np.inf)
+    if how == "observed":
+        a, c, p = lane.decay, lane.offset, lane.process_var
+        for t in range(start, 0, -1):
+            sm_mean[t - 1] = (sm_mean[t] - c[t]) / a[t]
+            sm_var[t - 1] = (sm_var[t] + p[t]) / a[t] ** 2
+    assert sm_mean.shape == (T,)
+    return Truth(
+        pad(sub.mean, np.nan),
+        pad(sub.var, np.inf),
+        None,
+        None,
+        sub.loglik,
+        sub.n_loglik_terms,
+        sm_mean,
+        sm_var,
+        sub.own_error,
+    )
