@@ -517,6 +517,7 @@ def _hessian(loss_fn, x):
     Double backward through the filter; central differences of the gradient if that is unavailable.
     """
     G, k = x.shape
+    x = x.detach().requires_grad_(True)
     try:
         loss = loss_fn(x)
         (g,) = torch.autograd.grad(loss, x, create_graph=True)
