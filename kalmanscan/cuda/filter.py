@@ -45,6 +45,8 @@ __all__ = ["filter_lanes"]
 # thread per lane over all of time already fills the GPU.
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
+# time steps per staged tile (benchmarks/gpu.py sweeps it)
+TUNING = {"TB": 8}
 
 
 @triton.jit
@@ -345,7 +347,7 @@ def _bwd_carry_kernel(comp_ptr, xend_ptr, N, NC, TB: tl.constexpr, BLOCK: tl.con
 
 def _plan(T: int, N: int, n_vary: int):
     """Chunking and tile sizes: ``(TB, CH, NC, BLOCK, num_warps)``."""
-    TB = 4 if interpreting() else 16 if n_vary <= 2 else 8
+    TB = 4 if interpreting() else TUNING["TB"]
     block, warps = lanes_config(N)
     if N >= _MANY_LANES:
         NC = 1

@@ -220,20 +220,25 @@ def _kla_bwd_kernel(
     tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
 
 
-def _config(S: int, lanes: int):
+# Tuning (benchmarks/gpu.py sweeps these): time steps per staged tile (also the checkpoint
+# interval of the backward) and lanes per program of the forward and backward kernels.
+TUNING = {"TB": 8, "fwd_lanes": 128, "bwd_lanes": 256}
+
+
+def _config(S: int, which: str):
     """``(TB, BM, SP, num_warps)``: lanes ``[BM, SP]`` per program, one per thread."""
     SP = triton.next_power_of_2(S)
     if interpreting():
         return 4, max(1, 16 // SP), SP, 1
-    BM = max(1, lanes // SP)
-    return 8, BM, SP, max(1, BM * SP // 32)
+    BM = max(1, TUNING[which] // SP)
+    return TUNING["TB"], BM, SP, min(16, max(1, BM * SP // 32))
 
 
 def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    TB, BM, SP, warps = _config(S, 128)
+    TB, BM, SP, warps = _config(S, "fwd_lanes")
     NB = triton.cdiv(L, TB)
     like = torch.empty((), dtype=dtype, device=v.device)
     y = empty((B, L, M), like)
@@ -253,8 +258,7 @@ def _backward(v, Lv, k, q, a, p, ck, TB, gy, gyv, glT, geT, gprec):
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
-    TB_, BM, SP, warps = _config(S, 256)
-    assert TB_ == TB
+    _, BM, SP, warps = _config(S, "bwd_lanes")
     NB = triton.cdiv(L, TB)
     nmb = triton.cdiv(M, BM)
 

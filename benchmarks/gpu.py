@@ -1,0 +1,393 @@
+"""GPU benchmark of the Triton kernels on the four shapes of the kernel issue.
+
+Each shape is first checked against a float64 reference in the same run (a wrong result gets no
+time), then timed with ``triton.testing.do_bench`` (median, after warm-up) next to the torch
+parallel path measured in the same run. Floors: bytes that must cross device memory over the
+measured copy bandwidth, and reciprocals over the reciprocal rate (16 per SM per clock).
+
+    python benchmarks/gpu.py --out results.json             # on a CUDA machine
+    python benchmarks/gpu.py --markdown results.json        # write the table in docs/performance.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+MUFU_PER_SM_PER_CLOCK = 16
+CLOCK_HZ = 1.98e9  # H200 boost clock
+SMOKE = "--smoke" in sys.argv  # tiny shapes on the CPU (TRITON_INTERPRET=1): checks this script
+DEV = "cpu" if SMOKE else "cuda"
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def rel(a, b, scale=None):
+    from kalmanscan.testing import rel_error
+
+    return rel_error(a, b, scale)
+
+
+def bench(fn, rep=200):
+    if SMOKE:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=rep, return_mode="median"))
+
+
+def peer_bench(fn):
+    """Median time of a slow peer: do_bench if one call is short, else the median of 3 calls."""
+    torch.cuda.synchronize() if not SMOKE else None
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize() if not SMOKE else None
+    if SMOKE or time.perf_counter() - t < 0.2:
+        return bench(fn, rep=100)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[1]
+
+
+def copy_bandwidth():
+    x = torch.empty(2**29, dtype=torch.float32, device=DEV)  # 2 GiB
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x), rep=300)
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def kla_inputs(B, L, M, S, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    v = torch.randn(B, L, M, device=DEV, generator=g)
+    Lv = 1.0 / (torch.nn.functional.softplus(torch.randn(B, L, M, device=DEV, generator=g)) + 1e-4)
+    k = torch.nn.functional.normalize(torch.randn(B, L, S, device=DEV, generator=g), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(B, L, S, device=DEV, generator=g), dim=-1)
+    delta = torch.exp(torch.empty(M, S, device=DEV).uniform_(math.log(1e-3), math.log(0.1)))
+    kappa = torch.ones(M, S, device=DEV)
+    decay = torch.exp(-kappa * delta)
+    process_var = 0.01 / (2 * kappa) * -torch.expm1(-2 * kappa * delta)
+    return dict(v=v, Lv=Lv, k=k, q=q, decay=decay, process_var=process_var)
+
+
+def kla_case(B, L, M, S, variants, peer=True):
+    from kalmanscan.core.kla_op import kla_filter
+    from kalmanscan.cuda import kla as K
+
+    x = kla_inputs(B, L, M, S)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    gy = torch.randn(B, L, M, device=DEV, generator=g)
+    gyv = torch.randn(B, L, M, device=DEV, generator=g)
+    names = list(x)
+    out = {"op": "kla", "shape": dict(B=B, L=L, M=M, S=S)}
+
+    def run(backend, dtype, grad=True):
+        leaves = {n: t.to(dtype).requires_grad_(grad) for n, t in x.items()}
+        res = kla_filter(**leaves, backend=backend)
+        if not grad:
+            return res, None
+        grads = torch.autograd.grad(
+            [res.y, res.yvar], list(leaves.values()), [gy.to(dtype), gyv.to(dtype)]
+        )
+        return res, grads
+
+    # correctness, same run: fp32 kernel vs float64 sequential reference
+    got, ggot = run("triton", torch.float32)
+    ref, gref = run("sequential", torch.float64)
+    errs = {
+        "y": rel(got.y, ref.y, ref.y.abs().mean()),
+        "yvar": rel(got.yvar, ref.yvar),
+        "lam_T": rel(got.final.lam, ref.final.lam),
+        "eta_T": rel(got.final.eta, ref.final.eta, ref.final.eta.abs().mean()),
+    }
+    for n, a, b in zip(names, ggot, gref, strict=True):
+        errs["grad_" + n] = rel(a, b, b.abs().mean())
+    del ref, gref, got, ggot
+    torch.cuda.empty_cache()
+    out["errors"] = errs
+    fwd_ok = max(errs[k] for k in ("y", "yvar", "lam_T", "eta_T")) <= 1e-4
+    bwd_ok = max(v for k, v in errs.items() if k.startswith("grad_")) <= 1e-3
+    out["correct_fwd"], out["correct_bwd"] = fwd_ok, bwd_ok
+
+    xs = {n: t.requires_grad_(True) for n, t in x.items()}
+
+    def fwd(backend):
+        with torch.no_grad():
+            return kla_filter(**xs, backend=backend)
+
+    def fwdbwd(backend):
+        res = kla_filter(**xs, backend=backend)
+        torch.autograd.backward([res.y, res.yvar], [gy, gyv])
+
+    timings = {}
+    base = dict(K.TUNING)
+    for var in variants:
+        K.TUNING.update(base)
+        K.TUNING.update(var)
+        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+        t = {"fwd_ms": bench(lambda: fwd("triton")) if fwd_ok else None}
+        t["fwdbwd_ms"] = bench(lambda: fwdbwd("triton")) if (fwd_ok and bwd_ok) else None
+        timings[key] = t
+    K.TUNING.clear()
+    K.TUNING.update(base)
+    out["variants"] = timings
+    best_f = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
+    best_b = min((t["fwdbwd_ms"] for t in timings.values() if t["fwdbwd_ms"]), default=None)
+    out["fwd_ms"], out["fwdbwd_ms"] = best_f, best_b
+    out["default_fwd_ms"] = timings["default"]["fwd_ms"]
+    out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+    if peer:
+        try:
+            out["torch_fwd_ms"] = peer_bench(lambda: fwd("torch"))
+            out["torch_fwdbwd_ms"] = peer_bench(lambda: fwdbwd("torch"))
+        except torch.cuda.OutOfMemoryError as e:
+            out["torch_error"] = f"out of memory: {str(e)[:120]}"
+        torch.cuda.empty_cache()
+    lane_steps = B * L * M * S
+    ch_steps = B * L * M
+    TB = K.TUNING["TB"]
+    bwd_lanes = K.TUNING["bwd_lanes"] // S
+    n_mblk = math.ceil(M / max(1, bwd_lanes))
+    out["floor"] = {
+        "bytes_fwd": 16 * ch_steps + 8 * B * L * S,
+        # forward with checkpoints + backward: inputs twice, gradients, checkpoints written and
+        # read (2 floats per lane per TB steps), per-program partial sums over m written and read
+        "bytes_fwdbwd": 16 * ch_steps
+        + 2 * 4 * lane_steps // TB * 2
+        + 24 * ch_steps
+        + 2 * 2 * 4 * n_mblk * B * L * S,
+        "rcp_fwd": 2 * lane_steps,
+        "rcp_fwdbwd": 2 * lane_steps + 3 * lane_steps,
+    }
+    return out
+
+
+def filter_case(T, N, variants, peer=True):
+    from kalmanscan.core.parallel import filter_lanes as torch_lanes
+    from kalmanscan.core.sequential import filter_lanes as seq_lanes
+    from kalmanscan.cuda import filter as F
+
+    g = torch.Generator(device=DEV).manual_seed(2)
+    z = torch.randn(T, N, device=DEV, generator=g)
+    ov = torch.rand(N, device=DEV, generator=g) + 0.5
+    a = torch.rand(N, device=DEV, generator=g) * 0.2 + 0.8
+    p = torch.rand(N, device=DEV, generator=g) * 0.1 + 0.01
+    one, zero = torch.ones(1, 1, device=DEV), torch.zeros(1, 1, device=DEV)
+    lam0, eta0 = torch.zeros(N, device=DEV), torch.zeros(N, device=DEV)
+    wl = torch.randn(T, N, device=DEV, generator=g)
+    we = torch.randn(T, N, device=DEV, generator=g)
+    out = {"op": "filter", "shape": dict(T=T, N=N),
+           "inputs": "z [T,N]; obs_var, decay, process_var per lane (stride-0 over time); "
+                     "loading 1, offset 0; diffuse start; gradients for z, obs_var, decay, process_var"}  # fmt: skip
+
+    def args(ts, dtype, lanes=slice(None)):
+        z_, ov_, a_, p_ = ts
+        return (z_[:, lanes], ov_[lanes].expand(T, -1), a_[lanes].expand(T, -1),
+                p_[lanes].expand(T, -1), one.to(dtype).expand(T, z_[:, lanes].shape[1]),
+                zero.to(dtype).expand(T, z_[:, lanes].shape[1]), lam0[lanes].to(dtype),
+                eta0[lanes].to(dtype))  # fmt: skip
+
+    def grads(fn, dtype, lanes=slice(None)):
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (z, ov, a, p)]
+        lam, eta = fn(*args(leaves, dtype, lanes))
+        loss = (wl[:, lanes].to(dtype) * lam).sum() + (we[:, lanes].to(dtype) * eta).sum()
+        gs = torch.autograd.grad(loss, leaves)
+        return lam.detach(), eta.detach(), [gr[..., lanes] for gr in gs]
+
+    # correctness: the timed kernel on all lanes, a subset of lanes checked against float64
+    sub = slice(0, 512) if T <= 8192 else slice(0, 4)
+    reference = seq_lanes if T <= 8192 else torch_lanes
+    out["reference"] = ("sequential" if T <= 8192 else "torch parallel") + f" float64, lanes {sub}"
+    lam, eta, gk = grads(F.filter_lanes, torch.float32)
+    lr, er, gr = grads(reference, torch.float64, sub)
+    errs = {"lam": rel(lam[:, sub], lr), "eta": rel(eta[:, sub], er, er.abs().mean())}
+    for n, a_, b_ in zip(("z", "obs_var", "decay", "process_var"), gk, gr, strict=True):
+        errs["grad_" + n] = rel(a_, b_, b_.abs().mean())
+    out["errors"] = errs
+    del lam, eta, gk, lr, er, gr
+    torch.cuda.empty_cache()
+    fwd_ok = max(errs["lam"], errs["eta"]) <= 1e-4
+    bwd_ok = max(v for k, v in errs.items() if k.startswith("grad_")) <= 1e-3
+    out["correct_fwd"], out["correct_bwd"] = fwd_ok, bwd_ok
+    out["regime"] = "lanes" if F._plan(T, N, 1)[2] == 1 else f"chunks (NC={F._plan(T, N, 1)[2]})"
+
+    leaves = [t.requires_grad_(True) for t in (z, ov, a, p)]
+
+    def fwd(fn):
+        with torch.no_grad():
+            return fn(*args(leaves, torch.float32))
+
+    def fwdbwd(fn):
+        lam, eta = fn(*args(leaves, torch.float32))
+        torch.autograd.backward([lam, eta], [wl, we])
+
+    timings = {}
+    base = dict(F.TUNING)
+    for var in variants:
+        F.TUNING.update(base)
+        F.TUNING.update(var)
+        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+        t = {"fwd_ms": bench(lambda: fwd(F.filter_lanes)) if fwd_ok else None}
+        t["fwdbwd_ms"] = bench(lambda: fwdbwd(F.filter_lanes)) if (fwd_ok and bwd_ok) else None
+        timings[key] = t
+    F.TUNING.clear()
+    F.TUNING.update(base)
+    out["variants"] = timings
+    out["fwd_ms"] = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
+    out["fwdbwd_ms"] = min(
+        (t["fwdbwd_ms"] for t in timings.values() if t["fwdbwd_ms"]), default=None
+    )
+    out["default_fwd_ms"] = timings["default"]["fwd_ms"]
+    out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+    if peer:
+        try:
+            out["torch_fwd_ms"] = peer_bench(lambda: fwd(torch_lanes))
+            out["torch_fwdbwd_ms"] = peer_bench(lambda: fwdbwd(torch_lanes))
+        except torch.cuda.OutOfMemoryError as e:
+            out["torch_error"] = f"out of memory: {str(e)[:120]}"
+        torch.cuda.empty_cache()
+    steps = T * N
+    out["floor"] = {
+        "bytes_fwd": 12 * steps,  # read z, write lam and eta
+        # backward: read z, lam, eta, two incoming gradients; write four [T,N] gradients; autograd
+        # sums the three per-lane ones over time (read again)
+        "bytes_fwdbwd": 12 * steps + 20 * steps + 16 * steps + 12 * steps,
+        "rcp_fwd": 1 * steps,
+        "rcp_fwdbwd": 1 * steps + 1 * steps,
+    }
+    return out
+
+
+def add_floors(res, bw, rcp_rate):
+    for r in res:
+        f = r["floor"]
+        for kind in ("fwd", "fwdbwd"):
+            mem = f[f"bytes_{kind}"] / bw * 1e3
+            rcp = f[f"rcp_{kind}"] / rcp_rate * 1e3
+            f[f"mem_ms_{kind}"] = mem
+            f[f"rcp_ms_{kind}"] = rcp
+            f[f"floor_ms_{kind}"] = max(mem, rcp)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--out", help="JSON file to write (default benchmarks/results/<date>-h200.json)"
+    )
+    ap.add_argument("--markdown", help="render this results JSON into docs/performance.md and exit")
+    ap.add_argument("--quick", action="store_true", help="default variants only, no torch peer")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter)")
+    a = ap.parse_args()
+    if a.markdown:
+        write_markdown(json.load(open(a.markdown)))
+        return
+    import triton
+
+    if SMOKE:
+        from kalmanscan.core import kla_op
+
+        kla_op._resolve = lambda backend, device: backend  # let "triton" take CPU tensors
+        props = argparse.Namespace(name="cpu (interpreter smoke run)", multi_processor_count=1)
+        bw = 1e10
+    else:
+        props = torch.cuda.get_device_properties(0)
+        bw = copy_bandwidth()
+    rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
+    kla_vars = [{}] if a.quick else [{}, {"TB": 16}, {"fwd_lanes": 256}, {"bwd_lanes": 128}]
+    fil_vars = [{}] if a.quick else [{}, {"TB": 16}]
+    res = []
+    t0 = time.time()
+    kla_shapes = ((1, 20, 3, 4),) if SMOKE else ((4, 2048, 960, 16), (8, 2048, 2048, 16))
+    fil_shapes = ((300, 2), (40, 3)) if SMOKE else ((2**20, 64), (4096, 65536))
+    for B, L, M, S in kla_shapes:
+        res.append(kla_case(B, L, M, S, kla_vars, peer=not a.quick))
+        print(json.dumps(res[-1]), flush=True)
+    for T, N in fil_shapes:
+        res.append(filter_case(T, N, fil_vars, peer=not a.quick))
+        print(json.dumps(res[-1]), flush=True)
+    add_floors(res, bw, rcp_rate)
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bandwidth_TBps": bw / 1e12,
+        "rcp_rate_per_s": rcp_rate,
+        "timing": "triton.testing.do_bench median (warmup 50 ms, rep 200 ms); fp32 in and out",
+        "seconds": time.time() - t0,
+        "results": res,
+    }
+    path = a.out or os.path.join(
+        os.path.dirname(__file__), "results", f"{datetime.date.today().isoformat()}-h200.json"
+    )
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(table(doc))
+
+
+def _fmt(x, nd=3):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def table(doc):
+    targets = {(4, 2048, 960, 16): (0.15, 0.8), (8, 2048, 2048, 16): (0.5, 2.5),
+               (2**20, 64): (0.6, 3.0), (4096, 65536): (1.5, 6.0)}  # fmt: skip
+    rows = [
+        "| shape | fwd ms (floor) | target | fwd+bwd ms (floor) | target | torch fwd / fwd+bwd ms "
+        "| max fwd err | max grad err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["results"]:
+        s = r["shape"]
+        key = tuple(s.values())
+        name = (f"KLA B={s['B']} L={s['L']} M={s['M']} S={s['S']}" if r["op"] == "kla"
+                else f"filter {s['N']} lanes x {s['T']} steps")  # fmt: skip
+        tf, tb = targets.get(key, (None, None))
+        fl = r["floor"]
+        errs = r["errors"]
+        fe = max(v for k, v in errs.items() if not k.startswith("grad_"))
+        ge = max(v for k, v in errs.items() if k.startswith("grad_"))
+        peer = (f"{_fmt(r.get('torch_fwd_ms'), 2)} / {_fmt(r.get('torch_fwdbwd_ms'), 2)}"
+                if "torch_error" not in r else "out of memory")  # fmt: skip
+        rows.append(
+            f"| {name} | {_fmt(r['fwd_ms'])} ({_fmt(fl['floor_ms_fwd'])}) | {tf} "
+            f"| {_fmt(r['fwdbwd_ms'])} ({_fmt(fl['floor_ms_fwdbwd'])}) | {tb} | {peer} "
+            f"| {fe:.1e} | {ge:.1e} |"
+        )
+    return "\n".join(rows)
+
+
+def write_markdown(doc):
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")
+    begin, end = "<!-- gpu-table:begin -->", "<!-- gpu-table:end -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    block = (
+        f"{begin}\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}; "
+        f"copy bandwidth {doc['copy_bandwidth_TBps']:.2f} TB/s measured in the same run.\n\n"
+        f"{table(doc)}\n{end}"
+    )
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text += ("\n" if text else "") + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
