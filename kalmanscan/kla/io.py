@@ -176,12 +176,16 @@ def read_config(directory: str | Path) -> dict:
     return config
 
 
-def load_checkpoint(directory: str | Path | None = None, *, device="cpu", dtype=torch.float32):
+def load_checkpoint(
+    directory: str | Path | None = None, *, device="cpu", dtype=torch.float32, backend=None
+):
     """Build a :class:`~kalmanscan.kla.KLALanguageModel` from a checkpoint directory.
 
     ``directory=None`` loads the model bundled with the package. Only safetensors weights are
     read (no pickle); shapes and keys must match the config exactly, else
-    :class:`CheckpointError` names what differs. The model is returned in eval mode.
+    :class:`CheckpointError` names what differs. ``backend`` overrides the KLA op backend of
+    the stored config (e.g. ``"sequential"``, the faster one for short CPU inputs). The model is
+    returned in eval mode.
 
     >>> model = load_checkpoint()  # the bundled byte-level model  # doctest: +SKIP
     """
@@ -206,7 +210,10 @@ def load_checkpoint(directory: str | Path | None = None, *, device="cpu", dtype=
         raise CheckpointError(f"checkpoint: expected weights {weights}, found none{hint}")
     config = read_config(directory)
     try:
-        model_config = ModelConfig.from_dict(config["model"])
+        model_dict = dict(config["model"])
+        if backend is not None:
+            model_dict["kla"] = {**model_dict.get("kla", {}), "backend": backend}
+        model_config = ModelConfig.from_dict(model_dict)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint: invalid model config in {directory / CONFIG_FILE}: {err}") from None
     try:
