@@ -42,7 +42,7 @@ def test_demo_end_to_end_through_the_kalmanscan_command(tmp_path):
     text = proc.stdout
     assert "15098.5" in text and "1469.18" in text and "-632.5456" in text
     assert "  1971  " in text and "798.367" in text  # first forecast year and its mean at the MLE
-    for name in ("nile.png", "nile.nc", "summary.txt"):
+    for name in ("nile.png", "nile.nc", "nile.csv", "summary.txt"):
         assert (out / name).exists(), name
     assert (out / "nile.png").read_bytes()[:8] == PNG_MAGIC
     ds = xr.load_dataset(out / "nile.nc")
@@ -97,6 +97,17 @@ def test_filter_irregular_csv_with_gaps_and_two_series(tmp_path, capsys):
     png = (out / "results.png").read_bytes()
     assert png[:8] == PNG_MAGIC and len(png) > 20_000
     assert (out / "summary.txt").read_text().startswith(str(SENSORS))
+    import pandas as pd
+
+    table = pd.read_csv(out / "results.csv")
+    assert table.columns[:6].tolist() == ["kind", "time", "series", "observed", "mean", "sd"]
+    assert (table["kind"] == "data").sum() == 300 and (table["kind"] == "forecast").sum() == 20
+    row = table[(table["kind"] == "data") & (table["series"] == "sensor_b")].iloc[7]
+    np.testing.assert_allclose(
+        row["smoothed_mean"], ds["smoothed_mean"].sel(series="sensor_b").values[7], rtol=1e-9
+    )
+    fc = table[table["kind"] == "forecast"]
+    assert (fc["predictive_sd"] > fc["sd"]).all() and "upper90" in table
 
 
 def test_filter_with_given_parameters_and_numeric_times(tmp_path, capsys):

@@ -69,7 +69,7 @@ def _parse(parser: argparse.ArgumentParser, argv):
 
 
 def _write_outputs(
-    ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4
+    ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4, ylabel=None
 ) -> list[str]:
     import matplotlib
 
@@ -89,11 +89,70 @@ def _write_outputs(
         raise InputError(str(err)) from err
     axes = plot_overview(ds, max_series=max_series)
     axes[0].figure.suptitle(title)
+    if ylabel:
+        for ax in axes[:-1]:
+            ax.set_ylabel(ylabel)
     axes[0].figure.savefig(png, dpi=110)
     plt.close(axes[0].figure)
     with open(txt, "w") as fh:
         fh.write(summary + "\n")
-    return [png, nc, txt]
+    csv = os.path.join(out_dir, stem + ".csv")
+    _write_csv(ds, csv)
+    return [png, nc, csv, txt]
+
+
+def _write_csv(ds, path: str) -> None:
+    """Long-format table: one row per (time, series) with the filtered and smoothed level (mean, sd,
+    bounds at the widest coverage). Forecast rows (``kind=forecast``) give the level's mean and sd,
+    the ``predictive_sd`` of a new observation, and bounds of the predictive interval."""
+    import pandas as pd
+
+    tdim = ds.attrs.get("time_dim", "time")
+    sdims = [d for d in ds["mean"].dims if d != tdim]
+    c = float(max(ds["coverage"].values))
+    pct = f"{c * 100:g}"
+    cols = {
+        "observed": ds["observed"],
+        "mean": ds["mean"],
+        "sd": np.sqrt(ds["variance"]),
+        f"lower{pct}": ds["lower"].sel(coverage=c, drop=True),
+        f"upper{pct}": ds["upper"].sel(coverage=c, drop=True),
+    }
+    if "smoothed_mean" in ds:
+        cols.update(
+            {
+                "smoothed_mean": ds["smoothed_mean"],
+                "smoothed_sd": np.sqrt(ds["smoothed_variance"]),
+                f"smoothed_lower{pct}": ds["smoothed_lower"].sel(coverage=c, drop=True),
+                f"smoothed_upper{pct}": ds["smoothed_upper"].sel(coverage=c, drop=True),
+            }
+        )
+    import xarray as xr
+
+    table = xr.Dataset(cols).to_dataframe().reset_index()
+    table.insert(0, "kind", "data")
+    table = table.rename(columns={tdim: "time"})
+    parts = [table]
+    if "forecast_mean" in ds:
+        fc = (
+            xr.Dataset(
+                {
+                    "mean": ds["forecast_mean"],
+                    "sd": np.sqrt(ds["forecast_variance"]),
+                    "predictive_sd": np.sqrt(ds["forecast_predictive_variance"]),
+                    f"lower{pct}": ds["forecast_lower"].sel(coverage=c, drop=True),
+                    f"upper{pct}": ds["forecast_upper"].sel(coverage=c, drop=True),
+                }
+            )
+            .to_dataframe()
+            .reset_index()
+            .rename(columns={"forecast_time": "time"})
+        )
+        fc.insert(0, "kind", "forecast")
+        parts.append(fc)
+    out = pd.concat(parts, ignore_index=True)
+    keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
+    out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
 
 
 def _coverage_arg(values):
@@ -115,7 +174,13 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
     picks = [{}]
     if series_dims:
         picks = [
-            dict(zip(series_dims, np.unravel_index(i, [ds.sizes[d] for d in series_dims]), strict=False))
+            dict(
+                zip(
+                    series_dims,
+                    np.unravel_index(i, [ds.sizes[d] for d in series_dims]),
+                    strict=False,
+                )
+            )
             for i in range(min(math.prod(ds.sizes[d] for d in series_dims), 4))
         ]
     for idx in picks:
@@ -188,7 +253,14 @@ def _demo(args) -> int:
             ],
         )
     )
-    files = _write_outputs(ds, args.out, "nile", summary, title="Nile flow: local level model")
+    files = _write_outputs(
+        ds,
+        args.out,
+        "nile",
+        summary,
+        title="Nile flow: local level model",
+        ylabel="flow (10^8 m^3)",
+    )
     print(summary)
     print("wrote " + ", ".join(files))
     return EXIT_OK
