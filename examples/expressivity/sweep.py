@@ -197,6 +197,7 @@ def main(argv=None):
             run[key.replace("-", "_")] = value
     pending = list(runs)
     active = []
+    t_launch = time.time()
     logs = {}
     while pending or active:
         while pending and len(active) < args.concurrency:
@@ -209,13 +210,13 @@ def main(argv=None):
         for item in list(active):
             run, proc, log = item
             deadline = args.deadline if args.deadline else args.time_budget + 90
-            if proc.poll() is None and time.time() - t_start > deadline:
+            if proc.poll() is None and time.time() - t_launch > deadline:
                 proc.kill()
             if proc.poll() is not None:
                 log.close()
                 active.remove(item)
                 logs[run["name"]] = proc.returncode
-                print(f"{run['name']}: exit {proc.returncode} at {time.time() - t_start:.0f} s", flush=True)
+                print(f"{run['name']}: exit {proc.returncode} at {time.time() - t_launch:.0f} s", flush=True)
     groups, models = {}, {}
     for run in runs:
         path = workdir / f"{run['name']}.json"
