@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -301,6 +302,75 @@ def reference_check(quick):
     return dict(T=T, **{k: e[k] for k in ("mean", "var", "loglik")})
 
 
+# --------------------------------------------------------------------------------------------- memory
+# Peak memory of one call, measured in a fresh interpreter as the rise of the kernel's high-water
+# mark (VmHWM, reset through /proc/self/clear_refs) over the resident size before the call, with
+# glibc's mmap threshold pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers leave the process at once
+# and the high-water mark tracks live memory. tracemalloc cannot see torch's CPU allocations.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEMORY_SHAPES = [("filter", "float64", [[125_000, 1], [250_000, 1], [500_000, 1], [1_000_000, 1]]),
+                 ("filter", "float32", [[125_000, 1], [1_000_000, 1]]),
+                 ("filter", "float64", [[2048, 64], [2048, 512], [16384, 64], [16384, 512]]),
+                 ("smooth", "float64", [[125_000, 1], [1_000_000, 1]])]
+
+
+_PROBE = r"""
+import gc, json, sys
+import numpy as np
+import kalmanscan as ks
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+op = getattr(ks, sys.argv[1])
+dtype = np.dtype(sys.argv[2])
+shapes = json.loads(sys.argv[3])
+op(np.random.default_rng(0).normal(size=(100, 1)), 1.0, 0.9, 0.1)  # warm up (lazy imports, allocator)
+out = []
+for T, N in shapes:
+    z = np.random.default_rng(T + N).normal(size=(T, N)).astype(dtype)
+    z[::7] = np.nan
+    gc.collect()
+    reset_peak()
+    before = status("VmRSS")
+    res = op(z, 1.0, 0.9, 0.1)
+    peak = status("VmHWM") - before
+    out.append(dict(T=T, N=N, input_bytes=z.nbytes, peak_bytes=peak, ratio=peak / z.nbytes))
+    del res, z
+print(json.dumps(out))
+"""
+
+
+def measure_peaks(op: str, dtype: str, shapes):
+    """Peak memory rise of ``ks.<op>`` for each ``(T, N)``, measured in a fresh interpreter."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="2")
+    proc = subprocess.run([sys.executable, "-c", _PROBE, op, dtype, json.dumps(shapes)], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+
+def memory_rows(quick):
+    rows = []
+    for op, dtype, shapes in MEMORY_SHAPES:
+        if quick:
+            shapes = [s for s in shapes if s[0] * s[1] <= 500_000]
+        if not os.path.exists("/proc/self/clear_refs"):
+            return []
+        for r in measure_peaks(op, dtype, shapes):
+            rows.append(dict(op=op, dtype=dtype, **r))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------- report
 def _fmt(x):
     if isinstance(x, float) and math.isinf(x):
@@ -344,6 +414,14 @@ def markdown(result) -> str:
             a, b = r["f32"], r["f64"]
             lines.append(f"| {r['family']} | {r['value']:g} | {_fmt(a['mean'])} / {_fmt(a['var'])} / {_fmt(a['loglik'])} "
                          f"| {_fmt(b['mean'])} / {_fmt(b['var'])} / {_fmt(b['loglik'])} | {'yes' if r['f32_adequate'] else '**no**'} |")
+        lines.append("")
+    mem = result.get("memory", [])
+    if mem:
+        lines += ["Peak memory of one call on CPU (rise of the peak RSS; z with every 7th step missing, scalar parameters):", "",
+                  "| op | dtype | T x N | bytes of z | peak bytes | peak / bytes of z |", "|---|---|---|---|---|---|"]
+        for r in mem:
+            lines.append(f"| {r['op']} | {r['dtype']} | {r['T']} x {r['N']} | {r['input_bytes'] / 1e6:.1f} MB "
+                         f"| {r['peak_bytes'] / 1e6:.1f} MB | {r['ratio']:.1f} |")
         lines.append("")
     ov = result.get("known_failures", [])
     for k in ov:
@@ -433,6 +511,7 @@ def main(argv=None):
         rows=rows,
         known_failures=known_failures(),
         sweeps=sweeps(args.quick),
+        memory=memory_rows(args.quick),
     )
     md = markdown(result)
     print(md)
