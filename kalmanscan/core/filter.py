@@ -22,7 +22,7 @@ import torch
 from kalmanscan.core import _args, backends
 from kalmanscan.core.scan import affine_scan
 from kalmanscan.core.sequential import observation_information
-from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+from kalmanscan.core.steps import compact, info_gain, predict_coeffs, predict_precision
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -131,13 +131,14 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
     h = series("loading")
     c = series("offset")
     zz = zt.movedim(axis, 0).reshape(T, N)
-    det = (a == 0) & (p == 0) if a.dtype == torch.float64 else (a * a == 0) & (p == 0)
+    ac, pc = compact(a), compact(p)
+    det = (ac * ac == 0) & (pc == 0)
     bad = _args.first_bad(det)
     if bad is not None:
         raise ValueError(
             "decay, process_var: expected process_var > 0 wherever decay**2 is 0 (otherwise the "
             f"state is deterministic with infinite precision), got decay={a[bad].item()!r} and "
-            f"process_var=0 at (time, lane) {bad}"
+            f"process_var=0 at (time, lane) {bad} (of the broadcast [time, lane] grid)"
         )
     if init is not None:
         lam0 = lanes("init.lam", lo=0.0)
@@ -150,7 +151,9 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
         pm = lanes("prior_mean")
         lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv)
         eta0 = lam0 * pm
-    zz = zz.masked_fill(torch.isinf(obs), float("nan"))  # z alone marks the steps not observed
+    oc = compact(obs)
+    if bool(torch.isinf(oc).any()):  # z alone marks the steps not observed
+        zz = zz.masked_fill(torch.isinf(oc), float("nan"))
     name = backends.resolve(backend, conv.device)
     return _Prepared(conv, axis, shape, lane_shape, zz, obs, a, p, h, c, lam0, eta0, name)
 
@@ -165,8 +168,8 @@ _EXPECT = {
 
 # Long inputs are filtered in time blocks of about this many elements, carrying the exact
 # (lam, eta) state from block to block, so that every pass over the data stays cache-resident.
-_BLOCK_ELEMS = 1 << 20
-_SERIES_KEYS = ("lam", "eta", "mean", "var", "lam_pred", "mean_pred", "var_pred", "alpha")
+_BLOCK_ELEMS = 1 << 18
+_SERIES_KEYS = ("lam", "eta", "mean", "var", "lam_pred", "mean_pred", "var_pred")
 
 
 def _time_blocks(T: int, N: int):
@@ -193,6 +196,7 @@ def _run(prep: _Prepared):
 
 def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     lam, eta = backends.get(backend)(z, obs, a, p, h, c, lam0, eta0)
+    obs, a, p, h, c = (compact(x) for x in (obs, a, p, h, c))
     lam_prev = torch.cat([lam0[None], lam[:-1]])
     eta_prev = torch.cat([eta0[None], eta[:-1]])
     q, d = predict_coeffs(a * a, p)
@@ -216,7 +220,7 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     ll = torch.where(contrib, -0.5 * (_LOG_2PI + torch.log(s) + innov * innov / s), 0.0)
     return dict(
         lam=lam, eta=eta, mean=mean, var=var, lam_pred=lam_pred, mean_pred=mean_pred,
-        var_pred=var_pred, alpha=alpha, loglik=ll.sum(0),
+        var_pred=var_pred, loglik=ll.sum(0),
     )
 
 
@@ -309,7 +313,7 @@ def smooth(
         q, d = predict_coeffs(a1 * a1, p1)
         forget = q > 0
         den = p1 * lam + d  # a^2 + p lam where a^2 > 0
-        gain = r["alpha"][1:]
+        gain = a1 * (1 - q) / den  # info_gain(lam_t) of step t+1
         mean_off = torch.where(forget, r["mean"][:-1], (p1 * eta - a1 * c1) / den)
         var_off = torch.where(forget, r["var"][:-1], p1 / den)
         flip = lambda x: x.expand(T - 1, -1).flip(0)  # noqa: E731

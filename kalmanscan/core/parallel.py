@@ -15,7 +15,7 @@ import torch
 from kalmanscan.core import sequential
 from kalmanscan.core.scan import affine_scan, mobius_scan, num_chunks
 from kalmanscan.core.sequential import observation_information
-from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+from kalmanscan.core.steps import compact, info_gain, predict_coeffs, predict_precision
 
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
@@ -23,7 +23,7 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
         # One chunk: the scan is the plain recursion over time, vectorized across the many lanes.
         return sequential.filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0)
     phi, r = observation_information(z, obs_var, loading)
-    p = process_var
+    decay, p, offset = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(decay * decay, p)
     lam = mobius_scan(1 + p * phi, q + d * phi, p, d, lam0)
     lam_prev = torch.cat([lam0.expand(1, -1), lam[:-1]])

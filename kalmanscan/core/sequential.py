@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import torch
 
-from kalmanscan.core.steps import predict_coeffs
+from kalmanscan.core.steps import compact, predict_coeffs
 
 
 def observation_information(z, obs_var, loading):
     """``phi = h^2 / obs_var`` and ``r = h z / obs_var``; both 0 where not observed."""
-    observed = ~torch.isnan(z)
-    rho = torch.where(observed, 1.0 / obs_var, 0.0)
-    z0 = z.masked_fill(~observed, 0.0)
-    return rho * loading * loading, rho * loading * z0
+    missing = torch.isnan(z)
+    rho = compact(obs_var).reciprocal()
+    rho_h = rho * compact(loading)
+    phi = (rho_h * compact(loading)).expand_as(z).masked_fill(missing, 0.0)
+    return phi, rho_h * z.masked_fill(missing, 0.0)
 
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
     T = z.shape[0]
     phi, r = observation_information(z, obs_var, loading)
+    decay, process_var, offset = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(decay * decay, process_var)
     gain_num = decay * (1 - q)  # info_gain(lam) = gain_num / (p*lam + d)
     with_offset = bool((offset != 0).any())

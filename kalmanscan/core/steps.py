@@ -16,6 +16,18 @@ from __future__ import annotations
 import torch
 
 
+def compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` narrowed to size 1 along its broadcast (stride-0) dimensions; broadcasts back to ``x``.
+
+    Backends receive expanded views of time- or lane-invariant parameters; elementwise work on the
+    compact view costs nothing per time step or lane.
+    """
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+        if stride == 0 and size > 1:
+            x = x.narrow(dim, 0, 1)
+    return x
+
+
 def predict_coeffs(a2: torch.Tensor, p: torch.Tensor):
     """Return ``(q, d)`` of the predict map ``lam -> (lam + q) / (p*lam + d)``."""
     forget = a2 == 0
