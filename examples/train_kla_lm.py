@@ -16,7 +16,7 @@ same evenly spaced held-out windows for both, and for the KLA model also after r
 stored half-precision weights.
 
     python examples/train_kla_lm.py --minutes 2.5 --out out/    # GPU
-    python examples/train_kla_lm.py --max-steps 3 --d-model 64 --n-layers 2 --out /tmp/kla  # CPU check
+    python examples/train_kla_lm.py --max-steps 3 --d-model 64 --n-layers 2 --out /tmp/kla  # CPU
 
 Writes ``<out>/kla-lm/{model.safetensors,config.json}`` and ``<out>/kla-lm-metrics.json``.
 """
@@ -104,7 +104,10 @@ def make_optimizer(model, lr, weight_decay):
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or any(k in name for k in NO_DECAY) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=False)
 
 
@@ -135,7 +138,7 @@ def bits_per_byte(model, windows, device, batch, autocast) -> float:
 
 
 def train(model, batches, args, device, *, max_steps=None, minutes=None, log=print):
-    """Train on ``batches(step)`` until ``max_steps`` or ``minutes`` of wall time; returns a dict."""
+    """Train on ``batches(step)`` until ``max_steps`` or ``minutes`` of wall time (a dict out)."""
     opt = make_optimizer(model, args.lr, args.weight_decay)
     autocast = device.type == "cuda"
     model.train()
@@ -160,8 +163,10 @@ def train(model, batches, args, device, *, max_steps=None, minutes=None, log=pri
         losses.append(loss.item())
         step += 1
         if step % args.log_every == 0:
-            log(f"  step {step:5d}  loss {np.mean(losses[-args.log_every:]):.4f}  "
-                f"{time.perf_counter() - t0:6.1f}s")
+            log(
+                f"  step {step:5d}  loss {np.mean(losses[-args.log_every :]):.4f}  "
+                f"{time.perf_counter() - t0:6.1f}s"
+            )
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
@@ -170,8 +175,9 @@ def train(model, batches, args, device, *, max_steps=None, minutes=None, log=pri
         "wall_s": wall,
         "tokens": step * args.batch * args.seq_len,
         "final_train_loss_bits": float(np.mean(losses[-20:]) / math.log(2)) if losses else None,
-        "train_loss_curve_bits": [float(np.mean(losses[i : i + 25]) / math.log(2))
-                                  for i in range(0, len(losses), 25)],
+        "train_loss_curve_bits": [
+            float(np.mean(losses[i : i + 25]) / math.log(2)) for i in range(0, len(losses), 25)
+        ],
     }
 
 
@@ -231,10 +237,13 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-windows", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="probe", help="KLA backend, or 'probe' to time them")
-    ap.add_argument("--probe-only", action="store_true",
-                    help="only time the KLA backends; print BACKEND=<fastest> and write "
-                         "<out>/kla-lm-probe.json (run it as its own process: a failing GPU "
-                         "kernel cannot then take the training process down)")
+    ap.add_argument(
+        "--probe-only",
+        action="store_true",
+        help="only time the KLA backends; print BACKEND=<fastest> and write "
+        "<out>/kla-lm-probe.json (run it as its own process: a failing GPU "
+        "kernel cannot then take the training process down)",
+    )
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--data-root", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
@@ -249,8 +258,10 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     t_start = time.perf_counter()
     train_data, held_data, data_info = load_corpus(args.data_root)
-    log(f"data: {data_info['n_files']} files, {data_info['train_bytes']} train / "
-        f"{data_info['held_out_bytes']} held-out bytes ({time.perf_counter() - t_start:.1f}s)")
+    log(
+        f"data: {data_info['n_files']} files, {data_info['train_bytes']} train / "
+        f"{data_info['held_out_bytes']} held-out bytes ({time.perf_counter() - t_start:.1f}s)"
+    )
     windows = eval_windows(held_data, args.seq_len, args.eval_windows)
 
     def batches(step):
@@ -263,9 +274,14 @@ def main(argv=None) -> int:
     kla_cfg = dict(d_state=args.d_state)
 
     def make_kla(backend):
-        return KLALanguageModel(ModelConfig(
-            d_model=args.d_model, n_layers=args.n_layers, mixers="kla",
-            kla=KLAConfig(backend=backend, **kla_cfg)))
+        return KLALanguageModel(
+            ModelConfig(
+                d_model=args.d_model,
+                n_layers=args.n_layers,
+                mixers="kla",
+                kla=KLAConfig(backend=backend, **kla_cfg),
+            )
+        )
 
     if args.probe_only:
         args.backend = "probe"
@@ -273,7 +289,9 @@ def main(argv=None) -> int:
     probe_json = args.out / "kla-lm-probe.json"
     if args.probe_only:
         args.out.mkdir(parents=True, exist_ok=True)
-        probe_json.write_text(json.dumps({"fastest": backend, "backends": backend_report}, indent=2))
+        probe_json.write_text(
+            json.dumps({"fastest": backend, "backends": backend_report}, indent=2)
+        )
         print(f"BACKEND={backend}", flush=True)
         return 0
     if not backend_report and probe_json.is_file():
@@ -285,18 +303,32 @@ def main(argv=None) -> int:
     n_kla = kla.num_parameters()
     budget = f"{args.max_steps} steps" if args.max_steps else f"{args.minutes} min"
     log(f"KLA model: {n_kla} parameters; training for {budget}")
-    kla_train = train(kla, batches, args, device, max_steps=args.max_steps,
-                      minutes=None if args.max_steps else args.minutes, log=log)
+    kla_train = train(
+        kla,
+        batches,
+        args,
+        device,
+        max_steps=args.max_steps,
+        minutes=None if args.max_steps else args.minutes,
+        log=log,
+    )
     kla_bpb = bits_per_byte(kla, windows, device, 64, device.type == "cuda")
     log(f"KLA: {kla_train['steps']} steps, held-out {kla_bpb:.4f} bits/byte")
 
     kla.config.kla.backend = "auto"  # the stored config is portable
     for blk in kla.blocks:
         blk.mixer.config.backend = "auto"
-    ckpt = save_checkpoint(kla.cpu(), args.out / "kla-lm", dtype=torch.float16, metadata={
-        "tokenizer": "utf-8 bytes", "trained_on": "CPython standard library source",
-        "held_out_bits_per_byte": kla_bpb, "steps": kla_train["steps"],
-    })
+    ckpt = save_checkpoint(
+        kla.cpu(),
+        args.out / "kla-lm",
+        dtype=torch.float16,
+        metadata={
+            "tokenizer": "utf-8 bytes",
+            "trained_on": "CPython standard library source",
+            "held_out_bits_per_byte": kla_bpb,
+            "steps": kla_train["steps"],
+        },
+    )
     shipped = load_checkpoint(ckpt, device=device)
     shipped.config.kla.backend = backend
     for blk in shipped.blocks:
@@ -310,33 +342,58 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "data": data_info,
         "hyper": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "eval": {"windows": len(windows), "bytes_scored": int(windows[:, 1:].numel()),
-                 "context": args.seq_len},
+        "eval": {
+            "windows": len(windows),
+            "bytes_scored": int(windows[:, 1:].numel()),
+            "context": args.seq_len,
+        },
         "kla_backend": backend,
         "kla_backend_probe": backend_report,
-        "kla": {"params": n_kla, "config": kla.config.to_dict(), **kla_train,
-                "held_out_bits_per_byte": kla_bpb,
-                "held_out_bits_per_byte_float16_weights": shipped_bpb},
+        "kla": {
+            "params": n_kla,
+            "config": kla.config.to_dict(),
+            **kla_train,
+            "held_out_bits_per_byte": kla_bpb,
+            "held_out_bits_per_byte_float16_weights": shipped_bpb,
+        },
     }
     if not args.skip_baseline:
         # Same parameter count: the widest 4-head attention model not above the KLA model's size.
         width = max(
-            d for d in range(16, 4 * args.d_model, 16)
-            if KLALanguageModel(ModelConfig(d_model=d, n_layers=args.n_layers, mixers="attention",
-                                            attention=AttentionConfig(n_heads=4))).num_parameters()
+            d
+            for d in range(16, 4 * args.d_model, 16)
+            if KLALanguageModel(
+                ModelConfig(
+                    d_model=d,
+                    n_layers=args.n_layers,
+                    mixers="attention",
+                    attention=AttentionConfig(n_heads=4),
+                )
+            ).num_parameters()
             <= 1.02 * n_kla
         )
         torch.manual_seed(args.seed)
-        att = KLALanguageModel(ModelConfig(d_model=width, n_layers=args.n_layers,
-                                           mixers="attention",
-                                           attention=AttentionConfig(n_heads=4))).to(device)
-        log(f"attention baseline: width {width}, {att.num_parameters()} parameters, "
-            f"{kla_train['steps']} steps")
+        att = KLALanguageModel(
+            ModelConfig(
+                d_model=width,
+                n_layers=args.n_layers,
+                mixers="attention",
+                attention=AttentionConfig(n_heads=4),
+            )
+        ).to(device)
+        log(
+            f"attention baseline: width {width}, {att.num_parameters()} parameters, "
+            f"{kla_train['steps']} steps"
+        )
         att_train = train(att, batches, args, device, max_steps=kla_train["steps"], log=log)
         att_bpb = bits_per_byte(att, windows, device, 64, device.type == "cuda")
         log(f"attention: held-out {att_bpb:.4f} bits/byte")
-        results["attention"] = {"params": att.num_parameters(), "config": att.config.to_dict(),
-                                **att_train, "held_out_bits_per_byte": att_bpb}
+        results["attention"] = {
+            "params": att.num_parameters(),
+            "config": att.config.to_dict(),
+            **att_train,
+            "held_out_bits_per_byte": att_bpb,
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kla-lm-metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"total {time.perf_counter() - t_start:.1f}s; wrote {args.out}")

@@ -26,8 +26,13 @@ TEXT = "def add(a, b):\n    return a + b  # sum\n"
 
 def make_model(dtype=torch.float64, seed=0, mixers=("kla", "attention", "kla")):
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, n_layers=len(mixers), mixers=list(mixers),
-                      kla=KLAConfig(d_state=4), attention=AttentionConfig(n_heads=2))
+    cfg = ModelConfig(
+        d_model=16,
+        n_layers=len(mixers),
+        mixers=list(mixers),
+        kla=KLAConfig(d_state=4),
+        attention=AttentionConfig(n_heads=2),
+    )
     model = KLALanguageModel(cfg).to(dtype).eval()
     with torch.no_grad():
         for i in model.kla_blocks:
@@ -38,16 +43,21 @@ def make_model(dtype=torch.float64, seed=0, mixers=("kla", "attention", "kla")):
     return model
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="f32"),
-                                   pytest.param(torch.float64, id="f64")])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(torch.float32, id="f32"), pytest.param(torch.float64, id="f64")]
+)
 def test_inspection_equals_filter_on_captured_inputs(dtype):
     """Capture each KLA block's raw sensor projection with a forward hook, rebuild (v, Lv, k)
     from it by hand, run kalmanscan.filter on the (channel, slot) lanes (loading k, observation v,
     variance 1/Lv, prior N(0, 1)) and compare with the dataset."""
     model = make_model(dtype)
     captured = {}
-    hooks = [model.blocks[i].mixer.sensor_proj.register_forward_hook(
-        lambda mod, args, out, i=i: captured.setdefault(i, out.detach())) for i in model.kla_blocks]
+    hooks = [
+        model.blocks[i].mixer.sensor_proj.register_forward_hook(
+            lambda mod, args, out, i=i: captured.setdefault(i, out.detach())
+        )
+        for i in model.kla_blocks
+    ]
     ds = inspect(model, TEXT)
     for h in hooks:
         h.remove()
@@ -62,15 +72,20 @@ def test_inspection_equals_filter_on_captured_inputs(dtype):
         Lv = 1.0 / (F.softplus(logvar) + 1e-4)
         decay, pvar = (t.double() for t in layer.dynamics(torch.float64))
         res = kalmanscan.filter(
-            v[..., None].expand(-1, -1, M, S), obs_var=(1.0 / Lv)[..., None], decay=decay,
-            process_var=pvar, loading=k[:, :, None, :], prior_mean=0.0, prior_var=1.0, axis=1,
+            v[..., None].expand(-1, -1, M, S),
+            obs_var=(1.0 / Lv)[..., None],
+            decay=decay,
+            process_var=pvar,
+            loading=k[:, :, None, :],
+            prior_mean=0.0,
+            prior_var=1.0,
+            axis=1,
             backend="sequential",
         )
         got = ds.isel(layer=pos)
-        tol_dtype = dtype
 
-        def check(name, expected):
-            assert_close(torch.as_tensor(got[name].values), expected, kind, tol_dtype, what=name)
+        def check(name, expected, got=got):
+            assert_close(torch.as_tensor(got[name].values), expected, kind, dtype, what=name)
 
         check("posterior_precision", res.precision)
         check("prior_precision", res.pred_precision)
@@ -83,9 +98,10 @@ def test_inspection_equals_filter_on_captured_inputs(dtype):
         mean_prev = torch.cat([torch.zeros_like(res.mean[:, :1]), res.mean[:, :-1]], 1)
         forget = torch.as_tensor(got["forget_gate"].values).double()
         write = k[:, :, None, :] * Lv[..., None] / res.precision * v[..., None]
-        assert_close(forget * mean_prev + write, res.mean, "truth",
-                     tol_dtype, what="moment form of the mean")
-        assert_close(torch.as_tensor(got["decay"].values), decay, kind, tol_dtype, what="decay")
+        assert_close(
+            forget * mean_prev + write, res.mean, "truth", dtype, what="moment form of the mean"
+        )
+        assert_close(torch.as_tensor(got["decay"].values), decay, kind, dtype, what="decay")
 
 
 def test_inspection_does_not_alter_outputs():
@@ -108,18 +124,27 @@ def test_inspection_does_not_alter_outputs():
     with torch.no_grad():
         h = model.blocks[i].mixer_norm(model.embedding(tokens))
         _, out_var = model.blocks[i].mixer(h, return_variance=True)
-    assert_close(torch.as_tensor(ds.output_variance.isel(layer=0).values), out_var, "parallel",
-                 torch.float64, what="output_variance")
+    assert_close(
+        torch.as_tensor(ds.output_variance.isel(layer=0).values),
+        out_var,
+        "parallel",
+        torch.float64,
+        what="output_variance",
+    )
 
 
-@pytest.mark.parametrize("L,chunk", [(1, 512), (63, 7), (63, 1)], ids=["L1", "L63-chunk7", "L63-chunk1"])
+@pytest.mark.parametrize(
+    "L,chunk", [(1, 512), (63, 7), (63, 1)], ids=["L1", "L63-chunk7", "L63-chunk1"]
+)
 def test_chunking_does_not_change_results(L, chunk):
     model = make_model(torch.float32)
     tokens = torch.randint(0, 256, (1, L), generator=torch.Generator().manual_seed(2))
     a = inspect(model, tokens, chunk_size=chunk)
     b = inspect(model, tokens, chunk_size=4096)
     for name in a.data_vars:
-        np.testing.assert_allclose(a[name].values, b[name].values, rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            a[name].values, b[name].values, rtol=1e-4, atol=1e-6, err_msg=name
+        )
 
 
 def test_long_input_with_selection():
@@ -128,8 +153,11 @@ def test_long_input_with_selection():
     ds = inspect(model, tokens, channels=[0, 5, 31], chunk_size=256)
     full = inspect(model, tokens[:, :300], chunk_size=300)
     assert ds.posterior_precision.shape == (1, 1, 1000, 3, 4)
-    np.testing.assert_allclose(ds.posterior_precision.values[:, :, :300],
-                               full.posterior_precision.sel(channel=[0, 5, 31]).values, rtol=1e-5)
+    np.testing.assert_allclose(
+        ds.posterior_precision.values[:, :, :300],
+        full.posterior_precision.sel(channel=[0, 5, 31]).values,
+        rtol=1e-5,
+    )
     assert ds.channel.values.tolist() == [0, 5, 31]
     with pytest.raises(ValueError, match="max_bytes"):
         inspect(model, tokens, max_bytes=1e5)
@@ -146,8 +174,9 @@ def test_layer_selection_and_coordinates():
     assert ds.output_variance.dims == ("layer", "batch", "time", "feature")
     assert float(ds.write_gain.min()) >= 0 and float(ds.write_gain.max()) <= 1
     all_layers = inspect(model, TEXT)
-    np.testing.assert_array_equal(all_layers.posterior_precision.sel(layer=[2]).values,
-                                  ds.posterior_precision.values)
+    np.testing.assert_array_equal(
+        all_layers.posterior_precision.sel(layer=[2]).values, ds.posterior_precision.values
+    )
 
 
 def test_bad_arguments():
@@ -198,8 +227,18 @@ def test_cli_inspect_writes_picture_and_dataset(tmp_path, capsys):
     from kalmanscan.cli import main
 
     save_checkpoint(make_model(torch.float32), tmp_path / "ck")
-    rc = main(["inspect", "for x in y:", "--checkpoint", str(tmp_path / "ck"),
-               "--out", str(tmp_path / "out"), "--channels", "0-7"])
+    rc = main(
+        [
+            "inspect",
+            "for x in y:",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--out",
+            str(tmp_path / "out"),
+            "--channels",
+            "0-7",
+        ]
+    )
     assert rc == 0
     assert (tmp_path / "out" / "precision.png").stat().st_size > 1000
     assert (tmp_path / "out" / "inspect.nc").is_file()
@@ -215,4 +254,6 @@ def test_cuda_matches_cpu():
     model = make_model(torch.float32)
     a = inspect(model, TEXT)
     b = inspect(model.cuda(), TEXT)
-    np.testing.assert_allclose(b.posterior_precision.values, a.posterior_precision.values, rtol=1e-4)
+    np.testing.assert_allclose(
+        b.posterior_precision.values, a.posterior_precision.values, rtol=1e-4
+    )

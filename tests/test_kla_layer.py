@@ -61,8 +61,11 @@ def test_shapes_and_dtypes(B, L, D, S, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("L,prefill", [(1, 0), (63, 0), (63, 40), (200, 199)],
-                         ids=["L1-tokenwise", "L63-tokenwise", "L63-prefill40", "L200-prefill199"])
+@pytest.mark.parametrize(
+    "L,prefill",
+    [(1, 0), (63, 0), (63, 40), (200, 199)],
+    ids=["L1-tokenwise", "L63-tokenwise", "L63-prefill40", "L200-prefill199"],
+)
 def test_decode_equals_full_pass(L, prefill, dtype):
     layer = make_layer(16, 4, dtype, seed=1)
     x = torch.randn(2, L, 16, dtype=dtype)
@@ -94,8 +97,13 @@ def test_trace_matches_forward():
     assert torch.allclose(tr.out_var, out_var, rtol=1e-12, atol=1e-14)
     assert tr.precision.shape == (2, 30, layer.d_inner, 4)
     # the readout variance is sum_s q^2 / lam
-    assert_close(tr.yvar, (tr.sensors.q[:, :, None, :] ** 2 / tr.precision).sum(-1), "parallel",
-                 torch.float64, what="yvar")
+    assert_close(
+        tr.yvar,
+        (tr.sensors.q[:, :, None, :] ** 2 / tr.precision).sum(-1),
+        "parallel",
+        torch.float64,
+        what="yvar",
+    )
 
 
 def test_gradients_reach_every_parameter():
@@ -104,8 +112,17 @@ def test_gradients_reach_every_parameter():
     out, out_var = layer(x, return_variance=True)
     (out.square().sum() + out_var.sum()).backward()
     names = [n for n, _ in layer.named_parameters()]
-    assert set(names) == {"in_proj.weight", "conv.weight", "conv.bias", "sensor_proj.weight",
-                          "delta", "lambda_log", "process_noise", "lambda_skip", "out_proj.weight"}
+    assert set(names) == {
+        "in_proj.weight",
+        "conv.weight",
+        "conv.bias",
+        "sensor_proj.weight",
+        "delta",
+        "lambda_log",
+        "process_noise",
+        "lambda_skip",
+        "out_proj.weight",
+    }
     for name, p in layer.named_parameters():
         assert p.grad is not None, name
         assert bool(torch.isfinite(p.grad).all()), name
@@ -151,7 +168,8 @@ def test_output_variance_is_zero_without_gate_signal():
     layer = make_layer(8, 2, torch.float64, seed=7)
     with torch.no_grad():
         layer.in_proj.weight[layer.d_inner :].zero_()
-    _, out_var = layer(torch.randn(1, 5, 8, dtype=torch.float64), return_variance=True)
+    with torch.no_grad():
+        _, out_var = layer(torch.randn(1, 5, 8, dtype=torch.float64), return_variance=True)
     assert float(out_var.abs().max()) == 0.0
 
 
@@ -163,14 +181,18 @@ def test_dynamics_match_published_formula(discretization):
     relative 1e-8 * dt at most (under float32 resolution), where discretize_ou is exact."""
     layer = make_layer(8, 3, torch.float64, seed=8, discretization=discretization)
     with torch.no_grad():
-        layer.lambda_log.copy_(torch.linspace(-30.0, 4.0, layer.lambda_log.numel()).view_as(layer.lambda_log))
+        layer.lambda_log.copy_(
+            torch.linspace(-30.0, 4.0, layer.lambda_log.numel()).view_as(layer.lambda_log)
+        )
         layer.process_noise.view(-1)[:3] = torch.tensor([-1.0, 0.0, 1e-9])  # clamped at 1e-7
     a, p = layer.dynamics(torch.float64)
     kappa = layer.lambda_log.detach().exp().clamp_min(1e-8)
     dt = F.softplus(layer.delta.detach()) + 1e-7
     pn = layer.process_noise.detach().clamp_min(1e-7)
     a_ref = torch.exp(-kappa * dt)
-    p_ref = pn / (2 * kappa) * (-torch.expm1(-2 * kappa * dt)) if discretization == "ou" else pn * dt
+    p_ref = (
+        pn / (2 * kappa) * (-torch.expm1(-2 * kappa * dt)) if discretization == "ou" else pn * dt
+    )
     big = layer.lambda_log.detach().exp() >= 1e-8
     assert 0 < int(big.sum()) < big.numel()
     assert_close(a[big], a_ref[big], "truth", torch.float64, what="decay")
@@ -204,9 +226,15 @@ def test_parameter_layout():
     M, S, D = 48, 8, 24
     shapes = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
     assert shapes == {
-        "in_proj.weight": (2 * M, D), "conv.weight": (M, 1, 4), "conv.bias": (M,),
-        "sensor_proj.weight": (2 * M + 2 * S, M), "delta": (M, S), "lambda_log": (M, S),
-        "process_noise": (M, S), "lambda_skip": (), "out_proj.weight": (D, M),
+        "in_proj.weight": (2 * M, D),
+        "conv.weight": (M, 1, 4),
+        "conv.bias": (M,),
+        "sensor_proj.weight": (2 * M + 2 * S, M),
+        "delta": (M, S),
+        "lambda_log": (M, S),
+        "process_noise": (M, S),
+        "lambda_skip": (),
+        "out_proj.weight": (D, M),
     }
 
 
@@ -219,14 +247,20 @@ def test_sensor_row_order():
     W = layer.in_proj.weight.detach()
     zpre = x @ W[:M].T
     assert torch.allclose(sens.gate, x @ W[M:].T)
-    conv = F.conv1d(F.pad(zpre.transpose(1, 2), (3, 0)), layer.conv.weight, layer.conv.bias, groups=M)
+    conv = F.conv1d(
+        F.pad(zpre.transpose(1, 2), (3, 0)), layer.conv.weight, layer.conv.bias, groups=M
+    )
     z = F.silu(conv.transpose(1, 2))
     assert torch.allclose(sens.z, z)
     raw = z @ layer.sensor_proj.weight.detach().T
     assert torch.allclose(sens.v, raw[..., :M])
     assert torch.allclose(sens.obs_prec, 1 / (F.softplus(raw[..., M : 2 * M]) + 1e-4))
-    assert torch.allclose(sens.k, raw[..., 2 * M : 2 * M + S] / raw[..., 2 * M : 2 * M + S].norm(dim=-1, keepdim=True))
-    assert torch.allclose(sens.q, raw[..., 2 * M + S :] / raw[..., 2 * M + S :].norm(dim=-1, keepdim=True))
+    assert torch.allclose(
+        sens.k, raw[..., 2 * M : 2 * M + S] / raw[..., 2 * M : 2 * M + S].norm(dim=-1, keepdim=True)
+    )
+    assert torch.allclose(
+        sens.q, raw[..., 2 * M + S :] / raw[..., 2 * M + S :].norm(dim=-1, keepdim=True)
+    )
 
 
 def test_bfloat16_autocast_runs_filter_in_float32():
@@ -254,8 +288,14 @@ def test_bad_arguments():
         KLALayer(0)
     with pytest.raises(TypeError, match="config"):
         KLALayer(8, {"d_state": 4})
-    for bad in (dict(d_state=0), dict(expand=-1.0), dict(discretization="euler"),
-                dict(gate_activation="tanh"), dict(dt_min=0.2, dt_max=0.1), dict(obs_var_min=0.0)):
+    for bad in (
+        dict(d_state=0),
+        dict(expand=-1.0),
+        dict(discretization="euler"),
+        dict(gate_activation="tanh"),
+        dict(dt_min=0.2, dt_max=0.1),
+        dict(obs_var_min=0.0),
+    ):
         with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
             KLAConfig(**bad)
 
@@ -268,3 +308,30 @@ def test_cuda_matches_cpu():
     out, out_var = layer(x, return_variance=True)
     gout, gvar = layer.cuda()(x.cuda(), return_variance=True)
     assert rel(gout.cpu(), out) < 1e-4 and rel(gvar.cpu(), out_var) < 1e-4
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import kalmanscan.kla.config
+    import kalmanscan.kla.io
+    import kalmanscan.kla.layer
+    import kalmanscan.kla.model
+    import kalmanscan.kla.plot
+
+    inspect_module = __import__("sys").modules["kalmanscan.kla.inspect"]
+    mods = (
+        kalmanscan.kla,
+        kalmanscan.kla.config,
+        kalmanscan.kla.io,
+        kalmanscan.kla.layer,
+        kalmanscan.kla.model,
+        inspect_module,
+        kalmanscan.kla.plot,
+    )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for mod in mods:
+        res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__

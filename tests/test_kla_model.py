@@ -36,21 +36,23 @@ def authors_state_dict(V, D, n_layers, S, expand=2, gen=None):
     sd = {"embedding.weight": r(V, D, scale=1.0)}
     for i in range(n_layers):
         p = f"blocks.{i}."
-        sd.update({
-            p + "mixer_norm.weight": 1 + r(D, scale=0.1),
-            p + "mixer.in_proj.weight": r(2 * M, D),
-            p + "mixer.conv.weight": r(M, 1, 4),
-            p + "mixer.conv.bias": r(M, scale=0.1),
-            p + "mixer.sensor_proj.weight": r(2 * M + 2 * S, M),
-            p + "mixer.delta": r(M, S, scale=1.0) - 2.0,
-            p + "mixer.lambda_log": r(M, S, scale=1.0),
-            p + "mixer.process_noise": r(M, S, scale=0.05).abs() + 1e-3,
-            p + "mixer.lambda_skip": torch.tensor(-0.8, dtype=torch.float64),
-            p + "mixer.out_proj.weight": r(D, M),
-            p + "mlp_norm.weight": 1 + r(D, scale=0.1),
-            p + "mlp.w12.weight": r(2 * H, D),
-            p + "mlp.w3.weight": r(D, H),
-        })
+        sd.update(
+            {
+                p + "mixer_norm.weight": 1 + r(D, scale=0.1),
+                p + "mixer.in_proj.weight": r(2 * M, D),
+                p + "mixer.conv.weight": r(M, 1, 4),
+                p + "mixer.conv.bias": r(M, scale=0.1),
+                p + "mixer.sensor_proj.weight": r(2 * M + 2 * S, M),
+                p + "mixer.delta": r(M, S, scale=1.0) - 2.0,
+                p + "mixer.lambda_log": r(M, S, scale=1.0),
+                p + "mixer.process_noise": r(M, S, scale=0.05).abs() + 1e-3,
+                p + "mixer.lambda_skip": torch.tensor(-0.8, dtype=torch.float64),
+                p + "mixer.out_proj.weight": r(D, M),
+                p + "mlp_norm.weight": 1 + r(D, scale=0.1),
+                p + "mlp.w12.weight": r(2 * H, D),
+                p + "mlp.w3.weight": r(D, H),
+            }
+        )
     sd["norm_f.weight"] = 1 + r(D, scale=0.1)
     sd["lm_head.weight"] = r(V, D)
     return sd
@@ -60,6 +62,7 @@ def reference_logits(sd, tokens, n_layers, S, eps=1e-5):
     """The published model, step by step in float64 from the state dict alone: RMSNorm blocks,
     KLA mixer (covariance-form Kalman filter per lane, OU discretization with kappa clamp),
     SwiGLU MLP. Shares no code with kalmanscan."""
+
     def rms(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -108,8 +111,9 @@ def reference_logits(sd, tokens, n_layers, S, eps=1e-5):
 def test_authors_layout_loads_strict_and_gives_reference_logits(L):
     V, D, n_layers, S = 50, 12, 2, 4
     sd = authors_state_dict(V, D, n_layers, S)
-    model = KLALanguageModel(ModelConfig(vocab_size=V, d_model=D, n_layers=n_layers,
-                                         kla=KLAConfig(d_state=S))).double()
+    model = KLALanguageModel(
+        ModelConfig(vocab_size=V, d_model=D, n_layers=n_layers, kla=KLAConfig(d_state=S))
+    ).double()
     assert set(model.state_dict()) == set(sd)
     model.load_state_dict(sd, strict=True)
     tokens = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(1))
@@ -126,12 +130,20 @@ def test_swiglu_hidden_width():
         assert model.blocks[0].mlp.w3.weight.shape == (D, int(2 * 4 * D / 3))
 
 
-@pytest.mark.parametrize("mixers", [["kla", "kla"], ["attention", "kla"], ["kla", "attention"]],
-                         ids=["kla-kla", "attn-kla", "kla-attn"])
+@pytest.mark.parametrize(
+    "mixers",
+    [["kla", "kla"], ["attention", "kla"], ["kla", "attention"]],
+    ids=["kla-kla", "attn-kla", "kla-attn"],
+)
 def test_chunked_prefill_and_decode_equal_full_pass(mixers):
     torch.manual_seed(2)
-    cfg = ModelConfig(d_model=16, n_layers=2, mixers=mixers, kla=KLAConfig(d_state=4),
-                      attention=AttentionConfig(n_heads=2))
+    cfg = ModelConfig(
+        d_model=16,
+        n_layers=2,
+        mixers=mixers,
+        kla=KLAConfig(d_state=4),
+        attention=AttentionConfig(n_heads=2),
+    )
     model = KLALanguageModel(cfg).double().eval()
     tokens = torch.randint(0, 256, (2, 63))
     with torch.no_grad():
@@ -155,11 +167,23 @@ def test_hybrid_config():
 
 def test_generate_uses_one_token_steps_and_matches_full_recompute():
     torch.manual_seed(3)
-    model = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, mixers=["attention", "kla"],
-                                         kla=KLAConfig(d_state=4),
-                                         attention=AttentionConfig(n_heads=2))).double().eval()
+    model = (
+        KLALanguageModel(
+            ModelConfig(
+                d_model=16,
+                n_layers=2,
+                mixers=["attention", "kla"],
+                kla=KLAConfig(d_state=4),
+                attention=AttentionConfig(n_heads=2),
+            )
+        )
+        .double()
+        .eval()
+    )
     seen = []
-    hook = model.blocks[1].mixer.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[1]))
+    hook = model.blocks[1].mixer.register_forward_pre_hook(
+        lambda mod, args: seen.append(args[0].shape[1])
+    )
     prompt = torch.randint(0, 256, (1, 7))
     out = model.generate(prompt, 6, temperature=0)
     hook.remove()
@@ -190,10 +214,13 @@ def test_model_bad_arguments():
     with pytest.raises(ValueError, match="mixers"):
         ModelConfig(n_layers=1, mixers=["mamba"])
     with pytest.raises(ValueError, match="n_heads"):
-        ModelConfig(d_model=10, n_layers=1, mixers="attention", attention=AttentionConfig(n_heads=4))
+        ModelConfig(
+            d_model=10, n_layers=1, mixers="attention", attention=AttentionConfig(n_heads=4)
+        )
     with pytest.raises(ValueError, match="return_variance"):
         KLALanguageModel(ModelConfig(d_model=16, n_layers=1, mixers="attention")).blocks[0].mixer(
-            torch.randn(1, 2, 16), return_variance=True)
+            torch.randn(1, 2, 16), return_variance=True
+        )
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -201,8 +228,16 @@ def test_model_bad_arguments():
 
 def small_model(seed=5, **kw):
     torch.manual_seed(seed)
-    return KLALanguageModel(ModelConfig(d_model=16, n_layers=2, mixers=["attention", "kla"],
-                                        kla=KLAConfig(d_state=4), attention=AttentionConfig(n_heads=2), **kw))
+    return KLALanguageModel(
+        ModelConfig(
+            d_model=16,
+            n_layers=2,
+            mixers=["attention", "kla"],
+            kla=KLAConfig(d_state=4),
+            attention=AttentionConfig(n_heads=2),
+            **kw,
+        )
+    )
 
 
 def test_checkpoint_round_trip(tmp_path):
@@ -264,7 +299,9 @@ def test_mismatched_checkpoints_error_clearly(tmp_path):
     bad = dict(sd)
     bad["blocks.1.mixer.delta"] = torch.zeros(3, 3)
     save_file(bad, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"blocks\.1\.mixer\.delta: expected shape \[32, 4\], got \[3, 3\]"):
+    with pytest.raises(
+        CheckpointError, match=r"blocks\.1\.mixer\.delta: expected shape \[32, 4\], got \[3, 3\]"
+    ):
         load_checkpoint(tmp_path)
     # missing and unexpected keys
     bad = {k: v for k, v in sd.items() if k != "norm_f.weight"}
@@ -300,7 +337,9 @@ def test_load_state_dict_helper_names_problems():
     model = small_model()
     sd = model.state_dict()
     sd["lm_head.weight"] = torch.zeros(3)
-    with pytest.raises(CheckpointError, match=r"lm_head.weight: expected shape \[256, 16\], got \[3\]"):
+    with pytest.raises(
+        CheckpointError, match=r"lm_head.weight: expected shape \[256, 16\], got \[3\]"
+    ):
         load_state_dict(model, sd)
 
 

@@ -11,6 +11,7 @@ and tools to inspect the belief-state precisions inside trained models.
 """
 
 from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
+from kalmanscan.kla.inspect import inspect  # binds the function over the submodule's name
 from kalmanscan.kla.io import (
     CheckpointError,
     decode_bytes,
@@ -19,7 +20,6 @@ from kalmanscan.kla.io import (
     load_state_dict,
     save_checkpoint,
 )
-from kalmanscan.kla.inspect import inspect  # binds the function over the submodule's name
 from kalmanscan.kla.layer import KLALayer, KLALayerState, KLATrace
 from kalmanscan.kla.model import CausalSelfAttention, KLALanguageModel
 

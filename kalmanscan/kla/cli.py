@@ -33,15 +33,22 @@ def inspect_main(argv: list[str] | None = None) -> int:
         description="Belief-state precisions of a KLA language model over a piece of text.",
     )
     ap.add_argument("text", help="text to run through the model (UTF-8 bytes are the tokens)")
-    ap.add_argument("--checkpoint", type=Path, default=None,
-                    help="checkpoint directory (model.safetensors + config.json); default: bundled")
+    ap.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="checkpoint directory (model.safetensors + config.json); default: bundled",
+    )
     ap.add_argument("--out", type=Path, default=Path("kla-inspect"), help="output directory")
     ap.add_argument("--layers", type=_int_list, default=None, help="KLA block indices, e.g. 0,3")
     ap.add_argument("--channels", type=_int_list, default=None, help="channels, e.g. 0-63")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    ap.add_argument("--backend", default=None,
-                    help="KLA op backend (default: 'sequential' on the CPU, where it is the "
-                         "fastest for one sequence; 'auto' elsewhere)")
+    ap.add_argument(
+        "--backend",
+        default=None,
+        help="KLA op backend (default: 'sequential' on the CPU, where it is the "
+        "fastest for one sequence; 'auto' elsewhere)",
+    )
     args = ap.parse_args(argv)
 
     import matplotlib
@@ -78,14 +85,19 @@ def inspect_main(argv: list[str] | None = None) -> int:
     ds.to_netcdf(nc)
 
     bits = ds["surprisal"].isel(batch=0).values[:-1]
-    print(f"{L} bytes, blocks {ds['layer'].values.tolist()}, {ds.sizes['channel']} channels x "
-          f"{ds.sizes['slot']} slots")
+    print(
+        f"{L} bytes, blocks {ds['layer'].values.tolist()}, {ds.sizes['channel']} channels x "
+        f"{ds.sizes['slot']} slots"
+    )
     if len(bits):
         print(f"model surprisal: {bits.mean():.3f} bits/byte over the text")
     for i, layer in enumerate(ds["layer"].values):
         lam = ds["posterior_precision"].isel(layer=i, batch=0)
-        print(f"block {int(layer)}: posterior precision median {float(lam.median()):.3g} "
-              f"(first token {float(lam.isel(time=0).median()):.3g}, last {float(lam.isel(time=-1).median()):.3g})")
+        print(
+            f"block {int(layer)}: posterior precision median {float(lam.median()):.3g} "
+            f"(first token {float(lam.isel(time=0).median()):.3g}, "
+            f"last {float(lam.isel(time=-1).median()):.3g})"
+        )
     print(f"wrote {png} and {nc}")
     return 0
 

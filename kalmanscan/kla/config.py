@@ -160,13 +160,18 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"config: unknown model keys {unknown}; expected a subset of {sorted(known)}")
+            raise ValueError(
+                f"config: unknown model keys {unknown}; expected a subset of {sorted(known)}"
+            )
         data = dict(data)
         for key, sub in (("kla", KLAConfig), ("attention", AttentionConfig)):
             if key in data and isinstance(data[key], dict):
                 sub_known = {f.name for f in dataclasses.fields(sub)}
                 bad = sorted(set(data[key]) - sub_known)
                 if bad:
-                    raise ValueError(f"config: unknown {key} keys {bad}; expected a subset of {sorted(sub_known)}")
+                    raise ValueError(
+                        f"config: unknown {key} keys {bad}; "
+                        f"expected a subset of {sorted(sub_known)}"
+                    )
                 data[key] = sub(**data[key])
         return cls(**data)

@@ -21,8 +21,13 @@ import torch
 
 from kalmanscan.kla.io import byte_label, encode_text
 
-_SLOT_VARS = ("posterior_precision", "prior_precision", "information_added", "write_gain",
-              "forget_gate")
+_SLOT_VARS = (
+    "posterior_precision",
+    "prior_precision",
+    "information_added",
+    "write_gain",
+    "forget_gate",
+)
 _CHANNEL_VARS = ("value_precision", "value", "readout_variance", "gated_readout_variance")
 _DESCRIPTIONS = {
     "posterior_precision": "filtered precision lam_t of each (channel, slot) lane after token t",
@@ -36,7 +41,7 @@ _DESCRIPTIONS = {
     "query": "query q_t (readout weights of each slot)",
     "readout_variance": "sum_s q_s**2 / lam_s, before the gate",
     "gated_readout_variance": "readout variance times act(gate)**2",
-    "output_variance": "model-space output variance of the block's mixer, yvar_gated @ (W_out**2)^T",
+    "output_variance": "model-space variance of the mixer output, yvar_gated @ (W_out**2)^T",
     "decay": "discrete decay a of each lane",
     "process_var": "discrete process-noise variance p of each lane",
     "stationary_precision": "(1 - a**2) / p: the precision a lane relaxes to without observations",
@@ -59,7 +64,9 @@ def _as_tokens(tokens) -> torch.Tensor:
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.shape[1] == 0:
-        raise ValueError(f"tokens: expected shape [L] or [B, L] with L >= 1, got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens: expected shape [L] or [B, L] with L >= 1, got {tuple(tokens.shape)}"
+        )
     return tokens.long()
 
 
@@ -133,7 +140,9 @@ def inspect(
     layers = _index_list("layers", layers, len(model.blocks), kla_blocks)
     not_kla = [i for i in layers if i not in kla_blocks]
     if not_kla:
-        raise ValueError(f"layers: expected KLA block indices {kla_blocks}, got non-KLA blocks {not_kla}")
+        raise ValueError(
+            f"layers: expected KLA block indices {kla_blocks}, got non-KLA blocks {not_kla}"
+        )
     first = model.blocks[layers[0]].mixer
     M, S, D = first.d_inner, first.d_state, first.d_model
     channels = _index_list("channels", channels, M, range(M))
@@ -147,7 +156,13 @@ def inspect(
     nl, C = len(layers), len(channels)
     wide = model.lm_head.weight.dtype == torch.float64
     npdt = np.float64 if wide else np.float32
-    size = np.dtype(npdt).itemsize * nl * B * L * (len(_SLOT_VARS) * C * S + len(_CHANNEL_VARS) * C + 2 * S + D)
+    size = (
+        np.dtype(npdt).itemsize
+        * nl
+        * B
+        * L
+        * (len(_SLOT_VARS) * C * S + len(_CHANNEL_VARS) * C + 2 * S + D)
+    )
     if size > max_bytes:
         raise ValueError(
             f"layers, channels: the dataset would take {size / 2**30:.2f} GiB > max_bytes="
@@ -166,7 +181,9 @@ def inspect(
     surprisal = np.full((B, L), np.nan, np.float64)
 
     def put(name, t0, value):
-        out[name][:, :, t0 : t0 + value.shape[2]] = value.to(torch.float64 if wide else torch.float32).cpu().numpy()
+        out[name][:, :, t0 : t0 + value.shape[2]] = (
+            value.to(torch.float64 if wide else torch.float32).cpu().numpy()
+        )
 
     state = model.init_state(B, device=device)
     for t0 in range(0, L, chunk_size):
@@ -190,13 +207,25 @@ def inspect(
         put("key", t0, key)
         put("query", t0, torch.stack([tr.sensors.q for tr in traces]))
         put("readout_variance", t0, torch.stack([tr.yvar.index_select(2, ch) for tr in traces]))
-        put("gated_readout_variance", t0, torch.stack(
-            [(tr.yvar * tr.gate_act.to(tr.yvar.dtype).square()).index_select(2, ch) for tr in traces]))
+        put(
+            "gated_readout_variance",
+            t0,
+            torch.stack(
+                [
+                    (tr.yvar * tr.gate_act.to(tr.yvar.dtype).square()).index_select(2, ch)
+                    for tr in traces
+                ]
+            ),
+        )
         put("output_variance", t0, torch.stack([tr.out_var for tr in traces]))
         if t0 == 0:
             static["decay"][:] = decay.double().cpu().numpy()
-            static["process_var"][:] = torch.stack(
-                [tr.process_var.index_select(0, ch) for tr in traces]).double().cpu().numpy()
+            static["process_var"][:] = (
+                torch.stack([tr.process_var.index_select(0, ch) for tr in traces])
+                .double()
+                .cpu()
+                .numpy()
+            )
         logp = torch.log_softmax(logits.double(), dim=-1)
         n = chunk.shape[1]
         targets = tok[:, t0 + 1 : t0 + n + 1]
@@ -210,11 +239,15 @@ def inspect(
     dims5 = ("layer", "batch", "time", "channel", "slot")
     data = {name: (dims5, out[name]) for name in _SLOT_VARS}
     data.update({name: (dims5[:4], out[name]) for name in _CHANNEL_VARS})
-    data.update({name: (("layer", "batch", "time", "slot"), out[name]) for name in ("key", "query")})
+    data.update(
+        {name: (("layer", "batch", "time", "slot"), out[name]) for name in ("key", "query")}
+    )
     data["output_variance"] = (("layer", "batch", "time", "feature"), out["output_variance"])
     data.update({name: (("layer", "channel", "slot"), static[name]) for name in static})
     data["stationary_precision"] = (
-        ("layer", "channel", "slot"), (1.0 - static["decay"] ** 2) / static["process_var"])
+        ("layer", "channel", "slot"),
+        (1.0 - static["decay"] ** 2) / static["process_var"],
+    )
     data["surprisal"] = (("batch", "time"), surprisal)
     ds = xr.Dataset(
         data,

@@ -215,7 +215,9 @@ def load_checkpoint(
             model_dict["kla"] = {**model_dict.get("kla", {}), "backend": backend}
         model_config = ModelConfig.from_dict(model_dict)
     except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint: invalid model config in {directory / CONFIG_FILE}: {err}") from None
+        raise CheckpointError(
+            f"checkpoint: invalid model config in {directory / CONFIG_FILE}: {err}"
+        ) from None
     try:
         state_dict = load_file(str(weights))
     except (SafetensorError, OSError) as err:

@@ -239,9 +239,7 @@ class KLALayer(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor [B,L,D], got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x: expected shape [B, L, {self.d_model}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x: expected shape [B, L, {self.d_model}], got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"x: expected a floating dtype, got {x.dtype}")
 
@@ -259,13 +257,24 @@ class KLALayer(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             if state is not None and L == 1 and not return_precision:
                 y, yvar, final = kla_step(
-                    sens.v[:, 0], sens.obs_prec[:, 0], sens.k[:, 0], sens.q[:, 0],
-                    decay, process_var, state.lam.to(fdtype), state.eta.to(fdtype),
+                    sens.v[:, 0],
+                    sens.obs_prec[:, 0],
+                    sens.k[:, 0],
+                    sens.q[:, 0],
+                    decay,
+                    process_var,
+                    state.lam.to(fdtype),
+                    state.eta.to(fdtype),
                 )
                 y, yvar = y[:, None], yvar[:, None]
             else:
                 res = kla_filter(
-                    sens.v, sens.obs_prec, sens.k, sens.q, decay, process_var,
+                    sens.v,
+                    sens.obs_prec,
+                    sens.k,
+                    sens.q,
+                    decay,
+                    process_var,
                     None if state is None else state.lam.to(fdtype),
                     None if state is None else state.eta.to(fdtype),
                     return_precision=return_precision,

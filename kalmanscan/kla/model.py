@@ -6,7 +6,7 @@ Layout (the authors' ``SequenceModel`` state-dict names)::
     blocks.{i}.mixer_norm.weight          [D]        RMSNorm, eps 1e-5
     blocks.{i}.mixer.*                    KLALayer or CausalSelfAttention
     blocks.{i}.mlp_norm.weight            [D]
-    blocks.{i}.mlp.w12.weight             [2H, D]    SwiGLU (gate rows, then up rows), H = int(2*4*D/3)
+    blocks.{i}.mlp.w12.weight             [2H, D]    SwiGLU gate rows, then up rows; H = int(8*D/3)
     blocks.{i}.mlp.w3.weight              [D, H]
     norm_f.weight                         [D]
     lm_head.weight                        [V, D]
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
+from kalmanscan.kla.config import AttentionConfig, ModelConfig
 from kalmanscan.kla.layer import KLALayer
 
 
@@ -122,7 +122,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, state=None, *, return_variance=False, return_state=False):
         if return_variance:
-            raise ValueError("return_variance: softmax attention has no output variance; use a KLA mixer")
+            raise ValueError(
+                "return_variance: softmax attention has no output variance; use a KLA mixer"
+            )
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         offset = 0 if state is None else state.k.shape[2]
@@ -178,6 +180,7 @@ class KLALanguageModel(nn.Module):
     ``return_state=True`` it also returns the per-block states, so a prompt can be processed in
     chunks and then decoded one token at a time (O(1) per token in KLA blocks).
 
+    >>> from kalmanscan.kla import KLAConfig, ModelConfig
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>
     >>> cfg = ModelConfig(d_model=32, n_layers=2, kla=KLAConfig(d_state=4))
@@ -220,21 +223,27 @@ class KLALanguageModel(nn.Module):
                 f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}"
             )
         if tokens.ndim != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens: expected shape [B, L] with L >= 1, got {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens: expected shape [B, L] with L >= 1, got {tuple(tokens.shape)}"
+            )
 
     def forward(self, tokens, state=None, *, return_state=False, trace: dict | None = None):
-        """``tokens [B,L]`` -> ``logits [B,L,V]`` (and the new states with ``state``/``return_state``).
+        """``tokens [B,L]`` -> ``logits [B,L,V]`` (and new states with ``state``/``return_state``).
 
         ``trace``: an optional dict ``{block index: list}``; the KLA blocks named there append
         their :class:`~kalmanscan.kla.layer.KLATrace` (used by :func:`kalmanscan.kla.inspect`).
         """
         self._check_tokens(tokens)
         if state is not None and len(state) != len(self.blocks):
-            raise ValueError(f"state: expected {len(self.blocks)} per-block states, got {len(state)}")
+            raise ValueError(
+                f"state: expected {len(self.blocks)} per-block states, got {len(state)}"
+            )
         x = self.embedding(tokens)
         new_states = []
         for i, blk in enumerate(self.blocks):
-            x, s = blk(x, None if state is None else state[i], None if trace is None else trace.get(i))
+            x, s = blk(
+                x, None if state is None else state[i], None if trace is None else trace.get(i)
+            )
             new_states.append(s)
         logits = self.lm_head(self.norm_f(x))
         if return_state or state is not None:
@@ -256,12 +265,17 @@ class KLALanguageModel(nn.Module):
         The prompt is processed at once, then each new token costs one O(1) step per KLA block
         (attention blocks use their key/value cache). ``temperature=0`` is greedy.
 
+        >>> from kalmanscan.kla import KLAConfig, ModelConfig
         >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
         >>> tuple(model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0).shape)
         (1, 7)
         """
         self._check_tokens(tokens)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
             raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
         if temperature < 0:
             raise ValueError(f"temperature: expected >= 0, got {temperature}")

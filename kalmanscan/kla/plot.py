@@ -37,8 +37,9 @@ def _log10(values):
         return np.log10(np.asarray(values, dtype=np.float64))
 
 
-def plot_precision(ds, var="posterior_precision", *, layer=-1, batch=0, ax=None, max_labels=100,
-                   cmap="viridis"):
+def plot_precision(
+    ds, var="posterior_precision", *, layer=-1, batch=0, ax=None, max_labels=100, cmap="viridis"
+):
     """Heatmap of ``log10(var)`` over channels (rows) and tokens (columns), text on the x axis.
 
     ``var`` with a ``slot`` axis is averaged over slots in log space (geometric mean).
@@ -46,7 +47,8 @@ def plot_precision(ds, var="posterior_precision", *, layer=-1, batch=0, ax=None,
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
-    >>> ds = inspect(KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2))), "abc")
+    >>> cfg = ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2))
+    >>> ds = inspect(KLALanguageModel(cfg), "abc")
     >>> ax = plot_precision(ds)
     """
     _check_var(ds, var)
@@ -58,7 +60,9 @@ def plot_precision(ds, var="posterior_precision", *, layer=-1, batch=0, ax=None,
         logv = logv.mean(axis=-1)
     ax = _axes(ax, (max(6.0, 0.12 * logv.shape[0]), 4.0))
     im = ax.imshow(logv.T, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap)
-    ax.figure.colorbar(im, ax=ax, label=f"log10 {var}" + (" (slot mean)" if "slot" in da.dims else ""))
+    ax.figure.colorbar(
+        im, ax=ax, label=f"log10 {var}" + (" (slot mean)" if "slot" in da.dims else "")
+    )
     ax.set_ylabel("channel")
     chans = ds["channel"].values
     if len(chans) <= 16:
@@ -74,7 +78,8 @@ def plot_layer_summary(ds, var="posterior_precision", *, batch=0, ax=None, max_l
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
-    >>> ds = inspect(KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2))), "abc")
+    >>> cfg = ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2))
+    >>> ds = inspect(KLALanguageModel(cfg), "abc")
     >>> ax = plot_layer_summary(ds)
     """
     _check_var(ds, var)
