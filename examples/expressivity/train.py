@@ -162,7 +162,7 @@ def main(argv=None):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                             weight_decay=args.weight_decay)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    step, elapsed, history, diverged = 0, 0.0, [], False
+    step, elapsed, history, diverged, error = 0, 0.0, [], False, None
     if args.ckpt and os.path.exists(args.ckpt):
         ck = torch.load(args.ckpt, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -193,10 +193,15 @@ def main(argv=None):
             group["lr"] = lr_at(args, step, elapsed)
         idx = torch.randint(0, x_train.shape[0], (args.batch,), generator=gen, device=device)
         x, y = x_train[idx], y_train[idx]
-        logits = model(x).float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            logits = model(x).float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        except torch.OutOfMemoryError as exc:  # recorded in the JSON, not silently retried
+            error = f"OutOfMemoryError at step {step}: {str(exc)[:300]}"
+            print(error, flush=True)
+            break
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         step += 1
@@ -238,6 +243,7 @@ def main(argv=None):
         "train_seconds": round(elapsed, 2),
         "wall_seconds_this_call": round(time.time() - wall0, 2),
         "diverged": diverged,
+        "error": error,
         "final": final,
         "max_precision": None if diverged else max_precision(model, x_test[: min(256, x_test.shape[0])]),
         "n_parameters": sum(p.numel() for p in model.parameters()),
