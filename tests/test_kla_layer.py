@@ -335,3 +335,35 @@ def test_docstring_examples_run():
     for mod in mods:
         res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("L", [1, 63, 1000], ids=["L1", "L63", "L1000"])
+def test_cuda_decode_equals_full_pass(L):
+    layer = make_layer(16, 4, torch.float32, seed=13).cuda()
+    x = torch.randn(2, L, 16, device="cuda")
+    with torch.no_grad():
+        full, full_var = layer(x, return_variance=True)  # "auto": the fused kernel on CUDA
+        state = layer.init_state(2)
+        outs, vars_ = [], []
+        for t in range(L):
+            o, v, state = layer(x[:, t : t + 1], state, return_variance=True)
+            outs.append(o)
+            vars_.append(v)
+    assert rel(torch.cat(outs, 1), full) <= DECODE_TOL[torch.float32]
+    assert rel(torch.cat(vars_, 1), full_var) <= DECODE_TOL[torch.float32]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_gradients_match_torch_backend():
+    grads = {}
+    for backend in ("auto", "torch"):
+        layer = make_layer(16, 4, torch.float32, seed=14, backend=backend).cuda()
+        x = torch.randn(2, 63, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        out, out_var = layer(x, return_variance=True)
+        (out.square().sum() + out_var.sum()).backward()
+        grads[backend] = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    for name, g in grads["torch"].items():
+        assert rel(grads["auto"][name], g) < 1e-3, name
