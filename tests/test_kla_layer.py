@@ -185,7 +185,8 @@ def test_dynamics_match_published_formula(discretization):
             torch.linspace(-30.0, 4.0, layer.lambda_log.numel()).view_as(layer.lambda_log)
         )
         layer.process_noise.view(-1)[:3] = torch.tensor([-1.0, 0.0, 1e-9])  # clamped at 1e-7
-    a, p = layer.dynamics(torch.float64)
+    with torch.no_grad():
+        a, p = layer.dynamics(torch.float64)
     kappa = layer.lambda_log.detach().exp().clamp_min(1e-8)
     dt = F.softplus(layer.delta.detach()) + 1e-7
     pn = layer.process_noise.detach().clamp_min(1e-7)
