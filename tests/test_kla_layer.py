@@ -16,6 +16,9 @@ from kalmanscan.testing import assert_close
 # rounding. (Candidate entry for kalmanscan/testing.py: ("decode", dtype).)
 DECODE_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
+# float(parameter) in assertions is intended
+pytestmark = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")
+
 DTYPES = [pytest.param(torch.float32, id="f32"), pytest.param(torch.float64, id="f64")]
 
 
