@@ -13,6 +13,7 @@ belief is still diffuse have ``var = inf`` and ``mean = nan``. Derivations: docs
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -215,6 +216,18 @@ def _banded_system(lane: Lane):
     return d_own, d_next, off, b_own, b_next, C_own, start, how
 
 
+def _tridiag_matvec(diag, off, x):
+    """``(Q x, |Q| |x|)`` for the symmetric tridiagonal ``Q = tridiag(off, diag, off)``."""
+    y = diag * x
+    ay = np.abs(diag * x)
+    if x.shape[0] > 1:
+        y[:-1] += off * x[1:]
+        y[1:] += off * x[:-1]
+        ay[:-1] += np.abs(off * x[1:])
+        ay[1:] += np.abs(off * x[:-1])
+    return y, ay
+
+
 def _solve(diag, off, rhs):
     """Banded Cholesky of the tridiagonal ``Q``: ``(Q^{-1} rhs, log det Q, max diag/pivot^2)``.
 
@@ -230,7 +243,7 @@ def _solve(diag, off, rhs):
     cb = cholesky_banded(ab, lower=False, check_finite=False)
     sol = cho_solve_banded((cb, False), rhs, check_finite=False)
     cancel = float(np.max(diag / cb[1] ** 2))
-    return sol, 2.0 * float(np.sum(np.log(cb[1]))), cancel
+    return sol, 2.0 * math.fsum(np.log(cb[1])), cancel
 
 
 def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
@@ -268,7 +281,6 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     var = np.full(T, np.inf)
     logZ = np.full(T, np.nan)
     cancel = 1.0
-    C_cum = np.cumsum(C_own)
     for t in range(proper_from, T):
         n = t + 1
         diag = d_own[:n] + d_next[:n]
@@ -281,13 +293,11 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
         cancel = max(cancel, cancel_t)
         mean[t] = sol[-1, 0]
         var[t] = sol[-1, 1]
-        logZ[t] = -0.5 * C_cum[t] + 0.5 * float(b @ sol[:, 0]) - 0.5 * logdet + 0.5 * n * LOG2PI
-    if how == "observed":
-        loglik = float(logZ[T - 1] - logZ[start])
-        n_terms = int(observed[start + 1 :].sum())
-    else:
-        loglik = float(logZ[T - 1])
-        n_terms = int(observed.sum())
+        if t == start and how == "observed":  # the diffuse normaliser; log Z_T comes below
+            quad_t = math.fsum(b * sol[:, 0])
+            parts = [-0.5 * math.fsum(C_own[:n]), 0.5 * quad_t, -0.5 * logdet, 0.5 * n * LOG2PI]
+            logZ[t] = math.fsum(parts)
+    n_terms = int(observed[start + 1 :].sum()) if how == "observed" else int(observed.sum())
     diag = d_own + d_next
     diag[-1] = d_own[-1]
     b = b_own + b_next
@@ -298,12 +308,24 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     sm_mean = sol[:, 0]
     sm_var = np.diagonal(sol[:, 1:]).copy()
     eps = np.finfo(np.float64).eps
+    # log Z_T again with one step of iterative refinement of Q^{-1} b: b'Q^{-1}b nearly cancels
+    # C, so its solve error matters; the size of the correction is the estimate of that error
+    Qx, absQx = _tridiag_matvec(diag, off, sm_mean)
+    delta = _solve(diag, off, (b - Qx)[:, None])[0][:, 0]
+    # exactly rounded sums: C and b'x are ~|loglik| * 1e5 on some lanes and nearly cancel
+    quad = math.fsum(b * (sm_mean + delta))
+    logZ_T = math.fsum([-0.5 * math.fsum(C_own), 0.5 * quad, -0.5 * logdet_T, 0.5 * T * LOG2PI])
+    loglik = logZ_T - (float(logZ[start]) if how == "observed" else 0.0)
+    quad_err = abs(float(b @ delta)) + eps * float(np.abs(b) @ (absQx + np.abs(b)))
     phi = np.where(observed, lane.loading**2 / np.where(observed, lane.obs_var, 1.0), 0.0)
     ratio = np.where(phi > 0, diag / np.where(phi > 0, phi, 1.0), 1.0)
     moments = eps * max(float(np.max(ratio)), cancel)
-    terms = np.abs(C_own).sum() + abs(float(b @ sm_mean)) + abs(logdet_T) + T * LOG2PI
+    terms = np.abs(C_own).sum() + abs(quad) + abs(logdet_T) + T * LOG2PI
     scale = max(abs(loglik), n_terms, 1.0)
-    own = {"moments": moments, "loglik": eps * terms / scale + moments * n_terms / scale}
+    own = {
+        "moments": moments,
+        "loglik": (eps * terms + quad_err) / scale + moments * n_terms / scale,
+    }
     return Truth(mean, var, None, None, loglik, n_terms, sm_mean, sm_var, own)
 
 
