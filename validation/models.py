@@ -423,5 +423,10 @@ def growth_families(seed: int, T: int) -> LaneBatch:
         _lane(
             "rw + offset 1e-2", T, decay=1.0, process_var=1e-4, obs_var=0.1, offset=0.01, rng=rng
         ),
+        # p * phi = 6e-8, about half a float32 ulp of 1: the Möbius leaf entry 1 + p*phi loses the
+        # most there (docs/validation.md, "Where float32 drifts")
+        _lane(
+            "rw, p*phi=6e-8", T, decay=1.0, process_var=6e-8, obs_var=1.0, prior_var=1.0, rng=rng
+        ),
     ]
     return LaneBatch.stack(f"growth T={T}", lanes)
