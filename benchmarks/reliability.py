@@ -50,11 +50,20 @@ LONG_REFERENCE_FROM = 20_000  # steps of one lane above which the scalar referen
 # ------------------------------------------------------------------------------------------ regimes
 def _simulate(rng, T, N, decay, process_var, obs_var, offset=0.0, loading=1.0, x0=0.0):
     """Simulate [T, N] observations of the model with scalar or [T, N]-broadcastable parameters."""
-    a, p, r, c, h = (np.broadcast_to(np.asarray(v, float), (T, N)) for v in (decay, process_var, obs_var, offset, loading))
-    x = np.full(N, float(x0))
-    z = np.empty((T, N))
     w = rng.normal(size=(T, N))
     e = rng.normal(size=(T, N))
+    params = (decay, process_var, obs_var, offset, loading)
+    if all(np.ndim(v) == 0 for v in params):  # time-invariant: one linear recursion (fast for long lanes)
+        from scipy.signal import lfilter
+
+        a, p, r, c, h = (float(v) for v in params)
+        drive = c + math.sqrt(p) * w
+        drive[0] += a * float(x0)
+        x = lfilter([1.0], [1.0, -a], drive, axis=0)
+        return h * x + math.sqrt(r) * e
+    a, p, r, c, h = (np.broadcast_to(np.asarray(v, float), (T, N)) for v in params)
+    x = np.full(N, float(x0))
+    z = np.empty((T, N))
     for t in range(T):
         x = a[t] * x + c[t] + np.sqrt(p[t]) * w[t]
         z[t] = h[t] * x + np.sqrt(r[t]) * e[t]
