@@ -20,8 +20,13 @@ from kalmanscan.dense.scan import Element, _sym, mask_observation, scan, step_el
 
 
 def rank_tol(dtype) -> float:
-    """Relative threshold below which an eigenvalue counts as zero in the diffuse bookkeeping."""
-    return 1000.0 * torch.finfo(dtype).eps
+    """Relative threshold below which an eigenvalue counts as zero in the diffuse bookkeeping.
+
+    Exact zeros come out of the scan at ~eps relative to the matrix norm; a direction the data do
+    inform can legitimately sit at 1e-5 of it (measured on random models), which float32 must still
+    call resolved. 64 eps lies between the two (docs/dense.md, float32).
+    """
+    return 64.0 * torch.finfo(dtype).eps
 
 
 class Moments(NamedTuple):
@@ -67,53 +72,61 @@ def _range_projector(D, scale, tol):
         return (U * keep.unsqueeze(-2)) @ U.transpose(-1, -2), keep.sum(-1)
 
 
-def _first_resolved(J, PiN, tol):
-    """Smallest index t (0..T) from which every series has no unresolved diffuse direction; T+1 if never."""
-    B, T1 = J.shape[:2]
-
-    def resolved(t):
-        return bool((_null_projector(J[:, t], PiN, tol).diagonal(dim1=-2, dim2=-1).sum(-1) < 0.5).all())
-
-    if not resolved(T1 - 1):
-        return T1
-    lo, hi = 0, T1 - 1  # hi resolved
-    if resolved(0):
-        return 0
-    while hi - lo > 1:  # information only grows, so the null space shrinks monotonically
-        mid = (lo + hi) // 2
-        if resolved(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+def _resolved(J, PiN, tol) -> bool:
+    """Whether no series has a diffuse direction left that J does not inform."""
+    return bool((_null_projector(J, PiN, tol).diagonal(dim1=-2, dim2=-1).sum(-1) < 0.5).all())
 
 
-def x0_posterior(model: Model, J, eta, tol):
-    """Posterior of x_0 given information (eta, J) [B, T1, ...]: (mu0, Sigma0, PiK, nd)."""
-    B, T1, n = eta.shape
-    m0 = model.m0.unsqueeze(1)
-    if model.P0 is not None:
-        P0 = model.P0.unsqueeze(1)
-        Y = _eye(n, J) + P0 @ J
-        rhs = torch.cat([P0.expand(B, T1, n, n), (P0 @ (eta - _mv(J, m0)).unsqueeze(-1))], -1)
-        sol = torch.linalg.solve(Y, rhs)
-        return m0 + sol[..., n], _sym(sol[..., :n]), None, 0
-    L0 = model.L0.unsqueeze(1)
-    PiN = _eye(n, J) - _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)[0]
+def _diffuse_head(E: Element, PiN, tol, chunk):
+    """Prefix over a head of the series long enough to resolve every diffuse direction.
+
+    Returns (prefix [B, L+1] with the identity at 0, tau): tau is the first index at which all
+    series are resolved (None if the whole series never resolves them). The head grows 8, 32, ...;
+    inside it, tau is found by doubling then bisection (information only grows).
+    """
+    T = E.A.shape[1]
+    L = min(8, T)
+    while True:
+        Ph = _prepend_identity(scan(Element(*(x[:, :L] for x in E)), chunk=chunk))
+        cands = sorted({1 << k for k in range(L.bit_length()) if (1 << k) <= L} | {L})
+        lo = 0
+        for hi in cands:
+            if _resolved(Ph.J[:, hi], PiN, tol):
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if _resolved(Ph.J[:, mid], PiN, tol):
+                        hi = mid
+                    else:
+                        lo = mid
+                return Ph, hi
+            lo = hi
+        if L == T:
+            return Ph, None
+        L = min(4 * L, T)
+
+
+def _post_cov(m0, P0, J, eta):
+    """Posterior of the start state, prior N(m0, P0) ([B, n], [B, n, n]), information (eta, J) [B, T1, ...]."""
+    n = J.shape[-1]
+    m0, P0 = m0.unsqueeze(1), P0.unsqueeze(1)
+    Y = _eye(n, J) + P0 @ J
+    rhs = torch.cat([P0.expand(J.shape), (P0 @ (eta - _mv(J, m0)).unsqueeze(-1))], -1)
+    sol = torch.linalg.solve(Y, rhs)
+    return m0 + sol[..., n], _sym(sol[..., :n])
+
+
+def _post_prec(m0, L0, J, eta, PiK=None):
+    """Same with prior precision L0 (0 in diffuse directions); PiK projects on the unresolved ones."""
+    n = J.shape[-1]
+    m0, L0 = m0.unsqueeze(1), L0.unsqueeze(1)
     M = L0 + J
     h = _mv(L0, m0) + eta
-    PiK = None
-    nd = 0
-    if bool((PiN.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.5).any()):
-        nd = _first_resolved(J, PiN, tol)
-        if nd > 0:
-            PiK_head = _null_projector(J[:, :nd], PiN.unsqueeze(1), tol)
-            PiK = torch.cat([PiK_head, torch.zeros(B, T1 - nd, n, n, dtype=J.dtype, device=J.device)], 1)
+    eye = _eye(n, J).expand(J.shape)
     if PiK is None:
-        sol = torch.linalg.solve(M, torch.cat([_eye(n, J).expand(B, T1, n, n), h.unsqueeze(-1)], -1))
-        return sol[..., n], _sym(sol[..., :n]), None, 0
-    sol = torch.linalg.solve(M + PiK, torch.cat([_eye(n, J).expand(B, T1, n, n), (h + _mv(PiK, m0)).unsqueeze(-1)], -1))
-    return sol[..., n], _sym(sol[..., :n] - PiK), PiK, nd
+        sol = torch.linalg.solve(M, torch.cat([eye, h.unsqueeze(-1)], -1))
+        return sol[..., n], _sym(sol[..., :n])
+    sol = torch.linalg.solve(M + PiK, torch.cat([eye, (h + _mv(PiK, m0)).unsqueeze(-1)], -1))
+    return sol[..., n], _sym(sol[..., :n] - PiK)
 
 
 def _prepend_identity(e: Element) -> Element:
@@ -189,27 +202,81 @@ def cov_with_inf(m: Moments, tol):
     return torch.cat([head, m.cov[:, nd:]], 1)
 
 
+def _slice(e: Element, sl) -> Element:
+    return Element(*(x[:, sl] for x in e))
+
+
+def _cat(*es: Element) -> Element:
+    return Element(*(torch.cat(xs, 1) for xs in zip(*es)))
+
+
 def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
+    """Filtered moments, predictions and step log-likelihoods.
+
+    Proper prior: one prefix scan, prior applied after it. Diffuse prior: a head of the series is
+    scanned until every diffuse direction is resolved (index tau), the head's moments come from the
+    diffuse posterior of x_0, and the rest is scanned from the proper filtered state at tau (so no
+    long-horizon, ill-conditioned information about x_0 is ever inverted). A direction that is
+    never resolved keeps the diffuse bookkeeping over the whole series.
+    """
     tol = rank_tol(model.z.dtype)
     E = step_elements(model.z, model.observed, model.F, model.c, model.Q, model.H, model.R)
-    P = _prepend_identity(scan(E, chunk=chunk))
-    mu0, Sigma0, PiK, nd = x0_posterior(model, P.J, P.eta, tol)
-    allm = _moments(P.A, P.b, P.C, mu0, Sigma0, PiK, nd)
-    T = model.z.shape[1]
-    filt = Moments(allm.mean[:, 1:], allm.cov[:, 1:], allm.diffuse[:, 1:], max(nd - 1, 0))
+    B, T, n = E.b.shape
+    PiN = None
+    if model.P0 is None:
+        PiN = _eye(n, E.A) - _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)[0]
+        if not bool((PiN.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.5).any()):
+            PiN = None
+    seg = None
+    if PiN is None:  # proper prior: one segment
+        P = _prepend_identity(scan(E, chunk=chunk))
+        if model.P0 is not None:
+            mu, Sig = _post_cov(model.m0, model.P0, P.J, P.eta)
+        else:
+            mu, Sig = _post_prec(model.m0, model.L0, P.J, P.eta)
+        allm, nd, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, None, 0), 0, None
+        start_post = (mu[:, -1], Sig[:, -1])
+    else:
+        Ph, tau = _diffuse_head(E, PiN, tol, chunk)
+        if tau is None:  # some direction is never resolved
+            PiK = _null_projector(Ph.J, PiN.unsqueeze(1), tol)
+            mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK)
+            P, nd = Ph, T + 1
+            allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
+            start_post = (mu[:, -1], Sig[:, -1])
+        else:
+            head = _slice(Ph, slice(0, tau + 1))
+            PiK = torch.cat([_null_projector(head.J[:, :tau], PiN.unsqueeze(1), tol),
+                             torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1)
+            mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
+            mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
+            m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]
+            P, allm, nd, PiK_T = head, mh, tau, None
+            start_post = None
+            if tau < T:
+                Pt = _prepend_identity(scan(_slice(E, slice(tau, T)), chunk=chunk))
+                mu_t, Sig_t = _post_cov(m_tau, P_tau, Pt.J, Pt.eta)
+                mt = _moments(Pt.A, Pt.b, Pt.C, mu_t, Sig_t, None, 0)
+                P = _cat(head, _slice(Pt, slice(1, None)))
+                allm = Moments(*(torch.cat([a, b[:, 1:]], 1) for a, b in zip(mh[:3], mt[:3])), tau)
+                start_post = (mu_t[:, -1], Sig_t[:, -1])
+            seg = tau
+    del E
+    filt = Moments(allm.mean[:, 1:], allm.cov[:, 1:], allm.diffuse[:, 1:], max(min(nd, T + 1) - 1, 0))
     F, Ft = model.F, model.F.transpose(-1, -2)
     pm = _mv(F, allm.mean[:, :T]) + model.c
     pP = _sym(F @ allm.cov[:, :T] @ Ft + model.Q)
     pD = _sym(F @ allm.diffuse[:, :T] @ Ft)
     ll = step_loglik(model, pm, pP, pD, min(nd, T), tol)
-    x0 = (mu0[:, -1], Sigma0[:, -1], PiK[:, -1] if nd > T else None)
-    return FilterParts(filt, pm, pP, ll, P, x0)
+    return FilterParts(filt, pm, pP, ll, P, (seg, start_post, PiK_T))
 
 
 def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments:
-    """Smoothed moments: p(x_t | x_0, z_{1:T}) from the prefix and the suffix information, then x_0."""
+    """Smoothed moments: p(x_t | segment start, z_{1:T}) from the prefix and the suffix
+    information, then the segment start's posterior given all data."""
     E = step_elements(model.z, model.observed, model.F, model.c, model.Q, model.H, model.R)
     S = scan(E, reverse=True, chunk=chunk)
+    del E
     B, T, n = S.b.shape
     zm = torch.zeros(B, 1, n, n, dtype=S.b.dtype, device=S.b.device)
     Jb = torch.cat([S.J[:, 1:], zm], 1)
@@ -218,8 +285,17 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     X = _eye(n, A) + C @ Jb
     sol = torch.linalg.solve(X, torch.cat([A, C, (b + _mv(C, etab)).unsqueeze(-1)], -1))
     A2, C2, b2 = sol[..., :n], _sym(sol[..., n : 2 * n]), sol[..., 2 * n]
-    mu0, Sigma0, PiK = parts.x0
-    nd = T if PiK is not None else 0
-    return _moments(
-        A2, b2, C2, mu0.unsqueeze(1), Sigma0.unsqueeze(1), None if PiK is None else PiK.unsqueeze(1), nd
-    )
+    tau, start_post, PiK_T = parts.x0
+    if tau is None:  # one segment: its start's posterior given all data was computed by the filter
+        mu, Sig = (x.unsqueeze(1) for x in start_post)
+        if PiK_T is not None:
+            return _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
+        return _moments(A2, b2, C2, mu, Sig, None, 0)
+    # head: x_0 given all data (resolved, so the information S_1.J is invertible on the diffuse part)
+    mu_h, Sig_h = _post_prec(model.m0, model.L0, S.J[:, :1], S.eta[:, :1])
+    parts_mu, parts_Sig = [mu_h.expand(B, tau, n)], [Sig_h.expand(B, tau, n, n)]
+    if tau < T:
+        mu_t, Sig_t = start_post
+        parts_mu.append(mu_t.unsqueeze(1).expand(B, T - tau, n))
+        parts_Sig.append(Sig_t.unsqueeze(1).expand(B, T - tau, n, n))
+    return _moments(A2, b2, C2, torch.cat(parts_mu, 1), torch.cat(parts_Sig, 1), None, 0)

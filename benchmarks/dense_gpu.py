@@ -1,0 +1,205 @@
+"""GPU benchmark of the dense filter: the chunked scan vs the sequential loop, both on the GPU.
+
+    python benchmarks/dense_gpu.py --json $OUT/dense-gpu.json [--budget-s 100]
+
+One script checks and measures everything (the device budget allows a single run):
+
+1. correctness on the GPU against the float64 sequential reference run on the host CPU:
+   float64 and float32 smoothers for n = 2, 4, 8 (proper prior) and a diffuse, partly missing,
+   time-varying model;
+2. one long series, float32, n = 2, 4, 8, T = 1e3 ... 1e6: the scan (``kd.filter``) against the
+   sequential loop on the GPU (T <= 1e4; one kernel launch chain per step, so longer runs are
+   not made). Each timed configuration is checked: against the GPU loop where it runs, otherwise
+   against the float64 scan of the same data (itself checked against the reference in 1.);
+3. many series (B = 1000, T = 1000, n = 4) float32: scan against the loop vectorized over series.
+
+Errors are normwise (max |a - b| / max |b|). Times are medians of repeats after a warm-up, with ``torch.cuda.synchronize``. Sections stop
+early when ``--budget-s`` is spent; the JSON records what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import kalmanscan.dense as kd
+from kalmanscan.testing import tolerance
+
+T0 = time.perf_counter()
+
+
+def model(rng, n, d=1):
+    F = rng.normal(size=(n, n))
+    F *= 0.97 / np.abs(np.linalg.eigvals(F)).max()
+    G = rng.normal(size=(n, n))
+    Q = G @ G.T / n + 0.1 * np.eye(n)
+    return F, Q, rng.normal(size=(d, n)), np.eye(d)
+
+
+DEVICE = "cuda"
+
+
+def rel_error(a, b):
+    """Normwise relative error max|a - b| / max|b| over finite entries of b (the validation metric)."""
+    a = np.asarray(a.detach().cpu() if hasattr(a, "detach") else a, dtype=np.float64)
+    b = np.asarray(b.detach().cpu() if hasattr(b, "detach") else b, dtype=np.float64)
+    m = np.isfinite(b)
+    return float(np.max(np.abs(a[m] - b[m])) / max(np.max(np.abs(b[m])), 1e-300)) if m.any() else 0.0
+
+
+def on(x, dtype):
+    return torch.as_tensor(x, dtype=dtype, device=DEVICE)
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeats):
+    fn()
+    sync()
+    ts, out = [], None
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        out = fn()
+        sync()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3, out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", required=True)
+    p.add_argument("--budget-s", type=float, default=100.0)
+    p.add_argument("--dry-run", action="store_true", help="on the CPU with T <= 1e3 (to test the script)")
+    args = p.parse_args(argv)
+    global DEVICE
+    if args.dry_run:
+        DEVICE = "cpu"
+    Ts = (1_000,) if args.dry_run else (1_000, 10_000, 100_000, 1_000_000)
+    rng = np.random.default_rng(0)
+    res = dict(benchmark="dense filter, GPU", date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               device=torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (dry run)", torch=torch.__version__, checks=[], single=[], many=[],
+               skipped=[])
+
+    def save():
+        res["elapsed_s"] = time.perf_counter() - T0
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+    def left():
+        return args.budget_s - (time.perf_counter() - T0)
+
+    # 1. correctness against the float64 CPU reference
+    cases = ((2, 1, 1000, "cov"), (4, 1, 1000, "cov"), (8, 1, 1000, "cov"), (4, 2, 500, "diffuse"))
+    for n, d, T, prior in cases if not args.dry_run else cases[::3]:
+        F, Q, H, R = model(rng, n, d)
+        if prior == "diffuse":  # time-varying, partly missing
+            F = np.stack([model(rng, n, d)[0] for _ in range(T)])
+        z = rng.normal(size=(T, d))
+        if prior == "diffuse":
+            z[rng.random(z.shape) < 0.15] = np.nan
+            kw = {}
+        else:
+            kw = dict(prior_mean=np.zeros(n), prior_cov=np.eye(n))
+        ref = kd.smooth(z, F, Q, H, R, backend="sequential", **kw)
+        for dt in (torch.float64, torch.float32):
+            out = kd.smooth(on(z, dt), on(F, dt), on(Q, dt), on(H, dt), on(R, dt), backend="torch",
+                            **{k: on(v, dt) for k, v in kw.items()})
+            ok = ~ref.filtered.diffuse
+            name = str(dt).replace("torch.", "")
+            errs = dict(
+                filtered_mean=rel_error(out.filtered.mean.cpu().numpy()[ok], ref.filtered.mean[ok]),
+                filtered_cov=rel_error(out.filtered.cov.cpu().numpy()[ok], ref.filtered.cov[ok]),
+                smoothed_mean=rel_error(out.mean.cpu(), ref.mean),
+                smoothed_cov=rel_error(out.cov.cpu(), ref.cov),
+                loglik=abs(float(out.filtered.loglik) - float(ref.filtered.loglik)) / abs(float(ref.filtered.loglik)),
+            )
+            kind = "parallel" if name == "float64" else "truth"
+            tol = tolerance(kind, name)
+            res["checks"].append(dict(n=n, d=d, T=T, prior=prior, dtype=name, tol=tol, ok=max(errs.values()) <= tol, **errs))
+            print(res["checks"][-1], flush=True)
+    save()
+    checks_ok = all(c["ok"] for c in res["checks"])
+
+    # 2. single long series, float32 (short T first, then many series, then long T)
+    dt = torch.float32
+    mods = {n: model(rng, n) for n in (2, 4, 8)}
+
+    def single(n, T):
+        if left() < 10:
+            res["skipped"].append(f"single n={n} T={T}: budget")
+            return
+        F, Q, H, R = mods[n]
+        args_g = [on(x, dt) for x in (F, Q, H, R)]
+        kw = dict(prior_mean=on(np.zeros(n), dt), prior_cov=on(np.eye(n), dt))
+        z = on(rng.normal(size=(T, 1)), dt)
+        reps = 5 if T <= 100_000 else 3
+        t_par, out = timed(lambda: kd.filter(z, *args_g, backend="torch", **kw), reps)
+        row = dict(n=n, d=1, B=1, T=T, dtype="float32", parallel_ms=t_par, repeats=reps)
+        if T <= 10_000 and left() > 20:
+            from kalmanscan.dense import _args
+            from kalmanscan.dense.sequential import filter_reference
+
+            model_l, _ = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
+            t_seq, seq = timed(lambda: filter_reference(model_l), 1 if T > 1000 else 3)
+            row.update(sequential_ms=t_seq, speedup=t_seq / t_par,
+                       err_vs_gpu_loop=rel_error(out.mean, seq[0].mean[0]))
+            err = row["err_vs_gpu_loop"]
+        else:
+            out64 = kd.filter(z.double(), *(a.double() for a in args_g), backend="torch",
+                              **{k: v.double() for k, v in kw.items()})
+            row["err_vs_float64_scan"] = err = rel_error(out.mean, out64.mean)
+        row["ok"] = err <= tolerance("truth", "float32") and checks_ok
+        if not row["ok"]:
+            row.pop("parallel_ms")
+            row.pop("sequential_ms", None)
+            row["status"] = "correctness check failed: no speed reported"
+        res["single"].append(row)
+        print(row, flush=True)
+        save()
+
+    for T in Ts[:2]:
+        for n in (2, 4, 8):
+            single(n, T)
+
+    # 3. many series
+    if left() > 15:
+        n, B, T = (4, 1000, 1000) if not args.dry_run else (4, 50, 100)
+        F, Q, H, R = model(rng, n)
+        args_g = [on(x, dt) for x in (F, Q, H, R)]
+        kw = dict(prior_mean=on(np.zeros(n), dt), prior_cov=on(np.eye(n), dt))
+        z = on(rng.normal(size=(T, B, 1)), dt)
+        t_par, out = timed(lambda: kd.filter(z, *args_g, backend="torch", **kw), 3)
+        from kalmanscan.dense import _args
+        from kalmanscan.dense.sequential import filter_reference
+
+        model_l, lay = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
+        t_seq, seq = timed(lambda: filter_reference(model_l), 1)
+        err = rel_error(out.mean, torch.movedim(seq[0].mean, 0, 1))
+        row = dict(n=n, d=1, B=B, T=T, dtype="float32", parallel_ms=t_par, sequential_ms=t_seq,
+                   speedup=t_seq / t_par, err_vs_gpu_loop=err, ok=err <= tolerance("truth", "float32") and checks_ok)
+        res["many"].append(row)
+        print(row, flush=True)
+        save()
+    else:
+        res["skipped"].append("many series: budget")
+
+    for T in Ts[2:]:
+        for n in (2, 4, 8):
+            single(n, T)
+    save()
+    print("elapsed", time.perf_counter() - T0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
