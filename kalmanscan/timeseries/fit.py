@@ -358,7 +358,7 @@ def fit_ou(
         lr=1.0,
         max_iter=max_iter,
         max_eval=int(max_iter * 1.5) + 10,
-        tolerance_grad=tol,
+        tolerance_grad=max(tol, 1e-6),  # a coarse stage: the Newton steps below finish
         tolerance_change=1e-12,
         history_size=30,
         line_search_fn="strong_wolfe",
@@ -381,7 +381,7 @@ def fit_ou(
         return -ll_.sum(0, keepdim=True) if joint else -ll_
 
     positive = torch.tensor([p in _POSITIVE for p in free], device=device)
-    x = _newton_polish(x, group_loss, positive)
+    x, H_hat = _newton_polish(x, group_loss, positive)
     # convergence: gradient of the scaled objective in the unconstrained coordinates
     u_hat = torch.stack(
         [
@@ -413,13 +413,7 @@ def fit_ou(
 
     se = {p: np.full(groups, np.nan) for p in PARAMS}
     if stderr:
-        nat = (
-            torch.stack([est[p][:1] if joint else est[p] for p in free], 1)
-            .clone()
-            .requires_grad_(True)
-        )
-        H = _hessian(lambda x: -loglik_of(_with_free(x, free, fixed_t, N, joint)).sum(), nat)
-        H = H.cpu().numpy()
+        H = H_hat.cpu().numpy()  # Hessian of the negative log-likelihood at the estimate
         ok_est = np.ones(groups, bool)
         for p in free:  # at a boundary the Hessian says nothing about uncertainty
             if p in _POSITIVE:
@@ -464,28 +458,26 @@ def fit_ou(
     )
 
 
-def _newton_polish(x, group_loss, positive, steps: int = 4):
-    """A few safeguarded Newton steps per group from the L-BFGS estimate ``x [G, k]``.
+def _newton_polish(x, group_loss, positive, steps: int = 6):
+    """Safeguarded Newton steps per group from the L-BFGS estimate ``x [G, k]``; returns
+    ``(x, H)`` with ``H [G, k, k]`` the Hessian of ``group_loss`` at the returned ``x``.
 
     Groups are independent, so each takes its own step, halved until its loss does not increase and
     positive parameters stay positive; this makes separate fits independent of how series are batched.
     """
     x = x.detach()
-    for _ in range(steps):
-        y = x.clone().requires_grad_(True)
-        f = group_loss(y)
-        (g,) = torch.autograd.grad(f.sum(), y)
-        try:
-            H = _hessian(lambda v: group_loss(v).sum(), x)
-        except RuntimeError:
-            return x
+    for it in range(steps + 1):
+        f, g, H = _grad_hessian(group_loss, x)
+        if it == steps:
+            break
         H = 0.5 * (H + H.transpose(1, 2))
         L, info = torch.linalg.cholesky_ex(H)
         ok = (info == 0) & torch.isfinite(g).all(1)
         eye = torch.eye(H.shape[1], dtype=H.dtype, device=H.device)
         Hs = torch.where(ok[:, None, None], H, eye)
         step = torch.linalg.solve(Hs, g.unsqueeze(-1)).squeeze(-1) * ok[:, None]
-        f = f.detach()
+        if (step.abs() <= 1e-10 * x.abs().clamp_min(1e-300)).all():
+            break  # H is the Hessian at x
         pending = ok.clone()
         t = 1.0
         for _ in range(8):
@@ -500,9 +492,7 @@ def _newton_polish(x, group_loss, positive, steps: int = 4):
             if not pending.any():
                 break
             t *= 0.5
-        if (step.abs() <= 1e-10 * x.abs().clamp_min(1e-300)).all():
-            break
-    return x
+    return x, H
 
 
 def _with_free(x, free, fixed_t, N, joint):
@@ -511,28 +501,29 @@ def _with_free(x, free, fixed_t, N, joint):
     return out
 
 
-def _hessian(loss_fn, x):
-    """Per-group Hessians ``[G, k, k]`` of ``loss_fn`` (a sum of independent group terms) at ``x [G, k]``.
+def _grad_hessian(group_loss, x):
+    """``(f [G], g [G, k], H [G, k, k])``: loss per group, gradient and per-group Hessians at ``x``.
 
-    Double backward through the filter; central differences of the gradient if that is unavailable.
+    Groups are independent (``group_loss`` of one group depends on its own row of ``x`` only), so
+    ``k`` Hessian-vector products give every block. Double backward through the filter; central
+    differences of the autograd gradient if a backend does not support it.
     """
     G, k = x.shape
-    x = x.detach().requires_grad_(True)
+    y = x.detach().requires_grad_(True)
     try:
-        loss = loss_fn(x)
-        (g,) = torch.autograd.grad(loss, x, create_graph=True)
-        rows = []
-        for j in range(k):
-            (hj,) = torch.autograd.grad(g[:, j].sum(), x, retain_graph=True)
-            rows.append(hj)
-        return torch.stack(rows, 1).detach()
+        f = group_loss(y)
+        (g,) = torch.autograd.grad(f.sum(), y, create_graph=True)
+        rows = [torch.autograd.grad(g[:, j].sum(), y, retain_graph=True)[0] for j in range(k)]
+        return f.detach(), g.detach(), torch.stack(rows, 1).detach()
     except RuntimeError:
 
-        def grad_at(y):
-            y = y.detach().requires_grad_(True)
-            (gy,) = torch.autograd.grad(loss_fn(y), y)
-            return gy
+        def grad_at(v):
+            v = v.detach().requires_grad_(True)
+            fv = group_loss(v)
+            (gv,) = torch.autograd.grad(fv.sum(), v)
+            return fv.detach(), gv
 
+        f, g = grad_at(x)
         ax_ = x.detach().abs()
         h = 1e-4 * torch.where(
             ax_ > 0, ax_, torch.ones_like(ax_)
@@ -541,5 +532,5 @@ def _hessian(loss_fn, x):
         for j in range(k):
             e = torch.zeros_like(x)
             e[:, j] = h[:, j]
-            rows.append((grad_at(x + e) - grad_at(x - e)) / (2 * h[:, j : j + 1]))
-        return torch.stack(rows, 1).detach()
+            rows.append((grad_at(x + e)[1] - grad_at(x - e)[1]) / (2 * h[:, j : j + 1]))
+        return f, g, torch.stack(rows, 1).detach()
