@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 
@@ -334,7 +335,7 @@ def main(argv=None):
         print("no CUDA device: run with --quick to check the script on the CPU", file=sys.stderr)
         return 2
     long_T = LONG_T if not args.quick else 10**5
-    ref_path = os.path.join(os.path.dirname(os.path.abspath(args.out)) or ".", f".long-ref-{os.getpid()}.npz")
+    ref_path = os.path.join(tempfile.gettempdir(), f"kalmanscan-long-ref-{os.getpid()}.npz")
     ctx = mp.get_context("spawn")
     ref_proc = ctx.Process(target=_long_reference_worker, args=(long_T, ref_path))
     ref_proc.start()
