@@ -58,6 +58,19 @@ def plan_main():
     return runs
 
 
+def plan_followup():
+    """The KLA runs again, fewer at once and without host syncs in the layer (see models.py)."""
+    runs = []
+    for mixer in ("kla", "kla_p0", "linear"):
+        runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b1", group="ablation", mixer=mixer, layers=1))
+    for mixer in ("kla", "kla_p0"):
+        runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b6", group="ablation", mixer=mixer, layers=6))
+    for mixer, layers in (("kla", 1), ("kla", 2), ("linear", 2)):
+        runs.append(dict(A5, name=f"a5-{mixer}-b{layers}", group="a5", mixer=mixer, layers=layers,
+                         stop_acc=0.999))
+    return runs
+
+
 def plan_smoke():
     tiny = dict(d_model=16, d_state=4, expand=1.0, batch=8, n_train=64, n_eval=16, warmup=2, heads=2)
     return [
@@ -67,7 +80,7 @@ def plan_smoke():
     ]
 
 
-PLANS = {"main": plan_main, "smoke": plan_smoke}
+PLANS = {"main": plan_main, "followup": plan_followup, "smoke": plan_smoke}
 
 
 def check_backend(name, device):
@@ -165,6 +178,8 @@ def main(argv=None):
                    help="KEY=VALUE applied to every run (e.g. steps=2 for a dry run)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds after launch when unfinished runs are killed (default budget + 90)")
+    p.add_argument("--save-models", default=None,
+                   help="comma-separated runs whose weights go to models.pt (default: every KLA run)")
     p.add_argument("--check-backend", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.check_backend:
@@ -227,7 +242,8 @@ def main(argv=None):
                    "config": run}
         groups.setdefault(run["group"], []).append(res)
         ck = workdir / "ckpt" / f"{run['name']}.pt"
-        if ck.exists() and run["mixer"].startswith("kla"):
+        wanted = run["name"] in args.save_models.split(",") if args.save_models else run["mixer"].startswith("kla")
+        if ck.exists() and wanted:
             state = torch.load(ck, map_location="cpu", weights_only=False)
             models[run["name"]] = {"model": state["model"], "args": state["args"]}
     env["wall_seconds"] = round(time.time() - t_start, 1)
