@@ -309,7 +309,11 @@ def test_a_raising_dense_check_becomes_a_failing_row(monkeypatch):
 
 
 TINY_CONFIG = battery.BatteryConfig(
-    random_lengths=(1, 63), lanes_per_length=3, growth_lengths=(16,), named_regimes=False
+    random_lengths=(1, 63),
+    lanes_per_length=3,
+    growth_lengths=(16,),
+    named_regimes=False,
+    dense_checks=False,
 )
 
 
