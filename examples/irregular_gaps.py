@@ -1,4 +1,4 @@
-"""Two sensors read at irregular times with gaps: OU fits on datetimes, bands inside gaps, forecasts.
+"""Two sensors read at irregular times with gaps: OU fits on datetimes, bands in gaps, forecasts.
 
 The data (examples/data/irregular_sensors.csv) have rows between 1 and 480 hours apart, a 20-day
 stretch without any reading, and missing values in each column. Rates are per day (``time_unit``).

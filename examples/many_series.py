@@ -62,7 +62,8 @@ def main(n_series: int, n_steps: int, out: str) -> None:
         elapsed = time.perf_counter() - t0
     diff = float(np.max(np.abs(params["theta"].values / fit.params["theta"] - 1)))
     print(
-        f"dask (4 chunks, 2 workers): {elapsed:.2f} s; largest relative difference in theta vs in-memory {diff:.1e}"
+        f"dask (4 chunks, 2 workers): {elapsed:.2f} s; largest relative difference in theta vs "
+        f"in-memory {diff:.1e}"
     )
     ds = da.kalman.filter(params, coverage=0.9)
     kalmanscan.xarray.save_netcdf(params, os.path.join(out, "params.nc"))

@@ -26,17 +26,18 @@ def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     years, flow = load_nile()
 
-    # 1. Maximum likelihood: the local level model is the OU model with theta = 0 (random walk), mu = 0.
+    # 1. Maximum likelihood; the local level model is the OU model with theta = 0, mu = 0.
     fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
     print(fit.summary())
     for name, published in (("obs_var", 15099.0), ("sigma2", 1469.1)):
         est = fit.params[name]
         print(
-            f"{name:8s} {est:10.2f}  published {published:8.1f}  rel. diff {est / published - 1:+.2e}"
+            f"{name:8s} {est:10.2f}  published {published:8.1f}  rel. diff "
+            f"{est / published - 1:+.2e}"
         )
     print(f"loglik   {fit.loglik:10.4f}  published  -632.5456")
 
-    # 2. At the published parameters: one-step forecast for 1971 (published 798.3703, s.e. 143.5279).
+    # 2. At the published parameters: 1971 forecast (published 798.3703, s.e. 143.5279).
     dk = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
     fc = dk.forecast(flow, years, steps=1, coverage=0.9)
     print(
@@ -44,7 +45,7 @@ def main(out: str) -> None:
         f"90% interval [{fc.lower[0]:.2f}, {fc.upper[0]:.2f}]"
     )
 
-    # 3. Missing observations (1891-1910 and 1931-1950 removed): the filter just predicts across them.
+    # 3. Missing observations (1891-1910 and 1931-1950 removed): the filter predicts across them.
     gappy = flow.copy()
     gappy[20:40] = np.nan
     gappy[60:80] = np.nan
@@ -54,7 +55,7 @@ def main(out: str) -> None:
         f"filtered variance at 1910 {sm.filtered.var[39]:.2f} (published 33414.20)"
     )
 
-    # 4. Dataset + figure: smoothed level with 50/90 % bands, a 10-year forecast, the precision panel.
+    # 4. Dataset + figure: smoothed level, 50/90 % bands, a 10-year forecast, the precision panel.
     ds = ks.OUModel(**fit.params).to_dataset(
         gappy, years, coverage=(0.5, 0.9), forecast_steps=10, name="Nile"
     )

@@ -36,7 +36,7 @@ def _quantile(c: float) -> float:
 def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = True):
     """``[(start, end)]`` to shade: runs of NaN in ``observed`` (padded to midpoints with the
     neighbours; skipped if ``nan_runs`` is False) and stretches between consecutive observations
-    longer than ``gap_factor`` times the median spacing of the observations (``None``: no such rule).
+    longer than ``gap_factor`` times the median spacing of the observations (``None``: none).
     """
     times = np.asarray(times)
     if times.dtype.kind == "M":
@@ -84,7 +84,7 @@ def plot_bands(
     forecast_var=None,
     show_missing=True,
 ):
-    """Mean with shaded central bands at ``coverages``, data points, missing stretches and a forecast.
+    """Mean with shaded central bands at ``coverages``, data, missing stretches and a forecast.
 
     Args:
         times, mean, var: ``[T]`` (numbers or datetimes; ``var`` may be inf while nothing is known).
@@ -97,7 +97,8 @@ def plot_bands(
             purpose); ``False`` nothing.
 
     >>> import numpy as np
-    >>> ax = plot_bands(np.arange(5.0), np.zeros(5), np.ones(5), observed=np.array([0, 1, np.nan, 0, 1.0]))
+    >>> z = np.array([0, 1, np.nan, 0, 1.0])
+    >>> ax = plot_bands(np.arange(5.0), np.zeros(5), np.ones(5), observed=z)
     >>> ax.get_legend_handles_labels()[1][:3]
     ['missing / no data', 'data', '90% band']
     """
@@ -109,7 +110,8 @@ def plot_bands(
     var = np.asarray(var, dtype=np.float64)
     if mean.shape != times.shape or var.shape != times.shape:
         raise ValueError(
-            f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, {var.shape}"
+            f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, "
+            f"{var.shape}"
         )
     covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
     if show_missing and observed is not None:
@@ -176,7 +178,7 @@ def _series_dims(ds):
 
 
 def _select(ds, series):
-    """One series of ``ds``: ``series`` is None (a single series), a flat int index or ``{dim: label}``."""
+    """One series of ``ds``: ``series`` is None (one series), an int index or ``{dim: label}``."""
     tdim, sdims = _series_dims(ds)
     if not sdims:
         return ds, ds.attrs.get("name", "")
@@ -184,7 +186,8 @@ def _select(ds, series):
         n = math.prod(ds.sizes[d] for d in sdims)
         if n != 1:
             raise ValueError(
-                f"series: the Dataset holds {n} series over dims {sdims}; pick one with an int or {{dim: label}}"
+                f"series: the Dataset holds {n} series over dims {sdims}; pick one with an int or "
+                f"{{dim: label}}"
             )
         series = 0
     if isinstance(series, dict):

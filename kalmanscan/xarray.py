@@ -34,11 +34,15 @@ from kalmanscan.timeseries.model import (
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 MODEL_DESCRIPTION = (
-    "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; theta = 0: random "
-    "walk / local level), observed as z = x + e, e ~ N(0, obs_var); exact discretization between "
-    "timestamps: a = exp(-theta dt), p = sigma2 (1 - exp(-2 theta dt)) / (2 theta), offset mu (1 - a)"
+    "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; "
+    "theta = 0: random walk / local level), observed as z = x + e, e ~ N(0, obs_var); "
+    "exact discretization between timestamps: a = exp(-theta dt), "
+    "p = sigma2 (1 - exp(-2 theta dt)) / (2 theta), offset mu (1 - a)"
 )
-LOGLIK_CONVENTION = "sum of one-step predictive log densities; steps with zero prior precision (diffuse) add nothing"
+LOGLIK_CONVENTION = (
+    "sum of one-step predictive log densities; "
+    "steps with zero prior precision (diffuse) add nothing"
+)
 
 
 # --- the block function ---------------------------------------------------------------------------
@@ -115,7 +119,8 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
         missing = [p for p in PARAMS if p not in model]
         if missing:
             raise ValueError(
-                f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from .kalman.fit_ou()), missing {missing}"
+                f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from "
+                f".kalman.fit_ou()), missing {missing}"
             )
         return {p: model[p] for p in PARAMS}
     if model is None:
@@ -127,7 +132,8 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
         missing = [p for p in ("sigma2", "obs_var") if p not in params]
         if missing:
             raise ValueError(
-                f"{', '.join(missing)}: required (or pass model=, e.g. the Dataset from .kalman.fit_ou())"
+                f"{', '.join(missing)}: required (or pass model=, e.g. the Dataset from "
+                ".kalman.fit_ou())"
             )
         values = {"theta": 0.0, "mu": 0.0, **params}
     elif isinstance(model, OUModel):
@@ -155,11 +161,13 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
                 )
             except ValueError as err:
                 raise ValueError(
-                    f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}"
+                    f"{k}: expected a scalar or an array over the series dims {series_dims}, got "
+                    f"shape {arr.shape}"
                 ) from err
         else:
             raise ValueError(
-                f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape {arr.shape}"
+                f"{k}: expected a scalar or an array over the series dims {series_dims}, got shape "
+                f"{arr.shape}"
             )
     return out
 
@@ -194,7 +202,8 @@ def filter_dataarray(
     Dask-chunked input stays lazy and runs chunk-wise over the series dims.
 
     >>> import numpy as np, xarray as xr
-    >>> da = xr.DataArray(np.array([[1.0, 2.0], [np.nan, 2.5], [1.5, 3.0]]), dims=("time", "station"))
+    >>> z = np.array([[1.0, 2.0], [np.nan, 2.5], [1.5, 3.0]])
+    >>> da = xr.DataArray(z, dims=("time", "station"))
     >>> ds = filter_dataarray(da, sigma2=0.1, obs_var=0.2)
     >>> ds["mean"].dims, ds["lower"].sizes["coverage"]
     (('time', 'station'), 2)
@@ -286,9 +295,9 @@ _VAR_ATTRS = {
     "loglik": "log-likelihood of each series (" + LOGLIK_CONVENTION + ")",
     "forecast_mean": "forecast mean of the level (and of a new observation)",
     "forecast_variance": "forecast variance of the level",
-    "forecast_predictive_variance": "forecast variance of a new observation (level variance + obs_var)",
-    "forecast_lower": "lower bound of the predictive interval of a new observation at each coverage",
-    "forecast_upper": "upper bound of the predictive interval of a new observation at each coverage",
+    "forecast_predictive_variance": "variance of a new observation (level variance + obs_var)",
+    "forecast_lower": "lower bound of the predictive interval of a new observation",
+    "forecast_upper": "upper bound of the predictive interval of a new observation",
     "theta": "mean-reversion rate per time unit",
     "sigma2": "diffusion variance per time unit",
     "mu": "long-run mean",
@@ -440,7 +449,7 @@ def netcdf_engine() -> str:
 
 
 def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
-    """Write ``ds`` to netCDF with ``engine`` (default :func:`netcdf_engine`); returns the engine used.
+    """Write ``ds`` to netCDF with ``engine`` (default :func:`netcdf_engine`); returns the engine.
 
     netCDF3 (the ``scipy`` engine) has no 64-bit integers, so datetimes are stored there as float64
     seconds since 1970-01-01 (about microsecond precision over centuries).
@@ -506,12 +515,13 @@ def fit_dataarray(
     """Fit an OU model to every series of ``da`` (separately; ``joint=True``: one set for all).
 
     Returns a Dataset over the series dims with ``theta, sigma2, mu, obs_var``, their ``*_se``,
-    ``loglik``, ``converged`` and ``n_obs``; pass it as ``model=`` to ``.kalman.filter``. Separate fits
-    of a dask-chunked array run chunk-wise. ``options`` go to :func:`kalmanscan.fit_ou`.
+    ``loglik``, ``converged`` and ``n_obs``; pass it as ``model=`` to ``.kalman.filter``.
+    Separate fits of a dask-chunked array run chunk-wise. ``options`` go to ``kalmanscan.fit_ou``.
 
     >>> import numpy as np, xarray as xr
     >>> rng = np.random.default_rng(0)
-    >>> da = xr.DataArray(rng.normal(size=(50, 2)).cumsum(0) + rng.normal(size=(50, 2)), dims=("time", "series"))
+    >>> z = rng.normal(size=(50, 2)).cumsum(0) + rng.normal(size=(50, 2))
+    >>> da = xr.DataArray(z, dims=("time", "series"))
     >>> fit_dataarray(da, fix={"theta": 0.0, "mu": 0.0})["sigma2"].dims
     ('series',)
     """

@@ -59,7 +59,8 @@ def test_nile_loglik_at_published_params(nile):
     assert_close(ll, -632.545625, "published", "float64", what="Nile exact-diffuse loglik")
 
 
-NILE_STATES = [  # year, filtered mean, filtered var, smoothed mean, smoothed var (peer-toolkits §4(a))
+# year, filtered mean, filtered var, smoothed mean, smoothed var (peer-toolkits §4(a))
+NILE_STATES = [
     (1871, 1120.0000, 15099.0000, 1111.6683, 4032.1579),
     (1872, 1140.9278, 7899.7364, 1110.8577, 3242.9301),
     (1898, 1133.1263, 4032.1582, 999.5852, 2326.7570),

@@ -2,7 +2,8 @@
 
 - ``kalmanscan demo [--out DIR]``: the bundled Nile flows, local-level fit, filter, smoother and a
   10-step forecast; writes ``nile.png``, ``nile.nc`` and ``summary.txt`` and prints the summary.
-- ``kalmanscan filter data.csv --time-col t --value-col y [--value-col y2 ...] [--fit] [--forecast 10]
+- ``kalmanscan filter data.csv --time-col t --value-col y [--value-col y2 ...] [--fit]
+  [--forecast 10]
   --out results/``: the same for a CSV (several value columns = several series).
 
 Both return 0 on success and 2 (with a message on stderr) for bad input. Docs: docs/cli.md.
@@ -26,7 +27,7 @@ class InputError(Exception):
 
 
 class Progress:
-    """A plain-text progress bar on stderr (redrawn in place on a terminal, one final line otherwise)."""
+    """A plain-text progress bar on stderr (redrawn in place on a terminal, else one final line)."""
 
     def __init__(
         self, label: str, total: int, *, enabled: bool = True, stream=None, width: int = 30
@@ -41,7 +42,8 @@ class Progress:
         frac = self.done / self.total
         filled = int(round(frac * self.width))
         elapsed = time.perf_counter() - self.start
-        return f"{self.label:<10} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {elapsed:6.1f}s"
+        bar = "#" * filled + "." * (self.width - filled)
+        return f"{self.label:<10} [{bar}] {self.done}/{self.total} {elapsed:6.1f}s"
 
     def update(self, n: int = 1):
         self.done = min(self.done + n, self.total)
@@ -206,7 +208,7 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
 
 # --- kalmanscan demo ------------------------------------------------------------------------------
 def demo_main(argv=None) -> int:
-    """``kalmanscan demo``: Nile local-level fit, filter, smoother, forecast; PNG + netCDF + summary."""
+    """``kalmanscan demo``: Nile local-level fit, filter, smoother, forecast; writes outputs."""
     p = _parser(
         "kalmanscan demo",
         "Fit the local-level model to the bundled Nile flows (1871-1970), filter, "
@@ -244,10 +246,12 @@ def _demo(args) -> int:
         filter(
             None,
             [
-                "Nile annual flow at Aswan 1871-1970 (10^8 m^3), local level model (OU with theta = 0, mu = 0)",
+                "Nile annual flow at Aswan 1871-1970 (10^8 m^3), local level model (OU with theta "
+                "= 0, mu = 0)",
                 fit.summary(),
                 ref,
-                f"final filtered level {float(ds['mean'][-1]):.4f} (s.d. {math.sqrt(float(ds['variance'][-1])):.4f}); "
+                f"final filtered level {float(ds['mean'][-1]):.4f} (s.d. "
+                f"{math.sqrt(float(ds['variance'][-1])):.4f}); "
                 f"fit + filter + smoother + forecast took {elapsed:.2f} s",
                 _forecast_table(ds, []),
             ],
@@ -270,9 +274,10 @@ def _demo(args) -> int:
 def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
-    ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every numeric column other
-    than the time column. Empty cells (and NA/NaN) are missing values. Raises :class:`InputError` with a
-    message naming the file, column, row and value for a bad file, missing column, unparseable time or
+    ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every numeric column
+    other than the time column. Empty cells (and NA/NaN) are missing values. Raises
+    :class:`InputError` with a message naming the file, column, row and value for a bad file,
+    missing column, unparseable time or
     non-numeric value. Rows are numbered as in a spreadsheet (the header is row 1).
     """
     import pandas as pd
@@ -310,7 +315,8 @@ def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None
         names = [c for c in cols if c != time_col and pd.api.types.is_numeric_dtype(df[c])]
         if not names:
             raise InputError(
-                f"{path}: no numeric value columns besides the time column; name them with --value-col "
+                f"{path}: no numeric value columns besides the time column; name them with "
+                "--value-col "
                 f"(columns are {cols})"
             )
     z = np.column_stack([_parse_values(df[c], path, c) for c in names])
@@ -359,7 +365,8 @@ def _parse_values(col, path, name):
     if np.isinf(out).any():
         i = int(np.flatnonzero(np.isinf(out))[0])
         raise InputError(
-            f"{path}: column {name!r} row {i + 2}: infinite value; expected a finite number or empty"
+            f"{path}: column {name!r} row {i + 2}: infinite value; expected a finite number or "
+            "empty"
         )
     return out
 
@@ -382,11 +389,12 @@ def _fix_arg(items):
 
 
 def filter_main(argv=None) -> int:
-    """``kalmanscan filter data.csv ...``: filter/fit/forecast the series of a CSV; PNG + netCDF + summary."""
+    """``kalmanscan filter data.csv ...``: filter/fit/forecast the series of a CSV."""
     p = _parser(
         "kalmanscan filter",
         "Filter and smooth the series of a CSV with an OU / local-level model "
-        "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file and a summary.",
+        "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file and a "
+        "summary.",
     )
     p.add_argument("csv", help="input CSV with a header row")
     p.add_argument(
@@ -465,8 +473,8 @@ def _filter(args) -> int:
     if args.time_unit is not None and not ax.is_datetime:
         log("note: --time-unit applies to dates only; numeric times are used as they are")
     log(
-        f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} missing values"
-        + ("" if was_sorted else "; rows sorted by time")
+        f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} "
+        "missing values" + ("" if was_sorted else "; rows sorted by time")
     )
     time_unit = args.time_unit if ax.is_datetime else None
     t0 = time.perf_counter()
@@ -513,11 +521,15 @@ def _filter(args) -> int:
     bar.close()
     elapsed = time.perf_counter() - t0
     ll = np.atleast_1d(ds["loglik"].values)
+    steps = np.diff(ax.t)
+    irregular = steps.size > 0 and np.ptp(steps) > 1e-9 * max(np.abs(ax.t).max(), 1)
+    spacing = "irregular" if irregular else "regular"
     summary = "\n".join(
         filter(
             None,
             [
-                f"{args.csv}: {T} time steps ({'irregular' if np.ptp(np.diff(ax.t)) > 1e-9 * max(np.abs(ax.t).max(), 1) else 'regular'} "
+                f"{args.csv}: {T} time steps "
+                f"({spacing} "
                 f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
                 fit_text,
                 "log-likelihood per series: "

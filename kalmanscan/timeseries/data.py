@@ -8,7 +8,7 @@ import numpy as np
 
 
 def load_nile():
-    """Annual flow of the Nile at Aswan, 1871-1970 (10^8 m^3): ``(years [100] float64, flow [100] float64)``.
+    """Annual flow of the Nile at Aswan, 1871-1970 (10^8 m^3): ``(years [100], flow [100])``.
 
     Durbin & Koopman (2012), ch. 2; shipped as ``kalmanscan/data/nile.csv``.
 

@@ -43,7 +43,8 @@ class OUFit:
             boundary, or where the Hessian is not positive definite.
         fixed: the fixed parameters. converged: per series (or one bool when ``joint``).
         n_iter: L-BFGS iterations. n_obs: observations per series. joint: one parameter set for all.
-        z: the data, time first ``[T, *S]``. time_axis: its :class:`TimeAxis`. series_labels: names of
+        z: the data, time first ``[T, *S]``. time_axis: its :class:`TimeAxis`.
+        series_labels: names of
             the series (e.g. DataFrame columns) or ``None``.
     """
 
@@ -173,7 +174,8 @@ def _check_fix(fix, shape):
             np.broadcast_to(arr, shape)
         except ValueError as err:
             raise ValueError(
-                f"fix[{k!r}]: expected a scalar or an array broadcasting to the series shape {shape}, got shape {arr.shape}"
+                f"fix[{k!r}]: expected a scalar or an array broadcasting to the series shape "
+                f"{shape}, got shape {arr.shape}"
             ) from err
         lo_open = k == "obs_var"
         bad = ~np.isfinite(arr) | (
@@ -214,7 +216,8 @@ def _initial_values(Z: np.ndarray, dt: np.ndarray, fixed_flat: dict) -> dict:
     theta_fixed = fixed_flat.get("theta")
     theta0 = 10.0 / span if theta_fixed is None else np.where(theta_fixed > 0, theta_fixed, 0.0)
     theta0 = np.broadcast_to(theta0, (N,)).astype(np.float64)
-    # random walk: E[(z_{i+1}-z_i)^2] = 2 obs_var + sigma2 dt; OU: stationary variance sigma2/(2 theta)
+    # random walk: E[(z_{i+1}-z_i)^2] = 2 obs_var + sigma2 dt
+    # OU: stationary variance sigma2 / (2 theta)
     sigma2_rw = 0.5 * msd
     sigma2_ou = theta0 * var
     sigma2 = np.where(theta0 > 0, np.maximum(sigma2_ou, 1e-12), np.maximum(sigma2_rw, 1e-12))
@@ -245,7 +248,8 @@ def fit_ou(
     """Fit ``theta, sigma2, mu, obs_var`` of an OU / local-level model by maximum likelihood.
 
     Args:
-        z: ``[T, *S]`` observations (time on ``axis``), NaN = missing; pandas Series/DataFrame allowed
+        z: ``[T, *S]`` observations (time on ``axis``), NaN = missing; pandas Series/DataFrame
+            allowed
             (index = times, columns = series).
         times: ``[T]`` timestamps (numbers or datetimes; irregular allowed); default ``0..T-1``.
         fix: parameters held fixed, e.g. ``{"theta": 0.0, "mu": 0.0}`` (the local-level model).
@@ -291,7 +295,8 @@ def fit_ou(
     too_few = n_obs < 2
     if too_few.all():
         raise ValueError(
-            f"z: expected at least 2 observed values in a series to fit, got at most {int(n_obs.max())}"
+            "z: expected at least 2 observed values in a series to fit, got at most "
+            f"{int(n_obs.max())}"
         )
     if too_few.any() and not joint:
         warnings.warn(
@@ -406,7 +411,8 @@ def fit_ou(
     est_np = {k: v.cpu().numpy().copy() for k, v in est.items()}
     if not converged.all():
         warnings.warn(
-            f"fit_ou: {int((~converged).sum())} of {converged.size} fits did not reach the gradient "
+            f"fit_ou: {int((~converged).sum())} of {converged.size} fits did not reach the "
+            "gradient "
             f"tolerance in {max_iter} iterations",
             stacklevel=2,
         )
@@ -463,7 +469,7 @@ def _newton_polish(x, group_loss, positive, steps: int = 6):
     ``(x, H)`` with ``H [G, k, k]`` the Hessian of ``group_loss`` at the returned ``x``.
 
     Groups are independent, so each takes its own step, halved until its loss does not increase and
-    positive parameters stay positive; this makes separate fits independent of how series are batched.
+    positive parameters stay positive; so separate fits do not depend on how series are batched.
     """
     x = x.detach()
     for it in range(steps + 1):

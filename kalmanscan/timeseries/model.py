@@ -2,15 +2,16 @@
 
 Notation (docs/model.md): the latent level follows ``dx = -theta (x - mu) dt + sigma dW`` with
 ``sigma2 = sigma**2``; an observation is ``z = x + e``, ``e ~ N(0, obs_var)``. Between timestamps a
-step ``dt`` apart the exact transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w ~ N(0, p)``, with
-``(a, p) = kalmanscan.discretize_ou(theta, sigma2, dt)``. ``theta = 0`` is the random walk (local level).
+step ``dt`` apart the exact transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w ~ N(0, p)``,
+with ``(a, p) = kalmanscan.discretize_ou(theta, sigma2, dt)``. ``theta = 0`` is the random walk
+(local level).
 
 Shapes: ``z`` is ``[T, *S]`` with time on ``axis`` (default 0); ``S`` are independent series sharing
 the timestamps. Parameters are scalars or arrays broadcasting against ``S``.
 
 Prior (the state at the first timestamp): stationary ``N(mu, sigma2 / (2 theta))`` when
-``theta > 0``, diffuse when ``theta = 0``; both are ``lam_0 = 2 theta / sigma2`` in information form,
-so the default is continuous in ``theta``. Override with ``prior_mean`` / ``prior_var``.
+``theta > 0``, diffuse when ``theta = 0``; both are ``lam_0 = 2 theta / sigma2`` in information
+form, so the default is continuous in ``theta``. Override with ``prior_mean`` / ``prior_var``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
 
 
 def series_input(z, times, axis: int = 0):
-    """Normalize data to ``(z [T, *S] numpy float64 (float32 stays float32), times, series_labels)``.
+    """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
 
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
     DataFrame's columns as the series labels.
@@ -100,7 +101,8 @@ def series_input(z, times, axis: int = 0):
         raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
     if not -arr.ndim <= axis < arr.ndim:
         raise ValueError(
-            f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, got {axis}"
+            f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, "
+            f"got {axis}"
         )
     arr = np.moveaxis(arr, axis, 0)
     if np.isinf(arr).any():
@@ -111,7 +113,8 @@ def series_input(z, times, axis: int = 0):
 
 
 def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
-    """Per-step ``(decay, process_var, offset)`` for steps ``dt [T]``, shaped ``[T, 1 (x n_series_dims)]``
+    """Per-step ``(decay, process_var, offset)`` for steps ``dt [T]``, shaped ``[T, 1, ...]``
+    (``n_series_dims`` ones)
     broadcast against the parameters (numpy, or torch when ``like`` is a tensor).
     """
     import kalmanscan as ks
@@ -127,7 +130,7 @@ def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
 
 
 def default_prior(theta, sigma2, mu):
-    """``(prior_mean, prior_var)``: stationary ``N(mu, sigma2/(2 theta))``, diffuse where ``theta = 0``."""
+    """``(prior_mean, prior_var)``: stationary ``N(mu, sigma2/(2 theta))``, diffuse if theta = 0."""
     if isinstance(theta, torch.Tensor) or isinstance(sigma2, torch.Tensor):
         theta = torch.as_tensor(theta, dtype=torch.float64)
         sigma2 = torch.as_tensor(sigma2, dtype=theta.dtype)
@@ -167,7 +170,8 @@ class OUModel:
         sigma2: diffusion variance per time unit (``>= 0``).
         mu: long-run mean.
         obs_var: observation-noise variance (``> 0``).
-        prior_mean, prior_var: state at the first timestamp; default stationary / diffuse (see module).
+        prior_mean, prior_var: state at the first timestamp; default stationary / diffuse
+            (see module).
         time_unit: model time unit for datetime timestamps (default ``"1D"``); ``None`` for numbers.
 
     Each parameter is a scalar or an array over the series shape ``S``.
@@ -236,7 +240,7 @@ class OUModel:
 
     # --- public methods -----------------------------------------------------------------------
     def filter(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
-        """Filter ``z`` (time on ``axis``) observed at ``times``: a :class:`kalmanscan.FilterResult`.
+        """Filter ``z`` (time on ``axis``) observed at ``times``: a ``kalmanscan.FilterResult``.
 
         >>> import numpy as np
         >>> OUModel(theta=0.5, sigma2=1.0, obs_var=0.1).filter(np.zeros(3)).mean.tolist()
@@ -300,7 +304,7 @@ class OUModel:
         return replace(self, **changes)
 
     def simulate(self, times=None, *, n: int | None = None, shape=(), seed=None):
-        """Draw ``(level, z)``, each ``[T, *shape]``, from the model at ``times`` (or ``n`` unit steps).
+        """Draw ``(level, z)``, each ``[T, *shape]``, from the model at ``times`` (or ``n`` steps).
 
         A diffuse prior starts the level at ``prior_mean`` (or ``mu``).
 
@@ -398,13 +402,14 @@ def forecast_from_state(
     at=None,
     coverage: float = 0.95,
 ) -> Forecast:
-    """Forecast from the filtered state ``N(last_mean, last_var)`` at the last timestamp of ``time_axis``."""
+    """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
     import kalmanscan as ks
 
     cov = check_coverage(coverage)[0]
     if (steps is None) == (at is None):
         raise ValueError(
-            f"steps, at: give exactly one (a number of steps or future timestamps), got steps={steps!r}, at={at!r}"
+            "steps, at: give exactly one (a number of steps or future timestamps), got "
+            f"steps={steps!r}, at={at!r}"
         )
     labels = time_axis.future(steps) if steps is not None else _labels_array(at, "at")
     pos = time_axis.position(labels, "at")
@@ -455,7 +460,8 @@ def forecast(
 
     >>> import numpy as np, kalmanscan as ks
     >>> m = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
-    >>> fc = ks.forecast(m, np.array([1120.0, 1160.0, 963.0]), np.array([1871, 1872, 1873]), steps=1)
+    >>> z, years = np.array([1120.0, 1160.0, 963.0]), np.array([1871, 1872, 1873])
+    >>> fc = ks.forecast(m, z, years, steps=1)
     >>> fc.times.tolist()
     [1874.0]
     """

@@ -37,7 +37,7 @@ class TimeAxis(NamedTuple):
 
     @property
     def dt(self) -> np.ndarray:
-        """``[T]`` step lengths in model units; the first step has length 0 (the prior sits at ``labels[0]``)."""
+        """``[T]`` step lengths in model units; the first is 0 (the prior sits at ``labels[0]``)."""
         return np.diff(self.t, prepend=self.t[:1]) if len(self.t) else self.t.copy()
 
     def position(self, labels, name: str = "at") -> np.ndarray:
@@ -46,7 +46,8 @@ class TimeAxis(NamedTuple):
         if self.is_datetime:
             if arr.dtype.kind != "M":
                 raise TypeError(
-                    f"{name}: expected datetimes like the record's times, got values of dtype {arr.dtype}"
+                    f"{name}: expected datetimes like the record's times, got values of dtype "
+                    f"{arr.dtype}"
                 )
             return (arr - self.labels[0]) / self.unit
         if arr.dtype.kind not in "iuf":
@@ -79,7 +80,7 @@ class TimeAxis(NamedTuple):
 
 
 def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
-    """``time_unit`` (``"D"``, ``"12h"``, ``"365.25D"``, ``np.timedelta64``, ``timedelta``) -> (ns, name)."""
+    """``time_unit`` (``"D"``, ``"12h"``, ``"365.25D"``, timedelta64, timedelta) -> (ns, name)."""
     if time_unit is None:
         time_unit = DEFAULT_DATETIME_UNIT
     name = str(time_unit)
@@ -96,7 +97,8 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
             td = np.timedelta64(pd.Timedelta(time_unit).value, "ns")
         except (ImportError, ValueError) as err:
             raise ValueError(
-                f"time_unit: expected a duration such as '1D', '12h' or '365.25D', got {time_unit!r}"
+                "time_unit: expected a duration such as '1D', '12h' or '365.25D', got "
+                f"{time_unit!r}"
             ) from err
     else:
         raise TypeError(
@@ -172,7 +174,8 @@ def as_time_axis(times, n: int, time_unit=None, name: str = "times") -> TimeAxis
     labels = _labels_array(times, name)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
-            f"{name}: expected {n} timestamps (one per step of the time axis), got shape {labels.shape}"
+            f"{name}: expected {n} timestamps (one per step of the time axis), got shape "
+            f"{labels.shape}"
         )
     if labels.dtype.kind == "M":
         if np.isnat(labels).any():
@@ -183,7 +186,8 @@ def as_time_axis(times, n: int, time_unit=None, name: str = "times") -> TimeAxis
     else:
         if time_unit is not None:
             raise ValueError(
-                f"time_unit: only meaningful with datetime times; numeric times are already in model "
+                "time_unit: only meaningful with datetime times; numeric times are already in "
+                "model "
                 f"units (got time_unit={time_unit!r})"
             )
         if not np.isfinite(labels).all():
