@@ -46,7 +46,7 @@ def format_table(rows: list[dict]) -> str:
 
     >>> print(format_table([dict(truth="filterpy", quantity="loglik", dtype="float64",
     ...       backend="torch", max_rel_err=1e-13, tol=1e-9, n_models=3)]).splitlines()[2])
-    filterpy  loglik    float64  torch    1.00e-13  1e-09      3  PASS
+    filterpy  loglik    float64  torch     1.00e-13  1e-09       3  PASS
     """
     head = ("truth", "quantity", "dtype", "backend", "worst err", "tol", "models", "status")
     body = [
