@@ -353,3 +353,13 @@ def test_validate_command_usage():
     assert main(["--help"]) == 0
     assert main(["--no-such-flag"]) == 2
     assert main(["--quick", "--backend", "no-such-backend"]) == 2
+
+
+@pytest.mark.parametrize(
+    "module", [metrics, report, vanloan, nile, models], ids=lambda m: m.__name__
+)
+def test_docstring_examples_run(module):
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
