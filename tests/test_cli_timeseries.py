@@ -259,3 +259,18 @@ def test_help_exits_zero(capsys):
     assert filter_main(["--help"]) == 0
     assert "--value-col" in capsys.readouterr().out
     assert demo_main(["--help"]) == 0
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["t,y\n1,2\n", "t,y\n1,\n2,\n3,\n", "t,a,b\n1,1,\n2,2,3\n3,3,\n"],
+    ids=["one-row", "all-missing", "one-of-two-series"],
+)
+def test_filter_fit_with_too_few_observations(tmp_path, capsys, content):
+    csv = tmp_path / "few.csv"
+    csv.write_text(content)
+    rc = filter_main([str(csv), "--time-col", "t", "--fit", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "expected at least 2 observed values in every series" in err
+    assert "Traceback" not in err

@@ -479,6 +479,13 @@ def _filter(args) -> int:
     time_unit = args.time_unit if ax.is_datetime else None
     t0 = time.perf_counter()
     if args.fit:
+        n_obs = (~np.isnan(z)).sum(0)
+        few = [f"{n!r} ({int(k)})" for n, k in zip(names, n_obs, strict=True) if k < 2]
+        if few:
+            raise InputError(
+                "--fit: expected at least 2 observed values in every series; "
+                f"too few in {', '.join(few)}"
+            )
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)

@@ -140,7 +140,8 @@ def _labels_array(times, name: str) -> np.ndarray:
         if pd is None:
             raise TypeError(f"{name}: got strings or objects; pass numbers or numpy datetime64")
         try:
-            arr = np.asarray(pd.to_datetime(arr.ravel()).tz_localize(None)).reshape(arr.shape)
+            parsed = pd.to_datetime(arr.ravel(), format="mixed").tz_localize(None)
+            arr = np.asarray(parsed).reshape(arr.shape)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{name}: could not read the values as timestamps ({err})") from err
     if arr.dtype.kind == "M":
