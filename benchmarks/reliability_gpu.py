@@ -21,6 +21,7 @@ No speed is claimed here (benchmarks/gpu.py does that); timings are medians for 
 
     python benchmarks/reliability_gpu.py --out benchmarks/results/<date>-reliability-h200.json
     python benchmarks/reliability_gpu.py --quick --out /tmp/r.json     # CPU: checks the script, skips CUDA
+    python benchmarks/reliability_gpu.py --quick --interpret-triton --out /tmp/r.json  # + the kernels interpreted
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ import sys
 import tempfile
 import time
 import traceback
+
+if "--interpret-triton" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import
 
 import numpy as np
 import torch
@@ -314,6 +318,46 @@ def determinism(device, quick):
     return rows
 
 
+def triton_interpreted(T=200):
+    """The Triton kernels of the general filter under TRITON_INTERPRET=1 (CPU), at the backend
+    contract (``filter_lanes -> (lam, eta)``), on every short regime cut to ``T`` steps, against the
+    float64 ``sequential`` backend: a preview of the ``triton`` rows without a GPU."""
+    from kalmanscan.core.sequential import filter_lanes as reference_lanes
+    from kalmanscan.cuda import filter as F
+    from kalmanscan.testing import rel_error
+
+    rows = []
+    for i, (name, (desc, build, nonfinite)) in enumerate(regimes(True).items()):
+        if name.startswith("long-"):
+            continue
+        m = build(np.random.default_rng(1000 + i))
+        z64 = torch.tensor(np.asarray(m["z"], np.float64)[:T])
+        Tn, N = z64.shape
+
+        def param(k, dtype):
+            x = torch.tensor(np.asarray(m[k], np.float64), dtype=dtype)
+            x = x[:Tn] if x.ndim == 2 else x
+            return x.reshape(x.shape if x.ndim == 2 else (1,) * (2 - x.ndim) + tuple(x.shape)).expand(Tn, N)
+
+        row = dict(regime=name, T=Tn, N=N)
+        for dtype in (torch.float64, torch.float32):
+            obs = param("obs_var", dtype)
+            z = z64.to(dtype).masked_fill(torch.isinf(obs), float("nan"))
+            pv = torch.tensor(np.asarray(m["prior_var"], np.float64), dtype=dtype).expand(N)
+            lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv).to(dtype)
+            eta0 = lam0 * torch.tensor(np.asarray(m["prior_mean"], np.float64), dtype=dtype).expand(N)
+            args = (z, obs, param("decay", dtype), param("process_var", dtype), param("loading", dtype),
+                    param("offset", dtype), lam0, eta0)
+            lam_ref, eta_ref = reference_lanes(*(a.double() for a in args))
+            lam, eta = F.filter_lanes(*args)
+            row[str(dtype).replace("torch.", "")] = dict(
+                lam=rel_error(lam, lam_ref), eta=rel_error(eta, eta_ref, scale=float(eta_ref.abs().max())),
+                nonfinite=int((~torch.isfinite(lam)).sum() + (~torch.isfinite(eta)).sum()))
+        rows.append(row)
+        print("triton (interpreted)", row, flush=True)
+    return rows
+
+
 def _section(result, name, fn):
     t0 = time.perf_counter()
     try:
@@ -329,8 +373,13 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="write the JSON here")
     ap.add_argument("--quick", action="store_true",
                     help="small shapes; on a machine without CUDA run the CPU paths only (checks the script)")
+    ap.add_argument("--interpret-triton", action="store_true",
+                    help="also run the Triton kernels under TRITON_INTERPRET=1 on the CPU (regimes cut to 200 steps)")
     args = ap.parse_args(argv)
     device = "cuda" if CUDA else "cpu"
+    if CUDA and args.interpret_triton:
+        print("--interpret-triton is for machines without CUDA (it would interpret the GPU kernels too)", file=sys.stderr)
+        return 2
     if not CUDA and not args.quick:
         print("no CUDA device: run with --quick to check the script on the CPU", file=sys.stderr)
         return 2
@@ -350,10 +399,13 @@ def main(argv=None):
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name() if CUDA else f"cpu ({platform.machine()})",
         torch=torch.__version__, triton=triton_version, quick=args.quick,
-        command="python benchmarks/reliability_gpu.py" + (" --quick" if args.quick else "") + f" --out {args.out}",
+        command="python benchmarks/reliability_gpu.py" + (" --quick" if args.quick else "")
+        + (" --interpret-triton" if args.interpret_triton else "") + f" --out {args.out}",
         reference="float64 on the CPU: the sequential backend; a scalar float64 loop for single lanes > 2e4 steps",
         float32_adequate_if_error_below=F32_ADEQUATE,
     ))
+    if args.interpret_triton:
+        _section(result, "triton_interpreted", triton_interpreted)
     _section(result, "regimes", lambda: regime_rows(device, args.quick))
     try:
         _section(result, "long_lane", lambda: long_lane(device, long_T, ref_proc, ref_path))
