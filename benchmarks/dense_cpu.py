@@ -76,13 +76,27 @@ def single_series(rng, n, T, repeats, rows, with_loop):
     fp_rep = repeats if T < 100_000 else 1
     t_fp, (fm, fc) = timeit(lambda: filterpy_run(z, F, Q, H, R, m0, P0), fp_rep)
     err = max(rel_error(res.mean, fm), rel_error(res.cov, fc))
-    row = dict(regime="single series", n=n, d=1, B=1, T=T, parallel_ms=t_par, filterpy_ms=t_fp,
-               err_vs_filterpy=err, repeats=repeats, filterpy_repeats=fp_rep)
+    row = dict(
+        regime="single series",
+        n=n,
+        d=1,
+        B=1,
+        T=T,
+        parallel_ms=t_par,
+        filterpy_ms=t_fp,
+        err_vs_filterpy=err,
+        repeats=repeats,
+        filterpy_repeats=fp_rep,
+    )
     if with_loop:
-        t_seq, ref = timeit(lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"),
-                            max(1, repeats // 2))
+        t_seq, ref = timeit(
+            lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"),
+            max(1, repeats // 2),
+        )
         row.update(sequential_ms=t_seq, err_vs_sequential=rel_error(res.mean, ref.mean))
-    ok = err <= tolerance("truth", "float64") and row.get("err_vs_sequential", 0.0) <= tolerance("truth", "float64")
+    ok = err <= tolerance("truth", "float64") and row.get("err_vs_sequential", 0.0) <= tolerance(
+        "truth", "float64"
+    )
     if not ok:
         for k in ("parallel_ms", "filterpy_ms", "sequential_ms"):
             row.pop(k, None)
@@ -100,15 +114,30 @@ def many_series(rng, n, B, T, repeats, rows):
     z = rng.normal(size=(T, B, 1))
     m0, P0 = np.zeros(n), np.eye(n)
     kd.filter(z[:10, :10], F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch")
-    t_par, res = timeit(lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch"), repeats)
-    t_seq, ref = timeit(lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"), repeats)
+    t_par, res = timeit(
+        lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch"), repeats
+    )
+    t_seq, ref = timeit(
+        lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"), repeats
+    )
     k = 10
     t_fp10, outs = timeit(lambda: [filterpy_run(z[:, b], F, Q, H, R, m0, P0) for b in range(k)], 1)
     err_fp = max(rel_error(res.mean[:, b], outs[b][0]) for b in range(k))
     err_seq = rel_error(res.mean, ref.mean)
-    row = dict(regime="many series", n=n, d=1, B=B, T=T, parallel_ms=t_par, sequential_ms=t_seq,
-               filterpy_ms_scaled=t_fp10 * B / k, filterpy_note=f"{k} series measured, scaled by {B // k}",
-               err_vs_filterpy=err_fp, err_vs_sequential=err_seq, repeats=repeats)
+    row = dict(
+        regime="many series",
+        n=n,
+        d=1,
+        B=B,
+        T=T,
+        parallel_ms=t_par,
+        sequential_ms=t_seq,
+        filterpy_ms_scaled=t_fp10 * B / k,
+        filterpy_note=f"{k} series measured, scaled by {B // k}",
+        err_vs_filterpy=err_fp,
+        err_vs_sequential=err_seq,
+        repeats=repeats,
+    )
     if max(err_fp, err_seq) > tolerance("truth", "float64"):
         for key in ("parallel_ms", "sequential_ms", "filterpy_ms_scaled"):
             row.pop(key)
@@ -139,11 +168,20 @@ def main(argv=None):
     for n in (2, 4, 8):
         many_series(rng, n, 1000, 100, 3, rows)
     out = dict(
-        benchmark="dense filter, CPU", date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        machine=dict(platform=platform.platform(), processor=platform.processor(), cpus=os.cpu_count(),
-                     torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                     loadavg_start=load0, loadavg_end=os.getloadavg()),
-        dtype="float64", timing="median wall ms of repeats (see each row)", rows=rows,
+        benchmark="dense filter, CPU",
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        machine=dict(
+            platform=platform.platform(),
+            processor=platform.processor(),
+            cpus=os.cpu_count(),
+            torch=torch.__version__,
+            torch_threads=torch.get_num_threads(),
+            loadavg_start=load0,
+            loadavg_end=os.getloadavg(),
+        ),
+        dtype="float64",
+        timing="median wall ms of repeats (see each row)",
+        rows=rows,
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -13,7 +13,8 @@ One script checks and measures everything (the device budget allows a single run
    against the float64 scan of the same data (itself checked against the reference in 1.);
 3. many series (B = 1000, T = 1000, n = 4) float32: scan against the loop vectorized over series.
 
-Errors are normwise (max |a - b| / max |b|). Times are medians of repeats after a warm-up, with ``torch.cuda.synchronize``. Sections stop
+Errors are normwise (max |a - b| / max |b|). Times are medians of repeats after a warm-up,
+with ``torch.cuda.synchronize``. Sections stop
 early when ``--budget-s`` is spent; the JSON records what ran.
 """
 
@@ -46,11 +47,13 @@ DEVICE = "cuda"
 
 
 def rel_error(a, b):
-    """Normwise relative error max|a - b| / max|b| over finite entries of b (the validation metric)."""
+    """Normwise relative error max|a - b| / max|b| over the finite entries of b."""
     a = np.asarray(a.detach().cpu() if hasattr(a, "detach") else a, dtype=np.float64)
     b = np.asarray(b.detach().cpu() if hasattr(b, "detach") else b, dtype=np.float64)
     m = np.isfinite(b)
-    return float(np.max(np.abs(a[m] - b[m])) / max(np.max(np.abs(b[m])), 1e-300)) if m.any() else 0.0
+    return (
+        float(np.max(np.abs(a[m] - b[m])) / max(np.max(np.abs(b[m])), 1e-300)) if m.any() else 0.0
+    )
 
 
 def on(x, dtype):
@@ -79,16 +82,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True)
     p.add_argument("--budget-s", type=float, default=100.0)
-    p.add_argument("--dry-run", action="store_true", help="on the CPU with T <= 1e3 (to test the script)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="on the CPU with T <= 1e3 (to test the script)"
+    )
     args = p.parse_args(argv)
     global DEVICE
     if args.dry_run:
         DEVICE = "cpu"
     Ts = (1_000,) if args.dry_run else (1_000, 10_000, 100_000, 1_000_000)
     rng = np.random.default_rng(0)
-    res = dict(benchmark="dense filter, GPU", date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               device=torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (dry run)", torch=torch.__version__, checks=[], single=[], many=[],
-               skipped=[])
+    res = dict(
+        benchmark="dense filter, GPU",
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        device=torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (dry run)",
+        torch=torch.__version__,
+        checks=[],
+        single=[],
+        many=[],
+        skipped=[],
+    )
 
     def save():
         res["elapsed_s"] = time.perf_counter() - T0
@@ -112,8 +124,15 @@ def main(argv=None):
             kw = dict(prior_mean=np.zeros(n), prior_cov=np.eye(n))
         ref = kd.smooth(z, F, Q, H, R, backend="sequential", **kw)
         for dt in (torch.float64, torch.float32):
-            out = kd.smooth(on(z, dt), on(F, dt), on(Q, dt), on(H, dt), on(R, dt), backend="torch",
-                            **{k: on(v, dt) for k, v in kw.items()})
+            out = kd.smooth(
+                on(z, dt),
+                on(F, dt),
+                on(Q, dt),
+                on(H, dt),
+                on(R, dt),
+                backend="torch",
+                **{k: on(v, dt) for k, v in kw.items()},
+            )
             ok = ~ref.filtered.diffuse
             name = str(dt).replace("torch.", "")
             errs = dict(
@@ -121,11 +140,23 @@ def main(argv=None):
                 filtered_cov=rel_error(out.filtered.cov.cpu().numpy()[ok], ref.filtered.cov[ok]),
                 smoothed_mean=rel_error(out.mean.cpu(), ref.mean),
                 smoothed_cov=rel_error(out.cov.cpu(), ref.cov),
-                loglik=abs(float(out.filtered.loglik) - float(ref.filtered.loglik)) / abs(float(ref.filtered.loglik)),
+                loglik=abs(float(out.filtered.loglik) - float(ref.filtered.loglik))
+                / abs(float(ref.filtered.loglik)),
             )
             kind = "parallel" if name == "float64" else "truth"
             tol = tolerance(kind, name)
-            res["checks"].append(dict(n=n, d=d, T=T, prior=prior, dtype=name, tol=tol, ok=max(errs.values()) <= tol, **errs))
+            res["checks"].append(
+                dict(
+                    n=n,
+                    d=d,
+                    T=T,
+                    prior=prior,
+                    dtype=name,
+                    tol=tol,
+                    ok=max(errs.values()) <= tol,
+                    **errs,
+                )
+            )
             print(res["checks"][-1], flush=True)
     save()
     checks_ok = all(c["ok"] for c in res["checks"])
@@ -151,12 +182,19 @@ def main(argv=None):
 
             model_l, _ = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
             t_seq, seq = timed(lambda: filter_reference(model_l), 1 if T > 1000 else 3)
-            row.update(sequential_ms=t_seq, speedup=t_seq / t_par,
-                       err_vs_gpu_loop=rel_error(out.mean, seq[0].mean[0]))
+            row.update(
+                sequential_ms=t_seq,
+                speedup=t_seq / t_par,
+                err_vs_gpu_loop=rel_error(out.mean, seq[0].mean[0]),
+            )
             err = row["err_vs_gpu_loop"]
         else:
-            out64 = kd.filter(z.double(), *(a.double() for a in args_g), backend="torch",
-                              **{k: v.double() for k, v in kw.items()})
+            out64 = kd.filter(
+                z.double(),
+                *(a.double() for a in args_g),
+                backend="torch",
+                **{k: v.double() for k, v in kw.items()},
+            )
             row["err_vs_float64_scan"] = err = rel_error(out.mean, out64.mean)
         row["ok"] = err <= tolerance("truth", "float32") and checks_ok
         if not row["ok"]:
@@ -185,8 +223,18 @@ def main(argv=None):
         model_l, lay = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
         t_seq, seq = timed(lambda: filter_reference(model_l), 1)
         err = rel_error(out.mean, torch.movedim(seq[0].mean, 0, 1))
-        row = dict(n=n, d=1, B=B, T=T, dtype="float32", parallel_ms=t_par, sequential_ms=t_seq,
-                   speedup=t_seq / t_par, err_vs_gpu_loop=err, ok=err <= tolerance("truth", "float32") and checks_ok)
+        row = dict(
+            n=n,
+            d=1,
+            B=B,
+            T=T,
+            dtype="float32",
+            parallel_ms=t_par,
+            sequential_ms=t_seq,
+            speedup=t_seq / t_par,
+            err_vs_gpu_loop=err,
+            ok=err <= tolerance("truth", "float32") and checks_ok,
+        )
         res["many"].append(row)
         print(row, flush=True)
         save()

@@ -1,4 +1,4 @@
-"""Dense filter and smoother: parallel scan vs the sequential reference, truths, dispatch, gradients."""
+"""Dense filter and smoother: scan vs sequential reference, truths, dispatch, gradients."""
 
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ def test_parallel_matches_sequential_f64(case):
     a, b = _both(args, kw)
     fa, fb = a.filtered, b.filtered
     for what in ("mean", "cov", "precision", "pred_mean", "pred_cov"):
-        assert_close(getattr(fa, what), getattr(fb, what), "parallel", "float64", what=f"filtered {what}")
+        assert_close(
+            getattr(fa, what), getattr(fb, what), "parallel", "float64", what=f"filtered {what}"
+        )
     assert_close(fa.loglik, fb.loglik, "parallel", "float64", what="loglik")
     np.testing.assert_array_equal(fa.diffuse, fb.diffuse)
     assert_close(a.mean, b.mean, "parallel", "float64", what="smoothed mean")
@@ -104,11 +106,17 @@ def test_float32_against_float64_reference(case):
     a = kd.smooth(*args32, backend="torch", **kw32)
     assert a.mean.dtype == torch.float32
     fin = ~b.filtered.diffuse
-    assert_close(a.filtered.mean.numpy()[fin], b.filtered.mean[fin], "truth", "float32", what="filtered mean")
-    assert_close(a.filtered.cov.numpy()[fin], b.filtered.cov[fin], "truth", "float32", what="filtered cov")
+    assert_close(
+        a.filtered.mean.numpy()[fin], b.filtered.mean[fin], "truth", "float32", what="filtered mean"
+    )
+    assert_close(
+        a.filtered.cov.numpy()[fin], b.filtered.cov[fin], "truth", "float32", what="filtered cov"
+    )
     assert_close(a.mean, b.mean, "truth", "float32", what="smoothed mean")
     assert_close(a.cov, b.cov, "truth", "float32", what="smoothed cov")
-    assert abs(float(a.filtered.loglik.sum()) - float(b.filtered.loglik.sum())) <= 2e-3 * max(1.0, abs(float(b.filtered.loglik.sum())))
+    assert abs(float(a.filtered.loglik.sum()) - float(b.filtered.loglik.sum())) <= 2e-3 * max(
+        1.0, abs(float(b.filtered.loglik.sum()))
+    )
 
 
 @pytest.mark.parametrize("chunk", [2, 7, 64])
@@ -141,7 +149,9 @@ def test_against_filterpy_1e9():
     zs = [None if np.isnan(v).any() else v for v in z]
     mu, cov, _, _ = kf.batch_filter(zs, Fs=[F] * T, Qs=[Q] * T, Hs=[H] * T, Rs=[R] * T)
     sm, sP, _, _ = kf.rts_smoother(mu, cov, Fs=[F] * T, Qs=[Q] * T)
-    res = kd.smooth(z, F, Q, H, R, prior_mean=kw["prior_mean"], prior_cov=kw["prior_cov"], backend="torch")
+    res = kd.smooth(
+        z, F, Q, H, R, prior_mean=kw["prior_mean"], prior_cov=kw["prior_cov"], backend="torch"
+    )
     assert rel_error(res.filtered.mean, mu) < 1e-9
     assert rel_error(res.filtered.cov, cov) < 1e-9
     assert rel_error(res.mean, sm) < 1e-9
@@ -166,7 +176,8 @@ def test_statsmodels_local_linear_trend_on_gdp():
     y, p, res = dc.statsmodels_llt(params)
     m = kd.local_linear_trend(level_var=p[1], slope_var=p[2], obs_var=p[0])
     out = kd.smooth(y[:, None], **m._asdict())
-    # statsmodels reports Durbin & Koopman's value; ours adds 1/2 sum log det(2 pi F_inf) = log(2 pi)
+    # statsmodels reports Durbin & Koopman's value; ours adds 1/2 sum log det(2 pi F_inf),
+    # which is log(2 pi) here
     assert abs(float(out.filtered.loglik) - np.log(2 * np.pi) - res.llf) < 1e-9 * abs(res.llf)
     assert rel_error(out.mean, np.asarray(res.smoothed_state).T) < 1e-9
     assert rel_error(out.cov, np.moveaxis(res.smoothed_state_cov, -1, 0)) < 1e-9
@@ -191,8 +202,12 @@ def test_diagonal_model_dispatches_and_agrees(prior):
     assert_close(auto.filtered.loglik, diag.filtered.loglik, "parallel", "float64")
     ok = ~dense.filtered.diffuse
     np.testing.assert_array_equal(diag.filtered.diffuse, dense.filtered.diffuse)
-    assert_close(diag.filtered.mean[ok], dense.filtered.mean[ok], "parallel", "float64", what="filtered mean")
-    assert_close(diag.filtered.cov[ok], dense.filtered.cov[ok], "parallel", "float64", what="filtered cov")
+    assert_close(
+        diag.filtered.mean[ok], dense.filtered.mean[ok], "parallel", "float64", what="filtered mean"
+    )
+    assert_close(
+        diag.filtered.cov[ok], dense.filtered.cov[ok], "parallel", "float64", what="filtered cov"
+    )
     assert_close(diag.filtered.loglik, dense.filtered.loglik, "parallel", "float64", what="loglik")
     assert_close(diag.mean, dense.mean, "parallel", "float64", what="smoothed mean")
     assert_close(diag.cov, dense.cov, "parallel", "float64", what="smoothed cov")
@@ -207,17 +222,25 @@ def test_gradients_match_the_reference_and_gradcheck():
 
     def loss(backend, F, Q, R):
         res = kd.smooth(z, F, Q, H, R, backend=backend, **kwt)
-        return res.filtered.loglik + res.mean.square().sum() * 1e-2 + res.cov.diagonal(dim1=-2, dim2=-1).sum() * 1e-2
+        return (
+            res.filtered.loglik
+            + res.mean.square().sum() * 1e-2
+            + res.cov.diagonal(dim1=-2, dim2=-1).sum() * 1e-2
+        )
 
     params = [t.clone().requires_grad_(True) for t in (F, Q, R)]
     ga = torch.autograd.grad(loss("torch", *params), params)
     gb = torch.autograd.grad(loss("sequential", *params), params)
     sym = lambda g: 0.5 * (g + g.transpose(-1, -2))  # noqa: E731  (Q, R enter only symmetrically)
-    for x, y, what in zip(ga, gb, ("F", "Q", "R")):
+    for x, y, what in zip(ga, gb, ("F", "Q", "R"), strict=True):
         x, y = (x, y) if what == "F" else (sym(x), sym(y))
         assert_close(x, y, "kernel_grad", "float64", what=f"d loss / d {what}")
-    assert torch.autograd.gradcheck(lambda F, Q, R: loss("torch", F, 0.5 * (Q + Q.T), 0.5 * (R + R.T)), params,
-                                    atol=1e-6, rtol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda F, Q, R: loss("torch", F, 0.5 * (Q + Q.T), 0.5 * (R + R.T)),
+        params,
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 def test_layout_axis_batch_and_io_types():
@@ -225,7 +248,11 @@ def test_layout_axis_batch_and_io_types():
     z = args[0]  # [T, B, d]
     a = kd.filter(z, *args[1:], backend="torch", **kw)
     b = kd.filter(np.swapaxes(z, 0, 1), *args[1:], axis=1, backend="torch", **kw)
-    assert isinstance(a.mean, np.ndarray) and a.mean.shape == (50, 3, 2) and a.cov.shape == (50, 3, 2, 2)
+    assert (
+        isinstance(a.mean, np.ndarray)
+        and a.mean.shape == (50, 3, 2)
+        and a.cov.shape == (50, 3, 2, 2)
+    )
     assert a.loglik.shape == (3,)
     np.testing.assert_allclose(np.swapaxes(b.mean, 0, 1), a.mean, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(b.loglik, a.loglik, rtol=1e-12)
@@ -276,7 +303,10 @@ def test_bad_arguments_name_the_argument(bad, match):
 def test_cuda_matches_cpu():
     args, kw = random_model(2, 4, 2, 500, B=2, prior="diffuse")
     cpu = kd.smooth(*args, backend="torch", **kw)
-    g = kd.smooth(*(torch.as_tensor(x, device="cuda") for x in args), backend="torch",
-                  **{k: torch.as_tensor(v, device="cuda") for k, v in kw.items()})
+    g = kd.smooth(
+        *(torch.as_tensor(x, device="cuda") for x in args),
+        backend="torch",
+        **{k: torch.as_tensor(v, device="cuda") for k, v in kw.items()},
+    )
     assert_close(g.mean.cpu(), cpu.mean, "parallel", "float64")
     assert_close(g.filtered.loglik.cpu(), cpu.filtered.loglik, "parallel", "float64")

@@ -27,7 +27,9 @@ def test_constant_acceleration_against_scipy_quadrature():
     np.testing.assert_allclose(m.F, scipy.linalg.expm(A * dt), rtol=1e-14)
     s = np.linspace(0.0, dt, 2001)
     L = np.array([0.0, 0.0, 1.0])
-    integrand = np.stack([scipy.linalg.expm(A * u) @ np.outer(L, L) @ scipy.linalg.expm(A * u).T * q for u in s])
+    integrand = np.stack(
+        [scipy.linalg.expm(A * u) @ np.outer(L, L) @ scipy.linalg.expm(A * u).T * q for u in s]
+    )
     Q = scipy.integrate.simpson(integrand, x=s, axis=0)
     np.testing.assert_allclose(m.Q, Q, rtol=1e-9, atol=1e-12)
 
@@ -76,7 +78,11 @@ def test_add_components_trend_plus_seasonal():
     np.testing.assert_array_equal(m.H, [[1.0, 0.0, 1.0, 0.0, 0.0]])
     np.testing.assert_allclose(m.R, [[0.5]])
     t = np.arange(80.0)
-    z = (0.05 * t + np.tile([1.0, -1.0, 0.5, -0.5], 20) + np.random.default_rng(2).normal(scale=0.3, size=80))[:, None]
+    z = (
+        0.05 * t
+        + np.tile([1.0, -1.0, 0.5, -0.5], 20)
+        + np.random.default_rng(2).normal(scale=0.3, size=80)
+    )[:, None]
     res = kd.smooth(z, **m._asdict())  # fully diffuse: five directions resolved after five steps
     ref = kd.smooth(z, **m._asdict(), backend="sequential")
     assert res.filtered.diffuse[:4].all() and not res.filtered.diffuse[4:].any()

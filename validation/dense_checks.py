@@ -14,10 +14,12 @@ Truths (float64, none uses kalmanscan):
 - ``dense: statsmodels LLT (US GDP)``: ``UnobservedComponents(level="local linear trend",
   use_exact_diffuse=True)`` on 100 log US real GDP (bundled ``dense_us_realgdp.csv``). statsmodels
   reports Durbin & Koopman's diffuse log-likelihood; ours exceeds it by 1/2 sum_t log det(2 pi
-  F_inf,t) over the diffuse steps, computed here by :func:`dk_diffuse_offset` (log 2 pi for this model).
+  F_inf,t) over the diffuse steps, computed here by :func:`dk_diffuse_offset` (log 2 pi for this
+  model).
 
 Rows: truth, quantity, dtype, backend, max_rel_err, tol, n_models (+ worst_model). Errors are
-normwise (:func:`metrics.normwise`) for moments and :func:`metrics.loglik_error` for log-likelihoods.
+normwise (:func:`metrics.normwise`) for moments and :func:`metrics.loglik_error` for
+log-likelihoods.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ LOG2PI = math.log(2 * math.pi)
 # ----------------------------------------------------------------------------- random models
 
 
-def random_model(rng, n, d, T, *, tv=False, prior="cov", missing=0.0, partial=True, offset=True,
-                 singular_q=False):
-    """A random stable model (dict of float64 arrays, time on axis 0, per-step matrices [T, ...])."""
+def random_model(
+    rng, n, d, T, *, tv=False, prior="cov", missing=0.0, partial=True, offset=True, singular_q=False
+):
+    """A random stable model: dict of float64 arrays, time on axis 0, per-step matrices."""
+
     def one():
         F = rng.normal(size=(n, n))
         F *= rng.uniform(0.5, 1.05) / max(np.abs(np.linalg.eigvals(F)).max(), 1e-12)
@@ -68,8 +72,15 @@ def random_model(rng, n, d, T, *, tv=False, prior="cov", missing=0.0, partial=Tr
             z[rng.random((T, d)) < missing] = np.nan
         else:
             z[rng.random(T) < missing] = np.nan
-    model = dict(z=z, F=np.ascontiguousarray(F), Q=np.ascontiguousarray(Q), H=np.ascontiguousarray(H),
-                 R=np.ascontiguousarray(R), offset=c, prior_mean=m0)
+    model = dict(
+        z=z,
+        F=np.ascontiguousarray(F),
+        Q=np.ascontiguousarray(Q),
+        H=np.ascontiguousarray(H),
+        R=np.ascontiguousarray(R),
+        offset=c,
+        prior_mean=m0,
+    )
     if prior == "cov":
         G = rng.normal(size=(n, n))
         model["prior_cov"] = G @ G.T / n + 0.5 * np.eye(n)
@@ -122,7 +133,7 @@ def _orth(G, tol=1e-9, scale=None):
 
 
 def dense_oracle(model):
-    """Filtered/smoothed moments and the exact-diffuse log-likelihood from the explicit joint Gaussian.
+    """Filtered/smoothed moments and exact-diffuse log-likelihood of the explicit joint Gaussian.
 
     Returns dict(mean [T,n], cov [T,n,n] (NaN where the filtered state is not yet identified),
     smooth_mean, smooth_cov, loglik).
@@ -233,7 +244,9 @@ def dense_oracle(model):
         M[Wb.shape[1] :, past] = np.eye(past.size)
         Gj = np.concatenate([G_now, G_past], 0) if k else np.zeros((M.shape[0], 0))
         lj = _flat_logpdf(M @ ry, Gj, M @ SY @ M.T)
-        lp = _flat_logpdf(ry[past], G_past if k else np.zeros((past.size, 0)), SY[np.ix_(past, past)])
+        lp = _flat_logpdf(
+            ry[past], G_past if k else np.zeros((past.size, 0)), SY[np.ix_(past, past)]
+        )
         ll += lj - lp
     return dict(mean=mean, cov=cov, smooth_mean=sm_mean, smooth_cov=sm_cov, loglik=ll)
 
@@ -263,8 +276,13 @@ def filterpy_truth(model):
         S = H[t] @ Pp[t] @ H[t].T + R[t]
         v = zs[t] - H[t] @ mp[t]
         ll += -0.5 * (d * LOG2PI + np.linalg.slogdet(S)[1] + v @ np.linalg.solve(S, v))
-    return dict(mean=np.asarray(means), cov=np.asarray(covs), smooth_mean=np.asarray(sm),
-                smooth_cov=np.asarray(sP), loglik=ll)
+    return dict(
+        mean=np.asarray(means),
+        cov=np.asarray(covs),
+        smooth_mean=np.asarray(sm),
+        smooth_cov=np.asarray(sP),
+        loglik=ll,
+    )
 
 
 # ----------------------------------------------------------------------------- statsmodels
@@ -345,8 +363,14 @@ def _run_ks(model, backend, device, dtype):
     res = kd.smooth(z, kw.pop("F"), kw.pop("Q"), kw.pop("H"), kw.pop("R"), backend=be, **kw)
     f = res.filtered
     np_ = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
-    return dict(mean=np_(f.mean), cov=np_(f.cov), smooth_mean=np_(res.mean), smooth_cov=np_(res.cov),
-                loglik=float(np_(f.loglik)), nobs=int(np.isfinite(model["z"]).sum()))
+    return dict(
+        mean=np_(f.mean),
+        cov=np_(f.cov),
+        smooth_mean=np_(res.mean),
+        smooth_cov=np_(res.cov),
+        loglik=float(np_(f.loglik)),
+        nobs=int(np.isfinite(model["z"]).sum()),
+    )
 
 
 class _Rows:
@@ -357,9 +381,19 @@ class _Rows:
         from kalmanscan.testing import tolerance
 
         key = (truth, quantity, dtype, backend)
-        row = self.rows.setdefault(key, dict(truth=truth, quantity=quantity, dtype=dtype, backend=backend,
-                                             max_rel_err=0.0, tol=tolerance("truth", dtype), n_models=0,
-                                             worst_model=""))
+        row = self.rows.setdefault(
+            key,
+            dict(
+                truth=truth,
+                quantity=quantity,
+                dtype=dtype,
+                backend=backend,
+                max_rel_err=0.0,
+                tol=tolerance("truth", dtype),
+                n_models=0,
+                worst_model="",
+            ),
+        )
         row["n_models"] += 1
         err = float(err)
         if not err <= row["max_rel_err"]:
@@ -369,39 +403,97 @@ class _Rows:
 def _compare(rows, truth_name, truth, ks, dtype, backend, name, which=("filtered", "smoothed")):
     fin = np.isfinite(truth["mean"]).all(-1) & np.all(np.isfinite(ks["cov"]), axis=(-1, -2))
     if "filtered" in which:
-        rows.add(truth_name, "filtered mean", dtype, backend, normwise(ks["mean"][fin], truth["mean"][fin]), name)
-        rows.add(truth_name, "filtered cov", dtype, backend, normwise(ks["cov"][fin], truth["cov"][fin]), name)
-        rows.add(truth_name, "loglik", dtype, backend, loglik_error(ks["loglik"], truth["loglik"], ks["nobs"]), name)
+        rows.add(
+            truth_name,
+            "filtered mean",
+            dtype,
+            backend,
+            normwise(ks["mean"][fin], truth["mean"][fin]),
+            name,
+        )
+        rows.add(
+            truth_name,
+            "filtered cov",
+            dtype,
+            backend,
+            normwise(ks["cov"][fin], truth["cov"][fin]),
+            name,
+        )
+        rows.add(
+            truth_name,
+            "loglik",
+            dtype,
+            backend,
+            loglik_error(ks["loglik"], truth["loglik"], ks["nobs"]),
+            name,
+        )
     if "smoothed" in which:
         fs = np.isfinite(truth["smooth_mean"]).all(-1)
-        rows.add(truth_name, "smoothed mean", dtype, backend,
-                 normwise(ks["smooth_mean"][fs], truth["smooth_mean"][fs]), name)
-        rows.add(truth_name, "smoothed cov", dtype, backend,
-                 normwise(ks["smooth_cov"][fs], truth["smooth_cov"][fs]), name)
+        rows.add(
+            truth_name,
+            "smoothed mean",
+            dtype,
+            backend,
+            normwise(ks["smooth_mean"][fs], truth["smooth_mean"][fs]),
+            name,
+        )
+        rows.add(
+            truth_name,
+            "smoothed cov",
+            dtype,
+            backend,
+            normwise(ks["smooth_cov"][fs], truth["smooth_cov"][fs]),
+            name,
+        )
 
 
 def check_dense(quick: bool = True, seed: int = 0) -> list[dict]:
-    """All dense rows (see the module docstring). ``quick``: short sequences, seconds on a laptop."""
+    """All dense rows (module docstring). ``quick``: short sequences, seconds on a laptop."""
     rng = np.random.default_rng(seed)
     rows = _Rows()
     runners = _runners()
     # filterpy: proper prior, whole vectors missing, zero offset, n up to 8
-    fp_cases = [(n, d, T, tv) for n, d in ((1, 1), (2, 1), (4, 2), (8, 3)) for T, tv in ((50, False), (40, True))]
+    fp_cases = [
+        (n, d, T, tv)
+        for n, d in ((1, 1), (2, 1), (4, 2), (8, 3))
+        for T, tv in ((50, False), (40, True))
+    ]
     fp_cases.append((8, 3, 1000 if quick else 10_000, False))
     for n, d, T, tv in fp_cases:
-        model = random_model(rng, n, d, T, tv=tv, prior="cov", missing=0.1, partial=False, offset=False)
+        model = random_model(
+            rng, n, d, T, tv=tv, prior="cov", missing=0.1, partial=False, offset=False
+        )
         truth = filterpy_truth(model)
         name = f"n{n}-d{d}-T{T}" + ("-tv" if tv else "")
         for backend, device, dtypes in runners:
             for dtype in dtypes:
-                _compare(rows, "dense: filterpy", truth, _run_ks(model, backend, device, dtype), dtype, backend, name)
+                _compare(
+                    rows,
+                    "dense: filterpy",
+                    truth,
+                    _run_ks(model, backend, device, dtype),
+                    dtype,
+                    backend,
+                    name,
+                )
     # oracle: diffuse / partly diffuse / proper priors, partial missing, offsets, singular Q
-    oc = [(1, 1, 12), (2, 1, 15), (3, 2, 12), (4, 2, 10)] + ([] if quick else [(8, 3, 12), (6, 1, 20)])
+    oc = [(1, 1, 12), (2, 1, 15), (3, 2, 12), (4, 2, 10)] + (
+        [] if quick else [(8, 3, 12), (6, 1, 20)]
+    )
     for n, d, T in oc:
         for prior in ("cov", "diffuse", "partial"):
             for singular_q in (False, True) if n > 1 else (False,):
-                model = random_model(rng, n, d, T, tv=True, prior=prior, missing=0.15, partial=True,
-                                     singular_q=singular_q)
+                model = random_model(
+                    rng,
+                    n,
+                    d,
+                    T,
+                    tv=True,
+                    prior=prior,
+                    missing=0.15,
+                    partial=True,
+                    singular_q=singular_q,
+                )
                 truth = dense_oracle(model)
                 name = f"n{n}-d{d}-T{T}-{prior}" + ("-singQ" if singular_q else "")
                 for backend, device, dtypes in runners:
@@ -418,12 +510,15 @@ def check_dense(quick: bool = True, seed: int = 0) -> list[dict]:
     for label, params in (("near-mle", (0.01, 0.58, 0.043)), ("rough", (0.5, 0.3, 0.01))):
         y, p, res = statsmodels_llt(params)
         truth = dict(
-            mean=np.asarray(res.filtered_state).T, cov=np.moveaxis(np.asarray(res.filtered_state_cov), -1, 0),
+            mean=np.asarray(res.filtered_state).T,
+            cov=np.moveaxis(np.asarray(res.filtered_state_cov), -1, 0),
             smooth_mean=np.asarray(res.smoothed_state).T,
             smooth_cov=np.moveaxis(np.asarray(res.smoothed_state_cov), -1, 0),
             loglik=float(res.llf),
         )
-        truth["mean"][:2] = np.nan  # the two diffuse steps: statsmodels reports only the finite part
+        truth["mean"][:2] = (
+            np.nan
+        )  # the two diffuse steps: statsmodels reports only the finite part
         F = np.array([[1.0, 1.0], [0.0, 1.0]])
         H = np.array([[1.0, 0.0]])
         off = dk_diffuse_offset(F, H, np.isfinite(y))

@@ -18,7 +18,7 @@ def _describe(x) -> str:
 
 
 class Model(NamedTuple):
-    """A dense model laid out as [B, T, ...] (B flattened series; parameters may be stride-0 views)."""
+    """A dense model laid out as [B, T, ...] (B flattened series; parameters may be views)."""
 
     z: torch.Tensor  # [B, T, d], 0 where missing
     observed: torch.Tensor  # [B, T, d] bool
@@ -51,7 +51,9 @@ def _as_tensor(name, x, dtype, device, min_ndim):
             raise TypeError(f"{name}: expected a real array, got {_describe(x)}") from err
         t = torch.as_tensor(arr, dtype=dtype, device=device)
     if t.ndim < min_ndim:
-        raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
+        )
     return t
 
 
@@ -68,11 +70,13 @@ def _working(values: dict):
 
 def _check_square(name, t, k, what):
     if t.shape[-1] != k or t.shape[-2] != k:
-        raise ValueError(f"{name}: expected trailing shape ({k}, {k}) ({what}), got {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected trailing shape ({k}, {k}) ({what}), got {tuple(t.shape)}"
+        )
 
 
 def _to_layout(name, t, lead, axis, k):
-    """Broadcast t [..., *trail] against lead (z's shape without d), move time to -1-k, flatten batch."""
+    """Broadcast t [..., *trail] against lead (z.shape[:-1]), move time to -1-k, flatten batch."""
     trail = t.shape[t.ndim - k :] if k else ()
     head = t.shape[: t.ndim - k]
     try:
@@ -81,7 +85,8 @@ def _to_layout(name, t, lead, axis, k):
         full = None
     if full != torch.Size(lead):
         raise ValueError(
-            f"{name}: leading shape {tuple(head)} does not broadcast against z's shape without its last "
+            f"{name}: leading shape {tuple(head)} does not broadcast against z's shape without "
+            "its last "
             f"axis {tuple(lead)} (time on axis {axis})"
         )
     t = t.expand(*lead, *trail)
@@ -107,8 +112,17 @@ def _to_batch(name, t, batch_shape, k):
 
 def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis):
     """Validate the public arguments and lay them out; see :func:`kalmanscan.dense.filter`."""
-    values = dict(z=z, F=F, Q=Q, H=H, R=R, offset=offset, prior_mean=prior_mean, prior_cov=prior_cov,
-                  prior_precision=prior_precision)
+    values = dict(
+        z=z,
+        F=F,
+        Q=Q,
+        H=H,
+        R=R,
+        offset=offset,
+        prior_mean=prior_mean,
+        prior_cov=prior_cov,
+        prior_precision=prior_precision,
+    )
     to_numpy, dtype, device = _working(values)
     zt = _as_tensor("z", z, dtype, device, 2)
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
@@ -129,22 +143,40 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
     _check_square("Q", Qt, n, "process-noise covariance, n x n")
     Ht = _as_tensor("H", H, dtype, device, 2)
     if tuple(Ht.shape[-2:]) != (d, n):
-        raise ValueError(f"H: expected trailing shape (d, n) = ({d}, {n}) (observation matrix), got {tuple(Ht.shape)}")
+        raise ValueError(
+            f"H: expected trailing shape (d, n) = ({d}, {n}) (observation matrix), "
+            f"got {tuple(Ht.shape)}"
+        )
     Rt = _as_tensor("R", R, dtype, device, 2)
     _check_square("R", Rt, d, "observation-noise covariance, d x d")
-    ct = torch.zeros(n, dtype=dtype, device=device) if offset is None else _as_tensor("offset", offset, dtype, device, 1)
+    ct = (
+        torch.zeros(n, dtype=dtype, device=device)
+        if offset is None
+        else _as_tensor("offset", offset, dtype, device, 1)
+    )
     if ct.shape[-1] != n:
         raise ValueError(f"offset: expected trailing length n = {n}, got shape {tuple(ct.shape)}")
     for name, t in (("F", Ft), ("Q", Qt), ("H", Ht), ("R", Rt), ("offset", ct)):
         if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name}: expected finite values, got NaN or inf (mark missing data with NaN in z)")
+            raise ValueError(
+                f"{name}: expected finite values, got NaN or inf (mark missing data with NaN in z)"
+            )
     for name, t in (("Q", Qt), ("R", Rt)):
         if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
-            raise ValueError(f"{name}: expected a symmetric covariance matrix, got an asymmetric one")
+            raise ValueError(
+                f"{name}: expected a symmetric covariance matrix, got an asymmetric one"
+            )
     if torch.linalg.cholesky_ex(Rt.detach())[1].any():
-        raise ValueError("R: expected positive-definite observation-noise covariances, got one that is not")
-    if (torch.linalg.eigvalsh(Qt.detach()) < -1e-8 * Qt.detach().abs().amax((-1, -2), keepdim=False).unsqueeze(-1)).any():
-        raise ValueError("Q: expected positive-semidefinite process-noise covariances, got a negative eigenvalue")
+        raise ValueError(
+            "R: expected positive-definite observation-noise covariances, got one that is not"
+        )
+    if (
+        torch.linalg.eigvalsh(Qt.detach())
+        < -1e-8 * Qt.detach().abs().amax((-1, -2), keepdim=False).unsqueeze(-1)
+    ).any():
+        raise ValueError(
+            "Q: expected positive-semidefinite process-noise covariances, got a negative eigenvalue"
+        )
 
     lead = tuple(zt.shape[:-1])
     T = lead[ax]
@@ -162,11 +194,19 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
         R=_to_layout("R", Rt, lead, ax, 2),
     )
 
-    m0 = torch.zeros(n, dtype=dtype, device=device) if prior_mean is None else _as_tensor("prior_mean", prior_mean, dtype, device, 1)
+    m0 = (
+        torch.zeros(n, dtype=dtype, device=device)
+        if prior_mean is None
+        else _as_tensor("prior_mean", prior_mean, dtype, device, 1)
+    )
     if m0.shape[-1] != n:
-        raise ValueError(f"prior_mean: expected trailing length n = {n}, got shape {tuple(m0.shape)}")
+        raise ValueError(
+            f"prior_mean: expected trailing length n = {n}, got shape {tuple(m0.shape)}"
+        )
     if not bool(torch.isfinite(m0).all()):
-        raise ValueError("prior_mean: expected finite values (a diffuse direction takes any finite mean, e.g. 0)")
+        raise ValueError(
+            "prior_mean: expected finite values (a diffuse direction takes any finite mean, e.g. 0)"
+        )
     m0 = _to_batch("prior_mean", m0, batch_shape, 1)
     if prior_cov is not None and prior_precision is not None:
         raise ValueError("prior_cov, prior_precision: expected at most one of them, got both")
@@ -180,12 +220,16 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
             L0 = _precision_from_partly_infinite(P0, diag_inf)
             P0 = None
         elif not bool(torch.isfinite(P0).all()):
-            raise ValueError("prior_cov: expected finite entries, or inf on the diagonal for diffuse states")
+            raise ValueError(
+                "prior_cov: expected finite entries, or inf on the diagonal for diffuse states"
+            )
     elif prior_precision is not None:
         L0 = _as_tensor("prior_precision", prior_precision, dtype, device, 2)
         _check_square("prior_precision", L0, n, "prior precision, n x n")
         if not bool(torch.isfinite(L0).all()):
-            raise ValueError("prior_precision: expected finite entries (0 precision marks a diffuse direction)")
+            raise ValueError(
+                "prior_precision: expected finite entries (0 precision marks a diffuse direction)"
+            )
         L0 = _to_batch("prior_precision", L0, batch_shape, 2)
     else:
         L0 = torch.zeros(zl.shape[0], n, n, dtype=dtype, device=device)

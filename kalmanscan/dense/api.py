@@ -19,7 +19,6 @@ import torch
 
 from kalmanscan.dense import _args
 from kalmanscan.dense.parallel import (
-    Moments,
     cov_with_inf,
     filter_parts,
     precision_of,
@@ -34,7 +33,8 @@ class DenseFilterResult(NamedTuple):
 
     mean [..., n], cov [..., n, n] (``inf`` entries where the state is still diffuse),
     precision [..., n, n] (finite; singular while diffuse), pred_mean/pred_cov the one-step
-    predictions (finite part), loglik with the series shape (exact diffuse convention, docs/dense.md),
+    predictions (finite part), loglik with the series shape (exact diffuse convention,
+    docs/dense.md),
     diffuse [...] bool: the filtered state is still unbounded in some direction.
     """
 
@@ -48,7 +48,7 @@ class DenseFilterResult(NamedTuple):
 
 
 class DenseSmoothResult(NamedTuple):
-    """Smoothed ``mean`` [..., n], ``cov`` and ``precision`` [..., n, n], and the filter behind them."""
+    """Smoothed ``mean`` [..., n], ``cov`` and ``precision`` [..., n, n], and the filter."""
 
     mean: object
     cov: object
@@ -77,15 +77,20 @@ def _diagonal_ok(model: _args.Model, layout: _args.Layout) -> bool:
     return all(_is_diag(m) for m in mats)
 
 
-def _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, smooth, chunk):
+def _run(
+    z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, smooth, chunk
+):
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    model, layout = _args.prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
+    model, layout = _args.prepare(
+        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis
+    )
     if backend == "diagonal" or backend == "auto":
         diag = _diagonal_ok(model, layout)
         if backend == "diagonal" and not diag:
             raise ValueError(
-                "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; use 'torch' for this model"
+                "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; "
+                "use 'torch' for this model"
             )
         grads = _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision)
         if diag and (backend == "diagonal" or not grads):
@@ -98,7 +103,9 @@ def _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, ba
         sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
     else:
         if model.z.dtype != torch.float64:
-            raise ValueError(f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs")
+            raise ValueError(
+                f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs"
+            )
         filt, pm, pP, ll = filter_reference(model)
         sm = smooth_reference(model, filt) if smooth else None
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
@@ -116,7 +123,9 @@ def _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, ba
     )
     if not smooth:
         return fres
-    return DenseSmoothResult(out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres)
+    return DenseSmoothResult(
+        out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres
+    )
 
 
 def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
@@ -129,10 +138,20 @@ def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
         pv = dg(model.P0)
     else:
         lam0 = dg(model.L0)
-        pv = torch.where(lam0 > 0, 1.0 / torch.where(lam0 > 0, lam0, torch.ones_like(lam0)), torch.full_like(lam0, float("inf")))
+        pv = torch.where(
+            lam0 > 0,
+            1.0 / torch.where(lam0 > 0, lam0, torch.ones_like(lam0)),
+            torch.full_like(lam0, float("inf")),
+        )
     kwargs = dict(
-        obs_var=dg(model.R), decay=dg(model.F), process_var=dg(model.Q), loading=dg(model.H), offset=model.c,
-        prior_mean=model.m0, prior_var=pv, axis=1,
+        obs_var=dg(model.R),
+        decay=dg(model.F),
+        process_var=dg(model.Q),
+        loading=dg(model.H),
+        offset=model.c,
+        prior_mean=model.m0,
+        prior_var=pv,
+        axis=1,
     )
     res = kalmanscan.smooth(z, **kwargs) if smooth else kalmanscan.filter(z, **kwargs)
     f = res.filtered if smooth else res
@@ -149,13 +168,27 @@ def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
     if not smooth:
         return fres
     return DenseSmoothResult(
-        out(res.mean, 1), out(torch.diag_embed(res.var), 2), out(torch.diag_embed(1.0 / res.var), 2), fres
+        out(res.mean, 1),
+        out(torch.diag_embed(res.var), 2),
+        out(torch.diag_embed(1.0 / res.var), 2),
+        fres,
     )
 
 
 def filter(
-    z, F, Q, H, R, *, offset=None, prior_mean=None, prior_cov=None, prior_precision=None, axis=0,
-    backend="auto", chunk=32,
+    z,
+    F,
+    Q,
+    H,
+    R,
+    *,
+    offset=None,
+    prior_mean=None,
+    prior_cov=None,
+    prior_precision=None,
+    axis=0,
+    backend="auto",
+    chunk=32,
 ) -> DenseFilterResult:
     """Kalman filter of a dense linear-Gaussian state-space model, parallel in time.
 
@@ -165,7 +198,8 @@ def filter(
     [..., n, n] (0 in diffuse directions); neither means fully diffuse. numpy in -> numpy out,
     torch in -> torch out (differentiable). backend: ``"auto"`` (the scalar core
     :func:`kalmanscan.filter` when the model is diagonal with d == n and nothing needs a gradient,
-    otherwise ``"torch"``), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),
+    otherwise ``"torch"``), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64
+    reference),
     ``"diagonal"``. ``chunk`` is the block length of the scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
@@ -175,12 +209,25 @@ def filter(
     >>> res.mean.shape, res.cov.shape, bool(res.diffuse[0]), bool(res.diffuse[1])
     ((50, 2), (50, 2, 2), True, False)
     """
-    return _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, False, chunk)
+    return _run(
+        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, False, chunk
+    )
 
 
 def smooth(
-    z, F, Q, H, R, *, offset=None, prior_mean=None, prior_cov=None, prior_precision=None, axis=0,
-    backend="auto", chunk=32,
+    z,
+    F,
+    Q,
+    H,
+    R,
+    *,
+    offset=None,
+    prior_mean=None,
+    prior_cov=None,
+    prior_precision=None,
+    axis=0,
+    backend="auto",
+    chunk=32,
 ) -> DenseSmoothResult:
     """Smoothed moments p(x_t | z_{1:T}) of a dense model; same arguments as :func:`filter`.
 
@@ -191,4 +238,6 @@ def smooth(
     >>> res.mean.shape, bool(np.isfinite(res.cov).all())
     ((50, 2), True)
     """
-    return _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, True, chunk)
+    return _run(
+        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, True, chunk
+    )

@@ -37,7 +37,9 @@ def _scalar(name, x, lo=0.0, lo_open=False):
 
 
 def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
-    """Local linear trend: level_t = level + slope + N(0, level_var), slope_t = slope + N(0, slope_var).
+    """Local linear trend:
+
+    level_t = level + slope + N(0, level_var), slope_t = slope + N(0, slope_var).
 
     State [level, slope]; z_t = level_t + N(0, obs_var). Matches statsmodels'
     ``UnobservedComponents(level="local linear trend")``.
@@ -133,7 +135,8 @@ def constant_velocity(dt, accel_var, obs_var, ndim=1) -> DenseModel:
     """Constant velocity (white-noise acceleration of intensity ``accel_var``), position observed.
 
     State [pos_1, vel_1, pos_2, vel_2, ...] for ``ndim`` spatial axes; exact discretization for
-    step ``dt`` (scalar or per-step array): F = [[1, dt], [0, 1]], Q = q [[dt^3/3, dt^2/2], [dt^2/2, dt]].
+    step ``dt`` (scalar or per-step array): F = [[1, dt], [0, 1]],
+    Q = q [[dt^3/3, dt^2/2], [dt^2/2, dt]].
 
     >>> import kalmanscan.dense as kd
     >>> m = kd.constant_velocity(0.5, accel_var=2.0, obs_var=1.0)
@@ -172,7 +175,9 @@ def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
     s2 = np.atleast_1d(np.asarray(sigma2, dtype=np.float64))
     mu = np.broadcast_to(np.asarray(mu, dtype=np.float64), th.shape)
     if th.ndim != 1 or s2.shape != th.shape:
-        raise ValueError(f"theta, sigma2: expected two 1-d arrays of equal length, got {th.shape} and {s2.shape}")
+        raise ValueError(
+            f"theta, sigma2: expected two 1-d arrays of equal length, got {th.shape} and {s2.shape}"
+        )
     dt = _dt(dt)
     ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
     decay, pvar = discretize_ou(th, s2, dt[..., None])
@@ -198,7 +203,9 @@ def add_components(*models: DenseModel) -> DenseModel:
     arrs = [DenseModel(*(np.asarray(x, dtype=np.float64) for x in m)) for m in models]
     d = arrs[0].H.shape[-2]
     if any(m.H.shape[-2] != d for m in arrs):
-        raise ValueError(f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in arrs]}")
+        raise ValueError(
+            f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in arrs]}"
+        )
     sizes = [m.F.shape[-1] for m in arrs]
     n = sum(sizes)
     lead = np.broadcast_shapes(*(m.F.shape[:-2] for m in arrs), *(m.Q.shape[:-2] for m in arrs))
@@ -207,7 +214,7 @@ def add_components(*models: DenseModel) -> DenseModel:
     off = np.zeros(np.broadcast_shapes(*(m.offset.shape[:-1] for m in arrs)) + (n,))
     H = np.zeros(np.broadcast_shapes(*(m.H.shape[:-2] for m in arrs)) + (d, n))
     i = 0
-    for m, k in zip(arrs, sizes):
+    for m, k in zip(arrs, sizes, strict=True):
         s = slice(i, i + k)
         F[..., s, s] = m.F
         Q[..., s, s] = m.Q

@@ -3,7 +3,8 @@
 The prior on x_0 is applied after the scan ("prior at the end"): the prefix element over 1..t gives
 p(x_t | x_0, z_{1:t}) and the information (eta_t, J_t) that z_{1:t} carry about x_0, so the filtered
 moments are those of x_t = A_t x_0 + b_t + N(0, C_t) with x_0 drawn from its posterior. A diffuse
-prior (zero precision in some directions) is exact: the directions of x_0 not yet resolved by the data
+prior (zero precision in some directions) is exact: the directions of x_0 not yet resolved by the
+data
 (the null space of J_t inside the diffuse subspace) stay diffuse. Derivation: docs/dense.md.
 
 All arrays are [B, T, ...] (see :mod:`kalmanscan.dense.scan` for the element notation).
@@ -106,7 +107,10 @@ def _diffuse_head(E: Element, PiN, tol, chunk):
 
 
 def _post_cov(m0, P0, J, eta):
-    """Posterior of the start state, prior N(m0, P0) ([B, n], [B, n, n]), information (eta, J) [B, T1, ...]."""
+    """Posterior of the start state: prior N(m0, P0) ([B, n], [B, n, n]), information (eta, J).
+
+    J, eta: [B, T1, ...]; returns mean [B, T1, n], cov [B, T1, n, n].
+    """
     n = J.shape[-1]
     m0, P0 = m0.unsqueeze(1), P0.unsqueeze(1)
     Y = _eye(n, J) + P0 @ J
@@ -116,7 +120,7 @@ def _post_cov(m0, P0, J, eta):
 
 
 def _post_prec(m0, L0, J, eta, PiK=None):
-    """Same with prior precision L0 (0 in diffuse directions); PiK projects on the unresolved ones."""
+    """Same with prior precision L0 (0 where diffuse); PiK projects on the unresolved ones."""
     n = J.shape[-1]
     m0, L0 = m0.unsqueeze(1), L0.unsqueeze(1)
     M = L0 + J
@@ -134,8 +138,13 @@ def _prepend_identity(e: Element) -> Element:
     eye = _eye(n, e.A).expand(B, 1, n, n)
     zv = torch.zeros(B, 1, n, dtype=e.b.dtype, device=e.b.device)
     zm = torch.zeros(B, 1, n, n, dtype=e.b.dtype, device=e.b.device)
-    return Element(torch.cat([eye, e.A], 1), torch.cat([zv, e.b], 1), torch.cat([zm, e.C], 1),
-                   torch.cat([zv, e.eta], 1), torch.cat([zm, e.J], 1))
+    return Element(
+        torch.cat([eye, e.A], 1),
+        torch.cat([zv, e.b], 1),
+        torch.cat([zm, e.C], 1),
+        torch.cat([zv, e.eta], 1),
+        torch.cat([zm, e.J], 1),
+    )
 
 
 def _moments(A, b, C, mu0, Sigma0, PiK, nd):
@@ -150,7 +159,7 @@ def _moments(A, b, C, mu0, Sigma0, PiK, nd):
 
 
 def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol):
-    """log N of the part of each z_t orthogonal to the still-diffuse directions H D_t^- H' ([B, T])."""
+    """log N of the part of each z_t orthogonal to the still-diffuse directions ([B, T])."""
     H, R, z = mask_observation(model.z, model.observed, model.H, model.R)
     v = z - _mv(H, pred_mean)
     S = _sym(H @ pred_cov @ H.transpose(-1, -2) + R)
@@ -207,7 +216,7 @@ def _slice(e: Element, sl) -> Element:
 
 
 def _cat(*es: Element) -> Element:
-    return Element(*(torch.cat(xs, 1) for xs in zip(*es)))
+    return Element(*(torch.cat(xs, 1) for xs in zip(*es, strict=True)))
 
 
 def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
@@ -246,8 +255,13 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
             start_post = (mu[:, -1], Sig[:, -1])
         else:
             head = _slice(Ph, slice(0, tau + 1))
-            PiK = torch.cat([_null_projector(head.J[:, :tau], PiN.unsqueeze(1), tol),
-                             torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1)
+            PiK = torch.cat(
+                [
+                    _null_projector(head.J[:, :tau], PiN.unsqueeze(1), tol),
+                    torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device),
+                ],
+                1,
+            )
             mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
             mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
             m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]
@@ -258,11 +272,15 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
                 mu_t, Sig_t = _post_cov(m_tau, P_tau, Pt.J, Pt.eta)
                 mt = _moments(Pt.A, Pt.b, Pt.C, mu_t, Sig_t, None, 0)
                 P = _cat(head, _slice(Pt, slice(1, None)))
-                allm = Moments(*(torch.cat([a, b[:, 1:]], 1) for a, b in zip(mh[:3], mt[:3])), tau)
+                allm = Moments(
+                    *(torch.cat([a, b[:, 1:]], 1) for a, b in zip(mh[:3], mt[:3], strict=True)), tau
+                )
                 start_post = (mu_t[:, -1], Sig_t[:, -1])
             seg = tau
     del E
-    filt = Moments(allm.mean[:, 1:], allm.cov[:, 1:], allm.diffuse[:, 1:], max(min(nd, T + 1) - 1, 0))
+    filt = Moments(
+        allm.mean[:, 1:], allm.cov[:, 1:], allm.diffuse[:, 1:], max(min(nd, T + 1) - 1, 0)
+    )
     F, Ft = model.F, model.F.transpose(-1, -2)
     pm = _mv(F, allm.mean[:, :T]) + model.c
     pP = _sym(F @ allm.cov[:, :T] @ Ft + model.Q)
@@ -291,7 +309,7 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         if PiK_T is not None:
             return _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
         return _moments(A2, b2, C2, mu, Sig, None, 0)
-    # head: x_0 given all data (resolved, so the information S_1.J is invertible on the diffuse part)
+    # head: x_0 given all data (resolved: S_1.J is invertible on the diffuse part)
     mu_h, Sig_h = _post_prec(model.m0, model.L0, S.J[:, :1], S.eta[:, :1])
     parts_mu, parts_Sig = [mu_h.expand(B, tau, n)], [Sig_h.expand(B, tau, n, n)]
     if tau < T:

@@ -4,7 +4,8 @@ Derivation, choice of element and float32 behaviour: docs/dense.md.
 
 Notation (B flattened series, T steps, n state, d observation):
 
-    A    [B, T, n, n]   an element over steps i..j says  p(x_j | x_{i-1}, z_{i:j}) = N(A x_{i-1} + b, C)
+    A    [B, T, n, n]   an element over steps i..j says
+                        p(x_j | x_{i-1}, z_{i:j}) = N(A x_{i-1} + b, C)
     b    [B, T, n]
     C    [B, T, n, n]
     eta  [B, T, n]      and  p(z_{i:j} | x_{i-1}) ∝ exp(eta' x_{i-1} - x_{i-1}' J x_{i-1} / 2)
@@ -48,7 +49,9 @@ def step_elements(z, observed, F, c, Q, H, R) -> Element:
     W = torch.linalg.solve_triangular(L, torch.cat([H, HF], -1), upper=False)  # L^-1 [H, HF]
     n = F.shape[-1]
     WH, WHF = W[..., :n], W[..., n:]
-    e = torch.linalg.solve_triangular(L, (z - (H @ c.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1), upper=False)
+    e = torch.linalg.solve_triangular(
+        L, (z - (H @ c.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1), upper=False
+    )
     QW = Q @ WH.transpose(-1, -2)  # Q H' L^-T   [.., n, d]
     A = F - QW @ WHF
     b = c + (QW @ e).squeeze(-1)
@@ -59,7 +62,7 @@ def step_elements(z, observed, F, c, Q, H, R) -> Element:
 
 
 def mask_observation(z, observed, H, R):
-    """Zero the rows of H and the entries of z that are missing; give them unit, independent noise."""
+    """Zero the rows of H and the entries of z that are missing; give them unit noise."""
     m = observed.to(H.dtype)
     H = H * m.unsqueeze(-1)
     R = R * (m.unsqueeze(-1) * m.unsqueeze(-2)) + torch.diag_embed(1.0 - m)
@@ -76,15 +79,15 @@ def combine(e1: Element, e2: Element) -> Element:
     X = eye + C1 @ J2  # X' = I + J2 C1
     LU, piv = torch.linalg.lu_factor(X)
     rhs = torch.cat([A1, C1, (b1 + (C1 @ eta2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)], -1)
-    sol = torch.linalg.lu_solve(LU, piv, rhs)
-    A = A2 @ sol[..., :n]
-    C = _sym(A2 @ sol[..., n : 2 * n] @ A2.transpose(-1, -2) + C2)
-    b = (A2 @ sol[..., 2 * n :]).squeeze(-1) + b2
-    rhs2 = torch.cat([J2 @ A1, (eta2 - (J2 @ b1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)], -1)
-    sol2 = torch.linalg.lu_solve(LU, piv, rhs2, adjoint=True)
-    A1t = A1.transpose(-1, -2)
-    J = _sym(A1t @ sol2[..., :n] + J1)
-    eta = (A1t @ sol2[..., n:]).squeeze(-1) + eta1
+    prod = A2 @ torch.linalg.lu_solve(LU, piv, rhs)  # A2 X^-1 [A1, C1, b1 + C1 eta2]
+    A = prod[..., :n]
+    C = _sym(prod[..., n : 2 * n] @ A2.transpose(-1, -2) + C2)
+    b = prod[..., 2 * n] + b2
+    Jab = J2 @ torch.cat([A1, b1.unsqueeze(-1)], -1)
+    rhs2 = torch.cat([Jab[..., :n], (eta2 - Jab[..., n]).unsqueeze(-1)], -1)
+    prod2 = A1.transpose(-1, -2) @ torch.linalg.lu_solve(LU, piv, rhs2, adjoint=True)
+    J = _sym(prod2[..., :n] + J1)
+    eta = prod2[..., n] + eta1
     return Element(A, b, C, eta, J)
 
 
@@ -115,7 +118,7 @@ def _scan(e: Element, op, chunk: int) -> Element:
     pad = nc * chunk - T
     if pad:
         ident = identity((N, pad), n, e.A.dtype, e.A.device)
-        e = Element(*(torch.cat([x, i], 1) for x, i in zip(e, ident)))
+        e = Element(*(torch.cat([x, i], 1) for x, i in zip(e, ident, strict=True)))
     loc = Element(*(x.reshape(N * nc, chunk, *x.shape[2:]) for x in e))
     loc = _sequential(loc, op)
     tot = Element(*(x[:, -1].reshape(N, nc, *x.shape[2:]) for x in loc))
@@ -124,13 +127,16 @@ def _scan(e: Element, op, chunk: int) -> Element:
     carry = Element(*(x[:, :-1].unsqueeze(2).expand(-1, -1, chunk, *x.shape[2:]) for x in tot))
     rest = op(carry, Element(*(x[:, 1:] for x in loc)))
     out = Element(
-        *(torch.cat([x[:, :1], r], 1).reshape(N, nc * chunk, *x.shape[3:])[:, :T] for x, r in zip(loc, rest))
+        *(
+            torch.cat([x[:, :1], r], 1).reshape(N, nc * chunk, *x.shape[3:])[:, :T]
+            for x, r in zip(loc, rest, strict=True)
+        )
     )
     return out
 
 
 def scan(e: Element, *, reverse: bool = False, chunk: int = 32) -> Element:
-    """Inclusive prefix (``reverse=False``: e_1 ⊗ ... ⊗ e_t) or suffix (e_t ⊗ ... ⊗ e_T) along dim 1."""
+    """Inclusive prefix (e_1 ⊗ ... ⊗ e_t) or, with ``reverse``, suffix (e_t ⊗ ... ⊗ e_T), dim 1."""
     if not reverse:
         return _scan(e, combine, chunk)
     flipped = Element(*(torch.flip(x, [1]) for x in e))

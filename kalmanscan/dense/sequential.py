@@ -1,8 +1,9 @@
 """Step-by-step reference for the dense filter and smoother (vectorized over series only).
 
 Filter: the covariance-form Kalman filter. While the prior is diffuse it runs the exact initial
-Kalman filter of Durbin & Koopman (2012, sec. 5.2 and 6.4) on the whitened observation, one scalar at
-a time, carrying the finite part ``P`` and the diffuse part ``Pinf`` of the covariance; afterwards the
+Kalman filter of Durbin & Koopman (2012, sec. 5.2 and 6.4) on the whitened observation, one
+scalar at a time, carrying the finite part ``P`` and the diffuse part ``Pinf`` of the covariance;
+afterwards the
 plain multivariate update. Smoother: the backward information filter (the likelihood of z_{t+1:T}
 given x_t) combined with the filtered belief. No scans, no chunks. Convention of the log-likelihood
 for diffuse steps: docs/dense.md.
@@ -20,7 +21,9 @@ from kalmanscan.dense.scan import mask_observation
 def _pdet_log(G, scale, tol):
     w = torch.linalg.eigvalsh(_sym(G))
     keep = w > tol * scale.unsqueeze(-1)
-    return torch.where(keep, torch.log(torch.where(keep, w, torch.ones_like(w))), torch.zeros_like(w)).sum(-1), keep.sum(-1)
+    return torch.where(
+        keep, torch.log(torch.where(keep, w, torch.ones_like(w))), torch.zeros_like(w)
+    ).sum(-1), keep.sum(-1)
 
 
 def filter_reference(model: Model):
@@ -65,12 +68,18 @@ def filter_reference(model: Model):
             P = _sym(IKH @ P @ IKH.transpose(-1, -2) + K @ R @ K.transpose(-1, -2))
             L = torch.linalg.cholesky(S)
             w = torch.linalg.solve_triangular(L, v.unsqueeze(-1), upper=False).squeeze(-1)
-            ll = -0.5 * (obs.sum(-1).to(dtype) * LOG_2PI + 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1) + w.square().sum(-1))
+            ll = -0.5 * (
+                obs.sum(-1).to(dtype) * LOG_2PI
+                + 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+                + w.square().sum(-1)
+            )
         else:
             nd = t + 1
             # Convention: + 1/2 log pdet(2 pi F_inf) with F_inf = H Pinf H' in observation space.
             Finf = H @ Pinf @ H.transpose(-1, -2)
-            lp, r = _pdet_log(Finf, torch.linalg.matrix_norm(H).square() * torch.linalg.matrix_norm(Pinf), tol)
+            lp, r = _pdet_log(
+                Finf, torch.linalg.matrix_norm(H).square() * torch.linalg.matrix_norm(Pinf), tol
+            )
             ll = 0.5 * (lp + r.to(dtype) * LOG_2PI)
             L = torch.linalg.cholesky(R)
             Hw = torch.linalg.solve_triangular(L, H, upper=False)
@@ -89,18 +98,26 @@ def filter_reference(model: Model):
                 ki = Minf / fi.unsqueeze(-1)
                 m_d = m + ki * v.unsqueeze(-1)
                 Pinf_d = Pinf - ki.unsqueeze(-1) * Minf.unsqueeze(-2)
-                P_d = P - (ki.unsqueeze(-1) * Ms.unsqueeze(-2) + Ms.unsqueeze(-1) * ki.unsqueeze(-2)) + (
-                    ki.unsqueeze(-1) * ki.unsqueeze(-2)
-                ) * fs[:, None, None]
+                P_d = (
+                    P
+                    - (ki.unsqueeze(-1) * Ms.unsqueeze(-2) + Ms.unsqueeze(-1) * ki.unsqueeze(-2))
+                    + (ki.unsqueeze(-1) * ki.unsqueeze(-2)) * fs[:, None, None]
+                )
                 ll_d = -0.5 * (LOG_2PI + torch.log(fi))
                 ks = Ms / fs.unsqueeze(-1)
                 m_p = m + ks * v.unsqueeze(-1)
                 P_p = P - ks.unsqueeze(-1) * Ms.unsqueeze(-2)
                 ll_p = -0.5 * (LOG_2PI + torch.log(fs) + v.square() / fs)
                 m = torch.where(diff[:, None], m_d, torch.where(prop[:, None], m_p, m))
-                P = _sym(torch.where(diff[:, None, None], P_d, torch.where(prop[:, None, None], P_p, P)))
+                P = _sym(
+                    torch.where(diff[:, None, None], P_d, torch.where(prop[:, None, None], P_p, P))
+                )
                 Pinf = _sym(torch.where(diff[:, None, None], Pinf_d, Pinf))
-                ll = ll + torch.where(diff, ll_d, torch.zeros_like(ll_d)) + torch.where(prop, ll_p, torch.zeros_like(ll_p))
+                ll = (
+                    ll
+                    + torch.where(diff, ll_d, torch.zeros_like(ll_d))
+                    + torch.where(prop, ll_p, torch.zeros_like(ll_p))
+                )
             w, U = torch.linalg.eigh(Pinf)  # drop the rounding left in resolved directions
             w = torch.where(w > dtol * scale0.unsqueeze(-1), w, torch.zeros_like(w))
             Pinf = (U * w.unsqueeze(-2)) @ U.transpose(-1, -2)
