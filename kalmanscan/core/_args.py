@@ -61,7 +61,7 @@ class Converter:
             return v.dtype
         a = self.arrays[name]
         return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}.get(
-            a.dtype, torch.float64 if a.dtype.kind == "f" or a.ndim > 0 else None
+            a.dtype, torch.float64
         )
 
     def _working_dtype(self, dtype_from):
@@ -70,10 +70,10 @@ class Converter:
             return torch.float64 if dt is None else (torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
         found = set()
         for name, v in self.values.items():
-            if v is None:
+            # Python numbers are weak (they take the arrays' dtype); numpy scalars and arrays count
+            if v is None or isinstance(v, (int, float)):
                 continue
-            if isinstance(v, torch.Tensor) or (isinstance(self.arrays.get(name), np.ndarray) and self.arrays[name].ndim > 0):
-                found.add(self._dtype_of(name))
+            found.add(self._dtype_of(name))
         if torch.float64 in found or not found:
             return torch.float64
         return torch.float32
