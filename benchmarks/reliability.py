@@ -21,6 +21,7 @@ rounding of the inputs to float32) and against the float64 filter of the float32
                                      [--markdown benchmarks/results/reliability-cpu.md]
 """
 
+# ruff: noqa: E501  (markdown rows and report strings)
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,9 @@ def _simulate(rng, T, N, decay, process_var, obs_var, offset=0.0, loading=1.0, x
     w = rng.normal(size=(T, N))
     e = rng.normal(size=(T, N))
     params = (decay, process_var, obs_var, offset, loading)
-    if all(np.ndim(v) == 0 for v in params):  # time-invariant: one linear recursion (fast for long lanes)
+    if all(
+        np.ndim(v) == 0 for v in params
+    ):  # time-invariant: one linear recursion (fast for long lanes)
         from scipy.signal import lfilter
 
         a, p, r, c, h = (float(v) for v in params)
@@ -70,9 +73,19 @@ def _simulate(rng, T, N, decay, process_var, obs_var, offset=0.0, loading=1.0, x
     return z
 
 
-def _model(z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf):
-    return dict(z=z, obs_var=obs_var, decay=decay, process_var=process_var, loading=loading, offset=offset,
-                prior_mean=prior_mean, prior_var=prior_var)
+def _model(
+    z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf
+):
+    return dict(
+        z=z,
+        obs_var=obs_var,
+        decay=decay,
+        process_var=process_var,
+        loading=loading,
+        offset=offset,
+        prior_mean=prior_mean,
+        prior_var=prior_var,
+    )
 
 
 def regimes(quick: bool = False):
@@ -89,25 +102,48 @@ def regimes(quick: bool = False):
 
     def simple(decay, process_var, obs_var, prior_var=1.0, T=T, N=N, missing=0.1, **kw):
         def build(rng):
-            z = _simulate(rng, T, N, decay, process_var, obs_var, **{k: v for k, v in kw.items() if k in ("offset", "loading")})
+            z = _simulate(
+                rng,
+                T,
+                N,
+                decay,
+                process_var,
+                obs_var,
+                **{k: v for k, v in kw.items() if k in ("offset", "loading")},
+            )
             z[rng.random(z.shape) < missing] = np.nan
             return _model(z, obs_var, decay, process_var, prior_var=prior_var, **kw)
+
         return build
 
     add("baseline", "a=0.95, p=0.1, r=1, prior N(0,1), 10% missing", simple(0.95, 0.1, 1.0))
     add("decay-1e-8", "a=1e-8 (almost memoryless), p=1, r=1", simple(1e-8, 1.0, 1.0))
-    add("decay-1e-25", "a=1e-25 (a^2 underflows to 0 in float32: forgets exactly), p=1, r=1", simple(1e-25, 1.0, 1.0))
+    add(
+        "decay-1e-25",
+        "a=1e-25 (a^2 underflows to 0 in float32: forgets exactly), p=1, r=1",
+        simple(1e-25, 1.0, 1.0),
+    )
     add("decay-0", "a=0 exactly (memoryless), p=1, r=1", simple(0.0, 1.0, 1.0))
     add("decay-1-1e-6", "a=1-1e-6 (slow mean reversion), p=1e-6, r=1", simple(1 - 1e-6, 1e-6, 1.0))
-    add("decay-1-1e-9", "a=1-1e-9 (rounds to 1 in float32), p=1e-9, r=1", simple(1 - 1e-9, 1e-9, 1.0))
+    add(
+        "decay-1-1e-9",
+        "a=1-1e-9 (rounds to 1 in float32), p=1e-9, r=1",
+        simple(1 - 1e-9, 1e-9, 1.0),
+    )
     add("decay-1", "a=1 exactly (random walk), p=1e-2, r=1", simple(1.0, 1e-2, 1.0))
     add("decay-1-p0", "a=1, p=0 (constant level: var = r/n), r=1", simple(1.0, 0.0, 1.0))
     add("decay-neg", "a=-0.999 (oscillating), p=1e-2, r=1", simple(-0.999, 1e-2, 1.0))
     # An explosive state grows like 1.05^t; over 300 steps the data reach ~1e6 times the noise.
-    add("explosive", "a=1.05 (unstable state, data grow to ~1e6), p=0.1, r=1, diffuse prior",
-        simple(1.05, 0.1, 1.0, prior_var=math.inf, T=300))
-    add("p0-contracting", "a=0.999, p=0: precision grows like a^(-2t) (within range)",
-        simple(0.999, 0.0, 1.0, T=min(T, 4096)))
+    add(
+        "explosive",
+        "a=1.05 (unstable state, data grow to ~1e6), p=0.1, r=1, diffuse prior",
+        simple(1.05, 0.1, 1.0, prior_var=math.inf, T=300),
+    )
+    add(
+        "p0-contracting",
+        "a=0.999, p=0: precision grows like a^(-2t) (within range)",
+        simple(0.999, 0.0, 1.0, T=min(T, 4096)),
+    )
     add("p-huge", "a=0.9, p=1e12 (each step almost forgets), r=1", simple(0.9, 1e12, 1.0))
     add("r-tiny", "a=0.95, p=0.1, r=1e-12 (near-exact observations)", simple(0.95, 0.1, 1e-12))
     add("r-huge", "a=0.95, p=0.1, r=1e12 (near-useless observations)", simple(0.95, 0.1, 1e12))
@@ -116,41 +152,60 @@ def regimes(quick: bool = False):
         r = np.where(np.arange(T)[:, None] % 2 == 0, 1e-12, 1e12) * np.ones((1, N))
         z = _simulate(rng, T, N, 0.95, 0.1, r)
         return _model(z, r, 0.95, 0.1, prior_var=1.0)
+
     add("r-mixed", "r alternating 1e-12 / 1e12 in time, a=0.95, p=0.1", r_mixed)
 
     def diffuse_late(rng):
         z = _simulate(rng, T, N, 0.99, 0.01, 1.0)
         z[:100] = np.nan
         return _model(z, 1.0, 0.99, 0.01)
-    add("diffuse-late-start", "diffuse prior, first 100 steps missing, a=0.99, p=0.01", diffuse_late,
-        nonfinite="mean NaN and var inf on the 100 unobserved leading steps")
+
+    add(
+        "diffuse-late-start",
+        "diffuse prior, first 100 steps missing, a=0.99, p=0.01",
+        diffuse_late,
+        nonfinite="mean NaN and var inf on the 100 unobserved leading steps",
+    )
 
     def never_diffuse(rng):
         z = _simulate(rng, T, N, 0.9, 0.1, 1.0)
         z[:, ::2] = np.nan
         return _model(z, 1.0, 0.9, 0.1)
-    add("never-observed-diffuse", "every other lane never observed, diffuse prior", never_diffuse,
-        nonfinite="mean NaN and var inf on the never-observed lanes")
+
+    add(
+        "never-observed-diffuse",
+        "every other lane never observed, diffuse prior",
+        never_diffuse,
+        nonfinite="mean NaN and var inf on the never-observed lanes",
+    )
 
     def never_prior(rng):
         z = np.full((T, N), np.nan)
         return _model(z, 1.0, 0.9, 0.1, prior_mean=2.0, prior_var=1.0)
-    add("never-observed-prior", "no observation at all, proper prior N(2,1): mean decays, var -> p/(1-a^2)", never_prior)
+
+    add(
+        "never-observed-prior",
+        "no observation at all, proper prior N(2,1): mean decays, var -> p/(1-a^2)",
+        never_prior,
+    )
 
     def sparse(rng):
         z = _simulate(rng, T, N, 0.999, 1e-3, 1.0)
         z[rng.random(z.shape) < 0.99] = np.nan
         return _model(z, 1.0, 0.999, 1e-3, prior_var=1.0)
+
     add("sparse", "99% missing, a=0.999, p=1e-3", sparse)
 
     def large_level(rng):
         z = 1e6 + _simulate(rng, T, N, 0.95, 0.1, 1.0)
         return _model(z, 1.0, 1.0, 0.1, prior_var=math.inf)
+
     add("large-level", "level 1e6 with unit noise (random walk, diffuse)", large_level)
 
     def tiny_loading(rng):
         z = _simulate(rng, T, N, 0.95, 0.1, 1e-12, loading=1e-6)
         return _model(z, 1e-12, 0.95, 0.1, loading=1e-6, prior_var=1.0)
+
     add("loading-1e-6", "loading 1e-6 with r=1e-12 (phi = 1)", tiny_loading)
 
     for L in long_T:
@@ -160,17 +215,32 @@ def regimes(quick: bool = False):
             z = _simulate(rng, L, 1, 0.999, 1e-3, 1.0)
             z[rng.random(z.shape) < 0.1] = np.nan
             return _model(z, 1.0, 0.999, 1e-3, prior_var=math.inf)
-        add(f"long-{tag}", f"one lane of {L} steps, a=0.999, p=1e-3, r=1, 10% missing, diffuse", long_ou)
+
+        add(
+            f"long-{tag}",
+            f"one lane of {L} steps, a=0.999, p=1e-3, r=1, 10% missing, diffuse",
+            long_ou,
+        )
 
         def long_rw(rng, L=L):
             z = _simulate(rng, L, 1, 1.0, 1e-4, 1.0)
             return _model(z, 1.0, 1.0, 1e-4, prior_var=math.inf)
-        add(f"long-rw-{tag}", f"one lane of {L} steps, random walk a=1, p=1e-4, r=1, diffuse", long_rw)
+
+        add(
+            f"long-rw-{tag}",
+            f"one lane of {L} steps, random walk a=1, p=1e-4, r=1, diffuse",
+            long_rw,
+        )
 
         def long_static(rng, L=L):
             z = 3.0 + rng.normal(size=(L, 1))
             return _model(z, 1.0, 1.0, 0.0, prior_var=math.inf)
-        add(f"long-static-{tag}", f"one lane of {L} steps, constant level (a=1, p=0): var = 1/n down to 1/{L}", long_static)
+
+        add(
+            f"long-static-{tag}",
+            f"one lane of {L} steps, constant level (a=1, p=0): var = 1/n down to 1/{L}",
+            long_static,
+        )
     return R
 
 
@@ -230,7 +300,9 @@ def scalar_reference(m):
             mean[t], var[t] = eta / lam, 1.0 / lam
         else:
             mean[t], var[t] = math.nan, math.inf
-    return dict(mean=mean[:, None], var=var[:, None], precision=prec[:, None], loglik=np.array([ll]))
+    return dict(
+        mean=mean[:, None], var=var[:, None], precision=prec[:, None], loglik=np.array([ll])
+    )
 
 
 def _cast(m, dtype):
@@ -239,7 +311,14 @@ def _cast(m, dtype):
 
 def run_filter(m, dtype, backend):
     kw = _cast(m, dtype)
-    return ks.filter(kw.pop("z"), kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend=backend, **kw)
+    return ks.filter(
+        kw.pop("z"),
+        kw.pop("obs_var"),
+        kw.pop("decay"),
+        kw.pop("process_var"),
+        backend=backend,
+        **kw,
+    )
 
 
 def reference(m):
@@ -258,7 +337,9 @@ def errors(res, ref):
     return dict(
         mean=rel_error(mean, ref["mean"]),
         var=rel_error(var, ref["var"], scale=np.finfo(np.float64).tiny),
-        loglik=rel_error(ll, ref["loglik"], scale=max(1.0, float(np.abs(ref["loglik"]).max()))) if np.isfinite(ref["loglik"]).all() else float("inf"),
+        loglik=rel_error(ll, ref["loglik"], scale=max(1.0, float(np.abs(ref["loglik"]).max())))
+        if np.isfinite(ref["loglik"]).all()
+        else float("inf"),
         nonfinite_mean=int((~np.isfinite(mean)).sum()),
         nonfinite_var=int((~np.isfinite(var)).sum()),
     )
@@ -274,24 +355,37 @@ def _median_time(fn, repeats):
     return out, float(np.median(ts))
 
 
-def measure(name, m, repeats=1, paths=(("torch", np.float64), ("torch", np.float32), ("sequential", np.float32))):
+def measure(
+    name,
+    m,
+    repeats=1,
+    paths=(("torch", np.float64), ("torch", np.float32), ("sequential", np.float32)),
+):
     """One regime: reference, then each (backend, dtype) path; returns the row dict."""
     shape = tuple(np.asarray(m["z"]).shape)
     t0 = time.perf_counter()
     ref = reference(m)
     t_ref = time.perf_counter() - t0
     ref32 = reference(_cast(_cast(m, np.float32), np.float64))
-    row = dict(regime=name, T=shape[0], N=shape[1], reference_s=round(t_ref, 3),
-               ref_nonfinite_mean=int((~np.isfinite(ref["mean"])).sum()),
-               ref_nonfinite_var=int((~np.isfinite(ref["var"])).sum()), paths={})
+    row = dict(
+        regime=name,
+        T=shape[0],
+        N=shape[1],
+        reference_s=round(t_ref, 3),
+        ref_nonfinite_mean=int((~np.isfinite(ref["mean"])).sum()),
+        ref_nonfinite_var=int((~np.isfinite(ref["var"])).sum()),
+        paths={},
+    )
     for backend, dtype in paths:
         if backend == "sequential" and shape[0] > LONG_REFERENCE_FROM:
             continue  # the step-by-step torch loop is the reference itself; too slow per step here
-        res, secs = _median_time(lambda: run_filter(m, dtype, backend), repeats)
+        res, secs = _median_time(lambda m=m, d=dtype, b=backend: run_filter(m, d, b), repeats)
         e = errors(res, ref)
         key = f"{backend}-{np.dtype(dtype).name}"
         if dtype == np.float32:
-            e["vs_rounded_model"] = {k: v for k, v in errors(res, ref32).items() if k in ("mean", "var", "loglik")}
+            e["vs_rounded_model"] = {
+                k: v for k, v in errors(res, ref32).items() if k in ("mean", "var", "loglik")
+            }
         e["median_s"] = round(secs, 4)
         row["paths"][key] = e
     f32 = row["paths"]["torch-float32"]
@@ -317,10 +411,12 @@ def reference_check(quick):
 # glibc's mmap threshold pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers leave the process at once
 # and the high-water mark tracks live memory. tracemalloc cannot see torch's CPU allocations.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MEMORY_SHAPES = [("filter", "float64", [[125_000, 1], [250_000, 1], [500_000, 1], [1_000_000, 1]]),
-                 ("filter", "float32", [[125_000, 1], [1_000_000, 1]]),
-                 ("filter", "float64", [[2048, 64], [2048, 512], [16384, 64], [16384, 512]]),
-                 ("smooth", "float64", [[125_000, 1], [1_000_000, 1]])]
+MEMORY_SHAPES = [
+    ("filter", "float64", [[125_000, 1], [250_000, 1], [500_000, 1], [1_000_000, 1]]),
+    ("filter", "float32", [[125_000, 1], [1_000_000, 1]]),
+    ("filter", "float64", [[2048, 64], [2048, 512], [16384, 64], [16384, 512]]),
+    ("smooth", "float64", [[125_000, 1], [1_000_000, 1]]),
+]
 
 
 _PROBE = r"""
@@ -360,12 +456,17 @@ print(json.dumps(out))
 def measure_peaks(op: str, dtype: str, shapes):
     """Peak memory rise of ``ks.<op>`` for each ``(T, N)``, measured in a fresh interpreter."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="2")
-    proc = subprocess.run([sys.executable, "-c", _PROBE, op, dtype, json.dumps(shapes)], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, op, dtype, json.dumps(shapes)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory probe failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 
 def memory_rows(quick):
@@ -411,26 +512,41 @@ def markdown(result) -> str:
             f"| {_fmt(own['mean'])} / {_fmt(own['var'])} | {'yes' if row['float32_adequate'] else '**no**'} |"
         )
     rc = result["reference_check"]
-    lines += ["", f"Reference check (scalar float64 loop vs the `sequential` backend, one lane of {rc['T']} steps): "
-              f"mean {_fmt(rc['mean'])}, var {_fmt(rc['var'])}, loglik {_fmt(rc['loglik'])}."]
+    lines += [
+        "",
+        f"Reference check (scalar float64 loop vs the `sequential` backend, one lane of {rc['T']} steps): "
+        f"mean {_fmt(rc['mean'])}, var {_fmt(rc['var'])}, loglik {_fmt(rc['loglik'])}.",
+    ]
     sw = result.get("sweeps", [])
     if sw:
-        lines += ["", "Where float32 stops being adequate (T x N = "
-                  f"{sw[0]['T']} x {sw[0]['N']}; float32 parallel vs float64 reference, mean / var / loglik):", "",
-                  "| family | value | f32 mean / var / loglik | f64 parallel mean / var / loglik | f32 adequate |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Where float32 stops being adequate (T x N = "
+            f"{sw[0]['T']} x {sw[0]['N']}; float32 parallel vs float64 reference, mean / var / loglik):",
+            "",
+            "| family | value | f32 mean / var / loglik | f64 parallel mean / var / loglik | f32 adequate |",
+            "|---|---|---|---|---|",
+        ]
         for r in sw:
             a, b = r["f32"], r["f64"]
-            lines.append(f"| {r['family']} | {r['value']:g} | {_fmt(a['mean'])} / {_fmt(a['var'])} / {_fmt(a['loglik'])} "
-                         f"| {_fmt(b['mean'])} / {_fmt(b['var'])} / {_fmt(b['loglik'])} | {'yes' if r['f32_adequate'] else '**no**'} |")
+            lines.append(
+                f"| {r['family']} | {r['value']:g} | {_fmt(a['mean'])} / {_fmt(a['var'])} / {_fmt(a['loglik'])} "
+                f"| {_fmt(b['mean'])} / {_fmt(b['var'])} / {_fmt(b['loglik'])} | {'yes' if r['f32_adequate'] else '**no**'} |"
+            )
         lines.append("")
     mem = result.get("memory", [])
     if mem:
-        lines += ["Peak memory of one call on CPU (rise of the peak RSS; z with every 7th step missing, scalar parameters):", "",
-                  "| op | dtype | T x N | bytes of z | peak bytes | peak / bytes of z |", "|---|---|---|---|---|---|"]
+        lines += [
+            "Peak memory of one call on CPU (rise of the peak RSS; z with every 7th step missing, scalar parameters):",
+            "",
+            "| op | dtype | T x N | bytes of z | peak bytes | peak / bytes of z |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in mem:
-            lines.append(f"| {r['op']} | {r['dtype']} | {r['T']} x {r['N']} | {r['input_bytes'] / 1e6:.1f} MB "
-                         f"| {r['peak_bytes'] / 1e6:.1f} MB | {r['ratio']:.1f} |")
+            lines.append(
+                f"| {r['op']} | {r['dtype']} | {r['T']} x {r['N']} | {r['input_bytes'] / 1e6:.1f} MB "
+                f"| {r['peak_bytes'] / 1e6:.1f} MB | {r['ratio']:.1f} |"
+            )
         lines.append("")
     ov = result.get("known_failures", [])
     for k in ov:
@@ -447,14 +563,23 @@ def known_failures():
             r = run_filter(m, dtype, backend)
             bad = np.where(~np.isfinite(r.mean[:, 0]) | ~(r.var[:, 0] > 0))[0]
             first = int(bad[0]) if bad.size else None
-            out.append(dict(
-                regime="overflow-contracting-p0", dtype=np.dtype(dtype).name, backend=backend, T=m["z"].shape[0],
-                first_bad_step=first, nonfinite_or_zero_var=int(bad.size), loglik=float(r.loglik[0]),
-                what=(f"a=0.5, p=0, prior N(0,1), z=1: the precision 4^t overflows; from step {first} "
-                      f"the {backend} backend returns var={float(r.var[first, 0]) if first is not None else None!r} "
-                      f"and mean={float(r.mean[first, 0]) if first is not None else None!r}, "
-                      f"loglik={float(r.loglik[0])!r}"),
-            ))
+            out.append(
+                dict(
+                    regime="overflow-contracting-p0",
+                    dtype=np.dtype(dtype).name,
+                    backend=backend,
+                    T=m["z"].shape[0],
+                    first_bad_step=first,
+                    nonfinite_or_zero_var=int(bad.size),
+                    loglik=float(r.loglik[0]),
+                    what=(
+                        f"a=0.5, p=0, prior N(0,1), z=1: the precision 4^t overflows; from step {first} "
+                        f"the {backend} backend returns var={float(r.var[first, 0]) if first is not None else None!r} "
+                        f"and mean={float(r.mean[first, 0]) if first is not None else None!r}, "
+                        f"loglik={float(r.loglik[0])!r}"
+                    ),
+                )
+            )
     return out
 
 
@@ -467,15 +592,25 @@ def sweeps(quick):
         ref = reference(m)
         e = errors(run_filter(m, np.float32, "torch"), ref)
         e64 = errors(run_filter(m, np.float64, "torch"), ref)
-        out.append(dict(family=family, value=value, T=T, N=N, f32={k: e[k] for k in ("mean", "var", "loglik")},
-                        f64={k: e64[k] for k in ("mean", "var", "loglik")},
-                        f32_adequate=bool(max(e["mean"], e["var"], e["loglik"]) <= F32_ADEQUATE)))
+        out.append(
+            dict(
+                family=family,
+                value=value,
+                T=T,
+                N=N,
+                f32={k: e[k] for k in ("mean", "var", "loglik")},
+                f64={k: e64[k] for k in ("mean", "var", "loglik")},
+                f32_adequate=bool(max(e["mean"], e["var"], e["loglik"]) <= F32_ADEQUATE),
+            )
+        )
 
     for k, level in enumerate([1e0, 1e2, 1e3, 1e4, 1e5, 1e6]):  # level / noise ratio
         rng = np.random.default_rng(50 + k)
         z = level + _simulate(rng, T, N, 0.95, 0.1, 1.0)
         one("level/noise", level, _model(z, 1.0, 1.0, 0.1))
-    for k, gap in enumerate([1e-1, 1e-3, 1e-5, 1e-6, 1e-7, 1e-9]):  # 1 - decay, stationary variance 1
+    for k, gap in enumerate(
+        [1e-1, 1e-3, 1e-5, 1e-6, 1e-7, 1e-9]
+    ):  # 1 - decay, stationary variance 1
         rng = np.random.default_rng(60 + k)
         a = 1 - gap
         p = 1 - a * a
@@ -507,15 +642,23 @@ def main(argv=None):
         row["expected_nonfinite"] = nonfinite
         rows.append(row)
         p = row["paths"]
-        print(f"{name:24s} f64 {p['torch-float64']['mean']:.1e}/{p['torch-float64']['var']:.1e}  "
-              f"f32 {p['torch-float32']['mean']:.1e}/{p['torch-float32']['var']:.1e}  adequate={row['float32_adequate']}",
-              flush=True)
+        print(
+            f"{name:24s} f64 {p['torch-float64']['mean']:.1e}/{p['torch-float64']['var']:.1e}  "
+            f"f32 {p['torch-float32']['mean']:.1e}/{p['torch-float32']['var']:.1e}  adequate={row['float32_adequate']}",
+            flush=True,
+        )
     result = dict(
-        meta=dict(date=datetime.date.today().isoformat(), cpu=platform.processor() or platform.machine(),
-                  threads=torch.get_num_threads(), torch=torch.__version__, numpy=np.__version__,
-                  command="python benchmarks/reliability.py" + (" --quick" if args.quick else ""),
-                  reference="float64 sequential backend; scalar float64 loop for one lane > "
-                            f"{LONG_REFERENCE_FROM} steps", float32_adequate_if_error_below=F32_ADEQUATE),
+        meta=dict(
+            date=datetime.date.today().isoformat(),
+            cpu=platform.processor() or platform.machine(),
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+            numpy=np.__version__,
+            command="python benchmarks/reliability.py" + (" --quick" if args.quick else ""),
+            reference="float64 sequential backend; scalar float64 loop for one lane > "
+            f"{LONG_REFERENCE_FROM} steps",
+            float32_adequate_if_error_below=F32_ADEQUATE,
+        ),
         reference_check=reference_check(args.quick),
         rows=rows,
         known_failures=known_failures(),

@@ -24,12 +24,12 @@ No speed is claimed here (benchmarks/gpu.py does that); timings are medians for 
     python benchmarks/reliability_gpu.py --quick --interpret-triton --out /tmp/r.json  # + the kernels interpreted
 """
 
+# ruff: noqa: E501  (report strings)
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import math
 import multiprocessing as mp
 import os
 import platform
@@ -67,13 +67,23 @@ def _sync():
 
 
 def _tensors(m, dtype, device):
-    return {k: torch.as_tensor(np.asarray(v, np.float64), dtype=dtype, device=device) for k, v in m.items()}
+    return {
+        k: torch.as_tensor(np.asarray(v, np.float64), dtype=dtype, device=device)
+        for k, v in m.items()
+    }
 
 
 def run_filter(m, dtype, backend, device):
     kw = _tensors(m, dtype, device)
     with torch.no_grad():
-        return ks.filter(kw.pop("z"), kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend=backend, **kw)
+        return ks.filter(
+            kw.pop("z"),
+            kw.pop("obs_var"),
+            kw.pop("decay"),
+            kw.pop("process_var"),
+            backend=backend,
+            **kw,
+        )
 
 
 def _np(res):
@@ -104,12 +114,20 @@ def regime_rows(device, quick):
     for i, (name, (desc, build, nonfinite)) in enumerate(R.items()):
         m = build(np.random.default_rng(1000 + i))
         ref = reference(m)
-        row = dict(regime=name, description=desc, T=int(np.shape(m["z"])[0]), N=int(np.shape(m["z"])[1]),
-                   expected_nonfinite=nonfinite, paths={})
+        row = dict(
+            regime=name,
+            description=desc,
+            T=int(np.shape(m["z"])[0]),
+            N=int(np.shape(m["z"])[1]),
+            expected_nonfinite=nonfinite,
+            paths={},
+        )
         for backend, dtype in paths(device):
             key = f"{backend}-{str(dtype).replace('torch.', '')}"
             try:
-                res, secs = _timed(lambda: run_filter(m, dtype, backend, device), repeats=1)
+                res, secs = _timed(
+                    lambda m=m, d=dtype, b=backend: run_filter(m, d, b, device), repeats=1
+                )
                 e = errors(_np(res), ref)
                 e["median_s"] = round(secs, 5)
                 if dtype == torch.float32:
@@ -118,8 +136,16 @@ def regime_rows(device, quick):
             except Exception as exc:  # a path that fails is recorded, not hidden
                 row["paths"][key] = dict(error=f"{type(exc).__name__}: {exc}")
         rows.append(row)
-        print(name, {k: (v.get("mean"), v.get("var"), v.get("loglik")) if "error" not in v else v["error"]
-                     for k, v in row["paths"].items()}, flush=True)
+        print(
+            name,
+            {
+                k: (v.get("mean"), v.get("var"), v.get("loglik"))
+                if "error" not in v
+                else v["error"]
+                for k, v in row["paths"].items()
+            },
+            flush=True,
+        )
     return rows
 
 
@@ -146,7 +172,9 @@ def long_lane(device, T, ref_proc, ref_path):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
-            res, secs = _timed(lambda: run_filter(m, dtype, backend, device), repeats=1)
+            res, secs = _timed(
+                lambda m=m, d=dtype, b=backend: run_filter(m, d, b, device), repeats=1
+            )
             entry = dict(median_s=round(secs, 4))
             if device == "cuda":
                 entry["peak_bytes_over_baseline"] = int(torch.cuda.max_memory_allocated() - base)
@@ -164,7 +192,11 @@ def long_lane(device, T, ref_proc, ref_path):
     ref = dict(np.load(ref_path))
     for key, r in results.items():
         out["paths"][key].update(errors(r, ref))
-    print("long lane", {k: (v.get("mean"), v.get("var"), v.get("loglik")) for k, v in out["paths"].items()}, flush=True)
+    print(
+        "long lane",
+        {k: (v.get("mean"), v.get("var"), v.get("loglik")) for k, v in out["paths"].items()},
+        flush=True,
+    )
     return out
 
 
@@ -192,10 +224,18 @@ def filter_memory(T, N, backend, dtype=torch.float32):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     out_bytes = _bytes(*[getattr(res, f) for f in res._fields])
-    row = dict(op="filter", backend=backend, dtype=str(dtype).replace("torch.", ""), T=T, N=N,
-               input_bytes=_bytes(z, obs), output_bytes=out_bytes, peak_bytes_over_inputs=int(peak),
-               peak_over_outputs=round(peak / out_bytes, 3),
-               peak_over_inputs_plus_outputs=round(peak / (out_bytes + _bytes(z, obs)), 3))
+    row = dict(
+        op="filter",
+        backend=backend,
+        dtype=str(dtype).replace("torch.", ""),
+        T=T,
+        N=N,
+        input_bytes=_bytes(z, obs),
+        output_bytes=out_bytes,
+        peak_bytes_over_inputs=int(peak),
+        peak_over_outputs=round(peak / out_bytes, 3),
+        peak_over_inputs_plus_outputs=round(peak / (out_bytes + _bytes(z, obs)), 3),
+    )
     del res, z
     torch.cuda.empty_cache()
     return row
@@ -205,11 +245,14 @@ def kla_memory(B, L, M, S, backend, backward):
     from kalmanscan.core.kla_op import kla_filter
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = dict(v=torch.randn(B, L, M, device="cuda", generator=g),
-             Lv=torch.rand(B, L, M, device="cuda", generator=g) + 0.1,
-             k=torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1),
-             q=torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1),
-             decay=torch.full((M, S), 0.99, device="cuda"), process_var=torch.full((M, S), 0.01, device="cuda"))
+    x = dict(
+        v=torch.randn(B, L, M, device="cuda", generator=g),
+        Lv=torch.rand(B, L, M, device="cuda", generator=g) + 0.1,
+        k=torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1),
+        q=torch.nn.functional.normalize(torch.randn(B, L, S, device="cuda", generator=g), dim=-1),
+        decay=torch.full((M, S), 0.99, device="cuda"),
+        process_var=torch.full((M, S), 0.01, device="cuda"),
+    )
     if backward:
         for t in x.values():
             t.requires_grad_(True)
@@ -218,7 +261,9 @@ def kla_memory(B, L, M, S, backend, backward):
     base = torch.cuda.memory_allocated()
     if backward:
         res = kla_filter(**x, backend=backend)
-        torch.autograd.backward([res.y, res.yvar], [torch.ones_like(res.y), torch.ones_like(res.yvar)])
+        torch.autograd.backward(
+            [res.y, res.yvar], [torch.ones_like(res.y), torch.ones_like(res.yvar)]
+        )
         grads = [t.grad for t in x.values()]
     else:
         with torch.no_grad():
@@ -226,12 +271,23 @@ def kla_memory(B, L, M, S, backend, backward):
         grads = []
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    io = _bytes(*x.values()) + _bytes(res.y, res.yvar, res.final.lam, res.final.eta) + _bytes(*grads)
+    io = (
+        _bytes(*x.values()) + _bytes(res.y, res.yvar, res.final.lam, res.final.eta) + _bytes(*grads)
+    )
     blms = B * L * M * S * 4
-    row = dict(op="kla" + ("-fwd-bwd" if backward else "-fwd"), backend=backend, B=B, L=L, M=M, S=S,
-               inputs_outputs_bytes=io, peak_bytes_over_inputs=int(peak), peak_over_inputs_outputs=round(peak / io, 3),
-               one_BLMS_float32_tensor_bytes=blms,
-               peak_over_one_BLMS_tensor=round(peak / blms, 3))
+    row = dict(
+        op="kla" + ("-fwd-bwd" if backward else "-fwd"),
+        backend=backend,
+        B=B,
+        L=L,
+        M=M,
+        S=S,
+        inputs_outputs_bytes=io,
+        peak_bytes_over_inputs=int(peak),
+        peak_over_inputs_outputs=round(peak / io, 3),
+        one_BLMS_float32_tensor_bytes=blms,
+        peak_over_one_BLMS_tensor=round(peak / blms, 3),
+    )
     del res, x, grads
     torch.cuda.empty_cache()
     return row
@@ -245,14 +301,25 @@ def memory_rows(quick):
             try:
                 rows.append(filter_memory(T, N, backend))
             except Exception as exc:
-                rows.append(dict(op="filter", backend=backend, T=T, N=N, error=f"{type(exc).__name__}: {exc}"))
+                rows.append(
+                    dict(
+                        op="filter", backend=backend, T=T, N=N, error=f"{type(exc).__name__}: {exc}"
+                    )
+                )
                 torch.cuda.empty_cache()
     B, L, M, S = (8, 2048, 2048, 16) if not quick else (2, 256, 256, 16)
     for backend, backward in (("triton", False), ("triton", True), ("torch", False)):
         try:
             rows.append(kla_memory(B, L, M, S, backend, backward))
         except Exception as exc:
-            rows.append(dict(op="kla", backend=backend, backward=backward, error=f"{type(exc).__name__}: {exc}"))
+            rows.append(
+                dict(
+                    op="kla",
+                    backend=backend,
+                    backward=backward,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
             torch.cuda.empty_cache()
     for r in rows:
         print("memory", r, flush=True)
@@ -262,8 +329,11 @@ def memory_rows(quick):
 # ----------------------------------------------------------------------------------- determinism
 def _same_bits(a, b):
     """Bitwise equality of two lists of tensors (NaN payloads included)."""
-    return all(x.shape == y.shape and x.detach().cpu().numpy().tobytes() == y.detach().cpu().numpy().tobytes()
-               for x, y in zip(a, b, strict=True))
+    return all(
+        x.shape == y.shape
+        and x.detach().cpu().numpy().tobytes() == y.detach().cpu().numpy().tobytes()
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def determinism(device, quick):
@@ -281,8 +351,16 @@ def determinism(device, quick):
                 f = sm.filtered
                 outs.append([sm.mean, sm.var, f.mean, f.var, f.loglik, f.final.lam, f.final.eta])
                 _sync()
-            rows.append(dict(op="smooth", backend=backend, dtype=str(dtype).replace("torch.", ""), T=T, N=N,
-                             bitwise_identical=all(_same_bits(outs[0], o) for o in outs[1:])))
+            rows.append(
+                dict(
+                    op="smooth",
+                    backend=backend,
+                    dtype=str(dtype).replace("torch.", ""),
+                    T=T,
+                    N=N,
+                    bitwise_identical=all(_same_bits(outs[0], o) for o in outs[1:]),
+                )
+            )
     # gradients of the general filter and of the KLA op
     for backend, dtype in paths(device):
         g = torch.Generator(device=device).manual_seed(4)
@@ -294,25 +372,50 @@ def determinism(device, quick):
             r = ks.filter(z, 0.5, a, p, backend=backend)
             r.loglik.sum().backward()
             grads.append([a.grad, p.grad])
-        rows.append(dict(op="filter-grad", backend=backend, dtype=str(dtype).replace("torch.", ""), T=2048, N=256,
-                         bitwise_identical=all(_same_bits(grads[0], gr) for gr in grads[1:])))
+        rows.append(
+            dict(
+                op="filter-grad",
+                backend=backend,
+                dtype=str(dtype).replace("torch.", ""),
+                T=2048,
+                N=256,
+                bitwise_identical=all(_same_bits(grads[0], gr) for gr in grads[1:]),
+            )
+        )
     from kalmanscan.core.kla_op import kla_filter
 
     kla_backends = ["torch"] + (["triton"] if device == "cuda" else [])
     B, L, M, S = (2, 512, 256, 16) if not quick else (1, 32, 8, 4)
     for backend in kla_backends:
         g = torch.Generator(device=device).manual_seed(5)
-        base = dict(v=torch.randn(B, L, M, device=device, generator=g), Lv=torch.rand(B, L, M, device=device, generator=g) + 0.1,
-                    k=torch.randn(B, L, S, device=device, generator=g), q=torch.randn(B, L, S, device=device, generator=g),
-                    decay=torch.full((M, S), 0.99, device=device), process_var=torch.full((M, S), 0.01, device=device))
+        base = dict(
+            v=torch.randn(B, L, M, device=device, generator=g),
+            Lv=torch.rand(B, L, M, device=device, generator=g) + 0.1,
+            k=torch.randn(B, L, S, device=device, generator=g),
+            q=torch.randn(B, L, S, device=device, generator=g),
+            decay=torch.full((M, S), 0.99, device=device),
+            process_var=torch.full((M, S), 0.01, device=device),
+        )
         outs = []
         for _ in range(3):
             x = {k: t.clone().requires_grad_(True) for k, t in base.items()}
             res = kla_filter(**x, backend=backend)
-            torch.autograd.backward([res.y, res.yvar], [torch.ones_like(res.y), torch.ones_like(res.yvar)])
+            torch.autograd.backward(
+                [res.y, res.yvar], [torch.ones_like(res.y), torch.ones_like(res.yvar)]
+            )
             outs.append([res.y.detach(), res.yvar.detach()] + [t.grad for t in x.values()])
-        rows.append(dict(op="kla-fwd-bwd", backend=backend, dtype="float32", B=B, L=L, M=M, S=S,
-                         bitwise_identical=all(_same_bits(outs[0], o) for o in outs[1:])))
+        rows.append(
+            dict(
+                op="kla-fwd-bwd",
+                backend=backend,
+                dtype="float32",
+                B=B,
+                L=L,
+                M=M,
+                S=S,
+                bitwise_identical=all(_same_bits(outs[0], o) for o in outs[1:]),
+            )
+        )
     for r in rows:
         print("determinism", r, flush=True)
     return rows
@@ -327,17 +430,19 @@ def triton_interpreted(T=200):
     from kalmanscan.testing import rel_error
 
     rows = []
-    for i, (name, (desc, build, nonfinite)) in enumerate(regimes(True).items()):
+    for i, (name, (_desc, build, _nonfinite)) in enumerate(regimes(True).items()):
         if name.startswith("long-"):
             continue
         m = build(np.random.default_rng(1000 + i))
         z64 = torch.tensor(np.asarray(m["z"], np.float64)[:T])
         Tn, N = z64.shape
 
-        def param(k, dtype):
+        def param(k, dtype, m=m, Tn=Tn, N=N):
             x = torch.tensor(np.asarray(m[k], np.float64), dtype=dtype)
             x = x[:Tn] if x.ndim == 2 else x
-            return x.reshape(x.shape if x.ndim == 2 else (1,) * (2 - x.ndim) + tuple(x.shape)).expand(Tn, N)
+            return x.reshape(
+                x.shape if x.ndim == 2 else (1,) * (2 - x.ndim) + tuple(x.shape)
+            ).expand(Tn, N)
 
         row = dict(regime=name, T=Tn, N=N)
         for dtype in (torch.float64, torch.float32):
@@ -345,14 +450,26 @@ def triton_interpreted(T=200):
             z = z64.to(dtype).masked_fill(torch.isinf(obs), float("nan"))
             pv = torch.tensor(np.asarray(m["prior_var"], np.float64), dtype=dtype).expand(N)
             lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv).to(dtype)
-            eta0 = lam0 * torch.tensor(np.asarray(m["prior_mean"], np.float64), dtype=dtype).expand(N)
-            args = (z, obs, param("decay", dtype), param("process_var", dtype), param("loading", dtype),
-                    param("offset", dtype), lam0, eta0)
+            eta0 = lam0 * torch.tensor(np.asarray(m["prior_mean"], np.float64), dtype=dtype).expand(
+                N
+            )
+            args = (
+                z,
+                obs,
+                param("decay", dtype),
+                param("process_var", dtype),
+                param("loading", dtype),
+                param("offset", dtype),
+                lam0,
+                eta0,
+            )
             lam_ref, eta_ref = reference_lanes(*(a.double() for a in args))
             lam, eta = F.filter_lanes(*args)
             row[str(dtype).replace("torch.", "")] = dict(
-                lam=rel_error(lam, lam_ref), eta=rel_error(eta, eta_ref, scale=float(eta_ref.abs().max())),
-                nonfinite=int((~torch.isfinite(lam)).sum() + (~torch.isfinite(eta)).sum()))
+                lam=rel_error(lam, lam_ref),
+                eta=rel_error(eta, eta_ref, scale=float(eta_ref.abs().max())),
+                nonfinite=int((~torch.isfinite(lam)).sum() + (~torch.isfinite(eta)).sum()),
+            )
         rows.append(row)
         print("triton (interpreted)", row, flush=True)
     return rows
@@ -371,14 +488,23 @@ def _section(result, name, fn):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="write the JSON here")
-    ap.add_argument("--quick", action="store_true",
-                    help="small shapes; on a machine without CUDA run the CPU paths only (checks the script)")
-    ap.add_argument("--interpret-triton", action="store_true",
-                    help="also run the Triton kernels under TRITON_INTERPRET=1 on the CPU (regimes cut to 200 steps)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small shapes; on a machine without CUDA run the CPU paths only (checks the script)",
+    )
+    ap.add_argument(
+        "--interpret-triton",
+        action="store_true",
+        help="also run the Triton kernels under TRITON_INTERPRET=1 on the CPU (regimes cut to 200 steps)",
+    )
     args = ap.parse_args(argv)
     device = "cuda" if CUDA else "cpu"
     if CUDA and args.interpret_triton:
-        print("--interpret-triton is for machines without CUDA (it would interpret the GPU kernels too)", file=sys.stderr)
+        print(
+            "--interpret-triton is for machines without CUDA (it would interpret the GPU kernels too)",
+            file=sys.stderr,
+        )
         return 2
     if not CUDA and not args.quick:
         print("no CUDA device: run with --quick to check the script on the CPU", file=sys.stderr)
@@ -395,15 +521,21 @@ def main(argv=None):
         triton_version = triton.__version__
     except ImportError:
         pass
-    result = dict(meta=dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=torch.cuda.get_device_name() if CUDA else f"cpu ({platform.machine()})",
-        torch=torch.__version__, triton=triton_version, quick=args.quick,
-        command="python benchmarks/reliability_gpu.py" + (" --quick" if args.quick else "")
-        + (" --interpret-triton" if args.interpret_triton else "") + f" --out {args.out}",
-        reference="float64 on the CPU: the sequential backend; a scalar float64 loop for single lanes > 2e4 steps",
-        float32_adequate_if_error_below=F32_ADEQUATE,
-    ))
+    result = dict(
+        meta=dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            device=torch.cuda.get_device_name() if CUDA else f"cpu ({platform.machine()})",
+            torch=torch.__version__,
+            triton=triton_version,
+            quick=args.quick,
+            command="python benchmarks/reliability_gpu.py"
+            + (" --quick" if args.quick else "")
+            + (" --interpret-triton" if args.interpret_triton else "")
+            + f" --out {args.out}",
+            reference="float64 on the CPU: the sequential backend; a scalar float64 loop for single lanes > 2e4 steps",
+            float32_adequate_if_error_below=F32_ADEQUATE,
+        )
+    )
     if args.interpret_triton:
         _section(result, "triton_interpreted", triton_interpreted)
     _section(result, "regimes", lambda: regime_rows(device, args.quick))

@@ -10,6 +10,7 @@ xarray ``.kalman`` accessor, ``KLAConfig``/``KLALayer``, the KLA op, checkpoint 
 truncated and mismatched files) and the ``kalmanscan filter`` / ``inspect`` commands (bad CSVs).
 """
 
+# ruff: noqa: E501  (the tables below keep one bad input per line)
 from __future__ import annotations
 
 import json
@@ -71,19 +72,26 @@ def check_raises(fn, exc, needles, *args):
 def filt(**kw):
     args = dict(z=Z, obs_var=1.0, decay=0.9, process_var=0.1)
     args.update(kw)
-    return ks.filter(args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args)
+    return ks.filter(
+        args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args
+    )
 
 
 def smoo(**kw):
     args = dict(z=Z, obs_var=1.0, decay=0.9, process_var=0.1)
     args.update(kw)
-    return ks.smooth(args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args)
+    return ks.smooth(
+        args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args
+    )
 
 
 # ------------------------------------------------------------------------------ core filter/smooth
-OVERFLOW = ("core: accepted, but 1/obs_var, 1/prior_var or loading**2/obs_var overflows to inf in the working "
-            "dtype and every output becomes NaN silently (reported to the lead: reject such values at the "
-            "boundary, or cap the precision)")
+OVERFLOW = (
+    "core: accepted, but 1/obs_var, 1/prior_var or loading**2/obs_var overflows to inf in the working "
+    "dtype and every output becomes NaN silently (reported to the lead: reject such values at the "
+    "boundary, or cap the precision)"
+)
+# fmt: off
 CORE = [
     case("filter-z-ragged-list", lambda: filt(z=[[1.0, 2.0], [3.0]]), TypeError, "z:", "expected"),
     case("filter-z-datetime", lambda: filt(z=np.array(["2020-01-01"], "datetime64[D]")), TypeError, "z:", "expected", "datetime64"),
@@ -134,6 +142,7 @@ CORE = [
     case("discretize-dt-strings", lambda: ks.discretize_ou(1.0, 1.0, ["1s", "2s"]), TypeError, "dt:", "expected"),
     case("discretize-shapes", lambda: ks.discretize_ou(np.ones(2), np.ones(3), 1.0), ValueError, "theta, sigma2, dt:", "expected", "(2,)", "(3,)"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("fn,exc,needles", CORE)
@@ -143,6 +152,7 @@ def test_core_bad_input(fn, exc, needles):
 
 # ------------------------------------------------------------------ time series: fit, model, forecast
 MODEL = OUModel(theta=0.1, sigma2=1.0, mu=0.0, obs_var=0.5)
+# fmt: off
 TS = [
     case("fit-times-non-monotonic", lambda: fit_ou(Z, np.array([0.0, 1.0, 3.0, 2.0, 4.0])), ValueError, "times:", "expected non-decreasing", "2.0 after 3.0"),
     case("fit-times-length", lambda: fit_ou(Z, np.arange(4.0)), ValueError, "times:", "expected 5 timestamps", "(4,)"),
@@ -177,6 +187,7 @@ TS = [
     case("forecast-model-type", lambda: forecast("ou", Z, steps=2), TypeError, "model_or_fit:", "expected an OUModel", "str"),
     case("forecast-z-none", lambda: forecast(MODEL, None, steps=2), ValueError, "z:", "expected"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("fn,exc,needles", TS)
@@ -185,15 +196,19 @@ def test_timeseries_bad_input(fn, exc, needles):
 
 
 # ------------------------------------------------------------------------------------- xarray
-def _da(times=np.arange(6.0), series=3):
+def _da(times=None, series=3):
     import xarray as xr
 
     import kalmanscan.xarray  # noqa: F401  (registers .kalman)
 
+    times = np.arange(6.0) if times is None else times
     data = np.random.default_rng(1).normal(size=(len(times), series))
-    return xr.DataArray(data, dims=("time", "sensor"), coords={"time": times, "sensor": list("abc")[:series]})
+    return xr.DataArray(
+        data, dims=("time", "sensor"), coords={"time": times, "sensor": list("abc")[:series]}
+    )
 
 
+# fmt: off
 XR = [
     case("xr-time_dim-missing", lambda: _da().kalman.filter(sigma2=1.0, obs_var=1.0, time_dim="t"), ValueError, "time_dim:", "expected one of", "'t'"),
     case("xr-params-missing", lambda: _da().kalman.filter(theta=0.1), ValueError, "sigma2, obs_var:", "required"),
@@ -208,6 +223,7 @@ XR = [
     case("xr-fit-bad-fix", lambda: _da().kalman.fit_ou(fix={"rate": 0.0}), ValueError, "fix:", "expected", "'rate'"),
     case("xr-filter_dataarray-numpy", lambda: __import__("kalmanscan.xarray").xarray.filter_dataarray(np.ones(3), MODEL), TypeError, "da:", "expected an xarray.DataArray", "ndarray"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("fn,exc,needles", XR)
@@ -228,9 +244,14 @@ def _kla_op(**over):
 
     B, L, M, S = 1, 4, 3, 2
     g = torch.Generator().manual_seed(0)
-    args = dict(v=torch.randn(B, L, M, generator=g), Lv=torch.rand(B, L, M, generator=g) + 0.1,
-                k=torch.randn(B, L, S, generator=g), q=torch.randn(B, L, S, generator=g),
-                decay=torch.full((M, S), 0.9), process_var=torch.full((M, S), 0.1))
+    args = dict(
+        v=torch.randn(B, L, M, generator=g),
+        Lv=torch.rand(B, L, M, generator=g) + 0.1,
+        k=torch.randn(B, L, S, generator=g),
+        q=torch.randn(B, L, S, generator=g),
+        decay=torch.full((M, S), 0.9),
+        process_var=torch.full((M, S), 0.1),
+    )
     backend = over.pop("backend", "sequential")
     args.update(over)
     return kla_filter(**args, backend=backend)
@@ -242,6 +263,7 @@ def _cfg(**kw):
     return KLAConfig(**kw)
 
 
+# fmt: off
 KLA = [
     case("klaconfig-d_state-zero", lambda: _cfg(d_state=0), ValueError, "d_state:", "expected a positive int", "0"),
     case("klaconfig-d_state-float", lambda: _cfg(d_state=2.5), ValueError, "d_state:", "expected a positive int", "2.5"),
@@ -272,6 +294,7 @@ KLA = [
     case("klaop-Lv-negative", lambda: _kla_op(Lv=-torch.ones(1, 4, 3)), ValueError, "Lv:", "expected", "-1",
          xfail="kla_filter checks shapes and dtypes but not values: Lv < 0 returns negative variances silently"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("fn,exc,needles", KLA)
@@ -295,7 +318,9 @@ def checkpoints(tmp_path_factory):
     state = load_file(str(good / "model.safetensors"))
     out = {"good": good}
 
-    def variant(name, *, weights_bytes=weights, config_text=json.dumps(config), tensors=None):
+    config_json = json.dumps(config)
+
+    def variant(name, *, weights_bytes=weights, config_text=config_json, tensors=None):
         d = base / name
         d.mkdir()
         if tensors is not None:
@@ -315,15 +340,26 @@ def checkpoints(tmp_path_factory):
     torch.save(state, d / "model.pt")
     variant("no-config", config_text=None)
     variant("config-invalid-json", config_text="{'format': broken")
-    variant("config-wrong-format", config_text=json.dumps({"format": "other", "model": config["model"]}))
-    variant("config-unknown-key", config_text=json.dumps({**config, "model": {**config["model"], "depth": 3}}))
-    variant("config-bad-value", config_text=json.dumps({**config, "model": {**config["model"], "d_model": -16}}))
+    variant(
+        "config-wrong-format", config_text=json.dumps({"format": "other", "model": config["model"]})
+    )
+    variant(
+        "config-unknown-key",
+        config_text=json.dumps({**config, "model": {**config["model"], "depth": 3}}),
+    )
+    variant(
+        "config-bad-value",
+        config_text=json.dumps({**config, "model": {**config["model"], "d_model": -16}}),
+    )
     variant("config-list", config_text="[1, 2, 3]")
     variant("weights-truncated", weights_bytes=weights[: len(weights) // 2])
     variant("weights-random-bytes", weights_bytes=np.random.default_rng(0).bytes(4096))
     variant("weights-empty", weights_bytes=b"")
     variant("weights-header-only", weights_bytes=weights[:8])
-    variant("shape-mismatch", config_text=json.dumps({**config, "model": {**config["model"], "d_model": 32}}))
+    variant(
+        "shape-mismatch",
+        config_text=json.dumps({**config, "model": {**config["model"], "d_model": 32}}),
+    )
     missing = dict(state)
     missing.pop(sorted(missing)[0])
     variant("missing-key", tensors=missing)
@@ -338,6 +374,7 @@ def ck(id_, name, *needles, xfail=None):
     return pytest.param(name, needles, id=id_, marks=marks)
 
 
+# fmt: off
 CKPT = [
     ck("ckpt-missing-directory", "missing", "expected a directory", "does-not-exist"),
     ck("ckpt-path-is-a-file", "file", "expected a directory", "a-file"),
@@ -358,6 +395,7 @@ CKPT = [
     ck("ckpt-extra-key", "extra-key", "unexpected keys (1)", "extra.weight"),
     ck("ckpt-int-tensor", "int-tensor", "expected a floating-point tensor", "int32"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("name,needles", CKPT)
@@ -376,8 +414,7 @@ def test_checkpoint_good_file_loads(checkpoints):
 
 
 # -------------------------------------------------------------------------------------------- CLI
-CLI_FIT_UNCAUGHT = ("kalmanscan filter --fit lets fit_ou's ValueError (fewer than 2 observations) escape: "
-                    "a traceback instead of a message and exit status 2")
+# fmt: off
 CLI = [
     # (id, csv text or None for no file, extra args, needles in stderr[, xfail reason])
     ("cli-missing-file", None, ["--fit"], ["no such file"]),
@@ -393,16 +430,27 @@ CLI = [
     ("cli-obs-var-zero", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--sigma2", "1", "--obs-var", "0"], ["obs_var", "expected", "0"]),
     ("cli-theta-nan", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--sigma2", "1", "--obs-var", "1", "--theta", "nan"], ["theta", "expected", "nan"]),
     ("cli-forecast-negative", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--sigma2", "1", "--obs-var", "1", "--forecast", "-2"], ["--forecast", "expected", "-2"]),
-    ("cli-fit-one-row", "t,y\n1,2\n", ["--time-col", "t", "--fit"], ["expected at least 2 observed"], CLI_FIT_UNCAUGHT),
-    ("cli-fit-all-missing", "t,y\n1,\n2,\n3,\n", ["--time-col", "t", "--value-col", "y", "--fit"], ["expected at least 2 observed"], CLI_FIT_UNCAUGHT),
+    ("cli-fit-one-row", "t,y\n1,2\n", ["--time-col", "t", "--fit"], ["expected at least 2 observed"]),
+    ("cli-fit-all-missing", "t,y\n1,\n2,\n3,\n", ["--time-col", "t", "--value-col", "y", "--fit"], ["expected at least 2 observed"]),
     ("cli-empty-time-cell", "t,y\n1,2\n,3\n", ["--time-col", "t", "--fit"], ["empty time at row 3"]),
     ("cli-fix-value-not-number", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--fit", "--fix", "theta=fast"], ["--fix theta", "expected a number", "'fast'"]),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("content,args,needles", [
-    pytest.param(c[1], c[2], c[3], id=c[0], marks=[pytest.mark.xfail(strict=True, reason=c[4])] if len(c) > 4 else [])
-    for c in CLI])
+@pytest.mark.parametrize(
+    "content,args,needles",
+    [
+        pytest.param(
+            c[1],
+            c[2],
+            c[3],
+            id=c[0],
+            marks=[pytest.mark.xfail(strict=True, reason=c[4])] if len(c) > 4 else [],
+        )
+        for c in CLI
+    ],
+)
 def test_cli_filter_bad_csv(tmp_path, capsys, content, args, needles):
     from kalmanscan.timeseries.cli import filter_main
 
@@ -431,7 +479,19 @@ def test_cli_unsorted_rows_are_sorted_and_reported(tmp_path, capsys):
     csv = tmp_path / "in.csv"
     csv.write_text("t,y\n1,2\n3,4\n2,5\n4,6\n5,7\n")
     with time_limit():
-        rc = filter_main([str(csv), "--time-col", "t", "--sigma2", "1", "--obs-var", "1", "--out", str(tmp_path / "o")])
+        rc = filter_main(
+            [
+                str(csv),
+                "--time-col",
+                "t",
+                "--sigma2",
+                "1",
+                "--obs-var",
+                "1",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
     captured = capsys.readouterr()
     assert rc == 0
     assert "rows sorted by time" in captured.out + captured.err
@@ -443,12 +503,20 @@ def test_commands_exit_nonzero_with_a_message(tmp_path):
     csv.write_text("t,y\n1,2\n2,abc\n")
     runs = [
         (["frobnicate"], "unknown command 'frobnicate'"),
-        (["filter", str(csv), "--time-col", "t", "--value-col", "y", "--fit"], "'abc' is not a number"),
+        (
+            ["filter", str(csv), "--time-col", "t", "--value-col", "y", "--fit"],
+            "'abc' is not a number",
+        ),
         (["inspect", "hello", "--checkpoint", str(tmp_path / "nowhere")], "expected a directory"),
     ]
     for argv, needle in runs:
-        proc = subprocess.run([sys.executable, "-m", "kalmanscan", *argv], capture_output=True, text=True,
-                              cwd=ROOT, timeout=TIME_LIMIT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "kalmanscan", *argv],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=TIME_LIMIT_S,
+        )
         assert proc.returncode != 0, argv
         assert needle in proc.stderr, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr, (argv, proc.stderr)

@@ -1,4 +1,4 @@
-"""Extreme numerical regimes: errors against the float64 reference, closed forms, and no stray NaN/inf.
+"""Extreme numerical regimes: errors against the float64 reference, closed forms, no stray NaN/inf.
 
 The regimes are those of ``benchmarks/reliability.py`` (which measures them at full size and writes
 the table of docs/reliability.md); here they run at test size and the results are pinned:
@@ -20,7 +20,14 @@ import pytest
 import torch
 
 import kalmanscan as ks
-from benchmarks.reliability import errors, overflow_regime, reference, regimes, run_filter, scalar_reference
+from benchmarks.reliability import (
+    errors,
+    overflow_regime,
+    reference,
+    regimes,
+    run_filter,
+    scalar_reference,
+)
 from kalmanscan.testing import tolerance
 
 REGIMES = {k: v for k, v in regimes(quick=True).items() if not k.startswith("long-")}
@@ -110,8 +117,12 @@ def test_memoryless_step_closed_form(dtype):
     res = ks.filter(z, dtype(2.0), dtype(0.0), dtype(1.0), offset=dtype(0.5), prior_var=np.inf)
     np.testing.assert_allclose(res.var[~np.isnan(z)], 2 / 3, rtol=4 * np.finfo(dtype).eps)
     expect = np.where(np.isnan(z), 0.5, 0.5 + (z - 0.5) * (1 / 3))
-    np.testing.assert_allclose(res.mean, expect, rtol=8 * np.finfo(dtype).eps, atol=8 * np.finfo(dtype).eps)
-    np.testing.assert_allclose(res.var[5], 1.0, rtol=4 * np.finfo(dtype).eps)  # unobserved: the prior p
+    np.testing.assert_allclose(
+        res.mean, expect, rtol=8 * np.finfo(dtype).eps, atol=8 * np.finfo(dtype).eps
+    )
+    np.testing.assert_allclose(
+        res.var[5], 1.0, rtol=4 * np.finfo(dtype).eps
+    )  # unobserved: the prior p
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
@@ -126,7 +137,8 @@ def test_constant_level_closed_form(dtype, T):
     tol = tolerance("parallel", "float64") if dtype == np.float64 else tolerance("truth", "float32")
     np.testing.assert_allclose(res.var, 1 / n, rtol=tol)
     np.testing.assert_allclose(res.mean, avg, rtol=tol)
-    # exact-diffuse log-likelihood of the constant level: sum over n >= 2 of N(z_n; avg_{n-1}, 1 + 1/(n-1))
+    # exact-diffuse log-likelihood of the constant level:
+    # sum over n >= 2 of log N(z_n; avg_{n-1}, 1 + 1/(n-1))
     if T > 1:
         s = 1 + 1 / n[:-1]
         ll = -0.5 * np.sum(np.log(2 * np.pi * s) + (z[1:].astype(np.float64) - avg[:-1]) ** 2 / s)
@@ -135,9 +147,16 @@ def test_constant_level_closed_form(dtype, T):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_pure_prediction_closed_form(dtype):
-    """Never observed, prior N(m0, v0): mean_t = a^t m0, var_t = a^(2t) v0 + p (1 - a^(2t)) / (1 - a^2)."""
+    """Never observed, prior N(m0, v0): mean = a^t m0, var = a^2t v0 + p (1 - a^2t)/(1 - a^2)."""
     T, a, p, m0, v0 = 1000, 0.9, 0.1, 2.0, 1.0
-    res = ks.filter(np.full(T, np.nan, dtype), dtype(1.0), dtype(a), dtype(p), prior_mean=dtype(m0), prior_var=dtype(v0))
+    res = ks.filter(
+        np.full(T, np.nan, dtype),
+        dtype(1.0),
+        dtype(a),
+        dtype(p),
+        prior_mean=dtype(m0),
+        prior_var=dtype(v0),
+    )
     t = np.arange(1, T + 1)
     a2t = a ** (2 * t)
     tol = tolerance("parallel", "float64") if dtype == np.float64 else tolerance("truth", "float32")
@@ -148,13 +167,17 @@ def test_pure_prediction_closed_form(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_near_exact_observations(dtype):
-    """obs_var = 1e-12: the filtered mean is the observation and the variance the observation variance."""
+    """obs_var = 1e-12: the filtered mean is the observation, the variance the observation's."""
     rng = np.random.default_rng(2)
     z = rng.normal(size=(200, 2)).astype(dtype)
     res = ks.filter(z, dtype(1e-12), dtype(0.95), dtype(0.1), prior_var=dtype(1.0))
     # mean - z = (pred_mean - z) * r / (pred_var + r), with r / (pred_var + r) ~ 1e-11 here
-    np.testing.assert_allclose(res.mean, z, rtol=1e-6 if dtype == np.float32 else 1e-10,
-                               atol=1e-6 if dtype == np.float32 else 1e-9)
+    np.testing.assert_allclose(
+        res.mean,
+        z,
+        rtol=1e-6 if dtype == np.float32 else 1e-10,
+        atol=1e-6 if dtype == np.float32 else 1e-9,
+    )
     np.testing.assert_allclose(res.var, 1e-12, rtol=1e-6 if dtype == np.float32 else 1e-10)
 
 
@@ -184,13 +207,15 @@ def test_long_lane_1e5_against_scalar_reference(dtype):
 
 
 def test_scalar_reference_equals_sequential_backend():
-    """The long-lane truth of benchmarks/reliability.py is the same recursion as the sequential backend."""
+    """The long-lane truth of benchmarks/reliability.py is the sequential backend's recursion."""
     rng = np.random.default_rng(6)
     z = rng.normal(size=(500, 1))
     z[rng.random(z.shape) < 0.2] = np.nan
-    for model in (dict(decay=0.97, process_var=0.2, offset=0.3, prior_var=math.inf),
-                  dict(decay=0.0, process_var=1.0, offset=0.0, prior_var=2.0),
-                  dict(decay=1.0, process_var=0.0, offset=0.0, prior_var=math.inf)):
+    for model in (
+        dict(decay=0.97, process_var=0.2, offset=0.3, prior_var=math.inf),
+        dict(decay=0.0, process_var=1.0, offset=0.0, prior_var=2.0),
+        dict(decay=1.0, process_var=0.0, offset=0.0, prior_var=math.inf),
+    ):
         m = dict(z=z, obs_var=0.5, loading=1.3, prior_mean=1.0, **model)
         seq = run_filter(m, np.float64, "sequential")
         e = errors(scalar_reference(m), dict(mean=seq.mean, var=seq.var, loglik=seq.loglik))
@@ -198,9 +223,12 @@ def test_scalar_reference_equals_sequential_backend():
 
 
 # ---------------------------------------------------------------------------- known core failure
-@pytest.mark.xfail(strict=True, reason="core: with process_var = 0 and |decay| < 1 the precision grows like "
-                   "decay**(-2t) and overflows (float32 at t=63, float64 at t=511 for decay=0.5); then "
-                   "0 * inf = NaN in the predict step turns mean and loglik into NaN (reported to the lead)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: with process_var = 0 and |decay| < 1 the precision grows like "
+    "decay**(-2t) and overflows (float32 at t=63, float64 at t=511 for decay=0.5); then "
+    "0 * inf = NaN in the predict step turns mean and loglik into NaN (reported to the lead)",
+)
 @pytest.mark.parametrize("backend", ["torch", "sequential"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_contracting_state_without_process_noise_stays_finite(dtype, backend):
@@ -215,8 +243,16 @@ def test_contracting_state_without_process_noise_stays_finite(dtype, backend):
 def _grads(m, dtype, objective):
     t = lambda k: torch.tensor(np.asarray(m[k], np.float64), dtype=dtype)  # noqa: E731
     a, p, r = (t(k).requires_grad_() for k in ("decay", "process_var", "obs_var"))
-    sm = ks.smooth(t("z"), r, a, p, loading=t("loading"), offset=t("offset"), prior_mean=t("prior_mean"),
-                   prior_var=t("prior_var"))
+    sm = ks.smooth(
+        t("z"),
+        r,
+        a,
+        p,
+        loading=t("loading"),
+        offset=t("offset"),
+        prior_mean=t("prior_mean"),
+        prior_var=t("prior_var"),
+    )
     return torch.autograd.grad(objective(sm), [a, p, r])
 
 
@@ -227,19 +263,29 @@ def _known(x):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("name", list(REGIMES))
 def test_regime_gradients_are_finite(name, dtype):
-    """d(loglik + filtered and smoothed means)/d(decay, process_var, obs_var) is finite in every regime
-    (smoothed moments left out where a lane is never observed: see the xfail below)."""
+    """d(loglik + filtered and smoothed moments)/d(decay, process_var, obs_var) is finite in every
+    regime (smoothed moments left out where a lane is never observed: see the xfail below)."""
     m = _model(name)
     smoothed = name != "never-observed-diffuse"
-    grads = _grads(m, dtype, lambda sm: sm.filtered.loglik.sum() + _known(sm.filtered.mean).mean()
-                   + (_known(sm.mean).mean() + _known(sm.var).mean() if smoothed else 0.0))
-    for n, g in zip(("decay", "process_var", "obs_var"), grads):
+    grads = _grads(
+        m,
+        dtype,
+        lambda sm: (
+            sm.filtered.loglik.sum()
+            + _known(sm.filtered.mean).mean()
+            + (_known(sm.mean).mean() + _known(sm.var).mean() if smoothed else 0.0)
+        ),
+    )
+    for n, g in zip(("decay", "process_var", "obs_var"), grads, strict=True):
         assert torch.isfinite(g).all(), (n, g)
 
 
-@pytest.mark.xfail(strict=True, reason="core: a lane never observed under a diffuse prior has inf smoothed "
-                   "variances, and 0 * inf in the backward of the smoother's scans makes the gradient of a "
-                   "shared parameter NaN even when the loss only uses the observed lanes (reported to the lead)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: a lane never observed under a diffuse prior has inf smoothed "
+    "variances, and 0 * inf in the backward of the smoother's scans makes the gradient of a "
+    "shared parameter NaN even when the loss only uses the observed lanes (reported to the lead)",
+)
 def test_smoother_gradient_ignores_a_never_observed_lane():
     z = torch.tensor(np.random.default_rng(8).normal(size=(50, 2)))
     z[:, 1] = float("nan")

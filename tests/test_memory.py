@@ -24,32 +24,56 @@ from benchmarks.reliability import measure_peaks
 LINUX_PROC = os.path.exists("/proc/self/clear_refs") and sys.platform.startswith("linux")
 
 # Live buffers per element of z at the peak: the 7 [T, N] outputs, the inputs and the scan's
-# temporaries; measured 14-16.5 (filter) and 18.4-18.7 (smooth) on 2026-11-29 (docs/reliability.md). Pinned with margin.
+# temporaries; measured 14-16.5 (filter) and 18.4-18.7 (smooth) on 2026-11-29
+# (docs/reliability.md). Pinned with margin.
 MAX_PEAK_PER_INPUT_BYTE = {"filter": 24.0, "smooth": 28.0}
 MAX_RATIO_SPREAD = 1.15  # peak/input at the largest shape over the smallest
 
 
-@pytest.mark.skipif(not LINUX_PROC, reason="needs Linux /proc/self/clear_refs to reset the peak RSS")
-@pytest.mark.parametrize("op,dtype,shapes", [
-    ("filter", "float64", [[125_000, 1], [250_000, 1], [500_000, 1], [1_000_000, 1]]),
-    ("filter", "float32", [[125_000, 1], [1_000_000, 1]]),
-    ("filter", "float64", [[2048, 64], [2048, 512], [16384, 64]]),
-    ("smooth", "float64", [[125_000, 1], [500_000, 1]]),
-], ids=["filter-one-lane-f64", "filter-one-lane-f32", "filter-many-lanes-f64", "smooth-one-lane-f64"])
+@pytest.mark.skipif(
+    not LINUX_PROC, reason="needs Linux /proc/self/clear_refs to reset the peak RSS"
+)
+@pytest.mark.parametrize(
+    "op,dtype,shapes",
+    [
+        ("filter", "float64", [[125_000, 1], [250_000, 1], [500_000, 1], [1_000_000, 1]]),
+        ("filter", "float32", [[125_000, 1], [1_000_000, 1]]),
+        ("filter", "float64", [[2048, 64], [2048, 512], [16384, 64]]),
+        ("smooth", "float64", [[125_000, 1], [500_000, 1]]),
+    ],
+    ids=[
+        "filter-one-lane-f64",
+        "filter-one-lane-f32",
+        "filter-many-lanes-f64",
+        "smooth-one-lane-f64",
+    ],
+)
 def test_peak_memory_is_linear_in_the_data(op, dtype, shapes):
     rows = measure_peaks(op, dtype, shapes)
     ratios = [r["ratio"] for r in rows]
-    assert all(r["peak_bytes"] > r["input_bytes"] for r in rows), rows  # the measurement sees the outputs
+    assert all(r["peak_bytes"] > r["input_bytes"] for r in rows), (
+        rows
+    )  # the measurement sees the outputs
     assert max(ratios) <= MAX_PEAK_PER_INPUT_BYTE[op], rows
     assert ratios[-1] <= ratios[0] * MAX_RATIO_SPREAD, rows  # does not grow with T (or N)
 
 
 # ------------------------------------------------------------------------------------ determinism
 def _bits(x):
-    return x.detach().cpu().numpy().tobytes() if isinstance(x, torch.Tensor) else np.asarray(x).tobytes()
+    return (
+        x.detach().cpu().numpy().tobytes()
+        if isinstance(x, torch.Tensor)
+        else np.asarray(x).tobytes()
+    )
 
 
-CASES = [((1, 3), "f64"), ((63, 5), "f32"), ((1000, 7), "f64"), ((20_000, 1), "f32"), ((3000, 64), "f64")]
+CASES = [
+    ((1, 3), "f64"),
+    ((63, 5), "f32"),
+    ((1000, 7), "f64"),
+    ((20_000, 1), "f32"),
+    ((3000, 64), "f64"),
+]
 
 
 @pytest.mark.parametrize("backend", ["torch", "sequential"])
@@ -71,7 +95,11 @@ def test_repeated_runs_are_bitwise_identical(shape, dt, backend):
         finally:
             torch.set_num_threads(old)
         f = sm.filtered
-        outs.append(b"".join(_bits(a) for a in (sm.mean, sm.var, f.mean, f.var, f.pred_mean, f.loglik, *f.final)))
+        outs.append(
+            b"".join(
+                _bits(a) for a in (sm.mean, sm.var, f.mean, f.var, f.pred_mean, f.loglik, *f.final)
+            )
+        )
     assert len(set(outs)) == 1
 
 
