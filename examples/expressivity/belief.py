@@ -33,7 +33,8 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 def load_run(models_path, run):
-    entry = torch.load(models_path, map_location="cpu", weights_only=False)[run]
+    loaded = torch.load(models_path, map_location="cpu", weights_only=False)
+    entry = loaded if {"model", "args"} <= set(loaded) else loaded[run]  # a train.py checkpoint
     a = entry["args"]
     params = {"a5": {"length": a["length"]},
               "selective_copy": {"length": a["length"], "num_tokens_to_copy": a["num_tokens_to_copy"],
@@ -44,7 +45,7 @@ def load_run(models_path, run):
                        "vocab_size": a["vocab_size"]}}[a["task"]]
     data = make_task(a["task"], 8, seed=a["seed"] + EVAL_SEED_OFFSET, **params)
     model = build_model(a["mixer"], data.vocab_size, n_layers=a["layers"], d_model=a["d_model"],
-                        d_state=a["d_state"], expand=a["expand"], n_heads=a["heads"], backend="torch")
+                        d_state=a["d_state"], expand=a["expand"], n_heads=a["heads"], backend="sequential")
     model.load_state_dict(entry["model"])
     model.eval()
     return model, data, a
@@ -52,7 +53,8 @@ def load_run(models_path, run):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="docs/experiments/models.pt")
+    p.add_argument("--models", default="docs/experiments/models.pt",
+                   help="models.pt of a sweep, or one train.py checkpoint")
     p.add_argument("--run", default="selcopy-kla-b1")
     p.add_argument("--index", type=int, default=0, help="which evaluation sequence")
     p.add_argument("--out", default="docs/experiments/belief_selcopy.png")
