@@ -61,6 +61,8 @@ BACKENDS = ("auto", "torch", "sequential", "diagonal")
 
 def _is_diag(t) -> bool:
     t = torch.as_tensor(t) if not isinstance(t, torch.Tensor) else t
+    # broadcast (stride-0) axes hold one value: look at it once instead of materializing them
+    t = t[tuple(0 if t.stride(i) == 0 else slice(None) for i in range(t.ndim - 2))]
     off = t - torch.diag_embed(torch.diagonal(t, dim1=-2, dim2=-1))
     return bool((off == 0).all())
 
