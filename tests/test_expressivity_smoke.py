@@ -49,7 +49,9 @@ def test_decayed_cumsum_matches_a_loop(L, dtype):
 @pytest.mark.parametrize("mixer", models.MIXERS)
 def test_build_model_each_mixer(mixer):
     torch.manual_seed(0)
-    m = models.build_model(mixer, 11, n_layers=2, d_model=16, d_state=4, n_heads=2, backend="sequential")
+    m = models.build_model(
+        mixer, 11, n_layers=2, d_model=16, d_state=4, n_heads=2, backend="sequential"
+    )
     x = torch.randint(0, 11, (2, 9))
     logits = m(x)
     assert logits.shape == (2, 9, 11) and torch.isfinite(logits).all()
@@ -66,7 +68,7 @@ def test_ablated_layers_share_kla_weights_and_change_only_the_filter():
     kla = models.build_model("kla", 7, n_layers=1, d_model=16, d_state=4, backend="sequential")
     torch.manual_seed(1)
     p0 = models.build_model("kla_p0", 7, n_layers=1, d_model=16, d_state=4, backend="sequential")
-    for (n1, t1), (n2, t2) in zip(kla.state_dict().items(), p0.state_dict().items()):
+    for (n1, t1), (n2, t2) in zip(kla.state_dict().items(), p0.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(t1, t2)
     decay, pvar = p0.blocks[0].mixer.dynamics()
     assert (pvar == 0).all() and (decay > 0).all() and (decay < 1).all()
@@ -82,11 +84,42 @@ def test_ablated_layers_share_kla_weights_and_change_only_the_filter():
 
 def test_train_runs_writes_json_and_resumes(tmp_path):
     out, ckpt = tmp_path / "run.json", tmp_path / "run.pt"
-    common = ["--task", "selective_copy", "--length", "12", "--num-tokens-to-copy", "3",
-              "--vocab-size", "6", "--mixer", "kla", "--layers", "1", "--d-model", "16",
-              "--d-state", "2", "--batch", "4", "--n-train", "16", "--n-eval", "8",
-              "--backend", "sequential", "--device", "cpu", "--warmup", "2",
-              "--out", str(out), "--ckpt", str(ckpt), "--eval-every", "0"]
+    common = [
+        "--task",
+        "selective_copy",
+        "--length",
+        "12",
+        "--num-tokens-to-copy",
+        "3",
+        "--vocab-size",
+        "6",
+        "--mixer",
+        "kla",
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--d-state",
+        "2",
+        "--batch",
+        "4",
+        "--n-train",
+        "16",
+        "--n-eval",
+        "8",
+        "--backend",
+        "sequential",
+        "--device",
+        "cpu",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+        "--ckpt",
+        str(ckpt),
+        "--eval-every",
+        "0",
+    ]
     first = train.main(common + ["--steps", "3"])
     assert first["steps"] == 3 and ckpt.exists()
     saved = json.loads(out.read_text())

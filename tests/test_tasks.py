@@ -23,8 +23,14 @@ from kalmanscan.tasks import (
 # name -> (kwargs at an awkward length, kwargs at a long length)
 CASES = {
     "a5": ({"length": 1}, {"length": 1000}),
-    "mqar": ({"length": 63, "num_kv_pairs": 5, "vocab_size": 64}, {"length": 1000, "num_kv_pairs": 64}),
-    "selective_copy": ({"length": 63, "num_tokens_to_copy": 7}, {"length": 1000, "num_tokens_to_copy": 16}),
+    "mqar": (
+        {"length": 63, "num_kv_pairs": 5, "vocab_size": 64},
+        {"length": 1000, "num_kv_pairs": 64},
+    ),
+    "selective_copy": (
+        {"length": 63, "num_tokens_to_copy": 7},
+        {"length": 1000, "num_tokens_to_copy": 16},
+    ),
     "fuzzy_recall": ({"length": 63}, {"length": 1000}),
 }
 
@@ -63,8 +69,11 @@ def test_a5_group_structure():
     elems = a5_elements()
     assert len(elems) == 60 == len(set(elems))
     assert elems[0] == (0, 1, 2, 3, 4)
-    even = [p for p in itertools.permutations(range(5))
-            if sum(p[i] > p[j] for i in range(5) for j in range(i + 1, 5)) % 2 == 0]
+    even = [
+        p
+        for p in itertools.permutations(range(5))
+        if sum(p[i] > p[j] for i in range(5) for j in range(i + 1, 5)) % 2 == 0
+    ]
     assert sorted(elems) == sorted(even)
     table = a5_table()
     for row in table:  # Latin square: the table of a group
@@ -97,7 +106,7 @@ def test_mqar_targets_are_the_values_of_the_queried_keys():
         keys, values = x[0 : 2 * K : 2], x[1 : 2 * K : 2]
         assert len(set(keys)) == K and all(1 <= k < V // 2 for k in keys)
         assert all(V // 2 <= v < V for v in values)
-        table = dict(zip(keys, values))
+        table = dict(zip(keys, values, strict=True))
         asked = [t for t in range(L) if y[t] != IGNORE]
         assert len(asked) == K and all(t >= 2 * K for t in asked)
         assert sorted(x[t] for t in asked) == sorted(keys)  # each key queried once
@@ -144,8 +153,10 @@ def test_fuzzy_recall_targets_repeat_an_earlier_key_value_pair():
             key_start -= 1
         key = x[key_start : key_end + 1]
         stream = x[:key_start]
-        found = any(stream[i : i + len(key) + len(value)] == key + value
-                    for i in range(len(stream) - len(key) - len(value) + 1))
+        found = any(
+            stream[i : i + len(key) + len(value)] == key + value
+            for i in range(len(stream) - len(key) - len(value) + 1)
+        )
         assert found, (row, key, value)
 
 
@@ -163,8 +174,18 @@ def test_fuzzy_recall_targets_repeat_an_earlier_key_value_pair():
         (lambda: fuzzy_recall(2, k_motif_size=9), "k_motif_size, v_motif_size"),
         (lambda: fuzzy_recall(2, length=8), "length: expected >= 2"),
     ],
-    ids=["a5-n0", "a5-L0", "a5-seed", "a5-float", "mqar-short", "mqar-keys", "copy-short",
-         "copy-vocab", "fuzzy-motif", "fuzzy-short"],
+    ids=[
+        "a5-n0",
+        "a5-L0",
+        "a5-seed",
+        "a5-float",
+        "mqar-short",
+        "mqar-keys",
+        "copy-short",
+        "copy-vocab",
+        "fuzzy-motif",
+        "fuzzy-short",
+    ],
 )
 def test_bad_arguments_name_the_argument(call, message):
     with pytest.raises(ValueError, match=message):

@@ -36,16 +36,36 @@ def load_run(models_path, run):
     loaded = torch.load(models_path, map_location="cpu", weights_only=False)
     entry = loaded if {"model", "args"} <= set(loaded) else loaded[run]  # a train.py checkpoint
     a = entry["args"]
-    params = {"a5": {"length": a["length"]},
-              "selective_copy": {"length": a["length"], "num_tokens_to_copy": a["num_tokens_to_copy"],
-                                 "vocab_size": a["vocab_size"]},
-              "fuzzy_recall": {"length": a["length"], "vocab_size": a["vocab_size"],
-                               "k_motif_size": a["motif_size"], "v_motif_size": a["motif_size"]},
-              "mqar": {"length": a["length"], "num_kv_pairs": a["num_kv_pairs"],
-                       "vocab_size": a["vocab_size"]}}[a["task"]]
+    params = {
+        "a5": {"length": a["length"]},
+        "selective_copy": {
+            "length": a["length"],
+            "num_tokens_to_copy": a["num_tokens_to_copy"],
+            "vocab_size": a["vocab_size"],
+        },
+        "fuzzy_recall": {
+            "length": a["length"],
+            "vocab_size": a["vocab_size"],
+            "k_motif_size": a["motif_size"],
+            "v_motif_size": a["motif_size"],
+        },
+        "mqar": {
+            "length": a["length"],
+            "num_kv_pairs": a["num_kv_pairs"],
+            "vocab_size": a["vocab_size"],
+        },
+    }[a["task"]]
     data = make_task(a["task"], 8, seed=a["seed"] + EVAL_SEED_OFFSET, **params)
-    model = build_model(a["mixer"], data.vocab_size, n_layers=a["layers"], d_model=a["d_model"],
-                        d_state=a["d_state"], expand=a["expand"], n_heads=a["heads"], backend="sequential")
+    model = build_model(
+        a["mixer"],
+        data.vocab_size,
+        n_layers=a["layers"],
+        d_model=a["d_model"],
+        d_state=a["d_state"],
+        expand=a["expand"],
+        n_heads=a["heads"],
+        backend="sequential",
+    )
     model.load_state_dict(entry["model"])
     model.eval()
     return model, data, a
@@ -53,8 +73,11 @@ def load_run(models_path, run):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="docs/experiments/models.pt",
-                   help="models.pt of a sweep, or one train.py checkpoint")
+    p.add_argument(
+        "--models",
+        default="docs/experiments/models.pt",
+        help="models.pt of a sweep, or one train.py checkpoint",
+    )
     p.add_argument("--run", default="selcopy-kla-b1")
     p.add_argument("--index", type=int, default=0, help="which evaluation sequence")
     p.add_argument("--out", default="docs/experiments/belief_selcopy.png")
@@ -68,11 +91,14 @@ def main(argv=None):
     x, y = data.inputs[args.index : args.index + 1], data.targets[args.index]
     V = data.vocab_size
     if a["task"] == "selective_copy":
+
         def label(t):
             return "·" if t == V - 2 else ("C" if t == V - 1 else format(t, "x"))
     else:
+
         def label(t):
             return str(t)
+
     ds = inspect(model, x, token_text=label)
     with torch.no_grad():
         pred = model(x).argmax(-1)[0]
@@ -98,9 +124,13 @@ def main(argv=None):
             ax.axvline(t, color="w" if ax is axes[0] else "C3", lw=0.5, ls=":", alpha=0.8)
         if marker is not None:
             ax.axvline(marker, color="k", lw=1.0)
-    axes[0].set_title(f"{args.run}: log10 posterior precision (slot mean) per channel; dotted = tokens to copy, "
-                      f"solid = copy marker; {100 * correct:.0f} % of this sequence's outputs correct")
-    axes[1].set_title("write gain phi_t / lam_t (share of the precision contributed by token t), mean over lanes")
+    axes[0].set_title(
+        f"{args.run}: log10 posterior precision (slot mean) per channel; dotted = tokens to copy, "
+        f"solid = copy marker; {100 * correct:.0f} % of this sequence's outputs correct"
+    )
+    axes[1].set_title(
+        "write gain phi_t / lam_t (share of the precision contributed by token t), mean over lanes"
+    )
     axes[2].set_title("gated readout variance per channel, mean over channels")
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -113,10 +143,17 @@ def main(argv=None):
         v = ds[var].isel(batch=0).values[:, idx]
         return float(np.exp(np.mean(np.log(v)))) if reduce == "geo" else float(np.mean(v))
 
-    summary = {"run": args.run, "index": args.index, "length": L, "outputs_correct": correct,
-               "decay_range": [float(ds.decay.min()), float(ds.decay.max())],
-               "process_var_range": [float(ds.process_var.min()), float(ds.process_var.max())],
-               "stationary_precision_geomean": float(np.exp(np.log(ds.stationary_precision.values).mean()))}
+    summary = {
+        "run": args.run,
+        "index": args.index,
+        "length": L,
+        "outputs_correct": correct,
+        "decay_range": [float(ds.decay.min()), float(ds.decay.max())],
+        "process_var_range": [float(ds.process_var.min()), float(ds.process_var.max())],
+        "stationary_precision_geomean": float(
+            np.exp(np.log(ds.stationary_precision.values).mean())
+        ),
+    }
     for name, idx in (("content", content), ("blank", blanks), ("output", outputs)):
         summary[name] = {
             "n": int(len(idx)),

@@ -60,13 +60,15 @@ class KLANoProcessNoise(KLATraining):
 
 
 class LinearState(NamedTuple):
-    """Recurrent state of :class:`LinearRecurrenceLayer`: conv window ``[B,M,K-1]``, ``h [B,M,S]``."""
+    """State of :class:`LinearRecurrenceLayer`: conv window ``[B,M,K-1]``, ``h [B,M,S]``."""
 
     conv: torch.Tensor
     h: torch.Tensor
 
 
-def decayed_cumsum(b: torch.Tensor, decay: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+def decayed_cumsum(
+    b: torch.Tensor, decay: torch.Tensor, h0: torch.Tensor | None = None
+) -> torch.Tensor:
     """``h_t = decay * h_{t-1} + b_t`` along axis 1 by log-depth doubling.
 
     ``b [B,L,M,S]``, ``decay [M,S]`` (time-invariant), ``h0 [B,M,S]`` or None -> ``h [B,L,M,S]``.

@@ -17,7 +17,22 @@ from pathlib import Path
 import numpy as np
 
 A5_LENGTHS = list(range(4, 21))
-A5_PUBLISHED_KLA = {3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 2, 10: 2, 11: 2, 12: 2, 14: 2, 16: 2, 18: 2, 20: 2}
+A5_PUBLISHED_KLA = {
+    3: 1,
+    4: 1,
+    5: 1,
+    6: 1,
+    7: 1,
+    8: 1,
+    9: 2,
+    10: 2,
+    11: 2,
+    12: 2,
+    14: 2,
+    16: 2,
+    18: 2,
+    20: 2,
+}
 THRESHOLD = 0.99
 COLORS = {"kla": "C0", "linear": "C1", "attention": "C2", "kla_p0": "C3"}
 
@@ -61,32 +76,65 @@ def tables(results: Path) -> str:
     if a5:
         mb = a5_min_blocks(a5)
         depths = sorted({r["config"]["layers"] for r in a5})
-        lines += ["### A5: minimum blocks reaching 99 % (— : none of " + ", ".join(map(str, depths)) + ")", "",
-                  "| mixer | " + " | ".join(str(n) for n in A5_LENGTHS) + " |",
-                  "|---|" + "---|" * len(A5_LENGTHS)]
+        lines += [
+            "### A5: minimum blocks reaching 99 % (— : none of "
+            + ", ".join(map(str, depths))
+            + ")",
+            "",
+            "| mixer | " + " | ".join(str(n) for n in A5_LENGTHS) + " |",
+            "|---|" + "---|" * len(A5_LENGTHS),
+        ]
         for mixer, row in mb.items():
-            lines.append(f"| {mixer} | " + " | ".join("—" if row[n] is None else str(row[n]) for n in A5_LENGTHS) + " |")
-        lines.append("| KLA (published) | " + " | ".join(str(A5_PUBLISHED_KLA.get(n, "")) for n in A5_LENGTHS) + " |")
-        lines += ["", "### A5 runs (accuracy over all 20 positions; longest prefix >= 99 %)", "",
-                  "| run | blocks | steps | train s | acc % (L=20) | longest n with >= 99 % |", "|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {mixer} | "
+                + " | ".join("—" if row[n] is None else str(row[n]) for n in A5_LENGTHS)
+                + " |"
+            )
+        lines.append(
+            "| KLA (published) | "
+            + " | ".join(str(A5_PUBLISHED_KLA.get(n, "")) for n in A5_LENGTHS)
+            + " |"
+        )
+        lines += [
+            "",
+            "### A5 runs (accuracy over all 20 positions; longest prefix >= 99 %)",
+            "",
+            "| run | blocks | steps | train s | acc % (L=20) | longest n with >= 99 % |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in sorted(a5, key=lambda r: (r["mixer"], r["config"]["layers"])):
             good = [n for n in range(1, 21) if (prefix_accuracy(r, n) or 0) >= THRESHOLD]
-            lines.append(f"| {r['name']} | {r['config']['layers']} | {r.get('steps')} | {r.get('train_seconds')} | "
-                         f"{fmt(acc(r))} | {max(good) if good else 0} |")
+            lines.append(
+                f"| {r['name']} | {r['config']['layers']} | {r.get('steps')} | "
+                f"{r.get('train_seconds')} | "
+                f"{fmt(acc(r))} | {max(good) if good else 0} |"
+            )
         lines.append("")
-    for group, title in (("mqar", "MQAR"), ("mad", "MAD tasks"), ("ablation", "Process-noise ablation")):
+    for group, title in (
+        ("mqar", "MQAR"),
+        ("mad", "MAD tasks"),
+        ("ablation", "Process-noise ablation"),
+    ):
         runs = load(results, group)
         if not runs:
             continue
-        lines += [f"### {title}", "", "| run | mixer | blocks | d_model | steps | train s | accuracy % | diverged | max precision |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {title}",
+            "",
+            "| run | mixer | blocks | d_model | steps | train s | accuracy % | diverged "
+            "| max precision |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in runs:
             c = r.get("config", {})
             mp = r.get("max_precision")
             mpv = max((b["max"] or math.inf) for b in mp) if mp else None
-            lines.append(f"| {r['name']} | {r.get('mixer', c.get('mixer'))} | {c.get('layers')} | {c.get('d_model')} | "
-                         f"{r.get('steps')} | {r.get('train_seconds')} | {fmt(acc(r))} | {r.get('diverged')} | "
-                         f"{'—' if mpv is None else f'{mpv:.3g}'} |")
+            lines.append(
+                f"| {r['name']} | {r.get('mixer', c.get('mixer'))} | {c.get('layers')} | "
+                f"{c.get('d_model')} | {r.get('steps')} | {r.get('train_seconds')} | "
+                f"{fmt(acc(r))} | {r.get('diverged')} | "
+                f"{'—' if mpv is None else f'{mpv:.3g}'} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -99,7 +147,9 @@ def plot_a5(runs, path):
     max_depth = max(r["config"]["layers"] for r in runs)
     for i, (mixer, row) in enumerate(mb.items()):
         ys = [row[n] if row[n] is not None else max_depth + 1 for n in A5_LENGTHS]
-        ax1.plot(np.array(A5_LENGTHS) + 0.08 * (i - 1), ys, "o-", color=COLORS.get(mixer), label=mixer)
+        ax1.plot(
+            np.array(A5_LENGTHS) + 0.08 * (i - 1), ys, "o-", color=COLORS.get(mixer), label=mixer
+        )
     pub = sorted(A5_PUBLISHED_KLA.items())
     ax1.plot([n for n, _ in pub], [d for _, d in pub], "k--", lw=1, label="KLA, published")
     ax1.set_yticks(range(1, max_depth + 2))
@@ -113,8 +163,14 @@ def plot_a5(runs, path):
         if not per:
             continue
         d = r["config"]["layers"]
-        ax2.plot(range(1, len(per) + 1), per, color=COLORS.get(r["mixer"]), alpha=0.35 + 0.65 * d / max_depth,
-                 lw=1.2, label=f"{r['mixer']} x{d}")
+        ax2.plot(
+            range(1, len(per) + 1),
+            per,
+            color=COLORS.get(r["mixer"]),
+            alpha=0.35 + 0.65 * d / max_depth,
+            lw=1.2,
+            label=f"{r['mixer']} x{d}",
+        )
     ax2.axhline(THRESHOLD, color="k", lw=0.6, ls=":")
     ax2.set_xlabel("position t (composition of t elements)")
     ax2.set_ylabel("accuracy at position t")
@@ -130,9 +186,17 @@ def plot_mqar(runs, path):
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for mixer in sorted({r["mixer"] for r in runs}):
-        mine = sorted((r for r in runs if r["mixer"] == mixer and acc(r) is not None), key=lambda r: r["config"]["d_model"])
-        ax.plot([r["config"]["d_model"] for r in mine], [100 * acc(r) for r in mine], "o-", color=COLORS.get(mixer),
-                label=mixer)
+        mine = sorted(
+            (r for r in runs if r["mixer"] == mixer and acc(r) is not None),
+            key=lambda r: r["config"]["d_model"],
+        )
+        ax.plot(
+            [r["config"]["d_model"] for r in mine],
+            [100 * acc(r) for r in mine],
+            "o-",
+            color=COLORS.get(mixer),
+            label=mixer,
+        )
     ax.plot([64, 128, 256], [37, 52, 100], "k--", lw=1, label="KLA published (L=2048)")
     ax.plot([64, 128, 256], [1, 1, 1], ":", color="C1", lw=1, label="GLA published (L=2048)")
     ax.set_xscale("log", base=2)
@@ -160,7 +224,13 @@ def plot_mad(runs, path):
             r = [r for r in runs if r["task"] == task and r["mixer"] == mixer]
             vals.append(100 * acc(r[0]) if r and acc(r[0]) is not None else 0)
         ax.bar(np.arange(len(tasks)) + (j - 1) * w, vals, w, color=COLORS[mixer], label=mixer)
-    ax.bar(np.arange(len(tasks)) + 2 * w, [p for _, _, p in tasks], w, color="0.6", label="KLA published")
+    ax.bar(
+        np.arange(len(tasks)) + 2 * w,
+        [p for _, _, p in tasks],
+        w,
+        color="0.6",
+        label="KLA published",
+    )
     ax.set_xticks(np.arange(len(tasks)) + 0.1)
     ax.set_xticklabels([t for _, t, _ in tasks])
     ax.set_ylabel("test accuracy %")
@@ -184,13 +254,24 @@ def plot_ablation(runs, path):
         style = "-" if r["mixer"] == "kla" else "--"
         label = f"{r['mixer']} x{d}" + (" (diverged)" if r.get("diverged") else "")
         color = "C0" if d == 1 else "C3"
-        ax1.plot([h["step"] for h in hist], [h["loss"] if math.isfinite(h["loss"]) else np.nan for h in hist],
-                 style, color=color, label=label)
+        ax1.plot(
+            [h["step"] for h in hist],
+            [h["loss"] if math.isfinite(h["loss"]) else np.nan for h in hist],
+            style,
+            color=color,
+            label=label,
+        )
         if r.get("diverged"):
             ax1.axvline(hist[-1]["step"], color=color, ls=style, lw=0.6)
         ev = [h for h in r.get("history", []) if "eval_accuracy" in h]
-        ax2.plot([h["step"] for h in ev], [100 * h["eval_accuracy"] for h in ev], style + "o", ms=3, color=color,
-                 label=label)
+        ax2.plot(
+            [h["step"] for h in ev],
+            [100 * h["eval_accuracy"] for h in ev],
+            style + "o",
+            ms=3,
+            color=color,
+            label=label,
+        )
     ax1.set_yscale("log")
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss")

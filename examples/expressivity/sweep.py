@@ -29,32 +29,98 @@ import torch
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train.py"
 
-A5 = dict(task="a5", length=20, d_model=128, d_state=16, expand=2.0, batch=512, lr=1e-3,
-          n_train=200_000, n_eval=2_048, warmup=200, heads=4)
-MQAR = dict(task="mqar", length=256, num_kv_pairs=16, vocab_size=256, d_state=16, expand=1.0,
-            lr=1e-3, n_train=12_800, n_eval=1_280, layers=2, warmup=100, batch=64)
-SELCOPY = dict(task="selective_copy", length=256, num_tokens_to_copy=16, vocab_size=16, d_model=128,
-               d_state=8, expand=1.0, batch=128, lr=1e-3, n_train=12_800, n_eval=1_280, warmup=100)
-FUZZY = dict(task="fuzzy_recall", length=128, vocab_size=16, motif_size=3, d_model=128, d_state=8,
-             expand=1.0, batch=128, lr=1e-3, n_train=12_800, n_eval=1_280, warmup=100)
+A5 = dict(
+    task="a5",
+    length=20,
+    d_model=128,
+    d_state=16,
+    expand=2.0,
+    batch=512,
+    lr=1e-3,
+    n_train=200_000,
+    n_eval=2_048,
+    warmup=200,
+    heads=4,
+)
+MQAR = dict(
+    task="mqar",
+    length=256,
+    num_kv_pairs=16,
+    vocab_size=256,
+    d_state=16,
+    expand=1.0,
+    lr=1e-3,
+    n_train=12_800,
+    n_eval=1_280,
+    layers=2,
+    warmup=100,
+    batch=64,
+)
+SELCOPY = dict(
+    task="selective_copy",
+    length=256,
+    num_tokens_to_copy=16,
+    vocab_size=16,
+    d_model=128,
+    d_state=8,
+    expand=1.0,
+    batch=128,
+    lr=1e-3,
+    n_train=12_800,
+    n_eval=1_280,
+    warmup=100,
+)
+FUZZY = dict(
+    task="fuzzy_recall",
+    length=128,
+    vocab_size=16,
+    motif_size=3,
+    d_model=128,
+    d_state=8,
+    expand=1.0,
+    batch=128,
+    lr=1e-3,
+    n_train=12_800,
+    n_eval=1_280,
+    warmup=100,
+)
 
 
 def plan_main():
     runs = []
     for mixer in ("kla", "linear", "attention"):
         for layers in (1, 2, 3, 4):
-            runs.append(dict(A5, name=f"a5-{mixer}-b{layers}", group="a5", mixer=mixer, layers=layers,
-                             stop_acc=0.999))
+            runs.append(
+                dict(
+                    A5,
+                    name=f"a5-{mixer}-b{layers}",
+                    group="a5",
+                    mixer=mixer,
+                    layers=layers,
+                    stop_acc=0.999,
+                )
+            )
     for mixer in ("kla", "linear"):
         for width in (64, 128, 256):
-            runs.append(dict(MQAR, name=f"mqar-{mixer}-d{width}", group="mqar", mixer=mixer,
-                             d_model=width, heads=4, stop_acc=0.999))
+            runs.append(
+                dict(
+                    MQAR,
+                    name=f"mqar-{mixer}-d{width}",
+                    group="mqar",
+                    mixer=mixer,
+                    d_model=width,
+                    heads=4,
+                    stop_acc=0.999,
+                )
+            )
     for mixer in ("kla", "linear", "attention"):
         runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b1", group="mad", mixer=mixer, layers=1))
         runs.append(dict(FUZZY, name=f"fuzzy-{mixer}-b1", group="mad", mixer=mixer, layers=1))
     runs.append(dict(SELCOPY, name="selcopy-kla_p0-b1", group="ablation", mixer="kla_p0", layers=1))
     for mixer in ("kla", "kla_p0"):
-        runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b6", group="ablation", mixer=mixer, layers=6))
+        runs.append(
+            dict(SELCOPY, name=f"selcopy-{mixer}-b6", group="ablation", mixer=mixer, layers=6)
+        )
     return runs
 
 
@@ -62,21 +128,44 @@ def plan_followup():
     """The KLA runs again, fewer at once and without host syncs in the layer (see models.py)."""
     runs = []
     for mixer in ("kla", "kla_p0", "linear"):
-        runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b1", group="ablation", mixer=mixer, layers=1))
+        runs.append(
+            dict(SELCOPY, name=f"selcopy-{mixer}-b1", group="ablation", mixer=mixer, layers=1)
+        )
     for mixer in ("kla", "kla_p0"):
-        runs.append(dict(SELCOPY, name=f"selcopy-{mixer}-b6", group="ablation", mixer=mixer, layers=6))
+        runs.append(
+            dict(SELCOPY, name=f"selcopy-{mixer}-b6", group="ablation", mixer=mixer, layers=6)
+        )
     for mixer, layers in (("kla", 1), ("kla", 2), ("linear", 2)):
-        runs.append(dict(A5, name=f"a5-{mixer}-b{layers}", group="a5", mixer=mixer, layers=layers,
-                         stop_acc=0.999))
+        runs.append(
+            dict(
+                A5,
+                name=f"a5-{mixer}-b{layers}",
+                group="a5",
+                mixer=mixer,
+                layers=layers,
+                stop_acc=0.999,
+            )
+        )
     return runs
 
 
 def plan_smoke():
-    tiny = dict(d_model=16, d_state=4, expand=1.0, batch=8, n_train=64, n_eval=16, warmup=2, heads=2)
+    tiny = dict(
+        d_model=16, d_state=4, expand=1.0, batch=8, n_train=64, n_eval=16, warmup=2, heads=2
+    )
     return [
         dict(tiny, task="a5", length=6, name="a5-kla-b1", group="a5", mixer="kla", layers=1),
-        dict(tiny, task="selective_copy", length=20, num_tokens_to_copy=3, vocab_size=8,
-             name="selcopy-linear-b1", group="mad", mixer="linear", layers=1),
+        dict(
+            tiny,
+            task="selective_copy",
+            length=20,
+            num_tokens_to_copy=3,
+            vocab_size=8,
+            name="selcopy-linear-b1",
+            group="mad",
+            mixer="linear",
+            layers=1,
+        ),
     ]
 
 
@@ -107,9 +196,13 @@ def check_backend(name, device):
         x = [t.detach().float().requires_grad_(True) for t in ref_in]
         res = kla_filter(*x, backend=name)
         (res.y.sum() + res.yvar.sum()).backward()
-        err_y = float(((res.y.detach().double() - ref.y.detach()).abs().max() / ref.y.detach().abs().max()))
-        err_g = max(float((t.grad.detach().double() - r).abs().max() / r.abs().max().clamp_min(1e-12))
-                    for t, r in zip(x, ref_grads))
+        err_y = float(
+            (res.y.detach().double() - ref.y.detach()).abs().max() / ref.y.detach().abs().max()
+        )
+        err_g = max(
+            float((t.grad.detach().double() - r).abs().max() / r.abs().max().clamp_min(1e-12))
+            for t, r in zip(x, ref_grads, strict=True)
+        )
         entry.update(rel_err_y=err_y, rel_err_grad=err_g, ok=err_y < 1e-3 and err_g < 1e-2)
         big = inputs(64, 256, 128, 16, torch.float32)
         times = []
@@ -132,31 +225,68 @@ def check_backends(device, timeout=120):
     """Run :func:`check_backend` for each backend in its own process (a kernel fault cannot
     poison the others); returns the fastest passing backend and the report."""
     names = ("triton", "torch", "sequential")
-    procs = {name: subprocess.Popen([sys.executable, __file__, "--check-backend", name, "--device",
-                                     str(device), "--out", "."], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name in names}
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--check-backend",
+                name,
+                "--device",
+                str(device),
+                "--out",
+                ".",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    }
     report = {}
     for name, proc in procs.items():
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
             lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-            report[name] = json.loads(lines[-1]) if lines else {
-                "ok": False, "error": (stderr or stdout)[-800:]}
+            report[name] = (
+                json.loads(lines[-1])
+                if lines
+                else {"ok": False, "error": (stderr or stdout)[-800:]}
+            )
         except subprocess.TimeoutExpired:
             proc.kill()
             report[name] = {"ok": False, "error": f"timeout after {timeout} s"}
         print(name, report[name], flush=True)
     usable = [n for n, e in report.items() if e.get("ok")]
-    best = min(usable, key=lambda n: report[n]["fwd_bwd_ms_B64_L256_M128_S16"]) if usable else "sequential"
+    best = (
+        min(usable, key=lambda n: report[n]["fwd_bwd_ms_B64_L256_M128_S16"])
+        if usable
+        else "sequential"
+    )
     return best, report
 
 
 def command(run, args, backend, workdir):
-    cmd = [sys.executable, str(TRAIN), "--out", str(workdir / f"{run['name']}.json"),
-           "--ckpt", str(workdir / "ckpt" / f"{run['name']}.pt"), "--backend", backend,
-           "--time-budget", str(args.time_budget), "--device", args.device, "--seed", str(args.seed),
-           "--eval-every", str(args.eval_every),
-           "--wall-limit", str((args.deadline if args.deadline else args.time_budget + 90) - 15)]
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        "--out",
+        str(workdir / f"{run['name']}.json"),
+        "--ckpt",
+        str(workdir / "ckpt" / f"{run['name']}.pt"),
+        "--backend",
+        backend,
+        "--time-budget",
+        str(args.time_budget),
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--eval-every",
+        str(args.eval_every),
+        "--wall-limit",
+        str((args.deadline if args.deadline else args.time_budget + 90) - 15),
+    ]
     for key, value in run.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd
@@ -166,7 +296,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--plan", choices=sorted(PLANS), default="main")
     p.add_argument("--out", required=True)
-    p.add_argument("--workdir", default=None, help="per-run files and checkpoints (default out/work)")
+    p.add_argument(
+        "--workdir", default=None, help="per-run files and checkpoints (default out/work)"
+    )
     p.add_argument("--time-budget", type=float, default=270.0, help="training seconds per run")
     p.add_argument("--eval-every", type=float, default=30.0)
     p.add_argument("--concurrency", type=int, default=64)
@@ -174,12 +306,23 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backend", default=None, help="skip the check and use this backend")
     p.add_argument("--only", default=None, help="comma-separated run names to keep")
-    p.add_argument("--override", action="append", default=[],
-                   help="KEY=VALUE applied to every run (e.g. steps=2 for a dry run)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="seconds after launch when unfinished runs are killed (default budget + 90)")
-    p.add_argument("--save-models", default=None,
-                   help="comma-separated runs whose weights go to models.pt (default: every KLA run)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="KEY=VALUE applied to every run (e.g. steps=2 for a dry run)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds after launch when unfinished runs are killed (default budget + 90)",
+    )
+    p.add_argument(
+        "--save-models",
+        default=None,
+        help="comma-separated runs whose weights go to models.pt (default: every KLA run)",
+    )
     p.add_argument("--check-backend", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.check_backend:
@@ -190,8 +333,12 @@ def main(argv=None):
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="expressivity-"))
     (workdir / "ckpt").mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    env = {"plan": args.plan, "time_budget": args.time_budget, "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    env = {
+        "plan": args.plan,
+        "time_budget": args.time_budget,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     device = torch.device(args.device)
     if args.backend:
         backend, env["backend_check"] = args.backend, None
@@ -218,8 +365,12 @@ def main(argv=None):
         while pending and len(active) < args.concurrency:
             run = pending.pop(0)
             log = open(workdir / f"{run['name']}.log", "w")
-            proc = subprocess.Popen(command(run, args, backend, workdir), stdout=log,
-                                    stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            proc = subprocess.Popen(
+                command(run, args, backend, workdir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
             active.append((run, proc, log))
         time.sleep(1.0)
         for item in list(active):
@@ -231,18 +382,29 @@ def main(argv=None):
                 log.close()
                 active.remove(item)
                 logs[run["name"]] = proc.returncode
-                print(f"{run['name']}: exit {proc.returncode} at {time.time() - t_launch:.0f} s", flush=True)
+                print(
+                    f"{run['name']}: exit {proc.returncode} at {time.time() - t_launch:.0f} s",
+                    flush=True,
+                )
     groups, models = {}, {}
     for run in runs:
         path = workdir / f"{run['name']}.json"
         if path.exists():
             res = json.loads(path.read_text())
         else:
-            res = {"name": run["name"], "group": run["group"], "error": f"exit {logs.get(run['name'])}",
-                   "config": run}
+            res = {
+                "name": run["name"],
+                "group": run["group"],
+                "error": f"exit {logs.get(run['name'])}",
+                "config": run,
+            }
         groups.setdefault(run["group"], []).append(res)
         ck = workdir / "ckpt" / f"{run['name']}.pt"
-        wanted = run["name"] in args.save_models.split(",") if args.save_models else run["mixer"].startswith("kla")
+        wanted = (
+            run["name"] in args.save_models.split(",")
+            if args.save_models
+            else run["mixer"].startswith("kla")
+        )
         if ck.exists() and wanted:
             state = torch.load(ck, map_location="cpu", weights_only=False)
             models[run["name"]] = {"model": state["model"], "args": state["args"]}
@@ -255,13 +417,19 @@ def main(argv=None):
     with open(out / "logs.txt", "w") as fh:
         for run in runs:
             log = workdir / f"{run['name']}.log"
-            fh.write(f"===== {run['name']}\n" + (log.read_text()[-4000:] if log.exists() else "(no log)\n"))
+            fh.write(
+                f"===== {run['name']}\n"
+                + (log.read_text()[-4000:] if log.exists() else "(no log)\n")
+            )
     print("summary:", flush=True)
-    for group, results in groups.items():
+    for results in groups.values():
         for r in results:
             acc = (r.get("final") or {}).get("accuracy")
-            print(f"  {r['name']:<24} steps {r.get('steps')!s:>6} acc {acc}  diverged {r.get('diverged')}",
-                  flush=True)
+            print(
+                f"  {r['name']:<24} steps {r.get('steps')!s:>6} acc {acc}  "
+                f"diverged {r.get('diverged')}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -42,17 +42,30 @@ def task_params(args) -> dict:
     if args.task == "a5":
         return {"length": args.length}
     if args.task == "mqar":
-        return {"length": args.length, "num_kv_pairs": args.num_kv_pairs, "vocab_size": args.vocab_size}
+        return {
+            "length": args.length,
+            "num_kv_pairs": args.num_kv_pairs,
+            "vocab_size": args.vocab_size,
+        }
     if args.task == "selective_copy":
-        return {"length": args.length, "num_tokens_to_copy": args.num_tokens_to_copy,
-                "vocab_size": args.vocab_size}
-    return {"length": args.length, "vocab_size": args.vocab_size, "k_motif_size": args.motif_size,
-            "v_motif_size": args.motif_size}
+        return {
+            "length": args.length,
+            "num_tokens_to_copy": args.num_tokens_to_copy,
+            "vocab_size": args.vocab_size,
+        }
+    return {
+        "length": args.length,
+        "vocab_size": args.vocab_size,
+        "k_motif_size": args.motif_size,
+        "v_motif_size": args.motif_size,
+    }
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--task", required=True, choices=["a5", "mqar", "selective_copy", "fuzzy_recall"])
+    p.add_argument(
+        "--task", required=True, choices=["a5", "mqar", "selective_copy", "fuzzy_recall"]
+    )
     p.add_argument("--length", type=int, required=True)
     p.add_argument("--num-kv-pairs", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=16)
@@ -71,12 +84,22 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--steps", type=int, default=100_000, help="planned (and maximum) total steps")
     p.add_argument("--time-budget", type=float, default=60.0, help="training seconds in this call")
-    p.add_argument("--time-total", type=float, default=None,
-                   help="planned training seconds over all calls (LR schedule); default time-budget")
-    p.add_argument("--wall-limit", type=float, default=None,
-                   help="stop training this many seconds after the process started (startup included)")
+    p.add_argument(
+        "--time-total",
+        type=float,
+        default=None,
+        help="planned training seconds over all calls (LR schedule); default time-budget",
+    )
+    p.add_argument(
+        "--wall-limit",
+        type=float,
+        default=None,
+        help="stop training this many seconds after the process started (startup included)",
+    )
     p.add_argument("--eval-every", type=float, default=30.0, help="seconds between evaluations")
-    p.add_argument("--stop-acc", type=float, default=1.01, help="stop once eval accuracy reaches it")
+    p.add_argument(
+        "--stop-acc", type=float, default=1.01, help="stop once eval accuracy reaches it"
+    )
     p.add_argument("--n-train", type=int, default=12_800)
     p.add_argument("--n-eval", type=int, default=1_280)
     p.add_argument("--seed", type=int, default=0)
@@ -125,9 +148,12 @@ def evaluate(model, inputs, targets, batch):
 
 @torch.no_grad()
 def max_precision(model, inputs):
-    """Largest posterior precision (and whether any is non-finite) in the KLA blocks on ``inputs``."""
-    blocks = [i for i, b in enumerate(model.blocks) if hasattr(b.mixer, "trace")
-              and type(b.mixer).__name__ != "LinearRecurrenceLayer"]
+    """Largest posterior precision (and count of non-finite ones) per KLA block on ``inputs``."""
+    blocks = [
+        i
+        for i, b in enumerate(model.blocks)
+        if hasattr(b.mixer, "trace") and type(b.mixer).__name__ != "LinearRecurrenceLayer"
+    ]
     if not blocks:
         return None
     trace = {i: [] for i in blocks}
@@ -137,8 +163,13 @@ def max_precision(model, inputs):
     out = []
     for i in blocks:
         lam = trace[i][0].precision
-        out.append({"block": i, "max": float(lam[torch.isfinite(lam)].max()) if torch.isfinite(lam).any() else None,
-                    "nonfinite": int((~torch.isfinite(lam)).sum())})
+        out.append(
+            {
+                "block": i,
+                "max": float(lam[torch.isfinite(lam)].max()) if torch.isfinite(lam).any() else None,
+                "nonfinite": int((~torch.isfinite(lam)).sum()),
+            }
+        )
     return out
 
 
@@ -156,11 +187,21 @@ def main(argv=None):
     x_train, y_train = train.inputs.to(device), train.targets.to(device)
     x_test, y_test = test.inputs.to(device), test.targets.to(device)
     torch.manual_seed(args.seed)
-    model = build_model(args.mixer, train.vocab_size, n_layers=args.layers, d_model=args.d_model,
-                        d_state=args.d_state, expand=args.expand, n_heads=args.heads,
-                        backend=args.backend).to(device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                            weight_decay=args.weight_decay)
+    model = build_model(
+        args.mixer,
+        train.vocab_size,
+        n_layers=args.layers,
+        d_model=args.d_model,
+        d_state=args.d_state,
+        expand=args.expand,
+        n_heads=args.heads,
+        backend=args.backend,
+    ).to(device)
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+    )
     gen = torch.Generator(device=device).manual_seed(args.seed)
     step, elapsed, history, diverged, error = 0, 0.0, [], False, None
     if args.ckpt and os.path.exists(args.ckpt):
@@ -168,16 +209,28 @@ def main(argv=None):
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, history, diverged = ck["step"], ck["elapsed"], ck["history"], ck["diverged"]
-        gen.set_state(ck["gen"].to(gen.get_state().device) if device.type == "cpu" else ck["gen"].cpu())
+        gen.set_state(
+            ck["gen"].to(gen.get_state().device) if device.type == "cpu" else ck["gen"].cpu()
+        )
         print(f"resumed from {args.ckpt} at step {step} ({elapsed:.1f} s)", flush=True)
 
     def save():
         if args.ckpt:
             Path(args.ckpt).parent.mkdir(parents=True, exist_ok=True)
             tmp = args.ckpt + ".tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "elapsed": elapsed, "history": history, "diverged": diverged,
-                        "gen": gen.get_state(), "args": vars(args)}, tmp)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                    "elapsed": elapsed,
+                    "history": history,
+                    "diverged": diverged,
+                    "gen": gen.get_state(),
+                    "args": vars(args),
+                },
+                tmp,
+            )
             os.replace(tmp, args.ckpt)
 
     wall0 = time.time()
@@ -186,8 +239,12 @@ def main(argv=None):
     loss_acc, loss_n = 0.0, 0
     last = None
     wall_stop = math.inf if args.wall_limit is None else process_start + args.wall_limit
-    while (step < args.steps and elapsed - start_elapsed < args.time_budget and not diverged
-           and time.time() < wall_stop):
+    while (
+        step < args.steps
+        and elapsed - start_elapsed < args.time_budget
+        and not diverged
+        and time.time() < wall_stop
+    ):
         t0 = time.time()
         for group in opt.param_groups:
             group["lr"] = lr_at(args, step, elapsed)
@@ -195,7 +252,9 @@ def main(argv=None):
         x, y = x_train[idx], y_train[idx]
         try:
             logits = model(x).float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
         except torch.OutOfMemoryError as exc:  # recorded in the JSON, not silently retried
@@ -211,23 +270,40 @@ def main(argv=None):
                 diverged = True
             loss_acc += lv
             loss_n += 1
-            history.append({"step": step, "elapsed": round(elapsed + time.time() - t0, 2),
-                            "loss": lv, "grad_norm": gv})
+            history.append(
+                {
+                    "step": step,
+                    "elapsed": round(elapsed + time.time() - t0, 2),
+                    "loss": lv,
+                    "grad_norm": gv,
+                }
+            )
         elapsed += time.time() - t0
         if time.time() - last_eval > args.eval_every and not diverged:
             last = evaluate(model, x_test, y_test, 4 * args.batch)
-            history.append({"step": step, "elapsed": round(elapsed, 2), "eval_accuracy": last["accuracy"],
-                            "eval_loss": last["loss"]})
-            print(f"step {step} {elapsed:.0f}s loss {loss.item():.4f} acc {last['accuracy']:.4f}",
-                  flush=True)
+            history.append(
+                {
+                    "step": step,
+                    "elapsed": round(elapsed, 2),
+                    "eval_accuracy": last["accuracy"],
+                    "eval_loss": last["loss"],
+                }
+            )
+            print(
+                f"step {step} {elapsed:.0f}s loss {loss.item():.4f} acc {last['accuracy']:.4f}",
+                flush=True,
+            )
             last_eval = time.time()
             if last["accuracy"] >= args.stop_acc:
                 break
         if time.time() - last_ckpt > args.ckpt_every:
             save()
             last_ckpt = time.time()
-    final = evaluate(model, x_test, y_test, 4 * args.batch) if not diverged else {
-        "accuracy": None, "loss": None, "per_position": None}
+    final = (
+        evaluate(model, x_test, y_test, 4 * args.batch)
+        if not diverged
+        else {"accuracy": None, "loss": None, "per_position": None}
+    )
     if diverged and last is not None:
         final["last_finite_accuracy"] = last["accuracy"]
     save()
@@ -245,18 +321,25 @@ def main(argv=None):
         "diverged": diverged,
         "error": error,
         "final": final,
-        "max_precision": None if diverged else max_precision(model, x_test[: min(256, x_test.shape[0])]),
+        "max_precision": None
+        if diverged
+        else max_precision(model, x_test[: min(256, x_test.shape[0])]),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "history": history,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     acc = final["accuracy"]
-    print(f"done {result['name']}: steps {step}, {elapsed:.1f} s, accuracy "
-          f"{'diverged' if acc is None else f'{acc:.4f}'}", flush=True)
+    print(
+        f"done {result['name']}: steps {step}, {elapsed:.1f} s, accuracy "
+        f"{'diverged' if acc is None else f'{acc:.4f}'}",
+        flush=True,
+    )
     return result
 
 

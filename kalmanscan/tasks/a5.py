@@ -21,7 +21,9 @@ A5_ORDER = 60
 
 
 def _parity(perm) -> int:
-    inversions = sum(1 for i in range(len(perm)) for j in range(i + 1, len(perm)) if perm[i] > perm[j])
+    inversions = sum(
+        1 for i in range(len(perm)) for j in range(i + 1, len(perm)) if perm[i] > perm[j]
+    )
     return inversions % 2
 
 

@@ -30,9 +30,7 @@ def selective_copy(
     V = check_int("vocab_size", vocab_size, 3)
     L = check_int("length", length, 1)
     if L < 2 * C + 1:
-        raise ValueError(
-            f"length: expected >= 2 * num_tokens_to_copy + 1 = {2 * C + 1}, got {L}"
-        )
+        raise ValueError(f"length: expected >= 2 * num_tokens_to_copy + 1 = {2 * C + 1}, got {L}")
     rng = rng_for(seed)
     blank, marker = V - 2, V - 1
     body = L - C - 1

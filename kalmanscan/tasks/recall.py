@@ -21,7 +21,9 @@ import numpy as np
 from kalmanscan.tasks._common import IGNORE, as_batch, check_int, rng_for
 
 
-def mqar(n: int, length: int = 256, num_kv_pairs: int = 16, vocab_size: int = 256, *, seed: int = 0):
+def mqar(
+    n: int, length: int = 256, num_kv_pairs: int = 16, vocab_size: int = 256, *, seed: int = 0
+):
     """``n`` multi-query associative-recall sequences.
 
     Returns a :class:`~kalmanscan.tasks.TaskBatch`: ``inputs, targets [n, length]`` with exactly
@@ -94,7 +96,9 @@ def fuzzy_recall(
             f"(distinct tokens per motif from a vocabulary of {V}), got {km} and {vm}"
         )
     if L < 2 * (km + vm):
-        raise ValueError(f"length: expected >= 2 * (k_motif_size + v_motif_size) = {2 * (km + vm)}, got {L}")
+        raise ValueError(
+            f"length: expected >= 2 * (k_motif_size + v_motif_size) = {2 * (km + vm)}, got {L}"
+        )
     rng = rng_for(seed)
     pad = V - 1
     keys, values = _motifs(key_vocab, km), _motifs(value_vocab, vm)
