@@ -178,3 +178,20 @@ def test_docstring_examples_run():
     for mod in (kalmanscan, kalmanscan.core.filter, kalmanscan.core.discretize):
         res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
+def test_core_api_doc_examples_run():
+    import doctest
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "api-core.md"
+    res = doctest.testfile(str(doc), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0
+
+
+def test_readme_python_example_runs():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README.md", "exec"), {})
