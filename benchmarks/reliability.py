@@ -244,6 +244,78 @@ def regimes(quick: bool = False):
     return R
 
 
+# ---------------------------------------------------------------------------------------- KLA op
+KLA_SHAPE = (1, 4096, 8, 4)  # B, L, M, S
+KLA_REGIMES = {
+    # name: (description, Lv range, decay, process_var)
+    "kla-baseline": ("Lv in [0.1, 10], a=0.99, p=1e-2", (1e-1, 1e1), 0.99, 1e-2),
+    "kla-Lv-wide": ("Lv in [1e-6, 1e6] (value precision over 12 decades)", (1e-6, 1e6), 0.99, 1e-2),
+    "kla-decay-1-1e-6": ("a=1-1e-6, p=1e-8 (memory of ~1e6 tokens)", (1e-1, 1e1), 1 - 1e-6, 1e-8),
+    "kla-decay-1-p0": ("a=1, p=0 (nothing forgotten)", (1e-1, 1e1), 1.0, 0.0),
+    "kla-decay-0": ("a=0, p=1 (memoryless)", (1e-1, 1e1), 0.0, 1.0),
+    "kla-p-huge": ("a=0.9, p=1e12", (1e-1, 1e1), 0.9, 1e12),
+}
+
+
+def kla_inputs(name, shape=KLA_SHAPE, seed=0):
+    """float64 CPU inputs of the KLA op for a regime of KLA_REGIMES (unit-norm keys and queries)."""
+    _, (lo, hi), a, p = KLA_REGIMES[name]
+    B, L, M, S = shape
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    log_lv = torch.empty(B, L, M, dtype=f64).uniform_(math.log(lo), math.log(hi), generator=g)
+    return dict(
+        v=torch.randn(B, L, M, generator=g, dtype=f64),
+        Lv=torch.exp(log_lv),
+        k=torch.nn.functional.normalize(torch.randn(B, L, S, generator=g, dtype=f64), dim=-1),
+        q=torch.nn.functional.normalize(torch.randn(B, L, S, generator=g, dtype=f64), dim=-1),
+        decay=torch.full((M, S), a, dtype=f64),
+        process_var=torch.full((M, S), p, dtype=f64),
+    )
+
+
+def kla_errors(res, ref):
+    """y relative to max(|y|, mean |y|) (floor: a readout's typical size); yvar, final lam purely relative."""
+    tiny = np.finfo(np.float64).tiny
+    return dict(
+        y=rel_error(res.y, ref.y, scale=float(ref.y.abs().mean()) * 1e3),
+        yvar=rel_error(res.yvar, ref.yvar, scale=tiny),
+        lam=rel_error(res.final.lam, ref.final.lam, scale=tiny),
+        nonfinite=int((~torch.isfinite(res.y)).sum() + (~torch.isfinite(res.yvar)).sum()),
+    )
+
+
+def kla_rows(
+    paths=(("torch", torch.float64), ("torch", torch.float32), ("sequential", torch.float32)),
+    device="cpu",
+    shape=KLA_SHAPE,
+):
+    """Each KLA regime through each (backend, dtype) on ``device`` against the float64 sequential op."""
+    from kalmanscan.core.kla_op import kla_filter
+
+    rows = []
+    for name, (desc, *_rest) in KLA_REGIMES.items():
+        x = kla_inputs(name, shape)
+        ref = kla_filter(**x, backend="sequential")
+        row = dict(
+            regime=name, description=desc, B=shape[0], L=shape[1], M=shape[2], S=shape[3], paths={}
+        )
+        for backend, dtype in paths:
+            key = f"{backend}-{str(dtype).replace('torch.', '')}"
+            try:
+                with torch.no_grad():
+                    res = kla_filter(
+                        **{k: t.to(device=device, dtype=dtype) for k, t in x.items()},
+                        backend=backend,
+                    )
+                row["paths"][key] = kla_errors(res, ref)
+            except Exception as exc:
+                row["paths"][key] = dict(error=f"{type(exc).__name__}: {exc}")
+        rows.append(row)
+        print(name, {k: (v.get("y"), v.get("yvar")) for k, v in row["paths"].items()}, flush=True)
+    return rows
+
+
 # Known failure, kept out of the table of passing regimes and pinned by tests/test_extremes.py.
 def overflow_regime(dtype=np.float64, T=None):
     """a=0.5, p=0 with a proper prior: the precision 4^t overflows (float32 at t=63, float64 at t=511)."""
@@ -548,6 +620,24 @@ def markdown(result) -> str:
                 f"| {r['peak_bytes'] / 1e6:.1f} MB | {r['ratio']:.1f} |"
             )
         lines.append("")
+    kla = result.get("kla", [])
+    if kla:
+        B, L, M, S = (kla[0][k] for k in ("B", "L", "M", "S"))
+        lines += [
+            f"KLA op (B={B}, L={L}, M={M}, S={S}) against its float64 sequential reference (y relative to max(|y|, mean |y|); yvar relative):",
+            "",
+            "| regime | f64 torch y / yvar | f32 torch y / yvar | f32 sequential y / yvar |",
+            "|---|---|---|---|",
+        ]
+        for r in kla:
+            cells = []
+            for key in ("torch-float64", "torch-float32", "sequential-float32"):
+                e = r["paths"].get(key, {})
+                cells.append(
+                    f"{_fmt(e['y'])} / {_fmt(e['yvar'])}" if "y" in e else e.get("error", "n/a")
+                )
+            lines.append(f"| {r['regime']}: {r['description']} | " + " | ".join(cells) + " |")
+        lines.append("")
     ov = result.get("known_failures", [])
     for k in ov:
         lines.append(f"Known failure `{k['regime']}` ({k['dtype']}): {k['what']}")
@@ -663,6 +753,7 @@ def main(argv=None):
         rows=rows,
         known_failures=known_failures(),
         sweeps=sweeps(args.quick),
+        kla=kla_rows(),
         memory=memory_rows(args.quick),
     )
     md = markdown(result)

@@ -8,6 +8,9 @@ One run writes one JSON (``--out``):
   and float64, with the worst error against the float64 reference computed on the CPU (the
   ``sequential`` backend, or the scalar float64 loop for long single lanes), and the count of
   non-finite outputs where the reference is finite.
+- ``kla_regimes``: the KLA op's regimes (``KLA_REGIMES``: value precisions over 12 decades, decay
+  1-1e-6, 0 and 1, huge process variance) through ``torch`` and ``triton`` in float32 and float64
+  against the float64 sequential op on the CPU.
 - ``long_lane``: one lane of 1e7 steps (a=0.999, p=1e-3, r=1, 10% missing, diffuse), same paths;
   its reference (the scalar float64 loop, ~20 s) runs in a separate process meanwhile.
 - ``memory``: ``torch.cuda.max_memory_allocated`` during one call minus what was allocated before,
@@ -49,9 +52,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kalmanscan as ks  # noqa: E402
 from benchmarks.reliability import (  # noqa: E402
     F32_ADEQUATE,
+    KLA_SHAPE,
     _model,
     _simulate,
     errors,
+    kla_rows,
     reference,
     regimes,
     scalar_reference,
@@ -483,6 +488,9 @@ def _section(result, name, fn):
         result[name] = dict(error=traceback.format_exc()[-3000:])
         print(f"section {name} failed:\n{result[name]['error']}", flush=True)
     result.setdefault("section_seconds", {})[name] = round(time.perf_counter() - t0, 1)
+    # written after every section, so a run cut short still leaves what it measured
+    with open(result["meta"]["out"], "w") as f:
+        json.dump(result, f, indent=1, default=float)
 
 
 def main(argv=None):
@@ -534,11 +542,17 @@ def main(argv=None):
             + f" --out {args.out}",
             reference="float64 on the CPU: the sequential backend; a scalar float64 loop for single lanes > 2e4 steps",
             float32_adequate_if_error_below=F32_ADEQUATE,
+            out=args.out,
         )
     )
     if args.interpret_triton:
         _section(result, "triton_interpreted", triton_interpreted)
     _section(result, "regimes", lambda: regime_rows(device, args.quick))
+    kla_paths = [("torch", torch.float32), ("torch", torch.float64)]
+    if CUDA:
+        kla_paths += [("triton", torch.float32), ("triton", torch.float64)]
+    kla_shape = KLA_SHAPE if not args.quick else (1, 512, 8, 4)
+    _section(result, "kla_regimes", lambda: kla_rows(kla_paths, device=device, shape=kla_shape))
     try:
         _section(result, "long_lane", lambda: long_lane(device, long_T, ref_proc, ref_path))
     finally:

@@ -21,7 +21,10 @@ import torch
 
 import kalmanscan as ks
 from benchmarks.reliability import (
+    KLA_REGIMES,
     errors,
+    kla_errors,
+    kla_inputs,
     overflow_regime,
     reference,
     regimes,
@@ -294,3 +297,23 @@ def test_smoother_gradient_ignores_a_never_observed_lane():
     sm = ks.smooth(z, 1.0, a, p)
     ga, gp = torch.autograd.grad(sm.mean[:, 0].sum() + sm.var[:, 0].sum(), [a, p])
     assert torch.isfinite(ga) and torch.isfinite(gp)
+
+
+# ------------------------------------------------------------------------------------------ KLA op
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("name", list(KLA_REGIMES))
+def test_kla_op_regimes(name, dtype):
+    """The KLA op (torch backend) against its float64 sequential reference in extreme regimes."""
+    from kalmanscan.core.kla_op import kla_filter
+
+    x = kla_inputs(name, shape=(2, 257, 4, 3))
+    ref = kla_filter(**x, backend="sequential")
+    res = kla_filter(**{k: t.to(dtype) for k, t in x.items()}, backend="torch")
+    e = kla_errors(res, ref)
+    tol = (
+        tolerance("parallel", "float64")
+        if dtype == torch.float64
+        else tolerance("truth", "float32")
+    )
+    assert e["nonfinite"] == 0
+    assert e["y"] <= tol and e["yvar"] <= tol and e["lam"] <= tol, e
