@@ -178,7 +178,7 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    TB = K.TUNING["TB"]
+    TB = K.TUNING["CK"]
     bwd_lanes = K.TUNING["bwd_lanes"] // S
     n_mblk = math.ceil(M / max(1, bwd_lanes))
     out["floor"] = {
@@ -328,8 +328,10 @@ def main():
         props = torch.cuda.get_device_properties(0)
         bw = copy_bandwidth()
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
-    kla_vars = [{}] if a.quick else [{}, {"TB": 16}, {"fwd_lanes": 256}, {"bwd_lanes": 128}]
-    fil_vars = [{}] if a.quick else [{}, {"TB": 16}]
+    kla_vars = (
+        [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}, {"fwd_lanes": 256}, {"bwd_lanes": 256}]
+    )
+    fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}]
     res = []
     t0 = time.time()
     kla_shapes = ((1, 20, 3, 4),) if SMOKE else ((4, 2048, 960, 16), (8, 2048, 2048, 16))

@@ -1,9 +1,12 @@
-"""Small Triton helpers shared by the kernels of kalmanscan/cuda/.
+"""Small Triton helpers shared by the kernels of kalmanscan/cuda/ (per-step formulas, sizes,
+output buffers).
 
-Staging: a kernel loads a ``[TB, BLOCK]`` tile (TB time steps of BLOCK lanes) at once and then
-runs the serial recurrence over the TB rows. With one lane per thread the whole column of a tile
-sits in that thread's registers, and ``pick(tile, rows, i)`` with a compile-time ``i`` folds to
-one register read, so the recurrence never waits on a global load of its own step.
+Every kernel walks lanes through time with the state in registers, one lane per thread; the
+loads of a step do not depend on the state, so the time loops are software-pipelined
+(``tl.range(..., num_stages=NS)``) and a step never waits on its own global load. An earlier
+version staged ``[TB, lanes]`` tiles in registers and picked rows with compile-time indices;
+that relied on the compiler keeping a tile's time axis inside one thread, which Triton 3.9 did
+and Triton 3.6 did not (register spills, cross-warp reductions every step).
 """
 
 from __future__ import annotations
@@ -25,59 +28,11 @@ helper = (lambda fn: fn) if interpreting() else triton.jit
 
 
 @helper
-def pick(tile, rows, i):
-    """Row ``i`` (a compile-time int) of a ``[TB, BLOCK]`` tile, as a ``[BLOCK]`` vector."""
-    return tl.sum(tl.where(rows[:, None] == i, tile, 0.0), axis=0)
-
-
-@helper
-def pick3(tile, rows, i):
-    """Row ``i`` (a compile-time int) of a ``[TB, X, Y]`` tile, as an ``[X, Y]`` tile."""
-    return tl.sum(tl.where(rows[:, None, None] == i, tile, 0.0), axis=0)
-
-
-@helper
-def put(tile, rows, i, value):
-    """``tile`` with row ``i`` replaced by the ``[BLOCK]`` vector ``value``."""
-    return tl.where(rows[:, None] == i, value[None, :], tile)
-
-
-@helper
-def put3(tile, rows, i, value):
-    """``tile`` with row ``i`` replaced by the ``[X, Y]`` tile ``value``."""
-    return tl.where(rows[:, None, None] == i, value[None, :, :], tile)
-
-
-@helper
-def load_rows(ptr, st, sn, t0, rows, lanes, t_lo, t_hi, N, VARY: tl.constexpr):
-    """Rows ``t0 + rows`` (clipped to ``[t_lo, t_hi)``) of a strided ``[T, N]`` input.
-
-    ``VARY=False`` (time stride 0): returns the ``[BLOCK]`` lane vector instead.
-    """
-    if VARY:
-        t = t0 + rows
-        mask = ((t >= t_lo) & (t < t_hi))[:, None] & (lanes < N)[None, :]
-        return tl.load(
-            ptr + t[:, None].to(tl.int64) * st + lanes[None, :] * sn, mask=mask, other=1.0
-        )
-    else:
-        return tl.load(ptr + lanes * sn, mask=lanes < N, other=1.0)
-
-
-@helper
-def at(staged, rows, i, VARY: tl.constexpr):
-    """The value of step ``i`` of the block from what ``load_rows`` returned."""
-    if VARY:
-        return pick(staged, rows, i)
-    else:
-        return staged
-
-
-@helper
-def observation(z, ov, h):
-    """``(phi, r, rho, z0)``: information added by ``z`` (0 where ``z`` is NaN or ``ov`` inf)."""
-    observed = (z == z) & (ov * 0.0 == 0.0)
-    rho = tl.where(observed, 1.0 / tl.where(observed, ov, 1.0), 0.0)
+def observation(z, rinv, h):
+    """``(phi, r, rho, z0)`` from ``z``, ``rinv = 1/obs_var`` and ``h`` (0 where ``z`` is NaN;
+    ``obs_var = inf`` gives ``rinv = 0``)."""
+    observed = z == z
+    rho = tl.where(observed, rinv, 0.0)
     z0 = tl.where(observed, z, 0.0)
     return rho * h * h, rho * h * z0, rho, z0
 
@@ -92,26 +47,6 @@ def predict(lam, a, p):
     lam_pred = tl.where(forget, lam + 1.0, lam) * rden
     alpha = tl.where(forget, 0.0, a * rden)
     return lam_pred, alpha, rden, forget
-
-
-if interpreting():
-    # Same result, read straight from the interpreter's numpy array: tl.sum is the slowest
-    # operation under the interpreter and this keeps the CPU test suite within its time budget.
-    def pick(tile, rows, i):  # noqa: F811
-        return _row(tile, i)
-
-    def pick3(tile, rows, i):  # noqa: F811
-        return _row(tile, i)
-
-    def _row(tile, i):
-        import numpy as np
-        from triton.runtime.interpreter import TensorHandle
-
-        row = np.ascontiguousarray(tile.handle.data[int(i)])
-        return tl.tensor(
-            TensorHandle(row, tile.handle.dtype),
-            tl.block_type(tile.type.element_ty, list(row.shape)),
-        )
 
 
 def lanes_config(N: int):

@@ -10,7 +10,8 @@ Notation per lane and step: ``a`` decay, ``p`` process_var, ``h`` loading, ``c``
 Two regimes, one set of kernels (the split is chosen from the shape inside the op):
 
 - many lanes (``N >= 16384``): one thread walks a lane through all of time, the state in
-  registers and the inputs loaded a tile of TB steps ahead of use (``_common.load_rows``);
+  registers; the per-step loads are software-pipelined (``tl.range(num_stages=NS)``), inputs
+  constant in time (stride 0) are read once;
 - few long lanes: time is cut into chunks. Pass 1 multiplies each chunk's 3x3 projective maps
   of ``(u, w, e)`` with ``lam = u/w``, ``eta = e/w`` (a Möbius block for the precision and one
   linear row for the information, derivation in docs/performance.md); a carry kernel walks the
@@ -27,17 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import (
-    at,
-    empty,
-    interpreting,
-    lanes_config,
-    load_rows,
-    observation,
-    pick,
-    predict,
-    put,
-)
+from kalmanscan.cuda._common import empty, helper, interpreting, lanes_config, observation, predict
 
 __all__ = ["filter_lanes"]
 
@@ -45,8 +36,26 @@ __all__ = ["filter_lanes"]
 # thread per lane over all of time already fills the GPU.
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
-# time steps per staged tile (benchmarks/gpu.py sweeps it)
-TUNING = {"TB": 8}
+# chunk-length granularity and pipeline stages of the per-step loads
+TUNING = {"TB": 8, "NS": 4}
+
+
+@helper
+def _ld(ptr, st, sn, t, lanes, lmask, VARY: tl.constexpr, pre):
+    """Input at step ``t`` (``pre``, loaded once before the loop, when it does not vary in time)."""
+    if VARY:
+        return tl.load(ptr + t * st + lanes * sn, mask=lmask, other=1.0)
+    else:
+        return pre
+
+
+@helper
+def _rinv(ptr, st, sn, t, lanes, lmask, VARY: tl.constexpr, pre):
+    """``1/obs_var`` at step ``t`` (computed once before the loop when it does not vary)."""
+    if VARY:
+        return 1.0 / tl.load(ptr + t * st + lanes * sn, mask=lmask, other=1.0)
+    else:
+        return pre
 
 
 @triton.jit
@@ -59,12 +68,11 @@ def _fwd_kernel(
     T, N, CH, NC,
     VZ: tl.constexpr, VOV: tl.constexpr, VA: tl.constexpr,
     VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
-    COMPOSITE: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr,
+    COMPOSITE: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     k = tl.program_id(1)
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
-    rows = tl.arange(0, TB)
     t_lo = k * CH
     t_hi = tl.minimum(t_lo + CH, T)
     if COMPOSITE:
@@ -74,87 +82,52 @@ def _fwd_kernel(
     else:
         lam = tl.load(start_ptr + k * N + lanes, mask=lmask, other=1.0)
         eta = tl.load(start_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
-    sz = load_rows(z_ptr, zst, zsn, t_lo, rows, lanes, t_lo, t_hi, N, VZ)
-    sov = load_rows(ov_ptr, ovst, ovsn, t_lo, rows, lanes, t_lo, t_hi, N, VOV)
-    sa = load_rows(a_ptr, ast, asn, t_lo, rows, lanes, t_lo, t_hi, N, VA)
-    sp = load_rows(p_ptr, pst, psn, t_lo, rows, lanes, t_lo, t_hi, N, VP)
-    sh = load_rows(h_ptr, hst, hsn, t_lo, rows, lanes, t_lo, t_hi, N, VH)
-    sc = load_rows(c_ptr, cst, csn, t_lo, rows, lanes, t_lo, t_hi, N, VC)
-    for t0 in range(t_lo, t_hi, TB):
-        # the next tile is in flight while this one is consumed
-        if VZ:
-            nz = load_rows(z_ptr, zst, zsn, t0 + TB, rows, lanes, t_lo, t_hi, N, VZ)
-        if VOV:
-            nov = load_rows(ov_ptr, ovst, ovsn, t0 + TB, rows, lanes, t_lo, t_hi, N, VOV)
-        if VA:
-            na = load_rows(a_ptr, ast, asn, t0 + TB, rows, lanes, t_lo, t_hi, N, VA)
-        if VP:
-            np_ = load_rows(p_ptr, pst, psn, t0 + TB, rows, lanes, t_lo, t_hi, N, VP)
-        if VH:
-            nh = load_rows(h_ptr, hst, hsn, t0 + TB, rows, lanes, t_lo, t_hi, N, VH)
-        if VC:
-            nc = load_rows(c_ptr, cst, csn, t0 + TB, rows, lanes, t_lo, t_hi, N, VC)
-        if not COMPOSITE:
-            LAM = tl.zeros([TB, BLOCK], z_ptr.dtype.element_ty)
-            ETA = tl.zeros([TB, BLOCK], z_ptr.dtype.element_ty)
-        for i in tl.static_range(TB):
-            t = t0 + i
-            valid = (lanes * 0 + t) < t_hi
-            a = at(sa, rows, i, VA)
-            p = at(sp, rows, i, VP)
-            c = at(sc, rows, i, VC)
-            phi, r, _, _ = observation(
-                at(sz, rows, i, VZ), at(sov, rows, i, VOV), at(sh, rows, i, VH)
-            )
-            if COMPOSITE:
-                # leaf [[1 + p phi, q + d phi, 0], [p, d, 0], [c + r p, c q + r d, a (1 - q)]]
-                a2 = a * a
-                forget = a2 == 0.0
-                d = tl.where(forget, p, a2)
-                qf = tl.where(forget, 1.0, 0.0)
-                l11 = 1.0 + p * phi
-                l12 = qf + d * phi
-                lg1 = c + r * p
-                lg2 = c * qf + r * d
-                lA = tl.where(forget, 0.0, a)
-                n11 = l11 * m11 + l12 * m21
-                n12 = l11 * m12 + l12 * m22
-                n21 = p * m11 + d * m21
-                n22 = p * m12 + d * m22
-                ng1 = lg1 * m11 + lg2 * m21 + lA * g1
-                ng2 = lg1 * m12 + lg2 * m22 + lA * g2
-                s = 1.0 / (n11 + n22)
-                m11 = tl.where(valid, n11 * s, m11)
-                m12 = tl.where(valid, n12 * s, m12)
-                m21 = tl.where(valid, n21 * s, m21)
-                m22 = tl.where(valid, n22 * s, m22)
-                g1 = tl.where(valid, ng1 * s, g1)
-                g2 = tl.where(valid, ng2 * s, g2)
-                A = tl.where(valid, lA * A * s, A)
-            else:
-                lam_pred, alpha, _, _ = predict(lam, a, p)
-                lam = tl.where(valid, lam_pred + phi, lam)
-                eta = tl.where(valid, alpha * eta + lam_pred * c + r, eta)
-                LAM = put(LAM, rows, i, lam)
-                ETA = put(ETA, rows, i, eta)
-        if not COMPOSITE:
-            t = t0 + rows
-            off = t[:, None].to(tl.int64) * N + lanes[None, :]
-            omask = (t < t_hi)[:, None] & lmask[None, :]
-            tl.store(lam_ptr + off, LAM, mask=omask)
-            tl.store(eta_ptr + off, ETA, mask=omask)
-        if VZ:
-            sz = nz
-        if VOV:
-            sov = nov
-        if VA:
-            sa = na
-        if VP:
-            sp = np_
-        if VH:
-            sh = nh
-        if VC:
-            sc = nc
+    z0 = tl.load(z_ptr + lanes * zsn, mask=lmask, other=1.0)
+    rinv0 = 1.0 / tl.load(ov_ptr + lanes * ovsn, mask=lmask, other=1.0)
+    a0 = tl.load(a_ptr + lanes * asn, mask=lmask, other=1.0)
+    p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
+    h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
+    c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
+    # the loads of later steps are issued ahead of use (software pipeline, NS stages)
+    for t in tl.range(t_lo, t_hi, num_stages=NS):
+        a = _ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+        p = _ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+        c = _ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+        z = _ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+        rinv = _rinv(ov_ptr, ovst, ovsn, t, lanes, lmask, VOV, rinv0)
+        h = _ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+        phi, r, _, _ = observation(z, rinv, h)
+        if COMPOSITE:
+            # leaf [[1 + p phi, q + d phi, 0], [p, d, 0], [c + r p, c q + r d, a (1 - q)]]
+            a2 = a * a
+            forget = a2 == 0.0
+            d = tl.where(forget, p, a2)
+            qf = tl.where(forget, 1.0, 0.0)
+            l11 = 1.0 + p * phi
+            l12 = qf + d * phi
+            lg1 = c + r * p
+            lg2 = c * qf + r * d
+            lA = tl.where(forget, 0.0, a)
+            n11 = l11 * m11 + l12 * m21
+            n12 = l11 * m12 + l12 * m22
+            n21 = p * m11 + d * m21
+            n22 = p * m12 + d * m22
+            ng1 = lg1 * m11 + lg2 * m21 + lA * g1
+            ng2 = lg1 * m12 + lg2 * m22 + lA * g2
+            sc = 1.0 / (n11 + n22)  # rescaling keeps the entries finite (projective map)
+            m11 = n11 * sc
+            m12 = n12 * sc
+            m21 = n21 * sc
+            m22 = n22 * sc
+            g1 = ng1 * sc
+            g2 = ng2 * sc
+            A = lA * A * sc
+        else:
+            lam_pred, alpha, _, _ = predict(lam, a, p)
+            lam = lam_pred + phi
+            eta = alpha * eta + lam_pred * c + r
+            tl.store(lam_ptr + t * N + lanes, lam, mask=lmask)
+            tl.store(eta_ptr + t * N + lanes, eta, mask=lmask)
     if COMPOSITE:
         base = comp_ptr + k * N + lanes
         step = NC * N
@@ -168,35 +141,30 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _fwd_carry_kernel(comp_ptr, lam0_ptr, eta0_ptr, start_ptr, N, NC, TB: tl.constexpr,
+def _fwd_carry_kernel(comp_ptr, lam0_ptr, eta0_ptr, start_ptr, N, NC, NS: tl.constexpr,
                       BLOCK: tl.constexpr):  # fmt: skip
     """Walk the chunk maps: start state of chunk k+1 = map_k(start of chunk k)."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
-    rows = tl.arange(0, TB)
     lam = tl.load(lam0_ptr + lanes, mask=lmask, other=1.0)
     eta = tl.load(eta0_ptr + lanes, mask=lmask, other=0.0)
     tl.store(start_ptr + lanes, lam, mask=lmask)
     tl.store(start_ptr + NC * N + lanes, eta, mask=lmask)
     step = NC * N
-    for k0 in range(0, NC - 1, TB):
-        s11 = load_rows(comp_ptr, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        s12 = load_rows(comp_ptr + step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        s21 = load_rows(comp_ptr + 2 * step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        s22 = load_rows(comp_ptr + 3 * step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        sg1 = load_rows(comp_ptr + 4 * step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        sg2 = load_rows(comp_ptr + 5 * step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        sA = load_rows(comp_ptr + 6 * step, N, 1, k0, rows, lanes, 0, NC - 1, N, True)
-        for i in tl.static_range(TB):
-            kk = k0 + i
-            valid = (lanes * 0 + kk) < NC - 1
-            rw = 1.0 / (pick(s21, rows, i) * lam + pick(s22, rows, i))
-            eta_n = (pick(sg1, rows, i) * lam + pick(sg2, rows, i) + pick(sA, rows, i) * eta) * rw
-            lam_n = (pick(s11, rows, i) * lam + pick(s12, rows, i)) * rw
-            lam = tl.where(valid, lam_n, lam)
-            eta = tl.where(valid, eta_n, eta)
-            tl.store(start_ptr + (kk + 1) * N + lanes, lam, mask=lmask & valid)
-            tl.store(start_ptr + (NC + kk + 1) * N + lanes, eta, mask=lmask & valid)
+    for kk in tl.range(0, NC - 1, num_stages=NS):
+        base = comp_ptr + kk * N + lanes
+        m11 = tl.load(base, mask=lmask, other=1.0)
+        m12 = tl.load(base + step, mask=lmask, other=0.0)
+        m21 = tl.load(base + 2 * step, mask=lmask, other=0.0)
+        m22 = tl.load(base + 3 * step, mask=lmask, other=1.0)
+        g1 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+        g2 = tl.load(base + 5 * step, mask=lmask, other=0.0)
+        A = tl.load(base + 6 * step, mask=lmask, other=1.0)
+        rw = 1.0 / (m21 * lam + m22)
+        eta = (g1 * lam + g2 + A * eta) * rw
+        lam = (m11 * lam + m12) * rw
+        tl.store(start_ptr + (kk + 1) * N + lanes, lam, mask=lmask)
+        tl.store(start_ptr + (NC + kk + 1) * N + lanes, eta, mask=lmask)
 
 
 @triton.jit
@@ -215,12 +183,11 @@ def _bwd_kernel(
     VGL: tl.constexpr, VGE: tl.constexpr,
     NEED_Z: tl.constexpr, NEED_OV: tl.constexpr, NEED_A: tl.constexpr,
     NEED_P: tl.constexpr, NEED_H: tl.constexpr, NEED_C: tl.constexpr,
-    COMPOSITE: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr,
+    COMPOSITE: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     k = tl.program_id(1)
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
-    rows = tl.arange(0, TB)
     t_lo = k * CH
     t_hi = tl.minimum(t_lo + CH, T)
     lam0 = tl.load(lam0_ptr + lanes, mask=lmask, other=1.0)
@@ -232,73 +199,60 @@ def _bwd_kernel(
     else:
         Lc = tl.load(xend_ptr + k * N + lanes, mask=lmask, other=0.0)
         Ec = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
-    nblk = tl.cdiv(t_hi - t_lo, TB)
-    for jb in range(0, nblk):
-        t0 = t_lo + (nblk - 1 - jb) * TB
-        sz = load_rows(z_ptr, zst, zsn, t0, rows, lanes, t_lo, t_hi, N, VZ)
-        sov = load_rows(ov_ptr, ovst, ovsn, t0, rows, lanes, t_lo, t_hi, N, VOV)
-        sa = load_rows(a_ptr, ast, asn, t0, rows, lanes, t_lo, t_hi, N, VA)
-        sp = load_rows(p_ptr, pst, psn, t0, rows, lanes, t_lo, t_hi, N, VP)
-        sh = load_rows(h_ptr, hst, hsn, t0, rows, lanes, t_lo, t_hi, N, VH)
-        sc = load_rows(c_ptr, cst, csn, t0, rows, lanes, t_lo, t_hi, N, VC)
-        sgl = load_rows(gl_ptr, glst, glsn, t0, rows, lanes, t_lo, t_hi, N, VGL)
-        sge = load_rows(ge_ptr, gest, gesn, t0, rows, lanes, t_lo, t_hi, N, VGE)
-        # lam, eta entering each step: saved rows t-1 (row -1 is lam0, eta0)
-        slp = load_rows(lam_ptr, N, 1, t0 - 1, rows, lanes, 0, t_hi, N, True)
-        sep = load_rows(eta_ptr, N, 1, t0 - 1, rows, lanes, 0, t_hi, N, True)
-        for j in tl.static_range(TB):
-            i = TB - 1 - j
-            t = t0 + i
-            valid = (lanes * 0 + t) < t_hi
-            first = (lanes * 0 + t) == 0
-            lam_prev = tl.where(first, lam0, pick(slp, rows, i))
-            eta_prev = tl.where(first, eta0, pick(sep, rows, i))
-            a = at(sa, rows, i, VA)
-            p = at(sp, rows, i, VP)
-            c = at(sc, rows, i, VC)
-            gl = tl.where(valid, at(sgl, rows, i, VGL), 0.0)
-            ge = tl.where(valid, at(sge, rows, i, VGE), 0.0)
-            lam_pred, alpha, rden, forget = predict(lam_prev, a, p)
-            alpha2 = alpha * alpha
-            kappa = alpha2 * c - alpha * p * rden * eta_prev
-            alpha2 = tl.where(valid, alpha2, 1.0)
-            kappa = tl.where(valid, kappa, 0.0)
-            alpha = tl.where(valid, alpha, 1.0)
-            if COMPOSITE:
-                b1 = alpha2 * (b1 + gl) + kappa * (b2 + ge)
-                b2 = alpha * (b2 + ge)
-                c12 = alpha2 * c12 + kappa * c22
-                c11 = alpha2 * c11
-                c22 = alpha * c22
-            else:
-                Lt = gl + Lc  # total adjoint of lam_t
-                Et = ge + Ec  # total adjoint of eta_t
-                z = at(sz, rows, i, VZ)
-                ov = at(sov, rows, i, VOV)
-                h = at(sh, rows, i, VH)
-                phi, r, rho, z0 = observation(z, ov, h)
-                g_lp = Lt + Et * c  # adjoint of lam_pred
-                g_al = Et * eta_prev  # adjoint of alpha
-                off = t.to(tl.int64) * N + lanes
-                smask = lmask & valid
-                if NEED_Z:
-                    tl.store(gz_ptr + off, Et * rho * h, mask=smask)
-                if NEED_OV:
-                    tl.store(gov_ptr + off, -rho * (Lt * phi + Et * r), mask=smask)
-                if NEED_H:
-                    tl.store(gh_ptr + off, rho * (2.0 * Lt * h + Et * z0), mask=smask)
-                if NEED_C:
-                    tl.store(gc_ptr + off, Et * lam_pred, mask=smask)
-                if NEED_A:
-                    ga = (
-                        tl.where(forget, 0.0, g_al * (rden - 2.0 * alpha2))
-                        - 2.0 * g_lp * alpha * lam_pred
-                    )
-                    tl.store(ga_ptr + off, ga, mask=smask)
-                if NEED_P:
-                    tl.store(gp_ptr + off, -lam_pred * (g_lp * lam_pred + g_al * alpha), mask=smask)
-                Lc = tl.where(valid, alpha2 * Lt + kappa * Et, Lc)
-                Ec = tl.where(valid, alpha * Et, Ec)
+    z0 = tl.load(z_ptr + lanes * zsn, mask=lmask, other=1.0)
+    rinv0 = 1.0 / tl.load(ov_ptr + lanes * ovsn, mask=lmask, other=1.0)
+    a0 = tl.load(a_ptr + lanes * asn, mask=lmask, other=1.0)
+    p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
+    h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
+    c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
+    gl0 = tl.load(gl_ptr + lanes * glsn, mask=lmask, other=0.0)
+    ge0 = tl.load(ge_ptr + lanes * gesn, mask=lmask, other=0.0)
+    for j in tl.range(0, t_hi - t_lo, num_stages=NS):
+        t = t_hi - 1 - j
+        first = (lanes * 0 + t) == 0
+        # lam, eta entering the step: saved row t-1 (lam0, eta0 at t = 0)
+        prev = tl.maximum(t - 1, 0) * N + lanes
+        lam_prev = tl.where(first, lam0, tl.load(lam_ptr + prev, mask=lmask, other=1.0))
+        eta_prev = tl.where(first, eta0, tl.load(eta_ptr + prev, mask=lmask, other=0.0))
+        a = _ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+        p = _ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+        c = _ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+        gl = _ld(gl_ptr, glst, glsn, t, lanes, lmask, VGL, gl0)
+        ge = _ld(ge_ptr, gest, gesn, t, lanes, lmask, VGE, ge0)
+        lam_pred, alpha, rden, forget = predict(lam_prev, a, p)
+        alpha2 = alpha * alpha
+        kappa = alpha2 * c - alpha * p * rden * eta_prev
+        if COMPOSITE:
+            b1 = alpha2 * (b1 + gl) + kappa * (b2 + ge)
+            b2 = alpha * (b2 + ge)
+            c12 = alpha2 * c12 + kappa * c22
+            c11 = alpha2 * c11
+            c22 = alpha * c22
+        else:
+            Lt = gl + Lc  # total adjoint of lam_t
+            Et = ge + Ec  # total adjoint of eta_t
+            z = _ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+            rinv = _rinv(ov_ptr, ovst, ovsn, t, lanes, lmask, VOV, rinv0)
+            h = _ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+            phi, r, rho, zz = observation(z, rinv, h)
+            g_lp = Lt + Et * c  # adjoint of lam_pred
+            g_al = Et * eta_prev  # adjoint of alpha
+            off = t * N + lanes
+            if NEED_Z:
+                tl.store(gz_ptr + off, Et * rho * h, mask=lmask)
+            if NEED_OV:
+                tl.store(gov_ptr + off, -rho * (Lt * phi + Et * r), mask=lmask)
+            if NEED_H:
+                tl.store(gh_ptr + off, rho * (2.0 * Lt * h + Et * zz), mask=lmask)
+            if NEED_C:
+                tl.store(gc_ptr + off, Et * lam_pred, mask=lmask)
+            if NEED_A:
+                ga = tl.where(forget, 0.0, g_al * (rden - 2.0 * alpha2))
+                tl.store(ga_ptr + off, ga - 2.0 * g_lp * alpha * lam_pred, mask=lmask)
+            if NEED_P:
+                tl.store(gp_ptr + off, -lam_pred * (g_lp * lam_pred + g_al * alpha), mask=lmask)
+            Lc = alpha2 * Lt + kappa * Et
+            Ec = alpha * Et
     if COMPOSITE:
         base = comp_ptr + k * N + lanes
         step = NC * N
@@ -314,40 +268,33 @@ def _bwd_kernel(
 
 
 @triton.jit
-def _bwd_carry_kernel(comp_ptr, xend_ptr, N, NC, TB: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd_carry_kernel(comp_ptr, xend_ptr, N, NC, NS: tl.constexpr, BLOCK: tl.constexpr):
     """Adjoint carries entering each chunk from its end, walking the chunk maps backward."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
-    rows = tl.arange(0, TB)
     step = NC * N
     Lc = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
     Ec = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
     tl.store(xend_ptr + (NC - 1) * N + lanes, Lc, mask=lmask)
     tl.store(xend_ptr + (2 * NC - 1) * N + lanes, Ec, mask=lmask)
     # chunk kk (NC-1 down to 1) maps the carry at its end to the carry at the end of chunk kk-1
-    nblk = tl.cdiv(NC - 1, TB)
-    for jb in range(0, nblk):
-        k0 = 1 + (nblk - 1 - jb) * TB
-        s11 = load_rows(comp_ptr, N, 1, k0, rows, lanes, 1, NC, N, True)
-        s12 = load_rows(comp_ptr + step, N, 1, k0, rows, lanes, 1, NC, N, True)
-        s22 = load_rows(comp_ptr + 2 * step, N, 1, k0, rows, lanes, 1, NC, N, True)
-        sb1 = load_rows(comp_ptr + 3 * step, N, 1, k0, rows, lanes, 1, NC, N, True)
-        sb2 = load_rows(comp_ptr + 4 * step, N, 1, k0, rows, lanes, 1, NC, N, True)
-        for j in tl.static_range(TB):
-            i = TB - 1 - j
-            kk = k0 + i
-            valid = (lanes * 0 + kk) < NC
-            Lc_n = pick(s11, rows, i) * Lc + pick(s12, rows, i) * Ec + pick(sb1, rows, i)
-            Ec_n = pick(s22, rows, i) * Ec + pick(sb2, rows, i)
-            Lc = tl.where(valid, Lc_n, Lc)
-            Ec = tl.where(valid, Ec_n, Ec)
-            tl.store(xend_ptr + (kk - 1) * N + lanes, Lc, mask=lmask & valid)
-            tl.store(xend_ptr + (NC + kk - 1) * N + lanes, Ec, mask=lmask & valid)
+    for j in tl.range(0, NC - 1, num_stages=NS):
+        kk = NC - 1 - j
+        base = comp_ptr + kk * N + lanes
+        c11 = tl.load(base, mask=lmask, other=1.0)
+        c12 = tl.load(base + step, mask=lmask, other=0.0)
+        c22 = tl.load(base + 2 * step, mask=lmask, other=1.0)
+        b1 = tl.load(base + 3 * step, mask=lmask, other=0.0)
+        b2 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+        Lc = c11 * Lc + c12 * Ec + b1
+        Ec = c22 * Ec + b2
+        tl.store(xend_ptr + (kk - 1) * N + lanes, Lc, mask=lmask)
+        tl.store(xend_ptr + (NC + kk - 1) * N + lanes, Ec, mask=lmask)
 
 
 def _plan(T: int, N: int, n_vary: int):
     """Chunking and tile sizes: ``(TB, CH, NC, BLOCK, num_warps)``."""
-    TB = 4 if interpreting() else TUNING["TB"]
+    TB = 4 if interpreting() else TUNING["TB"]  # chunk lengths are multiples of TB
     block, warps = lanes_config(N)
     if N >= _MANY_LANES:
         NC = 1
@@ -356,6 +303,17 @@ def _plan(T: int, N: int, n_vary: int):
     CH = triton.cdiv(triton.cdiv(T, NC), TB) * TB
     NC = triton.cdiv(T, CH)
     return TB, CH, NC, block, warps
+
+
+def _check_offsets(*xs):
+    """Kernels index with 32-bit offsets: every input's largest offset must stay below 2**31."""
+    for x in xs:
+        span = sum((n - 1) * abs(st) for n, st in zip(x.shape, x.stride(), strict=True))
+        if span >= 2**31:
+            raise ValueError(
+                f"z: the triton backend handles up to 2**31 elements per [T, N] input, got shape "
+                f"{tuple(x.shape)} with strides {x.stride()}; use backend='torch'"
+            )
 
 
 def _strided(x):
@@ -373,6 +331,7 @@ def _args(inputs):
 def _forward(z, ov, a, p, h, c, lam0, eta0):
     T, N = z.shape
     ins = (z, ov, a, p, h, c)
+    _check_offsets(*ins)
     vary = [_strided(x)[3] for x in ins]
     TB, CH, NC, BLOCK, warps = _plan(T, N, sum(vary))
     grid = (triton.cdiv(N, BLOCK), NC)
@@ -385,13 +344,13 @@ def _forward(z, ov, a, p, h, c, lam0, eta0):
         start = torch.stack([lam0, eta0])[:, None]
     else:
         comp = empty((7, NC, N), z)
-        _fwd_kernel[grid](*_args(ins), z, lam, eta, comp, T, N, CH, NC, **flags,
-                          COMPOSITE=True, TB=TB, BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        _fwd_kernel[grid](*_args(ins), z, lam, eta, comp, T, N, CH, NC, **flags, COMPOSITE=True,
+                          NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
         start = empty((2, NC, N), z)
-        _fwd_carry_kernel[(grid[0],)](comp, lam0, eta0, start, N, NC, TB=8, BLOCK=BLOCK,
+        _fwd_carry_kernel[(grid[0],)](comp, lam0, eta0, start, N, NC, NS=TUNING["NS"], BLOCK=BLOCK,
                                       num_warps=warps)  # fmt: skip
     _fwd_kernel[grid](*_args(ins), start, lam, eta, z, T, N, CH, NC, **flags,
-                      COMPOSITE=False, TB=TB, BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+                      COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     return lam, eta
 
 
@@ -417,12 +376,14 @@ def _backward(ins, lam0, eta0, lam, eta, glam, geta, needs):
         xend = torch.zeros((2, 1, N), dtype=z.dtype, device=z.device)
     else:
         comp = empty((5, NC, N), z)
-        _bwd_kernel[grid](*common, z, comp, *outs, g0, T, N, CH, NC, **flags,
-                          COMPOSITE=True, TB=TB, BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        _bwd_kernel[grid](*common, z, comp, *outs, g0, T, N, CH, NC, **flags, COMPOSITE=True,
+                          NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
         xend = empty((2, NC, N), z)
-        _bwd_carry_kernel[(grid[0],)](comp, xend, N, NC, TB=8, BLOCK=BLOCK, num_warps=warps)
+        _bwd_carry_kernel[(grid[0],)](
+            comp, xend, N, NC, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps
+        )
     _bwd_kernel[grid](*common, xend, z, *outs, g0, T, N, CH, NC, **flags,
-                      COMPOSITE=False, TB=TB, BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+                      COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     grads = [o if need else None for o, need in zip(outs, needs[:6], strict=True)]
     return (*grads, g0[0] if needs[6] else None, g0[1] if needs[7] else None)
 
