@@ -292,6 +292,85 @@ def filter_case(T, N, variants, peer=True):
     return out
 
 
+def kernel_resources():
+    """Compile every kernel for sm_90 (no GPU needed) and read registers, spills and the
+    pipelined loads from the compiler's output: the failure seen on the H200 (spilled register
+    tiles) shows up here before any device time is spent."""
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kalmanscan.cuda import filter as F
+    from kalmanscan.cuda import kla as K
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    P = "*fp32"
+
+    def sig(ptrs, ints, consts):
+        d = {n: P for n in ptrs.split()}
+        d.update({n: "i32" for n in ints.split()})
+        d.update({n: "constexpr" for n in consts})
+        return d
+
+    fil = "z_ptr ov_ptr a_ptr p_ptr h_ptr c_ptr"
+    fil_ints = "zst zsn ovst ovsn ast asn pst psn hst hsn cst csn T N CH NC"
+    vary = dict(VZ=True, VOV=False, VA=False, VP=False, VH=False, VC=False, NS=4)
+    need = dict(VGL=True, VGE=True, NEED_Z=True, NEED_OV=True, NEED_A=True, NEED_P=True,
+                NEED_H=False, NEED_C=False)  # fmt: skip
+    kla_c = dict(CK=8, NS=4, BM=8, SP=16)
+    kla_fwd_sig = sig(
+        "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
+        "lamT_ptr etaT_ptr prec_ptr ck_ptr",
+        "L M S NB",
+        (),
+    )
+    kla_bwd_sig = sig(
+        "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
+        "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr "
+        "g0_ptr scratch_ptr",
+        "L M S NB B",
+        (),
+    )
+    fwd_sig = sig(fil + " start_ptr lam_ptr eta_ptr comp_ptr", fil_ints, ())
+    bwd_sig = sig(
+        fil + " lam_ptr eta_ptr lam0_ptr eta0_ptr gl_ptr ge_ptr xend_ptr comp_ptr "
+        "gz_ptr gov_ptr ga_ptr gp_ptr gh_ptr gc_ptr g0_ptr",
+        fil_ints + " glst glsn gest gesn",
+        (),
+    )
+    carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
+    cases = {
+        "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
+                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True), 4),
+        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 4),
+        "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
+        "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
+        "filter_bwd": (F._bwd_kernel, bwd_sig, dict(vary, **need, COMPOSITE=False, BLOCK=128), 4),
+        "filter_carry": (F._fwd_carry_kernel, carry_sig, dict(NS=4, BLOCK=64), 2),
+    }  # fmt: skip
+    out = {}
+    for name, (fn, sg, consts, warps) in cases.items():
+        for c in consts:
+            sg[c] = "constexpr"
+        src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts)
+        comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        ptx = comp.asm["ptx"]
+        path = f"/tmp/kalmanscan-{name}.cubin"
+        with open(path, "wb") as f:
+            f.write(comp.asm["cubin"])
+        res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+        out[name] = {
+            "registers": int(re.findall(r"REG:(\d+)", res)[0]),
+            "stack_bytes": int(re.findall(r"STACK:(\d+)", res)[0]),
+            "cp_async": ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
+            "shuffles": ptx.count("shfl.sync"),
+            "divisions": len(re.findall(r"div\.\S+", ptx)),
+        }
+    return {"triton": triton.__version__, "kernels": out}
+
+
 def add_floors(res, bw, rcp_rate):
     for r in res:
         f = r["floor"]
@@ -314,7 +393,13 @@ def main():
     ap.add_argument(
         "--no-kla-peer", action="store_true", help="skip the torch KLA path (seconds per call)"
     )
+    ap.add_argument(
+        "--resources", action="store_true", help="sm_90 registers and spills (needs no GPU)"
+    )
     a = ap.parse_args()
+    if a.resources:
+        print(json.dumps(kernel_resources(), indent=1))
+        return
     if a.markdown:
         write_markdown(json.load(open(a.markdown)))
         return
