@@ -287,8 +287,23 @@ def test_all_missing_and_never_resolved_directions():
         (dict(axis=1), "axis"),
         (dict(prior_cov=np.eye(2), prior_precision=np.eye(2)), "prior_cov, prior_precision"),
         (dict(backend="cuda"), "backend"),
+        (dict(chunk=1), "chunk"),
+        (
+            dict(prior_cov=np.array([[np.inf, 0.0], [0.0, 0.0]]), prior_mean=[0.0, np.nan]),
+            "prior_mean",
+        ),
     ],
-    ids=["F-shape", "H-shape", "R-not-pd", "Q-asym", "axis-last", "two-priors", "backend"],
+    ids=[
+        "F-shape",
+        "H-shape",
+        "R-not-pd",
+        "Q-asym",
+        "axis-last",
+        "two-priors",
+        "backend",
+        "chunk-1",
+        "prior-mean-nan",
+    ],
 )
 def test_bad_arguments_name_the_argument(bad, match):
     m = kd.local_linear_trend(1.0, 0.1, 1.0)._asdict()

@@ -84,6 +84,8 @@ def _run(
 ):
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 2:
+        raise ValueError(f"chunk: expected an int >= 2 (block length of the scan), got {chunk!r}")
     model, layout = _args.prepare(
         z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis
     )

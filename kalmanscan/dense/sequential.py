@@ -47,6 +47,7 @@ def filter_reference(model: Model):
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     means, covs, difs, pms, pPs, lls = [], [], [], [], [], []
     nd = 0
+    diffuse_now = True
     for t in range(T):
         F = model.F[:, t]
         Q, c = model.Q[:, t], model.c[:, t]
@@ -57,7 +58,8 @@ def filter_reference(model: Model):
         Pinf = _sym(F @ Pinf @ F.transpose(-1, -2))
         pms.append(m)
         pPs.append(P)
-        diffuse_now = bool((Pinf != 0).any())
+        if diffuse_now:  # once Pinf is exactly 0 it stays 0: stop asking (a host sync on GPUs)
+            diffuse_now = bool((Pinf != 0).any())
         if not diffuse_now:
             v = z - _mv(H, m)
             S = _sym(H @ P @ H.transpose(-1, -2) + R)
