@@ -496,7 +496,7 @@ def write_markdown(doc):
     block = (
         f"{begin}\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}; "
         f"copy bandwidth {doc['copy_bandwidth_TBps']:.2f} TB/s measured in the same run.\n\n"
-        f"{table(doc)}\n{end}"
+        f"{table(doc)}\n" + "".join(f"\n- {n}" for n in doc.get("notes", [])) + f"\n{end}"
     )
     if begin in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
