@@ -148,8 +148,11 @@ def _check_tensor(name, x, ndim, desc):
         raise ValueError(f"{name}: expected {desc}, got shape {tuple(x.shape)}")
 
 
-def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0):
-    """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert."""
+def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
+    """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert.
+
+    ``keep_half``: leave float16/bfloat16 ``v, Lv, k, q`` as they are (the fused kernel reads
+    them and computes in float32, saving a conversion pass over the inputs)."""
     _check_tensor("v", v, 3, "of shape [B, L, M]")
     B, L, M = v.shape
     _check_tensor("Lv", Lv, 3, f"of shape [B, L, M] = {[B, L, M]}")
@@ -208,7 +211,10 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0):
     dtype = (
         torch.float64 if any(x.dtype == torch.float64 for x in tensors.values()) else torch.float32
     )
-    cv = {n: x.to(dtype) for n, x in tensors.items()}
+    cv = {
+        n: x if keep_half and dtype == torch.float32 and n in ("v", "Lv", "k", "q") else x.to(dtype)
+        for n, x in tensors.items()
+    }
     decay = cv["decay"].expand(M, S)
     process_var = cv["process_var"].expand(M, S)
     lam0 = (
@@ -245,8 +251,8 @@ def kla_filter(
     >>> res.y.shape, res.final.lam.shape
     (torch.Size([2, 5, 3]), torch.Size([2, 3, 4]))
     """
-    args = _prepare(v, Lv, k, q, decay, process_var, lam0, eta0)
-    name = _resolve(backend, args[0].device)
+    name = _resolve(backend, v.device if isinstance(v, torch.Tensor) else torch.device("cpu"))
+    args = _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=name == "triton")
     return KLA_BACKENDS[name](*args, return_precision=return_precision)
 
 
