@@ -88,6 +88,7 @@ def main(argv=None):
     import matplotlib.pyplot as plt
 
     model, data, a = load_run(args.models, args.run)
+    name = a.get("name") or args.run
     x, y = data.inputs[args.index : args.index + 1], data.targets[args.index]
     V = data.vocab_size
     if a["task"] == "selective_copy":
@@ -110,10 +111,8 @@ def main(argv=None):
     if a["task"] == "selective_copy":
         content = np.where(tokens < V - 2)[0]
         marker = int(np.where(tokens == V - 1)[0][0])
-        outputs = np.arange(marker + 1, L)
-        blanks = np.setdiff1d(np.where(tokens == V - 2)[0], outputs)
     else:
-        content, marker, outputs, blanks = np.arange(L), None, np.arange(L), np.array([], int)
+        content, marker = np.arange(L), None
 
     fig, axes = plt.subplots(3, 1, figsize=(14, 10), sharex=True)
     plot_precision(ds, "posterior_precision", ax=axes[0], max_labels=L)
@@ -125,7 +124,7 @@ def main(argv=None):
         if marker is not None:
             ax.axvline(marker, color="k", lw=1.0)
     axes[0].set_title(
-        f"{args.run}: log10 posterior precision (slot mean) per channel; dotted = tokens to copy, "
+        f"{name}: log10 posterior precision (slot mean) per channel; dotted = tokens to copy, "
         f"solid = copy marker; {100 * correct:.0f} % of this sequence's outputs correct"
     )
     axes[1].set_title(
@@ -133,35 +132,57 @@ def main(argv=None):
     )
     axes[2].set_title("gated readout variance per channel, mean over channels")
     fig.tight_layout()
+    top = axes[0].get_position()  # the heatmap's colorbar narrows it; align the curves to it
+    for ax in axes[1:]:
+        pos = ax.get_position()
+        ax.set_position([top.x0, pos.y0, top.width, pos.height])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
     plt.close(fig)
 
-    def stat(var, idx, reduce="geo"):
-        if len(idx) == 0:
-            return None
-        v = ds[var].isel(batch=0).values[:, idx]
+    # Averages over all evaluation sequences of the file (not only the pictured one).
+    ds_all = inspect(model, data.inputs, token_text=label)
+    toks = data.inputs.numpy()
+    if a["task"] == "selective_copy":
+        out_mask = data.targets.numpy() != -100
+        groups = {
+            "content": toks < V - 2,
+            "blank": (toks == V - 2) & ~out_mask,
+            "marker": toks == V - 1,
+            "output": out_mask,
+        }
+    else:
+        groups = {"all": np.ones_like(toks, bool)}
+
+    def stat(var, mask, reduce="geo"):
+        v = np.moveaxis(ds_all[var].values, 1, 0)  # [batch, layer, time, ...]
+        v = np.moveaxis(v, 2, 1)[mask]  # [n, layer, ...]
         return float(np.exp(np.mean(np.log(v)))) if reduce == "geo" else float(np.mean(v))
 
+    with torch.no_grad():
+        pred_all = model(data.inputs).argmax(-1)
+    mask_all = data.targets != -100
     summary = {
-        "run": args.run,
+        "run": name,
         "index": args.index,
         "length": L,
-        "outputs_correct": correct,
+        "n_sequences": int(toks.shape[0]),
+        "outputs_correct_pictured": correct,
+        "outputs_correct_all": float((pred_all[mask_all] == data.targets[mask_all]).float().mean()),
         "decay_range": [float(ds.decay.min()), float(ds.decay.max())],
         "process_var_range": [float(ds.process_var.min()), float(ds.process_var.max())],
         "stationary_precision_geomean": float(
             np.exp(np.log(ds.stationary_precision.values).mean())
         ),
     }
-    for name, idx in (("content", content), ("blank", blanks), ("output", outputs)):
-        summary[name] = {
-            "n": int(len(idx)),
-            "write_gain_mean": stat("write_gain", idx, "mean"),
-            "information_added_geomean": stat("information_added", idx),
-            "posterior_precision_geomean": stat("posterior_precision", idx),
-            "gated_readout_variance_geomean": stat("gated_readout_variance", idx),
-            "value_precision_geomean": stat("value_precision", idx),
+    for gname, mask in groups.items():
+        summary[gname] = {
+            "n": int(mask.sum()),
+            "write_gain_mean": stat("write_gain", mask, "mean"),
+            "information_added_geomean": stat("information_added", mask),
+            "posterior_precision_geomean": stat("posterior_precision", mask),
+            "gated_readout_variance_geomean": stat("gated_readout_variance", mask),
+            "value_precision_geomean": stat("value_precision", mask),
         }
     Path(args.out).with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
