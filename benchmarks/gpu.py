@@ -413,9 +413,11 @@ def main():
         props = torch.cuda.get_device_properties(0)
         bw = copy_bandwidth()
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
-    kla_vars = (
-        [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}, {"fwd_lanes": 256}, {"bwd_lanes": 256}]
-    )
+    kla_vars = [{}]
+    if not a.quick:
+        two = {"lanes_per_thread": 2}
+        kla_vars += [{"NS": 2}, {"NS": 8}, {"fwd_lanes": 256}, {"bwd_lanes": 256}, two,
+                     {"fwd_lanes": 256, **two}]  # fmt: skip
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}]
     res = []
     t0 = time.time()

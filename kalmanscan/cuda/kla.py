@@ -182,18 +182,19 @@ def _kla_bwd_kernel(
     tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
 
 
-# Tuning: checkpoint interval of the backward (steps), pipeline stages of the per-step loads,
-# lanes per program of the forward and backward kernels.
-TUNING = {"CK": 8, "NS": 4, "fwd_lanes": 128, "bwd_lanes": 128}
+# Tuning (benchmarks/gpu.py sweeps it): checkpoint interval of the backward (steps), pipeline
+# stages of the per-step loads, lanes per program of the forward and backward kernels, lanes
+# per thread (more than one gives each thread independent chains to interleave).
+TUNING = {"CK": 8, "NS": 4, "fwd_lanes": 128, "bwd_lanes": 128, "lanes_per_thread": 1}
 
 
 def _config(S: int, which: str):
-    """``(BM, SP, num_warps)``: lanes ``[BM, SP]`` per program, one per thread."""
+    """``(BM, SP, num_warps)``: lanes ``[BM, SP]`` per program, ``lanes_per_thread`` a thread."""
     SP = triton.next_power_of_2(S)
     if interpreting():
         return max(1, 16 // SP), SP, 1
     BM = max(1, TUNING[which] // SP)
-    return BM, SP, min(16, max(1, BM * SP // 32))
+    return BM, SP, min(16, max(1, BM * SP // (32 * TUNING["lanes_per_thread"])))
 
 
 def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
