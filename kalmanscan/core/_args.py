@@ -6,6 +6,7 @@ Every message names the argument, what was expected and what was received.
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 import torch
@@ -82,7 +83,12 @@ class Converter:
         v = self.values[name]
         if isinstance(v, torch.Tensor):
             return v.to(self.dtype)
-        return torch.as_tensor(self.arrays[name], dtype=self.dtype, device=self.device)
+        a = self.arrays[name]
+        if not a.flags.writeable:  # read-only views (np.broadcast_to): kalmanscan never writes to inputs
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.as_tensor(a, dtype=self.dtype, device=self.device)
+        return torch.as_tensor(a, dtype=self.dtype, device=self.device)
 
     def out(self, t: torch.Tensor):
         if self.torch_mode:

@@ -152,6 +152,26 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
         lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv)
         eta0 = lam0 * pm
     oc = compact(obs)
+    hc = compact(h)
+    bad = _args.first_bad(torch.isinf(oc.reciprocal()))
+    if bad is not None:
+        raise ValueError(
+            f"obs_var: expected values whose reciprocal is finite in {zt.dtype} "
+            f"(>= {1 / torch.finfo(zt.dtype).max:.3g}), got {oc[bad].item()!r} at index {bad}"
+        )
+    info = hc * hc / oc  # information an observation adds: must be representable
+    bad = _args.first_bad(torch.isinf(info) & torch.isfinite(oc))
+    if bad is not None:
+        o, l = oc.expand_as(info)[bad].item(), hc.expand_as(info)[bad].item()
+        raise ValueError(
+            f"loading: expected loading**2 / obs_var finite in {zt.dtype}, got loading={l!r} "
+            f"with obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
+        )
+    bad = _args.first_bad(torch.isinf(lam0))
+    if bad is not None:
+        name_ = "init.lam" if init is not None else "prior_var"
+        v = (lam0 if init is not None else pv)[bad].item()
+        raise ValueError(f"{name_}: expected a prior precision finite in {zt.dtype}, got {name_}={v!r} at lane {bad}")
     if bool(torch.isinf(oc).any()):  # z alone marks the steps not observed
         zz = zz.masked_fill(torch.isinf(oc), float("nan"))
     name = backends.resolve(backend, conv.device)
@@ -196,6 +216,7 @@ def _run(prep: _Prepared):
 
 def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     lam, eta = backends.get(backend)(z, obs, a, p, h, c, lam0, eta0)
+    _check_overflow(lam, eta)
     obs, a, p, h, c = (compact(x) for x in (obs, a, p, h, c))
     lam_prev = torch.cat([lam0[None], lam[:-1]])
     eta_prev = torch.cat([eta0[None], eta[:-1]])
@@ -221,6 +242,19 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     return dict(
         lam=lam, eta=eta, mean=mean, var=var, lam_pred=lam_pred, mean_pred=mean_pred,
         var_pred=var_pred, loglik=ll.sum(0),
+    )
+
+
+def _check_overflow(lam, eta):
+    """Raise where the precision or information overflowed (never return a silent NaN)."""
+    if bool(torch.isfinite(lam).all()) and bool(torch.isfinite(eta).all()):
+        return
+    t, n = _args.first_bad(~(torch.isfinite(lam) & torch.isfinite(eta)))
+    raise OverflowError(
+        f"the filtered precision or information overflowed {lam.dtype} at step {t} of lane {n} "
+        f"(within this call's time block): the state is known to below the dtype's resolution. "
+        "This happens when process_var is 0 and |decay| < 1 (the precision grows like "
+        "decay**(-2t)) or with extreme data; add process noise, or use float64."
     )
 
 
@@ -317,8 +351,19 @@ def smooth(
         mean_off = torch.where(forget, r["mean"][:-1], (p1 * eta - a1 * c1) / den)
         var_off = torch.where(forget, r["var"][:-1], p1 / den)
         flip = lambda x: x.expand(T - 1, -1).flip(0)  # noqa: E731
-        ms = affine_scan(flip(gain), flip(mean_off), r["mean"][-1], annihilate=True).flip(0)
-        ps = affine_scan(flip(gain * gain), flip(var_off), r["var"][-1], annihilate=True).flip(0)
+        # A state is unknown (smoothed var inf) where nothing constrains it; track that with a
+        # separate indicator scan and feed the moment scans finite stand-ins, so that no inf or
+        # NaN enters them (nor their gradients).
+        last_var = r["var"][-1]
+        unknown_end = torch.isinf(last_var).to(last_var.dtype)
+        unknown_off = torch.isinf(var_off).to(var_off.dtype)
+        unknown = affine_scan(flip((gain != 0).to(gain.dtype)).detach(), flip(unknown_off),
+                              unknown_end, annihilate=True).flip(0) > 0
+        finite = lambda x: torch.where(torch.isfinite(x), x, 0.0)  # noqa: E731
+        ms = affine_scan(flip(gain), flip(finite(mean_off)), finite(r["mean"][-1])).flip(0)
+        ps = affine_scan(flip(gain * gain), flip(finite(var_off)), finite(last_var)).flip(0)
+        ms = torch.where(unknown, float("nan"), ms)
+        ps = torch.where(unknown, float("inf"), ps)
         ms = torch.cat([ms, r["mean"][-1:]])
         ps = torch.cat([ps, r["var"][-1:]])
     else:
