@@ -69,9 +69,8 @@ def rel_error(actual, expected, scale=None) -> float:
         return float("inf")
     if not fin.any():
         return 0.0
-    if scale is None:
-        scale = float(np.max(np.abs(e[fin])))
-    floor = max(float(scale) * 1e-3, np.finfo(np.float64).tiny)
+    scale = float(np.max(np.abs(e[fin]))) if scale is None else float(_np(scale).max())
+    floor = max(scale * 1e-3, np.finfo(np.float64).tiny)
     return float(np.max(np.abs(a[fin] - e[fin]) / np.maximum(np.abs(e[fin]), floor)))
 
 
