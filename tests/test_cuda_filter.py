@@ -173,3 +173,17 @@ def test_plan_chooses_regime_by_shape():
     assert F._plan(4096, 65536, 1)[2] == 1  # many lanes: one chunk
     TB, CH, NC, _, _ = F._plan(2**20, 64, 1)
     assert NC > 1 and CH % TB == 0 and NC * CH >= 2**20
+
+
+@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
+def test_public_filter_api_uses_triton_on_cuda():
+    import kalmanscan
+
+    g = torch.Generator().manual_seed(12)
+    z = torch.randn(500, 40, generator=g, dtype=torch.float64).to(DEVICE)
+    z[3, 5] = float("nan")
+    kw = dict(obs_var=0.7, decay=0.95, process_var=0.1, prior_var=float("inf"))
+    a = kalmanscan.filter(z, **kw)  # auto: triton on CUDA
+    b = kalmanscan.filter(z, **kw, backend="sequential")
+    for name in ("mean", "precision", "loglik"):
+        assert_close(getattr(a, name), getattr(b, name), "kernel", torch.float64, what=name)
