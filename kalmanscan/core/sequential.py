@@ -31,7 +31,7 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
     decay, process_var, offset = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(decay * decay, process_var)
     gain_num = decay * (1 - q)  # info_gain(lam) = gain_num / (p*lam + d)
-    with_offset = bool((offset != 0).any())
+    with_offset = offset.requires_grad or bool((offset != 0).any())
     lam, eta = lam0, eta0
     lams, etas = [], []
 
