@@ -281,12 +281,9 @@ KLA = [
     case("klaop-v-int", lambda: _kla_op(v=torch.ones(1, 4, 3, dtype=torch.int32)), TypeError, "v:", "expected", "int32"),
     case("klaop-decay-shape", lambda: _kla_op(decay=torch.full((4, 2), 0.9)), ValueError, "decay:", "expected", "(4, 2)"),
     case("klaop-backend-unknown", lambda: _kla_op(backend="fast"), ValueError, "backend:", "expected", "'fast'"),
-    case("klaop-process_var-negative", lambda: _kla_op(process_var=torch.full((3, 2), -0.1)), ValueError, "process_var:", "expected", "-0.1",
-         xfail="kla_filter checks shapes and dtypes but not values: a negative process_var filters silently"),
-    case("klaop-decay-nan", lambda: _kla_op(decay=torch.full((3, 2), float("nan"))), ValueError, "decay:", "expected", "nan",
-         xfail="kla_filter checks shapes and dtypes but not values: a NaN decay returns NaN outputs silently"),
-    case("klaop-Lv-negative", lambda: _kla_op(Lv=-torch.ones(1, 4, 3)), ValueError, "Lv:", "expected", "-1",
-         xfail="kla_filter checks shapes and dtypes but not values: Lv < 0 returns negative variances silently"),
+    case("klaop-process_var-negative", lambda: _kla_op(process_var=torch.full((3, 2), -0.1)), ValueError, "process_var:", "expected", "-0.1"),
+    case("klaop-decay-nan", lambda: _kla_op(decay=torch.full((3, 2), float("nan"))), ValueError, "decay:", "expected", "NaN"),
+    case("klaop-Lv-negative", lambda: _kla_op(Lv=-torch.ones(1, 4, 3)), ValueError, "Lv:", "expected", "-1"),
 ]
 # fmt: on
 

@@ -148,6 +148,29 @@ def _check_tensor(name, x, ndim, desc):
         raise ValueError(f"{name}: expected {desc}, got shape {tuple(x.shape)}")
 
 
+def _check_values(tensors):
+    """Ranges at the boundary: the dynamics ([M, S], cheap), the value precision and the state.
+
+    These reductions synchronize a GPU once per call; the fused kernels then assume valid input.
+    """
+    from kalmanscan.core import _args
+
+    _args.check_range("decay", tensors["decay"])
+    _args.check_range("process_var", tensors["process_var"], lo=0.0)
+    a, p = tensors["decay"].detach(), tensors["process_var"].detach()
+    bad = _args.first_bad((a * a == 0) & (p == 0))
+    if bad is not None:
+        raise ValueError(
+            "decay, process_var: expected process_var > 0 wherever decay**2 is 0 (a deterministic "
+            f"state has infinite precision), got both 0 at index {bad}"
+        )
+    _args.check_range("Lv", tensors["Lv"], lo=0.0, lo_open=True, what="values > 0 and finite")
+    if "lam0" in tensors:
+        _args.check_range("lam0", tensors["lam0"], lo=0.0)
+    if "eta0" in tensors:
+        _args.check_range("eta0", tensors["eta0"])
+
+
 def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
     """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert.
 
@@ -208,6 +231,7 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
             raise ValueError(
                 f"{name}: expected a tensor on {device} (the device of v), got {x.device}"
             )
+    _check_values(tensors)
     dtype = (
         torch.float64 if any(x.dtype == torch.float64 for x in tensors.values()) else torch.float32
     )
