@@ -49,13 +49,22 @@ def numpy_loop(z):
 def simdkalman_run(z):
     import simdkalman
 
-    kf = simdkalman.KalmanFilter(state_transition=[[DECAY]], process_noise=[[PROC_VAR]],
-                                 observation_model=[[1.0]], observation_noise=OBS_VAR)
+    kf = simdkalman.KalmanFilter(
+        state_transition=[[DECAY]],
+        process_noise=[[PROC_VAR]],
+        observation_model=[[1.0]],
+        observation_noise=OBS_VAR,
+    )
     # simdkalman needs a finite prior: the exact prediction of step 1 after a diffuse step 0
     N = z.shape[1]
-    r = kf.compute(z.T[:, 1:], 0, initial_value=DECAY * z.T[:, :1, None],
-                   initial_covariance=np.full((N, 1, 1), DECAY * DECAY * OBS_VAR + PROC_VAR),
-                   filtered=True, smoothed=False)
+    r = kf.compute(
+        z.T[:, 1:],
+        0,
+        initial_value=DECAY * z.T[:, :1, None],
+        initial_covariance=np.full((N, 1, 1), DECAY * DECAY * OBS_VAR + PROC_VAR),
+        filtered=True,
+        smoothed=False,
+    )
     return r.filtered.states.mean[..., 0].T, r.filtered.states.cov[..., 0, 0].T
 
 
@@ -93,25 +102,35 @@ def run(shapes, repeats):
         z = np.random.default_rng(0).normal(size=(T, N))
         ref_mean, ref_var, ref_ll = numpy_loop(z)
         res = ks.filter(z, OBS_VAR, DECAY, PROC_VAR)
-        err = max(rel_error(res.mean, ref_mean), rel_error(res.var, ref_var), rel_error(res.loglik, ref_ll))
+        err = max(
+            rel_error(res.mean, ref_mean),
+            rel_error(res.var, ref_var),
+            rel_error(res.loglik, ref_ll),
+        )
         row = dict(T=T, N=N, check_rel_err=err)
         if not err < 1e-9:
             row["error"] = "kalmanscan result differs from the numpy loop; no time reported"
             rows.append(row)
             continue
-        row["numpy_loop_ms"] = 1e3 * timeit(lambda: numpy_loop(z), repeats)[0]
-        row["kalmanscan_ms"] = 1e3 * timeit(lambda: ks.filter(z, OBS_VAR, DECAY, PROC_VAR), repeats)[0]
+        row["numpy_loop_ms"] = 1e3 * timeit(lambda z=z: numpy_loop(z), repeats)[0]
+        row["kalmanscan_ms"] = (
+            1e3 * timeit(lambda z=z: ks.filter(z, OBS_VAR, DECAY, PROC_VAR), repeats)[0]
+        )
         if "simdkalman" in peers:
             m, v = simdkalman_run(z)
             e = max(rel_error(m, ref_mean[1:]), rel_error(v, ref_var[1:]))
             if e < 1e-9:
-                row["simdkalman_ms"] = 1e3 * timeit(lambda: simdkalman_run(z), max(1, repeats // 2))[0]
+                row["simdkalman_ms"] = (
+                    1e3 * timeit(lambda z=z: simdkalman_run(z), max(1, repeats // 2))[0]
+                )
             row["simdkalman_check_rel_err"] = e
         if "filterpy" in peers:
             sub = z[:, : min(N, 5)]
             e = rel_error(filterpy_run(sub), ref_mean[:, : sub.shape[1]])
             if e < 1e-9:
-                row["filterpy_ms"] = 1e3 * timeit(lambda: filterpy_run(sub), 1)[0] * N / sub.shape[1]
+                row["filterpy_ms"] = (
+                    1e3 * timeit(lambda sub=sub: filterpy_run(sub), 1)[0] * N / sub.shape[1]
+                )
                 row["filterpy_lanes_timed"] = sub.shape[1]
             row["filterpy_check_rel_err"] = e
         rows.append(row)
@@ -130,16 +149,20 @@ def markdown(rows, meta):
     ]
     for r in rows:
         if "kalmanscan_ms" not in r:
-            lines.append(f"| {r['N']} × {r['T']} | — | — | — | — | — | — | — | FAILED {r['check_rel_err']:.1e} |")
+            lines.append(
+                f"| {r['N']} × {r['T']} | — | — | — | — | — | — | — | FAILED {r['check_rel_err']:.1e} |"
+            )
             continue
         ks_ms = r["kalmanscan_ms"]
-        cell = lambda k: (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")  # noqa: E731
+        cell = lambda k, r=r: (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")  # noqa: E731
         npm, npx = cell("numpy_loop_ms")
         sdm, sdx = cell("simdkalman_ms")
         fpm, fpx = cell("filterpy_ms")
         if "filterpy_ms" in r:
             fpm += f" (scaled from {r['filterpy_lanes_timed']} lanes)"
-        lines.append(f"| {r['N']} × {r['T']} | {ks_ms:.1f} | {npm} | {npx} | {sdm} | {sdx} | {fpm} | {fpx} | {r['check_rel_err']:.1e} |")
+        lines.append(
+            f"| {r['N']} × {r['T']} | {ks_ms:.1f} | {npm} | {npx} | {sdm} | {sdx} | {fpm} | {fpx} | {r['check_rel_err']:.1e} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -157,11 +180,22 @@ def main(argv=None):
         shapes = [(200, 100, ("simdkalman", "filterpy")), (5000, 1, ()), (20, 5000, ())]
         repeats = 3
     else:
-        shapes = [(2000, 1000, ("simdkalman", "filterpy")), (200_000, 1, ("filterpy",)), (100, 100_000, ("simdkalman",))]
+        shapes = [
+            (2000, 1000, ("simdkalman", "filterpy")),
+            (200_000, 1, ("filterpy",)),
+            (100, 100_000, ("simdkalman",)),
+        ]
         repeats = args.repeats
-    meta = dict(date=datetime.date.today().isoformat(), cpu=platform.processor() or platform.machine(),
-                cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
-                python=sys.version.split()[0], load_avg=os.getloadavg(), repeats=repeats)
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        cpu=platform.processor() or platform.machine(),
+        cores=os.cpu_count(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        python=sys.version.split()[0],
+        load_avg=os.getloadavg(),
+        repeats=repeats,
+    )
     rows = run(shapes, repeats)
     md = markdown(rows, meta)
     print(md)
@@ -170,7 +204,10 @@ def main(argv=None):
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("# CPU performance\n\nReproduce: `python benchmarks/cpu.py --json ... --markdown docs/performance-cpu.md`.\n\n" + md)
+            f.write(
+                "# CPU performance\n\nReproduce: `python benchmarks/cpu.py --json ... --markdown docs/performance-cpu.md`.\n\n"
+                + md
+            )
     return 0 if all("kalmanscan_ms" in r for r in rows) else 1
 
 

@@ -13,10 +13,18 @@ import importlib
 import sys
 
 _COMMANDS = {
-    "demo": ("kalmanscan.timeseries.cli", "demo_main", "filter, smooth and forecast the bundled Nile data"),
+    "demo": (
+        "kalmanscan.timeseries.cli",
+        "demo_main",
+        "filter, smooth and forecast the bundled Nile data",
+    ),
     "filter": ("kalmanscan.timeseries.cli", "filter_main", "filter a CSV of time series"),
     "validate": ("kalmanscan.validate", "main", "check kalmanscan against classic Kalman filters"),
-    "inspect": ("kalmanscan.kla.cli", "inspect_main", "belief-state precisions of a KLA language model"),
+    "inspect": (
+        "kalmanscan.kla.cli",
+        "inspect_main",
+        "belief-state precisions of a KLA language model",
+    ),
 }
 
 
@@ -34,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in _COMMANDS:
-        print(f"kalmanscan: unknown command {name!r}; expected one of {sorted(_COMMANDS)}", file=sys.stderr)
+        print(
+            f"kalmanscan: unknown command {name!r}; expected one of {sorted(_COMMANDS)}",
+            file=sys.stderr,
+        )
         print(_usage(), file=sys.stderr)
         return 2
     module, func, _ = _COMMANDS[name]

@@ -63,7 +63,9 @@ def rel_error(actual, expected, scale=None) -> float:
     a, e = _np(actual), _np(expected)
     a, e = np.broadcast_arrays(a, e)
     fin = np.isfinite(e)
-    if not np.array_equal(np.isnan(a), np.isnan(e)) or not np.array_equal(a[np.isinf(e)], e[np.isinf(e)]):
+    if not np.array_equal(np.isnan(a), np.isnan(e)) or not np.array_equal(
+        a[np.isinf(e)], e[np.isinf(e)]
+    ):
         return float("inf")
     if not np.isfinite(a[fin]).all():
         return float("inf")
@@ -79,5 +81,7 @@ def assert_close(actual, expected, kind: str, dtype, scale=None, what: str = "")
     err = rel_error(actual, expected, scale)
     tol = tolerance(kind, dtype)
     if not err <= tol:
-        raise AssertionError(f"{what or 'values'}: relative error {err:.3e} exceeds {kind}/{_name(dtype)} tolerance {tol:.0e}")
+        raise AssertionError(
+            f"{what or 'values'}: relative error {err:.3e} exceeds {kind}/{_name(dtype)} tolerance {tol:.0e}"
+        )
     return err

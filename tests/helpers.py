@@ -21,14 +21,23 @@ def random_model(rng, T, N, *, missing=0.2, time_varying=True, diffuse=True, off
     z = np.empty((T, N))
     for t in range(T):
         i = min(t, shape[0] - 1)
-        x = model["decay"][i] * x + model["offset"][i] + rng.normal(size=N) * np.sqrt(model["process_var"][i])
+        x = (
+            model["decay"][i] * x
+            + model["offset"][i]
+            + rng.normal(size=N) * np.sqrt(model["process_var"][i])
+        )
         z[t] = model["loading"][i] * x + rng.normal(size=N) * np.sqrt(model["obs_var"][i])
     z[rng.random((T, N)) < missing] = np.nan
-    prior = dict(prior_mean=rng.normal(size=N), prior_var=np.full(N, np.inf) if diffuse else rng.uniform(0.1, 5, N))
+    prior = dict(
+        prior_mean=rng.normal(size=N),
+        prior_var=np.full(N, np.inf) if diffuse else rng.uniform(0.1, 5, N),
+    )
     return z, model, prior
 
 
-def covariance_filter(z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf):
+def covariance_filter(
+    z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf
+):
     """Textbook covariance-form Kalman filter + RTS smoother, one lane at a time (exact diffuse start).
 
     Returns dict of [T, N] arrays: mean, var, pred_mean, pred_var, smean, svar, and loglik [N].
@@ -74,3 +83,11 @@ def covariance_filter(z, obs_var, decay, process_var, loading=1.0, offset=0.0, p
             out["smean"][t, n], out["svar"][t, n] = ms, Ps
     out["loglik"] = ll
     return out
+
+
+def triton_interpreted(kernel) -> bool:
+    """True when ``kernel`` (a Triton JIT function) runs in Triton's CPU interpreter."""
+    import triton.language.standard as std
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction) and isinstance(std.sum, InterpretedFunction)

@@ -16,7 +16,9 @@ import kalmanscan as ks
 def test_numpy_in_numpy_out_dtype_kept():
     z = np.arange(10, dtype=np.float32)
     r = ks.filter(z, 1.0, 0.9, 0.1)
-    assert isinstance(r.mean, np.ndarray) and r.mean.dtype == np.float32 and r.var.dtype == np.float32
+    assert (
+        isinstance(r.mean, np.ndarray) and r.mean.dtype == np.float32 and r.var.dtype == np.float32
+    )
     r = ks.filter(z.astype(np.float64), 1.0, 0.9, 0.1)
     assert r.mean.dtype == np.float64
     r = ks.filter(list(range(5)), 1.0, 0.9, 0.1)  # integers / lists become float64
@@ -100,7 +102,9 @@ def test_discretize_ou_limits():
 
 def test_import_is_light():
     code = "import sys, kalmanscan; bad = [m for m in ('triton', 'xarray', 'matplotlib', 'scipy') if m in sys.modules]; print(bad)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -148,13 +152,21 @@ def test_bad_input_is_named(case, kw, exc, needle):
     args = dict(z=Z, obs_var=1.0, decay=0.9, process_var=0.1)
     args.update(kw)
     with pytest.raises(exc, match=needle):
-        ks.filter(args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args)
+        ks.filter(
+            args.pop("z"), args.pop("obs_var"), args.pop("decay"), args.pop("process_var"), **args
+        )
 
 
 @pytest.mark.parametrize(
     "kw,needle",
-    [(dict(theta=-1.0), "theta"), (dict(sigma2=np.nan), "sigma2"), (dict(dt=-0.1), "dt"),
-     (dict(dt=np.inf), "dt"), (dict(theta=np.ones(2), dt=np.ones(3)), "broadcast"), (dict(theta="a"), "theta")],
+    [
+        (dict(theta=-1.0), "theta"),
+        (dict(sigma2=np.nan), "sigma2"),
+        (dict(dt=-0.1), "dt"),
+        (dict(dt=np.inf), "dt"),
+        (dict(theta=np.ones(2), dt=np.ones(3)), "broadcast"),
+        (dict(theta="a"), "theta"),
+    ],
 )
 def test_discretize_bad_input(kw, needle):
     args = dict(theta=1.0, sigma2=1.0, dt=1.0)

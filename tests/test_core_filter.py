@@ -19,7 +19,14 @@ SHAPES = [(1, 3), (2, 1), (63, 5), (64, 2), (65, 1), (1000, 7), (1000, 1), (5000
 
 def _run(z, model, prior, backend, dtype=np.float64):
     kw = {k: v.astype(dtype) for k, v in {**model, **prior}.items()}
-    return ks.filter(z.astype(dtype), kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend=backend, **kw)
+    return ks.filter(
+        z.astype(dtype),
+        kw.pop("obs_var"),
+        kw.pop("decay"),
+        kw.pop("process_var"),
+        backend=backend,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
@@ -134,7 +141,9 @@ def test_gradcheck_parallel(rng, T):
 
     def f(zz, *args):
         kw = dict(zip(names, args))
-        r = ks.smooth(zz, kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend="torch", **kw)
+        r = ks.smooth(
+            zz, kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend="torch", **kw
+        )
         fr = r.filtered
         return fr.loglik, fr.mean, fr.var, r.mean, r.var, fr.pred_mean
 
@@ -161,7 +170,9 @@ def test_gradcheck_recursive_chunks(rng):
 
 
 def _nile():
-    d = np.loadtxt(Path(ks.__file__).parent / "data" / "nile.csv", delimiter=",", comments="#", skiprows=4)
+    d = np.loadtxt(
+        Path(ks.__file__).parent / "data" / "nile.csv", delimiter=",", comments="#", skiprows=4
+    )
     return d[:, 0], d[:, 1]
 
 

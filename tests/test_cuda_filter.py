@@ -5,8 +5,6 @@ Outputs are NaN-poisoned before every launch so an unwritten element fails.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,37 +18,21 @@ from kalmanscan.core.sequential import filter_lanes as reference  # noqa: E402
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import filter as F  # noqa: E402
 from kalmanscan.testing import assert_close  # noqa: E402
+from tests.helpers import triton_interpreted  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 
 
-def _interpreted(kernel):
-    import triton.language.standard as std
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(kernel, InterpretedFunction) and isinstance(std.sum, InterpretedFunction)
-
-
-# Without CUDA the kernels must run under the interpreter, which only takes effect if set before
-# triton is first imported. If something earlier in this process imported triton (or these
-# kernels) without it, this module runs in a fresh process instead.
-STALE = not CUDA and not _interpreted(F._fwd_kernel)
 NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset", "lam0", "eta0")
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch, request):
-    if STALE and request.node.name != "test_module_in_fresh_process":
-        pytest.skip("runs in a fresh interpreter process (test_module_in_fresh_process)")
+def poison(monkeypatch):
+    # tests/conftest.py sets TRITON_INTERPRET=1 before triton's first import when there is no GPU
+    assert CUDA or triton_interpreted(F._fwd_kernel), (
+        "the Triton kernels must run in the interpreter on the CPU"
+    )
     monkeypatch.setattr(_common, "POISON", True)
-
-
-@pytest.mark.skipif(not STALE, reason="the kernels run in this process")
-def test_module_in_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-4000:]
 
 
 def make_inputs(T, N, dtype=torch.float64, seed=0, forget=False, broadcast=False):

@@ -16,7 +16,9 @@ _FLOAT_TORCH = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
-        return f"torch.Tensor(dtype={value.dtype}, shape={tuple(value.shape)}, device={value.device})"
+        return (
+            f"torch.Tensor(dtype={value.dtype}, shape={tuple(value.shape)}, device={value.device})"
+        )
     if isinstance(value, np.ndarray):
         return f"numpy.ndarray(dtype={value.dtype}, shape={value.shape})"
     return f"{type(value).__name__} {value!r}"[:200]
@@ -68,7 +70,11 @@ class Converter:
     def _working_dtype(self, dtype_from):
         if dtype_from is not None:
             dt = self._dtype_of(dtype_from)
-            return torch.float64 if dt is None else (torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
+            return (
+                torch.float64
+                if dt is None
+                else (torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
+            )
         found = set()
         for name, v in self.values.items():
             # Python numbers are weak (they take the arrays' dtype); numpy scalars and arrays count
@@ -84,7 +90,9 @@ class Converter:
         if isinstance(v, torch.Tensor):
             return v.to(self.dtype)
         a = self.arrays[name]
-        if not a.flags.writeable:  # read-only views (np.broadcast_to): kalmanscan never writes to inputs
+        if (
+            not a.flags.writeable
+        ):  # read-only views (np.broadcast_to): kalmanscan never writes to inputs
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.as_tensor(a, dtype=self.dtype, device=self.device)
@@ -99,11 +107,15 @@ class Converter:
 
 def _to_numpy(name, value) -> np.ndarray:
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a real number or array of real numbers, got {_describe(value)}")
+        raise TypeError(
+            f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
+        )
     try:
         a = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
-        raise TypeError(f"{name}: expected a real number or array of real numbers, got {_describe(value)} ({exc})") from None
+        raise TypeError(
+            f"{name}: expected a real number or array of real numbers, got {_describe(value)} ({exc})"
+        ) from None
     if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
@@ -126,8 +138,11 @@ def check_range(name, t, *, lo=None, lo_open=False, allow_inf=False, allow_nan=F
     if x.numel() > 4096 and not allow_inf:
         # fast path for large arrays: a finite (nan)sum rules out inf (and NaN where not allowed)
         total = x.nansum() if allow_nan else x.sum()
-        if bool(torch.isfinite(total)) and (lo is None or bool(x.min() > lo if lo_open else x.min() >= lo)
-                                             if not allow_nan else lo is None):
+        if bool(torch.isfinite(total)) and (
+            lo is None or bool(x.min() > lo if lo_open else x.min() >= lo)
+            if not allow_nan
+            else lo is None
+        ):
             return
     if not allow_nan:
         bad = first_bad(torch.isnan(x))

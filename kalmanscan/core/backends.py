@@ -20,9 +20,10 @@ FILTER_BACKENDS = {
 
 
 def _triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec(
-        "kalmanscan.cuda.filter"
-    ) is not None
+    return (
+        importlib.util.find_spec("triton") is not None
+        and importlib.util.find_spec("kalmanscan.cuda.filter") is not None
+    )
 
 
 def resolve(backend: str, device: torch.device) -> str:

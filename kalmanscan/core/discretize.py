@@ -51,5 +51,7 @@ def discretize_ou(theta, sigma2, dt):
     small = x == 0
     x_safe = x.masked_fill(small, 1.0)
     factor = (-torch.expm1(-x_safe) / x_safe).masked_fill(small, 1.0)
-    decay, process_var = torch.broadcast_tensors(torch.exp(-theta_t * dt_t), sigma2_t * dt_t * factor)
+    decay, process_var = torch.broadcast_tensors(
+        torch.exp(-theta_t * dt_t), sigma2_t * dt_t * factor
+    )
     return conv.out(decay), conv.out(process_var)

@@ -77,12 +77,20 @@ class _Prepared(NamedTuple):
     backend: str
 
 
-def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend):
+def _prepare(
+    z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
+):
     if z is None:
         raise TypeError("z: expected an array of observations, got None")
     values = {
-        "z": z, "obs_var": obs_var, "decay": decay, "process_var": process_var,
-        "loading": loading, "offset": offset, "prior_mean": prior_mean, "prior_var": prior_var,
+        "z": z,
+        "obs_var": obs_var,
+        "decay": decay,
+        "process_var": process_var,
+        "loading": loading,
+        "offset": offset,
+        "prior_mean": prior_mean,
+        "prior_var": prior_var,
     }
     if init is not None:
         if not (isinstance(init, tuple) and len(init) == 2):
@@ -97,20 +105,23 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
         raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
     axis = _args.check_int("axis", axis)
     if not -zt.ndim <= axis < zt.ndim:
-        raise ValueError(f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape {tuple(zt.shape)}, got {axis}")
+        raise ValueError(
+            f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape {tuple(zt.shape)}, got {axis}"
+        )
     axis %= zt.ndim
     shape = tuple(zt.shape)
     T = shape[axis]
     if T == 0:
         raise ValueError(f"z: expected at least one time step along axis {axis}, got shape {shape}")
     _args.check_range("z", zt, allow_nan=True, what="finite values or NaN (missing)")
-    lane_shape = shape[:axis] + shape[axis + 1:]
+    lane_shape = shape[:axis] + shape[axis + 1 :]
     N = math.prod(lane_shape)
 
     def series(name, lo=None, lo_open=False, allow_inf=False):
         t = conv.tensor(name)
-        _args.check_range(name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf,
-                          what=_EXPECT.get(name))
+        _args.check_range(
+            name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf, what=_EXPECT.get(name)
+        )
         _args.broadcast_to(name, t, shape, "z's shape")
         # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
         t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape)).movedim(axis, 0)
@@ -122,8 +133,12 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
 
     def lanes(name, lo=None, lo_open=False, allow_inf=False):
         t = conv.tensor(name)
-        _args.check_range(name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf, what=_EXPECT.get(name))
-        return _args.broadcast_to(name, t, lane_shape, "the lane shape (z without its time axis)").reshape(N)
+        _args.check_range(
+            name, t, lo=lo, lo_open=lo_open, allow_inf=allow_inf, what=_EXPECT.get(name)
+        )
+        return _args.broadcast_to(
+            name, t, lane_shape, "the lane shape (z without its time axis)"
+        ).reshape(N)
 
     obs = series("obs_var", lo=0.0, lo_open=True, allow_inf=True)
     a = series("decay")
@@ -145,7 +160,9 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
         eta0 = lanes("init.eta")
         bad = _args.first_bad((lam0 == 0) & (eta0 != 0))
         if bad is not None:
-            raise ValueError(f"init.eta: expected 0 where init.lam is 0 (no information), got {eta0[bad].item()!r} at lane {bad}")
+            raise ValueError(
+                f"init.eta: expected 0 where init.lam is 0 (no information), got {eta0[bad].item()!r} at lane {bad}"
+            )
     else:
         pv = lanes("prior_var", lo=0.0, lo_open=True, allow_inf=True)
         pm = lanes("prior_mean")
@@ -171,7 +188,9 @@ def _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_
     if bad is not None:
         name_ = "init.lam" if init is not None else "prior_var"
         v = (lam0 if init is not None else pv)[bad].item()
-        raise ValueError(f"{name_}: expected a prior precision finite in {zt.dtype}, got {name_}={v!r} at lane {bad}")
+        raise ValueError(
+            f"{name_}: expected a prior precision finite in {zt.dtype}, got {name_}={v!r} at lane {bad}"
+        )
     if bool(torch.isinf(oc).any()):  # z alone marks the steps not observed
         zz = zz.masked_fill(torch.isinf(oc), float("nan"))
     name = backends.resolve(backend, conv.device)
@@ -204,12 +223,24 @@ def _run(prep: _Prepared):
     parts, loglik = [], 0
     for t0, t1 in _time_blocks(T, N):
         sl = lambda x: x[t0:t1]  # noqa: E731
-        r = _run_block(prep.backend, sl(prep.z), sl(prep.obs_var), sl(prep.decay), sl(prep.process_var),
-                       sl(prep.loading), sl(prep.offset), lam0, eta0)
+        r = _run_block(
+            prep.backend,
+            sl(prep.z),
+            sl(prep.obs_var),
+            sl(prep.decay),
+            sl(prep.process_var),
+            sl(prep.loading),
+            sl(prep.offset),
+            lam0,
+            eta0,
+        )
         lam0, eta0 = r["lam"][-1], r["eta"][-1]
         loglik = loglik + r.pop("loglik")
         parts.append(r)
-    out = {k: parts[0][k] if len(parts) == 1 else torch.cat([p[k] for p in parts]) for k in _SERIES_KEYS}
+    out = {
+        k: parts[0][k] if len(parts) == 1 else torch.cat([p[k] for p in parts])
+        for k in _SERIES_KEYS
+    }
     out["loglik"] = loglik
     return out
 
@@ -229,7 +260,10 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
         mean, var = _moments(lam, eta)
         mean_pred, var_pred = _moments(lam_pred, eta_pred)
     else:
-        mean, var = eta / lam, lam.reciprocal()  # lam = 0 gives NaN (eta = 0) and inf, as documented
+        mean, var = (
+            eta / lam,
+            lam.reciprocal(),
+        )  # lam = 0 gives NaN (eta = 0) and inf, as documented
         mean_pred, var_pred = eta_pred / lam_pred, lam_pred.reciprocal()
     # Log-likelihood: steps whose prior precision is 0 add nothing (exact diffuse convention),
     # unless the loading is 0 there (then z_t carries no information on the state).
@@ -240,8 +274,14 @@ def _run_block(backend, z, obs, a, p, h, c, lam0, eta0):
     innov = torch.where(contrib, z, 0.0) - h * torch.where(known_pred, mean_pred, 0.0)
     ll = torch.where(contrib, -0.5 * (_LOG_2PI + torch.log(s) + innov * innov / s), 0.0)
     return dict(
-        lam=lam, eta=eta, mean=mean, var=var, lam_pred=lam_pred, mean_pred=mean_pred,
-        var_pred=var_pred, loglik=ll.sum(0),
+        lam=lam,
+        eta=eta,
+        mean=mean,
+        var=var,
+        lam_pred=lam_pred,
+        mean_pred=mean_pred,
+        var_pred=var_pred,
+        loglik=ll.sum(0),
     )
 
 
@@ -261,8 +301,10 @@ def _check_overflow(lam, eta):
 def _moments(lam, eta):
     known = lam > 0
     lam_safe = torch.where(known, lam, 1.0)
-    return (torch.where(known, eta / lam_safe, float("nan")),
-            torch.where(known, lam_safe.reciprocal(), float("inf")))
+    return (
+        torch.where(known, eta / lam_safe, float("nan")),
+        torch.where(known, lam_safe.reciprocal(), float("inf")),
+    )
 
 
 def _out_series(prep: _Prepared, t: torch.Tensor):
@@ -277,16 +319,31 @@ def _out_lanes(prep: _Prepared, t: torch.Tensor):
 def _filter_result(prep, r) -> FilterResult:
     s = lambda k: _out_series(prep, r[k])  # noqa: E731
     return FilterResult(
-        mean=s("mean"), var=s("var"), precision=s("lam"), info=s("eta"),
-        pred_mean=s("mean_pred"), pred_var=s("var_pred"), pred_precision=s("lam_pred"),
+        mean=s("mean"),
+        var=s("var"),
+        precision=s("lam"),
+        info=s("eta"),
+        pred_mean=s("mean_pred"),
+        pred_var=s("var_pred"),
+        pred_precision=s("lam_pred"),
         loglik=_out_lanes(prep, r["loglik"]),
         final=InfoState(_out_lanes(prep, r["lam"][-1]), _out_lanes(prep, r["eta"][-1])),
     )
 
 
 def filter(  # noqa: A001 - the public name users expect
-    z, obs_var, decay, process_var, *, loading=1.0, offset=0.0, prior_mean=0.0,
-    prior_var=math.inf, init=None, axis=0, backend="auto",
+    z,
+    obs_var,
+    decay,
+    process_var,
+    *,
+    loading=1.0,
+    offset=0.0,
+    prior_mean=0.0,
+    prior_var=math.inf,
+    init=None,
+    axis=0,
+    backend="auto",
 ) -> FilterResult:
     """Exact Kalman filter of independent scalar lanes, parallel in time.
 
@@ -317,13 +374,25 @@ def filter(  # noqa: A001 - the public name users expect
     >>> float(res.loglik.round(4))
     -0.749
     """
-    prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
+    prep = _prepare(
+        z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
+    )
     return _filter_result(prep, _run(prep))
 
 
 def smooth(
-    z, obs_var, decay, process_var, *, loading=1.0, offset=0.0, prior_mean=0.0,
-    prior_var=math.inf, init=None, axis=0, backend="auto",
+    z,
+    obs_var,
+    decay,
+    process_var,
+    *,
+    loading=1.0,
+    offset=0.0,
+    prior_mean=0.0,
+    prior_var=math.inf,
+    init=None,
+    axis=0,
+    backend="auto",
 ) -> SmoothResult:
     """Rauch–Tung–Striebel smoother: the filter, then two reverse affine scans.
 
@@ -337,7 +406,9 @@ def smooth(
     >>> sm.var.round(4).tolist()
     [0.0392, 0.0365, 0.0398, 0.042]
     """
-    prep = _prepare(z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend)
+    prep = _prepare(
+        z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
+    )
     r = _run(prep)
     a, p, c = prep.decay, prep.process_var, prep.offset
     T = prep.z.shape[0]
@@ -357,8 +428,15 @@ def smooth(
         last_var = r["var"][-1]
         unknown_end = torch.isinf(last_var).to(last_var.dtype)
         unknown_off = torch.isinf(var_off).to(var_off.dtype)
-        unknown = affine_scan(flip((gain != 0).to(gain.dtype)).detach(), flip(unknown_off),
-                              unknown_end, annihilate=True).flip(0) > 0
+        unknown = (
+            affine_scan(
+                flip((gain != 0).to(gain.dtype)).detach(),
+                flip(unknown_off),
+                unknown_end,
+                annihilate=True,
+            ).flip(0)
+            > 0
+        )
         finite = lambda x: torch.where(torch.isfinite(x), x, 0.0)  # noqa: E731
         ms = affine_scan(flip(gain), flip(finite(mean_off)), finite(r["mean"][-1])).flip(0)
         ps = affine_scan(flip(gain * gain), flip(finite(var_off)), finite(last_var)).flip(0)

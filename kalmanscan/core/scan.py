@@ -82,7 +82,7 @@ def _chunked(leaves, T, N):
 
 
 def _tail(leaves, n, K):
-    return tuple(x[n * K:] if x.shape[0] > 1 else x for x in leaves)
+    return tuple(x[n * K :] if x.shape[0] > 1 else x for x in leaves)
 
 
 def mobius_scan(A, B, C, D, lam0):
