@@ -102,11 +102,11 @@ def test_affine_combine_is_associative_with_identity(rng):
     x, y, w = f
     left = scan.affine_compose(scan.affine_compose(w, y), x)
     right = scan.affine_compose(w, scan.affine_compose(y, x))
-    for u, v in zip(left, right):
+    for u, v in zip(left, right, strict=False):
         assert torch.allclose(u, v, rtol=1e-13, atol=1e-15)
     ident = (torch.ones(20, dtype=torch.float64), torch.zeros(20, dtype=torch.float64))
     for m in (scan.affine_compose(ident, x), scan.affine_compose(x, ident)):
-        assert all(torch.equal(u, v) for u, v in zip(m, x))
+        assert all(torch.equal(u, v) for u, v in zip(m, x, strict=False))
 
 
 @pytest.mark.parametrize("T,N", [(1000, 1), (5000, 3), (70, 600)])
@@ -140,7 +140,7 @@ def test_gradcheck_parallel(rng, T):
     names = list(t)
 
     def f(zz, *args):
-        kw = dict(zip(names, args))
+        kw = dict(zip(names, args, strict=False))
         r = ks.smooth(
             zz, kw.pop("obs_var"), kw.pop("decay"), kw.pop("process_var"), backend="torch", **kw
         )
@@ -196,7 +196,7 @@ def test_nile_local_level_published_figures():
     for year, expected in NILE_STATES.items():
         i = int(year - 1871)
         got = (fr.mean[i], fr.var[i], sm.mean[i], sm.var[i])
-        for g, e in zip(got, expected):  # table quoted to 4 decimals
+        for g, e in zip(got, expected, strict=False):  # table quoted to 4 decimals
             assert abs(g - e) <= 1.5e-4, (year, got, expected)
     # one-step forecast for 1971: 798.3703, s.e. 143.5279
     a1 = ks.filter(np.append(flow, np.nan), 15099.0, 1.0, 1469.1)

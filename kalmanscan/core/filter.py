@@ -21,7 +21,6 @@ import torch
 
 from kalmanscan.core import _args, backends
 from kalmanscan.core.scan import affine_scan
-from kalmanscan.core.sequential import observation_information
 from kalmanscan.core.steps import compact, info_gain, predict_coeffs, predict_precision
 
 _LOG_2PI = math.log(2 * math.pi)

@@ -19,7 +19,6 @@ Derivation: docs/algorithm.md.
 
 from __future__ import annotations
 
-import math
 
 import torch
 

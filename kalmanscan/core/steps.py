@@ -22,7 +22,7 @@ def compact(x: torch.Tensor) -> torch.Tensor:
     Backends receive expanded views of time- or lane-invariant parameters; elementwise work on the
     compact view costs nothing per time step or lane.
     """
-    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride(), strict=False)):
         if stride == 0 and size > 1:
             x = x.narrow(dim, 0, 1)
     return x
