@@ -132,3 +132,57 @@ def test_train_runs_writes_json_and_resumes(tmp_path):
     second = train.main(common + ["--steps", "5"])
     assert second["steps"] == 5  # resumed at 3, two more steps
     assert second["train_seconds"] >= first["train_seconds"]
+
+
+def test_plots_and_belief_picture_from_a_trained_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("xarray")
+    plots, belief = _load("plots"), _load("belief")
+    out, ckpt = tmp_path / "selcopy-kla-b1.json", tmp_path / "selcopy-kla-b1.pt"
+    train.main(
+        [
+            "--task",
+            "selective_copy",
+            "--length",
+            "12",
+            "--num-tokens-to-copy",
+            "3",
+            "--vocab-size",
+            "6",
+            "--mixer",
+            "kla",
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--d-state",
+            "2",
+            "--batch",
+            "4",
+            "--n-train",
+            "16",
+            "--n-eval",
+            "8",
+            "--backend",
+            "sequential",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+            "--ckpt",
+            str(ckpt),
+            "--group",
+            "mad",
+        ]
+    )
+    run = json.loads(out.read_text())
+    (tmp_path / "mad.json").write_text(json.dumps({"runs": [run]}))
+    table = plots.tables(tmp_path)
+    assert "selcopy-kla-b1" in table and "MAD tasks" in table
+    picture = tmp_path / "belief.png"
+    summary = belief.main(["--models", str(ckpt), "--out", str(picture)])
+    assert picture.exists() and picture.with_suffix(".json").exists()
+    assert summary["content"]["n"] == 8 * 3 and summary["marker"]["n"] == 8
+    assert 0.0 <= summary["outputs_correct_all"] <= 1.0

@@ -186,6 +186,7 @@ def main(argv=None):
         }
     Path(args.out).with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":
