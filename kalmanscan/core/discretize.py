@@ -47,11 +47,18 @@ def discretize_ou(theta, sigma2, dt):
             "theta, sigma2, dt: expected shapes that broadcast together, got "
             f"{tuple(theta_t.shape)}, {tuple(sigma2_t.shape)}, {tuple(dt_t.shape)}"
         ) from None
-    x = 2.0 * theta_t * dt_t
+    decay, process_var = ou_transition(theta_t, sigma2_t, dt_t)
+    return conv.out(decay), conv.out(process_var)
+
+
+def ou_transition(theta: torch.Tensor, sigma2: torch.Tensor, dt: torch.Tensor):
+    """The math of :func:`discretize_ou` on tensors, without argument checks.
+
+    For callers whose inputs are valid by construction (the KLA layer builds ``theta``, ``sigma2``
+    and ``dt`` from exp/softplus/clamp of its parameters): no check means no device synchronization.
+    """
+    x = 2.0 * theta * dt
     small = x == 0
     x_safe = x.masked_fill(small, 1.0)
     factor = (-torch.expm1(-x_safe) / x_safe).masked_fill(small, 1.0)
-    decay, process_var = torch.broadcast_tensors(
-        torch.exp(-theta_t * dt_t), sigma2_t * dt_t * factor
-    )
-    return conv.out(decay), conv.out(process_var)
+    return torch.broadcast_tensors(torch.exp(-theta * dt), sigma2 * dt * factor)

@@ -125,7 +125,9 @@ def _resolve(backend, device: torch.device) -> str:
             f"backend: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {backend!r}"
         )
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        if device.type != "cuda":
+            return "sequential"  # many lanes per token: the vectorized token loop is fastest
+        return "triton" if _triton_available() else "torch"
     if backend == "triton":
         if device.type != "cuda":
             raise ValueError(
@@ -171,7 +173,7 @@ def _check_values(tensors):
         _args.check_range("eta0", tensors["eta0"])
 
 
-def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
+def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check=True):
     """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert.
 
     ``keep_half``: leave float16/bfloat16 ``v, Lv, k, q`` as they are (the fused kernel reads
@@ -231,7 +233,8 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
             raise ValueError(
                 f"{name}: expected a tensor on {device} (the device of v), got {x.device}"
             )
-    _check_values(tensors)
+    if check:
+        _check_values(tensors)
     dtype = (
         torch.float64 if any(x.dtype == torch.float64 for x in tensors.values()) else torch.float32
     )
@@ -255,7 +258,18 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False):
 
 
 def kla_filter(
-    v, Lv, k, q, decay, process_var, lam0=None, eta0=None, *, return_precision=False, backend="auto"
+    v,
+    Lv,
+    k,
+    q,
+    decay,
+    process_var,
+    lam0=None,
+    eta0=None,
+    *,
+    return_precision=False,
+    backend="auto",
+    check=True,
 ) -> KLAResult:
     """Run the KLA filter over a sequence of tokens (SPEC §3) and read it out.
 
@@ -264,7 +278,10 @@ def kla_filter(
     float16/bfloat16/float32 inputs compute and return float32; float64 stays float64.
     ``return_precision=True`` also returns the filtered precisions ``[B, L, M, S]``.
     ``backend``: ``"auto"`` (``"triton"`` on CUDA tensors when triton is installed, else
-    ``"torch"``), ``"triton"``, ``"torch"`` or ``"sequential"``. Differentiable in every input.
+    ``"torch"``; on the CPU ``"sequential"``, the token loop vectorized over all ``B*M*S`` lanes,
+    which is the fastest there), ``"triton"``, ``"torch"`` or ``"sequential"``. Differentiable in
+    every input. ``check=False`` skips the value-range checks (one device synchronization), for
+    callers whose inputs are valid by construction, such as the KLA layer.
 
     >>> import torch
     >>> from kalmanscan.core.kla_op import kla_filter
@@ -276,11 +293,13 @@ def kla_filter(
     (torch.Size([2, 5, 3]), torch.Size([2, 3, 4]))
     """
     name = _resolve(backend, v.device if isinstance(v, torch.Tensor) else torch.device("cpu"))
-    args = _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=name == "triton")
+    args = _prepare(
+        v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=name == "triton", check=check
+    )
     return KLA_BACKENDS[name](*args, return_precision=return_precision)
 
 
-def kla_step(v, Lv, k, q, decay, process_var, lam, eta):
+def kla_step(v, Lv, k, q, decay, process_var, lam, eta, *, check=True):
     """One token of the KLA filter (O(1) decoding): returns ``(y, yvar, InfoState(lam, eta))``.
 
     v, Lv: ``[B, M]``; k, q: ``[B, S]``; decay, process_var: ``[M, S]``; lam, eta: ``[B, M, S]``
@@ -299,7 +318,9 @@ def kla_step(v, Lv, k, q, decay, process_var, lam, eta):
         _check_tensor(name, x, 2, "of shape [B, M] (v, Lv) or [B, S] (k, q)")
     if lam is None or eta is None:
         raise ValueError("lam, eta: expected [B, M, S] tensors (the state to continue), got None")
-    args = _prepare(v[:, None], Lv[:, None], k[:, None], q[:, None], decay, process_var, lam, eta)
+    args = _prepare(
+        v[:, None], Lv[:, None], k[:, None], q[:, None], decay, process_var, lam, eta, check=check
+    )
     v, Lv, k, q, decay, process_var, lam, eta = args
     qf, d = predict_coeffs(decay * decay, process_var)
     y, yvar, lam, eta = _step(
