@@ -19,7 +19,7 @@ TOLERANCES = {
     ("parallel", "float32"): 1e-4,
     # independent truths (filterpy, dense oracle, statsmodels) in float64
     ("truth", "float64"): 1e-9,
-    # float32 result against a float64 truth (grows with the condition of the model; see docs/validation.md)
+    # float32 result against a float64 truth (grows with the model's condition: docs/validation.md)
     ("truth", "float32"): 2e-3,
     # published reference figures quoted to ~5 significant digits
     ("published", "float64"): 1e-5,
@@ -59,7 +59,7 @@ def _np(x):
 
 
 def rel_error(actual, expected, scale=None) -> float:
-    """Worst relative error of finite entries (see module docstring); inf if non-finite entries differ."""
+    """Worst relative error of finite entries (module docstring); inf if non-finite ones differ."""
     a, e = _np(actual), _np(expected)
     a, e = np.broadcast_arrays(a, e)
     fin = np.isfinite(e)
@@ -82,6 +82,7 @@ def assert_close(actual, expected, kind: str, dtype, scale=None, what: str = "")
     tol = tolerance(kind, dtype)
     if not err <= tol:
         raise AssertionError(
-            f"{what or 'values'}: relative error {err:.3e} exceeds {kind}/{_name(dtype)} tolerance {tol:.0e}"
+            f"{what or 'values'}: relative error {err:.3e} exceeds "
+            f"{kind}/{_name(dtype)} tolerance {tol:.0e}"
         )
     return err

@@ -1,4 +1,6 @@
-"""Argument conversion and checks at the public boundary (kernels and inner loops assume valid input).
+"""Argument conversion and checks at the public boundary.
+
+Kernels and inner loops assume valid input.
 
 Every message names the argument, what was expected and what was received.
 """
@@ -54,7 +56,8 @@ class Converter:
                     )
                 if t.dtype not in _FLOAT_TORCH:
                     raise TypeError(
-                        f"{name}: expected a floating-point tensor (float32 or float64), got {t.dtype}"
+                        f"{name}: expected a floating-point tensor (float32 or float64), "
+                        f"got {t.dtype}"
                     )
         self.dtype = self._working_dtype(dtype_from)
 
@@ -114,7 +117,8 @@ def _to_numpy(name, value) -> np.ndarray:
         a = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
         raise TypeError(
-            f"{name}: expected a real number or array of real numbers, got {_describe(value)} ({exc})"
+            f"{name}: expected a real number or array of real numbers, "
+            f"got {_describe(value)} ({exc})"
         ) from None
     if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
         raise TypeError(

@@ -27,7 +27,7 @@ def _triton_available() -> bool:
 
 
 def resolve(backend: str, device: torch.device) -> str:
-    """Turn ``backend`` (a name or ``"auto"``) into a concrete name, checking it can serve ``device``."""
+    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve ``device``."""
     if not isinstance(backend, str) or (backend != "auto" and backend not in FILTER_BACKENDS):
         raise ValueError(
             f"backend: expected 'auto' or one of {sorted(FILTER_BACKENDS)}, got {backend!r}"

@@ -2,7 +2,7 @@
 
 After a step ``dt`` the transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w ~ N(0, p)`` with
 
-    a = exp(-theta dt),     p = sigma2 / (2 theta) * (1 - exp(-2 theta dt))  (-> sigma2 dt at theta = 0)
+    a = exp(-theta dt),   p = sigma2 / (2 theta) * (1 - exp(-2 theta dt))   (sigma2 dt at theta = 0)
 
 ``p`` is computed as ``sigma2 * dt * (-expm1(-x) / x)`` with ``x = 2 theta dt``, accurate for tiny
 ``x`` and exactly ``sigma2 * dt`` at ``theta = 0``. Derivation: docs/model.md.
@@ -16,9 +16,11 @@ from kalmanscan.core import _args
 
 
 def discretize_ou(theta, sigma2, dt):
-    """Exact OU discretization: ``(decay, process_var)`` for rate ``theta``, diffusion ``sigma2``, step ``dt``.
+    """Exact OU discretization: ``(decay, process_var)`` for rate ``theta``, diffusion ``sigma2``
+    and step ``dt``.
 
-    Args broadcast against each other; numpy in -> numpy out, torch in -> torch out (differentiable).
+    Args broadcast against each other; numpy in -> numpy out, torch in -> torch out
+    (differentiable).
 
     Args:
         theta: mean-reversion rate, ``>= 0`` and finite (0 gives a random walk).

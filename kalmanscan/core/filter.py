@@ -8,8 +8,8 @@ Model of one lane (docs/model.md; notation in docs/architecture.md)::
 
 ``z`` carries time on ``axis``; its other axes are independent lanes. Every model argument
 broadcasts against ``z`` (numpy rules), so a parameter may vary along time and lanes; the prior
-broadcasts against the lane shape. A time-varying parameter of a multi-lane ``z`` with time on axis 0
-therefore has shape ``[T, 1, ...]``.
+broadcasts against the lane shape. A time-varying parameter of a multi-lane ``z`` with time on
+axis 0 therefore has shape ``[T, 1, ...]``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _LOG_2PI = math.log(2 * math.pi)
 
 
 class InfoState(NamedTuple):
-    """A belief in information form: precision ``lam`` and information vector ``eta = lam * mean``."""
+    """A belief in information form: precision ``lam``, information vector ``eta = lam * mean``."""
 
     lam: object
     eta: object
@@ -53,7 +53,7 @@ class FilterResult(NamedTuple):
 
 
 class SmoothResult(NamedTuple):
-    """RTS-smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind them."""
+    """RTS-smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind."""
 
     mean: object
     var: object
@@ -105,7 +105,8 @@ def _prepare(
     axis = _args.check_int("axis", axis)
     if not -zt.ndim <= axis < zt.ndim:
         raise ValueError(
-            f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape {tuple(zt.shape)}, got {axis}"
+            f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape "
+            f"{tuple(zt.shape)}, got {axis}"
         )
     axis %= zt.ndim
     shape = tuple(zt.shape)
@@ -160,7 +161,8 @@ def _prepare(
         bad = _args.first_bad((lam0 == 0) & (eta0 != 0))
         if bad is not None:
             raise ValueError(
-                f"init.eta: expected 0 where init.lam is 0 (no information), got {eta0[bad].item()!r} at lane {bad}"
+                "init.eta: expected 0 where init.lam is 0 (no information), "
+                f"got {eta0[bad].item()!r} at lane {bad}"
             )
     else:
         pv = lanes("prior_var", lo=0.0, lo_open=True, allow_inf=True)
@@ -188,7 +190,8 @@ def _prepare(
         name_ = "init.lam" if init is not None else "prior_var"
         v = (lam0 if init is not None else pv)[bad].item()
         raise ValueError(
-            f"{name_}: expected a prior precision finite in {zt.dtype}, got {name_}={v!r} at lane {bad}"
+            f"{name_}: expected a prior precision finite in {zt.dtype}, "
+            f"got {name_}={v!r} at lane {bad}"
         )
     if bool(torch.isinf(oc).any()):  # z alone marks the steps not observed
         zz = zz.masked_fill(torch.isinf(oc), float("nan"))
@@ -221,7 +224,7 @@ def _run(prep: _Prepared):
     lam0, eta0 = prep.lam0, prep.eta0
     parts, loglik = [], 0
     for t0, t1 in _time_blocks(T, N):
-        sl = lambda x: x[t0:t1]  # noqa: E731
+        sl = lambda x, t0=t0, t1=t1: x[t0:t1]  # noqa: E731
         r = _run_block(
             prep.backend,
             sl(prep.z),
@@ -395,10 +398,13 @@ def smooth(
 ) -> SmoothResult:
     """Rauch–Tung–Striebel smoother: the filter, then two reverse affine scans.
 
-    Same arguments as :func:`filter`. With the gain ``J_t = a_{t+1} lam^-_{t+1} / lam_t = alpha_{t+1}``,
-    the smoothed moments follow ``ms_t = J_t ms_{t+1} + (p_{t+1} eta_t - a_{t+1} c_{t+1}) / den_{t+1}``
-    and ``Ps_t = J_t^2 Ps_{t+1} + p_{t+1} / den_{t+1}`` (``den = a^2 + p lam_t``), forms that stay
-    finite where the filtered state is still diffuse (docs/algorithm.md).
+    Same arguments as :func:`filter`. With the gain
+    ``J_t = a_{t+1} lam^-_{t+1} / lam_t = alpha_{t+1}`` the smoothed moments follow
+
+        ms_t = J_t ms_{t+1} + (p_{t+1} eta_t - a_{t+1} c_{t+1}) / den_{t+1}
+        Ps_t = J_t^2 Ps_{t+1} + p_{t+1} / den_{t+1}          (den = a^2 + p lam_t)
+
+    forms that stay finite where the filtered state is still diffuse (docs/algorithm.md).
 
     >>> import numpy as np, kalmanscan as ks
     >>> sm = ks.smooth(np.array([1.1, 0.9, np.nan, 1.4]), obs_var=0.1, decay=1.0, process_var=0.01)

@@ -3,7 +3,8 @@
 Shapes: every sequence is ``[T, N]`` (time first, N independent lanes); initial values are ``[N]``.
 
 Möbius leaf ``t``: the map ``lam -> (A lam + B) / (C lam + D)`` with entrywise non-negative
-``[[A, B], [C, D]]`` whose first column is non-zero. Maps compose by matrix product (later @ earlier);
+``[[A, B], [C, D]]`` whose first column is non-zero. Maps compose by matrix product
+(later @ earlier);
 products are divided by the sum of their entries, which keeps them in range and changes no map.
 Affine leaf ``t``: ``x -> alpha x + b``; ``(alpha1, b1)`` then ``(alpha2, b2)`` is
 ``(alpha2 alpha1, alpha2 b1 + b2)``.
@@ -18,7 +19,6 @@ Derivation: docs/algorithm.md.
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -85,7 +85,7 @@ def _tail(leaves, n, K):
 
 
 def mobius_scan(A, B, C, D, lam0):
-    """Apply Möbius leaves ``[T, N]`` in turn starting from ``lam0 [N]``; return all ``lam_t [T, N]``."""
+    """Apply Möbius leaves ``[T, N]`` in turn from ``lam0 [N]``; return every ``lam_t [T, N]``."""
     T, N = torch.broadcast_shapes(A.shape, B.shape, C.shape, D.shape)
     if num_chunks(T, N) <= 1:
         return _mobius_loop((A, B, C, D), lam0)
@@ -112,7 +112,7 @@ def _mobius_loop(leaves, lam):
 
 
 def affine_scan(alpha, b, x0, annihilate: bool = False):
-    """``x_t = alpha_t x_{t-1} + b_t`` from ``x0 [N]`` for ``[T, N]`` inputs; returns ``x [T, N]``."""
+    """``x_t = alpha_t x_{t-1} + b_t`` from ``x0 [N]`` for ``[T, N]`` inputs; returns ``x``."""
     T, N = torch.broadcast_shapes(alpha.shape, b.shape)
     if num_chunks(T, N) <= 1:
         return _affine_loop(alpha, b, x0, annihilate)
