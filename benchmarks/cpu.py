@@ -154,7 +154,9 @@ def markdown(rows, meta):
             )
             continue
         ks_ms = r["kalmanscan_ms"]
-        cell = lambda k, r=r: (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")  # noqa: E731
+        cell = lambda k, r=r, ks_ms=ks_ms: (
+            (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")
+        )  # noqa: E731
         npm, npx = cell("numpy_loop_ms")
         sdm, sdx = cell("simdkalman_ms")
         fpm, fpx = cell("filterpy_ms")

@@ -36,9 +36,16 @@ def random_model(rng, T, N, *, missing=0.2, time_varying=True, diffuse=True, off
 
 
 def covariance_filter(
-    z, obs_var, decay, process_var, loading=1.0, offset=0.0, prior_mean=0.0, prior_var=math.inf
+    z,
+    obs_var,
+    decay,
+    process_var,
+    loading=1.0,
+    offset=0.0,
+    prior_mean=0.0,
+    prior_var=math.inf,
 ):
-    """Textbook covariance-form Kalman filter + RTS smoother, one lane at a time (exact diffuse start).
+    """Covariance-form Kalman filter + RTS smoother, one lane at a time, exact diffuse start.
 
     Returns dict of [T, N] arrays: mean, var, pred_mean, pred_var, smean, svar, and loglik [N].
     """

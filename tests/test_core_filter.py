@@ -1,4 +1,4 @@
-"""Core filter: parallel vs sequential, information vs covariance form, the scans, gradients, Nile."""
+"""Core filter: parallel vs sequential, information vs covariance form, scans, gradients, Nile."""
 
 from __future__ import annotations
 

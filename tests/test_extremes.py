@@ -229,8 +229,8 @@ def test_scalar_reference_equals_sequential_backend():
 @pytest.mark.parametrize("backend", ["torch", "sequential"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_contracting_state_without_process_noise_overflow_is_an_error(dtype, backend):
-    """process_var = 0 and |decay| < 1: the precision grows like decay**(-2t) and leaves the dtype
-    (float32 at t=63, float64 at t=511 for decay=0.5). The filter says so instead of returning NaN."""
+    """process_var = 0 and |decay| < 1: the precision grows like decay**(-2t) and leaves the
+    dtype (float32 at t=63, float64 at t=511 for decay=0.5). The filter says so, no NaN."""
     m = overflow_regime(dtype)
     with pytest.raises(OverflowError, match="overflowed"):
         run_filter(m, dtype, backend)
