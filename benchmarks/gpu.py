@@ -178,9 +178,9 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    TB = K.TUNING["CK"]
-    bwd_lanes = K.TUNING["bwd_lanes"] // S
-    n_mblk = math.ceil(M / max(1, bwd_lanes))
+    TB = K.CK
+    G, _, NT, _ = K._config(S, "bwd")
+    n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
         "bytes_fwd": 16 * ch_steps + 8 * B * L * S,
         # forward with checkpoints + backward: inputs twice, gradients, checkpoints written and
@@ -319,18 +319,18 @@ def kernel_resources():
     vary = dict(VZ=True, VOV=False, VA=False, VP=False, VH=False, VC=False, NS=4)
     need = dict(VGL=True, VGE=True, NEED_Z=True, NEED_OV=True, NEED_A=True, NEED_P=True,
                 NEED_H=False, NEED_C=False)  # fmt: skip
-    kla_c = dict(CK=8, NS=4, BM=8, SP=16)
+    kla_c = dict(S=16, CK=8, NS=3, G=4, SG=4, NT=32)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr",
-        "L M S NB",
+        "L M NB",
         (),
     )
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
         "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr "
-        "g0_ptr scratch_ptr",
-        "L M S NB B",
+        "g0_ptr",
+        "L M NB B",
         (),
     )
     fwd_sig = sig(fil + " start_ptr lam_ptr eta_ptr comp_ptr", fil_ints, ())
@@ -343,8 +343,8 @@ def kernel_resources():
     carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True), 4),
-        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 4),
+                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True), 1),
+        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
         "filter_bwd": (F._bwd_kernel, bwd_sig, dict(vary, **need, COMPOSITE=False, BLOCK=128), 4),
@@ -367,6 +367,9 @@ def kernel_resources():
             "cp_async": ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
             "shuffles": ptx.count("shfl.sync"),
             "divisions": len(re.findall(r"div\.\S+", ptx)),
+            # layout conversions through shared memory in the kernel (the time loop's must be 0)
+            "converts": comp.asm["ttgir"].count("convert_layout"),
+            "local_stores": comp.asm["ttgir"].count("local_store"),
         }
     return {"triton": triton.__version__, "kernels": out}
 
@@ -393,6 +396,7 @@ def main():
     ap.add_argument(
         "--no-kla-peer", action="store_true", help="skip the torch KLA path (seconds per call)"
     )
+    ap.add_argument("--only", choices=("kla", "filter"), help="run one op's shapes")
     ap.add_argument(
         "--resources", action="store_true", help="sm_90 registers and spills (needs no GPU)"
     )
@@ -415,9 +419,9 @@ def main():
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
     kla_vars = [{}]
     if not a.quick:
-        two = {"lanes_per_thread": 2}
-        kla_vars += [{"NS": 2}, {"NS": 8}, {"fwd_lanes": 256}, {"bwd_lanes": 256}, two,
-                     {"fwd_lanes": 256, **two}]  # fmt: skip
+        kla_vars += [{"NS": 2}, {"NS": 4}, {"fwd_slots": 2, "bwd_slots": 2},
+                     {"fwd_slots": 8, "bwd_slots": 8}, {"fwd_slots": 16, "bwd_slots": 16},
+                     {"fwd_warps": 2, "bwd_warps": 2}, {"fwd_warps": 4, "bwd_warps": 4}]  # fmt: skip
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}]
     res = []
     t0 = time.time()
@@ -427,6 +431,7 @@ def main():
         os.path.dirname(__file__), "results", f"{datetime.date.today().isoformat()}-h200.json"
     )
     cases = [("kla", s) for s in kla_shapes] + [("filter", s) for s in fil_shapes]
+    cases = [c for c in cases if a.only in (None, c[0])]
     for op, shape in cases:
         if op == "kla":
             res.append(kla_case(*shape, kla_vars, peer=not (a.quick or a.no_kla_peer)))

@@ -18,7 +18,7 @@ from kalmanscan.core.kla_op import kla_filter, kla_filter_sequential  # noqa: E4
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import kla as K  # noqa: E402
 from kalmanscan.cuda.kla import kla_triton  # noqa: E402
-from kalmanscan.testing import assert_close  # noqa: E402
+from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
 from tests.helpers import triton_interpreted  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -106,8 +106,11 @@ def test_float32_against_float64_reference():
     got, ggot = run(kla_triton, x, torch.float32, w, precision=False)
     ref, gref = run(reference, x, torch.float64, w, precision=False)
     assert got[0].dtype == torch.float32
-    for name, a, b in zip(("y", "yvar", "lam", "eta"), got, ref, strict=True):
-        # y is a signed sum over slots: measure it on the scale of its typical size
+    # y is a signed sum over slots whose terms can cancel to near 0: its error is measured
+    # normwise (||got - ref|| / ||ref||); the other outputs entrywise
+    err_y = float((got[0].double() - ref[0]).norm() / ref[0].norm())
+    assert err_y <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err_y:.3e}"
+    for name, a, b in zip(("yvar", "lam", "eta"), got[1:], ref[1:], strict=True):
         assert_close(a, b, "kernel", torch.float32, scale=b.abs().mean(), what=name)
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
         assert_close(a, b, "kernel_grad", torch.float32, scale=b.abs().mean(), what=f"grad {name}")

@@ -5,19 +5,23 @@ Shapes (batch B, time L, channels M, slots S; a lane is ``(b, m, s)``): ``v, Lv 
 ``y, yvar [B, L, M]``, the final ``lam, eta [B, M, S]`` and optionally the precisions
 ``[B, L, M, S]``. Per step ``phi = Lv[m] k[s]^2``, ``r = v[m] Lv[m] k[s]``, ``c = 0``.
 
-A program owns the lanes ``[BM, S]`` of one batch row and walks them through time, one lane per
-thread, the state in registers. The per-step loads (``v, Lv`` per channel, ``k, q`` per slot) do
-not depend on the state, so the loop is software-pipelined (``tl.range(num_stages=NS)``: the
-loads of the next NS-1 steps are in flight, through shared memory, while a step computes). No
-``[B, L, M, S]`` tensor is written unless the precisions are asked for.
+Layout. A program (``NT`` threads) owns ``BM = NT / G`` channels of one batch row; each thread
+walks ``SG`` slots of one channel through time (``G = S / SG`` threads per channel), the state
+in registers as a ``[NT, SG]`` tile whose last axis lives inside the thread. So the ``SG``
+slots are independent chains a thread interleaves, the sum over slots of the readout is a
+register sum plus a ``log2 G``-step shuffle, and the per-channel loads (``v, Lv``) are one
+coalesced load per step. The loads of a step do not depend on the state, so the time loop is
+software-pipelined (``tl.range(num_stages=NS)``). No ``[B, L, M, S]`` tensor is written unless
+the precisions are asked for.
 
-Backward (exact): the forward saves the state every CK steps (``[2, B, L/CK, M, S]``, only when
-a gradient is needed); the backward walks the intervals in reverse, recomputes an interval's
-states from its checkpoint into a small per-program scratch (``[2, CK, BM, S]``, L2-resident),
-then runs the two scalar adjoint recurrences ``Ec <- alpha Et``,
-``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over it. Sums over ``s`` (``gv, gLv``) happen in
-the program; sums over ``m`` (``gk, gq``) are written per program and added in torch; sums over
-``b`` and ``t`` (``gdecay, gprocess_var``) are kept in registers per batch row.
+Backward (exact): the forward saves the state every ``CK = 8`` steps (``[2, B, L/8, M, S]``,
+only when a gradient is needed); the backward walks the intervals in reverse, recomputes an
+interval's 8 states from its checkpoint into registers (unrolled: ``_recompute8``), then runs
+the two scalar adjoint recurrences ``Ec <- alpha Et``,
+``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over them. Sums over ``s`` (``gv, gLv``)
+happen in the thread and its channel group; sums over ``m`` (``gk, gq``) are reduced in the
+program and written per program, then added in torch; sums over ``b`` and ``t``
+(``gdecay, gprocess_var``) stay in registers per batch row.
 """
 
 from __future__ import annotations
@@ -26,29 +30,69 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import empty, interpreting, predict
+from kalmanscan.cuda._common import empty, helper, interpreting
 
 __all__ = ["kla_triton"]
+
+
+@helper
+def _slot_sum(x, G: tl.constexpr, NT: tl.constexpr):
+    """``[NT, SG] -> [NT // G]``: the sum over the slots of each channel (registers, then the
+    ``G`` neighbouring threads of the channel)."""
+    return tl.sum(tl.reshape(tl.sum(x, axis=1), [NT // G, G]), axis=1)
+
+
+@helper
+def _channel_sum(x, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
+    """``[NT, SG] -> [G, SG]``: the sum over the program's channels of each slot."""
+    return tl.sum(tl.reshape(x, [NT // G, G, SG]), axis=0)
+
+
+@helper
+def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
+    """Per-thread channel ``m [NT]``, slots ``s [NT, SG]``, the program's channels ``mo [BM]``
+    and the slots of a ``[G, SG]`` per-program sum, with their masks. (Slots are the last,
+    memory-contiguous axis, so the compiler keeps a thread's ``SG`` slots in its registers.)"""
+    j = tl.arange(0, NT)
+    m = pm * (NT // G) + j // G
+    s = (j % G)[:, None] * SG + tl.arange(0, SG)[None, :]
+    # the program's channels, derived from m so that they share the layout of _slot_sum's result
+    mo = tl.max(tl.reshape(m, [NT // G, G]), axis=1)
+    so = tl.arange(0, G)[:, None] * SG + tl.arange(0, SG)[None, :]
+    if S == G * SG:  # every slot is real: a constant mask keeps the slot loads vectorized
+        return m, s, mo, so, m < M, tl.full([NT, SG], 1, tl.int1), mo < M, tl.full([G, SG], 1, tl.int1)
+    return m, s, mo, so, m < M, s < S, mo < M, so < S
+
+
+@helper
+def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr):
+    """Per-lane constants of the predict step: ``(p, d, af, f1)`` with
+    ``lam_pred = (lam + f1) / (p lam + d)`` and ``alpha = af / (p lam + d)`` (``f1 = 1``,
+    ``af = 0``, ``d = p`` where ``decay = 0``: total forgetting)."""
+    a = tl.load(a_ptr + ms, mask=mask, other=1.0).to(dt)
+    p = tl.load(p_ptr + ms, mask=mask, other=1.0).to(dt)
+    forget = a * a == 0.0
+    d = tl.where(forget, p, a * a)
+    af = tl.where(forget, 0.0, a)
+    f1 = tl.where(forget, 1.0, 0.0)
+    return p, d, af, f1
 
 
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
-    L, M, S, NB,
+    L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
-    BM: tl.constexpr, SP: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
 ):  # fmt: skip
+    pm = tl.program_id(0)
     b = tl.program_id(1)
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
-    s = tl.arange(0, SP)
-    mmask = m < M
-    smask = s < S
-    lane_mask = mmask[:, None] & smask[None, :]
-    ms = m[:, None] * S + s[None, :]
+    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    lane_mask = smask & mmask[:, None]
+    ms = m[:, None] * S + s
     dt = y_ptr.dtype.element_ty
-    a = tl.load(a_ptr + ms, mask=lane_mask, other=1.0).to(dt)
-    p = tl.load(p_ptr + ms, mask=lane_mask, other=1.0).to(dt)
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
     lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
     eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
@@ -58,151 +102,215 @@ def _kla_fwd_kernel(
     # the loads of later steps are issued ahead of use (software pipeline, NS stages)
     for t in tl.range(0, L, num_stages=NS):
         if SAVE_CK:
-            first = (((m * 0 + t) % CK) == 0)[:, None]
-            ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
-            tl.store(ck_ptr + ck, lam, mask=lane_mask & first)
-            tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask & first)
+            if t % CK == 0:
+                ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
+                tl.store(ck_ptr + ck, lam, mask=lane_mask)
+                tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
         v = tl.load(v_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
         Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
         kk = tl.load(k_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
         qq = tl.load(q_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
-        lam_pred, alpha, _, _ = predict(lam, a, p)
-        lam = lam_pred + Lv[:, None] * (kk * kk)[None, :]
-        eta = alpha * eta + (v * Lv)[:, None] * kk[None, :]
+        rden = 1.0 / (p * lam + d)
+        lam = (lam + f1) * rden + Lv[:, None] * (kk * kk)
+        eta = af * rden * eta + (v * Lv)[:, None] * kk
         rl = 1.0 / lam
-        y = tl.sum(qq[None, :] * eta * rl, axis=1)
-        yv = tl.sum((qq * qq)[None, :] * rl, axis=1)
-        tl.store(y_ptr + base_m + t * M + m, y, mask=mmask)
-        tl.store(yvar_ptr + base_m + t * M + m, yv, mask=mmask)
+        y = _slot_sum(qq * eta * rl, G, NT)
+        yv = _slot_sum(qq * qq * rl, G, NT)
+        tl.store(y_ptr + base_m + t * M + mo, y, mask=momask)
+        tl.store(yvar_ptr + base_m + t * M + mo, yv, mask=momask)
         if SAVE_PREC:
             tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
+@helper
+def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base_s, m, s,
+          mmask, smask, dt: tl.constexpr):  # fmt: skip
+    """One forward step (recomputation in the backward); steps past ``L`` read zeros."""
+    inside = (m * 0 + t) < L  # [NT]
+    v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & inside[:, None], other=0.0).to(dt)
+    rden = 1.0 / (p * lam + d)
+    lam_new = (lam + f1) * rden + Lv[:, None] * (kk * kk)
+    eta_new = af * rden * eta + (v * Lv)[:, None] * kk
+    return lam_new, eta_new
+
+
+@helper
+def _adjoint_step(
+    lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1,
+    v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
+    gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
+    t, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask,
+    dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+):  # fmt: skip
+    """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
+    step's input gradients, and the dynamics' gradient sums. Steps past ``L`` change nothing."""
+    inside_m = (m * 0 + t) < L  # [NT]
+    inside = inside_m[:, None]  # [NT, 1]
+    mm = mmask & inside_m
+    sm = smask & inside
+    vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    rl = 1.0 / lam
+    mean = eta * rl
+    gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
+    if HAS_GPREC:
+        poff = (base_m + t * M) * S + ms
+        gl += tl.load(gprec_ptr + poff, mask=lane_mask & inside, other=0.0).to(dt)
+    Lt = gl + Lc
+    Et = gy * qq * rl + Ec
+    out = base_m + t * M + mo
+    tl.store(gv_ptr + out, _slot_sum(Et * Lv * kk, G, NT), mask=momask & ((mo * 0 + t) < L))
+    tl.store(gLv_ptr + out, _slot_sum(Lt * kk * kk + Et * vv * kk, G, NT), mask=momask & ((mo * 0 + t) < L))
+    gq = _channel_sum(gy * mean + 2.0 * gyv * qq * rl, G, SG, NT)
+    gk = _channel_sum(2.0 * Lt * Lv * kk + Et * vv * Lv, G, SG, NT)
+    tl.store(gk_ptr + part + t * S + so, gk, mask=somask & ((so * 0 + t) < L))
+    tl.store(gq_ptr + part + t * S + so, gq, mask=somask & ((so * 0 + t) < L))
+    rden = 1.0 / (p * lam_prev + d)
+    lam_pred = (lam_prev + f1) * rden
+    alpha = af * rden
+    g_al = Et * eta_prev
+    dga = tl.where(f1 > 0.0, 0.0, g_al * (rden - 2.0 * alpha * alpha)) - 2.0 * Lt * alpha * lam_pred
+    dgp = -lam_pred * (Lt * lam_pred + g_al * alpha)
+    ga = tl.where(inside, ga + dga, ga)
+    gp = tl.where(inside, gp + dgp, gp)
+    Lc = tl.where(inside, alpha * alpha * Lt - alpha * p * rden * g_al, Lc)
+    Ec = tl.where(inside, alpha * Et, Ec)
+    return Lc, Ec, ga, gp
+
+
 @triton.jit
 def _kla_bwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ck_ptr,
     gy_ptr, gyv_ptr, glT_ptr, geT_ptr, gprec_ptr,
-    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr, scratch_ptr,
-    L, M, S, NB, B,
+    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr,
+    L, M, NB, B, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
-    BM: tl.constexpr, SP: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
 ):  # fmt: skip
+    tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
     b = tl.program_id(1)
-    m = pm * BM + tl.arange(0, BM)
-    s = tl.arange(0, SP)
-    mmask = m < M
-    smask = s < S
-    lane_mask = mmask[:, None] & smask[None, :]
-    ms = m[:, None] * S + s[None, :]
+    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    lane_mask = smask & mmask[:, None]
+    ms = m[:, None] * S + s
     dt = gv_ptr.dtype.element_ty
-    a = tl.load(a_ptr + ms, mask=lane_mask, other=1.0).to(dt)
-    p = tl.load(p_ptr + ms, mask=lane_mask, other=1.0).to(dt)
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
     Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     Ec = tl.load(geT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
-    ga = tl.zeros([BM, SP], dt)
-    gp = tl.zeros([BM, SP], dt)
+    ga = tl.zeros([NT, SG], dt)
+    gp = tl.zeros([NT, SG], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     part = (pm.to(tl.int64) * B + b) * L * S
     eta_ck = NB * M * S * B
-    # this program's scratch: the states of one checkpoint interval, [2, CK, BM, SP] (L2-resident)
-    lanes = tl.arange(0, BM)[:, None] * SP + s[None, :]
-    scr = scratch_ptr + (pm.to(tl.int64) * B + b) * 2 * CK * BM * SP + lanes
-    for jb in range(0, NB):
+    for jb in tl.range(0, NB, num_stages=NS):
         blk = NB - 1 - jb
         t0 = blk * CK
         ck = (b.to(tl.int64) * NB + blk) * M * S + ms
-        lam_s = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
-        eta_s = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-        # recompute the interval's states from its checkpoint
-        lam = lam_s
-        eta = eta_s
-        for i in tl.range(0, CK, num_stages=NS):
-            t = t0 + i
-            tm = (m * 0 + t < L) & mmask
-            v = tl.load(v_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)
-            Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)
-            kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & (s * 0 + t < L), other=0.0).to(dt)
-            lam_pred, alpha, _, _ = predict(lam, a, p)
-            lam = lam_pred + Lv[:, None] * (kk * kk)[None, :]
-            eta = alpha * eta + (v * Lv)[:, None] * kk[None, :]
-            tl.store(scr + i * BM * SP, lam)
-            tl.store(scr + (CK + i) * BM * SP, eta)
-        tl.debug_barrier()
-        # walk it backward: the adjoints Lc, Ec of lam, eta after each step
-        for j in tl.range(0, CK, num_stages=NS):
-            i = CK - 1 - j
-            t = t0 + i
-            tv = (m * 0 + t) < L
-            valid = tv[:, None]
-            tm = tv & mmask
-            ts = smask & (s * 0 + t < L)
-            lam = tl.load(scr + i * BM * SP)
-            eta = tl.load(scr + (CK + i) * BM * SP)
-            ip = tl.maximum(i - 1, 0)
-            at0 = ((m * 0 + i) == 0)[:, None]
-            lam_prev = tl.where(at0, lam_s, tl.load(scr + ip * BM * SP))
-            eta_prev = tl.where(at0, eta_s, tl.load(scr + (CK + ip) * BM * SP))
-            vv = tl.load(v_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)[:, None]
-            Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)[:, None]
-            gy = tl.load(gy_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)[:, None]
-            gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=tm, other=0.0).to(dt)[:, None]
-            kk = tl.load(k_ptr + base_s + t * S + s, mask=ts, other=0.0).to(dt)[None, :]
-            qq = tl.load(q_ptr + base_s + t * S + s, mask=ts, other=0.0).to(dt)[None, :]
-            rl = 1.0 / lam
-            mean = eta * rl
-            gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
-            if HAS_GPREC:
-                poff = (base_m + t * M) * S + ms
-                gl += tl.load(gprec_ptr + poff, mask=lane_mask & valid, other=0.0).to(dt)
-            Lt = tl.where(valid, gl + Lc, 0.0)
-            Et = tl.where(valid, gy * qq * rl + Ec, 0.0)
-            out = base_m + t * M + m
-            tl.store(gv_ptr + out, tl.sum(Et * Lv * kk, axis=1), mask=tm)
-            tl.store(gLv_ptr + out, tl.sum(Lt * kk * kk + Et * vv * kk, axis=1), mask=tm)
-            gq = tl.sum(tl.where(valid, gy * mean + 2.0 * gyv * qq * rl, 0.0), axis=0)
-            gk = tl.sum(2.0 * Lt * Lv * kk + Et * vv * Lv, axis=0)
-            tl.store(gk_part_ptr + part + t * S + s, gk, mask=ts)
-            tl.store(gq_part_ptr + part + t * S + s, gq, mask=ts)
-            lam_pred, alpha, rden, forget = predict(lam_prev, a, p)
-            g_al = Et * eta_prev
-            ga += tl.where(forget, 0.0, g_al * (rden - 2.0 * alpha * alpha))
-            ga -= 2.0 * Lt * alpha * lam_pred
-            gp -= lam_pred * (Lt * lam_pred + g_al * alpha)
-            Lc = tl.where(valid, alpha * alpha * Lt - alpha * p * rden * g_al, Lc)
-            Ec = tl.where(valid, alpha * Et, Ec)
-        tl.debug_barrier()
+        l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
+        e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
+        # the interval's states, recomputed from its checkpoint into registers (unrolled)
+        l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        # walk them backward
+        Lc, Ec, ga, gp = _adjoint_step(
+            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 7,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 6,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 5,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 4,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 3,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 2,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 1,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 0,
+            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
+            lane_mask, dt, HAS_GPREC, G, SG, NT,
+        )  # fmt: skip
     tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
     tl.store(gp_part_ptr + state_off, gp, mask=lane_mask)
     tl.store(g0_ptr + state_off, Lc, mask=lane_mask)
     tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
 
 
-# Tuning (benchmarks/gpu.py sweeps it): checkpoint interval of the backward (steps), pipeline
-# stages of the per-step loads, lanes per program of the forward and backward kernels, lanes
-# per thread (more than one gives each thread independent chains to interleave).
-TUNING = {"CK": 8, "NS": 4, "fwd_lanes": 128, "bwd_lanes": 128, "lanes_per_thread": 1}
+# Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads; slots a thread
+# walks (its independent chains) and warps a program has, for the forward and the backward.
+TUNING = {"NS": 3, "fwd_slots": 4, "fwd_warps": 1, "bwd_slots": 4, "bwd_warps": 1}
+CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
 
 def _config(S: int, which: str):
-    """``(BM, SP, num_warps)``: lanes ``[BM, SP]`` per program, ``lanes_per_thread`` a thread."""
+    """``(G, SG, NT, num_warps)``: ``SG`` slots a thread, ``G`` threads a channel, ``NT``
+    threads a program."""
     SP = triton.next_power_of_2(S)
-    if interpreting():
-        return max(1, 16 // SP), SP, 1
-    BM = max(1, TUNING[which] // SP)
-    return BM, SP, min(16, max(1, BM * SP // (32 * TUNING["lanes_per_thread"])))
+    warps = 1 if interpreting() else TUNING[which + "_warps"]
+    NT = 32 * warps
+    SG = max(min(TUNING[which + "_slots"], SP), SP // NT)
+    return SP // SG, SG, NT, warps
 
 
 def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    BM, SP, warps = _config(S, "fwd_lanes")
-    CK = 4 if interpreting() else TUNING["CK"]
+    G, SG, NT, warps = _config(S, "fwd")
     NB = triton.cdiv(L, CK)
     like = torch.empty((), dtype=dtype, device=v.device)
     y = empty((B, L, M), like)
@@ -211,10 +319,10 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     etaT = empty((B, M, S), like)
     prec = empty((B, L, M, S), like) if save_prec else y
     ck = empty((2, B, NB, M, S), like) if save_ck else y
-    grid = (triton.cdiv(M, BM), B)
+    grid = (triton.cdiv(M, NT // G), B)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
-                          L, M, S, NB, SAVE_PREC=save_prec, SAVE_CK=save_ck, CK=CK,
-                          NS=TUNING["NS"], BM=BM, SP=SP, num_warps=warps)  # fmt: skip
+                          L, M, NB, S, SAVE_PREC=save_prec, SAVE_CK=save_ck, CK=CK,
+                          NS=TUNING["NS"], G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -222,9 +330,9 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
-    BM, SP, warps = _config(S, "bwd_lanes")
+    G, SG, NT, warps = _config(S, "bwd")
     NB = triton.cdiv(L, CK)
-    nmb = triton.cdiv(M, BM)
+    nmb = triton.cdiv(M, NT // G)
 
     def dense(g, shape):
         return (
@@ -244,13 +352,12 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     ga_part = empty((B, M, S), like)
     gp_part = empty((B, M, S), like)
     g0 = empty((2, B, M, S), like)
-    scratch = torch.empty((nmb * B, 2, CK, BM, SP), dtype=like.dtype, device=like.device)
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     _kla_bwd_kernel[(nmb, B)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
-                              gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, scratch,
-                              L, M, S, NB, B, HAS_GPREC=has_gprec, CK=CK, NS=TUNING["NS"],
-                              BM=BM, SP=SP, num_warps=warps)  # fmt: skip
+                              gv, gLv, gk_part, gq_part, ga_part, gp_part, g0,
+                              L, M, NB, B, S, HAS_GPREC=has_gprec, CK=CK, NS=TUNING["NS"],
+                              G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum(0), gp_part.sum(0), g0[0], g0[1]
 
 
