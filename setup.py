@@ -1,12 +1,32 @@
-"""Package layout only (metadata lives in pyproject.toml).
+"""Package layout and the optional native CPU kernel (metadata lives in pyproject.toml).
 
 validation/ is the user-readable truth suite at the top of the repository; it installs as
 ``kalmanscan.validation`` so that ``kalmanscan validate`` works from any install.
+
+``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``). It is
+optional: without a working C compiler the install still succeeds and ``kalmanscan.filter`` uses
+the torch backend on the CPU.
 """
 
-from setuptools import find_packages, setup
+import sys
+
+from setuptools import Extension, find_packages, setup
+
+if sys.platform == "win32":
+    _cflags = ["/O2"]
+else:
+    _cflags = ["-O3", "-fno-math-errno", "-fno-trapping-math"]
 
 setup(
     packages=find_packages(include=["kalmanscan", "kalmanscan.*"]) + ["kalmanscan.validation"],
     package_dir={"kalmanscan.validation": "validation"},
+    ext_modules=[
+        Extension(
+            "kalmanscan.core._native",
+            sources=["kalmanscan/core/_native.c"],
+            depends=["kalmanscan/core/_native_kernel.h"],
+            extra_compile_args=_cflags,
+            optional=True,
+        )
+    ],
 )

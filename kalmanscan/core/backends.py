@@ -1,7 +1,9 @@
 """The one dispatch table of the general filter: backend name -> ``filter_lanes`` implementation.
 
-``"auto"`` looks at the device and installed packages only (never at shapes or grad mode).
-A backend that cannot serve a call raises and names one that can.
+``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is installed; ``"native"``
+(the compiled fused CPU kernel) for CPU calls that need no autograd when the extension is built and
+:func:`kalmanscan.core.native.serves` the shape; else ``"torch"``. A backend that cannot serve a
+call raises and names one that can.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import importlib.util
 
 import torch
 
+from kalmanscan.core import native
+
 # name -> "module:function"; modules load on first use so `import kalmanscan` imports no triton.
 FILTER_BACKENDS = {
     "sequential": "kalmanscan.core.sequential:filter_lanes",
     "torch": "kalmanscan.core.parallel:filter_lanes",
     "triton": "kalmanscan.cuda.filter:filter_lanes",
+    "native": "kalmanscan.core.native:filter_lanes",
 }
 
 
@@ -26,19 +31,49 @@ def _triton_available() -> bool:
     )
 
 
-def resolve(backend: str, device: torch.device) -> str:
-    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve ``device``."""
+def resolve(backend: str, device: torch.device, *, needs_grad: bool = False, shape=None) -> str:
+    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve the call.
+
+    ``needs_grad``: some input requires grad (with grad mode on); ``shape``: ``(T, N)`` of the
+    ``[time, lane]`` grid, or None when unknown (then ``"auto"`` does not look at it).
+    """
     if not isinstance(backend, str) or (backend != "auto" and backend not in FILTER_BACKENDS):
         raise ValueError(
             f"backend: expected 'auto' or one of {sorted(FILTER_BACKENDS)}, got {backend!r}"
         )
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        if device.type == "cuda" and _triton_available():
+            return "triton"
+        if (
+            device.type == "cpu"
+            and not needs_grad
+            and native.available()
+            and (shape is None or native.serves(*shape))
+        ):
+            return "native"
+        return "torch"
     if backend == "triton" and device.type != "cuda":
         raise ValueError(
             f"backend: 'triton' runs on CUDA tensors, got tensors on {device}; "
             "use backend='torch' (parallel) or 'sequential' there"
         )
+    if backend == "native":
+        if device.type != "cpu":
+            raise ValueError(
+                f"backend: 'native' runs on CPU tensors, got tensors on {device}; "
+                "use backend='triton' (fused GPU kernels) or 'torch' there"
+            )
+        if not native.available():
+            raise ValueError(
+                "backend: 'native' needs the compiled extension kalmanscan.core._native, which is "
+                "not built (no C compiler when kalmanscan was installed); use backend='torch', or "
+                "reinstall with a C compiler"
+            )
+        if needs_grad:
+            raise ValueError(
+                "backend: 'native' computes no gradients, got inputs that require grad; "
+                "use backend='torch' (or call it under torch.no_grad())"
+            )
     return backend
 
 

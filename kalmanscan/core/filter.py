@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from kalmanscan.core import _args, backends
+from kalmanscan.core import _args, backends, native
 from kalmanscan.core.scan import affine_scan
 from kalmanscan.core.steps import compact, info_gain, predict_coeffs, predict_precision
 
@@ -193,9 +193,13 @@ def _prepare(
             f"{name_}: expected a prior precision finite in {zt.dtype}, "
             f"got {name_}={v!r} at lane {bad}"
         )
-    if bool(torch.isinf(oc).any()):  # z alone marks the steps not observed
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()
+    )
+    name = backends.resolve(backend, conv.device, needs_grad=needs_grad, shape=(T, N))
+    # z alone marks the steps not observed (the native kernel reads obs_var = inf itself)
+    if name != "native" and bool(torch.isinf(oc).any()):
         zz = zz.masked_fill(torch.isinf(oc), float("nan"))
-    name = backends.resolve(backend, conv.device)
     return _Prepared(conv, axis, shape, lane_shape, zz, obs, a, p, h, c, lam0, eta0, name)
 
 
@@ -220,6 +224,14 @@ def _time_blocks(T: int, N: int):
 
 def _run(prep: _Prepared):
     """Filter ``[T, N]`` lanes: returns a dict of ``[T, N]`` / ``[N]`` tensors."""
+    if prep.backend == "native":  # one fused pass over all of time: no blocks needed
+        p = prep
+        out, ok = native.run(
+            p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.lam0, p.eta0
+        )
+        if not ok:
+            _check_overflow(out["lam"], out["eta"])
+        return out
     T, N = prep.z.shape
     lam0, eta0 = prep.lam0, prep.eta0
     parts, loglik = [], 0

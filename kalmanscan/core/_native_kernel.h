@@ -1,0 +1,183 @@
+/* One tile of lanes over all time steps; included by _native.c once per dtype with
+ *   KS_FT (float or double), KS_FT_MIN / KS_FT_MAX (its smallest normal and largest finite
+ *   values) and KS_NAME (the tile function's name).
+ * Time is the outer loop; the inner loop runs over the tile's contiguous lanes and vectorizes. */
+
+#define KS_CAT_(a, b) a##b
+#define KS_CAT(a, b) KS_CAT_(a, b)
+#define KS_ROW KS_CAT(KS_NAME, _row)
+#define KS_ROW_EXACT KS_CAT(KS_NAME, _row_exact)
+
+/* The arguments of one time step of nb lanes: parameters, state in -> state out, outputs. */
+#define KS_ROW_ARGS                                                                                \
+    Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict os, const KS_FT *restrict rs,   \
+        const KS_FT *restrict as,                                                                  \
+        const KS_FT *restrict ps, const KS_FT *restrict hs, const KS_FT *restrict cs,              \
+        const KS_FT *restrict lam_in, const KS_FT *restrict eta_in, const double *restrict acc_in, \
+        KS_FT *restrict lam, KS_FT *restrict eta, double *restrict acc, KS_FT *restrict o_lam,     \
+        KS_FT *restrict o_eta, KS_FT *restrict o_mean, KS_FT *restrict o_var,                      \
+        KS_FT *restrict o_lp, KS_FT *restrict o_mp, KS_FT *restrict o_vp
+
+/* The step with the division forms of filter.py's torch path, one lane at a time. Used for the
+ * rows where the fast form below could differ by more than rounding. */
+static void KS_ROW_EXACT(KS_ROW_ARGS) {
+    typedef KS_FT FT;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
+        const FT lp = lam_in[j], ep = eta_in[j];
+        const FT a2 = a * a;
+        const int forget = a2 == (FT)0;
+        const FT den = (forget ? p : a2) + p * lp;
+        const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) / den;
+        const FT alpha = (forget ? (FT)0 : a) / den;
+        const FT eta_pred = alpha * ep + lam_pred * c;
+        const int observed = zz == zz && o <= (FT)KS_FT_MAX;
+        const FT rho_h = rs[j] * h; /* rs = 1 / obs_var */
+        const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
+        const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
+        const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred / lam_pred;
+        o_lam[j] = lam[j] = l;
+        o_eta[j] = eta[j] = e;
+        o_mean[j] = e / l;
+        o_var[j] = (FT)1 / l;
+        o_lp[j] = lam_pred;
+        o_mp[j] = mean_pred;
+        o_vp[j] = var_pred;
+        const int known = lam_pred > (FT)0;
+        double ll = 0.0;
+        if (observed && (known || h == (FT)0)) {
+            const double s = (double)(h * h * (known ? var_pred : (FT)0) + o);
+            const double di = (double)(zz - h * (known ? mean_pred : (FT)0));
+            ll = -0.5 * (KS_LOG_2PI + ks_log(s) + (s <= DBL_MAX ? di * di / s : 0.0));
+        }
+        acc[j] = acc_in[j] + ll;
+    }
+}
+
+/* The same step, vectorized: each denominator is inverted once (mean = eta * (1/lam) rather than
+ * eta / lam, within an ulp). Returns 0 when a reciprocal left the normal range (a variance beyond
+ * the dtype's range, or a tiny denominator): the caller then recomputes the row exactly. */
+KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
+    typedef KS_FT FT;
+    int fast_ok = 1;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
+        const FT lp = lam_in[j], ep = eta_in[j];
+        const FT a2 = a * a;
+        const int forget = a2 == (FT)0;
+        /* predict: lam_pred = (lam + q) / den, alpha = a (1 - q) / den, den = d + p lam > 0 */
+        const FT inv_den = (FT)1 / ((forget ? p : a2) + p * lp);
+        const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) * inv_den;
+        const FT alpha = (forget ? (FT)0 : a) * inv_den;
+        const FT eta_pred = alpha * ep + lam_pred * c;
+        /* update: observed unless z is NaN or obs_var is inf */
+        const int observed = (zz == zz) & (o <= (FT)KS_FT_MAX);
+        const FT rho_h = rs[j] * h; /* rs = 1 / obs_var */
+        const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
+        const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
+        const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred * var_pred;
+        const FT var = (FT)1 / l;
+        o_lam[j] = l;
+        o_eta[j] = e;
+        o_mean[j] = e * var;
+        o_var[j] = var;
+        o_lp[j] = lam_pred;
+        o_mp[j] = mean_pred;
+        o_vp[j] = var_pred;
+        lam[j] = l;
+        eta[j] = e;
+        fast_ok &= (inv_den >= (FT)KS_FT_MIN) & (inv_den <= (FT)KS_FT_MAX) &
+                   (((var >= (FT)KS_FT_MIN) & (var <= (FT)KS_FT_MAX)) | (l == (FT)0)) &
+                   (((var_pred >= (FT)KS_FT_MIN) & (var_pred <= (FT)KS_FT_MAX)) |
+                    (lam_pred == (FT)0));
+        /* log-likelihood, exact diffuse convention: steps with lam_pred = 0 add nothing (unless
+         * h = 0); innovation variance s = h^2 var_pred + obs_var */
+        const int known = lam_pred > (FT)0;
+        const int contrib = observed & (known | (h == (FT)0));
+        const FT s = h * h * (known ? var_pred : (FT)0) + (observed ? o : (FT)1);
+        const FT innov = (contrib ? zz : (FT)0) - h * (known ? mean_pred : (FT)0);
+        const double s_ok = contrib ? (double)s : 1.0;
+        const double di = (double)innov;
+        const double quad = s_ok <= DBL_MAX ? di * di / s_ok : 0.0;
+        acc[j] = acc_in[j] + (contrib ? -0.5 * (KS_LOG_2PI + ks_log(s_ok) + quad) : 0.0);
+    }
+    return fast_ok;
+}
+
+/* Lanes [n0, n0 + nb) over all steps. state: 2 x (lam, eta) tiles (in and out, swapped every
+ * step); acc: 2 log-likelihood tiles; buf: KS_NSERIES gathered parameter tiles and
+ * one for 1 / obs_var. The final
+ * log-likelihood is left in acc[0 .. nb). Returns 1 when every lam and eta is finite. */
+static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state, double *acc,
+                   KS_FT *buf) {
+    typedef KS_FT FT;
+    const Py_ssize_t T = job->T, N = job->N;
+    const FT *src[KS_NSERIES];
+    int gather[KS_NSERIES], fixed[KS_NSERIES];
+    for (int k = 0; k < KS_NSERIES; k++) {
+        const ks_series *s = &job->in[k];
+        gather[k] = s->sn != 1;
+        fixed[k] = s->st == 0;
+        if (gather[k] && fixed[k]) {
+            const FT *p = (const FT *)s->ptr + n0 * s->sn;
+            for (Py_ssize_t j = 0; j < nb; j++) buf[k * KS_TILE + j] = p[j * s->sn];
+        }
+    }
+    /* 1 / obs_var, once per tile when obs_var is constant in time, else once per step */
+    FT *rho = buf + KS_NSERIES * KS_TILE;
+    const int obs_fixed = fixed[KS_OBS];
+    int ok = 1;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        for (int k = 0; k < KS_NSERIES; k++) {
+            const ks_series *s = &job->in[k];
+            const FT *p = (const FT *)s->ptr + t * s->st + n0 * s->sn;
+            FT *b = buf + k * KS_TILE;
+            if (!gather[k]) {
+                src[k] = p;
+            } else {
+                if (!fixed[k]) {
+                    if (s->sn == 0) {
+                        const FT v = p[0];
+                        for (Py_ssize_t j = 0; j < nb; j++) b[j] = v;
+                    } else {
+                        for (Py_ssize_t j = 0; j < nb; j++) b[j] = p[j * s->sn];
+                    }
+                }
+                src[k] = b;
+            }
+        }
+        if (t == 0 || !obs_fixed) {
+            const FT *restrict o = src[KS_OBS];
+            for (Py_ssize_t j = 0; j < nb; j++) rho[j] = (FT)1 / o[j];
+        }
+        const Py_ssize_t row = t * N + n0;
+        const int in = (int)(t & 1), out = 1 - in;
+        FT *o_lam = (FT *)job->out[KS_LAM] + row, *o_eta = (FT *)job->out[KS_ETA] + row;
+        if (!KS_ROW(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+                    state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE, acc + in * KS_TILE,
+                    state + (2 * out) * KS_TILE, state + (2 * out + 1) * KS_TILE,
+                    acc + out * KS_TILE, o_lam, o_eta, (FT *)job->out[KS_MEAN] + row,
+                    (FT *)job->out[KS_VAR] + row, (FT *)job->out[KS_LAM_PRED] + row,
+                    (FT *)job->out[KS_MEAN_PRED] + row, (FT *)job->out[KS_VAR_PRED] + row))
+            KS_ROW_EXACT(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+                         state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE,
+                         acc + in * KS_TILE, state + (2 * out) * KS_TILE,
+                         state + (2 * out + 1) * KS_TILE, acc + out * KS_TILE, o_lam, o_eta,
+                         (FT *)job->out[KS_MEAN] + row, (FT *)job->out[KS_VAR] + row,
+                         (FT *)job->out[KS_LAM_PRED] + row, (FT *)job->out[KS_MEAN_PRED] + row,
+                         (FT *)job->out[KS_VAR_PRED] + row);
+        int ok_row = 1;
+        for (Py_ssize_t j = 0; j < nb; j++)
+            ok_row &= (o_lam[j] - o_lam[j] == (FT)0) & (o_eta[j] - o_eta[j] == (FT)0);
+        ok &= ok_row;
+    }
+    if (T & 1) /* the last step wrote into slot 1 */
+        for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[KS_TILE + j];
+    return ok;
+}
+
+#undef KS_ROW_ARGS
+#undef KS_ROW_EXACT
+#undef KS_ROW
+#undef KS_CAT
+#undef KS_CAT_
