@@ -18,8 +18,9 @@
  * whose lane stride is not 1 are gathered into a small tile buffer first (once per tile when they
  * are also constant in time). Lane ranges run on worker threads with the GIL released.
  *
- * Inputs are assumed valid (kalmanscan/core/_args.py checks them at the public boundary); a
- * non-finite filtered precision or information (overflow) is reported to the caller, which raises.
+ * Inputs are assumed valid (kalmanscan/core/_args.py checks them at the public boundary), except
+ * that the check of z for infinities is done here, in the same pass (flag KS_Z_INF); a non-finite
+ * filtered precision or information (overflow) is flagged too. The caller raises for both.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +45,11 @@
 #endif
 
 #define KS_TILE 256
+
+/* Flags of the kernel's result (bits). */
+#define KS_NOT_FINITE 1  /* a filtered precision or information is not finite (overflow) */
+#define KS_Z_INF 2       /* z holds +-inf (invalid input; the caller raises) */
+#define KS_ROW_INEXACT 4 /* internal: recompute a row with the division forms */
 #define KS_LOG_2PI 1.8378770664093454835606594728112
 
 enum { KS_Z, KS_OBS, KS_A, KS_P, KS_H, KS_C, KS_NSERIES };
@@ -63,7 +69,7 @@ typedef struct {
     char *out[KS_NOUT]; /* contiguous [T, N] */
     char *loglik;       /* contiguous [N] */
     Py_ssize_t n_lo, n_hi;
-    int bad; /* set when a filtered precision or information is not finite */
+    int flags; /* KS_NOT_FINITE | KS_Z_INF */
 } ks_job;
 
 /* Natural logarithm written so that it vectorizes (fdlibm's e_log.c reduction and polynomial,
@@ -128,7 +134,7 @@ static void *ks_run_job(void *arg) {
     double acc[2 * KS_TILE];
     double state_d[4 * KS_TILE], buf_d[(KS_NSERIES + 1) * KS_TILE];
     float state_f[4 * KS_TILE], buf_f[(KS_NSERIES + 1) * KS_TILE];
-    int ok = 1;
+    int flags = 0;
     for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += KS_TILE) {
         Py_ssize_t nb = job->n_hi - n0 < KS_TILE ? job->n_hi - n0 : KS_TILE;
         for (Py_ssize_t j = 0; j < nb; j++) acc[j] = 0.0;
@@ -138,7 +144,7 @@ static void *ks_run_job(void *arg) {
                 state_d[j] = l0[(n0 + j) * job->lam0_sn];
                 state_d[KS_TILE + j] = e0[(n0 + j) * job->eta0_sn];
             }
-            ok &= ks_tile_f64(job, n0, nb, state_d, acc, buf_d);
+            flags |= ks_tile_f64(job, n0, nb, state_d, acc, buf_d);
             double *ll = (double *)job->loglik + n0;
             for (Py_ssize_t j = 0; j < nb; j++) ll[j] = acc[j];
         } else {
@@ -147,12 +153,12 @@ static void *ks_run_job(void *arg) {
                 state_f[j] = l0[(n0 + j) * job->lam0_sn];
                 state_f[KS_TILE + j] = e0[(n0 + j) * job->eta0_sn];
             }
-            ok &= ks_tile_f32(job, n0, nb, state_f, acc, buf_f);
+            flags |= ks_tile_f32(job, n0, nb, state_f, acc, buf_f);
             float *ll = (float *)job->loglik + n0;
             for (Py_ssize_t j = 0; j < nb; j++) ll[j] = (float)acc[j];
         }
     }
-    job->bad = !ok;
+    job->flags = flags;
     return NULL;
 }
 
@@ -169,13 +175,13 @@ static int parse_series(PyObject *obj, ks_series *s, const char *what) {
 }
 
 PyDoc_STRVAR(filter_doc,
-             "filter(is_double, T, N, threads, series, lam0, eta0, outputs, loglik) -> bool\n\n"
+             "filter(is_double, T, N, threads, series, lam0, eta0, outputs, loglik) -> int\n\n"
              "Fused filter pass over [T, N] lanes (addresses and element strides; see native.py).\n"
              "series: 6 tuples (address, time stride, lane stride) for z, obs_var, decay,\n"
              "process_var, loading, offset; lam0, eta0: (address, lane stride); outputs: 7\n"
              "addresses of contiguous [T, N] arrays (lam, eta, mean, var, lam_pred, mean_pred,\n"
-             "var_pred); loglik: address of a contiguous [N] array. Returns True when every\n"
-             "filtered precision and information is finite.");
+             "var_pred); loglik: address of a contiguous [N] array. Returns flags: 1 when a\n"
+             "filtered precision or information is not finite, 2 when z holds an infinity.");
 
 static PyObject *ks_filter(PyObject *self, PyObject *args) {
     (void)self;
@@ -228,7 +234,7 @@ static PyObject *ks_filter(PyObject *self, PyObject *args) {
         jobs[njobs].n_hi = lo + per < N ? lo + per : N;
         njobs++;
     }
-    int bad = 0;
+    int flags = 0;
     Py_BEGIN_ALLOW_THREADS
 #ifdef KS_HAVE_PTHREADS
     pthread_t tid[KS_MAX_THREADS];
@@ -244,9 +250,9 @@ static PyObject *ks_filter(PyObject *self, PyObject *args) {
 #else
     for (int k = 0; k < njobs; k++) ks_run_job(&jobs[k]);
 #endif
-    for (int k = 0; k < njobs; k++) bad |= jobs[k].bad;
+    for (int k = 0; k < njobs; k++) flags |= jobs[k].flags;
     Py_END_ALLOW_THREADS
-    return PyBool_FromLong(!bad);
+    return PyLong_FromLong(flags);
 }
 
 static PyMethodDef ks_methods[] = {

@@ -55,13 +55,15 @@ static void KS_ROW_EXACT(KS_ROW_ARGS) {
 }
 
 /* The same step, vectorized: each denominator is inverted once (mean = eta * (1/lam) rather than
- * eta / lam, within an ulp). Returns 0 when a reciprocal left the normal range (a variance beyond
- * the dtype's range, or a tiny denominator): the caller then recomputes the row exactly. */
+ * eta / lam, within an ulp). Returns KS_ROW_INEXACT when a reciprocal left the normal range (a
+ * variance beyond the dtype's range, or a tiny denominator; the caller then recomputes the row
+ * exactly), plus KS_Z_INF when z holds an infinity (the input check this kernel takes over). */
 KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
     typedef KS_FT FT;
-    int fast_ok = 1;
+    int fast_ok = 1, z_inf = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
+        z_inf |= (zz == zz) & ((zz - zz) != (zz - zz));
         const FT lp = lam_in[j], ep = eta_in[j];
         const FT a2 = a * a;
         const int forget = a2 == (FT)0;
@@ -101,13 +103,14 @@ KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
         const double quad = s_ok <= DBL_MAX ? di * di / s_ok : 0.0;
         acc[j] = acc_in[j] + (contrib ? -0.5 * (KS_LOG_2PI + ks_log(s_ok) + quad) : 0.0);
     }
-    return fast_ok;
+    return (fast_ok ? 0 : KS_ROW_INEXACT) | (z_inf ? KS_Z_INF : 0);
 }
 
 /* Lanes [n0, n0 + nb) over all steps. state: 2 x (lam, eta) tiles (in and out, swapped every
  * step); acc: 2 log-likelihood tiles; buf: KS_NSERIES gathered parameter tiles and
  * one for 1 / obs_var. The final
- * log-likelihood is left in acc[0 .. nb). Returns 1 when every lam and eta is finite. */
+ * log-likelihood is left in acc[0 .. nb). Returns KS_NOT_FINITE when a lam or eta is not finite,
+ * plus KS_Z_INF when z holds an infinity. */
 static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state, double *acc,
                    KS_FT *buf) {
     typedef KS_FT FT;
@@ -126,7 +129,7 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
     /* 1 / obs_var, once per tile when obs_var is constant in time, else once per step */
     FT *rho = buf + KS_NSERIES * KS_TILE;
     const int obs_fixed = fixed[KS_OBS];
-    int ok = 1;
+    int ok = 1, z_inf = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
         for (int k = 0; k < KS_NSERIES; k++) {
             const ks_series *s = &job->in[k];
@@ -153,12 +156,14 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
         const Py_ssize_t row = t * N + n0;
         const int in = (int)(t & 1), out = 1 - in;
         FT *o_lam = (FT *)job->out[KS_LAM] + row, *o_eta = (FT *)job->out[KS_ETA] + row;
-        if (!KS_ROW(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+        const int flags = KS_ROW(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
                     state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE, acc + in * KS_TILE,
                     state + (2 * out) * KS_TILE, state + (2 * out + 1) * KS_TILE,
                     acc + out * KS_TILE, o_lam, o_eta, (FT *)job->out[KS_MEAN] + row,
                     (FT *)job->out[KS_VAR] + row, (FT *)job->out[KS_LAM_PRED] + row,
-                    (FT *)job->out[KS_MEAN_PRED] + row, (FT *)job->out[KS_VAR_PRED] + row))
+                    (FT *)job->out[KS_MEAN_PRED] + row, (FT *)job->out[KS_VAR_PRED] + row);
+        z_inf |= flags & KS_Z_INF;
+        if (flags & KS_ROW_INEXACT)
             KS_ROW_EXACT(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
                          state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE,
                          acc + in * KS_TILE, state + (2 * out) * KS_TILE,
@@ -173,7 +178,7 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
     }
     if (T & 1) /* the last step wrote into slot 1 */
         for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[KS_TILE + j];
-    return ok;
+    return (ok ? 0 : KS_NOT_FINITE) | z_inf;
 }
 
 #undef KS_ROW_ARGS

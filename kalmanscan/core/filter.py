@@ -65,6 +65,7 @@ class _Prepared(NamedTuple):
     axis: int
     shape: tuple
     lane_shape: tuple
+    z_in: torch.Tensor  # z as given (for error messages)
     z: torch.Tensor  # [T, N], NaN where not observed
     obs_var: torch.Tensor  # [T, N] (maybe an expanded view), inf or anything where z is NaN
     decay: torch.Tensor
@@ -113,9 +114,14 @@ def _prepare(
     T = shape[axis]
     if T == 0:
         raise ValueError(f"z: expected at least one time step along axis {axis}, got shape {shape}")
-    _args.check_range("z", zt, allow_nan=True, what="finite values or NaN (missing)")
     lane_shape = shape[:axis] + shape[axis + 1 :]
     N = math.prod(lane_shape)
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()
+    )
+    name = backends.resolve(backend, conv.device, needs_grad=needs_grad, shape=(T, N))
+    if name != "native":  # the native kernel checks z for infinities in its own pass
+        _args.check_range("z", zt, allow_nan=True, what=_EXPECT["z"])
 
     def series(name, lo=None, lo_open=False, allow_inf=False):
         t = conv.tensor(name)
@@ -167,8 +173,12 @@ def _prepare(
     else:
         pv = lanes("prior_var", lo=0.0, lo_open=True, allow_inf=True)
         pm = lanes("prior_mean")
-        lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv)
-        eta0 = lam0 * pm
+        pvc = compact(pv)  # a lane-invariant prior costs one element, not N
+        lam0 = torch.where(torch.isinf(pvc), 0.0, 1.0 / pvc)
+        eta0 = (lam0 * compact(pm)).expand(N)
+        lam0 = lam0.expand(N)
+        if name != "native":  # the other backends take materialized [N] states
+            lam0, eta0 = lam0.contiguous(), eta0.contiguous()
     oc = compact(obs)
     hc = compact(h)
     bad = _args.first_bad(torch.isinf(oc.reciprocal()))
@@ -185,7 +195,7 @@ def _prepare(
             f"loading: expected loading**2 / obs_var finite in {zt.dtype}, got loading={l!r} "
             f"with obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
         )
-    bad = _args.first_bad(torch.isinf(lam0))
+    bad = _args.first_bad(torch.isinf(compact(lam0)))
     if bad is not None:
         name_ = "init.lam" if init is not None else "prior_var"
         v = (lam0 if init is not None else pv)[bad].item()
@@ -193,17 +203,14 @@ def _prepare(
             f"{name_}: expected a prior precision finite in {zt.dtype}, "
             f"got {name_}={v!r} at lane {bad}"
         )
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()
-    )
-    name = backends.resolve(backend, conv.device, needs_grad=needs_grad, shape=(T, N))
     # z alone marks the steps not observed (the native kernel reads obs_var = inf itself)
     if name != "native" and bool(torch.isinf(oc).any()):
         zz = zz.masked_fill(torch.isinf(oc), float("nan"))
-    return _Prepared(conv, axis, shape, lane_shape, zz, obs, a, p, h, c, lam0, eta0, name)
+    return _Prepared(conv, axis, shape, lane_shape, zt, zz, obs, a, p, h, c, lam0, eta0, name)
 
 
 _EXPECT = {
+    "z": "finite values or NaN (missing)",
     "obs_var": "values > 0 (inf marks a step as not observed)",
     "process_var": "values >= 0 and finite",
     "prior_var": "values > 0 (inf: diffuse prior)",
@@ -226,10 +233,12 @@ def _run(prep: _Prepared):
     """Filter ``[T, N]`` lanes: returns a dict of ``[T, N]`` / ``[N]`` tensors."""
     if prep.backend == "native":  # one fused pass over all of time: no blocks needed
         p = prep
-        out, ok = native.run(
+        out, flags = native.run(
             p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.lam0, p.eta0
         )
-        if not ok:
+        if flags & native.Z_INF:  # raises, naming the first infinity of z
+            _args.check_range("z", p.z_in, allow_nan=True, what=_EXPECT["z"])
+        if flags & native.NOT_FINITE:
             _check_overflow(out["lam"], out["eta"])
         return out
     T, N = prep.z.shape

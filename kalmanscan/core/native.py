@@ -21,6 +21,10 @@ try:
 except ImportError:  # built without a C compiler: the torch backend serves the CPU
     _ext = None
 
+# flags returned by the kernel (bits)
+NOT_FINITE = 1  # a filtered precision or information is not finite: overflow
+Z_INF = 2  # z holds +-inf: invalid input (filter.py raises naming it)
+
 _KEYS = ("lam", "eta", "mean", "var", "lam_pred", "mean_pred", "var_pred")
 # Below this many elements one thread does the whole call (starting threads costs ~50 us).
 _MIN_ELEMS_PER_THREAD = 1 << 14
@@ -50,18 +54,19 @@ def _series(x: torch.Tensor):
 def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=None):
     """Filter ``[T, N]`` lanes in one pass.
 
-    Returns ``(out, ok)``: ``out`` maps ``lam, eta, mean, var, lam_pred, mean_pred, var_pred`` to
-    new contiguous ``[T, N]`` tensors and ``loglik`` to ``[N]``; ``ok`` is False when a filtered
-    precision or information is not finite (overflow; the caller raises).
+    Returns ``(out, flags)``: ``out`` maps ``lam, eta, mean, var, lam_pred, mean_pred, var_pred``
+    to new contiguous ``[T, N]`` tensors and ``loglik`` to ``[N]``; ``flags`` has bit
+    :data:`NOT_FINITE` set when a filtered precision or information is not finite (overflow) and
+    :data:`Z_INF` when ``z`` holds an infinity (the caller raises for both).
 
     >>> import torch
     >>> from kalmanscan.core import native
     >>> z = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
     >>> one = lambda v: torch.full((2, 1), v, dtype=torch.float64)
-    >>> out, ok = native.run(z, one(1.0), one(1.0), one(0.0), one(1.0), one(0.0),
+    >>> out, flags = native.run(z, one(1.0), one(1.0), one(0.0), one(1.0), one(0.0),
     ...                      torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
-    >>> out["mean"][:, 0].tolist(), ok
-    ([1.0, 1.5], True)
+    >>> out["mean"][:, 0].tolist(), flags
+    ([1.0, 1.5], 0)
     """
     if _ext is None:
         raise RuntimeError("kalmanscan.core._native is not built; use the torch backend")
@@ -82,7 +87,7 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
     threads = max(1, min(int(threads), (T * N) // _MIN_ELEMS_PER_THREAD))
     lam0 = lam0.to(dtype).expand(N)
     eta0 = eta0.to(dtype).expand(N)
-    ok = _ext.filter(
+    flags = _ext.filter(
         dtype == torch.float64,
         T,
         N,
@@ -95,7 +100,7 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
     )
     out = dict(zip(_KEYS, outs, strict=True))
     out["loglik"] = loglik
-    return out, ok
+    return out, flags
 
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
