@@ -44,12 +44,13 @@
 #define KS_CLONES
 #endif
 
-#define KS_TILE 256
+#define KS_TILE 1024 /* default lanes per tile (buffers stay in L2) */
 
 /* Flags of the kernel's result (bits). */
 #define KS_NOT_FINITE 1  /* a filtered precision or information is not finite (overflow) */
 #define KS_Z_INF 2       /* z holds +-inf (invalid input; the caller raises) */
 #define KS_ROW_INEXACT 4 /* internal: recompute a row with the division forms */
+#define KS_NO_MEMORY 8   /* a worker could not allocate its tile buffers */
 #define KS_LOG_2PI 1.8378770664093454835606594728112
 
 enum { KS_Z, KS_OBS, KS_A, KS_P, KS_H, KS_C, KS_NSERIES };
@@ -69,6 +70,7 @@ typedef struct {
     char *out[KS_NOUT]; /* contiguous [T, N] */
     char *loglik;       /* contiguous [N] */
     Py_ssize_t n_lo, n_hi;
+    Py_ssize_t tile; /* lanes per tile */
     int flags; /* KS_NOT_FINITE | KS_Z_INF */
 } ks_job;
 
@@ -129,35 +131,45 @@ static inline double ks_log(double x) {
 
 static void *ks_run_job(void *arg) {
     ks_job *job = (ks_job *)arg;
-    /* per tile: state (lam, eta) and log-likelihood, each twice (in, out), and one gather buffer
-     * per parameter series and for 1 / obs_var */
-    double acc[2 * KS_TILE];
-    double state_d[4 * KS_TILE], buf_d[(KS_NSERIES + 1) * KS_TILE];
-    float state_f[4 * KS_TILE], buf_f[(KS_NSERIES + 1) * KS_TILE];
+    const Py_ssize_t W = job->tile;
+    /* per tile: state (lam, eta) and log-likelihood, each twice (in, out); one gather buffer per
+     * parameter series and one for 1 / obs_var */
+    double *acc = (double *)malloc(sizeof(double) * 2 * W);
+    double *work = (double *)malloc(sizeof(double) * (4 + KS_NSERIES + 1) * W);
+    if (acc == NULL || work == NULL) {
+        free(acc);
+        free(work);
+        job->flags = KS_NO_MEMORY;
+        return NULL;
+    }
     int flags = 0;
-    for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += KS_TILE) {
-        Py_ssize_t nb = job->n_hi - n0 < KS_TILE ? job->n_hi - n0 : KS_TILE;
+    for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += W) {
+        Py_ssize_t nb = job->n_hi - n0 < W ? job->n_hi - n0 : W;
         for (Py_ssize_t j = 0; j < nb; j++) acc[j] = 0.0;
         if (job->is_double) {
+            double *state = work, *buf = work + 4 * W;
             const double *l0 = (const double *)job->lam0, *e0 = (const double *)job->eta0;
             for (Py_ssize_t j = 0; j < nb; j++) {
-                state_d[j] = l0[(n0 + j) * job->lam0_sn];
-                state_d[KS_TILE + j] = e0[(n0 + j) * job->eta0_sn];
+                state[j] = l0[(n0 + j) * job->lam0_sn];
+                state[W + j] = e0[(n0 + j) * job->eta0_sn];
             }
-            flags |= ks_tile_f64(job, n0, nb, state_d, acc, buf_d);
+            flags |= ks_tile_f64(job, n0, nb, state, acc, buf);
             double *ll = (double *)job->loglik + n0;
             for (Py_ssize_t j = 0; j < nb; j++) ll[j] = acc[j];
         } else {
+            float *state = (float *)work, *buf = (float *)work + 4 * W;
             const float *l0 = (const float *)job->lam0, *e0 = (const float *)job->eta0;
             for (Py_ssize_t j = 0; j < nb; j++) {
-                state_f[j] = l0[(n0 + j) * job->lam0_sn];
-                state_f[KS_TILE + j] = e0[(n0 + j) * job->eta0_sn];
+                state[j] = l0[(n0 + j) * job->lam0_sn];
+                state[W + j] = e0[(n0 + j) * job->eta0_sn];
             }
-            flags |= ks_tile_f32(job, n0, nb, state_f, acc, buf_f);
+            flags |= ks_tile_f32(job, n0, nb, state, acc, buf);
             float *ll = (float *)job->loglik + n0;
             for (Py_ssize_t j = 0; j < nb; j++) ll[j] = (float)acc[j];
         }
     }
+    free(acc);
+    free(work);
     job->flags = flags;
     return NULL;
 }
@@ -186,13 +198,14 @@ PyDoc_STRVAR(filter_doc,
 static PyObject *ks_filter(PyObject *self, PyObject *args) {
     (void)self;
     int is_double, threads;
+    Py_ssize_t tile = 0;
     Py_ssize_t T, N;
     PyObject *series, *outputs;
     unsigned long long lam0, eta0, loglik;
     Py_ssize_t lam0_sn, eta0_sn;
-    if (!PyArg_ParseTuple(args, "pnniO!(Kn)(Kn)O!K", &is_double, &T, &N, &threads, &PyTuple_Type,
-                          &series, &lam0, &lam0_sn, &eta0, &eta0_sn, &PyTuple_Type, &outputs,
-                          &loglik))
+    if (!PyArg_ParseTuple(args, "pnniO!(Kn)(Kn)O!K|n", &is_double, &T, &N, &threads,
+                          &PyTuple_Type, &series, &lam0, &lam0_sn, &eta0, &eta0_sn, &PyTuple_Type,
+                          &outputs, &loglik, &tile))
         return NULL;
     if (PyTuple_GET_SIZE(series) != KS_NSERIES || PyTuple_GET_SIZE(outputs) != KS_NOUT) {
         PyErr_SetString(PyExc_TypeError, "series, outputs: expected 6 and 7 entries");
@@ -225,6 +238,8 @@ static PyObject *ks_filter(PyObject *self, PyObject *args) {
     if (threads < 1) threads = 1;
     if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
     if ((Py_ssize_t)threads > (N + align - 1) / align) threads = (int)((N + align - 1) / align);
+    if (tile < 1) tile = KS_TILE;
+    base.tile = tile;
     ks_job jobs[KS_MAX_THREADS];
     Py_ssize_t per = ((N + threads - 1) / threads + align - 1) / align * align;
     int njobs = 0;
@@ -252,6 +267,7 @@ static PyObject *ks_filter(PyObject *self, PyObject *args) {
 #endif
     for (int k = 0; k < njobs; k++) flags |= jobs[k].flags;
     Py_END_ALLOW_THREADS
+    if (flags & KS_NO_MEMORY) return PyErr_NoMemory();
     return PyLong_FromLong(flags);
 }
 

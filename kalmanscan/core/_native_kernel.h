@@ -114,7 +114,7 @@ KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
 static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state, double *acc,
                    KS_FT *buf) {
     typedef KS_FT FT;
-    const Py_ssize_t T = job->T, N = job->N;
+    const Py_ssize_t T = job->T, N = job->N, W = job->tile;
     const FT *src[KS_NSERIES];
     int gather[KS_NSERIES], fixed[KS_NSERIES];
     for (int k = 0; k < KS_NSERIES; k++) {
@@ -123,18 +123,18 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
         fixed[k] = s->st == 0;
         if (gather[k] && fixed[k]) {
             const FT *p = (const FT *)s->ptr + n0 * s->sn;
-            for (Py_ssize_t j = 0; j < nb; j++) buf[k * KS_TILE + j] = p[j * s->sn];
+            for (Py_ssize_t j = 0; j < nb; j++) buf[k * W + j] = p[j * s->sn];
         }
     }
     /* 1 / obs_var, once per tile when obs_var is constant in time, else once per step */
-    FT *rho = buf + KS_NSERIES * KS_TILE;
+    FT *rho = buf + KS_NSERIES * W;
     const int obs_fixed = fixed[KS_OBS];
     int ok = 1, z_inf = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
         for (int k = 0; k < KS_NSERIES; k++) {
             const ks_series *s = &job->in[k];
             const FT *p = (const FT *)s->ptr + t * s->st + n0 * s->sn;
-            FT *b = buf + k * KS_TILE;
+            FT *b = buf + k * W;
             if (!gather[k]) {
                 src[k] = p;
             } else {
@@ -157,17 +157,17 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
         const int in = (int)(t & 1), out = 1 - in;
         FT *o_lam = (FT *)job->out[KS_LAM] + row, *o_eta = (FT *)job->out[KS_ETA] + row;
         const int flags = KS_ROW(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                    state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE, acc + in * KS_TILE,
-                    state + (2 * out) * KS_TILE, state + (2 * out + 1) * KS_TILE,
-                    acc + out * KS_TILE, o_lam, o_eta, (FT *)job->out[KS_MEAN] + row,
+                    state + (2 * in) * W, state + (2 * in + 1) * W, acc + in * W,
+                    state + (2 * out) * W, state + (2 * out + 1) * W,
+                    acc + out * W, o_lam, o_eta, (FT *)job->out[KS_MEAN] + row,
                     (FT *)job->out[KS_VAR] + row, (FT *)job->out[KS_LAM_PRED] + row,
                     (FT *)job->out[KS_MEAN_PRED] + row, (FT *)job->out[KS_VAR_PRED] + row);
         z_inf |= flags & KS_Z_INF;
         if (flags & KS_ROW_INEXACT)
             KS_ROW_EXACT(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                         state + (2 * in) * KS_TILE, state + (2 * in + 1) * KS_TILE,
-                         acc + in * KS_TILE, state + (2 * out) * KS_TILE,
-                         state + (2 * out + 1) * KS_TILE, acc + out * KS_TILE, o_lam, o_eta,
+                         state + (2 * in) * W, state + (2 * in + 1) * W,
+                         acc + in * W, state + (2 * out) * W,
+                         state + (2 * out + 1) * W, acc + out * W, o_lam, o_eta,
                          (FT *)job->out[KS_MEAN] + row, (FT *)job->out[KS_VAR] + row,
                          (FT *)job->out[KS_LAM_PRED] + row, (FT *)job->out[KS_MEAN_PRED] + row,
                          (FT *)job->out[KS_VAR_PRED] + row);
@@ -177,7 +177,7 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
         ok &= ok_row;
     }
     if (T & 1) /* the last step wrote into slot 1 */
-        for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[KS_TILE + j];
+        for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[W + j];
     return (ok ? 0 : KS_NOT_FINITE) | z_inf;
 }
 
