@@ -1,9 +1,10 @@
 """The one dispatch table of the general filter: backend name -> ``filter_lanes`` implementation.
 
 ``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is installed; ``"native"``
-(the compiled fused CPU kernel) for CPU calls that need no autograd when the extension is built and
-:func:`kalmanscan.core.native.serves` the shape; else ``"torch"``. A backend that cannot serve a
-call raises and names one that can.
+(the compiled fused CPU kernel) for CPU calls that need no autograd, when the extension is built;
+else ``"torch"``. It never looks at shapes: the native kernel is the fastest CPU path on every shape
+measured, one long lane included (docs/performance-cpu.md). A backend that cannot serve a call
+raises and names one that can.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ def _triton_available() -> bool:
     )
 
 
-def resolve(backend: str, device: torch.device, *, needs_grad: bool = False, shape=None) -> str:
+def resolve(backend: str, device: torch.device, *, needs_grad: bool = False) -> str:
     """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve the call.
 
-    ``needs_grad``: some input requires grad (with grad mode on); ``shape``: ``(T, N)`` of the
-    ``[time, lane]`` grid, or None when unknown (then ``"auto"`` does not look at it).
+    ``needs_grad``: some input requires grad with grad mode on (the native kernel has no backward).
     """
     if not isinstance(backend, str) or (backend != "auto" and backend not in FILTER_BACKENDS):
         raise ValueError(
@@ -44,12 +44,7 @@ def resolve(backend: str, device: torch.device, *, needs_grad: bool = False, sha
     if backend == "auto":
         if device.type == "cuda" and _triton_available():
             return "triton"
-        if (
-            device.type == "cpu"
-            and not needs_grad
-            and native.available()
-            and (shape is None or native.serves(*shape))
-        ):
+        if device.type == "cpu" and not needs_grad and native.available():
             return "native"
         return "torch"
     if backend == "triton" and device.type != "cuda":

@@ -119,7 +119,7 @@ def _prepare(
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()
     )
-    name = backends.resolve(backend, conv.device, needs_grad=needs_grad, shape=(T, N))
+    name = backends.resolve(backend, conv.device, needs_grad=needs_grad)
     if name != "native":  # the native kernel checks z for infinities in its own pass
         _args.check_range("z", zt, allow_nan=True, what=_EXPECT["z"])
 

@@ -3,8 +3,10 @@
 The extension is built at install time when a C compiler is present (setup.py, optional). It
 computes everything :func:`kalmanscan.core.filter._run_block` returns in one pass, vectorized across
 lanes, with lanes split across threads (``torch.get_num_threads()`` of them) and the GIL released.
-It computes no gradients: ``backend="auto"`` picks it for CPU calls that need none (numpy input, or
-tensors without ``requires_grad``), see :func:`serves`.
+It computes no gradients: ``backend="auto"`` picks it for every CPU call that needs none (numpy
+input, tensors without ``requires_grad``, or under ``torch.no_grad()``), whatever the shape: on one
+lane of 200 000 steps too it is faster than the chunked parallel scan of the torch backend
+(docs/performance-cpu.md).
 
 Backend contract (docs/architecture.md): ``filter_lanes(z, obs_var, decay, process_var, loading,
 offset, lam0, eta0) -> (lam, eta)`` with ``[T, N]`` inputs (expanded views allowed: stride 0 is
@@ -36,14 +38,9 @@ def available() -> bool:
     return _ext is not None
 
 
-def serves(T: int, N: int) -> bool:
-    """Whether ``backend="auto"`` should pick the native kernel for ``T`` steps of ``N`` lanes.
-
-    The fused sequential pass costs a few nanoseconds per element on every shape measured
-    (docs/performance-cpu.md), including one lane of 200 000 steps, where it beats the chunked
-    parallel scan of the torch backend; so every shape is served.
-    """
-    return T >= 1 and N >= 1
+def _empty(shape, dtype) -> torch.Tensor:
+    """Output storage from numpy's allocator (it asks the OS for huge pages on large blocks)."""
+    return torch.from_numpy(np.empty(shape, _NUMPY[dtype]))
 
 
 def _series(x: torch.Tensor):
@@ -63,8 +60,8 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
     >>> from kalmanscan.core import native
     >>> z = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
     >>> one = lambda v: torch.full((2, 1), v, dtype=torch.float64)
-    >>> out, flags = native.run(z, one(1.0), one(1.0), one(0.0), one(1.0), one(0.0),
-    ...                      torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+    >>> zero = torch.zeros(1, dtype=torch.float64)
+    >>> out, flags = native.run(z, one(1.0), one(1.0), one(0.0), one(1.0), one(0.0), zero, zero)
     >>> out["mean"][:, 0].tolist(), flags
     ([1.0, 1.5], 0)
     """
@@ -78,10 +75,8 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
     for x in params:
         if x.dtype != dtype or x.dim() != 2 or x.device.type != "cpu":
             raise TypeError(f"native.run: expected [T, N] CPU tensors of {dtype}, got {x.dtype}")
-    # Outputs from numpy's allocator: it reuses freed blocks and asks the kernel for huge pages,
-    # so fresh [T, N] arrays cost fewer page faults than torch.empty's.
-    outs = [torch.from_numpy(np.empty((T, N), _NUMPY[dtype])) for _ in _KEYS]
-    loglik = torch.from_numpy(np.empty(N, _NUMPY[dtype]))
+    outs = [_empty((T, N), dtype) for _ in _KEYS]
+    loglik = _empty((N,), dtype)
     if threads is None:
         threads = torch.get_num_threads()
     threads = max(1, min(int(threads), (T * N) // _MIN_ELEMS_PER_THREAD))

@@ -1,0 +1,222 @@
+"""The native CPU backend (kalmanscan/core/_native.c) against the sequential reference and torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kalmanscan as ks
+from kalmanscan.core import backends, native
+from kalmanscan.testing import assert_close, rel_error
+from tests.helpers import random_model
+
+FIELDS = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
+DTYPES = [np.float64, np.float32]
+DT_IDS = ["f64", "f32"]
+
+
+def _filter(z, model, prior, backend, dtype=np.float64, **over):
+    kw = {k: np.asarray(v).astype(dtype) for k, v in {**model, **prior}.items()}
+    kw.update(over)
+    return ks.filter(
+        np.asarray(z).astype(dtype),
+        kw.pop("obs_var"),
+        kw.pop("decay"),
+        kw.pop("process_var"),
+        backend=backend,
+        **kw,
+    )
+
+
+def _assert_same(res, ref, dtype, kind="parallel"):
+    for field in FIELDS:
+        a, b = getattr(res, field), getattr(ref, field)
+        assert a.dtype == b.dtype and a.shape == b.shape, field
+        assert_close(a, b, kind, np.dtype(dtype), what=field)
+    assert_close(res.loglik, ref.loglik, kind, np.dtype(dtype), what="loglik")
+    assert_close(res.final.lam, ref.final.lam, kind, np.dtype(dtype), what="final.lam")
+    assert_close(res.final.eta, ref.final.eta, kind, np.dtype(dtype), what="final.eta")
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Native outputs start as NaN, so an element the kernel does not write fails a comparison."""
+
+    def empty(shape, dtype):
+        return torch.full(shape, float("nan"), dtype=dtype)
+
+    monkeypatch.setattr(native, "_empty", empty)
+
+
+def test_extension_is_built_and_auto_picks_it_on_the_cpu():
+    """CI must not silently fall back to the torch backend: the extension has to be importable."""
+    assert native.available(), "kalmanscan.core._native is not built (setup.py ext_modules)"
+    assert backends.resolve("auto", torch.device("cpu")) == "native"
+    assert backends.resolve("auto", torch.device("cpu"), needs_grad=True) == "torch"
+
+
+# 1031 lanes: more than one 1024-lane tile; T = 64 x 1031 lanes also splits across threads.
+SHAPES = [(1, 1), (1, 7), (63, 5), (63, 1031), (1000, 3), (1000, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("T,N", SHAPES, ids=[f"T{t}-N{n}" for t, n in SHAPES])
+@pytest.mark.parametrize("diffuse", [True, False], ids=["diffuse", "prior"])
+def test_native_matches_sequential_and_torch(rng, poisoned, T, N, dtype, diffuse):
+    """Time-varying parameters, 20 % missing, c != 0, loglik: all fields, both references."""
+    z, model, prior = random_model(rng, T, N, diffuse=diffuse)
+    if dtype == np.float32:  # well conditioned float32 models, as in test_core_filter
+        model["decay"] = np.clip(model["decay"], -0.98, 0.98)
+    res = _filter(z, model, prior, "native", dtype)
+    assert res.mean.dtype == dtype
+    _assert_same(res, _filter(z, model, prior, "sequential", dtype), dtype)
+    _assert_same(res, _filter(z, model, prior, "torch", dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_special_steps_forgetting_unobserved_zero_loading(rng, poisoned, dtype):
+    """a = 0 (total forgetting), obs_var = inf and NaN z (not observed), h = 0 while diffuse
+    (the step still counts in the log-likelihood), offsets, a lane that never sees data."""
+    T, N = 40, 9
+    z, model, prior = random_model(rng, T, N, diffuse=True, missing=0.1)
+    model["decay"] = np.clip(model["decay"], -0.98, 0.98)
+    model["decay"][[3, 17, 30]] = 0.0
+    model["process_var"][[3, 17, 30]] += 0.2
+    model["obs_var"][[5, 6, 22], 1:4] = np.inf
+    model["loading"][:4, 2] = 0.0
+    z[:, 8] = np.nan  # lane 8 never observed: mean NaN, var inf until a = 0 resets it
+    res = _filter(z, model, prior, "native", dtype)
+    assert np.isnan(res.mean[:3, 8]).all() and np.isinf(res.var[:3, 8]).all()
+    assert np.isfinite(res.var[3:, 8]).all()  # after the forgetting step the prior is 1/p
+    _assert_same(res, _filter(z, model, prior, "sequential", dtype), dtype)
+    _assert_same(res, _filter(z, model, prior, "torch", dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_broadcast_and_strided_parameters(rng, poisoned, dtype):
+    """Parameters of shape [T, 1], [1, N], [T, N] and scalars (stride-0 views read in place), z with
+    time on axis 1 and a lane-strided slice of a larger array, prior per lane."""
+    T, N = 63, 11
+    big = rng.normal(size=(2 * N, T)).astype(dtype)
+    z = big[::2]  # [N, T], lane stride 2 rows, time on axis 1
+    kw = dict(
+        obs_var=rng.uniform(0.2, 1.5, (1, T)).astype(dtype),  # time-varying, lane-invariant
+        decay=rng.uniform(0.5, 0.98, (N, 1)).astype(dtype),  # lane-varying, time-invariant
+        process_var=rng.uniform(0.05, 0.5, (N, T)).astype(dtype),  # both
+        loading=dtype(0.8),
+        offset=rng.normal(size=(1, T)).astype(dtype),
+        prior_mean=rng.normal(size=N).astype(dtype),
+        prior_var=rng.uniform(0.5, 2.0, N).astype(dtype),
+        axis=1,
+    )
+    res = ks.filter(z, backend="native", **kw)
+    assert res.mean.shape == (N, T)
+    for backend in ("sequential", "torch"):
+        _assert_same(res, ks.filter(z, backend=backend, **kw), dtype)
+
+
+def test_threads_do_not_change_results(rng):
+    """Lanes split across worker threads give bit-for-bit the single-thread result."""
+    T, N = 64, 1031
+    z, model, prior = random_model(rng, T, N, diffuse=True)
+    t = {k: torch.as_tensor(v) for k, v in model.items()}
+    args = (torch.as_tensor(z).nan_to_num(nan=float("nan")),)
+    args += tuple(t[k] for k in ("obs_var", "decay", "process_var", "loading", "offset"))
+    args += (torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64))
+    one, _ = native.run(*args, threads=1)
+    for threads in (2, 3):
+        many, _ = native.run(*args, threads=threads)
+        for k in one:
+            assert torch.equal(one[k].nan_to_num(7.0), many[k].nan_to_num(7.0)), (threads, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_smoother_on_native_matches_torch(rng, dtype):
+    z, model, prior = random_model(rng, 300, 4, diffuse=True)
+    model["decay"] = np.clip(model["decay"], -0.98, 0.98)
+    kw = {k: np.asarray(v).astype(dtype) for k, v in {**model, **prior}.items()}
+    a = ks.smooth(z.astype(dtype), backend="native", **kw)
+    b = ks.smooth(z.astype(dtype), backend="torch", **kw)
+    assert_close(a.mean, b.mean, "parallel", np.dtype(dtype), what="smoothed mean")
+    assert_close(a.var, b.var, "parallel", np.dtype(dtype), what="smoothed var")
+
+
+def test_reciprocals_outside_the_normal_range_match_the_division_forms(poisoned):
+    """Rows where 1/den or 1/lam leaves the normal float64 range take the exact division forms:
+    decay**2 subnormal with a diffuse state, and a variance growing past 1e308 (|decay| > 1)."""
+    z = np.array([np.nan, 1.0, 2.0, np.nan, np.nan, np.nan, np.nan, 0.5])
+    kw = dict(obs_var=1e300, process_var=1.0, prior_var=1e307)
+    for decay in (1e-160, 30.0):
+        res = ks.filter(z, decay=decay, backend="native", **kw)
+        ref = ks.filter(z, decay=decay, backend="torch", **kw)
+        for field in FIELDS + ("loglik",):
+            a, b = getattr(res, field), getattr(ref, field)
+            assert rel_error(a, b) <= 1e-12, (decay, field, a, b)
+
+
+def test_nile_loglik_exact_diffuse():
+    flow = np.loadtxt(
+        ks.__file__.replace("__init__.py", "data/nile.csv"), delimiter=",", comments="#", skiprows=4
+    )[:, 1]
+    res = ks.filter(flow, 15099.0, 1.0, 1469.1, backend="native")
+    assert abs(float(res.loglik) - (-632.5456)) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_overflow_is_an_error(dtype):
+    """process_var = 0 and |decay| < 1: the precision grows like decay**(-2t) and overflows."""
+    z = np.ones(2000, dtype)
+    with pytest.raises(OverflowError, match="overflowed"):
+        ks.filter(z, dtype(1.0), dtype(0.5), dtype(0.0), prior_var=dtype(1.0), backend="native")
+
+
+def test_infinite_z_is_reported_like_the_torch_path():
+    """The native path checks z for infinities inside its pass; the message is the same."""
+    z = np.zeros((50, 3))
+    z[17, 2] = -np.inf
+    msgs = []
+    for backend in ("native", "torch"):
+        with pytest.raises(ValueError, match="z:") as err:
+            ks.filter(z, 1.0, 0.9, 0.1, backend=backend)
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1] and "(17, 2)" in msgs[0]
+
+
+def test_autograd_calls_keep_the_torch_path():
+    z = torch.randn(30, 2, dtype=torch.float64)
+    decay = torch.tensor(0.9, dtype=torch.float64, requires_grad=True)
+    res = ks.filter(z, 1.0, decay, 0.1)  # auto: torch backend, differentiable
+    res.loglik.sum().backward()
+    assert decay.grad is not None and torch.isfinite(decay.grad)
+    with pytest.raises(ValueError, match="'native' computes no gradients.*'torch'"):
+        ks.filter(z, 1.0, decay, 0.1, backend="native")
+    with torch.no_grad():  # no graph wanted: native serves it
+        ref = ks.filter(z, 1.0, decay, 0.1, backend="torch")
+        res = ks.filter(z, 1.0, decay, 0.1, backend="native")
+    _assert_same(res, ref, np.float64)
+
+
+def test_torch_input_gives_torch_output_and_half_computes_in_float32(rng):
+    z = torch.randn(20, 3, dtype=torch.float16)
+    res = ks.filter(z, 1.0, 0.9, 0.1, backend="native")
+    assert isinstance(res.mean, torch.Tensor) and res.mean.dtype == torch.float32
+    ref = ks.filter(z.float(), 1.0, 0.9, 0.1, backend="sequential")
+    _assert_same(res, ref, np.float32)
+
+
+def test_native_on_cuda_tensors_is_refused_naming_alternatives():
+    with pytest.raises(ValueError, match="'native' runs on CPU tensors.*'triton'.*'torch'"):
+        backends.resolve("native", torch.device("cuda"))
+
+
+def test_fallback_without_the_extension(monkeypatch, rng):
+    """An install without a C compiler: auto uses torch, explicit 'native' says what to use."""
+    z, model, prior = random_model(rng, 50, 3)
+    with_ext = _filter(z, model, prior, "auto")
+    monkeypatch.setattr(native, "_ext", None)
+    assert not native.available()
+    assert backends.resolve("auto", torch.device("cpu")) == "torch"
+    _assert_same(_filter(z, model, prior, "auto"), with_ext, np.float64)
+    with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
+        _filter(z, model, prior, "native")
