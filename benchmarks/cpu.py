@@ -1,5 +1,7 @@
 """CPU benchmark of kalmanscan.filter against the sequential peers, in one run.
 
+kalmanscan.filter runs its default backend (on the CPU without autograd: the compiled ``native``
+kernel when it is built); the torch backend (chunked parallel scans) is timed too, for reference.
 Peers: the obvious numpy loop over time vectorized across lanes (same outputs: filtered mean,
 variance and log-likelihood), simdkalman, and filterpy (one lane at a time; timed on a subset of
 lanes and scaled, which the table says). Every timing is the median of repeated runs after a
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 import kalmanscan as ks
+from kalmanscan.core import backends
 from kalmanscan.testing import rel_error
 
 OBS_VAR, DECAY, PROC_VAR = 1.0, 0.95, 0.1
@@ -116,6 +119,16 @@ def run(shapes, repeats):
         row["kalmanscan_ms"] = (
             1e3 * timeit(lambda z=z: ks.filter(z, OBS_VAR, DECAY, PROC_VAR), repeats)[0]
         )
+        res_t = ks.filter(z, OBS_VAR, DECAY, PROC_VAR, backend="torch")
+        e = max(rel_error(res_t.mean, ref_mean), rel_error(res_t.loglik, ref_ll))
+        row["torch_backend_check_rel_err"] = e
+        if e < 1e-9:
+            row["torch_backend_ms"] = (
+                1e3
+                * timeit(
+                    lambda z=z: ks.filter(z, OBS_VAR, DECAY, PROC_VAR, backend="torch"), repeats
+                )[0]
+            )
         if "simdkalman" in peers:
             m, v = simdkalman_run(z)
             e = max(rel_error(m, ref_mean[1:]), rel_error(v, ref_var[1:]))
@@ -133,6 +146,7 @@ def run(shapes, repeats):
                 )
                 row["filterpy_lanes_timed"] = sub.shape[1]
             row["filterpy_check_rel_err"] = e
+        row["load_avg_after"] = os.getloadavg()[0]
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -141,29 +155,31 @@ def run(shapes, repeats):
 def markdown(rows, meta):
     lines = [
         f"CPU: {meta['cpu']} ({meta['cores']} cores), {meta['threads']} torch threads, torch {meta['torch']}; "
-        f"{meta['date']}; load average at start {meta['load_avg'][0]:.1f}.",
+        f"{meta['date']}; kalmanscan backend `{meta.get('backend', '?')}`; load average (1 min) at start {meta['load_avg'][0]:.1f}.",
         "Median of repeated runs; ratio = peer time / kalmanscan time (higher is better for kalmanscan).",
         "",
-        "| lanes × steps | kalmanscan ms | numpy loop ms | × vs numpy | simdkalman ms | × | filterpy ms | × | check vs numpy loop |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| lanes × steps | kalmanscan ms | numpy loop ms | × vs numpy | torch backend ms | × | simdkalman ms | × | filterpy ms | × | check vs numpy loop | load after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "kalmanscan_ms" not in r:
             lines.append(
-                f"| {r['N']} × {r['T']} | — | — | — | — | — | — | — | FAILED {r['check_rel_err']:.1e} |"
+                f"| {r['N']} × {r['T']} | — | — | — | — | — | — | — | — | — | FAILED {r['check_rel_err']:.1e} | — |"
             )
             continue
         ks_ms = r["kalmanscan_ms"]
-        cell = lambda k, r=r, ks_ms=ks_ms: (
-            (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")
-        )  # noqa: E731
+
+        def cell(k, r=r, ks_ms=ks_ms):
+            return (f"{r[k]:.1f}", f"{r[k] / ks_ms:.1f}×") if k in r else ("—", "—")
+
         npm, npx = cell("numpy_loop_ms")
+        tbm, tbx = cell("torch_backend_ms")
         sdm, sdx = cell("simdkalman_ms")
         fpm, fpx = cell("filterpy_ms")
         if "filterpy_ms" in r:
             fpm += f" (scaled from {r['filterpy_lanes_timed']} lanes)"
         lines.append(
-            f"| {r['N']} × {r['T']} | {ks_ms:.1f} | {npm} | {npx} | {sdm} | {sdx} | {fpm} | {fpx} | {r['check_rel_err']:.1e} |"
+            f"| {r['N']} × {r['T']} | {ks_ms:.1f} | {npm} | {npx} | {tbm} | {tbx} | {sdm} | {sdx} | {fpm} | {fpx} | {r['check_rel_err']:.1e} | {r.get('load_avg_after', float('nan')):.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -197,6 +213,7 @@ def main(argv=None):
         python=sys.version.split()[0],
         load_avg=os.getloadavg(),
         repeats=repeats,
+        backend=backends.resolve("auto", torch.device("cpu")),
     )
     rows = run(shapes, repeats)
     md = markdown(rows, meta)

@@ -382,8 +382,10 @@ def filter(  # noqa: A001 - the public name users expect
         init: an :class:`InfoState` ``(lam, eta)`` to start from instead of the prior (e.g. the
             ``final`` state of an earlier call); ``lam = 0`` is diffuse.
         axis: the time axis of ``z``.
-        backend: ``"auto"``, ``"torch"`` (chunked parallel scans), ``"sequential"`` (the
-            step-by-step reference) or ``"triton"`` (fused GPU kernels).
+        backend: ``"auto"``, ``"torch"`` (chunked parallel scans), ``"native"`` (the compiled
+            single-pass CPU kernel; no autograd; ``"auto"`` uses it on the CPU when no gradient is
+            needed), ``"sequential"`` (the step-by-step reference) or ``"triton"`` (fused GPU
+            kernels).
 
     Returns:
         :class:`FilterResult`: numpy arrays for numpy input, tensors (on ``z``'s device, with
