@@ -7,6 +7,7 @@ Every message names the argument, what was expected and what was received.
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 
@@ -139,14 +140,18 @@ def check_range(name, t, *, lo=None, lo_open=False, allow_inf=False, allow_nan=F
     """Raise ValueError naming ``name`` unless every element satisfies the stated range."""
     x = t.detach()
     expect = what or _range_text(lo, lo_open, allow_inf)
-    if x.numel() > 4096 and not allow_inf:
-        # fast path for large arrays: a finite (nan)sum rules out inf (and NaN where not allowed)
-        total = x.nansum() if allow_nan else x.sum()
-        if bool(torch.isfinite(total)) and (
-            lo is None or bool(x.min() > lo if lo_open else x.min() >= lo)
-            if not allow_nan
-            else lo is None
+    if x.numel() > 4096 and not allow_nan:
+        # fast path for large arrays, one pass: NaN propagates to both extremes
+        mn, mx = (float(v) for v in torch.aminmax(x))
+        if (
+            mn == mn
+            and (allow_inf or (math.isfinite(mn) and math.isfinite(mx)))
+            and (lo is None or (mn > lo if lo_open else mn >= lo))
         ):
+            return
+    elif x.numel() > 4096 and not allow_inf and lo is None:
+        # NaN allowed: a finite nansum rules out inf
+        if bool(torch.isfinite(x.nansum())):
             return
     if not allow_nan:
         bad = first_bad(torch.isnan(x))
