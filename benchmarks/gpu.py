@@ -343,7 +343,7 @@ def kernel_resources():
     carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True), 1),
+                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True), 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
@@ -419,9 +419,7 @@ def main():
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
     kla_vars = [{}]
     if not a.quick:
-        kla_vars += [{"NS": 2}, {"NS": 4}, {"fwd_slots": 2, "bwd_slots": 2},
-                     {"fwd_slots": 8, "bwd_slots": 8}, {"fwd_slots": 16, "bwd_slots": 16},
-                     {"fwd_warps": 2, "bwd_warps": 2}, {"fwd_warps": 4, "bwd_warps": 4}]  # fmt: skip
+        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_prefetch": False}]
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 8}]
     res = []
     t0 = time.time()

@@ -113,7 +113,9 @@ def test_float32_against_float64_reference():
     for name, a, b in zip(("yvar", "lam", "eta"), got[1:], ref[1:], strict=True):
         assert_close(a, b, "kernel", torch.float32, scale=b.abs().mean(), what=name)
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
-        assert_close(a, b, "kernel_grad", torch.float32, scale=b.abs().mean(), what=f"grad {name}")
+        # gradients are sums over time of signed terms too: normwise
+        err = float((a.double() - b).norm() / b.norm())
+        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

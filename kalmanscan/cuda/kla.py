@@ -60,7 +60,8 @@ def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.con
     mo = tl.max(tl.reshape(m, [NT // G, G]), axis=1)
     so = tl.arange(0, G)[:, None] * SG + tl.arange(0, SG)[None, :]
     if S == G * SG:  # every slot is real: a constant mask keeps the slot loads vectorized
-        return m, s, mo, so, m < M, tl.full([NT, SG], 1, tl.int1), mo < M, tl.full([G, SG], 1, tl.int1)
+        true_s = tl.full([NT, SG], 1, tl.int1)
+        return m, s, mo, so, m < M, true_s, mo < M, tl.full([G, SG], 1, tl.int1)
     return m, s, mo, so, m < M, s < S, mo < M, so < S
 
 
@@ -78,13 +79,53 @@ def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr):
     return p, d, af, f1
 
 
+@helper
+def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
+            smask, dt: tl.constexpr):  # fmt: skip
+    """Step ``t``'s inputs ``v, Lv [NT]`` and ``k, q [NT, SG]`` (zeros past ``L``)."""
+    ok = (m * 0 + t) < L
+    v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & ok[:, None], other=0.0).to(dt)
+    qq = tl.load(q_ptr + base_s + t * S + s, mask=smask & ok[:, None], other=0.0).to(dt)
+    return v, Lv, kk, qq
+
+
+@helper
+def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
+              S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
+              G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """One forward step from loaded inputs: the new state; writes ``y, yvar`` (and ``lam``)."""
+    rden = 1.0 / (p * lam + d)
+    lam = (lam + f1) * rden + Lv[:, None] * (kk * kk)
+    eta = af * rden * eta + (v * Lv)[:, None] * kk
+    rl = 1.0 / lam
+    y = _slot_sum(qq * eta * rl, G, NT)
+    yv = _slot_sum(qq * qq * rl, G, NT)
+    tl.store(y_ptr + base_m + t * M + mo, y, mask=momask)
+    tl.store(yvar_ptr + base_m + t * M + mo, yv, mask=momask)
+    if SAVE_PREC:
+        tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
+    return lam, eta
+
+
+@helper
+def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
+                CK: tl.constexpr):  # fmt: skip
+    """Save the state before step ``t`` when ``t`` starts a checkpoint interval."""
+    if t % CK == 0:
+        ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
+        tl.store(ck_ptr + ck, lam, mask=lane_mask)
+        tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
+
+
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
     L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
-    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    PREFETCH: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -99,27 +140,56 @@ def _kla_fwd_kernel(
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     ck_eta = NB * M * S * tl.num_programs(1)
-    # the loads of later steps are issued ahead of use (software pipeline, NS stages)
-    for t in tl.range(0, L, num_stages=NS):
+    t_tail = 0
+    if PREFETCH:
+        # blocks of 4 steps; the next block's inputs are loaded into registers at the top of
+        # a block, so their latency is hidden behind 4 steps of arithmetic
+        tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
+        t_tail = L // 4 * 4
+        v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 0,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+        v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 1,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+        v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 2,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+        v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 3,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+        for tb in tl.range(0, t_tail, 4, num_stages=1):  # fmt: skip
+            if SAVE_CK:
+                _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+            n0, nL0, nk0, nq0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            n1, nL1, nk1, nq1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 5,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            n2, nL2, nk2, nq2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 6,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            n3, nL3, nk3, nq3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 7,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb + 0,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            v0, L0, k0, q0 = n0, nL0, nk0, nq0
+            v1, L1, k1, q1 = n1, nL1, nk1, nq1
+            v2, L2, k2, q2 = n2, nL2, nk2, nq2
+            v3, L3, k3, q3 = n3, nL3, nk3, nq3
+    # one step at a time (all of L without PREFETCH, else the last L % 4 steps); the loads of
+    # later steps are issued ahead of use by the software pipeline (NS stages)
+    for t in tl.range(t_tail, L, num_stages=NS):
         if SAVE_CK:
-            if t % CK == 0:
-                ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
-                tl.store(ck_ptr + ck, lam, mask=lane_mask)
-                tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
-        v = tl.load(v_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
-        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
-        kk = tl.load(k_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
-        qq = tl.load(q_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
-        rden = 1.0 / (p * lam + d)
-        lam = (lam + f1) * rden + Lv[:, None] * (kk * kk)
-        eta = af * rden * eta + (v * Lv)[:, None] * kk
-        rl = 1.0 / lam
-        y = _slot_sum(qq * eta * rl, G, NT)
-        yv = _slot_sum(qq * qq * rl, G, NT)
-        tl.store(y_ptr + base_m + t * M + mo, y, mask=momask)
-        tl.store(yvar_ptr + base_m + t * M + mo, yv, mask=momask)
-        if SAVE_PREC:
-            tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
+            _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+        v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
+                                mmask, smask, dt)  # fmt: skip
+        lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr,
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
@@ -292,7 +362,7 @@ def _kla_bwd_kernel(
 
 # Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads; slots a thread
 # walks (its independent chains) and warps a program has, for the forward and the backward.
-TUNING = {"NS": 3, "fwd_slots": 4, "fwd_warps": 1, "bwd_slots": 4, "bwd_warps": 1}
+TUNING = {"NS": 4, "bwd_NS": 2, "fwd_prefetch": True, "fwd_slots": 4, "fwd_warps": 1, "bwd_slots": 4, "bwd_warps": 1}
 CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
 
@@ -322,7 +392,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     grid = (triton.cdiv(M, NT // G), B)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
                           L, M, NB, S, SAVE_PREC=save_prec, SAVE_CK=save_ck, CK=CK,
-                          NS=TUNING["NS"], G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
+                          NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"], G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -356,7 +426,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     gprec = gprec.contiguous() if has_gprec else gy
     _kla_bwd_kernel[(nmb, B)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
                               gv, gLv, gk_part, gq_part, ga_part, gp_part, g0,
-                              L, M, NB, B, S, HAS_GPREC=has_gprec, CK=CK, NS=TUNING["NS"],
+                              L, M, NB, B, S, HAS_GPREC=has_gprec, CK=CK, NS=TUNING["bwd_NS"],
                               G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum(0), gp_part.sum(0), g0[0], g0[1]
 
