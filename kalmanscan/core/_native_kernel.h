@@ -19,9 +19,11 @@
         KS_FT *restrict o_lp, KS_FT *restrict o_mp, KS_FT *restrict o_vp
 
 /* The step with the division forms of filter.py's torch path, one lane at a time. Used for the
- * rows where the fast form below could differ by more than rounding. */
-static void KS_ROW_EXACT(KS_ROW_ARGS) {
+ * rows where the fast form below could differ by more than rounding. Returns KS_NOT_FINITE when a
+ * new lam or eta is not finite. */
+static int KS_ROW_EXACT(KS_ROW_ARGS) {
     typedef KS_FT FT;
+    int finite = 1;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
         const FT lp = lam_in[j], ep = eta_in[j];
@@ -38,6 +40,7 @@ static void KS_ROW_EXACT(KS_ROW_ARGS) {
         const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred / lam_pred;
         o_lam[j] = lam[j] = l;
         o_eta[j] = eta[j] = e;
+        finite &= (l - l == (FT)0) & (e - e == (FT)0);
         o_mean[j] = e / l;
         o_var[j] = (FT)1 / l;
         o_lp[j] = lam_pred;
@@ -52,15 +55,17 @@ static void KS_ROW_EXACT(KS_ROW_ARGS) {
         }
         acc[j] = acc_in[j] + ll;
     }
+    return finite ? 0 : KS_NOT_FINITE;
 }
 
 /* The same step, vectorized: each denominator is inverted once (mean = eta * (1/lam) rather than
- * eta / lam, within an ulp). Returns KS_ROW_INEXACT when a reciprocal left the normal range (a
- * variance beyond the dtype's range, or a tiny denominator; the caller then recomputes the row
- * exactly), plus KS_Z_INF when z holds an infinity (the input check this kernel takes over). */
+ * eta / lam, within an ulp). Returns flags: KS_ROW_INEXACT when a reciprocal left the normal range
+ * (a variance beyond the dtype's range, or a tiny denominator; the caller then recomputes the row
+ * exactly), KS_Z_INF when z holds an infinity (the input check this kernel takes over),
+ * KS_NOT_FINITE when a new lam or eta is not finite. */
 KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
     typedef KS_FT FT;
-    int fast_ok = 1, z_inf = 0;
+    int fast_ok = 1, z_inf = 0, finite = 1;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
         z_inf |= (zz == zz) & ((zz - zz) != (zz - zz));
@@ -88,6 +93,7 @@ KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
         o_vp[j] = var_pred;
         lam[j] = l;
         eta[j] = e;
+        finite &= (l - l == (FT)0) & (e - e == (FT)0);
         fast_ok &= (inv_den >= (FT)KS_FT_MIN) & (inv_den <= (FT)KS_FT_MAX) &
                    (((var >= (FT)KS_FT_MIN) & (var <= (FT)KS_FT_MAX)) | (l == (FT)0)) &
                    (((var_pred >= (FT)KS_FT_MIN) & (var_pred <= (FT)KS_FT_MAX)) |
@@ -103,7 +109,7 @@ KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
         const double quad = s_ok <= DBL_MAX ? di * di / s_ok : 0.0;
         acc[j] = acc_in[j] + (contrib ? -0.5 * (KS_LOG_2PI + ks_log(s_ok) + quad) : 0.0);
     }
-    return (fast_ok ? 0 : KS_ROW_INEXACT) | (z_inf ? KS_Z_INF : 0);
+    return (fast_ok ? 0 : KS_ROW_INEXACT) | (z_inf ? KS_Z_INF : 0) | (finite ? 0 : KS_NOT_FINITE);
 }
 
 /* Lanes [n0, n0 + nb) over all steps. state: 2 x (lam, eta) tiles (in and out, swapped every
@@ -129,7 +135,7 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
     /* 1 / obs_var, once per tile when obs_var is constant in time, else once per step */
     FT *rho = buf + KS_NSERIES * W;
     const int obs_fixed = fixed[KS_OBS];
-    int ok = 1, z_inf = 0;
+    int seen = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
         for (int k = 0; k < KS_NSERIES; k++) {
             const ks_series *s = &job->in[k];
@@ -154,31 +160,27 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
             for (Py_ssize_t j = 0; j < nb; j++) rho[j] = (FT)1 / o[j];
         }
         const Py_ssize_t row = t * N + n0;
-        const int in = (int)(t & 1), out = 1 - in;
-        FT *o_lam = (FT *)job->out[KS_LAM] + row, *o_eta = (FT *)job->out[KS_ETA] + row;
-        const int flags = KS_ROW(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                    state + (2 * in) * W, state + (2 * in + 1) * W, acc + in * W,
-                    state + (2 * out) * W, state + (2 * out + 1) * W,
-                    acc + out * W, o_lam, o_eta, (FT *)job->out[KS_MEAN] + row,
-                    (FT *)job->out[KS_VAR] + row, (FT *)job->out[KS_LAM_PRED] + row,
-                    (FT *)job->out[KS_MEAN_PRED] + row, (FT *)job->out[KS_VAR_PRED] + row);
-        z_inf |= flags & KS_Z_INF;
-        if (flags & KS_ROW_INEXACT)
-            KS_ROW_EXACT(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                         state + (2 * in) * W, state + (2 * in + 1) * W,
-                         acc + in * W, state + (2 * out) * W,
-                         state + (2 * out + 1) * W, acc + out * W, o_lam, o_eta,
-                         (FT *)job->out[KS_MEAN] + row, (FT *)job->out[KS_VAR] + row,
-                         (FT *)job->out[KS_LAM_PRED] + row, (FT *)job->out[KS_MEAN_PRED] + row,
-                         (FT *)job->out[KS_VAR_PRED] + row);
-        int ok_row = 1;
-        for (Py_ssize_t j = 0; j < nb; j++)
-            ok_row &= (o_lam[j] - o_lam[j] == (FT)0) & (o_eta[j] - o_eta[j] == (FT)0);
-        ok &= ok_row;
+        const int in = (int)(t & 1), out = 1 - in; /* state slots: read `in`, write `out` */
+        FT *const lam_in = state + (2 * in) * W, *const eta_in = state + (2 * in + 1) * W;
+        FT *const lam_out = state + (2 * out) * W, *const eta_out = state + (2 * out + 1) * W;
+        FT *const o[KS_NOUT] = {
+            (FT *)job->out[KS_LAM] + row,       (FT *)job->out[KS_ETA] + row,
+            (FT *)job->out[KS_MEAN] + row,      (FT *)job->out[KS_VAR] + row,
+            (FT *)job->out[KS_LAM_PRED] + row,  (FT *)job->out[KS_MEAN_PRED] + row,
+            (FT *)job->out[KS_VAR_PRED] + row,
+        };
+#define KS_CALL(fn)                                                                                \
+    fn(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C], lam_in,        \
+       eta_in, acc + in * W, lam_out, eta_out, acc + out * W, o[KS_LAM], o[KS_ETA], o[KS_MEAN],    \
+       o[KS_VAR], o[KS_LAM_PRED], o[KS_MEAN_PRED], o[KS_VAR_PRED])
+        int flags = KS_CALL(KS_ROW);
+        if (flags & KS_ROW_INEXACT) flags = (flags & KS_Z_INF) | KS_CALL(KS_ROW_EXACT);
+#undef KS_CALL
+        seen |= flags;
     }
     if (T & 1) /* the last step wrote into slot 1 */
         for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[W + j];
-    return (ok ? 0 : KS_NOT_FINITE) | z_inf;
+    return seen & (KS_NOT_FINITE | KS_Z_INF);
 }
 
 #undef KS_ROW_ARGS
