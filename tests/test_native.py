@@ -155,6 +155,13 @@ def test_reciprocals_outside_the_normal_range_match_the_division_forms(poisoned)
             assert rel_error(a, b) <= 1e-12, (decay, field, a, b)
 
 
+@pytest.mark.parametrize("shape", [(5, 0), (5, 0, 3)], ids=["N0", "N0x3"])
+def test_zero_lanes(shape):
+    for backend in ("native", "torch"):
+        res = ks.smooth(np.zeros(shape), 1.0, 0.9, 0.1, backend=backend)
+        assert res.mean.shape == shape and res.filtered.loglik.shape == shape[1:]
+
+
 def test_nile_loglik_exact_diffuse():
     flow = np.loadtxt(
         ks.__file__.replace("__init__.py", "data/nile.csv"), delimiter=",", comments="#", skiprows=4

@@ -77,6 +77,10 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
             raise TypeError(f"native.run: expected [T, N] CPU tensors of {dtype}, got {x.dtype}")
     outs = [_empty((T, N), dtype) for _ in _KEYS]
     loglik = _empty((N,), dtype)
+    out = dict(zip(_KEYS, outs, strict=True))
+    out["loglik"] = loglik
+    if N == 0:  # no lanes: nothing to compute
+        return out, 0
     if threads is None:
         threads = torch.get_num_threads()
     threads = max(1, min(int(threads), (T * N) // _MIN_ELEMS_PER_THREAD))
@@ -93,8 +97,6 @@ def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=Non
         tuple(o.data_ptr() for o in outs),
         loglik.data_ptr(),
     )
-    out = dict(zip(_KEYS, outs, strict=True))
-    out["loglik"] = loglik
     return out, flags
 
 
