@@ -45,6 +45,7 @@
 #endif
 
 #define KS_TILE 1024 /* default lanes per tile (buffers stay in L2) */
+#define KS_MIN_TILE 8 /* tiles narrower than this run lane by lane, time inner */
 
 /* Flags of the kernel's result (bits). */
 #define KS_NOT_FINITE 1  /* a filtered precision or information is not finite (overflow) */
@@ -142,11 +143,23 @@ static void *ks_run_job(void *arg) {
         job->flags = KS_NO_MEMORY;
         return NULL;
     }
+    /* tiles of equal width (at most W), so that no narrow remainder tile is left over */
+    const Py_ssize_t n = job->n_hi - job->n_lo, tiles = (n + W - 1) / W;
+    const Py_ssize_t step = (n + tiles - 1) / tiles;
     int flags = 0;
-    for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += W) {
-        Py_ssize_t nb = job->n_hi - n0 < W ? job->n_hi - n0 : W;
+    for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += step) {
+        Py_ssize_t nb = job->n_hi - n0 < step ? job->n_hi - n0 : step;
         for (Py_ssize_t j = 0; j < nb; j++) acc[j] = 0.0;
-        if (job->is_double) {
+        if (nb < KS_MIN_TILE) { /* too few lanes to vectorize: one lane at a time */
+            flags |= job->is_double ? ks_tile_f64_lanes(job, n0, nb, acc)
+                                    : ks_tile_f32_lanes(job, n0, nb, acc);
+            for (Py_ssize_t j = 0; j < nb; j++) {
+                if (job->is_double)
+                    ((double *)job->loglik)[n0 + j] = acc[j];
+                else
+                    ((float *)job->loglik)[n0 + j] = (float)acc[j];
+            }
+        } else if (job->is_double) {
             double *state = work, *buf = work + 4 * W;
             const double *l0 = (const double *)job->lam0, *e0 = (const double *)job->eta0;
             for (Py_ssize_t j = 0; j < nb; j++) {

@@ -7,6 +7,8 @@
 #define KS_CAT(a, b) KS_CAT_(a, b)
 #define KS_ROW KS_CAT(KS_NAME, _row)
 #define KS_ROW_EXACT KS_CAT(KS_NAME, _row_exact)
+#define KS_STEP KS_CAT(KS_NAME, _step)
+#define KS_LANES KS_CAT(KS_NAME, _lanes)
 
 /* The arguments of one time step of nb lanes: parameters, state in -> state out, outputs. */
 #define KS_ROW_ARGS                                                                                \
@@ -18,44 +20,87 @@
         KS_FT *restrict o_eta, KS_FT *restrict o_mean, KS_FT *restrict o_var,                      \
         KS_FT *restrict o_lp, KS_FT *restrict o_mp, KS_FT *restrict o_vp
 
-/* The step with the division forms of filter.py's torch path, one lane at a time. Used for the
- * rows where the fast form below could differ by more than rounding. Returns KS_NOT_FINITE when a
- * new lam or eta is not finite. */
-static int KS_ROW_EXACT(KS_ROW_ARGS) {
+/* One lane, one step, with the division forms of filter.py's torch path: state (lp, ep) in,
+ * (*lam, *eta) and the seven outputs out, the log-density added to *acc. Returns KS_NOT_FINITE when
+ * the new lam or eta is not finite, KS_Z_INF when z is infinite. */
+static inline int KS_STEP(KS_FT zz, KS_FT o, KS_FT rho, KS_FT a, KS_FT p, KS_FT h, KS_FT c, KS_FT lp,
+                          KS_FT ep, KS_FT *lam, KS_FT *eta, double *acc, KS_FT *o_lam,
+                          KS_FT *o_eta, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_lp, KS_FT *o_mp,
+                          KS_FT *o_vp) {
     typedef KS_FT FT;
-    int finite = 1;
-    for (Py_ssize_t j = 0; j < nb; j++) {
-        const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
-        const FT lp = lam_in[j], ep = eta_in[j];
-        const FT a2 = a * a;
-        const int forget = a2 == (FT)0;
-        const FT den = (forget ? p : a2) + p * lp;
-        const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) / den;
-        const FT alpha = (forget ? (FT)0 : a) / den;
-        const FT eta_pred = alpha * ep + lam_pred * c;
-        const int observed = zz == zz && o <= (FT)KS_FT_MAX;
-        const FT rho_h = rs[j] * h; /* rs = 1 / obs_var */
-        const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
-        const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
-        const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred / lam_pred;
-        o_lam[j] = lam[j] = l;
-        o_eta[j] = eta[j] = e;
-        finite &= (l - l == (FT)0) & (e - e == (FT)0);
-        o_mean[j] = e / l;
-        o_var[j] = (FT)1 / l;
-        o_lp[j] = lam_pred;
-        o_mp[j] = mean_pred;
-        o_vp[j] = var_pred;
-        const int known = lam_pred > (FT)0;
-        double ll = 0.0;
-        if (observed && (known || h == (FT)0)) {
-            const double s = (double)(h * h * (known ? var_pred : (FT)0) + o);
-            const double di = (double)(zz - h * (known ? mean_pred : (FT)0));
-            ll = -0.5 * (KS_LOG_2PI + ks_log(s) + (s <= DBL_MAX ? di * di / s : 0.0));
-        }
-        acc[j] = acc_in[j] + ll;
+    const FT a2 = a * a;
+    const int forget = a2 == (FT)0;
+    const FT den = (forget ? p : a2) + p * lp;
+    const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) / den;
+    const FT alpha = (forget ? (FT)0 : a) / den;
+    const FT eta_pred = alpha * ep + lam_pred * c;
+    const int observed = zz == zz && o <= (FT)KS_FT_MAX;
+    const FT rho_h = rho * h;
+    const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
+    const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
+    const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred / lam_pred;
+    *o_lam = *lam = l;
+    *o_eta = *eta = e;
+    *o_mean = e / l;
+    *o_var = (FT)1 / l;
+    *o_lp = lam_pred;
+    *o_mp = mean_pred;
+    *o_vp = var_pred;
+    const int known = lam_pred > (FT)0;
+    if (observed && (known || h == (FT)0)) {
+        const double s = (double)(h * h * (known ? var_pred : (FT)0) + o);
+        const double di = (double)(zz - h * (known ? mean_pred : (FT)0));
+        *acc += -0.5 * (KS_LOG_2PI + ks_log(s) + (s <= DBL_MAX ? di * di / s : 0.0));
     }
-    return finite ? 0 : KS_NOT_FINITE;
+    return ((l - l == (FT)0) && (e - e == (FT)0) ? 0 : KS_NOT_FINITE) |
+           (zz == zz && zz - zz != (FT)0 ? KS_Z_INF : 0);
+}
+
+/* A row with the exact step, for the rows where the fast form below could differ by more than
+ * rounding. Returns KS_NOT_FINITE when a new lam or eta is not finite. */
+static int KS_ROW_EXACT(KS_ROW_ARGS) {
+    int flags = 0;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        acc[j] = acc_in[j];
+        flags |= KS_STEP(zs[j], os[j], rs[j], as[j], ps[j], hs[j], cs[j], lam_in[j], eta_in[j],
+                         &lam[j], &eta[j], &acc[j], &o_lam[j], &o_eta[j], &o_mean[j], &o_var[j],
+                         &o_lp[j], &o_mp[j], &o_vp[j]);
+    }
+    return flags & KS_NOT_FINITE;
+}
+
+/* Fewer lanes than a vector: each lane runs through all steps on its own (time inner), reading
+ * parameters through their strides; the recursion's latency, not per-step overhead, sets the
+ * pace. The log-likelihood goes to acc[0 .. nb). */
+static int KS_LANES(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, double *acc) {
+    typedef KS_FT FT;
+    const Py_ssize_t T = job->T, N = job->N;
+    const ks_series *in = job->in;
+    int flags = 0;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const Py_ssize_t n = n0 + j;
+        const FT *zp = (const FT *)in[KS_Z].ptr + n * in[KS_Z].sn;
+        const FT *op = (const FT *)in[KS_OBS].ptr + n * in[KS_OBS].sn;
+        const FT *ap = (const FT *)in[KS_A].ptr + n * in[KS_A].sn;
+        const FT *pp = (const FT *)in[KS_P].ptr + n * in[KS_P].sn;
+        const FT *hp = (const FT *)in[KS_H].ptr + n * in[KS_H].sn;
+        const FT *cp = (const FT *)in[KS_C].ptr + n * in[KS_C].sn;
+        FT lam = ((const FT *)job->lam0)[n * job->lam0_sn];
+        FT eta = ((const FT *)job->eta0)[n * job->eta0_sn];
+        double ll = 0.0;
+        for (Py_ssize_t t = 0; t < T; t++) {
+            const FT o = op[t * in[KS_OBS].st];
+            const Py_ssize_t at = t * N + n;
+            flags |= KS_STEP(zp[t * in[KS_Z].st], o, (FT)1 / o, ap[t * in[KS_A].st],
+                             pp[t * in[KS_P].st], hp[t * in[KS_H].st], cp[t * in[KS_C].st], lam,
+                             eta, &lam, &eta, &ll, (FT *)job->out[KS_LAM] + at,
+                             (FT *)job->out[KS_ETA] + at, (FT *)job->out[KS_MEAN] + at,
+                             (FT *)job->out[KS_VAR] + at, (FT *)job->out[KS_LAM_PRED] + at,
+                             (FT *)job->out[KS_MEAN_PRED] + at, (FT *)job->out[KS_VAR_PRED] + at);
+        }
+        acc[j] = ll;
+    }
+    return flags;
 }
 
 /* The same step, vectorized: each denominator is inverted once (mean = eta * (1/lam) rather than
@@ -184,6 +229,8 @@ static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state
 }
 
 #undef KS_ROW_ARGS
+#undef KS_STEP
+#undef KS_LANES
 #undef KS_ROW_EXACT
 #undef KS_ROW
 #undef KS_CAT
