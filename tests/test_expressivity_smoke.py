@@ -27,6 +27,7 @@ def _load(name):
 
 models = _load("models")
 train = _load("train")
+sweep = _load("sweep")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -138,6 +139,79 @@ def test_train_runs_writes_json_and_resumes(tmp_path):
     second = train.main(common + ["--steps", "5"])
     assert second["steps"] == 5  # resumed at 3, two more steps
     assert second["train_seconds"] >= first["train_seconds"]
+
+
+def test_resumed_run_keeps_training_after_its_first_schedule_ended(tmp_path):
+    # The first call spends its whole time budget, which (without --time-total) was its whole
+    # schedule; the resumed call must still train (learning rate > 0), not replay lr = 0.
+    out, ckpt = tmp_path / "run.json", tmp_path / "run.pt"
+    common = [*TINY_SELCOPY_KLA, "--warmup", "2", "--out", str(out), "--ckpt", str(ckpt)]
+    first = train.main(common + ["--time-budget", "0.2"])
+    assert first["train_seconds"] >= 0.2 and first["resumed_from_step"] == 0
+    before = torch.load(ckpt, weights_only=False)
+    second = train.main(common + ["--time-budget", "0.2"])
+    after = torch.load(ckpt, weights_only=False)
+    assert second["resumed_from_step"] == first["steps"] and second["steps"] > first["steps"]
+    assert after["args"]["time_total"] == pytest.approx(before["elapsed"] + 0.2)
+    name = "blocks.0.mixer.in_proj.weight"
+    assert not torch.equal(after["model"][name], before["model"][name])  # lr was not 0
+
+
+def _sweep_call(out, *extra, steps):
+    sweep.main(
+        [
+            "--plan",
+            "smoke",
+            "--only",
+            "a5-kla-b1",
+            "--out",
+            str(out),
+            "--workdir",
+            str(out / "work"),
+            "--ckpt-dir",
+            str(out / "ckpt"),
+            "--device",
+            "cpu",
+            "--backend",
+            "sequential",
+            "--time-budget",
+            "60",
+            "--time-total",
+            "120",
+            "--eval-every",
+            "0",
+            "--save-models",
+            "none",
+            "--override",
+            f"steps={steps}",
+            *extra,
+        ]
+    )
+    (run,) = json.loads((out / "a5.json").read_text())["runs"]
+    return run, json.loads((out / "env.json").read_text())
+
+
+def test_second_sweep_call_resumes_from_the_first_calls_checkpoints(tmp_path):
+    # Two calls with fresh --out folders, as on a fresh GPU machine: the second one is handed
+    # the first one's checkpoints and continues the step count, history and schedule.
+    first, env1 = _sweep_call(tmp_path / "call1", steps=3)
+    assert first["steps"] == 3 and first["resumed_from_step"] == 0 and env1["resumed"] == {}
+    ckpt1 = tmp_path / "call1" / "ckpt" / "a5-kla-b1.pt"
+    assert torch.load(ckpt1, weights_only=False)["step"] == 3
+    second, env2 = _sweep_call(
+        tmp_path / "call2", "--resume-from", str(tmp_path / "call1" / "ckpt"), steps=5
+    )
+    assert list(env2["resumed"]) == ["a5-kla-b1"]
+    assert second["resumed_from_step"] == 3 and second["steps"] == 5
+    assert second["config"]["time_total"] == 120
+    # one evaluation per step (--eval-every 0): the first call's three, then the second's two
+    assert [h["step"] for h in second["history"] if "eval_accuracy" in h] == [1, 2, 3, 4, 5]
+    ckpt2 = tmp_path / "call2" / "ckpt" / "a5-kla-b1.pt"
+    assert torch.load(ckpt2, weights_only=False)["step"] == 5
+    assert torch.load(ckpt1, weights_only=False)["step"] == 3  # the source is left as it was
+    # without --resume-from a fresh folder starts from scratch
+    third, env3 = _sweep_call(tmp_path / "call3", steps=2)
+    assert third["resumed_from_step"] == 0 and third["steps"] == 2 and env3["resumed"] == {}
 
 
 def test_plots_and_belief_picture_from_a_trained_run(tmp_path):

@@ -10,7 +10,26 @@ share the GPU), each with the same wall-time budget; (3) merge the per-run JSON 
 file per group (``a5.json``, ``mqar.json``, ``mad.json``, ``ablation.json``), the trained KLA
 weights into ``models.pt`` and the logs into ``logs.txt``, so at most 8 files come back.
 
-Plans: ``main`` (everything in docs/experiments.md), ``smoke`` (a few tiny CPU runs).
+Plans: ``main`` (everything in docs/experiments.md), ``followup`` (the KLA runs again),
+``smoke`` (a few tiny CPU runs).
+
+Resuming across calls. Each run checkpoints to ``<ckpt-dir>/<name>.pt`` (model, optimizer, step,
+elapsed time, history, data generator) and resumes from that file when it exists. The default
+``--ckpt-dir`` is inside the temporary ``--workdir``, which a later call does not see, so by
+default every call starts from scratch. To continue a sweep on a fresh machine, bring the
+previous call's checkpoints along and name them with ``--resume-from``, and write the new
+ones where they come back (under ``--out``); give the same ``--time-total`` to every call so
+the learning-rate schedule runs once over the whole training::
+
+    # call 1
+    python examples/expressivity/sweep.py --plan followup --only a5-kla-b2 --out "$OUT" \
+        --ckpt-dir "$OUT/ckpt" --time-budget 500 --time-total 1500
+    # call 2 (the files of call 1's $OUT/ckpt copied to out/ckpt in the working tree)
+    python examples/expressivity/sweep.py --plan followup --only a5-kla-b2 --out "$OUT" \
+        --ckpt-dir "$OUT/ckpt" --resume-from out/ckpt --time-budget 500 --time-total 1500
+
+A checkpoint holds the weights and Adam's two moments, 12 bytes per parameter (9.4 MB for
+``a5-kla-b2``, 15.8 MB for ``selcopy-kla-b6``).
 """
 
 from __future__ import annotations
@@ -18,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -266,14 +286,14 @@ def check_backends(device, timeout=120):
     return best, report
 
 
-def command(run, args, backend, workdir):
+def command(run, args, backend, workdir, ckpt_dir):
     cmd = [
         sys.executable,
         str(TRAIN),
         "--out",
         str(workdir / f"{run['name']}.json"),
         "--ckpt",
-        str(workdir / "ckpt" / f"{run['name']}.pt"),
+        str(ckpt_dir / f"{run['name']}.pt"),
         "--backend",
         backend,
         "--time-budget",
@@ -287,6 +307,8 @@ def command(run, args, backend, workdir):
         "--wall-limit",
         str((args.deadline if args.deadline else args.time_budget + 90) - 15),
     ]
+    if args.time_total is not None:
+        cmd += ["--time-total", str(args.time_total)]
     for key, value in run.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd
@@ -297,9 +319,28 @@ def main(argv=None):
     p.add_argument("--plan", choices=sorted(PLANS), default="main")
     p.add_argument("--out", required=True)
     p.add_argument(
-        "--workdir", default=None, help="per-run files and checkpoints (default out/work)"
+        "--workdir", default=None, help="per-run JSON and logs (default: a new temporary folder)"
+    )
+    p.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help="per-run checkpoints <name>.pt; a run resumes from its file when it exists "
+        "(default: workdir/ckpt, so nothing carries over to a later call)",
+    )
+    p.add_argument(
+        "--resume-from",
+        default=None,
+        help="folder of a previous call's checkpoints <name>.pt, copied into --ckpt-dir "
+        "before the runs start (runs without one start from scratch)",
     )
     p.add_argument("--time-budget", type=float, default=270.0, help="training seconds per run")
+    p.add_argument(
+        "--time-total",
+        type=float,
+        default=None,
+        help="planned training seconds per run over all calls (learning-rate schedule); "
+        "give the same value to every call of a resumed sweep",
+    )
     p.add_argument("--eval-every", type=float, default=30.0)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
@@ -331,11 +372,17 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="expressivity-"))
-    (workdir / "ckpt").mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else workdir / "ckpt"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    resume_dir = Path(args.resume_from) if args.resume_from else None
+    if resume_dir is not None and not resume_dir.is_dir():
+        raise SystemExit(f"--resume-from: expected a folder of checkpoints, got {resume_dir}")
     t_start = time.time()
     env = {
         "plan": args.plan,
         "time_budget": args.time_budget,
+        "time_total": args.time_total,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -357,6 +404,17 @@ def main(argv=None):
         key, _, value = item.partition("=")
         for run in runs:
             run[key.replace("-", "_")] = value
+    resumed = {}
+    for run in runs:
+        dst = ckpt_dir / f"{run['name']}.pt"
+        src = resume_dir / f"{run['name']}.pt" if resume_dir else None
+        if src is not None and src.exists() and src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
+        if dst.exists():
+            resumed[run["name"]] = str(dst)
+    env["resumed"] = resumed
+    if resumed:
+        print(f"resuming {len(resumed)} runs: {', '.join(resumed)}", flush=True)
     pending = list(runs)
     active = []
     t_launch = time.time()
@@ -366,7 +424,7 @@ def main(argv=None):
             run = pending.pop(0)
             log = open(workdir / f"{run['name']}.log", "w")
             proc = subprocess.Popen(
-                command(run, args, backend, workdir),
+                command(run, args, backend, workdir, ckpt_dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
@@ -399,7 +457,7 @@ def main(argv=None):
                 "config": run,
             }
         groups.setdefault(run["group"], []).append(res)
-        ck = workdir / "ckpt" / f"{run['name']}.pt"
+        ck = ckpt_dir / f"{run['name']}.pt"
         wanted = (
             run["name"] in args.save_models.split(",")
             if args.save_models
@@ -426,7 +484,8 @@ def main(argv=None):
         for r in results:
             acc = (r.get("final") or {}).get("accuracy")
             print(
-                f"  {r['name']:<24} steps {r.get('steps')!s:>6} acc {acc}  "
+                f"  {r['name']:<24} steps {r.get('steps')!s:>6} "
+                f"(from {r.get('resumed_from_step')}) acc {acc}  "
                 f"diverged {r.get('diverged')}",
                 flush=True,
             )

@@ -10,6 +10,9 @@ over ``progress = max(step / steps, elapsed / time_total)``, gradient clipping. 
 loss stops the run and is recorded (``diverged``). ``--ckpt`` is written every
 ``--ckpt-every`` seconds and at the end; when it exists the run resumes from it (model,
 optimizer, step, elapsed time, history, generator state), so one run can span several calls.
+Give the planned training time over all calls with ``--time-total`` so the schedule runs once
+over the whole run; without it a resumed run plans ``elapsed + --time-budget`` seconds (a warm
+restart of the cosine), never a schedule that has already ended.
 
 The JSON written to ``--out`` holds the config, seed, steps, wall time, final accuracy over
 target positions, per-position accuracy, the loss/accuracy history and, for KLA mixers, the
@@ -88,7 +91,8 @@ def parse_args(argv=None):
         "--time-total",
         type=float,
         default=None,
-        help="planned training seconds over all calls (LR schedule); default time-budget",
+        help="planned training seconds over all calls (LR schedule); default time-budget, "
+        "or on resume the elapsed training seconds plus time-budget",
     )
     p.add_argument(
         "--wall-limit",
@@ -110,10 +114,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--name", default=None)
     p.add_argument("--group", default=None)
-    args = p.parse_args(argv)
-    if args.time_total is None:
-        args.time_total = args.time_budget
-    return args
+    return p.parse_args(argv)
 
 
 def lr_at(args, step: int, elapsed: float) -> float:
@@ -213,6 +214,16 @@ def main(argv=None):
             ck["gen"].to(gen.get_state().device) if device.type == "cpu" else ck["gen"].cpu()
         )
         print(f"resumed from {args.ckpt} at step {step} ({elapsed:.1f} s)", flush=True)
+    resumed_from_step = step
+    if args.time_total is None:
+        # a schedule planned for this call only: after a resume it would already be over (lr 0)
+        args.time_total = elapsed + args.time_budget
+    elif step > 0 and elapsed >= args.time_total:
+        print(
+            f"warning: --time-total {args.time_total} s is already used up ({elapsed:.1f} s "
+            "trained): the learning rate is 0 in this call",
+            flush=True,
+        )
 
     def save():
         if args.ckpt:
@@ -316,6 +327,7 @@ def main(argv=None):
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "ckpt")},
         "seed": args.seed,
         "steps": step,
+        "resumed_from_step": resumed_from_step,
         "train_seconds": round(elapsed, 2),
         "wall_seconds_this_call": round(time.time() - wall0, 2),
         "diverged": diverged,
