@@ -196,6 +196,7 @@ def test_second_sweep_call_resumes_from_the_first_calls_checkpoints(tmp_path):
     # the first one's checkpoints and continues the step count, history and schedule.
     first, env1 = _sweep_call(tmp_path / "call1", steps=3)
     assert first["steps"] == 3 and first["resumed_from_step"] == 0 and env1["resumed"] == {}
+    assert not (tmp_path / "call1" / "models.pt").exists()  # --save-models none
     ckpt1 = tmp_path / "call1" / "ckpt" / "a5-kla-b1.pt"
     assert torch.load(ckpt1, weights_only=False)["step"] == 3
     second, env2 = _sweep_call(

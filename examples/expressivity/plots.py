@@ -251,7 +251,7 @@ def plot_ablation(runs, path):
         if not hist:
             continue
         d = r["config"]["layers"]
-        style = "-" if r["mixer"] == "kla" else "--"
+        style = {"kla": "-", "kla_p0": "--", "linear": ":"}.get(r["mixer"], "-.")
         label = f"{r['mixer']} x{d}" + (" (diverged)" if r.get("diverged") else "")
         color = "C0" if d == 1 else "C3"
         ax1.plot(
@@ -275,7 +275,7 @@ def plot_ablation(runs, path):
     ax1.set_yscale("log")
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss")
-    ax1.set_title("selective copy: learnable p vs p = 0")
+    ax1.set_title("selective copy: learnable p (-) vs p = 0 (--), linear (:)")
     ax1.legend(fontsize=8)
     ax2.set_xlabel("step")
     ax2.set_ylabel("eval accuracy %")

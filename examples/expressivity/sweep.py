@@ -8,7 +8,8 @@ backend that passes is used by every KLA run (the result is written to ``env.jso
 (2) launch every run of the plan as its own ``train.py`` process (all at once by default, they
 share the GPU), each with the same wall-time budget; (3) merge the per-run JSON files into one
 file per group (``a5.json``, ``mqar.json``, ``mad.json``, ``ablation.json``), the trained KLA
-weights into ``models.pt`` and the logs into ``logs.txt``, so at most 8 files come back.
+weights into ``models.pt`` (not written when ``--save-models`` selects none) and the logs
+into ``logs.txt``, so at most 8 files come back.
 
 Plans: ``main`` (everything in docs/experiments.md), ``followup`` (the KLA runs again),
 ``smoke`` (a few tiny CPU runs).
@@ -28,8 +29,10 @@ the learning-rate schedule runs once over the whole training::
     python examples/expressivity/sweep.py --plan followup --only a5-kla-b2 --out "$OUT" \
         --ckpt-dir "$OUT/ckpt" --resume-from out/ckpt --time-budget 500 --time-total 1500
 
-A checkpoint holds the weights and Adam's two moments, 12 bytes per parameter (9.4 MB for
-``a5-kla-b2``, 15.8 MB for ``selcopy-kla-b6``).
+Within one lease of a GPU machine, a ``--ckpt-dir`` in an ignored folder of the working tree
+(``out/ckpt``) stays on the machine between calls and needs no transfer. A checkpoint holds the
+weights and Adam's two moments, 12 bytes per parameter (9.4 MB for ``a5-kla-b2``, 15.8 MB for
+``selcopy-kla-b6``), so only a few runs' checkpoints fit in what one call can bring back.
 """
 
 from __future__ import annotations
@@ -471,7 +474,8 @@ def main(argv=None):
     for group, results in groups.items():
         (out / f"{group}.json").write_text(json.dumps({"env": env, "runs": results}, indent=1))
     (out / "env.json").write_text(json.dumps(env, indent=1))
-    torch.save(models, out / "models.pt")
+    if models:  # nothing to write under --save-models none: one file fewer to bring back
+        torch.save(models, out / "models.pt")
     with open(out / "logs.txt", "w") as fh:
         for run in runs:
             log = workdir / f"{run['name']}.log"
