@@ -99,6 +99,30 @@ def test_forward_backward_float64(shape):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
+TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bwd_slots": 2},
+           {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1}]  # fmt: skip
+
+
+@pytest.mark.parametrize("L", [2, 13] if not CUDA else [5, 1003])
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))  # noqa: E501
+def test_every_tuning_is_exact(tuning, L, monkeypatch):
+    # the benchmark times every variant of TUNING; each must give the reference's results
+    # (L not a multiple of the 4-step blocks of the prefetched forward nor of the 8-step
+    # intervals of the backward)
+    for key, value in tuning.items():
+        monkeypatch.setitem(K.TUNING, key, value)
+    shape = (2, L, 37, 16) if CUDA else (2, L, 3, 4)
+    x = make_inputs(*shape, seed=3, forget=True)
+    w = weights_for(*shape)
+    got, ggot = run(kla_triton, x, torch.float64, w)
+    ref, gref = run(reference, x, torch.float64, w)
+    for name, a, b in zip(("y", "yvar", "lam", "eta", "precision"), got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        scale = max(b.abs().max().item(), 1.0)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
 def test_float32_against_float64_reference():
     shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
     x = make_inputs(*shape, seed=2)

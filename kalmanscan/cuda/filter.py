@@ -37,7 +37,7 @@ __all__ = ["filter_lanes"]
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
 # chunk-length granularity and pipeline stages of the per-step loads
-TUNING = {"TB": 8, "NS": 4}
+TUNING = {"TB": 8, "NS": 8}
 
 
 @helper

@@ -237,8 +237,9 @@ def _adjoint_step(
     Lt = gl + Lc
     Et = gy * qq * rl + Ec
     out = base_m + t * M + mo
-    tl.store(gv_ptr + out, _slot_sum(Et * Lv * kk, G, NT), mask=momask & ((mo * 0 + t) < L))
-    tl.store(gLv_ptr + out, _slot_sum(Lt * kk * kk + Et * vv * kk, G, NT), mask=momask & ((mo * 0 + t) < L))
+    omask = momask & ((mo * 0 + t) < L)
+    tl.store(gv_ptr + out, _slot_sum(Et * Lv * kk, G, NT), mask=omask)
+    tl.store(gLv_ptr + out, _slot_sum(Lt * kk * kk + Et * vv * kk, G, NT), mask=omask)
     gq = _channel_sum(gy * mean + 2.0 * gyv * qq * rl, G, SG, NT)
     gk = _channel_sum(2.0 * Lt * Lv * kk + Et * vv * Lv, G, SG, NT)
     tl.store(gk_ptr + part + t * S + so, gk, mask=somask & ((so * 0 + t) < L))
@@ -360,9 +361,18 @@ def _kla_bwd_kernel(
     tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
 
 
-# Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads; slots a thread
-# walks (its independent chains) and warps a program has, for the forward and the backward.
-TUNING = {"NS": 4, "bwd_NS": 2, "fwd_prefetch": True, "fwd_slots": 4, "fwd_warps": 1, "bwd_slots": 4, "bwd_warps": 1}
+# Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads (forward, backward),
+# whether the forward loads 4-step blocks into registers instead, and the slots a thread walks
+# (its independent chains) and warps a program has, for the forward and the backward.
+TUNING = {
+    "NS": 4,
+    "bwd_NS": 2,
+    "fwd_prefetch": False,  # measured no faster on the H200 (benchmarks/results/2026-11-29-h200*)
+    "fwd_slots": 4,
+    "fwd_warps": 1,
+    "bwd_slots": 4,
+    "bwd_warps": 1,
+}
 CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
 
@@ -392,7 +402,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     grid = (triton.cdiv(M, NT // G), B)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
                           L, M, NB, S, SAVE_PREC=save_prec, SAVE_CK=save_ck, CK=CK,
-                          NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"], G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
+                          NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"], G=G, SG=SG, NT=NT,
+                          num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
