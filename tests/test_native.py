@@ -53,7 +53,6 @@ def test_extension_is_built_and_auto_picks_it_on_the_cpu():
     """CI must not silently fall back to the torch backend: the extension has to be importable."""
     assert native.available(), "kalmanscan.core._native is not built (setup.py ext_modules)"
     assert backends.resolve("auto", torch.device("cpu")) == "native"
-    assert backends.resolve("auto", torch.device("cpu"), needs_grad=True) == "torch"
 
 
 # 1031 lanes: more than one 1024-lane tile; T = 64 x 1031 lanes also splits across threads.
@@ -199,18 +198,31 @@ def test_infinite_z_is_reported_like_the_torch_path():
     assert msgs[0] == msgs[1] and "(17, 2)" in msgs[0]
 
 
-def test_autograd_calls_keep_the_torch_path():
-    z = torch.randn(30, 2, dtype=torch.float64)
-    decay = torch.tensor(0.9, dtype=torch.float64, requires_grad=True)
-    res = ks.filter(z, 1.0, decay, 0.1)  # auto: torch backend, differentiable
-    res.loglik.sum().backward()
-    assert decay.grad is not None and torch.isfinite(decay.grad)
-    with pytest.raises(ValueError, match="'native' computes no gradients.*'torch'"):
-        ks.filter(z, 1.0, decay, 0.1, backend="native")
-    with torch.no_grad():  # no graph wanted: native serves it
-        ref = ks.filter(z, 1.0, decay, 0.1, backend="torch")
-        res = ks.filter(z, 1.0, decay, 0.1, backend="native")
-    _assert_same(res, ref, np.float64)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_gradients_through_native_equal_the_torch_backend(dtype):
+    # auto picks native in grad mode too; its backward is the torch path's vjp at the same inputs
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(40, 3, generator=g, dtype=dtype)
+    z[7, 1] = float("nan")
+    grads = {}
+    for backend in ("auto", "torch"):
+        leaves = dict(
+            z=z.clone().requires_grad_(True),
+            obs_var=torch.tensor([0.5, 1.0, 2.0], dtype=dtype, requires_grad=True),
+            decay=torch.tensor(0.9, dtype=dtype, requires_grad=True),
+            process_var=torch.full((40, 1), 0.1, dtype=dtype, requires_grad=True),
+        )
+        res = ks.filter(**leaves, offset=0.3, prior_var=4.0, backend=backend)
+        loss = res.loglik.sum() + (res.mean * res.var).sum() + res.pred_mean[1:].sum()
+        grads[backend] = torch.autograd.grad(loss, list(leaves.values()))
+    assert backends.resolve("auto", torch.device("cpu")) == "native"
+    for name, a, b in zip(("z", "obs_var", "decay", "process_var"), *grads.values(), strict=True):
+        assert_close(a, b, "parallel", dtype, what=f"grad {name}")
+    # and the values are the native kernel's, equal to the torch path's
+    with torch.no_grad():
+        ref = ks.filter(z, 1.0, 0.9, 0.1, backend="torch")
+    res = ks.filter(z, 1.0, torch.tensor(0.9, dtype=dtype, requires_grad=True), 0.1)
+    _assert_same(res, ref, np.float64 if dtype == torch.float64 else np.float32)
 
 
 def test_torch_input_gives_torch_output_and_half_computes_in_float32(rng):
@@ -236,3 +248,22 @@ def test_fallback_without_the_extension(monkeypatch, rng):
     _assert_same(_filter(z, model, prior, "auto"), with_ext, np.float64)
     with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
         _filter(z, model, prior, "native")
+
+
+def test_second_derivatives_through_native_equal_the_torch_backend():
+    # Hessians (fit_ou's standard errors) differentiate the native path's backward again
+    z = torch.randn(50, 2, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+
+    def loglik(backend):
+        def f(decay, process_var):
+            return ks.filter(z, 1.0, decay, process_var, backend=backend).loglik.sum()
+
+        return f
+
+    x = (torch.tensor(0.8, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64))
+    h_native = torch.autograd.functional.hessian(loglik("native"), x)
+    h_torch = torch.autograd.functional.hessian(loglik("torch"), x)
+    for i in range(2):
+        for j in range(2):
+            assert_close(h_native[i][j], h_torch[i][j], "parallel", torch.float64, what="hessian")
+    assert float(h_torch[0][0]) != 0.0

@@ -52,7 +52,8 @@ class Runner(NamedTuple):
 
 
 def available_runners() -> list[Runner]:
-    """``sequential`` and ``torch`` on the CPU; on CUDA also ``torch`` and ``triton`` on the GPU.
+    """``sequential``, ``torch`` and (when built) ``native`` on the CPU; on CUDA also ``torch`` and
+    ``triton`` on the GPU.
 
     >>> [r.label for r in available_runners()][:2]
     ['sequential', 'torch']
@@ -61,7 +62,11 @@ def available_runners() -> list[Runner]:
 
     import torch
 
+    from kalmanscan.core import native
+
     runners = [Runner("sequential", "sequential", "cpu"), Runner("torch", "torch", "cpu")]
+    if native.available():
+        runners.append(Runner("native", "native", "cpu"))
     if torch.cuda.is_available():
         runners.append(Runner("torch-cuda", "torch", "cuda"))
         if importlib.util.find_spec("triton") is not None:

@@ -1,10 +1,11 @@
 """The one dispatch table of the general filter: backend name -> ``filter_lanes`` implementation.
 
 ``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is installed; ``"native"``
-(the compiled fused CPU kernel) for CPU calls that need no autograd, when the extension is built;
-else ``"torch"``. It never looks at shapes: the native kernel is the fastest CPU path on every shape
-measured, one long lane included (docs/performance-cpu.md). A backend that cannot serve a call
-raises and names one that can.
+(the compiled fused CPU kernel) for CPU tensors when the extension is built; else ``"torch"``. It
+never looks at shapes or grad mode: the native kernel is the fastest CPU path on every shape
+measured, one long lane included (docs/performance-cpu.md), and where a gradient is wanted its
+backward is the torch path's (kalmanscan/core/filter.py, ``_NativeFilter``). A backend that
+cannot serve a call raises and names one that can.
 """
 
 from __future__ import annotations
@@ -32,11 +33,8 @@ def _triton_available() -> bool:
     )
 
 
-def resolve(backend: str, device: torch.device, *, needs_grad: bool = False) -> str:
-    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve the call.
-
-    ``needs_grad``: some input requires grad with grad mode on (the native kernel has no backward).
-    """
+def resolve(backend: str, device: torch.device) -> str:
+    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve ``device``."""
     if not isinstance(backend, str) or (backend != "auto" and backend not in FILTER_BACKENDS):
         raise ValueError(
             f"backend: expected 'auto' or one of {sorted(FILTER_BACKENDS)}, got {backend!r}"
@@ -44,7 +42,7 @@ def resolve(backend: str, device: torch.device, *, needs_grad: bool = False) -> 
     if backend == "auto":
         if device.type == "cuda" and _triton_available():
             return "triton"
-        if device.type == "cpu" and not needs_grad and native.available():
+        if device.type == "cpu" and native.available():
             return "native"
         return "torch"
     if backend == "triton" and device.type != "cuda":
@@ -63,11 +61,6 @@ def resolve(backend: str, device: torch.device, *, needs_grad: bool = False) -> 
                 "backend: 'native' needs the compiled extension kalmanscan.core._native, which is "
                 "not built (no C compiler when kalmanscan was installed); use backend='torch', or "
                 "reinstall with a C compiler"
-            )
-        if needs_grad:
-            raise ValueError(
-                "backend: 'native' computes no gradients, got inputs that require grad; "
-                "use backend='torch' (or call it under torch.no_grad())"
             )
     return backend
 

@@ -116,10 +116,7 @@ def _prepare(
         raise ValueError(f"z: expected at least one time step along axis {axis}, got shape {shape}")
     lane_shape = shape[:axis] + shape[axis + 1 :]
     N = math.prod(lane_shape)
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()
-    )
-    name = backends.resolve(backend, conv.device, needs_grad=needs_grad)
+    name = backends.resolve(backend, conv.device)
     if name != "native":  # the native kernel checks z for infinities in its own pass
         _args.check_range("z", zt, allow_nan=True, what=_EXPECT["z"])
 
@@ -229,31 +226,84 @@ def _time_blocks(T: int, N: int):
     return [(t, min(T, t + step)) for t in range(0, T, step)]
 
 
+_OUT_KEYS = _SERIES_KEYS + ("loglik",)
+
+
 def _run(prep: _Prepared):
     """Filter ``[T, N]`` lanes: returns a dict of ``[T, N]`` / ``[N]`` tensors."""
+    p = prep
+    inputs = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.lam0, p.eta0)
     if prep.backend == "native":  # one fused pass over all of time: no blocks needed
-        p = prep
-        out, flags = native.run(
-            p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.lam0, p.eta0
-        )
-        if flags & native.Z_INF:  # raises, naming the first infinity of z
-            _args.check_range("z", p.z_in, allow_nan=True, what=_EXPECT["z"])
-        if flags & native.NOT_FINITE:
-            _check_overflow(out["lam"], out["eta"])
-        return out
-    T, N = prep.z.shape
-    lam0, eta0 = prep.lam0, prep.eta0
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+            outs = _NativeFilter.apply(p.z_in, *inputs)
+            return dict(zip(_OUT_KEYS, outs, strict=True))
+        return _run_native(p.z_in, *inputs)
+    return _run_blocks(prep.backend, *inputs)
+
+
+def _run_native(z_in, z, obs_var, decay, process_var, loading, offset, lam0, eta0):
+    out, flags = native.run(z, obs_var, decay, process_var, loading, offset, lam0, eta0)
+    if flags & native.Z_INF:  # raises, naming the first infinity of z
+        _args.check_range("z", z_in, allow_nan=True, what=_EXPECT["z"])
+    if flags & native.NOT_FINITE:
+        _check_overflow(out["lam"], out["eta"])
+    return out
+
+
+class _NativeFilter(torch.autograd.Function):
+    """The native kernel's outputs, differentiable: the backward is the vector-Jacobian product
+    of the torch backend's path at the same inputs (recomputed there, so the native forward
+    keeps its speed and gradients stay exact to rounding)."""
+
+    @staticmethod
+    def forward(ctx, z_in, *inputs):
+        ctx.save_for_backward(*inputs)
+        out = _run_native(z_in, *inputs)
+        return tuple(out[k] for k in _OUT_KEYS)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors
+        need = ctx.needs_input_grad[1:]
+        # grad mode is on here when the caller asked for create_graph (Hessians, e.g. fit_ou's
+        # standard errors): then differentiate the saved inputs themselves, keeping the graph
+        create = torch.is_grad_enabled()
+        with torch.enable_grad():
+            leaves = [
+                x if create else x.detach().requires_grad_(n)
+                for x, n in zip(inputs, need, strict=True)
+            ]
+            r = _run_blocks("torch", *leaves)
+            pairs = [
+                (r[k], g)
+                for k, g in zip(_OUT_KEYS, grads, strict=True)
+                if g is not None and r[k].requires_grad
+            ]
+            wrt = [x for x, n in zip(leaves, need, strict=True) if n]
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                wrt,
+                [g for _, g in pairs],
+                allow_unused=True,
+                create_graph=create,
+            )
+        it = iter(got)
+        return (None,) + tuple(next(it) if n else None for n in need)
+
+
+def _run_blocks(backend, z, obs_var, decay, process_var, loading, offset, lam0, eta0):
+    T, N = z.shape
     parts, loglik = [], 0
     for t0, t1 in _time_blocks(T, N):
         sl = lambda x, t0=t0, t1=t1: x[t0:t1]  # noqa: E731
         r = _run_block(
-            prep.backend,
-            sl(prep.z),
-            sl(prep.obs_var),
-            sl(prep.decay),
-            sl(prep.process_var),
-            sl(prep.loading),
-            sl(prep.offset),
+            backend,
+            sl(z),
+            sl(obs_var),
+            sl(decay),
+            sl(process_var),
+            sl(loading),
+            sl(offset),
             lam0,
             eta0,
         )
@@ -383,9 +433,9 @@ def filter(  # noqa: A001 - the public name users expect
             ``final`` state of an earlier call); ``lam = 0`` is diffuse.
         axis: the time axis of ``z``.
         backend: ``"auto"``, ``"torch"`` (chunked parallel scans), ``"native"`` (the compiled
-            single-pass CPU kernel; no autograd; ``"auto"`` uses it on the CPU when no gradient is
-            needed), ``"sequential"`` (the step-by-step reference) or ``"triton"`` (fused GPU
-            kernels).
+            single-pass CPU kernel, ``"auto"``'s choice on the CPU; its gradients come from the
+            torch path's backward), ``"sequential"`` (the step-by-step reference) or
+            ``"triton"`` (fused GPU kernels).
 
     Returns:
         :class:`FilterResult`: numpy arrays for numpy input, tensors (on ``z``'s device, with

@@ -3,10 +3,10 @@
 The extension is built at install time when a C compiler is present (setup.py, optional). It
 computes everything :func:`kalmanscan.core.filter._run_block` returns in one pass, vectorized across
 lanes, with lanes split across threads (``torch.get_num_threads()`` of them) and the GIL released.
-It computes no gradients: ``backend="auto"`` picks it for every CPU call that needs none (numpy
-input, tensors without ``requires_grad``, or under ``torch.no_grad()``), whatever the shape: on one
-lane of 200 000 steps too it is faster than the chunked parallel scan of the torch backend
-(docs/performance-cpu.md).
+It has no backward of its own: where inputs require grad, filter.py wraps it in an autograd
+function whose backward is the torch backend's vector-Jacobian product at the same inputs.
+``backend="auto"`` picks it for every CPU call, whatever the shape: on one lane of 200 000 steps
+too it is faster than the chunked parallel scan of the torch backend (docs/performance-cpu.md).
 
 Backend contract (docs/architecture.md): ``filter_lanes(z, obs_var, decay, process_var, loading,
 offset, lam0, eta0) -> (lam, eta)`` with ``[T, N]`` inputs (expanded views allowed: stride 0 is
