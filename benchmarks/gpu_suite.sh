@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every GPU figure of the docs, on a CUDA machine, from the repository root:
+#
+#   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
+#
+# PART: tests (the CUDA tests at GPU sizes, ~3 min), kernels (benchmarks/gpu.py: the four shapes
+# of the kernel issue, tuning variants, torch peer, ~5 min), reliability (benchmarks/reliability_gpu.py,
+# ~2 min), dense (benchmarks/dense_gpu.py with an 8-minute budget), or all (default). Each part
+# writes <DIR>/<date>-<part>.{log,json} (DIR defaults to benchmarks/results). Parts are separate
+# commands so that each fits a 10-minute job limit.
+set -u -o pipefail
+out=benchmarks/results
+parts=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    tests|kernels|reliability|dense|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
+  esac
+done
+[ ${#parts[@]} -eq 0 ] && parts=(all)
+[ "${parts[*]}" = all ] && parts=(tests kernels reliability dense)
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+day=$(date -u +%F)
+status=0
+for part in "${parts[@]}"; do
+  log="$out/$day-$part.log"
+  case "$part" in
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py ;;
+    kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" ;;
+    reliability) python3 benchmarks/reliability_gpu.py --out "$out/$day-reliability-h200.json" ;;
+    dense) python3 benchmarks/dense_gpu.py --json "$out/$day-dense-gpu.json" --budget-s 480 ;;
+  esac 2>&1 | tee "$log" || status=1
+done
+exit $status
