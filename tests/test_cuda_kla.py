@@ -132,13 +132,13 @@ def test_float32_against_float64_reference():
     assert got[0].dtype == torch.float32
     # y is a signed sum over slots whose terms can cancel to near 0: its error is measured
     # normwise (||got - ref|| / ||ref||); the other outputs entrywise
-    err_y = float((got[0].double() - ref[0]).norm() / ref[0].norm())
+    err_y = float((got[0].detach().double() - ref[0].detach()).norm() / ref[0].detach().norm())
     assert err_y <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err_y:.3e}"
     for name, a, b in zip(("yvar", "lam", "eta"), got[1:], ref[1:], strict=True):
         assert_close(a, b, "kernel", torch.float32, scale=b.abs().mean(), what=name)
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
         # gradients are sums over time of signed terms too: normwise
-        err = float((a.double() - b).norm() / b.norm())
+        err = float((a.detach().double() - b.detach()).norm() / b.detach().norm())
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
