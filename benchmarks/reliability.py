@@ -427,13 +427,20 @@ def _median_time(fn, repeats):
     return out, float(np.median(ts))
 
 
-def measure(
-    name,
-    m,
-    repeats=1,
-    paths=(("torch", np.float64), ("torch", np.float32), ("sequential", np.float32)),
-):
+def _cpu_paths():
+    """(backend, dtype) paths on the CPU: torch in both dtypes, the native kernel (the CPU default
+    of ``backend="auto"``) in both where it is built, and the sequential reference in float32."""
+    from kalmanscan.core import native
+
+    out = [("torch", np.float64), ("torch", np.float32)]
+    if native.available():
+        out += [("native", np.float64), ("native", np.float32)]
+    return tuple(out) + (("sequential", np.float32),)
+
+
+def measure(name, m, repeats=1, paths=None):
     """One regime: reference, then each (backend, dtype) path; returns the row dict."""
+    paths = _cpu_paths() if paths is None else paths
     shape = tuple(np.asarray(m["z"]).shape)
     t0 = time.perf_counter()
     ref = reference(m)
@@ -460,8 +467,10 @@ def measure(
             }
         e["median_s"] = round(secs, 4)
         row["paths"][key] = e
-    f32 = row["paths"]["torch-float32"]
-    row["float32_adequate"] = bool(max(f32["mean"], f32["var"], f32["loglik"]) <= F32_ADEQUATE)
+    f32s = [e for k, e in row["paths"].items() if k.endswith("float32") and "sequential" not in k]
+    row["float32_adequate"] = bool(
+        max(max(e["mean"], e["var"], e["loglik"]) for e in f32s) <= F32_ADEQUATE
+    )
     return row
 
 
@@ -569,18 +578,31 @@ def markdown(result) -> str:
         "end-to-end error of the float32 run against the float64 model. Adequate: f32 mean, var and",
         f"loglik errors <= {F32_ADEQUATE:g}.",
         "",
-        "| regime | T x N | f64 parallel mean / var / loglik | f32 parallel mean / var / loglik | f32 sequential mean / var | f32 own error (rounded model) mean / var | f32 adequate |",
-        "|---|---|---|---|---|---|---|",
     ]
+    has_native = any("native-float64" in row["paths"] for row in result["rows"])
+    native_head = " f64 native mean / var / loglik | f32 native mean / var / loglik |" if has_native else ""
+    lines += [
+        "| regime | T x N | f64 parallel mean / var / loglik | f32 parallel mean / var / loglik |"
+        + native_head
+        + " f32 sequential mean / var | f32 own error (rounded model) mean / var | f32 adequate |",
+        "|---|---|---|---|" + ("---|---|" if has_native else "") + "---|---|---|",
+    ]
+
+    def three(e):
+        return f"{_fmt(e['mean'])} / {_fmt(e['var'])} / {_fmt(e['loglik'])}" if e else "n/a"
+
     for row in result["rows"]:
         p = row["paths"]
         d64, d32 = p["torch-float64"], p["torch-float32"]
         s32 = p.get("sequential-float32")
         own = d32["vs_rounded_model"]
+        native = (
+            f"| {three(p.get('native-float64'))} | {three(p.get('native-float32'))} " if has_native else ""
+        )
         lines.append(
-            f"| {row['regime']} | {row['T']} x {row['N']} | {_fmt(d64['mean'])} / {_fmt(d64['var'])} / {_fmt(d64['loglik'])} "
-            f"| {_fmt(d32['mean'])} / {_fmt(d32['var'])} / {_fmt(d32['loglik'])} "
-            f"| {(_fmt(s32['mean']) + ' / ' + _fmt(s32['var'])) if s32 else 'n/a'} "
+            f"| {row['regime']} | {row['T']} x {row['N']} | {three(d64)} | {three(d32)} "
+            + native
+            + f"| {(_fmt(s32['mean']) + ' / ' + _fmt(s32['var'])) if s32 else 'n/a'} "
             f"| {_fmt(own['mean'])} / {_fmt(own['var'])} | {'yes' if row['float32_adequate'] else '**no**'} |"
         )
     rc = result["reference_check"]
@@ -649,7 +671,7 @@ def known_failures():
     out = []
     for dtype in (np.float32, np.float64):
         m = overflow_regime(dtype)
-        for backend in ("torch", "sequential"):
+        for backend in [b for b, d in _cpu_paths() if d == np.float64] + ["sequential"]:
             r = run_filter(m, dtype, backend)
             bad = np.where(~np.isfinite(r.mean[:, 0]) | ~(r.var[:, 0] > 0))[0]
             first = int(bad[0]) if bad.size else None
