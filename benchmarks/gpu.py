@@ -352,10 +352,11 @@ def kernel_resources():
     kla_c = dict(S=16, CK=8, NS=3, G=4, SG=4, NT=32)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
-        "lamT_ptr etaT_ptr prec_ptr ck_ptr",
-        "L M NB",
+        "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
+        "L M NB CL",
         (),
     )
+    kla_maps_sig = sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr comp_ptr", "L M CL", ())
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
         "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr "
@@ -373,7 +374,12 @@ def kernel_resources():
     carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True), 1),
+                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True, CHUNKED=False), 1),
+        "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
+                            dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
+                                 CHUNKED=True), 1),
+        "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
+                           {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
@@ -449,7 +455,8 @@ def main():
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
     kla_vars = [{}]
     if not a.quick:
-        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_prefetch": False}]
+        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_prefetch": True},
+                     {"fwd_chunk_len": 128}, {"fwd_chunk_len": 256}]  # fmt: skip
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 4}]
     res = []
     t0 = time.time()

@@ -100,10 +100,12 @@ def test_forward_backward_float64(shape):
 
 
 TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bwd_slots": 2},
-           {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1}]  # fmt: skip
+           {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
+           {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_prefetch": True},
+           {"fwd_chunk_len": 16, "fwd_slots": 2}]  # fmt: skip
 
 
-@pytest.mark.parametrize("L", [2, 13] if not CUDA else [5, 1003])
+@pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))  # noqa: E501
 def test_every_tuning_is_exact(tuning, L, monkeypatch):
     # the benchmark times every variant of TUNING; each must give the reference's results
@@ -123,7 +125,10 @@ def test_every_tuning_is_exact(tuning, L, monkeypatch):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
-def test_float32_against_float64_reference():
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
+def test_float32_against_float64_reference(chunked, monkeypatch):
+    if chunked:  # the chunk maps compose hundreds of steps in float32: same accuracy required
+        monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 128 if CUDA else 8)
     shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
     x = make_inputs(*shape, seed=2)
     w = weights_for(*shape)

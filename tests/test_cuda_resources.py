@@ -30,6 +30,8 @@ def resources():
 
 KERNELS = [
     "kla_fwd",
+    "kla_fwd_chunked",
+    "kla_chunk_maps",
     "kla_bwd",
     "filter_fwd",
     "filter_fwd_chunk_maps",
@@ -41,7 +43,8 @@ KERNELS = [
 # Budgets per kernel: registers a thread (the KLA kernels run one-warp programs whose threads
 # hold several lanes and, in the backward, an 8-step interval of states, so they may use more),
 # and bytes of spilled stack (the KLA backward's unrolled interval spills a few words on sm_90).
-BUDGET = {"kla_fwd": (255, 0), "kla_bwd": (255, 64)}
+BUDGET = {"kla_fwd": (255, 0), "kla_fwd_chunked": (255, 0), "kla_chunk_maps": (255, 0),
+          "kla_bwd": (255, 64)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -122,39 +122,50 @@ def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, c
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
-    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
-    L, M, NB, S: tl.constexpr,
+    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr, start_ptr,
+    L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
-    PREFETCH: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+    NT: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
+    c = tl.program_id(2)  # time chunk [c CL, (c + 1) CL) (one chunk of all of L unless CHUNKED)
+    NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
     lane_mask = smask & mmask[:, None]
     ms = m[:, None] * S + s
     dt = y_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
-    lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
-    eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
+    if CHUNKED:  # the chunk's true start state, from the carry pass ([2, NC, B M S])
+        n_lanes = M * S * tl.num_programs(1)
+        lam = tl.load(start_ptr + c * n_lanes + state_off, mask=lane_mask, other=1.0).to(dt)
+        eta = tl.load(start_ptr + (NC + c) * n_lanes + state_off, mask=lane_mask, other=0.0)
+        eta = eta.to(dt)
+    else:
+        lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
+        eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     ck_eta = NB * M * S * tl.num_programs(1)
-    t_tail = 0
+    t_lo = c * CL
+    t_hi = tl.minimum(t_lo + CL, L)
+    t_tail = t_lo
     if PREFETCH:
         # blocks of 4 steps; the next block's inputs are loaded into registers at the top of
         # a block, so their latency is hidden behind 4 steps of arithmetic
         tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
-        t_tail = L // 4 * 4
-        v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 0,
+        t_tail = t_lo + (t_hi - t_lo) // 4 * 4
+        v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 0,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 1,
+        v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 1,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 2,
+        v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 2,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, 3,
+        v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 3,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        for tb in tl.range(0, t_tail, 4, num_stages=1):  # fmt: skip
+        for tb in tl.range(t_lo, t_tail, 4, num_stages=1):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
             n0, nL0, nk0, nq0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4,
@@ -181,17 +192,82 @@ def _kla_fwd_kernel(
             v1, L1, k1, q1 = n1, nL1, nk1, nq1
             v2, L2, k2, q2 = n2, nL2, nk2, nq2
             v3, L3, k3, q3 = n3, nL3, nk3, nq3
-    # one step at a time (all of L without PREFETCH, else the last L % 4 steps); the loads of
+    # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
-    for t in tl.range(t_tail, L, num_stages=NS):
+    for t in tl.range(t_tail, t_hi, num_stages=NS):
         if SAVE_CK:
             _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr,
                              M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
-    tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
-    tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
+    if c == NC - 1:
+        tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
+        tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
+
+
+@triton.jit
+def _kla_chunk_maps_kernel(
+    v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, comp_ptr,
+    L, M, CL, S: tl.constexpr, NS: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of the time-chunked forward: each lane's map over one chunk of CL steps.
+
+    In homogeneous coordinates ``lam = u / w``, ``eta = e / w`` a KLA step is linear (``c = 0``):
+    ``u' = (1 + p phi) u + (f1 + d phi) w``, ``w' = p u + d w``, ``e' = r p u + r d w + af e``.
+    The chunk's product ``[[m11, m12], [m21, m22]]`` and ``(g1, g2, A)`` (7 numbers, rescaled
+    every step: the map is projective) goes to ``comp [7, NC, B M S]``, the layout of the general
+    filter's carry kernel.
+    """
+    pm = tl.program_id(0)
+    b = tl.program_id(1)
+    c = tl.program_id(2)
+    NC = tl.num_programs(2)
+    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    lane_mask = smask & mmask[:, None]
+    ms = m[:, None] * S + s
+    dt = comp_ptr.dtype.element_ty
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
+    one = tl.full([NT, SG], 1.0, dt)
+    m11, m12, m21, m22 = one, one * 0.0, one * 0.0, one
+    g1, g2, A = one * 0.0, one * 0.0, one
+    base_m = b.to(tl.int64) * L * M
+    base_s = b.to(tl.int64) * L * S
+    t_lo = c * CL
+    t_hi = tl.minimum(t_lo + CL, L)
+    for t in tl.range(t_lo, t_hi, num_stages=NS):
+        v = tl.load(v_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
+        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
+        kk = tl.load(k_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
+        phi = Lv[:, None] * (kk * kk)
+        r = (v * Lv)[:, None] * kk
+        l11 = 1.0 + p * phi
+        l12 = f1 + d * phi
+        n11 = l11 * m11 + l12 * m21
+        n12 = l11 * m12 + l12 * m22
+        n21 = p * m11 + d * m21
+        n22 = p * m12 + d * m22
+        ng1 = r * (p * m11 + d * m21) + af * g1
+        ng2 = r * (p * m12 + d * m22) + af * g2
+        sc = 1.0 / (n11 + n22)  # rescaling keeps the entries finite (projective map)
+        m11 = n11 * sc
+        m12 = n12 * sc
+        m21 = n21 * sc
+        m22 = n22 * sc
+        g1 = ng1 * sc
+        g2 = ng2 * sc
+        A = af * A * sc
+    n_lanes = M * S * tl.num_programs(1)
+    out = comp_ptr + c * n_lanes + b.to(tl.int64) * M * S + ms
+    step = NC * n_lanes
+    tl.store(out, m11, mask=lane_mask)
+    tl.store(out + step, m12, mask=lane_mask)
+    tl.store(out + 2 * step, m21, mask=lane_mask)
+    tl.store(out + 3 * step, m22, mask=lane_mask)
+    tl.store(out + 4 * step, g1, mask=lane_mask)
+    tl.store(out + 5 * step, g2, mask=lane_mask)
+    tl.store(out + 6 * step, A, mask=lane_mask)
 
 
 @helper
@@ -368,6 +444,7 @@ TUNING = {
     "NS": 4,
     "bwd_NS": 2,
     "fwd_prefetch": False,  # measured no faster on the H200 (benchmarks/results/2026-11-29-h200*)
+    "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (not yet timed)
     "fwd_slots": 4,
     "fwd_warps": 1,
     "bwd_slots": 4,
@@ -399,11 +476,29 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     etaT = empty((B, M, S), like)
     prec = empty((B, L, M, S), like) if save_prec else y
     ck = empty((2, B, NB, M, S), like) if save_ck else y
-    grid = (triton.cdiv(M, NT // G), B)
-    _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
-                          L, M, NB, S, SAVE_PREC=save_prec, SAVE_CK=save_ck, CK=CK,
-                          NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"], G=G, SG=SG, NT=NT,
-                          num_warps=warps)  # fmt: skip
+    CL = TUNING["fwd_chunk_len"]
+    NC = triton.cdiv(L, CL) if CL else 1
+    start = y
+    if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
+        from kalmanscan.cuda._common import lanes_config
+        from kalmanscan.cuda.filter import _fwd_carry_kernel
+
+        assert CL % CK == 0, "chunks must start on checkpoints"
+        N = B * M * S
+        comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
+        _kla_chunk_maps_kernel[(triton.cdiv(M, NT // G), B, NC)](
+            v, Lv, k, a, p, comp, L, M, CL, S, NS=TUNING["NS"], G=G, SG=SG, NT=NT,
+            num_warps=warps)  # fmt: skip
+        start = torch.empty((2, NC, N), dtype=dtype, device=v.device)
+        block, cwarps = lanes_config(N)
+        _fwd_carry_kernel[(triton.cdiv(N, block),)](comp, lam0.reshape(N), eta0.reshape(N),
+                                                     start, N, NC, NS=TUNING["NS"], BLOCK=block,
+                                                     num_warps=cwarps)  # fmt: skip
+    grid = (triton.cdiv(M, NT // G), B, NC)
+    _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
+                          L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
+                          CK=CK, NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"],
+                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
