@@ -349,7 +349,9 @@ def kernel_resources():
     vary = dict(VZ=True, VOV=False, VA=False, VP=False, VH=False, VC=False, NS=4)
     need = dict(VGL=True, VGE=True, NEED_Z=True, NEED_OV=True, NEED_A=True, NEED_P=True,
                 NEED_H=False, NEED_C=False)  # fmt: skip
-    kla_c = dict(S=16, CK=8, NS=3, G=4, SG=4, NT=32)
+    # the default tuning (kalmanscan/cuda/kla.py TUNING) at S=16: 4 lanes a thread, one warp
+    kla_c = dict(S=16, CK=8, NS=K.TUNING["NS"], G=4, SG=4, NT=32)
+    kla_b = dict(kla_c, NS=K.TUNING["bwd_NS"])
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
@@ -360,8 +362,13 @@ def kernel_resources():
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
         "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr "
-        "g0_ptr",
-        "L M NB B",
+        "g0_ptr xend_ptr",
+        "L M NB B CI",
+        (),
+    )
+    kla_bwd_maps_sig = sig(
+        "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr gprec_ptr maps_ptr",
+        "L M NB B CI",
         (),
     )
     fwd_sig = sig(fil + " start_ptr lam_ptr eta_ptr comp_ptr", fil_ints, ())
@@ -380,7 +387,12 @@ def kernel_resources():
                                  CHUNKED=True), 1),
         "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
-        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_c, HAS_GPREC=False), 1),
+        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b, HAS_GPREC=False, CHUNKED=False),
+                    1),
+        "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
+                            dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
+        "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
+                         dict(kla_b, HAS_GPREC=False), 1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
         "filter_bwd": (F._bwd_kernel, bwd_sig, dict(vary, **need, COMPOSITE=False, BLOCK=128), 4),
@@ -456,7 +468,9 @@ def main():
     kla_vars = [{}]
     if not a.quick:
         kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_prefetch": True},
-                     {"fwd_chunk_len": 128}, {"fwd_chunk_len": 256}]  # fmt: skip
+                     {"fwd_chunk_len": 128}, {"fwd_chunk_len": 256},
+                     {"fwd_chunk_len": 128, "bwd_chunk_len": 128},
+                     {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 4}]
     res = []
     t0 = time.time()

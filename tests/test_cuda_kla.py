@@ -102,7 +102,8 @@ def test_forward_backward_float64(shape):
 TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bwd_slots": 2},
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
            {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_prefetch": True},
-           {"fwd_chunk_len": 16, "fwd_slots": 2}]  # fmt: skip
+           {"fwd_chunk_len": 16, "fwd_slots": 2}, {"bwd_chunk_len": 8},
+           {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2}]  # fmt: skip
 
 
 @pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])
@@ -129,6 +130,7 @@ def test_every_tuning_is_exact(tuning, L, monkeypatch):
 def test_float32_against_float64_reference(chunked, monkeypatch):
     if chunked:  # the chunk maps compose hundreds of steps in float32: same accuracy required
         monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 128 if CUDA else 8)
+        monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 128 if CUDA else 8)
     shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
     x = make_inputs(*shape, seed=2)
     w = weights_for(*shape)

@@ -337,30 +337,39 @@ def _adjoint_step(
 def _kla_bwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ck_ptr,
     gy_ptr, gyv_ptr, glT_ptr, geT_ptr, gprec_ptr,
-    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr,
-    L, M, NB, B, S: tl.constexpr,
-    HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
+    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr, xend_ptr,
+    L, M, NB, B, CI, S: tl.constexpr,
+    HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
     b = tl.program_id(1)
+    c = tl.program_id(2)  # chunk of CI checkpoint intervals (all of them unless CHUNKED)
+    NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
     lane_mask = smask & mmask[:, None]
     ms = m[:, None] * S + s
     dt = gv_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
-    Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
-    Ec = tl.load(geT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
+    if CHUNKED:  # the adjoints entering the chunk from its end, from the carry pass
+        Lc = tl.load(xend_ptr + c * B * M * S + state_off, mask=lane_mask, other=0.0).to(dt)
+        Ec = tl.load(xend_ptr + (NC + c) * B * M * S + state_off, mask=lane_mask, other=0.0)
+        Ec = Ec.to(dt)
+    else:
+        Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
+        Ec = tl.load(geT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     ga = tl.zeros([NT, SG], dt)
     gp = tl.zeros([NT, SG], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     part = (pm.to(tl.int64) * B + b) * L * S
     eta_ck = NB * M * S * B
-    for jb in tl.range(0, NB, num_stages=NS):
-        blk = NB - 1 - jb
+    blk_lo = c * CI
+    blk_hi = tl.minimum(blk_lo + CI, NB)
+    for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
+        blk = blk_hi - 1 - (jb - blk_lo)
         t0 = blk * CK
         ck = (b.to(tl.int64) * NB + blk) * M * S + ms
         l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
@@ -431,10 +440,175 @@ def _kla_bwd_kernel(
             L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
             lane_mask, dt, HAS_GPREC, G, SG, NT,
         )  # fmt: skip
-    tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
-    tl.store(gp_part_ptr + state_off, gp, mask=lane_mask)
-    tl.store(g0_ptr + state_off, Lc, mask=lane_mask)
-    tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
+    # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
+    tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
+    tl.store(gp_part_ptr + c * B * M * S + state_off, gp, mask=lane_mask)
+    if c == 0:
+        tl.store(g0_ptr + state_off, Lc, mask=lane_mask)
+        tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
+
+
+@helper
+def _adjoint_map_step(
+    lam, eta, lam_prev, eta_prev, A1, A2, A3, c1, c2, p, d, af,
+    v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
+    t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
+    dt: tl.constexpr, HAS_GPREC: tl.constexpr,
+):  # fmt: skip
+    """One step of pass 1 of the time-chunked backward: with ``x = (Lam, E)`` the adjoints of
+    ``(lam, eta)`` after a step, ``x_before = Mt (x_after + g_t)``,
+    ``Mt = [[alpha^2, -alpha p rden eta_prev], [0, alpha]]``, ``g_t`` the step's local terms.
+    ``x_before_chunk = [[A1, A2], [0, A3]] x_end + (c1, c2)`` is composed from the end."""
+    inside_m = (m * 0 + t) < L
+    inside = inside_m[:, None]
+    mm = mmask & inside_m
+    sm = smask & inside
+    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    rl = 1.0 / lam
+    mean = eta * rl
+    gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
+    if HAS_GPREC:
+        poff = (base_m + t * M) * S + ms
+        gl += tl.load(gprec_ptr + poff, mask=lane_mask & inside, other=0.0).to(dt)
+    ge = gy * qq * rl
+    rden = 1.0 / (p * lam_prev + d)
+    alpha = af * rden
+    m1 = alpha * alpha
+    m2 = -alpha * p * rden * eta_prev
+    u1 = c1 + gl
+    u2 = c2 + ge
+    n_c1 = m1 * u1 + m2 * u2
+    n_c2 = alpha * u2
+    n_A2 = m1 * A2 + m2 * A3
+    A1 = tl.where(inside, m1 * A1, A1)
+    A2 = tl.where(inside, n_A2, A2)
+    A3 = tl.where(inside, alpha * A3, A3)
+    c1 = tl.where(inside, n_c1, c1)
+    c2 = tl.where(inside, n_c2, c2)
+    return A1, A2, A3, c1, c2
+
+
+@triton.jit
+def _kla_bwd_maps_kernel(
+    v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ck_ptr, gy_ptr, gyv_ptr, gprec_ptr, maps_ptr,
+    L, M, NB, B, CI, S: tl.constexpr,
+    HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of the time-chunked backward: each lane's affine adjoint map over one chunk,
+    ``(A1, A2, A3, c1, c2)`` to ``maps [5, NC, B M S]`` (states recomputed from checkpoints)."""
+    tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
+    pm = tl.program_id(0)
+    b = tl.program_id(1)
+    c = tl.program_id(2)
+    NC = tl.num_programs(2)
+    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    lane_mask = smask & mmask[:, None]
+    ms = m[:, None] * S + s
+    dt = maps_ptr.dtype.element_ty
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
+    one = tl.full([NT, SG], 1.0, dt)
+    A1, A2, A3, c1, c2 = one, one * 0.0, one, one * 0.0, one * 0.0
+    base_m = b.to(tl.int64) * L * M
+    base_s = b.to(tl.int64) * L * S
+    eta_ck = NB * M * S * B
+    blk_lo = c * CI
+    blk_hi = tl.minimum(blk_lo + CI, NB)
+    for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
+        blk = blk_hi - 1 - (jb - blk_lo)
+        t0 = blk * CK
+        ck = (b.to(tl.int64) * NB + blk) * M * S + ms
+        l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
+        e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
+        l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
+                        base_m, base_s, m, s, mmask, smask, dt)
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l8, e8, l7, e7, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 7, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l7, e7, l6, e6, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 6, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l6, e6, l5, e5, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 5, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l5, e5, l4, e4, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 4, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l4, e4, l3, e3, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 3, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l3, e3, l2, e2, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 2, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l2, e2, l1, e1, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 1, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+        A1, A2, A3, c1, c2 = _adjoint_map_step(
+            l1, e1, l0, e0, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, t0 + 0, L, M, S, base_m, base_s, m, s, mmask, smask,
+            ms, lane_mask, dt, HAS_GPREC,
+        )  # fmt: skip
+    n_lanes = B * M * S
+    out = maps_ptr + c * n_lanes + b.to(tl.int64) * M * S + ms
+    step = NC * n_lanes
+    tl.store(out, A1, mask=lane_mask)
+    tl.store(out + step, A2, mask=lane_mask)
+    tl.store(out + 2 * step, A3, mask=lane_mask)
+    tl.store(out + 3 * step, c1, mask=lane_mask)
+    tl.store(out + 4 * step, c2, mask=lane_mask)
+
+
+@triton.jit
+def _kla_bwd_carry_kernel(maps_ptr, glT_ptr, geT_ptr, xend_ptr, N, NC, NS: tl.constexpr,
+                          BLOCK: tl.constexpr):  # fmt: skip
+    """Pass 2: walk the chunk maps from the last chunk back; ``xend [2, NC, N]`` gets the
+    adjoints ``(Lam, E)`` entering each chunk from its end."""
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    x1 = tl.load(glT_ptr + lanes, mask=lmask, other=0.0)
+    x2 = tl.load(geT_ptr + lanes, mask=lmask, other=0.0)
+    step = NC * N
+    for jj in tl.range(0, NC, num_stages=NS):
+        cc = NC - 1 - jj
+        tl.store(xend_ptr + cc * N + lanes, x1, mask=lmask)
+        tl.store(xend_ptr + (NC + cc) * N + lanes, x2, mask=lmask)
+        base = maps_ptr + cc * N + lanes
+        A1 = tl.load(base, mask=lmask, other=1.0)
+        A2 = tl.load(base + step, mask=lmask, other=0.0)
+        A3 = tl.load(base + 2 * step, mask=lmask, other=1.0)
+        c1 = tl.load(base + 3 * step, mask=lmask, other=0.0)
+        c2 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+        x1, x2 = A1 * x1 + A2 * x2 + c1, A3 * x2 + c2
 
 
 # Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads (forward, backward),
@@ -445,6 +619,7 @@ TUNING = {
     "bwd_NS": 2,
     "fwd_prefetch": False,  # measured no faster on the H200 (benchmarks/results/2026-11-29-h200*)
     "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (not yet timed)
+    "bwd_chunk_len": 0,  # > 0: time-chunked backward, chunks of this many steps (multiple of 8)
     "fwd_slots": 4,
     "fwd_warps": 1,
     "bwd_slots": 4,
@@ -525,16 +700,37 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     gLv = empty((B, L, M), like)
     gk_part = empty((nmb, B, L, S), like)
     gq_part = empty((nmb, B, L, S), like)
-    ga_part = empty((B, M, S), like)
-    gp_part = empty((B, M, S), like)
-    g0 = empty((2, B, M, S), like)
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
-    _kla_bwd_kernel[(nmb, B)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
-                              gv, gLv, gk_part, gq_part, ga_part, gp_part, g0,
-                              L, M, NB, B, S, HAS_GPREC=has_gprec, CK=CK, NS=TUNING["bwd_NS"],
-                              G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
-    return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum(0), gp_part.sum(0), g0[0], g0[1]
+    CL = TUNING["bwd_chunk_len"]
+    assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
+    CI = CL // CK if CL else NB  # checkpoint intervals a chunk
+    NC = triton.cdiv(NB, CI)
+    ga_part = empty((NC, B, M, S), like)
+    gp_part = empty((NC, B, M, S), like)
+    g0 = empty((2, B, M, S), like)
+    xend = gy
+    if NC > 1:  # time-chunked: adjoint chunk maps, carries from the end, then every chunk
+        from kalmanscan.cuda._common import lanes_config
+
+        N = B * M * S
+        maps = torch.empty((5, NC, N), dtype=like.dtype, device=like.device)
+        _kla_bwd_maps_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
+                                           L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
+                                           NS=TUNING["bwd_NS"], G=G, SG=SG, NT=NT,
+                                           num_warps=warps)  # fmt: skip
+        xend = torch.empty((2, NC, N), dtype=like.dtype, device=like.device)
+        block, cwarps = lanes_config(N)
+        _kla_bwd_carry_kernel[(triton.cdiv(N, block),)](maps, glT, geT, xend, N, NC,
+                                                        NS=TUNING["bwd_NS"], BLOCK=block,
+                                                        num_warps=cwarps)  # fmt: skip
+    _kla_bwd_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
+                                  gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
+                                  L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
+                                  NS=TUNING["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
+                                  num_warps=warps)  # fmt: skip
+    return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
+        g0[0], g0[1]
 
 
 class _KLA(torch.autograd.Function):
