@@ -22,6 +22,13 @@ the two scalar adjoint recurrences ``Ec <- alpha Et``,
 happen in the thread and its channel group; sums over ``m`` (``gk, gq``) are reduced in the
 program and written per program, then added in torch; sums over ``b`` and ``t``
 (``gdecay, gprocess_var``) stay in registers per batch row.
+
+Time chunking (``TUNING["fwd_chunk_len"]``, ``TUNING["bwd_chunk_len"]``; off by default): for
+more parallelism than the lanes give, both directions can cut time into chunks: pass 1 composes
+each chunk's map per lane (forward: the projective 3x3 map of homogeneous ``(u, w, e)``, 7
+numbers; backward: the affine adjoint map, 5 numbers), pass 2 carries the chunk boundary states
+in order (a sequential walk over the chunks per lane), pass 3 runs every chunk from its true
+boundary state with the kernels above. Exact up to rounding, like the one-pass kernels.
 """
 
 from __future__ import annotations
