@@ -19,32 +19,19 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from kalmanscan.kla import KLAConfig, KLALanguageModel, KLALayer, ModelConfig
 from kalmanscan.kla.config import AttentionConfig
-from kalmanscan.kla.layer import DT_OFFSET, PROCESS_NOISE_MIN
 
 MIXERS = ("kla", "kla_p0", "linear", "attention")
 
 
 class KLATraining(KLALayer):
-    """:class:`~kalmanscan.kla.KLALayer` whose ``dynamics`` skips the argument checks of
-    ``discretize_ou`` (same formula). The layer's parameters are in range by construction
-    (``exp``, ``softplus``, clamp), and each check reads a flag back from the GPU: with many
-    training processes time-sharing one GPU those host syncs dominated the step time."""
-
-    def dynamics(self, dtype: torch.dtype = torch.float32):
-        theta = torch.exp(self.lambda_log.to(dtype))
-        sigma2 = self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
-        dt = F.softplus(self.delta.to(dtype)) + DT_OFFSET
-        if self.config.discretization != "ou":
-            return torch.exp(-theta * dt), sigma2 * dt
-        x = 2.0 * theta * dt
-        small = x == 0
-        x_safe = x.masked_fill(small, 1.0)
-        factor = (-torch.expm1(-x_safe) / x_safe).masked_fill(small, 1.0)
-        return torch.exp(-theta * dt), sigma2 * dt * factor
+    """:class:`~kalmanscan.kla.KLALayer` as the experiments train it. It once overrode
+    ``dynamics`` to skip ``discretize_ou``'s argument checks (each reads a flag back from the
+    GPU, which dominated the step time with many processes sharing one GPU); the layer itself now
+    calls the unchecked :func:`kalmanscan.core.discretize.ou_transition`, so the class only keeps
+    the experiments' model names stable."""
 
 
 class KLANoProcessNoise(KLATraining):
