@@ -1,9 +1,10 @@
 """Small Triton helpers shared by the kernels of kalmanscan/cuda/ (per-step formulas, sizes,
 output buffers).
 
-Every kernel walks lanes through time with the state in registers, one lane per thread; the
-loads of a step do not depend on the state, so the time loops are software-pipelined
-(``tl.range(..., num_stages=NS)``) and a step never waits on its own global load. An earlier
+Every kernel walks lanes through time with the state in registers (one lane per thread in the
+general filter, several in the KLA kernels); the loads of a step do not depend on the state, so
+the time loops are software-pipelined (``tl.range(..., num_stages=NS)``) and a step never waits
+on its own global load. An earlier
 version staged ``[TB, lanes]`` tiles in registers and picked rows with compile-time indices;
 that relied on the compiler keeping a tile's time axis inside one thread, which Triton 3.9 did
 and Triton 3.6 did not (register spills, cross-warp reductions every step).
