@@ -242,3 +242,36 @@ def test_plots_and_belief_picture_from_a_trained_run(tmp_path):
     assert picture.exists() and picture.with_suffix(".json").exists()
     assert summary["content"]["n"] == 8 * 3 and summary["marker"]["n"] == 8
     assert 0.0 <= summary["outputs_correct_all"] <= 1.0
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 13, 5, 4), (1, 40, 3, 3)], ids=str)
+def test_linear_kernel_equals_the_torch_recurrence(shape):
+    # the baseline's Triton kernel (interpreted on the CPU) against decayed_cumsum, float64:
+    # outputs, final state and the gradients of every input, initial state included
+    import linear_kernel
+    import models
+
+    if not linear_kernel.available(torch.zeros(1)):
+        pytest.skip("needs triton (the interpreter runs it on the CPU)")
+    B, L, M, S = shape
+    g = torch.Generator().manual_seed(3)
+    x = [torch.randn(B, L, M, generator=g, dtype=torch.float64),
+         torch.randn(B, L, S, generator=g, dtype=torch.float64),
+         torch.randn(B, L, S, generator=g, dtype=torch.float64),
+         torch.rand(M, S, generator=g, dtype=torch.float64),
+         torch.randn(B, M, S, generator=g, dtype=torch.float64)]  # fmt: skip
+    wy = torch.randn(B, L, M, generator=g, dtype=torch.float64)
+    wh = torch.randn(B, M, S, generator=g, dtype=torch.float64)
+
+    def torch_path(v, k, q, a, h0):
+        h = models.decayed_cumsum(v[..., :, None] * k[..., None, :], a, h0)
+        return (q[:, :, None, :] * h).sum(-1), h[:, -1]
+
+    res = {}
+    for name, fn in (("kernel", linear_kernel.linear_recurrence), ("torch", torch_path)):
+        leaves = [t.clone().requires_grad_(True) for t in x]
+        y, h = fn(*leaves)
+        grads = torch.autograd.grad((wy * y).sum() + (wh * h).sum(), leaves)
+        res[name] = [y, h, *grads]
+    for a, b in zip(res["kernel"], res["torch"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), float((a - b).abs().max())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import linear_kernel  # examples/expressivity/ is on sys.path wherever models is imported
 import torch
 
 from kalmanscan.kla import KLAConfig, KLALanguageModel, KLALayer, ModelConfig
@@ -96,13 +97,17 @@ class LinearRecurrenceLayer(KLATraining):
         self._check_input(x)
         sens, window = self.sensors(x, None if state is None else state.conv)
         decay, _ = self.dynamics(sens.v.dtype)
-        b = sens.v[..., :, None] * sens.k[..., None, :]
-        h = decayed_cumsum(b, decay, None if state is None else state.h)
-        y = (sens.q[:, :, None, :] * h).sum(-1)
+        h0 = None if state is None else state.h
+        if linear_kernel.available(sens.v):  # one pass over time per lane (linear_kernel.py)
+            y, h_last = linear_kernel.linear_recurrence(sens.v, sens.k, sens.q, decay, h0)
+        else:
+            b = sens.v[..., :, None] * sens.k[..., None, :]
+            h = decayed_cumsum(b, decay, h0)
+            y, h_last = (sens.q[:, :, None, :] * h).sum(-1), h[:, -1]
         g = self._act(sens.gate)
         out = self.out_proj((y.to(x.dtype) + self.lambda_skip.to(x.dtype) * sens.z) * g)
         if return_state or state is not None:
-            return out, LinearState(window, h[:, -1])
+            return out, LinearState(window, h_last)
         return out
 
 
