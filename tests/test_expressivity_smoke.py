@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -26,6 +27,7 @@ def _load(name):
 
 
 models = _load("models")
+linear_kernel = _load("linear_kernel")
 train = _load("train")
 sweep = _load("sweep")
 
@@ -248,9 +250,6 @@ def test_plots_and_belief_picture_from_a_trained_run(tmp_path):
 def test_linear_kernel_equals_the_torch_recurrence(shape):
     # the baseline's Triton kernel (interpreted on the CPU) against decayed_cumsum, float64:
     # outputs, final state and the gradients of every input, initial state included
-    import linear_kernel
-    import models
-
     if not linear_kernel.available(torch.zeros(1)):
         pytest.skip("needs triton (the interpreter runs it on the CPU)")
     B, L, M, S = shape
@@ -275,3 +274,44 @@ def test_linear_kernel_equals_the_torch_recurrence(shape):
         res[name] = [y, h, *grads]
     for a, b in zip(res["kernel"], res["torch"], strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), float((a - b).abs().max())
+
+
+def test_linear_kernel_compiles_for_hopper_without_spills():
+    # compiled for sm_90 on this machine (no GPU needed), as tests/test_cuda_resources.py does
+    # for the package's kernels
+    triton = pytest.importorskip("triton")
+    import subprocess
+
+    code = r"""
+import os, re, subprocess, sys, triton
+from triton.backends.compiler import GPUTarget
+sys.path.insert(0, sys.argv[1])
+import linear_kernel as K
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def sig(ptrs, ints, consts):
+    d = {n: "*fp32" for n in ptrs.split()}
+    d.update({n: "i32" for n in ints.split()})
+    d.update({c: "constexpr" for c in consts})
+    return d
+cases = [
+    (K._fwd_kernel, sig("v_ptr k_ptr q_ptr a_ptr h0_ptr y_ptr hT_ptr hs_ptr", "L M",
+                        consts := dict(S=16, SP=16, BM=8, SAVE=True, NS=3)), consts),
+    (K._bwd_kernel, sig("v_ptr k_ptr q_ptr a_ptr h0_ptr hs_ptr gy_ptr ghT_ptr gv_ptr gk_ptr "
+                        "gq_ptr ga_ptr gh0_ptr", "L M B", c2 := dict(S=16, SP=16, BM=8, NS=3)), c2),
+]
+for fn, sg, consts in cases:
+    src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts)
+    comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    path = "/tmp/kalmanscan-linear-kernel.cubin"
+    open(path, "wb").write(comp.asm["cubin"])
+    out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+    print(re.findall(r"STACK:(\d+)", out)[0])
+"""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("triton's cuobjdump is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, str(HERE)], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "0"], proc.stdout  # no spilled stack in either kernel
