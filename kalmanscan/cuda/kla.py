@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import empty, helper, interpreting
+from kalmanscan.cuda._common import empty, helper, interpreting, lanes_config
+from kalmanscan.cuda.filter import _fwd_carry_kernel
 
 __all__ = ["kla_triton"]
 
@@ -292,6 +293,36 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
 
 
 @helper
+def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
+              S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
+              dt: tl.constexpr, CK: tl.constexpr):  # fmt: skip
+    """The 9 states ``(lam, eta)`` of the checkpoint interval starting at step ``t0``: its
+    checkpoint, then 8 steps recomputed into registers (unrolled: Triton has no register
+    arrays). Shared by the backward and its chunk-map pass."""
+    tl.static_assert(CK == 8, "the recomputation is unrolled for 8 steps")
+    ck = (b.to(tl.int64) * NB + t0 // CK) * M * S + ms
+    l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
+    e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
+    l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
+                    base_m, base_s, m, s, mmask, smask, dt)
+    return l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8
+
+
+@helper
 def _adjoint_step(
     lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
@@ -376,28 +407,12 @@ def _kla_bwd_kernel(
     blk_lo = c * CI
     blk_hi = tl.minimum(blk_lo + CI, NB)
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
-        blk = blk_hi - 1 - (jb - blk_lo)
-        t0 = blk * CK
-        ck = (b.to(tl.int64) * NB + blk) * M * S + ms
-        l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
-        e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-        # the interval's states, recomputed from its checkpoint into registers (unrolled)
-        l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
+        t0 = (blk_hi - 1 - (jb - blk_lo)) * CK
+        # the interval's states, recomputed from its checkpoint into registers
+        l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8 = _interval(
+            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
+        )  # fmt: skip
         # walk them backward
         Lc, Ec, ga, gp = _adjoint_step(
             l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
@@ -524,27 +539,12 @@ def _kla_bwd_maps_kernel(
     blk_lo = c * CI
     blk_hi = tl.minimum(blk_lo + CI, NB)
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
-        blk = blk_hi - 1 - (jb - blk_lo)
-        t0 = blk * CK
-        ck = (b.to(tl.int64) * NB + blk) * M * S + ms
-        l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
-        e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-        l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
-        l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
-                        base_m, base_s, m, s, mmask, smask, dt)
+        t0 = (blk_hi - 1 - (jb - blk_lo)) * CK
+        # the interval's states, recomputed from its checkpoint into registers
+        l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8 = _interval(
+            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
+        )  # fmt: skip
         A1, A2, A3, c1, c2 = _adjoint_map_step(
             l8, e8, l7, e7, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
             gy_ptr, gyv_ptr, gprec_ptr, t0 + 7, L, M, S, base_m, base_s, m, s, mmask, smask,
@@ -662,9 +662,6 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     NC = triton.cdiv(L, CL) if CL else 1
     start = y
     if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
-        from kalmanscan.cuda._common import lanes_config
-        from kalmanscan.cuda.filter import _fwd_carry_kernel
-
         assert CL % CK == 0, "chunks must start on checkpoints"
         N = B * M * S
         comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
@@ -718,8 +715,6 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     g0 = empty((2, B, M, S), like)
     xend = gy
     if NC > 1:  # time-chunked: adjoint chunk maps, carries from the end, then every chunk
-        from kalmanscan.cuda._common import lanes_config
-
         N = B * M * S
         maps = torch.empty((5, NC, N), dtype=like.dtype, device=like.device)
         _kla_bwd_maps_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
