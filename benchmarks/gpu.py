@@ -56,6 +56,38 @@ def variant_error(got, ref):
     return max(rel(a, b) for a, b in zip(got, ref, strict=True))
 
 
+def time_variants(out, tuning, variants, outputs, fwd, fwdbwd, fwd_ok, bwd_ok):
+    """Time ``fwd`` and ``fwdbwd`` under each tuning variant (dict updates of ``tuning``, restored
+    afterwards) into ``out``: per-variant times, the best and the default configuration's.
+
+    A variant is timed only if ``outputs()`` (outputs and gradients) reproduces the checked
+    default configuration's within ``VARIANT_TOL``; nothing is timed for a failed check.
+    """
+    timings = {}
+    base = dict(tuning)
+    default_out = outputs()
+    for var in variants:
+        tuning.update(base)
+        tuning.update(var)
+        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+        same = variant_error(outputs(), default_out) if var else 0.0
+        ok = same <= VARIANT_TOL
+        timings[key] = {
+            "vs_default": same,
+            "fwd_ms": bench(fwd) if fwd_ok and ok else None,
+            "fwdbwd_ms": bench(fwdbwd) if fwd_ok and bwd_ok and ok else None,
+        }
+    tuning.clear()
+    tuning.update(base)
+    out["variants"] = timings
+    out["fwd_ms"] = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
+    out["fwdbwd_ms"] = min(
+        (t["fwdbwd_ms"] for t in timings.values() if t["fwdbwd_ms"]), default=None
+    )
+    out["default_fwd_ms"] = timings["default"]["fwd_ms"]
+    out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+
+
 def bench(fn, rep=200):
     if SMOKE:
         t = time.perf_counter()
@@ -168,27 +200,8 @@ def kla_case(B, L, M, S, variants, peer=True):
         grads = torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
         return [res.y.detach(), res.yvar.detach(), *grads]
 
-    timings = {}
-    base = dict(K.TUNING)
-    default_out = outputs()
-    for var in variants:
-        K.TUNING.update(base)
-        K.TUNING.update(var)
-        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
-        # a variant is timed only if it reproduces the checked default configuration
-        same = variant_error(outputs(), default_out) if var else 0.0
-        ok = same <= VARIANT_TOL
-        t = {"vs_default": same, "fwd_ms": bench(lambda: fwd("triton")) if fwd_ok and ok else None}
-        t["fwdbwd_ms"] = bench(lambda: fwdbwd("triton")) if (fwd_ok and bwd_ok and ok) else None
-        timings[key] = t
-    K.TUNING.clear()
-    K.TUNING.update(base)
-    out["variants"] = timings
-    best_f = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
-    best_b = min((t["fwdbwd_ms"] for t in timings.values() if t["fwdbwd_ms"]), default=None)
-    out["fwd_ms"], out["fwdbwd_ms"] = best_f, best_b
-    out["default_fwd_ms"] = timings["default"]["fwd_ms"]
-    out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+    time_variants(out, K.TUNING, variants, outputs, lambda: fwd("triton"),
+                  lambda: fwdbwd("triton"), fwd_ok, bwd_ok)  # fmt: skip
     if peer:
         try:
             out["torch_fwd_ms"] = peer_bench(lambda: fwd("torch"))
@@ -280,29 +293,8 @@ def filter_case(T, N, variants, peer=True):
         grads = torch.autograd.grad([lam, eta], leaves, [wl, we])
         return [lam.detach(), eta.detach(), *grads]
 
-    timings = {}
-    base = dict(F.TUNING)
-    default_out = outputs()
-    for var in variants:
-        F.TUNING.update(base)
-        F.TUNING.update(var)
-        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
-        # a variant is timed only if it reproduces the checked default configuration
-        same = variant_error(outputs(), default_out) if var else 0.0
-        ok = same <= VARIANT_TOL
-        t = {"vs_default": same, "fwd_ms": bench(lambda: fwd(F.filter_lanes)) if fwd_ok and ok else None}
-        t["fwdbwd_ms"] = (bench(lambda: fwdbwd(F.filter_lanes))
-                          if (fwd_ok and bwd_ok and ok) else None)  # fmt: skip
-        timings[key] = t
-    F.TUNING.clear()
-    F.TUNING.update(base)
-    out["variants"] = timings
-    out["fwd_ms"] = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
-    out["fwdbwd_ms"] = min(
-        (t["fwdbwd_ms"] for t in timings.values() if t["fwdbwd_ms"]), default=None
-    )
-    out["default_fwd_ms"] = timings["default"]["fwd_ms"]
-    out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+    time_variants(out, F.TUNING, variants, outputs, lambda: fwd(F.filter_lanes),
+                  lambda: fwdbwd(F.filter_lanes), fwd_ok, bwd_ok)  # fmt: skip
     if peer:
         try:
             out["torch_fwd_ms"] = peer_bench(lambda: fwd(torch_lanes))
