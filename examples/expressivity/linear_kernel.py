@@ -36,6 +36,16 @@ def available(x: torch.Tensor) -> bool:
 
 
 if triton is not None:
+    from kalmanscan.cuda._common import helper
+
+    @helper
+    def _tile(pm, M, S: tl.constexpr, SP: tl.constexpr, BM: tl.constexpr):
+        """A program's lanes ``[BM channels, SP slots]``: indices, masks and ``m S + s``."""
+        m = pm * BM + tl.arange(0, BM)
+        s = tl.arange(0, SP)
+        mmask = m < M
+        smask = s < S
+        return m, s, mmask, smask, mmask[:, None] & smask[None, :], m[:, None] * S + s[None, :]
 
     @triton.jit
     def _fwd_kernel(v_ptr, k_ptr, q_ptr, a_ptr, h0_ptr, y_ptr, hT_ptr, hs_ptr, L, M,
@@ -43,12 +53,7 @@ if triton is not None:
                     NS: tl.constexpr):  # fmt: skip
         pm = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
-        m = pm * BM + tl.arange(0, BM)
-        s = tl.arange(0, SP)
-        mmask = m < M
-        smask = s < S
-        lane = mmask[:, None] & smask[None, :]
-        ms = m[:, None] * S + s[None, :]
+        m, s, mmask, smask, lane, ms = _tile(pm, M, S, SP, BM)
         dt = y_ptr.dtype.element_ty
         a = tl.load(a_ptr + ms, mask=lane, other=0.0).to(dt)
         h = tl.load(h0_ptr + b * M * S + ms, mask=lane, other=0.0).to(dt)
@@ -70,12 +75,7 @@ if triton is not None:
                     NS: tl.constexpr):  # fmt: skip
         pm = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
-        m = pm * BM + tl.arange(0, BM)
-        s = tl.arange(0, SP)
-        mmask = m < M
-        smask = s < S
-        lane = mmask[:, None] & smask[None, :]
-        ms = m[:, None] * S + s[None, :]
+        m, s, mmask, smask, lane, ms = _tile(pm, M, S, SP, BM)
         dt = gv_ptr.dtype.element_ty
         a = tl.load(a_ptr + ms, mask=lane, other=0.0).to(dt)
         E = tl.load(ghT_ptr + b * M * S + ms, mask=lane, other=0.0).to(dt)
