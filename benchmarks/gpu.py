@@ -394,7 +394,10 @@ def kernel_resources():
     for name, (fn, sg, consts, warps) in cases.items():
         for c in consts:
             sg[c] = "constexpr"
-        src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts)
+        # pointers 16-byte aligned, as the launcher specializes them for torch tensors
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if n.endswith("_ptr")}  # fmt: skip
+        src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
         comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         ptx = comp.asm["ptx"]
         path = f"/tmp/kalmanscan-{name}.cubin"
@@ -407,6 +410,7 @@ def kernel_resources():
             "cp_async": ptx.count("cp.async.ca") + ptx.count("cp.async.cg"),
             "shuffles": ptx.count("shfl.sync"),
             "divisions": len(re.findall(r"div\.\S+", ptx)),
+            "fast_reciprocals": ptx.count("rcp.approx"),
             # layout conversions through shared memory in the kernel (the time loop's must be 0)
             "converts": comp.asm["ttgir"].count("convert_layout"),
             "local_stores": comp.asm["ttgir"].count("local_store"),
@@ -438,6 +442,10 @@ def main():
     )
     ap.add_argument("--only", choices=("kla", "filter"), help="run one op's shapes")
     ap.add_argument(
+        "--kla-variants",
+        help='JSON list of KLA tuning variants to time after the default, e.g. \'[{"NS": 8}]\'',
+    )
+    ap.add_argument(
         "--resources", action="store_true", help="sm_90 registers and spills (needs no GPU)"
     )
     a = ap.parse_args()
@@ -459,10 +467,14 @@ def main():
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
     kla_vars = [{}]
     if not a.quick:
-        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_prefetch": True},
-                     {"fwd_chunk_len": 128}, {"fwd_chunk_len": 256},
-                     {"fwd_chunk_len": 128, "bwd_chunk_len": 128},
+        # the other variants measured on the H200 are in benchmarks/results/*-kla-ns.json and
+        # *-kla-layout.json (pipeline depth, warps a program, 16 slots: none faster)
+        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8},
+                     {"fwd_prefetch": True}, {"fwd_slots": 8, "fwd_prefetch": True},
+                     {"NS": 6, "bwd_NS": 3},
                      {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
+    if a.kla_variants:
+        kla_vars = [{}] + json.loads(a.kla_variants)
     fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 4}]
     res = []
     t0 = time.time()

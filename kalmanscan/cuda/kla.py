@@ -7,7 +7,8 @@ Shapes (batch B, time L, channels M, slots S; a lane is ``(b, m, s)``): ``v, Lv 
 
 Layout. A program (``NT`` threads) owns ``BM = NT / G`` channels of one batch row; each thread
 walks ``SG`` slots of one channel through time (``G = S / SG`` threads per channel), the state
-in registers as a ``[NT, SG]`` tile whose last axis lives inside the thread. So the ``SG``
+in registers as a ``[SG, NT]`` tile whose first axis lives inside the thread (the default
+layout spreads the last axis over the warp's threads). So the ``SG``
 slots are independent chains a thread interleaves, the sum over slots of the readout is a
 register sum plus a ``log2 G``-step shuffle, and the per-channel loads (``v, Lv``) are one
 coalesced load per step. The loads of a step do not depend on the state, so the time loop is
@@ -43,33 +44,56 @@ from kalmanscan.cuda.filter import _fwd_carry_kernel
 __all__ = ["kla_triton"]
 
 
+if interpreting():
+
+    def _rcp(x):
+        """``1 / x`` (the interpreter runs numpy division)."""
+        return 1.0 / x
+
+else:
+
+    @triton.jit
+    def _rcp(x):
+        """``1 / x``: in float32 one hardware reciprocal (``rcp.approx.ftz``, relative error
+        below 2^-22), where Triton's ``1.0 / x`` adds range checks and rescaling around it (8
+        instructions in all); float64 divides."""
+        if x.dtype == tl.float32:
+            r = tl.inline_asm_elementwise(
+                "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            r = 1.0 / x
+        return r
+
+
 @helper
 def _slot_sum(x, G: tl.constexpr, NT: tl.constexpr):
-    """``[NT, SG] -> [NT // G]``: the sum over the slots of each channel (registers, then the
+    """``[SG, NT] -> [NT // G]``: the sum over the slots of each channel (registers, then the
     ``G`` neighbouring threads of the channel)."""
-    return tl.sum(tl.reshape(tl.sum(x, axis=1), [NT // G, G]), axis=1)
+    return tl.sum(tl.reshape(tl.sum(x, axis=0), [NT // G, G]), axis=1)
 
 
 @helper
 def _channel_sum(x, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
-    """``[NT, SG] -> [G, SG]``: the sum over the program's channels of each slot."""
-    return tl.sum(tl.reshape(x, [NT // G, G, SG]), axis=0)
+    """``[SG, NT] -> [SG, G]``: the sum over the program's channels of each slot."""
+    return tl.sum(tl.reshape(x, [SG, NT // G, G]), axis=1)
 
 
 @helper
 def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
-    """Per-thread channel ``m [NT]``, slots ``s [NT, SG]``, the program's channels ``mo [BM]``
-    and the slots of a ``[G, SG]`` per-program sum, with their masks. (Slots are the last,
-    memory-contiguous axis, so the compiler keeps a thread's ``SG`` slots in its registers.)"""
+    """Per-thread channel ``m [NT]``, slots ``s [SG, NT]``, the program's channels ``mo [BM]``
+    and the slots of a ``[SG, G]`` per-program sum, with their masks. (Slots are the first
+    axis: Triton's default layout spreads the last axis over the threads of a warp, so a
+    thread's ``SG`` slots are its registers and its ``k, q`` loads are vector loads.)"""
     j = tl.arange(0, NT)
     m = pm * (NT // G) + j // G
-    s = (j % G)[:, None] * SG + tl.arange(0, SG)[None, :]
+    s = (j % G)[None, :] * SG + tl.arange(0, SG)[:, None]
     # the program's channels, derived from m so that they share the layout of _slot_sum's result
     mo = tl.max(tl.reshape(m, [NT // G, G]), axis=1)
-    so = tl.arange(0, G)[:, None] * SG + tl.arange(0, SG)[None, :]
+    so = tl.arange(0, G)[None, :] * SG + tl.arange(0, SG)[:, None]
     if S == G * SG:  # every slot is real: a constant mask keeps the slot loads vectorized
-        true_s = tl.full([NT, SG], 1, tl.int1)
-        return m, s, mo, so, m < M, true_s, mo < M, tl.full([G, SG], 1, tl.int1)
+        true_s = tl.full([SG, NT], 1, tl.int1)
+        return m, s, mo, so, m < M, true_s, mo < M, tl.full([SG, G], 1, tl.int1)
     return m, s, mo, so, m < M, s < S, mo < M, so < S
 
 
@@ -90,12 +114,12 @@ def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr):
 @helper
 def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
             smask, dt: tl.constexpr):  # fmt: skip
-    """Step ``t``'s inputs ``v, Lv [NT]`` and ``k, q [NT, SG]`` (zeros past ``L``)."""
+    """Step ``t``'s inputs ``v, Lv [NT]`` and ``k, q [SG, NT]`` (zeros past ``L``)."""
     ok = (m * 0 + t) < L
     v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
     Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & ok[:, None], other=0.0).to(dt)
-    qq = tl.load(q_ptr + base_s + t * S + s, mask=smask & ok[:, None], other=0.0).to(dt)
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
+    qq = tl.load(q_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
     return v, Lv, kk, qq
 
 
@@ -104,12 +128,12 @@ def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_pt
               S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
               G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
     """One forward step from loaded inputs: the new state; writes ``y, yvar`` (and ``lam``)."""
-    rden = 1.0 / (p * lam + d)
-    lam = (lam + f1) * rden + Lv[:, None] * (kk * kk)
-    eta = af * rden * eta + (v * Lv)[:, None] * kk
-    rl = 1.0 / lam
-    y = _slot_sum(qq * eta * rl, G, NT)
-    yv = _slot_sum(qq * qq * rl, G, NT)
+    rden = _rcp(p * lam + d)
+    lam = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    eta = af * rden * eta + (v * Lv)[None, :] * kk
+    w = qq * _rcp(lam)
+    y = _slot_sum(w * eta, G, NT)
+    yv = _slot_sum(w * qq, G, NT)
     tl.store(y_ptr + base_m + t * M + mo, y, mask=momask)
     tl.store(yvar_ptr + base_m + t * M + mo, yv, mask=momask)
     if SAVE_PREC:
@@ -141,8 +165,8 @@ def _kla_fwd_kernel(
     c = tl.program_id(2)  # time chunk [c CL, (c + 1) CL) (one chunk of all of L unless CHUNKED)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    lane_mask = smask & mmask[:, None]
-    ms = m[:, None] * S + s
+    lane_mask = smask & mmask[None, :]
+    ms = m[None, :] * S + s
     dt = y_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
@@ -233,11 +257,11 @@ def _kla_chunk_maps_kernel(
     c = tl.program_id(2)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    lane_mask = smask & mmask[:, None]
-    ms = m[:, None] * S + s
+    lane_mask = smask & mmask[None, :]
+    ms = m[None, :] * S + s
     dt = comp_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
-    one = tl.full([NT, SG], 1.0, dt)
+    one = tl.full([SG, NT], 1.0, dt)
     m11, m12, m21, m22 = one, one * 0.0, one * 0.0, one
     g1, g2, A = one * 0.0, one * 0.0, one
     base_m = b.to(tl.int64) * L * M
@@ -248,8 +272,8 @@ def _kla_chunk_maps_kernel(
         v = tl.load(v_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
         Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask, other=0.0).to(dt)
         kk = tl.load(k_ptr + base_s + t * S + s, mask=smask, other=0.0).to(dt)
-        phi = Lv[:, None] * (kk * kk)
-        r = (v * Lv)[:, None] * kk
+        phi = Lv[None, :] * (kk * kk)
+        r = (v * Lv)[None, :] * kk
         l11 = 1.0 + p * phi
         l12 = f1 + d * phi
         n11 = l11 * m11 + l12 * m21
@@ -258,7 +282,7 @@ def _kla_chunk_maps_kernel(
         n22 = p * m12 + d * m22
         ng1 = r * (p * m11 + d * m21) + af * g1
         ng2 = r * (p * m12 + d * m22) + af * g2
-        sc = 1.0 / (n11 + n22)  # rescaling keeps the entries finite (projective map)
+        sc = _rcp(n11 + n22)  # rescaling keeps the entries finite (projective map)
         m11 = n11 * sc
         m12 = n12 * sc
         m21 = n21 * sc
@@ -285,10 +309,10 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
     inside = (m * 0 + t) < L  # [NT]
     v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
     Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & inside[:, None], other=0.0).to(dt)
-    rden = 1.0 / (p * lam + d)
-    lam_new = (lam + f1) * rden + Lv[:, None] * (kk * kk)
-    eta_new = af * rden * eta + (v * Lv)[:, None] * kk
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & inside[None, :], other=0.0).to(dt)
+    rden = _rcp(p * lam + d)
+    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
     return lam_new, eta_new
 
 
@@ -333,16 +357,16 @@ def _adjoint_step(
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums. Steps past ``L`` change nothing."""
     inside_m = (m * 0 + t) < L  # [NT]
-    inside = inside_m[:, None]  # [NT, 1]
+    inside = inside_m[None, :]  # [1, NT]
     mm = mmask & inside_m
     sm = smask & inside
-    vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
-    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
-    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
-    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
     kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
-    rl = 1.0 / lam
+    rl = _rcp(lam)
     mean = eta * rl
     gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
     if HAS_GPREC:
@@ -358,7 +382,7 @@ def _adjoint_step(
     gk = _channel_sum(2.0 * Lt * Lv * kk + Et * vv * Lv, G, SG, NT)
     tl.store(gk_ptr + part + t * S + so, gk, mask=somask & ((so * 0 + t) < L))
     tl.store(gq_ptr + part + t * S + so, gq, mask=somask & ((so * 0 + t) < L))
-    rden = 1.0 / (p * lam_prev + d)
+    rden = _rcp(p * lam_prev + d)
     lam_pred = (lam_prev + f1) * rden
     alpha = af * rden
     g_al = Et * eta_prev
@@ -386,8 +410,8 @@ def _kla_bwd_kernel(
     c = tl.program_id(2)  # chunk of CI checkpoint intervals (all of them unless CHUNKED)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    lane_mask = smask & mmask[:, None]
-    ms = m[:, None] * S + s
+    lane_mask = smask & mmask[None, :]
+    ms = m[None, :] * S + s
     dt = gv_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
@@ -398,8 +422,8 @@ def _kla_bwd_kernel(
     else:
         Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
         Ec = tl.load(geT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
-    ga = tl.zeros([NT, SG], dt)
-    gp = tl.zeros([NT, SG], dt)
+    ga = tl.zeros([SG, NT], dt)
+    gp = tl.zeros([SG, NT], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     part = (pm.to(tl.int64) * B + b) * L * S
@@ -482,20 +506,20 @@ def _adjoint_map_step(
     ``Mt = [[alpha^2, -alpha p rden eta_prev], [0, alpha]]``, ``g_t`` the step's local terms.
     ``x_before_chunk = [[A1, A2], [0, A3]] x_end + (c1, c2)`` is composed from the end."""
     inside_m = (m * 0 + t) < L
-    inside = inside_m[:, None]
+    inside = inside_m[None, :]
     mm = mmask & inside_m
     sm = smask & inside
-    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
-    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[:, None]
+    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
     qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
-    rl = 1.0 / lam
+    rl = _rcp(lam)
     mean = eta * rl
     gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
     if HAS_GPREC:
         poff = (base_m + t * M) * S + ms
         gl += tl.load(gprec_ptr + poff, mask=lane_mask & inside, other=0.0).to(dt)
     ge = gy * qq * rl
-    rden = 1.0 / (p * lam_prev + d)
+    rden = _rcp(p * lam_prev + d)
     alpha = af * rden
     m1 = alpha * alpha
     m2 = -alpha * p * rden * eta_prev
@@ -527,11 +551,11 @@ def _kla_bwd_maps_kernel(
     c = tl.program_id(2)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    lane_mask = smask & mmask[:, None]
-    ms = m[:, None] * S + s
+    lane_mask = smask & mmask[None, :]
+    ms = m[None, :] * S + s
     dt = maps_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
-    one = tl.full([NT, SG], 1.0, dt)
+    one = tl.full([SG, NT], 1.0, dt)
     A1, A2, A3, c1, c2 = one, one * 0.0, one, one * 0.0, one * 0.0
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
