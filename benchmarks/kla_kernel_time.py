@@ -1,0 +1,140 @@
+"""Where the time of the KLA op goes on the GPU: kernels against the Python API around them.
+
+``benchmarks/gpu.py`` times ``kla_filter(...)`` call after call: its figure includes the value
+checks (``check=True`` reads the inputs and synchronizes with the host once a call) and the
+Python work of each call (input preparation, the autograd function, the launches), during
+which the GPU may idle. This script times the same shapes four ways, in one run:
+
+- ``api_check``: ``kla_filter(...)`` as ``gpu.py`` times it (``do_bench`` median);
+- ``api``: ``kla_filter(..., check=False)``, the KLA layer's path (``do_bench`` median);
+- ``graph``: the ``check=False`` call replayed from a CUDA graph (no Python, no launch gaps;
+  ``triton.testing.do_bench_cudagraph`` median);
+- ``kernels``: the summed device time of the kernels of one call, from the CUDA profiler
+  (median over the profiled calls), by kernel name.
+
+Every shape's forward output is first checked against the float64 sequential reference in the
+same run (normwise relative error, float32 tolerance 1e-4); a wrong result gets no time.
+
+    python benchmarks/kla_kernel_time.py --json benchmarks/results/<date>-kla-kernel-time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+SHAPES = ((4, 2048, 960, 16), (8, 2048, 2048, 16))
+
+
+def kernel_times(fn, calls=10):
+    """Median over ``calls`` calls of the summed CUDA kernel time of one call, and the median
+    per kernel name (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    names: dict[str, list[float]] = {}
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        total = 0.0
+        seen: dict[str, float] = {}
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                us = ev.device_time_total  # a device event: its own duration (us)
+                total += us
+                seen[ev.name] = seen.get(ev.name, 0.0) + us
+        per_call.append(total / 1e3)
+        for n, us in seen.items():
+            names.setdefault(n, []).append(us / 1e3)
+    return statistics.median(per_call), {n: statistics.median(v) for n, v in names.items()}
+
+
+def case(B, L, M, S):
+    import triton.testing
+    from gpu import kla_inputs, rel
+
+    from kalmanscan.core.kla_op import kla_filter
+
+    x = kla_inputs(B, L, M, S)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    gy = torch.randn(B, L, M, device="cuda", generator=g)
+    gyv = torch.randn(B, L, M, device="cuda", generator=g)
+    out = {"shape": dict(B=B, L=L, M=M, S=S)}
+    got = kla_filter(**x, backend="triton")
+    ref = kla_filter(**{n: t.double() for n, t in x.items()}, backend="sequential")
+    out["errors"] = {"y": rel(got.y, ref.y), "yvar": rel(got.yvar, ref.yvar)}
+    out["correct"] = max(out["errors"].values()) <= 1e-4
+    del got, ref
+    if not out["correct"]:
+        return out
+    xs = {n: t.requires_grad_(True) for n, t in x.items()}
+
+    def fwd(check):
+        with torch.no_grad():
+            return kla_filter(**xs, backend="triton", check=check)
+
+    def fwdbwd(check):
+        res = kla_filter(**xs, backend="triton", check=check)
+        torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
+
+    bench = triton.testing.do_bench
+    out["fwd_ms"] = {
+        "api_check": bench(lambda: fwd(True), warmup=50, rep=300),
+        "api": bench(lambda: fwd(False), warmup=50, rep=300),
+    }
+    out["fwdbwd_ms"] = {
+        "api_check": bench(lambda: fwdbwd(True), warmup=50, rep=300),
+        "api": bench(lambda: fwdbwd(False), warmup=50, rep=300),
+    }
+    try:
+        out["fwd_ms"]["graph"] = triton.testing.do_bench_cudagraph(
+            lambda: fwd(False), rep=300, return_mode="median"
+        )
+    except Exception as e:  # capture may be refused by a torch/triton version: say so
+        out["fwd_ms"]["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        out["fwd_ms"]["kernels"], out["fwd_kernels_ms"] = kernel_times(lambda: fwd(False))
+        out["fwdbwd_ms"]["kernels"], out["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))
+    except Exception as e:
+        out["profiler_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", required=True, help="where to write the results")
+    a = p.parse_args()
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    res = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": props.name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "timing": "do_bench / do_bench_cudagraph medians; kernels: CUDA profiler, median of 10",
+        "results": [],
+    }
+    for shape in SHAPES:
+        r = case(*shape)
+        print(json.dumps(r), flush=True)
+        res["results"].append(r)
+        torch.cuda.empty_cache()
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
