@@ -12,6 +12,9 @@ which the GPU may idle. This script times the same shapes four ways, in one run:
 - ``kernels``: the summed device time of the kernels of one call, from the CUDA profiler
   (median over the profiled calls), by kernel name.
 
+``--variants``: KLA tuning variants timed by kernel time (profiler) after the default; each
+must first match the default configuration's outputs and gradients.
+
 Every shape's forward output is first checked against the float64 sequential reference in the
 same run (normwise relative error, float32 tolerance 1e-4); a wrong result gets no time.
 
@@ -61,7 +64,7 @@ def kernel_times(fn, calls=10):
     return statistics.median(per_call), {n: statistics.median(v) for n, v in names.items()}
 
 
-def case(B, L, M, S):
+def case(B, L, M, S, variants=(), dump=None):
     import triton.testing
     from gpu import kla_inputs, rel
 
@@ -109,12 +112,47 @@ def case(B, L, M, S):
         out["fwdbwd_ms"]["kernels"], out["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))
     except Exception as e:
         out["profiler_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    # tuning variants by kernel time: each first matches the default configuration's outputs
+    # and gradients (normwise 1e-5, as in gpu.py), then the profiler sums its kernels
+    from gpu import VARIANT_TOL, variant_error
+
+    from kalmanscan.cuda import kla as K
+
+    def outputs():
+        res = kla_filter(**xs, backend="triton", check=False)
+        grads = torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
+        return [res.y.detach(), res.yvar.detach(), *grads]
+
+    base = outputs()
+    saved = dict(K.TUNING)
+    out["variants"] = {}
+    for var in variants:
+        key = ",".join(f"{k}={v}" for k, v in var.items())
+        K.TUNING.update(var)
+        try:
+            err = variant_error(outputs(), base)
+            entry = {"vs_default": err}
+            if err <= VARIANT_TOL:
+                entry["fwd_kernels_ms"] = kernel_times(lambda: fwd(False))[0]
+                entry["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))[0]
+        except Exception as e:
+            entry = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        finally:
+            K.TUNING.clear()
+            K.TUNING.update(saved)
+        out["variants"][key] = entry
+        print(key, entry, flush=True)
+        if dump:
+            dump(out)
     return out
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument(
+        "--variants", help="JSON list of KLA tuning variants to time, e.g. '[{\"NS\": 8}]'"
+    )
     a = p.parse_args()
     import triton
 
@@ -127,8 +165,14 @@ def main():
         "timing": "do_bench / do_bench_cudagraph medians; kernels: CUDA profiler, median of 10",
         "results": [],
     }
+    variants = json.loads(a.variants) if a.variants else []
+
+    def dump(partial):
+        with open(a.json, "w") as f:
+            json.dump({**res, "results": res["results"] + [partial]}, f, indent=1)
+
     for shape in SHAPES:
-        r = case(*shape)
+        r = case(*shape, variants=variants, dump=dump)
         print(json.dumps(r), flush=True)
         res["results"].append(r)
         torch.cuda.empty_cache()

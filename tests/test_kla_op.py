@@ -187,3 +187,29 @@ def test_bad_arguments(change, match):
 def test_triton_backend_refuses_cpu_tensors():
     with pytest.raises(ValueError, match="use backend='torch'"):
         kla_filter(**make_inputs(1, 2, 1, 1), backend="triton")
+
+
+def test_value_checks_take_one_readback_when_valid():
+    # valid inputs pass the one-readback summary; every invalid kind fails it (and the detailed
+    # checks then name the input: the error-message tests above)
+    from kalmanscan.core.kla_op import _values_ok
+
+    M, S = 3, 4
+    base = {
+        "Lv": torch.rand(2, 5, M) + 0.5,
+        "decay": torch.full((M, S), 0.9),
+        "process_var": torch.full((M, S), 0.1),
+        "lam0": torch.ones(2, M, S),
+        "eta0": torch.zeros(2, M, S),
+    }
+    assert _values_ok(base)
+    assert _values_ok({n: base[n] for n in ("Lv", "decay", "process_var")})
+    bad = [("Lv", 0.0), ("Lv", float("nan")), ("decay", float("inf")), ("process_var", -0.5),
+           ("lam0", -1.0), ("eta0", float("-inf"))]  # fmt: skip
+    for name, value in bad:
+        t = {n: x.clone() for n, x in base.items()}
+        t[name].view(-1)[1] = value
+        assert not _values_ok(t), (name, value)
+    t = {n: x.clone() for n, x in base.items()}
+    t["decay"][0, 0], t["process_var"][0, 0] = 0.0, 0.0
+    assert not _values_ok(t)
