@@ -13,7 +13,11 @@ cut short by ``--budget-s`` keeps what matters:
    (a warm-up, then the median of 5 repeats, 3 at T = 1e6), each checked against the float64
    scan of the same data (itself checked against the reference in 1.);
 3. many series (B = 1000, T = 1000, n = 4) float32: scan against the loop vectorized over series;
-4. the sequential loop on the GPU (one chain of small kernel launches per step, about 1 ms a
+4. the lean sequential loop (``benchmarks/dense_loop.py``: covariance form, no diffuse or
+   missing-data handling, its steps replayed from CUDA graphs of 256 steps) for the same
+   single-series configurations, T ascending, 3 timed calls after a warm-up (1 at T = 1e6), each
+   checked against the scan's means and timed only if its estimate fits the budget;
+5. the reference sequential loop on the GPU (one chain of small kernel launches per step, about 1 ms a
    step on an H200) for the same single-series configurations, T ascending: at the smallest T a
    warm-up and the median of 3 repeats, beyond it one timed call without warm-up. A configuration
    is timed only if its estimated time (the loop's measured time per step for that n at the
@@ -53,7 +57,9 @@ def model(rng, n, d=1):
 
 
 DEVICE = "cuda"
-LOOP_FIRST_GUESS_S_PER_STEP = 2e-3  # before any loop is timed (measured: 0.9-1.5 ms on an H200)
+LOOP_FIRST_GUESS_S_PER_STEP = 2e-3  # before any loop is timed (measured: 0.75-1.5 ms on an H200)
+LEAN_FIRST_GUESS_S_PER_STEP = 3e-4  # the lean loop, before it is timed (not yet measured)
+GRAPH_STEPS = 256  # lean loop: steps a CUDA graph
 
 
 def rel_error(a, b):
@@ -271,7 +277,50 @@ def main(argv=None):
     else:
         res["skipped"].append(f"many series: budget ({left():.0f} s left)")
 
-    # 4. the sequential loop on the GPU, T ascending, while the budget lasts
+    # 4. the lean sequential loop on the GPU (benchmarks/dense_loop.py: covariance form, no
+    # diffuse or missing-data handling, steps captured in CUDA graphs), T ascending
+    from dense_loop import lean_filter
+
+    lean_per_step = {}
+    for T in Ts:
+        for n in (2, 4, 8):
+            if (n, T) not in data or not data[(n, T)][0]["ok"]:
+                res["skipped"].append(f"lean loop n={n} T={T}: no checked scan row")
+                continue
+            row, z, mean = data[(n, T)]
+            reps = 3 if T <= 100_000 else 1
+            est = lean_per_step.get(n, LEAN_FIRST_GUESS_S_PER_STEP) * T * (reps + 1)
+            if est > left() - 5:
+                res["skipped"].append(
+                    f"lean loop n={n} T={T}: budget (estimated {est:.0f} s, {left():.0f} s left)"
+                )
+                continue
+            (F_, Q_, H_, R_), kw = scan_args(n)
+            m0, P0 = kw["prior_mean"], kw["prior_cov"]
+            try:
+                t_lean, lean = timed(
+                    lambda a=(z, F_, Q_, H_, R_, m0, P0): lean_filter(*a, graph_steps=GRAPH_STEPS),
+                    reps,
+                )
+            except Exception as e:  # e.g. a capture refused by this torch build: say so, go on
+                res["skipped"].append(f"lean loop n={n} T={T}: {type(e).__name__}: {e}"[:300])
+                continue
+            lean_per_step[n] = t_lean / 1e3 / T
+            row.update(
+                lean_loop_ms=t_lean,
+                lean_loop_repeats=reps,
+                lean_loop_graph_steps=GRAPH_STEPS,
+                speedup_vs_lean_loop=t_lean / row["parallel_ms"],
+                err_vs_lean_loop=rel_error(mean, lean[0]),
+            )
+            del lean
+            if row["err_vs_lean_loop"] > tolerance("truth", "float32"):
+                row["status"] = "scan and lean loop disagree: no lean speed-up reported"
+                row.pop("speedup_vs_lean_loop")
+            print(row, flush=True)
+            save()
+
+    # 5. the reference sequential loop on the GPU, T ascending, while the budget lasts
     per_step = {}  # n -> measured loop seconds per step at the largest T timed so far
     for T in Ts:
         for n in (2, 4, 8):
