@@ -3,8 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
 #
-# PART: tests (the CUDA tests at GPU sizes, ~3 min), kernels (benchmarks/gpu.py: the four shapes
-# of the kernel issue, tuning variants, torch peer, ~5 min), reliability (benchmarks/reliability_gpu.py,
+# PART: tests (the CUDA tests at GPU sizes, ~5 min), kernels (benchmarks/gpu.py: the four shapes
+# of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py, ~5 min), reliability (benchmarks/reliability_gpu.py,
 # ~2 min), dense (benchmarks/dense_gpu.py with an 8-minute budget), or all (default). Each part
 # writes <DIR>/<date>-<part>.{log,json} (DIR defaults to benchmarks/results). Parts are separate
 # commands so that each fits a 10-minute job limit.
@@ -28,7 +28,8 @@ for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
   case "$part" in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py ;;
-    kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" ;;
+    kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" &&
+             python3 benchmarks/kla_kernel_time.py --json "$out/$day-kla-kernel-time.json" ;;
     reliability) python3 benchmarks/reliability_gpu.py --out "$out/$day-reliability-h200.json" ;;
     dense) python3 benchmarks/dense_gpu.py --json "$out/$day-dense-gpu.json" --budget-s 480 ;;
   esac 2>&1 | tee "$log" || status=1
