@@ -3,9 +3,10 @@
 #
 #   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
 #
-# PART: tests (the CUDA tests at GPU sizes, ~5 min), kernels (benchmarks/gpu.py: the four shapes
-# of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py, ~5 min), reliability (benchmarks/reliability_gpu.py,
-# ~2 min), dense (benchmarks/dense_gpu.py with an 8-minute budget), or all (default). Each part
+# PART: tests (the CUDA tests at GPU sizes, ~5 min), kernels (benchmarks/gpu.py: the four
+# shapes of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py,
+# ~5 min), reliability (benchmarks/reliability_gpu.py, ~2 min), dense (benchmarks/dense_gpu.py
+# with an 8-minute budget), or all (default). Each part
 # writes <DIR>/<date>-<part>.{log,json} (DIR defaults to benchmarks/results). Parts are separate
 # commands so that each fits a 10-minute job limit.
 set -u -o pipefail
