@@ -24,13 +24,19 @@ done
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
+# KLA tuning variants timed by kernel time (each checked against the default configuration first)
+KLA_VARIANTS='[{"fwd_chunk_len": 256, "bwd_chunk_len": 256}, {"fwd_chunk_len": 128, "bwd_chunk_len": 128},
+ {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8}, {"fwd_slots": 8, "fwd_prefetch": true},
+ {"fwd_prefetch": true}, {"NS": 8, "bwd_NS": 4}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
   case "$part" in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py ;;
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py \
+             tests/test_dense_lean_loop.py ;;
     kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" &&
-             python3 benchmarks/kla_kernel_time.py --json "$out/$day-kla-kernel-time.json" ;;
+             python3 benchmarks/kla_kernel_time.py --json "$out/$day-kla-kernel-time.json" \
+               --variants "$KLA_VARIANTS" ;;
     reliability) python3 benchmarks/reliability_gpu.py --out "$out/$day-reliability-h200.json" ;;
     dense) python3 benchmarks/dense_gpu.py --json "$out/$day-dense-gpu.json" --budget-s 480 ;;
   esac 2>&1 | tee "$log" || status=1
