@@ -27,7 +27,7 @@ day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
 KLA_VARIANTS='[{"fwd_chunk_len": 256, "bwd_chunk_len": 256}, {"fwd_chunk_len": 128, "bwd_chunk_len": 128},
  {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8}, {"fwd_slots": 8, "fwd_prefetch": true},
- {"fwd_prefetch": true}, {"NS": 8, "bwd_NS": 4}]'
+ {"fwd_prefetch": true}, {"NS": 8, "bwd_NS": 4}, {"fwd_slots": 16}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
