@@ -519,3 +519,24 @@ def test_table_size():
     assert n >= 60
     ids = [p.id for p in CORE + TS + XR + KLA + CKPT] + [c[0] for c in CLI]
     assert len(ids) == len(set(ids))
+
+
+def test_ranges_ok_reads_back_once(monkeypatch):
+    # the one-readback summary behind discretize_ou's and kla_filter's checks: right answers, and
+    # a single host read however many inputs (a GPU synchronizes once per call, not per input)
+    import torch
+
+    from kalmanscan.core._args import ranges_ok
+
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
+    one = torch.tensor([1.0, 2.0])
+    assert ranges_ok([(one, 0.0, False), (one, 1.0, False), (one, None, False)])
+    assert len(reads) == 1
+    assert not ranges_ok([(one, 1.0, True)])  # 1 is not > 1
+    assert not ranges_ok([(torch.tensor([1.0, float("inf")]), None, False)])
+    assert not ranges_ok([(torch.tensor([float("nan")], dtype=torch.bfloat16), None, False)])
+    assert not ranges_ok([(one, None, False)], flags=[torch.tensor(False), torch.tensor(True)])
+    assert ranges_ok([(one, None, False)], flags=[torch.tensor(False)])
+    assert ranges_ok([(torch.empty(0), 0.0, False)]) and ranges_ok([])

@@ -136,6 +136,37 @@ def first_bad(mask: torch.Tensor):
     return tuple(idx)
 
 
+def ranges_ok(specs, flags=()) -> bool:
+    """Whether every ``(tensor, lo, lo_open)`` in ``specs`` is finite, NaN-free and above ``lo``
+    (``None``: no bound; strictly above where ``lo_open``), and every 0-d boolean tensor in
+    ``flags`` is False: one small tensor of minima and maxima read back at once, so one device
+    synchronization however many inputs. Callers run :func:`check_range` per input (which
+    names the input, the index and the value) only when this returns False."""
+    stats = []
+    if flags:
+        stats.append(torch.stack([f.reshape(()) for f in flags]).any().to(torch.float64))
+    for t, _, _ in specs:
+        x = t.detach()
+        if x.numel() == 0:
+            continue
+        stats.extend(v.to(torch.float64) for v in torch.aminmax(x))
+    if not stats:
+        return True
+    vals = torch.stack([v.reshape(()) for v in stats]).tolist()
+    if flags and vals.pop(0) != 0:
+        return False
+    if not all(math.isfinite(v) for v in vals):  # NaN propagates to both extremes
+        return False
+    mins = iter(vals[0::2])
+    for t, lo, lo_open in specs:
+        if t.numel() == 0:
+            continue
+        mn = next(mins)
+        if lo is not None and not (mn > lo if lo_open else mn >= lo):
+            return False
+    return True
+
+
 def check_range(name, t, *, lo=None, lo_open=False, allow_inf=False, allow_nan=False, what=None):
     """Raise ValueError naming ``name`` unless every element satisfies the stated range."""
     x = t.detach()

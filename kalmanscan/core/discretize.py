@@ -39,9 +39,10 @@ def discretize_ou(theta, sigma2, dt):
     theta_t = conv.tensor("theta")
     sigma2_t = conv.tensor("sigma2")
     dt_t = conv.tensor("dt")
-    _args.check_range("theta", theta_t, lo=0.0)
-    _args.check_range("sigma2", sigma2_t, lo=0.0)
-    _args.check_range("dt", dt_t, lo=0.0)
+    if not _args.ranges_ok([(theta_t, 0.0, False), (sigma2_t, 0.0, False), (dt_t, 0.0, False)]):
+        _args.check_range("theta", theta_t, lo=0.0)
+        _args.check_range("sigma2", sigma2_t, lo=0.0)
+        _args.check_range("dt", dt_t, lo=0.0)
     try:
         torch.broadcast_shapes(theta_t.shape, sigma2_t.shape, dt_t.shape)
     except RuntimeError:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 from typing import NamedTuple
 
 import torch
@@ -152,24 +151,20 @@ def _check_tensor(name, x, ndim, desc):
 
 
 def _values_ok(tensors) -> bool:
-    """Whether every range checked by :func:`_check_values` holds, from one small tensor of
-    minima and maxima read back at once (one device synchronization per call, where a check
-    per input stalled a GPU several times: 0.6 ms a call at B=4 L=2048 M=960 S=16 on the H200,
-    ``benchmarks/results/2026-11-29-kla-kernel-time.json``)."""
+    """Whether every range checked by :func:`_check_values` holds, from one readback
+    (:func:`kalmanscan.core._args.ranges_ok`). A check per input stalled a GPU several times a
+    call: 0.6 ms a call at B=4 L=2048 M=960 S=16 on the H200
+    (``benchmarks/results/2026-11-29-kla-kernel-time.json``)."""
+    from kalmanscan.core import _args
+
     a = tensors["decay"].detach()
     p = tensors["process_var"].detach()
-    stats = [*torch.aminmax(a), *torch.aminmax(p), *torch.aminmax(tensors["Lv"].detach())]
-    stats.append(((a * a == 0) & (p == 0)).any())
-    for name in ("lam0", "eta0"):
-        if name in tensors:
-            stats.extend(torch.aminmax(tensors[name].detach()))
-    vals = torch.stack([x.reshape(()).to(torch.float64) for x in stats]).tolist()
-    if not all(math.isfinite(x) for x in vals):  # NaN or inf anywhere (both-zero flag is 0/1)
-        return False
-    ok = vals[2] >= 0 and vals[4] > 0 and vals[6] == 0  # process_var >= 0, Lv > 0, no (0, 0)
+    specs = [(a, None, False), (p, 0.0, False), (tensors["Lv"], 0.0, True)]
     if "lam0" in tensors:
-        ok = ok and vals[7] >= 0
-    return ok
+        specs.append((tensors["lam0"], 0.0, False))
+    if "eta0" in tensors:
+        specs.append((tensors["eta0"], None, False))
+    return _args.ranges_ok(specs, flags=[((a * a == 0) & (p == 0)).any()])
 
 
 def _check_values(tensors):
