@@ -56,29 +56,45 @@ def variant_error(got, ref):
     return max(rel(a, b) for a, b in zip(got, ref, strict=True))
 
 
-def time_variants(out, tuning, variants, outputs, fwd, fwdbwd, fwd_ok, bwd_ok):
-    """Time ``fwd`` and ``fwdbwd`` under each tuning variant (dict updates of ``tuning``, restored
-    afterwards) into ``out``: per-variant times, the best and the default configuration's.
-
-    A variant is timed only if ``outputs()`` (outputs and gradients) reproduces the checked
-    default configuration's within ``VARIANT_TOL``; nothing is timed for a failed check.
-    """
-    timings = {}
+def checked_variants(tuning, variants, outputs):
+    """Apply each tuning variant in turn (a dict update of ``tuning``, restored afterwards) and
+    yield ``(key, vs_default, error)``: ``vs_default`` is how far ``outputs()`` (outputs and
+    gradients) is from the default configuration's (0 for the empty variant, which is the
+    default), ``error`` the exception ``outputs()`` raised under the variant, else None. A caller
+    times a variant, with the variant applied, only when ``vs_default <= VARIANT_TOL``."""
     base = dict(tuning)
     default_out = outputs()
-    for var in variants:
+    try:
+        for var in variants:
+            tuning.clear()
+            tuning.update(base)
+            tuning.update(var)
+            key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+            try:
+                same = variant_error(outputs(), default_out) if var else 0.0
+            except Exception as e:
+                yield key, None, e
+                continue
+            yield key, same, None
+    finally:
+        tuning.clear()
         tuning.update(base)
-        tuning.update(var)
-        key = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
-        same = variant_error(outputs(), default_out) if var else 0.0
+
+
+def time_variants(out, tuning, variants, outputs, fwd, fwdbwd, fwd_ok, bwd_ok):
+    """Time ``fwd`` and ``fwdbwd`` under each tuning variant (:func:`checked_variants`) into
+    ``out``: per-variant times, the best and the default configuration's. A variant is timed
+    only if it reproduces the checked default configuration within ``VARIANT_TOL``."""
+    timings = {}
+    for key, same, error in checked_variants(tuning, variants, outputs):
+        if error is not None:
+            raise error
         ok = same <= VARIANT_TOL
         timings[key] = {
             "vs_default": same,
             "fwd_ms": bench(fwd) if fwd_ok and ok else None,
             "fwdbwd_ms": bench(fwdbwd) if fwd_ok and bwd_ok and ok else None,
         }
-    tuning.clear()
-    tuning.update(base)
     out["variants"] = timings
     out["fwd_ms"] = min((t["fwd_ms"] for t in timings.values() if t["fwd_ms"]), default=None)
     out["fwdbwd_ms"] = min(
@@ -86,6 +102,16 @@ def time_variants(out, tuning, variants, outputs, fwd, fwdbwd, fwd_ok, bwd_ok):
     )
     out["default_fwd_ms"] = timings["default"]["fwd_ms"]
     out["default_fwdbwd_ms"] = timings["default"]["fwdbwd_ms"]
+
+
+def kla_outputs(xs, gy, gyv):
+    """The triton KLA op's outputs and the gradients of every input in ``xs`` (the layer's
+    call: ``check=False``), to compare tuning variants with."""
+    from kalmanscan.core.kla_op import kla_filter
+
+    res = kla_filter(**xs, backend="triton", check=False)
+    grads = torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
+    return [res.y.detach(), res.yvar.detach(), *grads]
 
 
 def bench(fn, rep=200):
@@ -198,9 +224,7 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.autograd.backward([res.y, res.yvar], [gy, gyv])
 
     def outputs():
-        res = kla_filter(**xs, backend="triton", check=False)
-        grads = torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
-        return [res.y.detach(), res.yvar.detach(), *grads]
+        return kla_outputs(xs, gy, gyv)
 
     time_variants(out, K.TUNING, variants, outputs, lambda: fwd("triton"),
                   lambda: fwdbwd("triton"), fwd_ok, bwd_ok)  # fmt: skip

@@ -114,32 +114,21 @@ def case(B, L, M, S, variants=(), dump=None):
         out["profiler_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     # tuning variants by kernel time: each first matches the default configuration's outputs
     # and gradients (normwise 1e-5, as in gpu.py), then the profiler sums its kernels
-    from gpu import VARIANT_TOL, variant_error
+    from gpu import VARIANT_TOL, checked_variants, kla_outputs
 
     from kalmanscan.cuda import kla as K
 
-    def outputs():
-        res = kla_filter(**xs, backend="triton", check=False)
-        grads = torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
-        return [res.y.detach(), res.yvar.detach(), *grads]
-
-    base = outputs()
-    saved = dict(K.TUNING)
     out["variants"] = {}
-    for var in variants:
-        key = ",".join(f"{k}={v}" for k, v in var.items())
-        K.TUNING.update(var)
+    for key, err, error in checked_variants(K.TUNING, variants, lambda: kla_outputs(xs, gy, gyv)):
+        entry = {"vs_default": err}
         try:
-            err = variant_error(outputs(), base)
-            entry = {"vs_default": err}
+            if error is not None:
+                raise error
             if err <= VARIANT_TOL:
                 entry["fwd_kernels_ms"] = kernel_times(lambda: fwd(False))[0]
                 entry["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))[0]
         except Exception as e:
             entry = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        finally:
-            K.TUNING.clear()
-            K.TUNING.update(saved)
         out["variants"][key] = entry
         print(key, entry, flush=True)
         if dump:
