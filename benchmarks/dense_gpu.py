@@ -277,6 +277,21 @@ def main(argv=None):
     else:
         res["skipped"].append(f"many series: budget ({left():.0f} s left)")
 
+    def loop_row(what, n, T, est):
+        """The checked scan row ``(row, z, mean)`` of ``(n, T)`` if a loop estimated to take
+        ``est`` s fits the budget, else None with the reason in ``skipped``."""
+        if (n, T) not in data:
+            res["skipped"].append(f"{what} n={n} T={T}: no scan row")
+        elif not data[(n, T)][0]["ok"]:
+            res["skipped"].append(f"{what} n={n} T={T}: scan check failed")
+        elif est > left() - 5:
+            res["skipped"].append(
+                f"{what} n={n} T={T}: budget (estimated {est:.0f} s, {left():.0f} s left)"
+            )
+        else:
+            return data[(n, T)]
+        return None
+
     # 4. the lean sequential loop on the GPU (benchmarks/dense_loop.py: covariance form, no
     # diffuse or missing-data handling, steps captured in CUDA graphs), T ascending
     from dense_loop import lean_filter
@@ -284,17 +299,12 @@ def main(argv=None):
     lean_per_step = {}
     for T in Ts:
         for n in (2, 4, 8):
-            if (n, T) not in data or not data[(n, T)][0]["ok"]:
-                res["skipped"].append(f"lean loop n={n} T={T}: no checked scan row")
-                continue
-            row, z, mean = data[(n, T)]
             reps = 3 if T <= 100_000 else 1
             est = lean_per_step.get(n, LEAN_FIRST_GUESS_S_PER_STEP) * T * (reps + 1)
-            if est > left() - 5:
-                res["skipped"].append(
-                    f"lean loop n={n} T={T}: budget (estimated {est:.0f} s, {left():.0f} s left)"
-                )
+            found = loop_row("lean loop", n, T, est)
+            if found is None:
                 continue
+            row, z, mean = found
             (F_, Q_, H_, R_), kw = scan_args(n)
             m0, P0 = kw["prior_mean"], kw["prior_cov"]
             try:
@@ -324,22 +334,13 @@ def main(argv=None):
     per_step = {}  # n -> measured loop seconds per step at the largest T timed so far
     for T in Ts:
         for n in (2, 4, 8):
-            if (n, T) not in data:
-                res["skipped"].append(f"sequential loop n={n} T={T}: no scan row")
-                continue
-            row, z, mean = data[(n, T)]
-            if not row["ok"]:
-                res["skipped"].append(f"sequential loop n={n} T={T}: scan check failed")
-                continue
             first = T == Ts[0]
             reps, warm = (3, True) if first else (1, False)
             est = per_step.get(n, LOOP_FIRST_GUESS_S_PER_STEP) * T * (reps + warm)
-            if est > left() - 5:
-                res["skipped"].append(
-                    f"sequential loop n={n} T={T}: budget (estimated {est:.0f} s, "
-                    f"{left():.0f} s left)"
-                )
+            found = loop_row("sequential loop", n, T, est)
+            if found is None:
                 continue
+            row, z, mean = found
             args_g, kw = scan_args(n)
             model_l, _ = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
             t_seq, seq = timed(lambda m=model_l: filter_reference(m), reps, warmup=warm)
