@@ -83,9 +83,15 @@ else:
     SHAPES = [(1, 1, 1, 1), (2, 63, 3, 4), (1, 9, 3, 16), (1, 6, 1, 64), (1, 1000, 1, 1)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
-def test_forward_backward_float64(shape):
-    x = make_inputs(*shape, forget=True)
+def normwise(a, b):
+    """``||a - b|| / ||b||`` in float64 (for signed sums that can cancel to near 0)."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def assert_exact_in_float64(shape, seed):
+    """The kernel's outputs and every gradient equal the sequential reference's in float64."""
+    x = make_inputs(*shape, seed=seed, forget=True)
     w = weights_for(*shape)
     got, ggot = run(kla_triton, x, torch.float64, w)
     ref, gref = run(reference, x, torch.float64, w)
@@ -97,6 +103,11 @@ def test_forward_backward_float64(shape):
         # compared absolutely, to 1e-11
         scale = max(b.abs().max().item(), 1.0)
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
+def test_forward_backward_float64(shape):
+    assert_exact_in_float64(shape, seed=0)
 
 
 TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bwd_slots": 2},
@@ -114,16 +125,7 @@ def test_every_tuning_is_exact(tuning, L, monkeypatch):
     # intervals of the backward)
     for key, value in tuning.items():
         monkeypatch.setitem(K.TUNING, key, value)
-    shape = (2, L, 37, 16) if CUDA else (2, L, 3, 4)
-    x = make_inputs(*shape, seed=3, forget=True)
-    w = weights_for(*shape)
-    got, ggot = run(kla_triton, x, torch.float64, w)
-    ref, gref = run(reference, x, torch.float64, w)
-    for name, a, b in zip(("y", "yvar", "lam", "eta", "precision"), got, ref, strict=True):
-        assert_close(a, b, "kernel", torch.float64, what=name)
-    for name, a, b in zip(NAMES, ggot, gref, strict=True):
-        scale = max(b.abs().max().item(), 1.0)
-        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+    assert_exact_in_float64((2, L, 37, 16) if CUDA else (2, L, 3, 4), seed=3)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
@@ -139,13 +141,13 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
     assert got[0].dtype == torch.float32
     # y is a signed sum over slots whose terms can cancel to near 0: its error is measured
     # normwise (||got - ref|| / ||ref||); the other outputs entrywise
-    err_y = float((got[0].detach().double() - ref[0].detach()).norm() / ref[0].detach().norm())
+    err_y = normwise(got[0], ref[0])
     assert err_y <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err_y:.3e}"
     for name, a, b in zip(("yvar", "lam", "eta"), got[1:], ref[1:], strict=True):
         assert_close(a, b, "kernel", torch.float32, scale=b.abs().mean(), what=name)
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
         # gradients are sums over time of signed terms too: normwise
-        err = float((a.detach().double() - b.detach()).norm() / b.detach().norm())
+        err = normwise(a, b)
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
@@ -163,11 +165,11 @@ def test_half_inputs_compute_in_float32(dtype, monkeypatch):
     same = kla_filter(**{n: t.float() for n, t in x.items()}, backend="triton")
     pairs = zip((got.y, got.yvar, *got.final), (same.y, same.yvar, *same.final), strict=True)
     for name, (a, b) in zip(("y", "yvar", "lam", "eta"), pairs, strict=True):
-        err = float((a.double() - b.double()).norm() / b.double().norm())
+        err = normwise(a, b)
         assert err <= 1e-6, (name, err)
     # and float32 accuracy against float64 on those values (normwise, as for float32 inputs)
     ref = kla_filter(**{n: t.double() for n, t in x.items()}, backend="sequential")
-    err = float((got.y.double() - ref.y).norm() / ref.y.norm())
+    err = normwise(got.y, ref.y)
     assert err <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err:.3e}"
 
 
