@@ -114,7 +114,10 @@ TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bw
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
            {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_prefetch": True},
            {"fwd_chunk_len": 16, "fwd_slots": 2}, {"bwd_chunk_len": 8},
-           {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2}]  # fmt: skip
+           {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2},
+           {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
+           {"fwd_l2_ahead": 5, "fwd_prefetch": True, "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
+            "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
 
 
 @pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])

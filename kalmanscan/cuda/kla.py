@@ -66,6 +66,41 @@ else:
         return r
 
 
+if interpreting():
+
+    def _prefetch_l2(ptrs):
+        """A hint only: the interpreter has no cache to fill."""
+        return None
+
+else:
+
+    @triton.jit
+    def _prefetch_l2(ptrs):
+        """Ask for the lines at ``ptrs`` to be brought into L2 (``prefetch.global.L2``, one
+        instruction a warp, no register waits on it): the later loads of those rows then find
+        them in L2 instead of device memory."""
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64, bitcast=False)],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+
+@helper
+def _prefetch_rows(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, m, j, NPTR: tl.constexpr):
+    """Prefetch row ``t`` (clamped into ``[0, L)``) of up to four ``[B, L, M]`` arrays at the
+    threads' channels: thread ``j`` takes array ``j % NPTR``. A row's segment of a program's
+    channels is whole sectors, and every sector holds channels of each residue, so the
+    segments of all ``NPTR`` arrays are covered by one instruction."""
+    tc = tl.minimum(tl.maximum(t, 0), L - 1)
+    off = base_m + tc * M + tl.minimum(m, M - 1)
+    sel = j % NPTR
+    ptrs = tl.where(sel == 0, ptr_a + off, ptr_b + off)
+    if NPTR > 2:
+        ptrs = tl.where(sel == 2, ptr_c + off, ptrs)
+        ptrs = tl.where(sel == 3, ptr_d + off, ptrs)
+    _prefetch_l2(ptrs)
+
+
 @helper
 def _slot_sum(x, G: tl.constexpr, NT: tl.constexpr):
     """``[SG, NT] -> [NT // G]``: the sum over the slots of each channel (registers, then the
@@ -158,13 +193,14 @@ def _kla_fwd_kernel(
     L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr,
+    NT: tl.constexpr, AHEAD: tl.constexpr = 0,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
     c = tl.program_id(2)  # time chunk [c CL, (c + 1) CL) (one chunk of all of L unless CHUNKED)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    jt = tl.arange(0, NT)
     lane_mask = smask & mmask[None, :]
     ms = m[None, :] * S + s
     dt = y_ptr.dtype.element_ty
@@ -200,6 +236,10 @@ def _kla_fwd_kernel(
         for tb in tl.range(t_lo, t_tail, 4, num_stages=1):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+            if AHEAD > 0:  # rows AHEAD steps on into L2
+                for i in tl.static_range(4):
+                    _prefetch_rows(v_ptr, Lv_ptr, v_ptr, v_ptr, base_m, tb + AHEAD + i, L, M, m,
+                                   jt, 2)  # fmt: skip
             n0, nL0, nk0, nq0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
             n1, nL1, nk1, nq1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 5,
@@ -229,6 +269,8 @@ def _kla_fwd_kernel(
     for t in tl.range(t_tail, t_hi, num_stages=NS):
         if SAVE_CK:
             _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+        if AHEAD > 0:
+            _prefetch_rows(v_ptr, Lv_ptr, v_ptr, v_ptr, base_m, t + AHEAD, L, M, m, jt, 2)
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr,
@@ -402,7 +444,7 @@ def _kla_bwd_kernel(
     gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr, xend_ptr,
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
-    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr = 0,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
@@ -410,6 +452,7 @@ def _kla_bwd_kernel(
     c = tl.program_id(2)  # chunk of CI checkpoint intervals (all of them unless CHUNKED)
     NC = tl.num_programs(2)
     m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    jt = tl.arange(0, NT)
     lane_mask = smask & mmask[None, :]
     ms = m[None, :] * S + s
     dt = gv_ptr.dtype.element_ty
@@ -432,6 +475,10 @@ def _kla_bwd_kernel(
     blk_hi = tl.minimum(blk_lo + CI, NB)
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
         t0 = (blk_hi - 1 - (jb - blk_lo)) * CK
+        if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
+            for i in tl.static_range(CK):
+                _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
+                               jt, 4)  # fmt: skip
         # the interval's states, recomputed from its checkpoint into registers
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8 = _interval(
             ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
@@ -655,6 +702,8 @@ TUNING = {
     "fwd_warps": 1,
     "bwd_slots": 4,
     "bwd_warps": 1,
+    "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
+    "bwd_l2_ahead": 0,  # > 0: prefetch v, Lv, gy, gyv this many steps back
 }
 CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
@@ -701,7 +750,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
                           CK=CK, NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"],
-                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, num_warps=warps)  # fmt: skip
+                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TUNING["fwd_l2_ahead"],
+                          num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -754,7 +804,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
                                   L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
                                   NS=TUNING["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
-                                  num_warps=warps)  # fmt: skip
+                                  AHEAD=TUNING["bwd_l2_ahead"], num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
 
