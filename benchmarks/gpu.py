@@ -238,7 +238,7 @@ def kla_case(B, L, M, S, variants, peer=True):
     lane_steps = B * L * M * S
     ch_steps = B * L * M
     TB = K.CK
-    G, _, NT, _ = K._config(S, "bwd")
+    G, _, NT, _ = K._config(S, "bwd", K._tuning(B * M * S))
     n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
         "bytes_fwd": 16 * ch_steps + 8 * B * L * S,
@@ -367,9 +367,13 @@ def kernel_resources():
     vary = dict(VZ=True, VOV=False, VA=False, VP=False, VH=False, VC=False, NS=4)
     need = dict(VGL=True, VGE=True, NEED_Z=True, NEED_OV=True, NEED_A=True, NEED_P=True,
                 NEED_H=False, NEED_C=False)  # fmt: skip
-    # the default tuning (kalmanscan/cuda/kla.py TUNING) at S=16: 4 lanes a thread, one warp
-    kla_c = dict(S=16, CK=8, NS=K.TUNING["NS"], G=4, SG=4, NT=32)
-    kla_b = dict(kla_c, NS=K.TUNING["bwd_NS"])
+    # the default tuning (kalmanscan/cuda/kla.py TUNING) of the first benchmark shape (B=4 M=960
+    # S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
+    tu = K._tuning(4 * 960 * 16)
+    kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
+    kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
+                 AHEAD=tu["bwd_l2_ahead"])  # fmt: skip
+    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], VL2=tu["fwd_prefetch_vl2"])
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
@@ -399,9 +403,9 @@ def kernel_resources():
     carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True, CHUNKED=False), 1),
+                    dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True, CHUNKED=False), 1),
         "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
-                            dict(kla_c, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
+                            dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
                                  CHUNKED=True), 1),
         "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
@@ -410,7 +414,8 @@ def kernel_resources():
         "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
-                         dict(kla_b, HAS_GPREC=False), 1),
+                         {k: v for k, v in dict(kla_b, HAS_GPREC=False).items() if k != "AHEAD"},
+                         1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
         "filter_bwd": (F._bwd_kernel, bwd_sig, dict(vary, **need, COMPOSITE=False, BLOCK=128), 4),
@@ -495,9 +500,12 @@ def main():
     if not a.quick:
         # the other variants measured on the H200 are in benchmarks/results/*-kla-ns.json and
         # *-kla-layout.json (pipeline depth, warps a program, 16 slots: none faster)
-        kla_vars += [{"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8},
-                     {"fwd_prefetch": True}, {"fwd_slots": 8, "fwd_prefetch": True},
-                     {"NS": 6, "bwd_NS": 3},
+        # the default chooses slots a thread by the lane count (kla.py _tuning); these time
+        # the other choice at each shape, and the earlier defaults
+        kla_vars += [{"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2},
+                     {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3},
+                     {"fwd_prefetch": False, "fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2,
+                      "bwd_l2_ahead": 0},
                      {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
     if a.kla_variants:
         kla_vars = [{}] + json.loads(a.kla_variants)

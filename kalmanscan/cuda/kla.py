@@ -147,6 +147,24 @@ def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr):
 
 
 @helper
+def _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt: tl.constexpr):
+    """Step ``t``'s per-channel inputs ``v, Lv [NT]`` (zeros past ``L``)."""
+    ok = (m * 0 + t) < L
+    v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
+    return v, Lv
+
+
+@helper
+def _kq(k_ptr, q_ptr, t, L, S: tl.constexpr, base_s, m, s, smask, dt: tl.constexpr):
+    """Step ``t``'s per-slot inputs ``k, q [SG, NT]`` (zeros past ``L``)."""
+    ok = (m * 0 + t) < L
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
+    qq = tl.load(q_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
+    return kk, qq
+
+
+@helper
 def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
             smask, dt: tl.constexpr):  # fmt: skip
     """Step ``t``'s inputs ``v, Lv [NT]`` and ``k, q [SG, NT]`` (zeros past ``L``)."""
@@ -193,7 +211,7 @@ def _kla_fwd_kernel(
     L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, AHEAD: tl.constexpr = 0,
+    NT: tl.constexpr, AHEAD: tl.constexpr, VL2: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -233,6 +251,14 @@ def _kla_fwd_kernel(
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
         v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 3,
                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+        # with VL2 the per-channel inputs v, Lv (rows of [B, L, M], from device memory) are
+        # loaded two blocks ahead, k, q (small, shared by every channel) one block ahead
+        w0, W0, w1, W1, w2, W2, w3, W3 = v0, L0, v1, L1, v2, L2, v3, L3
+        if VL2:
+            w0, W0 = _vl(v_ptr, Lv_ptr, t_lo + 4, L, M, base_m, m, mmask, dt)
+            w1, W1 = _vl(v_ptr, Lv_ptr, t_lo + 5, L, M, base_m, m, mmask, dt)
+            w2, W2 = _vl(v_ptr, Lv_ptr, t_lo + 6, L, M, base_m, m, mmask, dt)
+            w3, W3 = _vl(v_ptr, Lv_ptr, t_lo + 7, L, M, base_m, m, mmask, dt)
         for tb in tl.range(t_lo, t_tail, 4, num_stages=1):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
@@ -240,14 +266,15 @@ def _kla_fwd_kernel(
                 for i in tl.static_range(4):
                     _prefetch_rows(v_ptr, Lv_ptr, v_ptr, v_ptr, base_m, tb + AHEAD + i, L, M, m,
                                    jt, 2)  # fmt: skip
-            n0, nL0, nk0, nq0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            n1, nL1, nk1, nq1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 5,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            n2, nL2, nk2, nq2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 6,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            n3, nL3, nk3, nq3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 7,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            ta = tb + 8 if VL2 else tb + 4  # the first step whose v, Lv are loaded now
+            n0, nL0 = _vl(v_ptr, Lv_ptr, ta, L, M, base_m, m, mmask, dt)
+            n1, nL1 = _vl(v_ptr, Lv_ptr, ta + 1, L, M, base_m, m, mmask, dt)
+            n2, nL2 = _vl(v_ptr, Lv_ptr, ta + 2, L, M, base_m, m, mmask, dt)
+            n3, nL3 = _vl(v_ptr, Lv_ptr, ta + 3, L, M, base_m, m, mmask, dt)
+            nk0, nq0 = _kq(k_ptr, q_ptr, tb + 4, L, S, base_s, m, s, smask, dt)
+            nk1, nq1 = _kq(k_ptr, q_ptr, tb + 5, L, S, base_s, m, s, smask, dt)
+            nk2, nq2 = _kq(k_ptr, q_ptr, tb + 6, L, S, base_s, m, s, smask, dt)
+            nk3, nq3 = _kq(k_ptr, q_ptr, tb + 7, L, S, base_s, m, s, smask, dt)
             lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb + 0,
                 y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
                 NT)
@@ -260,10 +287,12 @@ def _kla_fwd_kernel(
             lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
                 y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
                 NT)
-            v0, L0, k0, q0 = n0, nL0, nk0, nq0
-            v1, L1, k1, q1 = n1, nL1, nk1, nq1
-            v2, L2, k2, q2 = n2, nL2, nk2, nq2
-            v3, L3, k3, q3 = n3, nL3, nk3, nq3
+            if VL2:
+                v0, L0, v1, L1, v2, L2, v3, L3 = w0, W0, w1, W1, w2, W2, w3, W3
+                w0, W0, w1, W1, w2, W2, w3, W3 = n0, nL0, n1, nL1, n2, nL2, n3, nL3
+            else:
+                v0, L0, v1, L1, v2, L2, v3, L3 = n0, nL0, n1, nL1, n2, nL2, n3, nL3
+            k0, q0, k1, q1, k2, q2, k3, q3 = nk0, nq0, nk1, nq1, nk2, nq2, nk3, nq3
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -444,7 +473,7 @@ def _kla_bwd_kernel(
     gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr, xend_ptr,
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
-    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr = 0,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
@@ -689,32 +718,52 @@ def _kla_bwd_carry_kernel(maps_ptr, glT_ptr, geT_ptr, xend_ptr, N, NC, NS: tl.co
         x1, x2 = A1 * x1 + A2 * x2 + c1, A3 * x2 + c2
 
 
-# Tuning (benchmarks/gpu.py sweeps it): pipeline stages of the per-step loads (forward, backward),
-# whether the forward loads 4-step blocks into registers instead, and the slots a thread walks
-# (its independent chains) and warps a program has, for the forward and the backward.
+# Tuning (benchmarks/gpu.py and benchmarks/kla_kernel_time.py sweep it): pipeline stages of the
+# per-step loads (forward, backward), whether the forward loads 4-step blocks into registers a
+# block ahead instead, the slots a thread walks (its independent chains) and warps a program has,
+# time chunking, and L2 prefetch distances. ``None``: chosen by the number of lanes ``B M S``
+# (``_tuning``). Kernel times of every variant on the H200 (each checked against the default
+# first): benchmarks/results/2026-11-29-s4-kla-*.json.
 TUNING = {
     "NS": 4,
-    "bwd_NS": 2,
-    "fwd_prefetch": False,  # measured no faster on the H200 (benchmarks/results/2026-11-29-h200*)
-    "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (not yet timed)
+    "bwd_NS": None,  # 3 with 2 slots a thread, else 2 (4 was 1.4x slower at B=8 M=2048)
+    "fwd_prefetch": True,  # B=4 M=960 S=16: 0.364 against 0.448 ms; B=8 M=2048: 0.63-0.83 / 0.98
+    "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (was slower)
     "bwd_chunk_len": 0,  # > 0: time-chunked backward, chunks of this many steps (multiple of 8)
-    "fwd_slots": 4,
+    "fwd_slots": None,  # 8 from LARGE lanes on (more work a thread, fewer threads), else 4
     "fwd_warps": 1,
-    "bwd_slots": 4,
+    "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
+    "fwd_prefetch_vl2": False,  # with fwd_prefetch: v, Lv two 4-step blocks ahead (was slower)
     "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
-    "bwd_l2_ahead": 0,  # > 0: prefetch v, Lv, gy, gyv this many steps back
+    "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
 }
+LARGE = 1 << 17  # lanes B M S from which the forward takes 8 slots a thread and the backward 4
+
+
+def _tuning(lanes: int) -> dict:
+    """``TUNING`` with its ``None`` entries chosen for ``lanes = B M S`` lanes."""
+    t = dict(TUNING)
+    large = lanes >= LARGE
+    if t["fwd_slots"] is None:
+        t["fwd_slots"] = 8 if large else 4
+    if t["bwd_slots"] is None:
+        t["bwd_slots"] = 4 if large else 2
+    if t["bwd_NS"] is None:
+        t["bwd_NS"] = 3 if t["bwd_slots"] == 2 else 2
+    return t
+
+
 CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
 
-def _config(S: int, which: str):
+def _config(S: int, which: str, tuning: dict):
     """``(G, SG, NT, num_warps)``: ``SG`` slots a thread, ``G`` threads a channel, ``NT``
     threads a program."""
     SP = triton.next_power_of_2(S)
-    warps = 1 if interpreting() else TUNING[which + "_warps"]
+    warps = 1 if interpreting() else tuning[which + "_warps"]
     NT = 32 * warps
-    SG = max(min(TUNING[which + "_slots"], SP), SP // NT)
+    SG = max(min(tuning[which + "_slots"], SP), SP // NT)
     return SP // SG, SG, NT, warps
 
 
@@ -722,7 +771,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    G, SG, NT, warps = _config(S, "fwd")
+    TU = _tuning(B * M * S)
+    G, SG, NT, warps = _config(S, "fwd", TU)
     NB = triton.cdiv(L, CK)
     like = torch.empty((), dtype=dtype, device=v.device)
     y = empty((B, L, M), like)
@@ -731,7 +781,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     etaT = empty((B, M, S), like)
     prec = empty((B, L, M, S), like) if save_prec else y
     ck = empty((2, B, NB, M, S), like) if save_ck else y
-    CL = TUNING["fwd_chunk_len"]
+    CL = TU["fwd_chunk_len"]
     NC = triton.cdiv(L, CL) if CL else 1
     start = y
     if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
@@ -739,19 +789,19 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
         N = B * M * S
         comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
         _kla_chunk_maps_kernel[(triton.cdiv(M, NT // G), B, NC)](
-            v, Lv, k, a, p, comp, L, M, CL, S, NS=TUNING["NS"], G=G, SG=SG, NT=NT,
+            v, Lv, k, a, p, comp, L, M, CL, S, NS=TU["NS"], G=G, SG=SG, NT=NT,
             num_warps=warps)  # fmt: skip
         start = torch.empty((2, NC, N), dtype=dtype, device=v.device)
         block, cwarps = lanes_config(N)
         _fwd_carry_kernel[(triton.cdiv(N, block),)](comp, lam0.reshape(N), eta0.reshape(N),
-                                                     start, N, NC, NS=TUNING["NS"], BLOCK=block,
+                                                     start, N, NC, NS=TU["NS"], BLOCK=block,
                                                      num_warps=cwarps)  # fmt: skip
     grid = (triton.cdiv(M, NT // G), B, NC)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
-                          CK=CK, NS=TUNING["NS"], PREFETCH=TUNING["fwd_prefetch"],
-                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TUNING["fwd_l2_ahead"],
-                          num_warps=warps)  # fmt: skip
+                          CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_prefetch"],
+                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
+                          VL2=TU["fwd_prefetch_vl2"], num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -759,7 +809,8 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
-    G, SG, NT, warps = _config(S, "bwd")
+    TU = _tuning(B * M * S)
+    G, SG, NT, warps = _config(S, "bwd", TU)
     NB = triton.cdiv(L, CK)
     nmb = triton.cdiv(M, NT // G)
 
@@ -780,7 +831,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     gq_part = empty((nmb, B, L, S), like)
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
-    CL = TUNING["bwd_chunk_len"]
+    CL = TU["bwd_chunk_len"]
     assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
     CI = CL // CK if CL else NB  # checkpoint intervals a chunk
     NC = triton.cdiv(NB, CI)
@@ -793,18 +844,18 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
         maps = torch.empty((5, NC, N), dtype=like.dtype, device=like.device)
         _kla_bwd_maps_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
                                            L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-                                           NS=TUNING["bwd_NS"], G=G, SG=SG, NT=NT,
+                                           NS=TU["bwd_NS"], G=G, SG=SG, NT=NT,
                                            num_warps=warps)  # fmt: skip
         xend = torch.empty((2, NC, N), dtype=like.dtype, device=like.device)
         block, cwarps = lanes_config(N)
         _kla_bwd_carry_kernel[(triton.cdiv(N, block),)](maps, glT, geT, xend, N, NC,
-                                                        NS=TUNING["bwd_NS"], BLOCK=block,
+                                                        NS=TU["bwd_NS"], BLOCK=block,
                                                         num_warps=cwarps)  # fmt: skip
     _kla_bwd_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
                                   gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
                                   L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-                                  NS=TUNING["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
-                                  AHEAD=TUNING["bwd_l2_ahead"], num_warps=warps)  # fmt: skip
+                                  NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
+                                  AHEAD=TU["bwd_l2_ahead"], num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
 
