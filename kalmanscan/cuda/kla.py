@@ -11,9 +11,12 @@ in registers as a ``[SG, NT]`` tile whose first axis lives inside the thread (th
 layout spreads the last axis over the warp's threads). So the ``SG``
 slots are independent chains a thread interleaves, the sum over slots of the readout is a
 register sum plus a ``log2 G``-step shuffle, and the per-channel loads (``v, Lv``) are one
-coalesced load per step. The loads of a step do not depend on the state, so the time loop is
-software-pipelined (``tl.range(num_stages=NS)``). No ``[B, L, M, S]`` tensor is written unless
-the precisions are asked for.
+coalesced load per step. The loads of a step do not depend on the state, so they are issued
+ahead of use: by default the forward walks 4-step blocks, unrolled, and loads the next block's
+inputs into registers at the top of a block (``TUNING["fwd_prefetch"]``); the remaining steps,
+and the backward, use Triton's software pipeliner (``tl.range(num_stages=NS)``). The slots a
+thread walks are chosen by the lane count (``_tuning``). No ``[B, L, M, S]`` tensor is written
+unless the precisions are asked for.
 
 Backward (exact): the forward saves the state every ``CK = 8`` steps (``[2, B, L/8, M, S]``,
 only when a gradient is needed); the backward walks the intervals in reverse, recomputes an
