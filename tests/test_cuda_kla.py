@@ -117,6 +117,7 @@ TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bw
            {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2},
            {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
            {"fwd_prefetch": True, "fwd_prefetch_vl2": True},
+           {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": True, "bwd_chunk_len": 16},
            {"fwd_prefetch": True, "fwd_prefetch_vl2": True, "fwd_chunk_len": 8, "fwd_slots": 2},
            {"fwd_l2_ahead": 5, "fwd_prefetch": True, "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
             "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip

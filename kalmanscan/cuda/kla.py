@@ -379,7 +379,8 @@ def _kla_chunk_maps_kernel(
 @helper
 def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base_s, m, s,
           mmask, smask, dt: tl.constexpr):  # fmt: skip
-    """One forward step (recomputation in the backward); steps past ``L`` read zeros."""
+    """One forward step (recomputation in the backward); steps past ``L`` read zeros. Returns
+    the new state and the step's inputs ``v, Lv, k`` (which the adjoint step may reuse)."""
     inside = (m * 0 + t) < L  # [NT]
     v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
     Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
@@ -387,7 +388,7 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
     rden = _rcp(p * lam + d)
     lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
     eta_new = af * rden * eta + (v * Lv)[None, :] * kk
-    return lam_new, eta_new
+    return lam_new, eta_new, v, Lv, kk
 
 
 @helper
@@ -396,49 +397,68 @@ def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, 
               dt: tl.constexpr, CK: tl.constexpr):  # fmt: skip
     """The 9 states ``(lam, eta)`` of the checkpoint interval starting at step ``t0``: its
     checkpoint, then 8 steps recomputed into registers (unrolled: Triton has no register
-    arrays). Shared by the backward and its chunk-map pass."""
+    arrays), followed by the 8 steps' inputs ``v, Lv, k``. Shared by the backward and its
+    chunk-map pass."""
     tl.static_assert(CK == 8, "the recomputation is unrolled for 8 steps")
     ck = (b.to(tl.int64) * NB + t0 // CK) * M * S + ms
     l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
     e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-    l1, e1 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0, L, M, S,
+    l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l2, e2 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1, L, M, S,
+    l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l3, e3 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2, L, M, S,
+    l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l4, e4 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3, L, M, S,
+    l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l5, e5 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4, L, M, S,
+    l5, e5, v4, L4, k4 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l6, e6 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5, L, M, S,
+    l6, e6, v5, L5, k5 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l7, e7 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6, L, M, S,
+    l7, e7, v6, L6, k6 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    l8, e8 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7, L, M, S,
+    l8, e8, v7, L7, k7 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7,
+                    L, M, S,
                     base_m, base_s, m, s, mmask, smask, dt)
-    return l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8
+    return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+            v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+            v7, L7, k7)
 
 
 @helper
 def _adjoint_step(
-    lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1,
+    lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1, v_in, Lv_in, k_in,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
     gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     t, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    REUSE: tl.constexpr,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
-    step's input gradients, and the dynamics' gradient sums. Steps past ``L`` change nothing."""
+    step's input gradients, and the dynamics' gradient sums. Steps past ``L`` change nothing.
+    ``REUSE``: take ``v, Lv, k`` from the recomputation (``v_in, Lv_in, k_in``) instead of
+    loading them again."""
     inside_m = (m * 0 + t) < L  # [NT]
     inside = inside_m[None, :]  # [1, NT]
     mm = mmask & inside_m
     sm = smask & inside
-    vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
-    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    if REUSE:
+        vv = v_in[None, :]
+        Lv = Lv_in[None, :]
+        kk = k_in
+    else:
+        vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+        kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
     gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     rl = _rcp(lam)
     mean = eta * rl
@@ -477,6 +497,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
+    REUSE: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
@@ -512,58 +533,60 @@ def _kla_bwd_kernel(
                 _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
                                jt, 4)  # fmt: skip
         # the interval's states, recomputed from its checkpoint into registers
-        l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8 = _interval(
+        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+         v7, L7, k7) = _interval(
             ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
             base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
         )  # fmt: skip
         # walk them backward
         Lc, Ec, ga, gp = _adjoint_step(
-            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 7,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 7, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 6,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 6, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 5,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 5, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 4,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 4, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 3,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 3, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 2,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 2, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 1,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 1, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
         Lc, Ec, ga, gp = _adjoint_step(
-            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, t0 + 0,
-            L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms,
-            lane_mask, dt, HAS_GPREC, G, SG, NT,
+            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            t0 + 0, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
+            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
         )  # fmt: skip
     # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
     tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
@@ -644,7 +667,9 @@ def _kla_bwd_maps_kernel(
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
         t0 = (blk_hi - 1 - (jb - blk_lo)) * CK
         # the interval's states, recomputed from its checkpoint into registers
-        l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8 = _interval(
+        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+         v7, L7, k7) = _interval(
             ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
             base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
         )  # fmt: skip
@@ -740,6 +765,7 @@ TUNING = {
     "fwd_prefetch_vl2": False,  # with fwd_prefetch: v, Lv two 4-step blocks ahead (was slower)
     "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
+    "bwd_reuse_inputs": False,  # the adjoint walk reuses the recomputation's v, Lv, k (untimed)
 }
 LARGE = 1 << 17  # lanes B M S from which the forward takes 8 slots a thread and the backward 4
 
@@ -858,7 +884,8 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
                                   L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
                                   NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
-                                  AHEAD=TU["bwd_l2_ahead"], num_warps=warps)  # fmt: skip
+                                  AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
+                                  num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
 
