@@ -118,6 +118,7 @@ TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bw
            {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
            {"fwd_prefetch": True, "fwd_prefetch_vl2": True},
            {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": True, "bwd_chunk_len": 16},
+           {"fwd_slots": 8, "bwd_slots": 4, "bwd_NS": 2},  # the defaults from 2^17 lanes on
            {"fwd_prefetch": True, "fwd_prefetch_vl2": True, "fwd_chunk_len": 8, "fwd_slots": 2},
            {"fwd_l2_ahead": 5, "fwd_prefetch": True, "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
             "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
@@ -132,6 +133,17 @@ def test_every_tuning_is_exact(tuning, L, monkeypatch):
     for key, value in tuning.items():
         monkeypatch.setitem(K.TUNING, key, value)
     assert_exact_in_float64((2, L, 37, 16) if CUDA else (2, L, 3, 4), seed=3)
+
+
+def test_tuning_follows_the_lane_count(monkeypatch):
+    # the defaults chosen by lane count B M S (kla.py _tuning); explicit TUNING entries win
+    few, many = K._tuning(4 * 960 * 16), K._tuning(8 * 2048 * 16)
+    assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"]) == (4, 2, 3)
+    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (8, 4, 2)
+    monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
+    assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
+    monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
+    assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
