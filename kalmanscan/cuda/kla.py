@@ -214,7 +214,7 @@ def _kla_fwd_kernel(
     L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, AHEAD: tl.constexpr, VL2: tl.constexpr,
+    NT: tl.constexpr, AHEAD: tl.constexpr, VL2: tl.constexpr, BLOCK_PIPE: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -296,6 +296,35 @@ def _kla_fwd_kernel(
             else:
                 v0, L0, v1, L1, v2, L2, v3, L3 = n0, nL0, n1, nL1, n2, nL2, n3, nL3
             k0, q0, k1, q1, k2, q2, k3, q3 = nk0, nq0, nk1, nq1, nk2, nq2, nk3, nq3
+    elif BLOCK_PIPE:
+        # blocks of 4 unrolled steps whose inputs are loaded in the block itself: the software
+        # pipeline issues them NS - 1 blocks ahead (asynchronous copies into shared memory),
+        # which the compiler cannot move closer to their use
+        tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
+        t_tail = t_lo + (t_hi - t_lo) // 4 * 4
+        for tb in tl.range(t_lo, t_tail, 4, num_stages=NS):  # fmt: skip
+            if SAVE_CK:
+                _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+            v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 0,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 1,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 2,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 3,
+                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb + 0,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
+            lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
+                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
+                NT)
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -762,6 +791,7 @@ TUNING = {
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
+    "fwd_block_pipeline": False,  # without fwd_prefetch: 4-step blocks loaded by the pipeline
     "fwd_prefetch_vl2": False,  # with fwd_prefetch: v, Lv two 4-step blocks ahead (was slower)
     "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
@@ -830,7 +860,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
                           CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_prefetch"],
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
-                          VL2=TU["fwd_prefetch_vl2"], num_warps=warps)  # fmt: skip
+                          VL2=TU["fwd_prefetch_vl2"], BLOCK_PIPE=TU["fwd_block_pipeline"],
+                          num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
