@@ -126,13 +126,34 @@ def case(B, L, M, S, variants=(), dump=None):
                 raise error
             if err <= VARIANT_TOL:
                 entry["fwd_kernels_ms"] = kernel_times(lambda: fwd(False))[0]
-                entry["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))[0]
+                total, by_name = kernel_times(lambda: fwdbwd(False))
+                entry["fwdbwd_kernels_ms"] = total
+                entry["fwdbwd_by_kernel_ms"] = short_names(by_name)
         except Exception as e:
             entry = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         out["variants"][key] = entry
         print(key, entry, flush=True)
         if dump:
             dump(out)
+    if variants:
+        # the default once more after the variants: how far the machine drifted during the sweep
+        try:
+            out["default_after_variants"] = {
+                "fwd_kernels_ms": kernel_times(lambda: fwd(False))[0],
+                "fwdbwd_kernels_ms": kernel_times(lambda: fwdbwd(False))[0],
+            }
+        except Exception as e:
+            out["default_after_variants"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print("default after the variants", out["default_after_variants"], flush=True)
+    return out
+
+
+def short_names(by_name):
+    """Per-kernel times with torch's long template names shortened to their function name."""
+    out = {}
+    for name, ms in by_name.items():
+        short = name if name.startswith("_") else name.split("<")[0].split("::")[-1].strip()
+        out[short] = out.get(short, 0.0) + ms
     return out
 
 
