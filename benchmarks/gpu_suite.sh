@@ -26,7 +26,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
 KLA_VARIANTS='[{"fwd_prefetch": false, "fwd_block_pipeline": true},
- {"fwd_prefetch": false, "fwd_block_pipeline": true, "NS": 6}, {"bwd_reuse_inputs": true}, {"bwd_NS": 1}, {"bwd_warps": 2}, {"bwd_warps": 2, "bwd_slots": 4},
+ {"fwd_prefetch": false, "fwd_block_pipeline": true, "NS": 6},
+ {"fwd_prefetch": false, "fwd_block_pipeline": true, "fwd_slots": 2}, {"bwd_reuse_inputs": true}, {"bwd_NS": 1}, {"bwd_warps": 2}, {"bwd_warps": 2, "bwd_slots": 4},
  {"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2}, {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3},
  {"fwd_prefetch": false}, {"bwd_l2_ahead": 0}, {"fwd_l2_ahead": 32}]'
 status=0
