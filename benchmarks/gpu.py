@@ -373,8 +373,7 @@ def kernel_resources():
     kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
     kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
                  AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"])  # fmt: skip
-    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], VL2=tu["fwd_prefetch_vl2"],
-                 BLOCK_PIPE=tu["fwd_block_pipeline"])  # fmt: skip
+    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_block_pipeline"])
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",

@@ -116,12 +116,10 @@ TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bw
            {"fwd_chunk_len": 16, "fwd_slots": 2}, {"bwd_chunk_len": 8},
            {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2},
            {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
-           {"fwd_prefetch": True, "fwd_prefetch_vl2": True},
            {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": True, "bwd_chunk_len": 16},
            {"fwd_slots": 8, "bwd_slots": 4, "bwd_NS": 2},  # the defaults from 2^17 lanes on
            {"fwd_prefetch": False, "fwd_block_pipeline": True},
            {"fwd_prefetch": False, "fwd_block_pipeline": True, "fwd_chunk_len": 8, "NS": 2},
-           {"fwd_prefetch": True, "fwd_prefetch_vl2": True, "fwd_chunk_len": 8, "fwd_slots": 2},
            {"fwd_l2_ahead": 5, "fwd_prefetch": True, "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
             "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
 

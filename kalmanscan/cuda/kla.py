@@ -171,12 +171,25 @@ def _kq(k_ptr, q_ptr, t, L, S: tl.constexpr, base_s, m, s, smask, dt: tl.constex
 def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
             smask, dt: tl.constexpr):  # fmt: skip
     """Step ``t``'s inputs ``v, Lv [NT]`` and ``k, q [SG, NT]`` (zeros past ``L``)."""
-    ok = (m * 0 + t) < L
-    v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
-    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & ok, other=0.0).to(dt)
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
-    qq = tl.load(q_ptr + base_s + t * S + s, mask=smask & ok[None, :], other=0.0).to(dt)
+    v, Lv = _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt)
+    kk, qq = _kq(k_ptr, q_ptr, t, L, S, base_s, m, s, smask, dt)
     return v, Lv, kk, qq
+
+
+@helper
+def _inputs4(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
+             smask, dt: tl.constexpr):  # fmt: skip
+    """The inputs of the 4 steps from ``t``, as ``_inputs`` gives them step by step; the loads
+    are issued per-channel rows first, then the slots'."""
+    v0, L0 = _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt)
+    v1, L1 = _vl(v_ptr, Lv_ptr, t + 1, L, M, base_m, m, mmask, dt)
+    v2, L2 = _vl(v_ptr, Lv_ptr, t + 2, L, M, base_m, m, mmask, dt)
+    v3, L3 = _vl(v_ptr, Lv_ptr, t + 3, L, M, base_m, m, mmask, dt)
+    k0, q0 = _kq(k_ptr, q_ptr, t, L, S, base_s, m, s, smask, dt)
+    k1, q1 = _kq(k_ptr, q_ptr, t + 1, L, S, base_s, m, s, smask, dt)
+    k2, q2 = _kq(k_ptr, q_ptr, t + 2, L, S, base_s, m, s, smask, dt)
+    k3, q3 = _kq(k_ptr, q_ptr, t + 3, L, S, base_s, m, s, smask, dt)
+    return v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3
 
 
 @helper
@@ -198,6 +211,22 @@ def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_pt
 
 
 @helper
+def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
+               f1, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
+               lane_mask, SAVE_PREC: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """The 4 steps from ``t`` (``_fwd_step`` of each, unrolled)."""
+    lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
+                         S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+    lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, y_ptr, yvar_ptr, prec_ptr,
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+    lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, t + 2, y_ptr, yvar_ptr, prec_ptr,
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+    lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, t + 3, y_ptr, yvar_ptr, prec_ptr,
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+    return lam, eta
+
+
+@helper
 def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
                 CK: tl.constexpr):  # fmt: skip
     """Save the state before step ``t`` when ``t`` starts a checkpoint interval."""
@@ -214,7 +243,7 @@ def _kla_fwd_kernel(
     L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, AHEAD: tl.constexpr, VL2: tl.constexpr, BLOCK_PIPE: tl.constexpr,
+    NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -241,27 +270,14 @@ def _kla_fwd_kernel(
     t_lo = c * CL
     t_hi = tl.minimum(t_lo + CL, L)
     t_tail = t_lo
-    if PREFETCH:
-        # blocks of 4 steps; the next block's inputs are loaded into registers at the top of
-        # a block, so their latency is hidden behind 4 steps of arithmetic
+    if PREFETCH or BLOCK_PIPE:
         tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
         t_tail = t_lo + (t_hi - t_lo) // 4 * 4
-        v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 0,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 1,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 2,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo + 3,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-        # with VL2 the per-channel inputs v, Lv (rows of [B, L, M], from device memory) are
-        # loaded two blocks ahead, k, q (small, shared by every channel) one block ahead
-        w0, W0, w1, W1, w2, W2, w3, W3 = v0, L0, v1, L1, v2, L2, v3, L3
-        if VL2:
-            w0, W0 = _vl(v_ptr, Lv_ptr, t_lo + 4, L, M, base_m, m, mmask, dt)
-            w1, W1 = _vl(v_ptr, Lv_ptr, t_lo + 5, L, M, base_m, m, mmask, dt)
-            w2, W2 = _vl(v_ptr, Lv_ptr, t_lo + 6, L, M, base_m, m, mmask, dt)
-            w3, W3 = _vl(v_ptr, Lv_ptr, t_lo + 7, L, M, base_m, m, mmask, dt)
+    if PREFETCH:
+        # blocks of 4 unrolled steps; the next block's inputs are loaded into registers at the
+        # top of a block, so their latency is hidden behind 4 steps of arithmetic
+        v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
+            v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo, L, M, S, base_m, base_s, m, s, mmask, smask, dt)
         for tb in tl.range(t_lo, t_tail, 4, num_stages=1):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
@@ -269,62 +285,26 @@ def _kla_fwd_kernel(
                 for i in tl.static_range(4):
                     _prefetch_rows(v_ptr, Lv_ptr, v_ptr, v_ptr, base_m, tb + AHEAD + i, L, M, m,
                                    jt, 2)  # fmt: skip
-            ta = tb + 8 if VL2 else tb + 4  # the first step whose v, Lv are loaded now
-            n0, nL0 = _vl(v_ptr, Lv_ptr, ta, L, M, base_m, m, mmask, dt)
-            n1, nL1 = _vl(v_ptr, Lv_ptr, ta + 1, L, M, base_m, m, mmask, dt)
-            n2, nL2 = _vl(v_ptr, Lv_ptr, ta + 2, L, M, base_m, m, mmask, dt)
-            n3, nL3 = _vl(v_ptr, Lv_ptr, ta + 3, L, M, base_m, m, mmask, dt)
-            nk0, nq0 = _kq(k_ptr, q_ptr, tb + 4, L, S, base_s, m, s, smask, dt)
-            nk1, nq1 = _kq(k_ptr, q_ptr, tb + 5, L, S, base_s, m, s, smask, dt)
-            nk2, nq2 = _kq(k_ptr, q_ptr, tb + 6, L, S, base_s, m, s, smask, dt)
-            nk3, nq3 = _kq(k_ptr, q_ptr, tb + 7, L, S, base_s, m, s, smask, dt)
-            lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb + 0,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            if VL2:
-                v0, L0, v1, L1, v2, L2, v3, L3 = w0, W0, w1, W1, w2, W2, w3, W3
-                w0, W0, w1, W1, w2, W2, w3, W3 = n0, nL0, n1, nL1, n2, nL2, n3, nL3
-            else:
-                v0, L0, v1, L1, v2, L2, v3, L3 = n0, nL0, n1, nL1, n2, nL2, n3, nL3
-            k0, q0, k1, q1, k2, q2, k3, q3 = nk0, nq0, nk1, nq1, nk2, nq2, nk3, nq3
+            n0, nL0, nk0, nq0, n1, nL1, nk1, nq1, n2, nL2, nk2, nq2, n3, nL3, nk3, nq3 = _inputs4(
+                v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4, L, M, S, base_m, base_s, m, s, mmask, smask,
+                dt)  # fmt: skip
+            lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
+                                  base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+            v0, L0, k0, q0, v1, L1, k1, q1 = n0, nL0, nk0, nq0, n1, nL1, nk1, nq1
+            v2, L2, k2, q2, v3, L3, k3, q3 = n2, nL2, nk2, nq2, n3, nL3, nk3, nq3
     elif BLOCK_PIPE:
         # blocks of 4 unrolled steps whose inputs are loaded in the block itself: the software
         # pipeline issues them NS - 1 blocks ahead (asynchronous copies into shared memory),
         # which the compiler cannot move closer to their use
-        tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
-        t_tail = t_lo + (t_hi - t_lo) // 4 * 4
         for tb in tl.range(t_lo, t_tail, 4, num_stages=NS):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
-            v0, L0, k0, q0 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 0,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            v1, L1, k1, q1 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 1,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            v2, L2, k2, q2 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 2,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            v3, L3, k3, q3 = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 3,
-                L, M, S, base_m, base_s, m, s, mmask, smask, dt)
-            lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb + 0,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
-            lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
-                y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                NT)
+            v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
+                v_ptr, Lv_ptr, k_ptr, q_ptr, tb, L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
+                                  base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -433,29 +413,21 @@ def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, 
     l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
     e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
     l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l5, e5, v4, L4, k4 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l6, e6, v5, L5, k5 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l7, e7, v6, L6, k6 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     l8, e8, v7, L7, k7 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7,
-                    L, M, S,
-                    base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
     return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
             v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
             v7, L7, k7)
@@ -792,7 +764,6 @@ TUNING = {
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
     "fwd_block_pipeline": False,  # without fwd_prefetch: 4-step blocks loaded by the pipeline
-    "fwd_prefetch_vl2": False,  # with fwd_prefetch: v, Lv two 4-step blocks ahead (was slower)
     "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
     "bwd_reuse_inputs": False,  # the adjoint walk reuses the recomputation's v, Lv, k (untimed)
@@ -860,7 +831,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
                           CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_prefetch"],
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
-                          VL2=TU["fwd_prefetch_vl2"], BLOCK_PIPE=TU["fwd_block_pipeline"],
+                          BLOCK_PIPE=TU["fwd_block_pipeline"],
                           num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
