@@ -372,8 +372,9 @@ def kernel_resources():
     tu = K._tuning(4 * 960 * 16)
     kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
     kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
-                 AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"])  # fmt: skip
-    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_block_pipeline"])
+                 AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
+                 SPLIT=tu["bwd_split_tail"])  # fmt: skip
+    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline")
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
@@ -403,7 +404,8 @@ def kernel_resources():
     carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=True, CHUNKED=False), 1),
+                    dict(kla_f, SAVE_PREC=False, SAVE_CK=True,
+                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False), 1),
         "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
                             dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
                                  CHUNKED=True), 1),
@@ -415,7 +417,7 @@ def kernel_resources():
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
                          {k: v for k, v in dict(kla_b, HAS_GPREC=False).items()
-                          if k not in ("AHEAD", "REUSE")},
+                          if k not in ("AHEAD", "REUSE", "SPLIT")},
                          1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
@@ -505,7 +507,7 @@ def main():
         # the other choice at each shape, and the earlier defaults
         kla_vars += [{"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2},
                      {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3},
-                     {"fwd_prefetch": False, "fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2,
+                     {"fwd_staging": "steps", "fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2,
                       "bwd_l2_ahead": 0},
                      {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
     if a.kla_variants:

@@ -110,17 +110,19 @@ def test_forward_backward_float64(shape):
     assert_exact_in_float64(shape, seed=0)
 
 
-TUNINGS = [{"fwd_prefetch": True}, {"fwd_prefetch": False}, {"fwd_slots": 2, "bwd_slots": 2},
+TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 2, "bwd_slots": 2},
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
-           {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_prefetch": True},
+           {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_staging": "prefetch"},
            {"fwd_chunk_len": 16, "fwd_slots": 2}, {"bwd_chunk_len": 8},
            {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2},
            {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
-           {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": True, "bwd_chunk_len": 16},
-           {"fwd_slots": 8, "bwd_slots": 4, "bwd_NS": 2},  # the defaults from 2^17 lanes on
-           {"fwd_prefetch": False, "fwd_block_pipeline": True},
-           {"fwd_prefetch": False, "fwd_block_pipeline": True, "fwd_chunk_len": 8, "NS": 2},
-           {"fwd_l2_ahead": 5, "fwd_prefetch": True, "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
+           {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": False},
+           {"bwd_reuse_inputs": True, "bwd_chunk_len": 16}, {"bwd_split_tail": False},
+           # the defaults from 2^17 lanes on
+           {"fwd_slots": 8, "bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch",
+            "bwd_reuse_inputs": False},
+           {"fwd_staging": "pipeline"}, {"fwd_staging": "pipeline", "fwd_chunk_len": 8, "NS": 2},
+           {"fwd_l2_ahead": 5, "fwd_staging": "prefetch", "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
             "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
 
 
@@ -139,11 +141,16 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     # the defaults chosen by lane count B M S (kla.py _tuning); explicit TUNING entries win
     few, many = K._tuning(4 * 960 * 16), K._tuning(8 * 2048 * 16)
     assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"]) == (4, 2, 3)
+    assert (few["fwd_staging"], few["bwd_reuse_inputs"]) == ("pipeline", True)
     assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (8, 4, 2)
+    assert (many["fwd_staging"], many["bwd_reuse_inputs"]) == ("prefetch", False)
     monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
     assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
     monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
     assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
+    monkeypatch.setitem(K.TUNING, "fwd_staging", "registers")
+    with pytest.raises(ValueError, match=r"TUNING\['fwd_staging'\]: expected .* got 'registers'"):
+        K._tuning(64)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])

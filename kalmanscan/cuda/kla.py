@@ -12,10 +12,11 @@ layout spreads the last axis over the warp's threads). So the ``SG``
 slots are independent chains a thread interleaves, the sum over slots of the readout is a
 register sum plus a ``log2 G``-step shuffle, and the per-channel loads (``v, Lv``) are one
 coalesced load per step. The loads of a step do not depend on the state, so they are issued
-ahead of use: by default the forward walks 4-step blocks, unrolled, and loads the next block's
-inputs into registers at the top of a block (``TUNING["fwd_prefetch"]``); the remaining steps,
-and the backward, use Triton's software pipeliner (``tl.range(num_stages=NS)``). The slots a
-thread walks are chosen by the lane count (``_tuning``). No ``[B, L, M, S]`` tensor is written
+ahead of use: the forward walks 4-step blocks, unrolled, whose inputs are either loaded by
+Triton's software pipeliner (``tl.range(num_stages=NS)``) some blocks ahead, as asynchronous
+copies, or loaded into registers a block ahead (``TUNING["fwd_staging"]``); the remaining steps,
+and the backward, use the software pipeliner. The staging, the slots a thread walks and whether
+the backward reuses its recomputation's inputs are chosen by the lane count (``_tuning``). No ``[B, L, M, S]`` tensor is written
 unless the precisions are asked for.
 
 Backward (exact): the forward saves the state every ``CK = 8`` steps (``[2, B, L/8, M, S]``,
@@ -387,13 +388,19 @@ def _kla_chunk_maps_kernel(
 
 @helper
 def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base_s, m, s,
-          mmask, smask, dt: tl.constexpr):  # fmt: skip
-    """One forward step (recomputation in the backward); steps past ``L`` read zeros. Returns
-    the new state and the step's inputs ``v, Lv, k`` (which the adjoint step may reuse)."""
-    inside = (m * 0 + t) < L  # [NT]
-    v = tl.load(v_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
-    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mmask & inside, other=0.0).to(dt)
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=smask & inside[None, :], other=0.0).to(dt)
+          mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One forward step (recomputation in the backward). Returns the new state and the step's
+    inputs ``v, Lv, k`` (which the adjoint step may reuse). ``MASKED``: steps past ``L`` read
+    zeros (only the last interval of a lane needs it)."""
+    mm = mmask
+    sm = smask
+    if MASKED:
+        inside = (m * 0 + t) < L  # [NT]
+        mm = mmask & inside
+        sm = smask & inside[None, :]
+    v = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     rden = _rcp(p * lam + d)
     lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
     eta_new = af * rden * eta + (v * Lv)[None, :] * kk
@@ -403,7 +410,7 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
 @helper
 def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
               S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
-              dt: tl.constexpr, CK: tl.constexpr):  # fmt: skip
+              dt: tl.constexpr, CK: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """The 9 states ``(lam, eta)`` of the checkpoint interval starting at step ``t0``: its
     checkpoint, then 8 steps recomputed into registers (unrolled: Triton has no register
     arrays), followed by the 8 steps' inputs ``v, Lv, k``. Shared by the backward and its
@@ -413,21 +420,21 @@ def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, 
     l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
     e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
     l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l5, e5, v4, L4, k4 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l6, e6, v5, L5, k5 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l7, e7, v6, L6, k6 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l8, e8, v7, L7, k7 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
             v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
             v7, L7, k7)
@@ -440,53 +447,155 @@ def _adjoint_step(
     gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     t, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
-    REUSE: tl.constexpr,
+    REUSE: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
-    step's input gradients, and the dynamics' gradient sums. Steps past ``L`` change nothing.
-    ``REUSE``: take ``v, Lv, k`` from the recomputation (``v_in, Lv_in, k_in``) instead of
-    loading them again."""
-    inside_m = (m * 0 + t) < L  # [NT]
-    inside = inside_m[None, :]  # [1, NT]
-    mm = mmask & inside_m
-    sm = smask & inside
+    step's input gradients, and the dynamics' gradient sums. ``REUSE``: take ``v, Lv, k`` from
+    the recomputation (``v_in, Lv_in, k_in``) instead of loading them again. ``MASKED``: steps
+    past ``L`` change nothing (only the last interval of a lane needs it).
+
+    Written for few instructions a lane: with ``qrl = q / lam`` and
+    ``A = gy mean + gyv qrl``, the precision's local gradient is ``-qrl A`` and ``gq``'s term is
+    ``A + gyv qrl``; ``gv = Lv sum_s Et k``, ``gLv = sum_s Lt k^2 + v sum_s Et k`` (one
+    in-thread sum of each kind), ``gk``'s term is ``Lv (2 k Lt + v Et)``. The recomputation's
+    ``1 / (p lam + d)`` and ``(lam + f1) / (p lam + d)`` are the same expressions as here, so
+    the compiler computes them once."""
+    mm = mmask
+    sm = smask
+    omask = momask
+    okmask = somask
+    if MASKED:
+        inside_m = (m * 0 + t) < L  # [NT]
+        mm = mmask & inside_m
+        sm = smask & inside_m[None, :]
+        omask = momask & ((mo * 0 + t) < L)
+        okmask = somask & ((so * 0 + t) < L)
     if REUSE:
-        vv = v_in[None, :]
-        Lv = Lv_in[None, :]
+        vv = v_in
+        Lv = Lv_in
         kk = k_in
     else:
-        vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
-        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+        vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
         kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
-    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
-    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)[None, :]
+    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
     qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     rl = _rcp(lam)
-    mean = eta * rl
-    gl = -rl * (gy * qq * mean + gyv * qq * qq * rl)
+    qrl = qq * rl
+    A = gy[None, :] * (eta * rl) + gyv[None, :] * qrl
+    Lt = Lc - qrl * A
     if HAS_GPREC:
         poff = (base_m + t * M) * S + ms
-        gl += tl.load(gprec_ptr + poff, mask=lane_mask & inside, other=0.0).to(dt)
-    Lt = gl + Lc
-    Et = gy * qq * rl + Ec
+        Lt += tl.load(gprec_ptr + poff, mask=sm & mm[None, :], other=0.0).to(dt)
+    Et = Ec + gy[None, :] * qrl
+    # sums over a channel's slots: in the thread, then over its G threads
+    sek = tl.sum(Et * kk, axis=0)  # [NT]
+    slk = tl.sum(Lt * (kk * kk), axis=0)
+    gv = tl.sum(tl.reshape(Lv * sek, [NT // G, G]), axis=1)
+    gLv = tl.sum(tl.reshape(vv * sek + slk, [NT // G, G]), axis=1)
     out = base_m + t * M + mo
-    omask = momask & ((mo * 0 + t) < L)
-    tl.store(gv_ptr + out, _slot_sum(Et * Lv * kk, G, NT), mask=omask)
-    tl.store(gLv_ptr + out, _slot_sum(Lt * kk * kk + Et * vv * kk, G, NT), mask=omask)
-    gq = _channel_sum(gy * mean + 2.0 * gyv * qq * rl, G, SG, NT)
-    gk = _channel_sum(2.0 * Lt * Lv * kk + Et * vv * Lv, G, SG, NT)
-    tl.store(gk_ptr + part + t * S + so, gk, mask=somask & ((so * 0 + t) < L))
-    tl.store(gq_ptr + part + t * S + so, gq, mask=somask & ((so * 0 + t) < L))
+    tl.store(gv_ptr + out, gv, mask=omask)
+    tl.store(gLv_ptr + out, gLv, mask=omask)
+    # sums over the program's channels
+    gq = _channel_sum(A + gyv[None, :] * qrl, G, SG, NT)
+    gk = _channel_sum(Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et), G, SG, NT)
+    tl.store(gk_ptr + part + t * S + so, gk, mask=okmask)
+    tl.store(gq_ptr + part + t * S + so, gq, mask=okmask)
     rden = _rcp(p * lam_prev + d)
     lam_pred = (lam_prev + f1) * rden
     alpha = af * rden
     g_al = Et * eta_prev
-    dga = tl.where(f1 > 0.0, 0.0, g_al * (rden - 2.0 * alpha * alpha)) - 2.0 * Lt * alpha * lam_pred
-    dgp = -lam_pred * (Lt * lam_pred + g_al * alpha)
-    ga = tl.where(inside, ga + dga, ga)
-    gp = tl.where(inside, gp + dgp, gp)
-    Lc = tl.where(inside, alpha * alpha * Lt - alpha * p * rden * g_al, Lc)
-    Ec = tl.where(inside, alpha * Et, Ec)
+    a2 = alpha * alpha
+    al = alpha * lam_pred
+    # d/da: alpha' = rden - 2 alpha^2 (0 where the decay is 0), lam_pred' = -2 alpha lam_pred;
+    # d/dp: alpha' = -alpha lam_pred, lam_pred' = -lam_pred^2
+    dga = tl.where(f1 > 0.0, 0.0, g_al) * (rden - 2.0 * a2) - 2.0 * (Lt * al)
+    dgp = -(lam_pred * (Lt * lam_pred) + g_al * al)
+    n_Lc = a2 * Lt - alpha * (p * rden) * g_al
+    n_Ec = alpha * Et
+    if MASKED:
+        inside = inside_m[None, :]
+        ga = tl.where(inside, ga + dga, ga)
+        gp = tl.where(inside, gp + dgp, gp)
+        Lc = tl.where(inside, n_Lc, Lc)
+        Ec = tl.where(inside, n_Ec, Ec)
+    else:
+        ga += dga
+        gp += dgp
+        Lc = n_Lc
+        Ec = n_Ec
+    return Lc, Ec, ga, gp
+
+
+@helper
+def _bwd_interval(
+    t0, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b, NB,
+    v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
+    L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, so, jt, mmask, smask, momask, somask,
+    ms, lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
+    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
+    REUSE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One checkpoint interval of the backward: its states recomputed, then walked back."""
+    if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
+        for i in tl.static_range(CK):
+            _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
+                           jt, 4)  # fmt: skip
+    (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+     v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+     v7, L7, k7) = _interval(
+        ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+        base_s, m, s, mmask, smask, ms, lane_mask, dt, CK, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 7, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 6, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 5, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 4, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
+        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED,
+    )  # fmt: skip
     return Lc, Ec, ga, gp
 
 
@@ -498,7 +607,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    REUSE: tl.constexpr,
+    REUSE: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
@@ -527,67 +636,22 @@ def _kla_bwd_kernel(
     eta_ck = NB * M * S * B
     blk_lo = c * CI
     blk_hi = tl.minimum(blk_lo + CI, NB)
+    if SPLIT:  # the main loop runs without masks; the last interval, if partial, with them
+        if blk_hi * CK > L:
+            Lc, Ec, ga, gp = _bwd_interval(
+                (blk_hi - 1) * CK, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b, NB, v_ptr,
+                Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
+                gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, so, jt, mmask, smask,
+                momask, somask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE, True,
+            )  # fmt: skip
+            blk_hi -= 1
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
-        t0 = (blk_hi - 1 - (jb - blk_lo)) * CK
-        if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
-            for i in tl.static_range(CK):
-                _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
-                               jt, 4)  # fmt: skip
-        # the interval's states, recomputed from its checkpoint into registers
-        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
-         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
-         v7, L7, k7) = _interval(
-            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
-        )  # fmt: skip
-        # walk them backward
-        Lc, Ec, ga, gp = _adjoint_step(
-            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 7, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 6, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 5, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 4, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 3, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 2, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 1, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr,
-            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
-            t0 + 0, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask,
-            ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
+        Lc, Ec, ga, gp = _bwd_interval(
+            (blk_hi - 1 - (jb - blk_lo)) * CK, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b,
+            NB, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
+            gk_part_ptr, gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, so, jt, mmask,
+            smask, momask, somask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE,
+            not SPLIT,
         )  # fmt: skip
     # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
     tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
@@ -672,7 +736,7 @@ def _kla_bwd_maps_kernel(
          v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
          v7, L7, k7) = _interval(
             ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK,
+            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK, True,
         )  # fmt: skip
         A1, A2, A3, c1, c2 = _adjoint_map_step(
             l8, e8, l7, e7, A1, A2, A3, c1, c2, p, d, af, v_ptr, Lv_ptr, k_ptr, q_ptr,
@@ -748,25 +812,31 @@ def _kla_bwd_carry_kernel(maps_ptr, glT_ptr, geT_ptr, xend_ptr, N, NC, NS: tl.co
 
 
 # Tuning (benchmarks/gpu.py and benchmarks/kla_kernel_time.py sweep it): pipeline stages of the
-# per-step loads (forward, backward), whether the forward loads 4-step blocks into registers a
-# block ahead instead, the slots a thread walks (its independent chains) and warps a program has,
-# time chunking, and L2 prefetch distances. ``None``: chosen by the number of lanes ``B M S``
-# (``_tuning``). Kernel times of every variant on the H200 (each checked against the default
-# first): benchmarks/results/2026-11-29-s4-kla-*.json.
+# per-step loads (forward, backward), how the forward stages its inputs (4-step blocks loaded a
+# block ahead into registers, or by the software pipeline), the slots a thread walks (its
+# independent chains) and warps a program has, time chunking, L2 prefetch distances, whether the
+# backward reuses the recomputation's inputs and runs its main loop without step masks.
+# ``None``: chosen by the number of lanes ``B M S`` (``_tuning``). Kernel times of every variant
+# on the H200 (each checked against the default first): benchmarks/results/2026-11-29-s*-kla-*.
 TUNING = {
     "NS": 4,
     "bwd_NS": None,  # 3 with 2 slots a thread, else 2 (4 was 1.4x slower at B=8 M=2048)
-    "fwd_prefetch": True,  # B=4 M=960 S=16: 0.364 against 0.448 ms; B=8 M=2048: 0.63-0.83 / 0.98
+    # the forward's staging: "prefetch" (registers, a block ahead), "pipeline" (4-step blocks by
+    # the software pipeline; B=4 M=960 S=16: 0.278 against 0.373 ms, at B=8 M=2048 0.90 / 0.66)
+    # or "steps" (one step at a time, software pipeline). None: "pipeline" below LARGE lanes
+    "fwd_staging": None,
     "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (was slower)
     "bwd_chunk_len": 0,  # > 0: time-chunked backward, chunks of this many steps (multiple of 8)
     "fwd_slots": None,  # 8 from LARGE lanes on (more work a thread, fewer threads), else 4
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
-    "fwd_block_pipeline": False,  # without fwd_prefetch: 4-step blocks loaded by the pipeline
     "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
-    "bwd_reuse_inputs": False,  # the adjoint walk reuses the recomputation's v, Lv, k (untimed)
+    # the adjoint walk reuses the recomputation's v, Lv, k (B=4: backward 0.95 against 1.14 ms;
+    # it spills at 4 slots a thread). None: below LARGE lanes
+    "bwd_reuse_inputs": None,
+    "bwd_split_tail": True,  # main loop without step masks, a partial last interval with them
 }
 LARGE = 1 << 17  # lanes B M S from which the forward takes 8 slots a thread and the backward 4
 
@@ -781,6 +851,15 @@ def _tuning(lanes: int) -> dict:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_NS"] is None:
         t["bwd_NS"] = 3 if t["bwd_slots"] == 2 else 2
+    if t["fwd_staging"] is None:
+        t["fwd_staging"] = "prefetch" if large else "pipeline"
+    if t["fwd_staging"] not in ("prefetch", "pipeline", "steps"):
+        raise ValueError(
+            "TUNING['fwd_staging']: expected 'prefetch', 'pipeline', 'steps' or None, got "
+            f"{t['fwd_staging']!r}"
+        )
+    if t["bwd_reuse_inputs"] is None:
+        t["bwd_reuse_inputs"] = not large
     return t
 
 
@@ -829,9 +908,9 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     grid = (triton.cdiv(M, NT // G), B, NC)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
-                          CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_prefetch"],
+                          CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
-                          BLOCK_PIPE=TU["fwd_block_pipeline"],
+                          BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
                           num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
@@ -887,7 +966,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
                                   NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
                                   AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
-                                  num_warps=warps)  # fmt: skip
+                                  SPLIT=TU["bwd_split_tail"], num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
 
