@@ -373,7 +373,7 @@ def kernel_resources():
     kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
     kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
                  AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
-                 SPLIT=tu["bwd_split_tail"])  # fmt: skip
+                 SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"])  # fmt: skip
     kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline")
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
@@ -417,7 +417,7 @@ def kernel_resources():
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
                          {k: v for k, v in dict(kla_b, HAS_GPREC=False).items()
-                          if k not in ("AHEAD", "REUSE", "SPLIT")},
+                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER")},
                          1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),

@@ -78,7 +78,8 @@ def weights_for(B, L, M, S):
 
 
 if CUDA:
-    SHAPES = [(1, 1, 1, 1), (2, 63, 5, 16), (1, 1000, 33, 16), (2, 300, 7, 64), (3, 130, 129, 1)]
+    SHAPES = [(1, 1, 1, 1), (2, 63, 5, 16), (1, 1000, 33, 16), (2, 300, 7, 64), (3, 130, 129, 1),
+              (2, 77, 9, 12)]  # S = 12: the reduce-scatter's padded slots
 else:
     SHAPES = [(1, 1, 1, 1), (2, 63, 3, 4), (1, 9, 3, 16), (1, 6, 1, 64), (1, 1000, 1, 1)]
 
@@ -118,9 +119,10 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
            {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": False},
            {"bwd_reuse_inputs": True, "bwd_chunk_len": 16}, {"bwd_split_tail": False},
-           # the defaults from 2^17 lanes on
-           {"fwd_slots": 8, "bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch",
-            "bwd_reuse_inputs": False},
+           {"bwd_scatter_sums": False}, {"bwd_scatter_sums": False, "bwd_slots": 4},
+           # the defaults from 2^17 lanes on, and with the unmasked main loop
+           {"bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch", "bwd_reuse_inputs": False},
+           {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
            {"fwd_staging": "pipeline"}, {"fwd_staging": "pipeline", "fwd_chunk_len": 8, "NS": 2},
            {"fwd_l2_ahead": 5, "fwd_staging": "prefetch", "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
             "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
@@ -141,11 +143,14 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     # the defaults chosen by lane count B M S (kla.py _tuning); explicit TUNING entries win
     few, many = K._tuning(4 * 960 * 16), K._tuning(8 * 2048 * 16)
     assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"]) == (4, 2, 3)
-    assert (few["fwd_staging"], few["bwd_reuse_inputs"]) == ("pipeline", True)
-    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (8, 4, 2)
-    assert (many["fwd_staging"], many["bwd_reuse_inputs"]) == ("prefetch", False)
+    assert (few["fwd_staging"], few["bwd_reuse_inputs"], few["bwd_split_tail"]) == (
+        "pipeline", True, True)  # fmt: skip
+    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 2)
+    assert (many["fwd_staging"], many["bwd_reuse_inputs"], many["bwd_split_tail"]) == (
+        "prefetch", False, False)  # fmt: skip
     monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
     assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
+    assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]
     monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
     assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
     monkeypatch.setitem(K.TUNING, "fwd_staging", "registers")
@@ -173,6 +178,26 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
         # gradients are sums over time of signed terms too: normwise
         err = normwise(a, b)
+        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
+
+
+@pytest.mark.skipif(not CUDA, reason="the reduce-scatter of the channel sums runs on a GPU only")
+@pytest.mark.parametrize("slots", [2, 4])
+@pytest.mark.parametrize("S", [16, 12])
+def test_scatter_channel_sums_float32(slots, S, monkeypatch):
+    # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
+    # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots)
+    monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
+    shape = (2, 203, 21, S)
+    x = make_inputs(*shape, seed=5)
+    w = weights_for(*shape)
+    _, g_scatter = run(kla_triton, x, torch.float32, w, precision=False)
+    monkeypatch.setitem(K.TUNING, "bwd_scatter_sums", False)
+    _, g_sum = run(kla_triton, x, torch.float32, w, precision=False)
+    _, gref = run(reference, x, torch.float64, w, precision=False)
+    for name, a, b, r in zip(NAMES, g_scatter, g_sum, gref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"grad {name}: scatter against tl.sum {normwise(a, b):.3e}"
+        err = normwise(a, r)
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 

@@ -16,8 +16,8 @@ ahead of use: the forward walks 4-step blocks, unrolled, whose inputs are either
 Triton's software pipeliner (``tl.range(num_stages=NS)``) some blocks ahead, as asynchronous
 copies, or loaded into registers a block ahead (``TUNING["fwd_staging"]``); the remaining steps,
 and the backward, use the software pipeliner. The staging, the slots a thread walks and whether
-the backward reuses its recomputation's inputs are chosen by the lane count (``_tuning``). No ``[B, L, M, S]`` tensor is written
-unless the precisions are asked for.
+the backward reuses its recomputation's inputs are chosen by the lane count (``_tuning``). No
+``[B, L, M, S]`` tensor is written unless the precisions are asked for.
 
 Backward (exact): the forward saves the state every ``CK = 8`` steps (``[2, B, L/8, M, S]``,
 only when a gradient is needed); the backward walks the intervals in reverse, recomputes an
@@ -89,6 +89,24 @@ else:
         )  # fmt: skip
 
 
+if interpreting():
+
+    def _shfl_xor(x, lanes):
+        """The interpreter runs ``_scatter_channel_sums``' fallback and never shuffles."""
+        raise NotImplementedError("warp shuffles need a GPU")
+
+else:
+
+    @triton.jit
+    def _shfl_xor(x, lanes):
+        """``x`` of the thread whose lane is this lane XOR ``lanes`` (``shfl.sync.bfly``; every
+        lane of the warp takes part)."""
+        return tl.inline_asm_elementwise(
+            "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [x, lanes],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+
+
 @helper
 def _prefetch_rows(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, m, j, NPTR: tl.constexpr):
     """Prefetch row ``t`` (clamped into ``[0, L)``) of up to four ``[B, L, M]`` arrays at the
@@ -116,6 +134,74 @@ def _slot_sum(x, G: tl.constexpr, NT: tl.constexpr):
 def _channel_sum(x, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
     """``[SG, NT] -> [SG, G]``: the sum over the program's channels of each slot."""
     return tl.sum(tl.reshape(x, [SG, NT // G, G]), axis=1)
+
+
+@helper
+def _row(x, i: tl.constexpr, SG: tl.constexpr):
+    """Row ``i`` of a ``[SG, NT]`` tile (a register of each thread: the select folds away, and
+    adding -0.0 is exact, so no instruction remains)."""
+    return tl.sum(tl.where(tl.arange(0, SG)[:, None] == i, x, -0.0), axis=0)
+
+
+@helper
+def _swap_add(keep_lo, keep_hi, hi, lanes):
+    """One butterfly round of a reduce-scatter: a thread keeps one of two partial sums (the
+    ``hi`` one where its lane bit is set), sends the other to its partner and adds what it
+    gets."""
+    keep = tl.where(hi, keep_hi, keep_lo)
+    send = tl.where(hi, keep_lo, keep_hi)
+    return keep + _shfl_xor(send, lanes)
+
+
+@helper
+def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: tl.constexpr,
+                        SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """Store the sums over the program's channels of ``xk, xq [SG, NT]`` at ``gk_ptr + off + s``
+    and ``gq_ptr + off + s`` for the slots ``s < S`` (where step ``t`` is inside ``L``),
+    each summed by ``tl.sum`` (an all-reduce: ``log2(NT / G)`` shuffles a value)."""
+    so = tl.arange(0, G)[None, :] * SG + tl.arange(0, SG)[:, None]
+    ok = (so < S) & ((so * 0 + t) < L)
+    tl.store(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok)
+    tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
+
+
+if interpreting():
+
+    def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S, G, SG, NT):
+        """The interpreter has no warp shuffles: ``_store_channel_sums``."""
+        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
+
+else:
+
+    @triton.jit
+    def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
+                              G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+        """``_store_channel_sums`` by a reduce-scatter where the ``2 SG`` values of a thread
+        match the ``NT / G`` threads of its slot group (float32, ``S`` of 9 to 16, one warp, 2
+        or 4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
+        (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(NT / G)``) and leave thread
+        ``c`` of the group with value ``c``'s sum, which it stores."""
+        if xk.dtype != tl.float32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
+            _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
+        else:
+            c = jt // G  # the thread's place among the threads of its slot group
+            if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
+                hi = ((c >> 2) & 1) == 1
+                y0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 4 * G)
+                y1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 4 * G)
+                y2 = _swap_add(_row(xk, 2, SG), _row(xq, 2, SG), hi, 4 * G)
+                y3 = _swap_add(_row(xk, 3, SG), _row(xq, 3, SG), hi, 4 * G)
+                hi = ((c >> 1) & 1) == 1
+                z0 = _swap_add(y0, y2, hi, 2 * G)
+                z1 = _swap_add(y1, y3, hi, 2 * G)
+            else:  # SG == 2: values 0-1: xk's rows, 2-3: xq's
+                hi = ((c >> 1) & 1) == 1
+                z0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 2 * G)
+                z1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 2 * G)
+            w = _swap_add(z0, z1, (c & 1) == 1, G)  # the sum of value c
+            slot = (jt % G) * SG + c % SG
+            ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
+            tl.store(ptr, w, mask=(slot < S) & ((slot * 0 + t) < L))
 
 
 @helper
@@ -445,9 +531,9 @@ def _adjoint_step(
     lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1, v_in, Lv_in, k_in,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
     gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
-    t, L, M, S, base_m, base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask,
-    dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
-    REUSE: tl.constexpr, MASKED: tl.constexpr,
+    t, L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
+    lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+    NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums. ``REUSE``: take ``v, Lv, k`` from
@@ -463,13 +549,11 @@ def _adjoint_step(
     mm = mmask
     sm = smask
     omask = momask
-    okmask = somask
     if MASKED:
         inside_m = (m * 0 + t) < L  # [NT]
         mm = mmask & inside_m
         sm = smask & inside_m[None, :]
         omask = momask & ((mo * 0 + t) < L)
-        okmask = somask & ((so * 0 + t) < L)
     if REUSE:
         vv = v_in
         Lv = Lv_in
@@ -498,10 +582,12 @@ def _adjoint_step(
     tl.store(gv_ptr + out, gv, mask=omask)
     tl.store(gLv_ptr + out, gLv, mask=omask)
     # sums over the program's channels
-    gq = _channel_sum(A + gyv[None, :] * qrl, G, SG, NT)
-    gk = _channel_sum(Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et), G, SG, NT)
-    tl.store(gk_ptr + part + t * S + so, gk, mask=okmask)
-    tl.store(gq_ptr + part + t * S + so, gq, mask=okmask)
+    xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
+    xq = A + gyv[None, :] * qrl
+    if SCATTER:
+        _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT)
+    else:
+        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, t, L, S, G, SG, NT)
     rden = _rcp(p * lam_prev + d)
     lam_pred = (lam_prev + f1) * rden
     alpha = af * rden
@@ -532,10 +618,10 @@ def _adjoint_step(
 def _bwd_interval(
     t0, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b, NB,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
-    L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, so, jt, mmask, smask, momask, somask,
-    ms, lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
+    L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
+    lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    REUSE: tl.constexpr, MASKED: tl.constexpr,
+    REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
     """One checkpoint interval of the backward: its states recomputed, then walked back."""
     if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
@@ -551,50 +637,50 @@ def _bwd_interval(
     Lc, Ec, ga, gp = _adjoint_step(
         l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 7, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 6, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 5, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 4, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
-        base_s, part, m, s, mo, so, mmask, smask, momask, somask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -607,7 +693,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    REUSE: tl.constexpr, SPLIT: tl.constexpr,
+    REUSE: tl.constexpr, SPLIT: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
     pm = tl.program_id(0)
@@ -641,17 +727,18 @@ def _kla_bwd_kernel(
             Lc, Ec, ga, gp = _bwd_interval(
                 (blk_hi - 1) * CK, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b, NB, v_ptr,
                 Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
-                gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, so, jt, mmask, smask,
-                momask, somask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE, True,
+                gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask, smask,
+                momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE, True,
+                SCATTER,
             )  # fmt: skip
             blk_hi -= 1
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
         Lc, Ec, ga, gp = _bwd_interval(
             (blk_hi - 1 - (jb - blk_lo)) * CK, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b,
             NB, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
-            gk_part_ptr, gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, so, jt, mmask,
-            smask, momask, somask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE,
-            not SPLIT,
+            gk_part_ptr, gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask,
+            smask, momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE,
+            not SPLIT, SCATTER,
         )  # fmt: skip
     # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
     tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
@@ -827,7 +914,7 @@ TUNING = {
     "fwd_staging": None,
     "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (was slower)
     "bwd_chunk_len": 0,  # > 0: time-chunked backward, chunks of this many steps (multiple of 8)
-    "fwd_slots": None,  # 8 from LARGE lanes on (more work a thread, fewer threads), else 4
+    "fwd_slots": 4,  # B=8 M=2048: 0.634 against 0.656 ms at 8 (0.674 / 0.838 saving checkpoints)
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
@@ -836,17 +923,19 @@ TUNING = {
     # the adjoint walk reuses the recomputation's v, Lv, k (B=4: backward 0.95 against 1.14 ms;
     # it spills at 4 slots a thread). None: below LARGE lanes
     "bwd_reuse_inputs": None,
-    "bwd_split_tail": True,  # main loop without step masks, a partial last interval with them
+    # the main loop without step masks, a partial last interval with them. None: at 2 slots a
+    # thread (B=4: backward 0.83 against 0.91 ms); at 4 it spills (B=8: 4.46 against 3.13 ms)
+    "bwd_split_tail": None,
+    # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles; GPU only)
+    "bwd_scatter_sums": True,
 }
-LARGE = 1 << 17  # lanes B M S from which the forward takes 8 slots a thread and the backward 4
+LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 
 
 def _tuning(lanes: int) -> dict:
     """``TUNING`` with its ``None`` entries chosen for ``lanes = B M S`` lanes."""
     t = dict(TUNING)
     large = lanes >= LARGE
-    if t["fwd_slots"] is None:
-        t["fwd_slots"] = 8 if large else 4
     if t["bwd_slots"] is None:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_NS"] is None:
@@ -860,6 +949,8 @@ def _tuning(lanes: int) -> dict:
         )
     if t["bwd_reuse_inputs"] is None:
         t["bwd_reuse_inputs"] = not large
+    if t["bwd_split_tail"] is None:
+        t["bwd_split_tail"] = t["bwd_slots"] <= 2
     return t
 
 
@@ -966,7 +1057,8 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
                                   NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
                                   AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
-                                  SPLIT=TU["bwd_split_tail"], num_warps=warps)  # fmt: skip
+                                  SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
+                                  num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
 
