@@ -62,6 +62,11 @@ def checked_variants(tuning, variants, outputs):
     gradients) is from the default configuration's (0 for the empty variant, which is the
     default), ``error`` the exception ``outputs()`` raised under the variant, else None. A caller
     times a variant, with the variant applied, only when ``vs_default <= VARIANT_TOL``."""
+    unknown = sorted({k for var in variants for k in var} - set(tuning))
+    if unknown:  # a misspelt or retired key would time the default under the variant's name
+        raise ValueError(
+            f"variants: expected keys of the kernel's TUNING {sorted(tuning)}, got {unknown}"
+        )
     base = dict(tuning)
     default_out = outputs()
     try:

@@ -25,11 +25,10 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
-KLA_VARIANTS='[{"fwd_prefetch": false, "fwd_block_pipeline": true},
- {"fwd_prefetch": false, "fwd_block_pipeline": true, "NS": 6},
- {"fwd_prefetch": false, "fwd_block_pipeline": true, "fwd_slots": 2}, {"bwd_reuse_inputs": true}, {"bwd_NS": 1}, {"bwd_warps": 2}, {"bwd_warps": 2, "bwd_slots": 4},
- {"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2}, {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3},
- {"fwd_prefetch": false}, {"bwd_l2_ahead": 0}, {"fwd_l2_ahead": 32}]'
+KLA_VARIANTS='[{"bwd_l2_ahead": 0}, {"bwd_split_tail": true}, {"bwd_split_tail": false},
+ {"bwd_scatter_sums": false}, {"bwd_reuse_inputs": true}, {"bwd_reuse_inputs": false},
+ {"fwd_staging": "prefetch"}, {"fwd_staging": "pipeline"}, {"fwd_l2_ahead": 32},
+ {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4, "bwd_NS": 2}, {"fwd_slots": 2}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
