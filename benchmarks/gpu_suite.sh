@@ -3,7 +3,9 @@
 #
 #   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
 #
-# PART: tests (the CUDA tests at GPU sizes, ~5 min), kernels (benchmarks/gpu.py: the four
+# PART: tests (the CUDA tests at GPU sizes but the KLA tuning sweep, ~5 min), tuning (that
+# sweep: about 50 KLA tuning variants compiled and checked in float64, ~8 min), kernels
+# (benchmarks/gpu.py: the four
 # shapes of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py,
 # ~5 min), reliability (benchmarks/reliability_gpu.py, ~2 min), dense (benchmarks/dense_gpu.py
 # with an 8-minute budget), or all (default). Each part
@@ -15,12 +17,12 @@ parts=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    tests|kernels|reliability|dense|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
+    tests|tuning|kernels|reliability|dense|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, tuning, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
-[ "${parts[*]}" = all ] && parts=(tests kernels reliability dense)
+[ "${parts[*]}" = all ] && parts=(tests tuning kernels reliability dense)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
@@ -34,7 +36,8 @@ for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
   case "$part" in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py \
-             tests/test_dense_lean_loop.py ;;
+             tests/test_dense_lean_loop.py -k "not every_tuning" ;;
+    tuning) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k every_tuning ;;
     kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" &&
              python3 benchmarks/kla_kernel_time.py --json "$out/$day-kla-kernel-time.json" \
                --variants "$KLA_VARIANTS" ;;
