@@ -242,7 +242,7 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    TB = K.CK
+    TB = K._tuning(B * M * S)["ck"]
     G, _, NT, _ = K._config(S, "bwd", K._tuning(B * M * S))
     n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
@@ -418,6 +418,11 @@ def kernel_resources():
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b, HAS_GPREC=False, CHUNKED=False),
                     1),
+        # 4-step checkpoint intervals at 4 slots a thread (TUNING["ck"] = 4, untimed): half
+        # the live states, so the unmasked loop with input reuse fits without spills
+        "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig),
+                        dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=2,
+                             SPLIT=True, REUSE=True), 1),
         "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,

@@ -120,6 +120,8 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": False},
            {"bwd_reuse_inputs": True, "bwd_chunk_len": 16}, {"bwd_split_tail": False},
            {"bwd_scatter_sums": False}, {"bwd_scatter_sums": False, "bwd_slots": 4},
+           {"ck": 4}, {"ck": 4, "bwd_slots": 4, "bwd_split_tail": True, "bwd_reuse_inputs": True},
+           {"ck": 4, "fwd_staging": "prefetch", "fwd_chunk_len": 8},
            # the defaults from 2^17 lanes on, and with the unmasked main loop
            {"bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch", "bwd_reuse_inputs": False},
            {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
@@ -153,6 +155,14 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]
     monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
     assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
+    monkeypatch.setitem(K.TUNING, "ck", 4)
+    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 16)
+    with pytest.raises(ValueError, match=r"TUNING\['ck'\]: the time-chunked backward"):
+        K._tuning(64)
+    monkeypatch.setitem(K.TUNING, "ck", 6)
+    with pytest.raises(ValueError, match=r"TUNING\['ck'\]: expected 4 or 8, got 6"):
+        K._tuning(64)
+    monkeypatch.setitem(K.TUNING, "ck", 8)
     monkeypatch.setitem(K.TUNING, "fwd_staging", "registers")
     with pytest.raises(ValueError, match=r"TUNING\['fwd_staging'\]: expected .* got 'registers'"):
         K._tuning(64)

@@ -19,9 +19,10 @@ and the backward, use the software pipeliner. The staging, the slots a thread wa
 the backward reuses its recomputation's inputs are chosen by the lane count (``_tuning``). No
 ``[B, L, M, S]`` tensor is written unless the precisions are asked for.
 
-Backward (exact): the forward saves the state every ``CK = 8`` steps (``[2, B, L/8, M, S]``,
-only when a gradient is needed); the backward walks the intervals in reverse, recomputes an
-interval's 8 states from its checkpoint into registers (unrolled: ``_recompute8``), then runs
+Backward (exact): the forward saves the state every ``CK`` steps (8, or 4 by ``TUNING["ck"]``;
+``[2, B, L/CK, M, S]``, only when a gradient is needed); the backward walks the intervals in
+reverse, recomputes an interval's states from its checkpoint into registers (unrolled:
+``_interval``, ``_interval4``), then runs
 the two scalar adjoint recurrences ``Ec <- alpha Et``,
 ``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over them. Sums over ``s`` (``gv, gLv``)
 happen in the thread and its channel group; sums over ``m`` (``gk, gq``) are reduced in the
@@ -527,6 +528,27 @@ def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, 
 
 
 @helper
+def _interval4(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
+               S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
+               dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """``_interval`` for 4-step checkpoint intervals (``CK = 4``): 5 states, then the 4 steps'
+    inputs. Half the states live at once, for twice the checkpoint bytes."""
+    ck = (b.to(tl.int64) * NB + t0 // 4) * M * S + ms
+    l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
+    e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
+    l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+    l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+    l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+    l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+    return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4,
+            v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3)
+
+
+@helper
 def _adjoint_step(
     lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, f1, v_in, Lv_in, k_in,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr,
@@ -628,60 +650,91 @@ def _bwd_interval(
         for i in tl.static_range(CK):
             _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
                            jt, 4)  # fmt: skip
-    (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
-     v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
-     v7, L7, k7) = _interval(
-        ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-        base_s, m, s, mmask, smask, ms, lane_mask, dt, CK, MASKED,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 7, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 6, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 5, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 4, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
-        l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
-        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
-        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
-    )  # fmt: skip
+    if CK == 8:
+        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+         v7, L7, k7) = _interval(
+            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK, MASKED,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 7, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 6, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 5, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 4, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+    else:
+        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4,
+         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3) = _interval4(
+            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+            base_s, m, s, mmask, smask, ms, lane_mask, dt, MASKED,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint_step(
+            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
+            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
+            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+            G, SG, NT, REUSE, MASKED, SCATTER,
+        )  # fmt: skip
     return Lc, Ec, ga, gp
 
 
@@ -695,7 +748,7 @@ def _kla_bwd_kernel(
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     REUSE: tl.constexpr, SPLIT: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
-    tl.static_assert(CK == 8, "the backward's recomputation is unrolled for 8 steps")
+    tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     pm = tl.program_id(0)
     b = tl.program_id(1)
     c = tl.program_id(2)  # chunk of CI checkpoint intervals (all of them unless CHUNKED)
@@ -928,6 +981,9 @@ TUNING = {
     "bwd_split_tail": None,
     # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles; GPU only)
     "bwd_scatter_sums": True,
+    # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
+    # (half the live states for twice the checkpoint bytes; untimed, not with bwd_chunk_len)
+    "ck": 8,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 
@@ -951,10 +1007,14 @@ def _tuning(lanes: int) -> dict:
         t["bwd_reuse_inputs"] = not large
     if t["bwd_split_tail"] is None:
         t["bwd_split_tail"] = t["bwd_slots"] <= 2
+    if t["ck"] not in (4, 8):
+        raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
+    if t["ck"] != 8 and t["bwd_chunk_len"]:
+        raise ValueError(
+            f"TUNING['ck']: the time-chunked backward (bwd_chunk_len={t['bwd_chunk_len']}) "
+            f"recomputes 8-step intervals, got ck={t['ck']}"
+        )
     return t
-
-
-CK = 8  # checkpoint interval of the backward (steps); the recomputation is unrolled for it
 
 
 def _config(S: int, which: str, tuning: dict):
@@ -973,6 +1033,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "fwd", TU)
+    CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
     NB = triton.cdiv(L, CK)
     like = torch.empty((), dtype=dtype, device=v.device)
     y = empty((B, L, M), like)
