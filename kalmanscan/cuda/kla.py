@@ -22,7 +22,7 @@ the backward reuses its recomputation's inputs are chosen by the lane count (``_
 Backward (exact): the forward saves the state every ``CK`` steps (8, or 4 by ``TUNING["ck"]``;
 ``[2, B, L/CK, M, S]``, only when a gradient is needed); the backward walks the intervals in
 reverse, recomputes an interval's states from its checkpoint into registers (unrolled:
-``_interval``, ``_interval4``), then runs
+``_recompute4``), then runs
 the two scalar adjoint recurrences ``Ec <- alpha Et``,
 ``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over them. Sums over ``s`` (``gv, gLv``)
 happen in the thread and its channel group; sums over ``m`` (``gk, gq``) are reduced in the
@@ -495,17 +495,10 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
 
 
 @helper
-def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
-              S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
-              dt: tl.constexpr, CK: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """The 9 states ``(lam, eta)`` of the checkpoint interval starting at step ``t0``: its
-    checkpoint, then 8 steps recomputed into registers (unrolled: Triton has no register
-    arrays), followed by the 8 steps' inputs ``v, Lv, k``. Shared by the backward and its
-    chunk-map pass."""
-    tl.static_assert(CK == 8, "the recomputation is unrolled for 8 steps")
-    ck = (b.to(tl.int64) * NB + t0 // CK) * M * S + ms
-    l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
-    e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
+def _recompute4(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S: tl.constexpr, base_m,
+                base_s, m, s, mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """The 4 states after ``(l0, e0)`` from step ``t0`` on, recomputed into registers
+    (unrolled: Triton has no register arrays), followed by the 4 steps' inputs ``v, Lv, k``."""
     l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
                                  L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
@@ -514,38 +507,37 @@ def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, 
                                  L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
     l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
                                  L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l5, e5, v4, L4, k4 = _step(l4, e4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 4,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l6, e6, v5, L5, k5 = _step(l5, e5, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 5,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l7, e7, v6, L6, k6 = _step(l6, e6, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 6,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l8, e8, v7, L7, k7 = _step(l7, e7, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 7,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
-            v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
-            v7, L7, k7)
+    return l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3
 
 
 @helper
-def _interval4(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
-               S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
-               dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """``_interval`` for 4-step checkpoint intervals (``CK = 4``): 5 states, then the 4 steps'
-    inputs. Half the states live at once, for twice the checkpoint bytes."""
-    ck = (b.to(tl.int64) * NB + t0 // 4) * M * S + ms
+def _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S: tl.constexpr, ms, lane_mask,
+                      CK: tl.constexpr):  # fmt: skip
+    """The state ``(lam, eta)`` saved before step ``t0`` (a multiple of ``CK``)."""
+    ck = (b.to(tl.int64) * NB + t0 // CK) * M * S + ms
     l0 = tl.load(ck_ptr + ck, mask=lane_mask, other=1.0)
     e0 = tl.load(ck_ptr + ck + eta_ck, mask=lane_mask, other=0.0)
-    l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
-    return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4,
-            v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3)
+    return l0, e0
+
+
+@helper
+def _interval(ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M,
+              S: tl.constexpr, base_m, base_s, m, s, mmask, smask, ms, lane_mask,
+              dt: tl.constexpr, CK: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """The 9 states ``(lam, eta)`` of the 8-step checkpoint interval starting at step ``t0``
+    (its checkpoint, then 8 steps recomputed into registers), followed by the 8 steps' inputs
+    ``v, Lv, k``. Shared by the backward and its chunk-map pass."""
+    tl.static_assert(CK == 8, "an interval of 8 steps")
+    l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
+    l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
+        l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, m, s, mmask,
+        smask, dt, MASKED)  # fmt: skip
+    l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = _recompute4(
+        l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, m, s, mmask,
+        smask, dt, MASKED)  # fmt: skip
+    return (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
+            v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
+            v7, L7, k7)
 
 
 @helper
@@ -637,6 +629,44 @@ def _adjoint_step(
 
 
 @helper
+def _adjoint4(
+    l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, t0,
+    Lc, Ec, ga, gp, p, d, af, f1,
+    v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
+    L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
+    lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+    NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
+):  # fmt: skip
+    """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
+    them, their inputs ``v, Lv, k``): ``_adjoint_step`` of each, unrolled."""
+    Lc, Ec, ga, gp = _adjoint_step(
+        l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
+    )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint_step(
+        l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
+        gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
+        base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
+        G, SG, NT, REUSE, MASKED, SCATTER,
+    )  # fmt: skip
+    return Lc, Ec, ga, gp
+
+
+@helper
 def _bwd_interval(
     t0, Lc, Ec, ga, gp, p, d, af, f1, ck_ptr, eta_ck, b, NB,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
@@ -645,96 +675,33 @@ def _bwd_interval(
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
-    """One checkpoint interval of the backward: its states recomputed, then walked back."""
+    """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
+    from the checkpoint into registers, then walked back."""
     if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
         for i in tl.static_range(CK):
             _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
                            jt, 4)  # fmt: skip
-    if CK == 8:
-        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, l5, e5, l6, e6, l7, e7, l8, e8,
-         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, v4, L4, k4, v5, L5, k5, v6, L6, k6,
-         v7, L7, k7) = _interval(
-            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-            base_s, m, s, mmask, smask, ms, lane_mask, dt, CK, MASKED,
+    l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
+    l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
+        l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, m, s, mmask,
+        smask, dt, MASKED)  # fmt: skip
+    if CK == 8:  # the second half, then the walk back over it
+        l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
+            _recompute4(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+                        base_s, m, s, mmask, smask, dt, MASKED))  # fmt: skip
+        Lc, Ec, ga, gp = _adjoint4(
+            l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
+            k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr,
+            gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part,
+            m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
+            MASKED, SCATTER,
         )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l8, e8, l7, e7, Lc, Ec, ga, gp, p, d, af, f1, v7, L7, k7, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 7, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l7, e7, l6, e6, Lc, Ec, ga, gp, p, d, af, f1, v6, L6, k6, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 6, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l6, e6, l5, e5, Lc, Ec, ga, gp, p, d, af, f1, v5, L5, k5, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 5, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l5, e5, l4, e4, Lc, Ec, ga, gp, p, d, af, f1, v4, L4, k4, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 4, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-    else:
-        (l0, e0, l1, e1, l2, e2, l3, e3, l4, e4,
-         v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3) = _interval4(
-            ck_ptr, eta_ck, t0, b, NB, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-            base_s, m, s, mmask, smask, ms, lane_mask, dt, MASKED,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint_step(
-            l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
-            gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
-            base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-            G, SG, NT, REUSE, MASKED, SCATTER,
-        )  # fmt: skip
+    Lc, Ec, ga, gp = _adjoint4(
+        l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
+        t0, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr,
+        gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt,
+        mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE, MASKED, SCATTER,
+    )  # fmt: skip
     return Lc, Ec, ga, gp
 
 
