@@ -192,12 +192,14 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
 
 
 @pytest.mark.skipif(not CUDA, reason="the reduce-scatter of the channel sums runs on a GPU only")
-@pytest.mark.parametrize("slots", [2, 4])
-@pytest.mark.parametrize("S", [16, 12])
-def test_scatter_channel_sums_float32(slots, S, monkeypatch):
+@pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), (4, 16, 1), (2, 12, 1), (4, 12, 1),
+                                           (4, 32, 2)])  # fmt: skip
+def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
-    # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots)
+    # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots; 2 warps a
+    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled)
     monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
+    monkeypatch.setitem(K.TUNING, "bwd_warps", warps)
     shape = (2, 203, 21, S)
     x = make_inputs(*shape, seed=5)
     w = weights_for(*shape)

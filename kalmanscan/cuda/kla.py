@@ -182,7 +182,9 @@ else:
         or 4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
         (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(NT / G)``) and leave thread
         ``c`` of the group with value ``c``'s sum, which it stores."""
-        if xk.dtype != tl.float32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
+        # (shuffles stay in a warp: with 2 warps a program and S of 17 to 32 the values
+        # would match the threads of a group, but the group spans both warps)
+        if xk.dtype != tl.float32 or NT != 32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
             _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
         else:
             c = jt // G  # the thread's place among the threads of its slot group
