@@ -6,7 +6,9 @@ Python work of each call (input preparation, the autograd function, the launches
 which the GPU may idle. This script times the same shapes four ways, in one run:
 
 - ``api_check``: ``kla_filter(...)`` as ``gpu.py`` times it (``do_bench`` median);
-- ``api``: ``kla_filter(..., check=False)``, the KLA layer's path (``do_bench`` median);
+- ``api``: ``kla_filter(..., check=False)``, the KLA layer's path (``do_bench`` median); for
+  forward+backward also ``api_accumulate``, the gradients added into the inputs' ``.grad`` as
+  ``gpu.py`` times it (``autograd.backward``), where ``api`` returns them (``autograd.grad``);
 - ``graph``: the ``check=False`` call replayed from a CUDA graph (no Python, no launch gaps;
   ``triton.testing.do_bench_cudagraph`` median);
 - ``kernels``: the summed device time of the kernels of one call, from the CUDA profiler
@@ -92,6 +94,11 @@ def case(B, L, M, S, variants=(), dump=None):
         res = kla_filter(**xs, backend="triton", check=check)
         torch.autograd.grad([res.y, res.yvar], list(xs.values()), [gy, gyv])
 
+    def fwdbwd_accumulate():
+        # as benchmarks/gpu.py times it: the gradients are added into the inputs' .grad
+        res = kla_filter(**xs, backend="triton", check=False)
+        torch.autograd.backward([res.y, res.yvar], [gy, gyv])
+
     bench = triton.testing.do_bench
     out["fwd_ms"] = {
         "api_check": bench(lambda: fwd(True), warmup=50, rep=300),
@@ -100,7 +107,10 @@ def case(B, L, M, S, variants=(), dump=None):
     out["fwdbwd_ms"] = {
         "api_check": bench(lambda: fwdbwd(True), warmup=50, rep=300),
         "api": bench(lambda: fwdbwd(False), warmup=50, rep=300),
+        "api_accumulate": bench(fwdbwd_accumulate, warmup=50, rep=300),
     }
+    for t in xs.values():
+        t.grad = None
     try:
         out["fwd_ms"]["graph"] = triton.testing.do_bench_cudagraph(
             lambda: fwd(False), rep=300, return_mode="median"
