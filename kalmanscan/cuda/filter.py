@@ -28,7 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import empty, helper, interpreting, lanes_config, observation, predict
+from kalmanscan.cuda._common import (
+    cdiv,
+    empty,
+    helper,
+    interpreting,
+    lanes_config,
+    observation,
+    predict,
+)
 
 __all__ = ["filter_lanes"]
 
@@ -299,9 +307,9 @@ def _plan(T: int, N: int, n_vary: int):
     if N >= _MANY_LANES:
         NC = 1
     else:
-        NC = max(1, min(triton.cdiv(T, 4 * TB), triton.cdiv(_TARGET_WORK, N)))
-    CH = triton.cdiv(triton.cdiv(T, NC), TB) * TB
-    NC = triton.cdiv(T, CH)
+        NC = max(1, min(cdiv(T, 4 * TB), cdiv(_TARGET_WORK, N)))
+    CH = cdiv(cdiv(T, NC), TB) * TB
+    NC = cdiv(T, CH)
     return TB, CH, NC, block, warps
 
 
@@ -334,7 +342,7 @@ def _forward(z, ov, a, p, h, c, lam0, eta0):
     _check_offsets(*ins)
     vary = [_strided(x)[3] for x in ins]
     TB, CH, NC, BLOCK, warps = _plan(T, N, sum(vary))
-    grid = (triton.cdiv(N, BLOCK), NC)
+    grid = (cdiv(N, BLOCK), NC)
     lam = empty((T, N), z)
     eta = empty((T, N), z)
     lam0 = lam0.contiguous()
@@ -362,7 +370,7 @@ def _backward(ins, lam0, eta0, lam, eta, glam, geta, needs):
     geta = zero if geta is None else geta
     vary = [_strided(x)[3] for x in ins]
     TB, CH, NC, BLOCK, warps = _plan(T, N, sum(vary) + 4)
-    grid = (triton.cdiv(N, BLOCK), NC)
+    grid = (cdiv(N, BLOCK), NC)
     lam0 = lam0.contiguous()
     eta0 = eta0.contiguous()
     outs = [empty((T, N), z) if need else z for need in needs[:6]]

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import empty, helper, interpreting, lanes_config
+from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, lanes_config, next_pow2
 from kalmanscan.cuda.filter import _fwd_carry_kernel
 
 __all__ = ["kla_triton"]
@@ -989,7 +989,7 @@ def _tuning(lanes: int) -> dict:
 def _config(S: int, which: str, tuning: dict):
     """``(G, SG, NT, num_warps)``: ``SG`` slots a thread, ``G`` threads a channel, ``NT``
     threads a program."""
-    SP = triton.next_power_of_2(S)
+    SP = next_pow2(S)
     warps = 1 if interpreting() else tuning[which + "_warps"]
     NT = 32 * warps
     SG = max(min(tuning[which + "_slots"], SP), SP // NT)
@@ -1003,7 +1003,7 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "fwd", TU)
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
-    NB = triton.cdiv(L, CK)
+    NB = cdiv(L, CK)
     like = torch.empty((), dtype=dtype, device=v.device)
     y = empty((B, L, M), like)
     yvar = empty((B, L, M), like)
@@ -1012,21 +1012,21 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     prec = empty((B, L, M, S), like) if save_prec else y
     ck = empty((2, B, NB, M, S), like) if save_ck else y
     CL = TU["fwd_chunk_len"]
-    NC = triton.cdiv(L, CL) if CL else 1
+    NC = cdiv(L, CL) if CL else 1
     start = y
     if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
         assert CL % CK == 0, "chunks must start on checkpoints"
         N = B * M * S
         comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
-        _kla_chunk_maps_kernel[(triton.cdiv(M, NT // G), B, NC)](
+        _kla_chunk_maps_kernel[(cdiv(M, NT // G), B, NC)](
             v, Lv, k, a, p, comp, L, M, CL, S, NS=TU["NS"], G=G, SG=SG, NT=NT,
             num_warps=warps)  # fmt: skip
         start = torch.empty((2, NC, N), dtype=dtype, device=v.device)
         block, cwarps = lanes_config(N)
-        _fwd_carry_kernel[(triton.cdiv(N, block),)](comp, lam0.reshape(N), eta0.reshape(N),
+        _fwd_carry_kernel[(cdiv(N, block),)](comp, lam0.reshape(N), eta0.reshape(N),
                                                      start, N, NC, NS=TU["NS"], BLOCK=block,
                                                      num_warps=cwarps)  # fmt: skip
-    grid = (triton.cdiv(M, NT // G), B, NC)
+    grid = (cdiv(M, NT // G), B, NC)
     _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
                           L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
                           CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
@@ -1042,8 +1042,8 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     like = ck
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "bwd", TU)
-    NB = triton.cdiv(L, CK)
-    nmb = triton.cdiv(M, NT // G)
+    NB = cdiv(L, CK)
+    nmb = cdiv(M, NT // G)
 
     def dense(g, shape):
         return (
@@ -1065,7 +1065,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     CL = TU["bwd_chunk_len"]
     assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
     CI = CL // CK if CL else NB  # checkpoint intervals a chunk
-    NC = triton.cdiv(NB, CI)
+    NC = cdiv(NB, CI)
     ga_part = empty((NC, B, M, S), like)
     gp_part = empty((NC, B, M, S), like)
     g0 = empty((2, B, M, S), like)
@@ -1079,7 +1079,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                            num_warps=warps)  # fmt: skip
         xend = torch.empty((2, NC, N), dtype=like.dtype, device=like.device)
         block, cwarps = lanes_config(N)
-        _kla_bwd_carry_kernel[(triton.cdiv(N, block),)](maps, glT, geT, xend, N, NC,
+        _kla_bwd_carry_kernel[(cdiv(N, block),)](maps, glT, geT, xend, N, NC,
                                                         NS=TU["bwd_NS"], BLOCK=block,
                                                         num_warps=cwarps)  # fmt: skip
     _kla_bwd_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,

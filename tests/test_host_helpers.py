@@ -1,6 +1,7 @@
-"""benchmarks/gpu.py's variant checker: every variant is applied, compared with the default's
-outputs and the tuning restored; an unknown key (misspelt or retired) is refused rather than
-timing the default under the variant's name."""
+"""Host-side helpers of the GPU code: benchmarks/gpu.py's variant checker (every variant is
+applied, compared with the default's outputs and the tuning restored; an unknown key, misspelt or
+retired, is refused rather than timing the default under the variant's name), and the
+plain-Python size helpers of kalmanscan/cuda/_common.py against triton's."""
 
 import importlib.util
 import os
@@ -43,3 +44,15 @@ def test_unknown_variant_keys_are_refused(gpu):
     with pytest.raises(ValueError, match=r"variants: expected keys of .* got \['fwd_prefetch'\]"):
         list(gpu.checked_variants(tuning, [{"fwd_prefetch": False}], lambda: [torch.zeros(1)]))
     assert tuning == {"fwd_staging": None, "bwd_slots": None}
+
+
+def test_host_size_helpers_match_triton():
+    # kalmanscan/cuda/_common.py's plain-Python cdiv / next_pow2 replace triton's on the host
+    triton = pytest.importorskip("triton")
+    from kalmanscan.cuda._common import cdiv, next_pow2
+
+    for a in range(0, 200):
+        for b in range(1, 19):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    for n in range(1, 5000):
+        assert next_pow2(n) == triton.next_power_of_2(n), n
