@@ -242,8 +242,9 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    TB = K._tuning(B * M * S)["ck"]
-    G, _, NT, _ = K._config(S, "bwd", K._tuning(B * M * S))
+    tu = K._tuning(B * M * S)
+    TB = tu["ck"]
+    G, _, NT, _ = K._config(S, "bwd", tu)
     n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
         "bytes_fwd": 16 * ch_steps + 8 * B * L * S,

@@ -476,20 +476,35 @@ def _kla_chunk_maps_kernel(
 
 
 @helper
+def _step_masks(t, L, m, mmask, smask, MASKED: tl.constexpr):
+    """The load masks ``[NT]`` (per channel) and ``[SG, NT]`` (per slot) of step ``t``: the
+    channel and slot masks, and with ``MASKED`` also ``t < L``."""
+    if MASKED:
+        inside = (m * 0 + t) < L  # [NT]
+        return mmask & inside, smask & inside[None, :]
+    return mmask, smask
+
+
+@helper
+def _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S: tl.constexpr, base_m, base_s, m, s, mm, sm,
+         dt: tl.constexpr):  # fmt: skip
+    """Step ``t``'s ``v, Lv [NT]`` and ``k [SG, NT]`` under the masks ``mm, sm`` (zeros where
+    masked): the inputs of the backward's recomputation and, without reuse, of its adjoint
+    step."""
+    v = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+    kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    return v, Lv, kk
+
+
+@helper
 def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base_s, m, s,
           mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """One forward step (recomputation in the backward). Returns the new state and the step's
     inputs ``v, Lv, k`` (which the adjoint step may reuse). ``MASKED``: steps past ``L`` read
     zeros (only the last interval of a lane needs it)."""
-    mm = mmask
-    sm = smask
-    if MASKED:
-        inside = (m * 0 + t) < L  # [NT]
-        mm = mmask & inside
-        sm = smask & inside[None, :]
-    v = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-    Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-    kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    mm, sm = _step_masks(t, L, m, mmask, smask, MASKED)
+    v, Lv, kk = _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S, base_m, base_s, m, s, mm, sm, dt)
     rden = _rcp(p * lam + d)
     lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
     eta_new = af * rden * eta + (v * Lv)[None, :] * kk
@@ -562,22 +577,16 @@ def _adjoint_step(
     in-thread sum of each kind), ``gk``'s term is ``Lv (2 k Lt + v Et)``. The recomputation's
     ``1 / (p lam + d)`` and ``(lam + f1) / (p lam + d)`` are the same expressions as here, so
     the compiler computes them once."""
-    mm = mmask
-    sm = smask
+    mm, sm = _step_masks(t, L, m, mmask, smask, MASKED)
     omask = momask
     if MASKED:
-        inside_m = (m * 0 + t) < L  # [NT]
-        mm = mmask & inside_m
-        sm = smask & inside_m[None, :]
         omask = momask & ((mo * 0 + t) < L)
     if REUSE:
         vv = v_in
         Lv = Lv_in
         kk = k_in
     else:
-        vv = tl.load(v_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-        Lv = tl.load(Lv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-        kk = tl.load(k_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+        vv, Lv, kk = _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S, base_m, base_s, m, s, mm, sm, dt)
     gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
     gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
     qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
@@ -617,7 +626,7 @@ def _adjoint_step(
     n_Lc = a2 * Lt - alpha * (p * rden) * g_al
     n_Ec = alpha * Et
     if MASKED:
-        inside = inside_m[None, :]
+        inside = ((m * 0 + t) < L)[None, :]
         ga = tl.where(inside, ga + dga, ga)
         gp = tl.where(inside, gp + dgp, gp)
         Lc = tl.where(inside, n_Lc, Lc)
