@@ -419,7 +419,7 @@ def kernel_resources():
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b, HAS_GPREC=False, CHUNKED=False),
                     1),
-        # 4-step checkpoint intervals at 4 slots a thread (TUNING["ck"] = 4, untimed): half
+        # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
         "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                         dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=2,

@@ -149,10 +149,16 @@ def test_tuning_follows_the_lane_count(monkeypatch):
         "pipeline", True, True)  # fmt: skip
     assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 2)
     assert (many["fwd_staging"], many["bwd_reuse_inputs"], many["bwd_split_tail"]) == (
-        "prefetch", False, False)  # fmt: skip
+        "prefetch", True, True)  # fmt: skip
+    assert (few["ck"], few["fwd_l2_ahead"], many["ck"], many["fwd_l2_ahead"]) == (8, 32, 4, 0)
     monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
     assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
-    assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]
+    assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]  # 4 slots, 8-step intervals: spills
+    assert not K._tuning(4 * 960 * 16)["bwd_reuse_inputs"]
+    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 16)  # the chunked backward takes ck 8
+    assert K._tuning(8 * 2048 * 16)["ck"] == 8
+    assert not K._tuning(8 * 2048 * 16)["bwd_split_tail"]
+    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 0)
     monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
     assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
     monkeypatch.setitem(K.TUNING, "ck", 4)

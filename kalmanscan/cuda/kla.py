@@ -949,19 +949,25 @@ TUNING = {
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
-    "fwd_l2_ahead": 0,  # > 0: prefetch the rows of v, Lv this many steps ahead into L2
+    # > 0: prefetch the rows of v, Lv this many steps ahead into L2. None: 32 below LARGE lanes
+    # (B=4 M=960: the forward saving checkpoints 0.281 against 0.301 ms), else 0 (B=8 M=2048:
+    # the forward 0.815 against 0.634 ms)
+    "fwd_l2_ahead": None,
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
     # the adjoint walk reuses the recomputation's v, Lv, k (B=4: backward 0.95 against 1.14 ms;
-    # it spills at 4 slots a thread). None: below LARGE lanes
+    # at 4 slots a thread and 8-step intervals it spills). None: unless 4 slots and ck 8
     "bwd_reuse_inputs": None,
     # the main loop without step masks, a partial last interval with them. None: at 2 slots a
-    # thread (B=4: backward 0.83 against 0.91 ms); at 4 it spills (B=8: 4.46 against 3.13 ms)
+    # thread (B=4: backward 0.83 against 0.91 ms) or with 4-step intervals; at 4 slots and
+    # 8-step intervals it spills (B=8: 4.46 against 3.13 ms)
     "bwd_split_tail": None,
     # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles; GPU only)
     "bwd_scatter_sums": True,
     # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
-    # (half the live states for twice the checkpoint bytes; untimed, not with bwd_chunk_len)
-    "ck": 8,
+    # (half the live states for twice the checkpoint bytes; not with bwd_chunk_len). None: 4
+    # from LARGE lanes (B=8 M=2048, with split tail and reuse: backward 1.95 against 2.74 ms,
+    # the forward saving checkpoints 0.74 against 0.68), else 8 (B=4 M=960: 0.81 against 0.84)
+    "ck": None,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 
@@ -981,10 +987,14 @@ def _tuning(lanes: int) -> dict:
             "TUNING['fwd_staging']: expected 'prefetch', 'pipeline', 'steps' or None, got "
             f"{t['fwd_staging']!r}"
         )
+    if t["fwd_l2_ahead"] is None:
+        t["fwd_l2_ahead"] = 0 if large else 32
+    if t["ck"] is None:
+        t["ck"] = 4 if large and not t["bwd_chunk_len"] else 8
     if t["bwd_reuse_inputs"] is None:
-        t["bwd_reuse_inputs"] = not large
+        t["bwd_reuse_inputs"] = t["bwd_slots"] <= 2 or t["ck"] == 4
     if t["bwd_split_tail"] is None:
-        t["bwd_split_tail"] = t["bwd_slots"] <= 2
+        t["bwd_split_tail"] = t["bwd_slots"] <= 2 or t["ck"] == 4
     if t["ck"] not in (4, 8):
         raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
     if t["ck"] != 8 and t["bwd_chunk_len"]:
