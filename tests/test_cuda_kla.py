@@ -111,6 +111,17 @@ def test_forward_backward_float64(shape):
     assert_exact_in_float64(shape, seed=0)
 
 
+@pytest.mark.parametrize("staging", ["pipeline", "prefetch"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
+def test_tile_loads_exact(shape, staging, monkeypatch):
+    # the forward's 4-step blocks with v, Lv, k, q loaded as [4, channels] and [4, slots]
+    # tiles and the outputs reduce-scattered (in float32 only): exact in float64 on every shape
+    for key, value in (("fwd_staging", staging), ("fwd_tile_loads", True), ("fwd_tile_kq", True),
+                       ("fwd_scatter_out", True)):  # fmt: skip
+        monkeypatch.setitem(K.TUNING, key, value)
+    assert_exact_in_float64(shape, seed=1)
+
+
 TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 2, "bwd_slots": 2},
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
            {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_staging": "prefetch"},
@@ -122,6 +133,9 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"bwd_scatter_sums": False}, {"bwd_scatter_sums": False, "bwd_slots": 4},
            {"ck": 4}, {"ck": 4, "bwd_slots": 4, "bwd_split_tail": True, "bwd_reuse_inputs": True},
            {"ck": 4, "fwd_staging": "prefetch", "fwd_chunk_len": 8},
+           {"fwd_scatter_out": True}, {"fwd_scatter_out": True, "fwd_staging": "prefetch"},
+           {"fwd_tile_loads": True}, {"fwd_tile_kq": True, "fwd_staging": "prefetch"},
+           {"fwd_tile_loads": True, "fwd_tile_kq": True, "fwd_scatter_out": True, "ck": 4},
            # the defaults from 2^17 lanes on, and with the unmasked main loop
            {"bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch", "bwd_reuse_inputs": False},
            {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
@@ -197,16 +211,16 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
-@pytest.mark.skipif(not CUDA, reason="the reduce-scatter of the channel sums runs on a GPU only")
 @pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), (4, 16, 1), (2, 12, 1), (4, 12, 1),
                                            (4, 32, 2)])  # fmt: skip
 def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
     # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots; 2 warps a
-    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled)
+    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled; the
+    # interpreter runs one warp and moves values between lanes by indexing)
     monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
     monkeypatch.setitem(K.TUNING, "bwd_warps", warps)
-    shape = (2, 203, 21, S)
+    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
     x = make_inputs(*shape, seed=5)
     w = weights_for(*shape)
     _, g_scatter = run(kla_triton, x, torch.float32, w, precision=False)
@@ -217,6 +231,38 @@ def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
         assert normwise(a, b) <= 1e-5, f"grad {name}: scatter against tl.sum {normwise(a, b):.3e}"
         err = normwise(a, r)
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
+
+
+@pytest.mark.parametrize("slots,S,staging,tiles", [(4, 16, "pipeline", False),
+                                                   (4, 16, "prefetch", False),
+                                                   (2, 16, "pipeline", False),
+                                                   (4, 12, "pipeline", False),
+                                                   (4, 8, "pipeline", False),
+                                                   (4, 16, "pipeline", True),
+                                                   (4, 16, "prefetch", True),
+                                                   (2, 12, "pipeline", True)])  # fmt: skip
+def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
+    # float32 outputs of the forward whose 4-step blocks store y, yvar by a reduce-scatter over
+    # a channel's threads (4 of them at 4 slots and S = 16, 8 at 2 slots; S = 12: padded slots;
+    # S = 8: 2 threads a channel, the per-step stores) against the per-step stores and the
+    # float64 reference; L is not a multiple of the blocks and M not of a program's channels
+    monkeypatch.setitem(K.TUNING, "fwd_slots", slots)
+    monkeypatch.setitem(K.TUNING, "fwd_staging", staging)
+    monkeypatch.setitem(K.TUNING, "fwd_tile_loads", tiles)
+    monkeypatch.setitem(K.TUNING, "fwd_tile_kq", tiles)
+    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
+    x = make_inputs(*shape, seed=6)
+    w = weights_for(*shape)
+    monkeypatch.setitem(K.TUNING, "fwd_scatter_out", True)
+    got, _ = run(kla_triton, x, torch.float32, w, precision=True)
+    monkeypatch.setitem(K.TUNING, "fwd_scatter_out", False)
+    per_step, _ = run(kla_triton, x, torch.float32, w, precision=True)
+    ref, _ = run(reference, x, torch.float64, w, precision=True)
+    for name, a, b, r in zip(("y", "yvar", "lam", "eta", "precision"), got, per_step, ref,
+                             strict=True):  # fmt: skip
+        assert torch.isfinite(a).all(), f"{name}: not finite"
+        assert normwise(a, b) <= 1e-6, f"{name}: scatter against per-step {normwise(a, b):.3e}"
+        assert normwise(a, r) <= 1e-5, f"{name}: against float64 {normwise(a, r):.3e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

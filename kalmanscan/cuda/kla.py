@@ -39,6 +39,7 @@ boundary state with the kernels above. Exact up to rounding, like the one-pass k
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -93,8 +94,15 @@ else:
 if interpreting():
 
     def _shfl_xor(x, lanes):
-        """The interpreter runs ``_scatter_channel_sums``' fallback and never shuffles."""
-        raise NotImplementedError("warp shuffles need a GPU")
+        """``x [NT]`` of the thread whose lane is this lane XOR ``lanes`` (element ``j`` of a
+        one-warp ``[NT]`` tensor lives in lane ``j``), here by indexing the interpreter's
+        array."""
+        from triton.runtime.interpreter import TensorHandle
+
+        lanes = int(getattr(lanes, "value", lanes))
+        data = x.handle.data
+        moved = data[np.arange(data.shape[-1]) ^ lanes]
+        return tl.core.tensor(TensorHandle(moved, x.handle.dtype.scalar), x.type)
 
 else:
 
@@ -166,45 +174,37 @@ def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: t
     tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
 
 
-if interpreting():
-
-    def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S, G, SG, NT):
-        """The interpreter has no warp shuffles: ``_store_channel_sums``."""
+@helper
+def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
+                          G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """``_store_channel_sums`` by a reduce-scatter where the ``2 SG`` values of a thread
+    match the ``NT / G`` threads of its slot group (float32, ``S`` of 9 to 16, one warp, 2
+    or 4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
+    (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(NT / G)``) and leave thread
+    ``c`` of the group with value ``c``'s sum, which it stores."""
+    # (shuffles stay in a warp: with 2 warps a program and S of 17 to 32 the values
+    # would match the threads of a group, but the group spans both warps)
+    if xk.dtype != tl.float32 or NT != 32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
         _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
-
-else:
-
-    @triton.jit
-    def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
-                              G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
-        """``_store_channel_sums`` by a reduce-scatter where the ``2 SG`` values of a thread
-        match the ``NT / G`` threads of its slot group (float32, ``S`` of 9 to 16, one warp, 2
-        or 4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
-        (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(NT / G)``) and leave thread
-        ``c`` of the group with value ``c``'s sum, which it stores."""
-        # (shuffles stay in a warp: with 2 warps a program and S of 17 to 32 the values
-        # would match the threads of a group, but the group spans both warps)
-        if xk.dtype != tl.float32 or NT != 32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
-            _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
-        else:
-            c = jt // G  # the thread's place among the threads of its slot group
-            if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
-                hi = ((c >> 2) & 1) == 1
-                y0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 4 * G)
-                y1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 4 * G)
-                y2 = _swap_add(_row(xk, 2, SG), _row(xq, 2, SG), hi, 4 * G)
-                y3 = _swap_add(_row(xk, 3, SG), _row(xq, 3, SG), hi, 4 * G)
-                hi = ((c >> 1) & 1) == 1
-                z0 = _swap_add(y0, y2, hi, 2 * G)
-                z1 = _swap_add(y1, y3, hi, 2 * G)
-            else:  # SG == 2: values 0-1: xk's rows, 2-3: xq's
-                hi = ((c >> 1) & 1) == 1
-                z0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 2 * G)
-                z1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 2 * G)
-            w = _swap_add(z0, z1, (c & 1) == 1, G)  # the sum of value c
-            slot = (jt % G) * SG + c % SG
-            ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
-            tl.store(ptr, w, mask=(slot < S) & ((slot * 0 + t) < L))
+    else:
+        c = jt // G  # the thread's place among the threads of its slot group
+        if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
+            hi = ((c >> 2) & 1) == 1
+            y0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 4 * G)
+            y1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 4 * G)
+            y2 = _swap_add(_row(xk, 2, SG), _row(xq, 2, SG), hi, 4 * G)
+            y3 = _swap_add(_row(xk, 3, SG), _row(xq, 3, SG), hi, 4 * G)
+            hi = ((c >> 1) & 1) == 1
+            z0 = _swap_add(y0, y2, hi, 2 * G)
+            z1 = _swap_add(y1, y3, hi, 2 * G)
+        else:  # SG == 2: values 0-1: xk's rows, 2-3: xq's
+            hi = ((c >> 1) & 1) == 1
+            z0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 2 * G)
+            z1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 2 * G)
+        w = _swap_add(z0, z1, (c & 1) == 1, G)  # the sum of value c
+        slot = (jt % G) * SG + c % SG
+        ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
+        tl.store(ptr, w, mask=(slot < S) & ((slot * 0 + t) < L))
 
 
 @helper
@@ -267,18 +267,75 @@ def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_
 
 
 @helper
+def _tile_rows(x4, G: tl.constexpr, NT: tl.constexpr):
+    """``[4, NT / G] -> 4 x [NT]``: the rows of a tile of 4 steps of the program's channels,
+    each channel's value given to its ``G`` threads."""
+    xb = tl.reshape(tl.broadcast_to(x4[:, :, None], [4, NT // G, G]), [4, NT])
+    return _row(xb, 0, 4), _row(xb, 1, 4), _row(xb, 2, 4), _row(xb, 3, 4)
+
+
+@helper
+def _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt: tl.constexpr, G: tl.constexpr,
+         NT: tl.constexpr):  # fmt: skip
+    """``v, Lv`` of the 4 steps from ``t`` at the program's channels, each loaded as one
+    ``[4, NT / G]`` tile (one element a thread, not ``G`` copies of each), then broadcast."""
+    tt = t + tl.arange(0, 4)
+    mc = pm * (NT // G) + tl.arange(0, NT // G)
+    off = base_m + tt[:, None] * M + mc[None, :]
+    ok = (tt[:, None] < L) & (mc[None, :] < M)
+    v0, v1, v2, v3 = _tile_rows(tl.load(v_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
+    L0, L1, L2, L3 = _tile_rows(tl.load(Lv_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
+    return v0, L0, v1, L1, v2, L2, v3, L3
+
+
+@helper
+def _slot_rows(x4, SG: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):
+    """``[4, G SG] -> 4 x [SG, NT]``: the rows of a tile of 4 steps of the slots, each thread
+    given its slot group's ``SG`` values."""
+    xg = tl.permute(tl.reshape(x4, [4, G, SG]), (0, 2, 1))
+    xb = tl.reshape(tl.broadcast_to(xg[:, :, None, :], [4, SG, NT // G, G]), [4, SG, NT])
+    i = tl.arange(0, 4)[:, None, None]
+    r0 = tl.sum(tl.where(i == 0, xb, -0.0), axis=0)
+    r1 = tl.sum(tl.where(i == 1, xb, -0.0), axis=0)
+    r2 = tl.sum(tl.where(i == 2, xb, -0.0), axis=0)
+    r3 = tl.sum(tl.where(i == 3, xb, -0.0), axis=0)
+    return r0, r1, r2, r3
+
+
+@helper
+def _kq4(k_ptr, q_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.constexpr,
+         G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """``k, q`` of the 4 steps from ``t``, each loaded as one ``[4, G SG]`` tile, then given
+    to the threads of each slot group."""
+    tt = t + tl.arange(0, 4)
+    so = tl.arange(0, G * SG)
+    off = base_s + tt[:, None] * S + so[None, :]
+    ok = (tt[:, None] < L) & (so[None, :] < S)
+    k0, k1, k2, k3 = _slot_rows(tl.load(k_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
+    q0, q1, q2, q3 = _slot_rows(tl.load(q_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
+    return k0, q0, k1, q1, k2, q2, k3, q3
+
+
+@helper
 def _inputs4(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_s, m, s, mmask,
-             smask, dt: tl.constexpr):  # fmt: skip
+             smask, dt: tl.constexpr, pm, TILE: tl.constexpr, TILE_KQ: tl.constexpr,
+             SG: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
     """The inputs of the 4 steps from ``t``, as ``_inputs`` gives them step by step; the loads
     are issued per-channel rows first, then the slots'."""
-    v0, L0 = _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt)
-    v1, L1 = _vl(v_ptr, Lv_ptr, t + 1, L, M, base_m, m, mmask, dt)
-    v2, L2 = _vl(v_ptr, Lv_ptr, t + 2, L, M, base_m, m, mmask, dt)
-    v3, L3 = _vl(v_ptr, Lv_ptr, t + 3, L, M, base_m, m, mmask, dt)
-    k0, q0 = _kq(k_ptr, q_ptr, t, L, S, base_s, m, s, smask, dt)
-    k1, q1 = _kq(k_ptr, q_ptr, t + 1, L, S, base_s, m, s, smask, dt)
-    k2, q2 = _kq(k_ptr, q_ptr, t + 2, L, S, base_s, m, s, smask, dt)
-    k3, q3 = _kq(k_ptr, q_ptr, t + 3, L, S, base_s, m, s, smask, dt)
+    if TILE:
+        v0, L0, v1, L1, v2, L2, v3, L3 = _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt, G, NT)
+    else:
+        v0, L0 = _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt)
+        v1, L1 = _vl(v_ptr, Lv_ptr, t + 1, L, M, base_m, m, mmask, dt)
+        v2, L2 = _vl(v_ptr, Lv_ptr, t + 2, L, M, base_m, m, mmask, dt)
+        v3, L3 = _vl(v_ptr, Lv_ptr, t + 3, L, M, base_m, m, mmask, dt)
+    if TILE_KQ:
+        k0, q0, k1, q1, k2, q2, k3, q3 = _kq4(k_ptr, q_ptr, t, L, S, base_s, dt, SG, G, NT)
+    else:
+        k0, q0 = _kq(k_ptr, q_ptr, t, L, S, base_s, m, s, smask, dt)
+        k1, q1 = _kq(k_ptr, q_ptr, t + 1, L, S, base_s, m, s, smask, dt)
+        k2, q2 = _kq(k_ptr, q_ptr, t + 2, L, S, base_s, m, s, smask, dt)
+        k3, q3 = _kq(k_ptr, q_ptr, t + 3, L, S, base_s, m, s, smask, dt)
     return v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3
 
 
@@ -301,10 +358,74 @@ def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_pt
 
 
 @helper
+def _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S: tl.constexpr, base_m, ms,
+              lane_mask, SAVE_PREC: tl.constexpr):  # fmt: skip
+    """``_fwd_step`` whose readout stays the thread's own sums over its slots (``[NT]``) for
+    ``_scatter_outputs4``: the new state and those sums of ``y`` and ``yvar``."""
+    rden = _rcp(p * lam + d)
+    lam = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    eta = af * rden * eta + (v * Lv)[None, :] * kk
+    w = qq * _rcp(lam)
+    if SAVE_PREC:
+        tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
+    return lam, eta, tl.sum(w * eta, axis=0), tl.sum(w * qq, axis=0)
+
+
+@helper
+def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, base_m, m, mmask,
+                      jt, G: tl.constexpr):  # fmt: skip
+    """Store ``y, yvar`` of the 4 steps from ``t`` from each thread's sums over its slots
+    (``[NT]``) by a reduce-scatter over the ``G`` (4 or 8) threads of a channel: 2 (3)
+    butterfly rounds each exchange half the values left, 6 (7) shuffles a thread where 4
+    all-reduces take 16 (24) and a layout shuffle 8, and leave each thread one step's sums
+    (``G = 4``: thread ``c`` of the channel holds step ``c``'s ``y`` and ``yvar``; ``G = 8``:
+    ``y`` of step ``c`` below 4, ``yvar`` of step ``c - 4`` above), which it stores."""
+    c = jt % G  # the thread's place among the threads of its channel
+    if G == 8:  # values 0-3: y of the steps, 4-7: yvar
+        hi = ((c >> 2) & 1) == 1
+        y0 = _swap_add(y0, v0, hi, 4)
+        y1 = _swap_add(y1, v1, hi, 4)
+        y2 = _swap_add(y2, v2, hi, 4)
+        y3 = _swap_add(y3, v3, hi, 4)
+        hi = ((c >> 1) & 1) == 1
+        z0 = _swap_add(y0, y2, hi, 2)
+        z1 = _swap_add(y1, y3, hi, 2)
+        w = _swap_add(z0, z1, (c & 1) == 1, 1)  # value c's sum
+        step = t + c % 4
+        ptr = tl.where(c < 4, y_ptr, yvar_ptr) + base_m + step * M + m
+        tl.store(ptr, w, mask=mmask & (step < L))
+    else:  # G == 4: y of steps (0, 2), (1, 3) and the same of yvar, then (0, 1) of each
+        hi = ((c >> 1) & 1) == 1
+        a0 = _swap_add(y0, y2, hi, 2)
+        a1 = _swap_add(y1, y3, hi, 2)
+        b0 = _swap_add(v0, v2, hi, 2)
+        b1 = _swap_add(v1, v3, hi, 2)
+        lo = (c & 1) == 1
+        step = t + c
+        off = base_m + step * M + m
+        tl.store(y_ptr + off, _swap_add(a0, a1, lo, 1), mask=mmask & (step < L))
+        tl.store(yvar_ptr + off, _swap_add(b0, b1, lo, 1), mask=mmask & (step < L))
+
+
+@helper
 def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
-               f1, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
-               lane_mask, SAVE_PREC: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
-    """The 4 steps from ``t`` (``_fwd_step`` of each, unrolled)."""
+               f1, t, y_ptr, yvar_ptr, prec_ptr, L, M, S: tl.constexpr, base_m, m, mmask, mo,
+               momask, ms, lane_mask, jt, SAVE_PREC: tl.constexpr, SCATTER: tl.constexpr,
+               G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """The 4 steps from ``t`` (``_fwd_step`` of each, unrolled; with ``SCATTER`` their outputs
+    stored together by ``_scatter_outputs4``)."""
+    if SCATTER:
+        lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, prec_ptr, M, S,
+                                     base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+        lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, prec_ptr, M,
+                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+        lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, f1, t + 2, prec_ptr, M,
+                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+        lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, f1, t + 3, prec_ptr, M,
+                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+        _scatter_outputs4(y0, y1, y2, y3, w0, w1, w2, w3, t, y_ptr, yvar_ptr, L, M, base_m, m,
+                          mmask, jt, G)  # fmt: skip
+        return lam, eta
     lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
                          S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, y_ptr, yvar_ptr, prec_ptr,
@@ -333,7 +454,8 @@ def _kla_fwd_kernel(
     L, M, NB, CL, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr,
+    NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr, OUT_SCATTER: tl.constexpr,
+    IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -360,6 +482,9 @@ def _kla_fwd_kernel(
     t_lo = c * CL
     t_hi = tl.minimum(t_lo + CL, L)
     t_tail = t_lo
+    # the 4-step blocks store their outputs by a reduce-scatter (float32, one warp, 4 or 8
+    # threads a channel; shuffles move 32-bit words)
+    SCATTER: tl.constexpr = OUT_SCATTER and dt == tl.float32 and NT == 32 and (G == 4 or G == 8)
     if PREFETCH or BLOCK_PIPE:
         tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
         t_tail = t_lo + (t_hi - t_lo) // 4 * 4
@@ -367,7 +492,8 @@ def _kla_fwd_kernel(
         # blocks of 4 unrolled steps; the next block's inputs are loaded into registers at the
         # top of a block, so their latency is hidden behind 4 steps of arithmetic
         v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
-            v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo, L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+            v_ptr, Lv_ptr, k_ptr, q_ptr, t_lo, L, M, S, base_m, base_s, m, s, mmask, smask, dt,
+            pm, IN_TILE, KQ_TILE, SG, G, NT)  # fmt: skip
         for tb in tl.range(t_lo, t_tail, 4, num_stages=1):  # fmt: skip
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
@@ -377,10 +503,11 @@ def _kla_fwd_kernel(
                                    jt, 2)  # fmt: skip
             n0, nL0, nk0, nq0, n1, nL1, nk1, nq1, n2, nL2, nk2, nq2, n3, nL3, nk3, nq3 = _inputs4(
                 v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4, L, M, S, base_m, base_s, m, s, mmask, smask,
-                dt)  # fmt: skip
+                dt, pm, IN_TILE, KQ_TILE, SG, G, NT)  # fmt: skip
             lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
-                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
-                                  base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, L, M,
+                                  S, base_m, m, mmask, mo, momask, ms, lane_mask, jt, SAVE_PREC,
+                                  SCATTER, G, NT)  # fmt: skip
             v0, L0, k0, q0, v1, L1, k1, q1 = n0, nL0, nk0, nq0, n1, nL1, nk1, nq1
             v2, L2, k2, q2, v3, L3, k3, q3 = n2, nL2, nk2, nq2, n3, nL3, nk3, nq3
     elif BLOCK_PIPE:
@@ -391,10 +518,12 @@ def _kla_fwd_kernel(
             if SAVE_CK:
                 _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
             v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
-                v_ptr, Lv_ptr, k_ptr, q_ptr, tb, L, M, S, base_m, base_s, m, s, mmask, smask, dt)
+                v_ptr, Lv_ptr, k_ptr, q_ptr, tb, L, M, S, base_m, base_s, m, s, mmask, smask, dt,
+                pm, IN_TILE, KQ_TILE, SG, G, NT)  # fmt: skip
             lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
-                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
-                                  base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, L, M,
+                                  S, base_m, m, mmask, mo, momask, ms, lane_mask, jt, SAVE_PREC,
+                                  SCATTER, G, NT)  # fmt: skip
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -961,8 +1090,14 @@ TUNING = {
     # thread (B=4: backward 0.83 against 0.91 ms) or with 4-step intervals; at 4 slots and
     # 8-step intervals it spills (B=8: 4.46 against 3.13 ms)
     "bwd_split_tail": None,
-    # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles; GPU only)
+    # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles)
     "bwd_scatter_sums": True,
+    # the forward's 4-step blocks store y, yvar by a reduce-scatter over a channel's threads
+    "fwd_scatter_out": False,
+    # the forward's 4-step blocks load v, Lv as [4, channels] tiles (one copy of each value)
+    "fwd_tile_loads": False,
+    # ... and k, q as [4, slots] tiles
+    "fwd_tile_kq": False,
     # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
     # (half the live states for twice the checkpoint bytes; not with bwd_chunk_len). None: 4
     # from LARGE lanes (B=8 M=2048, with split tail and reuse: backward 1.95 against 2.74 ms,
@@ -1051,6 +1186,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
                           BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
+                          OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
+                          KQ_TILE=TU["fwd_tile_kq"],
                           num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
