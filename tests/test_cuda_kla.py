@@ -115,9 +115,11 @@ def test_forward_backward_float64(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
 def test_tile_loads_exact(shape, staging, monkeypatch):
     # the forward's 4-step blocks with v, Lv, k, q loaded as [4, channels] and [4, slots]
-    # tiles and the outputs reduce-scattered (in float32 only): exact in float64 on every shape
+    # tiles and the outputs reduce-scattered (in float32 only), the backward's 4 steps with
+    # tiles of v, Lv, gy, gyv, k, q: exact in float64 on every shape
     for key, value in (("fwd_staging", staging), ("fwd_tile_loads", True), ("fwd_tile_kq", True),
-                       ("fwd_scatter_out", True)):  # fmt: skip
+                       ("fwd_scatter_out", True), ("bwd_tiles", True),
+                       ("bwd_reuse_inputs", True)):  # fmt: skip
         monkeypatch.setitem(K.TUNING, key, value)
     assert_exact_in_float64(shape, seed=1)
 
@@ -136,6 +138,9 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"fwd_scatter_out": True}, {"fwd_scatter_out": True, "fwd_staging": "prefetch"},
            {"fwd_tile_loads": True}, {"fwd_tile_kq": True, "fwd_staging": "prefetch"},
            {"fwd_tile_loads": True, "fwd_tile_kq": True, "fwd_scatter_out": True, "ck": 4},
+           {"bwd_tiles": True}, {"bwd_tiles": True, "ck": 4, "bwd_slots": 4},
+           {"bwd_tiles": True, "bwd_reuse_inputs": False}, {"bwd_tiles": True, "bwd_slots": 2,
+                                                             "bwd_split_tail": False},
            # the defaults from 2^17 lanes on, and with the unmasked main loop
            {"bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch", "bwd_reuse_inputs": False},
            {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
@@ -163,8 +168,8 @@ def test_tuning_follows_the_lane_count(monkeypatch):
         "pipeline", True, True)  # fmt: skip
     assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 2)
     assert (many["fwd_staging"], many["bwd_reuse_inputs"], many["bwd_split_tail"]) == (
-        "prefetch", True, True)  # fmt: skip
-    assert (few["ck"], few["fwd_l2_ahead"], many["ck"], many["fwd_l2_ahead"]) == (8, 32, 4, 0)
+        "pipeline", True, True)  # fmt: skip
+    assert (few["ck"], many["ck"]) == (8, 4)
     monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
     assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
     assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]  # 4 slots, 8-step intervals: spills
@@ -250,14 +255,23 @@ def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
     monkeypatch.setitem(K.TUNING, "fwd_staging", staging)
     monkeypatch.setitem(K.TUNING, "fwd_tile_loads", tiles)
     monkeypatch.setitem(K.TUNING, "fwd_tile_kq", tiles)
+    monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
+    monkeypatch.setitem(K.TUNING, "bwd_reuse_inputs", True)
     shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
     x = make_inputs(*shape, seed=6)
     w = weights_for(*shape)
+    # the backward's gv, gLv by the same reduce-scatter (with its tile loads) against per-step
     monkeypatch.setitem(K.TUNING, "fwd_scatter_out", True)
-    got, _ = run(kla_triton, x, torch.float32, w, precision=True)
+    monkeypatch.setitem(K.TUNING, "bwd_tiles", True)
+    got, ggot = run(kla_triton, x, torch.float32, w, precision=True)
     monkeypatch.setitem(K.TUNING, "fwd_scatter_out", False)
-    per_step, _ = run(kla_triton, x, torch.float32, w, precision=True)
-    ref, _ = run(reference, x, torch.float64, w, precision=True)
+    monkeypatch.setitem(K.TUNING, "bwd_tiles", False)
+    per_step, gper = run(kla_triton, x, torch.float32, w, precision=True)
+    ref, gref = run(reference, x, torch.float64, w, precision=True)
+    for name, a, b, r in zip(NAMES, ggot, gper, gref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"grad {name}: scatter against per-step {normwise(a, b):.3e}"
+        err = normwise(a, r)
+        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
     for name, a, b, r in zip(("y", "yvar", "lam", "eta", "precision"), got, per_step, ref,
                              strict=True):  # fmt: skip
         assert torch.isfinite(a).all(), f"{name}: not finite"

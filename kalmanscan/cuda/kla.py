@@ -14,9 +14,13 @@ register sum plus a ``log2 G``-step shuffle, and the per-channel loads (``v, Lv`
 coalesced load per step. The loads of a step do not depend on the state, so they are issued
 ahead of use: the forward walks 4-step blocks, unrolled, whose inputs are either loaded by
 Triton's software pipeliner (``tl.range(num_stages=NS)``) some blocks ahead, as asynchronous
-copies, or loaded into registers a block ahead (``TUNING["fwd_staging"]``); the remaining steps,
-and the backward, use the software pipeliner. The staging, the slots a thread walks and whether
-the backward reuses its recomputation's inputs are chosen by the lane count (``_tuning``). No
+copies, or loaded into registers a block ahead (``TUNING["fwd_staging"]``). A block loads
+``v, Lv`` as ``[4, channels]`` and ``k, q`` as ``[4, slots]`` tiles, one copy of each value,
+which reach the threads that use them through shared memory, and stores its ``y, yvar`` by a
+reduce-scatter over each channel's threads (each thread then stores one step's sums). The
+remaining steps, and the backward, use the software pipeliner step by step. The slots a
+thread walks in the backward and whether it reuses its recomputation's inputs are chosen by
+the lane count (``_tuning``). No
 ``[B, L, M, S]`` tensor is written unless the precisions are asked for.
 
 Backward (exact): the forward saves the state every ``CK`` steps (8, or 4 by ``TUNING["ck"]``;
@@ -303,16 +307,23 @@ def _slot_rows(x4, SG: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):
 
 
 @helper
-def _kq4(k_ptr, q_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.constexpr,
-         G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
-    """``k, q`` of the 4 steps from ``t``, each loaded as one ``[4, G SG]`` tile, then given
-    to the threads of each slot group."""
+def _slot_tile(x_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.constexpr,
+               G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """A ``[B, L, S]`` input at the 4 steps from ``t``, loaded as one ``[4, G SG]`` tile (zeros
+    past ``L``), then given to the threads of each slot group: 4 x ``[SG, NT]``."""
     tt = t + tl.arange(0, 4)
     so = tl.arange(0, G * SG)
     off = base_s + tt[:, None] * S + so[None, :]
     ok = (tt[:, None] < L) & (so[None, :] < S)
-    k0, k1, k2, k3 = _slot_rows(tl.load(k_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
-    q0, q1, q2, q3 = _slot_rows(tl.load(q_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
+    return _slot_rows(tl.load(x_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
+
+
+@helper
+def _kq4(k_ptr, q_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.constexpr,
+         G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """``k, q`` of the 4 steps from ``t``, each loaded as one ``[4, G SG]`` tile."""
+    k0, k1, k2, k3 = _slot_tile(k_ptr, t, L, S, base_s, dt, SG, G, NT)
+    q0, q1, q2, q3 = _slot_tile(q_ptr, t, L, S, base_s, dt, SG, G, NT)
     return k0, q0, k1, q1, k2, q2, k3, q3
 
 
@@ -641,6 +652,30 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
 
 
 @helper
+def _step_from(lam, eta, p, d, af, f1, v, Lv, kk):
+    """One forward step from loaded inputs (the recomputation's arithmetic of ``_step``)."""
+    rden = _rcp(p * lam + d)
+    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
+    return lam_new, eta_new
+
+
+@helper
+def _recompute4_tiles(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S: tl.constexpr,
+                      base_m, base_s, pm, dt: tl.constexpr, SG: tl.constexpr, G: tl.constexpr,
+                      NT: tl.constexpr):  # fmt: skip
+    """``_recompute4`` whose inputs are loaded as tiles (``_vl4``, ``_slot_tile``; zeros past
+    ``L``, as the masked steps read)."""
+    v0, L0, v1, L1, v2, L2, v3, L3 = _vl4(v_ptr, Lv_ptr, t0, L, M, base_m, pm, dt, G, NT)
+    k0, k1, k2, k3 = _slot_tile(k_ptr, t0, L, S, base_s, dt, SG, G, NT)
+    l1, e1 = _step_from(l0, e0, p, d, af, f1, v0, L0, k0)
+    l2, e2 = _step_from(l1, e1, p, d, af, f1, v1, L1, k1)
+    l3, e3 = _step_from(l2, e2, p, d, af, f1, v2, L2, k2)
+    l4, e4 = _step_from(l3, e3, p, d, af, f1, v3, L3, k3)
+    return l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3
+
+
+@helper
 def _recompute4(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S: tl.constexpr, base_m,
                 base_s, m, s, mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """The 4 states after ``(l0, e0)`` from step ``t0`` on, recomputed into registers
@@ -694,11 +729,15 @@ def _adjoint_step(
     t, L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
+    gy_in, gyv_in, q_in, TILE: tl.constexpr, OUT4: tl.constexpr,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
-    step's input gradients, and the dynamics' gradient sums. ``REUSE``: take ``v, Lv, k`` from
-    the recomputation (``v_in, Lv_in, k_in``) instead of loading them again. ``MASKED``: steps
-    past ``L`` change nothing (only the last interval of a lane needs it).
+    step's input gradients, and the dynamics' gradient sums; also the thread's own sums over
+    its slots of ``gv, gLv`` (``[NT]``). ``REUSE``: take ``v, Lv, k`` from the recomputation
+    (``v_in, Lv_in, k_in``) instead of loading them again; ``TILE``: take ``gy, gyv, q`` from
+    ``gy_in, gyv_in, q_in`` (the caller's tiles). ``OUT4``: the caller stores ``gv, gLv``
+    (``_scatter_outputs4``), else they are stored here. ``MASKED``: steps past ``L`` change
+    nothing (only the last interval of a lane needs it).
 
     Written for few instructions a lane: with ``qrl = q / lam`` and
     ``A = gy mean + gyv qrl``, the precision's local gradient is ``-qrl A`` and ``gq``'s term is
@@ -716,9 +755,14 @@ def _adjoint_step(
         kk = k_in
     else:
         vv, Lv, kk = _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S, base_m, base_s, m, s, mm, sm, dt)
-    gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-    gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
-    qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
+    if TILE:
+        gy = gy_in
+        gyv = gyv_in
+        qq = q_in
+    else:
+        gy = tl.load(gy_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+        gyv = tl.load(gyv_ptr + base_m + t * M + m, mask=mm, other=0.0).to(dt)
+        qq = tl.load(q_ptr + base_s + t * S + s, mask=sm, other=0.0).to(dt)
     rl = _rcp(lam)
     qrl = qq * rl
     A = gy[None, :] * (eta * rl) + gyv[None, :] * qrl
@@ -730,11 +774,12 @@ def _adjoint_step(
     # sums over a channel's slots: in the thread, then over its G threads
     sek = tl.sum(Et * kk, axis=0)  # [NT]
     slk = tl.sum(Lt * (kk * kk), axis=0)
-    gv = tl.sum(tl.reshape(Lv * sek, [NT // G, G]), axis=1)
-    gLv = tl.sum(tl.reshape(vv * sek + slk, [NT // G, G]), axis=1)
-    out = base_m + t * M + mo
-    tl.store(gv_ptr + out, gv, mask=omask)
-    tl.store(gLv_ptr + out, gLv, mask=omask)
+    pv = Lv * sek
+    pl = vv * sek + slk
+    if not OUT4:
+        out = base_m + t * M + mo
+        tl.store(gv_ptr + out, tl.sum(tl.reshape(pv, [NT // G, G]), axis=1), mask=omask)
+        tl.store(gLv_ptr + out, tl.sum(tl.reshape(pl, [NT // G, G]), axis=1), mask=omask)
     # sums over the program's channels
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
     xq = A + gyv[None, :] * qrl
@@ -765,7 +810,7 @@ def _adjoint_step(
         gp += dgp
         Lc = n_Lc
         Ec = n_Ec
-    return Lc, Ec, ga, gp
+    return Lc, Ec, ga, gp, pv, pl
 
 
 @helper
@@ -776,33 +821,45 @@ def _adjoint4(
     L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
+    pm, TILE: tl.constexpr, OUT4: tl.constexpr,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
-    them, their inputs ``v, Lv, k``): ``_adjoint_step`` of each, unrolled."""
-    Lc, Ec, ga, gp = _adjoint_step(
+    them, their inputs ``v, Lv, k``): ``_adjoint_step`` of each, unrolled. ``TILE``: ``gy,
+    gyv`` and ``q`` of the 4 steps loaded as tiles; ``OUT4``: ``gv, gLv`` stored by a
+    reduce-scatter (``_scatter_outputs4``)."""
+    if TILE:
+        y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT)
+        q0, q1, q2, q3 = _slot_tile(q_ptr, t0, L, S, base_s, dt, SG, G, NT)
+    else:  # placeholders (unused)
+        y0, w0, y1, w1, y2, w2, y3, w3 = v0, v0, v0, v0, v0, v0, v0, v0
+        q0, q1, q2, q3 = k0, k0, k0, k0
+    Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
+        G, SG, NT, REUSE, MASKED, SCATTER, y3, w3, q3, TILE, OUT4,
     )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
+    Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
+        G, SG, NT, REUSE, MASKED, SCATTER, y2, w2, q2, TILE, OUT4,
     )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
+    Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
+        G, SG, NT, REUSE, MASKED, SCATTER, y1, w1, q1, TILE, OUT4,
     )  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint_step(
+    Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER,
+        G, SG, NT, REUSE, MASKED, SCATTER, y0, w0, q0, TILE, OUT4,
     )  # fmt: skip
+    if OUT4:
+        _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,
+                          base_m, m, mmask, jt, G)  # fmt: skip
     return Lc, Ec, ga, gp
 
 
@@ -814,33 +871,46 @@ def _bwd_interval(
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
+    pm, TILE: tl.constexpr, OUT4: tl.constexpr,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
-    from the checkpoint into registers, then walked back."""
+    from the checkpoint into registers, then walked back. ``TILE``: the inputs of each 4 steps
+    loaded as tiles (and reused by the walk); ``OUT4``: ``gv, gLv`` reduce-scattered."""
     if AHEAD > 0:  # the rows of the interval AHEAD steps earlier into L2
         for i in tl.static_range(CK):
             _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m,
                            jt, 4)  # fmt: skip
     l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
-    l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
-        l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, m, s, mmask,
-        smask, dt, MASKED)  # fmt: skip
-    if CK == 8:  # the second half, then the walk back over it
-        l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
-            _recompute4(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+    if TILE:
+        l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
+            _recompute4_tiles(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+                              base_s, pm, dt, SG, G, NT))  # fmt: skip
+    else:
+        l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
+            _recompute4(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
                         base_s, m, s, mmask, smask, dt, MASKED))  # fmt: skip
+    if CK == 8:  # the second half, then the walk back over it
+        if TILE:
+            l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
+                _recompute4_tiles(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S,
+                                  base_m, base_s, pm, dt, SG, G, NT))  # fmt: skip
+        else:
+            l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
+                _recompute4(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+                            base_s, m, s, mmask, smask, dt, MASKED))  # fmt: skip
         Lc, Ec, ga, gp = _adjoint4(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr,
             gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part,
             m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-            MASKED, SCATTER,
+            MASKED, SCATTER, pm, TILE, OUT4,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr,
         gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt,
         mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE, MASKED, SCATTER,
+        pm, TILE, OUT4,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -853,7 +923,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, CI, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    REUSE: tl.constexpr, SPLIT: tl.constexpr, SCATTER: tl.constexpr,
+    REUSE: tl.constexpr, SPLIT: tl.constexpr, SCATTER: tl.constexpr, TILE_IN: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     pm = tl.program_id(0)
@@ -867,6 +937,10 @@ def _kla_bwd_kernel(
     dt = gv_ptr.dtype.element_ty
     p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     state_off = b.to(tl.int64) * M * S + ms
+    # tiles of each 4 steps' inputs, reused by the walk; gv, gLv reduce-scattered (float32, one
+    # warp, 4 or 8 threads a channel)
+    TILE: tl.constexpr = TILE_IN and REUSE
+    OUT4: tl.constexpr = TILE and dt == tl.float32 and NT == 32 and (G == 4 or G == 8)
     if CHUNKED:  # the adjoints entering the chunk from its end, from the carry pass
         Lc = tl.load(xend_ptr + c * B * M * S + state_off, mask=lane_mask, other=0.0).to(dt)
         Ec = tl.load(xend_ptr + (NC + c) * B * M * S + state_off, mask=lane_mask, other=0.0)
@@ -889,7 +963,7 @@ def _kla_bwd_kernel(
                 Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
                 gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask, smask,
                 momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE, True,
-                SCATTER,
+                SCATTER, pm, TILE, OUT4,
             )  # fmt: skip
             blk_hi -= 1
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
@@ -898,7 +972,7 @@ def _kla_bwd_kernel(
             NB, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
             gk_part_ptr, gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask,
             smask, momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE,
-            not SPLIT, SCATTER,
+            not SPLIT, SCATTER, pm, TILE, OUT4,
         )  # fmt: skip
     # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
     tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
@@ -1069,19 +1143,19 @@ TUNING = {
     "NS": 4,
     "bwd_NS": None,  # 3 with 2 slots a thread, else 2 (4 was 1.4x slower at B=8 M=2048)
     # the forward's staging: "prefetch" (registers, a block ahead), "pipeline" (4-step blocks by
-    # the software pipeline; B=4 M=960 S=16: 0.278 against 0.373 ms, at B=8 M=2048 0.90 / 0.66)
-    # or "steps" (one step at a time, software pipeline). None: "pipeline" below LARGE lanes
-    "fwd_staging": None,
+    # the software pipeline, as asynchronous copies) or "steps" (one step at a time, software
+    # pipeline). With tile loads (below), "pipeline" at both shapes of the kernel issue: B=4
+    # M=960 S=16 forward 0.185 against 0.645 ms (prefetch), B=8 M=2048 0.487 against 0.865
+    "fwd_staging": "pipeline",
     "fwd_chunk_len": 0,  # > 0: time-chunked forward with chunks of this many steps (was slower)
     "bwd_chunk_len": 0,  # > 0: time-chunked backward, chunks of this many steps (multiple of 8)
     "fwd_slots": 4,  # B=8 M=2048: 0.634 against 0.656 ms at 8 (0.674 / 0.838 saving checkpoints)
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
-    # > 0: prefetch the rows of v, Lv this many steps ahead into L2. None: 32 below LARGE lanes
-    # (B=4 M=960: the forward saving checkpoints 0.281 against 0.301 ms), else 0 (B=8 M=2048:
-    # the forward 0.815 against 0.634 ms)
-    "fwd_l2_ahead": None,
+    # > 0: prefetch the rows of v, Lv this many steps ahead into L2 (with tile loads: B=4 M=960
+    # 0.185 against 0.183 ms at 32, B=8 M=2048 0.485 against 0.487; without them 32 hurt at B=8)
+    "fwd_l2_ahead": 0,
     "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
     # the adjoint walk reuses the recomputation's v, Lv, k (B=4: backward 0.95 against 1.14 ms;
     # at 4 slots a thread and 8-step intervals it spills). None: unless 4 slots and ck 8
@@ -1093,11 +1167,16 @@ TUNING = {
     # sums over channels of gk, gq reduce-scattered over the warp (fewer shuffles)
     "bwd_scatter_sums": True,
     # the forward's 4-step blocks store y, yvar by a reduce-scatter over a channel's threads
-    "fwd_scatter_out": False,
-    # the forward's 4-step blocks load v, Lv as [4, channels] tiles (one copy of each value)
-    "fwd_tile_loads": False,
-    # ... and k, q as [4, slots] tiles
-    "fwd_tile_kq": False,
+    # (float32; 6 shuffles a thread per block instead of 24) and load v, Lv as [4, channels]
+    # and k, q as [4, slots] tiles (one copy of each value, not one per thread that uses it):
+    # compiled loop 438 -> 333 instructions per block; B=4 M=960 S=16 forward 0.277 -> 0.185
+    # ms, B=8 M=2048 0.633 -> 0.487 (benchmarks/results/2026-11-29-s6-fwd-tiles.json)
+    "fwd_scatter_out": True,
+    "fwd_tile_loads": True,
+    "fwd_tile_kq": True,
+    # the backward loads each 4 steps' v, Lv, gy, gyv as [4, channels] and k, q as [4, slots]
+    # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter
+    "bwd_tiles": False,
     # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
     # (half the live states for twice the checkpoint bytes; not with bwd_chunk_len). None: 4
     # from LARGE lanes (B=8 M=2048, with split tail and reuse: backward 1.95 against 2.74 ms,
@@ -1116,14 +1195,12 @@ def _tuning(lanes: int) -> dict:
     if t["bwd_NS"] is None:
         t["bwd_NS"] = 3 if t["bwd_slots"] == 2 else 2
     if t["fwd_staging"] is None:
-        t["fwd_staging"] = "prefetch" if large else "pipeline"
+        t["fwd_staging"] = "pipeline"
     if t["fwd_staging"] not in ("prefetch", "pipeline", "steps"):
         raise ValueError(
             "TUNING['fwd_staging']: expected 'prefetch', 'pipeline', 'steps' or None, got "
             f"{t['fwd_staging']!r}"
         )
-    if t["fwd_l2_ahead"] is None:
-        t["fwd_l2_ahead"] = 0 if large else 32
     if t["ck"] is None:
         t["ck"] = 4 if large and not t["bwd_chunk_len"] else 8
     if t["bwd_reuse_inputs"] is None:
@@ -1244,6 +1321,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
                                   AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
                                   SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
+                                  TILE_IN=TU["bwd_tiles"],
                                   num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
