@@ -379,8 +379,11 @@ def kernel_resources():
     kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
     kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
                  AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
-                 SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"])  # fmt: skip
-    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline")
+                 SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"],
+                 TILE_IN=tu["bwd_tiles"])  # fmt: skip
+    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline",
+                 OUT_SCATTER=tu["fwd_scatter_out"], IN_TILE=tu["fwd_tile_loads"],
+                 KQ_TILE=tu["fwd_tile_kq"])  # fmt: skip
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
@@ -422,13 +425,13 @@ def kernel_resources():
         # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
         "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig),
-                        dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=2,
-                             SPLIT=True, REUSE=True), 1),
+                        dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=3,
+                             SPLIT=True, REUSE=True, AHEAD=32), 1),
         "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
                          {k: v for k, v in dict(kla_b, HAS_GPREC=False).items()
-                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER")},
+                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN")},
                          1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),

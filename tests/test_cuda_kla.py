@@ -166,12 +166,15 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"]) == (4, 2, 3)
     assert (few["fwd_staging"], few["bwd_reuse_inputs"], few["bwd_split_tail"]) == (
         "pipeline", True, True)  # fmt: skip
-    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 2)
+    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 3)
     assert (many["fwd_staging"], many["bwd_reuse_inputs"], many["bwd_split_tail"]) == (
         "pipeline", True, True)  # fmt: skip
-    assert (few["ck"], many["ck"]) == (8, 4)
+    assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 4, 0, 32)
     monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
+    assert K._tuning(4 * 960 * 16)["bwd_NS"] == 3  # with tiles
+    monkeypatch.setitem(K.TUNING, "bwd_tiles", False)
     assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
+    monkeypatch.setitem(K.TUNING, "bwd_tiles", True)
     assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]  # 4 slots, 8-step intervals: spills
     assert not K._tuning(4 * 960 * 16)["bwd_reuse_inputs"]
     monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 16)  # the chunked backward takes ck 8

@@ -1141,7 +1141,9 @@ def _kla_bwd_carry_kernel(maps_ptr, glT_ptr, geT_ptr, xend_ptr, N, NC, NS: tl.co
 # on the H200 (each checked against the default first): benchmarks/results/2026-11-29-s*-kla-*.
 TUNING = {
     "NS": 4,
-    "bwd_NS": None,  # 3 with 2 slots a thread, else 2 (4 was 1.4x slower at B=8 M=2048)
+    # None: 3 with 2 slots a thread or tile loads, else 2 (4 was 1.4x slower at B=8 M=2048;
+    # with tiles at B=8 M=2048 3 gives a backward of 1.52 against 1.67 ms)
+    "bwd_NS": None,
     # the forward's staging: "prefetch" (registers, a block ahead), "pipeline" (4-step blocks by
     # the software pipeline, as asynchronous copies) or "steps" (one step at a time, software
     # pipeline). With tile loads (below), "pipeline" at both shapes of the kernel issue: B=4
@@ -1156,7 +1158,10 @@ TUNING = {
     # > 0: prefetch the rows of v, Lv this many steps ahead into L2 (with tile loads: B=4 M=960
     # 0.185 against 0.183 ms at 32, B=8 M=2048 0.485 against 0.487; without them 32 hurt at B=8)
     "fwd_l2_ahead": 0,
-    "bwd_l2_ahead": 32,  # > 0: prefetch v, Lv, gy, gyv this many steps back into L2
+    # > 0: prefetch v, Lv, gy, gyv this many steps back into L2. None: 32 from LARGE lanes
+    # (with tiles, B=8 M=2048: backward 1.68 against 1.81 ms at 0), else 0 (B=4 M=960: 0.63
+    # against 0.66)
+    "bwd_l2_ahead": None,
     # the adjoint walk reuses the recomputation's v, Lv, k (B=4: backward 0.95 against 1.14 ms;
     # at 4 slots a thread and 8-step intervals it spills). None: unless 4 slots and ck 8
     "bwd_reuse_inputs": None,
@@ -1175,8 +1180,9 @@ TUNING = {
     "fwd_tile_loads": True,
     "fwd_tile_kq": True,
     # the backward loads each 4 steps' v, Lv, gy, gyv as [4, channels] and k, q as [4, slots]
-    # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter
-    "bwd_tiles": False,
+    # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter: B=4
+    # M=960 backward 0.81 -> 0.63 ms, B=8 M=2048 1.95 -> 1.52 (s6-bwd-tiles.json)
+    "bwd_tiles": True,
     # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
     # (half the live states for twice the checkpoint bytes; not with bwd_chunk_len). None: 4
     # from LARGE lanes (B=8 M=2048, with split tail and reuse: backward 1.95 against 2.74 ms,
@@ -1193,7 +1199,9 @@ def _tuning(lanes: int) -> dict:
     if t["bwd_slots"] is None:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_NS"] is None:
-        t["bwd_NS"] = 3 if t["bwd_slots"] == 2 else 2
+        t["bwd_NS"] = 3 if t["bwd_slots"] == 2 or t["bwd_tiles"] else 2
+    if t["bwd_l2_ahead"] is None:
+        t["bwd_l2_ahead"] = 32 if large else 0
     if t["fwd_staging"] is None:
         t["fwd_staging"] = "pipeline"
     if t["fwd_staging"] not in ("prefetch", "pipeline", "steps"):
