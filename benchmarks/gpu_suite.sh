@@ -28,13 +28,11 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
-KLA_VARIANTS='[{"bwd_l2_ahead": 0}, {"bwd_split_tail": true}, {"bwd_split_tail": false},
- {"bwd_scatter_sums": false}, {"bwd_reuse_inputs": true}, {"bwd_reuse_inputs": false},
- {"fwd_staging": "prefetch"}, {"fwd_staging": "pipeline"}, {"fwd_l2_ahead": 32},
- {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4, "bwd_NS": 2}, {"fwd_slots": 2},
- {"ck": 4}, {"ck": 4, "bwd_split_tail": true, "bwd_reuse_inputs": true},
- {"ck": 4, "bwd_slots": 2, "bwd_NS": 3, "bwd_split_tail": true, "bwd_reuse_inputs": true},
- {"ck": 4, "bwd_NS": 3}]'
+KLA_VARIANTS='[{"bwd_tiles": false}, {"fwd_tile_kq": false}, {"fwd_tile_loads": false, "fwd_tile_kq": false},
+ {"fwd_scatter_out": false}, {"fwd_staging": "prefetch"}, {"fwd_l2_ahead": 32},
+ {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8}, {"ck": 4},
+ {"fwd_slots": 2}, {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4},
+ {"bwd_split_tail": false}, {"bwd_scatter_sums": false}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
