@@ -219,6 +219,15 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
+def assert_float32_grads(got, other, ref, what):
+    """Float32 gradients within 1e-5 (normwise) of another configuration's and within the
+    kernel tolerance of the float64 reference's."""
+    for name, a, b, r in zip(NAMES, got, other, ref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"grad {name}: {what} {normwise(a, b):.3e}"
+        err = normwise(a, r)
+        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
+
+
 @pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), (4, 16, 1), (2, 12, 1), (4, 12, 1),
                                            (4, 32, 2)])  # fmt: skip
 def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
@@ -235,10 +244,7 @@ def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     monkeypatch.setitem(K.TUNING, "bwd_scatter_sums", False)
     _, g_sum = run(kla_triton, x, torch.float32, w, precision=False)
     _, gref = run(reference, x, torch.float64, w, precision=False)
-    for name, a, b, r in zip(NAMES, g_scatter, g_sum, gref, strict=True):
-        assert normwise(a, b) <= 1e-5, f"grad {name}: scatter against tl.sum {normwise(a, b):.3e}"
-        err = normwise(a, r)
-        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
+    assert_float32_grads(g_scatter, g_sum, gref, "scatter against tl.sum")
 
 
 @pytest.mark.parametrize("slots,S,staging,tiles", [(4, 16, "pipeline", False),
@@ -271,10 +277,7 @@ def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
     monkeypatch.setitem(K.TUNING, "bwd_tiles", False)
     per_step, gper = run(kla_triton, x, torch.float32, w, precision=True)
     ref, gref = run(reference, x, torch.float64, w, precision=True)
-    for name, a, b, r in zip(NAMES, ggot, gper, gref, strict=True):
-        assert normwise(a, b) <= 1e-5, f"grad {name}: scatter against per-step {normwise(a, b):.3e}"
-        err = normwise(a, r)
-        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
+    assert_float32_grads(ggot, gper, gref, "scatter against per-step")
     for name, a, b, r in zip(("y", "yvar", "lam", "eta", "precision"), got, per_step, ref,
                              strict=True):  # fmt: skip
         assert torch.isfinite(a).all(), f"{name}: not finite"
