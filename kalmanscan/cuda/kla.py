@@ -1155,8 +1155,9 @@ TUNING = {
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
     "bwd_warps": 1,
-    # > 0: prefetch the rows of v, Lv this many steps ahead into L2 (with tile loads: B=4 M=960
-    # 0.185 against 0.183 ms at 32, B=8 M=2048 0.485 against 0.487; without them 32 hurt at B=8)
+    # > 0: prefetch the rows of v, Lv this many steps ahead into L2 (with tile loads, 32 steps
+    # against none: B=4 M=960 0.185 against 0.183 ms, B=8 M=2048 0.485 against 0.487; without
+    # them 32 hurt at B=8)
     "fwd_l2_ahead": 0,
     # > 0: prefetch v, Lv, gy, gyv this many steps back into L2. None: 32 from LARGE lanes
     # (with tiles, B=8 M=2048: backward 1.68 against 1.81 ms at 0), else 0 (B=4 M=960: 0.63
