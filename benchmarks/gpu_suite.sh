@@ -32,7 +32,8 @@ KLA_VARIANTS='[{"bwd_tiles": false}, {"fwd_tile_kq": false}, {"fwd_tile_loads": 
  {"fwd_scatter_out": false}, {"fwd_staging": "prefetch"}, {"fwd_l2_ahead": 32},
  {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8}, {"ck": 4},
  {"fwd_slots": 2}, {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4},
- {"bwd_split_tail": false}, {"bwd_scatter_sums": false}]'
+ {"bwd_split_tail": false}, {"bwd_scatter_sums": false}, {"bwd_warps": 2}, {"bwd_warps": 4},
+ {"bwd_warps": 2, "bwd_slots": 4}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"

@@ -139,6 +139,7 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"fwd_tile_loads": True}, {"fwd_tile_kq": True, "fwd_staging": "prefetch"},
            {"fwd_tile_loads": True, "fwd_tile_kq": True, "fwd_scatter_out": True, "ck": 4},
            {"bwd_tiles": True}, {"bwd_tiles": True, "ck": 4, "bwd_slots": 4},
+           {"bwd_warps": 2}, {"bwd_warps": 4, "bwd_slots": 4, "ck": 4}, {"fwd_warps": 2},
            {"bwd_tiles": True, "bwd_reuse_inputs": False}, {"bwd_tiles": True, "bwd_slots": 2,
                                                              "bwd_split_tail": False},
            # the defaults from 2^17 lanes on, and with the unmasked main loop
@@ -229,12 +230,14 @@ def assert_float32_grads(got, other, ref, what):
 
 
 @pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), (4, 16, 1), (2, 12, 1), (4, 12, 1),
-                                           (4, 32, 2)])  # fmt: skip
+                                           (4, 32, 2), (2, 16, 2), (4, 16, 4),
+                                           (2, 12, 4)])  # fmt: skip
 def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
     # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots; 2 warps a
-    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled; the
-    # interpreter runs one warp and moves values between lanes by indexing)
+    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled; at
+    # S = 16 and 12 with 2 or 4 warps each warp's sums are added over the warps; the
+    # interpreter moves values between lanes by indexing)
     monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
     monkeypatch.setitem(K.TUNING, "bwd_warps", warps)
     shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
@@ -254,7 +257,8 @@ def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
                                                    (4, 8, "pipeline", False),
                                                    (4, 16, "pipeline", True),
                                                    (4, 16, "prefetch", True),
-                                                   (2, 12, "pipeline", True)])  # fmt: skip
+                                                   (2, 12, "pipeline", True),
+                                                   (4, 16, "pipeline", 2)])  # fmt: skip
 def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
     # float32 outputs of the forward whose 4-step blocks store y, yvar by a reduce-scatter over
     # a channel's threads (4 of them at 4 slots and S = 16, 8 at 2 slots; S = 12: padded slots;
@@ -262,8 +266,11 @@ def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
     # float64 reference; L is not a multiple of the blocks and M not of a program's channels
     monkeypatch.setitem(K.TUNING, "fwd_slots", slots)
     monkeypatch.setitem(K.TUNING, "fwd_staging", staging)
-    monkeypatch.setitem(K.TUNING, "fwd_tile_loads", tiles)
-    monkeypatch.setitem(K.TUNING, "fwd_tile_kq", tiles)
+    # tiles = 2: the tile loads with 2 warps a program in both directions
+    monkeypatch.setitem(K.TUNING, "fwd_tile_loads", bool(tiles))
+    monkeypatch.setitem(K.TUNING, "fwd_tile_kq", bool(tiles))
+    monkeypatch.setitem(K.TUNING, "fwd_warps", 2 if tiles == 2 else 1)
+    monkeypatch.setitem(K.TUNING, "bwd_warps", 2 if tiles == 2 else 1)
     monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
     monkeypatch.setitem(K.TUNING, "bwd_reuse_inputs", True)
     shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)

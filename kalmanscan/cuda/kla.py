@@ -182,16 +182,18 @@ def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: t
 def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
                           G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
     """``_store_channel_sums`` by a reduce-scatter where the ``2 SG`` values of a thread
-    match the ``NT / G`` threads of its slot group (float32, ``S`` of 9 to 16, one warp, 2
-    or 4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
-    (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(NT / G)``) and leave thread
-    ``c`` of the group with value ``c``'s sum, which it stores."""
-    # (shuffles stay in a warp: with 2 warps a program and S of 17 to 32 the values
-    # would match the threads of a group, but the group spans both warps)
-    if xk.dtype != tl.float32 or NT != 32 or 2 * SG != NT // G or (SG != 2 and SG != 4):
+    match the ``32 / G`` threads of its slot group in a warp (float32, ``S`` of 9 to 16, 2 or
+    4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
+    (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(32 / G)``) and leave thread ``c``
+    of the group with value ``c``'s sum over the warp's channels. With several warps a
+    program, the warps' sums are then added through shared memory (one ``tl.sum`` over the
+    warps), so a program writes one partial for all its channels."""
+    # (shuffles stay in a warp: the slot groups must fit in one, as at S of 17 to 32 with 2
+    # warps a program they would not)
+    if xk.dtype != tl.float32 or NT % 32 != 0 or 2 * SG != 32 // G or (SG != 2 and SG != 4):
         _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
     else:
-        c = jt // G  # the thread's place among the threads of its slot group
+        c = (jt % 32) // G  # the thread's place among its warp's threads of its slot group
         if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
             hi = ((c >> 2) & 1) == 1
             y0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 4 * G)
@@ -205,8 +207,14 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
             hi = ((c >> 1) & 1) == 1
             z0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 2 * G)
             z1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 2 * G)
-        w = _swap_add(z0, z1, (c & 1) == 1, G)  # the sum of value c
-        slot = (jt % G) * SG + c % SG
+        w = _swap_add(z0, z1, (c & 1) == 1, G)  # the warp's sum of value c
+        if NT > 32:  # the sum over the warps, held by the lanes of one warp's layout
+            w = tl.sum(tl.reshape(w, [NT // 32, 32]), axis=0)
+            j32 = tl.arange(0, 32)
+            c = j32 // G
+            slot = (j32 % G) * SG + c % SG
+        else:
+            slot = (jt % G) * SG + c % SG
         ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
         tl.store(ptr, w, mask=(slot < S) & ((slot * 0 + t) < L))
 
@@ -495,7 +503,8 @@ def _kla_fwd_kernel(
     t_tail = t_lo
     # the 4-step blocks store their outputs by a reduce-scatter (float32, one warp, 4 or 8
     # threads a channel; shuffles move 32-bit words)
-    SCATTER: tl.constexpr = OUT_SCATTER and dt == tl.float32 and NT == 32 and (G == 4 or G == 8)
+    SCATTER: tl.constexpr = OUT_SCATTER and dt == tl.float32 and NT % 32 == 0 and (
+        G == 4 or G == 8)  # fmt: skip
     if PREFETCH or BLOCK_PIPE:
         tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
         t_tail = t_lo + (t_hi - t_lo) // 4 * 4
@@ -940,7 +949,7 @@ def _kla_bwd_kernel(
     # tiles of each 4 steps' inputs, reused by the walk; gv, gLv reduce-scattered (float32, one
     # warp, 4 or 8 threads a channel)
     TILE: tl.constexpr = TILE_IN and REUSE
-    OUT4: tl.constexpr = TILE and dt == tl.float32 and NT == 32 and (G == 4 or G == 8)
+    OUT4: tl.constexpr = TILE and dt == tl.float32 and NT % 32 == 0 and (G == 4 or G == 8)
     if CHUNKED:  # the adjoints entering the chunk from its end, from the carry pass
         Lc = tl.load(xend_ptr + c * B * M * S + state_off, mask=lane_mask, other=0.0).to(dt)
         Ec = tl.load(xend_ptr + (NC + c) * B * M * S + state_off, mask=lane_mask, other=0.0)
@@ -1154,6 +1163,10 @@ TUNING = {
     "fwd_slots": 4,  # B=8 M=2048: 0.634 against 0.656 ms at 8 (0.674 / 0.838 saving checkpoints)
     "fwd_warps": 1,
     "bwd_slots": None,  # 2 below LARGE lanes (more warps for a latency-bound walk), else 4
+    # warps a program in the backward: with more, the reduce-scattered gk, gq of each warp are
+    # added over the warps (shared memory, 4 barriers a step), so a program writes one partial
+    # for 2 or 4 times the channels (B=4 M=960: 240 partials of [B, L, S] a call at 1 warp).
+    # Untimed: compiled at 2 slots, 1095 instructions an 8-step interval at 1 warp, 1179 at 2
     "bwd_warps": 1,
     # > 0: prefetch the rows of v, Lv this many steps ahead into L2 (with tile loads, 32 steps
     # against none: B=4 M=960 0.185 against 0.183 ms, B=8 M=2048 0.485 against 0.487; without
@@ -1230,7 +1243,7 @@ def _config(S: int, which: str, tuning: dict):
     """``(G, SG, NT, num_warps)``: ``SG`` slots a thread, ``G`` threads a channel, ``NT``
     threads a program."""
     SP = next_pow2(S)
-    warps = 1 if interpreting() else tuning[which + "_warps"]
+    warps = tuning[which + "_warps"]  # (the interpreter runs the program's NT threads at once)
     NT = 32 * warps
     SG = max(min(tuning[which + "_slots"], SP), SP // NT)
     return SP // SG, SG, NT, warps
