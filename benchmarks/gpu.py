@@ -427,6 +427,13 @@ def kernel_resources():
         "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                         dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=3,
                              SPLIT=True, REUSE=True, AHEAD=32), 1),
+        # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
+        # addresses rows of both types
+        "kla_bwd_half": (K._kla_bwd_kernel,
+                         dict(kla_bwd_sig, v_ptr="*bf16", Lv_ptr="*bf16", k_ptr="*bf16",
+                              q_ptr="*bf16"),
+                         dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=3,
+                              SPLIT=True, REUSE=True, AHEAD=32), 1),
         "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
                             dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,

@@ -293,15 +293,29 @@ def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_inputs_compute_in_float32(dtype, monkeypatch):
+@pytest.mark.parametrize("l2_ahead", [0, 8], ids=["no-prefetch", "l2-prefetch"])
+def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
     if not CUDA:  # let backend="triton" take CPU tensors (the interpreter runs the kernel)
         from kalmanscan.core import kla_op
 
         monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+    # the L2 prefetches address half inputs and float32 gradients in one instruction
+    monkeypatch.setitem(K.TUNING, "fwd_l2_ahead", l2_ahead)
+    monkeypatch.setitem(K.TUNING, "bwd_l2_ahead", l2_ahead)
     shape = (2, 100, 8, 16) if CUDA else (1, 12, 3, 4)
     x = {n: t.to(dtype) for n, t in make_inputs(*shape, seed=4).items()}
     got = kla_filter(**x, backend="triton")
     assert got.y.dtype == torch.float32
+    # gradients reach the half inputs, as float32 inputs holding the same values get them
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    leaves32 = {n: t.float().requires_grad_(True) for n, t in x.items()}
+    for xs in (leaves, leaves32):
+        r = kla_filter(**xs, backend="triton")
+        (r.y.sum() + 0.5 * r.yvar.sum()).backward()
+    for n in x:
+        assert leaves[n].grad.dtype == dtype, n
+        err = normwise(leaves[n].grad.float(), leaves32[n].grad.to(dtype).float())
+        assert err <= 1e-2, f"grad {n}: {err:.3e} against float32 inputs"
     # computing in float32 means: the same result as float32 inputs holding the same values
     same = kla_filter(**{n: t.float() for n, t in x.items()}, backend="triton")
     pairs = zip((got.y, got.yvar, *got.final), (same.y, same.yvar, *same.final), strict=True)

@@ -34,6 +34,7 @@ KERNELS = [
     "kla_chunk_maps",
     "kla_bwd",
     "kla_bwd_ck4",
+    "kla_bwd_half",
     "kla_bwd_chunked",
     "kla_bwd_maps",
     "filter_fwd",
@@ -52,6 +53,7 @@ BUDGET = {
     "kla_chunk_maps": (255, 0),
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
+    "kla_bwd_half": (255, 0),
     "kla_bwd_chunked": (255, 64),
     "kla_bwd_maps": (255, 64),
 }

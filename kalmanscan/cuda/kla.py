@@ -86,11 +86,11 @@ else:
 
     @triton.jit
     def _prefetch_l2(ptrs):
-        """Ask for the lines at ``ptrs`` to be brought into L2 (``prefetch.global.L2``, one
-        instruction a warp, no register waits on it): the later loads of those rows then find
-        them in L2 instead of device memory."""
+        """Ask for the lines at ``ptrs`` (int64 addresses) to be brought into L2
+        (``prefetch.global.L2``, one instruction a warp, no register waits on it): the later
+        loads of those rows then find them in L2 instead of device memory."""
         tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64, bitcast=False)],
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
             dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
 
@@ -129,10 +129,11 @@ def _prefetch_rows(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, m, j, NPTR: tl.c
     tc = tl.minimum(tl.maximum(t, 0), L - 1)
     off = base_m + tc * M + tl.minimum(m, M - 1)
     sel = j % NPTR
-    ptrs = tl.where(sel == 0, ptr_a + off, ptr_b + off)
+    # as addresses: the arrays may differ in type (half inputs, float32 gradients)
+    ptrs = tl.where(sel == 0, (ptr_a + off).to(tl.int64), (ptr_b + off).to(tl.int64))
     if NPTR > 2:
-        ptrs = tl.where(sel == 2, ptr_c + off, ptrs)
-        ptrs = tl.where(sel == 3, ptr_d + off, ptrs)
+        ptrs = tl.where(sel == 2, (ptr_c + off).to(tl.int64), ptrs)
+        ptrs = tl.where(sel == 3, (ptr_d + off).to(tl.int64), ptrs)
     _prefetch_l2(ptrs)
 
 
