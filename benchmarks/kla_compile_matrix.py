@@ -1,0 +1,76 @@
+"""Compile the KLA kernels for sm_90 (no GPU needed) over a matrix of shapes and settings, with
+every default feature on (tile loads, reduce-scatters, L2 prefetch in the backward, the
+precisions output, the gradient of the precisions): slots S of 1, 12, 16 and 64, programs of 1
+and 2 warps, float32, float64 and bfloat16 inputs, 2 and 4 slots a thread. The interpreter does
+not lower a kernel to the GPU, so this is how a change is checked to compile everywhere before
+a device session. Prints each failure and the count (about 20 minutes on 2 cores):
+
+    python benchmarks/kla_compile_matrix.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+FWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr lamT_ptr "
+            "etaT_ptr prec_ptr ck_ptr start_ptr")  # fmt: skip
+BWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr gprec_ptr "
+            "gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr xend_ptr")
+INPUTS = ("v_ptr", "Lv_ptr", "k_ptr", "q_ptr")  # half inputs stay half; the rest is float32
+
+
+def signature(fn, ptrs, ints, consts, dt):
+    compute = "fp64" if dt == "fp64" else "fp32"
+    d = {n: (f"*{dt}" if n in INPUTS else f"*{compute}") for n in ptrs.split()}
+    d.update({n: "i32" for n in ints.split()})
+    d.update({c: "constexpr" for c in consts})
+    return {n: d[n] for n in fn.arg_names}
+
+
+def main():
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kalmanscan.cuda import kla as K
+
+    failures = 0
+    matrix = itertools.product([1, 12, 16, 64], [1, 2], ["fp32", "fp64", "bf16"], [2, 4])
+    for S, warps, dt, slots in matrix:
+        SP = 1 << (S - 1).bit_length()
+        NT = 32 * warps
+        SG = max(min(slots, SP), SP // NT)
+        G = SP // SG
+        common = dict(S=S, G=G, SG=SG, NT=NT)
+        cases = {
+            "fwd": (K._kla_fwd_kernel, FWD_PTRS, "L M NB CL",
+                    dict(common, CK=8, NS=4, SAVE_PREC=True, SAVE_CK=True, PREFETCH=False,
+                         CHUNKED=False, AHEAD=0, BLOCK_PIPE=True, OUT_SCATTER=True, IN_TILE=True,
+                         KQ_TILE=True)),
+            "bwd": (K._kla_bwd_kernel, BWD_PTRS, "L M NB B CI",
+                    dict(common, CK=4 if slots == 4 else 8, NS=3, HAS_GPREC=True, CHUNKED=False,
+                         AHEAD=32, REUSE=True, SPLIT=True, SCATTER=True, TILE_IN=True)),
+        }  # fmt: skip
+        for which, (fn, ptrs, ints, consts) in cases.items():
+            sg = signature(fn, ptrs, ints, consts, dt)
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                     if n.endswith("_ptr")}  # fmt: skip
+            src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
+            try:
+                triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            except Exception as e:  # report every failing configuration, then the count
+                failures += 1
+                cause = e
+                while cause.__cause__ is not None:
+                    cause = cause.__cause__
+                print(f"FAIL {which} S={S} warps={warps} {dt} slots={slots}: "
+                      f"{str(cause).splitlines()[-1][:200]}", flush=True)  # fmt: skip
+    print(f"failures: {failures}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
