@@ -98,9 +98,9 @@ else:
 if interpreting():
 
     def _shfl_xor(x, lanes):
-        """``x [NT]`` of the thread whose lane is this lane XOR ``lanes`` (element ``j`` of a
-        one-warp ``[NT]`` tensor lives in lane ``j``), here by indexing the interpreter's
-        array."""
+        """``x [NT]`` of the thread whose lane is this lane XOR ``lanes`` (element ``j`` of an
+        ``[NT]`` tensor lives in lane ``j % 32`` of warp ``j // 32``, and ``lanes < 32`` keeps
+        the partner in the warp), here by indexing the interpreter's array."""
         from triton.runtime.interpreter import TensorHandle
 
         lanes = int(getattr(lanes, "value", lanes))
