@@ -377,10 +377,16 @@ def kernel_resources():
     # S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
     tu = K._tuning(4 * 960 * 16)
     kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
-    kla_b = dict(kla_c, NS=tu["bwd_NS"], G=16 // tu["bwd_slots"], SG=tu["bwd_slots"],
-                 AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
-                 SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"],
-                 TILE_IN=tu["bwd_tiles"])  # fmt: skip
+
+    def bwd_consts(tu):
+        return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
+                    SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
+                    SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"],
+                    TILE_IN=tu["bwd_tiles"], HAS_GPREC=False, CHUNKED=False)  # fmt: skip
+
+    kla_b = bwd_consts(tu)
+    # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
+    kla_b_many = bwd_consts(K._tuning(8 * 2048 * 16))
     kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline",
                  OUT_SCATTER=tu["fwd_scatter_out"], IN_TILE=tu["fwd_tile_loads"],
                  KQ_TILE=tu["fwd_tile_kq"])  # fmt: skip
@@ -420,25 +426,21 @@ def kernel_resources():
                                  CHUNKED=True), 1),
         "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
-        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b, HAS_GPREC=False, CHUNKED=False),
-                    1),
+        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
-        "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig),
-                        dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=3,
-                             SPLIT=True, REUSE=True, AHEAD=32), 1),
+        "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_many, 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (K._kla_bwd_kernel,
                          dict(kla_bwd_sig, v_ptr="*bf16", Lv_ptr="*bf16", k_ptr="*bf16",
                               q_ptr="*bf16"),
-                         dict(kla_b, HAS_GPREC=False, CHUNKED=False, CK=4, SG=4, G=4, NS=3,
-                              SPLIT=True, REUSE=True, AHEAD=32), 1),
+                         dict(kla_b_many), 1),
         "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
-                            dict(kla_b, HAS_GPREC=False, CHUNKED=True), 1),
+                            dict(kla_b, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
-                         {k: v for k, v in dict(kla_b, HAS_GPREC=False).items()
-                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN")},
+                         {k: v for k, v in kla_b.items()
+                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN", "CHUNKED")},
                          1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),

@@ -138,10 +138,9 @@ def _prefetch_rows(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, m, j, NPTR: tl.c
 
 
 @helper
-def _slot_sum(x, G: tl.constexpr, NT: tl.constexpr):
-    """``[SG, NT] -> [NT // G]``: the sum over the slots of each channel (registers, then the
-    ``G`` neighbouring threads of the channel)."""
-    return tl.sum(tl.reshape(tl.sum(x, axis=0), [NT // G, G]), axis=1)
+def _group_sum(x, G: tl.constexpr, NT: tl.constexpr):
+    """``[NT] -> [NT // G]``: the sum over the ``G`` neighbouring threads of each channel."""
+    return tl.sum(tl.reshape(x, [NT // G, G]), axis=1)
 
 
 @helper
@@ -165,6 +164,22 @@ def _swap_add(keep_lo, keep_hi, hi, lanes):
     keep = tl.where(hi, keep_hi, keep_lo)
     send = tl.where(hi, keep_lo, keep_hi)
     return keep + _shfl_xor(send, lanes)
+
+
+@helper
+def _reduce_scatter8(a0, a1, a2, a3, b0, b1, b2, b3, c, unit: tl.constexpr):
+    """A reduce-scatter of 8 values a thread (``a0..a3``, then ``b0..b3``) over the 8 threads
+    ``c = 0..7`` spaced ``unit`` lanes apart: 3 butterfly rounds (7 shuffles) each exchange half
+    the values left and leave thread ``c`` with value ``c``'s sum."""
+    hi = ((c >> 2) & 1) == 1
+    y0 = _swap_add(a0, b0, hi, 4 * unit)
+    y1 = _swap_add(a1, b1, hi, 4 * unit)
+    y2 = _swap_add(a2, b2, hi, 4 * unit)
+    y3 = _swap_add(a3, b3, hi, 4 * unit)
+    hi = ((c >> 1) & 1) == 1
+    z0 = _swap_add(y0, y2, hi, 2 * unit)
+    z1 = _swap_add(y1, y3, hi, 2 * unit)
+    return _swap_add(z0, z1, (c & 1) == 1, unit)
 
 
 @helper
@@ -196,19 +211,14 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
     else:
         c = (jt % 32) // G  # the thread's place among its warp's threads of its slot group
         if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
-            hi = ((c >> 2) & 1) == 1
-            y0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 4 * G)
-            y1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 4 * G)
-            y2 = _swap_add(_row(xk, 2, SG), _row(xq, 2, SG), hi, 4 * G)
-            y3 = _swap_add(_row(xk, 3, SG), _row(xq, 3, SG), hi, 4 * G)
-            hi = ((c >> 1) & 1) == 1
-            z0 = _swap_add(y0, y2, hi, 2 * G)
-            z1 = _swap_add(y1, y3, hi, 2 * G)
+            w = _reduce_scatter8(_row(xk, 0, SG), _row(xk, 1, SG), _row(xk, 2, SG),
+                                 _row(xk, 3, SG), _row(xq, 0, SG), _row(xq, 1, SG),
+                                 _row(xq, 2, SG), _row(xq, 3, SG), c, G)  # fmt: skip
         else:  # SG == 2: values 0-1: xk's rows, 2-3: xq's
             hi = ((c >> 1) & 1) == 1
             z0 = _swap_add(_row(xk, 0, SG), _row(xq, 0, SG), hi, 2 * G)
             z1 = _swap_add(_row(xk, 1, SG), _row(xq, 1, SG), hi, 2 * G)
-        w = _swap_add(z0, z1, (c & 1) == 1, G)  # the warp's sum of value c
+            w = _swap_add(z0, z1, (c & 1) == 1, G)  # the warp's sum of value c
         if NT > 32:  # the sum over the warps, held by the lanes of one warp's layout
             w = tl.sum(tl.reshape(w, [NT // 32, 32]), axis=0)
             j32 = tl.arange(0, 32)
@@ -229,7 +239,7 @@ def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.con
     j = tl.arange(0, NT)
     m = pm * (NT // G) + j // G
     s = (j % G)[None, :] * SG + tl.arange(0, SG)[:, None]
-    # the program's channels, derived from m so that they share the layout of _slot_sum's result
+    # the program's channels, derived from m so that they share the layout of _group_sum's result
     mo = tl.max(tl.reshape(m, [NT // G, G]), axis=1)
     so = tl.arange(0, G)[None, :] * SG + tl.arange(0, SG)[:, None]
     if S == G * SG:  # every slot is real: a constant mask keeps the slot loads vectorized
@@ -360,35 +370,38 @@ def _inputs4(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base
 
 
 @helper
-def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
-              S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
-              G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
-    """One forward step from loaded inputs: the new state; writes ``y, yvar`` (and ``lam``)."""
+def _step_from(lam, eta, p, d, af, f1, v, Lv, kk):
+    """The state ``(lam, eta)`` after one step with loaded inputs (the forward's and the
+    backward's recomputation)."""
     rden = _rcp(p * lam + d)
-    lam = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-    eta = af * rden * eta + (v * Lv)[None, :] * kk
-    w = qq * _rcp(lam)
-    y = _slot_sum(w * eta, G, NT)
-    yv = _slot_sum(w * qq, G, NT)
-    tl.store(y_ptr + base_m + t * M + mo, y, mask=momask)
-    tl.store(yvar_ptr + base_m + t * M + mo, yv, mask=momask)
-    if SAVE_PREC:
-        tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
-    return lam, eta
+    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
+    return lam_new, eta_new
 
 
 @helper
 def _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S: tl.constexpr, base_m, ms,
               lane_mask, SAVE_PREC: tl.constexpr):  # fmt: skip
-    """``_fwd_step`` whose readout stays the thread's own sums over its slots (``[NT]``) for
-    ``_scatter_outputs4``: the new state and those sums of ``y`` and ``yvar``."""
-    rden = _rcp(p * lam + d)
-    lam = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-    eta = af * rden * eta + (v * Lv)[None, :] * kk
+    """One forward step from loaded inputs: the new state (and ``lam`` stored with
+    ``SAVE_PREC``) and the thread's own sums over its slots (``[NT]``) of ``y`` and ``yvar``."""
+    lam, eta = _step_from(lam, eta, p, d, af, f1, v, Lv, kk)
     w = qq * _rcp(lam)
     if SAVE_PREC:
         tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
     return lam, eta, tl.sum(w * eta, axis=0), tl.sum(w * qq, axis=0)
+
+
+@helper
+def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
+              S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
+              G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """``_fwd_sums`` whose sums are added over each channel's ``G`` threads and written as the
+    step's ``y, yvar``."""
+    lam, eta, ys, yvs = _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S, base_m,
+                                  ms, lane_mask, SAVE_PREC)  # fmt: skip
+    tl.store(y_ptr + base_m + t * M + mo, _group_sum(ys, G, NT), mask=momask)
+    tl.store(yvar_ptr + base_m + t * M + mo, _group_sum(yvs, G, NT), mask=momask)
+    return lam, eta
 
 
 @helper
@@ -402,15 +415,7 @@ def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, 
     ``y`` of step ``c`` below 4, ``yvar`` of step ``c - 4`` above), which it stores."""
     c = jt % G  # the thread's place among the threads of its channel
     if G == 8:  # values 0-3: y of the steps, 4-7: yvar
-        hi = ((c >> 2) & 1) == 1
-        y0 = _swap_add(y0, v0, hi, 4)
-        y1 = _swap_add(y1, v1, hi, 4)
-        y2 = _swap_add(y2, v2, hi, 4)
-        y3 = _swap_add(y3, v3, hi, 4)
-        hi = ((c >> 1) & 1) == 1
-        z0 = _swap_add(y0, y2, hi, 2)
-        z1 = _swap_add(y1, y3, hi, 2)
-        w = _swap_add(z0, z1, (c & 1) == 1, 1)  # value c's sum
+        w = _reduce_scatter8(y0, y1, y2, y3, v0, v1, v2, v3, c, 1)  # value c's sum
         step = t + c % 4
         ptr = tl.where(c < 4, y_ptr, yvar_ptr) + base_m + step * M + m
         tl.store(ptr, w, mask=mmask & (step < L))
@@ -655,19 +660,8 @@ def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base
     zeros (only the last interval of a lane needs it)."""
     mm, sm = _step_masks(t, L, m, mmask, smask, MASKED)
     v, Lv, kk = _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S, base_m, base_s, m, s, mm, sm, dt)
-    rden = _rcp(p * lam + d)
-    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
+    lam_new, eta_new = _step_from(lam, eta, p, d, af, f1, v, Lv, kk)
     return lam_new, eta_new, v, Lv, kk
-
-
-@helper
-def _step_from(lam, eta, p, d, af, f1, v, Lv, kk):
-    """One forward step from loaded inputs (the recomputation's arithmetic of ``_step``)."""
-    rden = _rcp(p * lam + d)
-    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
-    return lam_new, eta_new
 
 
 @helper
@@ -788,8 +782,8 @@ def _adjoint_step(
     pl = vv * sek + slk
     if not OUT4:
         out = base_m + t * M + mo
-        tl.store(gv_ptr + out, tl.sum(tl.reshape(pv, [NT // G, G]), axis=1), mask=omask)
-        tl.store(gLv_ptr + out, tl.sum(tl.reshape(pl, [NT // G, G]), axis=1), mask=omask)
+        tl.store(gv_ptr + out, _group_sum(pv, G, NT), mask=omask)
+        tl.store(gLv_ptr + out, _group_sum(pl, G, NT), mask=omask)
     # sums over the program's channels
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
     xq = A + gyv[None, :] * qrl
