@@ -184,19 +184,24 @@ def _reduce_scatter8(a0, a1, a2, a3, b0, b1, b2, b3, c, unit: tl.constexpr):
 
 @helper
 def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: tl.constexpr,
-                        SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+                        SG: tl.constexpr, NT: tl.constexpr,
+                        MASKED: tl.constexpr = True):  # fmt: skip
     """Store the sums over the program's channels of ``xk, xq [SG, NT]`` at ``gk_ptr + off + s``
-    and ``gq_ptr + off + s`` for the slots ``s < S`` (where step ``t`` is inside ``L``),
-    each summed by ``tl.sum`` (an all-reduce: ``log2(NT / G)`` shuffles a value)."""
+    and ``gq_ptr + off + s`` for the slots ``s < S`` (with ``MASKED``: where step ``t`` is
+    inside ``L``), each summed by ``tl.sum`` (an all-reduce: ``log2(NT / G)`` shuffles a
+    value)."""
     so = tl.arange(0, G)[None, :] * SG + tl.arange(0, SG)[:, None]
-    ok = (so < S) & ((so * 0 + t) < L)
+    ok = so < S
+    if MASKED:
+        ok = ok & ((so * 0 + t) < L)
     tl.store(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok)
     tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
 
 
 @helper
 def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
-                          G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+                          G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+                          MASKED: tl.constexpr = True):  # fmt: skip
     """``_store_channel_sums`` by a reduce-scatter where the ``2 SG`` values of a thread
     match the ``32 / G`` threads of its slot group in a warp (float32, ``S`` of 9 to 16, 2 or
     4 slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
@@ -207,7 +212,7 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
     # (shuffles stay in a warp: the slot groups must fit in one, as at S of 17 to 32 with 2
     # warps a program they would not)
     if xk.dtype != tl.float32 or NT % 32 != 0 or 2 * SG != 32 // G or (SG != 2 and SG != 4):
-        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT)
+        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT, MASKED)
     else:
         c = (jt % 32) // G  # the thread's place among its warp's threads of its slot group
         if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
@@ -227,7 +232,10 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
         else:
             slot = (jt % G) * SG + c % SG
         ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
-        tl.store(ptr, w, mask=(slot < S) & ((slot * 0 + t) < L))
+        ok = slot < S
+        if MASKED:
+            ok = ok & ((slot * 0 + t) < L)
+        tl.store(ptr, w, mask=ok)
 
 
 @helper
@@ -249,16 +257,24 @@ def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.con
 
 
 @helper
-def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr):
+def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr, E_FORM: tl.constexpr = False):
     """Per-lane constants of the predict step: ``(p, d, af, f1)`` with
     ``lam_pred = (lam + f1) / (p lam + d)`` and ``alpha = af / (p lam + d)`` (``f1 = 1``,
-    ``af = 0``, ``d = p`` where ``decay = 0``: total forgetting)."""
+    ``af = 0``, ``d = p`` where ``decay = 0``: total forgetting). ``E_FORM``: ``(p, d, af, e)``
+    with ``lam_pred = lam / (p lam + d) + e`` instead, which saves the addition a lane-step:
+    ``e = 0`` but where the decay is 0, and there ``d = inf`` (so ``1 / (p lam + d) = 0``,
+    ``alpha = 0``) and ``e = 1 / p``. Where the decay is not 0 the two forms round
+    identically."""
     a = tl.load(a_ptr + ms, mask=mask, other=1.0).to(dt)
     p = tl.load(p_ptr + ms, mask=mask, other=1.0).to(dt)
     forget = a * a == 0.0
-    d = tl.where(forget, p, a * a)
     af = tl.where(forget, 0.0, a)
-    f1 = tl.where(forget, 1.0, 0.0)
+    if E_FORM:
+        d = tl.where(forget, float("inf"), a * a)
+        f1 = tl.where(forget, 1.0 / p, 0.0)
+    else:
+        d = tl.where(forget, p, a * a)
+        f1 = tl.where(forget, 1.0, 0.0)
     return p, d, af, f1
 
 
@@ -299,13 +315,15 @@ def _tile_rows(x4, G: tl.constexpr, NT: tl.constexpr):
 
 @helper
 def _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt: tl.constexpr, G: tl.constexpr,
-         NT: tl.constexpr):  # fmt: skip
+         NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
     """``v, Lv`` of the 4 steps from ``t`` at the program's channels, each loaded as one
     ``[4, NT / G]`` tile (one element a thread, not ``G`` copies of each), then broadcast."""
     tt = t + tl.arange(0, 4)
     mc = pm * (NT // G) + tl.arange(0, NT // G)
     off = base_m + tt[:, None] * M + mc[None, :]
-    ok = (tt[:, None] < L) & (mc[None, :] < M)
+    ok = (tl.arange(0, 4)[:, None] >= 0) & (mc[None, :] < M)
+    if MASKED:  # (else every step is inside L)
+        ok = ok & (tt[:, None] < L)
     v0, v1, v2, v3 = _tile_rows(tl.load(v_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
     L0, L1, L2, L3 = _tile_rows(tl.load(Lv_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
     return v0, L0, v1, L1, v2, L2, v3, L3
@@ -327,13 +345,15 @@ def _slot_rows(x4, SG: tl.constexpr, G: tl.constexpr, NT: tl.constexpr):
 
 @helper
 def _slot_tile(x_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.constexpr,
-               G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+               G: tl.constexpr, NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
     """A ``[B, L, S]`` input at the 4 steps from ``t``, loaded as one ``[4, G SG]`` tile (zeros
     past ``L``), then given to the threads of each slot group: 4 x ``[SG, NT]``."""
     tt = t + tl.arange(0, 4)
     so = tl.arange(0, G * SG)
     off = base_s + tt[:, None] * S + so[None, :]
-    ok = (tt[:, None] < L) & (so[None, :] < S)
+    ok = (tl.arange(0, 4)[:, None] >= 0) & (so[None, :] < S)
+    if MASKED:  # (else every step is inside L)
+        ok = ok & (tt[:, None] < L)
     return _slot_rows(tl.load(x_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
 
 
@@ -370,21 +390,24 @@ def _inputs4(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base
 
 
 @helper
-def _step_from(lam, eta, p, d, af, f1, v, Lv, kk):
+def _step_from(lam, eta, p, d, af, f1, v, Lv, kk, E_FORM: tl.constexpr = False):
     """The state ``(lam, eta)`` after one step with loaded inputs (the forward's and the
-    backward's recomputation)."""
+    backward's recomputation). ``E_FORM``: ``f1`` is ``_dynamics``' ``e``."""
     rden = _rcp(p * lam + d)
-    lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
+    if E_FORM:
+        lam_new = lam * rden + (Lv[None, :] * (kk * kk) + f1)
+    else:
+        lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
     eta_new = af * rden * eta + (v * Lv)[None, :] * kk
     return lam_new, eta_new
 
 
 @helper
 def _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S: tl.constexpr, base_m, ms,
-              lane_mask, SAVE_PREC: tl.constexpr):  # fmt: skip
+              lane_mask, SAVE_PREC: tl.constexpr, E_FORM: tl.constexpr = False):  # fmt: skip
     """One forward step from loaded inputs: the new state (and ``lam`` stored with
     ``SAVE_PREC``) and the thread's own sums over its slots (``[NT]``) of ``y`` and ``yvar``."""
-    lam, eta = _step_from(lam, eta, p, d, af, f1, v, Lv, kk)
+    lam, eta = _step_from(lam, eta, p, d, af, f1, v, Lv, kk, E_FORM)
     w = qq * _rcp(lam)
     if SAVE_PREC:
         tl.store(prec_ptr + (base_m + t * M) * S + ms, lam, mask=lane_mask)
@@ -394,31 +417,28 @@ def _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S: tl.const
 @helper
 def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
               S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
-              G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+              G: tl.constexpr, NT: tl.constexpr, E_FORM: tl.constexpr = False):  # fmt: skip
     """``_fwd_sums`` whose sums are added over each channel's ``G`` threads and written as the
     step's ``y, yvar``."""
     lam, eta, ys, yvs = _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, prec_ptr, M, S, base_m,
-                                  ms, lane_mask, SAVE_PREC)  # fmt: skip
+                                  ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
     tl.store(y_ptr + base_m + t * M + mo, _group_sum(ys, G, NT), mask=momask)
     tl.store(yvar_ptr + base_m + t * M + mo, _group_sum(yvs, G, NT), mask=momask)
     return lam, eta
 
 
 @helper
-def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, base_m, m, mmask,
-                      jt, G: tl.constexpr):  # fmt: skip
-    """Store ``y, yvar`` of the 4 steps from ``t`` from each thread's sums over its slots
-    (``[NT]``) by a reduce-scatter over the ``G`` (4 or 8) threads of a channel: 2 (3)
-    butterfly rounds each exchange half the values left, 6 (7) shuffles a thread where 4
-    all-reduces take 16 (24) and a layout shuffle 8, and leave each thread one step's sums
-    (``G = 4``: thread ``c`` of the channel holds step ``c``'s ``y`` and ``yvar``; ``G = 8``:
-    ``y`` of step ``c`` below 4, ``yvar`` of step ``c - 4`` above), which it stores."""
-    c = jt % G  # the thread's place among the threads of its channel
+def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl.constexpr):
+    """Store ``y, yvar`` of 4 steps from each thread's sums over its slots (``[NT]``) by a
+    reduce-scatter over the ``G`` (4 or 8) threads of a channel: 2 (3) butterfly rounds each
+    exchange half the values left, 6 (7) shuffles a thread where 4 all-reduces take 16 (24) and
+    a layout shuffle 8, and leave each thread one step's sums, which it stores. ``c``: the
+    thread's place among the threads of its channel. ``G = 4``: thread ``c`` holds step ``c``'s
+    ``y`` and ``yvar`` and stores them at ``ptr_a`` and ``ptr_b``; ``G = 8``: it holds ``y`` of
+    step ``c`` below 4, ``yvar`` of step ``c - 4`` above, and stores it at ``ptr_a``."""
     if G == 8:  # values 0-3: y of the steps, 4-7: yvar
         w = _reduce_scatter8(y0, y1, y2, y3, v0, v1, v2, v3, c, 1)  # value c's sum
-        step = t + c % 4
-        ptr = tl.where(c < 4, y_ptr, yvar_ptr) + base_m + step * M + m
-        tl.store(ptr, w, mask=mmask & (step < L))
+        tl.store(ptr_a, w, mask=mask)
     else:  # G == 4: y of steps (0, 2), (1, 3) and the same of yvar, then (0, 1) of each
         hi = ((c >> 1) & 1) == 1
         a0 = _swap_add(y0, y2, hi, 2)
@@ -426,39 +446,69 @@ def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, 
         b0 = _swap_add(v0, v2, hi, 2)
         b1 = _swap_add(v1, v3, hi, 2)
         lo = (c & 1) == 1
+        tl.store(ptr_a, _swap_add(a0, a1, lo, 1), mask=mask)
+        tl.store(ptr_b, _swap_add(b0, b1, lo, 1), mask=mask)
+
+
+@helper
+def _scatter_ptrs(y_ptr, yvar_ptr, t, base_m, M, m, c, G: tl.constexpr):
+    """The pointers of ``_scatter_store4``'s stores for the 4 steps from ``t`` (``[NT]``) and the
+    step each thread stores."""
+    if G == 8:
+        step = t + c % 4
+        ptr_a = tl.where(c < 4, y_ptr, yvar_ptr) + base_m + step * M + m
+        ptr_b = ptr_a
+    else:
         step = t + c
-        off = base_m + step * M + m
-        tl.store(y_ptr + off, _swap_add(a0, a1, lo, 1), mask=mmask & (step < L))
-        tl.store(yvar_ptr + off, _swap_add(b0, b1, lo, 1), mask=mmask & (step < L))
+        ptr_a = y_ptr + base_m + step * M + m
+        ptr_b = yvar_ptr + base_m + step * M + m
+    return ptr_a, ptr_b, step
+
+
+@helper
+def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, base_m, m, mmask,
+                      jt, G: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
+    """``_scatter_store4`` of the 4 steps from ``t`` (with ``MASKED``, stores past ``L``
+    masked)."""
+    c = jt % G  # the thread's place among the threads of its channel
+    ptr_a, ptr_b, step = _scatter_ptrs(y_ptr, yvar_ptr, t, base_m, M, m, c, G)
+    omask = mmask
+    if MASKED:
+        omask = omask & (step < L)
+    _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, omask, G)
 
 
 @helper
 def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
-               f1, t, y_ptr, yvar_ptr, prec_ptr, L, M, S: tl.constexpr, base_m, m, mmask, mo,
-               momask, ms, lane_mask, jt, SAVE_PREC: tl.constexpr, SCATTER: tl.constexpr,
-               G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+               f1, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
+               lane_mask, jt, ptr_a, ptr_b, omask, SAVE_PREC: tl.constexpr,
+               SCATTER: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
+               E_FORM: tl.constexpr):  # fmt: skip
     """The 4 steps from ``t`` (``_fwd_step`` of each, unrolled; with ``SCATTER`` their outputs
-    stored together by ``_scatter_outputs4``)."""
+    stored together by ``_scatter_store4`` at ``ptr_a, ptr_b`` under ``omask``)."""
     if SCATTER:
         lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, prec_ptr, M, S,
-                                     base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+                                     base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
         lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
         lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, f1, t + 2, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
+                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
         lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, f1, t + 3, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
-        _scatter_outputs4(y0, y1, y2, y3, w0, w1, w2, w3, t, y_ptr, yvar_ptr, L, M, base_m, m,
-                          mmask, jt, G)  # fmt: skip
+                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
+        _scatter_store4(y0, y1, y2, y3, w0, w1, w2, w3, jt % G, ptr_a, ptr_b, omask, G)
         return lam, eta
     lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
-                         S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         E_FORM)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         E_FORM)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, f1, t + 2, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         E_FORM)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, f1, t + 3, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         E_FORM)  # fmt: skip
     return lam, eta
 
 
@@ -480,7 +530,7 @@ def _kla_fwd_kernel(
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr, OUT_SCATTER: tl.constexpr,
-    IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr,
+    IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr, LEAN: tl.constexpr, EVEN_M: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -491,7 +541,8 @@ def _kla_fwd_kernel(
     lane_mask = smask & mmask[None, :]
     ms = m[None, :] * S + s
     dt = y_ptr.dtype.element_ty
-    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
+    # LEAN: lam_pred = lam / (p lam + d) + e (_dynamics' E_FORM; f1 holds e)
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt, LEAN)
     state_off = b.to(tl.int64) * M * S + ms
     if CHUNKED:  # the chunk's true start state, from the carry pass ([2, NC, B M S])
         n_lanes = M * S * tl.num_programs(1)
@@ -514,7 +565,77 @@ def _kla_fwd_kernel(
     if PREFETCH or BLOCK_PIPE:
         tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
         t_tail = t_lo + (t_hi - t_lo) // 4 * 4
-    if PREFETCH:
+    jg = jt % G  # a thread's place among the threads of its channel
+    if BLOCK_PIPE and LEAN and IN_TILE and KQ_TILE:
+        # the pipelined 4-step blocks with loop-carried pointers: a block adds 4 rows to the
+        # pointers of its tiles and of its outputs instead of computing their offsets from
+        # the step, and its loads and stores carry no step masks (every step of these blocks
+        # is inside L), nor channel masks where the programs cover M exactly (EVEN_M)
+        t4 = tl.arange(0, 4)
+        mc = pm * (NT // G) + tl.arange(0, NT // G)
+        sc = tl.arange(0, G * SG)
+        rows = (t_lo + t4).to(tl.int64)[:, None]
+        pv = v_ptr + base_m + rows * M + mc[None, :]
+        pL = Lv_ptr + base_m + rows * M + mc[None, :]
+        pk = k_ptr + base_s + rows * S + sc[None, :]
+        pq = q_ptr + base_s + rows * S + sc[None, :]
+        cmask = (t4[:, None] >= 0) & (mc[None, :] < M)
+        smask4 = (t4[:, None] >= 0) & (sc[None, :] < S)
+        # with SCATTER, a block's sums are stored by the next block (at its top, from pointers
+        # one block behind), so that their shuffles overlap that block's arithmetic instead of
+        # ending each block with a chain of dependent shuffles; the last block's after the loop
+        pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
+        zero = tl.zeros([NT], dt)
+        ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
+        for tb in tl.range(t_lo, t_tail, 4, num_stages=NS):  # fmt: skip
+            if SAVE_CK:
+                _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+            if EVEN_M:
+                xv = tl.load(pv)
+                xL = tl.load(pL)
+            else:
+                xv = tl.load(pv, mask=cmask, other=0.0)
+                xL = tl.load(pL, mask=cmask, other=0.0)
+            if S == G * SG:
+                xk = tl.load(pk)
+                xq = tl.load(pq)
+            else:
+                xk = tl.load(pk, mask=smask4, other=0.0)
+                xq = tl.load(pq, mask=smask4, other=0.0)
+            v0, v1, v2, v3 = _tile_rows(xv.to(dt), G, NT)
+            L0, L1, L2, L3 = _tile_rows(xL.to(dt), G, NT)
+            k0, k1, k2, k3 = _slot_rows(xk.to(dt), SG, G, NT)
+            q0, q1, q2, q3 = _slot_rows(xq.to(dt), SG, G, NT)
+            if SCATTER:
+                _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                                mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
+                lam, eta, ys0, vs0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb,
+                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                                               LEAN)  # fmt: skip
+                lam, eta, ys1, vs1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
+                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                                               LEAN)  # fmt: skip
+                lam, eta, ys2, vs2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
+                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                                               LEAN)  # fmt: skip
+                lam, eta, ys3, vs3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
+                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                                               LEAN)  # fmt: skip
+            else:
+                lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2,
+                                      v3, L3, k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr,
+                                      M, S, base_m, mo, momask, ms, lane_mask, jt, pa, pb, mmask,
+                                      SAVE_PREC, SCATTER, G, NT, LEAN)  # fmt: skip
+            pv += 4 * M
+            pL += 4 * M
+            pk += 4 * S
+            pq += 4 * S
+            pa += 4 * M
+            pb += 4 * M
+        if SCATTER:
+            _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                            mmask & ((m * 0 + t_tail) > t_lo), G)  # fmt: skip
+    elif PREFETCH:
         # blocks of 4 unrolled steps; the next block's inputs are loaded into registers at the
         # top of a block, so their latency is hidden behind 4 steps of arithmetic
         v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
@@ -530,10 +651,12 @@ def _kla_fwd_kernel(
             n0, nL0, nk0, nq0, n1, nL1, nk1, nq1, n2, nL2, nk2, nq2, n3, nL3, nk3, nq3 = _inputs4(
                 v_ptr, Lv_ptr, k_ptr, q_ptr, tb + 4, L, M, S, base_m, base_s, m, s, mmask, smask,
                 dt, pm, IN_TILE, KQ_TILE, SG, G, NT)  # fmt: skip
+            pa, pb, step = _scatter_ptrs(y_ptr, yvar_ptr, tb, base_m, M, m, jg, G)
             lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
-                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, L, M,
-                                  S, base_m, m, mmask, mo, momask, ms, lane_mask, jt, SAVE_PREC,
-                                  SCATTER, G, NT)  # fmt: skip
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
+                                  base_m, mo, momask, ms, lane_mask, jt, pa, pb,
+                                  mmask & (step < L), SAVE_PREC, SCATTER, G, NT,
+                                  LEAN)  # fmt: skip
             v0, L0, k0, q0, v1, L1, k1, q1 = n0, nL0, nk0, nq0, n1, nL1, nk1, nq1
             v2, L2, k2, q2, v3, L3, k3, q3 = n2, nL2, nk2, nq2, n3, nL3, nk3, nq3
     elif BLOCK_PIPE:
@@ -546,10 +669,12 @@ def _kla_fwd_kernel(
             v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _inputs4(
                 v_ptr, Lv_ptr, k_ptr, q_ptr, tb, L, M, S, base_m, base_s, m, s, mmask, smask, dt,
                 pm, IN_TILE, KQ_TILE, SG, G, NT)  # fmt: skip
+            pa, pb, step = _scatter_ptrs(y_ptr, yvar_ptr, tb, base_m, M, m, jg, G)
             lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
-                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, L, M,
-                                  S, base_m, m, mmask, mo, momask, ms, lane_mask, jt, SAVE_PREC,
-                                  SCATTER, G, NT)  # fmt: skip
+                                  k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
+                                  base_m, mo, momask, ms, lane_mask, jt, pa, pb,
+                                  mmask & (step < L), SAVE_PREC, SCATTER, G, NT,
+                                  LEAN)  # fmt: skip
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -560,7 +685,8 @@ def _kla_fwd_kernel(
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr,
-                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                             LEAN)  # fmt: skip
     if c == NC - 1:
         tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
         tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
@@ -654,44 +780,51 @@ def _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S: tl.constexpr, base_m, base_s, m, s, mm, 
 
 @helper
 def _step(lam, eta, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t, L, M, S, base_m, base_s, m, s,
-          mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+          mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr,
+          E_FORM: tl.constexpr = False):  # fmt: skip
     """One forward step (recomputation in the backward). Returns the new state and the step's
     inputs ``v, Lv, k`` (which the adjoint step may reuse). ``MASKED``: steps past ``L`` read
     zeros (only the last interval of a lane needs it)."""
     mm, sm = _step_masks(t, L, m, mmask, smask, MASKED)
     v, Lv, kk = _vlk(v_ptr, Lv_ptr, k_ptr, t, M, S, base_m, base_s, m, s, mm, sm, dt)
-    lam_new, eta_new = _step_from(lam, eta, p, d, af, f1, v, Lv, kk)
+    lam_new, eta_new = _step_from(lam, eta, p, d, af, f1, v, Lv, kk, E_FORM)
     return lam_new, eta_new, v, Lv, kk
 
 
 @helper
 def _recompute4_tiles(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S: tl.constexpr,
                       base_m, base_s, pm, dt: tl.constexpr, SG: tl.constexpr, G: tl.constexpr,
-                      NT: tl.constexpr):  # fmt: skip
-    """``_recompute4`` whose inputs are loaded as tiles (``_vl4``, ``_slot_tile``; zeros past
-    ``L``, as the masked steps read)."""
-    v0, L0, v1, L1, v2, L2, v3, L3 = _vl4(v_ptr, Lv_ptr, t0, L, M, base_m, pm, dt, G, NT)
-    k0, k1, k2, k3 = _slot_tile(k_ptr, t0, L, S, base_s, dt, SG, G, NT)
-    l1, e1 = _step_from(l0, e0, p, d, af, f1, v0, L0, k0)
-    l2, e2 = _step_from(l1, e1, p, d, af, f1, v1, L1, k1)
-    l3, e3 = _step_from(l2, e2, p, d, af, f1, v2, L2, k2)
-    l4, e4 = _step_from(l3, e3, p, d, af, f1, v3, L3, k3)
+                      NT: tl.constexpr, MASKED: tl.constexpr, E_FORM: tl.constexpr):  # fmt: skip
+    """``_recompute4`` whose inputs are loaded as tiles (``_vl4``, ``_slot_tile``; with
+    ``MASKED`` zeros past ``L``, as the masked steps read)."""
+    v0, L0, v1, L1, v2, L2, v3, L3 = _vl4(v_ptr, Lv_ptr, t0, L, M, base_m, pm, dt, G, NT,
+                                          MASKED)  # fmt: skip
+    k0, k1, k2, k3 = _slot_tile(k_ptr, t0, L, S, base_s, dt, SG, G, NT, MASKED)
+    l1, e1 = _step_from(l0, e0, p, d, af, f1, v0, L0, k0, E_FORM)
+    l2, e2 = _step_from(l1, e1, p, d, af, f1, v1, L1, k1, E_FORM)
+    l3, e3 = _step_from(l2, e2, p, d, af, f1, v2, L2, k2, E_FORM)
+    l4, e4 = _step_from(l3, e3, p, d, af, f1, v3, L3, k3, E_FORM)
     return l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3
 
 
 @helper
 def _recompute4(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S: tl.constexpr, base_m,
-                base_s, m, s, mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+                base_s, m, s, mmask, smask, dt: tl.constexpr, MASKED: tl.constexpr,
+                E_FORM: tl.constexpr = False):  # fmt: skip
     """The 4 states after ``(l0, e0)`` from step ``t0`` on, recomputed into registers
     (unrolled: Triton has no register arrays), followed by the 4 steps' inputs ``v, Lv, k``."""
     l1, e1, v0, L0, k0 = _step(l0, e0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 0,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED,
+                                 E_FORM)  # fmt: skip
     l2, e2, v1, L1, k1 = _step(l1, e1, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 1,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED,
+                                 E_FORM)  # fmt: skip
     l3, e3, v2, L2, k2 = _step(l2, e2, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 2,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED,
+                                 E_FORM)  # fmt: skip
     l4, e4, v3, L3, k3 = _step(l3, e3, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, t0 + 3,
-                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED)
+                                 L, M, S, base_m, base_s, m, s, mmask, smask, dt, MASKED,
+                                 E_FORM)  # fmt: skip
     return l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3
 
 
@@ -733,7 +866,7 @@ def _adjoint_step(
     t, L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
-    gy_in, gyv_in, q_in, TILE: tl.constexpr, OUT4: tl.constexpr,
+    gy_in, gyv_in, q_in, TILE: tl.constexpr, OUT4: tl.constexpr, E_FORM: tl.constexpr = False,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums; also the thread's own sums over
@@ -788,18 +921,24 @@ def _adjoint_step(
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
     xq = A + gyv[None, :] * qrl
     if SCATTER:
-        _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT)
+        _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT,
+                              MASKED)  # fmt: skip
     else:
-        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, t, L, S, G, SG, NT)
+        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, t, L, S, G, SG, NT, MASKED)
     rden = _rcp(p * lam_prev + d)
-    lam_pred = (lam_prev + f1) * rden
     alpha = af * rden
     g_al = Et * eta_prev
     a2 = alpha * alpha
-    al = alpha * lam_pred
     # d/da: alpha' = rden - 2 alpha^2 (0 where the decay is 0), lam_pred' = -2 alpha lam_pred;
     # d/dp: alpha' = -alpha lam_pred, lam_pred' = -lam_pred^2
-    dga = tl.where(f1 > 0.0, 0.0, g_al) * (rden - 2.0 * a2) - 2.0 * (Lt * al)
+    if E_FORM:  # where the decay is 0, rden = alpha = 0 and lam_pred = e = 1 / p
+        lam_pred = lam_prev * rden + f1
+        al = alpha * lam_pred
+        dga = g_al * (rden - 2.0 * a2) - 2.0 * (Lt * al)
+    else:
+        lam_pred = (lam_prev + f1) * rden
+        al = alpha * lam_pred
+        dga = tl.where(f1 > 0.0, 0.0, g_al) * (rden - 2.0 * a2) - 2.0 * (Lt * al)
     dgp = -(lam_pred * (Lt * lam_pred) + g_al * al)
     n_Lc = a2 * Lt - alpha * (p * rden) * g_al
     n_Ec = alpha * Et
@@ -825,15 +964,16 @@ def _adjoint4(
     L, M, S: tl.constexpr, base_m, base_s, part, m, s, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
-    pm, TILE: tl.constexpr, OUT4: tl.constexpr,
+    pm, TILE: tl.constexpr, OUT4: tl.constexpr, E_FORM: tl.constexpr = False,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
     them, their inputs ``v, Lv, k``): ``_adjoint_step`` of each, unrolled. ``TILE``: ``gy,
     gyv`` and ``q`` of the 4 steps loaded as tiles; ``OUT4``: ``gv, gLv`` stored by a
     reduce-scatter (``_scatter_outputs4``)."""
     if TILE:
-        y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT)
-        q0, q1, q2, q3 = _slot_tile(q_ptr, t0, L, S, base_s, dt, SG, G, NT)
+        y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT,
+                                              MASKED)  # fmt: skip
+        q0, q1, q2, q3 = _slot_tile(q_ptr, t0, L, S, base_s, dt, SG, G, NT, MASKED)
     else:  # placeholders (unused)
         y0, w0, y1, w1, y2, w2, y3, w3 = v0, v0, v0, v0, v0, v0, v0, v0
         q0, q1, q2, q3 = k0, k0, k0, k0
@@ -841,29 +981,29 @@ def _adjoint4(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, f1, v3, L3, k3, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER, y3, w3, q3, TILE, OUT4,
+        G, SG, NT, REUSE, MASKED, SCATTER, y3, w3, q3, TILE, OUT4, E_FORM,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, f1, v2, L2, k2, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER, y2, w2, q2, TILE, OUT4,
+        G, SG, NT, REUSE, MASKED, SCATTER, y2, w2, q2, TILE, OUT4, E_FORM,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, f1, v1, L1, k1, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER, y1, w1, q1, TILE, OUT4,
+        G, SG, NT, REUSE, MASKED, SCATTER, y1, w1, q1, TILE, OUT4, E_FORM,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, f1, v0, L0, k0, v_ptr, Lv_ptr, k_ptr, q_ptr,
         gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m,
         base_s, part, m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC,
-        G, SG, NT, REUSE, MASKED, SCATTER, y0, w0, q0, TILE, OUT4,
+        G, SG, NT, REUSE, MASKED, SCATTER, y0, w0, q0, TILE, OUT4, E_FORM,
     )  # fmt: skip
     if OUT4:
         _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,
-                          base_m, m, mmask, jt, G)  # fmt: skip
+                          base_m, m, mmask, jt, G, MASKED)  # fmt: skip
     return Lc, Ec, ga, gp
 
 
@@ -875,7 +1015,7 @@ def _bwd_interval(
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     REUSE: tl.constexpr, MASKED: tl.constexpr, SCATTER: tl.constexpr,
-    pm, TILE: tl.constexpr, OUT4: tl.constexpr,
+    pm, TILE: tl.constexpr, OUT4: tl.constexpr, E_FORM: tl.constexpr = False,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
     from the checkpoint into registers, then walked back. ``TILE``: the inputs of each 4 steps
@@ -888,33 +1028,34 @@ def _bwd_interval(
     if TILE:
         l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
             _recompute4_tiles(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-                              base_s, pm, dt, SG, G, NT))  # fmt: skip
+                              base_s, pm, dt, SG, G, NT, MASKED, E_FORM))  # fmt: skip
     else:
         l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
             _recompute4(l0, e0, t0, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-                        base_s, m, s, mmask, smask, dt, MASKED))  # fmt: skip
+                        base_s, m, s, mmask, smask, dt, MASKED, E_FORM))  # fmt: skip
     if CK == 8:  # the second half, then the walk back over it
         if TILE:
             l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
                 _recompute4_tiles(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S,
-                                  base_m, base_s, pm, dt, SG, G, NT))  # fmt: skip
+                                  base_m, base_s, pm, dt, SG, G, NT, MASKED,
+                                  E_FORM))  # fmt: skip
         else:
             l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
                 _recompute4(l4, e4, t0 + 4, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
-                            base_s, m, s, mmask, smask, dt, MASKED))  # fmt: skip
+                            base_s, m, s, mmask, smask, dt, MASKED, E_FORM))  # fmt: skip
         Lc, Ec, ga, gp = _adjoint4(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr,
             gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part,
             m, s, mo, jt, mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE,
-            MASKED, SCATTER, pm, TILE, OUT4,
+            MASKED, SCATTER, pm, TILE, OUT4, E_FORM,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, f1, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr,
         gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt,
         mmask, smask, momask, ms, lane_mask, dt, HAS_GPREC, G, SG, NT, REUSE, MASKED, SCATTER,
-        pm, TILE, OUT4,
+        pm, TILE, OUT4, E_FORM,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -928,6 +1069,7 @@ def _kla_bwd_kernel(
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr, CHUNKED: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     REUSE: tl.constexpr, SPLIT: tl.constexpr, SCATTER: tl.constexpr, TILE_IN: tl.constexpr,
+    LEAN: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     pm = tl.program_id(0)
@@ -939,7 +1081,7 @@ def _kla_bwd_kernel(
     lane_mask = smask & mmask[None, :]
     ms = m[None, :] * S + s
     dt = gv_ptr.dtype.element_ty
-    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt, LEAN)  # (LEAN: f1 holds e)
     state_off = b.to(tl.int64) * M * S + ms
     # tiles of each 4 steps' inputs, reused by the walk; gv, gLv reduce-scattered (float32, one
     # warp, 4 or 8 threads a channel)
@@ -967,7 +1109,7 @@ def _kla_bwd_kernel(
                 Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
                 gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask, smask,
                 momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE, True,
-                SCATTER, pm, TILE, OUT4,
+                SCATTER, pm, TILE, OUT4, LEAN,
             )  # fmt: skip
             blk_hi -= 1
     for jb in tl.range(blk_lo, blk_hi, num_stages=NS):
@@ -976,7 +1118,7 @@ def _kla_bwd_kernel(
             NB, v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
             gk_part_ptr, gq_part_ptr, L, M, S, base_m, base_s, part, m, s, mo, jt, mmask,
             smask, momask, ms, lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, REUSE,
-            not SPLIT, SCATTER, pm, TILE, OUT4,
+            not SPLIT, SCATTER, pm, TILE, OUT4, LEAN,
         )  # fmt: skip
     # per-chunk partial sums of the dynamics' gradients ([NC, B, M, S], added in torch)
     tl.store(ga_part_ptr + c * B * M * S + state_off, ga, mask=lane_mask)
@@ -1188,10 +1330,16 @@ TUNING = {
     "fwd_scatter_out": True,
     "fwd_tile_loads": True,
     "fwd_tile_kq": True,
+    # the forward's lean form: lam_pred = lam / (p lam + d) + e (one addition a lane-step
+    # fewer) and, in the pipelined tile blocks, loop-carried pointers without step masks
+    "fwd_lean": True,
     # the backward loads each 4 steps' v, Lv, gy, gyv as [4, channels] and k, q as [4, slots]
     # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter: B=4
     # M=960 backward 0.81 -> 0.63 ms, B=8 M=2048 1.95 -> 1.52 (s6-bwd-tiles.json)
     "bwd_tiles": True,
+    # the backward's lean form: the forward's E_FORM in its recomputation and adjoint (one
+    # addition and one select a lane-step fewer)
+    "bwd_lean": True,
     # steps between the forward's checkpoints, which the backward recomputes at once: 8, or 4
     # (half the live states for twice the checkpoint bytes; not with bwd_chunk_len). None: 4
     # from LARGE lanes (B=8 M=2048, with split tail and reuse: backward 1.95 against 2.74 ms,
@@ -1281,8 +1429,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
                           BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
                           OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
-                          KQ_TILE=TU["fwd_tile_kq"],
-                          num_warps=warps)  # fmt: skip
+                          KQ_TILE=TU["fwd_tile_kq"], LEAN=TU["fwd_lean"],
+                          EVEN_M=M % (NT // G) == 0, num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -1338,7 +1486,7 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
                                   NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
                                   AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
                                   SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
-                                  TILE_IN=TU["bwd_tiles"],
+                                  TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"],
                                   num_warps=warps)  # fmt: skip
     return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
         g0[0], g0[1]
