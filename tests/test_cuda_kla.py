@@ -147,7 +147,13 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
            {"fwd_staging": "pipeline"}, {"fwd_staging": "pipeline", "fwd_chunk_len": 8, "NS": 2},
            {"fwd_l2_ahead": 5, "fwd_staging": "prefetch", "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
-            "bwd_chunk_len": 8, "fwd_slots": 2}]  # fmt: skip
+            "bwd_chunk_len": 8, "fwd_slots": 2},
+           # the lean forms off, and the lean forward in 4-step blocks (with 4-step checkpoints
+           # in the time-chunked forward)
+           {"fwd_lean": False, "bwd_lean": False}, {"fwd_lean": False, "ck": 4},
+           {"fwd_lean_steps": 4}, {"fwd_lean_steps": 4, "ck": 4, "fwd_chunk_len": 8},
+           {"fwd_lean_steps": 8}, {"fwd_lean_steps": 8, "ck": 4}, {"fwd_lk": False},
+           {"fwd_chunk_len": 16, "ck": 4}]  # fmt: skip
 
 
 @pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])
@@ -192,6 +198,10 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     with pytest.raises(ValueError, match=r"TUNING\['ck'\]: expected 4 or 8, got 6"):
         K._tuning(64)
     monkeypatch.setitem(K.TUNING, "ck", 8)
+    monkeypatch.setitem(K.TUNING, "fwd_lean_steps", 6)
+    with pytest.raises(ValueError, match=r"TUNING\['fwd_lean_steps'\]: expected 4, 8 or None"):
+        K._tuning(64)
+    monkeypatch.setitem(K.TUNING, "fwd_lean_steps", None)
     monkeypatch.setitem(K.TUNING, "fwd_staging", "registers")
     with pytest.raises(ValueError, match=r"TUNING\['fwd_staging'\]: expected .* got 'registers'"):
         K._tuning(64)

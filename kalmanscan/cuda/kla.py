@@ -392,13 +392,19 @@ def _inputs4(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base
 @helper
 def _step_from(lam, eta, p, d, af, f1, v, Lv, kk, E_FORM: tl.constexpr = False):
     """The state ``(lam, eta)`` after one step with loaded inputs (the forward's and the
-    backward's recomputation). ``E_FORM``: ``f1`` is ``_dynamics``' ``e``."""
+    backward's recomputation). ``E_FORM``: ``f1`` is ``_dynamics``' ``e``; ``E_FORM = 2``
+    also forms ``phi = (Lv k) k`` and ``r = v (Lv k)`` (no per-channel ``v Lv``)."""
     rden = _rcp(p * lam + d)
-    if E_FORM:
+    if E_FORM == 2:
+        lk = Lv[None, :] * kk
+        lam_new = lam * rden + (lk * kk + f1)
+        eta_new = af * rden * eta + v[None, :] * lk
+    elif E_FORM:
         lam_new = lam * rden + (Lv[None, :] * (kk * kk) + f1)
+        eta_new = af * rden * eta + (v * Lv)[None, :] * kk
     else:
         lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-    eta_new = af * rden * eta + (v * Lv)[None, :] * kk
+        eta_new = af * rden * eta + (v * Lv)[None, :] * kk
     return lam_new, eta_new
 
 
@@ -513,13 +519,64 @@ def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
 
 
 @helper
+def _lean_tiles(pv, pL, pk, pq, cmask, smask4, dt: tl.constexpr, S: tl.constexpr,
+                SG: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
+                EVEN_M: tl.constexpr):  # fmt: skip
+    """The inputs of 4 steps from the tile pointers of the forward's lean blocks: ``v, Lv`` as
+    ``[4, NT / G]`` tiles (masked by channel unless ``EVEN_M``) and ``k, q`` as ``[4, G SG]``
+    tiles (masked by slot unless every slot is real), given to the threads as ``_inputs4``
+    gives them."""
+    if EVEN_M:
+        xv = tl.load(pv)
+        xL = tl.load(pL)
+    else:
+        xv = tl.load(pv, mask=cmask, other=0.0)
+        xL = tl.load(pL, mask=cmask, other=0.0)
+    if S == G * SG:
+        xk = tl.load(pk)
+        xq = tl.load(pq)
+    else:
+        xk = tl.load(pk, mask=smask4, other=0.0)
+        xq = tl.load(pq, mask=smask4, other=0.0)
+    v0, v1, v2, v3 = _tile_rows(xv.to(dt), G, NT)
+    L0, L1, L2, L3 = _tile_rows(xL.to(dt), G, NT)
+    k0, k1, k2, k3 = _slot_rows(xk.to(dt), SG, G, NT)
+    q0, q1, q2, q3 = _slot_rows(xq.to(dt), SG, G, NT)
+    return v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3
+
+
+@helper
+def _lean_sums4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d,
+                af, e, t, prec_ptr, M, S: tl.constexpr, base_m, ms, lane_mask,
+                SAVE_PREC: tl.constexpr, FORM: tl.constexpr):  # fmt: skip
+    """The 4 steps from ``t`` in the lean form (``_fwd_sums`` with ``E_FORM``): the state after
+    them and each step's thread sums of ``y``, then of ``yvar``."""
+    lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, e, t, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, e, t + 1, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, e, t + 2, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, e, t + 3, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    return lam, eta, y0, y1, y2, y3, w0, w1, w2, w3
+
+
+@helper
+def _checkpoint_at(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
+                   CK: tl.constexpr):  # fmt: skip
+    """Save the state before step ``t``, a multiple of ``CK`` (no test: no branch)."""
+    ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
+    tl.store(ck_ptr + ck, lam, mask=lane_mask)
+    tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
+
+
+@helper
 def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
                 CK: tl.constexpr):  # fmt: skip
     """Save the state before step ``t`` when ``t`` starts a checkpoint interval."""
     if t % CK == 0:
-        ck = (b.to(tl.int64) * NB + t // CK) * M * S + ms
-        tl.store(ck_ptr + ck, lam, mask=lane_mask)
-        tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
+        _checkpoint_at(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
 
 
 @triton.jit
@@ -531,6 +588,7 @@ def _kla_fwd_kernel(
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr, OUT_SCATTER: tl.constexpr,
     IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr, LEAN: tl.constexpr, EVEN_M: tl.constexpr,
+    W: tl.constexpr, FORM: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -567,10 +625,11 @@ def _kla_fwd_kernel(
         t_tail = t_lo + (t_hi - t_lo) // 4 * 4
     jg = jt % G  # a thread's place among the threads of its channel
     if BLOCK_PIPE and LEAN and IN_TILE and KQ_TILE:
-        # the pipelined 4-step blocks with loop-carried pointers: a block adds 4 rows to the
-        # pointers of its tiles and of its outputs instead of computing their offsets from
-        # the step, and its loads and stores carry no step masks (every step of these blocks
-        # is inside L), nor channel masks where the programs cover M exactly (EVEN_M)
+        # the pipelined blocks of W (4 or 8) steps with loop-carried pointers: a block adds W
+        # rows to the pointers of its tiles and of its outputs instead of computing their
+        # offsets from the step, and its loads and stores carry no step masks (every step of
+        # these blocks is inside L), nor channel masks where the programs cover M (EVEN_M)
+        t_tail = t_lo + (t_hi - t_lo) // W * W
         t4 = tl.arange(0, 4)
         mc = pm * (NT // G) + tl.arange(0, NT // G)
         sc = tl.arange(0, G * SG)
@@ -581,57 +640,64 @@ def _kla_fwd_kernel(
         pq = q_ptr + base_s + rows * S + sc[None, :]
         cmask = (t4[:, None] >= 0) & (mc[None, :] < M)
         smask4 = (t4[:, None] >= 0) & (sc[None, :] < S)
-        # with SCATTER, a block's sums are stored by the next block (at its top, from pointers
-        # one block behind), so that their shuffles overlap that block's arithmetic instead of
-        # ending each block with a chain of dependent shuffles; the last block's after the loop
+        # with SCATTER, the sums of a block's (last) 4 steps are stored by the next block (at
+        # its top, from pointers 4 steps behind), so that their shuffles overlap that block's
+        # arithmetic instead of ending each block with a chain of dependent shuffles; the last
+        # block's after the loop
         pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
         zero = tl.zeros([NT], dt)
         ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
-        for tb in tl.range(t_lo, t_tail, 4, num_stages=NS):  # fmt: skip
+        for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
             if SAVE_CK:
-                _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
-            if EVEN_M:
-                xv = tl.load(pv)
-                xL = tl.load(pL)
-            else:
-                xv = tl.load(pv, mask=cmask, other=0.0)
-                xL = tl.load(pL, mask=cmask, other=0.0)
-            if S == G * SG:
-                xk = tl.load(pk)
-                xq = tl.load(pq)
-            else:
-                xk = tl.load(pk, mask=smask4, other=0.0)
-                xq = tl.load(pq, mask=smask4, other=0.0)
-            v0, v1, v2, v3 = _tile_rows(xv.to(dt), G, NT)
-            L0, L1, L2, L3 = _tile_rows(xL.to(dt), G, NT)
-            k0, k1, k2, k3 = _slot_rows(xk.to(dt), SG, G, NT)
-            q0, q1, q2, q3 = _slot_rows(xq.to(dt), SG, G, NT)
+                if W == 8:  # tb is a multiple of 8 (chunks start on checkpoints)
+                    _checkpoint_at(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+                else:
+                    _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
+            v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _lean_tiles(
+                pv, pL, pk, pq, cmask, smask4, dt, S, SG, G, NT, EVEN_M)  # fmt: skip
+            if W == 8:
+                u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3 = _lean_tiles(
+                    pv + 4 * M, pL + 4 * M, pk + 4 * S, pq + 4 * S, cmask, smask4, dt, S, SG, G,
+                    NT, EVEN_M)  # fmt: skip
             if SCATTER:
                 _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
                                 mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
-                lam, eta, ys0, vs0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, f1, tb,
-                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
-                                               LEAN)  # fmt: skip
-                lam, eta, ys1, vs1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, f1, tb + 1,
-                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
-                                               LEAN)  # fmt: skip
-                lam, eta, ys2, vs2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, f1, tb + 2,
-                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
-                                               LEAN)  # fmt: skip
-                lam, eta, ys3, vs3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, f1, tb + 3,
-                                               prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
-                                               LEAN)  # fmt: skip
+                pa += 4 * M
+                pb += 4 * M
+                lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _lean_sums4(
+                    lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p,
+                    d, af, f1, tb, prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                    FORM)  # fmt: skip
+                if W == 8:
+                    if SAVE_CK and CK == 4:
+                        _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask,
+                                       ck_eta, CK)  # fmt: skip
+                    lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _lean_sums4(
+                        lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3,
+                        p, d, af, f1, tb + 4, prec_ptr, M, S, base_m, ms, lane_mask,
+                        SAVE_PREC, FORM)  # fmt: skip
+                    _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask, G)
+                    pa += 4 * M
+                    pb += 4 * M
+                    ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3
             else:
                 lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2,
                                       v3, L3, k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr,
                                       M, S, base_m, mo, momask, ms, lane_mask, jt, pa, pb, mmask,
-                                      SAVE_PREC, SCATTER, G, NT, LEAN)  # fmt: skip
-            pv += 4 * M
-            pL += 4 * M
-            pk += 4 * S
-            pq += 4 * S
-            pa += 4 * M
-            pb += 4 * M
+                                      SAVE_PREC, SCATTER, G, NT, FORM)  # fmt: skip
+                if W == 8:
+                    if SAVE_CK and CK == 4:
+                        _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask,
+                                       ck_eta, CK)  # fmt: skip
+                    lam, eta = _fwd_step4(lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2,
+                                          r2, u3, U3, h3, r3, p, d, af, f1, tb + 4, y_ptr,
+                                          yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms,
+                                          lane_mask, jt, pa, pb, mmask, SAVE_PREC, SCATTER, G,
+                                          NT, FORM)  # fmt: skip
+            pv += W * M
+            pL += W * M
+            pk += W * S
+            pq += W * S
         if SCATTER:
             _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
                             mmask & ((m * 0 + t_tail) > t_lo), G)  # fmt: skip
@@ -656,7 +722,7 @@ def _kla_fwd_kernel(
                                   k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
                                   base_m, mo, momask, ms, lane_mask, jt, pa, pb,
                                   mmask & (step < L), SAVE_PREC, SCATTER, G, NT,
-                                  LEAN)  # fmt: skip
+                                  FORM)  # fmt: skip
             v0, L0, k0, q0, v1, L1, k1, q1 = n0, nL0, nk0, nq0, n1, nL1, nk1, nq1
             v2, L2, k2, q2, v3, L3, k3, q3 = n2, nL2, nk2, nq2, n3, nL3, nk3, nq3
     elif BLOCK_PIPE:
@@ -674,7 +740,7 @@ def _kla_fwd_kernel(
                                   k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S,
                                   base_m, mo, momask, ms, lane_mask, jt, pa, pb,
                                   mmask & (step < L), SAVE_PREC, SCATTER, G, NT,
-                                  LEAN)  # fmt: skip
+                                  FORM)  # fmt: skip
     # one step at a time (the whole chunk without PREFETCH, else its last steps); the loads of
     # later steps are issued ahead of use by the software pipeline (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -686,7 +752,7 @@ def _kla_fwd_kernel(
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr,
                              M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
-                             LEAN)  # fmt: skip
+                             FORM)  # fmt: skip
     if c == NC - 1:
         tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
         tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
@@ -1333,6 +1399,14 @@ TUNING = {
     # the forward's lean form: lam_pred = lam / (p lam + d) + e (one addition a lane-step
     # fewer) and, in the pipelined tile blocks, loop-carried pointers without step masks
     "fwd_lean": True,
+    # steps a block of the lean forward, 4 or 8 (8 halves the per-block work of the pipeline).
+    # None: 8, but 4 when the forward saves the backward's checkpoints (B=4 M=960 S=16: forward
+    # 0.139 against 0.161 ms at 4; forward saving checkpoints 0.170 against 0.176 at 8;
+    # benchmarks/results/2026-11-29-s7-kla-lean-sweep.json)
+    "fwd_lean_steps": None,
+    # the lean forward forms Lv k once a lane-step for both phi = Lv k^2 and r = v Lv k (4
+    # instructions fewer a 4-step block, yet B=4 forward 0.156 against 0.139 ms in 8-step blocks)
+    "fwd_lk": False,
     # the backward loads each 4 steps' v, Lv, gy, gyv as [4, channels] and k, q as [4, slots]
     # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter: B=4
     # M=960 backward 0.81 -> 0.63 ms, B=8 M=2048 1.95 -> 1.52 (s6-bwd-tiles.json)
@@ -1372,6 +1446,10 @@ def _tuning(lanes: int) -> dict:
         t["bwd_reuse_inputs"] = t["bwd_slots"] <= 2 or t["ck"] == 4
     if t["bwd_split_tail"] is None:
         t["bwd_split_tail"] = t["bwd_slots"] <= 2 or t["ck"] == 4
+    if t["fwd_lean_steps"] not in (None, 4, 8):
+        raise ValueError(
+            f"TUNING['fwd_lean_steps']: expected 4, 8 or None, got {t['fwd_lean_steps']!r}"
+        )
     if t["ck"] not in (4, 8):
         raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
     if t["ck"] != 8 and t["bwd_chunk_len"]:
@@ -1430,7 +1508,10 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
                           OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
                           KQ_TILE=TU["fwd_tile_kq"], LEAN=TU["fwd_lean"],
-                          EVEN_M=M % (NT // G) == 0, num_warps=warps)  # fmt: skip
+                          EVEN_M=M % (NT // G) == 0,
+                          W=TU["fwd_lean_steps"] or (4 if save_ck else 8),
+                          FORM=(2 if TU["fwd_lk"] else 1) if TU["fwd_lean"] else 0,
+                          num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
