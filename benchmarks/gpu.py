@@ -382,14 +382,15 @@ def kernel_resources():
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
                     SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
                     SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"],
-                    TILE_IN=tu["bwd_tiles"], HAS_GPREC=False, CHUNKED=False)  # fmt: skip
+                    TILE_IN=tu["bwd_tiles"], LEAN=tu["bwd_lean"], HAS_GPREC=False,
+                    CHUNKED=False)  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
     kla_b_many = bwd_consts(K._tuning(8 * 2048 * 16))
     kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline",
                  OUT_SCATTER=tu["fwd_scatter_out"], IN_TILE=tu["fwd_tile_loads"],
-                 KQ_TILE=tu["fwd_tile_kq"])  # fmt: skip
+                 KQ_TILE=tu["fwd_tile_kq"], EVEN_M=True)  # fmt: skip
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
@@ -420,10 +421,16 @@ def kernel_resources():
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
                     dict(kla_f, SAVE_PREC=False, SAVE_CK=True,
-                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False), 1),
+                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
+                         **K._lean_consts(tu, True)), 1),
+        # without gradients: no checkpoints, 8-step lean blocks
+        "kla_fwd_infer": (K._kla_fwd_kernel, dict(kla_fwd_sig),
+                          dict(kla_f, SAVE_PREC=False, SAVE_CK=False,
+                               PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
+                               **K._lean_consts(tu, False)), 1),
         "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
                             dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
-                                 CHUNKED=True), 1),
+                                 CHUNKED=True, **K._lean_consts(tu, True)), 1),
         "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
@@ -440,7 +447,8 @@ def kernel_resources():
                             dict(kla_b, CHUNKED=True), 1),
         "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
                          {k: v for k, v in kla_b.items()
-                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN", "CHUNKED")},
+                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN", "CHUNKED",
+                                       "LEAN")},
                          1),
         "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
         "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),

@@ -1,6 +1,7 @@
 """Compile the KLA kernels for sm_90 (no GPU needed) over a matrix of shapes and settings, with
 every default feature on (tile loads, reduce-scatters, L2 prefetch in the backward, the
-precisions output, the gradient of the precisions): slots S of 1, 12, 16 and 64, programs of 1
+precisions output, the gradient of the precisions, the lean forms in 8- and 4-step blocks,
+the checkpoints saved inside them): slots S of 1, 12, 16 and 64, programs of 1
 and 2 warps, float32, float64 and bfloat16 inputs, 2 and 4 slots a thread. The interpreter does
 not lower a kernel to the GPU, so this is how a change is checked to compile everywhere before
 a device session. Prints each failure and the count (about 20 minutes on 2 cores):
@@ -49,10 +50,12 @@ def main():
             "fwd": (K._kla_fwd_kernel, FWD_PTRS, "L M NB CL",
                     dict(common, CK=8, NS=4, SAVE_PREC=True, SAVE_CK=True, PREFETCH=False,
                          CHUNKED=False, AHEAD=0, BLOCK_PIPE=True, OUT_SCATTER=True, IN_TILE=True,
-                         KQ_TILE=True)),
+                         KQ_TILE=True, EVEN_M=warps == 1, LEAN=True, W=8 if slots == 4 else 4,
+                         FORM=1 if dt == "fp32" else 2)),
             "bwd": (K._kla_bwd_kernel, BWD_PTRS, "L M NB B CI",
                     dict(common, CK=4 if slots == 4 else 8, NS=3, HAS_GPREC=True, CHUNKED=False,
-                         AHEAD=32, REUSE=True, SPLIT=True, SCATTER=True, TILE_IN=True)),
+                         AHEAD=32, REUSE=True, SPLIT=True, SCATTER=True, TILE_IN=True,
+                         LEAN=True)),
         }  # fmt: skip
         for which, (fn, ptrs, ints, consts) in cases.items():
             sg = signature(fn, ptrs, ints, consts, dt)

@@ -30,6 +30,7 @@ def resources():
 
 KERNELS = [
     "kla_fwd",
+    "kla_fwd_infer",
     "kla_fwd_chunked",
     "kla_chunk_maps",
     "kla_bwd",
@@ -49,6 +50,7 @@ KERNELS = [
 # and bytes of spilled stack (the KLA backward's unrolled interval spills a few words on sm_90).
 BUDGET = {
     "kla_fwd": (255, 0),
+    "kla_fwd_infer": (255, 0),
     "kla_fwd_chunked": (255, 0),
     "kla_chunk_maps": (255, 0),
     "kla_bwd": (255, 64),
@@ -72,10 +74,12 @@ def test_reciprocals_per_step(resources):
     # filter forward: 1/(p lam + d) in the loop and 1/obs_var once before it (constant in time
     # here). KLA forward: the predict reciprocal and 1/lam for the readout, 2 a lane-step; the
     # compiled case has 4 lanes a thread ([32, 4] tile, one warp) and 5 step bodies (the 4
-    # unrolled steps of a register-prefetched block and the one-step tail loop)
+    # unrolled steps of a pipelined block and the one-step tail loop; without gradients the
+    # blocks hold 8 steps), plus 1 / p once a lane (the lean form's e where the decay is 0).
     # float32 KLA kernels take one hardware reciprocal each (no division sequences)
     assert resources["filter_fwd"]["divisions"] == 2
-    assert resources["kla_fwd"]["fast_reciprocals"] == 2 * 4 * 5
+    assert resources["kla_fwd"]["fast_reciprocals"] == 2 * 4 * 5 + 4
+    assert resources["kla_fwd_infer"]["fast_reciprocals"] == 2 * 4 * 9 + 4
     for name in KERNELS:
         if name.startswith("kla"):
             assert resources[name]["divisions"] == 0, (name, resources[name])

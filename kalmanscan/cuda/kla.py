@@ -271,7 +271,7 @@ def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr, E_FORM: tl.constexpr = F
     af = tl.where(forget, 0.0, a)
     if E_FORM:
         d = tl.where(forget, float("inf"), a * a)
-        f1 = tl.where(forget, 1.0 / p, 0.0)
+        f1 = tl.where(forget, _rcp(p), 0.0)
     else:
         d = tl.where(forget, p, a * a)
         f1 = tl.where(forget, 1.0, 0.0)
@@ -1460,6 +1460,15 @@ def _tuning(lanes: int) -> dict:
     return t
 
 
+def _lean_consts(tuning: dict, save_ck: bool) -> dict:
+    """The forward kernel's lean-form constants from a ``_tuning`` result: ``LEAN``, the steps
+    ``W`` of its blocks (8, or 4 when it saves checkpoints, unless set) and the step ``FORM``
+    (0: classic, 1: ``_dynamics``' E_FORM, 2: E_FORM with ``Lv k`` formed once)."""
+    lean = tuning["fwd_lean"]
+    return dict(LEAN=lean, W=tuning["fwd_lean_steps"] or (4 if save_ck else 8),
+                FORM=(2 if tuning["fwd_lk"] else 1) if lean else 0)  # fmt: skip
+
+
 def _config(S: int, which: str, tuning: dict):
     """``(G, SG, NT, num_warps)``: ``SG`` slots a thread, ``G`` threads a channel, ``NT``
     threads a program."""
@@ -1507,11 +1516,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
                           CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
                           BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
                           OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
-                          KQ_TILE=TU["fwd_tile_kq"], LEAN=TU["fwd_lean"],
-                          EVEN_M=M % (NT // G) == 0,
-                          W=TU["fwd_lean_steps"] or (4 if save_ck else 8),
-                          FORM=(2 if TU["fwd_lk"] else 1) if TU["fwd_lean"] else 0,
-                          num_warps=warps)  # fmt: skip
+                          KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
+                          **_lean_consts(TU, save_ck), num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
