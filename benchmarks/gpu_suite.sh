@@ -3,8 +3,10 @@
 #
 #   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
 #
-# PART: tests (the CUDA tests at GPU sizes but the KLA tuning sweep, ~5 min), tuning (that
-# sweep at L = 5: about 30 KLA tuning variants compiled and checked in float64, ~8 min),
+# PART: tests (the CUDA tests at GPU sizes but the KLA tuning sweep, in three parts that each
+# fit a 10-minute job: tests-filter, the filter and dense lean-loop tests; tests-kla-a, the KLA
+# float64 shapes and tile loads; tests-kla-b, the other KLA tests), tuning (that sweep at
+# L = 5: about 45 KLA tuning variants compiled and checked in float64, ~8 min),
 # tuning2 (the same at L = 1003, from triton's cache of the compiled variants), kernels
 # (benchmarks/gpu.py: the four
 # shapes of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py,
@@ -18,28 +20,32 @@ parts=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    tests|tuning|tuning2|kernels|reliability|dense|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, tuning, tuning2, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
+    tests) parts+=(tests-filter tests-kla-a tests-kla-b); shift ;;
+    tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
-[ "${parts[*]}" = all ] && parts=(tests tuning tuning2 kernels reliability dense)
+[ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels reliability dense)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
-KLA_VARIANTS='[{"bwd_tiles": false}, {"fwd_tile_kq": false}, {"fwd_tile_loads": false, "fwd_tile_kq": false},
- {"fwd_scatter_out": false}, {"fwd_staging": "prefetch"}, {"fwd_l2_ahead": 32},
+KLA_VARIANTS='[{"fwd_lean": false}, {"bwd_lean": false}, {"fwd_lean_steps": 4}, {"fwd_lean_steps": 8},
+ {"fwd_lk": true}, {"NS": 5}, {"bwd_tiles": false}, {"fwd_scatter_out": false},
  {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8}, {"ck": 4},
- {"fwd_slots": 2}, {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4},
- {"bwd_split_tail": false}, {"bwd_scatter_sums": false}, {"bwd_warps": 2}, {"bwd_warps": 4},
- {"bwd_warps": 2, "bwd_slots": 4}]'
+ {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4}, {"bwd_split_tail": false},
+ {"bwd_scatter_sums": false}, {"bwd_warps": 2}]'
 status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
   case "$part" in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py tests/test_cuda_kla.py \
-             tests/test_dense_lean_loop.py -k "not every_tuning" ;;
+    tests-filter) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py \
+             tests/test_dense_lean_loop.py ;;
+    tests-kla-a) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py \
+             -k "float64 or tile_loads" ;;
+    tests-kla-b) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py \
+             -k "not every_tuning and not float64 and not tile_loads" ;;
     tuning) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and not 1003" ;;
     tuning2) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and 1003" ;;
     kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" &&
