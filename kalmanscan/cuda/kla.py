@@ -23,6 +23,12 @@ thread walks in the backward and whether it reuses its recomputation's inputs ar
 the lane count (``_tuning``). No
 ``[B, L, M, S]`` tensor is written unless the precisions are asked for.
 
+Lean forms (``TUNING["fwd_lean"]``, ``TUNING["bwd_lean"]``; on by default): the predict step
+as ``lam / (p lam + d) + e`` (``_dynamics``' ``E_FORM``: one addition fewer a lane-step,
+and in the backward one select), the forward's pipelined blocks of 8 steps (4 when it saves
+checkpoints) with loop-carried pointers, no step masks, and each block's reduce-scatter
+issued at the top of the next block; the backward's main loop without step masks.
+
 Backward (exact): the forward saves the state every ``CK`` steps (8, or 4 by ``TUNING["ck"]``;
 ``[2, B, L/CK, M, S]``, only when a gradient is needed); the backward walks the intervals in
 reverse, recomputes an interval's states from its checkpoint into registers (unrolled:
@@ -485,6 +491,23 @@ def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, 
 
 
 @helper
+def _fwd_sums4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d,
+                af, e, t, prec_ptr, M, S: tl.constexpr, base_m, ms, lane_mask,
+                SAVE_PREC: tl.constexpr, FORM: tl.constexpr):  # fmt: skip
+    """The 4 steps from ``t`` (``_fwd_sums`` of each, unrolled, in the step form ``FORM``): the
+    state after them and each step's thread sums of ``y``, then of ``yvar``."""
+    lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, e, t, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, e, t + 1, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, e, t + 2, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, e, t + 3, prec_ptr, M, S,
+                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
+    return lam, eta, y0, y1, y2, y3, w0, w1, w2, w3
+
+
+@helper
 def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
                f1, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
                lane_mask, jt, ptr_a, ptr_b, omask, SAVE_PREC: tl.constexpr,
@@ -493,14 +516,9 @@ def _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3,
     """The 4 steps from ``t`` (``_fwd_step`` of each, unrolled; with ``SCATTER`` their outputs
     stored together by ``_scatter_store4`` at ``ptr_a, ptr_b`` under ``omask``)."""
     if SCATTER:
-        lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, prec_ptr, M, S,
-                                     base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
-        lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, f1, t + 1, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
-        lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, f1, t + 2, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
-        lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, f1, t + 3, prec_ptr, M,
-                                     S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
+        lam, eta, y0, y1, y2, y3, w0, w1, w2, w3 = _fwd_sums4(
+            lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
+            f1, t, prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC, E_FORM)  # fmt: skip
         _scatter_store4(y0, y1, y2, y3, w0, w1, w2, w3, jt % G, ptr_a, ptr_b, omask, G)
         return lam, eta
     lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M,
@@ -546,23 +564,6 @@ def _lean_tiles(pv, pL, pk, pq, cmask, smask4, dt: tl.constexpr, S: tl.constexpr
 
 
 @helper
-def _lean_sums4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d,
-                af, e, t, prec_ptr, M, S: tl.constexpr, base_m, ms, lane_mask,
-                SAVE_PREC: tl.constexpr, FORM: tl.constexpr):  # fmt: skip
-    """The 4 steps from ``t`` in the lean form (``_fwd_sums`` with ``E_FORM``): the state after
-    them and each step's thread sums of ``y``, then of ``yvar``."""
-    lam, eta, y0, w0 = _fwd_sums(lam, eta, v0, L0, k0, q0, p, d, af, e, t, prec_ptr, M, S,
-                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
-    lam, eta, y1, w1 = _fwd_sums(lam, eta, v1, L1, k1, q1, p, d, af, e, t + 1, prec_ptr, M, S,
-                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
-    lam, eta, y2, w2 = _fwd_sums(lam, eta, v2, L2, k2, q2, p, d, af, e, t + 2, prec_ptr, M, S,
-                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
-    lam, eta, y3, w3 = _fwd_sums(lam, eta, v3, L3, k3, q3, p, d, af, e, t + 3, prec_ptr, M, S,
-                                 base_m, ms, lane_mask, SAVE_PREC, FORM)  # fmt: skip
-    return lam, eta, y0, y1, y2, y3, w0, w1, w2, w3
-
-
-@helper
 def _checkpoint_at(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
                    CK: tl.constexpr):  # fmt: skip
     """Save the state before step ``t``, a multiple of ``CK`` (no test: no branch)."""
@@ -599,8 +600,8 @@ def _kla_fwd_kernel(
     lane_mask = smask & mmask[None, :]
     ms = m[None, :] * S + s
     dt = y_ptr.dtype.element_ty
-    # LEAN: lam_pred = lam / (p lam + d) + e (_dynamics' E_FORM; f1 holds e)
-    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt, LEAN)
+    # FORM > 0: lam_pred = lam / (p lam + d) + e (_dynamics' E_FORM; f1 holds e)
+    p, d, af, f1 = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt, FORM > 0)
     state_off = b.to(tl.int64) * M * S + ms
     if CHUNKED:  # the chunk's true start state, from the carry pass ([2, NC, B M S])
         n_lanes = M * S * tl.num_programs(1)
@@ -664,7 +665,7 @@ def _kla_fwd_kernel(
                                 mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
                 pa += 4 * M
                 pb += 4 * M
-                lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _lean_sums4(
+                lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _fwd_sums4(
                     lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p,
                     d, af, f1, tb, prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
                     FORM)  # fmt: skip
@@ -672,7 +673,7 @@ def _kla_fwd_kernel(
                     if SAVE_CK and CK == 4:
                         _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask,
                                        ck_eta, CK)  # fmt: skip
-                    lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _lean_sums4(
+                    lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _fwd_sums4(
                         lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3,
                         p, d, af, f1, tb + 4, prec_ptr, M, S, base_m, ms, lane_mask,
                         SAVE_PREC, FORM)  # fmt: skip
