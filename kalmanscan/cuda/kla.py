@@ -650,7 +650,7 @@ def _kla_fwd_kernel(
         ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
         for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
             if SAVE_CK:
-                if W == 8:  # tb is a multiple of 8 (chunks start on checkpoints)
+                if W == 8:  # tb is a multiple of CK (chunks start on checkpoints; CK | 8)
                     _checkpoint_at(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
                 else:
                     _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
