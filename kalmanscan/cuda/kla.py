@@ -269,8 +269,8 @@ def _dynamics(a_ptr, p_ptr, ms, mask, dt: tl.constexpr, E_FORM: tl.constexpr = F
     ``af = 0``, ``d = p`` where ``decay = 0``: total forgetting). ``E_FORM``: ``(p, d, af, e)``
     with ``lam_pred = lam / (p lam + d) + e`` instead, which saves the addition a lane-step:
     ``e = 0`` but where the decay is 0, and there ``d = inf`` (so ``1 / (p lam + d) = 0``,
-    ``alpha = 0``) and ``e = 1 / p``. Where the decay is not 0 the two forms round
-    identically."""
+    ``alpha = 0``) and ``e = 1 / p``. Where the decay is not 0 the two forms are the same
+    expression but for the order in which the compiler may fuse multiply-adds."""
     a = tl.load(a_ptr + ms, mask=mask, other=1.0).to(dt)
     p = tl.load(p_ptr + ms, mask=mask, other=1.0).to(dt)
     forget = a * a == 0.0
