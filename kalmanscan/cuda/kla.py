@@ -320,19 +320,35 @@ def _tile_rows(x4, G: tl.constexpr, NT: tl.constexpr):
 
 
 @helper
+def _load_tile(ptrs, ok, MASK: tl.constexpr):
+    """One tile at ``ptrs``: zeros where ``ok`` is false with ``MASK``, unmasked without."""
+    if MASK:
+        return tl.load(ptrs, mask=ok, other=0.0)
+    return tl.load(ptrs)
+
+
+@helper
+def _vl_rows(pv, pL, ok, dt: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
+             MASK: tl.constexpr):  # fmt: skip
+    """``v, Lv`` of 4 steps from their ``[4, NT / G]`` tile pointers (one element a thread,
+    not ``G`` copies of each; ``_load_tile``), then broadcast to a channel's threads."""
+    v0, v1, v2, v3 = _tile_rows(_load_tile(pv, ok, MASK).to(dt), G, NT)
+    L0, L1, L2, L3 = _tile_rows(_load_tile(pL, ok, MASK).to(dt), G, NT)
+    return v0, L0, v1, L1, v2, L2, v3, L3
+
+
+@helper
 def _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt: tl.constexpr, G: tl.constexpr,
          NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
     """``v, Lv`` of the 4 steps from ``t`` at the program's channels, each loaded as one
-    ``[4, NT / G]`` tile (one element a thread, not ``G`` copies of each), then broadcast."""
+    ``[4, NT / G]`` tile (``_vl_rows``)."""
     tt = t + tl.arange(0, 4)
     mc = pm * (NT // G) + tl.arange(0, NT // G)
     off = base_m + tt[:, None] * M + mc[None, :]
     ok = (tl.arange(0, 4)[:, None] >= 0) & (mc[None, :] < M)
     if MASKED:  # (else every step is inside L)
         ok = ok & (tt[:, None] < L)
-    v0, v1, v2, v3 = _tile_rows(tl.load(v_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
-    L0, L1, L2, L3 = _tile_rows(tl.load(Lv_ptr + off, mask=ok, other=0.0).to(dt), G, NT)
-    return v0, L0, v1, L1, v2, L2, v3, L3
+    return _vl_rows(v_ptr + off, Lv_ptr + off, ok, dt, G, NT, True)
 
 
 @helper
@@ -360,7 +376,7 @@ def _slot_tile(x_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.co
     ok = (tl.arange(0, 4)[:, None] >= 0) & (so[None, :] < S)
     if MASKED:  # (else every step is inside L)
         ok = ok & (tt[:, None] < L)
-    return _slot_rows(tl.load(x_ptr + off, mask=ok, other=0.0).to(dt), SG, G, NT)
+    return _slot_rows(_load_tile(x_ptr + off, ok, True).to(dt), SG, G, NT)
 
 
 @helper
@@ -403,15 +419,12 @@ def _step_from(lam, eta, p, d, af, f1, v, Lv, kk, E_FORM: tl.constexpr = False):
     rden = _rcp(p * lam + d)
     if E_FORM == 2:
         lk = Lv[None, :] * kk
-        lam_new = lam * rden + (lk * kk + f1)
-        eta_new = af * rden * eta + v[None, :] * lk
-    elif E_FORM:
+        return lam * rden + (lk * kk + f1), af * rden * eta + v[None, :] * lk
+    if E_FORM:
         lam_new = lam * rden + (Lv[None, :] * (kk * kk) + f1)
-        eta_new = af * rden * eta + (v * Lv)[None, :] * kk
     else:
         lam_new = (lam + f1) * rden + Lv[None, :] * (kk * kk)
-        eta_new = af * rden * eta + (v * Lv)[None, :] * kk
-    return lam_new, eta_new
+    return lam_new, af * rden * eta + (v * Lv)[None, :] * kk
 
 
 @helper
@@ -544,23 +557,30 @@ def _lean_tiles(pv, pL, pk, pq, cmask, smask4, dt: tl.constexpr, S: tl.constexpr
     ``[4, NT / G]`` tiles (masked by channel unless ``EVEN_M``) and ``k, q`` as ``[4, G SG]``
     tiles (masked by slot unless every slot is real), given to the threads as ``_inputs4``
     gives them."""
-    if EVEN_M:
-        xv = tl.load(pv)
-        xL = tl.load(pL)
-    else:
-        xv = tl.load(pv, mask=cmask, other=0.0)
-        xL = tl.load(pL, mask=cmask, other=0.0)
-    if S == G * SG:
-        xk = tl.load(pk)
-        xq = tl.load(pq)
-    else:
-        xk = tl.load(pk, mask=smask4, other=0.0)
-        xq = tl.load(pq, mask=smask4, other=0.0)
-    v0, v1, v2, v3 = _tile_rows(xv.to(dt), G, NT)
-    L0, L1, L2, L3 = _tile_rows(xL.to(dt), G, NT)
-    k0, k1, k2, k3 = _slot_rows(xk.to(dt), SG, G, NT)
-    q0, q1, q2, q3 = _slot_rows(xq.to(dt), SG, G, NT)
+    v0, L0, v1, L1, v2, L2, v3, L3 = _vl_rows(pv, pL, cmask, dt, G, NT, not EVEN_M)
+    k0, k1, k2, k3 = _slot_rows(_load_tile(pk, smask4, S != G * SG).to(dt), SG, G, NT)
+    q0, q1, q2, q3 = _slot_rows(_load_tile(pq, smask4, S != G * SG).to(dt), SG, G, NT)
     return v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3
+
+
+@helper
+def _lean_block4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d,
+                 af, f1, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
+                 lane_mask, jt, zero, SAVE_PREC: tl.constexpr, SCATTER: tl.constexpr,
+                 G: tl.constexpr, NT: tl.constexpr, FORM: tl.constexpr):  # fmt: skip
+    """The 4 steps from ``t`` of a lean forward block: with ``SCATTER`` the state after them
+    and their thread sums of ``y``, then ``yvar`` (``_fwd_sums4``; the caller stores them a
+    block later), else the state after them, their outputs stored step by step
+    (``_fwd_step4``), and ``zero`` for the sums."""
+    if SCATTER:
+        return _fwd_sums4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3,
+                          p, d, af, f1, t, prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
+                          FORM)  # fmt: skip
+    lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3,
+                          p, d, af, f1, t, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask,
+                          ms, lane_mask, jt, y_ptr, y_ptr, momask, SAVE_PREC, False, G, NT,
+                          FORM)  # fmt: skip
+    return lam, eta, zero, zero, zero, zero, zero, zero, zero, zero
 
 
 @helper
@@ -665,36 +685,23 @@ def _kla_fwd_kernel(
                                 mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
                 pa += 4 * M
                 pb += 4 * M
-                lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _fwd_sums4(
-                    lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p,
-                    d, af, f1, tb, prec_ptr, M, S, base_m, ms, lane_mask, SAVE_PREC,
-                    FORM)  # fmt: skip
-                if W == 8:
-                    if SAVE_CK and CK == 4:
-                        _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask,
-                                       ck_eta, CK)  # fmt: skip
-                    lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _fwd_sums4(
-                        lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3,
-                        p, d, af, f1, tb + 4, prec_ptr, M, S, base_m, ms, lane_mask,
-                        SAVE_PREC, FORM)  # fmt: skip
+            lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _lean_block4(
+                lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
+                f1, tb, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, jt,
+                zero, SAVE_PREC, SCATTER, G, NT, FORM)  # fmt: skip
+            if W == 8:
+                if SAVE_CK and CK == 4:
+                    _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask, ck_eta,
+                                   CK)  # fmt: skip
+                lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _lean_block4(
+                    lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3, p,
+                    d, af, f1, tb + 4, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms,
+                    lane_mask, jt, zero, SAVE_PREC, SCATTER, G, NT, FORM)  # fmt: skip
+                if SCATTER:
                     _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask, G)
                     pa += 4 * M
                     pb += 4 * M
-                    ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3
-            else:
-                lam, eta = _fwd_step4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2,
-                                      v3, L3, k3, q3, p, d, af, f1, tb, y_ptr, yvar_ptr, prec_ptr,
-                                      M, S, base_m, mo, momask, ms, lane_mask, jt, pa, pb, mmask,
-                                      SAVE_PREC, SCATTER, G, NT, FORM)  # fmt: skip
-                if W == 8:
-                    if SAVE_CK and CK == 4:
-                        _checkpoint_at(ck_ptr, lam, eta, tb + 4, b, NB, M, S, ms, lane_mask,
-                                       ck_eta, CK)  # fmt: skip
-                    lam, eta = _fwd_step4(lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2,
-                                          r2, u3, U3, h3, r3, p, d, af, f1, tb + 4, y_ptr,
-                                          yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms,
-                                          lane_mask, jt, pa, pb, mmask, SAVE_PREC, SCATTER, G,
-                                          NT, FORM)  # fmt: skip
+                ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3
             pv += W * M
             pL += W * M
             pk += W * S
@@ -1000,12 +1007,12 @@ def _adjoint_step(
     # d/dp: alpha' = -alpha lam_pred, lam_pred' = -lam_pred^2
     if E_FORM:  # where the decay is 0, rden = alpha = 0 and lam_pred = e = 1 / p
         lam_pred = lam_prev * rden + f1
-        al = alpha * lam_pred
-        dga = g_al * (rden - 2.0 * a2) - 2.0 * (Lt * al)
+        g_a = g_al
     else:
         lam_pred = (lam_prev + f1) * rden
-        al = alpha * lam_pred
-        dga = tl.where(f1 > 0.0, 0.0, g_al) * (rden - 2.0 * a2) - 2.0 * (Lt * al)
+        g_a = tl.where(f1 > 0.0, 0.0, g_al)
+    al = alpha * lam_pred
+    dga = g_a * (rden - 2.0 * a2) - 2.0 * (Lt * al)
     dgp = -(lam_pred * (Lt * lam_pred) + g_al * al)
     n_Lc = a2 * Lt - alpha * (p * rden) * g_al
     n_Ec = alpha * Et
