@@ -363,6 +363,22 @@ def filter_case(T, N, variants, peer=True):
     return out
 
 
+def compile_sm90(fn, signature, consts, warps):
+    """Compile the Triton kernel ``fn`` for sm_90 (Hopper) on this machine, no GPU needed.
+    ``signature``: each non-constexpr argument's type (``"*fp32"``, ``"i32"``...); ``consts``:
+    the constexpr arguments' values. Pointers are taken as 16-byte aligned, as the launcher
+    specializes them for torch tensors."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    types = dict(signature, **{c: "constexpr" for c in consts})
+    sg = {n: types[n] for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n.endswith("_ptr")}  # fmt: skip
+    src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
 def kernel_resources():
     """Compile every kernel for sm_90 (no GPU needed) and read registers, spills and the
     pipelined loads from the compiler's output: the failure seen on the H200 (spilled register
@@ -371,7 +387,6 @@ def kernel_resources():
     import subprocess
 
     import triton
-    from triton.backends.compiler import GPUTarget
 
     from kalmanscan.cuda import filter as F
     from kalmanscan.cuda import kla as K
@@ -474,13 +489,7 @@ def kernel_resources():
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps) in cases.items():
-        for c in consts:
-            sg[c] = "constexpr"
-        # pointers 16-byte aligned, as the launcher specializes them for torch tensors
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if n.endswith("_ptr")}  # fmt: skip
-        src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
-        comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        comp = compile_sm90(fn, sg, consts, warps)
         ptx = comp.asm["ptx"]
         path = f"/tmp/kalmanscan-{name}.cubin"
         with open(path, "wb") as f:

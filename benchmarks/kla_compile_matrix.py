@@ -24,17 +24,15 @@ BWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr 
 INPUTS = ("v_ptr", "Lv_ptr", "k_ptr", "q_ptr")  # half inputs stay half; the rest is float32
 
 
-def signature(fn, ptrs, ints, consts, dt):
+def signature(ptrs, ints, dt):
     compute = "fp64" if dt == "fp64" else "fp32"
     d = {n: (f"*{dt}" if n in INPUTS else f"*{compute}") for n in ptrs.split()}
     d.update({n: "i32" for n in ints.split()})
-    d.update({c: "constexpr" for c in consts})
-    return {n: d[n] for n in fn.arg_names}
+    return d
 
 
 def main():
-    import triton
-    from triton.backends.compiler import GPUTarget
+    from gpu import compile_sm90
 
     from kalmanscan.cuda import kla as K
 
@@ -58,12 +56,8 @@ def main():
                          LEAN=True)),
         }  # fmt: skip
         for which, (fn, ptrs, ints, consts) in cases.items():
-            sg = signature(fn, ptrs, ints, consts, dt)
-            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                     if n.endswith("_ptr")}  # fmt: skip
-            src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
             try:
-                triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                compile_sm90(fn, signature(ptrs, ints, dt), consts, warps)
             except Exception as e:  # report every failing configuration, then the count
                 failures += 1
                 cause = e
