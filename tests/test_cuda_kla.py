@@ -152,7 +152,7 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            # in the time-chunked forward)
            {"fwd_lean": False, "bwd_lean": False}, {"fwd_lean": False, "ck": 4},
            {"fwd_lean_steps": 4}, {"fwd_lean_steps": 4, "ck": 4, "fwd_chunk_len": 8},
-           {"fwd_lean_steps": 8}, {"fwd_lean_steps": 8, "ck": 4}, {"fwd_lk": False},
+           {"fwd_lean_steps": 8}, {"fwd_lean_steps": 8, "ck": 4}, {"fwd_lk": True},
            {"fwd_chunk_len": 16, "ck": 4}]  # fmt: skip
 
 
