@@ -34,6 +34,7 @@ from kalmanscan.cuda._common import (
     helper,
     interpreting,
     lanes_config,
+    launch,
     observation,
     predict,
 )
@@ -352,13 +353,16 @@ def _forward(z, ov, a, p, h, c, lam0, eta0):
         start = torch.stack([lam0, eta0])[:, None]
     else:
         comp = empty((7, NC, N), z)
-        _fwd_kernel[grid](*_args(ins), z, lam, eta, comp, T, N, CH, NC, **flags, COMPOSITE=True,
-                          NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        launch(_fwd_kernel, grid,
+            *_args(ins), z, lam, eta, comp, T, N, CH, NC, **flags, COMPOSITE=True,
+            NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
         start = empty((2, NC, N), z)
-        _fwd_carry_kernel[(grid[0],)](comp, lam0, eta0, start, N, NC, NS=TUNING["NS"], BLOCK=BLOCK,
-                                      num_warps=warps)  # fmt: skip
-    _fwd_kernel[grid](*_args(ins), start, lam, eta, z, T, N, CH, NC, **flags,
-                      COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        launch(_fwd_carry_kernel, (grid[0],),
+            comp, lam0, eta0, start, N, NC, NS=TUNING["NS"], BLOCK=BLOCK,
+            num_warps=warps)  # fmt: skip
+    launch(_fwd_kernel, grid,
+        *_args(ins), start, lam, eta, z, T, N, CH, NC, **flags,
+        COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     return lam, eta
 
 
@@ -384,14 +388,15 @@ def _backward(ins, lam0, eta0, lam, eta, glam, geta, needs):
         xend = torch.zeros((2, 1, N), dtype=z.dtype, device=z.device)
     else:
         comp = empty((5, NC, N), z)
-        _bwd_kernel[grid](*common, z, comp, *outs, g0, T, N, CH, NC, **flags, COMPOSITE=True,
-                          NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        launch(_bwd_kernel, grid,
+            *common, z, comp, *outs, g0, T, N, CH, NC, **flags, COMPOSITE=True,
+            NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
         xend = empty((2, NC, N), z)
-        _bwd_carry_kernel[(grid[0],)](
-            comp, xend, N, NC, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps
-        )
-    _bwd_kernel[grid](*common, xend, z, *outs, g0, T, N, CH, NC, **flags,
-                      COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        launch(_bwd_carry_kernel, (grid[0],),
+            comp, xend, N, NC, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+    launch(_bwd_kernel, grid,
+        *common, xend, z, *outs, g0, T, N, CH, NC, **flags,
+        COMPOSITE=False, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     grads = [o if need else None for o, need in zip(outs, needs[:6], strict=True)]
     return (*grads, g0[0] if needs[6] else None, g0[1] if needs[7] else None)
 

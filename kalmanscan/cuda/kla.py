@@ -54,7 +54,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, lanes_config, next_pow2
+from kalmanscan.cuda._common import (
+    cdiv,
+    empty,
+    helper,
+    interpreting,
+    lanes_config,
+    launch,
+    next_pow2,
+)
 from kalmanscan.cuda.filter import _fwd_carry_kernel
 
 __all__ = ["kla_triton"]
@@ -1509,23 +1517,25 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
         assert CL % CK == 0, "chunks must start on checkpoints"
         N = B * M * S
         comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
-        _kla_chunk_maps_kernel[(cdiv(M, NT // G), B, NC)](
+        launch(_kla_chunk_maps_kernel, (cdiv(M, NT // G), B, NC),
             v, Lv, k, a, p, comp, L, M, CL, S, NS=TU["NS"], G=G, SG=SG, NT=NT,
             num_warps=warps)  # fmt: skip
         start = torch.empty((2, NC, N), dtype=dtype, device=v.device)
         block, cwarps = lanes_config(N)
-        _fwd_carry_kernel[(cdiv(N, block),)](comp, lam0.reshape(N), eta0.reshape(N),
-                                                     start, N, NC, NS=TU["NS"], BLOCK=block,
-                                                     num_warps=cwarps)  # fmt: skip
+        launch(_fwd_carry_kernel, (cdiv(N, block),),
+            comp, lam0.reshape(N), eta0.reshape(N),
+            start, N, NC, NS=TU["NS"], BLOCK=block,
+            num_warps=cwarps)  # fmt: skip
     grid = (cdiv(M, NT // G), B, NC)
-    _kla_fwd_kernel[grid](v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
-                          L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
-                          CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
-                          CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
-                          BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
-                          OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
-                          KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
-                          **_lean_consts(TU, save_ck), num_warps=warps)  # fmt: skip
+    launch(_kla_fwd_kernel, grid,
+        v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
+        L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
+        CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
+        CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
+        BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
+        OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
+        KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
+        **_lean_consts(TU, save_ck), num_warps=warps)  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
 
 
@@ -1538,53 +1548,56 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     NB = cdiv(L, CK)
     nmb = cdiv(M, NT // G)
 
-    def dense(g, shape):
-        return (
-            torch.zeros(shape, dtype=like.dtype, device=like.device)
-            if g is None
-            else g.contiguous()
-        )
+    def dense(gs, shape):  # gradients the caller left out (None) are zeros, one buffer for both
+        if gs[0] is None and gs[1] is None:
+            z = torch.zeros((2,) + shape, dtype=like.dtype, device=like.device)
+            return z[0], z[1]
+        return tuple(
+            torch.zeros(shape, dtype=like.dtype, device=like.device) if g is None
+            else g.contiguous() for g in gs)  # fmt: skip
 
-    gy = dense(gy, (B, L, M))
-    gyv = dense(gyv, (B, L, M))
-    glT = dense(glT, (B, M, S))
-    geT = dense(geT, (B, M, S))
+    gy, gyv = dense((gy, gyv), (B, L, M))
+    glT, geT = dense((glT, geT), (B, M, S))
     gv = empty((B, L, M), like)
     gLv = empty((B, L, M), like)
-    gk_part = empty((nmb, B, L, S), like)
-    gq_part = empty((nmb, B, L, S), like)
+    gkq_part = empty((2, nmb, B, L, S), like)  # partial sums of gk, gq; one sum for both
+    gk_part, gq_part = gkq_part[0], gkq_part[1]
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     CL = TU["bwd_chunk_len"]
     assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
     CI = CL // CK if CL else NB  # checkpoint intervals a chunk
     NC = cdiv(NB, CI)
-    ga_part = empty((NC, B, M, S), like)
-    gp_part = empty((NC, B, M, S), like)
+    gap_part = empty((2, NC, B, M, S), like)
+    ga_part, gp_part = gap_part[0], gap_part[1]
     g0 = empty((2, B, M, S), like)
     xend = gy
     if NC > 1:  # time-chunked: adjoint chunk maps, carries from the end, then every chunk
         N = B * M * S
         maps = torch.empty((5, NC, N), dtype=like.dtype, device=like.device)
-        _kla_bwd_maps_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
-                                           L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-                                           NS=TU["bwd_NS"], G=G, SG=SG, NT=NT,
-                                           num_warps=warps)  # fmt: skip
+        launch(_kla_bwd_maps_kernel, (nmb, B, NC),
+            v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
+            L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
+            NS=TU["bwd_NS"], G=G, SG=SG, NT=NT,
+            num_warps=warps)  # fmt: skip
         xend = torch.empty((2, NC, N), dtype=like.dtype, device=like.device)
         block, cwarps = lanes_config(N)
-        _kla_bwd_carry_kernel[(cdiv(N, block),)](maps, glT, geT, xend, N, NC,
-                                                        NS=TU["bwd_NS"], BLOCK=block,
-                                                        num_warps=cwarps)  # fmt: skip
-    _kla_bwd_kernel[(nmb, B, NC)](v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
-                                  gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
-                                  L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-                                  NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
-                                  AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
-                                  SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
-                                  TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"],
-                                  num_warps=warps)  # fmt: skip
-    return gv, gLv, gk_part.sum(0), gq_part.sum(0), ga_part.sum((0, 1)), gp_part.sum((0, 1)), \
-        g0[0], g0[1]
+        launch(_kla_bwd_carry_kernel, (cdiv(N, block),),
+            maps, glT, geT, xend, N, NC,
+            NS=TU["bwd_NS"], BLOCK=block,
+            num_warps=cwarps)  # fmt: skip
+    launch(_kla_bwd_kernel, (nmb, B, NC),
+        v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
+        gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
+        L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
+        NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
+        AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
+        SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
+        TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"],
+        num_warps=warps)  # fmt: skip
+    gk, gq = gkq_part.sum(1)
+    ga, gp = gap_part.sum((1, 2))
+    return gv, gLv, gk, gq, ga, gp, g0[0], g0[1]
 
 
 class _KLA(torch.autograd.Function):
@@ -1593,6 +1606,8 @@ class _KLA(torch.autograd.Function):
         y, yvar, lamT, etaT, prec, ck, CK = _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec,
                                                      save_ck)  # fmt: skip
         ctx.CK = CK
+        # outputs without a gradient reach backward as None (it passes zeros for them once)
+        ctx.set_materialize_grads(False)
         if save_ck:
             ctx.save_for_backward(v, Lv, k, q, a, p, ck)
         outs = (y, yvar, lamT, etaT) + ((prec,) if save_prec else ())
