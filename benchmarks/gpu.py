@@ -453,16 +453,16 @@ def kernel_resources():
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
                     dict(kla_f, SAVE_PREC=False, SAVE_CK=True,
-                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
+                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False, INIT=True,
                          **K._lean_consts(tu, True)), 1),
-        # without gradients: no checkpoints, 8-step lean blocks
+        # without gradients: no checkpoints, 8-step lean blocks, the default initial state
         "kla_fwd_infer": (K._kla_fwd_kernel, dict(kla_fwd_sig),
                           dict(kla_f, SAVE_PREC=False, SAVE_CK=False,
                                PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
-                               **K._lean_consts(tu, False)), 1),
+                               INIT=False, **K._lean_consts(tu, False)), 1),
         "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
                             dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
-                                 CHUNKED=True, **K._lean_consts(tu, True)), 1),
+                                 CHUNKED=True, INIT=True, **K._lean_consts(tu, True)), 1),
         "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
                            {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
         "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),

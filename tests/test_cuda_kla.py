@@ -338,6 +338,43 @@ def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
     assert err <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err:.3e}"
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
+def test_default_initial_state_is_set_in_the_kernel(monkeypatch, chunked):
+    # lam0, eta0 None: the kernel starts from (1, 0) without reading a state; the result and
+    # every gradient must equal those from explicit ones and zeros, and the state gets none
+    if chunked:
+        monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 8)
+        monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 8)
+    x = make_inputs(2, 19, 3, 4, seed=12)
+    x["lam0"] = torch.ones_like(x["lam0"])
+    x["eta0"] = torch.zeros_like(x["eta0"])
+    w = weights_for(2, 19, 3, 4)
+    outs = {}
+    for default in (False, True):
+        leaves = {n: t.detach().clone().requires_grad_(n not in ("lam0", "eta0"))
+                  for n, t in x.items()}  # fmt: skip
+        args = list(leaves.values())
+        if default:
+            args[6] = args[7] = None
+        y, yvar, lam, eta, _ = kla_triton(*args)
+        loss = sum((wi * o).sum() for wi, o in zip(w, (y, yvar, lam, eta), strict=False))
+        grads = torch.autograd.grad(loss, args[:6])
+        outs[default] = [y, yvar, lam, eta, *grads]
+        with torch.no_grad():
+            outs[default, "no_grad"] = list(kla_triton(*args)[:4])
+    for a, b in zip(outs[False], outs[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(outs[False, "no_grad"], outs[True, "no_grad"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    ref = reference(*(t for t in x.values()), return_precision=False)
+    assert_close(outs[True][0], ref[0], "kernel", torch.float64)
+    # through the public API: lam0, eta0 left out, and an initial state that asks a gradient
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    r = kla_triton(*leaves.values())
+    gl0, ge0 = torch.autograd.grad(r[0].sum(), [leaves["lam0"], leaves["eta0"]])
+    assert torch.isfinite(gl0).all() and torch.isfinite(ge0).all()
+
+
 def test_no_checkpoints_without_gradients():
     x = make_inputs(1, 5, 2, 4, seed=6)
     with torch.no_grad():

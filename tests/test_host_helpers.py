@@ -56,3 +56,82 @@ def test_host_size_helpers_match_triton():
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
     for n in range(1, 5000):
         assert next_pow2(n) == triton.next_power_of_2(n), n
+
+
+class _FakeCompiled:
+    """What the JIT returns: a compiled kernel whose ``[grid](*args)`` launches."""
+
+    function = object()
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *a):  # (the launcher; present on real compiled kernels)
+        raise AssertionError("launch() goes through [grid], not run()")
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid, args))
+
+
+class _FakeJIT:
+    """A stand-in for a ``@triton.jit`` function: its parameters, and ``[grid](...)``."""
+
+    def __init__(self, log):
+        import types
+
+        def kernel(x_ptr, n, S, BLOCK, FLAG=True):
+            pass
+
+        self.fn = kernel
+        self.params = [types.SimpleNamespace(is_constexpr=c) for c in (0, 0, 1, 1, 1)]
+        self.log = log
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.log.append(("jit", grid, args, kw))
+            return _FakeCompiled(self.log)
+
+        return run
+
+
+def test_launch_reuses_a_compiled_kernel_only_for_the_same_specialization(monkeypatch):
+    # the fast path of kalmanscan.cuda._common.launch: the first call of a key goes through
+    # the JIT, later calls with that key launch its compiled kernel with every argument in
+    # signature order (constexprs and defaults included); anything the JIT specializes on
+    # (integer == 1 or divisible by 16, tensor dtype or 16-byte alignment, a constexpr's
+    # value, a keyword) is a new key
+    from kalmanscan.cuda import _common
+
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_common, "_LAUNCH", {})
+    log = []
+    fn = _FakeJIT(log)
+    buf = torch.zeros(64)
+    calls = [
+        (buf, 40, 16, dict(BLOCK=128, num_warps=4)),  # jit: first of its key
+        (buf, 56, 16, dict(BLOCK=128, num_warps=4)),  # direct: 56 like 40 (not 1, not 16k)
+        (buf, 1, 16, dict(BLOCK=128, num_warps=4)),  # jit: n == 1
+        (buf, 32, 16, dict(BLOCK=128, num_warps=4)),  # jit: n divisible by 16
+        (buf, 40, 8, dict(BLOCK=128, num_warps=4)),  # jit: constexpr S
+        (buf, 40, 16, dict(BLOCK=64, num_warps=4)),  # jit: constexpr keyword
+        (buf, 40, 16, dict(BLOCK=128, num_warps=2)),  # jit: launch option
+        (buf[1:], 40, 16, dict(BLOCK=128, num_warps=4)),  # jit: pointer not 16-byte aligned
+        (buf.double(), 40, 16, dict(BLOCK=128, num_warps=4)),  # jit: dtype
+        (buf[4:], 41, 16, dict(BLOCK=128, num_warps=4)),  # direct: as the first call
+        (buf, 1 << 40, 16, dict(BLOCK=128, num_warps=4)),  # jit: 64-bit integer
+    ]
+    for x, n, S, kw in calls:
+        _common.launch(fn, (3,), x, n, S, **kw)
+    kinds = [e[0] for e in log]
+    assert kinds == ["jit", "direct", "jit", "jit", "jit", "jit", "jit", "jit", "jit",
+                     "direct", "jit"]  # fmt: skip
+    _, grid, args = log[1]
+    assert grid == (3, 1, 1)
+    assert args[1:] == (56, 16, 128, True) and args[0] is buf  # BLOCK by keyword, FLAG default
+    assert log[0][2] == (buf, 40, 16) and log[0][3] == dict(BLOCK=128, num_warps=4)
+    # without the fast path every call is the JIT's
+    monkeypatch.setattr(_common, "FAST_LAUNCH", False)
+    log.clear()
+    _common.launch(fn, (3,), buf, 40, 16, BLOCK=128, num_warps=4)
+    assert [e[0] for e in log] == ["jit"]

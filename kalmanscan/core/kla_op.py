@@ -44,6 +44,7 @@ class KLAResult(NamedTuple):
 
 
 _HALF = (torch.float16, torch.bfloat16, torch.float32)
+_FLOATS = frozenset(_HALF + (torch.float64,))
 
 
 def _step(v, Lv, k, q, a, p, qf, d, lam, eta):
@@ -142,7 +143,7 @@ def _resolve(backend, device: torch.device) -> str:
 def _check_tensor(name, x, ndim, desc):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor {desc}, got {type(x).__name__}")
-    if x.dtype not in _HALF + (torch.float64,):
+    if x.dtype not in _FLOATS:
         raise TypeError(
             f"{name}: expected a float16/bfloat16/float32/float64 tensor, got dtype {x.dtype}"
         )
@@ -203,11 +204,15 @@ def _broadcasts_to(shape, target) -> bool:
     )
 
 
-def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check=True):
+def _prepare(
+    v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check=True, default_init=False
+):
     """Check shapes, pick the working dtype (float64 stays float64, else float32) and convert.
 
     ``keep_half``: leave float16/bfloat16 ``v, Lv, k, q`` as they are (the fused kernel reads
-    them and computes in float32, saving a conversion pass over the inputs)."""
+    them and computes in float32, saving a conversion pass over the inputs).
+    ``default_init``: where ``lam0`` and ``eta0`` are both None, return them as None (the fused
+    kernel sets the default state itself) instead of tensors of ones and zeros."""
     _check_tensor("v", v, 3, "of shape [B, L, M]")
     B, L, M = v.shape
     _check_tensor("Lv", Lv, 3, f"of shape [B, L, M] = {[B, L, M]}")
@@ -230,7 +235,7 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check
                 f"{name}: expected a torch.Tensor of shape [M, S], got {type(x).__name__}"
             )
         _check_tensor(name, x, x.dim(), "")
-        if not _broadcasts_to(x.shape, (M, S)):
+        if x.shape != (M, S) and not _broadcasts_to(x.shape, (M, S)):
             raise ValueError(
                 f"{name}: expected a tensor broadcastable to [M, S] = {[M, S]}, "
                 f"got {tuple(x.shape)}"
@@ -243,7 +248,7 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check
                 f"{name}: expected a torch.Tensor of shape [B, M, S], got {type(x).__name__}"
             )
         _check_tensor(name, x, x.dim(), "")
-        if not _broadcasts_to(x.shape, (B, M, S)):
+        if x.shape != (B, M, S) and not _broadcasts_to(x.shape, (B, M, S)):
             raise ValueError(
                 f"{name}: expected a tensor broadcastable to [B, M, S] = {[B, M, S]}, "
                 f"got {tuple(x.shape)}"
@@ -260,19 +265,28 @@ def _prepare(v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=False, check
     dtype = (
         torch.float64 if any(x.dtype == torch.float64 for x in tensors.values()) else torch.float32
     )
+    keep = keep_half and dtype == torch.float32
+    # (conversions and expansions only where they change something: each is a few
+    # microseconds of host time even as a no-op)
     cv = {
-        n: x if keep_half and dtype == torch.float32 and n in ("v", "Lv", "k", "q") else x.to(dtype)
+        n: x if x.dtype == dtype or (keep and n in ("v", "Lv", "k", "q")) else x.to(dtype)
         for n, x in tensors.items()
     }
-    decay = cv["decay"].expand(M, S)
-    process_var = cv["process_var"].expand(M, S)
+
+    def full(x, shape):
+        return x if x.shape == shape else x.expand(shape)
+
+    decay = full(cv["decay"], (M, S))
+    process_var = full(cv["process_var"], (M, S))
+    if default_init and lam0 is None and eta0 is None:
+        return cv["v"], cv["Lv"], cv["k"], cv["q"], decay, process_var, None, None
     lam0 = (
-        cv["lam0"].expand(B, M, S)
+        full(cv["lam0"], (B, M, S))
         if lam0 is not None
         else torch.ones(B, M, S, dtype=dtype, device=device)
     )
     eta0 = (
-        cv["eta0"].expand(B, M, S)
+        full(cv["eta0"], (B, M, S))
         if eta0 is not None
         else torch.zeros(B, M, S, dtype=dtype, device=device)
     )
@@ -315,9 +329,11 @@ def kla_filter(
     (torch.Size([2, 5, 3]), torch.Size([2, 3, 4]))
     """
     name = _resolve(backend, v.device if isinstance(v, torch.Tensor) else torch.device("cpu"))
+    fused = name == "triton"
     args = _prepare(
-        v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=name == "triton", check=check
-    )
+        v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=fused, check=check,
+        default_init=fused,
+    )  # fmt: skip
     return KLA_BACKENDS[name](*args, return_precision=return_precision)
 
 

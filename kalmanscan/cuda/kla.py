@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kalmanscan.cuda import _common
 from kalmanscan.cuda._common import (
     cdiv,
     empty,
@@ -617,7 +618,7 @@ def _kla_fwd_kernel(
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr, OUT_SCATTER: tl.constexpr,
     IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr, LEAN: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr, FORM: tl.constexpr,
+    W: tl.constexpr, FORM: tl.constexpr, INIT: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -636,9 +637,12 @@ def _kla_fwd_kernel(
         lam = tl.load(start_ptr + c * n_lanes + state_off, mask=lane_mask, other=1.0).to(dt)
         eta = tl.load(start_ptr + (NC + c) * n_lanes + state_off, mask=lane_mask, other=0.0)
         eta = eta.to(dt)
-    else:
+    elif INIT:
         lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
         eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
+    else:  # the default initial state, lam = 1 and eta = 0, without reading it
+        eta = tl.zeros_like(state_off).to(dt)
+        lam = eta + 1.0
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     ck_eta = NB * M * S * tl.num_programs(1)
@@ -1495,58 +1499,128 @@ def _config(S: int, which: str, tuning: dict):
     return SP // SG, SG, NT, warps
 
 
-def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
-    B, L, M = v.shape
-    S = k.shape[-1]
-    dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+_FWD_PLANS: dict = {}  # _forward's launch plans by shape, flags and TUNING (see _fwd_plan)
+
+
+def _fwd_plan(B, L, M, S, save_ck):
+    """The forward's launch configuration for a shape: sizes, grids and the kernel's
+    constexprs, from ``TUNING`` as it is now. Kept by ``(B, L, M, S, save_ck, TUNING)``: the
+    choices are a few microseconds of host time a call, a share of a B=4 forward call."""
+    key = (B, L, M, S, save_ck, tuple(TUNING.items()))
+    plan = _FWD_PLANS.get(key)
+    if plan is not None:
+        return plan
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "fwd", TU)
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
-    NB = cdiv(L, CK)
-    like = torch.empty((), dtype=dtype, device=v.device)
-    y = empty((B, L, M), like)
-    yvar = empty((B, L, M), like)
-    lamT = empty((B, M, S), like)
-    etaT = empty((B, M, S), like)
-    prec = empty((B, L, M, S), like) if save_prec else y
-    ck = empty((2, B, NB, M, S), like) if save_ck else y
     CL = TU["fwd_chunk_len"]
     NC = cdiv(L, CL) if CL else 1
+    if NC > 1:
+        assert CL % CK == 0, "chunks must start on checkpoints"
+    N = B * M * S
+    plan = dict(
+        CK=CK, NB=cdiv(L, CK), NC=NC, CL=CL if NC > 1 else L, N=N,
+        grid=(cdiv(M, NT // G), B, NC),
+        maps=dict(NS=TU["NS"], G=G, SG=SG, NT=NT, num_warps=warps),
+        carry=dict(zip(("BLOCK", "num_warps"), lanes_config(N), strict=True), NS=TU["NS"]),
+        consts=dict(CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
+                    CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
+                    BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
+                    OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
+                    KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
+                    **_lean_consts(TU, save_ck), num_warps=warps),
+    )  # fmt: skip
+    if len(_FWD_PLANS) >= 256:  # shapes come and go (varying L): keep the cache bounded
+        _FWD_PLANS.clear()
+    _FWD_PLANS[key] = plan
+    return plan
+
+
+def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
+    """The forward kernel (and, time-chunked, its chunk passes). ``lam0, eta0`` None: the
+    default initial state (1, 0), set in the kernel."""
+    B, L, M = v.shape
+    S = k.shape[-1]
+    dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+    P = _fwd_plan(B, L, M, S, save_ck)
+    NB = P["NB"]
+    dev = v.device
+    if _common.POISON:
+        like = torch.empty((), dtype=dtype, device=dev)
+
+        def new(shape):
+            return empty(shape, like)
+    else:
+
+        def new(shape):
+            return torch.empty(shape, dtype=dtype, device=dev)
+
+    y = new((B, L, M))
+    yvar = new((B, L, M))
+    lamT = new((B, M, S))
+    etaT = new((B, M, S))
+    prec = new((B, L, M, S)) if save_prec else y
+    ck = new((2, B, NB, M, S)) if save_ck else y
+    NC = P["NC"]
     start = y
     if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
-        assert CL % CK == 0, "chunks must start on checkpoints"
-        N = B * M * S
-        comp = torch.empty((7, NC, N), dtype=dtype, device=v.device)
-        launch(_kla_chunk_maps_kernel, (cdiv(M, NT // G), B, NC),
-            v, Lv, k, a, p, comp, L, M, CL, S, NS=TU["NS"], G=G, SG=SG, NT=NT,
-            num_warps=warps)  # fmt: skip
-        start = torch.empty((2, NC, N), dtype=dtype, device=v.device)
-        block, cwarps = lanes_config(N)
-        launch(_fwd_carry_kernel, (cdiv(N, block),),
-            comp, lam0.reshape(N), eta0.reshape(N),
-            start, N, NC, NS=TU["NS"], BLOCK=block,
-            num_warps=cwarps)  # fmt: skip
-    grid = (cdiv(M, NT // G), B, NC)
-    launch(_kla_fwd_kernel, grid,
-        v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
-        L, M, NB, CL if NC > 1 else L, S, SAVE_PREC=save_prec, SAVE_CK=save_ck,
-        CK=CK, NS=TU["NS"], PREFETCH=TU["fwd_staging"] == "prefetch",
-        CHUNKED=NC > 1, G=G, SG=SG, NT=NT, AHEAD=TU["fwd_l2_ahead"],
-        BLOCK_PIPE=TU["fwd_staging"] == "pipeline",
-        OUT_SCATTER=TU["fwd_scatter_out"], IN_TILE=TU["fwd_tile_loads"],
-        KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
-        **_lean_consts(TU, save_ck), num_warps=warps)  # fmt: skip
-    return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), CK
+        N = P["N"]
+        if lam0 is None:
+            lam0 = torch.ones(N, dtype=dtype, device=dev)
+            eta0 = torch.zeros(N, dtype=dtype, device=dev)
+        comp = torch.empty((7, NC, N), dtype=dtype, device=dev)
+        launch(_kla_chunk_maps_kernel, P["grid"],
+            v, Lv, k, a, p, comp, L, M, P["CL"], S, **P["maps"])  # fmt: skip
+        start = torch.empty((2, NC, N), dtype=dtype, device=dev)
+        launch(_fwd_carry_kernel, (cdiv(N, P["carry"]["BLOCK"]),),
+            comp, lam0.reshape(N), eta0.reshape(N), start, N, NC, **P["carry"])  # fmt: skip
+    init = lam0 is not None
+    launch(_kla_fwd_kernel, P["grid"],
+        v, Lv, k, q, a, p, lam0 if init else y, eta0 if init else y, y, yvar, lamT, etaT, prec,
+        ck, start, L, M, NB, P["CL"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, INIT=init,
+        **P["consts"])  # fmt: skip
+    return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]
+
+
+_BWD_PLANS: dict = {}  # _backward's launch plans (as _FWD_PLANS)
+
+
+def _bwd_plan(B, L, M, S, CK):
+    """The backward's launch configuration for a shape (as :func:`_fwd_plan`)."""
+    key = (B, L, M, S, CK, tuple(TUNING.items()))
+    plan = _BWD_PLANS.get(key)
+    if plan is not None:
+        return plan
+    TU = _tuning(B * M * S)
+    G, SG, NT, warps = _config(S, "bwd", TU)
+    NB = cdiv(L, CK)
+    CL = TU["bwd_chunk_len"]
+    assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
+    CI = CL // CK if CL else NB  # checkpoint intervals a chunk
+    NC = cdiv(NB, CI)
+    N = B * M * S
+    nmb = cdiv(M, NT // G)
+    plan = dict(
+        NB=NB, CI=CI, NC=NC, N=N, nmb=nmb, grid=(nmb, B, NC),
+        maps=dict(CK=CK, NS=TU["bwd_NS"], G=G, SG=SG, NT=NT, num_warps=warps),
+        carry=dict(zip(("BLOCK", "num_warps"), lanes_config(N), strict=True), NS=TU["bwd_NS"]),
+        consts=dict(CK=CK, NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
+                    AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
+                    SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
+                    TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"], num_warps=warps),
+    )  # fmt: skip
+    if len(_BWD_PLANS) >= 256:
+        _BWD_PLANS.clear()
+    _BWD_PLANS[key] = plan
+    return plan
 
 
 def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
-    TU = _tuning(B * M * S)
-    G, SG, NT, warps = _config(S, "bwd", TU)
-    NB = cdiv(L, CK)
-    nmb = cdiv(M, NT // G)
+    P = _bwd_plan(B, L, M, S, CK)
+    NB, CI, NC, nmb = P["NB"], P["CI"], P["NC"], P["nmb"]
 
     def dense(gs, shape):  # gradients the caller left out (None) are zeros, one buffer for both
         if gs[0] is None and gs[1] is None:
@@ -1561,43 +1635,27 @@ def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     gv = empty((B, L, M), like)
     gLv = empty((B, L, M), like)
     gkq_part = empty((2, nmb, B, L, S), like)  # partial sums of gk, gq; one sum for both
-    gk_part, gq_part = gkq_part[0], gkq_part[1]
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
-    CL = TU["bwd_chunk_len"]
-    assert CL % CK == 0, "backward chunks must hold whole checkpoint intervals"
-    CI = CL // CK if CL else NB  # checkpoint intervals a chunk
-    NC = cdiv(NB, CI)
-    gap_part = empty((2, NC, B, M, S), like)
-    ga_part, gp_part = gap_part[0], gap_part[1]
+    gap_part = empty((2, NC, B, M, S), like)  # partial sums of ga, gp by time chunk
     g0 = empty((2, B, M, S), like)
     xend = gy
     if NC > 1:  # time-chunked: adjoint chunk maps, carries from the end, then every chunk
-        N = B * M * S
+        N = P["N"]
         maps = torch.empty((5, NC, N), dtype=like.dtype, device=like.device)
-        launch(_kla_bwd_maps_kernel, (nmb, B, NC),
-            v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps,
-            L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-            NS=TU["bwd_NS"], G=G, SG=SG, NT=NT,
-            num_warps=warps)  # fmt: skip
+        launch(_kla_bwd_maps_kernel, P["grid"],
+            v, Lv, k, q, a, p, ck, gy, gyv, gprec, maps, L, M, NB, B, CI, S,
+            HAS_GPREC=has_gprec, **P["maps"])  # fmt: skip
         xend = torch.empty((2, NC, N), dtype=like.dtype, device=like.device)
-        block, cwarps = lanes_config(N)
-        launch(_kla_bwd_carry_kernel, (cdiv(N, block),),
-            maps, glT, geT, xend, N, NC,
-            NS=TU["bwd_NS"], BLOCK=block,
-            num_warps=cwarps)  # fmt: skip
-    launch(_kla_bwd_kernel, (nmb, B, NC),
+        launch(_kla_bwd_carry_kernel, (cdiv(N, P["carry"]["BLOCK"]),),
+            maps, glT, geT, xend, N, NC, **P["carry"])  # fmt: skip
+    launch(_kla_bwd_kernel, P["grid"],
         v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
-        gv, gLv, gk_part, gq_part, ga_part, gp_part, g0, xend,
-        L, M, NB, B, CI, S, HAS_GPREC=has_gprec, CK=CK,
-        NS=TU["bwd_NS"], CHUNKED=NC > 1, G=G, SG=SG, NT=NT,
-        AHEAD=TU["bwd_l2_ahead"], REUSE=TU["bwd_reuse_inputs"],
-        SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
-        TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"],
-        num_warps=warps)  # fmt: skip
-    gk, gq = gkq_part.sum(1)
-    ga, gp = gap_part.sum((1, 2))
-    return gv, gLv, gk, gq, ga, gp, g0[0], g0[1]
+        gv, gLv, gkq_part[0], gkq_part[1], gap_part[0], gap_part[1], g0, xend,
+        L, M, NB, B, CI, S, HAS_GPREC=has_gprec, **P["consts"])  # fmt: skip
+    gkq = gkq_part.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
+    gap = gap_part.sum((1, 2))
+    return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]
 
 
 class _KLA(torch.autograd.Function):
@@ -1606,6 +1664,7 @@ class _KLA(torch.autograd.Function):
         y, yvar, lamT, etaT, prec, ck, CK = _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec,
                                                      save_ck)  # fmt: skip
         ctx.CK = CK
+        ctx.init = lam0 is not None  # else the default state: not an input, no gradient
         # outputs without a gradient reach backward as None (it passes zeros for them once)
         ctx.set_materialize_grads(False)
         if save_ck:
@@ -1619,6 +1678,8 @@ class _KLA(torch.autograd.Function):
         gprec = rest[0] if rest else None
         gv, gLv, gk, gq, ga, gp, gl0, ge0 = _backward(v, Lv, k, q, a, p, ck, ctx.CK, gy, gyv, glT,
                                                       geT, gprec)  # fmt: skip
+        if not ctx.init:
+            gl0 = ge0 = None
         return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None
 
 
@@ -1626,7 +1687,9 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     """Fused KLA op on CUDA tensors: ``(y, yvar, lam, eta, precision or None)``.
 
     Prepared inputs as ``kalmanscan.core.kla_op.kla_filter`` makes them (one dtype, exact
-    shapes); use ``kla_filter(..., backend="triton")`` rather than calling this directly.
+    shapes; ``lam0, eta0`` both None for the default initial state 1, 0, which the kernel sets
+    without reading it); use ``kla_filter(..., backend="triton")`` rather than calling this
+    directly.
 
     >>> import torch  # doctest: +SKIP
     >>> from kalmanscan.core.kla_op import kla_filter
@@ -1636,8 +1699,13 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     >>> res = kla_filter(*x, torch.full((M, S), 0.9, device="cuda"),
     ...                  torch.full((M, S), 0.1, device="cuda"), backend="triton")
     """
-    args = [x.contiguous() for x in (v, Lv, k, q, decay, process_var, lam0, eta0)]
-    save_ck = torch.is_grad_enabled() and any(x.requires_grad for x in args)
-    outs = _KLA.apply(*args, bool(return_precision), save_ck)
+    args = [x if x is None else x.contiguous()
+            for x in (v, Lv, k, q, decay, process_var, lam0, eta0)]  # fmt: skip
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)):
+        # nothing to differentiate: the forward kernel alone, without autograd's Function
+        # machinery (about 15 us of host time a call)
+        y, yvar, lamT, etaT, prec, _, _ = _forward(*args, bool(return_precision), False)
+        return y, yvar, lamT, etaT, prec
+    outs = _KLA.apply(*args, bool(return_precision), True)
     y, yvar, lamT, etaT = outs[:4]
     return y, yvar, lamT, etaT, (outs[4] if return_precision else None)
