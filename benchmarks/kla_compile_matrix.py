@@ -49,7 +49,7 @@ def main():
                     dict(common, CK=8, NS=4, SAVE_PREC=True, SAVE_CK=True, PREFETCH=False,
                          CHUNKED=False, AHEAD=0, BLOCK_PIPE=True, OUT_SCATTER=True, IN_TILE=True,
                          KQ_TILE=True, EVEN_M=warps == 1, LEAN=True, W=8 if slots == 4 else 4,
-                         FORM=1 if dt == "fp32" else 2, INIT=warps == 1)),
+                         FORM=1 if dt == "fp32" else 2)),
             "bwd": (K._kla_bwd_kernel, BWD_PTRS, "L M NB B CI",
                     dict(common, CK=4 if slots == 4 else 8, NS=3, HAS_GPREC=True, CHUNKED=False,
                          AHEAD=32, REUSE=True, SPLIT=True, SCATTER=True, TILE_IN=True,

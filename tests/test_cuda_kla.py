@@ -339,9 +339,10 @@ def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
-def test_default_initial_state_is_set_in_the_kernel(monkeypatch, chunked):
-    # lam0, eta0 None: the kernel starts from (1, 0) without reading a state; the result and
-    # every gradient must equal those from explicit ones and zeros, and the state gets none
+def test_default_initial_state(monkeypatch, chunked):
+    # lam0, eta0 None: the kernel starts from (1, 0), kept tensors that it only reads; the
+    # result and every gradient must equal those from explicit ones and zeros, the state gets
+    # no gradient, and the kept tensors stay (1, 0)
     if chunked:
         monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 8)
         monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 8)
@@ -373,6 +374,10 @@ def test_default_initial_state_is_set_in_the_kernel(monkeypatch, chunked):
     r = kla_triton(*leaves.values())
     gl0, ge0 = torch.autograd.grad(r[0].sum(), [leaves["lam0"], leaves["eta0"]])
     assert torch.isfinite(gl0).all() and torch.isfinite(ge0).all()
+    dev = x["v"].device
+    kept = K._DEFAULT_STATES[((2, 3, 4), torch.float64, dev)]
+    assert (kept[0] == 1).all() and (kept[1] == 0).all()
+    assert K._default_state((2, 3, 4), torch.float64, dev)[0] is kept[0]
 
 
 def test_no_checkpoints_without_gradients():

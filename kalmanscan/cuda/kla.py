@@ -618,7 +618,7 @@ def _kla_fwd_kernel(
     PREFETCH: tl.constexpr, CHUNKED: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, AHEAD: tl.constexpr, BLOCK_PIPE: tl.constexpr, OUT_SCATTER: tl.constexpr,
     IN_TILE: tl.constexpr, KQ_TILE: tl.constexpr, LEAN: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr, FORM: tl.constexpr, INIT: tl.constexpr,
+    W: tl.constexpr, FORM: tl.constexpr,
 ):  # fmt: skip
     pm = tl.program_id(0)
     b = tl.program_id(1)
@@ -637,12 +637,9 @@ def _kla_fwd_kernel(
         lam = tl.load(start_ptr + c * n_lanes + state_off, mask=lane_mask, other=1.0).to(dt)
         eta = tl.load(start_ptr + (NC + c) * n_lanes + state_off, mask=lane_mask, other=0.0)
         eta = eta.to(dt)
-    elif INIT:
+    else:
         lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
         eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
-    else:  # the default initial state, lam = 1 and eta = 0, without reading it
-        eta = tl.zeros_like(state_off).to(dt)
-        lam = eta + 1.0
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
     ck_eta = NB * M * S * tl.num_programs(1)
@@ -1536,9 +1533,34 @@ def _fwd_plan(B, L, M, S, save_ck):
     return plan
 
 
+_DEFAULT_STATES: dict = {}  # (shape, dtype, device) -> (ones, zeros), read-only
+
+
+def _default_state(shape, dtype, device):
+    """The default initial state ``(lam0, eta0) = (1, 0)`` as tensors, kept by shape, dtype and
+    device so that a call does not fill two new tensors (host time: two torch operations). The
+    kernels only read them. Made once a key, then the stream is synchronized so that a call on
+    another stream never reads them before they are filled; while a CUDA graph is being
+    captured they are made afresh (a capture may neither synchronize nor keep them)."""
+    key = (shape, dtype, device)
+    hit = _DEFAULT_STATES.get(key)
+    if hit is not None:
+        return hit
+    made = (torch.ones(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device))  # fmt: skip
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return made
+    if len(_DEFAULT_STATES) >= 8:
+        _DEFAULT_STATES.clear()
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    _DEFAULT_STATES[key] = made
+    return made
+
+
 def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     """The forward kernel (and, time-chunked, its chunk passes). ``lam0, eta0`` None: the
-    default initial state (1, 0), set in the kernel."""
+    default initial state (1, 0), from :func:`_default_state`."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
@@ -1563,22 +1585,19 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     ck = new((2, B, NB, M, S)) if save_ck else y
     NC = P["NC"]
     start = y
+    if lam0 is None:
+        lam0, eta0 = _default_state((B, M, S), dtype, dev)
     if NC > 1:  # time-chunked: chunk maps, carries over the chunks, then every chunk re-run
         N = P["N"]
-        if lam0 is None:
-            lam0 = torch.ones(N, dtype=dtype, device=dev)
-            eta0 = torch.zeros(N, dtype=dtype, device=dev)
         comp = torch.empty((7, NC, N), dtype=dtype, device=dev)
         launch(_kla_chunk_maps_kernel, P["grid"],
             v, Lv, k, a, p, comp, L, M, P["CL"], S, **P["maps"])  # fmt: skip
         start = torch.empty((2, NC, N), dtype=dtype, device=dev)
         launch(_fwd_carry_kernel, (cdiv(N, P["carry"]["BLOCK"]),),
             comp, lam0.reshape(N), eta0.reshape(N), start, N, NC, **P["carry"])  # fmt: skip
-    init = lam0 is not None
     launch(_kla_fwd_kernel, P["grid"],
-        v, Lv, k, q, a, p, lam0 if init else y, eta0 if init else y, y, yvar, lamT, etaT, prec,
-        ck, start, L, M, NB, P["CL"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, INIT=init,
-        **P["consts"])  # fmt: skip
+        v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck, start,
+        L, M, NB, P["CL"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, **P["consts"])  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]
 
 
@@ -1687,8 +1706,8 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     """Fused KLA op on CUDA tensors: ``(y, yvar, lam, eta, precision or None)``.
 
     Prepared inputs as ``kalmanscan.core.kla_op.kla_filter`` makes them (one dtype, exact
-    shapes; ``lam0, eta0`` both None for the default initial state 1, 0, which the kernel sets
-    without reading it); use ``kla_filter(..., backend="triton")`` rather than calling this
+    shapes; ``lam0, eta0`` both None for the default initial state 1, 0, read from tensors kept
+    for the shape); use ``kla_filter(..., backend="triton")`` rather than calling this
     directly.
 
     >>> import torch  # doctest: +SKIP
