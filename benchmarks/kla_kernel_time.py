@@ -10,7 +10,9 @@ which the GPU may idle. This script times the same shapes four ways, in one run:
   forward+backward also ``api_accumulate``, the gradients added into the inputs' ``.grad`` as
   ``gpu.py`` times it (``autograd.backward``), where ``api`` returns them (``autograd.grad``);
 - ``graph``: the ``check=False`` call replayed from a CUDA graph (no Python, no launch gaps;
-  ``triton.testing.do_bench_cudagraph`` median);
+  ``triton.testing.do_bench_cudagraph`` median); for forward+backward, the op wrapped by
+  ``torch.cuda.make_graphed_callables`` (its forward and its backward each replayed from a
+  graph, autograd around them; ``do_bench`` median);
 - ``kernels``: the summed device time of the kernels of one call, from the CUDA profiler
   (median over the profiled calls), by kernel name.
 
@@ -99,7 +101,9 @@ def case(B, L, M, S, variants=(), dump=None):
         res = kla_filter(**xs, backend="triton", check=False)
         torch.autograd.backward([res.y, res.yvar], [gy, gyv])
 
-    bench = triton.testing.do_bench
+    def bench(fn, warmup, rep):
+        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
     out["fwd_ms"] = {
         "api_check": bench(lambda: fwd(True), warmup=50, rep=300),
         "api": bench(lambda: fwd(False), warmup=50, rep=300),
@@ -117,6 +121,26 @@ def case(B, L, M, S, variants=(), dump=None):
         )
     except Exception as e:  # capture may be refused by a torch/triton version: say so
         out["fwd_ms"]["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        leaves = list(xs.values())
+
+        def op(*args):
+            r = kla_filter(*args, backend="triton", check=False)
+            return r.y, r.yvar
+
+        graphed = torch.cuda.make_graphed_callables(op, tuple(leaves))
+
+        def fwdbwd_graphed():
+            y, yvar = graphed(*leaves)
+            return torch.autograd.grad([y, yvar], leaves, [gy, gyv])
+
+        # the graphed op against the plain one: same gradients
+        g_ref = torch.autograd.grad(list(op(*leaves)), leaves, [gy, gyv])
+        out["fwdbwd_graph_vs_api"] = max(rel(a, b) for a, b in zip(fwdbwd_graphed(), g_ref,
+                                                                      strict=True))  # fmt: skip
+        out["fwdbwd_ms"]["graph"] = bench(fwdbwd_graphed, warmup=50, rep=300)
+    except Exception as e:
+        out["fwdbwd_ms"]["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     try:
         out["fwd_ms"]["kernels"], out["fwd_kernels_ms"] = kernel_times(lambda: fwd(False))
         out["fwdbwd_ms"]["kernels"], out["fwdbwd_kernels_ms"] = kernel_times(lambda: fwdbwd(False))

@@ -387,6 +387,33 @@ def test_no_checkpoints_without_gradients():
     assert prec is None and torch.isfinite(y).all() and torch.isfinite(lam).all()
 
 
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_op_captures_in_cuda_graphs():
+    # kla_filter(check=False) captured by torch.cuda.make_graphed_callables (its forward and
+    # backward replayed from graphs, no Python or launches a call): the same outputs and
+    # gradients as the eager call, for fresh input values copied into the captured inputs
+    x = {n: t.float() for n, t in make_inputs(2, 37, 5, 16, seed=13).items()}
+    names = ("v", "Lv", "k", "q", "decay", "process_var")
+    leaves = [x[n].clone().requires_grad_(True) for n in names]
+
+    def op(*args):
+        r = kla_filter(*args, backend="triton", check=False)
+        return r.y, r.yvar
+
+    graphed = torch.cuda.make_graphed_callables(op, tuple(leaves))
+    new = {n: t.float() for n, t in make_inputs(2, 37, 5, 16, seed=14).items()}
+    with torch.no_grad():
+        for t, n in zip(leaves, names, strict=True):
+            t.copy_(new[n])
+    g = [torch.randn(2, 37, 5, device=DEVICE) for _ in range(2)]
+    got = graphed(*leaves)
+    got_g = torch.autograd.grad(list(got), leaves, g)
+    want = op(*leaves)
+    want_g = torch.autograd.grad(list(want), leaves, g)
+    for a, b in zip((*got, *got_g), (*want, *want_g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.skipif(not CUDA, reason="dispatch to the triton backend needs CUDA tensors")
 def test_auto_backend_is_triton_on_cuda():
     x = make_inputs(2, 50, 4, 16, seed=8)
