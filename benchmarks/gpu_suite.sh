@@ -3,7 +3,11 @@
 #
 #   bash benchmarks/gpu_suite.sh [PART...] [--out DIR]
 #
-# PART: tests (the CUDA tests at GPU sizes but the KLA tuning sweep, in three parts that each
+# PART: tests-xdist (every CUDA test, the tuning sweep included, in one pytest run over the
+# machine's cores with pytest-xdist: about 6 minutes on the H200's 16 cores, where compiling the
+# kernel variants is most of the time; needs the pytest-xdist and execnet wheels, which are pure
+# Python and can be carried to a machine without network), tests (the CUDA tests at GPU sizes
+# but the KLA tuning sweep, in three parts that each
 # fit a 10-minute job: tests-filter, the filter and dense lean-loop tests; tests-kla-a, the KLA
 # float64 shapes and tile loads; tests-kla-b, the other KLA tests), tuning (that sweep at
 # L = 5: about 45 KLA tuning variants compiled and checked in float64, ~8 min),
@@ -21,8 +25,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     tests) parts+=(tests-filter tests-kla-a tests-kla-b); shift ;;
-    tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
+    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
@@ -40,6 +44,12 @@ status=0
 for part in "${parts[@]}"; do
   log="$out/$day-$part.log"
   case "$part" in
+    tests-xdist) python3 -c "import xdist" 2>/dev/null || {
+               echo "gpu_suite.sh tests-xdist: needs pytest-xdist (pip install pytest-xdist)"; false; } &&
+             python3 -m pytest -q -p no:cacheprovider -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" \
+               tests/test_cuda_kla.py tests/test_cuda_filter.py tests/test_cuda_resources.py \
+               tests/test_dense_lean_loop.py tests/test_host_helpers.py tests/test_kla_op.py \
+               tests/test_kla_layer.py tests/test_kla_inspect.py --durations=15 -rfEs ;;
     tests-filter) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py \
              tests/test_dense_lean_loop.py ;;
     tests-kla-a) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py \
