@@ -212,7 +212,7 @@ def _prepare(
     ``keep_half``: leave float16/bfloat16 ``v, Lv, k, q`` as they are (the fused kernel reads
     them and computes in float32, saving a conversion pass over the inputs).
     ``default_init``: where ``lam0`` and ``eta0`` are both None, return them as None (the fused
-    kernel sets the default state itself) instead of tensors of ones and zeros."""
+    op reads kept tensors of the default state) instead of new tensors of ones and zeros."""
     _check_tensor("v", v, 3, "of shape [B, L, M]")
     B, L, M = v.shape
     _check_tensor("Lv", Lv, 3, f"of shape [B, L, M] = {[B, L, M]}")

@@ -128,8 +128,9 @@ def launch(fn, grid, *args, **kw):
     without the JIT's per-call argument binding once a call of the same specialization ran.
 
     The JIT binds every argument, formats its compile options into a string and looks the
-    kernel up each call: tens of microseconds of host time a launch, which at B=4 L=2048 M=960
-    S=16 is a sizeable share of a KLA forward call (about 0.14 ms of kernels). Here the first
+    kernel up each call. On the H200 machine's host this path takes about 10 us less a launch
+    (``benchmarks/kla_host_time.py --parts``), against a KLA forward of 0.14 ms at B=4 L=2048
+    M=960 S=16 whose host time must stay under its kernel's. Here the first
     call of each specialization key (:meth:`_Launch.spec`, at least as fine as the JIT's) goes
     through the JIT, which compiles or loads the kernel, and the compiled kernel it returns is
     kept under that key; later calls with that key launch it directly on the current stream,

@@ -1550,7 +1550,9 @@ def _default_state(shape, dtype, device):
             torch.zeros(shape, dtype=dtype, device=device))  # fmt: skip
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return made
-    if len(_DEFAULT_STATES) >= 8:
+    if len(_DEFAULT_STATES) >= 8:  # (rare: 8 shapes) no kernel may still be reading them
+        if any(d.type == "cuda" for (_, _, d) in _DEFAULT_STATES):
+            torch.cuda.synchronize()
         _DEFAULT_STATES.clear()
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
