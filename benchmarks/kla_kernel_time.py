@@ -7,8 +7,9 @@ which the GPU may idle. This script times the same shapes four ways, in one run:
 
 - ``api_check``: ``kla_filter(...)`` as ``gpu.py`` times it (``do_bench`` median);
 - ``api``: ``kla_filter(..., check=False)``, the KLA layer's path (``do_bench`` median); for
-  forward+backward also ``api_accumulate``, the gradients added into the inputs' ``.grad`` as
-  ``gpu.py`` times it (``autograd.backward``), where ``api`` returns them (``autograd.grad``);
+  forward+backward also ``api_accumulate``, the gradients added into the inputs' ``.grad``
+  (``autograd.backward``, as ``gpu.py`` timed it up to session 7), where ``api`` returns them
+  (``autograd.grad``, as ``gpu.py`` times it now);
 - ``graph``: the ``check=False`` call replayed from a CUDA graph (no Python, no launch gaps;
   ``triton.testing.do_bench_cudagraph`` median); for forward+backward, the op wrapped by
   ``torch.cuda.make_graphed_callables`` (its forward and its backward each replayed from a
