@@ -1,12 +1,14 @@
 """Where the time of the KLA op goes on the GPU: kernels against the Python API around them.
 
-``benchmarks/gpu.py`` times ``kla_filter(...)`` call after call: its figure includes the value
-checks (``check=True`` reads the inputs and synchronizes with the host once a call) and the
-Python work of each call (input preparation, the autograd function, the launches), during
-which the GPU may idle. This script times the same shapes four ways, in one run:
+``benchmarks/gpu.py`` times ``kla_filter(..., check=False)`` call after call: its figure
+includes the Python work of each call (input preparation, the autograd function, the
+launches), during which the GPU may idle. This script times the same shapes four ways, in one
+run:
 
-- ``api_check``: ``kla_filter(...)`` as ``gpu.py`` times it (``do_bench`` median);
-- ``api``: ``kla_filter(..., check=False)``, the KLA layer's path (``do_bench`` median); for
+- ``api_check``: ``kla_filter(...)`` with the value checks (``check=True`` reads the inputs
+  and synchronizes with the host once a call; ``do_bench`` median);
+- ``api``: ``kla_filter(..., check=False)``, the KLA layer's path and ``gpu.py``'s
+  (``do_bench`` median); for
   forward+backward also ``api_accumulate``, the gradients added into the inputs' ``.grad``
   (``autograd.backward``, as ``gpu.py`` timed it up to session 7), where ``api`` returns them
   (``autograd.grad``, as ``gpu.py`` times it now);
