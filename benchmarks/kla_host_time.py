@@ -53,6 +53,7 @@ def main():
     from kalmanscan.core.kla_op import kla_filter
 
     x = {n: t.requires_grad_(True) for n, t in kla_inputs(a.B, a.L, a.M, a.S).items()}
+    errors = errors_against_float64(x)
     leaves = list(x.values())
 
     def call():
@@ -88,7 +89,23 @@ def main():
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "shape": dict(B=a.B, L=a.L, M=a.M, S=a.S), "calls": a.calls,
                        "host_issue_ms_per_call": host_ms, "gpu_ms_per_call": gpu_ms,
+                       "errors_vs_float64": errors,
                        "profile_top": buf.getvalue().splitlines()[:60]}, f, indent=1)  # fmt: skip
+
+
+def errors_against_float64(x):
+    """Normwise relative errors of the timed call's ``y, yvar`` against the float64 sequential
+    reference (the same run's correctness, recorded next to its times)."""
+    from gpu import rel
+
+    from kalmanscan.core.kla_op import kla_filter
+
+    with torch.no_grad():
+        got = kla_filter(**x, backend="triton", check=False)
+        ref = kla_filter(**{n: t.double() for n, t in x.items()}, backend="sequential")
+    errs = {"y": rel(got.y, ref.y), "yvar": rel(got.yvar, ref.yvar)}
+    print("errors against float64:", {k: f"{v:.2e}" for k, v in errs.items()})
+    return errs
 
 
 def host_us(fn, calls=300):
@@ -183,6 +200,7 @@ def parts(a):
     # the timed shape
     big = dict(B=a.B, L=a.L, M=a.M, S=a.S)
     xb = {n: t.requires_grad_(True) for n, t in kla_inputs(**big).items()}
+    out["errors_vs_float64"] = errors_against_float64(xb)
     gy = torch.randn(a.B, a.L, a.M, device="cuda")
     leaves_b = list(xb.values())
 
