@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -75,13 +76,14 @@ def lanes_config(N: int):
 POISON = False
 
 
-def empty(shape, like):
-    """An output buffer: NaN-filled when ``POISON`` is set, else uninitialized."""
-    import torch
-
+def empty(shape, like=None, dtype=None, device=None):
+    """An output buffer with the dtype and device of ``like`` (or those given): NaN-filled
+    when ``POISON`` is set, else uninitialized."""
+    if like is not None:
+        dtype, device = like.dtype, like.device
     if POISON:
-        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class _Launch:
@@ -101,8 +103,6 @@ class _Launch:
         divisible by 16, and the 32/64-bit range (the value itself for constexpr parameters);
         floats: the type only (never specialized); everything else, and every keyword (the
         constexprs and launch options such as ``num_warps``), by value."""
-        import torch
-
         key = [torch.cuda.current_device()]
         for a, const in zip(args, self.constexpr, strict=False):
             if isinstance(a, torch.Tensor):

@@ -54,7 +54,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda import _common
 from kalmanscan.cuda._common import (
     cdiv,
     empty,
@@ -1496,17 +1495,24 @@ def _config(S: int, which: str, tuning: dict):
     return SP // SG, SG, NT, warps
 
 
-_FWD_PLANS: dict = {}  # _forward's launch plans by shape, flags and TUNING (see _fwd_plan)
+_PLANS: dict = {}  # launch plans by (which, shape and flags, TUNING); see _plan
+
+
+def _plan(make, *key):
+    """``make(*key)``, kept by ``key`` and ``TUNING`` as it is now: a launch configuration
+    (sizes, grids, the kernel's constexprs) is a few microseconds of host time to derive, a
+    share of a B=4 forward call. The cache is bounded (shapes come and go, varying L)."""
+    full = (make, key, tuple(TUNING.items()))
+    plan = _PLANS.get(full)
+    if plan is None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[full] = make(*key)
+    return plan
 
 
 def _fwd_plan(B, L, M, S, save_ck):
-    """The forward's launch configuration for a shape: sizes, grids and the kernel's
-    constexprs, from ``TUNING`` as it is now. Kept by ``(B, L, M, S, save_ck, TUNING)``: the
-    choices are a few microseconds of host time a call, a share of a B=4 forward call."""
-    key = (B, L, M, S, save_ck, tuple(TUNING.items()))
-    plan = _FWD_PLANS.get(key)
-    if plan is not None:
-        return plan
+    """The forward's launch configuration for a shape (kept by :func:`_plan`)."""
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "fwd", TU)
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
@@ -1515,7 +1521,7 @@ def _fwd_plan(B, L, M, S, save_ck):
     if NC > 1:
         assert CL % CK == 0, "chunks must start on checkpoints"
     N = B * M * S
-    plan = dict(
+    return dict(
         CK=CK, NB=cdiv(L, CK), NC=NC, CL=CL if NC > 1 else L, N=N,
         grid=(cdiv(M, NT // G), B, NC),
         maps=dict(NS=TU["NS"], G=G, SG=SG, NT=NT, num_warps=warps),
@@ -1527,10 +1533,6 @@ def _fwd_plan(B, L, M, S, save_ck):
                     KQ_TILE=TU["fwd_tile_kq"], EVEN_M=M % (NT // G) == 0,
                     **_lean_consts(TU, save_ck), num_warps=warps),
     )  # fmt: skip
-    if len(_FWD_PLANS) >= 256:  # shapes come and go (varying L): keep the cache bounded
-        _FWD_PLANS.clear()
-    _FWD_PLANS[key] = plan
-    return plan
 
 
 _DEFAULT_STATES: dict = {}  # (shape, dtype, device) -> (ones, zeros), read-only
@@ -1566,25 +1568,15 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    P = _fwd_plan(B, L, M, S, save_ck)
+    P = _plan(_fwd_plan, B, L, M, S, save_ck)
     NB = P["NB"]
     dev = v.device
-    if _common.POISON:
-        like = torch.empty((), dtype=dtype, device=dev)
-
-        def new(shape):
-            return empty(shape, like)
-    else:
-
-        def new(shape):
-            return torch.empty(shape, dtype=dtype, device=dev)
-
-    y = new((B, L, M))
-    yvar = new((B, L, M))
-    lamT = new((B, M, S))
-    etaT = new((B, M, S))
-    prec = new((B, L, M, S)) if save_prec else y
-    ck = new((2, B, NB, M, S)) if save_ck else y
+    y = empty((B, L, M), dtype=dtype, device=dev)
+    yvar = empty((B, L, M), dtype=dtype, device=dev)
+    lamT = empty((B, M, S), dtype=dtype, device=dev)
+    etaT = empty((B, M, S), dtype=dtype, device=dev)
+    prec = empty((B, L, M, S), dtype=dtype, device=dev) if save_prec else y
+    ck = empty((2, B, NB, M, S), dtype=dtype, device=dev) if save_ck else y
     NC = P["NC"]
     start = y
     if lam0 is None:
@@ -1603,15 +1595,8 @@ def _forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]
 
 
-_BWD_PLANS: dict = {}  # _backward's launch plans (as _FWD_PLANS)
-
-
 def _bwd_plan(B, L, M, S, CK):
-    """The backward's launch configuration for a shape (as :func:`_fwd_plan`)."""
-    key = (B, L, M, S, CK, tuple(TUNING.items()))
-    plan = _BWD_PLANS.get(key)
-    if plan is not None:
-        return plan
+    """The backward's launch configuration for a shape (kept by :func:`_plan`)."""
     TU = _tuning(B * M * S)
     G, SG, NT, warps = _config(S, "bwd", TU)
     NB = cdiv(L, CK)
@@ -1621,7 +1606,7 @@ def _bwd_plan(B, L, M, S, CK):
     NC = cdiv(NB, CI)
     N = B * M * S
     nmb = cdiv(M, NT // G)
-    plan = dict(
+    return dict(
         NB=NB, CI=CI, NC=NC, N=N, nmb=nmb, grid=(nmb, B, NC),
         maps=dict(CK=CK, NS=TU["bwd_NS"], G=G, SG=SG, NT=NT, num_warps=warps),
         carry=dict(zip(("BLOCK", "num_warps"), lanes_config(N), strict=True), NS=TU["bwd_NS"]),
@@ -1630,17 +1615,13 @@ def _bwd_plan(B, L, M, S, CK):
                     SPLIT=TU["bwd_split_tail"], SCATTER=TU["bwd_scatter_sums"],
                     TILE_IN=TU["bwd_tiles"], LEAN=TU["bwd_lean"], num_warps=warps),
     )  # fmt: skip
-    if len(_BWD_PLANS) >= 256:
-        _BWD_PLANS.clear()
-    _BWD_PLANS[key] = plan
-    return plan
 
 
 def _backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
-    P = _bwd_plan(B, L, M, S, CK)
+    P = _plan(_bwd_plan, B, L, M, S, CK)
     NB, CI, NC, nmb = P["NB"], P["CI"], P["NC"], P["nmb"]
 
     def dense(gs, shape):  # gradients the caller left out (None) are zeros, one buffer for both
