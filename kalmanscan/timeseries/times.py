@@ -1,26 +1,56 @@
 """Time axes: turn user timestamps into model time (float64, in ``time_unit`` steps).
 
-A :class:`TimeAxis` keeps the labels the user gave (numbers or ``datetime64[ns]``) next to their
-position ``t`` in model time units, measured from the first label. The OU parameters ``theta`` and
-``sigma2`` are rates per model time unit: for numbers that unit is 1, for datetimes it is
-``time_unit`` (default one day).
+A :class:`TimeAxis` keeps the labels the user gave (float64 numbers, or ``datetime64`` at second,
+millisecond, microsecond or nanosecond resolution) next to their position ``t`` in model time
+units, measured from the first label. The OU parameters ``theta`` and ``sigma2`` are rates per
+model time unit: for numbers that unit is 1, for datetimes it is ``time_unit`` (default one day).
+
+Range and precision. Datetime labels keep the resolution they came with (coarser units such as
+days become seconds), so any date numpy can hold works: years 0-9999 and beyond, not only the
+1677-2262 window of nanosecond timestamps. ``t`` is computed from the integer labels without
+forming a nanosecond difference (seconds and sub-seconds apart), so spans of any length give
+``t`` to within one float64 rounding of the exact elapsed time: a relative error below 2.3e-16,
+e.g. under 1e-9 days over 10,000 years of daily data. Numeric times are float64 and used as they
+are (any size, as long as the span from first to last is finite in float64).
+
+Strings are parsed with one format for the whole column, never row by row: ISO 8601 when every
+value is ISO, else the one format (e.g. ``%d/%m/%Y``) that reads every value. When two formats
+read every value differently (``03/04/1958``: day first or month first?) the dates are refused
+with a message naming the ambiguity, unless ``dayfirst`` or an explicit ``time_format`` decides.
+Times with a UTC offset (``2024-03-01T12:30+01:00``) are converted to UTC; a column mixing
+times with and without an offset is refused.
+
+Duplicate timestamps are allowed here: two observations at the same time are two exact updates
+of the same state (a step of length 0). ``kalmanscan filter`` refuses them (see docs/cli.md).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import re
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 DEFAULT_DATETIME_UNIT = "1D"
+_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+class TimeParseError(ValueError):
+    """A timestamp that cannot be read; ``index`` is its 0-based position, ``value`` its text."""
+
+    def __init__(self, message: str, index: int | None = None, value=None):
+        super().__init__(message)
+        self.index, self.value = index, value
 
 
 class TimeAxis(NamedTuple):
     """Timestamps of one record.
 
     Fields:
-        labels: ``[T]`` the user's timestamps, float64 or ``datetime64[ns]``.
+        labels: ``[T]`` the user's timestamps, float64 or ``datetime64`` (s, ms, us or ns).
         t: ``[T]`` float64 positions in model time units, ``t[0] == 0``.
         unit: ``None`` for numeric times, else the model time unit as ``timedelta64[ns]``.
         unit_name: how the unit is recorded in outputs (``"1"`` for numbers, e.g. ``"1D"``).
@@ -49,34 +79,141 @@ class TimeAxis(NamedTuple):
                     f"{name}: expected datetimes like the record's times, got values of dtype "
                     f"{arr.dtype}"
                 )
-            return (arr - self.labels[0]) / self.unit
+            if np.isnat(arr).any():
+                i = int(np.flatnonzero(np.isnat(arr))[0])
+                raise ValueError(f"{name}: expected valid datetimes, got NaT at position {i}")
+            return elapsed(arr, self.labels[0], self.unit)
         if arr.dtype.kind not in "iuf":
             raise TypeError(
                 f"{name}: expected numbers like the record's times, got dtype {arr.dtype}"
             )
         origin = self.labels[0] if len(self.labels) else 0.0
-        return arr.astype(np.float64) - origin
+        with np.errstate(over="ignore", invalid="ignore"):
+            pos = arr.astype(np.float64) - origin
+        if not np.isfinite(pos).all():
+            i = int(np.flatnonzero(~np.isfinite(pos))[0])
+            raise ValueError(
+                f"{name}: expected finite times whose distance from the first time {origin!r} "
+                f"is finite in float64, got {arr.ravel()[i]!r}"
+            )
+        return pos
 
     def step(self):
-        """Typical spacing in label units: the median positive step (1 if there is none)."""
+        """Typical spacing in label units: the median positive step (1 if there is none).
+
+        For datetimes, a ``timedelta64`` at the labels' resolution (at least one tick).
+        """
         d = np.diff(self.t)
         d = d[d > 0]
         med = float(np.median(d)) if d.size else 1.0
         if self.is_datetime:
-            ns = int(round(med * (self.unit / np.timedelta64(1, "ns"))))
-            return np.timedelta64(ns, "ns")
+            res = _resolution(self.labels)
+            ticks = med * (int(self.unit / np.timedelta64(1, "ns")) / _NS_PER[res])
+            if not ticks < 0.9 * _INT64_MAX:
+                raise ValueError(
+                    f"times: the median step ({med:g} x {self.unit_name}) is too long for "
+                    f"datetime64[{res}]"
+                )
+            return np.timedelta64(max(int(round(ticks)), 1), res)
         return med
 
     def future(self, steps: int) -> np.ndarray:
-        """``steps`` labels after the last one, spaced by :meth:`step`."""
-        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"steps: expected a positive integer, got {steps!r}")
+        """``steps`` labels after the last one, spaced by :meth:`step`.
+
+        Datetime labels that would leave the range of the labels' resolution are made at a
+        coarser one (microseconds: +-290,000 years; seconds beyond that).
+        """
+        steps = check_steps(steps)
         k = np.arange(1, steps + 1)
         last = self.labels[-1]
         step = self.step()
-        if self.is_datetime:
-            return last + k * step
-        return last + k.astype(np.float64) * step
+        if not self.is_datetime:
+            out = last + k.astype(np.float64) * step
+            if not np.isfinite(out).all():
+                raise ValueError(
+                    f"steps: {steps} steps of {step:g} after {last:g} leave the float64 range"
+                )
+            return out
+        res = _resolution(self.labels)
+        step_ns = float(step.astype(np.int64)) * _NS_PER[_resolution_td(step)]
+        sec, sub = _split_ns(np.asarray([last]))
+        last_ns = float(sec[0]) * 1e9 + float(sub[0])
+        end_ns = last_ns + float(steps) * step_ns
+        for r in [x for x in ("ns", "us", "s") if _NS_PER[x] >= _NS_PER[res]]:
+            if max(abs(last_ns), abs(end_ns)) / _NS_PER[r] < 0.9 * _INT64_MAX:
+                res = r
+                break
+        else:
+            raise ValueError(
+                f"steps: {steps} steps of {step} after {last} leave the range of datetime64"
+            )
+        step_r = max(int(round(step_ns / _NS_PER[res])), 1)
+        return last.astype(f"datetime64[{res}]") + k * np.timedelta64(step_r, res)
+
+
+MAX_FORECAST_STEPS = 1_000_000
+
+
+def check_steps(steps, name: str = "steps") -> int:
+    """A positive number of forecast steps, at most :data:`MAX_FORECAST_STEPS` (memory bound)."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a positive integer, got {steps!r}")
+    if steps < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {steps!r}")
+    if steps > MAX_FORECAST_STEPS:
+        raise ValueError(
+            f"{name}: expected at most {MAX_FORECAST_STEPS} forecast steps (each step holds a "
+            f"value per series in memory), got {steps}"
+        )
+    return int(steps)
+
+
+def _resolution(arr: np.ndarray) -> str:
+    unit, _ = np.datetime_data(arr.dtype)
+    return unit if unit in _NS_PER else "s"
+
+
+def _resolution_td(td) -> str:
+    unit, _ = np.datetime_data(np.asarray(td).dtype)
+    return unit
+
+
+def _normalize_datetimes(arr: np.ndarray) -> np.ndarray:
+    """datetime64 at s/ms/us/ns resolution (coarser units become seconds, finer ones ns)."""
+    unit, count = np.datetime_data(arr.dtype)
+    if unit in _NS_PER and count == 1:
+        return arr
+    if unit in ("Y", "M", "W", "D", "h", "m") or (unit in _NS_PER and count != 1):
+        return arr.astype("datetime64[s]")
+    return arr.astype("datetime64[ns]")
+
+
+def _split_ns(arr: np.ndarray):
+    """``(seconds int64, nanoseconds int64 in [0, 1e9))`` of datetime64 values, without overflow."""
+    res = _resolution(arr)
+    v = _normalize_datetimes(arr).astype(f"datetime64[{res}]").view(np.int64)
+    per = 10**9 // _NS_PER[res]
+    sec, sub = np.divmod(v, per)
+    return sec, sub * _NS_PER[res]
+
+
+def elapsed(labels: np.ndarray, origin, unit: np.timedelta64) -> np.ndarray:
+    """``(labels - origin) / unit`` as float64 for datetime64 values of any span and resolution.
+
+    Seconds and sub-seconds are subtracted apart in int64 (exact), then combined in float64: one
+    rounding, so a relative error below 2.3e-16 of the elapsed time.
+
+    >>> a = np.array(["1700-01-01", "2008-01-01", "9999-12-31"], dtype="datetime64[s]")
+    >>> elapsed(a, a[0], np.timedelta64(1, "D")).tolist()
+    [0.0, 112494.0, 3031511.0]
+    """
+    labels = np.asarray(labels)
+    sec, sub = _split_ns(labels)
+    sec0, sub0 = _split_ns(np.asarray([origin], dtype=labels.dtype))
+    unit_ns = float(int(np.timedelta64(unit, "ns") / np.timedelta64(1, "ns")))
+    ds = (sec - sec0[0]).astype(np.float64)
+    dn = (sub - sub0[0]).astype(np.float64)
+    return (ds * 1e9 + dn) / unit_ns
 
 
 def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
@@ -87,6 +224,8 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
     if isinstance(time_unit, (np.timedelta64, _dt.timedelta)):
         name = None
     if isinstance(time_unit, np.timedelta64):
+        if np.isnat(time_unit):
+            raise ValueError(f"time_unit: expected a positive duration, got {time_unit!r}")
         td = time_unit.astype("timedelta64[ns]")
     elif isinstance(time_unit, _dt.timedelta):
         td = np.timedelta64(int(round(time_unit.total_seconds() * 1e9)), "ns")
@@ -95,7 +234,7 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
             import pandas as pd
 
             td = np.timedelta64(pd.Timedelta(time_unit).value, "ns")
-        except (ImportError, ValueError) as err:
+        except (ImportError, ValueError, OverflowError) as err:
             raise ValueError(
                 "time_unit: expected a duration such as '1D', '12h' or '365.25D', got "
                 f"{time_unit!r}"
@@ -105,7 +244,7 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
             f"time_unit: expected a string, numpy.timedelta64 or datetime.timedelta, got "
             f"{type(time_unit).__name__}"
         )
-    if not td > np.timedelta64(0, "ns"):
+    if np.isnat(td) or not td > np.timedelta64(0, "ns"):
         raise ValueError(f"time_unit: expected a positive duration, got {time_unit!r}")
     return td, name or _unit_name(td)
 
@@ -123,56 +262,242 @@ def _unit_name(td: np.timedelta64) -> str:
     return f"{ns}ns"
 
 
-def _labels_array(times, name: str) -> np.ndarray:
+# --- strings -------------------------------------------------------------------------------------
+_ISO = re.compile(
+    r"^[+-]?\d{4}(-\d{2}(-\d{2}([T ]\d{2}(:\d{2}(:\d{2}([.,]\d+)?)?)?)?)?)?"
+    r"\s*(Z|[+-]\d{2}(:?\d{2})?)?$"
+)
+_OFFSET = re.compile(r"\d{1,2}:\d{2}(:\d{2}([.,]\d+)?)?\s*(Z|[+-]\d{2}(:?\d{2})?|UTC|GMT)$")
+
+
+def _guess_formats(strs: list[str]) -> list[str]:
+    from pandas.tseries.api import guess_datetime_format
+
+    n = len(strs)
+    picks = sorted(set(list(range(min(n, 20))) + list(np.linspace(0, n - 1, min(n, 20)).astype(int))))
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in picks:
+            for dayfirst in (False, True):
+                fmt = guess_datetime_format(strs[i], dayfirst=dayfirst)
+                if fmt is None or fmt in found:
+                    continue
+                # year first, then day before month (%Y-%d-%m) is not a format people write
+                y, d, m = (fmt.find(c) for c in ("%Y", "%d", "%m"))
+                if 0 <= y < d < m:
+                    continue
+                found.append(fmt)
+    return found
+
+
+def _dayfirst(fmt: str) -> bool:
+    d, m = fmt.find("%d"), fmt.find("%m")
+    return 0 <= d < m
+
+
+def parse_datetime_strings(
+    values, name: str = "times", *, time_format: str | None = None, dayfirst: bool | None = None
+) -> np.ndarray:
+    """Parse timestamp strings with one format for all of them: ``datetime64`` (UTC if offsets).
+
+    ``time_format`` (strftime codes, e.g. ``"%d/%m/%Y"``, or ``"ISO8601"``) reads every value with
+    that format. Otherwise ISO 8601 when every value is ISO, else the single format that reads
+    every value; if day-first and month-first formats both read every value differently,
+    ``dayfirst`` picks one and without it the dates are refused. Raises :class:`TimeParseError`
+    (a ``ValueError``) naming the position and text of the first value that cannot be read.
+
+    >>> parse_datetime_strings(["29/03/1958", "30/03/1958"]).tolist()[0].isoformat()
+    '1958-03-29T00:00:00'
+    >>> try:
+    ...     parse_datetime_strings(["01/03/1958", "02/03/1958"])
+    ... except ValueError as err:
+    ...     print(str(err)[:55])
+    times: ambiguous dates: '01/03/1958' (position 0) reads
+    >>> parse_datetime_strings(["01/03/1958"], dayfirst=True).tolist()[0].isoformat()
+    '1958-03-01T00:00:00'
+    """
+    import pandas as pd
+
+    strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
+    if not strs:
+        return np.array([], dtype="datetime64[s]")
+    for i, s in enumerate(strs):
+        if s == "" or s.lower() in ("nat", "nan", "none", "na"):
+            raise TimeParseError(f"{name}: expected a time, got {s!r} at position {i}", i, s)
+    has_offset = [bool(_OFFSET.search(s)) for s in strs]
+    utc = any(has_offset)
+    if utc and not all(has_offset):
+        i = has_offset.index(False)
+        j = has_offset.index(True)
+        raise TimeParseError(
+            f"{name}: {strs[j]!r} (position {j}) has a UTC offset but {strs[i]!r} (position {i}) "
+            "has none; give every time an offset or none",
+            i,
+            strs[i],
+        )
+
+    def attempt(fmt):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                out = pd.to_datetime(pd.Series(strs), format=fmt, errors="coerce", utc=utc)
+            except (ValueError, TypeError, OverflowError):
+                return None
+        if utc:
+            out = out.dt.tz_convert("UTC").dt.tz_localize(None)
+        elif getattr(out.dt, "tz", None) is not None:
+            out = out.dt.tz_localize(None)
+        return out
+
+    def fail(fmt, out, what):
+        bad = out.isna().to_numpy() if out is not None else np.ones(len(strs), bool)
+        i = int(np.flatnonzero(bad)[0])
+        raise TimeParseError(
+            f"{name}: cannot parse {strs[i]!r} (position {i}) as a time ({what})", i, strs[i]
+        )
+
+    if time_format is not None:
+        out = attempt(time_format)
+        if out is None or out.isna().any():
+            fail(time_format, out, f"expected the format {time_format!r}")
+        return _to_numpy_datetimes(out)
+    if all(_ISO.match(s) for s in strs):
+        out = attempt("ISO8601")
+        if out is not None and not out.isna().any():
+            return _to_numpy_datetimes(out)
+    candidates = _guess_formats(strs)
+    results = [(fmt, attempt(fmt)) for fmt in candidates]
+    full = [(f, o) for f, o in results if o is not None and not o.isna().any()]
+    if not full:
+        if not results:
+            iso = attempt("ISO8601")
+            fail("ISO8601", iso, "expected dates like 2024-03-01 or 2024-03-01T12:30")
+        fmt, out = max(results, key=lambda r: -1 if r[1] is None else int(r[1].notna().sum()))
+        fail(fmt, out, f"the other values read as {fmt!r}")
+    distinct = []
+    for f, o in full:
+        if not any(o.equals(o2) for _, o2 in distinct):
+            distinct.append((f, o))
+    if len(distinct) > 1:
+        if dayfirst is not None:
+            pick = [(f, o) for f, o in distinct if _dayfirst(f) == bool(dayfirst)]
+            if len(pick) == 1:
+                return _to_numpy_datetimes(pick[0][1])
+        (f1, o1), (f2, o2) = distinct[:2]
+        i = int(np.flatnonzero((o1 != o2).to_numpy())[0])
+        raise TimeParseError(
+            f"{name}: ambiguous dates: {strs[i]!r} (position {i}) reads as "
+            f"{o1.iloc[i].date()} with {f1!r} and as {o2.iloc[i].date()} with {f2!r}; "
+            "choose one with time_format (CLI: --time-format) or dayfirst (CLI: --dayfirst)",
+            i,
+            strs[i],
+        )
+    return _to_numpy_datetimes(distinct[0][1])
+
+
+def _to_numpy_datetimes(out) -> np.ndarray:
+    arr = out.to_numpy()
+    if arr.dtype.kind != "M":  # pragma: no cover - pandas always gives datetime64 here
+        arr = np.asarray(arr, dtype="datetime64[us]")
+    return _normalize_datetimes(arr)
+
+
+def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.ndarray:
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is an optional extra
         pd = None
+    if isinstance(times, np.ma.MaskedArray):
+        if np.ma.getmaskarray(times).any():
+            i = int(np.flatnonzero(np.ma.getmaskarray(times).ravel())[0])
+            raise ValueError(f"{name}: expected every timestamp present, got a masked value at "
+                             f"position {i}")
+        times = np.ma.getdata(times)
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
         if isinstance(times.dtype, pd.DatetimeTZDtype):
-            times = times.tz_convert("UTC").tz_localize(None)
+            if isinstance(times, pd.Series):
+                times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+            else:
+                times = times.tz_convert("UTC").tz_localize(None)
         arr = np.asarray(times)
     elif hasattr(times, "detach") and hasattr(times, "cpu"):  # torch tensor
-        arr = times.detach().cpu().numpy()
+        t = times.detach().cpu()
+        if t.is_complex():
+            raise TypeError(f"{name}: expected real numbers or datetimes, got dtype {t.dtype}")
+        arr = t.resolve_neg().resolve_conj().numpy()
     else:
         arr = np.asarray(times)
-    if arr.dtype.kind in "OUS":
+    if arr.dtype.kind == "O" and pd is not None and arr.size and all(
+        isinstance(v, (_dt.datetime, np.datetime64)) for v in arr.ravel()
+    ):
+        tz = [getattr(v, "tzinfo", None) is not None for v in arr.ravel()]
+        if any(tz) and not all(tz):
+            raise ValueError(f"{name}: some datetimes carry a timezone and some do not")
+        parsed = pd.to_datetime(pd.Series(arr.ravel()), utc=any(tz))
+        if any(tz):
+            parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
+        arr = _to_numpy_datetimes(parsed).reshape(arr.shape)
+    elif arr.dtype.kind in "OUS":
         if pd is None:
             raise TypeError(f"{name}: got strings or objects; pass numbers or numpy datetime64")
-        try:
-            parsed = pd.to_datetime(arr.ravel(), format="mixed").tz_localize(None)
-            arr = np.asarray(parsed).reshape(arr.shape)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{name}: could not read the values as timestamps ({err})") from err
+        if arr.dtype.kind == "O" and any(
+            isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in arr.ravel()
+        ):
+            try:
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError) as err:
+                raise TypeError(
+                    f"{name}: expected numbers or datetimes, got a mix of numbers and objects"
+                ) from err
+        else:
+            if arr.dtype.kind == "S":
+                arr = arr.astype(str)
+            parsed = parse_datetime_strings(
+                arr.ravel(), name, time_format=time_format, dayfirst=dayfirst
+            )
+            arr = parsed.reshape(arr.shape)
     if arr.dtype.kind == "M":
-        arr = arr.astype("datetime64[ns]")
-    elif arr.dtype.kind in "iub":
+        arr = _normalize_datetimes(arr)
+    elif arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
-    elif arr.dtype.kind != "f":
-        raise TypeError(f"{name}: expected numbers or datetimes, got values of dtype {arr.dtype}")
+    elif arr.dtype.kind == "f":
+        arr = arr.astype(np.float64)
+    else:
+        raise TypeError(
+            f"{name}: expected real numbers or datetimes, got values of dtype {arr.dtype}"
+        )
     return np.atleast_1d(arr)
 
 
-def as_time_axis(times, n: int, time_unit=None, name: str = "times") -> TimeAxis:
+def as_time_axis(
+    times, n: int, time_unit=None, name: str = "times", *, time_format=None, dayfirst=None
+) -> TimeAxis:
     """Check and convert ``times`` for a record of ``n`` steps.
 
     Args:
         times: ``None`` (steps ``0, 1, ..., n-1``), ``[n]`` numbers, numpy ``datetime64`` values, a
-            pandas ``DatetimeIndex``/``Series`` or timestamp strings. Non-decreasing, no NaN/NaT.
+            pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC) or timestamp
+            strings (see :func:`parse_datetime_strings`). Non-decreasing, no NaN/NaT; equal
+            timestamps are steps of length 0.
         n: number of time steps of the record.
         time_unit: model time unit for datetimes (default ``"1D"``); must be ``None`` for numbers.
+        time_format, dayfirst: how to read strings (see :func:`parse_datetime_strings`).
 
     >>> import numpy as np
     >>> ax = as_time_axis(np.array(["2024-01-01", "2024-01-03"], dtype="datetime64[D]"), 2)
     >>> ax.t.tolist(), ax.unit_name
     ([0.0, 2.0], '1D')
+    >>> days = np.array(["0001-01-01", "1700-01-01", "9999-12-31"], dtype="datetime64[D]")
+    >>> as_time_axis(days, 3).t.tolist()  # any span: no 1677-2262 limit
+    [0.0, 620547.0, 3652058.0]
     """
     if times is None:
         if time_unit is not None:
             raise ValueError("time_unit: only meaningful with datetime times, but times is None")
         labels = np.arange(n, dtype=np.float64)
         return TimeAxis(labels, labels.copy(), None, "1")
-    labels = _labels_array(times, name)
+    labels = _labels_array(times, name, time_format=time_format, dayfirst=dayfirst)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"{name}: expected {n} timestamps (one per step of the time axis), got shape "
@@ -183,19 +508,25 @@ def as_time_axis(times, n: int, time_unit=None, name: str = "times") -> TimeAxis
             i = int(np.flatnonzero(np.isnat(labels))[0])
             raise ValueError(f"{name}: expected valid datetimes, got NaT at position {i}")
         unit, unit_name = parse_time_unit(time_unit)
-        t = (labels - labels[0]) / unit if n else np.zeros(0)
+        t = elapsed(labels, labels[0], unit) if n else np.zeros(0)
     else:
         if time_unit is not None:
             raise ValueError(
                 "time_unit: only meaningful with datetime times; numeric times are already in "
-                "model "
-                f"units (got time_unit={time_unit!r})"
+                f"model units (got time_unit={time_unit!r})"
             )
         if not np.isfinite(labels).all():
             i = int(np.flatnonzero(~np.isfinite(labels))[0])
             raise ValueError(f"{name}: expected finite numbers, got {labels[i]} at position {i}")
         unit, unit_name = None, "1"
-        t = labels - labels[0] if n else np.zeros(0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            t = labels - labels[0] if n else np.zeros(0)
+        if not np.isfinite(t).all():
+            i = int(np.flatnonzero(~np.isfinite(t))[0])
+            raise ValueError(
+                f"{name}: expected times whose span is finite in float64, got {labels[i]!r} "
+                f"(position {i}) after {labels[0]!r}; shift or rescale the times"
+            )
     t = np.asarray(t, dtype=np.float64)
     steps = np.diff(t)
     if (steps < 0).any():
