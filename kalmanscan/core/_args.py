@@ -92,7 +92,8 @@ class Converter:
     def tensor(self, name) -> torch.Tensor:
         v = self.values[name]
         if isinstance(v, torch.Tensor):
-            return v.to(self.dtype)
+            # a lazily negated or conjugated view must be materialized: kernels read raw memory
+            return v.resolve_neg().resolve_conj().to(self.dtype)
         a = self.arrays[name]
         if (
             not a.flags.writeable
@@ -110,12 +111,40 @@ class Converter:
 
 
 def _to_numpy(name, value) -> np.ndarray:
+    return as_real_numpy(name, value)
+
+
+def as_real_numpy(name, value) -> np.ndarray:
+    """``value`` as a numpy array of real numbers that torch can wrap, or a ``TypeError``.
+
+    The one conversion every entry point uses: masked elements (``numpy.ma``, e.g. netCDF fill
+    values) become NaN (missing data; out of range for a parameter); big-endian arrays are
+    byte-swapped and negatively strided views (``z[::-1]``) copied; strings, bytes, objects,
+    booleans, complex numbers, datetimes and timedeltas are refused, naming ``name``.
+
+    >>> as_real_numpy("z", np.ma.masked_array([1.0, -999.0], mask=[0, 1])).tolist()
+    [1.0, nan]
+    >>> as_real_numpy("z", np.arange(3.0)[::-1]).tolist()
+    [2.0, 1.0, 0.0]
+    """
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
         )
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(
+                f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
+            )
+        value = value.detach().resolve_neg().resolve_conj().cpu().numpy()
     try:
-        a = np.asarray(value)
+        if isinstance(value, np.ma.MaskedArray):
+            mask = np.ma.getmaskarray(value)
+            a = np.asarray(np.ma.getdata(value))
+            if a.dtype.kind in "iuf" and mask.any():
+                a = np.where(mask, np.nan, a.astype(np.result_type(a.dtype, np.float32)))
+        else:
+            a = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, "
@@ -125,6 +154,10 @@ def _to_numpy(name, value) -> np.ndarray:
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
         )
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if any(st < 0 for st in a.strides):
+        a = a.copy()
     return a
 
 
