@@ -8,7 +8,7 @@ lanes and scaled, which the table says). Every timing is the median of repeated 
 warm-up; every result is checked against the numpy loop first, and no speed is reported for a path
 whose check fails.
 
-    python benchmarks/cpu.py [--quick] [--json benchmarks/results/<date>-cpu.json] [--markdown docs/performance-cpu.md]
+    python benchmarks/cpu.py [--quick] [--json benchmarks/results/cpu.json] [--markdown docs/performance-cpu.md]
 """
 
 from __future__ import annotations

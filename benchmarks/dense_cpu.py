@@ -1,6 +1,6 @@
 """CPU benchmark of the dense filter: parallel scan vs filterpy and the vectorized sequential loop.
 
-    python benchmarks/dense_cpu.py --json benchmarks/results/<date>-dense-cpu.json [--quick]
+    python benchmarks/dense_cpu.py --json benchmarks/results/dense-cpu.json [--quick]
 
 Two regimes, float64, proper prior, filter only (``kd.filter``):
 

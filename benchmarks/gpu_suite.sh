@@ -15,9 +15,11 @@
 # (benchmarks/gpu.py: the four
 # shapes of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py,
 # ~5 min), reliability (benchmarks/reliability_gpu.py, ~2 min), dense (benchmarks/dense_gpu.py
-# with an 8-minute budget), or all (default). Each part
-# writes <DIR>/<date>-<part>.{log,json} (DIR defaults to benchmarks/results). Parts are separate
-# commands so that each fits a 10-minute job limit.
+# with an 8-minute budget), or all (default). Each part writes its log and results under DIR
+# (default benchmarks/results) by the stable names that benchmarks/results/README.md indexes
+# (h200.json, kla-kernel-time.json, reliability-h200.json, dense-gpu.json, gpu-tests.log, ...),
+# replacing the previous result: git keeps history. Parts are separate commands so that each fits
+# a 10-minute job limit.
 set -u -o pipefail
 out=benchmarks/results
 parts=()
@@ -33,7 +35,6 @@ done
 [ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels reliability dense)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-day=$(date -u +%F)
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
 KLA_VARIANTS='[{"fwd_lean": false}, {"bwd_lean": false}, {"fwd_lean_steps": 4}, {"fwd_lean_steps": 8},
  {"fwd_lk": true}, {"NS": 5}, {"bwd_tiles": false}, {"fwd_scatter_out": false},
@@ -42,7 +43,13 @@ KLA_VARIANTS='[{"fwd_lean": false}, {"bwd_lean": false}, {"fwd_lean_steps": 4}, 
  {"bwd_scatter_sums": false}, {"bwd_warps": 2}]'
 status=0
 for part in "${parts[@]}"; do
-  log="$out/$day-$part.log"
+  case "$part" in
+    tests-xdist) log="$out/gpu-tests.log" ;;
+    kernels) log="$out/h200.log" ;;
+    reliability) log="$out/reliability-h200.log" ;;
+    dense) log="$out/dense-gpu.log" ;;
+    *) log="$out/gpu-$part.log" ;;
+  esac
   case "$part" in
     tests-xdist) python3 -c "import xdist" 2>/dev/null || {
                echo "gpu_suite.sh tests-xdist: needs pytest-xdist (pip install pytest-xdist)"; false; } &&
@@ -58,11 +65,11 @@ for part in "${parts[@]}"; do
              -k "not every_tuning and not float64 and not tile_loads" ;;
     tuning) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and not 1003" ;;
     tuning2) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and 1003" ;;
-    kernels) python3 benchmarks/gpu.py --out "$out/$day-h200.json" &&
-             python3 benchmarks/kla_kernel_time.py --json "$out/$day-kla-kernel-time.json" \
+    kernels) python3 benchmarks/gpu.py --out "$out/h200.json" &&
+             python3 benchmarks/kla_kernel_time.py --json "$out/kla-kernel-time.json" \
                --variants "$KLA_VARIANTS" ;;
-    reliability) python3 benchmarks/reliability_gpu.py --out "$out/$day-reliability-h200.json" ;;
-    dense) python3 benchmarks/dense_gpu.py --json "$out/$day-dense-gpu.json" --budget-s 480 ;;
+    reliability) python3 benchmarks/reliability_gpu.py --out "$out/reliability-h200.json" ;;
+    dense) python3 benchmarks/dense_gpu.py --json "$out/dense-gpu.json" --budget-s 480 ;;
   esac 2>&1 | tee "$log" || status=1
 done
 exit $status

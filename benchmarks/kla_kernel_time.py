@@ -25,7 +25,7 @@ must first match the default configuration's outputs and gradients.
 Every shape's forward output is first checked against the float64 sequential reference in the
 same run (normwise relative error, float32 tolerance 1e-4); a wrong result gets no time.
 
-    python benchmarks/kla_kernel_time.py --json benchmarks/results/<date>-kla-kernel-time.json
+    python benchmarks/kla_kernel_time.py --json benchmarks/results/kla-kernel-time.json
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ float32 rows report two errors: against the float64 model (what a user gets, inc
 rounding of the inputs to float32) and against the float64 filter of the float32-rounded model
 (the filter's own error).
 
-    python benchmarks/reliability.py [--quick] [--json benchmarks/results/<date>-reliability-cpu.json]
+    python benchmarks/reliability.py [--quick] [--json benchmarks/results/reliability-cpu.json]
                                      [--markdown benchmarks/results/reliability-cpu.md]
 """
 

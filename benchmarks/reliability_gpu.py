@@ -22,7 +22,7 @@ One run writes one JSON (``--out``):
 
 No speed is claimed here (benchmarks/gpu.py does that); timings are medians for orientation only.
 
-    python benchmarks/reliability_gpu.py --out benchmarks/results/<date>-reliability-h200.json
+    python benchmarks/reliability_gpu.py --out benchmarks/results/reliability-h200.json
     python benchmarks/reliability_gpu.py --quick --out /tmp/r.json     # CPU: checks the script, skips CUDA
     python benchmarks/reliability_gpu.py --quick --interpret-triton --out /tmp/r.json  # + the kernels interpreted
 """
