@@ -23,7 +23,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kalmanscan.timeseries.times import TimeAxis, _labels_array, as_time_axis
+from kalmanscan.timeseries.times import (
+    TimeAxis,
+    _labels_array,
+    _normalize_datetimes,
+    as_time_axis,
+    check_steps,
+)
 
 PARAMS = ("theta", "sigma2", "mu", "obs_var")
 
@@ -51,14 +57,13 @@ def interval(mean, var, coverage: float):
 
 
 def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
+    from kalmanscan.core._args import as_real_numpy
+
     if isinstance(value, torch.Tensor):
         return value
-    try:
-        arr = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"{name}: expected a real number or array of numbers, got {value!r}"
-        ) from err
+    if value is None:
+        raise TypeError(f"{name}: expected a real number or array of numbers, got None")
+    arr = as_real_numpy(name, value).astype(np.float64)
     bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
     if lo is not None:
         bad |= (arr <= lo) if lo_open else (arr < lo)
@@ -73,8 +78,12 @@ def series_input(z, times, axis: int = 0):
     """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
 
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
-    DataFrame's columns as the series labels.
+    DataFrame's columns as the series labels. The data pass the same check as ``kalmanscan.filter``
+    (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
+    booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
     """
+    from kalmanscan.core._args import as_real_numpy
+
     labels = None
     try:
         import pandas as pd
@@ -83,20 +92,23 @@ def series_input(z, times, axis: int = 0):
     if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
         if times is None and not isinstance(z.index, pd.RangeIndex):
             times = z.index
-        if isinstance(z, pd.DataFrame):
+        one = isinstance(z, pd.Series)
+        frame = z.to_frame() if one else z
+        if not one:
             labels = [str(c) for c in z.columns]
-        z = z.to_numpy(dtype=np.float64, na_value=np.nan)
+        for col, dtype in frame.dtypes.items():
+            if not (pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)):
+                raise TypeError(
+                    f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
+                    f"{dtype}"
+                )
+        z = frame.to_numpy(dtype=np.float64, na_value=np.nan)
+        if one:
+            z = z[:, 0]
         if axis != 0:
             raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
-    if isinstance(z, torch.Tensor):
-        z = z.detach().cpu().numpy()
-    try:
-        arr = np.array(z)
-        arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"z: expected an array of numbers (NaN = missing), got {type(z).__name__}"
-        ) from err
+    arr = as_real_numpy("z", z)
+    arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
     if arr.ndim == 0:
         raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
     if not -arr.ndim <= axis < arr.ndim:
@@ -106,7 +118,10 @@ def series_input(z, times, axis: int = 0):
         )
     arr = np.moveaxis(arr, axis, 0)
     if np.isinf(arr).any():
-        raise ValueError("z: expected finite values or NaN (missing), got inf")
+        i = np.unravel_index(int(np.flatnonzero(np.isinf(arr))[0]), arr.shape)
+        raise ValueError(
+            f"z: expected finite values or NaN (missing), got {arr[i]} at index {tuple(map(int, i))}"
+        )
     if arr.shape[0] == 0:
         raise ValueError("z: expected at least one time step, got an empty time axis")
     return arr, times, labels
@@ -412,6 +427,12 @@ def forecast_from_state(
             f"steps={steps!r}, at={at!r}"
         )
     labels = time_axis.future(steps) if steps is not None else _labels_array(at, "at")
+    if steps is None:
+        if labels.ndim != 1 or labels.size == 0:
+            raise ValueError(
+                f"at: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"
+            )
+        check_steps(labels.size, "at (number of forecast times)")
     pos = time_axis.position(labels, "at")
     if pos.ndim != 1:
         raise ValueError(f"at: expected a 1-D sequence of timestamps, got shape {pos.shape}")
@@ -437,7 +458,7 @@ def forecast_from_state(
     pvar = var + model.obs_var
     lo, hi = interval(mean, pvar, cov)
     if time_axis.is_datetime:
-        labels = np.asarray(labels).astype("datetime64[ns]")
+        labels = _normalize_datetimes(np.asarray(labels))
     else:
         labels = np.asarray(labels, dtype=np.float64)
     return Forecast(labels, mean, var, pvar, lo, hi, cov)

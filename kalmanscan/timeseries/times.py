@@ -156,9 +156,11 @@ MAX_FORECAST_STEPS = 1_000_000
 
 def check_steps(steps, name: str = "steps") -> int:
     """A positive number of forecast steps, at most :data:`MAX_FORECAST_STEPS` (memory bound)."""
-    if not isinstance(steps, (int, np.integer)) or isinstance(steps, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a positive integer, got {steps!r}")
-    if steps < 1:
+    if (
+        not isinstance(steps, (int, np.integer))
+        or isinstance(steps, (bool, np.bool_))
+        or steps < 1
+    ):
         raise ValueError(f"{name}: expected a positive integer, got {steps!r}")
     if steps > MAX_FORECAST_STEPS:
         raise ValueError(
