@@ -11,7 +11,50 @@ from dataclasses import dataclass, field
 
 _DISCRETIZATIONS = ("ou", "zoh")
 _GATE_ACTIVATIONS = ("silu", "gelu", "relu")
+_PROCESS_NOISE_MODES = ("learned", "fixed", "zero")
 _MIXERS = ("kla", "attention")
+
+# The authors' published KLAConfig (vaisakh-shaj/kalman-linear-attention, package kla 0.1.0):
+# their field name -> ours, for the fields whose meaning is the same.
+_AUTHORS_RENAMED = {
+    "conv_kernel_size": "conv_kernel",
+    "gating_activation": "gate_activation",
+    "process_noise_scale": "process_noise_init",
+}
+_AUTHORS_SAME = (
+    "d_state",
+    "expand",
+    "dt_min",
+    "dt_max",
+    "dt_init_floor",
+    "discretization",
+    "obs_var_min",
+    "qk_norm",
+    "lambda_skip_init",
+    "process_noise_init",
+    "process_noise_mode",
+)
+# Their architecture switches this layer implements only at one setting: accepted at that
+# setting, refused by name otherwise (a different setting changes the parameters or the math).
+_AUTHORS_FIXED = {
+    "use_conv": True,
+    "conv_activation": "silu",
+    "use_gating": True,
+    "use_lambda_skip": True,
+    "lambda_skip_mode": "scalar",
+    "value_rank": "full",
+    "var_rank": "full",
+    "bias": False,
+    "clip_value": None,
+    "obs_var_max": None,
+    "decode_from_prior": False,
+    "return_variance": False,
+    "process_noise_param": "raw",
+    "obs_noise_init": None,
+}
+# Their implementation choices that do not change what the layer computes (beyond rounding):
+# accepted and dropped. backend names differ between the packages; ours picks by device.
+_AUTHORS_IGNORED = ("backend", "mobius_impl", "checkpoint_ssm", "dt_rank", "scan_impl")
 
 
 def _check_positive(name: str, value, *, integer: bool = False) -> None:
@@ -27,6 +70,12 @@ class KLAConfig:
 
     ``M = int(expand * d_model)`` channels, each filtering ``d_state`` slots.
 
+    ``process_noise_mode``: ``"learned"`` (a parameter floored at 1e-7 in the dynamics),
+    ``"fixed"`` (a buffer at ``process_noise_init``, same floor) or ``"zero"`` (a zero buffer
+    plus 1e-12: deterministic dynamics), the authors' ``learnable_process_noise=False`` and
+    ``zero_process_noise=True`` variants. Configs written for the authors' package convert with
+    :meth:`from_authors`.
+
     >>> from kalmanscan.kla import KLAConfig
     >>> KLAConfig().d_inner(64)
     128
@@ -38,6 +87,7 @@ class KLAConfig:
     qk_norm: bool = True
     discretization: str = "ou"  # "ou" (exact Ornstein-Uhlenbeck) or "zoh" (p_bar = p * dt)
     process_noise_init: float = 0.01
+    process_noise_mode: str = "learned"  # "learned", "fixed" (a buffer) or "zero"
     obs_var_min: float = 1e-4
     lambda_skip_init: float = -1.0
     gate_activation: str = "silu"
@@ -71,6 +121,11 @@ class KLAConfig:
             raise ValueError(
                 f"discretization: expected one of {_DISCRETIZATIONS}, got {self.discretization!r}"
             )
+        if self.process_noise_mode not in _PROCESS_NOISE_MODES:
+            raise ValueError(
+                f"process_noise_mode: expected one of {_PROCESS_NOISE_MODES}, "
+                f"got {self.process_noise_mode!r}"
+            )
         if self.gate_activation not in _GATE_ACTIVATIONS:
             raise ValueError(
                 f"gate_activation: expected one of {_GATE_ACTIVATIONS}, "
@@ -80,6 +135,73 @@ class KLAConfig:
     def d_inner(self, d_model: int) -> int:
         """Number of channels ``M`` for a layer of width ``d_model``."""
         return int(self.expand * d_model)
+
+    @classmethod
+    def from_authors(cls, config) -> KLAConfig:
+        """Convert a config of the authors' package (a dict of their ``KLAConfig`` fields, or
+        that dataclass itself) into ours, faithfully or not at all.
+
+        Renamed: ``conv_kernel_size``, ``gating_activation``, ``process_noise_scale``.
+        ``learnable_process_noise=False`` and ``zero_process_noise=True`` become
+        ``process_noise_mode="fixed"`` / ``"zero"`` (the process noise is then a buffer, as in
+        their layer, and the zero variant adds 1e-12 instead of flooring at 1e-7). Architecture
+        switches this layer implements at one setting only (``use_conv``, ``use_gating``,
+        ``value_rank``, ``var_rank``, ``bias``, ``clip_value``, ``obs_var_max``,
+        ``decode_from_prior``, ...) are accepted at that setting and otherwise refused with a
+        ValueError naming them; implementation choices that do not change the results
+        (``backend``, ``mobius_impl``, ``checkpoint_ssm``) are dropped; unknown fields are
+        refused by name. Missing fields take their defaults, which equal ours.
+
+        >>> cfg = KLAConfig.from_authors({"d_state": 8, "conv_kernel_size": 4,
+        ...     "gating_activation": "silu", "process_noise_scale": 0.02,
+        ...     "learnable_process_noise": False, "backend": "torch_unfused_pscan"})
+        >>> cfg.d_state, cfg.process_noise_init, cfg.process_noise_mode
+        (8, 0.02, 'fixed')
+        """
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            config = dataclasses.asdict(config)
+        if not isinstance(config, dict):
+            raise TypeError(
+                f"config: expected a dict of the authors' KLAConfig fields, got "
+                f"{type(config).__name__}"
+            )
+        out = {}
+        unknown, refused = [], []
+        learnable = config.get("learnable_process_noise", True)
+        zero = config.get("zero_process_noise", False)
+        for key, value in config.items():
+            if key in _AUTHORS_RENAMED:
+                out[_AUTHORS_RENAMED[key]] = value
+            elif key in _AUTHORS_SAME:
+                out[key] = value
+            elif key in ("learnable_process_noise", "zero_process_noise"):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{key}: expected a bool, got {value!r}")
+            elif key in _AUTHORS_FIXED:
+                if value != _AUTHORS_FIXED[key]:
+                    refused.append(f"{key}={value!r} (supported: {_AUTHORS_FIXED[key]!r})")
+            elif key in _AUTHORS_IGNORED:
+                pass
+            else:
+                unknown.append(key)
+        if "process_noise_scale" in config and "process_noise_init" in config:
+            refused.append("both process_noise_scale and process_noise_init (give one)")
+        if unknown:
+            raise ValueError(f"config: unknown authors' KLAConfig fields {sorted(unknown)}")
+        if refused:
+            raise ValueError(
+                "config: settings of the authors' layer that kalmanscan's KLALayer does not "
+                "implement: " + "; ".join(refused)
+            )
+        mode = "zero" if zero else ("learned" if learnable else "fixed")
+        if "process_noise_mode" in out and (zero or not learnable):
+            if out["process_noise_mode"] != mode:
+                raise ValueError(
+                    f"config: process_noise_mode={out['process_noise_mode']!r} contradicts "
+                    f"learnable_process_noise={learnable}, zero_process_noise={zero}"
+                )
+        out.setdefault("process_noise_mode", mode)
+        return cls(**out)
 
 
 @dataclass

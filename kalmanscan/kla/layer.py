@@ -12,7 +12,9 @@ Shapes: batch ``B``, time ``L``, model width ``D``, channels ``M = int(expand * 
     out = out_proj(y);  out_var = yvar @ (W_out**2)^T                     (model-space variance)
 
 ``decay, process_var [M,S]`` come from :func:`kalmanscan.discretize_ou` with rate
-``exp(lambda_log)``, diffusion ``max(process_noise, 1e-7)`` and step ``softplus(delta) + 1e-7``.
+``exp(lambda_log)``, diffusion ``max(process_noise, 1e-7)`` (``process_noise + 1e-12`` in the
+zero-process-noise variant) and step ``softplus(delta) + 1e-7``; without autograd they are
+kept between calls until a parameter changes (decoding does not recompute them per token).
 The parameter names and shapes are those of the authors' published implementation, so its state
 dicts load with ``strict=True``. The filter math lives in the op; this module only holds
 parameters and projects. Details and derivations: docs/kla.md.
@@ -34,6 +36,7 @@ _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 # Floors taken from the published layer (process-noise rate and step) and qk-norm.
 PROCESS_NOISE_MIN = 1e-7
+ZERO_PROCESS_NOISE = 1e-12  # added (not a floor) in the zero-process-noise variant
 DT_OFFSET = 1e-7
 L2_EPS = 1e-12
 
@@ -172,10 +175,15 @@ class KLALayer(nn.Module):
         self.sensor_proj = nn.Linear(M, 2 * M + 2 * S, bias=False)  # rows: v, log var_v, k, q
         self.delta = nn.Parameter(torch.empty(M, S))
         self.lambda_log = nn.Parameter(torch.empty(M, S))
-        self.process_noise = nn.Parameter(torch.empty(M, S))
+        if config.process_noise_mode == "learned":
+            self.process_noise = nn.Parameter(torch.empty(M, S))
+        else:  # the authors' fixed / zero variants: a buffer, in the state dict, no gradient
+            self.register_buffer("process_noise", torch.empty(M, S))
         self.lambda_skip = nn.Parameter(torch.empty(()))
         self.out_proj = nn.Linear(M, d_model, bias=False)
         self._act = _ACTIVATIONS[config.gate_activation]
+        self._dynamics_cache = None  # (key, (decay, process_var)), see _dynamics
+        self._recorder = None  # set by kalmanscan.kla.inspect.record: receives each KLATrace
         self.reset_parameters()
 
     @torch.no_grad()
@@ -191,7 +199,8 @@ class KLALayer(nn.Module):
         dt = torch.exp(torch.rand(self.delta.shape) * (hi - lo) + lo).clamp_min(cfg.dt_init_floor)
         self.delta.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
         self.lambda_log.zero_()
-        self.process_noise.fill_(cfg.process_noise_init)
+        zero = cfg.process_noise_mode == "zero"
+        self.process_noise.fill_(0.0 if zero else cfg.process_noise_init)
         self.lambda_skip.fill_(cfg.lambda_skip_init)
 
     # ------------------------------------------------------------------ state and dynamics
@@ -211,13 +220,40 @@ class KLALayer(nn.Module):
     def dynamics(self, dtype: torch.dtype = torch.float32):
         """Discrete ``(decay, process_var)``, each ``[M,S]``, from the continuous parameters."""
         theta = torch.exp(self.lambda_log.to(dtype))
-        sigma2 = self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
+        if self.config.process_noise_mode == "zero":
+            sigma2 = self.process_noise.to(dtype) + ZERO_PROCESS_NOISE
+        else:
+            sigma2 = self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
         dt = F.softplus(self.delta.to(dtype)) + DT_OFFSET
         if self.config.discretization == "ou":
             # discretize_ou's math without its argument checks: the inputs are valid by
             # construction, and a check would synchronize the GPU on every forward
             return ou_transition(theta, sigma2, dt)
         return torch.exp(-theta * dt), sigma2 * dt
+
+    def _dynamics(self, dtype: torch.dtype):
+        """:meth:`dynamics`, kept between calls while nothing needs its gradient.
+
+        Without autograd (decoding, inspection) the ``[M,S]`` discretization is computed once
+        and reused until a parameter it reads changes: the key holds each parameter's storage
+        address and in-place version counter (``load_state_dict``, an optimizer step or
+        ``.to()`` all change one), the dtype and the discretization. Under autograd or
+        ``torch.compile`` it is computed afresh (the graph needs it; no Python state)."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self.dynamics(dtype)
+        params = (self.lambda_log, self.process_noise, self.delta)
+        key = (
+            dtype,
+            self.config.discretization,
+            self.config.process_noise_mode,
+            tuple((p.data_ptr(), p._version) for p in params),
+        )
+        cache = self._dynamics_cache
+        if cache is not None and cache[0] == key:
+            return cache[1]
+        value = self.dynamics(dtype)
+        self._dynamics_cache = (key, value)
+        return value
 
     # ------------------------------------------------------------------ projections
 
@@ -254,7 +290,7 @@ class KLALayer(nn.Module):
             raise TypeError(f"state: expected a KLALayerState, got {type(state).__name__}")
         sens, window = self.sensors(x, None if state is None else state.conv)
         fdtype = sens.v.dtype
-        decay, process_var = self.dynamics(fdtype)
+        decay, process_var = self._dynamics(fdtype)
         precision = None
         with torch.autocast(device_type=x.device.type, enabled=False):
             if state is not None and L == 1 and not return_precision:
@@ -305,8 +341,15 @@ class KLALayer(nn.Module):
         return_state: bool = False,
     ):
         """``x [B,L,D]`` -> ``out [B,L,D]`` (see the class docstring for the other returns)."""
-        out, yvar_gated, new_state, *_ = self._forward(x, state, return_precision=False)
-        result = (out, self.output_variance(yvar_gated)) if return_variance else (out,)
+        recorder = self._recorder
+        if recorder is not None:
+            tr = self.trace(x, state)
+            recorder(self, tr)
+            out, new_state = tr.out, tr.state
+            result = (out, tr.out_var) if return_variance else (out,)
+        else:
+            out, yvar_gated, new_state, *_ = self._forward(x, state, return_precision=False)
+            result = (out, self.output_variance(yvar_gated)) if return_variance else (out,)
         if return_state or state is not None:
             result = result + (new_state,)
         return result[0] if len(result) == 1 else result
