@@ -414,9 +414,18 @@ def test_op_captures_in_cuda_graphs():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not CUDA, reason="dispatch to the triton backend needs CUDA tensors")
-def test_auto_backend_is_triton_on_cuda():
+def test_auto_backend_is_triton_on_cuda(monkeypatch):
+    # backend="auto" runs the fused kernels on CUDA tensors (and never on CPU tensors, where it
+    # picks the sequential loop): the Triton entry is counted, and the result is the reference's
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(args[0].device.type)
+        return kla_triton(*args, **kw)
+
+    monkeypatch.setattr(K, "kla_triton", counted)
     x = make_inputs(2, 50, 4, 16, seed=8)
     a = kla_filter(**x)
+    assert calls == (["cuda"] if CUDA else []), f"auto ran triton for {calls} on {DEVICE}"
     b = kla_filter(**x, backend="sequential")
     assert_close(a.y, b.y, "kernel", torch.float64)

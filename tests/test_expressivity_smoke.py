@@ -283,7 +283,7 @@ def test_linear_kernel_compiles_for_hopper_without_spills():
     import subprocess
 
     code = r"""
-import os, re, subprocess, sys, triton
+import os, re, subprocess, sys, tempfile, triton
 from triton.backends.compiler import GPUTarget
 sys.path.insert(0, sys.argv[1])
 import linear_kernel as K
@@ -302,7 +302,7 @@ cases = [
 for fn, sg, consts in cases:
     src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts)
     comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    path = "/tmp/kalmanscan-linear-kernel.cubin"
+    path = os.path.join(tempfile.mkdtemp(), "linear-kernel.cubin")
     open(path, "wb").write(comp.asm["cubin"])
     out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
     print(re.findall(r"STACK:(\d+)", out)[0])

@@ -269,19 +269,20 @@ def test_checkpoint_half_precision_keeps_dynamics_float32(tmp_path):
 
 
 class _Exploit:
+    def __init__(self, flag):
+        self.flag = flag
+
     def __reduce__(self):
         import os
 
-        return (os.system, ("touch /tmp/kalmanscan-kla-pickle-ran",))
+        return (os.system, (f"touch {self.flag}",))
 
 
 def test_pickle_checkpoints_are_refused_without_unpickling(tmp_path):
     import os
 
-    flag = "/tmp/kalmanscan-kla-pickle-ran"
-    if os.path.exists(flag):
-        os.remove(flag)
-    (tmp_path / "model.pt").write_bytes(pickle.dumps({"x": _Exploit()}))
+    flag = tmp_path / "pickle-ran"  # per test, so parallel runs cannot see each other's flag
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"x": _Exploit(flag)}))
     save_checkpoint(small_model(), tmp_path / "ref")
     (tmp_path / "config.json").write_text((tmp_path / "ref" / "config.json").read_text())
     with pytest.raises(CheckpointError, match="pickle"):
