@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
+import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -57,10 +60,21 @@ class Progress:
             self.stream.flush()
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kalmanscan")
+    except Exception:  # not installed (a source checkout on PYTHONPATH)
+        import kalmanscan
+
+        return kalmanscan.__version__
+
+
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return p
 
 
 def _parse(parser: argparse.ArgumentParser, argv):
@@ -70,8 +84,83 @@ def _parse(parser: argparse.ArgumentParser, argv):
         return None, int(e.code or 0)
 
 
+def _run(prog: str, body, args) -> int:
+    """Run ``body(args)``: bad input (an :class:`InputError`, or a ``ValueError``/``TypeError``
+    from the library, whose messages name the argument) exits 2 with one line on stderr;
+    warnings are printed as one line each."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message).strip().splitlines()
+        print(f"{prog}: warning: {text[0] if text else category.__name__}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        try:
+            with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+                return body(args)
+        except (InputError, ValueError, TypeError, OverflowError, ZeroDivisionError) as err:
+            text = str(err).strip().replace("\n", "; ") or type(err).__name__
+            print(f"{prog}: {text}", file=sys.stderr)
+            return EXIT_INPUT
+
+
+def _output_paths(out_dir: str, names, inputs=()) -> list[str]:
+    """Paths of ``names`` in ``out_dir``, after checking that writing them is safe.
+
+    Refuses (:class:`InputError`) an ``out_dir`` that is an existing file, an output name that is
+    a directory, and any output that resolves to an input file (by path or by inode, so symbolic
+    and hard links count): kalmanscan never writes over its input.
+    """
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"--out {out_dir!r}: exists and is not a directory")
+    paths = [os.path.join(out_dir, n) for n in names]
+    real_inputs = [(p, os.path.realpath(p)) for p in inputs if os.path.exists(p)]
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise InputError(f"--out {out_dir!r}: {path} is a directory, expected a file name")
+        for given, real in real_inputs:
+            same = os.path.realpath(path) == real
+            if not same and os.path.exists(path):
+                try:
+                    same = os.path.samefile(path, given)
+                except OSError:
+                    same = False
+            if same:
+                raise InputError(
+                    f"--out {out_dir!r}: writing {os.path.basename(path)} would overwrite the "
+                    f"input {given}; choose another --out directory"
+                )
+    return paths
+
+
+def _replace_into(path: str, write) -> None:
+    """``write(tmp)`` a file next to ``path``, then rename it onto ``path``.
+
+    The rename replaces a symbolic link at ``path`` instead of following it, so nothing is
+    written outside the output directory, and an interrupted run leaves no half-written file.
+    """
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path), suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _write_outputs(
-    ds, out_dir: str, stem: str, summary: str, *, title: str, max_series: int = 4, ylabel=None
+    ds,
+    out_dir: str,
+    stem: str,
+    summary: str,
+    *,
+    title: str,
+    max_series: int = 4,
+    ylabel=None,
+    inputs=(),
 ) -> list[str]:
     import matplotlib
 
@@ -79,27 +168,31 @@ def _write_outputs(
     import matplotlib.pyplot as plt
 
     from kalmanscan.plot import plot_overview
-    from kalmanscan.xarray import save_netcdf
+    from kalmanscan.xarray import netcdf_engine, save_netcdf
 
-    os.makedirs(out_dir, exist_ok=True)
-    nc = os.path.join(out_dir, stem + ".nc")
-    png = os.path.join(out_dir, stem + ".png")
-    txt = os.path.join(out_dir, "summary.txt")
+    png, nc, csv, txt = _output_paths(
+        out_dir, [stem + ".png", stem + ".nc", stem + ".csv", "summary.txt"], inputs
+    )
     try:
-        save_netcdf(ds, nc, engine=os.environ.get("KALMANSCAN_NETCDF_ENGINE") or None)
+        engine = os.environ.get("KALMANSCAN_NETCDF_ENGINE") or netcdf_engine()
     except ImportError as err:
         raise InputError(str(err)) from err
+    os.makedirs(out_dir, exist_ok=True)
+    _replace_into(nc, lambda tmp: save_netcdf(ds, tmp, engine=engine))
     axes = plot_overview(ds, max_series=max_series)
     axes[0].figure.suptitle(title)
     if ylabel:
         for ax in axes[:-1]:
             ax.set_ylabel(ylabel)
-    axes[0].figure.savefig(png, dpi=110)
+    _replace_into(png, lambda tmp: axes[0].figure.savefig(tmp, dpi=110, format="png"))
     plt.close(axes[0].figure)
-    with open(txt, "w") as fh:
-        fh.write(summary + "\n")
-    csv = os.path.join(out_dir, stem + ".csv")
-    _write_csv(ds, csv)
+
+    def text(tmp):
+        with open(tmp, "w") as fh:
+            fh.write(summary + "\n")
+
+    _replace_into(txt, text)
+    _replace_into(csv, lambda tmp: _write_csv(ds, tmp))
     return [png, nc, csv, txt]
 
 
@@ -214,29 +307,49 @@ def demo_main(argv=None) -> int:
         "Fit the local-level model to the bundled Nile flows (1871-1970), filter, "
         "smooth and forecast; write a PNG, a netCDF file and a summary.",
     )
-    p.add_argument("--out", default="kalmanscan-demo", help="output directory")
-    p.add_argument("--forecast", type=int, default=10, metavar="N", help="forecast steps (years)")
-    p.add_argument("--coverage", type=float, nargs="+", default=[0.5, 0.9], help="band coverages")
+    p.add_argument(
+        "--out",
+        default="kalmanscan-demo",
+        metavar="DIR",
+        help="output directory (default: kalmanscan-demo)",
+    )
+    p.add_argument(
+        "--forecast", type=int, default=10, metavar="N", help="forecast steps in years (default: 10)"
+    )
+    p.add_argument(
+        "--coverage",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.9],
+        metavar="C",
+        help="band coverages (default: 0.5 0.9)",
+    )
     args, code = _parse(p, sys.argv[1:] if argv is None else argv)
     if args is None:
         return code
-    try:
-        return _demo(args)
-    except InputError as err:
-        print(f"kalmanscan demo: {err}", file=sys.stderr)
-        return EXIT_INPUT
+    return _run("kalmanscan demo", _demo, args)
+
+
+def _forecast_arg(n: int) -> int | None:
+    from kalmanscan.timeseries.times import MAX_FORECAST_STEPS
+
+    if n < 0 or n > MAX_FORECAST_STEPS:
+        raise InputError(
+            f"--forecast: expected a number of steps from 0 to {MAX_FORECAST_STEPS}, got {n}"
+        )
+    return n or None
 
 
 def _demo(args) -> int:
     from kalmanscan.timeseries import fit_ou, load_nile
 
     coverage = _coverage_arg(args.coverage)
-    if args.forecast < 0:
-        raise InputError(f"--forecast: expected a number of steps >= 0, got {args.forecast}")
+    steps = _forecast_arg(args.forecast)
+    _output_paths(args.out, ["nile.png", "nile.nc", "nile.csv", "summary.txt"])
     years, flow = load_nile()
     t0 = time.perf_counter()
     fit = fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
-    ds = fit.to_dataset(coverage=coverage, forecast_steps=args.forecast or None, name="Nile flow")
+    ds = fit.to_dataset(coverage=coverage, forecast_steps=steps, name="Nile flow")
     elapsed = time.perf_counter() - t0
     ref = (
         "reference (Durbin & Koopman 2012, exact diffuse MLE): obs_var 15099, sigma2 1469.1, "
@@ -271,14 +384,45 @@ def _demo(args) -> int:
 
 
 # --- kalmanscan filter ----------------------------------------------------------------------------
-def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None):
+def _data_lines(path: str, n_rows: int) -> list[int] | None:
+    """Spreadsheet row (physical line) numbers of the header and each data row, or ``None``.
+
+    Comment lines (``#``) and blank lines are skipped by the reader but still count as rows of
+    the file, so messages name the line a user sees in an editor or spreadsheet.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [
+                i
+                for i, line in enumerate(fh, 1)
+                if line.split("#", 1)[0].strip() and not line.lstrip().startswith("#")
+            ]
+    except OSError:
+        return None
+    return lines if len(lines) == n_rows + 1 else None
+
+
+def read_csv_series(
+    path: str,
+    time_col=None,
+    value_cols=None,
+    *,
+    time_unit=None,
+    time_format=None,
+    dayfirst=None,
+    notes=None,
+):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
-    ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every numeric column
-    other than the time column. Empty cells (and NA/NaN) are missing values. Raises
-    :class:`InputError` with a message naming the file, column, row and value for a bad file,
-    missing column, unparseable time or
-    non-numeric value. Rows are numbered as in a spreadsheet (the header is row 1).
+    ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every column other
+    than the time column that holds numbers (a column with no number at all, e.g. labels, is
+    skipped with a note appended to ``notes``; a column of numbers with a non-number in it is an
+    error). Empty cells (and NA/NaN) are missing values. A time column is numeric when most of its
+    cells are numbers, else dates read with one format (see
+    :func:`kalmanscan.timeseries.times.parse_datetime_strings`; ``time_format``/``dayfirst``
+    decide ambiguous dates). Duplicate times are refused, naming the rows. Raises
+    :class:`InputError` with a message naming the file, column, row and value. Rows are numbered
+    as in a spreadsheet (the header is row 1; comment lines count).
     """
     import pandas as pd
 
@@ -287,7 +431,7 @@ def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a CSV file")
     try:
-        df = pd.read_csv(path, comment="#", skipinitialspace=True)
+        df = pd.read_csv(path, comment="#", skipinitialspace=True, dtype=str)
     except pd.errors.EmptyDataError as err:
         raise InputError(
             f"{path}: the file is empty (expected a header row and data rows)"
@@ -297,76 +441,149 @@ def read_csv_series(path: str, time_col=None, value_cols=None, *, time_unit=None
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
+    lines = _data_lines(path, len(df))
+
+    def row(i: int) -> int:
+        return lines[i + 1] if lines is not None else i + 2
+
     cols = list(df.columns)
+    if len(set(cols)) != len(cols):
+        dup = sorted({c for c in cols if cols.count(c) > 1})
+        raise InputError(f"{path}: duplicate column names {dup}")
     for name, kind in ([(time_col, "--time-col")] if time_col is not None else []) + [
         (c, "--value-col") for c in value_cols or []
     ]:
         if name not in cols:
             raise InputError(f"{kind} {name!r}: no such column in {path}; columns are {cols}")
     if time_col is not None:
-        times = _parse_times(df[time_col], path, time_col)
+        times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
     else:
         times = np.arange(len(df), dtype=np.float64)
     if value_cols:
         names = list(value_cols)
         if time_col in names:
             raise InputError(f"--value-col {time_col!r}: that is the time column")
+        z = np.column_stack([_parse_values(df[c], path, c, row) for c in names])
     else:
-        names = [c for c in cols if c != time_col and pd.api.types.is_numeric_dtype(df[c])]
+        names, columns, skipped = [], [], []
+        for c in cols:
+            if c == time_col:
+                continue
+            cell = df[c]
+            given = cell.notna() & (cell.astype(str).str.strip() != "")
+            numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
+            if given.any() and not numeric.any():
+                skipped.append(c)
+                continue
+            names.append(c)
+            columns.append(_parse_values(cell, path, c, row))
         if not names:
+            first = skipped[0] if skipped else None
+            detail = ""
+            if first is not None:
+                i = int(np.flatnonzero(df[first].notna().to_numpy())[0])
+                detail = (
+                    f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
+                    "(leave the cell empty or write NaN for a missing value)"
+                )
             raise InputError(
-                f"{path}: no numeric value columns besides the time column; name them with "
-                "--value-col "
-                f"(columns are {cols})"
+                f"{path}: no numeric value columns besides the time column{detail}; name the "
+                f"value columns with --value-col (columns are {cols})"
             )
-    z = np.column_stack([_parse_values(df[c], path, c) for c in names])
+        if skipped and notes is not None:
+            notes.append(
+                f"note: skipped column(s) {skipped}: no numbers in them (name value columns "
+                "with --value-col to use them)"
+            )
+        z = np.column_stack(columns)
     order = np.argsort(times, kind="stable")
     sorted_ = bool(np.all(order == np.arange(len(order))))
+    st = times[order]
+    same = np.flatnonzero(st[1:] == st[:-1])
+    if same.size:
+        k = int(same[0])
+        a, b = sorted((int(order[k]), int(order[k + 1])))
+        more = same.size - 1
+        raise InputError(
+            f"{path}: column {time_col!r} rows {row(a)} and {row(b)} have the same time "
+            f"{_show_time(st[k])}"
+            + (f" ({more} more repeated time{'s' if more > 1 else ''})" if more else "")
+            + "; expected one row per time: merge or average the rows of each time first"
+        )
     if not sorted_:
-        times, z = times[order], z[order]
+        times, z = st, z[order]
     return times, z, names, sorted_
 
 
-def _parse_times(col, path, name):
+def _show_time(t) -> str:
+    return str(t) if isinstance(t, np.datetime64) else f"{float(t):.17g}"
+
+
+def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
     import pandas as pd
 
-    empty = col.isna()
+    from kalmanscan.timeseries.times import TimeParseError, parse_datetime_strings
+
+    row = row or (lambda i: i + 2)
+    text = col.astype(str).str.strip()
+    empty = col.isna() | (text == "")
     if empty.any():
         i = int(np.flatnonzero(empty.to_numpy())[0])
-        raise InputError(f"{path}: column {name!r} has an empty time at row {i + 2}")
-    if pd.api.types.is_numeric_dtype(col):
-        return col.to_numpy(dtype=np.float64)
-    text = col.astype(str).str.strip()
-    parsed = pd.to_datetime(text, errors="coerce", format="mixed")
-    bad = parsed.isna()
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(
-            f"{path}: column {name!r} row {i + 2}: cannot parse {text.iloc[i]!r} as a time "
-            "(expected numbers or dates like 2024-03-01 or 2024-03-01T12:30)"
+        raise InputError(f"{path}: column {name!r} has an empty time at row {row(i)}")
+    numbers = pd.to_numeric(text, errors="coerce")
+    is_num = numbers.notna().to_numpy()
+    if time_format is None and is_num.mean() >= 0.5:
+        if not is_num.all():
+            i = int(np.flatnonzero(~is_num)[0])
+            raise InputError(
+                f"{path}: column {name!r} row {row(i)}: cannot parse {text.iloc[i]!r} as a time "
+                "(the column holds numbers; expected a number)"
+            )
+        out = numbers.to_numpy(dtype=np.float64)
+        if not np.isfinite(out).all():
+            i = int(np.flatnonzero(~np.isfinite(out))[0])
+            raise InputError(
+                f"{path}: column {name!r} row {row(i)}: {text.iloc[i]!r} is not a finite time"
+            )
+        return out
+    try:
+        return parse_datetime_strings(
+            text.to_numpy(), f"{path}: column {name!r}", time_format=time_format, dayfirst=dayfirst
         )
-    if getattr(parsed.dt, "tz", None) is not None:
-        parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
-    return parsed.to_numpy().astype("datetime64[ns]")
+    except TimeParseError as err:
+        if err.index is None:
+            raise InputError(str(err)) from err
+        msg = re.sub(r"\(position (\d+)\)", lambda m: f"(row {row(int(m.group(1)))})", str(err))
+        if "cannot parse" in msg:
+            hint = msg[msg.index(" as a time") + len(" as a time") :].strip()
+            msg = (
+                f"{path}: column {name!r} row {row(err.index)}: cannot parse {err.value!r} as a "
+                f"time {hint} (expected numbers or dates like 2024-03-01 or 2024-03-01T12:30; "
+                "--time-format sets the format)"
+            )
+        raise InputError(msg) from err
 
 
-def _parse_values(col, path, name):
+def _parse_values(col, path, name, row=None):
     import pandas as pd
 
-    values = pd.to_numeric(col, errors="coerce")
-    bad = values.isna() & col.notna()
+    row = row or (lambda i: i + 2)
+    text = col.where(col.isna(), col.astype(str).str.strip())
+    text = text.where(text != "", None)
+    values = pd.to_numeric(text, errors="coerce")
+    bad = values.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(
-            f"{path}: column {name!r} row {i + 2}: {col.iloc[i]!r} is not a number "
+            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
             "(leave the cell empty or write NaN for a missing value)"
         )
-    out = values.to_numpy(dtype=np.float64)
+    out = values.to_numpy(dtype=np.float64, na_value=np.nan)
     if np.isinf(out).any():
         i = int(np.flatnonzero(np.isinf(out))[0])
         raise InputError(
-            f"{path}: column {name!r} row {i + 2}: infinite value; expected a finite number or "
-            "empty"
+            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is infinite or too large for "
+            "float64; expected a finite number or empty"
         )
     return out
 
@@ -393,19 +610,31 @@ def filter_main(argv=None) -> int:
     p = _parser(
         "kalmanscan filter",
         "Filter and smooth the series of a CSV with an OU / local-level model "
-        "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file and a "
-        "summary.",
+        "(fitted by maximum likelihood with --fit), forecast, and write a PNG, a netCDF file, a "
+        "CSV table and a summary into the --out directory.",
     )
     p.add_argument("csv", help="input CSV with a header row")
     p.add_argument(
-        "--time-col", default=None, help="time column (numbers or dates); default: the row number"
+        "--time-col", default=None, help="time column (numbers or dates; default: the row number)"
+    )
+    p.add_argument(
+        "--time-format",
+        default=None,
+        metavar="FMT",
+        help="format of the dates in --time-col, e.g. %%d/%%m/%%Y or ISO8601 (default: detected; "
+        "ambiguous dates are refused)",
+    )
+    p.add_argument(
+        "--dayfirst",
+        action="store_true",
+        help="read ambiguous dates such as 03/04/1958 day first (3 April)",
     )
     p.add_argument(
         "--value-col",
         action="append",
         default=None,
         metavar="COL",
-        help="value column (repeat for several series); default: all numeric columns",
+        help="value column (repeat for several series; default: every column holding numbers)",
     )
     p.add_argument("--fit", action="store_true", help="fit the parameters by maximum likelihood")
     p.add_argument(
@@ -418,26 +647,80 @@ def filter_main(argv=None) -> int:
         "--joint", action="store_true", help="with --fit, one parameter set for all series"
     )
     for name in ("theta", "sigma2", "mu", "obs-var"):
+        per = " (per --time-unit)" if name in ("theta", "sigma2") else ""
         p.add_argument(
-            f"--{name}", type=float, default=None, help=f"{name.replace('-', '_')} when not fitting"
+            f"--{name}",
+            type=float,
+            default=None,
+            metavar="X",
+            help=f"{name.replace('-', '_')} when not fitting{per}",
         )
     p.add_argument(
-        "--time-unit", default=None, help="model time unit for dates (e.g. 1D, 1h); default 1D"
+        "--time-unit",
+        default=None,
+        metavar="UNIT",
+        help="model time unit for dates, e.g. 1D, 1h, 365.25D (default: 1D); theta and sigma2 "
+        "are rates per this unit",
     )
     p.add_argument(
-        "--forecast", type=int, default=0, metavar="N", help="forecast N typical steps ahead"
+        "--forecast",
+        type=int,
+        default=0,
+        metavar="N",
+        help="forecast N typical steps ahead (default: 0)",
     )
-    p.add_argument("--coverage", type=float, nargs="+", default=[0.5, 0.9], help="band coverages")
-    p.add_argument("--out", default="kalmanscan-results", help="output directory")
+    p.add_argument(
+        "--coverage",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.9],
+        metavar="C",
+        help="band coverages (default: 0.5 0.9)",
+    )
+    p.add_argument(
+        "--out",
+        default="kalmanscan-results",
+        metavar="DIR",
+        help="output directory (default: kalmanscan-results)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     args, code = _parse(p, sys.argv[1:] if argv is None else argv)
     if args is None:
         return code
-    try:
-        return _filter(args)
-    except InputError as err:
-        print(f"kalmanscan filter: {err}", file=sys.stderr)
-        return EXIT_INPUT
+    return _run("kalmanscan filter", _filter, args)
+
+
+def _units_warning(ax, params: dict, given: bool) -> str | None:
+    """A note when dates are far from one --time-unit apart: rates are per unit, not per step."""
+    if not ax.is_datetime or len(ax.t) < 2:
+        return None
+    d = np.diff(ax.t)
+    d = d[d > 0]
+    if d.size == 0:
+        return None
+    med = float(np.median(d))
+    if 0.5 <= med <= 2.0:
+        return None
+    step = _describe_duration(med * (ax.unit / np.timedelta64(1, "s")))
+    if given:
+        sigma2 = float(np.max(np.atleast_1d(params.get("sigma2", 0.0))))
+        return (
+            f"warning: --theta and --sigma2 are rates per --time-unit ({ax.unit_name}), and the "
+            f"rows are a median {step} apart ({med:.4g} units): sigma2={sigma2:g} per "
+            f"{ax.unit_name} adds {sigma2 * med:.4g} of level variance per step; if your values "
+            f"are per step, pass --time-unit {step.replace(' ', '')} or rescale them"
+        )
+    return (
+        f"note: theta and sigma2 are estimated per --time-unit ({ax.unit_name}); the rows are a "
+        f"median {step} apart"
+    )
+
+
+def _describe_duration(seconds: float) -> str:
+    for unit, size in (("D", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size:
+            return f"{seconds / size:.4g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _filter(args) -> int:
@@ -446,8 +729,7 @@ def _filter(args) -> int:
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))  # noqa: E731
     coverage = _coverage_arg(args.coverage)
-    if args.forecast < 0:
-        raise InputError(f"--forecast: expected a number of steps >= 0, got {args.forecast}")
+    steps = _forecast_arg(args.forecast)
     given = {
         k: getattr(args, k)
         for k in ("theta", "sigma2", "mu", "obs_var")
@@ -463,8 +745,21 @@ def _filter(args) -> int:
         raise InputError(
             "give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)"
         )
+    if (args.time_format is not None or args.dayfirst) and args.time_col is None:
+        raise InputError("--time-format and --dayfirst apply to --time-col, which is not given")
     fix = _fix_arg(args.fix)
-    times, z, names, was_sorted = read_csv_series(args.csv, args.time_col, args.value_col)
+    _output_paths(args.out, ["results.png", "results.nc", "results.csv", "summary.txt"], [args.csv])
+    notes: list[str] = []
+    times, z, names, was_sorted = read_csv_series(
+        args.csv,
+        args.time_col,
+        args.value_col,
+        time_format=args.time_format,
+        dayfirst=True if args.dayfirst else None,
+        notes=notes,
+    )
+    for note in notes:
+        log(note)
     T, S = z.shape
     try:
         ax = as_time_axis(times, T, args.time_unit if times.dtype.kind == "M" else None)
@@ -477,6 +772,9 @@ def _filter(args) -> int:
         "missing values" + ("" if was_sorted else "; rows sorted by time")
     )
     time_unit = args.time_unit if ax.is_datetime else None
+    units = _units_warning(ax, given, given=not args.fit)
+    if units and not args.fit:
+        print(f"kalmanscan filter: {units}", file=sys.stderr)
     t0 = time.perf_counter()
     if args.fit:
         n_obs = (~np.isnan(z)).sum(0)
@@ -489,13 +787,15 @@ def _filter(args) -> int:
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)
-            fits.append(fit_ou(z, times, fix=fix, joint=args.joint, time_unit=time_unit))
+            fits.append(fit_ou(z, ax.labels, fix=fix, joint=args.joint, time_unit=time_unit))
             bar.update()
         else:
             block = max(1, math.ceil(S / 50))
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
-                fits.append(fit_ou(z[:, s0 : s0 + block], times, fix=fix, time_unit=time_unit))
+                fits.append(
+                    fit_ou(z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit)
+                )
                 bar.update(min(block, S - s0))
         bar.close()
         fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
@@ -517,9 +817,9 @@ def _filter(args) -> int:
     ds = kx.to_dataset(
         model,
         z,
-        times,
+        ax,
         coverage=coverage,
-        forecast_steps=args.forecast or None,
+        forecast_steps=steps,
         series_coords={"series": names},
         fit=fit,
         name=os.path.basename(args.csv),
@@ -528,8 +828,8 @@ def _filter(args) -> int:
     bar.close()
     elapsed = time.perf_counter() - t0
     ll = np.atleast_1d(ds["loglik"].values)
-    steps = np.diff(ax.t)
-    irregular = steps.size > 0 and np.ptp(steps) > 1e-9 * max(np.abs(ax.t).max(), 1)
+    dsteps = np.diff(ax.t)
+    irregular = dsteps.size > 0 and np.ptp(dsteps) > 1e-9 * max(np.abs(ax.t).max(), 1)
     spacing = "irregular" if irregular else "regular"
     summary = "\n".join(
         filter(
@@ -538,6 +838,7 @@ def _filter(args) -> int:
                 f"{args.csv}: {T} time steps "
                 f"({spacing} "
                 f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
+                units,
                 fit_text,
                 "log-likelihood per series: "
                 + ", ".join(f"{n}={v:.4f}" for n, v in zip(names, ll, strict=False)),
@@ -546,7 +847,9 @@ def _filter(args) -> int:
             ],
         )
     )
-    files = _write_outputs(ds, args.out, "results", summary, title=os.path.basename(args.csv))
+    files = _write_outputs(
+        ds, args.out, "results", summary, title=os.path.basename(args.csv), inputs=[args.csv]
+    )
     print(summary)
     print("wrote " + ", ".join(files))
     return EXIT_OK
