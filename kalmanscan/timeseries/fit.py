@@ -1,10 +1,12 @@
-"""Maximum-likelihood fitting of OU / local-level models by autograd through the parallel filter.
+"""Maximum-likelihood fitting of OU / local-level models: a batched Newton method over all series.
 
-The free parameters are mapped to unconstrained ``u`` (``theta, sigma2, obs_var = scale * exp(u)``,
-``mu = centre + sd * u``, scales taken from the data so ``u = 0`` is a sensible start) and the
-negative log-likelihood per observation is minimized with L-BFGS (strong Wolfe line search) in
-float64. Standard errors come from the inverse Hessian of the negative log-likelihood in the
-natural parameters, by double backward through the filter. Derivation and caveats: docs/model.md.
+The data are standardized per series (location ``m``, scale ``s``; time by the median step
+``tau``), so the fit sees values of order 1 whatever the units: ``fit_ou(c * z)`` is ``fit_ou(z)``
+with the variances times ``c**2``. Positive parameters are optimized as logs, ``mu`` as is, in
+those standardized units, with no bounds. Every series takes its own Newton steps with its own
+line search, all series advancing together in one filter call per step; the gradient and Hessian
+come from a central-difference stencil of log-likelihood values (:mod:`kalmanscan.timeseries.optim`),
+and the Hessian at the estimate gives the standard errors. Derivation and caveats: docs/model.md.
 """
 
 from __future__ import annotations
@@ -12,23 +14,30 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from kalmanscan.core import _args
+from kalmanscan.core.discretize import ou_transition
+from kalmanscan.timeseries import optim
 from kalmanscan.timeseries.model import (
     PARAMS,
     Forecast,
     OUModel,
-    default_prior,
     forecast_from_state,
-    ou_arrays,
     series_input,
 )
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
-_U_BOUND = 30.0  # |u| is softly held below this: exp(30) ~ 1e13 times the data scale
 _POSITIVE = ("theta", "sigma2", "obs_var")
+# standardization: s**2 must stay well inside float64 for the variances to be representable
+_SCALE_RANGE = (1e-150, 1e150)
+# an observation whose squared standardized innovation exceeds this and half the series' total
+# is checked for dominating the fit (refit without it)
+_OUTLIER_E2 = 25.0
+_STENCIL_H = 1e-4  # central-difference step in the standardized unconstrained coordinates
 
 
 @dataclass
@@ -42,10 +51,13 @@ class OUFit:
         stderr: ``{name: standard error}`` from the inverse Hessian; NaN for fixed parameters, at a
             boundary, or where the Hessian is not positive definite.
         fixed: the fixed parameters. converged: per series (or one bool when ``joint``).
-        n_iter: L-BFGS iterations. n_obs: observations per series. joint: one parameter set for all.
+        n_iter: Newton iterations (the most any series took). n_obs: observations per series.
+        joint: one parameter set for all.
         z: the data, time first ``[T, *S]``. time_axis: its :class:`TimeAxis`.
-        series_labels: names of
-            the series (e.g. DataFrame columns) or ``None``.
+        series_labels: names of the series (e.g. DataFrame columns) or ``None``.
+        at_boundary: ``{name: bool}`` per series (free parameters): the estimate sits on its lower
+            bound 0 (standard errors are not reported there). notes: why standard errors are
+            missing, estimates on a boundary, observations that dominate the likelihood.
     """
 
     model: OUModel
@@ -59,6 +71,8 @@ class OUFit:
     z: np.ndarray = field(repr=False)
     time_axis: TimeAxis = field(repr=False)
     series_labels: list | None = field(default=None, repr=False)
+    at_boundary: dict = field(default_factory=dict, repr=False)
+    notes: tuple = ()
 
     @property
     def params(self) -> dict:
@@ -154,9 +168,10 @@ class OUFit:
         lines.append(
             f"total loglik {self.total_loglik:.4f} over {int(np.sum(self.n_obs))} observations"
             " (exact diffuse convention: steps with zero prior precision add nothing); "
-            f"{self.n_iter} L-BFGS iterations"
+            f"{self.n_iter} Newton iterations"
             + (", one parameter set for all series" if self.joint else "")
         )
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -190,44 +205,323 @@ def _check_fix(fix, shape):
     return out
 
 
-def _initial_values(Z: np.ndarray, dt: np.ndarray, fixed_flat: dict) -> dict:
-    """Per-series starting values ``{name: [N]}`` from simple moments of the data."""
-    N = Z.shape[1]
+def _loglik(z, obs_var, decay, process_var, offset, prior_mean, prior_var, backend):
+    """Per-lane log-likelihood ``[*L]`` of time-first ``z [T, *L]``: the one filter call fitting
+    makes (the exact diffuse convention of :func:`kalmanscan.filter`)."""
+    import kalmanscan as ks
+
+    with torch.no_grad():
+        return ks.filter(
+            z,
+            obs_var=obs_var,
+            decay=decay,
+            process_var=process_var,
+            offset=offset,
+            prior_mean=prior_mean,
+            prior_var=prior_var,
+            axis=0,
+            backend=backend,
+        ).loglik
+
+
+def _lane_arrays(theta, sigma2, mu, dt, theta_zero: bool):
+    """``(decay, process_var, offset, prior_mean, prior_var)`` for lanes ``[*L]`` on steps
+    ``dt [T]`` (per-step arrays ``[T, *L]``; scalars where a random walk makes them constant)."""
+    dtb = dt.reshape((-1,) + (1,) * theta.dim())
+    if theta_zero:  # the local level: decay 1, no offset, diffuse prior
+        return 1.0, sigma2 * dtb, 0.0, mu, math.inf
+    decay, process_var = ou_transition(theta, sigma2, dtb)
+    pos = theta > 0
+    prior_var = torch.where(pos, sigma2 / (2 * torch.where(pos, theta, 1.0)), math.inf)
+    return decay, process_var, mu * (1 - decay), mu, prior_var
+
+
+class _Data(NamedTuple):
+    """A standardized fitting problem: ``zs [T, N]`` (torch), ``dt [T]`` (torch) in units of
+    ``tau``; ``fixed`` standardized fixed values ``{name: [N]}``; ``group [N]`` (group of each
+    series); ``n_obs [N]``; ``free`` names; ``theta_zero`` (theta fixed at 0 everywhere)."""
+
+    zs: torch.Tensor
+    dt: torch.Tensor
+    fixed: dict
+    group: np.ndarray
+    n_obs: np.ndarray
+    free: tuple
+    theta_zero: bool
+    joint: bool
+    backend: str
+
+
+def _params_of(data: _Data, u, series):
+    """Standardized parameters ``{name: [P, n]}`` (torch) of ``series [n]`` at ``u [P, n, k]``."""
+    like = data.zs
+    out = {}
+    for j, p in enumerate(data.free):
+        v = torch.as_tensor(np.array(u[..., j]), dtype=like.dtype, device=like.device)
+        out[p] = torch.exp(v) if p in _POSITIVE else v
+    P, n = u.shape[:2]
+    for p, v in data.fixed.items():
+        out[p] = torch.as_tensor(v[series], dtype=like.dtype, device=like.device).expand(P, n)
+    return out
+
+
+def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
+    """Log-likelihood ``[P, n]`` of ``series`` (standardized) at parameters ``x {name: [P, n]}``;
+    with ``outputs`` the whole :class:`kalmanscan.FilterResult` (``P`` must be 1)."""
+    zs = data.zs[:, torch.as_tensor(series, device=data.zs.device)]
+    P = x["obs_var"].shape[0]
+    z = zs[:, None, :].expand(zs.shape[0], P, zs.shape[1])
+    decay, pv, off, pm, pvar = _lane_arrays(
+        x["theta"], x["sigma2"], x["mu"], data.dt, data.theta_zero
+    )
+    if outputs:
+        import kalmanscan as ks
+
+        return ks.filter(
+            z, obs_var=x["obs_var"], decay=decay, process_var=pv, offset=off,
+            prior_mean=pm, prior_var=pvar, axis=0, backend=data.backend,
+        )  # fmt: skip
+    return _loglik(z, x["obs_var"], decay, pv, off, pm, pvar, data.backend)
+
+
+def _objective(data: _Data):
+    """``fun(U [P, n, k], idx [n]) -> [P, n]``: negative log-likelihood per observation of groups
+    ``idx`` (numpy), for :func:`kalmanscan.timeseries.optim.minimize`."""
+    N = data.zs.shape[1]
+    total = float(max(data.n_obs.sum(), 1))
+
+    def fun(U, idx):
+        if data.joint:  # one group: every series at each point
+            series = np.arange(N)
+            u = np.broadcast_to(U[:, :1, :], (U.shape[0], N, U.shape[2]))
+            ll = _series_loglik(data, _params_of(data, u, series), series)
+            return -(ll.sum(1, keepdim=True) / total).cpu().numpy()
+        ll = _series_loglik(data, _params_of(data, U, idx), idx)
+        return -(ll.cpu().numpy() / np.maximum(data.n_obs[idx], 1))
+
+    return fun
+
+
+def _nan_moments(Z):
+    """Per-column ``(mean, sd, max |z|)`` of ``Z [T, N]`` with NaNs, free of overflow."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        var = np.nanvar(Z, axis=0)
-        mean = np.nanmean(Z, axis=0)
-    var = np.where(np.isfinite(var) & (var > 0), var, 1.0)
-    mean = np.where(np.isfinite(mean), mean, 0.0)
-    t = np.cumsum(dt)
-    msd = np.empty(N)  # mean squared change per time unit between consecutive observations
-    span = np.empty(N)
-    for n in range(N):
-        idx = np.flatnonzero(~np.isnan(Z[:, n]))
-        if idx.size >= 2:
-            d = np.diff(Z[idx, n])
-            step = np.diff(t[idx])
-            ok = step > 0
-            msd[n] = np.mean(d[ok] ** 2) / np.mean(step[ok]) if ok.any() else var[n]
-            span[n] = max(t[idx[-1]] - t[idx[0]], 1e-12)
-        else:
-            msd[n], span[n] = var[n], 1.0
-    msd = np.where(np.isfinite(msd) & (msd > 0), msd, var)
-    theta_fixed = fixed_flat.get("theta")
-    theta0 = 10.0 / span if theta_fixed is None else np.where(theta_fixed > 0, theta_fixed, 0.0)
-    theta0 = np.broadcast_to(theta0, (N,)).astype(np.float64)
-    # random walk: E[(z_{i+1}-z_i)^2] = 2 obs_var + sigma2 dt
-    # OU: stationary variance sigma2 / (2 theta)
-    sigma2_rw = 0.5 * msd
-    sigma2_ou = theta0 * var
-    sigma2 = np.where(theta0 > 0, np.maximum(sigma2_ou, 1e-12), np.maximum(sigma2_rw, 1e-12))
+        amax = np.nanmax(np.abs(Z), axis=0)
+        a = np.where(np.isfinite(amax) & (amax > 0), amax, 1.0)
+        Zn = Z / a
+        mean = np.nanmean(Zn, axis=0)
+        sd = np.sqrt(np.nanmean((Zn - mean) ** 2, axis=0))
+    return mean * a, sd * a, amax
+
+
+def _start(zs: np.ndarray, dt: np.ndarray, fixed: dict, joint: bool) -> dict:
+    """Standardized starting values ``{name: [G]}`` from lag-1 and lag-2 moments of ``zs [T, N]``
+    (mean 0, variance 1 per series; or pooled when ``joint``)."""
+    axis = None if joint else 0
+
+    def lag(k):
+        d = zs[k:] - zs[:-k]
+        span = np.cumsum(dt)
+        step = (span[k:] - span[:-k])[:, None]
+        ok = np.isfinite(d) & (step > 0)
+        cnt = ok.sum(axis)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            msd = np.where(ok, d * d, 0).sum(axis) / cnt
+            mdt = np.where(ok, step, 0).sum(axis) / cnt
+            rho = np.where(ok, zs[k:] * zs[:-k], 0).sum(axis) / cnt
+        return msd, mdt, rho
+
+    d1, t1, r1 = lag(1)
+    d2, t2, r2 = lag(2) if zs.shape[0] > 2 else (d1, 2 * t1, r1 * r1)
+    G = 1 if joint else zs.shape[1]
+    full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (G,)).copy()  # noqa: E731
+    t1 = np.where(np.isfinite(t1) & (t1 > 0), t1, 1.0)
+    d1 = np.where(np.isfinite(d1) & (d1 > 0), d1, 1.0)
+    # random walk + noise: E d1 = sigma2 t1 + 2 obs_var, E d2 = sigma2 t2 + 2 obs_var
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s2_rw = (d2 - d1) / (t2 - t1)
+    s2_rw = np.clip(np.where(np.isfinite(s2_rw), s2_rw, 0.5 * d1 / t1), 0.05 * d1 / t1, d1 / t1)
+    ov_rw = np.maximum(0.5 * (d1 - s2_rw * t1), 0.05 * d1)
+    # OU + noise: rho_k = phi^k vx (variance 1), phi = exp(-theta t1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        phi = np.clip(np.where(r1 > 0.05, r2 / r1, 0.5), 0.05, 0.99)
+    phi = np.where(np.isfinite(phi), phi, 0.5)
+    th = fixed.get("theta")
+    if th is not None and joint:
+        th = np.array([th.mean()])
+    theta = -np.log(phi) / t1 if th is None else np.where(th > 0, th, 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        vx = np.clip(r1 / np.exp(-theta * t1), 0.05, 0.95)
+    vx = np.where(np.isfinite(vx), vx, 0.5)
+    rw = np.zeros(G, bool) if th is None else full(th == 0)
     return {
-        "theta": np.where(theta0 > 0, theta0, 1.0),
-        "sigma2": sigma2,
-        "mu": mean,
-        "obs_var": 0.5 * var,
-        "_sd": np.sqrt(var),
+        "theta": full(theta),
+        "sigma2": np.where(rw, full(s2_rw), full(2 * theta * vx)),
+        "mu": np.zeros(G),
+        "obs_var": np.where(rw, full(ov_rw), full(1 - vx)),
     }
+
+
+class _Core(NamedTuple):
+    """What :func:`_fit_core` returns: natural estimates ``{name: [N]}``, ``loglik [N]``, the
+    optimizer's :class:`~kalmanscan.timeseries.optim.NewtonResult` (standardized), the
+    standardization (``m``, ``s`` per series, ``tau``), ``usable [N]`` and the filter result
+    at the estimate (standardized data, lanes ``[1, N]``)."""
+
+    est: dict
+    loglik: np.ndarray
+    opt: optim.NewtonResult
+    m: np.ndarray
+    s: np.ndarray
+    tau: float
+    usable: np.ndarray
+    filtered: object
+    data: _Data
+
+
+def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, device) -> _Core:
+    """Standardize ``Z [T, N]``, fit, and map back (see the module docstring)."""
+    T, N = Z.shape
+    n_obs = (~np.isnan(Z)).sum(0)
+    if joint:
+        m1, s1, _ = _nan_moments(Z.reshape(-1, 1))
+        m, s = np.full(N, m1[0]), np.full(N, s1[0])
+        usable = np.full(N, bool(s1[0] > 0) and n_obs.sum() >= 2)
+    else:
+        m, s, _ = _nan_moments(Z)
+        usable = (n_obs >= 2) & (s > 0)
+    m = np.where(usable & np.isfinite(m), m, 0.0)
+    s = np.where(usable, s, 1.0)
+    pos_dt = dt[dt > 0]
+    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
+    zs = (Z - m) / s
+    fixed = {}
+    for p, v in fixed_flat.items():
+        fixed[p] = {
+            "theta": v * tau,
+            "sigma2": v * tau / s**2,
+            "mu": (v - m) / s,
+            "obs_var": v / s**2,
+        }[p]
+    f64 = dict(dtype=torch.float64, device=device)
+    theta_zero = "theta" in fixed and bool(np.all(fixed["theta"] == 0))
+    data = _Data(
+        zs=torch.as_tensor(zs, **f64),
+        dt=torch.as_tensor(dt / tau, **f64),
+        fixed=fixed,
+        group=np.zeros(N, np.int64) if joint else np.arange(N),
+        n_obs=n_obs,
+        free=tuple(free),
+        theta_zero=theta_zero,
+        joint=joint,
+        backend=backend,
+    )
+    start = _start(zs, dt / tau, fixed, joint)
+    G = 1 if joint else N
+    for p, v in (init or {}).items():  # natural -> standardized
+        v = np.broadcast_to(np.asarray(v, dtype=np.float64), (N,))
+        v = v[:1] if joint else v
+        sg, mg = (s[:1], m[:1]) if joint else (s, m)
+        start[p] = {
+            "theta": v * tau,
+            "sigma2": v * tau / sg**2,
+            "mu": (v - mg) / sg,
+            "obs_var": v / sg**2,
+        }[p]
+    positive = np.array([p in _POSITIVE for p in free])
+    u0 = np.stack(
+        [np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1
+    ).reshape(G, len(free))
+    active = usable[:1] if joint else usable
+    opt = optim.minimize(
+        _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H, active=active
+    )
+    # natural estimates per series
+    x = {}
+    for j, p in enumerate(free):
+        uj = opt.u[:, j]
+        uj = np.full(N, uj[0]) if joint else uj
+        x[p] = np.exp(uj) if p in _POSITIVE else uj
+    x.update({p: np.asarray(v, dtype=np.float64) for p, v in fixed.items()})
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        est = {
+            "theta": x["theta"] / tau,
+            "sigma2": x["sigma2"] * s**2 / tau,
+            "mu": m + s * x["mu"],
+            "obs_var": x["obs_var"] * s**2,
+        }
+    est.update({p: np.asarray(v, dtype=np.float64).copy() for p, v in fixed_flat.items()})
+    for p in free:
+        bad = ~np.isfinite(est[p]) | ((x[p] > 0) & (est[p] == 0) & (p in _POSITIVE))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"z: the estimate of {p} for series {i} ({x[p][i]:.3g} in units of the data's "
+                f"scale {s[i]:.3g}) is beyond float64's range in the data's units; rescale z "
+                "(e.g. divide by a power of ten) and rescale the variances back"
+            )
+    # log-likelihood at the estimate: standardized, then the change of scale of each
+    # observation that contributes (all but a diffuse first one)
+    series = np.arange(N)
+    xs = {p: torch.as_tensor(v[None, :], **f64) for p, v in x.items()}
+    res = _series_loglik(data, xs, series, outputs=True)
+    ll_std = res.loglik.reshape(N).cpu().numpy()
+    diffuse = (x["theta"] == 0) & (n_obs >= 1)
+    loglik = ll_std - (n_obs - diffuse) * np.log(s)
+    return _Core(est, loglik, opt, m, s, tau, usable, res, data)
+
+
+def _standard_errors(core: _Core, free, joint):
+    """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the stencil
+    Hessian at the estimate, where the estimate is converged, interior and the Hessian positive
+    definite; ``why`` holds the reason (a short text) where not."""
+    opt = core.opt
+    G, k = opt.u.shape
+    nobs = core.data.n_obs
+    n = np.array([nobs.sum()]) if joint else nobs
+    positive = np.array([p in _POSITIVE for p in free])
+    # Hessian of the total negative log-likelihood in u; u = log x adds g_j on the diagonal
+    Hu = opt.H * n[:, None, None] - (opt.g * n[:, None] * positive)[:, :, None] * np.eye(k)
+    Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
+    why = np.full(G, "", dtype=object)
+    why[opt.status != optim.CONVERGED] = "the fit did not converge"
+    bnd = opt.at_boundary.any(1)
+    why[(why == "") & bnd] = "an estimate is on its boundary"
+    finite = np.isfinite(Hu).all((1, 2))
+    lam = np.full((G, k), np.nan)
+    lam[finite] = np.linalg.eigvalsh(Hu[finite])
+    pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+    why[(why == "") & ~pd] = "the Hessian is not positive definite (a parameter is not identified)"
+    ok = why == ""
+    se = {p: np.full(G, np.nan) for p in PARAMS}
+    if ok.any():
+        cov = np.linalg.inv(Hu[ok])
+        s = core.s[:1] if joint else core.s
+        for j, p in enumerate(free):
+            est = core.est[p][:1] if joint else core.est[p]
+            jac = np.abs(est) if p in _POSITIVE else s  # d natural / d u
+            se[p][ok] = np.sqrt(cov[:, j, j]) * jac[ok]
+    return se, ok, why
+
+
+def _names(idx, labels, limit: int = 5) -> str:
+    shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
+    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
+    return ", ".join(shown) + more
+
+
+def _check_options(max_iter, tol, joint, stderr):
+    max_iter = _args.check_int("max_iter", max_iter)
+    if max_iter < 1:
+        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)):
+        raise TypeError(f"tol: expected a positive number, got {tol!r}")
+    if not (math.isfinite(float(tol)) and float(tol) > 0):
+        raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
+    for name, v in (("joint", joint), ("stderr", stderr)):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {v!r}")
+    return max_iter, float(tol)
 
 
 def fit_ou(
@@ -249,19 +543,21 @@ def fit_ou(
 
     Args:
         z: ``[T, *S]`` observations (time on ``axis``), NaN = missing; pandas Series/DataFrame
-            allowed
-            (index = times, columns = series).
+            allowed (index = times, columns = series).
         times: ``[T]`` timestamps (numbers or datetimes; irregular allowed); default ``0..T-1``.
         fix: parameters held fixed, e.g. ``{"theta": 0.0, "mu": 0.0}`` (the local-level model).
         init: optional starting values ``{name: value}`` for free parameters.
         joint: ``True`` fits one parameter set to all series; ``False`` (default) one per series.
         time_unit: model time unit for datetime times (default ``"1D"``).
-        max_iter: L-BFGS iteration limit. tol: gradient tolerance on the per-observation objective.
+        max_iter: Newton iteration limit (``>= 1``). tol: gradient tolerance on the
+            negative log-likelihood per observation, in standardized log coordinates.
         stderr: compute standard errors from the Hessian.
         backend: filter backend. device: torch device for the optimization (default CPU).
 
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
-    free ``theta`` is estimated with the stationary prior. Returns an :class:`OUFit`.
+    free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
+    an estimate sits on its boundary (a variance at 0: no standard errors there, see
+    ``OUFit.notes``) and when one observation dominates the likelihood. Returns an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -270,11 +566,12 @@ def fit_ou(
     >>> round(fit.params["obs_var"], -1), round(fit.params["sigma2"]), round(fit.loglik, 2)
     (15100.0, 1469, -632.55)
     """
+    max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
     T = zt.shape[0]
     ax = as_time_axis(times, T, time_unit)
     shape = zt.shape[1:]
-    Z = zt.reshape(T, -1)
+    Z = zt.reshape(T, -1).astype(np.float64)
     N = Z.shape[1]
     fixed = _check_fix(fix, shape)
     free = [p for p in PARAMS if p not in fixed]
@@ -282,161 +579,115 @@ def fit_ou(
         k: np.broadcast_to(v, shape).reshape(N).astype(np.float64) for k, v in fixed.items()
     }
     n_obs = (~np.isnan(Z)).sum(0)
-    start = _initial_values(Z, ax.dt, fixed_flat)
     if init is not None:
         if not isinstance(init, dict):
             raise TypeError(f"init: expected a dict of starting values, got {type(init).__name__}")
         for k, v in init.items():
             if k not in free:
                 raise ValueError(f"init: expected keys among the free parameters {free}, got {k!r}")
-            start[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), shape).reshape(N).copy()
-            if k != "mu" and not (start[k] > 0).all():
-                raise ValueError(f"init[{k!r}]: expected values > 0, got {v!r}")
-    too_few = n_obs < 2
-    if too_few.all():
+            arr = _args.as_real_numpy(f"init[{k!r}]", v).astype(np.float64)
+            try:
+                arr = np.broadcast_to(arr, shape)
+            except ValueError as err:
+                raise ValueError(
+                    f"init[{k!r}]: expected a scalar or an array broadcasting to the series "
+                    f"shape {shape}, got shape {arr.shape}"
+                ) from err
+            ok = np.isfinite(arr) & ((arr > 0) if k != "mu" else True)
+            if not ok.all():
+                rng = "finite" if k == "mu" else "> 0"
+                raise ValueError(f"init[{k!r}]: expected values {rng}, got {arr[~ok].ravel()[0]!r}")
+    init_flat = {k: np.broadcast_to(v, shape).reshape(N) for k, v in (init or {}).items()}
+    if n_obs.max() < 2:
         raise ValueError(
             "z: expected at least 2 observed values in a series to fit, got at most "
             f"{int(n_obs.max())}"
         )
-    if too_few.any() and not joint:
-        warnings.warn(
-            f"fit_ou: {int(too_few.sum())} series have fewer than 2 observations; their parameters "
-            "stay at the starting values and are marked not converged",
-            stacklevel=2,
+    _, sd, _ = _nan_moments(Z)
+    constant = (n_obs >= 2) & (sd == 0)
+    if constant.all() or (joint and bool(np.all(sd[n_obs >= 1] == 0))):
+        first = Z[~np.isnan(Z)][0]
+        raise ValueError(
+            f"z: every observed value is {first!r} (a constant series): the likelihood grows "
+            "without bound as obs_var -> 0, so there is no maximum-likelihood estimate"
         )
-
+    if ("theta" in free or "sigma2" in free) and not (ax.dt > 0).any():
+        raise ValueError(
+            f"times: all {T} timestamps are equal, so the rates theta and sigma2 (per time unit) "
+            "cannot be estimated; give distinct timestamps or fix theta and sigma2"
+        )
+    _, s_all, _ = _nan_moments(Z.reshape(-1, 1) if joint else Z)
+    ok_s = (s_all > 0) & np.isfinite(s_all)
+    out = ok_s & ((s_all < _SCALE_RANGE[0]) | (s_all > _SCALE_RANGE[1]))
+    if out.any():
+        i = int(np.flatnonzero(out)[0])
+        raise ValueError(
+            f"z: the data's standard deviation is {s_all[i]:.3g}"
+            + ("" if joint or N == 1 else f" in series {i}")
+            + "; its square (the scale of obs_var and sigma2) is outside float64's range "
+            "(about 1e-308 to 1e308); rescale z (e.g. divide by a power of ten) and the "
+            "variances back"
+        )
     device = torch.device(device) if device is not None else torch.device("cpu")
-    f64 = dict(dtype=torch.float64, device=device)
-    Zt = torch.as_tensor(Z, **f64)
-    groups = 1 if joint else N
-    pool = (lambda a: np.full(1, np.exp(np.mean(np.log(a))))) if joint else (lambda a: a)  # noqa: E731
-    scale = {
-        p: torch.as_tensor(
-            pool(start[p])
-            if p != "mu"
-            else (np.mean(start[p], keepdims=True) if joint else start[p]),
-            **f64,
-        )
-        for p in free
-    }
-    sd = torch.as_tensor(pool(start["_sd"]), **f64)
-    fixed_t = {k: torch.as_tensor(v, **f64) for k, v in fixed_flat.items()}
-    weight = torch.as_tensor(1.0 / np.maximum(n_obs, 1), **f64)
-    total_obs = float(max(n_obs.sum(), 1))
-
-    def natural(u):  # u [groups, k] -> {name: [N]}
-        ub = _U_BOUND * torch.tanh(u / _U_BOUND)
-        out = {}
-        for j, p in enumerate(free):
-            v = scale[p] + sd * ub[:, j] if p == "mu" else scale[p] * torch.exp(ub[:, j])
-            out[p] = v.expand(N) if joint else v
-        out.update(fixed_t)
-        return out
-
-    def loglik_of(params):
-        import kalmanscan as ks
-
-        decay, process_var, offset = ou_arrays(
-            params["theta"], params["sigma2"], params["mu"], ax.dt, 1, like=Zt
-        )
-        pm, pv = default_prior(params["theta"], params["sigma2"], params["mu"])
-        res = ks.filter(
-            Zt,
-            obs_var=params["obs_var"],
-            decay=decay,
-            process_var=process_var,
-            offset=offset,
-            prior_mean=pm,
-            prior_var=pv,
-            axis=0,
-            backend=backend,
-        )
-        return res.loglik
-
-    def objective(u):
-        ll = loglik_of(natural(u))
-        return -(ll.sum() / total_obs) if joint else -(ll * weight).sum()
-
-    u = torch.zeros(groups, len(free), requires_grad=True, **f64)
-    opt = torch.optim.LBFGS(
-        [u],
-        lr=1.0,
-        max_iter=max_iter,
-        max_eval=int(max_iter * 1.5) + 10,
-        tolerance_grad=max(tol, 1e-6),  # a coarse stage: the Newton steps below finish
-        tolerance_change=1e-12,
-        history_size=30,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure():
-        opt.zero_grad()
-        loss = objective(u)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    n_iter = int(opt.state[opt.param_groups[0]["params"][0]].get("n_iter", 0))
-    with torch.no_grad():
-        start_est = natural(u.detach())
-    x = torch.stack([start_est[p][:1] if joint else start_est[p] for p in free], 1)
-
-    def group_loss(y):  # negative log-likelihood per group [G]
-        ll_ = loglik_of(_with_free(y, free, fixed_t, N, joint))
-        return -ll_.sum(0, keepdim=True) if joint else -ll_
-
-    positive = torch.tensor([p in _POSITIVE for p in free], device=device)
-    x, H_hat = _newton_polish(x, group_loss, positive)
-    # convergence: gradient of the scaled objective in the unconstrained coordinates
-    u_hat = torch.stack(
-        [
-            _U_BOUND
-            * torch.atanh((torch.log(x[:, j] / scale[p]) / _U_BOUND).clamp(-1 + 1e-12, 1 - 1e-12))
-            if p != "mu"
-            else (x[:, j] - scale[p]) / sd
-            for j, p in enumerate(free)
-        ],
-        1,
-    ).requires_grad_(True)
-    loss = objective(u_hat)
-    (grad,) = torch.autograd.grad(loss, u_hat)
-    grad_ok = torch.isfinite(grad).all(1) & (grad.abs().amax(1) <= max(1e3 * tol, 1e-5))
-    converged = (grad_ok & torch.isfinite(loss)).cpu().numpy()
-    if not joint:
-        converged = converged & ~too_few
-
-    with torch.no_grad():
-        est = _with_free(x, free, fixed_t, N, joint)
-        ll = loglik_of(est).cpu().numpy()
-    est_np = {k: v.cpu().numpy().copy() for k, v in est.items()}
-    if not converged.all():
+    core = _fit_core(Z, ax.dt, fixed_flat, free, init_flat, joint, max_iter, tol, backend, device)
+    opt = core.opt
+    unusable = ~core.usable
+    if unusable.any() and not joint:
+        few, const = np.flatnonzero(n_obs < 2), np.flatnonzero(constant)
+        parts = []
+        if few.size:
+            parts.append(f"series {_names(few, labels)} have fewer than 2 observations")
+        if const.size:
+            parts.append(f"series {_names(const, labels)} are constant (no noise to estimate)")
         warnings.warn(
-            f"fit_ou: {int((~converged).sum())} of {converged.size} fits did not reach the "
-            "gradient "
-            f"tolerance in {max_iter} iterations",
+            "fit_ou: " + "; ".join(parts) + "; their parameters stay at the starting values and "
+            "are marked not converged",
             stacklevel=2,
         )
-
-    se = {p: np.full(groups, np.nan) for p in PARAMS}
+    converged = opt.status == optim.CONVERGED
+    notes = []
+    failed = np.flatnonzero(core.usable[:1] & ~converged if joint else core.usable & ~converged)
+    if failed.size:
+        reasons = sorted({optim.STATUS_TEXT[c] for c in opt.status[failed]})
+        warnings.warn(
+            f"fit_ou: {failed.size} of {converged.size} fits did not converge ("
+            + "; ".join(reasons) + ")" + ("" if joint else f": series {_names(failed, labels)}"),
+            stacklevel=2,
+        )
+    # estimates on their boundary
+    at_boundary = {}
+    for j, p in enumerate(free):
+        b = opt.at_boundary[:, j]
+        at_boundary[p] = b
+        if b.any():
+            idx = np.flatnonzero(b)
+            where = "" if joint or N == 1 else f" in series {_names(idx, labels)}"
+            ref = "the data's variance" if p != "theta" else "one over the median time step"
+            text = (
+                f"{p} is at its lower bound 0{where} (estimate below {optim.BOUNDARY:g} times "
+                f"{ref}): the likelihood is largest there, so no standard errors are reported for "
+                "these fits (at a boundary the likelihood is one-sided and the normal "
+                "approximation behind standard errors does not hold)"
+            )
+            notes.append(text)
+            warnings.warn("fit_ou: " + text, stacklevel=2)
+    # outliers: one observation carrying most of the squared innovations, checked by a refit
+    if not joint:
+        notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,
+                                device)  # fmt: skip
+    se_g, se_ok, why = _standard_errors(core, free, joint)
     if stderr:
-        H = H_hat.cpu().numpy()  # Hessian of the negative log-likelihood at the estimate
-        ok_est = np.ones(groups, bool)
-        for p in free:  # at a boundary the Hessian says nothing about uncertainty
-            if p in _POSITIVE:
-                val = est_np[p][:1] if joint else est_np[p]
-                ok_est &= val > 1e-6 * (scale[p].cpu().numpy())
-        for g in range(groups):
-            Hg = H[g]
-            if not (ok_est[g] and np.isfinite(Hg).all()):
-                continue
-            Hg = 0.5 * (Hg + Hg.T)
-            try:
-                np.linalg.cholesky(Hg)
-            except np.linalg.LinAlgError:
-                continue
-            cov = np.linalg.inv(Hg)
-            for j, p in enumerate(free):
-                se[p][g] = math.sqrt(cov[j, j])
+        lost = np.flatnonzero(~se_ok & (core.usable[:1] if joint else core.usable))
+        for reason in sorted(set(why[lost])):
+            if reason and reason != "an estimate is on its boundary":
+                idx = lost[why[lost] == reason]
+                notes.append(
+                    "no standard errors"
+                    + ("" if joint or N == 1 else f" for series {_names(idx, labels)}")
+                    + f": {reason}"
+                )
+    else:
+        se_g = {p: np.full_like(v, np.nan) for p, v in se_g.items()}
 
     def shaped(a):
         a = np.asarray(a, dtype=np.float64)
@@ -444,99 +695,87 @@ def fit_ou(
             return float(a.reshape(-1)[0])
         return float(a.reshape(shape)) if shape == () else a.reshape(shape)
 
-    params = {p: shaped(est_np[p][:1] if joint else est_np[p]) for p in free}
+    def per_group(a):
+        return a[:1] if joint else a
+
+    params = {p: shaped(per_group(core.est[p])) for p in free}
     params.update(fixed)
     model = OUModel(time_unit=time_unit, **params)
+    ll = core.loglik
     ll_out = float(ll.reshape(())) if shape == () else ll.reshape(shape)
-    conv_out = bool(converged[0]) if (joint or shape == ()) else converged.reshape(shape)
+    conv = converged & (core.usable[:1] if joint else core.usable)
+    conv_out = bool(conv[0]) if (joint or shape == ()) else conv.reshape(shape)
+    bnd_out = {
+        p: (bool(v[0]) if (joint or shape == ()) else v.reshape(shape))
+        for p, v in at_boundary.items()
+    }
     return OUFit(
         model=model,
         loglik=ll_out,
-        stderr={p: shaped(se[p]) for p in PARAMS},
+        stderr={p: shaped(se_g[p]) for p in PARAMS},
         fixed=fixed,
         converged=conv_out,
-        n_iter=n_iter,
+        n_iter=int(opt.n_iter.max()),
         n_obs=int(n_obs[0]) if shape == () else n_obs.reshape(shape),
         joint=joint,
         z=zt,
         time_axis=ax,
         series_labels=labels,
+        at_boundary=bnd_out,
+        notes=tuple(notes),
     )
 
 
-def _newton_polish(x, group_loss, positive, steps: int = 6):
-    """Safeguarded Newton steps per group from the L-BFGS estimate ``x [G, k]``; returns
-    ``(x, H)`` with ``H [G, k, k]`` the Hessian of ``group_loss`` at the returned ``x``.
-
-    Groups are independent, so each takes its own step, halved until its loss does not increase and
-    positive parameters stay positive; so separate fits do not depend on how series are batched.
-    """
-    x = x.detach()
-    for it in range(steps + 1):
-        f, g, H = _grad_hessian(group_loss, x)
-        if it == steps:
-            break
-        H = 0.5 * (H + H.transpose(1, 2))
-        L, info = torch.linalg.cholesky_ex(H)
-        ok = (info == 0) & torch.isfinite(g).all(1)
-        eye = torch.eye(H.shape[1], dtype=H.dtype, device=H.device)
-        Hs = torch.where(ok[:, None, None], H, eye)
-        step = torch.linalg.solve(Hs, g.unsqueeze(-1)).squeeze(-1) * ok[:, None]
-        if (step.abs() <= 1e-10 * x.abs().clamp_min(1e-300)).all():
-            break  # H is the Hessian at x
-        pending = ok.clone()
-        t = 1.0
-        for _ in range(8):
-            cand = x - t * step
-            valid = pending & ~((cand <= 0) & positive).any(1)
-            cand = torch.where(valid[:, None], cand, x)  # evaluate only admissible points
-            with torch.no_grad():
-                fc = group_loss(cand)
-            accept = valid & torch.isfinite(fc) & (fc <= f + 1e-12 * f.abs())
-            x = torch.where(accept[:, None], cand, x)
-            pending = pending & ~accept
-            if not pending.any():
-                break
-            t *= 0.5
-    return x, H
-
-
-def _with_free(x, free, fixed_t, N, joint):
-    out = {p: (x[:, j].expand(N) if joint else x[:, j]) for j, p in enumerate(free)}
-    out.update(fixed_t)
-    return out
-
-
-def _grad_hessian(group_loss, x):
-    """``(f [G], g [G, k], H [G, k, k])``: loss per group, gradient and per-group Hessians at ``x``.
-
-    Groups are independent (``group_loss`` of one group depends on its own row of ``x`` only), so
-    ``k`` Hessian-vector products give every block. Double backward through the filter; central
-    differences of the autograd gradient if a backend does not support it.
-    """
-    G, k = x.shape
-    y = x.detach().requires_grad_(True)
-    try:
-        f = group_loss(y)
-        (g,) = torch.autograd.grad(f.sum(), y, create_graph=True)
-        rows = [torch.autograd.grad(g[:, j].sum(), y, retain_graph=True)[0] for j in range(k)]
-        return f.detach(), g.detach(), torch.stack(rows, 1).detach()
-    except RuntimeError:
-
-        def grad_at(v):
-            v = v.detach().requires_grad_(True)
-            fv = group_loss(v)
-            (gv,) = torch.autograd.grad(fv.sum(), v)
-            return fv.detach(), gv
-
-        f, g = grad_at(x)
-        ax_ = x.detach().abs()
-        h = 1e-4 * torch.where(
-            ax_ > 0, ax_, torch.ones_like(ax_)
-        )  # x - h stays positive where x is
-        rows = []
-        for j in range(k):
-            e = torch.zeros_like(x)
-            e[:, j] = h[:, j]
-            rows.append((grad_at(x + e)[1] - grad_at(x - e)[1]) / (2 * h[:, j : j + 1]))
-        return f, g, torch.stack(rows, 1).detach()
+def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend, device):
+    """Warn (and return notes) where one observation moves a variance estimate by an order of
+    magnitude or more: candidates are observations whose squared standardized innovation exceeds
+    ``_OUTLIER_E2`` and half the series' sum; each candidate series is refitted without them."""
+    res = core.filtered
+    N = Z.shape[1]
+    zs = core.data.zs.cpu().numpy()
+    R = np.asarray(
+        core.est["obs_var"] / core.s**2, dtype=np.float64
+    )  # standardized observation variance
+    pm = res.pred_mean.reshape(Z.shape).cpu().numpy()
+    pv = res.pred_var.reshape(Z.shape).cpu().numpy()
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        e2 = (zs - pm) ** 2 / (pv + R)
+    e2 = np.where(np.isfinite(e2), e2, 0.0)
+    tot = e2.sum(0)
+    mx = e2.max(0)
+    sus = np.flatnonzero(core.usable & (mx > _OUTLIER_E2) & (mx > 0.5 * tot))
+    if sus.size == 0:
+        return []
+    drop = e2[:, sus] >= 0.1 * tot[sus]
+    Zc = Z[:, sus].copy()
+    Zc[drop] = np.nan
+    clean = _fit_core(
+        Zc, ax.dt, {p: v[sus] for p, v in fixed_flat.items()}, free, {}, False, max_iter, tol,
+        backend, device,
+    )  # fmt: skip
+    notes = []
+    for c, i in enumerate(sus):
+        worst, factor = None, 1.0
+        for p in free:
+            if p not in _POSITIVE:
+                continue
+            a, b = core.est[p][i], clean.est[p][c]
+            r = max(a, b) / max(min(a, b), 1e-300)
+            if r > factor:
+                worst, factor = p, r
+        if worst is None or factor < 10:
+            continue
+        rows = np.flatnonzero(drop[:, c])
+        shown = ", ".join(
+            f"row {int(r)} (time {ax.labels[r]}, z = {Z[r, i]:.6g})" for r in rows[:3]
+        )
+        who = f"series {labels[i]!r}" if labels else (f"series {i}" if N > 1 else "the series")
+        text = (
+            f"in {who}, {shown} dominate{'s' if rows.size == 1 else ''} the likelihood: without "
+            f"{'it' if rows.size == 1 else 'them'} {worst} is {clean.est[worst][c]:.4g} instead of "
+            f"{core.est[worst][i]:.4g} (a factor {factor:.3g}); check for a data error, or set "
+            "those values to NaN to fit without them"
+        )
+        warnings.warn("fit_ou: " + text, stacklevel=3)
+        notes.append(text)
+    return notes
