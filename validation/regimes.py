@@ -1,0 +1,754 @@
+"""The regime battery: every scalar backend and the dense API against the mpmath oracle.
+
+Valid but degenerate models (issue 21): no process noise with |decay| below, at and above 1;
+tiny process variances; long series with long gaps; offsets; near-noise-free observations;
+huge process variances; 1e6 and diffuse priors; dense models with singular Q, contracting F and
+R -> 0 (KFAS's noiseless VAR(1) with missing data). The truth is :mod:`oracle` (mpmath).
+
+Metrics (per lane and step, worst over the lane; :func:`mean_err_sd`, :func:`var_rel`,
+:func:`loglik_rel`):
+
+- **means** in posterior standard deviations: ``|m - m*| / max(sd*, FLOOR * scale)``, ``sd*``
+  the truth's standard deviation at that step (filtered for filtered means, smoothed for
+  smoothed ones), ``scale = max_t |m*_t|``. Where the posterior is narrower than ``FLOOR = 1e-4``
+  of the lane's scale the bar becomes ``1e-10`` of the scale: no float64 mean resolves a state
+  known to 1e-400 (OU with sigma2 = 0 after 2000 steps) beyond its own rounding.
+- **variances** relative: ``|v - v*| / max(v*, TINY)``, ``TINY`` the dtype's smallest normal
+  number times 2**mantissa (values the dtype cannot hold to full precision); ``inf`` must meet
+  ``inf`` (diffuse), NaN NaN.
+- **log-likelihood**: ``|l - l*| / max(|l*|, n, 1)``, ``n`` the number of contributing steps.
+
+float64 passes a regime when every mean is within ``TOLERANCES[("oracle_sd", "float64")]``
+(1e-6 sd) and every variance and the log-likelihood within ``TOLERANCES[("oracle",
+"float64")]`` (1e-8); float32 figures are reported, not judged. A backend that raises on a
+valid model fails with an infinite error and the exception named.
+
+    python -m kalmanscan.validation.regimes            # quick subset, table on stdout
+    python -m kalmanscan.validation.regimes --full --markdown regimes.md --json regimes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kalmanscan.testing import TOLERANCES
+
+__all__ = [
+    "FLOOR",
+    "ScalarRegime",
+    "DenseRegime",
+    "scalar_regimes",
+    "dense_regimes",
+    "mean_err_sd",
+    "var_rel",
+    "loglik_rel",
+    "run_regimes",
+    "regime_rows",
+    "markdown",
+]
+
+FLOOR = 1e-4
+SCALAR_BACKENDS = ("sequential", "torch", "native")
+DTYPES = ("float64", "float32")
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def _tiny(dtype: str) -> float:
+    fi = np.finfo(np.float32 if dtype == "float32" else np.float64)
+    return float(fi.tiny) * 2.0 ** (fi.nmant + 1)
+
+
+def mean_err_sd(a, b, var_b, floor: float = FLOOR) -> float:
+    """Worst ``|a - b| / max(sqrt(var_b), floor * max|b|)`` over the steps where ``b`` is finite.
+
+    ``a`` must be NaN exactly where ``b`` is (a never-informed state); else the error is inf.
+
+    >>> mean_err_sd([1.0, 2.0 + 1e-7], [1.0, 2.0], [1.0, 0.01])
+    1e-06
+    """
+    a, b, v = (np.asarray(x, dtype=np.float64) for x in (a, b, var_b))
+    nb = ~np.isfinite(b)
+    if np.any(np.isfinite(a[nb])):
+        return math.inf
+    m = ~nb
+    if not m.any():
+        return 0.0
+    diff = np.abs(a[m] - b[m])
+    if not np.all(np.isfinite(diff)):
+        return math.inf
+    scale = float(np.max(np.abs(b[m])))
+    den = np.maximum(np.sqrt(np.maximum(v[m], 0.0)), max(floor * scale, 1e-300))
+    return float(np.max(diff / den))
+
+
+def var_rel(a, b, dtype: str = "float64") -> float:
+    """Worst ``|a - b| / max(b, TINY)``; ``b = inf`` needs ``a = inf``, ``b`` NaN needs NaN.
+
+    >>> var_rel([1.0, np.inf], [1.0 + 1e-9, np.inf]) < 1.1e-9
+    True
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    inf_b, nan_b = np.isinf(b), np.isnan(b)
+    if not np.array_equal(a[inf_b], b[inf_b]) or not np.all(np.isnan(a[nan_b])):
+        return math.inf
+    m = ~inf_b & ~nan_b
+    if not m.any():
+        return 0.0
+    rel = np.abs(a[m] - b[m]) / np.maximum(np.abs(b[m]), _tiny(dtype))
+    return float(np.max(rel)) if np.all(np.isfinite(rel)) else math.inf
+
+
+def loglik_rel(a, b, n: int) -> float:
+    """``|a - b| / max(|b|, n, 1)`` (both non-finite and equal: 0).
+
+    >>> loglik_rel(-100.0 + 1e-6, -100.0, 10) < 1.01e-8
+    True
+    """
+    a, b = float(a), float(b)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / max(abs(b), float(n), 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# scalar regimes
+
+
+@dataclass
+class ScalarRegime:
+    """One scalar lane: float64 arrays ``[T]`` and a scalar prior."""
+
+    name: str
+    z: np.ndarray
+    obs_var: np.ndarray
+    decay: np.ndarray
+    process_var: np.ndarray
+    loading: np.ndarray
+    offset: np.ndarray
+    prior_mean: float
+    prior_var: float
+    quick: bool = True
+    note: str = ""
+
+    @property
+    def T(self) -> int:
+        return int(self.z.shape[0])
+
+
+def _simulate(rng, T, decay, process_var, offset, loading, obs_var, x0):
+    x, xs = x0, np.empty(T)
+    for t in range(T):
+        x = decay[t] * x + offset[t] + math.sqrt(process_var[t]) * rng.standard_normal()
+        xs[t] = x
+    return loading * xs + np.sqrt(obs_var) * rng.standard_normal(T)
+
+
+def _scalar(
+    name,
+    T,
+    *,
+    decay,
+    process_var,
+    obs_var=1.0,
+    loading=1.0,
+    offset=0.0,
+    prior_mean=0.0,
+    prior_var=math.inf,
+    x0=None,
+    missing=None,
+    seed=0,
+    quick=True,
+    note="",
+) -> ScalarRegime:
+    full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (T,)).copy()  # noqa: E731
+    a, p, r, h, c = map(full, (decay, process_var, obs_var, loading, offset))
+    rng = np.random.default_rng([seed, T])
+    start = prior_mean if x0 is None else x0
+    z = _simulate(rng, T, a, np.minimum(p, 1e300), c, h, np.minimum(r, 1e300), start)
+    if missing is not None:
+        z[missing] = np.nan
+    return ScalarRegime(name, z, r, a, p, h, c, float(prior_mean), float(prior_var), quick, note)
+
+
+def scalar_regimes(full: bool = False) -> list[ScalarRegime]:
+    """The scalar regimes (``quick`` ones only unless ``full``).
+
+    >>> [r.name for r in scalar_regimes()][:2]
+    ['p=0 a=0.9577 c=0.4 T=1000', 'OU theta=0.5 sigma2=0, 500 steps']
+    """
+    ou_a = math.exp(-0.5)
+    out = [
+        _scalar(
+            "p=0 a=0.9577 c=0.4 T=1000",
+            1000,
+            decay=0.9577,
+            process_var=0.0,
+            offset=0.4,
+            obs_var=1.0,
+            x0=0.2,
+            note="smoothed mean -35,889 at step 24 (truth 0.213) before the fix",
+        ),
+        _scalar(
+            "OU theta=0.5 sigma2=0, 500 steps",
+            500,
+            decay=ou_a,
+            process_var=0.0,
+            offset=1.0 - ou_a,
+            obs_var=0.5,
+            prior_mean=1.0,
+            prior_var=1.0,
+            x0=2.0,
+            note="mu=1, dt=1; smoothed means up to 2.4e93 before the fix",
+        ),
+        _scalar(
+            "OU theta=0.5 sigma2=0, 2000 steps",
+            2000,
+            decay=ou_a,
+            process_var=0.0,
+            offset=1.0 - ou_a,
+            obs_var=0.5,
+            prior_mean=1.0,
+            prior_var=1.0,
+            x0=2.0,
+            note="posterior sd 1e-434 at the end; OverflowError at step 709 before the fix",
+        ),
+        _scalar("p=0 a=-0.95 T=800 diffuse", 800, decay=-0.95, process_var=0.0, x0=3.0),
+        _scalar("p=0 a=1 (constant level) T=2000", 2000, decay=1.0, process_var=0.0, x0=5.0),
+        _scalar(
+            "p=0 a=1.01 (explosive) T=500",
+            500,
+            decay=1.01,
+            process_var=0.0,
+            offset=0.1,
+            x0=1.0,
+        ),
+        _scalar("p=1e-14 a=0.999 T=3000", 3000, decay=0.999, process_var=1e-14, x0=1.0),
+        _scalar("p=1e-10 a=0.9 T=3000", 3000, decay=0.9, process_var=1e-10, x0=1.0, quick=False),
+        _scalar("p=1e-6 a=1 T=3000", 3000, decay=1.0, process_var=1e-6, x0=1.0),
+        _scalar(
+            "offset 1e4, a=0.9 p=1",
+            1000,
+            decay=0.9,
+            process_var=1.0,
+            offset=1e4,
+            obs_var=1.0,
+            x0=1e5,
+        ),
+        _scalar(
+            "obs_var 1e-10, a=0.9 p=1", 1000, decay=0.9, process_var=1.0, obs_var=1e-10, x0=1.0
+        ),
+        _scalar(
+            "obs_var 1e-12, a=0.9 p=1", 1000, decay=0.9, process_var=1.0, obs_var=1e-12, x0=1.0
+        ),
+        _scalar(
+            "obs_var 1e-155, a=0.9 p=1",
+            500,
+            decay=0.9,
+            process_var=1.0,
+            obs_var=1e-155,
+            x0=1.0,
+            note="float64 torch path raised OverflowError before the fix",
+        ),
+        _scalar(
+            "process_var 1e155, a=0.9",
+            500,
+            decay=0.9,
+            process_var=1e155,
+            obs_var=1.0,
+            x0=0.0,
+            note="float64 torch path raised OverflowError before the fix",
+        ),
+        _scalar(
+            "prior N(0, 1e6), a=0.95 p=0.1",
+            1000,
+            decay=0.95,
+            process_var=0.1,
+            prior_var=1e6,
+            x0=3.0,
+        ),
+        _scalar(
+            "diffuse, first 50 missing, a=0.95 p=0",
+            500,
+            decay=0.95,
+            process_var=0.0,
+            offset=0.05,
+            x0=2.0,
+            missing=np.r_[0:50, 300:400],
+        ),
+    ]
+    gaps = np.zeros(100_000, dtype=bool)
+    for s in range(5_000, 100_000, 20_000):
+        gaps[s : s + 5_000] = True
+    out.append(
+        _scalar(
+            "T=1e5, a=0.999 p=1e-3, 5000-step gaps, diffuse",
+            100_000,
+            decay=0.999,
+            process_var=1e-3,
+            x0=1.0,
+            missing=np.flatnonzero(gaps),
+            quick=False,
+        )
+    )
+    out.append(
+        _scalar(
+            "T=1e5 random walk p=1e-8, 5000-step gaps",
+            100_000,
+            decay=1.0,
+            process_var=1e-8,
+            x0=1.0,
+            missing=np.flatnonzero(gaps),
+            quick=False,
+        )
+    )
+    gaps4 = np.zeros(10_000, dtype=bool)
+    gaps4[2_000:4_000] = gaps4[6_000:8_000] = True
+    out.append(
+        _scalar(
+            "T=1e4, a=0.999 p=1e-3, 2000-step gaps, diffuse",
+            10_000,
+            decay=0.999,
+            process_var=1e-3,
+            x0=1.0,
+            missing=np.flatnonzero(gaps4),
+        )
+    )
+    return [r for r in out if full or r.quick]
+
+
+# --------------------------------------------------------------------------------------------
+# dense regimes
+
+
+@dataclass
+class DenseRegime:
+    """One dense series: ``z`` [T, d] and the matrices of ``kalmanscan.dense.filter``."""
+
+    name: str
+    z: np.ndarray
+    F: np.ndarray
+    Q: np.ndarray
+    H: np.ndarray
+    R: np.ndarray
+    offset: np.ndarray | None = None
+    prior_mean: np.ndarray | None = None
+    prior_cov: np.ndarray | None = None
+    quick: bool = True
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def kfas_var1_data(missing: bool = True) -> np.ndarray:
+    """The 20 x 2 observations of KFAS's VAR(1) fixtures (statsmodels' test suite):
+    400 x log-differences of real GDP and consumption, 1959Q2-1964Q1; with ``missing`` the
+    first five GDP values and rows 9-12 are NaN."""
+    from statsmodels.datasets import macrodata
+
+    df = macrodata.load_pandas().data
+    y = np.diff(np.log(df[["realgdp", "realcons"]].to_numpy()[:21]), axis=0) * 400
+    if missing:
+        y = y.copy()
+        y[0:5, 0] = np.nan
+        y[8:12, :] = np.nan
+    return y
+
+
+KFAS_VAR1_F = np.array([[0.5, 0.3], [0.2, 0.4]])  # R: cbind(c(0.5, 0.2), c(0.3, 0.4))
+KFAS_VAR1_Q = np.diag([2.0, 3.0])
+
+
+def _structural9(T, seed):
+    """Local linear trend + 8-season dummies (9 states), prior N(0, 1e6 I)."""
+    n = 9
+    F = np.zeros((n, n))
+    F[0, 0] = F[0, 1] = F[1, 1] = 1.0
+    F[2, 2:] = -1.0
+    F[3:, 2:-1] += np.eye(6)
+    Q = np.diag([0.5, 0.01, 0.2] + [0.0] * 6)
+    H = np.zeros((1, n))
+    H[0, 0] = H[0, 2] = 1.0
+    R = np.array([[1.0]])
+    rng = np.random.default_rng([seed, 9])
+    x = rng.standard_normal(n) * 3
+    z = np.empty((T, 1))
+    for t in range(T):
+        x = F @ x + np.sqrt(np.diag(Q)) * rng.standard_normal(n)
+        z[t] = H @ x + rng.standard_normal()
+    return F, Q, H, R, z
+
+
+def dense_regimes(full: bool = False) -> list[DenseRegime]:
+    """The dense regimes (``quick`` ones only unless ``full``)."""
+    out = []
+    y = kfas_var1_data(missing=True)
+    for r in (1e-6, 1e-10, 1e-12, 0.0):
+        out.append(
+            DenseRegime(
+                f"KFAS VAR(1), missing data, R={r:g} I",
+                y,
+                KFAS_VAR1_F,
+                KFAS_VAR1_Q,
+                np.eye(2),
+                r * np.eye(2),
+                quick=r in (1e-10, 0.0),
+                note="KFAS's noiseless VAR(1) (H = 0) with R = r I",
+            )
+        )
+    # singular Q: local linear trend with a fixed level (only the slope moves)
+    rng = np.random.default_rng(11)
+    T = 60
+    F = np.array([[1.0, 1.0], [0.0, 1.0]])
+    Q = np.diag([0.0, 0.05])
+    lvl, slope, zs = 0.0, 0.3, []
+    for _ in range(T):
+        slope += math.sqrt(0.05) * rng.standard_normal()
+        lvl += slope
+        zs.append(lvl + 0.5 * rng.standard_normal())
+    z = np.array(zs)[:, None]
+    z[20:30] = np.nan
+    out.append(DenseRegime("LLT, singular Q (level_var 0), gap", z, F, Q, np.array([[1.0, 0.0]]),
+                           np.array([[0.25]])))
+    # contracting F, no process noise at all (precision grows like 0.9^-2t)
+    th = 0.3
+    F = 0.9 * np.array([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
+    rng = np.random.default_rng(12)
+    T = 200
+    x, zs = np.array([2.0, -1.0]), []
+    for _ in range(T):
+        x = F @ x + 0.1
+        zs.append(x[0] + 0.3 * rng.standard_normal())
+    out.append(
+        DenseRegime(
+            "contracting rotation 0.9, Q = 0, T=200",
+            np.array(zs)[:, None],
+            F,
+            np.zeros((2, 2)),
+            np.array([[1.0, 0.0]]),
+            np.array([[0.09]]),
+            offset=np.full(2, 0.1),
+        )
+    )
+    F9, Q9, H9, R9, z9 = _structural9(100, 0)
+    out.append(
+        DenseRegime(
+            "structural: trend + 8 seasons (9 states), prior 1e6 I",
+            z9,
+            F9,
+            Q9,
+            H9,
+            R9,
+            prior_mean=np.zeros(9),
+            prior_cov=1e6 * np.eye(9),
+            quick=False,
+        )
+    )
+    return [r for r in out if full or r.quick]
+
+
+# --------------------------------------------------------------------------------------------
+# running
+
+
+def _cast(x, dtype):
+    return np.asarray(x, dtype=np.float32 if dtype == "float32" else np.float64)
+
+
+def _run_scalar(reg: ScalarRegime, backend: str, dtype: str) -> dict:
+    import kalmanscan as ks
+
+    args = [_cast(x, dtype) for x in (reg.z, reg.obs_var, reg.decay, reg.process_var)]
+    kw = dict(
+        loading=_cast(reg.loading, dtype),
+        offset=_cast(reg.offset, dtype),
+        prior_mean=_cast(reg.prior_mean, dtype),
+        prior_var=_cast(reg.prior_var, dtype),
+        backend=backend,
+    )
+    f = ks.filter(*args, **kw)
+    s = ks.smooth(*args, **kw)
+    g = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    return dict(
+        mean=g(f.mean),
+        var=g(f.var),
+        pred_mean=g(f.pred_mean),
+        pred_var=g(f.pred_var),
+        loglik=float(f.loglik),
+        smooth_mean=g(s.mean),
+        smooth_var=g(s.var),
+    )
+
+
+def scalar_errors(out: dict, truth, dtype: str) -> dict:
+    """Errors of one backend's run against the oracle (keys: the table's columns)."""
+    return dict(
+        filter_mean_sd=max(
+            mean_err_sd(out["mean"], truth.mean, truth.var),
+            mean_err_sd(out["pred_mean"], truth.pred_mean, truth.pred_var),
+        ),
+        filter_var=max(
+            var_rel(out["var"], truth.var, dtype), var_rel(out["pred_var"], truth.pred_var, dtype)
+        ),
+        loglik=loglik_rel(out["loglik"], truth.loglik, truth.n_loglik_terms),
+        smooth_mean_sd=mean_err_sd(out["smooth_mean"], truth.smooth_mean, truth.smooth_var),
+        smooth_var=var_rel(out["smooth_var"], truth.smooth_var, dtype),
+    )
+
+
+def _dense_cov_rel(a, b, steps):
+    worst = 0.0
+    for t in steps:
+        nb = np.linalg.norm(b[t])
+        d = np.linalg.norm(a[t] - b[t])
+        if not np.isfinite(d):
+            return math.inf
+        worst = max(worst, d / max(nb, 1e-300))
+    return worst
+
+
+def _dense_mean_sd(a, b, cov, steps):
+    if not len(steps):
+        return 0.0
+    scale = max(float(np.max(np.abs(b[steps]))), 1e-300)
+    worst = 0.0
+    for t in steps:
+        sd = np.sqrt(np.maximum(np.diag(cov[t]), 0.0))
+        d = np.abs(a[t] - b[t])
+        if not np.all(np.isfinite(d)):
+            return math.inf
+        worst = max(worst, float(np.max(d / np.maximum(sd, FLOOR * scale))))
+    return worst
+
+
+def _run_dense(reg: DenseRegime, backend: str, dtype: str) -> dict:
+    import kalmanscan.dense as kd
+
+    c = lambda x: None if x is None else _cast(x, dtype)  # noqa: E731
+    kw = dict(
+        offset=c(reg.offset),
+        prior_mean=c(reg.prior_mean),
+        prior_cov=c(reg.prior_cov),
+        backend=backend,
+    )
+    mats = [c(x) for x in (reg.z, reg.F, reg.Q, reg.H, reg.R)]
+    s = kd.smooth(*mats, **kw)
+    f = s.filtered
+    g = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    return dict(
+        mean=g(f.mean),
+        cov=g(f.cov),
+        loglik=float(np.asarray(f.loglik)),
+        diffuse=np.asarray(f.diffuse, dtype=bool),
+        smooth_mean=g(s.mean),
+        smooth_cov=g(s.cov),
+    )
+
+
+def dense_errors(out: dict, truth) -> dict:
+    proper = np.flatnonzero(~truth.diffuse)
+    everywhere = np.arange(truth.mean.shape[0])
+    return dict(
+        filter_mean_sd=_dense_mean_sd(out["mean"], truth.mean, truth.cov, proper),
+        filter_var=_dense_cov_rel(out["cov"], truth.cov, proper),
+        loglik=loglik_rel(out["loglik"], truth.loglik, truth.n_loglik_terms),
+        smooth_mean_sd=_dense_mean_sd(
+            out["smooth_mean"], truth.smooth_mean, truth.smooth_cov, everywhere
+        ),
+        smooth_var=_dense_cov_rel(out["smooth_cov"], truth.smooth_cov, everywhere),
+    )
+
+
+COLUMNS = ("filter_mean_sd", "filter_var", "loglik", "smooth_mean_sd", "smooth_var")
+
+
+def passes(errs: dict, dtype: str) -> bool | None:
+    """float64: every column within its tolerance; float32: None (reported, not judged)."""
+    if dtype != "float64":
+        return None
+    sd, rel = TOLERANCES[("oracle_sd", "float64")], TOLERANCES[("oracle", "float64")]
+    lim = dict(filter_mean_sd=sd, smooth_mean_sd=sd, filter_var=rel, smooth_var=rel, loglik=rel)
+    return all(errs[k] <= lim[k] for k in COLUMNS)
+
+
+def regime_rows(
+    full: bool = False,
+    backends=SCALAR_BACKENDS,
+    dense_backends=("sequential", "torch"),
+    dtypes=DTYPES,
+    certify: bool = True,
+    progress=None,
+    names=None,
+) -> list[dict]:
+    """Run every regime on every backend and dtype; one dict per (regime, backend, dtype).
+
+    Keys: ``kind`` ("scalar"/"dense"), ``regime``, ``T``, ``backend``, ``dtype``, the five
+    error columns (:data:`COLUMNS`), ``passes`` (True/False; None for float32), ``error``
+    (the exception a backend raised, else ""), ``oracle_dps`` and ``oracle_own`` (the oracle's
+    change at 25 more digits, worst of its metrics), ``seconds`` (the backend's run).
+    """
+    from kalmanscan.core import native
+
+    from .oracle import dense_oracle, scalar_oracle
+
+    say = progress or (lambda m: None)
+    rows = []
+    avail = [b for b in backends if b != "native" or native.available()]
+    for reg in scalar_regimes(full):
+        if names and reg.name not in names:
+            continue
+        t0 = time.perf_counter()
+        tr = scalar_oracle(
+            reg.z,
+            reg.obs_var,
+            reg.decay,
+            reg.process_var,
+            reg.loading,
+            reg.offset,
+            reg.prior_mean,
+            reg.prior_var,
+            certify=certify,
+        )
+        own = max(tr.own_error.values()) if tr.own_error else float("nan")
+        say(f"{reg.name}: oracle {time.perf_counter() - t0:.1f} s at {tr.dps} digits")
+        for be in avail:
+            for dt in dtypes:
+                row = dict(kind="scalar", regime=reg.name, T=reg.T, backend=be, dtype=dt)
+                t1 = time.perf_counter()
+                try:
+                    errs = scalar_errors(_run_scalar(reg, be, dt), tr, dt)
+                    row["error"] = ""
+                except Exception as exc:  # a raise on a valid model is a failure, not a crash
+                    errs = {k: math.inf for k in COLUMNS}
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                row.update(errs)
+                row.update(
+                    passes=passes(errs, dt),
+                    oracle_dps=tr.dps,
+                    oracle_own=own,
+                    seconds=time.perf_counter() - t1,
+                )
+                rows.append(row)
+    for reg in dense_regimes(full):
+        if names and reg.name not in names:
+            continue
+        t0 = time.perf_counter()
+        tr = dense_oracle(
+            reg.z,
+            reg.F,
+            reg.Q,
+            reg.H,
+            reg.R,
+            offset=reg.offset,
+            prior_mean=reg.prior_mean,
+            prior_cov=reg.prior_cov,
+        )
+        say(f"{reg.name}: dense oracle {time.perf_counter() - t0:.1f} s")
+        for be in dense_backends:
+            for dt in dtypes:
+                if be == "sequential" and dt == "float32":
+                    continue  # the dense sequential reference is float64 only
+                row = dict(kind="dense", regime=reg.name, T=reg.z.shape[0], backend=be, dtype=dt)
+                t1 = time.perf_counter()
+                try:
+                    errs = dense_errors(_run_dense(reg, be, dt), tr)
+                    row["error"] = ""
+                except Exception as exc:
+                    errs = {k: math.inf for k in COLUMNS}
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                row.update(errs)
+                row.update(
+                    passes=passes(errs, dt),
+                    oracle_dps=tr.dps,
+                    oracle_own=float("nan"),
+                    seconds=time.perf_counter() - t1,
+                )
+                rows.append(row)
+    return rows
+
+
+def run_regimes(full: bool = False, **kw) -> list[dict]:
+    """Alias of :func:`regime_rows` (kept for the validate command)."""
+    return regime_rows(full=full, **kw)
+
+
+def _e(x: float) -> str:
+    if x != x:
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def markdown(rows: list[dict], dtype: str = "float64") -> str:
+    """One markdown table: regime x backend, the five errors and pass/fail (``dtype`` rows)."""
+    lines = [
+        "| regime | T | backend | filter mean (sd) | filter var | loglik | smoothed mean (sd) "
+        "| smoothed var | status |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r["dtype"] != dtype:
+            continue
+        st = {True: "pass", False: "**FAIL**", None: "-"}[r["passes"]]
+        if r["error"]:
+            st = f"**raises** {r['error'].split(':')[0]}"
+        cells = " | ".join(_e(r[k]) for k in COLUMNS)
+        lines.append(f"| {r['regime']} | {r['T']} | {r['backend']} | {cells} | {st} |")
+    return "\n".join(lines)
+
+
+def format_text(rows: list[dict]) -> str:
+    head = f"{'regime':52s} {'backend':10s} {'dtype':7s} " + " ".join(
+        f"{c:>14s}" for c in COLUMNS
+    )
+    out = [head]
+    for r in rows:
+        st = {True: "PASS", False: "FAIL", None: ""}[r["passes"]]
+        out.append(
+            f"{r['regime'][:52]:52s} {r['backend']:10s} {r['dtype']:7s} "
+            + " ".join(f"{_e(r[c]):>14s}" for c in COLUMNS)
+            + f"  {st} {r['error'][:60]}"
+        )
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="The regime battery against the mpmath oracle.")
+    p.add_argument("--full", action="store_true", help="every regime (10^5-step lanes included)")
+    p.add_argument("--markdown", metavar="PATH")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--backend", action="append", help="scalar backends (default all)")
+    p.add_argument("--regime", action="append", help="only these regime names")
+    p.add_argument("--no-certify", action="store_true", help="skip the oracle's self-check")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = regime_rows(
+        full=args.full,
+        backends=tuple(args.backend) if args.backend else SCALAR_BACKENDS,
+        certify=not args.no_certify,
+        progress=lambda m: print(f"  .. {m}", flush=True),
+        names=args.regime,
+    )
+    print(format_text(rows))
+    bad = [r for r in rows if r["passes"] is False]
+    print(f"{len(rows)} rows, {time.perf_counter() - t0:.1f} s: {len(bad)} float64 rows fail")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(rows, "float64") + "\n\nfloat32:\n\n" + markdown(rows, "float32"))
+            f.write("\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=float)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
