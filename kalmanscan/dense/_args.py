@@ -166,14 +166,12 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
             raise ValueError(
                 f"{name}: expected a symmetric covariance matrix, got an asymmetric one"
             )
-    if torch.linalg.cholesky_ex(Rt.detach())[1].any():
+    if torch.linalg.cholesky_ex(Rt.detach())[1].any() and _negative_eig(Rt):
         raise ValueError(
-            "R: expected positive-definite observation-noise covariances, got one that is not"
+            "R: expected positive-semidefinite observation-noise covariances, got a negative "
+            "eigenvalue"
         )
-    if (
-        torch.linalg.eigvalsh(Qt.detach())
-        < -1e-8 * Qt.detach().abs().amax((-1, -2), keepdim=False).unsqueeze(-1)
-    ).any():
+    if _negative_eig(Qt):
         raise ValueError(
             "Q: expected positive-semidefinite process-noise covariances, got a negative eigenvalue"
         )
@@ -238,6 +236,18 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
             raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
     model = Model(zl, observed, **model_parts, m0=m0, P0=P0, L0=L0)
     return model, Layout(to_numpy, ax, batch_shape, T, n, d)
+
+
+def _negative_eig(t: torch.Tensor) -> bool:
+    t = t.detach()
+    return bool(
+        (torch.linalg.eigvalsh(t) < -1e-8 * t.abs().amax((-1, -2)).unsqueeze(-1)).any()
+    )
+
+
+def r_positive_definite(R: torch.Tensor) -> bool:
+    """Whether every R_t admits a Cholesky factor (the torch and sequential paths need it)."""
+    return not bool(torch.linalg.cholesky_ex(R.detach())[1].any())
 
 
 def _precision_from_partly_infinite(P0, diffuse):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from kalmanscan.dense import _args
+from kalmanscan.dense import _args, native
 from kalmanscan.dense.parallel import (
     cov_with_inf,
     filter_parts,
@@ -56,7 +56,7 @@ class DenseSmoothResult(NamedTuple):
     filtered: DenseFilterResult
 
 
-BACKENDS = ("auto", "torch", "sequential", "diagonal")
+BACKENDS = ("auto", "native", "torch", "sequential", "diagonal")
 
 
 def _is_diag(t) -> bool:
@@ -99,8 +99,25 @@ def _run(
         grads = _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision)
         if diag and (backend == "diagonal" or not grads):
             return _run_diagonal(model, layout, smooth)
-        backend = "torch"
+        if backend == "auto":
+            backend = "native" if model.z.device.type == "cpu" and native.available() else "torch"
+            if backend == "native" and grads:
+                backend = "torch"
     tol = rank_tol(model.z.dtype)
+    if backend == "native":
+        if model.z.device.type != "cpu":
+            raise ValueError(f"backend: 'native' runs on the CPU; got {model.z.device} inputs, use 'torch'")
+        if _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision):
+            raise ValueError("backend: 'native' has no gradients; use 'torch' for inputs that require grad")
+        parts = native.run(model, smooth)
+        if parts is not None:
+            return _package(layout, parts, smooth, tol)
+        backend = "torch"  # a diffuse direction is never resolved: the scan keeps it diffuse
+    if not _args.r_positive_definite(model.R):
+        raise ValueError(
+            f"R: backend {backend!r} needs positive-definite observation-noise covariances; "
+            "for a singular R (R = 0 included) use backend='native' (CPU)"
+        )
     if backend == "torch":
         parts = filter_parts(model, chunk=chunk)
         filt, pm, pP, ll = parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps
@@ -130,6 +147,27 @@ def _run(
     return DenseSmoothResult(
         out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres
     )
+
+
+def _package(layout: _args.Layout, parts, smooth: bool, tol):
+    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
+    filt = parts.filtered
+    diffuse = torch.zeros(filt.mean.shape[:2], dtype=torch.bool)
+    if filt.ndiffuse:
+        diffuse[:, : filt.ndiffuse] = torch.linalg.matrix_norm(filt.diffuse) > 0
+    fres = DenseFilterResult(
+        mean=out(filt.mean, 1),
+        cov=out(cov_with_inf(filt, tol), 2),
+        precision=out(parts.filtered_precision, 2),
+        pred_mean=out(parts.pred_mean, 1),
+        pred_cov=out(parts.pred_cov, 2),
+        loglik=_args.output_batch(layout, parts.loglik_steps.sum(1)),
+        diffuse=out(diffuse, 0),
+    )
+    if not smooth:
+        return fres
+    sm = parts.smoothed
+    return DenseSmoothResult(out(sm.mean, 1), out(sm.cov, 2), out(parts.smoothed_precision, 2), fres)
 
 
 def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):

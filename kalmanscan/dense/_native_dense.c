@@ -1,0 +1,769 @@
+/* Native CPU path of kalmanscan.dense: the exact sequential filter and smoother in one pass over
+ * time per series (kalmanscan/dense/native.py calls it; math in docs/dense.md, "Native path").
+ *
+ * Model of one series (n states, d observations, float64, matrices row-major):
+ *
+ *     x_t = F_t x_{t-1} + c_t + N(0, Q_t),   z_t = H_t x_t + N(0, R_t),   R_t, Q_t PSD (0 allowed)
+ *     x_0 ~ N(m_0, P_0 + kappa D_0 D_0'),    kappa -> inf   (D_0 spans the diffuse directions)
+ *
+ * Filter: predict a = F m + c, P = F P F' + Q, D = F D; then the observed entries of z_t are
+ * decorrelated with R_o = L Dg L' (L unit lower triangular, Dg >= 0: singular R is fine) and
+ * processed one scalar at a time (Durbin & Koopman 2012, sec. 6.4). An entry with row h is
+ * diffuse when u = D' h is nonzero relative to |h| |D|: then the exact initial update
+ * (Koopman & Durbin 2000) is applied and D loses the direction u by a Householder reflection of
+ * its columns, so the diffuse part stays an exact rank-k factor (no rounding residue left in
+ * resolved directions, no threshold on a difference of covariances). Otherwise the ordinary
+ * scalar update with f = h' P h + Dg_i; f = 0 (a noise-free entry already determined) carries no
+ * information and is skipped.
+ *
+ * Log-likelihood (kalmanscan's convention, docs/dense.md): proper entries add log N(v; 0, f);
+ * a step with diffuse entries adds 1/2 log pdet(2 pi G G') - sum 1/2 log(2 pi f_inf,i) over its
+ * diffuse entries, G = H_o D (the pdet from a one-sided Jacobi SVD of G).
+ *
+ * Smoother: Durbin & Koopman's state smoother in univariate form (r, N; in diffuse steps also
+ * r1, N1, N2), run backward from the stored predictions; the per-entry quantities of a step are
+ * recomputed from its prediction instead of stored. Smoothed mean a + P r0 + P_inf r1, covariance
+ * P - P N0 P - P_inf N1 P - (P_inf N1 P)' - P_inf N2 P_inf.
+ *
+ * Precisions (filtered and smoothed) are inverses by Cholesky; a covariance that is not positive
+ * definite gets NaN there and the caller inverts it by other means.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOG_2PI 1.8378770664093454835606594728112
+#define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
+#define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
+#define RANK_TOL 1e-11    /* singular values of G below this times the largest: zero */
+
+typedef struct {
+    const double *p;
+    Py_ssize_t sb, st, se; /* strides (elements) along series, time, and vector entry */
+} arr_t;
+
+enum { I_Z, I_OBS, I_F, I_C, I_Q, I_H, I_R, I_NIN };
+enum {
+    O_FMEAN, O_FCOV, O_FPREC, O_PMEAN, O_PCOV, O_LL, O_FDIF, O_PD, O_PK,
+    O_SMEAN, O_SCOV, O_SPREC, O_NOUT
+};
+
+typedef struct {
+    int type; /* 0 skipped, 1 proper, 2 diffuse */
+    double v, f, fs;
+} elem_t;
+
+typedef struct {
+    int n, d;
+    /* workspace */
+    double *m, *P, *D, *tmp, *tmp2, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1;
+    elem_t *el;
+    int *obs_idx;
+    /* sparse F of the current step: per row, nonzero columns and values */
+    int *fnz, *fcol;
+    double *fval;
+    const double *fcur;
+} ws_t;
+
+static inline const double *mat(const arr_t *a, Py_ssize_t b, Py_ssize_t t) {
+    return a->p + b * a->sb + t * a->st;
+}
+
+static void load_F(ws_t *w, const double *F) {
+    int n = w->n;
+    if (F == w->fcur) return;
+    w->fcur = F;
+    for (int i = 0; i < n; i++) {
+        int c = 0;
+        for (int j = 0; j < n; j++) {
+            double v = F[i * n + j];
+            if (v != 0.0) {
+                w->fcol[i * n + c] = j;
+                w->fval[i * n + c] = v;
+                c++;
+            }
+        }
+        w->fnz[i] = c;
+    }
+}
+
+/* out[i] = sum_j F[i][j] x[j] */
+static void F_mv(const ws_t *w, const double *x, double *out) {
+    int n = w->n;
+    for (int i = 0; i < n; i++) {
+        double s = 0.0;
+        for (int c = 0; c < w->fnz[i]; c++) s += w->fval[i * n + c] * x[w->fcol[i * n + c]];
+        out[i] = s;
+    }
+}
+
+/* out = F X (X is n x k, row stride n), out n x k row stride n */
+static void F_mm(const ws_t *w, const double *X, int k, double *out) {
+    int n = w->n;
+    for (int i = 0; i < n; i++) {
+        double *o = out + i * n;
+        for (int j = 0; j < k; j++) o[j] = 0.0;
+        for (int c = 0; c < w->fnz[i]; c++) {
+            double f = w->fval[i * n + c];
+            const double *x = X + w->fcol[i * n + c] * n;
+            for (int j = 0; j < k; j++) o[j] += f * x[j];
+        }
+    }
+}
+
+/* P <- F P F' + Q (symmetric) */
+static void predict_cov(ws_t *w, double *P, const double *Q) {
+    int n = w->n;
+    double *T1 = w->tmp;
+    F_mm(w, P, n, T1); /* T1 = F P */
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j <= i; j++) { /* (F P F')[i][j] = sum_c F[j][c] T1[i][c] */
+            double s = 0.0;
+            for (int c = 0; c < w->fnz[j]; c++) s += w->fval[j * n + c] * T1[i * n + w->fcol[j * n + c]];
+            P[i * n + j] = s;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = P[i * n + j] + 0.5 * (Q[i * n + j] + Q[j * n + i]);
+            P[i * n + j] = s;
+            P[j * n + i] = s;
+        }
+}
+
+/* N <- F' N F for symmetric N; r <- F' r */
+static void back_cov(ws_t *w, double *N) {
+    int n = w->n;
+    double *T1 = w->tmp;
+    /* T1 = N F: T1[i][j] = sum_c N[i][c] F[c][j]; scatter rows of F */
+    for (int i = 0; i < n * n; i++) T1[i] = 0.0;
+    for (int c = 0; c < n; c++)
+        for (int q = 0; q < w->fnz[c]; q++) {
+            int j = w->fcol[c * n + q];
+            double f = w->fval[c * n + q];
+            for (int i = 0; i < n; i++) T1[i * n + j] += N[i * n + c] * f;
+        }
+    /* N = F' T1: N[i][j] = sum_c F[c][i] T1[c][j] */
+    for (int i = 0; i < n * n; i++) N[i] = 0.0;
+    for (int c = 0; c < n; c++)
+        for (int q = 0; q < w->fnz[c]; q++) {
+            int i = w->fcol[c * n + q];
+            double f = w->fval[c * n + q];
+            for (int j = 0; j < n; j++) N[i * n + j] += f * T1[c * n + j];
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (N[i * n + j] + N[j * n + i]);
+            N[i * n + j] = s;
+            N[j * n + i] = s;
+        }
+}
+
+static void back_vec(ws_t *w, double *r) {
+    int n = w->n;
+    double *o = w->w;
+    for (int i = 0; i < n; i++) o[i] = 0.0;
+    for (int c = 0; c < n; c++)
+        for (int q = 0; q < w->fnz[c]; q++) o[w->fcol[c * n + q]] += w->fval[c * n + q] * r[c];
+    memcpy(r, o, n * sizeof(double));
+}
+
+/* Inverse of the symmetric positive-definite A (n x n) by Cholesky into out; 0 if not PD. */
+static int spd_inverse(int n, const double *A, double *L, double *out) {
+    for (int j = 0; j < n; j++) {
+        double s = A[j * n + j];
+        for (int k = 0; k < j; k++) s -= L[j * n + k] * L[j * n + k];
+        if (!(s > 0.0)) return 0;
+        double ljj = sqrt(s);
+        L[j * n + j] = ljj;
+        for (int i = j + 1; i < n; i++) {
+            double t = A[i * n + j];
+            for (int k = 0; k < j; k++) t -= L[i * n + k] * L[j * n + k];
+            L[i * n + j] = t / ljj;
+        }
+    }
+    /* inv(L) in place (lower) into out's lower part, then out = inv(L)' inv(L) */
+    for (int i = 0; i < n * n; i++) out[i] = 0.0;
+    for (int j = 0; j < n; j++) {
+        out[j * n + j] = 1.0 / L[j * n + j];
+        for (int i = j + 1; i < n; i++) {
+            double s = 0.0;
+            for (int k = j; k < i; k++) s -= L[i * n + k] * out[k * n + j];
+            out[i * n + j] = s / L[i * n + i];
+        }
+    }
+    /* out_full[i][j] = sum_k Linv[k][i] Linv[k][j], k >= max(i, j); write to L as scratch */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int k = i; k < n; k++) s += out[k * n + i] * out[k * n + j];
+            L[i * n + j] = s;
+            L[j * n + i] = s;
+        }
+    memcpy(out, L, n * n * sizeof(double));
+    return 1;
+}
+
+/* 1/2 sum log(sigma_i^2) and the count of nonzero singular values of G (m x k, row stride n),
+ * by one-sided Jacobi on its columns (G is overwritten). */
+static double log_pdet(double *G, int m, int k, int ld, int *rank) {
+    for (int sweep = 0; sweep < 30; sweep++) {
+        double off = 0.0;
+        for (int p = 0; p < k; p++)
+            for (int q = p + 1; q < k; q++) {
+                double a = 0.0, b = 0.0, g = 0.0;
+                for (int i = 0; i < m; i++) {
+                    double x = G[i * ld + p], y = G[i * ld + q];
+                    a += x * x;
+                    b += y * y;
+                    g += x * y;
+                }
+                if (g == 0.0 || fabs(g) <= 1e-15 * sqrt(a * b)) continue;
+                off = 1.0;
+                double zeta = (b - a) / (2.0 * g);
+                double t = copysign(1.0, zeta) / (fabs(zeta) + sqrt(1.0 + zeta * zeta));
+                double cs = 1.0 / sqrt(1.0 + t * t), sn = cs * t;
+                for (int i = 0; i < m; i++) {
+                    double x = G[i * ld + p], y = G[i * ld + q];
+                    G[i * ld + p] = cs * x - sn * y;
+                    G[i * ld + q] = sn * x + cs * y;
+                }
+            }
+        if (off == 0.0) break;
+    }
+    double smax = 0.0, sig[64];
+    int kk = k < 64 ? k : 64;
+    for (int p = 0; p < kk; p++) {
+        double s = 0.0;
+        for (int i = 0; i < m; i++) s += G[i * ld + p] * G[i * ld + p];
+        sig[p] = s;
+        if (s > smax) smax = s;
+    }
+    double lp = 0.0;
+    int r = 0;
+    for (int p = 0; p < kk; p++)
+        if (sig[p] > RANK_TOL * RANK_TOL * smax && sig[p] > 0.0) {
+            lp += log(sig[p]);
+            r++;
+        }
+    *rank = r;
+    return 0.5 * lp;
+}
+
+/* Gather the observed entries of step (b, t) and decorrelate them: Hy = L^-1 H_o, y = L^-1 z_o
+ * with R_o = L Dg L'. Returns the number of observed entries. With G != NULL and k > 0 also
+ * returns in *ll the step's pdet term. */
+static int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
+    int n = w->n, d = w->d, o = 0;
+    const arr_t *Z = &in[I_Z], *O = &in[I_OBS];
+    const unsigned char *obs = (const unsigned char *)O->p;
+    const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
+    for (int i = 0; i < d; i++)
+        if (obs[b * O->sb + t * O->st + i * O->se]) w->obs_idx[o++] = i;
+    if (o == 0) return 0;
+    for (int p = 0; p < o; p++) {
+        int i = w->obs_idx[p];
+        w->y[p] = Z->p[b * Z->sb + t * Z->st + i * Z->se];
+        memcpy(w->Hy + p * n, H + i * n, n * sizeof(double));
+    }
+    if (k > 0 && ll_pdet) { /* G = H_o D, pdet term */
+        for (int p = 0; p < o; p++)
+            for (int j = 0; j < k; j++) {
+                double s = 0.0;
+                for (int q = 0; q < n; q++) s += w->Hy[p * n + q] * w->D[q * n + j];
+                w->G[p * n + j] = s;
+            }
+        int r;
+        double lp = log_pdet(w->G, o, k, n, &r);
+        *ll_pdet = lp + 0.5 * r * LOG_2PI;
+    }
+    /* LDL' of R_o (PSD; a zero pivot zeroes its column) */
+    double rmax = 0.0;
+    for (int p = 0; p < o; p++) {
+        double v = fabs(R[w->obs_idx[p] * d + w->obs_idx[p]]);
+        if (v > rmax) rmax = v;
+    }
+    for (int j = 0; j < o; j++) {
+        int ij = w->obs_idx[j];
+        double s = R[ij * d + ij];
+        for (int q = 0; q < j; q++) s -= w->Lr[j * o + q] * w->Lr[j * o + q] * w->Dg[q];
+        if (s <= 1e-15 * rmax) s = 0.0;
+        w->Dg[j] = s;
+        w->Lr[j * o + j] = 1.0;
+        for (int i = j + 1; i < o; i++) {
+            int ii = w->obs_idx[i];
+            double v = R[ii * d + ij];
+            for (int q = 0; q < j; q++) v -= w->Lr[i * o + q] * w->Lr[j * o + q] * w->Dg[q];
+            w->Lr[i * o + j] = s > 0.0 ? v / s : 0.0;
+        }
+    }
+    for (int i = 1; i < o; i++) /* forward substitution with the unit lower L */
+        for (int q = 0; q < i; q++) {
+            double l = w->Lr[i * o + q];
+            if (l == 0.0) continue;
+            w->y[i] -= l * w->y[q];
+            for (int j = 0; j < n; j++) w->Hy[i * n + j] -= l * w->Hy[q * n + j];
+        }
+    return o;
+}
+
+/* Scalar updates of the o gathered entries on (a, P, D[:, :k]); returns the new k. Adds the
+ * entries' log-likelihood to *ll; records each entry in w->el (and its gains in K0/K1 rows when
+ * keep != 0: K0 row p = gain of a proper entry or M_inf/f_inf, K1 row p = the diffuse K1). */
+static int update(ws_t *w, int o, double *a, double *P, int k, double *ll, int keep) {
+    int n = w->n;
+    double *D = w->D, *u = w->u, *Ms = w->Ms, *Minf = w->Minf;
+    for (int p = 0; p < o; p++) {
+        const double *h = w->Hy + p * n;
+        double v = w->y[p], hh = 0.0;
+        for (int j = 0; j < n; j++) {
+            v -= h[j] * a[j];
+            hh += h[j] * h[j];
+        }
+        elem_t *e = &w->el[p];
+        e->type = 0;
+        e->v = v;
+        for (int i = 0; i < n; i++) {
+            double s = 0.0;
+            for (int j = 0; j < n; j++) s += P[i * n + j] * h[j];
+            Ms[i] = s;
+        }
+        double fs = w->Dg[p];
+        for (int i = 0; i < n; i++) fs += h[i] * Ms[i];
+        e->fs = fs;
+        int diffuse = 0;
+        double nu = 0.0;
+        if (k > 0) {
+            double dn = 0.0;
+            for (int j = 0; j < k; j++) {
+                double s = 0.0;
+                for (int i = 0; i < n; i++) {
+                    s += D[i * n + j] * h[i];
+                    dn += D[i * n + j] * D[i * n + j];
+                }
+                u[j] = s;
+                nu += s * s;
+            }
+            nu = sqrt(nu);
+            diffuse = nu > DIFFUSE_TOL * sqrt(hh * dn);
+        }
+        if (diffuse) {
+            double finf = nu * nu;
+            for (int i = 0; i < n; i++) {
+                double s = 0.0;
+                for (int j = 0; j < k; j++) s += D[i * n + j] * u[j];
+                Minf[i] = s;
+            }
+            for (int i = 0; i < n; i++) a[i] += Minf[i] * v / finf;
+            double c2 = fs / (finf * finf);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j <= i; j++) {
+                    double s = P[i * n + j] + Minf[i] * Minf[j] * c2 -
+                               (Ms[i] * Minf[j] + Minf[i] * Ms[j]) / finf;
+                    P[i * n + j] = s;
+                    P[j * n + i] = s;
+                }
+            *ll -= 0.5 * (LOG_2PI + log(finf));
+            /* Householder: D <- D (I - 2 ww'/w'w) maps u to alpha e0; drop column 0 */
+            double alpha = -copysign(nu, u[0]);
+            for (int j = 0; j < k; j++) w->w[j] = u[j];
+            w->w[0] -= alpha;
+            double wn2 = 0.0;
+            for (int j = 0; j < k; j++) wn2 += w->w[j] * w->w[j];
+            for (int i = 0; i < n; i++) {
+                double *Di = D + i * n;
+                double s = 0.0;
+                for (int j = 0; j < k; j++) s += Di[j] * w->w[j];
+                s *= 2.0 / wn2;
+                for (int j = 1; j < k; j++) Di[j - 1] = Di[j] - s * w->w[j];
+                Di[k - 1] = 0.0;
+            }
+            k--;
+            e->type = 2;
+            e->f = finf;
+            if (keep) {
+                for (int i = 0; i < n; i++) {
+                    w->K0[p * n + i] = Minf[i] / finf;
+                    w->K1[p * n + i] = Ms[i] / finf - Minf[i] * c2;
+                }
+            }
+            continue;
+        }
+        double tr = 0.0;
+        for (int i = 0; i < n; i++) tr += P[i * n + i];
+        if (!(fs > SKIP_TOL * hh * tr) || !(fs > 0.0)) continue; /* no information */
+        for (int i = 0; i < n; i++) a[i] += Ms[i] * v / fs;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i; j++) {
+                double s = P[i * n + j] - Ms[i] * Ms[j] / fs;
+                P[i * n + j] = s;
+                P[j * n + i] = s;
+            }
+        *ll -= 0.5 * (LOG_2PI + log(fs) + v * v / fs);
+        e->type = 1;
+        e->f = fs;
+        if (keep)
+            for (int i = 0; i < n; i++) w->K0[p * n + i] = Ms[i] / fs;
+    }
+    return k;
+}
+
+static void DDt(int n, int k, const double *D, double *out) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int q = 0; q < k; q++) s += D[i * n + q] * D[j * n + q];
+            out[i * n + j] = s;
+            out[j * n + i] = s;
+        }
+}
+
+/* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
+ * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
+static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const double *m0,
+                             const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
+                             Py_ssize_t kcap, int smooth, Py_ssize_t *npred) {
+    int n = w->n, nn = n * n;
+    double *m = w->m, *P = w->P, *D = w->D;
+    memcpy(m, m0, n * sizeof(double));
+    memcpy(P, P0, nn * sizeof(double));
+    int k = 0;
+    for (int j = 0; j < n; j++) { /* compact the nonzero columns of D0 */
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += D0[i * n + j] * D0[i * n + j];
+        if (s > 0.0) {
+            for (int i = 0; i < n; i++) D[i * n + k] = D0[i * n + j];
+            k++;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = k; j < n; j++) D[i * n + j] = 0.0;
+    Py_ssize_t nd = 0, np_ = 0;
+    double *fmean = out[O_FMEAN] + b * T * n, *fcov = out[O_FCOV] + b * T * nn;
+    double *fprec = out[O_FPREC] + b * T * nn, *pmean = out[O_PMEAN] + b * T * n;
+    double *pcov = out[O_PCOV] + b * T * nn, *ll = out[O_LL] + b * T;
+    double *fdif = out[O_FDIF] + b * kcap * nn, *pD = out[O_PD] + b * kcap * nn;
+    double *pK = out[O_PK] + b * kcap;
+    w->fcur = NULL;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        load_F(w, mat(&in[I_F], b, t));
+        const double *c = mat(&in[I_C], b, t);
+        double *a = pmean + t * n;
+        F_mv(w, m, a);
+        for (int i = 0; i < n; i++) a[i] += c[i];
+        predict_cov(w, P, mat(&in[I_Q], b, t));
+        memcpy(pcov + t * nn, P, nn * sizeof(double));
+        if (k > 0) {
+            F_mm(w, D, k, w->tmp);
+            for (int i = 0; i < n; i++) memcpy(D + i * n, w->tmp + i * n, k * sizeof(double));
+            if (t < kcap) {
+                memcpy(pD + t * nn, D, nn * sizeof(double));
+                pK[t] = k;
+            }
+            np_ = t + 1;
+        }
+        memcpy(m, a, n * sizeof(double));
+        double lt = 0.0, lpd = 0.0;
+        int o = gather(w, in, b, t, k, &lpd);
+        if (k > 0 && o > 0) lt += lpd;
+        k = update(w, o, m, P, k, &lt, 0);
+        ll[t] = lt;
+        memcpy(fmean + t * n, m, n * sizeof(double));
+        memcpy(fcov + t * nn, P, nn * sizeof(double));
+        if (k > 0) {
+            if (t < kcap) DDt(n, k, D, fdif + t * nn);
+            nd = t + 1;
+            for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN; /* the caller fills these */
+        } else if (!spd_inverse(n, P, w->tmp, fprec + t * nn)) {
+            for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
+        }
+    }
+    if (k > 0) nd = T + 1;
+    *npred = np_;
+    if (!smooth || nd > T || np_ > kcap) return nd;
+
+    /* backward: r0, N0 (and r1, N1, N2 in diffuse steps) */
+    double *r0 = calloc(2 * n + 3 * nn, sizeof(double));
+    if (!r0) return -1;
+    double *r1 = r0 + n, *N0 = r1 + n, *N1 = N0 + nn, *N2 = N1 + nn;
+    double *smean = out[O_SMEAN] + b * T * n, *scov = out[O_SCOV] + b * T * nn;
+    double *sprec = out[O_SPREC] + b * T * nn;
+    double *x = w->tmp2, *V = w->G, *Pinf = w->Lr; /* G and Lr are free here */
+    for (Py_ssize_t t = T - 1; t >= 0; t--) {
+        const double *a0 = pmean + t * n, *P0t = pcov + t * nn;
+        int kt = 0;
+        if (t < np_) {
+            kt = (int)pK[t];
+            memcpy(D, pD + t * nn, nn * sizeof(double));
+        }
+        memcpy(m, a0, n * sizeof(double));
+        memcpy(P, P0t, nn * sizeof(double));
+        double dummy = 0.0;
+        int o = gather(w, in, b, t, 0, NULL);
+        update(w, o, m, P, kt, &dummy, 1);
+        for (int p = o - 1; p >= 0; p--) {
+            const elem_t *e = &w->el[p];
+            if (e->type == 0) continue;
+            const double *h = w->Hy + p * n, *K0 = w->K0 + p * n;
+            /* L0 = I - K0 h': L0' r = r - h (K0' r); L0' N L0 = N - h q' - q h' + (K0' N K0) h h',
+               q = N K0 */
+            double kr0 = 0.0;
+            for (int i = 0; i < n; i++) kr0 += K0[i] * r0[i];
+            if (e->type == 1) {
+                for (int i = 0; i < n; i++) r0[i] += h[i] * (e->v / e->f - kr0);
+                double *mats[3] = {N0, N1, N2};
+                int nm = kt > 0 || t < np_ ? 3 : 1;
+                if (t < np_) {
+                    double kr1 = 0.0;
+                    for (int i = 0; i < n; i++) kr1 += K0[i] * r1[i];
+                    for (int i = 0; i < n; i++) r1[i] -= h[i] * kr1;
+                }
+                for (int q = 0; q < nm; q++) {
+                    double *N = mats[q];
+                    double kNk = 0.0;
+                    for (int i = 0; i < n; i++) {
+                        double s = 0.0;
+                        for (int j = 0; j < n; j++) s += N[i * n + j] * K0[j];
+                        x[i] = s;
+                        kNk += K0[i] * s;
+                    }
+                    double add = q == 0 ? 1.0 / e->f : 0.0;
+                    for (int i = 0; i < n; i++)
+                        for (int j = 0; j < n; j++)
+                            N[i * n + j] += -h[i] * x[j] - x[i] * h[j] + (kNk + add) * h[i] * h[j];
+                }
+            } else { /* diffuse entry: L0 = I - K0 h', L1 = -K1 h' */
+                const double *K1 = w->K1 + p * n;
+                double kr1 = 0.0, k1r0 = 0.0;
+                for (int i = 0; i < n; i++) {
+                    kr1 += K0[i] * r1[i];
+                    k1r0 += K1[i] * r0[i];
+                }
+                /* r1 <- h v/finf + L0' r1 + L1' r0 ; r0 <- L0' r0 */
+                for (int i = 0; i < n; i++) {
+                    r1[i] += h[i] * (e->v / e->f - kr1 - k1r0);
+                    r0[i] -= h[i] * kr0;
+                }
+                /* with A = L0, B = L1 (rank-one corrections along h):
+                   N2 <- -fs/finf^2 hh' + A'N2A + A'N1B + B'N1A + B'N0B
+                   N1 <- hh'/finf + A'N1A + B'N0A + A'N0B
+                   N0 <- A'N0A.  X'NY for X = I - k h', Y = -j h' etc. expanded below. */
+                double *x0 = x, *y0 = x + n, *x1 = V, *y1 = V + n, *z1 = V + 2 * n;
+                /* x0 = N0 K0, y0 = N0 K1, x1 = N1 K0, y1 = N1 K1, z1 = N2 K0 */
+                double k0N0k0 = 0, k1N0k1 = 0, k0N0k1 = 0, k0N1k0 = 0, k0N1k1 = 0, k0N2k0 = 0;
+                for (int i = 0; i < n; i++) {
+                    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+                    for (int j = 0; j < n; j++) {
+                        s0 += N0[i * n + j] * K0[j];
+                        s1 += N0[i * n + j] * K1[j];
+                        s2 += N1[i * n + j] * K0[j];
+                        s3 += N1[i * n + j] * K1[j];
+                        s4 += N2[i * n + j] * K0[j];
+                    }
+                    x0[i] = s0; y0[i] = s1; x1[i] = s2; y1[i] = s3; z1[i] = s4;
+                }
+                for (int i = 0; i < n; i++) {
+                    k0N0k0 += K0[i] * x0[i];
+                    k1N0k1 += K1[i] * y0[i];
+                    k0N0k1 += K0[i] * y0[i];
+                    k0N1k0 += K0[i] * x1[i];
+                    k0N1k1 += K0[i] * y1[i];
+                    k0N2k0 += K0[i] * z1[i];
+                }
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < n; j++) {
+                        double hi = h[i], hj = h[j], hij = hi * hj;
+                        /* A'N2A = N2 - h z1' - z1 h' + k0N2k0 hh' */
+                        double n2 = N2[i * n + j] - hi * z1[j] - z1[i] * hj + k0N2k0 * hij;
+                        /* A'N1B + B'N1A: A'N1B = -(N1 - h k0'N1) K1 h' = -(y1 - h k0N1k1) h' */
+                        n2 += -(y1[i] - hi * k0N1k1) * hj - hi * (y1[j] - hj * k0N1k1);
+                        /* B'N0B = k1N0k1 hh' */
+                        n2 += k1N0k1 * hij - e->fs / (e->f * e->f) * hij;
+                        /* N1: A'N1A + B'N0A + A'N0B + hh'/finf */
+                        double n1 = N1[i * n + j] - hi * x1[j] - x1[i] * hj + k0N1k0 * hij;
+                        n1 += -(y0[i] - hi * k0N0k1) * hj - hi * (y0[j] - hj * k0N0k1);
+                        n1 += hij / e->f;
+                        double n0 = N0[i * n + j] - hi * x0[j] - x0[i] * hj + k0N0k0 * hij;
+                        N2[i * n + j] = n2;
+                        N1[i * n + j] = n1;
+                        N0[i * n + j] = n0;
+                    }
+            }
+        }
+        /* smoothed moments at t from the prediction (a0, P0t, Pinf = D D') */
+        double *sm = smean + t * n, *sc = scov + t * nn;
+        for (int i = 0; i < n; i++) {
+            double s = a0[i];
+            for (int j = 0; j < n; j++) s += P0t[i * n + j] * r0[j];
+            sm[i] = s;
+        }
+        /* W = P N0 (into tmp), V = P - W P */
+        double *W = w->tmp;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                double s = 0.0;
+                for (int q = 0; q < n; q++) s += P0t[i * n + q] * N0[q * n + j];
+                W[i * n + j] = s;
+            }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i; j++) {
+                double s = P0t[i * n + j];
+                for (int q = 0; q < n; q++) s -= W[i * n + q] * P0t[q * n + j];
+                sc[i * n + j] = s;
+                sc[j * n + i] = s;
+            }
+        if (t < np_) {
+            DDt(n, kt, pD + t * nn, Pinf);
+            for (int i = 0; i < n; i++) {
+                double s = 0.0;
+                for (int j = 0; j < n; j++) s += Pinf[i * n + j] * r1[j];
+                sm[i] += s;
+            }
+            /* Y = (Pinf N1) P, U = Pinf N2 Pinf; V -= Y + Y' + U */
+            double *Y = w->tmp, *X = w->G;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double s = 0.0;
+                    for (int q = 0; q < n; q++) s += Pinf[i * n + q] * N1[q * n + j];
+                    X[i * n + j] = s;
+                }
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double s = 0.0;
+                    for (int q = 0; q < n; q++) s += X[i * n + q] * P0t[q * n + j];
+                    Y[i * n + j] = s;
+                }
+            /* Pinf N2 Pinf */
+            double *U = w->G;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double s = 0.0;
+                    for (int q = 0; q < n; q++) s += Pinf[i * n + q] * N2[q * n + j];
+                    U[i * n + j] = s;
+                }
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j <= i; j++) {
+                    double s = 0.0;
+                    for (int q = 0; q < n; q++) s += U[i * n + q] * Pinf[q * n + j];
+                    double v = sc[i * n + j] - Y[i * n + j] - Y[j * n + i] - s;
+                    sc[i * n + j] = v;
+                    sc[j * n + i] = v;
+                }
+        }
+        if (!spd_inverse(n, sc, w->tmp, sprec + t * nn))
+            for (int i = 0; i < nn; i++) sprec[t * nn + i] = NAN;
+        /* to step t - 1 */
+        load_F(w, mat(&in[I_F], b, t));
+        back_vec(w, r0);
+        back_cov(w, N0);
+        if (t <= np_) {
+            back_vec(w, r1);
+            back_cov(w, N1);
+            back_cov(w, N2);
+        }
+    }
+    free(r0);
+    return nd;
+}
+
+static int parse_arr(PyObject *seq, Py_ssize_t i, arr_t *a) {
+    PyObject *t = PySequence_GetItem(seq, i);
+    if (!t) return 0;
+    Py_ssize_t p, sb, st, se;
+    int ok = PyArg_ParseTuple(t, "nnnn", &p, &sb, &st, &se);
+    Py_DECREF(t);
+    a->p = (const double *)p;
+    a->sb = sb;
+    a->st = st;
+    a->se = se;
+    return ok;
+}
+
+static PyObject *dense_run(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t B, T, n, d, kcap, pm0, pP0, pD0;
+    int smooth;
+    PyObject *ins, *outs;
+    if (!PyArg_ParseTuple(args, "innnnnnnnOO", &smooth, &B, &T, &n, &d, &kcap, &pm0, &pP0, &pD0,
+                          &ins, &outs))
+        return NULL;
+    arr_t in[I_NIN];
+    for (int i = 0; i < I_NIN; i++)
+        if (!parse_arr(ins, i, &in[i])) return NULL;
+    double *out[O_NOUT];
+    for (int i = 0; i < O_NOUT; i++) {
+        PyObject *t = PySequence_GetItem(outs, i);
+        if (!t) return NULL;
+        out[i] = (double *)PyLong_AsSsize_t(t);
+        Py_DECREF(t);
+        if (PyErr_Occurred()) return NULL;
+    }
+    int nn = (int)(n * n), dd = (int)d;
+    int big = nn > (int)(dd * n) ? nn : (int)(dd * n);
+    size_t ndbl = (size_t)(3 * n + 6 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + 64);
+    double *buf = calloc(ndbl, sizeof(double));
+    elem_t *el = calloc(dd + 1, sizeof(elem_t));
+    int *ib = calloc((size_t)(dd + 1 + n + nn), sizeof(int));
+    if (!buf || !el || !ib) {
+        free(buf);
+        free(el);
+        free(ib);
+        return PyErr_NoMemory();
+    }
+    ws_t w;
+    w.n = (int)n;
+    w.d = dd;
+    double *q = buf;
+    w.m = q; q += n;
+    w.u = q; q += n;
+    w.w = q; q += n + 8;
+    w.P = q; q += nn;
+    w.D = q; q += nn;
+    w.tmp = q; q += nn;
+    w.tmp2 = q; q += 2 * n + 8;
+    w.Ms = q; q += n;
+    w.Minf = q; q += n;
+    w.fval = q; q += nn;
+    w.G = q; q += big + 3 * n;
+    w.Lr = q; q += big + dd * dd;
+    w.Hy = q; q += dd * n;
+    w.K0 = q; q += dd * n;
+    w.K1 = q; q += dd * n;
+    w.y = q; q += dd;
+    w.Dg = q; q += dd;
+    w.el = el;
+    w.obs_idx = ib;
+    w.fnz = ib + dd + 1;
+    w.fcol = ib + dd + 1 + n;
+    Py_ssize_t nd_max = 0, np_max = 0, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < B; b++) {
+        Py_ssize_t npred = 0;
+        Py_ssize_t nd = run_series(&w, in, out, (const double *)pm0 + b * n,
+                                   (const double *)pP0 + b * nn, (const double *)pD0 + b * nn, b,
+                                   T, kcap, smooth, &npred);
+        if (nd < 0) err = 1;
+        if (nd > nd_max) nd_max = nd;
+        if (npred > np_max) np_max = npred;
+    }
+    Py_END_ALLOW_THREADS
+    free(buf);
+    free(el);
+    free(ib);
+    if (err) return PyErr_NoMemory();
+    return Py_BuildValue("nn", nd_max, np_max);
+}
+
+static PyMethodDef methods[] = {
+    {"run", dense_run, METH_VARARGS,
+     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",
+                                    "Native sequential dense filter and smoother (float64).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__native_dense(void) { return PyModule_Create(&module); }

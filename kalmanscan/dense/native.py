@@ -1,0 +1,165 @@
+"""Native CPU path of the dense filter and smoother (``kalmanscan/dense/_native_dense.c``).
+
+One compiled pass over time per series (series one after another, GIL released): the exact
+sequential filter with Durbin & Koopman's exact initial update for diffuse priors (the diffuse
+part kept as an exact rank-k factor, reduced by Householder reflections), entries of ``z_t``
+processed one at a time after decorrelating ``R_t = L Dg L'`` (so singular ``R``, ``R = 0``
+included, is allowed), and Durbin & Koopman's univariate state smoother (``r, N`` and, while
+diffuse, ``r1, N1, N2``). float64 throughout; float32 inputs are computed in float64. No
+gradients: ``backend="auto"`` uses it on the CPU when nothing requires grad. Math: docs/dense.md
+("Native path").
+
+Notation as in :mod:`kalmanscan.dense.parallel` ([B, T, ...] tensors of a laid-out Model).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from kalmanscan.dense._args import Model
+from kalmanscan.dense.parallel import Moments, _range_projector, _sym, precision_of, rank_tol
+
+try:
+    from kalmanscan.dense import _native_dense as _ext
+except ImportError:  # built without a C compiler: the torch backend serves the CPU
+    _ext = None
+
+
+def available() -> bool:
+    """Whether the compiled extension ``kalmanscan.dense._native_dense`` is importable."""
+    return _ext is not None
+
+
+class NativeParts(NamedTuple):
+    filtered: Moments
+    filtered_precision: torch.Tensor
+    pred_mean: torch.Tensor
+    pred_cov: torch.Tensor
+    loglik_steps: torch.Tensor
+    smoothed: Moments | None
+    smoothed_precision: torch.Tensor | None
+
+
+def _ready(t: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 with contiguous trailing k dims (broadcast leading axes kept as stride 0)."""
+    if t.dtype != torch.float64:
+        t = t.to(torch.float64)
+    if k == 2:
+        n1, n2 = t.shape[-2:]
+        if t.stride(-1) != 1 or t.stride(-2) != n2:
+            t = t.contiguous()
+    return t
+
+
+def _spec(t: torch.Tensor, k: int):
+    """(address, series stride, time stride, entry stride) in elements."""
+    sb = t.stride(0) if t.shape[0] > 1 else 0
+    st = t.stride(1) if t.shape[1] > 1 else 0
+    se = t.stride(2) if k == 1 and t.shape[2] > 1 else (1 if k == 1 else 0)
+    return (t.data_ptr(), sb, st, se)
+
+
+def _prior(model: Model):
+    """Finite part P0 [B, n, n] and diffuse factor D0 [B, n, n] (zero columns where proper)."""
+    B, n = model.m0.shape
+    f64 = dict(dtype=torch.float64, device="cpu")
+    if model.P0 is not None:
+        return model.P0.to(torch.float64).contiguous(), torch.zeros(B, n, n, **f64)
+    L0 = model.L0.to(torch.float64)
+    if not bool(L0.any()):  # fully diffuse
+        return torch.zeros(B, n, n, **f64), torch.eye(n, **f64).expand(B, n, n).contiguous()
+    tol = rank_tol(torch.float64)
+    scale = torch.linalg.matrix_norm(L0)
+    w, U = torch.linalg.eigh(_sym(L0))
+    null = (w <= tol * scale.unsqueeze(-1)).to(L0.dtype)
+    D0 = (U * null.unsqueeze(-2)).contiguous()
+    Pr, _ = _range_projector(L0, scale, tol)
+    Pinf = torch.eye(n, **f64) - Pr
+    P0 = _sym(torch.linalg.inv(L0 + Pinf) - Pinf)
+    return P0.contiguous(), D0
+
+
+def _fill_precision(prec: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """Rows the kernel could not invert by Cholesky (NaN): invert them by LU as the torch path."""
+    bad = torch.isnan(prec[..., 0, 0])
+    if bool(bad.any()):
+        prec[bad] = torch.linalg.inv_ex(cov[bad])[0]
+    return prec
+
+
+def run(model: Model, smooth: bool) -> NativeParts | None:
+    """Filter (and smooth) a laid-out model; ``None`` when a diffuse direction is never resolved
+    (the caller then uses the torch path, which keeps unresolved directions)."""
+    if _ext is None:
+        raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
+    B, T, d = model.z.shape
+    n = model.F.shape[-1]
+    z = _ready(model.z, 1)
+    obs = model.observed.to(torch.uint8)
+    F, Q, H, R = (_ready(x, 2) for x in (model.F, model.Q, model.H, model.R))
+    c = _ready(model.c, 1)
+    m0 = model.m0.to(torch.float64).contiguous()
+    P0, D0 = _prior(model)
+    ins = [
+        _spec(z, 1),
+        (obs.data_ptr(), *_spec(obs, 1)[1:]),
+        _spec(F, 2),
+        _spec(c, 1),
+        _spec(Q, 2),
+        _spec(H, 2),
+        _spec(R, 2),
+    ]
+    f64 = dict(dtype=torch.float64)
+    kcap = min(T, 4 * n + 8)
+    while True:
+        outs = [
+            torch.empty(B, T, n, **f64),
+            torch.empty(B, T, n, n, **f64),
+            torch.empty(B, T, n, n, **f64),
+            torch.empty(B, T, n, **f64),
+            torch.empty(B, T, n, n, **f64),
+            torch.empty(B, T, **f64),
+            torch.zeros(B, kcap, n, n, **f64),
+            torch.empty(B, kcap, n, n, **f64),
+            torch.zeros(B, kcap, **f64),
+        ]
+        if smooth:
+            outs += [
+                torch.empty(B, T, n, **f64),
+                torch.empty(B, T, n, n, **f64),
+                torch.empty(B, T, n, n, **f64),
+            ]
+        ptrs = [o.data_ptr() for o in outs] + [0] * (12 - len(outs))
+        nd, npred = _ext.run(
+            int(smooth), B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
+        )
+        if nd > T:
+            return None
+        if npred <= kcap:
+            break
+        kcap = T
+    fmean, fcov, fprec, pmean, pcov, ll, fdif = outs[:7]
+    filt = Moments(fmean, fcov, fdif[:, :nd], nd)
+    fprec = _fill_precision(fprec, fcov) if nd == 0 else _head_precision(fprec, filt)
+    sm = sprec = None
+    if smooth:
+        smean, scov, sprec = outs[9:]
+        sm = Moments(smean, scov, torch.zeros(B, 0, n, n, **f64), 0)
+        sprec = _fill_precision(sprec, scov)
+    dtype = model.z.dtype
+    if dtype != torch.float64:
+        cast = lambda x: None if x is None else x.to(dtype)  # noqa: E731
+        filt = Moments(*(cast(x) for x in filt[:3]), nd)
+        fprec, pmean, pcov, ll, sprec = map(cast, (fprec, pmean, pcov, ll, sprec))
+        if sm is not None:
+            sm = Moments(*(cast(x) for x in sm[:3]), 0)
+    return NativeParts(filt, fprec, pmean, pcov, ll, sm, sprec)
+
+
+def _head_precision(prec: torch.Tensor, filt: Moments) -> torch.Tensor:
+    nd = filt.ndiffuse
+    head = Moments(filt.mean[:, :nd], filt.cov[:, :nd], filt.diffuse, nd)
+    prec[:, :nd] = precision_of(head, rank_tol(torch.float64))
+    return _fill_precision(prec, filt.cov)
