@@ -13,7 +13,7 @@ load when a function that needs them is called.
 """
 
 from kalmanscan.core.discretize import discretize_ou
-from kalmanscan.core.filter import FilterResult, InfoState, SmoothResult, filter, smooth
+from kalmanscan.core.filter import FilterResult, InfoState, SmoothResult, filter, loglik, smooth
 
 __all__ = [
     "FilterResult",
@@ -21,6 +21,7 @@ __all__ = [
     "SmoothResult",
     "discretize_ou",
     "filter",
+    "loglik",
     "smooth",
     "fit_ou",
     "forecast",

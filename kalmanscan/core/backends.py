@@ -1,11 +1,10 @@
-"""The one dispatch table of the general filter: backend name -> ``filter_lanes`` implementation.
+"""The one dispatch table of the general filter: backend name -> the module implementing it.
 
-``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is installed; ``"native"``
-(the compiled fused CPU kernel) for CPU tensors when the extension is built; else ``"torch"``. It
-never looks at shapes or grad mode: the native kernel is the fastest CPU path on every shape
-measured, one long lane included (docs/performance-cpu.md), and where a gradient is wanted its
-backward is the torch path's (kalmanscan/core/filter.py, ``_NativeFilter``). A backend that
-cannot serve a call raises and names one that can.
+Each module implements the full-result contract of docs/backend-contract.md (``filter_lanes`` and
+``smooth_lanes``). ``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is
+installed; ``"native"`` (the compiled fused CPU kernel) for CPU tensors when the extension is
+built; else ``"torch"``. It never looks at shapes or grad mode. A backend that cannot serve a call
+raises and names one that can.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ from kalmanscan.core import native
 
 # name -> "module:function"; modules load on first use so `import kalmanscan` imports no triton.
 FILTER_BACKENDS = {
-    "sequential": "kalmanscan.core.sequential:filter_lanes",
-    "torch": "kalmanscan.core.parallel:filter_lanes",
-    "triton": "kalmanscan.cuda.filter:filter_lanes",
-    "native": "kalmanscan.core.native:filter_lanes",
+    "sequential": "kalmanscan.core.sequential",
+    "torch": "kalmanscan.core.parallel",
+    "triton": "kalmanscan.cuda.filter",
+    "native": "kalmanscan.core.native",
 }
 
 
@@ -42,7 +41,7 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type == "cuda" and _triton_available():
             return "triton"
-        if device.type == "cpu" and native.available():
+        if device.type == "cpu" and native.available() and hasattr(native, "smooth_lanes"):
             return "native"
         return "torch"
     if backend == "triton" and device.type != "cuda":
@@ -66,5 +65,6 @@ def resolve(backend: str, device: torch.device) -> str:
 
 
 def get(name: str):
-    module, func = FILTER_BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), func)
+    """The backend module ``name`` (``filter_lanes``, ``smooth_lanes``; optional ``CHECKS_INPUTS``:
+    the backend checks input values in its own pass and reports them through ``flags``)."""
+    return importlib.import_module(FILTER_BACKENDS[name])

@@ -143,3 +143,66 @@ def _affine_loop(alpha, b, x, annihilate):
         x = torch.addcmul(b_t, a_t, x)
         out.append(x)
     return torch.stack(out)
+
+
+# ------------------------------------------------------------------------------ projective scan
+# Leaf t: the linear map of homogeneous beliefs (u, v | e) (docs/backend-contract.md)
+#     (u, v) -> A (u, v),   e -> b . (u, v) + alpha e,   A = [[A11, A12], [A21, A22]] >= 0,
+# as the tuple (A11, A12, A21, A22, b1, b2, alpha). Maps compose by matrix product and are divided
+# by the sum of A's entries (positive), which changes no belief and keeps every product in range.
+
+
+def projective_compose(later, earlier):
+    """Compose projective maps ``later ∘ earlier`` (7-tuples), normalized by A's entry sum."""
+    P11, P12, P21, P22, p1, p2, pa = later
+    Q11, Q12, Q21, Q22, q1, q2, qa = earlier
+    A11 = P11 * Q11 + P12 * Q21
+    A12 = P11 * Q12 + P12 * Q22
+    A21 = P21 * Q11 + P22 * Q21
+    A22 = P21 * Q12 + P22 * Q22
+    b1 = p1 * Q11 + p2 * Q21 + pa * q1
+    b2 = p1 * Q12 + p2 * Q22 + pa * q2
+    al = pa * qa
+    s = A11 + A12 + A21 + A22
+    return A11 / s, A12 / s, A21 / s, A22 / s, b1 / s, b2 / s, al / s
+
+
+def projective_apply(m, u, e, v):
+    """Apply one map to triples and normalize to ``max(u, v) = 1``."""
+    A11, A12, A21, A22, b1, b2, al = m
+    u2 = A11 * u + A12 * v
+    v2 = A21 * u + A22 * v
+    e2 = b1 * u + b2 * v + al * e
+    n = torch.maximum(u2, v2)
+    return u2 / n, e2 / n, v2 / n
+
+
+def _projective_loop(leaves, x):
+    T = max(t.shape[0] for t in leaves)
+    outs = []
+    for t in range(T):
+        x = projective_apply(tuple(y[t] if y.shape[0] > 1 else y[0] for y in leaves), *x)
+        outs.append(x)
+    return tuple(torch.stack(k) for k in zip(*outs, strict=True))
+
+
+def projective_scan(leaves, x0):
+    """Apply projective leaves (7 tensors broadcasting to ``[T, N]``) in turn from the triple
+    ``x0`` (three ``[N]``); return every triple ``(u, e, v)``, each ``[T, N]``."""
+    T, N = torch.broadcast_shapes(*(t.shape for t in leaves))
+    if num_chunks(T, N) <= 1:
+        return _projective_loop(leaves, x0)
+    s = (
+        leaves[0] + leaves[1] + leaves[2] + leaves[3]
+    )  # products of entry-sum-1 maps cannot overflow
+    leaves = tuple(x / s for x in leaves)
+    n, K, chunked = _chunked(leaves, T, N)
+    totals = _tree_reduce(chunked, projective_compose)
+    ends = projective_scan(totals, x0)
+    starts = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, ends, strict=True))
+    x = _projective_loop(tuple(y.transpose(0, 1) for y in chunked), starts)  # [K, n, N]
+    x = tuple(y.transpose(0, 1).reshape(n * K, N) for y in x)
+    if n * K == T:
+        return x
+    rest = _projective_loop(_tail(leaves, n, K), tuple(y[-1] for y in ends))
+    return tuple(torch.cat([y, w]) for y, w in zip(x, rest, strict=True))

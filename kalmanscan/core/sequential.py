@@ -1,19 +1,34 @@
-"""The sequential reference: the information-form filter one step at a time.
+"""The sequential reference: the filter and smoother one step at a time.
 
 It knows nothing about Möbius matrices, chunks or kernels, so every fast path is tested against it.
-Same backend contract as every filter backend (docs/architecture.md):
+Beliefs are homogeneous triples ``(u, e, v)`` (precision ``u/v``, mean ``e/u``), so a state known
+exactly and a diffuse one are ordinary values. Backend contract: docs/backend-contract.md::
 
-    filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0) -> (lam, eta)
+    filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all") -> dict
+    smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0) -> dict
 
-with ``[T, N]`` inputs (``z`` NaN where not observed; ``obs_var`` is ignored there) and ``[N]``
-initial state.
+``[T, N]`` inputs (``z`` NaN where not observed; ``obs_var`` ignored there), ``x0 = (u0, e0, v0)``
+three ``[N]`` tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kalmanscan.core.steps import compact, predict_coeffs
+from kalmanscan.core.steps import (
+    combine_two_filter,
+    compact,
+    loglik_terms,
+    moments,
+    normalize,
+    predict,
+    predict_coeffs,
+    update,
+)
+
+OUTPUTS = ("all", "loglik")
+NOT_FINITE = 1  # a value that must be finite is not: data no float can hold
+Z_INF = 2  # z holds +-inf
 
 
 def observation_information(z, obs_var, loading):
@@ -25,26 +40,93 @@ def observation_information(z, obs_var, loading):
     return phi, rho_h * z.masked_fill(missing, 0.0)
 
 
-def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
+def _at(x, t):
+    return x[t] if x.shape[0] > 1 else x[0]
+
+
+def _check_outputs(outputs):
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
+
+
+def _forward(z, obs_var, decay, process_var, loading, offset, x0):
+    """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors."""
     T = z.shape[0]
     phi, r = observation_information(z, obs_var, loading)
-    decay, process_var, offset = compact(decay), compact(process_var), compact(offset)
-    q, d = predict_coeffs(decay * decay, process_var)
-    gain_num = decay * (1 - q)  # info_gain(lam) = gain_num / (p*lam + d)
-    with_offset = offset.requires_grad or bool((offset != 0).any())
-    lam, eta = lam0, eta0
-    lams, etas = [], []
-
-    def at(x, t):
-        return x[t] if x.shape[0] > 1 else x[0]
-
+    a, p, c = compact(decay), compact(process_var), compact(offset)
+    q, d = predict_coeffs(a * a, p)
+    u, e, v = normalize(*x0)
+    pred, filt = [], []
     for t in range(T):
-        p = at(process_var, t)
-        den = torch.addcmul(at(d, t), p, lam)  # a^2 + p*lam (p*(1 + lam) where a^2 == 0)
-        lam_pred = (lam + at(q, t)) / den  # = predict_precision(lam, p, q, d)
-        b = at(r, t) + lam_pred * at(offset, t) if with_offset else at(r, t)
-        eta = torch.addcmul(b, at(gain_num, t) / den, eta)
-        lam = lam_pred + at(phi, t)
-        lams.append(lam)
-        etas.append(eta)
-    return torch.stack(lams), torch.stack(etas)
+        up, ep, vp = predict(u, e, v, _at(a, t), _at(p, t), _at(c, t), _at(q, t), _at(d, t))
+        u, e, v = update(up, ep, vp, _at(phi, t), _at(r, t))
+        pred.append((up, ep, vp))
+        filt.append((u, e, v))
+    stack = lambda xs: tuple(torch.stack(k) for k in zip(*xs, strict=True))  # noqa: E731
+    return stack(filt), stack(pred)
+
+
+def results(z, obs_var, loading, filt, pred, outputs="all"):
+    """The contract's output dict from filtered and predicted triples (both torch paths)."""
+    ll = loglik_terms(z, compact(obs_var), compact(loading), *pred)
+    loglik = ll.sum(0, dtype=torch.float64).to(z.dtype)
+    final = tuple(x[-1] for x in filt)
+    ok = torch.isfinite(torch.stack(final)).all() & torch.isfinite(loglik).all()
+    flags = torch.where(torch.isinf(z).any(), Z_INF, 0) + torch.where(ok, 0, NOT_FINITE)
+    out = {"loglik": loglik, "final": final, "flags": flags}
+    if outputs == "loglik":
+        return out
+    mean, var, precision, info = moments(*filt)
+    pmean, pvar, pprecision, _ = moments(*pred)
+    out.update(
+        mean=mean,
+        var=var,
+        precision=precision,
+        info=info,
+        pred_mean=pmean,
+        pred_var=pvar,
+        pred_precision=pprecision,
+    )
+    return out
+
+
+def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
+    _check_outputs(outputs)
+    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    return results(z, obs_var, loading, filt, pred, outputs)
+
+
+def backward_leaves(z, obs_var, decay, process_var, loading, offset):
+    """Per-step inputs of the backward information filter for steps 1..T-1: ``(phi, r, a, p, c, q,
+    d)``, each ``[T-1, N]`` or broadcastable."""
+    phi, r = observation_information(z, obs_var, loading)
+    a, p, c = compact(decay), compact(process_var), compact(offset)
+    q, d = predict_coeffs(a * a, p)
+    nxt = lambda x: x[1:] if x.shape[0] > 1 else x  # noqa: E731
+    return tuple(nxt(x) for x in (phi, r, a, p, c, q, d))
+
+
+def backward_step(U, E, V, phi, r, a, p, c, q, d):
+    """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``.
+
+    Add step t+1's observation, then step back through its dynamics (``forget``: nothing is left).
+    """
+    U, E = U + phi * V, E + r * V
+    keep = 1 - q
+    return normalize(keep * d * U, (a * keep) * (E - c * U), (p * keep + q) * U + V)
+
+
+def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
+    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    out = results(z, obs_var, loading, filt, pred)
+    T, N = z.shape
+    leaves = backward_leaves(z, obs_var, decay, process_var, loading, offset)
+    one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
+    U, E, V = zero, zero, one
+    back = [(U, E, V)]
+    for t in range(T - 2, -1, -1):
+        U, E, V = backward_step(U, E, V, *(_at(x, t) for x in leaves))
+        back.append((U, E, V))
+    back = tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
+    out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
+    return out

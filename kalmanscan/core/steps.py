@@ -47,3 +47,104 @@ def info_gain(lam, a, p, q, d):
     ``eta_pred = alpha * eta_prev + lam_pred * offset``; it is also the RTS smoother gain.
     """
     return a * (1 - q) / (p * lam + d)
+
+
+# --------------------------------------------------------------------------- homogeneous (u, e, v)
+# A belief is the triple (u, e, v) up to a positive factor, u, v >= 0 not both 0: precision u/v,
+# variance v/u, mean e/u, information e/v; kept normalized to max(u, v) = 1
+# (docs/backend-contract.md).
+
+
+def normalize(u, e, v):
+    """Divide the triple by ``max(u, v)`` (positive for a valid belief)."""
+    n = torch.maximum(u, v)
+    return u / n, e / n, v / n
+
+
+def from_prior(mean, var):
+    """The normalized triple of the prior ``N(mean, var)``; ``var = inf`` is diffuse, 0 exact."""
+    diffuse = torch.isinf(var)
+    big = (var > 1) & ~diffuse
+    var_s = torch.where(big, var, 1.0)  # divides only where finite and > 1
+    u = torch.where(diffuse, 0.0, 1 / var_s)
+    e = torch.where(diffuse, 0.0, mean / var_s)
+    v = torch.where(big | diffuse, 1.0, var)
+    return u, e, v
+
+
+def from_info(lam, eta):
+    """The normalized triple of the information state ``(lam, eta)`` (finite ``lam >= 0``)."""
+    big = lam > 1
+    lam_s = torch.where(big, lam, 1.0)
+    one = torch.ones_like(lam_s)
+    return (
+        torch.where(big, one, lam),
+        torch.where(big, eta / lam_s, eta),
+        torch.where(big, 1 / lam_s, one),
+    )
+
+
+def predict(u, e, v, a, p, c, q, d):
+    """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs)."""
+    u_ = u + q * v
+    v_ = p * u + d * v
+    e_ = c * u_ + (a * (1 - q)) * e
+    return normalize(u_, e_, v_)
+
+
+def update(u, e, v, phi, r):
+    """Update step: add the observation's information ``phi = h^2/R``, ``r = h z/R``."""
+    return normalize(u + phi * v, e + r * v, v)
+
+
+def _fill_inf(e):
+    nan = torch.full_like(e, float("nan"))
+    return torch.where(e == 0, nan, torch.copysign(torch.full_like(e, float("inf")), e)).detach()
+
+
+def moments(u, e, v):
+    """``(mean, var, precision, info)`` of triples; NaN/inf where u or v is 0 (no NaN gradients)."""
+    known = u > 0
+    exact = v == 0
+    u_s = torch.where(known, u, 1.0)
+    v_s = torch.where(exact, 1.0, v)
+    mean = torch.where(known, e / u_s, float("nan"))
+    var = torch.where(known, v / u_s, float("inf"))
+    precision = torch.where(exact, float("inf"), u / v_s)
+    info = torch.where(exact, _fill_inf(e), e / v_s)
+    return mean, var, precision, info
+
+
+_LOG_2PI = 1.8378770664093453
+
+
+def loglik_terms(z, obs_var, h, u_, e_, v_):
+    """Per-step log-likelihood from the normalized predicted triple (exact diffuse convention).
+
+    0 where ``z`` is NaN, and at a diffuse prior step (``u- = 0``) unless ``h = 0`` there.
+    """
+    observed = ~torch.isnan(z)
+    known = u_ > 0
+    contrib = observed & (known | (h == 0))
+    zz = torch.where(observed, z, 0.0)
+    R = torch.where(observed, obs_var, 1.0)
+    u_s = torch.where(known, u_, 1.0)
+    s = h * h * v_ + R * u_s  # u- times the innovation variance
+    s = torch.where(contrib, s, 1.0)
+    w = (zz * u_s - h * e_) / (torch.sqrt(u_s) * torch.sqrt(s))
+    ll = -0.5 * (_LOG_2PI + torch.log(s) - torch.log(u_s) + w * w)
+    return torch.where(contrib, ll, 0.0)
+
+
+def combine_two_filter(u, e, v, U, E, V):
+    """Smoothed ``(mean, var)`` from the filtered triple and the backward information triple."""
+    den = u * V + U * v
+    both_exact = (v == 0) & (V == 0)
+    known = den > 0
+    den_s = torch.where(known, den, 1.0)
+    u_s = torch.where(u > 0, u, 1.0)
+    mean = torch.where(known, (e * V + E * v) / den_s, float("nan"))
+    var = torch.where(known, v * V / den_s, float("inf"))
+    mean = torch.where(both_exact, e / u_s, mean)
+    var = torch.where(both_exact, 0.0, var)
+    return mean, var
