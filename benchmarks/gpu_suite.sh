@@ -53,18 +53,18 @@ for part in "${parts[@]}"; do
   case "$part" in
     tests-xdist) python3 -c "import xdist" 2>/dev/null || {
                echo "gpu_suite.sh tests-xdist: needs pytest-xdist (pip install pytest-xdist)"; false; } &&
-             python3 -m pytest -q -p no:cacheprovider -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" \
+             python3 -m pytest -q -m "" -p no:cacheprovider -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" \
                tests/test_cuda_kla.py tests/test_cuda_filter.py tests/test_cuda_resources.py \
                tests/test_dense_lean_loop.py tests/test_host_helpers.py tests/test_kla_op.py \
                tests/test_kla_layer.py tests/test_kla_inspect.py --durations=15 -rfEs ;;
-    tests-filter) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_filter.py \
+    tests-filter) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_filter.py \
              tests/test_dense_lean_loop.py ;;
-    tests-kla-a) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py \
+    tests-kla-a) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
              -k "float64 or tile_loads" ;;
-    tests-kla-b) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py \
+    tests-kla-b) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
              -k "not every_tuning and not float64 and not tile_loads" ;;
-    tuning) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and not 1003" ;;
-    tuning2) python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and 1003" ;;
+    tuning) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and not 1003" ;;
+    tuning2) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and 1003" ;;
     kernels) python3 benchmarks/gpu.py --out "$out/h200.json" &&
              python3 benchmarks/kla_kernel_time.py --json "$out/kla-kernel-time.json" \
                --variants "$KLA_VARIANTS" ;;

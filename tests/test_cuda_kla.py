@@ -83,6 +83,13 @@ if CUDA:
 else:
     SHAPES = [(1, 1, 1, 1), (2, 63, 3, 4), (1, 9, 3, 16), (1, 6, 1, 64), (1, 1000, 1, 1)]
 
+# The interpreter walks a lane step by step in Python: the 1000-step lane costs about 20 s a
+# case there, so it runs in the slow step of CI (`pytest -m slow`); L = 63 keeps several blocks,
+# intervals and the tail in the default run. On a GPU every shape is quick.
+SHAPE_PARAMS = [
+    pytest.param(s, marks=pytest.mark.slow) if not CUDA and s[1] >= 1000 else s for s in SHAPES
+]
+
 
 def normwise(a, b):
     """``||a - b|| / ||b||`` in float64 (for signed sums that can cancel to near 0)."""
@@ -106,11 +113,13 @@ def assert_exact_in_float64(shape, seed):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
+@pytest.mark.parametrize("shape", SHAPE_PARAMS, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
 def test_forward_backward_float64(shape):
     assert_exact_in_float64(shape, seed=0)
 
 
+@pytest.mark.slow  # a TUNING sweep; with "pipeline" staging it is the default configuration,
+# which test_forward_backward_float64 checks in the default run
 @pytest.mark.parametrize("staging", ["pipeline", "prefetch"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
 def test_tile_loads_exact(shape, staging, monkeypatch):
@@ -156,6 +165,7 @@ TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 
            {"fwd_chunk_len": 16, "ck": 4}]  # fmt: skip
 
 
+@pytest.mark.slow  # the GPU-shaped sweep of non-default TUNING variants (about 4 min interpreted)
 @pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))  # noqa: E501
 def test_every_tuning_is_exact(tuning, L, monkeypatch):
@@ -239,9 +249,15 @@ def assert_float32_grads(got, other, ref, what):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
-@pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), (4, 16, 1), (2, 12, 1), (4, 12, 1),
-                                           (4, 32, 2), (2, 16, 2), (4, 16, 4),
-                                           (2, 12, 4)])  # fmt: skip
+def _slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+# The default run keeps the default layout (one warp, 2 slots a thread below 2^17 lanes) at S = 16
+# and with padded slots (S = 12); the other layouts are GPU-shaped variants for `pytest -m slow`.
+@pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), _slow(4, 16, 1), (2, 12, 1),
+                                           _slow(4, 12, 1), _slow(4, 32, 2), _slow(2, 16, 2),
+                                           _slow(4, 16, 4), _slow(2, 12, 4)])  # fmt: skip
 def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
     # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots; 2 warps a
@@ -260,15 +276,17 @@ def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
     assert_float32_grads(g_scatter, g_sum, gref, "scatter against tl.sum")
 
 
-@pytest.mark.parametrize("slots,S,staging,tiles", [(4, 16, "pipeline", False),
-                                                   (4, 16, "prefetch", False),
-                                                   (2, 16, "pipeline", False),
-                                                   (4, 12, "pipeline", False),
+# The default run keeps the default forward (4 slots, pipelined tile loads) at S = 16, and S = 8
+# (2 threads a channel: the per-step stores); the other layouts run with `-m slow`.
+@pytest.mark.parametrize("slots,S,staging,tiles", [_slow(4, 16, "pipeline", False),
+                                                   _slow(4, 16, "prefetch", False),
+                                                   _slow(2, 16, "pipeline", False),
+                                                   _slow(4, 12, "pipeline", False),
                                                    (4, 8, "pipeline", False),
                                                    (4, 16, "pipeline", True),
-                                                   (4, 16, "prefetch", True),
-                                                   (2, 12, "pipeline", True),
-                                                   (4, 16, "pipeline", 2)])  # fmt: skip
+                                                   _slow(4, 16, "prefetch", True),
+                                                   _slow(2, 12, "pipeline", True),
+                                                   _slow(4, 16, "pipeline", 2)])  # fmt: skip
 def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
     # float32 outputs of the forward whose 4-step blocks store y, yvar by a reduce-scatter over
     # a channel's threads (4 of them at 4 slots and S = 16, 8 at 2 slots; S = 12: padded slots;

@@ -11,6 +11,9 @@ import sys
 import pytest
 
 triton = pytest.importorskip("triton")
+# Compiling every kernel for sm_90 from an empty Triton cache takes about 3 minutes on 2 cores:
+# CI runs it in its slow step (`pytest -m slow`), as gpu.py --resources before device time.
+pytestmark = pytest.mark.slow
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 

@@ -276,6 +276,7 @@ def test_linear_kernel_equals_the_torch_recurrence(shape):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), float((a - b).abs().max())
 
 
+@pytest.mark.slow  # compiles two kernels for sm_90 (CI: `pytest -m slow`)
 def test_linear_kernel_compiles_for_hopper_without_spills():
     # compiled for sm_90 on this machine (no GPU needed), as tests/test_cuda_resources.py does
     # for the package's kernels
