@@ -225,3 +225,18 @@ def test_loglik_function_and_gradient(backend):
 def test_z_infinity_is_named():
     with pytest.raises(ValueError, match="z: expected finite values or NaN"):
         ks.filter(np.array([1.0, np.inf]), 1.0, 1.0, 0.1, backend="torch")
+
+
+@pytest.mark.parametrize("theta", [0.0, 1e-12, 1e-6, 2e-4, 0.5])
+def test_discretize_ou_gradient_near_theta_zero(theta):
+    """d process_var / d theta at theta = 0 is -sigma2 dt**2 (random-walk limit), continuous in
+    theta; checked against the closed form's derivative in 50-digit mpmath."""
+    t = torch.tensor(theta, dtype=torch.float64, requires_grad=True)
+    s2, dt = 2.0, 0.5
+    f64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    _, p = ks.discretize_ou(t, f64(s2), f64(dt))
+    (g,) = torch.autograd.grad(p, t)
+    with mp.workdps(50):
+        f = lambda th: s2 / (2 * th) * (1 - mp.exp(-2 * th * dt))  # noqa: E731
+        want = -s2 * dt**2 if theta == 0 else float(mp.diff(f, mp.mpf(theta)))
+    assert abs(float(g) - want) <= 1e-9 * abs(want), (float(g), want)

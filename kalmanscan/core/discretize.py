@@ -5,7 +5,8 @@ After a step ``dt`` the transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w 
     a = exp(-theta dt),   p = sigma2 / (2 theta) * (1 - exp(-2 theta dt))   (sigma2 dt at theta = 0)
 
 ``p`` is computed as ``sigma2 * dt * (-expm1(-x) / x)`` with ``x = 2 theta dt``, accurate for tiny
-``x`` and exactly ``sigma2 * dt`` at ``theta = 0``. Derivation: docs/model.md.
+``x`` (a Taylor polynomial below ``x = 1e-4``) and exactly ``sigma2 * dt`` at ``theta = 0``,
+with the exact derivative there too (``d process_var / d theta = -sigma2 dt**2`` at 0). Derivation: docs/model.md.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def ou_transition(theta: torch.Tensor, sigma2: torch.Tensor, dt: torch.Tensor):
     and ``dt`` from exp/softplus/clamp of its parameters): no check means no device synchronization.
     """
     x = 2.0 * theta * dt
-    small = x == 0
+    # factor = (1 - exp(-x)) / x; below x = 1e-4 its Taylor polynomial (truncation < 1e-18
+    # relative), which also carries the right derivative (-1/2) at x = 0
+    small = x < 1e-4
     x_safe = x.masked_fill(small, 1.0)
-    factor = (-torch.expm1(-x_safe) / x_safe).masked_fill(small, 1.0)
+    series = 1 - x * (0.5 - x * (1.0 / 6 - x / 24))
+    factor = torch.where(small, series, -torch.expm1(-x_safe) / x_safe)
     return torch.broadcast_tensors(torch.exp(-theta * dt), sigma2 * dt * factor)
