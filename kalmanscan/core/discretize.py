@@ -6,7 +6,8 @@ After a step ``dt`` the transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w 
 
 ``p`` is computed as ``sigma2 * dt * (-expm1(-x) / x)`` with ``x = 2 theta dt``, accurate for tiny
 ``x`` (a Taylor polynomial below ``x = 1e-4``) and exactly ``sigma2 * dt`` at ``theta = 0``,
-with the exact derivative there too (``d process_var / d theta = -sigma2 dt**2`` at 0). Derivation: docs/model.md.
+with the exact derivative there too (``d process_var / d theta = -sigma2 dt**2`` at 0).
+Derivation: docs/model.md.
 """
 
 from __future__ import annotations
