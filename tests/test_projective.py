@@ -240,3 +240,25 @@ def test_discretize_ou_gradient_near_theta_zero(theta):
         f = lambda th: s2 / (2 * th) * (1 - mp.exp(-2 * th * dt))  # noqa: E731
         want = -s2 * dt**2 if theta == 0 else float(mp.diff(f, mp.mpf(theta)))
     assert abs(float(g) - want) <= 1e-9 * abs(want), (float(g), want)
+
+
+def test_kla_op_raises_where_precision_overflows():
+    """The KLA op carries precisions directly: process_var = 0, decay 0.5 over 2000 tokens leaves
+    float64; with check=True it says so instead of returning inf/NaN."""
+    from kalmanscan.core.kla_op import kla_filter
+
+    g = torch.Generator().manual_seed(0)
+    B, L, M, S = 1, 2000, 2, 2
+    v, Lv = (
+        torch.randn(B, L, M, generator=g, dtype=torch.float64),
+        torch.ones(B, L, M, dtype=torch.float64),
+    )
+    k, q = (
+        torch.randn(B, L, S, generator=g, dtype=torch.float64),
+        torch.randn(B, L, S, generator=g, dtype=torch.float64),
+    )
+    a, p = torch.full((M, S), 0.5, dtype=torch.float64), torch.zeros(M, S, dtype=torch.float64)
+    with pytest.raises(OverflowError, match="kla_filter: the filtered precision"):
+        kla_filter(v, Lv, k, q, a, p)
+    res = kla_filter(v[:, :50], Lv[:, :50], k[:, :50], q[:, :50], a, p)  # in range: fine
+    assert torch.isfinite(res.y).all()

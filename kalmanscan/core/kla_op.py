@@ -334,7 +334,23 @@ def kla_filter(
         v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=fused, check=check,
         default_init=fused,
     )  # fmt: skip
-    return KLA_BACKENDS[name](*args, return_precision=return_precision)
+    res = KLA_BACKENDS[name](*args, return_precision=return_precision)
+    if check:
+        _check_finite(res)
+    return res
+
+
+def _check_finite(res: KLAResult):
+    """Raise where the op's outputs left the dtype (one more synchronization; check=True only)."""
+    parts = (res.y, res.yvar, res.final.lam, res.final.eta)
+    if bool(torch.stack([torch.isfinite(x).all() for x in parts]).all()):
+        return
+    raise OverflowError(
+        f"kla_filter: the filtered precision or readout overflowed {res.y.dtype} (y, yvar or the "
+        "final state is not finite). The KLA op carries precisions directly, which grow like "
+        "decay**(-2t) where process_var is 0 and decay < 1; give those lanes process_var > 0, or "
+        "use float64 and fewer tokens"
+    )
 
 
 def kla_step(v, Lv, k, q, decay, process_var, lam, eta, *, check=True):
