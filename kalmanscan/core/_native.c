@@ -1,26 +1,29 @@
-/* The native CPU backend of kalmanscan.filter: one fused pass over time per block of lanes.
+/* The native CPU backend: the filter, the smoother and the log-likelihood's adjoint of
+ * docs/backend-contract.md, one fused pass over time per tile of lanes.
  *
- * For every step t and lane n it computes what kalmanscan/core/filter.py's `_run_block` returns
- * (filtered precision lam and information eta, filtered mean/var, one-step prior precision, mean,
- * variance, and the per-lane log-likelihood with the exact diffuse convention), with the formulas of
- * kalmanscan/core/steps.py and kalmanscan/core/sequential.py:
+ * Beliefs are homogeneous triples (u, e, v), normalized to max(u, v) = 1 (precision u/v, mean
+ * e/u): a diffuse state (0, 0, 1) and a state known exactly (1, m, 0) are ordinary values, so
+ * nothing overflows on a valid model. One step (a decay, p process_var, c offset, h loading,
+ * R obs_var; forget where a*a == 0):
  *
- *     q = (a*a == 0), d = q ? p : a*a                  (a = decay, p = process_var)
- *     lam_pred = (lam + q) / (d + p*lam),  alpha = q ? 0 : a / (d + p*lam)
- *     eta_pred = alpha*eta + lam_pred*c                 (c = offset)
- *     observed = z is not NaN and obs_var is not inf
- *     lam = lam_pred + (observed ? h*h/obs_var : 0),  eta = eta_pred + (observed ? h*z/obs_var : 0)
- *     loglik += observed and (lam_pred > 0 or h == 0) ? log N(z; h*mean_pred, h^2 var_pred + obs_var) : 0
+ *     predict  (u, e, v) -> (u + q v, c (u + q v) + a (1 - q) e, p u + d v) / max
+ *              q = forget, d = forget ? p : a*a
+ *     update   (u, e, v) -> (R u + h^2 v, R e + h z v, R v) / max      where z is observed
+ *     loglik   -0.5 (log 2 pi + log(S'/u-) + (z u- - h e-)^2 / (u- S')),  S' = h^2 v- + R u-
  *
- * Layout: outputs are row-major [T, N]; parameters are read through (time, lane) element strides, so
- * stride 0 broadcasts a parameter along that axis without materializing it. Time is the outer loop
- * and a tile of contiguous lanes the inner one, so the compiler vectorizes across lanes; parameters
- * whose lane stride is not 1 are gathered into a small tile buffer first (once per tile when they
- * are also constant in time). Lane ranges run on worker threads with the GIL released.
+ * (the update is the contract's (u + phi v, e + r v, v) times R). The smoother adds a backward
+ * information filter (two-filter form) reading the filtered outputs back; the adjoint
+ * (_native_adjoint.h) differentiates the log-likelihood by one reverse pass with checkpoints.
  *
- * Inputs are assumed valid (kalmanscan/core/_args.py checks them at the public boundary), except
- * that the check of z for infinities is done here, in the same pass (flag KS_Z_INF); a non-finite
- * filtered precision or information (overflow) is flagged too. The caller raises for both.
+ * Layout: outputs are row-major [T, N]; inputs are read through (time, lane) element strides, so
+ * stride 0 broadcasts a parameter along that axis without materializing it. Time is the outer
+ * loop and a tile of contiguous lanes the inner one, so the compiler vectorizes across lanes.
+ * Tiles are handed out one at a time to the calling thread and to a persistent pool of worker
+ * threads (GIL released), so a worker held up by other load on its core delays a call by at most
+ * the tile it holds, and the caller never waits for a worker that has not started.
+ *
+ * Inputs are assumed valid (checked by the caller), except z = +-inf, reported as flag KS_Z_INF;
+ * a state, log-likelihood or gradient that is not finite is flagged KS_NOT_FINITE.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,26 +39,36 @@
 #define KS_HAVE_PTHREADS 1
 #endif
 
-/* Build one copy of the kernels per x86-64 level and pick at load time (GNU ifunc). */
+/* Build one copy of the row kernels per x86-64 level and pick at load time (GNU ifunc). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
     (__GNUC__ >= 11)
 #define KS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KS_CLONES
 #endif
+#if defined(__GNUC__)
+#define KS_INLINE inline __attribute__((always_inline))
+#else
+#define KS_INLINE inline
+#endif
 
-#define KS_TILE 1024 /* default lanes per tile (buffers stay in L2) */
-#define KS_MIN_TILE 8 /* tiles narrower than this run lane by lane, time inner */
+#define KS_TILE 1024     /* most lanes per tile of the filter (buffers stay in L2) */
+#define KS_ADJ_TILE 256  /* most lanes per tile of the adjoint (its checkpoints stay in L2) */
+#define KS_MIN_TILE 8    /* tiles narrower than this run lane by lane, time inner */
+#define KS_MAX_THREADS 64
 
-/* Flags of the kernel's result (bits). */
-#define KS_NOT_FINITE 1  /* a filtered precision or information is not finite (overflow) */
+/* Flags of a result (bits). */
+#define KS_NOT_FINITE 1  /* a value that must be finite is not: data no float can hold */
 #define KS_Z_INF 2       /* z holds +-inf (invalid input; the caller raises) */
-#define KS_ROW_INEXACT 4 /* internal: recompute a row with the division forms */
-#define KS_NO_MEMORY 8   /* a worker could not allocate its tile buffers */
+#define KS_ROW_INEXACT 4 /* internal: redo a step with divisions */
+#define KS_NO_MEMORY 8   /* a thread could not allocate its tile buffers */
 #define KS_LOG_2PI 1.8378770664093454835606594728112
 
+#define KS_CAT_(a, b) a##b
+#define KS_CAT(a, b) KS_CAT_(a, b)
+
 enum { KS_Z, KS_OBS, KS_A, KS_P, KS_H, KS_C, KS_NSERIES };
-enum { KS_LAM, KS_ETA, KS_MEAN, KS_VAR, KS_LAM_PRED, KS_MEAN_PRED, KS_VAR_PRED, KS_NOUT };
+enum { KS_MEAN, KS_VAR, KS_PREC, KS_INFO, KS_PMEAN, KS_PVAR, KS_PPREC, KS_NOUT };
 
 typedef struct {
     const char *ptr;   /* element (0, 0) */
@@ -63,17 +76,31 @@ typedef struct {
 } ks_series;
 
 typedef struct {
-    int is_double;
     Py_ssize_t T, N;
     ks_series in[KS_NSERIES];
-    const char *lam0, *eta0;
-    Py_ssize_t lam0_sn, eta0_sn;
-    char *out[KS_NOUT]; /* contiguous [T, N] */
-    char *loglik;       /* contiguous [N] */
-    Py_ssize_t n_lo, n_hi;
-    Py_ssize_t tile; /* lanes per tile */
-    int flags; /* KS_NOT_FINITE | KS_Z_INF */
+    const char *x0[3]; /* u0, e0, v0 */
+    Py_ssize_t x0_sn[3];
+    char *out[KS_NOUT]; /* contiguous [T, N], or all NULL (log-likelihood only) */
+    char *smooth[2];    /* smooth_mean, smooth_var: contiguous [T, N], or NULL */
+    char *loglik;       /* [N] */
+    char *final[3];     /* [N] each */
 } ks_job;
+
+typedef struct {
+    char *ptr;          /* NULL: not asked for */
+    int full_t, full_n; /* the gradient's compact shape: [T or 1, N or 1], contiguous */
+} ks_grad;
+
+typedef struct {
+    ks_job fwd;
+    Py_ssize_t K; /* steps between checkpoints */
+    const char *w;
+    Py_ssize_t w_sn;
+    ks_grad grad[KS_NSERIES];
+    char *gx0[3];
+    double *tsum; /* [workers, KS_NSERIES, T]: per-thread sums over lanes of [T, 1] gradients */
+    double *ssum; /* [workers, KS_NSERIES]: per-thread sums of [1, 1] gradients */
+} ks_adj_job;
 
 /* Natural logarithm written so that it vectorizes (fdlibm's e_log.c reduction and polynomial,
  * < 1 ulp over the normal range). x must be > 0 (NaN is not expected); inf gives inf; subnormals
@@ -113,8 +140,9 @@ static inline double ks_log(double x) {
 #define KS_FT double
 #define KS_FT_MIN DBL_MIN
 #define KS_FT_MAX DBL_MAX
-#define KS_NAME ks_tile_f64
+#define KS_NAME ks_f64
 #include "_native_kernel.h"
+#include "_native_adjoint.h"
 #undef KS_FT
 #undef KS_FT_MIN
 #undef KS_FT_MAX
@@ -123,176 +151,386 @@ static inline double ks_log(double x) {
 #define KS_FT float
 #define KS_FT_MIN FLT_MIN
 #define KS_FT_MAX FLT_MAX
-#define KS_NAME ks_tile_f32
+#define KS_NAME ks_f32
 #include "_native_kernel.h"
+#include "_native_adjoint.h"
 #undef KS_FT
 #undef KS_FT_MIN
 #undef KS_FT_MAX
 #undef KS_NAME
 
-static void *ks_run_job(void *arg) {
-    ks_job *job = (ks_job *)arg;
-    const Py_ssize_t W = job->tile;
-    /* per tile: state (lam, eta) and log-likelihood, each twice (in, out); one gather buffer per
-     * parameter series and one for 1 / obs_var */
-    double *acc = (double *)malloc(sizeof(double) * 2 * W);
-    double *work = (double *)malloc(sizeof(double) * (4 + KS_NSERIES + 1) * W);
-    if (acc == NULL || work == NULL) {
-        free(acc);
-        free(work);
-        job->flags = KS_NO_MEMORY;
-        return NULL;
+/* ------------------------------------------------------------------------------------------------
+ * Work splitting: a task is nchunks chunks of lanes; the calling thread and up to `threads - 1`
+ * pool workers take chunks from a shared counter until none is left. The caller waits only for
+ * workers that took part (a worker that wakes after the caller closed the task does nothing). */
+
+typedef int (*ks_chunk_fn)(void *ctx, Py_ssize_t chunk, int worker);
+
+typedef struct {
+    ks_chunk_fn fn;
+    void *ctx;
+    Py_ssize_t nchunks;
+    Py_ssize_t next; /* atomic: the next chunk to take */
+    int flags;       /* atomic OR of the chunks' flags */
+} ks_task;
+
+/* Per-thread scratch, grown as needed and kept for the thread's life (no allocation per chunk). */
+static __thread double *ks_scratch_ptr = NULL;
+static __thread size_t ks_scratch_len = 0;
+
+static double *ks_scratch(size_t n) {
+    if (n > ks_scratch_len) {
+        free(ks_scratch_ptr);
+        ks_scratch_ptr = (double *)malloc(n * sizeof(double));
+        ks_scratch_len = ks_scratch_ptr ? n : 0;
     }
-    /* tiles of equal width (at most W), so that no narrow remainder tile is left over */
-    const Py_ssize_t n = job->n_hi - job->n_lo, tiles = (n + W - 1) / W;
-    const Py_ssize_t step = (n + tiles - 1) / tiles;
+    return ks_scratch_ptr;
+}
+
+static void ks_run_chunks(ks_task *task, int worker) {
     int flags = 0;
-    for (Py_ssize_t n0 = job->n_lo; n0 < job->n_hi; n0 += step) {
-        Py_ssize_t nb = job->n_hi - n0 < step ? job->n_hi - n0 : step;
-        for (Py_ssize_t j = 0; j < nb; j++) acc[j] = 0.0;
-        if (nb < KS_MIN_TILE) { /* too few lanes to vectorize: one lane at a time */
-            flags |= job->is_double ? ks_tile_f64_lanes(job, n0, nb, acc)
-                                    : ks_tile_f32_lanes(job, n0, nb, acc);
-            for (Py_ssize_t j = 0; j < nb; j++) {
-                if (job->is_double)
-                    ((double *)job->loglik)[n0 + j] = acc[j];
-                else
-                    ((float *)job->loglik)[n0 + j] = (float)acc[j];
-            }
-        } else if (job->is_double) {
-            double *state = work, *buf = work + 4 * W;
-            const double *l0 = (const double *)job->lam0, *e0 = (const double *)job->eta0;
-            for (Py_ssize_t j = 0; j < nb; j++) {
-                state[j] = l0[(n0 + j) * job->lam0_sn];
-                state[W + j] = e0[(n0 + j) * job->eta0_sn];
-            }
-            flags |= ks_tile_f64(job, n0, nb, state, acc, buf);
-            double *ll = (double *)job->loglik + n0;
-            for (Py_ssize_t j = 0; j < nb; j++) ll[j] = acc[j];
-        } else {
-            float *state = (float *)work, *buf = (float *)work + 4 * W;
-            const float *l0 = (const float *)job->lam0, *e0 = (const float *)job->eta0;
-            for (Py_ssize_t j = 0; j < nb; j++) {
-                state[j] = l0[(n0 + j) * job->lam0_sn];
-                state[W + j] = e0[(n0 + j) * job->eta0_sn];
-            }
-            flags |= ks_tile_f32(job, n0, nb, state, acc, buf);
-            float *ll = (float *)job->loglik + n0;
-            for (Py_ssize_t j = 0; j < nb; j++) ll[j] = (float)acc[j];
-        }
+    for (;;) {
+        const Py_ssize_t k = __atomic_fetch_add(&task->next, 1, __ATOMIC_RELAXED);
+        if (k >= task->nchunks) break;
+        flags |= task->fn(task->ctx, k, worker);
     }
-    free(acc);
-    free(work);
-    job->flags = flags;
+    __atomic_fetch_or(&task->flags, flags, __ATOMIC_RELAXED);
+}
+
+#ifdef KS_HAVE_PTHREADS
+static pthread_mutex_t ks_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ks_pool_wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t ks_pool_idle = PTHREAD_COND_INITIALIZER;
+static int ks_pool_size = 0;             /* workers started */
+static unsigned long ks_pool_gen = 0;    /* bumped per task */
+static ks_task *ks_pool_task = NULL;     /* the open task, NULL when none */
+static int ks_pool_seats = 0;            /* workers that may still join the open task */
+static int ks_pool_active = 0;           /* workers inside a task */
+static int ks_pool_busy = 0;             /* a caller owns the pool */
+static int ks_pool_atfork = 0;
+
+static void *ks_worker(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&ks_pool_mu);
+    unsigned long seen = ks_pool_gen;
+    for (;;) {
+        while (ks_pool_gen == seen) pthread_cond_wait(&ks_pool_wake, &ks_pool_mu);
+        seen = ks_pool_gen;
+        if (ks_pool_task == NULL || ks_pool_seats == 0) continue;
+        ks_task *task = ks_pool_task;
+        const int slot = ks_pool_seats--; /* worker slots 1 .. threads - 1 */
+        ks_pool_active++;
+        pthread_mutex_unlock(&ks_pool_mu);
+        ks_run_chunks(task, slot);
+        pthread_mutex_lock(&ks_pool_mu);
+        if (--ks_pool_active == 0) pthread_cond_signal(&ks_pool_idle);
+    }
     return NULL;
 }
 
-#define KS_MAX_THREADS 64
+/* After fork() the child has none of the parent's workers. */
+static void ks_pool_after_fork(void) {
+    pthread_mutex_init(&ks_pool_mu, NULL);
+    pthread_cond_init(&ks_pool_wake, NULL);
+    pthread_cond_init(&ks_pool_idle, NULL);
+    ks_pool_size = 0;
+    ks_pool_task = NULL;
+    ks_pool_seats = 0;
+    ks_pool_active = 0;
+    ks_pool_busy = 0;
+}
+#endif
 
-static int parse_series(PyObject *obj, ks_series *s, const char *what) {
+/* Run a task on `threads` threads (the caller included); returns the OR of its flags. */
+static int ks_parallel(ks_task *task, int threads) {
+    task->next = 0;
+    task->flags = 0;
+    if (threads > task->nchunks) threads = (int)task->nchunks;
+#ifdef KS_HAVE_PTHREADS
+    if (threads > 1) {
+        pthread_mutex_lock(&ks_pool_mu);
+        if (ks_pool_busy) { /* another Python thread's call holds the pool: run here alone */
+            pthread_mutex_unlock(&ks_pool_mu);
+            ks_run_chunks(task, 0);
+            return task->flags;
+        }
+        if (!ks_pool_atfork) {
+            pthread_atfork(NULL, NULL, ks_pool_after_fork);
+            ks_pool_atfork = 1;
+        }
+        while (ks_pool_size < threads - 1 && ks_pool_size < KS_MAX_THREADS - 1) {
+            pthread_t tid;
+            pthread_attr_t attr;
+            pthread_attr_init(&attr);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            const int ok = pthread_create(&tid, &attr, ks_worker, NULL) == 0;
+            pthread_attr_destroy(&attr);
+            if (!ok) break;
+            ks_pool_size++;
+        }
+        if (threads - 1 > ks_pool_size) threads = ks_pool_size + 1;
+        ks_pool_busy = 1;
+        ks_pool_task = task;
+        ks_pool_seats = threads - 1;
+        ks_pool_gen++;
+        pthread_cond_broadcast(&ks_pool_wake);
+        pthread_mutex_unlock(&ks_pool_mu);
+        ks_run_chunks(task, 0);
+        pthread_mutex_lock(&ks_pool_mu);
+        ks_pool_task = NULL; /* close the task: late workers skip it */
+        ks_pool_seats = 0;
+        while (ks_pool_active > 0) pthread_cond_wait(&ks_pool_idle, &ks_pool_mu);
+        ks_pool_busy = 0;
+        pthread_mutex_unlock(&ks_pool_mu);
+        return __atomic_load_n(&task->flags, __ATOMIC_RELAXED);
+    }
+#else
+    (void)threads;
+#endif
+    ks_run_chunks(task, 0);
+    return task->flags;
+}
+
+/* Chunks of equal width, at most `most` lanes, about `per_thread` chunks per thread. */
+static Py_ssize_t ks_chunk_width(Py_ssize_t N, int threads, Py_ssize_t most, int per_thread) {
+    Py_ssize_t want = (N + (Py_ssize_t)threads * per_thread - 1) / ((Py_ssize_t)threads * per_thread);
+    if (want < 64) want = 64; /* narrower rows cost more per lane than a thread saves */
+    if (want > most) want = most;
+    const Py_ssize_t chunks = (N + want - 1) / want;
+    Py_ssize_t w = (N + chunks - 1) / chunks;
+    return (w + 15) / 16 * 16 < most ? (w + 15) / 16 * 16 : w;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The filter / smoother task. */
+
+typedef struct {
+    ks_job job;
+    int is_double;
+    Py_ssize_t width; /* lanes per chunk */
+} ks_filter_ctx;
+
+static int ks_filter_chunk(void *arg, Py_ssize_t chunk, int worker) {
+    (void)worker;
+    const ks_filter_ctx *ctx = (const ks_filter_ctx *)arg;
+    const ks_job *job = &ctx->job;
+    const Py_ssize_t n0 = chunk * ctx->width;
+    const Py_ssize_t nb = job->N - n0 < ctx->width ? job->N - n0 : ctx->width;
+    if (nb < KS_MIN_TILE)
+        return ctx->is_double ? ks_f64_lanes(job, n0, nb) : ks_f32_lanes(job, n0, nb);
+    const Py_ssize_t W = ctx->width;
+    double *s = ks_scratch((size_t)W * (2 + 6 + KS_NSERIES));
+    if (s == NULL) return KS_NO_MEMORY;
+    return ctx->is_double ? ks_f64_tile(job, n0, nb, W, s + 2 * W, s)
+                          : ks_f32_tile(job, n0, nb, W, (float *)(s + 2 * W), s);
+}
+
+static int parse_series(PyObject *obj, ks_series *s) {
     unsigned long long ptr;
-    if (!PyArg_ParseTuple(obj, "Knn", &ptr, &s->st, &s->sn)) {
-        PyErr_Format(PyExc_TypeError, "%s: expected (address, time stride, lane stride)", what);
+    if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "Knn", &ptr, &s->st, &s->sn)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "series: expected tuples (address, time stride, lane stride)");
         return 0;
     }
     s->ptr = (const char *)(uintptr_t)ptr;
     return 1;
 }
 
+static int parse_addresses(PyObject *tup, Py_ssize_t n, char **out, const char *what) {
+    if (!PyTuple_Check(tup) || (PyTuple_GET_SIZE(tup) != n && PyTuple_GET_SIZE(tup) != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tuple of %zd addresses or ()", what, n);
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (PyTuple_GET_SIZE(tup) == 0) {
+            out[k] = NULL;
+            continue;
+        }
+        unsigned long long p = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tup, k));
+        if (PyErr_Occurred()) return 0;
+        out[k] = (char *)(uintptr_t)p;
+    }
+    return 1;
+}
+
+/* The job's common arguments: series (6 tuples), x0 (3 tuples (address, lane stride)). */
+static int parse_job(ks_job *job, Py_ssize_t T, Py_ssize_t N, PyObject *series, PyObject *x0) {
+    memset(job, 0, sizeof *job);
+    job->T = T;
+    job->N = N;
+    if (T < 1 || N < 1) {
+        PyErr_Format(PyExc_ValueError, "T, N: expected positive sizes, got %zd, %zd", T, N);
+        return 0;
+    }
+    if (!PyTuple_Check(series) || PyTuple_GET_SIZE(series) != KS_NSERIES || !PyTuple_Check(x0) ||
+        PyTuple_GET_SIZE(x0) != 3) {
+        PyErr_SetString(PyExc_TypeError, "series, x0: expected tuples of 6 and 3 entries");
+        return 0;
+    }
+    for (int k = 0; k < KS_NSERIES; k++)
+        if (!parse_series(PyTuple_GET_ITEM(series, k), &job->in[k])) return 0;
+    for (int k = 0; k < 3; k++) {
+        unsigned long long p;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(x0, k), "Kn", &p, &job->x0_sn[k])) return 0;
+        job->x0[k] = (const char *)(uintptr_t)p;
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(filter_doc,
-             "filter(is_double, T, N, threads, series, lam0, eta0, outputs, loglik) -> int\n\n"
-             "Fused filter pass over [T, N] lanes (addresses and element strides; see native.py).\n"
+             "filter(is_double, T, N, threads, series, x0, outputs, smooth, loglik, final) -> int\n\n"
+             "Filter (and smooth) [T, N] lanes (addresses and element strides; see native.py).\n"
              "series: 6 tuples (address, time stride, lane stride) for z, obs_var, decay,\n"
-             "process_var, loading, offset; lam0, eta0: (address, lane stride); outputs: 7\n"
-             "addresses of contiguous [T, N] arrays (lam, eta, mean, var, lam_pred, mean_pred,\n"
-             "var_pred); loglik: address of a contiguous [N] array. Returns flags: 1 when a\n"
-             "filtered precision or information is not finite, 2 when z holds an infinity.");
+             "process_var, loading, offset; x0: 3 tuples (address, lane stride) for u0, e0, v0;\n"
+             "outputs: 7 addresses of contiguous [T, N] arrays (mean, var, precision, info,\n"
+             "pred_mean, pred_var, pred_precision) or () for the log-likelihood only; smooth: 2\n"
+             "addresses (smooth_mean, smooth_var) or (); loglik: address of [N]; final: 3\n"
+             "addresses of [N] (u, e, v). Returns flags: 1 a value is not finite, 2 z holds inf.");
 
 static PyObject *ks_filter(PyObject *self, PyObject *args) {
     (void)self;
     int is_double, threads;
-    Py_ssize_t tile = 0;
     Py_ssize_t T, N;
-    PyObject *series, *outputs;
-    unsigned long long lam0, eta0, loglik;
-    Py_ssize_t lam0_sn, eta0_sn;
-    if (!PyArg_ParseTuple(args, "pnniO!(Kn)(Kn)O!K|n", &is_double, &T, &N, &threads,
-                          &PyTuple_Type, &series, &lam0, &lam0_sn, &eta0, &eta0_sn, &PyTuple_Type,
-                          &outputs, &loglik, &tile))
+    PyObject *series, *x0, *outputs, *smooth, *final;
+    unsigned long long loglik;
+    if (!PyArg_ParseTuple(args, "pnniOOOOKO", &is_double, &T, &N, &threads, &series, &x0,
+                          &outputs, &smooth, &loglik, &final))
         return NULL;
-    if (PyTuple_GET_SIZE(series) != KS_NSERIES || PyTuple_GET_SIZE(outputs) != KS_NOUT) {
-        PyErr_SetString(PyExc_TypeError, "series, outputs: expected 6 and 7 entries");
+    ks_filter_ctx ctx;
+    if (!parse_job(&ctx.job, T, N, series, x0)) return NULL;
+    if (!parse_addresses(outputs, KS_NOUT, ctx.job.out, "outputs") ||
+        !parse_addresses(smooth, 2, ctx.job.smooth, "smooth") ||
+        !parse_addresses(final, 3, ctx.job.final, "final"))
+        return NULL;
+    if (ctx.job.smooth[0] != NULL && ctx.job.out[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "smooth: needs the 7 filter outputs too");
         return NULL;
     }
-    if (T < 1 || N < 1) {
-        PyErr_SetString(PyExc_ValueError, "T, N: expected positive sizes");
+    if (ctx.job.final[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "final: expected 3 addresses, got ()");
         return NULL;
     }
-    ks_job base;
-    memset(&base, 0, sizeof base);
-    base.is_double = is_double;
-    base.T = T;
-    base.N = N;
-    for (int k = 0; k < KS_NSERIES; k++)
-        if (!parse_series(PyTuple_GET_ITEM(series, k), &base.in[k], "series")) return NULL;
-    for (int k = 0; k < KS_NOUT; k++) {
-        unsigned long long p = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(outputs, k));
-        if (PyErr_Occurred()) return NULL;
-        base.out[k] = (char *)(uintptr_t)p;
-    }
-    base.lam0 = (const char *)(uintptr_t)lam0;
-    base.eta0 = (const char *)(uintptr_t)eta0;
-    base.lam0_sn = lam0_sn;
-    base.eta0_sn = eta0_sn;
-    base.loglik = (char *)(uintptr_t)loglik;
-
-    /* Lane ranges of whole cache lines (16 float32 / 8 float64 lanes) per thread. */
-    Py_ssize_t align = is_double ? 8 : 16;
+    ctx.job.loglik = (char *)(uintptr_t)loglik;
+    ctx.is_double = is_double;
     if (threads < 1) threads = 1;
     if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
-    if ((Py_ssize_t)threads > (N + align - 1) / align) threads = (int)((N + align - 1) / align);
-    if (tile < 1) tile = KS_TILE;
-    base.tile = tile;
-    ks_job jobs[KS_MAX_THREADS];
-    Py_ssize_t per = ((N + threads - 1) / threads + align - 1) / align * align;
-    int njobs = 0;
-    for (Py_ssize_t lo = 0; lo < N && njobs < threads; lo += per) {
-        jobs[njobs] = base;
-        jobs[njobs].n_lo = lo;
-        jobs[njobs].n_hi = lo + per < N ? lo + per : N;
-        njobs++;
+    ctx.width = ks_chunk_width(N, threads, KS_TILE, 4);
+    ks_task task = {ks_filter_chunk, &ctx, (N + ctx.width - 1) / ctx.width, 0, 0};
+    int flags;
+    Py_BEGIN_ALLOW_THREADS flags = ks_parallel(&task, threads);
+    Py_END_ALLOW_THREADS if (flags & KS_NO_MEMORY) return PyErr_NoMemory();
+    return PyLong_FromLong(flags);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The adjoint task. */
+
+typedef struct {
+    ks_adj_job aj;
+    int is_double;
+    Py_ssize_t width;
+} ks_adj_ctx;
+
+static int ks_adj_chunk(void *arg, Py_ssize_t chunk, int worker) {
+    const ks_adj_ctx *ctx = (const ks_adj_ctx *)arg;
+    const ks_job *job = &ctx->aj.fwd;
+    const Py_ssize_t W = ctx->width, n0 = chunk * W;
+    const Py_ssize_t nb = job->N - n0 < W ? job->N - n0 : W;
+    const size_t need = ctx->is_double ? ks_f64_adj_scratch(job->T, ctx->aj.K, W)
+                                       : ks_f32_adj_scratch(job->T, ctx->aj.K, W);
+    double *s = ks_scratch(need);
+    if (s == NULL) return KS_NO_MEMORY;
+    return ctx->is_double ? ks_f64_adjoint(&ctx->aj, n0, nb, W, s, worker)
+                          : ks_f32_adjoint(&ctx->aj, n0, nb, W, s, worker);
+}
+
+PyDoc_STRVAR(adjoint_doc,
+             "loglik_grad(is_double, T, N, threads, series, x0, w, grads, grad_x0, K) -> int\n\n"
+             "Gradient of sum_n w[n] loglik[n] with respect to the inputs, by one reverse pass\n"
+             "with a checkpoint every K steps. series, x0: as filter(); w: (address, lane\n"
+             "stride); grads: 6 tuples (address or 0, full in time, full in lanes): contiguous\n"
+             "[T or 1, N or 1] arrays, summed over the other dimensions; grad_x0: 3 addresses\n"
+             "of [N] arrays (or 0). Returns flags: 1 a gradient is not finite.");
+
+static PyObject *ks_loglik_grad(PyObject *self, PyObject *args) {
+    (void)self;
+    int is_double, threads;
+    Py_ssize_t T, N, K, w_sn;
+    unsigned long long w;
+    PyObject *series, *x0, *grads, *gx0;
+    if (!PyArg_ParseTuple(args, "pnniOO(Kn)OOn", &is_double, &T, &N, &threads, &series, &x0, &w,
+                          &w_sn, &grads, &gx0, &K))
+        return NULL;
+    ks_adj_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    if (!parse_job(&ctx.aj.fwd, T, N, series, x0)) return NULL;
+    if (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != KS_NSERIES) {
+        PyErr_SetString(PyExc_TypeError, "grads: expected 6 tuples (address, full_t, full_n)");
+        return NULL;
     }
-    int flags = 0;
-    Py_BEGIN_ALLOW_THREADS
-#ifdef KS_HAVE_PTHREADS
-    pthread_t tid[KS_MAX_THREADS];
-    int started[KS_MAX_THREADS] = {0};
-    for (int k = 1; k < njobs; k++) started[k] = pthread_create(&tid[k], NULL, ks_run_job, &jobs[k]) == 0;
-    ks_run_job(&jobs[0]);
-    for (int k = 1; k < njobs; k++) {
-        if (started[k])
-            pthread_join(tid[k], NULL);
-        else
-            ks_run_job(&jobs[k]); /* no thread available: run it here */
+    for (int k = 0; k < KS_NSERIES; k++) {
+        unsigned long long p;
+        ks_grad *g = &ctx.aj.grad[k];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(grads, k), "Kpp", &p, &g->full_t, &g->full_n))
+            return NULL;
+        g->ptr = (char *)(uintptr_t)p;
     }
-#else
-    for (int k = 0; k < njobs; k++) ks_run_job(&jobs[k]);
-#endif
-    for (int k = 0; k < njobs; k++) flags |= jobs[k].flags;
-    Py_END_ALLOW_THREADS
+    if (!parse_addresses(gx0, 3, ctx.aj.gx0, "grad_x0")) return NULL;
+    if (K < 1) K = 1;
+    ctx.aj.K = K;
+    ctx.aj.w = (const char *)(uintptr_t)w;
+    ctx.aj.w_sn = w_sn;
+    ctx.is_double = is_double;
+    if (threads < 1) threads = 1;
+    if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
+    ctx.width = ks_chunk_width(N, threads, KS_ADJ_TILE, 4);
+    const Py_ssize_t nchunks = (N + ctx.width - 1) / ctx.width;
+    const int slots = threads < nchunks ? threads : (int)nchunks;
+    ctx.aj.tsum = (double *)calloc((size_t)slots * KS_NSERIES * T, sizeof(double));
+    ctx.aj.ssum = (double *)calloc((size_t)slots * KS_NSERIES, sizeof(double));
+    if (ctx.aj.tsum == NULL || ctx.aj.ssum == NULL) {
+        free(ctx.aj.tsum);
+        free(ctx.aj.ssum);
+        return PyErr_NoMemory();
+    }
+    ks_task task = {ks_adj_chunk, &ctx, nchunks, 0, 0};
+    int flags;
+    Py_BEGIN_ALLOW_THREADS flags = ks_parallel(&task, slots);
+    /* the per-thread sums of the gradients of lane-broadcast inputs */
+    for (int k = 0; k < KS_NSERIES; k++) {
+        const ks_grad *g = &ctx.aj.grad[k];
+        if (g->ptr == NULL || g->full_n) continue;
+        const Py_ssize_t len = g->full_t ? T : 1;
+        for (Py_ssize_t t = 0; t < len; t++) {
+            double s = 0.0;
+            for (int th = 0; th < slots; th++)
+                s += g->full_t ? ctx.aj.tsum[((Py_ssize_t)th * KS_NSERIES + k) * T + t]
+                               : ctx.aj.ssum[th * KS_NSERIES + k];
+            flags |= s - s == 0.0 ? 0 : KS_NOT_FINITE;
+            if (is_double)
+                ((double *)g->ptr)[t] = s;
+            else
+                ((float *)g->ptr)[t] = (float)s;
+        }
+    }
+    Py_END_ALLOW_THREADS free(ctx.aj.tsum);
+    free(ctx.aj.ssum);
     if (flags & KS_NO_MEMORY) return PyErr_NoMemory();
     return PyLong_FromLong(flags);
 }
 
 static PyMethodDef ks_methods[] = {
     {"filter", ks_filter, METH_VARARGS, filter_doc},
+    {"loglik_grad", ks_loglik_grad, METH_VARARGS, adjoint_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef ks_module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "Fused single-pass CPU kernel of kalmanscan.filter (see kalmanscan/core/native.py).", -1,
-    ks_methods,
+    "Fused CPU kernels of the scalar filter, smoother and log-likelihood adjoint "
+    "(see kalmanscan/core/native.py).",
+    -1, ks_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&ks_module); }

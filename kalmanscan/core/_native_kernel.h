@@ -1,237 +1,383 @@
-/* One tile of lanes over all time steps; included by _native.c once per dtype with
- *   KS_FT (float or double), KS_FT_MIN / KS_FT_MAX (its smallest normal and largest finite
- *   values) and KS_NAME (the tile function's name).
+/* The filter and smoother of one tile of lanes over all time steps, in homogeneous (u, e, v)
+ * coordinates (docs/backend-contract.md). Included by _native.c once per dtype with
+ *   KS_FT (float or double), KS_FT_MIN / KS_FT_MAX (its smallest normal and largest finite values)
+ *   and KS_NAME (the prefix of this dtype's functions).
  * Time is the outer loop; the inner loop runs over the tile's contiguous lanes and vectorizes. */
 
-#define KS_CAT_(a, b) a##b
-#define KS_CAT(a, b) KS_CAT_(a, b)
-#define KS_ROW KS_CAT(KS_NAME, _row)
-#define KS_ROW_EXACT KS_CAT(KS_NAME, _row_exact)
-#define KS_STEP KS_CAT(KS_NAME, _step)
-#define KS_LANES KS_CAT(KS_NAME, _lanes)
+#define KS_F(name) KS_CAT(KS_NAME, name)
 
-/* The arguments of one time step of nb lanes: parameters, state in -> state out, outputs. */
-#define KS_ROW_ARGS                                                                                \
-    Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict os, const KS_FT *restrict rs,   \
-        const KS_FT *restrict as,                                                                  \
-        const KS_FT *restrict ps, const KS_FT *restrict hs, const KS_FT *restrict cs,              \
-        const KS_FT *restrict lam_in, const KS_FT *restrict eta_in, const double *restrict acc_in, \
-        KS_FT *restrict lam, KS_FT *restrict eta, double *restrict acc, KS_FT *restrict o_lam,     \
-        KS_FT *restrict o_eta, KS_FT *restrict o_mean, KS_FT *restrict o_var,                      \
-        KS_FT *restrict o_lp, KS_FT *restrict o_mp, KS_FT *restrict o_vp
-
-/* One lane, one step, with the division forms of filter.py's torch path: state (lp, ep) in,
- * (*lam, *eta) and the seven outputs out, the log-density added to *acc. Returns KS_NOT_FINITE when
- * the new lam or eta is not finite, KS_Z_INF when z is infinite. */
-static inline int KS_STEP(KS_FT zz, KS_FT o, KS_FT rho, KS_FT a, KS_FT p, KS_FT h, KS_FT c, KS_FT lp,
-                          KS_FT ep, KS_FT *lam, KS_FT *eta, double *acc, KS_FT *o_lam,
-                          KS_FT *o_eta, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_lp, KS_FT *o_mp,
-                          KS_FT *o_vp) {
+/* Divide (U, E, V) by max(U, V), setting the larger of U, V to exactly 1. The fast form multiplies
+ * by the reciprocal and returns KS_ROW_INEXACT where that reciprocal or max is outside the normal
+ * range (the caller then redoes the step with exact = 1, which divides). */
+static KS_INLINE int KS_F(_norm)(const int exact, KS_FT *u, KS_FT *e, KS_FT *v) {
     typedef KS_FT FT;
-    const FT a2 = a * a;
-    const int forget = a2 == (FT)0;
-    const FT den = (forget ? p : a2) + p * lp;
-    const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) / den;
-    const FT alpha = (forget ? (FT)0 : a) / den;
-    const FT eta_pred = alpha * ep + lam_pred * c;
-    const int observed = zz == zz && o <= (FT)KS_FT_MAX;
-    const FT rho_h = rho * h;
-    const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
-    const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
-    const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred / lam_pred;
-    *o_lam = *lam = l;
-    *o_eta = *eta = e;
-    *o_mean = e / l;
-    *o_var = (FT)1 / l;
-    *o_lp = lam_pred;
-    *o_mp = mean_pred;
-    *o_vp = var_pred;
-    const int known = lam_pred > (FT)0;
-    if (observed && (known || h == (FT)0)) {
-        const double s = (double)(h * h * (known ? var_pred : (FT)0) + o);
-        const double di = (double)(zz - h * (known ? mean_pred : (FT)0));
-        *acc += -0.5 * (KS_LOG_2PI + ks_log(s) + (s <= DBL_MAX ? di * di / s : 0.0));
+    const FT U = *u, E = *e, V = *v;
+    const int big_u = U >= V;
+    const FT m = big_u ? U : V;
+    if (exact) {
+        *u = big_u ? (FT)1 : U / m;
+        *v = big_u ? V / m : (FT)1;
+        *e = E / m;
+        return 0;
     }
-    return ((l - l == (FT)0) && (e - e == (FT)0) ? 0 : KS_NOT_FINITE) |
-           (zz == zz && zz - zz != (FT)0 ? KS_Z_INF : 0);
+    const FT rm = (FT)1 / m;
+    *u = big_u ? (FT)1 : U * rm;
+    *v = big_u ? V * rm : (FT)1;
+    *e = E * rm;
+    return (m >= (FT)KS_FT_MIN) & (rm >= (FT)KS_FT_MIN) ? 0 : KS_ROW_INEXACT;
 }
 
-/* A row with the exact step, for the rows where the fast form below could differ by more than
- * rounding. Returns KS_NOT_FINITE when a new lam or eta is not finite. */
-static int KS_ROW_EXACT(KS_ROW_ARGS) {
-    int flags = 0;
-    for (Py_ssize_t j = 0; j < nb; j++) {
-        acc[j] = acc_in[j];
-        flags |= KS_STEP(zs[j], os[j], rs[j], as[j], ps[j], hs[j], cs[j], lam_in[j], eta_in[j],
-                         &lam[j], &eta[j], &acc[j], &o_lam[j], &o_eta[j], &o_mean[j], &o_var[j],
-                         &o_lp[j], &o_mp[j], &o_vp[j]);
+/* mean e/u, variance v/u, precision u/v, information e/v of a normalized triple (one of u, v is
+ * exactly 1, so one reciprocal serves): NaN / inf / 0 where u or v is 0, as IEEE division gives. */
+static KS_INLINE int KS_F(_moments)(const int exact, KS_FT u, KS_FT e, KS_FT v, KS_FT *mean,
+                                    KS_FT *var, KS_FT *prec, KS_FT *info) {
+    typedef KS_FT FT;
+    const int big_u = u >= v; /* then u == 1 */
+    const FT n = big_u ? v : u;
+    const FT r = (FT)1 / n;
+    const FT en = exact ? e / n : e * r;
+    *mean = big_u ? e : en;
+    *var = big_u ? v : r;
+    *prec = big_u ? r : u;
+    *info = big_u ? en : e;
+    return exact | (n == (FT)0) | (n >= (FT)KS_FT_MIN) ? 0 : KS_ROW_INEXACT;
+}
+
+/* One step of one lane: the normalized state (u, e, v) in and out, the normalized predicted triple
+ * out, the step's log-likelihood term (float64) out. The update is written
+ * (R u + h^2 v, R e + h z v, R v), the contract's (u + phi v, e + r v, v) times R, so a tiny R
+ * divides nothing. Returns KS_ROW_INEXACT (fast form only: redo with exact = 1), KS_NOT_FINITE
+ * (the new state is not finite), KS_Z_INF (z is +-inf). */
+static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
+                                 KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv, KS_FT *pu, KS_FT *pe,
+                                 KS_FT *pv, double *ll) {
+    typedef KS_FT FT;
+    const FT u0 = *su, e0 = *se, v0 = *sv;
+    const FT a2 = a * a;
+    const int forget = a2 == (FT)0;
+    /* predict: forget -> (u + v, c (u + v), p (u + v)); else (u, c u + a e, p u + a^2 v) */
+    FT U = forget ? u0 + v0 : u0;
+    FT V = forget ? p * U : p * u0 + a2 * v0;
+    FT E = c * U + (forget ? (FT)0 : a * e0);
+    int fl = KS_F(_norm)(exact, &U, &E, &V);
+    *pu = U;
+    *pe = E;
+    *pv = V;
+    /* update: observed where z is not NaN (and obs_var is finite) */
+    const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
+    const FT zz = observed ? z : (FT)0, RR = observed ? R : (FT)1;
+    const FT hv = h * V;
+    FT u = observed ? RR * U + h * hv : U;
+    FT e = observed ? RR * E + zz * hv : E;
+    FT v = observed ? RR * V : V;
+    fl |= KS_F(_norm)(exact, &u, &e, &v);
+    *su = u;
+    *se = e;
+    *sv = v;
+    /* log-likelihood (exact diffuse convention), in float64 from the normalized predicted triple:
+     * S' = h^2 v- + R u-, ll = -0.5 (log 2 pi + log(S'/u-) + (z u- - h e-)^2 / (u- S')) */
+    const int known = U > (FT)0;
+    const int contrib = observed & (known | (h == (FT)0));
+    const double du = known ? (double)U : 1.0;
+    const double dh = (double)h, dR = (double)RR;
+    double S = known ? dR * du + dh * dh * (double)V : dR;
+    S = contrib ? S : 1.0;
+    const double D = (double)zz * du - dh * (double)E;
+    double l;
+    if (exact) {
+        l = ks_log(S) - ks_log(du) + (D / du) * (D / S);
+    } else {
+        const double ratio = S / du, us = du * S;
+        l = ks_log(ratio) + D * D / us;
+        fl |= (ratio <= DBL_MAX) & (us >= DBL_MIN) ? 0 : KS_ROW_INEXACT;
     }
-    return flags & KS_NOT_FINITE;
+    *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
+    return fl | ((e - e == (FT)0) & (u == u) & (v == v) ? 0 : KS_NOT_FINITE) |
+           ((z == z) & (z - z != (FT)0) ? KS_Z_INF : 0);
+}
+
+/* One step of one lane with its outputs: the fast form, or exact = 1. out: 7 pointers to this
+ * element's (mean, var, precision, info, pred_mean, pred_var, pred_precision), or write = 0. */
+static KS_INLINE int KS_F(_elem)(const int exact, const int write, KS_FT z, KS_FT R, KS_FT a,
+                                 KS_FT p, KS_FT h, KS_FT c, KS_FT *u, KS_FT *e, KS_FT *v,
+                                 double *ll, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_prec,
+                                 KS_FT *o_info, KS_FT *o_pmean, KS_FT *o_pvar, KS_FT *o_pprec) {
+    KS_FT pu, pe, pv, pinfo;
+    int fl = KS_F(_step)(exact, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
+    if (write) {
+        fl |= KS_F(_moments)(exact, *u, *e, *v, o_mean, o_var, o_prec, o_info);
+        fl |= KS_F(_moments)(exact, pu, pe, pv, o_pmean, o_pvar, o_pprec, &pinfo);
+    }
+    return fl;
+}
+
+/* One lane, one step, as the tile rows and the lane-by-lane form both compute it: the fast form,
+ * redone with divisions where it reports a value outside the normal range. So a lane's result does
+ * not depend on which lanes share its tile or thread. */
+static KS_INLINE int KS_F(_elem_fixed)(const int write, KS_FT z, KS_FT R, KS_FT a, KS_FT p,
+                                       KS_FT h, KS_FT c, KS_FT *u, KS_FT *e, KS_FT *v, double *ll,
+                                       KS_FT *const o[KS_NOUT]) {
+    const KS_FT u0 = *u, e0 = *e, v0 = *v;
+    KS_FT t7[KS_NOUT];
+    KS_FT *w[KS_NOUT];
+    for (int k = 0; k < KS_NOUT; k++) w[k] = write ? o[k] : &t7[k];
+    int fl = KS_F(_elem)(0, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3], w[4],
+                         w[5], w[6]);
+    if (fl & KS_ROW_INEXACT) {
+        *u = u0;
+        *e = e0;
+        *v = v0;
+        fl = KS_F(_elem)(1, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3], w[4],
+                         w[5], w[6]);
+    }
+    return fl & ~KS_ROW_INEXACT;
+}
+
+/* A row of nb lanes, fast form, state updated in place; the caller redoes the lanes of a row that
+ * reports KS_ROW_INEXACT one by one (the state in is kept in `keep`). */
+static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *restrict zs,
+                                const KS_FT *restrict Rs, const KS_FT *restrict as,
+                                const KS_FT *restrict ps, const KS_FT *restrict hs,
+                                const KS_FT *restrict cs, KS_FT *restrict us, KS_FT *restrict es,
+                                KS_FT *restrict vs, double *restrict acc, KS_FT *restrict o0,
+                                KS_FT *restrict o1, KS_FT *restrict o2, KS_FT *restrict o3,
+                                KS_FT *restrict o4, KS_FT *restrict o5, KS_FT *restrict o6) {
+    int fl = 0;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        KS_FT u = us[j], e = es[j], v = vs[j], t7[KS_NOUT];
+        double l;
+        fl |= KS_F(_elem)(0, write, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
+                          write ? &o0[j] : &t7[0], write ? &o1[j] : &t7[1],
+                          write ? &o2[j] : &t7[2], write ? &o3[j] : &t7[3],
+                          write ? &o4[j] : &t7[4], write ? &o5[j] : &t7[5],
+                          write ? &o6[j] : &t7[6]);
+        us[j] = u;
+        es[j] = e;
+        vs[j] = v;
+        acc[j] += l;
+    }
+    return fl;
+}
+
+KS_CLONES static int KS_F(_row_all)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], KS_FT *us,
+                                    KS_FT *es, KS_FT *vs, double *acc, KS_FT *const o[KS_NOUT]) {
+    return KS_F(_row)(1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+                      us, es, vs, acc, o[0], o[1], o[2], o[3], o[4], o[5], o[6]);
+}
+
+KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], KS_FT *us,
+                                   KS_FT *es, KS_FT *vs, double *acc) {
+    return KS_F(_row)(0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+                      us, es, vs, acc, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+}
+
+/* The smoother's backward information filter, one step back through step t's inputs: add step t's
+ * observation, then step back through its dynamics (forget: nothing is left). Divisions: the
+ * smoother is not the hot path of fitting. */
+static KS_INLINE void KS_F(_back)(KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h, KS_FT c, KS_FT *su,
+                                  KS_FT *se, KS_FT *sv) {
+    typedef KS_FT FT;
+    const FT U = *su, E = *se, V = *sv;
+    const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
+    const FT zz = observed ? z : (FT)0, RR = observed ? R : (FT)1;
+    const FT hV = h * V;
+    const FT U1 = observed ? RR * U + h * hV : U;
+    const FT E1 = observed ? RR * E + zz * hV : E;
+    const FT V1 = observed ? RR * V : V;
+    const FT a2 = a * a;
+    const int forget = a2 == (FT)0;
+    FT u = forget ? (FT)0 : a2 * U1;
+    FT e = forget ? (FT)0 : a * (E1 - c * U1);
+    FT v = forget ? (FT)1 : V1 + p * U1;
+    KS_F(_norm)(1, &u, &e, &v);
+    *su = u;
+    *se = e;
+    *sv = v;
+}
+
+/* The filtered triple of a step from its outputs (exact: the larger of u, v is 1, and the moments
+ * of such a triple are its entries), combined with the backward triple by adding precisions. */
+static KS_INLINE void KS_F(_combine)(KS_FT mean, KS_FT var, KS_FT prec, KS_FT info, KS_FT U,
+                                     KS_FT E, KS_FT V, KS_FT *s_mean, KS_FT *s_var) {
+    typedef KS_FT FT;
+    const int big_u = var <= (FT)1;
+    const FT u = big_u ? (FT)1 : prec, e = big_u ? mean : info, v = big_u ? var : (FT)1;
+    const FT den = u * V + U * v;
+    const int exact = v == (FT)0;
+    *s_mean = exact ? e : (e * V + E * v) / den;
+    *s_var = exact ? (FT)0 : v * V / den;
+}
+
+KS_CLONES static void KS_F(_smooth_row)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], int back,
+                                        const KS_FT *restrict mean, const KS_FT *restrict var,
+                                        const KS_FT *restrict prec, const KS_FT *restrict info,
+                                        KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,
+                                        KS_FT *restrict sm, KS_FT *restrict sv) {
+    const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
+    const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        KS_FT U = Us[j], E = Es[j], V = Vs[j];
+        KS_F(_combine)(mean[j], var[j], prec[j], info[j], U, E, V, &sm[j], &sv[j]);
+        if (back) {
+            KS_F(_back)(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &U, &E, &V);
+            Us[j] = U;
+            Es[j] = E;
+            Vs[j] = V;
+        }
+    }
+}
+
+/* Pointers to step t's parameters for lanes [n0, n0 + nb): the series itself where its lanes are
+ * contiguous, else a tile of `buf` (gathered; broadcast values filled once per tile when constant
+ * in time, which the caller marks by passing t < 0 for the first fill). */
+static void KS_F(_sources)(const ks_job *job, Py_ssize_t t, Py_ssize_t n0, Py_ssize_t nb,
+                           KS_FT *buf, Py_ssize_t W, int first, const KS_FT *src[KS_NSERIES]) {
+    for (int k = 0; k < KS_NSERIES; k++) {
+        const ks_series *s = &job->in[k];
+        const KS_FT *p = (const KS_FT *)s->ptr + t * s->st + n0 * s->sn;
+        if (s->sn == 1) {
+            src[k] = p;
+            continue;
+        }
+        KS_FT *b = buf + k * W;
+        src[k] = b;
+        if (s->st == 0 && !first) continue; /* filled at the tile's first step */
+        if (s->sn == 0) {
+            const KS_FT x = p[0];
+            for (Py_ssize_t j = 0; j < nb; j++) b[j] = x;
+        } else {
+            for (Py_ssize_t j = 0; j < nb; j++) b[j] = p[j * s->sn];
+        }
+    }
 }
 
 /* Fewer lanes than a vector: each lane runs through all steps on its own (time inner), reading
  * parameters through their strides; the recursion's latency, not per-step overhead, sets the
- * pace. The log-likelihood goes to acc[0 .. nb). */
-static int KS_LANES(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, double *acc) {
+ * pace. Same per-element arithmetic as the tile rows. */
+static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb) {
     typedef KS_FT FT;
     const Py_ssize_t T = job->T, N = job->N;
     const ks_series *in = job->in;
+    const int write = job->out[0] != NULL;
     int flags = 0;
-    for (Py_ssize_t j = 0; j < nb; j++) {
-        const Py_ssize_t n = n0 + j;
+    for (Py_ssize_t n = n0; n < n0 + nb; n++) {
         const FT *zp = (const FT *)in[KS_Z].ptr + n * in[KS_Z].sn;
         const FT *op = (const FT *)in[KS_OBS].ptr + n * in[KS_OBS].sn;
         const FT *ap = (const FT *)in[KS_A].ptr + n * in[KS_A].sn;
         const FT *pp = (const FT *)in[KS_P].ptr + n * in[KS_P].sn;
         const FT *hp = (const FT *)in[KS_H].ptr + n * in[KS_H].sn;
         const FT *cp = (const FT *)in[KS_C].ptr + n * in[KS_C].sn;
-        FT lam = ((const FT *)job->lam0)[n * job->lam0_sn];
-        FT eta = ((const FT *)job->eta0)[n * job->eta0_sn];
+        FT u = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
+        FT e = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
+        FT v = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        KS_F(_norm)(1, &u, &e, &v);
         double ll = 0.0;
         for (Py_ssize_t t = 0; t < T; t++) {
-            const FT o = op[t * in[KS_OBS].st];
-            const Py_ssize_t at = t * N + n;
-            flags |= KS_STEP(zp[t * in[KS_Z].st], o, (FT)1 / o, ap[t * in[KS_A].st],
-                             pp[t * in[KS_P].st], hp[t * in[KS_H].st], cp[t * in[KS_C].st], lam,
-                             eta, &lam, &eta, &ll, (FT *)job->out[KS_LAM] + at,
-                             (FT *)job->out[KS_ETA] + at, (FT *)job->out[KS_MEAN] + at,
-                             (FT *)job->out[KS_VAR] + at, (FT *)job->out[KS_LAM_PRED] + at,
-                             (FT *)job->out[KS_MEAN_PRED] + at, (FT *)job->out[KS_VAR_PRED] + at);
+            FT *o[KS_NOUT];
+            for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n : NULL;
+            double l;
+            flags |= KS_F(_elem_fixed)(write, zp[t * in[KS_Z].st], op[t * in[KS_OBS].st],
+                                       ap[t * in[KS_A].st], pp[t * in[KS_P].st],
+                                       hp[t * in[KS_H].st], cp[t * in[KS_C].st], &u, &e, &v, &l,
+                                       o);
+            ll += l;
         }
-        acc[j] = ll;
+        ((FT *)job->final[0])[n] = u;
+        ((FT *)job->final[1])[n] = e;
+        ((FT *)job->final[2])[n] = v;
+        ((FT *)job->loglik)[n] = (FT)ll;
+        flags |= ll - ll == 0.0 ? 0 : KS_NOT_FINITE;
+        if (job->smooth[0] != NULL) {
+            FT U = 0, E = 0, V = 1;
+            FT *const *out = (FT *const *)job->out;
+            for (Py_ssize_t t = T - 1; t >= 0; t--) {
+                const Py_ssize_t at = t * N + n;
+                KS_F(_combine)(out[KS_MEAN][at], out[KS_VAR][at], out[KS_PREC][at],
+                               out[KS_INFO][at], U, E, V, (FT *)job->smooth[0] + at,
+                               (FT *)job->smooth[1] + at);
+                if (t > 0)
+                    KS_F(_back)(zp[t * in[KS_Z].st], op[t * in[KS_OBS].st], ap[t * in[KS_A].st],
+                                pp[t * in[KS_P].st], hp[t * in[KS_H].st], cp[t * in[KS_C].st],
+                                &U, &E, &V);
+            }
+        }
     }
     return flags;
 }
 
-/* The same step, vectorized: each denominator is inverted once (mean = eta * (1/lam) rather than
- * eta / lam, within an ulp). Returns flags: KS_ROW_INEXACT when a reciprocal left the normal range
- * (a variance beyond the dtype's range, or a tiny denominator; the caller then recomputes the row
- * exactly), KS_Z_INF when z holds an infinity (the input check this kernel takes over),
- * KS_NOT_FINITE when a new lam or eta is not finite. */
-KS_CLONES static int KS_ROW(KS_ROW_ARGS) {
+/* Lanes [n0, n0 + nb) over all steps (nb <= W). work: 6 state tiles (state and a copy of the
+ * state in, for redoing a row), KS_NSERIES gather tiles; acc: 2 log-likelihood tiles. */
+static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize_t W, KS_FT *work,
+                       double *acc) {
     typedef KS_FT FT;
-    int fast_ok = 1, z_inf = 0, finite = 1;
-    for (Py_ssize_t j = 0; j < nb; j++) {
-        const FT zz = zs[j], o = os[j], a = as[j], p = ps[j], h = hs[j], c = cs[j];
-        z_inf |= (zz == zz) & ((zz - zz) != (zz - zz));
-        const FT lp = lam_in[j], ep = eta_in[j];
-        const FT a2 = a * a;
-        const int forget = a2 == (FT)0;
-        /* predict: lam_pred = (lam + q) / den, alpha = a (1 - q) / den, den = d + p lam > 0 */
-        const FT inv_den = (FT)1 / ((forget ? p : a2) + p * lp);
-        const FT lam_pred = (lp + (forget ? (FT)1 : (FT)0)) * inv_den;
-        const FT alpha = (forget ? (FT)0 : a) * inv_den;
-        const FT eta_pred = alpha * ep + lam_pred * c;
-        /* update: observed unless z is NaN or obs_var is inf */
-        const int observed = (zz == zz) & (o <= (FT)KS_FT_MAX);
-        const FT rho_h = rs[j] * h; /* rs = 1 / obs_var */
-        const FT l = lam_pred + (observed ? rho_h * h : (FT)0);
-        const FT e = eta_pred + (observed ? rho_h * zz : (FT)0);
-        const FT var_pred = (FT)1 / lam_pred, mean_pred = eta_pred * var_pred;
-        const FT var = (FT)1 / l;
-        o_lam[j] = l;
-        o_eta[j] = e;
-        o_mean[j] = e * var;
-        o_var[j] = var;
-        o_lp[j] = lam_pred;
-        o_mp[j] = mean_pred;
-        o_vp[j] = var_pred;
-        lam[j] = l;
-        eta[j] = e;
-        finite &= (l - l == (FT)0) & (e - e == (FT)0);
-        fast_ok &= (inv_den >= (FT)KS_FT_MIN) & (inv_den <= (FT)KS_FT_MAX) &
-                   (((var >= (FT)KS_FT_MIN) & (var <= (FT)KS_FT_MAX)) | (l == (FT)0)) &
-                   (((var_pred >= (FT)KS_FT_MIN) & (var_pred <= (FT)KS_FT_MAX)) |
-                    (lam_pred == (FT)0));
-        /* log-likelihood, exact diffuse convention: steps with lam_pred = 0 add nothing (unless
-         * h = 0); innovation variance s = h^2 var_pred + obs_var */
-        const int known = lam_pred > (FT)0;
-        const int contrib = observed & (known | (h == (FT)0));
-        const FT s = h * h * (known ? var_pred : (FT)0) + (observed ? o : (FT)1);
-        const FT innov = (contrib ? zz : (FT)0) - h * (known ? mean_pred : (FT)0);
-        const double s_ok = contrib ? (double)s : 1.0;
-        const double di = (double)innov;
-        const double quad = s_ok <= DBL_MAX ? di * di / s_ok : 0.0;
-        acc[j] = acc_in[j] + (contrib ? -0.5 * (KS_LOG_2PI + ks_log(s_ok) + quad) : 0.0);
-    }
-    return (fast_ok ? 0 : KS_ROW_INEXACT) | (z_inf ? KS_Z_INF : 0) | (finite ? 0 : KS_NOT_FINITE);
-}
-
-/* Lanes [n0, n0 + nb) over all steps. state: 2 x (lam, eta) tiles (in and out, swapped every
- * step); acc: 2 log-likelihood tiles; buf: KS_NSERIES gathered parameter tiles and
- * one for 1 / obs_var. The final
- * log-likelihood is left in acc[0 .. nb). Returns KS_NOT_FINITE when a lam or eta is not finite,
- * plus KS_Z_INF when z holds an infinity. */
-static int KS_NAME(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, KS_FT *state, double *acc,
-                   KS_FT *buf) {
-    typedef KS_FT FT;
-    const Py_ssize_t T = job->T, N = job->N, W = job->tile;
+    const Py_ssize_t T = job->T, N = job->N;
+    const int write = job->out[0] != NULL;
+    FT *us = work, *es = work + W, *vs = work + 2 * W;
+    FT *ku = work + 3 * W, *ke = work + 4 * W, *kv = work + 5 * W;
+    FT *buf = work + 6 * W;
+    double *kacc = acc + W;
     const FT *src[KS_NSERIES];
-    int gather[KS_NSERIES], fixed[KS_NSERIES];
-    for (int k = 0; k < KS_NSERIES; k++) {
-        const ks_series *s = &job->in[k];
-        gather[k] = s->sn != 1;
-        fixed[k] = s->st == 0;
-        if (gather[k] && fixed[k]) {
-            const FT *p = (const FT *)s->ptr + n0 * s->sn;
-            for (Py_ssize_t j = 0; j < nb; j++) buf[k * W + j] = p[j * s->sn];
-        }
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const Py_ssize_t n = n0 + j;
+        us[j] = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
+        es[j] = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
+        vs[j] = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        KS_F(_norm)(1, &us[j], &es[j], &vs[j]);
+        acc[j] = 0.0;
     }
-    /* 1 / obs_var, once per tile when obs_var is constant in time, else once per step */
-    FT *rho = buf + KS_NSERIES * W;
-    const int obs_fixed = fixed[KS_OBS];
     int seen = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
-        for (int k = 0; k < KS_NSERIES; k++) {
-            const ks_series *s = &job->in[k];
-            const FT *p = (const FT *)s->ptr + t * s->st + n0 * s->sn;
-            FT *b = buf + k * W;
-            if (!gather[k]) {
-                src[k] = p;
-            } else {
-                if (!fixed[k]) {
-                    if (s->sn == 0) {
-                        const FT v = p[0];
-                        for (Py_ssize_t j = 0; j < nb; j++) b[j] = v;
-                    } else {
-                        for (Py_ssize_t j = 0; j < nb; j++) b[j] = p[j * s->sn];
-                    }
-                }
-                src[k] = b;
+        KS_F(_sources)(job, t, n0, nb, buf, W, t == 0, src);
+        FT *o[KS_NOUT];
+        for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n0 : NULL;
+        memcpy(ku, us, nb * sizeof(FT));
+        memcpy(ke, es, nb * sizeof(FT));
+        memcpy(kv, vs, nb * sizeof(FT));
+        memcpy(kacc, acc, nb * sizeof(double));
+        int fl = write ? KS_F(_row_all)(nb, src, us, es, vs, acc, o)
+                       : KS_F(_row_ll)(nb, src, us, es, vs, acc);
+        if (fl & KS_ROW_INEXACT) { /* redo the row lane by lane, exact where needed */
+            fl = 0;
+            for (Py_ssize_t j = 0; j < nb; j++) {
+                FT *oj[KS_NOUT];
+                for (int k = 0; k < KS_NOUT; k++) oj[k] = write ? o[k] + j : NULL;
+                FT u = ku[j], e = ke[j], v = kv[j];
+                double l;
+                fl |= KS_F(_elem_fixed)(write, src[KS_Z][j], src[KS_OBS][j], src[KS_A][j],
+                                        src[KS_P][j], src[KS_H][j], src[KS_C][j], &u, &e, &v, &l,
+                                        oj);
+                us[j] = u;
+                es[j] = e;
+                vs[j] = v;
+                acc[j] = kacc[j] + l;
             }
         }
-        if (t == 0 || !obs_fixed) {
-            const FT *restrict o = src[KS_OBS];
-            for (Py_ssize_t j = 0; j < nb; j++) rho[j] = (FT)1 / o[j];
-        }
-        const Py_ssize_t row = t * N + n0;
-        const int in = (int)(t & 1), out = 1 - in; /* state slots: read `in`, write `out` */
-        FT *const lam_in = state + (2 * in) * W, *const eta_in = state + (2 * in + 1) * W;
-        FT *const lam_out = state + (2 * out) * W, *const eta_out = state + (2 * out + 1) * W;
-        FT *const o[KS_NOUT] = {
-            (FT *)job->out[KS_LAM] + row,       (FT *)job->out[KS_ETA] + row,
-            (FT *)job->out[KS_MEAN] + row,      (FT *)job->out[KS_VAR] + row,
-            (FT *)job->out[KS_LAM_PRED] + row,  (FT *)job->out[KS_MEAN_PRED] + row,
-            (FT *)job->out[KS_VAR_PRED] + row,
-        };
-#define KS_CALL(fn)                                                                                \
-    fn(nb, src[KS_Z], src[KS_OBS], rho, src[KS_A], src[KS_P], src[KS_H], src[KS_C], lam_in,        \
-       eta_in, acc + in * W, lam_out, eta_out, acc + out * W, o[KS_LAM], o[KS_ETA], o[KS_MEAN],    \
-       o[KS_VAR], o[KS_LAM_PRED], o[KS_MEAN_PRED], o[KS_VAR_PRED])
-        int flags = KS_CALL(KS_ROW);
-        if (flags & KS_ROW_INEXACT) flags = (flags & KS_Z_INF) | KS_CALL(KS_ROW_EXACT);
-#undef KS_CALL
-        seen |= flags;
+        seen |= fl;
     }
-    if (T & 1) /* the last step wrote into slot 1 */
-        for (Py_ssize_t j = 0; j < nb; j++) acc[j] = acc[W + j];
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const Py_ssize_t n = n0 + j;
+        ((FT *)job->final[0])[n] = us[j];
+        ((FT *)job->final[1])[n] = es[j];
+        ((FT *)job->final[2])[n] = vs[j];
+        ((FT *)job->loglik)[n] = (FT)acc[j];
+        seen |= acc[j] - acc[j] == 0.0 ? 0 : KS_NOT_FINITE;
+    }
+    if (job->smooth[0] != NULL) { /* backward information filter, from B_{T-1} = (0, 0, 1) */
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            us[j] = 0;
+            es[j] = 0;
+            vs[j] = 1;
+        }
+        for (Py_ssize_t t = T - 1; t >= 0; t--) {
+            const Py_ssize_t row = t * N + n0;
+            KS_F(_sources)(job, t, n0, nb, buf, W, t == T - 1, src);
+            FT *const *out = (FT *const *)job->out;
+            KS_F(_smooth_row)(nb, src, t > 0, out[KS_MEAN] + row, out[KS_VAR] + row,
+                              out[KS_PREC] + row, out[KS_INFO] + row, us, es, vs,
+                              (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
+        }
+    }
     return seen & (KS_NOT_FINITE | KS_Z_INF);
 }
 
-#undef KS_ROW_ARGS
-#undef KS_STEP
-#undef KS_LANES
-#undef KS_ROW_EXACT
-#undef KS_ROW
-#undef KS_CAT
-#undef KS_CAT_
+#undef KS_F

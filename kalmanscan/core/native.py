@@ -1,19 +1,32 @@
-"""The native CPU backend: one fused, compiled pass over time (``kalmanscan/core/_native.c``).
+"""The native CPU backend: fused, compiled passes over time (``kalmanscan/core/_native.c``).
 
 The extension is built at install time when a C compiler is present (setup.py, optional). It
-computes everything :func:`kalmanscan.core.filter._run_block` returns in one pass, vectorized across
-lanes, with lanes split across threads (``torch.get_num_threads()`` of them) and the GIL released.
-It has no backward of its own: where inputs require grad, filter.py wraps it in an autograd
-function whose backward is the torch backend's vector-Jacobian product at the same inputs.
-``backend="auto"`` picks it for every CPU call, whatever the shape: on one lane of 200 000 steps
-too it is faster than the chunked parallel scan of the torch backend (docs/performance-cpu.md).
+implements the backend contract of docs/backend-contract.md on CPU tensors:
 
-Backend contract (docs/architecture.md): ``filter_lanes(z, obs_var, decay, process_var, loading,
-offset, lam0, eta0) -> (lam, eta)`` with ``[T, N]`` inputs (expanded views allowed: stride 0 is
-read as broadcast, never materialized) and ``[N]`` initial state. :func:`run` returns all outputs.
+    filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all") -> dict
+    smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0) -> dict
+
+``z, obs_var, decay, process_var, loading, offset``: ``[T, N]`` tensors of one dtype (float32 or
+float64), each possibly an expanded view (stride 0) or a compact ``[1, N]``, ``[T, 1]`` or
+``[1, 1]`` tensor, read in place, never materialized; ``x0 = (u0, e0, v0)``: three ``[N]`` tensors
+(homogeneous coordinates). Beliefs are carried as normalized homogeneous triples, so a diffuse
+state and a state known exactly are ordinary values and nothing overflows on a valid model.
+
+Every call is one pass over time per tile of lanes, vectorized across lanes, with tiles handed out
+to the calling thread and a persistent pool of worker threads (``torch.get_num_threads()`` in all,
+fewer for small calls) with the GIL released. ``outputs="loglik"`` writes no ``[T, N]`` array.
+
+Gradients: ``filter_lanes(..., outputs="loglik")["loglik"]`` is differentiable by the kernel's
+adjoint (:func:`loglik_grad`: one reverse pass with checkpoints, gradients in each input's compact
+shape, no other ``[T, N]`` array). The other outputs, the smoother, gradients through ``final``
+and second derivatives by autograd take the torch backend's vector-Jacobian product
+(``kalmanscan.core.parallel``) at the same inputs. :func:`loglik_hessian` gives exact-gradient
+Hessians for fitting's standard errors.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -23,13 +36,19 @@ try:
 except ImportError:  # built without a C compiler: the torch backend serves the CPU
     _ext = None
 
-# flags returned by the kernel (bits)
-NOT_FINITE = 1  # a filtered precision or information is not finite: overflow
-Z_INF = 2  # z holds +-inf: invalid input (filter.py raises naming it)
+# flags returned by the kernels (bits)
+NOT_FINITE = 1  # a value that must be finite is not: data no float can hold
+Z_INF = 2  # z holds +-inf: invalid input (the API raises naming it)
 
-_KEYS = ("lam", "eta", "mean", "var", "lam_pred", "mean_pred", "var_pred")
-# Below this many elements one thread does the whole call (starting threads costs ~50 us).
-_MIN_ELEMS_PER_THREAD = 1 << 14
+OUTPUTS = ("all", "loglik")
+FILTER_KEYS = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
+SMOOTH_KEYS = ("smooth_mean", "smooth_var")
+INPUTS = ("z", "obs_var", "decay", "process_var", "loading", "offset")
+# Below this many lane-steps per thread a call runs on fewer threads (waking a worker and handing
+# it tiles costs a few microseconds; a lane-step about 5 ns).
+_MIN_WORK_PER_THREAD = 1 << 15
+# The adjoint's lane-steps cost about 4 filter lane-steps.
+_ADJ_WORK = 4
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
@@ -43,64 +62,335 @@ def _empty(shape, dtype) -> torch.Tensor:
     return torch.from_numpy(np.empty(shape, _NUMPY[dtype]))
 
 
+def _threads(work: int) -> int:
+    return max(1, min(torch.get_num_threads(), work // _MIN_WORK_PER_THREAD))
+
+
 def _series(x: torch.Tensor):
     st, sn = x.stride()
     return (x.data_ptr(), st if x.shape[0] > 1 else 0, sn if x.shape[1] > 1 else 0)
 
 
-def run(z, obs_var, decay, process_var, loading, offset, lam0, eta0, threads=None):
-    """Filter ``[T, N]`` lanes in one pass.
+def _lane(x: torch.Tensor):
+    return (x.data_ptr(), x.stride(0) if x.shape[0] > 1 else 0)
 
-    Returns ``(out, flags)``: ``out`` maps ``lam, eta, mean, var, lam_pred, mean_pred, var_pred``
-    to new contiguous ``[T, N]`` tensors and ``loglik`` to ``[N]``; ``flags`` has bit
-    :data:`NOT_FINITE` set when a filtered precision or information is not finite (overflow) and
-    :data:`Z_INF` when ``z`` holds an infinity (the caller raises for both).
 
-    >>> import torch
-    >>> from kalmanscan.core import native
-    >>> z = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
-    >>> one = lambda v: torch.full((2, 1), v, dtype=torch.float64)
-    >>> zero = torch.zeros(1, dtype=torch.float64)
-    >>> out, flags = native.run(z, one(1.0), one(1.0), one(0.0), one(1.0), one(0.0), zero, zero)
-    >>> out["mean"][:, 0].tolist(), flags
-    ([1.0, 1.5], 0)
-    """
-    if _ext is None:
-        raise RuntimeError("kalmanscan.core._native is not built; use the torch backend")
+def _check(z, params, x0):
+    """Shapes, dtypes and devices of a call; returns ``(T, N, dtype, x0 as [N] views)``."""
+    if not isinstance(z, torch.Tensor) or z.dim() != 2:
+        got = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise TypeError(f"z: expected a [T, N] tensor, got {got}")
     T, N = z.shape
     dtype = z.dtype
     if dtype not in _NUMPY or z.device.type != "cpu":
         raise TypeError(f"z: expected a float32/float64 CPU tensor, got {dtype} on {z.device}")
-    params = (z, obs_var, decay, process_var, loading, offset)
-    for x in params:
-        if x.dtype != dtype or x.dim() != 2 or x.device.type != "cpu":
-            raise TypeError(f"native.run: expected [T, N] CPU tensors of {dtype}, got {x.dtype}")
-    outs = [_empty((T, N), dtype) for _ in _KEYS]
-    loglik = _empty((N,), dtype)
-    out = dict(zip(_KEYS, outs, strict=True))
-    out["loglik"] = loglik
-    if N == 0:  # no lanes: nothing to compute
-        return out, 0
+    for name, x in zip(INPUTS[1:], params, strict=True):
+        if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.device.type != "cpu":
+            got = f"{x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"{name}: expected a {dtype} CPU tensor like z, got {got}")
+        if x.dim() != 2 or x.shape[0] not in (1, T) or x.shape[1] not in (1, N):
+            raise ValueError(
+                f"{name}: expected shape [T, N] = [{T}, {N}] or broadcastable [1 or T, 1 or N], "
+                f"got {list(x.shape)}"
+            )
+    if len(x0) != 3:
+        raise TypeError(f"x0: expected three [N] tensors (u0, e0, v0), got {len(x0)} entries")
+    lanes = []
+    for name, x in zip(("u0", "e0", "v0"), x0, strict=True):
+        if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.device.type != "cpu":
+            got = f"{x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x0 ({name}): expected a {dtype} CPU tensor, got {got}")
+        if x.dim() > 1 or (x.dim() == 1 and x.shape[0] not in (1, N)):
+            raise ValueError(f"x0 ({name}): expected shape [{N}] or [1], got {list(x.shape)}")
+        lanes.append(x.reshape(-1) if x.dim() == 1 else x.reshape(1))
+    return T, N, dtype, lanes
+
+
+def _run(z, params, x0, outputs="all", smooth=False, threads=None):
+    """One kernel call (no autograd). Returns the contract's dict (``flags`` a python int)."""
+    if _ext is None:
+        raise RuntimeError("kalmanscan.core._native is not built; use the torch backend")
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
+    T, N, dtype, x0 = _check(z, params, x0)
+    out = {}
+    keys = FILTER_KEYS if outputs == "all" or smooth else ()
+    for k in keys + (SMOOTH_KEYS if smooth else ()):
+        out[k] = _empty((T, N), dtype)
+    out["loglik"] = _empty((N,), dtype)
+    final = tuple(_empty((N,), dtype) for _ in range(3))
+    out["final"] = final
+    if N == 0 or T == 0:
+        if T == 0:  # no steps: the state is the (normalized) initial one
+            with torch.no_grad():
+                m = torch.maximum(x0[0], x0[2]).expand(N)
+                for f, x in zip(final, x0, strict=True):
+                    f.copy_(x.expand(N) / m)
+            out["loglik"].zero_()
+        out["flags"] = 0
+        return out
     if threads is None:
-        threads = torch.get_num_threads()
-    threads = max(1, min(int(threads), (T * N) // _MIN_ELEMS_PER_THREAD))
-    lam0 = lam0.to(dtype).expand(N)
-    eta0 = eta0.to(dtype).expand(N)
-    flags = _ext.filter(
+        threads = _threads(T * N)
+    out["flags"] = _ext.filter(
         dtype == torch.float64,
         T,
         N,
-        threads,
-        tuple(_series(x.expand(T, N)) for x in params),
-        (lam0.data_ptr(), lam0.stride(0) if N > 1 else 0),
-        (eta0.data_ptr(), eta0.stride(0) if N > 1 else 0),
-        tuple(o.data_ptr() for o in outs),
-        loglik.data_ptr(),
+        int(threads),
+        tuple(_series(x) for x in (z,) + tuple(params)),
+        tuple(_lane(x) for x in x0),
+        tuple(out[k].data_ptr() for k in keys),
+        tuple(out[k].data_ptr() for k in SMOOTH_KEYS) if smooth else (),
+        out["loglik"].data_ptr(),
+        tuple(f.data_ptr() for f in final),
     )
-    return out, flags
+    return out
 
 
-def filter_lanes(z, obs_var, decay, process_var, loading, offset, lam0, eta0):
-    """The backend contract: ``(lam, eta)`` of ``[T, N]`` lanes (no overflow check here)."""
-    out, _ = run(z, obs_var, decay, process_var, loading, offset, lam0, eta0)
-    return out["lam"], out["eta"]
+def loglik_grad(
+    z,
+    obs_var,
+    decay,
+    process_var,
+    loading,
+    offset,
+    x0,
+    weight=None,
+    *,
+    wrt=None,
+    checkpoint=None,
+    threads=None,
+):
+    """Gradient of ``sum(weight * loglik)`` with respect to the inputs, by the kernel's adjoint.
+
+    One reverse pass over time with the state kept every ``checkpoint`` steps (default
+    ``ceil(sqrt(T))``): each block is recomputed from its checkpoint and reversed. ``weight``:
+    ``[N]`` (default ones). ``wrt``: the names wanted among ``z, obs_var, decay, process_var,
+    loading, offset, u0, e0, v0`` (default all). Returns a dict of gradients, each in its input's
+    compact shape (``[T, N]``, ``[1, N]``, ``[T, 1]`` or ``[1, 1]``: summed over the input's
+    broadcast dimensions; ``[N]`` for ``u0, e0, v0``) and ``flags`` (bit :data:`NOT_FINITE`).
+
+    >>> import torch
+    >>> from kalmanscan.core import native
+    >>> z = torch.tensor([[1.0], [2.0], [0.5]], dtype=torch.float64)
+    >>> s = lambda v: torch.tensor([[v]], dtype=torch.float64)
+    >>> x0 = tuple(torch.tensor([v], dtype=torch.float64) for v in (0.0, 0.0, 1.0))
+    >>> g = native.loglik_grad(z, s(1.0), s(0.9), s(0.1), s(1.0), s(0.0), x0)
+    >>> round(float(g["decay"]), 4), tuple(g["z"].shape), tuple(g["decay"].shape)
+    (-1.0999, (3, 1), (1, 1))
+    """
+    if _ext is None:
+        raise RuntimeError("kalmanscan.core._native is not built; use the torch backend")
+    params = (obs_var, decay, process_var, loading, offset)
+    T, N, dtype, x0 = _check(z, params, x0)
+    names = INPUTS + ("u0", "e0", "v0")
+    wrt = names if wrt is None else tuple(wrt)
+    for name in wrt:
+        if name not in names:
+            raise ValueError(f"wrt: expected names among {names}, got {name!r}")
+    if weight is None:
+        weight = torch.ones(1, dtype=dtype)
+    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype or weight.dim() != 1:
+        raise TypeError(f"weight: expected a [N] {dtype} tensor, got {weight!r:.60}")
+    if weight.shape[0] not in (1, N):
+        raise ValueError(f"weight: expected shape [{N}] or [1], got {list(weight.shape)}")
+    out, grads = {}, []
+    for name, x in zip(INPUTS, (z,) + params, strict=True):
+        full_t, full_n = x.shape[0] > 1 and x.stride(0) != 0, x.shape[1] > 1 and x.stride(1) != 0
+        if name in wrt:
+            out[name] = _empty((T if full_t else 1, N if full_n else 1), dtype)
+            grads.append((out[name].data_ptr(), full_t, full_n))
+        else:
+            grads.append((0, full_t, full_n))
+    gx0 = []
+    for name in ("u0", "e0", "v0"):
+        if name in wrt:
+            out[name] = _empty((N,), dtype)
+        gx0.append(out[name].data_ptr() if name in wrt else 0)
+    if N == 0 or T == 0:
+        for name in wrt:
+            out[name].zero_()
+        out["flags"] = 0
+        return out
+    if checkpoint is None:
+        checkpoint = max(1, math.isqrt(T - 1) + 1)
+    if threads is None:
+        threads = _threads(_ADJ_WORK * T * N)
+    out["flags"] = _ext.loglik_grad(
+        dtype == torch.float64,
+        T,
+        N,
+        int(threads),
+        tuple(_series(x) for x in (z,) + params),
+        tuple(_lane(x) for x in x0),
+        _lane(weight),
+        tuple(grads),
+        tuple(gx0),
+        int(checkpoint),
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------ autograd
+
+
+def _compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as its compact tensor (size 1 along stride-0 dims), reached without a slice where
+    ``x`` is an expansion of a contiguous base, so that gradients of the compact shape flow to it
+    without a ``[T, N]`` buffer; a slice (whose backward pads to ``[T, N]``) otherwise."""
+    shape = tuple(1 if s == 0 and n > 1 else n for n, s in zip(x.shape, x.stride(), strict=True))
+    if shape == tuple(x.shape):
+        return x
+    base = x._base
+    if (
+        base is not None
+        and base.is_contiguous()
+        and base.numel() == math.prod(shape)
+        and base.data_ptr() == x.data_ptr()
+        and all(
+            n == 1 or s == c
+            for n, s, c in zip(
+                shape, x.stride(), torch.empty(shape, device="meta").stride(), strict=True
+            )
+        )
+    ):
+        return base.reshape(shape)
+    for dim, n in enumerate(shape):
+        if n == 1 and x.shape[dim] > 1:
+            x = x.narrow(dim, 0, 1)
+    return x
+
+
+def _torch_vjp(fn, kind, T, N, inputs, grads, need):
+    """The torch backend's vector-Jacobian product at ``inputs`` (grad mode on here means the
+    caller asked for ``create_graph``: then the saved inputs are differentiated themselves)."""
+    create = torch.is_grad_enabled()
+    with torch.enable_grad():
+        leaves = [
+            x if create else x.detach().requires_grad_(n) for x, n in zip(inputs, need, strict=True)
+        ]
+        params = tuple(x.expand(T, N) for x in leaves[:6])
+        x0 = tuple(x.expand(N) for x in leaves[6:])
+        r = fn(*params, x0, outputs=kind) if kind is not None else fn(*params, x0)
+        outs = [r[k] for k in kind_keys(kind)] + list(r["final"])
+        pairs = [
+            (o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad
+        ]
+        wrt = [x for x, n in zip(leaves, need, strict=True) if n]
+        got = (
+            torch.autograd.grad(
+                [o for o, _ in pairs],
+                wrt,
+                [g for _, g in pairs],
+                allow_unused=True,
+                create_graph=create,
+            )
+            if pairs
+            else [None] * len(wrt)
+        )
+    it = iter(got)
+    res = []
+    for x, n in zip(leaves, need, strict=True):
+        g = next(it) if n else None
+        res.append(torch.zeros_like(x) if n and g is None else g)
+    return tuple(res)
+
+
+def kind_keys(kind):
+    """The ``[T, N]`` / ``[N]`` tensor outputs of a call, in the autograd functions' order."""
+    if kind == "loglik":
+        return ("loglik",)
+    if kind == "all":
+        return FILTER_KEYS + ("loglik",)
+    return FILTER_KEYS + ("loglik",) + SMOOTH_KEYS
+
+
+class _NativeFunction(torch.autograd.Function):
+    """The kernel's outputs, differentiable. Inputs: the six compact parameters, then u0, e0, v0
+    (``[N]``); ``kind``: ``"loglik"``, ``"all"`` or ``None`` (the smoother)."""
+
+    @staticmethod
+    def forward(ctx, kind, T, N, *inputs):
+        ctx.set_materialize_grads(False)
+        ctx.kind, ctx.T, ctx.N = kind, T, N
+        ctx.save_for_backward(*inputs)
+        params = tuple(x.expand(T, N) for x in inputs[:6])
+        x0 = tuple(x.expand(N) for x in inputs[6:])
+        out = _run(params[0], params[1:], x0, outputs=kind or "all", smooth=kind is None)
+        res = tuple(out[k] for k in kind_keys(kind)) + tuple(out["final"])
+        flags = torch.tensor(out["flags"])
+        ctx.mark_non_differentiable(flags)
+        return res + (flags,)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = grads[:-1]  # flags
+        inputs = ctx.saved_tensors
+        need = ctx.needs_input_grad[3:]
+        kind, T, N = ctx.kind, ctx.T, ctx.N
+        adjoint = (
+            kind == "loglik" and not torch.is_grad_enabled() and all(g is None for g in grads[1:])
+        )
+        if not adjoint:
+            from kalmanscan.core import parallel
+
+            fn = parallel.smooth_lanes if kind is None else parallel.filter_lanes
+            return (None, None, None) + _torch_vjp(fn, kind, T, N, inputs, grads, need)
+        if grads[0] is None:
+            return (None, None, None) + tuple(
+                torch.zeros_like(x) if n else None for x, n in zip(inputs, need, strict=True)
+            )
+        names = INPUTS + ("u0", "e0", "v0")
+        wrt = [name for name, n in zip(names, need, strict=True) if n]
+        params = tuple(x.expand(T, N) for x in inputs[:6])
+        x0 = tuple(x.expand(N) for x in inputs[6:])
+        w = grads[0].to(inputs[0].dtype).contiguous()
+        g = loglik_grad(params[0], *params[1:], x0, w, wrt=wrt)
+        if g["flags"] & NOT_FINITE:
+            raise OverflowError(
+                "native adjoint: a gradient of the log-likelihood is not finite in "
+                f"{inputs[0].dtype}: the data or parameters are beyond what the dtype can hold"
+            )
+        res = []
+        for name, x, n in zip(names, inputs, need, strict=True):
+            res.append(g[name].reshape(x.shape) if n else None)
+        return (None, None, None) + tuple(res)
+
+
+def _call(kind, z, obs_var, decay, process_var, loading, offset, x0):
+    params = (z, obs_var, decay, process_var, loading, offset)
+    T, N, dtype, x0l = _check(z, params[1:], x0)
+    tensors = params + tuple(x0)
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors)):
+        return _run(z, params[1:], x0, outputs=kind or "all", smooth=kind is None)
+    compact = tuple(_compact(x) for x in params)
+    lanes = tuple(x.reshape(-1) if x.dim() == 1 else x.reshape(1) for x in x0)
+    res = _NativeFunction.apply(kind, T, N, *compact, *lanes)
+    keys = kind_keys(kind)
+    out = dict(zip(keys, res[: len(keys)], strict=True))
+    out["final"] = tuple(res[len(keys) : len(keys) + 3])
+    out["flags"] = int(res[-1])
+    return out
+
+
+def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
+    """The backend contract's filter (module docstring; docs/backend-contract.md).
+
+    >>> import torch
+    >>> from kalmanscan.core import native
+    >>> z = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    >>> s = lambda v: torch.tensor([[v]], dtype=torch.float64)
+    >>> x0 = tuple(torch.tensor([v], dtype=torch.float64) for v in (0.0, 0.0, 1.0))  # diffuse
+    >>> out = native.filter_lanes(z, s(1.0), s(1.0), s(0.0), s(1.0), s(0.0), x0)
+    >>> out["mean"][:, 0].tolist(), out["var"][:, 0].tolist(), out["flags"]
+    ([1.0, 1.5], [1.0, 0.5], 0)
+    """
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
+    return _call(outputs, z, obs_var, decay, process_var, loading, offset, x0)
+
+
+def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
+    """The backend contract's smoother: :func:`filter_lanes`'s outputs plus ``smooth_mean``,
+    ``smooth_var`` (two-filter form: a backward information filter combined with the filtered
+    state by adding precisions)."""
+    return _call(None, z, obs_var, decay, process_var, loading, offset, x0)

@@ -1,0 +1,265 @@
+/* The adjoint of the log-likelihood for one tile of lanes: the gradient of sum_n w_n loglik_n with
+ * respect to every input, by one reverse pass with checkpoints. Included by _native.c once per
+ * dtype with KS_FT and KS_NAME (as _native_kernel.h). Inputs are read in their dtype; the
+ * recomputed forward and the adjoint run in float64 for both dtypes.
+ *
+ * The step (one lane; x = (u, e, v) the normalized state entering step t):
+ *     predict  (U1, V1, E1) = (u + q v, p u + d v, c (u + q v) + al e),  s1 = max(U1, V1)
+ *     update   (U2, E2, V2) = (R u1 + h^2 v1, R e1 + h z v1, R v1)  [observed],  s2 = max(U2, V2)
+ *     loglik   ll = -0.5 (log 2 pi + log S - log u1 + D^2 / (u1 S)),  S = U2, D = z u1 - h e1
+ * with (u1, e1, v1) = (U1, E1, V1) / s1 and the next state (U2, E2, V2) / s2. The log-likelihood
+ * is homogeneous of degree 0 in every state, so the normalizing factors s1, s2 are constants for
+ * the gradient (their derivatives meet the adjoint orthogonally: Euler's theorem); with
+ * forget (a*a == 0) q = 1, d = p, al = 0, else q = 0, d = a*a, al = a, as in the contract. */
+
+#define KS_G(name) KS_CAT(KS_NAME, name)
+
+#ifndef KS_ADJ_STEP_DEFINED /* the float64 step and its reverse: once for both dtypes */
+#define KS_ADJ_STEP_DEFINED
+/* One forward step in float64 from the normalized state x; returns the pieces the adjoint needs. */
+typedef struct {
+    double U1, u1, e1, v1, r1, r2; /* unnormalized U1; normalized predicted; 1/s1, 1/s2 */
+    int observed;
+} ks_fwd;
+
+static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double h, double c,
+                                 double u, double e, double v, ks_fwd *f, double *nu, double *ne,
+                                 double *nv) {
+    const double a2 = a * a;
+    const int forget = a2 == 0.0;
+    const double U1 = forget ? u + v : u;
+    const double V1 = forget ? p * U1 : p * u + a2 * v;
+    const double E1 = c * U1 + (forget ? 0.0 : a * e);
+    const double r1 = 1.0 / (U1 >= V1 ? U1 : V1);
+    const double u1 = U1 * r1, e1 = E1 * r1, v1 = V1 * r1;
+    const int observed = (z == z) & (R <= DBL_MAX);
+    const double zz = observed ? z : 0.0, RR = observed ? R : 1.0;
+    const double hv = h * v1;
+    const double U2 = observed ? RR * u1 + h * hv : u1;
+    const double E2 = observed ? RR * e1 + zz * hv : e1;
+    const double V2 = observed ? RR * v1 : v1;
+    const double r2 = 1.0 / (U2 >= V2 ? U2 : V2);
+    *nu = U2 * r2;
+    *ne = E2 * r2;
+    *nv = V2 * r2;
+    f->U1 = U1;
+    f->u1 = u1;
+    f->e1 = e1;
+    f->v1 = v1;
+    f->r1 = r1;
+    f->r2 = r2;
+    f->observed = observed;
+}
+
+/* The reverse of one step: adjoint (lu, le, lv) of the next state in, of the state x out; the
+ * step's partials g[KS_NSERIES] (weight w on its log-likelihood term). */
+static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double h, double c,
+                                  double u, double e, double v, double w, double *lu, double *le,
+                                  double *lv, double *gz, double *gR, double *ga, double *gp,
+                                  double *gh, double *gc) {
+    ks_fwd f;
+    double nu, ne, nv;
+    ks_adj_fwd(z, R, a, p, h, c, u, e, v, &f, &nu, &ne, &nv);
+    const int obs = f.observed;
+    const double zz = obs ? z : 0.0, RR = obs ? R : 1.0;
+    const double u1 = f.u1, e1 = f.e1, v1 = f.v1;
+    /* through the update's normalization and the update */
+    const double gU2 = *lu * f.r2, gE2 = *le * f.r2, gV2 = *lv * f.r2;
+    double gu1 = obs ? RR * gU2 : gU2;
+    double ge1 = obs ? RR * gE2 : gE2;
+    double gv1 = obs ? h * h * gU2 + h * zz * gE2 + RR * gV2 : gV2;
+    double dR = obs ? u1 * gU2 + e1 * gE2 + v1 * gV2 : 0.0;
+    double dh = obs ? 2.0 * h * v1 * gU2 + zz * v1 * gE2 : 0.0;
+    double dz = obs ? h * v1 * gE2 : 0.0;
+    /* the log-likelihood term */
+    const int known = u1 > 0.0;
+    const int contrib = obs & (known | (h == 0.0));
+    const double ku = known ? u1 : 1.0;
+    const double S = known ? RR * ku + h * h * v1 : RR;
+    const double D = zz * ku - h * (known ? e1 : 0.0);
+    const double iuS = 1.0 / (ku * S);
+    const double Q = D * D * iuS;
+    const double wc = contrib ? w : 0.0;
+    const double dS = -0.5 * wc * (1.0 - Q) / S; /* d ll / d S */
+    const double dD = -wc * D * iuS;             /* d ll / d D */
+    const double kn = known ? 1.0 : 0.0;
+    gu1 += kn * (0.5 * wc * (1.0 + Q) / ku + dS * RR + dD * zz);
+    gv1 += kn * dS * h * h;
+    ge1 += kn * (-h * dD);
+    dR += dS * ku;
+    dh += kn * (2.0 * h * v1 * dS - e1 * dD);
+    dz += dD * ku;
+    /* through the predict's normalization and the predict */
+    const double gU1 = gu1 * f.r1, gE1 = ge1 * f.r1, gV1 = gv1 * f.r1;
+    const double a2 = a * a;
+    const int forget = a2 == 0.0;
+    const double q = forget ? 1.0 : 0.0, d = forget ? p : a2, al = forget ? 0.0 : a;
+    *lu = gU1 + p * gV1 + c * gE1;
+    *lv = q * gU1 + d * gV1 + q * c * gE1;
+    *le = al * gE1;
+    *gp = u * gV1 + q * v * gV1;
+    *ga = forget ? 0.0 : 2.0 * a * v * gV1 + e * gE1;
+    *gc = f.U1 * gE1;
+    *gz = dz;
+    *gR = dR;
+    *gh = dh;
+}
+
+#endif
+
+/* Steps [t0, t1) of nb lanes forward from the states in (xu, xe, xv) (advanced in place); where
+ * `keep` is given, the state entering each step t is stored at keep[(t - t0) * 3 W + {0, W, 2W}]. */
+KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb,
+                                         Py_ssize_t W, Py_ssize_t t0, Py_ssize_t t1, KS_FT *buf,
+                                         double *restrict xu, double *restrict xe,
+                                         double *restrict xv, double *restrict keep) {
+    const KS_FT *src[KS_NSERIES];
+    for (Py_ssize_t t = t0; t < t1; t++) {
+        KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
+        const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
+        const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
+        double *restrict k = keep ? keep + (t - t0) * 3 * W : NULL;
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            if (k) {
+                k[j] = xu[j];
+                k[W + j] = xe[j];
+                k[2 * W + j] = xv[j];
+            }
+            ks_fwd f;
+            ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], &f, &xu[j],
+                       &xe[j], &xv[j]);
+        }
+    }
+}
+
+/* The reverse of step t for nb lanes: adjoint (lu, le, lv) updated in place, partials into
+ * g[k * W + j]. */
+KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
+                                     const double *restrict xu, const double *restrict xe,
+                                     const double *restrict xv, const double *restrict w,
+                                     double *restrict lu, double *restrict le,
+                                     double *restrict lv, double *restrict g, Py_ssize_t W) {
+    const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
+    const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
+    double *restrict gz = g + KS_Z * W, *restrict gR = g + KS_OBS * W, *restrict ga = g + KS_A * W;
+    double *restrict gp = g + KS_P * W, *restrict gh = g + KS_H * W, *restrict gc = g + KS_C * W;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        double a = lu[j], b = le[j], c = lv[j];
+        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], w[j], &a, &b,
+                    &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j], &gc[j]);
+        lu[j] = a;
+        le[j] = b;
+        lv[j] = c;
+    }
+}
+
+/* Lanes [n0, n0 + nb): scratch of KS_G(_adj_scratch)(T, K, W) doubles; worker: this thread's slot in
+ * the per-thread sums of time-only and scalar gradients. Returns KS_NOT_FINITE where a gradient
+ * is not finite. */
+static size_t KS_G(_adj_scratch)(Py_ssize_t T, Py_ssize_t K, Py_ssize_t W) {
+    const Py_ssize_t nblk = (T + K - 1) / K;
+    return (size_t)W * (3 * nblk + 3 * K + 3 + 1 + 2 * KS_NSERIES) +
+           (size_t)W * KS_NSERIES * sizeof(KS_FT) / sizeof(double) + 8;
+}
+
+static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py_ssize_t W,
+                          double *scratch, int worker) {
+    typedef KS_FT FT;
+    const ks_job *job = &aj->fwd;
+    const Py_ssize_t T = job->T, N = job->N, K = aj->K, nblk = (T + K - 1) / K;
+    double *ck = scratch;                 /* nblk x 3 x W: the state entering step b K */
+    double *blk = ck + nblk * 3 * W;      /* K x 3 x W: the states entering a block's steps */
+    double *lu = blk + K * 3 * W, *le = lu + W, *lv = le + W;
+    double *w = lv + W;
+    double *g = w + W;                    /* KS_NSERIES x W: a step's partials */
+    double *gl = g + KS_NSERIES * W;      /* KS_NSERIES x W: sums over time per lane */
+    FT *buf = (FT *)(gl + KS_NSERIES * W); /* KS_NSERIES x W gather tiles */
+    /* initial state, normalized; its factor is kept for the gradient of the state given */
+    double *xu = lu, *xe = le, *xv = lv; /* borrowed for the forward sweep */
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const Py_ssize_t n = n0 + j;
+        const double u = (double)((const FT *)job->x0[0])[n * job->x0_sn[0]];
+        const double e = (double)((const FT *)job->x0[1])[n * job->x0_sn[1]];
+        const double v = (double)((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        const double m = u >= v ? u : v;
+        xu[j] = u / m;
+        xe[j] = e / m;
+        xv[j] = v / m;
+        w[j] = (double)((const FT *)aj->w)[n * aj->w_sn];
+        for (int k = 0; k < KS_NSERIES; k++) gl[k * W + j] = 0.0;
+    }
+    /* forward sweep: checkpoints at the start of every block */
+    for (Py_ssize_t b = 0; b < nblk; b++) {
+        double *c = ck + b * 3 * W;
+        memcpy(c, xu, nb * sizeof(double));
+        memcpy(c + W, xe, nb * sizeof(double));
+        memcpy(c + 2 * W, xv, nb * sizeof(double));
+        const Py_ssize_t t1 = (b + 1) * K < T ? (b + 1) * K : T;
+        if (b + 1 < nblk) KS_G(_adj_forward)(job, n0, nb, W, b * K, t1, buf, xu, xe, xv, NULL);
+    }
+    for (Py_ssize_t j = 0; j < nb; j++) lu[j] = le[j] = lv[j] = 0.0;
+    int flags = 0;
+    const KS_FT *src[KS_NSERIES];
+    for (Py_ssize_t b = nblk - 1; b >= 0; b--) {
+        const Py_ssize_t t0 = b * K, t1 = (b + 1) * K < T ? (b + 1) * K : T;
+        double *c = ck + b * 3 * W; /* recompute the block's states from its checkpoint */
+        KS_G(_adj_forward)(job, n0, nb, W, t0, t1, buf, c, c + W, c + 2 * W, blk);
+        for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
+            const double *xs = blk + (t - t0) * 3 * W;
+            KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
+            KS_G(_adj_row)(nb, src, xs, xs + W, xs + 2 * W, w, lu, le, lv, g, W);
+            for (int k = 0; k < KS_NSERIES; k++) {
+                const ks_grad *gd = &aj->grad[k];
+                if (gd->ptr == NULL) continue;
+                const double *gk = g + k * W;
+                if (gd->full_t && gd->full_n) {
+                    FT *o = (FT *)gd->ptr + t * N + n0;
+                    int fin = 1;
+                    for (Py_ssize_t j = 0; j < nb; j++) {
+                        o[j] = (FT)gk[j];
+                        fin &= gk[j] - gk[j] == 0.0;
+                    }
+                    flags |= fin ? 0 : KS_NOT_FINITE;
+                } else if (gd->full_t) { /* [T, 1]: this thread's sum over its lanes */
+                    double s = 0.0;
+                    for (Py_ssize_t j = 0; j < nb; j++) s += gk[j];
+                    aj->tsum[((Py_ssize_t)worker * KS_NSERIES + k) * T + t] += s;
+                } else {
+                    double *acc = gl + k * W;
+                    for (Py_ssize_t j = 0; j < nb; j++) acc[j] += gk[j];
+                }
+            }
+        }
+    }
+    for (int k = 0; k < KS_NSERIES; k++) {
+        const ks_grad *gd = &aj->grad[k];
+        if (gd->ptr == NULL || gd->full_t) continue;
+        const double *acc = gl + k * W;
+        if (gd->full_n) {
+            FT *o = (FT *)gd->ptr + n0;
+            for (Py_ssize_t j = 0; j < nb; j++) {
+                o[j] = (FT)acc[j];
+                flags |= acc[j] - acc[j] == 0.0 ? 0 : KS_NOT_FINITE;
+            }
+        } else {
+            double s = 0.0;
+            for (Py_ssize_t j = 0; j < nb; j++) s += acc[j];
+            aj->ssum[worker * KS_NSERIES + k] += s;
+        }
+    }
+    /* the adjoint of the normalized initial state, divided by its normalizing factor */
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const Py_ssize_t n = n0 + j;
+        const double u = (double)((const FT *)job->x0[0])[n * job->x0_sn[0]];
+        const double v = (double)((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        const double r = 1.0 / (u >= v ? u : v);
+        const double gx[3] = {lu[j] * r, le[j] * r, lv[j] * r};
+        for (int k = 0; k < 3; k++) {
+            flags |= gx[k] - gx[k] == 0.0 ? 0 : KS_NOT_FINITE;
+            if (aj->gx0[k] != NULL) ((FT *)aj->gx0[k])[n] = (FT)gx[k];
+        }
+    }
+    return flags;
+}
+
+#undef KS_G
