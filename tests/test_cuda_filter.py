@@ -1,7 +1,10 @@
-"""The Triton kernels of the general filter (kalmanscan/cuda/filter.py) against the sequential
-reference in float64, forward and backward, in both regimes (one thread per lane over all of
-time; chunked scan with carries). Without CUDA they run under TRITON_INTERPRET=1 at small sizes.
-Outputs are NaN-poisoned before every launch so an unwritten element fails.
+"""The Triton backend of the scalar filter (kalmanscan/cuda/filter/) against the float64
+sequential reference of docs/backend-contract.md: every output of ``filter_lanes`` (both
+``outputs``) and ``smooth_lanes``, the fused log-likelihood adjoint and the gradients of the other
+outputs, the input checks (flags), in both regimes (one thread per lane over all of time; chunked
+scan with carries). Without CUDA they run under TRITON_INTERPRET=1 at small sizes. Outputs are
+NaN-poisoned before every launch so an unwritten element fails. GPU tests also check that the
+public functions ran this backend.
 """
 
 import os
@@ -14,158 +17,251 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
-from kalmanscan.core.sequential import filter_lanes as reference  # noqa: E402
+from kalmanscan.core import sequential  # noqa: E402
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import filter as F  # noqa: E402
+from kalmanscan.cuda.filter import kernels as FK  # noqa: E402
 from kalmanscan.testing import assert_close  # noqa: E402
 from tests.helpers import triton_interpreted  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
-
-
-NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset", "lam0", "eta0")
+NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset", "u0", "e0", "v0")
+SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     # tests/conftest.py sets TRITON_INTERPRET=1 before triton's first import when there is no GPU
-    assert CUDA or triton_interpreted(F._fwd_kernel), (
+    assert CUDA or triton_interpreted(FK.filter_kernel), (
         "the Triton kernels must run in the interpreter on the CPU"
     )
     monkeypatch.setattr(_common, "POISON", True)
-
-
-def make_inputs(T, N, dtype=torch.float64, seed=0, forget=False, broadcast=False):
-    """Random valid inputs with missing steps, a diffuse lane and (optionally) total forgetting."""
-    g = torch.Generator().manual_seed(seed)
-
-    def u(*shape, lo=0.0, hi=1.0):
-        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
-
-    z = torch.randn(T, N, generator=g, dtype=torch.float64)
-    ov = u(T, N, lo=0.3, hi=2.0)
-    missing = u(T, N) < 0.1
-    z[missing], ov[missing] = float("nan"), float("inf")
-    if (
-        broadcast
-    ):  # per-lane parameters, expanded over time (stride 0) as the filter API passes them
-        a, p = u(1, N, lo=0.5, hi=1.05), u(1, N, lo=0.01, hi=0.3)
-        # (a nonzero offset: the reference skips an all-zero offset and then gives it no gradient)
-        h, c = torch.ones(1, 1, dtype=torch.float64), torch.full((1, 1), 0.1, dtype=torch.float64)
-    else:
-        a, p = u(T, N, lo=0.5, hi=1.05), u(T, N, lo=0.01, hi=0.3)
-        h, c = torch.randn(T, N, generator=g, dtype=torch.float64), 0.3 * u(T, N, lo=-1, hi=1)
-        if forget:
-            a[u(T, N) < 0.05] = 0.0
-    lam0 = u(N, lo=0.2, hi=2.0)
-    lam0[0] = 0.0  # a diffuse lane
-    eta0 = lam0 * torch.randn(N, generator=g, dtype=torch.float64)
-    small = [z, ov, a, p, h, c, lam0, eta0]
-    return [x.to(device=DEVICE, dtype=dtype) for x in small]
-
-
-def expand(xs, T, N):
-    return [x.expand(T, N) for x in xs[:6]] + list(xs[6:])
-
-
-def run_both(xs, T, N, backend_dtype):
-    """Kernel (in backend_dtype) and reference (float64) outputs and input gradients."""
-    g = torch.Generator().manual_seed(1)
-    wl = torch.randn(T, N, generator=g, dtype=torch.float64).to(DEVICE)
-    we = torch.randn(T, N, generator=g, dtype=torch.float64).to(DEVICE)
-    out = {}
-    for name, fn, dtype in (
-        ("kernel", F.filter_lanes, backend_dtype),
-        ("ref", reference, torch.float64),
-    ):
-        leaves = [x.detach().to(dtype).requires_grad_(True) for x in xs]
-        lam, eta = fn(*expand(leaves, T, N))
-        loss = (wl.to(dtype) * lam).sum() + (we.to(dtype) * eta).sum()
-        grads = torch.autograd.grad(loss, leaves)
-        out[name] = (lam, eta, [torch.nan_to_num(gr, nan=0.0) for gr in grads])
-    return out
-
-
-if CUDA:
-    CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (1000, 77, "chunks"), (1000, 20000, "lanes"),
-             (4099, 64, "chunks"), (1000, 300, "lanes")]  # fmt: skip
-else:
-    CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (100, 2, "chunks"), (1000, 1, "lanes")]
 
 
 def _force(monkeypatch, regime):
     monkeypatch.setattr(F, "_MANY_LANES", 1 if regime == "lanes" else 10**9)
 
 
+def make_inputs(T, N, seed=0, broadcast=False, forget=False):
+    """Compact float64 inputs ``[z, R, a, p, h, c, u0, e0, v0]``: missing steps (NaN, and
+    ``obs_var = inf`` at some of them), a diffuse lane, a lane known exactly (``v0 = 0``)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def u(*shape, lo=0.0, hi=1.0):
+        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    z = torch.randn(T, N, generator=g, dtype=torch.float64)
+    z[u(T, N) < 0.1] = float("nan")
+    if broadcast:  # per-lane parameters, constant loading and offset (the API's stride-0 views)
+        R, a, p = u(1, N, lo=0.3, hi=2.0), u(1, N, lo=0.5, hi=1.05), u(1, N, lo=0.01, hi=0.3)
+        h, c = torch.full((1, 1), 1.3, dtype=torch.float64), torch.full((1, 1), 0.1, dtype=torch.float64)
+    else:
+        R, a, p = u(T, N, lo=0.3, hi=2.0), u(T, N, lo=0.5, hi=1.05), u(T, N, lo=0.01, hi=0.3)
+        h, c = torch.randn(T, 1, generator=g, dtype=torch.float64), 0.3 * u(T, N, lo=-1, hi=1)
+        R[torch.isnan(z) & (u(T, N) < 0.5)] = float("inf")
+        if forget:
+            a[u(T, N) < 0.05] = 0.0
+    u0, v0 = u(N, lo=0.2, hi=1.0), torch.ones(N, dtype=torch.float64)
+    e0 = u0 * torch.randn(N, generator=g, dtype=torch.float64)
+    u0[0], e0[0] = 0.0, 0.0  # diffuse
+    if N > 1:
+        u0[1], v0[1] = 1.0, 0.0  # known exactly
+    return [x.to(DEVICE) for x in (z, R, a, p, h, c, u0, e0, v0)]
+
+
+def expanded(xs, T, N, dtype):
+    xs = [x.to(dtype) for x in xs]
+    return [x.expand(T, N) for x in xs[:6]], tuple(xs[6:])
+
+
+def check_all(got, ref, dtype, keys):
+    for k in keys:
+        if k == "final":
+            for i in range(3):
+                assert_close(got[k][i], ref[k][i], "kernel", dtype, what=f"final[{i}]")
+        else:
+            assert got[k].dtype == dtype
+            assert_close(got[k], ref[k], "kernel", dtype, what=k)
+
+
+if CUDA:
+    CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (1000, 77, "chunks"), (1000, 20000, "lanes"),
+             (4099, 64, "chunks"), (1000, 300, "lanes")]  # fmt: skip
+else:
+    CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (45, 3, "lanes"), (30, 2, "chunks")]
+
+
 @pytest.mark.parametrize("T, N, regime", CASES, ids=lambda c: str(c))
-def test_forward_backward_float64(T, N, regime, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_filter_and_smoother_every_output(T, N, regime, dtype, monkeypatch):
     _force(monkeypatch, regime)
     xs = make_inputs(T, N, forget=True)
-    res = run_both(xs, T, N, torch.float64)
-    k, r = res["kernel"], res["ref"]
-    assert_close(k[0], r[0], "kernel", torch.float64, what="lam")
-    assert_close(k[1], r[1], "kernel", torch.float64, what="eta")
-    for name, gk, gr in zip(NAMES, k[2], r[2], strict=True):
-        assert_close(gk, gr, "kernel_grad", torch.float64, what=f"grad {name}")
+    ins, x0 = expanded(xs, T, N, dtype)
+    ref = sequential.smooth_lanes(*expanded(xs, T, N, torch.float64)[0], tuple(xs[6:]))
+    got = F.filter_lanes(*ins, x0)
+    check_all(got, ref, dtype, SERIES + ("loglik", "final"))
+    assert int(got["flags"]) == 0
+    sm = F.smooth_lanes(*ins, x0)
+    check_all(sm, ref, dtype, SERIES + ("loglik", "final", "smooth_mean", "smooth_var"))
+    ll = F.filter_lanes(*ins, x0, outputs="loglik")
+    assert set(ll) == {"loglik", "final", "flags"}
+    check_all(ll, ref, dtype, ("loglik", "final"))
 
 
 @pytest.mark.parametrize("regime", ["lanes", "chunks"])
-def test_float32_against_float64_reference(regime, monkeypatch):
+def test_loglik_mode_allocates_nothing_of_size_T_N(regime, monkeypatch):
     _force(monkeypatch, regime)
-    T, N = (2000, 1000) if CUDA else (63, 4)
+    T, N = (2000, 300) if CUDA else (40, 3)
+    shapes = []
+    real = F.empty
+
+    def spy(shape, *a, **k):
+        shapes.append(tuple(shape))
+        return real(shape, *a, **k)
+
+    monkeypatch.setattr(F, "empty", spy)
+    xs = make_inputs(T, N, seed=4, broadcast=True)
+    ins, x0 = expanded(xs, T, N, torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in xs[1:4]]
+    ins[1:4] = [x.expand(T, N) for x in leaves]
+    r = F.filter_lanes(*ins, x0, outputs="loglik")
+    torch.autograd.grad(r["loglik"].sum(), leaves)
+    assert shapes and (T, N) not in shapes
+
+
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize("broadcast", [False, True], ids=["full", "broadcast"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):
+    """Gradients of sum(w * loglik) + <g, final> wrt every input, in each input's compact shape."""
+    _force(monkeypatch, regime)
+    T, N = (3000, 200) if CUDA else (37, 3)
+    xs = make_inputs(T, N, seed=7, broadcast=broadcast, forget=not broadcast)
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)
+    gf = [torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(3)]
+    out = {}
+    for name, fn, dt in (("kernel", F.filter_lanes, dtype), ("ref", sequential.filter_lanes,
+                                                             torch.float64)):  # fmt: skip
+        leaves = [x.detach().to(dt).requires_grad_(True) for x in xs]
+        r = fn(*[x.expand(T, N) for x in leaves[:6]], tuple(leaves[6:]), outputs="loglik")
+        loss = (w.to(dt) * r["loglik"]).sum() + sum((gi.to(dt) * f).sum()
+                                                    for gi, f in zip(gf, r["final"], strict=True))  # fmt: skip
+        out[name] = torch.autograd.grad(loss, leaves, allow_unused=True)
+    for n, gk, gr in zip(NAMES, out["kernel"], out["ref"], strict=True):
+        gr = torch.zeros_like(xs[NAMES.index(n)]) if gr is None else gr
+        assert gk.shape == gr.shape, n
+        assert_close(gk, torch.nan_to_num(gr), "kernel_grad", dtype, what=f"grad {n}")
+
+
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
+def test_gradients_of_every_output(regime, smooth, monkeypatch):
+    """outputs="all" and the smoother: the torch backend's vector-Jacobian product."""
+    _force(monkeypatch, regime)
+    T, N = (500, 40) if CUDA else (20, 3)
+    xs = make_inputs(T, N, seed=11, broadcast=True)
+    xs[7] = xs[7] * 0  # (the reference's diffuse lane has e0 = 0)
+    g = torch.Generator().manual_seed(12)
+    keys = ("mean", "var", "pred_mean", "loglik") + (("smooth_mean", "smooth_var") if smooth else ())
+    ws = {k: torch.randn((N,) if k == "loglik" else (T, N), generator=g,
+                         dtype=torch.float64).to(DEVICE) for k in keys}  # fmt: skip
+    out = {}
+    for name, mod in (("kernel", F), ("ref", sequential)):
+        leaves = [x.detach().clone().requires_grad_(True) for x in xs[1:6]]
+        ins = [xs[0]] + [x.expand(T, N) for x in leaves]
+        fn = mod.smooth_lanes if smooth else mod.filter_lanes
+        r = fn(*ins, tuple(xs[6:]))
+        loss = sum((ws[k] * torch.where(torch.isfinite(r[k]), r[k], 0.0)).sum() for k in keys)
+        out[name] = torch.autograd.grad(loss, leaves)
+    for n, gk, gr in zip(NAMES[1:6], out["kernel"], out["ref"], strict=True):
+        assert_close(gk, gr, "kernel_grad", torch.float64, what=f"grad {n}")
+
+
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize(
+    "what, bit",
+    [("z_inf", 2), ("obs_var_zero", 4), ("obs_var_nan", 4), ("decay_nan", 4),
+     ("process_var_negative", 4), ("loading_inf", 4), ("offset_nan", 4), ("tiny_obs_var", 4),
+     ("overflow", 1)],
+)  # fmt: skip
+def test_flags(what, bit, regime, monkeypatch):
+    _force(monkeypatch, regime)
+    T, N = 30, 3
     xs = make_inputs(T, N, seed=3)
-    res = run_both(xs, T, N, torch.float32)
-    k, r = res["kernel"], res["ref"]
-    assert k[0].dtype == torch.float32
-    assert_close(k[0], r[0], "kernel", torch.float32, what="lam")
-    assert_close(k[1], r[1], "kernel", torch.float32, what="eta")
-    for name, gk, gr in zip(NAMES, k[2], r[2], strict=True):
-        assert_close(gk, gr, "kernel_grad", torch.float32, what=f"grad {name}")
+    z, R, a, p, h, c = xs[:6]
+    if what == "z_inf":
+        z[17, 1] = float("inf")
+    elif what == "obs_var_zero":
+        R[5, 2] = 0.0
+    elif what == "obs_var_nan":
+        R[9, 0] = float("nan")
+    elif what == "decay_nan":
+        a[20, 1] = float("nan")
+    elif what == "process_var_negative":
+        p[3, 2] = -0.1
+    elif what == "loading_inf":
+        h[8, 0] = float("inf")
+    elif what == "offset_nan":
+        c[29, 2] = float("nan")
+    elif what == "tiny_obs_var":
+        z[4, 0], R[4, 0] = 1.0, 1e-320  # h*h/R overflows
+    elif what == "overflow":
+        z[12, 2], R[12, 2] = 1e200, 1.0  # squared innovation past the dtype's maximum
+    for outputs in ("all", "loglik"):
+        got = F.filter_lanes(*[x.expand(T, N) for x in xs[:6]], tuple(xs[6:]), outputs=outputs)
+        assert int(got["flags"]) & bit, (what, outputs)
+        assert got["flags"].device.type == DEVICE
+    clean = make_inputs(T, N, seed=3)
+    got = F.filter_lanes(*[x.expand(T, N) for x in clean[:6]], tuple(clean[6:]))
+    assert int(got["flags"]) == 0
 
 
-@pytest.mark.parametrize("regime", ["lanes", "chunks"])
-def test_broadcast_parameters(regime, monkeypatch):
-    # stride-0 parameters are read once per lane; gradients reach the small tensors
-    _force(monkeypatch, regime)
-    T, N = (3000, 500) if CUDA else (37, 3)
-    xs = make_inputs(T, N, seed=5, broadcast=True)
-    res = run_both(xs, T, N, torch.float64)
-    k, r = res["kernel"], res["ref"]
-    assert_close(k[0], r[0], "kernel", torch.float64, what="lam")
-    assert_close(k[1], r[1], "kernel", torch.float64, what="eta")
-    for name, gk, gr in zip(NAMES, k[2], r[2], strict=True):
-        assert gk.shape == gr.shape
-        assert_close(gk, gr, "kernel_grad", torch.float64, what=f"grad {name}")
-
-
-def test_regimes_agree_and_write_everything(monkeypatch):
+def test_regimes_agree():
     T, N = (5000, 33) if CUDA else (45, 2)
-    xs = expand(make_inputs(T, N, seed=9, forget=True), T, N)
+    xs = make_inputs(T, N, seed=9, forget=True)
+    ins, x0 = expanded(xs, T, N, torch.float64)
     outs = []
-    for regime in ("lanes", "chunks"):
-        _force(monkeypatch, regime)
-        with torch.no_grad():
-            outs.append(F.filter_lanes(*xs))
-    for a, b in zip(*outs, strict=True):
-        assert torch.isfinite(a).all()
-        assert_close(a, b, "kernel", torch.float64)
+    for many in (1, 10**9):
+        F._MANY_LANES, old = many, F._MANY_LANES
+        try:
+            outs.append(F.smooth_lanes(*ins, x0))
+        finally:
+            F._MANY_LANES = old
+    for k in SERIES + ("loglik", "smooth_mean", "smooth_var"):
+        assert_close(outs[0][k], outs[1][k], "kernel", torch.float64, what=k)
 
 
 def test_plan_chooses_regime_by_shape():
-    assert F._plan(4096, 65536, 1)[2] == 1  # many lanes: one chunk
-    TB, CH, NC, _, _ = F._plan(2**20, 64, 1)
-    assert NC > 1 and CH % TB == 0 and NC * CH >= 2**20
+    assert F._plan(4096, 65536)[1] == 1  # many lanes: one chunk
+    CH, NC, CK, _, _ = F._plan(2**20, 64)
+    assert NC > 1 and CH % CK == 0 and NC * CH >= 2**20
 
 
 @pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
-def test_public_filter_api_uses_triton_on_cuda():
+@pytest.mark.parametrize("fn", ["filter", "smooth", "loglik"])
+def test_public_functions_run_triton_on_cuda(fn, monkeypatch):
     import kalmanscan
 
+    calls = []
+    for name in ("filter_lanes", "smooth_lanes"):
+        real = getattr(F, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(F, name, spy)
     g = torch.Generator().manual_seed(12)
     z = torch.randn(500, 40, generator=g, dtype=torch.float64).to(DEVICE)
     z[3, 5] = float("nan")
-    kw = dict(obs_var=0.7, decay=0.95, process_var=0.1, prior_var=float("inf"))
-    a = kalmanscan.filter(z, **kw)  # auto: triton on CUDA
-    b = kalmanscan.filter(z, **kw, backend="sequential")
-    for name in ("mean", "precision", "loglik"):
-        assert_close(getattr(a, name), getattr(b, name), "kernel", torch.float64, what=name)
+    kw = dict(obs_var=0.7, decay=0.95, process_var=0.1)
+    got = getattr(kalmanscan, fn)(z, **kw)  # auto: triton on CUDA
+    ref = getattr(kalmanscan, fn)(z.cpu(), **kw, backend="sequential")
+    assert calls == ["smooth_lanes" if fn == "smooth" else "filter_lanes"]
+    if fn == "loglik":
+        assert_close(got, ref, "kernel", torch.float64, what="loglik")
+    else:
+        for name in ("mean", "var"):
+            assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64,
+                         what=name)  # fmt: skip

@@ -1,0 +1,381 @@
+"""Fused Triton kernels of the scalar filter: the ``"triton"`` backend of ``kalmanscan.filter``,
+``kalmanscan.smooth`` and ``kalmanscan.loglik`` (docs/backend-contract.md)::
+
+    filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all") -> dict
+    smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0) -> dict
+
+Inputs ``[T, N]`` (any strides, stride-0 views read as such, never materialized), ``x0 = (u0,
+e0, v0)`` three ``[N]``; every output in the projective representation's moments (kernels.py).
+Every output is written in the pass that computes it; no host synchronization: ``flags`` is a
+0-d int32 tensor on the device (bits in kernels.py, ``4`` included: the kernels check the
+inputs' ranges, ``CHECKS_INPUTS``), read by the caller once.
+
+Two regimes, one set of kernels (chosen from the shape):
+
+- many lanes (``N >= 16384``): one thread walks a lane through all of time, the state in
+  registers; loads software-pipelined (``tl.range(num_stages=NS)``); inputs constant in time
+  read once. One launch (plus the flags' fill).
+- few long lanes: time is cut into chunks. Pass 1 composes each chunk's steps into one map on
+  ``(u, v | e)`` (and the smoother's backward map), a carry kernel walks the maps to each chunk's
+  true start, pass 2 reruns every chunk from there writing the outputs; the log-likelihood's
+  per-chunk float64 sums are added in chunk order by a last small kernel.
+
+The smoother adds one reverse pass (the backward information filter, combined with the filtered
+state at each step). Gradients: ``outputs="loglik"`` has the fused adjoint (adjoint.py);
+``outputs="all"`` and the smoother differentiate the torch backend at the same inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kalmanscan.cuda._common import (
+    cdiv,
+    empty,
+    interpreting,
+    lam_eta_carry_kernel,
+    lanes_config,
+    launch,
+)
+from kalmanscan.cuda.filter.adjoint import adjoint_carry_kernel, adjoint_kernel
+from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, finish_kernel, smooth_kernel
+
+__all__ = ["CHECKS_INPUTS", "filter_lanes", "smooth_lanes"]
+
+# The kernels check the inputs' ranges themselves (flag bit 4), so the API may skip its own pass.
+CHECKS_INPUTS = True
+
+# kept for kalmanscan/cuda/kla.py (the KLA op's chunked forward walks (lam, eta) chunk maps)
+_fwd_carry_kernel = lam_eta_carry_kernel
+
+# Lane-steps of parallel work the chunked regime aims for, and the lane count from which one
+# thread per lane over all of time already fills the GPU.
+_TARGET_WORK = 65536
+_MANY_LANES = 16384
+# pipeline stages of the per-step loads; CK: checkpoint interval of the adjoint (chunk lengths
+# are multiples of it)
+TUNING = {"NS": 8, "CK": 16}
+
+SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
+_NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset")
+
+_PLANS = {}
+
+
+def _plan(T: int, N: int):
+    """``(CH, NC, CK, BLOCK, num_warps)``: chunk length and count, checkpoint interval, tile."""
+    key = (T, N, _MANY_LANES, _TARGET_WORK, tuple(TUNING.items()), interpreting())
+    plan = _PLANS.get(key)
+    if plan is None:
+        CK = 4 if interpreting() else TUNING["CK"]
+        block, warps = lanes_config(N)
+        if N >= _MANY_LANES:
+            NC = 1
+        else:
+            NC = max(1, min(cdiv(T, 4 * CK), cdiv(_TARGET_WORK, N)))
+        CH = cdiv(cdiv(T, NC), CK) * CK
+        NC = cdiv(T, CH)
+        plan = (CH, NC, CK, block, warps)
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _compact(x):
+    """``x`` ``[T, N]`` as its compact tensor (size 1 along stride-0 dimensions): the kernels
+    read it through strides and its gradient comes back in that shape. Where ``x`` needs a
+    gradient the compact tensor is a view of ``x``'s base, so autograd never materializes the
+    broadcast."""
+    T, N = x.shape
+    st, sn = x.stride()
+    ct = T if (st != 0 or T == 1) else 1
+    cn = N if (sn != 0 or N == 1) else 1
+    if ct == T and cn == N:
+        return x
+    base = x._base
+    if x.requires_grad and base is not None and base.requires_grad:
+        return base.as_strided((ct, cn), (st, sn), x.storage_offset())
+    return x[:ct, :cn]
+
+
+def _strides(x):
+    """``(time stride, lane stride)`` of a compact input (0 along its size-1 dimensions)."""
+    return (x.stride(0) if x.shape[0] > 1 else 0, x.stride(1) if x.shape[1] > 1 else 0)
+
+
+def _input_args(ins):
+    args, vary = [], {}
+    for name, x in zip(("VZ", "VR", "VA", "VP", "VH", "VC"), ins, strict=True):
+        st, sn = _strides(x)
+        args += [x, st, sn]
+        vary[name] = st != 0
+    return args, vary
+
+
+def _check_size(T, N, ins):
+    """Kernels index with 32-bit offsets: ``T * N`` and every input's span stay below 2**31."""
+    big = T * N * 3 >= 2**31 or any(
+        sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride(), strict=True)) >= 2**31
+        for x in ins
+    )
+    if big:
+        raise ValueError(
+            f"z: the triton backend handles up to 2**31 / 3 elements per [T, N] input, got shape "
+            f"({T}, {N}); use backend='torch'"
+        )
+
+
+def _x0_args(x0):
+    return [*x0, *(t.stride(0) if t.shape[0] > 1 else 0 for t in x0)]
+
+
+def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
+    """Run the filter: ``(series, loglik, final [3, N], flags, checkpoints, backward ends)``."""
+    z = ins[0]
+    _check_size(T, N, ins)
+    CH, NC, CK, BLOCK, warps = _plan(T, N)
+    args, vary = _input_args(ins)
+    cfg = dict(vary, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
+    flags = torch.zeros(1, dtype=torch.int32, device=z.device)
+    series = [empty((T, N), z) for _ in SERIES] if write else [z] * len(SERIES)
+    fin = empty((3, N), z)
+    ll = empty((N,), z)
+    ck = empty((cdiv(T, CK), 3, N), z) if ckpt else z
+    grid = (cdiv(N, BLOCK), NC)
+    x0a = _x0_args(x0)
+    # series order of the kernel: mean, var, prec, info, pmean, pvar, pprec
+    if NC == 1:
+        launch(filter_kernel, grid,
+            *args, *x0a, z, *series, ll, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
+            BMAPS=False, FROM_X0=True, WRITE=write, PARTIAL=False, CKPT=ckpt, **cfg)  # fmt: skip
+        return series, ll, fin, flags, ck, None
+    comp = empty((14 if smooth else 7, NC, N), z)
+    launch(filter_kernel, grid,
+        *args, *x0a, z, *series, ll, fin, flags, ck, comp, T, N, CH, NC, CK, MAPS=True,
+        BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False, CKPT=False, **cfg)  # fmt: skip
+    start = empty((3, NC, N), z)
+    bend = empty((3, NC, N), z) if smooth else z
+    launch(carry_kernel, (grid[0],),
+        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, BLOCK=BLOCK,
+        num_warps=warps)  # fmt: skip
+    part = empty((NC, N), dtype=torch.float64, device=z.device)
+    launch(filter_kernel, grid,
+        *args, *x0a, start, *series, part, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
+        BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, **cfg)  # fmt: skip
+    launch(finish_kernel, (grid[0],), part, ll, N, NC, BLOCK=BLOCK, num_warps=warps)
+    return series, ll, fin, flags, ck, (bend if smooth else None)
+
+
+def _smooth(T, N, ins, x0):
+    series, ll, fin, flags, _, bend = _forward(T, N, ins, x0, write=True, smooth=True)
+    z = ins[0]
+    CH, NC, CK, BLOCK, warps = _plan(T, N)
+    args, vary = _input_args(ins)
+    sm, sv = empty((T, N), z), empty((T, N), z)
+    launch(smooth_kernel, (cdiv(N, BLOCK), NC),
+        *args, series[0], series[1], z if bend is None else bend, sm, sv, T, N, CH, NC,
+        **vary, FROM_END=NC == 1, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+    return series, ll, fin, flags, sm, sv
+
+
+def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
+    """Gradients of ``sum(gll * loglik) + <gfin, final>`` with respect to the six compact inputs
+    (``None`` where not needed) and to ``x0`` (``[3, N]``)."""
+    z = ins[0]
+    CH, NC, CK, BLOCK, warps = _plan(T, N)
+    args, vary = _input_args(ins)
+    nprog = cdiv(N, BLOCK)
+    modes, bufs = {}, []
+    for key, x, need in zip(("GZ", "GR", "GA", "GP", "GH", "GC"), ins, needs, strict=True):
+        mode = 0 if not need else (1 if _strides(x)[0] != 0 else 2)
+        modes[key] = mode
+        bufs.append(z if mode == 0 else empty((T, N) if mode == 1 else (NC, N), z))
+    gll = torch.zeros(N, dtype=z.dtype, device=z.device) if gll is None else gll.contiguous()
+    if all(g is None for g in gfin):
+        xlast = torch.zeros((3, N), dtype=z.dtype, device=z.device)
+    else:
+        # the final state is normalized by max(u, v): its gradient loses the component along
+        # the state, taken from the larger coordinate (the kernels divide by the maxima as
+        # constants, which is exact for the log-likelihood: degree 0 in every state)
+        gy = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
+                          for g in gfin])  # fmt: skip
+        dot = (gy * fin).sum(0)
+        by_u = fin[0] >= fin[2]
+        xlast = gy - torch.stack([torch.where(by_u, dot, 0.0), torch.zeros_like(dot),
+                                  torch.where(by_u, 0.0, dot)])  # fmt: skip
+    scratch = torch.empty(NC * nprog * CK * 3 * BLOCK, dtype=z.dtype, device=z.device)
+    g0 = empty((3, N), z)
+    cfg = dict(vary, **modes, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
+    grid = (nprog, NC)
+    if NC == 1:
+        xend = xlast
+    else:
+        amap = empty((12, NC, N), z)
+        launch(adjoint_kernel, grid,
+            *args, ck, scratch, gll, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
+            **cfg)  # fmt: skip
+        xend = empty((3, NC, N), z)
+        launch(adjoint_carry_kernel, (nprog,), amap, xlast, xend, N, NC, BLOCK=BLOCK,
+               num_warps=warps)  # fmt: skip
+    launch(adjoint_kernel, grid,
+        *args, ck, scratch, gll, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
+        **cfg)  # fmt: skip
+    grads = []
+    for x, key, buf in zip(ins, modes, bufs, strict=True):
+        mode = modes[key]
+        if mode == 0:
+            grads.append(None)
+            continue
+        g = buf if (mode == 1 or NC == 1) else buf.sum(0, keepdim=True)
+        if x.shape[1] == 1 and N > 1:
+            g = g.sum(1, keepdim=True)
+        grads.append(g)
+    return grads, g0
+
+
+def _torch_vjp(T, N, inputs, needs, pairs, smooth, outputs="all"):
+    """Gradients by the torch backend's vector-Jacobian product at the same inputs.
+    ``pairs``: ``(key, index or None, incoming gradient)`` of the outputs to differentiate."""
+    from kalmanscan.core import parallel
+
+    create = torch.is_grad_enabled()  # create_graph: differentiate the saved inputs themselves
+    with torch.enable_grad():
+        leaves = [x if create else x.detach().requires_grad_(n)
+                  for x, n in zip(inputs, needs, strict=True)]  # fmt: skip
+        series = [x.expand(T, N) for x in leaves[:6]]
+        x0 = tuple(leaves[6:9])
+        if smooth:
+            r = parallel.smooth_lanes(*series, x0)
+        else:
+            r = parallel.filter_lanes(*series, x0, outputs=outputs)
+        outs, gs = [], []
+        for key, idx, g in pairs:
+            o = r[key] if idx is None else r[key][idx]
+            if g is not None and o.requires_grad:
+                outs.append(o)
+                gs.append(g)
+        wrt = [x for x, n in zip(leaves, needs, strict=True) if n]
+        got = torch.autograd.grad(outs, wrt, gs, allow_unused=True, create_graph=create)
+    it = iter(got)
+    return tuple(next(it) if n else None for n in needs)
+
+
+_LL_KEYS = (("loglik", None), ("final", 0), ("final", 1), ("final", 2))
+
+
+class _Loglik(torch.autograd.Function):
+    """``outputs="loglik"``: the fused forward and the fused adjoint."""
+
+    @staticmethod
+    def forward(ctx, T, N, z, R, a, p, h, c, u0, e0, v0):
+        ins = (z, R, a, p, h, c)
+        _, ll, fin, flags, ck, _ = _forward(T, N, ins, (u0, e0, v0), write=False, ckpt=True)
+        ctx.save_for_backward(*ins, u0, e0, v0, ck, fin)
+        ctx.T, ctx.N = T, N
+        ctx.mark_non_differentiable(flags)
+        ctx.set_materialize_grads(False)
+        return ll, fin[0], fin[1], fin[2], flags[0]
+
+    @staticmethod
+    def backward(ctx, gll, gu, ge, gv, _gflags):
+        *inputs, ck, fin = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
+            pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
+            return (None, None, *_torch_vjp(ctx.T, ctx.N, inputs, needs, pairs, False, "loglik"))
+        grads, g0 = _adjoint(ctx.T, ctx.N, inputs[:6], inputs[6:], ck, fin, gll, (gu, ge, gv),
+                             needs[:6])  # fmt: skip
+        return (None, None, *grads, *(g0[i] if needs[6 + i] else None for i in range(3)))
+
+
+_ALL_KEYS = tuple((k, None) for k in SERIES) + _LL_KEYS
+_SMOOTH_KEYS = _ALL_KEYS + (("smooth_mean", None), ("smooth_var", None))
+
+
+def _run_all(T, N, ins, x0, smooth):
+    if smooth:
+        series, ll, fin, flags, sm, sv = _smooth(T, N, ins, x0)
+        return (*series, ll, fin[0], fin[1], fin[2], sm, sv, flags[0])
+    series, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=True)
+    return (*series, ll, fin[0], fin[1], fin[2], flags[0])
+
+
+class _All(torch.autograd.Function):
+    """``outputs="all"`` and the smoother: fused forward; backward by the torch backend."""
+
+    @staticmethod
+    def forward(ctx, smooth, T, N, z, R, a, p, h, c, u0, e0, v0):
+        out = _run_all(T, N, (z, R, a, p, h, c), (u0, e0, v0), smooth)
+        ctx.save_for_backward(z, R, a, p, h, c, u0, e0, v0)
+        ctx.T, ctx.N, ctx.smooth = T, N, smooth
+        ctx.mark_non_differentiable(out[-1])
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        keys = _SMOOTH_KEYS if ctx.smooth else _ALL_KEYS
+        pairs = [(k, i, g) for (k, i), g in zip(keys, grads[:-1], strict=True)]
+        vjp = _torch_vjp(ctx.T, ctx.N, ctx.saved_tensors, ctx.needs_input_grad[3:], pairs,
+                         ctx.smooth)  # fmt: skip
+        return (None, None, None, *vjp)
+
+
+def _prepare(z, obs_var, decay, process_var, loading, offset, x0):
+    T, N = z.shape
+    ins = tuple(_compact(x) for x in (z, obs_var, decay, process_var, loading, offset))
+    x0 = tuple(x0)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*ins, *x0))
+    return T, N, ins, x0, grad
+
+
+def _as_dict(out, smooth):
+    d = dict(zip(SERIES, out[:7], strict=True))
+    d["loglik"] = out[7]
+    d["final"] = (out[8], out[9], out[10])
+    if smooth:
+        d["smooth_mean"], d["smooth_var"] = out[11], out[12]
+    d["flags"] = out[-1]
+    return d
+
+
+def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
+    """Filter ``N`` lanes on a CUDA device (docs/backend-contract.md).
+
+    ``z, obs_var, decay, process_var, loading, offset``: ``[T, N]`` (any strides; ``z`` NaN
+    where not observed); ``x0 = (u0, e0, v0)``: ``[N]`` each. One dtype (float32 or float64).
+    Returns a dict: the ``[T, N]`` series ``mean, var, precision, info, pred_mean, pred_var,
+    pred_precision`` (``outputs="all"`` only), ``loglik [N]``, ``final`` (three ``[N]``) and
+    ``flags`` (0-d int32 on the device).
+
+    >>> import torch  # doctest: +SKIP
+    >>> from kalmanscan.cuda.filter import filter_lanes
+    >>> T, N = 1000, 64
+    >>> z = torch.randn(T, N, device="cuda")
+    >>> one = torch.ones(1, 1, device="cuda").expand(T, N)
+    >>> x0 = (torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda"),
+    ...       torch.ones(N, device="cuda"))                      # diffuse
+    >>> r = filter_lanes(z, one, 0.9 * one, 0.1 * one, one, 0 * one, x0)
+    >>> r["mean"].shape, r["loglik"].shape, int(r["flags"])
+    (torch.Size([1000, 64]), torch.Size([64]), 0)
+    """
+    if outputs not in ("all", "loglik"):
+        raise ValueError(f"outputs: expected 'all' or 'loglik', got {outputs!r}")
+    T, N, ins, x0, grad = _prepare(z, obs_var, decay, process_var, loading, offset, x0)
+    if outputs == "loglik":
+        if grad:
+            ll, fu, fe, fv, flags = _Loglik.apply(T, N, *ins, *x0)
+            return {"loglik": ll, "final": (fu, fe, fv), "flags": flags}
+        _, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=False)
+        return {"loglik": ll, "final": (fin[0], fin[1], fin[2]), "flags": flags[0]}
+    out = _All.apply(False, T, N, *ins, *x0) if grad else _run_all(T, N, ins, x0, False)
+    return _as_dict(out, False)
+
+
+def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
+    """Everything of :func:`filter_lanes` plus ``smooth_mean``, ``smooth_var`` ``[T, N]``
+    (two-filter form, docs/backend-contract.md)."""
+    T, N, ins, x0, grad = _prepare(z, obs_var, decay, process_var, loading, offset, x0)
+    out = _All.apply(True, T, N, *ins, *x0) if grad else _run_all(T, N, ins, x0, True)
+    return _as_dict(out, True)

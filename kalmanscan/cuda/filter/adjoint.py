@@ -1,0 +1,290 @@
+"""The fused adjoint of the log-likelihood: gradients of ``sum_n w_n loglik_n`` with respect to
+every input, in one reverse pass (per chunk) that writes no ``[T, N]`` tensor other than the
+gradients asked for. Notation as in kernels.py.
+
+The normalizations are positive scalars and every log-likelihood term is homogeneous of degree 0
+in the predicted triple, so the log-likelihood is the same function of the unnormalized, linear
+recursion ``x_t = M_t x_{t-1}``. Its adjoint runs backward through ``M_t^T``; carried with respect
+to the normalized triple it is ``mu_{t-1} = M_t^T mu_t / (n1 n2) + w grad ll_t``, with the
+forward's own normalizers ``n1, n2`` (recomputed), so it stays in range as the states do.
+
+The states are needed in reverse order: the forward stores the normalized state entering every
+``CK``-th step (``ck [cdiv(T, CK), 3, N]``); the adjoint walks a chunk's ``CK``-step segments
+from the last, recomputes each segment forward from its checkpoint into a per-program scratch
+(``[CK, 3, BLOCK]``, cache-resident) and then runs the segment's adjoint steps backward. Few
+long lanes: ``MAPS`` first composes each chunk's affine adjoint map ``mu -> C mu + b``, a carry
+kernel walks them from the last chunk to give the adjoint entering each chunk from its end, and
+the gradient pass reruns every chunk from there.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kalmanscan.cuda._common import helper
+from kalmanscan.cuda.filter.kernels import ld, observation, predict_coeffs
+
+
+@helper
+def step_values(u, e, v, a, p, c, z, R, h):
+    """The forward step from the state ``(u, e, v)`` entering it: every value the adjoint reads."""
+    q, d, al, forget = predict_coeffs(a, p)
+    U1 = u + q * v
+    V1 = p * u + d * v
+    E1 = c * U1 + al * e
+    r1 = 1.0 / tl.maximum(U1, V1)
+    um = U1 * r1
+    em = E1 * r1
+    vm = V1 * r1
+    obs, rinv, zz, phi, r = observation(z, R, h)
+    U2 = um + phi * vm
+    E2 = em + r * vm
+    r2 = 1.0 / tl.maximum(U2, vm)
+    return q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, U2 * r2, E2 * r2, vm * r2, r2
+
+
+@helper
+def adj_update(gu, ge, gv, r2, phi, r):
+    """Adjoint through the update and its normalization: ``(gU2, gE2, g of the predicted v)``."""
+    gU = gu * r2
+    gE = ge * r2
+    return gU, gE, gv * r2 + phi * gU + r * gE
+
+
+@helper
+def adj_predict(gum, gem, gvm, r1, c, p, q, d, al):
+    """Adjoint through the predict step and its normalization: the adjoint of the state
+    entering the step."""
+    gU1 = gum * r1
+    gE1 = gem * r1
+    gV1 = gvm * r1
+    gUt = gU1 + c * gE1
+    return gUt + p * gV1, al * gE1, q * gUt + d * gV1
+
+
+@helper
+def loglik_grads(obs, zz, R, h, um, em, vm):
+    """Derivatives of one step's log-likelihood term with respect to the normalized predicted
+    triple and to ``z, R, h``: ``(du, de, dv, dz, dR, dh)`` (0 where it adds nothing)."""
+    known = um > 0.0
+    contrib = obs & (known | (h == 0.0))
+    uk = tl.where(known, um, 1.0)
+    Rs = tl.where(obs, R, 1.0)
+    S = tl.where(contrib, h * h * vm + Rs * uk, 1.0)
+    iS = 1.0 / S
+    iu = 1.0 / uk
+    w = zz * uk - h * em
+    wS = w * iS
+    q2 = w * wS * iu
+    oq = 1.0 - q2
+    state = contrib & known
+    du = tl.where(state, -0.5 * (Rs * iS - iu + 2.0 * zz * wS * iu - q2 * (iu + Rs * iS)), 0.0)
+    de = tl.where(state, h * wS * iu, 0.0)
+    dv = tl.where(state, -0.5 * h * h * iS * oq, 0.0)
+    dz = tl.where(contrib, -wS, 0.0)
+    dR = tl.where(contrib, -0.5 * uk * iS * oq, 0.0)
+    dh = tl.where(contrib, em * wS * iu - h * vm * iS * oq, 0.0)
+    return du, de, dv, dz, dR, dh
+
+
+@helper
+def put_grad(ptr, off, lmask, g, acc, MODE: tl.constexpr):
+    """Gradient of one input at one step: stored (``MODE`` 1, a ``[T, N]`` gradient) or added to
+    the running per-lane sum (``MODE`` 2, an input constant in time)."""
+    if MODE == 1:
+        tl.store(ptr + off, g, mask=lmask)
+    if MODE == 2:
+        acc = acc + g
+    return acc
+
+
+@triton.jit
+def adjoint_kernel(
+    z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+    p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
+    ck_ptr,  # [cdiv(T, CK), 3, N] checkpoints of the forward
+    scr_ptr,  # [programs, CK, 3, BLOCK] scratch: one segment's states
+    gll_ptr,  # [N] incoming gradient of the log-likelihood
+    xend_ptr,  # [3, NC, N] adjoint of the state at the end of each chunk (not MAPS)
+    amap_ptr,  # [12, NC, N] chunk maps mu -> C mu + b (MAPS): columns of C, then b
+    gz_ptr, gR_ptr, ga_ptr, gp_ptr, gh_ptr, gc_ptr,  # [T, N] (mode 1) or [NC, N] (mode 2)
+    g0_ptr,  # [3, N] gradient of the initial state
+    T, N, CH, NC, CK,
+    VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
+    VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
+    GZ: tl.constexpr, GR: tl.constexpr, GA: tl.constexpr,
+    GP: tl.constexpr, GH: tl.constexpr, GC: tl.constexpr,
+    MAPS: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    k = tl.program_id(1)
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    t_lo = k * CH
+    t_hi = tl.minimum(t_lo + CH, T)
+    scr = scr_ptr + (k * tl.num_programs(0) + tl.program_id(0)) * (CK * 3 * BLOCK)
+    scr = scr + tl.arange(0, BLOCK)
+    z0 = tl.load(z_ptr + lanes * zsn, mask=lmask, other=1.0)
+    R0 = tl.load(R_ptr + lanes * Rsn, mask=lmask, other=1.0)
+    a0 = tl.load(a_ptr + lanes * asn, mask=lmask, other=1.0)
+    p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
+    h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
+    c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
+    W = tl.load(gll_ptr + lanes, mask=lmask, other=0.0)
+    zero = W * 0.0
+    one = zero + 1.0
+    if MAPS:
+        cuu, ceu, cvu = one, zero, zero
+        cue, cee, cve = zero, one, zero
+        cuv, cev, cvv = zero, zero, one
+        bu, be, bv = zero, zero, zero
+    else:
+        bu = tl.load(xend_ptr + k * N + lanes, mask=lmask, other=0.0)
+        be = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
+        bv = tl.load(xend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=0.0)
+    acc_z, acc_R, acc_a, acc_p, acc_h, acc_c = zero, zero, zero, zero, zero, zero
+    nsub = (t_hi - t_lo + CK - 1) // CK
+    for jj in range(0, nsub):
+        s_lo = t_lo + (nsub - 1 - jj) * CK
+        n_s = tl.minimum(s_lo + CK, t_hi) - s_lo
+        cko = (s_lo // CK) * 3 * N + lanes
+        u = tl.load(ck_ptr + cko, mask=lmask, other=1.0)
+        e = tl.load(ck_ptr + cko + N, mask=lmask, other=0.0)
+        v = tl.load(ck_ptr + cko + 2 * N, mask=lmask, other=1.0)
+        for i in tl.range(0, n_s, num_stages=NS):
+            t = s_lo + i
+            tl.store(scr + (3 * i) * BLOCK, u)
+            tl.store(scr + (3 * i + 1) * BLOCK, e)
+            tl.store(scr + (3 * i + 2) * BLOCK, v)
+            a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+            p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+            c = ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+            z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+            R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
+            h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+            _, _, _, _, _, _, _, _, _, _, _, _, _, _, u, e, v, _ = step_values(
+                u, e, v, a, p, c, z, R, h
+            )
+        tl.debug_barrier()
+        for i2 in tl.range(0, n_s, num_stages=NS):
+            i = n_s - 1 - i2
+            t = s_lo + i
+            u = tl.load(scr + (3 * i) * BLOCK)
+            e = tl.load(scr + (3 * i + 1) * BLOCK)
+            v = tl.load(scr + (3 * i + 2) * BLOCK)
+            a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+            p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+            c = ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+            z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+            R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
+            h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+            q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, _, _, _, r2 = (
+                step_values(u, e, v, a, p, c, z, R, h)
+            )
+            du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
+            if MAPS:
+                x = adj_update(cuu, ceu, cvu, r2, phi, r)
+                cuu, ceu, cvu = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
+                x = adj_update(cue, cee, cve, r2, phi, r)
+                cue, cee, cve = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
+                x = adj_update(cuv, cev, cvv, r2, phi, r)
+                cuv, cev, cvv = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
+                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r)
+                bu, be, bv = adj_predict(gU2 + W * du, gE2 + W * de, gvm + W * dv,
+                                         r1, c, p, q, d, al)  # fmt: skip
+            else:
+                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r)
+                gum = gU2 + W * du
+                gem = gE2 + W * de
+                gvm = gvm + W * dv
+                gU1 = gum * r1
+                gE1 = gem * r1
+                gV1 = gvm * r1
+                gUt = gU1 + c * gE1
+                off = t * N + lanes
+                # observation: phi = h^2/R, r = h z/R
+                gphi = gU2 * vm
+                gr = gE2 * vm
+                acc_z = put_grad(gz_ptr, off, lmask, gr * h * rinv + W * dz, acc_z, GZ)
+                acc_R = put_grad(gR_ptr, off, lmask, W * dR - (gphi * phi + gr * r) * rinv,
+                                 acc_R, GR)  # fmt: skip
+                acc_h = put_grad(gh_ptr, off, lmask,
+                                 (2.0 * gphi * h + gr * zz) * rinv + W * dh, acc_h, GH)  # fmt: skip
+                # predict: U1 = u + q v, V1 = p u + d v, E1 = c U1 + al e
+                acc_c = put_grad(gc_ptr, off, lmask, gE1 * U1, acc_c, GC)
+                gd = gV1 * v
+                ga = tl.where(forget, 0.0, gE1 * e + 2.0 * a * gd)
+                acc_a = put_grad(ga_ptr, off, lmask, ga, acc_a, GA)
+                acc_p = put_grad(gp_ptr, off, lmask, gV1 * u + tl.where(forget, gd, 0.0),
+                                 acc_p, GP)  # fmt: skip
+                bu = gUt + p * gV1
+                be = al * gE1
+                bv = q * gUt + d * gV1
+    if MAPS:
+        base = amap_ptr + k * N + lanes
+        step = NC * N
+        tl.store(base, cuu, mask=lmask)
+        tl.store(base + step, ceu, mask=lmask)
+        tl.store(base + 2 * step, cvu, mask=lmask)
+        tl.store(base + 3 * step, cue, mask=lmask)
+        tl.store(base + 4 * step, cee, mask=lmask)
+        tl.store(base + 5 * step, cve, mask=lmask)
+        tl.store(base + 6 * step, cuv, mask=lmask)
+        tl.store(base + 7 * step, cev, mask=lmask)
+        tl.store(base + 8 * step, cvv, mask=lmask)
+        tl.store(base + 9 * step, bu, mask=lmask)
+        tl.store(base + 10 * step, be, mask=lmask)
+        tl.store(base + 11 * step, bv, mask=lmask)
+    else:
+        first = lmask & ((lanes * 0 + k) == 0)
+        tl.store(g0_ptr + lanes, bu, mask=first)
+        tl.store(g0_ptr + N + lanes, be, mask=first)
+        tl.store(g0_ptr + 2 * N + lanes, bv, mask=first)
+        po = k * N + lanes
+        if GZ == 2:
+            tl.store(gz_ptr + po, acc_z, mask=lmask)
+        if GR == 2:
+            tl.store(gR_ptr + po, acc_R, mask=lmask)
+        if GA == 2:
+            tl.store(ga_ptr + po, acc_a, mask=lmask)
+        if GP == 2:
+            tl.store(gp_ptr + po, acc_p, mask=lmask)
+        if GH == 2:
+            tl.store(gh_ptr + po, acc_h, mask=lmask)
+        if GC == 2:
+            tl.store(gc_ptr + po, acc_c, mask=lmask)
+
+
+@triton.jit
+def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, BLOCK: tl.constexpr):
+    """The adjoint at the end of each chunk, from the last chunk's (``xlast [3, N]``, the
+    gradient of the final state) through the chunk maps: ``mu_end(k-1) = C_k mu_end(k) + b_k``."""
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    step = NC * N
+    mu = tl.load(xlast_ptr + lanes, mask=lmask, other=0.0)
+    me = tl.load(xlast_ptr + N + lanes, mask=lmask, other=0.0)
+    mv = tl.load(xlast_ptr + 2 * N + lanes, mask=lmask, other=0.0)
+    for j in range(0, NC):
+        kk = NC - 1 - j
+        tl.store(xend_ptr + kk * N + lanes, mu, mask=lmask)
+        tl.store(xend_ptr + step + kk * N + lanes, me, mask=lmask)
+        tl.store(xend_ptr + 2 * step + kk * N + lanes, mv, mask=lmask)
+        if kk > 0:
+            base = amap_ptr + kk * N + lanes
+            c0 = tl.load(base, mask=lmask, other=0.0)
+            c1 = tl.load(base + step, mask=lmask, other=0.0)
+            c2 = tl.load(base + 2 * step, mask=lmask, other=0.0)
+            c3 = tl.load(base + 3 * step, mask=lmask, other=0.0)
+            c4 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+            c5 = tl.load(base + 5 * step, mask=lmask, other=0.0)
+            c6 = tl.load(base + 6 * step, mask=lmask, other=0.0)
+            c7 = tl.load(base + 7 * step, mask=lmask, other=0.0)
+            c8 = tl.load(base + 8 * step, mask=lmask, other=0.0)
+            b0 = tl.load(base + 9 * step, mask=lmask, other=0.0)
+            b1 = tl.load(base + 10 * step, mask=lmask, other=0.0)
+            b2 = tl.load(base + 11 * step, mask=lmask, other=0.0)
+            nu = c0 * mu + c3 * me + c6 * mv + b0
+            ne = c1 * mu + c4 * me + c7 * mv + b1
+            nv = c2 * mu + c5 * me + c8 * mv + b2
+            mu, me, mv = nu, ne, nv

@@ -1,0 +1,429 @@
+"""Forward and smoother kernels of the scalar filter in homogeneous coordinates (u, e, v).
+
+Notation (docs/backend-contract.md): per lane and step ``a`` decay, ``p`` process_var, ``c``
+offset, ``h`` loading, ``R`` obs_var, ``phi = h*h/R``, ``r = h*z/R`` (0 where not observed);
+``forget`` where ``a*a == 0`` (then ``q = 1, d = p``, else ``q = 0, d = a*a``). A belief is
+``(u, e, v)`` up to a positive factor, normalized to ``max(u, v) = 1``: precision ``u/v``,
+variance ``v/u``, mean ``e/u``, information ``e/v``. One step::
+
+    predict:  U = u + q v     V = p u + d v     E = c U + a (1 - q) e      then / max(U, V)
+    update:   U = u + phi v   V = v             E = e + r v                then / max(U, V)
+
+Every ``[T, N]`` input is read through its (time, lane) strides; ``V*`` constexprs say which vary
+in time (the others are read once before the time loop, and their range checks run once).
+A step counts as observed where ``z`` is not NaN and ``R < inf``.
+
+Flags (an int32 the kernels OR into): ``1`` a state or log-likelihood term is not finite, ``2``
+``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite where ``R`` is;
+``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not finite), as the API's
+own checks define them, so the API validates only when a flag is set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+from kalmanscan.cuda._common import helper
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+@helper
+def ld(ptr, st, sn, t, lanes, lmask, VARY: tl.constexpr, pre):
+    """Input at step ``t`` (``pre``, loaded once before the loop, when it does not vary in time)."""
+    if VARY:
+        return tl.load(ptr + t * st + lanes * sn, mask=lmask, other=1.0)
+    else:
+        return pre
+
+
+@helper
+def not_finite(x):
+    """True where ``x`` is inf or NaN."""
+    return x * 0.0 != 0.0
+
+
+@helper
+def predict_coeffs(a, p):
+    """``(q, d, al, forget)`` of the predict step (``al = a (1 - q)``)."""
+    forget = a * a == 0.0
+    q = tl.where(forget, 1.0, 0.0)
+    d = tl.where(forget, p, a * a)
+    al = tl.where(forget, 0.0, a)
+    return q, d, al, forget
+
+
+@helper
+def observation(z, R, h):
+    """``(obs, rinv, zz, phi, r)``: observed mask, ``1/R`` and ``z`` there (0 elsewhere)."""
+    obs = (z == z) & (R < float("inf"))
+    rinv = tl.where(obs, 1.0 / R, 0.0)
+    zz = tl.where(obs, z, 0.0)
+    return obs, rinv, zz, rinv * h * h, rinv * h * zz
+
+
+@helper
+def normalize(U, E, V):
+    """``(U, E, V) / max(U, V)``."""
+    rn = 1.0 / tl.maximum(U, V)
+    return U * rn, E * rn, V * rn
+
+
+@helper
+def ratios(U, E, V):
+    """``(mean, var, precision, info)`` of an unnormalized triple and the normalized triple
+    (two reciprocals serve both)."""
+    rU = 1.0 / U
+    rV = 1.0 / V
+    mean = E * rU
+    var = V * rU
+    prec = U * rV
+    info = E * rV
+    big = U >= V
+    u = tl.where(big, 1.0, prec)
+    v = tl.where(big, var, 1.0)
+    e = tl.where(big, mean, info)
+    return mean, var, prec, info, u, e, v
+
+
+@helper
+def loglik_term(obs, zz, R, h, um, em, vm):
+    """Log-likelihood of one step from the normalized predicted triple (exact diffuse
+    convention: 0 where not observed, and where ``um = 0`` unless ``h = 0``)."""
+    known = um > 0.0
+    contrib = obs & (known | (h == 0.0))
+    uk = tl.where(known, um, 1.0)
+    Rs = tl.where(obs, R, 1.0)
+    S = tl.where(contrib, h * h * vm + Rs * uk, 1.0)
+    w = zz * uk - h * em
+    ll = -0.5 * (LOG_2PI + tl.log(S) - tl.log(uk) + w * w / (uk * S))
+    return tl.where(contrib, ll, 0.0)
+
+
+@helper
+def input_checks(R, a, p, h, c, CHECK_R: tl.constexpr, CHECK_A: tl.constexpr,
+                 CHECK_P: tl.constexpr, CHECK_H: tl.constexpr, CHECK_C: tl.constexpr, bad):  # fmt: skip
+    """``bad`` or'ed with the range checks of the inputs selected by the constexprs."""
+    if CHECK_R:
+        bad = bad | ~(R > 0.0)
+    if CHECK_A:
+        bad = bad | not_finite(a)
+    if CHECK_P:
+        bad = bad | ~(p >= 0.0) | not_finite(p)
+    if CHECK_H:
+        bad = bad | not_finite(h)
+    if CHECK_C:
+        bad = bad | not_finite(c)
+    if CHECK_R or CHECK_H:
+        bad = bad | ((R < float("inf")) & not_finite(h * h / R))
+    return bad
+
+
+@helper
+def flag_bits(nonfin, zinf, bad):
+    return nonfin.to(tl.int32) | (zinf.to(tl.int32) * 2) | (bad.to(tl.int32) * 4)
+
+
+@triton.jit
+def filter_kernel(
+    z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+    p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
+    u0_ptr, e0_ptr, v0_ptr, us, es, vs,  # [N] initial state (FROM_X0) and its lane strides
+    start_ptr,  # [3, NC, N] state entering each chunk (written by the carry kernel)
+    mean_ptr, var_ptr, prec_ptr, info_ptr, pmean_ptr, pvar_ptr, pprec_ptr,  # [T, N] (WRITE)
+    ll_ptr,  # [N] in the data's dtype (NC == 1), else [NC, N] float64 partial sums
+    fin_ptr,  # [3, N] the last filtered state
+    flags_ptr,  # int32 [1]
+    ck_ptr,  # [cdiv(T, CK), 3, N] the state entering every CK-th step (CKPT)
+    comp_ptr,  # [7 or 14, NC, N] chunk maps (MAPS)
+    T, N, CH, NC, CK,
+    VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
+    VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
+    MAPS: tl.constexpr, BMAPS: tl.constexpr, FROM_X0: tl.constexpr, WRITE: tl.constexpr,
+    PARTIAL: tl.constexpr, CKPT: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: ``BLOCK`` lanes over the steps of chunk ``program_id(1)``.
+
+    ``MAPS``: compose the chunk's steps into one map on ``(u, v | e)`` (the forward's, and with
+    ``BMAPS`` the backward information filter's) and store it. Else run the filter from the
+    chunk's true start, writing the outputs, the log-likelihood and the flags."""
+    k = tl.program_id(1)
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    t_lo = k * CH
+    t_hi = tl.minimum(t_lo + CH, T)
+    z0 = tl.load(z_ptr + lanes * zsn, mask=lmask, other=1.0)
+    R0 = tl.load(R_ptr + lanes * Rsn, mask=lmask, other=1.0)
+    a0 = tl.load(a_ptr + lanes * asn, mask=lmask, other=1.0)
+    p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
+    h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
+    c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
+    one = tl.full([BLOCK], 1.0, z_ptr.dtype.element_ty)
+    zero = one * 0.0
+    if MAPS:
+        m11, m12, m21, m22, g1, g2, A = one, zero, zero, one, zero, zero, one
+        b11, b12, b21, b22, bg1, bg2, bA = one, zero, zero, one, zero, zero, one
+    else:
+        if FROM_X0:
+            u = tl.load(u0_ptr + lanes * us, mask=lmask, other=1.0)
+            e = tl.load(e0_ptr + lanes * es, mask=lmask, other=0.0)
+            v = tl.load(v0_ptr + lanes * vs, mask=lmask, other=1.0)
+        else:
+            u = tl.load(start_ptr + k * N + lanes, mask=lmask, other=1.0)
+            e = tl.load(start_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
+            v = tl.load(start_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=1.0)
+        ll = tl.zeros([BLOCK], tl.float64)
+        nonfin = lanes < 0
+        zinf = lanes < 0
+        bad = input_checks(R0, a0, p0, h0, c0, not VR, not VA, not VP, not VH, not VC, lanes < 0)
+        if not VZ:
+            zinf = (z0 == z0) & not_finite(z0)
+    # the loads of later steps are issued ahead of use (software pipeline, NS stages)
+    for t in tl.range(t_lo, t_hi, num_stages=NS):
+        a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+        p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+        c = ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+        z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+        R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
+        h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+        q, d, al, forget = predict_coeffs(a, p)
+        obs, rinv, zz, phi, r = observation(z, R, h)
+        if MAPS:
+            # the step's map [[1 + p phi, q + d phi | 0], [p, d | 0], [c + r p, q c + r d | al]]
+            l11 = 1.0 + p * phi
+            l12 = q + d * phi
+            lg1 = c + r * p
+            lg2 = c * q + r * d
+            n11 = l11 * m11 + l12 * m21
+            n12 = l11 * m12 + l12 * m22
+            n21 = p * m11 + d * m21
+            n22 = p * m12 + d * m22
+            ng1 = lg1 * m11 + lg2 * m21 + al * g1
+            ng2 = lg1 * m12 + lg2 * m22 + al * g2
+            sc = 1.0 / (n11 + n22)  # any positive factor: the map acts projectively
+            m11 = n11 * sc
+            m12 = n12 * sc
+            m21 = n21 * sc
+            m22 = n22 * sc
+            g1 = ng1 * sc
+            g2 = ng2 * sc
+            A = al * A * sc
+            if BMAPS:
+                # backward information filter, step t (observation, then back to t-1), applied
+                # before the maps of the later steps: P <- P M_t with M_t on (U, V | E) =
+                # [[a^2, a^2 phi | 0], [p, 1 + p phi | 0], [-a c, a (r - c phi) | a]]
+                # ([[0, 0], [1, 1]] and 0 where the step forgets)
+                a2 = tl.where(forget, 0.0, a * a)
+                k12 = a2 * phi
+                k21 = tl.where(forget, 1.0, p)
+                k22 = tl.where(forget, 1.0, l11)
+                kg1 = -al * c
+                kg2 = al * (r - c * phi)
+                o11 = b11 * a2 + b12 * k21
+                o12 = b11 * k12 + b12 * k22
+                o21 = b21 * a2 + b22 * k21
+                o22 = b21 * k12 + b22 * k22
+                og1 = bg1 * a2 + bg2 * k21 + bA * kg1
+                og2 = bg1 * k12 + bg2 * k22 + bA * kg2
+                sb = 1.0 / (o11 + o22)
+                b11 = o11 * sb
+                b12 = o12 * sb
+                b21 = o21 * sb
+                b22 = o22 * sb
+                bg1 = og1 * sb
+                bg2 = og2 * sb
+                bA = bA * al * sb
+        else:
+            if CKPT:
+                at_ck = lmask & ((lanes * 0 + t) % CK == 0)
+                cko = (t // CK) * 3 * N + lanes
+                tl.store(ck_ptr + cko, u, mask=at_ck)
+                tl.store(ck_ptr + cko + N, e, mask=at_ck)
+                tl.store(ck_ptr + cko + 2 * N, v, mask=at_ck)
+            bad = input_checks(R, a, p, h, c, VR, VA, VP, VH, VC, bad)
+            if VZ:
+                zinf = zinf | ((z == z) & not_finite(z))
+            U = u + q * v
+            V = p * u + d * v
+            E = c * U + al * e
+            off = t * N + lanes
+            if WRITE:
+                pm, pv, pp, _, um, em, vm = ratios(U, E, V)
+                tl.store(pmean_ptr + off, pm, mask=lmask)
+                tl.store(pvar_ptr + off, pv, mask=lmask)
+                tl.store(pprec_ptr + off, pp, mask=lmask)
+            else:
+                um, em, vm = normalize(U, E, V)
+            llt = loglik_term(obs, zz, R, h, um, em, vm)
+            ll += llt.to(tl.float64)
+            U = um + phi * vm
+            E = em + r * vm
+            if WRITE:
+                mean, var, prec, info, u, e, v = ratios(U, E, vm)
+                tl.store(mean_ptr + off, mean, mask=lmask)
+                tl.store(var_ptr + off, var, mask=lmask)
+                tl.store(prec_ptr + off, prec, mask=lmask)
+                tl.store(info_ptr + off, info, mask=lmask)
+            else:
+                u, e, v = normalize(U, E, vm)
+            nonfin = nonfin | not_finite(e + llt) | not_finite(u + v)
+    if MAPS:
+        base = comp_ptr + k * N + lanes
+        step = NC * N
+        tl.store(base, m11, mask=lmask)
+        tl.store(base + step, m12, mask=lmask)
+        tl.store(base + 2 * step, m21, mask=lmask)
+        tl.store(base + 3 * step, m22, mask=lmask)
+        tl.store(base + 4 * step, g1, mask=lmask)
+        tl.store(base + 5 * step, g2, mask=lmask)
+        tl.store(base + 6 * step, A, mask=lmask)
+        if BMAPS:
+            tl.store(base + 7 * step, b11, mask=lmask)
+            tl.store(base + 8 * step, b12, mask=lmask)
+            tl.store(base + 9 * step, b21, mask=lmask)
+            tl.store(base + 10 * step, b22, mask=lmask)
+            tl.store(base + 11 * step, bg1, mask=lmask)
+            tl.store(base + 12 * step, bg2, mask=lmask)
+            tl.store(base + 13 * step, bA, mask=lmask)
+    else:
+        if PARTIAL:
+            tl.store(ll_ptr + k * N + lanes, ll, mask=lmask)
+        else:
+            tl.store(ll_ptr + lanes, ll.to(ll_ptr.dtype.element_ty), mask=lmask)
+        last = lmask & ((lanes * 0 + k) == NC - 1)
+        tl.store(fin_ptr + lanes, u, mask=last)
+        tl.store(fin_ptr + N + lanes, e, mask=last)
+        tl.store(fin_ptr + 2 * N + lanes, v, mask=last)
+        f = flag_bits(nonfin, zinf, bad)
+        tl.atomic_or(flags_ptr + lanes * 0, f, mask=lmask & (f != 0))
+
+
+@helper
+def apply_map(base, step, lmask, u, e, v):
+    """Apply the stored chunk map at ``base`` to the normalized triple; normalize."""
+    m11 = tl.load(base, mask=lmask, other=1.0)
+    m12 = tl.load(base + step, mask=lmask, other=0.0)
+    m21 = tl.load(base + 2 * step, mask=lmask, other=0.0)
+    m22 = tl.load(base + 3 * step, mask=lmask, other=1.0)
+    g1 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+    g2 = tl.load(base + 5 * step, mask=lmask, other=0.0)
+    A = tl.load(base + 6 * step, mask=lmask, other=1.0)
+    U = m11 * u + m12 * v
+    V = m21 * u + m22 * v
+    E = g1 * u + g2 * v + A * e
+    return normalize(U, E, V)
+
+
+@triton.jit
+def carry_kernel(comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_ptr, N, NC,
+                 FWD: tl.constexpr, BWD: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Walk the chunk maps. ``FWD``: the state entering chunk k (``start [3, NC, N]``, from
+    ``x0``). ``BWD``: the backward information state at the last step of chunk k
+    (``bend [3, NC, N]``, ``(0, 0, 1)`` at the last chunk)."""
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    step = NC * N
+    if FWD:
+        u = tl.load(u0_ptr + lanes * us, mask=lmask, other=1.0)
+        e = tl.load(e0_ptr + lanes * es, mask=lmask, other=0.0)
+        v = tl.load(v0_ptr + lanes * vs, mask=lmask, other=1.0)
+        for kk in range(0, NC):
+            tl.store(start_ptr + kk * N + lanes, u, mask=lmask)
+            tl.store(start_ptr + step + kk * N + lanes, e, mask=lmask)
+            tl.store(start_ptr + 2 * step + kk * N + lanes, v, mask=lmask)
+            if kk < NC - 1:
+                u, e, v = apply_map(comp_ptr + kk * N + lanes, step, lmask, u, e, v)
+    if BWD:
+        U = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
+        E = U * 0.0
+        V = U + 1.0
+        for j in range(0, NC):
+            kk = NC - 1 - j
+            tl.store(bend_ptr + kk * N + lanes, U, mask=lmask)
+            tl.store(bend_ptr + step + kk * N + lanes, E, mask=lmask)
+            tl.store(bend_ptr + 2 * step + kk * N + lanes, V, mask=lmask)
+            if kk > 0:
+                U, E, V = apply_map(comp_ptr + (7 * NC + kk) * N + lanes, step, lmask, U, E, V)
+
+
+@triton.jit
+def finish_kernel(part_ptr, ll_ptr, N, NC, BLOCK: tl.constexpr):
+    """``ll[n] = sum_k part[k, n]`` (float64 partial sums of the chunks, in chunk order)."""
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    acc = tl.zeros([BLOCK], tl.float64)
+    for kk in range(0, NC):
+        acc += tl.load(part_ptr + kk * N + lanes, mask=lmask, other=0.0)
+    tl.store(ll_ptr + lanes, acc.to(ll_ptr.dtype.element_ty), mask=lmask)
+
+
+@triton.jit
+def smooth_kernel(
+    z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+    p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
+    mean_ptr, var_ptr,  # [T, N] filtered mean and variance (the filtered triple, rebuilt)
+    bend_ptr,  # [3, NC, N] backward state at the last step of each chunk (NC > 1)
+    smean_ptr, svar_ptr,  # [T, N] outputs
+    T, N, CH, NC,
+    VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
+    VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
+    FROM_END: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The backward information filter over chunk ``program_id(1)`` (from its last step down),
+    combined at each step with the filtered triple by adding precisions (two-filter form)."""
+    k = tl.program_id(1)
+    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lmask = lanes < N
+    t_lo = k * CH
+    t_hi = tl.minimum(t_lo + CH, T)
+    z0 = tl.load(z_ptr + lanes * zsn, mask=lmask, other=1.0)
+    R0 = tl.load(R_ptr + lanes * Rsn, mask=lmask, other=1.0)
+    a0 = tl.load(a_ptr + lanes * asn, mask=lmask, other=1.0)
+    p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
+    h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
+    c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
+    if FROM_END:
+        BU = tl.zeros([BLOCK], z_ptr.dtype.element_ty)
+        BE = BU * 0.0
+        BV = BU + 1.0
+    else:
+        BU = tl.load(bend_ptr + k * N + lanes, mask=lmask, other=0.0)
+        BE = tl.load(bend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
+        BV = tl.load(bend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=1.0)
+    for j in tl.range(0, t_hi - t_lo, num_stages=NS):
+        t = t_hi - 1 - j
+        off = t * N + lanes
+        mean = tl.load(mean_ptr + off, mask=lmask, other=0.0)
+        var = tl.load(var_ptr + off, mask=lmask, other=1.0)
+        a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
+        p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
+        c = ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
+        z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
+        R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
+        h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
+        # the filtered triple from (mean, var): (1, mean, var) or (1/var, mean/var, 1)
+        small = var <= 1.0
+        known = var < float("inf")
+        rvar = tl.where(known, 1.0 / var, 0.0)
+        u = tl.where(small, 1.0, rvar)
+        v = tl.where(small, var, 1.0)
+        e = tl.where(small, mean, tl.where(known, mean * rvar, 0.0))
+        rden = 1.0 / (u * BV + BU * v)
+        sm = (e * BV + BE * v) * rden
+        sv = v * BV * rden
+        exact = (v == 0.0) & (BV == 0.0)
+        tl.store(smean_ptr + off, tl.where(exact, e, sm), mask=lmask)
+        tl.store(svar_ptr + off, tl.where(exact, 0.0, sv), mask=lmask)
+        # the information of step t's observation, then back through step t's dynamics
+        obs, rinv, zz, phi, r = observation(z, R, h)
+        BU = BU + phi * BV
+        BE = BE + r * BV
+        a2 = a * a
+        forget = a2 == 0.0
+        U = tl.where(forget, 0.0, a2 * BU)
+        E = tl.where(forget, 0.0, a * (BE - c * BU))
+        V = tl.where(forget, 1.0, BV + p * BU)
+        BU, BE, BV = normalize(U, E, V)
