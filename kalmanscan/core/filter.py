@@ -1,4 +1,4 @@
-"""The information-form Kalman filter and RTS smoother for many independent scalar lanes.
+"""The information-form Kalman filter and smoother for many independent scalar lanes.
 
 Model of one lane (docs/model.md; notation in docs/architecture.md)::
 
@@ -50,7 +50,7 @@ class FilterResult(NamedTuple):
 
 
 class SmoothResult(NamedTuple):
-    """RTS-smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind."""
+    """Smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind."""
 
     mean: object
     var: object
@@ -285,18 +285,23 @@ def filter(  # noqa: A001 - the public name users expect
         process_var: process-noise variance (>= 0), broadcasts against ``z``.
         loading: observation loading ``h``. offset: state offset ``c``.
         prior_mean, prior_var: prior of the state before the first step, broadcast against the
-            lane shape; ``prior_var = inf`` (default) is diffuse.
+            lane shape; ``prior_var = inf`` (default) is diffuse, ``prior_var = 0`` known exactly.
         init: an :class:`InfoState` ``(lam, eta)`` to start from instead of the prior (e.g. the
             ``final`` state of an earlier call); ``lam = 0`` is diffuse.
         axis: the time axis of ``z``.
-        backend: ``"auto"``, ``"torch"`` (chunked parallel scans), ``"native"`` (the compiled
-            single-pass CPU kernel, ``"auto"``'s choice on the CPU; its gradients come from the
-            torch path's backward), ``"sequential"`` (the step-by-step reference) or
-            ``"triton"`` (fused GPU kernels).
+        backend: ``"auto"``, ``"torch"`` (the chunked projective scan), ``"native"`` (the
+            compiled single-pass CPU kernel, ``"auto"``'s choice on the CPU), ``"sequential"``
+            (the step-by-step reference) or ``"triton"`` (fused GPU kernels).
 
     Returns:
         :class:`FilterResult`: numpy arrays for numpy input, tensors (on ``z``'s device, with
-        autograd) when any input is a tensor.
+        autograd) when any input is a tensor. A state known exactly (``process_var = 0`` with
+        ``|decay| < 1`` over many steps, ``prior_var = 0``, ``decay = process_var = 0``) has
+        ``precision`` inf and ``var`` 0, and ``info`` is then ``±inf``; ``mean`` stays exact.
+
+    Raises:
+        ValueError naming the argument for an invalid value; OverflowError only for data no
+        float of the dtype can hold (e.g. squared innovations past its maximum).
 
     >>> import numpy as np, kalmanscan as ks
     >>> z = np.array([1.1, 0.9, np.nan, 1.4])
@@ -357,15 +362,13 @@ def smooth(
     axis=0,
     backend="auto",
 ) -> SmoothResult:
-    """Rauch–Tung–Striebel smoother: the filter, then two reverse affine scans.
+    """Smoothed moments: the filter, a backward information filter, precisions added.
 
-    Same arguments as :func:`filter`. With the gain
-    ``J_t = a_{t+1} lam^-_{t+1} / lam_t = alpha_{t+1}`` the smoothed moments follow
-
-        ms_t = J_t ms_{t+1} + (p_{t+1} eta_t - a_{t+1} c_{t+1}) / den_{t+1}
-        Ps_t = J_t^2 Ps_{t+1} + p_{t+1} / den_{t+1}          (den = a^2 + p lam_t)
-
-    forms that stay finite where the filtered state is still diffuse (docs/algorithm.md).
+    Same arguments as :func:`filter`. The backward filter carries the information about ``x_t``
+    from the observations after ``t`` as a homogeneous triple ``(U, E, V)``; with the filtered
+    ``(u, e, v)`` the smoothed ``mean = (e V + E v) / (u V + U v)`` and
+    ``var = v V / (u V + U v)``: no subtraction, so it stays accurate where the covariance-form
+    Rauch–Tung–Striebel recursion amplifies rounding (docs/algorithm.md).
 
     >>> import numpy as np, kalmanscan as ks
     >>> sm = ks.smooth(np.array([1.1, 0.9, np.nan, 1.4]), obs_var=0.1, decay=1.0, process_var=0.01)
