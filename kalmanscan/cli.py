@@ -29,7 +29,7 @@ _COMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: kalmanscan <command> [options]", "", "commands:"]
+    lines = ["usage: kalmanscan <command> [options]  |  kalmanscan --version", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
     lines += ["", "Run 'kalmanscan <command> --help' for the options of one command."]
     return "\n".join(lines)
@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from kalmanscan.timeseries.cli import _version
+
+        print(f"kalmanscan {_version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in _COMMANDS:
         print(

@@ -599,9 +599,22 @@ def _fix_arg(items):
                 f"--fix: expected NAME=VALUE with NAME one of {list(PARAMS)}, got {item!r}"
             )
         try:
-            fix[key] = float(value)
+            v = float(value)
         except ValueError as err:
             raise InputError(f"--fix {key}: expected a number, got {value!r}") from err
+        lo = {"obs_var": "> 0", "theta": ">= 0", "sigma2": ">= 0"}.get(key)
+        ok = math.isfinite(v) and (
+            lo is None or (v > 0 if lo == "> 0" else v >= 0)
+        )
+        if not ok:
+            raise InputError(f"--fix {key}: expected a finite number{' ' + lo if lo else ''}, "
+                             f"got {value!r}")
+        fix[key] = v
+    if len(fix) == len(PARAMS):
+        raise InputError(
+            "--fix: every parameter is fixed, nothing to fit; give them without --fit "
+            "(--theta, --sigma2, --mu, --obs-var)"
+        )
     return fix
 
 
@@ -702,13 +715,14 @@ def _units_warning(ax, params: dict, given: bool) -> str | None:
     if 0.5 <= med <= 2.0:
         return None
     step = _describe_duration(med * (ax.unit / np.timedelta64(1, "s")))
+    suggest = step.replace(" ", "")
     if given:
         sigma2 = float(np.max(np.atleast_1d(params.get("sigma2", 0.0))))
         return (
             f"warning: --theta and --sigma2 are rates per --time-unit ({ax.unit_name}), and the "
             f"rows are a median {step} apart ({med:.4g} units): sigma2={sigma2:g} per "
             f"{ax.unit_name} adds {sigma2 * med:.4g} of level variance per step; if your values "
-            f"are per step, pass --time-unit {step.replace(' ', '')} or rescale them"
+            f"are per step, pass --time-unit {suggest} or rescale them"
         )
     return (
         f"note: theta and sigma2 are estimated per --time-unit ({ax.unit_name}); the rows are a "
@@ -719,7 +733,7 @@ def _units_warning(ax, params: dict, given: bool) -> str | None:
 def _describe_duration(seconds: float) -> str:
     for unit, size in (("D", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
         if seconds >= size:
-            return f"{seconds / size:.4g} {unit}"
+            return f"{seconds / size:.6g} {unit}"
     return f"{seconds:.3g} s"
 
 
@@ -762,7 +776,12 @@ def _filter(args) -> int:
         log(note)
     T, S = z.shape
     try:
-        ax = as_time_axis(times, T, args.time_unit if times.dtype.kind == "M" else None)
+        ax = as_time_axis(
+            times,
+            T,
+            args.time_unit if times.dtype.kind == "M" else None,
+            name=f"{args.csv}: column {args.time_col!r}" if args.time_col else "times",
+        )
     except ValueError as err:
         raise InputError(str(err)) from err
     if args.time_unit is not None and not ax.is_datetime:

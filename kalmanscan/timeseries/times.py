@@ -93,8 +93,8 @@ class TimeAxis(NamedTuple):
         if not np.isfinite(pos).all():
             i = int(np.flatnonzero(~np.isfinite(pos))[0])
             raise ValueError(
-                f"{name}: expected finite times whose distance from the first time {origin!r} "
-                f"is finite in float64, got {arr.ravel()[i]!r}"
+                f"{name}: expected finite times whose distance from the first time {origin:g} "
+                f"is finite in float64, got {arr.ravel()[i]:g}"
             )
         return pos
 
@@ -526,8 +526,8 @@ def as_time_axis(
         if not np.isfinite(t).all():
             i = int(np.flatnonzero(~np.isfinite(t))[0])
             raise ValueError(
-                f"{name}: expected times whose span is finite in float64, got {labels[i]!r} "
-                f"(position {i}) after {labels[0]!r}; shift or rescale the times"
+                f"{name}: expected times whose span is finite in float64, got {labels[i]:g} "
+                f"(position {i}) after {labels[0]:g}; shift or rescale the times"
             )
     t = np.asarray(t, dtype=np.float64)
     steps = np.diff(t)

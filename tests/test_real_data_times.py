@@ -1,0 +1,232 @@
+"""Issue 22, timestamps as users have them: any span (item 1), day-first and ambiguous dates
+(item 2), dates outside 1677-2262 and tz-aware times (item 12), duplicate times, and the property
+that any CSV the CLI accepts round-trips through results.csv in sorted unique time order."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("xarray")
+pytest.importorskip("matplotlib")
+
+from kalmanscan.timeseries import OUModel, as_time_axis  # noqa: E402
+from kalmanscan.timeseries.cli import filter_main  # noqa: E402
+from kalmanscan.timeseries.times import TimeParseError, elapsed, parse_datetime_strings  # noqa: E402
+
+GIVEN = ["--sigma2", "1", "--obs-var", "1", "--quiet"]
+
+
+def _csv(tmp_path, text, name="in.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _results(out):
+    return pd.read_csv(out / "results.csv")
+
+
+# --- item 1: any span ----------------------------------------------------------------------------
+def _annual(first, last):
+    return [f"{y:04d}-07-01" for y in range(first, last + 1)]
+
+
+@pytest.mark.parametrize("first,last", [(1700, 2008), (1, 9999), (1600, 1700), (2200, 2400)])
+def test_any_span_of_dates_gives_exact_day_counts(first, last):
+    stamps = _annual(first, last)
+    ax = as_time_axis(stamps, len(stamps))
+    days = (np.array(stamps, dtype="datetime64[D]") - np.datetime64(stamps[0], "D")).astype(
+        np.int64
+    )
+    # float64 days from the first stamp: within one rounding of the exact integer day count
+    np.testing.assert_array_less(np.abs(ax.t - days), 1e-9 * np.maximum(days, 1) + 1e-12)
+    assert (np.diff(ax.t) > 0).all()
+
+
+def test_sunspots_1700_2008_filters_and_fits_through_the_cli(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    stamps = _annual(1700, 2008)
+    level = np.cumsum(rng.normal(size=len(stamps))) * 5 + 80
+    z = level + rng.normal(size=len(stamps)) * 3
+    path = _csv(
+        tmp_path, "date,spots\n" + "".join(f"{d},{v:.4f}\n" for d, v in zip(stamps, z, strict=True))
+    )
+    out = tmp_path / "o"
+    args = [path, "--time-col", "date", "--fit", "--fix", "theta=0", "--fix", "mu=0"]
+    rc = filter_main([*args, "--time-unit", "365.25D", "--forecast", "2", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    table = _results(out)
+    data = table[table["kind"] == "data"]
+    assert len(data) == len(stamps)
+    assert data["time"].iloc[0].startswith("1700-07-01")
+    assert data["time"].iloc[-1].startswith("2008-07-01")
+    fc = table[table["kind"] == "forecast"]["time"].tolist()
+    assert fc[0].startswith("2009-07") and fc[1].startswith("2010-07")
+
+
+def test_numeric_times_of_any_size():
+    t = np.array([-1e300, 0.0, 1e300])
+    ax = as_time_axis(t, 3)
+    assert ax.t.tolist() == [0.0, 1e300, 2e300]
+    with pytest.raises(ValueError, match="span is finite in float64"):
+        as_time_axis(np.array([-1e308, 1e308]), 2)
+
+
+def test_elapsed_is_one_rounding_of_the_exact_span():
+    a = np.array(["0001-01-01T00:00:00.000001", "9999-12-31T23:59:59.999999"], "datetime64[us]")
+    got = elapsed(a, a[0], np.timedelta64(1, "s"))
+    exact = (a[1] - a[0]).astype(np.int64)  # microseconds, fits int64
+    assert abs(got[1] - exact / 1e6) <= 1e-16 * 2 * exact / 1e6
+
+
+# --- item 2: day-first and ambiguous dates ---------------------------------------------------------
+def _weekly(fmt, n=60, start=dt.date(1958, 3, 29)):
+    return [(start + dt.timedelta(days=7 * i)).strftime(fmt) for i in range(n)]
+
+
+def test_day_first_dates_read_with_one_format_in_order():
+    stamps = _weekly("%d/%m/%Y")  # 29/03/1958 ...: only day-first reads every one
+    ax = as_time_axis(stamps, len(stamps))
+    assert (np.diff(ax.t) == 7).all()
+    assert str(ax.labels[0]).startswith("1958-03-29")
+
+
+def test_ambiguous_dates_are_refused_naming_both_readings():
+    stamps = _weekly("%d/%m/%Y", n=2, start=dt.date(1958, 4, 3))  # 03/04/1958, 10/04/1958
+    with pytest.raises(TimeParseError, match="ambiguous dates: '03/04/1958'") as err:
+        parse_datetime_strings(stamps)
+    assert "%d/%m/%Y" in str(err.value) and "%m/%d/%Y" in str(err.value)
+    assert "time_format" in str(err.value) and "dayfirst" in str(err.value)
+    got = parse_datetime_strings(stamps, dayfirst=True)
+    assert str(got[0]).startswith("1958-04-03")
+    got = parse_datetime_strings(stamps, time_format="%m/%d/%Y")
+    assert str(got[0]).startswith("1958-03-04")
+
+
+def test_cli_day_first_dates_fit_like_iso_dates(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    z = 315 + np.cumsum(rng.normal(size=60)) * 0.1
+    fits = {}
+    for fmt in ("%d/%m/%Y", "%Y-%m-%d"):
+        stamps = _weekly(fmt)
+        path = _csv(
+            tmp_path,
+            "date,co2\n" + "".join(f"{d},{v:.5f}\n" for d, v in zip(stamps, z, strict=True)),
+            name=fmt.replace("/", "_").replace("%", "") + ".csv",
+        )
+        out = tmp_path / fmt.replace("/", "_").replace("%", "")
+        rc = filter_main([path, "--time-col", "date", "--fit", "--quiet", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        fits[fmt] = _results(out)
+    a, b = fits.values()
+    np.testing.assert_allclose(a["smoothed_mean"], b["smoothed_mean"], rtol=1e-9)
+    np.testing.assert_allclose(a["observed"], z)  # input order kept: nothing reordered
+
+
+def test_cli_refuses_ambiguous_dates_with_exit_2_and_accepts_dayfirst(tmp_path, capsys):
+    stamps = [f"02/{m:02d}/1958" for m in range(1, 6)]  # 2 Jan, 2 Feb, ... or 1 Feb, 2 Feb, ...
+    text = "date,y\n" + "".join(f"{d},{i}\n" for i, d in enumerate(stamps))
+    path = _csv(tmp_path, text)
+    rc = filter_main([path, "--time-col", "date", *GIVEN, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "ambiguous dates" in err and "row 2" in err and "--dayfirst" in err
+    rc = filter_main(
+        [path, "--time-col", "date", "--dayfirst", *GIVEN, "--out", str(tmp_path / "o")]
+    )
+    assert rc == 0, capsys.readouterr().err
+    times = _results(tmp_path / "o")["time"].tolist()
+    assert times[0].startswith("1958-01-02") and times[1].startswith("1958-02-02")
+    rc = filter_main(
+        [path, "--time-col", "date", "--time-format", "%d/%m/%Y", *GIVEN, "--out",
+         str(tmp_path / "p")]
+    )
+    assert rc == 0
+
+
+def test_a_value_that_breaks_the_detected_format_is_named(tmp_path, capsys):
+    text = "date,y\n29/03/1958,1\n05/04/1958,2\n1958-04-12,3\n"
+    rc = filter_main([_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--out",
+                      str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "row 4: cannot parse '1958-04-12' as a time" in err
+
+
+# --- item 12: dates outside 1677-2262, tz-aware times ----------------------------------------------
+def test_dates_outside_the_nanosecond_window_do_not_wrap(tmp_path, capsys):
+    stamps = ["1600-01-01", "1650-06-01", "2250-01-01", "2300-01-01"]
+    text = "date,y\n" + "".join(f"{d},{i}\n" for i, d in enumerate(stamps))
+    out = tmp_path / "o"
+    rc = filter_main([_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--forecast", "2",
+                      "--time-unit", "365D", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    table = _results(out)
+    times = table["time"].tolist()
+    assert [t[:10] for t in times[:4]] == stamps
+    assert times[4] > "2300" and times[5] > times[4]  # forecasts past 2262 stay in order
+    import xarray as xr
+
+    # xarray decodes to nanoseconds unless told otherwise (docs/cli.md says how)
+    ds = xr.load_dataset(
+        out / "results.nc", decode_times=xr.coders.CFDatetimeCoder(time_unit="s")
+    )
+    assert str(ds["time"].values[0]).startswith("1600-01-01")
+    assert str(ds["forecast_time"].values[-1]) > "2300"
+
+
+def test_forecast_past_2262_from_nanosecond_labels_keeps_order():
+    labels = np.array(["2261-01-01", "2262-01-01"], dtype="datetime64[ns]")
+    m = OUModel(sigma2=1.0, obs_var=1.0)
+    fc = m.forecast(np.array([1.0, 2.0]), labels, steps=3)
+    expected = np.datetime64("2262-01-01") + np.arange(1, 4) * np.timedelta64(365, "D")
+    np.testing.assert_array_equal(fc.times.astype("datetime64[D]"), expected)
+    assert str(fc.times[-1]).startswith("2264-12-31")  # not 1678 (int64 nanoseconds wrap)
+
+
+def test_tz_aware_pandas_series_converts_its_values_not_its_index():
+    idx = pd.date_range("2024-03-30", periods=4, freq="D", tz="Europe/Paris")
+    s = pd.Series(idx, index=[10, 20, 30, 40])
+    ax = as_time_axis(s, 4)
+    assert str(ax.labels[0]).startswith("2024-03-29T23:00")
+    # across the change to summer time the UTC steps are 1, 1 - 1/24, 1 days
+    np.testing.assert_allclose(np.diff(ax.t), [1.0, 23 / 24, 1.0])
+    ax2 = as_time_axis(pd.DatetimeIndex(idx), 4)
+    np.testing.assert_array_equal(ax.t, ax2.t)
+
+
+def test_utc_offsets_in_a_csv_are_converted_and_a_mix_is_refused(tmp_path, capsys):
+    text = "t,y\n2024-03-01T12:30+01:00,1\n2024-06-01T12:30+02:00,2\n2024-07-01T12:30+02:00,3\n"
+    out = tmp_path / "o"
+    assert filter_main([_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out", str(out)]) == 0
+    assert _results(out)["time"].iloc[0].startswith("2024-03-01 11:30")
+    mixed = "t,y\n2024-03-01T12:30+01:00,1\n2024-06-01T12:30,2\n"
+    rc = filter_main([_csv(tmp_path, mixed, "m.csv"), "--time-col", "t", *GIVEN, "--out",
+                      str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has a UTC offset" in err and "row 3" in err
+
+
+# --- duplicate timestamps ------------------------------------------------------------------------------
+def test_duplicate_times_are_refused_naming_the_rows(tmp_path, capsys):
+    text = "# a comment line counts as a row\nt,y\n1,2\n2,3\n1,4\n"
+    rc = filter_main([_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out",
+                      str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "rows 3 and 5 have the same time 1" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_duplicate_times_in_python_are_exact_zero_length_steps():
+    m = OUModel(sigma2=1.0, obs_var=2.0)
+    twice = m.filter(np.array([1.0, 3.0, 3.0]), np.array([0.0, 1.0, 1.0]))
+    # two observations of the same state with variance 2 carry the information of one with 1
+    once = OUModel(sigma2=1.0, obs_var=np.array([2.0, 1.0])[:, None]).filter(
+        np.array([[1.0], [3.0]]), np.array([0.0, 1.0])
+    )
+    assert abs(twice.mean[-1] - once.mean[-1, 0]) < 1e-12
+    assert abs(twice.var[-1] - once.var[-1, 0]) < 1e-12
