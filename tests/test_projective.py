@@ -17,7 +17,7 @@ import kalmanscan as ks
 from kalmanscan.core import parallel, sequential
 from kalmanscan.core.steps import from_prior
 
-BACKENDS = ["sequential", "torch"]
+BACKENDS = ["sequential", "torch", "native"]
 
 
 def truth(z, R, a, p, c=0.0, h=1.0, m0=0.0, P0=math.inf, dps=80):
@@ -207,7 +207,7 @@ def test_loglik_function_and_gradient(backend):
 
     val = f(*params)
     np.testing.assert_allclose(
-        float(val),
+        float(val.detach()),
         float(ks.filter(z, 0.5, 0.9, 0.1, offset=0.2, backend=backend).loglik.sum()),
         rtol=1e-14,
     )

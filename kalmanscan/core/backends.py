@@ -41,7 +41,7 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type == "cuda" and _triton_available():
             return "triton"
-        if device.type == "cpu" and native.available() and hasattr(native, "smooth_lanes"):
+        if device.type == "cpu" and native.available():
             return "native"
         return "torch"
     if backend == "triton" and device.type != "cuda":
