@@ -282,91 +282,192 @@ def kla_case(B, L, M, S, variants, peer=True):
     return out
 
 
-def filter_case(T, N, variants, peer=True):
-    from kalmanscan.core.parallel import filter_lanes as torch_lanes
-    from kalmanscan.core.sequential import filter_lanes as seq_lanes
-    from kalmanscan.cuda import filter as F
+PUBLIC_SHAPES = ((2**20, 64), (4096, 65536), (1000, 100000))
+# (ks.filter, ks.smooth, ks.loglik + gradient) targets in ms, fp32 (issue 19)
+PUBLIC_TARGETS = {(2**20, 64): (1.2, 2.5, 2.0), (4096, 65536): (4.5, 9.0, 6.0),
+                  (1000, 100000): (1.8, 3.5, 2.5)}  # fmt: skip
+MAX_LAUNCHES = 8  # kernels one ks.filter call may launch
+FILTER_KEYS = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 
-    g = torch.Generator(device=DEV).manual_seed(2)
+
+def series_error(a, b):
+    """Normwise relative error over the finite entries; inf where the non-finite entries
+    (NaN where a lane knows nothing, inf variances) differ."""
+    a, b = a.detach().double(), b.detach().double().to(a.device)
+    if not torch.equal(torch.isnan(a), torch.isnan(b)) or not torch.equal(
+        torch.isinf(a), torch.isinf(b)
+    ):
+        return float("inf")
+    fin = torch.isfinite(b)
+    return rel(a[fin], b[fin]) if bool(fin.any()) else 0.0
+
+
+def launches(fn):
+    """``(kernels, kernel ms, copies)`` of one call (CUDA profiler: kernel launches, their summed
+    device time, and memory copies/sets, e.g. the flags' read)."""
+    if SMOKE:
+        return None, None, None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, copies, us = 0, 0, 0.0
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if ev.name.startswith(("Memcpy", "Memset")):
+            copies += 1
+        else:
+            kernels += 1
+            us += ev.device_time_total
+    return kernels, us / 1e3, copies
+
+
+def public_inputs(T, N, seed=2):
+    """``z [T, N]`` (5 % NaN) and per-lane ``obs_var, decay, process_var`` ``[N]``, float32."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
     z = torch.randn(T, N, device=DEV, generator=g)
-    ov = torch.rand(N, device=DEV, generator=g) + 0.5
+    z[torch.rand(T, N, device=DEV, generator=g) < 0.05] = float("nan")
+    R = torch.rand(N, device=DEV, generator=g) + 0.5
     a = torch.rand(N, device=DEV, generator=g) * 0.2 + 0.8
     p = torch.rand(N, device=DEV, generator=g) * 0.1 + 0.01
-    one, zero = torch.ones(1, 1, device=DEV), torch.zeros(1, 1, device=DEV)
-    lam0, eta0 = torch.zeros(N, device=DEV), torch.zeros(N, device=DEV)
-    wl = torch.randn(T, N, device=DEV, generator=g)
-    we = torch.randn(T, N, device=DEV, generator=g)
-    out = {"op": "filter", "shape": dict(T=T, N=N),
-           "inputs": "z [T,N]; obs_var, decay, process_var per lane (stride-0 over time); "
-                     "loading 1, offset 0; diffuse start; "
-                     "gradients for z, obs_var, decay, process_var"}  # fmt: skip
+    return z, R, a, p
 
-    def args(ts, dtype, lanes=slice(None)):
-        z_, ov_, a_, p_ = ts
-        return (z_[:, lanes], ov_[lanes].expand(T, -1), a_[lanes].expand(T, -1),
-                p_[lanes].expand(T, -1), one.to(dtype).expand(T, z_[:, lanes].shape[1]),
-                zero.to(dtype).expand(T, z_[:, lanes].shape[1]), lam0[lanes].to(dtype),
-                eta0[lanes].to(dtype))  # fmt: skip
 
-    def grads(fn, dtype, lanes=slice(None)):
-        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (z, ov, a, p)]
-        lam, eta = fn(*args(leaves, dtype, lanes))
-        loss = (wl[:, lanes].to(dtype) * lam).sum() + (we[:, lanes].to(dtype) * eta).sum()
-        gs = torch.autograd.grad(loss, leaves)
-        return lam.detach(), eta.detach(), [gr[..., lanes] for gr in gs]
+def public_case(T, N):
+    """``ks.filter``, ``ks.smooth``, ``ks.loglik`` and its gradient wrt ``obs_var, decay,
+    process_var`` on CUDA tensors (the public functions, ``backend="auto"``), every result checked
+    against float64 on a subset of lanes in the same run; then the internal ops."""
+    import kalmanscan as ks
+    from kalmanscan.cuda import filter as F
 
-    # correctness: the timed kernel on all lanes, a subset of lanes checked against float64
-    sub = slice(0, 512) if T <= 8192 else slice(0, 4)
-    reference = seq_lanes if T <= 8192 else torch_lanes
-    out["reference"] = ("sequential" if T <= 8192 else "torch parallel") + f" float64, lanes {sub}"
-    lam, eta, gk = grads(F.filter_lanes, torch.float32)
-    lr, er, gr = grads(reference, torch.float64, sub)
-    errs = {"lam": rel(lam[:, sub], lr), "eta": rel(eta[:, sub], er)}
-    for n, a_, b_ in zip(("z", "obs_var", "decay", "process_var"), gk, gr, strict=True):
-        errs["grad_" + n] = rel(a_[..., sub], b_)
+    z, R, a, p = public_inputs(T, N)
+    out = {"op": "public", "shape": dict(T=T, N=N),
+           "inputs": "z [T, N] float32 with 5 % NaN; obs_var, decay, process_var per lane [N]; "
+                     "loading 1, offset 0, diffuse prior; backend='auto' (triton)"}  # fmt: skip
+    sub = slice(0, 256) if T <= 8192 else slice(0, 4)
+    ref_backend = "sequential" if T <= 8192 else "torch"
+    out["reference"] = f"{ref_backend} float64 (gradients: torch float64), lanes {sub}"
+    d = lambda x: x[..., sub].double()  # noqa: E731
+    ref = ks.smooth(d(z), d(R), d(a), d(p), backend=ref_backend)
+    leaves64 = [d(x).requires_grad_(True) for x in (R, a, p)]
+    gref = torch.autograd.grad(ks.loglik(d(z), *leaves64, backend="torch").sum(), leaves64)
+    got_s = ks.smooth(z, R, a, p)
+    got_f = ks.filter(z, R, a, p)
+    got_ll = ks.loglik(z, R, a, p)
+    leaves = [x.clone().requires_grad_(True) for x in (R, a, p)]
+    ggot = torch.autograd.grad(ks.loglik(z, *leaves).sum(), leaves)
+    errs = {}
+    for k in FILTER_KEYS + ("loglik",):
+        errs["filter." + k] = series_error(getattr(got_f, k)[..., sub], getattr(ref.filtered, k))
+    errs["smooth.mean"] = series_error(got_s.mean[:, sub], ref.mean)
+    errs["smooth.var"] = series_error(got_s.var[:, sub], ref.var)
+    errs["smooth.filtered.mean"] = series_error(got_s.filtered.mean[:, sub], ref.filtered.mean)
+    errs["loglik"] = series_error(got_ll[sub], ref.filtered.loglik)
+    for n, g1, g2 in zip(("obs_var", "decay", "process_var"), ggot, gref, strict=True):
+        errs["grad." + n] = series_error(g1[sub], g2)
     out["errors"] = errs
-    del lam, eta, gk, lr, er, gr
-    torch.cuda.empty_cache()
-    fwd_ok = max(errs["lam"], errs["eta"]) <= 1e-4
-    bwd_ok = max(v for k, v in errs.items() if k.startswith("grad_")) <= 1e-3
-    out["correct_fwd"], out["correct_bwd"] = fwd_ok, bwd_ok
-    out["regime"] = "lanes" if F._plan(T, N, 1)[2] == 1 else f"chunks (NC={F._plan(T, N, 1)[2]})"
+    del ref, got_s, got_f, ggot, gref
+    torch.cuda.empty_cache() if not SMOKE else None
+    ok = {
+        "filter": max(v for k, v in errs.items() if k.startswith("filter.")) <= 1e-4,
+        "smooth": max(v for k, v in errs.items() if k.startswith("smooth.")) <= 1e-4,
+        "loglik": errs["loglik"] <= 1e-4,
+        "loglik_grad": errs["loglik"] <= 1e-4
+        and max(v for k, v in errs.items() if k.startswith("grad.")) <= 1e-3,
+    }
+    out["correct"] = ok
 
-    leaves = [t.requires_grad_(True) for t in (z, ov, a, p)]
+    def grad_call():
+        return torch.autograd.grad(ks.loglik(z, *leaves).sum(), leaves)
 
-    def fwd(fn):
-        with torch.no_grad():
-            return fn(*args(leaves, torch.float32))
+    calls = {
+        "filter": lambda: ks.filter(z, R, a, p),
+        "smooth": lambda: ks.smooth(z, R, a, p),
+        "loglik": lambda: ks.loglik(z, R, a, p),
+        "loglik_grad": grad_call,
+    }
+    times, counts = {}, {}
+    for name, fn in calls.items():
+        if not ok[name]:  # a wrong result gets no time
+            times[name] = None
+            continue
+        times[name] = bench(fn)
+        k, kms, copies = launches(fn)
+        counts[name] = {"kernels": k, "kernel_ms": kms, "copies": copies}
+    out["ms"], out["launches"] = times, counts
 
-    def fwdbwd(fn):  # the gradients returned, as for the KLA op
-        lam, eta = fn(*args(leaves, torch.float32))
-        return torch.autograd.grad([lam, eta], leaves, [wl, we])
+    # internal ops: the backend's functions on the API's arguments (expanded views, diffuse x0)
+    one, zero = torch.ones(1, 1, device=DEV), torch.zeros(1, 1, device=DEV)
+    x0 = (torch.zeros(N, device=DEV), torch.zeros(N, device=DEV), torch.ones(N, device=DEV))
+    ex = lambda x: (x[None] if x.ndim == 1 else x).expand(T, N)  # noqa: E731
+    args = (z, ex(R), ex(a), ex(p), ex(one), ex(zero))
+    largs = [x.clone().requires_grad_(True) for x in (R, a, p)]
 
-    def outputs():
-        lam, eta = F.filter_lanes(*args(leaves, torch.float32))
-        grads = torch.autograd.grad([lam, eta], leaves, [wl, we])
-        return [lam.detach(), eta.detach(), *grads]
+    def op_grad():
+        r = F.filter_lanes(z, *(ex(x) for x in largs), ex(one), ex(zero), x0, outputs="loglik")
+        return torch.autograd.grad(r["loglik"].sum(), largs)
 
-    time_variants(out, F.TUNING, variants, outputs, lambda: fwd(F.filter_lanes),
-                  lambda: fwdbwd(F.filter_lanes), fwd_ok, bwd_ok)  # fmt: skip
-    kernel_time(out, lambda: fwd(F.filter_lanes), lambda: fwdbwd(F.filter_lanes))
-    if peer:
-        try:
-            out["torch_fwd_ms"] = peer_bench(lambda: fwd(torch_lanes))
-            out["torch_fwdbwd_ms"] = peer_bench(lambda: fwdbwd(torch_lanes))
-        except torch.cuda.OutOfMemoryError as e:
-            out["torch_error"] = f"out of memory: {str(e)[:120]}"
-        torch.cuda.empty_cache()
+    ops = {
+        "filter_lanes(all)": (lambda: F.filter_lanes(*args, x0), ok["filter"]),
+        "filter_lanes(loglik)": (
+            lambda: F.filter_lanes(*args, x0, outputs="loglik"),
+            ok["loglik"],
+        ),  # fmt: skip
+        "smooth_lanes": (lambda: F.smooth_lanes(*args, x0), ok["smooth"]),
+        "filter_lanes(loglik)+adjoint": (op_grad, ok["loglik_grad"]),
+    }
+    out["ops_ms"] = {n: (bench(fn) if good else None) for n, (fn, good) in ops.items()}
+    out["ops_kernel_ms"] = {n: (launches(fn)[1] if good else None)
+                            for n, (fn, good) in ops.items()}  # fmt: skip
+    CH, NC, CK, BLOCK, _ = F._plan(T, N)
+    out["regime"] = "lanes" if NC == 1 else f"chunks (NC={NC}, CH={CH})"
     steps = T * N
     out["floor"] = {
-        "bytes_fwd": 12 * steps,  # read z, write lam and eta
-        # backward: read z, lam, eta, two incoming gradients; write four [T,N] gradients; autograd
-        # sums the three per-lane ones over time (read again)
-        "bytes_fwdbwd": 12 * steps + 20 * steps + 16 * steps + 12 * steps,
-        "rcp_fwd": 1 * steps,
-        "rcp_fwdbwd": 1 * steps + 1 * steps,
+        # read z, write the 7 series (ks.filter); + the smoother's pass: read z, mean, var,
+        # write 2; the log-likelihood: read z (twice with chunks), + adjoint: z twice more
+        "bytes_filter": 32 * steps + (4 * steps if NC > 1 else 0),
+        "bytes_smooth": 52 * steps + (4 * steps if NC > 1 else 0),
+        "bytes_loglik_grad": 12 * steps + (8 * steps if NC > 1 else 0),
     }
     return out
+
+
+def fit_case(S=16384, T=500, check=64):
+    """``fit_ou(z, fix={"theta": 0, "mu": 0}, device="cuda", stderr=False)`` on ``S`` local-level
+    series (5 % NaN): wall time of one call after a warm-up, and the estimates of the first
+    ``check`` series against the CPU fit of those series."""
+    import numpy as np
+
+    import kalmanscan as ks
+
+    rng = np.random.default_rng(5)
+    q = rng.uniform(0.05, 0.5, S)
+    r = rng.uniform(0.5, 2.0, S)
+    x = np.cumsum(rng.normal(size=(T, S)) * np.sqrt(q), axis=0)
+    z = x + rng.normal(size=(T, S)) * np.sqrt(r)
+    z[rng.random((T, S)) < 0.05] = np.nan
+    kw = dict(fix={"theta": 0.0, "mu": 0.0}, stderr=False)
+    dev = "cpu" if SMOKE else "cuda"
+    ks.fit_ou(z[:, :check], device=dev, **kw)  # warm-up: compiles the kernels
+    if not SMOKE:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fit = ks.fit_ou(z, device=dev, **kw)
+    if not SMOKE:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    cpu = ks.fit_ou(z[:, :check], device="cpu", **kw)
+    errs = {}
+    for k in ("sigma2", "obs_var"):
+        g = np.asarray(fit.params[k], dtype=float).ravel()[:check]
+        c = np.asarray(cpu.params[k], dtype=float).ravel()
+        errs[k] = float(np.max(np.abs(g - c) / np.maximum(np.abs(c), 1e-300)))
+    return {"op": "fit_ou", "shape": dict(S=S, T=T), "wall_s": wall, "target_s": 1.5,
+            "max_rel_vs_cpu": errs, "checked_series": check}  # fmt: skip
 
 
 def compile_sm90(fn, signature, consts, warps):
@@ -394,8 +495,9 @@ def kernel_resources():
 
     import triton
 
-    from kalmanscan.cuda import filter as F
     from kalmanscan.cuda import kla as K
+    from kalmanscan.cuda.filter import adjoint as FA
+    from kalmanscan.cuda.filter import kernels as FK
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     P = "*fp32"
@@ -406,11 +508,23 @@ def kernel_resources():
         d.update({n: "constexpr" for n in consts})
         return d
 
-    fil = "z_ptr ov_ptr a_ptr p_ptr h_ptr c_ptr"
-    fil_ints = "zst zsn ovst ovsn ast asn pst psn hst hsn cst csn T N CH NC"
-    vary = dict(VZ=True, VOV=False, VA=False, VP=False, VH=False, VC=False, NS=4)
-    need = dict(VGL=True, VGE=True, NEED_Z=True, NEED_OV=True, NEED_A=True, NEED_P=True,
-                NEED_H=False, NEED_C=False)  # fmt: skip
+    fil = "z_ptr R_ptr a_ptr p_ptr h_ptr c_ptr"
+    fil_ints = "zst zsn Rst Rsn ast asn pst psn hst hsn cst csn"
+    # z varies in time; the parameters are per lane (the benchmark's inputs)
+    vary = dict(VZ=True, VR=False, VA=False, VP=False, VH=False, VC=False, NS=8)
+    fil_fwd_sig = sig(fil + " u0_ptr e0_ptr v0_ptr start_ptr mean_ptr var_ptr prec_ptr info_ptr "
+                      "pmean_ptr pvar_ptr pprec_ptr ll_ptr fin_ptr ck_ptr comp_ptr",
+                      fil_ints + " us es vs T N CH NC CK", ())  # fmt: skip
+    fil_fwd_sig["flags_ptr"] = "*i32"
+    fil_fwd_chunk_sig = dict(fil_fwd_sig, ll_ptr="*fp64")
+    fil_adj_sig = sig(fil + " ck_ptr scr_ptr gll_ptr xend_ptr amap_ptr gz_ptr gR_ptr ga_ptr "
+                      "gp_ptr gh_ptr gc_ptr g0_ptr", fil_ints + " T N CH NC CK", ())  # fmt: skip
+    fil_smooth_sig = sig(fil + " mean_ptr var_ptr bend_ptr smean_ptr svar_ptr",
+                         fil_ints + " T N CH NC", ())  # fmt: skip
+    fil_carry_sig = sig("comp_ptr u0_ptr e0_ptr v0_ptr start_ptr bend_ptr", "us es vs N NC", ())
+    fwd_consts = dict(vary, MAPS=False, BMAPS=False, FROM_X0=True, WRITE=True, PARTIAL=False,
+                      CKPT=False, BLOCK=128)  # fmt: skip
+    adj_consts = dict(vary, GZ=0, GR=2, GA=2, GP=2, GH=0, GC=0, MAPS=False, BLOCK=128)
     # the default tuning (kalmanscan/cuda/kla.py TUNING) of the first benchmark shape (B=4 M=960
     # S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
     tu = K._tuning(4 * 960 * 16)
@@ -448,14 +562,6 @@ def kernel_resources():
         "L M NB B CI",
         (),
     )
-    fwd_sig = sig(fil + " start_ptr lam_ptr eta_ptr comp_ptr", fil_ints, ())
-    bwd_sig = sig(
-        fil + " lam_ptr eta_ptr lam0_ptr eta0_ptr gl_ptr ge_ptr xend_ptr comp_ptr "
-        "gz_ptr gov_ptr ga_ptr gp_ptr gh_ptr gc_ptr g0_ptr",
-        fil_ints + " glst glsn gest gesn",
-        (),
-    )
-    carry_sig = sig("comp_ptr lam0_ptr eta0_ptr start_ptr", "N NC", ())
     cases = {
         "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
                     dict(kla_f, SAVE_PREC=False, SAVE_CK=True,
@@ -488,10 +594,22 @@ def kernel_resources():
                           if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN", "CHUNKED",
                                        "LEAN")},
                          1),
-        "filter_fwd": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=False, BLOCK=128), 4),
-        "filter_fwd_chunk_maps": (F._fwd_kernel, fwd_sig, dict(vary, COMPOSITE=True, BLOCK=64), 2),
-        "filter_bwd": (F._bwd_kernel, bwd_sig, dict(vary, **need, COMPOSITE=False, BLOCK=128), 4),
-        "filter_carry": (F._fwd_carry_kernel, carry_sig, dict(NS=4, BLOCK=64), 2),
+        # ks.filter with many lanes (every output), the loglik-only forward saving checkpoints,
+        # the chunked rerun, the first pass (forward and backward chunk maps), the adjoint, the
+        # smoother's reverse pass and the carries
+        "filter_fwd": (FK.filter_kernel, fil_fwd_sig, fwd_consts, 4),
+        "filter_fwd_loglik": (FK.filter_kernel, dict(fil_fwd_sig),
+                              dict(fwd_consts, WRITE=False, CKPT=True), 4),
+        "filter_fwd_chunked": (FK.filter_kernel, fil_fwd_chunk_sig,
+                               dict(fwd_consts, FROM_X0=False, PARTIAL=True, BLOCK=64), 2),
+        "filter_fwd_chunk_maps": (FK.filter_kernel, dict(fil_fwd_sig),
+                                  dict(fwd_consts, MAPS=True, BMAPS=True, BLOCK=64), 2),
+        "filter_bwd": (FA.adjoint_kernel, fil_adj_sig, adj_consts, 4),
+        "filter_bwd_maps": (FA.adjoint_kernel, dict(fil_adj_sig),
+                            dict(adj_consts, MAPS=True, BLOCK=64), 2),
+        "filter_smooth": (FK.smooth_kernel, fil_smooth_sig,
+                          dict(vary, FROM_END=True, BLOCK=128), 4),
+        "filter_carry": (FK.carry_kernel, fil_carry_sig, dict(FWD=True, BWD=True, BLOCK=64), 2),
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps) in cases.items():
@@ -517,7 +635,13 @@ def kernel_resources():
 
 def add_floors(res, bw, rcp_rate):
     for r in res:
-        f = r["floor"]
+        f = r.get("floor")
+        if f is None:
+            continue
+        if r["op"] == "public":
+            for kind in ("filter", "smooth", "loglik_grad"):
+                f[f"floor_ms_{kind}"] = f[f"bytes_{kind}"] / bw * 1e3
+            continue
         for kind in ("fwd", "fwdbwd"):
             mem = f[f"bytes_{kind}"] / bw * 1e3
             rcp = f[f"rcp_{kind}"] / rcp_rate * 1e3
@@ -537,7 +661,11 @@ def main():
     ap.add_argument(
         "--no-kla-peer", action="store_true", help="skip the torch KLA path (seconds per call)"
     )
-    ap.add_argument("--only", choices=("kla", "filter"), help="run one op's shapes")
+    ap.add_argument(
+        "--only",
+        help="comma-separated parts to run: kla (the KLA op), public (ks.filter, ks.smooth, "
+        "ks.loglik and its gradient, and the filter's internal ops), fit (fit_ou); default all",
+    )
     ap.add_argument(
         "--kla-variants",
         help="JSON list of KLA tuning variants to time after the default, e.g. '[{\"NS\": 8}]'",
@@ -575,24 +703,30 @@ def main():
                      {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
     if a.kla_variants:
         kla_vars = [{}] + json.loads(a.kla_variants)
-    fil_vars = [{}] if a.quick else [{}, {"NS": 2}, {"NS": 4}]
     res = []
     t0 = time.time()
     kla_shapes = ((1, 20, 3, 4),) if SMOKE else ((4, 2048, 960, 16), (8, 2048, 2048, 16))
-    fil_shapes = ((300, 2), (40, 3)) if SMOKE else ((2**20, 64), (4096, 65536))
+    pub_shapes = ((300, 2), (40, 3)) if SMOKE else PUBLIC_SHAPES
     path = a.out or os.path.join(
         os.path.dirname(__file__), "results", f"{datetime.date.today().isoformat()}-h200.json"
     )
-    cases = [("kla", s) for s in kla_shapes] + [("filter", s) for s in fil_shapes]
-    cases = [c for c in cases if a.only in (None, c[0])]
-    for op, shape in cases:
+    parts = set((a.only or "kla,public,fit").split(","))
+    unknown = parts - {"kla", "public", "fit"}
+    if unknown:
+        raise SystemExit(f"--only: expected parts among kla, public, fit, got {sorted(unknown)}")
+    cases = [("kla", s) for s in kla_shapes] + [("public", s) for s in pub_shapes]
+    cases += [("fit", ((256, 50) if SMOKE else (16384, 500)))]
+    for op, shape in (c for c in cases if c[0] in parts):
         if op == "kla":
             res.append(kla_case(*shape, kla_vars, peer=not (a.quick or a.no_kla_peer)))
+        elif op == "public":
+            res.append(public_case(*shape))
         else:
-            res.append(filter_case(*shape, fil_vars, peer=not a.quick))
+            res.append(fit_case(*shape, check=8 if SMOKE else 64))
         print(json.dumps(res[-1]), flush=True)
         save(path, res, props, bw, rcp_rate, t0)
     doc = save(path, res, props, bw, rcp_rate, t0)
+    print(public_table(doc))
     print(table(doc))
 
 
@@ -630,6 +764,8 @@ def table(doc):
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
+        if r["op"] not in ("kla", "filter"):
+            continue
         s = r["shape"]
         key = tuple(s.values())
         name = (f"KLA B={s['B']} L={s['L']} M={s['M']} S={s['S']}" if r["op"] == "kla"
@@ -650,19 +786,76 @@ def table(doc):
     return "\n".join(rows)
 
 
+def public_table(doc):
+    """The public functions' table: one column per shape, ms (target), kernels a call."""
+    pub = [r for r in doc["results"] if r["op"] == "public"]
+    fit = [r for r in doc["results"] if r["op"] == "fit_ou"]
+    if not pub and not fit:
+        return ""
+    head = "| call | " + " | ".join(f"{r['shape']['T']} x {r['shape']['N']}" for r in pub) + " |"
+    rows = [head, "|---" * (len(pub) + 1) + "|"]
+    names = {"filter": "`ks.filter` (all outputs)", "smooth": "`ks.smooth`",
+             "loglik": "`ks.loglik`", "loglik_grad": "`ks.loglik` + gradient wrt obs_var, "
+             "decay, process_var"}  # fmt: skip
+    for key, label in names.items():
+        cells = []
+        for r in pub:
+            tgt = PUBLIC_TARGETS.get((r["shape"]["T"], r["shape"]["N"]), (None,) * 3)
+            t = {"filter": tgt[0], "smooth": tgt[1], "loglik_grad": tgt[2]}.get(key)
+            ms = r["ms"].get(key)
+            cell = "wrong result" if ms is None else f"{ms:.3f} ms"
+            cell += f" (target {t})" if t else ""
+            cells.append(cell)
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells = []
+    for r in pub:
+        n = r["launches"].get("filter", {}).get("kernels")
+        cells.append("—" if n is None else f"{n} (target <= {MAX_LAUNCHES})")
+    rows.append("| kernels launched by one `ks.filter` call | " + " | ".join(cells) + " |")
+    for key, label in (("filter", "`ks.filter` kernel time"), ("smooth", "`ks.smooth` kernel time"),
+                       ("loglik_grad", "`ks.loglik` + gradient kernel time")):  # fmt: skip
+        cells = [_fmt(r["launches"].get(key, {}).get("kernel_ms")) + " ms" for r in pub]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells = [_fmt(r["floor"]["floor_ms_filter"]) + " / " + _fmt(r["floor"]["floor_ms_smooth"])
+             + " ms" for r in pub]  # fmt: skip
+    rows.append("| bytes floor: filter / smooth | " + " | ".join(cells) + " |")
+    cells = [f"{max(v for k, v in r['errors'].items() if not k.startswith('grad.')):.1e} / "
+             f"{max(v for k, v in r['errors'].items() if k.startswith('grad.')):.1e}"
+             for r in pub]  # fmt: skip
+    rows.append("| worst error vs float64: outputs / gradients | " + " | ".join(cells) + " |")
+    out = "\n".join(rows)
+    for r in fit:
+        e = max(r["max_rel_vs_cpu"].values())
+        out += (f"\n\n`fit_ou(z, fix={{\"theta\": 0, \"mu\": 0}}, device=\"cuda\", "
+                f"stderr=False)` on {r['shape']['S']} series x {r['shape']['T']} steps (5 % NaN): "
+                f"{r['wall_s']:.2f} s wall (target {r['target_s']} s); estimates of the first "
+                f"{r['checked_series']} series against the CPU fit: max relative difference "
+                f"{e:.1e}.")  # fmt: skip
+    return out
+
+
 def write_markdown(doc):
+    """Write the public-function table (``public-table`` markers) and, when the results hold
+    KLA rows, the kernel table (``gpu-table`` markers) into docs/performance.md."""
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")
-    begin, end = "<!-- gpu-table:begin -->", "<!-- gpu-table:end -->"
     text = open(path).read() if os.path.exists(path) else ""
-    block = (
-        f"{begin}\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}; "
-        f"copy bandwidth {doc['copy_bandwidth_TBps']:.2f} TB/s measured in the same run.\n\n"
-        f"{table(doc)}\n" + "".join(f"\n- {n}" for n in doc.get("notes", [])) + f"\n{end}"
+    head = (
+        f"{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}; "
+        f"copy bandwidth {doc['copy_bandwidth_TBps']:.2f} TB/s measured in the same run."
     )
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text += ("\n" if text else "") + block + "\n"
+    blocks = []
+    if any(r["op"] in ("public", "fit_ou") for r in doc["results"]):
+        blocks.append(("public-table", public_table(doc)))
+    if any(r["op"] == "kla" for r in doc["results"]):
+        blocks.append(("gpu-table", table(doc)))
+    for name, body in blocks:
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        block = (f"{begin}\n{head}\n\n{body}\n"
+                 + "".join(f"\n- {n}" for n in doc.get("notes", [])) + f"\n{end}")  # fmt: skip
+        if begin in text:
+            text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+        else:
+            text += ("\n" if text else "") + block + "\n"
     with open(path, "w") as f:
         f.write(text)
 

@@ -54,7 +54,10 @@ def make_inputs(T, N, seed=0, broadcast=False, forget=False):
     z[u(T, N) < 0.1] = float("nan")
     if broadcast:  # per-lane parameters, constant loading and offset (the API's stride-0 views)
         R, a, p = u(1, N, lo=0.3, hi=2.0), u(1, N, lo=0.5, hi=1.05), u(1, N, lo=0.01, hi=0.3)
-        h, c = torch.full((1, 1), 1.3, dtype=torch.float64), torch.full((1, 1), 0.1, dtype=torch.float64)
+        h, c = (
+            torch.full((1, 1), 1.3, dtype=torch.float64),
+            torch.full((1, 1), 0.1, dtype=torch.float64),
+        )
     else:
         R, a, p = u(T, N, lo=0.3, hi=2.0), u(T, N, lo=0.5, hi=1.05), u(T, N, lo=0.01, hi=0.3)
         h, c = torch.randn(T, 1, generator=g, dtype=torch.float64), 0.3 * u(T, N, lo=-1, hi=1)
@@ -145,8 +148,8 @@ def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):
                                                              torch.float64)):  # fmt: skip
         leaves = [x.detach().to(dt).requires_grad_(True) for x in xs]
         r = fn(*[x.expand(T, N) for x in leaves[:6]], tuple(leaves[6:]), outputs="loglik")
-        loss = (w.to(dt) * r["loglik"]).sum() + sum((gi.to(dt) * f).sum()
-                                                    for gi, f in zip(gf, r["final"], strict=True))  # fmt: skip
+        fin = sum((gi.to(dt) * f).sum() for gi, f in zip(gf, r["final"], strict=True))
+        loss = (w.to(dt) * r["loglik"]).sum() + fin
         out[name] = torch.autograd.grad(loss, leaves, allow_unused=True)
     for n, gk, gr in zip(NAMES, out["kernel"], out["ref"], strict=True):
         gr = torch.zeros_like(xs[NAMES.index(n)]) if gr is None else gr
@@ -163,7 +166,9 @@ def test_gradients_of_every_output(regime, smooth, monkeypatch):
     xs = make_inputs(T, N, seed=11, broadcast=True)
     xs[7] = xs[7] * 0  # (the reference's diffuse lane has e0 = 0)
     g = torch.Generator().manual_seed(12)
-    keys = ("mean", "var", "pred_mean", "loglik") + (("smooth_mean", "smooth_var") if smooth else ())
+    keys = ("mean", "var", "pred_mean", "loglik") + (
+        ("smooth_mean", "smooth_var") if smooth else ()
+    )
     ws = {k: torch.randn((N,) if k == "loglik" else (T, N), generator=g,
                          dtype=torch.float64).to(DEVICE) for k in keys}  # fmt: skip
     out = {}

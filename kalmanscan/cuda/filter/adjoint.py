@@ -41,7 +41,26 @@ def step_values(u, e, v, a, p, c, z, R, h):
     U2 = um + phi * vm
     E2 = em + r * vm
     r2 = 1.0 / tl.maximum(U2, vm)
-    return q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, U2 * r2, E2 * r2, vm * r2, r2
+    return (
+        q,
+        d,
+        al,
+        forget,
+        U1,
+        r1,
+        um,
+        em,
+        vm,
+        obs,
+        rinv,
+        zz,
+        phi,
+        r,
+        U2 * r2,
+        E2 * r2,
+        vm * r2,
+        r2,
+    )
 
 
 @helper
@@ -178,8 +197,8 @@ def adjoint_kernel(
             z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
-            q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, _, _, _, r2 = (
-                step_values(u, e, v, a, p, c, z, R, h)
+            q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, _, _, _, r2 = step_values(
+                u, e, v, a, p, c, z, R, h
             )
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
             if MAPS:

@@ -14,9 +14,9 @@ in time (the others are read once before the time loop, and their range checks r
 A step counts as observed where ``z`` is not NaN and ``R < inf``.
 
 Flags (an int32 the kernels OR into): ``1`` a state or log-likelihood term is not finite, ``2``
-``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite where ``R`` is;
-``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not finite), as the API's
-own checks define them, so the API validates only when a flag is set.
+``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite
+where ``R`` is; ``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not
+finite), as the API's own checks define them, so the API validates only when a flag is set.
 """
 
 from __future__ import annotations
@@ -104,8 +104,10 @@ def loglik_term(obs, zz, R, h, um, em, vm):
 
 
 @helper
-def input_checks(R, a, p, h, c, CHECK_R: tl.constexpr, CHECK_A: tl.constexpr,
-                 CHECK_P: tl.constexpr, CHECK_H: tl.constexpr, CHECK_C: tl.constexpr, bad):  # fmt: skip
+def input_checks(
+    R, a, p, h, c, CHECK_R: tl.constexpr, CHECK_A: tl.constexpr, CHECK_P: tl.constexpr,
+    CHECK_H: tl.constexpr, CHECK_C: tl.constexpr, bad,
+):  # fmt: skip
     """``bad`` or'ed with the range checks of the inputs selected by the constexprs."""
     if CHECK_R:
         bad = bad | ~(R > 0.0)
