@@ -262,3 +262,40 @@ def test_kla_op_raises_where_precision_overflows():
         kla_filter(v, Lv, k, q, a, p)
     res = kla_filter(v[:, :50], Lv[:, :50], k[:, :50], q[:, :50], a, p)  # in range: fine
     assert torch.isfinite(res.y).all()
+
+
+@pytest.mark.parametrize(
+    "h,a,p,R", [(1.0, 1.0, 0.5, 1.0), (2.0, 0.9, 0.3, 0.7), (0.5, 1.2, 0.1, 2.0)]
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loglik_convention_statsmodels(h, a, p, R, backend):
+    """loglik_convention='statsmodels' equals statsmodels' exact diffuse llf (a diffuse state,
+    first two observations missing so P_inf at the diffuse step is a**4); 'kfas' differs from it
+    by exactly 1/2 log 2π; the default omits the diffuse step."""
+    import warnings
+
+    from statsmodels.tsa.statespace.mlemodel import MLEModel
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=60)
+    y[:2] = np.nan
+    y[10] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = MLEModel(y, k_states=1, initialization="diffuse")
+        mod["design"], mod["transition"], mod["selection"] = [[h]], [[a]], [[1.0]]
+        mod["state_cov"], mod["obs_cov"] = [[p]], [[R]]
+        llf = mod.ssm.filter().llf
+    got = {
+        conv: float(
+            ks.filter(y, R, a, p, loading=h, loglik_convention=conv, backend=backend).loglik
+        )
+        for conv in ("diffuse-omitted", "kfas", "statsmodels")
+    }
+    assert abs(got["statsmodels"] - llf) <= 1e-10 * abs(llf)
+    assert abs(got["kfas"] - got["statsmodels"] - 0.5 * math.log(2 * math.pi)) < 1e-12
+    assert abs(got["diffuse-omitted"] - got["kfas"] - 0.5 * math.log(h * h * a**4)) < 1e-12
+    ll = ks.loglik(y, R, a, p, loading=h, loglik_convention="statsmodels", backend=backend)
+    assert abs(float(ll) - llf) <= 1e-10 * abs(llf)
+    with pytest.raises(ValueError, match="loglik_convention: expected one of"):
+        ks.filter(y, R, a, p, loglik_convention="KFAS")

@@ -236,6 +236,43 @@ def _run(prep: _Prepared, kind: str = "filter") -> dict:
     return out
 
 
+LOGLIK_CONVENTIONS = ("diffuse-omitted", "kfas", "statsmodels")
+
+
+def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
+    """Shift ``r["loglik"]`` from the diffuse-omitted convention to ``convention``.
+
+    A lane whose prior is diffuse has exactly one diffuse step: its first observed step with
+    ``h != 0``, unless a total-forgetting step (``decay**2 == 0``) comes first. There the peers add
+    ``-1/2 log F_inf`` (KFAS) or ``-1/2 (log 2π + log F_inf)`` (Durbin & Koopman), with
+    ``F_inf = h_t^2 P_inf,t`` and ``P_inf,t = prod_{s=1..t} decay_s^2`` (1 at the first step).
+    """
+    if convention not in LOGLIK_CONVENTIONS:
+        raise ValueError(
+            f"loglik_convention: expected one of {LOGLIK_CONVENTIONS}, got {convention!r}"
+        )
+    if convention == "diffuse-omitted":
+        return r
+    z = prep.z
+    T, N = z.shape
+    h = prep.loading.expand(T, N)
+    a2 = (prep.decay * prep.decay).expand(T, N)
+    informative = ~torch.isnan(z) & (h != 0)
+    forget = a2 == 0
+    has = informative.any(0)
+    t_star = torch.argmax(informative.to(torch.int8), 0)  # first informative step (if any)
+    first_forget = torch.where(forget.any(0), torch.argmax(forget.to(torch.int8), 0), T)
+    diffuse = (prep.x0[0] == 0) & has & (first_forget > t_star)
+    log_a2 = torch.log(torch.where(forget, 1.0, a2))
+    log_pinf = log_a2.cumsum(0).gather(0, t_star[None])[0] - log_a2[0]
+    h_star = torch.where(diffuse, h.gather(0, t_star[None])[0], 1.0)  # no log(0) (nor NaN grad)
+    log_f = torch.log(h_star * h_star) + log_pinf
+    shift = 0.5 * (log_f + (math.log(2 * math.pi) if convention == "statsmodels" else 0.0))
+    r = dict(r)
+    r["loglik"] = r["loglik"] - torch.where(diffuse, shift, 0.0)
+    return r
+
+
 def _out_series(prep: _Prepared, t: torch.Tensor):
     T = prep.shape[prep.axis]
     return prep.conv.out(t.reshape((T,) + prep.lane_shape).movedim(0, prep.axis))
@@ -274,6 +311,7 @@ def filter(  # noqa: A001 - the public name users expect
     init=None,
     axis=0,
     backend="auto",
+    loglik_convention="diffuse-omitted",
 ) -> FilterResult:
     """Exact Kalman filter of independent scalar lanes, parallel in time.
 
@@ -292,6 +330,12 @@ def filter(  # noqa: A001 - the public name users expect
         backend: ``"auto"``, ``"torch"`` (the chunked projective scan), ``"native"`` (the
             compiled single-pass CPU kernel, ``"auto"``'s choice on the CPU), ``"sequential"``
             (the step-by-step reference) or ``"triton"`` (fused GPU kernels).
+        loglik_convention: what a diffuse prior's first informative observation contributes
+            to ``loglik``: ``"diffuse-omitted"`` (default: nothing, the exact diffuse
+            likelihood of the observations after it), ``"kfas"`` (R KFAS: ``-1/2 log F_inf``,
+            ``F_inf = h^2 P_inf``) or ``"statsmodels"`` (Durbin & Koopman, statsmodels'
+            ``use_exact_diffuse=True``: ``-1/2 (log 2π + log F_inf)``). ``P_inf`` is the diffuse
+            part of the predicted variance, 1 at the first step (docs/validation.md).
 
     Returns:
         :class:`FilterResult`: numpy arrays for numpy input, tensors (on ``z``'s device, with
@@ -314,7 +358,7 @@ def filter(  # noqa: A001 - the public name users expect
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    return _filter_result(prep, _run(prep))
+    return _filter_result(prep, _with_convention(prep, _run(prep), loglik_convention))
 
 
 def loglik(
@@ -330,6 +374,7 @@ def loglik(
     init=None,
     axis=0,
     backend="auto",
+    loglik_convention="diffuse-omitted",
 ):
     """Per-lane log-likelihood only: :func:`filter`'s ``loglik`` without its ``[T, N]`` outputs.
 
@@ -345,7 +390,8 @@ def loglik(
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    return _out_lanes(prep, _run(prep, "loglik")["loglik"])
+    r = _with_convention(prep, _run(prep, "loglik"), loglik_convention)
+    return _out_lanes(prep, r["loglik"])
 
 
 def smooth(
@@ -361,6 +407,7 @@ def smooth(
     init=None,
     axis=0,
     backend="auto",
+    loglik_convention="diffuse-omitted",
 ) -> SmoothResult:
     """Smoothed moments: the filter, a backward information filter, precisions added.
 
@@ -378,7 +425,7 @@ def smooth(
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    r = _run(prep, "smooth")
+    r = _with_convention(prep, _run(prep, "smooth"), loglik_convention)
     return SmoothResult(
         _out_series(prep, r["smooth_mean"]),
         _out_series(prep, r["smooth_var"]),
