@@ -1,52 +1,52 @@
-"""The native CPU backend (kalmanscan/core/_native.c) against the sequential reference and torch."""
+"""The native CPU backend (kalmanscan/core/_native.c) on the backend contract
+(docs/backend-contract.md), against the sequential reference, the torch backend and closed forms."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 import torch
 
 import kalmanscan as ks
-from kalmanscan.core import backends, native
+from kalmanscan.core import backends, native, parallel, sequential
 from kalmanscan.testing import assert_close
 from tests.helpers import random_model
 
-FIELDS = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
-DTYPES = [np.float64, np.float32]
+FILTER = native.FILTER_KEYS
+DTYPES = [torch.float64, torch.float32]
 DT_IDS = ["f64", "f32"]
 
+pytestmark = pytest.mark.skipif(not native.available(), reason="native extension not built")
 
-def _filter(z, model, prior, backend, dtype=np.float64, **over):
-    kw = {k: np.asarray(v).astype(dtype) for k, v in {**model, **prior}.items()}
-    kw.update(over)
-    return ks.filter(
-        np.asarray(z).astype(dtype),
-        kw.pop("obs_var"),
-        kw.pop("decay"),
-        kw.pop("process_var"),
-        backend=backend,
-        **kw,
+
+def _inputs(z, model, prior, dtype, compact=False):
+    """The contract's inputs from random_model's arrays: [T, N] (expanded where time-invariant),
+    or the compact tensors themselves; x0 from the prior as the API builds it."""
+    T, N = z.shape
+    t = lambda a: torch.as_tensor(np.asarray(a)).to(dtype)  # noqa: E731
+    keys = ("obs_var", "decay", "process_var", "loading", "offset")
+    params = tuple(t(model[k]) if compact else t(model[k]).expand(T, N) for k in keys)
+    var, mean = t(prior["prior_var"]), t(prior["prior_mean"])
+    diffuse, big = torch.isinf(var), var > 1
+    vs = torch.where(big & ~diffuse, var, 1.0)
+    x0 = (
+        torch.where(diffuse, 0.0, 1 / vs),
+        torch.where(diffuse, 0.0, mean / vs),
+        torch.where(big | diffuse, 1.0, var),
     )
+    return (t(z),) + params, x0
 
 
-def _assert_same(res, ref, dtype, kind="parallel"):
-    for field in FIELDS:
-        a, b = getattr(res, field), getattr(ref, field)
-        assert a.dtype == b.dtype and a.shape == b.shape, field
-        assert_close(a, b, kind, np.dtype(dtype), what=field)
-    assert_close(res.loglik, ref.loglik, kind, np.dtype(dtype), what="loglik")
-    assert_close(res.final.lam, ref.final.lam, kind, np.dtype(dtype), what="final.lam")
-    assert_close(res.final.eta, ref.final.eta, kind, np.dtype(dtype), what="final.eta")
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Native outputs start as NaN, so an element the kernel does not write fails a comparison."""
-
-    def empty(shape, dtype):
-        return torch.full(shape, float("nan"), dtype=dtype)
-
-    monkeypatch.setattr(native, "_empty", empty)
+def _assert_same(res, ref, dtype, keys, kind="parallel"):
+    for k in keys:
+        a, b = res[k], ref[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, k
+        assert_close(a, b, kind, dtype, what=k)
+    for k, (a, b) in enumerate(zip(res["final"], ref["final"], strict=True)):
+        assert_close(a, b, kind, dtype, what=f"final[{k}]")
+    assert int(res["flags"]) == int(ref["flags"])
 
 
 def test_extension_is_built_and_auto_picks_it_on_the_cpu():
@@ -55,119 +55,251 @@ def test_extension_is_built_and_auto_picks_it_on_the_cpu():
     assert backends.resolve("auto", torch.device("cpu")) == "native"
 
 
-# 1031 lanes: more than one 1024-lane tile; T = 64 x 1031 lanes also splits across threads.
+# 1031 lanes: more than one 1024-lane tile and several tiles per thread.
 SHAPES = [(1, 1), (1, 7), (63, 5), (63, 1031), (1000, 3), (1000, 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("T,N", SHAPES, ids=[f"T{t}-N{n}" for t, n in SHAPES])
 @pytest.mark.parametrize("diffuse", [True, False], ids=["diffuse", "prior"])
-def test_native_matches_sequential_and_torch(rng, poisoned, T, N, dtype, diffuse):
-    """Time-varying parameters, 20 % missing, c != 0, loglik: all fields, both references."""
+def test_filter_and_smoother_match_the_sequential_reference(rng, T, N, dtype, diffuse):
+    """Time-varying parameters, 20 % missing, c != 0: every output of filter_lanes and
+    smooth_lanes (outputs start as NaN: conftest poisons the kernel's buffers)."""
     z, model, prior = random_model(rng, T, N, diffuse=diffuse)
-    if dtype == np.float32:  # well conditioned float32 models, as in test_core_filter
+    if dtype == torch.float32:  # well conditioned float32 models, as in test_core_filter
         model["decay"] = np.clip(model["decay"], -0.98, 0.98)
-    res = _filter(z, model, prior, "native", dtype)
-    assert res.mean.dtype == dtype
-    _assert_same(res, _filter(z, model, prior, "sequential", dtype), dtype)
-    _assert_same(res, _filter(z, model, prior, "torch", dtype), dtype)
+    params, x0 = _inputs(z, model, prior, dtype)
+    res = native.smooth_lanes(*params, x0)
+    ref = sequential.smooth_lanes(*params, x0)
+    assert res["mean"].dtype == dtype
+    _assert_same(res, ref, dtype, FILTER + ("loglik",) + native.SMOOTH_KEYS)
+    filt = native.filter_lanes(*params, x0)
+    assert set(filt) == set(FILTER) | {"loglik", "final", "flags"}
+    for k in FILTER + ("loglik",):
+        assert torch.equal(filt[k].nan_to_num(7.0), res[k].nan_to_num(7.0)), k
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-def test_special_steps_forgetting_unobserved_zero_loading(rng, poisoned, dtype):
-    """a = 0 (total forgetting), obs_var = inf and NaN z (not observed), h = 0 while diffuse
-    (the step still counts in the log-likelihood), offsets, a lane that never sees data."""
+def test_loglik_only_writes_no_time_by_lane_array(monkeypatch, rng, dtype):
+    """outputs="loglik": the keys loglik, final, flags only, equal bit for bit to those of
+    outputs="all", and no [T, N] buffer allocated."""
+    T, N = 63, 40
+    z, model, prior = random_model(rng, T, N)
+    params, x0 = _inputs(z, model, prior, dtype)
+    full = native.filter_lanes(*params, x0)
+    shapes = []
+    real = native._empty
+    monkeypatch.setattr(native, "_empty", lambda s, d: shapes.append(tuple(s)) or real(s, d))
+    out = native.filter_lanes(*params, x0, outputs="loglik")
+    assert set(out) == {"loglik", "final", "flags"}
+    assert all(s == (N,) for s in shapes), shapes
+    assert torch.equal(out["loglik"], full["loglik"])
+    for a, b in zip(out["final"], full["final"], strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="outputs: expected one of"):
+        native.filter_lanes(*params, x0, outputs="mean")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_special_steps_forgetting_unobserved_zero_loading(rng, dtype):
+    """a = 0 (total forgetting), NaN z with obs_var = inf there, h = 0 while diffuse (the step
+    still counts in the log-likelihood), a lane that never sees data."""
     T, N = 40, 9
     z, model, prior = random_model(rng, T, N, diffuse=True, missing=0.1)
     model["decay"] = np.clip(model["decay"], -0.98, 0.98)
     model["decay"][[3, 17, 30]] = 0.0
     model["process_var"][[3, 17, 30]] += 0.2
+    z[[5, 6, 22], 1:4] = np.nan
     model["obs_var"][[5, 6, 22], 1:4] = np.inf
     model["loading"][:4, 2] = 0.0
     z[:, 8] = np.nan  # lane 8 never observed: mean NaN, var inf until a = 0 resets it
-    res = _filter(z, model, prior, "native", dtype)
-    assert np.isnan(res.mean[:3, 8]).all() and np.isinf(res.var[:3, 8]).all()
-    assert np.isfinite(res.var[3:, 8]).all()  # after the forgetting step the prior is 1/p
-    _assert_same(res, _filter(z, model, prior, "sequential", dtype), dtype)
-    _assert_same(res, _filter(z, model, prior, "torch", dtype), dtype)
+    params, x0 = _inputs(z, model, prior, dtype)
+    res = native.smooth_lanes(*params, x0)
+    assert torch.isnan(res["mean"][:3, 8]).all() and torch.isinf(res["var"][:3, 8]).all()
+    assert torch.isfinite(res["var"][3:, 8]).all()  # after the forgetting step the prior is 1/p
+    ref = sequential.smooth_lanes(*params, x0)
+    _assert_same(res, ref, dtype, FILTER + ("loglik",) + native.SMOOTH_KEYS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-def test_broadcast_and_strided_parameters(rng, poisoned, dtype):
-    """Parameters of shape [T, 1], [1, N], [T, N] and scalars (stride-0 views read in place), z with
-    time on axis 1 and a lane-strided slice of a larger array, prior per lane."""
+def test_broadcast_compact_and_strided_inputs(rng, dtype):
+    """Parameters as expanded views and as compact [T, 1], [1, N], [1, 1] tensors (read in
+    place), z a lane-strided slice with time on its second axis, x0 entries of shape [1]."""
     T, N = 63, 11
-    big = rng.normal(size=(2 * N, T)).astype(dtype)
-    z = big[::2]  # [N, T], lane stride 2 rows, time on axis 1
-    kw = dict(
-        obs_var=rng.uniform(0.2, 1.5, (1, T)).astype(dtype),  # time-varying, lane-invariant
-        decay=rng.uniform(0.5, 0.98, (N, 1)).astype(dtype),  # lane-varying, time-invariant
-        process_var=rng.uniform(0.05, 0.5, (N, T)).astype(dtype),  # both
-        loading=dtype(0.8),
-        offset=rng.normal(size=(1, T)).astype(dtype),
-        prior_mean=rng.normal(size=N).astype(dtype),
-        prior_var=rng.uniform(0.5, 2.0, N).astype(dtype),
-        axis=1,
+    big = torch.as_tensor(rng.normal(size=(2 * N, T))).to(dtype)
+    z = big[::2].T  # [T, N] view: time stride 1, lane stride 2T
+    g = lambda *s: torch.as_tensor(rng.uniform(0.2, 0.9, s)).to(dtype)  # noqa: E731
+    compact = (g(T, 1), g(1, N), g(T, N), g(1, 1) + 0.5, g(T, 1) - 0.5)
+    x0 = (torch.ones(1, dtype=dtype), torch.tensor([0.3], dtype=dtype), g(N))
+    ref = sequential.smooth_lanes(
+        z.contiguous(),
+        *(x.expand(T, N).contiguous() for x in compact),
+        tuple(x.expand(N) for x in x0),
     )
-    res = ks.filter(z, backend="native", **kw)
-    assert res.mean.shape == (N, T)
-    for backend in ("sequential", "torch"):
-        _assert_same(res, ks.filter(z, backend=backend, **kw), dtype)
+    for params in (compact, tuple(x.expand(T, N) for x in compact)):
+        res = native.smooth_lanes(z, *params, x0)
+        _assert_same(res, ref, dtype, FILTER + ("loglik",) + native.SMOOTH_KEYS)
 
 
-@pytest.mark.parametrize("N", [17, 1031])
-def test_threads_split_lanes_deterministically(rng, N):
-    """Any thread count gives the single-thread result within rounding (a lane's tile decides
-    between the vectorized and the lane-by-lane form), and a given thread count is deterministic."""
-    T = 64 if N > 100 else 4000  # enough elements per thread for 2 and 3 threads
+def test_bad_arguments_are_named():
+    z = torch.zeros(5, 3, dtype=torch.float64)
+    one = torch.ones(5, 3, dtype=torch.float64)
+    x0 = (torch.zeros(3, dtype=torch.float64),) * 2 + (torch.ones(3, dtype=torch.float64),)
+    with pytest.raises(TypeError, match=r"obs_var: expected a torch.float64 CPU tensor"):
+        native.filter_lanes(z, one.float(), one, one, one, one, x0)
+    with pytest.raises(
+        ValueError, match=r"decay: expected shape \[T, N\] = \[5, 3\].*got \[4, 3\]"
+    ):
+        native.filter_lanes(z, one, one[:4], one, one, one, x0)
+    with pytest.raises(ValueError, match=r"x0 \(v0\): expected shape \[3\] or \[1\], got \[2\]"):
+        native.filter_lanes(z, one, one, one, one, one, x0[:2] + (x0[2][:2],))
+
+
+@pytest.mark.parametrize("N", [17, 1031, 5000])
+def test_threads_give_bit_identical_results(rng, N):
+    """A lane's arithmetic does not depend on which lanes share its tile or thread (a step whose
+    fast form leaves the normal range is redone exactly for that lane alone), so any thread
+    count gives the single-thread result bit for bit."""
+    T = 64 if N > 100 else 4000
     z, model, prior = random_model(rng, T, N, diffuse=True)
-    t = {k: torch.as_tensor(v) for k, v in model.items()}
-    args = (torch.as_tensor(z),)
-    args += tuple(t[k] for k in ("obs_var", "decay", "process_var", "loading", "offset"))
-    args += (torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64))
-    one, _ = native.run(*args, threads=1)
-    for threads in (2, 3):
-        many, _ = native.run(*args, threads=threads)
-        again, _ = native.run(*args, threads=threads)
-        for k in one:
-            assert torch.equal(many[k].nan_to_num(7.0), again[k].nan_to_num(7.0)), (threads, k)
-            assert_close(many[k], one[k], "parallel", "float64", what=f"{k}, {threads} threads")
+    params, x0 = _inputs(z, model, prior, torch.float64)
+    one = native._run(params[0], params[1:], x0, smooth=True, threads=1)
+    for threads in (2, 3, 8):
+        many = native._run(params[0], params[1:], x0, smooth=True, threads=threads)
+        for k in FILTER + ("loglik",) + native.SMOOTH_KEYS:
+            assert torch.equal(many[k].nan_to_num(7.0), one[k].nan_to_num(7.0)), (threads, k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-def test_smoother_on_native_matches_torch(rng, dtype):
-    z, model, prior = random_model(rng, 300, 4, diffuse=True)
+def test_lane_by_lane_form_equals_the_vectorized_tile(rng, dtype):
+    """Fewer than 8 lanes run lane by lane (time inner); the same lanes inside a wide tile give
+    the same bits (same per-element arithmetic and the same compiled target)."""
+    T, N = 300, 200
+    z, model, prior = random_model(rng, T, N, diffuse=False)
     model["decay"] = np.clip(model["decay"], -0.98, 0.98)
-    kw = {k: np.asarray(v).astype(dtype) for k, v in {**model, **prior}.items()}
-    a = ks.smooth(z.astype(dtype), backend="native", **kw)
-    b = ks.smooth(z.astype(dtype), backend="torch", **kw)
-    assert_close(a.mean, b.mean, "parallel", np.dtype(dtype), what="smoothed mean")
-    assert_close(a.var, b.var, "parallel", np.dtype(dtype), what="smoothed var")
+    params, x0 = _inputs(z, model, prior, dtype)
+    wide = native.smooth_lanes(*params, x0)
+    few = native.smooth_lanes(*(x[:, 3:8] for x in params), tuple(x[3:8] for x in x0))
+    for k in FILTER + ("loglik",) + native.SMOOTH_KEYS:
+        a, b = few[k], wide[k][..., 3:8]
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), k
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_no_process_noise_contracting_state_over_long_records(dtype):
+    """process_var = 0, |decay| < 1, 10^4 and 10^5 steps: the precision grows like decay**(-2t)
+    past every float; it is inf (variance 0) there, not an error, and the mean is the value the
+    deterministic dynamics give, as the sequential reference says (float64)."""
+    for T in (10_000, 100_000):
+        N = 2
+        g = torch.Generator().manual_seed(T)
+        z = (0.4 / (1 - 0.9577) + torch.randn(T, N, generator=g, dtype=torch.float64)).to(dtype)
+        s = lambda v: torch.full((1, 1), v, dtype=dtype)  # noqa: E731
+        x0 = (torch.zeros(N, dtype=dtype), torch.zeros(N, dtype=dtype), torch.ones(N, dtype=dtype))
+        params = (z, s(1.0), s(0.9577), s(0.0), s(1.0), s(0.4))
+        res = native.smooth_lanes(*params, x0)
+        assert res["flags"] == 0
+        # the variance ~ decay**(2t) is below the smallest float: 0 or a few subnormal ulps
+        tiny = torch.finfo(dtype).tiny
+        assert (res["var"][-10:] < tiny).all() and torch.isinf(res["precision"][-10:]).all()
+        assert (res["smooth_var"][:10] >= 0).all() and torch.isfinite(res["smooth_mean"]).all()
+        assert torch.isfinite(res["loglik"]).all()
+        if dtype == torch.float64 and T == 10_000:
+            ref = sequential.smooth_lanes(*params, x0)
+            for k in ("mean", "var", "precision", "smooth_mean", "smooth_var", "loglik"):
+                assert_close(res[k], ref[k], "parallel", dtype, what=k)
+
+
+def test_extreme_scales_in_float64():
+    """obs_var 1e-300 (the state is the observation, variance obs_var / h^2) and process_var
+    1e300 (each step nearly forgets: the filtered mean is z / h, the variance obs_var / h^2)."""
+    T, N = 30, 3
+    z = torch.randn(T, N, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    s = lambda v: torch.full((1, 1), v, dtype=torch.float64)  # noqa: E731
+    x0 = (torch.zeros(N, dtype=torch.float64),) * 2 + (torch.ones(N, dtype=torch.float64),)
+    res = native.smooth_lanes(z, s(1e-300), s(0.9), s(0.5), s(2.0), s(0.1), x0)
+    assert res["flags"] == 0
+    assert_close(res["mean"], z / 2, "parallel", torch.float64, what="mean, R = 1e-300")
+    assert_close(res["var"], torch.full_like(z, 0.25e-300), "parallel", torch.float64, what="var")
+    assert_close(res["smooth_mean"], z / 2, "parallel", torch.float64, what="smooth_mean")
+    assert torch.isfinite(res["loglik"]).all()
+    res = native.smooth_lanes(z, s(1.0), s(0.9), s(1e300), s(2.0), s(0.1), x0)
+    assert res["flags"] == 0
+    assert_close(res["mean"], z / 2, "parallel", torch.float64, what="mean, p = 1e300")
+    assert_close(res["var"], torch.full_like(z, 0.25), "parallel", torch.float64, what="var")
+    assert_close(
+        res["pred_precision"][1:],
+        torch.full((T - 1, N), 1e-300, dtype=torch.float64),
+        "parallel",
+        torch.float64,
+        what="pred_precision",
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_deterministic_reset(dtype):
+    """decay = process_var = 0 at a step: the state is known exactly at the offset there
+    (predicted variance 0, precision inf), whatever came before, diffuse included."""
+    T, N = 12, 4
+    z = torch.randn(T, N, generator=torch.Generator().manual_seed(2), dtype=dtype)
+    a = torch.full((T, 1), 0.8, dtype=dtype)
+    p = torch.full((T, 1), 0.3, dtype=dtype)
+    a[[0, 6]] = 0.0
+    p[[0, 6]] = 0.0
+    c = torch.full((T, 1), -1.5, dtype=dtype)
+    one = torch.ones(1, 1, dtype=dtype)
+    x0 = (torch.zeros(N, dtype=dtype),) * 2 + (torch.ones(N, dtype=dtype),)
+    res = native.smooth_lanes(z, one, a, p, one, c, x0)
+    for t in (0, 6):
+        assert (res["pred_var"][t] == 0).all() and torch.isinf(res["pred_precision"][t]).all()
+        for k in ("pred_mean", "mean", "smooth_mean"):
+            assert_close(res[k][t], torch.full((N,), -1.5, dtype=dtype), "parallel", dtype, what=k)
+        assert (res["var"][t] == 0).all() and (res["smooth_var"][t] == 0).all()
+    ref = sequential.smooth_lanes(
+        z, one.expand(T, N), a.expand(T, N), p.expand(T, N), one.expand(T, N), c.expand(T, N), x0
+    )
+    _assert_same(res, ref, dtype, FILTER + ("loglik",) + native.SMOOTH_KEYS)
 
 
 @pytest.mark.parametrize("lanes", [1, 9], ids=["lane-by-lane", "vectorized"])
-def test_reciprocals_outside_the_normal_range_match_the_division_forms(poisoned, lanes):
-    """Steps where 1/den or 1/lam leaves the normal float64 range take the exact division forms:
-    decay**2 subnormal with a diffuse state, and a variance growing past 1e308 (|decay| > 1);
-    in a vectorized tile, next to ordinary lanes."""
-    col = np.array([np.nan, 1.0, 2.0, np.nan, np.nan, np.nan, np.nan, 0.5])
-    z = np.repeat(col[:, None], lanes, axis=1)
-    kw = dict(obs_var=1e300, process_var=1.0, prior_var=1e307)
+def test_values_outside_the_normal_range_match_the_reference(lanes):
+    """Steps where a reciprocal of the fast form leaves the normal float64 range are redone with
+    divisions: decay**2 subnormal with a diffuse state, a variance growing past 1e308 (decay 30),
+    in a vectorized tile next to ordinary lanes."""
+    col = torch.tensor([math.nan, 1.0, 2.0, math.nan, math.nan, math.nan, math.nan, 0.5])
+    z = col[:, None].double().repeat(1, lanes)
+    T = z.shape[0]
+    s = lambda v: torch.full((1, 1), v, dtype=torch.float64)  # noqa: E731
+    x0 = (
+        torch.full((lanes,), 1e-307, dtype=torch.float64),
+        torch.zeros(lanes, dtype=torch.float64),
+        torch.ones(lanes, dtype=torch.float64),
+    )
     for extreme in (1e-160, 30.0):
-        decay = np.full(lanes, 0.9)
-        decay[0] = extreme
-        res = ks.filter(z, decay=decay, backend="native", **kw)
-        ref = ks.filter(z, decay=decay, backend="torch", **kw)
-        for field in FIELDS + ("loglik",):
-            a, b = getattr(res, field), getattr(ref, field)
-            assert_close(a, b, "parallel", "float64", what=f"{field}, decay {extreme}")
+        decay = torch.full((1, lanes), 0.9, dtype=torch.float64)
+        decay[0, 0] = extreme
+        params = (z, s(1e300), decay, s(1.0), s(1.0), s(0.0))
+        res = native.filter_lanes(*params, x0)
+        ref = sequential.filter_lanes(*(x.expand(T, lanes) for x in params), x0)
+        _assert_same(res, ref, torch.float64, FILTER + ("loglik",))
+
+
+def test_infinite_z_is_flagged_and_the_api_raises():
+    z = torch.zeros(50, 3, dtype=torch.float64)
+    z[17, 2] = -math.inf
+    one = torch.ones(1, 1, dtype=torch.float64)
+    x0 = (torch.zeros(3, dtype=torch.float64),) * 2 + (torch.ones(3, dtype=torch.float64),)
+    for outputs in ("all", "loglik"):
+        out = native.filter_lanes(z, one, one * 0.9, one * 0.1, one, one * 0, x0, outputs=outputs)
+        assert out["flags"] & native.Z_INF
+    with pytest.raises(ValueError, match="z:"):
+        ks.filter(z.numpy(), 1.0, 0.9, 0.1, backend="native")
 
 
 @pytest.mark.parametrize("shape", [(5, 0), (5, 0, 3)], ids=["N0", "N0x3"])
 def test_zero_lanes(shape):
-    for backend in ("native", "torch"):
-        res = ks.smooth(np.zeros(shape), 1.0, 0.9, 0.1, backend=backend)
-        assert res.mean.shape == shape and res.filtered.loglik.shape == shape[1:]
+    res = ks.smooth(np.zeros(shape), 1.0, 0.9, 0.1, backend="native")
+    assert res.mean.shape == shape and res.filtered.loglik.shape == shape[1:]
 
 
 def test_nile_loglik_exact_diffuse():
@@ -179,79 +311,42 @@ def test_nile_loglik_exact_diffuse():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-def test_overflow_is_an_error(dtype):
-    """process_var = 0 and |decay| < 1: the precision grows like decay**(-2t) and overflows."""
-    z = np.ones(2000, dtype)
-    with pytest.raises(OverflowError, match="overflowed"):
-        ks.filter(z, dtype(1.0), dtype(0.5), dtype(0.0), prior_var=dtype(1.0), backend="native")
-
-
-def test_infinite_z_is_reported_like_the_torch_path():
-    """The native path checks z for infinities inside its pass; the message is the same."""
-    z = np.zeros((50, 3))
-    z[17, 2] = -np.inf
-    msgs = []
-    for backend in ("native", "torch"):
-        with pytest.raises(ValueError, match="z:") as err:
-            ks.filter(z, 1.0, 0.9, 0.1, backend=backend)
-        msgs.append(str(err.value))
-    assert msgs[0] == msgs[1] and "(17, 2)" in msgs[0]
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-def test_gradients_through_native_equal_the_torch_backend(dtype):
-    # auto picks native in grad mode too; its backward is the torch path's vjp at the same inputs
+@pytest.mark.parametrize("kind", ["filter", "smooth"])
+def test_gradients_of_every_output_equal_the_torch_backend(dtype, kind):
+    """outputs="all" and the smoother: the backward is the torch backend's vector-Jacobian
+    product at the same inputs, compact and expanded inputs alike."""
+    T, N = 40, 3
     g = torch.Generator().manual_seed(5)
-    z = torch.randn(40, 3, generator=g, dtype=dtype)
-    z[7, 1] = float("nan")
+    z = torch.randn(T, N, generator=g, dtype=dtype)
+    z[7, 1] = math.nan
     grads = {}
-    for backend in ("auto", "torch"):
+    for name, mod in (("native", native), ("torch", parallel)):
         leaves = dict(
             z=z.clone().requires_grad_(True),
-            obs_var=torch.tensor([0.5, 1.0, 2.0], dtype=dtype, requires_grad=True),
-            decay=torch.tensor(0.9, dtype=dtype, requires_grad=True),
-            process_var=torch.full((40, 1), 0.1, dtype=dtype, requires_grad=True),
+            obs_var=torch.tensor([[0.5, 1.0, 2.0]], dtype=dtype, requires_grad=True),
+            decay=torch.tensor([[0.9]], dtype=dtype, requires_grad=True),
+            process_var=torch.full((T, 1), 0.1, dtype=dtype, requires_grad=True),
+            loading=torch.ones(T, N, dtype=dtype, requires_grad=True),
+            offset=torch.tensor([[0.3]], dtype=dtype, requires_grad=True),
         )
-        res = ks.filter(**leaves, offset=0.3, prior_var=4.0, backend=backend)
-        loss = res.loglik.sum() + (res.mean * res.var).sum() + res.pred_mean[1:].sum()
-        grads[backend] = torch.autograd.grad(loss, list(leaves.values()))
-    assert backends.resolve("auto", torch.device("cpu")) == "native"
-    for name, a, b in zip(("z", "obs_var", "decay", "process_var"), *grads.values(), strict=True):
+        u0 = torch.full((N,), 0.25, dtype=dtype, requires_grad=True)
+        x0 = (u0, torch.zeros(N, dtype=dtype), torch.ones(N, dtype=dtype))
+        args = [leaves["z"]] + [leaves[k].expand(T, N) for k in native.INPUTS[1:]]
+        fn = mod.smooth_lanes if kind == "smooth" else mod.filter_lanes
+        r = fn(*args, x0)
+        loss = r["loglik"].sum() + (r["mean"] * r["var"]).sum() + r["pred_mean"][1:].sum()
+        loss = loss + r["final"][1].sum()
+        if kind == "smooth":
+            loss = loss + (r["smooth_mean"] * r["smooth_var"]).sum()
+        grads[name] = torch.autograd.grad(loss, list(leaves.values()) + [u0])
+    for name, a, b in zip(native.INPUTS + ("u0",), *grads.values(), strict=True):
+        assert a.shape == b.shape
         assert_close(a, b, "parallel", dtype, what=f"grad {name}")
-    # and the values are the native kernel's, equal to the torch path's
-    with torch.no_grad():
-        ref = ks.filter(z, 1.0, 0.9, 0.1, backend="torch")
-    res = ks.filter(z, 1.0, torch.tensor(0.9, dtype=dtype, requires_grad=True), 0.1)
-    _assert_same(res, ref, np.float64 if dtype == torch.float64 else np.float32)
 
 
-def test_torch_input_gives_torch_output_and_half_computes_in_float32(rng):
-    z = torch.randn(20, 3, dtype=torch.float16)
-    res = ks.filter(z, 1.0, 0.9, 0.1, backend="native")
-    assert isinstance(res.mean, torch.Tensor) and res.mean.dtype == torch.float32
-    ref = ks.filter(z.float(), 1.0, 0.9, 0.1, backend="sequential")
-    _assert_same(res, ref, np.float32)
-
-
-def test_native_on_cuda_tensors_is_refused_naming_alternatives():
-    with pytest.raises(ValueError, match="'native' runs on CPU tensors.*'triton'.*'torch'"):
-        backends.resolve("native", torch.device("cuda"))
-
-
-def test_fallback_without_the_extension(monkeypatch, rng):
-    """An install without a C compiler: auto uses torch, explicit 'native' says what to use."""
-    z, model, prior = random_model(rng, 50, 3)
-    with_ext = _filter(z, model, prior, "auto")
-    monkeypatch.setattr(native, "_ext", None)
-    assert not native.available()
-    assert backends.resolve("auto", torch.device("cpu")) == "torch"
-    _assert_same(_filter(z, model, prior, "auto"), with_ext, np.float64)
-    with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
-        _filter(z, model, prior, "native")
-
-
-def test_second_derivatives_through_native_equal_the_torch_backend():
-    # Hessians (fit_ou's standard errors) differentiate the native path's backward again
+def test_second_derivatives_through_the_api_equal_the_torch_backend():
+    """Hessians by autograd (double backward) through the native path: its loglik backward then
+    takes the torch backend's differentiable vector-Jacobian product."""
     z = torch.randn(50, 2, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
 
     def loglik(backend):
@@ -267,3 +362,23 @@ def test_second_derivatives_through_native_equal_the_torch_backend():
         for j in range(2):
             assert_close(h_native[i][j], h_torch[i][j], "parallel", torch.float64, what="hessian")
     assert float(h_torch[0][0]) != 0.0
+
+
+def test_native_on_cuda_tensors_is_refused_naming_alternatives():
+    with pytest.raises(ValueError, match="'native' runs on CPU tensors.*'triton'.*'torch'"):
+        backends.resolve("native", torch.device("cuda"))
+
+
+def test_fallback_without_the_extension(monkeypatch, rng):
+    """An install without a C compiler: auto uses torch, explicit 'native' says what to use."""
+    z, model, prior = random_model(rng, 50, 3)
+    kw = {**model, **prior}
+    with_ext = ks.filter(z, **kw)
+    monkeypatch.setattr(native, "_ext", None)
+    assert not native.available()
+    assert backends.resolve("auto", torch.device("cpu")) == "torch"
+    without = ks.filter(z, **kw)
+    for field in ("mean", "var", "loglik"):
+        assert_close(getattr(without, field), getattr(with_ext, field), "parallel", "float64")
+    with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
+        ks.filter(z, **kw, backend="native")

@@ -297,8 +297,7 @@ static Py_ssize_t ks_chunk_width(Py_ssize_t N, int threads, Py_ssize_t most, int
     if (want < 64) want = 64; /* narrower rows cost more per lane than a thread saves */
     if (want > most) want = most;
     const Py_ssize_t chunks = (N + want - 1) / want;
-    Py_ssize_t w = (N + chunks - 1) / chunks;
-    return (w + 15) / 16 * 16 < most ? (w + 15) / 16 * 16 : w;
+    return (N + chunks - 1) / chunks; /* equal widths: no narrow remainder */
 }
 
 /* ------------------------------------------------------------------------------------------------

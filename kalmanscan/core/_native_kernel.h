@@ -254,7 +254,7 @@ static void KS_F(_sources)(const ks_job *job, Py_ssize_t t, Py_ssize_t n0, Py_ss
 /* Fewer lanes than a vector: each lane runs through all steps on its own (time inner), reading
  * parameters through their strides; the recursion's latency, not per-step overhead, sets the
  * pace. Same per-element arithmetic as the tile rows. */
-static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb) {
+KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb) {
     typedef KS_FT FT;
     const Py_ssize_t T = job->T, N = job->N;
     const ks_series *in = job->in;

@@ -234,28 +234,11 @@ def loglik_grad(
 
 
 def _compact(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as its compact tensor (size 1 along stride-0 dims), reached without a slice where
-    ``x`` is an expansion of a contiguous base, so that gradients of the compact shape flow to it
-    without a ``[T, N]`` buffer; a slice (whose backward pads to ``[T, N]``) otherwise."""
-    shape = tuple(1 if s == 0 and n > 1 else n for n, s in zip(x.shape, x.stride(), strict=True))
-    if shape == tuple(x.shape):
-        return x
-    base = x._base
-    if (
-        base is not None
-        and base.is_contiguous()
-        and base.numel() == math.prod(shape)
-        and base.data_ptr() == x.data_ptr()
-        and all(
-            n == 1 or s == c
-            for n, s, c in zip(
-                shape, x.stride(), torch.empty(shape, device="meta").stride(), strict=True
-            )
-        )
-    ):
-        return base.reshape(shape)
-    for dim, n in enumerate(shape):
-        if n == 1 and x.shape[dim] > 1:
+    """``x`` narrowed to size 1 along its broadcast (stride-0) dims. Under autograd the slice's
+    backward pads a compact gradient to ``x``'s shape before the expansion's backward sums it:
+    callers that want no ``[T, N]`` buffer in the backward pass compact tensors themselves."""
+    for dim, (n, s) in enumerate(zip(x.shape, x.stride(), strict=True)):
+        if s == 0 and n > 1:
             x = x.narrow(dim, 0, 1)
     return x
 
