@@ -157,7 +157,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
     launch(carry_kernel, (grid[0],),
-        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, BLOCK=BLOCK,
+        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS"], BLOCK=BLOCK,
         num_warps=warps)  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)
     launch(filter_kernel, grid,
@@ -216,8 +216,8 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
             *args, ck, scratch, gll, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
             **cfg)  # fmt: skip
         xend = empty((3, NC, N), z)
-        launch(adjoint_carry_kernel, (nprog,), amap, xlast, xend, N, NC, BLOCK=BLOCK,
-               num_warps=warps)  # fmt: skip
+        launch(adjoint_carry_kernel, (nprog,),
+            amap, xlast, xend, N, NC, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     launch(adjoint_kernel, grid,
         *args, ck, scratch, gll, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
         **cfg)  # fmt: skip

@@ -275,7 +275,8 @@ def adjoint_kernel(
 
 
 @triton.jit
-def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, BLOCK: tl.constexpr):
+def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, NS: tl.constexpr,
+                         BLOCK: tl.constexpr):  # fmt: skip
     """The adjoint at the end of each chunk, from the last chunk's (``xlast [3, N]``, the
     gradient of the final state) through the chunk maps: ``mu_end(k-1) = C_k mu_end(k) + b_k``."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -284,26 +285,29 @@ def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, BLOCK: tl.constex
     mu = tl.load(xlast_ptr + lanes, mask=lmask, other=0.0)
     me = tl.load(xlast_ptr + N + lanes, mask=lmask, other=0.0)
     mv = tl.load(xlast_ptr + 2 * N + lanes, mask=lmask, other=0.0)
-    for j in range(0, NC):
+    last = NC - 1
+    tl.store(xend_ptr + last * N + lanes, mu, mask=lmask)
+    tl.store(xend_ptr + step + last * N + lanes, me, mask=lmask)
+    tl.store(xend_ptr + 2 * step + last * N + lanes, mv, mask=lmask)
+    for j in tl.range(0, NC - 1, num_stages=NS):
         kk = NC - 1 - j
-        tl.store(xend_ptr + kk * N + lanes, mu, mask=lmask)
-        tl.store(xend_ptr + step + kk * N + lanes, me, mask=lmask)
-        tl.store(xend_ptr + 2 * step + kk * N + lanes, mv, mask=lmask)
-        if kk > 0:
-            base = amap_ptr + kk * N + lanes
-            c0 = tl.load(base, mask=lmask, other=0.0)
-            c1 = tl.load(base + step, mask=lmask, other=0.0)
-            c2 = tl.load(base + 2 * step, mask=lmask, other=0.0)
-            c3 = tl.load(base + 3 * step, mask=lmask, other=0.0)
-            c4 = tl.load(base + 4 * step, mask=lmask, other=0.0)
-            c5 = tl.load(base + 5 * step, mask=lmask, other=0.0)
-            c6 = tl.load(base + 6 * step, mask=lmask, other=0.0)
-            c7 = tl.load(base + 7 * step, mask=lmask, other=0.0)
-            c8 = tl.load(base + 8 * step, mask=lmask, other=0.0)
-            b0 = tl.load(base + 9 * step, mask=lmask, other=0.0)
-            b1 = tl.load(base + 10 * step, mask=lmask, other=0.0)
-            b2 = tl.load(base + 11 * step, mask=lmask, other=0.0)
-            nu = c0 * mu + c3 * me + c6 * mv + b0
-            ne = c1 * mu + c4 * me + c7 * mv + b1
-            nv = c2 * mu + c5 * me + c8 * mv + b2
-            mu, me, mv = nu, ne, nv
+        base = amap_ptr + kk * N + lanes
+        c0 = tl.load(base, mask=lmask, other=0.0)
+        c1 = tl.load(base + step, mask=lmask, other=0.0)
+        c2 = tl.load(base + 2 * step, mask=lmask, other=0.0)
+        c3 = tl.load(base + 3 * step, mask=lmask, other=0.0)
+        c4 = tl.load(base + 4 * step, mask=lmask, other=0.0)
+        c5 = tl.load(base + 5 * step, mask=lmask, other=0.0)
+        c6 = tl.load(base + 6 * step, mask=lmask, other=0.0)
+        c7 = tl.load(base + 7 * step, mask=lmask, other=0.0)
+        c8 = tl.load(base + 8 * step, mask=lmask, other=0.0)
+        b0 = tl.load(base + 9 * step, mask=lmask, other=0.0)
+        b1 = tl.load(base + 10 * step, mask=lmask, other=0.0)
+        b2 = tl.load(base + 11 * step, mask=lmask, other=0.0)
+        nu = c0 * mu + c3 * me + c6 * mv + b0
+        ne = c1 * mu + c4 * me + c7 * mv + b1
+        nv = c2 * mu + c5 * me + c8 * mv + b2
+        mu, me, mv = nu, ne, nv
+        tl.store(xend_ptr + (kk - 1) * N + lanes, mu, mask=lmask)
+        tl.store(xend_ptr + step + (kk - 1) * N + lanes, me, mask=lmask)
+        tl.store(xend_ptr + 2 * step + (kk - 1) * N + lanes, mv, mask=lmask)

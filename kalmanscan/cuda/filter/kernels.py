@@ -28,7 +28,7 @@ import triton.language as tl
 
 from kalmanscan.cuda._common import helper
 
-LOG_2PI = math.log(2 * math.pi)
+LOG_2PI = tl.constexpr(math.log(2 * math.pi))
 
 
 @helper
@@ -320,8 +320,10 @@ def apply_map(base, step, lmask, u, e, v):
 
 
 @triton.jit
-def carry_kernel(comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_ptr, N, NC,
-                 FWD: tl.constexpr, BWD: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def carry_kernel(
+    comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_ptr, N, NC,
+    FWD: tl.constexpr, BWD: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """Walk the chunk maps. ``FWD``: the state entering chunk k (``start [3, NC, N]``, from
     ``x0``). ``BWD``: the backward information state at the last step of chunk k
     (``bend [3, NC, N]``, ``(0, 0, 1)`` at the last chunk)."""
@@ -332,23 +334,28 @@ def carry_kernel(comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_p
         u = tl.load(u0_ptr + lanes * us, mask=lmask, other=1.0)
         e = tl.load(e0_ptr + lanes * es, mask=lmask, other=0.0)
         v = tl.load(v0_ptr + lanes * vs, mask=lmask, other=1.0)
-        for kk in range(0, NC):
-            tl.store(start_ptr + kk * N + lanes, u, mask=lmask)
-            tl.store(start_ptr + step + kk * N + lanes, e, mask=lmask)
-            tl.store(start_ptr + 2 * step + kk * N + lanes, v, mask=lmask)
-            if kk < NC - 1:
-                u, e, v = apply_map(comp_ptr + kk * N + lanes, step, lmask, u, e, v)
+        tl.store(start_ptr + lanes, u, mask=lmask)
+        tl.store(start_ptr + step + lanes, e, mask=lmask)
+        tl.store(start_ptr + 2 * step + lanes, v, mask=lmask)
+        for kk in tl.range(0, NC - 1, num_stages=NS):
+            u, e, v = apply_map(comp_ptr + kk * N + lanes, step, lmask, u, e, v)
+            tl.store(start_ptr + (kk + 1) * N + lanes, u, mask=lmask)
+            tl.store(start_ptr + step + (kk + 1) * N + lanes, e, mask=lmask)
+            tl.store(start_ptr + 2 * step + (kk + 1) * N + lanes, v, mask=lmask)
     if BWD:
         U = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
         E = U * 0.0
         V = U + 1.0
-        for j in range(0, NC):
-            kk = NC - 1 - j
-            tl.store(bend_ptr + kk * N + lanes, U, mask=lmask)
-            tl.store(bend_ptr + step + kk * N + lanes, E, mask=lmask)
-            tl.store(bend_ptr + 2 * step + kk * N + lanes, V, mask=lmask)
-            if kk > 0:
-                U, E, V = apply_map(comp_ptr + (7 * NC + kk) * N + lanes, step, lmask, U, E, V)
+        last = NC - 1
+        tl.store(bend_ptr + last * N + lanes, U, mask=lmask)
+        tl.store(bend_ptr + step + last * N + lanes, E, mask=lmask)
+        tl.store(bend_ptr + 2 * step + last * N + lanes, V, mask=lmask)
+        for j in tl.range(0, NC - 1, num_stages=NS):
+            kk = NC - 1 - j  # chunk kk's backward map gives the state at the end of chunk kk-1
+            U, E, V = apply_map(comp_ptr + (7 * NC + kk) * N + lanes, step, lmask, U, E, V)
+            tl.store(bend_ptr + (kk - 1) * N + lanes, U, mask=lmask)
+            tl.store(bend_ptr + step + (kk - 1) * N + lanes, E, mask=lmask)
+            tl.store(bend_ptr + 2 * step + (kk - 1) * N + lanes, V, mask=lmask)
 
 
 @triton.jit
