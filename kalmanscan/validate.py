@@ -1,8 +1,8 @@
 """``kalmanscan validate``: check kalmanscan against classic Kalman filters on this machine.
 
 Runs the battery of :mod:`kalmanscan.validation` (filterpy, a dense joint-Gaussian oracle,
-statsmodels' exact-diffuse local level on Nile, scipy's Van Loan discretization) on every
-available backend in float64 and float32, prints the worst relative error per truth, quantity,
+statsmodels' exact-diffuse local level on Nile, scipy's Van Loan discretization, and the regime
+battery against an mpmath oracle) on every available backend in float64 and float32, prints the worst relative error per truth, quantity,
 dtype and backend next to the tolerance it must meet, and exits 1 when any row fails.
 Method and tolerances: docs/validation.md.
 
@@ -97,6 +97,34 @@ def load_validation():
     return module
 
 
+def _regime_rows(validation, quick: bool, runners, say) -> list[dict]:
+    """The regime battery against the mpmath oracle (validation/regimes.py): a few regimes that
+    each broke a backend by default, all of them without ``--quick``. Without mpmath one failing
+    row says how to install it."""
+    try:
+        import mpmath  # noqa: F401
+    except ModuleNotFoundError:
+        return [
+            dict(
+                truth="mpmath oracle (regimes)",
+                quantity="(not run)",
+                dtype="-",
+                backend="-",
+                max_rel_err=float("nan"),
+                tol=0.0,
+                n_models=0,
+                worst_model="mpmath is not installed: pip install mpmath",
+            )
+        ]
+    from importlib import import_module
+
+    regimes = import_module(validation.__name__ + ".regimes")
+    say("regimes against the mpmath oracle" + (" (quick subset)" if quick else ""))
+    return regimes.validate_rows(
+        full=not quick, backends=[r.label for r in runners], progress=say
+    )
+
+
 def main(argv: list[str]) -> int:
     """Run the validation battery; returns 0 when every row passes, 1 otherwise (2: bad usage).
 
@@ -137,6 +165,7 @@ def main(argv: list[str]) -> int:
     print(f"runners: {', '.join(r.label for r in runners)}")
     t0 = time.perf_counter()
     res = run_battery(quick=args.quick, seed=args.seed, runners=runners, progress=say)
+    res.rows += _regime_rows(validation, args.quick, runners, say)
     print(report.format_table(res.rows))
     failed = [r for r in res.rows if not report.row_passes(r)]
     for r in report.sort_rows(failed):
