@@ -2,11 +2,11 @@
 
 Runs the battery of :mod:`kalmanscan.validation` (filterpy, a dense joint-Gaussian oracle,
 statsmodels' exact-diffuse local level on Nile, scipy's Van Loan discretization, and the regime
-battery against an mpmath oracle) on every available backend in float64 and float32, prints the worst relative error per truth, quantity,
-dtype and backend next to the tolerance it must meet, and exits 1 when any row fails.
-Method and tolerances: docs/validation.md.
+battery against an mpmath oracle) on every available backend in float64 and float32, prints the
+worst relative error per truth, quantity, dtype and backend next to the tolerance it must meet,
+and exits 1 when any row fails. Method and tolerances: docs/validation.md.
 
-    kalmanscan validate --quick                  # about 20 s on a laptop
+    kalmanscan validate --quick                  # about 40 s of CPU time (2-core x86)
     kalmanscan validate --csv v.csv --markdown v.md --figure error_vs_length.png
 """
 
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Check kalmanscan against filterpy, a dense joint-Gaussian oracle, "
         "statsmodels and scipy.",
     )
-    p.add_argument("--quick", action="store_true", help="small battery (well under a minute)")
+    p.add_argument("--quick", action="store_true", help="small battery (about 40 s of CPU time)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random models (default 0)")
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument(
