@@ -755,6 +755,64 @@ def markdown(rows: list[dict], dtype: str = "float64") -> str:
     return "\n".join(lines)
 
 
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "n/a"
+    if r.get("refused"):
+        return "refused"
+    if r["error"]:
+        return f"**raises {r['error'].split(':')[0]}**"
+    m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
+    v = max(r["filter_var"], r["smooth_var"], r["loglik"])
+    txt = f"{_e(m)} / {_e(v)}"
+    return f"**{txt} FAIL**" if r["passes"] is False else txt
+
+
+def compact_markdown(rows: list[dict], before: list[dict] | None = None) -> str:
+    """One line per regime: per float64 backend ``worst mean error (sd) / worst relative error
+    (variances, log-likelihood)``, the float32 worst over the backends, and optionally the
+    float64 backends that failed in an earlier run (``before``)."""
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    idx = {(r["regime"], r["backend"], r["dtype"]): r for r in rows}
+    head = "| regime | T | " + " | ".join(f"{b} float64" for b in backends) + " | float32 worst |"
+    sep = "|---|---:|" + "---|" * len(backends) + "---|"
+    if before is not None:
+        head += " before |"
+        sep += "---|"
+        bidx = {(r["regime"], r["backend"], r["dtype"]): r for r in before}
+    lines = [head, sep]
+    for name in dict.fromkeys(r["regime"] for r in rows):
+        T = next(r["T"] for r in rows if r["regime"] == name)
+        cells = [_cell(idx.get((name, b, "float64"))) for b in backends]
+        f32 = [
+            idx[(name, b, "float32")]
+            for b in backends
+            if (name, b, "float32") in idx and not idx[(name, b, "float32")]["error"]
+        ]
+        if f32:
+            m = max(max(r["filter_mean_sd"], r["smooth_mean_sd"]) for r in f32)
+            v = max(max(r["filter_var"], r["smooth_var"], r["loglik"]) for r in f32)
+            c32 = f"{_e(m)} / {_e(v)}"
+        else:
+            c32 = "refused" if any((name, b, "float32") in idx for b in backends) else "n/a"
+        line = f"| {name} | {T} | " + " | ".join(cells) + f" | {c32} |"
+        if before is not None:
+            bad = []
+            for b in backends:
+                r = bidx.get((name, b, "float64"))
+                if r is None:
+                    continue
+                if r["error"] and not r.get("refused"):
+                    bad.append(f"{b} raised {r['error'].split(':')[0]}")
+                elif r["passes"] is False:
+                    m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
+                    v = max(r["filter_var"], r["smooth_var"], r["loglik"])
+                    bad.append(f"{b} {_e(m)} / {_e(v)}")
+            line += f" {'; '.join(bad) if bad else 'pass'} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def format_text(rows: list[dict]) -> str:
     head = f"{'regime':52s} {'backend':10s} {'dtype':7s} " + " ".join(
         f"{c:>14s}" for c in COLUMNS
@@ -839,6 +897,9 @@ def main(argv=None) -> int:
     p.add_argument("--backend", action="append", help="scalar backends (default all)")
     p.add_argument("--regime", action="append", help="only these regime names")
     p.add_argument("--no-certify", action="store_true", help="skip the oracle's self-check")
+    p.add_argument(
+        "--before", metavar="JSON", help="an earlier --json run: adds its failures as a column"
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     rows = regime_rows(
@@ -852,7 +913,12 @@ def main(argv=None) -> int:
     bad = [r for r in rows if r["passes"] is False]
     print(f"{len(rows)} rows, {time.perf_counter() - t0:.1f} s: {len(bad)} float64 rows fail")
     if args.markdown:
+        before = None
+        if args.before:
+            with open(args.before) as f:
+                before = json.load(f)
         with open(args.markdown, "w") as f:
+            f.write(compact_markdown(rows, before) + "\n\n")
             f.write(markdown(rows, "float64") + "\n\nfloat32:\n\n" + markdown(rows, "float32"))
             f.write("\n")
     if args.json:
