@@ -29,7 +29,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 
 FAST_SCALAR = (
     "p=0 a=0.9577 c=0.4 T=1000",
-    "OU theta=0.5 sigma2=0, 500 steps",
     "OU theta=0.5 sigma2=0, 2000 steps",
     "obs_var 1e-155, a=0.9 p=1",
     "process_var 1e155, a=0.9",

@@ -76,7 +76,7 @@ def _f(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
-def _scalar_pass(mp, z, R, a, p, c, h, m0, P0, smooth):
+def _scalar_pass(mp, z, R, a, p, c, h, m0, P0, smooth, forget):
     """One filter (+ RTS) pass at the current mp.dps; returns mpf lists (None = diffuse)."""
     T = len(z)
     half_log2pi = mp.log(2 * mp.pi) / 2
@@ -86,7 +86,7 @@ def _scalar_pass(mp, z, R, a, p, c, h, m0, P0, smooth):
     ll, nll = mp.mpf(0), 0
     for t in range(T):
         at, pt, ct = a[t], p[t], c[t]
-        if at == 0:  # total forgetting: the prior of step t is N(c, p) whatever came before
+        if forget[t]:  # total forgetting: the prior of step t is N(c, p) whatever came before
             diffuse, m, P = False, ct, pt
         elif not diffuse:
             m, P = at * m + ct, at * at * P + pt
@@ -116,7 +116,7 @@ def _scalar_pass(mp, z, R, a, p, c, h, m0, P0, smooth):
         a1, p1, c1 = a[t + 1], p[t + 1], c[t + 1]
         if sm[t + 1] is None:  # never proper after t: nothing known about x_t
             continue
-        if a1 == 0:  # x_{t+1} does not depend on x_t: smoothed = filtered
+        if forget[t + 1]:  # x_{t+1} does not depend on x_t: smoothed = filtered
             sm[t], sP[t] = fm[t], fP[t]
         elif fm[t] is None:  # flat belief at t: x_t = (x_{t+1} - c - w) / a
             sm[t], sP[t] = (sm[t + 1] - c1) / a1, (sP[t + 1] + p1) / (a1 * a1)
@@ -174,7 +174,7 @@ def scalar_oracle(
 
     Arguments are float64 arrays ``[T]`` (or scalars) as for ``ks.filter`` on one lane; the prior
     applies to the state before step 0 (step 0 predicts with ``decay[0]``), ``prior_var = inf``
-    is diffuse. ``dps=None`` picks the digits from the measured RTS amplification (module
+    is diffuse; a step whose ``decay**2`` underflows in float64 forgets (kalmanscan's rule). ``dps=None`` picks the digits from the measured RTS amplification (module
     docstring); ``certify`` reruns 25 digits higher and reports the change as ``own_error``.
 
     >>> r = scalar_oracle([1.0, 2.0, float("nan"), 4.0], 1.0, 1.0, 0.5)
@@ -187,6 +187,11 @@ def scalar_oracle(
     if T == 0:
         raise ValueError("z: expected at least one step, got 0")
     prior_var = float(prior_var)
+    # kalmanscan's convention: a step forgets where decay**2 is 0 in the working dtype (float64
+    # here: |decay| below ~1.5e-162), even a diffuse past (docs/architecture.md)
+    a64 = np.broadcast_to(np.asarray(decay, dtype=np.float64), (T,))
+    with np.errstate(under="ignore"):
+        forget = (a64 * a64 == 0.0).tolist()
 
     def run(digits):
         with mp.workdps(digits):
@@ -194,7 +199,9 @@ def scalar_oracle(
                 mp, z, obs_var, decay, process_var, loading, offset, T
             )
             P0 = None if math.isinf(prior_var) else mp.mpf(prior_var)
-            out = _scalar_pass(mp, zs, Rs, a, p, c, h, mp.mpf(float(prior_mean)), P0, smooth)
+            out = _scalar_pass(
+                mp, zs, Rs, a, p, c, h, mp.mpf(float(prior_mean)), P0, smooth, forget
+            )
             pm, pP, fm, fP, ll, nll, sm, sP, g = out
             arrs = dict(
                 pred_mean=_mean_arr(pm),
