@@ -174,11 +174,12 @@ def scalar_oracle(
 
     Arguments are float64 arrays ``[T]`` (or scalars) as for ``ks.filter`` on one lane; the prior
     applies to the state before step 0 (step 0 predicts with ``decay[0]``), ``prior_var = inf``
-    is diffuse; a step whose ``decay**2`` underflows in float64 forgets (kalmanscan's rule). ``dps=None`` picks the digits from the measured RTS amplification (module
-    docstring); ``certify`` reruns 25 digits higher and reports the change as ``own_error``.
+    is diffuse; a step whose ``decay**2`` underflows in float64 forgets (kalmanscan's rule).
+    ``dps=None`` picks the digits from the measured RTS amplification (module docstring);
+    ``certify`` reruns 25 digits higher and reports the change as ``own_error``.
 
     >>> r = scalar_oracle([1.0, 2.0, float("nan"), 4.0], 1.0, 1.0, 0.5)
-    >>> round(r.mean[1], 12), round(r.var[1], 12), r.n_loglik_terms
+    >>> round(float(r.mean[1]), 12), round(float(r.var[1]), 12), r.n_loglik_terms
     (1.6, 0.6, 2)
     """
     mp = _mp()
@@ -367,7 +368,8 @@ def dense_oracle(
 
     >>> import numpy as np
     >>> r = dense_oracle(np.array([[1.0], [2.0]]), np.eye(1), np.eye(1), np.eye(1), np.eye(1))
-    >>> round(r.mean[1, 0], 12), round(r.loglik, 12) == round(-0.5 * np.log(2 * np.pi * 3) - 1 / 6, 12)
+    >>> ll = -0.5 * np.log(2 * np.pi * 3) - 1 / 6  # step 1: S = 2 + 1, innovation 1
+    >>> round(float(r.mean[1, 0]), 12), bool(abs(r.loglik - ll) < 1e-14)
     (1.666666666667, True)
     """
     mp = _mp()
@@ -533,8 +535,8 @@ def loglik_offset(convention: str, F, H, observed, *, diffuse=None, dps: int = 5
     >>> import numpy as np
     >>> round(loglik_offset("statsmodels", np.eye(1), np.eye(1), np.ones(100, bool)), 10)
     0.9189385332
-    >>> loglik_offset("kfas", np.eye(1), 2 * np.eye(1), np.ones(5, bool)) == np.log(2.0)
-    True
+    >>> round(loglik_offset("kfas", np.eye(1), 2 * np.eye(1), np.ones(5, bool)), 12)  # log 2
+    0.69314718056
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention: expected one of {CONVENTIONS}, got {convention!r}")
@@ -590,8 +592,8 @@ def scalar_loglik_offset(convention: str, decay, loading, observed, diffuse: boo
 
     >>> round(scalar_loglik_offset("statsmodels", 1.0, 1.0, [True, True]), 10)
     0.9189385332
-    >>> scalar_loglik_offset("kfas", [1.0, 0.5], [1.0, 3.0], [False, True]) == np.log(1.5)
-    True
+    >>> round(scalar_loglik_offset("kfas", [1.0, 0.5], [1.0, 3.0], [False, True]), 12)  # log 1.5
+    0.405465108108
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention: expected one of {CONVENTIONS}, got {convention!r}")

@@ -73,7 +73,7 @@ def mean_err_sd(a, b, var_b, floor: float = FLOOR) -> float:
 
     ``a`` must be NaN exactly where ``b`` is (a never-informed state); else the error is inf.
 
-    >>> mean_err_sd([1.0, 2.0 + 1e-7], [1.0, 2.0], [1.0, 0.01])
+    >>> round(mean_err_sd([1.0, 2.0 + 1e-7], [1.0, 2.0], [1.0, 0.01]), 12)  # 1e-7 / 0.1
     1e-06
     """
     a, b, v = (np.asarray(x, dtype=np.float64) for x in (a, b, var_b))
