@@ -39,6 +39,15 @@
 #define KS_HAVE_PTHREADS 1
 #endif
 
+/* No fused multiply-adds: a lane's arithmetic must not depend on whether it lands in a vector
+ * body, a loop's scalar remainder or the lane-by-lane form (results are bit-identical for any
+ * split of lanes over tiles and threads). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
 /* Build one copy of the row kernels per x86-64 level and pick at load time (GNU ifunc). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
     (__GNUC__ >= 11)

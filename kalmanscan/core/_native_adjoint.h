@@ -109,40 +109,50 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
 
 /* Steps [t0, t1) of nb lanes forward from the states in (xu, xe, xv) (advanced in place); where
  * `keep` is given, the state entering each step t is stored at keep[(t - t0) * 3 W + {0, W, 2W}]. */
+static KS_INLINE void KS_G(_adj_fwd_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+                                         const KS_FT *restrict Rs, const KS_FT *restrict as,
+                                         const KS_FT *restrict ps, const KS_FT *restrict hs,
+                                         const KS_FT *restrict cs, double *restrict xu,
+                                         double *restrict xe, double *restrict xv) {
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        ks_fwd f;
+        double u, e, v;
+        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], &f, &u, &e, &v);
+        xu[j] = u;
+        xe[j] = e;
+        xv[j] = v;
+    }
+}
+
 KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb,
                                          Py_ssize_t W, Py_ssize_t t0, Py_ssize_t t1, KS_FT *buf,
-                                         double *restrict xu, double *restrict xe,
-                                         double *restrict xv, double *restrict keep) {
+                                         double *xu, double *xe, double *xv, double *keep) {
     const KS_FT *src[KS_NSERIES];
     for (Py_ssize_t t = t0; t < t1; t++) {
         KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-        const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
-        const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
-        double *restrict k = keep ? keep + (t - t0) * 3 * W : NULL;
-        for (Py_ssize_t j = 0; j < nb; j++) {
-            if (k) {
-                k[j] = xu[j];
-                k[W + j] = xe[j];
-                k[2 * W + j] = xv[j];
-            }
-            ks_fwd f;
-            ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], &f, &xu[j],
-                       &xe[j], &xv[j]);
+        if (keep) {
+            double *k = keep + (t - t0) * 3 * W;
+            memcpy(k, xu, nb * sizeof(double));
+            memcpy(k + W, xe, nb * sizeof(double));
+            memcpy(k + 2 * W, xv, nb * sizeof(double));
         }
+        KS_G(_adj_fwd_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                           src[KS_C], xu, xe, xv);
     }
 }
 
 /* The reverse of step t for nb lanes: adjoint (lu, le, lv) updated in place, partials into
  * g[k * W + j]. */
-KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
-                                     const double *restrict xu, const double *restrict xe,
-                                     const double *restrict xv, const double *restrict w,
-                                     double *restrict lu, double *restrict le,
-                                     double *restrict lv, double *restrict g, Py_ssize_t W) {
-    const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
-    const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
-    double *restrict gz = g + KS_Z * W, *restrict gR = g + KS_OBS * W, *restrict ga = g + KS_A * W;
-    double *restrict gp = g + KS_P * W, *restrict gh = g + KS_H * W, *restrict gc = g + KS_C * W;
+KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+                                     const KS_FT *restrict Rs, const KS_FT *restrict as,
+                                     const KS_FT *restrict ps, const KS_FT *restrict hs,
+                                     const KS_FT *restrict cs, const double *restrict xu,
+                                     const double *restrict xe, const double *restrict xv,
+                                     const double *restrict w, double *restrict lu,
+                                     double *restrict le, double *restrict lv,
+                                     double *restrict gz, double *restrict gR, double *restrict ga,
+                                     double *restrict gp, double *restrict gh,
+                                     double *restrict gc) {
     for (Py_ssize_t j = 0; j < nb; j++) {
         double a = lu[j], b = le[j], c = lv[j];
         ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], w[j], &a, &b,
@@ -207,7 +217,9 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
             const double *xs = blk + (t - t0) * 3 * W;
             KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-            KS_G(_adj_row)(nb, src, xs, xs + W, xs + 2 * W, w, lu, le, lv, g, W);
+            KS_G(_adj_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
+                           xs, xs + W, xs + 2 * W, w, lu, le, lv, g + KS_Z * W, g + KS_OBS * W,
+                           g + KS_A * W, g + KS_P * W, g + KS_H * W, g + KS_C * W);
             for (int k = 0; k < KS_NSERIES; k++) {
                 const ks_grad *gd = &aj->grad[k];
                 if (gd->ptr == NULL) continue;

@@ -14,17 +14,14 @@ static KS_INLINE int KS_F(_norm)(const int exact, KS_FT *u, KS_FT *e, KS_FT *v) 
     const FT U = *u, E = *e, V = *v;
     const int big_u = U >= V;
     const FT m = big_u ? U : V;
-    if (exact) {
-        *u = big_u ? (FT)1 : U / m;
-        *v = big_u ? V / m : (FT)1;
-        *e = E / m;
-        return 0;
-    }
     const FT rm = (FT)1 / m;
-    *u = big_u ? (FT)1 : U * rm;
-    *v = big_u ? V * rm : (FT)1;
-    *e = E * rm;
-    return (m >= (FT)KS_FT_MIN) & (rm >= (FT)KS_FT_MIN) ? 0 : KS_ROW_INEXACT;
+    /* the larger entry exactly 1, by arithmetic: GCC does not vectorize a select between a
+     * constant and a value on this (unordered) comparison */
+    const FT bu = (FT)big_u, su = exact ? U / m : U * rm, sv = exact ? V / m : V * rm;
+    *u = bu + ((FT)1 - bu) * su;
+    *v = ((FT)1 - bu) + bu * sv;
+    *e = exact ? E / m : E * rm;
+    return exact ? 0 : (((m >= (FT)KS_FT_MIN) & (rm >= (FT)KS_FT_MIN)) ^ 1) * KS_ROW_INEXACT;
 }
 
 /* mean e/u, variance v/u, precision u/v, information e/v of a normalized triple (one of u, v is
@@ -40,7 +37,7 @@ static KS_INLINE int KS_F(_moments)(const int exact, KS_FT u, KS_FT e, KS_FT v, 
     *var = big_u ? v : r;
     *prec = big_u ? r : u;
     *info = big_u ? en : e;
-    return exact | (n == (FT)0) | (n >= (FT)KS_FT_MIN) ? 0 : KS_ROW_INEXACT;
+    return exact ? 0 : (((n == (FT)0) | (n >= (FT)KS_FT_MIN)) ^ 1) * KS_ROW_INEXACT;
 }
 
 /* One step of one lane: the normalized state (u, e, v) in and out, the normalized predicted triple
@@ -89,11 +86,12 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
     } else {
         const double ratio = S / du, us = du * S;
         l = ks_log(ratio) + D * D / us;
-        fl |= (ratio <= DBL_MAX) & (us >= DBL_MIN) ? 0 : KS_ROW_INEXACT;
+        fl |= (((ratio <= DBL_MAX) & (us >= DBL_MIN)) ^ 1) * KS_ROW_INEXACT;
     }
     *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
-    return fl | ((e - e == (FT)0) & (u == u) & (v == v) ? 0 : KS_NOT_FINITE) |
-           ((z == z) & (z - z != (FT)0) ? KS_Z_INF : 0);
+    /* flags by integer arithmetic (a select of ints on a float compare does not vectorize) */
+    return fl | ((((e - e == (FT)0) & (u == u) & (v == v)) ^ 1) * KS_NOT_FINITE) |
+           (((z == z) & (z - z != (FT)0)) * KS_Z_INF);
 }
 
 /* One step of one lane with its outputs: the fast form, or exact = 1. out: 7 pointers to this
@@ -144,13 +142,14 @@ static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *res
                                 KS_FT *restrict o4, KS_FT *restrict o5, KS_FT *restrict o6) {
     int fl = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
-        KS_FT u = us[j], e = es[j], v = vs[j], t7[KS_NOUT];
+        KS_FT u = us[j], e = es[j], v = vs[j];
         double l;
-        fl |= KS_F(_elem)(0, write, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
-                          write ? &o0[j] : &t7[0], write ? &o1[j] : &t7[1],
-                          write ? &o2[j] : &t7[2], write ? &o3[j] : &t7[3],
-                          write ? &o4[j] : &t7[4], write ? &o5[j] : &t7[5],
-                          write ? &o6[j] : &t7[6]);
+        if (write)
+            fl |= KS_F(_elem)(0, 1, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
+                              &o0[j], &o1[j], &o2[j], &o3[j], &o4[j], &o5[j], &o6[j]);
+        else
+            fl |= KS_F(_elem)(0, 0, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
+                              NULL, NULL, NULL, NULL, NULL, NULL, NULL);
         us[j] = u;
         es[j] = e;
         vs[j] = v;
@@ -208,13 +207,14 @@ static KS_INLINE void KS_F(_combine)(KS_FT mean, KS_FT var, KS_FT prec, KS_FT in
     *s_var = exact ? (FT)0 : v * V / den;
 }
 
-KS_CLONES static void KS_F(_smooth_row)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], int back,
+KS_CLONES static void KS_F(_smooth_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+                                        const KS_FT *restrict Rs, const KS_FT *restrict as,
+                                        const KS_FT *restrict ps, const KS_FT *restrict hs,
+                                        const KS_FT *restrict cs, int back,
                                         const KS_FT *restrict mean, const KS_FT *restrict var,
                                         const KS_FT *restrict prec, const KS_FT *restrict info,
                                         KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,
                                         KS_FT *restrict sm, KS_FT *restrict sv) {
-    const KS_FT *restrict zs = src[KS_Z], *restrict Rs = src[KS_OBS], *restrict as = src[KS_A];
-    const KS_FT *restrict ps = src[KS_P], *restrict hs = src[KS_H], *restrict cs = src[KS_C];
     for (Py_ssize_t j = 0; j < nb; j++) {
         KS_FT U = Us[j], E = Es[j], V = Vs[j];
         KS_F(_combine)(mean[j], var[j], prec[j], info[j], U, E, V, &sm[j], &sv[j]);
@@ -372,7 +372,8 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
             const Py_ssize_t row = t * N + n0;
             KS_F(_sources)(job, t, n0, nb, buf, W, t == T - 1, src);
             FT *const *out = (FT *const *)job->out;
-            KS_F(_smooth_row)(nb, src, t > 0, out[KS_MEAN] + row, out[KS_VAR] + row,
+            KS_F(_smooth_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                              src[KS_C], t > 0, out[KS_MEAN] + row, out[KS_VAR] + row,
                               out[KS_PREC] + row, out[KS_INFO] + row, us, es, vs,
                               (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
         }
