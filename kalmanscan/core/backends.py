@@ -1,10 +1,19 @@
-"""The one dispatch table of the general filter: backend name -> the module implementing it.
+"""The one dispatch table: for each op, backend name -> implementation, and one ``resolve``.
 
-Each module implements the full-result contract of docs/backend-contract.md (``filter_lanes`` and
-``smooth_lanes``). ``"auto"`` picks, in order: ``"triton"`` for CUDA tensors when triton is
-installed; ``"native"`` (the compiled fused CPU kernel) for CPU tensors when the extension is
-built; else ``"torch"``. It never looks at shapes or grad mode. A backend that cannot serve a call
-raises and names one that can.
+Ops and their backends:
+
+- ``"filter"`` (``kalmanscan.filter``, ``smooth``, ``loglik``): modules implementing the
+  full-result contract of docs/backend-contract.md (``filter_lanes``, ``smooth_lanes``):
+  ``"sequential"`` (the step-by-step reference), ``"torch"`` (the chunked projective scan),
+  ``"native"`` (the compiled CPU kernel), ``"triton"`` (fused GPU kernels).
+- ``"kla"`` (``kalmanscan.core.kla_op.kla_filter``): functions on prepared KLA inputs:
+  ``"sequential"`` (the token loop vectorized over every lane), ``"torch"`` (a client of the
+  general filter), ``"triton"`` (the fused GPU kernel).
+
+``"auto"`` looks only at the device and at what is installed, never at shapes or grad mode: the
+first available name of ``AUTO[op][device type]``. A backend that cannot serve a call raises and
+names one that can. Implementations load on first use, so ``import kalmanscan`` imports no
+triton.
 """
 
 from __future__ import annotations
@@ -16,55 +25,80 @@ import torch
 
 from kalmanscan.core import native
 
-# name -> "module:function"; modules load on first use so `import kalmanscan` imports no triton.
-FILTER_BACKENDS = {
-    "sequential": "kalmanscan.core.sequential",
-    "torch": "kalmanscan.core.parallel",
-    "triton": "kalmanscan.cuda.filter",
-    "native": "kalmanscan.core.native",
+TABLES = {
+    "filter": {
+        "sequential": "kalmanscan.core.sequential",
+        "torch": "kalmanscan.core.parallel",
+        "triton": "kalmanscan.cuda.filter",
+        "native": "kalmanscan.core.native",
+    },
+    "kla": {
+        "sequential": "kalmanscan.core.kla_op:kla_filter_sequential",
+        "torch": "kalmanscan.core.kla_op:kla_filter_torch",
+        "triton": "kalmanscan.core.kla_op:kla_filter_triton",
+    },
+}
+FILTER_BACKENDS = TABLES["filter"]
+
+# op -> device type -> preference order of "auto"; the last entry always serves the device
+AUTO = {
+    "filter": {"cuda": ("triton", "torch"), "cpu": ("native", "torch")},
+    # the KLA op has many lanes per token: on the CPU the vectorized token loop is fastest
+    "kla": {"cuda": ("triton", "torch"), "cpu": ("sequential",)},
 }
 
 
 def _triton_available() -> bool:
     return (
         importlib.util.find_spec("triton") is not None
-        and importlib.util.find_spec("kalmanscan.cuda.filter") is not None
+        and importlib.util.find_spec("kalmanscan.cuda") is not None
     )
 
 
-def resolve(backend: str, device: torch.device) -> str:
-    """Turn ``backend`` (a name or ``"auto"``) into a concrete name that can serve ``device``."""
-    if not isinstance(backend, str) or (backend != "auto" and backend not in FILTER_BACKENDS):
-        raise ValueError(
-            f"backend: expected 'auto' or one of {sorted(FILTER_BACKENDS)}, got {backend!r}"
-        )
-    if backend == "auto":
-        if device.type == "cuda" and _triton_available():
-            return "triton"
-        if device.type == "cpu" and native.available():
-            return "native"
-        return "torch"
-    if backend == "triton" and device.type != "cuda":
-        raise ValueError(
-            f"backend: 'triton' runs on CUDA tensors, got tensors on {device}; "
-            "use backend='torch' (parallel) or 'sequential' there"
-        )
-    if backend == "native":
+def _unavailable(name: str, device: torch.device) -> str | None:
+    """Why backend ``name`` cannot serve ``device`` (None when it can)."""
+    if name == "triton":
+        if device.type != "cuda":
+            return (
+                f"'triton' runs on CUDA tensors, got tensors on {device}; use backend='torch' "
+                "(parallel) or 'sequential' there"
+            )
+        if not _triton_available():
+            return "'triton' needs the triton package (pip install triton); use backend='torch'"
+    if name == "native":
         if device.type != "cpu":
-            raise ValueError(
-                f"backend: 'native' runs on CPU tensors, got tensors on {device}; "
-                "use backend='triton' (fused GPU kernels) or 'torch' there"
+            return (
+                f"'native' runs on CPU tensors, got tensors on {device}; use backend='triton' "
+                "(fused GPU kernels) or 'torch' there"
             )
         if not native.available():
-            raise ValueError(
-                "backend: 'native' needs the compiled extension kalmanscan.core._native, which is "
-                "not built (no C compiler when kalmanscan was installed); use backend='torch', or "
+            return (
+                "'native' needs the compiled extension kalmanscan.core._native, which is not "
+                "built (no C compiler when kalmanscan was installed); use backend='torch', or "
                 "reinstall with a C compiler"
             )
+    return None
+
+
+def resolve(backend: str, device: torch.device, op: str = "filter") -> str:
+    """Turn ``backend`` (a name or ``"auto"``) into a concrete name of ``op`` serving ``device``."""
+    table = TABLES[op]
+    if not isinstance(backend, str) or (backend != "auto" and backend not in table):
+        raise ValueError(f"backend: expected 'auto' or one of {sorted(table)}, got {backend!r}")
+    if backend == "auto":
+        prefs = AUTO[op].get(device.type, ("torch",))
+        return next((n for n in prefs if _unavailable(n, device) is None), prefs[-1])
+    why = _unavailable(backend, device)
+    if why is not None:
+        raise ValueError(f"backend: {why}")
     return backend
 
 
-def get(name: str):
-    """The backend module ``name`` (``filter_lanes``, ``smooth_lanes``; optional ``CHECKS_INPUTS``:
-    the backend checks input values in its own pass and reports them through ``flags``)."""
-    return importlib.import_module(FILTER_BACKENDS[name])
+def get(name: str, op: str = "filter"):
+    """The implementation of backend ``name`` of ``op``: for ``"filter"`` the module
+    (``filter_lanes``, ``smooth_lanes``; optional ``CHECKS_INPUTS``: the backend checks input
+    values in its own pass and reports them through ``flags``), for ``"kla"`` the function."""
+    path = TABLES[op][name]
+    module, _, func = path.partition(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, func) if func else mod

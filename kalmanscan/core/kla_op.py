@@ -11,19 +11,19 @@ Notation and shapes (batch B, time L, channels M, state slots S; a lane is ``(b,
   information-form filter of SPEC §2 gives ``lam``, ``eta`` ``[B, M, S]``.
 - readout: ``y[m] = sum_s q[s] * eta[m,s] / lam[m,s]``, ``yvar[m] = sum_s q[s]**2 / lam[m,s]``.
 
-Backends live in one dict, ``KLA_BACKENDS``: ``"sequential"`` (the step-by-step reference),
-``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes) and ``"triton"``
+Backends (``kalmanscan.core.backends.TABLES["kla"]``): ``"sequential"`` (the step-by-step
+reference), ``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes) and
+``"triton"``
 (fused GPU kernels in ``kalmanscan/cuda/kla.py``, which never store a ``[B, L, M, S]`` tensor).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import NamedTuple
 
 import torch
 
+from kalmanscan.core import backends
 from kalmanscan.core.filter import InfoState
 from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
 
@@ -75,7 +75,7 @@ def kla_filter_sequential(v, Lv, k, q, decay, process_var, lam0, eta0, return_pr
     return KLAResult(torch.stack(ys, 1), torch.stack(yvars, 1), InfoState(lam, eta), prec)
 
 
-def _kla_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
     """Thin client of the general filter: lanes ``[B, L, M, S]`` materialized (reference path)."""
     import kalmanscan
 
@@ -99,7 +99,7 @@ def _kla_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     return KLAResult(y, yvar, final, lam if return_precision else None)
 
 
-def _kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
     from kalmanscan.cuda.kla import kla_triton
 
     y, yvar, lam, eta, prec = kla_triton(
@@ -108,36 +108,13 @@ def _kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fa
     return KLAResult(y, yvar, InfoState(lam, eta), prec)
 
 
-# name -> implementation; every one takes prepared inputs (one dtype and device, exact shapes).
-KLA_BACKENDS = {
-    "sequential": kla_filter_sequential,
-    "torch": _kla_torch,
-    "triton": _kla_triton,
-}
-
-
-def _triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+# backend names (the table lives in kalmanscan.core.backends); each implementation takes
+# prepared inputs (one dtype and device, exact shapes).
+KLA_BACKENDS = backends.TABLES["kla"]
 
 
 def _resolve(backend, device: torch.device) -> str:
-    if not isinstance(backend, str) or (backend != "auto" and backend not in KLA_BACKENDS):
-        raise ValueError(
-            f"backend: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {backend!r}"
-        )
-    if backend == "auto":
-        if device.type != "cuda":
-            return "sequential"  # many lanes per token: the vectorized token loop is fastest
-        return "triton" if _triton_available() else "torch"
-    if backend == "triton":
-        if device.type != "cuda":
-            raise ValueError(
-                f"backend: 'triton' runs on CUDA tensors, got tensors on {device}; "
-                "use backend='torch' or 'sequential' there"
-            )
-        if not _triton_available():
-            raise ValueError("backend: 'triton' needs the triton package; use backend='torch'")
-    return backend
+    return backends.resolve(backend, device, op="kla")
 
 
 def _check_tensor(name, x, ndim, desc):
@@ -334,7 +311,7 @@ def kla_filter(
         v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=fused, check=check,
         default_init=fused,
     )  # fmt: skip
-    res = KLA_BACKENDS[name](*args, return_precision=return_precision)
+    res = backends.get(name, op="kla")(*args, return_precision=return_precision)
     if check:
         _check_finite(res)
     return res
