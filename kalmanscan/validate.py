@@ -98,9 +98,10 @@ def load_validation():
 
 
 def _regime_rows(validation, quick: bool, runners, say) -> list[dict]:
-    """The regime battery against the mpmath oracle (validation/regimes.py): a few regimes that
-    each broke a backend by default, all of them without ``--quick``. Without mpmath one failing
-    row says how to install it."""
+    """The regime battery against the mpmath oracle (validation/regimes.py: a few regimes that
+    each broke a backend by default, all of them without ``--quick``) and the log-likelihood
+    conventions (validation/conventions.py: kalmanscan minus the documented offset against
+    statsmodels' and KFAS's values). Without mpmath one failing row says how to install it."""
     try:
         import mpmath  # noqa: F401
     except ModuleNotFoundError:
@@ -119,10 +120,12 @@ def _regime_rows(validation, quick: bool, runners, say) -> list[dict]:
     from importlib import import_module
 
     regimes = import_module(validation.__name__ + ".regimes")
+    conventions = import_module(validation.__name__ + ".conventions")
     say("regimes against the mpmath oracle" + (" (quick subset)" if quick else ""))
-    return regimes.validate_rows(
-        full=not quick, backends=[r.label for r in runners], progress=say
-    )
+    rows = regimes.validate_rows(full=not quick, backends=[r.label for r in runners], progress=say)
+    say("log-likelihood conventions: statsmodels (Durbin & Koopman) and KFAS")
+    cpu = [r.label for r in runners if r.device == "cpu"]
+    return rows + conventions.convention_rows(scalar_backends=cpu)
 
 
 def main(argv: list[str]) -> int:

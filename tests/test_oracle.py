@@ -10,8 +10,6 @@ log-likelihood through the convention offset of docs/validation.md).
 from __future__ import annotations
 
 import math
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -113,46 +111,16 @@ def test_digits_absorb_the_backward_amplification():
 # dense oracle against KFAS (fixtures shipped in statsmodels' test suite)
 
 
-def _fixtures() -> Path | None:
-    try:
-        import statsmodels
-    except ModuleNotFoundError:
-        return None
-    p = Path(statsmodels.__file__).parent / "tsa" / "statespace" / "tests" / "results"
-    return p if p.is_dir() else None
+def _fixtures():
+    from kalmanscan.validation.conventions import kfas_fixtures_dir
+
+    return kfas_fixtures_dir()
 
 
 def _kfas_models():
-    from kalmanscan.validation.regimes import KFAS_VAR1_F, KFAS_VAR1_Q, kfas_var1_data
+    from kalmanscan.validation.conventions import kfas_models
 
-    th = 0.1111
-    ll_obs = np.r_[10.2394, 4.2039, 6.123123, [1.0] * 7][:, None]
-    ll_miss = ll_obs.copy()
-    ll_miss[1] = np.nan
-    llt = dict(
-        F=np.array([[1.0, 1.0], [0.0, 1.0]]),
-        Q=np.diag([8.253, 2.334]),
-        H=np.array([[1.0, 0.0]]),
-        R=np.array([[1.993]]),
-    )
-    cl_obs = np.stack([np.r_[10.2394, [1.0] * 9], np.r_[8.2304, [1.0] * 9]], axis=1)
-    return {
-        "var1": dict(z=kfas_var1_data(False), F=KFAS_VAR1_F, Q=KFAS_VAR1_Q, H=np.eye(2),
-                     R=np.zeros((2, 2))),
-        "var1_missing": dict(z=kfas_var1_data(True), F=KFAS_VAR1_F, Q=KFAS_VAR1_Q, H=np.eye(2),
-                             R=np.zeros((2, 2))),
-        "var1_measurement_error": dict(z=kfas_var1_data(False), F=KFAS_VAR1_F, Q=KFAS_VAR1_Q,
-                                       H=np.eye(2), R=np.diag([4.0, 5.0])),
-        "dfm": dict(z=kfas_var1_data(False), F=np.array([[0.9, 0.1], [1.0, 0.0]]),
-                    Q=np.diag([1.0, 0.0]), H=np.array([[0.5, 0.0], [1.0, 0.0]]),
-                    R=np.diag([1.5, 2.0])),
-        "local_linear_trend": dict(z=ll_obs, **llt),
-        "local_linear_trend_missing": dict(z=ll_miss, **llt),
-        "common_level": dict(z=cl_obs, F=np.eye(2), Q=np.diag([3.2324, 0.0]),
-                             H=np.array([[1.0, 0.0], [th, 1.0]]), R=np.eye(2)),
-        "common_level_restricted": dict(z=cl_obs, F=np.eye(1), Q=np.array([[3.2324]]),
-                                        H=np.array([[1.0], [th]]), R=np.eye(2)),
-    }
+    return kfas_models()
 
 
 @pytest.mark.parametrize("name", sorted(_kfas_models()) if _fixtures() else [])

@@ -150,6 +150,137 @@ def _dense_rows(data):
     return rows
 
 
+def kfas_fixtures_dir():
+    """statsmodels' folder of KFAS results (``results_exact_initial_*_R.csv``), or None."""
+    from pathlib import Path
+
+    try:
+        import statsmodels
+    except ModuleNotFoundError:
+        return None
+    p = Path(statsmodels.__file__).parent / "tsa" / "statespace" / "tests" / "results"
+    return p if p.is_dir() else None
+
+
+def kfas_models() -> dict[str, dict]:
+    """The models of KFAS's exact diffuse fixtures (statsmodels' ``test_exact_diffuse_filtering``
+    R scripts), as ``kalmanscan.dense`` arguments ``z, F, Q, H, R`` (fully diffuse prior)."""
+    from .regimes import KFAS_VAR1_F, KFAS_VAR1_Q, kfas_var1_data
+
+    th = 0.1111
+    ll_obs = np.r_[10.2394, 4.2039, 6.123123, [1.0] * 7][:, None]
+    ll_miss = ll_obs.copy()
+    ll_miss[1] = np.nan
+    llt = dict(
+        F=np.array([[1.0, 1.0], [0.0, 1.0]]),
+        Q=np.diag([8.253, 2.334]),
+        H=np.array([[1.0, 0.0]]),
+        R=np.array([[1.993]]),
+    )
+    cl_obs = np.stack([np.r_[10.2394, [1.0] * 9], np.r_[8.2304, [1.0] * 9]], axis=1)
+    var1 = dict(F=KFAS_VAR1_F, Q=KFAS_VAR1_Q, H=np.eye(2))
+    return {
+        "var1": dict(z=kfas_var1_data(False), R=np.zeros((2, 2)), **var1),
+        "var1_missing": dict(z=kfas_var1_data(True), R=np.zeros((2, 2)), **var1),
+        "var1_measurement_error": dict(z=kfas_var1_data(False), R=np.diag([4.0, 5.0]), **var1),
+        "dfm": dict(
+            z=kfas_var1_data(False),
+            F=np.array([[0.9, 0.1], [1.0, 0.0]]),
+            Q=np.diag([1.0, 0.0]),
+            H=np.array([[0.5, 0.0], [1.0, 0.0]]),
+            R=np.diag([1.5, 2.0]),
+        ),
+        "local_linear_trend": dict(z=ll_obs, **llt),
+        "local_linear_trend_missing": dict(z=ll_miss, **llt),
+        "common_level": dict(
+            z=cl_obs,
+            F=np.eye(2),
+            Q=np.diag([3.2324, 0.0]),
+            H=np.array([[1.0, 0.0], [th, 1.0]]),
+            R=np.eye(2),
+        ),
+        "common_level_restricted": dict(
+            z=cl_obs, F=np.eye(1), Q=np.array([[3.2324]]), H=np.array([[1.0], [th]]), R=np.eye(2)
+        ),
+    }
+
+
+def kfas_loglik(name: str) -> float:
+    """KFAS's ``logLik`` for fixture ``name`` (the ``llf`` column)."""
+    import csv
+
+    path = kfas_fixtures_dir() / f"results_exact_initial_{name}_R.csv"
+    with open(path) as f:
+        row = next(csv.DictReader(f))
+    return float(row["llf"])
+
+
+def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_backends=None):
+    """Rows of ``kalmanscan validate`` (format: :mod:`kalmanscan.validation`): kalmanscan's
+    log-likelihood minus the convention offset against statsmodels' ``llf`` (Nile, sunspots,
+    El Nino scalar models; a dense local linear trend on Nile) and against KFAS's ``logLik``
+    (its fixtures), per backend, float64, tolerance ``("truth", "float64")``."""
+    import kalmanscan as ks
+    import kalmanscan.dense as kd
+    from kalmanscan.testing import TOLERANCES
+
+    tol = float(TOLERANCES[("truth", "float64")])
+    out: dict[tuple, dict] = {}
+
+    def add(truth, backend, err, model):
+        row = out.setdefault(
+            (truth, backend),
+            dict(
+                truth=truth,
+                quantity="loglik",
+                dtype="float64",
+                backend=backend,
+                max_rel_err=0.0,
+                tol=tol,
+                n_models=0,
+                worst_model="",
+            ),
+        )
+        row["n_models"] += 1
+        if not err <= row["max_rel_err"]:
+            row["max_rel_err"], row["worst_model"] = err, model
+
+    data = datasets()
+    for name, (ds, r, a, p, h, c, lead) in SCALAR_MODELS.items():
+        if ds == "CO2":
+            continue  # statsmodels' own error there is 3.7e-10 (its steady-state shortcut)
+        z = data[ds].copy()
+        z[:lead] = np.nan
+        sm = statsmodels_scalar(z, r, a, p, h, c)
+        off = scalar_loglik_offset("statsmodels", a, h, np.isfinite(z))
+        for be in scalar_backends:
+            ll = float(ks.filter(z, r, a, p, loading=h, offset=c, backend=be).loglik)
+            err = abs(ll - off - sm) / max(abs(sm), 1.0)
+            add("statsmodels llf (convention offset)", be, err, name)
+    if kfas_fixtures_dir() is None:
+        return list(out.values())
+    dense_backends = dense_backends or _dense_backends()
+    for name, m in kfas_models().items():
+        ref = kfas_loglik(name)
+        off = loglik_offset("kfas", m["F"], m["H"], np.isfinite(m["z"]))
+        for be in dense_backends:
+            try:
+                ll = float(kd.filter(m["z"], m["F"], m["Q"], m["H"], m["R"], backend=be).loglik)
+            except ValueError as exc:
+                if "use backend=" in str(exc):
+                    continue  # R = 0: served by the backend the message names
+                raise
+            err = abs(ll - off - ref) / max(abs(ref), 1.0)
+            add("KFAS logLik (convention offset)", be, err, name)
+    return list(out.values())
+
+
+def _dense_backends():
+    from .regimes import DENSE_BACKENDS, _dense_native
+
+    return [b for b in DENSE_BACKENDS if b != "native" or _dense_native()]
+
+
 def check_datasets(dense: bool = True) -> list[dict]:
     """One row per (dataset, model): kalmanscan's and statsmodels' log-likelihoods, their
     measured difference, the formula's offset and the relative mismatch.
