@@ -413,7 +413,7 @@ CLI = [
     ("cli-missing-value-column", "t,y\n1,2\n2,3\n", ["--time-col", "t", "--value-col", "flow", "--fit"], ["--value-col 'flow'", "no such column"]),
     ("cli-unparseable-time", "t,y\n2024-01-01,1\n2024-13-45,2\n", ["--time-col", "t", "--fit"], ["column 't' row 3", "cannot parse '2024-13-45' as a time"]),
     ("cli-non-numeric-value", "t,y\n1,2\n2,two\n3,4\n", ["--time-col", "t", "--value-col", "y", "--fit"], ["column 'y' row 3", "'two' is not a number"]),
-    ("cli-infinite-value", "t,y\n1,2\n2,inf\n3,4\n", ["--time-col", "t", "--value-col", "y", "--fit"], ["column 'y' row 3", "infinite value"]),
+    ("cli-infinite-value", "t,y\n1,2\n2,inf\n3,4\n", ["--time-col", "t", "--value-col", "y", "--fit"], ["column 'y' row 3", "is infinite"]),
     ("cli-binary-garbage", "\x00\x01\x02\xff\xfe garbage \x00\n\x00\x00", ["--fit"], ["kalmanscan filter: "]),
     ("cli-sigma2-negative", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--sigma2", "-1", "--obs-var", "1"], ["sigma2", "expected", "-1"]),
     ("cli-obs-var-zero", "t,y\n1,2\n2,3\n3,4\n", ["--time-col", "t", "--sigma2", "1", "--obs-var", "0"], ["obs_var", "expected", "0"]),

@@ -154,8 +154,37 @@ def _prepare(
     return _Prepared(conv, axis, shape, lane_shape, zt, zz, obs, a, p, h, c, x0, prior, name)
 
 
+def _values_ok(prep: _Prepared) -> bool:
+    """Whether every range :func:`_validate` checks holds, from one small readback
+    (:func:`kalmanscan.core._args.ranges_ok`) on the compact (unbroadcast) inputs."""
+    oc, hc = compact(prep.obs_var), compact(prep.loading)
+    unobserved = torch.isinf(oc) & (oc > 0)
+    of = torch.where(unobserved, 1.0, oc)
+    specs = [
+        (of, 0.0, True),
+        (compact(prep.decay), None, False),
+        (compact(prep.process_var), 0.0, False),
+        (hc, None, False),
+        (compact(prep.offset), None, False),
+    ]
+    pr = prep.prior
+    if "init.lam" in pr:
+        lam0, eta0 = compact(pr["init.lam"]), compact(pr["init.eta"])
+        specs += [(lam0, 0.0, False), (eta0, None, False)]
+        flags = [((lam0 == 0) & (eta0 != 0)).any()]
+    else:
+        pv = compact(pr["prior_var"])
+        specs += [(torch.where(torch.isinf(pv) & (pv > 0), 1.0, pv), 0.0, False)]
+        specs += [(compact(pr["prior_mean"]), None, False)]
+        flags = []
+    flags += [torch.isinf(of.reciprocal()).any(), (~torch.isfinite(hc * hc / of)).any()]
+    return _args.ranges_ok(specs, flags)
+
+
 def _validate(prep: _Prepared, check_z: bool):
     """Raise the error that names the first invalid input value, if any."""
+    if not check_z and _values_ok(prep):
+        return
     if check_z:
         _args.check_range("z", prep.z_in, allow_nan=True, what=_EXPECT["z"])
     specs = {
