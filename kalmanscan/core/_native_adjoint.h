@@ -23,14 +23,14 @@ typedef struct {
 } ks_fwd;
 
 static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double h, double c,
-                                 double u, double e, double v, ks_fwd *f, double *nu, double *ne,
-                                 double *nv) {
+                                 double u, double e, double v, const int given, double r1_in,
+                                 double r2_in, ks_fwd *f, double *nu, double *ne, double *nv) {
     const double a2 = a * a;
     const int forget = a2 == 0.0;
     const double U1 = forget ? u + v : u;
     const double V1 = forget ? p * U1 : p * u + a2 * v;
     const double E1 = c * U1 + (forget ? 0.0 : a * e);
-    const double r1 = 1.0 / (U1 >= V1 ? U1 : V1);
+    const double r1 = given ? r1_in : 1.0 / (U1 >= V1 ? U1 : V1);
     const double u1 = U1 * r1, e1 = E1 * r1, v1 = V1 * r1;
     const int observed = (z == z) & (R <= DBL_MAX);
     const double zz = observed ? z : 0.0, RR = observed ? R : 1.0;
@@ -38,7 +38,7 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
     const double U2 = observed ? RR * u1 + h * hv : u1;
     const double E2 = observed ? RR * e1 + zz * hv : e1;
     const double V2 = observed ? RR * v1 : v1;
-    const double r2 = 1.0 / (U2 >= V2 ? U2 : V2);
+    const double r2 = given ? r2_in : 1.0 / (U2 >= V2 ? U2 : V2);
     *nu = U2 * r2;
     *ne = E2 * r2;
     *nv = V2 * r2;
@@ -51,15 +51,16 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
     f->observed = observed;
 }
 
-/* The reverse of one step: adjoint (lu, le, lv) of the next state in, of the state x out; the
- * step's partials g[KS_NSERIES] (weight w on its log-likelihood term). */
+/* The reverse of one step: adjoint (lu, le, lv) of the next state in, of the state x out, given
+ * the step's normalizing factors r1 = 1/s1, r2 = 1/s2; the step's partials (weight w on its
+ * log-likelihood term). */
 static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double h, double c,
-                                  double u, double e, double v, double w, double *lu, double *le,
-                                  double *lv, double *gz, double *gR, double *ga, double *gp,
-                                  double *gh, double *gc) {
+                                  double u, double e, double v, double r1, double r2, double w,
+                                  double *lu, double *le, double *lv, double *gz, double *gR,
+                                  double *ga, double *gp, double *gh, double *gc) {
     ks_fwd f;
     double nu, ne, nv;
-    ks_adj_fwd(z, R, a, p, h, c, u, e, v, &f, &nu, &ne, &nv);
+    ks_adj_fwd(z, R, a, p, h, c, u, e, v, 1, r1, r2, &f, &nu, &ne, &nv);
     const int obs = f.observed;
     const double zz = obs ? z : 0.0, RR = obs ? R : 1.0;
     const double u1 = f.u1, e1 = f.e1, v1 = f.v1;
@@ -77,13 +78,13 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
     const double ku = known ? u1 : 1.0;
     const double S = known ? RR * ku + h * h * v1 : RR;
     const double D = zz * ku - h * (known ? e1 : 0.0);
-    const double iuS = 1.0 / (ku * S);
+    const double iuS = 1.0 / (ku * S), iS = ku * iuS, iu = S * iuS;
     const double Q = D * D * iuS;
     const double wc = contrib ? w : 0.0;
-    const double dS = -0.5 * wc * (1.0 - Q) / S; /* d ll / d S */
-    const double dD = -wc * D * iuS;             /* d ll / d D */
+    const double dS = -0.5 * wc * (1.0 - Q) * iS; /* d ll / d S */
+    const double dD = -wc * D * iuS;              /* d ll / d D */
     const double kn = known ? 1.0 : 0.0;
-    gu1 += kn * (0.5 * wc * (1.0 + Q) / ku + dS * RR + dD * zz);
+    gu1 += kn * (0.5 * wc * (1.0 + Q) * iu + dS * RR + dD * zz);
     gv1 += kn * dS * h * h;
     ge1 += kn * (-h * dD);
     dR += dS * ku;
@@ -108,16 +109,26 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
 #endif
 
 /* Steps [t0, t1) of nb lanes forward from the states in (xu, xe, xv) (advanced in place); where
- * `keep` is given, the state entering each step t is stored at keep[(t - t0) * 3 W + {0, W, 2W}]. */
-static KS_INLINE void KS_G(_adj_fwd_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+ * `keep` is given, step t's state in and normalizing factors are stored at
+ * keep[(t - t0) * 5 W + {0, W, 2 W, 3 W, 4 W}] = (u, e, v, 1/s1, 1/s2). */
+static KS_INLINE void KS_G(_adj_fwd_row)(const int store, Py_ssize_t nb, const KS_FT *restrict zs,
                                          const KS_FT *restrict Rs, const KS_FT *restrict as,
                                          const KS_FT *restrict ps, const KS_FT *restrict hs,
                                          const KS_FT *restrict cs, double *restrict xu,
-                                         double *restrict xe, double *restrict xv) {
+                                         double *restrict xe, double *restrict xv,
+                                         double *restrict k, Py_ssize_t W) {
     for (Py_ssize_t j = 0; j < nb; j++) {
         ks_fwd f;
         double u, e, v;
-        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], &f, &u, &e, &v);
+        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], 0, 0.0, 0.0, &f,
+                   &u, &e, &v);
+        if (store) {
+            k[j] = xu[j];
+            k[W + j] = xe[j];
+            k[2 * W + j] = xv[j];
+            k[3 * W + j] = f.r1;
+            k[4 * W + j] = f.r2;
+        }
         xu[j] = u;
         xe[j] = e;
         xv[j] = v;
@@ -130,14 +141,12 @@ KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ss
     const KS_FT *src[KS_NSERIES];
     for (Py_ssize_t t = t0; t < t1; t++) {
         KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-        if (keep) {
-            double *k = keep + (t - t0) * 3 * W;
-            memcpy(k, xu, nb * sizeof(double));
-            memcpy(k + W, xe, nb * sizeof(double));
-            memcpy(k + 2 * W, xv, nb * sizeof(double));
-        }
-        KS_G(_adj_fwd_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
-                           src[KS_C], xu, xe, xv);
+        if (keep)
+            KS_G(_adj_fwd_row)(1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                               src[KS_C], xu, xe, xv, keep + (t - t0) * 5 * W, W);
+        else
+            KS_G(_adj_fwd_row)(0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                               src[KS_C], xu, xe, xv, NULL, W);
     }
 }
 
@@ -148,6 +157,7 @@ KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
                                      const KS_FT *restrict ps, const KS_FT *restrict hs,
                                      const KS_FT *restrict cs, const double *restrict xu,
                                      const double *restrict xe, const double *restrict xv,
+                                     const double *restrict r1, const double *restrict r2,
                                      const double *restrict w, double *restrict lu,
                                      double *restrict le, double *restrict lv,
                                      double *restrict gz, double *restrict gR, double *restrict ga,
@@ -155,8 +165,8 @@ KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
                                      double *restrict gc) {
     for (Py_ssize_t j = 0; j < nb; j++) {
         double a = lu[j], b = le[j], c = lv[j];
-        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], w[j], &a, &b,
-                    &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j], &gc[j]);
+        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], r1[j], r2[j],
+                    w[j], &a, &b, &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j], &gc[j]);
         lu[j] = a;
         le[j] = b;
         lv[j] = c;
@@ -168,7 +178,7 @@ KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
  * is not finite. */
 static size_t KS_G(_adj_scratch)(Py_ssize_t T, Py_ssize_t K, Py_ssize_t W) {
     const Py_ssize_t nblk = (T + K - 1) / K;
-    return (size_t)W * (3 * nblk + 3 * K + 3 + 1 + 2 * KS_NSERIES) +
+    return (size_t)W * (3 * nblk + 5 * K + 3 + 1 + 2 * KS_NSERIES) +
            (size_t)W * KS_NSERIES * sizeof(KS_FT) / sizeof(double) + 8;
 }
 
@@ -178,8 +188,8 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
     const ks_job *job = &aj->fwd;
     const Py_ssize_t T = job->T, N = job->N, K = aj->K, nblk = (T + K - 1) / K;
     double *ck = scratch;                 /* nblk x 3 x W: the state entering step b K */
-    double *blk = ck + nblk * 3 * W;      /* K x 3 x W: the states entering a block's steps */
-    double *lu = blk + K * 3 * W, *le = lu + W, *lv = le + W;
+    double *blk = ck + nblk * 3 * W; /* K x 5 x W: a block's states in and normalizing factors */
+    double *lu = blk + K * 5 * W, *le = lu + W, *lv = le + W;
     double *w = lv + W;
     double *g = w + W;                    /* KS_NSERIES x W: a step's partials */
     double *gl = g + KS_NSERIES * W;      /* KS_NSERIES x W: sums over time per lane */
@@ -215,10 +225,11 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         double *c = ck + b * 3 * W; /* recompute the block's states from its checkpoint */
         KS_G(_adj_forward)(job, n0, nb, W, t0, t1, buf, c, c + W, c + 2 * W, blk);
         for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
-            const double *xs = blk + (t - t0) * 3 * W;
+            const double *xs = blk + (t - t0) * 5 * W;
             KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
             KS_G(_adj_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                           xs, xs + W, xs + 2 * W, w, lu, le, lv, g + KS_Z * W, g + KS_OBS * W,
+                           xs, xs + W, xs + 2 * W, xs + 3 * W, xs + 4 * W, w, lu, le, lv,
+                           g + KS_Z * W, g + KS_OBS * W,
                            g + KS_A * W, g + KS_P * W, g + KS_H * W, g + KS_C * W);
             for (int k = 0; k < KS_NSERIES; k++) {
                 const ks_grad *gd = &aj->grad[k];
