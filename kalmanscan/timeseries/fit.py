@@ -211,7 +211,7 @@ def _loglik(z, obs_var, decay, process_var, offset, prior_mean, prior_var, backe
     import kalmanscan as ks
 
     with torch.no_grad():
-        return ks.filter(
+        return ks.loglik(
             z,
             obs_var=obs_var,
             decay=decay,
@@ -221,13 +221,15 @@ def _loglik(z, obs_var, decay, process_var, offset, prior_mean, prior_var, backe
             prior_var=prior_var,
             axis=0,
             backend=backend,
-        ).loglik
+        )
 
 
 def _lane_arrays(theta, sigma2, mu, dt, theta_zero: bool):
-    """``(decay, process_var, offset, prior_mean, prior_var)`` for lanes ``[*L]`` on steps
-    ``dt [T]`` (per-step arrays ``[T, *L]``; scalars where a random walk makes them constant)."""
-    dtb = dt.reshape((-1,) + (1,) * theta.dim())
+    """``(decay, process_var, offset, prior_mean, prior_var)`` for lanes ``[*L]`` on steps ``dt``:
+    ``[T]`` gives per-step arrays ``[T, *L]``; a 0-d ``dt`` (a regular grid) gives lane arrays for
+    every step, the first included: under the default prior (stationary, which the OU transition
+    leaves unchanged, or diffuse) the first step's transition changes nothing."""
+    dtb = dt.reshape((-1,) + (1,) * theta.dim()) if dt.dim() else dt
     if theta_zero:  # the local level: decay 1, no offset, diffuse prior
         return 1.0, sigma2 * dtb, 0.0, mu, math.inf
     decay, process_var = ou_transition(theta, sigma2, dtb)
@@ -266,22 +268,28 @@ def _params_of(data: _Data, u, series):
 
 
 def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
-    """Log-likelihood ``[P, n]`` of ``series`` (standardized) at parameters ``x {name: [P, n]}``;
-    with ``outputs`` the whole :class:`kalmanscan.FilterResult` (``P`` must be 1)."""
-    zs = data.zs[:, torch.as_tensor(series, device=data.zs.device)]
-    P = x["obs_var"].shape[0]
-    z = zs[:, None, :].expand(zs.shape[0], P, zs.shape[1])
+    """Log-likelihood ``[P, n]`` of ``series [n]`` (standardized) at parameters ``x {name: [P, n]}``;
+    with ``outputs`` the whole :class:`kalmanscan.FilterResult` (lanes ``[n, P]``)."""
+    P, n = x["obs_var"].shape
+    cols = np.repeat(np.asarray(series), P)  # lanes (series, point): one gather
+    if data.zs.device.type == "cpu":  # numpy's take is several times faster than torch's here
+        z = torch.from_numpy(np.take(data.zs.numpy(), cols, axis=1))
+    else:
+        z = data.zs.index_select(1, torch.as_tensor(cols, device=data.zs.device))
+    z = z.reshape(-1, n, P)
+    xt = {p: v.T for p, v in x.items()}
     decay, pv, off, pm, pvar = _lane_arrays(
-        x["theta"], x["sigma2"], x["mu"], data.dt, data.theta_zero
+        xt["theta"], xt["sigma2"], xt["mu"], data.dt, data.theta_zero
     )
+    args = dict(
+        obs_var=xt["obs_var"], decay=decay, process_var=pv, offset=off,
+        prior_mean=pm, prior_var=pvar,
+    )  # fmt: skip
     if outputs:
         import kalmanscan as ks
 
-        return ks.filter(
-            z, obs_var=x["obs_var"], decay=decay, process_var=pv, offset=off,
-            prior_mean=pm, prior_var=pvar, axis=0, backend=data.backend,
-        )  # fmt: skip
-    return _loglik(z, x["obs_var"], decay, pv, off, pm, pvar, data.backend)
+        return ks.filter(z, **args, axis=0, backend=data.backend)
+    return _loglik(z, *args.values(), data.backend).T
 
 
 def _objective(data: _Data):
@@ -395,6 +403,7 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
     pos_dt = dt[dt > 0]
     tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
     zs = (Z - m) / s
+    regular = T > 1 and bool(np.all(dt[1:] == tau))  # every step one tau: lane arrays suffice
     fixed = {}
     for p, v in fixed_flat.items():
         fixed[p] = {
@@ -407,7 +416,7 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
     theta_zero = "theta" in fixed and bool(np.all(fixed["theta"] == 0))
     data = _Data(
         zs=torch.as_tensor(zs, **f64),
-        dt=torch.as_tensor(dt / tau, **f64),
+        dt=torch.as_tensor(1.0 if regular else dt / tau, **f64),
         fixed=fixed,
         group=np.zeros(N, np.int64) if joint else np.arange(N),
         n_obs=n_obs,

@@ -119,7 +119,7 @@ def minimize(
     *,
     max_iter: int,
     gtol: float,
-    xtol: float = 1e-7,
+    xtol: float = 1e-5,
     h: float = 1e-4,
     active: np.ndarray | None = None,
 ) -> NewtonResult:
@@ -130,6 +130,11 @@ def minimize(
     on the coordinates not at a boundary is at most ``gtol`` and its Newton step at most ``xtol``
     (both must hold, so a parameter drifting towards a bound with a vanishing gradient does not
     pass: it is either recognized at the boundary or keeps the group running).
+
+    Each iteration is one stencil call at every running group's trial point ``u + d`` (the full
+    Newton step): where its centre value passes the Armijo test the stencil is the next point's
+    derivatives; elsewhere the step is halved with one-point calls and the stencil is taken at the
+    accepted point in the next call.
     """
     u = np.array(u0, dtype=np.float64)
     G, k = u.shape
@@ -142,64 +147,74 @@ def minimize(
     at_bound = np.zeros((G, k), dtype=bool)
     todo = np.ones(G, bool) if active is None else np.asarray(active, bool).copy()
     log_b = math.log(BOUNDARY)
-    for it in range(max_iter + 1):
+    point = u.copy()  # where the next stencil is taken
+    trial = np.zeros(G, bool)  # point = u + d awaiting the Armijo test (else point = u)
+    d = np.zeros((G, k))
+    slope = np.zeros(G)
+    first = True
+    while True:
         idx = np.flatnonzero(todo)
         if idx.size == 0:
             break
-        ui = u[idx]
-        fv = fun(ui[None] + offsets[:, None, :], idx)
+        fv = fun(point[idx][None] + offsets[:, None, :], idx)
         fi, gi, Hi = derivatives(fv, k, h)
-        f[idx], g[idx], H[idx] = fi, gi, Hi
-        bad = ~np.isfinite(fv).all(0)
-        # a positive coordinate below the boundary threshold whose value still falls towards 0
+        finite = np.isfinite(fv).all(0)
+        # trial points: Armijo test on the centre value
+        tr = trial[idx]
+        slack = 1e-13 * np.abs(f[idx]) + 1e-300
+        ok = ~tr | (finite & (fi <= f[idx] + 1e-4 * slope[idx] + slack))
+        take = idx[ok]
+        u[take], f[take], g[take], H[take] = point[take], fi[ok], gi[ok], Hi[ok]
+        bad = take[~finite[ok]]  # no derivatives at an accepted point
+        status[bad] = NOT_FINITE if first else LINE_SEARCH
+        todo[bad] = False
+        first = False
+        back = idx[~ok]  # backtrack from t = 1/2 with one-point calls
+        if back.size:
+            t = np.full(back.size, 0.5)
+            searching = np.ones(back.size, bool)
+            for _ in range(60):
+                s = np.flatnonzero(searching)
+                if s.size == 0:
+                    break
+                b = back[s]
+                pt = u[b] + t[s, None] * d[b]
+                ft = fun(pt[None], b)[0]
+                good = np.isfinite(ft) & (
+                    ft <= f[b] + 1e-4 * t[s] * slope[b] + 1e-13 * np.abs(f[b]) + 1e-300
+                )
+                point[b[good]] = pt[good]
+                searching[s[good]] = False
+                t[s[~good]] *= np.where(np.isfinite(ft[~good]), 0.5, 0.1)
+            status[back[searching]] = LINE_SEARCH
+            todo[back[searching]] = False
+            trial[back] = False  # the next call takes the stencil at the accepted point
+        # new points with derivatives: convergence test and the next Newton step
+        idx = take[todo[take]]
+        if idx.size == 0:
+            continue
+        ui, gi, Hi = u[idx], g[idx], H[idx]
         bound = positive[None, :] & (ui < log_b) & (gi >= 0)
         at_bound[idx] = bound
-        d = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound)
+        di = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound)
         gmax = np.where(bound, 0.0, np.abs(gi)).max(1)
-        done = ~bad & (gmax <= gtol) & (np.abs(d).max(1) <= xtol)
+        done = (gmax <= gtol) & (np.abs(di).max(1) <= xtol)
         status[idx[done]] = CONVERGED
-        status[idx[bad]] = NOT_FINITE if it == 0 else LINE_SEARCH
-        stop = done | bad
-        if it == max_iter:
-            status[idx[~stop]] = MAX_ITER
-            break
-        todo[idx[stop]] = False
-        keep = ~stop
-        idx, ui, fi, gi, d = idx[keep], ui[keep], fi[keep], gi[keep], d[keep]
-        if idx.size == 0:
-            break
+        diverged = ~done & (np.abs(ui) > U_LIMIT).any(1)
+        status[idx[diverged]] = DIVERGED
+        limit = ~done & ~diverged & (n_iter[idx] >= max_iter)
+        status[idx[limit]] = MAX_ITER
+        todo[idx[done | diverged | limit]] = False
+        go = ~(done | diverged | limit)
+        idx, ui, gi, di = idx[go], ui[go], gi[go], di[go]
         n_iter[idx] += 1
-        big = np.abs(d).max(1)
-        d = d * np.minimum(1.0, _STEP_CAP / np.maximum(big, 1e-300))[:, None]
-        slope = (gi * d).sum(1)
-        t = np.ones(idx.size)
-        new_u, new_f = ui.copy(), fi.copy()
-        searching = np.ones(idx.size, bool)
-        for _ in range(60):
-            s = np.flatnonzero(searching)
-            if s.size == 0:
-                break
-            trial = ui[s] + t[s, None] * d[s]
-            ft = fun(trial[None], idx[s])[0]
-            slack = 1e-13 * np.abs(fi[s]) + 1e-300
-            ok = np.isfinite(ft) & (ft <= fi[s] + 1e-4 * t[s] * slope[s] + slack)
-            new_u[s[ok]], new_f[s[ok]] = trial[ok], ft[ok]
-            searching[s[ok]] = False
-            t[s[~ok]] *= np.where(np.isfinite(ft[~ok]), 0.5, 0.1)
-        failed = searching
-        # a positive coordinate heading for its bound: try it there at once
-        # (the Newton step in log space would take one factor e^-1 an iteration)
-        heading = ~failed[:, None] & positive[None, :] & (d < -0.5) & (new_u > log_b)
-        j = np.flatnonzero(heading.any(1))
-        if j.size:
-            jump = new_u[j].copy()
-            jump[heading[j]] = log_b - 1.0
-            fj = fun(jump[None], idx[j])[0]
-            ok = np.isfinite(fj) & (fj <= new_f[j])
-            new_u[j[ok]], new_f[j[ok]] = jump[ok], fj[ok]
-        u[idx] = new_u
-        diverged = (np.abs(new_u) > U_LIMIT).any(1)
-        status[idx[failed]] = LINE_SEARCH
-        status[idx[diverged & ~failed]] = DIVERGED
-        todo[idx[failed | diverged]] = False
+        di = di * np.minimum(1.0, _STEP_CAP / np.maximum(np.abs(di).max(1), 1e-300))[:, None]
+        # a positive coordinate already small and heading for its bound: try it there at once
+        # (Newton steps in log space take one factor e^-1 an iteration there)
+        heading = positive[None, :] & (di < -0.5) & (ui < math.log(1e-4)) & (ui > log_b)
+        jump = np.where(heading, log_b - 1.0 - ui, di)
+        di = np.where(((gi * jump).sum(1) < 0)[:, None], jump, di)
+        d[idx], slope[idx] = di, (gi * di).sum(1)
+        point[idx] = ui + di
+        trial[idx] = True
     return NewtonResult(u, f, g, H, at_bound, status, n_iter)
