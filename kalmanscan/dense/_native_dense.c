@@ -47,7 +47,7 @@ typedef struct {
 
 enum { I_Z, I_OBS, I_F, I_C, I_Q, I_H, I_R, I_NIN };
 enum {
-    O_FMEAN, O_FCOV, O_FPREC, O_PMEAN, O_PCOV, O_LL, O_FDIF, O_PD, O_PK,
+    O_FMEAN, O_FCOV, O_FPREC, O_PMEAN, O_PCOV, O_LL, O_FLAG, O_PD, O_PK,
     O_SMEAN, O_SCOV, O_SPREC, O_NOUT
 };
 
@@ -59,7 +59,7 @@ typedef struct {
 typedef struct {
     int n, d;
     /* workspace */
-    double *m, *P, *D, *tmp, *tmp2, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1;
+    double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1;
     elem_t *el;
     int *obs_idx;
     /* sparse F of the current step: per row, nonzero columns and values */
@@ -171,39 +171,48 @@ static void back_vec(ws_t *w, double *r) {
     memcpy(r, o, n * sizeof(double));
 }
 
-/* Inverse of the symmetric positive-definite A (n x n) by Cholesky into out; 0 if not PD. */
+/* Inverse of the symmetric positive-definite A (n x n) by Cholesky into out; 0 if not PD.
+ * L (n x n scratch) gets the factor; X = L^-1 is built transposed in out (rows of X' contiguous),
+ * then A^-1 = X' X is formed in L and copied to out. */
 static int spd_inverse(int n, const double *A, double *L, double *out) {
     for (int j = 0; j < n; j++) {
+        const double *Lj = L + j * n;
         double s = A[j * n + j];
-        for (int k = 0; k < j; k++) s -= L[j * n + k] * L[j * n + k];
+        for (int k = 0; k < j; k++) s -= Lj[k] * Lj[k];
         if (!(s > 0.0)) return 0;
-        double ljj = sqrt(s);
+        double ljj = sqrt(s), inv = 1.0 / ljj;
         L[j * n + j] = ljj;
         for (int i = j + 1; i < n; i++) {
+            const double *Li = L + i * n;
             double t = A[i * n + j];
-            for (int k = 0; k < j; k++) t -= L[i * n + k] * L[j * n + k];
-            L[i * n + j] = t / ljj;
+            for (int k = 0; k < j; k++) t -= Li[k] * Lj[k];
+            L[i * n + j] = t * inv;
         }
     }
-    /* inv(L) in place (lower) into out's lower part, then out = inv(L)' inv(L) */
-    for (int i = 0; i < n * n; i++) out[i] = 0.0;
+    /* column j of X = L^-1, stored as row j of out: x_i = -(sum_{k=j}^{i-1} L[i][k] x_k) / L[i][i] */
     for (int j = 0; j < n; j++) {
-        out[j * n + j] = 1.0 / L[j * n + j];
+        double *x = out + j * n;
+        for (int i = 0; i < j; i++) x[i] = 0.0;
+        x[j] = 1.0 / L[j * n + j];
         for (int i = j + 1; i < n; i++) {
+            const double *Li = L + i * n;
             double s = 0.0;
-            for (int k = j; k < i; k++) s -= L[i * n + k] * out[k * n + j];
-            out[i * n + j] = s / L[i * n + i];
+            for (int k = j; k < i; k++) s += Li[k] * x[k];
+            x[i] = -s / Li[i];
         }
     }
-    /* out_full[i][j] = sum_k Linv[k][i] Linv[k][j], k >= max(i, j); write to L as scratch */
-    for (int i = 0; i < n; i++)
+    /* (A^-1)[i][j] = sum_k X[k][i] X[k][j] = sum_{k >= max(i, j)} out[i][k] out[j][k] */
+    for (int i = 0; i < n; i++) {
+        const double *xi = out + i * n;
         for (int j = 0; j <= i; j++) {
+            const double *xj = out + j * n;
             double s = 0.0;
-            for (int k = i; k < n; k++) s += out[k * n + i] * out[k * n + j];
+            for (int k = i; k < n; k++) s += xi[k] * xj[k];
             L[i * n + j] = s;
             L[j * n + i] = s;
         }
-    memcpy(out, L, n * n * sizeof(double));
+    }
+    memcpy(out, L, (size_t)n * n * sizeof(double));
     return 1;
 }
 
@@ -421,11 +430,77 @@ static void DDt(int n, int k, const double *D, double *out) {
         }
 }
 
+/* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
+ * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
+ * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
+static int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
+    double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
+    /* orthonormal basis of range(D) by modified Gram-Schmidt, twice */
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < n; i++) U[i * n + j] = w->D[i * n + j];
+        for (int pass = 0; pass < 2; pass++)
+            for (int q = 0; q < j; q++) {
+                double s = 0.0;
+                for (int i = 0; i < n; i++) s += U[i * n + q] * U[i * n + j];
+                for (int i = 0; i < n; i++) U[i * n + j] -= s * U[i * n + q];
+            }
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += U[i * n + j] * U[i * n + j];
+        s = s > 0.0 ? 1.0 / sqrt(s) : 0.0;
+        for (int i = 0; i < n; i++) U[i * n + j] *= s;
+    }
+    DDt(n, k, U, Pd);
+    const double tol = 64.0 * 2.220446049250313e-16;
+    for (int i = 0; i < n * n; i++) cov[i] = fabs(Pd[i]) > tol ? copysign(INFINITY, Pd[i]) : P[i];
+    /* M = Pk P Pk + Pd; Pk P = P - Pd P */
+    double *PkP = w->tmp;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = P[i * n + j];
+            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * P[q * n + j];
+            PkP[i * n + j] = s;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = PkP[i * n + j];
+            for (int q = 0; q < n; q++) s -= PkP[i * n + q] * Pd[q * n + j];
+            M[i * n + j] = s + Pd[i * n + j];
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (M[i * n + j] + M[j * n + i]);
+            M[i * n + j] = s;
+            M[j * n + i] = s;
+        }
+    if (!spd_inverse(n, M, w->tmp, prec)) return 0;
+    /* prec <- Pk prec Pk */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = prec[i * n + j];
+            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * prec[q * n + j];
+            M[i * n + j] = s;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = M[i * n + j];
+            for (int q = 0; q < n; q++) s -= M[i * n + q] * Pd[q * n + j];
+            prec[i * n + j] = s;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (prec[i * n + j] + prec[j * n + i]);
+            prec[i * n + j] = s;
+            prec[j * n + i] = s;
+        }
+    return 1;
+}
+
 /* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
 static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const double *m0,
                              const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
-                             Py_ssize_t kcap, int smooth, Py_ssize_t *npred) {
+                             Py_ssize_t kcap, int smooth, Py_ssize_t *npred,
+                             Py_ssize_t *nbad) {
     int n = w->n, nn = n * n;
     double *m = w->m, *P = w->P, *D = w->D;
     memcpy(m, m0, n * sizeof(double));
@@ -445,7 +520,7 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
     double *fmean = out[O_FMEAN] + b * T * n, *fcov = out[O_FCOV] + b * T * nn;
     double *fprec = out[O_FPREC] + b * T * nn, *pmean = out[O_PMEAN] + b * T * n;
     double *pcov = out[O_PCOV] + b * T * nn, *ll = out[O_LL] + b * T;
-    double *fdif = out[O_FDIF] + b * kcap * nn, *pD = out[O_PD] + b * kcap * nn;
+    double *flag = out[O_FLAG] + b * T, *pD = out[O_PD] + b * kcap * nn;
     double *pK = out[O_PK] + b * kcap;
     w->fcur = NULL;
     for (Py_ssize_t t = 0; t < T; t++) {
@@ -472,13 +547,19 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
         k = update(w, o, m, P, k, &lt, 0);
         ll[t] = lt;
         memcpy(fmean + t * n, m, n * sizeof(double));
-        memcpy(fcov + t * nn, P, nn * sizeof(double));
+        flag[t] = k > 0;
         if (k > 0) {
-            if (t < kcap) DDt(n, k, D, fdif + t * nn);
             nd = t + 1;
-            for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN; /* the caller fills these */
-        } else if (!spd_inverse(n, P, w->tmp, fprec + t * nn)) {
-            for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
+            if (!diffuse_outputs(w, n, k, P, fcov + t * nn, fprec + t * nn)) {
+                for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
+                (*nbad)++;
+            }
+        } else {
+            memcpy(fcov + t * nn, P, nn * sizeof(double));
+            if (!spd_inverse(n, P, w->tmp, fprec + t * nn)) {
+                for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
+                (*nbad)++;
+            }
         }
     }
     if (k > 0) nd = T + 1;
@@ -653,8 +734,10 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
                     sc[j * n + i] = v;
                 }
         }
-        if (!spd_inverse(n, sc, w->tmp, sprec + t * nn))
+        if (!spd_inverse(n, sc, w->tmp, sprec + t * nn)) {
             for (int i = 0; i < nn; i++) sprec[t * nn + i] = NAN;
+            (*nbad)++;
+        }
         /* to step t - 1 */
         load_F(w, mat(&in[I_F], b, t));
         back_vec(w, r0);
@@ -703,7 +786,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     }
     int nn = (int)(n * n), dd = (int)d;
     int big = nn > (int)(dd * n) ? nn : (int)(dd * n);
-    size_t ndbl = (size_t)(3 * n + 6 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + 64);
+    size_t ndbl = (size_t)(3 * n + 7 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + 64);
     double *buf = calloc(ndbl, sizeof(double));
     elem_t *el = calloc(dd + 1, sizeof(elem_t));
     int *ib = calloc((size_t)(dd + 1 + n + nn), sizeof(int));
@@ -724,6 +807,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.D = q; q += nn;
     w.tmp = q; q += nn;
     w.tmp2 = q; q += 2 * n + 8;
+    w.tmp2x = q; q += nn;
     w.Ms = q; q += n;
     w.Minf = q; q += n;
     w.fval = q; q += nn;
@@ -738,13 +822,13 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.obs_idx = ib;
     w.fnz = ib + dd + 1;
     w.fcol = ib + dd + 1 + n;
-    Py_ssize_t nd_max = 0, np_max = 0, err = 0;
+    Py_ssize_t nd_max = 0, np_max = 0, err = 0, nbad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t b = 0; b < B; b++) {
         Py_ssize_t npred = 0;
         Py_ssize_t nd = run_series(&w, in, out, (const double *)pm0 + b * n,
                                    (const double *)pP0 + b * nn, (const double *)pD0 + b * nn, b,
-                                   T, kcap, smooth, &npred);
+                                   T, kcap, smooth, &npred, &nbad);
         if (nd < 0) err = 1;
         if (nd > nd_max) nd_max = nd;
         if (npred > np_max) np_max = npred;
@@ -754,12 +838,12 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     free(el);
     free(ib);
     if (err) return PyErr_NoMemory();
-    return Py_BuildValue("nn", nd_max, np_max);
+    return Py_BuildValue("nnn", nd_max, np_max, nbad);
 }
 
 static PyMethodDef methods[] = {
     {"run", dense_run, METH_VARARGS,
-     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse)"},
+     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse, nbad)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",

@@ -111,7 +111,7 @@ def _run(
             raise ValueError("backend: 'native' has no gradients; use 'torch' for inputs that require grad")
         parts = native.run(model, smooth)
         if parts is not None:
-            return _package(layout, parts, smooth, tol)
+            return _package(layout, parts, smooth)
         backend = "torch"  # a diffuse direction is never resolved: the scan keeps it diffuse
     if not _args.r_positive_definite(model.R):
         raise ValueError(
@@ -149,25 +149,22 @@ def _run(
     )
 
 
-def _package(layout: _args.Layout, parts, smooth: bool, tol):
+def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
-    filt = parts.filtered
-    diffuse = torch.zeros(filt.mean.shape[:2], dtype=torch.bool)
-    if filt.ndiffuse:
-        diffuse[:, : filt.ndiffuse] = torch.linalg.matrix_norm(filt.diffuse) > 0
     fres = DenseFilterResult(
-        mean=out(filt.mean, 1),
-        cov=out(cov_with_inf(filt, tol), 2),
-        precision=out(parts.filtered_precision, 2),
-        pred_mean=out(parts.pred_mean, 1),
-        pred_cov=out(parts.pred_cov, 2),
-        loglik=_args.output_batch(layout, parts.loglik_steps.sum(1)),
-        diffuse=out(diffuse, 0),
+        mean=out(p.filtered_mean, 1),
+        cov=out(p.filtered_cov, 2),
+        precision=out(p.filtered_precision, 2),
+        pred_mean=out(p.pred_mean, 1),
+        pred_cov=out(p.pred_cov, 2),
+        loglik=_args.output_batch(layout, p.loglik_steps.sum(1)),
+        diffuse=out(p.diffuse, 0),
     )
     if not smooth:
         return fres
-    sm = parts.smoothed
-    return DenseSmoothResult(out(sm.mean, 1), out(sm.cov, 2), out(parts.smoothed_precision, 2), fres)
+    return DenseSmoothResult(
+        out(p.smoothed_mean, 1), out(p.smoothed_cov, 2), out(p.smoothed_precision, 2), fres
+    )
 
 
 def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from kalmanscan.dense._args import Model
-from kalmanscan.dense.parallel import Moments, _range_projector, _sym, precision_of, rank_tol
+from kalmanscan.dense.parallel import _range_projector, _sym, rank_tol
 
 try:
     from kalmanscan.dense import _native_dense as _ext
@@ -33,12 +33,17 @@ def available() -> bool:
 
 
 class NativeParts(NamedTuple):
-    filtered: Moments
+    """Outputs of :func:`run`, [B, T, ...]; ``filtered_cov`` holds +-inf where still diffuse."""
+
+    filtered_mean: torch.Tensor
+    filtered_cov: torch.Tensor
     filtered_precision: torch.Tensor
+    diffuse: torch.Tensor  # [B, T] bool
     pred_mean: torch.Tensor
     pred_cov: torch.Tensor
     loglik_steps: torch.Tensor
-    smoothed: Moments | None
+    smoothed_mean: torch.Tensor | None
+    smoothed_cov: torch.Tensor | None
     smoothed_precision: torch.Tensor | None
 
 
@@ -85,8 +90,8 @@ def _fill_precision(prec: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
     """Rows the kernel could not invert by Cholesky (NaN): invert them by LU as the torch path."""
     bad = torch.isnan(prec[..., 0, 0])
     if bool(bad.any()):
-        prec[bad] = torch.linalg.inv_ex(cov[bad])[0]
-    return prec
+        c = cov[bad]
+        prec[bad] = torch.linalg.inv_ex(torch.where(torch.isinf(c), torch.zeros_like(c), c))[0]
 
 
 def run(model: Model, smooth: bool) -> NativeParts | None:
@@ -121,7 +126,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
             torch.empty(B, T, n, **f64),
             torch.empty(B, T, n, n, **f64),
             torch.empty(B, T, **f64),
-            torch.zeros(B, kcap, n, n, **f64),
+            torch.empty(B, T, **f64),
             torch.empty(B, kcap, n, n, **f64),
             torch.zeros(B, kcap, **f64),
         ]
@@ -132,7 +137,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
                 torch.empty(B, T, n, n, **f64),
             ]
         ptrs = [o.data_ptr() for o in outs] + [0] * (12 - len(outs))
-        nd, npred = _ext.run(
+        nd, npred, nbad = _ext.run(
             int(smooth), B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
         )
         if nd > T:
@@ -140,26 +145,14 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         if npred <= kcap:
             break
         kcap = T
-    fmean, fcov, fprec, pmean, pcov, ll, fdif = outs[:7]
-    filt = Moments(fmean, fcov, fdif[:, :nd], nd)
-    fprec = _fill_precision(fprec, fcov) if nd == 0 else _head_precision(fprec, filt)
-    sm = sprec = None
-    if smooth:
-        smean, scov, sprec = outs[9:]
-        sm = Moments(smean, scov, torch.zeros(B, 0, n, n, **f64), 0)
-        sprec = _fill_precision(sprec, scov)
+    fmean, fcov, fprec, pmean, pcov, ll, flag = outs[:7]
+    sm = outs[9:] if smooth else [None, None, None]
+    if nbad:  # covariances Cholesky could not invert (singular): LU as the torch path
+        _fill_precision(fprec, fcov)
+        if smooth:
+            _fill_precision(sm[2], sm[1])
+    parts = [fmean, fcov, fprec, flag > 0, pmean, pcov, ll, *sm]
     dtype = model.z.dtype
     if dtype != torch.float64:
-        cast = lambda x: None if x is None else x.to(dtype)  # noqa: E731
-        filt = Moments(*(cast(x) for x in filt[:3]), nd)
-        fprec, pmean, pcov, ll, sprec = map(cast, (fprec, pmean, pcov, ll, sprec))
-        if sm is not None:
-            sm = Moments(*(cast(x) for x in sm[:3]), 0)
-    return NativeParts(filt, fprec, pmean, pcov, ll, sm, sprec)
-
-
-def _head_precision(prec: torch.Tensor, filt: Moments) -> torch.Tensor:
-    nd = filt.ndiffuse
-    head = Moments(filt.mean[:, :nd], filt.cov[:, :nd], filt.diffuse, nd)
-    prec[:, :nd] = precision_of(head, rank_tol(torch.float64))
-    return _fill_precision(prec, filt.cov)
+        parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]
+    return NativeParts(*parts)
