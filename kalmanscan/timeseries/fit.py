@@ -615,7 +615,7 @@ def fit_ou(
     _, sd, _ = _nan_moments(Z)
     constant = (n_obs >= 2) & (sd == 0)
     if constant.all() or (joint and bool(np.all(sd[n_obs >= 1] == 0))):
-        first = Z[~np.isnan(Z)][0]
+        first = float(Z[~np.isnan(Z)][0])
         raise ValueError(
             f"z: every observed value is {first!r} (a constant series): the likelihood grows "
             "without bound as obs_var -> 0, so there is no maximum-likelihood estimate"

@@ -206,12 +206,15 @@ def minimize(
         status[idx[limit]] = MAX_ITER
         todo[idx[done | diverged | limit]] = False
         go = ~(done | diverged | limit)
-        idx, ui, gi, di = idx[go], ui[go], gi[go], di[go]
+        idx, ui, gi, Hi, di = idx[go], ui[go], gi[go], Hi[go], di[go]
         n_iter[idx] += 1
         di = di * np.minimum(1.0, _STEP_CAP / np.maximum(np.abs(di).max(1), 1e-300))[:, None]
-        # a positive coordinate already small and heading for its bound: try it there at once
-        # (Newton steps in log space take one factor e^-1 an iteration there)
-        heading = positive[None, :] & (di < -0.5) & (ui < math.log(1e-4)) & (ui > log_b)
+        # a positive coordinate on which the objective is locally linear with a positive slope
+        # (in u = log x: H_jj = g_j > 0) heads for its bound: try it there at once (Newton steps
+        # in log space take one factor e^-1 an iteration there)
+        hjj = np.diagonal(Hi, axis1=1, axis2=2)
+        linear = (gi > 0) & (np.abs(hjj - gi) <= 0.1 * gi)
+        heading = positive[None, :] & linear & (di < -0.5) & (ui > log_b)
         jump = np.where(heading, log_b - 1.0 - ui, di)
         di = np.where(((gi * jump).sum(1) < 0)[:, None], jump, di)
         d[idx], slope[idx] = di, (gi * di).sum(1)
