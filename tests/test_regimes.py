@@ -23,7 +23,13 @@ from kalmanscan.validation.oracle import dense_oracle, scalar_oracle  # noqa: E4
 # (regime, backend) -> what fails (measured; docs/reliability.md has the figures)
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("KFAS VAR(1), missing data, R=1e-10 I", "sequential"): (
-        "dense sequential RTS smoother: smoothed means 2.9e-6 posterior sd from the oracle"
+        "dense sequential smoother: smoothed means 2.9e-6 posterior sd from the oracle"
+    ),
+    ("KFAS VAR(1), missing data, R=1e-12 I", "sequential"): (
+        "dense sequential smoother: smoothed means 2.3e-3 posterior sd from the oracle"
+    ),
+    ("structural: trend + 8 seasons (9 states), prior 1e6 I", "native"): (
+        "dense native smoother: smoothed covariance at step 0 1.9e-3 relative off"
     ),
 }
 
