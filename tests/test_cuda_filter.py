@@ -188,6 +188,7 @@ def test_gradients_of_every_output(regime, smooth, monkeypatch):
     "what, bit",
     [("z_inf", 2), ("obs_var_zero", 4), ("obs_var_nan", 4), ("decay_nan", 4),
      ("process_var_negative", 4), ("loading_inf", 4), ("offset_nan", 4), ("tiny_obs_var", 4),
+     ("prior_negative_v", 4), ("prior_nan_e", 4), ("prior_info_without_precision", 4),
      ("overflow", 1)],
 )  # fmt: skip
 def test_flags(what, bit, regime, monkeypatch):
@@ -211,6 +212,12 @@ def test_flags(what, bit, regime, monkeypatch):
         c[29, 2] = float("nan")
     elif what == "tiny_obs_var":
         z[4, 0], R[4, 0] = 1.0, 1e-320  # h*h/R overflows
+    elif what == "prior_negative_v":
+        xs[8][2] = -0.5
+    elif what == "prior_nan_e":
+        xs[7][1] = float("nan")
+    elif what == "prior_info_without_precision":
+        xs[7][0] = 0.3  # lane 0 is diffuse (u0 = 0)
     elif what == "overflow":
         z[12, 2], R[12, 2] = 1e200, 1.0  # squared innovation past the dtype's maximum
     for outputs in ("all", "loglik"):

@@ -119,10 +119,24 @@ def _prepare(
     lane_shape = shape[:axis] + shape[axis + 1 :]
     N = math.prod(lane_shape)
     name = backends.resolve(backend, conv.device)
+    # Backends may declare (module attributes) that they read every input through its strides,
+    # the initial state included (READS_STRIDES), and that a step with obs_var = inf counts as
+    # not observed in their own pass (INF_OBS_VAR_UNOBSERVED); then nothing is materialized or
+    # masked here. On CUDA, Python numbers become kept device constants (no host-to-device copy
+    # a call) and the default prior's triple is kept too (no kernels a call).
+    mod = backends.get(name)
+    strided = getattr(mod, "READS_STRIDES", False)
+    consts = conv.device.type == "cuda"
+
+    def tensor(name):
+        v = conv.values[name]
+        if consts and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return _device_constant(float(v), conv.dtype, conv.device)
+        return conv.tensor(name)
 
     def series(name):
-        t = conv.tensor(name)
-        _args.broadcast_to(name, t, shape, "z's shape")
+        t = tensor(name)
+        _broadcast_check(name, t, shape, "z's shape")
         # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
         t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape)).movedim(axis, 0)
         if all(n == 1 for n in t.shape[1:]):
@@ -132,10 +146,9 @@ def _prepare(
         return t.expand(T, N)
 
     def lanes(name):
-        t = conv.tensor(name)
-        return _args.broadcast_to(
-            name, t, lane_shape, "the lane shape (z without its time axis)"
-        ).reshape(N)
+        t = tensor(name)
+        _broadcast_check(name, t, lane_shape, "the lane shape (z without its time axis)")
+        return t.expand(lane_shape).reshape(N)
 
     obs = series("obs_var")
     a, p, h, c = (series(k) for k in ("decay", "process_var", "loading", "offset"))
@@ -145,13 +158,56 @@ def _prepare(
         x0 = from_info(compact(prior["init.lam"]), compact(prior["init.eta"]))
     else:
         prior = {"prior_var": lanes("prior_var"), "prior_mean": lanes("prior_mean")}
-        x0 = from_prior(compact(prior["prior_mean"]), compact(prior["prior_var"]))
-    x0 = tuple(x.expand(N).contiguous() for x in torch.broadcast_tensors(*x0))
+        pm, pv = prior_mean, prior_var
+        if consts and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (pm, pv)
+        ):
+            x0 = _device_prior(float(pm), float(pv), conv.dtype, conv.device)
+        else:
+            x0 = from_prior(compact(prior["prior_mean"]), compact(prior["prior_var"]))
+    x0 = tuple(x.expand(N) for x in torch.broadcast_tensors(*x0))
+    if not strided:
+        x0 = tuple(x.contiguous() for x in x0)
     # z alone marks the steps not observed
-    oc = compact(obs)
-    if bool(torch.isinf(oc).any()):
-        zz = zz.masked_fill(torch.isinf(oc), float("nan"))
+    if not getattr(mod, "INF_OBS_VAR_UNOBSERVED", False):
+        oc = compact(obs)
+        if bool(torch.isinf(oc).any()):
+            zz = zz.masked_fill(torch.isinf(oc), float("nan"))
     return _Prepared(conv, axis, shape, lane_shape, zt, zz, obs, a, p, h, c, x0, prior, name)
+
+
+def _broadcast_check(name, t, shape, target_desc):
+    """Raise unless ``t`` broadcasts to ``shape`` (numpy rules; the message of
+    :func:`kalmanscan.core._args.broadcast_to`), with plain integer comparisons."""
+    ts = t.shape
+    if len(ts) > len(shape) or any(
+        n != 1 and n != m for n, m in zip(reversed(ts), reversed(shape), strict=False)
+    ):
+        _args.broadcast_to(name, t, shape, target_desc)
+
+
+_CONSTANTS: dict = {}
+
+
+def _device_constant(value: float, dtype, device) -> torch.Tensor:
+    """A kept 0-d tensor holding ``value`` (read-only by convention: nothing writes inputs)."""
+    key = (value, dtype, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
+    return t
+
+
+def _device_prior(mean: float, var: float, dtype, device):
+    """The kept triple of the prior ``N(mean, var)`` for Python numbers (:func:`from_prior`)."""
+    key = ("prior", mean, var, dtype, device)
+    x0 = _CONSTANTS.get(key)
+    if x0 is None:
+        m = _device_constant(mean, dtype, device)
+        x0 = _CONSTANTS[key] = from_prior(m, _device_constant(var, dtype, device))
+    return x0
 
 
 def _values_ok(prep: _Prepared) -> bool:

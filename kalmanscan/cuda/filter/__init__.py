@@ -42,8 +42,12 @@ from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, finish_k
 
 __all__ = ["CHECKS_INPUTS", "filter_lanes", "smooth_lanes"]
 
-# The kernels check the inputs' ranges themselves (flag bit 4), so the API may skip its own pass.
+# The kernels check the inputs' ranges themselves (flag bit 4), so the API may skip its own pass;
+# they read every input (the initial state included) through its strides, and count a step with
+# obs_var = inf as not observed, so the API need not materialize nor mask anything.
 CHECKS_INPUTS = True
+READS_STRIDES = True
+INF_OBS_VAR_UNOBSERVED = True
 
 # kept for kalmanscan/cuda/kla.py (the KLA op's chunked forward walks (lam, eta) chunk maps)
 _fwd_carry_kernel = lam_eta_carry_kernel
@@ -195,15 +199,9 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
     if all(g is None for g in gfin):
         xlast = torch.zeros((3, N), dtype=z.dtype, device=z.device)
     else:
-        # the final state is normalized by max(u, v): its gradient loses the component along
-        # the state, taken from the larger coordinate (the kernels divide by the maxima as
-        # constants, which is exact for the log-likelihood: degree 0 in every state)
-        gy = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
-                          for g in gfin])  # fmt: skip
-        dot = (gy * fin).sum(0)
-        by_u = fin[0] >= fin[2]
-        xlast = gy - torch.stack([torch.where(by_u, dot, 0.0), torch.zeros_like(dot),
-                                  torch.where(by_u, 0.0, dot)])  # fmt: skip
+        # (the kernels take the final normalization's derivative, as every step's)
+        xlast = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
+                             for g in gfin])  # fmt: skip
     scratch = torch.empty(NC * nprog * CK * 3 * BLOCK, dtype=z.dtype, device=z.device)
     g0 = empty((3, N), z)
     cfg = dict(vary, **modes, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)

@@ -28,53 +28,51 @@ from kalmanscan.cuda.filter.kernels import ld, observation, predict_coeffs
 
 @helper
 def step_values(u, e, v, a, p, c, z, R, h):
-    """The forward step from the state ``(u, e, v)`` entering it: every value the adjoint reads."""
+    """The forward step from the state ``(u, e, v)`` entering it: every value the adjoint reads
+    (``big1``, ``big2``: the predicted / updated triple was divided by its ``u``)."""
     q, d, al, forget = predict_coeffs(a, p)
     U1 = u + q * v
     V1 = p * u + d * v
     E1 = c * U1 + al * e
-    r1 = 1.0 / tl.maximum(U1, V1)
+    big1 = U1 >= V1
+    r1 = 1.0 / tl.where(big1, U1, V1)
     um = U1 * r1
     em = E1 * r1
     vm = V1 * r1
     obs, rinv, zz, phi, r = observation(z, R, h)
     U2 = um + phi * vm
     E2 = em + r * vm
-    r2 = 1.0 / tl.maximum(U2, vm)
-    return (
-        q,
-        d,
-        al,
-        forget,
-        U1,
-        r1,
-        um,
-        em,
-        vm,
-        obs,
-        rinv,
-        zz,
-        phi,
-        r,
-        U2 * r2,
-        E2 * r2,
-        vm * r2,
-        r2,
-    )
+    big2 = U2 >= vm
+    r2 = 1.0 / tl.where(big2, U2, vm)
+    return (q, d, al, forget, U1, r1, um, em, vm, big1, obs, rinv, zz, phi, r,
+            U2 * r2, E2 * r2, vm * r2, r2, big2)  # fmt: skip
 
 
 @helper
-def adj_update(gu, ge, gv, r2, phi, r):
-    """Adjoint through the update and its normalization: ``(gU2, gE2, g of the predicted v)``."""
+def project(gu, ge, gv, yu, ye, yv, big):
+    """The adjoint through ``y = x / max(x_u, x_v)`` times that maximum: ``g - (g . y) e_max``.
+    Exact arithmetic keeps ``g . y = 0`` (every output is homogeneous of degree 0 in each
+    state), so this only removes rounding; without it the error along ``y`` would persist from
+    step to step (the adjoint's neutral direction) and grow like a random walk."""
+    dot = gu * yu + ge * ye + gv * yv
+    return gu - tl.where(big, dot, 0.0), ge, gv - tl.where(big, 0.0, dot)
+
+
+@helper
+def adj_update(gu, ge, gv, r2, phi, r, yu, ye, yv, big2):
+    """Adjoint through the update and its normalization (output ``y``): ``(gU2, gE2, g of the
+    predicted v)``."""
+    gu, ge, gv = project(gu, ge, gv, yu, ye, yv, big2)
     gU = gu * r2
     gE = ge * r2
     return gU, gE, gv * r2 + phi * gU + r * gE
 
 
 @helper
-def adj_predict(gum, gem, gvm, r1, c, p, q, d, al):
+def adj_predict(gum, gem, gvm, r1, c, p, q, d, al, um, em, vm, big1):
     """Adjoint through the predict step and its normalization: the adjoint of the state
     entering the step."""
+    gum, gem, gvm = project(gum, gem, gvm, um, em, vm, big1)
     gU1 = gum * r1
     gE1 = gem * r1
     gV1 = gvm * r1
@@ -181,9 +179,8 @@ def adjoint_kernel(
             z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
-            _, _, _, _, _, _, _, _, _, _, _, _, _, _, u, e, v, _ = step_values(
-                u, e, v, a, p, c, z, R, h
-            )
+            (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _,
+             u, e, v, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
         tl.debug_barrier()
         for i2 in tl.range(0, n_s, num_stages=NS):
             i = n_s - 1 - i2
@@ -197,25 +194,25 @@ def adjoint_kernel(
             z = ld(z_ptr, zst, zsn, t, lanes, lmask, VZ, z0)
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
-            q, d, al, forget, U1, r1, um, em, vm, obs, rinv, zz, phi, r, _, _, _, r2 = step_values(
-                u, e, v, a, p, c, z, R, h
-            )
+            (q, d, al, forget, U1, r1, um, em, vm, big1,
+             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2) = step_values(
+                u, e, v, a, p, c, z, R, h)  # fmt: skip
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
             if MAPS:
-                x = adj_update(cuu, ceu, cvu, r2, phi, r)
-                cuu, ceu, cvu = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
-                x = adj_update(cue, cee, cve, r2, phi, r)
-                cue, cee, cve = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
-                x = adj_update(cuv, cev, cvv, r2, phi, r)
-                cuv, cev, cvv = adj_predict(x[0], x[1], x[2], r1, c, p, q, d, al)
-                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r)
-                bu, be, bv = adj_predict(gU2 + W * du, gE2 + W * de, gvm + W * dv,
-                                         r1, c, p, q, d, al)  # fmt: skip
+                ys = (yu, ye, yv, big2)
+                ps = (c, p, q, d, al, um, em, vm, big1)
+                x = adj_update(cuu, ceu, cvu, r2, phi, r, *ys)
+                cuu, ceu, cvu = adj_predict(x[0], x[1], x[2], r1, *ps)
+                x = adj_update(cue, cee, cve, r2, phi, r, *ys)
+                cue, cee, cve = adj_predict(x[0], x[1], x[2], r1, *ps)
+                x = adj_update(cuv, cev, cvv, r2, phi, r, *ys)
+                cuv, cev, cvv = adj_predict(x[0], x[1], x[2], r1, *ps)
+                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, *ys)
+                bu, be, bv = adj_predict(gU2 + W * du, gE2 + W * de, gvm + W * dv, r1, *ps)
             else:
-                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r)
-                gum = gU2 + W * du
-                gem = gE2 + W * de
-                gvm = gvm + W * dv
+                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)
+                gum, gem, gvm = project(gU2 + W * du, gE2 + W * de, gvm + W * dv,
+                                        um, em, vm, big1)  # fmt: skip
                 gU1 = gum * r1
                 gE1 = gem * r1
                 gV1 = gvm * r1

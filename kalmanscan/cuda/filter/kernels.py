@@ -16,7 +16,9 @@ A step counts as observed where ``z`` is not NaN and ``R < inf``.
 Flags (an int32 the kernels OR into): ``1`` a state or log-likelihood term is not finite, ``2``
 ``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite
 where ``R`` is; ``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not
-finite), as the API's own checks define them, so the API validates only when a flag is set.
+finite; an initial triple with ``u < 0``, ``v < 0``, ``u = v = 0``, a non-finite entry, or
+``e != 0`` where ``u = 0``), as the API's own checks define them, so the API validates only
+when a flag is set.
 """
 
 from __future__ import annotations
@@ -181,6 +183,13 @@ def filter_kernel(
         nonfin = lanes < 0
         zinf = lanes < 0
         bad = input_checks(R0, a0, p0, h0, c0, not VR, not VA, not VP, not VH, not VC, lanes < 0)
+        # the initial state (chunk 0): u, v >= 0 not both 0, all finite, e = 0 where u = 0
+        first = lmask & ((lanes * 0 + k) == 0)
+        x0u = tl.load(u0_ptr + lanes * us, mask=first, other=1.0)
+        x0e = tl.load(e0_ptr + lanes * es, mask=first, other=0.0)
+        x0v = tl.load(v0_ptr + lanes * vs, mask=first, other=1.0)
+        bad = bad | ~(x0u >= 0.0) | ~(x0v >= 0.0) | ((x0u == 0.0) & ((x0v == 0.0) | (x0e != 0.0)))
+        bad = bad | not_finite(x0u) | not_finite(x0e) | not_finite(x0v)
         if not VZ:
             zinf = (z0 == z0) & not_finite(z0)
     # the loads of later steps are issued ahead of use (software pipeline, NS stages)
