@@ -1,9 +1,13 @@
-"""Belief-state inspection: values against kalmanscan.filter run on the captured inputs, outputs
-unchanged, chunking/selection invariance, netCDF, plots and the ``kalmanscan inspect`` CLI."""
+"""Belief-state inspection: values against kalmanscan.filter run on the captured inputs (the
+no-observation baseline against the filter with every observation missing), outputs unchanged,
+chunking/window/selection invariance, padded batches, any module containing KLALayers,
+per-layer summaries, netCDF, plots and the ``kalmanscan inspect`` CLI."""
 
 from __future__ import annotations
 
+import io
 import math
+import types
 
 import numpy as np
 import pytest
@@ -15,10 +19,12 @@ from kalmanscan.kla import (
     AttentionConfig,
     KLAConfig,
     KLALanguageModel,
+    KLALayer,
     ModelConfig,
     inspect,
     save_checkpoint,
 )
+from kalmanscan.kla.inspect import compare, kla_layers, save_dataset, summarize
 from kalmanscan.testing import assert_close
 
 TEXT = "def add(a, b):\n    return a + b  # sum\n"
@@ -43,13 +49,38 @@ def make_model(dtype=torch.float64, seed=0, mixers=("kla", "attention", "kla")):
     return model
 
 
+def reference(layer, raw):
+    """kalmanscan.filter on the lanes rebuilt by hand from a captured sensor projection:
+    the filter on the text, and the filter with every observation missing (the baseline)."""
+    M, S = layer.d_inner, layer.d_state
+    raw = raw.double()
+    v, logvar, k, q = raw.split([M, M, S, S], -1)
+    k = k / k.norm(dim=-1, keepdim=True)
+    q = q / q.norm(dim=-1, keepdim=True)
+    Lv = 1.0 / (F.softplus(logvar) + 1e-4)
+    decay, pvar = (t.double() for t in layer.dynamics(torch.float64))
+    args = dict(
+        obs_var=(1.0 / Lv)[..., None],
+        decay=decay,
+        process_var=pvar,
+        loading=k[:, :, None, :],
+        prior_mean=0.0,
+        prior_var=1.0,
+        axis=1,
+        backend="sequential",
+    )
+    z = v[..., None].expand(-1, -1, M, S)
+    res = kalmanscan.filter(z, **args)
+    none = kalmanscan.filter(torch.full_like(z, float("nan")), **args)
+    return res, none.precision, v, Lv, k, q, decay
+
+
 @pytest.mark.parametrize(
     "dtype", [pytest.param(torch.float32, id="f32"), pytest.param(torch.float64, id="f64")]
 )
 def test_inspection_equals_filter_on_captured_inputs(dtype):
-    """Capture each KLA block's raw sensor projection with a forward hook, rebuild (v, Lv, k)
-    from it by hand, run kalmanscan.filter on the (channel, slot) lanes (loading k, observation v,
-    variance 1/Lv, prior N(0, 1)) and compare with the dataset."""
+    """Capture each KLA block's raw sensor projection with a forward hook, run
+    kalmanscan.filter on the (channel, slot) lanes and compare every view with it."""
     model = make_model(dtype)
     captured = {}
     hooks = [
@@ -64,47 +95,47 @@ def test_inspection_equals_filter_on_captured_inputs(dtype):
     kind = "parallel"
     for pos, i in enumerate(ds.layer.values):
         layer = model.blocks[i].mixer
-        M, S = layer.d_inner, layer.d_state
-        raw = captured[i].double()
-        v, logvar, k, q = raw.split([M, M, S, S], -1)
-        k = k / k.norm(dim=-1, keepdim=True)
-        q = q / q.norm(dim=-1, keepdim=True)
-        Lv = 1.0 / (F.softplus(logvar) + 1e-4)
-        decay, pvar = (t.double() for t in layer.dynamics(torch.float64))
-        res = kalmanscan.filter(
-            v[..., None].expand(-1, -1, M, S),
-            obs_var=(1.0 / Lv)[..., None],
-            decay=decay,
-            process_var=pvar,
-            loading=k[:, :, None, :],
-            prior_mean=0.0,
-            prior_var=1.0,
-            axis=1,
-            backend="sequential",
-        )
+        res, base, v, Lv, k, q, decay = reference(layer, captured[i])
         got = ds.isel(layer=pos)
 
-        def check(name, expected, got=got):
+        def check(name, expected, got=got, kind=kind):
             assert_close(torch.as_tensor(got[name].values), expected, kind, dtype, what=name)
 
-        check("posterior_precision", res.precision)
-        check("prior_precision", res.pred_precision)
+        lam, prior = res.precision, res.pred_precision
+        check("posterior_precision", lam)
+        check("prior_precision", prior)
+        check("baseline_precision", base.expand_as(lam))
         check("information_added", Lv[..., None] * k[:, :, None, :] ** 2)
-        check("write_gain", 1 - res.pred_precision / res.precision)
-        check("forget_gate", decay * res.pred_precision / res.precision)
+        check("write_gain", 1 - prior / lam)
+        check("forget_gate", decay * prior / lam)
         check("value_precision", Lv)
-        check("readout_variance", (q[:, :, None, :] ** 2 / res.precision).sum(-1))
+        check("readout_variance", (q[:, :, None, :] ** 2 / lam).sum(-1))
         # the gates are what they claim: mean_t = forget * mean_{t-1} + (k Lv / lam_t) v_t
         mean_prev = torch.cat([torch.zeros_like(res.mean[:, :1]), res.mean[:, :-1]], 1)
         forget = torch.as_tensor(got["forget_gate"].values).double()
-        write = k[:, :, None, :] * Lv[..., None] / res.precision * v[..., None]
+        write = k[:, :, None, :] * Lv[..., None] / lam * v[..., None]
         assert_close(
             forget * mean_prev + write, res.mean, "truth", dtype, what="moment form of the mean"
         )
-        assert_close(torch.as_tensor(got["decay"].values), decay, kind, dtype, what="decay")
+        # summaries over lanes
+        check("mean_log10_precision", lam.log10().mean((-1, -2)))
+        check("mean_log10_text_precision", (lam / base).log10().mean((-1, -2)))
+        check("mean_information_bits", (lam / prior).log2().mul(0.5).mean((-1, -2)))
+        check("mean_write_gain", (1 - prior / lam).mean((-1, -2)))
+        check("mean_forget_gate", (decay * prior / lam).mean((-1, -2)))
+        check("lane_mean_information_bits", (lam / prior).log2().mul(0.5).mean((0, 1)))
+        check("lane_mean_log10_text_precision", (lam / base).log10().mean((0, 1)))
+        check("decay", decay)
+        assert_close(
+            torch.as_tensor(ds["mean_log10_baseline_precision"].values[pos]),
+            base.log10().mean((-1, -2))[0],
+            kind,
+            dtype,
+            what="mean_log10_baseline_precision",
+        )
 
 
-def test_inspection_does_not_alter_outputs():
+def test_inspection_does_not_alter_outputs_and_surprisal_is_of_the_shown_token():
     model = make_model()
     tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -115,11 +146,11 @@ def test_inspection_does_not_alter_outputs():
         again = model(tokens)
     assert torch.equal(logits, again)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(m._recorder is None for m in kla_layers(model).values())
     logp = torch.log_softmax(logits, -1)
     bits = -logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0] / math.log(2)
-    np.testing.assert_allclose(ds.surprisal.values[:, :-1], bits.numpy(), rtol=1e-10)
-    assert np.isnan(ds.surprisal.values[:, -1]).all()
-    # model-space output variance equals the layer's return_variance
+    np.testing.assert_allclose(ds.surprisal.values[:, 1:], bits.numpy(), rtol=1e-10)
+    assert np.isnan(ds.surprisal.values[:, 0]).all()
     i = model.kla_blocks[0]
     with torch.no_grad():
         h = model.blocks[i].mixer_norm(model.embedding(tokens))
@@ -139,28 +170,122 @@ def test_inspection_does_not_alter_outputs():
 def test_chunking_does_not_change_results(L, chunk):
     model = make_model(torch.float32)
     tokens = torch.randint(0, 256, (1, L), generator=torch.Generator().manual_seed(2))
-    a = inspect(model, tokens, chunk_size=chunk)
-    b = inspect(model, tokens, chunk_size=4096)
+    a = inspect(model, tokens, chunk_size=chunk, bin_size=4)
+    b = inspect(model, tokens, chunk_size=4096, bin_size=4)
     for name in a.data_vars:
         np.testing.assert_allclose(
             a[name].values, b[name].values, rtol=1e-4, atol=1e-6, err_msg=name
         )
 
 
-def test_long_input_with_selection():
+def test_window_selection_and_summaries_only():
     model = make_model(torch.float32, mixers=("kla",))
     tokens = torch.randint(0, 256, (1, 1000), generator=torch.Generator().manual_seed(3))
-    ds = inspect(model, tokens, channels=[0, 5, 31], chunk_size=256)
     full = inspect(model, tokens[:, :300], chunk_size=300)
-    assert ds.posterior_precision.shape == (1, 1, 1000, 3, 4)
+    ds = inspect(model, tokens, channels=[0, 5, 31], window=(120, 260), chunk_size=256)
+    assert ds.posterior_precision.shape == (1, 1, 140, 3, 4)
+    assert ds.window.values.tolist() == list(range(120, 260))
+    assert ds.detail_channel.values.tolist() == [0, 5, 31]
+    for name in ("posterior_precision", "baseline_precision", "write_gain", "value"):
+        np.testing.assert_allclose(
+            ds[name].values,
+            full[name].isel(window=slice(120, 260)).sel(detail_channel=[0, 5, 31]).values,
+            rtol=1e-5,
+            err_msg=name,
+        )
     np.testing.assert_allclose(
-        ds.posterior_precision.values[:, :, :300],
-        full.posterior_precision.sel(channel=[0, 5, 31]).values,
-        rtol=1e-5,
+        ds.mean_information_bits.values[..., :300], full.mean_information_bits.values, rtol=1e-5
     )
-    assert ds.channel.values.tolist() == [0, 5, 31]
-    with pytest.raises(ValueError, match="max_bytes"):
-        inspect(model, tokens, max_bytes=1e5)
+    short = inspect(model, tokens, detail=False, bin_size=100)
+    assert "posterior_precision" not in short and short.sizes["bin"] == 10
+    np.testing.assert_allclose(
+        short.mean_log10_precision.values, ds.mean_log10_precision.values, rtol=1e-6
+    )
+    # a bin is the mean over its tokens (and slots) of the per-lane view
+    lam = full.posterior_precision.isel(layer=0, batch=0).values
+    text = np.log10(lam / full.baseline_precision.isel(layer=0, batch=0).values).mean(-1)
+    np.testing.assert_allclose(
+        short.binned_log10_text_precision.isel(layer=0, batch=0, bin=1).values,
+        text[100:200].mean(0),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="max_detail_bytes"):
+        inspect(model, tokens, max_detail_bytes=1e5)
+    with pytest.raises(ValueError, match="window"):
+        inspect(model, tokens, window=(1000, 1010))
+
+
+def test_batch_of_different_lengths_equals_each_alone():
+    model = make_model(torch.float32)
+    texts = ["for key, value in items:", "x = 1", TEXT]
+    ds = inspect(model, texts, chunk_size=8)
+    assert ds.mask.values.sum(1).tolist() == [len(t) for t in texts]
+    for b, t in enumerate(texts):
+        one = inspect(model, t, chunk_size=8)
+        n = len(t)
+        for name in ("posterior_precision", "mean_information_bits", "surprisal", "value"):
+            got = ds[name].isel(batch=b)
+            dim = "window" if "window" in got.dims else "time"
+            np.testing.assert_allclose(
+                got.isel({dim: slice(0, n)}).values,
+                one[name].isel(batch=0).values,
+                rtol=1e-5,
+                atol=1e-7,
+                err_msg=name,
+            )
+        assert np.isnan(ds.mean_write_gain.values[:, b, n:]).all()
+        assert np.isnan(ds.posterior_precision.values[:, b, n:]).all()
+    assert "".join(ds.token.values[1]) == "x␣=␣1"
+
+
+class Tagger(torch.nn.Module):
+    """A user's module: its own embedding and head around two KLALayers, called with a
+    tokenizer's output, returning an object with .logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.encoder = torch.nn.ModuleList(
+            [KLALayer(16, KLAConfig(d_state=4)), KLALayer(16, KLAConfig(d_state=4))]
+        )
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.emb(input_ids)
+        for layer in self.encoder:
+            x = x + layer(x)
+        return types.SimpleNamespace(logits=self.head(x))
+
+
+def test_any_module_with_kla_layers_and_a_tokenizer_output():
+    torch.manual_seed(4)
+    model = Tagger().double().eval()
+    ids = torch.tensor([[3, 7, 9, 11, 2, 5], [4, 4, 8, 1, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    assert list(kla_layers(model)) == ["encoder.0", "encoder.1"]
+    ds = inspect(
+        model, {"input_ids": ids, "attention_mask": mask}, token_text=lambda t: f"<{t}>"
+    )
+    assert ds.layer.values.tolist() == ["encoder.0", "encoder.1"]
+    assert ds.token.values[0, 1] == "<7>" and ds.token.values[1, 5] == ""
+    # the first layer's trace, by hand
+    with torch.no_grad():
+        tr = model.encoder[0].trace(model.emb(ids))
+        logits = model(ids).logits
+    lam = torch.as_tensor(ds.posterior_precision.isel(layer=0).values)
+    assert_close(lam[0], tr.precision[0], "parallel", torch.float64, what="row 0")
+    assert_close(lam[1, :4], tr.precision[1, :4], "parallel", torch.float64, what="row 1")
+    assert torch.isnan(lam[1, 4:]).all()
+    bits = -torch.log_softmax(logits, -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0] / math.log(2)
+    np.testing.assert_allclose(ds.surprisal.values[0, 1:], bits.numpy(), rtol=1e-10)
+    assert np.isnan(ds.surprisal.values[1, 4:]).all()
+    one = inspect(model, ids, layers=["encoder.1"], forward=lambda m, x: m(x))
+    assert one.layer.values.tolist() == ["encoder.1"]
+    by_position = inspect(model, ids, layers=[1], forward=lambda m, x: m(x))
+    np.testing.assert_array_equal(
+        by_position.posterior_precision.values, one.posterior_precision.values
+    )
 
 
 def test_layer_selection_and_coordinates():
@@ -169,19 +294,41 @@ def test_layer_selection_and_coordinates():
     assert ds.layer.values.tolist() == [2]
     assert "".join(ds.token.values[0]).replace("␣", " ").replace("\\n", "\n") == TEXT
     assert ds.token_id.values[0].tolist() == list(TEXT.encode())
-    assert ds.posterior_precision.dims == ("layer", "batch", "time", "channel", "slot")
-    assert ds.value_precision.dims == ("layer", "batch", "time", "channel")
-    assert ds.output_variance.dims == ("layer", "batch", "time", "feature")
+    assert ds.posterior_precision.dims == ("layer", "batch", "window", "detail_channel", "slot")
+    assert ds.mean_information_bits.dims == ("layer", "batch", "time")
+    assert ds.timescale.dims == ("layer", "channel", "slot")
     assert float(ds.write_gain.min()) >= 0 and float(ds.write_gain.max()) <= 1
+    np.testing.assert_allclose(ds.timescale.values, -1 / np.log(ds.decay.values))
     all_layers = inspect(model, TEXT)
     np.testing.assert_array_equal(
         all_layers.posterior_precision.sel(layer=[2]).values, ds.posterior_precision.values
     )
 
 
+def test_summary_table():
+    model = make_model(torch.float32, mixers=("kla", "kla"))
+    layer = model.blocks[1].mixer
+    with torch.no_grad():
+        layer.process_noise[:8] = -0.5  # 8 of 32 channels: 25 % of the lanes on the floor
+    ds = inspect(model, TEXT * 3, detail=False)
+    table = summarize(ds)
+    assert list(table.index) == [0, 1]
+    assert table.loc[1, "floor_fraction"] == 0.25 and table.loc[0, "floor_fraction"] == 0.0
+    import scipy.stats
+
+    s, bits = ds.surprisal.values[0], ds.mean_information_bits.values[1, 0]
+    ok = ~np.isnan(s)
+    assert table.loc[1, "surprisal_spearman"] == pytest.approx(
+        scipy.stats.spearmanr(s[ok], bits[ok]).statistic
+    )
+    end = ds.mean_log10_precision.values[0, 0, -1]
+    base = ds.mean_log10_baseline_precision.values[0, -1]
+    assert table.loc[0, "dynamics_share"] == pytest.approx(base / end, rel=1e-6)
+
+
 def test_bad_arguments():
     model = make_model()
-    with pytest.raises(ValueError, match="layers: expected KLA block indices"):
+    with pytest.raises(ValueError, match="layers: expected KLA layer labels"):
         inspect(model, TEXT, layers=[1])
     with pytest.raises(ValueError, match="layers"):
         inspect(model, TEXT, layers=[7])
@@ -193,9 +340,11 @@ def test_bad_arguments():
         inspect(model, torch.randn(3))
     with pytest.raises(ValueError, match="tokens"):
         inspect(model, torch.tensor([[1, 300]]))
-    with pytest.raises(TypeError, match="model"):
+    with pytest.raises(ValueError, match="attention_mask"):
+        inspect(model, TEXT, attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="found none"):
         inspect(torch.nn.Linear(2, 2), TEXT)
-    with pytest.raises(ValueError, match="at least one KLA block"):
+    with pytest.raises(ValueError, match="found none"):
         inspect(make_model(mixers=("attention",)), TEXT)
 
 
@@ -207,45 +356,89 @@ def test_netcdf_round_trip_and_plots(tmp_path):
     import xarray as xr
 
     from kalmanscan.kla import plot_layer_summary, plot_precision
+    from kalmanscan.kla.plot import channel_order, plot_comparison, plot_overview
 
     ds = inspect(make_model(torch.float32), TEXT)
-    ds.to_netcdf(tmp_path / "x.nc")
+    engine = save_dataset(ds, tmp_path / "x.nc")
+    assert engine in ("h5netcdf", "netcdf4", "scipy")
     back = xr.open_dataset(tmp_path / "x.nc")
     np.testing.assert_array_equal(back.posterior_precision.values, ds.posterior_precision.values)
+    np.testing.assert_array_equal(back.mask.values.astype(bool), ds.mask.values)
     assert back.token.values[0, 0] == "d"
     back.close()
-    fig, axes = plt.subplots(2)
+    fig, axes = plt.subplots(3)
     assert plot_precision(ds, ax=axes[0]) is axes[0]
+    labels = [t.get_text() for t in fig.axes[-1].get_xticklabels()]  # the surprisal strip
+    assert labels[:3] == ["d", "e", "f"]
     assert plot_layer_summary(ds, "readout_variance", ax=axes[1]) is axes[1]
-    assert [t.get_text() for t in axes[0].get_xticklabels()][:3] == ["d", "e", "f"]
+    assert plot_layer_summary(ds, "mean_information_bits", ax=axes[2]) is axes[2]
     plt.close(fig)
+    order = channel_order(ds, layer=0)
+    ts = np.exp(np.log(ds.timescale.isel(layer=0).sel(channel=order).values).mean(-1))
+    assert np.all(np.diff(ts) >= 0)
+    ax = plot_precision(ds, relative_to="baseline", sort_by="timescale", channels=[3, 1, 2])
+    last = channel_order(ds, layer=-1)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [str(c) for c in last if c in (1, 2, 3)]
+    plt.close(ax.figure)
+    long = inspect(make_model(torch.float32), TEXT * 80, detail=False, bin_size=1)
+    ax = plot_precision(long, "binned_log10_text_precision", max_columns=500)
+    assert ax.images[0].get_array().shape[1] <= 500  # readable width at any length
+    plt.close(ax.figure)
+    axes = plot_overview(long)
+    plt.close(axes[0].figure)
+    axes = plot_comparison(compare(make_model(torch.float32), TEXT, "x = 1", detail=False))
+    assert len(axes) == 4
+    plt.close(axes[0].figure)
     with pytest.raises(ValueError, match="var"):
         plot_precision(ds, "nope")
+    with pytest.raises(ValueError, match="relative_to"):
+        plot_precision(ds, "value_precision", relative_to="baseline")
 
 
-def test_cli_inspect_writes_picture_and_dataset(tmp_path, capsys):
+def run_cli(argv, stdin=None, monkeypatch=None):
     from kalmanscan.cli import main
 
-    save_checkpoint(make_model(torch.float32), tmp_path / "ck")
-    rc = main(
-        [
-            "inspect",
-            "for x in y:",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--out",
-            str(tmp_path / "out"),
-            "--channels",
-            "0-7",
-        ]
-    )
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    return main(argv)
+
+
+def test_cli_inspect(tmp_path, capsys, monkeypatch):
+    import xarray as xr
+
+    ck = save_checkpoint(make_model(torch.float32), tmp_path / "ck")
+    out = tmp_path / "out"
+    rc = run_cli(["inspect", "for x in y:", "--checkpoint", str(ck), "--out", str(out)])
     assert rc == 0
-    assert (tmp_path / "out" / "precision.png").stat().st_size > 1000
-    assert (tmp_path / "out" / "inspect.nc").is_file()
-    assert "wrote" in capsys.readouterr().out
-    rc = main(["inspect", "x", "--checkpoint", str(tmp_path / "missing")])
+    assert (out / "overview.png").stat().st_size > 1000 and (out / "inspect.nc").is_file()
+    text = capsys.readouterr().out
+    assert "wrote" in text and "floor_fraction" in text
+    # --file, --max-bytes, --window, --channels
+    src = tmp_path / "src.py"
+    src.write_text(TEXT * 10)
+    rc = run_cli(
+        ["inspect", "--file", str(src), "--max-bytes", "100", "--window", "10:30",
+         "--channels", "0-7", "--checkpoint", str(ck), "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    assert "first 100 of" in capsys.readouterr().err
+    ds = xr.open_dataset(out / "inspect.nc")
+    assert ds.sizes["time"] == 100 and ds.sizes["window"] == 20 and ds.sizes["detail_channel"] == 8
+    ds.close()
+    assert (out / "window.png").is_file()
+    # standard input and a comparison
+    rc = run_cli(
+        ["inspect", "-", "--compare", "x = 1", "--checkpoint", str(ck), "--out", str(out)],
+        stdin=b"while True:\n    pass\n",
+        monkeypatch=monkeypatch,
+    )
+    assert rc == 0 and (out / "comparison.png").is_file()
+    assert "text 1" in capsys.readouterr().out
+    rc = run_cli(["inspect", "x", "--checkpoint", str(tmp_path / "missing")])
     assert rc == 2
     assert "checkpoint" in capsys.readouterr().err
+    rc = run_cli(["inspect", "--file", str(tmp_path / "nope.txt"), "--checkpoint", str(ck)])
+    assert rc == 2
 
 
 @pytest.mark.gpu
@@ -256,4 +449,7 @@ def test_cuda_matches_cpu():
     b = inspect(model.cuda(), TEXT)
     np.testing.assert_allclose(
         b.posterior_precision.values, a.posterior_precision.values, rtol=1e-4
+    )
+    np.testing.assert_allclose(
+        b.mean_information_bits.values, a.mean_information_bits.values, rtol=1e-4
     )

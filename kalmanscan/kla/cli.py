@@ -1,8 +1,11 @@
-"""``kalmanscan inspect "some text"``: belief-state precisions of a KLA language model.
+"""``kalmanscan inspect``: what a text did to the belief states of a KLA language model.
 
-Loads the bundled byte-level model (or ``--checkpoint DIR``) on the CPU, runs
-:func:`kalmanscan.kla.inspect` on the text, and writes ``precision.png`` (heatmaps and per-block
-curves) and ``inspect.nc`` (the dataset) into ``--out``.
+Loads the bundled byte-level model (or ``--checkpoint DIR``), streams the text through
+:func:`kalmanscan.kla.inspect` (from the argument, ``--file PATH`` or standard input, at most
+``--max-bytes``), prints a per-layer summary, and writes into ``--out``: ``overview.png``
+(channel views and per-layer curves over the whole text, surprisal aligned), ``inspect.nc``
+(the dataset), and with ``--window A:B`` the per-lane detail of those tokens and
+``window.png``; with ``--compare`` a second text and ``comparison.png``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,55 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected ints like '0,2,5-9', got {text!r}") from None
 
 
+def _window(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = text.split(":")
+        return int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected START:STOP token positions, got {text!r}"
+        ) from None
+
+
+def _read(text, path, max_bytes, what):
+    """UTF-8 bytes of the text from the argument, a file or stdin ('-'), cut at max_bytes."""
+    if path is not None:
+        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+    elif text == "-" or (text is None and not sys.stdin.isatty()):
+        data = sys.stdin.buffer.read()
+    elif text is None:
+        raise ValueError(f"{what}: expected text, --file PATH or text on standard input")
+    else:
+        data = text.encode("utf-8")
+    if not data:
+        raise ValueError(f"{what}: expected at least one byte, got none")
+    if len(data) > max_bytes:
+        print(
+            f"kalmanscan inspect: {what}: using the first {max_bytes} of {len(data)} bytes "
+            "(--max-bytes)",
+            file=sys.stderr,
+        )
+        data = data[:max_bytes]
+    return data
+
+
 def inspect_main(argv: list[str] | None = None) -> int:
     """Entry point of ``kalmanscan inspect``; returns the exit status."""
     ap = argparse.ArgumentParser(
         prog="kalmanscan inspect",
-        description="Belief-state precisions of a KLA language model over a piece of text.",
+        description="What a text did to the belief states of a KLA language model.",
     )
-    ap.add_argument("text", help="text to run through the model (UTF-8 bytes are the tokens)")
+    ap.add_argument(
+        "text", nargs="?", default=None, help="text (UTF-8 bytes are the tokens); '-' = stdin"
+    )
+    ap.add_argument(
+        "--file", type=Path, default=None, help="read the text from a file ('-' = stdin)"
+    )
+    ap.add_argument("--compare", default=None, help="a second text, shown against the first")
+    ap.add_argument("--compare-file", type=Path, default=None, help="the second text from a file")
+    ap.add_argument(
+        "--max-bytes", type=int, default=1_000_000, help="use at most this many bytes of each text"
+    )
     ap.add_argument(
         "--checkpoint",
         type=Path,
@@ -41,65 +86,106 @@ def inspect_main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=Path("kla-inspect"), help="output directory")
     ap.add_argument("--layers", type=_int_list, default=None, help="KLA block indices, e.g. 0,3")
-    ap.add_argument("--channels", type=_int_list, default=None, help="channels, e.g. 0-63")
+    ap.add_argument(
+        "--window",
+        type=_window,
+        default=None,
+        help="keep the per-lane detail of tokens START:STOP (default: summaries only)",
+    )
+    ap.add_argument(
+        "--channels", type=_int_list, default=None, help="channels in the detail, e.g. 0-63"
+    )
+    ap.add_argument("--layer", type=int, default=-1, help="layer drawn in the heatmaps (position)")
+    ap.add_argument("--chunk-size", type=int, default=1024, help="tokens per forward chunk")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument(
         "--backend",
         default=None,
-        help="KLA op backend (default: 'sequential' on the CPU, where it is the "
-        "fastest for one sequence; 'auto' elsewhere)",
+        help="KLA op backend (default: 'sequential' on the CPU, 'auto' elsewhere)",
     )
     args = ap.parse_args(argv)
+    if args.max_bytes < 1:
+        ap.error(f"--max-bytes: expected a positive int, got {args.max_bytes}")
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kalmanscan.kla.inspect import inspect
+    from kalmanscan.kla.inspect import inspect, save_dataset, summarize
     from kalmanscan.kla.io import CheckpointError, load_checkpoint
-    from kalmanscan.kla.plot import plot_layer_summary, plot_precision
+    from kalmanscan.kla.plot import plot_comparison, plot_overview, plot_precision
 
-    if not args.text:
-        print("kalmanscan inspect: text: expected at least one character", file=sys.stderr)
-        return 2
     try:
+        texts = [_read(args.text, args.file, args.max_bytes, "text")]
+        if args.compare is not None or args.compare_file is not None:
+            texts.append(_read(args.compare, args.compare_file, args.max_bytes, "compare"))
         backend = args.backend or ("sequential" if args.device == "cpu" else "auto")
         model = load_checkpoint(args.checkpoint, device=args.device, backend=backend)
-        ds = inspect(model, args.text, layers=args.layers, channels=args.channels)
-    except (CheckpointError, ValueError, TypeError) as err:
+        ds = inspect(
+            model,
+            texts if len(texts) > 1 else texts[0],
+            layers=args.layers,
+            channels=args.channels,
+            window=args.window,
+            detail=args.window is not None,
+            chunk_size=args.chunk_size,
+        )
+    except (CheckpointError, ValueError, TypeError, OSError) as err:
         print(f"kalmanscan inspect: {err}", file=sys.stderr)
         return 2
 
     args.out.mkdir(parents=True, exist_ok=True)
-    L = ds.sizes["time"]
-    fig, axes = plt.subplots(4, 1, figsize=(max(8.0, 0.14 * L + 2), 14), constrained_layout=True)
-    plot_precision(ds, "posterior_precision", ax=axes[0])
-    plot_precision(ds, "value_precision", ax=axes[1], cmap="magma")
-    plot_layer_summary(ds, "posterior_precision", ax=axes[2])
-    plot_layer_summary(ds, "readout_variance", ax=axes[3])
-    png = args.out / "precision.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    nc = args.out / "inspect.nc"
-    ds.to_netcdf(nc)
-
-    bits = ds["surprisal"].isel(batch=0).values[:-1]
-    print(
-        f"{L} bytes, blocks {ds['layer'].values.tolist()}, {ds.sizes['channel']} channels x "
-        f"{ds.sizes['slot']} slots"
-    )
-    if len(bits):
-        print(f"model surprisal: {bits.mean():.3f} bits/byte over the text")
-    for i, layer in enumerate(ds["layer"].values):
-        lam = ds["posterior_precision"].isel(layer=i, batch=0)
-        print(
-            f"block {int(layer)}: posterior precision median {float(lam.median()):.3g} "
-            f"(first token {float(lam.isel(time=0).median()):.3g}, "
-            f"last {float(lam.isel(time=-1).median()):.3g})"
+    written = []
+    axes = plot_overview(ds, layer=args.layer)
+    path = args.out / "overview.png"
+    axes[0].figure.savefig(path, dpi=100)
+    plt.close(axes[0].figure)
+    written.append(path)
+    if len(texts) > 1:
+        axes = plot_comparison(ds, layer=args.layer)
+        path = args.out / "comparison.png"
+        axes[0].figure.savefig(path, dpi=100)
+        plt.close(axes[0].figure)
+        written.append(path)
+    if args.window is not None:
+        fig, axs = plt.subplots(2, 1, figsize=(12, 9), constrained_layout=True)
+        plot_precision(
+            ds, "posterior_precision", layer=args.layer, relative_to="baseline",
+            sort_by="timescale", ax=axs[0],
+        )  # fmt: skip
+        plot_precision(
+            ds, "write_gain", layer=args.layer, sort_by="timescale", ax=axs[1], cmap="magma"
         )
-    print(f"wrote {png} and {nc}")
+        path = args.out / "window.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    nc = args.out / "inspect.nc"
+    engine = save_dataset(ds, nc)
+    written.append(nc)
+
+    L = ds.sizes["time"]
+    print(
+        f"{[len(t) for t in texts]} bytes, layers {ds['layer'].values.tolist()}, "
+        f"{ds.sizes['channel']} channels x {ds.sizes['slot']} slots"
+    )
+    for b in range(ds.sizes["batch"]):
+        bits = ds["surprisal"].isel(batch=b).values
+        print(f"text {b}: model surprisal {float(_nanmean(bits)):.3f} bits/byte")
+    import pandas as pd
+
+    with pd.option_context("display.width", 120, "display.precision", 3):
+        print(summarize(ds).to_string())
+    print(f"wrote {', '.join(str(p) for p in written)} ({engine} engine; {L} tokens)")
     return 0
+
+
+def _nanmean(x):
+    import numpy as np
+
+    x = x[~np.isnan(x)]
+    return x.mean() if len(x) else float("nan")
 
 
 if __name__ == "__main__":

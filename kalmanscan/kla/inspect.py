@@ -1,40 +1,87 @@
-"""Belief-state inspection: per-token precisions inside the KLA blocks of a language model.
+"""Belief-state inspection: what the text did to the filters inside KLA layers, separated from
+what their dynamics do on their own.
 
-:func:`inspect` runs the model over the tokens (chunk by chunk, carrying every block's recurrent
-state, so memory stays bounded for long inputs), asks each selected KLA block for its trace, and
-returns an ``xarray.Dataset``. All filter quantities come from the KLA op itself
-(``kla_filter(..., return_precision=True)``); the gates are the ratios that define them:
+:func:`inspect` runs a model with a recording hook on each :class:`~kalmanscan.kla.KLALayer`
+(any ``nn.Module`` containing them; a :class:`~kalmanscan.kla.KLALanguageModel` is streamed
+chunk by chunk with its recurrent state carried), reduces each layer's per-token, per-lane
+quantities as they are produced, and returns an ``xarray.Dataset``. Per lane ``(channel m,
+slot s)`` and token ``t`` (notation of docs/kla.md):
 
-- ``posterior_precision`` ``lam_t`` and ``information_added`` ``phi_t = Lv_t k_t**2``;
-- ``prior_precision`` ``lam_t - phi_t`` (the update step adds ``phi_t`` to the prior);
-- ``write_gain`` ``phi_t / lam_t`` in [0, 1] (the Kalman gain times the key) and
-  ``forget_gate`` ``decay * prior / lam_t``, so that
-  ``mean_t = forget_gate * mean_{t-1} + (k Lv / lam_t) v_t`` (docs/kla.md).
+- ``lam_t`` posterior precision, from the op (``kla_filter(..., return_precision=True)``);
+- ``phi_t = Lv_t[m] k_t[s]**2`` information added, ``prior_t = lam_t - phi_t``;
+- ``write_gain = phi_t / lam_t`` and ``forget_gate = a prior_t / lam_t`` (so that
+  ``mean_t = forget_gate * mean_{t-1} + (k Lv / lam_t) v_t``);
+- ``information_bits = -log2(1 - write_gain) / 2 = log2(lam_t / prior_t) / 2``, the bits the
+  token told the lane (entropy drop of its Gaussian belief);
+- ``baseline_t``: the precision the same dynamics reach from the same starting state
+  (``lam = 1``) with no observations, ``1 / (a**(2n) + p (1 - a**(2n)) / (1 - a**2))`` after
+  ``n = t + 1`` steps. ``lam_t / baseline_t`` is the part of the precision the text put there.
+
+Memory does not grow with the text: summaries over lanes are ``[layer, batch, time]``,
+channel views are averaged into bins of ``bin_size`` tokens, and the full per-lane detail is
+kept only for a ``window`` of tokens and a selection of ``channels``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kalmanscan.kla.io import byte_label, encode_text
+from kalmanscan.kla.layer import PROCESS_NOISE_MIN, KLALayer
 
-_SLOT_VARS = (
+_LN2 = math.log(2.0)
+_DETAIL_SLOT = (
     "posterior_precision",
     "prior_precision",
+    "baseline_precision",
     "information_added",
     "write_gain",
     "forget_gate",
 )
-_CHANNEL_VARS = ("value_precision", "value", "readout_variance", "gated_readout_variance")
+_DETAIL_CHANNEL = ("value_precision", "value", "readout_variance", "gated_readout_variance")
+_SUMMARIES = (
+    "mean_log10_precision",
+    "mean_log10_text_precision",
+    "mean_information_bits",
+    "mean_write_gain",
+    "mean_forget_gate",
+    "mean_log10_readout_variance",
+)
+_BINNED = ("binned_log10_text_precision", "binned_information_bits")
+_LANE = ("lane_mean_log10_text_precision", "lane_mean_information_bits", "lane_mean_write_gain")
 _DESCRIPTIONS = {
-    "posterior_precision": "filtered precision lam_t of each (channel, slot) lane after token t",
-    "prior_precision": "one-step prior precision before token t is observed (lam_t - phi_t)",
-    "information_added": "precision added by token t: phi_t = value_precision * key**2",
+    "surprisal": "-log2 p(token t | tokens before t), bits (NaN at t=0 and at padding)",
+    "mask": "True where the batch element has a token (False at padding)",
+    "mean_log10_precision": "mean over lanes of log10 lam_t (posterior precision)",
+    "mean_log10_baseline_precision": "mean over lanes of log10 of the no-observation baseline",
+    "mean_log10_text_precision": "mean over lanes of log10(lam_t / baseline_t): precision the "
+    "text added beyond what the dynamics alone give from the same state",
+    "mean_information_bits": "mean over lanes of log2(lam_t / prior_t) / 2: bits token t told "
+    "a lane",
+    "mean_write_gain": "mean over lanes of phi_t / lam_t",
+    "mean_forget_gate": "mean over lanes of decay * prior_t / lam_t (weight on the old mean)",
+    "mean_log10_readout_variance": "mean over channels of log10 sum_s q_s**2 / lam_s",
+    "binned_log10_text_precision": "log10(lam/baseline), mean over slots and the bin's tokens",
+    "binned_information_bits": "information bits, mean over slots and the bin's tokens",
+    "binned_surprisal": "surprisal, mean over the bin's tokens",
+    "lane_mean_log10_text_precision": "log10(lam/baseline) averaged over every valid token",
+    "lane_mean_information_bits": "information bits averaged over every valid token",
+    "lane_mean_write_gain": "write gain averaged over every valid token",
+    "decay": "discrete decay a of each lane",
+    "process_var": "discrete process-noise variance p of each lane",
+    "stationary_precision": "(1 - a**2) / p: the precision a lane rests at without observations",
+    "timescale": "-1 / ln(a) = 1 / (theta * dt): memory of a lane in tokens",
+    "process_noise_at_floor": "process noise at or below its floor (1e-7): no gradient reaches it",
+    "posterior_precision": "lam_t of each lane after token t",
+    "prior_precision": "lam_t - phi_t: precision before token t is observed",
+    "baseline_precision": "precision with no observations from the same starting state",
+    "information_added": "phi_t = value_precision * key**2",
     "write_gain": "phi_t / lam_t: share of the posterior precision contributed by token t",
-    "forget_gate": "decay * prior_precision / posterior_precision: weight on the previous mean",
+    "forget_gate": "decay * prior_t / lam_t: weight on the previous mean",
     "value_precision": "value (observation) precision Lv_t = 1/(softplus(log var) + floor)",
     "value": "value v_t observed by each channel",
     "key": "key k_t (observation loading of each slot)",
@@ -42,24 +89,48 @@ _DESCRIPTIONS = {
     "readout_variance": "sum_s q_s**2 / lam_s, before the gate",
     "gated_readout_variance": "readout variance times act(gate)**2",
     "output_variance": "model-space variance of the mixer output, yvar_gated @ (W_out**2)^T",
-    "decay": "discrete decay a of each lane",
-    "process_var": "discrete process-noise variance p of each lane",
-    "stationary_precision": "(1 - a**2) / p: the precision a lane relaxes to without observations",
-    "surprisal": "-log2 p(next token | tokens so far), in bits (NaN at the last position)",
 }
 
 
-def _as_tokens(tokens) -> torch.Tensor:
+# ---------------------------------------------------------------------- inputs
+
+
+def _pad(rows, name):
+    lengths = [len(r) for r in rows]
+    if not rows or min(lengths) == 0:
+        raise ValueError(f"{name}: expected non-empty sequences, got lengths {lengths}")
+    ids = torch.zeros(len(rows), max(lengths), dtype=torch.int64)
+    mask = torch.zeros(len(rows), max(lengths), dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.as_tensor(row, dtype=torch.int64)
+        mask[b, : len(row)] = True
+    return ids, mask
+
+
+def _as_ids(tokens):
+    """``tokens`` -> ``(ids [B, L] int64, mask [B, L] bool or None)``."""
     if isinstance(tokens, (str, bytes, bytearray)):
-        return encode_text(tokens)
+        return encode_text(tokens), None
+    if isinstance(tokens, (list, tuple)) and tokens and all(
+        isinstance(t, (str, bytes, bytearray)) for t in tokens
+    ):
+        return _pad([encode_text(t)[0] for t in tokens], "tokens")
+    if isinstance(tokens, (list, tuple)) and tokens and all(
+        isinstance(t, (list, tuple, np.ndarray, torch.Tensor)) for t in tokens
+    ):
+        rows = [torch.as_tensor(t) for t in tokens]
+        if any(r.ndim != 1 or r.is_floating_point() for r in rows):
+            raise TypeError("tokens: expected a list of 1-D integer sequences")
+        return _pad(rows, "tokens")
     if isinstance(tokens, np.ndarray):
         tokens = torch.from_numpy(tokens)
     if isinstance(tokens, (list, tuple)):
         tokens = torch.tensor(tokens)
     if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.is_complex():
         raise TypeError(
-            f"tokens: expected text, bytes or an integer tensor [L] or [B, L], got "
-            f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}"
+            "tokens: expected text, bytes, a list of them, integer ids [L] or [B, L], a list of "
+            f"id sequences or a tokenizer's output, got {type(tokens).__name__} "
+            f"{getattr(tokens, 'dtype', '')}"
         )
     if tokens.ndim == 1:
         tokens = tokens[None]
@@ -67,13 +138,13 @@ def _as_tokens(tokens) -> torch.Tensor:
         raise ValueError(
             f"tokens: expected shape [L] or [B, L] with L >= 1, got {tuple(tokens.shape)}"
         )
-    return tokens.long()
+    return tokens.long(), None
 
 
 def _index_list(name, value, size, default):
     if value is None:
         return list(default)
-    if isinstance(value, int):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = [value]
     out = []
     for v in value:
@@ -88,6 +159,245 @@ def _index_list(name, value, size, default):
     return out
 
 
+def kla_layers(model) -> dict:
+    """The :class:`~kalmanscan.kla.KLALayer` modules of ``model`` in module order, keyed by
+    their layer label: the block index in a :class:`~kalmanscan.kla.KLALanguageModel`, the
+    module path (``"encoder.2.mixer"``) otherwise.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> cfg = ModelConfig(d_model=16, n_layers=2, mixers=["attention", "kla"],
+    ...                   kla=KLAConfig(d_state=2))
+    >>> list(kla_layers(KLALanguageModel(cfg)))
+    [1]
+    """
+    if isinstance(model, KLALayer):
+        return {0: model}
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    from kalmanscan.kla.model import KLALanguageModel
+
+    if isinstance(model, KLALanguageModel):
+        return {i: model.blocks[i].mixer for i in model.kla_blocks}
+    return {name: mod for name, mod in model.named_modules() if isinstance(mod, KLALayer)}
+
+
+# ---------------------------------------------------------------------- dynamics
+
+
+def baseline_log10_precision(decay, process_var, positions, lam0=1.0):
+    """log10 of the no-observation precision of each lane after ``n = position + 1`` predict
+    steps from precision ``lam0``: ``-log10(a**(2n) / lam0 + p * sum_{j<n} a**(2j))``.
+
+    decay, process_var ``[M, S]``; positions ``[T]`` -> ``[T, M, S]`` (float64).
+
+    >>> import torch
+    >>> a = torch.tensor([[0.5]], dtype=torch.float64)
+    >>> p = torch.tensor([[0.1]], dtype=torch.float64)
+    >>> lam = 1.0
+    >>> for _ in range(3):
+    ...     lam = lam / (0.25 + 0.1 * lam)   # predict step, no observation
+    >>> round(lam, 10), round(float(10 ** baseline_log10_precision(a, p, torch.tensor([2]))), 10)
+    (6.8085106383, 6.8085106383)
+    """
+    a = decay.double()
+    p = process_var.double()
+    n = positions.double().add(1.0)[:, None, None]
+    l2 = 2.0 * torch.log(a)  # <= 0
+    a2n = torch.exp(n * l2)
+    denom = -torch.expm1(l2)
+    geometric = torch.where(denom > 0, -torch.expm1(n * l2) / denom.clamp_min(1e-300), n)
+    return -torch.log10(a2n / lam0 + p * geometric)
+
+
+# ---------------------------------------------------------------------- the recorder
+
+
+class _Recorder:
+    """Receives each KLATrace of the selected layers and keeps reductions and the window."""
+
+    def __init__(self, layers, B, L, mask, channels, window, bin_size, detail, npdt, device):
+        self.layers = layers  # list of KLALayer in output order
+        self.pos = {id(m): i for i, m in enumerate(layers)}
+        self.offset = [0] * len(layers)
+        self.B, self.L = B, L
+        self.mask = mask  # [B, L] bool on device
+        self.npdt = npdt
+        first = layers[0]
+        M, S, D = first.d_inner, first.d_state, first.d_model
+        self.M, self.S, self.D = M, S, D
+        nl = len(layers)
+        self.sum = {n: np.full((nl, B, L), np.nan, npdt) for n in _SUMMARIES}
+        self.base_mean = np.full((nl, L), np.nan, npdt)
+        self.bin_size = bin_size
+        self.nbins = -(-L // bin_size)
+        self.binned = {n: torch.zeros(nl, B, self.nbins, M, dtype=torch.float64) for n in _BINNED}
+        self.lane = {n: torch.zeros(nl, M, S, dtype=torch.float64) for n in _LANE}
+        self.count = torch.zeros(nl, dtype=torch.float64)
+        self.window = window
+        self.channels = torch.tensor(channels, device=device) if detail else None
+        self.static = None
+        self.detail = None
+        if detail:
+            W, C = window[1] - window[0], len(channels)
+            self.detail = {n: np.full((nl, B, W, C, S), np.nan, npdt) for n in _DETAIL_SLOT}
+            self.detail.update(
+                {n: np.full((nl, B, W, C), np.nan, npdt) for n in _DETAIL_CHANNEL}
+            )
+            self.detail.update({n: np.full((nl, B, W, S), np.nan, npdt) for n in ("key", "query")})
+            self.detail["output_variance"] = np.full((nl, B, W, D), np.nan, npdt)
+
+    def __call__(self, layer, tr):
+        i = self.pos.get(id(layer))
+        if i is None:
+            return
+        t0 = self.offset[i]
+        B, T = tr.out.shape[:2]
+        if B != self.B or t0 + T > self.L:
+            raise ValueError(
+                f"inputs: layer {i} saw [B={B}, L={t0 + T}] tokens, expected at most "
+                f"[B={self.B}, L={self.L}] (the model must call each KLA layer on the inputs' "
+                "tokens, once or chunk by chunk in order)"
+            )
+        self.offset[i] = t0 + T
+        lam = tr.precision
+        fdt = lam.dtype
+        a = tr.decay
+        pos = torch.arange(t0, t0 + T, device=lam.device)
+        base64 = baseline_log10_precision(a, tr.process_var, pos)  # [T, M, S]
+        base = base64.to(fdt)
+        Lv, k = tr.sensors.obs_prec, tr.sensors.k
+        phi = Lv[..., None] * k.square()[:, :, None, :]
+        wg = phi / lam
+        bits = torch.log1p(-wg).mul_(-0.5 / _LN2)
+        log10lam = torch.log10(lam)
+        w = self.mask[:, t0 : t0 + T].to(fdt)  # [B, T]
+        keep = w.bool()
+        nan = torch.tensor(float("nan"), dtype=fdt, device=lam.device)
+
+        def put(name, value):
+            self.sum[name][i, :, t0 : t0 + T] = torch.where(keep, value, nan).cpu().numpy()
+
+        mean_log10 = log10lam.mean((-1, -2))
+        base_mean = base.mean((-1, -2))
+        put("mean_log10_precision", mean_log10)
+        put("mean_log10_text_precision", mean_log10 - base_mean)
+        put("mean_information_bits", bits.mean((-1, -2)))
+        mean_wg = wg.mean((-1, -2))
+        put("mean_write_gain", mean_wg)
+        put("mean_forget_gate", a.mean() - (wg * a).mean((-1, -2)))
+        put("mean_log10_readout_variance", torch.log10(tr.yvar).mean(-1))
+        self.base_mean[i, t0 : t0 + T] = base_mean.cpu().numpy()
+
+        # per channel, binned over tokens; per lane, summed over valid tokens
+        text = log10lam - base
+        bins = torch.div(pos, self.bin_size, rounding_mode="floor").cpu()
+        wm = w[..., None]
+        for name, value in (
+            ("binned_log10_text_precision", text),
+            ("binned_information_bits", bits),
+        ):
+            per_channel = (value.mean(-1) * wm).double().cpu()  # [B, T, M]
+            self.binned[name][i].index_add_(1, bins, per_channel)
+        w4 = w[..., None, None]
+        self.lane["lane_mean_log10_text_precision"][i] += (text * w4).sum((0, 1)).double().cpu()
+        self.lane["lane_mean_information_bits"][i] += (bits * w4).sum((0, 1)).double().cpu()
+        self.lane["lane_mean_write_gain"][i] += (wg * w4).sum((0, 1)).double().cpu()
+        self.count[i] += float(w.sum())
+
+        if self.static is None:
+            self.static = {}
+        if i not in self.static:
+            self.static[i] = (a.double().cpu(), tr.process_var.double().cpu())
+
+        if self.detail is not None:
+            lo, hi = max(self.window[0], t0), min(self.window[1], t0 + T)
+            if lo < hi:
+                self._detail(i, tr, t0, lo - t0, hi - t0, lam, phi, wg, base64)
+
+    def _detail(self, i, tr, t0, a0, a1, lam, phi, wg, base64):
+        """Copy rows ``a0:a1`` of a chunk starting at token ``t0`` into the window arrays."""
+        ch = self.channels
+        w0 = t0 + a0 - self.window[0]
+        w1 = w0 + a1 - a0
+        keep = self.mask[:, t0 + a0 : t0 + a1]
+
+        def put(name, value, channel_dim=True):
+            v = value[:, a0:a1]
+            if channel_dim:
+                v = v.index_select(2, ch)
+            v = v.to(torch.float64 if self.npdt == np.float64 else torch.float32)
+            shape = (keep.shape[0], keep.shape[1]) + (1,) * (v.ndim - 2)
+            v = torch.where(keep.reshape(shape), v, torch.full_like(v, float("nan")))
+            self.detail[name][i, :, w0:w1] = v.cpu().numpy()
+
+        a = tr.decay
+        put("posterior_precision", lam)
+        put("prior_precision", lam - phi)
+        put("baseline_precision", torch.pow(10.0, base64)[None].expand(lam.shape))
+        put("information_added", phi)
+        put("write_gain", wg)
+        put("forget_gate", a * (1 - wg))
+        put("value_precision", tr.sensors.obs_prec)
+        put("value", tr.sensors.v)
+        put("readout_variance", tr.yvar)
+        put("gated_readout_variance", tr.yvar * tr.gate_act.to(tr.yvar.dtype).square())
+        put("key", tr.sensors.k, channel_dim=False)
+        put("query", tr.sensors.q, channel_dim=False)
+        put("output_variance", tr.out_var, channel_dim=False)
+
+
+class record:
+    """Context manager that installs ``recorder(layer, trace)`` on every given KLALayer (the
+    layer then computes its per-token precisions and hands over a
+    :class:`~kalmanscan.kla.KLATrace` on each call) and removes it on exit."""
+
+    def __init__(self, layers, recorder):
+        self.layers, self.recorder = list(layers), recorder
+
+    def __enter__(self):
+        busy = [m for m in self.layers if m._recorder is not None]
+        if busy:
+            raise RuntimeError("inspect: a KLALayer is already being recorded (nested inspect)")
+        for m in self.layers:
+            m._recorder = self.recorder
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.layers:
+            m._recorder = None
+        return False
+
+
+# ---------------------------------------------------------------------- running the model
+
+
+def _logits_of(output, B, L):
+    if isinstance(output, torch.Tensor):
+        out = output
+    elif hasattr(output, "logits"):
+        out = output.logits
+    elif isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        out = output[0]
+    else:
+        return None
+    if out.ndim == 3 and tuple(out.shape[:2]) == (B, L) and out.is_floating_point():
+        return out
+    return None
+
+
+def _surprisal(logits, ids, prev_logits):
+    """-log2 p(ids[t] | <t) for the chunk's positions, from the chunk's logits [B, T, V]
+    and the logits of the position before the chunk (or None at the start)."""
+    B, T = ids.shape
+    rows = logits[:, :-1] if prev_logits is None else torch.cat((prev_logits, logits[:, :-1]), 1)
+    targets = ids if prev_logits is not None else ids[:, 1:]
+    logp = torch.log_softmax(rows.double(), -1)
+    bits = -logp.gather(-1, targets[..., None].to(logp.device))[..., 0] / _LN2
+    out = torch.full((B, T), float("nan"), dtype=torch.float64)
+    out[:, T - bits.shape[1] :] = bits.cpu()
+    return out
+
+
 @torch.no_grad()
 def inspect(
     model,
@@ -95,177 +405,381 @@ def inspect(
     *,
     layers=None,
     channels=None,
-    chunk_size: int = 512,
+    window=None,
+    detail: bool = True,
+    bin_size: int | None = None,
+    chunk_size: int = 1024,
+    attention_mask=None,
+    forward=None,
     token_text=None,
-    max_bytes: float = 2**31,
+    max_detail_bytes: float = 2**30,
 ):
-    """Per-token belief-state quantities of the KLA blocks of ``model`` as an ``xarray.Dataset``.
+    """Per-token belief-state quantities of the KLA layers of ``model`` as an ``xarray.Dataset``.
 
     Args:
-        model: a :class:`~kalmanscan.kla.KLALanguageModel` (any device; it is not modified).
-        tokens: text/bytes (encoded as UTF-8 bytes) or integer ids ``[L]`` or ``[B, L]``.
-        layers: block indices to inspect (default: every KLA block).
-        channels: channel indices ``m`` to keep (default: all ``M``).
-        chunk_size: tokens per forward chunk; the recurrent state carries across chunks, so
-            results do not depend on it and peak memory grows with it, not with ``L``.
-        token_text: callable ``id -> str`` for the ``token`` coordinate (default: byte labels).
-        max_bytes: refuse (ValueError) when the dataset would be larger; select fewer
-            layers/channels instead.
+        model: a :class:`~kalmanscan.kla.KLALanguageModel` (streamed ``chunk_size`` tokens at
+            a time with every block's state carried) or any ``nn.Module`` containing
+            :class:`~kalmanscan.kla.KLALayer` modules (called once, as ``forward(model,
+            inputs)``). Not modified; any device.
+        tokens: text or bytes (UTF-8 bytes are the tokens), a list of them (a batch, padded on
+            the right and masked), integer ids ``[L]`` / ``[B, L]`` or a list of id sequences,
+            or a tokenizer's output (a mapping with ``input_ids`` and optionally
+            ``attention_mask``, passed to the model as keyword arguments).
+        layers: which KLA layers, as labels (block indices of a language model, module paths
+            otherwise) or positions in :func:`kla_layers`; default all.
+        channels: channels kept in the per-lane detail (default all).
+        window: ``(start, stop)`` token positions kept in the per-lane detail (default all).
+        detail: False keeps only the summaries, the binned channel views and lane statistics,
+            whose size does not depend on the selection (for long texts).
+        bin_size: tokens per column of the binned channel views (default: about 1000 columns).
+        attention_mask: ``[B, L]``, nonzero where there is a token (default: from ``tokens``).
+        forward: ``callable(model, inputs) -> output`` for other modules (default
+            ``model(inputs)``, or ``model(**inputs)`` for a mapping). Logits ``[B, L, V]``
+            (the output, its ``.logits`` or first element) give the surprisal.
+        token_text: ``callable(id) -> str`` labels (default: byte labels for ids < 256).
+        max_detail_bytes: refuse (ValueError) a per-lane detail larger than this.
 
     Returns:
-        Dataset with dims ``layer, batch, time, channel, slot, feature``; variables
-        ``posterior_precision, prior_precision, information_added, write_gain, forget_gate``
-        ``[layer,batch,time,channel,slot]``; ``value_precision, value, readout_variance,
-        gated_readout_variance`` ``[layer,batch,time,channel]``; ``key, query``
-        ``[layer,batch,time,slot]``; ``output_variance`` ``[layer,batch,time,feature]``;
-        ``decay, process_var, stationary_precision`` ``[layer,channel,slot]``; ``surprisal``
-        ``[batch,time]``; coordinates ``token`` (text) and ``token_id`` ``[batch,time]``.
+        Dataset with dims ``layer, batch, time`` (every token), ``window`` (detail tokens,
+        labelled by position), ``channel`` (all channels), ``detail_channel``, ``slot``,
+        ``bin``, ``feature``. Summaries over lanes ``[layer, batch, time]``:
+        ``mean_log10_precision``, ``mean_log10_text_precision`` (against the no-observation
+        baseline), ``mean_information_bits``, ``mean_write_gain``, ``mean_forget_gate``,
+        ``mean_log10_readout_variance``, and ``mean_log10_baseline_precision [layer, time]``;
+        ``surprisal, mask [batch, time]``; channel views ``[layer, batch, bin, channel]``;
+        per lane ``[layer, channel, slot]``: ``decay, process_var, stationary_precision,
+        timescale, process_noise_at_floor`` and ``lane_mean_*`` over the valid tokens;
+        detail ``[layer, batch, window, detail_channel, slot]``: ``posterior_precision,
+        prior_precision, baseline_precision, information_added, write_gain, forget_gate``,
+        ``[.., detail_channel]``: ``value_precision, value, readout_variance,
+        gated_readout_variance``, ``key, query [.., slot]``, ``output_variance [.., feature]``.
+        Padding positions are NaN. Each variable's ``description`` attribute defines it.
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
     >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=4)))
-    >>> ds = inspect(model, "def f(x):", channels=range(8))
+    >>> ds = inspect(model, ["def f(x):", "pass"], channels=range(8))
     >>> ds.posterior_precision.dims, ds.posterior_precision.shape
-    (('layer', 'batch', 'time', 'channel', 'slot'), (2, 1, 9, 8, 4))
+    (('layer', 'batch', 'window', 'detail_channel', 'slot'), (2, 2, 9, 8, 4))
+    >>> ds.mean_information_bits.shape, int(ds.mask.sum())
+    ((2, 2, 9), 13)
     """
     import xarray as xr
 
-    if not hasattr(model, "kla_blocks"):
-        raise TypeError(f"model: expected a KLALanguageModel, got {type(model).__name__}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
-    kla_blocks = model.kla_blocks
-    if not kla_blocks:
-        raise ValueError("model: expected at least one KLA block, got only attention blocks")
-    layers = _index_list("layers", layers, len(model.blocks), kla_blocks)
-    not_kla = [i for i in layers if i not in kla_blocks]
-    if not_kla:
-        raise ValueError(
-            f"layers: expected KLA block indices {kla_blocks}, got non-KLA blocks {not_kla}"
-        )
-    first = model.blocks[layers[0]].mixer
-    M, S, D = first.d_inner, first.d_state, first.d_model
-    channels = _index_list("channels", channels, M, range(M))
-    tokens_cpu = _as_tokens(tokens)
-    if tokens_cpu.min() < 0 or tokens_cpu.max() >= model.config.vocab_size:
-        raise ValueError(
-            f"tokens: expected ids in [0, {model.config.vocab_size}), got range "
-            f"[{int(tokens_cpu.min())}, {int(tokens_cpu.max())}]"
-        )
-    B, L = tokens_cpu.shape
-    nl, C = len(layers), len(channels)
-    wide = model.lm_head.weight.dtype == torch.float64
-    npdt = np.float64 if wide else np.float32
-    size = (
-        np.dtype(npdt).itemsize
-        * nl
-        * B
-        * L
-        * (len(_SLOT_VARS) * C * S + len(_CHANNEL_VARS) * C + 2 * S + D)
-    )
-    if size > max_bytes:
-        raise ValueError(
-            f"layers, channels: the dataset would take {size / 2**30:.2f} GiB > max_bytes="
-            f"{max_bytes / 2**30:.2f} GiB for {nl} layers x {C} channels x {L} tokens; "
-            "select fewer layers or channels (or raise max_bytes)"
-        )
+    from kalmanscan.kla.model import KLALanguageModel
 
-    device = model.lm_head.weight.device
-    tok = tokens_cpu.to(device)
-    ch = torch.tensor(channels, device=device)
-    out = {name: np.empty((nl, B, L, C, S), npdt) for name in _SLOT_VARS}
-    out.update({name: np.empty((nl, B, L, C), npdt) for name in _CHANNEL_VARS})
-    out.update({name: np.empty((nl, B, L, S), npdt) for name in ("key", "query")})
-    out["output_variance"] = np.empty((nl, B, L, D), npdt)
-    static = {name: np.empty((nl, C, S), np.float64) for name in ("decay", "process_var")}
-    surprisal = np.full((B, L), np.nan, np.float64)
-
-    def put(name, t0, value):
-        out[name][:, :, t0 : t0 + value.shape[2]] = (
-            value.to(torch.float64 if wide else torch.float32).cpu().numpy()
+    found = kla_layers(model)
+    if not found:
+        raise ValueError(
+            f"model: expected a module containing KLALayers, found none in {type(model).__name__}"
         )
-
-    state = model.init_state(B, device=device)
-    for t0 in range(0, L, chunk_size):
-        chunk = tok[:, t0 : t0 + chunk_size]
-        trace = {i: [] for i in layers}
-        logits, state = model(chunk, state, trace=trace)
-        traces = [trace[i][0] for i in layers]
-        lam = torch.stack([tr.precision.index_select(2, ch) for tr in traces])
-        obs_prec = torch.stack([tr.sensors.obs_prec.index_select(2, ch) for tr in traces])
-        key = torch.stack([tr.sensors.k for tr in traces])
-        phi = obs_prec[..., None] * key[:, :, :, None, :].square()
-        decay = torch.stack([tr.decay.index_select(0, ch) for tr in traces])
-        prior = lam - phi
-        put("posterior_precision", t0, lam)
-        put("prior_precision", t0, prior)
-        put("information_added", t0, phi)
-        put("write_gain", t0, phi / lam)
-        put("forget_gate", t0, decay[:, None, None] * prior / lam)
-        put("value_precision", t0, obs_prec)
-        put("value", t0, torch.stack([tr.sensors.v.index_select(2, ch) for tr in traces]))
-        put("key", t0, key)
-        put("query", t0, torch.stack([tr.sensors.q for tr in traces]))
-        put("readout_variance", t0, torch.stack([tr.yvar.index_select(2, ch) for tr in traces]))
-        put(
-            "gated_readout_variance",
-            t0,
-            torch.stack(
-                [
-                    (tr.yvar * tr.gate_act.to(tr.yvar.dtype).square()).index_select(2, ch)
-                    for tr in traces
-                ]
-            ),
+    labels = list(found)
+    if layers is None:
+        chosen = labels
+    else:
+        want = [layers] if isinstance(layers, (int, str)) else list(layers)
+        chosen = []
+        for w in want:
+            if w in found:
+                chosen.append(w)
+            elif isinstance(w, (int, np.integer)) and not isinstance(w, bool) and (
+                not isinstance(labels[0], int) and 0 <= w < len(labels)
+            ):
+                chosen.append(labels[int(w)])
+            else:
+                raise ValueError(f"layers: expected KLA layer labels {labels}, got {w!r}")
+        if not chosen:
+            raise ValueError("layers: expected at least one layer, got none")
+    mods = [found[c] for c in chosen]
+    sizes = {(m.d_inner, m.d_state, m.d_model) for m in mods}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"layers: the selected KLA layers differ in (channels, slots, width) {sorted(sizes)}; "
+            "inspect layers of one size at a time"
         )
-        put("output_variance", t0, torch.stack([tr.out_var for tr in traces]))
-        if t0 == 0:
-            static["decay"][:] = decay.double().cpu().numpy()
-            static["process_var"][:] = (
-                torch.stack([tr.process_var.index_select(0, ch) for tr in traces])
-                .double()
-                .cpu()
-                .numpy()
+    M, S, D = mods[0].d_inner, mods[0].d_state, mods[0].d_model
+    for name, v in (("chunk_size", chunk_size), ("bin_size", bin_size)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+
+    # inputs -> ids [B, L], mask [B, L], what the model is called with
+    is_lm = isinstance(model, KLALanguageModel)
+    call_inputs = tokens
+    if isinstance(tokens, Mapping):
+        if "input_ids" not in tokens:
+            raise ValueError(f"tokens: expected a mapping with 'input_ids', got {list(tokens)}")
+        ids, mask = _as_ids(torch.as_tensor(tokens["input_ids"]))
+        if attention_mask is None and tokens.get("attention_mask") is not None:
+            attention_mask = tokens["attention_mask"]
+        call_inputs = dict(tokens)
+    elif isinstance(tokens, torch.Tensor) and tokens.is_floating_point() and not is_lm:
+        ids, mask = None, None  # e.g. embeddings [B, L, D] fed to a module
+        if tokens.ndim < 2:
+            raise ValueError(f"tokens: expected [B, L, ...] inputs, got {tuple(tokens.shape)}")
+    else:
+        ids, mask = _as_ids(tokens)
+        call_inputs = ids
+    B, L = (ids.shape if ids is not None else tuple(tokens.shape[:2]))
+    if attention_mask is not None:
+        am = torch.as_tensor(attention_mask)
+        if tuple(am.shape) != (B, L):
+            raise ValueError(
+                f"attention_mask: expected shape {(B, L)} (that of the tokens), "
+                f"got {tuple(am.shape)}"
             )
-        logp = torch.log_softmax(logits.double(), dim=-1)
-        n = chunk.shape[1]
-        targets = tok[:, t0 + 1 : t0 + n + 1]
-        m = targets.shape[1]
-        bits = -logp[:, :m].gather(-1, targets[..., None])[..., 0] / math.log(2)
-        surprisal[:, t0 : t0 + m] = bits.cpu().numpy()
-        del trace, traces, lam, obs_prec, key, phi, prior, logits, logp
+        mask = am.cpu() != 0
+    if mask is None:
+        mask = torch.ones(B, L, dtype=torch.bool)
+    if is_lm:
+        V = model.config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise ValueError(
+                f"tokens: expected ids in [0, {V}), got range [{int(ids.min())}, {int(ids.max())}]"
+            )
+    if window is None:
+        window = (0, L)
+    try:
+        w0, w1 = (int(v) for v in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected (start, stop) ints, got {window!r}") from None
+    if not 0 <= w0 < w1 or w0 >= L:
+        raise ValueError(f"window: expected 0 <= start < stop with start < L={L}, got {window!r}")
+    window = (w0, min(w1, L))
+    channels = _index_list("channels", channels, M, range(M))
+    wide = any(p.dtype == torch.float64 for p in mods[0].parameters())
+    npdt = np.float64 if wide else np.float32
+    if detail:
+        W, C = window[1] - window[0], len(channels)
+        size = np.dtype(npdt).itemsize * len(mods) * B * W * (6 * C * S + 4 * C + 2 * S + D)
+        if size > max_detail_bytes:
+            raise ValueError(
+                f"window, channels: the per-lane detail would take {size / 2**30:.2f} GiB > "
+                f"max_detail_bytes={max_detail_bytes / 2**30:.2f} GiB ({len(mods)} layers x "
+                f"{C} channels x {W} tokens); pass a window=(start, stop), fewer channels or "
+                "detail=False (summaries only, any length)"
+            )
+    if bin_size is None:
+        bin_size = max(1, -(-L // 1000))
 
-    label = token_text if token_text is not None else byte_label
-    text = np.array([[label(int(t)) for t in row] for row in tokens_cpu.tolist()], dtype=object)
-    dims5 = ("layer", "batch", "time", "channel", "slot")
-    data = {name: (dims5, out[name]) for name in _SLOT_VARS}
-    data.update({name: (dims5[:4], out[name]) for name in _CHANNEL_VARS})
-    data.update(
-        {name: (("layer", "batch", "time", "slot"), out[name]) for name in ("key", "query")}
+    device = next(mods[0].parameters()).device
+    rec = _Recorder(
+        mods, B, L, mask.to(device), channels, window, bin_size, detail, npdt, device
     )
-    data["output_variance"] = (("layer", "batch", "time", "feature"), out["output_variance"])
-    data.update({name: (("layer", "channel", "slot"), static[name]) for name in static})
-    data["stationary_precision"] = (
-        ("layer", "channel", "slot"),
-        (1.0 - static["decay"] ** 2) / static["process_var"],
-    )
+    surprisal = np.full((B, L), np.nan)
+    with record(mods, rec):
+        if is_lm:
+            tok = ids.to(device)
+            state = model.init_state(B, device=device)
+            prev = None
+            for t0 in range(0, L, chunk_size):
+                chunk = tok[:, t0 : t0 + chunk_size]
+                logits, state = model(chunk, state)
+                surprisal[:, t0 : t0 + chunk.shape[1]] = _surprisal(logits, chunk, prev)
+                prev = logits[:, -1:]
+        else:
+            if forward is None:
+                def forward(m, x):
+                    return m(**x) if isinstance(x, Mapping) else m(x)
+            if isinstance(call_inputs, torch.Tensor):
+                call_inputs = call_inputs.to(device)
+            elif isinstance(call_inputs, dict):
+                call_inputs = {
+                    k: v.to(device) if isinstance(v, torch.Tensor) else v
+                    for k, v in call_inputs.items()
+                }
+            output = forward(model, call_inputs)
+            logits = _logits_of(output, B, L)
+            if logits is not None and ids is not None:
+                surprisal[:] = _surprisal(logits, ids.to(logits.device), None).numpy()
+    short = [c for c, off in zip(chosen, rec.offset, strict=True) if off != L]
+    if short:
+        raise ValueError(
+            f"inputs: KLA layers {short} saw {[rec.offset[chosen.index(c)] for c in short]} "
+            f"tokens, expected {L}"
+        )
+    surprisal[~mask.numpy()] = np.nan
+    return _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text)
+
+
+def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text):
+    nl, B, L = len(mods), rec.B, rec.L
+    M, S, D = rec.M, rec.S, rec.D
+    data = {n: (("layer", "batch", "time"), rec.sum[n]) for n in _SUMMARIES}
+    data["mean_log10_baseline_precision"] = (("layer", "time"), rec.base_mean)
     data["surprisal"] = (("batch", "time"), surprisal)
+    data["mask"] = (("batch", "time"), mask.numpy())
+    # channel views: means over each bin's valid tokens
+    pos = np.arange(L)
+    binid = pos // rec.bin_size
+    counts = np.zeros((B, rec.nbins))
+    np.add.at(counts, (slice(None), binid), mask.numpy().astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for n in _BINNED:
+            v = rec.binned[n].numpy() / counts[None, :, :, None]
+            data[n] = (("layer", "batch", "bin", "channel"), v.astype(rec.npdt))
+        s = np.where(np.isnan(surprisal), 0.0, surprisal)
+        ok = (~np.isnan(surprisal)).astype(np.float64)
+        ssum = np.zeros((B, rec.nbins))
+        scnt = np.zeros((B, rec.nbins))
+        np.add.at(ssum, (slice(None), binid), s)
+        np.add.at(scnt, (slice(None), binid), ok)
+        data["binned_surprisal"] = (("batch", "bin"), ssum / scnt)
+        for n in _LANE:
+            v = rec.lane[n].numpy() / rec.count.numpy()[:, None, None]
+            data[n] = (("layer", "channel", "slot"), v.astype(rec.npdt))
+    decay = np.stack([rec.static[i][0].numpy() for i in range(nl)])
+    pvar = np.stack([rec.static[i][1].numpy() for i in range(nl)])
+    lane = ("layer", "channel", "slot")
+    data["decay"] = (lane, decay)
+    data["process_var"] = (lane, pvar)
+    with np.errstate(divide="ignore"):
+        data["stationary_precision"] = (lane, (1.0 - decay**2) / pvar)
+        data["timescale"] = (lane, -1.0 / np.log(decay))
+    floor = []
+    for m in mods:
+        pn = m.process_noise.detach().double().cpu()
+        zero = m.config.process_noise_mode == "zero"
+        floor.append(torch.ones_like(pn, dtype=torch.bool) if zero else pn <= PROCESS_NOISE_MIN)
+    data["process_noise_at_floor"] = (lane, torch.stack(floor).numpy())
+    coords = {
+        "layer": np.array(chosen),
+        "batch": np.arange(B),
+        "time": np.arange(L),
+        "channel": np.arange(M),
+        "slot": np.arange(S),
+        "bin": np.arange(rec.nbins) * rec.bin_size,
+    }
+    if rec.detail is not None:
+        d5 = ("layer", "batch", "window", "detail_channel", "slot")
+        data.update({n: (d5, rec.detail[n]) for n in _DETAIL_SLOT})
+        data.update({n: (d5[:4], rec.detail[n]) for n in _DETAIL_CHANNEL})
+        data.update({n: (d5[:3] + ("slot",), rec.detail[n]) for n in ("key", "query")})
+        data["output_variance"] = (d5[:3] + ("feature",), rec.detail["output_variance"])
+        coords["window"] = np.arange(window[0], window[1])
+        coords["detail_channel"] = np.array(channels)
+        coords["feature"] = np.arange(D)
+    if ids is not None:
+        if token_text is None:
+            def token_text(t):
+                return byte_label(t) if 0 <= t < 256 else str(t)
+        text = np.array([[token_text(int(t)) for t in row] for row in ids.tolist()], dtype=object)
+        text[~mask.numpy()] = ""
+        coords["token"] = (("batch", "time"), text)
+        coords["token_id"] = (("batch", "time"), ids.numpy())
     ds = xr.Dataset(
         data,
-        coords={
-            "layer": np.array(layers),
-            "batch": np.arange(B),
-            "time": np.arange(L),
-            "channel": np.array(channels),
-            "slot": np.arange(S),
-            "feature": np.arange(D),
-            "token": (("batch", "time"), text),
-            "token_id": (("batch", "time"), tokens_cpu.numpy()),
-        },
+        coords=coords,
         attrs={
             "title": "KLA belief-state inspection",
-            "note": "layer = block index; precisions are per (channel, slot) lane; see docs/kla.md",
+            "bin_size": rec.bin_size,
+            "note": "lanes are (channel, slot) filters; 'text' quantities are relative to the "
+            "no-observation baseline from the same starting state (lam = 1); see docs/kla.md",
         },
     )
     for name, desc in _DESCRIPTIONS.items():
-        ds[name].attrs["description"] = desc
+        if name in ds:
+            ds[name].attrs["description"] = desc
     return ds
+
+
+def compare(model, text_a, text_b, **kwargs):
+    """Inspect two inputs under the same model, as batch elements 0 and 1 (padded to a common
+    length and masked); :func:`kalmanscan.kla.plot_comparison` draws their difference.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> ds = compare(m, "for x in y:", "the cat sat", detail=False)
+    >>> ds.sizes["batch"], ds.attrs["comparison"]
+    (2, 'batch 0 vs batch 1')
+    """
+    if isinstance(text_a, (str, bytes, bytearray)) and isinstance(text_b, (str, bytes, bytearray)):
+        tokens = [text_a, text_b]
+    else:
+        a, _ = _as_ids(text_a)
+        b, _ = _as_ids(text_b)
+        if a.shape[0] != 1 or b.shape[0] != 1:
+            raise ValueError("text_a, text_b: expected one sequence each")
+        tokens = [a[0], b[0]]
+    ds = inspect(model, tokens, **kwargs)
+    ds.attrs["comparison"] = "batch 0 vs batch 1"
+    return ds
+
+
+def summarize(ds):
+    """Per-layer summary table (a ``pandas.DataFrame``, one row per inspected layer).
+
+    Columns: ``floor_fraction`` (share of lanes whose process noise is at its floor),
+    ``timescale_median`` (tokens), ``log10_precision_end`` (lane mean at the last token),
+    ``dynamics_share`` (share of that log10 precision the no-observation baseline reaches),
+    ``text_log10_precision`` (token mean of ``mean_log10_text_precision``),
+    ``information_bits`` and ``write_gain`` (token means of the lane means), and
+    ``surprisal_spearman`` (rank correlation of surprisal with ``mean_information_bits``
+    over the valid tokens after the first).
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2)))
+    >>> list(summarize(inspect(m, "some text here", detail=False)).index)
+    [0, 1]
+    """
+    import pandas as pd
+
+    rows = []
+    mask = ds["mask"].values
+    last = np.array([np.nonzero(r)[0].max() for r in mask])
+    surprisal = ds["surprisal"].values
+    for i, layer in enumerate(ds["layer"].values):
+        lam = ds["mean_log10_precision"].values[i]
+        base = ds["mean_log10_baseline_precision"].values[i]
+        end = np.mean([lam[b, last[b]] for b in range(len(last))])
+        base_end = np.mean([base[last[b]] for b in range(len(last))])
+        bits = ds["mean_information_bits"].values[i]
+        ok = ~np.isnan(surprisal) & ~np.isnan(bits)
+        rho = _spearman(surprisal[ok], bits[ok]) if ok.sum() > 2 else np.nan
+        rows.append(
+            {
+                "layer": layer,
+                "floor_fraction": float(ds["process_noise_at_floor"].values[i].mean()),
+                "timescale_median": float(np.median(ds["timescale"].values[i])),
+                "log10_precision_end": float(end),
+                "dynamics_share": float(base_end / end) if end != 0 else np.nan,
+                "text_log10_precision": float(np.nanmean(ds["mean_log10_text_precision"][i])),
+                "information_bits": float(np.nanmean(bits)),
+                "write_gain": float(np.nanmean(ds["mean_write_gain"].values[i])),
+                "surprisal_spearman": rho,
+            }
+        )
+    return pd.DataFrame(rows).set_index("layer")
+
+
+def _spearman(x, y) -> float:
+    import scipy.stats
+
+    return float(scipy.stats.spearmanr(x, y).statistic)
+
+
+def save_dataset(ds, path):
+    """Write ``ds`` to netCDF; returns the engine used. With h5netcdf or netCDF4 installed:
+    netCDF-4, zlib level 4, chunks of at most 4096 along ``time`` and ``window``; otherwise
+    scipy's uncompressed netCDF-3 (the summaries of 100 kB of text are about 10 MB there)."""
+    import importlib.util
+
+    engine = next(
+        (e for e, mod in (("h5netcdf", "h5netcdf"), ("netcdf4", "netCDF4"))
+         if importlib.util.find_spec(mod)),
+        "scipy",
+    )  # fmt: skip
+    encoding = {}
+    if engine != "scipy":
+        for name, var in ds.data_vars.items():
+            if var.dtype.kind not in "fiub":
+                continue
+            chunks = tuple(
+                min(n, 4096) if d in ("time", "window") else n
+                for d, n in zip(var.dims, var.shape, strict=True)
+            )
+            encoding[name] = {"zlib": True, "complevel": 4, "chunksizes": chunks}
+    out = ds.copy()
+    out["mask"] = out["mask"].astype(np.int8)  # netCDF has no boolean type
+    out["process_noise_at_floor"] = out["process_noise_at_floor"].astype(np.int8)
+    out.to_netcdf(path, engine=engine, encoding=encoding)
+    return engine

@@ -1,10 +1,18 @@
-"""Plots of a :func:`kalmanscan.kla.inspect` dataset: precision heatmaps over tokens and per-layer
-summary curves. Each function takes ``ax=None`` (a new figure) and returns the axes.
+"""Plots of a :func:`kalmanscan.kla.inspect` dataset. Every function takes ``ax=None`` (or
+``axes=None``) and returns what it drew on; none calls ``plt.show()``.
+
+The x axis is the token position everywhere, so panels of one figure line up; long inputs are
+averaged into at most ``max_columns`` columns (readable widths at any length), and heatmaps
+carry the surprisal of the same tokens in a strip underneath. Channels can be sorted by
+timescale (``sort_by="timescale"``: the geometric mean over slots of ``-1/ln(decay)``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+_TIME_DIMS = ("window", "time", "bin")
+_CHANNEL_DIMS = ("detail_channel", "channel")
 
 
 def _axes(ax, figsize):
@@ -20,61 +28,201 @@ def _check_var(ds, var):
         raise ValueError(f"var: expected one of {sorted(ds.data_vars)}, got {var!r}")
 
 
-def _token_ticks(ax, ds, batch, max_labels, axis="x"):
-    text = ds["token"].isel(batch=batch).values
-    n = len(text)
-    step = max(1, int(np.ceil(n / max_labels)))
-    ticks = np.arange(0, n, step)
-    labels = [str(text[i]) for i in ticks]
-    if axis == "x":
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(labels, rotation=90 if step == 1 else 60, fontsize=7, family="monospace")
-    return ax
-
-
 def _log10(values):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.log10(np.asarray(values, dtype=np.float64))
 
 
-def plot_precision(
-    ds, var="posterior_precision", *, layer=-1, batch=0, ax=None, max_labels=100, cmap="viridis"
-):
-    """Heatmap of ``log10(var)`` over channels (rows) and tokens (columns), text on the x axis.
+def _dim(da, options, what):
+    for d in options:
+        if d in da.dims:
+            return d
+    raise ValueError(f"var: expected a variable with a {what} axis {options}, got dims {da.dims}")
 
-    ``var`` with a ``slot`` axis is averaged over slots in log space (geometric mean).
-    ``layer`` is a position in ``ds.layer`` (default: the last inspected KLA block).
+
+def _columns(values, positions, max_columns):
+    """Average consecutive columns (last axis) so that at most ``max_columns`` remain.
+    Returns ``(values, left edges, right edge, factor)`` in token positions."""
+    n = values.shape[-1]
+    positions = np.asarray(positions, dtype=np.float64)
+    step = positions[1] - positions[0] if n > 1 else 1.0
+    f = max(1, int(np.ceil(n / max_columns)))
+    if f > 1:
+        pad = (-n) % f
+        v = np.concatenate([values, np.full(values.shape[:-1] + (pad,), np.nan)], axis=-1)
+        with np.errstate(invalid="ignore"), _quiet():
+            values = np.nanmean(v.reshape(values.shape[:-1] + (-1, f)), axis=-1)
+        positions = positions[::f]
+    return values, positions, positions[-1] + step * f, f
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def channel_order(ds, layer=-1, channels=None, sort_by="timescale"):
+    """Channel ids (from ``channels``, default all of ``ds.channel``) in plotting order:
+    by increasing timescale (geometric mean over slots of ``ds.timescale``), or as given."""
+    ids = np.asarray(ds["channel"].values if channels is None else channels)
+    if sort_by is None:
+        return ids
+    if sort_by != "timescale":
+        raise ValueError(f"sort_by: expected 'timescale' or None, got {sort_by!r}")
+    ts = ds["timescale"].isel(layer=layer).sel(channel=ids).values
+    return ids[np.argsort(np.exp(np.mean(np.log(ts), axis=-1)), kind="stable")]
+
+
+def _surprisal_strip(ax, ds, batch, dim, positions_sel, max_columns):
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+    if dim == "bin":
+        s = ds["binned_surprisal"].isel(batch=batch).values
+        pos = ds["bin"].values
+    else:
+        s = ds["surprisal"].isel(batch=batch).sel(time=positions_sel).values
+        pos = positions_sel
+    s, left, right, _ = _columns(s[None], pos, max_columns)
+    sax = make_axes_locatable(ax).append_axes("bottom", size="18%", pad=0.08, sharex=ax)
+    im = sax.imshow(
+        s, aspect="auto", interpolation="nearest", cmap="Greys",
+        extent=(left[0], right, 0, 1),
+    )  # fmt: skip
+    sax.set_yticks([])
+    finite = s[np.isfinite(s)]
+    top = f"{finite.max():.0f}" if finite.size else "?"
+    sax.set_ylabel(f"surprisal\n0-{top} bits", fontsize=6, rotation=0, ha="right", va="center")
+    ax.tick_params(labelbottom=False)
+    del im
+    return sax
+
+
+def _token_ticks(ax, ds, batch, positions, factor, max_labels):
+    if "token" not in ds.coords or factor > 1 or len(positions) > max_labels:
+        ax.set_xlabel("token position")
+        return
+    text = ds["token"].isel(batch=batch).sel(time=positions).values
+    ax.set_xticks(np.asarray(positions, dtype=float) + 0.5)
+    ax.set_xticklabels([str(t) for t in text], rotation=90, fontsize=7, family="monospace")
+
+
+def plot_precision(
+    ds,
+    var="posterior_precision",
+    *,
+    layer=-1,
+    batch=0,
+    relative_to=None,
+    sort_by=None,
+    channels=None,
+    ax=None,
+    surprisal=True,
+    max_columns=1500,
+    max_labels=100,
+    cmap="viridis",
+):
+    """Heatmap over channels (rows) and tokens (columns) of one layer.
+
+    Per-lane detail variables (``posterior_precision``, ``write_gain``, ...) are shown as
+    ``log10``, averaged over slots (a geometric mean); ``relative_to="baseline"`` divides by
+    the no-observation baseline first (what the text added), ``"rest"`` by the resting
+    precision. Binned channel views (``binned_log10_text_precision``,
+    ``binned_information_bits``) are shown as they are. ``sort_by="timescale"`` orders the
+    rows from short to long memory; ``channels`` selects rows. ``layer`` is a position in
+    ``ds.layer``. A strip of surprisal for the same tokens is drawn underneath.
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
     >>> cfg = ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2))
     >>> ds = inspect(KLALanguageModel(cfg), "abc")
-    >>> ax = plot_precision(ds)
+    >>> ax = plot_precision(ds, relative_to="baseline", sort_by="timescale")
     """
     _check_var(ds, var)
     da = ds[var].isel(layer=layer, batch=batch)
-    if "time" not in da.dims or "channel" not in da.dims:
-        raise ValueError(f"var: expected a variable with time and channel axes, got dims {da.dims}")
-    logv = _log10(da.transpose("time", "channel", ...).values)
-    if logv.ndim == 3:
-        logv = logv.mean(axis=-1)
-    ax = _axes(ax, (max(6.0, 0.12 * logv.shape[0]), 4.0))
-    im = ax.imshow(logv.T, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap)
-    ax.figure.colorbar(
-        im, ax=ax, label=f"log10 {var}" + (" (slot mean)" if "slot" in da.dims else "")
-    )
-    ax.set_ylabel("channel")
-    chans = ds["channel"].values
-    if len(chans) <= 16:
-        ax.set_yticks(np.arange(len(chans)))
-        ax.set_yticklabels([str(c) for c in chans])
-    ax.set_title(f"{var}, block {int(ds['layer'].values[layer])}")
-    return _token_ticks(ax, ds, batch, max_labels)
+    tdim = _dim(da, _TIME_DIMS, "time")
+    cdim = _dim(da, _CHANNEL_DIMS, "channel")
+    if relative_to not in (None, "baseline", "rest"):
+        raise ValueError(f"relative_to: expected None, 'baseline' or 'rest', got {relative_to!r}")
+    if relative_to is not None and "slot" not in da.dims:
+        raise ValueError(
+            f"relative_to: expected a per-lane precision (dims with 'slot'), got {var!r}"
+        )
+    ids = channel_order(ds, layer, da[cdim].values if channels is None else channels, sort_by)
+    da = da.sel({cdim: ids})
+    binned = var.startswith("binned_")
+    if binned:
+        values = da.transpose(cdim, tdim).values.astype(np.float64)
+        label = var
+        if var == "binned_information_bits":  # spans orders of magnitude
+            values, label = _log10(values), f"log10 {var}"
+    else:
+        values = da.transpose(cdim, tdim, ...).values.astype(np.float64)
+        label = f"log10 {var}"
+        if relative_to == "baseline":
+            base = ds["baseline_precision"].isel(layer=layer, batch=batch).sel({cdim: ids})
+            values = values / base.transpose(cdim, tdim, ...).values
+            label += " / baseline"
+        elif relative_to == "rest":
+            rest = ds["stationary_precision"].isel(layer=layer).sel(channel=ids).values
+            values = values / rest[:, None, :]
+            label += " / resting"
+        values = _log10(values)
+        if values.ndim == 3:
+            values = values.mean(axis=-1)
+            label += " (slot mean)"
+    positions = da[tdim].values
+    values, left, right, factor = _columns(values, positions, max_columns)
+    ax = _axes(ax, (12.0, 4.0))
+    im = ax.imshow(
+        values, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap,
+        extent=(left[0], right, -0.5, len(ids) - 0.5),
+    )  # fmt: skip
+    ax.figure.colorbar(im, ax=ax, pad=0.01, label=label)
+    ax.set_ylabel("channel" + (" (by timescale)" if sort_by else ""))
+    if len(ids) <= 24:
+        ax.set_yticks(np.arange(len(ids)))
+        ax.set_yticklabels([str(c) for c in ids], fontsize=7)
+    title = f"{var}, layer {ds['layer'].values[layer]}"
+    if factor > 1 or tdim == "bin":
+        size = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
+        title += f" (columns: means over {size} tokens)"
+    ax.set_title(title, fontsize=9)
+    target = ax
+    if surprisal and "surprisal" in ds:
+        target = _surprisal_strip(ax, ds, batch, tdim, positions, max_columns)
+    per_column = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
+    _token_ticks(target, ds, batch, left.astype(int), per_column, max_labels)
+    return ax
 
 
-def plot_layer_summary(ds, var="posterior_precision", *, batch=0, ax=None, max_labels=100):
-    """One curve per inspected block: the mean over channels (and slots) of ``log10(var)``
-    against the tokens, with a band of plus/minus one standard deviation.
+def _curve(values, positions, max_columns):
+    v, left, right, f = _columns(np.asarray(values, dtype=np.float64)[None], positions, max_columns)
+    step = (right - left[0]) / len(left)
+    return left + step / 2, v[0], f
+
+
+def plot_layer_summary(
+    ds,
+    var="mean_log10_text_precision",
+    *,
+    batch=0,
+    ax=None,
+    max_columns=1500,
+    max_labels=100,
+):
+    """One curve per inspected layer against the token position.
+
+    Summaries over lanes (``mean_log10_text_precision``, ``mean_information_bits``,
+    ``mean_write_gain``, ...) are drawn as they are; per-lane detail variables as the mean of
+    ``log10`` over channels and slots with a band of plus/minus one standard deviation. Long
+    inputs are averaged into at most ``max_columns`` points.
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
@@ -83,17 +231,135 @@ def plot_layer_summary(ds, var="posterior_precision", *, batch=0, ax=None, max_l
     >>> ax = plot_layer_summary(ds)
     """
     _check_var(ds, var)
-    da = ds[var].isel(batch=batch)
-    if "layer" not in da.dims or "time" not in da.dims:
-        raise ValueError(f"var: expected a variable with layer and time axes, got dims {da.dims}")
-    ax = _axes(ax, (max(6.0, 0.12 * ds.sizes["time"]), 3.5))
-    t = np.arange(ds.sizes["time"])
+    da = ds[var]
+    if "batch" in da.dims:
+        da = da.isel(batch=batch)
+    tdim = _dim(da, _TIME_DIMS, "time")
+    if "layer" not in da.dims:
+        raise ValueError(f"var: expected a variable with a layer axis, got dims {da.dims}")
+    positions = da[tdim].values
+    ax = _axes(ax, (12.0, 3.5))
+    f = 1
     for i, layer in enumerate(ds["layer"].values):
-        values = _log10(da.isel(layer=i).transpose("time", ...).values).reshape(len(t), -1)
-        mean, std = values.mean(axis=1), values.std(axis=1)
-        (line,) = ax.plot(t, mean, label=f"block {int(layer)}")
-        ax.fill_between(t, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
-    ax.set_ylabel(f"log10 {var}")
-    ax.legend(fontsize=8, loc="best")
-    ax.set_xlim(-0.5, len(t) - 0.5)
-    return _token_ticks(ax, ds, batch, max_labels)
+        vals = da.isel(layer=i).transpose(tdim, ...).values.astype(np.float64)
+        if vals.ndim == 1:
+            x, mean, f = _curve(vals, positions, max_columns)
+            ax.plot(x, mean, lw=1.0, label=f"layer {layer}")
+            continue
+        logv = _log10(vals).reshape(len(positions), -1)
+        with _quiet():
+            x, mean, f = _curve(np.nanmean(logv, axis=1), positions, max_columns)
+            _, std, _ = _curve(np.nanstd(logv, axis=1), positions, max_columns)
+        (line,) = ax.plot(x, mean, lw=1.0, label=f"layer {layer}")
+        ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_ylabel(var if var.startswith("mean_") else f"log10 {var}", fontsize=8)
+    ax.legend(fontsize=7, loc="best")
+    if f > 1:
+        ax.set_title(f"{var} (means over {f} tokens)", fontsize=9)
+    _token_ticks(ax, ds, batch, positions, f, max_labels)
+    return ax
+
+
+def plot_comparison(
+    ds, var="mean_log10_text_precision", *, layer=-1, axes=None, max_columns=1500
+):
+    """Two inputs of one model (batch 0 and 1, e.g. from :func:`kalmanscan.kla.compare`):
+    (1) the difference of ``binned_log10_text_precision`` per channel (0 minus 1, channels by
+    timescale), (2) ``var`` of both for one layer, (3) their difference, (4) the surprisal of
+    both. Positions where either input has no token are blank. Returns the four axes.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> from kalmanscan.kla.inspect import compare
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> axes = plot_comparison(compare(m, "for x in y:", "the cat", detail=False))
+    """
+    _check_var(ds, var)
+    if ds.sizes["batch"] < 2:
+        raise ValueError(f"ds: expected two batch elements to compare, got {ds.sizes['batch']}")
+    if axes is None:
+        import matplotlib.pyplot as plt
+
+        _, axes = plt.subplots(4, 1, figsize=(12, 10), sharex=True, constrained_layout=True)
+    ids = channel_order(ds, layer)
+    heat = ds["binned_log10_text_precision"].isel(layer=layer).sel(channel=ids)
+    diff = (heat.isel(batch=0) - heat.isel(batch=1)).transpose("channel", "bin").values
+    vals, left, right, f = _columns(diff, ds["bin"].values, max_columns)
+    lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
+    im = axes[0].imshow(
+        vals, aspect="auto", origin="lower", interpolation="nearest", cmap="RdBu_r",
+        vmin=-lim, vmax=lim, extent=(left[0], right, -0.5, len(ids) - 0.5),
+    )  # fmt: skip
+    axes[0].figure.colorbar(im, ax=axes[0], pad=0.01, label="log10 text precision, 0 - 1")
+    axes[0].set_ylabel("channel (by timescale)")
+    name = ds["layer"].values[layer]
+    axes[0].set_title(f"layer {name}: what input 0 added minus what input 1 added", fontsize=9)
+    da = ds[var].isel(layer=layer) if "layer" in ds[var].dims else ds[var]
+    pos = ds["time"].values
+    both = ds["mask"].isel(batch=0).values & ds["mask"].isel(batch=1).values
+    curves = []
+    for b in (0, 1):
+        x, y, _ = _curve(da.isel(batch=b).values, pos, max_columns)
+        axes[1].plot(x, y, lw=1.0, label=f"input {b}")
+        curves.append(np.where(both, da.isel(batch=b).values, np.nan))
+    axes[1].set_ylabel(var, fontsize=8)
+    axes[1].legend(fontsize=7)
+    x, d, _ = _curve(curves[0] - curves[1], pos, max_columns)
+    axes[2].plot(x, d, lw=1.0, color="k")
+    axes[2].axhline(0.0, color="0.6", lw=0.5)
+    axes[2].set_ylabel("input 0 - input 1", fontsize=8)
+    for b in (0, 1):
+        x, s, _ = _curve(ds["surprisal"].isel(batch=b).values, pos, max_columns)
+        axes[3].plot(x, s, lw=0.8, label=f"input {b}")
+    axes[3].set_ylabel("surprisal (bits)", fontsize=8)
+    axes[3].set_xlabel("token position")
+    axes[3].legend(fontsize=7)
+    return axes
+
+
+def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
+    """The figure of ``kalmanscan inspect``: (1) what the text added to each channel's
+    precision (``binned_log10_text_precision``, channels by timescale) with the surprisal
+    underneath, (2) the bits each channel was told (``binned_information_bits``), (3) per
+    layer the mean log10 precision (solid) and the no-observation baseline (dashed), (4) per
+    layer the bits told per lane and token, (5) the surprisal. Returns the five axes.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2)))
+    >>> axes = plot_overview(inspect(m, "some text", detail=False))
+    """
+    if axes is None:
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(
+            5, 1, figsize=(12, 14), constrained_layout=True,
+            gridspec_kw={"height_ratios": [3, 3, 2, 2, 1.2]},
+        )  # fmt: skip
+    plot_precision(
+        ds, "binned_log10_text_precision", layer=layer, batch=batch, sort_by="timescale",
+        ax=axes[0], max_columns=max_columns, cmap="viridis",
+    )  # fmt: skip
+    plot_precision(
+        ds, "binned_information_bits", layer=layer, batch=batch, sort_by="timescale",
+        ax=axes[1], max_columns=max_columns, cmap="magma", surprisal=False,
+    )  # fmt: skip
+    pos = ds["time"].values
+    for i, name in enumerate(ds["layer"].values):
+        x, y, f = _curve(ds["mean_log10_precision"].isel(layer=i, batch=batch), pos, max_columns)
+        (line,) = axes[2].plot(x, y, lw=1.0, label=f"layer {name}")
+        x, y, _ = _curve(ds["mean_log10_baseline_precision"].isel(layer=i), pos, max_columns)
+        axes[2].plot(x, y, lw=0.8, ls="--", color=line.get_color())
+        x, y, _ = _curve(ds["mean_information_bits"].isel(layer=i, batch=batch), pos, max_columns)
+        axes[3].plot(x, y, lw=0.8, color=line.get_color(), label=f"layer {name}")
+    axes[2].set_ylabel("mean log10 precision\n(dashed: no observations)", fontsize=8)
+    axes[2].legend(fontsize=7, ncol=4)
+    axes[3].set_ylabel("bits told per lane", fontsize=8)
+    axes[3].set_yscale("log")
+    x, s, f = _curve(ds["surprisal"].isel(batch=batch), pos, max_columns)
+    axes[4].plot(x, s, lw=0.6, color="k")
+    axes[4].set_ylabel("surprisal\n(bits)", fontsize=8)
+    axes[4].set_xlabel(
+        "token position" + (f" (points: means over {f} tokens)" if f > 1 else "")
+    )
+    for ax in axes[2:]:
+        ax.set_xlim(axes[0].get_xlim())
+    return axes
