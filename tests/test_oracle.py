@@ -201,3 +201,37 @@ def test_convention_offsets_on_real_series():
     for r in rows:
         assert r["rel_err"] < 1e-9, r["model"]
         assert abs(r["kalmanscan"] - r["oracle"]) <= 1e-13 * abs(r["oracle"]), r["model"]
+
+
+@pytest.mark.parametrize("backend", ["sequential", "torch", "native"])
+def test_filter_loglik_convention_argument_matches_the_offsets(backend):
+    """ks.filter's loglik_convention= shifts by exactly scalar_loglik_offset: lanes with a
+    leading gap, decays away from 1, loadings other than 1, a forgetting step before the first
+    observation (no shift) and a proper prior (no shift)."""
+    import inspect
+
+    import kalmanscan as ks
+    from kalmanscan.core import native
+
+    if "loglik_convention" not in inspect.signature(ks.filter).parameters:
+        pytest.skip("ks.filter has no loglik_convention argument")
+    if backend == "native" and not native.available():
+        pytest.skip("native extension not built")
+    rng = np.random.default_rng(5)
+    T = 40
+    z = rng.standard_normal((T, 4))
+    z[:3, 0] = z[:7, 1] = np.nan
+    decay = np.tile([0.8, -1.3, 0.95, 0.9], (T, 1))
+    decay[2, 2] = 0.0  # lane 2 forgets at step 2, before its first observation (step 5)
+    z[:5, 2] = np.nan
+    loading = np.array([2.0, 0.5, 1.0, 3.0])
+    prior_var = np.array([np.inf, np.inf, np.inf, 4.0])
+    kw = dict(loading=loading, prior_var=prior_var, backend=backend)
+    base = ks.filter(z, 0.3, decay, 0.2, **kw).loglik
+    for conv in ("statsmodels", "kfas"):
+        got = ks.filter(z, 0.3, decay, 0.2, loglik_convention=conv, **kw).loglik
+        for n in range(4):
+            off = oracle.scalar_loglik_offset(
+                conv, decay[:, n], loading[n], np.isfinite(z[:, n]), np.isinf(prior_var[n])
+            )
+            assert base[n] - got[n] == pytest.approx(off, rel=1e-12, abs=1e-12), (conv, n)

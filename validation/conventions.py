@@ -257,6 +257,17 @@ def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_bac
             ll = float(ks.filter(z, r, a, p, loading=h, offset=c, backend=be).loglik)
             err = abs(ll - off - sm) / max(abs(sm), 1.0)
             add("statsmodels llf (convention offset)", be, err, name)
+            if _has_convention_argument():
+                # the filter's own loglik_convention= against the peers' values: statsmodels'
+                # llf, and KFAS's = llf + 1/2 log 2 pi (one diffuse element; KFAS's fixtures)
+                for conv, ref in (("statsmodels", sm), ("kfas", sm + 0.5 * math.log(2 * math.pi))):
+                    ll = float(
+                        ks.filter(
+                            z, r, a, p, loading=h, offset=c, backend=be, loglik_convention=conv
+                        ).loglik
+                    )
+                    err = abs(ll - ref) / max(abs(ref), 1.0)
+                    add(f"loglik_convention={conv!r}", be, err, name)
     if kfas_fixtures_dir() is None:
         return list(out.values())
     dense_backends = dense_backends or _dense_backends()
@@ -273,6 +284,14 @@ def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_bac
             err = abs(ll - off - ref) / max(abs(ref), 1.0)
             add("KFAS logLik (convention offset)", be, err, name)
     return list(out.values())
+
+
+def _has_convention_argument() -> bool:
+    import inspect
+
+    import kalmanscan as ks
+
+    return "loglik_convention" in inspect.signature(ks.filter).parameters
 
 
 def _dense_backends():
