@@ -511,7 +511,7 @@ def dense_oracle(
 # --------------------------------------------------------------------------------------------
 # log-likelihood conventions
 
-CONVENTIONS = ("kalmanscan", "statsmodels", "kfas")
+CONVENTIONS = ("kalmanscan", "diffuse-omitted", "statsmodels", "kfas")  # the first two: one
 
 
 def loglik_offset(convention: str, F, H, observed, *, diffuse=None, dps: int = 50) -> float:
@@ -519,7 +519,7 @@ def loglik_offset(convention: str, F, H, observed, *, diffuse=None, dps: int = 5
 
     ``convention``: ``"statsmodels"`` (Durbin & Koopman's exact diffuse log-likelihood,
     statsmodels ``use_exact_diffuse=True``), ``"kfas"`` (KFAS ``logLik``) or ``"kalmanscan"``
-    (0). With ``P_inf`` the diffuse part of the predicted covariance, equal to ``I`` on the
+    (= ``"diffuse-omitted"``, ``ks.filter``'s default ``loglik_convention``: 0). With ``P_inf`` the diffuse part of the predicted covariance, equal to ``I`` on the
     diffuse coordinates of the *first state* (the peers' normalization; kalmanscan's prior sits
     one step earlier, which matters only through ``F_0``, so pass F as the peers' transitions)
     and ``A_t = H_t P_inf,t H_t'`` over the observed rows of each step while ``P_inf != 0``:
@@ -540,7 +540,7 @@ def loglik_offset(convention: str, F, H, observed, *, diffuse=None, dps: int = 5
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention: expected one of {CONVENTIONS}, got {convention!r}")
-    if convention == "kalmanscan":
+    if convention in ("kalmanscan", "diffuse-omitted"):
         return 0.0
     mp = _mp()
     observed = np.asarray(observed, dtype=bool)
@@ -601,7 +601,7 @@ def scalar_loglik_offset(convention: str, decay, loading, observed, diffuse: boo
     T = observed.shape[0]
     a = np.broadcast_to(np.asarray(decay, dtype=np.float64), (T,))
     h = np.broadcast_to(np.asarray(loading, dtype=np.float64), (T,))
-    if convention == "kalmanscan" or not diffuse:
+    if convention in ("kalmanscan", "diffuse-omitted") or not diffuse:
         return 0.0
     log_pinf = 0.0
     for t in range(T):
