@@ -246,6 +246,11 @@ def _write_csv(ds, path: str) -> None:
         fc.insert(0, "kind", "forecast")
         parts.append(fc)
     out = pd.concat(parts, ignore_index=True)
+    if out["time"].dtype.kind == "f":  # times exactly as read (shortest round-trip text)
+        out["time"] = [
+            str(int(t)) if float(t).is_integer() and abs(t) < 2.0**53 else repr(float(t))
+            for t in out["time"]
+        ]
     keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
     out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
 
