@@ -70,7 +70,7 @@ def test_values_beyond_the_variance_range_are_refused_naming_z(value):
         z[37] = value  # one huge cell: the data's spread squared overflows
     else:
         z = z * value  # everything tiny: the variances underflow
-    with pytest.raises(ValueError, match=r"^z: the data's standard deviation is .*rescale z"):
+    with pytest.raises(ValueError, match=r"^z: the data's scale .* is .*rescale z"):
         fit_ou(z, fix=LL)
 
 

@@ -11,6 +11,7 @@ and the Hessian at the estimate gives the standard errors. Derivation and caveat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -311,7 +312,10 @@ def _objective(data: _Data):
 
 
 def _nan_moments(Z):
-    """Per-column ``(mean, sd, max |z|)`` of ``Z [T, N]`` with NaNs, free of overflow."""
+    """Per-column ``(mean, scale, sd)`` of ``Z [T, N]`` with NaNs, free of overflow. ``scale`` is
+    the smaller of the standard deviation and the root of half the mean squared change between
+    consecutive observed rows: the size of the noise in white-noise-like data and of the step in
+    trending data (the scale at which variance estimates are compared with 0)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         amax = np.nanmax(np.abs(Z), axis=0)
@@ -319,12 +323,29 @@ def _nan_moments(Z):
         Zn = Z / a
         mean = np.nanmean(Zn, axis=0)
         sd = np.sqrt(np.nanmean((Zn - mean) ** 2, axis=0))
-    return mean * a, sd * a, amax
+        step = np.sqrt(0.5 * np.nanmean(np.diff(Zn, axis=0) ** 2, axis=0))
+    scale = np.where(np.isfinite(step) & (step > 0), np.minimum(sd, step), sd)
+    return mean * a, scale * a, sd * a
+
+
+def _location_scale(Z, joint: bool):
+    """``(m [N], s [N])``: the standardization of each series (pooled over series when
+    ``joint``), see :func:`_nan_moments`."""
+    m, s, sd = _nan_moments(Z)
+    if not joint:
+        return m, s
+    N = Z.shape[1]
+    m1, _, sd1 = _nan_moments(Z.reshape(-1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        step = np.sqrt(np.nanmean(np.where(sd > 0, s / sd, np.nan) ** 2))  # pooled step / sd
+    s1 = sd1[0] * (min(step, 1.0) if np.isfinite(step) else 1.0)
+    return np.full(N, m1[0]), np.full(N, s1)
 
 
 def _start(zs: np.ndarray, dt: np.ndarray, fixed: dict, joint: bool) -> dict:
     """Standardized starting values ``{name: [G]}`` from lag-1 and lag-2 moments of ``zs [T, N]``
-    (mean 0, variance 1 per series; or pooled when ``joint``)."""
+    (mean 0 per series; or pooled when ``joint``)."""
     axis = None if joint else 0
 
     def lag(k):
@@ -339,8 +360,13 @@ def _start(zs: np.ndarray, dt: np.ndarray, fixed: dict, joint: bool) -> dict:
             rho = np.where(ok, zs[k:] * zs[:-k], 0).sum(axis) / cnt
         return msd, mdt, rho
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        v0 = np.nanmean(zs * zs, axis=axis)  # zs has mean 0; its variance is >= 1
+    v0 = np.where(np.isfinite(v0) & (v0 > 0), v0, 1.0)
     d1, t1, r1 = lag(1)
     d2, t2, r2 = lag(2) if zs.shape[0] > 2 else (d1, 2 * t1, r1 * r1)
+    r1, r2 = r1 / v0, r2 / v0
     G = 1 if joint else zs.shape[1]
     full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (G,)).copy()  # noqa: E731
     t1 = np.where(np.isfinite(t1) & (t1 > 0), t1, 1.0)
@@ -364,9 +390,9 @@ def _start(zs: np.ndarray, dt: np.ndarray, fixed: dict, joint: bool) -> dict:
     rw = np.zeros(G, bool) if th is None else full(th == 0)
     return {
         "theta": full(theta),
-        "sigma2": np.where(rw, full(s2_rw), full(2 * theta * vx)),
+        "sigma2": np.where(rw, full(s2_rw), full(2 * theta * vx * v0)),
         "mu": np.zeros(G),
-        "obs_var": np.where(rw, full(ov_rw), full(1 - vx)),
+        "obs_var": np.where(rw, full(ov_rw), full((1 - vx) * v0)),
     }
 
 
@@ -391,13 +417,8 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
     """Standardize ``Z [T, N]``, fit, and map back (see the module docstring)."""
     T, N = Z.shape
     n_obs = (~np.isnan(Z)).sum(0)
-    if joint:
-        m1, s1, _ = _nan_moments(Z.reshape(-1, 1))
-        m, s = np.full(N, m1[0]), np.full(N, s1[0])
-        usable = np.full(N, bool(s1[0] > 0) and n_obs.sum() >= 2)
-    else:
-        m, s, _ = _nan_moments(Z)
-        usable = (n_obs >= 2) & (s > 0)
+    m, s = _location_scale(Z, joint)
+    usable = np.full(N, bool(s[0] > 0) and n_obs.sum() >= 2) if joint else (n_obs >= 2) & (s > 0)
     m = np.where(usable & np.isfinite(m), m, 0.0)
     s = np.where(usable, s, 1.0)
     pos_dt = dt[dt > 0]
@@ -519,6 +540,31 @@ def _names(idx, labels, limit: int = 5) -> str:
     return ", ".join(shown) + more
 
 
+@contextlib.contextmanager
+def _glue_single_threaded():
+    """Torch's intra-op threads set to 1 for the duration of a fit, the native kernel keeping the
+    threads it had. A fit runs a few dozen small torch operations per filter call; with OpenMP
+    threads each waits for every thread of the pool, and where another process holds a core that
+    wait is a scheduler time slice: measured on the 2-core machine with one busy process, a
+    100 x 500 fit took 4x longer with torch's two threads than with one (docs/performance-cpu.md,
+    "Fitting"). The kernel's own threads take tiles of lanes as they come and do not wait."""
+    from kalmanscan.core import native
+
+    n = torch.get_num_threads()
+    setter = getattr(native, "set_num_threads", None)
+    if n == 1 or setter is None:  # without the kernel's own setting, keep torch's
+        yield
+        return
+    before = getattr(native, "_NUM_THREADS", None)
+    setter(n if before is None else before)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+        setter(before)
+
+
 def _check_options(max_iter, tol, joint, stderr):
     max_iter = _args.check_int("max_iter", max_iter)
     if max_iter < 1:
@@ -612,7 +658,7 @@ def fit_ou(
             "z: expected at least 2 observed values in a series to fit, got at most "
             f"{int(n_obs.max())}"
         )
-    _, sd, _ = _nan_moments(Z)
+    _, _, sd = _nan_moments(Z)
     constant = (n_obs >= 2) & (sd == 0)
     if constant.all() or (joint and bool(np.all(sd[n_obs >= 1] == 0))):
         first = float(Z[~np.isnan(Z)][0])
@@ -625,19 +671,33 @@ def fit_ou(
             f"times: all {T} timestamps are equal, so the rates theta and sigma2 (per time unit) "
             "cannot be estimated; give distinct timestamps or fix theta and sigma2"
         )
-    _, s_all, _ = _nan_moments(Z.reshape(-1, 1) if joint else Z)
+    _, s_all = _location_scale(Z, joint)
     ok_s = (s_all > 0) & np.isfinite(s_all)
     out = ok_s & ((s_all < _SCALE_RANGE[0]) | (s_all > _SCALE_RANGE[1]))
     if out.any():
         i = int(np.flatnonzero(out)[0])
         raise ValueError(
-            f"z: the data's standard deviation is {s_all[i]:.3g}"
+            f"z: the data's scale (the smaller of its standard deviation and its typical step) "
+            f"is {s_all[i]:.3g}"
             + ("" if joint or N == 1 else f" in series {i}")
             + "; its square (the scale of obs_var and sigma2) is outside float64's range "
             "(about 1e-308 to 1e308); rescale z (e.g. divide by a power of ten) and the "
             "variances back"
         )
     device = torch.device(device) if device is not None else torch.device("cpu")
+    with _glue_single_threaded():
+        return _fit_finish(
+            Z, zt, ax, shape, labels, fixed, fixed_flat, free, init_flat, n_obs, constant, joint,
+            max_iter, tol, stderr, backend, device, time_unit,
+        )  # fmt: skip
+
+
+def _fit_finish(
+    Z, zt, ax, shape, labels, fixed, fixed_flat, free, init_flat, n_obs, constant, joint,
+    max_iter, tol, stderr, backend, device, time_unit,
+) -> OUFit:  # fmt: skip
+    """:func:`fit_ou` after its argument checks: fit, then warnings, notes and the result."""
+    N = Z.shape[1]
     core = _fit_core(Z, ax.dt, fixed_flat, free, init_flat, joint, max_iter, tol, backend, device)
     opt = core.opt
     unusable = ~core.usable
@@ -651,7 +711,7 @@ def fit_ou(
         warnings.warn(
             "fit_ou: " + "; ".join(parts) + "; their parameters stay at the starting values and "
             "are marked not converged",
-            stacklevel=2,
+            stacklevel=3,
         )
     converged = opt.status == optim.CONVERGED
     notes = []
@@ -661,7 +721,7 @@ def fit_ou(
         warnings.warn(
             f"fit_ou: {failed.size} of {converged.size} fits did not converge ("
             + "; ".join(reasons) + ")" + ("" if joint else f": series {_names(failed, labels)}"),
-            stacklevel=2,
+            stacklevel=3,
         )
     # estimates on their boundary
     at_boundary = {}
@@ -671,7 +731,7 @@ def fit_ou(
         if b.any():
             idx = np.flatnonzero(b)
             where = "" if joint or N == 1 else f" in series {_names(idx, labels)}"
-            ref = "the data's variance" if p != "theta" else "one over the median time step"
+            ref = "the data's scale squared" if p != "theta" else "one over the median time step"
             text = (
                 f"{p} is at its lower bound 0{where} (estimate below {optim.BOUNDARY:g} times "
                 f"{ref}): the likelihood is largest there, so no standard errors are reported for "
@@ -679,7 +739,7 @@ def fit_ou(
                 "approximation behind standard errors does not hold)"
             )
             notes.append(text)
-            warnings.warn("fit_ou: " + text, stacklevel=2)
+            warnings.warn("fit_ou: " + text, stacklevel=3)
     # outliers: one observation carrying most of the squared innovations, checked by a refit
     if not joint:
         notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,
@@ -785,6 +845,6 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
             f"{core.est[worst][i]:.4g} (a factor {factor:.3g}); check for a data error, or set "
             "those values to NaN to fit without them"
         )
-        warnings.warn("fit_ou: " + text, stacklevel=3)
+        warnings.warn("fit_ou: " + text, stacklevel=4)
         notes.append(text)
     return notes

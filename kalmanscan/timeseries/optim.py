@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 BOUNDARY = 1e-8  # a positive parameter below this (in standardized units) may sit on its bound 0
+_BOUND_TARGET = math.log(1e-14)  # where one heading for its bound is put (its effect ~1e-14)
 U_LIMIT = 230.0  # |u| beyond this (e^230 ~ 1e100 times the data scale): diverged, not identified
 _STEP_CAP = 5.0  # largest Newton move in u per iteration (a factor e^5 in a positive parameter)
 
@@ -215,7 +216,7 @@ def minimize(
         hjj = np.diagonal(Hi, axis1=1, axis2=2)
         linear = (gi > 0) & (np.abs(hjj - gi) <= 0.1 * gi)
         heading = positive[None, :] & linear & (di < -0.5) & (ui > log_b)
-        jump = np.where(heading, log_b - 1.0 - ui, di)
+        jump = np.where(heading, _BOUND_TARGET - ui, di)
         di = np.where(((gi * jump).sum(1) < 0)[:, None], jump, di)
         d[idx], slope[idx] = di, (gi * di).sum(1)
         point[idx] = ui + di
