@@ -36,6 +36,7 @@ from kalmanscan.cuda._common import (
     lam_eta_carry_kernel,
     lanes_config,
     launch,
+    next_pow2,
 )
 from kalmanscan.cuda.filter.adjoint import adjoint_carry_kernel, adjoint_kernel
 from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, finish_kernel, smooth_kernel
@@ -56,9 +57,10 @@ _fwd_carry_kernel = lam_eta_carry_kernel
 # thread per lane over all of time already fills the GPU.
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
-# pipeline stages of the per-step loads; CK: checkpoint interval of the adjoint (chunk lengths
-# are multiples of it)
-TUNING = {"NS": 8, "CK": 16}
+# pipeline stages of the per-step loads (NS) and of the carries' walks over the chunk maps, which
+# are bound by the loads' latency (NS_CARRY); CK: checkpoint interval of the adjoint (chunk
+# lengths are multiples of it)
+TUNING = {"NS": 8, "NS_CARRY": 16, "CK": 16}
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 _NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset")
@@ -142,7 +144,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     args, vary = _input_args(ins)
     cfg = dict(vary, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
     flags = torch.zeros(1, dtype=torch.int32, device=z.device)
-    series = [empty((T, N), z) for _ in SERIES] if write else [z] * len(SERIES)
+    series = empty((len(SERIES), T, N), z).unbind(0) if write else [z] * len(SERIES)
     fin = empty((3, N), z)
     ll = empty((N,), z)
     ck = empty((cdiv(T, CK), 3, N), z) if ckpt else z
@@ -161,13 +163,14 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
     launch(carry_kernel, (grid[0],),
-        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS"], BLOCK=BLOCK,
+        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], BLOCK=BLOCK,
         num_warps=warps)  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)
     launch(filter_kernel, grid,
         *args, *x0a, start, *series, part, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
         BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, **cfg)  # fmt: skip
-    launch(finish_kernel, (grid[0],), part, ll, N, NC, BLOCK=BLOCK, num_warps=warps)
+    launch(finish_kernel, (grid[0],), part, ll, N, NC, RB=min(64, next_pow2(NC)), BLOCK=BLOCK,
+           num_warps=warps)  # fmt: skip
     return series, ll, fin, flags, ck, (bend if smooth else None)
 
 
@@ -190,11 +193,20 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
     CH, NC, CK, BLOCK, warps = _plan(T, N)
     args, vary = _input_args(ins)
     nprog = cdiv(N, BLOCK)
-    modes, bufs = {}, []
+    modes = {}
     for key, x, need in zip(("GZ", "GR", "GA", "GP", "GH", "GC"), ins, needs, strict=True):
-        mode = 0 if not need else (1 if _strides(x)[0] != 0 else 2)
-        modes[key] = mode
-        bufs.append(z if mode == 0 else empty((T, N) if mode == 1 else (NC, N), z))
+        modes[key] = 0 if not need else (1 if _strides(x)[0] != 0 else 2)
+    n_part = sum(m == 2 for m in modes.values())
+    part = empty((n_part, NC, N), z) if n_part else None  # one buffer and one sum for them all
+    bufs, j = [], 0
+    for mode in modes.values():
+        if mode == 1:
+            bufs.append(empty((T, N), z))
+        elif mode == 2:
+            bufs.append(part[j])
+            j += 1
+        else:
+            bufs.append(z)
     gll = torch.zeros(N, dtype=z.dtype, device=z.device) if gll is None else gll.contiguous()
     if all(g is None for g in gfin):
         xlast = torch.zeros((3, N), dtype=z.dtype, device=z.device)
@@ -214,18 +226,22 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
             *args, ck, scratch, gll, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
             **cfg)  # fmt: skip
         xend = empty((3, NC, N), z)
-        launch(adjoint_carry_kernel, (nprog,),
-            amap, xlast, xend, N, NC, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        launch(adjoint_carry_kernel, (nprog,), amap, xlast, xend, N, NC,
+               NS=TUNING["NS_CARRY"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     launch(adjoint_kernel, grid,
         *args, ck, scratch, gll, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
         **cfg)  # fmt: skip
-    grads = []
-    for x, key, buf in zip(ins, modes, bufs, strict=True):
-        mode = modes[key]
+    summed = part.sum(1, keepdim=True) if (n_part and NC > 1) else part
+    grads, j = [], 0
+    for x, mode, buf in zip(ins, modes.values(), bufs, strict=True):
         if mode == 0:
             grads.append(None)
             continue
-        g = buf if (mode == 1 or NC == 1) else buf.sum(0, keepdim=True)
+        if mode == 2:
+            g = summed[j]
+            j += 1
+        else:
+            g = buf
         if x.shape[1] == 1 and N > 1:
             g = g.sum(1, keepdim=True)
         grads.append(g)
