@@ -1,0 +1,281 @@
+"""Fitting benchmark (issue 20): kalmanscan ``fit_ou`` against statsmodels, in one run.
+
+The local level model (``fit_ou(z, fix={"theta": 0, "mu": 0})``) against statsmodels'
+``UnobservedComponents(y, "local level", use_exact_diffuse=True).fit()``, one fit a series in a
+loop, on the Nile (T = 100), Mauna Loa CO2 weekly (T = 2284, 59 NaN) and 100 and 1000 simulated
+series of 500 steps. Times: kalmanscan's first call in a fresh process after ``import
+kalmanscan`` ("cold", data already loaded) and the median of repeated calls after a warm-up
+("warm"); statsmodels' default ``.fit()`` (what a user calls) and its tight fit (BFGS, gtol 1e-12),
+whose estimates are the reference: kalmanscan's must agree to 1e-5 relative (parameters on their
+boundary, where both are ~0, are compared in units of the data's variance instead) and its
+log-likelihood equal statsmodels' minus the exact ``0.5 log(2 pi)`` that statsmodels keeps for the
+diffuse first step. No speed is reported for a case whose check fails.
+
+    python benchmarks/fit.py [--quick] [--json benchmarks/results/fit-cpu.json] [--markdown FILE]
+    python benchmarks/fit.py --threads-only   # the busy-core table alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import kalmanscan as ks
+from kalmanscan.timeseries import OUModel, fit_ou, load_nile
+
+LL = {"theta": 0.0, "mu": 0.0}
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+AGREE_RTOL = 1e-5
+LOGLIK_ATOL = 1e-6
+
+
+def datasets(quick: bool):
+    from statsmodels.datasets import co2
+
+    out = {"nile": load_nile()[1][:, None]}
+    out["co2"] = co2.load_pandas().data["co2"].to_numpy()[:, None]
+    rng = np.random.default_rng(20)
+    n = 200 if quick else 1000
+    s2 = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
+    ov = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
+    _, z = OUModel(theta=0.0, sigma2=s2, obs_var=ov).simulate(n=500, seed=21)
+    out["sim100"] = z[:, :100]
+    out[f"sim{n}"] = z
+    return out
+
+
+def sm_fit(y, tight: bool):
+    from statsmodels.tsa.statespace.structural import UnobservedComponents
+
+    mod = UnobservedComponents(y, "local level", use_exact_diffuse=True)
+    kw = dict(method="bfgs", gtol=1e-12, maxiter=2000) if tight else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = mod.fit(disp=False, **kw)
+    return res.params[0], res.params[1], res.llf  # obs_var (irregular), sigma2 (level), loglik
+
+
+def sm_loop(z, tight):
+    out = np.array([sm_fit(z[:, i], tight) for i in range(z.shape[1])])
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+def ks_fit(z):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fit_ou(z[:, 0] if z.shape[1] == 1 else z, fix=LL)
+
+
+def timed(fn, repeats):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def cold_time(z, threads=None):
+    """kalmanscan's first fit_ou call in a fresh process (after import and data load)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "z.npy")
+        np.save(path, z)
+        code = (
+            "import sys, time, warnings, numpy as np, torch\n"
+            + (f"torch.set_num_threads({threads})\n" if threads else "")
+            + "import kalmanscan as ks\n"
+            f"z = np.load({path!r}); z = z[:, 0] if z.shape[1] == 1 else z\n"
+            "warnings.simplefilter('ignore')\n"
+            "t0 = time.perf_counter(); ks.fit_ou(z, fix={'theta': 0.0, 'mu': 0.0})\n"
+            "print(time.perf_counter() - t0)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(out.stderr)
+        return float(out.stdout.strip().splitlines()[-1])
+
+
+def agreement(z, fit, ref):
+    ov, s2, llf = ref
+    k_ov = np.atleast_1d(fit.params["obs_var"])
+    k_s2 = np.atleast_1d(fit.params["sigma2"])
+    k_ll = np.atleast_1d(fit.loglik)
+    var = np.nanvar(z, axis=0)
+    bnd = {p: np.atleast_1d(fit.at_boundary[p]) for p in ("obs_var", "sigma2")}
+
+    def err(k, r, b):
+        rel = np.abs(k / r - 1)
+        # on the boundary both are ~0: compare in units of the data's variance
+        return np.where(b, np.abs(k - r) / var, rel)
+
+    e_ov, e_s2 = err(k_ov, ov, bnd["obs_var"]), err(k_s2, s2, bnd["sigma2"])
+    d_ll = np.abs(k_ll - HALF_LOG_2PI - llf)
+    return {
+        "obs_var_err": float(e_ov.max()),
+        "sigma2_err": float(e_s2.max()),
+        "loglik_err": float(d_ll.max()),
+        "n_boundary": int(sum(b.sum() for b in bnd.values())),
+        "n_not_converged": int((~np.atleast_1d(fit.converged)).sum()),
+        "ok": bool(
+            e_ov.max() < AGREE_RTOL and e_s2.max() < AGREE_RTOL and d_ll.max() < LOGLIK_ATOL
+        ),
+    }
+
+
+def run_case(name, z, quick):
+    n = z.shape[1]
+    reps = 5 if n == 1 else (3 if n <= 100 else 1)
+    cold = cold_time(z)
+    ks_fit(z)  # warm-up
+    t_ks, fit = timed(lambda: ks_fit(z), reps)
+    sm_reps = 5 if n == 1 else 1
+    t_sm, _ = timed(lambda: sm_loop(z, tight=False), sm_reps)
+    ncheck = min(n, 100)  # tight statsmodels fits: every series up to 100
+    t_tight, ref = timed(lambda: sm_loop(z[:, :ncheck], tight=True), 1)
+    sub = ks_fit(z[:, :ncheck]) if ncheck < n else fit
+    agree = agreement(z[:, :ncheck], sub, ref)
+    row = dict(
+        case=name, series=n, steps=z.shape[0], nan=int(np.isnan(z).sum()),
+        ks_cold_s=cold, ks_warm_s=t_ks, sm_default_s=t_sm, sm_tight_s=t_tight * n / ncheck,
+        sm_tight_scaled=ncheck < n, ratio_default=t_sm / t_ks, ratio_tight=t_tight * n / ncheck / t_ks,
+        checked_series=ncheck, n_iter=fit.n_iter, **agree,
+    )  # fmt: skip
+    if not agree["ok"]:
+        for k in ("ks_cold_s", "ks_warm_s", "ratio_default", "ratio_tight"):
+            row[k] = None
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def busy_core_table(z):
+    """Warm batch fit with torch's default threads and with 1, idle and with one busy process."""
+    rows = []
+    for busy in (False, True):
+        proc = None
+        if busy:
+            proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            time.sleep(0.5)
+        try:
+            for threads in (torch.get_num_threads(), 1):
+                code = (
+                    "import time, warnings, numpy as np, torch\n"
+                    f"torch.set_num_threads({threads})\n"
+                    "import kalmanscan as ks\n"
+                    "warnings.simplefilter('ignore')\n"
+                    f"z = np.load({BUSY_PATH!r})\n"
+                    "ks.fit_ou(z[:, :5], fix={'theta': 0.0, 'mu': 0.0})\n"
+                    "ts = []\n"
+                    "for _ in range(3):\n"
+                    "    t0 = time.perf_counter(); ks.fit_ou(z, fix={'theta': 0.0, 'mu': 0.0})\n"
+                    "    ts.append(time.perf_counter() - t0)\n"
+                    "print(sorted(ts)[1])\n"
+                )
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+                t = float(out.stdout.strip().splitlines()[-1])
+                rows.append(dict(busy_process=busy, torch_threads=threads, warm_s=t,
+                                 load1=os.getloadavg()[0]))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    return rows
+
+
+BUSY_PATH = os.path.join(tempfile.gettempdir(), f"kalmanscan-fit-busy-{os.getpid()}.npy")
+
+
+def markdown(result):
+    m = result["meta"]
+    lines = [
+        f"CPU: {m['machine']} ({m['cores']} cores), {m['torch_threads']} torch threads, torch "
+        f"{m['torch']}, statsmodels {m['statsmodels']}; {m['date']}; load average (1 min) at "
+        f"start {m['load_start']:.1f}, at end {m['load_end']:.1f}.",
+        "",
+        "| job | kalmanscan cold s | kalmanscan warm s | statsmodels `.fit()` s | × | "
+        "statsmodels tight s | × | Newton iterations | max rel. diff obs_var, sigma2 | "
+        "loglik diff (after 0.5 log 2π) | on boundary |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    f = lambda v, d=3: "—" if v is None else f"{v:.{d}g}"  # noqa: E731
+    for r in result["cases"]:
+        label = {
+            "nile": "Nile (T = 100)",
+            "co2": "Mauna Loa CO2 weekly (T = 2284, 59 NaN)",
+        }.get(r["case"], f"{r['series']} series × {r['steps']} steps")
+        tight = f(r["sm_tight_s"]) + (
+            f" (scaled from {r['checked_series']})" if r["sm_tight_scaled"] else ""
+        )
+        lines.append(
+            f"| {label} | {f(r['ks_cold_s'])} | {f(r['ks_warm_s'])} | {f(r['sm_default_s'])} | "
+            f"{f(r['ratio_default'])}× | {tight} | {f(r['ratio_tight'])}× | {r['n_iter']} | "
+            f"{r['obs_var_err']:.1e}, {r['sigma2_err']:.1e} | {r['loglik_err']:.1e} | "
+            f"{r['n_boundary']} |"
+        )
+    if result.get("busy"):
+        lines += [
+            "",
+            "| 100 series × 500 steps, warm | torch threads | s |",
+            "|---|---|---|",
+        ]
+        for b in result["busy"]:
+            lines.append(
+                f"| {'one busy process added' if b['busy_process'] else 'as the machine was'} | "
+                f"{b['torch_threads']} | {b['warm_s']:.3g} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="200 series instead of 1000")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--threads-only", action="store_true")
+    ap.add_argument("--cases", default=None, help="comma-separated subset of the cases")
+    args = ap.parse_args()
+    import statsmodels
+
+    meta = dict(
+        machine=platform.machine(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+        torch=torch.__version__, statsmodels=statsmodels.__version__,
+        date=datetime.date.today().isoformat(), load_start=os.getloadavg()[0],
+        kalmanscan_backend=ks.core.backends.resolve("auto", torch.device("cpu")),
+    )  # fmt: skip
+    data = datasets(args.quick)
+    cases = []
+    if not args.threads_only:
+        names = args.cases.split(",") if args.cases else list(data)
+        cases = [run_case(k, data[k], args.quick) for k in names]
+    np.save(BUSY_PATH, data["sim100"])
+    try:
+        busy = busy_core_table(data["sim100"])
+    finally:
+        os.remove(BUSY_PATH)
+    meta["load_end"] = os.getloadavg()[0]
+    result = dict(meta=meta, cases=cases, busy=busy)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    text = markdown(result)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
