@@ -1,7 +1,8 @@
 """Every scalar backend and the dense API against the mpmath oracle on degenerate regimes.
 
 The regimes, metrics and targets are those of ``validation/regimes.py`` (issue 21): float64 means
-within 1e-6 posterior standard deviations, variances and log-likelihoods within 1e-8 relative.
+within 1e-6 posterior standard deviations, variances and log-likelihoods within 1e-8 relative,
+log-likelihood gradients (``ks.loglik(...).backward()``) within 1e-8 of the oracle's.
 The default run takes a handful of small regimes that each broke some backend; the whole battery
 (10^5-step lanes included) is ``-m slow``. Regimes that fail today are marked
 ``xfail(strict=True)`` in :data:`KNOWN_FAILURES` with what fails, so a fix shows up as XPASS and
@@ -140,6 +141,63 @@ def test_dense_regime_battery(name, backend):
     _dense_case(name, backend)
 
 
+# gradients of the log-likelihood (ks.loglik(...).backward()) against the oracle's
+GRAD_FAILURES: dict[tuple[str, str], str] = {
+    ("obs_var 1e-155, a=0.9 p=1", "sequential"): "d loglik / d obs_var is +inf (truth -29.15)",
+    ("obs_var 1e-155, a=0.9 p=1", "torch"): "d loglik / d obs_var is -inf (truth -29.15)",
+}
+FAST_GRAD = (
+    "p=0 a=0.9577 c=0.4 T=1000",
+    "p=0 a=1.01 (explosive) T=500",
+    "obs_var 1e-155, a=0.9 p=1",
+    "process_var 1e155, a=0.9",
+)
+_GRAD_TRUTH: dict[str, dict] = {}
+
+
+def _grad_cases(names, slow):
+    out = []
+    for name in names:
+        for be in R.SCALAR_BACKENDS:
+            marks = [pytest.mark.slow] if slow else []
+            if (name, be) in GRAD_FAILURES:
+                marks.append(pytest.mark.xfail(strict=True, reason=GRAD_FAILURES[(name, be)]))
+            out.append(pytest.param(name, be, marks=marks, id=f"grad-{name}-{be}"))
+    return out
+
+
+def _grad_case(name, backend):
+    from kalmanscan.validation.oracle import scalar_loglik_grad
+
+    if not _available(backend):
+        pytest.skip("native extension not built")
+    reg = _SCALAR[name]
+    vals = {k: float(getattr(reg, k)[0]) for k in ("obs_var", "decay", "process_var", "offset")}
+    if name not in _GRAD_TRUTH:
+        _GRAD_TRUTH[name] = scalar_loglik_grad(
+            reg.z, vals["obs_var"], vals["decay"], vals["process_var"], float(reg.loading[0]),
+            vals["offset"], reg.prior_mean, reg.prior_var,
+        )
+    err = R.grad_rel(R.scalar_grad(reg, backend), _GRAD_TRUTH[name], vals)
+    assert err <= R.TOLERANCES[("kernel_grad", "float64")], f"{name} / {backend}: {err:.2e}"
+
+
+@pytest.mark.parametrize("name,backend", _grad_cases(FAST_GRAD, slow=False))
+def test_loglik_gradient(name, backend):
+    _grad_case(name, backend)
+
+
+@pytest.mark.parametrize(
+    "name,backend",
+    _grad_cases(
+        [n for n, r in _SCALAR.items() if n not in FAST_GRAD and R._constant(r) and r.T <= 20_000],
+        slow=True,
+    ),
+)
+def test_loglik_gradient_battery(name, backend):
+    _grad_case(name, backend)
+
+
 def test_metrics_fail_what_they_should():
     """A test that cannot fail is a defect: the metrics flag a NaN, an inf where the truth is
     finite, a raise, and an error of 2e-6 sd."""
@@ -155,3 +213,5 @@ def test_metrics_fail_what_they_should():
     assert R.loglik_rel(float("nan"), -3.0, 2) == math.inf
     assert R.passes({k: 0.0 for k in R.COLUMNS}, "float64")
     assert not R.passes({**{k: 0.0 for k in R.COLUMNS}, "loglik": 2e-8}, "float64")
+    assert R.grad_rel({"decay": float("inf")}, {"decay": 1.0}, {"decay": 0.5}) == math.inf
+    assert R.grad_rel({"decay": 1.0 + 2e-8}, {"decay": 1.0}, {"decay": 0.5}) > 1e-8

@@ -538,6 +538,112 @@ def scalar_errors(out: dict, truth, dtype: str) -> dict:
     )
 
 
+def grad_rel(g: dict, g_star: dict, params: dict) -> float:
+    """Worst over the parameters of ``|g - g*| / max(|g*|, 1/|theta|)`` (``1`` for theta = 0):
+    relative, except that a derivative below one nat per e-fold of the parameter counts as one.
+
+    >>> grad_rel({"decay": 1.0 + 1e-9}, {"decay": 1.0}, {"decay": 0.5}) < 1.1e-9
+    True
+    """
+    worst = 0.0
+    for k, ref in g_star.items():
+        got = g[k]
+        if not math.isfinite(got):
+            return math.inf
+        theta = abs(float(params[k]))
+        floor = 1.0 / theta if theta > 0 else 1.0
+        worst = max(worst, abs(got - ref) / max(abs(ref), floor))
+    return worst
+
+
+def scalar_grad(reg: ScalarRegime, backend: str, dtype: str = "float64") -> dict:
+    """d loglik / d (obs_var, decay, process_var, offset) from ``ks.loglik(...).backward()`` with
+    the four parameters as 0-d tensors (constant-parameter regimes only)."""
+    import torch
+
+    import kalmanscan as ks
+
+    from .oracle import GRAD_PARAMS
+
+    backend, device = GPU_RUNNERS.get(backend, (backend, "cpu"))
+    tdt = torch.float32 if dtype == "float32" else torch.float64
+    def t(x):
+        return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=tdt, device=device)
+
+    params = {
+        k: t(float(np.asarray(getattr(reg, k)).flat[0])).requires_grad_() for k in GRAD_PARAMS
+    }
+    fn = ks.loglik if hasattr(ks, "loglik") else (lambda *a, **k: ks.filter(*a, **k).loglik)
+    ll = fn(
+        t(reg.z),
+        params["obs_var"],
+        params["decay"],
+        params["process_var"],
+        loading=t(reg.loading),
+        offset=params["offset"],
+        prior_mean=t(reg.prior_mean),
+        prior_var=t(reg.prior_var),
+        backend=backend,
+    )
+    ll.sum().backward()
+    return {k: float(v.grad) if v.grad is not None else 0.0 for k, v in params.items()}
+
+
+def _constant(reg: ScalarRegime) -> bool:
+    return all(
+        np.all(np.asarray(getattr(reg, k)) == np.asarray(getattr(reg, k)).flat[0])
+        for k in ("obs_var", "decay", "process_var", "offset", "loading")
+    )
+
+
+def gradient_rows(
+    full: bool = False, backends=SCALAR_BACKENDS, progress=None, max_T=None, names=None
+):
+    """d loglik / d parameters of every constant-parameter scalar regime, float64, against the
+    oracle's (:func:`oracle.scalar_loglik_grad`); one dict per (regime, backend) with ``grad``
+    (:func:`grad_rel`), ``passes`` (within ``TOLERANCES[("kernel_grad", "float64")]``) and
+    ``error`` (what a backend raised)."""
+    from kalmanscan.core import native
+
+    from .oracle import scalar_loglik_grad
+
+    say = progress or (lambda m: None)
+    tol = TOLERANCES[("kernel_grad", "float64")]
+    rows = []
+    for reg in scalar_regimes(full):
+        if not _constant(reg) or (max_T is not None and reg.T > max_T):
+            continue
+        if names and reg.name not in names:
+            continue
+        t0 = time.perf_counter()
+        vals = {
+            k: float(np.asarray(getattr(reg, k)).flat[0])
+            for k in ("obs_var", "decay", "process_var", "offset")
+        }
+        g_star = scalar_loglik_grad(
+            reg.z,
+            vals["obs_var"],
+            vals["decay"],
+            vals["process_var"],
+            float(reg.loading[0]),
+            vals["offset"],
+            reg.prior_mean,
+            reg.prior_var,
+        )
+        say(f"{reg.name}: oracle gradient {time.perf_counter() - t0:.1f} s")
+        for be in backends:
+            if be == "native" and not native.available():
+                continue
+            row = dict(regime=reg.name, T=reg.T, backend=be, dtype="float64", error="")
+            try:
+                row["grad"] = grad_rel(scalar_grad(reg, be), g_star, vals)
+            except Exception as exc:
+                row["grad"], row["error"] = math.inf, f"{type(exc).__name__}: {exc}"[:200]
+            row["passes"] = row["grad"] <= tol
+            rows.append(row)
+    return rows
+
+
 def _dense_cov_rel(a, b, steps):
     """Worst ``||A_t - B_t|| / max(||B_t||, 1e-6 max_s ||B_s||)`` (Frobenius): relative per step,
     except that a covariance that is exactly 0 in the truth (a state observed without noise)
@@ -831,6 +937,29 @@ def compact_markdown(rows: list[dict], before: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def grad_markdown(grads: list[dict]) -> str:
+    """One line per regime: the gradient error of each backend (float64)."""
+    backends = list(dict.fromkeys(g["backend"] for g in grads))
+    idx = {(g["regime"], g["backend"]): g for g in grads}
+    lines = [
+        "| regime | T | " + " | ".join(f"{b} float64" for b in backends) + " |",
+        "|---|---:|" + "---:|" * len(backends),
+    ]
+    for name in dict.fromkeys(g["regime"] for g in grads):
+        cells = []
+        for b in backends:
+            g = idx.get((name, b))
+            if g is None:
+                cells.append("n/a")
+            elif g["error"]:
+                cells.append(f"**raises {g['error'].split(':')[0]}**")
+            else:
+                cells.append(_e(g["grad"]) if g["passes"] else f"**{_e(g['grad'])} FAIL**")
+        T = next(g["T"] for g in grads if g["regime"] == name)
+        lines.append(f"| {name} | {T} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_text(rows: list[dict]) -> str:
     head = f"{'regime':52s} {'backend':10s} {'dtype':7s} " + " ".join(
         f"{c:>14s}" for c in COLUMNS
@@ -875,7 +1004,31 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     names = None if full else VALIDATE_QUICK
     kw = {} if backends is None else dict(backends=tuple(backends))
     rows = regime_rows(full=full, certify=full, progress=progress, names=names, **kw)
+    grads = gradient_rows(
+        full=full,
+        backends=[b for b in kw.get("backends", SCALAR_BACKENDS) if b not in GPU_RUNNERS],
+        progress=progress,
+        names=names,
+    )
     out: dict[tuple, dict] = {}
+    for g in grads:
+        row = out.setdefault(
+            ("grad", g["backend"]),
+            dict(
+                truth="mpmath oracle (regimes)",
+                quantity="d loglik / d params",
+                dtype="float64",
+                backend=g["backend"],
+                max_rel_err=0.0,
+                tol=TOLERANCES[("kernel_grad", "float64")],
+                n_models=0,
+                worst_model="",
+            ),
+        )
+        row["n_models"] += 1
+        if not g["grad"] <= row["max_rel_err"]:
+            row["max_rel_err"] = g["grad"]
+            row["worst_model"] = g["regime"] + (f" ({g['error'][:80]})" if g["error"] else "")
     for r in rows:
         if r.get("refused"):
             continue
@@ -915,6 +1068,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", action="append", help="scalar backends (default all)")
     p.add_argument("--regime", action="append", help="only these regime names")
     p.add_argument("--no-certify", action="store_true", help="skip the oracle's self-check")
+    p.add_argument("--no-grad", action="store_true", help="skip the log-likelihood gradients")
     p.add_argument(
         "--before", metavar="JSON", help="an earlier --json run: adds its failures as a column"
     )
@@ -928,7 +1082,17 @@ def main(argv=None) -> int:
         names=args.regime,
     )
     print(format_text(rows))
-    bad = [r for r in rows if r["passes"] is False]
+    grads = [] if args.no_grad else gradient_rows(
+        full=args.full,
+        backends=tuple(args.backend) if args.backend else SCALAR_BACKENDS,
+        progress=lambda m: print(f"  .. {m}", flush=True),
+        names=args.regime,
+    )
+    for g in grads:
+        st = "PASS" if g["passes"] else "FAIL"
+        print(f"{'d loglik/d params: ' + g['regime']:60s} {g['backend']:10s} "
+              f"{_e(g['grad']):>10s}  {st} {g['error'][:60]}")
+    bad = [r for r in rows if r["passes"] is False] + [g for g in grads if not g["passes"]]
     print(f"{len(rows)} rows, {time.perf_counter() - t0:.1f} s: {len(bad)} float64 rows fail")
     if args.markdown:
         before = None
@@ -937,11 +1101,13 @@ def main(argv=None) -> int:
                 before = json.load(f)
         with open(args.markdown, "w") as f:
             f.write(compact_markdown(rows, before) + "\n\n")
+            if grads:
+                f.write(grad_markdown(grads) + "\n\n")
             f.write(markdown(rows, "float64") + "\n\nfloat32:\n\n" + markdown(rows, "float32"))
             f.write("\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1, default=float)
+            json.dump(rows + [dict(g, kind="grad") for g in grads], f, indent=1, default=float)
     return 1 if bad else 0
 
 
