@@ -25,6 +25,7 @@ import torch
 
 from kalmanscan.core import backends
 from kalmanscan.core.filter import InfoState
+from kalmanscan.core.filter import filter as general_filter
 from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
 
 __all__ = ["KLAResult", "KLA_BACKENDS", "kla_filter", "kla_step", "kla_filter_sequential"]
@@ -77,12 +78,10 @@ def kla_filter_sequential(v, Lv, k, q, decay, process_var, lam0, eta0, return_pr
 
 def kla_filter_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
     """Thin client of the general filter: lanes ``[B, L, M, S]`` materialized (reference path)."""
-    import kalmanscan
-
     B, L, M = v.shape
     S = k.shape[-1]
     shape = (B, L, M, S)
-    res = kalmanscan.filter(
+    res = general_filter(
         v[..., None].expand(shape),
         obs_var=(1.0 / Lv)[..., None].expand(shape),
         decay=decay.expand(shape),
