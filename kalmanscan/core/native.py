@@ -62,8 +62,31 @@ def _empty(shape, dtype) -> torch.Tensor:
     return torch.from_numpy(np.empty(shape, _NUMPY[dtype]))
 
 
+_NUM_THREADS = None  # None: torch.get_num_threads()
+
+
+def set_num_threads(threads: int | None) -> None:
+    """Threads of the native kernels (``None``: follow ``torch.get_num_threads()``, the default).
+
+    The kernels hand tiles of lanes out dynamically and never wait for a worker that has not
+    started, so on a loaded machine they keep their speed with several threads, where torch's
+    intra-op threads (OpenMP, MKL) can make small element-wise operations take milliseconds:
+    code that runs many small torch operations around the kernel (a fitting loop) can set
+    ``torch.set_num_threads(1)`` and keep the kernel's threads with this
+    (docs/performance-cpu.md, busy machines).
+
+    >>> from kalmanscan.core import native
+    >>> native.set_num_threads(2); native.set_num_threads(None)
+    """
+    global _NUM_THREADS
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: expected a positive int or None, got {threads!r}")
+    _NUM_THREADS = threads
+
+
 def _threads(work: int) -> int:
-    return max(1, min(torch.get_num_threads(), work // _MIN_WORK_PER_THREAD))
+    most = torch.get_num_threads() if _NUM_THREADS is None else _NUM_THREADS
+    return max(1, min(most, work // _MIN_WORK_PER_THREAD))
 
 
 def _series(x: torch.Tensor):
