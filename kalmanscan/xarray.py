@@ -31,7 +31,7 @@ from kalmanscan.timeseries.model import (
     check_coverage,
     forecast_from_state,
 )
-from kalmanscan.timeseries.times import TimeAxis, as_time_axis
+from kalmanscan.timeseries.times import TimeAxis, _labels_array, as_time_axis, check_steps
 
 MODEL_DESCRIPTION = (
     "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; "
@@ -172,11 +172,24 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
     return out
 
 
+def _check_values(da: xr.DataArray, time_dim: str) -> None:
+    """The same acceptance as ``kalmanscan.filter``: real numbers (NaN = missing), no strings,
+    booleans, complex numbers or datetimes, and at least one time step."""
+    kind = da.dtype.kind
+    if kind not in "iuf" or (kind == "f" and da.dtype.itemsize > 8):
+        raise TypeError(
+            f"da: expected real numbers (NaN = missing), got a DataArray of dtype {da.dtype}"
+        )
+    if time_dim in da.dims and da.sizes[time_dim] == 0:
+        raise ValueError(f"da: expected at least one step along {time_dim!r}, got 0")
+
+
 def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
     if time_dim not in da.dims:
         raise ValueError(
             f"time_dim: expected one of the array's dims {list(da.dims)}, got {time_dim!r}"
         )
+    _check_values(da, time_dim)
     times = da[time_dim].values if time_dim in da.coords else None
     return as_time_axis(times, da.sizes[time_dim], time_unit, name=f"coordinate {time_dim!r}")
 
@@ -225,9 +238,16 @@ def filter_dataarray(
     if forecast_steps is not None or forecast_at is not None:
         if forecast_steps is not None and forecast_at is not None:
             raise ValueError("forecast_steps, forecast_at: give at most one")
-        fc_labels = (
-            ax.future(forecast_steps) if forecast_steps is not None else np.atleast_1d(forecast_at)
-        )
+        if forecast_steps is not None:
+            fc_labels = ax.future(forecast_steps)
+        else:
+            fc_labels = _labels_array(forecast_at, "forecast_at")
+            if fc_labels.ndim != 1 or fc_labels.size == 0:
+                raise ValueError(
+                    "forecast_at: expected a non-empty 1-D sequence of timestamps, got shape "
+                    f"{fc_labels.shape}"
+                )
+            check_steps(fc_labels.size, "forecast_at (number of forecast times)")
         ax.position(fc_labels, "forecast_at")
     series_dims = [d for d in da.dims if d != time_dim]
     z = da.astype(np.float64)

@@ -91,6 +91,8 @@ class Converter:
 
     def tensor(self, name) -> torch.Tensor:
         v = self.values[name]
+        if v is None:
+            raise TypeError(f"{name}: expected a real number or array of real numbers, got None")
         if isinstance(v, torch.Tensor):
             # a lazily negated or conjugated view must be materialized: kernels read raw memory
             return v.resolve_neg().resolve_conj().to(self.dtype)
