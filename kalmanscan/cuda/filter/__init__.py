@@ -36,7 +36,6 @@ from kalmanscan.cuda._common import (
     lam_eta_carry_kernel,
     lanes_config,
     launch,
-    next_pow2,
 )
 from kalmanscan.cuda.filter.adjoint import adjoint_carry_kernel, adjoint_kernel
 from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, finish_kernel, smooth_kernel
@@ -60,7 +59,7 @@ _MANY_LANES = 16384
 # pipeline stages of the per-step loads (NS) and of the carries' walks over the chunk maps, which
 # are bound by the loads' latency (NS_CARRY); CK: checkpoint interval of the adjoint (chunk
 # lengths are multiples of it)
-TUNING = {"NS": 8, "NS_CARRY": 16, "CK": 16}
+TUNING = {"NS": 8, "NS_CARRY": 8, "CK": 16}
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 _NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset")
@@ -169,7 +168,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     launch(filter_kernel, grid,
         *args, *x0a, start, *series, part, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
         BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, **cfg)  # fmt: skip
-    launch(finish_kernel, (grid[0],), part, ll, N, NC, RB=min(64, next_pow2(NC)), BLOCK=BLOCK,
+    launch(finish_kernel, (grid[0],), part, ll, N, NC, NS=TUNING["NS_CARRY"], BLOCK=BLOCK,
            num_warps=warps)  # fmt: skip
     return series, ll, fin, flags, ck, (bend if smooth else None)
 

@@ -368,17 +368,14 @@ def carry_kernel(
 
 
 @triton.jit
-def finish_kernel(part_ptr, ll_ptr, N, NC, RB: tl.constexpr, BLOCK: tl.constexpr):
-    """``ll[n] = sum_k part[k, n]`` (float64 partial sums of the chunks), ``[RB, BLOCK]`` tiles
-    at a time (a fixed order: deterministic)."""
+def finish_kernel(part_ptr, ll_ptr, N, NC, NS: tl.constexpr, BLOCK: tl.constexpr):
+    """``ll[n] = sum_k part[k, n]`` (float64 partial sums of the chunks, in chunk order; the
+    loads pipelined ``NS`` deep, as the walk is bound by their latency)."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
-    rows = tl.arange(0, RB)
     acc = tl.zeros([BLOCK], tl.float64)
-    for k0 in range(0, NC, RB):
-        kk = k0 + rows
-        m = (kk[:, None] < NC) & lmask[None, :]
-        acc += tl.sum(tl.load(part_ptr + kk[:, None] * N + lanes[None, :], mask=m, other=0.0), 0)
+    for kk in tl.range(0, NC, num_stages=NS):
+        acc += tl.load(part_ptr + kk * N + lanes, mask=lmask, other=0.0)
     tl.store(ll_ptr + lanes, acc.to(ll_ptr.dtype.element_ty), mask=lmask)
 
 
