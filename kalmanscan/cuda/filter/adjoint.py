@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import helper
-from kalmanscan.cuda.filter.kernels import ld, observation, predict_coeffs
+from kalmanscan.cuda.filter.kernels import ld, observation, predict_coeffs, rcp
 
 
 @helper
@@ -35,7 +35,7 @@ def step_values(u, e, v, a, p, c, z, R, h):
     V1 = p * u + d * v
     E1 = c * U1 + al * e
     big1 = U1 >= V1
-    r1 = 1.0 / tl.where(big1, U1, V1)
+    r1 = rcp(tl.where(big1, U1, V1))
     um = U1 * r1
     em = E1 * r1
     vm = V1 * r1
@@ -43,7 +43,7 @@ def step_values(u, e, v, a, p, c, z, R, h):
     U2 = um + phi * vm
     E2 = em + r * vm
     big2 = U2 >= vm
-    r2 = 1.0 / tl.where(big2, U2, vm)
+    r2 = rcp(tl.where(big2, U2, vm))
     return (q, d, al, forget, U1, r1, um, em, vm, big1, obs, rinv, zz, phi, r,
             U2 * r2, E2 * r2, vm * r2, r2, big2)  # fmt: skip
 
@@ -89,8 +89,8 @@ def loglik_grads(obs, zz, R, h, um, em, vm):
     uk = tl.where(known, um, 1.0)
     Rs = tl.where(obs, R, 1.0)
     S = tl.where(contrib, h * h * vm + Rs * uk, 1.0)
-    iS = 1.0 / S
-    iu = 1.0 / uk
+    iS = rcp(S)
+    iu = rcp(uk)
     w = zz * uk - h * em
     wS = w * iS
     q2 = w * wS * iu
