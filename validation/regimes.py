@@ -937,6 +937,34 @@ def compact_markdown(rows: list[dict], before: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def float32_markdown(rows: list[dict]) -> str:
+    """One line per regime: each backend's float32 ``worst mean error (sd) / worst relative
+    error`` against the float64 oracle (inputs rounded to float32 first, as a user's would be)."""
+    backends = list(dict.fromkeys(r["backend"] for r in rows if r["dtype"] == "float32"))
+    idx = {(r["regime"], r["backend"]): r for r in rows if r["dtype"] == "float32"}
+    lines = [
+        "| regime | T | " + " | ".join(f"{b} float32" for b in backends) + " |",
+        "|---|---:|" + "---|" * len(backends),
+    ]
+    for name in dict.fromkeys(r["regime"] for r in rows if r["dtype"] == "float32"):
+        T = next(r["T"] for r in rows if r["regime"] == name)
+        cells = []
+        for b in backends:
+            r = idx.get((name, b))
+            if r is None:
+                cells.append("n/a")
+            elif r.get("refused"):
+                cells.append("refused")
+            elif r["error"]:
+                cells.append(f"raises {r['error'].split(':')[0]}")
+            else:
+                m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
+                v = max(r["filter_var"], r["smooth_var"], r["loglik"])
+                cells.append(f"{_e(m)} / {_e(v)}")
+        lines.append(f"| {name} | {T} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def grad_markdown(grads: list[dict]) -> str:
     """One line per regime: the gradient error of each backend (float64)."""
     backends = list(dict.fromkeys(g["backend"] for g in grads))
@@ -1103,6 +1131,7 @@ def main(argv=None) -> int:
             f.write(compact_markdown(rows, before) + "\n\n")
             if grads:
                 f.write(grad_markdown(grads) + "\n\n")
+            f.write(float32_markdown(rows) + "\n\n")
             f.write(markdown(rows, "float64") + "\n\nfloat32:\n\n" + markdown(rows, "float32"))
             f.write("\n")
     if args.json:
