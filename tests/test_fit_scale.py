@@ -60,7 +60,7 @@ def test_series_of_very_different_scales_fit_in_one_batch():
     for s in range(3):
         one = fit_ou(z[:, s], fix=LL)
         for k in ("sigma2", "obs_var"):
-            assert abs(many.params[k][s] / one.params[k] - 1) < 1e-9
+            assert abs(many.params[k][s] / one.params[k] - 1) < 1e-6  # FIT_AGREEMENT_RTOL
 
 
 @pytest.mark.parametrize("value", [1e300, -1e300, 1e-300])
