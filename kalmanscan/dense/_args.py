@@ -20,8 +20,8 @@ def _describe(x) -> str:
 class Model(NamedTuple):
     """A dense model laid out as [B, T, ...] (B flattened series; parameters may be views)."""
 
-    z: torch.Tensor  # [B, T, d], 0 where missing
-    observed: torch.Tensor  # [B, T, d] bool
+    z: torch.Tensor  # [B, T, d], 0 where missing (NaN until mask_missing)
+    observed: torch.Tensor | None  # [B, T, d] bool (None until mask_missing)
     F: torch.Tensor  # [B, T, n, n]
     c: torch.Tensor  # [B, T, n]
     Q: torch.Tensor  # [B, T, n, n]
@@ -110,7 +110,7 @@ def _to_batch(name, t, batch_shape, k):
     return t.expand(*batch_shape, *trail).reshape(-1, *trail)
 
 
-def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis):
+def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=True):
     """Validate the public arguments and lay them out; see :func:`kalmanscan.dense.filter`."""
     values = dict(
         z=z,
@@ -180,10 +180,6 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
     T = lead[ax]
     batch_shape = lead[:ax] + lead[ax + 1 :]
     zl = _to_layout("z", zt, lead, ax, 1)
-    observed = ~torch.isnan(zl)
-    if bool(torch.isinf(zl).any()):
-        raise ValueError("z: expected finite observations or NaN for missing ones, got inf")
-    zl = torch.where(observed, zl, torch.zeros((), dtype=dtype, device=device))
     model_parts = dict(
         F=_to_layout("F", Ft, lead, ax, 2),
         c=_to_layout("offset", ct, lead, ax, 1),
@@ -234,8 +230,26 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis)
     for name, t in (("prior_cov", P0), ("prior_precision", L0)):
         if t is not None and not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
             raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
-    model = Model(zl, observed, **model_parts, m0=m0, P0=P0, L0=L0)
+    model = Model(zl, None, **model_parts, m0=m0, P0=P0, L0=L0)
+    if mask:  # the native path reads the NaNs itself (api.py passes mask=False)
+        model = mask_missing(model)
     return model, Layout(to_numpy, ax, batch_shape, T, n, d)
+
+
+Z_INF_MESSAGE = "z: expected finite observations or NaN for missing ones, got inf"
+
+
+def mask_missing(model: Model) -> Model:
+    """Set ``observed`` and zero the missing entries of ``z`` (prepare leaves z with its NaNs, which
+    the native path reads directly); raises for infinite observations."""
+    if model.observed is not None:
+        return model
+    z = model.z
+    observed = ~torch.isnan(z)
+    if bool(torch.isinf(z).any()):
+        raise ValueError(Z_INF_MESSAGE)
+    z = torch.where(observed, z, torch.zeros((), dtype=z.dtype, device=z.device))
+    return model._replace(z=z, observed=observed)
 
 
 def _negative_eig(t: torch.Tensor) -> bool:

@@ -45,7 +45,7 @@ typedef struct {
     Py_ssize_t sb, st, se; /* strides (elements) along series, time, and vector entry */
 } arr_t;
 
-enum { I_Z, I_OBS, I_F, I_C, I_Q, I_H, I_R, I_NIN };
+enum { I_Z, I_F, I_C, I_Q, I_H, I_R, I_NIN };
 enum {
     O_FMEAN, O_FCOV, O_FPREC, O_PMEAN, O_PCOV, O_LL, O_FLAG, O_PD, O_PK,
     O_SMEAN, O_SCOV, O_SPREC, O_NOUT
@@ -57,7 +57,7 @@ typedef struct {
 } elem_t;
 
 typedef struct {
-    int n, d;
+    int n, d, zinf;
     /* workspace */
     double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1;
     elem_t *el;
@@ -171,48 +171,34 @@ static void back_vec(ws_t *w, double *r) {
     memcpy(r, o, n * sizeof(double));
 }
 
-/* Inverse of the symmetric positive-definite A (n x n) by Cholesky into out; 0 if not PD.
- * L (n x n scratch) gets the factor; X = L^-1 is built transposed in out (rows of X' contiguous),
- * then A^-1 = X' X is formed in L and copied to out. */
+/* Inverse of the symmetric positive-definite A (n x n) into out by Gauss-Jordan elimination
+ * without pivoting (the pivots are the Schur complements' diagonals, positive for a positive-
+ * definite A); 0 if a pivot is not positive. Every inner loop runs over a whole contiguous row,
+ * which vectorizes; L is unused scratch kept for the signature. */
 static int spd_inverse(int n, const double *A, double *L, double *out) {
-    for (int j = 0; j < n; j++) {
-        const double *Lj = L + j * n;
-        double s = A[j * n + j];
-        for (int k = 0; k < j; k++) s -= Lj[k] * Lj[k];
-        if (!(s > 0.0)) return 0;
-        double ljj = sqrt(s), inv = 1.0 / ljj;
-        L[j * n + j] = ljj;
-        for (int i = j + 1; i < n; i++) {
-            const double *Li = L + i * n;
-            double t = A[i * n + j];
-            for (int k = 0; k < j; k++) t -= Li[k] * Lj[k];
-            L[i * n + j] = t * inv;
+    (void)L;
+    memcpy(out, A, (size_t)n * n * sizeof(double));
+    for (int k = 0; k < n; k++) {
+        double *rk = out + k * n;
+        double piv = rk[k];
+        if (!(piv > 0.0)) return 0;
+        double ip = 1.0 / piv;
+        rk[k] = 1.0;
+        for (int j = 0; j < n; j++) rk[j] *= ip;
+        for (int i = 0; i < n; i++) {
+            if (i == k) continue;
+            double *ri = out + i * n;
+            double f = ri[k];
+            ri[k] = 0.0;
+            for (int j = 0; j < n; j++) ri[j] -= f * rk[j];
         }
     }
-    /* column j of X = L^-1, stored as row j of out: x_i = -(sum_{k=j}^{i-1} L[i][k] x_k) / L[i][i] */
-    for (int j = 0; j < n; j++) {
-        double *x = out + j * n;
-        for (int i = 0; i < j; i++) x[i] = 0.0;
-        x[j] = 1.0 / L[j * n + j];
-        for (int i = j + 1; i < n; i++) {
-            const double *Li = L + i * n;
-            double s = 0.0;
-            for (int k = j; k < i; k++) s += Li[k] * x[k];
-            x[i] = -s / Li[i];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (out[i * n + j] + out[j * n + i]);
+            out[i * n + j] = s;
+            out[j * n + i] = s;
         }
-    }
-    /* (A^-1)[i][j] = sum_k X[k][i] X[k][j] = sum_{k >= max(i, j)} out[i][k] out[j][k] */
-    for (int i = 0; i < n; i++) {
-        const double *xi = out + i * n;
-        for (int j = 0; j <= i; j++) {
-            const double *xj = out + j * n;
-            double s = 0.0;
-            for (int k = i; k < n; k++) s += xi[k] * xj[k];
-            L[i * n + j] = s;
-            L[j * n + i] = s;
-        }
-    }
-    memcpy(out, L, (size_t)n * n * sizeof(double));
     return 1;
 }
 
@@ -267,17 +253,18 @@ static double log_pdet(double *G, int m, int k, int ld, int *rank) {
  * returns in *ll the step's pdet term. */
 static int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
     int n = w->n, d = w->d, o = 0;
-    const arr_t *Z = &in[I_Z], *O = &in[I_OBS];
-    const unsigned char *obs = (const unsigned char *)O->p;
+    const arr_t *Z = &in[I_Z];
     const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
-    for (int i = 0; i < d; i++)
-        if (obs[b * O->sb + t * O->st + i * O->se]) w->obs_idx[o++] = i;
-    if (o == 0) return 0;
-    for (int p = 0; p < o; p++) {
-        int i = w->obs_idx[p];
-        w->y[p] = Z->p[b * Z->sb + t * Z->st + i * Z->se];
-        memcpy(w->Hy + p * n, H + i * n, n * sizeof(double));
+    for (int i = 0; i < d; i++) {
+        double zi = Z->p[b * Z->sb + t * Z->st + i * Z->se];
+        if (zi != zi) continue; /* NaN: missing */
+        if (isinf(zi)) w->zinf = 1;
+        w->obs_idx[o] = i;
+        w->y[o] = zi;
+        memcpy(w->Hy + o * n, H + i * n, n * sizeof(double));
+        o++;
     }
+    if (o == 0) return 0;
     if (k > 0 && ll_pdet) { /* G = H_o D, pdet term */
         for (int p = 0; p < o; p++)
             for (int j = 0; j < k; j++) {
@@ -517,10 +504,12 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
     for (int i = 0; i < n; i++)
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
     Py_ssize_t nd = 0, np_ = 0;
+    double llsum = 0.0;
     double *fmean = out[O_FMEAN] + b * T * n, *fcov = out[O_FCOV] + b * T * nn;
     double *fprec = out[O_FPREC] + b * T * nn, *pmean = out[O_PMEAN] + b * T * n;
-    double *pcov = out[O_PCOV] + b * T * nn, *ll = out[O_LL] + b * T;
-    double *flag = out[O_FLAG] + b * T, *pD = out[O_PD] + b * kcap * nn;
+    double *pcov = out[O_PCOV] + b * T * nn, *ll = out[O_LL] + b;
+    unsigned char *flag = (unsigned char *)out[O_FLAG] + b * T;
+    double *pD = out[O_PD] + b * kcap * nn;
     double *pK = out[O_PK] + b * kcap;
     w->fcur = NULL;
     for (Py_ssize_t t = 0; t < T; t++) {
@@ -545,7 +534,7 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
         int o = gather(w, in, b, t, k, &lpd);
         if (k > 0 && o > 0) lt += lpd;
         k = update(w, o, m, P, k, &lt, 0);
-        ll[t] = lt;
+        llsum += lt;
         memcpy(fmean + t * n, m, n * sizeof(double));
         flag[t] = k > 0;
         if (k > 0) {
@@ -562,6 +551,7 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
             }
         }
     }
+    *ll = llsum;
     if (k > 0) nd = T + 1;
     *npred = np_;
     if (!smooth || nd > T || np_ > kcap) return nd;
@@ -686,13 +676,13 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
         for (int i = 0; i < n; i++)
             for (int j = 0; j < n; j++) {
                 double s = 0.0;
-                for (int q = 0; q < n; q++) s += P0t[i * n + q] * N0[q * n + j];
+                for (int q = 0; q < n; q++) s += P0t[i * n + q] * N0[j * n + q]; /* N0 symmetric */
                 W[i * n + j] = s;
             }
         for (int i = 0; i < n; i++)
             for (int j = 0; j <= i; j++) {
                 double s = P0t[i * n + j];
-                for (int q = 0; q < n; q++) s -= W[i * n + q] * P0t[q * n + j];
+                for (int q = 0; q < n; q++) s -= W[i * n + q] * P0t[j * n + q]; /* P symmetric */
                 sc[i * n + j] = s;
                 sc[j * n + i] = s;
             }
@@ -799,6 +789,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     ws_t w;
     w.n = (int)n;
     w.d = dd;
+    w.zinf = 0;
     double *q = buf;
     w.m = q; q += n;
     w.u = q; q += n;
@@ -838,12 +829,12 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     free(el);
     free(ib);
     if (err) return PyErr_NoMemory();
-    return Py_BuildValue("nnn", nd_max, np_max, nbad);
+    return Py_BuildValue("nnni", nd_max, np_max, nbad, w.zinf);
 }
 
 static PyMethodDef methods[] = {
     {"run", dense_run, METH_VARARGS,
-     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse, nbad)"},
+     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse, nbad, z_has_inf)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",

@@ -87,7 +87,7 @@ def _run(
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 2:
         raise ValueError(f"chunk: expected an int >= 2 (block length of the scan), got {chunk!r}")
     model, layout = _args.prepare(
-        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis
+        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False
     )
     if backend == "diagonal" or backend == "auto":
         diag = _diagonal_ok(model, layout)
@@ -98,7 +98,7 @@ def _run(
             )
         grads = _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision)
         if diag and (backend == "diagonal" or not grads):
-            return _run_diagonal(model, layout, smooth)
+            return _run_diagonal(_args.mask_missing(model), layout, smooth)
         if backend == "auto":
             backend = "native" if model.z.device.type == "cpu" and native.available() else "torch"
             if backend == "native" and grads:
@@ -113,6 +113,7 @@ def _run(
         if parts is not None:
             return _package(layout, parts, smooth)
         backend = "torch"  # a diffuse direction is never resolved: the scan keeps it diffuse
+    model = _args.mask_missing(model)
     if not _args.r_positive_definite(model.R):
         raise ValueError(
             f"R: backend {backend!r} needs positive-definite observation-noise covariances; "
@@ -157,7 +158,7 @@ def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
         precision=out(p.filtered_precision, 2),
         pred_mean=out(p.pred_mean, 1),
         pred_cov=out(p.pred_cov, 2),
-        loglik=_args.output_batch(layout, p.loglik_steps.sum(1)),
+        loglik=_args.output_batch(layout, p.loglik),
         diffuse=out(p.diffuse, 0),
     )
     if not smooth:

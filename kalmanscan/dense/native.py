@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from kalmanscan.dense._args import Model
+from kalmanscan.dense._args import Z_INF_MESSAGE, Model
 from kalmanscan.dense.parallel import _range_projector, _sym, rank_tol
 
 try:
@@ -41,10 +42,15 @@ class NativeParts(NamedTuple):
     diffuse: torch.Tensor  # [B, T] bool
     pred_mean: torch.Tensor
     pred_cov: torch.Tensor
-    loglik_steps: torch.Tensor
+    loglik: torch.Tensor  # [B]
     smoothed_mean: torch.Tensor | None
     smoothed_cov: torch.Tensor | None
     smoothed_precision: torch.Tensor | None
+
+
+def _empty(*shape) -> torch.Tensor:
+    """float64 storage from numpy's allocator (it asks the OS for huge pages on large blocks)."""
+    return torch.from_numpy(np.empty(shape, np.float64))
 
 
 def _ready(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -101,15 +107,13 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
     B, T, d = model.z.shape
     n = model.F.shape[-1]
-    z = _ready(model.z, 1)
-    obs = model.observed.to(torch.uint8)
+    z = _ready(model.z, 1)  # NaN where missing
     F, Q, H, R = (_ready(x, 2) for x in (model.F, model.Q, model.H, model.R))
     c = _ready(model.c, 1)
     m0 = model.m0.to(torch.float64).contiguous()
     P0, D0 = _prior(model)
     ins = [
         _spec(z, 1),
-        (obs.data_ptr(), *_spec(obs, 1)[1:]),
         _spec(F, 2),
         _spec(c, 1),
         _spec(Q, 2),
@@ -117,29 +121,28 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         _spec(R, 2),
     ]
     f64 = dict(dtype=torch.float64)
+    empty = _empty
     kcap = min(T, 4 * n + 8)
     while True:
         outs = [
-            torch.empty(B, T, n, **f64),
-            torch.empty(B, T, n, n, **f64),
-            torch.empty(B, T, n, n, **f64),
-            torch.empty(B, T, n, **f64),
-            torch.empty(B, T, n, n, **f64),
-            torch.empty(B, T, **f64),
-            torch.empty(B, T, **f64),
-            torch.empty(B, kcap, n, n, **f64),
+            empty(B, T, n),
+            empty(B, T, n, n),
+            empty(B, T, n, n),
+            empty(B, T, n),
+            empty(B, T, n, n),
+            empty(B),
+            torch.from_numpy(np.empty((B, T), np.bool_)),
+            empty(B, kcap, n, n),
             torch.zeros(B, kcap, **f64),
         ]
         if smooth:
-            outs += [
-                torch.empty(B, T, n, **f64),
-                torch.empty(B, T, n, n, **f64),
-                torch.empty(B, T, n, n, **f64),
-            ]
+            outs += [empty(B, T, n), empty(B, T, n, n), empty(B, T, n, n)]
         ptrs = [o.data_ptr() for o in outs] + [0] * (12 - len(outs))
-        nd, npred, nbad = _ext.run(
+        nd, npred, nbad, zinf = _ext.run(
             int(smooth), B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
         )
+        if zinf:
+            raise ValueError(Z_INF_MESSAGE)
         if nd > T:
             return None
         if npred <= kcap:
@@ -151,7 +154,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         _fill_precision(fprec, fcov)
         if smooth:
             _fill_precision(sm[2], sm[1])
-    parts = [fmean, fcov, fprec, flag > 0, pmean, pcov, ll, *sm]
+    parts = [fmean, fcov, fprec, flag, pmean, pcov, ll, *sm]
     dtype = model.z.dtype
     if dtype != torch.float64:
         parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]
