@@ -188,7 +188,8 @@ def baseline_log10_precision(decay, process_var, positions, lam0=1.0):
     """log10 of the no-observation precision of each lane after ``n = position + 1`` predict
     steps from precision ``lam0``: ``-log10(a**(2n) / lam0 + p * sum_{j<n} a**(2j))``.
 
-    decay, process_var ``[M, S]``; positions ``[T]`` -> ``[T, M, S]`` (float64).
+    decay, process_var ``[M, S]``; positions ``[T]`` -> ``[T, M, S]`` in the dtype of
+    ``decay``.
 
     >>> import torch
     >>> a = torch.tensor([[0.5]], dtype=torch.float64)
@@ -199,14 +200,25 @@ def baseline_log10_precision(decay, process_var, positions, lam0=1.0):
     >>> round(lam, 10), round(float(10 ** baseline_log10_precision(a, p, torch.tensor([2]))), 10)
     (6.8085106383, 6.8085106383)
     """
-    a = decay.double()
-    p = process_var.double()
-    n = positions.double().add(1.0)[:, None, None]
-    l2 = 2.0 * torch.log(a)  # <= 0
-    a2n = torch.exp(n * l2)
-    denom = -torch.expm1(l2)
-    geometric = torch.where(denom > 0, -torch.expm1(n * l2) / denom.clamp_min(1e-300), n)
-    return -torch.log10(a2n / lam0 + p * geometric)
+    return _baseline_var(decay, process_var, positions, lam0).log10_().neg_()
+
+
+def _baseline_var(decay, process_var, positions, lam0=1.0):
+    """``1 / baseline`` ``[T, M, S]``: ``r + a**(2n) (1/lam0 - r)`` with ``r = p / (1 - a**2)``
+    (the resting variance), or ``1/lam0 + p n`` where ``a = 1``."""
+    p = process_var.to(decay.dtype)
+    l2 = 2.0 * torch.log(decay)  # <= 0
+    one_minus = -torch.expm1(l2)
+    unit = one_minus == 0
+    r = torch.where(unit, 0.0, p / torch.where(unit, 1.0, one_minus))
+    n = positions.to(decay.dtype).add(1.0)[:, None, None]
+    # exponents below -80 (-700 in float64) change nothing next to r and would make
+    # subnormal numbers, which are many times slower on CPUs
+    lo = -700.0 if decay.dtype == torch.float64 else -80.0
+    var = torch.addcmul(r, (n * l2).clamp_min_(lo).exp_(), 1.0 / lam0 - r)
+    if bool(unit.any()):  # inspection only: a host sync is fine here
+        var = torch.where(unit, 1.0 / lam0 + p * n, var)
+    return var
 
 
 # ---------------------------------------------------------------------- the recorder
@@ -263,13 +275,14 @@ class _Recorder:
         fdt = lam.dtype
         a = tr.decay
         pos = torch.arange(t0, t0 + T, device=lam.device)
-        base64 = baseline_log10_precision(a, tr.process_var, pos)  # [T, M, S]
-        base = base64.to(fdt)
+        base_var = _baseline_var(a, tr.process_var, pos)  # [T, M, S]
+        log10_base_var = torch.log10(base_var)  # = -log10(baseline)
         Lv, k = tr.sensors.obs_prec, tr.sensors.k
         phi = Lv[..., None] * k.square()[:, :, None, :]
         wg = phi / lam
         bits = torch.log1p(-wg).mul_(-0.5 / _LN2)
-        log10lam = torch.log10(lam)
+        text = torch.log10(lam)  # becomes log10(lam / baseline) below
+        N = a.numel()
         w = self.mask[:, t0 : t0 + T].to(fdt)  # [B, T]
         keep = w.bool()
         nan = torch.tensor(float("nan"), dtype=fdt, device=lam.device)
@@ -277,19 +290,18 @@ class _Recorder:
         def put(name, value):
             self.sum[name][i, :, t0 : t0 + T] = torch.where(keep, value, nan).cpu().numpy()
 
-        mean_log10 = log10lam.mean((-1, -2))
-        base_mean = base.mean((-1, -2))
+        mean_log10 = text.mean((-1, -2))
+        base_mean = -log10_base_var.mean((-1, -2))
+        text.add_(log10_base_var)
         put("mean_log10_precision", mean_log10)
         put("mean_log10_text_precision", mean_log10 - base_mean)
         put("mean_information_bits", bits.mean((-1, -2)))
-        mean_wg = wg.mean((-1, -2))
-        put("mean_write_gain", mean_wg)
-        put("mean_forget_gate", a.mean() - (wg * a).mean((-1, -2)))
+        put("mean_write_gain", wg.mean((-1, -2)))
+        put("mean_forget_gate", a.mean() - torch.einsum("btms,ms->bt", wg, a) / N)
         put("mean_log10_readout_variance", torch.log10(tr.yvar).mean(-1))
         self.base_mean[i, t0 : t0 + T] = base_mean.cpu().numpy()
 
         # per channel, binned over tokens; per lane, summed over valid tokens
-        text = log10lam - base
         bins = torch.div(pos, self.bin_size, rounding_mode="floor").cpu()
         wm = w[..., None]
         for name, value in (
@@ -298,10 +310,12 @@ class _Recorder:
         ):
             per_channel = (value.mean(-1) * wm).double().cpu()  # [B, T, M]
             self.binned[name][i].index_add_(1, bins, per_channel)
-        w4 = w[..., None, None]
-        self.lane["lane_mean_log10_text_precision"][i] += (text * w4).sum((0, 1)).double().cpu()
-        self.lane["lane_mean_information_bits"][i] += (bits * w4).sum((0, 1)).double().cpu()
-        self.lane["lane_mean_write_gain"][i] += (wg * w4).sum((0, 1)).double().cpu()
+        for name, value in (
+            ("lane_mean_log10_text_precision", text),
+            ("lane_mean_information_bits", bits),
+            ("lane_mean_write_gain", wg),
+        ):
+            self.lane[name][i] += torch.einsum("btms,bt->ms", value, w).double().cpu()
         self.count[i] += float(w.sum())
 
         if self.static is None:
@@ -312,9 +326,9 @@ class _Recorder:
         if self.detail is not None:
             lo, hi = max(self.window[0], t0), min(self.window[1], t0 + T)
             if lo < hi:
-                self._detail(i, tr, t0, lo - t0, hi - t0, lam, phi, wg, base64)
+                self._detail(i, tr, t0, lo - t0, hi - t0, lam, phi, wg, base_var)
 
-    def _detail(self, i, tr, t0, a0, a1, lam, phi, wg, base64):
+    def _detail(self, i, tr, t0, a0, a1, lam, phi, wg, base_var):
         """Copy rows ``a0:a1`` of a chunk starting at token ``t0`` into the window arrays."""
         ch = self.channels
         w0 = t0 + a0 - self.window[0]
@@ -333,7 +347,7 @@ class _Recorder:
         a = tr.decay
         put("posterior_precision", lam)
         put("prior_precision", lam - phi)
-        put("baseline_precision", torch.pow(10.0, base64)[None].expand(lam.shape))
+        put("baseline_precision", (1.0 / base_var)[None].expand(lam.shape))
         put("information_added", phi)
         put("write_gain", wg)
         put("forget_gate", a * (1 - wg))

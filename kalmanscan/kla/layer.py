@@ -119,13 +119,12 @@ class CausalConv1d(nn.Module):
         if window is None:
             window = xt.new_zeros(xt.shape[0], self.channels, self.kernel - 1)
         padded = torch.cat((window.to(xt.dtype), xt), dim=-1)
-        L = xt.shape[-1]
-        w = self.weight.to(xt.dtype)[:, 0]  # [M, K]
-        # y[t] = bias + sum_j w[j] x[t - K + 1 + j]: what F.conv1d(groups=M) computes, written
-        # as K shifted multiply-adds (much faster than conv1d for K = 4 on CPU).
-        y = self.bias.to(xt.dtype)[:, None] + w[:, :1] * padded[..., :L]
-        for j in range(1, self.kernel):
-            y = y + w[:, j : j + 1] * padded[..., j : j + L]
+        # y[t] = bias + sum_j w[j] x[t - K + 1 + j]. F.conv1d(groups=M) beat K shifted
+        # multiply-adds on the 2-core CPU at M = 512 (1 thread: 0.08 vs 0.28 ms at L = 1,
+        # 5.2 vs 13.4 ms at L = 1024), and needs no temporaries.
+        y = F.conv1d(
+            padded, self.weight.to(xt.dtype), self.bias.to(xt.dtype), groups=self.channels
+        )
         return y.transpose(1, 2), padded[..., padded.shape[-1] - (self.kernel - 1) :]
 
 
