@@ -10,7 +10,11 @@ Truths (all float64, none uses kalmanscan):
 - ``dense oracle``: the joint Gaussian of ``x_1..x_t`` given ``z_1..z_t`` in precision form,
   solved with scipy's banded Cholesky (:func:`truths.dense_truth`);
 - ``statsmodels (Nile)``: ``UnobservedComponents`` local level, exact diffuse (:mod:`nile`);
-- ``scipy expm (Van Loan)``: the OU discretization by a matrix exponential (:mod:`vanloan`).
+- ``scipy expm (Van Loan)``: the OU discretization by a matrix exponential (:mod:`vanloan`);
+- ``mpmath oracle (regimes)``: an arbitrary-precision filter, smoother and log-likelihood
+  gradient (:mod:`oracle`) on degenerate regimes (:mod:`regimes`), scalar and dense;
+- the log-likelihood conventions of statsmodels and KFAS against kalmanscan's plus the documented
+  offset (:mod:`conventions`).
 
 Row format. Every check reports rows, one per (truth, quantity, dtype, backend), as dicts with
 the keys
