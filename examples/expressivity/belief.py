@@ -33,7 +33,7 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 def load_run(models_path, run):
-    loaded = torch.load(models_path, map_location="cpu", weights_only=False)
+    loaded = torch.load(models_path, map_location="cpu", weights_only=True)
     entry = loaded if {"model", "args"} <= set(loaded) else loaded[run]  # a train.py checkpoint
     a = entry["args"]
     params = {

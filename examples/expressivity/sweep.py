@@ -467,7 +467,7 @@ def main(argv=None):
             else run["mixer"].startswith("kla")
         )
         if ck.exists() and wanted:
-            state = torch.load(ck, map_location="cpu", weights_only=False)
+            state = torch.load(ck, map_location="cpu", weights_only=True)
             models[run["name"]] = {"model": state["model"], "args": state["args"]}
     env["wall_seconds"] = round(time.time() - t_start, 1)
     env["exit_codes"] = logs

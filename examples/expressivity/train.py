@@ -206,7 +206,7 @@ def main(argv=None):
     gen = torch.Generator(device=device).manual_seed(args.seed)
     step, elapsed, history, diverged, error = 0, 0.0, [], False, None
     if args.ckpt and os.path.exists(args.ckpt):
-        ck = torch.load(args.ckpt, map_location=device, weights_only=False)
+        ck = torch.load(args.ckpt, map_location=device, weights_only=True)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, history, diverged = ck["step"], ck["elapsed"], ck["history"], ck["diverged"]

@@ -159,21 +159,130 @@ def save_checkpoint(
     return directory
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; refuse megabytes before reading
+_MAX_DEPTH = 4  # {"model": {"kla": {...}}} plus metadata one level deeper
+_MAX_INT = 1 << 31
+_MAX_LAYERS = 4096
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+def _check_json(value, where: str, depth: int = 0) -> None:
+    """Types, sizes and finiteness of a parsed config, before any of it is used."""
+    if depth > _MAX_DEPTH:
+        raise CheckpointError(f"checkpoint: {where}: nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        if len(value) > 256:
+            raise CheckpointError(f"checkpoint: {where}: expected at most 256 keys, got "
+                                  f"{len(value)}")
+        for k, v in value.items():
+            _check_json(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, list):
+        if len(value) > _MAX_LAYERS:
+            raise CheckpointError(
+                f"checkpoint: {where}: expected a list of at most {_MAX_LAYERS} entries, got "
+                f"{len(value)}"
+            )
+        for i, v in enumerate(value):
+            if isinstance(v, (dict, list)):
+                raise CheckpointError(f"checkpoint: {where}[{i}]: expected a number or string, "
+                                      f"got a nested {type(v).__name__}")
+            _check_json(v, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, str):
+        if len(value) > 1024:
+            raise CheckpointError(f"checkpoint: {where}: expected a string of at most 1024 "
+                                  f"characters, got {len(value)}")
+    elif isinstance(value, bool) or value is None:
+        pass
+    elif isinstance(value, int):
+        if abs(value) >= _MAX_INT:
+            raise CheckpointError(f"checkpoint: {where}: expected an integer below 2**31, got "
+                                  f"{value}")
+    elif isinstance(value, float):
+        if not (abs(value) < 1e30):  # also NaN
+            raise CheckpointError(f"checkpoint: {where}: expected a finite number below 1e30, "
+                                  f"got {value!r}")
+    else:  # pragma: no cover - json gives no other types
+        raise CheckpointError(f"checkpoint: {where}: unexpected {type(value).__name__}")
+
+
 def read_config(directory: str | Path) -> dict:
-    """The parsed ``config.json`` of a checkpoint directory (checked for the format tag)."""
+    """The parsed ``config.json`` of a checkpoint directory, checked for the format tag, a size of
+    at most 1 MiB, and in ``model`` for types, sizes and finite numbers (nested at most 4 levels,
+    integers below 2**31, at most 4096 layers) before anything is built from it."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint: expected a config file {path}, found none")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise CheckpointError(
+            f"checkpoint: expected {path} of at most {MAX_CONFIG_BYTES} bytes, got {size}"
+        )
     try:
         config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as err:
         raise CheckpointError(f"checkpoint: {path} is not valid JSON ({err})") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint: {path}: nested too deeply to be a config") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT or "model" not in config:
         raise CheckpointError(
             f"checkpoint: expected {path} to hold {{'format': {FORMAT!r}, 'model': {{...}}}}, "
             f"got keys {sorted(config) if isinstance(config, dict) else type(config).__name__}"
         )
+    if not isinstance(config["model"], dict):
+        raise CheckpointError(
+            f"checkpoint: {path}: expected 'model' to be a dict, got "
+            f"{type(config['model']).__name__}"
+        )
+    _check_json(config["model"], "model")
+    n_layers = config["model"].get("n_layers", 0)
+    if isinstance(n_layers, int) and n_layers > _MAX_LAYERS:
+        raise CheckpointError(
+            f"checkpoint: {path}: model.n_layers: expected at most {_MAX_LAYERS}, got {n_layers}"
+        )
     return config
+
+
+def _check_weight_header(model_config, weights: Path) -> None:
+    """Compare the tensor names, shapes and dtypes in the safetensors header with the model the
+    config describes, built on the meta device (no memory), before anything real is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    from kalmanscan.kla.model import KLALanguageModel
+
+    try:
+        with torch.device("meta"):
+            expected = {
+                k: tuple(v.shape) for k, v in KLALanguageModel(model_config).state_dict().items()
+            }
+    except (TypeError, ValueError, OverflowError, RuntimeError) as err:
+        raise CheckpointError(f"checkpoint: invalid model config: {err}") from None
+    try:
+        with safe_open(str(weights), framework="pt") as fh:
+            header = {
+                k: (tuple(fh.get_slice(k).get_shape()), fh.get_slice(k).get_dtype())
+                for k in fh.keys()
+            }
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"checkpoint: cannot read {weights} as safetensors ({err})") from None
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    wrong = [
+        f"{k}: expected shape {list(expected[k])}, got {list(header[k][0])}"
+        for k in sorted(set(expected) & set(header))
+        if tuple(header[k][0]) != expected[k]
+    ] + [
+        f"{k}: expected a floating-point tensor, got {header[k][1]}"
+        for k in sorted(set(expected) & set(header))
+        if header[k][1] not in _FLOAT_DTYPES
+    ]
+    if missing or unexpected or wrong:
+        lines = [f"checkpoint: {weights} does not match its config:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
+        lines += [f"  {w}" for w in wrong[:20]]
+        raise CheckpointError("\n".join(lines))
 
 
 def load_checkpoint(
@@ -182,8 +291,9 @@ def load_checkpoint(
     """Build a :class:`~kalmanscan.kla.KLALanguageModel` from a checkpoint directory.
 
     ``directory=None`` loads the model bundled with the package. Only safetensors weights are
-    read (no pickle); shapes and keys must match the config exactly, else
-    :class:`CheckpointError` names what differs. ``backend`` overrides the KLA op backend of
+    read (no pickle); the config is checked (types, sizes, finite numbers) and the weights'
+    names, shapes and dtypes are compared with the model it describes, built on the meta device,
+    before any tensor is allocated; anything that differs raises :class:`CheckpointError`. ``backend`` overrides the KLA op backend of
     the stored config (e.g. ``"sequential"``, the faster one for short CPU inputs). The model is
     returned in eval mode.
 
@@ -214,10 +324,11 @@ def load_checkpoint(
         if backend is not None:
             model_dict["kla"] = {**model_dict.get("kla", {}), "backend": backend}
         model_config = ModelConfig.from_dict(model_dict)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise CheckpointError(
             f"checkpoint: invalid model config in {directory / CONFIG_FILE}: {err}"
         ) from None
+    _check_weight_header(model_config, weights)
     try:
         state_dict = load_file(str(weights))
     except (SafetensorError, OSError) as err:
