@@ -230,3 +230,28 @@ def test_duplicate_times_in_python_are_exact_zero_length_steps():
     )
     assert abs(twice.mean[-1] - once.mean[-1, 0]) < 1e-12
     assert abs(twice.var[-1] - once.var[-1, 0]) < 1e-12
+
+
+def test_fit_ou_on_three_centuries_of_nanosecond_dates():
+    import kalmanscan as ks
+
+    stamps = np.array(_annual(1700, 2008), dtype="datetime64[ns]")
+    rng = np.random.default_rng(4)
+    z = np.cumsum(rng.normal(size=stamps.size)) + rng.normal(size=stamps.size)
+    fit = ks.fit_ou(z, stamps, fix={"theta": 0.0, "mu": 0.0}, time_unit="365.25D")
+    per_year = ks.fit_ou(z, fix={"theta": 0.0, "mu": 0.0})  # row numbers: one unit a year
+    assert fit.params["sigma2"] == pytest.approx(per_year.params["sigma2"], rel=1e-3)
+
+
+def test_a_time_axis_parsed_day_first_can_be_passed_as_the_times():
+    import kalmanscan as ks
+
+    dates = [f"02/{m:02d}/1958" for m in range(1, 13)]
+    with pytest.raises(ValueError, match="ambiguous dates"):
+        ks.fit_ou(np.arange(12.0), dates)
+    ax = as_time_axis(dates, 12, dayfirst=True)
+    m = OUModel(sigma2=1.0, obs_var=1.0)
+    res = m.filter(np.arange(12.0), ax)
+    assert res.mean.shape == (12,)
+    assert as_time_axis(ax, 12).t.tolist() == ax.t.tolist()
+    assert as_time_axis(ax, 12, "7D").t[1] == pytest.approx(31 / 7)

@@ -480,7 +480,8 @@ def as_time_axis(
     Args:
         times: ``None`` (steps ``0, 1, ..., n-1``), ``[n]`` numbers, numpy ``datetime64`` values, a
             pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC) or timestamp
-            strings (see :func:`parse_datetime_strings`). Non-decreasing, no NaN/NaT; equal
+            strings (see :func:`parse_datetime_strings`), or a :class:`TimeAxis` (its labels,
+            in its unit unless ``time_unit`` is given). Non-decreasing, no NaN/NaT; equal
             timestamps are steps of length 0.
         n: number of time steps of the record.
         time_unit: model time unit for datetimes (default ``"1D"``); must be ``None`` for numbers.
@@ -499,6 +500,10 @@ def as_time_axis(
             raise ValueError("time_unit: only meaningful with datetime times, but times is None")
         labels = np.arange(n, dtype=np.float64)
         return TimeAxis(labels, labels.copy(), None, "1")
+    if isinstance(times, TimeAxis):  # e.g. strings parsed once with dayfirst or time_format
+        if time_unit is None and times.is_datetime:
+            time_unit = np.timedelta64(times.unit, "ns")
+        times = times.labels
     labels = _labels_array(times, name, time_format=time_format, dayfirst=dayfirst)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
