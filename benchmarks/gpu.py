@@ -518,7 +518,7 @@ def kernel_resources():
     fil_fwd_sig["flags_ptr"] = "*i32"
     fil_fwd_chunk_sig = dict(fil_fwd_sig, ll_ptr="*fp64")
     fil_adj_sig = sig(fil + " ck_ptr scr_ptr gll_ptr xend_ptr amap_ptr gz_ptr gR_ptr ga_ptr "
-                      "gp_ptr gh_ptr gc_ptr g0_ptr", fil_ints + " T N CH NC CK", ())  # fmt: skip
+                      "gp_ptr gh_ptr gc_ptr g0_ptr", fil_ints + " gsn T N CH NC CK", ())  # fmt: skip
     fil_smooth_sig = sig(fil + " mean_ptr var_ptr bend_ptr smean_ptr svar_ptr",
                          fil_ints + " T N CH NC", ())  # fmt: skip
     fil_carry_sig = sig("comp_ptr u0_ptr e0_ptr v0_ptr start_ptr bend_ptr", "us es vs N NC", ())

@@ -100,6 +100,14 @@ def _compact(x):
         return x
     base = x._base
     if x.requires_grad and base is not None and base.requires_grad:
+        if (
+            base.is_contiguous()
+            and base.numel() == ct * cn
+            and base.storage_offset() == x.storage_offset()
+        ):  # the base itself (e.g. a [N] parameter): a view, whose gradient is a reshape
+            c = base.view(ct, cn)
+            if (ct == 1 or c.stride(0) == st) and (cn == 1 or c.stride(1) == sn):
+                return c
         return base.as_strided((ct, cn), (st, sn), x.storage_offset())
     return x[:ct, :cn]
 
@@ -206,7 +214,9 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
             j += 1
         else:
             bufs.append(z)
-    gll = torch.zeros(N, dtype=z.dtype, device=z.device) if gll is None else gll.contiguous()
+    if gll is None:
+        gll = torch.zeros(N, dtype=z.dtype, device=z.device)
+    gsn = gll.stride(0) if N > 1 else 0  # read through its stride (sum()'s gradient: stride 0)
     if all(g is None for g in gfin):
         xlast = torch.zeros((3, N), dtype=z.dtype, device=z.device)
     else:
@@ -222,13 +232,13 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
     else:
         amap = empty((12, NC, N), z)
         launch(adjoint_kernel, grid,
-            *args, ck, scratch, gll, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
+            *args, ck, scratch, gll, gsn, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
             **cfg)  # fmt: skip
         xend = empty((3, NC, N), z)
         launch(adjoint_carry_kernel, (nprog,), amap, xlast, xend, N, NC,
                NS=TUNING["NS_CARRY"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     launch(adjoint_kernel, grid,
-        *args, ck, scratch, gll, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
+        *args, ck, scratch, gll, gsn, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
         **cfg)  # fmt: skip
     summed = part.sum(1, keepdim=True) if (n_part and NC > 1) else part
     grads, j = [], 0

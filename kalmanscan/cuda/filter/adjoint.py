@@ -122,7 +122,7 @@ def adjoint_kernel(
     p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
     ck_ptr,  # [cdiv(T, CK), 3, N] checkpoints of the forward
     scr_ptr,  # [programs, CK, 3, BLOCK] scratch: one segment's states
-    gll_ptr,  # [N] incoming gradient of the log-likelihood
+    gll_ptr, gsn,  # [N] incoming gradient of the log-likelihood (lane stride; 0 broadcast)
     xend_ptr,  # [3, NC, N] adjoint of the state at the end of each chunk (not MAPS)
     amap_ptr,  # [12, NC, N] chunk maps mu -> C mu + b (MAPS): columns of C, then b
     gz_ptr, gR_ptr, ga_ptr, gp_ptr, gh_ptr, gc_ptr,  # [T, N] (mode 1) or [NC, N] (mode 2)
@@ -147,7 +147,7 @@ def adjoint_kernel(
     p0 = tl.load(p_ptr + lanes * psn, mask=lmask, other=1.0)
     h0 = tl.load(h_ptr + lanes * hsn, mask=lmask, other=1.0)
     c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
-    W = tl.load(gll_ptr + lanes, mask=lmask, other=0.0)
+    W = tl.load(gll_ptr + lanes * gsn, mask=lmask, other=0.0)
     zero = W * 0.0
     one = zero + 1.0
     if MAPS:
