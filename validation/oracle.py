@@ -8,7 +8,8 @@
   ``n``: filtered and smoothed moments from a covariance filter and RTS smoother with the diffuse
   directions started at ``kappa`` (``10**(dps // 3)``: the ``O(1/kappa)`` error is far below
   float64), and the exact diffuse log-likelihood from Durbin & Koopman's exact initial filter
-  (univariate treatment), in kalmanscan's, Durbin & Koopman's (statsmodels) and KFAS's conventions.
+  (univariate treatment, correlated observation noise whitened), in kalmanscan's, Durbin &
+  Koopman's (statsmodels) and KFAS's conventions.
 
 Precision. Every recursion runs in ``mpmath`` at ``dps`` decimal digits. The filter has no
 cancellation (``P = Pp R / (h^2 Pp + R)``); the RTS backward pass multiplies earlier errors by
@@ -434,7 +435,8 @@ def dense_oracle(
     """Filter, RTS-smooth and exact-diffuse log-likelihood of one dense series in mpmath.
 
     ``z`` [T, d] (NaN entries missing); F, Q [n, n] or [T, n, n]; H [d, n] or [T, d, n];
-    R [d, d] or [T, d, d], diagonal (0 allowed: noise-free elements; the exact initial filter
+    R [d, d] or [T, d, d] (diagonal blocks may hold 0: noise-free elements; a correlated block
+    must be positive definite and is whitened by its Cholesky factor; the exact initial filter
     treats the observation vector one element at a time, as KFAS and statsmodels do);
     ``prior_cov`` [n, n] with ``inf`` on the diagonal marking diffuse coordinates (their rows
     and columns must be 0 elsewhere), ``None``: fully diffuse. Same model and step indexing as
@@ -453,9 +455,6 @@ def dense_oracle(
     Fs, Qs = _as_steps(F, T, (n, n)), _as_steps(Q, T, (n, n))
     Hs, Rs = _as_steps(H, T, (d, n)), _as_steps(R, T, (d, d))
     cs = _as_steps(np.zeros(n) if offset is None else offset, T, (n,))
-    for t in range(T):
-        if np.any(Rs[t] - np.diag(np.diag(Rs[t]))):
-            raise ValueError("R: the dense oracle takes diagonal R (whiten the observations first)")
     m0 = np.zeros(n) if prior_mean is None else np.asarray(prior_mean, dtype=np.float64)
     if prior_cov is None:
         dif = np.ones(n, dtype=bool)
@@ -499,11 +498,24 @@ def dense_oracle(
             else:
                 lpd, rank = mp.mpf(0), 0
             step_ks, dif_log_finf = mp.mpf(0), mp.mpf(0)
-            for i in idx:
-                Zi = Hm[t][i, :]
-                v = mp.mpf(float(z[t, i])) - (Zi * a)[0]
+            Ho = mp.matrix([[Hm[t][i, j] for j in range(n)] for i in idx])
+            zo = mp.matrix([float(z[t, i]) for i in idx])
+            Rblk = Rs[t][np.ix_(idx, idx)]
+            if np.any(Rblk - np.diag(np.diag(Rblk))):
+                # correlated noise: whiten with R = L L' (the density gains -log det L)
+                L = mp.cholesky(_mpmat(mp, Rblk))
+                Linv = mp.inverse(L)
+                Ho, zo = Linv * Ho, Linv * zo
+                rw = [mp.mpf(1)] * len(idx)
+                log_det_l = sum((mp.log(L[j, j]) for j in range(len(idx))), mp.mpf(0))
+            else:
+                rw = [mp.mpf(float(Rblk[j, j])) for j in range(len(idx))]
+                log_det_l = mp.mpf(0)
+            for j in range(len(idx)):
+                Zi = Ho[j, :]
+                v = zo[j] - (Zi * a)[0]
                 Finf = (Zi * Pinf * Zi.T)[0]
-                Fst = (Zi * Pst * Zi.T)[0] + mp.mpf(float(Rs[t][i, i]))
+                Fst = (Zi * Pst * Zi.T)[0] + rw[j]
                 if pinf_scale > 0 and Finf > tol * pinf_scale * max(1, mp.norm(Zi) ** 2):
                     Minf, Mst = Pinf * Zi.T, Pst * Zi.T
                     a = a + Minf * (v / Finf)
@@ -530,7 +542,9 @@ def dense_oracle(
                 Pinf = mp.zeros(n, n)
             # kalmanscan's step term: the density of the part orthogonal to the diffuse reach
             # (docs/dense.md) = univariate non-diffuse terms - 1/2 sum log Finf_i + 1/2 log pdet A
-            ll_ks += step_ks - dif_log_finf + lpd / 2
+            # (A in the original observation space; whitened elements: - log det L)
+            ll_ks += step_ks - dif_log_finf + lpd / 2 - log_det_l
+            ll_dk -= log_det_l
             pdet_sum += lpd / 2
         # 2) covariance filter + RTS smoother with the diffuse coordinates at variance kappa
         a = _mpmat(mp, m0)
@@ -544,7 +558,7 @@ def dense_oracle(
             idx = [i for i in range(d) if obs[t, i]]
             if idx:
                 Ho = mp.matrix([[Hm[t][i, j] for j in range(n)] for i in idx])
-                Ro = mp.diag([mp.mpf(float(Rs[t][i, i])) for i in idx])
+                Ro = _mpmat(mp, Rs[t][np.ix_(idx, idx)])
                 zo = mp.matrix([float(z[t, i]) for i in idx])
                 S = _sym(mp, Ho * P * Ho.T + Ro)
                 Si = _pinv_sym(mp, S, tol)
