@@ -382,3 +382,19 @@ def test_fallback_without_the_extension(monkeypatch, rng):
         assert_close(getattr(without, field), getattr(with_ext, field), "parallel", "float64")
     with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
         ks.filter(z, **kw, backend="native")
+
+
+def test_output_pool_reuses_a_block_only_when_no_tensor_refers_to_it():
+    """Outputs of 64 kB .. 8 MB come from kept blocks (no page faults on reuse); a block is handed
+    out again only after every tensor and view of it is gone."""
+    n = (1 << 20) + 8  # a size no other test allocates
+    first = native._pooled(n)
+    addr = first.ctypes.data
+    t = torch.from_numpy(first.view(np.float64).reshape(2, -1))
+    view = t[1, 3:9]
+    del t, first
+    second = native._pooled(n)
+    assert second.ctypes.data != addr  # `view` still refers to the first block
+    del view
+    assert native._pooled(n).ctypes.data == addr  # now free: reused
+    assert sum(len(v) * k for k, v in native._POOL.items()) <= native._POOL_MAX

@@ -27,6 +27,7 @@ Hessians for fitting's standard errors.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -57,9 +58,34 @@ def available() -> bool:
     return _ext is not None
 
 
+# Output blocks of at least _POOL_MIN bytes are kept for reuse once no tensor refers to them: a
+# fresh block costs a page fault per page on first write, which on a many-short-lanes call
+# (5000 x 20: seven 800 kB outputs) took longer than the filter itself. At most _POOL_MAX bytes
+# are kept; larger outputs come from numpy's allocator as before.
+_POOL_MIN = 1 << 16
+_POOL_MAX = 64 << 20
+_POOL: dict[int, list] = {}
+
+
+def _pooled(nbytes: int):
+    """A uint8 block of ``nbytes`` that no tensor uses, from the pool or new (kept if room)."""
+    blocks = _POOL.get(nbytes, ())
+    for b in blocks:
+        if sys.getrefcount(b) <= 3:  # the pool's list, this loop, getrefcount's argument
+            return b
+    b = np.empty(nbytes, np.uint8)
+    if sum(len(v) * n for n, v in _POOL.items()) + nbytes <= _POOL_MAX:
+        _POOL.setdefault(nbytes, []).append(b)
+    return b
+
+
 def _empty(shape, dtype) -> torch.Tensor:
-    """Output storage from numpy's allocator (it asks the OS for huge pages on large blocks)."""
-    return torch.from_numpy(np.empty(shape, _NUMPY[dtype]))
+    """Output storage: a pooled block (above) or numpy's allocator (huge pages on large blocks)."""
+    np_dtype = _NUMPY[dtype]
+    nbytes = math.prod(shape) * np.dtype(np_dtype).itemsize
+    if nbytes < _POOL_MIN or nbytes > _POOL_MAX // 8:
+        return torch.from_numpy(np.empty(shape, np_dtype))
+    return torch.from_numpy(_pooled(nbytes).view(np_dtype).reshape(shape))
 
 
 _NUM_THREADS = None  # None: torch.get_num_threads()
