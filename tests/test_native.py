@@ -387,7 +387,7 @@ def test_fallback_without_the_extension(monkeypatch, rng):
 def test_output_pool_reuses_a_block_only_when_no_tensor_refers_to_it():
     """Outputs of 64 kB .. 8 MB come from kept blocks (no page faults on reuse); a block is handed
     out again only after every tensor and view of it is gone."""
-    n = (1 << 20) + 8  # a size no other test allocates
+    n = (1 << 20) + 16  # a size no other test allocates
     first = native._pooled(n)
     addr = first.ctypes.data
     t = torch.from_numpy(first.view(np.float64).reshape(2, -1))
