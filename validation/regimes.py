@@ -1030,11 +1030,12 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     """The regime battery as rows of ``kalmanscan validate``'s table (format:
     :mod:`kalmanscan.validation`): worst error over the regimes per (truth, quantity, dtype,
     backend). float64 rows carry the oracle tolerances; float32 rows are figures (tolerance
-    inf). Refusals that name another backend are left out of the worst case.
+    inf). Refusals that name another backend are left out of the worst case. The oracle's
+    self-check at +25 digits is left to the tests and ``python -m ...regimes``.
     """
     names = None if full else VALIDATE_QUICK
     kw = {} if backends is None else dict(backends=tuple(backends))
-    rows = regime_rows(full=full, certify=full, progress=progress, names=names, **kw)
+    rows = regime_rows(full=full, certify=False, progress=progress, names=names, **kw)
     grads = gradient_rows(
         full=full,
         backends=[b for b in kw.get("backends", SCALAR_BACKENDS) if b not in GPU_RUNNERS],
