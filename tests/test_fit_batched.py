@@ -31,7 +31,7 @@ def _sim_local_level(n_series, T, seed):
     return z
 
 
-# --- the optimiser on closed-form objectives -------------------------------------------------------
+# --- the optimiser on closed-form objectives ----------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_stencil_derivatives_are_exact_on_a_quadratic(k):
     rng = np.random.default_rng(k)
@@ -90,9 +90,7 @@ def test_batched_fit_equals_one_series_fits(fix):
     z = _sim_local_level(6, 150, seed=3)
     if fix is None:  # OU series with a mean and noise
         t = np.arange(150.0)
-        _, z = OUModel(theta=[0.05, 0.2, 0.5], sigma2=1.0, mu=2.0, obs_var=0.3).simulate(
-            t, seed=9
-        )
+        _, z = OUModel(theta=[0.05, 0.2, 0.5], sigma2=1.0, mu=2.0, obs_var=0.3).simulate(t, seed=9)
     z[np.random.default_rng(1).random(z.shape) < 0.1] = np.nan
     z[:40, 1] = np.nan  # a series with a long missing start
     with warnings.catch_warnings():

@@ -25,9 +25,11 @@ def _z(seed=0, T=300):
 @pytest.mark.parametrize("c", [1e-16, 1e-13, 1e-6, 1e6, 1e13, 1e100], ids=lambda c: f"c{c:g}")
 @pytest.mark.parametrize("fix", [LL, None], ids=["local-level", "free-ou"])
 def test_scaled_data_give_the_scaled_fit(c, fix):
-    z = _z() if fix is LL else OUModel(theta=0.1, sigma2=1.0, mu=3.0, obs_var=0.5).simulate(
-        n=300, seed=2
-    )[1]
+    z = (
+        _z()
+        if fix is LL
+        else OUModel(theta=0.1, sigma2=1.0, mu=3.0, obs_var=0.5).simulate(n=300, seed=2)[1]
+    )
     ref = fit_ou(z, fix=fix)
     got = fit_ou(z * c, fix=fix)
     assert got.converged and ref.converged

@@ -5,8 +5,10 @@ The data are standardized per series (location ``m``, scale ``s``; time by the m
 with the variances times ``c**2``. Positive parameters are optimized as logs, ``mu`` as is, in
 those standardized units, with no bounds. Every series takes its own Newton steps with its own
 line search, all series advancing together in one filter call per step; the gradient and Hessian
-come from a central-difference stencil of log-likelihood values (:mod:`kalmanscan.timeseries.optim`),
-and the Hessian at the estimate gives the standard errors. Derivation and caveats: docs/model.md.
+come from a central-difference stencil of log-likelihood values
+(:mod:`kalmanscan.timeseries.optim`), and the Hessian at the estimate gives the standard errors.
+The scale ``s`` is the smaller of the standard deviation and the typical step, so a variance is
+judged to sit on its bound 0 relative to the noise of the record. Derivation: docs/model.md.
 """
 
 from __future__ import annotations
@@ -269,7 +271,7 @@ def _params_of(data: _Data, u, series):
 
 
 def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
-    """Log-likelihood ``[P, n]`` of ``series [n]`` (standardized) at parameters ``x {name: [P, n]}``;
+    """Log-likelihood ``[P, n]`` of ``series [n]`` (standardized) at ``x {name: [P, n]}``;
     with ``outputs`` the whole :class:`kalmanscan.FilterResult` (lanes ``[n, P]``)."""
     P, n = x["obs_var"].shape
     cols = np.repeat(np.asarray(series), P)  # lanes (series, point): one gather
@@ -459,9 +461,9 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
             "obs_var": v / sg**2,
         }[p]
     positive = np.array([p in _POSITIVE for p in free])
-    u0 = np.stack(
-        [np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1
-    ).reshape(G, len(free))
+    u0 = np.stack([np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1).reshape(
+        G, len(free)
+    )
     active = usable[:1] if joint else usable
     opt = optim.minimize(
         _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H, active=active
@@ -720,7 +722,9 @@ def _fit_finish(
         reasons = sorted({optim.STATUS_TEXT[c] for c in opt.status[failed]})
         warnings.warn(
             f"fit_ou: {failed.size} of {converged.size} fits did not converge ("
-            + "; ".join(reasons) + ")" + ("" if joint else f": series {_names(failed, labels)}"),
+            + "; ".join(reasons)
+            + ")"
+            + ("" if joint else f": series {_names(failed, labels)}"),
             stacklevel=3,
         )
     # estimates on their boundary

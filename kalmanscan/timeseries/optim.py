@@ -7,10 +7,10 @@ groups ``idx`` at ``P`` points each in one batched call (for fitting: one filter
 such call: ``1 + 2k + 2 C(k, 2)`` points a group, i.e. the full gradient and Hessian for the price
 of 7 (k = 2) to 21 (k = 4) log-likelihood lanes, with no autograd graph.
 
-Each group takes its own Newton step (Hessian eigenvalues replaced by their absolute values, floored)
-with its own backtracking line search; converged groups are frozen and drop out of the batch, so
-a group's path does not depend on the other groups. Coordinates flagged ``positive`` are logs of
-parameters that are ``>= 0`` in the model: one that falls below ``log(BOUNDARY)`` while the
+Each group takes its own Newton step (Hessian eigenvalues replaced by their absolute values,
+floored) with its own backtracking line search; converged groups are frozen and drop out of the
+batch, so a group's path does not depend on the other groups. Coordinates flagged ``positive``
+are logs of parameters that are ``>= 0`` in the model: one below ``log(BOUNDARY)`` whose
 objective still decreases towards ``-inf`` is declared at its boundary (0) and held there; the
 others converge on their own (derivation and criteria: docs/model.md, "Estimation").
 """
