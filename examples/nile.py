@@ -62,7 +62,8 @@ def main(out: str) -> None:
         f"filtered variance at 1910 {sm.filtered.var[39]:.2f} (published 33414.20)"
     )
 
-    # 4. At the fitted parameters: dataset + figure: smoothed level, 50/90 % bands, a 10-year forecast, the precision panel.
+    # 4. At the fitted parameters: dataset + figure: smoothed level, 50/90 % bands, a 10-year
+    #    forecast, the precision panel.
     ds = ks.OUModel(**fit.params).to_dataset(
         gappy, years, coverage=(0.5, 0.9), forecast_steps=10, name="Nile"
     )

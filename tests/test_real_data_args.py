@@ -24,7 +24,7 @@ def _nan_z():
     return z
 
 
-# --- item 12: masked arrays, the negative bit --------------------------------------------------------
+# --- item 12: masked arrays, the negative bit -----------------------------------------------------
 def test_masked_values_are_missing_in_filter():
     got = ks.filter(np.ma.masked_array(Z, mask=MASK), **PARAMS)
     want = ks.filter(_nan_z(), **PARAMS)
@@ -50,8 +50,9 @@ def test_masked_values_are_missing_in_the_model_and_fit():
 
 def test_a_masked_parameter_is_refused_by_name():
     with pytest.raises(ValueError, match="obs_var"):
-        ks.filter(Z[:2], obs_var=np.ma.masked_array([0.5, 0.5], mask=[0, 1]), decay=1.0,
-                  process_var=0.2)
+        ks.filter(
+            Z[:2], obs_var=np.ma.masked_array([0.5, 0.5], mask=[0, 1]), decay=1.0, process_var=0.2
+        )
 
 
 @pytest.mark.parametrize("backend", ["auto", "sequential"])
@@ -64,7 +65,7 @@ def test_a_tensor_with_the_negative_bit_is_read_by_value(backend):
     torch.testing.assert_close(got.mean, want.mean, rtol=0, atol=0)
 
 
-# --- item 13: every entry point refuses the same things -----------------------------------------------------
+# --- item 13: every entry point refuses the same things -------------------------------------------
 BAD = {
     "complex": np.arange(4.0) + 1j,
     "datetime": np.arange(4).astype("datetime64[D]"),
@@ -100,7 +101,9 @@ def _entry_points():
 @pytest.mark.parametrize("entry", list(_entry_points()))
 def test_strings_complex_datetimes_and_booleans_are_refused_everywhere(entry, bad):
     with _no_complex_warning():
-        with pytest.raises(TypeError, match=r"^(z|da): expected (a real number or array of )?real numbers"):
+        with pytest.raises(
+            TypeError, match=r"^(z|da): expected (a real number or array of )?real numbers"
+        ):
             _entry_points()[entry](BAD[bad])
 
 

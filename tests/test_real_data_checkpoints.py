@@ -51,8 +51,17 @@ def test_the_untouched_checkpoint_loads(ck):
         (lambda m: m.update(d_model=32), "does not match its config"),
         (lambda m: m.update(vocab_size="256"), "vocab_size"),
     ],
-    ids=["inf", "nan", "huge-int", "huge-float", "nested", "layers", "long-list", "shape",
-         "string"],
+    ids=[
+        "inf",
+        "nan",
+        "huge-int",
+        "huge-float",
+        "nested",
+        "layers",
+        "long-list",
+        "shape",
+        "string",
+    ],
 )
 def test_hostile_configs_are_refused_by_name(ck, monkeypatch, edit, message):
     _edit(ck, edit)
@@ -92,9 +101,16 @@ def test_expressivity_examples_load_with_weights_only(name):
 def test_a_training_checkpoint_round_trips_with_weights_only(tmp_path):
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
-    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": 3, "elapsed": 1.5,
-             "history": [{"loss": 0.1}], "diverged": False,
-             "gen": torch.Generator().get_state(), "args": {"lr": 1e-3, "mixer": "kla"}}
+    state = {
+        "model": model.state_dict(),
+        "opt": opt.state_dict(),
+        "step": 3,
+        "elapsed": 1.5,
+        "history": [{"loss": 0.1}],
+        "diverged": False,
+        "gen": torch.Generator().get_state(),
+        "args": {"lr": 1e-3, "mixer": "kla"},
+    }
     torch.save(state, tmp_path / "c.pt")
     back = torch.load(tmp_path / "c.pt", weights_only=True)
     assert back["args"] == state["args"] and back["step"] == 3

@@ -34,7 +34,9 @@ def _walk(n=50, seed=1, scale=1.0):
 
 
 def _series_csv(tmp_path, z, name="in.csv", header="t,y"):
-    return _csv(tmp_path, header + "\n" + "".join(f"{i},{float(v)!r}\n" for i, v in enumerate(z)), name)
+    return _csv(
+        tmp_path, header + "\n" + "".join(f"{i},{float(v)!r}\n" for i, v in enumerate(z)), name
+    )
 
 
 def _one_line_exit_2(rc, err):
@@ -43,7 +45,7 @@ def _one_line_exit_2(rc, err):
     assert "Traceback" not in err
 
 
-# --- item 5: the right row ---------------------------------------------------------------------------
+# --- item 5: the right row ------------------------------------------------------------------------
 def test_numeric_times_with_a_word_blame_its_row(tmp_path, capsys):
     path = _csv(tmp_path, "t,y\n1,2\n2,3\nyesterday,4\n4,5\n")
     rc = filter_main([path, "--time-col", "t", *GIVEN, "--out", str(tmp_path / "o")])
@@ -60,7 +62,7 @@ def test_rows_count_comment_lines_as_in_the_file(tmp_path, capsys):
     assert "column 'y' row 5: 'abc' is not a number" in err
 
 
-# --- item 6: non-numeric columns without --value-col -------------------------------------------------
+# --- item 6: non-numeric columns without --value-col ----------------------------------------------
 def test_a_word_in_a_column_of_numbers_is_an_error_not_a_dropped_column(tmp_path, capsys):
     path = _csv(tmp_path, "t,y,z\n1,2,5\n2,abc,6\n3,4,7\n")
     rc = filter_main([path, "--time-col", "t", *GIVEN, "--out", str(tmp_path / "o")])
@@ -71,8 +73,9 @@ def test_a_word_in_a_column_of_numbers_is_an_error_not_a_dropped_column(tmp_path
 
 def test_a_label_column_is_skipped_with_a_note(tmp_path, capsys):
     path = _csv(tmp_path, "t,station,y\n1,a,2\n2,a,3\n3,a,4\n")
-    rc = filter_main([path, "--time-col", "t", "--sigma2", "1", "--obs-var", "1", "--out",
-                      str(tmp_path / "o")])
+    rc = filter_main(
+        [path, "--time-col", "t", "--sigma2", "1", "--obs-var", "1", "--out", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "skipped column(s) ['station']" in err
@@ -89,7 +92,7 @@ def test_the_only_column_holding_words_gives_the_documented_message(tmp_path, ca
     assert "no numeric value columns" in err
 
 
-# --- item 7: rates per --time-unit ----------------------------------------------------------------------
+# --- item 7: rates per --time-unit ----------------------------------------------------------------
 def test_given_rates_on_annual_dates_warn_that_they_are_per_time_unit(tmp_path, capsys):
     z = 1000 + _walk(30, scale=100)
     text = "date,flow\n" + "".join(f"{1871 + i}-01-01,{v}\n" for i, v in enumerate(z))
@@ -105,7 +108,7 @@ def test_given_rates_on_annual_dates_warn_that_they_are_per_time_unit(tmp_path, 
     assert "rates per" not in capsys.readouterr().err
 
 
-# --- item 9: CLI polish ----------------------------------------------------------------------------------
+# --- item 9: CLI polish ---------------------------------------------------------------------------
 def test_help_shows_each_default_once_and_version_is_there(capsys):
     assert filter_main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -121,7 +124,7 @@ def test_help_shows_each_default_once_and_version_is_there(capsys):
     assert capsys.readouterr().out.strip() == f"kalmanscan {kalmanscan.__version__}"
 
 
-# --- item 10: never write over an input, never outside --out ------------------------------------------------
+# --- item 10: never write over an input, never outside --out --------------------------------------
 def test_an_input_inside_out_named_like_an_output_is_refused(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -170,7 +173,7 @@ def test_a_link_in_out_pointing_elsewhere_is_replaced_not_followed(tmp_path, cap
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
-# --- item 15 (and 3 through the CLI): one line, exit status 2 ---------------------------------------------
+# --- item 15 (and 3 through the CLI): one line, exit status 2 -------------------------------------
 def _cases(tmp_path):
     z = _walk()
     good = _series_csv(tmp_path, z, "good.csv")
@@ -178,30 +181,85 @@ def _cases(tmp_path):
     huge[10] = 1e300
     (tmp_path / "a_file").write_text("x")
     return [
-        ("out-is-a-file", [good, "--time-col", "t", "--fit", "--out", str(tmp_path / "a_file")],
-         "exists and is not a directory"),
-        ("fix-obs-var-0", [good, "--time-col", "t", "--fit", "--fix", "obs_var=0"],
-         "--fix obs_var: expected a finite number > 0"),
-        ("all-fixed", [good, "--time-col", "t", "--fit", "--fix", "theta=0", "--fix", "mu=0",
-                       "--fix", "sigma2=1", "--fix", "obs_var=1"], "every parameter is fixed"),
+        (
+            "out-is-a-file",
+            [good, "--time-col", "t", "--fit", "--out", str(tmp_path / "a_file")],
+            "exists and is not a directory",
+        ),
+        (
+            "fix-obs-var-0",
+            [good, "--time-col", "t", "--fit", "--fix", "obs_var=0"],
+            "--fix obs_var: expected a finite number > 0",
+        ),
+        (
+            "all-fixed",
+            [
+                good,
+                "--time-col",
+                "t",
+                "--fit",
+                "--fix",
+                "theta=0",
+                "--fix",
+                "mu=0",
+                "--fix",
+                "sigma2=1",
+                "--fix",
+                "obs_var=1",
+            ],
+            "every parameter is fixed",
+        ),
         ("fix-mu-1e308", [good, "--time-col", "t", "--fit", "--fix", "mu=1e308"], None),
-        ("mixed-tz", [_csv(tmp_path, "t,y\n2024-01-01T00:00+01:00,1\n2024-01-02T00:00,2\n",
-                           "tz.csv"), "--time-col", "t", *GIVEN], "UTC offset"),
-        ("times-1e308", [_csv(tmp_path, "t,y\n-1e308,1\n1e308,2\n", "big.csv"), "--time-col",
-                         "t", *GIVEN], "span is finite"),
-        ("values-1e200-fit", [_series_csv(tmp_path, z * 1e200, "e200.csv"), "--time-col", "t",
-                              "--fit"], None),
-        ("one-cell-1e300", [_series_csv(tmp_path, huge, "huge.csv"), "--time-col", "t", "--fit"],
-         None),
-        ("forecast-1e8", [good, "--time-col", "t", *GIVEN, "--forecast", "100000000"],
-         "--forecast: expected a number of steps from 0 to"),
-        ("time-1e400", [_csv(tmp_path, "t,y\n1,1\n1e400,2\n", "inf.csv"), "--time-col", "t",
-                        *GIVEN], "row 3: '1e400' is not a finite time"),
+        (
+            "mixed-tz",
+            [
+                _csv(tmp_path, "t,y\n2024-01-01T00:00+01:00,1\n2024-01-02T00:00,2\n", "tz.csv"),
+                "--time-col",
+                "t",
+                *GIVEN,
+            ],
+            "UTC offset",
+        ),
+        (
+            "times-1e308",
+            [_csv(tmp_path, "t,y\n-1e308,1\n1e308,2\n", "big.csv"), "--time-col", "t", *GIVEN],
+            "span is finite",
+        ),
+        (
+            "values-1e200-fit",
+            [_series_csv(tmp_path, z * 1e200, "e200.csv"), "--time-col", "t", "--fit"],
+            None,
+        ),
+        (
+            "one-cell-1e300",
+            [_series_csv(tmp_path, huge, "huge.csv"), "--time-col", "t", "--fit"],
+            None,
+        ),
+        (
+            "forecast-1e8",
+            [good, "--time-col", "t", *GIVEN, "--forecast", "100000000"],
+            "--forecast: expected a number of steps from 0 to",
+        ),
+        (
+            "time-1e400",
+            [_csv(tmp_path, "t,y\n1,1\n1e400,2\n", "inf.csv"), "--time-col", "t", *GIVEN],
+            "row 3: '1e400' is not a finite time",
+        ),
     ]
 
 
-CASE_IDS = ["out-is-a-file", "fix-obs-var-0", "all-fixed", "fix-mu-1e308", "mixed-tz",
-            "times-1e308", "values-1e200-fit", "one-cell-1e300", "forecast-1e8", "time-1e400"]
+CASE_IDS = [
+    "out-is-a-file",
+    "fix-obs-var-0",
+    "all-fixed",
+    "fix-mu-1e308",
+    "mixed-tz",
+    "times-1e308",
+    "values-1e200-fit",
+    "one-cell-1e300",
+    "forecast-1e8",
+    "time-1e400",
+]
 
 
 @pytest.mark.parametrize("case", CASE_IDS)
@@ -221,17 +279,34 @@ def test_listed_errors_exit_2_with_one_line(tmp_path, capsys, case):
 
 
 def test_the_entry_point_exits_2_in_a_fresh_interpreter(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
     data = _series_csv(tmp_path, _walk())
     proc = subprocess.run(
-        [sys.executable, "-m", "kalmanscan", "filter", data, "--time-col", "t", "--fit", "--fix",
-         "obs_var=0", "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "kalmanscan",
+            "filter",
+            data,
+            "--time-col",
+            "t",
+            "--fit",
+            "--fix",
+            "obs_var=0",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
-# --- the property: accepted CSVs round-trip through results.csv ----------------------------------------------
+# --- the property: accepted CSVs round-trip through results.csv -----------------------------------
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
@@ -240,7 +315,7 @@ st = hypothesis.strategies
 def _tables(draw):
     n = draw(st.integers(1, 12))
     kind = draw(st.sampled_from(["int", "float", "date", "dayfirst", "none"]))
-    pool = st.integers(-10**6, 10**6)
+    pool = st.integers(-(10**6), 10**6)
     if kind == "float":
         pool = st.floats(-1e12, 1e12, allow_nan=False).map(lambda x: round(x, 3))
     if kind in ("date", "dayfirst"):
@@ -259,15 +334,22 @@ def _render(kind, keys):
         return [str(k) for k in keys]
     if kind == "float":
         return [repr(float(k)) for k in keys]
-    base = np.datetime64("0001-01-01") + np.array(keys) * np.timedelta64(1, "D") + 200_000 * np.timedelta64(1, "D")
+    base = (
+        np.datetime64("0001-01-01")
+        + np.array(keys) * np.timedelta64(1, "D")
+        + 200_000 * np.timedelta64(1, "D")
+    )
     d = [str(x) for x in base.astype("datetime64[D]")]
     if kind == "date":
         return d
     return [f"{x[8:10]}/{x[5:7]}/{x[:4]}" for x in d]
 
 
-@hypothesis.settings(max_examples=10, deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
 @hypothesis.given(table=_tables())
 def test_accepted_csvs_round_trip_in_sorted_unique_time_order(tmp_path_factory, table):
     kind, keys, values = table

@@ -30,7 +30,7 @@ def _results(out):
     return pd.read_csv(out / "results.csv")
 
 
-# --- item 1: any span ----------------------------------------------------------------------------
+# --- item 1: any span -----------------------------------------------------------------------------
 def _annual(first, last):
     return [f"{y:04d}-07-01" for y in range(first, last + 1)]
 
@@ -83,7 +83,7 @@ def test_elapsed_is_one_rounding_of_the_exact_span():
     assert abs(got[1] - exact / 1e6) <= 1e-16 * 2 * exact / 1e6
 
 
-# --- item 2: day-first and ambiguous dates ---------------------------------------------------------
+# --- item 2: day-first and ambiguous dates --------------------------------------------------------
 def _weekly(fmt, n=60, start=dt.date(1958, 3, 29)):
     return [(start + dt.timedelta(days=7 * i)).strftime(fmt) for i in range(n)]
 
@@ -142,27 +142,48 @@ def test_cli_refuses_ambiguous_dates_with_exit_2_and_accepts_dayfirst(tmp_path, 
     times = _results(tmp_path / "o")["time"].tolist()
     assert times[0].startswith("1958-01-02") and times[1].startswith("1958-02-02")
     rc = filter_main(
-        [path, "--time-col", "date", "--time-format", "%d/%m/%Y", *GIVEN, "--out",
-         str(tmp_path / "p")]
+        [
+            path,
+            "--time-col",
+            "date",
+            "--time-format",
+            "%d/%m/%Y",
+            *GIVEN,
+            "--out",
+            str(tmp_path / "p"),
+        ]
     )
     assert rc == 0
 
 
 def test_a_value_that_breaks_the_detected_format_is_named(tmp_path, capsys):
     text = "date,y\n29/03/1958,1\n05/04/1958,2\n1958-04-12,3\n"
-    rc = filter_main([_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--out",
-                      str(tmp_path / "o")])
+    rc = filter_main(
+        [_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--out", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "row 4: cannot parse '1958-04-12' as a time" in err
 
 
-# --- item 12: dates outside 1677-2262, tz-aware times ----------------------------------------------
+# --- item 12: dates outside 1677-2262, tz-aware times ---------------------------------------------
 def test_dates_outside_the_nanosecond_window_do_not_wrap(tmp_path, capsys):
     stamps = ["1600-01-01", "1650-06-01", "2250-01-01", "2300-01-01"]
     text = "date,y\n" + "".join(f"{d},{i}\n" for i, d in enumerate(stamps))
     out = tmp_path / "o"
-    rc = filter_main([_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--forecast", "2",
-                      "--time-unit", "365D", "--out", str(out)])
+    rc = filter_main(
+        [
+            _csv(tmp_path, text),
+            "--time-col",
+            "date",
+            *GIVEN,
+            "--forecast",
+            "2",
+            "--time-unit",
+            "365D",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     table = _results(out)
     times = table["time"].tolist()
@@ -171,9 +192,7 @@ def test_dates_outside_the_nanosecond_window_do_not_wrap(tmp_path, capsys):
     import xarray as xr
 
     # xarray decodes to nanoseconds unless told otherwise (docs/cli.md says how)
-    ds = xr.load_dataset(
-        out / "results.nc", decode_times=xr.coders.CFDatetimeCoder(time_unit="s")
-    )
+    ds = xr.load_dataset(out / "results.nc", decode_times=xr.coders.CFDatetimeCoder(time_unit="s"))
     assert str(ds["time"].values[0]).startswith("1600-01-01")
     assert str(ds["forecast_time"].values[-1]) > "2300"
 
@@ -204,17 +223,19 @@ def test_utc_offsets_in_a_csv_are_converted_and_a_mix_is_refused(tmp_path, capsy
     assert filter_main([_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out", str(out)]) == 0
     assert _results(out)["time"].iloc[0].startswith("2024-03-01 11:30")
     mixed = "t,y\n2024-03-01T12:30+01:00,1\n2024-06-01T12:30,2\n"
-    rc = filter_main([_csv(tmp_path, mixed, "m.csv"), "--time-col", "t", *GIVEN, "--out",
-                      str(tmp_path / "p")])
+    rc = filter_main(
+        [_csv(tmp_path, mixed, "m.csv"), "--time-col", "t", *GIVEN, "--out", str(tmp_path / "p")]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "has a UTC offset" in err and "row 3" in err
 
 
-# --- duplicate timestamps ------------------------------------------------------------------------------
+# --- duplicate timestamps -------------------------------------------------------------------------
 def test_duplicate_times_are_refused_naming_the_rows(tmp_path, capsys):
     text = "# a comment line counts as a row\nt,y\n1,2\n2,3\n1,4\n"
-    rc = filter_main([_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out",
-                      str(tmp_path / "o")])
+    rc = filter_main(
+        [_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert "rows 3 and 5 have the same time 1" in err

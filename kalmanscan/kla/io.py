@@ -164,6 +164,14 @@ _MAX_DEPTH = 4  # {"model": {"kla": {...}}} plus metadata one level deeper
 _MAX_INT = 1 << 31
 _MAX_LAYERS = 4096
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_DTYPE_NAMES = {
+    "BOOL": "torch.bool",
+    "U8": "torch.uint8",
+    "I8": "torch.int8",
+    "I16": "torch.int16",
+    "I32": "torch.int32",
+    "I64": "torch.int64",
+}
 
 
 def _check_json(value, where: str, depth: int = 0) -> None:
@@ -172,8 +180,9 @@ def _check_json(value, where: str, depth: int = 0) -> None:
         raise CheckpointError(f"checkpoint: {where}: nested deeper than {_MAX_DEPTH} levels")
     if isinstance(value, dict):
         if len(value) > 256:
-            raise CheckpointError(f"checkpoint: {where}: expected at most 256 keys, got "
-                                  f"{len(value)}")
+            raise CheckpointError(
+                f"checkpoint: {where}: expected at most 256 keys, got {len(value)}"
+            )
         for k, v in value.items():
             _check_json(v, f"{where}.{k}", depth + 1)
     elif isinstance(value, list):
@@ -184,23 +193,29 @@ def _check_json(value, where: str, depth: int = 0) -> None:
             )
         for i, v in enumerate(value):
             if isinstance(v, (dict, list)):
-                raise CheckpointError(f"checkpoint: {where}[{i}]: expected a number or string, "
-                                      f"got a nested {type(v).__name__}")
+                raise CheckpointError(
+                    f"checkpoint: {where}[{i}]: expected a number or string, "
+                    f"got a nested {type(v).__name__}"
+                )
             _check_json(v, f"{where}[{i}]", depth + 1)
     elif isinstance(value, str):
         if len(value) > 1024:
-            raise CheckpointError(f"checkpoint: {where}: expected a string of at most 1024 "
-                                  f"characters, got {len(value)}")
+            raise CheckpointError(
+                f"checkpoint: {where}: expected a string of at most 1024 "
+                f"characters, got {len(value)}"
+            )
     elif isinstance(value, bool) or value is None:
         pass
     elif isinstance(value, int):
         if abs(value) >= _MAX_INT:
-            raise CheckpointError(f"checkpoint: {where}: expected an integer below 2**31, got "
-                                  f"{value}")
+            raise CheckpointError(
+                f"checkpoint: {where}: expected an integer below 2**31, got {value}"
+            )
     elif isinstance(value, float):
         if not (abs(value) < 1e30):  # also NaN
-            raise CheckpointError(f"checkpoint: {where}: expected a finite number below 1e30, "
-                                  f"got {value!r}")
+            raise CheckpointError(
+                f"checkpoint: {where}: expected a finite number below 1e30, got {value!r}"
+            )
     else:  # pragma: no cover - json gives no other types
         raise CheckpointError(f"checkpoint: {where}: unexpected {type(value).__name__}")
 
@@ -271,7 +286,7 @@ def _check_weight_header(model_config, weights: Path) -> None:
         for k in sorted(set(expected) & set(header))
         if tuple(header[k][0]) != expected[k]
     ] + [
-        f"{k}: expected a floating-point tensor, got {header[k][1]}"
+        f"{k}: expected a floating-point tensor, got {_DTYPE_NAMES.get(header[k][1], header[k][1])}"
         for k in sorted(set(expected) & set(header))
         if header[k][1] not in _FLOAT_DTYPES
     ]
@@ -293,9 +308,9 @@ def load_checkpoint(
     ``directory=None`` loads the model bundled with the package. Only safetensors weights are
     read (no pickle); the config is checked (types, sizes, finite numbers) and the weights'
     names, shapes and dtypes are compared with the model it describes, built on the meta device,
-    before any tensor is allocated; anything that differs raises :class:`CheckpointError`. ``backend`` overrides the KLA op backend of
-    the stored config (e.g. ``"sequential"``, the faster one for short CPU inputs). The model is
-    returned in eval mode.
+    before any tensor is allocated; anything that differs raises :class:`CheckpointError`.
+    ``backend`` overrides the KLA op backend of the stored config (e.g. ``"sequential"``, the
+    faster one for short CPU inputs). The model is returned in eval mode.
 
     >>> model = load_checkpoint()  # the bundled byte-level model  # doctest: +SKIP
     """

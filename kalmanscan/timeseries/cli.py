@@ -319,7 +319,11 @@ def demo_main(argv=None) -> int:
         help="output directory (default: kalmanscan-demo)",
     )
     p.add_argument(
-        "--forecast", type=int, default=10, metavar="N", help="forecast steps in years (default: 10)"
+        "--forecast",
+        type=int,
+        default=10,
+        metavar="N",
+        help="forecast steps in years (default: 10)",
     )
     p.add_argument(
         "--coverage",
@@ -608,12 +612,11 @@ def _fix_arg(items):
         except ValueError as err:
             raise InputError(f"--fix {key}: expected a number, got {value!r}") from err
         lo = {"obs_var": "> 0", "theta": ">= 0", "sigma2": ">= 0"}.get(key)
-        ok = math.isfinite(v) and (
-            lo is None or (v > 0 if lo == "> 0" else v >= 0)
-        )
+        ok = math.isfinite(v) and (lo is None or (v > 0 if lo == "> 0" else v >= 0))
         if not ok:
-            raise InputError(f"--fix {key}: expected a finite number{' ' + lo if lo else ''}, "
-                             f"got {value!r}")
+            raise InputError(
+                f"--fix {key}: expected a finite number{' ' + lo if lo else ''}, got {value!r}"
+            )
         fix[key] = v
     if len(fix) == len(PARAMS):
         raise InputError(
@@ -817,9 +820,7 @@ def _filter(args) -> int:
             block = max(1, math.ceil(S / 50))
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
-                fits.append(
-                    fit_ou(z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit)
-                )
+                fits.append(fit_ou(z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit))
                 bar.update(min(block, S - s0))
         bar.close()
         fit = fits[0] if len(fits) == 1 else _merge_fits(fits)

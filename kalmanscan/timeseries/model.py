@@ -118,10 +118,10 @@ def series_input(z, times, axis: int = 0):
         )
     arr = np.moveaxis(arr, axis, 0)
     if np.isinf(arr).any():
-        i = np.unravel_index(int(np.flatnonzero(np.isinf(arr))[0]), arr.shape)
-        raise ValueError(
-            f"z: expected finite values or NaN (missing), got {arr[i]} at index {tuple(map(int, i))}"
+        i = tuple(
+            int(k) for k in np.unravel_index(int(np.flatnonzero(np.isinf(arr))[0]), arr.shape)
         )
+        raise ValueError(f"z: expected finite values or NaN (missing), got {arr[i]} at index {i}")
     if arr.shape[0] == 0:
         raise ValueError("z: expected at least one time step, got an empty time axis")
     return arr, times, labels

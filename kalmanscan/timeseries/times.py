@@ -156,11 +156,7 @@ MAX_FORECAST_STEPS = 1_000_000
 
 def check_steps(steps, name: str = "steps") -> int:
     """A positive number of forecast steps, at most :data:`MAX_FORECAST_STEPS` (memory bound)."""
-    if (
-        not isinstance(steps, (int, np.integer))
-        or isinstance(steps, (bool, np.bool_))
-        or steps < 1
-    ):
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, (bool, np.bool_)) or steps < 1:
         raise ValueError(f"{name}: expected a positive integer, got {steps!r}")
     if steps > MAX_FORECAST_STEPS:
         raise ValueError(
@@ -276,7 +272,9 @@ def _guess_formats(strs: list[str]) -> list[str]:
     from pandas.tseries.api import guess_datetime_format
 
     n = len(strs)
-    picks = sorted(set(list(range(min(n, 20))) + list(np.linspace(0, n - 1, min(n, 20)).astype(int))))
+    picks = sorted(
+        set(list(range(min(n, 20))) + list(np.linspace(0, n - 1, min(n, 20)).astype(int)))
+    )
     found = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -413,8 +411,9 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
     if isinstance(times, np.ma.MaskedArray):
         if np.ma.getmaskarray(times).any():
             i = int(np.flatnonzero(np.ma.getmaskarray(times).ravel())[0])
-            raise ValueError(f"{name}: expected every timestamp present, got a masked value at "
-                             f"position {i}")
+            raise ValueError(
+                f"{name}: expected every timestamp present, got a masked value at position {i}"
+            )
         times = np.ma.getdata(times)
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
         if isinstance(times.dtype, pd.DatetimeTZDtype):
@@ -430,8 +429,11 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
         arr = t.resolve_neg().resolve_conj().numpy()
     else:
         arr = np.asarray(times)
-    if arr.dtype.kind == "O" and pd is not None and arr.size and all(
-        isinstance(v, (_dt.datetime, np.datetime64)) for v in arr.ravel()
+    if (
+        arr.dtype.kind == "O"
+        and pd is not None
+        and arr.size
+        and all(isinstance(v, (_dt.datetime, np.datetime64)) for v in arr.ravel())
     ):
         tz = [getattr(v, "tzinfo", None) is not None for v in arr.ravel()]
         if any(tz) and not all(tz):
