@@ -277,3 +277,44 @@ def test_public_functions_run_triton_on_cuda(fn, monkeypatch):
         for name in ("mean", "var"):
             assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64,
                          what=name)  # fmt: skip
+
+
+@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
+@pytest.mark.parametrize(
+    "change, name",
+    [({"obs_var": -1.0}, "obs_var"), ({"process_var": float("nan")}, "process_var"),
+     ({"decay": float("inf")}, "decay"), ({"prior_var": -2.0}, "prior_var"), ("z_inf", "z")],
+)  # fmt: skip
+def test_public_api_raises_through_the_kernels_flags(change, name):
+    """The API skips its own value checks for this backend (CHECKS_INPUTS); a bad value still
+    raises the error that names it, from the kernels' flag."""
+    import kalmanscan
+
+    assert F.CHECKS_INPUTS
+    z = torch.randn(50, 4, dtype=torch.float64, device=DEVICE)
+    kw = dict(obs_var=0.7, decay=0.95, process_var=0.1)
+    if change == "z_inf":
+        z[7, 2] = float("inf")
+    else:
+        kw.update(change)
+    for fn in (kalmanscan.filter, kalmanscan.smooth, kalmanscan.loglik):
+        with pytest.raises(ValueError, match=name):
+            fn(z, **kw)
+
+
+@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
+def test_public_api_obs_var_inf_is_not_observed():
+    """The API leaves z unmasked for this backend (INF_OBS_VAR_UNOBSERVED): obs_var = inf must
+    still mean "not observed", as on the reference."""
+    import kalmanscan
+
+    g = torch.Generator().manual_seed(21)
+    z = torch.randn(300, 8, generator=g, dtype=torch.float64)
+    R = 0.5 + torch.rand(300, 8, generator=g, dtype=torch.float64)
+    R[torch.rand(300, 8, generator=g) < 0.2] = float("inf")
+    kw = dict(decay=0.9, process_var=0.2)
+    got = kalmanscan.smooth(z.to(DEVICE), R.to(DEVICE), **kw)
+    ref = kalmanscan.smooth(z, R, **kw, backend="sequential")
+    for name in ("mean", "var"):
+        assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64, what=name)
+    assert_close(got.filtered.loglik, ref.filtered.loglik, "kernel", torch.float64, what="ll")
