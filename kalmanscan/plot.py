@@ -39,8 +39,17 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     longer than ``gap_factor`` times the median spacing of the observations (``None``: none).
     """
     times = np.asarray(times)
-    if times.dtype.kind == "M":
-        times = times.astype("datetime64[ns]")
+    if times.dtype.kind == "M" and np.datetime_data(times.dtype)[0] in (
+        "Y",
+        "M",
+        "W",
+        "D",
+        "h",
+        "m",
+    ):
+        # seconds at least, so midpoints are exact; never nanoseconds, whose range ends at 1677
+        # and 2262 (years 1-9999 fit in datetime64[s])
+        times = times.astype("datetime64[s]")
     nan = np.isnan(observed)
     spans = []
     T = len(times)
@@ -59,7 +68,7 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     obs_t = np.asarray(times)[~nan]
     if gap_factor is not None and len(obs_t) >= 3:
         d = np.diff(obs_t)
-        d = d / np.timedelta64(1, "ns") if d.dtype.kind == "m" else d.astype(np.float64)
+        d = d / np.timedelta64(1, "s") if d.dtype.kind == "m" else d.astype(np.float64)
         med = float(np.median(d))
         if med > 0:
             for k in np.flatnonzero(d > gap_factor * med):

@@ -114,3 +114,13 @@ def test_precision_panel_and_overview_for_several_series():
 def test_plot_bands_shape_check():
     with pytest.raises(ValueError, match="times, mean, var: expected equal 1-D shapes"):
         plot.plot_bands(np.arange(3.0), np.zeros(4), np.ones(4))
+
+
+def test_missing_spans_outside_the_nanosecond_range():
+    """Dates before 1677 or after 2262 keep their place (no wrap through datetime64[ns])."""
+    from kalmanscan.plot import _missing_spans
+
+    t = np.array(["1600-01-01", "1601-01-01", "1602-01-01", "1603-01-01", "2400-01-01"], "M8[D]")
+    spans = _missing_spans(t, np.array([1.0, np.nan, 2.0, 3.0, 4.0]))
+    assert spans[0] == (np.datetime64("1600-07-02"), np.datetime64("1601-07-02T12:00"))
+    assert spans[1] == (np.datetime64("1603-01-01"), np.datetime64("2400-01-01"))
