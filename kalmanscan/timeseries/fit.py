@@ -40,7 +40,7 @@ _SCALE_RANGE = (1e-150, 1e150)
 # an observation whose squared standardized innovation exceeds this and half the series' total
 # is checked for dominating the fit (refit without it)
 _OUTLIER_E2 = 25.0
-_STENCIL_H = 1e-4  # central-difference step in the standardized unconstrained coordinates
+_STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained coordinates
 
 
 @dataclass

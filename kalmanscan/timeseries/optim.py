@@ -132,7 +132,7 @@ def minimize(
     (both must hold, so a parameter drifting towards a bound with a vanishing gradient does not
     pass: it is either recognized at the boundary or keeps the group running), or, at the
     stencil's noise floor, when the gradient is within ``10 gtol`` and the decrease the Newton
-    step promises is below ``1e-12 (1 + |f|)`` (nothing left to gain at rounding level).
+    step promises is below ``1e-13 (1 + |f|)`` (nothing left to gain at rounding level).
 
     Each iteration is one stencil call at every running group's trial point ``u + d`` (the full
     Newton step): where its centre value passes the Armijo test the stencil is the next point's
@@ -197,13 +197,13 @@ def minimize(
         if idx.size == 0:
             continue
         ui, gi, Hi = u[idx], g[idx], H[idx]
-        bound = positive[None, :] & (ui < log_b) & (gi >= 0)
+        bound = positive[None, :] & (ui < log_b) & (gi > -gtol)  # not clearly pushed back up
         at_bound[idx] = bound
         di = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound)
         gmax = np.where(bound, 0.0, np.abs(gi)).max(1)
         # the step is small, or (at the stencil's noise floor, where the gradient is still
         # within 10 gtol) the decrease the Newton step promises is below rounding
-        flat = (gmax <= 10 * gtol) & (np.abs((gi * di).sum(1)) <= 1e-12 * (1 + np.abs(f[idx])))
+        flat = (gmax <= 10 * gtol) & (np.abs((gi * di).sum(1)) <= 1e-13 * (1 + np.abs(f[idx])))
         done = ((gmax <= gtol) & (np.abs(di).max(1) <= xtol)) | flat
         status[idx[done]] = CONVERGED
         diverged = ~done & (np.abs(ui) > U_LIMIT).any(1)
