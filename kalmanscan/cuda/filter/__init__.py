@@ -128,13 +128,13 @@ def _input_args(ins):
 
 def _check_size(T, N, ins):
     """Kernels index with 32-bit offsets: ``T * N`` and every input's span stay below 2**31."""
-    big = T * N * 3 >= 2**31 or any(
+    big = T * N >= 2**31 or any(
         sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride(), strict=True)) >= 2**31
         for x in ins
     )
     if big:
         raise ValueError(
-            f"z: the triton backend handles up to 2**31 / 3 elements per [T, N] input, got shape "
+            f"z: the triton backend handles up to 2**31 elements per [T, N] input, got shape "
             f"({T}, {N}); use backend='torch'"
         )
 
@@ -223,7 +223,13 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
         # (the kernels take the final normalization's derivative, as every step's)
         xlast = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
                              for g in gfin])  # fmt: skip
-    scratch = torch.empty(NC * nprog * CK * 3 * BLOCK, dtype=z.dtype, device=z.device)
+    size = NC * nprog * CK * 3 * BLOCK
+    if size >= 2**31:  # 32-bit offsets into the segment scratch
+        raise ValueError(
+            f"z: the triton backend's log-likelihood gradient handles up to {2**31 // (CK * 3)} "
+            f"lanes, got shape ({T}, {N}); use backend='torch'"
+        )
+    scratch = torch.empty(size, dtype=z.dtype, device=z.device)
     g0 = empty((3, N), z)
     cfg = dict(vary, **modes, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
     grid = (nprog, NC)
