@@ -62,7 +62,6 @@ _MANY_LANES = 16384
 TUNING = {"NS": 8, "NS_CARRY": 8, "CK": 16}
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
-_NAMES = ("z", "obs_var", "decay", "process_var", "loading", "offset")
 
 _PLANS = {}
 
