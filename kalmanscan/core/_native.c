@@ -495,7 +495,10 @@ static PyObject *ks_loglik_grad(PyObject *self, PyObject *args) {
     ctx.width = ks_chunk_width(N, threads, KS_ADJ_TILE, 4);
     const Py_ssize_t nchunks = (N + ctx.width - 1) / ctx.width;
     const int slots = threads < nchunks ? threads : (int)nchunks;
-    ctx.aj.tsum = (double *)calloc((size_t)slots * KS_NSERIES * T, sizeof(double));
+    int time_sums = 0; /* any [T, 1] gradient: per-thread [T] sums */
+    for (int k = 0; k < KS_NSERIES; k++)
+        time_sums |= ctx.aj.grad[k].ptr != NULL && ctx.aj.grad[k].full_t && !ctx.aj.grad[k].full_n;
+    ctx.aj.tsum = (double *)calloc(time_sums ? (size_t)slots * KS_NSERIES * T : 1, sizeof(double));
     ctx.aj.ssum = (double *)calloc((size_t)slots * KS_NSERIES, sizeof(double));
     if (ctx.aj.tsum == NULL || ctx.aj.ssum == NULL) {
         free(ctx.aj.tsum);
