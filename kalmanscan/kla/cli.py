@@ -149,14 +149,20 @@ def inspect_main(argv: list[str] | None = None) -> int:
         plt.close(axes[0].figure)
         written.append(path)
     if args.window is not None:
-        fig, axs = plt.subplots(2, 1, figsize=(12, 9), constrained_layout=True)
+        W = ds.sizes["window"]
+        fig, axs = plt.subplots(
+            2, 1, figsize=(min(max(12.0, 0.09 * W), 36.0), 10), gridspec_kw={"hspace": 0.55}
+        )
+        fig.subplots_adjust(left=0.08, right=0.93, top=0.96, bottom=0.08)
+        labels = W if W <= 400 else 100  # a label per token for windows up to 400 tokens
         plot_precision(
             ds, "posterior_precision", layer=args.layer, relative_to="baseline",
-            sort_by="timescale", ax=axs[0],
+            sort_by="timescale", ax=axs[0], max_labels=labels,
         )  # fmt: skip
         plot_precision(
-            ds, "write_gain", layer=args.layer, sort_by="timescale", ax=axs[1], cmap="magma"
-        )
+            ds, "write_gain", layer=args.layer, sort_by="timescale", ax=axs[1], cmap="magma",
+            max_labels=labels,
+        )  # fmt: skip
         path = args.out / "window.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)

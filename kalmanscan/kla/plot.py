@@ -279,7 +279,8 @@ def plot_comparison(
     if axes is None:
         import matplotlib.pyplot as plt
 
-        _, axes = plt.subplots(4, 1, figsize=(12, 10), sharex=True, constrained_layout=True)
+        fig, axes = plt.subplots(4, 1, figsize=(12, 10), gridspec_kw={"hspace": 0.3})
+        fig.subplots_adjust(left=0.08, right=0.93, top=0.96, bottom=0.06)
     ids = channel_order(ds, layer)
     heat = ds["binned_log10_text_precision"].isel(layer=layer).sel(channel=ids)
     diff = (heat.isel(batch=0) - heat.isel(batch=1)).transpose("channel", "bin").values
@@ -313,6 +314,8 @@ def plot_comparison(
     axes[3].set_ylabel("surprisal (bits)", fontsize=8)
     axes[3].set_xlabel("token position")
     axes[3].legend(fontsize=7)
+    for ax in axes[1:]:
+        ax.set_xlim(axes[0].get_xlim())
     return axes
 
 
@@ -330,10 +333,12 @@ def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
     if axes is None:
         import matplotlib.pyplot as plt
 
+        # (no constrained layout: it does not place the appended surprisal strips)
         fig, axes = plt.subplots(
-            5, 1, figsize=(12, 14), constrained_layout=True,
-            gridspec_kw={"height_ratios": [3, 3, 2, 2, 1.2]},
+            5, 1, figsize=(12, 15),
+            gridspec_kw={"height_ratios": [3, 3, 2, 2, 1.2], "hspace": 0.45},
         )  # fmt: skip
+        fig.subplots_adjust(left=0.08, right=0.93, top=0.97, bottom=0.04)
     plot_precision(
         ds, "binned_log10_text_precision", layer=layer, batch=batch, sort_by="timescale",
         ax=axes[0], max_columns=max_columns, cmap="viridis",
