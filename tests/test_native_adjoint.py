@@ -193,9 +193,11 @@ def test_nan_steps_have_zero_gradient_in_z_and_obs_var():
     assert (g["z"][~nan] != 0).any()
 
 
-def test_loglik_output_is_differentiable_by_the_adjoint(monkeypatch):
+@pytest.mark.parametrize("compact", [False, True], ids=["expanded", "compact"])
+def test_loglik_output_is_differentiable_by_the_adjoint(monkeypatch, compact):
     """filter_lanes(outputs="loglik")["loglik"].backward() runs the adjoint (not the torch path),
-    and gives autograd's gradients of the reference, including through expanded views."""
+    and gives autograd's gradients of the reference, through expanded [T, N] views and through
+    compact [1, N], [T, 1], [1, 1] inputs alike."""
     T, N = 63, 7
     x = make_case(T, N, KINDS["mixed"], diffuse=False, seed=5)
     leaves = {k: v.clone().requires_grad_(True) for k, v in x.items()}
@@ -203,6 +205,8 @@ def test_loglik_output_is_differentiable_by_the_adjoint(monkeypatch):
     real = native.loglik_grad
     monkeypatch.setattr(native, "loglik_grad", lambda *a, **k: calls.append(1) or real(*a, **k))
     params, x0 = args_of(leaves, T, N)
+    if compact:
+        params = tuple(leaves[k] for k in native.INPUTS)
     out = native.filter_lanes(*params, x0, outputs="loglik")
     w = torch.linspace(-1, 1, N, dtype=F64)
     got = torch.autograd.grad((w * out["loglik"]).sum(), [leaves[k] for k in NAMES])
@@ -373,3 +377,20 @@ def test_hessian_matches_double_backward_of_the_reference(per_lane):
     err = float((H - ref).abs().max() / ref.abs().max())
     assert err <= 1e-6, err
     assert float(ref.abs().max()) > 1.0  # a Hessian that can fail the check
+
+
+def test_set_num_threads_is_checked_and_does_not_change_results():
+    T, N = 40, 3000
+    x = make_case(T, N, KINDS["lane"], diffuse=True, seed=6)
+    params, x0 = args_of(x, T, N)
+    ref = native.loglik_grad(*params, x0)
+    try:
+        for threads in (1, 3):
+            native.set_num_threads(threads)
+            got = native.loglik_grad(*params, x0)
+            for name in ("z", "decay", "u0"):
+                assert torch.equal(got[name], ref[name]), (threads, name)
+        with pytest.raises(ValueError, match="threads: expected a positive int or None, got 0"):
+            native.set_num_threads(0)
+    finally:
+        native.set_num_threads(None)
