@@ -428,9 +428,11 @@ def determinism(device, quick):
 
 def triton_interpreted(T=200):
     """The Triton kernels of the general filter under TRITON_INTERPRET=1 (CPU), at the backend
-    contract (``filter_lanes -> (lam, eta)``), on every short regime cut to ``T`` steps, against the
-    float64 ``sequential`` backend: a preview of the ``triton`` rows without a GPU."""
+    contract (docs/backend-contract.md: mean, var, loglik, flags), on every short regime cut to
+    ``T`` steps, against the float64 ``sequential`` backend: a preview of the ``triton`` rows
+    without a GPU."""
     from kalmanscan.core.sequential import filter_lanes as reference_lanes
+    from kalmanscan.core.steps import from_prior
     from kalmanscan.cuda import filter as F
     from kalmanscan.testing import rel_error
 
@@ -454,10 +456,8 @@ def triton_interpreted(T=200):
             obs = param("obs_var", dtype)
             z = z64.to(dtype).masked_fill(torch.isinf(obs), float("nan"))
             pv = torch.tensor(np.asarray(m["prior_var"], np.float64), dtype=dtype).expand(N)
-            lam0 = torch.where(torch.isinf(pv), 0.0, 1.0 / pv).to(dtype)
-            eta0 = lam0 * torch.tensor(np.asarray(m["prior_mean"], np.float64), dtype=dtype).expand(
-                N
-            )
+            pm = torch.tensor(np.asarray(m["prior_mean"], np.float64), dtype=dtype).expand(N)
+            x0 = tuple(x.contiguous() for x in from_prior(pm, pv))
             args = (
                 z,
                 obs,
@@ -465,15 +465,16 @@ def triton_interpreted(T=200):
                 param("process_var", dtype),
                 param("loading", dtype),
                 param("offset", dtype),
-                lam0,
-                eta0,
             )
-            lam_ref, eta_ref = reference_lanes(*(a.double() for a in args))
-            lam, eta = F.filter_lanes(*args)
+            ref = reference_lanes(*(a.double() for a in args), tuple(x.double() for x in x0))
+            got = F.filter_lanes(*args, x0)
             row[str(dtype).replace("torch.", "")] = dict(
-                lam=rel_error(lam, lam_ref),
-                eta=rel_error(eta, eta_ref, scale=float(eta_ref.abs().max())),
-                nonfinite=int((~torch.isfinite(lam)).sum() + (~torch.isfinite(eta)).sum()),
+                mean=rel_error(
+                    got["mean"], ref["mean"], scale=float(ref["mean"].nan_to_num().abs().max())
+                ),
+                var=rel_error(got["var"], ref["var"]),
+                loglik=rel_error(got["loglik"], ref["loglik"]),
+                flags=int(got["flags"]),
             )
         rows.append(row)
         print("triton (interpreted)", row, flush=True)
