@@ -149,23 +149,31 @@ static inline double ks_log(double x) {
 #define KS_FT double
 #define KS_FT_MIN DBL_MIN
 #define KS_FT_MAX DBL_MAX
+#define KS_SAFE_MIN 0x1p-300 /* the fast form's range of an unnormalized predicted triple */
+#define KS_SAFE_MAX 0x1p+300
 #define KS_NAME ks_f64
 #include "_native_kernel.h"
 #include "_native_adjoint.h"
 #undef KS_FT
 #undef KS_FT_MIN
 #undef KS_FT_MAX
+#undef KS_SAFE_MIN
+#undef KS_SAFE_MAX
 #undef KS_NAME
 
 #define KS_FT float
 #define KS_FT_MIN FLT_MIN
 #define KS_FT_MAX FLT_MAX
+#define KS_SAFE_MIN 0x1p-60f
+#define KS_SAFE_MAX 0x1p+60f
 #define KS_NAME ks_f32
 #include "_native_kernel.h"
 #include "_native_adjoint.h"
 #undef KS_FT
 #undef KS_FT_MIN
 #undef KS_FT_MAX
+#undef KS_SAFE_MIN
+#undef KS_SAFE_MAX
 #undef KS_NAME
 
 /* ------------------------------------------------------------------------------------------------
@@ -423,7 +431,7 @@ static PyObject *ks_filter(PyObject *self, PyObject *args) {
     ctx.is_double = is_double;
     if (threads < 1) threads = 1;
     if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
-    ctx.width = ks_chunk_width(N, threads, KS_TILE, 4);
+    ctx.width = ks_chunk_width(N, threads, KS_TILE, threads > 1 ? 8 : 1);
     ks_task task = {ks_filter_chunk, &ctx, (N + ctx.width - 1) / ctx.width, 0, 0};
     int flags;
     Py_BEGIN_ALLOW_THREADS flags = ks_parallel(&task, threads);
@@ -492,7 +500,7 @@ static PyObject *ks_loglik_grad(PyObject *self, PyObject *args) {
     ctx.is_double = is_double;
     if (threads < 1) threads = 1;
     if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
-    ctx.width = ks_chunk_width(N, threads, KS_ADJ_TILE, 4);
+    ctx.width = ks_chunk_width(N, threads, KS_ADJ_TILE, threads > 1 ? 8 : 1);
     const Py_ssize_t nchunks = (N + ctx.width - 1) / ctx.width;
     const int slots = threads < nchunks ? threads : (int)nchunks;
     int time_sums = 0; /* any [T, 1] gradient: per-thread [T] sums */

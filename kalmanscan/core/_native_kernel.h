@@ -47,13 +47,16 @@ static KS_INLINE int KS_F(_moments)(const int exact, KS_FT u, KS_FT e, KS_FT v, 
 }
 
 /* One step of one lane: the normalized state (u, e, v) in and out, the normalized predicted triple
- * out, the step's log-likelihood term (float64) out. The update is written
+ * out (where `write`), the step's log-likelihood term (float64) out. The update is written
  * (R u + h^2 v, R e + h z v, R v), the contract's (u + phi v, e + r v, v) times R, so a tiny R
- * divides nothing. Returns KS_ROW_INEXACT (fast form only: redo with exact = 1), KS_NOT_FINITE
- * (the new state is not finite), KS_Z_INF (z is +-inf). */
-static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
-                                 KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv, KS_FT *pu, KS_FT *pe,
-                                 KS_FT *pv, double *ll) {
+ * divides nothing. The fast form does not normalize the predicted triple on the way to the update
+ * (the log-likelihood term is homogeneous of degree 0 in it), which takes a division off the
+ * recursion's critical path; it reports KS_ROW_INEXACT (redo with exact = 1) where that triple's
+ * scale or any result leaves a safe range. Returns also KS_NOT_FINITE (the new state is not
+ * finite) and KS_Z_INF (z is +-inf). */
+static KS_INLINE int KS_F(_step)(const int exact, const int write, KS_FT z, KS_FT R, KS_FT a,
+                                 KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv,
+                                 KS_FT *pu, KS_FT *pe, KS_FT *pv, double *ll) {
     typedef KS_FT FT;
     const FT u0 = *su, e0 = *se, v0 = *sv;
     const FT a2 = a * a;
@@ -62,10 +65,23 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
     FT U = forget ? u0 + v0 : u0;
     FT V = forget ? p * U : p * u0 + a2 * v0;
     FT E = c * U + (forget ? (FT)0 : a * e0);
-    int fl = KS_F(_norm)(exact, &U, &E, &V);
-    *pu = U;
-    *pe = E;
-    *pv = V;
+    int fl = 0;
+    if (exact) {
+        KS_F(_norm)(1, &U, &E, &V);
+        *pu = U;
+        *pe = E;
+        *pv = V;
+    } else {
+        const FT m1 = U >= V ? U : V;
+        fl = (((m1 >= (FT)KS_SAFE_MIN) & (m1 <= (FT)KS_SAFE_MAX)) ^ 1) * KS_ROW_INEXACT;
+        if (write) {
+            FT nu = U, ne = E, nv = V;
+            fl |= KS_F(_norm)(0, &nu, &ne, &nv);
+            *pu = nu;
+            *pe = ne;
+            *pv = nv;
+        }
+    }
     /* update: observed where z is not NaN (and obs_var is finite) */
     const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
     const FT zz = observed ? z : (FT)0, RR = observed ? R : (FT)1;
@@ -77,7 +93,8 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
     *su = u;
     *se = e;
     *sv = v;
-    /* log-likelihood (exact diffuse convention), in float64 from the normalized predicted triple:
+    const int finite = (e - e == (FT)0) & (u == u) & (v == v);
+    /* log-likelihood (exact diffuse convention), in float64 from the predicted triple:
      * S' = h^2 v- + R u-, ll = -0.5 (log 2 pi + log(S'/u-) + (z u- - h e-)^2 / (u- S')) */
     const int known = U > (FT)0;
     const int contrib = observed & (known | (h == (FT)0));
@@ -93,12 +110,11 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
         /* one division: S/u- = S^2 / (u- S) (range-checked; the exact form takes the rest) */
         const double us = du * S, ius = 1.0 / us, ratio = S * S * ius;
         l = ks_log(ratio) + D * D * ius;
-        fl |= (((ratio <= DBL_MAX) & (us >= DBL_MIN)) ^ 1) * KS_ROW_INEXACT;
+        fl |= (((ratio <= DBL_MAX) & (us >= DBL_MIN) & finite) ^ 1) * KS_ROW_INEXACT;
     }
     *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
     /* flags by integer arithmetic (a select of ints on a float compare does not vectorize) */
-    return fl | ((((e - e == (FT)0) & (u == u) & (v == v)) ^ 1) * KS_NOT_FINITE) |
-           (((z == z) & (z - z != (FT)0)) * KS_Z_INF);
+    return fl | ((finite ^ 1) * KS_NOT_FINITE) | (((z == z) & (z - z != (FT)0)) * KS_Z_INF);
 }
 
 /* One step of one lane with its outputs: the fast form, or exact = 1. out: 7 pointers to this
@@ -108,7 +124,7 @@ static KS_INLINE int KS_F(_elem)(const int exact, const int write, KS_FT z, KS_F
                                  double *ll, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_prec,
                                  KS_FT *o_info, KS_FT *o_pmean, KS_FT *o_pvar, KS_FT *o_pprec) {
     KS_FT pu, pe, pv, pinfo;
-    int fl = KS_F(_step)(exact, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
+    int fl = KS_F(_step)(exact, write, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
     if (write) {
         fl |= KS_F(_moments)(exact, *u, *e, *v, o_mean, o_var, o_prec, o_info);
         fl |= KS_F(_moments)(exact, pu, pe, pv, o_pmean, o_pvar, o_pprec, &pinfo);
