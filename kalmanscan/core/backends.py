@@ -18,6 +18,7 @@ triton.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 
@@ -48,6 +49,7 @@ AUTO = {
 }
 
 
+@functools.cache
 def _triton_available() -> bool:
     return (
         importlib.util.find_spec("triton") is not None
@@ -98,7 +100,13 @@ def get(name: str, op: str = "filter"):
     """The implementation of backend ``name`` of ``op``: for ``"filter"`` the module
     (``filter_lanes``, ``smooth_lanes``; optional ``CHECKS_INPUTS``: the backend checks input
     values in its own pass and reports them through ``flags``), for ``"kla"`` the function."""
-    path = TABLES[op][name]
-    module, _, func = path.partition(":")
-    mod = importlib.import_module(module)
-    return getattr(mod, func) if func else mod
+    key = (op, name, TABLES[op][name])
+    impl = _LOADED.get(key)
+    if impl is None:
+        module, _, func = key[2].partition(":")
+        mod = importlib.import_module(module)
+        impl = _LOADED[key] = getattr(mod, func) if func else mod
+    return impl
+
+
+_LOADED: dict = {}

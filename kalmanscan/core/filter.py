@@ -126,7 +126,7 @@ def _prepare(
     # a call) and the default prior's triple is kept too (no kernels a call).
     mod = backends.get(name)
     strided = getattr(mod, "READS_STRIDES", False)
-    consts = conv.device.type == "cuda"
+    consts = True  # kept constants on every device: no tensor built a call
 
     def tensor(name):
         v = conv.values[name]
@@ -136,9 +136,13 @@ def _prepare(
 
     def series(name):
         t = tensor(name)
+        if t.ndim == 0:  # the common scalar: no shape work
+            return t.reshape(1, 1).expand(T, N)
         _broadcast_check(name, t, shape, "z's shape")
         # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
-        t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape)).movedim(axis, 0)
+        t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape))
+        if axis:
+            t = t.movedim(axis, 0)
         if all(n == 1 for n in t.shape[1:]):
             t = t.reshape(t.shape[0], 1)
         else:
@@ -152,7 +156,7 @@ def _prepare(
 
     obs = series("obs_var")
     a, p, h, c = (series(k) for k in ("decay", "process_var", "loading", "offset"))
-    zz = zt.movedim(axis, 0).reshape(T, N)
+    zz = (zt.movedim(axis, 0) if axis else zt).reshape(T, N)
     if init is not None:
         prior = {"init.lam": lanes("init.lam"), "init.eta": lanes("init.eta")}
         x0 = from_info(compact(prior["init.lam"]), compact(prior["init.eta"]))
@@ -210,9 +214,43 @@ def _device_prior(mean: float, var: float, dtype, device):
     return x0
 
 
+def _number(prep: _Prepared, name: str):
+    """The input ``name`` as a Python float when the caller passed a plain number, else None."""
+    v = prep.conv.values.get(name)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def _numbers_ok(prep: _Prepared) -> bool | None:
+    """The checks of :func:`_values_ok` on the host when every model input is a plain number
+    (the common call): no tensor work at all. None when some input is an array."""
+    keys = ("obs_var", "decay", "process_var", "loading", "offset")
+    keys += ("init.lam", "init.eta") if "init.lam" in prep.prior else ("prior_var", "prior_mean")
+    vals = {k: _number(prep, k) for k in keys}
+    if any(v is None for v in vals.values()):
+        return None
+    big = torch.finfo(prep.z.dtype).max
+    fin = lambda x: math.isfinite(x) and abs(x) <= big  # noqa: E731 - representable, finite
+    R, h = vals["obs_var"], vals["loading"]
+    ok = (R > 0 and (R == math.inf or (fin(R) and fin(1 / R) and fin(h * h / R)))) and all(
+        fin(vals[k]) for k in ("decay", "offset")
+    )
+    ok = ok and fin(h) and fin(vals["process_var"]) and vals["process_var"] >= 0
+    if "init.lam" in prep.prior:
+        lam, eta = vals["init.lam"], vals["init.eta"]
+        return ok and fin(lam) and lam >= 0 and fin(eta) and not (lam == 0 and eta != 0)
+    P = vals["prior_var"]
+    return ok and P >= 0 and (P == math.inf or fin(P)) and fin(vals["prior_mean"])
+
+
 def _values_ok(prep: _Prepared) -> bool:
     """Whether every range :func:`_validate` checks holds, from one small readback
-    (:func:`kalmanscan.core._args.ranges_ok`) on the compact (unbroadcast) inputs."""
+    (:func:`kalmanscan.core._args.ranges_ok`) on the compact (unbroadcast) inputs, or on the
+    host when every model input is a plain number."""
+    host = _numbers_ok(prep)
+    if host is not None:
+        return host
     oc, hc = compact(prep.obs_var), compact(prep.loading)
     unobserved = torch.isinf(oc) & (oc > 0)
     of = torch.where(unobserved, 1.0, oc)
@@ -359,8 +397,12 @@ def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
 
 
 def _out_series(prep: _Prepared, t: torch.Tensor):
-    T = prep.shape[prep.axis]
-    return prep.conv.out(t.reshape((T,) + prep.lane_shape).movedim(0, prep.axis))
+    if t.shape != prep.shape:
+        T = prep.shape[prep.axis]
+        t = t.reshape((T,) + prep.lane_shape)
+        if prep.axis:
+            t = t.movedim(0, prep.axis)
+    return prep.conv.out(t)
 
 
 def _out_lanes(prep: _Prepared, t: torch.Tensor):
