@@ -154,6 +154,7 @@ def minimize(
     trial = np.zeros(G, bool)  # point = u + d awaiting the Armijo test (else point = u)
     d = np.zeros((G, k))
     slope = np.zeros(G)
+    down = np.zeros((G, k), dtype=np.int64)  # consecutive Newton steps taking a coordinate down
     first = True
     while True:
         idx = np.flatnonzero(todo)
@@ -218,9 +219,12 @@ def minimize(
         # a positive coordinate on which the objective is locally linear with a positive slope
         # (in u = log x: H_jj = g_j > 0) heads for its bound: try it there at once (Newton steps
         # in log space take one factor e^-1 an iteration there)
+        # (or that three Newton steps in a row took down by more than half a unit)
         hjj = np.diagonal(Hi, axis1=1, axis2=2)
         linear = (gi > 0) & (np.abs(hjj - gi) <= 0.1 * gi)
-        heading = positive[None, :] & linear & (di < -0.5) & (ui > log_b)
+        falling = positive[None, :] & (gi > 0) & (di < -0.5)
+        down[idx] = np.where(falling, down[idx] + 1, 0)
+        heading = falling & (linear | (down[idx] >= 3)) & (ui > log_b)
         jump = np.where(heading, _BOUND_TARGET - ui, di)
         di = np.where(((gi * jump).sum(1) < 0)[:, None], jump, di)
         d[idx], slope[idx] = di, (gi * di).sum(1)
