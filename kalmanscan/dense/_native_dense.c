@@ -35,6 +35,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One copy of the kernel per x86-64 level, picked at load time (GNU ifunc), as the core kernel. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    (__GNUC__ >= 11)
+#define KS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KS_CLONES
+#endif
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
@@ -72,7 +80,7 @@ static inline const double *mat(const arr_t *a, Py_ssize_t b, Py_ssize_t t) {
     return a->p + b * a->sb + t * a->st;
 }
 
-static void load_F(ws_t *w, const double *F) {
+static ALWAYS_INLINE void load_F(ws_t *w, const double *F) {
     int n = w->n;
     if (F == w->fcur) return;
     w->fcur = F;
@@ -91,7 +99,7 @@ static void load_F(ws_t *w, const double *F) {
 }
 
 /* out[i] = sum_j F[i][j] x[j] */
-static void F_mv(const ws_t *w, const double *x, double *out) {
+static ALWAYS_INLINE void F_mv(const ws_t *w, const double *x, double *out) {
     int n = w->n;
     for (int i = 0; i < n; i++) {
         double s = 0.0;
@@ -101,7 +109,7 @@ static void F_mv(const ws_t *w, const double *x, double *out) {
 }
 
 /* out = F X (X is n x k, row stride n), out n x k row stride n */
-static void F_mm(const ws_t *w, const double *X, int k, double *out) {
+static ALWAYS_INLINE void F_mm(const ws_t *w, const double *X, int k, double *out) {
     int n = w->n;
     for (int i = 0; i < n; i++) {
         double *o = out + i * n;
@@ -115,7 +123,7 @@ static void F_mm(const ws_t *w, const double *X, int k, double *out) {
 }
 
 /* P <- F P F' + Q (symmetric) */
-static void predict_cov(ws_t *w, double *P, const double *Q) {
+static ALWAYS_INLINE void predict_cov(ws_t *w, double *P, const double *Q) {
     int n = w->n;
     double *T1 = w->tmp;
     F_mm(w, P, n, T1); /* T1 = F P */
@@ -135,7 +143,7 @@ static void predict_cov(ws_t *w, double *P, const double *Q) {
 }
 
 /* N <- F' N F for symmetric N; r <- F' r */
-static void back_cov(ws_t *w, double *N) {
+static ALWAYS_INLINE void back_cov(ws_t *w, double *N) {
     int n = w->n;
     double *T1 = w->tmp;
     /* T1 = N F: T1[i][j] = sum_c N[i][c] F[c][j]; scatter rows of F */
@@ -162,7 +170,7 @@ static void back_cov(ws_t *w, double *N) {
         }
 }
 
-static void back_vec(ws_t *w, double *r) {
+static ALWAYS_INLINE void back_vec(ws_t *w, double *r) {
     int n = w->n;
     double *o = w->w;
     for (int i = 0; i < n; i++) o[i] = 0.0;
@@ -171,11 +179,43 @@ static void back_vec(ws_t *w, double *r) {
     memcpy(r, o, n * sizeof(double));
 }
 
+/* C = A B for n x n row-major matrices, four rows at a time (independent accumulation chains,
+ * contiguous vectorizable row updates). */
+static ALWAYS_INLINE void mm(int n, const double *restrict A, const double *restrict B,
+                            double *restrict C) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        double *c0 = C + i * n, *c1 = c0 + n, *c2 = c1 + n, *c3 = c2 + n;
+        for (int j = 0; j < 4 * n; j++) c0[j] = 0.0;
+        for (int q = 0; q < n; q++) {
+            const double *b = B + q * n;
+            double a0 = A[i * n + q], a1 = A[(i + 1) * n + q], a2 = A[(i + 2) * n + q],
+                   a3 = A[(i + 3) * n + q];
+            for (int j = 0; j < n; j++) {
+                double bj = b[j];
+                c0[j] += a0 * bj;
+                c1[j] += a1 * bj;
+                c2[j] += a2 * bj;
+                c3[j] += a3 * bj;
+            }
+        }
+    }
+    for (; i < n; i++) {
+        double *c0 = C + i * n;
+        for (int j = 0; j < n; j++) c0[j] = 0.0;
+        for (int q = 0; q < n; q++) {
+            const double *b = B + q * n;
+            double a0 = A[i * n + q];
+            for (int j = 0; j < n; j++) c0[j] += a0 * b[j];
+        }
+    }
+}
+
 /* Inverse of the symmetric positive-definite A (n x n) into out by Gauss-Jordan elimination
  * without pivoting (the pivots are the Schur complements' diagonals, positive for a positive-
  * definite A); 0 if a pivot is not positive. Every inner loop runs over a whole contiguous row,
  * which vectorizes; L is unused scratch kept for the signature. */
-static int spd_inverse(int n, const double *A, double *L, double *out) {
+static ALWAYS_INLINE int spd_inverse(int n, const double *A, double *L, double *out) {
     (void)L;
     memcpy(out, A, (size_t)n * n * sizeof(double));
     for (int k = 0; k < n; k++) {
@@ -183,15 +223,17 @@ static int spd_inverse(int n, const double *A, double *L, double *out) {
         double piv = rk[k];
         if (!(piv > 0.0)) return 0;
         double ip = 1.0 / piv;
-        rk[k] = 1.0;
         for (int j = 0; j < n; j++) rk[j] *= ip;
+        /* column k is written after the vector updates (a scalar store just before a vector load
+           of the same row stalls store forwarding) */
         for (int i = 0; i < n; i++) {
             if (i == k) continue;
             double *ri = out + i * n;
             double f = ri[k];
-            ri[k] = 0.0;
             for (int j = 0; j < n; j++) ri[j] -= f * rk[j];
+            ri[k] = -f * ip;
         }
+        rk[k] = ip;
     }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++) {
@@ -204,7 +246,7 @@ static int spd_inverse(int n, const double *A, double *L, double *out) {
 
 /* 1/2 sum log(sigma_i^2) and the count of nonzero singular values of G (m x k, row stride n),
  * by one-sided Jacobi on its columns (G is overwritten). */
-static double log_pdet(double *G, int m, int k, int ld, int *rank) {
+static ALWAYS_INLINE double log_pdet(double *G, int m, int k, int ld, int *rank) {
     for (int sweep = 0; sweep < 30; sweep++) {
         double off = 0.0;
         for (int p = 0; p < k; p++)
@@ -251,7 +293,7 @@ static double log_pdet(double *G, int m, int k, int ld, int *rank) {
 /* Gather the observed entries of step (b, t) and decorrelate them: Hy = L^-1 H_o, y = L^-1 z_o
  * with R_o = L Dg L'. Returns the number of observed entries. With G != NULL and k > 0 also
  * returns in *ll the step's pdet term. */
-static int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
+static ALWAYS_INLINE int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
     int n = w->n, d = w->d, o = 0;
     const arr_t *Z = &in[I_Z];
     const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
@@ -309,7 +351,7 @@ static int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, d
 /* Scalar updates of the o gathered entries on (a, P, D[:, :k]); returns the new k. Adds the
  * entries' log-likelihood to *ll; records each entry in w->el (and its gains in K0/K1 rows when
  * keep != 0: K0 row p = gain of a proper entry or M_inf/f_inf, K1 row p = the diffuse K1). */
-static int update(ws_t *w, int o, double *a, double *P, int k, double *ll, int keep) {
+static ALWAYS_INLINE int update(ws_t *w, int o, double *a, double *P, int k, double *ll, int keep) {
     int n = w->n;
     double *D = w->D, *u = w->u, *Ms = w->Ms, *Minf = w->Minf;
     for (int p = 0; p < o; p++) {
@@ -407,7 +449,7 @@ static int update(ws_t *w, int o, double *a, double *P, int k, double *ll, int k
     return k;
 }
 
-static void DDt(int n, int k, const double *D, double *out) {
+static ALWAYS_INLINE void DDt(int n, int k, const double *D, double *out) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j <= i; j++) {
             double s = 0.0;
@@ -420,7 +462,7 @@ static void DDt(int n, int k, const double *D, double *out) {
 /* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
  * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
  * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
-static int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
+static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
     double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
     /* orthonormal basis of range(D) by modified Gram-Schmidt, twice */
     for (int j = 0; j < k; j++) {
@@ -484,7 +526,7 @@ static int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, 
 
 /* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
-static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const double *m0,
+KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const double *m0,
                              const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
                              Py_ssize_t kcap, int smooth, Py_ssize_t *npred,
                              Py_ssize_t *nbad) {
@@ -671,20 +713,14 @@ static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const doubl
             for (int j = 0; j < n; j++) s += P0t[i * n + j] * r0[j];
             sm[i] = s;
         }
-        /* W = P N0 (into tmp), V = P - W P */
-        double *W = w->tmp;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++) {
-                double s = 0.0;
-                for (int q = 0; q < n; q++) s += P0t[i * n + q] * N0[j * n + q]; /* N0 symmetric */
-                W[i * n + j] = s;
-            }
+        /* V = P - (P N0) P */
+        mm(n, P0t, N0, w->tmp);
+        mm(n, w->tmp, P0t, sc);
         for (int i = 0; i < n; i++)
             for (int j = 0; j <= i; j++) {
-                double s = P0t[i * n + j];
-                for (int q = 0; q < n; q++) s -= W[i * n + q] * P0t[j * n + q]; /* P symmetric */
-                sc[i * n + j] = s;
-                sc[j * n + i] = s;
+                double v = P0t[i * n + j] - 0.5 * (sc[i * n + j] + sc[j * n + i]);
+                sc[i * n + j] = v;
+                sc[j * n + i] = v;
             }
         if (t < np_) {
             DDt(n, kt, pD + t * nn, Pinf);
