@@ -188,3 +188,27 @@ def test_torch_compile_fullgraph_layer_on_cpu():
         ref_step, _ = layer(x[:, :1], ref_state)
         torch.testing.assert_close(step, ref_step, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(step_state.lam, _.lam, rtol=1e-5, atol=0)
+
+
+def test_log_process_noise_has_no_floor_and_matches_the_raw_layer():
+    torch.manual_seed(5)
+    raw = KLALayer(16, KLAConfig(d_state=4)).double()
+    log = KLALayer(16, KLAConfig(d_state=4, process_noise_param="log")).double()
+    assert "process_noise" not in log.state_dict() and "process_noise_log" in log.state_dict()
+    torch.testing.assert_close(log.process_noise_log.exp(), raw.process_noise)
+    state = {k: v for k, v in raw.state_dict().items() if k != "process_noise"}
+    with torch.no_grad():
+        log.load_state_dict(state | {"process_noise_log": raw.process_noise.log()})
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    torch.testing.assert_close(log(x), raw(x), rtol=1e-12, atol=1e-14)
+    # far below the raw layer's 1e-7 floor, the rate still gets a gradient
+    with torch.no_grad():
+        log.process_noise_log.fill_(-25.0)
+        raw.process_noise.fill_(-1e-3)
+    log(x).square().sum().backward()
+    raw(x).square().sum().backward()
+    assert float(log.process_noise_log.grad.abs().sum()) > 0
+    assert float(raw.process_noise.grad.abs().sum()) == 0  # the floor blocks it
+    assert not log.process_noise_at_floor().any() and raw.process_noise_at_floor().all()
+    with pytest.raises(ValueError, match="process_noise_param"):
+        KLAConfig(process_noise_param="log", process_noise_mode="fixed")

@@ -76,6 +76,10 @@ class KLAConfig:
     ``zero_process_noise=True`` variants. Configs written for the authors' package convert with
     :meth:`from_authors`.
 
+    ``process_noise_param="log"`` learns ``process_noise_log`` with ``p = exp(.)`` instead of a
+    raw ``process_noise`` floored at 1e-7: an optimizer cannot push it onto the floor, where a
+    raw parameter gets no gradient (a state dict with a different key; for training new models).
+
     >>> from kalmanscan.kla import KLAConfig
     >>> KLAConfig().d_inner(64)
     128
@@ -88,6 +92,7 @@ class KLAConfig:
     discretization: str = "ou"  # "ou" (exact Ornstein-Uhlenbeck) or "zoh" (p_bar = p * dt)
     process_noise_init: float = 0.01
     process_noise_mode: str = "learned"  # "learned", "fixed" (a buffer) or "zero"
+    process_noise_param: str = "raw"  # "raw" (the authors' layout) or "log" (learned only)
     obs_var_min: float = 1e-4
     lambda_skip_init: float = -1.0
     gate_activation: str = "silu"
@@ -125,6 +130,15 @@ class KLAConfig:
             raise ValueError(
                 f"process_noise_mode: expected one of {_PROCESS_NOISE_MODES}, "
                 f"got {self.process_noise_mode!r}"
+            )
+        if self.process_noise_param not in ("raw", "log"):
+            raise ValueError(
+                f"process_noise_param: expected 'raw' or 'log', got {self.process_noise_param!r}"
+            )
+        if self.process_noise_param == "log" and self.process_noise_mode != "learned":
+            raise ValueError(
+                "process_noise_param: 'log' is for learned process noise, got "
+                f"process_noise_mode={self.process_noise_mode!r}"
             )
         if self.gate_activation not in _GATE_ACTIVATIONS:
             raise ValueError(

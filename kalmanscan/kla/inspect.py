@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from kalmanscan.kla.io import byte_label, encode_text
-from kalmanscan.kla.layer import PROCESS_NOISE_MIN, KLALayer
+from kalmanscan.kla.layer import KLALayer
 
 _LN2 = math.log(2.0)
 _DETAIL_SLOT = (
@@ -662,11 +662,7 @@ def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, toke
     with np.errstate(divide="ignore"):
         data["stationary_precision"] = (lane, (1.0 - decay**2) / pvar)
         data["timescale"] = (lane, -1.0 / np.log(decay))
-    floor = []
-    for m in mods:
-        pn = m.process_noise.detach().double().cpu()
-        zero = m.config.process_noise_mode == "zero"
-        floor.append(torch.ones_like(pn, dtype=torch.bool) if zero else pn <= PROCESS_NOISE_MIN)
+    floor = [m.process_noise_at_floor().cpu() for m in mods]
     data["process_noise_at_floor"] = (lane, torch.stack(floor).numpy())
     coords = {
         "layer": np.array(chosen),

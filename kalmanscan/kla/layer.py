@@ -174,7 +174,9 @@ class KLALayer(nn.Module):
         self.sensor_proj = nn.Linear(M, 2 * M + 2 * S, bias=False)  # rows: v, log var_v, k, q
         self.delta = nn.Parameter(torch.empty(M, S))
         self.lambda_log = nn.Parameter(torch.empty(M, S))
-        if config.process_noise_mode == "learned":
+        if config.process_noise_param == "log":
+            self.process_noise_log = nn.Parameter(torch.empty(M, S))
+        elif config.process_noise_mode == "learned":
             self.process_noise = nn.Parameter(torch.empty(M, S))
         else:  # the authors' fixed / zero variants: a buffer, in the state dict, no gradient
             self.register_buffer("process_noise", torch.empty(M, S))
@@ -198,8 +200,11 @@ class KLALayer(nn.Module):
         dt = torch.exp(torch.rand(self.delta.shape) * (hi - lo) + lo).clamp_min(cfg.dt_init_floor)
         self.delta.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
         self.lambda_log.zero_()
-        zero = cfg.process_noise_mode == "zero"
-        self.process_noise.fill_(0.0 if zero else cfg.process_noise_init)
+        if cfg.process_noise_param == "log":
+            self.process_noise_log.fill_(math.log(cfg.process_noise_init))
+        else:
+            zero = cfg.process_noise_mode == "zero"
+            self.process_noise.fill_(0.0 if zero else cfg.process_noise_init)
         self.lambda_skip.fill_(cfg.lambda_skip_init)
 
     # ------------------------------------------------------------------ state and dynamics
@@ -219,16 +224,36 @@ class KLALayer(nn.Module):
     def dynamics(self, dtype: torch.dtype = torch.float32):
         """Discrete ``(decay, process_var)``, each ``[M,S]``, from the continuous parameters."""
         theta = torch.exp(self.lambda_log.to(dtype))
-        if self.config.process_noise_mode == "zero":
-            sigma2 = self.process_noise.to(dtype) + ZERO_PROCESS_NOISE
-        else:
-            sigma2 = self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
+        sigma2 = self.process_noise_rate(dtype)
         dt = F.softplus(self.delta.to(dtype)) + DT_OFFSET
         if self.config.discretization == "ou":
             # discretize_ou's math without its argument checks: the inputs are valid by
             # construction, and a check would synchronize the GPU on every forward
             return ou_transition(theta, sigma2, dt)
         return torch.exp(-theta * dt), sigma2 * dt
+
+    def _process_noise_param(self) -> torch.Tensor:
+        if self.config.process_noise_param == "log":
+            return self.process_noise_log
+        return self.process_noise
+
+    def process_noise_rate(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The diffusion rate ``p [M,S]`` the dynamics use: ``max(process_noise, 1e-7)``,
+        ``process_noise + 1e-12`` (zero variant) or ``exp(process_noise_log)``."""
+        if self.config.process_noise_param == "log":
+            return self.process_noise_log.to(dtype).exp()
+        if self.config.process_noise_mode == "zero":
+            return self.process_noise.to(dtype) + ZERO_PROCESS_NOISE
+        return self.process_noise.to(dtype).clamp_min(PROCESS_NOISE_MIN)
+
+    def process_noise_at_floor(self) -> torch.Tensor:
+        """``[M,S]`` bool: lanes whose process noise sits on its floor (no gradient reaches
+        it there); all True in the zero variant, none with the log parameterisation."""
+        if self.config.process_noise_param == "log":
+            return torch.zeros_like(self.process_noise_log, dtype=torch.bool)
+        if self.config.process_noise_mode == "zero":
+            return torch.ones_like(self.process_noise, dtype=torch.bool)
+        return self.process_noise.detach() <= PROCESS_NOISE_MIN
 
     def _dynamics(self, dtype: torch.dtype):
         """:meth:`dynamics`, kept between calls while nothing needs its gradient.
@@ -240,11 +265,12 @@ class KLALayer(nn.Module):
         ``torch.compile`` it is computed afresh (the graph needs it; no Python state)."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.dynamics(dtype)
-        params = (self.lambda_log, self.process_noise, self.delta)
+        params = (self.lambda_log, self._process_noise_param(), self.delta)
         key = (
             dtype,
             self.config.discretization,
             self.config.process_noise_mode,
+            self.config.process_noise_param,
             tuple((p.data_ptr(), p._version) for p in params),
         )
         cache = self._dynamics_cache
