@@ -394,3 +394,17 @@ def test_set_num_threads_is_checked_and_does_not_change_results():
             native.set_num_threads(0)
     finally:
         native.set_num_threads(None)
+
+
+def test_prior_given_once_for_all_lanes_gets_the_summed_gradient():
+    """x0 entries of shape [1] (one prior for every lane): their gradient is the sum over lanes."""
+    T, N = 30, 6
+    x = make_case(T, N, KINDS["lane"], diffuse=False, seed=9)
+    params, _ = args_of(x, T, N)
+    one = [torch.tensor([v], dtype=F64, requires_grad=True) for v in (0.5, 0.2, 1.0)]
+    ll = native.filter_lanes(*params, tuple(one), outputs="loglik")["loglik"]
+    got = torch.autograd.grad(ll.sum(), one)
+    per_lane = native.loglik_grad(*params, tuple(v.detach().expand(N) for v in one))
+    for name, g in zip(("u0", "e0", "v0"), got, strict=True):
+        assert g.shape == (1,)
+        assert torch.allclose(g, per_lane[name].sum().reshape(1), rtol=1e-12), name

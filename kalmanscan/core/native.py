@@ -384,7 +384,7 @@ class _NativeFunction(torch.autograd.Function):
             )
         res = []
         for name, x, n in zip(names, inputs, need, strict=True):
-            res.append(g[name].reshape(x.shape) if n else None)
+            res.append(g[name].sum_to_size(x.shape) if n else None)
         return (None, None, None) + tuple(res)
 
 
