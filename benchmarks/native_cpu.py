@@ -13,7 +13,7 @@ the adjoint), under the thread settings of CONFIGS, plus one small element-wise 
 the machine as it is ("quiet") and with a busy loop in another process pinned to one core
 (``sched_setaffinity``). Reports the slowdown busy / quiet of each.
 
-    python benchmarks/native_cpu.py [--lanes] [--busy] [--json benchmarks/results/native-cpu.json]
+    python benchmarks/native_cpu.py [--lanes] [--busy] [--threads N] [--json benchmarks/results/native-cpu.json]
 """
 
 from __future__ import annotations
@@ -167,11 +167,16 @@ def main():
     ap.add_argument("--lanes", action="store_true", help="many short lanes vs the numpy loop")
     ap.add_argument("--busy", action="store_true", help="fit-like loop, quiet vs a busy core")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--threads", type=int, help="torch.set_num_threads for part 1 (the kernel follows)"
+    )
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
     if not native.available():
         raise SystemExit("kalmanscan.core._native is not built")
     run_all = not (args.lanes or args.busy)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     meta = dict(
         date=datetime.date.today().isoformat(),
         machine=f"{platform.machine()} ({os.cpu_count()} cores)",
