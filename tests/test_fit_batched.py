@@ -162,3 +162,28 @@ def test_boundary_estimate_is_named_and_explained():
     assert "note: obs_var is at its lower bound 0" in fit.summary()
     assert "normal approximation" in fit.summary()
     assert fit.params["obs_var"] < 1e-6 * np.var(np.diff(z))
+
+
+def test_starting_values_do_not_change_the_estimate():
+    t = np.arange(300.0)
+    _, z = OUModel(theta=0.1, sigma2=1.0, mu=2.0, obs_var=0.3).simulate(t, seed=12)
+    ref = fit_ou(z, t)
+    for init in ({"theta": 1.0, "sigma2": 20.0, "mu": -5.0, "obs_var": 3.0}, {"theta": 1e-3}):
+        got = fit_ou(z, t, init=init)
+        assert got.converged
+        assert abs(got.loglik - ref.loglik) < 1e-9
+        for k in ("theta", "sigma2", "mu"):
+            assert abs(got.params[k] / ref.params[k] - 1) < 1e-5, (init, k)
+
+
+def test_a_variance_sent_to_its_bound_from_a_far_start_comes_back_in_a_batch():
+    # from a far start a variance can be taken to its bound while other parameters are still far
+    # off; the probes above the bound bring it back (per series, in a batch)
+    t = np.arange(300.0)
+    _, z = OUModel(theta=[0.05, 0.1, 0.3], sigma2=1.0, mu=2.0, obs_var=0.3).simulate(t, seed=12)
+    ref = fit_ou(z, t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = fit_ou(z, t, init={"theta": 1.0, "sigma2": 20.0, "mu": -5.0, "obs_var": 3.0})
+    assert got.converged.all() and not got.at_boundary["obs_var"].any()
+    np.testing.assert_allclose(got.loglik, ref.loglik, rtol=0, atol=1e-8)

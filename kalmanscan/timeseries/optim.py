@@ -25,6 +25,7 @@ import numpy as np
 
 BOUNDARY = 1e-8  # a positive parameter below this (in standardized units) may sit on its bound 0
 _BOUND_TARGET = math.log(1e-14)  # where one heading for its bound is put (its effect ~1e-14)
+_PROBES = tuple(math.log(v) for v in (1e-6, 1e-4, 1e-2))  # checks that a bound is the best
 U_LIMIT = 230.0  # |u| beyond this (e^230 ~ 1e100 times the data scale): diverged, not identified
 _STEP_CAP = 5.0  # largest Newton move in u per iteration (a factor e^5 in a positive parameter)
 
@@ -199,6 +200,23 @@ def minimize(
             continue
         ui, gi, Hi = u[idx], g[idx], H[idx]
         bound = positive[None, :] & (ui < log_b) & (gi > -gtol)  # not clearly pushed back up
+        # near 0 the log-space gradient vanishes whatever the slope, so a bound is accepted only
+        # if no point above it is better: probe the bound coordinates at 1e-6, 1e-4 and 1e-2
+        has = np.flatnonzero(bound.any(1))
+        if has.size:
+            probes = np.repeat(ui[has][None], len(_PROBES), 0)
+            for p, v in enumerate(_PROBES):
+                probes[p][bound[has]] = v
+            fp = fun(probes, idx[has])
+            best = np.argmin(np.where(np.isfinite(fp), fp, np.inf), 0)
+            fb = fp[best, np.arange(has.size)]
+            better = fb < f[idx[has]] - 1e-12 * (1 + np.abs(f[idx[has]]))
+            moved = idx[has[better]]
+            point[moved] = probes[best[better], np.flatnonzero(better)]
+            down[moved] = 0
+            bound[has[better]] = False
+            keep = ~np.isin(idx, moved)  # their stencil is taken at the probe next
+            idx, ui, gi, Hi, bound = idx[keep], ui[keep], gi[keep], Hi[keep], bound[keep]
         at_bound[idx] = bound
         di = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound)
         gmax = np.where(bound, 0.0, np.abs(gi)).max(1)
