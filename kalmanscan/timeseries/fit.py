@@ -8,7 +8,8 @@ line search, all series advancing together in one filter call per step; the grad
 come from a central-difference stencil of log-likelihood values
 (:mod:`kalmanscan.timeseries.optim`), and the Hessian at the estimate gives the standard errors.
 The scale ``s`` is the smaller of the standard deviation and the typical step, so a variance is
-judged to sit on its bound 0 relative to the noise of the record. Derivation: docs/model.md.
+judged to sit on its bound 0 relative to the noise of the record. The model: docs/model.md; the
+method and its measured cost: docs/performance-cpu.md, "Fitting".
 """
 
 from __future__ import annotations

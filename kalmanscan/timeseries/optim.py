@@ -11,8 +11,9 @@ Each group takes its own Newton step (Hessian eigenvalues replaced by their abso
 floored) with its own backtracking line search; converged groups are frozen and drop out of the
 batch, so a group's path does not depend on the other groups. Coordinates flagged ``positive``
 are logs of parameters that are ``>= 0`` in the model: one below ``log(BOUNDARY)`` whose
-objective still decreases towards ``-inf`` is declared at its boundary (0) and held there; the
-others converge on their own (derivation and criteria: docs/model.md, "Estimation").
+objective still decreases towards ``-inf``, and for which no probe above it (1e-6, 1e-4, 1e-2) is
+better, is declared at its boundary (0) and held there; the others converge on their own
+(docs/performance-cpu.md, "Fitting").
 """
 
 from __future__ import annotations
