@@ -254,9 +254,7 @@ def mask_missing(model: Model) -> Model:
 
 def _negative_eig(t: torch.Tensor) -> bool:
     t = t.detach()
-    return bool(
-        (torch.linalg.eigvalsh(t) < -1e-8 * t.abs().amax((-1, -2)).unsqueeze(-1)).any()
-    )
+    return bool((torch.linalg.eigvalsh(t) < -1e-8 * t.abs().amax((-1, -2)).unsqueeze(-1)).any())
 
 
 def r_positive_definite(R: torch.Tensor) -> bool:

@@ -106,9 +106,13 @@ def _run(
     tol = rank_tol(model.z.dtype)
     if backend == "native":
         if model.z.device.type != "cpu":
-            raise ValueError(f"backend: 'native' runs on the CPU; got {model.z.device} inputs, use 'torch'")
+            raise ValueError(
+                f"backend: 'native' runs on the CPU; got {model.z.device} inputs, use 'torch'"
+            )
         if _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision):
-            raise ValueError("backend: 'native' has no gradients; use 'torch' for inputs that require grad")
+            raise ValueError(
+                "backend: 'native' has no gradients; use 'torch' for inputs that require grad"
+            )
         parts = native.run(model, smooth)
         if parts is not None:
             return _package(layout, parts, smooth)
