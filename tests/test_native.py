@@ -398,3 +398,39 @@ def test_output_pool_reuses_a_block_only_when_no_tensor_refers_to_it():
     del view
     assert native._pooled(n).ctypes.data == addr  # now free: reused
     assert sum(len(v) * k for k, v in native._POOL.items()) <= native._POOL_MAX
+
+
+VALID = dict(obs_var=1.0, decay=0.9, process_var=0.1, loading=1.0, offset=0.0)
+
+
+def _flags_with(dtype, T, N, name, value):
+    """Flags of a loglik call with one element of `name` (at time 7, lane 2) set to `value`."""
+    z = torch.randn(T, N, dtype=dtype)
+    x0 = (torch.zeros(N, dtype=dtype),) * 2 + (torch.ones(N, dtype=dtype),)
+    args = {k: torch.full((T, N), v, dtype=dtype) for k, v in VALID.items()}
+    args[name][7, 2] = value
+    return native.filter_lanes(z, *args.values(), x0, outputs="loglik")["flags"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_input_ranges_are_checked_in_the_pass(dtype):
+    """Flag BAD_INPUT for each range filter._validate checks, in the lane-by-lane form (3 lanes)
+    and the vectorized tile (40); none for valid extremes (obs_var = inf, tiny obs_var, decay 0)."""
+    big, tiny = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+    bad = [("obs_var", 0.0), ("obs_var", -1.0), ("obs_var", math.nan), ("obs_var", tiny / 2**20),
+           ("decay", math.inf), ("decay", math.nan), ("process_var", -0.1),
+           ("process_var", math.inf), ("loading", math.nan), ("offset", -math.inf),
+           ("loading", math.sqrt(big) * 4)]  # fmt: skip
+    good = [("obs_var", math.inf), ("obs_var", tiny * 1e3), ("decay", 0.0), ("process_var", 0.0),
+            ("loading", 0.0)]  # fmt: skip
+    for N in (3, 40):
+        for name, value in bad:
+            assert _flags_with(dtype, 20, N, name, value) & native.BAD_INPUT, (N, name, value)
+        for name, value in good:
+            assert not _flags_with(dtype, 20, N, name, value) & native.BAD_INPUT, (N, name, value)
+        z = torch.randn(20, N, dtype=dtype)
+        one = torch.ones(1, 1, dtype=dtype)
+        for bad0 in [(0.0, 0.0, 0.0), (0.0, 1.0, 1.0), (-1.0, 0.0, 1.0), (1.0, math.nan, 1.0)]:
+            x = tuple(torch.full((N,), v, dtype=dtype) for v in bad0)
+            out = native.filter_lanes(z, one, one * 0.9, one * 0.1, one, one * 0, x)
+            assert out["flags"] & native.BAD_INPUT, (N, bad0)

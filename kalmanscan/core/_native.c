@@ -22,8 +22,9 @@
  * threads (GIL released), so a worker held up by other load on its core delays a call by at most
  * the tile it holds, and the caller never waits for a worker that has not started.
  *
- * Inputs are assumed valid (checked by the caller), except z = +-inf, reported as flag KS_Z_INF;
- * a state, log-likelihood or gradient that is not finite is flagged KS_NOT_FINITE.
+ * The filter checks its inputs' ranges in the same pass (flag KS_BAD_INPUT; the caller then finds
+ * and names the bad value) and reports z = +-inf as KS_Z_INF; a state, log-likelihood or gradient
+ * that is not finite is flagged KS_NOT_FINITE. The adjoint assumes inputs the filter accepted.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,8 +70,9 @@
 /* Flags of a result (bits). */
 #define KS_NOT_FINITE 1  /* a value that must be finite is not: data no float can hold */
 #define KS_Z_INF 2       /* z holds +-inf (invalid input; the caller raises) */
-#define KS_ROW_INEXACT 4 /* internal: redo a step with divisions */
-#define KS_NO_MEMORY 8   /* a thread could not allocate its tile buffers */
+#define KS_BAD_INPUT 4    /* an input is out of its range (filter._validate's ranges) */
+#define KS_ROW_INEXACT 16 /* internal: redo a step with divisions */
+#define KS_NO_MEMORY 32   /* a thread could not allocate its tile buffers */
 #define KS_LOG_2PI 1.8378770664093454835606594728112
 
 #define KS_CAT_(a, b) a##b

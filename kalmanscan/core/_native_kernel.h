@@ -193,6 +193,32 @@ KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSER
                       us, es, vs, acc, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
+/* KS_BAD_INPUT where step t's parameters of nb lanes leave the ranges filter._validate checks:
+ * obs_var > 0 (inf: not observed) with 1/obs_var and loading^2/obs_var finite, process_var >= 0
+ * finite, decay, loading, offset finite. (z's infinities are KS_Z_INF, in the step.) */
+KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
+                                      const KS_FT *restrict as, const KS_FT *restrict ps,
+                                      const KS_FT *restrict hs, const KS_FT *restrict cs) {
+    typedef KS_FT FT;
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const FT R = Rs[j], a = as[j], p = ps[j], h = hs[j], c = cs[j], hh = h * h;
+        const int obs_ok = (R > (FT)0) & (R * (FT)KS_FT_MAX >= (FT)1) &
+                           ((R > (FT)KS_FT_MAX) | ((hh <= (FT)KS_FT_MAX) & (hh <= (FT)KS_FT_MAX * R)));
+        ok &= obs_ok & (a - a == (FT)0) & (p >= (FT)0) & (p <= (FT)KS_FT_MAX) & (h - h == (FT)0) &
+              (c - c == (FT)0);
+    }
+    return (ok ^ 1) * KS_BAD_INPUT;
+}
+
+/* KS_BAD_INPUT unless (u, e, v) is an initial triple: u, v >= 0 finite and not both 0, e finite,
+ * e = 0 where u = 0 (no information, no mean). */
+static int KS_F(_check_x0)(KS_FT u, KS_FT e, KS_FT v) {
+    const int ok = (u >= 0) & (v >= 0) & (u - u == 0) & (v - v == 0) & ((u > 0) | (v > 0)) &
+                   (e - e == 0) & ((u > 0) | (e == 0));
+    return (ok ^ 1) * KS_BAD_INPUT;
+}
+
 /* The smoother's backward information filter, one step back through step t's inputs: add step t's
  * observation, then step back through its dynamics (forget: nothing is left). Divisions: the
  * smoother is not the hot path of fitting. */
@@ -293,12 +319,16 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
         FT u = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
         FT e = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
         FT v = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        flags |= KS_F(_check_x0)(u, e, v);
         KS_F(_norm)(1, &u, &e, &v);
         double ll = 0.0;
         for (Py_ssize_t t = 0; t < T; t++) {
             FT *o[KS_NOUT];
             for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n : NULL;
             double l;
+            flags |= KS_F(_check_row)(1, op + t * in[KS_OBS].st, ap + t * in[KS_A].st,
+                                      pp + t * in[KS_P].st, hp + t * in[KS_H].st,
+                                      cp + t * in[KS_C].st);
             flags |= KS_F(_elem_fixed)(write, zp[t * in[KS_Z].st], op[t * in[KS_OBS].st],
                                        ap[t * in[KS_A].st], pp[t * in[KS_P].st],
                                        hp[t * in[KS_H].st], cp[t * in[KS_C].st], &u, &e, &v, &l,
@@ -340,17 +370,19 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
     FT *buf = work + 6 * W;
     double *kacc = acc + W;
     const FT *src[KS_NSERIES];
+    int seen = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
         us[j] = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
         es[j] = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
         vs[j] = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        seen |= KS_F(_check_x0)(us[j], es[j], vs[j]);
         KS_F(_norm)(1, &us[j], &es[j], &vs[j]);
         acc[j] = 0.0;
     }
-    int seen = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
         KS_F(_sources)(job, t, n0, nb, buf, W, t == 0, src);
+        seen |= KS_F(_check_row)(nb, src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C]);
         FT *o[KS_NOUT];
         for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n0 : NULL;
         memcpy(ku, us, nb * sizeof(FT));
@@ -401,7 +433,7 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
                               (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
         }
     }
-    return seen & (KS_NOT_FINITE | KS_Z_INF);
+    return seen & (KS_NOT_FINITE | KS_Z_INF | KS_BAD_INPUT);
 }
 
 #undef KS_F

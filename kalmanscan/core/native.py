@@ -40,6 +40,16 @@ except ImportError:  # built without a C compiler: the torch backend serves the 
 # flags returned by the kernels (bits)
 NOT_FINITE = 1  # a value that must be finite is not: data no float can hold
 Z_INF = 2  # z holds +-inf: invalid input (the API raises naming it)
+BAD_INPUT = 4  # another input is out of its range (the API finds and names it)
+
+# What the API may leave to this backend (docs/backend-contract.md, module attributes): it reads
+# every input through its strides (the initial triple included) and treats obs_var = inf as not
+# observed. The filter also checks every input's range in its own pass (flag BAD_INPUT), the
+# initial triple included; CHECKS_INPUTS stays False while the API's diffuse triple (0, 0, 1)
+# drops a NaN prior_mean, which the kernel then cannot see.
+CHECKS_INPUTS = False
+READS_STRIDES = True
+INF_OBS_VAR_UNOBSERVED = True
 
 OUTPUTS = ("all", "loglik")
 FILTER_KEYS = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
