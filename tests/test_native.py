@@ -434,3 +434,28 @@ def test_input_ranges_are_checked_in_the_pass(dtype):
             x = tuple(torch.full((N,), v, dtype=dtype) for v in bad0)
             out = native.filter_lanes(z, one, one * 0.9, one * 0.1, one, one * 0, x)
             assert out["flags"] & native.BAD_INPUT, (N, bad0)
+
+
+def test_infinite_obs_var_is_not_observed_in_values_and_gradients():
+    """obs_var = inf with a finite z: the step is not observed (the API leaves z as it is), in
+    the kernel's values, the adjoint and the torch vector-Jacobian product of the other outputs."""
+    T, N = 30, 4
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(T, N, generator=g, dtype=torch.float64)
+    obs = torch.full((T, N), 0.7, dtype=torch.float64)
+    obs[[3, 11, 12], 1] = math.inf
+    z_nan = z.clone()
+    z_nan[[3, 11, 12], 1] = math.nan
+    one = torch.ones(1, 1, dtype=torch.float64)
+    x0 = (torch.zeros(N, dtype=torch.float64),) * 2 + (torch.ones(N, dtype=torch.float64),)
+    grads = []
+    for zz in (z, z_nan):
+        leaves = [zz.clone().requires_grad_(True), (one * 0.9).requires_grad_(True)]
+        for outputs in ("loglik", "all"):
+            r = native.filter_lanes(leaves[0], obs, leaves[1], one * 0.2, one, one * 0.1, x0,
+                                    outputs=outputs)  # fmt: skip
+            loss = r["loglik"].sum() + (r["mean"].nan_to_num().sum() if outputs == "all" else 0)
+            grads.append([x.nan_to_num() for x in torch.autograd.grad(loss, leaves)])
+    for a, b in zip(grads[:2], grads[2:], strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert_close(x, y, "parallel", torch.float64, what="gradient")

@@ -311,6 +311,11 @@ def _torch_vjp(fn, kind, T, N, inputs, grads, need):
             x if create else x.detach().requires_grad_(n) for x, n in zip(inputs, need, strict=True)
         ]
         params = tuple(x.expand(T, N) for x in leaves[:6])
+        # obs_var = inf marks a step not observed here (INF_OBS_VAR_UNOBSERVED); the torch
+        # backend reads that from z alone
+        unobserved = torch.isinf(params[1])
+        if bool(unobserved.any()):
+            params = (params[0].masked_fill(unobserved, float("nan")),) + params[1:]
         x0 = tuple(x.expand(N) for x in leaves[6:])
         r = fn(*params, x0, outputs=kind) if kind is not None else fn(*params, x0)
         outs = [r[k] for k in kind_keys(kind)] + list(r["final"])
