@@ -1,20 +1,25 @@
-"""CPU benchmark of the dense filter: parallel scan vs filterpy and the vectorized sequential loop.
+"""CPU benchmark of kalmanscan.dense against statsmodels (and the parallel scan), same run.
 
     python benchmarks/dense_cpu.py --json benchmarks/results/dense-cpu.json [--quick]
 
-Two regimes, float64, proper prior, filter only (``kd.filter``):
+Headline rows time what users call, float64, exact diffuse prior, default ``backend="auto"``
+(the native sequential kernel on the CPU):
 
-- one long series (B = 1), n = 2, 4, 8, T = 1e3 ... 1e6: kalmanscan's chunked scan against
-  filterpy's ``batch_filter`` (all T; one repeat from 1e5 on), the torch sequential reference
-  loop and the lean loop of ``benchmarks/dense_loop.py`` (covariance form, no diffuse or
-  missing-data handling), both up to ``--loop-max-T`` (all T by default; one repeat from 1e5);
-- many short series (B = 1000, T = 100): the scan against the sequential loop vectorized over
-  the series (filterpy, one series at a time, measured on 10 series and scaled by 100).
+- one series, local linear trend (n = 2) and local linear trend + seasonal(12) (n = 13),
+  T = 1e3, 1e4, 1e5: ``kd.filter`` / ``kd.smooth`` against statsmodels'
+  ``UnobservedComponents(y, ..., use_exact_diffuse=True).filter(params)`` / ``.smooth(params)``
+  (the model built once, outside the timer);
+- 1000 local-linear-trend series x 500 steps: one ``kd.smooth`` call (filter + smooth) against
+  ``.smooth(params)`` in a loop over the series (measured on ``--loop-series`` of them and
+  scaled to 1000; the models are built outside the timer).
 
-Each configuration first checks the scan against filterpy (and the loop) on the same data and
-reports no speed when the error exceeds the float64 truth tolerance. Times are medians of repeats.
-Torch runs single-threaded by default (``--threads``): on a shared 2-core machine OpenMP spinning
-made two threads up to 20x slower. The load average is recorded with the results.
+Each row first checks kalmanscan against statsmodels on the same data (statsmodels rerun with
+``ssm.tolerance = 0``, its steady-state shortcut off): filtered moments after the diffuse steps,
+smoothed moments, and the log-likelihood after the documented convention offset; a row whose
+error exceeds the float64 truth tolerance reports no speed. Secondary rows: the native path
+against the chunked parallel scan (``backend="torch"``) on random stable models, one series and
+many short series. Times are the best of ``--repeats`` calls. Torch runs on one thread
+(``--threads``); the load average is recorded (the machine is shared).
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import warnings
@@ -35,187 +39,180 @@ import torch
 import kalmanscan.dense as kd
 from kalmanscan.testing import rel_error, tolerance
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dense_loop import lean_filter  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "validation"))
 
 
-def model(rng, n, d=1):
-    F = rng.normal(size=(n, n))
-    F *= 0.97 / np.abs(np.linalg.eigvals(F)).max()
-    G = rng.normal(size=(n, n))
-    Q = G @ G.T / n + 0.1 * np.eye(n)
-    H = rng.normal(size=(d, n))
-    R = np.eye(d)
-    return F, Q, H, R
-
-
-def timeit(fn, repeats):
+def best(fn, repeats):
     out, ts = None, []
     for _ in range(repeats):
         t = time.perf_counter()
         out = fn()
         ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3, out
+    return min(ts) * 1e3, out
 
 
-def filterpy_run(z, F, Q, H, R, m0, P0):
-    from filterpy.kalman import KalmanFilter
-
-    n, d = F.shape[0], H.shape[0]
-    kf = KalmanFilter(dim_x=n, dim_z=d)
-    kf.F, kf.Q, kf.H, kf.R = F, Q, H, R
-    kf.x, kf.P = m0.copy(), P0.copy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        means, covs, _, _ = kf.batch_filter(list(z))
-    return means, covs
+def structural(kind):
+    llt = kd.local_linear_trend(level_var=0.5, slope_var=0.05, obs_var=1.0)
+    if kind == "llt":
+        return llt, dict(level="local linear trend"), [1.0, 0.5, 0.05]
+    m = kd.add_components(llt, kd.seasonal_dummies(12, seasonal_var=0.1))
+    return m, dict(level="local linear trend", seasonal=12), [1.0, 0.5, 0.05, 0.1]
 
 
-def single_series(rng, n, T, repeats, rows, with_loop):
-    F, Q, H, R = model(rng, n)
-    z = rng.normal(size=(T, 1))
-    m0, P0 = np.zeros(n), np.eye(n)
-    kw = dict(prior_mean=m0, prior_cov=P0, backend="torch")
-    kd.filter(z[: min(T, 100)], F, Q, H, R, **kw)  # warm-up
-    t_par, res = timeit(lambda: kd.filter(z, F, Q, H, R, **kw), repeats)
-    fp_rep = repeats if T < 100_000 else 1
-    t_fp, (fm, fc) = timeit(lambda: filterpy_run(z, F, Q, H, R, m0, P0), fp_rep)
-    err = max(rel_error(res.mean, fm), rel_error(res.cov, fc))
-    row = dict(
-        regime="single series",
-        n=n,
-        d=1,
-        B=1,
-        T=T,
-        parallel_ms=t_par,
-        filterpy_ms=t_fp,
-        err_vs_filterpy=err,
-        repeats=repeats,
-        filterpy_repeats=fp_rep,
+def simulate(rng, kind, T, B=None):
+    shape = (T,) if B is None else (T, B)
+    y = np.cumsum(np.cumsum(rng.normal(size=shape) * 0.05, 0) + rng.normal(size=shape) * 0.7, 0)
+    if kind != "llt":
+        y = y + 3.0 * np.sin(2 * np.pi * np.arange(T) / 12).reshape((T,) + (1,) * (y.ndim - 1))
+    y = y + rng.normal(size=shape)
+    y[rng.random(shape) < 0.02] = np.nan
+    return y
+
+
+def dk_offset(m, y):
+    from kalmanscan.validate import load_validation
+
+    load_validation()
+    from kalmanscan.validation.oracle import loglik_offset
+
+    return loglik_offset("statsmodels", m.F, m.H, ~np.isnan(y))
+
+
+def errors(res, r, offset):
+    """kalmanscan (kd.smooth result) against a statsmodels smoother result."""
+    f = res.filtered
+    nd = int(np.asarray(f.diffuse).sum())
+    return max(
+        rel_error(f.mean[nd:], r.filtered_state.T[nd:]),
+        rel_error(f.cov[nd:], r.filtered_state_cov.transpose(2, 0, 1)[nd:]),
+        rel_error(res.mean, r.smoothed_state.T),
+        rel_error(res.cov, r.smoothed_state_cov.transpose(2, 0, 1)),
+        abs(float(f.loglik) - offset - r.llf) / abs(r.llf),
     )
-    if with_loop:
-        loop_reps = max(1, repeats // 2)
-        t_seq, ref = timeit(
-            lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"),
-            loop_reps,
-        )
-        row.update(sequential_ms=t_seq, err_vs_sequential=rel_error(res.mean, ref.mean))
-        del ref
-        # the lean loop (covariance form, no diffuse or missing-data handling): what a user who
-        # needs none of the reference loop's cases would write in torch
-        tz, tF, tQ, tH, tR, tm0, tP0 = (torch.as_tensor(x) for x in (z, F, Q, H, R, m0, P0))
-        t_lean, lean = timeit(lambda: lean_filter(tz, tF, tQ, tH, tR, tm0, tP0), loop_reps)
-        row.update(
-            lean_loop_ms=t_lean,
-            err_vs_lean_loop=max(
-                rel_error(res.mean, lean[0].numpy()), rel_error(res.cov, lean[1].numpy())
-            ),
-            loop_repeats=loop_reps,
-        )
-    tol = tolerance("truth", "float64")
-    ok = (
-        err <= tol
-        and max(row.get("err_vs_sequential", 0.0), row.get("err_vs_lean_loop", 0.0)) <= tol
-    )
-    if not ok:
-        for k in ("parallel_ms", "filterpy_ms", "sequential_ms", "lean_loop_ms"):
-            row.pop(k, None)
+
+
+def one_series(rng, kind, T, repeats, rows):
+    from statsmodels.tsa.statespace.structural import UnobservedComponents
+
+    m, spec, params = structural(kind)
+    y = simulate(rng, kind, T)
+    z = y[:, None]
+    mod = UnobservedComponents(y, use_exact_diffuse=True, **spec)
+    ref = UnobservedComponents(y, use_exact_diffuse=True, **spec)
+    ref.ssm.tolerance = 0
+    err = errors(kd.smooth(z, **m._asdict()), ref.smooth(params), dk_offset(m, y))
+    row = dict(regime="one series", model=kind, n=m.F.shape[0], T=T, err_vs_statsmodels=err)
+    if err > tolerance("truth", "float64"):
         row["status"] = "correctness check failed: no speed reported"
     else:
-        row["speedup_vs_filterpy"] = t_fp / t_par
-        if "sequential_ms" in row:
-            row["speedup_vs_sequential"] = row["sequential_ms"] / t_par
-            row["speedup_vs_lean_loop"] = row["lean_loop_ms"] / t_par
+        for op in ("filter", "smooth"):
+            t_sm, _ = best(lambda op=op: getattr(mod, op)(params), repeats)
+            t_ks, _ = best(lambda op=op: getattr(kd, op)(z, **m._asdict()), repeats)
+            row.update({f"{op}_statsmodels_ms": t_sm, f"{op}_kalmanscan_ms": t_ks})
+            row[f"{op}_speedup"] = t_sm / t_ks
     rows.append(row)
     print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
 
 
-def many_series(rng, n, B, T, repeats, rows):
-    F, Q, H, R = model(rng, n)
-    z = rng.normal(size=(T, B, 1))
-    m0, P0 = np.zeros(n), np.eye(n)
-    kd.filter(z[:10, :10], F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch")
-    t_par, res = timeit(
-        lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch"), repeats
-    )
-    t_seq, ref = timeit(
-        lambda: kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="sequential"), repeats
-    )
-    k = 10
-    t_fp10, outs = timeit(lambda: [filterpy_run(z[:, b], F, Q, H, R, m0, P0) for b in range(k)], 1)
-    err_fp = max(rel_error(res.mean[:, b], outs[b][0]) for b in range(k))
-    err_seq = rel_error(res.mean, ref.mean)
+def many_series(rng, B, T, n_loop, repeats, rows):
+    from statsmodels.tsa.statespace.structural import UnobservedComponents
+
+    m, spec, params = structural("llt")
+    y = simulate(rng, "llt", T, B)
+    t_ks, res = best(lambda: kd.smooth(y[..., None], **m._asdict()), repeats)
+    mods = [UnobservedComponents(y[:, b], use_exact_diffuse=True, **spec) for b in range(n_loop)]
+    t_loop, _ = best(lambda: [md.smooth(params) for md in mods], 1)
+    err = 0.0
+    off = None
+    for b in range(n_loop):
+        ref = UnobservedComponents(y[:, b], use_exact_diffuse=True, **spec)
+        ref.ssm.tolerance = 0
+        one = kd.smooth(y[:, b, None], **m._asdict())
+        # the batched call equals the one-series call
+        err = max(err, rel_error(res.mean[:, b], one.mean), rel_error(res.cov[:, b], one.cov))
+        off = dk_offset(m, y[:, b])
+        err = max(err, errors(one, ref.smooth(params), off))
+    t_sm = t_loop * B / n_loop
     row = dict(
         regime="many series",
-        n=n,
-        d=1,
+        model="llt",
+        n=2,
         B=B,
         T=T,
-        parallel_ms=t_par,
-        sequential_ms=t_seq,
-        filterpy_ms_scaled=t_fp10 * B / k,
-        filterpy_note=f"{k} series measured, scaled by {B // k}",
-        err_vs_filterpy=err_fp,
-        err_vs_sequential=err_seq,
-        repeats=repeats,
+        smooth_kalmanscan_ms=t_ks,
+        smooth_statsmodels_loop_ms=t_sm,
+        statsmodels_series_measured=n_loop,
+        speedup=t_sm / t_ks,
+        err_vs_statsmodels=err,
     )
-    if max(err_fp, err_seq) > tolerance("truth", "float64"):
-        for key in ("parallel_ms", "sequential_ms", "filterpy_ms_scaled"):
-            row.pop(key)
+    if err > tolerance("truth", "float64"):
+        for k in ("smooth_kalmanscan_ms", "smooth_statsmodels_loop_ms", "speedup"):
+            row.pop(k)
         row["status"] = "correctness check failed: no speed reported"
-    else:
-        row["speedup_vs_sequential"] = t_seq / t_par
-        row["speedup_vs_filterpy"] = row["filterpy_ms_scaled"] / t_par
     rows.append(row)
     print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", help="write the results here")
-    p.add_argument("--quick", action="store_true", help="T up to 1e4 only")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--loop-max-T",
-        type=int,
-        default=1_000_000,
-        help="time the sequential loops up to this T (default 1e6: about 0.2 ms a step for the "
-        "reference loop, so 3-4 minutes a call at 1e6)",
-    )
-    args = p.parse_args(argv)
+def random_model(rng, n):
+    F = rng.normal(size=(n, n))
+    F *= 0.97 / np.abs(np.linalg.eigvals(F)).max()
+    G = rng.normal(size=(n, n))
+    return F, G @ G.T / n + 0.1 * np.eye(n), rng.normal(size=(1, n)), np.eye(1)
+
+
+def native_vs_scan(rng, n, T, B, repeats, rows):
+    F, Q, H, R = random_model(rng, n)
+    z = rng.normal(size=(T, 1) if B is None else (T, B, 1))
+    kw = dict(prior_mean=np.zeros(n), prior_cov=np.eye(n))
+    t_nat, a = best(lambda: kd.filter(z, F, Q, H, R, backend="native", **kw), repeats)
+    t_scan, b = best(lambda: kd.filter(z, F, Q, H, R, backend="torch", **kw), repeats)
+    err = max(rel_error(a.mean, b.mean), rel_error(a.cov, b.cov))
+    row = dict(regime="native vs scan", n=n, B=B or 1, T=T, err_native_vs_scan=err)
+    if err > tolerance("parallel", "float64"):
+        row["status"] = "correctness check failed: no speed reported"
+    else:
+        row.update(native_ms=t_nat, scan_ms=t_scan, native_speedup=t_scan / t_nat)
+    rows.append(row)
+    print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="T up to 1e4, fewer series")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--loop-series", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
+    warnings.simplefilter("ignore")
+    rng = np.random.default_rng(0)
     rows = []
-    Ts = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
-    load0 = os.getloadavg()
-    for n in (2, 4, 8):
+    Ts = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    for kind in ("llt", "llt+seasonal12"):
         for T in Ts:
-            reps = 5 if T <= 10_000 else (3 if T <= 100_000 else 1)
-            single_series(rng, n, T, reps, rows, with_loop=T <= args.loop_max_T)
-    for n in (2, 4, 8):
-        many_series(rng, n, 1000, 100, 3, rows)
+            one_series(rng, kind, T, args.repeats if T < 100_000 else 2, rows)
+    many_series(rng, 1000, 500, 20 if args.quick else args.loop_series, args.repeats, rows)
+    for n in (2, 8, 16):
+        for T in Ts:
+            native_vs_scan(rng, n, T, None, args.repeats if T < 100_000 else 1, rows)
+    native_vs_scan(rng, 4, 100, 1000, args.repeats, rows)
     out = dict(
-        benchmark="dense filter, CPU",
+        script="benchmarks/dense_cpu.py",
+        argv=sys.argv[1:],
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        machine=dict(
-            platform=platform.platform(),
-            processor=platform.processor(),
-            cpus=os.cpu_count(),
-            torch=torch.__version__,
-            torch_threads=torch.get_num_threads(),
-            loadavg_start=load0,
-            loadavg_end=os.getloadavg(),
-        ),
-        dtype="float64",
-        timing="median wall ms of repeats (see each row)",
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        loadavg=os.getloadavg(),
+        torch=torch.__version__,
+        torch_threads=args.threads,
         rows=rows,
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    print(json.dumps({"loadavg": out["loadavg"]}))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

