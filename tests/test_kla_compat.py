@@ -177,9 +177,7 @@ def test_torch_compile_fullgraph_layer_on_cpu():
     control flow on the layer's path (full pass and a one-token decoding step)."""
     torch.manual_seed(3)
     layer = KLALayer(16, KLAConfig(d_state=4)).eval()
-    x = torch.randn(2, 6, 16)
-    with torch.no_grad():  # the op's backend table imports its implementation on first use
-        layer(x)  # (importlib), which dynamo cannot trace
+    x = torch.randn(2, 6, 16)  # compiled first, in a fresh layer: no warm-up call needed
     compiled = torch.compile(layer, fullgraph=True, dynamic=False)
     with torch.no_grad():
         out, var, state = compiled(x, return_variance=True, return_state=True)
@@ -214,3 +212,30 @@ def test_log_process_noise_has_no_floor_and_matches_the_raw_layer():
     assert not log.process_noise_at_floor().any() and raw.process_noise_at_floor().all()
     with pytest.raises(ValueError, match="process_noise_param"):
         KLAConfig(process_noise_param="log", process_noise_mode="fixed")
+
+
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("lam", lambda s: -s.lam, "state.lam: expected precisions >= 0 and finite, got negative"),
+        (
+            "lam",
+            lambda s: s.lam * float("nan"),
+            "state.lam: expected precisions >= 0 and finite, got NaN",
+        ),
+        ("eta", lambda s: s.eta + float("inf"), "state.eta: expected finite values"),
+        ("lam", lambda s: s.lam[:, :1], "state.lam: expected shape"),
+        ("conv", lambda s: s.conv[..., :0], "state.conv: expected shape"),
+    ],
+)
+def test_layer_refuses_a_bad_recurrent_state(field, value, needle):
+    """A carried state with negative, NaN or wrongly shaped entries is refused by name."""
+    from kalmanscan.kla import KLAConfig, KLALayer
+
+    torch.manual_seed(0)
+    layer = KLALayer(16, KLAConfig(d_state=4))
+    _, state = layer(torch.randn(1, 5, 16), return_state=True)
+    bad = state._replace(**{field: value(state)})
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        layer(torch.randn(1, 3, 16), bad)
+    layer(torch.randn(1, 3, 16), state)  # the good state still works

@@ -110,3 +110,13 @@ def get(name: str, op: str = "filter"):
 
 
 _LOADED: dict = {}
+
+
+def provide(op: str, name: str, impl) -> None:
+    """Record an already-imported implementation (the module defining it calls this), so that
+    :func:`get` needs no import on first use: ``torch.compile`` cannot trace ``import_module``."""
+    path = TABLES[op][name]
+    module, _, func = path.partition(":")
+    if (impl.__module__, impl.__name__) != (module, func):
+        raise ValueError(f"provide: {op}/{name} is {path}, got {impl.__module__}:{impl.__name__}")
+    _LOADED[(op, name, path)] = impl

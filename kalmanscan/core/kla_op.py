@@ -110,6 +110,12 @@ def kla_filter_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precis
 # backend names (the table lives in kalmanscan.core.backends); each implementation takes
 # prepared inputs (one dtype and device, exact shapes).
 KLA_BACKENDS = backends.TABLES["kla"]
+for _name, _impl in (
+    ("sequential", kla_filter_sequential),
+    ("torch", kla_filter_torch),
+    ("triton", kla_filter_triton),
+):
+    backends.provide("kla", _name, _impl)
 
 
 def _resolve(backend, device: torch.device) -> str:

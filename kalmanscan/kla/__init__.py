@@ -11,6 +11,7 @@ and tools to inspect the belief-state precisions inside trained models.
 """
 
 from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
+from kalmanscan.kla.inspect import compare, save_dataset, summarize
 from kalmanscan.kla.inspect import inspect  # binds the function over the submodule's name
 from kalmanscan.kla.io import (
     CheckpointError,
@@ -33,19 +34,27 @@ __all__ = [
     "KLALayerState",
     "KLATrace",
     "ModelConfig",
+    "channel_order",
+    "compare",
     "decode_bytes",
     "encode_text",
     "inspect",
     "load_checkpoint",
     "load_state_dict",
+    "plot_comparison",
     "plot_layer_summary",
+    "plot_overview",
     "plot_precision",
     "save_checkpoint",
+    "save_dataset",
+    "summarize",
 ]
 
 
 def __getattr__(name):
-    if name in ("plot_precision", "plot_layer_summary"):
+    if name in (
+        "plot_precision", "plot_layer_summary", "plot_overview", "plot_comparison", "channel_order"
+    ):  # fmt: skip
         from kalmanscan.kla import plot
 
         return getattr(plot, name)

@@ -122,9 +122,7 @@ class CausalConv1d(nn.Module):
         # y[t] = bias + sum_j w[j] x[t - K + 1 + j]. F.conv1d(groups=M) beat K shifted
         # multiply-adds on the 2-core CPU at M = 512 (1 thread: 0.08 vs 0.28 ms at L = 1,
         # 5.2 vs 13.4 ms at L = 1024), and needs no temporaries.
-        y = F.conv1d(
-            padded, self.weight.to(xt.dtype), self.bias.to(xt.dtype), groups=self.channels
-        )
+        y = F.conv1d(padded, self.weight.to(xt.dtype), self.bias.to(xt.dtype), groups=self.channels)
         return y.transpose(1, 2), padded[..., padded.shape[-1] - (self.kernel - 1) :]
 
 
@@ -305,14 +303,38 @@ class KLALayer(nn.Module):
             raise ValueError(f"x: expected shape [B, L, {self.d_model}], got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"x: expected a floating dtype, got {x.dtype}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"x: expected non-empty B and L in [B, L, D], got {tuple(x.shape)}")
+
+    def _check_state(self, state, B: int) -> None:
+        """Shapes always (static: free under torch.compile); values (precision >= 0 and finite,
+        information finite) in one readback, skipped while compiling."""
+        if not isinstance(state, KLALayerState):
+            raise TypeError(f"state: expected a KLALayerState, got {type(state).__name__}")
+        M, S, K = self.d_inner, self.d_state, self.conv.kernel
+        want = {"conv": (B, M, K - 1), "lam": (B, M, S), "eta": (B, M, S)}
+        for name, shape in want.items():
+            got = getattr(state, name)
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
+                desc = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise ValueError(f"state.{name}: expected shape {shape}, got {desc}")
+        if torch.compiler.is_compiling():
+            return
+        lam, eta = state.lam.detach(), state.eta.detach()
+        lam_ok, eta_ok = (torch.isfinite(lam) & (lam >= 0)).all(), torch.isfinite(eta).all()
+        if not bool(lam_ok & eta_ok):
+            if not bool(lam_ok):
+                got = "NaN or inf" if not bool(torch.isfinite(lam).all()) else "negative values"
+                raise ValueError(f"state.lam: expected precisions >= 0 and finite, got {got}")
+            raise ValueError("state.eta: expected finite values, got NaN or inf")
 
     def _forward(self, x, state, return_precision):
         from kalmanscan.core.kla_op import kla_filter, kla_step
 
         self._check_input(x)
         B, L, _ = x.shape
-        if state is not None and not isinstance(state, KLALayerState):
-            raise TypeError(f"state: expected a KLALayerState, got {type(state).__name__}")
+        if state is not None:
+            self._check_state(state, B)
         sens, window = self.sensors(x, None if state is None else state.conv)
         fdtype = sens.v.dtype
         decay, process_var = self._dynamics(fdtype)
