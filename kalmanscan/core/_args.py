@@ -245,10 +245,10 @@ def _range_text(lo, lo_open, allow_inf):
 
 def broadcast_to(name, t: torch.Tensor, shape, target_desc) -> torch.Tensor:
     """Broadcast ``t`` to ``shape`` (numpy rules) or raise naming ``name``."""
-    try:
-        if torch.broadcast_shapes(t.shape, shape) != torch.Size(shape):
-            raise RuntimeError
-    except RuntimeError:
+    try:  # numpy's rules on the shape tuples (torch.broadcast_shapes imports sympy on first use)
+        if np.broadcast_shapes(tuple(t.shape), tuple(shape)) != tuple(shape):
+            raise ValueError
+    except ValueError:
         raise ValueError(
             f"{name}: expected a shape that broadcasts to {target_desc} {tuple(shape)}, "
             f"got shape {tuple(t.shape)}"

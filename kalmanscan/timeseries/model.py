@@ -17,6 +17,7 @@ form, so the default is continuous in ``theta``. Override with ``prior_mean`` / 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -85,10 +86,7 @@ def series_input(z, times, axis: int = 0):
     from kalmanscan.core._args import as_real_numpy
 
     labels = None
-    try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover
-        pd = None
+    pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
         if times is None and not isinstance(z.index, pd.RangeIndex):
             times = z.index
