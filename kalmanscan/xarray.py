@@ -438,7 +438,7 @@ def to_dataset(
 
 
 def _record_fit(ds, fit, series_dims):
-    ds.attrs["fitted"] = "maximum likelihood (kalmanscan.fit_ou, L-BFGS through the filter)"
+    ds.attrs["fitted"] = "maximum likelihood (kalmanscan.fit_ou, batched Newton on the exact diffuse likelihood)"
     ds.attrs["fixed"] = (
         ", ".join(
             f"{k}={np.ravel(v)[0] if np.size(v) == 1 else 'array'}" for k, v in fit.fixed.items()
@@ -586,7 +586,7 @@ def fit_dataarray(
     ds.attrs.update(
         {
             "model": MODEL_DESCRIPTION,
-            "fitted": "maximum likelihood (kalmanscan.fit_ou, L-BFGS through the filter)",
+            "fitted": "maximum likelihood (kalmanscan.fit_ou, batched Newton on the exact diffuse likelihood)",
             "fixed": ", ".join(f"{k}={v}" for k, v in (fix or {}).items()) or "none",
             "joint": int(joint),
             "time_dim": time_dim,
