@@ -193,6 +193,7 @@ def _sweep_call(out, *extra, steps):
     return run, json.loads((out / "env.json").read_text())
 
 
+@pytest.mark.slow  # three sweep processes, each importing torch and training (CI: -m slow)
 def test_second_sweep_call_resumes_from_the_first_calls_checkpoints(tmp_path):
     # Two calls with fresh --out folders, as on a fresh GPU machine: the second one is handed
     # the first one's checkpoints and continues the step count, history and schedule.

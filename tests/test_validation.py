@@ -334,6 +334,7 @@ def test_battery_catches_a_wrong_filter(monkeypatch):
     assert not any(q == "filtered mean" for _, q, _ in bad)
 
 
+@pytest.mark.slow  # the whole quick battery end to end, about a minute on 2 cores (CI: -m slow)
 def test_validate_command_quick_passes(tmp_path):
     """`kalmanscan validate --quick` on this machine: every row within its tolerance."""
     csv_path, md_path, fig = tmp_path / "v.csv", tmp_path / "v.md", tmp_path / "fig.png"
