@@ -3,9 +3,10 @@
 validation/ is the user-readable truth suite at the top of the repository; it installs as
 ``kalmanscan.validation`` so that ``kalmanscan validate`` works from any install.
 
-``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``). It is
-optional: without a working C compiler the install still succeeds and ``kalmanscan.filter`` uses
-the torch backend on the CPU.
+``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``) and
+``kalmanscan/dense/_native_dense.c`` the dense models' sequential filter and smoother. Both are
+optional: without a working C compiler the install still succeeds and the torch backends serve
+the CPU.
 """
 
 import sys
@@ -24,9 +25,15 @@ setup(
         Extension(
             "kalmanscan.core._native",
             sources=["kalmanscan/core/_native.c"],
-            depends=["kalmanscan/core/_native_kernel.h"],
+            depends=["kalmanscan/core/_native_kernel.h", "kalmanscan/core/_native_adjoint.h"],
             extra_compile_args=_cflags,
             optional=True,
-        )
+        ),
+        Extension(
+            "kalmanscan.dense._native_dense",
+            sources=["kalmanscan/dense/_native_dense.c"],
+            extra_compile_args=_cflags,
+            optional=True,
+        ),
     ],
 )

@@ -45,9 +45,9 @@ BAD_INPUT = 4  # another input is out of its range (the API finds and names it)
 # What the API may leave to this backend (docs/backend-contract.md, module attributes): it reads
 # every input through its strides (the initial triple included) and treats obs_var = inf as not
 # observed. The filter also checks every input's range in its own pass (flag BAD_INPUT), the
-# initial triple included; CHECKS_INPUTS stays False while the API's diffuse triple (0, 0, 1)
-# drops a NaN prior_mean, which the kernel then cannot see.
-CHECKS_INPUTS = False
+# initial triple included (a NaN or inf prior mean reaches it through e0 = 0 * mean), so the API
+# runs its own checks only when a flag is set.
+CHECKS_INPUTS = True
 READS_STRIDES = True
 INF_OBS_VAR_UNOBSERVED = True
 

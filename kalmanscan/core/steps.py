@@ -63,21 +63,21 @@ def normalize(u, e, v):
 
 def from_prior(mean, var):
     """The normalized triple of the prior ``N(mean, var)``; ``var = inf`` is diffuse, 0 exact."""
-    diffuse = torch.isinf(var)
+    diffuse = torch.isposinf(var)  # -inf is invalid: it stays in v, where a backend flags it
     big = (var > 1) & ~diffuse
     var_s = torch.where(big, var, 1.0)  # divides only where finite and > 1
     u = torch.where(diffuse, 0.0, 1 / var_s)
-    e = torch.where(diffuse, 0.0, mean / var_s)
+    e = torch.where(diffuse, 0 * mean, mean / var_s)  # 0 * mean: a NaN or inf mean stays visible
     v = torch.where(big | diffuse, 1.0, var)
     return u, e, v
 
 
 def from_info(lam, eta):
     """The normalized triple of the information state ``(lam, eta)`` (finite ``lam >= 0``)."""
-    big = lam > 1
+    big = torch.isfinite(lam) & (lam > 1)
     lam_s = torch.where(big, lam, 1.0)
     one = torch.ones_like(lam_s)
-    return (
+    return (  # an infinite lam is invalid: it stays in u, where a backend flags it
         torch.where(big, one, lam),
         torch.where(big, eta / lam_s, eta),
         torch.where(big, 1 / lam_s, one),
