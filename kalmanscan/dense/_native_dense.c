@@ -46,6 +46,7 @@
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
+#define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
 #define RANK_TOL 1e-11    /* singular values of G below this times the largest: zero */
 
 typedef struct {
@@ -203,6 +204,56 @@ static ALWAYS_INLINE void mm(int n, const double *restrict A, const double *rest
             for (int j = 0; j < n; j++) c0[j] += a0 * b[j];
         }
     }
+}
+
+/* B <- A^-1 B (n x n each, row-major) by Gaussian elimination with partial pivoting; A is
+ * destroyed. 0 if A is singular. */
+static ALWAYS_INLINE int solve(int n, double *A, double *B) {
+    for (int k = 0; k < n; k++) {
+        int p = k;
+        for (int i = k + 1; i < n; i++)
+            if (fabs(A[i * n + k]) > fabs(A[p * n + k])) p = i;
+        if (!(A[p * n + k] != 0.0)) return 0;
+        if (p != k)
+            for (int j = 0; j < n; j++) {
+                double t = A[k * n + j];
+                A[k * n + j] = A[p * n + j];
+                A[p * n + j] = t;
+                t = B[k * n + j];
+                B[k * n + j] = B[p * n + j];
+                B[p * n + j] = t;
+            }
+        double ip = 1.0 / A[k * n + k];
+        for (int i = k + 1; i < n; i++) {
+            double f = A[i * n + k] * ip;
+            if (f == 0.0) continue;
+            for (int j = k; j < n; j++) A[i * n + j] -= f * A[k * n + j];
+            for (int j = 0; j < n; j++) B[i * n + j] -= f * B[k * n + j];
+        }
+    }
+    for (int k = n - 1; k >= 0; k--) {
+        double ip = 1.0 / A[k * n + k];
+        for (int j = 0; j < n; j++) B[k * n + j] *= ip;
+        for (int i = 0; i < k; i++) {
+            double f = A[i * n + k];
+            if (f == 0.0) continue;
+            for (int j = 0; j < n; j++) B[i * n + j] -= f * B[k * n + j];
+        }
+    }
+    return 1;
+}
+
+/* J <- F' (I + J Q)^-1 J F: information on the previous state (F of the current step loaded). */
+static ALWAYS_INLINE int info_back(ws_t *w, const int n, double *J, const double *Q, double *A) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = i == j ? 1.0 : 0.0;
+            for (int q = 0; q < n; q++) s += J[i * n + q] * Q[q * n + j];
+            A[i * n + j] = s;
+        }
+    if (!solve(n, A, J)) return 0;
+    back_cov(w, n, J);
+    return 1;
 }
 
 /* Inverse of the symmetric positive-definite A (n x n) into out by Gauss-Jordan elimination
@@ -592,9 +643,14 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
     if (!smooth || nd > T || np_ > kcap) return nd;
 
     /* backward: r0, N0 (and r1, N1, N2 in diffuse steps) */
-    double *r0 = calloc(2 * n + 3 * nn, sizeof(double));
+    double *r0 = calloc(2 * n + 8 * nn, sizeof(double));
     if (!r0) return -1;
     double *r1 = r0 + n, *N0 = r1 + n, *N1 = N0 + nn, *N2 = N1 + nn;
+    /* information form for the first steps when a large prior makes P - P N P cancel: J (the
+       information z_{t:T} carry about x_t), the last step where the DK form was accurate */
+    double *J = N2 + nn, *Ng = J + nn, *Pg = Ng + nn, *Ab = Pg + nn, *Bb = Ab + nn;
+    int info = 0, info_failed = 0;
+    Py_ssize_t tg = -1;
     double *smean = out[O_SMEAN] + b * T * n, *scov = out[O_SCOV] + b * T * nn;
     double *sprec = out[O_SPREC] + b * T * nn;
     double *x = w->tmp2, *V = w->G, *Pinf = w->Lr; /* G and Lr are free here */
@@ -709,12 +765,63 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         /* V = P - (P N0) P */
         mm(n, P0t, N0, w->tmp);
         mm(n, w->tmp, P0t, sc);
+        double xmax = 0.0, vmax = 0.0;
         for (int i = 0; i < n; i++)
             for (int j = 0; j <= i; j++) {
-                double v = P0t[i * n + j] - 0.5 * (sc[i * n + j] + sc[j * n + i]);
+                double x = 0.5 * (sc[i * n + j] + sc[j * n + i]), v = P0t[i * n + j] - x;
                 sc[i * n + j] = v;
                 sc[j * n + i] = v;
+                if (fabs(x) > xmax) xmax = fabs(x);
+                if (fabs(v) > vmax) vmax = fabs(v);
             }
+        if (t >= np_ && !info_failed) {
+            if (!info && xmax <= INFO_SWITCH * vmax) { /* accurate here: remember it */
+                memcpy(Ng, N0, nn * sizeof(double));
+                memcpy(Pg, P0t, nn * sizeof(double));
+                tg = t;
+            } else if (!info && tg == t + 1) {
+                /* J_{t+1} = N (I - P N)^-1 = (I - N P)^-1 N from the accurate step, then back */
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < n; j++) {
+                        double x = i == j ? 1.0 : 0.0;
+                        for (int q = 0; q < n; q++) x -= Ng[i * n + q] * Pg[q * n + j];
+                        Ab[i * n + j] = x;
+                    }
+                memcpy(J, Ng, nn * sizeof(double));
+                load_F(w, n, mat(&in[I_F], b, tg));
+                info = solve(n, Ab, J) && info_back(w, n, J, mat(&in[I_Q], b, tg), Ab);
+                info_failed = !info;
+            }
+            if (info) { /* J_t = J + sum h h' / Dg over the step's entries; V = (I + P J)^-1 P */
+                for (int p = 0; p < o && info; p++) {
+                    const double *h = w->Hy + p * n;
+                    if (!(w->Dg[p] > 0.0)) {
+                        info = 0;
+                        info_failed = 1;
+                        break;
+                    }
+                    double g = 1.0 / w->Dg[p];
+                    for (int i = 0; i < n; i++)
+                        for (int j = 0; j < n; j++) J[i * n + j] += g * h[i] * h[j];
+                }
+                if (info) {
+                    mm(n, P0t, J, Ab);
+                    for (int i = 0; i < n; i++) Ab[i * n + i] += 1.0;
+                    memcpy(Bb, P0t, nn * sizeof(double));
+                    if (solve(n, Ab, Bb)) {
+                        for (int i = 0; i < n; i++)
+                            for (int j = 0; j <= i; j++) {
+                                double v = 0.5 * (Bb[i * n + j] + Bb[j * n + i]);
+                                sc[i * n + j] = v;
+                                sc[j * n + i] = v;
+                            }
+                    } else {
+                        info = 0;
+                        info_failed = 1;
+                    }
+                }
+            }
+        }
         if (t < np_) {
             DDt(n, kt, pD + t * nn, Pinf);
             for (int i = 0; i < n; i++) {
@@ -759,6 +866,10 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         }
         /* to step t - 1 */
         load_F(w, n, mat(&in[I_F], b, t));
+        if (info && !info_back(w, n, J, mat(&in[I_Q], b, t), Ab)) {
+            info = 0;
+            info_failed = 1;
+        }
         back_vec(w, n, r0);
         back_cov(w, n, N0);
         if (t <= np_) {
