@@ -2,8 +2,9 @@
 
     x_t = F_t x_{t-1} + offset_t + N(0, Q_t),    z_t = H_t x_t + N(0, R_t)
 
-``filter`` and ``smooth`` (chunked associative scans of Särkkä & García-Fernández elements, exact
-diffuse priors, missing data, numpy/torch, autograd), the step-by-step references
+``filter`` and ``smooth`` (on the CPU a compiled exact sequential pass, elsewhere and for
+autograd chunked associative scans of Särkkä & García-Fernández elements; exact diffuse priors,
+missing data, numpy/torch), the step-by-step references
 ``filter_sequential``/``smooth_sequential`` (float64), and model builders. Math and conventions:
 docs/dense.md.
 

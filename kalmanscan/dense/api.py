@@ -237,14 +237,16 @@ def filter(
     """Kalman filter of a dense linear-Gaussian state-space model, parallel in time.
 
     z: [..., T, ..., d] observations (time on ``axis``, NaN entries are missing); F, Q: [..., n, n];
-    H: [..., d, n]; R: [..., d, d] (positive definite); offset: [..., n]; prior_mean: [..., n];
-    either prior_cov [..., n, n] (``inf`` on the diagonal marks diffuse states) or prior_precision
-    [..., n, n] (0 in diffuse directions); neither means fully diffuse. numpy in -> numpy out,
-    torch in -> torch out (differentiable). backend: ``"auto"`` (the scalar core
-    :func:`kalmanscan.filter` when the model is diagonal with d == n and nothing needs a gradient,
-    otherwise ``"torch"``), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64
-    reference),
-    ``"diagonal"``. ``chunk`` is the block length of the scan.
+    H: [..., d, n]; R: [..., d, d] (positive semidefinite; singular, R = 0 included, only on
+    ``"native"``); offset: [..., n]; prior_mean: [..., n]; either prior_cov [..., n, n] (``inf``
+    on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in diffuse
+    directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
+    (differentiable on ``"torch"``). backend: ``"auto"`` (the scalar core
+    :func:`kalmanscan.filter` when the model is diagonal with d == n and nothing needs a gradient;
+    else ``"native"`` on the CPU when nothing needs a gradient; else ``"torch"``), ``"native"``
+    (compiled exact sequential filter and smoother, CPU, float64), ``"torch"`` (chunked parallel
+    scan), ``"sequential"`` (float64 reference), ``"diagonal"``. ``chunk`` is the block length
+    of the scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
