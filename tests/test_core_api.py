@@ -207,4 +207,11 @@ def test_readme_python_example_runs():
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "README.md", "exec"), {})
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    # the example's results are the documented ones (docstring of ks.filter / ks.smooth)
+    np.testing.assert_allclose(scope["res"].var, [0.1, 0.0524, 0.0624, 0.042], atol=5e-5)
+    np.testing.assert_allclose(scope["sm"].var, [0.0392, 0.0365, 0.0398, 0.042], atol=5e-5)
+    assert float(scope["ll"]) == pytest.approx(-0.749, abs=5e-4)
+    assert float(scope["res"].loglik) == float(scope["ll"])
+    assert scope["a"].shape == scope["p"].shape == (3,)

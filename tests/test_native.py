@@ -49,10 +49,27 @@ def _assert_same(res, ref, dtype, keys, kind="parallel"):
     assert int(res["flags"]) == int(ref["flags"])
 
 
-def test_extension_is_built_and_auto_picks_it_on_the_cpu():
-    """CI must not silently fall back to the torch backend: the extension has to be importable."""
+def test_extension_is_built_and_auto_picks_it_on_the_cpu(monkeypatch):
+    """CI must not silently fall back to the torch backend: the extension has to be importable,
+    and ks.filter / ks.smooth / ks.loglik on the CPU must actually run it."""
+    import kalmanscan as ks
+
     assert native.available(), "kalmanscan.core._native is not built (setup.py ext_modules)"
     assert backends.resolve("auto", torch.device("cpu")) == "native"
+    calls = []
+    for name in ("filter_lanes", "smooth_lanes"):
+        real = getattr(native, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(native, name, spy)
+    z = np.array([1.0, np.nan, 0.5, 2.0])
+    ks.filter(z, 1.0, 0.9, 0.1)
+    ks.smooth(z, 1.0, 0.9, 0.1)
+    ks.loglik(z, 1.0, 0.9, 0.1)
+    assert calls == ["filter_lanes", "smooth_lanes", "filter_lanes"]
 
 
 # 1031 lanes: more than one 1024-lane tile and several tiles per thread.
