@@ -29,9 +29,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("KFAS VAR(1), missing data, R=1e-12 I", "sequential"): (
         "dense sequential smoother: smoothed means 2.3e-3 posterior sd from the oracle"
     ),
-    ("structural: trend + 8 seasons (9 states), prior 1e6 I", "native"): (
-        "dense native smoother: smoothed covariance at step 0 1.9e-3 relative off"
-    ),
 }
 
 FAST_SCALAR = (
