@@ -653,7 +653,7 @@ def add_floors(res, bw, rcp_rate):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
-        "--out", help="JSON file to write (default benchmarks/results/<date>-h200.json)"
+        "--out", help="JSON file to write (default benchmarks/results/h200.json)"
     )
     ap.add_argument("--markdown", help="render this results JSON into docs/performance.md and exit")
     ap.add_argument("--quick", action="store_true", help="default variants only, no torch peer")
@@ -692,8 +692,8 @@ def main():
     rcp_rate = MUFU_PER_SM_PER_CLOCK * props.multi_processor_count * CLOCK_HZ
     kla_vars = [{}]
     if not a.quick:
-        # the other variants measured on the H200 are in benchmarks/results/*-kla-ns.json and
-        # *-kla-layout.json (pipeline depth, warps a program, 16 slots: none faster)
+        # the other variants measured on the H200 (pipeline depth, warps a program, 16 slots:
+        # none faster) are in benchmarks/HISTORY.md
         # the default chooses slots a thread by the lane count (kla.py _tuning); these time
         # the other choice at each shape, and the earlier defaults
         kla_vars += [{"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2},
@@ -708,7 +708,7 @@ def main():
     kla_shapes = ((1, 20, 3, 4),) if SMOKE else ((4, 2048, 960, 16), (8, 2048, 2048, 16))
     pub_shapes = ((300, 2), (40, 3)) if SMOKE else PUBLIC_SHAPES
     path = a.out or os.path.join(
-        os.path.dirname(__file__), "results", f"{datetime.date.today().isoformat()}-h200.json"
+        os.path.dirname(__file__), "results", "h200.json"
     )
     parts = set((a.only or "kla,public,fit").split(","))
     unknown = parts - {"kla", "public", "fit"}

@@ -137,7 +137,7 @@ def _values_ok(tensors) -> bool:
     """Whether every range checked by :func:`_check_values` holds, from one readback
     (:func:`kalmanscan.core._args.ranges_ok`). A check per input stalled a GPU several times a
     call: 0.6 ms a call at B=4 L=2048 M=960 S=16 on the H200
-    (``benchmarks/results/2026-11-29-kla-kernel-time.json``)."""
+    (``benchmarks/HISTORY.md``)."""
     from kalmanscan.core import _args
 
     a = tensors["decay"].detach()

@@ -1366,7 +1366,7 @@ def _kla_bwd_carry_kernel(maps_ptr, glT_ptr, geT_ptr, xend_ptr, N, NC, NS: tl.co
 # independent chains) and warps a program has, time chunking, L2 prefetch distances, whether the
 # backward reuses the recomputation's inputs and runs its main loop without step masks.
 # ``None``: chosen by the number of lanes ``B M S`` (``_tuning``). Kernel times of every variant
-# on the H200 (each checked against the default first): benchmarks/results/2026-11-29-s*-kla-*.
+# on the H200 (each checked against the default first): benchmarks/HISTORY.md.
 TUNING = {
     "NS": 4,
     # None: 3 with 2 slots a thread or tile loads, else 2 (4 was 1.4x slower at B=8 M=2048;
@@ -1408,7 +1408,7 @@ TUNING = {
     # (float32; 6 shuffles a thread per block instead of 24) and load v, Lv as [4, channels]
     # and k, q as [4, slots] tiles (one copy of each value, not one per thread that uses it):
     # compiled loop 438 -> 333 instructions per block; B=4 M=960 S=16 forward 0.277 -> 0.185
-    # ms, B=8 M=2048 0.633 -> 0.487 (benchmarks/results/2026-11-29-s6-fwd-tiles.json)
+    # ms, B=8 M=2048 0.633 -> 0.487 (benchmarks/HISTORY.md)
     "fwd_scatter_out": True,
     "fwd_tile_loads": True,
     "fwd_tile_kq": True,
@@ -1418,14 +1418,14 @@ TUNING = {
     # steps a block of the lean forward, 4 or 8 (8 halves the per-block work of the pipeline).
     # None: 8, but 4 when the forward saves the backward's checkpoints (B=4 M=960 S=16: forward
     # 0.139 against 0.161 ms at 4; forward saving checkpoints 0.170 against 0.176 at 8;
-    # benchmarks/results/2026-11-29-s7-kla-lean-sweep.json)
+    # benchmarks/HISTORY.md)
     "fwd_lean_steps": None,
     # the lean forward forms Lv k once a lane-step for both phi = Lv k^2 and r = v Lv k (4
     # instructions fewer a 4-step block, yet B=4 forward 0.156 against 0.139 ms in 8-step blocks)
     "fwd_lk": False,
     # the backward loads each 4 steps' v, Lv, gy, gyv as [4, channels] and k, q as [4, slots]
     # tiles (with bwd_reuse_inputs) and stores gv, gLv by the forward's reduce-scatter: B=4
-    # M=960 backward 0.81 -> 0.63 ms, B=8 M=2048 1.95 -> 1.52 (s6-bwd-tiles.json)
+    # M=960 backward 0.81 -> 0.63 ms, B=8 M=2048 1.95 -> 1.52 (benchmarks/HISTORY.md)
     "bwd_tiles": True,
     # the backward's lean form: the forward's E_FORM in its recomputation and adjoint (one
     # addition and one select a lane-step fewer)
