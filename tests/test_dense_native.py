@@ -75,11 +75,25 @@ def test_native_matches_sequential_reference(cid, n, d, T, B, tv, prior):
     assert rel_error(np.asarray(fa.loglik), np.asarray(fb.loglik)) < 1e-12
 
 
-def test_auto_uses_native_on_cpu():
+def test_auto_uses_the_scan():
+    """auto is the scan on every device (native is opt-in until the case below is fixed)."""
     args, kw = random_model(1, 3, 2, 40, prior="diffuse")
-    a, b = kd.smooth(*args, **kw), kd.smooth(*args, backend="native", **kw)
+    a, b = kd.smooth(*args, **kw), kd.smooth(*args, backend="torch", **kw)
     np.testing.assert_array_equal(a.mean, b.mean)
-    np.testing.assert_array_equal(a.cov, b.cov)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="native dense loglik: a diffuse diagonal model with a "
+    "non-unit loading adds ~-36 at a later step (known defect, not yet found)",
+)
+def test_native_loglik_diagonal_diffuse_nonunit_loading():
+    z = np.array([[0.1, np.nan, -0.03], [0.7, np.nan, -0.46], [-1.9, -1.29, -1.84]])
+    Q, R = np.diag([0.3, 0.37, 0.89]), np.diag([0.57, 0.44, 0.42])
+    F, H = np.eye(3), np.diag([1.0, 1.0, 1.7])
+    a = kd.filter(z, F, Q, H, R, backend="native").loglik
+    b = kd.filter(z, F, Q, H, R, backend="sequential").loglik
+    assert abs(a - b) < 1e-10 * abs(b)
 
 
 def test_native_float32_computes_in_float64():

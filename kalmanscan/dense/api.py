@@ -89,33 +89,31 @@ def _run(
     model, layout = _args.prepare(
         z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False
     )
-    if backend == "diagonal" or backend == "auto":
-        diag = _diagonal_ok(model, layout)
-        if backend == "diagonal" and not diag:
+    if backend == "diagonal":
+        if not _diagonal_ok(model, layout):
             raise ValueError(
                 "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; "
                 "use 'torch' for this model"
             )
-        grads = _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision)
-        if diag and (backend == "diagonal" or not grads):
-            return _run_diagonal(_args.mask_missing(model), layout, smooth)
-        if backend == "auto":
-            backend = "native" if model.z.device.type == "cpu" and native.available() else "torch"
-            if backend == "native" and grads:
-                backend = "torch"
+        return _run_diagonal(_args.mask_missing(model), layout, smooth)
+    if backend == "auto":  # by the device only: the scan serves every device and gradients
+        backend = "torch"
     tol = rank_tol(model.z.dtype)
     if backend == "native":
         if model.z.device.type != "cpu":
             raise ValueError(
                 f"backend: 'native' runs on the CPU; got {model.z.device} inputs, use 'torch'"
             )
-        if _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision):
-            raise ValueError(
-                "backend: 'native' has no gradients; use 'torch' for inputs that require grad"
-            )
-        parts = native.run(model, smooth)
+        with torch.no_grad():
+            parts = native.run(model, smooth)
         if parts is not None:
-            return _package(layout, parts, smooth)
+            res = _package(layout, parts, smooth)
+            if _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision):
+                # the native values, differentiable through the torch path at the same inputs
+                ref = _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis,
+                           "torch", smooth, chunk)  # fmt: skip
+                res = _graft(ref, res)
+            return res
         backend = "torch"  # a diffuse direction is never resolved: the scan keeps it diffuse
     model = _args.mask_missing(model)
     if not _args.r_positive_definite(model.R):
@@ -152,6 +150,31 @@ def _run(
     return DenseSmoothResult(
         out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres
     )
+
+
+class _Graft(torch.autograd.Function):
+    """``value``'s numbers with ``graded``'s gradient: the backward passes through to ``graded``."""
+
+    @staticmethod
+    def forward(ctx, graded, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _graft(graded, value):
+    """Each tensor of the result ``value`` carrying the autograd graph of ``graded``'s."""
+    if isinstance(value, tuple):
+        return type(value)(*(_graft(g, v) for g, v in zip(graded, value, strict=True)))
+    if (
+        isinstance(value, torch.Tensor)
+        and isinstance(graded, torch.Tensor)
+        and graded.requires_grad
+    ):
+        return _Graft.apply(graded, value)
+    return value
 
 
 def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
@@ -241,12 +264,13 @@ def filter(
     ``"native"``); offset: [..., n]; prior_mean: [..., n]; either prior_cov [..., n, n] (``inf``
     on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in diffuse
     directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
-    (differentiable on ``"torch"``). backend: ``"auto"`` (the scalar core
-    :func:`kalmanscan.filter` when the model is diagonal with d == n and nothing needs a gradient;
-    else ``"native"`` on the CPU when nothing needs a gradient; else ``"torch"``), ``"native"``
-    (compiled exact sequential filter and smoother, CPU, float64), ``"torch"`` (chunked parallel
-    scan), ``"sequential"`` (float64 reference), ``"diagonal"``. ``chunk`` is the block length
-    of the scan.
+    (differentiable). backend: ``"auto"`` (``"torch"`` on every device; ``"native"`` is
+    opt-in while its log-likelihood is wrong on some diagonal models with a diffuse prior:
+    docs/dense.md), ``"native"`` (compiled exact sequential filter and
+    smoother, CPU, float64; with inputs that require grad its values carry the gradients of the
+    torch path at the same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"``
+    (float64 reference), ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a
+    diagonal model with d == n). ``chunk`` is the block length of the scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
