@@ -5,6 +5,8 @@ of homogeneous beliefs ``(u, v | e)``:
 
     A = [[1 + phi p, q + phi d], [p, d]],   b = (c + r p, q c + r d),   alpha = a (1 - q)
 
+computed times ``R = obs_var`` (``R + h^2 p``, ..., the same beliefs) so that no ``1/R`` enters
+and gradients in ``obs_var`` stay exact however small it is.
 (``q, d`` from :func:`kalmanscan.core.steps.predict_coeffs`; ``[[1 + p phi, a^2 phi], [p, a^2]]``
 whenever ``a^2 > 0``). The smoother's backward information filter is the same scan in reverse time
 with leaves ``A = [[k d, k d phi], [g, g phi + 1]]``, ``b = (-alpha c, alpha (r - c phi))``,
@@ -19,7 +21,7 @@ import torch
 
 from kalmanscan.core import sequential
 from kalmanscan.core.scan import projective_scan
-from kalmanscan.core.sequential import backward_leaves, observation_information, results
+from kalmanscan.core.sequential import backward_leaves, observation_terms, results
 from kalmanscan.core.steps import combine_two_filter, compact, normalize, predict, predict_coeffs
 
 
@@ -42,14 +44,15 @@ def _scan(leaves, x0, k):
 
 
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
-    phi, r = observation_information(z, obs_var, loading)
+    R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p)
-    # the leaf divided by s = max(1, phi), so that phi * p cannot overflow
-    inv = 1 / torch.clamp(phi, min=1.0)
-    ps, rs = phi * inv, r * inv
-    leaves = (inv + ps * p, inv * q + ps * d, inv * p, inv * d, inv * c + rs * p,
-              inv * q * c + rs * d, inv * a * (1 - q))  # fmt: skip
+    # the leaf times R (the update's R-scaled form), divided by s = max(R, h^2): no 1/R, and
+    # nothing overflows (h^2 p / s <= p)
+    inv = 1 / torch.maximum(R, h * h)
+    Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
+    leaves = (Rs + h2s * p, Rs * q + h2s * d, Rs * p, Rs * d, Rs * c + hzs * p,
+              Rs * q * c + hzs * d, Rs * a * (1 - q))  # fmt: skip
     k = _lane_scale(p)
     filt = _scan(leaves, x0, k)
     N = z.shape[1]
@@ -71,14 +74,14 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     if T == 1:
         out["smooth_mean"], out["smooth_var"] = out["mean"], out["var"]
         return out
-    phi, r, a, p, c, q, d = backward_leaves(z, obs_var, decay, process_var, loading, offset)
+    R, h, hz, a, p, c, q, d = backward_leaves(z, obs_var, decay, process_var, loading, offset)
     keep = 1 - q
     g = keep * p + q
     al = a * keep
-    inv = 1 / torch.clamp(phi, min=1.0)
-    ps, rs = phi * inv, r * inv
-    leaves = (inv * keep * d, keep * d * ps, inv * g, g * ps + inv, -inv * al * c,
-              al * (rs - c * ps), inv * al)  # fmt: skip
+    inv = 1 / torch.maximum(R, h * h)  # the R-scaled leaf over max(R, h^2), as in _forward
+    Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
+    leaves = (keep * d * Rs, keep * d * h2s, g * Rs, g * h2s + Rs, -al * c * Rs,
+              al * (hzs - c * h2s), al * Rs)  # fmt: skip
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     back = _scan(tuple(flip(x) for x in leaves), (zero, zero, one), k)

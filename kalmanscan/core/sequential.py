@@ -40,6 +40,17 @@ def observation_information(z, obs_var, loading):
     return phi, rho_h * z.masked_fill(missing, 0.0)
 
 
+def observation_terms(z, obs_var, loading):
+    """``(R, h, hz)`` of the update in its ``R``-scaled form ``(R u + h^2 v, R e + h z v, R v)``
+    (the update ``(u + phi v, e + r v, v)`` times ``R``: the same belief, without ``1/R``, so
+    gradients with respect to ``obs_var`` stay exact however small it is); ``(1, 0, 0)``, the
+    identity, where not observed."""
+    missing = torch.isnan(z)
+    R = torch.where(missing, 1.0, compact(obs_var))
+    h = torch.where(missing, 0.0, compact(loading))
+    return R, h, h * z.masked_fill(missing, 0.0)
+
+
 def _at(x, t):
     return x[t] if x.shape[0] > 1 else x[0]
 
@@ -52,14 +63,14 @@ def _check_outputs(outputs):
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors."""
     T = z.shape[0]
-    phi, r = observation_information(z, obs_var, loading)
+    R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p)
     u, e, v = normalize(*x0)
     pred, filt = [], []
     for t in range(T):
         up, ep, vp = predict(u, e, v, _at(a, t), _at(p, t), _at(c, t), _at(q, t), _at(d, t))
-        u, e, v = update(up, ep, vp, _at(phi, t), _at(r, t))
+        u, e, v = update(up, ep, vp, _at(R, t), _at(h, t), _at(hz, t))
         pred.append((up, ep, vp))
         filt.append((u, e, v))
     stack = lambda xs: tuple(torch.stack(k) for k in zip(*xs, strict=True))  # noqa: E731
@@ -97,21 +108,22 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="a
 
 
 def backward_leaves(z, obs_var, decay, process_var, loading, offset):
-    """Per-step inputs of the backward information filter for steps 1..T-1: ``(phi, r, a, p, c, q,
-    d)``, each ``[T-1, N]`` or broadcastable."""
-    phi, r = observation_information(z, obs_var, loading)
+    """Per-step inputs of the backward information filter for steps 1..T-1: ``(R, h, hz, a, p,
+    c, q, d)`` (:func:`observation_terms`), each ``[T-1, N]`` or broadcastable."""
+    R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p)
     nxt = lambda x: x[1:] if x.shape[0] > 1 else x  # noqa: E731
-    return tuple(nxt(x) for x in (phi, r, a, p, c, q, d))
+    return tuple(nxt(x) for x in (R, h, hz, a, p, c, q, d))
 
 
-def backward_step(U, E, V, phi, r, a, p, c, q, d):
+def backward_step(U, E, V, R, h, hz, a, p, c, q, d):
     """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``.
 
-    Add step t+1's observation, then step back through its dynamics (``forget``: nothing is left).
+    Add step t+1's observation (``R``-scaled), then step back through its dynamics
+    (``forget``: nothing is left).
     """
-    U, E = U + phi * V, E + r * V
+    U, E, V = R * U + h * h * V, R * E + hz * V, R * V
     keep = 1 - q
     return normalize(keep * d * U, (a * keep) * (E - c * U), (p * keep + q) * U + V)
 

@@ -92,9 +92,11 @@ def predict(u, e, v, a, p, c, q, d):
     return normalize(u_, e_, v_)
 
 
-def update(u, e, v, phi, r):
-    """Update step: add the observation's information ``phi = h^2/R``, ``r = h z/R``."""
-    return normalize(u + phi * v, e + r * v, v)
+def update(u, e, v, R, h, hz):
+    """Update step in its ``R``-scaled form: ``(R u + h^2 v, R e + h z v, R v)``, which is adding
+    the information ``phi = h^2/R``, ``r = h z/R`` times ``R`` (the same belief; no ``1/R``, so
+    its gradient in ``R`` stays exact for tiny ``R``). ``(R, h, hz) = (1, 0, 0)``: no update."""
+    return normalize(R * u + h * h * v, R * e + hz * v, R * v)
 
 
 def _fill_inf(e):
