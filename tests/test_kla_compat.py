@@ -239,3 +239,13 @@ def test_layer_refuses_a_bad_recurrent_state(field, value, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         layer(torch.randn(1, 3, 16), bad)
     layer(torch.randn(1, 3, 16), state)  # the good state still works
+
+
+def test_out_of_range_channels_are_summarized():
+    """An out-of-range selection names how many indices and a few of them, not all 9,488."""
+    from kalmanscan.kla.inspect import _index_list
+
+    with pytest.raises(
+        ValueError, match=r"got 9488 outside it \(512, 513, 514, 515, 516, \.\.\.\)"
+    ):
+        _index_list("channels", range(10000), 512, [])

@@ -111,12 +111,16 @@ def _as_ids(tokens):
     """``tokens`` -> ``(ids [B, L] int64, mask [B, L] bool or None)``."""
     if isinstance(tokens, (str, bytes, bytearray)):
         return encode_text(tokens), None
-    if isinstance(tokens, (list, tuple)) and tokens and all(
-        isinstance(t, (str, bytes, bytearray)) for t in tokens
+    if (
+        isinstance(tokens, (list, tuple))
+        and tokens
+        and all(isinstance(t, (str, bytes, bytearray)) for t in tokens)
     ):
         return _pad([encode_text(t)[0] for t in tokens], "tokens")
-    if isinstance(tokens, (list, tuple)) and tokens and all(
-        isinstance(t, (list, tuple, np.ndarray, torch.Tensor)) for t in tokens
+    if (
+        isinstance(tokens, (list, tuple))
+        and tokens
+        and all(isinstance(t, (list, tuple, np.ndarray, torch.Tensor)) for t in tokens)
     ):
         rows = [torch.as_tensor(t) for t in tokens]
         if any(r.ndim != 1 or r.is_floating_point() for r in rows):
@@ -155,7 +159,10 @@ def _index_list(name, value, size, default):
         raise ValueError(f"{name}: expected at least one index, got none")
     bad = [v for v in out if not 0 <= v < size]
     if bad:
-        raise ValueError(f"{name}: expected indices in [0, {size}), got {bad}")
+        shown = ", ".join(str(v) for v in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        raise ValueError(
+            f"{name}: expected indices in [0, {size}), got {len(bad)} outside it ({shown})"
+        )
     return out
 
 
@@ -252,9 +259,7 @@ class _Recorder:
         if detail:
             W, C = window[1] - window[0], len(channels)
             self.detail = {n: np.full((nl, B, W, C, S), np.nan, npdt) for n in _DETAIL_SLOT}
-            self.detail.update(
-                {n: np.full((nl, B, W, C), np.nan, npdt) for n in _DETAIL_CHANNEL}
-            )
+            self.detail.update({n: np.full((nl, B, W, C), np.nan, npdt) for n in _DETAIL_CHANNEL})
             self.detail.update({n: np.full((nl, B, W, S), np.nan, npdt) for n in ("key", "query")})
             self.detail["output_variance"] = np.full((nl, B, W, D), np.nan, npdt)
 
@@ -509,8 +514,10 @@ def inspect(
         for w in want:
             if w in found:
                 chosen.append(w)
-            elif isinstance(w, (int, np.integer)) and not isinstance(w, bool) and (
-                not isinstance(labels[0], int) and 0 <= w < len(labels)
+            elif (
+                isinstance(w, (int, np.integer))
+                and not isinstance(w, bool)
+                and (not isinstance(labels[0], int) and 0 <= w < len(labels))
             ):
                 chosen.append(labels[int(w)])
             else:
@@ -546,7 +553,7 @@ def inspect(
     else:
         ids, mask = _as_ids(tokens)
         call_inputs = ids
-    B, L = (ids.shape if ids is not None else tuple(tokens.shape[:2]))
+    B, L = ids.shape if ids is not None else tuple(tokens.shape[:2])
     if attention_mask is not None:
         am = torch.as_tensor(attention_mask)
         if tuple(am.shape) != (B, L):
@@ -589,9 +596,7 @@ def inspect(
         bin_size = max(1, -(-L // 1000))
 
     device = next(mods[0].parameters()).device
-    rec = _Recorder(
-        mods, B, L, mask.to(device), channels, window, bin_size, detail, npdt, device
-    )
+    rec = _Recorder(mods, B, L, mask.to(device), channels, window, bin_size, detail, npdt, device)
     surprisal = np.full((B, L), np.nan)
     with record(mods, rec):
         if is_lm:
@@ -605,8 +610,10 @@ def inspect(
                 prev = logits[:, -1:]
         else:
             if forward is None:
+
                 def forward(m, x):
                     return m(**x) if isinstance(x, Mapping) else m(x)
+
             if isinstance(call_inputs, torch.Tensor):
                 call_inputs = call_inputs.to(device)
             elif isinstance(call_inputs, dict):
@@ -683,8 +690,10 @@ def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, toke
         coords["feature"] = np.arange(D)
     if ids is not None:
         if token_text is None:
+
             def token_text(t):
                 return byte_label(t) if 0 <= t < 256 else str(t)
+
         text = np.array([[token_text(int(t)) for t in row] for row in ids.tolist()], dtype=object)
         text[~mask.numpy()] = ""
         coords["token"] = (("batch", "time"), text)
