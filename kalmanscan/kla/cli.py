@@ -88,7 +88,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=Path("kla-inspect"),
-        help="output directory for overview.png, inspect.nc, window.png and comparison.png (default kla-inspect/)",
+        help="output directory for overview.png, inspect.nc, window.png and comparison.png "
+        "(default kla-inspect/)",
     )
     ap.add_argument("--layers", type=_int_list, default=None, help="KLA block indices, e.g. 0,3")
     ap.add_argument(
