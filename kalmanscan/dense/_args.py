@@ -8,6 +8,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core import _args as core_args
+
 
 def _describe(x) -> str:
     if x is None:
@@ -42,14 +44,17 @@ class Layout(NamedTuple):
 
 
 def _as_tensor(name, x, dtype, device, min_ndim):
+    """``x`` as a ``dtype`` tensor on ``device`` through the one argument layer
+    (:func:`kalmanscan.core._args.as_real_numpy`): strings, booleans, complex numbers and datetimes
+    are refused with ``ks.filter``'s messages, masked elements become NaN."""
     if isinstance(x, torch.Tensor):
-        t = x.to(dtype=dtype, device=device)
+        if x.dtype not in core_args._FLOAT_TORCH:
+            raise TypeError(
+                f"{name}: expected a floating-point tensor (float32 or float64), got {x.dtype}"
+            )
+        t = x.resolve_neg().resolve_conj().to(dtype=dtype, device=device)
     else:
-        try:
-            arr = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"{name}: expected a real array, got {_describe(x)}") from err
-        t = torch.as_tensor(arr, dtype=dtype, device=device)
+        t = torch.as_tensor(core_args.as_real_numpy(name, x), dtype=dtype, device=device)
     if t.ndim < min_ndim:
         raise ValueError(
             f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
@@ -63,7 +68,7 @@ def _working(values: dict):
         ref = values["z"] if isinstance(values["z"], torch.Tensor) else tensors[0]
         dtype = ref.dtype if ref.dtype in (torch.float32, torch.float64) else torch.float64
         return False, dtype, ref.device
-    z = np.asarray(values["z"])
+    z = core_args.as_real_numpy("z", values["z"])
     dtype = torch.float32 if z.dtype == np.float32 else torch.float64
     return True, dtype, torch.device("cpu")
 
