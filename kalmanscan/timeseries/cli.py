@@ -213,6 +213,9 @@ def _write_csv(ds, path: str) -> None:
         f"lower{pct}": ds["lower"].sel(coverage=c, drop=True),
         f"upper{pct}": ds["upper"].sel(coverage=c, drop=True),
     }
+    if "outlier" in ds:  # the input value, and whether --robust screened it out
+        cols["observed"] = ds["observed"].where(~ds["outlier"], ds["outlier_value"])
+        cols["outlier"] = ds["outlier"]
     if "smoothed_mean" in ds:
         cols.update(
             {
@@ -667,6 +670,12 @@ def filter_main(argv=None) -> int:
     p.add_argument(
         "--joint", action="store_true", help="with --fit, one parameter set for all series"
     )
+    p.add_argument(
+        "--robust",
+        action="store_true",
+        help="with --fit, screen out outliers (standardized auxiliary residual beyond a "
+        "Bonferroni bound) and refit without them; listed in the summary, flagged in results.csv",
+    )
     for name in ("theta", "sigma2", "mu", "obs-var"):
         per = " (per --time-unit)" if name in ("theta", "sigma2") else ""
         p.add_argument(
@@ -761,8 +770,8 @@ def _filter(args) -> int:
         raise InputError(
             f"--fit estimates the parameters; to hold some fixed use --fix (got {sorted(given)})"
         )
-    if not args.fit and (args.fix or args.joint):
-        raise InputError("--fix and --joint only apply with --fit")
+    if not args.fit and (args.fix or args.joint or args.robust):
+        raise InputError("--fix, --joint and --robust only apply with --fit")
     if not args.fit and not {"sigma2", "obs_var"} <= set(given):
         raise InputError(
             "give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)"
@@ -814,16 +823,34 @@ def _filter(args) -> int:
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)
-            fits.append(fit_ou(z, ax.labels, fix=fix, joint=args.joint, time_unit=time_unit))
+            fits.append(
+                fit_ou(
+                    z, ax.labels, fix=fix, joint=args.joint, time_unit=time_unit,
+                    robust=args.robust,
+                )  # fmt: skip
+            )
             bar.update()
         else:
             block = max(1, math.ceil(S / 50))
+            block_notes: dict[str, list[str]] = {}
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
-                fits.append(fit_ou(z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit))
+                part = fit_ou(
+                    z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit,
+                    robust=args.robust,
+                )  # fmt: skip
+                who = ", ".join(repr(n) for n in names[s0 : s0 + block])
+                for n in part.notes:  # block-local wording: name the block's series
+                    block_notes.setdefault(n, []).append(who)
+                part.notes = ()
+                fits.append(part)
                 bar.update(min(block, S - s0))
         bar.close()
         fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
+        if len(fits) > 1:
+            fit.notes = tuple(
+                f"series {_shorten(', '.join(who))}: {n}" for n, who in block_notes.items()
+            )
         fit.series_labels = names
         model = fit.model
         fit_text = fit.summary()
@@ -839,9 +866,12 @@ def _filter(args) -> int:
     bar = Progress("filtering", 1, enabled=not args.quiet)
     from kalmanscan import xarray as kx
 
+    outliers = None
+    if fit is not None and fit.outliers is not None:
+        outliers = np.asarray(fit.outliers, bool).reshape(z.shape)
     ds = kx.to_dataset(
         model,
-        z,
+        z if outliers is None else np.where(outliers, np.nan, z),
         ax,
         coverage=coverage,
         forecast_steps=steps,
@@ -849,6 +879,12 @@ def _filter(args) -> int:
         fit=fit,
         name=os.path.basename(args.csv),
     )
+    if outliers is not None:  # filtered as missing; the input values kept beside
+        dims = ds["observed"].dims
+        ds["outlier"] = (dims, outliers.reshape(ds["observed"].shape))
+        ds["outlier"].attrs["description"] = "screened out by --robust and filtered as missing"
+        ds["outlier_value"] = (dims, np.where(outliers, z, np.nan).reshape(ds["observed"].shape))
+        ds["outlier_value"].attrs["description"] = "the input value of a screened observation"
     bar.update()
     bar.close()
     elapsed = time.perf_counter() - t0
@@ -880,6 +916,10 @@ def _filter(args) -> int:
     return EXIT_OK
 
 
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 5].rsplit(",", 1)[0] + ", ..."
+
+
 def _merge_fits(fits):
     """Concatenate separate fits of consecutive blocks of series (last axis)."""
     from kalmanscan.timeseries.fit import OUFit
@@ -908,4 +948,9 @@ def _merge_fits(fits):
         joint=False,
         z=np.concatenate([f.z for f in fits], axis=1),
         time_axis=first.time_axis,
+        at_boundary={p: cat([f.at_boundary[p] for f in fits]) > 0 for p in first.at_boundary},
+        upper_bound={p: cat([f.upper_bound.get(p, np.nan) for f in fits]) for p in PARAMS},
+        outliers=None
+        if first.outliers is None
+        else np.concatenate([np.asarray(f.outliers).reshape(f.z.shape) for f in fits], axis=1),
     )

@@ -62,6 +62,11 @@ class OUFit:
         at_boundary: ``{name: bool}`` per series (free parameters): the estimate sits on its lower
             bound 0 (standard errors are not reported there). notes: why standard errors are
             missing, estimates on a boundary, observations that dominate the likelihood.
+        upper_bound: ``{name: bound}`` per series for ``theta``, ``sigma2``, ``obs_var``: where the
+            estimate is on its bound 0, the one-sided 95% profile-likelihood upper bound reported
+            in place of a standard error (:mod:`kalmanscan.timeseries.profile`); NaN elsewhere.
+        outliers: with ``robust=True``, ``[T, *S]`` True where an observation was screened out
+            (:mod:`kalmanscan.timeseries.robust`; ``z`` holds NaN there); else ``None``.
     """
 
     model: OUModel
@@ -77,6 +82,8 @@ class OUFit:
     series_labels: list | None = field(default=None, repr=False)
     at_boundary: dict = field(default_factory=dict, repr=False)
     notes: tuple = ()
+    upper_bound: dict = field(default_factory=dict, repr=False)
+    outliers: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def params(self) -> dict:
@@ -164,8 +171,17 @@ class OUFit:
         ll = np.broadcast_to(np.asarray(self.loglik, dtype=float), shape).ravel()
         conv = np.broadcast_to(np.asarray(self.converged), shape).ravel()
         labels = self.series_labels or [str(i) for i in range(n_series)]
+        ub = {
+            p: np.broadcast_to(np.asarray(self.upper_bound.get(p, np.nan), float), shape).ravel()
+            for p in free
+        }
+
+        def se_cell(p, i):  # a boundary estimate: its one-sided 95% upper bound, "<b"
+            b = ub[p][i]
+            return f"{'<' + format(b, '.4g'):>10}" if not np.isnan(b) else f"{se[p][i]:>10.4g}"
+
         for i in range(min(n_series, max_series)):
-            cells = " ".join(f"{est[p][i]:>14.6g} {se[p][i]:>10.4g}" for p in free)
+            cells = " ".join(f"{est[p][i]:>14.6g} {se_cell(p, i)}" for p in free)
             lines.append(f"{labels[i][:10]:>10} {cells} {ll[i]:>12.4f} {str(bool(conv[i])):>5}")
         if n_series > max_series:
             lines.append(f"... {n_series - max_series} more series")
@@ -630,6 +646,7 @@ def fit_ou(
     stderr: bool = True,
     backend: str = "auto",
     device=None,
+    robust: bool = False,
 ) -> OUFit:
     """Fit ``theta, sigma2, mu, obs_var`` of an OU / local-level model by maximum likelihood.
 
@@ -645,6 +662,10 @@ def fit_ou(
             negative log-likelihood per observation, in standardized log coordinates.
         stderr: compute standard errors from the Hessian.
         backend: filter backend. device: torch device for the optimization (default CPU).
+        robust: screen out observations whose standardized auxiliary residual exceeds a
+            Bonferroni bound and refit until the screened set repeats
+            (:func:`kalmanscan.timeseries.robust.fit_ou_robust`, which also takes the threshold);
+            ``OUFit.outliers`` marks them.
 
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
@@ -658,6 +679,15 @@ def fit_ou(
     >>> round(fit.params["obs_var"], -1), round(fit.params["sigma2"]), round(fit.loglik, 2)
     (15100.0, 1469, -632.55)
     """
+    if not isinstance(robust, (bool, np.bool_)):
+        raise TypeError(f"robust: expected True or False, got {robust!r}")
+    if robust:
+        from kalmanscan.timeseries.robust import fit_ou_robust
+
+        return fit_ou_robust(
+            z, times, fix=fix, init=init, joint=joint, axis=axis, time_unit=time_unit,
+            max_iter=max_iter, tol=tol, stderr=stderr, backend=backend, device=device,
+        )  # fmt: skip
     max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
     T = zt.shape[0]
@@ -796,6 +826,14 @@ def _fit_finish(
                 )
     else:
         se_g = {p: np.full_like(v, np.nan) for p, v in se_g.items()}
+    upper = {}
+    if stderr and any(v.any() for v in at_boundary.values()):
+        from kalmanscan.timeseries import profile
+
+        upper, text = profile.report(
+            core, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels
+        )
+        notes += text
 
     def shaped(a):
         a = np.asarray(a, dtype=np.float64)
@@ -831,6 +869,7 @@ def _fit_finish(
         series_labels=labels,
         at_boundary=bnd_out,
         notes=tuple(notes),
+        upper_bound={p: shaped(v) for p, v in upper.items()},
     )
 
 
@@ -881,7 +920,8 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
             f"in {who}, {shown} dominate{'s' if rows.size == 1 else ''} the likelihood: without "
             f"{'it' if rows.size == 1 else 'them'} {worst} is {clean.est[worst][c]:.4g} instead of "
             f"{core.est[worst][i]:.4g} (a factor {factor:.3g}); check for a data error, or set "
-            "those values to NaN to fit without them"
+            "those values to NaN to fit without them, or fit with robust=True (--robust) to screen "
+            "outliers"
         )
         warnings.warn("fit_ou: " + text, stacklevel=4)
         notes.append(text)

@@ -1,0 +1,214 @@
+"""Issue 22, outliers (item 4 and "What to build"): ``fit_ou(..., robust=True)`` and
+``kalmanscan filter --robust`` screen out an observation that wrecks the Gaussian fit and refit
+without it; without ``robust`` a warning names the row that dominates the likelihood. On the
+bundled Nile record (Durbin & Koopman's local level) with a planted 1e12."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import kalmanscan as ks
+from kalmanscan.timeseries import load_nile
+from kalmanscan.timeseries.robust import auxiliary_residuals, default_threshold, fit_ou_robust
+
+LOCAL_LEVEL = {"theta": 0.0, "mu": 0.0}
+YEARS, FLOW = load_nile()
+FLOW = FLOW.astype(np.float64)
+
+
+def _planted(row=30, value=1e12):
+    z = FLOW.copy()
+    z[row] = value
+    return z
+
+
+def _quiet(fn, *args, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args, **kw)
+    return out, [str(w.message) for w in caught]
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return ks.fit_ou(FLOW, YEARS, fix=LOCAL_LEVEL)
+
+
+def test_the_gaussian_fit_is_wrecked_and_the_dominating_row_is_named(clean):
+    fit, msgs = _quiet(ks.fit_ou, _planted(), YEARS, fix=LOCAL_LEVEL)
+    assert fit.params["obs_var"] > 1e6 * clean.params["obs_var"]  # what robust=True must undo
+    dom = [m for m in msgs if "dominates the likelihood" in m]
+    assert len(dom) == 1 and "row 30 (time 1901" in dom[0] and "robust=True" in dom[0]
+
+
+@pytest.mark.parametrize(
+    "row,value", [(30, 1e12), (30, -1e12), (0, 1e12), (99, 1e12), (50, 5000.0)],
+    ids=["mid-1e12", "mid-neg", "first", "last", "mid-5000"],
+)  # fmt: skip
+def test_robust_fit_recovers_the_clean_fit(clean, row, value):
+    fit, msgs = _quiet(ks.fit_ou, _planted(row, value), YEARS, fix=LOCAL_LEVEL, robust=True)
+    assert np.flatnonzero(fit.outliers).tolist() == [row]
+    # exactly the Gaussian fit with that year missing ...
+    missing = FLOW.copy()
+    missing[row] = np.nan
+    want = ks.fit_ou(missing, YEARS, fix=LOCAL_LEVEL)
+    for p in ("sigma2", "obs_var"):
+        assert fit.params[p] == pytest.approx(want.params[p], rel=1e-6)
+        # ... and within a fraction of a standard error of the clean fit (one year fewer)
+        assert abs(fit.params[p] - clean.params[p]) < 0.3 * clean.stderr[p]
+        assert fit.params[p] == pytest.approx(clean.params[p], rel=0.12)
+    assert fit.converged and np.isnan(fit.z[row]) and fit.n_obs == 99
+    assert np.isfinite(fit.stderr["obs_var"]) and np.isfinite(fit.stderr["sigma2"])
+    # the forecast band is the clean one's size, not +-3.5e10
+    band = fit.forecast(steps=1).var
+    assert float(np.ravel(band)[0]) < 2 * float(np.ravel(clean.forecast(steps=1).var)[0])
+    screened = [m for m in msgs if "screened out" in m]
+    assert len(screened) == 1 and f"row {row} (time {YEARS[row]}" in screened[0]
+    assert not any("dominates" in m for m in msgs)  # the final fit is sound
+    assert any("screened out" in n for n in fit.notes)
+
+
+def test_robust_on_clean_data_is_the_gaussian_fit(clean):
+    fit, msgs = _quiet(ks.fit_ou, FLOW, YEARS, fix=LOCAL_LEVEL, robust=True)
+    assert not fit.outliers.any() and fit.params == clean.params
+    assert fit.loglik == clean.loglik and not any("screened" in m for m in msgs)
+
+
+def test_robust_free_theta_and_mu():
+    full = ks.fit_ou(FLOW, YEARS)
+    fit, _ = _quiet(ks.fit_ou, _planted(), YEARS, robust=True)
+    missing = FLOW.copy()
+    missing[30] = np.nan
+    want = ks.fit_ou(missing, YEARS)
+    assert np.flatnonzero(fit.outliers).tolist() == [30]
+    for p in ("theta", "sigma2", "mu", "obs_var"):
+        assert fit.params[p] == pytest.approx(want.params[p], rel=1e-5)
+    assert fit.params["mu"] == pytest.approx(full.params["mu"], rel=0.01)
+
+
+def test_several_outliers_of_different_sizes_in_several_series():
+    Z = np.stack([FLOW, 2.0 * FLOW, FLOW], 1)
+    Z[10, 0], Z[60, 0], Z[70, 1] = 1e12, 3000.0, -1e9  # 3000: hidden while 1e12 inflates obs_var
+    fit, msgs = _quiet(ks.fit_ou, Z, YEARS, fix=LOCAL_LEVEL, robust=True)
+    assert sorted(map(tuple, np.argwhere(fit.outliers))) == [(10, 0), (60, 0), (70, 1)]
+    clean = ks.fit_ou(np.stack([FLOW, 2.0 * FLOW, FLOW], 1), YEARS, fix=LOCAL_LEVEL)
+    np.testing.assert_allclose(fit.params["obs_var"], clean.params["obs_var"], rtol=0.1)
+    assert fit.params["obs_var"][2] == clean.params["obs_var"][2]  # the clean series untouched
+    note = [m for m in msgs if "screened out" in m][0]
+    assert "3 observations" in note and "series 1: row 70" in note
+
+
+def test_joint_and_pandas_input_keep_labels():
+    pd = pytest.importorskip("pandas")
+    Z = np.stack([FLOW, FLOW[::-1].copy()], 1)
+    Z[5, 1] = 1e12
+    df = pd.DataFrame(Z, index=YEARS, columns=["up", "down"])
+    fit, msgs = _quiet(ks.fit_ou, df, fix=LOCAL_LEVEL, joint=True, robust=True)
+    assert fit.series_labels == ["up", "down"]
+    assert np.argwhere(fit.outliers).tolist() == [[5, 1]]
+    assert "series 'down': row 5" in [m for m in msgs if "screened" in m][0]
+    assert fit.params["obs_var"] < 1e5
+
+
+@pytest.mark.parametrize("scale", [1e-150, 1e-6, 1.0, 1e100])
+def test_robust_is_scale_free(scale):
+    ref, _ = _quiet(ks.fit_ou, _planted(), YEARS, fix=LOCAL_LEVEL, robust=True)
+    fit, _ = _quiet(ks.fit_ou, _planted() * scale, YEARS, fix=LOCAL_LEVEL, robust=True)
+    assert np.flatnonzero(fit.outliers).tolist() == [30]
+    assert fit.params["obs_var"] / scale**2 == pytest.approx(ref.params["obs_var"], rel=1e-6)
+
+
+def test_the_screen_is_capped_and_says_so():
+    rng = np.random.default_rng(4)
+    z = rng.standard_cauchy(size=80)  # heavy tails everywhere: a quarter at most is screened
+    fit, msgs = _quiet(fit_ou_robust, z, threshold=0.5, fix=LOCAL_LEVEL)
+    assert fit.outliers.sum() <= 20
+    assert any("more than a quarter" in m for m in msgs)
+
+
+def test_auxiliary_residual_is_the_deletion_residual(clean):
+    """a_t is z_t against its prediction from every other year (the model held fixed)."""
+    a = auxiliary_residuals(clean, FLOW[:, None], np.zeros((100, 1), bool))[:, 0]
+    m = clean.model
+    for t in (0, 27, 42, 99):
+        drop = FLOW.copy()
+        drop[t] = np.nan
+        sm = m.smooth(drop, YEARS)
+        want = (FLOW[t] - sm.mean[t]) / np.sqrt(sm.var[t] + m.obs_var)
+        assert a[t] == pytest.approx(want, rel=1e-6)
+    assert np.abs(a).max() < 3.5  # clean Nile: nothing beyond the threshold (1913 is ~-2.9)
+
+
+def test_default_threshold():
+    np.testing.assert_allclose(default_threshold([10, 100, 1000, 10**4]), [3.5, 3.5, 4.056, 4.565],
+                               atol=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kw,err,match",
+    [
+        (dict(robust="yes"), TypeError, "robust: expected True or False, got 'yes'"),
+        (dict(robust=1), TypeError, "robust: expected True or False, got 1"),
+    ],
+)
+def test_bad_robust_argument(kw, err, match):
+    with pytest.raises(err, match=match):
+        ks.fit_ou(FLOW, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw,err,match",
+    [
+        (dict(threshold=0), ValueError, "threshold: expected a finite number > 0, got 0"),
+        (dict(threshold="3"), TypeError, "threshold: expected a number > 0 or None, got '3'"),
+        (dict(max_rounds=0), ValueError, "max_rounds: expected an int >= 1, got 0"),
+    ],
+)
+def test_bad_screen_arguments(kw, err, match):
+    with pytest.raises(err, match=match):
+        fit_ou_robust(FLOW, **kw)
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+def _nile_csv(tmp_path, z):
+    path = tmp_path / "nile.csv"
+    path.write_text("year,flow\n" + "".join(f"{int(y)},{float(v)!r}\n" for y, v in zip(YEARS, z)))
+    return str(path)
+
+
+def test_cli_robust(tmp_path, capsys, clean):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("xarray")
+    pytest.importorskip("matplotlib")
+    from kalmanscan.timeseries.cli import filter_main
+
+    path = _nile_csv(tmp_path, _planted())
+    args = [path, "--time-col", "year", "--fit", "--fix", "theta=0", "--fix", "mu=0", "--quiet"]
+    assert filter_main([*args, "--out", str(tmp_path / "plain")]) == 0
+    plain = capsys.readouterr()
+    assert "row 30 (time 1901" in plain.err and "dominates the likelihood" in plain.err
+    assert filter_main([*args, "--robust", "--out", str(tmp_path / "rob")]) == 0
+    out = capsys.readouterr()
+    assert "note: robust: 1 observation screened out" in out.out and "row 30 (time 1901" in out.out
+    row = [ln for ln in out.out.splitlines() if ln.strip().startswith("flow")][0].split()
+    assert float(row[1]) == pytest.approx(clean.params["sigma2"], rel=0.12)
+    assert float(row[3]) == pytest.approx(clean.params["obs_var"], rel=0.12)
+    table = pd.read_csv(tmp_path / "rob" / "results.csv")
+    data = table[table["kind"] == "data"]
+    assert len(data) == 100 and data["outlier"].tolist() == [i == 30 for i in range(100)]
+    assert data["observed"].iloc[30] == 1e12  # the input value kept in the table
+    assert abs(data["smoothed_mean"].iloc[30] - 800) < 300  # the level ignores it
+    assert "outlier" not in pd.read_csv(tmp_path / "plain" / "results.csv").columns
+
+
+def test_cli_robust_needs_fit(tmp_path, capsys):
+    from kalmanscan.timeseries.cli import filter_main
+
+    path = _nile_csv(tmp_path, FLOW)
+    rc = filter_main([path, "--sigma2", "1", "--obs-var", "1", "--robust", "--quiet",
+                      "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "kalmanscan filter: --fix, --joint and --robust only apply with --fit\n"
