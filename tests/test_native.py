@@ -402,19 +402,51 @@ def test_fallback_without_the_extension(monkeypatch, rng):
 
 
 def test_output_pool_reuses_a_block_only_when_no_tensor_refers_to_it():
-    """Outputs of 64 kB .. 8 MB come from kept blocks (no page faults on reuse); a block is handed
-    out again only after every tensor and view of it is gone."""
+    """Outputs of 64 kB or more come from kept blocks (no page faults on reuse); a block is handed
+    out again only after every tensor, numpy array and view of it is gone."""
     n = (1 << 20) + 16  # a size no other test allocates
     first = native._pooled(n)
     addr = first.ctypes.data
     t = torch.from_numpy(first.view(np.float64).reshape(2, -1))
     view = t[1, 3:9]
+    np_view = first[5:100]
     del t, first
-    second = native._pooled(n)
-    assert second.ctypes.data != addr  # `view` still refers to the first block
+    assert native._pooled(n).ctypes.data != addr  # `view` and `np_view` still refer to it
     del view
+    assert native._pooled(n).ctypes.data != addr  # `np_view` still does
+    del np_view
     assert native._pooled(n).ctypes.data == addr  # now free: reused
-    assert sum(len(v) * k for k, v in native._POOL.items()) <= native._POOL_MAX
+    small = sum(len(v) * k for k, v in native._POOL.items() if k < native._LAZY_MIN)
+    assert small <= native._POOL_SMALL_MAX
+
+
+def test_large_free_blocks_are_released_to_the_system_lazily(monkeypatch):
+    """A free block of _LAZY_MIN bytes or more is handed to madvise(MADV_FREE) (the operating
+    system may reclaim it) and reused; a small one is kept as it is; a filter's outputs written
+    into a reused block are the same values."""
+    calls = []
+    real = native._ext
+
+    class Ext:
+        filter = staticmethod(real.filter)
+
+        @staticmethod
+        def release(address, nbytes):
+            calls.append((address, nbytes))
+            return real.release(address, nbytes)
+
+    monkeypatch.setattr(native, "_ext", Ext)
+    big, small = native._LAZY_MIN + 8 * 3, (1 << 17) + 8 * 5
+    a, b = native._pooled(big), native._pooled(small)
+    addr_a, addr_b = a.ctypes.data, b.ctypes.data
+    del a, b
+    assert calls == [(addr_a, big)]
+    assert native._pooled(big).ctypes.data == addr_a
+    assert native._pooled(small).ctypes.data == addr_b
+    z = np.random.default_rng(3).normal(size=(2000, 300))
+    first = ks.filter(z, 1.0, 0.9, 0.1).mean.copy()
+    for _ in range(2):  # the second call writes into the first call's released blocks
+        assert np.array_equal(ks.filter(z, 1.0, 0.9, 0.1).mean, first)
 
 
 VALID = dict(obs_var=1.0, decay=0.9, process_var=0.1, loading=1.0, offset=0.0)

@@ -37,6 +37,8 @@
 
 #ifndef _WIN32
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #define KS_HAVE_PTHREADS 1
 #endif
 
@@ -544,8 +546,32 @@ static PyObject *ks_loglik_grad(PyObject *self, PyObject *args) {
     return PyLong_FromLong(flags);
 }
 
+PyDoc_STRVAR(release_doc,
+             "release(address, nbytes) -> bool\n\n"
+             "Let the kernel reclaim the whole pages of a kept output block lazily\n"
+             "(madvise MADV_FREE): until it does, writing them again costs no page fault.\n"
+             "False where the system has no MADV_FREE (the block then stays resident).");
+
+static PyObject *ks_release(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long addr;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "Kn", &addr, &nbytes)) return NULL;
+#if defined(MADV_FREE) && !defined(_WIN32)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)addr + page - 1) / page * page;
+    const uintptr_t hi = ((uintptr_t)addr + (uintptr_t)nbytes) / page * page;
+    if (hi > lo && madvise((void *)lo, hi - lo, MADV_FREE) == 0) Py_RETURN_TRUE;
+#else
+    (void)addr;
+    (void)nbytes;
+#endif
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef ks_methods[] = {
     {"filter", ks_filter, METH_VARARGS, filter_doc},
+    {"release", ks_release, METH_VARARGS, release_doc},
     {"loglik_grad", ks_loglik_grad, METH_VARARGS, adjoint_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -27,7 +27,8 @@ Hessians for fitting's standard errors.
 from __future__ import annotations
 
 import math
-import sys
+import os
+import weakref
 
 import numpy as np
 import torch
@@ -68,34 +69,59 @@ def available() -> bool:
     return _ext is not None
 
 
-# Output blocks of at least _POOL_MIN bytes are kept for reuse once no tensor refers to them: a
-# fresh block costs a page fault per page on first write, which on a many-short-lanes call
-# (5000 x 20: seven 800 kB outputs) took longer than the filter itself. At most _POOL_MAX bytes
-# are kept; larger outputs come from numpy's allocator as before.
+# Output blocks of at least _POOL_MIN bytes are kept for reuse: a fresh block costs a page fault
+# per page on first write (1-5 us a 4 kB page on a virtual machine), which on 1000 x 2000 (seven
+# 16 MB outputs) took longer than the filter itself. A block returns to its free list when the last
+# array or tensor viewing it is gone. Blocks of _LAZY_MIN bytes or more (numpy backs them with
+# huge pages) are then handed to the operating system to reclaim lazily (MADV_FREE: the memory is
+# the system's again under pressure, and until it is taken, writing it again costs no fault); of
+# those, at most _POOL_MAX bytes are kept. Smaller blocks stay resident, at most _POOL_SMALL_MAX
+# bytes (on them MADV_FREE cost more than it saved). ``_POOL.clear()`` drops the free blocks.
 _POOL_MIN = 1 << 16
-_POOL_MAX = 64 << 20
-_POOL: dict[int, list] = {}
+_LAZY_MIN = 4 << 20
+_POOL_SMALL_MAX = 64 << 20
+_POOL_MAX = 1 << 30
+try:
+    _POOL_MAX = min(_POOL_MAX, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8)
+except (AttributeError, ValueError, OSError):  # no sysconf: keep the fixed bound
+    pass
+_POOL: dict[int, list] = {}  # nbytes -> free blocks (uint8 arrays that nothing views)
+_LIVE: dict = {}  # id(weak ref to a handed-out array) -> (ref, block, address)
 
 
-def _pooled(nbytes: int):
-    """A uint8 block of ``nbytes`` that no tensor uses, from the pool or new (kept if room)."""
-    blocks = _POOL.get(nbytes, ())
-    for b in blocks:
-        if sys.getrefcount(b) <= 3:  # the pool's list, this loop, getrefcount's argument
-            return b
-    b = np.empty(nbytes, np.uint8)
-    if sum(len(v) * n for n, v in _POOL.items()) + nbytes <= _POOL_MAX:
-        _POOL.setdefault(nbytes, []).append(b)
-    return b
+def _give_back(ref) -> None:
+    """Weak-reference callback: the array over a block is gone, so the block is free."""
+    _, block, address = _LIVE.pop(id(ref), (None,) * 3) if isinstance(_LIVE, dict) else (None,) * 3
+    if block is None:  # at shutdown
+        return
+    n = block.nbytes
+    lazy = n >= _LAZY_MIN
+    kept = sum(len(v) * k for k, v in _POOL.items() if (k >= _LAZY_MIN) == lazy)
+    if kept + n <= (_POOL_MAX if lazy else _POOL_SMALL_MAX):
+        if lazy and _ext is not None:
+            _ext.release(address, n)
+        _POOL.setdefault(n, []).append(block)
+
+
+def _pooled(nbytes: int, dtype=np.uint8, shape=None) -> np.ndarray:
+    """A ``shape`` array of ``dtype`` (default: ``nbytes`` bytes) on a kept free block, or on a new
+    one; the block returns to the pool once this array and every view of it are gone."""
+    free = _POOL.get(nbytes)
+    block = free.pop() if free else np.empty(nbytes, np.uint8)
+    # through a memoryview, so that numpy's views of the result refer to `out`, not to `block`
+    out = np.frombuffer(memoryview(block), dtype)
+    ref = weakref.ref(out, _give_back)
+    _LIVE[id(ref)] = (ref, block, block.__array_interface__["data"][0])
+    return out if shape is None else out.reshape(shape)
 
 
 def _empty(shape, dtype) -> torch.Tensor:
-    """Output storage: a pooled block (above) or numpy's allocator (huge pages on large blocks)."""
+    """Output storage: a pooled block (above), or numpy's allocator for small outputs."""
     np_dtype = _NUMPY[dtype]
     nbytes = math.prod(shape) * np.dtype(np_dtype).itemsize
-    if nbytes < _POOL_MIN or nbytes > _POOL_MAX // 8:
+    if nbytes < _POOL_MIN:
         return torch.from_numpy(np.empty(shape, np_dtype))
-    return torch.from_numpy(_pooled(nbytes).view(np_dtype).reshape(shape))
+    return torch.from_numpy(_pooled(nbytes, np_dtype, shape))
 
 
 _NUM_THREADS = None  # None: torch.get_num_threads()
