@@ -175,7 +175,8 @@ def test_bad_screen_arguments(kw, err, match):
 # --- the CLI --------------------------------------------------------------------------------------
 def _nile_csv(tmp_path, z):
     path = tmp_path / "nile.csv"
-    path.write_text("year,flow\n" + "".join(f"{int(y)},{float(v)!r}\n" for y, v in zip(YEARS, z)))
+    rows = "".join(f"{int(y)},{float(v)!r}\n" for y, v in zip(YEARS, z, strict=True))
+    path.write_text("year,flow\n" + rows)
     return str(path)
 
 
@@ -211,4 +212,5 @@ def test_cli_robust_needs_fit(tmp_path, capsys):
     rc = filter_main([path, "--sigma2", "1", "--obs-var", "1", "--robust", "--quiet",
                       "--out", str(tmp_path / "o")])  # fmt: skip
     err = capsys.readouterr().err
-    assert rc == 2 and err == "kalmanscan filter: --fix, --joint and --robust only apply with --fit\n"
+    assert rc == 2
+    assert err == "kalmanscan filter: --fix, --joint and --robust only apply with --fit\n"

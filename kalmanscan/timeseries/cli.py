@@ -825,9 +825,13 @@ def _filter(args) -> int:
             bar = Progress("fitting", 1, enabled=not args.quiet)
             fits.append(
                 fit_ou(
-                    z, ax.labels, fix=fix, joint=args.joint, time_unit=time_unit,
+                    z,
+                    ax.labels,
+                    fix=fix,
+                    joint=args.joint,
+                    time_unit=time_unit,
                     robust=args.robust,
-                )  # fmt: skip
+                )
             )
             bar.update()
         else:
@@ -836,9 +840,12 @@ def _filter(args) -> int:
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
                 part = fit_ou(
-                    z[:, s0 : s0 + block], ax.labels, fix=fix, time_unit=time_unit,
+                    z[:, s0 : s0 + block],
+                    ax.labels,
+                    fix=fix,
+                    time_unit=time_unit,
                     robust=args.robust,
-                )  # fmt: skip
+                )
                 who = ", ".join(repr(n) for n in names[s0 : s0 + block])
                 for n in part.notes:  # block-local wording: name the block's series
                     block_notes.setdefault(n, []).append(who)

@@ -167,9 +167,9 @@ def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device,
         notes.append(
             f"{p} is on its bound 0{where}: in place of a standard error the table gives '<b', "
             "the one-sided 95% profile-likelihood upper bound: the largest value at which "
-            f"the log-likelihood, maximized over the other parameters, is within {drop_for(0.95):.4g}"
-            " of its maximum (at a boundary the likelihood-ratio statistic is a 50:50 mixture of "
-            "chi2_0 and chi2_1, whose 95% point is chi2_1's 90% point, 2.706)"
+            "the log-likelihood, maximized over the other parameters, is within "
+            f"{drop_for(0.95):.4g} of its maximum (at a boundary the likelihood-ratio statistic "
+            "is a 50:50 mixture of chi2_0 and chi2_1, whose 95% point is chi2_1's 90% point, 2.706)"
             + ("; 'inf': the data bound it by less than 1e6 times their scale" if unbounded else "")
         )
     return bounds, notes
