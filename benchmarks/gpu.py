@@ -610,7 +610,8 @@ def kernel_resources():
                             dict(adj_consts, MAPS=True, BLOCK=64), 2),
         "filter_smooth": (FK.smooth_kernel, fil_smooth_sig,
                           dict(vary, FROM_END=True, BLOCK=128), 4),
-        "filter_carry": (FK.carry_kernel, fil_carry_sig, dict(FWD=True, BWD=True, NS=8, BLOCK=64), 2),
+        "filter_carry": (FK.carry_kernel, fil_carry_sig,
+                         dict(FWD=True, BWD=True, NS=8, CT=64, BLOCK=16), 4),
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps) in cases.items():

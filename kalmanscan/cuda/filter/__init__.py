@@ -36,9 +36,10 @@ from kalmanscan.cuda._common import (
     lam_eta_carry_kernel,
     lanes_config,
     launch,
+    next_pow2,
 )
 from kalmanscan.cuda.filter.adjoint import adjoint_carry_kernel, adjoint_kernel
-from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, finish_kernel, smooth_kernel
+from kalmanscan.cuda.filter.kernels import carry_kernel, filter_kernel, smooth_kernel
 
 __all__ = ["CHECKS_INPUTS", "filter_lanes", "smooth_lanes"]
 
@@ -56,10 +57,11 @@ _fwd_carry_kernel = lam_eta_carry_kernel
 # thread per lane over all of time already fills the GPU.
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
-# pipeline stages of the per-step loads (NS) and of the carries' walks over the chunk maps, which
-# are bound by the loads' latency (NS_CARRY); CK: checkpoint interval of the adjoint (chunk
-# lengths are multiples of it)
-TUNING = {"NS": 8, "NS_CARRY": 8, "CK": 16}
+# pipeline stages of the per-step loads (NS) and of the walks over the chunk maps that go one
+# chunk after the other, bound by the loads' latency (NS_CARRY: the smoother's backward carry and
+# the adjoint's); CK: checkpoint interval of the adjoint (chunk lengths are multiples of it);
+# the forward carry's tile scan: CARRY_TILE chunks by CARRY_LANES lanes a step
+TUNING = {"NS": 8, "NS_CARRY": 8, "CK": 16, "CARRY_TILE": 64, "CARRY_LANES": 16}
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 
@@ -168,16 +170,26 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
         BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False, CKPT=False, **cfg)  # fmt: skip
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
-    launch(carry_kernel, (grid[0],),
-        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], BLOCK=BLOCK,
-        num_warps=warps)  # fmt: skip
+    CB, CT, cwarps = _carry_config(N, NC)
+    launch(carry_kernel, (cdiv(N, CB),),
+        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT,
+        BLOCK=CB, num_warps=cwarps)  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)
     launch(filter_kernel, grid,
         *args, *x0a, start, *series, part, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
         BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, **cfg)  # fmt: skip
-    launch(finish_kernel, (grid[0],), part, ll, N, NC, NS=TUNING["NS_CARRY"], BLOCK=BLOCK,
-           num_warps=warps)  # fmt: skip
+    # the chunks' float64 partial sums, added by one reduction (a kernel walking the chunks in
+    # sequence is bound by the loads' latency: ~0.1 ms at 1024 chunks)
+    torch.sum(part, 0, out=ll) if ll.dtype == torch.float64 else ll.copy_(part.sum(0))
     return series, ll, fin, flags, ck, (bend if smooth else None)
+
+
+def _carry_config(N: int, NC: int):
+    """``(lanes a program, chunks a tile, warps)`` of the forward carry's tile scan."""
+    if interpreting():
+        return min(16, next_pow2(N)), min(4, next_pow2(max(NC - 1, 2))), 1
+    CT = min(TUNING["CARRY_TILE"], next_pow2(max(NC - 1, 2)))
+    return TUNING["CARRY_LANES"], CT, 4
 
 
 def _smooth(T, N, ins, x0):

@@ -350,14 +350,31 @@ def apply_map(base, step, lmask, u, e, v):
     return normalize(U, E, V)
 
 
+@triton.jit  # a scan's combine function is jitted under the interpreter too
+def compose_maps(l11, l12, l21, l22, lg1, lg2, lA, r11, r12, r21, r22, rg1, rg2, rA):
+    """The chunk map ``r . l`` (``l`` applied first) on ``(u, v | e)``, divided by its trace
+    (any positive factor: the maps act projectively)."""
+    n11 = r11 * l11 + r12 * l21
+    n12 = r11 * l12 + r12 * l22
+    n21 = r21 * l11 + r22 * l21
+    n22 = r21 * l12 + r22 * l22
+    sc = rcp(n11 + n22)
+    ng1 = rg1 * l11 + rg2 * l21 + rA * lg1
+    ng2 = rg1 * l12 + rg2 * l22 + rA * lg2
+    return n11 * sc, n12 * sc, n21 * sc, n22 * sc, ng1 * sc, ng2 * sc, rA * lA * sc
+
+
 @triton.jit
 def carry_kernel(
     comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_ptr, N, NC,
-    FWD: tl.constexpr, BWD: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+    FWD: tl.constexpr, BWD: tl.constexpr, NS: tl.constexpr, CT: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Walk the chunk maps. ``FWD``: the state entering chunk k (``start [3, NC, N]``, from
-    ``x0``). ``BWD``: the backward information state at the last step of chunk k
-    (``bend [3, NC, N]``, ``(0, 0, 1)`` at the last chunk)."""
+    ``x0``), ``CT`` chunks at a time: their maps loaded as one ``[CT, BLOCK]`` tile, composed
+    by a prefix scan and applied to the state entering the tile. ``BWD``: the backward
+    information state at the last step of chunk k (``bend [3, NC, N]``, ``(0, 0, 1)`` at the
+    last chunk), one chunk after the other."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
     step = NC * N
@@ -368,11 +385,35 @@ def carry_kernel(
         tl.store(start_ptr + lanes, u, mask=lmask)
         tl.store(start_ptr + step + lanes, e, mask=lmask)
         tl.store(start_ptr + 2 * step + lanes, v, mask=lmask)
-        for kk in tl.range(0, NC - 1, num_stages=NS):
-            u, e, v = apply_map(comp_ptr + kk * N + lanes, step, lmask, u, e, v)
-            tl.store(start_ptr + (kk + 1) * N + lanes, u, mask=lmask)
-            tl.store(start_ptr + step + (kk + 1) * N + lanes, e, mask=lmask)
-            tl.store(start_ptr + 2 * step + (kk + 1) * N + lanes, v, mask=lmask)
+        rows = tl.arange(0, CT)[:, None]
+        last = rows == CT - 1
+        for k0 in range(0, NC - 1, CT):
+            kk = k0 + rows  # maps of chunks 0 .. NC-2 give the starts of chunks 1 .. NC-1
+            m = lmask[None, :] & (kk < NC - 1)
+            base = comp_ptr + kk * N + lanes[None, :]
+            # outside the range: the identity map
+            m11 = tl.load(base, mask=m, other=1.0)
+            m12 = tl.load(base + step, mask=m, other=0.0)
+            m21 = tl.load(base + 2 * step, mask=m, other=0.0)
+            m22 = tl.load(base + 3 * step, mask=m, other=1.0)
+            g1 = tl.load(base + 4 * step, mask=m, other=0.0)
+            g2 = tl.load(base + 5 * step, mask=m, other=0.0)
+            A = tl.load(base + 6 * step, mask=m, other=1.0)
+            m11, m12, m21, m22, g1, g2, A = tl.associative_scan(
+                (m11, m12, m21, m22, g1, g2, A), 0, compose_maps
+            )
+            U = m11 * u[None, :] + m12 * v[None, :]
+            V = m21 * u[None, :] + m22 * v[None, :]
+            E = g1 * u[None, :] + g2 * v[None, :] + A * e[None, :]
+            U, E, V = normalize(U, E, V)
+            out = start_ptr + (kk + 1) * N + lanes[None, :]
+            tl.store(out, U, mask=m)
+            tl.store(out + step, E, mask=m)
+            tl.store(out + 2 * step, V, mask=m)
+            # the state after the tile (its last row: masked rows are the identity)
+            u = tl.sum(tl.where(last, U, 0.0), 0)
+            e = tl.sum(tl.where(last, E, 0.0), 0)
+            v = tl.sum(tl.where(last, V, 0.0), 0)
     if BWD:
         U = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
         E = U * 0.0
@@ -387,18 +428,6 @@ def carry_kernel(
             tl.store(bend_ptr + (kk - 1) * N + lanes, U, mask=lmask)
             tl.store(bend_ptr + step + (kk - 1) * N + lanes, E, mask=lmask)
             tl.store(bend_ptr + 2 * step + (kk - 1) * N + lanes, V, mask=lmask)
-
-
-@triton.jit
-def finish_kernel(part_ptr, ll_ptr, N, NC, NS: tl.constexpr, BLOCK: tl.constexpr):
-    """``ll[n] = sum_k part[k, n]`` (float64 partial sums of the chunks, in chunk order; the
-    loads pipelined ``NS`` deep, as the walk is bound by their latency)."""
-    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    lmask = lanes < N
-    acc = tl.zeros([BLOCK], tl.float64)
-    for kk in tl.range(0, NC, num_stages=NS):
-        acc += tl.load(part_ptr + kk * N + lanes, mask=lmask, other=0.0)
-    tl.store(ll_ptr + lanes, acc.to(ll_ptr.dtype.element_ty), mask=lmask)
 
 
 @triton.jit
