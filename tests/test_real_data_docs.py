@@ -86,3 +86,18 @@ def test_nile_example_says_it_uses_the_published_parameters():
     text = (REPO / "examples" / "nile.py").read_text()
     assert "published parameters" in text.split('"""')[1]  # the module docstring
     assert 'print("steps 2 and 3 use the published parameters' in text
+
+
+def test_cli_page_robust_example_screens_what_it_says(tmp_path, monkeypatch):
+    """docs/cli.md's --robust example: one reading of sensor_a, 6.621 on 7 May 2024."""
+    import pandas as pd
+
+    _scratch(tmp_path, monkeypatch)
+    text = (REPO / "docs" / "cli.md").read_text()
+    command = [c for c in _commands(text) if "--robust" in c]
+    assert len(command) == 1 and "6.621 on 7 May 2024" in text
+    assert main(shlex.split(command[0])[1:] + ["--quiet"]) == 0
+    table = pd.read_csv(tmp_path / "robust" / "results.csv")
+    hit = table[table["outlier"].fillna(False).astype(bool)]
+    assert hit[["series", "observed"]].values.tolist() == [["sensor_a", 6.621]]
+    assert hit["time"].iloc[0].startswith("2024-05-07")

@@ -11,6 +11,8 @@ MODULES = [
     "kalmanscan.timeseries.times",
     "kalmanscan.timeseries.model",
     "kalmanscan.timeseries.fit",
+    "kalmanscan.timeseries.profile",
+    "kalmanscan.timeseries.robust",
     "kalmanscan.timeseries.data",
     "kalmanscan.xarray",
     "kalmanscan.plot",
@@ -66,3 +68,15 @@ def test_getting_started_snippets_run(tmp_path, monkeypatch):
         exec(compile(block, "getting-started.md", "exec"), scope)
     assert scope["fc"].mean.shape == (1, 2)  # the last forecast: one timestamp, two sensors
     assert (tmp_path / "bands.png").exists()
+
+
+def test_model_page_examples():
+    """docs/model.md's examples (the boundary bound on statsmodels' CO2, the robust Nile fit)."""
+    import pathlib
+
+    pytest.importorskip("statsmodels")
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "model.md"
+    result = doctest.testfile(
+        str(page), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE
+    )
+    assert result.attempted >= 8 and result.failed == 0
