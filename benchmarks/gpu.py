@@ -189,7 +189,7 @@ def kla_inputs(B, L, M, S, seed=0):
 
 def kla_case(B, L, M, S, variants, peer=True):
     from kalmanscan.core.kla_op import kla_filter
-    from kalmanscan.cuda import kla as K
+    from kalmanscan.cuda.kla import tuning as KT
 
     x = kla_inputs(B, L, M, S)
     g = torch.Generator(device=DEV).manual_seed(1)
@@ -252,7 +252,7 @@ def kla_case(B, L, M, S, variants, peer=True):
     def outputs():
         return kla_outputs(xs, gy, gyv)
 
-    time_variants(out, K.TUNING, variants, outputs, lambda: fwd("triton"),
+    time_variants(out, KT.TUNING, variants, outputs, lambda: fwd("triton"),
                   lambda: fwdbwd("triton"), fwd_ok, bwd_ok)  # fmt: skip
     kernel_time(out, lambda: fwd("triton"), lambda: fwdbwd("triton"))
     if peer:
@@ -264,9 +264,9 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    tu = K._tuning(B * M * S)
+    tu = KT.tuning_for(B * M * S)
     TB = tu["ck"]
-    G, _, NT, _ = K._config(S, "bwd", tu)
+    G, _, NT, _ = KT.layout(S, tu["bwd_slots"])
     n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
         "bytes_fwd": 16 * ch_steps + 8 * B * L * S,
@@ -496,9 +496,11 @@ def kernel_resources():
 
     import triton
 
-    from kalmanscan.cuda import kla as K
     from kalmanscan.cuda.filter import adjoint as FA
     from kalmanscan.cuda.filter import kernels as FK
+    from kalmanscan.cuda.kla import backward as KB
+    from kalmanscan.cuda.kla import forward as KF
+    from kalmanscan.cuda.kla import tuning as KT
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     P = "*fp32"
@@ -526,75 +528,50 @@ def kernel_resources():
     fwd_consts = dict(vary, MAPS=False, BMAPS=False, FROM_X0=True, WRITE=True, PARTIAL=False,
                       CKPT=False, BLOCK=128)  # fmt: skip
     adj_consts = dict(vary, GZ=0, GR=2, GA=2, GP=2, GH=0, GC=0, MAPS=False, BLOCK=128)
-    # the default tuning (kalmanscan/cuda/kla.py TUNING) of the first benchmark shape (B=4 M=960
-    # S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
-    tu = K._tuning(4 * 960 * 16)
-    kla_c = dict(S=16, CK=8, NS=tu["NS"], G=16 // tu["fwd_slots"], SG=tu["fwd_slots"], NT=32)
+    # the default tuning (kalmanscan/cuda/kla/tuning.py) of the first benchmark shape (B=4
+    # M=960 S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
+    tu = KT.tuning_for(4 * 960 * 16)
+    kla_c = dict(S=16, NT=32)
+
+    def kla_fwd_consts(tu, save_ck):
+        return dict(kla_c, CK=tu["ck"], NS=tu["NS"], G=16 // tu["fwd_slots"],
+                    SG=tu["fwd_slots"], EVEN_M=True, SAVE_PREC=False, SAVE_CK=save_ck,
+                    W=KT.block_steps(save_ck))  # fmt: skip
 
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
-                    SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], REUSE=tu["bwd_reuse_inputs"],
-                    SPLIT=tu["bwd_split_tail"], SCATTER=tu["bwd_scatter_sums"],
-                    TILE_IN=tu["bwd_tiles"], LEAN=tu["bwd_lean"], HAS_GPREC=False,
-                    CHUNKED=False)  # fmt: skip
+                    SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False)  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
-    kla_b_many = bwd_consts(K._tuning(8 * 2048 * 16))
-    kla_f = dict(kla_c, AHEAD=tu["fwd_l2_ahead"], BLOCK_PIPE=tu["fwd_staging"] == "pipeline",
-                 OUT_SCATTER=tu["fwd_scatter_out"], IN_TILE=tu["fwd_tile_loads"],
-                 KQ_TILE=tu["fwd_tile_kq"], EVEN_M=True)  # fmt: skip
+    kla_b_many = bwd_consts(KT.tuning_for(8 * 2048 * 16))
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
-        "lamT_ptr etaT_ptr prec_ptr ck_ptr start_ptr",
-        "L M NB CL",
+        "lamT_ptr etaT_ptr prec_ptr ck_ptr",
+        "L M NB",
         (),
     )
-    kla_maps_sig = sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr comp_ptr", "L M CL", ())
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
-        "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr "
-        "g0_ptr xend_ptr",
-        "L M NB B CI",
-        (),
-    )
-    kla_bwd_maps_sig = sig(
-        "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr gprec_ptr maps_ptr",
-        "L M NB B CI",
+        "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr",
+        "L M NB B",
         (),
     )
     cases = {
-        "kla_fwd": (K._kla_fwd_kernel, kla_fwd_sig,
-                    dict(kla_f, SAVE_PREC=False, SAVE_CK=True,
-                         PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
-                         **K._lean_consts(tu, True)), 1),
-        # without gradients: no checkpoints, 8-step lean blocks
-        "kla_fwd_infer": (K._kla_fwd_kernel, dict(kla_fwd_sig),
-                          dict(kla_f, SAVE_PREC=False, SAVE_CK=False,
-                               PREFETCH=tu["fwd_staging"] == "prefetch", CHUNKED=False,
-                               **K._lean_consts(tu, False)), 1),
-        "kla_fwd_chunked": (K._kla_fwd_kernel, dict(kla_fwd_sig),
-                            dict(kla_f, SAVE_PREC=False, SAVE_CK=True, PREFETCH=False,
-                                 CHUNKED=True, **K._lean_consts(tu, True)), 1),
-        "kla_chunk_maps": (K._kla_chunk_maps_kernel, kla_maps_sig,
-                           {k: kla_c[k] for k in ("S", "NS", "G", "SG", "NT")}, 1),
-        "kla_bwd": (K._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
+        # saving the backward's checkpoints: 4-step blocks
+        "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
+        # without gradients: no checkpoints, 8-step blocks
+        "kla_fwd_infer": (KF._kla_fwd_kernel, dict(kla_fwd_sig), kla_fwd_consts(tu, False), 1),
+        "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
-        "kla_bwd_ck4": (K._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_many, 1),
+        "kla_bwd_ck4": (KB._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_many, 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
-        "kla_bwd_half": (K._kla_bwd_kernel,
+        "kla_bwd_half": (KB._kla_bwd_kernel,
                          dict(kla_bwd_sig, v_ptr="*bf16", Lv_ptr="*bf16", k_ptr="*bf16",
                               q_ptr="*bf16"),
                          dict(kla_b_many), 1),
-        "kla_bwd_chunked": (K._kla_bwd_kernel, dict(kla_bwd_sig),
-                            dict(kla_b, CHUNKED=True), 1),
-        "kla_bwd_maps": (K._kla_bwd_maps_kernel, kla_bwd_maps_sig,
-                         {k: v for k, v in kla_b.items()
-                          if k not in ("AHEAD", "REUSE", "SPLIT", "SCATTER", "TILE_IN", "CHUNKED",
-                                       "LEAN")},
-                         1),
         # ks.filter with many lanes (every output), the loglik-only forward saving checkpoints,
         # the chunked rerun, the first pass (forward and backward chunk maps), the adjoint, the
         # smoother's reverse pass and the carries
@@ -696,13 +673,10 @@ def main():
     if not a.quick:
         # the other variants measured on the H200 (pipeline depth, warps a program, 16 slots:
         # none faster) are in benchmarks/HISTORY.md
-        # the default chooses slots a thread by the lane count (kla.py _tuning); these time
+        # the default chooses slots a thread by the lane count (kla/tuning.py); these time
         # the other choice at each shape, and the earlier defaults
         kla_vars += [{"fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2},
-                     {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3},
-                     {"fwd_staging": "steps", "fwd_slots": 4, "bwd_slots": 4, "bwd_NS": 2,
-                      "bwd_l2_ahead": 0},
-                     {"fwd_chunk_len": 256, "bwd_chunk_len": 256}]  # fmt: skip
+                     {"fwd_slots": 8, "bwd_slots": 2, "bwd_NS": 3}]  # fmt: skip
     if a.kla_variants:
         kla_vars = [{}] + json.loads(a.kla_variants)
     res = []

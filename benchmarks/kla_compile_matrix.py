@@ -1,10 +1,11 @@
 """Compile the KLA kernels for sm_90 (no GPU needed) over a matrix of shapes and settings, with
-every default feature on (tile loads, reduce-scatters, L2 prefetch in the backward, the
-precisions output, the gradient of the precisions, the lean forms in 8- and 4-step blocks,
-the checkpoints saved inside them): slots S of 1, 12, 16 and 64, programs of 1
-and 2 warps, float32, float64 and bfloat16 inputs, 2 and 4 slots a thread. The interpreter does
-not lower a kernel to the GPU, so this is how a change is checked to compile everywhere before
-a device session. Prints each failure and the count (about 20 minutes on 2 cores):
+every feature on (tile loads, reduce-scatters, L2 prefetch in the backward, the precisions
+output, the gradient of the precisions, the forward's 4-step blocks saving checkpoints and its
+8-step blocks without): slots S of 1, 12, 16 and 64, float32, float64 and bfloat16 inputs, 2
+slots a thread with 8-step checkpoint intervals and 4 with 4-step ones (the two choices of
+``tuning.tuning_for``). The interpreter does not lower a kernel to the GPU, so this is how a
+change is checked to compile everywhere before a device session. Prints each failure and the
+count (72 compilations; the earlier matrix of 96 took about 20 minutes on 2 cores):
 
     python benchmarks/kla_compile_matrix.py
 """
@@ -18,9 +19,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 FWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr lamT_ptr "
-            "etaT_ptr prec_ptr ck_ptr start_ptr")  # fmt: skip
+            "etaT_ptr prec_ptr ck_ptr")  # fmt: skip
 BWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr gprec_ptr "
-            "gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr xend_ptr")
+            "gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr")
 INPUTS = ("v_ptr", "Lv_ptr", "k_ptr", "q_ptr")  # half inputs stay half; the rest is float32
 
 
@@ -34,26 +35,25 @@ def signature(ptrs, ints, dt):
 def main():
     from gpu import compile_sm90
 
-    from kalmanscan.cuda import kla as K
+    from kalmanscan.cuda.kla import backward as KB
+    from kalmanscan.cuda.kla import forward as KF
+    from kalmanscan.cuda.kla import tuning as KT
 
     failures = 0
-    matrix = itertools.product([1, 12, 16, 64], [1, 2], ["fp32", "fp64", "bf16"], [2, 4])
-    for S, warps, dt, slots in matrix:
-        SP = 1 << (S - 1).bit_length()
-        NT = 32 * warps
-        SG = max(min(slots, SP), SP // NT)
-        G = SP // SG
+    matrix = itertools.product([1, 12, 16, 64], ["fp32", "fp64", "bf16"], [2, 4])
+    for S, dt, slots in matrix:
+        CK = 4 if slots == 4 else 8
+        G, SG, NT, warps = KT.layout(S, slots)
         common = dict(S=S, G=G, SG=SG, NT=NT)
         cases = {
-            "fwd": (K._kla_fwd_kernel, FWD_PTRS, "L M NB CL",
-                    dict(common, CK=8, NS=4, SAVE_PREC=True, SAVE_CK=True, PREFETCH=False,
-                         CHUNKED=False, AHEAD=0, BLOCK_PIPE=True, OUT_SCATTER=True, IN_TILE=True,
-                         KQ_TILE=True, EVEN_M=warps == 1, LEAN=True, W=8 if slots == 4 else 4,
-                         FORM=1 if dt == "fp32" else 2)),
-            "bwd": (K._kla_bwd_kernel, BWD_PTRS, "L M NB B CI",
-                    dict(common, CK=4 if slots == 4 else 8, NS=3, HAS_GPREC=True, CHUNKED=False,
-                         AHEAD=32, REUSE=True, SPLIT=True, SCATTER=True, TILE_IN=True,
-                         LEAN=True)),
+            "fwd-ck": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
+                       dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=True, EVEN_M=True,
+                            W=KT.block_steps(True))),
+            "fwd-infer": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
+                          dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=False, EVEN_M=False,
+                               W=KT.block_steps(False))),
+            "bwd": (KB._kla_bwd_kernel, BWD_PTRS, "L M NB B",
+                    dict(common, CK=CK, NS=3, HAS_GPREC=True, AHEAD=32)),
         }  # fmt: skip
         for which, (fn, ptrs, ints, consts) in cases.items():
             try:
@@ -63,7 +63,7 @@ def main():
                 cause = e
                 while cause.__cause__ is not None:
                     cause = cause.__cause__
-                print(f"FAIL {which} S={S} warps={warps} {dt} slots={slots}: "
+                print(f"FAIL {which} S={S} {dt} slots={slots} ck={CK}: "
                       f"{str(cause).splitlines()[-1][:200]}", flush=True)  # fmt: skip
     print(f"failures: {failures}")
     sys.exit(1 if failures else 0)

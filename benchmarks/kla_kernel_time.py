@@ -153,10 +153,10 @@ def case(B, L, M, S, variants=(), dump=None):
     # and gradients (normwise 1e-5, as in gpu.py), then the profiler sums its kernels
     from gpu import VARIANT_TOL, checked_variants, kla_outputs
 
-    from kalmanscan.cuda import kla as K
+    from kalmanscan.cuda.kla import tuning as KT
 
     out["variants"] = {}
-    for key, err, error in checked_variants(K.TUNING, variants, lambda: kla_outputs(xs, gy, gyv)):
+    for key, err, error in checked_variants(KT.TUNING, variants, lambda: kla_outputs(xs, gy, gyv)):
         entry = {"vs_default": err}
         try:
             if error is not None:

@@ -1,4 +1,4 @@
-"""The fused Triton KLA kernels (kalmanscan/cuda/kla.py) against the sequential reference in
+"""The fused Triton KLA kernels (kalmanscan/cuda/kla/) against the sequential reference in
 float64, forward and backward, for every input (v, Lv, k, q, decay, process_var, lam0, eta0) and
 every output (y, yvar, final state, precisions). Without CUDA they run under TRITON_INTERPRET=1
 at small sizes. Outputs are NaN-poisoned before every launch so an unwritten element fails.
@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from kalmanscan.core.kla_op import kla_filter, kla_filter_sequential  # noqa: E402
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import kla as K  # noqa: E402
-from kalmanscan.cuda.kla import kla_triton  # noqa: E402
+from kalmanscan.cuda.kla import forward, kla_triton, tuning  # noqa: E402
 from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
 from tests.helpers import triton_interpreted  # noqa: E402
 
@@ -30,7 +30,7 @@ NAMES = ("v", "Lv", "k", "q", "decay", "process_var", "lam0", "eta0")
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     # tests/conftest.py sets TRITON_INTERPRET=1 before triton's first import when there is no GPU
-    assert CUDA or triton_interpreted(K._kla_fwd_kernel), (
+    assert CUDA or triton_interpreted(forward._kla_fwd_kernel), (
         "the Triton kernels must run in the interpreter on the CPU"
     )
     monkeypatch.setattr(_common, "POISON", True)
@@ -78,8 +78,14 @@ def weights_for(B, L, M, S):
 
 
 if CUDA:
-    SHAPES = [(1, 1, 1, 1), (2, 63, 5, 16), (1, 1000, 33, 16), (2, 300, 7, 64), (3, 130, 129, 1),
-              (2, 77, 9, 12)]  # S = 12: the reduce-scatter's padded slots
+    SHAPES = [
+        (1, 1, 1, 1),
+        (2, 63, 5, 16),
+        (1, 1000, 33, 16),
+        (2, 300, 7, 64),
+        (3, 130, 129, 1),
+        (2, 77, 9, 12),
+    ]  # S = 12: the reduce-scatter's padded slots
 else:
     SHAPES = [(1, 1, 1, 1), (2, 63, 3, 4), (1, 9, 3, 16), (1, 6, 1, 64), (1, 1000, 1, 1)]
 
@@ -89,6 +95,10 @@ else:
 SHAPE_PARAMS = [
     pytest.param(s, marks=pytest.mark.slow) if not CUDA and s[1] >= 1000 else s for s in SHAPES
 ]
+
+
+def _slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
 
 
 def normwise(a, b):
@@ -118,110 +128,85 @@ def test_forward_backward_float64(shape):
     assert_exact_in_float64(shape, seed=0)
 
 
-@pytest.mark.slow  # a TUNING sweep; with "pipeline" staging it is the default configuration,
-# which test_forward_backward_float64 checks in the default run
-@pytest.mark.parametrize("staging", ["pipeline", "prefetch"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))
-def test_tile_loads_exact(shape, staging, monkeypatch):
-    # the forward's 4-step blocks with v, Lv, k, q loaded as [4, channels] and [4, slots]
-    # tiles and the outputs reduce-scattered (in float32 only), the backward's 4 steps with
-    # tiles of v, Lv, gy, gyv, k, q: exact in float64 on every shape
-    for key, value in (("fwd_staging", staging), ("fwd_tile_loads", True), ("fwd_tile_kq", True),
-                       ("fwd_scatter_out", True), ("bwd_tiles", True),
-                       ("bwd_reuse_inputs", True)):  # fmt: skip
-        monkeypatch.setitem(K.TUNING, key, value)
+def test_forward_without_gradients_float64():
+    # without gradients the forward runs 8-step blocks and saves no checkpoints (with them,
+    # 4-step blocks): both exact in float64, on lengths with whole blocks, a tail, or no block
+    for shape in [(2, 63, 3, 4), (1, 16, 3, 16), (1, 9, 2, 8), (1, 7, 1, 1)]:
+        x = make_inputs(*shape, seed=7, forget=True)
+        with torch.no_grad():
+            got = kla_triton(*x.values(), return_precision=True)
+        ref = reference(*x.values(), return_precision=True)
+        for name, a, b in zip(("y", "yvar", "lam", "eta", "precision"), got, ref, strict=True):
+            assert_close(a, b, "kernel", torch.float64, what=f"{name} {shape}")
+
+
+# The kernels' choices from 2^17 lanes (tuning.LARGE) on: 4 slots a thread in the backward,
+# 4-step checkpoint intervals and L2 prefetch 32 steps back. LARGE = 1 gives them to the small
+# shapes the interpreter runs.
+@pytest.mark.parametrize("shape", [(2, 63, 3, 4), (1, 9, 3, 16), _slow((1, 6, 1, 64)),
+                                   _slow((2, 37, 5, 12))],
+                         ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))  # fmt: skip
+def test_forward_backward_float64_many_lanes(shape, monkeypatch):
+    monkeypatch.setattr(tuning, "LARGE", 1)
+    assert tuning.tuning_for(shape[0] * shape[2] * shape[3])["ck"] == 4
     assert_exact_in_float64(shape, seed=1)
 
 
-TUNINGS = [{"fwd_staging": "prefetch"}, {"fwd_staging": "steps"}, {"fwd_slots": 2, "bwd_slots": 2},
-           {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1},
-           {"fwd_chunk_len": 8}, {"fwd_chunk_len": 8, "fwd_staging": "prefetch"},
-           {"fwd_chunk_len": 16, "fwd_slots": 2}, {"bwd_chunk_len": 8},
-           {"bwd_chunk_len": 16, "fwd_chunk_len": 8, "bwd_slots": 2},
-           {"fwd_l2_ahead": 16, "bwd_l2_ahead": 16},
-           {"bwd_reuse_inputs": True}, {"bwd_reuse_inputs": False},
-           {"bwd_reuse_inputs": True, "bwd_chunk_len": 16}, {"bwd_split_tail": False},
-           {"bwd_scatter_sums": False}, {"bwd_scatter_sums": False, "bwd_slots": 4},
-           {"ck": 4}, {"ck": 4, "bwd_slots": 4, "bwd_split_tail": True, "bwd_reuse_inputs": True},
-           {"ck": 4, "fwd_staging": "prefetch", "fwd_chunk_len": 8},
-           {"fwd_scatter_out": True}, {"fwd_scatter_out": True, "fwd_staging": "prefetch"},
-           {"fwd_tile_loads": True}, {"fwd_tile_kq": True, "fwd_staging": "prefetch"},
-           {"fwd_tile_loads": True, "fwd_tile_kq": True, "fwd_scatter_out": True, "ck": 4},
-           {"bwd_tiles": True}, {"bwd_tiles": True, "ck": 4, "bwd_slots": 4},
-           {"bwd_warps": 2}, {"bwd_warps": 4, "bwd_slots": 4, "ck": 4}, {"fwd_warps": 2},
-           {"bwd_tiles": True, "bwd_reuse_inputs": False}, {"bwd_tiles": True, "bwd_slots": 2,
-                                                             "bwd_split_tail": False},
-           # the defaults from 2^17 lanes on, and with the unmasked main loop
-           {"bwd_slots": 4, "bwd_NS": 2, "fwd_staging": "prefetch", "bwd_reuse_inputs": False},
-           {"bwd_slots": 4, "bwd_split_tail": True}, {"fwd_slots": 8},
-           {"fwd_staging": "pipeline"}, {"fwd_staging": "pipeline", "fwd_chunk_len": 8, "NS": 2},
-           {"fwd_l2_ahead": 5, "fwd_staging": "prefetch", "bwd_l2_ahead": 3, "fwd_chunk_len": 8,
-            "bwd_chunk_len": 8, "fwd_slots": 2},
-           # the lean forms off, and the lean forward in 4-step blocks (with 4-step checkpoints
-           # in the time-chunked forward)
-           {"fwd_lean": False, "bwd_lean": False}, {"fwd_lean": False, "ck": 4},
-           {"fwd_lean_steps": 4}, {"fwd_lean_steps": 4, "ck": 4, "fwd_chunk_len": 8},
-           {"fwd_lean_steps": 8}, {"fwd_lean_steps": 8, "ck": 4}, {"fwd_lk": True},
-           {"fwd_chunk_len": 16, "ck": 4}]  # fmt: skip
+# The entries of TUNING a benchmark may sweep, at values no shape takes by default; each must
+# give the reference's results (L not a multiple of the blocks nor of the intervals).
+TUNINGS = [{"bwd_slots": 4}, {"ck": 4}, {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8},
+           {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1}, {"bwd_l2_ahead": 16},
+           {"bwd_slots": 4, "ck": 8, "bwd_l2_ahead": 32}]  # fmt: skip
 
 
-@pytest.mark.slow  # the GPU-shaped sweep of non-default TUNING variants (about 4 min interpreted)
+@pytest.mark.slow  # the sweep of TUNING's entries (about 2 min interpreted)
 @pytest.mark.parametrize("L", [2, 13, 37] if not CUDA else [5, 1003])
-@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))  # noqa: E501
-def test_every_tuning_is_exact(tuning, L, monkeypatch):
-    # the benchmark times every variant of TUNING; each must give the reference's results
-    # (L not a multiple of the 4-step blocks of the prefetched forward nor of the 8-step
-    # intervals of the backward)
-    for key, value in tuning.items():
-        monkeypatch.setitem(K.TUNING, key, value)
+@pytest.mark.parametrize(
+    "tuning_", TUNINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items())
+)
+def test_every_tuning_is_exact(tuning_, L, monkeypatch):
+    for key, value in tuning_.items():
+        monkeypatch.setitem(tuning.TUNING, key, value)
     assert_exact_in_float64((2, L, 37, 16) if CUDA else (2, L, 3, 4), seed=3)
 
 
 def test_tuning_follows_the_lane_count(monkeypatch):
-    # the defaults chosen by lane count B M S (kla.py _tuning); explicit TUNING entries win
-    few, many = K._tuning(4 * 960 * 16), K._tuning(8 * 2048 * 16)
-    assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"]) == (4, 2, 3)
-    assert (few["fwd_staging"], few["bwd_reuse_inputs"], few["bwd_split_tail"]) == (
-        "pipeline", True, True)  # fmt: skip
-    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"]) == (4, 4, 3)
-    assert (many["fwd_staging"], many["bwd_reuse_inputs"], many["bwd_split_tail"]) == (
-        "pipeline", True, True)  # fmt: skip
+    # the choices by lane count B M S (tuning.tuning_for); explicit TUNING entries win
+    few, many = tuning.tuning_for(4 * 960 * 16), tuning.tuning_for(8 * 2048 * 16)
+    assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"], few["NS"]) == (4, 2, 3, 4)
+    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"], many["NS"]) == (4, 4, 3, 4)
     assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 4, 0, 32)
-    monkeypatch.setitem(K.TUNING, "bwd_slots", 4)
-    assert K._tuning(4 * 960 * 16)["bwd_NS"] == 3  # with tiles
-    monkeypatch.setitem(K.TUNING, "bwd_tiles", False)
-    assert K._tuning(4 * 960 * 16)["bwd_NS"] == 2
-    monkeypatch.setitem(K.TUNING, "bwd_tiles", True)
-    assert not K._tuning(4 * 960 * 16)["bwd_split_tail"]  # 4 slots, 8-step intervals: spills
-    assert not K._tuning(4 * 960 * 16)["bwd_reuse_inputs"]
-    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 16)  # the chunked backward takes ck 8
-    assert K._tuning(8 * 2048 * 16)["ck"] == 8
-    assert not K._tuning(8 * 2048 * 16)["bwd_split_tail"]
-    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 0)
-    monkeypatch.setitem(K.TUNING, "fwd_slots", 2)
-    assert K._tuning(8 * 2048 * 16)["fwd_slots"] == 2
-    monkeypatch.setitem(K.TUNING, "ck", 4)
-    monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 16)
-    with pytest.raises(ValueError, match=r"TUNING\['ck'\]: the time-chunked backward"):
-        K._tuning(64)
-    monkeypatch.setitem(K.TUNING, "ck", 6)
+    assert tuning.tuning_for(tuning.LARGE - 1)["ck"] == 8
+    assert tuning.tuning_for(tuning.LARGE)["ck"] == 4
+    assert (tuning.block_steps(True), tuning.block_steps(False)) == (4, 8)
+    assert tuning.layout(16, 4) == (4, 4, 32, 1)
+    assert tuning.layout(12, 2) == (8, 2, 32, 1)  # 12 slots padded to 16
+    assert tuning.layout(64, 1) == (32, 2, 32, 1)  # at most 32 threads: 2 slots a thread
+    monkeypatch.setitem(tuning.TUNING, "bwd_slots", 4)
+    assert tuning.tuning_for(4 * 960 * 16)["bwd_slots"] == 4
+    monkeypatch.setitem(tuning.TUNING, "ck", 6)
     with pytest.raises(ValueError, match=r"TUNING\['ck'\]: expected 4 or 8, got 6"):
-        K._tuning(64)
-    monkeypatch.setitem(K.TUNING, "ck", 8)
-    monkeypatch.setitem(K.TUNING, "fwd_lean_steps", 6)
-    with pytest.raises(ValueError, match=r"TUNING\['fwd_lean_steps'\]: expected 4, 8 or None"):
-        K._tuning(64)
-    monkeypatch.setitem(K.TUNING, "fwd_lean_steps", None)
-    monkeypatch.setitem(K.TUNING, "fwd_staging", "registers")
-    with pytest.raises(ValueError, match=r"TUNING\['fwd_staging'\]: expected .* got 'registers'"):
-        K._tuning(64)
+        tuning.tuning_for(64)
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
-def test_float32_against_float64_reference(chunked, monkeypatch):
-    if chunked:  # the chunk maps compose hundreds of steps in float32: same accuracy required
-        monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 128 if CUDA else 8)
-        monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 128 if CUDA else 8)
+def test_launch_plans_follow_tuning(monkeypatch):
+    # the kept launch plans are keyed by TUNING and LARGE as they are at the call: a change of
+    # either gives a new plan, not a stale one
+    key = (2, 19, 3, 4, True)
+    few = tuning.plan(forward._fwd_plan, *key)
+    assert (few["CK"], few["NB"], few["consts"]["W"]) == (8, 3, 4)
+    monkeypatch.setattr(tuning, "LARGE", 1)
+    many = tuning.plan(forward._fwd_plan, *key)
+    assert (many["CK"], many["NB"]) == (4, 5)
+    monkeypatch.setitem(tuning.TUNING, "ck", 8)
+    assert tuning.plan(forward._fwd_plan, *key)["CK"] == 8
+    assert tuning.plan(forward._fwd_plan, 2, 19, 3, 4, False)["consts"]["W"] == 8
+
+
+@pytest.mark.parametrize("many_lanes", [False, True], ids=["few-lanes", "many-lanes"])
+def test_float32_against_float64_reference(many_lanes, monkeypatch):
+    if many_lanes:
+        monkeypatch.setattr(tuning, "LARGE", 1)
     shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
     x = make_inputs(*shape, seed=2)
     w = weights_for(*shape)
@@ -241,7 +226,7 @@ def test_float32_against_float64_reference(chunked, monkeypatch):
 
 
 def assert_float32_grads(got, other, ref, what):
-    """Float32 gradients within 1e-5 (normwise) of another configuration's and within the
+    """Float32 gradients within 1e-5 (normwise) of another computation's and within the
     kernel tolerance of the float64 reference's."""
     for name, a, b, r in zip(NAMES, got, other, ref, strict=True):
         assert normwise(a, b) <= 1e-5, f"grad {name}: {what} {normwise(a, b):.3e}"
@@ -249,75 +234,50 @@ def assert_float32_grads(got, other, ref, what):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
-def _slow(*values):
-    return pytest.param(*values, marks=pytest.mark.slow)
-
-
-# The default run keeps the default layout (one warp, 2 slots a thread below 2^17 lanes) at S = 16
-# and with padded slots (S = 12); the other layouts are GPU-shaped variants for `pytest -m slow`.
-@pytest.mark.parametrize("slots,S,warps", [(2, 16, 1), _slow(4, 16, 1), (2, 12, 1),
-                                           _slow(4, 12, 1), _slow(4, 32, 2), _slow(2, 16, 2),
-                                           _slow(4, 16, 4), _slow(2, 12, 4)])  # fmt: skip
-def test_scatter_channel_sums_float32(slots, S, warps, monkeypatch):
-    # float32 gradients with the warp reduce-scatter of the sums over channels (gk, gq) against
-    # tl.sum's all-reduce and against the float64 reference (S = 12: padded slots; 2 warps a
-    # program at S = 32: a slot group spans both warps, so the sums must not be shuffled; at
-    # S = 16 and 12 with 2 or 4 warps each warp's sums are added over the warps; the
-    # interpreter moves values between lanes by indexing)
-    monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
-    monkeypatch.setitem(K.TUNING, "bwd_warps", warps)
+# The sums over channels of gk, gq are reduce-scattered over the warp in float32 where a
+# thread's 2 SG values match its slot group's threads (S of 9 to 16 at 2 or 4 slots a thread),
+# else summed by tl.sum (float64, other S). S = 12: padded slots.
+@pytest.mark.parametrize("slots,S", [(2, 16), (2, 12), (4, 16), _slow(4, 12), _slow(2, 32)],
+                         ids=lambda v: str(v))  # fmt: skip
+def test_scatter_channel_sums_float32(slots, S, monkeypatch):
+    # float32 gradients (reduce-scatter) against the float64 kernel's (tl.sum) and against the
+    # float64 reference; the interpreter moves values between lanes by indexing
+    monkeypatch.setitem(tuning.TUNING, "bwd_slots", slots)
     shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
     x = make_inputs(*shape, seed=5)
     w = weights_for(*shape)
     _, g_scatter = run(kla_triton, x, torch.float32, w, precision=False)
-    monkeypatch.setitem(K.TUNING, "bwd_scatter_sums", False)
-    _, g_sum = run(kla_triton, x, torch.float32, w, precision=False)
+    _, g_sum = run(kla_triton, x, torch.float64, w, precision=False)
     _, gref = run(reference, x, torch.float64, w, precision=False)
-    assert_float32_grads(g_scatter, g_sum, gref, "scatter against tl.sum")
+    assert_float32_grads(g_scatter, g_sum, gref, "float32 scatter against float64 tl.sum")
 
 
-# The default run keeps the default forward (4 slots, pipelined tile loads) at S = 16, and S = 8
-# (2 threads a channel: the per-step stores); the other layouts run with `-m slow`.
-@pytest.mark.parametrize("slots,S,staging,tiles", [_slow(4, 16, "pipeline", False),
-                                                   _slow(4, 16, "prefetch", False),
-                                                   _slow(2, 16, "pipeline", False),
-                                                   _slow(4, 12, "pipeline", False),
-                                                   (4, 8, "pipeline", False),
-                                                   (4, 16, "pipeline", True),
-                                                   _slow(4, 16, "prefetch", True),
-                                                   _slow(2, 12, "pipeline", True),
-                                                   _slow(4, 16, "pipeline", 2)])  # fmt: skip
-def test_scatter_outputs_float32(slots, S, staging, tiles, monkeypatch):
-    # float32 outputs of the forward whose 4-step blocks store y, yvar by a reduce-scatter over
-    # a channel's threads (4 of them at 4 slots and S = 16, 8 at 2 slots; S = 12: padded slots;
-    # S = 8: 2 threads a channel, the per-step stores) against the per-step stores and the
-    # float64 reference; L is not a multiple of the blocks and M not of a program's channels
-    monkeypatch.setitem(K.TUNING, "fwd_slots", slots)
-    monkeypatch.setitem(K.TUNING, "fwd_staging", staging)
-    # tiles = 2: the tile loads with 2 warps a program in both directions
-    monkeypatch.setitem(K.TUNING, "fwd_tile_loads", bool(tiles))
-    monkeypatch.setitem(K.TUNING, "fwd_tile_kq", bool(tiles))
-    monkeypatch.setitem(K.TUNING, "fwd_warps", 2 if tiles == 2 else 1)
-    monkeypatch.setitem(K.TUNING, "bwd_warps", 2 if tiles == 2 else 1)
-    monkeypatch.setitem(K.TUNING, "bwd_slots", slots)
-    monkeypatch.setitem(K.TUNING, "bwd_reuse_inputs", True)
+# The forward's blocks store y, yvar by a reduce-scatter over a channel's G threads in float32
+# when G is 4 or 8, else step by step (float64, G of 1 or 2); the backward stores gv, gLv the
+# same way. S = 16 at 4 slots: G = 4; at 2 slots: G = 8; S = 8: G = 2; S = 12: padded slots.
+@pytest.mark.parametrize("slots,S", [(4, 16), (4, 8), (2, 16), _slow(4, 12), _slow(4, 32)],
+                         ids=lambda v: str(v))  # fmt: skip
+def test_scatter_outputs_float32(slots, S, monkeypatch):
+    # float32 outputs and gradients against the float64 kernel (per-step stores) and the
+    # float64 reference, with and without gradients (4- and 8-step blocks); L is not a
+    # multiple of the blocks and M not of a program's channels
+    monkeypatch.setitem(tuning.TUNING, "fwd_slots", slots)
+    monkeypatch.setitem(tuning.TUNING, "bwd_slots", slots)
     shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
     x = make_inputs(*shape, seed=6)
     w = weights_for(*shape)
-    # the backward's gv, gLv by the same reduce-scatter (with its tile loads) against per-step
-    monkeypatch.setitem(K.TUNING, "fwd_scatter_out", True)
-    monkeypatch.setitem(K.TUNING, "bwd_tiles", True)
     got, ggot = run(kla_triton, x, torch.float32, w, precision=True)
-    monkeypatch.setitem(K.TUNING, "fwd_scatter_out", False)
-    monkeypatch.setitem(K.TUNING, "bwd_tiles", False)
-    per_step, gper = run(kla_triton, x, torch.float32, w, precision=True)
+    f64, g64 = run(kla_triton, x, torch.float64, w, precision=True)
     ref, gref = run(reference, x, torch.float64, w, precision=True)
-    assert_float32_grads(ggot, gper, gref, "scatter against per-step")
-    for name, a, b, r in zip(("y", "yvar", "lam", "eta", "precision"), got, per_step, ref,
-                             strict=True):  # fmt: skip
-        assert torch.isfinite(a).all(), f"{name}: not finite"
-        assert normwise(a, b) <= 1e-6, f"{name}: scatter against per-step {normwise(a, b):.3e}"
-        assert normwise(a, r) <= 1e-5, f"{name}: against float64 {normwise(a, r):.3e}"
+    assert_float32_grads(ggot, g64, gref, "float32 scatter against float64 per-step")
+    with torch.no_grad():
+        infer = kla_triton(*(t.float() for t in x.values()), return_precision=True)
+    for name, a, i, b, r in zip(("y", "yvar", "lam", "eta", "precision"), got, infer, f64, ref,
+                                strict=True):  # fmt: skip
+        assert torch.isfinite(a).all() and torch.isfinite(i).all(), f"{name}: not finite"
+        assert normwise(a, b) <= 1e-6, f"{name}: float32 against float64 {normwise(a, b):.3e}"
+        assert normwise(i, b) <= 1e-6, f"{name}: 8-step blocks {normwise(i, b):.3e}"
+        assert normwise(a, r) <= 1e-5, f"{name}: against the reference {normwise(a, r):.3e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -327,9 +287,8 @@ def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
         from kalmanscan.core import kla_op
 
         monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
-    # the L2 prefetches address half inputs and float32 gradients in one instruction
-    monkeypatch.setitem(K.TUNING, "fwd_l2_ahead", l2_ahead)
-    monkeypatch.setitem(K.TUNING, "bwd_l2_ahead", l2_ahead)
+    # the backward's L2 prefetch addresses half inputs and float32 gradients in one instruction
+    monkeypatch.setitem(tuning.TUNING, "bwd_l2_ahead", l2_ahead)
     shape = (2, 100, 8, 16) if CUDA else (1, 12, 3, 4)
     x = {n: t.to(dtype) for n, t in make_inputs(*shape, seed=4).items()}
     got = kla_filter(**x, backend="triton")
@@ -356,14 +315,13 @@ def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
     assert err <= TOLERANCES[("kernel", "float32")], f"y: normwise relative error {err:.3e}"
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "time-chunked"])
-def test_default_initial_state(monkeypatch, chunked):
+@pytest.mark.parametrize("many_lanes", [False, True], ids=["few-lanes", "many-lanes"])
+def test_default_initial_state(monkeypatch, many_lanes):
     # lam0, eta0 None: the kernel starts from (1, 0), kept tensors that it only reads; the
     # result and every gradient must equal those from explicit ones and zeros, the state gets
     # no gradient, and the kept tensors stay (1, 0)
-    if chunked:
-        monkeypatch.setitem(K.TUNING, "fwd_chunk_len", 8)
-        monkeypatch.setitem(K.TUNING, "bwd_chunk_len", 8)
+    if many_lanes:
+        monkeypatch.setattr(tuning, "LARGE", 1)
     x = make_inputs(2, 19, 3, 4, seed=12)
     x["lam0"] = torch.ones_like(x["lam0"])
     x["eta0"] = torch.zeros_like(x["eta0"])
@@ -393,9 +351,9 @@ def test_default_initial_state(monkeypatch, chunked):
     gl0, ge0 = torch.autograd.grad(r[0].sum(), [leaves["lam0"], leaves["eta0"]])
     assert torch.isfinite(gl0).all() and torch.isfinite(ge0).all()
     dev = x["v"].device
-    kept = K._DEFAULT_STATES[((2, 3, 4), torch.float64, dev)]
+    kept = forward._DEFAULT_STATES[((2, 3, 4), torch.float64, dev)]
     assert (kept[0] == 1).all() and (kept[1] == 0).all()
-    assert K._default_state((2, 3, 4), torch.float64, dev)[0] is kept[0]
+    assert forward.default_state((2, 3, 4), torch.float64, dev)[0] is kept[0]
 
 
 def test_no_checkpoints_without_gradients():

@@ -34,13 +34,9 @@ def resources():
 KERNELS = [
     "kla_fwd",
     "kla_fwd_infer",
-    "kla_fwd_chunked",
-    "kla_chunk_maps",
     "kla_bwd",
     "kla_bwd_ck4",
     "kla_bwd_half",
-    "kla_bwd_chunked",
-    "kla_bwd_maps",
     "filter_fwd",
     "filter_fwd_chunk_maps",
     "filter_bwd",
@@ -54,13 +50,9 @@ KERNELS = [
 BUDGET = {
     "kla_fwd": (255, 0),
     "kla_fwd_infer": (255, 0),
-    "kla_fwd_chunked": (255, 0),
-    "kla_chunk_maps": (255, 0),
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
     "kla_bwd_half": (255, 0),
-    "kla_bwd_chunked": (255, 64),
-    "kla_bwd_maps": (255, 64),
 }
 
 
