@@ -66,9 +66,33 @@ def test_robust_fit_recovers_the_clean_fit(clean, row, value):
     band = fit.forecast(steps=1).var
     assert float(np.ravel(band)[0]) < 2 * float(np.ravel(clean.forecast(steps=1).var)[0])
     screened = [m for m in msgs if "screened out" in m]
-    assert len(screened) == 1 and f"row {row} (time {YEARS[row]}" in screened[0]
+    assert (
+        len(screened) == 1 and f"row {row} (time {int(YEARS[row])}, z = {value:.6g})" in screened[0]
+    )
     assert not any("dominates" in m for m in msgs)  # the final fit is sound
     assert any("screened out" in n for n in fit.notes)
+
+
+@pytest.mark.parametrize("value", [1e300, -1e300, 1e200])
+def test_robust_screens_a_value_the_plain_fit_cannot_scale(value):
+    with pytest.raises(ValueError, match="outside float64's range"):
+        ks.fit_ou(_planted(30, value), YEARS, fix=LOCAL_LEVEL)
+    fit, msgs = _quiet(ks.fit_ou, _planted(30, value), YEARS, fix=LOCAL_LEVEL, robust=True)
+    missing = FLOW.copy()
+    missing[30] = np.nan
+    want = ks.fit_ou(missing, YEARS, fix=LOCAL_LEVEL)
+    assert np.flatnonzero(fit.outliers).tolist() == [30]
+    assert fit.params["obs_var"] == pytest.approx(want.params["obs_var"], rel=1e-6)
+    assert any(f"row 30 (time 1901, z = {value:.6g})" in m for m in msgs)
+
+
+def test_robust_keeps_the_fit_error_where_nothing_is_gross():
+    with pytest.raises(ValueError, match="constant series"):
+        ks.fit_ou(np.ones(20), robust=True)
+    spike = np.ones(50)
+    spike[10] = 1e300  # screened, then the rest is constant: the fit's own message
+    with pytest.raises(ValueError, match="every observed value is 1.0"):
+        _quiet(ks.fit_ou, spike, robust=True)
 
 
 def test_robust_on_clean_data_is_the_gaussian_fit(clean):

@@ -19,7 +19,9 @@ Nile's 100 years, 4.06 for 1,000 observations, 4.56 for 10,000), so a clean Gaus
 nothing with probability about 95%. At most a quarter of a series' observations are screened (the
 largest ``|a_t|``); beyond that the model, not the data, is likely wrong, and a warning says so.
 Where ``obs_var`` is 0 (an observation fixes its state) ``a_t`` is undefined and nothing is
-screened. The result is the Gaussian fit without the screened observations: estimates, standard
+screened. Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the
+data's scale beyond float64), the first round screens the values more than 1e8 typical steps from
+the median instead, and the rounds go on from there. The result is the Gaussian fit without the screened observations: estimates, standard
 errors and forecasts keep their usual meaning. Docs: docs/model.md, "Robust fitting".
 
 Why a screen and not Student-t noise by iterated reweighting: the t model's ``obs_var`` is a scale,
@@ -38,6 +40,7 @@ import numpy as np
 
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
+_GROSS = 1e8  # typical steps from the median: gross beyond any record a float64 fit can scale
 
 
 def default_threshold(n_obs) -> np.ndarray:
@@ -125,7 +128,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     >>> bad[30] = 1e12  # a data error in 1901
     >>> import warnings
     >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore")  # "row 30 (time 1901.0, z = 1e+12) screened out"
+    ...     warnings.simplefilter("ignore")  # "row 30 (time 1901, z = 1e+12) screened out"
     ...     fit = fit_ou_robust(bad, years, fix={"theta": 0.0, "mu": 0.0})
     >>> round(fit.params["obs_var"], -2), round(fit.params["sigma2"], -1)
     (15400.0, 1380.0)
@@ -136,14 +139,33 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
 
     _check(threshold, max_rounds)
     kwargs = dict(kwargs, robust=False)
-    fit, caught = _quiet_fit(fit_ou, z, times, kwargs)  # parses and checks everything once
-    zt = np.asarray(fit.z, dtype=np.float64)
+    try:
+        fit, caught = _quiet_fit(fit_ou, z, times, kwargs)  # parses and checks everything once
+    except ValueError:
+        fit = None  # e.g. one 1e300 puts the data's scale beyond float64: try without gross ones
+    if fit is not None:
+        zt = np.asarray(fit.z, dtype=np.float64)
+        ax, labels = fit.time_axis, fit.series_labels
+        kwargs.pop("axis", None)
+    else:
+        from kalmanscan.timeseries.model import series_input
+        from kalmanscan.timeseries.times import as_time_axis
+
+        zt, t_in, labels = series_input(z, times, kwargs.pop("axis", 0))
+        zt = zt.astype(np.float64)
+        ax = as_time_axis(t_in, zt.shape[0], kwargs.get("time_unit"))
     shape = zt.shape[1:]
     T = zt.shape[0]
     Z = zt.reshape(T, -1)
     N = Z.shape[1]
-    ax, labels = fit.time_axis, fit.series_labels
-    kwargs.pop("axis", None)
+    screened = np.zeros((T, N), bool)
+    if fit is None:
+        screened = _gross(Z)
+        if not screened.any():  # nothing gross: the fit's own error stands
+            fit_ou(z, times, **kwargs)
+        fit, caught = _quiet_fit(
+            fit_ou, np.where(screened, np.nan, Z).reshape(zt.shape), ax, kwargs
+        )
     n_obs = (~np.isnan(Z)).sum(0)
     c = (
         default_threshold(n_obs)
@@ -151,7 +173,6 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         else np.full(N, float(threshold), dtype=np.float64)
     )
     limit = np.floor(_MAX_FRACTION * n_obs).astype(np.int64)
-    screened = np.zeros((T, N), bool)
     seen = [screened]
     capped = np.zeros(N, bool)
     rounds = 1
@@ -184,7 +205,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         for i in np.unique(cols):
             r = rows[cols == i]
             shown = ", ".join(
-                f"row {int(t)} (time {ax.labels[t]}, z = {Z[t, i]:.6g})" for t in r[:5]
+                f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})" for t in r[:5]
             )
             more = f" and {r.size - 5} more" if r.size > 5 else ""
             who = f"series {labels[i]!r}: " if labels else (f"series {i}: " if N > 1 else "")
@@ -215,6 +236,35 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     fit.series_labels = labels
     fit.outliers = screened.reshape(zt.shape) if shape else screened[:, 0]
     return fit
+
+
+def _label(t) -> str:
+    """A timestamp as short as it is exact: ``2024-05-07T09:00``, ``1901``, ``0.25``."""
+    if isinstance(t, np.datetime64):
+        return str(np.datetime_as_string(t, unit="auto"))
+    v = float(t)
+    return str(int(v)) if v.is_integer() and abs(v) < 2.0**53 else repr(v)
+
+
+def _gross(Z) -> np.ndarray:
+    """``[T, N]`` True for values more than ``_GROSS`` typical steps (median absolute change
+    between observed values; else the median absolute deviation) from the series' median: the
+    first round's screen when the plain fit cannot even start (a 1e300 among values of order 1)."""
+    out = np.zeros(Z.shape, bool)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(Z.shape[1]):
+            v = Z[:, i]
+            ok = ~np.isnan(v)
+            if ok.sum() < 3:
+                continue
+            med = np.median(v[ok])
+            dev = np.abs(v - med)
+            d = np.median(np.abs(np.diff(v[ok])))
+            d = d if d > 0 else np.median(dev[ok])
+            out[:, i] = ok & ((dev > _GROSS * d) if d > 0 else (dev > 0))
+            if out[:, i].sum() > _MAX_FRACTION * ok.sum():
+                out[:, i] = False
+    return out
 
 
 def _fmt_threshold(c) -> str:
