@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+import kalmanscan.core.filter as filter_api
 from kalmanscan.dense import _args, native
 from kalmanscan.dense.parallel import (
     cov_with_inf,
@@ -197,8 +198,6 @@ def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
 
 def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
     """Independent scalar lanes: hand the diagonals to kalmanscan.filter / smooth and repackage."""
-    import kalmanscan
-
     dg = lambda m: torch.diagonal(m, dim1=-2, dim2=-1)  # noqa: E731
     z = torch.where(model.observed, model.z, torch.full_like(model.z, float("nan")))
     if model.P0 is not None:
@@ -220,7 +219,7 @@ def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
         prior_var=pv,
         axis=1,
     )
-    res = kalmanscan.smooth(z, **kwargs) if smooth else kalmanscan.filter(z, **kwargs)
+    res = filter_api.smooth(z, **kwargs) if smooth else filter_api.filter(z, **kwargs)
     f = res.filtered if smooth else res
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
     fres = DenseFilterResult(

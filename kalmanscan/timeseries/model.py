@@ -24,6 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+import kalmanscan.core.filter as filter_api
+from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.timeseries.times import (
     TimeAxis,
     _labels_array,
@@ -130,14 +132,12 @@ def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
     (``n_series_dims`` ones)
     broadcast against the parameters (numpy, or torch when ``like`` is a tensor).
     """
-    import kalmanscan as ks
-
     if isinstance(like, torch.Tensor):
         dt = torch.as_tensor(np.asarray(dt), dtype=like.dtype, device=like.device)
         dt = dt.reshape((-1,) + (1,) * n_series_dims)
     else:
         dt = np.asarray(dt, dtype=np.float64).reshape((-1,) + (1,) * n_series_dims)
-    decay, process_var = ks.discretize_ou(theta, sigma2, dt)
+    decay, process_var = discretize_ou(theta, sigma2, dt)
     offset = mu * (1 - decay)
     return decay, process_var, offset
 
@@ -266,9 +266,7 @@ class OUModel:
         self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"
     ):
         """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
-        import kalmanscan as ks
-
-        fn = ks.smooth if smooth else ks.filter
+        fn = filter_api.smooth if smooth else filter_api.filter
         return fn(z, **self.filter_args(time_axis, z.ndim - 1), axis=0, backend=backend)
 
     def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
@@ -325,8 +323,6 @@ class OUModel:
         >>> z.shape
         (5, 3)
         """
-        import kalmanscan as ks
-
         if times is None:
             if n is None:
                 raise ValueError("times, n: give the timestamps or the number of unit steps n")
@@ -346,7 +342,7 @@ class OUModel:
         )
         T = len(ax.t)
         level = np.empty((T,) + shape)
-        decay, process_var = ks.discretize_ou(
+        decay, process_var = discretize_ou(
             np.asarray(self.theta, dtype=np.float64),
             np.asarray(self.sigma2, dtype=np.float64),
             ax.dt.reshape((-1,) + (1,) * len(shape)),
@@ -416,8 +412,6 @@ def forecast_from_state(
     coverage: float = 0.95,
 ) -> Forecast:
     """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
-    import kalmanscan as ks
-
     cov = check_coverage(coverage)[0]
     if (steps is None) == (at is None):
         raise ValueError(
@@ -445,7 +439,7 @@ def forecast_from_state(
     nd = last_mean.ndim
     dt = dt.reshape((-1,) + (1,) * nd)
     theta = np.asarray(model.theta, dtype=np.float64)
-    decay, process_var = ks.discretize_ou(theta, np.asarray(model.sigma2, dtype=np.float64), dt)
+    decay, process_var = discretize_ou(theta, np.asarray(model.sigma2, dtype=np.float64), dt)
     with np.errstate(invalid="ignore"):
         mean = decay * last_mean + model.mu * (1 - decay)
         var = decay * decay * last_var + process_var
