@@ -169,3 +169,14 @@ def test_cli_several_series_report_bounds_per_series(tmp_path, capsys):
     assert not rows["JAN"][8].startswith("<")
     assert rows["FEB"][8].startswith("<") and rows["MAR"][8].startswith("<")
     assert "series 'FEB', 'MAR': obs_var is on its bound 0" in out
+
+
+def test_a_failed_profile_says_so(monkeypatch):
+    import kalmanscan.timeseries.profile as profile
+
+    monkeypatch.setattr(profile, "_MAX_ITER", 1)  # no profile fit can converge
+    z, t = RECORDS["sunspots"]
+    fit = _fit(z, t)
+    assert fit.at_boundary["obs_var"] and math.isnan(fit.upper_bound["obs_var"])
+    assert any("no profile-likelihood bound could be computed" in n for n in fit.notes)
+    assert "<" not in fit.summary().splitlines()[3]

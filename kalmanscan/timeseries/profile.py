@@ -150,19 +150,24 @@ def upper_bounds(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, d
 def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels):
     """``(upper_bounds, notes)``: :func:`upper_bounds` at 95% and one note per parameter saying
     what is reported in place of its standard error and why."""
+    from kalmanscan.timeseries import optim
+
     bounds = upper_bounds(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device)
     notes = []
     N = Z.shape[1]
+    ok = (core.opt.status == optim.CONVERGED) & (core.usable[:1] if joint else core.usable)
     for p, b in bounds.items():
+        lost = np.flatnonzero(core.opt.at_boundary[:, free.index(p)] & ok & np.isnan(b))
+        if lost.size:
+            where = "" if joint or N == 1 else " in series " + _names(lost, labels)
+            notes.append(
+                f"{p} is on its bound 0{where}, and no profile-likelihood bound could be computed "
+                f"(a fit with {p} held fixed did not converge within {_MAX_ITER} iterations)"
+            )
         idx = np.flatnonzero(~np.isnan(b))
         if idx.size == 0:
             continue
-        if joint or N == 1:
-            where = ""
-        else:
-            shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:5]]
-            more = f" and {idx.size - 5} more" if idx.size > 5 else ""
-            where = f" in series {', '.join(shown)}{more}"
+        where = "" if joint or N == 1 else " in series " + _names(idx, labels)
         unbounded = np.isinf(b[idx]).any()
         notes.append(
             f"{p} is on its bound 0{where}: in place of a standard error the table gives '<b', "
@@ -173,3 +178,9 @@ def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device,
             + ("; 'inf': the data bound it by less than 1e6 times their scale" if unbounded else "")
         )
     return bounds, notes
+
+
+def _names(idx, labels, limit: int = 5) -> str:
+    shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
+    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
+    return ", ".join(shown) + more
