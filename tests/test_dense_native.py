@@ -82,18 +82,42 @@ def test_auto_uses_the_scan():
     np.testing.assert_array_equal(a.mean, b.mean)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="native dense loglik: a diffuse diagonal model with a "
-    "non-unit loading adds ~-36 at a later step (known defect, not yet found)",
-)
 def test_native_loglik_diagonal_diffuse_nonunit_loading():
+    """The second state stays diffuse while entry 2 (loading 1.7) is observed: the Householder
+    reduction leaves ~1e-16 of that direction in the diffuse factor, which the update rightly
+    treats as proper; the step's pdet term must count it as rank 0 too (it added log(1e-32) / 2,
+    36 nats, when the rank came from a threshold on the singular values alone)."""
     z = np.array([[0.1, np.nan, -0.03], [0.7, np.nan, -0.46], [-1.9, -1.29, -1.84]])
     Q, R = np.diag([0.3, 0.37, 0.89]), np.diag([0.57, 0.44, 0.42])
-    F, H = np.eye(3), np.diag([1.0, 1.0, 1.7])
-    a = kd.filter(z, F, Q, H, R, backend="native").loglik
-    b = kd.filter(z, F, Q, H, R, backend="sequential").loglik
-    assert abs(a - b) < 1e-10 * abs(b)
+    F = np.eye(3)
+    for loading in (1.0, 1.3, 1.5, 1.7, 2.0):
+        H = np.diag([1.0, 1.0, loading])
+        a = kd.filter(z, F, Q, H, R, backend="native").loglik
+        b = kd.filter(z, F, Q, H, R, backend="sequential").loglik
+        c = kd.filter(z, F, Q, H, R, backend="diagonal").loglik
+        assert abs(a - b) < 1e-12 * abs(b)
+        assert abs(a - c) < 1e-12 * abs(c)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_native_loglik_random_diffuse_models(seed):
+    """Random small models with a diffuse or partly diffuse prior, partial missing data and
+    integer (sparse) loadings: native and reference log-likelihoods and diffuse flags agree."""
+    rng = np.random.default_rng([seed, 25])
+    n, d, T = int(rng.integers(1, 6)), int(rng.integers(1, 5)), int(rng.integers(1, 30))
+    F = rng.normal(size=(n, n))
+    H = np.round(rng.normal(size=(d, n))) if seed % 2 else rng.normal(size=(d, n))
+    G = rng.normal(size=(n, n))
+    Q = G @ G.T / n
+    G = rng.normal(size=(d, d))
+    R = G @ G.T / d + 0.1 * np.eye(d)
+    z = rng.normal(size=(T, d))
+    z[rng.random(z.shape) < 0.3] = np.nan
+    kw = {} if seed % 3 else dict(prior_precision=np.diag((rng.random(n) < 0.5) * 1.0))
+    a = kd.filter(z, F, Q, H, R, backend="native", **kw)
+    b = kd.filter(z, F, Q, H, R, backend="sequential", **kw)
+    np.testing.assert_array_equal(a.diffuse, b.diffuse)
+    assert abs(a.loglik - b.loglik) <= 1e-9 * (1 + abs(b.loglik))
 
 
 def test_native_float32_computes_in_float64():
@@ -212,11 +236,16 @@ def test_native_rank_decisions_against_oracle():
     np.testing.assert_array_equal(res.filtered.diffuse, o.diffuse)
     nd = int(o.diffuse.sum())
     assert abs(res.filtered.loglik - o.loglik) < 1e-11 * abs(o.loglik)
-    assert rel_error(res.filtered.mean[nd:], o.mean[nd:]) < 1e-9
+    # in posterior sd (the battery's measure): 1.2e-10 sd measured on the x86-64-v4 clone; the
+    # normwise relative error there is 1.9e-9 (1.7e-10 on the v3 clone): the weakly observed
+    # direction's variance is 1e8, so its rounding dominates a relative figure
+    sd = np.sqrt(np.einsum("tii->ti", o.cov[nd:]))
+    assert (np.abs(res.filtered.mean[nd:] - o.mean[nd:]) / sd).max() < 1e-9
     assert rel_error(res.filtered.cov[nd:], o.cov[nd:]) < 1e-9
     # smoothed moments of the diffuse steps hinge on the weakly observed direction (means of
     # 3e3, variances of 1e8 at step 0): the means keep 6 digits, the covariances there do not
     # (cancellation in Durbin & Koopman's diffuse smoother, docs/dense.md); later steps do
     assert np.abs(res.mean - o.smooth_mean).max() < 1e-5 * np.abs(o.smooth_mean).max()
-    assert rel_error(res.mean[2 * nd :], o.smooth_mean[2 * nd :]) < 1e-8
+    ssd = np.sqrt(np.einsum("tii->ti", o.smooth_cov[2 * nd :]))  # 1.1e-11 sd measured
+    assert (np.abs(res.mean[2 * nd :] - o.smooth_mean[2 * nd :]) / ssd).max() < 1e-9
     assert rel_error(res.cov[2 * nd :], o.smooth_cov[2 * nd :]) < 1e-8

@@ -335,12 +335,6 @@ def test_battery_catches_a_wrong_filter(monkeypatch):
 
 
 @pytest.mark.slow  # the whole quick battery end to end, about a minute on 2 cores (CI: -m slow)
-@pytest.mark.xfail(
-    strict=True,
-    reason="one known failure the battery reports: kalmanscan.dense's sequential reference "
-    "smoother on KFAS's VAR(1) at R = 1e-10 I (2.9e-6 posterior sd against the 1e-6 target; "
-    "the native and torch dense paths pass); remove this mark when it is fixed",
-)
 def test_validate_command_quick_passes(tmp_path):
     """`kalmanscan validate --quick` on this machine: every row within its tolerance."""
     csv_path, md_path, fig = tmp_path / "v.csv", tmp_path / "v.md", tmp_path / "fig.png"

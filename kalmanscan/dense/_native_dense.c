@@ -17,8 +17,8 @@
  * information and is skipped.
  *
  * Log-likelihood (kalmanscan's convention, docs/dense.md): proper entries add log N(v; 0, f);
- * a step with diffuse entries adds 1/2 log pdet(2 pi G G') - sum 1/2 log(2 pi f_inf,i) over its
- * diffuse entries, G = H_o D (the pdet from a one-sided Jacobi SVD of G).
+ * a step with r diffuse entries adds 1/2 log pdet(2 pi G G') - sum 1/2 log(2 pi f_inf,i) over
+ * them, G = H_o D, the pdet from the r largest singular values of G (one-sided Jacobi).
  *
  * Smoother: Durbin & Koopman's state smoother in univariate form (r, N; in diffuse steps also
  * r1, N1, N2), run backward from the stored predictions; the per-entry quantities of a step are
@@ -47,7 +47,6 @@
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
 #define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
-#define RANK_TOL 1e-11    /* singular values of G below this times the largest: zero */
 
 typedef struct {
     const double *p;
@@ -68,7 +67,7 @@ typedef struct {
 typedef struct {
     int n, d, zinf;
     /* workspace */
-    double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1;
+    double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1, *sig;
     elem_t *el;
     int *obs_idx;
     /* sparse F of the current step: per row, nonzero columns and values */
@@ -289,9 +288,9 @@ static ALWAYS_INLINE int spd_inverse(int n, const double *A, double *L, double *
     return 1;
 }
 
-/* 1/2 sum log(sigma_i^2) and the count of nonzero singular values of G (m x k, row stride n),
- * by one-sided Jacobi on its columns (G is overwritten). */
-static ALWAYS_INLINE double log_pdet(double *G, int m, int k, int ld, int *rank) {
+/* Squared singular values of G (m x k, row stride ld) into sig[0..k), largest first, by one-sided
+ * Jacobi on its columns (G is overwritten). */
+static ALWAYS_INLINE void sq_singular_values(double *G, int m, int k, int ld, double *sig) {
     for (int sweep = 0; sweep < 30; sweep++) {
         double off = 0.0;
         for (int p = 0; p < k; p++)
@@ -316,29 +315,32 @@ static ALWAYS_INLINE double log_pdet(double *G, int m, int k, int ld, int *rank)
             }
         if (off == 0.0) break;
     }
-    double smax = 0.0, sig[64];
-    int kk = k < 64 ? k : 64;
-    for (int p = 0; p < kk; p++) {
+    for (int p = 0; p < k; p++) {
         double s = 0.0;
         for (int i = 0; i < m; i++) s += G[i * ld + p] * G[i * ld + p];
-        sig[p] = s;
-        if (s > smax) smax = s;
-    }
-    double lp = 0.0;
-    int r = 0;
-    for (int p = 0; p < kk; p++)
-        if (sig[p] > RANK_TOL * RANK_TOL * smax && sig[p] > 0.0) {
-            lp += log(sig[p]);
-            r++;
+        int q = p; /* insertion, descending */
+        while (q > 0 && sig[q - 1] < s) {
+            sig[q] = sig[q - 1];
+            q--;
         }
-    *rank = r;
-    return 0.5 * lp;
+        sig[q] = s;
+    }
+}
+
+/* The step's pdet term 1/2 log pdet(2 pi G G') with the rank r of G = H_o D taken as the number
+ * of entries the update found diffuse (rank(H_o D) in exact arithmetic): the r largest singular
+ * values. A threshold on the singular values themselves would count a rounding residue of D
+ * (|D' h| ~ eps, an entry the update treats as proper) as a diffuse direction. */
+static ALWAYS_INLINE double pdet_term(const double *sig, int r) {
+    double lp = 0.0;
+    for (int p = 0; p < r; p++) lp += log(sig[p]);
+    return 0.5 * lp + 0.5 * r * LOG_2PI;
 }
 
 /* Gather the observed entries of step (b, t) and decorrelate them: Hy = L^-1 H_o, y = L^-1 z_o
- * with R_o = L Dg L'. Returns the number of observed entries. With G != NULL and k > 0 also
- * returns in *ll the step's pdet term. */
-static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, double *ll_pdet) {
+ * with R_o = L Dg L'. Returns the number of observed entries. With k > 0 and want_sig also
+ * leaves in w->sig the squared singular values of G = H_o D (for the step's pdet term). */
+static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, int want_sig) {
     int d = w->d, o = 0;
     const arr_t *Z = &in[I_Z];
     const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
@@ -352,16 +354,14 @@ static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_
         o++;
     }
     if (o == 0) return 0;
-    if (k > 0 && ll_pdet) { /* G = H_o D, pdet term */
+    if (k > 0 && want_sig) { /* G = H_o D */
         for (int p = 0; p < o; p++)
             for (int j = 0; j < k; j++) {
                 double s = 0.0;
                 for (int q = 0; q < n; q++) s += w->Hy[p * n + q] * w->D[q * n + j];
                 w->G[p * n + j] = s;
             }
-        int r;
-        double lp = log_pdet(w->G, o, k, n, &r);
-        *ll_pdet = lp + 0.5 * r * LOG_2PI;
+        sq_singular_values(w->G, o, k, n, w->sig);
     }
     /* LDL' of R_o (PSD; a zero pivot zeroes its column) */
     double rmax = 0.0;
@@ -616,10 +616,11 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
             np_ = t + 1;
         }
         memcpy(m, a, n * sizeof(double));
-        double lt = 0.0, lpd = 0.0;
-        int o = gather(w, n, in, b, t, k, &lpd);
-        if (k > 0 && o > 0) lt += lpd;
+        double lt = 0.0;
+        int o = gather(w, n, in, b, t, k, 1);
+        int k_before = k;
         k = update(w, n, o, m, P, k, &lt, 0);
+        if (k < k_before) lt += pdet_term(w->sig, k_before - k);
         llsum += lt;
         memcpy(fmean + t * n, m, n * sizeof(double));
         flag[t] = k > 0;
@@ -664,7 +665,7 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         memcpy(m, a0, n * sizeof(double));
         memcpy(P, P0t, nn * sizeof(double));
         double dummy = 0.0;
-        int o = gather(w, n, in, b, t, 0, NULL);
+        int o = gather(w, n, in, b, t, 0, 0);
         update(w, n, o, m, P, kt, &dummy, 1);
         for (int p = o - 1; p >= 0; p--) {
             const elem_t *e = &w->el[p];
@@ -942,7 +943,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     }
     int nn = (int)(n * n), dd = (int)d;
     int big = nn > (int)(dd * n) ? nn : (int)(dd * n);
-    size_t ndbl = (size_t)(3 * n + 7 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + 64);
+    size_t ndbl = (size_t)(3 * n + 7 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + n + 64);
     double *buf = calloc(ndbl, sizeof(double));
     elem_t *el = calloc(dd + 1, sizeof(elem_t));
     int *ib = calloc((size_t)(dd + 1 + n + nn), sizeof(int));
@@ -975,6 +976,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.K1 = q; q += dd * n;
     w.y = q; q += dd;
     w.Dg = q; q += dd;
+    w.sig = q; q += n;
     w.el = el;
     w.obs_idx = ib;
     w.fnz = ib + dd + 1;

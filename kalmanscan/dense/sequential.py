@@ -5,7 +5,8 @@ Kalman filter of Durbin & Koopman (2012, sec. 5.2 and 6.4) on the whitened obser
 scalar at a time, carrying the finite part ``P`` and the diffuse part ``Pinf`` of the covariance;
 afterwards the
 plain multivariate update. Smoother: the backward information filter (the likelihood of z_{t+1:T}
-given x_t) combined with the filtered belief. No scans, no chunks. Convention of the log-likelihood
+given x_t) in square-root form, combined with the filtered belief by one more QR. No scans, no
+chunks. Convention of the log-likelihood
 for diffuse steps: docs/dense.md.
 """
 
@@ -132,39 +133,98 @@ def filter_reference(model: Model):
     return filt, stack(pms), stack(pPs), stack(lls)
 
 
+def _factor(P):
+    """L with L L' = P for a PSD P [..., n, n]: Cholesky where it exists, else from eigh."""
+    L, info = torch.linalg.cholesky_ex(P)
+    bad = info != 0
+    if bool(bad.any()):
+        w, U = torch.linalg.eigh(P[bad])
+        pos = w > 0
+        root = torch.where(pos, torch.where(pos, w, torch.ones_like(w)).sqrt(), torch.zeros_like(w))
+        L = L.clone()
+        L[bad] = U * root.unsqueeze(-2)
+    return L
+
+
+def _reduce_rows(S, k):
+    """k rows with the Gram matrix of S [..., m, c] (m >= k, rank(S) <= k): R of S = Q R.
+
+    Values from Householder QR. With autograd the rows are Q' S for the computed (constant) Q:
+    everything downstream depends on S only through S' S, whose first-order change Q' dS gives
+    exactly (the dropped rows of Q' S are 0), and S may be rank-deficient, where the derivative
+    of R itself is undefined.
+    """
+    R = torch.linalg.qr(S.detach(), mode="r")[1][..., :k, :]
+    if not S.requires_grad:
+        return R
+    Q = torch.linalg.qr(S.detach(), mode="complete")[0][..., :k].mT
+    QS = Q @ S
+    return R + (QS - QS.detach())
+
+
 def smooth_reference(model: Model, filt: Moments) -> Moments:
-    """Two-filter smoother: backward information filter combined with the filtered beliefs."""
+    """Two-filter smoother in square-root information form (docs/dense.md, "Reference smoother").
+
+    Backward: the likelihood of z_{t+1:T} given x_t as a factor ``|Rb x - bb|^2`` [n + 1, n + 1]
+    (the extra row holds the residual, so that no row dropped by a reduction is nonzero),
+    updated by orthogonal transformations only, never inverting a matrix whose conditioning is
+    that of the information (R = 1e-12 I makes the information 1e12 while Q stays O(1)):
+    measurement rows L^-1 [H, z] (R = L L') stacked and reduced by QR; prediction through
+    x_t = F x_{t-1} + c + Lq w by the triangular factor G of I + W W' (W = Rb Lq, G from the QR of
+    [W'; I], full column rank) giving G^-T [Rb F, bb - Rb c]. Combination: x_t = m_t + [L, D] (u, v)
+    with L L' = P_t (u ~ N(0, I)) and D an orthonormal basis of the diffuse directions (v flat);
+    the stacked backward and prior rows are triangularized (Ru), so the smoothed covariance is
+    X' X with X = Ru^-T [L, D]', with no subtraction of nearly equal matrices.
+    """
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
     eye = torch.eye(n, dtype=dtype, device=device)
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
-    Jb = torch.zeros(B, n, n, dtype=dtype, device=device)
-    etab = torch.zeros(B, n, dtype=dtype, device=device)
-    Js, etas = [Jb], [etab]
+    # whitened observations: rows L^-1 H and L^-1 z with R = L L' (missing rows are 0)
+    Lr = torch.linalg.cholesky(R_all)
+    obs = torch.linalg.solve_triangular(
+        Lr, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False
+    )
+    Lq = _factor(_sym(model.Q))
+    Rb = torch.zeros(B, n + 1, n + 1, dtype=dtype, device=device)  # [Rb | bb]
+    eye1 = torch.eye(n + 1, dtype=dtype, device=device).expand(B, n + 1, n + 1)
+    facs = [Rb]
     for t in range(T - 1, 0, -1):
-        H, R, z = H_all[:, t], R_all[:, t], z_all[:, t]
-        RinvH = torch.linalg.solve(R, H)
-        Jt = Jb + H.transpose(-1, -2) @ RinvH
-        et = etab + _mv(RinvH.transpose(-1, -2), z)
-        F, Q, c = model.F[:, t], model.Q[:, t], model.c[:, t]
-        Y = eye + Jt @ Q
-        sol = torch.linalg.solve(Y, torch.cat([Jt @ F, (et - _mv(Jt, c)).unsqueeze(-1)], -1))
-        Jb = _sym(F.transpose(-1, -2) @ sol[..., :n])
-        etab = _mv(F.transpose(-1, -2), sol[..., n])
-        Js.append(Jb)
-        etas.append(etab)
-    Jb = torch.stack(Js[::-1], 1)
-    etab = torch.stack(etas[::-1], 1)
+        Rb = _reduce_rows(torch.cat([Rb, obs[:, t]], -2), n + 1)
+        A, bb = Rb[..., :n], Rb[..., n:]
+        W = A @ Lq[:, t]
+        G = torch.linalg.qr(torch.cat([W.mT, eye1], -2), mode="reduced")[1]
+        rhs = torch.cat([A @ model.F[:, t], bb - A @ model.c[:, t].unsqueeze(-1)], -1)
+        Rb = torch.linalg.solve_triangular(G.mT, rhs, upper=False)
+        facs.append(Rb)
+    Rb = torch.stack(facs[::-1], 1)  # [B, T, n + 1, n + 1]: z_{t+1:T} about x_t
+    A, bb = Rb[..., :n], Rb[..., n:]
     m, P = filt.mean, filt.cov
-    X = eye + P @ Jb
-    sol = torch.linalg.solve(X, torch.cat([P, (P @ (etab - _mv(Jb, m)).unsqueeze(-1))], -1))
-    ms, Ps = m + sol[..., n], _sym(sol[..., :n])
+    L = _factor(_sym(P))
+    Dd = torch.zeros_like(P)
+    prior = torch.zeros(B, T, 2 * n, 2 * n, dtype=dtype, device=device)
+    prior[..., :n, :n] = eye
+    prior[..., n:, n:] = eye
     nd = filt.ndiffuse
-    if nd > 0:
-        Lam = precision_of(Moments(m[:, :nd], P[:, :nd], filt.diffuse[:, :nd], nd), rank_tol(dtype))
-        Ps_d = _sym(torch.linalg.inv_ex(Lam + Jb[:, :nd])[0])  # singular (inf) if never resolved
-        ms_d = _mv(Ps_d, _mv(Lam, m[:, :nd]) + etab[:, :nd])
-        ms = torch.cat([ms_d, ms[:, nd:]], 1)
-        Ps = torch.cat([Ps_d, Ps[:, nd:]], 1)
+    if nd > 0:  # orthonormal basis of the diffuse directions, zero columns (unit prior) elsewhere
+        Pinf = _sym(filt.diffuse[:, :nd])
+        with torch.no_grad():
+            w, U = torch.linalg.eigh(Pinf)
+            keep = w > rank_tol(dtype) * torch.linalg.matrix_norm(Pinf).unsqueeze(-1)
+            basis = U * keep.to(dtype).unsqueeze(-2)
+            prior[:, :nd, n:, n:] = torch.diag_embed((~keep).to(dtype))
+        if Pinf.requires_grad:  # Pinf C = basis, and its columns follow range(Pinf) when it moves
+            C = basis / torch.where(keep, w, torch.ones_like(w)).unsqueeze(-2)
+            basis = basis + (Pinf @ C - (Pinf @ C).detach())
+        Dd = torch.cat([basis, Dd[:, nd:]], 1)
+    M = torch.cat([L, Dd], -1)  # [B, T, n, 2n]
+    Qf, Ru = torch.linalg.qr(torch.cat([A @ M, prior], -2), mode="reduced")
+    y = Qf[..., : n + 1, :].mT @ (bb - A @ m.unsqueeze(-1))  # the prior rows' right side is 0
+    # Ru is upper triangular: an LU solve reads all of it (no pivoting happens), so autograd sees
+    # every entry (the straight-through rows of _reduce_rows are not triangular in their gradient)
+    # (a direction no observation ever resolves leaves Ru singular: non-finite moments there)
+    X = torch.linalg.solve_ex(Ru.mT, M.mT)[0]  # [B, T, 2n, n]
+    ms = m + (M @ torch.linalg.solve_ex(Ru, y)[0]).squeeze(-1)
+    Ps = _sym(X.mT @ X)
     return Moments(ms, Ps, torch.zeros_like(Ps), 0)
