@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.dense._args import LOG_2PI, Model
-from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, precision_of, rank_tol
+from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, rank_tol
 from kalmanscan.dense.scan import mask_observation
 
 
