@@ -14,6 +14,7 @@ MODULES = [
     "kalmanscan.timeseries.profile",
     "kalmanscan.timeseries.robust",
     "kalmanscan.timeseries.data",
+    "kalmanscan.timeseries.dataset",
     "kalmanscan.xarray",
     "kalmanscan.plot",
 ]
@@ -21,7 +22,7 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name in ("kalmanscan.xarray", "kalmanscan.plot"):
+    if name in ("kalmanscan.timeseries.dataset", "kalmanscan.xarray", "kalmanscan.plot"):
         pytest.importorskip("xarray")
     if name == "kalmanscan.plot":
         matplotlib = pytest.importorskip("matplotlib")

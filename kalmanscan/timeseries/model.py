@@ -376,7 +376,7 @@ class OUModel:
 
         See :func:`kalmanscan.xarray.to_dataset`; needs xarray.
         """
-        from kalmanscan import xarray as kx
+        from kalmanscan.timeseries import dataset as kx
 
         return kx.to_dataset(
             self,
