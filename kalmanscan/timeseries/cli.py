@@ -823,9 +823,11 @@ def _filter(args) -> int:
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)
+            import pandas as pd
+
             fits.append(
                 fit_ou(
-                    z,
+                    pd.DataFrame(z, columns=names),  # the notes name the columns
                     ax.labels,
                     fix=fix,
                     joint=args.joint,

@@ -749,7 +749,7 @@ def fit_ou(
             + ("" if joint or N == 1 else f" in series {i}")
             + "; its square (the scale of obs_var and sigma2) is outside float64's range "
             "(about 1e-308 to 1e308); rescale z (e.g. divide by a power of ten) and the "
-            "variances back"
+            "variances back, or, if one value is a data error, fit with robust=True (--robust)"
         )
     device = torch.device(device) if device is not None else torch.device("cpu")
     with _glue_single_threaded():

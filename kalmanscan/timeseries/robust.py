@@ -21,8 +21,9 @@ largest ``|a_t|``); beyond that the model, not the data, is likely wrong, and a 
 Where ``obs_var`` is 0 (an observation fixes its state) ``a_t`` is undefined and nothing is
 screened. Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the
 data's scale beyond float64), the first round screens the values more than 1e8 typical steps from
-the median instead, and the rounds go on from there. The result is the Gaussian fit without the screened observations: estimates, standard
-errors and forecasts keep their usual meaning. Docs: docs/model.md, "Robust fitting".
+the median instead, and the rounds go on from there. The result is the Gaussian fit without the
+screened observations: estimates, standard errors and forecasts keep their usual meaning.
+Docs: docs/model.md, "Robust fitting".
 
 Why a screen and not Student-t noise by iterated reweighting: the t model's ``obs_var`` is a scale,
 not the noise variance the Gaussian model, its standard errors and its forecast bands speak of, and
