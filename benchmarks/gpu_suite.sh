@@ -36,11 +36,8 @@ done
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
-KLA_VARIANTS='[{"fwd_lean": false}, {"bwd_lean": false}, {"fwd_lean_steps": 4}, {"fwd_lean_steps": 8},
- {"fwd_lk": true}, {"NS": 5}, {"bwd_tiles": false}, {"fwd_scatter_out": false},
- {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8}, {"ck": 4},
- {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4}, {"bwd_split_tail": false},
- {"bwd_scatter_sums": false}, {"bwd_warps": 2}]'
+KLA_VARIANTS='[{"NS": 5}, {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8},
+ {"ck": 4}, {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4}, {"fwd_slots": 8}]'
 status=0
 for part in "${parts[@]}"; do
   case "$part" in
@@ -60,9 +57,9 @@ for part in "${parts[@]}"; do
     tests-filter) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_filter.py \
              tests/test_dense_lean_loop.py ;;
     tests-kla-a) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
-             -k "float64 or tile_loads" ;;
+             -k "float64" ;;
     tests-kla-b) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
-             -k "not every_tuning and not float64 and not tile_loads" ;;
+             -k "not every_tuning and not float64" ;;
     tuning) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and not 1003" ;;
     tuning2) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py -k "every_tuning and 1003" ;;
     kernels) python3 benchmarks/gpu.py --out "$out/h200.json" &&
