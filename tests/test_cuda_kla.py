@@ -234,6 +234,19 @@ def assert_float32_grads(got, other, ref, what):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
+def kernel_and_reference_runs(S, seed, precision):
+    """The inputs and ``(outputs, gradients)`` of the kernel in float32, in float64 and of the
+    float64 reference, on a shape whose L is not a multiple of the blocks nor intervals and
+    whose M is not a multiple of a program's channels."""
+    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
+    x = make_inputs(*shape, seed=seed)
+    w = weights_for(*shape)
+    runs = [run(fn, x, dtype, w, precision=precision) for fn, dtype in
+            ((kla_triton, torch.float32), (kla_triton, torch.float64),
+             (reference, torch.float64))]  # fmt: skip
+    return x, *runs
+
+
 # The sums over channels of gk, gq are reduce-scattered over the warp in float32 where a
 # thread's 2 SG values match its slot group's threads (S of 9 to 16 at 2 or 4 slots a thread),
 # else summed by tl.sum (float64, other S). S = 12: padded slots.
@@ -243,12 +256,7 @@ def test_scatter_channel_sums_float32(slots, S, monkeypatch):
     # float32 gradients (reduce-scatter) against the float64 kernel's (tl.sum) and against the
     # float64 reference; the interpreter moves values between lanes by indexing
     monkeypatch.setitem(tuning.TUNING, "bwd_slots", slots)
-    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
-    x = make_inputs(*shape, seed=5)
-    w = weights_for(*shape)
-    _, g_scatter = run(kla_triton, x, torch.float32, w, precision=False)
-    _, g_sum = run(kla_triton, x, torch.float64, w, precision=False)
-    _, gref = run(reference, x, torch.float64, w, precision=False)
+    _, (_, g_scatter), (_, g_sum), (_, gref) = kernel_and_reference_runs(S, seed=5, precision=False)
     assert_float32_grads(g_scatter, g_sum, gref, "float32 scatter against float64 tl.sum")
 
 
@@ -263,12 +271,7 @@ def test_scatter_outputs_float32(slots, S, monkeypatch):
     # multiple of the blocks and M not of a program's channels
     monkeypatch.setitem(tuning.TUNING, "fwd_slots", slots)
     monkeypatch.setitem(tuning.TUNING, "bwd_slots", slots)
-    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
-    x = make_inputs(*shape, seed=6)
-    w = weights_for(*shape)
-    got, ggot = run(kla_triton, x, torch.float32, w, precision=True)
-    f64, g64 = run(kla_triton, x, torch.float64, w, precision=True)
-    ref, gref = run(reference, x, torch.float64, w, precision=True)
+    x, (got, ggot), (f64, g64), (ref, gref) = kernel_and_reference_runs(S, seed=6, precision=True)
     assert_float32_grads(ggot, g64, gref, "float32 scatter against float64 per-step")
     with torch.no_grad():
         infer = kla_triton(*(t.float() for t in x.values()), return_precision=True)

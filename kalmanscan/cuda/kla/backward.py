@@ -25,8 +25,8 @@ from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.device import (
     _dynamics,
     _group_sum,
-    _lanes,
     _prefetch_l2,
+    _program,
     _rcp,
     _reduce_scatter8,
     _row,
@@ -324,13 +324,9 @@ def _kla_bwd_kernel(
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
     pm = tl.program_id(0)
     b = tl.program_id(1)
-    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    jt = tl.arange(0, NT)
-    lane_mask = smask & mmask[None, :]
-    ms = m[None, :] * S + s
+    m, s, mo, mmask, smask, momask, jt, lane_mask, ms, state_off = _program(pm, b, M, S, G, SG, NT)
     dt = gv_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
-    state_off = b.to(tl.int64) * M * S + ms
     # gv, gLv reduce-scattered (float32, 4 or 8 threads a channel)
     OUT4: tl.constexpr = dt == tl.float32 and (G == 4 or G == 8)
     Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)

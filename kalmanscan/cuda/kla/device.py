@@ -1,10 +1,11 @@
-"""Device helpers of the KLA kernels that both directions use: the three inline-PTX primitives
-with their interpreter twins, the per-lane layout, the predict step, tile loads of 4 steps and
-the reduce-scatters over a channel's threads. Notation and shapes: ``kalmanscan/cuda/kla``'s
+"""Device helpers of the KLA kernels that both directions use: the inline-PTX primitives with
+their interpreter twins, the per-lane layout, the predict step, tile loads of 4 steps and the
+reduce-scatters over a channel's threads. Notation and shapes: ``kalmanscan/cuda/kla``'s
 docstring.
 
 Under ``TRITON_INTERPRET=1`` a primitive that has no numpy meaning (a PTX instruction) has a
-plain-Python twin with the same result, so the CPU tests run every line of the kernels.
+plain-Python twin with the same result, so the CPU tests run every line of the kernels. The
+reciprocal (``rcp.approx.ftz`` in float32) is the general filter's ``rcp``.
 """
 
 from __future__ import annotations
@@ -14,28 +15,7 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import helper, interpreting
-
-if interpreting():
-
-    def _rcp(x):
-        """``1 / x`` (the interpreter runs numpy division)."""
-        return 1.0 / x
-
-else:
-
-    @triton.jit
-    def _rcp(x):
-        """``1 / x``: in float32 one hardware reciprocal (``rcp.approx.ftz``, relative error
-        below 2^-22), where Triton's ``1.0 / x`` adds range checks and rescaling around it (8
-        instructions in all); float64 divides."""
-        if x.dtype == tl.float32:
-            r = tl.inline_asm_elementwise(
-                "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-            )
-        else:
-            r = 1.0 / x
-        return r
-
+from kalmanscan.cuda.filter.kernels import rcp as _rcp
 
 if interpreting():
 
@@ -136,6 +116,19 @@ def _lanes(pm, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.con
         true_s = tl.full([SG, NT], 1, tl.int1)
         return m, s, mo, so, m < M, true_s, mo < M, tl.full([SG, G], 1, tl.int1)
     return m, s, mo, so, m < M, s < S, mo < M, so < S
+
+
+@helper
+def _program(pm, b, M, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
+    """The lanes of program ``pm`` of batch row ``b`` (``_lanes``), with the thread index ``jt``,
+    the lane mask, the lanes' offsets ``ms`` in an ``[M, S]`` array and ``state_off`` in a
+    ``[B, M, S]`` one."""
+    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
+    jt = tl.arange(0, NT)
+    lane_mask = smask & mmask[None, :]
+    ms = m[None, :] * S + s
+    state_off = b.to(tl.int64) * M * S + ms
+    return m, s, mo, mmask, smask, momask, jt, lane_mask, ms, state_off
 
 
 @helper

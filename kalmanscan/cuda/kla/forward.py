@@ -22,8 +22,8 @@ from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.device import (
     _dynamics,
     _group_sum,
-    _lanes,
     _load_tile,
+    _program,
     _rcp,
     _scatter_ptrs,
     _scatter_store4,
@@ -163,13 +163,9 @@ def _kla_fwd_kernel(
     tl.static_assert(W == 4 or (W == 8 and not SAVE_CK), "8-step blocks save no checkpoints")
     pm = tl.program_id(0)
     b = tl.program_id(1)
-    m, s, mo, so, mmask, smask, momask, somask = _lanes(pm, M, S, G, SG, NT)
-    jt = tl.arange(0, NT)
-    lane_mask = smask & mmask[None, :]
-    ms = m[None, :] * S + s
+    m, s, mo, mmask, smask, momask, jt, lane_mask, ms, state_off = _program(pm, b, M, S, G, SG, NT)
     dt = y_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
-    state_off = b.to(tl.int64) * M * S + ms
     lam = tl.load(lam0_ptr + state_off, mask=lane_mask, other=1.0).to(dt)
     eta = tl.load(eta0_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     base_m = b.to(tl.int64) * L * M
