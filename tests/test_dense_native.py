@@ -75,11 +75,50 @@ def test_native_matches_sequential_reference(cid, n, d, T, B, tv, prior):
     assert rel_error(np.asarray(fa.loglik), np.asarray(fb.loglik)) < 1e-12
 
 
-def test_auto_uses_the_scan():
-    """auto is the scan on every device (native is opt-in until the case below is fixed)."""
+def test_auto_uses_native_on_the_cpu(monkeypatch):
+    """auto runs the compiled path for CPU inputs (a spy on native.run), with and without grad."""
+    import torch
+
+    calls = []
+    real = native.run
+    monkeypatch.setattr(native, "run", lambda *a: calls.append(1) or real(*a))
     args, kw = random_model(1, 3, 2, 40, prior="diffuse")
-    a, b = kd.smooth(*args, **kw), kd.smooth(*args, backend="torch", **kw)
+    a, b = kd.smooth(*args, **kw), kd.smooth(*args, backend="native", **kw)
+    assert len(calls) == 2
     np.testing.assert_array_equal(a.mean, b.mean)
+    np.testing.assert_array_equal(a.filtered.loglik, b.filtered.loglik)
+    F = torch.as_tensor(args[1]).requires_grad_(True)
+    t = [torch.as_tensor(x) for x in args]
+    kwt = {k: torch.as_tensor(v) for k, v in kw.items()}
+    res = kd.smooth(t[0], F, *t[2:], **kwt)
+    assert len(calls) == 3
+    np.testing.assert_array_equal(res.mean.detach().numpy(), b.mean)
+
+
+def test_auto_gradients_match_the_torch_path():
+    """With inputs that require grad, auto (native values) carries the scan's gradients: the same
+    gradients as backend='torch' and, by gradcheck, the derivative of the native values."""
+    import torch
+
+    args, kw = random_model(4, 2, 1, 30, prior="diffuse")
+    z, F, Q, H, R = (torch.as_tensor(x) for x in args)
+    kwt = {k: torch.as_tensor(v) for k, v in kw.items()}
+
+    def loss(backend, F, Q, R):
+        res = kd.smooth(z, F, Q, H, R, backend=backend, **kwt)
+        return res.filtered.loglik + 1e-2 * res.mean.square().sum() + 1e-2 * res.cov.sum()
+
+    params = [t.clone().requires_grad_(True) for t in (F, Q, R)]
+    ga = torch.autograd.grad(loss("auto", *params), params)
+    gb = torch.autograd.grad(loss("torch", *params), params)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda F, Q, R: loss("auto", F, 0.5 * (Q + Q.T), 0.5 * (R + R.T)),
+        params,
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 def test_native_loglik_diagonal_diffuse_nonunit_loading():

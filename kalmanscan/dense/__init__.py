@@ -2,10 +2,12 @@
 
     x_t = F_t x_{t-1} + offset_t + N(0, Q_t),    z_t = H_t x_t + N(0, R_t)
 
-``filter`` and ``smooth`` (on the CPU a compiled exact sequential pass, elsewhere and for
-autograd chunked associative scans of Särkkä & García-Fernández elements; exact diffuse priors,
+``filter`` and ``smooth`` (on the CPU a compiled exact sequential pass, its gradients from
+chunked associative scans of Särkkä & García-Fernández elements, which serve other devices;
+exact diffuse priors,
 missing data, numpy/torch), the step-by-step references
-``filter_sequential``/``smooth_sequential`` (float64), and model builders. Math and conventions:
+``filter_sequential``/``smooth_sequential`` (float64), model builders, and ``fit`` (maximum
+likelihood variances of a built model, many series at once). Math and conventions:
 docs/dense.md.
 
 >>> import numpy as np, kalmanscan.dense as kd
@@ -15,6 +17,7 @@ docs/dense.md.
 """
 
 from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult, filter, smooth
+from kalmanscan.dense.fit import DenseFit, fit
 from kalmanscan.dense.models import (
     DenseModel,
     add_components,
@@ -51,6 +54,7 @@ def smooth_sequential(z, F, Q, H, R, **kwargs):
 
 __all__ = [
     "DenseFilterResult",
+    "DenseFit",
     "DenseModel",
     "DenseSmoothResult",
     "add_components",
@@ -58,6 +62,7 @@ __all__ = [
     "constant_velocity",
     "filter",
     "filter_sequential",
+    "fit",
     "local_linear_trend",
     "ou_sum",
     "seasonal_dummies",

@@ -67,7 +67,7 @@ typedef struct {
 typedef struct {
     int n, d, zinf;
     /* workspace */
-    double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1, *sig;
+    double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1, *sig, *a;
     elem_t *el;
     int *obs_idx;
     /* sparse F of the current step: per row, nonzero columns and values */
@@ -591,25 +591,34 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
     Py_ssize_t nd = 0, np_ = 0;
     double llsum = 0.0;
-    double *fmean = out[O_FMEAN] + b * T * n, *fcov = out[O_FCOV] + b * T * nn;
-    double *fprec = out[O_FPREC] + b * T * nn, *pmean = out[O_PMEAN] + b * T * n;
-    double *pcov = out[O_PCOV] + b * T * nn, *ll = out[O_LL] + b;
-    unsigned char *flag = (unsigned char *)out[O_FLAG] + b * T;
-    double *pD = out[O_PD] + b * kcap * nn;
-    double *pK = out[O_PK] + b * kcap;
+    double *ll = out[O_LL] + b;
+    const int ll_only = smooth < 0; /* the log-likelihood alone: no per-step output is written */
+    double *fmean = NULL, *fcov = NULL, *fprec = NULL, *pmean = NULL, *pcov = NULL;
+    double *pD = NULL, *pK = NULL;
+    unsigned char *flag = NULL;
+    if (!ll_only) {
+        fmean = out[O_FMEAN] + b * T * n;
+        fcov = out[O_FCOV] + b * T * nn;
+        fprec = out[O_FPREC] + b * T * nn;
+        pmean = out[O_PMEAN] + b * T * n;
+        pcov = out[O_PCOV] + b * T * nn;
+        flag = (unsigned char *)out[O_FLAG] + b * T;
+        pD = out[O_PD] + b * kcap * nn;
+        pK = out[O_PK] + b * kcap;
+    }
     w->fcur = NULL;
     for (Py_ssize_t t = 0; t < T; t++) {
         load_F(w, n, mat(&in[I_F], b, t));
         const double *c = mat(&in[I_C], b, t);
-        double *a = pmean + t * n;
+        double *a = ll_only ? w->a : pmean + t * n;
         F_mv(w, n, m, a);
         for (int i = 0; i < n; i++) a[i] += c[i];
         predict_cov(w, n, P, mat(&in[I_Q], b, t));
-        memcpy(pcov + t * nn, P, nn * sizeof(double));
+        if (!ll_only) memcpy(pcov + t * nn, P, nn * sizeof(double));
         if (k > 0) {
             F_mm(w, n, D, k, w->tmp);
             for (int i = 0; i < n; i++) memcpy(D + i * n, w->tmp + i * n, k * sizeof(double));
-            if (t < kcap) {
+            if (!ll_only && t < kcap) {
                 memcpy(pD + t * nn, D, nn * sizeof(double));
                 pK[t] = k;
             }
@@ -622,6 +631,10 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         k = update(w, n, o, m, P, k, &lt, 0);
         if (k < k_before) lt += pdet_term(w->sig, k_before - k);
         llsum += lt;
+        if (ll_only) {
+            if (k > 0) nd = t + 1;
+            continue;
+        }
         memcpy(fmean + t * n, m, n * sizeof(double));
         flag[t] = k > 0;
         if (k > 0) {
@@ -641,7 +654,7 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
     *ll = llsum;
     if (k > 0) nd = T + 1;
     *npred = np_;
-    if (!smooth || nd > T || np_ > kcap) return nd;
+    if (smooth <= 0 || nd > T || np_ > kcap) return nd;
 
     /* backward: r0, N0 (and r1, N1, N2 in diffuse steps) */
     double *r0 = calloc(2 * n + 8 * nn, sizeof(double));
@@ -943,7 +956,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     }
     int nn = (int)(n * n), dd = (int)d;
     int big = nn > (int)(dd * n) ? nn : (int)(dd * n);
-    size_t ndbl = (size_t)(3 * n + 7 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + n + 64);
+    size_t ndbl = (size_t)(3 * n + 7 * nn + 6 * big + 4 * dd + dd * dd + 2 * dd * n + 2 * n + 64);
     double *buf = calloc(ndbl, sizeof(double));
     elem_t *el = calloc(dd + 1, sizeof(elem_t));
     int *ib = calloc((size_t)(dd + 1 + n + nn), sizeof(int));
@@ -977,6 +990,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.y = q; q += dd;
     w.Dg = q; q += dd;
     w.sig = q; q += n;
+    w.a = q; q += n;
     w.el = el;
     w.obs_idx = ib;
     w.fnz = ib + dd + 1;
@@ -1002,7 +1016,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", dense_run, METH_VARARGS,
-     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse, nbad, z_has_inf)"},
+     "run(smooth, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_diffuse, nbad, z_has_inf); smooth = -1: the log-likelihood output alone"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",

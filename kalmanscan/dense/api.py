@@ -97,8 +97,9 @@ def _run(
                 "use 'torch' for this model"
             )
         return _run_diagonal(_args.mask_missing(model), layout, smooth)
-    if backend == "auto":  # by the device only: the scan serves every device and gradients
-        backend = "torch"
+    if backend == "auto":  # by the device and the installed extension only (docs/dense.md)
+        cpu = model.z.device.type == "cpu"
+        backend = "native" if cpu and native.available() else "torch"
     tol = rank_tol(model.z.dtype)
     if backend == "native":
         if model.z.device.type != "cpu":
@@ -263,9 +264,8 @@ def filter(
     ``"native"``); offset: [..., n]; prior_mean: [..., n]; either prior_cov [..., n, n] (``inf``
     on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in diffuse
     directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
-    (differentiable). backend: ``"auto"`` (``"torch"`` on every device; ``"native"`` is
-    opt-in while its log-likelihood is wrong on some diagonal models with a diffuse prior:
-    docs/dense.md), ``"native"`` (compiled exact sequential filter and
+    (differentiable). backend: ``"auto"`` (``"native"`` for CPU inputs when the extension is
+    built, ``"torch"`` otherwise), ``"native"`` (compiled exact sequential filter and
     smoother, CPU, float64; with inputs that require grad its values carry the gradients of the
     torch path at the same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"``
     (float64 reference), ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a

@@ -6,8 +6,9 @@ part kept as an exact rank-k factor, reduced by Householder reflections), entrie
 processed one at a time after decorrelating ``R_t = L Dg L'`` (so singular ``R``, ``R = 0``
 included, is allowed), and Durbin & Koopman's univariate state smoother (``r, N`` and, while
 diffuse, ``r1, N1, N2``). float64 throughout; float32 inputs are computed in float64. No
-gradients: ``backend="auto"`` uses it on the CPU when nothing requires grad. Math: docs/dense.md
-("Native path").
+adjoint of its own: with inputs that require grad, :mod:`kalmanscan.dense.api` attaches the
+torch path's gradients to its values. ``backend="auto"`` uses it for CPU inputs. Math:
+docs/dense.md ("Native path").
 
 Notation as in :mod:`kalmanscan.dense.parallel` ([B, T, ...] tensors of a laid-out Model).
 """
@@ -159,3 +160,28 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     if dtype != torch.float64:
         parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]
     return NativeParts(*parts)
+
+
+def loglik(model: Model) -> torch.Tensor:
+    """The log-likelihood [B] alone (no per-step output is written): the objective of
+    :func:`kalmanscan.dense.fit`. ``model.z`` keeps its NaNs; a direction never resolved is
+    fine here (its steps add nothing, as in :func:`run`)."""
+    if _ext is None:
+        raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
+    B, T, d = model.z.shape
+    n = model.F.shape[-1]
+    z = _ready(model.z, 1)
+    F, Q, H, R = (_ready(x, 2) for x in (model.F, model.Q, model.H, model.R))
+    c = _ready(model.c, 1)
+    m0 = model.m0.to(torch.float64).contiguous()
+    P0, D0 = _prior(model)
+    ins = [_spec(z, 1), _spec(F, 2), _spec(c, 1), _spec(Q, 2), _spec(H, 2), _spec(R, 2)]
+    ll = _empty(B)
+    ptrs = [0] * 12
+    ptrs[5] = ll.data_ptr()
+    _, _, _, zinf = _ext.run(
+        -1, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
+    )
+    if zinf:
+        raise ValueError(Z_INF_MESSAGE)
+    return ll

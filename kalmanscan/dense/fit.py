@@ -1,0 +1,289 @@
+"""Maximum-likelihood fitting of the variances of a dense model, many series at once.
+
+Notation (docs/dense.md, "Fitting"): a model builder ``build(**x) -> DenseModel`` whose free
+parameters ``x_j >= 0`` are variances, entering linearly: ``Q = sum_j x_j Q_j``,
+``R = sum_j x_j R_j`` with ``F``, ``H`` and ``offset`` not depending on them (checked). Each series
+``z [T, d]`` is standardized by ``s`` (the standard deviation of its first differences), the
+parameters by ``s**2``, and the negative exact-diffuse log-likelihood per observation is minimized
+over ``u_j = log(x_j / s**2)`` by :func:`kalmanscan.timeseries.optim.minimize`, the batched
+Newton method of ``fit_ou`` (derivatives from a stencil of log-likelihood values, boundary
+detection at 0), every stencil point of every series in one filter call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kalmanscan.dense import _args, native
+from kalmanscan.dense.models import DenseModel
+from kalmanscan.timeseries import optim
+
+_STENCIL_H = 1e-3  # central-difference step in u (as fit_ou)
+_STARTS = (1e-2, 0.3)  # standardized starting values tried per parameter (every combination)
+MAX_PARAMS = 4  # the optimizer's stencil is sized for k <= 4
+
+
+class DenseFit(NamedTuple):
+    """Estimates per series (arrays with the series shape of ``z``).
+
+    params: ``{name: variance}``; loglik: the exact diffuse log-likelihood at the estimate
+    (kalmanscan's convention, as ``kd.filter``); converged: bool; at_boundary: ``{name: bool}``
+    (estimate 0, the likelihood decreasing into the bound); n_iter: Newton iterations; message:
+    the optimizer's status per series. The fitted model of series ``i`` is
+    ``build(**fixed, **{p: v[i] for p, v in params.items()})``.
+    """
+
+    params: dict
+    loglik: np.ndarray
+    converged: np.ndarray
+    at_boundary: dict
+    n_iter: np.ndarray
+    message: np.ndarray
+
+
+def _free_names(build, fixed):
+    try:
+        sig = inspect.signature(build)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"build: expected a callable with named parameters, got {build!r}") from err
+    names = [
+        p.name
+        for p in sig.parameters.values()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in fixed
+    ]
+    unknown = sorted(set(fixed) - set(sig.parameters))
+    if unknown:
+        raise ValueError(
+            f"fixed: {unknown} are not parameters of build (its parameters: {list(sig.parameters)})"
+        )
+    if not 1 <= len(names) <= MAX_PARAMS:
+        raise ValueError(
+            f"build: expected 1 to {MAX_PARAMS} free variance parameters (parameters without a "
+            f"default, not in fixed), got {names}"
+        )
+    return names
+
+
+def _as_np(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _basis(build, names, fixed):
+    """(F, H, offset, [Q_j], [R_j]) from unit values of each free parameter; raises unless the
+    parameters enter Q and R linearly and nothing else."""
+
+    def at(vals):
+        m = build(**fixed, **dict(zip(names, vals, strict=True)))
+        if not isinstance(m, DenseModel):
+            raise TypeError(f"build: expected it to return a DenseModel, got {type(m).__name__}")
+        off = m.offset if m.offset is not None else np.zeros(np.shape(m.F)[-1])
+        return [_as_np(x) for x in (m.F, m.Q, m.H, m.R, off)]
+
+    k = len(names)  # builders may refuse 0 (obs_var > 0): differences from the point x = 1
+    ones = at(np.ones(k))
+    units = []
+    for j in range(k):
+        plus = at(np.ones(k) + np.eye(k)[j])
+        diff = zip(plus, ones, strict=True)
+        units.append([p - o if i in (1, 3) else p for i, (p, o) in enumerate(diff)])
+    probe = np.random.default_rng(0).uniform(0.5, 2.0, size=k)
+    mp = at(probe)
+    for j, u in enumerate(units):
+        for i, what in ((0, "F"), (2, "H"), (4, "offset")):
+            if u[i].shape != mp[i].shape or not np.allclose(u[i], mp[i], rtol=1e-12, atol=0):
+                raise ValueError(
+                    f"build: expected {names} to be variances that enter Q and R only; "
+                    f"{what} changes with {names[j]!r}"
+                )
+    for i, what in ((1, "Q"), (3, "R")):
+        for x, ref in ((probe, mp[i]), (np.ones(k), ones[i])):
+            lin = sum(p * u[i] for p, u in zip(x, units, strict=True))
+            scale = max(np.abs(ref).max(), 1e-300)
+            if lin.shape != ref.shape or np.abs(lin - ref).max() > 1e-10 * scale:
+                raise ValueError(
+                    f"build: expected {what} to be linear in {names} (variances); "
+                    f"{what}(x) differs from sum_j x_j d{what}/dx_j"
+                )
+    F, H, off = mp[0], mp[2], mp[4]
+    return F, H, off, [u[1] for u in units], [u[3] for u in units]
+
+
+def _scale(zl: torch.Tensor) -> np.ndarray:
+    """Per-series standard deviation of the first differences of the observed entries [N]."""
+    z = zl.numpy()  # [N, T, d], NaN missing
+    dz = np.diff(z, axis=1)
+    with np.errstate(invalid="ignore"):
+        s = np.sqrt(np.nanmean(dz**2, axis=(1, 2)) - np.nanmean(dz, axis=(1, 2)) ** 2)
+        alt = np.sqrt(np.nanvar(z, axis=(1, 2)))
+    s = np.where(np.isfinite(s) & (s > 0), s, alt)
+    return np.where(np.isfinite(s) & (s > 0), s, 1.0)
+
+
+class _Objective:
+    """``fun(U [P, n, k], idx [n]) -> [P, n]``: minus the log-likelihood per observation."""
+
+    def __init__(self, zl, F, H, off, Qs, Rs, scale, n_obs, backend):
+        self.N, self.T, self.d = zl.shape
+        self.n = F.shape[-1]
+        self.zs = zl / torch.as_tensor(scale)[:, None, None]
+        t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
+        self.F, self.H, self.off = t(F), t(H), t(off)
+        qs, rs = (
+            np.broadcast_shapes(*(q.shape for q in Qs)),
+            np.broadcast_shapes(*(r.shape for r in Rs)),
+        )
+        self.Qs = torch.stack([t(np.broadcast_to(q, qs)) for q in Qs])  # [k, (T,) n, n]
+        self.Rs = torch.stack([t(np.broadcast_to(r, rs)) for r in Rs])
+        self.n_obs = np.maximum(n_obs, 1)
+        self.backend = backend
+        self.calls = 0
+
+    def _lanes(self, x):  # x [L, k] standardized variances -> Q [L, (T,) n, n], R [L, (T,) d, d]
+        xt = torch.as_tensor(x)
+        Q = torch.einsum("lk,k...->l...", xt, self.Qs)
+        R = torch.einsum("lk,k...->l...", xt, self.Rs)
+        return Q, R
+
+    def loglik(self, x, idx):
+        """log-likelihood [L] of standardized series idx [L] at standardized variances x [L, k]."""
+        self.calls += 1
+        L = len(idx)
+        Q, R = self._lanes(x)
+        z = self.zs[torch.as_tensor(idx)]
+        if self.backend == "native":
+            T, n, d = self.T, self.n, self.d
+            per = lambda a, *tr: a.unsqueeze(1).expand(L, T, *tr) if a.ndim == 1 + len(tr) else a  # noqa: E731
+            model = _args.Model(
+                z=z,
+                observed=None,
+                F=self.F.expand(L, T, n, n),
+                c=self.off.expand(L, T, n),
+                Q=per(Q, n, n),
+                H=self.H.expand(L, T, d, n),
+                R=per(R, d, d),
+                m0=torch.zeros(L, n, dtype=torch.float64),
+                P0=None,
+                L0=torch.zeros(L, n, n, dtype=torch.float64),
+            )
+            return native.loglik(model).numpy()
+        import kalmanscan.dense as kd
+
+        Qa = Q if Q.ndim == 3 else Q.movedim(1, 0)  # time-varying: [T, L, n, n]
+        Ra = R if R.ndim == 3 else R.movedim(1, 0)
+        res = kd.filter(z.movedim(1, 0), self.F, Qa, self.H, Ra, offset=self.off,
+                        backend=self.backend)  # fmt: skip
+        return res.loglik.detach().cpu().numpy()
+
+    def __call__(self, U, idx):
+        P, m, k = U.shape
+        x = np.exp(U).reshape(P * m, k)
+        ll = self.loglik(x, np.tile(idx, P))
+        out = -(ll.reshape(P, m) / self.n_obs[idx])
+        return np.where(np.isfinite(out), out, np.inf)
+
+
+def fit(
+    z,
+    build,
+    *,
+    fixed=None,
+    init=None,
+    axis: int = 0,
+    max_iter: int = 200,
+    tol: float = 1e-9,
+    backend: str = "auto",
+) -> DenseFit:
+    """Maximum-likelihood variances of a dense model, one fit per series (exact diffuse prior).
+
+    z: [..., T, ..., d] observations (time on ``axis``, NaN missing; every other axis but the last
+    is a series). build: a model builder ``build(**params) -> DenseModel`` such as
+    :func:`kalmanscan.dense.local_linear_trend`; its parameters without a default that are not in
+    ``fixed`` (1 to 4) are fitted and must be variances entering ``Q`` and ``R`` linearly (checked:
+    a ``ValueError`` names the parameter otherwise). fixed: ``{name: value}`` passed to ``build``
+    as is. init: optional starting values ``{name: value or [series] array}`` (natural units);
+    by default every combination of 0.01 and 0.3 times the series' squared difference scale is
+    tried and the best taken. max_iter, tol: the optimizer's iteration limit and gradient
+    tolerance (per observation, standardized). backend: ``"auto"`` (the native log-likelihood
+    on the CPU, else the scan), ``"native"``, ``"torch"``.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> rng = np.random.default_rng(0)
+    >>> slope = np.cumsum(0.1 * rng.normal(size=(300, 4)), 0)
+    >>> level = np.cumsum(slope + rng.normal(size=(300, 4)), 0)
+    >>> z = (level + 2.0 * rng.normal(size=(300, 4)))[..., None]  # 4 series, [T, 4, 1]
+    >>> res = kd.fit(z, kd.local_linear_trend)
+    >>> sorted(res.params), res.params["obs_var"].shape, bool(res.converged.all())
+    (['level_var', 'obs_var', 'slope_var'], (4,), True)
+    """
+    fixed = dict(fixed or {})
+    names = _free_names(build, fixed)
+    k = len(names)
+    F, H, off, Qs, Rs = _basis(build, names, fixed)
+    if backend not in ("auto", "native", "torch"):
+        raise ValueError(f"backend: expected 'auto', 'native' or 'torch', got {backend!r}")
+    if not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter: expected an int >= 1, got {max_iter!r}")
+    if not (isinstance(tol, float | int) and tol > 0):
+        raise ValueError(f"tol: expected a positive number, got {tol!r}")
+    zt = z.detach().cpu() if isinstance(z, torch.Tensor) else z
+    model, layout = _args.prepare(
+        zt, F, sum(Qs), H, sum(Rs), off, None, None, None, axis, mask=False
+    )
+    if backend == "auto":
+        backend = "native" if native.available() else "torch"
+    if backend == "native" and not native.available():
+        raise ValueError("backend: 'native' needs the compiled extension; use backend='torch'")
+    zl = model.z.to(torch.float64)
+    N = zl.shape[0]
+    n_obs = (~torch.isnan(zl)).sum((1, 2)).numpy().astype(np.float64)
+    s = _scale(zl)
+    fun = _Objective(zl, F, H, off, Qs, Rs, s, n_obs, backend)
+    idx_all = np.arange(N)
+    if init:
+        bad = sorted(set(init) - set(names))
+        if bad:
+            raise ValueError(f"init: {bad} are not free parameters (free: {names})")
+        u0 = np.empty((N, k))
+        for j, p in enumerate(names):
+            if p in init:
+                v = np.broadcast_to(np.asarray(init[p], dtype=np.float64).reshape(-1), (N,))
+                if not np.all(np.isfinite(v) & (v > 0)):
+                    raise ValueError(f"init: expected positive finite values for {p!r}")
+                u0[:, j] = np.log(v / s**2)
+            else:
+                u0[:, j] = np.log(_STARTS[-1])
+    else:
+        starts = np.log(np.array(list(itertools.product(_STARTS, repeat=k))))  # [S, k]
+        U = np.broadcast_to(starts[:, None, :], (len(starts), N, k))
+        fv = fun(U, idx_all)
+        u0 = starts[np.argmin(fv, 0)]
+    usable = n_obs > k
+    opt = optim.minimize(
+        fun, u0, np.ones(k, bool), max_iter=max_iter, gtol=tol, h=_STENCIL_H, active=usable
+    )
+    x = np.where(opt.at_boundary, 0.0, np.exp(opt.u))
+    est = x * (s**2)[:, None]
+    ll = _Objective(zl, F, H, off, Qs, Rs, np.ones(N), n_obs, backend).loglik(est, idx_all)
+    status = np.where(usable, opt.status, optim.NOT_FINITE)
+    msg = np.array(
+        [optim.STATUS_TEXT[c] if u else f"fewer than {k + 1} observations" for c, u in
+         zip(status, usable, strict=True)]
+    )  # fmt: skip
+    shape = layout.batch_shape
+    return DenseFit(
+        params={p: est[:, j].reshape(shape) for j, p in enumerate(names)},
+        loglik=ll.reshape(shape),
+        converged=(status == optim.CONVERGED).reshape(shape),
+        at_boundary={p: opt.at_boundary[:, j].reshape(shape) for j, p in enumerate(names)},
+        n_iter=opt.n_iter.reshape(shape),
+        message=msg.reshape(shape),
+    )
