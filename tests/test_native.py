@@ -508,3 +508,24 @@ def test_infinite_obs_var_is_not_observed_in_values_and_gradients():
     for a, b in zip(grads[:2], grads[2:], strict=True):
         for x, y in zip(a, b, strict=True):
             assert_close(x, y, "parallel", torch.float64, what="gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("N", [1, 63, 1000], ids=lambda n: f"N{n}")
+def test_final_state_is_normalized_exactly(rng, dtype, N):
+    """The recursion keeps max(u, v) in [1, 2) by powers of two; the final triple the contract
+    returns has max(u, v) = 1 exactly, and continuing from it equals one longer call."""
+    T = 257
+    z = torch.from_numpy(rng.normal(size=(2 * T, N))).to(dtype)
+    s = lambda v: torch.full((1, 1), v, dtype=dtype)  # noqa: E731
+    x0 = (torch.zeros(N, dtype=dtype), torch.zeros(N, dtype=dtype), torch.ones(N, dtype=dtype))
+    p = (s(0.5), s(0.97), s(0.2), s(1.3), s(0.1))
+    ex = lambda x: tuple(t.expand(x.shape[0], N) for t in p)  # noqa: E731
+    whole = native.filter_lanes(z, *ex(z), x0)
+    first = native.filter_lanes(z[:T], *ex(z[:T]), x0)
+    u, e, v = first["final"]
+    assert torch.equal(torch.maximum(u, v), torch.ones(N, dtype=dtype))
+    rest = native.filter_lanes(z[T:], *ex(z[T:]), (u, e, v))
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(rest["mean"], whole["mean"][T:], **tol)
+    torch.testing.assert_close(rest["var"], whole["var"][T:], **tol)

@@ -1,9 +1,11 @@
 /* The native CPU backend: the filter, the smoother and the log-likelihood's adjoint of
  * docs/backend-contract.md, one fused pass over time per tile of lanes.
  *
- * Beliefs are homogeneous triples (u, e, v), normalized to max(u, v) = 1 (precision u/v, mean
- * e/u): a diffuse state (0, 0, 1) and a state known exactly (1, m, 0) are ordinary values, so
- * nothing overflows on a valid model. One step (a decay, p process_var, c offset, h loading,
+ * Beliefs are homogeneous triples (u, e, v) (precision u/v, mean e/u): a diffuse state (0, 0, 1)
+ * and a state known exactly (1, m, 0) are ordinary values, so nothing overflows on a valid model.
+ * The filter's recursion scales the triple by a power of two each step (exact, no division on the
+ * recursion's path: max(u, v) in [1, 2)); the contract's max(u, v) = 1 holds for the final state
+ * and for the steps redone exactly. One step (a decay, p process_var, c offset, h loading,
  * R obs_var; forget where a*a == 0):
  *
  *     predict  (u, e, v) -> (u + q v, c (u + q v) + a (1 - q) e, p u + d v) / max
@@ -155,6 +157,9 @@ static inline double ks_log(double x) {
 #define KS_FT_MAX DBL_MAX
 #define KS_SAFE_MIN 0x1p-300 /* the fast form's range of an unnormalized predicted triple */
 #define KS_SAFE_MAX 0x1p+300
+#define KS_UINT uint64_t
+#define KS_EXP_MASK 0x7ff0000000000000u
+#define KS_EXP_TWICE_BIAS 0x7fe0000000000000u /* twice the exponent bias, in the field */
 #define KS_NAME ks_f64
 #include "_native_kernel.h"
 #include "_native_adjoint.h"
@@ -163,6 +168,9 @@ static inline double ks_log(double x) {
 #undef KS_FT_MAX
 #undef KS_SAFE_MIN
 #undef KS_SAFE_MAX
+#undef KS_UINT
+#undef KS_EXP_MASK
+#undef KS_EXP_TWICE_BIAS
 #undef KS_NAME
 
 #define KS_FT float
@@ -170,6 +178,9 @@ static inline double ks_log(double x) {
 #define KS_FT_MAX FLT_MAX
 #define KS_SAFE_MIN 0x1p-60f
 #define KS_SAFE_MAX 0x1p+60f
+#define KS_UINT uint32_t
+#define KS_EXP_MASK 0x7f800000u
+#define KS_EXP_TWICE_BIAS 0x7f000000u
 #define KS_NAME ks_f32
 #include "_native_kernel.h"
 #include "_native_adjoint.h"
@@ -178,6 +189,9 @@ static inline double ks_log(double x) {
 #undef KS_FT_MAX
 #undef KS_SAFE_MIN
 #undef KS_SAFE_MAX
+#undef KS_UINT
+#undef KS_EXP_MASK
+#undef KS_EXP_TWICE_BIAS
 #undef KS_NAME
 
 /* ------------------------------------------------------------------------------------------------

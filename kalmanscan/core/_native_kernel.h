@@ -12,51 +12,69 @@
 
 #define KS_F(name) KS_CAT(KS_NAME, name)
 
-/* Divide (U, E, V) by max(U, V), setting the larger of U, V to exactly 1. The fast form multiplies
- * by the reciprocal and returns KS_ROW_INEXACT where that reciprocal or max is outside the normal
- * range (the caller then redoes the step with exact = 1, which divides). */
-static KS_INLINE int KS_F(_norm)(const int exact, KS_FT *u, KS_FT *e, KS_FT *v) {
+/* Divide (U, E, V) by max(U, V), setting the larger of U, V to exactly 1 (the exact form). */
+static KS_INLINE void KS_F(_norm)(KS_FT *u, KS_FT *e, KS_FT *v) {
     typedef KS_FT FT;
     const FT U = *u, E = *e, V = *v;
     const int big_u = U >= V;
     const FT m = big_u ? U : V;
-    const FT rm = (FT)1 / m;
     /* the larger entry exactly 1, by arithmetic: GCC does not vectorize a select between a
      * constant and a value on this (unordered) comparison */
-    const FT bu = (FT)big_u, su = exact ? U / m : U * rm, sv = exact ? V / m : V * rm;
-    *u = bu + ((FT)1 - bu) * su;
-    *v = ((FT)1 - bu) + bu * sv;
-    *e = exact ? E / m : E * rm;
-    return exact ? 0 : (((m >= (FT)KS_FT_MIN) & (rm >= (FT)KS_FT_MIN)) ^ 1) * KS_ROW_INEXACT;
+    const FT bu = (FT)big_u;
+    *u = bu + ((FT)1 - bu) * (U / m);
+    *v = ((FT)1 - bu) + bu * (V / m);
+    *e = E / m;
 }
 
 /* mean e/u, variance v/u, precision u/v, information e/v of a normalized triple (one of u, v is
- * exactly 1, so one reciprocal serves): NaN / inf / 0 where u or v is 0, as IEEE division gives. */
-static KS_INLINE int KS_F(_moments)(const int exact, KS_FT u, KS_FT e, KS_FT v, KS_FT *mean,
-                                    KS_FT *var, KS_FT *prec, KS_FT *info) {
+ * exactly 1), by division: NaN / inf / 0 where u or v is 0, as IEEE division gives. */
+static KS_INLINE void KS_F(_moments)(KS_FT u, KS_FT e, KS_FT v, KS_FT *mean, KS_FT *var,
+                                     KS_FT *prec, KS_FT *info) {
     typedef KS_FT FT;
     const int big_u = u >= v; /* then u == 1 */
     const FT n = big_u ? v : u;
-    const FT r = (FT)1 / n;
-    const FT en = exact ? e / n : e * r;
+    const FT en = e / n;
     *mean = big_u ? e : en;
-    *var = big_u ? v : r;
-    *prec = big_u ? r : u;
+    *var = big_u ? v : (FT)1 / n;
+    *prec = big_u ? (FT)1 / n : u;
     *info = big_u ? en : e;
-    return exact ? 0 : (((n == (FT)0) | (n >= (FT)KS_FT_MIN)) ^ 1) * KS_ROW_INEXACT;
 }
 
-/* One step of one lane: the normalized state (u, e, v) in and out, the normalized predicted triple
- * out (where `write`), the step's log-likelihood term (float64) out. The update is written
- * (R u + h^2 v, R e + h z v, R v), the contract's (u + phi v, e + r v, v) times R, so a tiny R
- * divides nothing. The fast form does not normalize the predicted triple on the way to the update
- * (the log-likelihood term is homogeneous of degree 0 in it), which takes a division off the
- * recursion's critical path; it reports KS_ROW_INEXACT (redo with exact = 1) where that triple's
- * scale or any result leaves a safe range. Returns also KS_NOT_FINITE (the new state is not
- * finite) and KS_Z_INF (z is +-inf). */
-static KS_INLINE int KS_F(_step)(const int exact, const int write, KS_FT z, KS_FT R, KS_FT a,
-                                 KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv,
-                                 KS_FT *pu, KS_FT *pe, KS_FT *pv, double *ll) {
+/* 2^-k for m in [2^k, 2^(k+1)) (m positive and normal, below 2^(max exponent)): multiplying by
+ * it is exact. Integer arithmetic on the exponent field; no division. */
+static KS_INLINE KS_FT KS_F(_pow2_inv)(KS_FT m) {
+    KS_UINT b;
+    memcpy(&b, &m, sizeof b);
+    b = (KS_UINT)KS_EXP_TWICE_BIAS - (b & (KS_UINT)KS_EXP_MASK);
+    KS_FT r;
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+
+/* 1/u and 1/v (u, v >= 0, not both 0; inf where 0, so that the moments multiply by them as IEEE
+ * division gives). KS_ROW_INEXACT where the smaller is nonzero and below the normal range (its
+ * reciprocal could overflow; the caller redoes the step with divisions). Two divisions cost less
+ * here than one of u v with the selects and checks it needs. */
+static KS_INLINE int KS_F(_recips)(KS_FT u, KS_FT v, KS_FT *iu, KS_FT *iv) {
+    typedef KS_FT FT;
+    *iu = (FT)1 / u;
+    *iv = (FT)1 / v;
+    const FT mn = u <= v ? u : v;
+    return (((mn == (FT)0) | (mn >= (FT)KS_FT_MIN)) ^ 1) * KS_ROW_INEXACT;
+}
+
+/* One step of one lane: the state (u, e, v) in and out, the predicted triple (U, E, V) out, the
+ * step's log-likelihood term (float64) out. The update is written (R u + h^2 v, R e + h z v, R v),
+ * the contract's (u + phi v, e + r v, v) times R, so a tiny R divides nothing.
+ * Exact form (exact = 1): the predicted triple and the state normalized by division, max(u, v) = 1.
+ * Fast form: nothing divides on the recursion's path. The predicted triple is not normalized (the
+ * log-likelihood term is homogeneous of degree 0 in it) and the state is scaled by a power of two
+ * (exact), max(u, v) in [1, 2); it reports KS_ROW_INEXACT (redo with exact = 1) where the
+ * predicted triple's scale or any result leaves a safe range. Returns also KS_NOT_FINITE (the new
+ * state is not finite) and KS_Z_INF (z is +-inf). */
+static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
+                                 KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv, KS_FT *pu, KS_FT *pe,
+                                 KS_FT *pv, double *ll) {
     typedef KS_FT FT;
     const FT u0 = *su, e0 = *se, v0 = *sv;
     const FT a2 = a * a;
@@ -67,21 +85,14 @@ static KS_INLINE int KS_F(_step)(const int exact, const int write, KS_FT z, KS_F
     FT E = c * U + (forget ? (FT)0 : a * e0);
     int fl = 0;
     if (exact) {
-        KS_F(_norm)(1, &U, &E, &V);
-        *pu = U;
-        *pe = E;
-        *pv = V;
+        KS_F(_norm)(&U, &E, &V);
     } else {
         const FT m1 = U >= V ? U : V;
         fl = (((m1 >= (FT)KS_SAFE_MIN) & (m1 <= (FT)KS_SAFE_MAX)) ^ 1) * KS_ROW_INEXACT;
-        if (write) {
-            FT nu = U, ne = E, nv = V;
-            fl |= KS_F(_norm)(0, &nu, &ne, &nv);
-            *pu = nu;
-            *pe = ne;
-            *pv = nv;
-        }
     }
+    *pu = U;
+    *pe = E;
+    *pv = V;
     /* update: observed where z is not NaN (and obs_var is finite) */
     const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
     const FT zz = observed ? z : (FT)0, RR = observed ? R : (FT)1;
@@ -89,7 +100,16 @@ static KS_INLINE int KS_F(_step)(const int exact, const int write, KS_FT z, KS_F
     FT u = observed ? RR * U + h * hv : U;
     FT e = observed ? RR * E + zz * hv : E;
     FT v = observed ? RR * V : V;
-    fl |= KS_F(_norm)(exact, &u, &e, &v);
+    if (exact) {
+        KS_F(_norm)(&u, &e, &v);
+    } else {
+        const FT m2 = u >= v ? u : v;
+        const FT sc = KS_F(_pow2_inv)(m2);
+        fl |= (((m2 >= (FT)KS_FT_MIN) & (m2 <= (FT)KS_SAFE_MAX)) ^ 1) * KS_ROW_INEXACT;
+        u *= sc;
+        e *= sc;
+        v *= sc;
+    }
     *su = u;
     *se = e;
     *sv = v;
@@ -124,10 +144,23 @@ static KS_INLINE int KS_F(_elem)(const int exact, const int write, KS_FT z, KS_F
                                  double *ll, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_prec,
                                  KS_FT *o_info, KS_FT *o_pmean, KS_FT *o_pvar, KS_FT *o_pprec) {
     KS_FT pu, pe, pv, pinfo;
-    int fl = KS_F(_step)(exact, write, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
+    int fl = KS_F(_step)(exact, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
     if (write) {
-        fl |= KS_F(_moments)(exact, *u, *e, *v, o_mean, o_var, o_prec, o_info);
-        fl |= KS_F(_moments)(exact, pu, pe, pv, o_pmean, o_pvar, o_pprec, &pinfo);
+        if (exact) {
+            KS_F(_moments)(*u, *e, *v, o_mean, o_var, o_prec, o_info);
+            KS_F(_moments)(pu, pe, pv, o_pmean, o_pvar, o_pprec, &pinfo);
+        } else {
+            KS_FT iu, iv, piu, piv;
+            fl |= KS_F(_recips)(*u, *v, &iu, &iv);
+            fl |= KS_F(_recips)(pu, pv, &piu, &piv);
+            *o_mean = *e * iu;
+            *o_var = *v * iu;
+            *o_prec = *u * iv;
+            *o_info = *e * iv;
+            *o_pmean = pe * piu;
+            *o_pvar = pv * piu;
+            *o_pprec = pu * piv;
+        }
     }
     return fl;
 }
@@ -154,18 +187,20 @@ static KS_INLINE int KS_F(_elem_fixed)(const int write, KS_FT z, KS_FT R, KS_FT 
     return fl & ~KS_ROW_INEXACT;
 }
 
-/* A row of nb lanes, fast form, state updated in place; the caller redoes the lanes of a row that
- * reports KS_ROW_INEXACT one by one (the state in is kept in `keep`). */
+/* A row of nb lanes, fast form: state (ui, ei, vi, li) in, (uo, eo, vo, lo) out; the caller redoes
+ * the lanes of a row that reports KS_ROW_INEXACT one by one from the state in. */
 static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *restrict zs,
                                 const KS_FT *restrict Rs, const KS_FT *restrict as,
                                 const KS_FT *restrict ps, const KS_FT *restrict hs,
-                                const KS_FT *restrict cs, KS_FT *restrict us, KS_FT *restrict es,
-                                KS_FT *restrict vs, double *restrict acc, KS_FT *restrict o0,
+                                const KS_FT *restrict cs, const KS_FT *restrict ui,
+                                const KS_FT *restrict ei, const KS_FT *restrict vi,
+                                const double *restrict li, KS_FT *restrict uo, KS_FT *restrict eo,
+                                KS_FT *restrict vo, double *restrict lo, KS_FT *restrict o0,
                                 KS_FT *restrict o1, KS_FT *restrict o2, KS_FT *restrict o3,
                                 KS_FT *restrict o4, KS_FT *restrict o5, KS_FT *restrict o6) {
     int fl = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
-        KS_FT u = us[j], e = es[j], v = vs[j];
+        KS_FT u = ui[j], e = ei[j], v = vi[j];
         double l;
         if (write)
             fl |= KS_F(_elem)(0, 1, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
@@ -173,24 +208,33 @@ static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *res
         else
             fl |= KS_F(_elem)(0, 0, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
                               NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-        us[j] = u;
-        es[j] = e;
-        vs[j] = v;
-        acc[j] += l;
+        uo[j] = u;
+        eo[j] = e;
+        vo[j] = v;
+        lo[j] = li[j] + l;
     }
     return fl;
 }
 
-KS_CLONES static int KS_F(_row_all)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], KS_FT *us,
-                                    KS_FT *es, KS_FT *vs, double *acc, KS_FT *const o[KS_NOUT]) {
+/* the state of a tile: u, e, v tiles and the log-likelihood tile */
+typedef struct {
+    KS_FT *u, *e, *v;
+    double *l;
+} KS_F(_state);
+
+KS_CLONES static int KS_F(_row_all)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
+                                    const KS_F(_state) *in, const KS_F(_state) *out,
+                                    KS_FT *const o[KS_NOUT]) {
     return KS_F(_row)(1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                      us, es, vs, acc, o[0], o[1], o[2], o[3], o[4], o[5], o[6]);
+                      in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, o[0], o[1],
+                      o[2], o[3], o[4], o[5], o[6]);
 }
 
-KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES], KS_FT *us,
-                                   KS_FT *es, KS_FT *vs, double *acc) {
+KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
+                                   const KS_F(_state) *in, const KS_F(_state) *out) {
     return KS_F(_row)(0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                      us, es, vs, acc, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+                      in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, NULL, NULL,
+                      NULL, NULL, NULL, NULL, NULL);
 }
 
 /* KS_BAD_INPUT where step t's parameters of nb lanes leave the ranges filter._validate checks:
@@ -237,7 +281,7 @@ static KS_INLINE void KS_F(_back)(KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h, K
     FT u = forget ? (FT)0 : a2 * U1;
     FT e = forget ? (FT)0 : a * (E1 - c * U1);
     FT v = forget ? (FT)1 : V1 + p * U1;
-    KS_F(_norm)(1, &u, &e, &v);
+    KS_F(_norm)(&u, &e, &v);
     *su = u;
     *se = e;
     *sv = v;
@@ -308,6 +352,8 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
     const Py_ssize_t T = job->T, N = job->N;
     const ks_series *in = job->in;
     const int write = job->out[0] != NULL;
+    int fixed = 1; /* parameters constant in time: checked once */
+    for (int k = KS_OBS; k < KS_NSERIES; k++) fixed &= in[k].st == 0;
     int flags = 0;
     for (Py_ssize_t n = n0; n < n0 + nb; n++) {
         const FT *zp = (const FT *)in[KS_Z].ptr + n * in[KS_Z].sn;
@@ -320,21 +366,23 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
         FT e = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
         FT v = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
         flags |= KS_F(_check_x0)(u, e, v);
-        KS_F(_norm)(1, &u, &e, &v);
+        KS_F(_norm)(&u, &e, &v);
         double ll = 0.0;
         for (Py_ssize_t t = 0; t < T; t++) {
             FT *o[KS_NOUT];
             for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n : NULL;
             double l;
-            flags |= KS_F(_check_row)(1, op + t * in[KS_OBS].st, ap + t * in[KS_A].st,
-                                      pp + t * in[KS_P].st, hp + t * in[KS_H].st,
-                                      cp + t * in[KS_C].st);
+            if (t == 0 || !fixed)
+                flags |= KS_F(_check_row)(1, op + t * in[KS_OBS].st, ap + t * in[KS_A].st,
+                                          pp + t * in[KS_P].st, hp + t * in[KS_H].st,
+                                          cp + t * in[KS_C].st);
             flags |= KS_F(_elem_fixed)(write, zp[t * in[KS_Z].st], op[t * in[KS_OBS].st],
                                        ap[t * in[KS_A].st], pp[t * in[KS_P].st],
                                        hp[t * in[KS_H].st], cp[t * in[KS_C].st], &u, &e, &v, &l,
                                        o);
             ll += l;
         }
+        KS_F(_norm)(&u, &e, &v); /* the contract's max(u, v) = 1 */
         ((FT *)job->final[0])[n] = u;
         ((FT *)job->final[1])[n] = e;
         ((FT *)job->final[2])[n] = v;
@@ -358,65 +406,73 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
     return flags;
 }
 
-/* Lanes [n0, n0 + nb) over all steps (nb <= W). work: 6 state tiles (state and a copy of the
- * state in, for redoing a row), KS_NSERIES gather tiles; acc: 2 log-likelihood tiles. */
+/* Lanes [n0, n0 + nb) over all steps (nb <= W). work: 6 state tiles (the state in and out of a
+ * step, swapped every step, so a row can be redone from its state in) and KS_NSERIES gather tiles;
+ * acc: 2 log-likelihood tiles. */
 static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize_t W, KS_FT *work,
                        double *acc) {
     typedef KS_FT FT;
     const Py_ssize_t T = job->T, N = job->N;
     const int write = job->out[0] != NULL;
-    FT *us = work, *es = work + W, *vs = work + 2 * W;
-    FT *ku = work + 3 * W, *ke = work + 4 * W, *kv = work + 5 * W;
+    KS_F(_state) st[2] = {{work, work + W, work + 2 * W, acc},
+                          {work + 3 * W, work + 4 * W, work + 5 * W, acc + W}};
     FT *buf = work + 6 * W;
-    double *kacc = acc + W;
     const FT *src[KS_NSERIES];
+    /* parameters constant in time are checked once (their gather tiles are filled once) */
+    int fixed = 1;
+    for (int k = KS_OBS; k < KS_NSERIES; k++) fixed &= job->in[k].st == 0;
     int seen = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
-        us[j] = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
-        es[j] = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
-        vs[j] = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
-        seen |= KS_F(_check_x0)(us[j], es[j], vs[j]);
-        KS_F(_norm)(1, &us[j], &es[j], &vs[j]);
-        acc[j] = 0.0;
+        FT u = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
+        FT e = ((const FT *)job->x0[1])[n * job->x0_sn[1]];
+        FT v = ((const FT *)job->x0[2])[n * job->x0_sn[2]];
+        seen |= KS_F(_check_x0)(u, e, v);
+        KS_F(_norm)(&u, &e, &v);
+        st[0].u[j] = u;
+        st[0].e[j] = e;
+        st[0].v[j] = v;
+        st[0].l[j] = 0.0;
     }
     for (Py_ssize_t t = 0; t < T; t++) {
+        const KS_F(_state) *in = &st[t & 1], *out = &st[(t & 1) ^ 1];
         KS_F(_sources)(job, t, n0, nb, buf, W, t == 0, src);
-        seen |= KS_F(_check_row)(nb, src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C]);
+        if (t == 0 || !fixed)
+            seen |= KS_F(_check_row)(nb, src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C]);
         FT *o[KS_NOUT];
-        for (int k = 0; k < KS_NOUT; k++) o[k] = write ? (FT *)job->out[k] + t * N + n0 : NULL;
-        memcpy(ku, us, nb * sizeof(FT));
-        memcpy(ke, es, nb * sizeof(FT));
-        memcpy(kv, vs, nb * sizeof(FT));
-        memcpy(kacc, acc, nb * sizeof(double));
-        int fl = write ? KS_F(_row_all)(nb, src, us, es, vs, acc, o)
-                       : KS_F(_row_ll)(nb, src, us, es, vs, acc);
+        for (int k = 0; k < KS_NOUT; k++)
+            o[k] = write ? (FT *)job->out[k] + t * N + n0 : NULL;
+        int fl = write ? KS_F(_row_all)(nb, src, in, out, o) : KS_F(_row_ll)(nb, src, in, out);
         if (fl & KS_ROW_INEXACT) { /* redo the row lane by lane, exact where needed */
             fl = 0;
             for (Py_ssize_t j = 0; j < nb; j++) {
                 FT *oj[KS_NOUT];
                 for (int k = 0; k < KS_NOUT; k++) oj[k] = write ? o[k] + j : NULL;
-                FT u = ku[j], e = ke[j], v = kv[j];
+                FT u = in->u[j], e = in->e[j], v = in->v[j];
                 double l;
                 fl |= KS_F(_elem_fixed)(write, src[KS_Z][j], src[KS_OBS][j], src[KS_A][j],
                                         src[KS_P][j], src[KS_H][j], src[KS_C][j], &u, &e, &v, &l,
                                         oj);
-                us[j] = u;
-                es[j] = e;
-                vs[j] = v;
-                acc[j] = kacc[j] + l;
+                out->u[j] = u;
+                out->e[j] = e;
+                out->v[j] = v;
+                out->l[j] = in->l[j] + l;
             }
         }
         seen |= fl;
     }
+    const KS_F(_state) *fin = &st[T & 1];
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
-        ((FT *)job->final[0])[n] = us[j];
-        ((FT *)job->final[1])[n] = es[j];
-        ((FT *)job->final[2])[n] = vs[j];
-        ((FT *)job->loglik)[n] = (FT)acc[j];
-        seen |= acc[j] - acc[j] == 0.0 ? 0 : KS_NOT_FINITE;
+        FT u = fin->u[j], e = fin->e[j], v = fin->v[j];
+        KS_F(_norm)(&u, &e, &v); /* the contract's max(u, v) = 1 */
+        ((FT *)job->final[0])[n] = u;
+        ((FT *)job->final[1])[n] = e;
+        ((FT *)job->final[2])[n] = v;
+        ((FT *)job->loglik)[n] = (FT)fin->l[j];
+        seen |= fin->l[j] - fin->l[j] == 0.0 ? 0 : KS_NOT_FINITE;
     }
+    FT *us = st[0].u, *es = st[0].e, *vs = st[0].v;
     if (job->smooth[0] != NULL) { /* backward information filter, from B_{T-1} = (0, 0, 1) */
         for (Py_ssize_t j = 0; j < nb; j++) {
             us[j] = 0;
