@@ -12,6 +12,13 @@ log-likelihoods agree to 1e-9 is counted as flat, the likelihood not telling the
 log-likelihood equal statsmodels' minus the exact ``0.5 log(2 pi)`` that statsmodels keeps for the
 diffuse first step. No speed is reported for a case whose check fails.
 
+simdkalman's EM (``KalmanFilter.em``: the local level's two noise variances of every series, and
+its initial state, by expectation-maximization over all series at once) runs on the same data
+with ``--em-iters`` iterations (default 10 and 100; it starts from half the step variance for
+both), timed once; its estimates are compared with statsmodels' tight fit and its exact diffuse
+log-likelihood (``ks.loglik`` at its estimates) with kalmanscan's maximum (the gap is >= 0 where
+``fit_ou`` found the maximum).
+
     python benchmarks/fit.py [--quick] [--json benchmarks/results/fit-cpu.json] [--markdown FILE]
     python benchmarks/fit.py --threads-only   # the busy-core table alone
 """
@@ -150,7 +157,52 @@ def agreement(z, fit, ref):
     }
 
 
-def run_case(name, z, quick):
+def em_fit(z, n_iter):
+    """simdkalman's EM for the local level of every column of z; (obs_var, sigma2) per series."""
+    import simdkalman
+
+    step_var = 0.5 * np.nanmean(np.diff(z, axis=0) ** 2, axis=0)
+    start = (0.5 * step_var)[:, None, None]
+    kf = simdkalman.KalmanFilter(
+        state_transition=[[1.0]], process_noise=start, observation_model=[[1.0]],
+        observation_noise=start,
+    )  # fmt: skip
+    first = np.array([col[~np.isnan(col)][0] for col in z.T])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = kf.em(z.T, n_iter=n_iter, initial_value=first[:, None, None],
+                    initial_covariance=(10 * step_var)[:, None, None])  # fmt: skip
+    n = z.shape[1]
+    return np.asarray(res.observation_noise).reshape(n), np.asarray(res.process_noise).reshape(n)
+
+
+def em_rows(name, z, fit, ref, t_ks, iters):
+    """simdkalman's EM on the case: time, estimates against statsmodels' tight fit ``ref`` (first
+    series, as ``agreement``), exact diffuse log-likelihood gap to ``fit`` (kalmanscan's)."""
+    rows = []
+    ncheck = len(ref[0])
+    step_var = 0.5 * np.nanmean(np.diff(z[:, :ncheck], axis=0) ** 2, axis=0)
+    for n_iter in iters:
+        t, (ov, s2) = timed(lambda n_iter=n_iter: em_fit(z, n_iter), 1)
+        ll = np.atleast_1d(ks.loglik(z, obs_var=ov[None], decay=1.0, process_var=s2[None]))
+        gap = np.atleast_1d(fit.loglik) - ll
+
+        def err(k, r):
+            near0 = np.minimum(k, r) < 1e-6 * step_var
+            return np.where(near0, np.abs(k - r) / step_var, np.abs(k / r - 1))
+
+        row = dict(
+            case=name, series=z.shape[1], em_iters=n_iter, em_s=t, ratio=t / t_ks,
+            obs_var_err=float(err(ov[:ncheck], ref[0]).max()),
+            sigma2_err=float(err(s2[:ncheck], ref[1]).max()),
+            loglik_gap_max=float(gap.max()), loglik_gap_median=float(np.median(gap)),
+        )  # fmt: skip
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def run_case(name, z, quick, em_iters=()):
     n = z.shape[1]
     reps = 5 if n == 1 else (3 if n <= 100 else 1)
     cold = cold_time(z)
@@ -173,6 +225,7 @@ def run_case(name, z, quick):
         for k in ("ks_cold_s", "ks_warm_s", "ratio_default", "ratio_tight"):
             row[k] = None
     print(json.dumps(row), flush=True)
+    row["em"] = em_rows(name, z, fit, ref, t_ks, em_iters) if agree["ok"] else []
     return row
 
 
@@ -211,6 +264,12 @@ def busy_core_table(z):
     return rows
 
 
+def _dist_version(name):
+    from importlib.metadata import version
+
+    return version(name)
+
+
 BUSY_PATH = os.path.join(tempfile.gettempdir(), f"kalmanscan-fit-busy-{os.getpid()}.npy")
 
 
@@ -218,7 +277,8 @@ def markdown(result):
     m = result["meta"]
     lines = [
         f"CPU: {m['machine']} ({m['cores']} cores), {m['torch_threads']} torch threads, torch "
-        f"{m['torch']}, statsmodels {m['statsmodels']}; {m['date']}; load average (1 min) at "
+        f"{m['torch']}, statsmodels {m['statsmodels']}, simdkalman {m.get('simdkalman')}; "
+        f"{m['date']}; load average (1 min) at "
         f"start {m['load_start']:.1f}, at end {m['load_end']:.1f}.",
         "",
         "| job | kalmanscan cold s | kalmanscan warm s | statsmodels `.fit()` s | × | "
@@ -247,6 +307,21 @@ def markdown(result):
                 else "0 |"
             )
         )
+    em = [e for r in result["cases"] for e in r.get("em", [])]
+    if em:
+        lines += [
+            "",
+            "| job | simdkalman EM iterations | EM s | × kalmanscan warm | max rel. diff obs_var, "
+            "sigma2 (to statsmodels tight) | loglik gap to kalmanscan's maximum: max, median |",
+            "|---|---|---|---|---|---|",
+        ]
+        for e in em:
+            label = {"nile": "Nile", "co2": "CO2"}.get(e["case"], f"{e['series']} series")
+            lines.append(
+                f"| {label} | {e['em_iters']} | {e['em_s']:.3g} | {e['ratio']:.3g}× | "
+                f"{e['obs_var_err']:.1e}, {e['sigma2_err']:.1e} | "
+                f"{e['loglik_gap_max']:.1e}, {e['loglik_gap_median']:.1e} |"
+            )
     if result.get("busy"):
         lines += [
             "",
@@ -268,12 +343,16 @@ def main():
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--threads-only", action="store_true")
     ap.add_argument("--cases", default=None, help="comma-separated subset of the cases")
+    ap.add_argument("--em-iters", default="10,100",
+                    help="simdkalman EM iterations to run, comma-separated ('' for none)")  # fmt: skip
     args = ap.parse_args()
+    import simdkalman
     import statsmodels
 
     meta = dict(
         machine=platform.machine(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
         torch=torch.__version__, statsmodels=statsmodels.__version__,
+        simdkalman=getattr(simdkalman, "__version__", None) or _dist_version("simdkalman"),
         date=datetime.date.today().isoformat(), load_start=os.getloadavg()[0],
         kalmanscan_backend=ks.core.backends.resolve("auto", torch.device("cpu")),
     )  # fmt: skip
@@ -281,7 +360,8 @@ def main():
     cases = []
     if not args.threads_only:
         names = args.cases.split(",") if args.cases else list(data)
-        cases = [run_case(k, data[k], args.quick) for k in names]
+        iters = [int(x) for x in args.em_iters.split(",") if x]
+        cases = [run_case(k, data[k], args.quick, iters) for k in names]
     np.save(BUSY_PATH, data["sim100"])
     try:
         busy = busy_core_table(data["sim100"])
