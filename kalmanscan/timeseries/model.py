@@ -12,6 +12,13 @@ the timestamps. Parameters are scalars or arrays broadcasting against ``S``.
 Prior (the state at the first timestamp): stationary ``N(mu, sigma2 / (2 theta))`` when
 ``theta > 0``, diffuse when ``theta = 0``; both are ``lam_0 = 2 theta / sigma2`` in information
 form, so the default is continuous in ``theta``. Override with ``prior_mean`` / ``prior_var``.
+
+Units: every output is computed in units of a power of two ``c`` per series (the largest of the
+data's largest magnitude and the parameters' scales, :func:`data_unit`) and mapped back (means
+times ``c``, variances times ``c**2``, the log-likelihood minus ``log c`` per contributing
+observation). Dividing by a power of two is exact, so the answer is the natural-unit one wherever
+that is representable, and data at 1e-150 or 1e150 give the scale-1 answer rescaled
+(docs/model.md, "Units and scale").
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core.discretize import discretize_ou
+from kalmanscan.core.filter import InfoState
 from kalmanscan.timeseries.times import (
     TimeAxis,
     _labels_array,
@@ -158,6 +166,79 @@ def default_prior(theta, sigma2, mu):
     return mu, (float(var) if var.ndim == 0 else var)
 
 
+def _host_array(v) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+    return np.asarray(v, dtype=np.float64)
+
+
+def data_unit(shape, values=(), scales=()) -> np.ndarray:
+    """Per-series unit ``c [*shape]``: the power of two at or above the largest finite magnitude
+    among ``values`` (``|x|``) and ``scales`` (``sqrt(v)`` of variances), each reduced over its
+    leading axes to ``shape``; 1 where none is positive. Arrays that do not broadcast to ``shape``
+    are left for the filter's own argument check (``c = 1``).
+
+    >>> data_unit((2,), values=[np.array([[3.0, 0.0], [-5.0, 0.0]])], scales=[4.0]).tolist()
+    [8.0, 4.0]
+    """
+    big = np.zeros(shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for kind, items in (("value", values), ("scale", scales)):
+            for v in items:
+                if v is None:
+                    continue
+                a = np.abs(_host_array(v))
+                if kind == "scale":
+                    a = np.sqrt(a)
+                a = np.where(np.isfinite(a), a, 0.0)
+                if a.ndim > len(shape):
+                    a = a.reshape((-1,) + a.shape[a.ndim - len(shape) :]).max(0)
+                try:
+                    big = np.maximum(big, np.broadcast_to(a, shape))
+                except ValueError:
+                    return np.ones(shape)
+    _, e = np.frexp(big)
+    return np.where(big > 0, np.ldexp(1.0, e), 1.0)
+
+
+def _scaled(x, f):
+    """``x * f`` keeping ``x``'s type and dtype (numpy array, tensor or number)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x * torch.as_tensor(f, dtype=x.dtype, device=x.device)
+    x = np.asarray(x)
+    if x.dtype.kind == "f":
+        return x * np.asarray(f, dtype=x.dtype)
+    return x * f
+
+
+def _rescale_filter(res, c, observed):
+    """A :class:`kalmanscan.FilterResult` computed on ``z / c`` mapped to ``z``'s units. The
+    log-likelihood loses ``log c`` for every observed step with a known prediction (the steps
+    that contribute, see ``kalmanscan.core.steps.loglik_terms``)."""
+    c2 = c * c
+    pp = _host_array(res.pred_precision)
+    n_contrib = (observed & (pp > 0)).sum(0)
+    shift = n_contrib * np.log(c)
+    ll = res.loglik
+    if isinstance(ll, torch.Tensor):
+        ll = ll - torch.as_tensor(shift, dtype=ll.dtype, device=ll.device)
+    else:
+        ll = np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
+    return type(res)(
+        mean=_scaled(res.mean, c),
+        var=_scaled(res.var, c2),
+        precision=_scaled(res.precision, 1.0 / c2),
+        info=_scaled(res.info, 1.0 / c),
+        pred_mean=_scaled(res.pred_mean, c),
+        pred_var=_scaled(res.pred_var, c2),
+        pred_precision=_scaled(res.pred_precision, 1.0 / c2),
+        loglik=ll,
+        final=InfoState(_scaled(res.final.lam, 1.0 / c2), _scaled(res.final.eta, 1.0 / c)),
+    )
+
+
 class Forecast(NamedTuple):
     """Forecast at future ``times`` (time first: ``[H, *S]``).
 
@@ -236,20 +317,42 @@ class OUModel:
         ax = as_time_axis(times, z.shape[0], self.time_unit)
         return z, ax, labels
 
-    def filter_args(self, time_axis: TimeAxis, n_series_dims: int) -> dict:
-        """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``."""
-        decay, process_var, offset = ou_arrays(
-            self.theta, self.sigma2, self.mu, time_axis.dt, n_series_dims
-        )
-        prior_mean, prior_var = self.prior()
+    def filter_args(self, time_axis: TimeAxis, n_series_dims: int, unit=None) -> dict:
+        """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``; with
+        ``unit`` (``c``, per series) those for the data ``z / c`` (means over ``c``, variances
+        over ``c**2``)."""
+        if unit is None:
+            sigma2, mu, obs_var = self.sigma2, self.mu, self.obs_var
+            prior_mean, prior_var = self.prior()
+        else:
+            inv, inv2 = 1.0 / unit, 1.0 / (unit * unit)
+            sigma2, mu, obs_var = (
+                _scaled(self.sigma2, inv2), _scaled(self.mu, inv), _scaled(self.obs_var, inv2)
+            )  # fmt: skip
+            prior_mean, prior_var = default_prior(self.theta, sigma2, mu)
+            if self.prior_mean is not None:
+                prior_mean = _scaled(self.prior_mean, inv)
+            if self.prior_var is not None:
+                prior_var = _scaled(self.prior_var, inv2)
+        decay, process_var, offset = ou_arrays(self.theta, sigma2, mu, time_axis.dt, n_series_dims)
         return dict(
-            obs_var=self.obs_var,
+            obs_var=obs_var,
             decay=decay,
             process_var=process_var,
             offset=offset,
             prior_mean=prior_mean,
             prior_var=prior_var,
         )
+
+    def unit(self, z, time_axis: TimeAxis) -> np.ndarray:
+        """The per-series power of two ``c [*S]`` the filter works in for time-first ``z``
+        (module docstring): at or above ``max |z|``, ``sqrt(obs_var)``, ``|mu|``,
+        ``sqrt(sigma2 * tau)`` (``tau`` the median step) and the prior's mean and scale."""
+        pos = time_axis.dt[time_axis.dt > 0]
+        tau = float(np.median(pos)) if pos.size else 1.0
+        values = [z, self.mu, self.prior_mean]
+        scales = [self.obs_var, _scaled(self.sigma2, tau), self.prior_var]
+        return data_unit(np.shape(z)[1:], values, scales)
 
     # --- public methods -----------------------------------------------------------------------
     def filter(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
@@ -267,7 +370,15 @@ class OUModel:
     ):
         """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
         fn = filter_api.smooth if smooth else filter_api.filter
-        return fn(z, **self.filter_args(time_axis, z.ndim - 1), axis=0, backend=backend)
+        c = self.unit(z, time_axis)
+        zs = (z / c).astype(z.dtype, copy=False)
+        res = fn(zs, **self.filter_args(time_axis, z.ndim - 1, unit=c), axis=0, backend=backend)
+        observed = ~np.isnan(z)
+        if not smooth:
+            return _rescale_filter(res, c, observed)
+        return type(res)(
+            _scaled(res.mean, c), _scaled(res.var, c * c), _rescale_filter(res.filtered, c, observed)
+        )
 
     def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
         """RTS smoother over the whole record: a :class:`kalmanscan.SmoothResult`.
@@ -434,21 +545,26 @@ def forecast_from_state(
         raise ValueError(
             f"at: expected timestamps at or after the last observation time, got {labels[i]!r}"
         )
-    last_mean = np.asarray(last_mean, dtype=np.float64)
-    last_var = np.asarray(last_var, dtype=np.float64)
+    last_mean = _host_array(last_mean)
+    last_var = _host_array(last_var)
     nd = last_mean.ndim
     dt = dt.reshape((-1,) + (1,) * nd)
-    theta = np.asarray(model.theta, dtype=np.float64)
-    decay, process_var = discretize_ou(theta, np.asarray(model.sigma2, dtype=np.float64), dt)
+    theta, sigma2, mu, obs_var = (_host_array(v) for v in model.params().values())
+    # in units of a power of two c per series (module docstring), mapped back at the end
+    lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
+    pos_dt = time_axis.dt[time_axis.dt > 0]
+    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
+    c = data_unit(lanes, [last_mean, mu], [last_var, obs_var, sigma2 * tau])
+    c2 = c * c
+    decay, process_var = discretize_ou(theta, sigma2 / c2, dt)
     with np.errstate(invalid="ignore"):
-        mean = decay * last_mean + model.mu * (1 - decay)
-        var = decay * decay * last_var + process_var
-    shape = np.broadcast_shapes(
-        mean.shape, var.shape, np.shape(model.obs_var), (len(pos),) + (1,) * nd
-    )
-    mean, var = np.broadcast_to(mean, shape).copy(), np.broadcast_to(var, shape).copy()
-    pvar = var + model.obs_var
+        mean = decay * (last_mean / c) + (mu / c) * (1 - decay)
+        var = decay * decay * (last_var / c2) + process_var
+    shape = np.broadcast_shapes(mean.shape, var.shape, obs_var.shape, (len(pos),) + (1,) * nd)
+    mean, var = np.broadcast_to(mean, shape), np.broadcast_to(var, shape)
+    pvar = var + obs_var / c2
     lo, hi = interval(mean, pvar, cov)
+    mean, var, pvar, lo, hi = mean * c, var * c2, pvar * c2, lo * c, hi * c
     if time_axis.is_datetime:
         labels = _normalize_datetimes(np.asarray(labels))
     else:
