@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("mpmath")
 
+from kalmanscan.testing import assert_close, tolerance  # noqa: E402
 from kalmanscan.validate import load_validation  # noqa: E402
 
 validation = load_validation()
@@ -30,11 +31,12 @@ def test_memoryless_steps_closed_form():
     z = rng.standard_normal(7)
     p, r, c = 2.0, 0.5, 0.3
     o = oracle.scalar_oracle(z, r, 0.0, p, offset=c)
-    np.testing.assert_allclose(o.var, 1 / (1 / p + 1 / r), rtol=1e-15)
-    np.testing.assert_allclose(o.mean, c + (z - c) * p / (p + r), rtol=1e-15)
-    np.testing.assert_allclose(o.smooth_mean, o.mean, rtol=1e-15)
+    tol = tolerance("identical", "float64")
+    np.testing.assert_allclose(o.var, 1 / (1 / p + 1 / r), rtol=tol)
+    np.testing.assert_allclose(o.mean, c + (z - c) * p / (p + r), rtol=tol)
+    np.testing.assert_allclose(o.smooth_mean, o.mean, rtol=tol)
     ll = -0.5 * (LOG2PI + np.log(p + r) + (z - c) ** 2 / (p + r))
-    assert o.loglik == pytest.approx(ll.sum(), rel=1e-15)
+    assert_close(o.loglik, ll.sum(), "identical", "float64", what="loglik")
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 1000])
@@ -44,19 +46,21 @@ def test_constant_level_diffuse_closed_form(T):
     z = 2.0 + math.sqrt(r) * rng.standard_normal(T)
     o = oracle.scalar_oracle(z, r, 1.0, 0.0)
     n = np.arange(1, T + 1)
-    np.testing.assert_allclose(o.var, r / n, rtol=1e-14)
-    np.testing.assert_allclose(o.mean, np.cumsum(z) / n, rtol=1e-14)
-    np.testing.assert_allclose(o.smooth_mean, np.full(T, z.mean()), rtol=1e-14)
-    np.testing.assert_allclose(o.smooth_var, np.full(T, r / T), rtol=1e-13)
+    tol = tolerance("closed_form", "float64")
+    np.testing.assert_allclose(o.var, r / n, rtol=tol)
+    np.testing.assert_allclose(o.mean, np.cumsum(z) / n, rtol=tol)
+    np.testing.assert_allclose(o.smooth_mean, np.full(T, z.mean()), rtol=tol)
+    np.testing.assert_allclose(o.smooth_var, np.full(T, r / T), rtol=tol)
     prev = (np.cumsum(z) / n)[:-1]
     S = r / n[:-1] + r
     ll = -0.5 * (LOG2PI + np.log(S) + (z[1:] - prev) ** 2 / S)
-    assert o.loglik == pytest.approx(ll.sum(), rel=1e-13, abs=1e-13)
+    assert o.loglik == pytest.approx(ll.sum(), rel=tol, abs=tol)  # abs: T = 1 has no terms
     assert o.n_loglik_terms == T - 1
 
 
 def test_agrees_with_filterpy_on_ordinary_lanes():
     batch = random_batch(0, 63, 5)
+    tol = tolerance("reordered", "float64")
     for lane in batch.lanes():
         o = oracle.scalar_oracle(
             lane.z,
@@ -79,10 +83,10 @@ def test_agrees_with_filterpy_on_ordinary_lanes():
             fin = np.isfinite(theirs)
             np.testing.assert_array_equal(np.isfinite(ours), fin, err_msg=lane.name)
             scale = np.max(np.abs(theirs[fin])) if fin.any() else 1.0
-            assert np.max(np.abs(ours[fin] - theirs[fin]), initial=0) <= 1e-10 * scale, what
+            assert np.max(np.abs(ours[fin] - theirs[fin]), initial=0) <= tol * scale, what
         for ours, theirs in ((o.var, t.var), (o.smooth_var, t.smooth_var)):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-10, err_msg=lane.name)
-        assert o.loglik == pytest.approx(t.loglik, rel=1e-11, abs=1e-11), lane.name
+            np.testing.assert_allclose(ours, theirs, rtol=tol, err_msg=lane.name)
+        assert o.loglik == pytest.approx(t.loglik, rel=tol, abs=tol), lane.name
 
 
 def test_digits_absorb_the_backward_amplification():
@@ -95,7 +99,7 @@ def test_digits_absorb_the_backward_amplification():
     args = (r.z, r.obs_var, r.decay, r.process_var, r.loading, r.offset, r.prior_mean, r.prior_var)
     o = oracle.scalar_oracle(*args, certify=True)
     assert 18 < o.log10_gain < 20 and o.dps >= 40 + o.log10_gain
-    assert max(o.own_error.values()) < 1e-12
+    assert max(o.own_error.values()) <= tolerance("identical", "float64")
     lo = oracle.scalar_oracle(*args, dps=16)
     assert mean_err_sd(lo.smooth_mean, o.smooth_mean, o.smooth_var, floor=0.0) > 1.0
     # OU theta=0.5, sigma2=0 over 500 unit steps: the gains multiply to 1e108, the smoothed
@@ -137,20 +141,21 @@ def test_dense_oracle_matches_kfas(name):
     # skip them too. Later steps are compared.
     s = {"dfm": 2, "common_level_restricted": 1}.get(name, 0)
     alphahat = df[[f"alphahat_{i + 1}" for i in range(n)]].to_numpy()[:T]
+    tol = tolerance("truth", "float64")
     np.testing.assert_allclose(
-        o.smooth_mean[s:], alphahat[s:], rtol=1e-9, atol=1e-9 * np.abs(alphahat).max()
+        o.smooth_mean[s:], alphahat[s:], rtol=tol, atol=tol * np.abs(alphahat).max()
     )
     if f"V_{n * n}" in df:
         V = df[[f"V_{i + 1}" for i in range(n * n)]].to_numpy()[:T].reshape(T, n, n)
         np.testing.assert_allclose(
-            o.smooth_cov[s:], np.swapaxes(V, 1, 2)[s:], rtol=1e-8, atol=1e-9 * np.abs(V).max()
+            o.smooth_cov[s:], np.swapaxes(V, 1, 2)[s:], rtol=tol, atol=tol * np.abs(V).max()
         )
     # the convention relation of docs/validation.md: kalmanscan - KFAS = 1/2 sum log pdet(Z Pinf Z')
     off = oracle.loglik_offset("kfas", m["F"], m["H"], np.isfinite(m["z"]))
-    assert o.loglik - off == pytest.approx(float(df["llf"].iloc[0]), rel=1e-10)
+    assert_close(o.loglik - off, float(df["llf"].iloc[0]), "reordered", "float64", what="llf")
     # and Durbin & Koopman's (statsmodels) adds 1/2 log 2 pi per diffuse observation element
     off_dk = oracle.loglik_offset("statsmodels", m["F"], m["H"], np.isfinite(m["z"]))
-    assert off_dk - off == pytest.approx(0.5 * LOG2PI * o.n_diffuse_obs, rel=1e-12)
+    assert_close(off_dk - off, 0.5 * LOG2PI * o.n_diffuse_obs, "closed_form", "float64")
 
 
 def test_dense_oracle_common_level_restricted_analytic():
@@ -160,8 +165,8 @@ def test_dense_oracle_common_level_restricted_analytic():
     o = oracle.dense_oracle(m["z"], m["F"], m["Q"], m["H"], m["R"])
     th, (y11, y21) = 0.1111, m["z"][0]
     phi = 1 / (1 + th**2)
-    assert o.pred_mean[1, 0] == pytest.approx(phi * (y11 + th * y21), rel=1e-14)
-    assert o.pred_cov[1, 0, 0] == pytest.approx(phi + 3.2324, rel=1e-14)
+    assert_close(o.pred_mean[1, 0], phi * (y11 + th * y21), "closed_form", "float64")
+    assert_close(o.pred_cov[1, 0, 0], phi + 3.2324, "closed_form", "float64")
     assert o.diffuse.tolist()[:2] == [False, False] and o.n_diffuse_obs == 1
 
 
@@ -172,8 +177,10 @@ def test_dense_oracle_loglik_equals_the_sequential_reference():
     m = _kfas_models()["var1_measurement_error"]
     o = oracle.dense_oracle(m["z"], m["F"], m["Q"], m["H"], m["R"])
     r = kd.filter(m["z"], m["F"], m["Q"], m["H"], m["R"], backend="sequential")
-    assert float(r.loglik) == pytest.approx(o.loglik, rel=1e-13)
-    np.testing.assert_allclose(np.asarray(r.mean)[1:], o.mean[1:], rtol=1e-12)
+    assert_close(float(r.loglik), o.loglik, "reordered", "float64", what="loglik")
+    np.testing.assert_allclose(
+        np.asarray(r.mean)[1:], o.mean[1:], rtol=tolerance("reordered", "float64")
+    )
 
 
 def test_scalar_loglik_offset_statsmodels_nile():
@@ -185,8 +192,8 @@ def test_scalar_loglik_offset_statsmodels_nile():
     ref = statsmodels_local_level(flow, 15099.0, 1469.1)
     ours = float(ks.filter(flow, 15099.0, 1.0, 1469.1).loglik)
     off = oracle.scalar_loglik_offset("statsmodels", 1.0, 1.0, np.isfinite(flow))
-    assert ours == pytest.approx(ref["llf"] + off, rel=1e-13)
-    assert off == pytest.approx(0.5 * LOG2PI, rel=1e-15)
+    assert_close(ours, ref["llf"] + off, "reordered", "float64", what="loglik")
+    assert_close(off, 0.5 * LOG2PI, "identical", "float64", what="offset")
 
 
 def test_convention_offsets_on_real_series():
@@ -199,8 +206,8 @@ def test_convention_offsets_on_real_series():
     rows = check_datasets(dense=False)
     assert len(rows) == 5
     for r in rows:
-        assert r["rel_err"] < 1e-9, r["model"]
-        assert abs(r["kalmanscan"] - r["oracle"]) <= 1e-13 * abs(r["oracle"]), r["model"]
+        assert r["rel_err"] <= tolerance("truth", "float64"), r["model"]
+        assert_close(r["kalmanscan"], r["oracle"], "reordered", "float64", what=r["model"])
 
 
 @pytest.mark.parametrize("backend", ["sequential", "torch", "native"])
@@ -228,13 +235,14 @@ def test_filter_loglik_convention_argument_matches_the_offsets(backend):
     prior_var = np.array([np.inf, np.inf, np.inf, 4.0])
     kw = dict(loading=loading, prior_var=prior_var, backend=backend)
     base = ks.filter(z, 0.3, decay, 0.2, **kw).loglik
+    tol = tolerance("reordered", "float64")
     for conv in ("statsmodels", "kfas"):
         got = ks.filter(z, 0.3, decay, 0.2, loglik_convention=conv, **kw).loglik
         for n in range(4):
             off = oracle.scalar_loglik_offset(
                 conv, decay[:, n], loading[n], np.isfinite(z[:, n]), np.isinf(prior_var[n])
             )
-            assert base[n] - got[n] == pytest.approx(off, rel=1e-12, abs=1e-12), (conv, n)
+            assert base[n] - got[n] == pytest.approx(off, rel=tol, abs=tol), (conv, n)
 
 
 @pytest.mark.parametrize(
@@ -266,8 +274,15 @@ def test_dense_oracle_equals_the_dense_reference_on_random_models(n, d, T, tv, p
                             prior_mean=m["prior_mean"], prior_cov=pc)
     r = kd.smooth(m["z"], m["F"], m["Q"], m["H"], m["R"], backend="sequential", **kw)
     proper = ~o.diffuse
-    scale = np.abs(o.smooth_mean).max()
-    assert np.abs(np.asarray(r.filtered.mean)[proper] - o.mean[proper]).max() <= 1e-12 * scale
-    assert np.abs(np.asarray(r.mean) - o.smooth_mean).max() <= 1e-12 * scale
-    np.testing.assert_allclose(np.asarray(r.cov), o.smooth_cov, rtol=1e-10, atol=1e-13 * scale)
-    assert float(r.filtered.loglik) == pytest.approx(o.loglik, rel=1e-12)
+    scale, tol = np.abs(o.smooth_mean).max(), tolerance("reordered", "float64")
+    assert np.abs(np.asarray(r.filtered.mean)[proper] - o.mean[proper]).max() <= tol * scale
+    assert np.abs(np.asarray(r.mean) - o.smooth_mean).max() <= tol * scale
+    # the smoothed covariance recursion rounds more (measured 3.8e-13 relative on an entry near
+    # zero): relative at the parallel bound, absolute at tol * scale
+    np.testing.assert_allclose(
+        np.asarray(r.cov),
+        o.smooth_cov,
+        rtol=tolerance("parallel", "float64"),
+        atol=tol * scale,
+    )
+    assert_close(float(r.filtered.loglik), o.loglik, "reordered", "float64", what="loglik")
