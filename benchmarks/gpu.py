@@ -526,14 +526,14 @@ def kernel_resources():
                       fil_ints + " us es vs T N CH NC CK", ())  # fmt: skip
     fil_fwd_sig["flags_ptr"] = "*i32"
     fil_fwd_chunk_sig = dict(fil_fwd_sig, ll_ptr="*fp64")
-    fil_adj_sig = sig(fil + " ck_ptr scr_ptr gll_ptr xend_ptr amap_ptr gz_ptr gR_ptr ga_ptr "
+    fil_adj_sig = sig(fil + " ck_ptr scr_ptr gll_ptr xend_ptr gz_ptr gR_ptr ga_ptr "
                       "gp_ptr gh_ptr gc_ptr g0_ptr", fil_ints + " gsn T N CH NC CK", ())  # fmt: skip
     fil_smooth_sig = sig(fil + " mean_ptr var_ptr bend_ptr smean_ptr svar_ptr",
                          fil_ints + " T N CH NC", ())  # fmt: skip
     fil_carry_sig = sig("comp_ptr u0_ptr e0_ptr v0_ptr start_ptr bend_ptr", "us es vs N NC", ())
     fwd_consts = dict(vary, MAPS=False, BMAPS=False, FROM_X0=True, WRITE=True, PARTIAL=False,
-                      CKPT=False, BLOCK=128)  # fmt: skip
-    adj_consts = dict(vary, GZ=0, GR=2, GA=2, GP=2, GH=0, GC=0, MAPS=False, BLOCK=128)
+                      CKPT=False, TANG=False, BLOCK=128)  # fmt: skip
+    adj_consts = dict(vary, GZ=0, GR=2, GA=2, GP=2, GH=0, GC=0, BLOCK=128)
     # the default tuning (kalmanscan/cuda/kla/tuning.py) of the first benchmark shape (B=4
     # M=960 S=16): 4 lanes a thread in the forward, 2 in the backward, one warp
     tu = KT.tuning_for(4 * 960 * 16)
@@ -586,11 +586,15 @@ def kernel_resources():
                               dict(fwd_consts, WRITE=False, CKPT=True), 4),
         "filter_fwd_chunked": (FK.filter_kernel, fil_fwd_chunk_sig,
                                dict(fwd_consts, FROM_X0=False, PARTIAL=True, BLOCK=64), 2),
+        # the gradient's chunked rerun: checkpoints and the adjoint's chunk maps (tangents)
+        "filter_fwd_chunked_tangents": (FK.filter_kernel, dict(fil_fwd_chunk_sig),
+                                        dict(fwd_consts, FROM_X0=False, PARTIAL=True, WRITE=False,
+                                             CKPT=True, TANG=True, BLOCK=64), 2),
         "filter_fwd_chunk_maps": (FK.filter_kernel, dict(fil_fwd_sig),
                                   dict(fwd_consts, MAPS=True, BMAPS=True, BLOCK=64), 2),
         "filter_bwd": (FA.adjoint_kernel, fil_adj_sig, adj_consts, 4),
-        "filter_bwd_maps": (FA.adjoint_kernel, dict(fil_adj_sig),
-                            dict(adj_consts, MAPS=True, BLOCK=64), 2),
+        "filter_bwd_chunked": (FA.adjoint_kernel, dict(fil_adj_sig), dict(adj_consts, BLOCK=64),
+                               2),
         "filter_smooth": (FK.smooth_kernel, fil_smooth_sig,
                           dict(vary, FROM_END=True, BLOCK=128), 4),
         "filter_carry": (FK.carry_kernel, fil_carry_sig,

@@ -145,7 +145,8 @@ def _x0_args(x0):
 
 
 def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
-    """Run the filter: ``(series, loglik, final [3, N], flags, checkpoints, backward ends)``."""
+    """Run the filter: ``(series, loglik, final [3, N], flags, checkpoints, backward ends or,
+    with ``ckpt`` and chunks, the adjoint's chunk maps)``."""
     z = ins[0]
     _check_size(T, N, ins)
     CH, NC, CK, BLOCK, warps = _plan(T, N)
@@ -162,12 +163,14 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     if NC == 1:
         launch(filter_kernel, grid,
             *args, *x0a, z, *series, ll, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
-            BMAPS=False, FROM_X0=True, WRITE=write, PARTIAL=False, CKPT=ckpt, **cfg)  # fmt: skip
+            BMAPS=False, FROM_X0=True, WRITE=write, PARTIAL=False, CKPT=ckpt, TANG=False,
+            **cfg)  # fmt: skip
         return series, ll, fin, flags, ck, None
     comp = empty((14 if smooth else 7, NC, N), z)
     launch(filter_kernel, grid,
         *args, *x0a, z, *series, ll, fin, flags, ck, comp, T, N, CH, NC, CK, MAPS=True,
-        BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False, CKPT=False, **cfg)  # fmt: skip
+        BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False, CKPT=False, TANG=False,
+        **cfg)  # fmt: skip
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
     CB, CT, cwarps = _carry_config(N, NC)
@@ -175,13 +178,16 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
         comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT,
         BLOCK=CB, num_warps=cwarps)  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)
+    tang = ckpt and not write  # the gradient's forward: the adjoint's chunk maps too
+    amap = empty((12, NC, N), z) if tang else z
     launch(filter_kernel, grid,
-        *args, *x0a, start, *series, part, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
-        BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, **cfg)  # fmt: skip
+        *args, *x0a, start, *series, part, fin, flags, ck, amap, T, N, CH, NC, CK, MAPS=False,
+        BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, TANG=tang,
+        **cfg)  # fmt: skip
     # the chunks' float64 partial sums, added by one reduction (a kernel walking the chunks in
     # sequence is bound by the loads' latency: ~0.1 ms at 1024 chunks)
     torch.sum(part, 0, out=ll) if ll.dtype == torch.float64 else ll.copy_(part.sum(0))
-    return series, ll, fin, flags, ck, (bend if smooth else None)
+    return series, ll, fin, flags, ck, (bend if smooth else (amap if tang else None))
 
 
 def _carry_config(N: int, NC: int):
@@ -204,9 +210,10 @@ def _smooth(T, N, ins, x0):
     return series, ll, fin, flags, sm, sv
 
 
-def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
+def _adjoint(T, N, ins, x0, ck, amap, gll, gfin, needs):
     """Gradients of ``sum(gll * loglik) + <gfin, final>`` with respect to the six compact inputs
-    (``None`` where not needed) and to ``x0`` (``[3, N]``)."""
+    (``None`` where not needed) and to ``x0`` (``[3, N]``); ``amap``: the forward's adjoint
+    chunk maps (with chunks)."""
     z = ins[0]
     CH, NC, CK, BLOCK, warps = _plan(T, N)
     args, vary = _input_args(ins)
@@ -247,16 +254,11 @@ def _adjoint(T, N, ins, x0, ck, fin, gll, gfin, needs):
     if NC == 1:
         xend = xlast
     else:
-        amap = empty((12, NC, N), z)
-        launch(adjoint_kernel, grid,
-            *args, ck, scratch, gll, gsn, z, amap, *bufs, g0, T, N, CH, NC, CK, MAPS=True,
-            **cfg)  # fmt: skip
         xend = empty((3, NC, N), z)
-        launch(adjoint_carry_kernel, (nprog,), amap, xlast, xend, N, NC,
+        launch(adjoint_carry_kernel, (nprog,), amap, gll, gsn, xlast, xend, N, NC,
                NS=TUNING["NS_CARRY"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
     launch(adjoint_kernel, grid,
-        *args, ck, scratch, gll, gsn, xend, z, *bufs, g0, T, N, CH, NC, CK, MAPS=False,
-        **cfg)  # fmt: skip
+        *args, ck, scratch, gll, gsn, xend, *bufs, g0, T, N, CH, NC, CK, **cfg)  # fmt: skip
     summed = part.sum(1, keepdim=True) if (n_part and NC > 1) else part
     grads, j = [], 0
     for x, mode, buf in zip(ins, modes.values(), bufs, strict=True):
@@ -310,8 +312,8 @@ class _Loglik(torch.autograd.Function):
     @staticmethod
     def forward(ctx, T, N, z, R, a, p, h, c, u0, e0, v0):
         ins = (z, R, a, p, h, c)
-        _, ll, fin, flags, ck, _ = _forward(T, N, ins, (u0, e0, v0), write=False, ckpt=True)
-        ctx.save_for_backward(*ins, u0, e0, v0, ck, fin)
+        _, ll, fin, flags, ck, amap = _forward(T, N, ins, (u0, e0, v0), write=False, ckpt=True)
+        ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap)
         ctx.T, ctx.N = T, N
         ctx.mark_non_differentiable(flags)
         ctx.set_materialize_grads(False)
@@ -319,12 +321,12 @@ class _Loglik(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gll, gu, ge, gv, _gflags):
-        *inputs, ck, fin = ctx.saved_tensors
+        *inputs, ck, amap = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
         if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
             pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
             return (None, None, *_torch_vjp(ctx.T, ctx.N, inputs, needs, pairs, False, "loglik"))
-        grads, g0 = _adjoint(ctx.T, ctx.N, inputs[:6], inputs[6:], ck, fin, gll, (gu, ge, gv),
+        grads, g0 = _adjoint(ctx.T, ctx.N, inputs[:6], inputs[6:], ck, amap, gll, (gu, ge, gv),
                              needs[:6])  # fmt: skip
         return (None, None, *grads, *(g0[i] if needs[6 + i] else None for i in range(3)))
 

@@ -12,9 +12,11 @@ The states are needed in reverse order: the forward stores the normalized state 
 ``CK``-th step (``ck [cdiv(T, CK), 3, N]``); the adjoint walks a chunk's ``CK``-step segments
 from the last, recomputes each segment forward from its checkpoint into a per-program scratch
 (``[CK, 3, BLOCK]``, cache-resident) and then runs the segment's adjoint steps backward. Few
-long lanes: ``MAPS`` first composes each chunk's affine adjoint map ``mu -> C mu + b``, a carry
-kernel walks them from the last chunk to give the adjoint entering each chunk from its end, and
-the gradient pass reruns every chunk from there.
+long lanes: the forward's pass from each chunk's true start has also composed the chunk's
+affine adjoint map ``mu -> C mu + b`` (``C`` from the tangents of the chunk's starting state
+carried forward, ``b`` the log-likelihood's derivative along them: kernels.py, ``TANG``), a
+carry kernel walks those maps from the last chunk to give the adjoint entering each chunk from
+its end, and the gradient pass runs every chunk from there.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import helper
-from kalmanscan.cuda.filter.kernels import ld, observation, predict_coeffs, rcp
+from kalmanscan.cuda.filter.kernels import ld, loglik_grads, observation, predict_coeffs, rcp
 
 
 @helper
@@ -81,31 +83,6 @@ def adj_predict(gum, gem, gvm, r1, c, p, q, d, al, um, em, vm, big1):
 
 
 @helper
-def loglik_grads(obs, zz, R, h, um, em, vm):
-    """Derivatives of one step's log-likelihood term with respect to the normalized predicted
-    triple and to ``z, R, h``: ``(du, de, dv, dz, dR, dh)`` (0 where it adds nothing)."""
-    known = um > 0.0
-    contrib = obs & (known | (h == 0.0))
-    uk = tl.where(known, um, 1.0)
-    Rs = tl.where(obs, R, 1.0)
-    S = tl.where(contrib, h * h * vm + Rs * uk, 1.0)
-    iS = rcp(S)
-    iu = rcp(uk)
-    w = zz * uk - h * em
-    wS = w * iS
-    q2 = w * wS * iu
-    oq = 1.0 - q2
-    state = contrib & known
-    du = tl.where(state, -0.5 * (Rs * iS - iu + 2.0 * zz * wS * iu - q2 * (iu + Rs * iS)), 0.0)
-    de = tl.where(state, h * wS * iu, 0.0)
-    dv = tl.where(state, -0.5 * h * h * iS * oq, 0.0)
-    dz = tl.where(contrib, -wS, 0.0)
-    dR = tl.where(contrib, -0.5 * uk * iS * oq, 0.0)
-    dh = tl.where(contrib, em * wS * iu - h * vm * iS * oq, 0.0)
-    return du, de, dv, dz, dR, dh
-
-
-@helper
 def put_grad(ptr, off, lmask, g, acc, MODE: tl.constexpr):
     """Gradient of one input at one step: stored (``MODE`` 1, a ``[T, N]`` gradient) or added to
     the running per-lane sum (``MODE`` 2, an input constant in time)."""
@@ -123,8 +100,7 @@ def adjoint_kernel(
     ck_ptr,  # [cdiv(T, CK), 3, N] checkpoints of the forward
     scr_ptr,  # [programs, CK, 3, BLOCK] scratch: one segment's states
     gll_ptr, gsn,  # [N] incoming gradient of the log-likelihood (lane stride; 0 broadcast)
-    xend_ptr,  # [3, NC, N] adjoint of the state at the end of each chunk (not MAPS)
-    amap_ptr,  # [12, NC, N] chunk maps mu -> C mu + b (MAPS): columns of C, then b
+    xend_ptr,  # [3, NC, N] adjoint of the state at the end of each chunk
     gz_ptr, gR_ptr, ga_ptr, gp_ptr, gh_ptr, gc_ptr,  # [T, N] (mode 1) or [NC, N] (mode 2)
     g0_ptr,  # [3, N] gradient of the initial state
     T, N, CH, NC, CK,
@@ -132,7 +108,7 @@ def adjoint_kernel(
     VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
     GZ: tl.constexpr, GR: tl.constexpr, GA: tl.constexpr,
     GP: tl.constexpr, GH: tl.constexpr, GC: tl.constexpr,
-    MAPS: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+    NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     k = tl.program_id(1)
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -150,15 +126,9 @@ def adjoint_kernel(
     W = tl.load(gll_ptr + lanes * gsn, mask=lmask, other=0.0)
     zero = W * 0.0
     one = zero + 1.0
-    if MAPS:
-        cuu, ceu, cvu = one, zero, zero
-        cue, cee, cve = zero, one, zero
-        cuv, cev, cvv = zero, zero, one
-        bu, be, bv = zero, zero, zero
-    else:
-        bu = tl.load(xend_ptr + k * N + lanes, mask=lmask, other=0.0)
-        be = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
-        bv = tl.load(xend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=0.0)
+    bu = tl.load(xend_ptr + k * N + lanes, mask=lmask, other=0.0)
+    be = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
+    bv = tl.load(xend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=0.0)
     acc_z, acc_R, acc_a, acc_p, acc_h, acc_c = zero, zero, zero, zero, zero, zero
     nsub = (t_hi - t_lo + CK - 1) // CK
     for jj in range(0, nsub):
@@ -198,87 +168,62 @@ def adjoint_kernel(
              obs, rinv, zz, phi, r, yu, ye, yv, r2, big2) = step_values(
                 u, e, v, a, p, c, z, R, h)  # fmt: skip
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
-            if MAPS:
-                ys = (yu, ye, yv, big2)
-                ps = (c, p, q, d, al, um, em, vm, big1)
-                x = adj_update(cuu, ceu, cvu, r2, phi, r, *ys)
-                cuu, ceu, cvu = adj_predict(x[0], x[1], x[2], r1, *ps)
-                x = adj_update(cue, cee, cve, r2, phi, r, *ys)
-                cue, cee, cve = adj_predict(x[0], x[1], x[2], r1, *ps)
-                x = adj_update(cuv, cev, cvv, r2, phi, r, *ys)
-                cuv, cev, cvv = adj_predict(x[0], x[1], x[2], r1, *ps)
-                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, *ys)
-                bu, be, bv = adj_predict(gU2 + W * du, gE2 + W * de, gvm + W * dv, r1, *ps)
-            else:
-                gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)
-                gum, gem, gvm = project(gU2 + W * du, gE2 + W * de, gvm + W * dv,
-                                        um, em, vm, big1)  # fmt: skip
-                gU1 = gum * r1
-                gE1 = gem * r1
-                gV1 = gvm * r1
-                gUt = gU1 + c * gE1
-                off = t * N + lanes
-                # observation: phi = h^2/R, r = h z/R
-                gphi = gU2 * vm
-                gr = gE2 * vm
-                acc_z = put_grad(gz_ptr, off, lmask, gr * h * rinv + W * dz, acc_z, GZ)
-                acc_R = put_grad(gR_ptr, off, lmask, W * dR - (gphi * phi + gr * r) * rinv,
-                                 acc_R, GR)  # fmt: skip
-                acc_h = put_grad(gh_ptr, off, lmask,
-                                 (2.0 * gphi * h + gr * zz) * rinv + W * dh, acc_h, GH)  # fmt: skip
-                # predict: U1 = u + q v, V1 = p u + d v, E1 = c U1 + al e
-                acc_c = put_grad(gc_ptr, off, lmask, gE1 * U1, acc_c, GC)
-                gd = gV1 * v
-                ga = tl.where(forget, 0.0, gE1 * e + 2.0 * a * gd)
-                acc_a = put_grad(ga_ptr, off, lmask, ga, acc_a, GA)
-                acc_p = put_grad(gp_ptr, off, lmask, gV1 * u + tl.where(forget, gd, 0.0),
-                                 acc_p, GP)  # fmt: skip
-                bu = gUt + p * gV1
-                be = al * gE1
-                bv = q * gUt + d * gV1
-    if MAPS:
-        base = amap_ptr + k * N + lanes
-        step = NC * N
-        tl.store(base, cuu, mask=lmask)
-        tl.store(base + step, ceu, mask=lmask)
-        tl.store(base + 2 * step, cvu, mask=lmask)
-        tl.store(base + 3 * step, cue, mask=lmask)
-        tl.store(base + 4 * step, cee, mask=lmask)
-        tl.store(base + 5 * step, cve, mask=lmask)
-        tl.store(base + 6 * step, cuv, mask=lmask)
-        tl.store(base + 7 * step, cev, mask=lmask)
-        tl.store(base + 8 * step, cvv, mask=lmask)
-        tl.store(base + 9 * step, bu, mask=lmask)
-        tl.store(base + 10 * step, be, mask=lmask)
-        tl.store(base + 11 * step, bv, mask=lmask)
-    else:
-        first = lmask & ((lanes * 0 + k) == 0)
-        tl.store(g0_ptr + lanes, bu, mask=first)
-        tl.store(g0_ptr + N + lanes, be, mask=first)
-        tl.store(g0_ptr + 2 * N + lanes, bv, mask=first)
-        po = k * N + lanes
-        if GZ == 2:
-            tl.store(gz_ptr + po, acc_z, mask=lmask)
-        if GR == 2:
-            tl.store(gR_ptr + po, acc_R, mask=lmask)
-        if GA == 2:
-            tl.store(ga_ptr + po, acc_a, mask=lmask)
-        if GP == 2:
-            tl.store(gp_ptr + po, acc_p, mask=lmask)
-        if GH == 2:
-            tl.store(gh_ptr + po, acc_h, mask=lmask)
-        if GC == 2:
-            tl.store(gc_ptr + po, acc_c, mask=lmask)
+            gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)
+            gum, gem, gvm = project(gU2 + W * du, gE2 + W * de, gvm + W * dv,
+                                    um, em, vm, big1)  # fmt: skip
+            gU1 = gum * r1
+            gE1 = gem * r1
+            gV1 = gvm * r1
+            gUt = gU1 + c * gE1
+            off = t * N + lanes
+            # observation: phi = h^2/R, r = h z/R
+            gphi = gU2 * vm
+            gr = gE2 * vm
+            acc_z = put_grad(gz_ptr, off, lmask, gr * h * rinv + W * dz, acc_z, GZ)
+            acc_R = put_grad(gR_ptr, off, lmask, W * dR - (gphi * phi + gr * r) * rinv,
+                             acc_R, GR)  # fmt: skip
+            acc_h = put_grad(gh_ptr, off, lmask,
+                             (2.0 * gphi * h + gr * zz) * rinv + W * dh, acc_h, GH)  # fmt: skip
+            # predict: U1 = u + q v, V1 = p u + d v, E1 = c U1 + al e
+            acc_c = put_grad(gc_ptr, off, lmask, gE1 * U1, acc_c, GC)
+            gd = gV1 * v
+            ga = tl.where(forget, 0.0, gE1 * e + 2.0 * a * gd)
+            acc_a = put_grad(ga_ptr, off, lmask, ga, acc_a, GA)
+            acc_p = put_grad(gp_ptr, off, lmask, gV1 * u + tl.where(forget, gd, 0.0),
+                             acc_p, GP)  # fmt: skip
+            bu = gUt + p * gV1
+            be = al * gE1
+            bv = q * gUt + d * gV1
+    first = lmask & ((lanes * 0 + k) == 0)
+    tl.store(g0_ptr + lanes, bu, mask=first)
+    tl.store(g0_ptr + N + lanes, be, mask=first)
+    tl.store(g0_ptr + 2 * N + lanes, bv, mask=first)
+    po = k * N + lanes
+    if GZ == 2:
+        tl.store(gz_ptr + po, acc_z, mask=lmask)
+    if GR == 2:
+        tl.store(gR_ptr + po, acc_R, mask=lmask)
+    if GA == 2:
+        tl.store(ga_ptr + po, acc_a, mask=lmask)
+    if GP == 2:
+        tl.store(gp_ptr + po, acc_p, mask=lmask)
+    if GH == 2:
+        tl.store(gh_ptr + po, acc_h, mask=lmask)
+    if GC == 2:
+        tl.store(gc_ptr + po, acc_c, mask=lmask)
 
 
 @triton.jit
-def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, NS: tl.constexpr,
-                         BLOCK: tl.constexpr):  # fmt: skip
+def adjoint_carry_kernel(amap_ptr, gll_ptr, gsn, xlast_ptr, xend_ptr, N, NC,
+                         NS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """The adjoint at the end of each chunk, from the last chunk's (``xlast [3, N]``, the
-    gradient of the final state) through the chunk maps: ``mu_end(k-1) = C_k mu_end(k) + b_k``."""
+    gradient of the final state) through the chunk maps of the forward (``amap [12, NC, N]``,
+    for unit weight): ``mu_end(k-1) = C_k mu_end(k) + w b_k`` with the log-likelihood's incoming
+    gradient ``w`` (``gll [N]``, lane stride ``gsn``)."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
     step = NC * N
+    W = tl.load(gll_ptr + lanes * gsn, mask=lmask, other=0.0)
     mu = tl.load(xlast_ptr + lanes, mask=lmask, other=0.0)
     me = tl.load(xlast_ptr + N + lanes, mask=lmask, other=0.0)
     mv = tl.load(xlast_ptr + 2 * N + lanes, mask=lmask, other=0.0)
@@ -301,9 +246,9 @@ def adjoint_carry_kernel(amap_ptr, xlast_ptr, xend_ptr, N, NC, NS: tl.constexpr,
         b0 = tl.load(base + 9 * step, mask=lmask, other=0.0)
         b1 = tl.load(base + 10 * step, mask=lmask, other=0.0)
         b2 = tl.load(base + 11 * step, mask=lmask, other=0.0)
-        nu = c0 * mu + c3 * me + c6 * mv + b0
-        ne = c1 * mu + c4 * me + c7 * mv + b1
-        nv = c2 * mu + c5 * me + c8 * mv + b2
+        nu = c0 * mu + c3 * me + c6 * mv + W * b0
+        ne = c1 * mu + c4 * me + c7 * mv + W * b1
+        nv = c2 * mu + c5 * me + c8 * mv + W * b2
         mu, me, mv = nu, ne, nv
         tl.store(xend_ptr + (kk - 1) * N + lanes, mu, mask=lmask)
         tl.store(xend_ptr + step + (kk - 1) * N + lanes, me, mask=lmask)

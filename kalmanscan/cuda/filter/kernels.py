@@ -128,6 +128,52 @@ def loglik_term(obs, zz, R, h, um, em, vm):
 
 
 @helper
+def loglik_grads(obs, zz, R, h, um, em, vm):
+    """Derivatives of one step's log-likelihood term with respect to the normalized predicted
+    triple and to ``z, R, h``: ``(du, de, dv, dz, dR, dh)`` (0 where it adds nothing)."""
+    known = um > 0.0
+    contrib = obs & (known | (h == 0.0))
+    uk = tl.where(known, um, 1.0)
+    Rs = tl.where(obs, R, 1.0)
+    S = tl.where(contrib, h * h * vm + Rs * uk, 1.0)
+    iS = rcp(S)
+    iu = rcp(uk)
+    w = zz * uk - h * em
+    wS = w * iS
+    q2 = w * wS * iu
+    oq = 1.0 - q2
+    state = contrib & known
+    du = tl.where(state, -0.5 * (Rs * iS - iu + 2.0 * zz * wS * iu - q2 * (iu + Rs * iS)), 0.0)
+    de = tl.where(state, h * wS * iu, 0.0)
+    dv = tl.where(state, -0.5 * h * h * iS * oq, 0.0)
+    dz = tl.where(contrib, -wS, 0.0)
+    dR = tl.where(contrib, -0.5 * uk * iS * oq, 0.0)
+    dh = tl.where(contrib, em * wS * iu - h * vm * iS * oq, 0.0)
+    return du, de, dv, dz, dR, dh
+
+
+@helper
+def tangent_step(tu, te, tv, q, d, al, c, p, phi, r, um, em, vm, r1, big1, yu, ye, yv, r2, big2,
+                 du, de, dv):  # fmt: skip
+    """One step of a tangent ``(tu, te, tv)`` of the normalized state through the predict, its
+    normalization, the update and its normalization (the normalized coordinate's tangent is 0),
+    and the log-likelihood term's derivative along it: ``(tu, te, tv, dll)``."""
+    tU = tu + q * tv
+    tV = p * tu + d * tv
+    tE = c * tU + al * te
+    tm = tl.where(big1, tU, tV)
+    tum = tl.where(big1, 0.0, (tU - um * tm) * r1)
+    tem = (tE - em * tm) * r1
+    tvm = tl.where(big1, (tV - vm * tm) * r1, 0.0)
+    dll = du * tum + de * tem + dv * tvm
+    tU = tum + phi * tvm
+    tE = tem + r * tvm
+    t2 = tl.where(big2, tU, tvm)
+    return (tl.where(big2, 0.0, (tU - yu * t2) * r2), (tE - ye * t2) * r2,
+            tl.where(big2, (tvm - yv * t2) * r2, 0.0), dll)  # fmt: skip
+
+
+@helper
 def input_checks(
     R, a, p, h, c, CHECK_R: tl.constexpr, CHECK_A: tl.constexpr, CHECK_P: tl.constexpr,
     CHECK_H: tl.constexpr, CHECK_C: tl.constexpr, bad,
@@ -164,18 +210,23 @@ def filter_kernel(
     fin_ptr,  # [3, N] the last filtered state
     flags_ptr,  # int32 [1]
     ck_ptr,  # [cdiv(T, CK), 3, N] the state entering every CK-th step (CKPT)
-    comp_ptr,  # [7 or 14, NC, N] chunk maps (MAPS)
+    comp_ptr,  # [7 or 14, NC, N] chunk maps (MAPS); [12, NC, N] adjoint chunk maps (TANG)
     T, N, CH, NC, CK,
     VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
     VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
     MAPS: tl.constexpr, BMAPS: tl.constexpr, FROM_X0: tl.constexpr, WRITE: tl.constexpr,
-    PARTIAL: tl.constexpr, CKPT: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+    PARTIAL: tl.constexpr, CKPT: tl.constexpr, TANG: tl.constexpr, NS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One program: ``BLOCK`` lanes over the steps of chunk ``program_id(1)``.
 
     ``MAPS``: compose the chunk's steps into one map on ``(u, v | e)`` (the forward's, and with
     ``BMAPS`` the backward information filter's) and store it. Else run the filter from the
-    chunk's true start, writing the outputs, the log-likelihood and the flags."""
+    chunk's true start, writing the outputs, the log-likelihood and the flags; with ``TANG``
+    (and not ``WRITE``) also the chunk's adjoint map ``mu -> C mu + b`` for unit log-likelihood
+    weight (adjoint.py), by carrying the tangents of the three coordinates of the chunk's
+    starting state forward (``C``: their values at the chunk's end, ``b``: the log-likelihood's
+    derivative along them), so the adjoint needs no pass of its own to compose it."""
     k = tl.program_id(1)
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
@@ -202,6 +253,11 @@ def filter_kernel(
             e = tl.load(start_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
             v = tl.load(start_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=1.0)
         ll = tl.zeros([BLOCK], tl.float64)
+        if TANG:  # tangents of the chunk's starting (u, e, v): c<basis><component>
+            cuu, cue, cuv = one, zero, zero
+            ceu, cee, cev = zero, one, zero
+            cvu, cve, cvv = zero, zero, one
+            bu, be, bv = zero, zero, zero
         nonfin = lanes < 0
         zinf = lanes < 0
         bad = input_checks(R0, a0, p0, h0, c0, not VR, not VA, not VP, not VH, not VC, lanes < 0)
@@ -289,7 +345,9 @@ def filter_kernel(
                 tl.store(pvar_ptr + off, pv, mask=lmask)
                 tl.store(pprec_ptr + off, pp, mask=lmask)
             else:
-                um, em, vm = normalize(U, E, V)
+                big1 = U >= V
+                r1 = rcp(tl.maximum(U, V))
+                um, em, vm = U * r1, E * r1, V * r1
             llt = loglik_term(obs, zz, R, h, um, em, vm)
             ll += llt.to(tl.float64)
             U = um + phi * vm
@@ -301,7 +359,19 @@ def filter_kernel(
                 tl.store(prec_ptr + off, prec, mask=lmask)
                 tl.store(info_ptr + off, info, mask=lmask)
             else:
-                u, e, v = normalize(U, E, vm)
+                big2 = U >= vm
+                r2 = rcp(tl.maximum(U, vm))
+                u, e, v = U * r2, E * r2, vm * r2
+                if TANG:
+                    du, de, dv, _, _, _ = loglik_grads(obs, zz, R, h, um, em, vm)
+                    sv = (q, d, al, c, p, phi, r, um, em, vm, r1, big1, u, e, v, r2, big2,
+                          du, de, dv)  # fmt: skip
+                    cuu, cue, cuv, dl = tangent_step(cuu, cue, cuv, *sv)
+                    bu += dl
+                    ceu, cee, cev, dl = tangent_step(ceu, cee, cev, *sv)
+                    be += dl
+                    cvu, cve, cvv, dl = tangent_step(cvu, cve, cvv, *sv)
+                    bv += dl
             nonfin = nonfin | not_finite(e + llt) | not_finite(u + v)
     if MAPS:
         base = comp_ptr + k * N + lanes
@@ -322,6 +392,21 @@ def filter_kernel(
             tl.store(base + 12 * step, bg2, mask=lmask)
             tl.store(base + 13 * step, bA, mask=lmask)
     else:
+        if TANG:  # the layout of adjoint.py's maps: entry 3 * component + basis, then b
+            base = comp_ptr + k * N + lanes
+            step = NC * N
+            tl.store(base, cuu, mask=lmask)
+            tl.store(base + step, ceu, mask=lmask)
+            tl.store(base + 2 * step, cvu, mask=lmask)
+            tl.store(base + 3 * step, cue, mask=lmask)
+            tl.store(base + 4 * step, cee, mask=lmask)
+            tl.store(base + 5 * step, cve, mask=lmask)
+            tl.store(base + 6 * step, cuv, mask=lmask)
+            tl.store(base + 7 * step, cev, mask=lmask)
+            tl.store(base + 8 * step, cvv, mask=lmask)
+            tl.store(base + 9 * step, bu, mask=lmask)
+            tl.store(base + 10 * step, be, mask=lmask)
+            tl.store(base + 11 * step, bv, mask=lmask)
         if PARTIAL:
             tl.store(ll_ptr + k * N + lanes, ll, mask=lmask)
         else:
