@@ -48,10 +48,18 @@ TOLERANCES = {
     # a closed form over a running sum or product chain (a constant level under a diffuse prior,
     # Koopman's analytic step, an identity composition): tens of roundings (measured <= 1.1e-15)
     ("closed_form", "float64"): 1e-14,
-    # two float64 evaluations of one model whose roundings differ in order or derivation (a filter
-    # resumed from its final state, regrouped combines, the dense sequential filter, filterpy or
-    # KFAS against the mpmath oracle): far inside the parallel scan's 1e-10 (measured <= 4e-14)
-    ("reordered", "float64"): 1e-13,
+    # one well-conditioned model evaluated twice with roundings in another order or derivation (a
+    # filter resumed from its final state, regrouped combines, the dense sequential filter,
+    # filterpy or KFAS against the mpmath oracle): far inside the parallel scan's
+    # 1e-10, which also covers ill-conditioned regimes (measured <= 1e-14)
+    ("rounding", "float64"): 1e-13,
+    # statsmodels' scalar filter against ours on a short series: its steady-state shortcut rounds
+    # more than the other truths (measured 4.2e-11); tighter than the general truth bound
+    ("statsmodels", "float64"): 1e-10,
+    # d loglik / d (obs_var, process_var) against the mpmath oracle's on a well-conditioned lane,
+    # however small obs_var (measured 7e-14); the regime battery's ill-conditioned lanes get
+    # kernel_grad's 1e-8
+    ("oracle_grad", "float64"): 1e-10,
 }
 
 

@@ -337,6 +337,6 @@ def test_information_form_avoids_the_covariance_update_cancellation(name):
     res = ks.filter(
         z, r, m["decay"], m["process_var"], prior_var=float(np.ravel(m["prior_var"])[0])
     )
-    tol = tolerance("reordered", "float64")
+    tol = tolerance("rounding", "float64")
     np.testing.assert_allclose(res.var, var, rtol=tol)
     np.testing.assert_allclose(res.mean, mean, rtol=tol, atol=tol * np.abs(mean).max())

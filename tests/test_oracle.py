@@ -60,7 +60,7 @@ def test_constant_level_diffuse_closed_form(T):
 
 def test_agrees_with_filterpy_on_ordinary_lanes():
     batch = random_batch(0, 63, 5)
-    tol = tolerance("reordered", "float64")
+    tol = tolerance("rounding", "float64")
     for lane in batch.lanes():
         o = oracle.scalar_oracle(
             lane.z,
@@ -152,7 +152,7 @@ def test_dense_oracle_matches_kfas(name):
         )
     # the convention relation of docs/validation.md: kalmanscan - KFAS = 1/2 sum log pdet(Z Pinf Z')
     off = oracle.loglik_offset("kfas", m["F"], m["H"], np.isfinite(m["z"]))
-    assert_close(o.loglik - off, float(df["llf"].iloc[0]), "reordered", "float64", what="llf")
+    assert_close(o.loglik - off, float(df["llf"].iloc[0]), "rounding", "float64", what="llf")
     # and Durbin & Koopman's (statsmodels) adds 1/2 log 2 pi per diffuse observation element
     off_dk = oracle.loglik_offset("statsmodels", m["F"], m["H"], np.isfinite(m["z"]))
     assert_close(off_dk - off, 0.5 * LOG2PI * o.n_diffuse_obs, "closed_form", "float64")
@@ -177,9 +177,9 @@ def test_dense_oracle_loglik_equals_the_sequential_reference():
     m = _kfas_models()["var1_measurement_error"]
     o = oracle.dense_oracle(m["z"], m["F"], m["Q"], m["H"], m["R"])
     r = kd.filter(m["z"], m["F"], m["Q"], m["H"], m["R"], backend="sequential")
-    assert_close(float(r.loglik), o.loglik, "reordered", "float64", what="loglik")
+    assert_close(float(r.loglik), o.loglik, "rounding", "float64", what="loglik")
     np.testing.assert_allclose(
-        np.asarray(r.mean)[1:], o.mean[1:], rtol=tolerance("reordered", "float64")
+        np.asarray(r.mean)[1:], o.mean[1:], rtol=tolerance("rounding", "float64")
     )
 
 
@@ -192,7 +192,7 @@ def test_scalar_loglik_offset_statsmodels_nile():
     ref = statsmodels_local_level(flow, 15099.0, 1469.1)
     ours = float(ks.filter(flow, 15099.0, 1.0, 1469.1).loglik)
     off = oracle.scalar_loglik_offset("statsmodels", 1.0, 1.0, np.isfinite(flow))
-    assert_close(ours, ref["llf"] + off, "reordered", "float64", what="loglik")
+    assert_close(ours, ref["llf"] + off, "rounding", "float64", what="loglik")
     assert_close(off, 0.5 * LOG2PI, "identical", "float64", what="offset")
 
 
@@ -207,7 +207,7 @@ def test_convention_offsets_on_real_series():
     assert len(rows) == 5
     for r in rows:
         assert r["rel_err"] <= tolerance("truth", "float64"), r["model"]
-        assert_close(r["kalmanscan"], r["oracle"], "reordered", "float64", what=r["model"])
+        assert_close(r["kalmanscan"], r["oracle"], "rounding", "float64", what=r["model"])
 
 
 @pytest.mark.parametrize("backend", ["sequential", "torch", "native"])
@@ -235,7 +235,7 @@ def test_filter_loglik_convention_argument_matches_the_offsets(backend):
     prior_var = np.array([np.inf, np.inf, np.inf, 4.0])
     kw = dict(loading=loading, prior_var=prior_var, backend=backend)
     base = ks.filter(z, 0.3, decay, 0.2, **kw).loglik
-    tol = tolerance("reordered", "float64")
+    tol = tolerance("rounding", "float64")
     for conv in ("statsmodels", "kfas"):
         got = ks.filter(z, 0.3, decay, 0.2, loglik_convention=conv, **kw).loglik
         for n in range(4):
@@ -274,7 +274,7 @@ def test_dense_oracle_equals_the_dense_reference_on_random_models(n, d, T, tv, p
                             prior_mean=m["prior_mean"], prior_cov=pc)
     r = kd.smooth(m["z"], m["F"], m["Q"], m["H"], m["R"], backend="sequential", **kw)
     proper = ~o.diffuse
-    scale, tol = np.abs(o.smooth_mean).max(), tolerance("reordered", "float64")
+    scale, tol = np.abs(o.smooth_mean).max(), tolerance("rounding", "float64")
     assert np.abs(np.asarray(r.filtered.mean)[proper] - o.mean[proper]).max() <= tol * scale
     assert np.abs(np.asarray(r.mean) - o.smooth_mean).max() <= tol * scale
     # the smoothed covariance recursion rounds more (measured 3.8e-13 relative on an entry near
@@ -285,4 +285,4 @@ def test_dense_oracle_equals_the_dense_reference_on_random_models(n, d, T, tv, p
         rtol=tolerance("parallel", "float64"),
         atol=tol * scale,
     )
-    assert_close(float(r.filtered.loglik), o.loglik, "reordered", "float64", what="loglik")
+    assert_close(float(r.filtered.loglik), o.loglik, "rounding", "float64", what="loglik")
