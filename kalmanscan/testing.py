@@ -60,6 +60,22 @@ TOLERANCES = {
     # however small obs_var (measured 7e-14); the regime battery's ill-conditioned lanes get
     # kernel_grad's 1e-8
     ("oracle_grad", "float64"): 1e-10,
+    # fit_ou: two maximizations of one likelihood (a series alone and in a batch, a joint fit of
+    # duplicates, another start or device): parameters relative; Newton stops at the stencil's
+    # noise floor
+    ("fit", "float64"): 1e-6,
+    # ... their maximized log-likelihoods, absolute in nats (flat at the optimum: a parameter
+    # error e moves it by ~n e^2)
+    ("fit_loglik", "float64"): 1e-9,
+    # ... a fit of data or times rescaled by c: the same standardized problem up to the rounding
+    # of (z - m) / s
+    ("rescaled", "float64"): 1e-7,
+    # ... standard errors from a finite-difference Hessian (the stencil's, or statsmodels'
+    # numerical one): about four digits
+    ("stderr", "float64"): 1e-4,
+    # ... against statsmodels' BFGS (gtol 1e-12) on the same likelihood: parameters relative; its
+    # stopping rule leaves up to 6e-6 on flat likelihoods (its default L-BFGS-B stops 2e-4 short)
+    ("statsmodels_fit", "float64"): 1e-5,
 }
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kalmanscan as ks
+from kalmanscan.testing import assert_close, tolerance
 from kalmanscan.timeseries import load_nile
 from kalmanscan.timeseries.robust import auxiliary_residuals, default_threshold, fit_ou_robust
 
@@ -56,7 +57,7 @@ def test_robust_fit_recovers_the_clean_fit(clean, row, value):
     missing[row] = np.nan
     want = ks.fit_ou(missing, YEARS, fix=LOCAL_LEVEL)
     for p in ("sigma2", "obs_var"):
-        assert fit.params[p] == pytest.approx(want.params[p], rel=1e-6)
+        assert fit.params[p] == pytest.approx(want.params[p], rel=tolerance("fit", "float64"))
         # ... and within a fraction of a standard error of the clean fit (one year fewer)
         assert abs(fit.params[p] - clean.params[p]) < 0.3 * clean.stderr[p]
         assert fit.params[p] == pytest.approx(clean.params[p], rel=0.12)
@@ -82,7 +83,7 @@ def test_robust_screens_a_value_the_plain_fit_cannot_scale(value):
     missing[30] = np.nan
     want = ks.fit_ou(missing, YEARS, fix=LOCAL_LEVEL)
     assert np.flatnonzero(fit.outliers).tolist() == [30]
-    assert fit.params["obs_var"] == pytest.approx(want.params["obs_var"], rel=1e-6)
+    assert_close(fit.params["obs_var"], want.params["obs_var"], "fit", "float64")
     assert any(f"row 30 (time 1901, z = {value:.6g})" in m for m in msgs)
 
 
@@ -109,7 +110,7 @@ def test_robust_free_theta_and_mu():
     want = ks.fit_ou(missing, YEARS)
     assert np.flatnonzero(fit.outliers).tolist() == [30]
     for p in ("theta", "sigma2", "mu", "obs_var"):
-        assert fit.params[p] == pytest.approx(want.params[p], rel=1e-5)
+        assert_close(fit.params[p], want.params[p], "fit", "float64", what=p)
     assert fit.params["mu"] == pytest.approx(full.params["mu"], rel=0.01)
 
 
@@ -142,7 +143,7 @@ def test_robust_is_scale_free(scale):
     ref, _ = _quiet(ks.fit_ou, _planted(), YEARS, fix=LOCAL_LEVEL, robust=True)
     fit, _ = _quiet(ks.fit_ou, _planted() * scale, YEARS, fix=LOCAL_LEVEL, robust=True)
     assert np.flatnonzero(fit.outliers).tolist() == [30]
-    assert fit.params["obs_var"] / scale**2 == pytest.approx(ref.params["obs_var"], rel=1e-6)
+    assert_close(fit.params["obs_var"] / scale**2, ref.params["obs_var"], "rescaled", "float64")
 
 
 def test_the_screen_is_capped_and_says_so():
@@ -162,7 +163,7 @@ def test_auxiliary_residual_is_the_deletion_residual(clean):
         drop[t] = np.nan
         sm = m.smooth(drop, YEARS)
         want = (FLOW[t] - sm.mean[t]) / np.sqrt(sm.var[t] + m.obs_var)
-        assert a[t] == pytest.approx(want, rel=1e-6)
+        assert_close(a[t], want, "truth", "float64", what=f"a[{t}]")
     assert np.abs(a).max() < 3.5  # clean Nile: nothing beyond the threshold (1913 is ~-2.9)
 
 
