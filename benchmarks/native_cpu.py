@@ -3,8 +3,9 @@ gradient (adjoint) against the torch backend's autograd, and the effect of a bus
 
 Part 1 (``--lanes``): ``native.filter_lanes`` (all outputs, and ``outputs="loglik"``) and
 ``native.loglik_grad`` at 5000 x 20, 1000 x 2000 and 100,000 x 100 lanes x steps (float64, scalar
-parameters, diffuse prior) against benchmarks/cpu.py's numpy loop, in one run, each checked against
-the numpy loop's filtered mean and log-likelihood first.
+parameters, diffuse prior) against benchmarks/cpu.py's numpy loop, in one run, the four calls
+interleaved round by round (medians), each checked against the numpy loop's filtered mean and
+log-likelihood first.
 
 Part 2 (``--busy``): a fit-like loop (per-lane parameters requiring grad, ``loglik`` through
 ``filter_lanes(outputs="loglik")``, its gradient, 100 lanes x 500 steps, 20 evaluations) with the
@@ -14,6 +15,9 @@ the machine as it is ("quiet") and with a busy loop in another process pinned to
 (``sched_setaffinity``). Reports the slowdown busy / quiet of each.
 
     python benchmarks/native_cpu.py [--lanes] [--busy] [--threads N] [--json benchmarks/results/native-cpu.json]
+
+With ``--json F --key K`` the part's results are stored under ``K`` (e.g. ``lanes_1thread``) in F,
+keeping F's other entries (one file for the runs at 2 and at 1 thread, and the busy part).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cpu import DECAY, OBS_VAR, PROC_VAR, numpy_loop  # noqa: E402
+from cpu import DECAY, OBS_VAR, PROC_VAR, numpy_loop, timeit_interleaved  # noqa: E402
 
 from kalmanscan.core import native, parallel  # noqa: E402
 from kalmanscan.testing import rel_error  # noqa: E402
@@ -67,12 +71,14 @@ def lanes_part(shapes, repeat):
         if not check <= 1e-9:
             raise SystemExit(f"{N} x {T}: native differs from the numpy loop by {check:.2e}")
         row = dict(lanes=N, steps=T, check=check)
-        row["native_all_ms"] = median_ms(lambda a=args, x=x0: native.filter_lanes(*a, x), repeat)
-        row["numpy_ms"] = median_ms(lambda z=z: numpy_loop(z), repeat)
-        row["native_loglik_ms"] = median_ms(
-            lambda a=args, x=x0: native.filter_lanes(*a, x, outputs="loglik"), repeat
-        )
-        row["native_grad_ms"] = median_ms(lambda a=args, x=x0: native.loglik_grad(*a, x), repeat)
+        fns = {
+            "native_all_ms": lambda a=args, x=x0: native.filter_lanes(*a, x),
+            "numpy_ms": lambda z=z: numpy_loop(z),
+            "native_loglik_ms": lambda a=args, x=x0: native.filter_lanes(*a, x, outputs="loglik"),
+            "native_grad_ms": lambda a=args, x=x0: native.loglik_grad(*a, x),
+        }
+        got = timeit_interleaved(list(fns.values()), repeat)
+        row.update({k: 1e3 * t for k, t in zip(fns, got, strict=True)})
         row["ratio_all"] = row["numpy_ms"] / row["native_all_ms"]
         rows.append(row)
         print(
@@ -171,6 +177,11 @@ def main():
         "--threads", type=int, help="torch.set_num_threads for part 1 (the kernel follows)"
     )
     ap.add_argument("--json", help="write results here")
+    ap.add_argument(
+        "--key",
+        help="with --json: store this run's part under KEY (and its meta under KEY_meta) in the "
+        "existing file, keeping its other entries",
+    )
     args = ap.parse_args()
     if not native.available():
         raise SystemExit("kalmanscan.core._native is not built")
@@ -191,6 +202,16 @@ def main():
     if args.busy or run_all:
         out["busy"] = busy_part(max(1, args.repeat // 2))
     out["meta"]["load_at_end"] = os.getloadavg()[0]
+    if args.json and args.key:
+        part = [k for k in ("lanes", "busy") if k in out]
+        if len(part) != 1:
+            raise SystemExit("--key: run one part (--lanes or --busy)")
+        merged = {}
+        if os.path.exists(args.json):
+            with open(args.json) as f:
+                merged = json.load(f)
+        merged[args.key], merged[f"{args.key}_meta"] = out[part[0]], out["meta"]
+        out = merged
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
