@@ -2,7 +2,8 @@
 
 Filter: the covariance-form Kalman filter. While the prior is diffuse it runs the exact initial
 Kalman filter of Durbin & Koopman (2012, sec. 5.2 and 6.4) on the whitened observation, one
-scalar at a time, carrying the finite part ``P`` and the diffuse part ``Pinf`` of the covariance;
+scalar at a time, carrying the finite part ``P`` and a factor ``D`` of the diffuse part
+``Pinf = D D'`` of the covariance;
 afterwards the
 plain multivariate update. Smoother: the backward information filter (the likelihood of z_{t+1:T}
 given x_t) in square-root form, combined with the filtered belief by one more QR. No scans, no
@@ -19,36 +20,38 @@ from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, rank
 from kalmanscan.dense.scan import mask_observation
 
 
-def _pdet_log(G, scale, tol):
-    w = torch.linalg.eigvalsh(_sym(G))
-    keep = w > tol * scale.unsqueeze(-1)
-    return torch.where(
-        keep, torch.log(torch.where(keep, w, torch.ones_like(w))), torch.zeros_like(w)
-    ).sum(-1), keep.sum(-1)
-
-
 def filter_reference(model: Model):
-    """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...]."""
+    """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...].
+
+    The diffuse part is carried as a factor, ``P_inf = D D'`` (``D = F D`` in the prediction), so
+    that the decisions are made on its square root: an entry with whitened row ``h`` is diffuse
+    when ``|D' h| > DIFFUSE_TOL |h| |D|_F``, and resolving it projects the direction out of the
+    factor, ``D <- D (I - u u' / |u|^2)``, ``u = D' h``; the rounding this leaves (eps relative to
+    the resolved direction's scale) is removed by keeping D's k largest singular values, k the
+    directions still diffuse (counted, not thresholded). A diffuse direction 1e-6 the scale of
+    another (a contracting F applied to it for a few steps) is thereby still diffuse; a threshold
+    on ``P_inf`` itself cannot tell it from the rounding of a resolved one. Once as many entries
+    as there were diffuse directions have been diffuse, ``D`` is 0 exactly.
+    """
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
     tol = rank_tol(dtype)
-    # resolving a diffuse direction leaves rounding of relative size ~eps * cond in Pinf; the
-    # reference treats anything below sqrt(eps) of the step's diffuse scale as resolved
-    dtol = torch.finfo(dtype).eps ** 0.5
+    dif_tol = 1e-11 if dtype == torch.float64 else 1e-4
     eye = torch.eye(n, dtype=dtype, device=device)
     m = model.m0.clone()
     if model.P0 is not None:
         P = model.P0.clone()
-        Pinf = torch.zeros(B, n, n, dtype=dtype, device=device)
+        D = torch.zeros(B, n, n, dtype=dtype, device=device)
     else:
         Pr, _ = _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)
-        Pinf = eye - Pr
-        P = _sym(torch.linalg.inv(model.L0 + Pinf) - Pinf)
+        D = eye - Pr  # a projector: D D' = D
+        P = _sym(torch.linalg.inv(model.L0 + D) - D)
+    k = torch.diagonal(D, dim1=-2, dim2=-1).sum(-1).round().to(torch.int64)  # diffuse directions
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     means, covs, difs, pms, pPs, lls = [], [], [], [], [], []
     nd = 0
-    diffuse_now = True
+    diffuse_now = bool((k > 0).any())
     for t in range(T):
         F = model.F[:, t]
         Q, c = model.Q[:, t], model.c[:, t]
@@ -56,12 +59,14 @@ def filter_reference(model: Model):
         obs = model.observed[:, t]
         m = _mv(F, m) + c
         P = _sym(F @ P @ F.transpose(-1, -2) + Q)
-        Pinf = _sym(F @ Pinf @ F.transpose(-1, -2))
+        if diffuse_now:
+            D = F @ D
         pms.append(m)
         pPs.append(P)
-        if diffuse_now:  # once Pinf is exactly 0 it stays 0: stop asking (a host sync on GPUs)
-            diffuse_now = bool((Pinf != 0).any())
+        if diffuse_now:  # once every series' D is 0 it stays 0: stop asking (a GPU host sync)
+            diffuse_now = bool((k > 0).any())
         if not diffuse_now:
+            D = torch.zeros_like(P)
             v = z - _mv(H, m)
             S = _sym(H @ P @ H.transpose(-1, -2) + R)
             PHt = P @ H.transpose(-1, -2)
@@ -78,34 +83,34 @@ def filter_reference(model: Model):
             )
         else:
             nd = t + 1
-            # Convention: + 1/2 log pdet(2 pi F_inf) with F_inf = H Pinf H' in observation space.
-            Finf = H @ Pinf @ H.transpose(-1, -2)
-            lp, r = _pdet_log(
-                Finf, torch.linalg.matrix_norm(H).square() * torch.linalg.matrix_norm(Pinf), tol
-            )
-            ll = 0.5 * (lp + r.to(dtype) * LOG_2PI)
+            # Convention: + 1/2 log pdet(2 pi F_inf), F_inf = H P_inf H' in observation space,
+            # over the r largest eigenvalues, r = the step's diffuse entries (rank(H D) exactly)
+            G = H @ D
+            ev = torch.linalg.eigvalsh(_sym(G @ G.transpose(-1, -2))).flip(-1)  # descending
             L = torch.linalg.cholesky(R)
             Hw = torch.linalg.solve_triangular(L, H, upper=False)
             zw = torch.linalg.solve_triangular(L, z.unsqueeze(-1), upper=False).squeeze(-1)
-            ll = ll - torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-            scale0 = torch.linalg.matrix_norm(Pinf)
+            ll = -torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+            r = torch.zeros(B, dtype=torch.int64, device=device)
             for i in range(d):
                 h, y, o = Hw[:, i], zw[:, i], obs[:, i]
-                Minf, Ms = _mv(Pinf, h), _mv(P, h)
-                finf = (h * Minf).sum(-1)
+                u = _mv(D.transpose(-1, -2), h)
+                nu2 = u.square().sum(-1)
+                scale = h.square().sum(-1) * D.square().sum((-1, -2))
+                diff = o & (k > 0) & (nu2 > dif_tol**2 * scale)
+                prop = o & ~diff
+                Minf, Ms = _mv(D, u), _mv(P, h)
                 fs = (h * Ms).sum(-1) + 1.0
                 v = y - (h * m).sum(-1)
-                diff = o & (finf > dtol * h.square().sum(-1) * scale0)
-                prop = o & ~diff
-                fi = torch.where(diff, finf, torch.ones_like(finf))
+                fi = torch.where(diff, nu2, torch.ones_like(nu2))
                 ki = Minf / fi.unsqueeze(-1)
                 m_d = m + ki * v.unsqueeze(-1)
-                Pinf_d = Pinf - ki.unsqueeze(-1) * Minf.unsqueeze(-2)
                 P_d = (
                     P
                     - (ki.unsqueeze(-1) * Ms.unsqueeze(-2) + Ms.unsqueeze(-1) * ki.unsqueeze(-2))
                     + (ki.unsqueeze(-1) * ki.unsqueeze(-2)) * fs[:, None, None]
                 )
+                D_d = D - (_mv(D, u) / fi.unsqueeze(-1)).unsqueeze(-1) * u.unsqueeze(-2)
                 ll_d = -0.5 * (LOG_2PI + torch.log(fi))
                 ks = Ms / fs.unsqueeze(-1)
                 m_p = m + ks * v.unsqueeze(-1)
@@ -115,18 +120,28 @@ def filter_reference(model: Model):
                 P = _sym(
                     torch.where(diff[:, None, None], P_d, torch.where(prop[:, None, None], P_p, P))
                 )
-                Pinf = _sym(torch.where(diff[:, None, None], Pinf_d, Pinf))
+                D = torch.where(diff[:, None, None], D_d, D)
                 ll = (
                     ll
                     + torch.where(diff, ll_d, torch.zeros_like(ll_d))
                     + torch.where(prop, ll_p, torch.zeros_like(ll_p))
                 )
-            w, U = torch.linalg.eigh(Pinf)  # drop the rounding left in resolved directions
-            w = torch.where(w > dtol * scale0.unsqueeze(-1), w, torch.zeros_like(w))
-            Pinf = (U * w.unsqueeze(-2)) @ U.transpose(-1, -2)
+                r = r + diff.to(torch.int64)
+                k = k - diff.to(torch.int64)
+                if bool(diff.any()):  # keep D's k largest singular values: drop the residue
+                    with torch.no_grad():
+                        U, S, Vh = torch.linalg.svd(D)
+                        top = torch.arange(n, device=device) < k.unsqueeze(-1)
+                        Dk = (U * torch.where(top, S, torch.zeros_like(S)).unsqueeze(-2)) @ Vh
+                        Dk = torch.where(diff[:, None, None], Dk, D)
+                    D = D + (Dk - D.detach())  # the value truncated, the derivative D's
+            top = torch.arange(ev.shape[-1], device=device) < r.unsqueeze(-1)
+            safe = torch.where(top, ev, torch.ones_like(ev))
+            ll = ll + 0.5 * (torch.log(safe).sum(-1) + r.to(dtype) * LOG_2PI)
+            D = torch.where((k > 0)[:, None, None], D, torch.zeros_like(D))
         means.append(m)
         covs.append(P)
-        difs.append(Pinf)
+        difs.append(_sym(D @ D.transpose(-1, -2)))
         lls.append(ll)
     stack = lambda xs: torch.stack(xs, 1)  # noqa: E731
     filt = Moments(stack(means), stack(covs), stack(difs), nd)
