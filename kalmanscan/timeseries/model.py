@@ -377,7 +377,9 @@ class OUModel:
         if not smooth:
             return _rescale_filter(res, c, observed)
         return type(res)(
-            _scaled(res.mean, c), _scaled(res.var, c * c), _rescale_filter(res.filtered, c, observed)
+            _scaled(res.mean, c),
+            _scaled(res.var, c * c),
+            _rescale_filter(res.filtered, c, observed),
         )
 
     def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
