@@ -599,6 +599,9 @@ def kernel_resources():
                           dict(vary, FROM_END=True, BLOCK=128), 4),
         "filter_carry": (FK.carry_kernel, fil_carry_sig,
                          dict(FWD=True, BWD=True, NS=8, CT=64, BLOCK=16), 4),
+        "filter_adj_carry": (FA.adjoint_carry_kernel,
+                             sig("amap_ptr gll_ptr xlast_ptr xend_ptr", "gsn N NC", ()),
+                             dict(CT=32, BLOCK=16), 4),
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps) in cases.items():

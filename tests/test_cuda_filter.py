@@ -134,13 +134,17 @@ def test_loglik_mode_allocates_nothing_of_size_T_N(regime, monkeypatch):
     assert shapes and (T, N) not in shapes
 
 
-@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize("regime", ["lanes", "chunks", "chunks-long"])
 @pytest.mark.parametrize("broadcast", [False, True], ids=["full", "broadcast"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):
-    """Gradients of sum(w * loglik) + <g, final> wrt every input, in each input's compact shape."""
-    _force(monkeypatch, regime)
-    T, N = (3000, 200) if CUDA else (37, 3)
+    """Gradients of sum(w * loglik) + <g, final> wrt every input, in each input's compact shape
+    (chunks-long: on the CPU 13 chunks, whose maps the carries scan in several tiles)."""
+    _force(monkeypatch, regime.split("-")[0])
+    if CUDA:
+        T, N = (30000, 200) if regime == "chunks-long" else (3000, 200)
+    else:
+        T, N = (203, 3) if regime == "chunks-long" else (37, 3)
     xs = make_inputs(T, N, seed=7, broadcast=broadcast, forget=not broadcast)
     g = torch.Generator().manual_seed(8)
     w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)

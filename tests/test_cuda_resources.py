@@ -39,8 +39,11 @@ KERNELS = [
     "kla_bwd_half",
     "filter_fwd",
     "filter_fwd_chunk_maps",
+    "filter_fwd_chunked_tangents",
     "filter_bwd",
+    "filter_bwd_chunked",
     "filter_carry",
+    "filter_adj_carry",
 ]
 
 
@@ -53,6 +56,10 @@ BUDGET = {
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
     "kla_bwd_half": (255, 0),
+    # the carries' tile scans: a [chunks, 16 lanes] tile of 7 (12) map entries over 128 threads,
+    # a handful of programs whose walk over the tiles is latency-bound (occupancy is not)
+    "filter_carry": (255, 0),
+    "filter_adj_carry": (255, 0),
 }
 
 
@@ -69,7 +76,8 @@ def test_reciprocals_per_step(resources):
     # filter forward (homogeneous (u, e, v) form): one IEEE division, the once-a-lane range check
     # of h*h/obs_var (constant in time here); the loop's normalizations and outputs take hardware
     # reciprocals (6 a step body: 1/max(u, v) twice, 1/u and 1/v for the outputs of the
-    # predicted and filtered beliefs, shared where they coincide). KLA forward: the predict reciprocal and 1/lam for the readout, 2 a lane-step; the
+    # predicted and filtered beliefs, shared where they coincide). KLA forward: the predict
+    # reciprocal and 1/lam for the readout, 2 a lane-step; the
     # compiled case has 4 lanes a thread ([32, 4] tile, one warp) and 5 step bodies (the 4
     # unrolled steps of a pipelined block and the one-step tail loop; without gradients the
     # blocks hold 8 steps), plus 1 / p once a lane (the lean form's e where the decay is 0).

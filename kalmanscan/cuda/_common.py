@@ -17,7 +17,6 @@ import os
 
 import torch
 import triton
-import triton.language as tl
 
 
 def interpreting() -> bool:
@@ -28,57 +27,6 @@ def interpreting() -> bool:
 # Device helpers are inlined by the compiler; under the interpreter each call of a jitted helper
 # re-patches the language module (slow), so there they stay plain functions over patched `tl`.
 helper = (lambda fn: fn) if interpreting() else triton.jit
-
-
-@helper
-def observation(z, rinv, h):
-    """``(phi, r, rho, z0)`` from ``z``, ``rinv = 1/obs_var`` and ``h`` (0 where ``z`` is NaN;
-    ``obs_var = inf`` gives ``rinv = 0``)."""
-    observed = z == z
-    rho = tl.where(observed, rinv, 0.0)
-    z0 = tl.where(observed, z, 0.0)
-    return rho * h * h, rho * h * z0, rho, z0
-
-
-@helper
-def predict(lam, a, p):
-    """``(lam_pred, alpha, rden, forget)`` of the predict step (total forgetting where a*a == 0)."""
-    a2 = a * a
-    forget = a2 == 0.0
-    d = tl.where(forget, p, a2)
-    rden = 1.0 / (p * lam + d)
-    lam_pred = tl.where(forget, lam + 1.0, lam) * rden
-    alpha = tl.where(forget, 0.0, a * rden)
-    return lam_pred, alpha, rden, forget
-
-
-@triton.jit
-def lam_eta_carry_kernel(comp_ptr, lam0_ptr, eta0_ptr, start_ptr, N, NC, NS: tl.constexpr,
-                      BLOCK: tl.constexpr):  # fmt: skip
-    """Walk the chunk maps of the ``(lam, eta)`` form (``comp [7, NC, N]``): the start state of
-    chunk k+1 = map_k(start of chunk k), written to ``start [2, NC, N]`` (the KLA op's chunked
-    forward)."""
-    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    lmask = lanes < N
-    lam = tl.load(lam0_ptr + lanes, mask=lmask, other=1.0)
-    eta = tl.load(eta0_ptr + lanes, mask=lmask, other=0.0)
-    tl.store(start_ptr + lanes, lam, mask=lmask)
-    tl.store(start_ptr + NC * N + lanes, eta, mask=lmask)
-    step = NC * N
-    for kk in tl.range(0, NC - 1, num_stages=NS):
-        base = comp_ptr + kk * N + lanes
-        m11 = tl.load(base, mask=lmask, other=1.0)
-        m12 = tl.load(base + step, mask=lmask, other=0.0)
-        m21 = tl.load(base + 2 * step, mask=lmask, other=0.0)
-        m22 = tl.load(base + 3 * step, mask=lmask, other=1.0)
-        g1 = tl.load(base + 4 * step, mask=lmask, other=0.0)
-        g2 = tl.load(base + 5 * step, mask=lmask, other=0.0)
-        A = tl.load(base + 6 * step, mask=lmask, other=1.0)
-        rw = 1.0 / (m21 * lam + m22)
-        eta = (g1 * lam + g2 + A * eta) * rw
-        lam = (m11 * lam + m12) * rw
-        tl.store(start_ptr + (kk + 1) * N + lanes, lam, mask=lmask)
-        tl.store(start_ptr + (NC + kk + 1) * N + lanes, eta, mask=lmask)
 
 
 def cdiv(a: int, b: int) -> int:

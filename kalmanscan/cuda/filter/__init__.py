@@ -33,7 +33,6 @@ from kalmanscan.cuda._common import (
     cdiv,
     empty,
     interpreting,
-    lam_eta_carry_kernel,
     lanes_config,
     launch,
     next_pow2,
@@ -50,18 +49,22 @@ CHECKS_INPUTS = True
 READS_STRIDES = True
 INF_OBS_VAR_UNOBSERVED = True
 
-# kept for kalmanscan/cuda/kla.py (the KLA op's chunked forward walks (lam, eta) chunk maps)
-_fwd_carry_kernel = lam_eta_carry_kernel
-
 # Lane-steps of parallel work the chunked regime aims for, and the lane count from which one
 # thread per lane over all of time already fills the GPU.
 _TARGET_WORK = 65536
 _MANY_LANES = 16384
-# pipeline stages of the per-step loads (NS) and of the walks over the chunk maps that go one
-# chunk after the other, bound by the loads' latency (NS_CARRY: the smoother's backward carry and
-# the adjoint's); CK: checkpoint interval of the adjoint (chunk lengths are multiples of it);
-# the forward carry's tile scan: CARRY_TILE chunks by CARRY_LANES lanes a step
-TUNING = {"NS": 8, "NS_CARRY": 8, "CK": 16, "CARRY_TILE": 64, "CARRY_LANES": 16}
+# NS: pipeline stages of the per-step loads; NS_CARRY: those of the smoother's backward carry,
+# which walks its chunk maps one after the other, bound by the loads' latency; CK: checkpoint
+# interval of the adjoint (chunk lengths are multiples of it); the forward's and the adjoint's
+# carries scan tiles of CARRY_TILE / ADJ_CARRY_TILE chunks by CARRY_LANES lanes
+TUNING = {
+    "NS": 8,
+    "NS_CARRY": 8,
+    "CK": 16,
+    "CARRY_TILE": 64,
+    "ADJ_CARRY_TILE": 32,
+    "CARRY_LANES": 16,
+}
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
 
@@ -173,7 +176,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
         **cfg)  # fmt: skip
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
-    CB, CT, cwarps = _carry_config(N, NC)
+    CB, CT, cwarps = _carry_config(N, NC, TUNING["CARRY_TILE"])
     launch(carry_kernel, (cdiv(N, CB),),
         comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT,
         BLOCK=CB, num_warps=cwarps)  # fmt: skip
@@ -190,11 +193,12 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     return series, ll, fin, flags, ck, (bend if smooth else (amap if tang else None))
 
 
-def _carry_config(N: int, NC: int):
-    """``(lanes a program, chunks a tile, warps)`` of the forward carry's tile scan."""
+def _carry_config(N: int, NC: int, tile: int):
+    """``(lanes a program, chunks a tile, warps)`` of a carry's tile scan (``tile`` chunks at
+    most)."""
     if interpreting():
         return min(16, next_pow2(N)), min(4, next_pow2(max(NC - 1, 2))), 1
-    CT = min(TUNING["CARRY_TILE"], next_pow2(max(NC - 1, 2)))
+    CT = min(tile, next_pow2(max(NC - 1, 2)))
     return TUNING["CARRY_LANES"], CT, 4
 
 
@@ -255,8 +259,9 @@ def _adjoint(T, N, ins, x0, ck, amap, gll, gfin, needs):
         xend = xlast
     else:
         xend = empty((3, NC, N), z)
-        launch(adjoint_carry_kernel, (nprog,), amap, gll, gsn, xlast, xend, N, NC,
-               NS=TUNING["NS_CARRY"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+        CB, CT, cwarps = _carry_config(N, NC, TUNING["ADJ_CARRY_TILE"])
+        launch(adjoint_carry_kernel, (cdiv(N, CB),), amap, gll, gsn, xlast, xend, N, NC, CT=CT,
+               BLOCK=CB, num_warps=cwarps)  # fmt: skip
     launch(adjoint_kernel, grid,
         *args, ck, scratch, gll, gsn, xend, *bufs, g0, T, N, CH, NC, CK, **cfg)  # fmt: skip
     summed = part.sum(1, keepdim=True) if (n_part and NC > 1) else part

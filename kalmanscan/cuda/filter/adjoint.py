@@ -125,7 +125,6 @@ def adjoint_kernel(
     c0 = tl.load(c_ptr + lanes * csn, mask=lmask, other=1.0)
     W = tl.load(gll_ptr + lanes * gsn, mask=lmask, other=0.0)
     zero = W * 0.0
-    one = zero + 1.0
     bu = tl.load(xend_ptr + k * N + lanes, mask=lmask, other=0.0)
     be = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
     bv = tl.load(xend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=0.0)
@@ -213,13 +212,29 @@ def adjoint_kernel(
         tl.store(gc_ptr + po, acc_c, mask=lmask)
 
 
+@triton.jit  # a scan's combine function is jitted under the interpreter too
+def compose_affine(l00, l01, l02, l10, l11, l12, l20, l21, l22, lb0, lb1, lb2,
+                   r00, r01, r02, r10, r11, r12, r20, r21, r22, rb0, rb1, rb2):  # fmt: skip
+    """The affine map ``mu -> R (L mu + lb) + rb`` (``L`` applied first): ``(R L, R lb + rb)``."""
+    return (r00 * l00 + r01 * l10 + r02 * l20, r00 * l01 + r01 * l11 + r02 * l21,
+            r00 * l02 + r01 * l12 + r02 * l22,
+            r10 * l00 + r11 * l10 + r12 * l20, r10 * l01 + r11 * l11 + r12 * l21,
+            r10 * l02 + r11 * l12 + r12 * l22,
+            r20 * l00 + r21 * l10 + r22 * l20, r20 * l01 + r21 * l11 + r22 * l21,
+            r20 * l02 + r21 * l12 + r22 * l22,
+            r00 * lb0 + r01 * lb1 + r02 * lb2 + rb0, r10 * lb0 + r11 * lb1 + r12 * lb2 + rb1,
+            r20 * lb0 + r21 * lb1 + r22 * lb2 + rb2)  # fmt: skip
+
+
 @triton.jit
 def adjoint_carry_kernel(amap_ptr, gll_ptr, gsn, xlast_ptr, xend_ptr, N, NC,
-                         NS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                         CT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """The adjoint at the end of each chunk, from the last chunk's (``xlast [3, N]``, the
     gradient of the final state) through the chunk maps of the forward (``amap [12, NC, N]``,
     for unit weight): ``mu_end(k-1) = C_k mu_end(k) + w b_k`` with the log-likelihood's incoming
-    gradient ``w`` (``gll [N]``, lane stride ``gsn``)."""
+    gradient ``w`` (``gll [N]``, lane stride ``gsn``). ``CT`` chunks at a time, from the last:
+    their maps loaded as one ``[CT, BLOCK]`` tile (row ``j``: chunk ``hi - j``), composed by a
+    prefix scan and applied to the adjoint at the end of chunk ``hi``."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
     step = NC * N
@@ -231,25 +246,38 @@ def adjoint_carry_kernel(amap_ptr, gll_ptr, gsn, xlast_ptr, xend_ptr, N, NC,
     tl.store(xend_ptr + last * N + lanes, mu, mask=lmask)
     tl.store(xend_ptr + step + last * N + lanes, me, mask=lmask)
     tl.store(xend_ptr + 2 * step + last * N + lanes, mv, mask=lmask)
-    for j in tl.range(0, NC - 1, num_stages=NS):
-        kk = NC - 1 - j
-        base = amap_ptr + kk * N + lanes
-        c0 = tl.load(base, mask=lmask, other=0.0)
-        c1 = tl.load(base + step, mask=lmask, other=0.0)
-        c2 = tl.load(base + 2 * step, mask=lmask, other=0.0)
-        c3 = tl.load(base + 3 * step, mask=lmask, other=0.0)
-        c4 = tl.load(base + 4 * step, mask=lmask, other=0.0)
-        c5 = tl.load(base + 5 * step, mask=lmask, other=0.0)
-        c6 = tl.load(base + 6 * step, mask=lmask, other=0.0)
-        c7 = tl.load(base + 7 * step, mask=lmask, other=0.0)
-        c8 = tl.load(base + 8 * step, mask=lmask, other=0.0)
-        b0 = tl.load(base + 9 * step, mask=lmask, other=0.0)
-        b1 = tl.load(base + 10 * step, mask=lmask, other=0.0)
-        b2 = tl.load(base + 11 * step, mask=lmask, other=0.0)
-        nu = c0 * mu + c3 * me + c6 * mv + W * b0
-        ne = c1 * mu + c4 * me + c7 * mv + W * b1
-        nv = c2 * mu + c5 * me + c8 * mv + W * b2
-        mu, me, mv = nu, ne, nv
-        tl.store(xend_ptr + (kk - 1) * N + lanes, mu, mask=lmask)
-        tl.store(xend_ptr + step + (kk - 1) * N + lanes, me, mask=lmask)
-        tl.store(xend_ptr + 2 * step + (kk - 1) * N + lanes, mv, mask=lmask)
+    rows = tl.arange(0, CT)[:, None]
+    final = rows == CT - 1
+    for j0 in tl.range(0, NC - 1, CT, num_stages=2):  # the next tile loads during this one
+        kk = NC - 1 - j0 - rows  # chunks NC-1 .. 1 give the adjoint at the ends of NC-2 .. 0
+        m = lmask[None, :] & (kk >= 1)
+        base = amap_ptr + kk * N + lanes[None, :]
+        # C[i][j] = entry i + 3 j; outside the range the identity
+        c00 = tl.load(base, mask=m, other=1.0)
+        c10 = tl.load(base + step, mask=m, other=0.0)
+        c20 = tl.load(base + 2 * step, mask=m, other=0.0)
+        c01 = tl.load(base + 3 * step, mask=m, other=0.0)
+        c11 = tl.load(base + 4 * step, mask=m, other=1.0)
+        c21 = tl.load(base + 5 * step, mask=m, other=0.0)
+        c02 = tl.load(base + 6 * step, mask=m, other=0.0)
+        c12 = tl.load(base + 7 * step, mask=m, other=0.0)
+        c22 = tl.load(base + 8 * step, mask=m, other=1.0)
+        w = W[None, :]
+        b0 = w * tl.load(base + 9 * step, mask=m, other=0.0)
+        b1 = w * tl.load(base + 10 * step, mask=m, other=0.0)
+        b2 = w * tl.load(base + 11 * step, mask=m, other=0.0)
+        c00, c01, c02, c10, c11, c12, c20, c21, c22, b0, b1, b2 = tl.associative_scan(
+            (c00, c01, c02, c10, c11, c12, c20, c21, c22, b0, b1, b2), 0, compose_affine
+        )
+        u, e, v = mu[None, :], me[None, :], mv[None, :]
+        nu = c00 * u + c01 * e + c02 * v + b0
+        ne = c10 * u + c11 * e + c12 * v + b1
+        nv = c20 * u + c21 * e + c22 * v + b2
+        out = xend_ptr + (kk - 1) * N + lanes[None, :]
+        tl.store(out, nu, mask=m)
+        tl.store(out + step, ne, mask=m)
+        tl.store(out + 2 * step, nv, mask=m)
+        # the adjoint after the tile (its last row: masked rows are the identity)
+        mu = tl.sum(tl.where(final, nu, 0.0), 0)
+        me = tl.sum(tl.where(final, ne, 0.0), 0)
+        mv = tl.sum(tl.where(final, nv, 0.0), 0)

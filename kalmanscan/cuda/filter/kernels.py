@@ -472,7 +472,7 @@ def carry_kernel(
         tl.store(start_ptr + 2 * step + lanes, v, mask=lmask)
         rows = tl.arange(0, CT)[:, None]
         last = rows == CT - 1
-        for k0 in range(0, NC - 1, CT):
+        for k0 in tl.range(0, NC - 1, CT, num_stages=2):  # the next tile loads during this one
             kk = k0 + rows  # maps of chunks 0 .. NC-2 give the starts of chunks 1 .. NC-1
             m = lmask[None, :] & (kk < NC - 1)
             base = comp_ptr + kk * N + lanes[None, :]
