@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -121,7 +122,8 @@ def _scale(zl: torch.Tensor) -> np.ndarray:
     """Per-series standard deviation of the first differences of the observed entries [N]."""
     z = zl.numpy()  # [N, T, d], NaN missing
     dz = np.diff(z, axis=1)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-missing series: scale 1
         s = np.sqrt(np.nanmean(dz**2, axis=(1, 2)) - np.nanmean(dz, axis=(1, 2)) ** 2)
         alt = np.sqrt(np.nanvar(z, axis=(1, 2)))
     s = np.where(np.isfinite(s) & (s > 0), s, alt)
