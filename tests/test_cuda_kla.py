@@ -203,6 +203,41 @@ def test_launch_plans_follow_tuning(monkeypatch):
     assert tuning.plan(forward._fwd_plan, 2, 19, 3, 4, False)["consts"]["W"] == 8
 
 
+# The forward launch at the benchmark shapes (benchmarks/gpu.py: "fwd" without gradients, the
+# forward of "fwd+bwd" saving checkpoints), as the pre-split module (2a505ed~1,
+# kalmanscan/cuda/kla.py) launched it: grid, the kernel's integers L, M, NB, S and every
+# constexpr. The constexprs it had beyond these took the paths the kernel now always takes:
+# PREFETCH=False, CHUNKED=False (grid depth 1, CL=L), AHEAD=0, BLOCK_PIPE, OUT_SCATTER,
+# IN_TILE, KQ_TILE, LEAN all True, FORM=1.
+BENCH_LAUNCHES = {
+    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 512, 16), dict(CK=4, W=8)),
+    ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 512, 16), dict(CK=4, W=4)),
+    ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=8)),
+    ((4, 2048, 960, 16), True): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=4)),
+}
+
+
+@pytest.mark.parametrize(
+    "shape, grad", list(BENCH_LAUNCHES), ids=lambda v: "B{}-L{}-M{}-S{}".format(*v) if
+    isinstance(v, tuple) else ("grad" if v else "no-grad"),
+)  # fmt: skip
+def test_forward_launch_at_the_benchmark_shapes(shape, grad, monkeypatch):
+    # meta tensors: the launch is recorded, nothing is allocated or run
+    B, L, M, S = shape
+    launches = []
+    monkeypatch.setattr(forward, "launch", lambda fn, grid, *a, **kw: launches.append(
+        (fn, tuple(grid), tuple(x for x in a if isinstance(x, int)), kw)))  # fmt: skip
+    sizes = dict(v=(B, L, M), Lv=(B, L, M), k=(B, L, S), q=(B, L, S), decay=(M, S),
+                 process_var=(M, S))  # fmt: skip
+    x = {n: torch.empty(s, device="meta").requires_grad_(True) for n, s in sizes.items()}
+    with torch.set_grad_enabled(grad):  # the benchmark's "fwd" runs under torch.no_grad()
+        kla_triton(*x.values(), None, None)
+    grid, ints, consts = BENCH_LAUNCHES[(shape, grad)]
+    assert launches == [(forward._kla_fwd_kernel, grid, ints,
+                         dict(SAVE_PREC=False, SAVE_CK=grad, NS=4, G=4, SG=4, NT=32, EVEN_M=True,
+                              num_warps=1, **consts))]  # fmt: skip
+
+
 @pytest.mark.parametrize("many_lanes", [False, True], ids=["few-lanes", "many-lanes"])
 def test_float32_against_float64_reference(many_lanes, monkeypatch):
     if many_lanes:
