@@ -160,8 +160,16 @@ def test_boundary_estimate_is_named_and_explained():
     with pytest.warns(UserWarning, match="obs_var is at its lower bound 0"):
         fit = fit_ou(z, fix=LL)
     assert fit.converged is True and fit.at_boundary == {"sigma2": False, "obs_var": True}
-    assert math.isnan(fit.stderr["obs_var"]) and math.isnan(fit.stderr["sigma2"])
+    # obs_var has none; sigma2's is the observed information with obs_var held at 0: for a random
+    # walk seen without noise, sigma2_hat = mean(d**2) and its standard error sigma2_hat sqrt(2/m)
+    assert math.isnan(fit.stderr["obs_var"])
+    d = np.diff(z)
+    closed = np.mean(d * d) * math.sqrt(2 / d.size)
+    assert abs(fit.stderr["sigma2"] / closed - 1) <= tolerance("stderr", "float64")
+    row = fit.summary().splitlines()[3].split()  # series, sigma2, (s.e.), obs_var, (s.e.), ...
+    assert float(row[2]) == pytest.approx(fit.stderr["sigma2"], rel=1e-3) and row[4][0] == "<"
     assert "note: obs_var is at its lower bound 0" in fit.summary()
+    assert "standard errors are those with obs_var held at 0" in fit.summary()
     assert "normal approximation" in fit.summary()
     assert fit.params["obs_var"] < 1e-6 * np.var(np.diff(z))
 

@@ -52,15 +52,16 @@ class OUFit:
         model: the fitted :class:`OUModel` (parameters scalars when ``joint`` or one series, else
             arrays over the series shape ``S``).
         loglik: log-likelihood per series (``S``; a float for one series) at the estimate.
-        stderr: ``{name: standard error}`` from the inverse Hessian; NaN for fixed parameters, at a
-            boundary, or where the Hessian is not positive definite.
+        stderr: ``{name: standard error}`` from the inverse Hessian; NaN for fixed parameters, for
+            one on its boundary (the others' are then those with it held at 0), or where the
+            Hessian is not positive definite.
         fixed: the fixed parameters. converged: per series (or one bool when ``joint``).
         n_iter: Newton iterations (the most any series took). n_obs: observations per series.
         joint: one parameter set for all.
         z: the data, time first ``[T, *S]``. time_axis: its :class:`TimeAxis`.
         series_labels: names of the series (e.g. DataFrame columns) or ``None``.
         at_boundary: ``{name: bool}`` per series (free parameters): the estimate sits on its lower
-            bound 0 (standard errors are not reported there). notes: why standard errors are
+            bound 0 (no standard error for it there). notes: why standard errors are
             missing, estimates on a boundary, observations that dominate the likelihood.
         upper_bound: ``{name: bound}`` per series for ``theta``, ``sigma2``, ``obs_var``: where the
             estimate is on its bound 0, the one-sided 95% profile-likelihood upper bound reported
@@ -556,8 +557,15 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
 
 def _standard_errors(core: _Core, free, joint):
     """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the stencil
-    Hessian at the estimate, where the estimate is converged, interior and the Hessian positive
-    definite; ``why`` holds the reason (a short text) where not."""
+    Hessian at the estimate, where the estimate is converged and the Hessian positive definite;
+    ``why`` holds the reason (a short text) where not.
+
+    A parameter on its bound 0 gets none (``OUFit.upper_bound`` bounds it instead); the others get
+    the observed information of the free parameters with it held at 0: the Hessian block of the
+    interior coordinates, which the stencil evaluates with the boundary coordinate at its held
+    value (an effect of ~1e-14 of the data's scale). ``theta`` on its bound also holds ``mu``,
+    which does not enter the likelihood of a random walk. docs/model.md, "Estimates on a boundary".
+    """
     opt = core.opt
     G, k = opt.u.shape
     nobs = core.data.n_obs
@@ -566,24 +574,32 @@ def _standard_errors(core: _Core, free, joint):
     # Hessian of the total negative log-likelihood in u; u = log x adds g_j on the diagonal
     Hu = opt.H * n[:, None, None] - (opt.g * n[:, None] * positive)[:, :, None] * np.eye(k)
     Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
+    held = opt.at_boundary.copy()
+    if "theta" in free and "mu" in free:
+        held[:, free.index("mu")] |= held[:, free.index("theta")]
     why = np.full(G, "", dtype=object)
     why[opt.status != optim.CONVERGED] = "the fit did not converge"
-    bnd = opt.at_boundary.any(1)
-    why[(why == "") & bnd] = "an estimate is on its boundary"
-    finite = np.isfinite(Hu).all((1, 2))
-    lam = np.full((G, k), np.nan)
-    lam[finite] = np.linalg.eigvalsh(Hu[finite])
-    pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
-    why[(why == "") & ~pd] = "the Hessian is not positive definite (a parameter is not identified)"
-    ok = why == ""
+    why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
     se = {p: np.full(G, np.nan) for p in PARAMS}
-    if ok.any():
-        cov = np.linalg.inv(Hu[ok])
-        s = core.s[:1] if joint else core.s
-        for j, p in enumerate(free):
-            est = core.est[p][:1] if joint else core.est[p]
-            jac = np.abs(est) if p in _POSITIVE else s  # d natural / d u
-            se[p][ok] = np.sqrt(cov[:, j, j]) * jac[ok]
+    s = core.s[:1] if joint else core.s
+    jac = np.stack(
+        [np.abs(core.est[p][:1] if joint else core.est[p]) if p in _POSITIVE else s for p in free],
+        1,
+    )  # d natural / d u, [G, k]
+    for pattern in np.unique(held[why == ""], axis=0):
+        rows = np.flatnonzero((why == "") & (held == pattern).all(1))
+        keep = np.flatnonzero(~pattern)
+        sub = Hu[rows][:, keep][:, :, keep]
+        finite = np.isfinite(sub).all((1, 2))
+        lam = np.full((rows.size, keep.size), np.nan)
+        lam[finite] = np.linalg.eigvalsh(sub[finite])
+        pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+        why[rows[~pd]] = "the Hessian is not positive definite (a parameter is not identified)"
+        if pd.any():
+            cov = np.linalg.inv(sub[pd])
+            for c, j in enumerate(keep):
+                se[free[j]][rows[pd]] = np.sqrt(cov[:, c, c]) * jac[rows[pd], j]
+    ok = why == ""
     return se, ok, why
 
 
@@ -669,8 +685,9 @@ def fit_ou(
 
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
-    an estimate sits on its boundary (a variance at 0: no standard errors there, see
-    ``OUFit.notes``) and when one observation dominates the likelihood. Returns an :class:`OUFit`.
+    an estimate sits on its boundary (a variance at 0: no standard error for it, the others' with
+    it held at 0, see ``OUFit.notes``) and when one observation dominates the likelihood. Returns
+    an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -803,9 +820,15 @@ def _fit_finish(
             ref = "the data's scale squared" if p != "theta" else "one over the median time step"
             text = (
                 f"{p} is at its lower bound 0{where} (estimate below {optim.BOUNDARY:g} times "
-                f"{ref}): the likelihood is largest there, so no standard errors are reported for "
-                "these fits (at a boundary the likelihood is one-sided and the normal "
-                "approximation behind standard errors does not hold)"
+                f"{ref}): the likelihood is largest there, so {p} has no standard error (at a "
+                "boundary the likelihood is one-sided and the normal approximation behind "
+                "standard errors does not hold); the other parameters' standard errors are "
+                f"those with {p} held at 0 (the observed information of the others)"
+                + (
+                    "; mu, which the random walk at theta = 0 does not depend on, has none either"
+                    if p == "theta" and "mu" in free
+                    else ""
+                )
             )
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
@@ -817,7 +840,7 @@ def _fit_finish(
     if stderr:
         lost = np.flatnonzero(~se_ok & (core.usable[:1] if joint else core.usable))
         for reason in sorted(set(why[lost])):
-            if reason and reason != "an estimate is on its boundary":
+            if reason:
                 idx = lost[why[lost] == reason]
                 notes.append(
                     "no standard errors"
