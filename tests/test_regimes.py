@@ -22,14 +22,7 @@ from kalmanscan.validation import regimes as R  # noqa: E402
 from kalmanscan.validation.oracle import dense_oracle, scalar_oracle  # noqa: E402
 
 # (regime, backend) -> what fails (measured; docs/reliability.md has the figures)
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("KFAS VAR(1), missing data, R=1e-10 I", "sequential"): (
-        "dense sequential smoother: smoothed means 2.9e-6 posterior sd from the oracle"
-    ),
-    ("KFAS VAR(1), missing data, R=1e-12 I", "sequential"): (
-        "dense sequential smoother: smoothed means 2.3e-3 posterior sd from the oracle"
-    ),
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 FAST_SCALAR = (
     "p=0 a=0.9577 c=0.4 T=1000",
