@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 
 from kalmanscan import plot  # noqa: E402
+from kalmanscan.testing import assert_close  # noqa: E402
 from kalmanscan.timeseries import OUModel  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def test_plot_bands_synthetic_arrays(covs):
     # the widest band spans mean -/+ q(0.95 or max) * sd
     q = {0.9: 1.6448536269514722, 0.95: 1.959963984540054}[max(covs)]
     ys = bands[0].get_paths()[0].vertices[:, 1]
-    assert abs(ys.max() - (mean.max() + q * 0.2)) < 1e-9
+    assert_close(ys.max(), mean.max() + q * 0.2, "rounding", "float64", what="band top")
     labels = ax.get_legend_handles_labels()[1]
     assert "missing / no data" in labels and "data" in labels
 

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import kalmanscan as ks
+from kalmanscan.testing import assert_close, tolerance
 from kalmanscan.timeseries.profile import drop_for
 
 sm = pytest.importorskip("statsmodels.api")
 LOCAL_LEVEL = {"theta": 0.0, "mu": 0.0}
+DROP_ATOL = tolerance("profile_drop", "float64")
 
 
 def _records():
@@ -40,7 +42,7 @@ def _fit(*args, **kw):
 
 
 def test_drop_is_the_chi_bar_squared_rule():
-    assert drop_for(0.95) == pytest.approx(0.5 * 2.705543454095404, rel=1e-12)
+    assert_close(drop_for(0.95), 0.5 * 2.705543454095404, "rounding", "float64", what="drop")
     assert round(drop_for(0.95), 3) == 1.353
 
 
@@ -54,9 +56,9 @@ def test_boundary_bound_is_where_the_profile_drops_1353(name, fix):
     assert 0 < b < np.nanvar(z)
     # independent check: the public fit with obs_var held at b (and at b / 2) refits the others
     at_b = _fit(z, t, fix={**(fix or {}), "obs_var": b})
-    assert fit.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=2e-3)
+    assert fit.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=DROP_ATOL)
     half = _fit(z, t, fix={**(fix or {}), "obs_var": b / 2})
-    assert 0 <= fit.loglik - half.loglik + 1e-6 < drop_for(0.95)
+    assert 0 <= fit.loglik - half.loglik + tolerance("fit_loglik", "float64") < drop_for(0.95)
     # interior parameters carry no bound
     assert all(math.isnan(v) for p, v in fit.upper_bound.items() if p != "obs_var")
 
@@ -77,7 +79,7 @@ def test_the_bound_scales_with_the_data(scale):
     z, _ = RECORDS["sunspots"]
     ref = _fit(z, fix=LOCAL_LEVEL).upper_bound["obs_var"]
     got = _fit(z * scale, fix=LOCAL_LEVEL).upper_bound["obs_var"]
-    assert got / scale**2 == pytest.approx(ref, rel=1e-4)
+    assert_close(got / scale**2, ref, "rescaled", "float64", what="bound / scale**2")
 
 
 def test_sigma2_on_its_boundary():
@@ -87,7 +89,7 @@ def test_sigma2_on_its_boundary():
     assert fit.at_boundary["sigma2"] and not fit.at_boundary["obs_var"]
     b = fit.upper_bound["sigma2"]
     at_b = _fit(z, fix={**LOCAL_LEVEL, "sigma2": b})
-    assert fit.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=2e-3)
+    assert fit.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=DROP_ATOL)
     assert math.isnan(fit.upper_bound["obs_var"])
 
 
@@ -102,9 +104,9 @@ def test_several_series_bound_only_where_on_the_boundary():
     for i in (1, 2):
         col = eln.iloc[:, i]
         one = _fit(col)
-        assert ub[i] == pytest.approx(one.upper_bound["obs_var"], rel=1e-3)
+        assert_close(ub[i], one.upper_bound["obs_var"], "profile_bound", "float64")
         at_b = _fit(col, fix={"obs_var": ub[i]})
-        assert one.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=2e-3)
+        assert one.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=DROP_ATOL)
     assert "in series 'FEB', 'MAR'" in " ".join(fit.notes)
 
 
@@ -116,7 +118,7 @@ def test_joint_fit_bound():
     b = fit.upper_bound["obs_var"]
     assert isinstance(b, float) and b > 0
     at_b = _fit(Z, fix={**LOCAL_LEVEL, "obs_var": b}, joint=True)
-    assert fit.total_loglik - at_b.total_loglik == pytest.approx(drop_for(0.95), abs=2e-3)
+    assert fit.total_loglik - at_b.total_loglik == pytest.approx(drop_for(0.95), abs=DROP_ATOL)
     assert fit.summary().splitlines()[3].split()[-3] == "<" + format(b, ".4g")
 
 

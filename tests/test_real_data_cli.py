@@ -16,6 +16,7 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("xarray")
 pytest.importorskip("matplotlib")
 
+from kalmanscan.testing import tolerance  # noqa: E402
 from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -378,4 +379,4 @@ def test_accepted_csvs_round_trip_in_sorted_unique_time_order(tmp_path_factory, 
         assert got == want
     observed = pd.to_numeric(data["observed"].replace("", np.nan)).to_numpy()
     want_obs = np.array([np.nan if values[i] is None else values[i] for i in order], float)
-    np.testing.assert_allclose(observed, want_obs, rtol=1e-9)
+    np.testing.assert_allclose(observed, want_obs, rtol=tolerance("csv", "float64"))
