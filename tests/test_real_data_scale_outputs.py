@@ -185,6 +185,20 @@ def test_series_of_very_different_scales_in_one_call(s):
         _close(fc.upper[:, j] / f[j], fc1.upper, f"series {j} forecast upper")
 
 
+@pytest.mark.parametrize("s", [1e-150, 1.0, 1e150], ids=_sid)
+def test_tensor_parameters_take_the_same_path(s):
+    """Parameters given as tensors (a differentiable model) are scaled as tensors."""
+    torch = pytest.importorskip("torch")
+    z, t, p, m1, _ = _models("simulated-ou", s)
+    pt = {k: torch.tensor(v, dtype=torch.float64) for k, v in _scaled(p, s).items() if k != "mu"}
+    res = OUModel(**pt).filter(z * s, t)  # mu left at its default 0.0, a number
+    ref = OUModel(**{**p, "mu": 0.0}).filter(z, t)
+    assert isinstance(res.mean, torch.Tensor)
+    _close(res.mean.numpy() / s, ref.mean, "mean")
+    _close(res.var.numpy() / s**2, ref.var, "var")
+    _close_loglik(res.loglik.numpy(), ref.loglik, _n_contributing(z, p), s)
+
+
 VARIABLE_POWER = {
     "observed": 1, "mean": 1, "variance": 2, "precision": -2, "lower": 1, "upper": 1,
     "pred_mean": 1, "pred_variance": 2, "smoothed_mean": 1, "smoothed_variance": 2,

@@ -329,6 +329,12 @@ class OUModel:
             sigma2, mu, obs_var = (
                 _scaled(self.sigma2, inv2), _scaled(self.mu, inv), _scaled(self.obs_var, inv2)
             )  # fmt: skip
+            like = next((v for v in self.params().values() if isinstance(v, torch.Tensor)), None)
+            if like is not None:  # tensor parameters: the scaled numbers become tensors too
+                sigma2, mu, obs_var = (
+                    torch.as_tensor(v, dtype=like.dtype, device=like.device)
+                    for v in (sigma2, mu, obs_var)
+                )
             prior_mean, prior_var = default_prior(self.theta, sigma2, mu)
             if self.prior_mean is not None:
                 prior_mean = _scaled(self.prior_mean, inv)
