@@ -88,11 +88,8 @@ TOLERANCES = {
     ("csv", "float64"): 1e-9,
     # fit_ou's one-sided upper bound (timeseries/profile.py) is solved to 1e-3 in the
     # log-likelihood drop: the drop at a reported bound, refitted, against the chi-bar-squared
-    # target, absolute in nats (twice the solve's tolerance) ...
+    # target, absolute in nats (twice the solve's tolerance)
     ("profile_drop", "float64"): 2e-3,
-    # ... and one bound found twice (in a batch and alone), relative: the drop's 1e-3 moves it by
-    # about as much
-    ("profile_bound", "float64"): 1e-3,
 }
 
 

@@ -104,7 +104,8 @@ def test_several_series_bound_only_where_on_the_boundary():
     for i in (1, 2):
         col = eln.iloc[:, i]
         one = _fit(col)
-        assert_close(ub[i], one.upper_bound["obs_var"], "profile_bound", "float64")
+        # the batch fit is each series's own fit (the batched Newton freezes converged groups)
+        assert_close(ub[i], one.upper_bound["obs_var"], "fit", "float64", what="bound")
         at_b = _fit(col, fix={"obs_var": ub[i]})
         assert one.loglik - at_b.loglik == pytest.approx(drop_for(0.95), abs=DROP_ATOL)
     assert "in series 'FEB', 'MAR'" in " ".join(fit.notes)
