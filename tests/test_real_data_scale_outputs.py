@@ -190,9 +190,12 @@ def test_tensor_parameters_take_the_same_path(s):
     """Parameters given as tensors (a differentiable model) are scaled as tensors."""
     torch = pytest.importorskip("torch")
     z, t, p, m1, _ = _models("simulated-ou", s)
-    pt = {k: torch.tensor(v, dtype=torch.float64) for k, v in _scaled(p, s).items() if k != "mu"}
-    res = OUModel(**pt).filter(z * s, t)  # mu left at its default 0.0, a number
-    ref = OUModel(**{**p, "mu": 0.0}).filter(z, t)
+    two = np.column_stack([z, z[::-1]])  # two series: the unit is an array over them
+    pt = {
+        k: torch.full((2,), v, dtype=torch.float64) for k, v in _scaled(p, s).items() if k != "mu"
+    }
+    res = OUModel(**pt).filter(two * s, t)  # mu left at its default 0.0, a number
+    ref = OUModel(**{**p, "mu": 0.0}).filter(two, t)
     assert isinstance(res.mean, torch.Tensor)
     _close(res.mean.numpy() / s, ref.mean, "mean")
     _close(res.var.numpy() / s**2, ref.var, "var")
