@@ -80,6 +80,11 @@ TOLERANCES = {
     # ... against statsmodels' BFGS (gtol 1e-12) on the same likelihood: parameters relative; its
     # stopping rule leaves up to 6e-6 on flat likelihoods (its default L-BFGS-B stops 2e-4 short)
     ("statsmodels_fit", "float64"): 1e-5,
+    # fit_ou's finite-difference stencil (timeseries/optim.py, h = 1e-3) on an exact quadratic of
+    # magnitude ~20: no truncation error, only rounding, eps |f| / h for the gradient (measured
+    # 3e-12) and eps |f| / h**2 for the Hessian (measured 1e-8); absolute
+    ("stencil_grad", "float64"): 1e-10,
+    ("stencil_hess", "float64"): 1e-7,
     # a model loaded from a float16 checkpoint against the float32 one it was saved from: logits,
     # absolute (the weights are rounded to 11 bits; logits are O(1))
     ("half_checkpoint", "float16"): 1e-2,
