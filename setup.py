@@ -1,8 +1,5 @@
 """Package layout and the optional native CPU kernel (metadata lives in pyproject.toml).
 
-validation/ is the user-readable truth suite at the top of the repository; it installs as
-``kalmanscan.validation`` so that ``kalmanscan validate`` works from any install.
-
 ``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``) and
 ``kalmanscan/dense/_native_dense.c`` the dense models' sequential filter and smoother. Both are
 optional: without a working C compiler the install still succeeds and the torch backends serve
@@ -19,8 +16,7 @@ else:
     _cflags = ["-O3", "-fno-math-errno", "-fno-trapping-math"]
 
 setup(
-    packages=find_packages(include=["kalmanscan", "kalmanscan.*"]) + ["kalmanscan.validation"],
-    package_dir={"kalmanscan.validation": "validation"},
+    packages=find_packages(include=["kalmanscan", "kalmanscan.*"]),
     ext_modules=[
         Extension(
             "kalmanscan.core._native",

@@ -46,8 +46,6 @@ import torch
 import kalmanscan.dense as kd
 from kalmanscan.testing import rel_error, tolerance
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "validation"))
-
 
 def best(fn, repeats):
     """(median wall time in ms over ``repeats`` calls, the last result)."""
@@ -78,9 +76,6 @@ def simulate(rng, kind, T, B=None):
 
 
 def dk_offset(m, y):
-    from kalmanscan.validate import load_validation
-
-    load_validation()
     from kalmanscan.validation.oracle import loglik_offset
 
     return loglik_offset("statsmodels", m.F, m.H, ~np.isnan(y))

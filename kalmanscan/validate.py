@@ -13,11 +13,10 @@ and exits 1 when any row fails. Method and tolerances: docs/validation.md.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 import time
-from pathlib import Path
+
+from kalmanscan import validation
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,42 +66,13 @@ def _versions() -> str:
     return ", ".join(parts) + f"; {dev}"
 
 
-def load_validation():
-    """Import ``kalmanscan.validation``; from a source checkout that is not installed, load the
-    ``validation/`` folder next to the package under that name (pyproject maps it on install)."""
-    try:
-        return importlib.import_module("kalmanscan.validation")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kalmanscan.validation":
-            raise
-    import kalmanscan
-
-    init = Path(kalmanscan.__file__).resolve().parent.parent / "validation" / "__init__.py"
-    if not init.is_file():
-        raise ModuleNotFoundError(
-            "kalmanscan.validation: not installed and no validation/ folder next to the package; "
-            "install kalmanscan with the [validation] extra",
-            name="kalmanscan.validation",
-        )
-    spec = importlib.util.spec_from_file_location(
-        "kalmanscan.validation", init, submodule_search_locations=[str(init.parent)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kalmanscan.validation"] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules["kalmanscan.validation"]
-        raise
-    return module
-
-
-def _regime_rows(validation, quick: bool, runners, say) -> list[dict]:
-    """The regime battery against the mpmath oracle (validation/regimes.py: a few regimes that
-    each broke a backend by default, all of them without ``--quick``) and the log-likelihood
-    conventions (validation/conventions.py: kalmanscan minus the documented offset against
-    statsmodels' and KFAS's values). Without mpmath a row and a line on stderr say they were
-    skipped and how to install it; the exit status then reflects the other truths only."""
+def _regime_rows(quick: bool, runners, say) -> list[dict]:
+    """The regime battery against the mpmath oracle (``validation/regimes.py``: a few regimes
+    that each broke a backend by default, all of them without ``--quick``) and the
+    log-likelihood conventions (``validation/conventions.py``: kalmanscan minus the documented
+    offset against statsmodels' and KFAS's values). Without mpmath a row and a line on stderr
+    say they were skipped and how to install it; the exit status then reflects the other truths
+    only."""
     try:
         import mpmath  # noqa: F401
     except ModuleNotFoundError:
@@ -123,10 +93,8 @@ def _regime_rows(validation, quick: bool, runners, say) -> list[dict]:
                 worst_model="mpmath is not installed",
             )
         ]
-    from importlib import import_module
+    from kalmanscan.validation import conventions, regimes
 
-    regimes = import_module(validation.__name__ + ".regimes")
-    conventions = import_module(validation.__name__ + ".conventions")
     say("regimes against the mpmath oracle" + (" (quick subset)" if quick else ""))
     rows = regimes.validate_rows(full=not quick, backends=[r.label for r in runners], progress=say)
     say("log-likelihood conventions: statsmodels (Durbin & Koopman) and KFAS")
@@ -145,7 +113,6 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(list(argv))
     except SystemExit as exc:  # --help or a usage error
         return int(exc.code or 0)
-    validation = load_validation()
     available_runners, report, run_battery = (
         validation.available_runners,
         validation.report,
@@ -174,7 +141,7 @@ def main(argv: list[str]) -> int:
     print(f"runners: {', '.join(r.label for r in runners)}")
     t0 = time.perf_counter()
     res = run_battery(quick=args.quick, seed=args.seed, runners=runners, progress=say)
-    res.rows += _regime_rows(validation, args.quick, runners, say)
+    res.rows += _regime_rows(args.quick, runners, say)
     print(report.format_table(res.rows))
     failed = [r for r in res.rows if not report.row_passes(r)]
     for r in report.sort_rows(failed):

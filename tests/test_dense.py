@@ -48,9 +48,6 @@ def random_model(seed, n, d, T, *, B=None, tv=False, prior="cov", missing=0.1, s
 
 
 def _dense_checks():
-    from kalmanscan.validate import load_validation
-
-    load_validation()  # registers validation/ as kalmanscan.validation in a source checkout
     from kalmanscan.validation import dense_checks
 
     return dense_checks

@@ -48,9 +48,6 @@ def test_llt_matches_statsmodels_exact_diffuse_mle():
     higher), and the log-likelihood at the estimate equal to statsmodels' after the convention
     offset (docs/dense.md)."""
     sm = pytest.importorskip("statsmodels.tsa.statespace.structural")
-    from kalmanscan.validate import load_validation
-
-    load_validation()
     from kalmanscan.validation.oracle import loglik_offset
 
     z = llt_series(1, 500, 6)

@@ -1,5 +1,6 @@
 """Native CPU path of the dense filter (kalmanscan/dense/_native_dense.c): against the float64
-sequential reference, the mpmath oracle (validation/oracle.py) and statsmodels' KFAS fixtures."""
+sequential reference, the mpmath oracle (kalmanscan/validation/oracle.py) and statsmodels' KFAS
+fixtures."""
 
 from __future__ import annotations
 
@@ -175,9 +176,6 @@ def test_native_rejects_infinite_z():
 
 
 def _oracle():
-    from kalmanscan.validate import load_validation
-
-    load_validation()
     from kalmanscan.validation import oracle
 
     return oracle
@@ -317,9 +315,6 @@ def test_small_diffuse_directions_stay_diffuse_against_oracle(seed):
 
 def _dense_checks_model(name):
     """The model ``name`` of validation.dense_checks.check_dense(quick=True) (its rng replayed)."""
-    from kalmanscan.validate import load_validation
-
-    load_validation()
     from kalmanscan.validation import dense_checks as dc
 
     rng = np.random.default_rng(0)

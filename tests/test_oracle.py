@@ -1,4 +1,5 @@
-"""The mpmath oracle (validation/oracle.py) against closed forms, filterpy and KFAS's fixtures.
+"""The mpmath oracle (kalmanscan/validation/oracle.py) against closed forms, filterpy and KFAS's
+fixtures.
 
 The oracle is the truth of the regime battery, so it is checked here against everything that is
 exact in its domain: closed forms (memoryless steps, a constant level under a diffuse prior),
@@ -10,15 +11,14 @@ log-likelihood through the convention offset of docs/validation.md).
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import pytest
 
 pytest.importorskip("mpmath")
 
+from kalmanscan import validation  # noqa: E402
 from kalmanscan.testing import assert_close, tolerance  # noqa: E402
-from kalmanscan.validate import load_validation  # noqa: E402
-
-validation = load_validation()
 from kalmanscan.validation import oracle  # noqa: E402
 from kalmanscan.validation.models import random_batch  # noqa: E402
 from kalmanscan.validation.truths import filterpy_truth  # noqa: E402

@@ -317,7 +317,7 @@ def test_loglik_gradient_in_tiny_obs_var(obs_var, backend):
     """d loglik / d obs_var against the mpmath oracle (validation.oracle) however small obs_var
     is: the update is applied in its R-scaled form, without 1/R (through phi = h^2/R the
     gradient was 3e-5 off at 1e-12 and garbage below 1e-16)."""
-    from validation.oracle import scalar_loglik_grad
+    from kalmanscan.validation.oracle import scalar_loglik_grad
 
     z = np.random.default_rng(0).normal(size=300)
     want = scalar_loglik_grad(z, obs_var, 0.9, 1.0)

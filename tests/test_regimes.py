@@ -1,8 +1,8 @@
 """Every scalar backend and the dense API against the mpmath oracle on degenerate regimes.
 
-The regimes, metrics and targets are those of ``validation/regimes.py`` (issue 21): float64 means
-within 1e-6 posterior standard deviations, variances and log-likelihoods within 1e-8 relative,
-log-likelihood gradients (``ks.loglik(...).backward()``) within 1e-8 of the oracle's.
+The regimes, metrics and targets are those of ``kalmanscan/validation/regimes.py`` (issue 21):
+float64 means within 1e-6 posterior standard deviations, variances and log-likelihoods within
+1e-8 relative, log-likelihood gradients (``ks.loglik(...).backward()``) within 1e-8 of the oracle's.
 The default run takes a handful of small regimes that each broke some backend; the whole battery
 (10^5-step lanes included) is ``-m slow``. Regimes that fail today are marked
 ``xfail(strict=True)`` in :data:`KNOWN_FAILURES` with what fails, so a fix shows up as XPASS and
@@ -15,9 +15,6 @@ import pytest
 
 pytest.importorskip("mpmath")
 
-from kalmanscan.validate import load_validation  # noqa: E402
-
-load_validation()
 from kalmanscan.validation import regimes as R  # noqa: E402
 from kalmanscan.validation.oracle import dense_oracle, scalar_oracle  # noqa: E402
 

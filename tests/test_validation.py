@@ -13,12 +13,9 @@ import types
 import numpy as np
 import pytest
 
-from kalmanscan.validate import load_validation, main
-
-V = load_validation()
-from kalmanscan.validation import battery, metrics, models, nile, report, truths, vanloan  # noqa: E402
-
-import kalmanscan as ks  # noqa: E402
+import kalmanscan as ks
+from kalmanscan.validate import main
+from kalmanscan.validation import battery, metrics, models, nile, report, truths, vanloan
 
 # --- a hand-written covariance-form filter and RTS smoother (float64), the reference for the truths
 

@@ -1,9 +1,6 @@
 """Focused numerical studies behind claims in docs/validation.md.
 
-Run one with ``python -m kalmanscan.validation.studies`` from an install, or from a checkout::
-
-    python -c "from kalmanscan.validate import load_validation; load_validation(); \\
-               from kalmanscan.validation.studies import main; main()"
+Run them with ``python -m kalmanscan.validation.studies``.
 """
 
 from __future__ import annotations

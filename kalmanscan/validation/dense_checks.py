@@ -313,12 +313,8 @@ def dk_diffuse_offset(F, H, observed):
 
 
 def gdp_series():
-    path = Path(__file__).resolve().parent.parent / "kalmanscan" / "data" / "dense_us_realgdp.csv"
-    if not path.exists():
-        from importlib import resources
-
-        path = resources.files("kalmanscan") / "data" / "dense_us_realgdp.csv"
-    lines = [ln for ln in Path(str(path)).read_text().splitlines() if ln and not ln.startswith("#")]
+    path = Path(__file__).resolve().parent.parent / "data" / "dense_us_realgdp.csv"
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
     col = lines[0].split(",").index("realgdp")
     return 100.0 * np.log(np.array([float(ln.split(",")[col]) for ln in lines[1:]]))
 
