@@ -9,6 +9,11 @@ Ops and their backends:
 - ``"kla"`` (``kalmanscan.core.kla_op.kla_filter``): functions on prepared KLA inputs:
   ``"sequential"`` (the token loop vectorized over every lane), ``"torch"`` (a client of the
   general filter), ``"triton"`` (the fused GPU kernel).
+- ``"dense"`` (``kalmanscan.dense.filter``, ``smooth``): functions ``(model, layout, smooth,
+  chunk) -> DenseFilterResult | DenseSmoothResult`` on a laid-out dense model:
+  ``"sequential"`` (the step-by-step reference), ``"torch"`` (the chunked scan), ``"native"``
+  (the compiled exact sequential pass, CPU), ``"diagonal"`` (diagonal models through the scalar
+  filter).
 
 ``"auto"`` looks only at the device and at what is installed, never at shapes or grad mode: the
 first available name of ``AUTO[op][device type]``. A backend that cannot serve a call raises and
@@ -38,6 +43,12 @@ TABLES = {
         "torch": "kalmanscan.core.kla_op:kla_filter_torch",
         "triton": "kalmanscan.core.kla_op:kla_filter_triton",
     },
+    "dense": {
+        "sequential": "kalmanscan.dense.api:_sequential",
+        "torch": "kalmanscan.dense.api:_torch",
+        "native": "kalmanscan.dense.api:_native",
+        "diagonal": "kalmanscan.dense.api:_diagonal",
+    },
 }
 FILTER_BACKENDS = TABLES["filter"]
 
@@ -46,7 +57,13 @@ AUTO = {
     "filter": {"cuda": ("triton", "torch"), "cpu": ("native", "torch")},
     # the KLA op has many lanes per token: on the CPU the vectorized token loop is fastest
     "kla": {"cuda": ("triton", "torch"), "cpu": ("sequential",)},
+    # the compiled dense pass is faster than the scan on every CPU shape measured (docs/dense.md)
+    "dense": {"cuda": ("torch",), "cpu": ("native", "torch")},
 }
+
+# the compiled extension behind each op's "native" backend, and what serves other devices
+_NATIVE_EXTENSION = {"filter": "kalmanscan.core._native", "dense": "kalmanscan.dense._native_dense"}
+_OFF_CPU = {"filter": "'triton' (fused GPU kernels) or 'torch'", "dense": "'torch'"}
 
 
 @functools.cache
@@ -57,8 +74,14 @@ def _triton_available() -> bool:
     )
 
 
-def _unavailable(name: str, device: torch.device) -> str | None:
-    """Why backend ``name`` cannot serve ``device`` (None when it can)."""
+def _native_built(op: str) -> bool:
+    if op == "dense":  # imported on first use: import kalmanscan does not load kalmanscan.dense
+        return importlib.import_module("kalmanscan.dense.native").available()
+    return native.available()
+
+
+def _unavailable(name: str, device: torch.device, op: str) -> str | None:
+    """Why backend ``name`` of ``op`` cannot serve ``device`` (None when it can)."""
     if name == "triton":
         if device.type != "cuda":
             return (
@@ -70,12 +93,12 @@ def _unavailable(name: str, device: torch.device) -> str | None:
     if name == "native":
         if device.type != "cpu":
             return (
-                f"'native' runs on CPU tensors, got tensors on {device}; use backend='triton' "
-                "(fused GPU kernels) or 'torch' there"
+                f"'native' runs on CPU tensors, got tensors on {device}; use backend="
+                f"{_OFF_CPU[op]} there"
             )
-        if not native.available():
+        if not _native_built(op):
             return (
-                "'native' needs the compiled extension kalmanscan.core._native, which is not "
+                f"'native' needs the compiled extension {_NATIVE_EXTENSION[op]}, which is not "
                 "built (no C compiler when kalmanscan was installed); use backend='torch', or "
                 "reinstall with a C compiler"
             )
@@ -89,8 +112,8 @@ def resolve(backend: str, device: torch.device, op: str = "filter") -> str:
         raise ValueError(f"backend: expected 'auto' or one of {sorted(table)}, got {backend!r}")
     if backend == "auto":
         prefs = AUTO[op].get(device.type, ("torch",))
-        return next((n for n in prefs if _unavailable(n, device) is None), prefs[-1])
-    why = _unavailable(backend, device)
+        return next((n for n in prefs if _unavailable(n, device, op) is None), prefs[-1])
+    why = _unavailable(backend, device, op)
     if why is not None:
         raise ValueError(f"backend: {why}")
     return backend
@@ -99,7 +122,8 @@ def resolve(backend: str, device: torch.device, op: str = "filter") -> str:
 def get(name: str, op: str = "filter"):
     """The implementation of backend ``name`` of ``op``: for ``"filter"`` the module
     (``filter_lanes``, ``smooth_lanes``; optional ``CHECKS_INPUTS``: the backend checks input
-    values in its own pass and reports them through ``flags``), for ``"kla"`` the function."""
+    values in its own pass and reports them through ``flags``), for ``"kla"`` and ``"dense"``
+    the function."""
     key = (op, name, TABLES[op][name])
     impl = _LOADED.get(key)
     if impl is None:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 import torch
 
 import kalmanscan.core.filter as filter_api
-from kalmanscan.dense import _args, native
+from kalmanscan.core import backends
+from kalmanscan.dense import _args, native, sequential
 from kalmanscan.dense.parallel import (
     cov_with_inf,
     filter_parts,
@@ -26,7 +27,6 @@ from kalmanscan.dense.parallel import (
     rank_tol,
     smooth_moments,
 )
-from kalmanscan.dense.sequential import filter_reference, smooth_reference
 
 
 class DenseFilterResult(NamedTuple):
@@ -57,19 +57,12 @@ class DenseSmoothResult(NamedTuple):
     filtered: DenseFilterResult
 
 
-BACKENDS = ("auto", "native", "torch", "sequential", "diagonal")
-
-
 def _is_diag(t) -> bool:
     t = torch.as_tensor(t) if not isinstance(t, torch.Tensor) else t
     # broadcast (stride-0) axes hold one value: look at it once instead of materializing them
     t = t[tuple(0 if t.stride(i) == 0 else slice(None) for i in range(t.ndim - 2))]
     off = t - torch.diag_embed(torch.diagonal(t, dim1=-2, dim2=-1))
     return bool((off == 0).all())
-
-
-def _wants_grad(*xs) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
 def _diagonal_ok(model: _args.Model, layout: _args.Layout) -> bool:
@@ -83,57 +76,69 @@ def _diagonal_ok(model: _args.Model, layout: _args.Layout) -> bool:
 def _run(
     z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, backend, smooth, chunk
 ):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 2:
         raise ValueError(f"chunk: expected an int >= 2 (block length of the scan), got {chunk!r}")
     model, layout = _args.prepare(
         z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False
     )
-    if backend == "diagonal":
-        if not _diagonal_ok(model, layout):
-            raise ValueError(
-                "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; "
-                "use 'torch' for this model"
-            )
-        return _run_diagonal(_args.mask_missing(model), layout, smooth)
-    if backend == "auto":  # by the device and the installed extension only (docs/dense.md)
-        cpu = model.z.device.type == "cpu"
-        backend = "native" if cpu and native.available() else "torch"
-    tol = rank_tol(model.z.dtype)
-    if backend == "native":
-        if model.z.device.type != "cpu":
-            raise ValueError(
-                f"backend: 'native' runs on the CPU; got {model.z.device} inputs, use 'torch'"
-            )
-        with torch.no_grad():
-            parts = native.run(model, smooth)
-        if parts is not None:
-            res = _package(layout, parts, smooth)
-            if _wants_grad(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision):
-                # the native values, differentiable through the torch path at the same inputs
-                ref = _run(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis,
-                           "torch", smooth, chunk)  # fmt: skip
-                res = _graft(ref, res)
-            return res
-        backend = "torch"  # a diffuse direction is never resolved: the scan keeps it diffuse
+    name = backends.resolve(backend, model.z.device, op="dense")
+    return backends.get(name, op="dense")(model, layout, smooth, chunk)
+
+
+# The backends of TABLES["dense"] (kalmanscan.core.backends): each takes the laid-out model
+# (NaN where missing, not yet masked), its layout, whether to smooth and the scan's block length.
+
+
+def _native(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
+    """The compiled exact sequential pass (CPU); with inputs that require grad its values carry
+    the gradients of :func:`_torch` at the same inputs."""
+    with torch.no_grad():
+        parts = native.run(model, smooth)
+    if parts is None:  # a diffuse direction is never resolved: the scan keeps it diffuse
+        return _torch(model, layout, smooth, chunk)
+    res = _package(layout, parts, smooth)
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in model):
+        res = _graft(_torch(model, layout, smooth, chunk), res)
+    return res
+
+
+def _torch(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
+    """The chunked parallel scan (any device, differentiable)."""
+    model = _masked_pd(model, "torch")
+    parts = filter_parts(model, chunk=chunk)
+    sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
+    filtered = (parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps)
+    return _moments_result(layout, filtered, sm)
+
+
+def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
+    """The float64 step-by-step reference (kalmanscan/dense/sequential.py)."""
+    if model.z.dtype != torch.float64:
+        raise ValueError(
+            f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs, "
+            "use backend='torch' or float64 inputs"
+        )
+    model = _masked_pd(model, "sequential")
+    filtered = sequential.filter_moments(model)
+    sm = sequential.smooth_moments(model, filtered[0]) if smooth else None
+    return _moments_result(layout, filtered, sm)
+
+
+def _masked_pd(model: _args.Model, name: str) -> _args.Model:
+    """The model with missing entries masked; its R checked positive definite (scan, reference)."""
     model = _args.mask_missing(model)
     if not _args.r_positive_definite(model.R):
         raise ValueError(
-            f"R: backend {backend!r} needs positive-definite observation-noise covariances; "
+            f"R: backend {name!r} needs positive-definite observation-noise covariances; "
             "for a singular R (R = 0 included) use backend='native' (CPU)"
         )
-    if backend == "torch":
-        parts = filter_parts(model, chunk=chunk)
-        filt, pm, pP, ll = parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps
-        sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
-    else:
-        if model.z.dtype != torch.float64:
-            raise ValueError(
-                f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs"
-            )
-        filt, pm, pP, ll = filter_reference(model)
-        sm = smooth_reference(model, filt) if smooth else None
+    return model
+
+
+def _moments_result(layout: _args.Layout, filtered, sm):
+    """Results from (filtered Moments, pred_mean, pred_cov, loglik_steps) and smoothed Moments."""
+    filt, pm, pP, ll = filtered
+    tol = rank_tol(filt.mean.dtype)
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
     diffuse = torch.zeros(filt.mean.shape[:2], dtype=torch.bool, device=filt.mean.device)
     if filt.ndiffuse:
@@ -147,7 +152,7 @@ def _run(
         loglik=_args.output_batch(layout, ll.sum(1)),
         diffuse=out(diffuse, 0),
     )
-    if not smooth:
+    if sm is None:
         return fres
     return DenseSmoothResult(
         out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres
@@ -197,8 +202,15 @@ def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
     )
 
 
-def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
-    """Independent scalar lanes: hand the diagonals to kalmanscan.filter / smooth and repackage."""
+def _diagonal(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
+    """Independent scalar lanes: hand the diagonals to kalmanscan.filter / smooth and repackage
+    (diagonal F, Q, H, R and prior with d == n)."""
+    if not _diagonal_ok(model, layout):
+        raise ValueError(
+            "backend: 'diagonal' needs diagonal F, Q, H, R and prior with d == n; "
+            "use 'torch' for this model"
+        )
+    model = _args.mask_missing(model)
     dg = lambda m: torch.diagonal(m, dim1=-2, dim2=-1)  # noqa: E731
     z = torch.where(model.observed, model.z, torch.full_like(model.z, float("nan")))
     if model.P0 is not None:
@@ -240,6 +252,15 @@ def _run_diagonal(model: _args.Model, layout: _args.Layout, smooth: bool):
         out(torch.diag_embed(1.0 / res.var), 2),
         fres,
     )
+
+
+for _name, _impl in (
+    ("sequential", _sequential),
+    ("torch", _torch),
+    ("native", _native),
+    ("diagonal", _diagonal),
+):
+    backends.provide("dense", _name, _impl)
 
 
 def filter(

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core import backends
 from kalmanscan.dense import _args, native
 from kalmanscan.dense.models import DenseModel
 from kalmanscan.timeseries import optim
@@ -240,10 +241,7 @@ def fit(
     model, layout = _args.prepare(
         zt, F, sum(Qs), H, sum(Rs), off, None, None, None, axis, mask=False
     )
-    if backend == "auto":
-        backend = "native" if native.available() else "torch"
-    if backend == "native" and not native.available():
-        raise ValueError("backend: 'native' needs the compiled extension; use backend='torch'")
+    backend = backends.resolve(backend, torch.device("cpu"), op="dense")  # fitting runs on the CPU
     zl = model.z.to(torch.float64)
     N = zl.shape[0]
     n_obs = (~torch.isnan(zl)).sum((1, 2)).numpy().astype(np.float64)

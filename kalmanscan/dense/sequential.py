@@ -20,7 +20,7 @@ from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, rank
 from kalmanscan.dense.scan import mask_observation
 
 
-def filter_reference(model: Model):
+def filter_moments(model: Model):
     """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...].
 
     The diffuse part is carried as a factor, ``P_inf = D D'`` (``D = F D`` in the prediction), so
@@ -177,7 +177,7 @@ def _reduce_rows(S, k):
     return R + (QS - QS.detach())
 
 
-def smooth_reference(model: Model, filt: Moments) -> Moments:
+def smooth_moments(model: Model, filt: Moments) -> Moments:
     """Two-filter smoother in square-root information form (docs/dense.md, "Reference smoother").
 
     Backward: the likelihood of z_{t+1:T} given x_t as a factor ``|Rb x - bb|^2`` [n + 1, n + 1]
@@ -243,3 +243,8 @@ def smooth_reference(model: Model, filt: Moments) -> Moments:
     ms = m + (M @ torch.linalg.solve_ex(Ru, y)[0]).squeeze(-1)
     Ps = _sym(X.mT @ X)
     return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+
+
+# the names these had before the references' naming rule (docs/architecture.md, "References")
+filter_reference = filter_moments
+smooth_reference = smooth_moments
