@@ -347,3 +347,27 @@ def test_native_smoothed_cov_at_diffuse_steps_against_oracle():
     sd = np.sqrt(np.einsum("tii->ti", truth["smooth_cov"]))
     assert (np.abs(s.mean - truth["smooth_mean"]) / sd).max() < 1e-9
     assert rel_error(s.cov, truth["smooth_cov"]) < 1e-9
+
+
+def test_dense_dispatch_without_the_extension(monkeypatch):
+    """The dense op's entry of the one dispatch table: auto is native on the CPU and torch on
+    CUDA; without the extension auto is torch and an explicit 'native' says what to use."""
+    import torch
+
+    from kalmanscan.core import backends
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert backends.resolve("auto", cpu, op="dense") == "native"
+    assert backends.resolve("auto", cuda, op="dense") == "torch"
+    with pytest.raises(ValueError, match="'native' runs on CPU tensors.*'torch'"):
+        backends.resolve("native", cuda, op="dense")
+    args, kw = random_model(1, 3, 2, 40, prior="diffuse")
+    want = kd.smooth(*args, backend="torch", **kw)
+    monkeypatch.setattr(native, "_ext", None)
+    assert backends.resolve("auto", cpu, op="dense") == "torch"
+    got = kd.smooth(*args, **kw)
+    np.testing.assert_array_equal(got.mean, want.mean)
+    with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
+        kd.filter(*args, backend="native", **kw)
+    with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
+        kd.fit(args[0][:, :1], kd.local_linear_trend, backend="native")
