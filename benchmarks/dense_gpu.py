@@ -244,7 +244,7 @@ def main(argv=None):
 
     # 3. many series
     from kalmanscan.dense import _args
-    from kalmanscan.dense.sequential import filter_reference
+    from kalmanscan.dense.sequential import filter_moments
 
     if left() > 15:
         n, B, T = (4, 1000, 1000) if not args.dry_run else (4, 50, 100)
@@ -254,7 +254,7 @@ def main(argv=None):
         z = on(rng.normal(size=(T, B, 1)), dt)
         t_par, out = timed(lambda: kd.filter(z, *args_g, backend="torch", **kw), 3)
         model_l, _ = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
-        t_seq, seq = timed(lambda m=model_l: filter_reference(m), 1)
+        t_seq, seq = timed(lambda m=model_l: filter_moments(m), 1)
         err = rel_error(out.mean, torch.movedim(seq[0].mean, 0, 1))
         row = dict(
             n=n,
@@ -343,7 +343,7 @@ def main(argv=None):
             row, z, mean = found
             args_g, kw = scan_args(n)
             model_l, _ = _args.prepare(z, *args_g, None, kw["prior_mean"], kw["prior_cov"], None, 0)
-            t_seq, seq = timed(lambda m=model_l: filter_reference(m), reps, warmup=warm)
+            t_seq, seq = timed(lambda m=model_l: filter_moments(m), reps, warmup=warm)
             per_step[n] = t_seq / 1e3 / T
             row.update(
                 sequential_ms=t_seq,

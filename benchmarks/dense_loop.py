@@ -1,6 +1,6 @@
 """A lean sequential Kalman filter for the dense GPU benchmark: the strongest plain loop peer.
 
-``kalmanscan.dense.sequential.filter_reference`` is the library's reference loop: it handles
+``kalmanscan.dense.sequential.filter_moments`` is the library's reference loop: it handles
 diffuse directions, missing entries and the exact diffuse log-likelihood, and launches many
 small kernels a step (about 0.8 ms a step on an H200). A user who needs none of that would write
 this loop instead: covariance form, a proper prior, time-invariant matrices, no missing data,

@@ -9,6 +9,11 @@ plain multivariate update. Smoother: the backward information filter (the likeli
 given x_t) in square-root form, combined with the filtered belief by one more QR. No scans, no
 chunks. Convention of the log-likelihood
 for diffuse steps: docs/dense.md.
+
+:func:`filter_moments` and :func:`smooth_moments` are the ``"sequential"`` backend of
+``kalmanscan.dense.filter`` / ``smooth`` (public as ``kd.filter_sequential`` /
+``kd.smooth_sequential``); ``filter_reference`` and ``smooth_reference`` are their former names,
+kept as aliases.
 """
 
 from __future__ import annotations
@@ -245,6 +250,6 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     return Moments(ms, Ps, torch.zeros_like(Ps), 0)
 
 
-# the names these had before the references' naming rule (docs/architecture.md, "References")
+# former names (docs/architecture.md, "References")
 filter_reference = filter_moments
 smooth_reference = smooth_moments
