@@ -183,3 +183,19 @@ def test_a_failed_profile_says_so(monkeypatch):
     assert fit.at_boundary["obs_var"] and math.isnan(fit.upper_bound["obs_var"])
     assert any("no profile-likelihood bound could be computed" in n for n in fit.notes)
     assert "<" not in fit.summary().splitlines()[3]
+
+
+def test_bounds_are_computed_when_first_read(monkeypatch):
+    """A fit does not pay for the profile refits until a bound or a note is read (then once)."""
+    import kalmanscan.timeseries.profile as profile
+
+    calls = []
+    real = profile.report
+    monkeypatch.setattr(profile, "report", lambda *a: calls.append(1) or real(*a))
+    z, _ = RECORDS["co2"]
+    fit = _fit(z, fix=LOCAL_LEVEL)
+    assert fit.at_boundary["obs_var"] and calls == []
+    b = fit.upper_bound["obs_var"]
+    assert calls == [1] and b > 0
+    assert any("profile-likelihood upper bound" in n for n in fit.notes)
+    assert "<" + format(b, ".4g") in fit.summary() and calls == [1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping, Sequence
 import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -851,12 +852,14 @@ def _fit_finish(
         se_g = {p: np.full_like(v, np.nan) for p, v in se_g.items()}
     upper = {}
     if stderr and any(v.any() for v in at_boundary.values()):
-        from kalmanscan.timeseries import profile
-
-        upper, text = profile.report(
-            core, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels
+        # the boundary estimates' profile bounds (a few dozen refits) are computed when first
+        # read (fit.upper_bound, fit.notes, summary(), the CLI), not by every fit
+        slim = core._replace(filtered=None, data=None)
+        lazy = _LazyProfile(
+            (slim, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels)
         )
-        notes += text
+        upper = _LazyBounds(lazy, shape if not joint else None)
+        notes = _LazyNotes(tuple(notes), lazy)
 
     def shaped(a):
         a = np.asarray(a, dtype=np.float64)
@@ -891,9 +894,78 @@ def _fit_finish(
         time_axis=ax,
         series_labels=labels,
         at_boundary=bnd_out,
-        notes=tuple(notes),
-        upper_bound={p: shaped(v) for p, v in upper.items()},
+        notes=notes if isinstance(notes, _LazyNotes) else tuple(notes),
+        upper_bound=upper,
     )
+
+
+class _LazyProfile:
+    """:func:`kalmanscan.timeseries.profile.report` on a fit's arguments, run once on demand."""
+
+    def __init__(self, args):
+        self._args, self._result = args, None
+
+    def result(self):
+        if self._result is None:
+            from kalmanscan.timeseries import profile
+
+            self._result = profile.report(*self._args)
+            self._args = None
+        return self._result
+
+
+class _LazyBounds(Mapping):
+    """``OUFit.upper_bound``: ``{name: bound}`` (a float for one series or a joint fit, else an
+    array of the series shape), computed on first access."""
+
+    def __init__(self, lazy: _LazyProfile, shape):
+        self._lazy, self._shape, self._d = lazy, shape, None
+
+    def _dict(self):
+        if self._d is None:
+            out = {}
+            for p, v in self._lazy.result()[0].items():
+                a = np.asarray(v, dtype=np.float64)
+                if self._shape is None:  # joint
+                    out[p] = float(a.reshape(-1)[0])
+                else:
+                    out[p] = float(a.reshape(())) if self._shape == () else a.reshape(self._shape)
+            self._d = out
+        return self._d
+
+    def __getitem__(self, key):
+        return self._dict()[key]
+
+    def __iter__(self):
+        return iter(self._dict())
+
+    def __len__(self):
+        return len(self._dict())
+
+    def __repr__(self):
+        return repr(self._dict())
+
+
+class _LazyNotes(Sequence):
+    """``OUFit.notes``: the fit's notes, then the profile bounds' notes once computed."""
+
+    def __init__(self, first: tuple, lazy: _LazyProfile):
+        self._first, self._lazy = first, lazy
+
+    def _all(self):
+        return self._first + tuple(self._lazy.result()[1])
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self):
+        return len(self._all())
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __repr__(self):
+        return repr(self._all())
 
 
 def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend, device):
