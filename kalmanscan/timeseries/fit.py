@@ -850,6 +850,13 @@ def _fit_finish(
                 )
     else:
         se_g = {p: np.full_like(v, np.nan) for p, v in se_g.items()}
+
+    def shaped(a):
+        a = np.asarray(a, dtype=np.float64)
+        if joint:
+            return float(a.reshape(-1)[0])
+        return float(a.reshape(shape)) if shape == () else a.reshape(shape)
+
     upper = {}
     if stderr and any(v.any() for v in at_boundary.values()):
         # the boundary estimates' profile bounds (a few dozen refits) are computed when first
@@ -858,14 +865,8 @@ def _fit_finish(
         lazy = _LazyProfile(
             (slim, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels)
         )
-        upper = _LazyBounds(lazy, shape if not joint else None)
+        upper = _LazyBounds(lazy, shaped)
         notes = _LazyNotes(tuple(notes), lazy)
-
-    def shaped(a):
-        a = np.asarray(a, dtype=np.float64)
-        if joint:
-            return float(a.reshape(-1)[0])
-        return float(a.reshape(shape)) if shape == () else a.reshape(shape)
 
     def per_group(a):
         return a[:1] if joint else a
@@ -915,22 +916,15 @@ class _LazyProfile:
 
 
 class _LazyBounds(Mapping):
-    """``OUFit.upper_bound``: ``{name: bound}`` (a float for one series or a joint fit, else an
-    array of the series shape), computed on first access."""
+    """``OUFit.upper_bound``: ``{name: bound}`` (shaped as the fit's other per-series results
+    by ``shaped``), computed on first access."""
 
-    def __init__(self, lazy: _LazyProfile, shape):
-        self._lazy, self._shape, self._d = lazy, shape, None
+    def __init__(self, lazy: _LazyProfile, shaped):
+        self._lazy, self._shaped, self._d = lazy, shaped, None
 
     def _dict(self):
         if self._d is None:
-            out = {}
-            for p, v in self._lazy.result()[0].items():
-                a = np.asarray(v, dtype=np.float64)
-                if self._shape is None:  # joint
-                    out[p] = float(a.reshape(-1)[0])
-                else:
-                    out[p] = float(a.reshape(())) if self._shape == () else a.reshape(self._shape)
-            self._d = out
+            self._d = {p: self._shaped(v) for p, v in self._lazy.result()[0].items()}
         return self._d
 
     def __getitem__(self, key):
