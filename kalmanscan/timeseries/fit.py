@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+import kalmanscan.core.filter as filter_api
 from kalmanscan.core import _args
 from kalmanscan.core.discretize import ou_transition
 from kalmanscan.timeseries import optim
@@ -230,10 +231,8 @@ def _check_fix(fix, shape):
 def _loglik(z, obs_var, decay, process_var, offset, prior_mean, prior_var, backend):
     """Per-lane log-likelihood ``[*L]`` of time-first ``z [T, *L]``: the one filter call fitting
     makes (the exact diffuse convention of :func:`kalmanscan.filter`)."""
-    import kalmanscan as ks
-
     with torch.no_grad():
-        return ks.loglik(
+        return filter_api.loglik(
             z,
             obs_var=obs_var,
             decay=decay,
@@ -308,9 +307,7 @@ def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
         prior_mean=pm, prior_var=pvar,
     )  # fmt: skip
     if outputs:
-        import kalmanscan as ks
-
-        return ks.filter(z, **args, axis=0, backend=data.backend)
+        return filter_api.filter(z, **args, axis=0, backend=data.backend)
     return _loglik(z, *args.values(), data.backend).T
 
 
