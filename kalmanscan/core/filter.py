@@ -348,7 +348,7 @@ def _run(prep: _Prepared, kind: str = "filter") -> dict:
         out = mod.smooth_lanes(*args)
     else:
         out = mod.filter_lanes(*args, outputs="loglik" if kind == "loglik" else "all")
-    flags = int(out["flags"])  # the one host synchronization of a call
+    flags = _read_flags(out["flags"])  # the one host synchronization of a call
     if flags:
         _validate(prep, check_z=True)  # raises naming the bad input, if one is
         raise OverflowError(
@@ -357,6 +357,11 @@ def _run(prep: _Prepared, kind: str = "filter") -> dict:
             "maximum); rescale the data, or use float64"
         )
     return out
+
+
+def _read_flags(flags) -> int:
+    """The backend's flags word as an int (on a device: the call's host synchronization)."""
+    return int(flags)
 
 
 LOGLIK_CONVENTIONS = ("diffuse-omitted", "kfas", "statsmodels")

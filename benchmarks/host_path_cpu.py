@@ -1,0 +1,194 @@
+"""Host cost of the public functions on the triton backend's Python path, measured on the CPU.
+
+    python benchmarks/host_path_cpu.py [--shapes 65536x64,256x16384] [--calls 400]
+                                       [--profile] [--out results.json]
+
+No GPU is needed: CPU tensors stand in for CUDA ones, ``backend="auto"`` resolves to
+``"triton"`` and every Triton launch goes through :func:`kalmanscan.cuda._common.launch`'s own
+fast path (specialization key, argument list) into a compiled kernel that does nothing. What is
+left is what the H200's host runs a call: argument conversion, broadcasting, the backend's
+plan, allocations, launches, autograd plumbing, output building. The torch ops the path runs
+(the flags' fill, the log-likelihood partials' sum) run on the CPU.
+
+Per call (median over ``--calls`` calls, microseconds, on this machine's CPU):
+
+- ``total``: the whole call;
+- ``exposed``: the part of it during which the GPU would sit idle: from the call's start to its
+  first kernel launch, and from the flags' read (the host synchronization) to the next launch or
+  to the call's return. On the GPU a call's wall time is about its kernels plus ``exposed``
+  (the host work between launches overlaps the kernels already queued).
+
+``--profile`` prints the top functions by own time (cProfile) for each call. Shapes: ``65536 x
+64`` has the plan of ``2^20 x 64`` (1024 chunks: the few-long-lanes regime, same host path);
+``256 x 16384`` one thread a lane (the many-lanes regime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+
+os.environ.pop("TRITON_INTERPRET", None)  # the compiled launch path, never the interpreter
+
+import torch  # noqa: E402
+
+_STAMPS: list = []
+
+
+class _NoopKernel:
+    """Stands in for a compiled Triton kernel: ``kernel[grid](*args)`` records the time only."""
+
+    def __getitem__(self, grid):
+        return self._run
+
+    @staticmethod
+    def _run(*args):
+        _STAMPS.append(("launch", time.perf_counter()))
+
+
+class _AnyKey(dict):
+    """A specialization cache in which every key has a compiled (no-op) kernel."""
+
+    def get(self, key, default=None):
+        return _NOOP
+
+
+_NOOP = _NoopKernel()
+
+
+def install_mock():
+    """Route ``backend="auto"`` on CPU tensors to triton, launches to :class:`_NoopKernel`, and
+    stamp the flags' read."""
+    torch.cuda.current_device = lambda: 0  # the launch key's device (no CUDA here)
+    from kalmanscan.core import backends
+    from kalmanscan.core import filter as core_filter
+    from kalmanscan.cuda import _common
+    from kalmanscan.cuda.filter import adjoint, kernels
+
+    backends.AUTO["filter"] = dict(backends.AUTO["filter"], cpu=("triton",))
+    real_unavailable = backends._unavailable
+    backends._unavailable = lambda name, device, op: (
+        None if name == "triton" else real_unavailable(name, device, op)
+    )
+    assert not _common.interpreting() and _common.FAST_LAUNCH
+    for fn in (kernels.filter_kernel, kernels.carry_kernel, kernels.smooth_kernel,
+               adjoint.adjoint_kernel, adjoint.adjoint_carry_kernel):  # fmt: skip
+        entry = _common._Launch(fn)
+        entry.cache = _AnyKey()
+        _common._LAUNCH[fn] = entry
+    real_read = core_filter._read_flags
+
+    def read(flags):
+        _STAMPS.append(("sync", time.perf_counter()))
+        return real_read(flags)
+
+    core_filter._read_flags = read
+
+
+def inputs(T, N, seed=2):
+    """As ``benchmarks/gpu.py``'s ``public_inputs``: ``z [T, N]`` float32 (5 % NaN) and
+    per-lane ``obs_var, decay, process_var`` ``[N]``."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(T, N, generator=g)
+    z[torch.rand(T, N, generator=g) < 0.05] = float("nan")
+    R = torch.rand(N, generator=g) + 0.5
+    a = torch.rand(N, generator=g) * 0.2 + 0.8
+    p = torch.rand(N, generator=g) * 0.1 + 0.01
+    return z, R, a, p
+
+
+def exposed(t0, t1, stamps):
+    """Host time of a call ``[t0, t1]`` during which no kernel would be running."""
+    launches = [t for k, t in stamps if k == "launch"]
+    if not launches:
+        return t1 - t0
+    idle = launches[0] - t0
+    for k, t in stamps:
+        if k == "sync":
+            nxt = [u for u in launches if u > t]
+            idle += (nxt[0] if nxt else t1) - t
+    return idle
+
+
+def calls(T, N):
+    import kalmanscan as ks
+
+    z, R, a, p = inputs(T, N)
+    leaves = [x.clone().requires_grad_(True) for x in (R, a, p)]
+    return {
+        "filter": lambda: ks.filter(z, R, a, p),
+        "smooth": lambda: ks.smooth(z, R, a, p),
+        "loglik": lambda: ks.loglik(z, R, a, p),
+        "loglik_grad": lambda: torch.autograd.grad(ks.loglik(z, *leaves).sum(), leaves),
+    }
+
+
+def measure(fn, n):
+    for _ in range(20):
+        fn()
+    totals, idles = [], []
+    for _ in range(n):
+        _STAMPS.clear()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        totals.append(t1 - t0)
+        idles.append(exposed(t0, t1, _STAMPS))
+    return {
+        "total_us": statistics.median(totals) * 1e6,
+        "exposed_us": statistics.median(idles) * 1e6,
+        "launches": sum(k == "launch" for k, _ in _STAMPS),
+        "syncs": sum(k == "sync" for k, _ in _STAMPS),
+    }
+
+
+def profile(fn, n=200, top=25):
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shapes", default="65536x64,256x16384")
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    install_mock()
+    rows = []
+    for sh in args.shapes.split(","):
+        T, N = map(int, sh.split("x"))
+        for name, fn in calls(T, N).items():
+            row = {"shape": [T, N], "call": name, **measure(fn, args.calls)}
+            rows.append(row)
+            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)  # fmt: skip
+            if args.profile:
+                print(profile(fn), flush=True)
+    if args.out:
+        doc = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "torch": torch.__version__,
+            "what": "host path of the public functions on the triton backend, launches no-ops, "
+            "CPU tensors; median microseconds a call (benchmarks/host_path_cpu.py)",
+            "results": rows,
+        }
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
