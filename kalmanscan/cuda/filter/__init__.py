@@ -34,7 +34,7 @@ from kalmanscan.cuda._common import (
     empty,
     interpreting,
     lanes_config,
-    launch,
+    launch_site,
     next_pow2,
 )
 from kalmanscan.cuda.filter.adjoint import adjoint_carry_kernel, adjoint_kernel
@@ -121,15 +121,6 @@ def _strides(x):
     return (x.stride(0) if x.shape[0] > 1 else 0, x.stride(1) if x.shape[1] > 1 else 0)
 
 
-def _input_args(ins):
-    args, vary = [], {}
-    for name, x in zip(("VZ", "VR", "VA", "VP", "VH", "VC"), ins, strict=True):
-        st, sn = _strides(x)
-        args += [x, st, sn]
-        vary[name] = st != 0
-    return args, vary
-
-
 def _check_size(T, N, ins):
     """Kernels index with 32-bit offsets: ``T * N`` and every input's span stay below 2**31."""
     big = T * N >= 2**31 or any(
@@ -143,54 +134,116 @@ def _check_size(T, N, ins):
         )
 
 
-def _x0_args(x0):
-    return [*x0, *(t.stride(0) if t.shape[0] > 1 else 0 for t in x0)]
+class _Sig:
+    """What the launches of one call signature share, kept per :func:`_signature` key: sizes,
+    the plan, the inputs' strides, the kernels' constexprs and grids, and (``sites``) the
+    compiled kernels of each launch (:func:`kalmanscan.cuda._common.launch_site`)."""
+
+    __slots__ = ("T", "N", "CH", "NC", "CK", "BLOCK", "grid", "ia", "x0s", "vary", "warps",
+                 "sites", "carry", "adj")  # fmt: skip
+
+    def __init__(self, T, N, ins, x0):
+        _check_size(T, N, ins)
+        self.T, self.N = T, N
+        self.CH, self.NC, self.CK, self.BLOCK, self.warps = _plan(T, N)
+        ia, self.vary = [], {}
+        for name, x in zip(("VZ", "VR", "VA", "VP", "VH", "VC"), ins, strict=True):
+            st, sn = _strides(x)
+            ia += [None, st, sn]
+            self.vary[name] = st != 0
+        self.ia = ia  # the inputs' arguments, tensors at 0::3
+        self.x0s = tuple(t.stride(0) if t.shape[0] > 1 else 0 for t in x0)
+        self.grid = (cdiv(N, self.BLOCK), self.NC)
+        self.sites = {}
+        self.carry = {}
+        self.adj = {}
+
+    def cfg(self, **kw):
+        return dict(self.vary, NS=TUNING["NS"], BLOCK=self.BLOCK, num_warps=self.warps, **kw)
+
+    def args(self, ins):
+        """The six inputs' kernel arguments ``(ptr, time stride, lane stride)``."""
+        ia = self.ia.copy()
+        ia[0::3] = ins
+        return ia
+
+
+_SIGS: dict = {}
+
+
+def _signature(T, N, ins, x0) -> _Sig:
+    """The kept :class:`_Sig` of these inputs: keyed by everything a launch specializes on
+    (device, dtype, sizes, strides, 16-byte alignment of every input) and the tuning, so that
+    every call with the key launches the same compiled kernels."""
+    z = ins[0]
+    key = [z.device, z.dtype, T, N, _MANY_LANES, _TARGET_WORK, interpreting(), *TUNING.values()]
+    if z.is_cuda:
+        key.append(torch.cuda.current_device())
+    for x in ins:
+        key += (x.shape, x.stride(), x.data_ptr() & 15)
+    for x in x0:
+        key += (x.shape, x.stride(), x.data_ptr() & 15, x.dtype)
+    key = tuple(key)
+    sig = _SIGS.get(key)
+    if sig is None:
+        if len(_SIGS) > 256:
+            _SIGS.clear()
+        sig = _SIGS[key] = _Sig(T, N, ins, x0)
+    return sig
 
 
 def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
-    """Run the filter: ``(series, loglik, final [3, N], flags, checkpoints, backward ends or,
-    with ``ckpt`` and chunks, the adjoint's chunk maps)``."""
+    """Run the filter: ``(sig, series, loglik, final [3, N], flags, checkpoints, backward ends
+    or, with ``ckpt`` and chunks, the adjoint's chunk maps)``. With chunks, the first launch
+    (the chunk maps) goes out before the other buffers are allocated, so that their host time
+    overlaps it."""
     z = ins[0]
-    _check_size(T, N, ins)
-    CH, NC, CK, BLOCK, warps = _plan(T, N)
-    args, vary = _input_args(ins)
-    cfg = dict(vary, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
+    sig = _signature(T, N, ins, x0)
+    CH, NC, CK, grid = sig.CH, sig.NC, sig.CK, sig.grid
+    sites = sig.sites
+    ia = sig.args(ins)
+    x0a = (*x0, *sig.x0s)
+    tang = ckpt and not write and NC > 1  # the gradient's forward: the adjoint's chunk maps too
+    slot = (write, ckpt, smooth)
+    if NC > 1:
+        comp = empty((14 if smooth else 7, NC, N), z)
+        # the chunk maps read the inputs only: z stands for every other buffer
+        zs = (z,) * 12
+        launch_site(sites, ("maps",) + slot, filter_kernel, grid,
+            (*ia, *x0a, *zs, comp, T, N, CH, NC, CK),
+            lambda: sig.cfg(MAPS=True, BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False,
+                    CKPT=False, TANG=False))  # fmt: skip
     flags = torch.zeros(1, dtype=torch.int32, device=z.device)
-    series = empty((len(SERIES), T, N), z).unbind(0) if write else [z] * len(SERIES)
+    series = empty((len(SERIES), T, N), z).unbind(0) if write else (z,) * len(SERIES)
     fin = empty((3, N), z)
     ll = empty((N,), z)
     ck = empty((cdiv(T, CK), 3, N), z) if ckpt else z
-    grid = (cdiv(N, BLOCK), NC)
-    x0a = _x0_args(x0)
-    # series order of the kernel: mean, var, prec, info, pmean, pvar, pprec
     if NC == 1:
-        launch(filter_kernel, grid,
-            *args, *x0a, z, *series, ll, fin, flags, ck, z, T, N, CH, NC, CK, MAPS=False,
-            BMAPS=False, FROM_X0=True, WRITE=write, PARTIAL=False, CKPT=ckpt, TANG=False,
-            **cfg)  # fmt: skip
-        return series, ll, fin, flags, ck, None
-    comp = empty((14 if smooth else 7, NC, N), z)
-    launch(filter_kernel, grid,
-        *args, *x0a, z, *series, ll, fin, flags, ck, comp, T, N, CH, NC, CK, MAPS=True,
-        BMAPS=smooth, FROM_X0=True, WRITE=False, PARTIAL=False, CKPT=False, TANG=False,
-        **cfg)  # fmt: skip
+        launch_site(sites, ("one",) + slot, filter_kernel, grid,
+            (*ia, *x0a, z, *series, ll, fin, flags, ck, z, T, N, CH, NC, CK),
+            lambda: sig.cfg(MAPS=False, BMAPS=False, FROM_X0=True, WRITE=write, PARTIAL=False,
+                    CKPT=ckpt, TANG=False))  # fmt: skip
+        return sig, series, ll, fin, flags, ck, None
     start = empty((3, NC, N), z)
     bend = empty((3, NC, N), z) if smooth else z
-    CB, CT, cwarps = _carry_config(N, NC, TUNING["CARRY_TILE"])
-    launch(carry_kernel, (cdiv(N, CB),),
-        comp, *x0a, start, bend, N, NC, FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT,
-        BLOCK=CB, num_warps=cwarps)  # fmt: skip
+    key = ("carry", smooth)
+    if key not in sig.carry:
+        sig.carry[key] = _carry_config(N, NC, TUNING["CARRY_TILE"])
+    CB, CT, cwarps = sig.carry[key]
+    launch_site(sites, key, carry_kernel, (cdiv(N, CB),),
+        (comp, *x0a, start, bend, N, NC),
+        lambda: dict(FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT, BLOCK=CB,
+             num_warps=cwarps))  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)
-    tang = ckpt and not write  # the gradient's forward: the adjoint's chunk maps too
     amap = empty((12, NC, N), z) if tang else z
-    launch(filter_kernel, grid,
-        *args, *x0a, start, *series, part, fin, flags, ck, amap, T, N, CH, NC, CK, MAPS=False,
-        BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True, CKPT=ckpt, TANG=tang,
-        **cfg)  # fmt: skip
+    launch_site(sites, ("rerun",) + slot, filter_kernel, grid,
+        (*ia, *x0a, start, *series, part, fin, flags, ck, amap, T, N, CH, NC, CK),
+        lambda: sig.cfg(MAPS=False, BMAPS=False, FROM_X0=False, WRITE=write, PARTIAL=True,
+                CKPT=ckpt, TANG=tang))  # fmt: skip
     # the chunks' float64 partial sums, added by one reduction (a kernel walking the chunks in
     # sequence is bound by the loads' latency: ~0.1 ms at 1024 chunks)
     torch.sum(part, 0, out=ll) if ll.dtype == torch.float64 else ll.copy_(part.sum(0))
-    return series, ll, fin, flags, ck, (bend if smooth else (amap if tang else None))
+    return sig, series, ll, fin, flags, ck, (bend if smooth else (amap if tang else None))
 
 
 def _carry_config(N: int, NC: int, tile: int):
@@ -203,32 +256,106 @@ def _carry_config(N: int, NC: int, tile: int):
 
 
 def _smooth(T, N, ins, x0):
-    series, ll, fin, flags, _, bend = _forward(T, N, ins, x0, write=True, smooth=True)
+    sig, series, ll, fin, flags, _, bend = _forward(T, N, ins, x0, write=True, smooth=True)
     z = ins[0]
-    CH, NC, CK, BLOCK, warps = _plan(T, N)
-    args, vary = _input_args(ins)
-    sm, sv = empty((T, N), z), empty((T, N), z)
-    launch(smooth_kernel, (cdiv(N, BLOCK), NC),
-        *args, series[0], series[1], z if bend is None else bend, sm, sv, T, N, CH, NC,
-        **vary, FROM_END=NC == 1, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)  # fmt: skip
+    sm, sv = empty((2, T, N), z).unbind(0)
+    launch_site(sig.sites, "smooth", smooth_kernel, sig.grid,
+        (*sig.args(ins), series[0], series[1], z if bend is None else bend, sm, sv, T, N,
+         sig.CH, sig.NC),
+        lambda: dict(sig.vary, FROM_END=sig.NC == 1, NS=TUNING["NS"], BLOCK=sig.BLOCK,
+             num_warps=sig.warps))  # fmt: skip
     return series, ll, fin, flags, sm, sv
 
 
-def _adjoint(T, N, ins, x0, ck, amap, gll, gfin, needs):
-    """Gradients of ``sum(gll * loglik) + <gfin, final>`` with respect to the six compact inputs
-    (``None`` where not needed) and to ``x0`` (``[3, N]``); ``amap``: the forward's adjoint
-    chunk maps (with chunks)."""
+class _Adj:
+    """The adjoint's buffers of one forward call (allocated by the forward, before its flags
+    are read, so that the backward's host path before its first launch is short)."""
+
+    __slots__ = ("modes", "n_part", "part", "scratch", "g0", "xend", "tuned")
+
+
+def _adjoint_modes(sig, ins, needs):
+    """Per input: 0 no gradient, 1 a ``[T, N]`` gradient, 2 summed over time."""
+    key = ("modes", needs)
+    modes = sig.adj.get(key)
+    if modes is None:
+        modes = sig.adj[key] = tuple(
+            0 if not need else (1 if _strides(x)[0] != 0 else 2)
+            for x, need in zip(ins, needs, strict=True)
+        )
+    return modes
+
+
+def _adjoint_buffers(sig, ins, needs):
+    """The :class:`_Adj` of a forward call whose inputs need ``needs`` (six booleans); None
+    when the segment scratch would pass 32-bit offsets (the backward then raises)."""
     z = ins[0]
-    CH, NC, CK, BLOCK, warps = _plan(T, N)
-    args, vary = _input_args(ins)
-    nprog = cdiv(N, BLOCK)
-    modes = {}
-    for key, x, need in zip(("GZ", "GR", "GA", "GP", "GH", "GC"), ins, needs, strict=True):
-        modes[key] = 0 if not need else (1 if _strides(x)[0] != 0 else 2)
-    n_part = sum(m == 2 for m in modes.values())
-    part = empty((n_part, NC, N), z) if n_part else None  # one buffer and one sum for them all
+    N, NC, CK, BLOCK = sig.N, sig.NC, sig.CK, sig.BLOCK
+    size = NC * sig.grid[0] * CK * 3 * BLOCK
+    if size >= 2**31:  # 32-bit offsets into the segment scratch
+        return None
+    adj = _Adj()
+    adj.modes = _adjoint_modes(sig, ins, needs)
+    adj.n_part = n_part = sum(m == 2 for m in adj.modes)
+    # one buffer and one sum for every input constant in time
+    adj.part = empty((n_part, NC, N), z) if n_part else None
+    adj.scratch = empty((size,), z)
+    adj.g0 = empty((3, N), z)
+    adj.xend = empty((3, NC, N), z) if NC > 1 else None
+    return adj
+
+
+_KEPT: dict = {}
+
+
+def _kept_zeros(shape, like):
+    """A kept zero tensor (read-only by convention: the kernels only read it)."""
+    key = (shape, like.dtype, like.device)
+    t = _KEPT.get(key)
+    if t is None:
+        if len(_KEPT) > 64:
+            _KEPT.clear()
+        t = _KEPT[key] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return t
+
+
+def _adjoint(sig, ins, ck, amap, adj, gll, gfin):
+    """Gradients of ``sum(gll * loglik) + <gfin, final>`` with respect to the six compact inputs
+    (``None`` where not needed) and to ``x0`` (``[3, N]``), into the buffers ``adj`` of the
+    forward call; ``amap``: the forward's adjoint chunk maps (with chunks)."""
+    z = ins[0]
+    T, N, NC = sig.T, sig.N, sig.NC
+    if adj is None:
+        raise ValueError(
+            f"z: the triton backend's log-likelihood gradient handles up to "
+            f"{2**31 // (sig.CK * 3)} lanes, got shape ({T}, {N}); use backend='torch'"
+        )
+    if gll is None:
+        gll = _kept_zeros((N,), z)
+    gsn = gll.stride(0) if N > 1 else 0  # read through its stride (sum()'s gradient: stride 0)
+    if gfin[0] is None and gfin[1] is None and gfin[2] is None:
+        xlast = _kept_zeros((3, N), z)
+    else:
+        # (the kernels take the final normalization's derivative, as every step's)
+        xlast = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
+                             for g in gfin])  # fmt: skip
+    # gll comes from the caller: its stride class and alignment are part of the launch's key
+    gkey = (gll.dtype, gsn, gll.data_ptr() & 15, xlast.data_ptr() & 15)
+    sites = sig.sites
+    if NC == 1:
+        xend = xlast
+    else:
+        xend = adj.xend
+        key = ("adj_carry",)
+        if key not in sig.carry:
+            sig.carry[key] = _carry_config(N, NC, TUNING["ADJ_CARRY_TILE"])
+        CB, CT, cwarps = sig.carry[key]
+        launch_site(sites, ("adj_carry",) + gkey, adjoint_carry_kernel, (cdiv(N, CB),),
+                    (amap, gll, gsn, xlast, xend, N, NC),
+                    lambda: dict(CT=CT, BLOCK=CB, num_warps=cwarps))  # fmt: skip
+    modes, part = adj.modes, adj.part
     bufs, j = [], 0
-    for mode in modes.values():
+    for mode in modes:
         if mode == 1:
             bufs.append(empty((T, N), z))
         elif mode == 2:
@@ -236,37 +363,14 @@ def _adjoint(T, N, ins, x0, ck, amap, gll, gfin, needs):
             j += 1
         else:
             bufs.append(z)
-    if gll is None:
-        gll = torch.zeros(N, dtype=z.dtype, device=z.device)
-    gsn = gll.stride(0) if N > 1 else 0  # read through its stride (sum()'s gradient: stride 0)
-    if all(g is None for g in gfin):
-        xlast = torch.zeros((3, N), dtype=z.dtype, device=z.device)
-    else:
-        # (the kernels take the final normalization's derivative, as every step's)
-        xlast = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
-                             for g in gfin])  # fmt: skip
-    size = NC * nprog * CK * 3 * BLOCK
-    if size >= 2**31:  # 32-bit offsets into the segment scratch
-        raise ValueError(
-            f"z: the triton backend's log-likelihood gradient handles up to {2**31 // (CK * 3)} "
-            f"lanes, got shape ({T}, {N}); use backend='torch'"
-        )
-    scratch = torch.empty(size, dtype=z.dtype, device=z.device)
-    g0 = empty((3, N), z)
-    cfg = dict(vary, **modes, NS=TUNING["NS"], BLOCK=BLOCK, num_warps=warps)
-    grid = (nprog, NC)
-    if NC == 1:
-        xend = xlast
-    else:
-        xend = empty((3, NC, N), z)
-        CB, CT, cwarps = _carry_config(N, NC, TUNING["ADJ_CARRY_TILE"])
-        launch(adjoint_carry_kernel, (cdiv(N, CB),), amap, gll, gsn, xlast, xend, N, NC, CT=CT,
-               BLOCK=CB, num_warps=cwarps)  # fmt: skip
-    launch(adjoint_kernel, grid,
-        *args, ck, scratch, gll, gsn, xend, *bufs, g0, T, N, CH, NC, CK, **cfg)  # fmt: skip
-    summed = part.sum(1, keepdim=True) if (n_part and NC > 1) else part
+    names = ("GZ", "GR", "GA", "GP", "GH", "GC")
+    launch_site(sites, ("adj", modes) + gkey, adjoint_kernel, sig.grid,
+        (*sig.args(ins), ck, adj.scratch, gll, gsn, xend, *bufs, adj.g0, T, N, sig.CH, NC,
+         sig.CK),
+        lambda: sig.cfg(**dict(zip(names, modes, strict=True))))  # fmt: skip
+    summed = part.sum(1, keepdim=True) if (part is not None and NC > 1) else part
     grads, j = [], 0
-    for x, mode, buf in zip(ins, modes.values(), bufs, strict=True):
+    for x, mode, buf in zip(ins, modes, bufs, strict=True):
         if mode == 0:
             grads.append(None)
             continue
@@ -278,7 +382,7 @@ def _adjoint(T, N, ins, x0, ck, amap, gll, gfin, needs):
         if x.shape[1] == 1 and N > 1:
             g = g.sum(1, keepdim=True)
         grads.append(g)
-    return grads, g0
+    return grads, adj.g0
 
 
 def _torch_vjp(T, N, inputs, needs, pairs, smooth, outputs="all"):
@@ -317,23 +421,29 @@ class _Loglik(torch.autograd.Function):
     @staticmethod
     def forward(ctx, T, N, z, R, a, p, h, c, u0, e0, v0):
         ins = (z, R, a, p, h, c)
-        _, ll, fin, flags, ck, amap = _forward(T, N, ins, (u0, e0, v0), write=False, ckpt=True)
+        sig, _, ll, fin, flags, ck, amap = _forward(T, N, ins, (u0, e0, v0), write=False,
+                                                    ckpt=True)  # fmt: skip
         ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap)
-        ctx.T, ctx.N = T, N
+        ctx.sig = sig
+        ctx.adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[2:8])
         ctx.mark_non_differentiable(flags)
         ctx.set_materialize_grads(False)
-        return ll, fin[0], fin[1], fin[2], flags[0]
+        fu, fe, fv = fin.unbind(0)
+        return ll, fu, fe, fv, flags[0]
 
     @staticmethod
     def backward(ctx, gll, gu, ge, gv, _gflags):
-        *inputs, ck, amap = ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:]
+        saved = ctx.saved_tensors
+        needs = ctx.needs_input_grad
         if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
             pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
-            return (None, None, *_torch_vjp(ctx.T, ctx.N, inputs, needs, pairs, False, "loglik"))
-        grads, g0 = _adjoint(ctx.T, ctx.N, inputs[:6], inputs[6:], ck, amap, gll, (gu, ge, gv),
-                             needs[:6])  # fmt: skip
-        return (None, None, *grads, *(g0[i] if needs[6 + i] else None for i in range(3)))
+            sig = ctx.sig
+            vjp = _torch_vjp(sig.T, sig.N, saved[:9], needs[2:], pairs, False, "loglik")
+            return (None, None, *vjp)
+        grads, g0 = _adjoint(ctx.sig, saved[:6], saved[9], saved[10], ctx.adj, gll,
+                             (gu, ge, gv))  # fmt: skip
+        return (None, None, *grads, g0[0] if needs[8] else None, g0[1] if needs[9] else None,
+                g0[2] if needs[10] else None)  # fmt: skip
 
 
 _ALL_KEYS = tuple((k, None) for k in SERIES) + _LL_KEYS
@@ -343,9 +453,9 @@ _SMOOTH_KEYS = _ALL_KEYS + (("smooth_mean", None), ("smooth_var", None))
 def _run_all(T, N, ins, x0, smooth):
     if smooth:
         series, ll, fin, flags, sm, sv = _smooth(T, N, ins, x0)
-        return (*series, ll, fin[0], fin[1], fin[2], sm, sv, flags[0])
-    series, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=True)
-    return (*series, ll, fin[0], fin[1], fin[2], flags[0])
+        return (*series, ll, *fin.unbind(0), sm, sv, flags[0])
+    _, series, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=True)
+    return (*series, ll, *fin.unbind(0), flags[0])
 
 
 class _All(torch.autograd.Function):
@@ -371,7 +481,8 @@ class _All(torch.autograd.Function):
 
 def _prepare(z, obs_var, decay, process_var, loading, offset, x0):
     T, N = z.shape
-    ins = tuple(_compact(x) for x in (z, obs_var, decay, process_var, loading, offset))
+    ins = (_compact(z), _compact(obs_var), _compact(decay), _compact(process_var),
+           _compact(loading), _compact(offset))  # fmt: skip
     x0 = tuple(x0)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*ins, *x0))
     return T, N, ins, x0, grad
@@ -414,8 +525,8 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="a
         if grad:
             ll, fu, fe, fv, flags = _Loglik.apply(T, N, *ins, *x0)
             return {"loglik": ll, "final": (fu, fe, fv), "flags": flags}
-        _, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=False)
-        return {"loglik": ll, "final": (fin[0], fin[1], fin[2]), "flags": flags[0]}
+        _, _, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=False)
+        return {"loglik": ll, "final": tuple(fin.unbind(0)), "flags": flags[0]}
     out = _All.apply(False, T, N, *ins, *x0) if grad else _run_all(T, N, ins, x0, False)
     return _as_dict(out, False)
 
