@@ -40,8 +40,8 @@ class Converter:
         self.values = values
         self.arrays = {}
         for name, value in values.items():
-            if value is None or isinstance(value, torch.Tensor):
-                continue
+            if value is None or isinstance(value, torch.Tensor) or _plain_number(value):
+                continue  # (a plain number becomes a tensor when asked for: tensor())
             self.arrays[name] = _to_numpy(name, value)
         tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
         self.torch_mode = bool(tensors)
@@ -66,6 +66,8 @@ class Converter:
         v = self.values[name]
         if isinstance(v, torch.Tensor):
             return v.dtype
+        if _plain_number(v):
+            return torch.float64  # as numpy reads a Python int or float
         a = self.arrays[name]
         return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}.get(
             a.dtype, torch.float64
@@ -96,6 +98,8 @@ class Converter:
         if isinstance(v, torch.Tensor):
             # a lazily negated or conjugated view must be materialized: kernels read raw memory
             return v.resolve_neg().resolve_conj().to(self.dtype)
+        if _plain_number(v):
+            return torch.tensor(float(v), dtype=self.dtype, device=self.device)
         a = self.arrays[name]
         if (
             not a.flags.writeable
@@ -110,6 +114,13 @@ class Converter:
             return t
         a = t.detach().cpu().numpy()
         return a[()] if a.ndim == 0 else a
+
+
+def _plain_number(value) -> bool:
+    """A Python ``int`` or ``float`` (not a bool, nor a numpy scalar, whose dtype counts) that
+    a float64 holds: converted without numpy."""
+    t = type(value)
+    return t is float or (t is int and -(2**63) <= value < 2**63)
 
 
 def _to_numpy(name, value) -> np.ndarray:

@@ -70,8 +70,9 @@ class _Prepared(NamedTuple):
     loading: torch.Tensor
     offset: torch.Tensor
     x0: tuple  # (u0, e0, v0), each [N]: the prior as a homogeneous triple
-    prior: dict  # name -> [N] tensor of the prior's inputs (for the checks)
+    has_init: bool  # the initial state is init = (lam, eta), not the prior
     backend: str
+    mod: object  # the backend's module
 
 
 def _prepare(
@@ -103,81 +104,92 @@ def _prepare(
             raise TypeError(f"{name}: expected a real number or array, got None")
     conv = _args.Converter(values, dtype_from="z")
     zt = conv.tensor("z")
-    if zt.ndim == 0:
+    nd = zt.ndim
+    if nd == 0:
         raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
-    axis = _args.check_int("axis", axis)
-    if not -zt.ndim <= axis < zt.ndim:
+    if type(axis) is not int:
+        axis = _args.check_int("axis", axis)
+    if not -nd <= axis < nd:
         raise ValueError(
-            f"axis: expected an int in [{-zt.ndim}, {zt.ndim - 1}] for z of shape "
+            f"axis: expected an int in [{-nd}, {nd - 1}] for z of shape "
             f"{tuple(zt.shape)}, got {axis}"
         )
-    axis %= zt.ndim
+    axis %= nd
     shape = tuple(zt.shape)
     T = shape[axis]
     if T == 0:
         raise ValueError(f"z: expected at least one time step along axis {axis}, got shape {shape}")
     lane_shape = shape[:axis] + shape[axis + 1 :]
-    N = math.prod(lane_shape)
-    name = backends.resolve(backend, conv.device)
+    N = lane_shape[0] if nd == 2 else math.prod(lane_shape)
+    dtype, device = conv.dtype, conv.device
+    name = backends.resolve(backend, device)
     # Backends may declare (module attributes) that they read every input through its strides,
     # the initial state included (READS_STRIDES), and that a step with obs_var = inf counts as
     # not observed in their own pass (INF_OBS_VAR_UNOBSERVED); then nothing is materialized or
-    # masked here. On CUDA, Python numbers become kept device constants (no host-to-device copy
-    # a call) and the default prior's triple is kept too (no kernels a call).
+    # masked here. Python numbers become kept constants, broadcast to [T, N] (no tensor built a
+    # call, no host-to-device copy on CUDA), and the default prior's triple is kept too.
     mod = backends.get(name)
-    strided = getattr(mod, "READS_STRIDES", False)
-    consts = True  # kept constants on every device: no tensor built a call
 
-    def tensor(name):
-        v = conv.values[name]
-        if consts and isinstance(v, (int, float)) and not isinstance(v, bool):
-            return _device_constant(float(v), conv.dtype, conv.device)
-        return conv.tensor(name)
-
-    def series(name):
-        t = tensor(name)
-        if t.ndim == 0:  # the common scalar: no shape work
-            return t.reshape(1, 1).expand(T, N)
-        _broadcast_check(name, t, shape, "z's shape")
+    def series(key):
+        v = values[key]
+        if _args._plain_number(v):
+            return _kept_series(float(v), dtype, device, T, N)
+        t = conv.tensor(key)
+        if t.ndim == 0:  # no shape work
+            return t.expand(T, N)
+        _broadcast_check(key, t, shape, "z's shape")
         # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
-        t = t.reshape((1,) * (len(shape) - t.ndim) + tuple(t.shape))
+        if t.ndim < nd:
+            t = t.reshape((1,) * (nd - t.ndim) + tuple(t.shape))
         if axis:
             t = t.movedim(axis, 0)
-        if all(n == 1 for n in t.shape[1:]):
-            t = t.reshape(t.shape[0], 1)
-        else:
-            t = t.expand((t.shape[0],) + lane_shape).reshape(t.shape[0], N)
+        if nd != 2:
+            if all(n == 1 for n in t.shape[1:]):
+                t = t.reshape(t.shape[0], 1)
+            else:
+                t = t.expand((t.shape[0],) + lane_shape).reshape(t.shape[0], N)
         return t.expand(T, N)
 
-    def lanes(name):
-        t = tensor(name)
-        _broadcast_check(name, t, lane_shape, "the lane shape (z without its time axis)")
-        return t.expand(lane_shape).reshape(N)
-
     obs = series("obs_var")
-    a, p, h, c = (series(k) for k in ("decay", "process_var", "loading", "offset"))
-    zz = (zt.movedim(axis, 0) if axis else zt).reshape(T, N)
-    if init is not None:
-        prior = {"init.lam": lanes("init.lam"), "init.eta": lanes("init.eta")}
-        x0 = from_info(compact(prior["init.lam"]), compact(prior["init.eta"]))
+    a, p, h, c = series("decay"), series("process_var"), series("loading"), series("offset")
+    zz = zt if nd == 2 and not axis else (zt.movedim(axis, 0) if axis else zt).reshape(T, N)
+    has_init = init is not None
+    pm, pv = prior_mean, prior_var
+    if not has_init and _args._plain_number(pm) and _args._plain_number(pv):
+        x0 = _kept_prior(float(pm), float(pv), dtype, device, N)
     else:
-        prior = {"prior_var": lanes("prior_var"), "prior_mean": lanes("prior_mean")}
-        pm, pv = prior_mean, prior_var
-        if consts and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (pm, pv)
-        ):
-            x0 = _device_prior(float(pm), float(pv), conv.dtype, conv.device)
+        pr = _prior(conv, has_init, lane_shape)
+        if has_init:
+            x0 = from_info(compact(pr["init.lam"]), compact(pr["init.eta"]))
         else:
-            x0 = from_prior(compact(prior["prior_mean"]), compact(prior["prior_var"]))
-    x0 = tuple(x.expand(N) for x in torch.broadcast_tensors(*x0))
-    if not strided:
-        x0 = tuple(x.contiguous() for x in x0)
+            x0 = from_prior(compact(pr["prior_mean"]), compact(pr["prior_var"]))
+        x0 = tuple(x.expand(N) for x in torch.broadcast_tensors(*x0))
+        if not getattr(mod, "READS_STRIDES", False):
+            x0 = tuple(x.contiguous() for x in x0)
     # z alone marks the steps not observed
     if not getattr(mod, "INF_OBS_VAR_UNOBSERVED", False):
         oc = compact(obs)
         if bool(torch.isinf(oc).any()):
             zz = zz.masked_fill(torch.isinf(oc), float("nan"))
-    return _Prepared(conv, axis, shape, lane_shape, zt, zz, obs, a, p, h, c, x0, prior, name)
+    return _Prepared(conv, axis, shape, lane_shape, zt, zz, obs, a, p, h, c, x0, has_init, name,
+                     mod)  # fmt: skip
+
+
+def _prior(conv, has_init: bool, lane_shape: tuple) -> dict:
+    """The initial state's inputs as ``[N]`` tensors: ``init.lam, init.eta`` or ``prior_var,
+    prior_mean``."""
+    keys = ("init.lam", "init.eta") if has_init else ("prior_var", "prior_mean")
+    N = math.prod(lane_shape)
+    out = {}
+    for key in keys:
+        v = conv.values[key]
+        if _args._plain_number(v):
+            t = _device_constant(float(v), conv.dtype, conv.device)
+        else:
+            t = conv.tensor(key)
+        _broadcast_check(key, t, lane_shape, "the lane shape (z without its time axis)")
+        out[key] = t.expand(lane_shape).reshape(N)
+    return out
 
 
 def _broadcast_check(name, t, shape, target_desc):
@@ -198,8 +210,7 @@ def _device_constant(value: float, dtype, device) -> torch.Tensor:
     key = (value, dtype, device)
     t = _CONSTANTS.get(key)
     if t is None:
-        if len(_CONSTANTS) > 256:
-            _CONSTANTS.clear()
+        _trim()
         t = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
     return t
 
@@ -214,6 +225,32 @@ def _device_prior(mean: float, var: float, dtype, device):
     return x0
 
 
+def _kept_prior(mean: float, var: float, dtype, device, N: int):
+    """:func:`_device_prior` broadcast to ``N`` lanes (kept: read-only views)."""
+    key = ("prior", mean, var, dtype, device, N)
+    x0 = _CONSTANTS.get(key)
+    if x0 is None:
+        _trim()
+        u, e, v = _device_prior(mean, var, dtype, device)
+        x0 = _CONSTANTS[key] = (u.expand(N), e.expand(N), v.expand(N))
+    return x0
+
+
+def _kept_series(value: float, dtype, device, T: int, N: int) -> torch.Tensor:
+    """The kept constant ``value`` as an expanded ``[T, N]`` view (read-only)."""
+    key = (value, dtype, device, T, N)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        _trim()
+        t = _CONSTANTS[key] = _device_constant(value, dtype, device).expand(T, N)
+    return t
+
+
+def _trim():
+    if len(_CONSTANTS) > 256:
+        _CONSTANTS.clear()
+
+
 def _number(prep: _Prepared, name: str):
     """The input ``name`` as a Python float when the caller passed a plain number, else None."""
     v = prep.conv.values.get(name)
@@ -226,7 +263,7 @@ def _numbers_ok(prep: _Prepared) -> bool | None:
     """The checks of :func:`_values_ok` on the host when every model input is a plain number
     (the common call): no tensor work at all. None when some input is an array."""
     keys = ("obs_var", "decay", "process_var", "loading", "offset")
-    keys += ("init.lam", "init.eta") if "init.lam" in prep.prior else ("prior_var", "prior_mean")
+    keys += ("init.lam", "init.eta") if prep.has_init else ("prior_var", "prior_mean")
     vals = {k: _number(prep, k) for k in keys}
     if any(v is None for v in vals.values()):
         return None
@@ -237,7 +274,7 @@ def _numbers_ok(prep: _Prepared) -> bool | None:
         fin(vals[k]) for k in ("decay", "offset")
     )
     ok = ok and fin(h) and fin(vals["process_var"]) and vals["process_var"] >= 0
-    if "init.lam" in prep.prior:
+    if prep.has_init:
         lam, eta = vals["init.lam"], vals["init.eta"]
         return ok and fin(lam) and lam >= 0 and fin(eta) and not (lam == 0 and eta != 0)
     P = vals["prior_var"]
@@ -261,8 +298,8 @@ def _values_ok(prep: _Prepared) -> bool:
         (hc, None, False),
         (compact(prep.offset), None, False),
     ]
-    pr = prep.prior
-    if "init.lam" in pr:
+    pr = _prior(prep.conv, prep.has_init, prep.lane_shape)
+    if prep.has_init:
         lam0, eta0 = compact(pr["init.lam"]), compact(pr["init.eta"])
         specs += [(lam0, 0.0, False), (eta0, None, False)]
         flags = [((lam0 == 0) & (eta0 != 0)).any()]
@@ -306,8 +343,8 @@ def _validate(prep: _Prepared, check_z: bool):
             f"loading: expected loading**2 / obs_var finite in {dtype}, got loading={l!r} "
             f"with obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
         )
-    pr = prep.prior
-    if "init.lam" in pr:
+    pr = _prior(prep.conv, prep.has_init, prep.lane_shape)
+    if prep.has_init:
         _args.check_range(
             "init.lam", prep.conv.tensor("init.lam"), lo=0.0, what=_EXPECT["init.lam"]
         )
@@ -337,26 +374,29 @@ _EXPECT = {
 
 
 def _run(prep: _Prepared, kind: str = "filter") -> dict:
-    """Run the backend: ``kind`` is ``"filter"`` (every output), ``"loglik"`` or ``"smooth"``."""
-    mod = backends.get(prep.backend)
-    checks_inputs = getattr(mod, "CHECKS_INPUTS", False)
-    if not checks_inputs:
+    """Run the backend: ``kind`` is ``"filter"`` (every output), ``"loglik"`` or ``"smooth"``.
+    The result's ``flags`` are read by :func:`_check` once the caller has built its outputs
+    (on a device the read waits for the kernels, so the host work before it overlaps them)."""
+    mod = prep.mod
+    if not getattr(mod, "CHECKS_INPUTS", False):
         _validate(prep, check_z=False)
     p = prep
     args = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.x0)
     if kind == "smooth":
-        out = mod.smooth_lanes(*args)
-    else:
-        out = mod.filter_lanes(*args, outputs="loglik" if kind == "loglik" else "all")
-    flags = _read_flags(out["flags"])  # the one host synchronization of a call
-    if flags:
+        return mod.smooth_lanes(*args)
+    return mod.filter_lanes(*args, outputs="loglik" if kind == "loglik" else "all")
+
+
+def _check(prep: _Prepared, out: dict):
+    """Raise if the backend flagged a value: the ``ValueError`` naming the bad input, else an
+    ``OverflowError``."""
+    if _read_flags(out["flags"]):  # the one host synchronization of a call
         _validate(prep, check_z=True)  # raises naming the bad input, if one is
         raise OverflowError(
             f"the filter's values are not representable in {prep.z.dtype}: the data or "
             "parameters are beyond what the dtype can hold (e.g. squared innovations past its "
             "maximum); rescale the data, or use float64"
         )
-    return out
 
 
 def _read_flags(flags) -> int:
@@ -367,6 +407,13 @@ def _read_flags(flags) -> int:
 LOGLIK_CONVENTIONS = ("diffuse-omitted", "kfas", "statsmodels")
 
 
+def _check_convention(convention):
+    if convention not in LOGLIK_CONVENTIONS:
+        raise ValueError(
+            f"loglik_convention: expected one of {LOGLIK_CONVENTIONS}, got {convention!r}"
+        )
+
+
 def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
     """Shift ``r["loglik"]`` from the diffuse-omitted convention to ``convention``.
 
@@ -375,10 +422,6 @@ def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
     ``-1/2 log F_inf`` (KFAS) or ``-1/2 (log 2π + log F_inf)`` (Durbin & Koopman), with
     ``F_inf = h_t^2 P_inf,t`` and ``P_inf,t = prod_{s=1..t} decay_s^2`` (1 at the first step).
     """
-    if convention not in LOGLIK_CONVENTIONS:
-        raise ValueError(
-            f"loglik_convention: expected one of {LOGLIK_CONVENTIONS}, got {convention!r}"
-        )
     if convention == "diffuse-omitted":
         return r
     z = prep.z
@@ -411,7 +454,9 @@ def _out_series(prep: _Prepared, t: torch.Tensor):
 
 
 def _out_lanes(prep: _Prepared, t: torch.Tensor):
-    return prep.conv.out(t.reshape(prep.lane_shape))
+    if t.shape != prep.lane_shape:
+        t = t.reshape(prep.lane_shape)
+    return prep.conv.out(t)
 
 
 def _filter_result(prep, r) -> FilterResult:
@@ -487,10 +532,14 @@ def filter(  # noqa: A001 - the public name users expect
     >>> float(res.loglik.round(4))
     -0.749
     """
+    _check_convention(loglik_convention)
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    return _filter_result(prep, _with_convention(prep, _run(prep), loglik_convention))
+    r = _run(prep)
+    res = _filter_result(prep, _with_convention(prep, r, loglik_convention))
+    _check(prep, r)
+    return res
 
 
 def loglik(
@@ -519,11 +568,14 @@ def loglik(
     >>> float(ks.loglik(z, obs_var=0.1, decay=1.0, process_var=0.01).round(4))
     -0.749
     """
+    _check_convention(loglik_convention)
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    r = _with_convention(prep, _run(prep, "loglik"), loglik_convention)
-    return _out_lanes(prep, r["loglik"])
+    r = _run(prep, "loglik")
+    res = _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"])
+    _check(prep, r)
+    return res
 
 
 def smooth(
@@ -554,12 +606,16 @@ def smooth(
     >>> sm.var.round(4).tolist()
     [0.0392, 0.0365, 0.0398, 0.042]
     """
+    _check_convention(loglik_convention)
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    r = _with_convention(prep, _run(prep, "smooth"), loglik_convention)
-    return SmoothResult(
+    out = _run(prep, "smooth")
+    r = _with_convention(prep, out, loglik_convention)
+    res = SmoothResult(
         _out_series(prep, r["smooth_mean"]),
         _out_series(prep, r["smooth_var"]),
         _filter_result(prep, r),
     )
+    _check(prep, out)
+    return res
