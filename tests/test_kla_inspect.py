@@ -221,6 +221,62 @@ def test_window_selection_and_summaries_only():
         inspect(model, tokens, window=(1000, 1010))
 
 
+@pytest.mark.parametrize(
+    "chunk", [pytest.param(200, id="L900-chunk200"), pytest.param(900, id="L900-chunk900")]
+)
+def test_streamed_reductions_equal_the_per_lane_detail(chunk):
+    """The summaries, lane means and bins (reduced in blocks of tokens, the baseline only for
+    the lanes that have not settled) equal the same means taken over the per-lane detail,
+    on a text long enough for every lane's baseline to settle (fast decay, float32)."""
+    from kalmanscan.kla.inspect import baseline_log10_precision
+
+    model = make_model(torch.float32, mixers=("kla",))
+    layer = model.blocks[0].mixer
+    with torch.no_grad():
+        layer.lambda_log.fill_(4.0)  # 2 n ln a < -80 (the clamp) by n = 730 for every lane
+    tokens = torch.randint(0, 256, (2, 900), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 900, dtype=torch.bool)
+    mask[1, 700:] = False
+    ds = inspect(model, tokens, attention_mask=mask, chunk_size=chunk, bin_size=100)
+    kind = "parallel"  # float32 reductions in another order than float64 numpy's
+    # log10(lam / baseline) is a float32 difference of two log10 precisions (~3 here) that
+    # nearly cancel: accurate to their rounding, so compared at the scale of log10 lam
+    diff = dict(kind="truth", dtype="float32", scale=np.full(1, 3.0))
+    d = ds.isel(layer=0)
+    lam = d.posterior_precision.values.astype(np.float64)  # [B, L, M, S]
+    base = d.baseline_precision.values.astype(np.float64)
+    wg = d.write_gain.values.astype(np.float64)
+    prior = d.prior_precision.values.astype(np.float64)
+    text = np.log10(lam / base)
+    bits = 0.5 * np.log2(lam / prior)
+    dynamics = layer.dynamics(torch.float64)
+    expected_base = baseline_log10_precision(*dynamics, torch.arange(900)).mean((-1, -2))
+    assert_close(d.mean_log10_baseline_precision.values, expected_base, kind, "float32")
+    plain = dict(kind=kind, dtype="float32")
+    for name, value, tol in (
+        ("mean_log10_precision", np.log10(lam), plain),
+        ("mean_log10_text_precision", text, diff),
+        ("mean_write_gain", wg, plain),
+        ("mean_information_bits", bits, plain),
+        ("mean_forget_gate", d.forget_gate.values, plain),
+    ):
+        got = d[name].values
+        assert np.isnan(got[1, 700:]).all(), name
+        assert_close(got[:, :700], value.mean((-1, -2))[:, :700], **tol, what=name)
+        assert_close(got[0], value.mean((-1, -2))[0], **tol, what=name)
+    valid = mask.numpy()
+    for name, value, tol in (
+        ("lane_mean_log10_text_precision", text, diff),
+        ("lane_mean_information_bits", bits, plain),
+        ("lane_mean_write_gain", wg, plain),
+    ):
+        assert_close(d[name].values, value[valid].mean(0), **tol, what=name)
+    binned = d.binned_log10_text_precision.values  # [B, bin, M]
+    assert_close(binned[0, 8], text[0, 800:900].mean((0, -1)), **diff, what="bin 8")
+    assert_close(binned[1, 6], text[1, 600:700].mean((0, -1)), **diff, what="bin 6")
+    assert np.isnan(binned[1, 7:]).all()
+
+
 def test_batch_of_different_lengths_equals_each_alone():
     model = make_model(torch.float32)
     texts = ["for key, value in items:", "x = 1", TEXT]
@@ -269,9 +325,7 @@ def test_any_module_with_kla_layers_and_a_tokenizer_output():
     ids = torch.tensor([[3, 7, 9, 11, 2, 5], [4, 4, 8, 1, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     assert list(kla_layers(model)) == ["encoder.0", "encoder.1"]
-    ds = inspect(
-        model, {"input_ids": ids, "attention_mask": mask}, token_text=lambda t: f"<{t}>"
-    )
+    ds = inspect(model, {"input_ids": ids, "attention_mask": mask}, token_text=lambda t: f"<{t}>")
     assert ds.layer.values.tolist() == ["encoder.0", "encoder.1"]
     assert ds.token.values[0, 1] == "<7>" and ds.token.values[1, 5] == ""
     # the first layer's trace, by hand

@@ -232,7 +232,12 @@ def _baseline_var(decay, process_var, positions, lam0=1.0):
 
 
 class _Recorder:
-    """Receives each KLATrace of the selected layers and keeps reductions and the window."""
+    """Receives each KLATrace of the selected layers and keeps reductions and the window.
+
+    Each chunk is reduced in blocks of ``block`` tokens per batch element, as ``[T_b, M*S]``
+    float views of the op's precision: every per-lane quantity is formed once per block in
+    one reused buffer, reduced over lanes, slots and tokens (matrix products), and dropped, so
+    no ``[B, T, M, S]`` temporary is allocated and a block stays in the CPU's cache."""
 
     def __init__(self, layers, B, L, mask, channels, window, bin_size, detail, npdt, device):
         self.layers = layers  # list of KLALayer in output order
@@ -254,7 +259,8 @@ class _Recorder:
         self.count = torch.zeros(nl, dtype=torch.float64)
         self.window = window
         self.channels = torch.tensor(channels, device=device) if detail else None
-        self.static = None
+        self.static = {}
+        self.consts = {}  # per layer: dynamics-derived [M*S] vectors used by every block
         self.detail = None
         if detail:
             W, C = window[1] - window[0], len(channels)
@@ -262,6 +268,71 @@ class _Recorder:
             self.detail.update({n: np.full((nl, B, W, C), np.nan, npdt) for n in _DETAIL_CHANNEL})
             self.detail.update({n: np.full((nl, B, W, S), np.nan, npdt) for n in ("key", "query")})
             self.detail["output_variance"] = np.full((nl, B, W, D), np.nan, npdt)
+
+    # tokens per block: [64, 512 * 16] float32 is 2 MiB, which stays in cache between passes
+    block = 64
+
+    def _consts(self, i, a, p):
+        """Per-layer vectors over the ``N = M*S`` lanes: reduction weights and the baseline's
+        terms ``1/baseline = r + a**(2n) (1 - r)`` (lam0 = 1) with ``r = p / (1 - a**2)``.
+
+        ``a**(2n)`` is clamped at ``exp(lo)`` (as in :func:`_baseline_var`), so a lane whose
+        ``n * 2 ln a`` is below ``lo`` has settled at the constant ``rest``; lanes are sorted by
+        ``2 ln a`` so that the lanes still moving at position ``n`` are a prefix."""
+        c = self.consts.get(i)
+        if c is not None:
+            return c
+        N, S = a.numel(), self.S
+        l2 = (2.0 * torch.log(a)).reshape(N)
+        one_minus = -torch.expm1(l2)
+        unit = one_minus == 0
+        r = torch.where(unit, 0.0, p.to(a.dtype).reshape(N) / torch.where(unit, 1.0, one_minus))
+        lo = -700.0 if a.dtype == torch.float64 else -80.0
+        rest = torch.addcmul(r, l2.new_full((), lo).exp(), 1.0 - r).log10_()
+        order = torch.argsort(l2, descending=True)
+        c = {
+            # -mean and -a-weighted mean over lanes (the block holds -write_gain)
+            "weights": torch.stack((torch.full_like(l2, -1.0 / N), a.reshape(N) / -N), 1),
+            "mean_a": a.mean(),
+            "slot_mean": torch.full((S,), 1.0 / S, dtype=a.dtype, device=a.device),
+            "unit": bool(unit.any()),  # inspection only: a host sync is fine here
+            "rest": rest,  # [N] log10(1/baseline) of a settled lane
+            "rest_slot_mean": rest.view(-1, S).mean(-1),  # [M]
+            "order": order,
+            "l2_sorted": l2[order],
+            "l2_host": l2[order].cpu().numpy(),
+            "r_sorted": r[order],
+            "c_sorted": (1.0 - r)[order],
+            "rest_sorted": rest[order],
+            "channel_sorted": torch.div(order, S, rounding_mode="floor"),
+            "lo": lo,
+        }
+        self.consts[i] = c
+        return c
+
+    def _baseline(self, c, a, p, pos, n0, wsum, s_base, lane_base):
+        """Slot means ``s_base [T_b, M]`` (written) and token sums weighted by ``wsum [T_b]``
+        (added to ``lane_base [N]``) of ``log10(1/baseline)`` at positions ``pos`` (the first
+        one's step count ``n0 = pos[0] + 1``); only the lanes not yet settled are computed per
+        token."""
+        if c["unit"]:  # lanes without decay: the general formula, every lane
+            var = _baseline_var(a, p, pos).log10_()  # [T_b, M, S]
+            s_base.copy_(var.mean(-1))
+            lane_base.addmv_(var.reshape(len(pos), -1).T, wsum)
+            return
+        s_base.copy_(c["rest_slot_mean"].expand(s_base.shape))
+        lane_base.add_(c["rest"] * wsum.sum())
+        # lanes with n * l2 > lo at the block's first position n0 still move (counted on the
+        # host, in the working dtype's rounding)
+        moving = int(np.count_nonzero(c["l2_host"] * c["l2_host"].dtype.type(n0) > c["lo"]))
+        if moving == 0:
+            return
+        n = pos.to(s_base.dtype).add(1.0)
+        e = torch.outer(n, c["l2_sorted"][:moving]).clamp_min_(c["lo"]).exp_()
+        e = e.mul_(c["c_sorted"][:moving]).add_(c["r_sorted"][:moving]).log10_()
+        d = e.sub_(c["rest_sorted"][:moving])  # [T_b, moving]: difference to the settled value
+        s_base.index_add_(1, c["channel_sorted"][:moving], d, alpha=1.0 / self.S)
+        lane_base.index_add_(0, c["order"][:moving], wsum @ d)
 
     def __call__(self, layer, tr):
         i = self.pos.get(id(layer))
@@ -276,77 +347,94 @@ class _Recorder:
                 "tokens, once or chunk by chunk in order)"
             )
         self.offset[i] = t0 + T
-        lam = tr.precision
-        fdt = lam.dtype
-        a = tr.decay
-        pos = torch.arange(t0, t0 + T, device=lam.device)
-        base_var = _baseline_var(a, tr.process_var, pos)  # [T, M, S]
-        Lv, k = tr.sensors.obs_prec, tr.sensors.k
-        phi = Lv[..., None] * k.square()[:, :, None, :]
-        wg = phi / lam
+        lam = tr.precision.contiguous()  # [B, T, M, S]
+        fdt, dev = lam.dtype, lam.device
+        a, p = tr.decay, tr.process_var
+        M, S = self.M, self.S
+        N = M * S
+        c = self._consts(i, a, p)
+        if i not in self.static:
+            self.static[i] = (a.double().cpu(), p.double().cpu())
         if self.detail is not None:
             lo, hi = max(self.window[0], t0), min(self.window[1], t0 + T)
             if lo < hi:
-                self._detail(i, tr, t0, lo - t0, hi - t0, lam, phi, wg, base_var)
-        del phi
-        N = a.numel()
+                self._detail(i, tr, t0, lo - t0, hi - t0)
         w = self.mask[:, t0 : t0 + T].to(fdt)  # [B, T]
+        Lv, k2 = tr.sensors.obs_prec, tr.sensors.k.square()
+        to_bits = -0.5 / _LN2
+        # per chunk: [B, T] summaries and [B, T, M] slot means, filled block by block
+        s_wg = torch.empty(B, T, 2, dtype=fdt, device=dev)  # lane means of wg and a * wg
+        s_bits = torch.empty(B, T, M, dtype=fdt, device=dev)  # slot means, ln(prior / lam)
+        s_lam = torch.empty(B, T, M, dtype=fdt, device=dev)  # slot means, log10 lam
+        s_base = torch.empty(T, M, dtype=fdt, device=dev)  # slot means, log10(1 / baseline)
+        # token sums per lane: each block's in the working dtype (the text precision as
+        # log10 lam + log10(1/baseline), whose terms cancel within a block), the chunk's in float64
+        blk = torch.empty(3, N, dtype=fdt, device=dev)
+        lane_wg, lane_bits, lane_text = blk
+        lane64 = torch.zeros(3, N, dtype=torch.float64, device=dev)
+        wsum = w.sum(0)  # [T]: valid batch elements at each position
+        buf = torch.empty(min(self.block, T) * N, dtype=fdt, device=dev)
+        pos = torch.arange(t0, t0 + T, device=dev)
+        neg_lv = Lv.neg()
+        for b0 in range(0, T, self.block):
+            b1 = min(T, b0 + self.block)
+            tb = b1 - b0
+            blk.zero_()
+            n0 = t0 + b0 + 1
+            self._baseline(c, a, p, pos[b0:b1], n0, wsum[b0:b1], s_base[b0:b1], lane_text)
+            x = buf[: tb * N].view(tb, N)
+            for b in range(B):
+                wb = w[b, b0:b1]
+                lam_b = lam[b, b0:b1].view(tb, N)
+                # -write gain = -phi / lam with phi = Lv k**2, in the buffer
+                torch.mul(neg_lv[b, b0:b1, :, None], k2[b, b0:b1, None, :], out=x.view(tb, M, S))
+                nwg = x.div_(lam_b)
+                torch.matmul(nwg, c["weights"], out=s_wg[b, b0:b1])
+                lane_wg.addmv_(nwg.T, wb, alpha=-1.0)
+                ln_keep = nwg.log1p_()  # ln(prior / lam) = -2 ln2 * bits
+                torch.matmul(
+                    ln_keep.view(tb * M, S), c["slot_mean"], out=s_bits[b, b0:b1].view(tb * M)
+                )
+                lane_bits.addmv_(ln_keep.T, wb)
+                log10_lam = torch.log10(lam_b, out=x)
+                torch.matmul(
+                    log10_lam.view(tb * M, S), c["slot_mean"], out=s_lam[b, b0:b1].view(tb * M)
+                )
+                lane_text.addmv_(log10_lam.T, wb)
+            lane64 += blk
         keep = w.bool()
-        nan = torch.tensor(float("nan"), dtype=fdt, device=lam.device)
+        nan = torch.tensor(float("nan"), dtype=fdt, device=dev)
 
         def put(name, value):
             self.sum[name][i, :, t0 : t0 + T] = torch.where(keep, value, nan).cpu().numpy()
 
-        def lane_sum(name, value, scale=1.0):
-            self.lane[name][i] += torch.einsum("btms,bt->ms", value, w).double().cpu() * scale
-
-        # Each full [B, T, M, S] pass costs about as much as the filter's own work, so every
-        # lane mean goes through the slot means that the channel views need anyway, the
-        # baseline (independent of the batch) is reduced on its own, and wg's buffer is reused.
-        put("mean_write_gain", wg.mean((-1, -2)))
-        put("mean_forget_gate", a.mean() - torch.einsum("btms,ms->bt", wg, a) / N)
-        lane_sum("lane_mean_write_gain", wg)
-        ln_keep = torch.log1p(wg.neg_())  # ln(prior / lam) = -2 ln2 * bits
-        del wg
-        to_bits = -0.5 / _LN2
-        slot_mean = torch.full((self.S,), 1.0 / self.S, dtype=fdt, device=lam.device)
-        # (a product with 1/S is about twice as fast as .mean(-1) over 16 slots on the CPU)
-        bits_sm = (ln_keep @ slot_mean).mul_(to_bits)  # [B, T, M]
-        put("mean_information_bits", bits_sm.mean(-1))
-        lane_sum("lane_mean_information_bits", ln_keep, to_bits)
-        del ln_keep
-        log10_lam = torch.log10(lam)
-        lam_sm = log10_lam @ slot_mean  # [B, T, M]
-        lane_sum("lane_mean_log10_text_precision", log10_lam)
-        del log10_lam
-        log10_base_var = base_var.log10_()  # = -log10(baseline)
-        base_sm = log10_base_var @ slot_mean  # [T, M], = -(slot mean of log10 baseline)
-        self.lane["lane_mean_log10_text_precision"][i] += (
-            torch.einsum("tms,t->ms", log10_base_var, w.sum(0)).double().cpu()
-        )
-        mean_log10 = lam_sm.mean(-1)
-        base_mean = -base_sm.mean(-1)
+        s_bits.mul_(to_bits)
+        put("mean_write_gain", s_wg[..., 0])
+        put("mean_forget_gate", c["mean_a"] - s_wg[..., 1])
+        put("mean_information_bits", s_bits.mean(-1))
+        mean_log10 = s_lam.mean(-1)
+        base_mean = -s_base.mean(-1)
         put("mean_log10_precision", mean_log10)
         put("mean_log10_text_precision", mean_log10 - base_mean)
         put("mean_log10_readout_variance", torch.log10(tr.yvar).mean(-1))
         self.base_mean[i, t0 : t0 + T] = base_mean.cpu().numpy()
+        lane = self.lane
+        lane64 = lane64.view(3, M, S).cpu()
+        lane["lane_mean_write_gain"][i] += lane64[0]
+        lane["lane_mean_information_bits"][i] += lane64[1] * to_bits
+        lane["lane_mean_log10_text_precision"][i] += lane64[2]
 
         # per channel, binned over tokens
         bins = torch.div(pos, self.bin_size, rounding_mode="floor").cpu()
         wm = w[..., None]
         for name, value in (
-            ("binned_log10_text_precision", lam_sm.add_(base_sm)),
-            ("binned_information_bits", bits_sm),
+            ("binned_log10_text_precision", s_lam.add_(s_base)),
+            ("binned_information_bits", s_bits),
         ):
             self.binned[name][i].index_add_(1, bins, (value * wm).double().cpu())
         self.count[i] += float(w.sum())
 
-        if self.static is None:
-            self.static = {}
-        if i not in self.static:
-            self.static[i] = (a.double().cpu(), tr.process_var.double().cpu())
-
-    def _detail(self, i, tr, t0, a0, a1, lam, phi, wg, base_var):
+    def _detail(self, i, tr, t0, a0, a1):
         """Copy rows ``a0:a1`` of a chunk starting at token ``t0`` into the window arrays."""
         ch = self.channels
         w0 = t0 + a0 - self.window[0]
@@ -354,7 +442,7 @@ class _Recorder:
         keep = self.mask[:, t0 + a0 : t0 + a1]
 
         def put(name, value, channel_dim=True):
-            v = value[:, a0:a1]
+            v = value
             if channel_dim:
                 v = v.index_select(2, ch)
             v = v.to(torch.float64 if self.npdt == np.float64 else torch.float32)
@@ -363,19 +451,29 @@ class _Recorder:
             self.detail[name][i, :, w0:w1] = v.cpu().numpy()
 
         a = tr.decay
+        rows = slice(a0, a1)
+        lam = tr.precision[:, rows]
+        sens = tr.sensors
+        phi = sens.obs_prec[:, rows, :, None] * sens.k[:, rows, None, :].square()
+        wg = phi / lam
+        pos = torch.arange(t0 + a0, t0 + a1, device=lam.device)
+        base_var = _baseline_var(a, tr.process_var, pos)
         put("posterior_precision", lam)
         put("prior_precision", lam - phi)
         put("baseline_precision", (1.0 / base_var)[None].expand(lam.shape))
         put("information_added", phi)
         put("write_gain", wg)
         put("forget_gate", a * (1 - wg))
-        put("value_precision", tr.sensors.obs_prec)
-        put("value", tr.sensors.v)
-        put("readout_variance", tr.yvar)
-        put("gated_readout_variance", tr.yvar * tr.gate_act.to(tr.yvar.dtype).square())
-        put("key", tr.sensors.k, channel_dim=False)
-        put("query", tr.sensors.q, channel_dim=False)
-        put("output_variance", tr.out_var, channel_dim=False)
+        put("value_precision", sens.obs_prec[:, rows])
+        put("value", sens.v[:, rows])
+        put("readout_variance", tr.yvar[:, rows])
+        put(
+            "gated_readout_variance",
+            tr.yvar[:, rows] * tr.gate_act[:, rows].to(tr.yvar.dtype).square(),
+        )
+        put("key", sens.k[:, rows], channel_dim=False)
+        put("query", sens.q[:, rows], channel_dim=False)
+        put("output_variance", tr.out_var[:, rows], channel_dim=False)
 
 
 class record:
