@@ -485,6 +485,7 @@ def main(argv=None) -> int:
     log_file = open(args.out / "train.log", "a")
 
     def log(msg):
+        msg = f"[{time.perf_counter() - t_start:6.1f}s] {msg}"
         print(msg, flush=True)
         log_file.write(msg + "\n")
         log_file.flush()
