@@ -1,12 +1,15 @@
 """The entry of the ``"triton"`` backend of ``kla_filter``: :func:`kla_triton`, the forward
 kernel alone when nothing is differentiated, else an autograd Function whose backward runs the
-backward kernel from the forward's checkpoints."""
+backward kernel from the forward's checkpoints; in ``C > 1`` time chunks where
+:func:`tuning.chunks_for` asks for them (few lanes, long sequences: ``chunked.py``)."""
 
 from __future__ import annotations
 
 import torch
 
+from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
+from kalmanscan.cuda.kla.chunked import backward_chunked, forward_chunked
 from kalmanscan.cuda.kla.forward import forward
 
 
@@ -35,6 +38,29 @@ class _KLA(torch.autograd.Function):
         return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None
 
 
+class _KLAChunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, C):
+        y, yvar, lamT, etaT, prec, ck, CK, maps, start = forward_chunked(
+            v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C)  # fmt: skip
+        ctx.CK, ctx.C = CK, C
+        ctx.init = lam0 is not None
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(v, Lv, k, q, a, p, ck, maps, start)
+        return (y, yvar, lamT, etaT) + ((prec,) if save_prec else ())
+
+    @staticmethod
+    def backward(ctx, gy, gyv, glT, geT, *rest):
+        v, Lv, k, q, a, p, ck, maps, start = ctx.saved_tensors
+        gprec = rest[0] if rest else None
+        gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward_chunked(
+            v, Lv, k, q, a, p, ck, ctx.CK, maps, start, ctx.C, gy, gyv, glT, geT, gprec
+        )
+        if not ctx.init:
+            gl0 = ge0 = None
+        return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None
+
+
 def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
     """Fused KLA op on CUDA tensors: ``(y, yvar, lam, eta, precision or None)``.
 
@@ -53,6 +79,10 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     """
     args = [x if x is None else x.contiguous()
             for x in (v, Lv, k, q, decay, process_var, lam0, eta0)]  # fmt: skip
+    B, L, M = v.shape
+    C = tuning.chunks_for(B * M * k.shape[-1], L, tuning.sm_count(v.device))
+    if C > 1:
+        return _chunked(args, bool(return_precision), C)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)):
         # nothing to differentiate: the forward kernel alone, without autograd's Function
         # machinery (about 15 us of host time a call)
@@ -61,3 +91,12 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     outs = _KLA.apply(*args, bool(return_precision), True)
     y, yvar, lamT, etaT = outs[:4]
     return y, yvar, lamT, etaT, (outs[4] if return_precision else None)
+
+
+def _chunked(args, save_prec, C):
+    """:func:`kla_triton` in ``C`` time chunks (``chunked.py``)."""
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)):
+        y, yvar, lamT, etaT, prec = forward_chunked(*args, save_prec, False, C)[:5]
+        return y, yvar, lamT, etaT, prec
+    outs = _KLAChunked.apply(*args, save_prec, C)
+    return outs[0], outs[1], outs[2], outs[3], (outs[4] if save_prec else None)

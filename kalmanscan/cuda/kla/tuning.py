@@ -51,6 +51,53 @@ def layout(S: int, slots: int):
     return SP // SG, SG, NT, WARPS
 
 
+# Time chunks (``chunked.py``): where the lanes are too few to fill the device, the op runs in
+# ``C`` chunks of ``L / C`` steps in parallel, as if the batch had ``B C`` rows.
+CHUNKS = None  # a fixed chunk count (a divisor of L) for every call, or None: chunks_for's rule
+LANES_PER_SM = 960  # lanes an SM from which the unchunked kernels fill it (H200: 8 x 2048 at
+# d_model 512, 131,072 lanes on 132 SMs, is not chunked)
+MIN_CHUNK = 256  # fewest steps a chunk: shorter ones spend more on the maps than they save
+
+
+def chunks_for(lanes: int, L: int, sms: int) -> int:
+    """Time chunks ``C`` for ``lanes = B M S`` lanes of ``L`` steps on a device of ``sms``
+    multiprocessors: 1 where ``lanes >= LANES_PER_SM sms`` (the sequential pass fills the
+    device), else the largest divisor of ``L`` at most ``ceil(LANES_PER_SM sms / lanes)`` with
+    chunks of at least ``MIN_CHUNK`` steps (1 where there is none). ``CHUNKS`` set overrides
+    the rule (it must divide ``L``). ``benchmarks/kla_chunked.py`` times the op at every
+    chunk count for the shapes that set ``LANES_PER_SM``.
+
+    >>> chunks_for(8 * 1024 * 16, 2048, 132), chunks_for(1 * 1024 * 16, 32768, 132)
+    (1, 8)
+    """
+    if CHUNKS is not None:
+        if not (isinstance(CHUNKS, int) and CHUNKS >= 1 and L % CHUNKS == 0):
+            raise ValueError(f"tuning.CHUNKS: expected a positive divisor of L={L}, got {CHUNKS!r}")
+        return CHUNKS
+    want = -(-LANES_PER_SM * sms // lanes)
+    top = min(want, L // MIN_CHUNK)
+    for c in range(top, 1, -1):
+        if L % c == 0:
+            return c
+    return 1
+
+
+_SMS: dict = {}
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of a CUDA ``device`` (kept per device); 0 for any other device (no
+    chunking unless ``CHUNKS`` is set)."""
+    if device.type != "cuda":
+        return 0
+    hit = _SMS.get(device.index)
+    if hit is None:
+        import torch
+
+        hit = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return hit
+
+
 _PLANS: dict = {}  # launch plans by (make, shape and flags, TUNING, LARGE); see plan
 
 

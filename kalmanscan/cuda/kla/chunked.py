@@ -1,0 +1,250 @@
+"""The KLA op in parallel over chunks of time, for few lanes and long sequences (notation:
+``kalmanscan/cuda/kla``'s docstring). :func:`kla_triton` takes this path where
+:func:`tuning.chunks_for` gives ``C > 1`` chunks of ``Lc = L / C`` steps.
+
+A lane's step is linear on the homogeneous belief ``(u, v, e)`` (precision ``u / v``,
+information ``e / v``; the scalar filter's form, ``kalmanscan/cuda/filter/kernels.py``)::
+
+    predict:  u' = u + q v     v' = p u + d v     e' = af e     (q, d, af = 0, a^2, a;
+                                                                  where a = 0: 1, p, 0)
+    update:   u' = u + phi v   v' = v             e' = e + r v  (phi = Lv k^2, r = v Lv k)
+
+so a chunk's steps compose into one map ``(u, v | e)``: a 2x2 block ``m`` on ``(u, v)``, the
+row ``e' = g1 u + g2 v + A e``, and ``det m`` kept as a product (the maps are divided by
+their trace each step; the ratios are exact).
+
+Forward: (1) ``_chunk_maps_kernel`` composes every chunk's map, all chunks at once; (2)
+``_carry_kernel`` walks each lane's maps to the state entering every chunk; (3) the forward
+kernel (``forward.py``) runs on the ``[B C, Lc, ...]`` views of the inputs (every chunk a batch
+row) from those states, writing the outputs and the backward's checkpoints.
+
+Backward: the adjoint of a chunk's starting state is affine in that of its end state,
+``G_start = J^T G_end + b``, ``J`` the chunk's Jacobian (from its map and starting state,
+``_adjoint_carry_kernel``), ``b`` the start adjoint with zero at the end. (A) the backward
+kernel on the chunk rows with zero end adjoints (the last chunk's is the op's) gives every
+``b``; (B) ``_adjoint_carry_kernel`` walks them back to every chunk's true end adjoint; (C) the
+backward kernel with those gives the exact gradients. So the backward does two backward
+kernels' work with ``C`` times the parallelism.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kalmanscan.cuda._common import cdiv, empty, launch
+from kalmanscan.cuda.kla.backward import backward
+from kalmanscan.cuda.kla.forward import default_state, forward
+
+BLOCK = 128  # lanes (m, s) a program of the map and carry kernels
+MAPS = 8  # m11, m12, m21, m22, g1, g2, A, det
+
+
+@triton.jit
+def _chunk_maps_kernel(
+    v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
+    L, Lc, C, M, NR, S: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: ``BLOCK`` lanes ``(m, s)`` of chunk row ``program_id(1) = b C + c``, whose
+    ``Lc`` steps it composes into the map stored at ``maps [8, B C, M S]``."""
+    row = tl.program_id(1)
+    b = row // C
+    c = row % C
+    MS = M * S
+    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lm = ms < MS
+    m = ms // S
+    s = ms % S
+    dt = maps_ptr.dtype.element_ty
+    a = tl.load(a_ptr + ms, mask=lm, other=1.0).to(dt)
+    p = tl.load(p_ptr + ms, mask=lm, other=1.0).to(dt)
+    forget = a * a == 0.0
+    q = tl.where(forget, 1.0, 0.0).to(dt)
+    d = tl.where(forget, p, a * a)
+    af = tl.where(forget, 0.0, a)
+    sdet = tl.where(forget, 0.0, a * a)  # det of a predict step (d - q p); an update's is 1
+    one = tl.full([BLOCK], 1.0, dt)
+    zero = tl.zeros([BLOCK], dt)
+    m11, m12, m21, m22, g1, g2, A, det = one, zero, zero, one, zero, zero, one, one
+    t0 = b.to(tl.int64) * L + c * Lc
+    pm = v_ptr + t0 * M + m
+    pLm = Lv_ptr + t0 * M + m
+    ps = k_ptr + t0 * S + s
+    for i in tl.range(0, Lc, num_stages=NS):
+        vv = tl.load(pm + i * M, mask=lm, other=0.0).to(dt)
+        LL = tl.load(pLm + i * M, mask=lm, other=0.0).to(dt)
+        kk = tl.load(ps + i * S, mask=lm, other=0.0).to(dt)
+        phi = LL * kk * kk
+        r = vv * LL * kk
+        pu1 = m11 + q * m21
+        pu2 = m12 + q * m22
+        pv1 = p * m11 + d * m21
+        pv2 = p * m12 + d * m22
+        g1 = af * g1 + r * pv1
+        g2 = af * g2 + r * pv2
+        A = af * A
+        m11 = pu1 + phi * pv1
+        m12 = pu2 + phi * pv2
+        m21 = pv1
+        m22 = pv2
+        sc = 1.0 / (m11 + m22)
+        m11 *= sc
+        m12 *= sc
+        m21 *= sc
+        m22 *= sc
+        g1 *= sc
+        g2 *= sc
+        A *= sc
+        det = det * sdet * (sc * sc)
+    out = maps_ptr + row.to(tl.int64) * MS + ms
+    step = NR.to(tl.int64) * MS
+    tl.store(out, m11, mask=lm)
+    tl.store(out + step, m12, mask=lm)
+    tl.store(out + 2 * step, m21, mask=lm)
+    tl.store(out + 3 * step, m22, mask=lm)
+    tl.store(out + 4 * step, g1, mask=lm)
+    tl.store(out + 5 * step, g2, mask=lm)
+    tl.store(out + 6 * step, A, mask=lm)
+    tl.store(out + 7 * step, det, mask=lm)
+
+
+@triton.jit
+def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.constexpr):
+    """One program: ``BLOCK`` lanes of batch row ``program_id(1)``, from ``(lam0, eta0)``
+    through the maps of chunks ``0 .. C-2``: the state entering every chunk,
+    ``start [2, B C, M S]``."""
+    b = tl.program_id(1)
+    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lm = ms < MS
+    dt = start_ptr.dtype.element_ty
+    lam = tl.load(lam0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=1.0).to(dt)
+    eta = tl.load(eta0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=0.0).to(dt)
+    step = NR.to(tl.int64) * MS
+    base = b.to(tl.int64) * C * MS + ms
+    tl.store(start_ptr + base, lam, mask=lm)
+    tl.store(start_ptr + step + base, eta, mask=lm)
+    for c in range(0, C - 1):
+        mp = maps_ptr + base + c * MS
+        m11 = tl.load(mp, mask=lm, other=1.0)
+        m12 = tl.load(mp + step, mask=lm, other=0.0)
+        m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
+        m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
+        g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
+        g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
+        A = tl.load(mp + 6 * step, mask=lm, other=1.0)
+        rden = 1.0 / (m21 * lam + m22)
+        eta = (g1 * lam + g2 + A * eta) * rden
+        lam = (m11 * lam + m12) * rden
+        tl.store(start_ptr + base + (c + 1) * MS, lam, mask=lm)
+        tl.store(start_ptr + step + base + (c + 1) * MS, eta, mask=lm)
+
+
+@triton.jit
+def _adjoint_carry_kernel(maps_ptr, start_ptr, g0_ptr, gend_ptr, C, MS, NR,
+                          BLOCK: tl.constexpr):  # fmt: skip
+    """One program: ``BLOCK`` lanes of batch row ``program_id(1)``. ``g0 [2, B C, M S]``: each
+    chunk's start adjoint with zero end adjoint (the last chunk's with the op's); writes the
+    true end adjoint of chunks ``0 .. C-2`` into ``gend [2, B C, M S]`` (its last chunk's rows
+    hold the op's and are left as they are): ``G_end(c-1) = J_c^T G_end(c) + b_c``."""
+    b = tl.program_id(1)
+    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lm = ms < MS
+    step = NR.to(tl.int64) * MS
+    base = b.to(tl.int64) * C * MS + ms
+    last = base + (C - 1) * MS
+    Gl = tl.load(g0_ptr + last, mask=lm, other=0.0)
+    Ge = tl.load(g0_ptr + step + last, mask=lm, other=0.0)
+    tl.store(gend_ptr + last - MS, Gl, mask=lm)
+    tl.store(gend_ptr + step + last - MS, Ge, mask=lm)
+    for j in range(0, C - 2):
+        off = base + (C - 2 - j) * MS
+        mp = maps_ptr + off
+        m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
+        m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
+        g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
+        g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
+        A = tl.load(mp + 6 * step, mask=lm, other=1.0)
+        det = tl.load(mp + 7 * step, mask=lm, other=1.0)
+        lam = tl.load(start_ptr + off, mask=lm, other=1.0)
+        eta = tl.load(start_ptr + step + off, mask=lm, other=0.0)
+        rden = 1.0 / (m21 * lam + m22)
+        r2 = rden * rden
+        # lam_end = (m11 lam + m12) / den, eta_end = (g1 lam + g2 + A eta) / den
+        dll = det * r2
+        del_ = (g1 * m22 - g2 * m21 - A * eta * m21) * r2
+        dee = A * rden
+        Gl, Ge = (Gl * dll + Ge * del_ + tl.load(g0_ptr + off, mask=lm, other=0.0),
+                  Ge * dee + tl.load(g0_ptr + step + off, mask=lm, other=0.0))  # fmt: skip
+        tl.store(gend_ptr + off - MS, Gl, mask=lm)
+        tl.store(gend_ptr + step + off - MS, Ge, mask=lm)
+
+
+def _rows(x, R, Lc):
+    """``[B, L, ...] -> [B C, Lc, ...]``: every chunk a batch row (a view)."""
+    return x.reshape((R, Lc) + tuple(x.shape[2:]))
+
+
+def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
+    """``(maps [8, B C, M S], start [2, B C, M, S])``: the chunks' maps and the state
+    ``(lam, eta)`` entering each of the ``C`` chunks of ``L / C`` steps."""
+    B, L, M = v.shape
+    S = k.shape[-1]
+    R, Lc, MS = B * C, L // C, M * S
+    dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+    maps = empty((MAPS, R, MS), dtype=dtype, device=v.device)
+    launch(_chunk_maps_kernel, (cdiv(MS, BLOCK), R),
+           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, NS=3, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    if lam0 is None:
+        lam0, eta0 = default_state((B, M, S), dtype, v.device)
+    start = empty((2, R, M, S), dtype=dtype, device=v.device)
+    launch(_carry_kernel, (cdiv(MS, BLOCK), B),
+           maps, lam0, eta0, start, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    return maps, start
+
+
+def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C):
+    """The forward in ``C`` chunks: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK,
+    maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``)."""
+    B, L, M = v.shape
+    S = k.shape[-1]
+    R, Lc = B * C, L // C
+    maps, start = chunk_starts(v, Lv, k, a, p, lam0, eta0, C)
+    y, yvar, lamT, etaT, prec, ck, CK = forward(
+        _rows(v, R, Lc), _rows(Lv, R, Lc), _rows(k, R, Lc), _rows(q, R, Lc), a, p,
+        start[0], start[1], save_prec, save_ck)  # fmt: skip
+    lamT = lamT.view(B, C, M, S)[:, -1].contiguous()
+    etaT = etaT.view(B, C, M, S)[:, -1].contiguous()
+    if prec is not None:
+        prec = prec.view(B, L, M, S)
+    return y.view(B, L, M), yvar.view(B, L, M), lamT, etaT, prec, ck, CK, maps, start
+
+
+def backward_chunked(v, Lv, k, q, a, p, ck, CK, maps, start, C, gy, gyv, glT, geT, gprec):
+    """The gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` of the chunked forward (the
+    module's docstring: passes A, B, C; ``C = 1`` is the plain backward)."""
+    B, L, M = v.shape
+    S = k.shape[-1]
+    R, Lc, MS = B * C, L // C, M * S
+    rows = [_rows(x, R, Lc) for x in (v, Lv, k, q)]
+    gy = None if gy is None else _rows(gy.contiguous(), R, Lc)
+    gyv = None if gyv is None else _rows(gyv.contiguous(), R, Lc)
+    gprec = None if gprec is None else _rows(gprec.contiguous(), R, Lc)
+    # end adjoints of the chunk rows: zero but the last chunk's, the op's (pass A)
+    gend = torch.zeros((2, B, C, M, S), dtype=ck.dtype, device=ck.device)
+    if glT is not None:
+        gend[0, :, -1] = glT
+    if geT is not None:
+        gend[1, :, -1] = geT
+    gend = gend.view(2, R, M, S)
+    if C > 1:
+        g0 = backward(*rows, a, p, ck, CK, gy, gyv, gend[0], gend[1], gprec)[6:]
+        g0 = torch.stack(g0)  # [2, B C, M, S]
+        launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
+               maps, start, g0, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(*rows, a, p, ck, CK, gy, gyv, gend[0], gend[1],
+                                                 gprec)  # fmt: skip
+    gl0 = gl0.view(B, C, M, S)[:, 0]
+    ge0 = ge0.view(B, C, M, S)[:, 0]
+    return (gv.view(B, L, M), gLv.view(B, L, M), gk.view(B, L, S), gq.view(B, L, S), ga, gp,
+            gl0, ge0)  # fmt: skip

@@ -1,0 +1,177 @@
+"""The KLA op in time chunks (kalmanscan/cuda/kla/chunked.py) against the sequential reference
+and the unchunked kernels, forward and every gradient, and the rule that picks the chunk count
+(tuning.chunks_for). Without CUDA the kernels run under TRITON_INTERPRET=1 at small sizes;
+outputs are NaN-poisoned before every launch so an unwritten element fails.
+"""
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+pytest.importorskip("triton")
+
+from kalmanscan.core.kla_op import kla_filter  # noqa: E402
+from kalmanscan.cuda import _common  # noqa: E402
+from kalmanscan.cuda.kla import autograd, chunked, kla_triton, tuning  # noqa: E402
+from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
+from tests.test_cuda_kla import (  # noqa: E402
+    NAMES,
+    make_inputs,
+    normwise,
+    reference,
+    run,
+    weights_for,
+)
+
+OUTS = ("y", "yvar", "lam", "eta", "precision")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(_common, "POISON", True)
+
+
+def chunked_runs(shape, C, dtype, monkeypatch, seed=0, forget=True, plain=True):
+    """``(chunked, unchunked or None, reference)`` outputs and gradients, the kernels in
+    ``dtype``."""
+    x = make_inputs(*shape, seed=seed, forget=forget)
+    w = weights_for(*shape)
+    monkeypatch.setattr(tuning, "CHUNKS", C)
+    got = run(kla_triton, x, dtype, w)
+    monkeypatch.setattr(tuning, "CHUNKS", 1)
+    unchunked = run(kla_triton, x, dtype, w) if plain else None
+    ref = run(reference, x, torch.float64, w)
+    return got, unchunked, ref
+
+
+# The interpreter walks every step in Python (about 0.1 s a step here), so the shapes are small:
+# L = 63 in 7 chunks of 9 steps (each row a whole block and a tail), a forgetting lane (decay
+# 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c) at L = 36 in 4 chunks.
+@pytest.mark.parametrize(
+    "shape,C",
+    [((1, 63, 2, 5), 7), ((2, 36, 3, 4), 4)],
+    ids=["B1-L63-M2-S5-C7-f64", "B2-L36-M3-S4-C4-f64"],
+)
+def test_chunked_equals_reference_float64(shape, C, monkeypatch):
+    (got, ggot), _, (ref, gref) = chunked_runs(shape, C, torch.float64, monkeypatch, plain=False)
+    for name, a, b in zip(OUTS, got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        scale = max(b.abs().max().item(), 1.0)  # (as test_cuda_kla: exact zeros behind a forget)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("shape,C", [((1, 64, 3, 4), 4)], ids=["B1-L64-M3-S4-C4-f32"])
+def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
+    (got, ggot), (plain, gplain), (ref, gref) = chunked_runs(
+        shape, C, torch.float32, monkeypatch, seed=3, forget=False
+    )
+    assert got[0].dtype == torch.float32
+    for name, a, b, r in zip(OUTS, got, plain, ref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"{name}: chunked vs unchunked {normwise(a, b):.3e}"
+        assert normwise(a, r) <= TOLERANCES[("kernel", "float32")], name
+    for name, a, b, r in zip(NAMES, ggot, gplain, gref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"grad {name}: chunked vs unchunked {normwise(a, b):.3e}"
+        assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
+
+
+def test_one_step_one_chunk():
+    # L = 1: the chunked functions with C = 1 are the plain kernels (no carry)
+    shape = (2, 1, 3, 4)
+    x = make_inputs(*shape, seed=5, forget=True)
+    w = weights_for(*shape)
+
+    def one_chunk(v, Lv, k, q, a, p, lam0, eta0, return_precision):
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                out = chunked.forward_chunked(*args, True, True, 1)
+                ctx.save_for_backward(*args[:6], out[5], out[7], out[8])
+                ctx.CK = out[6]
+                return out[:5]
+
+            @staticmethod
+            def backward(ctx, gy, gyv, glT, geT, gprec):
+                v, Lv, k, q, a, p, ck, maps, start = ctx.saved_tensors
+                return chunked.backward_chunked(v, Lv, k, q, a, p, ck, ctx.CK, maps, start, 1,
+                                                gy, gyv, glT, geT, gprec)  # fmt: skip
+
+        return F.apply(v, Lv, k, q, a, p, lam0, eta0)
+
+    (got, ggot), (ref, gref) = (
+        run(one_chunk, x, torch.float64, w),
+        run(reference, x, torch.float64, w),
+    )
+    for name, a, b in zip(OUTS, got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        assert_close(a, b, "kernel_grad", torch.float64, scale=1.0, what=f"grad {name}")
+
+
+def test_auto_rule_takes_the_chunked_path(monkeypatch):
+    # few lanes on a (pretend) device of 2 multiprocessors: the rule asks for 4 chunks of 4
+    # steps, kla_filter takes them, from the default initial state (which gets no gradient)
+    monkeypatch.setattr(tuning, "sm_count", lambda device: 2)
+    monkeypatch.setattr(tuning, "MIN_CHUNK", 4)
+    if not CUDA:
+        from kalmanscan.core import kla_op
+
+        monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+    calls = []
+    real = autograd.forward_chunked
+
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(autograd, "forward_chunked", spy)
+    x = make_inputs(1, 16, 3, 4, seed=7)
+    assert tuning.chunks_for(3 * 4, 16, 2) == 4
+    leaves = {n: x[n].float().requires_grad_(True) for n in NAMES[:6]}
+    res = kla_filter(**leaves, backend="triton")
+    (res.y.sum() + res.yvar.sum() + res.final.eta.sum()).backward()
+    assert calls == [4]
+    ref_leaves = {n: x[n].double().requires_grad_(True) for n in NAMES[:6]}
+    ref = kla_filter(**ref_leaves, backend="sequential")
+    (ref.y.sum() + ref.yvar.sum() + ref.final.eta.sum()).backward()
+    assert normwise(res.y, ref.y) <= TOLERANCES[("kernel", "float32")]
+    for n in NAMES[:6]:
+        err = normwise(leaves[n].grad, ref_leaves[n].grad)
+        assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {n}: {err:.3e}"
+    # without gradients: the forward alone, also chunked
+    with torch.no_grad():
+        again = kla_filter(**{n: t.detach() for n, t in leaves.items()}, backend="triton")
+    assert calls == [4, 4]
+    assert normwise(again.y, res.y) == 0.0
+
+
+@pytest.mark.parametrize(
+    "lanes,L,sms,want",
+    [
+        (8 * 1024 * 16, 2048, 132, 1),  # the lanes fill the device: no chunks
+        (2 * 1024 * 16, 8192, 132, 4),
+        (1 * 1024 * 16, 32768, 132, 8),
+        (1 * 1024 * 16, 131072, 132, 8),
+        (1 * 1024 * 16, 10500, 132, 7),  # ceil(7.7) = 8 does not divide 10500: 7
+        (1 * 1024 * 16, 1024, 132, 4),  # chunks of at least MIN_CHUNK = 256 steps
+        (1 * 1024 * 16, 255, 132, 1),
+        (16, 4099, 132, 1),  # 4099 is prime
+        (16, 63 * 256, 132, 63),
+        (16, 4096, 0, 1),  # not a CUDA device
+    ],
+    ids=["8x2048", "2x8192", "1x32768", "1x131072", "1x10500", "min-chunk", "short", "prime",
+         "divisor", "cpu"],
+)  # fmt: skip
+def test_chunks_for(lanes, L, sms, want):
+    assert tuning.chunks_for(lanes, L, sms) == want
+
+
+def test_chunks_override(monkeypatch):
+    monkeypatch.setattr(tuning, "CHUNKS", 3)
+    assert tuning.chunks_for(16, 63, 132) == 3
+    with pytest.raises(ValueError, match="tuning.CHUNKS: expected a positive divisor of L=64"):
+        tuning.chunks_for(16, 64, 132)
