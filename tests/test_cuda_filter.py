@@ -256,9 +256,24 @@ def test_plan_chooses_regime_by_shape():
     assert NC > 1 and CH % CK == 0 and NC * CH >= 2**20
 
 
-@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
+@pytest.fixture
+def triton_auto(monkeypatch):
+    """``backend="auto"`` runs triton: on CUDA as it is; on the CPU the kernels run in the
+    interpreter, so triton is let serve CPU tensors too."""
+    if not CUDA:
+        from kalmanscan.core import backends
+
+        monkeypatch.setitem(
+            backends.AUTO, "filter", {**backends.AUTO["filter"], "cpu": ("triton",)}
+        )
+        real = backends._unavailable
+        monkeypatch.setattr(backends, "_unavailable",
+                            lambda name, device, op: None if name == "triton"
+                            else real(name, device, op))  # fmt: skip
+
+
 @pytest.mark.parametrize("fn", ["filter", "smooth", "loglik"])
-def test_public_functions_run_triton_on_cuda(fn, monkeypatch):
+def test_public_functions_run_triton(fn, triton_auto, monkeypatch):
     import kalmanscan
 
     calls = []
@@ -271,29 +286,63 @@ def test_public_functions_run_triton_on_cuda(fn, monkeypatch):
 
         monkeypatch.setattr(F, name, spy)
     g = torch.Generator().manual_seed(12)
-    z = torch.randn(500, 40, generator=g, dtype=torch.float64).to(DEVICE)
-    z[3, 5] = float("nan")
+    T, N = (500, 40) if CUDA else (45, 3)
+    z = torch.randn(T, N, generator=g, dtype=torch.float64).to(DEVICE)
+    z[3, 1] = float("nan")
     kw = dict(obs_var=0.7, decay=0.95, process_var=0.1)
-    got = getattr(kalmanscan, fn)(z, **kw)  # auto: triton on CUDA
-    ref = getattr(kalmanscan, fn)(z.cpu(), **kw, backend="sequential")
-    assert calls == ["smooth_lanes" if fn == "smooth" else "filter_lanes"]
-    if fn == "loglik":
-        assert_close(got, ref, "kernel", torch.float64, what="loglik")
-    else:
-        for name in ("mean", "var"):
-            assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64,
-                         what=name)  # fmt: skip
+    for _ in range(2):  # the second call reuses the kept launch plan
+        calls.clear()
+        got = getattr(kalmanscan, fn)(z, **kw)  # auto: triton
+        ref = getattr(kalmanscan, fn)(z.cpu(), **kw, backend="sequential")
+        assert calls == ["smooth_lanes" if fn == "smooth" else "filter_lanes"]
+        if fn == "loglik":
+            assert_close(got, ref, "kernel", torch.float64, what="loglik")
+        else:
+            for name in ("mean", "var"):
+                assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64,
+                             what=name)  # fmt: skip
 
 
-@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_public_loglik_gradient(regime, dtype, triton_auto, monkeypatch):
+    """ks.loglik's gradient through the fused adjoint with the API's own broadcasting: per-lane
+    [N] parameters, a [T, 1] loading (time-varying, one for every lane), a weighted sum;
+    against the torch backend in float64. Twice: the second call reuses the kept plan."""
+    import kalmanscan
+
+    _force(monkeypatch, regime)
+    T, N = (3000, 50) if CUDA else (37, 3)
+    g = torch.Generator().manual_seed(31)
+    z = torch.randn(T, N, generator=g, dtype=torch.float64)
+    z[torch.rand(T, N, generator=g) < 0.1] = float("nan")
+    params = [0.5 + torch.rand(N, generator=g, dtype=torch.float64),
+              0.6 + 0.4 * torch.rand(N, generator=g, dtype=torch.float64),
+              0.05 + 0.2 * torch.rand(N, generator=g, dtype=torch.float64),
+              0.8 + 0.4 * torch.rand(T, 1, generator=g, dtype=torch.float64)]  # fmt: skip
+    w = torch.randn(N, generator=g, dtype=torch.float64)
+    grads = {}
+    for name, backend, dt, dev in (("ref", "torch", torch.float64, "cpu"),
+                                   ("got", "auto", dtype, DEVICE)):  # fmt: skip
+        for _ in range(2):
+            leaves = [x.to(dev, dt).requires_grad_(True) for x in params]
+            ll = kalmanscan.loglik(z.to(dev, dt), *leaves[:3], loading=leaves[3],
+                                   backend=backend)  # fmt: skip
+            grads[name] = torch.autograd.grad((w.to(dev, dt) * ll).sum(), leaves)
+    for n, gg, gr in zip(("obs_var", "decay", "process_var", "loading"), grads["got"],
+                         grads["ref"], strict=True):  # fmt: skip
+        assert gg.shape == gr.shape, n
+        assert_close(gg, gr, "kernel_grad", dtype, what=f"grad {n}")
+
+
 @pytest.mark.parametrize(
     "change, name",
     [({"obs_var": -1.0}, "obs_var"), ({"process_var": float("nan")}, "process_var"),
      ({"decay": float("inf")}, "decay"), ({"prior_var": -2.0}, "prior_var"), ("z_inf", "z")],
 )  # fmt: skip
-def test_public_api_raises_through_the_kernels_flags(change, name):
+def test_public_api_raises_through_the_kernels_flags(change, name, triton_auto):
     """The API skips its own value checks for this backend (CHECKS_INPUTS); a bad value still
-    raises the error that names it, from the kernels' flag."""
+    raises the error that names it, from the kernels' flag (read after the outputs are built)."""
     import kalmanscan
 
     assert F.CHECKS_INPUTS
@@ -306,21 +355,78 @@ def test_public_api_raises_through_the_kernels_flags(change, name):
     for fn in (kalmanscan.filter, kalmanscan.smooth, kalmanscan.loglik):
         with pytest.raises(ValueError, match=name):
             fn(z, **kw)
+    # the same with tensor parameters (the kernels' checks, not the host's on numbers)
+    R = torch.full((4,), 0.7, dtype=torch.float64, device=DEVICE).requires_grad_(True)
+    if name == "obs_var":
+        with pytest.raises(ValueError, match=name):
+            kalmanscan.loglik(z, R.detach() * -1, 0.95, 0.1)
+    elif name == "z":
+        with pytest.raises(ValueError, match=name):
+            kalmanscan.loglik(z, R, 0.95, 0.1)
 
 
-@pytest.mark.skipif(not CUDA, reason="the public API dispatches to triton for CUDA tensors only")
-def test_public_api_obs_var_inf_is_not_observed():
+def test_public_api_raises_overflow_through_the_flags(triton_auto):
+    """Valid inputs whose squared innovation no float64 holds: OverflowError, from every
+    public function."""
+    import kalmanscan
+
+    z = torch.randn(30, 3, dtype=torch.float64, device=DEVICE)
+    z[12, 2] = 1e200
+    for fn in (kalmanscan.filter, kalmanscan.smooth, kalmanscan.loglik):
+        with pytest.raises(OverflowError, match="not representable"):
+            fn(z, 1.0, 0.9, 0.1)
+
+
+def test_public_api_obs_var_inf_is_not_observed(triton_auto):
     """The API leaves z unmasked for this backend (INF_OBS_VAR_UNOBSERVED): obs_var = inf must
     still mean "not observed", as on the reference."""
     import kalmanscan
 
     g = torch.Generator().manual_seed(21)
-    z = torch.randn(300, 8, generator=g, dtype=torch.float64)
-    R = 0.5 + torch.rand(300, 8, generator=g, dtype=torch.float64)
-    R[torch.rand(300, 8, generator=g) < 0.2] = float("inf")
+    T, N = (300, 8) if CUDA else (40, 3)
+    z = torch.randn(T, N, generator=g, dtype=torch.float64)
+    R = 0.5 + torch.rand(T, N, generator=g, dtype=torch.float64)
+    R[torch.rand(T, N, generator=g) < 0.2] = float("inf")
     kw = dict(decay=0.9, process_var=0.2)
     got = kalmanscan.smooth(z.to(DEVICE), R.to(DEVICE), **kw)
     ref = kalmanscan.smooth(z, R, **kw, backend="sequential")
     for name in ("mean", "var"):
         assert_close(getattr(got, name), getattr(ref, name), "kernel", torch.float64, what=name)
     assert_close(got.filtered.loglik, ref.filtered.loglik, "kernel", torch.float64, what="ll")
+
+
+def test_launch_site_launches_the_kept_kernel_with_each_calls_arguments(monkeypatch):
+    """_common.launch_site: the first call of a slot goes through launch() (which compiles or
+    finds the kernel); later calls launch the kept kernel with their own arguments and the
+    slot's fixed tail (keywords, else defaults, in signature order), grid padded to 3-D."""
+    got = []
+
+    class Kernel:  # a compiled kernel: kernel[grid](*args)
+        def __getitem__(self, grid):
+            return lambda *a: got.append((grid, a))
+
+    class Cache(dict):
+        def get(self, key, default=None):
+            return Kernel()
+
+    fn = FK.carry_kernel
+    entry = _common._Launch(fn)
+    entry.cache = Cache()
+    monkeypatch.setitem(_common._LAUNCH, fn, entry)
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: 0)
+    site = {}
+    names = entry.names
+    kw = dict(FWD=True, BWD=False, NS=2, CT=4, BLOCK=16, num_warps=4)
+    calls = []
+    for i in range(3):
+        args = tuple(torch.zeros(2) for _ in range(10)) + (5 + i, 3)  # one N per call: the
+        # key is the caller's, so the launch must pass this call's values, not the first's
+        calls.append(args)
+        _common.launch_site(site, "slot", fn, (7,), args, lambda: dict(kw))
+    assert len(got) == 3 and "slot" in site
+    tail = tuple(kw[n] if n in kw else entry.defaults[n] for n in names[len(calls[0]) :])
+    for (grid, a), args in zip(got, calls, strict=True):
+        assert grid == (7, 1, 1)
+        assert len(a) == len(names)  # (num_warps is an option, not a parameter)
+        assert a[: len(args)] == args and a[len(args) :] == tail

@@ -97,7 +97,8 @@ class Converter:
             raise TypeError(f"{name}: expected a real number or array of real numbers, got None")
         if isinstance(v, torch.Tensor):
             # a lazily negated or conjugated view must be materialized: kernels read raw memory
-            return v.resolve_neg().resolve_conj().to(self.dtype)
+            v = v.resolve_neg().resolve_conj()
+            return v if v.dtype == self.dtype else v.to(self.dtype)
         if _plain_number(v):
             return torch.tensor(float(v), dtype=self.dtype, device=self.device)
         a = self.arrays[name]

@@ -135,12 +135,16 @@ def _prepare(
         if _args._plain_number(v):
             return _kept_series(float(v), dtype, device, T, N)
         t = conv.tensor(key)
-        if t.ndim == 0:  # no shape work
+        k = t.ndim
+        if k == 0:  # no shape work
             return t.expand(T, N)
-        _broadcast_check(key, t, shape, "z's shape")
+        if k > nd or t.shape != shape[nd - k :]:
+            _broadcast_check(key, t, shape, "z's shape")
         # Keep broadcast dimensions unmaterialized: [T or 1, N or 1], then an expanded [T, N] view.
-        if t.ndim < nd:
-            t = t.reshape((1,) * (nd - t.ndim) + tuple(t.shape))
+        if k == nd - 1:
+            t = t.unsqueeze(0)
+        elif k < nd:
+            t = t.reshape((1,) * (nd - k) + tuple(t.shape))
         if axis:
             t = t.movedim(axis, 0)
         if nd != 2:

@@ -71,7 +71,10 @@ class _Launch:
         sig = inspect.signature(fn.fn)
         self.names = list(sig.parameters)
         self.defaults = {n: p.default for n, p in sig.parameters.items()}
-        self.constexpr = [p.is_constexpr for p in fn.params]
+        if hasattr(fn, "params"):
+            self.constexpr = [p.is_constexpr for p in fn.params]
+        else:  # the interpreter's function: from the annotations
+            self.constexpr = ["constexpr" in str(p.annotation) for p in sig.parameters.values()]
         self.cache = {}
 
     def spec(self, args, kw):

@@ -93,9 +93,10 @@ def _plan(T: int, N: int):
 
 def _compact(x):
     """``x`` ``[T, N]`` as its compact tensor (size 1 along stride-0 dimensions): the kernels
-    read it through strides and its gradient comes back in that shape. Where ``x`` needs a
-    gradient the compact tensor is a view of ``x``'s base, so autograd never materializes the
-    broadcast."""
+    read it through strides and its gradient comes back in that shape. A compact tensor that
+    is its base's whole contiguous memory (a ``[N]`` parameter, a kept constant) is a plain
+    view of the base, whose gradient is a reshape; else, where ``x`` needs a gradient, a view
+    of ``x``'s base, so autograd never materializes the broadcast."""
     T, N = x.shape
     st, sn = x.stride()
     ct = T if (st != 0 or T == 1) else 1
@@ -103,16 +104,20 @@ def _compact(x):
     if ct == T and cn == N:
         return x
     base = x._base
-    if x.requires_grad and base is not None and base.requires_grad:
+    grad = x.requires_grad
+    if base is not None and (not grad or base.requires_grad):
         if (
             base.is_contiguous()
             and base.numel() == ct * cn
             and base.storage_offset() == x.storage_offset()
-        ):  # the base itself (e.g. a [N] parameter): a view, whose gradient is a reshape
+        ):
             c = base.view(ct, cn)
             if (ct == 1 or c.stride(0) == st) and (cn == 1 or c.stride(1) == sn):
                 return c
-        return base.as_strided((ct, cn), (st, sn), x.storage_offset())
+        if grad:
+            return base.as_strided((ct, cn), (st, sn), x.storage_offset())
+    if not grad:
+        return x.as_strided((ct, cn), (st, sn))
     return x[:ct, :cn]
 
 
@@ -416,20 +421,22 @@ _LL_KEYS = (("loglik", None), ("final", 0), ("final", 1), ("final", 2))
 
 
 class _Loglik(torch.autograd.Function):
-    """``outputs="loglik"``: the fused forward and the fused adjoint."""
+    """``outputs="loglik"``: the fused forward and the fused adjoint. ``fwd`` is the result of
+    the forward's kernels (:func:`_forward`, launched before this function is applied, so that
+    the GPU starts before autograd's bookkeeping runs)."""
 
     @staticmethod
-    def forward(ctx, T, N, z, R, a, p, h, c, u0, e0, v0):
+    def forward(ctx, fwd, z, R, a, p, h, c, u0, e0, v0):
+        sig, _, ll, fin, flags, ck, amap = fwd
         ins = (z, R, a, p, h, c)
-        sig, _, ll, fin, flags, ck, amap = _forward(T, N, ins, (u0, e0, v0), write=False,
-                                                    ckpt=True)  # fmt: skip
         ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap)
         ctx.sig = sig
-        ctx.adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[2:8])
-        ctx.mark_non_differentiable(flags)
+        ctx.adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[1:7])
+        flag = flags[0]
+        ctx.mark_non_differentiable(flag)
         ctx.set_materialize_grads(False)
         fu, fe, fv = fin.unbind(0)
-        return ll, fu, fe, fv, flags[0]
+        return ll, fu, fe, fv, flag
 
     @staticmethod
     def backward(ctx, gll, gu, ge, gv, _gflags):
@@ -438,12 +445,12 @@ class _Loglik(torch.autograd.Function):
         if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
             pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
             sig = ctx.sig
-            vjp = _torch_vjp(sig.T, sig.N, saved[:9], needs[2:], pairs, False, "loglik")
-            return (None, None, *vjp)
+            vjp = _torch_vjp(sig.T, sig.N, saved[:9], needs[1:], pairs, False, "loglik")
+            return (None, *vjp)
         grads, g0 = _adjoint(ctx.sig, saved[:6], saved[9], saved[10], ctx.adj, gll,
                              (gu, ge, gv))  # fmt: skip
-        return (None, None, *grads, g0[0] if needs[8] else None, g0[1] if needs[9] else None,
-                g0[2] if needs[10] else None)  # fmt: skip
+        return (None, *grads, g0[0] if needs[7] else None, g0[1] if needs[8] else None,
+                g0[2] if needs[9] else None)  # fmt: skip
 
 
 _ALL_KEYS = tuple((k, None) for k in SERIES) + _LL_KEYS
@@ -523,7 +530,8 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="a
     T, N, ins, x0, grad = _prepare(z, obs_var, decay, process_var, loading, offset, x0)
     if outputs == "loglik":
         if grad:
-            ll, fu, fe, fv, flags = _Loglik.apply(T, N, *ins, *x0)
+            fwd = _forward(T, N, ins, x0, write=False, ckpt=True)
+            ll, fu, fe, fv, flags = _Loglik.apply(fwd, *ins, *x0)
             return {"loglik": ll, "final": (fu, fe, fv), "flags": flags}
         _, _, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=False)
         return {"loglik": ll, "final": tuple(fin.unbind(0)), "flags": flags[0]}
