@@ -175,3 +175,29 @@ def test_chunks_override(monkeypatch):
     assert tuning.chunks_for(16, 63, 132) == 3
     with pytest.raises(ValueError, match="tuning.CHUNKS: expected a positive divisor of L=64"):
         tuning.chunks_for(16, 64, 132)
+
+
+@pytest.mark.skipif(not CUDA, reason="long sequences need a GPU")
+@pytest.mark.parametrize("shape", [(1, 4096, 64, 16), (2, 3000, 33, 12)],
+                         ids=["B1-L4096-M64-S16", "B2-L3000-M33-S12"])  # fmt: skip
+def test_gpu_rule_chunks_long_sequences(shape, monkeypatch):
+    # the rule on the device chunks these (few lanes, long L); float32 equals the unchunked
+    # kernels to 1e-5 and the float64 chunked op equals the sequential reference
+    B, L, M, S = shape
+    dev = torch.device("cuda")
+    C = tuning.chunks_for(B * M * S, L, tuning.sm_count(dev))
+    assert C > 1
+    x = make_inputs(*shape, seed=9, forget=True)
+    w = weights_for(*shape)
+    got, ggot = run(kla_triton, x, torch.float32, w)
+    got64, ggot64 = run(kla_triton, x, torch.float64, w)
+    monkeypatch.setattr(tuning, "CHUNKS", 1)
+    plain, gplain = run(kla_triton, x, torch.float32, w)
+    ref, gref = run(reference, x, torch.float64, w)
+    for name, a, b, a64, r in zip(OUTS, got, plain, got64, ref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"{name}: chunked vs unchunked {normwise(a, b):.3e}"
+        assert_close(a64, r, "kernel", torch.float64, what=name)
+    for name, a, b, a64, r in zip(NAMES, ggot, gplain, ggot64, gref, strict=True):
+        assert normwise(a, b) <= 1e-5, f"grad {name}: chunked vs unchunked {normwise(a, b):.3e}"
+        scale = max(r.abs().max().item(), 1.0)
+        assert_close(a64, r, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")

@@ -14,7 +14,9 @@ Notation and shapes (batch B, time L, channels M, state slots S; a lane is ``(b,
 Backends (``kalmanscan.core.backends.TABLES["kla"]``): ``"sequential"`` (the step-by-step
 reference), ``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes) and
 ``"triton"``
-(fused GPU kernels in ``kalmanscan/cuda/kla/``, which never store a ``[B, L, M, S]`` tensor).
+(fused GPU kernels in ``kalmanscan/cuda/kla/``, which never store a ``[B, L, M, S]`` tensor; where
+the lanes ``B M S`` are too few to fill the GPU they run in parallel over time chunks, the
+count picked by ``kalmanscan.cuda.kla.tuning.chunks_for``).
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     Prepared inputs as ``kalmanscan.core.kla_op.kla_filter`` makes them (one dtype, exact
     shapes; ``lam0, eta0`` both None for the default initial state 1, 0, read from tensors kept
     for the shape); use ``kla_filter(..., backend="triton")`` rather than calling this
-    directly.
+    directly. Where :func:`tuning.chunks_for` gives ``C > 1`` for the lanes ``B M S``, ``L``
+    and the device, the op runs in ``C`` time chunks (``chunked.py``): the same results to
+    rounding.
 
     >>> import torch  # doctest: +SKIP
     >>> from kalmanscan.core.kla_op import kla_filter
