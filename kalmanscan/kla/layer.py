@@ -18,10 +18,18 @@ kept between calls until a parameter changes (decoding does not recompute them p
 The parameter names and shapes are those of the authors' published implementation, so its state
 dicts load with ``strict=True``. The filter math lives in the op; this module only holds
 parameters and projects. Details and derivations: docs/kla.md.
+
+Glue: on CUDA, with triton installed, a call without an incoming ``state`` runs the
+elementwise work around the op (conv + SiLU, the sensor split with softplus and qk-norm, gate
+and skip) as three fused Triton kernels with exact backward (``kalmanscan.cuda.kla.glue``);
+float64, calls with a state, :meth:`KLALayer.trace` and ``torch.compile`` (whose compiler fuses
+these itself) take the eager PyTorch path, which is the reference the fused one is tested
+against (``KLALayer.glue``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import NamedTuple
 
@@ -135,6 +143,16 @@ def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(L2_EPS)
 
 
+_GLUE_MODES = ("auto", "fused", "eager")
+_TRITON = []  # [bool] once looked up
+
+
+def _triton_available() -> bool:
+    if not _TRITON:
+        _TRITON.append(importlib.util.find_spec("triton") is not None)
+    return _TRITON[0]
+
+
 class KLALayer(nn.Module):
     """Kalman Linear Attention sequence mixer, ``[B,L,D] -> [B,L,D]``.
 
@@ -154,7 +172,15 @@ class KLALayer(nn.Module):
     >>> out, out_var = layer(torch.randn(2, 7, 32), return_variance=True)
     >>> tuple(out.shape), bool((out_var >= 0).all())
     ((2, 7, 32), True)
+
+    ``glue`` (a class attribute, settable per instance): ``"auto"`` runs the fused Triton glue
+    (``kalmanscan.cuda.kla.glue``) on CUDA when triton is installed, for calls without a
+    ``state`` in float16/bfloat16/float32 outside ``torch.compile``; ``"fused"`` the same on
+    any device (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch
+    reference path. Both give the same results to float32 rounding.
     """
+
+    glue = "auto"
 
     def __init__(self, d_model: int, config: KLAConfig | None = None):
         super().__init__()
@@ -328,13 +354,67 @@ class KLALayer(nn.Module):
                 raise ValueError(f"state.lam: expected precisions >= 0 and finite, got {got}")
             raise ValueError("state.eta: expected finite values, got NaN or inf")
 
-    def _forward(self, x, state, return_precision):
+    def _use_fused(self, x: torch.Tensor, state, return_precision: bool) -> bool:
+        """Whether this call takes the fused glue (see the class docstring's ``glue``)."""
+        mode = self.glue
+        if mode not in _GLUE_MODES:
+            raise ValueError(f"glue: expected one of {_GLUE_MODES}, got {mode!r}")
+        if (
+            mode == "eager"
+            or state is not None
+            or return_precision
+            or x.dtype == torch.float64
+            or torch.compiler.is_compiling()
+        ):
+            return False
+        return mode == "fused" or (x.is_cuda and _triton_available())
+
+    def _forward_fused(self, x, need_var):
+        """:meth:`_forward` through the fused glue: no incoming state, no precisions."""
+        from kalmanscan.core.kla_op import kla_filter
+        from kalmanscan.cuda.kla import glue
+
+        M, S, K = self.d_inner, self.d_state, self.conv.kernel
+        B, L, _ = x.shape
+        zg = self.in_proj(x).contiguous()
+        buf = glue.new_grad_buffer()
+        zc = glue.conv_silu(zg, self.conv.weight, self.conv.bias, buf)
+        s = self.sensor_proj(zc).contiguous()
+        v, Lv, k, q = glue.sensors(s, M, S, self.config.obs_var_min, self.config.qk_norm)
+        decay, process_var = self._dynamics(torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            res = kla_filter(
+                v, Lv, k, q, decay, process_var, backend=self.config.backend, check=False
+            )
+        act = self.config.gate_activation
+        if need_var:
+            y, yvar_gated = glue.gate_skip(
+                res.y, res.yvar, zg, zc, self.lambda_skip, act, buf, var_dtype=x.dtype
+            )
+        else:
+            y, yvar_gated = (
+                glue.gate_skip(res.y, res.yvar, zg, zc, self.lambda_skip, act, buf),
+                None,
+            )
+        out = self.out_proj(y)
+        # the conv window after the last token: the last K-1 pre-conv inputs (zero-padded)
+        if L >= K - 1:
+            window = zg[:, L - (K - 1) :, :M].transpose(1, 2)
+        else:
+            zt = zg[..., :M].transpose(1, 2)
+            window = torch.cat((zt.new_zeros(B, M, K - 1 - L), zt), dim=-1)
+        new_state = KLALayerState(window, res.final.lam, res.final.eta)
+        return out, yvar_gated, new_state, None, decay, process_var, None, res.yvar, None
+
+    def _forward(self, x, state, return_precision, need_var=True):
         from kalmanscan.core.kla_op import kla_filter, kla_step
 
         self._check_input(x)
         B, L, _ = x.shape
         if state is not None:
             self._check_state(state, B)
+        if self._use_fused(x, state, return_precision):
+            return self._forward_fused(x, need_var)
         sens, window = self.sensors(x, None if state is None else state.conv)
         fdtype = sens.v.dtype
         decay, process_var = self._dynamics(fdtype)
@@ -395,7 +475,9 @@ class KLALayer(nn.Module):
             out, new_state = tr.out, tr.state
             result = (out, tr.out_var) if return_variance else (out,)
         else:
-            out, yvar_gated, new_state, *_ = self._forward(x, state, return_precision=False)
+            out, yvar_gated, new_state, *_ = self._forward(
+                x, state, return_precision=False, need_var=return_variance
+            )
             result = (out, self.output_variance(yvar_gated)) if return_variance else (out,)
         if return_state or state is not None:
             result = result + (new_state,)

@@ -1,0 +1,405 @@
+"""Fused elementwise glue of the KLA layer: the work around the KLA op in three Triton groups,
+each an autograd Function with an exact backward.
+
+Shapes (batch B, time L, tokens ``N = B*L``, channels M, slots S, conv width K):
+``zg [B, L, 2M]`` the input projection (rows ``z`` then ``gate``), ``s [B, L, 2M + 2S]`` the
+sensor projection (rows ``v``, ``log var_v``, ``k``, ``q``); conv ``weight [M, 1, K]``,
+``bias [M]``; ``lambda_skip`` a scalar.
+
+- :func:`conv_silu`: ``zc = silu(bias + sum_j weight[j] z[t - K + 1 + j])`` (zero left padding),
+  ``[B, L, M]`` in ``zg``'s dtype, computed in float32.
+- :func:`sensors`: ``v`` (``s``'s dtype, contiguous), ``Lv = 1 / (softplus(log var_v) +
+  obs_var_min)`` (float32), ``k, q`` L2-normalised per token (float32).
+- :func:`gate_skip`: ``out = (y + lambda_skip * zc) * act(gate)`` in ``zg``'s dtype and, when
+  asked, ``yvar_gated = yvar * act(gate)**2``.
+
+The backward of :func:`gate_skip` writes the gate's gradient into a ``[B, L, 2M]`` buffer that
+the backward of :func:`conv_silu` completes with ``z``'s gradient and returns as ``zg``'s (no
+concatenation of the two halves). Saved for the backward: ``zg``, ``s``, ``y`` (and ``yvar``
+when its gradient may be needed) and ``zc``; the conv's pre-activation, the gate activation and
+the value precision are recomputed. The layer (``kalmanscan.kla.layer``) uses these on CUDA; the
+eager PyTorch path there is the reference they are tested against (tests/test_kla_glue.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
+
+ACTIVATIONS = {"silu": 0, "gelu": 1, "relu": 2}
+_L2_EPS = 1e-12  # the layer's L2_EPS
+
+
+def _blocks():
+    """``(BT, BM, num_warps)``: token rows and channels per program (small when interpreting)."""
+    if interpreting():
+        return 16, 16, 1
+    return 32, 128, 4
+
+
+# ----------------------------------------------------------------------------------- device
+
+
+@helper
+def _act(x, ACT: tl.constexpr):
+    """``(act(x), act'(x))`` for silu (0), exact gelu (1), relu (2)."""
+    if ACT == 0:
+        sg = 1.0 / (1.0 + tl.exp(-x))
+        return x * sg, sg * (1.0 + x * (1.0 - sg))
+    elif ACT == 1:
+        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        return x * cdf, cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)
+    else:
+        pos = x > 0.0
+        return tl.where(pos, x, 0.0), tl.where(pos, 1.0, 0.0)
+
+
+@helper
+def _softplus(x):
+    """``(softplus(x), sigmoid(x))`` as torch (threshold 20); log1p by ``log(u) x / (u - 1)``."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    l1p = tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))
+    sp = tl.where(x > 20.0, x, l1p)
+    sg = tl.where(x > 20.0, 1.0, e / u)
+    return sp, sg
+
+
+@triton.jit
+def _conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
+                     K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = pid_t * BT + tl.arange(0, BT)
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    rows = (b * L + t).to(tl.int64)
+    acc = (
+        tl.zeros((BT, BM), tl.float32)
+        + tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)[None, :]
+    )
+    for j in tl.static_range(K):
+        w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
+        ok = ((t + j - (K - 1)) >= 0) & (t < L)
+        x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                    mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+        acc += w[None, :] * x.to(tl.float32)
+    sg = 1.0 / (1.0 + tl.exp(-acc))
+    omask = (t < L)[:, None] & mmask[None, :]
+    tl.store(out_ptr + rows[:, None] * M + m[None, :], (acc * sg).to(out_ptr.dtype.element_ty),
+             mask=omask)  # fmt: skip
+
+
+@triton.jit
+def _conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS, NT,
+                     K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """``gz[t] = sum_d w[K-1-d] gpre[t+d]`` with ``gpre = g * silu'(pre)`` recomputed at the
+    ``K - 1`` following tokens; per-program partial sums of ``gw``, ``gb``."""
+    pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = pid_t * BT + tl.arange(0, BT)
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    rows = (b * L + t).to(tl.int64)
+    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+    gz = tl.zeros((BT, BM), tl.float32)
+    part = (b * NT + pid_t).to(tl.int64)
+    for d in tl.static_range(K):
+        tp = t + d
+        pre = tl.zeros((BT, BM), tl.float32) + bias[None, :]
+        for j in tl.static_range(K):
+            w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
+            ok = ((tp + j - (K - 1)) >= 0) & (tp < L)
+            x = tl.load(zg_ptr + (rows + (d + j - (K - 1)))[:, None] * ZS + m[None, :],
+                        mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+            pre += w[None, :] * x.to(tl.float32)
+        inside = (tp < L)[:, None] & mmask[None, :]
+        g = tl.load(g_ptr + (rows + d)[:, None] * M + m[None, :], mask=inside, other=0.0)
+        sg = 1.0 / (1.0 + tl.exp(-pre))
+        gp = tl.where(inside, g.to(tl.float32) * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        wd = tl.load(w_ptr + m * K + (K - 1 - d), mask=mmask, other=0.0).to(tl.float32)
+        gz += wd[None, :] * gp
+        if d == 0:
+            tl.store(gb_ptr + part * M + m, tl.sum(gp, axis=0), mask=mmask)
+            for j in tl.static_range(K):
+                ok = ((t + j - (K - 1)) >= 0) & (t < L)
+                x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                            mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+                tl.store(gw_ptr + (part * K + j) * M + m, tl.sum(gp * x.to(tl.float32), axis=0),
+                         mask=mmask)  # fmt: skip
+    omask = (t < L)[:, None] & mmask[None, :]
+    tl.store(gz_ptr + rows[:, None] * ZS + m[None, :], gz.to(gz_ptr.dtype.element_ty),
+             mask=omask)  # fmt: skip
+
+
+@triton.jit
+def _sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, obs_min, eps,
+                        QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                        BS: tl.constexpr):  # fmt: skip
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = n.to(tl.int64)
+    nmask = n < N
+    if pid_m * BM < M:
+        m = pid_m * BM + tl.arange(0, BM)
+        mask = nmask[:, None] & (m < M)[None, :]
+        src = s_ptr + rows[:, None] * SS + m[None, :]
+        v = tl.load(src, mask=mask, other=0.0)
+        tl.store(v_ptr + rows[:, None] * M + m[None, :], v, mask=mask)
+        lv = tl.load(src + M, mask=mask, other=0.0).to(tl.float32)
+        sp, _ = _softplus(lv)
+        tl.store(Lv_ptr + rows[:, None] * M + m[None, :], 1.0 / (sp + obs_min), mask=mask)
+    else:
+        s = tl.arange(0, BS)
+        mask = nmask[:, None] & (s < S)[None, :]
+        src = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+        k = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        q = tl.load(src + S, mask=mask, other=0.0).to(tl.float32)
+        if QK_NORM:
+            k = k / tl.maximum(tl.sqrt(tl.sum(k * k, axis=1)), eps)[:, None]
+            q = q / tl.maximum(tl.sqrt(tl.sum(q * q, axis=1)), eps)[:, None]
+        tl.store(k_ptr + rows[:, None] * S + s[None, :], k, mask=mask)
+        tl.store(q_ptr + rows[:, None] * S + s[None, :], q, mask=mask)
+
+
+@helper
+def _l2_bwd(x, g, eps):
+    """Gradient of ``x / max(|x|, eps)`` per row: ``g/n - x (x.g) / n**3`` above ``eps``."""
+    nrm = tl.sqrt(tl.sum(x * x, axis=1))
+    big = nrm > eps
+    nc = tl.maximum(nrm, eps)
+    dot = tl.sum(x * g, axis=1)
+    corr = tl.where(big, dot / (nc * nc * nc), 0.0)
+    return g / nc[:, None] - x * corr[:, None]
+
+
+@triton.jit
+def _sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, M, S, SS, obs_min,
+                        eps, QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                        BS: tl.constexpr):  # fmt: skip
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = n.to(tl.int64)
+    nmask = n < N
+    dt = gs_ptr.dtype.element_ty
+    if pid_m * BM < M:
+        m = pid_m * BM + tl.arange(0, BM)
+        mask = nmask[:, None] & (m < M)[None, :]
+        at = rows[:, None] * M + m[None, :]
+        dst = gs_ptr + rows[:, None] * SS + m[None, :]
+        tl.store(dst, tl.load(gv_ptr + at, mask=mask, other=0.0).to(dt), mask=mask)
+        lv = tl.load(s_ptr + rows[:, None] * SS + M + m[None, :], mask=mask, other=0.0)
+        sp, sg = _softplus(lv.to(tl.float32))
+        Lv = 1.0 / (sp + obs_min)
+        gLv = tl.load(gLv_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst + M, (-gLv * Lv * Lv * sg).to(dt), mask=mask)
+    else:
+        s = tl.arange(0, BS)
+        mask = nmask[:, None] & (s < S)[None, :]
+        at = rows[:, None] * S + s[None, :]
+        gk = tl.load(gk_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        gq = tl.load(gq_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        if QK_NORM:
+            src = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+            k = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+            q = tl.load(src + S, mask=mask, other=0.0).to(tl.float32)
+            gk = _l2_bwd(k, gk, eps)
+            gq = _l2_bwd(q, gq, eps)
+        dst = gs_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+        tl.store(dst, gk.to(dt), mask=mask)
+        tl.store(dst + S, gq.to(dt), mask=mask)
+
+
+@triton.jit
+def _gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yvg_ptr, N, M, ZS,
+                     ACT: tl.constexpr, HAS_VAR: tl.constexpr, BN: tl.constexpr,
+                     BM: tl.constexpr):  # fmt: skip
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    m = pid_m * BM + tl.arange(0, BM)
+    rows = n.to(tl.int64)
+    mask = (n < N)[:, None] & (m < M)[None, :]
+    at = rows[:, None] * M + m[None, :]
+    gate = tl.load(zg_ptr + rows[:, None] * ZS + M + m[None, :], mask=mask, other=0.0)
+    g, _ = _act(gate.to(tl.float32), ACT)
+    skip = tl.load(skip_ptr).to(tl.float32)
+    y = tl.load(y_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    zc = tl.load(zc_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, ((y + skip * zc) * g).to(out_ptr.dtype.element_ty), mask=mask)
+    if HAS_VAR:
+        yvar = tl.load(yvar_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        tl.store(yvg_ptr + at, (yvar * (g * g)).to(yvg_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, gy_ptr,
+                     gyvar_ptr, gzg_ptr, gzc_ptr, gskip_ptr, N, M, ZS, ACT: tl.constexpr,
+                     HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    m = pid_m * BM + tl.arange(0, BM)
+    rows = n.to(tl.int64)
+    mask = (n < N)[:, None] & (m < M)[None, :]
+    at = rows[:, None] * M + m[None, :]
+    gate = tl.load(zg_ptr + rows[:, None] * ZS + M + m[None, :], mask=mask, other=0.0)
+    g, dg = _act(gate.to(tl.float32), ACT)
+    skip = tl.load(skip_ptr).to(tl.float32)
+    y = tl.load(y_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    zc = tl.load(zc_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    gout = tl.load(gout_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    gu = gout * g
+    ggate = gout * (y + skip * zc) * dg
+    tl.store(gy_ptr + at, gu.to(gy_ptr.dtype.element_ty), mask=mask)
+    tl.store(gzc_ptr + at, (gu * skip).to(gzc_ptr.dtype.element_ty), mask=mask)
+    tl.store(gskip_ptr + pid_n * tl.num_programs(1) + pid_m, tl.sum(tl.sum(gu * zc, axis=1)))
+    if HAS_VAR:
+        gyvg = tl.load(gyvg_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        yvar = tl.load(yvar_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        ggate += gyvg * yvar * 2.0 * g * dg
+        tl.store(gyvar_ptr + at, (gyvg * (g * g)).to(gyvar_ptr.dtype.element_ty), mask=mask)
+    tl.store(gzg_ptr + rows[:, None] * ZS + M + m[None, :], ggate.to(gzg_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- host
+
+
+class _GradBuffer:
+    """The ``[B, L, 2M]`` gradient of ``zg``, passed from :class:`_GateSkip`'s backward (gate
+    half) to :class:`_ConvSilu`'s (z half), which returns it."""
+
+    __slots__ = ("gzg",)
+
+    def __init__(self):
+        self.gzg = None
+
+
+class _ConvSilu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zg, weight, bias, buf):
+        B, L, M2 = zg.shape
+        M, K = M2 // 2, weight.shape[-1]
+        BT, BM, nw = _blocks()
+        out = empty((B, L, M), zg)
+        launch(_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B), zg, weight, bias, out, L, M, M2,
+               K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        ctx.buf = buf
+        ctx.save_for_backward(zg, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, gzc):
+        zg, weight, bias = ctx.saved_tensors
+        B, L, M2 = zg.shape
+        M, K = M2 // 2, weight.shape[-1]
+        BT, BM, nw = _blocks()
+        NT = cdiv(L, BT)
+        gzg = ctx.buf.gzg
+        ctx.buf.gzg = None
+        if gzg is None:  # the gate received no gradient
+            gzg = empty((B, L, M2), zg)
+            gzg[..., M:].zero_()
+        gw = empty((B * NT, K, M), dtype=torch.float32, device=zg.device)
+        gb = empty((B * NT, M), dtype=torch.float32, device=zg.device)
+        launch(_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(), gzg,
+               gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
+        return gzg, gw, gb.sum(0).to(bias.dtype), None
+
+
+class _Sensors(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, M, S, obs_min, qk_norm):
+        B, L, SS = s.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        v = empty((B, L, M), s)
+        Lv = empty((B, L, M), dtype=torch.float32, device=s.device)
+        k = empty((B, L, S), dtype=torch.float32, device=s.device)
+        q = empty((B, L, S), dtype=torch.float32, device=s.device)
+        launch(_sensors_fwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, v, Lv, k, q, N, M, S, SS,
+               float(obs_min), _L2_EPS, QK_NORM=bool(qk_norm), BN=BN, BM=BM, BS=next_pow2(S),
+               num_warps=nw)  # fmt: skip
+        ctx.meta = (M, S, float(obs_min), bool(qk_norm))
+        ctx.save_for_backward(s)
+        return v, Lv, k, q
+
+    @staticmethod
+    def backward(ctx, gv, gLv, gk, gq):
+        (s,) = ctx.saved_tensors
+        M, S, obs_min, qk_norm = ctx.meta
+        B, L, SS = s.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        gs = empty((B, L, SS), s)
+        launch(_sensors_bwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, gv.contiguous(),
+               gLv.contiguous(), gk.contiguous(), gq.contiguous(), gs, N, M, S, SS, obs_min,
+               _L2_EPS, QK_NORM=qk_norm, BN=BN, BM=BM, BS=next_pow2(S),
+               num_warps=nw)  # fmt: skip
+        return gs, None, None, None, None
+
+
+class _GateSkip(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, yvar, zg, zc, skip, act, has_var, var_dtype, buf):
+        B, L, M = y.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        out = empty((B, L, M), zg)
+        yvg = empty((B, L, M), dtype=var_dtype, device=y.device) if has_var else out
+        launch(_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar, zg, zc, skip, out, yvg,
+               N, M, 2 * M, ACT=act, HAS_VAR=has_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
+        ctx.meta = (act, has_var)
+        ctx.buf = buf
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(y, yvar if has_var else None, zg, zc, skip)
+        return (out, yvg) if has_var else out
+
+    @staticmethod
+    def backward(ctx, gout, gyvg=None):
+        y, yvar, zg, zc, skip = ctx.saved_tensors
+        act, has_var = ctx.meta
+        B, L, M = y.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        with_var = has_var and gyvg is not None
+        if gout is None:
+            gout = torch.zeros_like(y, dtype=zg.dtype)
+        gy = empty((B, L, M), y)
+        gyvar = empty((B, L, M), yvar) if with_var else None
+        gzg = empty((B, L, 2 * M), zg)
+        gzc = empty((B, L, M), zc)
+        nN, nM = cdiv(N, BN), cdiv(M, BM)
+        gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
+        launch(_gate_bwd_kernel, (nN, nM), gout.contiguous(),
+               gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
+               gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
+               HAS_VAR=with_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
+        ctx.buf.gzg = gzg
+        gskip = gskip.sum().to(skip.dtype).reshape(skip.shape)
+        return gy, gyvar, None, gzc, gskip, None, None, None, None
+
+
+def new_grad_buffer() -> _GradBuffer:
+    """The link between one call's :func:`gate_skip` and :func:`conv_silu` (one per call)."""
+    return _GradBuffer()
+
+
+def conv_silu(zg, weight, bias, buf):
+    """``silu(causal_conv(zg[..., :M]))`` ``[B, L, M]`` from ``zg [B, L, 2M]`` (contiguous),
+    ``weight [M, 1, K]``, ``bias [M]``, with a zero initial window."""
+    return _ConvSilu.apply(zg, weight.contiguous(), bias, buf)
+
+
+def sensors(s, M, S, obs_min, qk_norm):
+    """``(v, Lv, k, q)`` from the sensor projection ``s [B, L, 2M + 2S]`` (contiguous)."""
+    return _Sensors.apply(s, M, S, obs_min, qk_norm)
+
+
+def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
+    """``out = (y + skip * zc) * act(zg[..., M:])`` in ``zg``'s dtype; with ``var_dtype`` also
+    ``yvar * act(gate)**2`` in that dtype. ``y, yvar [B, L, M]`` (the op's outputs)."""
+    has_var = var_dtype is not None
+    return _GateSkip.apply(y, yvar, zg, zc, skip, ACTIVATIONS[activation], has_var,
+                           var_dtype, buf)  # fmt: skip

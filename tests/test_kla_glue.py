@@ -1,0 +1,146 @@
+"""The fused glue of the KLA layer (kalmanscan/cuda/kla/glue.py) against the layer's eager path:
+outputs, output variance, final state and the gradient of every parameter and of the input,
+float32, awkward lengths (1, 7, 64 across 16-token blocks) and every gate activation. Without
+CUDA the kernels run under TRITON_INTERPRET=1 (the op takes its CPU backend); with CUDA both
+paths run there (the op's triton backend)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+pytest.importorskip("triton")
+
+from kalmanscan.kla import KLAConfig, KLALayer, KLALayerState  # noqa: E402
+from kalmanscan.testing import tolerance  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def make_layer(D, S, seed=0, **cfg):
+    """A float32 layer with spread-out dynamics and weights (not just the init values)."""
+    torch.manual_seed(seed)
+    layer = KLALayer(D, KLAConfig(d_state=S, **cfg))
+    with torch.no_grad():
+        layer.lambda_log.normal_(0.0, 1.0)
+        if cfg.get("process_noise_mode", "learned") != "zero":
+            layer.process_noise.uniform_(0.005, 0.5)
+        layer.delta.normal_(-1.0, 1.0)
+        layer.lambda_skip.fill_(-0.7)
+        layer.conv.bias.normal_(0.0, 0.3)
+        for lin in (layer.sensor_proj, layer.in_proj, layer.out_proj):
+            lin.weight.normal_(0.0, 0.3)
+    return layer.to(DEVICE)
+
+
+def run(layer, x, mode, with_var, seed=1):
+    """Outputs and gradients of ``layer(x)`` with ``layer.glue = mode`` against fixed weights."""
+    layer.glue = mode
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    if with_var:
+        out, var, state = layer(x, return_variance=True, return_state=True)
+    else:
+        (out, state), var = layer(x, return_state=True), None
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    loss = (out * torch.randn(out.shape, generator=g, device=DEVICE)).sum()
+    if with_var:
+        loss = loss + (var * torch.randn(var.shape, generator=g, device=DEVICE)).sum()
+    loss.backward()
+    vals = {"out": out, "state.conv": state.conv, "state.lam": state.lam, "state.eta": state.eta}
+    if with_var:
+        vals["out_var"] = var
+    vals["grad x"] = x.grad
+    for name, p in layer.named_parameters():
+        vals[f"grad {name}"] = p.grad
+    return vals
+
+
+def assert_rel(have, want, name):
+    """``max |have - want| <= tol * max |want|`` with float32's rounding tolerance: the two paths
+    round the conv, SiLU and softplus differently, and an element of a projection that cancels
+    (small against its tensor) carries that rounding amplified, so the error is measured
+    against each tensor's scale."""
+    err = float((have - want).detach().abs().max() / want.detach().abs().max().clamp_min(1e-30))
+    tol = tolerance("rounding", torch.float32)
+    assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.0e}"
+
+
+CASES = [
+    pytest.param(2, 1, 16, 4, {}, True, id="B2-L1-D16-S4-silu-var"),
+    pytest.param(2, 7, 16, 4, {}, True, id="B2-L7-D16-S4-silu-var"),
+    pytest.param(2, 64, 16, 4, {}, False, id="B2-L64-D16-S4-silu"),
+    pytest.param(2, 7, 12, 3, {"gate_activation": "gelu"}, True, id="B2-L7-D12-S3-gelu-var"),
+    pytest.param(2, 7, 16, 4, {"gate_activation": "relu"}, False, id="B2-L7-D16-S4-relu"),
+    pytest.param(2, 7, 16, 4, {"qk_norm": False, "conv_kernel": 3}, True, id="B2-L7-noqk-K3"),
+    pytest.param(2, 2, 16, 4, {"process_noise_mode": "zero"}, False, id="B2-L2-zero-noise"),
+]
+
+
+@pytest.mark.parametrize("B,L,D,S,cfg,with_var", CASES)
+def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var):
+    layer = make_layer(D, S, **cfg)
+    x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    ref = run(layer, x, "eager", with_var)
+    got = run(layer, x, "fused", with_var)
+    assert ref.keys() == got.keys()
+    for name, want in ref.items():
+        have = got[name]
+        if want is None:  # a buffer (no gradient) in the zero-noise variant
+            assert have is None, name
+            continue
+        assert have.shape == want.shape and have.dtype == want.dtype, name
+        assert_rel(have, want, name)
+
+
+def test_dispatch_rule():
+    layer = make_layer(16, 4)
+    x = torch.randn(1, 5, 16, device=DEVICE)
+    state = layer.init_state(1)
+    layer.glue = "fused"
+    assert layer._use_fused(x, None, False)
+    assert not layer._use_fused(x, state, False)  # a carried state: eager
+    assert not layer._use_fused(x, None, True)  # trace (precisions): eager
+    assert not layer._use_fused(x.double(), None, False)  # float64: eager
+    layer.glue = "eager"
+    assert not layer._use_fused(x, None, False)
+    layer.glue = "auto"
+    assert layer._use_fused(x, None, False) == CUDA
+    layer.glue = "fast"
+    with pytest.raises(ValueError, match="glue: expected one of"):
+        layer(x)
+
+
+def test_fused_state_continues_eagerly():
+    """The state a fused call returns continues, token by token, as the eager path's does."""
+    layer = make_layer(16, 4, seed=3)
+    x = torch.randn(2, 9, 16, device=DEVICE)
+    layer.glue = "eager"
+    full = layer(x)
+    layer.glue = "fused"
+    with torch.no_grad():
+        head, state = layer(x[:, :6], return_state=True)
+        assert isinstance(state, KLALayerState)
+        outs = [head]
+        for t in range(6, 9):
+            o, state = layer(x[:, t : t + 1], state)
+            outs.append(o)
+    assert_rel(torch.cat(outs, 1), full, "continued output")
+
+
+@pytest.mark.skipif(not CUDA, reason="bfloat16 autocast on CUDA")
+def test_bf16_autocast_close_to_eager():
+    layer = make_layer(64, 16)
+    x = torch.randn(2, 300, 64, device="cuda")
+    outs = {}
+    for mode in ("eager", "fused"):
+        layer.glue = mode
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            outs[mode] = layer(x).float()
+    err = float((outs["fused"] - outs["eager"]).abs().max() / outs["eager"].abs().max())
+    assert err < 3e-2, err
