@@ -3,7 +3,8 @@ kernels, and the host's profile (cProfile) of repeated calls.
 
     python benchmarks/gpu_host_profile.py [--fit] [--out results.json]
 
-For each shape of the public table: ``ks.filter``, ``ks.loglik`` and ``ks.loglik`` + gradient,
+For each shape of the public table: ``ks.filter``, ``ks.smooth``, ``ks.loglik`` and ``ks.loglik``
++ gradient,
 timed by ``triton.testing.do_bench`` (median) and by the CUDA profiler (summed kernel time), and
 the top host functions by own time over 20 calls. ``--fit`` adds ``fit_ou`` on 16,384 x 500.
 """
@@ -38,6 +39,37 @@ def host_profile(fn, n=20, top=18):
     return s.getvalue()
 
 
+def shape_rows(ks, T, N):
+    """The rows of one shape: each public call's do_bench time, kernels, kernel time, host loop
+    time, and its host profile (printed)."""
+    z, R, a, p = public_inputs(T, N)
+    leaves = [x.clone().requires_grad_(True) for x in (R, a, p)]
+    calls = {
+        "filter": lambda: ks.filter(z, R, a, p),
+        "smooth": lambda: ks.smooth(z, R, a, p),
+        "loglik": lambda: ks.loglik(z, R, a, p),
+        "loglik_grad": lambda: torch.autograd.grad(ks.loglik(z, *leaves).sum(), leaves),
+    }
+    rows = []
+    for name, fn in calls.items():
+        ms = bench(fn)
+        k, kms, copies = launches(fn)
+        # host time of one call when the device is idle and nothing waits on it
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        loop_ms = (time.perf_counter() - t0) / 20 * 1e3
+        prof = host_profile(fn)
+        row = dict(shape=[T, N], call=name, do_bench_ms=ms, kernels=k, kernel_ms=kms,
+                   copies=copies, loop_ms=loop_ms)  # fmt: skip
+        print(json.dumps(row), flush=True)
+        print(prof, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fit", action="store_true")
@@ -49,30 +81,7 @@ def main():
     res = []
     for sh in args.shapes.split(","):
         T, N = map(int, sh.split("x"))
-        z, R, a, p = public_inputs(T, N)
-        leaves = [x.clone().requires_grad_(True) for x in (R, a, p)]
-        calls = {
-            "filter": lambda: ks.filter(z, R, a, p),
-            "loglik": lambda: ks.loglik(z, R, a, p),
-            "loglik_grad": lambda: torch.autograd.grad(ks.loglik(z, *leaves).sum(), leaves),
-        }
-        for name, fn in calls.items():
-            ms = bench(fn)
-            k, kms, copies = launches(fn)
-            # host time of one call when the device is idle and nothing waits on it
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(20):
-                fn()
-            torch.cuda.synchronize()
-            loop_ms = (time.perf_counter() - t0) / 20 * 1e3
-            prof = host_profile(fn)
-            row = dict(shape=[T, N], call=name, do_bench_ms=ms, kernels=k, kernel_ms=kms,
-                       copies=copies, loop_ms=loop_ms)
-            print(json.dumps(row), flush=True)
-            print(prof, flush=True)
-            res.append(row)
-        del z, R, a, p, leaves
+        res += shape_rows(ks, T, N)
         torch.cuda.empty_cache()
     if args.fit:
         import numpy as np
@@ -96,7 +105,8 @@ def main():
         wall = time.perf_counter() - t0
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("cumtime").print_stats(40)
-        print("fit_ou wall", wall, "n_iter max", int(np.max(fit.n_iter)) if hasattr(fit, "n_iter") else None)
+        n_iter = int(np.max(fit.n_iter)) if hasattr(fit, "n_iter") else None
+        print("fit_ou wall", wall, "n_iter max", n_iter)
         print(s.getvalue())
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
