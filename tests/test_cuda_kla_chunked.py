@@ -90,14 +90,14 @@ def test_one_step_one_chunk():
             @staticmethod
             def forward(ctx, *args):
                 out = chunked.forward_chunked(*args, True, True, 1)
-                ctx.save_for_backward(*args[:6], out[5], out[7], out[8])
+                ctx.save_for_backward(*args[:6], out[5], out[8])
                 ctx.CK = out[6]
                 return out[:5]
 
             @staticmethod
             def backward(ctx, gy, gyv, glT, geT, gprec):
-                v, Lv, k, q, a, p, ck, maps, start = ctx.saved_tensors
-                return chunked.backward_chunked(v, Lv, k, q, a, p, ck, ctx.CK, maps, start, 1,
+                v, Lv, k, q, a, p, ck, start = ctx.saved_tensors
+                return chunked.backward_chunked(v, Lv, k, q, a, p, ck, ctx.CK, start, 1,
                                                 gy, gyv, glT, geT, gprec)  # fmt: skip
 
         return F.apply(v, Lv, k, q, a, p, lam0, eta0)

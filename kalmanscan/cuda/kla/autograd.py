@@ -41,20 +41,20 @@ class _KLA(torch.autograd.Function):
 class _KLAChunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, C):
-        y, yvar, lamT, etaT, prec, ck, CK, maps, start = forward_chunked(
+        y, yvar, lamT, etaT, prec, ck, CK, _, start = forward_chunked(
             v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C)  # fmt: skip
         ctx.CK, ctx.C = CK, C
         ctx.init = lam0 is not None
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(v, Lv, k, q, a, p, ck, maps, start)
+        ctx.save_for_backward(v, Lv, k, q, a, p, ck, start)
         return (y, yvar, lamT, etaT) + ((prec,) if save_prec else ())
 
     @staticmethod
     def backward(ctx, gy, gyv, glT, geT, *rest):
-        v, Lv, k, q, a, p, ck, maps, start = ctx.saved_tensors
+        v, Lv, k, q, a, p, ck, start = ctx.saved_tensors
         gprec = rest[0] if rest else None
         gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward_chunked(
-            v, Lv, k, q, a, p, ck, ctx.CK, maps, start, ctx.C, gy, gyv, glT, geT, gprec
+            v, Lv, k, q, a, p, ck, ctx.CK, start, ctx.C, gy, gyv, glT, geT, gprec
         )
         if not ctx.init:
             gl0 = ge0 = None

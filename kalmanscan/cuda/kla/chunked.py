@@ -9,9 +9,8 @@ information ``e / v``; the scalar filter's form, ``kalmanscan/cuda/filter/kernel
                                                                   where a = 0: 1, p, 0)
     update:   u' = u + phi v   v' = v             e' = e + r v  (phi = Lv k^2, r = v Lv k)
 
-so a chunk's steps compose into one map ``(u, v | e)``: a 2x2 block ``m`` on ``(u, v)``, the
-row ``e' = g1 u + g2 v + A e``, and ``det m`` kept as a product (the maps are divided by
-their trace each step; the ratios are exact).
+so a chunk's steps compose into one map ``(u, v | e)``: a 2x2 block ``m`` on ``(u, v)`` and the
+row ``e' = g1 u + g2 v + A e`` (divided by its trace each step; the ratios are exact).
 
 Forward: (1) ``_chunk_maps_kernel`` composes every chunk's map, all chunks at once; (2)
 ``_carry_kernel`` walks each lane's maps to the state entering every chunk; (3) the forward
@@ -19,12 +18,12 @@ kernel (``forward.py``) runs on the ``[B C, Lc, ...]`` views of the inputs (ever
 row) from those states, writing the outputs and the backward's checkpoints.
 
 Backward: the adjoint of a chunk's starting state is affine in that of its end state,
-``G_start = J^T G_end + b``, ``J`` the chunk's Jacobian (from its map and starting state,
-``_adjoint_carry_kernel``), ``b`` the start adjoint with zero at the end. (A) the backward
-kernel on the chunk rows with zero end adjoints (the last chunk's is the op's) gives every
-``b``; (B) ``_adjoint_carry_kernel`` walks them back to every chunk's true end adjoint; (C) the
-backward kernel with those gives the exact gradients. So the backward does two backward
-kernels' work with ``C`` times the parallelism.
+``G_start = J^T G_end + b``, with ``J`` the chunk's Jacobian and ``b`` the start adjoint that
+the outputs' gradients inside the chunk give with zero at its end. (A)
+``_adjoint_maps_kernel`` runs every chunk forward from its starting state with its tangents,
+accumulating ``J`` and ``b`` (no recomputation, no reverse walk, nothing written a step); (B)
+``_adjoint_carry_kernel`` walks them back to every chunk's true end adjoint; (C) the backward
+kernel (``backward.py``) on the chunk rows from those gives the exact gradients.
 """
 
 from __future__ import annotations
@@ -35,10 +34,11 @@ import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, launch
 from kalmanscan.cuda.kla.backward import backward
+from kalmanscan.cuda.kla.device import _dynamics
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the map and carry kernels
-MAPS = 8  # m11, m12, m21, m22, g1, g2, A, det
+MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def _chunk_maps_kernel(
     L, Lc, C, M, NR, S: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One program: ``BLOCK`` lanes ``(m, s)`` of chunk row ``program_id(1) = b C + c``, whose
-    ``Lc`` steps it composes into the map stored at ``maps [8, B C, M S]``."""
+    ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -63,10 +63,9 @@ def _chunk_maps_kernel(
     q = tl.where(forget, 1.0, 0.0).to(dt)
     d = tl.where(forget, p, a * a)
     af = tl.where(forget, 0.0, a)
-    sdet = tl.where(forget, 0.0, a * a)  # det of a predict step (d - q p); an update's is 1
     one = tl.full([BLOCK], 1.0, dt)
     zero = tl.zeros([BLOCK], dt)
-    m11, m12, m21, m22, g1, g2, A, det = one, zero, zero, one, zero, zero, one, one
+    m11, m12, m21, m22, g1, g2, A = one, zero, zero, one, zero, zero, one
     t0 = b.to(tl.int64) * L + c * Lc
     pm = v_ptr + t0 * M + m
     pLm = Lv_ptr + t0 * M + m
@@ -96,7 +95,6 @@ def _chunk_maps_kernel(
         g1 *= sc
         g2 *= sc
         A *= sc
-        det = det * sdet * (sc * sc)
     out = maps_ptr + row.to(tl.int64) * MS + ms
     step = NR.to(tl.int64) * MS
     tl.store(out, m11, mask=lm)
@@ -106,7 +104,6 @@ def _chunk_maps_kernel(
     tl.store(out + 4 * step, g1, mask=lm)
     tl.store(out + 5 * step, g2, mask=lm)
     tl.store(out + 6 * step, A, mask=lm)
-    tl.store(out + 7 * step, det, mask=lm)
 
 
 @triton.jit
@@ -141,41 +138,92 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 
 
 @triton.jit
-def _adjoint_carry_kernel(maps_ptr, start_ptr, g0_ptr, gend_ptr, C, MS, NR,
-                          BLOCK: tl.constexpr):  # fmt: skip
-    """One program: ``BLOCK`` lanes of batch row ``program_id(1)``. ``g0 [2, B C, M S]``: each
-    chunk's start adjoint with zero end adjoint (the last chunk's with the op's); writes the
-    true end adjoint of chunks ``0 .. C-2`` into ``gend [2, B C, M S]`` (its last chunk's rows
-    hold the op's and are left as they are): ``G_end(c-1) = J_c^T G_end(c) + b_c``."""
+def _adjoint_maps_kernel(
+    v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
+    L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, NS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: ``BLOCK`` lanes of chunk row ``program_id(1) = b C + c`` (``c > 0``), run
+    forward from the chunk's starting state with its tangents: the chunk's Jacobian ``J``
+    (``Jll = d lam_end / d lam_start``, ``Jel = d eta_end / d lam_start``, ``Jee = d eta_end /
+    d eta_start``) and ``b = sum_t J_t^T g_t``, the start adjoint that the outputs' gradients
+    ``g_t`` inside the chunk give with zero at its end: ``out [5, B C, M S] = (bl, be, Jll,
+    Jel, Jee)``."""
+    row = tl.program_id(1)
+    b = row // C
+    c = row % C
+    MS = M * S
+    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lm = ms < MS
+    m = ms // S
+    s = ms % S
+    dt = out_ptr.dtype.element_ty
+    p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
+    dfin = tl.where(af == 0.0, 0.0, d)  # (d is inf where the decay is 0; the slope is 0)
+    step = NR.to(tl.int64) * MS
+    soff = row.to(tl.int64) * MS + ms
+    lam = tl.load(start_ptr + soff, mask=lm, other=1.0)
+    eta = tl.load(start_ptr + step + soff, mask=lm, other=0.0)
+    one = tl.full([BLOCK], 1.0, dt)
+    zero = tl.zeros([BLOCK], dt)
+    Jll, Jel, Jee, bl, be = one, zero, one, zero, zero
+    t0 = b.to(tl.int64) * L + c * Lc
+    pm = t0 * M + m
+    ps = t0 * S + s
+    pp = t0 * MS + ms
+    n = tl.where(c == 0, 0, Lc)  # (chunk 0's start adjoint is the backward kernel's)
+    for i in tl.range(0, n, num_stages=NS):
+        vv = tl.load(v_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
+        LL = tl.load(Lv_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
+        gyy = tl.load(gy_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
+        gvv = tl.load(gyv_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
+        kk = tl.load(k_ptr + ps + i * S, mask=lm, other=0.0).to(dt)
+        qq = tl.load(q_ptr + ps + i * S, mask=lm, other=0.0).to(dt)
+        rden = 1.0 / (p * lam + d)
+        alpha = af * rden
+        Jel = alpha * Jel - (alpha * p * rden * eta) * Jll
+        Jll = (dfin * rden * rden) * Jll
+        Jee = alpha * Jee
+        lam = lam * rden + (LL * kk * kk + e)
+        eta = alpha * eta + vv * LL * kk
+        rl = 1.0 / lam
+        qrl = qq * rl
+        ge = gyy * qrl
+        gl = -qrl * (gyy * eta * rl + gvv * qrl)
+        if HAS_GPREC:
+            gl += tl.load(gprec_ptr + pp + i * MS, mask=lm, other=0.0).to(dt)
+        bl += Jll * gl + Jel * ge
+        be += Jee * ge
+    out = out_ptr + soff
+    tl.store(out, bl, mask=lm)
+    tl.store(out + step, be, mask=lm)
+    tl.store(out + 2 * step, Jll, mask=lm)
+    tl.store(out + 3 * step, Jel, mask=lm)
+    tl.store(out + 4 * step, Jee, mask=lm)
+
+
+@triton.jit
+def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr):
+    """One program: ``BLOCK`` lanes of batch row ``program_id(1)``: from the op's end adjoint
+    (in the last chunk's rows of ``gend [2, B C, M S]``) back through the chunks' adjoint maps
+    (``_adjoint_maps_kernel``), ``G_end(c-1) = J_c^T G_end(c) + b_c``, into the rows of chunks
+    ``0 .. C-2``."""
     b = tl.program_id(1)
     ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lm = ms < MS
     step = NR.to(tl.int64) * MS
     base = b.to(tl.int64) * C * MS + ms
     last = base + (C - 1) * MS
-    Gl = tl.load(g0_ptr + last, mask=lm, other=0.0)
-    Ge = tl.load(g0_ptr + step + last, mask=lm, other=0.0)
-    tl.store(gend_ptr + last - MS, Gl, mask=lm)
-    tl.store(gend_ptr + step + last - MS, Ge, mask=lm)
-    for j in range(0, C - 2):
-        off = base + (C - 2 - j) * MS
-        mp = maps_ptr + off
-        m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
-        m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
-        g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
-        g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
-        A = tl.load(mp + 6 * step, mask=lm, other=1.0)
-        det = tl.load(mp + 7 * step, mask=lm, other=1.0)
-        lam = tl.load(start_ptr + off, mask=lm, other=1.0)
-        eta = tl.load(start_ptr + step + off, mask=lm, other=0.0)
-        rden = 1.0 / (m21 * lam + m22)
-        r2 = rden * rden
-        # lam_end = (m11 lam + m12) / den, eta_end = (g1 lam + g2 + A eta) / den
-        dll = det * r2
-        del_ = (g1 * m22 - g2 * m21 - A * eta * m21) * r2
-        dee = A * rden
-        Gl, Ge = (Gl * dll + Ge * del_ + tl.load(g0_ptr + off, mask=lm, other=0.0),
-                  Ge * dee + tl.load(g0_ptr + step + off, mask=lm, other=0.0))  # fmt: skip
+    Gl = tl.load(gend_ptr + last, mask=lm, other=0.0)
+    Ge = tl.load(gend_ptr + step + last, mask=lm, other=0.0)
+    for j in range(0, C - 1):
+        off = last - j * MS
+        bl = tl.load(amap_ptr + off, mask=lm, other=0.0)
+        be = tl.load(amap_ptr + step + off, mask=lm, other=0.0)
+        Jll = tl.load(amap_ptr + 2 * step + off, mask=lm, other=0.0)
+        Jel = tl.load(amap_ptr + 3 * step + off, mask=lm, other=0.0)
+        Jee = tl.load(amap_ptr + 4 * step + off, mask=lm, other=0.0)
+        Gl, Ge = Jll * Gl + Jel * Ge + bl, Jee * Ge + be
         tl.store(gend_ptr + off - MS, Gl, mask=lm)
         tl.store(gend_ptr + step + off - MS, Ge, mask=lm)
 
@@ -220,30 +268,36 @@ def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C):
     return y.view(B, L, M), yvar.view(B, L, M), lamT, etaT, prec, ck, CK, maps, start
 
 
-def backward_chunked(v, Lv, k, q, a, p, ck, CK, maps, start, C, gy, gyv, glT, geT, gprec):
+def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec):
     """The gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` of the chunked forward (the
     module's docstring: passes A, B, C; ``C = 1`` is the plain backward)."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc, MS = B * C, L // C, M * S
-    rows = [_rows(x, R, Lc) for x in (v, Lv, k, q)]
-    gy = None if gy is None else _rows(gy.contiguous(), R, Lc)
-    gyv = None if gyv is None else _rows(gyv.contiguous(), R, Lc)
-    gprec = None if gprec is None else _rows(gprec.contiguous(), R, Lc)
-    # end adjoints of the chunk rows: zero but the last chunk's, the op's (pass A)
-    gend = torch.zeros((2, B, C, M, S), dtype=ck.dtype, device=ck.device)
+    like = ck
+    gy = torch.zeros((B, L, M), dtype=like.dtype, device=like.device) if gy is None else gy
+    gyv = torch.zeros((B, L, M), dtype=like.dtype, device=like.device) if gyv is None else gyv
+    gy, gyv = gy.contiguous(), gyv.contiguous()
+    has_gprec = gprec is not None
+    gprec = gprec.contiguous() if has_gprec else gy
+    # end adjoints of the chunk rows: the op's in the last chunk's, the others from pass B
+    gend = torch.zeros((2, B, C, M, S), dtype=like.dtype, device=like.device)
     if glT is not None:
         gend[0, :, -1] = glT
     if geT is not None:
         gend[1, :, -1] = geT
     gend = gend.view(2, R, M, S)
     if C > 1:
-        g0 = backward(*rows, a, p, ck, CK, gy, gyv, gend[0], gend[1], gprec)[6:]
-        g0 = torch.stack(g0)  # [2, B C, M, S]
+        amap = empty((5, R, MS), like)
+        launch(_adjoint_maps_kernel, (cdiv(MS, BLOCK), R),
+               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
+               HAS_GPREC=has_gprec, NS=3, BLOCK=BLOCK, num_warps=4)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
-               maps, start, g0, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
-    gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(*rows, a, p, ck, CK, gy, gyv, gend[0], gend[1],
-                                                 gprec)  # fmt: skip
+               amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
+    gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(
+        *rows[:4], a, p, ck, CK, rows[4], rows[5], gend[0], gend[1],
+        _rows(gprec, R, Lc) if has_gprec else None)  # fmt: skip
     gl0 = gl0.view(B, C, M, S)[:, 0]
     ge0 = ge0.view(B, C, M, S)[:, 0]
     return (gv.view(B, L, M), gLv.view(B, L, M), gk.view(B, L, S), gq.view(B, L, S), ga, gp,
