@@ -86,23 +86,21 @@ def install_mock():
     assert not _common.interpreting() and _common.FAST_LAUNCH
     # Big buffers are views of one kept arena: on CUDA the caching allocator hands back the
     # previous call's blocks, where a fresh CPU allocation of that size maps new pages.
-    import kalmanscan.cuda.filter as cuda_filter
-
-    real_empty = cuda_filter.empty
+    real_empty = torch.empty
     arenas = {}
 
-    def empty(shape, like=None, dtype=None, device=None):
-        if like is not None:
-            dtype, device = like.dtype, like.device
+    def empty(*size, dtype=None, device=None, **kw):
+        shape = size[0] if len(size) == 1 and not isinstance(size[0], int) else size
         n = math.prod(shape)
-        if n < 1 << 16:
-            return real_empty(shape, dtype=dtype, device=device)
+        if kw or n < 1 << 16:
+            return real_empty(*size, dtype=dtype, device=device, **kw)
+        dtype = dtype or torch.get_default_dtype()
         arena = arenas.get(dtype)
         if arena is None or arena.numel() < n:
             arena = arenas[dtype] = torch.zeros(n, dtype=dtype)  # (no denormals to sum)
         return arena[:n].view(shape)
 
-    cuda_filter.empty = empty
+    torch.empty = empty
     for fn in (kernels.filter_kernel, kernels.carry_kernel, kernels.smooth_kernel,
                adjoint.adjoint_kernel, adjoint.adjoint_carry_kernel):  # fmt: skip
         entry = _common._Launch(fn)
@@ -198,6 +196,47 @@ def profile(fn, n=200, top=25):
     return s.getvalue()
 
 
+def compare(before: str, args) -> dict:
+    """Run this script ``args.repeats`` times on the tree at ``before`` and on this one,
+    alternately (subprocesses), and keep per call the smallest figures of each."""
+    import subprocess
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {"before": [], "after": []}
+    for _ in range(args.repeats):
+        for label, root in (("before", before), ("after", here)):
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                cmd = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--shapes",
+                    args.shapes,
+                    "--calls",
+                    str(args.calls),
+                    "--clock",
+                    args.clock,
+                    "--out",
+                    f.name,
+                ]
+                env = dict(os.environ, PYTHONPATH=root)
+                subprocess.run(cmd, check=True, env=env, cwd="/", stdout=subprocess.DEVNULL)
+                runs[label].append(json.load(open(f.name))["results"])
+    best = {}
+    for label, rs in runs.items():
+        rows = {}
+        for r in (r for run in rs for r in run):
+            k = (tuple(r["shape"]), r["call"])
+            if k not in rows:
+                rows[k] = dict(r)
+            else:
+                for m in ("total_us", "exposed_us"):
+                    rows[k][m] = min(rows[k][m], r[m])
+        best[label] = list(rows.values())
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", default="65536x64,256x16384")
@@ -205,7 +244,31 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--before", help="a source tree of kalmanscan to compare against (e.g. "
+                    "from git archive), run alternately with this one")  # fmt: skip
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each tree with --before")
     args = ap.parse_args()
+    if args.before:
+        best = compare(args.before, args)
+        for label, rows in best.items():
+            for row in rows:
+                print(label, json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                                         for k, v in row.items()}))  # fmt: skip
+        if args.out:
+            doc = {
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                "torch": torch.__version__,
+                "what": "host path of the public functions on the triton backend, launches "
+                "no-ops, CPU tensors; microseconds a call, the smallest of --repeats runs of "
+                "each tree, run alternately (benchmarks/host_path_cpu.py --before)",
+                "clock": args.clock,
+                "calls": args.calls,
+                "repeats": args.repeats,
+                **best,
+            }
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+        return
     global clock
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     install_mock()
