@@ -170,8 +170,8 @@ def _adjoint_maps_kernel(
     t0 = b.to(tl.int64) * L + c * Lc
     pm = t0 * M + m
     ps = t0 * S + s
-    pp = t0 * MS + ms
-    n = tl.where(c == 0, 0, Lc)  # (chunk 0's start adjoint is the backward kernel's)
+    pg = gprec_ptr + t0 * MS + ms
+    n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
     for i in tl.range(0, n, num_stages=NS):
         vv = tl.load(v_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
         LL = tl.load(Lv_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
@@ -191,7 +191,8 @@ def _adjoint_maps_kernel(
         ge = gyy * qrl
         gl = -qrl * (gyy * eta * rl + gvv * qrl)
         if HAS_GPREC:
-            gl += tl.load(gprec_ptr + pp + i * MS, mask=lm, other=0.0).to(dt)
+            gl += tl.load(pg, mask=lm, other=0.0).to(dt)
+            pg += MS  # (a pointer: i M S can pass 2^31)
         bl += Jll * gl + Jel * ge
         be += Jee * ge
     out = out_ptr + soff
