@@ -69,7 +69,7 @@ def _softplus(x):
 
 
 @triton.jit
-def _conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
+def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
                      K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
     pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = pid_t * BT + tl.arange(0, BT)
@@ -93,7 +93,7 @@ def _conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
 
 
 @triton.jit
-def _conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS, NT,
+def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS, NT,
                      K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
     """``gz[t] = sum_d w[K-1-d] gpre[t+d]`` with ``gpre = g * silu'(pre)`` recomputed at the
     ``K - 1`` following tokens; per-program partial sums of ``gw``, ``gb``."""
@@ -134,7 +134,7 @@ def _conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, 
 
 
 @triton.jit
-def _sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, obs_min, eps,
+def _glue_sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, obs_min, eps,
                         QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                         BS: tl.constexpr):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -175,7 +175,7 @@ def _l2_bwd(x, g, eps):
 
 
 @triton.jit
-def _sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, M, S, SS, obs_min,
+def _glue_sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, M, S, SS, obs_min,
                         eps, QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                         BS: tl.constexpr):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -212,7 +212,7 @@ def _sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, M, S,
 
 
 @triton.jit
-def _gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yvg_ptr, N, M, ZS,
+def _glue_gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yvg_ptr, N, M, ZS,
                      ACT: tl.constexpr, HAS_VAR: tl.constexpr, BN: tl.constexpr,
                      BM: tl.constexpr):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -233,7 +233,7 @@ def _gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yvg_ptr
 
 
 @triton.jit
-def _gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, gy_ptr,
+def _glue_gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, gy_ptr,
                      gyvar_ptr, gzg_ptr, gzc_ptr, gskip_ptr, N, M, ZS, ACT: tl.constexpr,
                      HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -282,8 +282,8 @@ class _ConvSilu(torch.autograd.Function):
         M, K = M2 // 2, weight.shape[-1]
         BT, BM, nw = _blocks()
         out = empty((B, L, M), zg)
-        launch(_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B), zg, weight, bias, out, L, M, M2,
-               K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        launch(_glue_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B), zg, weight, bias, out, L,
+               M, M2, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
         ctx.buf = buf
         ctx.save_for_backward(zg, weight, bias)
         return out
@@ -302,7 +302,7 @@ class _ConvSilu(torch.autograd.Function):
             gzg[..., M:].zero_()
         gw = empty((B * NT, K, M), dtype=torch.float32, device=zg.device)
         gb = empty((B * NT, M), dtype=torch.float32, device=zg.device)
-        launch(_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(), gzg,
+        launch(_glue_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(), gzg,
                gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
@@ -318,9 +318,9 @@ class _Sensors(torch.autograd.Function):
         Lv = empty((B, L, M), dtype=torch.float32, device=s.device)
         k = empty((B, L, S), dtype=torch.float32, device=s.device)
         q = empty((B, L, S), dtype=torch.float32, device=s.device)
-        launch(_sensors_fwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, v, Lv, k, q, N, M, S, SS,
-               float(obs_min), _L2_EPS, QK_NORM=bool(qk_norm), BN=BN, BM=BM, BS=next_pow2(S),
-               num_warps=nw)  # fmt: skip
+        launch(_glue_sensors_fwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, v, Lv, k, q, N, M,
+               S, SS, float(obs_min), _L2_EPS, QK_NORM=bool(qk_norm), BN=BN, BM=BM,
+               BS=next_pow2(S), num_warps=nw)  # fmt: skip
         ctx.meta = (M, S, float(obs_min), bool(qk_norm))
         ctx.save_for_backward(s)
         return v, Lv, k, q
@@ -333,7 +333,7 @@ class _Sensors(torch.autograd.Function):
         N = B * L
         BN, BM, nw = _blocks()
         gs = empty((B, L, SS), s)
-        launch(_sensors_bwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, gv.contiguous(),
+        launch(_glue_sensors_bwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, gv.contiguous(),
                gLv.contiguous(), gk.contiguous(), gq.contiguous(), gs, N, M, S, SS, obs_min,
                _L2_EPS, QK_NORM=qk_norm, BN=BN, BM=BM, BS=next_pow2(S),
                num_warps=nw)  # fmt: skip
@@ -348,7 +348,7 @@ class _GateSkip(torch.autograd.Function):
         BN, BM, nw = _blocks()
         out = empty((B, L, M), zg)
         yvg = empty((B, L, M), dtype=var_dtype, device=y.device) if has_var else out
-        launch(_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar, zg, zc, skip, out, yvg,
+        launch(_glue_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar, zg, zc, skip, out, yvg,
                N, M, 2 * M, ACT=act, HAS_VAR=has_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
         ctx.meta = (act, has_var)
         ctx.buf = buf
@@ -372,7 +372,7 @@ class _GateSkip(torch.autograd.Function):
         gzc = empty((B, L, M), zc)
         nN, nM = cdiv(N, BN), cdiv(M, BM)
         gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
-        launch(_gate_bwd_kernel, (nN, nM), gout.contiguous(),
+        launch(_glue_gate_bwd_kernel, (nN, nM), gout.contiguous(),
                gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
                gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
                HAS_VAR=with_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip

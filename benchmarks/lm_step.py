@@ -1,0 +1,352 @@
+"""One training step of a KLA language model against an attention language model of the same size.
+
+``KLALanguageModel`` (d_model 512, 6 layers, vocab 256) with ``mixers="kla"`` and with
+``mixers="attention"`` (SDPA flash), bf16 autocast, fused AdamW; a step is forward, cross-entropy
+loss, backward and the optimizer step. At each batch x context (default 8 x 2048, 2 x 8192,
+1 x 32768, 1 x 131072) the models run interleaved in the same process:
+
+- correctness first: each model's bf16 loss on the first step against a float32 eager reference
+  (same weights, same batch, autocast off, the KLA layers' eager glue); a model whose loss is off
+  by more than ``--loss-tol`` (relative) gets no timing;
+- GPU time per step from CUDA events (median of ``--repeats``, at most 3 above 65,536 tokens,
+  after ``--warmup`` steps), and the host time to issue a step (``perf_counter`` around the
+  call, before synchronizing);
+- a torch.profiler split of one step's GPU time: KLA op kernels, fused glue kernels, other
+  elementwise / reduction / copy kernels, GEMMs, attention kernels, optimizer, other;
+- peak memory; an out-of-memory model is recorded as such and the run continues.
+
+``kla-eager`` (the KLA model with ``KLALayer.glue = "eager"``) shows what the fused glue saves.
+JSON to ``--out``. ``--dry-run``: tiny shapes on the CPU (eager), to check the script.
+
+    export PYTHONPATH=$PWD
+    python3 benchmarks/lm_step.py --out benchmarks/results/lm_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from kalmanscan.kla import KLALanguageModel, ModelConfig  # noqa: E402
+
+CATEGORIES = ("kla_op", "glue_fused", "elementwise", "gemm", "attention", "optimizer", "other")
+
+
+def classify(name: str) -> str:
+    """The profile category of a CUDA kernel (or, on the CPU, an aten op) by its name."""
+    n = name.lower()
+    if any(k in n for k in ("_kla_", "_chunk_maps_", "_carry_kernel", "_adjoint_maps_")):
+        return "kla_op"  # kalmanscan/cuda/kla/{forward,backward,chunked}.py
+    if "_glue_" in n:
+        return "glue_fused"  # kalmanscan/cuda/kla/glue.py
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
+        return "optimizer"
+    if any(
+        k in n
+        for k in ("gemm", "gemv", "cutlass", "nvjet", "cublas", "xmma", "aten::mm", "aten::addmm",
+                  "aten::bmm", "aten::linear", "aten::matmul", "splitk")
+    ):  # fmt: skip
+        return "gemm"
+    if any(
+        k in n
+        for k in ("elementwise", "vectorized", "reduce", "copy", "cat", "fill", "softmax",
+                  "cross_entropy", "nll", "norm", "index", "embedding", "conv", "unrolled",
+                  "aten::")
+    ):  # fmt: skip
+        return "elementwise"
+    return "other"
+
+
+def make_models(d_model, n_layers, vocab, device, seed):
+    """``{"kla", "kla-eager", "attention"}`` models; the two KLA ones share their weights."""
+    models = {}
+    torch.manual_seed(seed)
+    kla = KLALanguageModel(ModelConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers,
+                                       mixers="kla")).to(device)  # fmt: skip
+    eager = KLALanguageModel(kla.config).to(device)
+    eager.load_state_dict(kla.state_dict())
+    for blk in eager.blocks:
+        blk.mixer.glue = "eager"
+    torch.manual_seed(seed)
+    attn = KLALanguageModel(ModelConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers,
+                                        mixers="attention")).to(device)  # fmt: skip
+    models["kla"], models["kla-eager"], models["attention"] = kla, eager, attn
+    return models
+
+
+def loss_of(model, tokens, autocast, device):
+    inp, tgt = tokens[:, :-1], tokens[:, 1:]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(inp)
+    return F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
+
+
+def reference_loss(model, tokens, device):
+    """Float32 loss, autocast off, KLA layers on their eager glue (same weights)."""
+    saved = [(blk.mixer, blk.mixer.__dict__.get("glue")) for blk in model.blocks
+             if blk.mixer_kind == "kla"]  # fmt: skip
+    for mixer, _ in saved:
+        mixer.glue = "eager"
+    try:
+        with torch.no_grad():
+            return float(loss_of(model, tokens, False, device))
+    finally:
+        for mixer, glue in saved:
+            if glue is None:
+                del mixer.glue
+            else:
+                mixer.glue = glue
+
+
+class Stepper:
+    """One model's training step (forward, loss, backward, fused AdamW step)."""
+
+    def __init__(self, model, device, autocast):
+        self.model, self.device, self.autocast = model, device, autocast
+        fused = device.type == "cuda"
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+
+    def __call__(self, tokens):
+        self.opt.zero_grad(set_to_none=True)
+        loss = loss_of(self.model, tokens, self.autocast, self.device)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, tokens, device):
+    """``(gpu_ms, host_ms)`` of one step: CUDA events (wall clock on the CPU) and issue time."""
+    if device.type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        t0 = time.perf_counter()
+        step(tokens)
+        host = (time.perf_counter() - t0) * 1e3
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b), host
+    t0 = time.perf_counter()
+    step(tokens)
+    ms = (time.perf_counter() - t0) * 1e3
+    return ms, ms
+
+
+def profile_split(step, tokens, device):
+    """One step's time by category (ms): CUDA kernels on the GPU, aten ops' self time on the
+    CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step(tokens)
+        sync(device)
+    split = dict.fromkeys(CATEGORIES, 0.0)
+    top = {}
+    if device.type == "cuda":
+        for ev in prof.events():
+            if ev.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            ms = ev.time_range.elapsed_us() / 1e3
+            split[classify(ev.name)] += ms
+            top[ev.name] = top.get(ev.name, 0.0) + ms
+    else:
+        for avg in prof.key_averages():
+            if not avg.key.startswith("aten::"):
+                continue
+            ms = avg.self_cpu_time_total / 1e3
+            split[classify(avg.key)] += ms
+            top[avg.key] = top.get(avg.key, 0.0) + ms
+    split = {k: round(v, 3) for k, v in split.items()}
+    split["total"] = round(sum(split.values()), 3)
+    heavy = sorted(top.items(), key=lambda kv: -kv[1])[:12]
+    return split, [
+        {"name": n[:160], "ms": round(ms, 3), "category": classify(n)} for n, ms in heavy
+    ]
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def run_shape(models, B, L, args, device):
+    g = torch.Generator(device="cpu").manual_seed(args.seed + L)
+    tokens = torch.randint(0, args.vocab, (B, L + 1), generator=g).to(device)
+    # every model starts this shape from its initial weights (the steps of earlier shapes moved
+    # them): the correctness check compares with a reference on exactly these weights
+    res = {}
+    steppers = {}
+    for name, model in models.items():
+        model.load_state_dict(args.initial[name])
+        entry = res[name] = {"ok": False}
+        try:
+            ref = reference_loss(model, tokens, device)
+            stepper = Stepper(model, device, autocast=not args.dry_run)
+            loss = float(stepper(tokens).detach())  # first step: the reference's weights
+            for _ in range(args.warmup - 1):
+                stepper(tokens)
+            sync(device)
+        except RuntimeError as err:
+            if not is_oom(err):
+                raise
+            entry.update(error="out of memory", detail=str(err).splitlines()[0][:200])
+        if "error" in entry:
+            stepper = None
+            _free(device)  # after the except block: its traceback held the step's tensors
+            continue
+        rel = abs(loss - ref) / abs(ref)
+        entry.update(loss=loss, ref_loss=ref, loss_rel_err=rel)
+        if not (math.isfinite(loss) and rel <= args.loss_tol):
+            entry["error"] = f"loss {loss} vs float32 reference {ref}: relative {rel:.2e}"
+            continue
+        entry["ok"] = True
+        steppers[name] = stepper
+    gpu = {n: [] for n in steppers}
+    host = {n: [] for n in steppers}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    repeats = args.repeats if B * L <= 65536 else min(args.repeats, 3)
+    for _ in range(repeats):  # interleaved: each repeat runs every model once
+        for name, stepper in list(steppers.items()):
+            try:
+                ms, h = timed(stepper, tokens, device)
+            except RuntimeError as err:
+                if not is_oom(err):
+                    raise
+                res[name].update(ok=False, error="out of memory while timing")
+            if not res[name]["ok"]:
+                del steppers[name]
+                _free(device)
+                continue
+            gpu[name].append(ms)
+            host[name].append(h)
+    for name, stepper in steppers.items():
+        entry = res[name]
+        entry["gpu_ms"] = round(statistics.median(gpu[name]), 3)
+        entry["gpu_ms_all"] = [round(x, 3) for x in gpu[name]]
+        entry["host_ms"] = round(statistics.median(host[name]), 3)
+        entry["tokens_per_s"] = round(B * L / (entry["gpu_ms"] / 1e3))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            stepper(tokens)
+            sync(device)
+            entry["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if not args.no_profile:
+            entry["profile_ms"], entry["profile_top"] = profile_split(stepper, tokens, device)
+    for stepper in steppers.values():
+        del stepper.opt
+    steppers.clear()
+    _free(device)
+    row = {"B": B, "L": L, "models": res}
+    for name in ("kla", "kla-eager"):
+        if res.get(name, {}).get("ok") and res.get("attention", {}).get("ok"):
+            row[f"{name}_over_attention"] = round(
+                res[name]["gpu_ms"] / res["attention"]["gpu_ms"], 3
+            )
+    return row
+
+
+def _free(device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON output path")
+    ap.add_argument("--shapes", default="8x2048,2x8192,1x32768,1x131072",
+                    help="comma-separated BxL")  # fmt: skip
+    ap.add_argument("--models", default="kla,attention,kla-eager")
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--n-layers", type=int, default=6)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--loss-tol", type=float, default=1e-2,
+                    help="bf16 loss vs the float32 reference, relative")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes on the CPU, float32 eager (checks the script)")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        device = torch.device("cpu")
+        args.shapes, args.d_model, args.n_layers = "2x16,1x40", 32, 2
+        args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("lm_step.py: needs a CUDA device (or --dry-run)")
+        device = torch.device("cuda")
+    args.warmup = max(args.warmup, 1)
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    names = [n.strip() for n in args.models.split(",")]
+    all_models = make_models(args.d_model, args.n_layers, args.vocab, device, args.seed)
+    unknown = set(names) - set(all_models)
+    if unknown:
+        sys.exit(f"--models: expected names from {sorted(all_models)}, got {sorted(unknown)}")
+    models = {n: all_models[n] for n in names}
+    args.initial = {n: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                    for n, m in models.items()}  # fmt: skip
+    t_start = time.time()
+    rows = []
+    for B, L in shapes:
+        row = run_shape(models, B, L, args, device)
+        rows.append(row)
+        parts = []
+        for name, e in row["models"].items():
+            parts.append(
+                f"{name} {e['gpu_ms']:.2f} ms" if e.get("ok") else f"{name} {e.get('error')}"
+            )
+        ratio = row.get("kla_over_attention")
+        print(f"{B} x {L}: " + ", ".join(parts) + (f"; kla/attention {ratio:.2f}" if ratio else ""),
+              flush=True)  # fmt: skip
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    out = {
+        "benchmark": "lm_step",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "dry_run": bool(args.dry_run),
+        "config": {
+            "d_model": args.d_model,
+            "n_layers": args.n_layers,
+            "vocab": args.vocab,
+            "autocast": None if args.dry_run else "bfloat16",
+            "optimizer": "AdamW",
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "loss_tol": args.loss_tol,
+        },  # fmt: skip
+        "rows": rows,
+        "wall_s": round(time.time() - t_start, 1),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out} ({out['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
