@@ -17,6 +17,7 @@ A path whose check fails gets no time (``"ms": null``). GPU time: CUDA events, t
 ``--reps`` calls after warm-up. JSON to ``--out``.
 
     python benchmarks/kla_chunked.py --out benchmarks/results/kla_chunked.json
+    python benchmarks/kla_chunked.py --shapes 1x32768,1x131072 --no-sweep   # a subset
     python benchmarks/kla_chunked.py --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes
 """
 
@@ -45,6 +46,14 @@ def parse():
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--d-model", type=int, default=512)
+    p.add_argument(
+        "--shapes", default=None, help="comma-separated BxL (default: the 8 shapes of FULL_SHAPES)"
+    )
+    p.add_argument(
+        "--no-sweep",
+        action="store_true",
+        help="time unchunked and the rule's choice only, not every chunk count",
+    )
     return p.parse_args()
 
 
@@ -154,6 +163,9 @@ def check_slice(B, L, S, dyn, C, device):
             "errors": {**errs, **gerrs}}  # fmt: skip
 
 
+T0 = time.perf_counter()
+
+
 def main():
     cuda = not ARGS.dry_run
     if cuda and not torch.cuda.is_available():
@@ -169,6 +181,8 @@ def main():
         tuning.sm_count = lambda dev: 1
         tuning.MIN_CHUNK = 8
         tuning.LANES_PER_SM = 64
+    if ARGS.shapes:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in ARGS.shapes.split(",")]
     layer = KLALayer(ARGS.d_model if not ARGS.dry_run else 2, cfg if not ARGS.dry_run else
                      KLAConfig(d_state=S, expand=M / 2))  # fmt: skip
     with torch.no_grad():
@@ -187,8 +201,9 @@ def main():
         auto = tuning.chunks_for(lanes, L, sms)
         counts = [c for c in SWEEP if L % c == 0 and L // c >= tuning.MIN_CHUNK]
         # the sweep where the lanes do not fill the device, else the rule's choice only
-        few = lanes < tuning.LANES_PER_SM * max(sms, 1)
-        variants = [1] + (counts if few else []) + ([auto] if auto not in counts else [])
+        few = lanes < tuning.LANES_PER_SM * max(sms, 1) and not ARGS.no_sweep
+        t_shape = time.perf_counter()
+        variants = [1] + (counts if few else []) + [auto]
         x = inputs(B, L, M, S, dyn, device)
         g = torch.Generator(device=device).manual_seed(3)
         grads = [torch.randn(B, L, M, device=device, generator=g) for _ in range(2)]
@@ -218,6 +233,7 @@ def main():
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         base.clear()
+        print(f"B={B} L={L}: {time.perf_counter() - t_shape:.1f} s", file=sys.stderr, flush=True)
         if auto > 1:
             chk = check_slice(B, L, S, dyn, auto, device)
             chk["what"] = f"B={B} L={L}: " + chk["what"]
@@ -229,6 +245,7 @@ def main():
             torch.cuda.empty_cache()
     with_chunks(None)
     result["all_checks_ok"] = all_ok
+    result["wall_s"] = time.perf_counter() - T0
     text = json.dumps(result, indent=1)
     if ARGS.out:
         with open(ARGS.out, "w") as f:
