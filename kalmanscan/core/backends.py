@@ -13,7 +13,9 @@ Ops and their backends:
   chunk) -> DenseFilterResult | DenseSmoothResult`` on a laid-out dense model:
   ``"sequential"`` (the step-by-step reference), ``"torch"`` (the chunked scan), ``"native"``
   (the compiled exact sequential pass, CPU), ``"diagonal"`` (diagonal models through the scalar
-  filter).
+  filter), ``"triton"`` (the fused GPU filter for small dense states; on CUDA ``"auto"`` takes it
+  for the model class it serves and ``"torch"`` otherwise, a rule on the call's model class that
+  ``kalmanscan.dense.api`` applies, never one on sizes).
 
 ``"auto"`` looks only at the device and at what is installed, never at shapes or grad mode: the
 first available name of ``AUTO[op][device type]``. A backend that cannot serve a call raises and
@@ -48,6 +50,7 @@ TABLES = {
         "torch": "kalmanscan.dense.api:_torch",
         "native": "kalmanscan.dense.api:_native",
         "diagonal": "kalmanscan.dense.api:_diagonal",
+        "triton": "kalmanscan.cuda.dense:dense_triton",
     },
 }
 FILTER_BACKENDS = TABLES["filter"]
@@ -58,12 +61,14 @@ AUTO = {
     # the KLA op has many lanes per token: on the CPU the vectorized token loop is fastest
     "kla": {"cuda": ("triton", "torch"), "cpu": ("sequential",)},
     # the compiled dense pass is faster than the scan on every CPU shape measured (docs/dense.md)
-    "dense": {"cuda": ("torch",), "cpu": ("native", "torch")},
+    # on CUDA "auto" means triton for the model class it serves (proper prior, time-invariant,
+    # n <= 8, filter, no grad: kalmanscan.cuda.dense.unsupported), torch for the rest
+    "dense": {"cuda": ("triton", "torch"), "cpu": ("native", "torch")},
 }
 
 # the compiled extension behind each op's "native" backend, and what serves other devices
 _NATIVE_EXTENSION = {"filter": "kalmanscan.core._native", "dense": "kalmanscan.dense._native_dense"}
-_OFF_CPU = {"filter": "'triton' (fused GPU kernels) or 'torch'", "dense": "'torch'"}
+_OFF_CPU = {"filter": "'triton' (fused GPU kernels) or 'torch'", "dense": "'triton' or 'torch'"}
 
 
 @functools.cache

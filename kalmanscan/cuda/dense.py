@@ -1,0 +1,377 @@
+"""Fused Triton filter for small dense states (the ``"triton"`` backend of ``kalmanscan.dense``).
+
+Notation as :mod:`kalmanscan.dense.scan` (B series, T steps, n state padded to NP = 2, 4 or 8,
+d observation components; R diagonal after whitening, ``r_k`` its entries). An element over the
+steps of a chunk says ``p(x_j | x_{i-1}, z_{i:j}) = N(A x_{i-1} + b, C)`` and
+``p(z_{i:j} | x_{i-1}) ∝ exp(eta' x_{i-1} - x_{i-1}' J x_{i-1} / 2)``.
+
+Reduce-then-scan over chunks of ``L`` steps, three launches:
+
+1. ``chunk_elements``: one program per (chunk, series) composes its steps' elements from the
+   identity, one step at a time (predict ``A <- F A``, ``b <- F b + c``, ``C <- F C F' + Q``; then
+   one rank-1 update per observed component with ``g = A' h``, ``s = h' C h + r``): no solves.
+2. ``carry``: one program per series walks the chunks in order, turning the filtered state before
+   a chunk into the one before the next (the posterior of ``x_{i-1}`` given the chunk's
+   information, ``(I + P J)^-1`` by Gauss-Jordan with partial pivoting, pushed through ``A, b, C``:
+   the "prior at the end" step of :func:`kalmanscan.dense.parallel.filter_parts`).
+3. ``chunk_filter``: one program per (chunk, series) runs the covariance-form filter from its
+   carried start and writes every output once: predictions, filtered means, covariances and
+   precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood.
+
+Every step updates one observation component at a time (exact for diagonal R; a full R is
+whitened on the host, which the missing-data pattern then must not break). Float32 errors stay at
+a few ulp because the filter contracts them (docs/dense.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, next_pow2
+
+LOG_2PI = tl.constexpr(math.log(2 * math.pi))
+MAX_N = 8
+
+# chunk length L: about sqrt(SCALE * T) as a power of 2 in [MIN, MAX] balances the per-chunk passes
+# (L steps each) against the carry (T / L dependent solves); num_warps of every kernel
+TUNING = {"scale": 4.0, "min_chunk": 16, "max_chunk": 4096, "num_warps": 1}
+
+
+def chunk_length(T: int) -> int:
+    if interpreting():
+        return max(2, min(64, next_pow2(cdiv(T, 4))))
+    L = next_pow2(int(math.sqrt(TUNING["scale"] * T)))
+    return max(TUNING["min_chunk"], min(TUNING["max_chunk"], L))
+
+
+@helper
+def _mm(X, Y):
+    """X @ Y for [NP, NP] tiles."""
+    return tl.sum(X[:, :, None] * Y[None, :, :], axis=1)
+
+
+@helper
+def _mmt(X, Y):
+    """X @ Y' for [NP, NP] tiles."""
+    return tl.sum(X[:, None, :] * Y[None, :, :], axis=2)
+
+
+@helper
+def _mv(X, v):
+    """X @ v for a [NP, NP] tile and a [NP] vector."""
+    return tl.sum(X * v[None, :], axis=1)
+
+
+@helper
+def _mtv(X, v):
+    """X' @ v."""
+    return tl.sum(X * v[:, None], axis=0)
+
+
+@helper
+def _sym(X):
+    return 0.5 * (X + tl.trans(X))
+
+
+@helper
+def _row(ptr, k, D: tl.constexpr, n, cols):
+    """Row k of a [D, n] matrix at ``ptr`` as a [NP] vector (0 in the padding)."""
+    return tl.load(ptr + k * n + cols, mask=cols < n, other=0.0)
+
+
+@helper
+def _inv_spd(P, rv, ri, cj, n, NP: tl.constexpr):
+    """Inverse of an SPD [NP, NP] tile (padding set to the identity) by Gauss-Jordan."""
+    pad = (ri == cj) & (ri >= n)
+    M = tl.where(pad, 1.0, P)
+    Inv = tl.where(ri == cj, 1.0, 0.0).to(P.dtype)
+    for k in tl.static_range(NP):
+        rowM = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
+        rowI = tl.sum(tl.where(ri == k, Inv, 0.0), axis=0)
+        colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
+        piv = tl.sum(tl.where(rv == k, rowM, 0.0), axis=0)
+        rowM = rowM / piv
+        rowI = rowI / piv
+        M = tl.where(ri == k, rowM[None, :], M - colM[:, None] * rowM[None, :])
+        Inv = tl.where(ri == k, rowI[None, :], Inv - colM[:, None] * rowI[None, :])
+    return Inv
+
+
+@triton.jit
+def chunk_elements(
+    z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, E_ptr,
+    T, n, L, NC,
+    NP: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Chunk ``pid0`` of series ``pid1``: E [B, NC, 3 NP + 2, NP], rows A, C, J, b, eta."""
+    ch = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    mm = (ri < n) & (cj < n)
+    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    A = tl.where(ri == cj, 1.0, 0.0).to(Fm.dtype)
+    C = tl.zeros([NP, NP], Fm.dtype)
+    J = tl.zeros([NP, NP], Fm.dtype)
+    b = tl.zeros([NP], Fm.dtype)
+    eta = tl.zeros([NP], Fm.dtype)
+    t0 = ch * L
+    t1 = tl.minimum(t0 + L, T)
+    if D == 1:
+        h0 = _row(H_ptr + s * n, 0, D, n, rv)
+        r0 = tl.load(r_ptr + s)
+    for t in tl.range(t0, t1):
+        A = _mm(Fm, A)
+        b = _mv(Fm, b) + cv
+        C = _sym(_mmt(_mm(Fm, C), Fm) + Qm)
+        for k in tl.static_range(D):
+            if D == 1:
+                h = h0
+                r = r0
+            else:
+                h = _row(H_ptr + s * D * n, k, D, n, rv)
+                r = tl.load(r_ptr + s * D + k)
+            zk = tl.load(z_ptr + (s * T + t) * D + k)
+            obs = zk == zk
+            g = _mtv(A, h)
+            Ch = _mv(C, h)
+            sk = tl.sum(h * Ch, axis=0) + r
+            w = tl.where(obs, 1.0 / sk, 0.0)
+            v = tl.where(obs, zk - tl.sum(h * b, axis=0), 0.0)
+            J = J + (w * g)[:, None] * g[None, :]
+            eta = eta + (w * v) * g
+            K = w * Ch
+            A = A - K[:, None] * g[None, :]
+            b = b + K * v
+            C = _sym(C - K[:, None] * Ch[None, :])
+    base = E_ptr + (s * NC + ch) * (3 * NP + 2) * NP
+    tl.store(base + ri * NP + cj, A)
+    tl.store(base + (NP + ri) * NP + cj, C)
+    tl.store(base + (2 * NP + ri) * NP + cj, J)
+    tl.store(base + 3 * NP * NP + rv, b)
+    tl.store(base + (3 * NP + 1) * NP + rv, eta)
+
+
+@triton.jit
+def carry(
+    E_ptr, m0_ptr, P0_ptr, S_ptr,
+    n, NC,
+    NP: tl.constexpr,
+):  # fmt: skip
+    """Filtered state before each chunk of series ``pid0``: S [B, NC, NP + 1, NP] rows P, m."""
+    s = tl.program_id(0).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    mm = (ri < n) & (cj < n)
+    P = tl.load(P0_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    m = tl.load(m0_ptr + s * n + rv, mask=rv < n, other=0.0)
+    eye = tl.where(ri == cj, 1.0, 0.0).to(P.dtype)
+    for ch in tl.range(0, NC):
+        out = S_ptr + (s * NC + ch) * (NP + 1) * NP
+        tl.store(out + ri * NP + cj, P)
+        tl.store(out + NP * NP + rv, m)
+        if ch + 1 < NC:
+            base = E_ptr + (s * NC + ch) * (3 * NP + 2) * NP
+            A = tl.load(base + ri * NP + cj)
+            C = tl.load(base + (NP + ri) * NP + cj)
+            J = tl.load(base + (2 * NP + ri) * NP + cj)
+            b = tl.load(base + 3 * NP * NP + rv)
+            eta = tl.load(base + (3 * NP + 1) * NP + rv)
+            # (I + P J) [Sig, u] = [P, P (eta - J m)] by Gauss-Jordan with partial pivoting
+            M = eye + _mm(P, J)
+            X = P
+            u = _mv(P, eta - _mv(J, m))
+            for k in tl.static_range(NP):
+                colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
+                p = tl.argmax(tl.where(rv >= k, tl.abs(colM), -1.0), axis=0)
+                rowMk = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
+                rowMp = tl.sum(tl.where(ri == p, M, 0.0), axis=0)
+                rowXk = tl.sum(tl.where(ri == k, X, 0.0), axis=0)
+                rowXp = tl.sum(tl.where(ri == p, X, 0.0), axis=0)
+                uk = tl.sum(tl.where(rv == k, u, 0.0), axis=0)
+                up = tl.sum(tl.where(rv == p, u, 0.0), axis=0)
+                akk = tl.sum(tl.where(rv == k, colM, 0.0), axis=0)
+                piv = tl.sum(tl.where(rv == p, colM, 0.0), axis=0)
+                # swap rows k and p, then eliminate column k from every other row
+                M = tl.where(ri == p, rowMk[None, :], M)
+                X = tl.where(ri == p, rowXk[None, :], X)
+                u = tl.where(rv == p, uk, u)
+                colE = tl.where(rv == k, 0.0, tl.where(rv == p, akk, colM))
+                rowM = rowMp / piv
+                rowX = rowXp / piv
+                uk = up / piv
+                M = tl.where(ri == k, rowM[None, :], M - colE[:, None] * rowM[None, :])
+                X = tl.where(ri == k, rowX[None, :], X - colE[:, None] * rowX[None, :])
+                u = tl.where(rv == k, uk, u - colE * uk)
+            mu = m + u
+            Sig = _sym(X)
+            m = _mv(A, mu) + b
+            P = _sym(_mmt(_mm(A, Sig), A) + C)
+
+
+@triton.jit
+def chunk_filter(
+    z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, S_ptr,
+    mean_ptr, cov_ptr, prec_ptr, pm_ptr, pP_ptr, ll_ptr,
+    T, n, L, NC,
+    NP: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Covariance-form filter over chunk ``pid0`` of series ``pid1`` from its carried start."""
+    ch = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    mm = (ri < n) & (cj < n)
+    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    start = S_ptr + (s * NC + ch) * (NP + 1) * NP
+    P = tl.load(start + ri * NP + cj)
+    m = tl.load(start + NP * NP + rv)
+    ll = tl.zeros([1], Fm.dtype)
+    ll = tl.sum(ll, axis=0)
+    t0 = ch * L
+    t1 = tl.minimum(t0 + L, T)
+    if D == 1:
+        h0 = _row(H_ptr + s * n, 0, D, n, rv)
+        r0 = tl.load(r_ptr + s)
+    for t in tl.range(t0, t1):
+        m = _mv(Fm, m) + cv
+        P = _sym(_mmt(_mm(Fm, P), Fm) + Qm)
+        o = (s * T + t) * n
+        tl.store(pm_ptr + o + rv, m, mask=rv < n)
+        tl.store(pP_ptr + o * n + ri * n + cj, P, mask=mm)
+        for k in tl.static_range(D):
+            if D == 1:
+                h = h0
+                r = r0
+            else:
+                h = _row(H_ptr + s * D * n, k, D, n, rv)
+                r = tl.load(r_ptr + s * D + k)
+            zk = tl.load(z_ptr + (s * T + t) * D + k)
+            obs = zk == zk
+            Ph = _mv(P, h)
+            sk = tl.sum(h * Ph, axis=0) + r
+            w = tl.where(obs, 1.0 / sk, 0.0)
+            v = tl.where(obs, zk - tl.sum(h * m, axis=0), 0.0)
+            ll += tl.where(obs, -0.5 * (LOG_2PI + tl.log(sk) + v * v * w), 0.0)
+            K = w * Ph
+            m = m + K * v
+            P = _sym(P - K[:, None] * Ph[None, :])
+        tl.store(mean_ptr + o + rv, m, mask=rv < n)
+        tl.store(cov_ptr + o * n + ri * n + cj, P, mask=mm)
+        tl.store(prec_ptr + o * n + ri * n + cj, _sym(_inv_spd(P, rv, ri, cj, n, NP)), mask=mm)
+    tl.store(ll_ptr + s * NC + ch, ll)
+
+
+def unsupported(model, layout) -> str | None:
+    """Why the triton backend cannot serve this laid-out model (None when it can)."""
+    n, T = layout.n, layout.T
+    if n > MAX_N:
+        return f"state dimension n <= {MAX_N}, got n = {n}"
+    if model.P0 is None:
+        return "a proper prior (prior_cov finite); the diffuse start is not supported"
+    for name, t in (("F", model.F), ("offset", model.c), ("Q", model.Q), ("H", model.H),
+                    ("R", model.R)):  # fmt: skip
+        if T > 1 and t.stride(1) != 0 and not bool((t == t[:, :1]).all()):
+            return f"time-invariant matrices, got a time-varying {name}"
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in model):
+        return "inputs that do not require grad (it has no backward)"
+    return None
+
+
+def run(model, layout):
+    """Filter of a laid-out model (z with NaN where missing): (mean, cov, precision, pred_mean,
+    pred_cov, loglik [B]), all [B, T, ...]. The caller has checked :func:`unsupported`."""
+    B, T, d = model.z.shape
+    n = layout.n
+    dtype, dev = model.z.dtype, model.z.device
+    z = model.z
+    if bool(torch.isinf(z).any()):
+        from kalmanscan.dense._args import Z_INF_MESSAGE
+
+        raise ValueError(Z_INF_MESSAGE)
+    F = model.F[:, 0].contiguous()
+    c = model.c[:, 0].contiguous()
+    Q = model.Q[:, 0].contiguous()
+    H = model.H[:, 0]
+    R = model.R[:, 0]
+    m0 = model.m0.contiguous()
+    P0 = model.P0.contiguous()
+    ll_shift = torch.zeros(B, dtype=dtype, device=dev)
+    if d > 1 and not bool((R == torch.diag_embed(torch.diagonal(R, dim1=-2, dim2=-1))).all()):
+        if bool(torch.isnan(z).any()):
+            raise ValueError(
+                "R: backend 'triton' needs a diagonal R when observations are missing (a full R "
+                "is whitened, which mixes the components); use backend='torch'"
+            )
+        Lr, info = torch.linalg.cholesky_ex(R)
+        if bool(info.any()):
+            raise ValueError("R: backend 'triton' needs positive-definite R; use 'native' (CPU)")
+        z = torch.linalg.solve_triangular(Lr.unsqueeze(1), z.unsqueeze(-1), upper=False)[..., 0]
+        H = torch.linalg.solve_triangular(Lr, H, upper=False)
+        r = torch.ones(B, d, dtype=dtype, device=dev)
+        ll_shift = torch.log(torch.diagonal(Lr, dim1=-2, dim2=-1)).sum(-1)
+    else:
+        r = torch.diagonal(R, dim1=-2, dim2=-1)
+        if not bool((r > 0).all()):
+            raise ValueError(
+                "R: backend 'triton' needs positive-definite observation-noise covariances; "
+                "for a singular R use backend='native' (CPU)"
+            )
+    z = z.contiguous()
+    H = H.contiguous()
+    r = r.contiguous()
+    NP = max(2, next_pow2(n))
+    L = chunk_length(T)
+    NC = cdiv(T, L)
+    nw = 1 if interpreting() else TUNING["num_warps"]
+    E = empty((B, NC, 3 * NP + 2, NP), dtype=dtype, device=dev)
+    S = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+    if NC > 1:
+        chunk_elements[(NC - 1, B)](z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)
+    carry[(B,)](E, m0, P0, S, n, NC, NP=NP, num_warps=nw)
+    mean = empty((B, T, n), dtype=dtype, device=dev)
+    pm = empty((B, T, n), dtype=dtype, device=dev)
+    cov = empty((B, T, n, n), dtype=dtype, device=dev)
+    prec = empty((B, T, n, n), dtype=dtype, device=dev)
+    pP = empty((B, T, n, n), dtype=dtype, device=dev)
+    ll = empty((B, NC), dtype=dtype, device=dev)
+    chunk_filter[(NC, B)](
+        z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L, NC, NP=NP, D=d,
+        num_warps=nw,
+    )  # fmt: skip
+    loglik = ll.sum(1) - ll_shift * T
+    return mean, cov, prec, pm, pP, loglik
+
+
+def dense_triton(model, layout, smooth: bool, chunk: int):
+    """The ``"triton"`` backend of ``kalmanscan.dense.filter`` (TABLES["dense"]): proper prior,
+    time-invariant F, offset, Q, H, R, n <= 8, no grad, filter only; raises naming ``'torch'``
+    otherwise. ``chunk`` (the torch scan's block length) is not used: see :func:`chunk_length`."""
+    from kalmanscan.dense import _args
+    from kalmanscan.dense.api import DenseFilterResult
+
+    why = "the filter only (no smoother)" if smooth else unsupported(model, layout)
+    if why is not None:
+        raise ValueError(f"backend: 'triton' (dense) serves {why}; use backend='torch'")
+    mean, cov, prec, pm, pP, loglik = run(model, layout)
+    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
+    return DenseFilterResult(
+        mean=out(mean, 1),
+        cov=out(cov, 2),
+        precision=out(prec, 2),
+        pred_mean=out(pm, 1),
+        pred_cov=out(pP, 2),
+        loglik=_args.output_batch(layout, loglik),
+        diffuse=out(torch.zeros(mean.shape[:2], dtype=torch.bool, device=mean.device), 0),
+    )
