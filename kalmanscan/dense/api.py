@@ -82,6 +82,10 @@ def _run(
         z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False
     )
     name = backends.resolve(backend, model.z.device, op="dense")
+    if name == "triton" and backend == "auto":  # the model class triton serves (backends.AUTO)
+        from kalmanscan.cuda.dense import unsupported
+
+        name = "torch" if smooth or unsupported(model, layout) is not None else name
     return backends.get(name, op="dense")(model, layout, smooth, chunk)
 
 
@@ -290,7 +294,9 @@ def filter(
     smoother, CPU, float64; with inputs that require grad its values carry the gradients of the
     torch path at the same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"``
     (float64 reference), ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a
-    diagonal model with d == n). ``chunk`` is the block length of the scan.
+    diagonal model with d == n), ``"triton"`` (fused GPU filter: proper prior, time-invariant
+    matrices, n <= 8, no grad; ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the
+    rest). ``chunk`` is the block length of the torch scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
