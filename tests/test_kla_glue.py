@@ -144,3 +144,24 @@ def test_bf16_autocast_close_to_eager():
             outs[mode] = layer(x).float()
     err = float((outs["fused"] - outs["eager"]).abs().max() / outs["eager"].abs().max())
     assert err < 3e-2, err
+
+
+def test_gradient_through_the_final_state_only():
+    """A loss on the returned state alone: no gradient reaches the gate, and the conv window's
+    gradient goes to ``zg`` directly; the conv's backward then fills the gate half itself."""
+    layer = make_layer(16, 4, seed=4)
+    x = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    grads = {}
+    for mode in ("eager", "fused"):
+        layer.glue = mode
+        layer.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_(True)
+        _, state = layer(xx, return_state=True)
+        (state.eta.sum() + state.lam.sum() + state.conv.square().sum()).backward()
+        grads[mode] = {"x": xx.grad, **{n: p.grad for n, p in layer.named_parameters()}}
+    for name, want in grads["eager"].items():
+        have = grads["fused"][name]
+        if want is None:
+            assert have is None or not bool(have.any()), name
+            continue
+        assert_rel(have, want, f"grad {name}")

@@ -15,7 +15,11 @@ sensor projection (rows ``v``, ``log var_v``, ``k``, ``q``); conv ``weight [M, 1
 
 The backward of :func:`gate_skip` writes the gate's gradient into a ``[B, L, 2M]`` buffer that
 the backward of :func:`conv_silu` completes with ``z``'s gradient and returns as ``zg``'s (no
-concatenation of the two halves). Saved for the backward: ``zg``, ``s``, ``y`` (and ``yvar``
+concatenation of the two halves); it hands over the skip's gradient of ``zc`` the same way, and
+the conv's backward adds it to the sensor projection's as it reads both (no separate sum).
+The sensor path always carries a gradient to ``zc`` when the gate's backward runs (the op's
+output ``y`` depends on ``zc`` through the sensors), so the conv's backward runs after it.
+Saved for the backward: ``zg``, ``s``, ``y`` (and ``yvar``
 when its gradient may be needed) and ``zc``; the conv's pre-activation, the gate activation and
 the value precision are recomputed. The layer (``kalmanscan.kla.layer``) uses these on CUDA; the
 eager PyTorch path there is the reference they are tested against (tests/test_kla_glue.py).
@@ -93,10 +97,11 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
 
 
 @triton.jit
-def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS, NT,
-                     K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
-    """``gz[t] = sum_d w[K-1-d] gpre[t+d]`` with ``gpre = g * silu'(pre)`` recomputed at the
-    ``K - 1`` following tokens; per-program partial sums of ``gw``, ``gb``."""
+def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
+                          NT, K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """``gz[t] = sum_d w[K-1-d] gpre[t+d]`` with ``gpre = (g + g2) * silu'(pre)`` recomputed at
+    the ``K - 1`` following tokens (``g2``: the skip's gradient); per-program partial sums of
+    ``gw``, ``gb``."""
     pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = pid_t * BT + tl.arange(0, BT)
     m = pid_m * BM + tl.arange(0, BM)
@@ -115,9 +120,11 @@ def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, gz_ptr, gw_ptr, gb_ptr, L
                         mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
             pre += w[None, :] * x.to(tl.float32)
         inside = (tp < L)[:, None] & mmask[None, :]
-        g = tl.load(g_ptr + (rows + d)[:, None] * M + m[None, :], mask=inside, other=0.0)
+        at = (rows + d)[:, None] * M + m[None, :]
+        g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
         sg = 1.0 / (1.0 + tl.exp(-pre))
-        gp = tl.where(inside, g.to(tl.float32) * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
         wd = tl.load(w_ptr + m * K + (K - 1 - d), mask=mmask, other=0.0).to(tl.float32)
         gz += wd[None, :] * gp
         if d == 0:
@@ -269,10 +276,11 @@ class _GradBuffer:
     """The ``[B, L, 2M]`` gradient of ``zg``, passed from :class:`_GateSkip`'s backward (gate
     half) to :class:`_ConvSilu`'s (z half), which returns it."""
 
-    __slots__ = ("gzg",)
+    __slots__ = ("gzg", "gzc")
 
     def __init__(self):
         self.gzg = None
+        self.gzc = None
 
 
 class _ConvSilu(torch.autograd.Function):
@@ -295,15 +303,17 @@ class _ConvSilu(torch.autograd.Function):
         M, K = M2 // 2, weight.shape[-1]
         BT, BM, nw = _blocks()
         NT = cdiv(L, BT)
-        gzg = ctx.buf.gzg
-        ctx.buf.gzg = None
+        gzg, gskip_zc = ctx.buf.gzg, ctx.buf.gzc
+        ctx.buf.gzg = ctx.buf.gzc = None
         if gzg is None:  # the gate received no gradient
             gzg = empty((B, L, M2), zg)
             gzg[..., M:].zero_()
+            gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
         gw = empty((B * NT, K, M), dtype=torch.float32, device=zg.device)
         gb = empty((B * NT, M), dtype=torch.float32, device=zg.device)
-        launch(_glue_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(), gzg,
-               gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        launch(_glue_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(),
+               gskip_zc, gzg, gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM,
+               num_warps=nw)  # fmt: skip
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
 
@@ -376,9 +386,9 @@ class _GateSkip(torch.autograd.Function):
                gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
                gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
                HAS_VAR=with_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
-        ctx.buf.gzg = gzg
+        ctx.buf.gzg, ctx.buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
         gskip = gskip.sum().to(skip.dtype).reshape(skip.shape)
-        return gy, gyvar, None, gzc, gskip, None, None, None, None
+        return gy, gyvar, None, None, gskip, None, None, None, None
 
 
 def new_grad_buffer() -> _GradBuffer:
