@@ -74,12 +74,17 @@ def chunks_for(lanes: int, L: int, sms: int) -> int:
         if not (isinstance(CHUNKS, int) and CHUNKS >= 1 and L % CHUNKS == 0):
             raise ValueError(f"tuning.CHUNKS: expected a positive divisor of L={L}, got {CHUNKS!r}")
         return CHUNKS
-    want = -(-LANES_PER_SM * sms // lanes)
-    top = min(want, L // MIN_CHUNK)
-    for c in range(top, 1, -1):
-        if L % c == 0:
-            return c
-    return 1
+    key = (lanes, L, sms, LANES_PER_SM, MIN_CHUNK)
+    hit = _CHUNK_COUNTS.get(key)
+    if hit is None:
+        if len(_CHUNK_COUNTS) >= 256:
+            _CHUNK_COUNTS.clear()
+        top = min(-(-LANES_PER_SM * sms // lanes), L // MIN_CHUNK)
+        hit = _CHUNK_COUNTS[key] = next((c for c in range(top, 1, -1) if L % c == 0), 1)
+    return hit
+
+
+_CHUNK_COUNTS: dict = {}  # chunks_for's answers (a call's host time: one lookup)
 
 
 _SMS: dict = {}
