@@ -165,3 +165,37 @@ def test_gradient_through_the_final_state_only():
             assert have is None or not bool(have.any()), name
             continue
         assert_rel(have, want, f"grad {name}")
+
+
+def test_sensors_at_the_softplus_threshold_and_zero_keys():
+    """The sensor split on log-variances across torch's softplus threshold (20) and far below 0,
+    and keys/queries that are exactly zero (the L2 norm's eps floor), against the eager ops."""
+    import torch.nn.functional as F
+
+    from kalmanscan.cuda.kla import glue
+
+    B, L, M, S = 1, 3, 6, 4
+    g = torch.Generator().manual_seed(6)
+    s = torch.randn(B, L, 2 * M + 2 * S, generator=g, dtype=torch.float64).float()
+    s[0, :, M : 2 * M] = torch.tensor([-40.0, -12.0, -1e-3, 19.9, 20.0, 25.0]).float()
+    s[0, 1, 2 * M :] = 0.0  # a token whose k and q are both zero
+    s = s.to(DEVICE).requires_grad_(True)
+    outs = glue.sensors(s, M, S, 1e-4, True)
+    v, log_var, k, q = s.split([M, M, S, S], dim=-1)
+    ref = (
+        v,
+        1.0 / (F.softplus(log_var) + 1e-4),
+        k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12),
+        q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12),
+    )
+    weights = [torch.randn(o.shape, generator=g).to(DEVICE) for o in ref]
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ref, weights, strict=True)), s)[0]
+    have = torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights, strict=True)), s)[0]
+    for name, a, b in zip(("v", "Lv", "k", "q"), outs, ref, strict=True):
+        assert a.dtype == torch.float32
+        assert_rel(a, b, name)
+    # per slice: the zero-key row's gradient is ~1e12 and would hide the rest
+    assert_rel(have[..., : 2 * M], want[..., : 2 * M], "grad s (v, log var)")
+    assert_rel(have[:, 1, 2 * M :], want[:, 1, 2 * M :], "grad s (zero k, q)")
+    rows = [0, 2]
+    assert_rel(have[:, rows, 2 * M :], want[:, rows, 2 * M :], "grad s (k, q)")
