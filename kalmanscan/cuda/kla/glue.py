@@ -66,7 +66,8 @@ def _softplus(x):
     """``(softplus(x), sigmoid(x))`` as torch (threshold 20); log1p by ``log(u) x / (u - 1)``."""
     e = tl.exp(tl.minimum(x, 20.0))
     u = 1.0 + e
-    l1p = tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))
+    one = u == 1.0
+    l1p = tl.where(one, e, tl.log(u) * e / tl.where(one, 1.0, u - 1.0))
     sp = tl.where(x > 20.0, x, l1p)
     sg = tl.where(x > 20.0, 1.0, e / u)
     return sp, sg
