@@ -335,6 +335,24 @@ def test_public_loglik_gradient(regime, dtype, triton_auto, monkeypatch):
         assert_close(gg, gr, "kernel_grad", dtype, what=f"grad {n}")
 
 
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
+def test_loglik_backward_twice_leaves_the_first_gradients(regime, monkeypatch):
+    """The adjoint's buffers come from the forward; a second backward through the same graph
+    (retain_graph) must not write into the first one's gradients."""
+    _force(monkeypatch, regime)
+    T, N = (500, 40) if CUDA else (21, 2)
+    xs = make_inputs(T, N, seed=5, broadcast=True)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (xs[1], xs[6])]
+    ins = [xs[0], leaves[0].expand(T, N)] + [x.expand(T, N) for x in xs[2:6]]
+    r = F.filter_lanes(*ins, (leaves[1], xs[7], xs[8]), outputs="loglik")
+    first = torch.autograd.grad(r["loglik"].sum(), leaves, retain_graph=True)
+    kept = [g.clone() for g in first]
+    second = torch.autograd.grad(2 * r["loglik"].sum(), leaves)
+    for g, k, g2 in zip(first, kept, second, strict=True):
+        assert torch.equal(g, k)
+        assert_close(g2, 2 * k, "kernel_grad", torch.float64, what="second backward")
+
+
 @pytest.mark.parametrize(
     "change, name",
     [({"obs_var": -1.0}, "obs_var"), ({"process_var": float("nan")}, "process_var"),

@@ -274,9 +274,11 @@ def _smooth(T, N, ins, x0):
 
 class _Adj:
     """The adjoint's buffers of one forward call (allocated by the forward, before its flags
-    are read, so that the backward's host path before its first launch is short)."""
+    are read, so that the backward's host path before its first launch is short). The
+    gradients returned may be views of ``part`` and ``g0``, so a second backward through the
+    same graph (``retain_graph``) takes new buffers (``used``)."""
 
-    __slots__ = ("modes", "n_part", "part", "scratch", "g0", "xend", "tuned")
+    __slots__ = ("needs", "modes", "n_part", "part", "scratch", "g0", "xend", "used")
 
 
 def _adjoint_modes(sig, ins, needs):
@@ -300,6 +302,7 @@ def _adjoint_buffers(sig, ins, needs):
     if size >= 2**31:  # 32-bit offsets into the segment scratch
         return None
     adj = _Adj()
+    adj.needs, adj.used = needs, False
     adj.modes = _adjoint_modes(sig, ins, needs)
     adj.n_part = n_part = sum(m == 2 for m in adj.modes)
     # one buffer and one sum for every input constant in time
@@ -335,6 +338,9 @@ def _adjoint(sig, ins, ck, amap, adj, gll, gfin):
             f"z: the triton backend's log-likelihood gradient handles up to "
             f"{2**31 // (sig.CK * 3)} lanes, got shape ({T}, {N}); use backend='torch'"
         )
+    if adj.used:  # the first backward's gradients may be views of these buffers
+        adj = _adjoint_buffers(sig, ins, adj.needs)
+    adj.used = True
     if gll is None:
         gll = _kept_zeros((N,), z)
     gsn = gll.stride(0) if N > 1 else 0  # read through its stride (sum()'s gradient: stride 0)
