@@ -1,6 +1,7 @@
 """The KLA op in parallel over chunks of time, for few lanes and long sequences (notation:
 ``kalmanscan/cuda/kla``'s docstring). :func:`kla_triton` takes this path where
-:func:`tuning.chunks_for` gives ``C > 1`` chunks of ``Lc = L / C`` steps.
+:func:`tuning.chunks_for` gives ``C > 1`` chunks of ``Lc = L / C`` steps (``C`` divides ``L``,
+so every chunk is a batch row of a view of the inputs and outputs, nothing copied).
 
 A lane's step is linear on the homogeneous belief ``(u, v, e)`` (precision ``u / v``,
 information ``e / v``; the scalar filter's form, ``kalmanscan/cuda/filter/kernels.py``)::
@@ -235,7 +236,7 @@ def _rows(x, R, Lc):
 
 
 def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
-    """``(maps [8, B C, M S], start [2, B C, M, S])``: the chunks' maps and the state
+    """``(maps [7, B C, M S], start [2, B C, M, S])``: the chunks' maps and the state
     ``(lam, eta)`` entering each of the ``C`` chunks of ``L / C`` steps."""
     B, L, M = v.shape
     S = k.shape[-1]
