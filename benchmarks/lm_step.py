@@ -9,8 +9,8 @@ loss, backward and the optimizer step. At each batch x context (default 8 x 2048
   (same weights, same batch, autocast off, the KLA layers' eager glue); a model whose loss is off
   by more than ``--loss-tol`` (relative) gets no timing;
 - GPU time per step from CUDA events (median of ``--repeats``, at most 3 above 65,536 tokens,
-  after ``--warmup`` steps), and the host time to issue a step (``perf_counter`` around the
-  call, before synchronizing);
+  after ``--warmup`` steps), the host time to issue a step (``perf_counter`` around the call,
+  before synchronizing) and the wall time until the step finished;
 - a torch.profiler split of one step's GPU time: KLA op kernels, fused glue kernels, other
   elementwise / reduction / copy kernels, GEMMs, attention kernels, optimizer, other;
 - peak memory; an out-of-memory model is recorded as such and the run continues.
@@ -133,7 +133,8 @@ def sync(device):
 
 
 def timed(step, tokens, device):
-    """``(gpu_ms, host_ms)`` of one step: CUDA events (wall clock on the CPU) and issue time."""
+    """``(gpu_ms, host_ms, wall_ms)`` of one step: CUDA events, the time to issue it, and the
+    wall clock until the GPU finished it (all the wall clock on the CPU)."""
     if device.type == "cuda":
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -142,11 +143,11 @@ def timed(step, tokens, device):
         host = (time.perf_counter() - t0) * 1e3
         b.record()
         b.synchronize()
-        return a.elapsed_time(b), host
+        return a.elapsed_time(b), host, (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     step(tokens)
     ms = (time.perf_counter() - t0) * 1e3
-    return ms, ms
+    return ms, ms, ms
 
 
 def profile_split(step, tokens, device):
@@ -203,10 +204,12 @@ def run_shape(models, B, L, args, device):
             for _ in range(args.warmup - 1):
                 stepper(tokens)
             sync(device)
-        except RuntimeError as err:
-            if not is_oom(err):
-                raise
-            entry.update(error="out of memory", detail=str(err).splitlines()[0][:200])
+        except Exception as err:  # noqa: BLE001  (recorded: the other models still run)
+            first = (str(err).splitlines() or [""])[0][:300]
+            if is_oom(err):
+                entry.update(error="out of memory", detail=first)
+            else:
+                entry.update(error=f"{type(err).__name__}: {first}")
         if "error" in entry:
             stepper = None
             _free(device)  # after the except block: its traceback held the step's tensors
@@ -220,13 +223,14 @@ def run_shape(models, B, L, args, device):
         steppers[name] = stepper
     gpu = {n: [] for n in steppers}
     host = {n: [] for n in steppers}
+    wall = {n: [] for n in steppers}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     repeats = args.repeats if B * L <= 65536 else min(args.repeats, 3)
     for _ in range(repeats):  # interleaved: each repeat runs every model once
         for name, stepper in list(steppers.items()):
             try:
-                ms, h = timed(stepper, tokens, device)
+                ms, h, w = timed(stepper, tokens, device)
             except RuntimeError as err:
                 if not is_oom(err):
                     raise
@@ -237,11 +241,13 @@ def run_shape(models, B, L, args, device):
                 continue
             gpu[name].append(ms)
             host[name].append(h)
+            wall[name].append(w)
     for name, stepper in steppers.items():
         entry = res[name]
         entry["gpu_ms"] = round(statistics.median(gpu[name]), 3)
         entry["gpu_ms_all"] = [round(x, 3) for x in gpu[name]]
         entry["host_ms"] = round(statistics.median(host[name]), 3)
+        entry["wall_ms"] = round(statistics.median(wall[name]), 3)
         entry["tokens_per_s"] = round(B * L / (entry["gpu_ms"] / 1e3))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
