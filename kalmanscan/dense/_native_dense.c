@@ -23,7 +23,11 @@
  * Smoother: Durbin & Koopman's state smoother in univariate form (r, N; in diffuse steps also
  * r1, N1, N2), run backward from the stored predictions; the per-entry quantities of a step are
  * recomputed from its prediction instead of stored. Smoothed mean a + P r0 + P_inf r1, covariance
- * P - P N0 P - P_inf N1 P - (P_inf N1 P)' - P_inf N2 P_inf.
+ * P - P N0 P - P_inf N1 P - (P_inf N1 P)' - P_inf N2 P_inf. Where that covariance cancels (a
+ * large prior) and at the diffuse steps, the information J that z_{t:T} carry about x_t is carried
+ * back instead (from the last step where the covariance form was accurate) and gives the smoothed
+ * covariance, at the diffuse steps in square-root form G Lam^-1 G' (G = [L, D]), whenever that is
+ * well conditioned (info_smoothed_cov).
  *
  * Precisions (filtered and smoothed) are inverses by Cholesky; a covariance that is not positive
  * definite gets NaN there and the caller inverts it by other means.
@@ -46,6 +50,7 @@
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
+#define INFO_COND 1e4 /* |J| |Q| up to this along the carried J: the diffuse steps' info form */
 #define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
 
 typedef struct {
@@ -240,6 +245,21 @@ static ALWAYS_INLINE int solve(int n, double *A, double *B) {
         }
     }
     return 1;
+}
+
+/* |A|_inf |B|_inf: a bound on the amplification of (I + A B)^-1 */
+static ALWAYS_INLINE double norm_prod(int n, const double *A, const double *B) {
+    double na = 0.0, nb = 0.0;
+    for (int i = 0; i < n; i++) {
+        double sa = 0.0, sb = 0.0;
+        for (int j = 0; j < n; j++) {
+            sa += fabs(A[i * n + j]);
+            sb += fabs(B[i * n + j]);
+        }
+        if (sa > na) na = sa;
+        if (sb > nb) nb = sb;
+    }
+    return na * nb;
 }
 
 /* J <- F' (I + J Q)^-1 J F: information on the previous state (F of the current step loaded). */
@@ -568,6 +588,80 @@ static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P,
     return 1;
 }
 
+/* The smoothed covariance in square-root information form: with the prediction
+ * x_t = a + L u + D v (P = L L', u ~ N(0, I), v flat along the k columns of D) and the information
+ * J that z_{t:T} carry about x_t, V = G Lam^-1 G', G = [L, D], Lam = diag(1_n, 0_k) + G' J G,
+ * computed as X'X with X = C^-1 G' (Lam = C C'): a sum of squares, no difference of nearly equal
+ * matrices. buf holds 11 n^2 doubles. *cond: the largest ratio of a diagonal entry of Lam to its
+ * Cholesky pivot (the pivots' relative rounding is eps times it: a huge information direction
+ * next to O(1) ones cancels there). 0 if Lam is not positive definite (a direction left
+ * diffuse). */
+static ALWAYS_INLINE int info_smoothed_cov(int n, int k, const double *P, const double *D, const double *J,
+                             double *buf, double *V, double *cond) {
+    const int m = n + k;
+    double *L = buf, *G = L + n * n, *JG = G + 2 * n * n, *Lam = JG + 2 * n * n,
+           *X = Lam + 4 * n * n;
+    double dmax = 0.0;
+    for (int i = 0; i < n; i++)
+        if (P[i * n + i] > dmax) dmax = P[i * n + i];
+    /* semidefinite Cholesky of P: a pivot at rounding level gives a zero column */
+    for (int j = 0; j < n; j++) {
+        double s = P[j * n + j];
+        for (int q = 0; q < j; q++) s -= L[j * n + q] * L[j * n + q];
+        double piv = s > 1e-15 * dmax ? sqrt(s) : 0.0;
+        L[j * n + j] = piv;
+        for (int i = j + 1; i < n; i++) {
+            double v = P[i * n + j];
+            for (int q = 0; q < j; q++) v -= L[i * n + q] * L[j * n + q];
+            L[i * n + j] = piv > 0.0 ? v / piv : 0.0;
+        }
+        for (int i = 0; i < j; i++) L[i * n + j] = 0.0;
+    }
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) G[i * m + j] = L[i * n + j];
+        for (int j = 0; j < k; j++) G[i * m + n + j] = D[i * n + j];
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double s = 0.0;
+            for (int q = 0; q < n; q++) s += J[i * n + q] * G[q * m + j];
+            JG[i * m + j] = s;
+        }
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = i == j && i < n ? 1.0 : 0.0;
+            for (int q = 0; q < n; q++) s += 0.5 * (G[q * m + i] * JG[q * m + j] + G[q * m + j] * JG[q * m + i]);
+            Lam[i * m + j] = s;
+        }
+    for (int j = 0; j < m; j++) { /* Lam = C C', C lower, in place */
+        double s = Lam[j * m + j];
+        for (int q = 0; q < j; q++) s -= Lam[j * m + q] * Lam[j * m + q];
+        if (!(s > 0.0)) return 0;
+        double c = sqrt(s);
+        if (Lam[j * m + j] / s > *cond) *cond = Lam[j * m + j] / s;
+        Lam[j * m + j] = c;
+        for (int i = j + 1; i < m; i++) {
+            double v = Lam[i * m + j];
+            for (int q = 0; q < j; q++) v -= Lam[i * m + q] * Lam[j * m + q];
+            Lam[i * m + j] = v / c;
+        }
+    }
+    for (int i = 0; i < n; i++) /* column i of X = C^-1 (row i of G)' */
+        for (int j = 0; j < m; j++) {
+            double v = G[i * m + j];
+            for (int q = 0; q < j; q++) v -= Lam[j * m + q] * X[q * n + i];
+            X[j * n + i] = v / Lam[j * m + j];
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int q = 0; q < m; q++) s += X[q * n + i] * X[q * n + j];
+            V[i * n + j] = s;
+            V[j * n + i] = s;
+        }
+    return 1;
+}
+
 /* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
 static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, double **out, const double *m0,
@@ -657,14 +751,16 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
     if (smooth <= 0 || nd > T || np_ > kcap) return nd;
 
     /* backward: r0, N0 (and r1, N1, N2 in diffuse steps) */
-    double *r0 = calloc(2 * n + 8 * nn, sizeof(double));
+    double *r0 = calloc(2 * n + 20 * nn, sizeof(double));
     if (!r0) return -1;
     double *r1 = r0 + n, *N0 = r1 + n, *N1 = N0 + nn, *N2 = N1 + nn;
     /* information form for the first steps when a large prior makes P - P N P cancel: J (the
        information z_{t:T} carry about x_t), the last step where the DK form was accurate */
-    double *J = N2 + nn, *Ng = J + nn, *Pg = Ng + nn, *Ab = Pg + nn, *Bb = Ab + nn;
+    double *J = N2 + nn, *Ng = J + nn, *Pg = Ng + nn, *Ab = Pg + nn, *Vi = Ab + nn;
+    double *ibuf = Vi + nn; /* 11 n^2 for info_smoothed_cov */
     int info = 0, info_failed = 0;
-    Py_ssize_t tg = -1;
+    Py_ssize_t tg = T; /* past the end: J = 0 */
+    double jcond = 0.0; /* largest |J| |Q| (or |N| |P| of the conversion) met carrying J back */
     double *smean = out[O_SMEAN] + b * T * n, *scov = out[O_SCOV] + b * T * nn;
     double *sprec = out[O_SPREC] + b * T * nn;
     double *x = w->tmp2, *V = w->G, *Pinf = w->Lr; /* G and Lr are free here */
@@ -788,26 +884,37 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
                 if (fabs(x) > xmax) xmax = fabs(x);
                 if (fabs(v) > vmax) vmax = fabs(v);
             }
-        if (t >= np_ && !info_failed) {
-            if (!info && xmax <= INFO_SWITCH * vmax) { /* accurate here: remember it */
+        /* the information form: J_t (z_{t:T} about x_t) carried back from the last step where
+           the covariance form was accurate, and used where that form cancels (a large prior) and
+           at the diffuse steps, where Durbin & Koopman's P_inf terms cancel likewise */
+        int use_info = 0;
+        if (!info_failed) {
+            if (t >= np_ && !info && xmax <= INFO_SWITCH * vmax) { /* accurate here: remember it */
                 memcpy(Ng, N0, nn * sizeof(double));
                 memcpy(Pg, P0t, nn * sizeof(double));
                 tg = t;
-            } else if (!info && tg == t + 1) {
-                /* J_{t+1} = N (I - P N)^-1 = (I - N P)^-1 N from the accurate step, then back */
-                for (int i = 0; i < n; i++)
-                    for (int j = 0; j < n; j++) {
-                        double x = i == j ? 1.0 : 0.0;
-                        for (int q = 0; q < n; q++) x -= Ng[i * n + q] * Pg[q * n + j];
-                        Ab[i * n + j] = x;
-                    }
-                memcpy(J, Ng, nn * sizeof(double));
-                load_F(w, n, mat(&in[I_F], b, tg));
-                info = solve(n, Ab, J) && info_back(w, n, J, mat(&in[I_Q], b, tg), Ab);
+            } else if (!info && tg == t + 1 && (tg < T || t < np_)) {
+                if (tg == T) { /* diffuse through the last step: J from nothing */
+                    memset(J, 0, nn * sizeof(double));
+                    info = 1;
+                } else { /* J_{t+1} = N (I - P N)^-1 = (I - N P)^-1 N, then back */
+                    for (int i = 0; i < n; i++)
+                        for (int j = 0; j < n; j++) {
+                            double x = i == j ? 1.0 : 0.0;
+                            for (int q = 0; q < n; q++) x -= Ng[i * n + q] * Pg[q * n + j];
+                            Ab[i * n + j] = x;
+                        }
+                    memcpy(J, Ng, nn * sizeof(double));
+                    load_F(w, n, mat(&in[I_F], b, tg));
+                    info = solve(n, Ab, J) && info_back(w, n, J, mat(&in[I_Q], b, tg), Ab);
+                    jcond = norm_prod(n, Ng, Pg);
+                    double c2 = norm_prod(n, J, mat(&in[I_Q], b, tg));
+                    if (c2 > jcond) jcond = c2;
+                }
                 info_failed = !info;
             }
-            if (info) { /* J_t = J + sum h h' / Dg over the step's entries; V = (I + P J)^-1 P */
-                for (int p = 0; p < o && info; p++) {
+            if (info) { /* J_t = J + sum h h' / Dg over the step's entries */
+                for (int p = 0; p < o; p++) {
                     const double *h = w->Hy + p * n;
                     if (!(w->Dg[p] > 0.0)) {
                         info = 0;
@@ -818,24 +925,29 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
                     for (int i = 0; i < n; i++)
                         for (int j = 0; j < n; j++) J[i * n + j] += g * h[i] * h[j];
                 }
-                if (info) {
+                if (info && t >= np_) { /* V = (I + P J)^-1 P */
                     mm(n, P0t, J, Ab);
                     for (int i = 0; i < n; i++) Ab[i * n + i] += 1.0;
-                    memcpy(Bb, P0t, nn * sizeof(double));
-                    if (solve(n, Ab, Bb)) {
-                        for (int i = 0; i < n; i++)
-                            for (int j = 0; j <= i; j++) {
-                                double v = 0.5 * (Bb[i * n + j] + Bb[j * n + i]);
-                                sc[i * n + j] = v;
-                                sc[j * n + i] = v;
-                            }
-                    } else {
-                        info = 0;
-                        info_failed = 1;
-                    }
+                    memcpy(Vi, P0t, nn * sizeof(double));
+                    use_info = solve(n, Ab, Vi);
+                    for (int i = 0; i < n && use_info; i++)
+                        for (int j = 0; j < i; j++) {
+                            double v = 0.5 * (Vi[i * n + j] + Vi[j * n + i]);
+                            Vi[i * n + j] = v;
+                            Vi[j * n + i] = v;
+                        }
+                } else if (info) { /* diffuse step: square-root form, if it is well conditioned */
+                    double lcond = 0.0;
+                    use_info = info_smoothed_cov(n, kt, P0t, pD + t * nn, J, ibuf, Vi, &lcond) &&
+                               lcond <= INFO_COND;
+                }
+                if (info && !use_info && t >= np_) {
+                    info = 0;
+                    info_failed = 1;
                 }
             }
         }
+        if (t >= np_ && use_info) memcpy(sc, Vi, nn * sizeof(double));
         if (t < np_) {
             DDt(n, kt, pD + t * nn, Pinf);
             for (int i = 0; i < n; i++) {
@@ -870,9 +982,21 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
                     double s = 0.0;
                     for (int q = 0; q < n; q++) s += U[i * n + q] * Pinf[q * n + j];
                     double v = sc[i * n + j] - Y[i * n + j] - Y[j * n + i] - s;
+                    double big = fabs(Y[i * n + j]) + fabs(Y[j * n + i]) + fabs(s);
+                    if (big > xmax) xmax = big;
                     sc[i * n + j] = v;
                     sc[j * n + i] = v;
                 }
+            vmax = 0.0;
+            for (int i = 0; i < nn; i++)
+                if (fabs(sc[i]) > vmax) vmax = fabs(sc[i]);
+            /* Durbin & Koopman's diffuse terms lose up to 1e-7 relative on some models (diffuse rank
+               dropping over several steps with a full P_*; docs/dense.md): the square-root
+               information form serves whenever its back steps and its factorization were well
+               conditioned (not so with near noise-free observations, where 1/Dg dwarfs Q and
+               the P_inf terms are the accurate ones) */
+            if (use_info && jcond <= INFO_COND)
+                memcpy(sc, Vi, nn * sizeof(double));
         }
         if (!spd_inverse(n, sc, w->tmp, sprec + t * nn)) {
             for (int i = 0; i < nn; i++) sprec[t * nn + i] = NAN;
@@ -880,6 +1004,10 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         }
         /* to step t - 1 */
         load_F(w, n, mat(&in[I_F], b, t));
+        if (info) {
+            double c2 = norm_prod(n, J, mat(&in[I_Q], b, t));
+            if (c2 > jcond) jcond = c2;
+        }
         if (info && !info_back(w, n, J, mat(&in[I_Q], b, t), Ab)) {
             info = 0;
             info_failed = 1;
