@@ -7,7 +7,9 @@ parameters ``x_j >= 0`` are variances, entering linearly: ``Q = sum_j x_j Q_j``,
 parameters by ``s**2``, and the negative exact-diffuse log-likelihood per observation is minimized
 over ``u_j = log(x_j / s**2)`` by :func:`kalmanscan.timeseries.optim.minimize`, the batched
 Newton method of ``fit_ou`` (derivatives from a stencil of log-likelihood values, boundary
-detection at 0), every stencil point of every series in one filter call.
+detection at 0), every stencil point of every series in one filter call. Standard errors: the
+observed information, the stencil Hessian at the estimate (in ``u``, turned to natural units by
+the delta method, :func:`_standard_errors`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ class DenseFit(NamedTuple):
     params: ``{name: variance}``; loglik: the exact diffuse log-likelihood at the estimate
     (kalmanscan's convention, as ``kd.filter``); converged: bool; at_boundary: ``{name: bool}``
     (estimate 0, the likelihood decreasing into the bound); n_iter: Newton iterations; message:
-    the optimizer's status per series. The fitted model of series ``i`` is
+    the optimizer's status per series; stderr: ``{name: standard error}`` from the observed
+    information (the inverse Hessian of the log-likelihood at the estimate), NaN for an estimate
+    on its boundary (the others' are then those with it held at 0), where the fit did not
+    converge or the Hessian is not positive definite; stderr_note: why a series has NaN standard
+    errors ("" where it has none missing). The fitted model of series ``i`` is
     ``build(**fixed, **{p: v[i] for p, v in params.items()})``.
     """
 
@@ -46,6 +52,8 @@ class DenseFit(NamedTuple):
     at_boundary: dict
     n_iter: np.ndarray
     message: np.ndarray
+    stderr: dict
+    stderr_note: np.ndarray
 
 
 def _free_names(build, fixed):
@@ -194,6 +202,44 @@ class _Objective:
         return np.where(np.isfinite(out), out, np.inf)
 
 
+def _standard_errors(opt, est, n_obs, status, names):
+    """``(se [N, k], note [N])`` in natural units from the optimizer's stencil Hessian at the
+    estimate (docs/dense.md, "Fitting").
+
+    The objective is minus the log-likelihood per observation in ``u = log x`` (the scale ``s**2``
+    only shifts u), so the total's Hessian is ``H_u = n_obs * opt.H`` and, by the chain rule,
+    ``H_x = diag(1/x) (H_u - diag(g_u)) diag(1/x)`` with ``g_u = n_obs * opt.g``: the covariance
+    of the estimate is ``diag(x) (H_u - diag(g_u))^-1 diag(x)``. An estimate on its boundary gets
+    NaN and the others the observed information with it held at 0 (the Hessian block of the
+    interior coordinates), as ``fit_ou``.
+    """
+    N, k = opt.u.shape
+    Hu = opt.H * n_obs[:, None, None] - (opt.g * n_obs[:, None])[:, :, None] * np.eye(k)
+    Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
+    held = opt.at_boundary
+    note = np.full(N, "", dtype=object)
+    note[status != optim.CONVERGED] = "the fit did not converge"
+    note[(note == "") & held.all(1)] = "every estimate is on its boundary"
+    se = np.full((N, k), np.nan)
+    for pattern in np.unique(held[note == ""], axis=0):
+        rows = np.flatnonzero((note == "") & (held == pattern).all(1))
+        keep = np.flatnonzero(~pattern)
+        sub = Hu[rows][:, keep][:, :, keep]
+        finite = np.isfinite(sub).all((1, 2))
+        lam = np.full((rows.size, keep.size), np.nan)
+        lam[finite] = np.linalg.eigvalsh(sub[finite])
+        pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+        note[rows[~pd]] = "the Hessian is not positive definite (a variance is not identified)"
+        if pd.any():
+            cov = np.linalg.inv(sub[pd])
+            for c, j in enumerate(keep):
+                se[rows[pd], j] = np.sqrt(cov[:, c, c]) * est[rows[pd], j]
+        if pattern.any():
+            on = ", ".join(names[j] for j in np.flatnonzero(pattern))
+            note[rows[pd]] = f"{on} on the boundary 0 (no standard error); the others' with it at 0"
+    return se, note
+
+
 def fit(
     z,
     build,
@@ -278,6 +324,7 @@ def fit(
         [optim.STATUS_TEXT[c] if u else f"fewer than {k + 1} observations" for c, u in
          zip(status, usable, strict=True)]
     )  # fmt: skip
+    se, note = _standard_errors(opt, est, n_obs, status, names)
     shape = layout.batch_shape
     return DenseFit(
         params={p: est[:, j].reshape(shape) for j, p in enumerate(names)},
@@ -286,4 +333,6 @@ def fit(
         at_boundary={p: opt.at_boundary[:, j].reshape(shape) for j, p in enumerate(names)},
         n_iter=opt.n_iter.reshape(shape),
         message=msg.reshape(shape),
+        stderr={p: se[:, j].reshape(shape) for j, p in enumerate(names)},
+        stderr_note=note.astype(str).reshape(shape),
     )
