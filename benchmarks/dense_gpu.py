@@ -1,10 +1,19 @@
 """GPU benchmark of the dense filter: the chunked scan vs the sequential loop, both on the GPU.
 
-    python benchmarks/dense_gpu.py --json $OUT/dense-gpu.json [--budget-s 100]
+    python benchmarks/dense_gpu.py --json benchmarks/results/dense-gpu.json --budget-s 220
     python benchmarks/dense_gpu.py --dry-run --json /tmp/dense-gpu.json   # CPU, small: checks the script
 
 One script checks and measures everything, cheapest and most informative first, so that a run
 cut short by ``--budget-s`` keeps what matters:
+
+0. the headline (``headline`` in the JSON): ``kd.filter`` (``auto``, asserted to run the fused
+   ``"triton"`` backend) against the Särkkä & García-Fernández parallel filter written as
+   ``jax.lax.associative_scan`` (elements (A, b, C, J, eta) with the prior in the first one, the
+   standard combine; its float64 run is checked against the reference) and the torch scan, on one
+   series, float32, random stable model (spectral radius 0.95), d = 1, n = 2, 4, 8,
+   T = 1e4, 1e5, 1e6; median of 5 calls after a warm-up (3 at T = 1e6); errors of means and
+   covariances normwise against the float64 torch scan of the same data (itself checked against the
+   sequential reference in the tests and in 1.);
 
 1. correctness on the GPU against the float64 sequential reference run on the host CPU:
    float64 and float32 smoothers for n = 2, 4, 8 (proper prior) and a diffuse, partly missing,
@@ -34,10 +43,14 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+
+if "--dry-run" in sys.argv:  # the Triton kernels run in the interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
 import torch
@@ -96,6 +109,215 @@ def timed(fn, repeats, warmup=True):
     return statistics.median(ts) * 1e3, out
 
 
+def headline_model(rng, n):
+    """Random stable model (spectral radius 0.95), d = 1, proper prior."""
+    F = rng.normal(size=(n, n))
+    F *= 0.95 / np.abs(np.linalg.eigvals(F)).max()
+    G = rng.normal(size=(n, n))
+    Q = G @ G.T / n + 0.1 * np.eye(n)
+    return dict(
+        F=F,
+        Q=Q,
+        H=rng.normal(size=(1, n)),
+        R=np.eye(1),
+        prior_mean=np.zeros(n),
+        prior_cov=np.eye(n),
+    )
+
+
+def sgf_elements(xp, z, F, Q, H, R, m0, P0):
+    """Särkkä & García-Fernández (2021) filtering elements (A, b, C, J, eta), [T, ...], for a
+    time-invariant model without offset; the first carries the prior (A = 0), NaN z is missing."""
+    n = F.shape[-1]
+    eye = xp.eye(n, dtype=F.dtype)
+    obs = ~xp.isnan(z[:, :1])  # [T, 1]
+    zz = xp.where(obs, z, 0.0)[..., None]  # [T, d, 1]
+    # steps 2..T: x_{t-1} given; update with z_t against N(F x_{t-1}, Q)
+    S = H @ Q @ H.T + R
+    K = xp.linalg.solve(S, H @ Q).T  # Q H' S^-1  [n, d]
+    A = (eye - K @ H) @ F
+    C = (eye - K @ H) @ Q
+    HF = H @ F
+    Si_HF = xp.linalg.solve(S, HF)
+    J = HF.T @ Si_HF
+    b = (K @ zz)[..., 0]
+    eta = (Si_HF.T @ zz)[..., 0]
+    # step 1: the prior predicted through F
+    P1 = F @ P0 @ F.T + Q
+    m1 = F @ m0
+    S1 = H @ P1 @ H.T + R
+    K1 = xp.linalg.solve(S1, H @ P1).T
+    b1 = m1 + (K1 @ (zz[0] - (H @ m1)[:, None]))[:, 0]
+    C1 = P1 - K1 @ S1 @ K1.T
+    T = z.shape[0]
+    o = obs[:, :, None]  # missing: predict only
+    A = xp.where(o, A, F)
+    C = xp.where(o, C, Q)
+    J = xp.where(o, J, 0.0)
+    b = xp.where(obs, b, 0.0)
+    eta = xp.where(obs, eta, 0.0)
+    first = xp.arange(T)[:, None] == 0
+    b1 = xp.where(obs[0], b1, m1)
+    C1 = xp.where(obs[0, :, None], C1, P1)
+    A = xp.where(first[:, :, None], 0.0, A)
+    b = xp.where(first, b1, b)
+    C = xp.where(first[:, :, None], C1, C)
+    J = xp.where(first[:, :, None], 0.0, J)
+    eta = xp.where(first, 0.0, eta)
+    return A, b, C, J, eta
+
+
+def sgf_combine(xp, e1, e2):
+    """The standard combine of two S&G-F filtering elements (e1 first), batched over leading axes."""
+    A1, b1, C1, J1, eta1 = e1
+    A2, b2, C2, J2, eta2 = e2
+    n = A1.shape[-1]
+    eye = xp.eye(n, dtype=A1.dtype)
+    tr = lambda M: xp.swapaxes(M, -1, -2)  # noqa: E731
+    M1 = xp.linalg.solve(tr(eye + C1 @ J2), tr(A2))  # (A2 (I + C1 J2)^-1)'
+    temp = tr(M1)
+    A = temp @ A1
+    b = (temp @ (b1 + (C1 @ eta2[..., None])[..., 0])[..., None])[..., 0] + b2
+    C = temp @ C1 @ tr(A2) + C2
+    temp2 = tr(xp.linalg.solve(tr(eye + J2 @ C1), A1))  # A1' (I + J2 C1)^-1
+    eta = (temp2 @ (eta2 - (J2 @ b1[..., None])[..., 0])[..., None])[..., 0] + eta1
+    J = temp2 @ J2 @ A1 + J1
+    return A, b, C, J, eta
+
+
+def sgf_numpy(z, kw):
+    """The same filter by a plain left fold in numpy (checks sgf_elements/sgf_combine here)."""
+    e = sgf_elements(np, z, *(kw[k] for k in ("F", "Q", "H", "R", "prior_mean", "prior_cov")))
+    acc = tuple(x[0] for x in e)
+    means, covs = [acc[1]], [acc[2]]
+    for t in range(1, z.shape[0]):
+        acc = sgf_combine(np, acc, tuple(x[t] for x in e))
+        means.append(acc[1])
+        covs.append(acc[2])
+    return np.stack(means), np.stack(covs)
+
+
+def jax_filter_fn():
+    """A jitted JAX S&G-F filter (means, covs) or None when jax is not installed."""
+    # torch shares the GPU: no preallocation of 75 % of its memory by XLA
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)  # float64 for the check; float32 stays float32
+
+    @jax.jit
+    def run(z, F, Q, H, R, m0, P0):
+        e = sgf_elements(jnp, z, F, Q, H, R, m0, P0)
+        out = jax.lax.associative_scan(lambda a, b: sgf_combine(jnp, a, b), e)
+        return out[1], out[2]
+
+    def call(z, kw, dtype):
+        args = [jnp.asarray(z, dtype=dtype)] + [
+            jnp.asarray(kw[k], dtype=dtype) for k in ("F", "Q", "H", "R", "prior_mean", "prior_cov")
+        ]
+        return lambda: jax.block_until_ready(run(*args))
+
+    return call
+
+
+def headline(args, res, rng, save, left, checks_ok):
+    """Section 0 of the module docstring (rows appended to ``res["headline"]``)."""
+    from kalmanscan.cuda import dense as CD
+    from kalmanscan.dense import _args
+
+    ran = []
+    real_run = CD.run
+
+    def spy(model, layout):
+        ran.append(layout.n)
+        return real_run(model, layout)
+
+    CD.run = spy
+    jax_call = jax_filter_fn()
+    res["jax"] = None
+    if jax_call is not None:
+        import jax
+
+        res["jax"] = dict(
+            version=jax.__version__,
+            devices=[str(d) for d in jax.devices()],
+            default_matmul_precision=str(jax.config.jax_default_matmul_precision),
+        )
+    sizes = ((2, 4), (64,)) if args.dry_run else ((2, 4, 8), (10_000, 100_000, 1_000_000))
+    tol32 = 1e-6  # the target (meets_target): normwise error of float32 means and covariances
+    for n in sizes[0]:
+        kw = headline_model(rng, n)
+        # the JAX (or, without jax, the numpy) S&G-F code against the float64 reference
+        zc = rng.normal(size=(500 if not args.dry_run else 40, 1))
+        zc[rng.random(zc.shape) < 0.1] = np.nan
+        ref = kd.filter(zc, **kw, backend="sequential")
+        if jax_call is not None:
+            jm, jc = jax_call(zc, kw, np.float64)()
+        else:
+            jm, jc = sgf_numpy(zc, kw)
+        err = max(rel_error(np.asarray(jm), ref.mean), rel_error(np.asarray(jc), ref.cov))
+        res.setdefault("peer_checks", []).append(
+            dict(n=n, T=zc.shape[0], peer="jax" if jax_call else "numpy fold", err_f64=err)
+        )
+        print(res["peer_checks"][-1], flush=True)
+        peer_ok = err <= tolerance("parallel", "float64")
+        for T in sizes[1]:
+            if left() < 20:
+                res["skipped"].append(f"headline n={n} T={T}: budget ({left():.0f} s left)")
+                continue
+            z = rng.normal(size=(T, 1))
+            reps = 1 if args.dry_run else (5 if T <= 100_000 else 3)
+            g = {k: on(v, torch.float32) for k, v in kw.items()}
+            zg = on(z, torch.float32)
+            row = dict(n=n, d=1, B=1, T=T, dtype="float32", repeats=reps)
+            if DEVICE == "cuda":
+                call = lambda zg=zg, g=g: kd.filter(zg, **g)  # noqa: E731
+            else:  # the dry run: the triton backend itself, interpreted
+                mdl, lay = _args.prepare(
+                    zg, g["F"], g["Q"], g["H"], g["R"], None, g["prior_mean"], g["prior_cov"],
+                    None, 0, mask=False,
+                )  # fmt: skip
+                call = lambda m=mdl, la=lay: CD.dense_triton(m, la, False, 32)  # noqa: E731
+            ran.clear()
+            t_tr, out = timed(call, reps, warmup=not args.dry_run)
+            row["backend_ran"] = "triton" if ran else "other"
+            g64 = {k: v.double() for k, v in g.items()}
+            r64 = kd.filter(zg.double(), **g64, backend="torch")
+            row["err_mean"] = rel_error(out.mean, r64.mean)
+            row["err_cov"] = rel_error(out.cov, r64.cov)
+            row["err_loglik"] = abs(float(out.loglik) - float(r64.loglik)) / abs(float(r64.loglik))
+            worst = max(row["err_mean"], row["err_cov"])
+            row["meets_target"] = worst <= tol32
+            ok = checks_ok and bool(ran) and worst <= tolerance("truth", "float32")
+            row["ok"] = ok
+            if ok:
+                row["kalmanscan_ms"] = t_tr
+            else:
+                row["status"] = "correctness check failed or triton did not run: no speed"
+            if jax_call is not None:
+                t_j, (jm, jc) = timed(jax_call(z, kw, np.float32), reps)
+                row["jax_err_mean"] = rel_error(np.asarray(jm), r64.mean)
+                row["jax_err_cov"] = rel_error(np.asarray(jc), r64.cov)
+                row["jax_ms"] = t_j if peer_ok else None
+                if ok and peer_ok:
+                    row["speedup_vs_jax"] = row["jax_ms"] / t_tr
+            if not args.dry_run:
+                t_t, o_t = timed(
+                    lambda zg=zg, g=g: kd.filter(zg, **g, backend="torch"), 3 if T < 10**6 else 1
+                )
+                row["torch_err_mean"] = rel_error(o_t.mean, r64.mean)
+                row["torch_ms"] = t_t
+                del o_t
+            del r64, out
+            res["headline"].append(row)
+            print(row, flush=True)
+            save()
+    CD.run = real_run
+
+
 def _commit():
     try:
         return (
@@ -137,6 +359,7 @@ def main(argv=None):
         + " ".join(sys.argv[1:] if argv is None else argv),
         budget_s=args.budget_s,
         checks=[],
+        headline=[],
         single=[],
         many=[],
         skipped=[],
@@ -149,6 +372,9 @@ def main(argv=None):
 
     def left():
         return args.budget_s - (time.perf_counter() - T0)
+
+    # 0. the headline: kd.filter (triton) against the JAX associative scan and the torch scan
+    headline(args, res, rng, save, left, True)
 
     # 1. correctness against the float64 CPU reference
     cases = ((2, 1, 1000, "cov"), (4, 1, 1000, "cov"), (8, 1, 1000, "cov"), (4, 2, 500, "diffuse"))
