@@ -118,17 +118,60 @@ def doc_topics(root: Path) -> dict[str, str]:
     return {}
 
 
-def load_corpus(root: Path):
+def package_files(roots, max_bytes: int, max_file_bytes: int = 500_000) -> list[tuple[Path, str]]:
+    """``(path, key)`` of installed third-party ``.py`` files under ``roots`` (site-packages):
+    files of at most ``max_file_bytes`` (larger ones are mostly generated tables), ordered by
+    ``sha256(key)`` (a sample across packages, not the alphabet's first ones) and taken until
+    ``max_bytes``; ``key`` is ``"site:" + relative path``."""
+    seen, found = set(), []
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            if rel in seen or not path.is_file():
+                continue
+            size = path.stat().st_size
+            if 0 < size <= max_file_bytes:
+                seen.add(rel)
+                found.append((hashlib.sha256(("site:" + rel).encode()).hexdigest(), path, rel))
+    found.sort()
+    out, total = [], 0
+    for _, path, rel in found:
+        if total >= max_bytes:
+            break
+        out.append((path, "site:" + rel))
+        total += path.stat().st_size
+    return out
+
+
+def _read_doc(path):
+    data = Path(path).read_bytes()
+    return data, [d.encode("utf-8", "replace") for d in docstrings(data)]
+
+
+def load_corpus(root: Path, package_roots=(), package_bytes: int = 0, workers: int = 1):
     """``({domain: train uint8}, {domain: held-out uint8}, description dict)``."""
     parts = {(d, s): [] for d in DOMAINS for s in ("train", "held")}
     listing = hashlib.sha256()
-    files = stdlib_files(root)
-    for rel in files:
-        data = (root / rel).read_bytes()
-        listing.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
-        split = "held" if is_held_out(rel.as_posix()) else "train"
+    files = [(root / rel, rel.as_posix()) for rel in stdlib_files(root)]
+    n_stdlib = len(files)
+    if package_bytes > 0:
+        files += package_files(package_roots, package_bytes)
+    paths = [str(f) for f, _ in files]
+    if workers > 1 and len(paths) > 64:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            read = pool.map(_read_doc, paths, chunksize=32)
+    else:
+        read = [_read_doc(f) for f in paths]
+    for (_, key), (data, docs) in zip(files, read, strict=True):
+        listing.update(key.encode() + b"\0" + hashlib.sha256(data).digest())
+        split = "held" if is_held_out(key) else "train"
         parts["python", split].append(data)
-        parts["english", split] += [d.encode("utf-8", "replace") for d in docstrings(data)]
+        parts["english", split] += docs
     topics = doc_topics(root)
     for key in sorted(topics):
         split = "held" if is_held_out("topic:" + key) else "train"
@@ -143,13 +186,18 @@ def load_corpus(root: Path):
         "root": str(root),
         "python": platform.python_version(),
         "n_files": len(files),
+        "n_stdlib_files": n_stdlib,
+        "n_package_files": len(files) - n_stdlib,
+        "package_roots": [str(r) for r in package_roots] if package_bytes > 0 else [],
         "n_topics": len(topics),
         "license_txt": license_path.is_file(),
         "corpus_sha256": listing.hexdigest(),
         "recipe": (
-            "python: sorted stdlib *.py (no site-packages); english: their module/class/function "
-            "docstrings (ast, inspect.cleandoc) + pydoc_data/topics.py texts + LICENSE.txt; "
-            "held out iff sha256(relpath) % 20 == 0 (docstrings follow their file), topics iff "
+            "python: sorted stdlib *.py (no site-packages) + installed packages' *.py of <= 500 kB "
+            "(site-packages, ordered by sha256('site:'+relpath), taken up to --package-bytes); "
+            "english: their module/class/function docstrings (ast, inspect.cleandoc) + "
+            "pydoc_data/topics.py texts + LICENSE.txt; held out iff sha256(key) % 20 == 0 "
+            "(key: stdlib relpath or 'site:'+relpath; docstrings follow their file), topics iff "
             "sha256('topic:'+key) % 20 == 0, LICENSE.txt trains; documents joined by b'\\n\\n'; "
             "byte tokens"
         ),
@@ -482,6 +530,11 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-link", action="store_true", help="skip the surprisal correlation")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--data-root", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
+    ap.add_argument(
+        "--package-bytes", type=float, default=0.0,
+        help="add up to this many MB of installed packages' .py files (site-packages) to the "
+        "Python data (the stdlib alone is ~10 MB on a Debian Python without its test suite)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -504,7 +557,12 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    train_data, held_data, data_info = load_corpus(args.data_root)
+    import os
+
+    roots = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    train_data, held_data, data_info = load_corpus(
+        args.data_root, roots, int(args.package_bytes * 1e6), workers=min(16, os.cpu_count() or 1)
+    )
     log(f"data: {json.dumps({k: v for k, v in data_info.items() if k != 'recipe'})}")
     log(f"data loaded in {time.perf_counter() - t_start:.1f}s")
     windows = {d: eval_windows(held_data[d], args.seq_len, args.eval_bytes) for d in DOMAINS}
