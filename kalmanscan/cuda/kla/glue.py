@@ -37,11 +37,14 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "relu": 2}
 _L2_EPS = 1e-12  # the layer's L2_EPS
 
 
+GPU_BLOCKS = (32, 128, 4)  # (BT, BM, num_warps) on the device
+
+
 def _blocks():
     """``(BT, BM, num_warps)``: token rows and channels per program (small when interpreting)."""
     if interpreting():
         return 16, 16, 1
-    return 32, 128, 4
+    return GPU_BLOCKS
 
 
 # ----------------------------------------------------------------------------------- device
@@ -141,6 +144,9 @@ def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, g
              mask=omask)  # fmt: skip
 
 
+# The sensor kernels' two branches (channels; the k, q slots of one extra program column) bind
+# their own names: the compiler requires a name bound in both branches of a runtime ``if`` to
+# have one type there, and the [BN, BM] and [BN, BS] tiles differ.
 @triton.jit
 def _glue_sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, obs_min, eps,
                         QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
@@ -151,24 +157,24 @@ def _glue_sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, ob
     nmask = n < N
     if pid_m * BM < M:
         m = pid_m * BM + tl.arange(0, BM)
-        mask = nmask[:, None] & (m < M)[None, :]
-        src = s_ptr + rows[:, None] * SS + m[None, :]
-        v = tl.load(src, mask=mask, other=0.0)
-        tl.store(v_ptr + rows[:, None] * M + m[None, :], v, mask=mask)
-        lv = tl.load(src + M, mask=mask, other=0.0).to(tl.float32)
+        vmask = nmask[:, None] & (m < M)[None, :]
+        vsrc = s_ptr + rows[:, None] * SS + m[None, :]
+        v = tl.load(vsrc, mask=vmask, other=0.0)
+        tl.store(v_ptr + rows[:, None] * M + m[None, :], v, mask=vmask)
+        lv = tl.load(vsrc + M, mask=vmask, other=0.0).to(tl.float32)
         sp, _ = _softplus(lv)
-        tl.store(Lv_ptr + rows[:, None] * M + m[None, :], 1.0 / (sp + obs_min), mask=mask)
+        tl.store(Lv_ptr + rows[:, None] * M + m[None, :], 1.0 / (sp + obs_min), mask=vmask)
     else:
         s = tl.arange(0, BS)
-        mask = nmask[:, None] & (s < S)[None, :]
-        src = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
-        k = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        q = tl.load(src + S, mask=mask, other=0.0).to(tl.float32)
+        kmask = nmask[:, None] & (s < S)[None, :]
+        ksrc = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+        k = tl.load(ksrc, mask=kmask, other=0.0).to(tl.float32)
+        q = tl.load(ksrc + S, mask=kmask, other=0.0).to(tl.float32)
         if QK_NORM:
             k = k / tl.maximum(tl.sqrt(tl.sum(k * k, axis=1)), eps)[:, None]
             q = q / tl.maximum(tl.sqrt(tl.sum(q * q, axis=1)), eps)[:, None]
-        tl.store(k_ptr + rows[:, None] * S + s[None, :], k, mask=mask)
-        tl.store(q_ptr + rows[:, None] * S + s[None, :], q, mask=mask)
+        tl.store(k_ptr + rows[:, None] * S + s[None, :], k, mask=kmask)
+        tl.store(q_ptr + rows[:, None] * S + s[None, :], q, mask=kmask)
 
 
 @helper
@@ -193,30 +199,30 @@ def _glue_sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, 
     dt = gs_ptr.dtype.element_ty
     if pid_m * BM < M:
         m = pid_m * BM + tl.arange(0, BM)
-        mask = nmask[:, None] & (m < M)[None, :]
-        at = rows[:, None] * M + m[None, :]
-        dst = gs_ptr + rows[:, None] * SS + m[None, :]
-        tl.store(dst, tl.load(gv_ptr + at, mask=mask, other=0.0).to(dt), mask=mask)
-        lv = tl.load(s_ptr + rows[:, None] * SS + M + m[None, :], mask=mask, other=0.0)
+        vmask = nmask[:, None] & (m < M)[None, :]
+        vat = rows[:, None] * M + m[None, :]
+        vdst = gs_ptr + rows[:, None] * SS + m[None, :]
+        tl.store(vdst, tl.load(gv_ptr + vat, mask=vmask, other=0.0).to(dt), mask=vmask)
+        lv = tl.load(s_ptr + rows[:, None] * SS + M + m[None, :], mask=vmask, other=0.0)
         sp, sg = _softplus(lv.to(tl.float32))
         Lv = 1.0 / (sp + obs_min)
-        gLv = tl.load(gLv_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dst + M, (-gLv * Lv * Lv * sg).to(dt), mask=mask)
+        gLv = tl.load(gLv_ptr + vat, mask=vmask, other=0.0).to(tl.float32)
+        tl.store(vdst + M, (-gLv * Lv * Lv * sg).to(dt), mask=vmask)
     else:
         s = tl.arange(0, BS)
-        mask = nmask[:, None] & (s < S)[None, :]
-        at = rows[:, None] * S + s[None, :]
-        gk = tl.load(gk_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        gq = tl.load(gq_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        kmask = nmask[:, None] & (s < S)[None, :]
+        kat = rows[:, None] * S + s[None, :]
+        gk = tl.load(gk_ptr + kat, mask=kmask, other=0.0).to(tl.float32)
+        gq = tl.load(gq_ptr + kat, mask=kmask, other=0.0).to(tl.float32)
         if QK_NORM:
-            src = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
-            k = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-            q = tl.load(src + S, mask=mask, other=0.0).to(tl.float32)
+            ksrc = s_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+            k = tl.load(ksrc, mask=kmask, other=0.0).to(tl.float32)
+            q = tl.load(ksrc + S, mask=kmask, other=0.0).to(tl.float32)
             gk = _l2_bwd(k, gk, eps)
             gq = _l2_bwd(q, gq, eps)
-        dst = gs_ptr + rows[:, None] * SS + 2 * M + s[None, :]
-        tl.store(dst, gk.to(dt), mask=mask)
-        tl.store(dst + S, gq.to(dt), mask=mask)
+        kdst = gs_ptr + rows[:, None] * SS + 2 * M + s[None, :]
+        tl.store(kdst, gk.to(dt), mask=kmask)
+        tl.store(kdst + S, gq.to(dt), mask=kmask)
 
 
 @triton.jit
@@ -414,3 +420,53 @@ def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
     has_var = var_dtype is not None
     return _GateSkip.apply(y, yvar, zg, zc, skip, ACTIVATIONS[activation], has_var,
                            var_dtype, buf)  # fmt: skip
+
+
+def _aot_cases(d_models=(256, 512), S=16, K=4, expand=2):
+    """The kernel specializations the layer launches on the device, for the compile check
+    without a GPU (``python -m kalmanscan.cuda._aot kalmanscan.cuda.kla.glue``; see
+    ``kalmanscan.cuda._aot``): ``(name, kernel, args, consts, num_warps)`` for layers of width
+    ``d_models`` (``M = expand * d_model`` channels), ``S`` slots, conv width ``K``, activations
+    in float32 and, under autocast, bfloat16 or float16 (the op's outputs, ``Lv``, ``k``, ``q``,
+    the conv's parameters and ``lambda_skip`` stay float32; ``yvar_gated`` in float32)."""
+    f32 = torch.float32
+    BT, BM, nw = GPU_BLOCKS
+    BS = next_pow2(S)
+    B, L = 4, 2048
+    N = B * L
+    cases = []
+    for D in d_models:
+        M = int(expand * D)
+        NT = cdiv(L, BT)
+        for dt in (f32, torch.bfloat16, torch.float16):
+            tag = f"M{M}-{str(dt).removeprefix('torch.')}"
+            conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
+            cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
+                          dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+            cases.append((f"conv_bwd-{tag}-K{K}", _glue_conv_bwd_kernel,
+                          dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
+                               NT=NT),
+                          dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+            sens = dict(N=N, M=M, S=S, SS=2 * M + 2 * S, obs_min=1e-4, eps=_L2_EPS)
+            for qk in (True, False):
+                c = dict(QK_NORM=qk, BN=BT, BM=BM, BS=BS)
+                cases.append((f"sensors_fwd-{tag}-S{S}-qk{int(qk)}", _glue_sensors_fwd_kernel,
+                              dict(sens, s_ptr=dt, v_ptr=dt, Lv_ptr=f32, k_ptr=f32, q_ptr=f32),
+                              c, nw))  # fmt: skip
+                cases.append((f"sensors_bwd-{tag}-S{S}-qk{int(qk)}", _glue_sensors_bwd_kernel,
+                              dict(sens, s_ptr=dt, gv_ptr=dt, gLv_ptr=f32, gk_ptr=f32,
+                                   gq_ptr=f32, gs_ptr=dt),
+                              c, nw))  # fmt: skip
+            gate = dict(y_ptr=f32, yvar_ptr=f32, zg_ptr=dt, zc_ptr=dt, skip_ptr=f32, N=N, M=M,
+                        ZS=2 * M)  # fmt: skip
+            for act, code in ACTIVATIONS.items():
+                for has_var in (True, False):
+                    c = dict(ACT=code, HAS_VAR=has_var, BN=BT, BM=BM)
+                    name = f"{tag}-{act}-var{int(has_var)}"
+                    cases.append((f"gate_fwd-{name}", _glue_gate_fwd_kernel,
+                                  dict(gate, out_ptr=dt, yvg_ptr=f32), c, nw))  # fmt: skip
+                    cases.append((f"gate_bwd-{name}", _glue_gate_bwd_kernel,
+                                  dict(gate, gout_ptr=dt, gyvg_ptr=f32, gy_ptr=f32,
+                                       gyvar_ptr=f32, gzg_ptr=dt, gzc_ptr=dt, gskip_ptr=f32),
+                                  c, nw))  # fmt: skip
+    return cases
