@@ -24,7 +24,7 @@ from kalmanscan.kla import (
     inspect,
     save_checkpoint,
 )
-from kalmanscan.kla.inspect import compare, kla_layers, save_dataset, summarize
+from kalmanscan.kla.inspect import _Recorder, compare, kla_layers, save_dataset, summarize
 from kalmanscan.testing import assert_close, tolerance
 
 # surprisal against log_softmax of the same logits: rounding (float64 model)
@@ -277,6 +277,34 @@ def test_streamed_reductions_equal_the_per_lane_detail(chunk):
     assert np.isnan(binned[1, 7:]).all()
 
 
+def test_reductions_on_a_worker_thread_equal_inline():
+    """With one intra-op thread on the CPU the reductions run on a worker thread beside the
+    model (at most two chunks waiting); the dataset equals the inline one's, and an error in
+    the worker reaches the caller."""
+    model = make_model(torch.float32)
+    tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    inline = inspect(model, tokens, chunk_size=37, window=(250, 300))
+    try:
+        torch.set_num_threads(1)
+        worker = inspect(model, tokens, chunk_size=37, window=(250, 300))
+
+        def fail(self, i, tr, t0):
+            raise RuntimeError("boom")
+
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(RuntimeError, match="boom"):
+            mp.setattr(_Recorder, "_reduce", fail)
+            inspect(model, tokens, chunk_size=37, detail=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(m._recorder is None for m in kla_layers(model).values())
+    tol = tolerance("rounding", "float32")  # matrix products split over 1 or more threads
+    for name in inline.data_vars:
+        np.testing.assert_allclose(
+            worker[name].values, inline[name].values, rtol=tol, atol=tol / 100, err_msg=name
+        )
+
+
 def test_batch_of_different_lengths_equals_each_alone():
     model = make_model(torch.float32)
     texts = ["for key, value in items:", "x = 1", TEXT]
@@ -493,6 +521,23 @@ def test_cli_inspect(tmp_path, capsys, monkeypatch):
     )
     assert rc == 0 and (out / "comparison.png").is_file()
     assert "text 1" in capsys.readouterr().out
+    # --file - (standard input) with --max-bytes; the overview keeps its width at any length
+    from PIL import Image
+
+    long = tmp_path / "long"
+    rc = run_cli(
+        ["inspect", "--file", "-", "--max-bytes", "3000", "--checkpoint", str(ck),
+         "--out", str(long)],
+        stdin=(TEXT * 100).encode(),
+        monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert rc == 0
+    assert f"first 3000 of {len(TEXT) * 100} bytes" in capsys.readouterr().err
+    ds = xr.open_dataset(long / "inspect.nc")
+    assert ds.sizes["time"] == 3000 and "posterior_precision" not in ds  # summaries only
+    ds.close()
+    with Image.open(out / "overview.png") as short_png, Image.open(long / "overview.png") as png:
+        assert png.size == short_png.size
     rc = run_cli(["inspect", "x", "--checkpoint", str(tmp_path / "missing")])
     assert rc == 2
     assert "checkpoint" in capsys.readouterr().err

@@ -105,6 +105,14 @@ def inspect_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-size", type=int, default=1024, help="tokens per forward chunk")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads on the CPU (default 1: the filter's per-token steps are "
+        "too small to share, the reductions run on a second thread beside it, and more "
+        "threads stall when other processes share the cores)",
+    )
+    ap.add_argument(
         "--backend",
         default=None,
         help="KLA op backend (default: 'sequential' on the CPU, 'auto' elsewhere)",
@@ -112,11 +120,14 @@ def inspect_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.max_bytes < 1:
         ap.error(f"--max-bytes: expected a positive int, got {args.max_bytes}")
+    if args.threads < 1:
+        ap.error(f"--threads: expected a positive int, got {args.threads}")
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import torch
 
     from kalmanscan.kla.inspect import inspect, save_dataset, summarize
     from kalmanscan.kla.io import CheckpointError, load_checkpoint
@@ -128,15 +139,21 @@ def inspect_main(argv: list[str] | None = None) -> int:
             texts.append(_read(args.compare, args.compare_file, args.max_bytes, "compare"))
         backend = args.backend or ("sequential" if args.device == "cpu" else "auto")
         model = load_checkpoint(args.checkpoint, device=args.device, backend=backend)
-        ds = inspect(
-            model,
-            texts if len(texts) > 1 else texts[0],
-            layers=args.layers,
-            channels=args.channels,
-            window=args.window,
-            detail=args.window is not None,
-            chunk_size=args.chunk_size,
-        )
+        threads = torch.get_num_threads()
+        if args.device == "cpu":
+            torch.set_num_threads(args.threads)
+        try:
+            ds = inspect(
+                model,
+                texts if len(texts) > 1 else texts[0],
+                layers=args.layers,
+                channels=args.channels,
+                window=args.window,
+                detail=args.window is not None,
+                chunk_size=args.chunk_size,
+            )
+        finally:
+            torch.set_num_threads(threads)  # a caller's setting (main() called in-process)
     except (CheckpointError, ValueError, TypeError, OSError) as err:
         print(f"kalmanscan inspect: {err}", file=sys.stderr)
         return 2

@@ -24,6 +24,9 @@ kept only for a ``window`` of tokens and a selection of ``channels``.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
 import math
 from collections.abc import Mapping
 
@@ -261,6 +264,7 @@ class _Recorder:
         self.channels = torch.tensor(channels, device=device) if detail else None
         self.static = {}
         self.consts = {}  # per layer: dynamics-derived [M*S] vectors used by every block
+        self.pool, self.pending = None, collections.deque()  # see overlap()
         self.detail = None
         if detail:
             W, C = window[1] - window[0], len(channels)
@@ -347,6 +351,41 @@ class _Recorder:
                 "tokens, once or chunk by chunk in order)"
             )
         self.offset[i] = t0 + T
+        if self.pool is None:
+            self._reduce(i, tr, t0)
+            return
+        # at most two chunks wait (each holds its [B, T, M, S] precisions); a worker's error
+        # surfaces here or at the end of overlap()
+        while len(self.pending) >= 2:
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(self._reduce_no_grad, i, tr, t0))
+
+    @contextlib.contextmanager
+    def overlap(self, enabled):
+        """Reduce on one worker thread while the model runs the next layer (``enabled``: on the
+        CPU with one intra-op thread, where the filter's small per-token operations leave the
+        second core idle; elsewhere the reductions run inline)."""
+        if not enabled:
+            yield self
+            return
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inspect")
+        try:
+            yield self
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            for f in self.pending:
+                f.cancel()
+            self.pool.shutdown(wait=True)
+            self.pool, self.pending = None, collections.deque()
+
+    def _reduce_no_grad(self, i, tr, t0):
+        with torch.no_grad():  # grad mode is per thread
+            self._reduce(i, tr, t0)
+
+    def _reduce(self, i, tr, t0):
+        """Reduce one chunk's trace of layer ``i`` (tokens ``t0 : t0 + T``)."""
+        B, T = tr.out.shape[:2]
         lam = tr.precision.contiguous()  # [B, T, M, S]
         fdt, dev = lam.dtype, lam.device
         a, p = tr.decay, tr.process_var
@@ -696,7 +735,8 @@ def inspect(
     device = next(mods[0].parameters()).device
     rec = _Recorder(mods, B, L, mask.to(device), channels, window, bin_size, detail, npdt, device)
     surprisal = np.full((B, L), np.nan)
-    with record(mods, rec):
+    overlap = is_lm and device.type == "cpu" and torch.get_num_threads() == 1
+    with record(mods, rec), rec.overlap(overlap):
         if is_lm:
             tok = ids.to(device)
             state = model.init_state(B, device=device)
