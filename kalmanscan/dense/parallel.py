@@ -78,31 +78,106 @@ def _resolved(J, PiN, tol) -> bool:
     return bool((_null_projector(J, PiN, tol).diagonal(dim1=-2, dim2=-1).sum(-1) < 0.5).all())
 
 
-def _diffuse_head(E: Element, PiN, tol, chunk):
+def _structural_elements(model: Model) -> Element:
+    """The step elements of the noise-free system (Q = 0, R = I, same F, H and missing entries).
+
+    Their prefix information about x_0 is O_t' O_t, O_t the stacked observed rows H_s F_s...F_1:
+    it has the null space of the true information J_t whenever the true noise is finite (for
+    J_t = O_t' S^-1 O_t with S the positive-definite covariance of the stacked noise), and no
+    1/R in it. Which diffuse directions are resolved is decided on it (structure, not
+    magnitudes): with R = 1e-12 I the true J spans 12 decades and its rounding hides O(1)
+    eigenvalues.
+    """
+    z = torch.zeros_like(model.z)
+    eye = torch.eye(model.z.shape[-1], dtype=z.dtype, device=z.device)
+    return step_elements(
+        z, model.observed, model.F, torch.zeros_like(model.c), torch.zeros_like(model.Q),
+        model.H, eye,
+    )  # fmt: skip
+
+
+def _counted_head(model: Model, PiN, max_steps: int):
+    """Diffuse bookkeeping of the head by counting, as the sequential reference does.
+
+    The observed rows mapped to x_0 (``h' F_t ... F_1``) are taken one at a time against a factor
+    ``D`` of the still-diffuse directions of x_0 (``D D'`` = the projector ``PiN`` at the start):
+    a row with ``|D' h| > DIFFUSE_TOL |h| |D|`` resolves one direction, ``D <- D (I - u u'/|u|^2)``
+    and ``D`` is cut back to its k largest singular values, k the directions still diffuse
+    (counted, not thresholded: a direction 1e-8 the scale of the others, as a contracting F makes
+    it, stays diffuse until a row resolves it). Which directions are diffuse does not depend on Q
+    or R (:func:`_structural_elements`), so the rows need no whitening.
+
+    Returns ``(tau, PiK [B, tau, n, n], ranks [B, tau])``: tau the first prefix index at which
+    every series is resolved, PiK the projectors on the unresolved directions at prefix indices
+    0..tau-1, ranks the diffuse entries of each step; ``None`` when some direction is still
+    diffuse after ``max_steps`` steps (the caller then decides on the structural information).
+    """
+    with torch.no_grad():
+        B, T, d = model.z.shape
+        n = model.F.shape[-1]
+        dtype, device = model.z.dtype, model.z.device
+        dif_tol = 1e-11 if dtype == torch.float64 else 1e-4
+        w, U = torch.linalg.eigh(_sym(PiN))
+        D = U * (w > 0.5).to(dtype).unsqueeze(-2)
+        k = (w > 0.5).sum(-1)
+        Phi = _eye(n, D).expand(B, n, n)
+        rows_all = model.H * model.observed.to(dtype).unsqueeze(-1)
+        PiKs, ranks = [_sym(D @ D.transpose(-1, -2))], []
+        for t in range(min(T, max_steps)):
+            Phi = model.F[:, t] @ Phi
+            rows = rows_all[:, t] @ Phi  # [B, d, n]
+            r = torch.zeros(B, dtype=torch.int64, device=device)
+            for i in range(d):
+                h = rows[:, i]
+                u = _mv(D.transpose(-1, -2), h)
+                nu2 = u.square().sum(-1)
+                scale = h.square().sum(-1) * D.square().sum((-1, -2))
+                diff = (k > 0) & (nu2 > dif_tol**2 * scale)
+                if not bool(diff.any()):
+                    continue
+                fi = torch.where(diff, nu2, torch.ones_like(nu2))
+                Dn = D - (_mv(D, u) / fi.unsqueeze(-1)).unsqueeze(-1) * u.unsqueeze(-2)
+                k = k - diff.to(torch.int64)
+                r = r + diff.to(torch.int64)
+                Us, S, _ = torch.linalg.svd(Dn)
+                top = torch.arange(n, device=device) < k.unsqueeze(-1)
+                Dn = Us * top.to(dtype).unsqueeze(-2)  # orthonormal basis, k columns
+                D = torch.where(diff[:, None, None], Dn, D)
+            ranks.append(r)
+            if not bool((k > 0).any()):
+                return t + 1, torch.stack(PiKs, 1), torch.stack(ranks, 1)
+            PiKs.append(_sym(D @ D.transpose(-1, -2)))
+        return None
+
+
+def _diffuse_head(E: Element, Es: Element, PiN, tol, chunk):
     """Prefix over a head of the series long enough to resolve every diffuse direction.
 
-    Returns (prefix [B, L+1] with the identity at 0, tau): tau is the first index at which all
-    series are resolved (None if the whole series never resolves them). The head grows 8, 32, ...;
-    inside it, tau is found by doubling then bisection (information only grows).
+    Returns (prefix [B, L+1] with the identity at 0, structural prefix information [B, L+1],
+    tau): tau is the first index at which all series are resolved (None if the whole series never
+    resolves them), decided on the structural elements ``Es`` (:func:`_structural_elements`).
+    The head grows 8, 32, ...; inside it, tau is found by doubling then bisection (information
+    only grows).
     """
     T = E.A.shape[1]
     L = min(8, T)
     while True:
         Ph = _prepend_identity(scan(Element(*(x[:, :L] for x in E)), chunk=chunk))
+        Js = _prepend_identity(scan(Element(*(x[:, :L] for x in Es)), chunk=chunk)).J
         cands = sorted({1 << k for k in range(L.bit_length()) if (1 << k) <= L} | {L})
         lo = 0
         for hi in cands:
-            if _resolved(Ph.J[:, hi], PiN, tol):
+            if _resolved(Js[:, hi], PiN, tol):
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
-                    if _resolved(Ph.J[:, mid], PiN, tol):
+                    if _resolved(Js[:, mid], PiN, tol):
                         hi = mid
                     else:
                         lo = mid
-                return Ph, hi
+                return Ph, Js, hi
             lo = hi
         if L == T:
-            return Ph, None
+            return Ph, Js, None
         L = min(4 * L, T)
 
 
@@ -158,8 +233,12 @@ def _moments(A, b, C, mu0, Sigma0, PiK, nd):
     return Moments(mean, cov, dif, nd)
 
 
-def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol):
-    """log N of the part of each z_t orthogonal to the still-diffuse directions ([B, T])."""
+def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol, ranks=None):
+    """log N of the part of each z_t orthogonal to the still-diffuse directions ([B, T]).
+
+    ranks [B, nd]: the diffuse entries of each head step where counted (:func:`_counted_head`):
+    the diffuse directions of z_t are then the top ``ranks`` eigenvectors of H P_inf H', not those
+    above a threshold."""
     H, R, z = mask_observation(model.z, model.observed, model.H, model.R)
     v = z - _mv(H, pred_mean)
     S = _sym(H @ pred_cov @ H.transpose(-1, -2) + R)
@@ -168,10 +247,17 @@ def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol):
         Hd = H[:, :nd]
         G = Hd @ pred_dif[:, :nd] @ Hd.transpose(-1, -2)
         scale = torch.linalg.matrix_norm(Hd).square() * torch.linalg.matrix_norm(pred_dif[:, :nd])
-        Pd, r = _range_projector(G, scale, tol)
-        with torch.no_grad():
-            w, U = torch.linalg.eigh(Pd)  # eigenvalue 1: diffuse direction, 0: kept
-            keep = (w < 0.5).to(v.dtype)
+        if ranks is None:
+            Pd, r = _range_projector(G, scale, tol)
+            with torch.no_grad():
+                w, U = torch.linalg.eigh(Pd)  # eigenvalue 1: diffuse direction, 0: kept
+                keep = (w < 0.5).to(v.dtype)
+        else:
+            r = ranks.to(v.dtype)
+            with torch.no_grad():
+                w, U = torch.linalg.eigh(_sym(G))  # ascending: the top r are diffuse
+                dd = G.shape[-1]
+                keep = (torch.arange(dd, device=G.device) < dd - ranks.unsqueeze(-1)).to(v.dtype)
         Sd = U.transpose(-1, -2) @ S[:, :nd] @ U
         Sd = Sd * (keep.unsqueeze(-1) * keep.unsqueeze(-2)) + torch.diag_embed(1.0 - keep)
         vd = _mv(U.transpose(-1, -2), v[:, :nd]) * keep
@@ -246,9 +332,18 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
         allm, nd, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, None, 0), 0, None
         start_post = (mu[:, -1], Sig[:, -1])
     else:
-        Ph, tau = _diffuse_head(E, PiN, tol, chunk)
+        counted = _counted_head(model, PiN, max_steps=16 * n + 64)
+        ranks = None
+        if counted is not None:
+            tau, PiK_head, ranks = counted
+            Ph = _prepend_identity(scan(_slice(E, slice(0, tau)), chunk=chunk))
+        else:
+            Es = _structural_elements(model)
+            Ph, Js, tau = _diffuse_head(E, Es, PiN, tol, chunk)
+            del Es
+            PiK_head = None if tau is None else _null_projector(Js[:, :tau], PiN.unsqueeze(1), tol)
         if tau is None:  # some direction is never resolved
-            PiK = _null_projector(Ph.J, PiN.unsqueeze(1), tol)
+            PiK = _null_projector(Js, PiN.unsqueeze(1), tol)
             mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK)
             P, nd = Ph, T + 1
             allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
@@ -257,7 +352,7 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
             head = _slice(Ph, slice(0, tau + 1))
             PiK = torch.cat(
                 [
-                    _null_projector(head.J[:, :tau], PiN.unsqueeze(1), tol),
+                    PiK_head,
                     torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device),
                 ],
                 1,
@@ -285,7 +380,7 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     pm = _mv(F, allm.mean[:, :T]) + model.c
     pP = _sym(F @ allm.cov[:, :T] @ Ft + model.Q)
     pD = _sym(F @ allm.diffuse[:, :T] @ Ft)
-    ll = step_loglik(model, pm, pP, pD, min(nd, T), tol)
+    ll = step_loglik(model, pm, pP, pD, min(nd, T), tol, ranks if PiN is not None else None)
     return FilterParts(filt, pm, pP, ll, P, (seg, start_post, PiK_T))
 
 
