@@ -205,33 +205,61 @@ def test_sensors_at_the_softplus_threshold_and_zero_keys():
     assert_rel(have[:, rows, 2 * M :], want[:, rows, 2 * M :], "grad s (k, q)")
 
 
-def compile_glue_for_sm90(stage):
+# A kernel the interpreter runs and the compiler refuses (the sensor kernels' former bug): the
+# frontend check must report it, so the check is seen to be able to fail.
+BAD_KERNEL = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def branch_shapes_kernel(x_ptr, M, BM: tl.constexpr, BS: tl.constexpr):
+    if tl.program_id(0) * BM < M:
+        mask = tl.arange(0, BM) < M
+    else:
+        mask = tl.arange(0, BS) < M
+    tl.store(x_ptr + tl.arange(0, BM), 1.0, mask=tl.sum(mask.to(tl.int32), 0) > 0)
+
+
+def _aot_cases():
+    return [("branch_shapes", branch_shapes_kernel, dict(x_ptr=torch.float32, M=512),
+             dict(BM=128, BS=16), 4)]
+"""
+
+
+def compile_glue_for_sm90(stage, tmp_path):
     """Every kernel specialization the layer launches (``glue._aot_cases``: d_model 256 and 512,
-    S = 16, QK_NORM on and off, each activation, float32/bfloat16/float16 activations)
-    compiled for sm_90 in a fresh process without the interpreter; skips where Triton cannot
-    compile here (``kalmanscan.cuda._aot.unavailable``)."""
+    S = 16, QK_NORM on and off, each activation, float32/bfloat16/float16 activations), and
+    :data:`BAD_KERNEL`, compiled for sm_90 in a fresh process without the interpreter; skips
+    where Triton cannot compile here (``kalmanscan.cuda._aot.unavailable``)."""
+    (tmp_path / "aot_bad_kernel.py").write_text(BAD_KERNEL)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, str(tmp_path), env.get("PYTHONPATH")) if p
+    )
     cmd = [sys.executable, "-W", "ignore", "-m", "kalmanscan.cuda._aot",
-           "kalmanscan.cuda.kla.glue", "--stage", stage]  # fmt: skip
+           "kalmanscan.cuda.kla.glue", "aot_bad_kernel", "--stage", stage]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     if proc.returncode == 2:
         pytest.skip(proc.stdout.strip() or proc.stderr[-500:])
     assert proc.stdout, proc.stderr[-2000:]
     res = json.loads(proc.stdout)
+    bad_case = res.pop("aot_bad_kernel:branch_shapes")
+    assert bad_case is not None and "Mismatched type for mask" in bad_case, bad_case
     bad = {k: v for k, v in res.items() if v is not None}
     assert len(res) >= 100 and not bad, "\n\n".join(f"{k}: {v}" for k, v in bad.items())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the bad kernel's failure only
 
 
-def test_glue_kernels_compile_for_sm90_frontend():
+def test_glue_kernels_compile_for_sm90_frontend(tmp_path):
     """The frontend (TTIR): the compiler's type and shape checks, which the interpreter skips
     (a name bound to a [BN, BM] tile in one branch of a runtime ``if`` and a [BN, BS] tile in
-    the other compiles under TRITON_INTERPRET=1 and fails on the GPU). No ptxas needed."""
-    compile_glue_for_sm90("ttir")
+    the other runs under TRITON_INTERPRET=1 and fails to compile on the GPU). No ptxas."""
+    compile_glue_for_sm90("ttir", tmp_path)
 
 
 @pytest.mark.slow  # about a minute from an empty Triton cache on 2 cores
-def test_glue_kernels_compile_for_sm90():
+def test_glue_kernels_compile_for_sm90(tmp_path):
     """Every stage down to the cubin (ptxas included)."""
-    compile_glue_for_sm90("cubin")
+    compile_glue_for_sm90("cubin", tmp_path)

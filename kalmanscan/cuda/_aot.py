@@ -89,9 +89,10 @@ def _arg_type(name, value):
 STAGES = ("ttir", "ttgir", "llir", "cubin")
 
 
-def compile_for(fn, args: dict, consts: dict, num_warps: int = 4, arch: int = 90, stage="cubin"):
+def compile_for(fn, args: dict, consts: dict, num_warps=4, arch: int = 90, stage="cubin"):
     """Compile the ``@triton.jit`` kernel ``fn`` for ``sm_{arch}`` and return Triton's compiled
     kernel (``.asm["ttir" | "ttgir" | "llir" | "ptx" | "cubin"]``). No GPU is needed.
+    ``num_warps``: an int, or a dict of compile options (``num_warps``, ``num_stages``...).
 
     ``stage``: ``"cubin"`` (every stage, through Triton's cache), or stop after ``"ttir"`` (the
     frontend: type and shape checks), ``"ttgir"`` or ``"llir"``; these return the IR text, need
@@ -100,8 +101,9 @@ def compile_for(fn, args: dict, consts: dict, num_warps: int = 4, arch: int = 90
     ``args``: every non-constexpr parameter's example value, specialized as a launch does: a
     ``torch.dtype`` is a 16-byte-aligned tensor of that dtype, an int is ``i32`` (``i64`` past
     32 bits) with the divisible-by-16 hint when it is, a float is ``fp32``. ``consts``: the
-    constexpr parameters' values. Raises ``triton.compiler.errors.CompilationError`` (or the
-    backend's error) where a launch on the device would fail to compile."""
+    constexpr parameters' values (a ``None`` in ``args`` is one, as in a launch). Raises
+    ``triton.compiler.errors.CompilationError`` (or the backend's error) where a launch on
+    the device would fail to compile."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -115,14 +117,17 @@ def compile_for(fn, args: dict, consts: dict, num_warps: int = 4, arch: int = 90
             f"{fn.__name__}: expected a value for each parameter {names}, "
             f"missing {missing}, unknown {extra}"
         )
-    wrong = [n for n in args if n in const_names] + [n for n in consts if n not in const_names]
+    wrong = [n for n in args if n in const_names and args[n] is not None]
+    wrong += [n for n in consts if n not in const_names]
     if params and wrong:
         raise ValueError(
             f"{fn.__name__}: expected constexprs {sorted(const_names)} in consts and the other "
             f"parameters in args, got {wrong} on the wrong side"
         )
-    signature, attrs = {}, {}
+    signature, attrs, consts = {}, {}, dict(consts)
     for i, n in enumerate(names):
+        if n in args and args[n] is None:  # a None argument: specialized as a constexpr
+            consts[n] = None
         if n in consts:
             signature[n] = "constexpr"
             continue
@@ -131,15 +136,16 @@ def compile_for(fn, args: dict, consts: dict, num_warps: int = 4, arch: int = 90
             attrs[(i,)] = at
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
+    opts = dict(num_warps) if isinstance(num_warps, dict) else {"num_warps": num_warps}
     if stage == "cubin":
-        return triton.compile(src, target=target, options={"num_warps": num_warps})
+        return triton.compile(src, target=target, options=opts)
     if stage not in STAGES:
         raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     from triton._C.libtriton import ir
     from triton.compiler.compiler import make_backend
 
     backend = make_backend(target)
-    options = backend.parse_options({"num_warps": num_warps})
+    options = backend.parse_options(opts)
     stages = {}
     backend.add_stages(stages, options, src.language)
     context = ir.context()
@@ -156,14 +162,16 @@ def compile_for(fn, args: dict, consts: dict, num_warps: int = 4, arch: int = 90
 
 
 def compile_cases(cases, arch: int = 90, stage="cubin") -> dict:
-    """``{name: None | error}`` for each ``(name, kernel, args, consts, num_warps)`` case; the
+    """``{name: None | error}`` for each ``(name, kernel, args, consts, num_warps)`` case
+    (``num_warps`` an int, or a dict of compile options: ``num_warps``, ``num_stages``); the
     error is the exception's type and message (the compiler's names the kernel's line). Cases
     with one specialization (argument types, divisibility hints, constexprs) compile once."""
     out, seen = {}, {}
     for name, fn, args, consts, warps in cases:
         # cases that differ only in values the launch does not specialize on compile once
-        key = (fn, tuple((n, _arg_type(n, v)[0], bool(_arg_type(n, v)[1])) for n, v in
-                         args.items()), tuple(consts.items()), warps)  # fmt: skip
+        types = tuple((n, v) if v is None else (n, *_arg_type(n, v)[:1], bool(_arg_type(n, v)[1]))
+                      for n, v in args.items())  # fmt: skip
+        key = (fn, types, tuple(consts.items()), str(warps))
         if key not in seen:
             try:
                 compile_for(fn, args, consts, num_warps=warps, arch=arch, stage=stage)
@@ -172,6 +180,46 @@ def compile_cases(cases, arch: int = 90, stage="cubin") -> dict:
                 seen[key] = f"{type(e).__name__}: {e}"
         out[name] = seen[key]
     return out
+
+
+class record_launches:
+    """Within ``with record_launches() as cases:`` every ``kernel[grid](...)`` of a
+    ``@triton.jit`` kernel records ``(name, kernel, args, consts, options)`` in ``cases`` (a
+    list, the format of ``_aot_cases``) instead of launching: the host code runs on CPU
+    tensors at device sizes, outputs left unwritten, and the cases are the specializations
+    it would launch. Set ``kalmanscan.cuda._common.FAST_LAUNCH = False`` around it (the fast
+    path asks CUDA for the current device)."""
+
+    def __enter__(self):
+        import torch
+        from triton.runtime.jit import JITFunction
+
+        self.cases, self._cls, self._old = [], JITFunction, JITFunction.__getitem__
+        cases = self.cases
+
+        def getitem(fn, grid):
+            def record(*a, **kw):
+                names = list(fn.arg_names)
+                bound = dict(zip(names, a, strict=False))
+                bound.update({k: v for k, v in kw.items() if k in names})
+                opts = {k: v for k, v in kw.items() if k not in names}
+                args, consts = {}, {}
+                for p in fn.params:
+                    v = bound.get(p.name, p.default)
+                    v = v.dtype if isinstance(v, torch.Tensor) else v
+                    (consts if p.is_constexpr else args)[p.name] = v
+                opts.setdefault("num_warps", 4)
+                tag = ",".join(f"{k}={v}" for k, v in sorted({**args, **consts}.items()))
+                cases.append((f"{fn.__name__}[{tag}]", fn, args, consts, opts))
+
+            return record
+
+        JITFunction.__getitem__ = getitem
+        return cases
+
+    def __exit__(self, *exc):
+        self._cls.__getitem__ = self._old
+        return False
 
 
 def main(argv=None) -> int:
