@@ -102,7 +102,9 @@ def inspect_main(argv: list[str] | None = None) -> int:
         "--channels", type=_int_list, default=None, help="channels in the detail, e.g. 0-63"
     )
     ap.add_argument("--layer", type=int, default=-1, help="layer drawn in the heatmaps (position)")
-    ap.add_argument("--chunk-size", type=int, default=1024, help="tokens per forward chunk")
+    ap.add_argument(
+        "--chunk-size", type=int, default=512, help="tokens per forward chunk (default 512)"
+    )
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument(
         "--threads",

@@ -577,7 +577,7 @@ def inspect(
     window=None,
     detail: bool = True,
     bin_size: int | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = 512,
     attention_mask=None,
     forward=None,
     token_text=None,
