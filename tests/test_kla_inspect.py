@@ -222,18 +222,28 @@ def test_window_selection_and_summaries_only():
 
 
 @pytest.mark.parametrize(
-    "chunk", [pytest.param(200, id="L900-chunk200"), pytest.param(900, id="L900-chunk900")]
+    "chunk,unit",
+    [
+        pytest.param(200, False, id="L900-chunk200"),
+        pytest.param(900, False, id="L900-chunk900"),
+        pytest.param(200, True, id="L900-chunk200-decay1"),
+    ],
 )
-def test_streamed_reductions_equal_the_per_lane_detail(chunk):
+def test_streamed_reductions_equal_the_per_lane_detail(chunk, unit):
     """The summaries, lane means and bins (reduced in blocks of tokens, the baseline only for
     the lanes that have not settled) equal the same means taken over the per-lane detail,
-    on a text long enough for every lane's baseline to settle (fast decay, float32)."""
+    on a text long enough for every lane's baseline to settle (fast decay, float32), and with
+    lanes whose decay rounds to 1 (the general baseline formula)."""
     from kalmanscan.kla.inspect import baseline_log10_precision
 
     model = make_model(torch.float32, mixers=("kla",))
     layer = model.blocks[0].mixer
     with torch.no_grad():
         layer.lambda_log.fill_(4.0)  # 2 n ln a < -80 (the clamp) by n = 730 for every lane
+        if unit:
+            layer.lambda_log[:4] = -40.0  # theta * dt ~ 1e-19: decay 1 in float32
+    if unit:
+        assert bool((layer.dynamics(torch.float32)[0] == 1).any())
     tokens = torch.randint(0, 256, (2, 900), generator=torch.Generator().manual_seed(4))
     mask = torch.ones(2, 900, dtype=torch.bool)
     mask[1, 700:] = False
