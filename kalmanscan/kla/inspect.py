@@ -601,6 +601,9 @@ def inspect(
         detail: False keeps only the summaries, the binned channel views and lane statistics,
             whose size does not depend on the selection (for long texts).
         bin_size: tokens per column of the binned channel views (default: about 1000 columns).
+        chunk_size: tokens per forward call of a language model. On the CPU with one intra-op
+            thread (``torch.set_num_threads(1)``, as ``kalmanscan inspect`` runs) each chunk's
+            reductions run on a worker thread while the model runs the next layer.
         attention_mask: ``[B, L]``, nonzero where there is a token (default: from ``tokens``).
         forward: ``callable(model, inputs) -> output`` for other modules (default
             ``model(inputs)``, or ``model(**inputs)`` for a mapping). Logits ``[B, L, V]``
