@@ -655,8 +655,11 @@ def main(argv=None) -> int:
         dtype=torch.float16,
         metadata={
             "tokenizer": "utf-8 bytes",
-            "trained_on": "CPython standard library: Python source and English prose "
-            "(docstrings, pydoc topics, LICENSE.txt)",
+            "trained_on": (
+                "CPython standard library"
+                + (" and installed packages" if args.package_bytes > 0 else "")
+                + ": Python source and English prose (docstrings, pydoc topics, LICENSE.txt)"
+            ),
             "held_out_bits_per_byte": kla_bpb,
             "steps": kla_train["steps"],
         },
