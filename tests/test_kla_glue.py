@@ -230,7 +230,8 @@ def _aot_cases():
 
 def compile_glue_for_sm90(stage, tmp_path):
     """Every kernel specialization the layer launches (``glue._aot_cases``: d_model 256 and 512,
-    S = 16, QK_NORM on and off, each activation, float32/bfloat16/float16 activations), and
+    L = 2048, 64 and 100, S = 16, QK_NORM on and off, each activation, float32/bfloat16/float16
+    activations), and
     :data:`BAD_KERNEL`, compiled for sm_90 in a fresh process without the interpreter; skips
     where Triton cannot compile here (``kalmanscan.cuda._aot.unavailable``)."""
     (tmp_path / "aot_bad_kernel.py").write_text(BAD_KERNEL)
@@ -248,7 +249,7 @@ def compile_glue_for_sm90(stage, tmp_path):
     bad_case = res.pop("aot_bad_kernel:branch_shapes")
     assert bad_case is not None and "Mismatched type for mask" in bad_case, bad_case
     bad = {k: v for k, v in res.items() if v is not None}
-    assert len(res) >= 100 and not bad, "\n\n".join(f"{k}: {v}" for k, v in bad.items())
+    assert len(res) >= 150 and not bad, "\n\n".join(f"{k}: {v}" for k, v in bad.items())
     assert proc.returncode == 1, proc.stderr[-2000:]  # the bad kernel's failure only
 
 
@@ -259,7 +260,7 @@ def test_glue_kernels_compile_for_sm90_frontend(tmp_path):
     compile_glue_for_sm90("ttir", tmp_path)
 
 
-@pytest.mark.slow  # about a minute from an empty Triton cache on 2 cores
+@pytest.mark.slow  # about 2 minutes from an empty Triton cache on 2 cores
 def test_glue_kernels_compile_for_sm90(tmp_path):
     """Every stage down to the cubin (ptxas included)."""
     compile_glue_for_sm90("cubin", tmp_path)

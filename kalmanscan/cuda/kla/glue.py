@@ -422,24 +422,23 @@ def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
                            var_dtype, buf)  # fmt: skip
 
 
-def _aot_cases(d_models=(256, 512), S=16, K=4, expand=2):
+def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2):
     """The kernel specializations the layer launches on the device, for the compile check
     without a GPU (``python -m kalmanscan.cuda._aot kalmanscan.cuda.kla.glue``; see
-    ``kalmanscan.cuda._aot``): ``(name, kernel, args, consts, num_warps)`` for layers of width
-    ``d_models`` (``M = expand * d_model`` channels), ``S`` slots, conv width ``K``, activations
+    ``kalmanscan.cuda._aot``): ``(name, kernel, args, consts, num_warps)`` for batches of 4
+    sequences at each ``(d_model, L)`` of ``shapes`` (``M = expand * d_model`` channels; the
+    lengths give sizes divisible by 16 and not), ``S`` slots, conv width ``K``, activations
     in float32 and, under autocast, bfloat16 or float16 (the op's outputs, ``Lv``, ``k``, ``q``,
     the conv's parameters and ``lambda_skip`` stay float32; ``yvar_gated`` in float32)."""
     f32 = torch.float32
     BT, BM, nw = GPU_BLOCKS
     BS = next_pow2(S)
-    B, L = 4, 2048
-    N = B * L
+    B = 4
     cases = []
-    for D in d_models:
-        M = int(expand * D)
-        NT = cdiv(L, BT)
+    for D, L in shapes:
+        M, N, NT = int(expand * D), B * L, cdiv(L, BT)
         for dt in (f32, torch.bfloat16, torch.float16):
-            tag = f"M{M}-{str(dt).removeprefix('torch.')}"
+            tag = f"M{M}-L{L}-{str(dt).removeprefix('torch.')}"
             conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
             cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
                           dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
