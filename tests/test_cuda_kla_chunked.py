@@ -153,17 +153,19 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     "lanes,L,sms,want",
     [
         (8 * 1024 * 16, 2048, 132, 1),  # the lanes fill the device: no chunks
-        (2 * 1024 * 16, 8192, 132, 4),
-        (1 * 1024 * 16, 32768, 132, 8),
-        (1 * 1024 * 16, 131072, 132, 8),
-        (1 * 1024 * 16, 10500, 132, 7),  # ceil(7.7) = 8 does not divide 10500: 7
-        (1 * 1024 * 16, 1024, 132, 4),  # chunks of at least MIN_CHUNK = 256 steps
+        (2 * 1024 * 16, 8192, 132, 1),  # 32,768 and 16,384 lanes: chunking measured to lose
+        (1 * 1024 * 16, 32768, 132, 1),
+        (1 * 1024 * 16, 131072, 132, 1),
+        (1 * 256 * 16, 32768, 132, 2),  # 4,096 lanes: ceil(2.06) = 3 does not divide 32768: 2
+        (1 * 256 * 16, 10500, 132, 3),
+        (1 * 64 * 16, 1024, 132, 4),  # chunks of at least MIN_CHUNK = 256 steps
         (1 * 1024 * 16, 255, 132, 1),
         (16, 4099, 132, 1),  # 4099 is prime
         (16, 63 * 256, 132, 63),
         (16, 4096, 0, 1),  # not a CUDA device
     ],
-    ids=["8x2048", "2x8192", "1x32768", "1x131072", "1x10500", "min-chunk", "short", "prime",
+    ids=["8x2048", "2x8192", "1x32768", "1x131072", "4096-lanes", "4096-lanes-10500",
+         "min-chunk", "short", "prime",
          "divisor", "cpu"],
 )  # fmt: skip
 def test_chunks_for(lanes, L, sms, want):

@@ -54,8 +54,10 @@ def layout(S: int, slots: int):
 # Time chunks (``chunked.py``): where the lanes are too few to fill the device, the op runs in
 # ``C`` chunks of ``L / C`` steps in parallel, as if the batch had ``B C`` rows.
 CHUNKS = None  # a fixed chunk count (a divisor of L) for every call, or None: chunks_for's rule
-LANES_PER_SM = 960  # lanes an SM from which the unchunked kernels fill it (H200: 8 x 2048 at
-# d_model 512, 131,072 lanes on 132 SMs, is not chunked)
+LANES_PER_SM = 64  # lanes an SM from which chunking stops paying: on the H200 (132 SMs) the
+# chunked op lost to the unchunked one at every chunk count from 2 to 64 with 16,384 lanes and
+# more (d_model 512 at B = 1 and 2; benchmarks/results/kla-chunked-h200.json), so only fewer
+# lanes than 64 an SM are chunked
 MIN_CHUNK = 256  # fewest steps a chunk: shorter ones spend more on the maps than they save
 
 
@@ -68,7 +70,9 @@ def chunks_for(lanes: int, L: int, sms: int) -> int:
     chunk count for the shapes that set ``LANES_PER_SM``.
 
     >>> chunks_for(8 * 1024 * 16, 2048, 132), chunks_for(1 * 1024 * 16, 32768, 132)
-    (1, 8)
+    (1, 1)
+    >>> chunks_for(1 * 256 * 16, 32768, 132)
+    2
     """
     if CHUNKS is not None:
         if not (isinstance(CHUNKS, int) and CHUNKS >= 1 and L % CHUNKS == 0):
