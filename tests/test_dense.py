@@ -386,23 +386,46 @@ def test_scan_diffuse_decisions_near_noiseless_var1_against_oracle(r, mean_tol, 
     assert abs(res.filtered.loglik - o.loglik) < ll_tol
 
 
-def test_scan_rejects_singular_r_and_names_native():
-    """R = 0 (exact observations): the scan's elements need (H Q H' + R)^-1; it raises and names
-    the backend that serves it; auto on the CPU is that backend and matches the oracle."""
+def test_singular_r_where_served_and_where_refused():
+    """R = 0 (exact observations): the reference filter takes it (entries decorrelated by
+    R = L Dg L', Dg = 0 allowed) and matches the oracle, as does auto (native on the CPU); the
+    scan (its elements need (H Q H' + R)^-1) and the reference smoother (square-root
+    information) raise and name the backend that serves it."""
     from kalmanscan.dense import native
     from kalmanscan.validation import oracle
 
     y, F, Q, H = _var1_prior_on_x1()
     R = np.zeros((2, 2))
-    for backend in ("torch", "sequential"):
-        with pytest.raises(ValueError, match="backend='native'"):
-            kd.filter(y, F, Q, H, R, backend=backend)
-    if native.available():
-        o = oracle.dense_oracle(y, F, Q, H, R, dps=60)
-        res = kd.filter(y, F, Q, H, R)
-        nd = int(o.diffuse.sum())
+    with pytest.raises(ValueError, match="backend='native'"):
+        kd.filter(y, F, Q, H, R, backend="torch")
+    with pytest.raises(ValueError, match="'sequential'.*backend='native'"):
+        kd.smooth(y, F, Q, H, R, backend="sequential")
+    o = oracle.dense_oracle(y, F, Q, H, R, dps=60)
+    nd = int(o.diffuse.sum())
+    backends = ["sequential"] + (["auto"] if native.available() else [])
+    for backend in backends:
+        res = kd.filter(y, F, Q, H, R, backend=backend)
+        np.testing.assert_array_equal(res.diffuse, o.diffuse)
         assert np.abs(res.mean[nd:] - o.mean[nd:]).max() < 1e-13 * np.abs(o.mean).max()
+        cov = np.where(np.isinf(res.cov), 0.0, res.cov)
+        assert np.abs(cov[nd:] - o.cov[nd:]).max() < 1e-13 * np.abs(o.cov).max()
         assert abs(res.loglik - o.loglik) < 1e-12 * abs(o.loglik)
+
+
+def test_reference_filter_rank_one_r_matches_native():
+    """A singular but nonzero R (both entries see the same noise): the reference filter and the
+    native path agree (the oracle needs a positive-definite R)."""
+    from kalmanscan.dense import native
+
+    if not native.available():
+        pytest.skip("native extension not built")
+    y, F, Q, H = _var1_prior_on_x1()
+    R = np.ones((2, 2))
+    a = kd.filter(y, F, Q, H, R, backend="sequential")
+    b = kd.filter(y, F, Q, H, R, backend="native")
+    np.testing.assert_array_equal(a.diffuse, b.diffuse)
+    assert rel_error(a.mean, b.mean) < 1e-13
+    assert abs(a.loglik - b.loglik) < 1e-12 * abs(b.loglik)
 
 
 @pytest.mark.slow

@@ -122,18 +122,23 @@ def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: i
             f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs, "
             "use backend='torch' or float64 inputs"
         )
-    model = _masked_pd(model, "sequential")
+    if smooth:
+        model = _masked_pd(model, "sequential", "the reference smoother (square-root information)")
+    else:  # the reference filter takes a singular R (entries decorrelated by R = L Dg L')
+        model = _args.mask_missing(model)
     filtered = sequential.filter_moments(model)
     sm = sequential.smooth_moments(model, filtered[0]) if smooth else None
     return _moments_result(layout, filtered, sm)
 
 
-def _masked_pd(model: _args.Model, name: str) -> _args.Model:
-    """The model with missing entries masked; its R checked positive definite (scan, reference)."""
+def _masked_pd(model: _args.Model, name: str, what: str = "") -> _args.Model:
+    """The model with missing entries masked; its R checked positive definite (scan, reference
+    smoother)."""
     model = _args.mask_missing(model)
     if not _args.r_positive_definite(model.R):
+        who = f"backend {name!r}" + (f" ({what})" if what else "")
         raise ValueError(
-            f"R: backend {name!r} needs positive-definite observation-noise covariances; "
+            f"R: {who} needs positive-definite observation-noise covariances; "
             "for a singular R (R = 0 included) use backend='native' (CPU)"
         )
     return model
@@ -285,18 +290,18 @@ def filter(
     """Kalman filter of a dense linear-Gaussian state-space model, parallel in time.
 
     z: [..., T, ..., d] observations (time on ``axis``, NaN entries are missing); F, Q: [..., n, n];
-    H: [..., d, n]; R: [..., d, d] (positive semidefinite; singular, R = 0 included, only on
-    ``"native"``); offset: [..., n]; prior_mean: [..., n]; either prior_cov [..., n, n] (``inf``
-    on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in diffuse
-    directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
-    (differentiable). backend: ``"auto"`` (``"native"`` for CPU inputs when the extension is
-    built, ``"torch"`` otherwise), ``"native"`` (compiled exact sequential filter and
-    smoother, CPU, float64; with inputs that require grad its values carry the gradients of the
-    torch path at the same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"``
-    (float64 reference), ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a
-    diagonal model with d == n), ``"triton"`` (fused GPU filter: proper prior, time-invariant
-    matrices, n <= 8, no grad; ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the
-    rest). ``chunk`` is the block length of the torch scan.
+    H: [..., d, n]; R: [..., d, d] (positive semidefinite; singular, R = 0 included, on ``"native"``
+    and the ``"sequential"`` filter); offset: [..., n]; prior_mean: [..., n]; either prior_cov
+    [..., n, n] (``inf`` on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in
+    diffuse directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
+    (differentiable). backend: ``"auto"`` (``"native"`` for CPU inputs when the extension is built,
+    ``"torch"`` otherwise), ``"native"`` (compiled exact sequential filter and smoother, CPU,
+    float64; with inputs that require grad its values carry the gradients of the torch path at the
+    same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),
+    ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a diagonal model with d == n),
+    ``"triton"`` (fused GPU filter: proper prior, time-invariant matrices, n <= 8, no grad;
+    ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the rest). ``chunk`` is the block
+    length of the torch scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)

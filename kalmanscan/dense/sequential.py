@@ -1,14 +1,13 @@
 """Step-by-step reference for the dense filter and smoother (vectorized over series only).
 
-Filter: the covariance-form Kalman filter. While the prior is diffuse it runs the exact initial
-Kalman filter of Durbin & Koopman (2012, sec. 5.2 and 6.4) on the whitened observation, one
-scalar at a time, carrying the finite part ``P`` and a factor ``D`` of the diffuse part
-``Pinf = D D'`` of the covariance;
-afterwards the
-plain multivariate update. Smoother: the backward information filter (the likelihood of z_{t+1:T}
-given x_t) in square-root form, combined with the filtered belief by one more QR. No scans, no
-chunks. Convention of the log-likelihood
-for diffuse steps: docs/dense.md.
+Filter: the covariance-form Kalman filter. While the prior is diffuse (and at every step where some
+R_t is singular) it runs the exact initial Kalman filter of Durbin & Koopman (2012, sec. 5.2 and
+6.4) on the observation decorrelated by R = L Dg L' (Dg = 0 allowed), one scalar at a time, carrying
+the finite part ``P`` and a factor ``D`` of the diffuse part ``Pinf = D D'`` of the covariance;
+afterwards the plain multivariate update. Smoother: the backward information filter (the likelihood
+of z_{t+1:T} given x_t) in square-root form, combined with the filtered belief by one more QR. No
+scans, no chunks. Convention of the log-likelihood for diffuse steps: docs/dense.md.
+
 
 :func:`filter_moments` and :func:`smooth_moments` are the ``"sequential"`` backend of
 ``kalmanscan.dense.filter`` / ``smooth`` (public as ``kd.filter_sequential`` /
@@ -54,6 +53,13 @@ def filter_moments(model: Model):
         P = _sym(torch.linalg.inv(model.L0 + D) - D)
     k = torch.diagonal(D, dim1=-2, dim2=-1).sum(-1).round().to(torch.int64)  # diffuse directions
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
+    # entries decorrelated by R = L Dg L' (L unit lower triangular, Dg >= 0: R singular allowed)
+    Lu, Dg = _ldl(R_all)
+    Hy_all = torch.linalg.solve_triangular(Lu, H_all, upper=False, unitriangular=True)
+    zy_all = torch.linalg.solve_triangular(
+        Lu, z_all.unsqueeze(-1), upper=False, unitriangular=True
+    ).squeeze(-1)
+    singular = bool((Dg <= 0).any())  # then every step takes the scalar updates
     means, covs, difs, pms, pPs, lls = [], [], [], [], [], []
     nd = 0
     diffuse_now = bool((k > 0).any())
@@ -70,7 +76,7 @@ def filter_moments(model: Model):
         pPs.append(P)
         if diffuse_now:  # once every series' D is 0 it stays 0: stop asking (a GPU host sync)
             diffuse_now = bool((k > 0).any())
-        if not diffuse_now:
+        if not diffuse_now and not singular:
             D = torch.zeros_like(P)
             v = z - _mv(H, m)
             S = _sym(H @ P @ H.transpose(-1, -2) + R)
@@ -87,15 +93,14 @@ def filter_moments(model: Model):
                 + w.square().sum(-1)
             )
         else:
-            nd = t + 1
+            if diffuse_now:
+                nd = t + 1
             # Convention: + 1/2 log pdet(2 pi F_inf), F_inf = H P_inf H' in observation space,
             # over the r largest eigenvalues, r = the step's diffuse entries (rank(H D) exactly)
             G = H @ D
             ev = torch.linalg.eigvalsh(_sym(G @ G.transpose(-1, -2))).flip(-1)  # descending
-            L = torch.linalg.cholesky(R)
-            Hw = torch.linalg.solve_triangular(L, H, upper=False)
-            zw = torch.linalg.solve_triangular(L, z.unsqueeze(-1), upper=False).squeeze(-1)
-            ll = -torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+            Hw, zw, dg = Hy_all[:, t], zy_all[:, t], Dg[:, t]
+            ll = torch.zeros(B, dtype=dtype, device=device)
             r = torch.zeros(B, dtype=torch.int64, device=device)
             for i in range(d):
                 h, y, o = Hw[:, i], zw[:, i], obs[:, i]
@@ -103,9 +108,13 @@ def filter_moments(model: Model):
                 nu2 = u.square().sum(-1)
                 scale = h.square().sum(-1) * D.square().sum((-1, -2))
                 diff = o & (k > 0) & (nu2 > dif_tol**2 * scale)
-                prop = o & ~diff
                 Minf, Ms = _mv(D, u), _mv(P, h)
-                fs = (h * Ms).sum(-1) + 1.0
+                fs = (h * Ms).sum(-1) + dg[:, i]
+                # an entry with f = 0 (noise-free and already determined) carries no information
+                tr = torch.diagonal(P, dim1=-2, dim2=-1).sum(-1)
+                informative = fs > _SKIP_TOL * h.square().sum(-1) * tr
+                prop = o & ~diff & informative
+                fs = torch.where(prop | diff, fs, torch.ones_like(fs))
                 v = y - (h * m).sum(-1)
                 fi = torch.where(diff, nu2, torch.ones_like(nu2))
                 ki = Minf / fi.unsqueeze(-1)
@@ -151,6 +160,27 @@ def filter_moments(model: Model):
     stack = lambda xs: torch.stack(xs, 1)  # noqa: E731
     filt = Moments(stack(means), stack(covs), stack(difs), nd)
     return filt, stack(pms), stack(pPs), stack(lls)
+
+
+_SKIP_TOL = 1e-13  # f below this times |h|^2 tr(P): an entry with no noise and no information
+
+
+def _ldl(R):
+    """R = L diag(Dg) L' for PSD R [..., d, d]: L unit lower triangular, Dg >= 0 (a pivot at
+    rounding level of R's diagonal is 0 and its column of L is 0), by the column recursion."""
+    d = R.shape[-1]
+    L = torch.zeros_like(R)
+    Dg = torch.zeros(R.shape[:-1], dtype=R.dtype, device=R.device)
+    scale = torch.diagonal(R, dim1=-2, dim2=-1).amax(-1)
+    for j in range(d):
+        s = R[..., j, j] - (L[..., j, :j].square() * Dg[..., :j]).sum(-1)
+        pos = s > 1e-14 * scale
+        Dg[..., j] = torch.where(pos, s, torch.zeros_like(s))
+        L[..., j, j] = 1.0
+        for i in range(j + 1, d):
+            v = R[..., i, j] - (L[..., i, :j] * L[..., j, :j] * Dg[..., :j]).sum(-1)
+            L[..., i, j] = torch.where(pos, v / torch.where(pos, s, torch.ones_like(s)), 0.0)
+    return L, Dg
 
 
 def _factor(P):
