@@ -1,7 +1,8 @@
 """Package layout and the optional native CPU kernel (metadata lives in pyproject.toml).
 
-``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``) and
-``kalmanscan/dense/_native_dense.c`` the dense models' sequential filter and smoother. Both are
+``kalmanscan/core/_native.c`` is the fused CPU filter kernel (``backend="native"``),
+``kalmanscan/core/_native_kla.c`` the KLA op's forward (``backend="native"`` of ``kla_filter``) and
+``kalmanscan/dense/_native_dense.c`` the dense models' sequential filter and smoother. All are
 optional: without a working C compiler the install still succeeds and the torch backends serve
 the CPU.
 """
@@ -22,6 +23,13 @@ setup(
             "kalmanscan.core._native",
             sources=["kalmanscan/core/_native.c"],
             depends=["kalmanscan/core/_native_kernel.h", "kalmanscan/core/_native_adjoint.h"],
+            extra_compile_args=_cflags,
+            optional=True,
+        ),
+        Extension(
+            "kalmanscan.core._native_kla",
+            sources=["kalmanscan/core/_native_kla.c"],
+            depends=["kalmanscan/core/_native_kla_kernel.h"],
             extra_compile_args=_cflags,
             optional=True,
         ),

@@ -8,7 +8,8 @@ Ops and their backends:
   ``"native"`` (the compiled CPU kernel), ``"triton"`` (fused GPU kernels).
 - ``"kla"`` (``kalmanscan.core.kla_op.kla_filter``): functions on prepared KLA inputs:
   ``"sequential"`` (the token loop vectorized over every lane), ``"torch"`` (a client of the
-  general filter), ``"triton"`` (the fused GPU kernel).
+  general filter), ``"native"`` (the compiled CPU forward, no gradients: not in ``"auto"``, which
+  never looks at grad mode), ``"triton"`` (the fused GPU kernel).
 - ``"dense"`` (``kalmanscan.dense.filter``, ``smooth``): functions ``(model, layout, smooth,
   chunk) -> DenseFilterResult | DenseSmoothResult`` on a laid-out dense model:
   ``"sequential"`` (the step-by-step reference), ``"torch"`` (the chunked scan), ``"native"``
@@ -44,6 +45,7 @@ TABLES = {
         "sequential": "kalmanscan.core.kla_op:kla_filter_sequential",
         "torch": "kalmanscan.core.kla_op:kla_filter_torch",
         "triton": "kalmanscan.core.kla_op:kla_filter_triton",
+        "native": "kalmanscan.core.kla_op:kla_filter_native",
     },
     "dense": {
         "sequential": "kalmanscan.dense.api:_sequential",
@@ -58,7 +60,8 @@ FILTER_BACKENDS = TABLES["filter"]
 # op -> device type -> preference order of "auto"; the last entry always serves the device
 AUTO = {
     "filter": {"cuda": ("triton", "torch"), "cpu": ("native", "torch")},
-    # the KLA op has many lanes per token: on the CPU the vectorized token loop is fastest
+    # the KLA op on the CPU: the vectorized token loop, which computes gradients ("native" is
+    # faster but forward only, and "auto" never looks at grad mode; inference picks it by name)
     "kla": {"cuda": ("triton", "torch"), "cpu": ("sequential",)},
     # the compiled dense pass is faster than the scan on every CPU shape measured (docs/dense.md)
     # on CUDA "auto" means triton for the model class it serves (proper prior, time-invariant,
@@ -67,8 +70,16 @@ AUTO = {
 }
 
 # the compiled extension behind each op's "native" backend, and what serves other devices
-_NATIVE_EXTENSION = {"filter": "kalmanscan.core._native", "dense": "kalmanscan.dense._native_dense"}
-_OFF_CPU = {"filter": "'triton' (fused GPU kernels) or 'torch'", "dense": "'triton' or 'torch'"}
+_NATIVE_EXTENSION = {
+    "filter": "kalmanscan.core._native",
+    "kla": "kalmanscan.core._native_kla",
+    "dense": "kalmanscan.dense._native_dense",
+}
+_OFF_CPU = {
+    "filter": "'triton' (fused GPU kernels) or 'torch'",
+    "kla": "'triton' or 'torch'",
+    "dense": "'triton' or 'torch'",
+}
 
 
 @functools.cache
@@ -82,6 +93,8 @@ def _triton_available() -> bool:
 def _native_built(op: str) -> bool:
     if op == "dense":  # imported on first use: import kalmanscan does not load kalmanscan.dense
         return importlib.import_module("kalmanscan.dense.native").available()
+    if op == "kla":
+        return native.kla_available()
     return native.available()
 
 
@@ -104,8 +117,8 @@ def _unavailable(name: str, device: torch.device, op: str) -> str | None:
         if not _native_built(op):
             return (
                 f"'native' needs the compiled extension {_NATIVE_EXTENSION[op]}, which is not "
-                "built (no C compiler when kalmanscan was installed); use backend='torch', or "
-                "reinstall with a C compiler"
+                "built (no C compiler when kalmanscan was installed); use backend="
+                f"{'sequential' if op == 'kla' else 'torch'!r}, or reinstall with a C compiler"
             )
     return None
 

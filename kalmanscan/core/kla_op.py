@@ -12,7 +12,8 @@ Notation and shapes (batch B, time L, channels M, state slots S; a lane is ``(b,
 - readout: ``y[m] = sum_s q[s] * eta[m,s] / lam[m,s]``, ``yvar[m] = sum_s q[s]**2 / lam[m,s]``.
 
 Backends (``kalmanscan.core.backends.TABLES["kla"]``): ``"sequential"`` (the step-by-step
-reference), ``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes) and
+reference), ``"torch"`` (the general parallel filter on materialized ``[B, L, M, S]`` lanes),
+``"native"`` (a compiled CPU pass over time, ``kalmanscan/core/_native_kla.c``, forward only) and
 ``"triton"``
 (fused GPU kernels in ``kalmanscan/cuda/kla/``, which never store a ``[B, L, M, S]`` tensor; where
 the lanes ``B M S`` are too few to fill the GPU they run in parallel over time chunks, the
@@ -100,6 +101,26 @@ def kla_filter_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precisi
     return KLAResult(y, yvar, final, lam if return_precision else None)
 
 
+def kla_filter_native(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+    """The compiled CPU forward (:func:`kalmanscan.core.native.kla_forward`); no gradients."""
+    if torch.is_grad_enabled():
+        names = ("v", "Lv", "k", "q", "decay", "process_var", "lam0", "eta0")
+        xs = (v, Lv, k, q, decay, process_var, lam0, eta0)
+        needs = [n for n, x in zip(names, xs, strict=True) if x.requires_grad]
+        if needs:
+            raise ValueError(
+                "backend: 'native' (the KLA op's compiled CPU forward) computes no gradients, got "
+                f"{', '.join(needs)} requiring grad; use backend='sequential' or 'torch' on the "
+                "CPU ('triton' on CUDA), or run the forward under torch.no_grad()"
+            )
+    from kalmanscan.core import native
+
+    y, yvar, lam, eta, prec = native.kla_forward(
+        v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=return_precision
+    )
+    return KLAResult(y, yvar, InfoState(lam, eta), prec)
+
+
 def kla_filter_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
     from kalmanscan.cuda.kla import kla_triton
 
@@ -115,6 +136,7 @@ KLA_BACKENDS = backends.TABLES["kla"]
 for _name, _impl in (
     ("sequential", kla_filter_sequential),
     ("torch", kla_filter_torch),
+    ("native", kla_filter_native),
     ("triton", kla_filter_triton),
 ):
     backends.provide("kla", _name, _impl)
@@ -299,9 +321,11 @@ def kla_filter(
     ``return_precision=True`` also returns the filtered precisions ``[B, L, M, S]``.
     ``backend``: ``"auto"`` (``"triton"`` on CUDA tensors when triton is installed, else
     ``"torch"``; on the CPU ``"sequential"``, the token loop vectorized over all ``B*M*S`` lanes,
-    which is the fastest there), ``"triton"``, ``"torch"`` or ``"sequential"``. Differentiable in
-    every input. ``check=False`` skips the value-range checks (one device synchronization), for
-    callers whose inputs are valid by construction, such as the KLA layer.
+    which computes gradients), ``"triton"``, ``"torch"``, ``"sequential"`` or ``"native"`` (the
+    compiled CPU forward: fastest on the CPU, no gradients; it raises where an input requires
+    grad). Differentiable in every input on the other backends. ``check=False`` skips the
+    value-range checks (one device synchronization), for callers whose inputs are valid by
+    construction, such as the KLA layer.
 
     >>> import torch
     >>> from kalmanscan.core.kla_op import kla_filter

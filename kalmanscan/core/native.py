@@ -517,3 +517,70 @@ def loglik_hessian(build, theta, *, per_lane=False, rel_step=1e-4):
         cols.append(diff / (2 * step[..., k : k + 1]))
     H = torch.stack(cols, dim=-1)  # [..., K (gradient), K (direction)]
     return 0.5 * (H + H.transpose(-1, -2))
+
+
+# ------------------------------------------------------------------------------------------------
+# The KLA op's forward (kalmanscan/core/_native_kla.c; backend "native" of kla_filter)
+
+try:
+    from kalmanscan.core import _native_kla as _kla_ext
+except ImportError:  # built without a C compiler: the sequential backend serves the CPU
+    _kla_ext = None
+
+
+def kla_available() -> bool:
+    """Whether the compiled extension ``kalmanscan.core._native_kla`` is importable."""
+    return _kla_ext is not None
+
+
+def kla_forward(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+    """The KLA op's forward in one compiled pass over time (no gradients).
+
+    v, Lv: ``[B, L, M]``; k, q: ``[B, L, S]``; decay, process_var: ``[M, S]``; lam0, eta0:
+    ``[B, M, S]``, all CPU tensors of one dtype (float32 or float64; ``kla_op._prepare``'s
+    output). Returns ``(y, yvar, lam, eta, precision)``: y, yvar ``[B, L, M]``, the final state
+    ``[B, M, S]`` and the filtered precisions ``[B, L, M, S]`` (None unless asked). Channels are
+    split over :func:`set_num_threads`' threads (default ``torch.get_num_threads()``).
+
+    >>> import torch
+    >>> from kalmanscan.core import native
+    >>> B, L, M, S = 1, 4, 3, 2
+    >>> y, yvar, lam, eta, prec = native.kla_forward(torch.randn(B, L, M), torch.ones(B, L, M),
+    ...     torch.randn(B, L, S), torch.randn(B, L, S), torch.full((M, S), 0.9),
+    ...     torch.full((M, S), 0.1), torch.ones(B, M, S), torch.zeros(B, M, S))
+    >>> y.shape, lam.shape, prec
+    (torch.Size([1, 4, 3]), torch.Size([1, 3, 2]), None)
+    """
+    if _kla_ext is None:
+        raise RuntimeError(
+            "kla_forward: the compiled extension kalmanscan.core._native_kla is not built (no C "
+            "compiler when kalmanscan was installed); use kla_filter(..., backend='sequential')"
+        )
+    B, L, M = v.shape
+    S = k.shape[-1]
+    dtype = v.dtype
+    if dtype not in _NUMPY:
+        raise TypeError(f"v: expected a float32 or float64 tensor, got dtype {dtype}")
+    inputs = [x.detach().contiguous() for x in (v, Lv, k, q, decay, process_var)]
+    for name, x in zip(("v", "Lv", "k", "q", "decay", "process_var"), inputs, strict=True):
+        if x.dtype != dtype or x.device.type != "cpu":
+            raise ValueError(
+                f"{name}: expected a CPU {dtype} tensor (as v), got {x.dtype} on {x.device}"
+            )
+    y, yvar = _empty((B, L, M), dtype), _empty((B, L, M), dtype)
+    lam, eta = _empty((B, M, S), dtype), _empty((B, M, S), dtype)
+    lam.copy_(lam0.detach())
+    eta.copy_(eta0.detach())
+    prec = _empty((B, L, M, S), dtype) if return_precision else None
+    outputs = (y, yvar, lam, eta)
+    _kla_ext.forward(
+        dtype == torch.float64,
+        B,
+        L,
+        M,
+        S,
+        _threads(B * L * M * S),
+        tuple(x.data_ptr() for x in inputs),
+        tuple(x.data_ptr() for x in outputs) + (0 if prec is None else prec.data_ptr(),),
+    )
+    return y, yvar, lam, eta, prec

@@ -61,6 +61,14 @@ def _read(text, path, max_bytes, what):
     return data
 
 
+def _cpu_backend() -> str:
+    """The KLA op backend of inspection on the CPU: the compiled forward (no gradients, none
+    needed here) where the extension is built, else the sequential token loop."""
+    from kalmanscan.core import native
+
+    return "native" if native.kla_available() else "sequential"
+
+
 def inspect_main(argv: list[str] | None = None) -> int:
     """Entry point of ``kalmanscan inspect``; returns the exit status."""
     ap = argparse.ArgumentParser(
@@ -117,7 +125,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--backend",
         default=None,
-        help="KLA op backend (default: 'sequential' on the CPU, 'auto' elsewhere)",
+        help="KLA op backend (default on the CPU: 'native', the compiled forward, where it is "
+        "built, else 'sequential'; 'auto' elsewhere)",
     )
     args = ap.parse_args(argv)
     if args.max_bytes < 1:
@@ -139,7 +148,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
         texts = [_read(args.text, args.file, args.max_bytes, "text")]
         if args.compare is not None or args.compare_file is not None:
             texts.append(_read(args.compare, args.compare_file, args.max_bytes, "compare"))
-        backend = args.backend or ("sequential" if args.device == "cpu" else "auto")
+        backend = args.backend or ("auto" if args.device != "cpu" else _cpu_backend())
         model = load_checkpoint(args.checkpoint, device=args.device, backend=backend)
         threads = torch.get_num_threads()
         if args.device == "cpu":
