@@ -89,9 +89,9 @@ def check(z, kw, dtype):
 CASES = [
     # id, n, d, T, full R
     ("n2-d1-T1", 2, 1, 1, False),
-    ("n2-d1-T63", 2, 1, 63, False),
+    ("n2-d1-T63", 2, 1, 63, False),  # interpreted: 4 chunks, one-level carry
     ("n3-d2-T40", 3, 2, 40, False),
-    ("n4-d1-T130", 4, 1, 130, False),  # 3 chunks of 64 under the interpreter
+    ("n4-d1-T130", 4, 1, 130, False),  # interpreted: 9 chunks of 16, 3 groups (two-level carry)
     ("n8-d1-T70", 8, 1, 70, False),
     ("n3-d2-T30-fullR", 3, 2, 30, True),
 ]
@@ -117,7 +117,8 @@ def test_matches_sequential_long(n, dtype):
 @pytest.mark.slow
 def test_several_chunks():
     z, kw = random_model(3, 2, 1, 300)
-    assert CD.cdiv(300, CD.chunk_length(300)) > 2
+    nc = CD.cdiv(300, CD.chunk_length(300))
+    assert CD.cdiv(nc, CD.group_size(nc)) > 2
     check(z, kw, torch.float64)
 
 
@@ -169,6 +170,10 @@ def test_explicit_triton_off_cuda_raises():
         kd.filter(z, **kw, backend="triton")
 
 
+def test_carry_levels():
+    assert CD.group_size(4) == 4 and CD.group_size(9) == 4 and CD.group_size(5) == 4
+
+
 @pytest.fixture
 def ran(monkeypatch):
     calls = []
@@ -185,8 +190,8 @@ def ran(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
 def test_gpu_public_auto(ran, n):
-    z, kw = random_model(11 + n, n, 1, 5000)
-    ref = kd.filter(z, **kw, backend="native")
+    z, kw = random_model(11 + n, n, 1, 1500)  # 47 chunks of 32 in groups of 8
+    ref = kd.filter(z, **kw, backend="sequential")
     t = {k: torch.as_tensor(v, dtype=torch.float32, device="cuda") for k, v in kw.items()}
     got = kd.filter(torch.as_tensor(z, dtype=torch.float32, device="cuda"), **t)
     assert ran == [n], "kd.filter(auto) on CUDA must run the triton backend"
@@ -202,7 +207,7 @@ def test_gpu_auto_diffuse_takes_torch(ran):
     t = {k: torch.as_tensor(v, device="cuda") for k, v in kw.items()}
     got = kd.filter(torch.as_tensor(z, device="cuda"), **t)
     assert ran == [], "a diffuse prior is outside the triton model class"
-    ref = kd.filter(z, **kw, backend="native")
+    ref = kd.filter(z, **kw, backend="sequential")
     assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
     with pytest.raises(ValueError, match="proper prior"):
         kd.filter(torch.as_tensor(z, device="cuda"), **t, backend="triton")

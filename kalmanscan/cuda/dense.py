@@ -5,15 +5,18 @@ d observation components; R diagonal after whitening, ``r_k`` its entries). An e
 steps of a chunk says ``p(x_j | x_{i-1}, z_{i:j}) = N(A x_{i-1} + b, C)`` and
 ``p(z_{i:j} | x_{i-1}) ∝ exp(eta' x_{i-1} - x_{i-1}' J x_{i-1} / 2)``.
 
-Reduce-then-scan over chunks of ``L`` steps, three launches:
+Reduce-then-scan over chunks of ``L`` steps:
 
 1. ``chunk_elements``: one program per (chunk, series) composes its steps' elements from the
    identity, one step at a time (predict ``A <- F A``, ``b <- F b + c``, ``C <- F C F' + Q``; then
    one rank-1 update per observed component with ``g = A' h``, ``s = h' C h + r``): no solves.
-2. ``carry``: one program per series walks the chunks in order, turning the filtered state before
-   a chunk into the one before the next (the posterior of ``x_{i-1}`` given the chunk's
-   information, ``(I + P J)^-1`` by Gauss-Jordan with partial pivoting, pushed through ``A, b, C``:
-   the "prior at the end" step of :func:`kalmanscan.dense.parallel.filter_parts`).
+2. ``carry``: the filtered state before each chunk, from the one before the previous chunk and
+   that chunk's element (the posterior of ``x_{i-1}`` given the chunk's information,
+   ``(I + P J)^-1`` by Gauss-Jordan with partial pivoting, pushed through ``A, b, C``: the "prior
+   at the end" step of :func:`kalmanscan.dense.parallel.filter_parts`). Many chunks take two
+   levels: ``group_elements`` composes groups of ``G`` chunk elements (the combine of
+   :func:`kalmanscan.dense.scan.combine`), one ``carry`` walks the groups, a second walks the
+   chunks inside every group from its start.
 3. ``chunk_filter``: one program per (chunk, series) runs the covariance-form filter from its
    carried start and writes every output once: predictions, filtered means, covariances and
    precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood.
@@ -36,16 +39,25 @@ from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, next_pow2
 LOG_2PI = tl.constexpr(math.log(2 * math.pi))
 MAX_N = 8
 
-# chunk length L: about sqrt(SCALE * T) as a power of 2 in [MIN, MAX] balances the per-chunk passes
-# (L steps each) against the carry (T / L dependent solves); num_warps of every kernel
-TUNING = {"scale": 4.0, "min_chunk": 16, "max_chunk": 4096, "num_warps": 1}
+# chunks of L = T / programs steps (a power of 2 in [min_chunk, max_chunk]) fill the GPU with
+# one-warp programs; the carry over chunks is one level up to one_level chunks, else two
+TUNING = {"programs": 4096, "min_chunk": 32, "max_chunk": 1024, "one_level": 16, "num_warps": 1}
 
 
 def chunk_length(T: int) -> int:
+    """Steps per chunk: about T / programs, a power of 2 in [min_chunk, max_chunk]."""
     if interpreting():
-        return max(2, min(64, next_pow2(cdiv(T, 4))))
-    L = next_pow2(int(math.sqrt(TUNING["scale"] * T)))
+        return max(2, min(16, next_pow2(cdiv(T, 4))))
+    L = next_pow2(cdiv(T, TUNING["programs"]))
     return max(TUNING["min_chunk"], min(TUNING["max_chunk"], L))
+
+
+def group_size(NC: int) -> int:
+    """Chunks per group of the two-level carry: about sqrt(NC), a power of 2 (NC itself when the
+    one-level carry is short)."""
+    if NC <= (4 if interpreting() else TUNING["one_level"]):
+        return NC
+    return next_pow2(math.isqrt(NC - 1) + 1)
 
 
 @helper
@@ -58,6 +70,12 @@ def _mm(X, Y):
 def _mmt(X, Y):
     """X @ Y' for [NP, NP] tiles."""
     return tl.sum(X[:, None, :] * Y[None, :, :], axis=2)
+
+
+@helper
+def _mtm(X, Y):
+    """X' @ Y for [NP, NP] tiles."""
+    return tl.sum(X[:, :, None] * Y[:, None, :], axis=0)
 
 
 @helper
@@ -159,62 +177,111 @@ def chunk_elements(
     tl.store(base + (3 * NP + 1) * NP + rv, eta)
 
 
+@helper
+def _gj(M, X, u, rv, ri, cj, NP: tl.constexpr):
+    """``M^-1 [X, u]`` by Gauss-Jordan elimination with partial pivoting ([NP, NP] tiles)."""
+    for k in tl.static_range(NP):
+        colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
+        p = tl.argmax(tl.where(rv >= k, tl.abs(colM), -1.0), axis=0)
+        rowMk = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
+        rowMp = tl.sum(tl.where(ri == p, M, 0.0), axis=0)
+        rowXk = tl.sum(tl.where(ri == k, X, 0.0), axis=0)
+        rowXp = tl.sum(tl.where(ri == p, X, 0.0), axis=0)
+        uk = tl.sum(tl.where(rv == k, u, 0.0), axis=0)
+        up = tl.sum(tl.where(rv == p, u, 0.0), axis=0)
+        akk = tl.sum(tl.where(rv == k, colM, 0.0), axis=0)
+        piv = tl.sum(tl.where(rv == p, colM, 0.0), axis=0)
+        # swap rows k and p, then eliminate column k from every other row
+        M = tl.where(ri == p, rowMk[None, :], M)
+        X = tl.where(ri == p, rowXk[None, :], X)
+        u = tl.where(rv == p, uk, u)
+        colE = tl.where(rv == k, 0.0, tl.where(rv == p, akk, colM))
+        rowM = rowMp / piv
+        rowX = rowXp / piv
+        uk = up / piv
+        M = tl.where(ri == k, rowM[None, :], M - colE[:, None] * rowM[None, :])
+        X = tl.where(ri == k, rowX[None, :], X - colE[:, None] * rowX[None, :])
+        u = tl.where(rv == k, uk, u - colE * uk)
+    return X, u
+
+
+@helper
+def _load_element(base, rv, ri, cj, NP: tl.constexpr):
+    A = tl.load(base + ri * NP + cj)
+    C = tl.load(base + (NP + ri) * NP + cj)
+    J = tl.load(base + (2 * NP + ri) * NP + cj)
+    b = tl.load(base + 3 * NP * NP + rv)
+    eta = tl.load(base + (3 * NP + 1) * NP + rv)
+    return A, C, J, b, eta
+
+
 @triton.jit
-def carry(
-    E_ptr, m0_ptr, P0_ptr, S_ptr,
-    n, NC,
+def group_elements(
+    E_ptr, GE_ptr,
+    NC, G, NG,
     NP: tl.constexpr,
 ):  # fmt: skip
-    """Filtered state before each chunk of series ``pid0``: S [B, NC, NP + 1, NP] rows P, m."""
-    s = tl.program_id(0).to(tl.int64)
+    """Element of group ``pid0`` (chunks [pid0 G, pid0 G + G)) of series ``pid1``:
+    GE [B, NG, 3 NP + 2, NP], composed with the combine of :func:`kalmanscan.dense.scan.combine`
+    (X = I + C1 J2 inverted by pivoted Gauss-Jordan)."""
+    g = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
     rv = tl.arange(0, NP)
     ri = rv[:, None]
     cj = rv[None, :]
-    mm = (ri < n) & (cj < n)
-    P = tl.load(P0_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    m = tl.load(m0_ptr + s * n + rv, mask=rv < n, other=0.0)
+    size = (3 * NP + 2) * NP
+    A1, C1, J1, b1, eta1 = _load_element(E_ptr + (s * NC + g * G) * size, rv, ri, cj, NP)
+    eye = tl.where(ri == cj, 1.0, 0.0).to(A1.dtype)
+    zv = tl.zeros([NP], A1.dtype)
+    for ch in tl.range(g * G + 1, g * G + G):
+        A2, C2, J2, b2, eta2 = _load_element(E_ptr + (s * NC + ch) * size, rv, ri, cj, NP)
+        Xi, _ = _gj(eye + _mm(C1, J2), eye, zv, rv, ri, cj, NP)  # (I + C1 J2)^-1
+        W = _mm(A2, Xi)  # A2 X^-1
+        # A1' X^-T [J2 A1, eta2 - J2 b1], as transposed products (no tile transposes)
+        eta1 = _mtv(A1, _mtv(Xi, eta2 - _mv(J2, b1))) + eta1
+        J1 = _sym(_mtm(A1, _mtm(Xi, _mm(J2, A1))) + J1)
+        b1 = _mv(W, b1 + _mv(C1, eta2)) + b2
+        C1 = _sym(_mmt(_mm(W, C1), A2) + C2)
+        A1 = _mm(W, A1)
+    base = GE_ptr + (s * NG + g) * size
+    tl.store(base + ri * NP + cj, A1)
+    tl.store(base + (NP + ri) * NP + cj, C1)
+    tl.store(base + (2 * NP + ri) * NP + cj, J1)
+    tl.store(base + 3 * NP * NP + rv, b1)
+    tl.store(base + (3 * NP + 1) * NP + rv, eta1)
+
+
+@triton.jit
+def carry(
+    E_ptr, S0_ptr, S_ptr,
+    NC, G, NG,
+    NP: tl.constexpr,
+):  # fmt: skip
+    """Filtered states before the chunks [pid0 G, pid0 G + G) of series ``pid1``,
+    S [B, NC, NP + 1, NP] (rows P, m), from the group's start S0 [B, NG, NP + 1, NP] and the chunk
+    elements E [B, NC, ...]: the posterior of x_{i-1} given a chunk's information,
+    ``(I + P J)^-1 [P, P (eta - J m)]``, pushed through its A, b, C."""
+    g = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    start = S0_ptr + (s * NG + g) * (NP + 1) * NP
+    P = tl.load(start + ri * NP + cj)
+    m = tl.load(start + NP * NP + rv)
     eye = tl.where(ri == cj, 1.0, 0.0).to(P.dtype)
-    for ch in tl.range(0, NC):
+    end = tl.minimum(g * G + G, NC)
+    for ch in tl.range(g * G, end):
         out = S_ptr + (s * NC + ch) * (NP + 1) * NP
         tl.store(out + ri * NP + cj, P)
         tl.store(out + NP * NP + rv, m)
-        if ch + 1 < NC:
-            base = E_ptr + (s * NC + ch) * (3 * NP + 2) * NP
-            A = tl.load(base + ri * NP + cj)
-            C = tl.load(base + (NP + ri) * NP + cj)
-            J = tl.load(base + (2 * NP + ri) * NP + cj)
-            b = tl.load(base + 3 * NP * NP + rv)
-            eta = tl.load(base + (3 * NP + 1) * NP + rv)
-            # (I + P J) [Sig, u] = [P, P (eta - J m)] by Gauss-Jordan with partial pivoting
-            M = eye + _mm(P, J)
-            X = P
-            u = _mv(P, eta - _mv(J, m))
-            for k in tl.static_range(NP):
-                colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
-                p = tl.argmax(tl.where(rv >= k, tl.abs(colM), -1.0), axis=0)
-                rowMk = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
-                rowMp = tl.sum(tl.where(ri == p, M, 0.0), axis=0)
-                rowXk = tl.sum(tl.where(ri == k, X, 0.0), axis=0)
-                rowXp = tl.sum(tl.where(ri == p, X, 0.0), axis=0)
-                uk = tl.sum(tl.where(rv == k, u, 0.0), axis=0)
-                up = tl.sum(tl.where(rv == p, u, 0.0), axis=0)
-                akk = tl.sum(tl.where(rv == k, colM, 0.0), axis=0)
-                piv = tl.sum(tl.where(rv == p, colM, 0.0), axis=0)
-                # swap rows k and p, then eliminate column k from every other row
-                M = tl.where(ri == p, rowMk[None, :], M)
-                X = tl.where(ri == p, rowXk[None, :], X)
-                u = tl.where(rv == p, uk, u)
-                colE = tl.where(rv == k, 0.0, tl.where(rv == p, akk, colM))
-                rowM = rowMp / piv
-                rowX = rowXp / piv
-                uk = up / piv
-                M = tl.where(ri == k, rowM[None, :], M - colE[:, None] * rowM[None, :])
-                X = tl.where(ri == k, rowX[None, :], X - colE[:, None] * rowX[None, :])
-                u = tl.where(rv == k, uk, u - colE * uk)
-            mu = m + u
-            Sig = _sym(X)
-            m = _mv(A, mu) + b
-            P = _sym(_mmt(_mm(A, Sig), A) + C)
+        if ch + 1 < end:
+            A, C, J, b, eta = _load_element(
+                E_ptr + (s * NC + ch) * (3 * NP + 2) * NP, rv, ri, cj, NP
+            )
+            X, u = _gj(eye + _mm(P, J), P, _mv(P, eta - _mv(J, m)), rv, ri, cj, NP)
+            m = _mv(A, m + u) + b
+            P = _sym(_mmt(_mm(A, _sym(X)), A) + C)
 
 
 @triton.jit
@@ -339,7 +406,19 @@ def run(model, layout):
     S = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
     if NC > 1:
         chunk_elements[(NC - 1, B)](z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)
-    carry[(B,)](E, m0, P0, S, n, NC, NP=NP, num_warps=nw)
+    prior = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)
+    prior[:, 0, :n, :n] = P0
+    prior[:, 0, NP, :n] = m0
+    G = group_size(NC)
+    NG = cdiv(NC, G)
+    if NG == 1:
+        carry[(1, B)](E, prior, S, NC, NC, 1, NP=NP, num_warps=nw)
+    else:  # two levels: compose groups of G chunk elements, carry over groups, then within them
+        GE = empty((B, NG, 3 * NP + 2, NP), dtype=dtype, device=dev)
+        SG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
+        group_elements[(NG - 1, B)](E, GE, NC, G, NG, NP=NP, num_warps=nw)
+        carry[(1, B)](GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
+        carry[(NG, B)](E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
     mean = empty((B, T, n), dtype=dtype, device=dev)
     pm = empty((B, T, n), dtype=dtype, device=dev)
     cov = empty((B, T, n, n), dtype=dtype, device=dev)
