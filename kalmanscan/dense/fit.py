@@ -221,17 +221,9 @@ def _standard_errors(opt, est, n_obs, status, names):
     note[status != optim.CONVERGED] = "the fit did not converge"
     note[(note == "") & held.all(1)] = "every estimate is on its boundary"
     se = np.full((N, k), np.nan)
-    for pattern in np.unique(held[note == ""], axis=0):
-        rows = np.flatnonzero((note == "") & (held == pattern).all(1))
-        keep = np.flatnonzero(~pattern)
-        sub = Hu[rows][:, keep][:, :, keep]
-        finite = np.isfinite(sub).all((1, 2))
-        lam = np.full((rows.size, keep.size), np.nan)
-        lam[finite] = np.linalg.eigvalsh(sub[finite])
-        pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+    for pattern, rows, keep, pd, cov in optim.held_covariances(Hu, held, note == ""):
         note[rows[~pd]] = "the Hessian is not positive definite (a variance is not identified)"
-        if pd.any():
-            cov = np.linalg.inv(sub[pd])
+        if cov is not None:
             for c, j in enumerate(keep):
                 se[rows[pd], j] = np.sqrt(cov[:, c, c]) * est[rows[pd], j]
         if pattern.any():

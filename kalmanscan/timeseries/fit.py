@@ -584,17 +584,9 @@ def _standard_errors(core: _Core, free, joint):
         [np.abs(core.est[p][:1] if joint else core.est[p]) if p in _POSITIVE else s for p in free],
         1,
     )  # d natural / d u, [G, k]
-    for pattern in np.unique(held[why == ""], axis=0):
-        rows = np.flatnonzero((why == "") & (held == pattern).all(1))
-        keep = np.flatnonzero(~pattern)
-        sub = Hu[rows][:, keep][:, :, keep]
-        finite = np.isfinite(sub).all((1, 2))
-        lam = np.full((rows.size, keep.size), np.nan)
-        lam[finite] = np.linalg.eigvalsh(sub[finite])
-        pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+    for _, rows, keep, pd, cov in optim.held_covariances(Hu, held, why == ""):
         why[rows[~pd]] = "the Hessian is not positive definite (a parameter is not identified)"
-        if pd.any():
-            cov = np.linalg.inv(sub[pd])
+        if cov is not None:
             for c, j in enumerate(keep):
                 se[free[j]][rows[pd]] = np.sqrt(cov[:, c, c]) * jac[rows[pd], j]
     ok = why == ""

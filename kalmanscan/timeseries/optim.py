@@ -115,6 +115,30 @@ def newton_direction(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarr
     return np.where(free, d, 0.0)
 
 
+def held_covariances(Hu: np.ndarray, held: np.ndarray, usable: np.ndarray):
+    """Inverse observed information with the estimates on their boundary held fixed.
+
+    ``Hu [G, k, k]`` is the Hessian of the negative log-likelihood, ``held [G, k]`` marks the
+    estimates on their boundary and ``usable [G]`` the groups to invert. Yields, per pattern of
+    held estimates, ``(pattern, rows, keep, pd, cov)``: the groups ``rows`` with that pattern, the
+    free indices ``keep``, which of them have a positive-definite block ``pd`` (eigenvalues above
+    1e-12 of the largest) and, where any do, ``cov [pd.sum(), len(keep), len(keep)]``.
+
+    >>> H = np.array([[[2.0, 0.0], [0.0, 4.0]]])
+    >>> [(p.tolist(), c.tolist()) for p, _, _, _, c in held_covariances(H, np.array([[False, True]]), np.array([True]))]
+    [([False, True], [[[0.5]]])]
+    """  # noqa: E501
+    for pattern in np.unique(held[usable], axis=0):
+        rows = np.flatnonzero(usable & (held == pattern).all(1))
+        keep = np.flatnonzero(~pattern)
+        sub = Hu[rows][:, keep][:, :, keep]
+        finite = np.isfinite(sub).all((1, 2))
+        lam = np.full((rows.size, keep.size), np.nan)
+        lam[finite] = np.linalg.eigvalsh(sub[finite])
+        pd = finite & (lam.min(1) > 1e-12 * np.abs(lam).max(1))
+        yield pattern, rows, keep, pd, (np.linalg.inv(sub[pd]) if pd.any() else None)
+
+
 def minimize(
     fun,
     u0: np.ndarray,
