@@ -127,11 +127,14 @@ def test_without_precision_and_broadcast_inputs(dtype):
 
 
 def test_threads_give_identical_results():
-    # channels split over threads: every lane's arithmetic is the same, so the results are equal
-    x = make_inputs(1, 63, 37, 16, seed=5)
-    single = outputs(kla_filter(*x.values(), return_precision=True, backend="native"))
-    native.set_num_threads(3)
+    # channels split over threads (here 3 parts of 16, 16 and 8 channels: enough lane-steps for
+    # native._threads to grant 3): every lane's arithmetic is the same, so the results are equal
+    x = make_inputs(1, 300, 40, 16, seed=5)
+    native.set_num_threads(1)
     try:
+        single = outputs(kla_filter(*x.values(), return_precision=True, backend="native"))
+        native.set_num_threads(3)
+        assert native._threads(300 * 40 * 16) == 3
         several = outputs(kla_filter(*x.values(), return_precision=True, backend="native"))
     finally:
         native.set_num_threads(None)
