@@ -15,7 +15,11 @@
 # (benchmarks/gpu.py: the four
 # shapes of the kernel issue, tuning variants, torch peer, then benchmarks/kla_kernel_time.py,
 # ~5 min), reliability (benchmarks/reliability_gpu.py, ~2 min), dense (benchmarks/dense_gpu.py
-# with an 8-minute budget), or all (default). Each part writes its log and results under DIR
+# with an 8-minute budget; its first section times the fused Triton dense filter against the JAX
+# associative scan), public (benchmarks/gpu.py --only public,fit: ks.filter, ks.smooth,
+# ks.loglik and its gradient, fit_ou, ~2 min), lm (benchmarks/lm_step.py, the KLA LM's training
+# step against attention, then benchmarks/kla_chunked.py, the op in time chunks, ~2.5 min), or
+# all (default). Each part writes its log and results under DIR
 # (default benchmarks/results) by the stable names that benchmarks/results/README.md indexes
 # (h200.json, kla-kernel-time.json, reliability-h200.json, dense-gpu.json, gpu-tests.log, ...),
 # replacing the previous result: git keeps history. Parts are separate commands so that each fits
@@ -27,12 +31,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     tests) parts+=(tests-filter tests-kla-a tests-kla-b); shift ;;
-    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, all or --out DIR)" >&2; exit 2 ;;
+    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|public|lm|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, public, lm, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
-[ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels reliability dense)
+[ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels public lm reliability dense)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
@@ -45,6 +49,8 @@ for part in "${parts[@]}"; do
     kernels) log="$out/h200.log" ;;
     reliability) log="$out/reliability-h200.log" ;;
     dense) log="$out/dense-gpu.log" ;;
+    public) log="$out/h200-public.log" ;;
+    lm) log="$out/lm-step-h200.log" ;;
     *) log="$out/gpu-$part.log" ;;
   esac
   case "$part" in
@@ -53,9 +59,10 @@ for part in "${parts[@]}"; do
              python3 -m pytest -q -m "" -p no:cacheprovider -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" \
                tests/test_cuda_kla.py tests/test_cuda_filter.py tests/test_cuda_resources.py \
                tests/test_dense_lean_loop.py tests/test_host_helpers.py tests/test_kla_op.py \
-               tests/test_kla_layer.py tests/test_kla_inspect.py --durations=15 -rfEs ;;
+               tests/test_kla_layer.py tests/test_kla_inspect.py tests/test_kla_glue.py \
+               tests/test_cuda_kla_chunked.py tests/test_cuda_dense.py --durations=15 -rfEs ;;
     tests-filter) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_filter.py \
-             tests/test_dense_lean_loop.py ;;
+             tests/test_dense_lean_loop.py tests/test_cuda_dense.py ;;
     tests-kla-a) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
              -k "float64" ;;
     tests-kla-b) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_cuda_kla.py \
@@ -67,6 +74,10 @@ for part in "${parts[@]}"; do
                --variants "$KLA_VARIANTS" ;;
     reliability) python3 benchmarks/reliability_gpu.py --out "$out/reliability-h200.json" ;;
     dense) python3 benchmarks/dense_gpu.py --json "$out/dense-gpu.json" --budget-s 480 ;;
+    public) python3 benchmarks/gpu.py --only public,fit --out "$out/h200-public.json" ;;
+    lm) python3 benchmarks/lm_step.py --out "$out/lm-step-h200.json" &&
+        python3 benchmarks/kla_chunked.py --shapes 8x2048,2x8192,1x32768,1x131072 \
+          --out "$out/kla-chunked-h200.json" ;;
   esac 2>&1 | tee "$log" || status=1
 done
 exit $status
