@@ -7,8 +7,9 @@
  *     eta' = (a1 / den) eta + (v[m] Lv[m]) k[s],
  *     y[m] = sum_s q[s] eta' / lam',   yvar[m] = sum_s q[s]^2 / lam'
  *
- * the operations, in the order of kla_filter_sequential (same rounding per lane; only the order
- * of the sum over s may differ from torch's). Inputs and outputs are contiguous row-major:
+ * the operations, in the order of kla_filter_sequential (same rounding per lane; the sum over s
+ * runs s = 0, 1, ..., where torch's may group its terms otherwise). The kernel
+ * (_native_kla_kernel.h) keeps the state slot-major so that its loops vectorize over channels. Inputs and outputs are contiguous row-major:
  * v, Lv, y, yvar [B, L, M]; k, q [B, L, S]; decay, process_var [M, S]; the state lam, eta
  * [B, M, S] (holding lam0, eta0 on entry, the final state on return); precisions [B, L, M, S]
  * (optional). Channels are split over threads (GIL released); each thread's rows are disjoint.
@@ -19,7 +20,6 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #ifndef _WIN32
 #include <pthread.h>
