@@ -98,3 +98,29 @@ def triton_interpreted(kernel) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(kernel, InterpretedFunction) and isinstance(std.sum, InterpretedFunction)
+
+
+def kla_inputs(B, L, M, S, seed=0, forget=False):
+    """Seeded float64 inputs of the KLA op (CPU): ``v, Lv [B, L, M]``, ``k, q [B, L, S]``,
+    ``decay, process_var [M, S]``, ``lam0, eta0 [B, M, S]``; ``forget`` sets lane (0, 0)'s decay
+    to 0 (a lane that forgets everything each step)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def u(*shape, lo=0.0, hi=1.0):
+        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    x = dict(
+        v=torch.randn(B, L, M, generator=g, dtype=torch.float64),
+        Lv=u(B, L, M, lo=0.2, hi=5.0),
+        k=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
+        q=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
+        decay=u(M, S, lo=0.5, hi=1.0),
+        process_var=u(M, S, lo=0.001, hi=0.3),
+        lam0=u(B, M, S, lo=0.5, hi=2.0),
+        eta0=torch.randn(B, M, S, generator=g, dtype=torch.float64),
+    )
+    if forget:
+        x["decay"][0, 0] = 0.0
+    return x

@@ -19,7 +19,7 @@ from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import kla as K  # noqa: E402
 from kalmanscan.cuda.kla import forward, kla_triton, tuning  # noqa: E402
 from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
-from tests.helpers import triton_interpreted  # noqa: E402
+from tests.helpers import kla_inputs, triton_interpreted  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 
@@ -37,23 +37,7 @@ def poison(monkeypatch):
 
 
 def make_inputs(B, L, M, S, seed=0, forget=False):
-    g = torch.Generator().manual_seed(seed)
-
-    def u(*shape, lo=0.0, hi=1.0):
-        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
-
-    x = dict(
-        v=torch.randn(B, L, M, generator=g, dtype=torch.float64),
-        Lv=u(B, L, M, lo=0.2, hi=5.0),
-        k=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
-        q=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
-        decay=u(M, S, lo=0.5, hi=1.0),
-        process_var=u(M, S, lo=0.001, hi=0.3),
-        lam0=u(B, M, S, lo=0.5, hi=2.0),
-        eta0=torch.randn(B, M, S, generator=g, dtype=torch.float64),
-    )
-    if forget:
-        x["decay"][0, 0] = 0.0
+    x = kla_inputs(B, L, M, S, seed, forget)
     return {n: t.to(DEVICE) for n, t in x.items()}
 
 

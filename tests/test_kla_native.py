@@ -9,6 +9,7 @@ import torch
 from kalmanscan.core import backends, native
 from kalmanscan.core.kla_op import kla_filter, kla_filter_native, kla_filter_sequential
 from kalmanscan.testing import assert_close
+from tests.helpers import kla_inputs
 
 pytestmark = pytest.mark.skipif(
     not native.kla_available(), reason="kalmanscan.core._native_kla is not built"
@@ -19,24 +20,7 @@ OUTS = ("y", "yvar", "lam", "eta", "precision")
 
 
 def make_inputs(B, L, M, S, seed=0, forget=False):
-    g = torch.Generator().manual_seed(seed)
-
-    def u(*shape, lo=0.0, hi=1.0):
-        return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
-
-    x = dict(
-        v=torch.randn(B, L, M, generator=g, dtype=torch.float64),
-        Lv=u(B, L, M, lo=0.2, hi=5.0),
-        k=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
-        q=torch.randn(B, L, S, generator=g, dtype=torch.float64) / S**0.5,
-        decay=u(M, S, lo=0.5, hi=1.0),
-        process_var=u(M, S, lo=0.001, hi=0.3),
-        lam0=u(B, M, S, lo=0.5, hi=2.0),
-        eta0=torch.randn(B, M, S, generator=g, dtype=torch.float64),
-    )
-    if forget:  # a lane that forgets everything each step (decay 0)
-        x["decay"][0, 0] = 0.0
-    return x
+    return kla_inputs(B, L, M, S, seed, forget)
 
 
 def outputs(res):
