@@ -27,7 +27,10 @@
  * large prior) and at the diffuse steps, the information J that z_{t:T} carry about x_t is carried
  * back instead (from the last step where the covariance form was accurate) and gives the smoothed
  * covariance, at the diffuse steps in square-root form G Lam^-1 G' (G = [L, D]), whenever that is
- * well conditioned (info_smoothed_cov).
+ * well conditioned (info_smoothed_cov). On a series with a diffuse start, a backward square-root
+ * information filter (srif_*: Householder steps on [S | y]) runs alongside and serves the
+ * diffuse steps' means and covariances (srif_smoothed) unless an entry is noise-free or near it
+ * (|h|^2 |Q| / Dg > INFO_COND).
  *
  * Precisions (filtered and smoothed) are inverses by Cholesky; a covariance that is not positive
  * definite gets NaN there and the caller inverts it by other means.
@@ -588,6 +591,185 @@ static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P,
     return 1;
 }
 
+
+/* Lower semidefinite Cholesky factor of the PSD A (n x n) into L: a pivot at rounding level
+ * (1e-15 of A's largest diagonal entry) gives a zero column. */
+static ALWAYS_INLINE void semidef_chol(int n, const double *A, double *L) {
+    double dmax = 0.0;
+    for (int i = 0; i < n; i++)
+        if (A[i * n + i] > dmax) dmax = A[i * n + i];
+    for (int j = 0; j < n; j++) {
+        double s = A[j * n + j];
+        for (int q = 0; q < j; q++) s -= L[j * n + q] * L[j * n + q];
+        double piv = s > 1e-15 * dmax ? sqrt(s) : 0.0;
+        L[j * n + j] = piv;
+        for (int i = j + 1; i < n; i++) {
+            double v = A[i * n + j];
+            for (int q = 0; q < j; q++) v -= L[i * n + q] * L[j * n + q];
+            L[i * n + j] = piv > 0.0 ? v / piv : 0.0;
+        }
+        for (int i = 0; i < j; i++) L[i * n + j] = 0.0;
+    }
+}
+
+/* One Householder step on the row-major M (row stride ld): the reflection that zeroes column j
+ * in rows r0..r1-1 against pivot row j, applied to columns j..c-1 of those rows (rows strictly
+ * between j and r0 hold zeros in column j and are not touched). */
+static ALWAYS_INLINE void house_step(double *M, int ld, int j, int r0, int r1, int c) {
+    double scale = fabs(M[j * ld + j]);
+    for (int i = r0; i < r1; i++) scale = fmax(scale, fabs(M[i * ld + j]));
+    if (scale == 0.0) return;
+    /* the reflection vector v = x - alpha e_1 kept scaled by 1/scale (over column j), so that a
+       column at underflow level (rounding residue) does not give 2 / v'v = inf */
+    double *rj = M + j * ld;
+    double x0 = rj[j] / scale, nrm = x0 * x0;
+    for (int i = r0; i < r1; i++) {
+        double x = M[i * ld + j] / scale;
+        M[i * ld + j] = x;
+        nrm += x * x;
+    }
+    nrm = sqrt(nrm);
+    double alpha = x0 > 0.0 ? -nrm : nrm, v0 = x0 - alpha;
+    double beta = -1.0 / (alpha * v0); /* 2 / v'v */
+    for (int q = j + 1; q < c; q++) {
+        double sdot = v0 * rj[q];
+        for (int i = r0; i < r1; i++) sdot += M[i * ld + j] * M[i * ld + q];
+        sdot *= beta;
+        rj[q] -= sdot * v0;
+        for (int i = r0; i < r1; i++) M[i * ld + q] -= sdot * M[i * ld + j];
+    }
+    rj[j] = alpha * scale;
+    for (int i = r0; i < r1; i++) M[i * ld + j] = 0.0;
+}
+
+/* Backward square-root information filter (two-filter smoother, docs/dense.md): the information
+ * z_{t:T} carry about x_t as n rows [S | y] (row stride n + 1, S upper triangular, zero rows
+ * carry nothing), S x_t = y + N(0, I). srif_obs adds the o decorrelated entries of step t
+ * (rows h / sqrt(Dg); *hmax: the largest |h|^2 / Dg); 0 if an entry is noise-free (Dg = 0: no
+ * square root). buf: (n + o) (n + 1) doubles. */
+static ALWAYS_INLINE int srif_obs(int n, double *S, int o, const double *Hy, const double *y,
+                                  const double *Dg, double *buf, double *hmax) {
+    const int c = n + 1;
+    if (o == 0) return 1;
+    memcpy(buf, S, (size_t)n * c * sizeof(double));
+    for (int p = 0; p < o; p++) {
+        if (!(Dg[p] > 0.0)) return 0;
+        double g = 1.0 / sqrt(Dg[p]), hh = 0.0;
+        double *row = buf + (n + p) * c;
+        for (int j = 0; j < n; j++) {
+            row[j] = g * Hy[p * n + j];
+            hh += row[j] * row[j];
+        }
+        if (hh > *hmax) *hmax = hh;
+        row[n] = g * y[p];
+    }
+    for (int j = 0; j < n; j++) house_step(buf, c, j, n, n + o, c);
+    memcpy(S, buf, (size_t)n * c * sizeof(double));
+    return 1;
+}
+
+/* [S | y] from x_t back to x_{t-1} (x_t = F x_{t-1} + c + Lq w, w ~ N(0, I_q), Lq Lq' = Q with
+ * Q's q nonzero Cholesky columns): the rows [[I_q, 0, 0], [S Lq, S F, y - S c]] triangularized,
+ * w eliminated. buf: (2n)(2n + 1) + n^2 doubles. */
+static ALWAYS_INLINE void srif_back(int n, double *S, const double *F, const double *Q,
+                                    const double *cvec, double *buf) {
+    double *Lq = buf + 2 * n * (2 * n + 1);
+    semidef_chol(n, Q, Lq);
+    int q = 0;
+    for (int j = 0; j < n; j++) /* compact Q's nonzero columns to the left */
+        if (Lq[j * n + j] > 0.0) {
+            for (int i = 0; i < n; i++) Lq[i * n + q] = Lq[i * n + j];
+            q++;
+        }
+    const int c = q + n + 1, r = q + n;
+    memset(buf, 0, (size_t)r * c * sizeof(double));
+    for (int i = 0; i < q; i++) buf[i * c + i] = 1.0;
+    for (int i = 0; i < n; i++) {
+        const double *si = S + i * (n + 1);
+        double *row = buf + (q + i) * c;
+        double yc = si[n];
+        for (int p = 0; p < n; p++) yc -= si[p] * cvec[p];
+        for (int j = 0; j < q; j++) {
+            double a = 0.0;
+            for (int p = i; p < n; p++) a += si[p] * Lq[p * n + j];
+            row[j] = a;
+        }
+        for (int j = 0; j < n; j++) {
+            double f = 0.0;
+            for (int p = i; p < n; p++) f += si[p] * F[p * n + j];
+            row[q + j] = f;
+        }
+        row[q + n] = yc;
+    }
+    for (int j = 0; j < q; j++) house_step(buf, c, j, q, r, c);
+    for (int j = q; j < r; j++) house_step(buf, c, j, j + 1, r, c);
+    for (int i = 0; i < n; i++) {
+        memcpy(S + i * (n + 1), buf + (q + i) * c + q, (n + 1) * sizeof(double));
+        for (int j = 0; j < i; j++) S[i * (n + 1) + j] = 0.0;
+    }
+}
+
+/* Smoothed moments at a diffuse step from the prediction x_t = a + L u + D v (L L' = P,
+ * u ~ N(0, I), v flat along D's k columns) and the n rows [S | y] of z_{t:T}: the least-squares
+ * problem [[I, 0], [S L, S D]] (u, v) = (0, y - S a) triangularized to Rt (u, v) = rhs, mean
+ * a + G Rt^-1 rhs and covariance X'X, X = Rt^-T G', G = [L, D]: orthogonal steps and a sum of
+ * squares only. 0 if Rt is singular (a direction not resolved by z_{t:T}). buf: 9 n^2 + 4 n
+ * doubles. */
+static ALWAYS_INLINE int srif_smoothed(int n, const double *S, int k, const double *a,
+                                       const double *P, const double *D, double *buf,
+                                       double *mean, double *V) {
+    const int mk = n + k, c = mk + 1, r = 2 * n, m = n;
+    double *M = buf, *G = M + 2 * n * (2 * n + 1), *X = G + 2 * n * n, *L = X + 2 * n * n + 2 * n;
+    semidef_chol(n, P, L);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) G[i * mk + j] = L[i * n + j];
+        for (int j = 0; j < k; j++) G[i * mk + n + j] = D[i * n + j];
+    }
+    memset(M, 0, (size_t)r * c * sizeof(double));
+    for (int i = 0; i < n; i++) M[i * c + i] = 1.0;
+    for (int i = 0; i < m; i++) {
+        const double *si = S + i * (n + 1);
+        double *row = M + (n + i) * c;
+        double ya = si[n];
+        for (int q = 0; q < n; q++) ya -= si[q] * a[q];
+        for (int j = 0; j < mk; j++) {
+            double s = 0.0;
+            for (int q = i; q < n; q++) s += si[q] * G[q * mk + j];
+            row[j] = s;
+        }
+        row[mk] = ya;
+    }
+    for (int j = 0; j < n; j++) house_step(M, c, j, n, r, c);
+    for (int j = n; j < mk; j++) house_step(M, c, j, j + 1, r, c);
+    for (int j = 0; j < mk; j++)
+        if (!(fabs(M[j * c + j]) > 0.0)) return 0;
+    double *uv = X + mk * n; /* past X's (n + k) x n block */
+    for (int j = mk - 1; j >= 0; j--) {
+        double s = M[j * c + mk];
+        for (int q = j + 1; q < mk; q++) s -= M[j * c + q] * uv[q];
+        uv[j] = s / M[j * c + j];
+    }
+    for (int i = 0; i < n; i++) {
+        double s = a[i];
+        for (int j = 0; j < mk; j++) s += G[i * mk + j] * uv[j];
+        mean[i] = s;
+    }
+    for (int i = 0; i < n; i++) /* column i of X: Rt' X_i = (row i of G)' */
+        for (int j = 0; j < mk; j++) {
+            double v = G[i * mk + j];
+            for (int q = 0; q < j; q++) v -= M[q * c + j] * X[q * n + i];
+            X[j * n + i] = v / M[j * c + j];
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int q = 0; q < mk; q++) s += X[q * n + i] * X[q * n + j];
+            V[i * n + j] = s;
+            V[j * n + i] = s;
+        }
+    return 1;
+}
+
 /* The smoothed covariance in square-root information form: with the prediction
  * x_t = a + L u + D v (P = L L', u ~ N(0, I), v flat along the k columns of D) and the information
  * J that z_{t:T} carry about x_t, V = G Lam^-1 G', G = [L, D], Lam = diag(1_n, 0_k) + G' J G,
@@ -601,22 +783,7 @@ static ALWAYS_INLINE int info_smoothed_cov(int n, int k, const double *P, const 
     const int m = n + k;
     double *L = buf, *G = L + n * n, *JG = G + 2 * n * n, *Lam = JG + 2 * n * n,
            *X = Lam + 4 * n * n;
-    double dmax = 0.0;
-    for (int i = 0; i < n; i++)
-        if (P[i * n + i] > dmax) dmax = P[i * n + i];
-    /* semidefinite Cholesky of P: a pivot at rounding level gives a zero column */
-    for (int j = 0; j < n; j++) {
-        double s = P[j * n + j];
-        for (int q = 0; q < j; q++) s -= L[j * n + q] * L[j * n + q];
-        double piv = s > 1e-15 * dmax ? sqrt(s) : 0.0;
-        L[j * n + j] = piv;
-        for (int i = j + 1; i < n; i++) {
-            double v = P[i * n + j];
-            for (int q = 0; q < j; q++) v -= L[i * n + q] * L[j * n + q];
-            L[i * n + j] = piv > 0.0 ? v / piv : 0.0;
-        }
-        for (int i = 0; i < j; i++) L[i * n + j] = 0.0;
-    }
+    semidef_chol(n, P, L);
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < n; j++) G[i * m + j] = L[i * n + j];
         for (int j = 0; j < k; j++) G[i * m + n + j] = D[i * n + j];
@@ -764,6 +931,20 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
     double *smean = out[O_SMEAN] + b * T * n, *scov = out[O_SCOV] + b * T * nn;
     double *sprec = out[O_SPREC] + b * T * nn;
     double *x = w->tmp2, *V = w->G, *Pinf = w->Lr; /* G and Lr are free here */
+    /* the diffuse steps' moments from the backward square-root information filter, over the
+       whole series when the start is diffuse (0 once a noise-free entry is met: the DK form) */
+    int srif = np_ > 0;
+    double hmax = 0.0, qmax = 0.0; /* max |h|^2 / Dg and max |Q| met so far */
+    double *Srif = NULL, *sbuf = NULL;
+    if (srif) {
+        size_t wk = (size_t)(n + w->d) * (n + 1), wk2 = (size_t)9 * nn + 4 * n;
+        Srif = calloc((size_t)n * (n + 1) + (wk > wk2 ? wk : wk2), sizeof(double));
+        if (!Srif) {
+            free(r0);
+            return -1;
+        }
+        sbuf = Srif + n * (n + 1);
+    }
     for (Py_ssize_t t = T - 1; t >= 0; t--) {
         const double *a0 = pmean + t * n, *P0t = pcov + t * nn;
         int kt = 0;
@@ -775,6 +956,14 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         memcpy(P, P0t, nn * sizeof(double));
         double dummy = 0.0;
         int o = gather(w, n, in, b, t, 0, 0);
+        if (srif) srif = srif_obs(n, Srif, o, w->Hy, w->y, w->Dg, sbuf, &hmax);
+        if (srif && t > 0) {
+            const double *Qt = mat(&in[I_Q], b, t);
+            for (int i = 0; i < nn; i++) qmax = fmax(qmax, fabs(Qt[i]));
+        }
+        /* near noise-free entries (|h|^2 |Q| / Dg large): the rows' scales span 1/sqrt(Dg) and the
+           triangularization loses digits like it; Durbin & Koopman's terms are the accurate ones */
+        if (srif && hmax * qmax > INFO_COND) srif = 0;
         update(w, n, o, m, P, kt, &dummy, 1);
         for (int p = o - 1; p >= 0; p--) {
             const elem_t *e = &w->el[p];
@@ -997,6 +1186,12 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
                the P_inf terms are the accurate ones) */
             if (use_info && jcond <= INFO_COND)
                 memcpy(sc, Vi, nn * sizeof(double));
+            if (srif && !srif_smoothed(n, Srif, kt, a0, P0t, pD + t * nn, sbuf, x, Vi))
+                srif = 0;
+            if (srif) {
+                memcpy(sm, x, n * sizeof(double));
+                memcpy(sc, Vi, nn * sizeof(double));
+            }
         }
         if (!spd_inverse(n, sc, w->tmp, sprec + t * nn)) {
             for (int i = 0; i < nn; i++) sprec[t * nn + i] = NAN;
@@ -1012,6 +1207,9 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
             info = 0;
             info_failed = 1;
         }
+        if (srif && t > 0)
+            srif_back(n, Srif, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t),
+                      sbuf);
         back_vec(w, n, r0);
         back_cov(w, n, N0);
         if (t <= np_) {
@@ -1020,6 +1218,7 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
             back_cov(w, n, N2);
         }
     }
+    free(Srif);
     free(r0);
     return nd;
 }
