@@ -28,7 +28,8 @@
  * back instead (from the last step where the covariance form was accurate) and gives the smoothed
  * covariance, at the diffuse steps in square-root form G Lam^-1 G' (G = [L, D]), whenever that is
  * well conditioned (info_smoothed_cov). On a series with a diffuse start, a backward square-root
- * information filter (srif_*: Householder steps on [S | y]) runs alongside and serves the
+ * information filter (srif_*: Householder steps on [S | y]), its rows set at the first non-diffuse
+ * step from r0 and N0 (srif_from_dk) and carried back over the diffuse steps, serves the
  * diffuse steps' means and covariances (srif_smoothed) unless an entry is noise-free or near it
  * (|h|^2 |Q| / Dg > INFO_COND).
  *
@@ -54,6 +55,7 @@
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
 #define INFO_COND 1e4 /* |J| |Q| up to this along the carried J: the diffuse steps' info form */
+#define SRIF_SWITCH 1e1 /* |P N P| up to this times |V|: r0, N0 set the square-root rows */
 #define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
 
 typedef struct {
@@ -709,6 +711,55 @@ static ALWAYS_INLINE void srif_back(int n, double *S, const double *F, const dou
     }
 }
 
+/* [S | y] of z_{t:T} about x_t from Durbin & Koopman's r, N at step t (prediction a, P; smoothed
+ * mean a + P r, covariance P - P N P): the information J = (I - N P)^-1 N and its vector j,
+ * j - J a = (I - N P)^-1 r = u (the two-filter combination of N(a, P) with J, j solved for J, j),
+ * S = W' and y = W' a + W^-1 u from the semidefinite Cholesky factor W W' = J (zero rows where W has a
+ * zero pivot). Used at the first non-diffuse step, so that the square-root filter runs over the
+ * diffuse steps only. 0 if I - N P is singular. buf: 3 n^2 + 2 n doubles. */
+static ALWAYS_INLINE int srif_from_dk(int n, const double *N, const double *r, const double *a,
+                                      const double *P, double *buf, double *S) {
+    const int nn = n * n, c = n + 1;
+    double *A = buf, *X = A + nn, *W = X + nn, *jv = W + nn, *u = jv + n;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = i == j ? 1.0 : 0.0;
+            for (int q = 0; q < n; q++) s -= N[i * n + q] * P[q * n + j];
+            A[i * n + j] = s;
+        }
+    /* X = (I - N P)^-1 [N | r]: the vector rides in the solve's B as column 0 of a second pass */
+    memcpy(X, N, nn * sizeof(double));
+    double *A2 = W; /* W is free until the factorization */
+    memcpy(A2, A, nn * sizeof(double));
+    if (!solve(n, A, X)) return 0;
+    memset(A, 0, nn * sizeof(double));
+    for (int i = 0; i < n; i++) A[i * n] = r[i];
+    if (!solve(n, A2, A)) return 0;
+    for (int i = 0; i < n; i++) u[i] = A[i * n];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            double v = 0.5 * (X[i * n + j] + X[j * n + i]);
+            X[i * n + j] = v;
+            X[j * n + i] = v;
+        }
+    semidef_chol(n, X, W);
+    /* y = W' a + W^-1 u: the part along a kept apart from the solve (J a through W^-1 would
+       carry W's conditioning into y - S a) */
+    for (int i = 0; i < n; i++) {
+        double s = u[i];
+        for (int q = 0; q < i; q++) s -= W[i * n + q] * jv[q];
+        double piv = W[i * n + i];
+        jv[i] = piv > 0.0 ? s / piv : 0.0;
+    }
+    for (int i = 0; i < n; i++) {
+        double s = jv[i];
+        for (int j = i; j < n; j++) s += W[j * n + i] * a[j];
+        S[i * c + n] = s;
+        for (int j = 0; j < n; j++) S[i * c + j] = j >= i ? W[j * n + i] : 0.0;
+    }
+    return 1;
+}
+
 /* Smoothed moments at a diffuse step from the prediction x_t = a + L u + D v (L L' = P,
  * u ~ N(0, I), v flat along D's k columns) and the n rows [S | y] of z_{t:T}: the least-squares
  * problem [[I, 0], [S L, S D]] (u, v) = (0, y - S a) triangularized to Rt (u, v) = rhs, mean
@@ -931,19 +982,23 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
     double *smean = out[O_SMEAN] + b * T * n, *scov = out[O_SCOV] + b * T * nn;
     double *sprec = out[O_SPREC] + b * T * nn;
     double *x = w->tmp2, *V = w->G, *Pinf = w->Lr; /* G and Lr are free here */
-    /* the diffuse steps' moments from the backward square-root information filter, over the
-       whole series when the start is diffuse (0 once a noise-free entry is met: the DK form) */
+    /* the diffuse steps' moments from the backward square-root information filter when the
+       start is diffuse, its rows set at step np_ from r0, N0 and carried back over the diffuse
+       steps (0 once a noise-free or near noise-free entry is met anywhere: the DK form) */
     int srif = np_ > 0;
     double hmax = 0.0, qmax = 0.0; /* max |h|^2 / Dg and max |Q| met so far */
-    double *Srif = NULL, *sbuf = NULL;
+    double *Srif = NULL, *sbuf = NULL, *Nc = NULL, *rc = NULL;
+    Py_ssize_t tc = T; /* the step whose r0, N0 (Nc, rc) set the rows; T: from nothing */
     if (srif) {
         size_t wk = (size_t)(n + w->d) * (n + 1), wk2 = (size_t)9 * nn + 4 * n;
-        Srif = calloc((size_t)n * (n + 1) + (wk > wk2 ? wk : wk2), sizeof(double));
+        Srif = calloc((size_t)n * (n + 1) + nn + n + (wk > wk2 ? wk : wk2), sizeof(double));
         if (!Srif) {
             free(r0);
             return -1;
         }
-        sbuf = Srif + n * (n + 1);
+        Nc = Srif + n * (n + 1);
+        rc = Nc + nn;
+        sbuf = rc + n;
     }
     for (Py_ssize_t t = T - 1; t >= 0; t--) {
         const double *a0 = pmean + t * n, *P0t = pcov + t * nn;
@@ -955,8 +1010,39 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
         memcpy(m, a0, n * sizeof(double));
         memcpy(P, P0t, nn * sizeof(double));
         double dummy = 0.0;
+        if (srif && t == np_ - 1) {
+            /* the square-root filter's rows: from r0, N0 at tc (the information z_{tc:T} carry
+               about x_tc, the last step back where they convert accurately; from nothing past
+               the end if none did), carried back to the diffuse steps */
+            Py_ssize_t t1 = T - 1;
+            if (tc < T) {
+                srif = srif_from_dk(n, Nc, rc, pmean + tc * n, pcov + tc * nn, sbuf, Srif);
+                if (srif)
+                    srif_back(n, Srif, mat(&in[I_F], b, tc), mat(&in[I_Q], b, tc),
+                              mat(&in[I_C], b, tc), sbuf);
+                t1 = tc - 1;
+            }
+            for (Py_ssize_t u = t1; u >= np_ && srif; u--) {
+                int ou = gather(w, n, in, b, u, 0, 0);
+                srif = srif_obs(n, Srif, ou, w->Hy, w->y, w->Dg, sbuf, &hmax);
+                if (srif)
+                    srif_back(n, Srif, mat(&in[I_F], b, u), mat(&in[I_Q], b, u),
+                              mat(&in[I_C], b, u), sbuf);
+            }
+            if (srif && hmax * qmax > INFO_COND) srif = 0;
+        }
         int o = gather(w, n, in, b, t, 0, 0);
-        if (srif) srif = srif_obs(n, Srif, o, w->Hy, w->y, w->Dg, sbuf, &hmax);
+        if (srif && t < np_) {
+            srif = srif_obs(n, Srif, o, w->Hy, w->y, w->Dg, sbuf, &hmax);
+        } else if (srif) { /* rows from r0, N0 at step np_: only the entries' scales here */
+            for (int p = 0; p < o && srif; p++) {
+                const double *h = w->Hy + p * n;
+                double hh = 0.0;
+                for (int j = 0; j < n; j++) hh += h[j] * h[j];
+                if (!(w->Dg[p] > 0.0)) srif = 0;
+                else if (hh / w->Dg[p] > hmax) hmax = hh / w->Dg[p];
+            }
+        }
         if (srif && t > 0) {
             const double *Qt = mat(&in[I_Q], b, t);
             for (int i = 0; i < nn; i++) qmax = fmax(qmax, fabs(Qt[i]));
@@ -1054,7 +1140,7 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
                     }
             }
         }
-        /* smoothed moments at t from the prediction (a0, P0t, Pinf = D D') */
+            /* smoothed moments at t from the prediction (a0, P0t, Pinf = D D') */
         double *sm = smean + t * n, *sc = scov + t * nn;
         for (int i = 0; i < n; i++) {
             double s = a0[i];
@@ -1077,6 +1163,11 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
            the covariance form was accurate, and used where that form cancels (a large prior) and
            at the diffuse steps, where Durbin & Koopman's P_inf terms cancel likewise */
         int use_info = 0;
+        if (srif && t >= np_ && xmax <= SRIF_SWITCH * vmax) { /* r0, N0 convert accurately */
+            memcpy(Nc, N0, nn * sizeof(double));
+            memcpy(rc, r0, n * sizeof(double));
+            tc = t;
+        }
         if (!info_failed) {
             if (t >= np_ && !info && xmax <= INFO_SWITCH * vmax) { /* accurate here: remember it */
                 memcpy(Ng, N0, nn * sizeof(double));
@@ -1207,7 +1298,7 @@ static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in
             info = 0;
             info_failed = 1;
         }
-        if (srif && t > 0)
+        if (srif && t > 0 && t < np_)
             srif_back(n, Srif, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t),
                       sbuf);
         back_vec(w, n, r0);
