@@ -146,7 +146,9 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     with torch.no_grad():
         again = kla_filter(**{n: t.detach() for n, t in leaves.items()}, backend="triton")
     assert calls == [4, 4]
-    assert normwise(again.y, res.y) == 0.0
+    # the same chunks without checkpoints: another specialization of the forward kernel, whose
+    # compiled arithmetic may round differently (7.8e-8 on the H200; 0 in the interpreter)
+    assert normwise(again.y, res.y) <= TOLERANCES[("rounding", "float32")]
 
 
 @pytest.mark.parametrize(
