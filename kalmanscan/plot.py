@@ -28,9 +28,9 @@ def _plt():
 
 
 def _quantile(c: float) -> float:
-    from kalmanscan.timeseries.model import _normal_quantile
+    from kalmanscan.timeseries.coverage import normal_quantile
 
-    return _normal_quantile(c)
+    return normal_quantile(c)
 
 
 def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = True):

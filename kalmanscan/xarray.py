@@ -8,8 +8,12 @@ Importing this module registers the accessor (``import kalmanscan`` alone never 
     params = da.kalman.fit_ou(fix={"theta": 0.0, "mu": 0.0})
     fc = da.kalman.forecast(params, steps=10)
 
-The Datasets of results (:func:`to_dataset`, :func:`filter_dataarray`; their variables and the
-dask path) come from :mod:`kalmanscan.timeseries.dataset`, which this client layer re-exports;
+:func:`filter_dataarray` (the accessor's ``filter``) runs the model's filter, smoother and forecast
+over a DataArray through ``xarray.apply_ufunc`` with the time dimension as the core dimension:
+dask-chunked input runs chunk-wise over the series dimensions (``dask="parallelized"``) and stays
+lazy, so many series scale out over cores or a dask cluster; in-memory input runs one block.
+:func:`kalmanscan.timeseries.dataset.results_dataset` lays the results out (variables listed
+there). :func:`to_dataset` is ``OUModel.to_dataset`` on numpy/pandas data, and
 :func:`fit_dataarray` runs ``fit_ou`` per series block the same way.
 """
 
@@ -18,16 +22,12 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from kalmanscan.timeseries.dataset import (
-    FIT_DESCRIPTION,
-    LOGLIK_CONVENTION,
-    MODEL_DESCRIPTION,
-    _time_axis,
-    filter_dataarray,
-    to_dataset,
-)
-from kalmanscan.timeseries.model import PARAMS
-from kalmanscan.timeseries.times import TimeAxis
+from kalmanscan.timeseries import dataset as view
+from kalmanscan.timeseries.coverage import check_coverage
+from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
+from kalmanscan.timeseries.fit import OUFit, fit_ou
+from kalmanscan.timeseries.model import PARAMS, OUModel, forecast_labels
+from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 __all__ = ["filter_dataarray", "fit_dataarray", "netcdf_engine", "save_netcdf", "to_dataset"]
 
@@ -64,10 +64,186 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
     return engine
 
 
+# --- filtering ---------------------------------------------------------------------------------
+def _block(z, theta, sigma2, mu, obs_var, *prior, time_axis, smooth, forecast_labels, backend):
+    """The model's results on ``z [..., T]`` (time last, as apply_ufunc passes it), time last."""
+    T = z.shape[-1]
+    loop = z.shape[:-1]
+    H = 0 if forecast_labels is None else len(forecast_labels)
+    if z.size == 0:  # dask may probe with empty blocks
+        shapes = [loop + (T,)] * (6 if smooth else 4) + [loop] + [loop + (H,)] * (3 if H else 0)
+        return tuple(np.zeros(s) for s in shapes)
+    prior_mean, prior_var = prior if prior else (None, None)
+    model = OUModel(
+        theta=theta,
+        sigma2=sigma2,
+        mu=mu,
+        obs_var=obs_var,
+        prior_mean=prior_mean,
+        prior_var=prior_var,
+    )
+    zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
+    results = view.result_vars(
+        *model.run(zt, time_axis, smooth=smooth, forecast_at=forecast_labels, backend=backend)
+    )
+    last = lambda a: np.broadcast_to(np.moveaxis(a, 0, -1), loop + a.shape[:1])  # noqa: E731
+    return tuple(
+        np.array(np.broadcast_to(v, loop) if k == "loglik" else last(v)) for k, v in results.items()
+    )
+
+
+def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
+    """``{name: DataArray}`` of theta, sigma2, mu, obs_var (and prior_mean/prior_var when set)."""
+    if model is not None and params:
+        raise ValueError(
+            f"model, {sorted(params)}: give either model= or individual parameters, not both"
+        )
+    if isinstance(model, OUFit):
+        model = model.model
+    if isinstance(model, xr.Dataset):
+        missing = [p for p in PARAMS if p not in model]
+        if missing:
+            raise ValueError(
+                f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from "
+                f".kalman.fit_ou()), missing {missing}"
+            )
+        return {p: model[p] for p in PARAMS}
+    if model is None:
+        unknown = set(params) - set(PARAMS) - {"prior_mean", "prior_var"}
+        if unknown:
+            raise TypeError(
+                f"unexpected parameters {sorted(unknown)}; expected some of {list(PARAMS)}"
+            )
+        missing = [p for p in ("sigma2", "obs_var") if p not in params]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)}: required (or pass model=, e.g. the Dataset from "
+                ".kalman.fit_ou())"
+            )
+        values = {"theta": 0.0, "mu": 0.0, **params}
+    elif isinstance(model, OUModel):
+        values = {p: getattr(model, p) for p in PARAMS}
+        for p in ("prior_mean", "prior_var"):
+            if getattr(model, p) is not None:
+                values[p] = getattr(model, p)
+    else:
+        raise TypeError(
+            f"model: expected an OUModel, OUFit or parameter Dataset, got {type(model).__name__}"
+        )
+    return {k: view.series_param(k, v, da, time_dim) for k, v in values.items()}
+
+
+def _check_values(da: xr.DataArray, time_dim: str) -> None:
+    """The same acceptance as ``kalmanscan.filter``: real numbers (NaN = missing), no strings,
+    booleans, complex numbers or datetimes, and at least one time step."""
+    kind = da.dtype.kind
+    if kind not in "iuf" or (kind == "f" and da.dtype.itemsize > 8):
+        raise TypeError(
+            f"da: expected real numbers (NaN = missing), got a DataArray of dtype {da.dtype}"
+        )
+    if time_dim in da.dims and da.sizes[time_dim] == 0:
+        raise ValueError(f"da: expected at least one step along {time_dim!r}, got 0")
+
+
+def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
+    if time_dim not in da.dims:
+        raise ValueError(
+            f"time_dim: expected one of the array's dims {list(da.dims)}, got {time_dim!r}"
+        )
+    _check_values(da, time_dim)
+    times = da[time_dim].values if time_dim in da.coords else None
+    return as_time_axis(times, da.sizes[time_dim], time_unit, name=f"coordinate {time_dim!r}")
+
+
+def filter_dataarray(
+    da: xr.DataArray,
+    model=None,
+    *,
+    time_dim: str = "time",
+    coverage=(0.5, 0.9),
+    smooth: bool = True,
+    forecast_steps=None,
+    forecast_at=None,
+    time_unit=None,
+    backend: str = "auto",
+    **params,
+) -> xr.Dataset:
+    """Filter (and smooth, and forecast) every series of ``da`` along ``time_dim``: a Dataset.
+
+    ``model`` is an :class:`OUModel`, an :class:`OUFit`, a parameter Dataset from
+    :func:`fit_dataarray`, or ``None`` with parameters as keywords (``sigma2=``, ``obs_var=``,
+    optional ``theta=``, ``mu=``; scalars, arrays over the series dims, or DataArrays).
+    Dask-chunked input stays lazy and runs chunk-wise over the series dims.
+
+    >>> import numpy as np, xarray as xr
+    >>> z = np.array([[1.0, 2.0], [np.nan, 2.5], [1.5, 3.0]])
+    >>> da = xr.DataArray(z, dims=("time", "station"))
+    >>> ds = filter_dataarray(da, sigma2=0.1, obs_var=0.2)
+    >>> ds["mean"].dims, ds["lower"].sizes["coverage"]
+    (('time', 'station'), 2)
+    """
+    if not isinstance(da, xr.DataArray):
+        raise TypeError(f"da: expected an xarray.DataArray, got {type(da).__name__}")
+    coverage = check_coverage(coverage)
+    if isinstance(model, OUFit):
+        model = model.model
+    if time_unit is None and isinstance(model, OUModel):
+        time_unit = model.time_unit
+    if time_unit is None and isinstance(model, xr.Dataset) and "time_unit_ns" in model.attrs:
+        time_unit = np.timedelta64(int(model.attrs["time_unit_ns"]), "ns")
+    ax = _time_axis(da, time_dim, time_unit)
+    pv = _param_vars(model, params, da, time_dim)
+    fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
+    z = da.astype(np.float64)
+    if z.chunks is not None:
+        z = z.chunk({time_dim: -1})
+    prior = [pv[k] for k in ("prior_mean", "prior_var") if k in pv]
+    if len(prior) == 1:
+        raise ValueError("prior_mean, prior_var: give both or neither")
+    args = [z] + [pv[p] for p in PARAMS] + prior
+    H = 0 if fc_labels is None else len(fc_labels)
+    names = list(view.TIME_VARS[: 6 if smooth else 4]) + ["loglik"]
+    names += list(view.FORECAST_VARS) if H else []
+    ocd = [[time_dim]] * (6 if smooth else 4) + [[]] + [["forecast_time"]] * (3 if H else 0)
+    outs = xr.apply_ufunc(
+        _block,
+        *args,
+        input_core_dims=[[time_dim]] + [[]] * (len(args) - 1),
+        output_core_dims=ocd,
+        kwargs=dict(time_axis=ax, smooth=smooth, forecast_labels=fc_labels, backend=backend),
+        dask="parallelized",
+        output_dtypes=[np.float64] * len(ocd),
+        dask_gufunc_kwargs={"output_sizes": {"forecast_time": H}} if H else None,
+        keep_attrs=False,
+    )
+    return view.results_dataset(
+        da,
+        dict(zip(names, outs, strict=True)),
+        {p: pv[p] for p in PARAMS},
+        coverage=coverage,
+        time_dim=time_dim,
+        time_unit=ax.unit_name,
+        forecast_time=fc_labels,
+        custom_prior="prior_mean" in pv,
+    )
+
+
+def to_dataset(model: OUModel, z, times=None, *, fit=None, backend: str = "auto", **options):
+    """Results of ``model`` on numpy/pandas data as a Dataset: :meth:`OUModel.to_dataset`
+    (``options``: its keywords), with ``fit`` (an :class:`OUFit`) recorded.
+
+    >>> import numpy as np
+    >>> from kalmanscan.timeseries import OUModel
+    >>> ds = to_dataset(OUModel(sigma2=1469.1, obs_var=15099.0), np.array([1120.0, 1160.0, 963.0]),
+    ...                 np.array([1871, 1872, 1873]), forecast_steps=2)
+    >>> ds["forecast_time"].values.tolist()
+    [1874.0, 1875.0]
+    """
+    return model.to_dataset(z, times, fit=fit, backend=backend, **options)
+
+
 # --- fitting --------------------------------------------------------------------------------------
 def _fit_block(z, *, time_axis: TimeAxis, fix, options):
-    from kalmanscan.timeseries.fit import fit_ou
-
     loop = z.shape[:-1]
     if z.size == 0:
         return (
@@ -125,8 +301,6 @@ def fit_dataarray(
     series_dims = [d for d in da.dims if d != time_dim]
     z = da.astype(np.float64)
     if joint:
-        from kalmanscan.timeseries.fit import fit_ou
-
         zt = np.moveaxis(np.asarray(z.transpose(*series_dims, time_dim).values), -1, 0)
         fit = fit_ou(zt, ax.labels, fix=fix, joint=True, time_unit=time_unit, **options)
         ds = xr.Dataset({p: xr.DataArray(float(fit.params[p])) for p in PARAMS})

@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "kalmanscan.timeseries.times",
+    "kalmanscan.timeseries.coverage",
     "kalmanscan.timeseries.model",
     "kalmanscan.timeseries.fit",
     "kalmanscan.timeseries.profile",

@@ -259,7 +259,7 @@ def _write_csv(ds, path: str) -> None:
 
 
 def _coverage_arg(values):
-    from kalmanscan.timeseries.model import check_coverage
+    from kalmanscan.timeseries.coverage import check_coverage
 
     try:
         return check_coverage(values, "--coverage")

@@ -130,12 +130,9 @@ class OUFit:
         name: str | None = None,
     ):
         """Filtered/smoothed/forecast ``xarray.Dataset`` with the fit recorded (needs xarray)."""
-        from kalmanscan.timeseries import dataset as kx
-
         if series_coords is None and self.series_labels is not None and self.z.ndim == 2:
             series_coords = {"series": self.series_labels}
-        return kx.to_dataset(
-            self.model,
+        return self.model.to_dataset(
             self.z,
             self.time_axis,
             coverage=coverage,

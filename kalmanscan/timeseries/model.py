@@ -34,6 +34,7 @@ import torch
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.core.filter import InfoState
+from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.times import (
     TimeAxis,
     _labels_array,
@@ -43,28 +44,6 @@ from kalmanscan.timeseries.times import (
 )
 
 PARAMS = ("theta", "sigma2", "mu", "obs_var")
-
-
-def _normal_quantile(coverage: float) -> float:
-    """``q`` with ``P(|N(0,1)| <= q) = coverage``."""
-    return math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(coverage, dtype=torch.float64)))
-
-
-def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
-    """Coverage levels in (0, 1) as a tuple (a single number gives a 1-tuple)."""
-    vals = np.atleast_1d(np.asarray(coverage, dtype=np.float64)).ravel()
-    if vals.size == 0 or not np.all((vals > 0) & (vals < 1)):
-        raise ValueError(
-            f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}"
-        )
-    return tuple(float(v) for v in vals)
-
-
-def interval(mean, var, coverage: float):
-    """Central interval ``(lower, upper)`` of ``N(mean, var)`` holding probability ``coverage``."""
-    q = _normal_quantile(check_coverage(coverage)[0])
-    sd = np.sqrt(var)
-    return mean - q * sd, mean + q * sd
 
 
 def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
@@ -478,6 +457,26 @@ class OUModel:
         z = level + np.sqrt(self.obs_var) * rng.standard_normal((T,) + shape)
         return level, z
 
+    def run(self, z, time_axis: TimeAxis, *, smooth=True, forecast_at=None, backend="auto"):
+        """Filter, smooth and forecast time-first ``z [T, *S]`` on a checked :class:`TimeAxis`:
+        ``(filtered, smoothed, forecast)``, the last two ``None`` without ``smooth`` or
+        ``forecast_at`` (checked labels, e.g. from :func:`forecast_labels`). What a Dataset shows.
+
+        >>> import numpy as np
+        >>> m = OUModel(sigma2=1.0, obs_var=1.0)
+        >>> ax = as_time_axis(None, 2)
+        >>> filtered, smoothed, fc = m.run(np.array([0.0, 2.0]), ax, forecast_at=[3.0])
+        >>> smoothed.mean.tolist(), fc.times.tolist()
+        ([0.6666666666666666, 1.3333333333333333], [3.0])
+        """
+        res = self.filter_prepared(z, time_axis, smooth=smooth, backend=backend)
+        filtered = res.filtered if smooth else res
+        fc = None
+        if forecast_at is not None:
+            last_mean, last_var = filtered.mean[-1], filtered.var[-1]
+            fc = forecast_from_state(self, time_axis, last_mean, last_var, at=forecast_at)
+        return filtered, (res if smooth else None), fc
+
     def to_dataset(
         self,
         z,
@@ -490,25 +489,70 @@ class OUModel:
         series_dims=None,
         series_coords=None,
         name: str | None = None,
+        fit=None,
+        backend: str = "auto",
     ):
-        """Filter (and smooth, and forecast) ``z`` and return an ``xarray.Dataset``.
+        """Filter (and smooth, and forecast) ``z`` and return an ``xarray.Dataset`` (needs xarray).
 
-        See :func:`kalmanscan.xarray.to_dataset`; needs xarray.
+        Args:
+            z: ``[T, *S]`` time first (pandas: index = times). times: timestamps or a
+                :class:`TimeAxis`. coverage: interval coverages.
+            forecast_steps, forecast_at: forecast that many typical steps ahead, or at timestamps.
+            series_dims: names of the series dims (default ``("series",)`` for 2-D data).
+            series_coords: ``{dim: labels}``. name: recorded in ``attrs["name"]``.
+            fit: an :class:`OUFit` to record (standard errors, etc.).
+
+        The results are computed here (:meth:`run`) and laid out by
+        :func:`kalmanscan.timeseries.dataset.results_dataset`, whose docstring lists the variables.
+
+        >>> import numpy as np
+        >>> ds = OUModel(sigma2=1469.1, obs_var=15099.0).to_dataset(
+        ...     np.array([1120.0, 1160.0, 963.0]), np.array([1871, 1872, 1873]), forecast_steps=2)
+        >>> ds["forecast_time"].values.tolist()
+        [1874.0, 1875.0]
         """
-        from kalmanscan.timeseries import dataset as kx
+        from kalmanscan.timeseries import dataset as view
 
-        return kx.to_dataset(
-            self,
-            z,
-            times,
-            coverage=coverage,
-            smooth=smooth,
-            forecast_steps=forecast_steps,
-            forecast_at=forecast_at,
+        coverage = check_coverage(coverage)
+        if isinstance(times, TimeAxis):
+            ax, zt, labels = times, np.asarray(z, dtype=np.float64), None
+        else:
+            zt, times, labels = series_input(z, times, 0)
+            ax = as_time_axis(times, zt.shape[0], self.time_unit)
+        zt = zt.astype(np.float64, copy=False)
+        da = view.observed_array(
+            zt,
+            ax.labels,
             series_dims=series_dims,
             series_coords=series_coords,
+            series_labels=labels,
             name=name,
         )
+        if ax.is_datetime:  # forecast times step at the resolution the Dataset stores times in
+            unit = np.timedelta64(ax.unit, "ns") if isinstance(times, TimeAxis) else self.time_unit
+            ax = as_time_axis(da["time"].values, zt.shape[0], unit, name="coordinate 'time'")
+        fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
+        model = self  # a partly given prior is completed, as filter_dataarray gets it
+        if self.prior_mean is not None or self.prior_var is not None:
+            prior_mean, prior_var = self.prior()
+            model = self.with_params(prior_mean=prior_mean, prior_var=prior_var)
+        filtered, smoothed, fc = model.run(
+            zt, ax, smooth=smooth, forecast_at=fc_labels, backend=backend
+        )
+        ds = view.results_dataset(
+            da,
+            view.result_vars(filtered, smoothed, fc),
+            self.params(),
+            coverage=coverage,
+            time_unit=ax.unit_name,
+            forecast_time=fc_labels,
+            custom_prior=model.prior_mean is not None,
+        )
+        if name:
+            ds.attrs["name"] = name
+        if fit is not None:
+            view.record_fit(ds, fit, da.dims[1:])
+        return ds
 
 
 def _move_time(res, axis):
@@ -518,6 +562,36 @@ def _move_time(res, axis):
     return res._replace(
         **{k: np.moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)}
     )
+
+
+def _future_labels(time_axis: TimeAxis, steps, at, name: str) -> np.ndarray:
+    """``steps`` typical steps past the last label, else the checked timestamps ``at``."""
+    if steps is not None:
+        return time_axis.future(steps)
+    labels = _labels_array(at, name)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(
+            f"{name}: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"
+        )
+    check_steps(labels.size, f"{name} (number of forecast times)")
+    return labels
+
+
+def forecast_labels(time_axis: TimeAxis, forecast_steps=None, forecast_at=None):
+    """The forecast timestamps of a Dataset: ``forecast_steps`` typical steps past the record or
+    the timestamps ``forecast_at`` (at most one of them; ``None`` for neither), checked against
+    ``time_axis``.
+
+    >>> forecast_labels(as_time_axis(np.array([0.0, 2.0]), 2), forecast_steps=2).tolist()
+    [4.0, 6.0]
+    """
+    if forecast_steps is None and forecast_at is None:
+        return None
+    if forecast_steps is not None and forecast_at is not None:
+        raise ValueError("forecast_steps, forecast_at: give at most one")
+    labels = _future_labels(time_axis, forecast_steps, forecast_at, "forecast_at")
+    time_axis.position(labels, "forecast_at")
+    return labels
 
 
 def forecast_from_state(
@@ -537,13 +611,7 @@ def forecast_from_state(
             "steps, at: give exactly one (a number of steps or future timestamps), got "
             f"steps={steps!r}, at={at!r}"
         )
-    labels = time_axis.future(steps) if steps is not None else _labels_array(at, "at")
-    if steps is None:
-        if labels.ndim != 1 or labels.size == 0:
-            raise ValueError(
-                f"at: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"
-            )
-        check_steps(labels.size, "at (number of forecast times)")
+    labels = _future_labels(time_axis, steps, at, "at")
     pos = time_axis.position(labels, "at")
     if pos.ndim != 1:
         raise ValueError(f"at: expected a 1-D sequence of timestamps, got shape {pos.shape}")

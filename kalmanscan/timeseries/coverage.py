@@ -1,0 +1,38 @@
+"""Coverage levels and the central intervals of a normal distribution.
+
+Shared by the model's forecasts (:mod:`kalmanscan.timeseries.model`), the Dataset view
+(:mod:`kalmanscan.timeseries.dataset`), the plots and the command line.
+
+>>> lo, hi = interval(0.0, 4.0, 0.95)
+>>> round(float(hi), 3), round(normal_quantile(0.95), 3)
+(3.92, 1.96)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def normal_quantile(coverage: float) -> float:
+    """``q`` with ``P(|N(0,1)| <= q) = coverage``."""
+    return math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(coverage, dtype=torch.float64)))
+
+
+def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
+    """Coverage levels in (0, 1) as a tuple (a single number gives a 1-tuple)."""
+    vals = np.atleast_1d(np.asarray(coverage, dtype=np.float64)).ravel()
+    if vals.size == 0 or not np.all((vals > 0) & (vals < 1)):
+        raise ValueError(
+            f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}"
+        )
+    return tuple(float(v) for v in vals)
+
+
+def interval(mean, var, coverage: float):
+    """Central interval ``(lower, upper)`` of ``N(mean, var)`` holding probability ``coverage``."""
+    q = normal_quantile(check_coverage(coverage)[0])
+    sd = np.sqrt(var)
+    return mean - q * sd, mean + q * sd
