@@ -22,20 +22,26 @@ setup(
         Extension(
             "kalmanscan.core._native",
             sources=["kalmanscan/core/_native.c"],
-            depends=["kalmanscan/core/_native_kernel.h", "kalmanscan/core/_native_adjoint.h"],
+            depends=[
+                "kalmanscan/core/_native_common.h",
+                "kalmanscan/core/_native_instance.h",
+                "kalmanscan/core/_native_kernel.h",
+                "kalmanscan/core/_native_adjoint.h",
+            ],
             extra_compile_args=_cflags,
             optional=True,
         ),
         Extension(
             "kalmanscan.core._native_kla",
             sources=["kalmanscan/core/_native_kla.c"],
-            depends=["kalmanscan/core/_native_kla_kernel.h"],
+            depends=["kalmanscan/core/_native_common.h", "kalmanscan/core/_native_kla_kernel.h"],
             extra_compile_args=_cflags,
             optional=True,
         ),
         Extension(
             "kalmanscan.dense._native_dense",
             sources=["kalmanscan/dense/_native_dense.c"],
+            depends=["kalmanscan/core/_native_common.h"],
             extra_compile_args=_cflags,
             optional=True,
         ),

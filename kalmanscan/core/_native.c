@@ -28,48 +28,17 @@
  * and names the bad value) and reports z = +-inf as KS_Z_INF; a state, log-likelihood or gradient
  * that is not finite is flagged KS_NOT_FINITE. The adjoint assumes inputs the filter accepted.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#define KS_NO_FMA /* results are bit-identical for any split of lanes over tiles and threads */
+#include "_native_common.h"
 
-#include <float.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#ifndef _WIN32
-#include <pthread.h>
+#ifdef KS_HAVE_PTHREADS
 #include <sys/mman.h>
 #include <unistd.h>
-#define KS_HAVE_PTHREADS 1
-#endif
-
-/* No fused multiply-adds: a lane's arithmetic must not depend on whether it lands in a vector
- * body, a loop's scalar remainder or the lane-by-lane form (results are bit-identical for any
- * split of lanes over tiles and threads). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
-/* Build one copy of the row kernels per x86-64 level and pick at load time (GNU ifunc). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    (__GNUC__ >= 11)
-#define KS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KS_CLONES
-#endif
-#if defined(__GNUC__)
-#define KS_INLINE inline __attribute__((always_inline))
-#else
-#define KS_INLINE inline
 #endif
 
 #define KS_TILE 1024     /* most lanes per tile of the filter (buffers stay in L2) */
 #define KS_ADJ_TILE 256  /* most lanes per tile of the adjoint (its checkpoints stay in L2) */
 #define KS_MIN_TILE 8    /* tiles narrower than this run lane by lane, time inner */
-#define KS_MAX_THREADS 64
 
 /* Flags of a result (bits). */
 #define KS_NOT_FINITE 1  /* a value that must be finite is not: data no float can hold */
@@ -161,17 +130,7 @@ static inline double ks_log(double x) {
 #define KS_EXP_MASK 0x7ff0000000000000u
 #define KS_EXP_TWICE_BIAS 0x7fe0000000000000u /* twice the exponent bias, in the field */
 #define KS_NAME ks_f64
-#include "_native_kernel.h"
-#include "_native_adjoint.h"
-#undef KS_FT
-#undef KS_FT_MIN
-#undef KS_FT_MAX
-#undef KS_SAFE_MIN
-#undef KS_SAFE_MAX
-#undef KS_UINT
-#undef KS_EXP_MASK
-#undef KS_EXP_TWICE_BIAS
-#undef KS_NAME
+#include "_native_instance.h"
 
 #define KS_FT float
 #define KS_FT_MIN FLT_MIN
@@ -182,17 +141,7 @@ static inline double ks_log(double x) {
 #define KS_EXP_MASK 0x7f800000u
 #define KS_EXP_TWICE_BIAS 0x7f000000u
 #define KS_NAME ks_f32
-#include "_native_kernel.h"
-#include "_native_adjoint.h"
-#undef KS_FT
-#undef KS_FT_MIN
-#undef KS_FT_MAX
-#undef KS_SAFE_MIN
-#undef KS_SAFE_MAX
-#undef KS_UINT
-#undef KS_EXP_MASK
-#undef KS_EXP_TWICE_BIAS
-#undef KS_NAME
+#include "_native_instance.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Work splitting: a task is nchunks chunks of lanes; the calling thread and up to `threads - 1`

@@ -15,33 +15,8 @@
  * (optional). Channels are split over threads (GIL released); each thread's rows are disjoint.
  * Forward only: gradients take the sequential or torch backends.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include <stdint.h>
-#include <stdlib.h>
-
-#ifndef _WIN32
-#include <pthread.h>
-#define KLA_HAVE_PTHREADS 1
-#endif
-
-/* No fused multiply-adds: each lane rounds as the torch reference does (separate operations). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
-/* One copy of the kernels per x86-64 level, picked at load time (GNU ifunc). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    (__GNUC__ >= 11)
-#define KLA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KLA_CLONES
-#endif
-
-#define KLA_MAX_THREADS 64
+#define KS_NO_FMA /* each lane rounds as the torch reference does (separate operations) */
+#include "_native_common.h"
 
 typedef struct {
     Py_ssize_t B, L, M, S;
@@ -84,7 +59,7 @@ static void *kla_run_part(void *arg) {
  * 16 (whole cache lines of the output rows). A thread that cannot start leaves its channels to
  * the caller. */
 static void kla_run(const kla_job *job, int is_double, int threads) {
-    kla_part parts[KLA_MAX_THREADS];
+    kla_part parts[KS_MAX_THREADS];
     const Py_ssize_t blocks = (job->M + 15) / 16;
     if (threads > blocks) threads = (int)blocks;
     if (threads < 1) threads = 1;
@@ -95,9 +70,9 @@ static void kla_run(const kla_job *job, int is_double, int threads) {
         parts[i].m0 = b0 * 16;
         parts[i].m1 = b1 * 16 < job->M ? b1 * 16 : job->M;
     }
-#ifdef KLA_HAVE_PTHREADS
-    pthread_t tids[KLA_MAX_THREADS];
-    int started[KLA_MAX_THREADS] = {0};
+#ifdef KS_HAVE_PTHREADS
+    pthread_t tids[KS_MAX_THREADS];
+    int started[KS_MAX_THREADS] = {0};
     for (int i = 1; i < threads; i++)
         started[i] = pthread_create(&tids[i], NULL, kla_run_part, &parts[i]) == 0;
     kla_run_part(&parts[0]);
@@ -158,7 +133,7 @@ static PyObject *kla_forward(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "outputs: y, yvar, lam, eta need non-zero addresses");
             return NULL;
         }
-    if (threads > KLA_MAX_THREADS) threads = KLA_MAX_THREADS;
+    if (threads > KS_MAX_THREADS) threads = KS_MAX_THREADS;
     kla_job job = {B, L, M, S, in[0], in[1], in[2], in[3], in[4], in[5],
                    out[0], out[1], out[2], out[3], out[4], NULL};
     const size_t item = is_double ? sizeof(double) : sizeof(float);

@@ -38,7 +38,7 @@ static inline void KLA_F(_transpose)(Py_ssize_t rows, Py_ssize_t cols, const KLA
     }
 }
 
-KLA_CLONES static void KLA_NAME(const kla_job *j, Py_ssize_t m0, Py_ssize_t m1) {
+KS_CLONES static void KLA_NAME(const kla_job *j, Py_ssize_t m0, Py_ssize_t m1) {
     typedef KLA_FT FT;
     const Py_ssize_t L = j->L, M = j->M, S = j->S, n = M * S, w = m1 - m0;
     const FT *pT = (const FT *)j->scratch, *qfT = pT + n, *dT = qfT + n, *aT = dT + n;

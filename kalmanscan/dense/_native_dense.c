@@ -36,21 +36,8 @@
  * Precisions (filtered and smoothed) are inverses by Cholesky; a covariance that is not positive
  * definite gets NaN there and the caller inverts it by other means.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../core/_native_common.h" /* fused multiply-adds allowed (no KS_NO_FMA) */
 
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* One copy of the kernel per x86-64 level, picked at load time (GNU ifunc), as the core kernel. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    (__GNUC__ >= 11)
-#define KS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KS_CLONES
-#endif
-#define ALWAYS_INLINE inline __attribute__((always_inline))
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
@@ -90,7 +77,7 @@ static inline const double *mat(const arr_t *a, Py_ssize_t b, Py_ssize_t t) {
     return a->p + b * a->sb + t * a->st;
 }
 
-static ALWAYS_INLINE void load_F(ws_t *w, const int n, const double *F) {
+static KS_INLINE void load_F(ws_t *w, const int n, const double *F) {
     if (F == w->fcur) return;
     w->fcur = F;
     for (int i = 0; i < n; i++) {
@@ -108,7 +95,7 @@ static ALWAYS_INLINE void load_F(ws_t *w, const int n, const double *F) {
 }
 
 /* out[i] = sum_j F[i][j] x[j] */
-static ALWAYS_INLINE void F_mv(const ws_t *w, const int n, const double *x, double *out) {
+static KS_INLINE void F_mv(const ws_t *w, const int n, const double *x, double *out) {
     for (int i = 0; i < n; i++) {
         double s = 0.0;
         for (int c = 0; c < w->fnz[i]; c++) s += w->fval[i * n + c] * x[w->fcol[i * n + c]];
@@ -117,7 +104,7 @@ static ALWAYS_INLINE void F_mv(const ws_t *w, const int n, const double *x, doub
 }
 
 /* out = F X (X is n x k, row stride n), out n x k row stride n */
-static ALWAYS_INLINE void F_mm(const ws_t *w, const int n, const double *X, int k, double *out) {
+static KS_INLINE void F_mm(const ws_t *w, const int n, const double *X, int k, double *out) {
     for (int i = 0; i < n; i++) {
         double *o = out + i * n;
         for (int j = 0; j < k; j++) o[j] = 0.0;
@@ -130,7 +117,7 @@ static ALWAYS_INLINE void F_mm(const ws_t *w, const int n, const double *X, int 
 }
 
 /* P <- F P F' + Q (symmetric) */
-static ALWAYS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double *Q) {
+static KS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double *Q) {
     double *T1 = w->tmp;
     F_mm(w, n, P, n, T1); /* T1 = F P */
     for (int i = 0; i < n; i++) {
@@ -149,7 +136,7 @@ static ALWAYS_INLINE void predict_cov(ws_t *w, const int n, double *P, const dou
 }
 
 /* N <- F' N F for symmetric N; r <- F' r */
-static ALWAYS_INLINE void back_cov(ws_t *w, const int n, double *N) {
+static KS_INLINE void back_cov(ws_t *w, const int n, double *N) {
     double *T1 = w->tmp;
     /* T1 = N F: T1[i][j] = sum_c N[i][c] F[c][j]; scatter rows of F */
     for (int i = 0; i < n * n; i++) T1[i] = 0.0;
@@ -175,7 +162,7 @@ static ALWAYS_INLINE void back_cov(ws_t *w, const int n, double *N) {
         }
 }
 
-static ALWAYS_INLINE void back_vec(ws_t *w, const int n, double *r) {
+static KS_INLINE void back_vec(ws_t *w, const int n, double *r) {
     double *o = w->w;
     for (int i = 0; i < n; i++) o[i] = 0.0;
     for (int c = 0; c < n; c++)
@@ -185,7 +172,7 @@ static ALWAYS_INLINE void back_vec(ws_t *w, const int n, double *r) {
 
 /* C = A B for n x n row-major matrices, four rows at a time (independent accumulation chains,
  * contiguous vectorizable row updates). */
-static ALWAYS_INLINE void mm(int n, const double *restrict A, const double *restrict B,
+static KS_INLINE void mm(int n, const double *restrict A, const double *restrict B,
                             double *restrict C) {
     int i = 0;
     for (; i + 4 <= n; i += 4) {
@@ -217,7 +204,7 @@ static ALWAYS_INLINE void mm(int n, const double *restrict A, const double *rest
 
 /* B <- A^-1 B (n x n each, row-major) by Gaussian elimination with partial pivoting; A is
  * destroyed. 0 if A is singular. */
-static ALWAYS_INLINE int solve(int n, double *A, double *B) {
+static KS_INLINE int solve(int n, double *A, double *B) {
     for (int k = 0; k < n; k++) {
         int p = k;
         for (int i = k + 1; i < n; i++)
@@ -253,7 +240,7 @@ static ALWAYS_INLINE int solve(int n, double *A, double *B) {
 }
 
 /* |A|_inf |B|_inf: a bound on the amplification of (I + A B)^-1 */
-static ALWAYS_INLINE double norm_prod(int n, const double *A, const double *B) {
+static KS_INLINE double norm_prod(int n, const double *A, const double *B) {
     double na = 0.0, nb = 0.0;
     for (int i = 0; i < n; i++) {
         double sa = 0.0, sb = 0.0;
@@ -268,7 +255,7 @@ static ALWAYS_INLINE double norm_prod(int n, const double *A, const double *B) {
 }
 
 /* J <- F' (I + J Q)^-1 J F: information on the previous state (F of the current step loaded). */
-static ALWAYS_INLINE int info_back(ws_t *w, const int n, double *J, const double *Q, double *A) {
+static KS_INLINE int info_back(ws_t *w, const int n, double *J, const double *Q, double *A) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             double s = i == j ? 1.0 : 0.0;
@@ -284,7 +271,7 @@ static ALWAYS_INLINE int info_back(ws_t *w, const int n, double *J, const double
  * without pivoting (the pivots are the Schur complements' diagonals, positive for a positive-
  * definite A); 0 if a pivot is not positive. Every inner loop runs over a whole contiguous row,
  * which vectorizes; L is unused scratch kept for the signature. */
-static ALWAYS_INLINE int spd_inverse(int n, const double *A, double *L, double *out) {
+static KS_INLINE int spd_inverse(int n, const double *A, double *L, double *out) {
     (void)L;
     memcpy(out, A, (size_t)n * n * sizeof(double));
     for (int k = 0; k < n; k++) {
@@ -315,7 +302,7 @@ static ALWAYS_INLINE int spd_inverse(int n, const double *A, double *L, double *
 
 /* Squared singular values of G (m x k, row stride ld) into sig[0..k), largest first, by one-sided
  * Jacobi on its columns (G is overwritten). */
-static ALWAYS_INLINE void sq_singular_values(double *G, int m, int k, int ld, double *sig) {
+static KS_INLINE void sq_singular_values(double *G, int m, int k, int ld, double *sig) {
     for (int sweep = 0; sweep < 30; sweep++) {
         double off = 0.0;
         for (int p = 0; p < k; p++)
@@ -356,7 +343,7 @@ static ALWAYS_INLINE void sq_singular_values(double *G, int m, int k, int ld, do
  * of entries the update found diffuse (rank(H_o D) in exact arithmetic): the r largest singular
  * values. A threshold on the singular values themselves would count a rounding residue of D
  * (|D' h| ~ eps, an entry the update treats as proper) as a diffuse direction. */
-static ALWAYS_INLINE double pdet_term(const double *sig, int r) {
+static KS_INLINE double pdet_term(const double *sig, int r) {
     double lp = 0.0;
     for (int p = 0; p < r; p++) lp += log(sig[p]);
     return 0.5 * lp + 0.5 * r * LOG_2PI;
@@ -365,7 +352,7 @@ static ALWAYS_INLINE double pdet_term(const double *sig, int r) {
 /* Gather the observed entries of step (b, t) and decorrelate them: Hy = L^-1 H_o, y = L^-1 z_o
  * with R_o = L Dg L'. Returns the number of observed entries. With k > 0 and want_sig also
  * leaves in w->sig the squared singular values of G = H_o D (for the step's pdet term). */
-static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, int want_sig) {
+static KS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b, Py_ssize_t t, int k, int want_sig) {
     int d = w->d, o = 0;
     const arr_t *Z = &in[I_Z];
     const double *H = mat(&in[I_H], b, t), *R = mat(&in[I_R], b, t);
@@ -421,7 +408,7 @@ static ALWAYS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_
 /* Scalar updates of the o gathered entries on (a, P, D[:, :k]); returns the new k. Adds the
  * entries' log-likelihood to *ll; records each entry in w->el (and its gains in K0/K1 rows when
  * keep != 0: K0 row p = gain of a proper entry or M_inf/f_inf, K1 row p = the diffuse K1). */
-static ALWAYS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, int k, double *ll, int keep) {
+static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, int k, double *ll, int keep) {
     double *D = w->D, *u = w->u, *Ms = w->Ms, *Minf = w->Minf;
     for (int p = 0; p < o; p++) {
         const double *h = w->Hy + p * n;
@@ -518,7 +505,7 @@ static ALWAYS_INLINE int update(ws_t *w, const int n, int o, double *a, double *
     return k;
 }
 
-static ALWAYS_INLINE void DDt(int n, int k, const double *D, double *out) {
+static KS_INLINE void DDt(int n, int k, const double *D, double *out) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j <= i; j++) {
             double s = 0.0;
@@ -531,7 +518,7 @@ static ALWAYS_INLINE void DDt(int n, int k, const double *D, double *out) {
 /* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
  * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
  * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
-static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
+static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
     double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
     /* orthonormal basis of range(D) by modified Gram-Schmidt, twice */
     for (int j = 0; j < k; j++) {
@@ -596,7 +583,7 @@ static ALWAYS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P,
 
 /* Lower semidefinite Cholesky factor of the PSD A (n x n) into L: a pivot at rounding level
  * (1e-15 of A's largest diagonal entry) gives a zero column. */
-static ALWAYS_INLINE void semidef_chol(int n, const double *A, double *L) {
+static KS_INLINE void semidef_chol(int n, const double *A, double *L) {
     double dmax = 0.0;
     for (int i = 0; i < n; i++)
         if (A[i * n + i] > dmax) dmax = A[i * n + i];
@@ -617,7 +604,7 @@ static ALWAYS_INLINE void semidef_chol(int n, const double *A, double *L) {
 /* One Householder step on the row-major M (row stride ld): the reflection that zeroes column j
  * in rows r0..r1-1 against pivot row j, applied to columns j..c-1 of those rows (rows strictly
  * between j and r0 hold zeros in column j and are not touched). */
-static ALWAYS_INLINE void house_step(double *M, int ld, int j, int r0, int r1, int c) {
+static KS_INLINE void house_step(double *M, int ld, int j, int r0, int r1, int c) {
     double scale = fabs(M[j * ld + j]);
     for (int i = r0; i < r1; i++) scale = fmax(scale, fabs(M[i * ld + j]));
     if (scale == 0.0) return;
@@ -649,7 +636,7 @@ static ALWAYS_INLINE void house_step(double *M, int ld, int j, int r0, int r1, i
  * carry nothing), S x_t = y + N(0, I). srif_obs adds the o decorrelated entries of step t
  * (rows h / sqrt(Dg); *hmax: the largest |h|^2 / Dg); 0 if an entry is noise-free (Dg = 0: no
  * square root). buf: (n + o) (n + 1) doubles. */
-static ALWAYS_INLINE int srif_obs(int n, double *S, int o, const double *Hy, const double *y,
+static KS_INLINE int srif_obs(int n, double *S, int o, const double *Hy, const double *y,
                                   const double *Dg, double *buf, double *hmax) {
     const int c = n + 1;
     if (o == 0) return 1;
@@ -673,7 +660,7 @@ static ALWAYS_INLINE int srif_obs(int n, double *S, int o, const double *Hy, con
 /* [S | y] from x_t back to x_{t-1} (x_t = F x_{t-1} + c + Lq w, w ~ N(0, I_q), Lq Lq' = Q with
  * Q's q nonzero Cholesky columns): the rows [[I_q, 0, 0], [S Lq, S F, y - S c]] triangularized,
  * w eliminated. buf: (2n)(2n + 1) + n^2 doubles. */
-static ALWAYS_INLINE void srif_back(int n, double *S, const double *F, const double *Q,
+static KS_INLINE void srif_back(int n, double *S, const double *F, const double *Q,
                                     const double *cvec, double *buf) {
     double *Lq = buf + 2 * n * (2 * n + 1);
     semidef_chol(n, Q, Lq);
@@ -717,7 +704,7 @@ static ALWAYS_INLINE void srif_back(int n, double *S, const double *F, const dou
  * S = W' and y = W' a + W^-1 u from the semidefinite Cholesky factor W W' = J (zero rows where W has a
  * zero pivot). Used at the first non-diffuse step, so that the square-root filter runs over the
  * diffuse steps only. 0 if I - N P is singular. buf: 3 n^2 + 2 n doubles. */
-static ALWAYS_INLINE int srif_from_dk(int n, const double *N, const double *r, const double *a,
+static KS_INLINE int srif_from_dk(int n, const double *N, const double *r, const double *a,
                                       const double *P, double *buf, double *S) {
     const int nn = n * n, c = n + 1;
     double *A = buf, *X = A + nn, *W = X + nn, *jv = W + nn, *u = jv + n;
@@ -766,7 +753,7 @@ static ALWAYS_INLINE int srif_from_dk(int n, const double *N, const double *r, c
  * a + G Rt^-1 rhs and covariance X'X, X = Rt^-T G', G = [L, D]: orthogonal steps and a sum of
  * squares only. 0 if Rt is singular (a direction not resolved by z_{t:T}). buf: 9 n^2 + 4 n
  * doubles. */
-static ALWAYS_INLINE int srif_smoothed(int n, const double *S, int k, const double *a,
+static KS_INLINE int srif_smoothed(int n, const double *S, int k, const double *a,
                                        const double *P, const double *D, double *buf,
                                        double *mean, double *V) {
     const int mk = n + k, c = mk + 1, r = 2 * n, m = n;
@@ -829,7 +816,7 @@ static ALWAYS_INLINE int srif_smoothed(int n, const double *S, int k, const doub
  * Cholesky pivot (the pivots' relative rounding is eps times it: a huge information direction
  * next to O(1) ones cancels there). 0 if Lam is not positive definite (a direction left
  * diffuse). */
-static ALWAYS_INLINE int info_smoothed_cov(int n, int k, const double *P, const double *D, const double *J,
+static KS_INLINE int info_smoothed_cov(int n, int k, const double *P, const double *D, const double *J,
                              double *buf, double *V, double *cond) {
     const int m = n + k;
     double *L = buf, *G = L + n * n, *JG = G + 2 * n * n, *Lam = JG + 2 * n * n,
@@ -882,7 +869,7 @@ static ALWAYS_INLINE int info_smoothed_cov(int n, int k, const double *P, const 
 
 /* One series: filter (and smoother). Returns the number of leading steps with a diffuse filtered
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. */
-static ALWAYS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, double **out, const double *m0,
+static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, double **out, const double *m0,
                              const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
                              Py_ssize_t kcap, int smooth, Py_ssize_t *npred,
                              Py_ssize_t *nbad) {
