@@ -384,14 +384,7 @@ def _cast(m, dtype):
 
 def run_filter(m, dtype, backend):
     kw = _cast(m, dtype)
-    return ks.filter(
-        kw.pop("z"),
-        kw.pop("obs_var"),
-        kw.pop("decay"),
-        kw.pop("process_var"),
-        backend=backend,
-        **kw,
-    )
+    return ks.filter(**kw, backend=backend)
 
 
 def reference(m):

@@ -81,14 +81,7 @@ def _tensors(m, dtype, device):
 def run_filter(m, dtype, backend, device):
     kw = _tensors(m, dtype, device)
     with torch.no_grad():
-        return ks.filter(
-            kw.pop("z"),
-            kw.pop("obs_var"),
-            kw.pop("decay"),
-            kw.pop("process_var"),
-            backend=backend,
-            **kw,
-        )
+        return ks.filter(**kw, backend=backend)
 
 
 def _np(res):

@@ -78,6 +78,14 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     return sorted(spans, key=lambda se: se[0])
 
 
+def _shade_missing(ax, times, observed, show_missing, label: str) -> None:
+    """Grey spans over the missing stretches of ``observed`` (``show_missing="gaps"``: only the
+    long gaps between observations), the first one labelled."""
+    spans = _missing_spans(times, observed, nan_runs=show_missing != "gaps")
+    for k, (a, b) in enumerate(spans):
+        ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label=label if k == 0 else None, zorder=0)
+
+
 def plot_bands(
     times,
     mean,
@@ -124,19 +132,8 @@ def plot_bands(
         )
     covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
     if show_missing and observed is not None:
-        spans = _missing_spans(
-            times, np.asarray(observed, dtype=np.float64), nan_runs=show_missing != "gaps"
-        )
-        for k, (a, b) in enumerate(spans):
-            ax.axvspan(
-                a,
-                b,
-                color="0.85",
-                alpha=0.6,
-                lw=0,
-                label="missing / no data" if k == 0 else None,
-                zorder=0,
-            )
+        as_float = np.asarray(observed, dtype=np.float64)
+        _shade_missing(ax, times, as_float, show_missing, "missing / no data")
     if observed is not None:
         ax.plot(times, observed, "o", ms=3, color="0.25", label="data", zorder=3)
     finite = np.isfinite(var)
@@ -323,19 +320,7 @@ def plot_precision(
                 label="forecast",
             )
         if "observed" in one and len(picks) == 1 and show_missing:
-            spans = _missing_spans(
-                one[tdim].values, one["observed"].values, nan_runs=show_missing != "gaps"
-            )
-            for j, (a, b) in enumerate(spans):
-                ax.axvspan(
-                    a,
-                    b,
-                    color="0.85",
-                    alpha=0.6,
-                    lw=0,
-                    label="missing" if j == 0 else None,
-                    zorder=0,
-                )
+            _shade_missing(ax, one[tdim].values, one["observed"].values, show_missing, "missing")
     ax.set_yscale("log")
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)

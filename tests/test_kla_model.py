@@ -166,20 +166,7 @@ def test_hybrid_config():
 
 
 def test_generate_uses_one_token_steps_and_matches_full_recompute():
-    torch.manual_seed(3)
-    model = (
-        KLALanguageModel(
-            ModelConfig(
-                d_model=16,
-                n_layers=2,
-                mixers=["attention", "kla"],
-                kla=KLAConfig(d_state=4),
-                attention=AttentionConfig(n_heads=2),
-            )
-        )
-        .double()
-        .eval()
-    )
+    model = small_model(seed=3).double().eval()
     seen = []
     hook = model.blocks[1].mixer.register_forward_pre_hook(
         lambda mod, args: seen.append(args[0].shape[1])

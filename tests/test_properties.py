@@ -103,14 +103,7 @@ def models(draw, max_T=160, max_N=4, allow_unit_decay=True):
 
 def _filter(m, dtype=np.float64, backend="auto", **over):
     kw = {k: np.asarray(v, dtype) for k, v in {**m, **over}.items()}
-    return ks.filter(
-        kw.pop("z"),
-        kw.pop("obs_var"),
-        kw.pop("decay"),
-        kw.pop("process_var"),
-        backend=backend,
-        **kw,
-    )
+    return ks.filter(**kw, backend=backend)
 
 
 def _params_full(m):

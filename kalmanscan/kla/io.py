@@ -80,6 +80,20 @@ def byte_label(token: int) -> str:
 # ---------------------------------------------------------------------- state dicts
 
 
+def _check_keys(title: str, missing, unexpected, wrong) -> None:
+    """Raise :class:`CheckpointError` under ``title`` listing the missing and unexpected keys and
+    the wrong tensors (up to 20 of each), if there are any."""
+    if not (missing or unexpected or wrong):
+        return
+    lines = [title]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
+    lines += [f"  {w}" for w in wrong[:20]]
+    raise CheckpointError("\n".join(lines))
+
+
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """Raise :class:`CheckpointError` listing every missing key, unexpected key and shape mismatch.
 
@@ -101,14 +115,7 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             )
         elif not value.is_floating_point():
             wrong.append(f"{key}: expected a floating-point tensor, got {value.dtype}")
-    if missing or unexpected or wrong:
-        lines = ["state dict does not match the model:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
-        lines += [f"  {w}" for w in wrong[:20]]
-        raise CheckpointError("\n".join(lines))
+    _check_keys("state dict does not match the model:", missing, unexpected, wrong)
 
 
 def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
@@ -290,14 +297,7 @@ def _check_weight_header(model_config, weights: Path) -> None:
         for k in sorted(set(expected) & set(header))
         if header[k][1] not in _FLOAT_DTYPES
     ]
-    if missing or unexpected or wrong:
-        lines = [f"checkpoint: {weights} does not match its config:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:20])}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}")
-        lines += [f"  {w}" for w in wrong[:20]]
-        raise CheckpointError("\n".join(lines))
+    _check_keys(f"checkpoint: {weights} does not match its config:", missing, unexpected, wrong)
 
 
 def load_checkpoint(

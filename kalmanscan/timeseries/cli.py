@@ -258,6 +258,17 @@ def _write_csv(ds, path: str) -> None:
     out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
 
 
+def _add_coverage_option(p) -> None:
+    p.add_argument(
+        "--coverage",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.9],
+        metavar="C",
+        help="band coverages (default: 0.5 0.9)",
+    )
+
+
 def _coverage_arg(values):
     from kalmanscan.timeseries.coverage import check_coverage
 
@@ -328,14 +339,7 @@ def demo_main(argv=None) -> int:
         metavar="N",
         help="forecast steps in years (default: 10)",
     )
-    p.add_argument(
-        "--coverage",
-        type=float,
-        nargs="+",
-        default=[0.5, 0.9],
-        metavar="C",
-        help="band coverages (default: 0.5 0.9)",
-    )
+    _add_coverage_option(p)
     args, code = _parse(p, sys.argv[1:] if argv is None else argv)
     if args is None:
         return code
@@ -699,14 +703,7 @@ def filter_main(argv=None) -> int:
         metavar="N",
         help="forecast N typical steps ahead (default: 0)",
     )
-    p.add_argument(
-        "--coverage",
-        type=float,
-        nargs="+",
-        default=[0.5, 0.9],
-        metavar="C",
-        help="band coverages (default: 0.5 0.9)",
-    )
+    _add_coverage_option(p)
     p.add_argument(
         "--out",
         default="kalmanscan-results",

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kalmanscan.testing import TOLERANCES
+from kalmanscan.validation.models import Lane
 
 __all__ = [
     "FLOOR",
@@ -125,24 +126,11 @@ def loglik_rel(a, b, n: int) -> float:
 
 
 @dataclass
-class ScalarRegime:
-    """One scalar lane: float64 arrays ``[T]`` and a scalar prior."""
+class ScalarRegime(Lane):
+    """One scalar lane (a :class:`Lane`), in the quick battery or not, with a note."""
 
-    name: str
-    z: np.ndarray
-    obs_var: np.ndarray
-    decay: np.ndarray
-    process_var: np.ndarray
-    loading: np.ndarray
-    offset: np.ndarray
-    prior_mean: float
-    prior_var: float
     quick: bool = True
     note: str = ""
-
-    @property
-    def T(self) -> int:
-        return int(self.z.shape[0])
 
 
 def _simulate(rng, T, decay, process_var, offset, loading, obs_var, x0):
