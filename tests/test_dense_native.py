@@ -214,11 +214,18 @@ def test_native_var1_near_noiseless_against_oracle(r):
     assert abs(res.filtered.loglik - o.loglik) < 1e-12 * abs(o.loglik)
 
 
-def test_singular_r_needs_native():
+def test_singular_r_scan_matches_native():
+    """R = 0 with Q positive definite: the scan serves it (H Q H' + R positive definite) and
+    agrees with native; a step without process noise observed exactly after the diffuse head
+    still needs native (tests/test_dense.py)."""
     pytest.importorskip("statsmodels")
     y, F, Q, H = _var1_missing()
-    with pytest.raises(ValueError, match="native"):
-        kd.filter(y, F, Q, H, np.zeros((2, 2)), backend="torch")
+    a = kd.smooth(y, F, Q, H, np.zeros((2, 2)), backend="torch")
+    b = kd.smooth(y, F, Q, H, np.zeros((2, 2)), backend="native")
+    scale = np.abs(b.mean).max()
+    assert np.abs(a.filtered.mean - b.filtered.mean).max() < 1e-13 * scale
+    assert np.abs(a.mean - b.mean).max() < 1e-13 * scale
+    assert abs(a.filtered.loglik - b.filtered.loglik) < 1e-12 * abs(b.filtered.loglik)
 
 
 def test_native_structural_large_prior_against_oracle():

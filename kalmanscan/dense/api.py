@@ -107,8 +107,9 @@ def _native(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
 
 
 def _torch(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
-    """The chunked parallel scan (any device, differentiable)."""
-    model = _masked_pd(model, "torch")
+    """The chunked parallel scan (any device, differentiable); a singular R where H Q H' + R is
+    positive definite after the diffuse head (kalmanscan/dense/parallel.py)."""
+    model = _args.mask_missing(model)
     parts = filter_parts(model, chunk=chunk)
     sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
     filtered = (parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps)

@@ -1,11 +1,14 @@
 """Parallel-in-time dense filter and smoother from prefix/suffix scans of filtering elements.
 
-The prior on x_0 is applied after the scan ("prior at the end"): the prefix element over 1..t gives
-p(x_t | x_0, z_{1:t}) and the information (eta_t, J_t) that z_{1:t} carry about x_0, so the filtered
-moments are those of x_t = A_t x_0 + b_t + N(0, C_t) with x_0 drawn from its posterior. A diffuse
-prior (zero precision in some directions) is exact: the directions of x_0 not yet resolved by the
-data
-(the null space of J_t inside the diffuse subspace) stay diffuse. Derivation: docs/dense.md.
+The known state is folded into the first element of the prefix scan (the prior, or the filtered
+state at the end of the diffuse head), so the prefix elements are the filtered moments themselves
+and no information about x_0 is formed: with a step observed at R = 1e-12 I and no process noise
+that information is 1e12 in the observed direction and its rounding took the O(1) entries (the
+former "prior at the end"). A diffuse prior: the head of the series up to the step that resolves
+the last diffuse direction runs the sequential reference's exact initial filter (a few steps), and
+its smoothed moments combine the filtered finite part and diffuse directions with the suffix
+information. A direction not resolved within 16 n + 64 steps keeps the prior-at-the-end form,
+which holds it diffuse over the whole series. Derivation: docs/dense.md.
 
 All arrays are [B, T, ...] (see :mod:`kalmanscan.dense.scan` for the element notation).
 """
@@ -96,60 +99,6 @@ def _structural_elements(model: Model) -> Element:
     )  # fmt: skip
 
 
-def _counted_head(model: Model, PiN, max_steps: int):
-    """Diffuse bookkeeping of the head by counting, as the sequential reference does.
-
-    The observed rows mapped to x_0 (``h' F_t ... F_1``) are taken one at a time against a factor
-    ``D`` of the still-diffuse directions of x_0 (``D D'`` = the projector ``PiN`` at the start):
-    a row with ``|D' h| > DIFFUSE_TOL |h| |D|`` resolves one direction, ``D <- D (I - u u'/|u|^2)``
-    and ``D`` is cut back to its k largest singular values, k the directions still diffuse
-    (counted, not thresholded: a direction 1e-8 the scale of the others, as a contracting F makes
-    it, stays diffuse until a row resolves it). Which directions are diffuse does not depend on Q
-    or R (:func:`_structural_elements`), so the rows need no whitening.
-
-    Returns ``(tau, PiK [B, tau, n, n], ranks [B, tau])``: tau the first prefix index at which
-    every series is resolved, PiK the projectors on the unresolved directions at prefix indices
-    0..tau-1, ranks the diffuse entries of each step; ``None`` when some direction is still
-    diffuse after ``max_steps`` steps (the caller then decides on the structural information).
-    """
-    with torch.no_grad():
-        B, T, d = model.z.shape
-        n = model.F.shape[-1]
-        dtype, device = model.z.dtype, model.z.device
-        dif_tol = 1e-11 if dtype == torch.float64 else 1e-4
-        w, U = torch.linalg.eigh(_sym(PiN))
-        D = U * (w > 0.5).to(dtype).unsqueeze(-2)
-        k = (w > 0.5).sum(-1)
-        Phi = _eye(n, D).expand(B, n, n)
-        rows_all = model.H * model.observed.to(dtype).unsqueeze(-1)
-        PiKs, ranks = [_sym(D @ D.transpose(-1, -2))], []
-        for t in range(min(T, max_steps)):
-            Phi = model.F[:, t] @ Phi
-            rows = rows_all[:, t] @ Phi  # [B, d, n]
-            r = torch.zeros(B, dtype=torch.int64, device=device)
-            for i in range(d):
-                h = rows[:, i]
-                u = _mv(D.transpose(-1, -2), h)
-                nu2 = u.square().sum(-1)
-                scale = h.square().sum(-1) * D.square().sum((-1, -2))
-                diff = (k > 0) & (nu2 > dif_tol**2 * scale)
-                if not bool(diff.any()):
-                    continue
-                fi = torch.where(diff, nu2, torch.ones_like(nu2))
-                Dn = D - (_mv(D, u) / fi.unsqueeze(-1)).unsqueeze(-1) * u.unsqueeze(-2)
-                k = k - diff.to(torch.int64)
-                r = r + diff.to(torch.int64)
-                Us, S, _ = torch.linalg.svd(Dn)
-                top = torch.arange(n, device=device) < k.unsqueeze(-1)
-                Dn = Us * top.to(dtype).unsqueeze(-2)  # orthonormal basis, k columns
-                D = torch.where(diff[:, None, None], Dn, D)
-            ranks.append(r)
-            if not bool((k > 0).any()):
-                return t + 1, torch.stack(PiKs, 1), torch.stack(ranks, 1)
-            PiKs.append(_sym(D @ D.transpose(-1, -2)))
-        return None
-
-
 def _diffuse_head(E: Element, Es: Element, PiN, tol, chunk):
     """Prefix over a head of the series long enough to resolve every diffuse direction.
 
@@ -194,6 +143,18 @@ def _post_cov(m0, P0, J, eta):
     return m0 + sol[..., n], _sym(sol[..., :n])
 
 
+def _scaled_solve(M, rhs):
+    """M^-1 rhs for a symmetric positive (semi)definite M [..., n, n], solved as
+    ``S (S M S)^-1 S rhs`` with ``S = diag(M)^-1/2``: partial pivoting on M itself picks rows by
+    magnitude, and with R = 1e-12 I the information about x_0 is 1e12 in the observed direction
+    next to O(1) entries, so the unscaled LU subtracts 1e12 rows from O(1) ones (4e-4 off on
+    KFAS's VAR(1) at R = 1e-10); the scaled matrix has a unit diagonal (docs/dense.md)."""
+    d = torch.diagonal(M, dim1=-2, dim2=-1)
+    s = torch.where(d > 0, d, torch.ones_like(d)).rsqrt()
+    Ms = M * s.unsqueeze(-1) * s.unsqueeze(-2)
+    return s.unsqueeze(-1) * torch.linalg.solve(Ms, s.unsqueeze(-1) * rhs)
+
+
 def _post_prec(m0, L0, J, eta, PiK=None):
     """Same with prior precision L0 (0 where diffuse); PiK projects on the unresolved ones."""
     n = J.shape[-1]
@@ -202,9 +163,9 @@ def _post_prec(m0, L0, J, eta, PiK=None):
     h = _mv(L0, m0) + eta
     eye = _eye(n, J).expand(J.shape)
     if PiK is None:
-        sol = torch.linalg.solve(M, torch.cat([eye, h.unsqueeze(-1)], -1))
+        sol = _scaled_solve(M, torch.cat([eye, h.unsqueeze(-1)], -1))
         return sol[..., n], _sym(sol[..., :n])
-    sol = torch.linalg.solve(M + PiK, torch.cat([eye, (h + _mv(PiK, m0)).unsqueeze(-1)], -1))
+    sol = _scaled_solve(M + PiK, torch.cat([eye, (h + _mv(PiK, m0)).unsqueeze(-1)], -1))
     return sol[..., n], _sym(sol[..., :n] - PiK)
 
 
@@ -233,12 +194,8 @@ def _moments(A, b, C, mu0, Sigma0, PiK, nd):
     return Moments(mean, cov, dif, nd)
 
 
-def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol, ranks=None):
-    """log N of the part of each z_t orthogonal to the still-diffuse directions ([B, T]).
-
-    ranks [B, nd]: the diffuse entries of each head step where counted (:func:`_counted_head`):
-    the diffuse directions of z_t are then the top ``ranks`` eigenvectors of H P_inf H', not those
-    above a threshold."""
+def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol):
+    """log N of the part of each z_t orthogonal to the still-diffuse directions ([B, T])."""
     H, R, z = mask_observation(model.z, model.observed, model.H, model.R)
     v = z - _mv(H, pred_mean)
     S = _sym(H @ pred_cov @ H.transpose(-1, -2) + R)
@@ -247,17 +204,10 @@ def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol, ranks
         Hd = H[:, :nd]
         G = Hd @ pred_dif[:, :nd] @ Hd.transpose(-1, -2)
         scale = torch.linalg.matrix_norm(Hd).square() * torch.linalg.matrix_norm(pred_dif[:, :nd])
-        if ranks is None:
-            Pd, r = _range_projector(G, scale, tol)
-            with torch.no_grad():
-                w, U = torch.linalg.eigh(Pd)  # eigenvalue 1: diffuse direction, 0: kept
-                keep = (w < 0.5).to(v.dtype)
-        else:
-            r = ranks.to(v.dtype)
-            with torch.no_grad():
-                w, U = torch.linalg.eigh(_sym(G))  # ascending: the top r are diffuse
-                dd = G.shape[-1]
-                keep = (torch.arange(dd, device=G.device) < dd - ranks.unsqueeze(-1)).to(v.dtype)
+        Pd, r = _range_projector(G, scale, tol)
+        with torch.no_grad():
+            w, U = torch.linalg.eigh(Pd)  # eigenvalue 1: diffuse direction, 0: kept
+            keep = (w < 0.5).to(v.dtype)
         Sd = U.transpose(-1, -2) @ S[:, :nd] @ U
         Sd = Sd * (keep.unsqueeze(-1) * keep.unsqueeze(-2)) + torch.diag_embed(1.0 - keep)
         vd = _mv(U.transpose(-1, -2), v[:, :nd]) * keep
@@ -305,74 +255,150 @@ def _cat(*es: Element) -> Element:
     return Element(*(torch.cat(xs, 1) for xs in zip(*es, strict=True)))
 
 
+SINGULAR_MESSAGE = (
+    "R: backend 'torch' needs H Q H' + R positive definite on the observed entries of every step "
+    "after the diffuse head (an exact observation of a step without process noise has infinite "
+    "information); use backend='native' (CPU)"
+)
+
+
+def _steps(model: Model, sl) -> Model:
+    """The model over the steps ``sl`` (time axis 1)."""
+    return model._replace(
+        **{k: getattr(model, k)[:, sl] for k in ("z", "observed", "F", "c", "Q", "H", "R")}
+    )
+
+
+def _folded_tail(model: Model, E: Element, t0: int, m, P, chunk):
+    """Prefix over steps t0..T-1 from the filtered state (m, P) [B, n], [B, n, n] at t0 - 1.
+
+    The known state is folded into the first element (F = 0, offset the prediction, Q its
+    covariance), so the prefix is the filtered moments themselves (A = 0, J = 0): no information
+    about an earlier state is formed, whose 1/R (a step without process noise observed with
+    R = 1e-12 I) rounds away the O(1) entries of the others (docs/dense.md).
+    """
+    F, Q = model.F[:, t0], model.Q[:, t0]
+    mp = _mv(F, m) + model.c[:, t0]
+    Pp = _sym(F @ P @ F.transpose(-1, -2) + Q)
+    sl = slice(t0, t0 + 1)
+    bad = []
+    first = step_elements(
+        model.z[:, sl], model.observed[:, sl], torch.zeros_like(model.F[:, sl]),
+        mp.unsqueeze(1), Pp.unsqueeze(1), model.H[:, sl], model.R[:, sl], singular=bad,
+    )  # fmt: skip
+    if bool(bad[0].any()):
+        raise ValueError(SINGULAR_MESSAGE)
+    return scan(_cat(first, _slice(E, slice(t0 + 1, None))), chunk=chunk)
+
+
 def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     """Filtered moments, predictions and step log-likelihoods.
 
-    Proper prior: one prefix scan, prior applied after it. Diffuse prior: a head of the series is
-    scanned until every diffuse direction is resolved (index tau), the head's moments come from the
-    diffuse posterior of x_0, and the rest is scanned from the proper filtered state at tau (so no
-    long-horizon, ill-conditioned information about x_0 is ever inverted). A direction that is
-    never resolved keeps the diffuse bookkeeping over the whole series.
+    Proper prior: one prefix scan whose first element holds the prior (the prefix is the filtered
+    moments). Diffuse prior: the head of the series up to the step at which every diffuse
+    direction is resolved (index tau) runs the exact initial filter of the sequential reference
+    (a few steps; singular R allowed there), and the rest is one prefix scan from the proper
+    filtered state at tau - 1. A direction not resolved within 16 n + 64 steps falls back to the
+    information about x_0 (prior applied at the end; it keeps a never-resolved direction diffuse
+    over the whole series).
     """
     tol = rank_tol(model.z.dtype)
-    E = step_elements(model.z, model.observed, model.F, model.c, model.Q, model.H, model.R)
+    bad = []
+    E = step_elements(
+        model.z, model.observed, model.F, model.c, model.Q, model.H, model.R, singular=bad
+    )
+    bad = bad[0].expand(E.b.shape[:2])
     B, T, n = E.b.shape
     PiN = None
     if model.P0 is None:
         PiN = _eye(n, E.A) - _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)[0]
         if not bool((PiN.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.5).any()):
             PiN = None
+    if PiN is None:  # proper prior
+        P0 = model.P0
+        if P0 is None:
+            P0 = _sym(_scaled_solve(model.L0, _eye(n, E.A).expand(B, n, n)))
+        return _head_and_tail(model, E, bad, None, model.m0, P0, tol, chunk)
+    from kalmanscan.dense import sequential
+
+    L = min(T, 16 * n + 64)
+    head = sequential.filter_moments(_steps(model, slice(0, L)), stop_when_proper=True)
+    if bool((head[0].diffuse[:, -1] == 0).all()):
+        filt = head[0]
+        return _head_and_tail(model, E, bad, head, filt.mean[:, -1], filt.cov[:, -1], tol, chunk)
+    if bool(bad.any()):
+        raise ValueError(SINGULAR_MESSAGE)
+    return _unresolved_parts(model, E, PiN, tol, chunk)
+
+
+def _head_and_tail(model, E, bad, head, m, P, tol, chunk) -> FilterParts:
+    """FilterParts from the sequential head's (filtered, pred_mean, pred_cov, loglik) (None: no
+    head) and the folded prefix scan of the rest from its last filtered state (m, P)."""
+    B, T, n = E.b.shape
+    tau = 0 if head is None else head[0].mean.shape[1]
+    means, covs, difs, pms, pPs, lls = [], [], [], [], [], []
+    nd = 0
+    if head is not None:
+        hf, hpm, hpP, hll = head
+        means, covs, difs, pms, pPs, lls = [hf.mean], [hf.cov], [hf.diffuse], [hpm], [hpP], [hll]
+        nd = hf.ndiffuse
+    prefix = None
+    if tau < T:
+        if bool(bad[:, tau + 1 :].any()):
+            raise ValueError(SINGULAR_MESSAGE)
+        prefix = _folded_tail(model, E, tau, m, P, chunk)
+        mean, cov = prefix.b, prefix.C
+        prev_m = torch.cat([m.unsqueeze(1), mean[:, :-1]], 1)
+        prev_P = torch.cat([P.unsqueeze(1), cov[:, :-1]], 1)
+        tail = _steps(model, slice(tau, T))
+        pm = _mv(tail.F, prev_m) + tail.c
+        pP = _sym(tail.F @ prev_P @ tail.F.transpose(-1, -2) + tail.Q)
+        means.append(mean)
+        covs.append(cov)
+        difs.append(torch.zeros_like(cov))
+        pms.append(pm)
+        pPs.append(pP)
+        lls.append(step_loglik(tail, pm, pP, None, 0, tol))
+    cat = lambda xs: torch.cat(xs, 1)  # noqa: E731
+    filt = Moments(cat(means), cat(covs), cat(difs), nd)
+    return FilterParts(filt, cat(pms), cat(pPs), cat(lls), prefix, ("head", tau))
+
+
+def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
+    """A diffuse direction not resolved within the sequential head: prefix information about x_0
+    with the prior applied at the end; the head found on the structural elements (or never)."""
+    B, T, n = E.b.shape
+    Es = _structural_elements(model)
+    Ph, Js, tau = _diffuse_head(E, Es, PiN, tol, chunk)
+    del Es
+    PiK_head = None if tau is None else _null_projector(Js[:, :tau], PiN.unsqueeze(1), tol)
     seg = None
-    if PiN is None:  # proper prior: one segment
-        P = _prepend_identity(scan(E, chunk=chunk))
-        if model.P0 is not None:
-            mu, Sig = _post_cov(model.m0, model.P0, P.J, P.eta)
-        else:
-            mu, Sig = _post_prec(model.m0, model.L0, P.J, P.eta)
-        allm, nd, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, None, 0), 0, None
+    if tau is None:  # some direction is never resolved
+        PiK = _null_projector(Js, PiN.unsqueeze(1), tol)
+        mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK)
+        P, nd = Ph, T + 1
+        allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
         start_post = (mu[:, -1], Sig[:, -1])
     else:
-        counted = _counted_head(model, PiN, max_steps=16 * n + 64)
-        ranks = None
-        if counted is not None:
-            tau, PiK_head, ranks = counted
-            Ph = _prepend_identity(scan(_slice(E, slice(0, tau)), chunk=chunk))
-        else:
-            Es = _structural_elements(model)
-            Ph, Js, tau = _diffuse_head(E, Es, PiN, tol, chunk)
-            del Es
-            PiK_head = None if tau is None else _null_projector(Js[:, :tau], PiN.unsqueeze(1), tol)
-        if tau is None:  # some direction is never resolved
-            PiK = _null_projector(Js, PiN.unsqueeze(1), tol)
-            mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK)
-            P, nd = Ph, T + 1
-            allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
-            start_post = (mu[:, -1], Sig[:, -1])
-        else:
-            head = _slice(Ph, slice(0, tau + 1))
-            PiK = torch.cat(
-                [
-                    PiK_head,
-                    torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device),
-                ],
-                1,
+        head = _slice(Ph, slice(0, tau + 1))
+        PiK = torch.cat(
+            [PiK_head, torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1
+        )
+        mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
+        mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
+        m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]
+        P, allm, nd, PiK_T = head, mh, tau, None
+        start_post = None
+        if tau < T:
+            Pt = _prepend_identity(scan(_slice(E, slice(tau, T)), chunk=chunk))
+            mu_t, Sig_t = _post_cov(m_tau, P_tau, Pt.J, Pt.eta)
+            mt = _moments(Pt.A, Pt.b, Pt.C, mu_t, Sig_t, None, 0)
+            P = _cat(head, _slice(Pt, slice(1, None)))
+            allm = Moments(
+                *(torch.cat([a, b[:, 1:]], 1) for a, b in zip(mh[:3], mt[:3], strict=True)), tau
             )
-            mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
-            mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
-            m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]
-            P, allm, nd, PiK_T = head, mh, tau, None
-            start_post = None
-            if tau < T:
-                Pt = _prepend_identity(scan(_slice(E, slice(tau, T)), chunk=chunk))
-                mu_t, Sig_t = _post_cov(m_tau, P_tau, Pt.J, Pt.eta)
-                mt = _moments(Pt.A, Pt.b, Pt.C, mu_t, Sig_t, None, 0)
-                P = _cat(head, _slice(Pt, slice(1, None)))
-                allm = Moments(
-                    *(torch.cat([a, b[:, 1:]], 1) for a, b in zip(mh[:3], mt[:3], strict=True)), tau
-                )
-                start_post = (mu_t[:, -1], Sig_t[:, -1])
-            seg = tau
-    del E
+            start_post = (mu_t[:, -1], Sig_t[:, -1])
+        seg = tau
     filt = Moments(
         allm.mean[:, 1:], allm.cov[:, 1:], allm.diffuse[:, 1:], max(min(nd, T + 1) - 1, 0)
     )
@@ -380,25 +406,65 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     pm = _mv(F, allm.mean[:, :T]) + model.c
     pP = _sym(F @ allm.cov[:, :T] @ Ft + model.Q)
     pD = _sym(F @ allm.diffuse[:, :T] @ Ft)
-    ll = step_loglik(model, pm, pP, pD, min(nd, T), tol, ranks if PiN is not None else None)
-    return FilterParts(filt, pm, pP, ll, P, (seg, start_post, PiK_T))
+    ll = step_loglik(model, pm, pP, pD, min(nd, T), tol)
+    return FilterParts(filt, pm, pP, ll, P, ("x0", seg, start_post, PiK_T))
 
 
 def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments:
-    """Smoothed moments: p(x_t | segment start, z_{1:T}) from the prefix and the suffix
-    information, then the segment start's posterior given all data."""
-    E = step_elements(model.z, model.observed, model.F, model.c, model.Q, model.H, model.R)
+    """Smoothed moments from the filter's and the suffix information (eta, J) that z_{t+1:T}
+    carry about x_t. After the head: the folded prefix (the filtered moments) combined with it,
+    (I + C J)^-1 [C, b + C eta]. Head steps (few): the filtered finite part and diffuse
+    directions combined with it as the reference does (x_t = m_t + [L, D] (u, v))."""
+    bad = []
+    E = step_elements(
+        model.z, model.observed, model.F, model.c, model.Q, model.H, model.R, singular=bad
+    )
+    B, T, n = E.b.shape
+    if bool(bad[0].expand(B, T)[:, 1:].any()):
+        raise ValueError(SINGULAR_MESSAGE)
     S = scan(E, reverse=True, chunk=chunk)
     del E
-    B, T, n = S.b.shape
     zm = torch.zeros(B, 1, n, n, dtype=S.b.dtype, device=S.b.device)
     Jb = torch.cat([S.J[:, 1:], zm], 1)
     etab = torch.cat([S.eta[:, 1:], torch.zeros(B, 1, n, dtype=S.b.dtype, device=S.b.device)], 1)
+    if parts.x0[0] == "x0":
+        return _smooth_from_x0(model, parts, S, Jb, etab)
+    tau = parts.x0[1]
+    means, covs = [], []
+    if tau > 0:
+        from kalmanscan.dense import sequential
+
+        f = parts.filtered
+        fh = Moments(f.mean[:, :tau], f.cov[:, :tau], f.diffuse[:, :tau], min(f.ndiffuse, tau))
+        G, flat = sequential.diffuse_factor(fh)  # x_t = m_t + G (u, v)
+        Jh, m = Jb[:, :tau], fh.mean
+        Gt = G.transpose(-1, -2)
+        Lam = _sym(Gt @ Jh @ G) + torch.diag_embed(
+            torch.cat([torch.ones_like(m), flat.to(m.dtype)], -1)
+        )
+        rhs = torch.cat([Gt, Gt @ (etab[:, :tau] - _mv(Jh, m)).unsqueeze(-1)], -1)
+        sol = _scaled_solve(Lam, rhs)
+        means.append(m + _mv(G, sol[..., n]))
+        covs.append(_sym(G @ sol[..., :n]))
+    if tau < T:
+        b, C = parts.prefix.b, parts.prefix.C
+        X = _eye(n, C) + C @ Jb[:, tau:]
+        sol = torch.linalg.solve(X, torch.cat([C, (b + _mv(C, etab[:, tau:])).unsqueeze(-1)], -1))
+        means.append(sol[..., n])
+        covs.append(_sym(sol[..., :n]))
+    cov = torch.cat(covs, 1)
+    return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
+
+
+def _smooth_from_x0(model, parts, S, Jb, etab) -> Moments:
+    """The smoother of :func:`_unresolved_parts`: p(x_t | segment start, z_{1:T}) from the prefix
+    and the suffix information, then the segment start's posterior given all data."""
+    B, T, n = S.b.shape
     A, b, C = parts.prefix.A[:, 1:], parts.prefix.b[:, 1:], parts.prefix.C[:, 1:]
     X = _eye(n, A) + C @ Jb
     sol = torch.linalg.solve(X, torch.cat([A, C, (b + _mv(C, etab)).unsqueeze(-1)], -1))
     A2, C2, b2 = sol[..., :n], _sym(sol[..., n : 2 * n]), sol[..., 2 * n]
-    tau, start_post, PiK_T = parts.x0
+    _, tau, start_post, PiK_T = parts.x0
     if tau is None:  # one segment: its start's posterior given all data was computed by the filter
         mu, Sig = (x.unsqueeze(1) for x in start_post)
         if PiK_T is not None:

@@ -35,16 +35,29 @@ def _sym(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (x + x.transpose(-1, -2))
 
 
-def step_elements(z, observed, F, c, Q, H, R) -> Element:
+def step_elements(z, observed, F, c, Q, H, R, singular=None) -> Element:
     """Single-step elements: x_{t-1} known, z_t observed through H with noise R.
 
     z [B,T,d] (zero where missing), observed [B,T,d] bool, F [..,n,n], c [..,n], Q [..,n,n],
     H [..,d,n], R [..,d,d] broadcastable to [B,T,...]. Missing entries get a zero row in H and a
-    unit, uncorrelated noise, so they carry no information.
+    unit, uncorrelated noise, so they carry no information. R may be singular (R = 0) wherever
+    S = H Q H' + R is positive definite; where it is not (an exact observation of a step without
+    process noise: infinite information about x_{t-1}) the element is not finite: pass a list as
+    ``singular`` to receive the [B, T] mask of those steps (their elements are then the identity's
+    placeholders), else they raise.
     """
     H, R, z = mask_observation(z, observed, H, R)
-    S = H @ Q @ H.transpose(-1, -2) + R
-    L = torch.linalg.cholesky(_sym(S))
+    S = _sym(H @ Q @ H.transpose(-1, -2) + R)
+    L, info = torch.linalg.cholesky_ex(S)
+    bad = info != 0
+    if singular is None:
+        if bool(bad.any()):
+            raise torch.linalg.LinAlgError("step_elements: H Q H' + R is not positive definite")
+    else:
+        singular.append(bad)
+        if bool(bad.any()):
+            eye_d = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+            L = torch.where(bad[..., None, None], eye_d, L)
     HF = H @ F
     W = torch.linalg.solve_triangular(L, torch.cat([H, HF], -1), upper=False)  # L^-1 [H, HF]
     n = F.shape[-1]
@@ -55,7 +68,12 @@ def step_elements(z, observed, F, c, Q, H, R) -> Element:
     QW = Q @ WH.transpose(-1, -2)  # Q H' L^-T   [.., n, d]
     A = F - QW @ WHF
     b = c + (QW @ e).squeeze(-1)
-    C = _sym(Q - QW @ QW.transpose(-1, -2))
+    # C = Q - Q H' S^-1 H Q in Joseph form (I - K H) Q (I - K H)' + K R K', K = Q H' S^-1: the
+    # difference form cancels to eps |Q| absolute, which is all of C's value in a direction
+    # observed with R = 1e-12 Q; the sum of two PSD terms keeps its relative digits.
+    K = torch.linalg.solve_triangular(L, QW, upper=False, left=False)  # QW L^-1
+    IKH = torch.eye(n, dtype=Q.dtype, device=Q.device) - K @ H
+    C = _sym(IKH @ Q @ IKH.transpose(-1, -2) + K @ R @ K.transpose(-1, -2))
     J = _sym(WHF.transpose(-1, -2) @ WHF)
     eta = (WHF.transpose(-1, -2) @ e).squeeze(-1)
     return Element(A, b, C, eta, J)

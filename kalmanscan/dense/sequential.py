@@ -24,8 +24,12 @@ from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, rank
 from kalmanscan.dense.scan import mask_observation
 
 
-def filter_moments(model: Model):
+def filter_moments(model: Model, stop_when_proper: bool = False):
     """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...].
+
+    With ``stop_when_proper`` the loop ends after the step at which every series' diffuse
+    directions are resolved (the scan's diffuse head, :func:`kalmanscan.dense.parallel.filter_parts`),
+    so the returned arrays may be shorter than T.
 
     The diffuse part is carried as a factor, ``P_inf = D D'`` (``D = F D`` in the prediction), so
     that the decisions are made on its square root: an entry with whitened row ``h`` is diffuse
@@ -157,6 +161,8 @@ def filter_moments(model: Model):
         covs.append(P)
         difs.append(_sym(D @ D.transpose(-1, -2)))
         lls.append(ll)
+        if stop_when_proper and not bool((k > 0).any()):
+            break
     stack = lambda xs: torch.stack(xs, 1)  # noqa: E731
     filt = Moments(stack(means), stack(covs), stack(difs), nd)
     return filt, stack(pms), stack(pPs), stack(lls)
@@ -249,35 +255,59 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
         Rb = torch.linalg.solve_triangular(G.mT, rhs, upper=False)
         facs.append(Rb)
     Rb = torch.stack(facs[::-1], 1)  # [B, T, n + 1, n + 1]: z_{t+1:T} about x_t
-    A, bb = Rb[..., :n], Rb[..., n:]
-    m, P = filt.mean, filt.cov
-    L = _factor(_sym(P))
-    Dd = torch.zeros_like(P)
-    prior = torch.zeros(B, T, 2 * n, 2 * n, dtype=dtype, device=device)
-    prior[..., :n, :n] = eye
-    prior[..., n:, n:] = eye
-    nd = filt.ndiffuse
+    ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt)
+    return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+
+
+def diffuse_factor(filt: Moments):
+    """``M = [L, D]`` [B, T, n, 2n] with ``x_t = m_t + M (u, v)``: ``L L' = P_t`` (u ~ N(0, I)) and
+    ``D`` an orthonormal basis of the diffuse directions (v flat), with zero columns elsewhere;
+    and ``flat`` [B, T, n] bool: the zero columns of ``D`` (give them a unit prior)."""
+    B, T, n = filt.mean.shape
+    dtype = filt.mean.dtype
+    L = _factor(_sym(filt.cov))
+    Dd = torch.zeros_like(filt.cov)
+    flat = torch.zeros(B, T, n, dtype=torch.bool, device=filt.mean.device)
+    nd = min(filt.ndiffuse, T)
     if nd > 0:  # orthonormal basis of the diffuse directions, zero columns (unit prior) elsewhere
         Pinf = _sym(filt.diffuse[:, :nd])
         with torch.no_grad():
             w, U = torch.linalg.eigh(Pinf)
             keep = w > rank_tol(dtype) * torch.linalg.matrix_norm(Pinf).unsqueeze(-1)
             basis = U * keep.to(dtype).unsqueeze(-2)
-            prior[:, :nd, n:, n:] = torch.diag_embed((~keep).to(dtype))
         if Pinf.requires_grad:  # Pinf C = basis, and its columns follow range(Pinf) when it moves
             C = basis / torch.where(keep, w, torch.ones_like(w)).unsqueeze(-2)
             basis = basis + (Pinf @ C - (Pinf @ C).detach())
         Dd = torch.cat([basis, Dd[:, nd:]], 1)
-    M = torch.cat([L, Dd], -1)  # [B, T, n, 2n]
+        flat = torch.cat([~keep, torch.ones_like(flat[:, nd:])], 1)
+    else:
+        flat = torch.ones_like(flat)
+    return torch.cat([L, Dd], -1), flat
+
+
+def combine_rows(A, bb, filt: Moments):
+    """Smoothed (mean, cov) [B, T, ...] from backward rows ``|A x_t - bb|^2`` (A [B, T, k, n],
+    bb [B, T, k, 1]: the likelihood of z_{t+1:T}) and the filtered moments (finite part and
+    diffuse directions), by one QR of the stacked backward and prior rows (no information matrix
+    inverted; :func:`smooth_moments`)."""
+    B, T, n = filt.mean.shape
+    dtype, device = filt.mean.dtype, filt.mean.device
+    eye = torch.eye(n, dtype=dtype, device=device)
+    m, P = filt.mean, filt.cov
+    M, flat = diffuse_factor(filt)  # [B, T, n, 2n]
+    prior = torch.zeros(B, T, 2 * n, 2 * n, dtype=dtype, device=device)
+    prior[..., :n, :n] = eye
+    prior[..., n:, n:] = torch.diag_embed(flat.to(dtype))
     Qf, Ru = torch.linalg.qr(torch.cat([A @ M, prior], -2), mode="reduced")
-    y = Qf[..., : n + 1, :].mT @ (bb - A @ m.unsqueeze(-1))  # the prior rows' right side is 0
+    k = A.shape[-2]
+    y = Qf[..., :k, :].mT @ (bb - A @ m.unsqueeze(-1))  # the prior rows' right side is 0
     # Ru is upper triangular: an LU solve reads all of it (no pivoting happens), so autograd sees
     # every entry (the straight-through rows of _reduce_rows are not triangular in their gradient)
     # (a direction no observation ever resolves leaves Ru singular: non-finite moments there)
     X = torch.linalg.solve_ex(Ru.mT, M.mT)[0]  # [B, T, 2n, n]
     ms = m + (M @ torch.linalg.solve_ex(Ru, y)[0]).squeeze(-1)
     Ps = _sym(X.mT @ X)
-    return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+    return ms, Ps
 
 
 # former names (docs/architecture.md, "References")
