@@ -67,6 +67,23 @@ SCALAR_MODELS = {
 }
 
 
+def _row(model, kind, z, ours, statsmodels, offset, offset_kfas, oracle) -> dict:
+    """One model's row: our and statsmodels' log-likelihoods, their difference against the
+    convention offset (statsmodels' and KFAS's), and the oracle's value."""
+    return dict(
+        model=model,
+        kind=kind,
+        T=int(z.shape[0]),
+        kalmanscan=ours,
+        statsmodels=statsmodels,
+        measured=ours - statsmodels,
+        formula=offset,
+        formula_kfas=offset_kfas,
+        rel_err=abs(ours - statsmodels - offset) / max(abs(ours), 1.0),
+        oracle=oracle,
+    )
+
+
 def _scalar_rows(data):
     import kalmanscan as ks
 
@@ -78,20 +95,8 @@ def _scalar_rows(data):
         truth = scalar_oracle(z, r, a, p, h, c, smooth=False).loglik
         sm = statsmodels_scalar(z, r, a, p, h, c)
         off = scalar_loglik_offset("statsmodels", a, h, np.isfinite(z))
-        rows.append(
-            dict(
-                model=name,
-                kind="scalar",
-                T=int(z.shape[0]),
-                kalmanscan=ours,
-                statsmodels=sm,
-                measured=ours - sm,
-                formula=off,
-                formula_kfas=scalar_loglik_offset("kfas", a, h, np.isfinite(z)),
-                rel_err=abs(ours - sm - off) / max(abs(ours), 1.0),
-                oracle=truth,
-            )
-        )
+        off_kfas = scalar_loglik_offset("kfas", a, h, np.isfinite(z))
+        rows.append(_row(name, "scalar", z, ours, sm, off, off_kfas, truth))
     return rows
 
 
@@ -133,20 +138,8 @@ def _dense_rows(data):
         truth = dense_oracle(z[:, None], F, Q, H, R, dps=60).loglik if len(z) <= 400 else math.nan
         llf = float(np.sum(res.llf_obs))
         off = loglik_offset("statsmodels", F, H, np.isfinite(z))
-        rows.append(
-            dict(
-                model=name,
-                kind="dense",
-                T=int(z.shape[0]),
-                kalmanscan=ours,
-                statsmodels=llf,
-                measured=ours - llf,
-                formula=off,
-                formula_kfas=loglik_offset("kfas", F, H, np.isfinite(z)),
-                rel_err=abs(ours - llf - off) / max(abs(ours), 1.0),
-                oracle=truth,
-            )
-        )
+        off_kfas = loglik_offset("kfas", F, H, np.isfinite(z))
+        rows.append(_row(name, "dense", z, ours, llf, off, off_kfas, truth))
     return rows
 
 
