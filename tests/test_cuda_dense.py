@@ -116,8 +116,11 @@ def test_matches_sequential_long(n, dtype):
 
 @pytest.mark.slow
 def test_several_chunks():
-    z, kw = random_model(3, 2, 1, 300)
-    nc = CD.cdiv(300, CD.chunk_length(300))
+    # more than two groups of chunks in the two-level carry (on a GPU: 100 chunks of 32 steps
+    # in groups of 16; interpreted: 75 chunks of 4 in groups of 16)
+    T = 3200 if CUDA else 300
+    z, kw = random_model(3, 2, 1, T)
+    nc = CD.cdiv(T, CD.chunk_length(T))
     assert CD.cdiv(nc, CD.group_size(nc)) > 2
     check(z, kw, torch.float64)
 
@@ -171,7 +174,13 @@ def test_explicit_triton_off_cuda_raises():
 
 
 def test_carry_levels():
-    assert CD.group_size(4) == 4 and CD.group_size(9) == 4 and CD.group_size(5) == 4
+    # one level up to the interpreter's 4 chunks or TUNING["one_level"] on a GPU; beyond, groups
+    # of g chunks, a power of 2 with (g / 2)^2 < NC <= g^2
+    one = CD.TUNING["one_level"] if CUDA else 4
+    assert all(CD.group_size(nc) == nc for nc in range(1, one + 1))
+    for nc in (one + 1, 2 * one + 3, one * one, one * one + 1, 4096):
+        g = CD.group_size(nc)
+        assert g & (g - 1) == 0 and (g // 2) ** 2 < nc <= g * g, (nc, g)
 
 
 @pytest.fixture
