@@ -56,10 +56,7 @@ _MANY_LANES = 16384
 # NS: pipeline stages of the per-step loads; NS_CARRY: those of the smoother's backward carry,
 # which walks its chunk maps one after the other, bound by the loads' latency; CK: checkpoint
 # interval of the adjoint (chunk lengths are multiples of it); the forward's and the adjoint's
-# carries scan tiles of CARRY_TILE / ADJ_CARRY_TILE chunks by CARRY_LANES lanes; GRAD_WORK: the
-# lane-steps of parallel work the chunks of the log-likelihood gradient aim for (its forward
-# carries tangents and the adjoint does several times a step's arithmetic, so more chunks than
-# _TARGET_WORK may pay for their longer carries)
+# carries scan tiles of CARRY_TILE / ADJ_CARRY_TILE chunks by CARRY_LANES lanes
 TUNING = {
     "NS": 8,
     "NS_CARRY": 8,
@@ -67,7 +64,6 @@ TUNING = {
     "CARRY_TILE": 64,
     "ADJ_CARRY_TILE": 32,
     "CARRY_LANES": 16,
-    "GRAD_WORK": 131072,
 }
 
 SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
@@ -75,10 +71,9 @@ SERIES = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_pre
 _PLANS = {}
 
 
-def _plan(T: int, N: int, grad: bool = False):
-    """``(CH, NC, CK, BLOCK, num_warps)``: chunk length and count, checkpoint interval, tile
-    (``grad``: of the log-likelihood gradient's forward and adjoint)."""
-    key = (T, N, grad, _MANY_LANES, _TARGET_WORK, tuple(TUNING.items()), interpreting())
+def _plan(T: int, N: int):
+    """``(CH, NC, CK, BLOCK, num_warps)``: chunk length and count, checkpoint interval, tile."""
+    key = (T, N, _MANY_LANES, _TARGET_WORK, tuple(TUNING.items()), interpreting())
     plan = _PLANS.get(key)
     if plan is None:
         CK = 4 if interpreting() else TUNING["CK"]
@@ -86,8 +81,7 @@ def _plan(T: int, N: int, grad: bool = False):
         if N >= _MANY_LANES:
             NC = 1
         else:
-            work = TUNING["GRAD_WORK"] if grad else _TARGET_WORK
-            NC = max(1, min(cdiv(T, 4 * CK), cdiv(work, N)))
+            NC = max(1, min(cdiv(T, 4 * CK), cdiv(_TARGET_WORK, N)))
         CH = cdiv(cdiv(T, NC), CK) * CK
         NC = cdiv(T, CH)
         plan = (CH, NC, CK, block, warps)
@@ -153,10 +147,10 @@ class _Sig:
     __slots__ = ("T", "N", "CH", "NC", "CK", "BLOCK", "grid", "ia", "x0s", "vary", "warps",
                  "sites", "carry", "adj")  # fmt: skip
 
-    def __init__(self, T, N, ins, x0, grad):
+    def __init__(self, T, N, ins, x0):
         _check_size(T, N, ins)
         self.T, self.N = T, N
-        self.CH, self.NC, self.CK, self.BLOCK, self.warps = _plan(T, N, grad)
+        self.CH, self.NC, self.CK, self.BLOCK, self.warps = _plan(T, N)
         ia, self.vary = [], {}
         for name, x in zip(("VZ", "VR", "VA", "VP", "VH", "VC"), ins, strict=True):
             st, sn = _strides(x)
@@ -182,13 +176,12 @@ class _Sig:
 _SIGS: dict = {}
 
 
-def _signature(T, N, ins, x0, grad=False) -> _Sig:
+def _signature(T, N, ins, x0) -> _Sig:
     """The kept :class:`_Sig` of these inputs: keyed by everything a launch specializes on
     (device, dtype, sizes, strides, 16-byte alignment of every input) and the tuning, so that
     every call with the key launches the same compiled kernels."""
     z = ins[0]
-    key = [z.device, z.dtype, T, N, grad, _MANY_LANES, _TARGET_WORK, interpreting(),
-           *TUNING.values()]
+    key = [z.device, z.dtype, T, N, _MANY_LANES, _TARGET_WORK, interpreting(), *TUNING.values()]
     if z.is_cuda:
         key.append(torch.cuda.current_device())
     for x in ins:
@@ -200,7 +193,7 @@ def _signature(T, N, ins, x0, grad=False) -> _Sig:
     if sig is None:
         if len(_SIGS) > 256:
             _SIGS.clear()
-        sig = _SIGS[key] = _Sig(T, N, ins, x0, grad)
+        sig = _SIGS[key] = _Sig(T, N, ins, x0)
     return sig
 
 
@@ -210,7 +203,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     (the chunk maps) goes out before the other buffers are allocated, so that their host time
     overlaps it."""
     z = ins[0]
-    sig = _signature(T, N, ins, x0, grad=ckpt)
+    sig = _signature(T, N, ins, x0)
     CH, NC, CK, grid = sig.CH, sig.NC, sig.CK, sig.grid
     sites = sig.sites
     ia = sig.args(ins)
