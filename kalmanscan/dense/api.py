@@ -123,26 +123,12 @@ def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: i
             f"backend: 'sequential' is the float64 reference; got {model.z.dtype} inputs, "
             "use backend='torch' or float64 inputs"
         )
-    if smooth:
-        model = _masked_pd(model, "sequential", "the reference smoother (square-root information)")
-    else:  # the reference filter takes a singular R (entries decorrelated by R = L Dg L')
-        model = _args.mask_missing(model)
+    # the reference filter and smoother take a singular R (entries decorrelated by R = L Dg L';
+    # the smoother raises, naming native, where an exact entry meets no process noise)
+    model = _args.mask_missing(model)
     filtered = sequential.filter_moments(model)
     sm = sequential.smooth_moments(model, filtered[0]) if smooth else None
     return _moments_result(layout, filtered, sm)
-
-
-def _masked_pd(model: _args.Model, name: str, what: str = "") -> _args.Model:
-    """The model with missing entries masked; its R checked positive definite (scan, reference
-    smoother)."""
-    model = _args.mask_missing(model)
-    if not _args.r_positive_definite(model.R):
-        who = f"backend {name!r}" + (f" ({what})" if what else "")
-        raise ValueError(
-            f"R: {who} needs positive-definite observation-noise covariances; "
-            "for a singular R (R = 0 included) use backend='native' (CPU)"
-        )
-    return model
 
 
 def _moments_result(layout: _args.Layout, filtered, sm):
@@ -292,7 +278,8 @@ def filter(
 
     z: [..., T, ..., d] observations (time on ``axis``, NaN entries are missing); F, Q: [..., n, n];
     H: [..., d, n]; R: [..., d, d] (positive semidefinite; singular, R = 0 included, on ``"native"``
-    and the ``"sequential"`` filter); offset: [..., n]; prior_mean: [..., n]; either prior_cov
+    and ``"sequential"``, on ``"torch"`` where H Q H' + R is positive definite after the diffuse
+    head); offset: [..., n]; prior_mean: [..., n]; either prior_cov
     [..., n, n] (``inf`` on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in
     diffuse directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
     (differentiable). backend: ``"auto"`` (``"native"`` for CPU inputs when the extension is built,

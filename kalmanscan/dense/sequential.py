@@ -230,18 +230,31 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     [W'; I], full column rank) giving G^-T [Rb F, bb - Rb c]. Combination: x_t = m_t + [L, D] (u, v)
     with L L' = P_t (u ~ N(0, I)) and D an orthonormal basis of the diffuse directions (v flat);
     the stacked backward and prior rows are triangularized (Ru), so the smoothed covariance is
-    X' X with X = Ru^-T [L, D]', with no subtraction of nearly equal matrices.
+    X' X with X = Ru^-T [L, D]', with no subtraction of nearly equal matrices. A singular R: the
+    entries are decorrelated by R = Lu Dg Lu' and those with Dg = 0 (exact) are conditioned into
+    the backward prediction (:func:`_exact_step`).
     """
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
     eye = torch.eye(n, dtype=dtype, device=device)
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
-    # whitened observations: rows L^-1 H and L^-1 z with R = L L' (missing rows are 0)
-    Lr = torch.linalg.cholesky(R_all)
-    obs = torch.linalg.solve_triangular(
-        Lr, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False
-    )
+    Lr, info = torch.linalg.cholesky_ex(R_all)
+    exact = None
+    if not bool((info != 0).any()):
+        # whitened observations: rows L^-1 H and L^-1 z with R = L L' (missing rows are 0)
+        obs = torch.linalg.solve_triangular(
+            Lr, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False
+        )
+    else:  # singular R: entries decorrelated by R = Lu Dg Lu'; those with Dg = 0 are exact
+        Lu, Dg = _ldl(R_all)
+        Hz = torch.linalg.solve_triangular(
+            Lu, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False, unitriangular=True
+        )
+        ex = Dg <= 0  # [B, T, d]
+        inv_sd = torch.where(ex, torch.zeros_like(Dg), torch.where(ex, 1.0, Dg).rsqrt())
+        obs = Hz * inv_sd.unsqueeze(-1)  # the noisy entries' whitened rows (exact ones 0)
+        exact = (Hz * ex.to(dtype).unsqueeze(-1), ex)  # the exact rows [E | e]
     Lq = _factor(_sym(model.Q))
     Rb = torch.zeros(B, n + 1, n + 1, dtype=dtype, device=device)  # [Rb | bb]
     eye1 = torch.eye(n + 1, dtype=dtype, device=device).expand(B, n + 1, n + 1)
@@ -249,14 +262,50 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     for t in range(T - 1, 0, -1):
         Rb = _reduce_rows(torch.cat([Rb, obs[:, t]], -2), n + 1)
         A, bb = Rb[..., :n], Rb[..., n:]
-        W = A @ Lq[:, t]
+        F, c, Lqt = model.F[:, t], model.c[:, t].unsqueeze(-1), Lq[:, t]
+        cons = None
+        if exact is not None and bool(exact[1][:, t].any()):
+            F, c, Lqt, cons = _exact_step(exact[0][:, t], exact[1][:, t], F, c, model.Q[:, t])
+        W = A @ Lqt
         G = torch.linalg.qr(torch.cat([W.mT, eye1], -2), mode="reduced")[1]
-        rhs = torch.cat([A @ model.F[:, t], bb - A @ model.c[:, t].unsqueeze(-1)], -1)
+        rhs = torch.cat([A @ F, bb - A @ c], -1)
         Rb = torch.linalg.solve_triangular(G.mT, rhs, upper=False)
+        if cons is not None:
+            Rb = _reduce_rows(torch.cat([Rb, cons], -2), n + 1)
         facs.append(Rb)
     Rb = torch.stack(facs[::-1], 1)  # [B, T, n + 1, n + 1]: z_{t+1:T} about x_t
     ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt)
     return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+
+
+SINGULAR_SMOOTH_MESSAGE = (
+    "R: backend 'sequential' (the reference smoother) needs H Q H' positive definite on the "
+    "exact entries (R = 0) of every step after the first: an exact observation of a step "
+    "without process noise in its direction is infinite information about the previous state; "
+    "use backend='native' (CPU)"
+)
+
+
+def _exact_step(Ee, ex, F, c, Q):
+    """The backward prediction through x_t = F x_{t-1} + c + w (w ~ N(0, Q)) of a step whose
+    entries ``ex`` [B, d] are observed exactly, E x_t = e (rows ``Ee`` = [E | e] [B, d, n + 1],
+    zero where not exact; docs/dense.md, singular R).
+
+    Given x_{t-1} the exact entries are N(E F x_{t-1} + E c, E Q E'): their whitened rows
+    ``Ls^-1 [E F, e - E c]`` (E Q E' = Ls Ls'), finite wherever E Q E' is positive definite; and
+    given them x_t is N(F' x_{t-1} + c', Q') with G = Q E' (E Q E')^-1, F' = (I - G E) F,
+    c' = (I - G E) c + G e and Q' = (I - G E) Q (I - G E)' (factor (I - G E) Lq). Returns
+    (F', c' [B, n, 1], a factor of Q', the rows [B, d, n + 1])."""
+    n = F.shape[-1]
+    E, e = Ee[..., :n], Ee[..., n:]
+    Se = _sym(E @ Q @ E.mT) + torch.diag_embed(1.0 - ex.to(Q.dtype))
+    Ls, info = torch.linalg.cholesky_ex(Se)
+    if bool((info != 0).any()):
+        raise ValueError(SINGULAR_SMOOTH_MESSAGE)
+    G = torch.cholesky_solve(E @ Q, Ls).mT  # Q E' Se^-1  [B, n, d]
+    IGE = torch.eye(n, dtype=Q.dtype, device=Q.device) - G @ E
+    cons = torch.linalg.solve_triangular(Ls, torch.cat([E @ F, e - E @ c], -1), upper=False)
+    return IGE @ F, IGE @ c + G @ e, IGE @ _factor(_sym(Q)), cons
 
 
 def diffuse_factor(filt: Moments):
