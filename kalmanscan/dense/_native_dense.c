@@ -1156,10 +1156,14 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             tc = t;
         }
         if (!info_failed) {
-            if (t >= np_ && !info && xmax <= INFO_SWITCH * vmax) { /* accurate here: remember it */
+            if (t >= np_ && xmax <= INFO_SWITCH * vmax) {
+                /* accurate here: serves, and J restarts from here where needed (carried on from
+                   a later step, J with near noise-free entries (1/Dg) would lose |J| |Q| digits) */
                 memcpy(Ng, N0, nn * sizeof(double));
                 memcpy(Pg, P0t, nn * sizeof(double));
                 tg = t;
+                info = 0;
+                jcond = 0.0;
             } else if (!info && tg == t + 1 && (tg < T || t < np_)) {
                 if (tg == T) { /* diffuse through the last step: J from nothing */
                     memset(J, 0, nn * sizeof(double));
