@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core.discretize import discretize_ou
+
 
 class DenseModel(NamedTuple):
     """F [..., n, n], Q [..., n, n], H [..., d, n], R [..., d, d], offset [..., n]."""
@@ -169,8 +171,6 @@ def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
     >>> m.H.tolist(), m.F.shape
     ([[1.0, 1.0]], (2, 2))
     """
-    from kalmanscan import discretize_ou
-
     th = np.atleast_1d(np.asarray(theta, dtype=np.float64))
     s2 = np.atleast_1d(np.asarray(sigma2, dtype=np.float64))
     mu = np.broadcast_to(np.asarray(mu, dtype=np.float64), th.shape)
