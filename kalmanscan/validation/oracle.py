@@ -380,35 +380,43 @@ def _sym(mp, M):
     return (M + M.T) / 2
 
 
-def _pinv_sym(mp, M, tol):
-    """Pseudo-inverse of a symmetric PSD mp matrix (eigenvalues below tol * max dropped).
+def _pinv_sym(mp, M, tol, floor=0):
+    """Pseudo-inverse of a symmetric PSD mp matrix (eigenvalues below ``tol`` of the largest, or
+    below ``floor``, dropped).
 
-    A Cholesky factor whose pivots all exceed ``tol`` of the largest proves M nonsingular at
-    this precision; then the plain inverse is used (much cheaper than the eigen-decomposition).
+    ``floor``: the size below which an eigenvalue is rounding, not information (e.g. ``tol``
+    times the scale ``M`` would have: a diffuse part ``H P_inf H'`` that is 0 in exact arithmetic
+    but 1e-50 after rounding must count as 0, however small it is next to its own largest
+    eigenvalue). Without a floor, a Cholesky factor whose pivots all exceed ``tol`` of the
+    largest proves M nonsingular at this precision; then the plain inverse is used (much cheaper
+    than the eigen-decomposition).
     """
     n = M.rows
-    try:
-        L = mp.cholesky(_sym(mp, M))
-        piv = [L[i, i] ** 2 for i in range(n)]
-        if min(piv) > tol * max(piv):
-            return mp.inverse(M)
-    except (ValueError, ZeroDivisionError):
-        pass
+    if not floor:
+        try:
+            L = mp.cholesky(_sym(mp, M))
+            piv = [L[i, i] ** 2 for i in range(n)]
+            if min(piv) > tol * max(piv):
+                return mp.inverse(M)
+        except (ValueError, ZeroDivisionError):
+            pass
     E, Q = mp.eigsy(_sym(mp, M))
     big = max([abs(E[i]) for i in range(n)] + [mp.mpf(0)])
     out = mp.zeros(n, n)
     for i in range(n):
-        if big > 0 and abs(E[i]) > tol * big:
+        if big > 0 and abs(E[i]) > max(tol * big, floor):
             q = Q[:, i]
             out += (q * q.T) / E[i]
     return out
 
 
-def _logpdet(mp, M, tol):
+def _logpdet(mp, M, tol, floor=0):
+    """``(log pdet M, rank)`` of a symmetric PSD mp matrix over the eigenvalues above ``tol`` of
+    the largest and above ``floor`` (see :func:`_pinv_sym`)."""
     n = M.rows
     E = mp.eigsy(_sym(mp, M), eigvals_only=True)
     big = max([abs(E[i]) for i in range(n)] + [mp.mpf(0)])
-    keep = [E[i] for i in range(n) if big > 0 and E[i] > tol * big]
+    keep = [E[i] for i in range(n) if big > 0 and E[i] > max(tol * big, floor)]
     return sum((mp.log(e) for e in keep), mp.mpf(0)), len(keep)
 
 
@@ -494,7 +502,10 @@ def dense_oracle(
             if pinf_scale > 0:
                 Ho = mp.matrix([[Hm[t][i, j] for j in range(n)] for i in idx])
                 A = Ho * Pinf * Ho.T
-                lpd, rank = _logpdet(mp, A, tol)
+                # the univariate steps' threshold below: H P_inf H' of a direction the diffuse
+                # state no longer reaches is rounding
+                floor = tol * pinf_scale * max(1, mp.mnorm(Ho, 1) ** 2)
+                lpd, rank = _logpdet(mp, A, tol, floor)
             else:
                 lpd, rank = mp.mpf(0), 0
             step_ks, dif_log_finf = mp.mpf(0), mp.mpf(0)
@@ -656,11 +667,13 @@ def loglik_offset(convention: str, F, H, observed, *, diffuse=None, dps: int = 5
                 continue
             Ho = _mpmat(mp, Hs[t][idx, :])
             A = _sym(mp, Ho * Pinf * Ho.T)
-            lpd, rank = _logpdet(mp, A, tol)
+            # below this, H P_inf H' is rounding of a direction the diffuse state no longer reaches
+            floor = tol * scale * max(1, mp.mnorm(Ho, 1) ** 2)
+            lpd, rank = _logpdet(mp, A, tol, floor)
             total += lpd / 2
             rank_total += rank
             # resolve: P_inf <- P_inf - P_inf H' A^+ H P_inf
-            Pinf = _sym(mp, Pinf - Pinf * Ho.T * _pinv_sym(mp, A, tol) * Ho * Pinf)
+            Pinf = _sym(mp, Pinf - Pinf * Ho.T * _pinv_sym(mp, A, tol, floor) * Ho * Pinf)
             if mp.mnorm(Pinf, 1) <= tol * scale:
                 Pinf = mp.zeros(n, n)
         if convention == "kfas":
