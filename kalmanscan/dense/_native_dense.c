@@ -25,9 +25,11 @@
  * recomputed from its prediction instead of stored. Smoothed mean a + P r0 + P_inf r1, covariance
  * P - P N0 P - P_inf N1 P - (P_inf N1 P)' - P_inf N2 P_inf. Where that covariance cancels (a
  * large prior) and at the diffuse steps, the information J that z_{t:T} carry about x_t is carried
- * back instead (from the last step where the covariance form was accurate) and gives the smoothed
- * covariance, at the diffuse steps in square-root form G Lam^-1 G' (G = [L, D]), whenever that is
- * well conditioned (info_smoothed_cov). On a series with a diffuse start, a backward square-root
+ * back instead (from the last step where the covariance form was accurate, until it is accurate
+ * again) and gives the smoothed covariance: at proper steps from the same information kept as
+ * square-root rows (srif_*, below; (I + P J)^-1 P where they fail), at the diffuse steps in
+ * square-root form G Lam^-1 G' (G = [L, D]), whenever that is well conditioned
+ * (info_smoothed_cov). On a series with a diffuse start, a backward square-root
  * information filter (srif_*: Householder steps on [S | y]), its rows set at the first non-diffuse
  * step from r0 and N0 (srif_from_dk) and carried back over the diffuse steps, serves the
  * diffuse steps' means and covariances (srif_smoothed) unless an entry is noise-free or near it
@@ -976,16 +978,22 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     double hmax = 0.0, qmax = 0.0; /* max |h|^2 / Dg and max |Q| met so far */
     double *Srif = NULL, *sbuf = NULL, *Nc = NULL, *rc = NULL;
     Py_ssize_t tc = T; /* the step whose r0, N0 (Nc, rc) set the rows; T: from nothing */
-    if (srif) {
+    /* the information form's stretch at proper steps also as square-root rows Sp (from the
+       same r, N as J): V from them, not (I + P J)^-1 P, whose rounding grows like |P| |J| */
+    int psrif = 0;
+    double *Sp, *rg;
+    {
         size_t wk = (size_t)(n + w->d) * (n + 1), wk2 = (size_t)9 * nn + 4 * n;
-        Srif = calloc((size_t)n * (n + 1) + nn + n + (wk > wk2 ? wk : wk2), sizeof(double));
+        Srif = calloc((size_t)2 * n * (n + 1) + nn + 2 * n + (wk > wk2 ? wk : wk2), sizeof(double));
         if (!Srif) {
             free(r0);
             return -1;
         }
         Nc = Srif + n * (n + 1);
         rc = Nc + nn;
-        sbuf = rc + n;
+        Sp = rc + n;
+        rg = Sp + n * (n + 1);
+        sbuf = rg + n;
     }
     for (Py_ssize_t t = T - 1; t >= 0; t--) {
         const double *a0 = pmean + t * n, *P0t = pcov + t * nn;
@@ -1161,8 +1169,10 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
                    a later step, J with near noise-free entries (1/Dg) would lose |J| |Q| digits) */
                 memcpy(Ng, N0, nn * sizeof(double));
                 memcpy(Pg, P0t, nn * sizeof(double));
+                memcpy(rg, r0, n * sizeof(double));
                 tg = t;
                 info = 0;
+                psrif = 0;
                 jcond = 0.0;
             } else if (!info && tg == t + 1 && (tg < T || t < np_)) {
                 if (tg == T) { /* diffuse through the last step: J from nothing */
@@ -1178,6 +1188,11 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
                     memcpy(J, Ng, nn * sizeof(double));
                     load_F(w, n, mat(&in[I_F], b, tg));
                     info = solve(n, Ab, J) && info_back(w, n, J, mat(&in[I_Q], b, tg), Ab);
+                    psrif = info && t >= np_ &&
+                            srif_from_dk(n, Ng, rg, pmean + tg * n, Pg, sbuf, Sp);
+                    if (psrif)
+                        srif_back(n, Sp, mat(&in[I_F], b, tg), mat(&in[I_Q], b, tg),
+                                  mat(&in[I_C], b, tg), sbuf);
                     jcond = norm_prod(n, Ng, Pg);
                     double c2 = norm_prod(n, J, mat(&in[I_Q], b, tg));
                     if (c2 > jcond) jcond = c2;
@@ -1196,17 +1211,25 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
                     for (int i = 0; i < n; i++)
                         for (int j = 0; j < n; j++) J[i * n + j] += g * h[i] * h[j];
                 }
-                if (info && t >= np_) { /* V = (I + P J)^-1 P */
-                    mm(n, P0t, J, Ab);
-                    for (int i = 0; i < n; i++) Ab[i * n + i] += 1.0;
-                    memcpy(Vi, P0t, nn * sizeof(double));
-                    use_info = solve(n, Ab, Vi);
-                    for (int i = 0; i < n && use_info; i++)
-                        for (int j = 0; j < i; j++) {
-                            double v = 0.5 * (Vi[i * n + j] + Vi[j * n + i]);
-                            Vi[i * n + j] = v;
-                            Vi[j * n + i] = v;
-                        }
+                if (info && t >= np_) { /* V from the rows Sp, else (I + P J)^-1 P */
+                    double hdummy = 0.0;
+                    if (psrif) psrif = srif_obs(n, Sp, o, w->Hy, w->y, w->Dg, sbuf, &hdummy);
+                    if (psrif) /* k = 0: no diffuse columns (P0t stands in for D) */
+                        psrif = srif_smoothed(n, Sp, 0, a0, P0t, P0t, sbuf, x, Vi);
+                    if (psrif) {
+                        use_info = 1;
+                    } else {
+                        mm(n, P0t, J, Ab);
+                        for (int i = 0; i < n; i++) Ab[i * n + i] += 1.0;
+                        memcpy(Vi, P0t, nn * sizeof(double));
+                        use_info = solve(n, Ab, Vi);
+                        for (int i = 0; i < n && use_info; i++)
+                            for (int j = 0; j < i; j++) {
+                                double v = 0.5 * (Vi[i * n + j] + Vi[j * n + i]);
+                                Vi[i * n + j] = v;
+                                Vi[j * n + i] = v;
+                            }
+                    }
                 } else if (info) { /* diffuse step: square-root form, if it is well conditioned */
                     double lcond = 0.0;
                     use_info = info_smoothed_cov(n, kt, P0t, pD + t * nn, J, ibuf, Vi, &lcond) &&
@@ -1289,6 +1312,9 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             info = 0;
             info_failed = 1;
         }
+        if (!info || t <= np_) psrif = 0;
+        if (psrif)
+            srif_back(n, Sp, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t), sbuf);
         if (srif && t > 0 && t < np_)
             srif_back(n, Srif, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t),
                       sbuf);
