@@ -250,6 +250,30 @@ def test_native_structural_large_prior_against_oracle():
     assert rel_error(res.cov[n:], o.smooth_cov[n:]) < 1e-8
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_native_large_prior_near_noiseless_against_oracle(seed):
+    """Prior 1e6 I and one near noise-free entry (R = 1e-10) along a direction that mixes the
+    three states: the smoother's information form at the first steps takes V from square-root
+    rows (docs/dense.md); formed as (I + P J)^-1 P (|P| |J| ~ 1e16) it was 0.068 / 0.31
+    relative off in the smoothed covariances."""
+    from kalmanscan.validation import regimes
+
+    rng = np.random.default_rng(seed)
+    n, T = 3, 25
+    A = rng.normal(size=(n, n))
+    F = A * 0.95 / np.abs(np.linalg.eigvals(A)).max()
+    G = rng.normal(size=(n, n))
+    Q = G @ G.T / n * 10.0 ** rng.integers(-2, 1)
+    H, R = rng.normal(size=(1, n)), np.array([[1e-10]])
+    z = rng.normal(size=(T, 1)) * 3
+    z[rng.random(T) < 0.4] = np.nan
+    kw = dict(prior_mean=np.zeros(n), prior_cov=1e6 * np.eye(n))
+    o = _oracle().dense_oracle(z, F, Q, H, R, dps=50, **kw)
+    out = regimes._run_dense(regimes.DenseRegime("x", z, F, Q, H, R, **kw), "native", "float64")
+    errs = regimes.dense_errors(out, o)
+    assert regimes.passes(errs, "float64"), errs
+
+
 def test_native_llt_matches_statsmodels_exact_diffuse():
     sm = pytest.importorskip("statsmodels.tsa.statespace.structural")
     rng = np.random.default_rng(7)
