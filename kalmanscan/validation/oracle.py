@@ -502,8 +502,9 @@ def dense_oracle(
             if pinf_scale > 0:
                 Ho = mp.matrix([[Hm[t][i, j] for j in range(n)] for i in idx])
                 A = Ho * Pinf * Ho.T
-                # the univariate steps' threshold below: H P_inf H' of a direction the diffuse
-                # state no longer reaches is rounding
+                # H P_inf H' of a direction the diffuse state no longer reaches is rounding:
+                # below tol times the size it would have (|P_inf| |H|^2), the scale on which the
+                # univariate steps below judge F_inf
                 floor = tol * pinf_scale * max(1, mp.mnorm(Ho, 1) ** 2)
                 lpd, rank = _logpdet(mp, A, tol, floor)
             else:
