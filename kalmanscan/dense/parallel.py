@@ -99,20 +99,21 @@ def _structural_elements(model: Model) -> Element:
     )  # fmt: skip
 
 
-def _diffuse_head(E: Element, Es: Element, PiN, tol, chunk):
+def _diffuse_head(model: Model, E: Element, PiN, tol, chunk):
     """Prefix over a head of the series long enough to resolve every diffuse direction.
 
     Returns (prefix [B, L+1] with the identity at 0, structural prefix information [B, L+1],
     tau): tau is the first index at which all series are resolved (None if the whole series never
-    resolves them), decided on the structural elements ``Es`` (:func:`_structural_elements`).
-    The head grows 8, 32, ...; inside it, tau is found by doubling then bisection (information
-    only grows).
+    resolves them), decided on the structural elements (:func:`_structural_elements`) of the
+    head's steps only. The head grows 8, 32, ...; inside it, tau is found by doubling then
+    bisection (information only grows).
     """
     T = E.A.shape[1]
     L = min(8, T)
     while True:
         Ph = _prepend_identity(scan(Element(*(x[:, :L] for x in E)), chunk=chunk))
-        Js = _prepend_identity(scan(Element(*(x[:, :L] for x in Es)), chunk=chunk)).J
+        Es = _structural_elements(_steps(model, slice(0, L)))
+        Js = _prepend_identity(scan(Es, chunk=chunk)).J
         cands = sorted({1 << k for k in range(L.bit_length()) if (1 << k) <= L} | {L})
         lo = 0
         for hi in cands:
@@ -355,10 +356,8 @@ def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
     B, T, n = E.b.shape
     if T == 0:
         return None
-    Es = _structural_elements(model)
     eye = _eye(n, E.A).expand(B, n, n)
-    Ph, _, tau = _diffuse_head(E, Es, eye, tol, chunk)
-    del Es
+    Ph, _, tau = _diffuse_head(model, E, eye, tol, chunk)
     if tau is None or tau == 0 or bool(bad[:, :tau].any()):
         return None
     L0 = _sym(_scaled_solve(P0, eye))
@@ -420,9 +419,7 @@ def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
     """A diffuse direction not resolved within the sequential head: prefix information about x_0
     with the prior applied at the end; the head found on the structural elements (or never)."""
     B, T, n = E.b.shape
-    Es = _structural_elements(model)
-    Ph, Js, tau = _diffuse_head(E, Es, PiN, tol, chunk)
-    del Es
+    Ph, Js, tau = _diffuse_head(model, E, PiN, tol, chunk)
     PiK_head = None if tau is None else _null_projector(Js[:, :tau], PiN.unsqueeze(1), tol)
     seg = None
     if tau is None:  # some direction is never resolved
