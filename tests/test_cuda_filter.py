@@ -336,6 +336,40 @@ def test_public_loglik_gradient(regime, dtype, triton_auto, monkeypatch):
 
 
 @pytest.mark.parametrize("regime", ["lanes", "chunks"])
+@pytest.mark.parametrize("final", [False, True], ids=["loglik", "loglik+final"])
+def test_loglik_gradient_launched_by_the_forward(regime, final, monkeypatch):
+    """Every input that needs a gradient constant in time (per-lane [1, N], shared [1, 1], the
+    initial state): the forward launches the adjoint for unit weights (``read_flags`` in its
+    result) and the backward scales it by each lane's weight; with a final-state gradient as
+    well the backward runs its own adjoint. Both against the sequential reference in float64,
+    twice through one graph (the second backward must not touch the first's gradients)."""
+    _force(monkeypatch, regime)
+    T, N = (3000, 60) if CUDA else (41, 3)
+    xs = make_inputs(T, N, seed=12, broadcast=True)
+    g = torch.Generator().manual_seed(13)
+    w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)
+    gf = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)
+    out = {}
+    for name, fn in (("kernel", F.filter_lanes), ("ref", sequential.filter_lanes)):
+        leaves = [x.detach().clone().requires_grad_(True) for x in xs[1:]]
+        ins = [xs[0]] + [x.expand(T, N) for x in leaves[:5]]
+        r = fn(*ins, tuple(leaves[5:]), outputs="loglik")
+        if name == "kernel":
+            assert ("read_flags" in r) and r["read_flags"]() == 0
+        loss = (w * r["loglik"]).sum() + ((gf * r["final"][1]).sum() if final else 0.0)
+        first = torch.autograd.grad(loss, leaves, retain_graph=True)
+        kept = [x.clone() for x in first]
+        second = torch.autograd.grad(3.0 * loss, leaves)
+        for a, b, c in zip(first, kept, second, strict=True):
+            assert torch.equal(a, b)
+            assert_close(c, 3.0 * b, "kernel_grad", torch.float64, what="second backward")
+        out[name] = first
+    for n, gk, gr in zip(NAMES[1:], out["kernel"], out["ref"], strict=True):
+        assert gk.shape == gr.shape, n
+        assert_close(gk, gr, "kernel_grad", torch.float64, what=f"grad {n}")
+
+
+@pytest.mark.parametrize("regime", ["lanes", "chunks"])
 def test_loglik_backward_twice_leaves_the_first_gradients(regime, monkeypatch):
     """The adjoint's buffers come from the forward; a second backward through the same graph
     (retain_graph) must not write into the first one's gradients."""

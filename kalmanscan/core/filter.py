@@ -394,7 +394,7 @@ def _run(prep: _Prepared, kind: str = "filter") -> dict:
 def _check(prep: _Prepared, out: dict):
     """Raise if the backend flagged a value: the ``ValueError`` naming the bad input, else an
     ``OverflowError``."""
-    if _read_flags(out["flags"]):  # the one host synchronization of a call
+    if _read_flags(out):  # the one host synchronization of a call
         _validate(prep, check_z=True)  # raises naming the bad input, if one is
         raise OverflowError(
             f"the filter's values are not representable in {prep.z.dtype}: the data or "
@@ -403,9 +403,12 @@ def _check(prep: _Prepared, out: dict):
         )
 
 
-def _read_flags(flags) -> int:
-    """The backend's flags word as an int (on a device: the call's host synchronization)."""
-    return int(flags)
+def _read_flags(out: dict) -> int:
+    """The backend's flags word as an int (on a device: the call's host synchronization; a
+    backend that launched more work behind its flags gives ``read_flags``, which waits for the
+    flags only)."""
+    read = out.get("read_flags")
+    return read() if read is not None else int(out["flags"])
 
 
 LOGLIK_CONVENTIONS = ("diffuse-omitted", "kfas", "statsmodels")

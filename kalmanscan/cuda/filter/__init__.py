@@ -327,10 +327,11 @@ def _kept_zeros(shape, like):
     return t
 
 
-def _adjoint(sig, ins, ck, amap, adj, gll, gfin):
+def _adjoint(sig, ins, ck, amap, adj, gll, gfin, lane_sums=True):
     """Gradients of ``sum(gll * loglik) + <gfin, final>`` with respect to the six compact inputs
     (``None`` where not needed) and to ``x0`` (``[3, N]``), into the buffers ``adj`` of the
-    forward call; ``amap``: the forward's adjoint chunk maps (with chunks)."""
+    forward call; ``amap``: the forward's adjoint chunk maps (with chunks). Without
+    ``lane_sums`` an input shared by the lanes gets its per-lane gradients (``[1, N]``)."""
     z = ins[0]
     T, N, NC = sig.T, sig.N, sig.NC
     if adj is None:
@@ -390,7 +391,7 @@ def _adjoint(sig, ins, ck, amap, adj, gll, gfin):
             j += 1
         else:
             g = buf
-        if x.shape[1] == 1 and N > 1:
+        if lane_sums and x.shape[1] == 1 and N > 1:
             g = g.sum(1, keepdim=True)
         grads.append(g)
     return grads, adj.g0
@@ -426,18 +427,63 @@ def _torch_vjp(T, N, inputs, needs, pairs, smooth, outputs="all"):
 _LL_KEYS = (("loglik", None), ("final", 0), ("final", 1), ("final", 2))
 
 
+# The log-likelihood's gradient with respect to inputs constant in time (the fitting case) is
+# linear in each lane's incoming weight, so the forward launches the adjoint for unit weights
+# right after its own kernels and waits only for those (its flags copied to the host behind
+# them): the adjoint runs on the device while autograd's engine reaches the backward, which
+# scales the per-lane results by the weights (H200, 2^20 x 64, ks.loglik + gradient:
+# benchmarks/results/h200-public.json). A gradient of the final state too, a [T, N] input's
+# gradient or a graph of the gradient take the backward's own adjoint as before.
+EAGER_ADJOINT = True
+
+_ONES: dict = {}
+
+
+def _kept_ones(N, like):
+    key = (N, like.dtype, like.device)
+    t = _ONES.get(key)
+    if t is None:
+        if len(_ONES) > 64:
+            _ONES.clear()
+        t = _ONES[key] = torch.ones((N,), dtype=like.dtype, device=like.device)
+    return t
+
+
+def _flags_reader(flags):
+    """A function returning the flags word as an int that waits for the kernels launched so far
+    only (a copy to pinned host memory behind them and an event), not for later launches."""
+    if not flags.is_cuda:
+        return lambda: int(flags[0])
+    host = torch.empty((1,), dtype=flags.dtype, pin_memory=True)
+    host.copy_(flags, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read():
+        done.synchronize()
+        return int(host[0])
+
+    return read
+
+
 class _Loglik(torch.autograd.Function):
     """``outputs="loglik"``: the fused forward and the fused adjoint. ``fwd`` is the result of
     the forward's kernels (:func:`_forward`, launched before this function is applied, so that
-    the GPU starts before autograd's bookkeeping runs)."""
+    the GPU starts before autograd's bookkeeping runs); ``box`` receives ``read_flags`` where
+    the forward also launched the unit-weight adjoint (``EAGER_ADJOINT``)."""
 
     @staticmethod
-    def forward(ctx, fwd, z, R, a, p, h, c, u0, e0, v0):
+    def forward(ctx, fwd, box, z, R, a, p, h, c, u0, e0, v0):
         sig, _, ll, fin, flags, ck, amap = fwd
         ins = (z, R, a, p, h, c)
         ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap)
         ctx.sig = sig
-        ctx.adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[1:7])
+        ctx.adj = adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[2:8])
+        ctx.eager = None
+        if EAGER_ADJOINT and adj is not None and 1 not in adj.modes:
+            box["read_flags"] = _flags_reader(flags)
+            ctx.eager = _adjoint(sig, ins, ck, amap, adj, _kept_ones(sig.N, z),
+                                 (None, None, None), lane_sums=False)  # fmt: skip
         flag = flags[0]
         ctx.mark_non_differentiable(flag)
         ctx.set_materialize_grads(False)
@@ -447,16 +493,28 @@ class _Loglik(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gll, gu, ge, gv, _gflags):
         saved = ctx.saved_tensors
-        needs = ctx.needs_input_grad
+        needs = ctx.needs_input_grad[2:]
         if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
             pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
             sig = ctx.sig
-            vjp = _torch_vjp(sig.T, sig.N, saved[:9], needs[1:], pairs, False, "loglik")
-            return (None, *vjp)
-        grads, g0 = _adjoint(ctx.sig, saved[:6], saved[9], saved[10], ctx.adj, gll,
-                             (gu, ge, gv))  # fmt: skip
-        return (None, *grads, g0[0] if needs[7] else None, g0[1] if needs[8] else None,
-                g0[2] if needs[9] else None)  # fmt: skip
+            vjp = _torch_vjp(sig.T, sig.N, saved[:9], needs, pairs, False, "loglik")
+            return (None, None, *vjp)
+        if ctx.eager is not None and gll is not None and gu is None and ge is None and gv is None:
+            units, g0 = ctx.eager
+            N = ctx.sig.N
+            grads = []
+            for x, g in zip(saved[:6], units, strict=True):
+                if g is not None:
+                    g = g * gll
+                    if x.shape[1] == 1 and N > 1:
+                        g = g.sum(1, keepdim=True)
+                grads.append(g)
+            g0 = g0 * gll if any(needs[6:9]) else g0
+        else:
+            grads, g0 = _adjoint(ctx.sig, saved[:6], saved[9], saved[10], ctx.adj, gll,
+                                 (gu, ge, gv))  # fmt: skip
+        return (None, None, *grads, g0[0] if needs[6] else None, g0[1] if needs[7] else None,
+                g0[2] if needs[8] else None)  # fmt: skip
 
 
 _ALL_KEYS = tuple((k, None) for k in SERIES) + _LL_KEYS
@@ -537,8 +595,9 @@ def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="a
     if outputs == "loglik":
         if grad:
             fwd = _forward(T, N, ins, x0, write=False, ckpt=True)
-            ll, fu, fe, fv, flags = _Loglik.apply(fwd, *ins, *x0)
-            return {"loglik": ll, "final": (fu, fe, fv), "flags": flags}
+            box = {}
+            ll, fu, fe, fv, flags = _Loglik.apply(fwd, box, *ins, *x0)
+            return {"loglik": ll, "final": (fu, fe, fv), "flags": flags, **box}
         _, _, ll, fin, flags, _, _ = _forward(T, N, ins, x0, write=False)
         return {"loglik": ll, "final": tuple(fin.unbind(0)), "flags": flags[0]}
     out = _All.apply(False, T, N, *ins, *x0) if grad else _run_all(T, N, ins, x0, False)

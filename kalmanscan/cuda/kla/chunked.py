@@ -11,7 +11,7 @@ information ``e / v``; the scalar filter's form, ``kalmanscan/cuda/filter/kernel
     update:   u' = u + phi v   v' = v             e' = e + r v  (phi = Lv k^2, r = v Lv k)
 
 so a chunk's steps compose into one map ``(u, v | e)``: a 2x2 block ``m`` on ``(u, v)`` and the
-row ``e' = g1 u + g2 v + A e`` (divided by its trace each step; the ratios are exact).
+row ``e' = g1 u + g2 v + A e`` (divided by its trace every 4 steps; the ratios are exact).
 
 Forward: (1) ``_chunk_maps_kernel`` composes every chunk's map, all chunks at once; (2)
 ``_carry_kernel`` walks each lane's maps to the state entering every chunk; (3) the forward
@@ -33,13 +33,26 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import cdiv, empty, launch
+from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.device import _dynamics
+from kalmanscan.cuda.kla.device import _dynamics, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the map and carry kernels
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
+
+
+@helper
+def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
+    """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``."""
+    phi = LL * kk * kk
+    r = vv * LL * kk
+    pu1 = m11 + q * m21
+    pu2 = m12 + q * m22
+    pv1 = p * m11 + d * m21
+    pv2 = p * m12 + d * m22
+    return (pu1 + phi * pv1, pu2 + phi * pv2, pv1, pv2, af * g1 + r * pv1, af * g2 + r * pv2,
+            af * A)  # fmt: skip
 
 
 @triton.jit
@@ -48,7 +61,10 @@ def _chunk_maps_kernel(
     L, Lc, C, M, NR, S: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One program: ``BLOCK`` lanes ``(m, s)`` of chunk row ``program_id(1) = b C + c``, whose
-    ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``."""
+    ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``. Steps run in
+    unrolled blocks of 4 (their 12 loads issued together, pipelined across blocks), the map
+    divided by its trace (an approximate reciprocal: any positive scale leaves the map's ratios
+    as they are) once a block."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -71,40 +87,39 @@ def _chunk_maps_kernel(
     pm = v_ptr + t0 * M + m
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
-    for i in tl.range(0, Lc, num_stages=NS):
-        vv = tl.load(pm + i * M, mask=lm, other=0.0).to(dt)
-        LL = tl.load(pLm + i * M, mask=lm, other=0.0).to(dt)
-        kk = tl.load(ps + i * S, mask=lm, other=0.0).to(dt)
-        phi = LL * kk * kk
-        r = vv * LL * kk
-        pu1 = m11 + q * m21
-        pu2 = m12 + q * m22
-        pv1 = p * m11 + d * m21
-        pv2 = p * m12 + d * m22
-        g1 = af * g1 + r * pv1
-        g2 = af * g2 + r * pv2
-        A = af * A
-        m11 = pu1 + phi * pv1
-        m12 = pu2 + phi * pv2
-        m21 = pv1
-        m22 = pv2
-        sc = 1.0 / (m11 + m22)
-        m11 *= sc
-        m12 *= sc
-        m21 *= sc
-        m22 *= sc
-        g1 *= sc
-        g2 *= sc
-        A *= sc
+    nb = Lc // 4
+    for _ in tl.range(0, nb, num_stages=NS):
+        for j in tl.static_range(4):
+            vv = tl.load(pm + j * M, mask=lm, other=0.0).to(dt)
+            LL = tl.load(pLm + j * M, mask=lm, other=0.0).to(dt)
+            kk = tl.load(ps + j * S, mask=lm, other=0.0).to(dt)
+            m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL,
+                                                      kk, q, p, d, af)  # fmt: skip
+        sc = _rcp(m11 + m22)
+        m11, m12, m21, m22, g1, g2, A = (m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc,
+                                         g2 * sc, A * sc)  # fmt: skip
+        pm += 4 * M
+        pLm += 4 * M
+        ps += 4 * S
+    for _ in range(nb * 4, Lc):  # the last Lc mod 4 steps
+        vv = tl.load(pm, mask=lm, other=0.0).to(dt)
+        LL = tl.load(pLm, mask=lm, other=0.0).to(dt)
+        kk = tl.load(ps, mask=lm, other=0.0).to(dt)
+        m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q,
+                                                  p, d, af)  # fmt: skip
+        pm += M
+        pLm += M
+        ps += S
+    sc = _rcp(m11 + m22)
     out = maps_ptr + row.to(tl.int64) * MS + ms
     step = NR.to(tl.int64) * MS
-    tl.store(out, m11, mask=lm)
-    tl.store(out + step, m12, mask=lm)
-    tl.store(out + 2 * step, m21, mask=lm)
-    tl.store(out + 3 * step, m22, mask=lm)
-    tl.store(out + 4 * step, g1, mask=lm)
-    tl.store(out + 5 * step, g2, mask=lm)
-    tl.store(out + 6 * step, A, mask=lm)
+    tl.store(out, m11 * sc, mask=lm)
+    tl.store(out + step, m12 * sc, mask=lm)
+    tl.store(out + 2 * step, m21 * sc, mask=lm)
+    tl.store(out + 3 * step, m22 * sc, mask=lm)
+    tl.store(out + 4 * step, g1 * sc, mask=lm)
+    tl.store(out + 5 * step, g2 * sc, mask=lm)
+    tl.store(out + 6 * step, A * sc, mask=lm)
 
 
 @triton.jit
@@ -138,6 +153,24 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
         tl.store(start_ptr + step + base + (c + 1) * MS, eta, mask=lm)
 
 
+@helper
+def _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+                  dfin):  # fmt: skip
+    """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``)."""
+    rden = _rcp(p * lam + d)
+    alpha = af * rden
+    Jel = alpha * Jel - (alpha * p * rden * eta) * Jll
+    Jll = (dfin * rden * rden) * Jll
+    Jee = alpha * Jee
+    lam = lam * rden + (LL * kk * kk + e)
+    eta = alpha * eta + vv * LL * kk
+    rl = _rcp(lam)
+    qrl = qq * rl
+    ge = gyy * qrl
+    gl = gpp - qrl * (gyy * eta * rl + gvv * qrl)
+    return lam, eta, Jll, Jel, Jee, bl + Jll * gl + Jel * ge, be + Jee * ge
+
+
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
@@ -149,7 +182,7 @@ def _adjoint_maps_kernel(
     (``Jll = d lam_end / d lam_start``, ``Jel = d eta_end / d lam_start``, ``Jee = d eta_end /
     d eta_start``) and ``b = sum_t J_t^T g_t``, the start adjoint that the outputs' gradients
     ``g_t`` inside the chunk give with zero at its end: ``out [5, B C, M S] = (bl, be, Jll,
-    Jel, Jee)``."""
+    Jel, Jee)``. Steps in unrolled blocks of 4, as ``_chunk_maps_kernel``."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -171,31 +204,52 @@ def _adjoint_maps_kernel(
     t0 = b.to(tl.int64) * L + c * Lc
     pm = t0 * M + m
     ps = t0 * S + s
+    pv, pL, pgy, pgv = v_ptr + pm, Lv_ptr + pm, gy_ptr + pm, gyv_ptr + pm
+    pk, pq = k_ptr + ps, q_ptr + ps
     pg = gprec_ptr + t0 * MS + ms
     n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
-    for i in tl.range(0, n, num_stages=NS):
-        vv = tl.load(v_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
-        LL = tl.load(Lv_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
-        gyy = tl.load(gy_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
-        gvv = tl.load(gyv_ptr + pm + i * M, mask=lm, other=0.0).to(dt)
-        kk = tl.load(k_ptr + ps + i * S, mask=lm, other=0.0).to(dt)
-        qq = tl.load(q_ptr + ps + i * S, mask=lm, other=0.0).to(dt)
-        rden = 1.0 / (p * lam + d)
-        alpha = af * rden
-        Jel = alpha * Jel - (alpha * p * rden * eta) * Jll
-        Jll = (dfin * rden * rden) * Jll
-        Jee = alpha * Jee
-        lam = lam * rden + (LL * kk * kk + e)
-        eta = alpha * eta + vv * LL * kk
-        rl = 1.0 / lam
-        qrl = qq * rl
-        ge = gyy * qrl
-        gl = -qrl * (gyy * eta * rl + gvv * qrl)
+    nb = n // 4
+    for _ in tl.range(0, nb, num_stages=NS):
+        for j in tl.static_range(4):
+            vv = tl.load(pv + j * M, mask=lm, other=0.0).to(dt)
+            LL = tl.load(pL + j * M, mask=lm, other=0.0).to(dt)
+            gyy = tl.load(pgy + j * M, mask=lm, other=0.0).to(dt)
+            gvv = tl.load(pgv + j * M, mask=lm, other=0.0).to(dt)
+            kk = tl.load(pk + j * S, mask=lm, other=0.0).to(dt)
+            qq = tl.load(pq + j * S, mask=lm, other=0.0).to(dt)
+            gpp = zero
+            if HAS_GPREC:
+                gpp = tl.load(pg + j * MS, mask=lm, other=0.0).to(dt)
+            lam, eta, Jll, Jel, Jee, bl, be = _tangent_step(
+                lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+                dfin)  # fmt: skip
+        pv += 4 * M
+        pL += 4 * M
+        pgy += 4 * M
+        pgv += 4 * M
+        pk += 4 * S
+        pq += 4 * S
+        pg += 4 * MS  # (a pointer: i M S can pass 2^31)
+    for _ in range(nb * 4, n):  # the last n mod 4 steps
+        vv = tl.load(pv, mask=lm, other=0.0).to(dt)
+        LL = tl.load(pL, mask=lm, other=0.0).to(dt)
+        gyy = tl.load(pgy, mask=lm, other=0.0).to(dt)
+        gvv = tl.load(pgv, mask=lm, other=0.0).to(dt)
+        kk = tl.load(pk, mask=lm, other=0.0).to(dt)
+        qq = tl.load(pq, mask=lm, other=0.0).to(dt)
+        gpp = zero
         if HAS_GPREC:
-            gl += tl.load(pg, mask=lm, other=0.0).to(dt)
-            pg += MS  # (a pointer: i M S can pass 2^31)
-        bl += Jll * gl + Jel * ge
-        be += Jee * ge
+            gpp = tl.load(pg, mask=lm, other=0.0).to(dt)
+        lam, eta, Jll, Jel, Jee, bl, be = _tangent_step(
+            lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+            dfin)  # fmt: skip
+        pv += M
+        pL += M
+        pgy += M
+        pgv += M
+        pk += S
+        pq += S
+        pg += MS
     out = out_ptr + soff
     tl.store(out, bl, mask=lm)
     tl.store(out + step, be, mask=lm)
