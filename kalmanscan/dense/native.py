@@ -73,15 +73,43 @@ def _spec(t: torch.Tensor, k: int):
     return (t.data_ptr(), sb, st, se)
 
 
+LARGE_PRIOR = 1e4
+"""A proper prior whose largest variance exceeds this times the first step's largest process
+variance (or any proper prior of a model without process noise there) is a large prior: the
+kernel carries it as a factor, P0 = D0 D0', resolved one direction per observed entry like a
+diffuse one but exactly (docs/dense.md, "Native path"), so that no rank-one update subtracts
+terms of the prior's size."""
+
+
+def _large(P0: torch.Tensor, Q0: torch.Tensor) -> torch.Tensor:
+    """[B] bool: which proper priors P0 [B, n, n] are large next to Q0 [B, n, n]."""
+    top = torch.linalg.eigvalsh(_sym(P0))[..., -1]
+    q = torch.linalg.eigvalsh(_sym(Q0))[..., -1].clamp_min(0.0)
+    return top > LARGE_PRIOR * q
+
+
 def _prior(model: Model):
-    """Finite part P0 [B, n, n] and diffuse factor D0 [B, n, n] (zero columns where proper)."""
+    """Finite part P0 [B, n, n], factor D0 [B, n, n] (zero columns where proper) and whether
+    D0 factors large proper priors (1) or spans diffuse directions (0)."""
     B, n = model.m0.shape
     f64 = dict(dtype=torch.float64, device="cpu")
     if model.P0 is not None:
-        return model.P0.to(torch.float64).contiguous(), torch.zeros(B, n, n, **f64)
+        P0 = model.P0.to(torch.float64).expand(B, n, n)
+        big = _large(P0, model.Q[:, 0].to(torch.float64).expand(B, n, n))
+        if not bool(big.any()):
+            return P0.contiguous(), torch.zeros(B, n, n, **f64), 0
+        L, info = torch.linalg.cholesky_ex(P0)
+        big = big & (info == 0)
+        D0 = torch.where(big[:, None, None], L, torch.zeros_like(L)).contiguous()
+        P0 = torch.where(big[:, None, None], torch.zeros_like(P0), P0).contiguous()
+        return P0, D0, int(bool(big.any()))
     L0 = model.L0.to(torch.float64)
     if not bool(L0.any()):  # fully diffuse
-        return torch.zeros(B, n, n, **f64), torch.eye(n, **f64).expand(B, n, n).contiguous()
+        return (
+            torch.zeros(B, n, n, **f64),
+            torch.eye(n, **f64).expand(B, n, n).contiguous(),
+            0,
+        )
     tol = rank_tol(torch.float64)
     scale = torch.linalg.matrix_norm(L0)
     w, U = torch.linalg.eigh(_sym(L0))
@@ -90,7 +118,7 @@ def _prior(model: Model):
     Pr, _ = _range_projector(L0, scale, tol)
     Pinf = torch.eye(n, **f64) - Pr
     P0 = _sym(torch.linalg.inv(L0 + Pinf) - Pinf)
-    return P0.contiguous(), D0
+    return P0.contiguous(), D0, 0
 
 
 def _fill_precision(prec: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
@@ -112,7 +140,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     F, Q, H, R = (_ready(x, 2) for x in (model.F, model.Q, model.H, model.R))
     c = _ready(model.c, 1)
     m0 = model.m0.to(torch.float64).contiguous()
-    P0, D0 = _prior(model)
+    P0, D0, fin = _prior(model)
     ins = [
         _spec(z, 1),
         _spec(F, 2),
@@ -140,7 +168,8 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
             outs += [empty(B, T, n), empty(B, T, n, n), empty(B, T, n, n)]
         ptrs = [o.data_ptr() for o in outs] + [0] * (12 - len(outs))
         nd, npred, nbad, zinf = _ext.run(
-            int(smooth), B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
+            int(smooth), fin, B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins,
+            ptrs,
         )
         if zinf:
             raise ValueError(Z_INF_MESSAGE)
@@ -174,13 +203,13 @@ def loglik(model: Model) -> torch.Tensor:
     F, Q, H, R = (_ready(x, 2) for x in (model.F, model.Q, model.H, model.R))
     c = _ready(model.c, 1)
     m0 = model.m0.to(torch.float64).contiguous()
-    P0, D0 = _prior(model)
+    P0, D0, fin = _prior(model)
     ins = [_spec(z, 1), _spec(F, 2), _spec(c, 1), _spec(Q, 2), _spec(H, 2), _spec(R, 2)]
     ll = _empty(B)
     ptrs = [0] * 12
     ptrs[5] = ll.data_ptr()
     _, _, _, zinf = _ext.run(
-        -1, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
+        -1, fin, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
     )
     if zinf:
         raise ValueError(Z_INF_MESSAGE)

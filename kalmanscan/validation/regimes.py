@@ -384,6 +384,40 @@ def _structural9(T, seed):
     return F, Q, H, R, z
 
 
+def _mixing3(seed, d, r, large_prior, T=25):
+    """A random 3-state model (contracting F, full Q) whose d observation rows mix the states,
+    at R = r I (near noise-free), 40% of the entries missing; prior N(0, 1e6 I) or diffuse."""
+    rng = np.random.default_rng(seed)
+    n = 3
+    A = rng.normal(size=(n, n))
+    F = A * 0.95 / np.abs(np.linalg.eigvals(A)).max()
+    G = rng.normal(size=(n, n))
+    Q = G @ G.T / n * 10.0 ** rng.integers(-2, 1)
+    H, R = rng.normal(size=(d, n)), r * np.eye(d)
+    z = rng.normal(size=(T, d)) * 3
+    z[rng.random((T, d)) < 0.4] = np.nan
+    kw = dict(prior_mean=np.zeros(n), prior_cov=1e6 * np.eye(n)) if large_prior else {}
+    return z, F, Q, H, R, kw
+
+
+def _near_noiseless_heads() -> list[DenseRegime]:
+    """Near noise-free entries under a diffuse or 1e6 prior (random 3-state models, mixing rows)."""
+    out = []
+    for seed, r in ((1, 1e-10), (1, 1e-12), (7, 1e-10)):
+        z, F, Q, H, R, kw = _mixing3(seed, 1, r, False)
+        out.append(DenseRegime(f"3 states, diffuse, one entry at R={r:g}, seed {seed}", z, F, Q,
+                               H, R, quick=(seed, r) == (1, 1e-10), **kw))  # fmt: skip
+    for seed in (0, 2, 4, 6, 8, 9):
+        z, F, Q, H, R, kw = _mixing3(seed, 1, 1e-10, True)
+        out.append(DenseRegime(f"3 states, prior 1e6 I, one entry at R=1e-10, seed {seed}", z, F,
+                               Q, H, R, quick=seed == 2, **kw))  # fmt: skip
+    for seed in (1, 4):
+        z, F, Q, H, R, kw = _mixing3(seed, 2, 1e-12, True)
+        out.append(DenseRegime(f"3 states, prior 1e6 I, two entries at R=1e-12, seed {seed}", z,
+                               F, Q, H, R, quick=seed == 4, **kw))  # fmt: skip
+    return out
+
+
 def dense_regimes(full: bool = False) -> list[DenseRegime]:
     """The dense regimes (``quick`` ones only unless ``full``)."""
     out = []
@@ -449,6 +483,7 @@ def dense_regimes(full: bool = False) -> list[DenseRegime]:
             quick=False,
         )
     )
+    out += _near_noiseless_heads()
     return [r for r in out if full or r.quick]
 
 
