@@ -264,3 +264,34 @@ def test_glue_kernels_compile_for_sm90_frontend(tmp_path):
 def test_glue_kernels_compile_for_sm90(tmp_path):
     """Every stage down to the cubin (ptxas included)."""
     compile_glue_for_sm90("cubin", tmp_path)
+
+
+def test_op_gets_float32_contiguous_inputs_under_bf16_autocast(monkeypatch):
+    """What the fused layer hands the KLA op under bfloat16 autocast: ``v, Lv, k, q`` float32,
+    contiguous and 16-byte aligned (a bfloat16 ``v`` is loaded outside the kernels' software
+    pipeline: 2 bytes a thread is below ``cp.async``'s 4), and the op's gradient of ``v``
+    reaches the sensor glue as float32 (no cast by autograd)."""
+    import kalmanscan.core.kla_op as kla_op
+
+    seen = []
+    real = kla_op.kla_filter
+
+    def spy(v, Lv, k, q, *args, **kw):
+        seen.append((v, Lv, k, q))
+        if v.requires_grad:
+            v.register_hook(lambda g: seen.append(("grad v", g)))
+        return real(v, Lv, k, q, *args, **kw)
+
+    monkeypatch.setattr(kla_op, "kla_filter", spy)
+    layer = make_layer(16, 4)
+    layer.glue = "fused"
+    x = torch.randn(2, 7, 16, device=DEVICE, requires_grad=True)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    (v, Lv, k, q), (tag, gv) = seen
+    for name, t in zip(("v", "Lv", "k", "q"), (v, Lv, k, q), strict=True):
+        assert t.dtype == torch.float32, f"{name}: {t.dtype}"
+        assert t.is_contiguous() and t.data_ptr() % 16 == 0, name
+    assert tag == "grad v" and gv.dtype == torch.float32

@@ -8,8 +8,12 @@ sensor projection (rows ``v``, ``log var_v``, ``k``, ``q``); conv ``weight [M, 1
 
 - :func:`conv_silu`: ``zc = silu(bias + sum_j weight[j] z[t - K + 1 + j])`` (zero left padding),
   ``[B, L, M]`` in ``zg``'s dtype, computed in float32.
-- :func:`sensors`: ``v`` (``s``'s dtype, contiguous), ``Lv = 1 / (softplus(log var_v) +
-  obs_var_min)`` (float32), ``k, q`` L2-normalised per token (float32).
+- :func:`sensors`: ``v``, ``Lv = 1 / (softplus(log var_v) + obs_var_min)``, ``k, q``
+  L2-normalised per token, each float32 and contiguous: what the KLA op's kernels read fastest.
+  (A bfloat16 ``v`` tile is 2 bytes a thread, below ``cp.async``'s 4: the kernels' software
+  pipeline then loads it synchronously in each block, and the op ran 1.7x (forward) and 1.3x
+  (backward) slower in the bf16 LM step. The op's ``v`` gradient is float32 too, so autograd
+  casts nothing on the way back.)
 - :func:`gate_skip`: ``out = (y + lambda_skip * zc) * act(gate)`` in ``zg``'s dtype and, when
   asked, ``yvar_gated = yvar * act(gate)**2``.
 
@@ -159,7 +163,7 @@ def _glue_sensors_fwd_kernel(s_ptr, v_ptr, Lv_ptr, k_ptr, q_ptr, N, M, S, SS, ob
         m = pid_m * BM + tl.arange(0, BM)
         vmask = nmask[:, None] & (m < M)[None, :]
         vsrc = s_ptr + rows[:, None] * SS + m[None, :]
-        v = tl.load(vsrc, mask=vmask, other=0.0)
+        v = tl.load(vsrc, mask=vmask, other=0.0).to(tl.float32)
         tl.store(v_ptr + rows[:, None] * M + m[None, :], v, mask=vmask)
         lv = tl.load(vsrc + M, mask=vmask, other=0.0).to(tl.float32)
         sp, _ = _softplus(lv)
@@ -331,7 +335,7 @@ class _Sensors(torch.autograd.Function):
         B, L, SS = s.shape
         N = B * L
         BN, BM, nw = _blocks()
-        v = empty((B, L, M), s)
+        v = empty((B, L, M), dtype=torch.float32, device=s.device)
         Lv = empty((B, L, M), dtype=torch.float32, device=s.device)
         k = empty((B, L, S), dtype=torch.float32, device=s.device)
         q = empty((B, L, S), dtype=torch.float32, device=s.device)
@@ -410,7 +414,8 @@ def conv_silu(zg, weight, bias, buf):
 
 
 def sensors(s, M, S, obs_min, qk_norm):
-    """``(v, Lv, k, q)`` from the sensor projection ``s [B, L, 2M + 2S]`` (contiguous)."""
+    """``(v, Lv, k, q)``, all float32, from the sensor projection ``s [B, L, 2M + 2S]``
+    (contiguous)."""
     return _Sensors.apply(s, M, S, obs_min, qk_norm)
 
 
@@ -428,8 +433,9 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
     ``kalmanscan.cuda._aot``): ``(name, kernel, args, consts, num_warps)`` for batches of 4
     sequences at each ``(d_model, L)`` of ``shapes`` (``M = expand * d_model`` channels; the
     lengths give sizes divisible by 16 and not), ``S`` slots, conv width ``K``, activations
-    in float32 and, under autocast, bfloat16 or float16 (the op's outputs, ``Lv``, ``k``, ``q``,
-    the conv's parameters and ``lambda_skip`` stay float32; ``yvar_gated`` in float32)."""
+    in float32 and, under autocast, bfloat16 or float16 (the op's inputs ``v``, ``Lv``, ``k``,
+    ``q`` and outputs, the conv's parameters and ``lambda_skip`` stay float32; ``yvar_gated`` in
+    float32)."""
     f32 = torch.float32
     BT, BM, nw = GPU_BLOCKS
     BS = next_pow2(S)
@@ -450,10 +456,10 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
             for qk in (True, False):
                 c = dict(QK_NORM=qk, BN=BT, BM=BM, BS=BS)
                 cases.append((f"sensors_fwd-{tag}-S{S}-qk{int(qk)}", _glue_sensors_fwd_kernel,
-                              dict(sens, s_ptr=dt, v_ptr=dt, Lv_ptr=f32, k_ptr=f32, q_ptr=f32),
+                              dict(sens, s_ptr=dt, v_ptr=f32, Lv_ptr=f32, k_ptr=f32, q_ptr=f32),
                               c, nw))  # fmt: skip
                 cases.append((f"sensors_bwd-{tag}-S{S}-qk{int(qk)}", _glue_sensors_bwd_kernel,
-                              dict(sens, s_ptr=dt, gv_ptr=dt, gLv_ptr=f32, gk_ptr=f32,
+                              dict(sens, s_ptr=dt, gv_ptr=f32, gLv_ptr=f32, gk_ptr=f32,
                                    gq_ptr=f32, gs_ptr=dt),
                               c, nw))  # fmt: skip
             gate = dict(y_ptr=f32, yvar_ptr=f32, zg_ptr=dt, zc_ptr=dt, skip_ptr=f32, N=N, M=M,
