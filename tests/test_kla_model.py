@@ -124,6 +124,28 @@ def test_authors_layout_loads_strict_and_gives_reference_logits(L):
     assert_close(logits, ref, "truth", torch.float64, what="logits")
 
 
+@pytest.mark.parametrize("pad", ["never", "always"])
+def test_authors_layout_gives_reference_logits_with_the_mlp_padded(pad):
+    """D = 16: the MLP's hidden width 42 is padded to 48 inside the call on CUDA ("always"
+    here); the authors' state dict still loads strictly, keeps its shapes and gives the
+    reference logits."""
+    V, D, n_layers, S = 50, 16, 2, 4
+    sd = authors_state_dict(V, D, n_layers, S)
+    model = KLALanguageModel(
+        ModelConfig(vocab_size=V, d_model=D, n_layers=n_layers, kla=KLAConfig(d_state=S))
+    ).double()
+    for blk in model.blocks:
+        blk.mlp.pad = pad
+    model.load_state_dict(sd, strict=True)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in sd.items()}
+    tokens = torch.randint(0, V, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(tokens)
+    assert_close(logits, reference_logits(sd, tokens, n_layers, S), "truth", torch.float64,
+                 what="logits")  # fmt: skip
+
+
 def test_swiglu_hidden_width():
     for D in (12, 64, 100):
         model = KLALanguageModel(ModelConfig(d_model=D, n_layers=1, kla=KLAConfig(d_state=2)))

@@ -45,21 +45,54 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.to(wide)).to(x.dtype)
 
 
+GEMM_ALIGN = 8  # elements: 16 bytes of bfloat16/float16, what cuBLAS's fast GEMM kernels need
+
+
 class SwiGLU(nn.Module):
     """SwiGLU channel mixer ``w3(silu(gate) * up)`` with ``(gate, up) = w12(x)``.
 
-    Hidden width ``int(2 * int(ratio * D) / 3)`` (``int(2*4*D/3)`` at the default ratio 4).
+    Hidden width ``H = int(2 * int(ratio * D) / 3)`` (``int(2*4*D/3)`` at the default ratio 4).
+
+    ``pad`` (a class attribute, settable per instance): where ``H`` is not a multiple of
+    :data:`GEMM_ALIGN` (1365 at ``D = 512``), ``"auto"`` pads it with zeros to one on CUDA,
+    ``"always"`` on any device, ``"never"`` not at all. The weights are padded inside the call
+    (gate and up rows of ``w12``, columns of ``w3``; the parameters and state dict keep the
+    authors' shapes) and the padded channels are exactly 0, so the results are the same to
+    float32 rounding (the GEMMs' sums get zero terms) and the padding's gradient is dropped.
+    Unpadded, every activation ``[N, H]`` and ``[N, 2H]`` has a leading dimension that is not
+    a multiple of 8 and the ``up`` half starts 2 bytes off a 16-byte boundary, so cuBLAS runs
+    the MLP's six GEMMs of a training step with its 1- and 2-element-aligned kernels: about 7 ms
+    of a 6-layer d_model 512 model's step on 8 x 2048 tokens (H200). Padding costs two
+    weight-sized copies a call.
     """
+
+    pad = "auto"
 
     def __init__(self, dim: int, ratio: float = 4.0):
         super().__init__()
         hidden = int(2 * int(dim * ratio) / 3)
+        self.hidden = hidden
         self.w12 = nn.Linear(dim, 2 * hidden, bias=False)
         self.w3 = nn.Linear(hidden, dim, bias=False)
 
+    def _padded_width(self, x: torch.Tensor) -> int:
+        """The hidden width the call computes with: ``H`` or ``H`` rounded up to GEMM_ALIGN."""
+        mode = self.pad
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"pad: expected 'auto', 'always' or 'never', got {mode!r}")
+        H = self.hidden
+        if H % GEMM_ALIGN == 0 or mode == "never" or (mode == "auto" and not x.is_cuda):
+            return H
+        return -(-H // GEMM_ALIGN) * GEMM_ALIGN
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w12(x).chunk(2, dim=-1)
-        return self.w3(F.silu(gate) * up)
+        H, Hp = self.hidden, self._padded_width(x)
+        w12, w3 = self.w12.weight, self.w3.weight
+        if Hp != H:  # zero gate and up rows (silu(0) * 0 = 0), zero columns of w3
+            w12 = F.pad(w12.reshape(2, H, -1), (0, 0, 0, Hp - H)).reshape(2 * Hp, -1)
+            w3 = F.pad(w3, (0, Hp - H))
+        gate, up = F.linear(x, w12).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w3)
 
 
 class AttentionState(NamedTuple):
