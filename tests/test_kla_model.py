@@ -146,6 +146,33 @@ def test_authors_layout_gives_reference_logits_with_the_mlp_padded(pad):
                  what="logits")  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rmsnorm_is_the_formula(dtype):
+    """``x / sqrt(mean(x**2) + eps) * weight`` in float32 (float64 for float64), forward and
+    backward: torch's fused kernel where the input's dtype is the weight's, the ops otherwise
+    (a bfloat16 input of a float32 model)."""
+    from kalmanscan.kla.model import RMSNorm
+
+    g = torch.Generator().manual_seed(4)
+    norm = RMSNorm(48).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3, generator=g)
+    x = (torch.randn(3, 7, 48, generator=g, dtype=torch.float64) * 3).to(dtype)
+    x.requires_grad_(True)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    xf = x.to(wide)
+    ref = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm.eps) * norm.weight).to(dtype)
+    out = norm(x)
+    assert out.dtype == dtype
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype)
+    have = torch.autograd.grad((out * w).sum(), [x, norm.weight])
+    want = torch.autograd.grad((ref * w).sum(), [x, norm.weight])
+    tol = tolerance("rounding", wide)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=0)
+    for a, b in zip(have, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * float(b.abs().max()))
+
+
 def test_swiglu_hidden_width():
     for D in (12, 64, 100):
         model = KLALanguageModel(ModelConfig(d_model=D, n_layers=1, kla=KLAConfig(d_state=2)))
