@@ -4,6 +4,11 @@ with the same lanes a step (``B C`` rows of ``L / C`` steps against ``B C`` sequ
 steps), so a chunked pass can be compared with the unchunked kernel at equal occupancy.
 
     python benchmarks/kla_chunk_kernels.py [--out F.json]
+    python benchmarks/kla_chunk_kernels.py --maps-sweep [--out F.json]
+
+``--maps-sweep``: the two map kernels' time at B=1 L=32768 C=8 for launch configurations of
+``chunked.MAPS_LAUNCH`` (lanes a program, warps, pipeline stages), the chunked op's outputs and
+gradients checked against the unchunked op's in the same run.
 """
 
 from __future__ import annotations
@@ -45,13 +50,58 @@ def profile(fn, reps=5):
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
+SWEEP = [  # (BLOCK, num_warps, NS)
+    (128, 4, 3), (128, 4, 1), (64, 2, 3), (32, 1, 3), (32, 1, 1), (32, 1, 4), (64, 1, 3),
+]  # fmt: skip
+
+
+def normwise(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def maps_sweep(dyn):
+    from kalmanscan.cuda.kla import chunked
+
+    B, L, C = 1, 32768, 8
+    M, S = dyn[0].shape
+    x = inputs(B, L, M, S, dyn, "cuda")
+    gy = torch.randn(B, L, M, device="cuda")
+    grads = (gy, gy * 0.1)
+    with_chunks(1)
+    ref = call(x, grads)
+    rows = []
+    for blk, warps, ns in SWEEP:
+        chunked.MAPS_LAUNCH = {"BLOCK": blk, "num_warps": warps, "NS": ns}
+        with_chunks(C)
+        got = call(x, grads)
+        err = max([normwise(a, b) for a, b in zip(got[0], ref[0], strict=True)]
+                  + [normwise(a, b) for a, b in zip(got[1], ref[1], strict=True)])
+        per = profile(lambda: call(x, grads))
+        row = {"BLOCK": blk, "num_warps": warps, "NS": ns, "max_rel_err_vs_unchunked": err,
+               "maps_ms": per.get("_chunk_maps_kernel"),
+               "tangent_maps_ms": per.get("_adjoint_maps_kernel"),
+               "fwdbwd_kernels_ms": sum(per.values())}  # fmt: skip
+        print(row, flush=True)
+        rows.append(row)
+    with_chunks(None)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--maps-sweep", action="store_true")
     args = ap.parse_args(_argv[1:])
     layer = KLALayer(512, KLAConfig())
     with torch.no_grad():
         dyn = tuple(t.detach().float() for t in layer.dynamics())
+    if args.maps_sweep:
+        rows = maps_sweep(dyn)
+        if args.out:
+            json.dump({"device": torch.cuda.get_device_name(), "shape": "B=1 L=32768 C=8",
+                       "rows": rows}, open(args.out, "w"), indent=1)  # fmt: skip
+        return
     rows = []
     for B, L, C in CASES:
         M, S = dyn[0].shape

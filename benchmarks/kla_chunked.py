@@ -4,7 +4,7 @@ S = 16 slots), for few long sequences and many short ones at fixed token counts.
 
 Each shape runs three ways in the same process: ``unchunked`` (``tuning.CHUNKS = 1``), ``auto``
 (the rule ``tuning.chunks_for``) and, for the sweep that sets the rule's threshold
-(``tuning.LANES_PER_SM``), every chunk count ``C`` from 2 to 64 that divides ``L`` with chunks
+(``tuning.CHUNK_BELOW``), every chunk count ``C`` from 2 to 64 that divides ``L`` with chunks
 of at least ``tuning.MIN_CHUNK`` steps. Correctness, checked before any speed is reported:
 
 - every chunked run's outputs (y, yvar, final lam, eta) and the gradients of all six inputs
@@ -181,6 +181,7 @@ def main():
         tuning.sm_count = lambda dev: 1
         tuning.MIN_CHUNK = 8
         tuning.LANES_PER_SM = 64
+        tuning.CHUNK_BELOW = 64
     if ARGS.shapes:
         shapes = [tuple(int(n) for n in item.split("x")) for item in ARGS.shapes.split(",")]
     layer = KLALayer(ARGS.d_model if not ARGS.dry_run else 2, cfg if not ARGS.dry_run else
@@ -192,7 +193,8 @@ def main():
         "device": torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET=1)",
         "torch": torch.__version__,
         "d_model": ARGS.d_model, "M": M, "S": S, "sms": sms,
-        "LANES_PER_SM": tuning.LANES_PER_SM, "MIN_CHUNK": tuning.MIN_CHUNK,
+        "LANES_PER_SM": tuning.LANES_PER_SM, "CHUNK_BELOW": tuning.CHUNK_BELOW,
+        "MAX_CHUNKS": tuning.MAX_CHUNKS, "MIN_CHUNK": tuning.MIN_CHUNK,
         "reps": ARGS.reps, "rows": [], "checks": [],
     }  # fmt: skip
     all_ok = True
@@ -201,7 +203,7 @@ def main():
         auto = tuning.chunks_for(lanes, L, sms)
         counts = [c for c in SWEEP if L % c == 0 and L // c >= tuning.MIN_CHUNK]
         # the sweep where the lanes do not fill the device, else the rule's choice only
-        few = lanes < tuning.LANES_PER_SM * max(sms, 1) and not ARGS.no_sweep
+        few = lanes < tuning.CHUNK_BELOW * max(sms, 1) and not ARGS.no_sweep
         t_shape = time.perf_counter()
         variants = [1] + (counts if few else []) + [auto]
         x = inputs(B, L, M, S, dyn, device)

@@ -155,20 +155,20 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     "lanes,L,sms,want",
     [
         (8 * 1024 * 16, 2048, 132, 1),  # the lanes fill the device: no chunks
-        (2 * 1024 * 16, 8192, 132, 1),  # 32,768 and 16,384 lanes: chunking measured to lose
-        (1 * 1024 * 16, 32768, 132, 1),
-        (1 * 1024 * 16, 131072, 132, 1),
-        (1 * 256 * 16, 32768, 132, 2),  # 4,096 lanes: ceil(2.06) = 3 does not divide 32768: 2
-        (1 * 256 * 16, 10500, 132, 3),
+        (4 * 960 * 16, 2048, 132, 1),  # 61,440 lanes: 465 an SM, no chunks
+        (2 * 1024 * 16, 8192, 132, 16),  # 32,768 lanes: ceil(16.5) = 17 -> divisor 16
+        (1 * 1024 * 16, 32768, 132, 32),
+        (1 * 1024 * 16, 131072, 132, 32),
+        (1 * 256 * 16, 32768, 132, 64),  # 4,096 lanes: MAX_CHUNKS
+        (1 * 1024 * 16, 10500, 132, 30),  # the largest divisor of 10500 up to 33
         (1 * 64 * 16, 1024, 132, 4),  # chunks of at least MIN_CHUNK = 256 steps
         (1 * 1024 * 16, 255, 132, 1),
         (16, 4099, 132, 1),  # 4099 is prime
         (16, 63 * 256, 132, 63),
         (16, 4096, 0, 1),  # not a CUDA device
     ],
-    ids=["8x2048", "2x8192", "1x32768", "1x131072", "4096-lanes", "4096-lanes-10500",
-         "min-chunk", "short", "prime",
-         "divisor", "cpu"],
+    ids=["8x2048", "4x2048-M960", "2x8192", "1x32768", "1x131072", "4096-lanes",
+         "1x10500", "min-chunk", "short", "prime", "divisor", "cpu"],
 )  # fmt: skip
 def test_chunks_for(lanes, L, sms, want):
     assert tuning.chunks_for(lanes, L, sms) == want

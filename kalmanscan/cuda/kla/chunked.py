@@ -38,8 +38,11 @@ from kalmanscan.cuda.kla.backward import backward
 from kalmanscan.cuda.kla.device import _dynamics, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
-BLOCK = 128  # lanes (m, s) a program of the map and carry kernels
+BLOCK = 128  # lanes (m, s) a program of the carry kernels
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
+# launch of the two map kernels (the chunk maps, the tangent maps): lanes a program, warps,
+# pipeline stages of the step loads (benchmarks/kla_chunk_kernels.py --maps-sweep times them)
+MAPS_LAUNCH = {"BLOCK": 32, "num_warps": 1, "NS": 1}
 
 
 @helper
@@ -297,8 +300,10 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     R, Lc, MS = B * C, L // C, M * S
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     maps = empty((MAPS, R, MS), dtype=dtype, device=v.device)
-    launch(_chunk_maps_kernel, (cdiv(MS, BLOCK), R),
-           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, NS=3, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    ml = MAPS_LAUNCH
+    launch(_chunk_maps_kernel, (cdiv(MS, ml["BLOCK"]), R),
+           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, NS=ml["NS"], BLOCK=ml["BLOCK"],
+           num_warps=ml["num_warps"])  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -345,9 +350,11 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)
-        launch(_adjoint_maps_kernel, (cdiv(MS, BLOCK), R),
+        ml = MAPS_LAUNCH
+        launch(_adjoint_maps_kernel, (cdiv(MS, ml["BLOCK"]), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
-               HAS_GPREC=has_gprec, NS=3, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+               HAS_GPREC=has_gprec, NS=ml["NS"], BLOCK=ml["BLOCK"],
+               num_warps=ml["num_warps"])  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]

@@ -17,6 +17,7 @@ TUNING = {
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
     "ck": None,  # steps between the forward's checkpoints: 8, or 4 from LARGE lanes
+    "fwd_maxnreg": None,  # registers a thread of the no-gradient forward (8-step blocks): 0 = ptxas's choice
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 WARPS = 1  # a program is one warp (its reduce-scatters shuffle within the warp)
@@ -32,6 +33,8 @@ def tuning_for(lanes: int) -> dict:
         t["bwd_l2_ahead"] = 32 if large else 0
     if t["ck"] is None:
         t["ck"] = 4 if large else 8
+    if t["fwd_maxnreg"] is None:
+        t["fwd_maxnreg"] = 0
     if t["ck"] not in (4, 8):
         raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
     return t
@@ -52,38 +55,43 @@ def layout(S: int, slots: int):
 
 
 # Time chunks (``chunked.py``): where the lanes are too few to fill the device, the op runs in
-# ``C`` chunks of ``L / C`` steps in parallel, as if the batch had ``B C`` rows.
+# ``C`` chunks of ``L / C`` steps in parallel, as if the batch had ``B C`` rows. H200, d_model 512
+# (M = 1024, S = 16), one layer's forward + backward (benchmarks/results/kla-chunked-h200.json):
+# 16,384 lanes at L = 32,768 9.16 ms unchunked against 4.33 / 4.00 / 3.92 ms in 8 / 32 / 64
+# chunks, at L = 131,072 36.1 against 15.4 ms in 32; 32,768 lanes at L = 8,192 2.51 against
+# 2.10 ms in 16 chunks (the forward alone 0.64 against 0.70).
 CHUNKS = None  # a fixed chunk count (a divisor of L) for every call, or None: chunks_for's rule
-LANES_PER_SM = 64  # lanes an SM from which chunking stops paying: on the H200 (132 SMs) the
-# chunked op lost to the unchunked one at every chunk count from 2 to 64 with 16,384 lanes and
-# more (d_model 512 at B = 1 and 2; benchmarks/results/kla-chunked-h200.json), so only fewer
-# lanes than 64 an SM are chunked
+CHUNK_BELOW = 256  # lanes an SM below which the op is chunked
+LANES_PER_SM = 4096  # lanes times chunks an SM that the chunk count aims for
+MAX_CHUNKS = 64  # most chunks (the chunked op's float32 error grows with their count)
 MIN_CHUNK = 256  # fewest steps a chunk: shorter ones spend more on the maps than they save
 
 
 def chunks_for(lanes: int, L: int, sms: int) -> int:
     """Time chunks ``C`` for ``lanes = B M S`` lanes of ``L`` steps on a device of ``sms``
-    multiprocessors: 1 where ``lanes >= LANES_PER_SM sms`` (the sequential pass fills the
-    device), else the largest divisor of ``L`` at most ``ceil(LANES_PER_SM sms / lanes)`` with
-    chunks of at least ``MIN_CHUNK`` steps (1 where there is none). ``CHUNKS`` set overrides
-    the rule (it must divide ``L``). ``benchmarks/kla_chunked.py`` times the op at every
-    chunk count for the shapes that set ``LANES_PER_SM``.
+    multiprocessors: 1 where ``lanes >= CHUNK_BELOW sms`` (the sequential pass fills the
+    device), else the largest divisor of ``L`` at most ``ceil(LANES_PER_SM sms / lanes)`` and
+    ``MAX_CHUNKS`` with chunks of at least ``MIN_CHUNK`` steps (1 where there is none).
+    ``CHUNKS`` set overrides the rule (it must divide ``L``). ``benchmarks/kla_chunked.py``
+    times the op at every chunk count.
 
     >>> chunks_for(8 * 1024 * 16, 2048, 132), chunks_for(1 * 1024 * 16, 32768, 132)
-    (1, 1)
-    >>> chunks_for(1 * 256 * 16, 32768, 132)
-    2
+    (1, 32)
+    >>> chunks_for(2 * 1024 * 16, 8192, 132)
+    16
     """
     if CHUNKS is not None:
         if not (isinstance(CHUNKS, int) and CHUNKS >= 1 and L % CHUNKS == 0):
             raise ValueError(f"tuning.CHUNKS: expected a positive divisor of L={L}, got {CHUNKS!r}")
         return CHUNKS
-    key = (lanes, L, sms, LANES_PER_SM, MIN_CHUNK)
+    key = (lanes, L, sms, CHUNK_BELOW, LANES_PER_SM, MAX_CHUNKS, MIN_CHUNK)
     hit = _CHUNK_COUNTS.get(key)
     if hit is None:
         if len(_CHUNK_COUNTS) >= 256:
             _CHUNK_COUNTS.clear()
-        top = min(-(-LANES_PER_SM * sms // lanes), L // MIN_CHUNK)
+        top = 1
+        if lanes < CHUNK_BELOW * sms:
+            top = min(-(-LANES_PER_SM * sms // lanes), MAX_CHUNKS, L // MIN_CHUNK)
         hit = _CHUNK_COUNTS[key] = next((c for c in range(top, 1, -1) if L % c == 0), 1)
     return hit
 
