@@ -295,3 +295,53 @@ def test_op_gets_float32_contiguous_inputs_under_bf16_autocast(monkeypatch):
         assert t.dtype == torch.float32, f"{name}: {t.dtype}"
         assert t.is_contiguous() and t.data_ptr() % 16 == 0, name
     assert tag == "grad v" and gv.dtype == torch.float32
+
+
+DYNAMICS = [
+    pytest.param({}, id="ou-learned"),
+    pytest.param({"discretization": "zoh"}, id="zoh-learned"),
+    pytest.param({"process_noise_mode": "zero"}, id="ou-zero"),
+    pytest.param({"process_noise_mode": "fixed"}, id="ou-fixed"),
+    pytest.param({"process_noise_param": "log"}, id="ou-log"),
+]
+
+
+@pytest.mark.parametrize("cfg", DYNAMICS)
+def test_fused_dynamics_against_float64(cfg):
+    """``glue.dynamics`` (what a fused call differentiates through) against the layer's eager
+    ``dynamics`` in float64, values and the gradients of every parameter: ``2 theta dt`` from
+    1e-9 to hundreds (both sides of the series' switch at 0.5 and of the eager one at 1e-4),
+    ``delta`` across softplus' threshold 20, process noise on and below its floor. The
+    float32 eager ops are held to the same bound, which they meet."""
+    from kalmanscan.cuda.kla import glue
+
+    g = torch.Generator().manual_seed(7)
+    layer = KLALayer(16, KLAConfig(d_state=4, **cfg))
+    noise = layer._process_noise_param()
+    with torch.no_grad():
+        layer.lambda_log.normal_(0.0, 2.0, generator=g)
+        layer.delta.normal_(-3.0, 4.0, generator=g)
+        layer.delta[0] = torch.tensor([20.0, 25.0, -30.0, 19.9])
+        if cfg.get("process_noise_param") == "log":
+            noise.normal_(-3.0, 2.0, generator=g)
+        elif cfg.get("process_noise_mode") != "zero":
+            noise.uniform_(0.0, 0.3, generator=g)
+            noise[1, :2] = torch.tensor([1e-7, 1e-9])  # on and below the floor
+    layer = layer.to(DEVICE)
+    params = [layer.lambda_log, layer._process_noise_param(), layer.delta]
+    wa, wp = (torch.randn(32, 4, generator=g).to(DEVICE) for _ in range(2))
+    assert type(layer._dynamics_fused()[0].grad_fn).__name__ == "_DynamicsBackward"
+
+    def values_and_grads(fn):
+        a, p = fn()
+        needs = [x for x in params if x.requires_grad]
+        return [a, p, *torch.autograd.grad((a * wa + p * wp).sum(), needs)]
+
+    want = values_and_grads(lambda: layer.dynamics(torch.float64))
+    fused = values_and_grads(layer._dynamics_fused)
+    eager = values_and_grads(lambda: layer.dynamics(torch.float32))
+    names = ["decay", "process_var"] + [f"grad {i}" for i in range(len(want) - 2)]
+    for name, have, ref, e32 in zip(names, fused, want, eager, strict=True):
+        assert have.dtype == torch.float32
+        assert_rel(have.double(), ref, f"fused {name}")
+        assert_rel(e32.double(), ref, f"eager {name}")

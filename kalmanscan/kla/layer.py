@@ -21,7 +21,8 @@ parameters and projects. Details and derivations: docs/kla.md.
 
 Glue: on CUDA, with triton installed, a call without an incoming ``state`` runs the
 elementwise work around the op (conv + SiLU, the sensor split with softplus and qk-norm, gate
-and skip) as three fused Triton kernels with exact backward (``kalmanscan.cuda.kla.glue``);
+and skip, and the ``[M,S]`` discretization when it needs a gradient) as fused Triton kernels
+with exact backward (``kalmanscan.cuda.kla.glue``);
 float64, calls with a state, :meth:`KLALayer.trace` and ``torch.compile`` (whose compiler fuses
 these itself) take the eager PyTorch path, which is the reference the fused one is tested
 against (``KLALayer.glue``).
@@ -369,6 +370,25 @@ class KLALayer(nn.Module):
             return False
         return mode == "fused" or (x.is_cuda and _triton_available())
 
+    def _dynamics_fused(self):
+        """:meth:`_dynamics` in float32 for the fused path: where a parameter it reads needs a
+        gradient, one kernel each way (``glue.dynamics``) instead of the ops of
+        :meth:`dynamics`, which stay the reference and serve calls without autograd (kept)."""
+        params = (self.lambda_log, self._process_noise_param(), self.delta)
+        if not (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return self._dynamics(torch.float32)
+        from kalmanscan.cuda.kla import glue
+
+        cfg = self.config
+        kind = (
+            "log"
+            if cfg.process_noise_param == "log"
+            else "zero"
+            if cfg.process_noise_mode == "zero"
+            else "floor"
+        )
+        return glue.dynamics(*params, kind, cfg.discretization == "ou")
+
     def _forward_fused(self, x, need_var):
         """:meth:`_forward` through the fused glue: no incoming state, no precisions."""
         from kalmanscan.core.kla_op import kla_filter
@@ -381,7 +401,7 @@ class KLALayer(nn.Module):
         zc = glue.conv_silu(zg, self.conv.weight, self.conv.bias, buf)
         s = self.sensor_proj(zc).contiguous()
         v, Lv, k, q = glue.sensors(s, M, S, self.config.obs_var_min, self.config.qk_norm)
-        decay, process_var = self._dynamics(torch.float32)
+        decay, process_var = self._dynamics_fused()
         with torch.autocast(device_type=x.device.type, enabled=False):
             res = kla_filter(
                 v, Lv, k, q, decay, process_var, backend=self.config.backend, check=False

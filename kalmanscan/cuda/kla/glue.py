@@ -16,6 +16,10 @@ sensor projection (rows ``v``, ``log var_v``, ``k``, ``q``); conv ``weight [M, 1
   casts nothing on the way back.)
 - :func:`gate_skip`: ``out = (y + lambda_skip * zc) * act(gate)`` in ``zg``'s dtype and, when
   asked, ``yvar_gated = yvar * act(gate)**2``.
+- :func:`dynamics`: the layer's ``(decay, process_var) [M, S]`` from ``lambda_log``, the process
+  noise parameter and ``delta`` (``KLALayer.dynamics``' math) in one kernel, and their
+  gradients in one: the eager ops are about 22 kernels forward and 45 backward a layer, tiny
+  ones whose host time the LM step waits on.
 
 The backward of :func:`gate_skip` writes the gate's gradient into a ``[B, L, 2M]`` buffer that
 the backward of :func:`conv_silu` completes with ``z``'s gradient and returns as ``zg``'s (no
@@ -78,6 +82,87 @@ def _softplus(x):
     sp = tl.where(x > 20.0, x, l1p)
     sg = tl.where(x > 20.0, 1.0, e / u)
     return sp, sg
+
+
+@helper
+def _ou_factor(x):
+    """``(f, f')`` of ``f(x) = (1 - exp(-x)) / x`` (``x >= 0``): their Taylor series below 0.5
+    (10 terms, truncation below 1e-9 relative), the closed forms above (no ``expm1`` needed:
+    ``1 - exp(-x)`` and ``exp(-x) (1 + x) - 1`` lose at most a factor 10 there)."""
+    e = tl.exp(-x)
+    xs = tl.minimum(x, 0.5)
+    f_ser = 1.0 - xs * (1.0 / 2 - xs * (1.0 / 6 - xs * (1.0 / 24 - xs * (1.0 / 120 - xs * (
+        1.0 / 720 - xs * (1.0 / 5040 - xs * (1.0 / 40320 - xs * (1.0 / 362880 - xs / 3628800))))))))
+    d_ser = -1.0 / 2 + xs * (1.0 / 3 - xs * (1.0 / 8 - xs * (1.0 / 30 - xs * (1.0 / 144 - xs * (
+        1.0 / 840 - xs * (1.0 / 5760 - xs * (1.0 / 45360 - xs / 403200)))))))
+    xl = tl.maximum(x, 0.5)
+    f = tl.where(x < 0.5, f_ser, (1.0 - e) / xl)
+    d = tl.where(x < 0.5, d_ser, (e * (1.0 + x) - 1.0) / (xl * xl))
+    return f, d
+
+
+@helper
+def _dyn_inputs(ll_ptr, pn_ptr, dl_ptr, i, mask, NOISE: tl.constexpr):
+    """``theta = exp(lambda_log)``, the noise parameter, ``sigma2`` (``max(pn, 1e-7)``,
+    ``pn + 1e-12`` or ``exp(pn)`` for NOISE 0, 1, 2), ``dt = softplus(delta) + 1e-7`` and
+    ``softplus'(delta)``."""
+    theta = tl.exp(tl.load(ll_ptr + i, mask=mask, other=0.0).to(tl.float32))
+    pn = tl.load(pn_ptr + i, mask=mask, other=1.0).to(tl.float32)
+    if NOISE == 0:
+        sigma2 = tl.maximum(pn, 1e-7)
+    elif NOISE == 1:
+        sigma2 = pn + 1e-12
+    else:
+        sigma2 = tl.exp(pn)
+    sp, sg = _softplus(tl.load(dl_ptr + i, mask=mask, other=0.0).to(tl.float32))
+    return theta, pn, sigma2, sp + 1e-7, sg
+
+
+@triton.jit
+def _glue_dynamics_fwd_kernel(ll_ptr, pn_ptr, dl_ptr, a_ptr, p_ptr, n, NOISE: tl.constexpr,
+                              OU: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    theta, _, sigma2, dt, _ = _dyn_inputs(ll_ptr, pn_ptr, dl_ptr, i, mask, NOISE)
+    pv = sigma2 * dt
+    if OU:
+        f, _ = _ou_factor(2.0 * theta * dt)
+        pv = pv * f
+    tl.store(a_ptr + i, tl.exp(-theta * dt), mask=mask)
+    tl.store(p_ptr + i, pv, mask=mask)
+
+
+@triton.jit
+def _glue_dynamics_bwd_kernel(ll_ptr, pn_ptr, dl_ptr, ga_ptr, gp_ptr, gll_ptr, gpn_ptr, gdl_ptr,
+                              n, NOISE: tl.constexpr, OU: tl.constexpr,
+                              BLOCK: tl.constexpr):  # fmt: skip
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    theta, pn, sigma2, dt, sg = _dyn_inputs(ll_ptr, pn_ptr, dl_ptr, i, mask, NOISE)
+    ga = tl.load(ga_ptr + i, mask=mask, other=0.0).to(tl.float32)
+    gp = tl.load(gp_ptr + i, mask=mask, other=0.0).to(tl.float32)
+    du = ga * tl.exp(-theta * dt)  # decay = exp(u), u = -theta dt
+    gth = -du * dt
+    gdt = -du * theta
+    if OU:  # process_var = sigma2 dt f(x), x = 2 theta dt
+        f, fp = _ou_factor(2.0 * theta * dt)
+        gs2 = gp * f * dt
+        gdt += gp * sigma2 * f
+        gx = gp * sigma2 * dt * fp
+        gth += 2.0 * gx * dt
+        gdt += 2.0 * gx * theta
+    else:  # process_var = sigma2 dt
+        gs2 = gp * dt
+        gdt += gp * sigma2
+    if NOISE == 0:  # clamp_min's gradient passes where pn >= 1e-7, as torch's does
+        gpn = tl.where(pn >= 1e-7, gs2, 0.0)
+    elif NOISE == 1:
+        gpn = gs2 * 0.0
+    else:
+        gpn = gs2 * sigma2
+    tl.store(gll_ptr + i, gth * theta, mask=mask)
+    tl.store(gpn_ptr + i, gpn, mask=mask)
+    tl.store(gdl_ptr + i, gdt * sg, mask=mask)
 
 
 @triton.jit
@@ -402,6 +487,52 @@ class _GateSkip(torch.autograd.Function):
         return gy, gyvar, None, None, gskip, None, None, None, None
 
 
+def _dyn_block():
+    return 256 if interpreting() else 512
+
+
+class _Dynamics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, lambda_log, noise, delta, noise_kind, ou):
+        n = lambda_log.numel()
+        ll, pn, dl = lambda_log.contiguous(), noise.contiguous(), delta.contiguous()
+        a = empty(lambda_log.shape, dtype=torch.float32, device=ll.device)
+        p = empty(lambda_log.shape, dtype=torch.float32, device=ll.device)
+        B = _dyn_block()
+        launch(_glue_dynamics_fwd_kernel, (cdiv(n, B),), ll, pn, dl, a, p, n, NOISE=noise_kind,
+               OU=ou, BLOCK=B, num_warps=4)  # fmt: skip
+        ctx.meta = (noise_kind, ou)
+        ctx.save_for_backward(ll, pn, dl)
+        return a, p
+
+    @staticmethod
+    def backward(ctx, ga, gp):
+        ll, pn, dl = ctx.saved_tensors
+        noise_kind, ou = ctx.meta
+        n = ll.numel()
+        f32 = dict(dtype=torch.float32, device=ll.device)
+        gll, gpn, gdl = empty(ll.shape, **f32), empty(ll.shape, **f32), empty(ll.shape, **f32)
+        B = _dyn_block()
+        launch(_glue_dynamics_bwd_kernel, (cdiv(n, B),), ll, pn, dl, ga.contiguous(),
+               gp.contiguous(), gll, gpn, gdl, n, NOISE=noise_kind, OU=ou, BLOCK=B,
+               num_warps=4)  # fmt: skip
+        need = ctx.needs_input_grad
+        return (gll.to(ll.dtype) if need[0] else None, gpn.to(pn.dtype) if need[1] else None,
+                gdl.to(dl.dtype) if need[2] else None, None, None)  # fmt: skip
+
+
+NOISE_KINDS = {"floor": 0, "zero": 1, "log": 2}
+
+
+def dynamics(lambda_log, noise, delta, noise_kind, ou):
+    """``(decay, process_var)``, float32 ``[M, S]``: ``theta = exp(lambda_log)``,
+    ``dt = softplus(delta) + 1e-7``, ``sigma2`` from ``noise`` by ``noise_kind`` (``"floor"``:
+    ``max(noise, 1e-7)``, ``"zero"``: ``noise + 1e-12``, ``"log"``: ``exp(noise)``);
+    ``decay = exp(-theta dt)`` and ``process_var = sigma2 dt (1 - exp(-2 theta dt)) /
+    (2 theta dt)`` with ``ou``, else ``sigma2 dt`` (``KLALayer.dynamics``, the reference)."""
+    return _Dynamics.apply(lambda_log, noise, delta, NOISE_KINDS[noise_kind], bool(ou))
+
+
 def new_grad_buffer() -> _GradBuffer:
     """The link between one call's :func:`gate_skip` and :func:`conv_silu` (one per call)."""
     return _GradBuffer()
@@ -441,6 +572,19 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
     BS = next_pow2(S)
     B = 4
     cases = []
+    for D in sorted({D for D, _ in shapes}):
+        n = int(expand * D) * S
+        for dt in (f32, torch.bfloat16):  # the parameters' dtype
+            dyn = dict(ll_ptr=dt, pn_ptr=dt, dl_ptr=dt, n=n)
+            for kind, code in NOISE_KINDS.items():
+                for ou in (True, False):
+                    c = dict(NOISE=code, OU=ou, BLOCK=512)
+                    tag = f"n{n}-{str(dt).removeprefix('torch.')}-{kind}-ou{int(ou)}"
+                    cases.append((f"dynamics_fwd-{tag}", _glue_dynamics_fwd_kernel,
+                                  dict(dyn, a_ptr=f32, p_ptr=f32), c, 4))  # fmt: skip
+                    cases.append((f"dynamics_bwd-{tag}", _glue_dynamics_bwd_kernel,
+                                  dict(dyn, ga_ptr=f32, gp_ptr=f32, gll_ptr=f32, gpn_ptr=f32,
+                                       gdl_ptr=f32), c, 4))  # fmt: skip
     for D, L in shapes:
         M, N, NT = int(expand * D), B * L, cdiv(L, BT)
         for dt in (f32, torch.bfloat16, torch.float16):
