@@ -317,8 +317,10 @@ def main(argv=None):
         rows.append(row)
         parts = []
         for name, e in row["models"].items():
-            parts.append(
-                f"{name} {e['gpu_ms']:.2f} ms" if e.get("ok") else f"{name} {e.get('error')}"
+            parts.append(  # host: the time to issue a step; near the GPU time, it bounds it
+                f"{name} {e['gpu_ms']:.2f} ms (host {e['host_ms']:.2f})"
+                if e.get("ok")
+                else f"{name} {e.get('error')}"
             )
         ratio = row.get("kla_over_attention")
         print(f"{B} x {L}: " + ", ".join(parts) + (f"; kla/attention {ratio:.2f}" if ratio else ""),
