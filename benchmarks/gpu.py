@@ -477,11 +477,11 @@ def fit_case(S=16384, T=500, check=64):
             "max_rel_vs_cpu": errs, "checked_series": check}  # fmt: skip
 
 
-def compile_sm90(fn, signature, consts, warps):
+def compile_sm90(fn, signature, consts, warps, maxnreg=0):
     """Compile the Triton kernel ``fn`` for sm_90 (Hopper) on this machine, no GPU needed.
     ``signature``: each non-constexpr argument's type (``"*fp32"``, ``"i32"``...); ``consts``:
-    the constexpr arguments' values. Pointers are taken as 16-byte aligned, as the launcher
-    specializes them for torch tensors."""
+    the constexpr arguments' values; ``maxnreg``: the launch's register cap (0: none). Pointers
+    are taken as 16-byte aligned, as the launcher specializes them for torch tensors."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -490,7 +490,8 @@ def compile_sm90(fn, signature, consts, warps):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n.endswith("_ptr")}  # fmt: skip
     src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def kernel_resources():
@@ -566,8 +567,10 @@ def kernel_resources():
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
-        # without gradients: no checkpoints, 8-step blocks
-        "kla_fwd_infer": (KF._kla_fwd_kernel, dict(kla_fwd_sig), kla_fwd_consts(tu, False), 1),
+        # without gradients: no checkpoints, 8-step blocks, the register cap of the launch
+        # (tuning's fwd_maxnreg: 16 programs an SM)
+        "kla_fwd_infer": (KF._kla_fwd_kernel, dict(kla_fwd_sig), kla_fwd_consts(tu, False), 1,
+                          tu["fwd_maxnreg"]),
         "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
@@ -604,8 +607,8 @@ def kernel_resources():
                              dict(CT=32, BLOCK=16), 4),
     }  # fmt: skip
     out = {}
-    for name, (fn, sg, consts, warps) in cases.items():
-        comp = compile_sm90(fn, sg, consts, warps)
+    for name, (fn, sg, consts, warps, *maxnreg) in cases.items():
+        comp = compile_sm90(fn, sg, consts, warps, *maxnreg)
         ptx = comp.asm["ptx"]
         path = f"/tmp/kalmanscan-{name}.cubin"
         with open(path, "wb") as f:

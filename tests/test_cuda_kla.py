@@ -185,6 +185,12 @@ def test_launch_plans_follow_tuning(monkeypatch):
     monkeypatch.setitem(tuning.TUNING, "ck", 8)
     assert tuning.plan(forward._fwd_plan, *key)["CK"] == 8
     assert tuning.plan(forward._fwd_plan, 2, 19, 3, 4, False)["consts"]["W"] == 8
+    # the register cap: the float32 forward without checkpoints, at up to 32 padded slots
+    assert tuning.plan(forward._fwd_plan, 2, 19, 3, 4, False)["consts"]["maxnreg"] == 128
+    for capless in [(2, 19, 3, 4, True), (2, 19, 3, 4, False, False), (2, 19, 3, 64, False)]:
+        assert "maxnreg" not in tuning.plan(forward._fwd_plan, *capless)["consts"], capless
+    monkeypatch.setitem(tuning.TUNING, "fwd_maxnreg", 0)
+    assert "maxnreg" not in tuning.plan(forward._fwd_plan, 2, 19, 3, 4, False)["consts"]
 
 
 # The forward launch at the benchmark shapes (benchmarks/gpu.py: "fwd" without gradients, the
@@ -192,13 +198,15 @@ def test_launch_plans_follow_tuning(monkeypatch):
 # kalmanscan/cuda/kla.py) launched it: grid, the kernel's integers L, M, NB, S and every
 # constexpr. The constexprs it had beyond these took the paths the kernel now always takes:
 # PREFETCH=False, CHUNKED=False (grid depth 1, CL=L), AHEAD=0, BLOCK_PIPE, OUT_SCATTER,
-# IN_TILE, KQ_TILE, LEAN all True, FORM=1.
+# IN_TILE, KQ_TILE, LEAN all True, FORM=1. Added since: the register cap of the float32
+# no-gradient forward (tuning's fwd_maxnreg, a compile option).
 BENCH_LAUNCHES = {
-    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 512, 16), dict(CK=4, W=8)),
+    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 512, 16),
+                                   dict(CK=4, W=8, maxnreg=128)),
     ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 512, 16), dict(CK=4, W=4)),
-    ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=8)),
+    ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=8, maxnreg=128)),
     ((4, 2048, 960, 16), True): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=4)),
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(

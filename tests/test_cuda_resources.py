@@ -52,7 +52,7 @@ KERNELS = [
 # and bytes of spilled stack (the KLA backward's unrolled interval spills a few words on sm_90).
 BUDGET = {
     "kla_fwd": (255, 0),
-    "kla_fwd_infer": (255, 0),
+    "kla_fwd_infer": (128, 0),  # capped (tuning's fwd_maxnreg): 16 one-warp programs an SM
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
     "kla_bwd_half": (255, 0),

@@ -177,12 +177,19 @@ def _kla_fwd_kernel(
     jg = jt % G  # a thread's place among the threads of its channel
     # the blocks of W steps with loop-carried pointers: a block adds W rows to the pointers of
     # its tiles and of its outputs instead of computing their offsets from the step, and its
-    # loads and stores carry no step masks, nor channel masks where the programs cover M
-    t_tail = L // W * W
+    # loads and stores carry no step masks, nor channel masks where the programs cover M.
+    # Their first step t_lo is read at run time (0: the grid has no third axis), as in the
+    # kernel of 2026-11-30 (a2c61d5), whose third grid axis was a time chunk: from a constant 0
+    # the compiler schedules the same loop body otherwise, and on the H200 (Triton 3.6) that ran
+    # 16-20 % slower (B=8 M=2048 no-gradient forward 0.447 against 0.542 ms; B=4 M=960 forward
+    # saving checkpoints 0.171 against 0.194; benchmarks/HISTORY.md)
+    t_lo = tl.program_id(2) * L
+    t_hi = tl.minimum(t_lo + L, L)
+    t_tail = t_lo + (t_hi - t_lo) // W * W
     t4 = tl.arange(0, 4)
     mc = pm * (NT // G) + tl.arange(0, NT // G)
     sc = tl.arange(0, G * SG)
-    rows = t4.to(tl.int64)[:, None]
+    rows = (t_lo + t4).to(tl.int64)[:, None]
     pv = v_ptr + base_m + rows * M + mc[None, :]
     pL = Lv_ptr + base_m + rows * M + mc[None, :]
     pk = k_ptr + base_s + rows * S + sc[None, :]
@@ -191,10 +198,10 @@ def _kla_fwd_kernel(
     smask4 = (t4[:, None] >= 0) & (sc[None, :] < S)
     # with SCATTER, the sums of a block's (last) 4 steps are stored by the next block (at its
     # top, from pointers 4 steps behind); the last block's after the loop
-    pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, -4, base_m, M, m, jg, G)
+    pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
     zero = tl.zeros([NT], dt)
     ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
-    for tb in tl.range(0, t_tail, W, num_stages=NS):  # fmt: skip
+    for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
         if SAVE_CK:  # (W == 4)
             _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _block_tiles(
@@ -205,7 +212,7 @@ def _kla_fwd_kernel(
                 NT, EVEN_M)  # fmt: skip
         if SCATTER:
             _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                            mmask & ((m * 0 + tb) > 0), G)  # fmt: skip
+                            mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
             pa += 4 * M
             pb += 4 * M
         lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _block4(
@@ -228,10 +235,10 @@ def _kla_fwd_kernel(
         pq += W * S
     if SCATTER:
         _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                        mmask & ((m * 0 + t_tail) > 0), G)  # fmt: skip
+                        mmask & ((m * 0 + t_tail) > t_lo), G)  # fmt: skip
     # the last L mod W steps one at a time, masked; the software pipeline issues the loads of
     # later steps ahead of use (NS stages)
-    for t in tl.range(t_tail, L, num_stages=NS):
+    for t in tl.range(t_tail, t_hi, num_stages=NS):
         if SAVE_CK:
             _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
@@ -242,16 +249,17 @@ def _kla_fwd_kernel(
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
-def _fwd_plan(B, L, M, S, save_ck):
-    """The forward's launch configuration for a shape (kept by :func:`tuning.plan`)."""
+def _fwd_plan(B, L, M, S, save_ck, f32=True):
+    """The forward's launch configuration for a shape (kept by :func:`tuning.plan`); ``f32``:
+    the kernel computes in float32 (else float64)."""
     TU = tuning.tuning_for(B * M * S)
     G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"])
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
-    return dict(
-        CK=CK, NB=cdiv(L, CK), grid=(cdiv(M, NT // G), B),
-        consts=dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0,
-                    W=tuning.block_steps(save_ck), num_warps=warps),
-    )  # fmt: skip
+    consts = dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0,
+                  W=tuning.block_steps(save_ck), num_warps=warps)  # fmt: skip
+    if TU["fwd_maxnreg"] and not save_ck and f32 and G * SG <= 32:
+        consts["maxnreg"] = TU["fwd_maxnreg"]  # a compile option, like num_warps
+    return dict(CK=CK, NB=cdiv(L, CK), grid=(cdiv(M, NT // G), B), consts=consts)
 
 
 _DEFAULT_STATES: dict = {}  # (shape, dtype, device) -> (ones, zeros), read-only
@@ -287,7 +295,7 @@ def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck)
+    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32)
     dev = v.device
     y = empty((B, L, M), dtype=dtype, device=dev)
     yvar = empty((B, L, M), dtype=dtype, device=dev)

@@ -1,8 +1,9 @@
 """The KLA kernels' launch choices: pipeline depths, slots a thread, checkpoint interval and
-L2 prefetch distance, the last three chosen by the lane count ``B M S``; and the cache of
-launch plans. Every alternative that lost on every measured shape was deleted (its timings:
-benchmarks/HISTORY.md, "KLA kernels: variants deleted"); what is left here either differs by
-shape or is a number that benchmarks/gpu.py and benchmarks/kla_kernel_time.py sweep.
+L2 prefetch distance, the last three chosen by the lane count ``B M S``, and the no-gradient
+forward's register cap; and the cache of launch plans. Every alternative that lost on every
+measured shape was deleted (its timings: benchmarks/HISTORY.md, "KLA kernels: variants
+deleted"); what is left here either differs by shape or is a number that benchmarks/gpu.py and
+benchmarks/kla_kernel_time.py sweep.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ TUNING = {
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
     "ck": None,  # steps between the forward's checkpoints: 8, or 4 from LARGE lanes
-    "fwd_maxnreg": None,  # registers a thread of the no-gradient forward (8-step blocks): 0 = ptxas's choice
+    # registers a thread of the float32 no-gradient forward (8-step blocks) at up to 32 padded
+    # slots; 0: ptxas's choice. With 128, 16 one-warp programs share an SM's 65,536 registers,
+    # where ptxas's own 154-158 at S = 16 leave room for 12, so the 2,048 programs of B=8 M=2048
+    # run in one wave (H200 kernel 0.430 against 0.447 ms; B=4 M=960 0.135 against 0.140;
+    # benchmarks/HISTORY.md). No spills at S = 4 ... 32 (sm_90); float64 and 64 slots would
+    # spill, so they keep ptxas's choice
+    "fwd_maxnreg": 128,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 WARPS = 1  # a program is one warp (its reduce-scatters shuffle within the warp)
@@ -33,8 +40,6 @@ def tuning_for(lanes: int) -> dict:
         t["bwd_l2_ahead"] = 32 if large else 0
     if t["ck"] is None:
         t["ck"] = 4 if large else 8
-    if t["fwd_maxnreg"] is None:
-        t["fwd_maxnreg"] = 0
     if t["ck"] not in (4, 8):
         raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
     return t
