@@ -32,10 +32,13 @@ FAST_DENSE = (
     "KFAS VAR(1), missing data, R=1e-10 I",
     "KFAS VAR(1), missing data, R=0 I",
     # near noise-free entries under a diffuse / 1e6 prior: native was 3e-6 relative off in the
-    # smoothed covariances (diffuse), 2e-7 (one entry, 1e6) and 1e-5 (two entries, 1e6)
+    # smoothed covariances (diffuse), 2e-7 (one entry, 1e6) and 1e-5 (two entries, 1e6); with
+    # the whole state observed so at every step, 4e-4 (filtered) and 3e-2 (smoothed)
     "3 states, diffuse, one entry at R=1e-10, seed 1",
     "3 states, prior 1e6 I, one entry at R=1e-10, seed 2",
     "3 states, prior 1e6 I, two entries at R=1e-12, seed 4",
+    "2 states, prior I, both observed at R=1e-12, seed 0",
+    "2 states, prior 1e6 I, both observed at R=1e-12, seed 0",
 )
 
 _SCALAR = {r.name: r for r in R.scalar_regimes(full=True)}

@@ -23,7 +23,11 @@
  * f_s = h' P h + Dg, nu = |u|, f = f_s + nu^2), and D loses the direction u as above; the factor
  * is folded into P once |D|_F^2 <= tr(P). The covariance form loses |P_pred| / |P_post| digits
  * per update, 1e18 with a 1e6 prior and an entry at R = 1e-12; here the loss is that of the
- * prior-free part only (docs/dense.md, "Native path").
+ * prior-free part only (docs/dense.md, "Native path"). A step with two or more near noise-free
+ * entries (|h|^2 tr(P) > NEAR_STEP Dg, near_step) runs them on the factor of its predicted P the
+ * same way (to_factor, then fold_factor): one at a time in covariance form the second would see
+ * the first's rounding, |P| eps, next to a direction known to Dg. Under a large prior's factor
+ * that happens when they observe the whole state (P_s and D then share one factor).
  *
  * Log-likelihood (kalmanscan's convention, docs/dense.md): proper entries add log N(v; 0, f);
  * a step with r diffuse entries adds 1/2 log pdet(2 pi G G') - sum 1/2 log(2 pi f_inf,i) over
@@ -45,7 +49,10 @@
  * (|h|^2 |Q| / Dg > INFO_COND) the rows are run from the end instead (r0, N0 hold 1/Dg-sized
  * terms next to O(1) ones) and Durbin & Koopman's terms serve where they agree with the rows to
  * within the rows' error level (near_tol). A large prior's head (fin) takes its smoothed moments
- * from the same rows, run from the end, with x_t = a + L u + D v, u, v ~ N(0, I).
+ * from the same rows, run from the end, with x_t = a + L u + D v, u, v ~ N(0, I). A series with a
+ * near_step step keeps the rows from the end over every step (rows_all): its proper steps' moments
+ * are the rows' (k = 0) wherever Durbin & Koopman's P - P N P disagrees with them (near_tol);
+ * their gains are recomputed on the same factor as in the filter.
  *
  * Precisions (filtered and smoothed) are inverses by Cholesky; a covariance that is not positive
  * definite gets NaN there and the caller inverts it by other means.
@@ -59,6 +66,7 @@
 #define SRIF_SWITCH 1e1 /* |P N P| up to this times |V|: r0, N0 set the square-root rows */
 #define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
 #define FIN_FOLD 1.0 /* |D|_F^2 up to this times tr(P): a large prior's factor folded into P */
+#define NEAR_STEP 1e4 /* |h|^2 tr(P) above this times Dg: a near noise-free entry (near_step) */
 
 typedef struct {
     const double *p;
@@ -504,6 +512,8 @@ static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, i
             k--;
             e->type = 1;
             e->f = f;
+            if (keep)
+                for (int i = 0; i < n; i++) w->K0[p * n + i] = (Ms[i] + Minf[i]) / f;
             continue;
         }
         if (diffuse) {
@@ -916,6 +926,49 @@ static KS_INLINE int info_smoothed_cov(int n, int k, const double *P, const doub
     return 1;
 }
 
+/* How many of the o gathered entries are near noise-free (|h|^2 tr(P) > NEAR_STEP Dg); 0 when
+ * fewer than two: processed one at a time in covariance form, the second would see the first's
+ * rounding at |P| eps next to a direction known to Dg (docs/dense.md, "Native path"). O(n o). */
+static KS_INLINE int near_step(const ws_t *w, const int n, int o, const double *P) {
+    if (o < 2) return 0;
+    double tr = 0.0;
+    for (int i = 0; i < n; i++) tr += P[i * n + i];
+    int c = 0;
+    for (int p = 0; p < o; p++) {
+        const double *h = w->Hy + p * n;
+        double hh = 0.0;
+        for (int j = 0; j < n; j++) hh += h[j] * h[j];
+        if (hh * tr > NEAR_STEP * w->Dg[p]) c++;
+    }
+    return c >= 2 ? c : 0;
+}
+
+/* P -> the factor D (its nonzero semidefinite Cholesky columns) and P = 0; returns their number. */
+static KS_INLINE int to_factor(ws_t *w, const int n, double *P) {
+    double *L = w->tmp, *D = w->D;
+    semidef_chol(n, P, L);
+    int k = 0;
+    for (int j = 0; j < n; j++)
+        if (L[j * n + j] > 0.0) {
+            for (int i = 0; i < n; i++) D[i * n + k] = L[i * n + j];
+            k++;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = k; j < n; j++) D[i * n + j] = 0.0;
+    memset(P, 0, (size_t)n * n * sizeof(double));
+    return k;
+}
+
+/* P += D D' (k columns) and D = 0. */
+static KS_INLINE void fold_factor(ws_t *w, const int n, int k, double *P) {
+    const int nn = n * n;
+    if (k > 0) {
+        DDt(n, k, w->D, w->tmp);
+        for (int i = 0; i < nn; i++) P[i] += w->tmp[i];
+    }
+    for (int i = 0; i < nn; i++) w->D[i] = 0.0;
+}
+
 /* The square-root rows' error level with a near noise-free entry, hq = max |h|^2 / Dg times
  * max |Q|: 1e3 eps sqrt(hq) (measured up to 160 eps sqrt(hq) in the covariances and 750 in the
  * means on random 3-state models at R = 1e-10, 1e-12), at most 2.5e-8 (KFAS's VAR(1) with a
@@ -973,7 +1026,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     }
     for (int i = 0; i < n; i++)
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
-    Py_ssize_t nd = 0, np_ = 0;
+    Py_ssize_t nd = 0, np_ = 0, nfs = 0; /* nfs: steps whose entries ran on the factor of P */
     double llsum = 0.0;
     double *ll = out[O_LL] + b;
     const int ll_only = smooth < 0; /* the log-likelihood alone: no per-step output is written */
@@ -1011,8 +1064,25 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         memcpy(m, a, n * sizeof(double));
         double lt = 0.0;
         int o = gather(w, n, in, b, t, k, !fin);
+        int fstep = k == 0 && near_step(w, n, o, P);
+        if (fstep) { /* the step's entries on the factor of P (exact, as a large prior's) */
+            k = to_factor(w, n, P);
+            nfs++;
+        } else if (fin && k > 0 && near_step(w, n, o, P) >= n) {
+            /* a large prior's head with the whole state near noise-free: P (O(Q)) beside the
+               factor would cancel like Q / Dg; the whole covariance on one factor instead (its
+               rounding, eps |D|^2, is what the entries' information 1 / Dg makes negligible) */
+            fold_factor(w, n, k, P);
+            k = to_factor(w, n, P);
+            nfs++;
+        }
         int k_before = k;
-        k = update(w, n, o, m, P, k, &lt, 0, fin);
+        k = update(w, n, o, m, P, k, &lt, 0, fin || fstep);
+        if (fstep) {
+            fold_factor(w, n, k, P);
+            k = 0;
+            k_before = 0;
+        }
         if (k < k_before && !fin) lt += pdet_term(w->sig, k_before - k);
         llsum += lt;
         if (fin && k > 0) { /* the factor no longer dominates: fold it into P */
@@ -1083,8 +1153,11 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
        steps (0 once a noise-free or near noise-free entry is met anywhere: the DK form) */
     const Py_ssize_t nh = np_;             /* steps with a factor D: diffuse or a large prior's */
     const Py_ssize_t ndk = fin ? 0 : np_;  /* diffuse steps (Durbin & Koopman's diffuse terms) */
-    int srif = nh > 0;
-    int near = 0; /* a near noise-free entry (|h|^2 |Q| / Dg > INFO_COND): rows from the end */
+    /* steps with two near noise-free entries (near_step): the rows run from the end over the
+       whole series and serve every step where Durbin & Koopman's form disagrees with them */
+    const int rows_all = nfs > 0;
+    int srif = nh > 0 || rows_all;
+    int near = rows_all; /* a near noise-free entry (|h|^2 |Q| / Dg > INFO_COND): rows from the end */
     double hmax = 0.0, qmax = 0.0; /* max |h|^2 / Dg and max |Q| met so far */
     double *Srif = NULL, *sbuf = NULL, *Nc = NULL, *rc = NULL;
     Py_ssize_t tc = T; /* the step whose r0, N0 (Nc, rc) set the rows; T: from nothing */
@@ -1123,7 +1196,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         memcpy(m, a0, n * sizeof(double));
         memcpy(P, P0t, nn * sizeof(double));
         double dummy = 0.0;
-        if (srif && t == nh - 1) {
+        if (srif && t == nh - 1 && !rows_all) {
             /* the square-root filter's rows: from r0, N0 at tc (the information z_{tc:T} carry
                about x_tc, the last step back where they convert accurately; from nothing past
                the end if none did), carried back to the head. With a near noise-free entry, or
@@ -1160,7 +1233,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             }
         }
         int o = gather(w, n, in, b, t, 0, 0);
-        if (srif && t < nh) {
+        if (srif && (t < nh || rows_all)) {
             srif = srif_obs(n, Srif, o, w->Hy, w->y, w->Dg, sbuf, &hmax);
         } else if (srif) { /* rows set at step nh: only the entries' scales here */
             for (int p = 0; p < o && srif; p++) {
@@ -1175,7 +1248,9 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             const double *Qt = mat(&in[I_Q], b, t);
             for (int i = 0; i < nn; i++) qmax = fmax(qmax, fabs(Qt[i]));
         }
-        update(w, n, o, m, P, ktd, &dummy, 1, 0);
+        /* the filter's decision (the same P and entries): the step's entries on the factor */
+        const int fs_t = ktd == 0 && t >= nh && near_step(w, n, o, P);
+        update(w, n, o, m, P, fs_t ? to_factor(w, n, P) : ktd, &dummy, 1, fs_t);
         for (int p = o - 1; p >= 0; p--) {
             const elem_t *e = &w->el[p];
             if (e->type == 0) continue;
@@ -1372,6 +1447,14 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             }
         }
         if (t >= ndk && use_info) memcpy(sc, Vi, nn * sizeof(double));
+        if (rows_all && srif && t >= nh) { /* V from the rows where the DK form disagrees */
+            if (!srif_smoothed(n, Srif, 0, a0, P0t, P0t, sbuf, x, Vi, 0))
+                srif = 0;
+            else if (!agree(n, sm, sc, x, Vi, near_tol(hmax * qmax))) {
+                memcpy(sm, x, n * sizeof(double));
+                memcpy(sc, Vi, nn * sizeof(double));
+            }
+        }
         if (t < ndk) {
             DDt(n, kt, pD + t * nn, Pinf);
             for (int i = 0; i < n; i++) {
@@ -1457,7 +1540,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         if (!info || t <= ndk) psrif = 0;
         if (psrif)
             srif_back(n, Sp, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t), sbuf);
-        if (srif && t > 0 && t < nh)
+        if (srif && t > 0 && (t < nh || rows_all))
             srif_back(n, Srif, mat(&in[I_F], b, t), mat(&in[I_Q], b, t), mat(&in[I_C], b, t),
                       sbuf);
         back_vec(w, n, r0);

@@ -384,37 +384,44 @@ def _structural9(T, seed):
     return F, Q, H, R, z
 
 
-def _mixing3(seed, d, r, large_prior, T=25):
-    """A random 3-state model (contracting F, full Q) whose d observation rows mix the states,
-    at R = r I (near noise-free), 40% of the entries missing; prior N(0, 1e6 I) or diffuse."""
+def _mixing(seed, n, d, r, prior, missing=0.4, T=25):
+    """A random n-state model (contracting F, full Q) whose d observation rows mix the states,
+    at R = r I (near noise-free), a fraction ``missing`` of the entries missing; prior
+    ``"diffuse"``, ``"1e6"`` (N(0, 1e6 I)) or ``"unit"`` (N(0, I))."""
     rng = np.random.default_rng(seed)
-    n = 3
     A = rng.normal(size=(n, n))
     F = A * 0.95 / np.abs(np.linalg.eigvals(A)).max()
     G = rng.normal(size=(n, n))
     Q = G @ G.T / n * 10.0 ** rng.integers(-2, 1)
     H, R = rng.normal(size=(d, n)), r * np.eye(d)
     z = rng.normal(size=(T, d)) * 3
-    z[rng.random((T, d)) < 0.4] = np.nan
-    kw = dict(prior_mean=np.zeros(n), prior_cov=1e6 * np.eye(n)) if large_prior else {}
+    z[rng.random((T, d)) < missing] = np.nan
+    scale = {"diffuse": None, "unit": 1.0, "1e6": 1e6}[prior]
+    kw = {} if scale is None else dict(prior_mean=np.zeros(n), prior_cov=scale * np.eye(n))
     return z, F, Q, H, R, kw
 
 
 def _near_noiseless_heads() -> list[DenseRegime]:
-    """Near noise-free entries under a diffuse or 1e6 prior (random 3-state models, mixing rows)."""
+    """Near noise-free entries whose rows mix the states: under a diffuse or 1e6 prior (3 states,
+    one or two entries, 40 % missing), and observing the whole state at every step (2 states)."""
     out = []
     for seed, r in ((1, 1e-10), (1, 1e-12), (7, 1e-10)):
-        z, F, Q, H, R, kw = _mixing3(seed, 1, r, False)
+        z, F, Q, H, R, kw = _mixing(seed, 3, 1, r, "diffuse")
         out.append(DenseRegime(f"3 states, diffuse, one entry at R={r:g}, seed {seed}", z, F, Q,
                                H, R, quick=(seed, r) == (1, 1e-10), **kw))  # fmt: skip
     for seed in (0, 2, 4, 6, 8, 9):
-        z, F, Q, H, R, kw = _mixing3(seed, 1, 1e-10, True)
+        z, F, Q, H, R, kw = _mixing(seed, 3, 1, 1e-10, "1e6")
         out.append(DenseRegime(f"3 states, prior 1e6 I, one entry at R=1e-10, seed {seed}", z, F,
                                Q, H, R, quick=seed == 2, **kw))  # fmt: skip
     for seed in (1, 4):
-        z, F, Q, H, R, kw = _mixing3(seed, 2, 1e-12, True)
+        z, F, Q, H, R, kw = _mixing(seed, 3, 2, 1e-12, "1e6")
         out.append(DenseRegime(f"3 states, prior 1e6 I, two entries at R=1e-12, seed {seed}", z,
                                F, Q, H, R, quick=seed == 4, **kw))  # fmt: skip
+    for prior, label in (("unit", "prior I"), ("1e6", "prior 1e6 I")):
+        for seed in (0, 3):
+            z, F, Q, H, R, kw = _mixing(seed, 2, 2, 1e-12, prior, missing=0.0)
+            out.append(DenseRegime(f"2 states, {label}, both observed at R=1e-12, seed {seed}", z,
+                                   F, Q, H, R, quick=seed == 0, **kw))  # fmt: skip
     return out
 
 
