@@ -2,7 +2,9 @@
 
 One compiled pass over time per series (series one after another, GIL released): the exact
 sequential filter with Durbin & Koopman's exact initial update for diffuse priors (the diffuse
-part kept as an exact rank-k factor, reduced by Householder reflections), entries of ``z_t``
+part kept as an exact rank-k factor, reduced by Householder reflections; a large proper prior,
+:data:`LARGE_PRIOR`, and a step's near noise-free entries are carried on such a factor with the
+exact finite update), entries of ``z_t``
 processed one at a time after decorrelating ``R_t = L Dg L'`` (so singular ``R``, ``R = 0``
 included, is allowed), and Durbin & Koopman's univariate state smoother (``r, N`` and, while
 diffuse, ``r1, N1, N2``). float64 throughout; float32 inputs are computed in float64. No
