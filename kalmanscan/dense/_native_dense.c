@@ -489,13 +489,14 @@ static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, i
             nu = sqrt(nu);
             diffuse = nu > DIFFUSE_TOL * sqrt(hh * dn);
         }
-        if (diffuse && fin) { /* finite factor: P = P_s + D D' updated exactly (no D-scale term) */
-            double f = fs + nu * nu, nu2 = nu * nu;
+        if (diffuse) /* the column of the factor that h sees, times nu: M_inf = D u */
             for (int i = 0; i < n; i++) {
                 double s = 0.0;
                 for (int j = 0; j < k; j++) s += D[i * n + j] * u[j];
                 Minf[i] = s;
             }
+        if (diffuse && fin) { /* finite factor: P = P_s + D D' updated exactly (no D-scale term) */
+            double f = fs + nu * nu, nu2 = nu * nu;
             for (int i = 0; i < n; i++) a[i] += (Ms[i] + Minf[i]) * v / f;
             /* P_s + d d' - (M_s + nu d)(M_s + nu d)' / f, d = D u / nu the column h sees:
                P_s - M_s M_s' / f - (M_s Minf' + Minf M_s') / f + (fs / f) Minf Minf' / nu^2 */
@@ -518,11 +519,6 @@ static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, i
         }
         if (diffuse) {
             double finf = nu * nu;
-            for (int i = 0; i < n; i++) {
-                double s = 0.0;
-                for (int j = 0; j < k; j++) s += D[i * n + j] * u[j];
-                Minf[i] = s;
-            }
             for (int i = 0; i < n; i++) a[i] += Minf[i] * v / finf;
             double c2 = fs / (finf * finf);
             for (int i = 0; i < n; i++)

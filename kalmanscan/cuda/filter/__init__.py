@@ -316,14 +316,14 @@ def _adjoint_buffers(sig, ins, needs):
 _KEPT: dict = {}
 
 
-def _kept_zeros(shape, like):
-    """A kept zero tensor (read-only by convention: the kernels only read it)."""
-    key = (shape, like.dtype, like.device)
+def _kept(shape, like, value=0.0):
+    """A kept tensor filled with ``value`` (read-only by convention: the kernels only read it)."""
+    key = (shape, value, like.dtype, like.device)
     t = _KEPT.get(key)
     if t is None:
         if len(_KEPT) > 64:
             _KEPT.clear()
-        t = _KEPT[key] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        t = _KEPT[key] = torch.full(shape, value, dtype=like.dtype, device=like.device)
     return t
 
 
@@ -343,10 +343,10 @@ def _adjoint(sig, ins, ck, amap, adj, gll, gfin, lane_sums=True):
         adj = _adjoint_buffers(sig, ins, adj.needs)
     adj.used = True
     if gll is None:
-        gll = _kept_zeros((N,), z)
+        gll = _kept((N,), z)
     gsn = gll.stride(0) if N > 1 else 0  # read through its stride (sum()'s gradient: stride 0)
     if gfin[0] is None and gfin[1] is None and gfin[2] is None:
-        xlast = _kept_zeros((3, N), z)
+        xlast = _kept((3, N), z)
     else:
         # (the kernels take the final normalization's derivative, as every step's)
         xlast = torch.stack([torch.zeros(N, dtype=z.dtype, device=z.device) if g is None else g
@@ -436,19 +436,6 @@ _LL_KEYS = (("loglik", None), ("final", 0), ("final", 1), ("final", 2))
 # gradient or a graph of the gradient take the backward's own adjoint as before.
 EAGER_ADJOINT = True
 
-_ONES: dict = {}
-
-
-def _kept_ones(N, like):
-    key = (N, like.dtype, like.device)
-    t = _ONES.get(key)
-    if t is None:
-        if len(_ONES) > 64:
-            _ONES.clear()
-        t = _ONES[key] = torch.ones((N,), dtype=like.dtype, device=like.device)
-    return t
-
-
 def _flags_reader(flags):
     """A function returning the flags word as an int that waits for the kernels launched so far
     only (a copy to pinned host memory behind them and an event), not for later launches."""
@@ -482,7 +469,7 @@ class _Loglik(torch.autograd.Function):
         ctx.eager = None
         if EAGER_ADJOINT and adj is not None and 1 not in adj.modes:
             box["read_flags"] = _flags_reader(flags)
-            ctx.eager = _adjoint(sig, ins, ck, amap, adj, _kept_ones(sig.N, z),
+            ctx.eager = _adjoint(sig, ins, ck, amap, adj, _kept((sig.N,), z, 1.0),
                                  (None, None, None), lane_sums=False)  # fmt: skip
         flag = flags[0]
         ctx.mark_non_differentiable(flag)

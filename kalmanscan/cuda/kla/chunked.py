@@ -58,6 +58,16 @@ def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
             af * A)  # fmt: skip
 
 
+@helper
+def _load_map_step(pm, pLm, ps, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
+                   dt: tl.constexpr):  # fmt: skip
+    """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm`` and ``k`` at ``ps``."""
+    vv = tl.load(pm, mask=lm, other=0.0).to(dt)
+    LL = tl.load(pLm, mask=lm, other=0.0).to(dt)
+    kk = tl.load(ps, mask=lm, other=0.0).to(dt)
+    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af)
+
+
 @triton.jit
 def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
@@ -93,11 +103,9 @@ def _chunk_maps_kernel(
     nb = Lc // 4
     for _ in tl.range(0, nb, num_stages=NS):
         for j in tl.static_range(4):
-            vv = tl.load(pm + j * M, mask=lm, other=0.0).to(dt)
-            LL = tl.load(pLm + j * M, mask=lm, other=0.0).to(dt)
-            kk = tl.load(ps + j * S, mask=lm, other=0.0).to(dt)
-            m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL,
-                                                      kk, q, p, d, af)  # fmt: skip
+            m11, m12, m21, m22, g1, g2, A = _load_map_step(
+                pm + j * M, pLm + j * M, ps + j * S, lm, m11, m12, m21, m22, g1, g2, A, q, p,
+                d, af, dt)  # fmt: skip
         sc = _rcp(m11 + m22)
         m11, m12, m21, m22, g1, g2, A = (m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc,
                                          g2 * sc, A * sc)  # fmt: skip
@@ -105,11 +113,8 @@ def _chunk_maps_kernel(
         pLm += 4 * M
         ps += 4 * S
     for _ in range(nb * 4, Lc):  # the last Lc mod 4 steps
-        vv = tl.load(pm, mask=lm, other=0.0).to(dt)
-        LL = tl.load(pLm, mask=lm, other=0.0).to(dt)
-        kk = tl.load(ps, mask=lm, other=0.0).to(dt)
-        m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q,
-                                                  p, d, af)  # fmt: skip
+        m11, m12, m21, m22, g1, g2, A = _load_map_step(
+            pm, pLm, ps, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
         pm += M
         pLm += M
         ps += S
@@ -174,6 +179,24 @@ def _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp
     return lam, eta, Jll, Jel, Jee, bl + Jll * gl + Jel * ge, be + Jee * ge
 
 
+@helper
+def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d,
+                       af, e, dfin, dt: tl.constexpr, HAS_GPREC: tl.constexpr):  # fmt: skip
+    """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pg``:
+    the precisions' gradient, read with ``HAS_GPREC``)."""
+    vv = tl.load(pv, mask=lm, other=0.0).to(dt)
+    LL = tl.load(pL, mask=lm, other=0.0).to(dt)
+    gyy = tl.load(pgy, mask=lm, other=0.0).to(dt)
+    gvv = tl.load(pgv, mask=lm, other=0.0).to(dt)
+    kk = tl.load(pk, mask=lm, other=0.0).to(dt)
+    qq = tl.load(pq, mask=lm, other=0.0).to(dt)
+    gpp = tl.zeros_like(vv)
+    if HAS_GPREC:
+        gpp = tl.load(pg, mask=lm, other=0.0).to(dt)
+    return _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
+                         af, e, dfin)  # fmt: skip
+
+
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
@@ -214,18 +237,10 @@ def _adjoint_maps_kernel(
     nb = n // 4
     for _ in tl.range(0, nb, num_stages=NS):
         for j in tl.static_range(4):
-            vv = tl.load(pv + j * M, mask=lm, other=0.0).to(dt)
-            LL = tl.load(pL + j * M, mask=lm, other=0.0).to(dt)
-            gyy = tl.load(pgy + j * M, mask=lm, other=0.0).to(dt)
-            gvv = tl.load(pgv + j * M, mask=lm, other=0.0).to(dt)
-            kk = tl.load(pk + j * S, mask=lm, other=0.0).to(dt)
-            qq = tl.load(pq + j * S, mask=lm, other=0.0).to(dt)
-            gpp = zero
-            if HAS_GPREC:
-                gpp = tl.load(pg + j * MS, mask=lm, other=0.0).to(dt)
-            lam, eta, Jll, Jel, Jee, bl, be = _tangent_step(
-                lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
-                dfin)  # fmt: skip
+            lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
+                pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
+                pg + j * MS, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin, dt,
+                HAS_GPREC)  # fmt: skip
         pv += 4 * M
         pL += 4 * M
         pgy += 4 * M
@@ -234,18 +249,9 @@ def _adjoint_maps_kernel(
         pq += 4 * S
         pg += 4 * MS  # (a pointer: i M S can pass 2^31)
     for _ in range(nb * 4, n):  # the last n mod 4 steps
-        vv = tl.load(pv, mask=lm, other=0.0).to(dt)
-        LL = tl.load(pL, mask=lm, other=0.0).to(dt)
-        gyy = tl.load(pgy, mask=lm, other=0.0).to(dt)
-        gvv = tl.load(pgv, mask=lm, other=0.0).to(dt)
-        kk = tl.load(pk, mask=lm, other=0.0).to(dt)
-        qq = tl.load(pq, mask=lm, other=0.0).to(dt)
-        gpp = zero
-        if HAS_GPREC:
-            gpp = tl.load(pg, mask=lm, other=0.0).to(dt)
-        lam, eta, Jll, Jel, Jee, bl, be = _tangent_step(
-            lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
-            dfin)  # fmt: skip
+        lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
+            pv, pL, pgy, pgv, pk, pq, pg, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin,
+            dt, HAS_GPREC)  # fmt: skip
         pv += M
         pL += M
         pgy += M
