@@ -160,6 +160,7 @@ def profile_split(step, tokens, device):
         step(tokens)
         sync(device)
     split = dict.fromkeys(CATEGORIES, 0.0)
+    count = dict.fromkeys(CATEGORIES, 0)
     top = {}
     if device.type == "cuda":
         for ev in prof.events():
@@ -167,6 +168,7 @@ def profile_split(step, tokens, device):
                 continue
             ms = ev.time_range.elapsed_us() / 1e3
             split[classify(ev.name)] += ms
+            count[classify(ev.name)] += 1
             top[ev.name] = top.get(ev.name, 0.0) + ms
     else:
         for avg in prof.key_averages():
@@ -174,9 +176,11 @@ def profile_split(step, tokens, device):
                 continue
             ms = avg.self_cpu_time_total / 1e3
             split[classify(avg.key)] += ms
+            count[classify(avg.key)] += avg.count
             top[avg.key] = top.get(avg.key, 0.0) + ms
     split = {k: round(v, 3) for k, v in split.items()}
     split["total"] = round(sum(split.values()), 3)
+    split["kernels"] = {**count, "total": sum(count.values())}
     heavy = sorted(top.items(), key=lambda kv: -kv[1])[:12]
     return split, [
         {"name": n[:160], "ms": round(ms, 3), "category": classify(n)} for n, ms in heavy
