@@ -190,44 +190,58 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
 
 
 @triton.jit
-def _glue_conv_bwd_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
-                          NT, K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
-    """``gz[t] = sum_d w[K-1-d] gpre[t+d]`` with ``gpre = (g + g2) * silu'(pre)`` recomputed at
-    the ``K - 1`` following tokens (``g2``: the skip's gradient); per-program partial sums of
-    ``gw``, ``gb``."""
+def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, gb_ptr, L, M, ZS,
+                           NT, K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """The conv's backward, first pass: ``gpre = (g + g2) * silu'(pre)`` at every token
+    (``g2``: the skip's gradient), ``pre`` recomputed from the ``K`` inputs it reads, which also
+    give this program's partial sums of ``gw`` and ``gb``; ``gpre`` float32 to ``gp [B, L, M]``."""
     pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = pid_t * BT + tl.arange(0, BT)
     m = pid_m * BM + tl.arange(0, BM)
     mmask = m < M
     rows = (b * L + t).to(tl.int64)
-    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
-    gz = tl.zeros((BT, BM), tl.float32)
+    inside = (t < L)[:, None] & mmask[None, :]
+    pre = tl.zeros((BT, BM), tl.float32) + tl.load(b_ptr + m, mask=mmask, other=0.0).to(
+        tl.float32)[None, :]
+    for j in tl.static_range(K):
+        w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
+        ok = ((t + j - (K - 1)) >= 0) & (t < L)
+        x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                    mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+        pre += w[None, :] * x.to(tl.float32)
+    at = rows[:, None] * M + m[None, :]
+    g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    sg = 1.0 / (1.0 + tl.exp(-pre))
+    gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+    tl.store(gp_ptr + at, gp, mask=inside)
     part = (b * NT + pid_t).to(tl.int64)
+    tl.store(gb_ptr + part * M + m, tl.sum(gp, axis=0), mask=mmask)
+    for j in tl.static_range(K):  # (the same addresses as above: cache hits)
+        ok = ((t + j - (K - 1)) >= 0) & (t < L)
+        x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                    mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+        tl.store(gw_ptr + (part * K + j) * M + m, tl.sum(gp * x.to(tl.float32), axis=0),
+                 mask=mmask)  # fmt: skip
+
+
+@triton.jit
+def _glue_conv_gz_kernel(gp_ptr, w_ptr, gz_ptr, L, M, ZS,
+                         K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """The conv's backward, second pass: ``gz[t] = sum_d w[K-1-d] gpre[t+d]`` over the tokens
+    ``t + d`` of the same sequence, into the first ``M`` columns of ``gz [B, L, ZS]``."""
+    pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = pid_t * BT + tl.arange(0, BT)
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    rows = (b * L + t).to(tl.int64)
+    gz = tl.zeros((BT, BM), tl.float32)
     for d in tl.static_range(K):
-        tp = t + d
-        pre = tl.zeros((BT, BM), tl.float32) + bias[None, :]
-        for j in tl.static_range(K):
-            w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
-            ok = ((tp + j - (K - 1)) >= 0) & (tp < L)
-            x = tl.load(zg_ptr + (rows + (d + j - (K - 1)))[:, None] * ZS + m[None, :],
-                        mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
-            pre += w[None, :] * x.to(tl.float32)
-        inside = (tp < L)[:, None] & mmask[None, :]
-        at = (rows + d)[:, None] * M + m[None, :]
-        g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        sg = 1.0 / (1.0 + tl.exp(-pre))
-        gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        ok = (t + d) < L
         wd = tl.load(w_ptr + m * K + (K - 1 - d), mask=mmask, other=0.0).to(tl.float32)
+        gp = tl.load(gp_ptr + (rows + d)[:, None] * M + m[None, :],
+                     mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
         gz += wd[None, :] * gp
-        if d == 0:
-            tl.store(gb_ptr + part * M + m, tl.sum(gp, axis=0), mask=mmask)
-            for j in tl.static_range(K):
-                ok = ((t + j - (K - 1)) >= 0) & (t < L)
-                x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
-                            mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
-                tl.store(gw_ptr + (part * K + j) * M + m, tl.sum(gp * x.to(tl.float32), axis=0),
-                         mask=mmask)  # fmt: skip
     omask = (t < L)[:, None] & mmask[None, :]
     tl.store(gz_ptr + rows[:, None] * ZS + m[None, :], gz.to(gz_ptr.dtype.element_ty),
              mask=omask)  # fmt: skip
@@ -407,8 +421,11 @@ class _ConvSilu(torch.autograd.Function):
             gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
         gw = empty((B * NT, K, M), dtype=torch.float32, device=zg.device)
         gb = empty((B * NT, M), dtype=torch.float32, device=zg.device)
-        launch(_glue_conv_bwd_kernel, (NT, cdiv(M, BM), B), zg, weight, bias, gzc.contiguous(),
-               gskip_zc, gzg, gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM,
+        gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
+        grid = (NT, cdiv(M, BM), B)
+        launch(_glue_conv_gpre_kernel, grid, zg, weight, bias, gzc.contiguous(), gskip_zc, gp,
+               gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        launch(_glue_conv_gz_kernel, grid, gp, weight, gzg, L, M, M2, K=K, BT=BT, BM=BM,
                num_warps=nw)  # fmt: skip
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
@@ -592,9 +609,12 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
             conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
             cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
                           dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
-            cases.append((f"conv_bwd-{tag}-K{K}", _glue_conv_bwd_kernel,
-                          dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
+            cases.append((f"conv_gpre-{tag}-K{K}", _glue_conv_gpre_kernel,
+                          dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
                                NT=NT),
+                          dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+            cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
+                          dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
             sens = dict(N=N, M=M, S=S, SS=2 * M + 2 * S, obs_min=1e-4, eps=_L2_EPS)
             for qk in (True, False):
