@@ -506,6 +506,7 @@ def kernel_resources():
     from kalmanscan.cuda.filter import adjoint as FA
     from kalmanscan.cuda.filter import kernels as FK
     from kalmanscan.cuda.kla import backward as KB
+    from kalmanscan.cuda.kla import chunked as KC
     from kalmanscan.cuda.kla import forward as KF
     from kalmanscan.cuda.kla import tuning as KT
 
@@ -564,6 +565,10 @@ def kernel_resources():
         "L M NB B",
         (),
     )
+    G, SG, NT, maps_warps, W, NS = KC._maps_layout(16)
+    maps_consts = dict(S=16, G=G, SG=SG, NT=NT, W=W, NS=NS)
+    G, SG, NT, tangent_warps, W, NS = KC._maps_layout(16, tangents=True)
+    tangent_consts = dict(S=16, G=G, SG=SG, NT=NT, W=W, NS=NS)
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
@@ -605,6 +610,14 @@ def kernel_resources():
         "filter_adj_carry": (FA.adjoint_carry_kernel,
                              sig("amap_ptr gll_ptr xlast_ptr xend_ptr", "gsn N NC", ()),
                              dict(CT=32, BLOCK=16), 4),
+        # the time-chunked KLA op's two map passes at chunked.MAPS_LAUNCH (S = 16)
+        "kla_chunk_maps": (KC._chunk_maps_kernel,
+                           sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C M NR", ()),
+                           maps_consts, maps_warps),
+        "kla_adjoint_maps": (KC._adjoint_maps_kernel,
+                             sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr "
+                                 "gprec_ptr out_ptr", "L Lc C M NR", ()),
+                             dict(tangent_consts, HAS_GPREC=False), tangent_warps),
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps, *maxnreg) in cases.items():

@@ -6,9 +6,11 @@ steps), so a chunked pass can be compared with the unchunked kernel at equal occ
     python benchmarks/kla_chunk_kernels.py [--out F.json]
     python benchmarks/kla_chunk_kernels.py --maps-sweep [--out F.json]
 
-``--maps-sweep``: the two map kernels' time at B=1 L=32768 C=8 for launch configurations of
-``chunked.MAPS_LAUNCH`` (lanes a program, warps, pipeline stages), the chunked op's outputs and
-gradients checked against the unchunked op's in the same run.
+``--maps-sweep``: the two map kernels' time at B=1 L=32768 C=32 and B=2 L=8192 C=16 (the chunk
+counts ``tuning.chunks_for`` picks there) for launch choices of ``chunked.MAPS_LAUNCH`` and
+``TANGENT_LAUNCH`` (slots a thread, steps unrolled, pipeline stages; both kernels take each
+choice, each kernel's time is its own), the chunked op's outputs and gradients checked against
+the unchunked op's in the same run.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def profile(fn, reps=5):
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
-SWEEP = [  # (BLOCK, num_warps, NS)
-    (128, 4, 3), (128, 4, 1), (64, 2, 3), (32, 1, 3), (32, 1, 1), (32, 1, 4), (64, 1, 3),
+SWEEP = [  # (slots, unroll, NS)
+    (1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 8, 1), (2, 8, 1), (4, 8, 1), (8, 8, 1), (4, 8, 2),
 ]  # fmt: skip
 
 
@@ -63,27 +65,30 @@ def normwise(a, b):
 def maps_sweep(dyn):
     from kalmanscan.cuda.kla import chunked
 
-    B, L, C = 1, 32768, 8
-    M, S = dyn[0].shape
-    x = inputs(B, L, M, S, dyn, "cuda")
-    gy = torch.randn(B, L, M, device="cuda")
-    grads = (gy, gy * 0.1)
-    with_chunks(1)
-    ref = call(x, grads)
     rows = []
-    for blk, warps, ns in SWEEP:
-        chunked.MAPS_LAUNCH = {"BLOCK": blk, "num_warps": warps, "NS": ns}
-        with_chunks(C)
-        got = call(x, grads)
-        err = max([normwise(a, b) for a, b in zip(got[0], ref[0], strict=True)]
-                  + [normwise(a, b) for a, b in zip(got[1], ref[1], strict=True)])
-        per = profile(lambda: call(x, grads))
-        row = {"BLOCK": blk, "num_warps": warps, "NS": ns, "max_rel_err_vs_unchunked": err,
-               "maps_ms": per.get("_chunk_maps_kernel"),
-               "tangent_maps_ms": per.get("_adjoint_maps_kernel"),
-               "fwdbwd_kernels_ms": sum(per.values())}  # fmt: skip
-        print(row, flush=True)
-        rows.append(row)
+    saved = dict(chunked.MAPS_LAUNCH), dict(chunked.TANGENT_LAUNCH)
+    for B, L, C in ((1, 32768, 32), (2, 8192, 16)):
+        M, S = dyn[0].shape
+        x = inputs(B, L, M, S, dyn, "cuda")
+        gy = torch.randn(B, L, M, device="cuda")
+        grads = (gy, gy * 0.1)
+        with_chunks(1)
+        ref = call(x, grads)
+        for slots, unroll, ns in SWEEP:
+            launch = {"slots": slots, "unroll": unroll, "NS": ns}
+            chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(launch), dict(launch)
+            with_chunks(C)
+            got = call(x, grads)
+            err = max([normwise(a, b) for a, b in zip(got[0], ref[0], strict=True)]
+                      + [normwise(a, b) for a, b in zip(got[1], ref[1], strict=True)])
+            per = profile(lambda: call(x, grads))
+            row = {"B": B, "L": L, "C": C, **launch, "max_rel_err_vs_unchunked": err,
+                   "maps_ms": per.get("_chunk_maps_kernel"),
+                   "tangent_maps_ms": per.get("_adjoint_maps_kernel"),
+                   "fwdbwd_kernels_ms": sum(per.values())}  # fmt: skip
+            print(row, flush=True)
+            rows.append(row)
+    chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = saved
     with_chunks(None)
     return rows
 
@@ -99,8 +104,8 @@ def main():
     if args.maps_sweep:
         rows = maps_sweep(dyn)
         if args.out:
-            json.dump({"device": torch.cuda.get_device_name(), "shape": "B=1 L=32768 C=8",
-                       "rows": rows}, open(args.out, "w"), indent=1)  # fmt: skip
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows},
+                      open(args.out, "w"), indent=1)  # fmt: skip
         return
     rows = []
     for B, L, C in CASES:

@@ -65,6 +65,34 @@ def test_chunked_equals_reference_float64(shape, C, monkeypatch):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
+@pytest.mark.parametrize(
+    "launch",
+    [{"slots": 1, "unroll": 4, "NS": 1}, {"slots": 2, "unroll": 8, "NS": 1},
+     {"slots": 8, "unroll": 4, "NS": 2}],
+    ids=["slots1-unroll4", "slots2-unroll8", "slots8-unroll4-NS2"],
+)  # fmt: skip
+def test_map_kernel_launches_equal_reference(launch, monkeypatch):
+    """The two map kernels at other launch choices (``chunked.MAPS_LAUNCH`` and
+    ``TANGENT_LAUNCH``: a thread's slots, the unrolled steps, pipeline stages): chunks of 9
+    steps are a block and a tail of 1 (unroll 8) or 2 blocks and a tail of 1 (unroll 4), S = 5
+    pads to 8 slots."""
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", launch)
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH", launch)
+    (got, ggot), _, (ref, gref) = chunked_runs((1, 63, 2, 5), 7, torch.float64, monkeypatch,
+                                               plain=False)  # fmt: skip
+    for name, a, b in zip(OUTS, got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        scale = max(b.abs().max().item(), 1.0)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
+def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", {"slots": 4, "unroll": 6, "NS": 1})
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['unroll'\]: expected 4 or 8, got 6"):
+        chunked_runs((1, 36, 2, 4), 4, torch.float64, monkeypatch, plain=False)
+
+
 @pytest.mark.parametrize("shape,C", [((1, 64, 3, 4), 4)], ids=["B1-L64-M3-S4-C4-f32"])
 def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
     (got, ggot), (plain, gplain), (ref, gref) = chunked_runs(

@@ -34,22 +34,39 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
+from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.device import _dynamics, _rcp
+from kalmanscan.cuda.kla.device import _dynamics, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
-# launch of the two map kernels (the chunk maps, the tangent maps): lanes a program, warps,
-# pipeline stages of the step loads (benchmarks/kla_chunk_kernels.py --maps-sweep times them)
-MAPS_LAUNCH = {"BLOCK": 32, "num_warps": 1, "NS": 1}
+# launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
+# (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
+# loading the channel's v, Lv once a step for them and its k, q as one vector), steps unrolled a
+# loop iteration (their loads issued together), pipeline stages of those loads
+# (benchmarks/kla_chunk_kernels.py --maps-sweep times the choices)
+MAPS_LAUNCH = {"slots": 4, "unroll": 8, "NS": 1}
+TANGENT_LAUNCH = {"slots": 4, "unroll": 8, "NS": 1}
+
+
+def _maps_layout(S, tangents=False):
+    """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (``MAPS_LAUNCH``, or
+    ``TANGENT_LAUNCH`` with ``tangents``)."""
+    name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
+    ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
+    if ml["unroll"] not in (4, 8):
+        raise ValueError(f"chunked.{name}['unroll']: expected 4 or 8, got {ml['unroll']!r}")
+    G, SG, NT, nw = tuning.layout(S, ml["slots"])
+    return G, SG, NT, nw, ml["unroll"], ml["NS"]
 
 
 @helper
 def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
-    """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``."""
-    phi = LL * kk * kk
-    r = vv * LL * kk
+    """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``
+    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
+    phi = LL[None, :] * kk * kk
+    r = (vv * LL)[None, :] * kk
     pu1 = m11 + q * m21
     pu2 = m12 + q * m22
     pv1 = p * m11 + d * m21
@@ -59,33 +76,39 @@ def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
 
 
 @helper
-def _load_map_step(pm, pLm, ps, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
+def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                    dt: tl.constexpr):  # fmt: skip
-    """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm`` and ``k`` at ``ps``."""
-    vv = tl.load(pm, mask=lm, other=0.0).to(dt)
-    LL = tl.load(pLm, mask=lm, other=0.0).to(dt)
-    kk = tl.load(ps, mask=lm, other=0.0).to(dt)
+    """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps``."""
+    vv = tl.load(pm, mask=mmask, other=0.0).to(dt)
+    LL = tl.load(pLm, mask=mmask, other=0.0).to(dt)
+    kk = tl.load(ps, mask=smask, other=0.0).to(dt)
     return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af)
+
+
+@helper
+def _normalized(m11, m12, m21, m22, g1, g2, A):
+    """The map divided by its trace (an approximate reciprocal: any positive scale leaves the
+    map's ratios as they are)."""
+    sc = _rcp(m11 + m22)
+    return m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc, g2 * sc, A * sc
 
 
 @triton.jit
 def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
-    L, Lc, C, M, NR, S: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr,
+    L, Lc, C, M, NR, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    W: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
-    """One program: ``BLOCK`` lanes ``(m, s)`` of chunk row ``program_id(1) = b C + c``, whose
-    ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``. Steps run in
-    unrolled blocks of 4 (their 12 loads issued together, pipelined across blocks), the map
-    divided by its trace (an approximate reciprocal: any positive scale leaves the map's ratios
-    as they are) once a block."""
+    """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
+    thread) of chunk row ``program_id(1) = b C + c``, whose ``Lc`` steps it composes into the
+    map stored at ``maps [7, B C, M S]``. Steps run in unrolled blocks of ``W`` (4 or 8; their
+    loads issued together), the map divided by its trace every 4 steps."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
     MS = M * S
-    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    lm = ms < MS
-    m = ms // S
-    s = ms % S
+    m, s, mo, mmask, smask, momask, jt, lm, ms, soff = _program(tl.program_id(0), b, M, S, G,
+                                                                SG, NT)  # fmt: skip
     dt = maps_ptr.dtype.element_ty
     a = tl.load(a_ptr + ms, mask=lm, other=1.0).to(dt)
     p = tl.load(p_ptr + ms, mask=lm, other=1.0).to(dt)
@@ -93,41 +116,42 @@ def _chunk_maps_kernel(
     q = tl.where(forget, 1.0, 0.0).to(dt)
     d = tl.where(forget, p, a * a)
     af = tl.where(forget, 0.0, a)
-    one = tl.full([BLOCK], 1.0, dt)
-    zero = tl.zeros([BLOCK], dt)
+    one = tl.full([SG, NT], 1.0, dt)
+    zero = tl.zeros([SG, NT], dt)
     m11, m12, m21, m22, g1, g2, A = one, zero, zero, one, zero, zero, one
     t0 = b.to(tl.int64) * L + c * Lc
     pm = v_ptr + t0 * M + m
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
-    nb = Lc // 4
+    nb = Lc // W
     for _ in tl.range(0, nb, num_stages=NS):
-        for j in tl.static_range(4):
-            m11, m12, m21, m22, g1, g2, A = _load_map_step(
-                pm + j * M, pLm + j * M, ps + j * S, lm, m11, m12, m21, m22, g1, g2, A, q, p,
-                d, af, dt)  # fmt: skip
-        sc = _rcp(m11 + m22)
-        m11, m12, m21, m22, g1, g2, A = (m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc,
-                                         g2 * sc, A * sc)  # fmt: skip
-        pm += 4 * M
-        pLm += 4 * M
-        ps += 4 * S
-    for _ in range(nb * 4, Lc):  # the last Lc mod 4 steps
+        for h in tl.static_range(W // 4):
+            for j in tl.static_range(4):
+                m11, m12, m21, m22, g1, g2, A = _load_map_step(
+                    pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
+                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
+            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
+        pm += W * M
+        pLm += W * M
+        ps += W * S
+    for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
-            pm, pLm, ps, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
+            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
+        if (i % 4) == 3:
+            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += M
         pLm += M
         ps += S
-    sc = _rcp(m11 + m22)
+    m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
     out = maps_ptr + row.to(tl.int64) * MS + ms
     step = NR.to(tl.int64) * MS
-    tl.store(out, m11 * sc, mask=lm)
-    tl.store(out + step, m12 * sc, mask=lm)
-    tl.store(out + 2 * step, m21 * sc, mask=lm)
-    tl.store(out + 3 * step, m22 * sc, mask=lm)
-    tl.store(out + 4 * step, g1 * sc, mask=lm)
-    tl.store(out + 5 * step, g2 * sc, mask=lm)
-    tl.store(out + 6 * step, A * sc, mask=lm)
+    tl.store(out, m11, mask=lm)
+    tl.store(out + step, m12, mask=lm)
+    tl.store(out + 2 * step, m21, mask=lm)
+    tl.store(out + 3 * step, m22, mask=lm)
+    tl.store(out + 4 * step, g1, mask=lm)
+    tl.store(out + 5 * step, g2, mask=lm)
+    tl.store(out + 6 * step, A, mask=lm)
 
 
 @triton.jit
@@ -164,35 +188,37 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 @helper
 def _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
                   dfin):  # fmt: skip
-    """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``)."""
+    """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``;
+    ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
     rden = _rcp(p * lam + d)
     alpha = af * rden
     Jel = alpha * Jel - (alpha * p * rden * eta) * Jll
     Jll = (dfin * rden * rden) * Jll
     Jee = alpha * Jee
-    lam = lam * rden + (LL * kk * kk + e)
-    eta = alpha * eta + vv * LL * kk
+    lam = lam * rden + (LL[None, :] * kk * kk + e)
+    eta = alpha * eta + (vv * LL)[None, :] * kk
     rl = _rcp(lam)
     qrl = qq * rl
-    ge = gyy * qrl
-    gl = gpp - qrl * (gyy * eta * rl + gvv * qrl)
+    ge = gyy[None, :] * qrl
+    gl = gpp - qrl * (gyy[None, :] * eta * rl + gvv[None, :] * qrl)
     return lam, eta, Jll, Jel, Jee, bl + Jll * gl + Jel * ge, be + Jee * ge
 
 
 @helper
-def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d,
-                       af, e, dfin, dt: tl.constexpr, HAS_GPREC: tl.constexpr):  # fmt: skip
-    """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pg``:
-    the precisions' gradient, read with ``HAS_GPREC``)."""
-    vv = tl.load(pv, mask=lm, other=0.0).to(dt)
-    LL = tl.load(pL, mask=lm, other=0.0).to(dt)
-    gyy = tl.load(pgy, mask=lm, other=0.0).to(dt)
-    gvv = tl.load(pgv, mask=lm, other=0.0).to(dt)
-    kk = tl.load(pk, mask=lm, other=0.0).to(dt)
-    qq = tl.load(pq, mask=lm, other=0.0).to(dt)
-    gpp = tl.zeros_like(vv)
+def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jll, Jel, Jee, bl,
+                       be, p, d, af, e, dfin, dt: tl.constexpr,
+                       HAS_GPREC: tl.constexpr):  # fmt: skip
+    """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pv,
+    pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``)."""
+    vv = tl.load(pv, mask=mmask, other=0.0).to(dt)
+    LL = tl.load(pL, mask=mmask, other=0.0).to(dt)
+    gyy = tl.load(pgy, mask=mmask, other=0.0).to(dt)
+    gvv = tl.load(pgv, mask=mmask, other=0.0).to(dt)
+    kk = tl.load(pk, mask=smask, other=0.0).to(dt)
+    qq = tl.load(pq, mask=smask, other=0.0).to(dt)
+    gpp = tl.zeros_like(kk)
     if HAS_GPREC:
-        gpp = tl.load(pg, mask=lm, other=0.0).to(dt)
+        gpp = tl.load(pg, mask=smask, other=0.0).to(dt)
     return _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
                          af, e, dfin)  # fmt: skip
 
@@ -200,23 +226,22 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, lm, lam, eta, Jll, Jel, Jee
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
-    L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, NS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
+    SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
-    """One program: ``BLOCK`` lanes of chunk row ``program_id(1) = b C + c`` (``c > 0``), run
-    forward from the chunk's starting state with its tangents: the chunk's Jacobian ``J``
-    (``Jll = d lam_end / d lam_start``, ``Jel = d eta_end / d lam_start``, ``Jee = d eta_end /
-    d eta_start``) and ``b = sum_t J_t^T g_t``, the start adjoint that the outputs' gradients
-    ``g_t`` inside the chunk give with zero at its end: ``out [5, B C, M S] = (bl, be, Jll,
-    Jel, Jee)``. Steps in unrolled blocks of 4, as ``_chunk_maps_kernel``."""
+    """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
+    row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
+    with its tangents: the chunk's Jacobian ``J`` (``Jll = d lam_end / d lam_start``, ``Jel =
+    d eta_end / d lam_start``, ``Jee = d eta_end / d eta_start``) and ``b = sum_t J_t^T g_t``,
+    the start adjoint that the outputs' gradients ``g_t`` inside the chunk give with zero at its
+    end: ``out [5, B C, M S] = (bl, be, Jll, Jel, Jee)``. Steps in unrolled blocks of ``W``, as
+    ``_chunk_maps_kernel``."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
     MS = M * S
-    ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    lm = ms < MS
-    m = ms // S
-    s = ms % S
+    m, s, mo, mmask, smask, momask, jt, lm, ms, _soff = _program(tl.program_id(0), b, M, S, G,
+                                                                 SG, NT)  # fmt: skip
     dt = out_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
     dfin = tl.where(af == 0.0, 0.0, d)  # (d is inf where the decay is 0; the slope is 0)
@@ -224,8 +249,8 @@ def _adjoint_maps_kernel(
     soff = row.to(tl.int64) * MS + ms
     lam = tl.load(start_ptr + soff, mask=lm, other=1.0)
     eta = tl.load(start_ptr + step + soff, mask=lm, other=0.0)
-    one = tl.full([BLOCK], 1.0, dt)
-    zero = tl.zeros([BLOCK], dt)
+    one = tl.full([SG, NT], 1.0, dt)
+    zero = tl.zeros([SG, NT], dt)
     Jll, Jel, Jee, bl, be = one, zero, one, zero, zero
     t0 = b.to(tl.int64) * L + c * Lc
     pm = t0 * M + m
@@ -234,24 +259,24 @@ def _adjoint_maps_kernel(
     pk, pq = k_ptr + ps, q_ptr + ps
     pg = gprec_ptr + t0 * MS + ms
     n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
-    nb = n // 4
+    nb = n // W
     for _ in tl.range(0, nb, num_stages=NS):
-        for j in tl.static_range(4):
+        for j in tl.static_range(W):
             lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                pg + j * MS, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin, dt,
+                pg + j * MS, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin, dt,
                 HAS_GPREC)  # fmt: skip
-        pv += 4 * M
-        pL += 4 * M
-        pgy += 4 * M
-        pgv += 4 * M
-        pk += 4 * S
-        pq += 4 * S
-        pg += 4 * MS  # (a pointer: i M S can pass 2^31)
-    for _ in range(nb * 4, n):  # the last n mod 4 steps
+        pv += W * M
+        pL += W * M
+        pgy += W * M
+        pgv += W * M
+        pk += W * S
+        pq += W * S
+        pg += W * MS  # (a pointer: i M S can pass 2^31)
+    for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
-            pv, pL, pgy, pgv, pk, pq, pg, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin,
-            dt, HAS_GPREC)  # fmt: skip
+            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af,
+            e, dfin, dt, HAS_GPREC)  # fmt: skip
         pv += M
         pL += M
         pgy += M
@@ -306,10 +331,10 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     R, Lc, MS = B * C, L // C, M * S
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     maps = empty((MAPS, R, MS), dtype=dtype, device=v.device)
-    ml = MAPS_LAUNCH
-    launch(_chunk_maps_kernel, (cdiv(MS, ml["BLOCK"]), R),
-           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, NS=ml["NS"], BLOCK=ml["BLOCK"],
-           num_warps=ml["num_warps"])  # fmt: skip
+    G, SG, NT, nw, W, NS = _maps_layout(S)
+    launch(_chunk_maps_kernel, (cdiv(M, NT // G), R),
+           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
+           num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -356,11 +381,10 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)
-        ml = MAPS_LAUNCH
-        launch(_adjoint_maps_kernel, (cdiv(MS, ml["BLOCK"]), R),
+        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
+        launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
-               HAS_GPREC=has_gprec, NS=ml["NS"], BLOCK=ml["BLOCK"],
-               num_warps=ml["num_warps"])  # fmt: skip
+               HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
