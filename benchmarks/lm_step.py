@@ -161,7 +161,7 @@ def profile_split(step, tokens, device):
         sync(device)
     split = dict.fromkeys(CATEGORIES, 0.0)
     count = dict.fromkeys(CATEGORIES, 0)
-    top = {}
+    top, calls = {}, {}
     if device.type == "cuda":
         for ev in prof.events():
             if ev.device_type != torch.autograd.DeviceType.CUDA:
@@ -170,6 +170,7 @@ def profile_split(step, tokens, device):
             split[classify(ev.name)] += ms
             count[classify(ev.name)] += 1
             top[ev.name] = top.get(ev.name, 0.0) + ms
+            calls[ev.name] = calls.get(ev.name, 0) + 1
     else:
         for avg in prof.key_averages():
             if not avg.key.startswith("aten::"):
@@ -178,12 +179,14 @@ def profile_split(step, tokens, device):
             split[classify(avg.key)] += ms
             count[classify(avg.key)] += avg.count
             top[avg.key] = top.get(avg.key, 0.0) + ms
+            calls[avg.key] = calls.get(avg.key, 0) + avg.count
     split = {k: round(v, 3) for k, v in split.items()}
     split["total"] = round(sum(split.values()), 3)
     split["kernels"] = {**count, "total": sum(count.values())}
-    heavy = sorted(top.items(), key=lambda kv: -kv[1])[:12]
+    heavy = sorted(top.items(), key=lambda kv: -kv[1])
     return split, [
-        {"name": n[:160], "ms": round(ms, 3), "category": classify(n)} for n, ms in heavy
+        {"name": n[:160], "ms": round(ms, 3), "calls": calls[n], "category": classify(n)}
+        for n, ms in heavy if ms >= 0.02
     ]
 
 
