@@ -1,8 +1,9 @@
-"""The fused Triton dense filter (kalmanscan/cuda/dense.py) against the float64 sequential
-reference of kalmanscan.dense: every output, awkward lengths (1, 63, several chunks), n = 2, 3
-(padded), 4, 8, d = 1 and d > 1 (diagonal R; a full R whitened), missing data, float32 and
-float64. Without CUDA the kernels run under TRITON_INTERPRET=1 at small sizes; outputs are
-NaN-poisoned (tests/conftest.py) so an unwritten element fails. GPU tests check which backend ran.
+"""The fused Triton dense filter and smoother (kalmanscan/cuda/dense.py) against the float64
+sequential reference of kalmanscan.dense: every output, awkward lengths (1, 63, several chunks),
+n = 2, 3 (padded), 4, 8, d = 1 and d > 1 (diagonal R; a full R whitened), missing data, float32
+and float64. Without CUDA the kernels run under TRITON_INTERPRET=1 at small sizes; outputs are
+NaN-poisoned (tests/conftest.py) so an unwritten element fails. Tests of ``kd.filter`` /
+``kd.smooth`` check which backend ran (a spy on :func:`run` / :func:`run_smooth`).
 """
 
 from __future__ import annotations
@@ -125,18 +126,18 @@ def test_several_chunks():
     check(z, kw, torch.float64)
 
 
+@pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
 @pytest.mark.parametrize(
     ("what", "expect"),
     [
         ("diffuse", "proper prior"),
         ("n9", "n <= 8"),
         ("time-varying", "time-varying F"),
-        ("smooth", "no smoother"),
         ("grad", "do not require grad"),
     ],
-    ids=["diffuse", "n9", "time-varying", "smooth", "grad"],
+    ids=["diffuse", "n9", "time-varying", "grad"],
 )
-def test_unsupported_raises(what, expect):
+def test_unsupported_raises(what, expect, smooth):
     n = 9 if what == "n9" else 2
     z, kw = random_model(1, n, 1, 4)
     if what == "diffuse":
@@ -147,30 +148,33 @@ def test_unsupported_raises(what, expect):
     if what == "grad":
         model = model._replace(F=model.F.detach().requires_grad_(True))
     with pytest.raises(ValueError, match=f"'triton'.*{expect}.*backend='torch'"):
-        CD.dense_triton(model, layout, what == "smooth", 32)
+        CD.dense_triton(model, layout, smooth, 32)
 
 
-def test_inf_observation_raises():
+@pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
+def test_inf_observation_raises(smooth):
     z, kw = random_model(2, 2, 1, 8)
     z[3] = np.inf
     model, layout = laid_out(z, kw, torch.float64)
     with pytest.raises(ValueError, match="inf"):
-        CD.dense_triton(model, layout, False, 32)
+        CD.dense_triton(model, layout, smooth, 32)
 
 
-def test_full_r_with_missing_raises():
+@pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
+def test_full_r_with_missing_raises(smooth):
     z, kw = random_model(2, 2, 2, 8, full_r=True)
     model, layout = laid_out(z, kw, torch.float64)
     with pytest.raises(ValueError, match="diagonal R.*backend='torch'"):
-        CD.dense_triton(model, layout, False, 32)
+        CD.dense_triton(model, layout, smooth, 32)
 
 
-def test_explicit_triton_off_cuda_raises():
+@pytest.mark.parametrize("fn", ["filter", "smooth"])
+def test_explicit_triton_off_cuda_raises(fn):
     if CUDA:
         pytest.skip("needs CPU tensors")
     z, kw = random_model(2, 2, 1, 8)
     with pytest.raises(ValueError, match="'triton' runs on CUDA"):
-        kd.filter(z, **kw, backend="triton")
+        getattr(kd, fn)(z, **kw, backend="triton")
 
 
 def test_carry_levels():
@@ -220,3 +224,204 @@ def test_gpu_auto_diffuse_takes_torch(ran):
     assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
     with pytest.raises(ValueError, match="proper prior"):
         kd.filter(torch.as_tensor(z, device="cuda"), **t, backend="triton")
+
+
+# --- the smoother (kd.smooth's "triton" backend: the filter, then back_carry and chunk_smooth) ---
+
+SMOOTH_OUTPUTS = ("mean", "cov", "precision")
+F32_NORMWISE = 1e-5  # float32 smoothed means and covariances, normwise against float64
+
+
+def normwise(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def check_smooth(z, kw, dtype):
+    ref = kd.smooth(
+        torch.as_tensor(z, dtype=torch.float64),
+        **{k: torch.as_tensor(v, dtype=torch.float64) for k, v in kw.items()},
+        backend="sequential",
+    )
+    model, layout = laid_out(z, kw, dtype)
+    got = CD.dense_triton(model, layout, True, 32)
+    assert isinstance(got, kd.DenseSmoothResult)
+    kind = "parallel" if dtype == torch.float64 else "truth"
+    for name in SMOOTH_OUTPUTS:
+        assert_close(getattr(got, name).cpu(), getattr(ref, name), kind, dtype, what=name)
+    for name in OUTPUTS:
+        assert_close(
+            getattr(got.filtered, name).cpu(), getattr(ref.filtered, name), kind, dtype,
+            what=f"filtered {name}",
+        )  # fmt: skip
+    assert_close(got.filtered.loglik.cpu(), ref.filtered.loglik, kind, dtype, what="loglik")
+    assert not bool(got.filtered.diffuse.any())
+    if dtype == torch.float32:  # the accuracy of the float64 formulation, not the 2e-3 bound
+        for name in ("mean", "cov"):
+            err = normwise(getattr(got, name).cpu(), getattr(ref, name))
+            assert err <= F32_NORMWISE, f"float32 smoothed {name}: normwise error {err:.2e}"
+    return got
+
+
+SMOOTH_CASES = [
+    # id, n, d, T, full R, dtype (the default run: cheap interpreted sizes)
+    ("n2-d1-T1-f64", 2, 1, 1, False, torch.float64),
+    ("n2-d1-T1-f32", 2, 1, 1, False, torch.float32),
+    ("n2-d1-T21-f64", 2, 1, 21, False, torch.float64),  # interpreted: 3 chunks of 8, the last 5
+    ("n3-d2-T12-f32", 3, 2, 12, False, torch.float32),  # padded state, 3 chunks of 4
+    ("n8-d1-T12-f32", 8, 1, 12, False, torch.float32),
+    ("n3-d2-T16-fullR-f64", 3, 2, 16, True, torch.float64),
+]
+
+
+@pytest.mark.parametrize(
+    ("n", "d", "T", "full_r", "dtype"), [c[1:] for c in SMOOTH_CASES],
+    ids=[c[0] for c in SMOOTH_CASES],
+)  # fmt: skip
+def test_smooth_matches_sequential(n, d, T, full_r, dtype):
+    z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
+    check_smooth(z, kw, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize(
+    ("n", "d", "T", "full_r"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_smooth_matches_sequential_slow(n, d, T, full_r, dtype):
+    z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
+    check_smooth(z, kw, dtype)
+
+
+@pytest.mark.parametrize(
+    ("L", "dtype"),
+    [
+        pytest.param(1, torch.float64, marks=pytest.mark.slow),
+        (3, torch.float32),
+        (5, torch.float64),
+    ],
+    ids=["L1-f64", "L3-f32", "L5-f64"],
+)
+def test_smooth_chunk_counts(monkeypatch, L, dtype):
+    # chunks of L steps over T = 23: 23 chunks of one step (groups of 8: 8, 8, 7), 8 chunks
+    # (groups of 4: 4, 4, the last 2 steps) and 5 (groups of 4: 4, 1), each with the two-level
+    # carries forwards and backwards and a last chunk shorter than the others (L = 3, 5)
+    T = 23
+    monkeypatch.setattr(CD, "chunk_length", lambda T: L)
+    nc = CD.cdiv(T, L)
+    assert CD.cdiv(nc, CD.group_size(nc)) >= 2
+    z, kw = random_model(40 + L, 2, 1, T, missing=0.2)
+    check_smooth(z, kw, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
+def test_smooth_matches_sequential_long(n, dtype):
+    z, kw = random_model(7 + n, n, 1, 1000)
+    check_smooth(z, kw, dtype)
+
+
+@pytest.mark.slow
+def test_smooth_several_chunks():
+    # more than two groups of chunks in both two-level carries (as test_several_chunks)
+    T = 3200 if CUDA else 300
+    z, kw = random_model(3, 2, 1, T)
+    nc = CD.cdiv(T, CD.chunk_length(T))
+    assert CD.cdiv(nc, CD.group_size(nc)) > 2
+    check_smooth(z, kw, torch.float64)
+
+
+@pytest.fixture
+def ran_smooth(monkeypatch):
+    calls = []
+    real = CD.run_smooth
+
+    def spy(model, layout):
+        calls.append(layout.n)
+        return real(model, layout)
+
+    monkeypatch.setattr(CD, "run_smooth", spy)
+    return calls
+
+
+@pytest.fixture
+def auto_is_triton(monkeypatch):
+    """Off CUDA: let ``backend="auto"`` resolve as on CUDA (the interpreted kernels take CPU
+    tensors), so that kd.smooth's dispatch by model class runs here."""
+    if CUDA:
+        return
+    from kalmanscan.core import backends
+
+    real = backends.resolve
+
+    def resolve(backend, device, op="filter"):
+        if backend == "auto" and op == "dense":
+            return backends.AUTO["dense"]["cuda"][0]
+        return real(backend, device, op)
+
+    monkeypatch.setattr(backends, "resolve", resolve)
+
+
+def test_auto_smooth_takes_triton(auto_is_triton, ran, ran_smooth):
+    # kd.smooth(auto) runs the fused smoother for a model the triton backend serves (on CPU
+    # through the auto rule that CUDA tensors get); kd.filter(auto) runs the fused filter
+    z, kw = random_model(6, 2, 1, 21)
+    t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
+    zt = torch.as_tensor(z, device=DEVICE)
+    got = kd.smooth(zt, **t)
+    assert ran_smooth == [2] and ran == [], "kd.smooth(auto) must run the triton smoother"
+    ref = kd.smooth(z, **kw, backend="sequential")
+    for name in SMOOTH_OUTPUTS:
+        assert_close(getattr(got, name).cpu(), getattr(ref, name), "parallel", "float64", what=name)
+    kd.filter(zt, **t)
+    assert ran == [2] and ran_smooth == [2]
+
+
+@pytest.mark.parametrize("what", ["diffuse", "time-varying", "grad"])
+def test_auto_smooth_outside_triton_takes_torch(auto_is_triton, ran_smooth, what):
+    z, kw = random_model(8, 2, 1, 6)
+    if what == "diffuse":
+        kw["prior_cov"] = np.diag([np.inf, np.inf])
+    if what == "time-varying":
+        kw["F"] = np.stack([(0.5 + 0.1 * i) * kw["F"] for i in range(6)])
+    t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
+    if what == "grad":
+        t["Q"].requires_grad_(True)
+    got = kd.smooth(torch.as_tensor(z, device=DEVICE), **t)
+    assert ran_smooth == [], f"a {what} model is outside the triton model class"
+    ref = kd.smooth(z, **kw, backend="sequential")
+    assert_close(got.mean.detach().cpu()[2:], ref.mean[2:], "parallel", "float64", what="mean")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
+def test_gpu_public_auto_smooth(ran_smooth, n):
+    z, kw = random_model(11 + n, n, 1, 1500)  # 47 chunks of 32 in groups of 8
+    ref = kd.smooth(z, **kw, backend="sequential")
+    t = {k: torch.as_tensor(v, dtype=torch.float32, device="cuda") for k, v in kw.items()}
+    got = kd.smooth(torch.as_tensor(z, dtype=torch.float32, device="cuda"), **t)
+    assert ran_smooth == [n], "kd.smooth(auto) on CUDA must run the triton backend"
+    for name in SMOOTH_OUTPUTS:
+        assert_close(getattr(got, name).cpu(), getattr(ref, name), "truth", "float32", what=name)
+    for name in ("mean", "cov"):
+        err = normwise(getattr(got, name).cpu(), getattr(ref, name))
+        assert err <= F32_NORMWISE, f"float32 smoothed {name}: normwise error {err:.2e}"
+    for name in OUTPUTS:
+        assert_close(
+            getattr(got.filtered, name).cpu(), getattr(ref.filtered, name), "truth", "float32",
+            what=f"filtered {name}",
+        )  # fmt: skip
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_auto_smooth_diffuse_takes_torch(ran_smooth):
+    z, kw = random_model(5, 2, 1, 300)
+    kw["prior_cov"] = np.diag([np.inf, np.inf])
+    t = {k: torch.as_tensor(v, device="cuda") for k, v in kw.items()}
+    got = kd.smooth(torch.as_tensor(z, device="cuda"), **t)
+    assert ran_smooth == [], "a diffuse prior is outside the triton model class"
+    ref = kd.smooth(z, **kw, backend="sequential")
+    assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
+    with pytest.raises(ValueError, match="proper prior"):
+        kd.smooth(torch.as_tensor(z, device="cuda"), **t, backend="triton")

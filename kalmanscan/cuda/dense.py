@@ -1,4 +1,5 @@
-"""Fused Triton filter for small dense states (the ``"triton"`` backend of ``kalmanscan.dense``).
+"""Fused Triton filter and smoother for small dense states (the ``"triton"`` backend of
+``kalmanscan.dense``).
 
 Notation as :mod:`kalmanscan.dense.scan` (B series, T steps, n state padded to NP = 2, 4 or 8,
 d observation components; R diagonal after whitening, ``r_k`` its entries). An element over the
@@ -21,11 +22,27 @@ Reduce-then-scan over chunks of ``L`` steps:
    carried start and writes every output once: predictions, filtered means, covariances and
    precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood.
 
+The smoother (``kd.smooth``) runs the filter, its chunk elements computed for every chunk and
+group, then:
+
+4. ``back_carry``: the information ``(J, eta)`` that the data after each chunk carry about the
+   state at its last step, walked backwards over groups and then inside every group with the
+   information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan), and at every
+   chunk's last step the smoothed state: the filtered one there (the filter's carry) given that
+   information, ``(I + P J)^-1 [P, P (eta - J m)]``, as the torch scan's smoother does at every
+   step (:func:`kalmanscan.dense.parallel.smooth_moments`).
+5. ``chunk_smooth``: one program per (chunk, series) runs the RTS recursion backwards from that
+   state (the affine elements ``x_s(t) = E_t x_s(t+1) + g_t``, ``P_s(t) = E_t P_s(t+1) E_t' +
+   L_t`` applied one step at a time, E_t from a Gauss-Jordan solve with the SPD prediction) over
+   the filtered moments the filter wrote, and writes every smoothed mean, covariance and
+   precision once. The carry needs no per-step composition pass: the chunk elements the filter
+   already composes carry the suffix information, O(chunks) work.
+
 Every step updates one observation component at a time (exact for diagonal R; a full R is
 whitened on the host, which the missing-data pattern then must not break). Float32 errors stay at
 a few ulp: the carried start states come from the accurate "prior at the end" step and the
-filter inside a chunk contracts its rounding errors (measured in tests/test_cuda_dense.py and
-benchmarks/dense_gpu.py).
+filter inside a chunk contracts its rounding errors, as does the RTS recursion from the smoothed
+chunk ends (measured in tests/test_cuda_dense.py and benchmarks/dense_gpu.py).
 """
 
 from __future__ import annotations
@@ -104,21 +121,27 @@ def _row(ptr, k, D: tl.constexpr, n, cols):
 
 
 @helper
-def _inv_spd(P, rv, ri, cj, n, NP: tl.constexpr):
-    """Inverse of an SPD [NP, NP] tile (padding set to the identity) by Gauss-Jordan."""
+def _solve_spd(M, X, rv, ri, cj, n, NP: tl.constexpr):
+    """``M^-1 X`` for an SPD [NP, NP] tile ``M`` (padding set to the identity) by Gauss-Jordan
+    without pivoting (the pivots of an SPD matrix are positive)."""
     pad = (ri == cj) & (ri >= n)
-    M = tl.where(pad, 1.0, P)
-    Inv = tl.where(ri == cj, 1.0, 0.0).to(P.dtype)
+    M = tl.where(pad, 1.0, M)
     for k in tl.static_range(NP):
         rowM = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
-        rowI = tl.sum(tl.where(ri == k, Inv, 0.0), axis=0)
+        rowX = tl.sum(tl.where(ri == k, X, 0.0), axis=0)
         colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
         piv = tl.sum(tl.where(rv == k, rowM, 0.0), axis=0)
         rowM = rowM / piv
-        rowI = rowI / piv
+        rowX = rowX / piv
         M = tl.where(ri == k, rowM[None, :], M - colM[:, None] * rowM[None, :])
-        Inv = tl.where(ri == k, rowI[None, :], Inv - colM[:, None] * rowI[None, :])
-    return Inv
+        X = tl.where(ri == k, rowX[None, :], X - colM[:, None] * rowX[None, :])
+    return X
+
+
+@helper
+def _inv_spd(P, rv, ri, cj, n, NP: tl.constexpr):
+    """Inverse of an SPD [NP, NP] tile (padding set to the identity) by Gauss-Jordan."""
+    return _solve_spd(P, tl.where(ri == cj, 1.0, 0.0).to(P.dtype), rv, ri, cj, n, NP)
 
 
 @triton.jit
@@ -223,7 +246,7 @@ def group_elements(
     NC, G, NG,
     NP: tl.constexpr,
 ):  # fmt: skip
-    """Element of group ``pid0`` (chunks [pid0 G, pid0 G + G)) of series ``pid1``:
+    """Element of group ``pid0`` (chunks [pid0 G, min(pid0 G + G, NC))) of series ``pid1``:
     GE [B, NG, 3 NP + 2, NP], composed with the combine of :func:`kalmanscan.dense.scan.combine`
     (X = I + C1 J2 inverted by pivoted Gauss-Jordan)."""
     g = tl.program_id(0)
@@ -235,7 +258,7 @@ def group_elements(
     A1, C1, J1, b1, eta1 = _load_element(E_ptr + (s * NC + g * G) * size, rv, ri, cj, NP)
     eye = tl.where(ri == cj, 1.0, 0.0).to(A1.dtype)
     zv = tl.zeros([NP], A1.dtype)
-    for ch in tl.range(g * G + 1, g * G + G):
+    for ch in tl.range(g * G + 1, tl.minimum(g * G + G, NC)):
         A2, C2, J2, b2, eta2 = _load_element(E_ptr + (s * NC + ch) * size, rv, ri, cj, NP)
         Xi, _ = _gj(eye + _mm(C1, J2), eye, zv, rv, ri, cj, NP)  # (I + C1 J2)^-1
         W = _mm(A2, Xi)  # A2 X^-1
@@ -342,6 +365,105 @@ def chunk_filter(
     tl.store(ll_ptr + s * NC + ch, ll)
 
 
+@triton.jit
+def back_carry(
+    E_ptr, B0_ptr, S_ptr, out_ptr,
+    NC, G, NG,
+    NP: tl.constexpr, POST: tl.constexpr,
+):  # fmt: skip
+    """The smoother's carry: walks the chunks [pid0 G, pid0 G + G) of series ``pid1`` backwards
+    with the information ``(J, eta)`` that the data after each chunk carry about the state at its
+    last step, from the group's B0 [B, NG, NP + 1, NP] (rows J, eta; 0 after the last chunk).
+    Before a chunk: ``(I + J C)^-1 [J A, eta - J b]`` through its element E (A, C, J_e, b,
+    eta_e), ``J <- A' (.) + J_e``, ``eta <- A' (.) + eta_e`` (the combine of
+    :func:`kalmanscan.dense.scan.combine`, its information half). ``POST``: out [B, NC, NP + 1,
+    NP] gets the smoothed state at each chunk's last step (rows P, m): the filtered state there
+    S[ch + 1] (the filter's carry) given that information, ``(I + P J)^-1 [P, P (eta - J m)]``,
+    as :func:`carry`'s posterior (the last chunk's is its filtered end, not written here).
+    Else out gets the information itself (the walk over groups, E their elements)."""
+    g = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    start = B0_ptr + (s * NG + g) * (NP + 1) * NP
+    J = tl.load(start + ri * NP + cj)
+    eta = tl.load(start + NP * NP + rv)
+    eye = tl.where(ri == cj, 1.0, 0.0).to(J.dtype)
+    first = g * G
+    end = tl.minimum(first + G, NC)
+    for i in tl.range(0, end - first):
+        ch = end - 1 - i
+        out = out_ptr + (s * NC + ch) * (NP + 1) * NP
+        if POST:
+            if ch + 1 < NC:
+                nxt = S_ptr + (s * NC + ch + 1) * (NP + 1) * NP
+                P = tl.load(nxt + ri * NP + cj)
+                m = tl.load(nxt + NP * NP + rv)
+                X, u = _gj(eye + _mm(P, J), P, _mv(P, eta - _mv(J, m)), rv, ri, cj, NP)
+                tl.store(out + ri * NP + cj, _sym(X))
+                tl.store(out + NP * NP + rv, m + u)
+        else:
+            tl.store(out + ri * NP + cj, J)
+            tl.store(out + NP * NP + rv, eta)
+        if ch > first:
+            A, C, Je, b, etae = _load_element(
+                E_ptr + (s * NC + ch) * (3 * NP + 2) * NP, rv, ri, cj, NP
+            )
+            Y, y = _gj(eye + _mm(J, C), _mm(J, A), eta - _mv(J, b), rv, ri, cj, NP)
+            J = _sym(_mtm(A, Y) + Je)
+            eta = _mtv(A, y) + etae
+
+
+@triton.jit
+def chunk_smooth(
+    F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, end_ptr,
+    smean_ptr, scov_ptr, sprec_ptr,
+    T, n, L, NC,
+    NP: tl.constexpr,
+):  # fmt: skip
+    """RTS smoother over chunk ``pid0`` of series ``pid1``, backwards from the smoothed state at
+    its last step (``end_ptr`` [B, NC, NP + 1, NP] from :func:`back_carry`; the last chunk's is
+    the filtered end): with the filtered m, P of each step (the filter's outputs) and the
+    prediction ``F P F' + Q`` recomputed, the gain E' = (F P F' + Q)^-1 F P (Gauss-Jordan of
+    the SPD prediction), ``m_s = m + E (m_s' - F m - c)``, ``P_s = P + E (P_s' - F P F' - Q) E'``;
+    writes every smoothed mean, covariance and precision once."""
+    ch = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    mm = (ri < n) & (cj < n)
+    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    t0 = ch * L
+    t1 = tl.minimum(t0 + L, T)
+    o = (s * T + t1 - 1) * n
+    if ch + 1 < NC:
+        end = end_ptr + (s * NC + ch) * (NP + 1) * NP
+        Ps = tl.load(end + ri * NP + cj)
+        ms = tl.load(end + NP * NP + rv)
+    else:
+        Ps = tl.load(cov_ptr + o * n + ri * n + cj, mask=mm, other=0.0)
+        ms = tl.load(mean_ptr + o + rv, mask=rv < n, other=0.0)
+    tl.store(smean_ptr + o + rv, ms, mask=rv < n)
+    tl.store(scov_ptr + o * n + ri * n + cj, Ps, mask=mm)
+    tl.store(sprec_ptr + o * n + ri * n + cj, _sym(_inv_spd(Ps, rv, ri, cj, n, NP)), mask=mm)
+    for i in tl.range(1, t1 - t0):
+        o = (s * T + t1 - 1 - i) * n
+        m = tl.load(mean_ptr + o + rv, mask=rv < n, other=0.0)
+        P = tl.load(cov_ptr + o * n + ri * n + cj, mask=mm, other=0.0)
+        FP = _mm(Fm, P)
+        Pp = _sym(_mmt(FP, Fm) + Qm)
+        Et = _solve_spd(Pp, FP, rv, ri, cj, n, NP)  # (P F' Pp^-1)'
+        ms = m + _mtv(Et, ms - _mv(Fm, m) - cv)
+        Ps = _sym(P + _mtm(Et, _mm(Ps - Pp, Et)))
+        tl.store(smean_ptr + o + rv, ms, mask=rv < n)
+        tl.store(scov_ptr + o * n + ri * n + cj, Ps, mask=mm)
+        tl.store(sprec_ptr + o * n + ri * n + cj, _sym(_inv_spd(Ps, rv, ri, cj, n, NP)), mask=mm)
+
+
 def unsupported(model, layout) -> str | None:
     """Why the triton backend cannot serve this laid-out model (None when it can)."""
     n, T = layout.n, layout.T
@@ -361,6 +483,16 @@ def unsupported(model, layout) -> str | None:
 def run(model, layout):
     """Filter of a laid-out model (z with NaN where missing): (mean, cov, precision, pred_mean,
     pred_cov, loglik [B]), all [B, T, ...]. The caller has checked :func:`unsupported`."""
+    return _launch(model, layout, False)
+
+
+def run_smooth(model, layout):
+    """Filter and smoother of a laid-out model: :func:`run`'s outputs, then the smoothed
+    (mean, cov, precision) [B, T, ...]. The caller has checked :func:`unsupported`."""
+    return _launch(model, layout, True)
+
+
+def _launch(model, layout, smooth: bool):
     B, T, d = model.z.shape
     n = layout.n
     dtype, dev = model.z.dtype, model.z.device
@@ -406,8 +538,11 @@ def run(model, layout):
     nw = 1 if interpreting() else TUNING["num_warps"]
     E = empty((B, NC, 3 * NP + 2, NP), dtype=dtype, device=dev)
     S = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+    # the filter's carry uses the elements of chunks [0, NC - 1), the smoother's [1, NC)
     if NC > 1:
-        chunk_elements[(NC - 1, B)](z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)
+        chunk_elements[(NC if smooth else NC - 1, B)](
+            z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw
+        )  # fmt: skip
     prior = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)
     prior[:, 0, :n, :n] = P0
     prior[:, 0, NP, :n] = m0
@@ -418,7 +553,7 @@ def run(model, layout):
     else:  # two levels: compose groups of G chunk elements, carry over groups, then within them
         GE = empty((B, NG, 3 * NP + 2, NP), dtype=dtype, device=dev)
         SG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
-        group_elements[(NG - 1, B)](E, GE, NC, G, NG, NP=NP, num_warps=nw)
+        group_elements[(NG if smooth else NG - 1, B)](E, GE, NC, G, NG, NP=NP, num_warps=nw)
         carry[(1, B)](GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
         carry[(NG, B)](E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
     mean = empty((B, T, n), dtype=dtype, device=dev)
@@ -432,22 +567,41 @@ def run(model, layout):
         num_warps=nw,
     )  # fmt: skip
     loglik = ll.sum(1) - ll_shift * T
-    return mean, cov, prec, pm, pP, loglik
+    if not smooth:
+        return mean, cov, prec, pm, pP, loglik
+    # smoother: the information after each chunk (backwards over groups, then inside them), the
+    # smoothed state at each chunk's last step, then the RTS pass inside every chunk
+    ends = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+    none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)  # no data after the end
+    if NC > 1 and NG == 1:
+        back_carry[(1, B)](E, none, S, ends, NC, NC, 1, NP=NP, POST=True, num_warps=nw)
+    elif NC > 1:
+        BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
+        back_carry[(1, B)](GE, none, S, BG, NG, NG, 1, NP=NP, POST=False, num_warps=nw)
+        back_carry[(NG, B)](E, BG, S, ends, NC, G, NG, NP=NP, POST=True, num_warps=nw)
+    smean = empty((B, T, n), dtype=dtype, device=dev)
+    scov = empty((B, T, n, n), dtype=dtype, device=dev)
+    sprec = empty((B, T, n, n), dtype=dtype, device=dev)
+    chunk_smooth[(NC, B)](
+        F, c, Q, mean, cov, ends, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
+    )  # fmt: skip
+    return mean, cov, prec, pm, pP, loglik, smean, scov, sprec
 
 
 def dense_triton(model, layout, smooth: bool, chunk: int):
-    """The ``"triton"`` backend of ``kalmanscan.dense.filter`` (TABLES["dense"]): proper prior,
-    time-invariant F, offset, Q, H, R, n <= 8, no grad, filter only; raises naming ``'torch'``
+    """The ``"triton"`` backend of ``kalmanscan.dense.filter`` and ``smooth`` (TABLES["dense"]):
+    proper prior, time-invariant F, offset, Q, H, R, n <= 8, no grad; raises naming ``'torch'``
     otherwise. ``chunk`` (the torch scan's block length) is not used: see :func:`chunk_length`."""
     from kalmanscan.dense import _args
-    from kalmanscan.dense.api import DenseFilterResult
+    from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult
 
-    why = "the filter only (no smoother)" if smooth else unsupported(model, layout)
+    why = unsupported(model, layout)
     if why is not None:
         raise ValueError(f"backend: 'triton' (dense) serves {why}; use backend='torch'")
-    mean, cov, prec, pm, pP, loglik = run(model, layout)
+    parts = run_smooth(model, layout) if smooth else run(model, layout)
+    mean, cov, prec, pm, pP, loglik = parts[:6]
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
-    return DenseFilterResult(
+    filtered = DenseFilterResult(
         mean=out(mean, 1),
         cov=out(cov, 2),
         precision=out(prec, 2),
@@ -456,3 +610,7 @@ def dense_triton(model, layout, smooth: bool, chunk: int):
         loglik=_args.output_batch(layout, loglik),
         diffuse=out(torch.zeros(mean.shape[:2], dtype=torch.bool, device=mean.device), 0),
     )
+    if not smooth:
+        return filtered
+    smean, scov, sprec = parts[6:]
+    return DenseSmoothResult(out(smean, 1), out(scov, 2), out(sprec, 2), filtered)

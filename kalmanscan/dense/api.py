@@ -85,7 +85,7 @@ def _run(
     if name == "triton" and backend == "auto":  # the model class triton serves (backends.AUTO)
         from kalmanscan.cuda.dense import unsupported
 
-        name = "torch" if smooth or unsupported(model, layout) is not None else name
+        name = "torch" if unsupported(model, layout) is not None else name
     return backends.get(name, op="dense")(model, layout, smooth, chunk)
 
 
@@ -287,9 +287,9 @@ def filter(
     float64; with inputs that require grad its values carry the gradients of the torch path at the
     same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),
     ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a diagonal model with d == n),
-    ``"triton"`` (fused GPU filter: proper prior, time-invariant matrices, n <= 8, no grad;
-    ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the rest). ``chunk`` is the block
-    length of the torch scan.
+    ``"triton"`` (fused GPU filter and smoother: proper prior, time-invariant matrices, n <= 8,
+    no grad; ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the rest). ``chunk`` is
+    the block length of the torch scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
