@@ -425,3 +425,48 @@ def test_gpu_auto_smooth_diffuse_takes_torch(ran_smooth):
     assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
     with pytest.raises(ValueError, match="proper prior"):
         kd.smooth(torch.as_tensor(z, device="cuda"), **t, backend="triton")
+
+
+@pytest.mark.slow  # compiles the kernels for sm_90 (CI: `pytest -m slow`), about 40 s
+def test_kernels_compile_for_sm90_without_spills():
+    # every kernel of the filter and the smoother at NP = 2, 4, 8, compiled for Hopper on this
+    # machine (no GPU needed) with benchmarks/gpu.py's compile_sm90, as tests/test_cuda_resources.py
+    # does for the other kernels: a spilled register tile shows up here before any device time
+    triton = pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("triton's cuobjdump is not installed")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    code = r"""
+import os, re, subprocess, sys, tempfile, triton
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "benchmarks")]
+from gpu import compile_sm90
+from kalmanscan.cuda import dense as CD
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+ints = {"T", "n", "L", "NC", "G", "NG"}
+kernels = [(CD.chunk_elements, dict(D=1)), (CD.chunk_elements, dict(D=2)), (CD.group_elements, {}),
+           (CD.carry, {}), (CD.chunk_filter, dict(D=1)), (CD.back_carry, {}),
+           (CD.chunk_smooth, {})]
+for NP in (2, 4, 8):
+    for fn, consts in kernels:
+        consts = dict(consts, NP=NP)
+        sg = {a: "i32" if a in ints else "*fp32" for a in fn.arg_names if a not in consts}
+        comp = compile_sm90(fn, sg, consts, 1)
+        path = os.path.join(tempfile.mkdtemp(), "k.cubin")
+        open(path, "wb").write(comp.asm["cubin"])
+        out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+        print(fn.__name__, NP, re.findall(r"REG:(\d+)", out)[0], re.findall(r"STACK:(\d+)", out)[0])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True,
+                          env=env, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert {r[0] for r in rows} >= {"back_carry", "chunk_smooth", "chunk_filter"}, rows
+    assert len(rows) == 21, rows
+    for name, NP, regs, stack in rows:
+        assert int(stack) == 0, f"{name} (NP = {NP}) spills registers: {rows}"
+        assert int(regs) <= 255, (name, NP, regs)

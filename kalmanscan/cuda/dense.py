@@ -27,12 +27,12 @@ group, then:
 
 4. ``back_carry``: the information ``(J, eta)`` that the data after each chunk carry about the
    state at its last step, walked backwards over groups and then inside every group with the
-   information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan), and at every
-   chunk's last step the smoothed state: the filtered one there (the filter's carry) given that
-   information, ``(I + P J)^-1 [P, P (eta - J m)]``, as the torch scan's smoother does at every
-   step (:func:`kalmanscan.dense.parallel.smooth_moments`).
-5. ``chunk_smooth``: one program per (chunk, series) runs the RTS recursion backwards from that
-   state (the affine elements ``x_s(t) = E_t x_s(t+1) + g_t``, ``P_s(t) = E_t P_s(t+1) E_t' +
+   information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan).
+5. ``chunk_smooth``: one program per (chunk, series) computes the smoothed state at its chunk's
+   last step, the filtered one there (the filter's carry) given that information,
+   ``(I + P J)^-1 [P, P (eta - J m)]`` (as the torch scan's smoother does at every step,
+   :func:`kalmanscan.dense.parallel.smooth_moments`), then runs the RTS recursion backwards from
+   that state (the affine elements ``x_s(t) = E_t x_s(t+1) + g_t``, ``P_s(t) = E_t P_s(t+1) E_t' +
    L_t`` applied one step at a time, E_t from a Gauss-Jordan solve with the SPD prediction) over
    the filtered moments the filter wrote, and writes every smoothed mean, covariance and
    precision once. The carry needs no per-step composition pass: the chunk elements the filter
@@ -367,20 +367,17 @@ def chunk_filter(
 
 @triton.jit
 def back_carry(
-    E_ptr, B0_ptr, S_ptr, out_ptr,
+    E_ptr, B0_ptr, out_ptr,
     NC, G, NG,
-    NP: tl.constexpr, POST: tl.constexpr,
+    NP: tl.constexpr,
 ):  # fmt: skip
     """The smoother's carry: walks the chunks [pid0 G, pid0 G + G) of series ``pid1`` backwards
-    with the information ``(J, eta)`` that the data after each chunk carry about the state at its
-    last step, from the group's B0 [B, NG, NP + 1, NP] (rows J, eta; 0 after the last chunk).
-    Before a chunk: ``(I + J C)^-1 [J A, eta - J b]`` through its element E (A, C, J_e, b,
-    eta_e), ``J <- A' (.) + J_e``, ``eta <- A' (.) + eta_e`` (the combine of
-    :func:`kalmanscan.dense.scan.combine`, its information half). ``POST``: out [B, NC, NP + 1,
-    NP] gets the smoothed state at each chunk's last step (rows P, m): the filtered state there
-    S[ch + 1] (the filter's carry) given that information, ``(I + P J)^-1 [P, P (eta - J m)]``,
-    as :func:`carry`'s posterior (the last chunk's is its filtered end, not written here).
-    Else out gets the information itself (the walk over groups, E their elements)."""
+    and writes out [B, NC, NP + 1, NP] (rows J, eta): the information that the data after each
+    chunk carry about the state at its last step, from the group's B0 [B, NG, NP + 1, NP] (0
+    after the last chunk). Before a chunk: ``(I + J C)^-1 [J A, eta - J b]`` through its element
+    E (A, C, J_e, b, eta_e), ``J <- A' (.) + J_e``, ``eta <- A' (.) + eta_e`` (the combine of
+    :func:`kalmanscan.dense.scan.combine`, its information half). Over groups: E their elements,
+    one program."""
     g = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     rv = tl.arange(0, NP)
@@ -395,17 +392,8 @@ def back_carry(
     for i in tl.range(0, end - first):
         ch = end - 1 - i
         out = out_ptr + (s * NC + ch) * (NP + 1) * NP
-        if POST:
-            if ch + 1 < NC:
-                nxt = S_ptr + (s * NC + ch + 1) * (NP + 1) * NP
-                P = tl.load(nxt + ri * NP + cj)
-                m = tl.load(nxt + NP * NP + rv)
-                X, u = _gj(eye + _mm(P, J), P, _mv(P, eta - _mv(J, m)), rv, ri, cj, NP)
-                tl.store(out + ri * NP + cj, _sym(X))
-                tl.store(out + NP * NP + rv, m + u)
-        else:
-            tl.store(out + ri * NP + cj, J)
-            tl.store(out + NP * NP + rv, eta)
+        tl.store(out + ri * NP + cj, J)
+        tl.store(out + NP * NP + rv, eta)
         if ch > first:
             A, C, Je, b, etae = _load_element(
                 E_ptr + (s * NC + ch) * (3 * NP + 2) * NP, rv, ri, cj, NP
@@ -417,17 +405,19 @@ def back_carry(
 
 @triton.jit
 def chunk_smooth(
-    F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, end_ptr,
+    F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, S_ptr, I_ptr,
     smean_ptr, scov_ptr, sprec_ptr,
     T, n, L, NC,
     NP: tl.constexpr,
 ):  # fmt: skip
-    """RTS smoother over chunk ``pid0`` of series ``pid1``, backwards from the smoothed state at
-    its last step (``end_ptr`` [B, NC, NP + 1, NP] from :func:`back_carry`; the last chunk's is
-    the filtered end): with the filtered m, P of each step (the filter's outputs) and the
-    prediction ``F P F' + Q`` recomputed, the gain E' = (F P F' + Q)^-1 F P (Gauss-Jordan of
-    the SPD prediction), ``m_s = m + E (m_s' - F m - c)``, ``P_s = P + E (P_s' - F P F' - Q) E'``;
-    writes every smoothed mean, covariance and precision once."""
+    """RTS smoother over chunk ``pid0`` of series ``pid1``. Its last step's smoothed state: the
+    filtered one there (S [B, NC, NP + 1, NP], the filter's carry, at the next chunk) given the
+    information I [B, NC, NP + 1, NP] after the chunk (:func:`back_carry`),
+    ``(I + P J)^-1 [P, P (eta - J m)]`` as :func:`carry`'s posterior (the last chunk's: its
+    filtered end). Then backwards, with the filtered m, P of each step (the filter's outputs) and
+    the prediction ``F P F' + Q`` recomputed, the gain E' = (F P F' + Q)^-1 F P (Gauss-Jordan
+    of the SPD prediction), ``m_s = m + E (m_s' - F m - c)``, ``P_s = P + E (P_s' - F P F' - Q)
+    E'``; writes every smoothed mean, covariance and precision once."""
     ch = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     rv = tl.arange(0, NP)
@@ -441,9 +431,16 @@ def chunk_smooth(
     t1 = tl.minimum(t0 + L, T)
     o = (s * T + t1 - 1) * n
     if ch + 1 < NC:
-        end = end_ptr + (s * NC + ch) * (NP + 1) * NP
-        Ps = tl.load(end + ri * NP + cj)
-        ms = tl.load(end + NP * NP + rv)
+        nxt = S_ptr + (s * NC + ch + 1) * (NP + 1) * NP
+        P = tl.load(nxt + ri * NP + cj)
+        m = tl.load(nxt + NP * NP + rv)
+        info = I_ptr + (s * NC + ch) * (NP + 1) * NP
+        J = tl.load(info + ri * NP + cj)
+        eta = tl.load(info + NP * NP + rv)
+        eye = tl.where(ri == cj, 1.0, 0.0).to(P.dtype)
+        X, u = _gj(eye + _mm(P, J), P, _mv(P, eta - _mv(J, m)), rv, ri, cj, NP)
+        Ps = _sym(X)
+        ms = m + u
     else:
         Ps = tl.load(cov_ptr + o * n + ri * n + cj, mask=mm, other=0.0)
         ms = tl.load(mean_ptr + o + rv, mask=rv < n, other=0.0)
@@ -569,21 +566,21 @@ def _launch(model, layout, smooth: bool):
     loglik = ll.sum(1) - ll_shift * T
     if not smooth:
         return mean, cov, prec, pm, pP, loglik
-    # smoother: the information after each chunk (backwards over groups, then inside them), the
-    # smoothed state at each chunk's last step, then the RTS pass inside every chunk
-    ends = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+    # smoother: the information after each chunk (backwards over groups, then inside them),
+    # then in every chunk its last step's smoothed state and the RTS pass over its steps
+    after = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
     none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)  # no data after the end
     if NC > 1 and NG == 1:
-        back_carry[(1, B)](E, none, S, ends, NC, NC, 1, NP=NP, POST=True, num_warps=nw)
+        back_carry[(1, B)](E, none, after, NC, NC, 1, NP=NP, num_warps=nw)
     elif NC > 1:
         BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
-        back_carry[(1, B)](GE, none, S, BG, NG, NG, 1, NP=NP, POST=False, num_warps=nw)
-        back_carry[(NG, B)](E, BG, S, ends, NC, G, NG, NP=NP, POST=True, num_warps=nw)
+        back_carry[(1, B)](GE, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
+        back_carry[(NG, B)](E, BG, after, NC, G, NG, NP=NP, num_warps=nw)
     smean = empty((B, T, n), dtype=dtype, device=dev)
     scov = empty((B, T, n, n), dtype=dtype, device=dev)
     sprec = empty((B, T, n, n), dtype=dtype, device=dev)
     chunk_smooth[(NC, B)](
-        F, c, Q, mean, cov, ends, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
+        F, c, Q, mean, cov, S, after, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
     )  # fmt: skip
     return mean, cov, prec, pm, pP, loglik, smean, scov, sprec
 
