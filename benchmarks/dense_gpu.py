@@ -1,4 +1,4 @@
-"""GPU benchmark of the dense filter: the chunked scan vs the sequential loop, both on the GPU.
+"""GPU benchmark of the dense filter and smoother: fused Triton vs a JAX scan, scan vs loop.
 
     python benchmarks/dense_gpu.py --json benchmarks/results/dense-gpu.json --budget-s 220
     python benchmarks/dense_gpu.py --dry-run --json /tmp/dense-gpu.json   # CPU, small: checks the script
@@ -13,7 +13,12 @@ cut short by ``--budget-s`` keeps what matters:
    series, float32, random stable model (spectral radius 0.95), d = 1, n = 2, 4, 8,
    T = 1e4, 1e5, 1e6; median of 5 calls after a warm-up (3 at T = 1e6); errors of means and
    covariances normwise against the float64 torch scan of the same data (itself checked against the
-   sequential reference in the tests and in 1.);
+   sequential reference in the tests and in 1.). The same rows time ``kd.smooth`` (``auto``,
+   asserted to run the fused triton smoother: ``smooth_*`` keys) against the JAX filter followed
+   by the standard parallel RTS smoother (elements E = P F' (F P F' + Q)^-1, g = m - E F m,
+   L = P - E F P, a reverse ``associative_scan``; one jitted function, its float64 run checked
+   against the sequential smoother), with the errors of both against the float64 torch smoother
+   in the same run;
 
 1. correctness on the GPU against the float64 sequential reference run on the host CPU:
    float64 and float32 smoothers for n = 2, 4, 8 (proper prior) and a diffuse, partly missing,
@@ -197,8 +202,51 @@ def sgf_numpy(z, kw):
     return np.stack(means), np.stack(covs)
 
 
-def jax_filter_fn():
-    """A jitted JAX S&G-F filter (means, covs) or None when jax is not installed."""
+def sgf_smooth_elements(xp, means, covs, F, Q):
+    """Parallel RTS smoothing elements (E, g, L), [T, ...], from the filtered moments of a
+    time-invariant model without offset: x_s(t) = E_t x_s(t+1) + g_t + N(0, L_t) with
+    E = P F' (F P F' + Q)^-1, g = m - E F m, L = P - E F P; the last is (0, m_T, P_T)."""
+    T = means.shape[0]
+    tr = lambda M: xp.swapaxes(M, -1, -2)  # noqa: E731
+    FP = F @ covs
+    Pp = FP @ F.T + Q
+    E = tr(xp.linalg.solve(Pp, FP))  # (Pp^-1 F P)' = P F' Pp^-1
+    g = means - (E @ (means @ F.T)[..., None])[..., 0]
+    L = covs - E @ FP
+    last = xp.arange(T) == T - 1
+    E = xp.where(last[:, None, None], 0.0, E)
+    g = xp.where(last[:, None], means, g)
+    L = xp.where(last[:, None, None], covs, L)
+    return E, g, L
+
+
+def sgf_smooth_combine(xp, e1, e2):
+    """The standard combine of two smoothing elements, e1 the later in time (the order of
+    ``associative_scan(..., reverse=True)``): E2 E1, E2 g1 + g2, E2 L1 E2' + L2."""
+    E1, g1, L1 = e1
+    E2, g2, L2 = e2
+    return E2 @ E1, (E2 @ g1[..., None])[..., 0] + g2, E2 @ L1 @ xp.swapaxes(E2, -1, -2) + L2
+
+
+def sgf_smooth_numpy(z, kw):
+    """The parallel RTS smoother by a plain right fold in numpy (checks the two functions above
+    where jax is not installed): smoothed (means, covs)."""
+    means, covs = sgf_numpy(z, kw)
+    e = sgf_smooth_elements(np, means, covs, kw["F"], kw["Q"])
+    T = z.shape[0]
+    acc = tuple(x[T - 1] for x in e)
+    out_m, out_c = [acc[1]], [acc[2]]
+    for t in range(T - 2, -1, -1):
+        acc = sgf_smooth_combine(np, acc, tuple(x[t] for x in e))
+        out_m.append(acc[1])
+        out_c.append(acc[2])
+    return np.stack(out_m[::-1]), np.stack(out_c[::-1])
+
+
+def jax_filter_fn(smooth=False):
+    """A jitted JAX S&G-F filter (means, covs) or None when jax is not installed; ``smooth``:
+    the filter, then the parallel RTS smoother as a reverse ``associative_scan`` of
+    :func:`sgf_smooth_elements` (smoothed means, covs), one jitted function."""
     # torch shares the GPU: no preallocation of 75 % of its memory by XLA
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     try:
@@ -212,7 +260,13 @@ def jax_filter_fn():
     def run(z, F, Q, H, R, m0, P0):
         e = sgf_elements(jnp, z, F, Q, H, R, m0, P0)
         out = jax.lax.associative_scan(lambda a, b: sgf_combine(jnp, a, b), e)
-        return out[1], out[2]
+        if not smooth:
+            return out[1], out[2]
+        es = sgf_smooth_elements(jnp, out[1], out[2], F, Q)
+        sm = jax.lax.associative_scan(
+            lambda a, b: sgf_smooth_combine(jnp, a, b), es, reverse=True
+        )
+        return sm[1], sm[2]
 
     def call(z, kw, dtype):
         args = [jnp.asarray(z, dtype=dtype)] + [
@@ -228,15 +282,20 @@ def headline(args, res, rng, save, left, checks_ok):
     from kalmanscan.cuda import dense as CD
     from kalmanscan.dense import _args
 
-    ran = []
-    real_run = CD.run
+    ran = []  # which fused entry ran: "filter" (CD.run) or "smooth" (CD.run_smooth)
+    real_run, real_run_smooth = CD.run, CD.run_smooth
 
     def spy(model, layout):
-        ran.append(layout.n)
+        ran.append("filter")
         return real_run(model, layout)
 
-    CD.run = spy
+    def spy_smooth(model, layout):
+        ran.append("smooth")
+        return real_run_smooth(model, layout)
+
+    CD.run, CD.run_smooth = spy, spy_smooth
     jax_call = jax_filter_fn()
+    jax_smooth_call = jax_filter_fn(smooth=True)
     res["jax"] = None
     if jax_call is not None:
         import jax
@@ -250,20 +309,27 @@ def headline(args, res, rng, save, left, checks_ok):
     tol32 = 1e-6  # the target (meets_target): normwise error of float32 means and covariances
     for n in sizes[0]:
         kw = headline_model(rng, n)
-        # the JAX (or, without jax, the numpy) S&G-F code against the float64 reference
+        # the JAX (or, without jax, the numpy) S&G-F filter and RTS smoother against the float64
+        # reference
         zc = rng.normal(size=(500 if not args.dry_run else 40, 1))
         zc[rng.random(zc.shape) < 0.1] = np.nan
-        ref = kd.filter(zc, **kw, backend="sequential")
+        ref = kd.smooth(zc, **kw, backend="sequential")
         if jax_call is not None:
             jm, jc = jax_call(zc, kw, np.float64)()
+            sm, sc = jax_smooth_call(zc, kw, np.float64)()
         else:
             jm, jc = sgf_numpy(zc, kw)
-        err = max(rel_error(np.asarray(jm), ref.mean), rel_error(np.asarray(jc), ref.cov))
+            sm, sc = sgf_smooth_numpy(zc, kw)
+        err = max(rel_error(np.asarray(jm), ref.filtered.mean),
+                  rel_error(np.asarray(jc), ref.filtered.cov))  # fmt: skip
+        err_s = max(rel_error(np.asarray(sm), ref.mean), rel_error(np.asarray(sc), ref.cov))
         res.setdefault("peer_checks", []).append(
-            dict(n=n, T=zc.shape[0], peer="jax" if jax_call else "numpy fold", err_f64=err)
+            dict(n=n, T=zc.shape[0], peer="jax" if jax_call else "numpy fold", err_f64=err,
+                 smooth_err_f64=err_s)  # fmt: skip
         )
         print(res["peer_checks"][-1], flush=True)
         peer_ok = err <= tolerance("parallel", "float64")
+        peer_smooth_ok = err_s <= tolerance("parallel", "float64")
         for T in sizes[1]:
             if left() < 20:
                 res["skipped"].append(f"headline n={n} T={T}: budget ({left():.0f} s left)")
@@ -275,28 +341,53 @@ def headline(args, res, rng, save, left, checks_ok):
             row = dict(n=n, d=1, B=1, T=T, dtype="float32", repeats=reps)
             if DEVICE == "cuda":
                 call = lambda zg=zg, g=g: kd.filter(zg, **g)  # noqa: E731
+                call_s = lambda zg=zg, g=g: kd.smooth(zg, **g)  # noqa: E731
             else:  # the dry run: the triton backend itself, interpreted
                 mdl, lay = _args.prepare(
                     zg, g["F"], g["Q"], g["H"], g["R"], None, g["prior_mean"], g["prior_cov"],
                     None, 0, mask=False,
                 )  # fmt: skip
                 call = lambda m=mdl, la=lay: CD.dense_triton(m, la, False, 32)  # noqa: E731
+                call_s = lambda m=mdl, la=lay: CD.dense_triton(m, la, True, 32)  # noqa: E731
             ran.clear()
             t_tr, out = timed(call, reps, warmup=not args.dry_run)
-            row["backend_ran"] = "triton" if ran else "other"
+            row["backend_ran"] = "triton" if ran and set(ran) == {"filter"} else "other"
+            ran.clear()
+            t_trs, out_s = timed(call_s, reps, warmup=not args.dry_run)
+            row["smooth_backend_ran"] = "triton" if ran and set(ran) == {"smooth"} else "other"
             g64 = {k: v.double() for k, v in g.items()}
-            r64 = kd.filter(zg.double(), **g64, backend="torch")
+            s64 = kd.smooth(zg.double(), **g64, backend="torch")  # its filter: the filter's truth
+            r64 = s64.filtered
             row["err_mean"] = rel_error(out.mean, r64.mean)
             row["err_cov"] = rel_error(out.cov, r64.cov)
             row["err_loglik"] = abs(float(out.loglik) - float(r64.loglik)) / abs(float(r64.loglik))
             worst = max(row["err_mean"], row["err_cov"])
             row["meets_target"] = worst <= tol32
-            ok = checks_ok and bool(ran) and worst <= tolerance("truth", "float32")
+            ok = (
+                checks_ok
+                and row["backend_ran"] == "triton"
+                and worst <= tolerance("truth", "float32")
+            )
             row["ok"] = ok
             if ok:
                 row["kalmanscan_ms"] = t_tr
             else:
                 row["status"] = "correctness check failed or triton did not run: no speed"
+            row["smooth_err_mean"] = rel_error(out_s.mean, s64.mean)
+            row["smooth_err_cov"] = rel_error(out_s.cov, s64.cov)
+            worst_s = max(row["smooth_err_mean"], row["smooth_err_cov"])
+            row["smooth_meets_target"] = worst_s <= tol32
+            ok_s = (
+                checks_ok
+                and row["smooth_backend_ran"] == "triton"
+                and worst_s <= tolerance("truth", "float32")
+            )
+            row["smooth_ok"] = ok_s
+            if ok_s:
+                row["smooth_kalmanscan_ms"] = t_trs
+            else:
+                row["smooth_status"] = "correctness check failed or triton did not run: no speed"
+            del out_s
             if jax_call is not None:
                 t_j, (jm, jc) = timed(jax_call(z, kw, np.float32), reps)
                 row["jax_err_mean"] = rel_error(np.asarray(jm), r64.mean)
@@ -304,18 +395,32 @@ def headline(args, res, rng, save, left, checks_ok):
                 row["jax_ms"] = t_j if peer_ok else None
                 if ok and peer_ok:
                     row["speedup_vs_jax"] = row["jax_ms"] / t_tr
+                del jm, jc
+                t_js, (sm, sc) = timed(jax_smooth_call(z, kw, np.float32), reps)
+                row["smooth_jax_err_mean"] = rel_error(np.asarray(sm), s64.mean)
+                row["smooth_jax_err_cov"] = rel_error(np.asarray(sc), s64.cov)
+                row["smooth_jax_ms"] = t_js if peer_smooth_ok else None
+                if ok_s and peer_smooth_ok:
+                    row["smooth_speedup_vs_jax"] = row["smooth_jax_ms"] / t_trs
+                del sm, sc
             if not args.dry_run:
-                t_t, o_t = timed(
-                    lambda zg=zg, g=g: kd.filter(zg, **g, backend="torch"), 3 if T < 10**6 else 1
-                )
+                reps_t = 3 if T < 10**6 else 1
+                t_t, o_t = timed(lambda zg=zg, g=g: kd.filter(zg, **g, backend="torch"), reps_t)
                 row["torch_err_mean"] = rel_error(o_t.mean, r64.mean)
                 row["torch_ms"] = t_t
                 del o_t
-            del r64, out
+                if left() > 20:
+                    t_t, o_t = timed(
+                        lambda zg=zg, g=g: kd.smooth(zg, **g, backend="torch"), reps_t
+                    )
+                    row["smooth_torch_err_mean"] = rel_error(o_t.mean, s64.mean)
+                    row["smooth_torch_ms"] = t_t
+                    del o_t
+            del s64, r64, out
             res["headline"].append(row)
             print(row, flush=True)
             save()
-    CD.run = real_run
+    CD.run, CD.run_smooth = real_run, real_run_smooth
 
 
 def _commit():
