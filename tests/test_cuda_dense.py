@@ -226,7 +226,7 @@ def test_gpu_auto_diffuse_takes_torch(ran):
         kd.filter(torch.as_tensor(z, device="cuda"), **t, backend="triton")
 
 
-# --- the smoother (kd.smooth's "triton" backend: the filter, then back_carry and chunk_smooth) ---
+# --- the smoother (kd.smooth's "triton" backend: the filter with carries, then chunk_smooth) ---
 
 SMOOTH_OUTPUTS = ("mean", "cov", "precision")
 F32_NORMWISE = 1e-5  # float32 smoothed means and covariances, normwise against float64
@@ -448,7 +448,7 @@ from kalmanscan.cuda import dense as CD
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 ints = {"T", "n", "L", "NC", "G", "NG"}
 kernels = [(CD.chunk_elements, dict(D=1)), (CD.chunk_elements, dict(D=2)), (CD.group_elements, {}),
-           (CD.carry, {}), (CD.chunk_filter, dict(D=1)), (CD.back_carry, {}),
+           (CD.carry, {}), (CD.chunk_filter, dict(D=1)), (CD.carries, {}),
            (CD.chunk_smooth, {})]
 for NP in (2, 4, 8):
     for fn, consts in kernels:
@@ -465,7 +465,7 @@ for NP in (2, 4, 8):
                           env=env, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert {r[0] for r in rows} >= {"back_carry", "chunk_smooth", "chunk_filter"}, rows
+    assert {r[0] for r in rows} >= {"carries", "chunk_smooth", "chunk_filter"}, rows
     assert len(rows) == 21, rows
     for name, NP, regs, stack in rows:
         assert int(stack) == 0, f"{name} (NP = {NP}) spills registers: {rows}"

@@ -25,9 +25,10 @@ Reduce-then-scan over chunks of ``L`` steps:
 The smoother (``kd.smooth``) runs the filter, its chunk elements computed for every chunk and
 group, then:
 
-4. ``back_carry``: the information ``(J, eta)`` that the data after each chunk carry about the
+4. ``carries``: the information ``(J, eta)`` that the data after each chunk carry about the
    state at its last step, walked backwards over groups and then inside every group with the
-   information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan).
+   information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan), in the same
+   launches as the filter's forward carries (independent walks, one program each).
 5. ``chunk_smooth``: one program per (chunk, series) computes the smoothed state at its chunk's
    last step, the filtered one there (the filter's carry) given that information,
    ``(I + P J)^-1 [P, P (eta - J m)]`` (as the torch scan's smoother does at every step,
@@ -276,18 +277,9 @@ def group_elements(
     tl.store(base + (3 * NP + 1) * NP + rv, eta1)
 
 
-@triton.jit
-def carry(
-    E_ptr, S0_ptr, S_ptr,
-    NC, G, NG,
-    NP: tl.constexpr,
-):  # fmt: skip
-    """Filtered states before the chunks [pid0 G, pid0 G + G) of series ``pid1``,
-    S [B, NC, NP + 1, NP] (rows P, m), from the group's start S0 [B, NG, NP + 1, NP] and the chunk
-    elements E [B, NC, ...]: the posterior of x_{i-1} given a chunk's information,
-    ``(I + P J)^-1 [P, P (eta - J m)]``, pushed through its A, b, C."""
-    g = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
+@helper
+def _carry_walk(E_ptr, S0_ptr, S_ptr, g, s, NC, G, NG, NP: tl.constexpr):
+    """:func:`carry`'s walk for group ``g`` of series ``s``."""
     rv = tl.arange(0, NP)
     ri = rv[:, None]
     cj = rv[None, :]
@@ -307,6 +299,20 @@ def carry(
             X, u = _gj(eye + _mm(P, J), P, _mv(P, eta - _mv(J, m)), rv, ri, cj, NP)
             m = _mv(A, m + u) + b
             P = _sym(_mmt(_mm(A, _sym(X)), A) + C)
+
+
+@triton.jit
+def carry(
+    E_ptr, S0_ptr, S_ptr,
+    NC, G, NG,
+    NP: tl.constexpr,
+):  # fmt: skip
+    """Filtered states before the chunks [pid0 G, pid0 G + G) of series ``pid1``,
+    S [B, NC, NP + 1, NP] (rows P, m), from the group's start S0 [B, NG, NP + 1, NP] and the chunk
+    elements E [B, NC, ...]: the posterior of x_{i-1} given a chunk's information,
+    ``(I + P J)^-1 [P, P (eta - J m)]``, pushed through its A, b, C."""
+    _carry_walk(E_ptr, S0_ptr, S_ptr, tl.program_id(0), tl.program_id(1).to(tl.int64), NC, G, NG,
+                NP)  # fmt: skip
 
 
 @triton.jit
@@ -365,21 +371,14 @@ def chunk_filter(
     tl.store(ll_ptr + s * NC + ch, ll)
 
 
-@triton.jit
-def back_carry(
-    E_ptr, B0_ptr, out_ptr,
-    NC, G, NG,
-    NP: tl.constexpr,
-):  # fmt: skip
-    """The smoother's carry: walks the chunks [pid0 G, pid0 G + G) of series ``pid1`` backwards
-    and writes out [B, NC, NP + 1, NP] (rows J, eta): the information that the data after each
-    chunk carry about the state at its last step, from the group's B0 [B, NG, NP + 1, NP] (0
-    after the last chunk). Before a chunk: ``(I + J C)^-1 [J A, eta - J b]`` through its element
-    E (A, C, J_e, b, eta_e), ``J <- A' (.) + J_e``, ``eta <- A' (.) + eta_e`` (the combine of
-    :func:`kalmanscan.dense.scan.combine`, its information half). Over groups: E their elements,
-    one program."""
-    g = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
+@helper
+def _back_walk(E_ptr, B0_ptr, out_ptr, g, s, NC, G, NG, NP: tl.constexpr):
+    """The smoother's walk over the chunks [g G, g G + G) of series ``s``, backwards: writes
+    out [B, NC, NP + 1, NP] (rows J, eta), the information that the data after each chunk carry
+    about the state at its last step, from the group's B0 [B, NG, NP + 1, NP] (0 after the last
+    chunk). Before a chunk: ``(I + J C)^-1 [J A, eta - J b]`` through its element E (A, C, J_e,
+    b, eta_e), ``J <- A' (.) + J_e``, ``eta <- A' (.) + eta_e`` (the combine of
+    :func:`kalmanscan.dense.scan.combine`, its information half)."""
     rv = tl.arange(0, NP)
     ri = rv[:, None]
     cj = rv[None, :]
@@ -404,6 +403,24 @@ def back_carry(
 
 
 @triton.jit
+def carries(
+    E_ptr, S0_ptr, S_ptr, B0_ptr, I_ptr,
+    NC, G, NG,
+    NP: tl.constexpr,
+):  # fmt: skip
+    """The smoother's two carries in one launch (they are independent, and each program's walk
+    is serial): programs pid0 < NG walk group pid0 forwards as :func:`carry` (S0 -> S, filtered
+    states before each chunk), programs NG + g walk group g backwards (:func:`_back_walk`, B0 ->
+    I, the information after each chunk). Over groups: E their elements, NG = 1."""
+    g = tl.program_id(0)
+    s = tl.program_id(1).to(tl.int64)
+    if g < NG:
+        _carry_walk(E_ptr, S0_ptr, S_ptr, g, s, NC, G, NG, NP)
+    else:
+        _back_walk(E_ptr, B0_ptr, I_ptr, g - NG, s, NC, G, NG, NP)
+
+
+@triton.jit
 def chunk_smooth(
     F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, S_ptr, I_ptr,
     smean_ptr, scov_ptr, sprec_ptr,
@@ -412,7 +429,7 @@ def chunk_smooth(
 ):  # fmt: skip
     """RTS smoother over chunk ``pid0`` of series ``pid1``. Its last step's smoothed state: the
     filtered one there (S [B, NC, NP + 1, NP], the filter's carry, at the next chunk) given the
-    information I [B, NC, NP + 1, NP] after the chunk (:func:`back_carry`),
+    information I [B, NC, NP + 1, NP] after the chunk (:func:`_back_walk`),
     ``(I + P J)^-1 [P, P (eta - J m)]`` as :func:`carry`'s posterior (the last chunk's: its
     filtered end). Then backwards, with the filtered m, P of each step (the filter's outputs) and
     the prediction ``F P F' + Q`` recomputed, the gain E' = (F P F' + Q)^-1 F P (Gauss-Jordan
@@ -545,14 +562,24 @@ def _launch(model, layout, smooth: bool):
     prior[:, 0, NP, :n] = m0
     G = group_size(NC)
     NG = cdiv(NC, G)
-    if NG == 1:
+    if smooth:  # the backwards information after each chunk too, the two walks in one launch
+        after = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+        none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)  # no data after the end
+    if NG == 1 and smooth:
+        carries[(2, B)](E, prior, S, none, after, NC, NC, 1, NP=NP, num_warps=nw)
+    elif NG == 1:
         carry[(1, B)](E, prior, S, NC, NC, 1, NP=NP, num_warps=nw)
     else:  # two levels: compose groups of G chunk elements, carry over groups, then within them
         GE = empty((B, NG, 3 * NP + 2, NP), dtype=dtype, device=dev)
         SG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
         group_elements[(NG if smooth else NG - 1, B)](E, GE, NC, G, NG, NP=NP, num_warps=nw)
-        carry[(1, B)](GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
-        carry[(NG, B)](E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
+        if smooth:
+            BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
+            carries[(2, B)](GE, prior, SG, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
+            carries[(2 * NG, B)](E, SG, S, BG, after, NC, G, NG, NP=NP, num_warps=nw)
+        else:
+            carry[(1, B)](GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
+            carry[(NG, B)](E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
     mean = empty((B, T, n), dtype=dtype, device=dev)
     pm = empty((B, T, n), dtype=dtype, device=dev)
     cov = empty((B, T, n, n), dtype=dtype, device=dev)
@@ -566,16 +593,7 @@ def _launch(model, layout, smooth: bool):
     loglik = ll.sum(1) - ll_shift * T
     if not smooth:
         return mean, cov, prec, pm, pP, loglik
-    # smoother: the information after each chunk (backwards over groups, then inside them),
-    # then in every chunk its last step's smoothed state and the RTS pass over its steps
-    after = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
-    none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)  # no data after the end
-    if NC > 1 and NG == 1:
-        back_carry[(1, B)](E, none, after, NC, NC, 1, NP=NP, num_warps=nw)
-    elif NC > 1:
-        BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
-        back_carry[(1, B)](GE, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
-        back_carry[(NG, B)](E, BG, after, NC, G, NG, NP=NP, num_warps=nw)
+    # smoother: in every chunk its last step's smoothed state and the RTS pass over its steps
     smean = empty((B, T, n), dtype=dtype, device=dev)
     scov = empty((B, T, n, n), dtype=dtype, device=dev)
     sprec = empty((B, T, n, n), dtype=dtype, device=dev)
