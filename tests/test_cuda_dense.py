@@ -314,6 +314,29 @@ def test_smooth_chunk_counts(monkeypatch, L, dtype):
     check_smooth(z, kw, dtype)
 
 
+def test_smooth_many_series():
+    # two series on axis 1, each with its own F, Q, H, R, offset and prior (one program per
+    # chunk and series), missing entries
+    rng = np.random.default_rng(5)
+    T, B, n, d = 9, 2, 3, 2
+    F = rng.normal(size=(B, n, n))
+    F *= 0.9 / np.abs(np.linalg.eigvals(F)).max(-1)[:, None, None]
+    G = rng.normal(size=(B, n, n))
+    kw = dict(
+        F=F,
+        Q=G @ G.transpose(0, 2, 1) / n + 0.1 * np.eye(n),
+        H=rng.normal(size=(B, d, n)),
+        R=np.stack([np.diag(rng.uniform(0.5, 2.0, size=d)) for _ in range(B)]),
+        offset=rng.normal(size=(B, n)),
+        prior_mean=rng.normal(size=(B, n)),
+        prior_cov=np.stack([(1 + i) * np.eye(n) for i in range(B)]),
+    )
+    z = rng.normal(size=(T, B, d))
+    z[rng.random(z.shape) < 0.2] = np.nan
+    got = check_smooth(z, kw, torch.float64)
+    assert got.mean.shape == (T, B, n) and got.filtered.loglik.shape == (B,)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
