@@ -39,6 +39,8 @@ FAST_DENSE = (
     "3 states, prior 1e6 I, two entries at R=1e-12, seed 4",
     "2 states, prior I, both observed at R=1e-12, seed 0",
     "2 states, prior 1e6 I, both observed at R=1e-12, seed 0",
+    # a diffuse start observed whole at R = 1e-12: 4e-5 relative off on every backend before
+    "2 states, diffuse, both observed at R=1e-12, seed 0",
 )
 
 _SCALAR = {r.name: r for r in R.scalar_regimes(full=True)}
