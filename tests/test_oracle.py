@@ -317,3 +317,21 @@ def test_dense_oracle_missing_value_in_the_first_season():
     llf = mod.filter([1.0, 0.5, 0.05, 0.1]).llf
     off = oracle.loglik_offset("statsmodels", m.F, m.H, ~np.isnan(y))
     assert abs(lls[1] - off - llf) <= tolerance("statsmodels", "float64") * abs(llf)
+
+
+def test_dense_oracle_digits_near_noiseless_overdetermined_diffuse_step():
+    """The dense oracle starts diffuse directions at kappa = 10^(dps/3) in its covariance
+    filter: four entries at R = 1e-12 I on three diffuse states (random rows, seed 7) need
+    more than 60 digits there. Measured: 60 digits 1.05 relative off in the filtered
+    covariances (136 % on the diffuse step's entries) against 100; the default 120 agrees with
+    160 to 1e-12 and better, which the battery now reports per dense row (oracle_own, the
+    change at 40 more digits)."""
+    from kalmanscan.validation.regimes import _mixing, _truth_moments, dense_errors
+
+    z, F, Q, H, R, _ = _mixing(7, 3, 4, 1e-12, "diffuse", missing=0.0)
+    e60 = dense_errors(_truth_moments(oracle.dense_oracle(z, F, Q, H, R, dps=60)),
+                       oracle.dense_oracle(z, F, Q, H, R, dps=100))  # fmt: skip
+    assert e60["filter_var"] > 0.1  # the failure this documents (a guard that it is real)
+    d120 = oracle.dense_oracle(z, F, Q, H, R)
+    e120 = dense_errors(_truth_moments(d120), oracle.dense_oracle(z, F, Q, H, R, dps=160))
+    assert d120.dps == 120 and max(e120.values()) < 1e-12, e120
