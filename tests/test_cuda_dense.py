@@ -337,11 +337,14 @@ def test_smooth_many_series():
     assert got.mean.shape == (T, B, n) and got.filtered.loglik.shape == (B,)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
-def test_smooth_matches_sequential_long(n, dtype):
-    z, kw = random_model(7 + n, n, 1, 1000)
+@pytest.mark.slow  # interpreted: 1 to 2.5 minutes each
+@pytest.mark.parametrize(
+    ("n", "T", "dtype"),
+    [(2, 400, torch.float64), (4, 400, torch.float32), (8, 500, torch.float32)],
+    ids=["n2-f64", "n4-f32", "n8-f32"],
+)
+def test_smooth_matches_sequential_long(n, T, dtype):
+    z, kw = random_model(7 + n, n, 1, T)
     check_smooth(z, kw, dtype)
 
 
