@@ -20,7 +20,14 @@ from typing import NamedTuple
 import torch
 
 from kalmanscan.dense._args import LOG_2PI, Model
-from kalmanscan.dense.scan import Element, _sym, mask_observation, scan, step_elements
+from kalmanscan.dense.scan import (
+    Element,
+    _near_steps,
+    _sym,
+    mask_observation,
+    scan,
+    step_elements,
+)
 
 
 def rank_tol(dtype) -> float:
@@ -218,7 +225,41 @@ def step_loglik(model: Model, pred_mean, pred_cov, pred_dif, nd: int, tol):
     L = torch.linalg.cholesky(S)
     w = torch.linalg.solve_triangular(L, v.unsqueeze(-1), upper=False).squeeze(-1)
     logdet = 2.0 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-    return -0.5 * (nobs * LOG_2PI + logdet + w.square().sum(-1))
+    ll = -0.5 * (nobs * LOG_2PI + logdet + w.square().sum(-1))
+    near = _near_steps(H, R, pred_cov)
+    if near is not None:
+        near = near.clone()
+        near[:, :nd] = False  # the diffuse steps keep their rotation above
+        if bool(near.any()):
+            ll = torch.where(near, _sqrt_loglik(H, R, z, pred_mean, pred_cov, nobs), ll)
+    return ll
+
+
+def _sqrt_loglik(H, R, z, m, P, nobs):
+    """The proper steps' log N(z; H m, H P H' + R) without S^-1 (which loses eps cond(S) with
+    two or more near noise-free entries): ``R = Lr Lr'``, ``P = L L'``, ``W = Lr^-1 H``,
+    ``[[W L, Lr^-1 v], [I, 0]]`` triangularized to ``[[Ru, c], [0, rho]]``; ``log det S =
+    log det R + 2 sum log |diag Ru|``, ``v' S^-1 v = rho^2`` (as sequential._factor_update)."""
+    from kalmanscan.dense.sequential import _factor
+
+    n, d = P.shape[-1], H.shape[-2]
+    eye_d = torch.eye(d, dtype=R.dtype, device=R.device)
+    Lr, info = torch.linalg.cholesky_ex(R)
+    Lr = torch.where((info != 0)[..., None, None], eye_d, Lr)
+    L = _factor(_sym(P))
+    W = torch.linalg.solve_triangular(Lr, H, upper=False)
+    v = torch.linalg.solve_triangular(Lr, (z - _mv(H, m)).unsqueeze(-1), upper=False)
+    eye_n = torch.eye(n, dtype=P.dtype, device=P.device).expand(P.shape)
+    M = torch.cat(
+        [torch.cat([W @ L, v], -1), torch.cat([eye_n, torch.zeros_like(P[..., :1])], -1)], -2
+    )
+    Ra = torch.linalg.qr(M, mode="reduced")[1]  # full column rank but for rho = 0
+    Ru, rho = Ra[..., :n, :n], Ra[..., n, n]
+    logdet = 2.0 * (
+        torch.log(torch.diagonal(Lr, dim1=-2, dim2=-1)).sum(-1)
+        + torch.log(torch.diagonal(Ru, dim1=-2, dim2=-1).abs()).sum(-1)
+    )
+    return -0.5 * (nobs * LOG_2PI + logdet + rho.square())
 
 
 def precision_of(m: Moments, tol):

@@ -76,6 +76,106 @@ def step_elements(z, observed, F, c, Q, H, R, singular=None) -> Element:
     C = _sym(IKH @ Q @ IKH.transpose(-1, -2) + K @ R @ K.transpose(-1, -2))
     J = _sym(WHF.transpose(-1, -2) @ WHF)
     eta = (WHF.transpose(-1, -2) @ e).squeeze(-1)
+    out = Element(A, b, C, eta, J)
+    near = _near_steps(H, R, Q)
+    if near is not None:
+        sq = _sqrt_elements(z, F, c, Q, H, R)
+        out = Element(*(torch.where(_expand(near, x), y, x) for x, y in zip(out, sq)))
+    return out
+
+
+NEAR_STEP = 1e4  # |h|^2 tr(Q) above this times R_ii: a near noise-free entry (as the native kernel)
+
+
+def _expand(mask, x):
+    return mask.reshape(mask.shape + (1,) * (x.dim() - mask.dim()))
+
+
+def _near_steps(H, R, Q):
+    """[B, T] bool: steps with two or more near noise-free entries (``|h|^2 tr(Q) > NEAR_STEP
+    R_ii``) and a positive definite R, or None when there are none. There ``S = H Q H' + R`` is
+    Q-sized along the observed directions and R-sized across them, and the elements above lose
+    ``eps cond(S)`` through ``S^-1`` (1e10 with four entries at R = 1e-12 on three states)."""
+    tr = torch.diagonal(Q, dim1=-2, dim2=-1).sum(-1)
+    rd = torch.diagonal(R, dim1=-2, dim2=-1)
+    hh = H.square().sum(-1)
+    cnt = (hh * tr.unsqueeze(-1) > NEAR_STEP * rd).sum(-1)
+    near = cnt >= 2
+    if not bool(near.any()):
+        return None
+    ok = torch.linalg.cholesky_ex(R)[1] == 0
+    near = near & ok
+    return near if bool(near.any()) else None
+
+
+def _sqrt_elements(z, F, c, Q, H, R) -> Element:
+    """The same elements from one QR, no S^-1: with ``Q = Lq Lq'``, ``W = Lr^-1 H``,
+    ``y = Lr^-1 (z - H c)`` (``R = Lr Lr'``), the rows ``N [u; x; 1] = [W Lq u + W F x - y; u]``
+    (data rows first) are triangularized to ``[[R11, R12, r1], [0, R22, r2], ...]``; then
+    ``u* = -R11^-1 (R12 x + r1)`` gives ``A = F - Lq R11^-1 R12``, ``b = c - Lq R11^-1 r1``,
+    ``C = Lq (R11' R11)^-1 Lq'``, and the residual ``|R22 x + r2|^2`` gives ``J = R22' R22``,
+    ``eta = -R22' r2``. Everything is a function of N'N, whose first-order change the
+    straight-through rows of :func:`kalmanscan.dense.sequential._reduce_rows` give exactly;
+    the derivatives are taken through the linearized Schur complements of that Gram matrix at
+    the triangle's values (the triangle's own blocks are not triangular in that derivative)."""
+    from kalmanscan.dense.sequential import _factor, _reduce_rows
+
+    shape = torch.broadcast_shapes(F.shape[:-2], Q.shape[:-2], H.shape[:-2], R.shape[:-2])
+    n, d = F.shape[-1], H.shape[-2]
+    F = F.expand(shape + (n, n))
+    Q = Q.expand(shape + (n, n))
+    H = H.expand(shape + (d, n))
+    R = R.expand(shape + (d, d))
+    c = c.expand(shape + (n,))
+    z = z.expand(shape + (d,))
+    eye_d = torch.eye(d, dtype=R.dtype, device=R.device)
+    Lr, info = torch.linalg.cholesky_ex(R)
+    Lr = torch.where((info != 0)[..., None, None], eye_d, Lr)
+    Lq = _factor(_sym(Q))
+    W = torch.linalg.solve_triangular(Lr, H, upper=False)
+    y = torch.linalg.solve_triangular(
+        Lr, (z - (H @ c.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1), upper=False
+    )
+    k = 2 * n + 1
+    top = torch.cat([W @ Lq, W @ F, -y], -1)  # [.., d, 2n+1]
+    eye_n = torch.eye(n, dtype=F.dtype, device=F.device).expand(shape + (n, n))
+    bot = torch.cat([eye_n, torch.zeros(shape + (n, n + 1), dtype=F.dtype, device=F.device)], -1)
+    rows = [top, bot]
+    if d + n < k:
+        rows.append(torch.zeros(shape + (k - d - n, k), dtype=F.dtype, device=F.device))
+    Ra = _reduce_rows(torch.cat(rows, -2), k)
+    Rv = Ra.detach()
+    R11 = Rv[..., :n, :n]
+    X = torch.linalg.solve_triangular(R11, Rv[..., :n, n:], upper=True)  # G11^-1 G1t, [n, n+1]
+    Rt = Rv[..., n:, n:]
+    T = Rt.transpose(-1, -2) @ Rt  # the Schur complement [[J, -eta], [., rho^2]]
+    Y = torch.linalg.solve_triangular(
+        R11.transpose(-1, -2), Lq.detach().transpose(-1, -2), upper=False
+    )
+    C = Y.transpose(-1, -2) @ Y  # the value; its derivative below
+    if Ra.requires_grad:  # (Lq enters N: it needs a derivative only where Ra does)
+        # values from the triangle; first-order changes from the Gram G = Ra' Ra (whose
+        # straight-through derivative is exact) through the linearized Schur complement at the
+        # accurate X, so no formula squares the conditioning: dX = G11^-1 (dG1t - dG11 X),
+        # dT = dGtt - dG1t' X - X' dG1t + X' dG11 X, d(G11^-1) = -G11^-1 dG11 G11^-1
+        G = Ra.transpose(-1, -2) @ Ra
+        G11, G1t, Gtt = G[..., :n, :n], G[..., :n, n:], G[..., n:, n:]
+        Mi = torch.linalg.solve_triangular(
+            R11, torch.linalg.solve_triangular(R11.transpose(-1, -2), torch.eye(
+                n, dtype=R11.dtype, device=R11.device).expand(R11.shape), upper=False),
+            upper=True,
+        )  # G11^-1 = R11^-1 R11^-T  # fmt: skip
+        st = lambda x: x - x.detach()  # noqa: E731
+        X = X + st(Mi @ (G1t - G11 @ X))
+        Xt = X.detach().transpose(-1, -2)
+        T = T + st(Gtt - G1t.transpose(-1, -2) @ X.detach() - Xt @ G1t + Xt @ G11 @ X.detach())
+        M = Mi + st(-Mi @ G11 @ Mi)
+        C = C + st(Lq @ M @ Lq.transpose(-1, -2))
+    A = F - Lq @ X[..., :n]
+    b = c - (Lq @ X[..., n:]).squeeze(-1)
+    C = _sym(C)
+    J = _sym(T[..., :n, :n])
+    eta = -T[..., :n, n]
     return Element(A, b, C, eta, J)
 
 
