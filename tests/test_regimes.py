@@ -41,6 +41,8 @@ FAST_DENSE = (
     "2 states, prior 1e6 I, both observed at R=1e-12, seed 0",
     # a diffuse start observed whole at R = 1e-12: 4e-5 relative off on every backend before
     "2 states, diffuse, both observed at R=1e-12, seed 0",
+    # four entries on three states at R = 1e-12: 3.6 sd (reference), 3.2 (scan), 1.3 (native)
+    "3 states, diffuse, four entries at R=1e-12, seed 9",
 )
 
 _SCALAR = {r.name: r for r in R.scalar_regimes(full=True)}

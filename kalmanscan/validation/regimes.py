@@ -427,11 +427,19 @@ def _near_noiseless_heads() -> list[DenseRegime]:
     # Durbin & Koopman's scalar updates subtract O(1) terms (3e-7 .. 4e-5 relative off before
     # the direct form of dense/sequential.observed_whole_cov); with 30 % missing, seed 13
     # resolves one direction at a step and the other with both entries later (P_* enters there)
-    for r, seed, miss in ((1e-12, 0, 0.0), (1e-12, 3, 0.0), (1e-10, 0, 0.0), (1e-12, 13, 0.3)):
+    for r, seed, miss in ((1e-12, 0, 0.0), (1e-12, 3, 0.0), (1e-10, 0, 0.0), (1e-12, 13, 0.3),
+                          (1e-12, 28, 0.0)):
         z, F, Q, H, R, kw = _mixing(seed, 2, 2, r, "diffuse", missing=miss)
         what = "both observed" if miss == 0 else f"{miss:.0%} missing, both"
         out.append(DenseRegime(f"2 states, diffuse, {what} at R={r:g}, seed {seed}", z, F, Q, H,
                                R, quick=(r, seed) == (1e-12, 0), **kw))  # fmt: skip
+    # more near noise-free entries than states (4 on 3), observed at every step: the entry after
+    # the last diffuse one, and every proper step's S^-1 (cond 1e10), lost the means (3.6 sd);
+    # seed 7 needs more than 60 of the oracle's digits
+    for seed in (7, 9):
+        z, F, Q, H, R, kw = _mixing(seed, 3, 4, 1e-12, "diffuse", missing=0.0)
+        out.append(DenseRegime(f"3 states, diffuse, four entries at R=1e-12, seed {seed}", z, F,
+                               Q, H, R, quick=seed == 9, **kw))  # fmt: skip
     return out
 
 
