@@ -308,6 +308,8 @@ def test_smooth_chunk_counts(monkeypatch, L, dtype):
     # carries forwards and backwards and a last chunk shorter than the others (L = 3, 5)
     T = 23
     monkeypatch.setattr(CD, "chunk_length", lambda T: L)
+    # the interpreter's one-level limit (4 chunks) on the GPU too, so that both run two levels
+    monkeypatch.setitem(CD.TUNING, "one_level", 4)
     nc = CD.cdiv(T, L)
     assert CD.cdiv(nc, CD.group_size(nc)) >= 2
     z, kw = random_model(40 + L, 2, 1, T, missing=0.2)
