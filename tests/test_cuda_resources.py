@@ -89,3 +89,13 @@ def test_reciprocals_per_step(resources):
     for name in KERNELS:
         if name.startswith("kla"):
             assert resources[name]["divisions"] == 0, (name, resources[name])
+
+
+@pytest.mark.parametrize("name", ["kla_chunk_maps", "kla_adjoint_maps"])
+def test_map_kernels_fit_in_registers(resources, name):
+    # the chunked KLA op's map passes (chunked.MAPS_LAUNCH, TANGENT_LAUNCH): plain loads (one
+    # pipeline stage measured fastest), no spills, at most 128 registers (16 one-warp programs
+    # an SM); the tangent maps at 4 slots a thread took 168 and ran slower
+    r = resources[name]
+    assert r["stack_bytes"] == 0, f"{name} spills registers to local memory: {r}"
+    assert r["registers"] <= 128, f"{name} uses {r['registers']} registers: {r}"
