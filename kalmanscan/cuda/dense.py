@@ -318,6 +318,7 @@ def carry(
 # a step whose filtered covariance has a trace below this times the prediction's (the entries
 # observe the whole state near noise-free) takes :func:`_whole_update`
 WHOLE_RATIO = tl.constexpr(1e-4)
+ROUND_TRACE = tl.constexpr(64.0)  # the scalar updates' rounding in tr P_+, in eps tr P
 
 
 @helper
@@ -351,10 +352,13 @@ def _whole_update(z_ptr, H_ptr, r_ptr, m, P, s, t, T, n, rv, ri, cj, NP: tl.cons
 def chunk_filter(
     z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, S_ptr,
     mean_ptr, cov_ptr, prec_ptr, pm_ptr, pP_ptr, ll_ptr,
-    T, n, L, NC,
+    T, n, L, NC, eps,
     NP: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
-    """Covariance-form filter over chunk ``pid0`` of series ``pid1`` from its carried start."""
+    """Covariance-form filter over chunk ``pid0`` of series ``pid1`` from its carried start
+    (``eps`` the dtype's machine epsilon); a step whose entries shrink the state 1e4-fold in
+    every direction (near noise-free entries observing the whole state) takes
+    :func:`_whole_update` where its rounding is the smaller."""
     ch = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     rv = tl.arange(0, NP)
@@ -407,9 +411,10 @@ def chunk_filter(
             m2, P2, trPG = _whole_update(z_ptr, H_ptr, r_ptr, mp, Pp, s, t, T, n, rv, ri, cj,
                                          NP, D)  # fmt: skip
             # rounding: eps rho (scalar updates) against eps tr(P G) / rho (this form), with
-            # rho = tr P / tr P_+ ~ 1 + the least eigenvalue of P G
+            # rho = tr P / tr P_+ ~ 1 + the least eigenvalue of P G; a tr P_+ within the scalar
+            # updates' own rounding (a few eps tr P) says only that rho is larger still
             rho = tr_pred / tr_post
-            use = (tr_post <= 0.0) | (trPG < rho * rho)
+            use = (tr_post <= ROUND_TRACE * eps * tr_pred) | (trPG < rho * rho)
             # ... where it is finite and positive (float32 at R = 1e-10 on a 1e6 prior)
             tr2 = tl.sum(tl.sum(tl.where(ri == cj, P2, 0.0), axis=1), axis=0)
             use = use & (tr2 > 0.0) & (tl.sum(m2 - m2, axis=0) == 0.0)
@@ -639,8 +644,8 @@ def _launch(model, layout, smooth: bool):
     pP = empty((B, T, n, n), dtype=dtype, device=dev)
     ll = empty((B, NC), dtype=dtype, device=dev)
     chunk_filter[(NC, B)](
-        z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L, NC, NP=NP, D=d,
-        num_warps=nw,
+        z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L, NC, torch.finfo(dtype).eps,
+        NP=NP, D=d, num_warps=nw,
     )  # fmt: skip
     loglik = ll.sum(1) - ll_shift * T
     if not smooth:
