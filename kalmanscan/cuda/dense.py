@@ -20,7 +20,14 @@ Reduce-then-scan over chunks of ``L`` steps:
    chunks inside every group from its start.
 3. ``chunk_filter``: one program per (chunk, series) runs the covariance-form filter from its
    carried start and writes every output once: predictions, filtered means, covariances and
-   precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood.
+   precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood. A
+   step whose scalar updates leave a covariance trace below 1e-4 of the prediction's (near
+   noise-free entries observing the whole state: R = 1e-12 I on two states) takes its mean and
+   covariance from the square-root update ``_factor_update`` (Givens rotations, as the
+   sequential reference's near noise-free steps): the scalar updates form that posterior as a
+   difference of prediction-sized terms. The carry's composed elements keep those roundings,
+   but a step's update contracts its starting state's error by the same factor, and the
+   smoother starts each chunk end from the filter's outputs.
 
 The smoother (``kd.smooth``) runs the filter, its chunk elements computed for every chunk and
 group, then:
@@ -30,7 +37,7 @@ group, then:
    information half of the same combine (``(I + J C)^-1`` by pivoted Gauss-Jordan), in the same
    launches as the filter's forward carries (independent walks, one program each).
 5. ``chunk_smooth``: one program per (chunk, series) computes the smoothed state at its chunk's
-   last step, the filtered one there (the filter's carry) given that information,
+   last step, the filtered one there (the filter's output at that step) given that information,
    ``(I + P J)^-1 [P, P (eta - J m)]`` (as the torch scan's smoother does at every step,
    :func:`kalmanscan.dense.parallel.smooth_moments`), then runs the RTS recursion backwards from
    that state (the affine elements ``x_s(t) = E_t x_s(t+1) + g_t``, ``P_s(t) = E_t P_s(t+1) E_t' +
@@ -499,13 +506,13 @@ def carries(
 
 @triton.jit
 def chunk_smooth(
-    F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, S_ptr, I_ptr,
+    F_ptr, c_ptr, Q_ptr, mean_ptr, cov_ptr, I_ptr,
     smean_ptr, scov_ptr, sprec_ptr,
     T, n, L, NC,
     NP: tl.constexpr,
 ):  # fmt: skip
     """RTS smoother over chunk ``pid0`` of series ``pid1``. Its last step's smoothed state: the
-    filtered one there (S [B, NC, NP + 1, NP], the filter's carry, at the next chunk) given the
+    filtered one there (the filter's output, the value of the next chunk's carried start) given the
     information I [B, NC, NP + 1, NP] after the chunk (:func:`_back_walk`),
     ``(I + P J)^-1 [P, P (eta - J m)]`` as :func:`carry`'s posterior (the last chunk's: its
     filtered end). Then backwards, with the filtered m, P of each step (the filter's outputs) and
@@ -677,7 +684,7 @@ def _launch(model, layout, smooth: bool):
     scov = empty((B, T, n, n), dtype=dtype, device=dev)
     sprec = empty((B, T, n, n), dtype=dtype, device=dev)
     chunk_smooth[(NC, B)](
-        F, c, Q, mean, cov, S, after, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
+        F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
     )  # fmt: skip
     return mean, cov, prec, pm, pP, loglik, smean, scov, sprec
 
