@@ -326,6 +326,10 @@ def carry(
 # shrank the state 1e4-fold in every direction: near noise-free entries observing it whole)
 # takes :func:`_factor_update`
 WHOLE_RATIO = tl.constexpr(1e-4)
+# ... as does a step with two or more near noise-free entries, |h|^2 tr P above this times r
+# (kalmanscan.dense.sequential.NEAR_STEP): the scalar updates keep their posterior's small
+# directions to eps tr P only
+NEAR_STEP = tl.constexpr(1e4)
 
 
 @helper
@@ -420,6 +424,8 @@ def chunk_filter(
         tl.store(pP_ptr + o * n + ri * n + cj, P, mask=mm)
         mp = m
         Pp = P
+        tr_pred = tl.sum(tl.sum(tl.where(ri == cj, Pp, 0.0), axis=1), axis=0)
+        near = 0
         for k in tl.static_range(D):
             if D == 1:
                 h = h0
@@ -429,6 +435,7 @@ def chunk_filter(
                 r = tl.load(r_ptr + s * D + k)
             zk = tl.load(z_ptr + (s * T + t) * D + k)
             obs = zk == zk
+            near += (obs & (tl.sum(h * h, axis=0) * tr_pred > NEAR_STEP * r)).to(tl.int32)
             Ph = _mv(P, h)
             sk = tl.sum(h * Ph, axis=0) + r
             w = tl.where(obs, 1.0 / sk, 0.0)
@@ -439,9 +446,8 @@ def chunk_filter(
             K = w * Ph
             m = m + K * v
             P = _sym(P - K[:, None] * Ph[None, :])
-        tr_pred = tl.sum(tl.sum(tl.where(ri == cj, Pp, 0.0), axis=1), axis=0)
         tr_post = tl.sum(tl.sum(tl.where(ri == cj, P, 0.0), axis=1), axis=0)
-        if tr_post <= WHOLE_RATIO * tr_pred:  # rare: the data shrank the state 1e4-fold
+        if (near >= 2) | (tr_post <= WHOLE_RATIO * tr_pred):  # rare
             m2, P2 = _factor_update(z_ptr, H_ptr, r_ptr, mp, Pp, s, t, T, n, rv, ri, cj,
                                     NP, D)  # fmt: skip
             # where it is finite (a prediction without a Cholesky factor keeps the above)
