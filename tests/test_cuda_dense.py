@@ -493,7 +493,8 @@ def test_near_noise_free_whole_state(name):
     # reference now (which is within 2e-15 of the mpmath oracle on these rows)
     z, kw = near_noise_free(name)
     check_smooth(z, kw, torch.float64)
-    # float32: covariances within 1e-3 per step (7.5e4 .. 8.7e10 off before), finite loglik
+    # float32: covariances within 1e-4 per step (measured <= 5.8e-7 interpreted; 4.8e4 .. 1.9e11
+    # off before), finite loglik (inf before)
     ref = kd.smooth(z, **kw, backend="sequential")
     model, layout = laid_out(z, kw, torch.float32)
     g32 = CD.dense_triton(model, layout, True, 32)
@@ -501,7 +502,7 @@ def test_near_noise_free_whole_state(name):
     for what, a, b in (("filtered", g32.filtered.cov, ref.filtered.cov), ("smoothed", g32.cov,
                                                                            ref.cov)):  # fmt: skip
         err = cov_normwise(a.cpu(), b)
-        assert err <= 1e-3, f"float32 {what} covariance: per-step normwise error {err:.2e}"
+        assert err <= 1e-4, f"float32 {what} covariance: per-step normwise error {err:.2e}"
 
 
 def test_near_noise_free_partial_oracle():

@@ -21,11 +21,11 @@ Reduce-then-scan over chunks of ``L`` steps:
 3. ``chunk_filter``: one program per (chunk, series) runs the covariance-form filter from its
    carried start and writes every output once: predictions, filtered means, covariances and
    precisions (Gauss-Jordan inverse of the SPD covariance), and the chunk's log-likelihood. A
-   step whose scalar updates leave a covariance trace below 1e-4 of the prediction's (near
-   noise-free entries observing the whole state: R = 1e-12 I on two states) takes its mean and
-   covariance from the square-root update ``_factor_update`` (Givens rotations, as the
-   sequential reference's near noise-free steps): the scalar updates form that posterior as a
-   difference of prediction-sized terms. The carry's composed elements keep those roundings,
+   step with two or more near noise-free entries (``|h|^2 tr P > 1e4 r``), or whose scalar
+   updates leave a covariance trace below 1e-4 of the prediction's (entries observing the whole
+   state: R = 1e-12 I on two states), takes its mean and covariance from the square-root update
+   ``_factor_update`` (Givens rotations, as the sequential reference's near noise-free steps):
+   the scalar updates form that posterior as a difference of prediction-sized terms. The carry's composed elements keep those roundings,
    but a step's update contracts its starting state's error by the same factor, and the
    smoother starts each chunk end from the filter's outputs.
 
