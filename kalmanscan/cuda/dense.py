@@ -152,13 +152,10 @@ def _inv_spd(P, rv, ri, cj, n, NP: tl.constexpr):
     return _solve_spd(P, tl.where(ri == cj, 1.0, 0.0).to(P.dtype), rv, ri, cj, n, NP)
 
 
-@triton.jit
-def chunk_elements(
-    z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, E_ptr,
-    T, n, L, NC,
-    NP: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
-    """Chunk ``pid0`` of series ``pid1``: E [B, NC, 3 NP + 2, NP], rows A, C, J, b, eta."""
+@helper
+def _program_model(F_ptr, Q_ptr, c_ptr, n, NP: tl.constexpr):
+    """A chunk program's indices and its series' dynamics: ``(chunk, series, rv, ri, cj, mask,
+    F, Q, c)``, the matrices as ``[NP, NP]`` tiles padded with zeros."""
     ch = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
     rv = tl.arange(0, NP)
@@ -168,6 +165,17 @@ def chunk_elements(
     Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
     Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
     cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    return ch, s, rv, ri, cj, mm, Fm, Qm, cv
+
+
+@triton.jit
+def chunk_elements(
+    z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, E_ptr,
+    T, n, L, NC,
+    NP: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Chunk ``pid0`` of series ``pid1``: E [B, NC, 3 NP + 2, NP], rows A, C, J, b, eta."""
+    ch, s, rv, ri, cj, mm, Fm, Qm, cv = _program_model(F_ptr, Q_ptr, c_ptr, n, NP)
     A = tl.where(ri == cj, 1.0, 0.0).to(Fm.dtype)
     C = tl.zeros([NP, NP], Fm.dtype)
     J = tl.zeros([NP, NP], Fm.dtype)
@@ -397,15 +405,7 @@ def chunk_filter(
     observing the whole state) takes :func:`_factor_update` instead, whose rounding is relative
     to the posterior (the scalar updates' is ``eps |P| / |P_+|``: 1.9e-4 at R = 1e-12 I under a
     unit prediction, 3.5e2 under a 1e6 one)."""
-    ch = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
-    rv = tl.arange(0, NP)
-    ri = rv[:, None]
-    cj = rv[None, :]
-    mm = (ri < n) & (cj < n)
-    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    ch, s, rv, ri, cj, mm, Fm, Qm, cv = _program_model(F_ptr, Q_ptr, c_ptr, n, NP)
     start = S_ptr + (s * NC + ch) * (NP + 1) * NP
     P = tl.load(start + ri * NP + cj)
     m = tl.load(start + NP * NP + rv)
@@ -525,15 +525,7 @@ def chunk_smooth(
     the prediction ``F P F' + Q`` recomputed, the gain E' = (F P F' + Q)^-1 F P (Gauss-Jordan
     of the SPD prediction), ``m_s = m + E (m_s' - F m - c)``, ``P_s = P + E (P_s' - F P F' - Q)
     E'``; writes every smoothed mean, covariance and precision once."""
-    ch = tl.program_id(0)
-    s = tl.program_id(1).to(tl.int64)
-    rv = tl.arange(0, NP)
-    ri = rv[:, None]
-    cj = rv[None, :]
-    mm = (ri < n) & (cj < n)
-    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    ch, s, rv, ri, cj, mm, Fm, Qm, cv = _program_model(F_ptr, Q_ptr, c_ptr, n, NP)
     t0 = ch * L
     t1 = tl.minimum(t0 + L, T)
     o = (s * T + t1 - 1) * n
