@@ -485,7 +485,14 @@ def cov_normwise(a, b):
     return float((np.linalg.norm(a - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))).max())
 
 
-@pytest.mark.parametrize("name", NEAR_NOISE_FREE, ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3"])
+@pytest.mark.parametrize(
+    "name",
+    # the default run keeps the worst row (1e6 prior, seed 3: 3.5e2 relative off before the
+    # square-root steps); the other three, 8 s each interpreted, run with -m slow
+    [pytest.param(n, marks=pytest.mark.slow) if i != 3 else n
+     for i, n in enumerate(NEAR_NOISE_FREE)],
+    ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3"],
+)  # fmt: skip
 def test_near_noise_free_whole_state(name):
     # the scalar updates formed each 1e-12-sized posterior as a difference of prediction-sized
     # terms: filtered and smoothed covariances 1.9e-4 (prior I) and 3.5e2 (prior 1e6 I)

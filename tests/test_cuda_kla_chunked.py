@@ -67,9 +67,10 @@ def test_chunked_equals_reference_float64(shape, C, monkeypatch):
 
 @pytest.mark.parametrize(
     "launch",
-    [{"slots": 1, "unroll": 4, "NS": 1}, {"slots": 2, "unroll": 8, "NS": 1},
-     {"slots": 8, "unroll": 4, "NS": 2}],
-    ids=["slots1-unroll4", "slots2-unroll8", "slots8-unroll4-NS2"],
+    [{"slots": 4, "unroll": 8, "NS": 1},
+     pytest.param({"slots": 2, "unroll": 4, "NS": 1}, marks=pytest.mark.slow),
+     pytest.param({"slots": 8, "unroll": 4, "NS": 2}, marks=pytest.mark.slow)],
+    ids=["slots4-unroll8", "slots2-unroll4", "slots8-unroll4-NS2"],
 )  # fmt: skip
 def test_map_kernel_launches_equal_reference(launch, monkeypatch):
     """The two map kernels at other launch choices (``chunked.MAPS_LAUNCH`` and

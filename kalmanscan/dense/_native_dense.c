@@ -600,14 +600,11 @@ static KS_INLINE void DDt(int n, int k, const double *D, double *out) {
         }
 }
 
-/* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
- * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
- * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
-static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
-    double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
-    /* orthonormal basis of range(D) by modified Gram-Schmidt, twice */
+/* Pd = U U' with U an orthonormal basis of range(D[:, :k]) (modified Gram-Schmidt, twice);
+ * D row-major n x n, U and Pd n x n. */
+static KS_INLINE void range_projector(int n, int k, const double *D, double *U, double *Pd) {
     for (int j = 0; j < k; j++) {
-        for (int i = 0; i < n; i++) U[i * n + j] = w->D[i * n + j];
+        for (int i = 0; i < n; i++) U[i * n + j] = D[i * n + j];
         for (int pass = 0; pass < 2; pass++)
             for (int q = 0; q < j; q++) {
                 double s = 0.0;
@@ -620,28 +617,41 @@ static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, dou
         for (int i = 0; i < n; i++) U[i * n + j] *= s;
     }
     DDt(n, k, U, Pd);
-    const double tol = 64.0 * 2.220446049250313e-16;
-    for (int i = 0; i < n * n; i++) cov[i] = fabs(Pd[i]) > tol ? copysign(INFINITY, Pd[i]) : P[i];
-    /* M = Pk P Pk + Pd; Pk P = P - Pd P */
-    double *PkP = w->tmp;
+}
+
+/* out = Pk A Pk + Pd, symmetrized, Pk = I - Pd (tmp = Pk A = A - Pd A first; out may be A). */
+static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd, double *tmp,
+                                       double *out) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
-            double s = P[i * n + j];
-            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * P[q * n + j];
-            PkP[i * n + j] = s;
+            double s = A[i * n + j];
+            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * A[q * n + j];
+            tmp[i * n + j] = s;
         }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
-            double s = PkP[i * n + j];
-            for (int q = 0; q < n; q++) s -= PkP[i * n + q] * Pd[q * n + j];
-            M[i * n + j] = s + Pd[i * n + j];
+            double s = tmp[i * n + j];
+            for (int q = 0; q < n; q++) s -= tmp[i * n + q] * Pd[q * n + j];
+            out[i * n + j] = s + Pd[i * n + j];
         }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++) {
-            double s = 0.5 * (M[i * n + j] + M[j * n + i]);
-            M[i * n + j] = s;
-            M[j * n + i] = s;
+            double s = 0.5 * (out[i * n + j] + out[j * n + i]);
+            out[i * n + j] = s;
+            out[j * n + i] = s;
         }
+}
+
+/* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
+ * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
+ * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
+static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
+    double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
+    range_projector(n, k, w->D, U, Pd);
+    const double tol = 64.0 * 2.220446049250313e-16;
+    for (int i = 0; i < n * n; i++) cov[i] = fabs(Pd[i]) > tol ? copysign(INFINITY, Pd[i]) : P[i];
+    /* M = Pk P Pk + Pd */
+    project_sandwich(n, P, Pd, w->tmp, M);
     if (!spd_inverse(n, M, w->tmp, prec)) return 0;
     /* prec <- Pk prec Pk */
     for (int i = 0; i < n; i++)
@@ -1038,40 +1048,11 @@ static KS_INLINE int observed_whole(ws_t *w, const int n, int o, int kb, const d
             C[j * n + i] = s;
         }
     /* U: orthonormal basis of range(Dp[:, :kb]) (modified Gram-Schmidt, twice); Pd = U U' in L */
-    for (int j = 0; j < kb; j++) {
-        for (int i = 0; i < n; i++) U[i * n + j] = Dp[i * n + j];
-        for (int pass = 0; pass < 2; pass++)
-            for (int q = 0; q < j; q++) {
-                double s = 0.0;
-                for (int i = 0; i < n; i++) s += U[i * n + q] * U[i * n + j];
-                for (int i = 0; i < n; i++) U[i * n + j] -= s * U[i * n + q];
-            }
-        double s = 0.0;
-        for (int i = 0; i < n; i++) s += U[i * n + j] * U[i * n + j];
-        s = s > 0.0 ? 1.0 / sqrt(s) : 0.0;
-        for (int i = 0; i < n; i++) U[i * n + j] *= s;
-    }
     double *Pd = L;
-    DDt(n, kb, U, Pd);
-    /* X = Pk (C + Pp) Pk + Pd, via U (scratch) = Pk (C + Pp) */
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
-            double s = C[i * n + j] + Pp[i * n + j];
-            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * (C[q * n + j] + Pp[q * n + j]);
-            U[i * n + j] = s;
-        }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
-            double s = U[i * n + j];
-            for (int q = 0; q < n; q++) s -= U[i * n + q] * Pd[q * n + j];
-            X[i * n + j] = s + Pd[i * n + j];
-        }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++) {
-            double s = 0.5 * (X[i * n + j] + X[j * n + i]);
-            X[i * n + j] = s;
-            X[j * n + i] = s;
-        }
+    range_projector(n, kb, Dp, U, Pd);
+    /* X = Pk (C + Pp) Pk + Pd (U: scratch) */
+    for (int i = 0; i < n * n; i++) X[i] = C[i] + Pp[i];
+    project_sandwich(n, X, Pd, U, X);
     if (!spd_inverse(n, X, W, U)) return 0; /* U = X^-1 (W: scratch, o >= n rows) */
     for (int i = 0; i < nn; i++) U[i] -= Pd[i];
     /* P = C - C U C; X = C U */
