@@ -872,29 +872,12 @@ def regime_rows(
         if names and reg.name not in names:
             continue
         t0 = time.perf_counter()
-        tr = dense_oracle(
-            reg.z,
-            reg.F,
-            reg.Q,
-            reg.H,
-            reg.R,
-            offset=reg.offset,
-            prior_mean=reg.prior_mean,
-            prior_cov=reg.prior_cov,
-        )
+        args = (reg.z, reg.F, reg.Q, reg.H, reg.R)
+        kw = dict(offset=reg.offset, prior_mean=reg.prior_mean, prior_cov=reg.prior_cov)
+        tr = dense_oracle(*args, **kw)
         own = float("nan")
         if certify:  # the oracle's change at 40 more digits (60 were not enough on some models)
-            tr2 = dense_oracle(
-                reg.z,
-                reg.F,
-                reg.Q,
-                reg.H,
-                reg.R,
-                offset=reg.offset,
-                prior_mean=reg.prior_mean,
-                prior_cov=reg.prior_cov,
-                dps=tr.dps + 40,
-            )
+            tr2 = dense_oracle(*args, **kw, dps=tr.dps + 40)
             own = max(dense_errors(_truth_moments(tr2), tr).values())
         say(f"{reg.name}: dense oracle {time.perf_counter() - t0:.1f} s")
         for be in dense_backends:
