@@ -13,12 +13,13 @@ gradient. Every timed result is checked against the other tree's (max relative d
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
+
+from run_meta import run_meta
 
 SHAPES = [(20, 5000), (100, 1000), (2000, 1000), (100, 100_000), (200_000, 1)]
 
@@ -97,7 +98,7 @@ def main(argv=None):
         row["max_rel_diff"] = max(rel_diff(ca[k], cb[k]) for k in cb)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = dict(date=datetime.date.today().isoformat(), cores=os.cpu_count(),
+    meta = dict(**run_meta(cuda=False), cores=os.cpu_count(),
                 load_avg=os.getloadavg(), before=args.before, after=args.after,
                 rounds=args.rounds)  # fmt: skip
     print("| T × N | filter before / after ms | smooth | loglik + grad | max rel diff |")

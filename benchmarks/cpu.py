@@ -15,7 +15,6 @@ first, and no speed is reported for a path whose check fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ import time
 
 import numpy as np
 import torch
+from run_meta import run_meta
 
 import kalmanscan as ks
 from kalmanscan.core import backends
@@ -195,7 +195,7 @@ def run(shapes, repeats):
 def markdown(rows, meta):
     lines = [
         f"CPU: {meta['cpu']} ({meta['cores']} cores), {meta['threads']} torch threads, torch {meta['torch']}; "
-        f"{meta['date']}; kalmanscan backend `{meta.get('backend', '?')}`; load average (1 min) at start {meta['load_avg'][0]:.1f}.",
+        f"{meta['date'][:10]}; kalmanscan backend `{meta.get('backend', '?')}`; load average (1 min) at start {meta['load_avg'][0]:.1f}.",
         "Median of repeated rounds (kalmanscan, the numpy loop and kalmanscan with fresh outputs "
         "interleaved); ratio = peer time / kalmanscan time (higher is better for kalmanscan); "
         "the fresh-outputs column: numpy loop / that time.",
@@ -254,7 +254,7 @@ def main(argv=None):
         ]
         repeats = args.repeats
     meta = dict(
-        date=datetime.date.today().isoformat(),
+        **run_meta(cuda=False),
         cpu=platform.processor() or platform.machine(),
         cores=os.cpu_count(),
         threads=torch.get_num_threads(),

@@ -26,7 +26,6 @@ log-likelihood (``ks.loglik`` at its estimates) with kalmanscan's maximum (the g
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -40,6 +39,7 @@ import warnings
 
 import numpy as np
 import torch
+from run_meta import run_meta
 
 import kalmanscan as ks
 from kalmanscan.timeseries import OUModel, fit_ou, load_nile
@@ -278,7 +278,7 @@ def markdown(result):
     lines = [
         f"CPU: {m['machine']} ({m['cores']} cores), {m['torch_threads']} torch threads, torch "
         f"{m['torch']}, statsmodels {m['statsmodels']}, simdkalman {m.get('simdkalman')}; "
-        f"{m['date']}; load average (1 min) at "
+        f"{m['date'][:10]}; load average (1 min) at "
         f"start {m['load_start']:.1f}, at end {m['load_end']:.1f}.",
         "",
         "| job | kalmanscan cold s | kalmanscan warm s | statsmodels `.fit()` s | × | "
@@ -353,7 +353,7 @@ def main():
         machine=platform.machine(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
         torch=torch.__version__, statsmodels=statsmodels.__version__,
         simdkalman=getattr(simdkalman, "__version__", None) or _dist_version("simdkalman"),
-        date=datetime.date.today().isoformat(), load_start=os.getloadavg()[0],
+        **run_meta(cuda=False), load_start=os.getloadavg()[0],
         kalmanscan_backend=ks.core.backends.resolve("auto", torch.device("cpu")),
     )  # fmt: skip
     data = datasets(args.quick)

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from gpu import bench, launches, public_inputs  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 
 
 def host_profile(fn, n=20, top=18):
@@ -114,7 +115,7 @@ def main():
         res.append(dict(call="fit_ou", wall_s=wall))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump({**run_meta(cuda=True), "rows": res}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import time
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled launch path, never the interpreter
 
 import torch  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 
 _STAMPS: list = []
 # --clock cpu: the calling thread's CPU time (another process's load on a shared machine
@@ -256,7 +257,7 @@ def main():
                                          for k, v in row.items()}))  # fmt: skip
         if args.out:
             doc = {
-                "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                **run_meta(cuda=False),
                 "torch": torch.__version__,
                 "what": "host path of the public functions on the triton backend, launches "
                 "no-ops, CPU tensors; microseconds a call, the smallest of --repeats runs of "
@@ -287,7 +288,7 @@ def main():
                 print(profile(fn), flush=True)
     if args.out:
         doc = {
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            **run_meta(cuda=False),
             "torch": torch.__version__,
             "what": "host path of the public functions on the triton backend, launches no-ops, "
             "CPU tensors; median microseconds a call (benchmarks/host_path_cpu.py)",

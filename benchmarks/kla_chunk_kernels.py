@@ -26,6 +26,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 _argv, sys.argv = sys.argv, sys.argv[:1]  # kla_chunked parses its own arguments on import
 
 from kla_chunked import call, inputs, with_chunks  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 
 from kalmanscan.kla.config import KLAConfig  # noqa: E402
 from kalmanscan.kla.layer import KLALayer  # noqa: E402
@@ -93,6 +94,12 @@ def maps_sweep(dyn):
     return rows
 
 
+def write(path, rows):
+    """The result JSON: date, device and the rows."""
+    with open(path, "w") as f:
+        json.dump({**run_meta(cuda=True), "rows": rows}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -104,8 +111,7 @@ def main():
     if args.maps_sweep:
         rows = maps_sweep(dyn)
         if args.out:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows},
-                      open(args.out, "w"), indent=1)  # fmt: skip
+            write(args.out, rows)
         return
     rows = []
     for B, L, C in CASES:
@@ -122,8 +128,7 @@ def main():
         rows.append(row)
     with_chunks(None)
     if args.out:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(args.out, "w"),
-                  indent=1)
+        write(args.out, rows)
 
 
 if __name__ == "__main__":

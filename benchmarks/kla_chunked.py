@@ -16,7 +16,7 @@ of at least ``tuning.MIN_CHUNK`` steps. Correctness, checked before any speed is
 A path whose check fails gets no time (``"ms": null``). GPU time: CUDA events, the median of
 ``--reps`` calls after warm-up. JSON to ``--out``.
 
-    python benchmarks/kla_chunked.py --out benchmarks/results/kla_chunked.json
+    python benchmarks/kla_chunked.py --out benchmarks/results/kla-chunked-h200.json
     python benchmarks/kla_chunked.py --shapes 1x32768,1x131072 --no-sweep   # a subset
     python benchmarks/kla_chunked.py --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes
 """
@@ -62,6 +62,7 @@ if ARGS.dry_run:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import
 
 import torch  # noqa: E402
+from run_meta import utc_now  # noqa: E402
 
 from kalmanscan.core import kla_op  # noqa: E402
 from kalmanscan.core.kla_op import kla_filter  # noqa: E402
@@ -190,6 +191,7 @@ def main():
         dyn = tuple(t.detach().float() for t in layer.dynamics())
     sms = tuning.sm_count(device)
     result = {
+        "date": utc_now(),
         "device": torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET=1)",
         "torch": torch.__version__,
         "d_model": ARGS.d_model, "M": M, "S": S, "sms": sms,

@@ -21,7 +21,7 @@ loss, backward and the optimizer step. At each batch x context (default 8 x 2048
 JSON to ``--out``. ``--dry-run``: tiny shapes on the CPU (eager), to check the script.
 
     export PYTHONPATH=$PWD
-    python3 benchmarks/lm_step.py --out benchmarks/results/lm_step.json
+    python3 benchmarks/lm_step.py --out benchmarks/results/lm-step-h200.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +38,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from run_meta import run_meta  # noqa: E402
 
 from kalmanscan.kla import KLALanguageModel, ModelConfig  # noqa: E402
 
@@ -348,7 +350,7 @@ def main(argv=None):
         triton_version = None
     out = {
         "benchmark": "lm_step",
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        **run_meta(cuda=device.type == "cuda"),
         "torch": torch.__version__,
         "triton": triton_version,
         "dry_run": bool(args.dry_run),

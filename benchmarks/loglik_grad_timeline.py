@@ -17,6 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from run_meta import run_meta  # noqa: E402
 
 
 def main():
@@ -96,8 +97,9 @@ def main():
     for r in timeline[-1]:
         print(f"{r['start']:9.4f} {r['end']:9.4f} {r['where']} {r['name']}")
     if args.out:
-        json.dump({"device": torch.cuda.get_device_name(), "shape": [T, N], "medians_ms": med,
-                   "parts_ms": parts, "timeline_ms": timeline[-1]}, open(args.out, "w"), indent=1)
+        with open(args.out, "w") as f:
+            json.dump({**run_meta(cuda=True), "shape": [T, N], "medians_ms": med,
+                       "parts_ms": parts, "timeline_ms": timeline[-1]}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1149,6 +1149,29 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     return list(out.values())
 
 
+def _run_stamp(rows: list[dict]):
+    """The ``date`` (UTC, ISO 8601 to the second) and ``device`` of each ``--json`` row (the
+    file stays a list of rows): the CUDA device for the ``GPU_RUNNERS`` rows, else the CPU
+    model (``/proc/cpuinfo``, else ``platform.processor()``)."""
+    import datetime
+    import platform
+
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    gpu = None
+    if any(r["backend"] in GPU_RUNNERS for r in rows):
+        import torch
+
+        gpu = torch.cuda.get_device_name()
+    return lambda r: {"date": date, "device": gpu if r["backend"] in GPU_RUNNERS else cpu}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="The regime battery against the mpmath oracle.")
     p.add_argument("--full", action="store_true", help="every regime (10^5-step lanes included)")
@@ -1196,8 +1219,11 @@ def main(argv=None) -> int:
             f.write(markdown(rows, "float64") + "\n\nfloat32:\n\n" + markdown(rows, "float32"))
             f.write("\n")
     if args.json:
+        stamp = _run_stamp(rows + grads)
+        out = [dict(r, **stamp(r)) for r in rows]
+        out += [dict(g, kind="grad", **stamp(g)) for g in grads]
         with open(args.json, "w") as f:
-            json.dump(rows + [dict(g, kind="grad") for g in grads], f, indent=1, default=float)
+            json.dump(out, f, indent=1, default=float)
     return 1 if bad else 0
 
 
