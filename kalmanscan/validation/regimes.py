@@ -727,9 +727,12 @@ def _dense_mean_sd(a, b, cov, steps):
 
 
 def _run_dense(reg: DenseRegime, backend: str, dtype: str) -> dict:
+    import torch
+
     import kalmanscan.dense as kd
 
-    c = lambda x: None if x is None else _cast(x, dtype)  # noqa: E731
+    backend, device = GPU_RUNNERS.get(backend, (backend, "cpu"))
+    c = lambda x: None if x is None else torch.as_tensor(_cast(x, dtype), device=device)  # noqa: E731
     kw = dict(
         offset=c(reg.offset),
         prior_mean=c(reg.prior_mean),
@@ -739,7 +742,7 @@ def _run_dense(reg: DenseRegime, backend: str, dtype: str) -> dict:
     mats = [c(x) for x in (reg.z, reg.F, reg.Q, reg.H, reg.R)]
     s = kd.smooth(*mats, **kw)
     f = s.filtered
-    g = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    g = lambda x: np.asarray(torch.as_tensor(x).cpu(), dtype=np.float64)  # noqa: E731
     return dict(
         mean=g(f.mean),
         cov=g(f.cov),
@@ -1178,6 +1181,10 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", metavar="PATH")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--backend", action="append", help="scalar backends (default all)")
+    p.add_argument(
+        "--dense-backend", action="append",
+        help="dense backends (default sequential, torch, native; GPU: torch-cuda, triton)",
+    )
     p.add_argument("--regime", action="append", help="only these regime names")
     p.add_argument("--no-certify", action="store_true", help="skip the oracle's self-check")
     p.add_argument("--no-grad", action="store_true", help="skip the log-likelihood gradients")
@@ -1189,6 +1196,7 @@ def main(argv=None) -> int:
     rows = regime_rows(
         full=args.full,
         backends=tuple(args.backend) if args.backend else SCALAR_BACKENDS,
+        dense_backends=tuple(args.dense_backend) if args.dense_backend else DENSE_BACKENDS,
         certify=not args.no_certify,
         progress=lambda m: print(f"  .. {m}", flush=True),
         names=args.regime,
