@@ -486,6 +486,7 @@ def test_cli_unsorted_rows_are_sorted_and_reported(tmp_path, capsys):
     assert "rows sorted by time" in captured.out + captured.err
 
 
+@pytest.mark.slow  # one subprocess (a torch import) per command: 8 s
 def test_commands_exit_nonzero_with_a_message(tmp_path):
     """The installed entry point itself (a fresh interpreter): unknown command, bad CSV, bad checkpoint."""
     csv = tmp_path / "bad.csv"

@@ -133,7 +133,9 @@ def test_scans_match_loops(rng, T, N):
     assert_close(x, torch.stack(ref), "parallel", "float64", what="affine_scan")
 
 
-@pytest.mark.parametrize("T", [5, 48], ids=["T5", "T48-chunked"])
+@pytest.mark.parametrize(
+    "T", [5, pytest.param(48, marks=pytest.mark.slow)], ids=["T5", "T48-chunked"]
+)
 def test_gradcheck_parallel(rng, T):
     z, model, prior = random_model(rng, T, 1, missing=0.2)
     model["decay"] = np.clip(model["decay"], 0.3, 0.95)

@@ -93,10 +93,10 @@ if CUDA:
 else:
     # (203, 3): 13 chunks, the forward carry scanning their 12 maps in 3 tiles of 4
     CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (45, 3, "lanes"), (30, 2, "chunks"),
-             (203, 3, "chunks")]  # fmt: skip
+             pytest.param(203, 3, "chunks", marks=pytest.mark.slow)]  # fmt: skip
 
 
-@pytest.mark.parametrize("T, N, regime", CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("T, N, regime", CASES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_filter_and_smoother_every_output(T, N, regime, dtype, monkeypatch):
     _force(monkeypatch, regime)
@@ -134,7 +134,11 @@ def test_loglik_mode_allocates_nothing_of_size_T_N(regime, monkeypatch):
     assert shapes and (T, N) not in shapes
 
 
-@pytest.mark.parametrize("regime", ["lanes", "chunks", "chunks-long"])
+# chunks-long in the interpreter: 8-11 s a case, in the slow step (CI's second)
+LONG = pytest.param("chunks-long", marks=() if CUDA else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("regime", ["lanes", "chunks", LONG])
 @pytest.mark.parametrize("broadcast", [False, True], ids=["full", "broadcast"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):

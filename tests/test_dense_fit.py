@@ -70,7 +70,7 @@ def test_llt_matches_statsmodels_exact_diffuse_mle():
         assert abs(res.loglik[b] - off - mod.loglike(ours)) < 1e-9 * abs(r.llf)
 
 
-@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.slow), "native"])
 def test_other_builders_reach_a_maximum(backend):
     """Seasonal (4 variances), constant velocity (dt fixed) and a two-component OU sum: every fit
     converges to a point where moving any variance by 1e-3 relative lowers kd.filter's
