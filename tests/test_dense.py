@@ -490,3 +490,22 @@ def test_large_proper_prior_information_head_against_oracle():
     errs = regimes.dense_errors(regimes._run_dense(reg, "torch", "float64"), o)
     assert errs["filter_mean_sd"] < 2e-11 and errs["smooth_mean_sd"] < 2e-11, errs
     assert errs["loglik"] < 2e-12 and errs["smooth_var"] < 1e-12, errs
+
+
+@pytest.mark.parametrize("r", [1e-10, 1e-6], ids=["R1e-10", "R1e-6"])
+def test_scan_smoother_weakly_informed_diffuse_head_against_oracle(r):
+    """3 diffuse states seen through one entry (the regime battery's ``_mixing`` family, seed 2,
+    40 % missing): at step 0 the data inform one direction 1e-9 times as much as the others, and
+    the scan's information form of the head's smoothed moments kept eps |J| / lam_min of it
+    (smoothed means 2.4e-6 sd off the oracle at R = 1e-10, 9.3e-7 at 1e-6). The head now takes
+    the square-root rows there: measured 1.2e-9 sd / 7.0e-11 relative and 4.4e-11 sd /
+    1.1e-12 (docs/dense.md, "Left")."""
+    from kalmanscan.validation import oracle, regimes
+
+    z, F, Q, H, R, _ = regimes._mixing(2, 3, 1, r, "diffuse")
+    o = oracle.dense_oracle(z, F, Q, H, R)
+    errs = regimes.dense_errors(
+        regimes._run_dense(regimes.DenseRegime("mixing", z, F, Q, H, R), "torch", "float64"), o
+    )
+    assert errs["smooth_mean_sd"] < 1e-8 and errs["smooth_var"] < 1e-9, errs
+    assert errs["filter_mean_sd"] < 1e-9 and errs["loglik"] < 1e-12, errs

@@ -544,8 +544,17 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         )
         rhs = torch.cat([Gt, Gt @ (etab[:, :tau] - _mv(Jh, m)).unsqueeze(-1)], -1)
         sol = _scaled_solve(Lam, rhs)
-        means.append(m + _mv(G, sol[..., n]))
-        covs.append(_sym(G @ sol[..., :n]))
+        ms, Ps = m + _mv(G, sol[..., n]), _sym(G @ sol[..., :n])
+        rows = _rows_steps(model, Lam, tau)
+        if rows is not None:  # the suffix information about x_{tau-1} as square-root rows,
+            # carried back over the head by the reference's backward filter (docs/dense.md)
+            last = sequential.info_rows(Jb[:, tau - 1], etab[:, tau - 1])
+            rb = sequential.backward_rows(_steps(model, slice(0, tau)), last)
+            ms2, Ps2 = sequential.combine_rows(rb[..., :n], rb[..., n:], fh)
+            ms = torch.where(rows.unsqueeze(-1), ms2, ms)
+            Ps = torch.where(rows[..., None, None], Ps2, Ps)
+        means.append(ms)
+        covs.append(Ps)
     if tau < T:
         b, C = parts.prefix.b, parts.prefix.C
         X = _eye(n, C) + C @ Jb[:, tau:]
@@ -554,6 +563,36 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         covs.append(_sym(sol[..., :n]))
     cov = torch.cat(covs, 1)
     return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
+
+
+ROWS_COND = 1e4  # the information form's conditioning above this times sqrt(hq): the rows serve
+
+
+def _rows_steps(model: Model, Lam, tau):
+    """[B, tau] bool: the diffuse-head steps of the series whose smoothed moments the
+    square-root rows give more accurately than the information form ``G Lam^-1 G'``, or None
+    where there are none.
+
+    The information form loses ``eps cond(Lam)`` (``Lam`` diagonally scaled): a direction the
+    data inform 1e-9 times as much as the others (a contracting F between the observations)
+    keeps only the digits its information has above ``eps |J|``. The rows lose up to
+    ``1e3 eps sqrt(hq)`` with near noise-free entries (``hq = |h|^2 tr(Q) / R_ii``, the largest
+    over the head; native's level) and nothing extra without them. The rows serve where the
+    information form's level is ``ROWS_COND / 1e3`` times theirs."""
+    with torch.no_grad():
+        d = torch.diagonal(Lam, dim1=-2, dim2=-1).clamp_min(torch.finfo(Lam.dtype).tiny).rsqrt()
+        w = torch.linalg.eigvalsh(Lam * d.unsqueeze(-1) * d.unsqueeze(-2))
+        cond = w[..., -1] / w[..., 0].clamp_min(torch.finfo(Lam.dtype).tiny)
+        hm = _steps(model, slice(0, tau))
+        H, R, _ = mask_observation(hm.z, hm.observed, hm.H, hm.R)
+        tr = torch.diagonal(hm.Q, dim1=-2, dim2=-1).sum(-1)
+        rd = torch.diagonal(R, dim1=-2, dim2=-1)
+        hh = H.square().sum(-1) * tr.unsqueeze(-1)
+        hq = torch.where(hh > 0, hh / rd, torch.zeros_like(hh)).amax((-1, -2))  # [B]
+        rows = cond.amax(-1) > ROWS_COND * hq.clamp_min(1.0).sqrt()  # per series: the rows
+        # carry the suffix back over the whole head, and a step whose own Lam is well
+        # conditioned still sees an earlier step's weakly informed direction
+        return rows.unsqueeze(-1).expand(cond.shape) if bool(rows.any()) else None
 
 
 def _smooth_from_x0(model, parts, S, Jb, etab) -> Moments:

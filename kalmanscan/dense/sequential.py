@@ -358,10 +358,21 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     entries are decorrelated by R = Lu Dg Lu' and those with Dg = 0 (exact) are conditioned into
     the backward prediction (:func:`_exact_step`).
     """
+    Rb = backward_rows(model)
+    n = model.F.shape[-1]
+    ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt)
+    return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+
+
+def backward_rows(model: Model, last=None):
+    """The backward square-root information filter of :func:`smooth_moments`: rows
+    ``[Rb | bb]`` [B, T, n + 1, n + 1] with ``|Rb x_t - bb|^2`` the likelihood of ``z_{t+1:}``
+    given ``x_t``. ``last`` [B, n + 1, n + 1]: the rows at the last step ``T - 1`` (the
+    information that data after the model's steps carry about ``x_{T-1}``, :func:`info_rows`);
+    None (zero rows) for a whole series."""
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
-    eye = torch.eye(n, dtype=dtype, device=device)
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     Lr, info = torch.linalg.cholesky_ex(R_all)
     exact = None
@@ -380,7 +391,7 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
         obs = Hz * inv_sd.unsqueeze(-1)  # the noisy entries' whitened rows (exact ones 0)
         exact = (Hz * ex.to(dtype).unsqueeze(-1), ex)  # the exact rows [E | e]
     Lq = _factor(_sym(model.Q))
-    Rb = torch.zeros(B, n + 1, n + 1, dtype=dtype, device=device)  # [Rb | bb]
+    Rb = torch.zeros(B, n + 1, n + 1, dtype=dtype, device=device) if last is None else last
     eye1 = torch.eye(n + 1, dtype=dtype, device=device).expand(B, n + 1, n + 1)
     facs = [Rb]
     for t in range(T - 1, 0, -1):
@@ -397,9 +408,26 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
         if cons is not None:
             Rb = _reduce_rows(torch.cat([Rb, cons], -2), n + 1)
         facs.append(Rb)
-    Rb = torch.stack(facs[::-1], 1)  # [B, T, n + 1, n + 1]: z_{t+1:T} about x_t
-    ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt)
-    return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+    return torch.stack(facs[::-1], 1)  # [B, T, n + 1, n + 1]: z_{t+1:} about x_t
+
+
+def info_rows(J, eta):
+    """Rows ``[Rb | bb]`` [B, n + 1, n + 1] (last row 0) of the information ``(J, eta)``
+    ([B, n, n], [B, n]): ``Rb' Rb = J``, ``Rb' bb = eta`` (``L L' = J``, ``Rb = L'``,
+    ``bb = L^+ eta``: Cholesky, the pseudo-inverse of :func:`_factor`'s where J is singular)."""
+    J = _sym(J)
+    L, info = torch.linalg.cholesky_ex(J)
+    bad = info != 0
+    if bool(bad.any()):
+        L = torch.where(bad[..., None, None], _factor(J), L)
+        Lt = torch.where(bad[..., None, None], torch.eye(J.shape[-1], dtype=J.dtype,
+                                                         device=J.device), L)  # fmt: skip
+        bb = torch.linalg.solve_triangular(Lt, eta.unsqueeze(-1), upper=False)
+        bb = torch.where(bad[..., None, None], torch.linalg.pinv(L) @ eta.unsqueeze(-1), bb)
+    else:
+        bb = torch.linalg.solve_triangular(L, eta.unsqueeze(-1), upper=False)
+    rows = torch.cat([L.mT, bb], -1)
+    return torch.cat([rows, torch.zeros_like(rows[..., :1, :])], -2)
 
 
 SINGULAR_SMOOTH_MESSAGE = (
