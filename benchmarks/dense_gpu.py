@@ -285,13 +285,13 @@ def headline(args, res, rng, save, left, checks_ok):
     ran = []  # which fused entry ran: "filter" (CD.run) or "smooth" (CD.run_smooth)
     real_run, real_run_smooth = CD.run, CD.run_smooth
 
-    def spy(model, layout):
+    def spy(*a):
         ran.append("filter")
-        return real_run(model, layout)
+        return real_run(*a)
 
-    def spy_smooth(model, layout):
+    def spy_smooth(*a):
         ran.append("smooth")
-        return real_run_smooth(model, layout)
+        return real_run_smooth(*a)
 
     CD.run, CD.run_smooth = spy, spy_smooth
     jax_call = jax_filter_fn()

@@ -192,9 +192,9 @@ def ran(monkeypatch):
     calls = []
     real = CD.run
 
-    def spy(model, layout):
+    def spy(model, layout, *rest):
         calls.append(layout.n)
-        return real(model, layout)
+        return real(model, layout, *rest)
 
     monkeypatch.setattr(CD, "run", spy)
     return calls
@@ -219,7 +219,9 @@ def test_gpu_auto_diffuse_takes_torch(ran):
     kw["prior_cov"] = np.diag([np.inf, np.inf])
     t = {k: torch.as_tensor(v, device="cuda") for k, v in kw.items()}
     got = kd.filter(torch.as_tensor(z, device="cuda"), **t)
-    assert ran == [], "a diffuse prior is outside the triton model class"
+    # the screen read after the fused launches finds the inf: the torch scan answers
+    res = got
+    assert bool(res.diffuse[0].all()), "a diffuse prior is outside the triton model class"
     ref = kd.filter(z, **kw, backend="sequential")
     assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
     with pytest.raises(ValueError, match="proper prior"):
@@ -365,9 +367,9 @@ def ran_smooth(monkeypatch):
     calls = []
     real = CD.run_smooth
 
-    def spy(model, layout):
+    def spy(model, layout, *rest):
         calls.append(layout.n)
-        return real(model, layout)
+        return real(model, layout, *rest)
 
     monkeypatch.setattr(CD, "run_smooth", spy)
     return calls
@@ -417,7 +419,13 @@ def test_auto_smooth_outside_triton_takes_torch(auto_is_triton, ran_smooth, what
     if what == "grad":
         t["Q"].requires_grad_(True)
     got = kd.smooth(torch.as_tensor(z, device=DEVICE), **t)
-    assert ran_smooth == [], f"a {what} model is outside the triton model class"
+    if what == "diffuse":
+        # an inf in prior_cov is found by the screen read after the fused launches (no host
+        # synchronization before them): their outputs are dropped and the torch scan answers,
+        # which marks the diffuse start (the fused backend never does)
+        assert bool(got.filtered.diffuse[0].all()), "the torch scan must answer a diffuse prior"
+    else:
+        assert ran_smooth == [], f"a {what} model is outside the triton model class"
     ref = kd.smooth(z, **kw, backend="sequential")
     assert_close(got.mean.detach().cpu()[2:], ref.mean[2:], "parallel", "float64", what="mean")
 
@@ -448,7 +456,9 @@ def test_gpu_auto_smooth_diffuse_takes_torch(ran_smooth):
     kw["prior_cov"] = np.diag([np.inf, np.inf])
     t = {k: torch.as_tensor(v, device="cuda") for k, v in kw.items()}
     got = kd.smooth(torch.as_tensor(z, device="cuda"), **t)
-    assert ran_smooth == [], "a diffuse prior is outside the triton model class"
+    # the screen read after the fused launches finds the inf: the torch scan answers
+    res = got.filtered
+    assert bool(res.diffuse[0].all()), "a diffuse prior is outside the triton model class"
     ref = kd.smooth(z, **kw, backend="sequential")
     assert_close(got.mean.cpu()[10:], ref.mean[10:], "parallel", "float64", what="mean")
     with pytest.raises(ValueError, match="proper prior"):

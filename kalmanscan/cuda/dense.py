@@ -61,7 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, next_pow2
+from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
+from kalmanscan.cuda.filter import _flags_reader
 
 LOG_2PI = tl.constexpr(math.log(2 * math.pi))
 MAX_N = 8
@@ -578,55 +579,94 @@ def unsupported(model, layout) -> str | None:
     return None
 
 
-def run(model, layout):
-    """Filter of a laid-out model (z with NaN where missing): (mean, cov, precision, pred_mean,
-    pred_cov, loglik [B]), all [B, T, ...]. The caller has checked :func:`unsupported`."""
-    return _launch(model, layout, False)
+def run(model, layout, suspect=None):
+    """Filter of a laid-out model (z with NaN where missing): ``(parts, flagged)``, parts
+    (mean, cov, precision, pred_mean, pred_cov, loglik [B]), all [B, T, ...], or None where
+    nothing was launched; see :func:`_launch`. The caller has checked :func:`unsupported`."""
+    return _launch(model, layout, False, suspect)
 
 
-def run_smooth(model, layout):
-    """Filter and smoother of a laid-out model: :func:`run`'s outputs, then the smoothed
-    (mean, cov, precision) [B, T, ...]. The caller has checked :func:`unsupported`."""
-    return _launch(model, layout, True)
+def run_smooth(model, layout, suspect=None):
+    """Filter and smoother of a laid-out model: as :func:`run`, parts followed by the smoothed
+    (mean, cov, precision) [B, T, ...]."""
+    return _launch(model, layout, True, suspect)
 
 
-def _launch(model, layout, smooth: bool):
+R_MISSING_MESSAGE = (
+    "R: backend 'triton' needs a diagonal R when observations are missing (a full R is whitened, "
+    "which mixes the components); use backend='torch'"
+)
+
+
+def _full_r(R) -> torch.Tensor:
+    """Whether some R [B, d, d] has a nonzero off-diagonal entry (0-d bool, on its device)."""
+    return (R != torch.diag_embed(torch.diagonal(R, dim1=-2, dim2=-1))).any()
+
+
+def check_inputs(model, layout):
+    """Raise for what the kernels cannot take: infinite observations, a full R with missing
+    observations, an R without a Cholesky factor (host synchronizations; :func:`_launch` screens
+    for the same on the device)."""
+    from kalmanscan.dense._args import Z_INF_MESSAGE
+
+    z, R = model.z, model.R[:, 0]
+    if bool(torch.isinf(z).any()):
+        raise ValueError(Z_INF_MESSAGE)
+    if layout.d > 1 and bool(_full_r(R)):
+        if bool(torch.isnan(z).any()):
+            raise ValueError(R_MISSING_MESSAGE)
+        if bool(torch.linalg.cholesky_ex(R)[1].any()):
+            raise ValueError("R: backend 'triton' needs positive-definite R; use 'native' (CPU)")
+    elif not bool((torch.diagonal(R, dim1=-2, dim2=-1) > 0).all()):
+        raise ValueError(
+            "R: backend 'triton' needs positive-definite observation-noise covariances; "
+            "for a singular R use backend='native' (CPU)"
+        )
+
+
+def _launch(model, layout, smooth: bool, suspect=None):
+    """Launch the kernels: ``(parts, flagged)``. Their inputs are screened on the device for
+    what :func:`check_inputs` refuses (an infinite observation; an R without a Cholesky factor,
+    a full one with missing observations), or'ed with ``suspect`` (a 0-d bool tensor, the
+    caller's own screen) and read back once, the call's one host synchronization: with d = 1
+    on a GPU after the launches, waiting for the screen only (:func:`_flags_reader`); with d > 1
+    before them, with whether R is full (whitened); on the CPU (the interpreter, whose kernels
+    refuse NaN pivots) before them too. ``flagged``: the screen was set, the caller must run the
+    exact checks; parts None: nothing was launched."""
     B, T, d = model.z.shape
     n = layout.n
     dtype, dev = model.z.dtype, model.z.device
     z = model.z
-    if bool(torch.isinf(z).any()):
-        from kalmanscan.dense._args import Z_INF_MESSAGE
-
-        raise ValueError(Z_INF_MESSAGE)
     F = model.F[:, 0].contiguous()
     c = model.c[:, 0].contiguous()
     Q = model.Q[:, 0].contiguous()
     H = model.H[:, 0]
     R = model.R[:, 0]
-    m0 = model.m0.contiguous()
-    P0 = model.P0.contiguous()
-    ll_shift = torch.zeros(B, dtype=dtype, device=dev)
-    if d > 1 and not bool((R == torch.diag_embed(torch.diagonal(R, dim1=-2, dim2=-1))).all()):
-        if bool(torch.isnan(z).any()):
-            raise ValueError(
-                "R: backend 'triton' needs a diagonal R when observations are missing (a full R "
-                "is whitened, which mixes the components); use backend='torch'"
-            )
-        Lr, info = torch.linalg.cholesky_ex(R)
-        if bool(info.any()):
-            raise ValueError("R: backend 'triton' needs positive-definite R; use 'native' (CPU)")
+    Lr, info = torch.linalg.cholesky_ex(R)
+    screen = [torch.isinf(z).any(), info.any()]
+    if suspect is not None:
+        screen.append(suspect)
+    full = False
+    if d > 1 or not z.is_cuda:
+        if d > 1:
+            full_t = _full_r(R)
+            screen.append(full_t & torch.isnan(z).any())
+            flagged, full = torch.stack([torch.stack(screen).any(), full_t]).tolist()
+        else:
+            flagged = bool(torch.stack(screen).any())
+        if flagged:
+            return None, True
+        read = None
+    else:
+        read = _flags_reader(torch.stack(screen).any().reshape(1))
+    ll_shift = None
+    if full:
         z = torch.linalg.solve_triangular(Lr.unsqueeze(1), z.unsqueeze(-1), upper=False)[..., 0]
         H = torch.linalg.solve_triangular(Lr, H, upper=False)
         r = torch.ones(B, d, dtype=dtype, device=dev)
         ll_shift = torch.log(torch.diagonal(Lr, dim1=-2, dim2=-1)).sum(-1)
     else:
         r = torch.diagonal(R, dim1=-2, dim2=-1)
-        if not bool((r > 0).all()):
-            raise ValueError(
-                "R: backend 'triton' needs positive-definite observation-noise covariances; "
-                "for a singular R use backend='native' (CPU)"
-            )
     z = z.contiguous()
     H = H.contiguous()
     r = r.contiguous()
@@ -638,66 +678,85 @@ def _launch(model, layout, smooth: bool):
     S = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
     # the filter's carry uses the elements of chunks [0, NC - 1), the smoother's [1, NC)
     if NC > 1:
-        chunk_elements[(NC if smooth else NC - 1, B)](
-            z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw
-        )  # fmt: skip
-    prior = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)
-    prior[:, 0, :n, :n] = P0
-    prior[:, 0, NP, :n] = m0
+        launch(chunk_elements, (NC if smooth else NC - 1, B),
+               z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
+    # the prior as a carried start [B, 1, NP + 1, NP] (rows P, m; zero padding) and, for the
+    # smoother, the information after the end (none): one zeroed buffer
+    starts = torch.zeros(1 + smooth, B, 1, NP + 1, NP, dtype=dtype, device=dev)
+    prior = starts[0]
+    prior[:, 0, :n, :n] = model.P0
+    prior[:, 0, NP, :n] = model.m0
     G = group_size(NC)
     NG = cdiv(NC, G)
     if smooth:  # the backwards information after each chunk too, the two walks in one launch
         after = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
-        none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)  # no data after the end
+        none = starts[1]
     if NG == 1 and smooth:
-        carries[(2, B)](E, prior, S, none, after, NC, NC, 1, NP=NP, num_warps=nw)
+        launch(carries, (2, B), E, prior, S, none, after, NC, NC, 1, NP=NP, num_warps=nw)
     elif NG == 1:
-        carry[(1, B)](E, prior, S, NC, NC, 1, NP=NP, num_warps=nw)
+        launch(carry, (1, B), E, prior, S, NC, NC, 1, NP=NP, num_warps=nw)
     else:  # two levels: compose groups of G chunk elements, carry over groups, then within them
         GE = empty((B, NG, 3 * NP + 2, NP), dtype=dtype, device=dev)
         SG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
-        group_elements[(NG if smooth else NG - 1, B)](E, GE, NC, G, NG, NP=NP, num_warps=nw)
+        launch(group_elements, (NG if smooth else NG - 1, B), E, GE, NC, G, NG, NP=NP,
+               num_warps=nw)  # fmt: skip
         if smooth:
             BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
-            carries[(2, B)](GE, prior, SG, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
-            carries[(2 * NG, B)](E, SG, S, BG, after, NC, G, NG, NP=NP, num_warps=nw)
+            launch(carries, (2, B), GE, prior, SG, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
+            launch(carries, (2 * NG, B), E, SG, S, BG, after, NC, G, NG, NP=NP, num_warps=nw)
         else:
-            carry[(1, B)](GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
-            carry[(NG, B)](E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
+            launch(carry, (1, B), GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
+            launch(carry, (NG, B), E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
     mean = empty((B, T, n), dtype=dtype, device=dev)
     pm = empty((B, T, n), dtype=dtype, device=dev)
     cov = empty((B, T, n, n), dtype=dtype, device=dev)
     prec = empty((B, T, n, n), dtype=dtype, device=dev)
     pP = empty((B, T, n, n), dtype=dtype, device=dev)
     ll = empty((B, NC), dtype=dtype, device=dev)
-    chunk_filter[(NC, B)](
-        z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L, NC, NP=NP, D=d,
-        num_warps=nw,
-    )  # fmt: skip
-    loglik = ll.sum(1) - ll_shift * T
-    if not smooth:
-        return mean, cov, prec, pm, pP, loglik
-    # smoother: in every chunk its last step's smoothed state and the RTS pass over its steps
-    smean = empty((B, T, n), dtype=dtype, device=dev)
-    scov = empty((B, T, n, n), dtype=dtype, device=dev)
-    sprec = empty((B, T, n, n), dtype=dtype, device=dev)
-    chunk_smooth[(NC, B)](
-        F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC, NP=NP, num_warps=nw
-    )  # fmt: skip
-    return mean, cov, prec, pm, pP, loglik, smean, scov, sprec
+    launch(chunk_filter, (NC, B), z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L,
+           NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
+    loglik = ll.sum(1)
+    if ll_shift is not None:
+        loglik = loglik - ll_shift * T
+    parts = (mean, cov, prec, pm, pP, loglik)
+    if smooth:
+        # in every chunk its last step's smoothed state and the RTS pass over its steps
+        smean = empty((B, T, n), dtype=dtype, device=dev)
+        scov = empty((B, T, n, n), dtype=dtype, device=dev)
+        sprec = empty((B, T, n, n), dtype=dtype, device=dev)
+        launch(chunk_smooth, (NC, B), F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC,
+               NP=NP, num_warps=nw)  # fmt: skip
+        parts += (smean, scov, sprec)
+    return parts, bool(read()) if read is not None else False
 
 
-def dense_triton(model, layout, smooth: bool, chunk: int):
+def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     """The ``"triton"`` backend of ``kalmanscan.dense.filter`` and ``smooth`` (TABLES["dense"]):
     proper prior, time-invariant F, offset, Q, H, R, n <= 8, no grad; raises naming ``'torch'``
-    otherwise. ``chunk`` (the torch scan's block length) is not used: see :func:`chunk_length`."""
+    otherwise. ``chunk`` (the torch scan's block length) is not used: see :func:`chunk_length`.
+
+    ``checks``: the value checks that ``kalmanscan.dense._args.prepare(defer=True)`` left to run
+    (:class:`kalmanscan.dense._args.ValueChecks`), screened on the device with the launch's own
+    and read back once (:func:`_launch`); where the screen is set they run exactly, raising as
+    ``prepare`` does, then :func:`check_inputs`. Returns None where they find a prior covariance
+    with inf on its diagonal (diffuse: outside this backend's class); the caller then dispatches
+    the checked model."""
     from kalmanscan.dense import _args
     from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult
 
     why = unsupported(model, layout)
     if why is not None:
         raise ValueError(f"backend: 'triton' (dense) serves {why}; use backend='torch'")
-    parts = run_smooth(model, layout) if smooth else run(model, layout)
+    go = run_smooth if smooth else run
+    parts, flagged = go(model, layout, None if checks is None else checks.suspect())
+    if flagged:  # the exact checks, raising naming the input
+        if checks is not None and checks.run(model).P0 is None:
+            return None
+        check_inputs(model, layout)
+        if parts is None:  # nothing launched
+            parts, flagged = go(model, layout)
+            if flagged:
+                raise RuntimeError("triton dense: the input screen and check_inputs disagree")
     mean, cov, prec, pm, pP, loglik = parts[:6]
     out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
     filtered = DenseFilterResult(

@@ -115,8 +115,15 @@ def _to_batch(name, t, batch_shape, k):
     return t.expand(*batch_shape, *trail).reshape(-1, *trail)
 
 
-def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=True):
-    """Validate the public arguments and lay them out; see :func:`kalmanscan.dense.filter`."""
+def prepare(
+    z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=True, defer=False
+):
+    """Validate the public arguments and lay them out; see :func:`kalmanscan.dense.filter`.
+
+    ``defer``: run the shape checks and the layout only and return ``(model, layout, checks)``,
+    the model's ``P0`` the prior covariance as given (inf entries not yet turned into a
+    precision) and ``checks`` the value checks (:class:`ValueChecks`) for the caller to run
+    later, so that they cost no host synchronization on a device (the triton backend)."""
     values = dict(
         z=z,
         F=F,
@@ -161,25 +168,9 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis,
     )
     if ct.shape[-1] != n:
         raise ValueError(f"offset: expected trailing length n = {n}, got shape {tuple(ct.shape)}")
-    for name, t in (("F", Ft), ("Q", Qt), ("H", Ht), ("R", Rt), ("offset", ct)):
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(
-                f"{name}: expected finite values, got NaN or inf (mark missing data with NaN in z)"
-            )
-    for name, t in (("Q", Qt), ("R", Rt)):
-        if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
-            raise ValueError(
-                f"{name}: expected a symmetric covariance matrix, got an asymmetric one"
-            )
-    if torch.linalg.cholesky_ex(Rt.detach())[1].any() and _negative_eig(Rt):
-        raise ValueError(
-            "R: expected positive-semidefinite observation-noise covariances, got a negative "
-            "eigenvalue"
-        )
-    if _negative_eig(Qt):
-        raise ValueError(
-            "Q: expected positive-semidefinite process-noise covariances, got a negative eigenvalue"
-        )
+    checks = ValueChecks(Ft, Qt, Ht, Rt, ct)
+    if not defer:
+        checks.dynamics()
 
     lead = tuple(zt.shape[:-1])
     T = lead[ax]
@@ -202,10 +193,9 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis,
         raise ValueError(
             f"prior_mean: expected trailing length n = {n}, got shape {tuple(m0.shape)}"
         )
-    if not bool(torch.isfinite(m0).all()):
-        raise ValueError(
-            "prior_mean: expected finite values (a diffuse direction takes any finite mean, e.g. 0)"
-        )
+    checks = checks._replace(m0=m0)
+    if not defer:
+        checks.prior_mean()
     m0 = _to_batch("prior_mean", m0, batch_shape, 1)
     if prior_cov is not None and prior_precision is not None:
         raise ValueError("prior_cov, prior_precision: expected at most one of them, got both")
@@ -213,32 +203,126 @@ def prepare(z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis,
     if prior_cov is not None:
         P0 = _as_tensor("prior_cov", prior_cov, dtype, device, 2)
         _check_square("prior_cov", P0, n, "prior covariance, n x n")
+        checks = checks._replace(P0=P0)
         P0 = _to_batch("prior_cov", P0, batch_shape, 2)
-        diag_inf = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
-        if bool(diag_inf.any()):
-            L0 = _precision_from_partly_infinite(P0, diag_inf)
-            P0 = None
-        elif not bool(torch.isfinite(P0).all()):
-            raise ValueError(
-                "prior_cov: expected finite entries, or inf on the diagonal for diffuse states"
-            )
     elif prior_precision is not None:
         L0 = _as_tensor("prior_precision", prior_precision, dtype, device, 2)
         _check_square("prior_precision", L0, n, "prior precision, n x n")
-        if not bool(torch.isfinite(L0).all()):
-            raise ValueError(
-                "prior_precision: expected finite entries (0 precision marks a diffuse direction)"
-            )
+        checks = checks._replace(L0=L0)
         L0 = _to_batch("prior_precision", L0, batch_shape, 2)
     else:
         L0 = torch.zeros(zl.shape[0], n, n, dtype=dtype, device=device)
-    for name, t in (("prior_cov", P0), ("prior_precision", L0)):
-        if t is not None and not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
-            raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
     model = Model(zl, None, **model_parts, m0=m0, P0=P0, L0=L0)
+    layout = Layout(to_numpy, ax, batch_shape, T, n, d)
+    if defer:
+        return model, layout, checks
+    model = checks.prior(model)
     if mask:  # the native path reads the NaNs itself (api.py passes mask=False)
         model = mask_missing(model)
-    return model, Layout(to_numpy, ax, batch_shape, T, n, d)
+    return model, layout
+
+
+class ValueChecks(NamedTuple):
+    """The checks of :func:`prepare` on the values of its arguments (as given, before the
+    layout): :meth:`run` raises as ``prepare`` does; :meth:`suspect` is their sync-free
+    device-side screen."""
+
+    F: torch.Tensor
+    Q: torch.Tensor
+    H: torch.Tensor
+    R: torch.Tensor
+    offset: torch.Tensor
+    m0: torch.Tensor | None = None
+    P0: torch.Tensor | None = None  # prior_cov as given
+    L0: torch.Tensor | None = None  # prior_precision as given
+
+    def dynamics(self):
+        """Raise for non-finite, asymmetric or indefinite dynamics (F, Q, H, R, offset)."""
+        for name, t in (("F", self.F), ("Q", self.Q), ("H", self.H), ("R", self.R),
+                        ("offset", self.offset)):  # fmt: skip
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(
+                    f"{name}: expected finite values, got NaN or inf (mark missing data with NaN "
+                    "in z)"
+                )
+        for name, t in (("Q", self.Q), ("R", self.R)):
+            if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
+                raise ValueError(
+                    f"{name}: expected a symmetric covariance matrix, got an asymmetric one"
+                )
+        if torch.linalg.cholesky_ex(self.R.detach())[1].any() and _negative_eig(self.R):
+            raise ValueError(
+                "R: expected positive-semidefinite observation-noise covariances, got a negative "
+                "eigenvalue"
+            )
+        if _negative_eig(self.Q):
+            raise ValueError(
+                "Q: expected positive-semidefinite process-noise covariances, got a negative "
+                "eigenvalue"
+            )
+
+    def prior_mean(self):
+        if not bool(torch.isfinite(self.m0).all()):
+            raise ValueError(
+                "prior_mean: expected finite values (a diffuse direction takes any finite mean, "
+                "e.g. 0)"
+            )
+
+    def prior(self, model: Model) -> Model:
+        """Raise for a bad prior covariance or precision; the model with a prior covariance that
+        has inf on its diagonal turned into the precision of its finite block."""
+        P0, L0 = model.P0, model.L0
+        if self.P0 is not None:
+            diag_inf = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
+            if bool(diag_inf.any()):
+                L0 = _precision_from_partly_infinite(P0, diag_inf)
+                P0 = None
+            elif not bool(torch.isfinite(P0).all()):
+                raise ValueError(
+                    "prior_cov: expected finite entries, or inf on the diagonal for diffuse states"
+                )
+        elif self.L0 is not None and not bool(torch.isfinite(self.L0).all()):
+            raise ValueError(
+                "prior_precision: expected finite entries (0 precision marks a diffuse direction)"
+            )
+        for name, t in (("prior_cov", P0), ("prior_precision", L0)):
+            if t is not None and not bool(
+                torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)
+            ):
+                raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
+        return model._replace(P0=P0, L0=L0)
+
+    def run(self, model: Model) -> Model:
+        """Every check, raising as :func:`prepare` does (its order); the model with its prior
+        resolved (:meth:`prior`)."""
+        self.dynamics()
+        self.prior_mean()
+        return self.prior(model)
+
+    def suspect(self) -> torch.Tensor:
+        """A 0-d bool tensor on the inputs' device, False only where :meth:`run` passes and
+        changes nothing (a finite prior covariance given): no host synchronization. True for
+        any non-finite value, any asymmetry (``run`` allows 1e-5 relative), a process noise Q
+        without a Cholesky factor after subtracting ``8 (n + 1)^2 eps max|Q|`` from its diagonal
+        (the rounding of a Cholesky factorization and of ``run``'s eigenvalues stays below that,
+        so ``run``'s eigenvalue test passes), an R without a Cholesky factor (``run``'s own
+        screen), or no prior covariance."""
+        if self.P0 is None or self.m0 is None:
+            return torch.ones((), dtype=torch.bool, device=self.F.device)
+        mats = (self.F, self.Q, self.H, self.R, self.offset, self.m0, self.P0)
+        vals = torch.cat([t.detach().reshape(-1) for t in mats])
+        bad = [torch.isfinite(vals).all().logical_not()]
+        for t in (self.Q, self.R, self.P0):
+            if t.shape[-1] > 1:
+                bad.append((t != t.transpose(-1, -2)).any())
+        Q = self.Q.detach()
+        tol = 8 * (Q.shape[-1] + 1) ** 2 * torch.finfo(Q.dtype).eps
+        shifted = Q.clone()
+        shifted.diagonal(dim1=-2, dim2=-1).sub_((tol * Q.abs().amax((-1, -2))).unsqueeze(-1))
+        bad.append(torch.linalg.cholesky_ex(shifted)[1].any())
+        R = self.R.detach()
+        bad.append((R <= 0).any() if R.shape[-1] == 1 else torch.linalg.cholesky_ex(R)[1].any())
+        return torch.stack(bad).any()
 
 
 Z_INF_MESSAGE = "z: expected finite observations or NaN for missing ones, got inf"

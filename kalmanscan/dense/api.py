@@ -78,13 +78,22 @@ def _run(
 ):
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 2:
         raise ValueError(f"chunk: expected an int >= 2 (block length of the scan), got {chunk!r}")
-    model, layout = _args.prepare(
-        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False
-    )
+    model, layout, checks = _args.prepare(
+        z, F, Q, H, R, offset, prior_mean, prior_cov, prior_precision, axis, mask=False,
+        defer=True,
+    )  # fmt: skip
     name = backends.resolve(backend, model.z.device, op="dense")
-    if name == "triton" and backend == "auto":  # the model class triton serves (backends.AUTO)
-        from kalmanscan.cuda.dense import unsupported
+    if name == "triton":
+        from kalmanscan.cuda.dense import dense_triton, unsupported
 
+        # the value checks screened on the device, no host synchronization before the launches
+        # (kalmanscan.cuda.dense._launch); None: the checked prior is diffuse
+        if unsupported(model, layout) is None:
+            res = dense_triton(model, layout, smooth, chunk, checks)
+            if res is not None:
+                return res
+    model = checks.run(model)
+    if name == "triton" and backend == "auto":  # the model class triton serves (backends.AUTO)
         name = "torch" if unsupported(model, layout) is not None else name
     return backends.get(name, op="dense")(model, layout, smooth, chunk)
 
