@@ -602,3 +602,80 @@ for NP in (2, 4, 8):
     for name, NP, regs, stack in rows:
         assert int(stack) == 0, f"{name} (NP = {NP}) spills registers: {rows}"
         assert int(regs) <= 255, (name, NP, regs)
+
+
+# --- the host path of one call (issue 25): ATen ops, host synchronizations, kernel launches ---
+
+# ATen ops that wait for the device (on a GPU): a scalar read, and the linalg ops that check
+# their own errors on the host
+SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "allclose", "item", "nonzero",
+            "masked_select", "_linalg_eigh", "linalg_cholesky", "linalg_inv"}  # fmt: skip
+# kd.filter / kd.smooth through the fused backend, n = 2, d = 1, T = 3 (interpreted; the same
+# host path as on a GPU but for the screen's read, which comes before the launches here):
+# (ATen ops outside the kernels, views included; host synchronizations; kernel launches). Before
+# issue 25: 16 synchronizations and about 25 more ATen ops (36 more that are not views)
+HOST_PATH = {"filter": (108, 1, 3), "smooth": (119, 1, 4)}
+
+
+class _Counter:
+    """ATen ops outside the Triton kernels (the interpreter's own tensor work is not counted),
+    host synchronizations (:data:`SYNC_OPS` and ``Tensor.tolist``/``numpy``) and launches."""
+
+    def __init__(self, monkeypatch):
+        from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+        self.ops = self.syncs = self.launches = 0
+        inside = [False]
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not inside[0]:
+                    counter.ops += 1
+                    counter.syncs += func.overloadpacket.__name__ in SYNC_OPS
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode
+        real_launch = CD.launch
+
+        def launch(*a, **k):
+            self.launches += 1
+            inside[0] = True
+            try:
+                with _disable_current_modes():  # the interpreter's tensor work runs uncounted
+                    return real_launch(*a, **k)
+            finally:
+                inside[0] = False
+
+        monkeypatch.setattr(CD, "launch", launch)
+        for name in ("tolist", "numpy"):
+            real = getattr(torch.Tensor, name)
+
+            def read(t, *a, _real=real, **k):
+                self.syncs += not inside[0]
+                return _real(t, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, read)
+
+    def count(self, fn):
+        self.ops = self.syncs = self.launches = 0
+        with self.mode():
+            out = fn()
+        return out, (self.ops, self.syncs, self.launches)
+
+
+def test_host_path_counts(auto_is_triton, ran, ran_smooth, monkeypatch):
+    z, kw = random_model(6, 2, 1, 3)  # interpreted: 2 chunks of 2 steps
+    t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
+    zt = torch.as_tensor(z, device=DEVICE)
+    counter = _Counter(monkeypatch)
+    got, counts = counter.count(lambda: kd.filter(zt, **t))
+    assert ran == [2] and ran_smooth == [], "kd.filter must run the fused filter"
+    assert isinstance(got, kd.DenseFilterResult) and not bool(got.diffuse.any())
+    ops, syncs, launches = HOST_PATH["filter"]
+    assert counts[1] <= syncs and counts[2] <= launches and counts[0] <= ops, counts
+    got, counts = counter.count(lambda: kd.smooth(zt, **t))
+    assert ran_smooth == [2], "kd.smooth must run the fused smoother"
+    assert isinstance(got, kd.DenseSmoothResult)
+    ops, syncs, launches = HOST_PATH["smooth"]
+    assert counts[1] <= syncs and counts[2] <= launches and counts[0] <= ops, counts
