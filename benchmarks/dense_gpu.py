@@ -18,7 +18,8 @@ cut short by ``--budget-s`` keeps what matters:
    by the standard parallel RTS smoother (elements E = P F' (F P F' + Q)^-1, g = m - E F m,
    L = P - E F P, a reverse ``associative_scan``; one jitted function, its float64 run checked
    against the sequential smoother), with the errors of both against the float64 torch smoother
-   in the same run;
+   in the same run. Each row also records the host path of one call (``host_ops``,
+   ``host_syncs``, ``launches``, ``smooth_*``: :func:`host_profile`);
 
 1. correctness on the GPU against the float64 sequential reference run on the host CPU:
    float64 and float32 smoothers for n = 2, 4, 8 (proper prior) and a diffuse, partly missing,
@@ -277,6 +278,48 @@ def jax_filter_fn(smooth=False):
     return call
 
 
+SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "allclose", "item", "nonzero",
+            "masked_select", "_linalg_eigh", "linalg_cholesky", "linalg_inv"}  # fmt: skip
+
+
+def host_profile(call):
+    """One call's host path: ATen ops outside the Triton kernels (``host_ops``, views included),
+    host synchronizations (``host_syncs``: scalar reads, error-checking linalg ops, copies to the
+    CPU, CUDA event waits) and Triton launches (``launches``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    from kalmanscan.cuda import dense as CD
+
+    n = dict(host_ops=0, host_syncs=0, launches=0)
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            n["host_ops"] += 1
+            name = func.overloadpacket.__name__
+            to_cpu = name == "_to_copy" and str((kw or {}).get("device", "")) == "cpu"
+            n["host_syncs"] += name in SYNC_OPS or to_cpu
+            return func(*a, **(kw or {}))
+
+    real_launch, real_wait = CD.launch, torch.cuda.Event.synchronize
+
+    def launch(*a, **k):
+        n["launches"] += 1
+        with _disable_current_modes():
+            return real_launch(*a, **k)
+
+    def wait(ev):
+        n["host_syncs"] += 1
+        return real_wait(ev)
+
+    CD.launch, torch.cuda.Event.synchronize = launch, wait
+    try:
+        with Mode():
+            call()
+    finally:
+        CD.launch, torch.cuda.Event.synchronize = real_launch, real_wait
+    return n
+
+
 def headline(args, res, rng, save, left, checks_ok):
     """Section 0 of the module docstring (rows appended to ``res["headline"]``)."""
     from kalmanscan.cuda import dense as CD
@@ -349,6 +392,8 @@ def headline(args, res, rng, save, left, checks_ok):
                 )  # fmt: skip
                 call = lambda m=mdl, la=lay: CD.dense_triton(m, la, False, 32)  # noqa: E731
                 call_s = lambda m=mdl, la=lay: CD.dense_triton(m, la, True, 32)  # noqa: E731
+            row.update(host_profile(call))  # a first call compiles: the counts are the same
+            row.update({f"smooth_{k}": v for k, v in host_profile(call_s).items()})
             ran.clear()
             t_tr, out = timed(call, reps, warmup=not args.dry_run)
             row["backend_ran"] = "triton" if ran and set(ran) == {"filter"} else "other"
