@@ -12,6 +12,7 @@ the mark must go.
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("mpmath")
 
@@ -125,6 +126,21 @@ def test_scalar_regime(name, backend):
 @pytest.mark.parametrize("name,backend", _cases(FAST_DENSE, R.DENSE_BACKENDS, slow=False))
 def test_dense_regime(name, backend):
     _dense_case(name, backend)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["torch-cuda", "triton"])
+def test_dense_regime_gpu_runners(backend, monkeypatch):
+    """`--dense-backend torch-cuda / triton`: CUDA inputs, the named backend runs, and the
+    outputs come back to the oracle's comparison as host arrays."""
+    import kalmanscan.cuda.dense as CD
+
+    ran = []
+    real = CD.run_smooth
+    monkeypatch.setattr(CD, "run_smooth", lambda *a, **k: ran.append(1) or real(*a, **k))
+    name = "2 states, prior I, both observed at R=1e-12, seed 0"
+    _dense_case(name, backend)
+    assert ran == ([1] if backend == "triton" else [])
 
 
 @pytest.mark.parametrize(

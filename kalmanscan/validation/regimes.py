@@ -742,12 +742,12 @@ def _run_dense(reg: DenseRegime, backend: str, dtype: str) -> dict:
     mats = [c(x) for x in (reg.z, reg.F, reg.Q, reg.H, reg.R)]
     s = kd.smooth(*mats, **kw)
     f = s.filtered
-    g = lambda x: np.asarray(torch.as_tensor(x).cpu(), dtype=np.float64)  # noqa: E731
+    g = lambda x, t=np.float64: np.asarray(torch.as_tensor(x).cpu(), dtype=t)  # noqa: E731
     return dict(
         mean=g(f.mean),
         cov=g(f.cov),
-        loglik=float(np.asarray(f.loglik)),
-        diffuse=np.asarray(f.diffuse, dtype=bool),
+        loglik=float(g(f.loglik)),
+        diffuse=g(f.diffuse, bool),
         smooth_mean=g(s.mean),
         smooth_cov=g(s.cov),
     )
