@@ -579,17 +579,18 @@ def unsupported(model, layout) -> str | None:
     return None
 
 
-def run(model, layout, suspect=None):
+def run(model, layout, checks=None):
     """Filter of a laid-out model (z with NaN where missing): ``(parts, flagged)``, parts
-    (mean, cov, precision, pred_mean, pred_cov, loglik [B]), all [B, T, ...], or None where
-    nothing was launched; see :func:`_launch`. The caller has checked :func:`unsupported`."""
-    return _launch(model, layout, False, suspect)
+    (mean, cov, precision, pred_mean, pred_cov, loglik) in the user's layout (time on its axis;
+    views of one buffer), or None where nothing was launched; see :func:`_launch`. The caller
+    has checked :func:`unsupported`."""
+    return _launch(model, layout, False, checks)
 
 
-def run_smooth(model, layout, suspect=None):
+def run_smooth(model, layout, checks=None):
     """Filter and smoother of a laid-out model: as :func:`run`, parts followed by the smoothed
-    (mean, cov, precision) [B, T, ...]."""
-    return _launch(model, layout, True, suspect)
+    (mean, cov, precision)."""
+    return _launch(model, layout, True, checks)
 
 
 R_MISSING_MESSAGE = (
@@ -624,106 +625,152 @@ def check_inputs(model, layout):
         )
 
 
-def _launch(model, layout, smooth: bool, suspect=None):
-    """Launch the kernels: ``(parts, flagged)``. Their inputs are screened on the device for
-    what :func:`check_inputs` refuses (an infinite observation; an R without a Cholesky factor,
-    a full one with missing observations), or'ed with ``suspect`` (a 0-d bool tensor, the
-    caller's own screen) and read back once, the call's one host synchronization: with d = 1
-    on a GPU after the launches, waiting for the screen only (:func:`_flags_reader`); with d > 1
-    before them, with whether R is full (whitened); on the CPU (the interpreter, whose kernels
-    refuse NaN pivots) before them too. ``flagged``: the screen was set, the caller must run the
-    exact checks; parts None: nothing was launched."""
+def _series(t):
+    """A time-invariant laid-out parameter [B, T, *trail] as the kernels read it, [B, *trail]
+    contiguous from its first step: the tensor itself where its memory already is (no ATen op;
+    the kernels take the pointer only)."""
+    size = 1
+    for k, st in zip(reversed(t.shape[2:]), reversed(t.stride()[2:]), strict=True):
+        if k != 1 and st != size:
+            return t[:, 0].contiguous()
+        size *= k
+    if t.shape[0] == 1 or t.stride(0) == size:
+        return t
+    return t[:, 0].contiguous()
+
+
+def _launch(model, layout, smooth: bool, checks=None):
+    """Launch the kernels: ``(parts, flagged)``. Their inputs are screened on the device
+    (:func:`kalmanscan.dense._args.any_bad`) for what :func:`check_inputs` refuses (an infinite
+    observation; an R without a Cholesky factor, a full one with missing observations) and, with
+    ``checks`` (:class:`kalmanscan.dense._args.ValueChecks`), for what its exact checks could
+    refuse or change (:meth:`~kalmanscan.dense._args.ValueChecks.screen`), and read back once,
+    the call's one host synchronization: with d = 1 on a GPU after the launches, waiting for the
+    screen only (:func:`_flags_reader`); with d > 1 before them, with whether R is full
+    (whitened); on the CPU (the interpreter, whose kernels refuse NaN pivots) before them too.
+    ``flagged``: the screen was set, the caller must run the exact checks; parts None: nothing
+    was launched. Scratch and outputs share one buffer; the outputs are views of it in the
+    user's layout."""
+    from kalmanscan.dense import _args
+
     B, T, d = model.z.shape
     n = layout.n
     dtype, dev = model.z.dtype, model.z.device
     z = model.z
-    F = model.F[:, 0].contiguous()
-    c = model.c[:, 0].contiguous()
-    Q = model.Q[:, 0].contiguous()
-    H = model.H[:, 0]
-    R = model.R[:, 0]
-    Lr, info = torch.linalg.cholesky_ex(R)
-    screen = [torch.isinf(z).any(), info.any()]
-    if suspect is not None:
-        screen.append(suspect)
+    parts = ([], [], []) if checks is None else checks.screen()
+    if parts is None:  # no prior covariance: the exact checks decide
+        return None, True
+    finite, symmetric, flags = parts
+    finite.append(torch.nan_to_num(z, nan=0.0, posinf=math.nan, neginf=math.nan))  # inf: NaN
     full = False
+    if d == 1:
+        r = _series(model.R)
+        if checks is None:
+            finite.append(torch.log(r))  # finite where R > 0
+    else:
+        R = model.R[:, 0]
+        Lr, info = torch.linalg.cholesky_ex(R)
+        full_t = _full_r(R)
+        flags += [info.any(), full_t & torch.isnan(z).any()]
     if d > 1 or not z.is_cuda:
+        bad = _args.any_bad(finite, symmetric, flags)
         if d > 1:
-            full_t = _full_r(R)
-            screen.append(full_t & torch.isnan(z).any())
-            flagged, full = torch.stack([torch.stack(screen).any(), full_t]).tolist()
+            flagged, full = torch.stack([bad, full_t]).tolist()
         else:
-            flagged = bool(torch.stack(screen).any())
+            flagged = bool(bad)
         if flagged:
             return None, True
         read = None
     else:
-        read = _flags_reader(torch.stack(screen).any().reshape(1))
+        read = _flags_reader(_args.any_bad(finite, symmetric, flags).reshape(1))
+    F, c, Q = _series(model.F), _series(model.c), _series(model.Q)
     ll_shift = None
     if full:
+        H = model.H[:, 0]
         z = torch.linalg.solve_triangular(Lr.unsqueeze(1), z.unsqueeze(-1), upper=False)[..., 0]
-        H = torch.linalg.solve_triangular(Lr, H, upper=False)
+        H = torch.linalg.solve_triangular(Lr, H, upper=False).contiguous()
         r = torch.ones(B, d, dtype=dtype, device=dev)
         ll_shift = torch.log(torch.diagonal(Lr, dim1=-2, dim2=-1)).sum(-1)
     else:
-        r = torch.diagonal(R, dim1=-2, dim2=-1)
+        H = _series(model.H)
+        if d > 1:
+            r = torch.diagonal(R, dim1=-2, dim2=-1).contiguous()
     z = z.contiguous()
-    H = H.contiguous()
-    r = r.contiguous()
     NP = max(2, next_pow2(n))
     L = chunk_length(T)
     NC = cdiv(T, L)
+    G = group_size(NC)
+    NG = cdiv(NC, G)
     nw = 1 if interpreting() else TUNING["num_warps"]
-    E = empty((B, NC, 3 * NP + 2, NP), dtype=dtype, device=dev)
-    S = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
+    # one buffer: scratch (chunk and group elements, carried states) and outputs, each piece
+    # at a multiple of 32 elements (aligned pointers)
+    el, blk = (3 * NP + 2) * NP, (NP + 1) * NP
+    ll_shape = (*layout.batch_shape, NC)
+    ll_strides = tuple(math.prod(ll_shape[i + 1 :]) for i in range(len(ll_shape)))
+    pieces = [((B * NC * el,), (1,)), ((B * NC * blk,), (1,))]  # E, S
+    if smooth:
+        pieces.append(((B * NC * blk,), (1,)))  # after
+    if NG > 1:
+        pieces += [((B * NG * el,), (1,)), ((B * NG * blk,), (1,))]  # GE, SG
+        if smooth:
+            pieces.append(((B * NG * blk,), (1,)))  # BG
+    outs = [(n,), (n, n), (n, n), (n,), (n, n)] + ([(n,), (n, n), (n, n)] if smooth else [])
+    pieces += [_args.output_strides(layout, trail) for trail in outs]
+    pieces.append((ll_shape, ll_strides))
+    offsets, total = [], 0
+    for shape, _ in pieces:
+        offsets.append(total)
+        total += -(-math.prod(shape) // 32) * 32
+    flat = empty((total,), dtype=dtype, device=dev)
+    views = [flat.as_strided(sh, st, o) for (sh, st), o in zip(pieces, offsets, strict=True)]
+    E, S = views[:2]
+    after = views[2] if smooth else None
+    k = 2 + smooth
+    if NG > 1:
+        GE, SG = views[k : k + 2]
+        BG = views[k + 2] if smooth else None
+        k += 2 + smooth
+    mean, cov, prec, pm, pP = views[k : k + 5]
+    ll = views[-1]
     # the filter's carry uses the elements of chunks [0, NC - 1), the smoother's [1, NC)
     if NC > 1:
         launch(chunk_elements, (NC if smooth else NC - 1, B),
                z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
     # the prior as a carried start [B, 1, NP + 1, NP] (rows P, m; zero padding) and, for the
-    # smoother, the information after the end (none): one zeroed buffer
-    starts = torch.zeros(1 + smooth, B, 1, NP + 1, NP, dtype=dtype, device=dev)
-    prior = starts[0]
-    prior[:, 0, :n, :n] = model.P0
-    prior[:, 0, NP, :n] = model.m0
-    G = group_size(NC)
-    NG = cdiv(NC, G)
-    if smooth:  # the backwards information after each chunk too, the two walks in one launch
-        after = empty((B, NC, NP + 1, NP), dtype=dtype, device=dev)
-        none = starts[1]
+    # smoother, the information after the end (none, zero)
+    if n == NP:
+        prior = torch.cat([model.P0, model.m0.unsqueeze(-2)], -2)
+        if smooth:
+            none = torch.zeros(B, 1, NP + 1, NP, dtype=dtype, device=dev)
+    else:
+        starts = torch.zeros(1 + smooth, B, 1, NP + 1, NP, dtype=dtype, device=dev)
+        prior = starts[0]
+        prior[:, 0, :n, :n] = model.P0
+        prior[:, 0, NP, :n] = model.m0
+        if smooth:
+            none = starts[1]
     if NG == 1 and smooth:
         launch(carries, (2, B), E, prior, S, none, after, NC, NC, 1, NP=NP, num_warps=nw)
     elif NG == 1:
         launch(carry, (1, B), E, prior, S, NC, NC, 1, NP=NP, num_warps=nw)
     else:  # two levels: compose groups of G chunk elements, carry over groups, then within them
-        GE = empty((B, NG, 3 * NP + 2, NP), dtype=dtype, device=dev)
-        SG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
         launch(group_elements, (NG if smooth else NG - 1, B), E, GE, NC, G, NG, NP=NP,
                num_warps=nw)  # fmt: skip
         if smooth:
-            BG = empty((B, NG, NP + 1, NP), dtype=dtype, device=dev)
             launch(carries, (2, B), GE, prior, SG, none, BG, NG, NG, 1, NP=NP, num_warps=nw)
             launch(carries, (2 * NG, B), E, SG, S, BG, after, NC, G, NG, NP=NP, num_warps=nw)
         else:
             launch(carry, (1, B), GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
             launch(carry, (NG, B), E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
-    mean = empty((B, T, n), dtype=dtype, device=dev)
-    pm = empty((B, T, n), dtype=dtype, device=dev)
-    cov = empty((B, T, n, n), dtype=dtype, device=dev)
-    prec = empty((B, T, n, n), dtype=dtype, device=dev)
-    pP = empty((B, T, n, n), dtype=dtype, device=dev)
-    ll = empty((B, NC), dtype=dtype, device=dev)
     launch(chunk_filter, (NC, B), z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L,
            NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
-    loglik = ll.sum(1)
+    loglik = ll.sum(-1)
     if ll_shift is not None:
-        loglik = loglik - ll_shift * T
+        loglik = loglik - (ll_shift * T).reshape(layout.batch_shape)
     parts = (mean, cov, prec, pm, pP, loglik)
     if smooth:
         # in every chunk its last step's smoothed state and the RTS pass over its steps
-        smean = empty((B, T, n), dtype=dtype, device=dev)
-        scov = empty((B, T, n, n), dtype=dtype, device=dev)
-        sprec = empty((B, T, n, n), dtype=dtype, device=dev)
+        smean, scov, sprec = views[k + 5 : k + 8]
         launch(chunk_smooth, (NC, B), F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC,
                NP=NP, num_warps=nw)  # fmt: skip
         parts += (smean, scov, sprec)
@@ -748,7 +795,7 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     if why is not None:
         raise ValueError(f"backend: 'triton' (dense) serves {why}; use backend='torch'")
     go = run_smooth if smooth else run
-    parts, flagged = go(model, layout, None if checks is None else checks.suspect())
+    parts, flagged = go(model, layout, checks)
     if flagged:  # the exact checks, raising naming the input
         if checks is not None and checks.run(model).P0 is None:
             return None
@@ -757,18 +804,12 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
             parts, flagged = go(model, layout)
             if flagged:
                 raise RuntimeError("triton dense: the input screen and check_inputs disagree")
+    diffuse = torch.zeros(_args.output_strides(layout)[0], dtype=torch.bool, device=parts[0].device)
+    if layout.to_numpy:
+        parts = [t.detach().cpu().numpy() for t in parts]
+        diffuse = diffuse.cpu().numpy()
     mean, cov, prec, pm, pP, loglik = parts[:6]
-    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
-    filtered = DenseFilterResult(
-        mean=out(mean, 1),
-        cov=out(cov, 2),
-        precision=out(prec, 2),
-        pred_mean=out(pm, 1),
-        pred_cov=out(pP, 2),
-        loglik=_args.output_batch(layout, loglik),
-        diffuse=out(torch.zeros(mean.shape[:2], dtype=torch.bool, device=mean.device), 0),
-    )
+    filtered = DenseFilterResult(mean, cov, prec, pm, pP, loglik, diffuse)
     if not smooth:
         return filtered
-    smean, scov, sprec = parts[6:]
-    return DenseSmoothResult(out(smean, 1), out(scov, 2), out(sprec, 2), filtered)
+    return DenseSmoothResult(*parts[6:], filtered)

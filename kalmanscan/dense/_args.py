@@ -94,10 +94,15 @@ def _to_layout(name, t, lead, axis, k):
             "its last "
             f"axis {tuple(lead)} (time on axis {axis})"
         )
-    t = t.expand(*lead, *trail)
-    t = torch.movedim(t, axis, len(lead) - 1)
     T = lead[axis]
-    return t.reshape(-1, T, *trail)
+    if not head and T:  # the same for every series and step: one strided view, no copy
+        B = math.prod(lead) // T
+        return t.as_strided((B, T, *trail), (0, 0, *t.stride()))
+    if tuple(head) != tuple(lead):  # the layout's identity steps cost an ATen op each: skipped
+        t = t.expand(*lead, *trail)
+    if axis != len(lead) - 1:
+        t = torch.movedim(t, axis, len(lead) - 1)
+    return t if t.ndim == k + 2 else t.reshape(-1, T, *trail)
 
 
 def _to_batch(name, t, batch_shape, k):
@@ -112,7 +117,11 @@ def _to_batch(name, t, batch_shape, k):
             f"{name}: leading shape {tuple(head)} does not broadcast against the series shape "
             f"{tuple(batch_shape)} (z's shape without time and the last axis)"
         )
-    return t.expand(*batch_shape, *trail).reshape(-1, *trail)
+    if not head:
+        return t.as_strided((math.prod(batch_shape), *trail), (0, *t.stride()))
+    if tuple(head) != tuple(batch_shape):
+        t = t.expand(*batch_shape, *trail)
+    return t if t.ndim == k + 1 else t.reshape(-1, *trail)
 
 
 def prepare(
@@ -299,6 +308,28 @@ class ValueChecks(NamedTuple):
         self.prior_mean()
         return self.prior(model)
 
+    @torch.no_grad()
+    def screen(self):
+        """:meth:`suspect`'s parts for :func:`any_bad`: ``(finite, symmetric, flags)``, None
+        where no prior covariance is given (:meth:`run` changes the model)."""
+        if self.P0 is None or self.m0 is None:
+            return None
+        finite = [self.F, self.H, self.offset, self.m0]
+        symmetric = []
+        for t in (self.Q, self.R, self.P0):
+            (symmetric if t.shape[-1] > 1 else finite).append(t)
+        Q = self.Q
+        tol = 8 * (Q.shape[-1] + 1) ** 2 * torch.finfo(Q.dtype).eps
+        eye = torch.eye(Q.shape[-1], dtype=Q.dtype, device=Q.device)
+        shifted = torch.addcmul(Q, Q.abs().amax((-1, -2), keepdim=True), eye, value=-tol)
+        flags = [torch.linalg.cholesky_ex(shifted)[1].any()]
+        R = self.R
+        if R.shape[-1] == 1:
+            finite.append(torch.log(R))  # finite where R > 0
+        else:
+            flags.append(torch.linalg.cholesky_ex(R)[1].any())
+        return finite, symmetric, flags
+
     def suspect(self) -> torch.Tensor:
         """A 0-d bool tensor on the inputs' device, False only where :meth:`run` passes and
         changes nothing (a finite prior covariance given): no host synchronization. True for
@@ -307,22 +338,24 @@ class ValueChecks(NamedTuple):
         (the rounding of a Cholesky factorization and of ``run``'s eigenvalues stays below that,
         so ``run``'s eigenvalue test passes), an R without a Cholesky factor (``run``'s own
         screen), or no prior covariance."""
-        if self.P0 is None or self.m0 is None:
+        parts = self.screen()
+        if parts is None:
             return torch.ones((), dtype=torch.bool, device=self.F.device)
-        mats = (self.F, self.Q, self.H, self.R, self.offset, self.m0, self.P0)
-        vals = torch.cat([t.detach().reshape(-1) for t in mats])
-        bad = [torch.isfinite(vals).all().logical_not()]
-        for t in (self.Q, self.R, self.P0):
-            if t.shape[-1] > 1:
-                bad.append((t != t.transpose(-1, -2)).any())
-        Q = self.Q.detach()
-        tol = 8 * (Q.shape[-1] + 1) ** 2 * torch.finfo(Q.dtype).eps
-        shifted = Q.clone()
-        shifted.diagonal(dim1=-2, dim2=-1).sub_((tol * Q.abs().amax((-1, -2))).unsqueeze(-1))
-        bad.append(torch.linalg.cholesky_ex(shifted)[1].any())
-        R = self.R.detach()
-        bad.append((R <= 0).any() if R.shape[-1] == 1 else torch.linalg.cholesky_ex(R)[1].any())
-        return torch.stack(bad).any()
+        return any_bad(*parts)
+
+
+def any_bad(finite=(), symmetric=(), flags=()) -> torch.Tensor:
+    """A 0-d bool tensor: some tensor of ``finite`` has a non-finite entry, some [..., k, k] of
+    ``symmetric`` one or an entry that differs from its transpose's, or some 0-d tensor of
+    ``flags`` is nonzero. A fixed handful of ATen ops (foreach reductions, no host
+    synchronization): ``0 * x`` is 0 exactly where x is finite, ``x - x'`` where x is finite and
+    symmetric, and the 1-norm of such a tensor is 0 or NaN (or positive)."""
+    with torch.no_grad():
+        vals = list(torch._foreach_mul(list(finite), 0.0)) if finite else []
+        if symmetric:
+            vals += torch._foreach_sub(list(symmetric), [t.mT for t in symmetric])
+        norms = torch._foreach_norm(vals, 1) if vals else []
+        return torch.stack([*norms, *flags]).any()
 
 
 Z_INF_MESSAGE = "z: expected finite observations or NaN for missing ones, got inf"
@@ -367,6 +400,20 @@ def output(layout: Layout, t: torch.Tensor, k: int):
     t = t.reshape(*layout.batch_shape, layout.T, *trail)
     t = torch.movedim(t, len(layout.batch_shape), layout.axis)
     return t.detach().cpu().numpy() if layout.to_numpy else t
+
+
+def output_strides(layout: Layout, trail=()):
+    """``(shape, strides)`` that show a contiguous [B, T, *trail] block in the user's layout, as
+    :func:`output` makes it (time back on its axis), for one ``as_strided`` view."""
+    shape = [*layout.batch_shape, layout.T, *trail]
+    strides, size = [], 1
+    for k in reversed(shape):
+        strides.insert(0, size)
+        size *= k
+    nb = len(layout.batch_shape)
+    shape.insert(layout.axis, shape.pop(nb))
+    strides.insert(layout.axis, strides.pop(nb))
+    return tuple(shape), tuple(strides)
 
 
 def output_batch(layout: Layout, t: torch.Tensor):
