@@ -98,9 +98,17 @@ CASES = [
 ]
 
 
+# the two-level carry case takes 7-8 s a dtype interpreted: in the slow step (CI's second) there
+SLOW_INTERPRETED = () if CUDA else ("n4-d1-T130",)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize(
-    ("n", "d", "T", "full_r"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+    ("n", "d", "T", "full_r"),
+    [
+        pytest.param(*c[1:], id=c[0], marks=pytest.mark.slow if c[0] in SLOW_INTERPRETED else ())
+        for c in CASES
+    ],
 )
 def test_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
