@@ -544,11 +544,12 @@ def kernel_resources():
     def kla_fwd_consts(tu, save_ck):
         return dict(kla_c, CK=tu["ck"], NS=tu["NS"], G=16 // tu["fwd_slots"],
                     SG=tu["fwd_slots"], EVEN_M=True, SAVE_PREC=False, SAVE_CK=save_ck,
-                    W=KT.block_steps(save_ck))  # fmt: skip
+                    W=KT.block_steps(save_ck), VAR=True)  # fmt: skip
 
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
-                    SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False)  # fmt: skip
+                    SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False,
+                    HAS_GYV=True)  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
@@ -576,10 +577,16 @@ def kernel_resources():
         # (tuning's fwd_maxnreg: 16 programs an SM)
         "kla_fwd_infer": (KF._kla_fwd_kernel, dict(kla_fwd_sig), kla_fwd_consts(tu, False), 1,
                           tu["fwd_maxnreg"]),
+        # the KLA layer's training path (kla_filter(return_variance=False)): no yvar written
+        "kla_fwd_novar": (KF._kla_fwd_kernel, dict(kla_fwd_sig),
+                          dict(kla_fwd_consts(tu, True), VAR=False), 1),
         "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
         # the live states, so the unmasked loop with input reuse fits without spills
         "kla_bwd_ck4": (KB._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_many, 1),
+        # and no zero gradient of yvar read (the LM's many lanes)
+        "kla_bwd_ck4_nogyv": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
+                              dict(kla_b_many, HAS_GYV=False), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (KB._kla_bwd_kernel,
@@ -617,7 +624,13 @@ def kernel_resources():
         "kla_adjoint_maps": (KC._adjoint_maps_kernel,
                              sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr "
                                  "gprec_ptr out_ptr", "L Lc C M NR", ()),
-                             dict(tangent_consts, HAS_GPREC=False), tangent_warps),
+                             dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
+                             tangent_warps),
+        "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel,
+                                   sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "
+                                       "gyv_ptr gprec_ptr out_ptr", "L Lc C M NR", ()),
+                                   dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
+                                   tangent_warps),
     }  # fmt: skip
     out = {}
     for name, (fn, sg, consts, warps, *maxnreg) in cases.items():

@@ -48,12 +48,12 @@ def main():
         cases = {
             "fwd-ck": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
                        dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=True, EVEN_M=True,
-                            W=KT.block_steps(True))),
+                            W=KT.block_steps(True), VAR=True)),
             "fwd-infer": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
                           dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=False, EVEN_M=False,
-                               W=KT.block_steps(False))),
+                               W=KT.block_steps(False), VAR=True)),
             "bwd": (KB._kla_bwd_kernel, BWD_PTRS, "L M NB B",
-                    dict(common, CK=CK, NS=3, HAS_GPREC=True, AHEAD=32)),
+                    dict(common, CK=CK, NS=3, HAS_GPREC=True, AHEAD=32, HAS_GYV=True)),
         }  # fmt: skip
         for which, (fn, ptrs, ints, consts) in cases.items():
             try:

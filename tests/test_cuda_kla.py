@@ -226,8 +226,8 @@ def test_forward_launch_at_the_benchmark_shapes(shape, grad, monkeypatch):
         kla_triton(*x.values(), None, None)
     grid, ints, consts = BENCH_LAUNCHES[(shape, grad)]
     assert launches == [(forward._kla_fwd_kernel, grid, ints,
-                         dict(SAVE_PREC=False, SAVE_CK=grad, NS=4, G=4, SG=4, NT=32, EVEN_M=True,
-                              num_warps=1, **consts))]  # fmt: skip
+                         dict(SAVE_PREC=False, SAVE_CK=grad, VAR=True, NS=4, G=4, SG=4, NT=32,
+                              EVEN_M=True, num_warps=1, **consts))]  # fmt: skip
 
 
 @pytest.mark.parametrize("many_lanes", [False, True], ids=["few-lanes", "many-lanes"])
@@ -435,3 +435,53 @@ def test_auto_backend_is_triton_on_cuda(monkeypatch):
     assert calls == (["cuda"] if CUDA else []), f"auto ran triton for {calls} on {DEVICE}"
     b = kla_filter(**x, backend="sequential")
     assert_close(a.y, b.y, "kernel", torch.float64)
+
+
+@pytest.mark.parametrize(
+    "S, dtype",
+    [(16, torch.float32), (32, torch.float32), (16, torch.float64)],
+    ids=["S16-f32-G4", "S32-f32-G8", "S16-f64"],
+)
+def test_without_variance(S, dtype, monkeypatch):
+    """``return_variance=False`` (the KLA layer's training path): ``yvar`` None, the forward
+    kernel launched with ``VAR=False`` (no ``yvar`` written) and the backward with
+    ``HAS_GYV=False`` (no zero gradient read), and ``y``, the final state and every input's
+    gradient equal bit for bit to the run that returns the variance, whose loss leaves it out.
+    (The gradient through ``yvar`` itself: the tests above, ``HAS_GYV`` True.)"""
+    if not CUDA:  # let backend="triton" take CPU tensors (the interpreter runs the kernel)
+        from kalmanscan.core import kla_op
+
+        monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+    x = {n: t.to(dtype) for n, t in make_inputs(2, 9, 3, S, seed=21).items()}
+    seen = []
+    real = forward.launch
+
+    def spy(fn, grid, *a, **kw):
+        seen.append(kw.get("VAR"))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(forward, "launch", spy)
+    from kalmanscan.cuda.kla import backward as KB
+
+    real_b = KB.launch
+
+    def spy_b(fn, grid, *a, **kw):
+        seen.append(("bwd", kw.get("HAS_GYV")))
+        return real_b(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(KB, "launch", spy_b)
+    out = {}
+    for var, zero_gyv in ((True, True), (True, False), (False, False)):
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        res = kla_filter(*leaves.values(), return_variance=var, backend="triton")
+        assert (res.yvar is None) == (not var)
+        loss = (res.y * res.y).sum() + res.final.eta.sum() + res.final.lam.sum()
+        if zero_gyv:  # yvar in the loss with weight 0: a zero gradient the backward reads
+            loss = loss + (0.0 * res.yvar).sum()
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        out[var, zero_gyv] = [res.y, res.final.lam, res.final.eta, *grads]
+    # a loss without yvar leaves its gradient None, as return_variance=False does: not read
+    assert seen == [True, ("bwd", True), True, ("bwd", False), False, ("bwd", False)]
+    for key in ((True, False), (False, False)):
+        for a, b in zip(out[True, True], out[key], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -154,7 +154,7 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     real = autograd.forward_chunked
 
     def spy(*args):
-        calls.append(args[-1])
+        calls.append(args[10])  # C (then var)
         return real(*args)
 
     monkeypatch.setattr(autograd, "forward_chunked", spy)
@@ -234,3 +234,38 @@ def test_gpu_rule_chunks_long_sequences(shape, monkeypatch):
         assert normwise(a, b) <= 1e-5, f"grad {name}: chunked vs unchunked {normwise(a, b):.3e}"
         scale = max(r.abs().max().item(), 1.0)
         assert_close(a64, r, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
+def test_chunked_without_variance(monkeypatch):
+    """``return_variance=False`` in time chunks: ``yvar`` None, the tangent maps launched with
+    ``HAS_GYV=False`` (the backward kernel's flag: ``test_cuda_kla``), and the outputs and gradients equal bit for bit
+    to those of a loss that gives ``yvar`` a zero weight (whose zero gradient they read)."""
+    monkeypatch.setattr(tuning, "sm_count", lambda device: 2)
+    monkeypatch.setattr(tuning, "MIN_CHUNK", 4)
+    if not CUDA:
+        from kalmanscan.core import kla_op
+
+        monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+    seen = []
+    real = chunked.launch
+
+    def spy(fn, grid, *a, **kw):
+        if fn is chunked._adjoint_maps_kernel:
+            seen.append(kw["HAS_GYV"])
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(chunked, "launch", spy)
+    x = make_inputs(1, 16, 3, 4, seed=9)
+    assert tuning.chunks_for(3 * 4, 16, 2) == 4
+    out = {}
+    for var in (True, False):
+        leaves = {n: x[n].float().requires_grad_(True) for n in NAMES[:6]}
+        res = kla_filter(**leaves, return_variance=var, backend="triton")
+        assert (res.yvar is None) == (not var)
+        loss = (res.y * res.y).sum() + res.final.eta.sum()
+        if var:
+            loss = loss + (0.0 * res.yvar).sum()
+        out[var] = [res.y, res.final.lam, *torch.autograd.grad(loss, list(leaves.values()))]
+    assert seen == [True, False]  # the tangent maps: with, then without the zero gradient
+    for a, b in zip(out[True], out[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

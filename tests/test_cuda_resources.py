@@ -34,8 +34,10 @@ def resources():
 KERNELS = [
     "kla_fwd",
     "kla_fwd_infer",
+    "kla_fwd_novar",
     "kla_bwd",
     "kla_bwd_ck4",
+    "kla_bwd_ck4_nogyv",
     "kla_bwd_half",
     "filter_fwd",
     "filter_fwd_chunk_maps",
@@ -55,6 +57,8 @@ BUDGET = {
     "kla_fwd_infer": (128, 0),  # capped (tuning's fwd_maxnreg): 16 one-warp programs an SM
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
+    "kla_fwd_novar": (255, 0),
+    "kla_bwd_ck4_nogyv": (255, 0),
     "kla_bwd_half": (255, 0),
     # the carries' tile scans: a [chunks, 16 lanes] tile of 7 (12) map entries over 128 threads,
     # a handful of programs whose walk over the tiles is latency-bound (occupancy is not)
@@ -91,7 +95,7 @@ def test_reciprocals_per_step(resources):
             assert resources[name]["divisions"] == 0, (name, resources[name])
 
 
-@pytest.mark.parametrize("name", ["kla_chunk_maps", "kla_adjoint_maps"])
+@pytest.mark.parametrize("name", ["kla_chunk_maps", "kla_adjoint_maps", "kla_adjoint_maps_nogyv"])
 def test_map_kernels_fit_in_registers(resources, name):
     # the chunked KLA op's map passes (chunked.MAPS_LAUNCH, TANGENT_LAUNCH): plain loads (one
     # pipeline stage measured fastest), no spills, at most 128 registers (16 one-warp programs

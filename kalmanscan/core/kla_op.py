@@ -62,7 +62,9 @@ def _step(v, Lv, k, q, a, p, qf, d, lam, eta):
     return y, yvar, lam, eta
 
 
-def kla_filter_sequential(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_sequential(
+    v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False, return_variance=True
+):
     """The reference: a plain loop over tokens, on prepared inputs (see ``kla_filter``)."""
     qf, d = predict_coeffs(decay * decay, process_var)
     lam, eta = lam0, eta0
@@ -76,10 +78,13 @@ def kla_filter_sequential(v, Lv, k, q, decay, process_var, lam0, eta0, return_pr
         if return_precision:
             precs.append(lam)
     prec = torch.stack(precs, 1) if return_precision else None
-    return KLAResult(torch.stack(ys, 1), torch.stack(yvars, 1), InfoState(lam, eta), prec)
+    yvar = torch.stack(yvars, 1) if return_variance else None
+    return KLAResult(torch.stack(ys, 1), yvar, InfoState(lam, eta), prec)
 
 
-def kla_filter_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_torch(
+    v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False, return_variance=True
+):
     """Thin client of the general filter: lanes ``[B, L, M, S]`` materialized (reference path)."""
     B, L, M = v.shape
     S = k.shape[-1]
@@ -96,12 +101,14 @@ def kla_filter_torch(v, Lv, k, q, decay, process_var, lam0, eta0, return_precisi
     )
     lam, mean = res.precision, res.mean
     y = (q[:, :, None, :] * mean).sum(-1)
-    yvar = ((q * q)[:, :, None, :] / lam).sum(-1)
+    yvar = ((q * q)[:, :, None, :] / lam).sum(-1) if return_variance else None
     final = InfoState(res.final.lam, res.final.eta)
     return KLAResult(y, yvar, final, lam if return_precision else None)
 
 
-def kla_filter_native(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_native(
+    v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False, return_variance=True
+):
     """The compiled CPU forward (:func:`kalmanscan.core.native.kla_forward`); no gradients."""
     if torch.is_grad_enabled():
         names = ("v", "Lv", "k", "q", "decay", "process_var", "lam0", "eta0")
@@ -118,14 +125,16 @@ def kla_filter_native(v, Lv, k, q, decay, process_var, lam0, eta0, return_precis
     y, yvar, lam, eta, prec = native.kla_forward(
         v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=return_precision
     )
-    return KLAResult(y, yvar, InfoState(lam, eta), prec)
+    return KLAResult(y, yvar if return_variance else None, InfoState(lam, eta), prec)
 
 
-def kla_filter_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False):
+def kla_filter_triton(
+    v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False, return_variance=True
+):
     from kalmanscan.cuda.kla import kla_triton
 
     y, yvar, lam, eta, prec = kla_triton(
-        v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=return_precision
+        v, Lv, k, q, decay, process_var, lam0, eta0, return_precision, return_variance
     )
     return KLAResult(y, yvar, InfoState(lam, eta), prec)
 
@@ -310,6 +319,7 @@ def kla_filter(
     eta0=None,
     *,
     return_precision=False,
+    return_variance=True,
     backend="auto",
     check=True,
 ) -> KLAResult:
@@ -318,7 +328,9 @@ def kla_filter(
     v, Lv: ``[B, L, M]``; k, q: ``[B, L, S]``; decay, process_var: ``[M, S]`` (``decay >= 0``,
     ``process_var >= 0``, not both 0); lam0, eta0: ``[B, M, S]`` (default 1 and 0).
     float16/bfloat16/float32 inputs compute and return float32; float64 stays float64.
-    ``return_precision=True`` also returns the filtered precisions ``[B, L, M, S]``.
+    ``return_precision=True`` also returns the filtered precisions ``[B, L, M, S]``;
+    ``return_variance=False`` returns ``yvar`` None (the fused backend then neither writes it
+    nor reads a gradient for it: what the KLA layer's training path asks for).
     ``backend``: ``"auto"`` (``"triton"`` on CUDA tensors when triton is installed, else
     ``"torch"``; on the CPU ``"sequential"``, the token loop vectorized over all ``B*M*S`` lanes,
     which computes gradients), ``"triton"``, ``"torch"``, ``"sequential"`` or ``"native"`` (the
@@ -342,7 +354,9 @@ def kla_filter(
         v, Lv, k, q, decay, process_var, lam0, eta0, keep_half=fused, check=check,
         default_init=fused,
     )  # fmt: skip
-    res = backends.get(name, op="kla")(*args, return_precision=return_precision)
+    res = backends.get(name, op="kla")(
+        *args, return_precision=return_precision, return_variance=return_variance
+    )
     if check:
         _check_finite(res)
     return res
@@ -350,7 +364,7 @@ def kla_filter(
 
 def _check_finite(res: KLAResult):
     """Raise where the op's outputs left the dtype (one more synchronization; check=True only)."""
-    parts = (res.y, res.yvar, res.final.lam, res.final.eta)
+    parts = [x for x in (res.y, res.yvar, res.final.lam, res.final.eta) if x is not None]
     if bool(torch.stack([torch.isfinite(x).all() for x in parts]).all()):
         return
     raise OverflowError(

@@ -404,8 +404,9 @@ class KLALayer(nn.Module):
         decay, process_var = self._dynamics_fused()
         with torch.autocast(device_type=x.device.type, enabled=False):
             res = kla_filter(
-                v, Lv, k, q, decay, process_var, backend=self.config.backend, check=False
-            )
+                v, Lv, k, q, decay, process_var, return_variance=need_var,
+                backend=self.config.backend, check=False,
+            )  # fmt: skip
         act = self.config.gate_activation
         if need_var:
             y, yvar_gated = glue.gate_skip(

@@ -117,7 +117,7 @@ def _scatter_outputs4(y0, y1, y2, y3, v0, v1, v2, v3, t, y_ptr, yvar_ptr, L, M, 
     omask = mmask
     if MASKED:
         omask = omask & (step < L)
-    _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, omask, G)
+    _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, omask, G, True)
 
 
 @helper
@@ -238,14 +238,18 @@ def _adjoint4(
     q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, MASKED: tl.constexpr, pm, OUT4: tl.constexpr,
+    NT: tl.constexpr, MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
     them, their inputs ``v, Lv, k``): ``gy, gyv`` and ``q`` of the 4 steps loaded as tiles, then
     ``_adjoint_step`` of each, unrolled; with ``OUT4`` their ``gv, gLv`` stored by a
-    reduce-scatter (``_scatter_outputs4``)."""
+    reduce-scatter (``_scatter_outputs4``). ``HAS_GYV`` False: ``yvar``'s gradient is zero
+    (not read)."""
     y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT,
                                           MASKED)  # fmt: skip
+    if not HAS_GYV:  # (gyv_ptr is gy_ptr then: its loads are dead and removed)
+        w0 = tl.zeros_like(y0)
+        w1, w2, w3 = w0, w0, w0
     q0, q1, q2, q3 = _slot_tile(q_ptr, t0, L, S, base_s, dt, SG, G, NT, MASKED)
     Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
@@ -280,7 +284,7 @@ def _bwd_interval(
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    MASKED: tl.constexpr, pm, OUT4: tl.constexpr,
+    MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
     from the checkpoint into registers, then walked back; ``AHEAD > 0``: the rows of the
@@ -300,13 +304,13 @@ def _bwd_interval(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
-            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4,
+            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
         gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, dt,
-        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4,
+        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -319,6 +323,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
+    HAS_GYV: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
@@ -343,14 +348,14 @@ def _kla_bwd_kernel(
             n_full * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
             q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
             S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
-            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4,
+            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
         Lc, Ec, ga, gp = _bwd_interval(
             (n_full - 1 - jb) * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr,
             Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
             gq_part_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
-            lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4,
+            lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV,
         )  # fmt: skip
     # per-row partial sums of the dynamics' gradients ([B, M, S], added in torch)
     tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
@@ -374,7 +379,7 @@ def _bwd_plan(B, L, M, S, CK):
 def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     """The backward kernel: the gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` from the
     forward's checkpoints ``ck`` (every ``CK`` steps) and the outputs' gradients (None:
-    zeros)."""
+    zeros; ``gyv`` None with ``gy`` given is not read at all)."""
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
@@ -389,7 +394,8 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
             torch.zeros(shape, dtype=like.dtype, device=like.device) if g is None
             else g.contiguous() for g in gs)  # fmt: skip
 
-    gy, gyv = dense((gy, gyv), (B, L, M))
+    has_gyv = gyv is not None or gy is None
+    gy, gyv = dense((gy, gyv), (B, L, M)) if has_gyv else (gy.contiguous(), None)
     glT, geT = dense((glT, geT), (B, M, S))
     gv = empty((B, L, M), like)
     gLv = empty((B, L, M), like)
@@ -399,9 +405,9 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     gap_part = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
     g0 = empty((2, B, M, S), like)
     launch(_kla_bwd_kernel, P["grid"],
-        v, Lv, k, q, a, p, ck, gy, gyv, glT, geT, gprec,
+        v, Lv, k, q, a, p, ck, gy, gy if gyv is None else gyv, glT, geT, gprec,
         gv, gLv, gkq_part[0], gkq_part[1], gap_part[0], gap_part[1], g0,
-        L, M, NB, B, S, HAS_GPREC=has_gprec, **P["consts"])  # fmt: skip
+        L, M, NB, B, S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv, **P["consts"])  # fmt: skip
     gkq = gkq_part.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
     gap = gap_part.sum(1)
     return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]

@@ -211,13 +211,16 @@ def _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp
 @helper
 def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jll, Jel, Jee, bl,
                        be, p, d, af, e, dfin, dt: tl.constexpr,
-                       HAS_GPREC: tl.constexpr):  # fmt: skip
+                       HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
     """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pv,
-    pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``)."""
+    pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``; ``pgv``
+    read with ``HAS_GYV``, else zeros)."""
     vv = tl.load(pv, mask=mmask, other=0.0).to(dt)
     LL = tl.load(pL, mask=mmask, other=0.0).to(dt)
     gyy = tl.load(pgy, mask=mmask, other=0.0).to(dt)
-    gvv = tl.load(pgv, mask=mmask, other=0.0).to(dt)
+    gvv = tl.zeros_like(gyy)
+    if HAS_GYV:
+        gvv = tl.load(pgv, mask=mmask, other=0.0).to(dt)
     kk = tl.load(pk, mask=smask, other=0.0).to(dt)
     qq = tl.load(pq, mask=smask, other=0.0).to(dt)
     gpp = tl.zeros_like(kk)
@@ -232,6 +235,7 @@ def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
     L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
     SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
+    HAS_GYV: tl.constexpr,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -269,7 +273,7 @@ def _adjoint_maps_kernel(
             lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
                 pg + j * MS, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin, dt,
-                HAS_GPREC)  # fmt: skip
+                HAS_GPREC, HAS_GYV)  # fmt: skip
         pv += W * M
         pL += W * M
         pgy += W * M
@@ -280,7 +284,7 @@ def _adjoint_maps_kernel(
     for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
             pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af,
-            e, dfin, dt, HAS_GPREC)  # fmt: skip
+            e, dfin, dt, HAS_GPREC, HAS_GYV)  # fmt: skip
         pv += M
         pL += M
         pgy += M
@@ -347,21 +351,23 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     return maps, start
 
 
-def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C):
+def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=True):
     """The forward in ``C`` chunks: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK,
-    maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``)."""
+    maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``); ``yvar``
+    None where ``var`` is False."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc = B * C, L // C
     maps, start = chunk_starts(v, Lv, k, a, p, lam0, eta0, C)
     y, yvar, lamT, etaT, prec, ck, CK = forward(
         _rows(v, R, Lc), _rows(Lv, R, Lc), _rows(k, R, Lc), _rows(q, R, Lc), a, p,
-        start[0], start[1], save_prec, save_ck)  # fmt: skip
+        start[0], start[1], save_prec, save_ck, var)  # fmt: skip
     lamT = lamT.view(B, C, M, S)[:, -1].contiguous()
     etaT = etaT.view(B, C, M, S)[:, -1].contiguous()
     if prec is not None:
         prec = prec.view(B, L, M, S)
-    return y.view(B, L, M), yvar.view(B, L, M), lamT, etaT, prec, ck, CK, maps, start
+    yvar = None if yvar is None else yvar.view(B, L, M)
+    return y.view(B, L, M), yvar, lamT, etaT, prec, ck, CK, maps, start
 
 
 def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec):
@@ -372,8 +378,9 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     R, Lc, MS = B * C, L // C, M * S
     like = ck
     gy = torch.zeros((B, L, M), dtype=like.dtype, device=like.device) if gy is None else gy
-    gyv = torch.zeros((B, L, M), dtype=like.dtype, device=like.device) if gyv is None else gyv
-    gy, gyv = gy.contiguous(), gyv.contiguous()
+    has_gyv = gyv is not None  # else zero: not read (the kernels take gy in its place)
+    gy = gy.contiguous()
+    gyv = gyv.contiguous() if has_gyv else gy
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     # end adjoints of the chunk rows: the op's in the last chunk's, the others from pass B
@@ -388,12 +395,13 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
-               HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, num_warps=nw)  # fmt: skip
+               HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
+               num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
     gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(
-        *rows[:4], a, p, ck, CK, rows[4], rows[5], gend[0], gend[1],
+        *rows[:4], a, p, ck, CK, rows[4], rows[5] if has_gyv else None, gend[0], gend[1],
         _rows(gprec, R, Lc) if has_gprec else None)  # fmt: skip
     gl0 = gl0.view(B, C, M, S)[:, 0]
     ge0 = ge0.view(B, C, M, S)[:, 0]

@@ -224,7 +224,8 @@ def _slot_tile(x_ptr, t, L, S: tl.constexpr, base_s, dt: tl.constexpr, SG: tl.co
 
 
 @helper
-def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl.constexpr):
+def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl.constexpr,
+                    VAR: tl.constexpr):  # fmt: skip
     """Store ``y, yvar`` of 4 steps from each thread's sums over its slots (``[NT]``) by a
     reduce-scatter over the ``G`` (4 or 8) threads of a channel: 2 (3) butterfly rounds each
     exchange half the values left, 6 (7) shuffles a thread where 4 all-reduces take 16 (24) and
@@ -232,10 +233,14 @@ def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl
     thread's place among the threads of its channel. ``G = 4``: thread ``c`` holds step ``c``'s
     ``y`` and ``yvar`` and stores them at ``ptr_a`` and ``ptr_b``; ``G = 8``: it holds ``y`` of
     step ``c`` below 4, ``yvar`` of step ``c - 4`` above, and stores it at ``ptr_a``. (The
-    backward stores ``gv, gLv`` the same way.)"""
+    backward stores ``gv, gLv`` the same way.) ``VAR`` False: the ``yvar`` values are not
+    stored."""
     if G == 8:  # values 0-3: y of the steps, 4-7: yvar
         w = _reduce_scatter8(y0, y1, y2, y3, v0, v1, v2, v3, c, 1)  # value c's sum
-        tl.store(ptr_a, w, mask=mask)
+        if VAR:
+            tl.store(ptr_a, w, mask=mask)
+        else:
+            tl.store(ptr_a, w, mask=mask & (c < 4))
     else:  # G == 4: y of steps (0, 2), (1, 3) and the same of yvar, then (0, 1) of each
         hi = ((c >> 1) & 1) == 1
         a0 = _swap_add(y0, y2, hi, 2)
@@ -244,7 +249,8 @@ def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl
         b1 = _swap_add(v1, v3, hi, 2)
         lo = (c & 1) == 1
         tl.store(ptr_a, _swap_add(a0, a1, lo, 1), mask=mask)
-        tl.store(ptr_b, _swap_add(b0, b1, lo, 1), mask=mask)
+        if VAR:
+            tl.store(ptr_b, _swap_add(b0, b1, lo, 1), mask=mask)
 
 
 @helper

@@ -75,13 +75,14 @@ def _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, e, t, prec_ptr, M, S: tl.conste
 @helper
 def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr, M,
               S: tl.constexpr, base_m, mo, momask, ms, lane_mask, SAVE_PREC: tl.constexpr,
-              G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+              G: tl.constexpr, NT: tl.constexpr, VAR: tl.constexpr):  # fmt: skip
     """``_fwd_sums`` whose sums are added over each channel's ``G`` threads and written as the
-    step's ``y, yvar``."""
+    step's ``y`` and (with ``VAR``) ``yvar``."""
     lam, eta, ys, yvs = _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, e, t, prec_ptr, M, S, base_m,
                                   ms, lane_mask, SAVE_PREC)  # fmt: skip
     tl.store(y_ptr + base_m + t * M + mo, _group_sum(ys, G, NT), mask=momask)
-    tl.store(yvar_ptr + base_m + t * M + mo, _group_sum(yvs, G, NT), mask=momask)
+    if VAR:
+        tl.store(yvar_ptr + base_m + t * M + mo, _group_sum(yvs, G, NT), mask=momask)
     return lam, eta
 
 
@@ -119,7 +120,7 @@ def _block_tiles(pv, pL, pk, pq, cmask, smask4, dt: tl.constexpr, S: tl.constexp
 def _block4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d,
             af, e, t, y_ptr, yvar_ptr, prec_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
             lane_mask, zero, SAVE_PREC: tl.constexpr, SCATTER: tl.constexpr,
-            G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+            G: tl.constexpr, NT: tl.constexpr, VAR: tl.constexpr):  # fmt: skip
     """The 4 steps from ``t`` of a block: with ``SCATTER`` the state after them and their
     thread sums of ``y``, then ``yvar`` (``_fwd_sums4``; the caller stores them a block later),
     else the state after them, their outputs stored step by step (``_fwd_step``), and ``zero``
@@ -129,13 +130,13 @@ def _block4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3
                           p, d, af, e, t, prec_ptr, M, S, base_m, ms, lane_mask,
                           SAVE_PREC)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr, M,
-                         S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, e, t + 1, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, e, t + 2, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, e, t + 3, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     return lam, eta, zero, zero, zero, zero, zero, zero, zero, zero
 
 
@@ -156,7 +157,7 @@ def _kla_fwd_kernel(
     L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr,
+    W: tl.constexpr, VAR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
     tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
@@ -212,20 +213,21 @@ def _kla_fwd_kernel(
                 NT, EVEN_M)  # fmt: skip
         if SCATTER:
             _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                            mmask & ((m * 0 + tb) > t_lo), G)  # fmt: skip
+                            mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
             pa += 4 * M
             pb += 4 * M
         lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _block4(
             lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
             e, tb, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, zero,
-            SAVE_PREC, SCATTER, G, NT)  # fmt: skip
+            SAVE_PREC, SCATTER, G, NT, VAR)  # fmt: skip
         if W == 8:
             lam, eta, zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3 = _block4(
                 lam, eta, u0, U0, h0, r0, u1, U1, h1, r1, u2, U2, h2, r2, u3, U3, h3, r3, p,
                 d, af, e, tb + 4, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms,
-                lane_mask, zero, SAVE_PREC, SCATTER, G, NT)  # fmt: skip
+                lane_mask, zero, SAVE_PREC, SCATTER, G, NT, VAR)  # fmt: skip
             if SCATTER:
-                _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask, G)
+                _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask, G,
+                                VAR)  # fmt: skip
                 pa += 4 * M
                 pb += 4 * M
             ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3
@@ -235,7 +237,7 @@ def _kla_fwd_kernel(
         pq += W * S
     if SCATTER:
         _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                        mmask & ((m * 0 + t_tail) > t_lo), G)  # fmt: skip
+                        mmask & ((m * 0 + t_tail) > t_lo), G, VAR)  # fmt: skip
     # the last L mod W steps one at a time, masked; the software pipeline issues the loads of
     # later steps ahead of use (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -244,7 +246,7 @@ def _kla_fwd_kernel(
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr,
-                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT)  # fmt: skip
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
@@ -289,16 +291,17 @@ def default_state(shape, dtype, device):
     return made
 
 
-def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
+def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
     """The forward kernel: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK)``. ``lam0,
-    eta0`` None: the default initial state (1, 0), from :func:`default_state`."""
+    eta0`` None: the default initial state (1, 0), from :func:`default_state`. ``var`` False:
+    ``yvar`` is None, neither allocated nor written."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32)
     dev = v.device
     y = empty((B, L, M), dtype=dtype, device=dev)
-    yvar = empty((B, L, M), dtype=dtype, device=dev)
+    yvar = empty((B, L, M), dtype=dtype, device=dev) if var else None
     lamT = empty((B, M, S), dtype=dtype, device=dev)
     etaT = empty((B, M, S), dtype=dtype, device=dev)
     prec = empty((B, L, M, S), dtype=dtype, device=dev) if save_prec else y
@@ -306,6 +309,7 @@ def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck):
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, dev)
     launch(_kla_fwd_kernel, P["grid"],
-        v, Lv, k, q, a, p, lam0, eta0, y, yvar, lamT, etaT, prec, ck,
-        L, M, P["NB"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, **P["consts"])  # fmt: skip
+        v, Lv, k, q, a, p, lam0, eta0, y, y if yvar is None else yvar, lamT, etaT, prec, ck,
+        L, M, P["NB"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, VAR=var,
+        **P["consts"])  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]

@@ -471,7 +471,8 @@ class _GateSkip(torch.autograd.Function):
         BN, BM, nw = _blocks()
         out = empty((B, L, M), zg)
         yvg = empty((B, L, M), dtype=var_dtype, device=y.device) if has_var else out
-        launch(_glue_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar, zg, zc, skip, out, yvg,
+        launch(_glue_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar if has_var else y, zg,
+               zc, skip, out, yvg,
                N, M, 2 * M, ACT=act, HAS_VAR=has_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
         ctx.meta = (act, has_var)
         ctx.buf = buf
@@ -569,7 +570,8 @@ def sensors(s, M, S, obs_min, qk_norm):
 
 def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
     """``out = (y + skip * zc) * act(zg[..., M:])`` in ``zg``'s dtype; with ``var_dtype`` also
-    ``yvar * act(gate)**2`` in that dtype. ``y, yvar [B, L, M]`` (the op's outputs)."""
+    ``yvar * act(gate)**2`` in that dtype. ``y, yvar [B, L, M]`` (the op's outputs; ``yvar``
+    may be None without ``var_dtype``)."""
     has_var = var_dtype is not None
     return _GateSkip.apply(y, yvar, zg, zc, skip, ACTIVATIONS[activation], has_var,
                            var_dtype, buf)  # fmt: skip
