@@ -141,15 +141,22 @@ def test_one_step_one_chunk():
         assert_close(a, b, "kernel_grad", torch.float64, scale=1.0, what=f"grad {name}")
 
 
-def test_auto_rule_takes_the_chunked_path(monkeypatch):
-    # few lanes on a (pretend) device of 2 multiprocessors: the rule asks for 4 chunks of 4
-    # steps, kla_filter takes them, from the default initial state (which gets no gradient)
+def pretend_two_sms(monkeypatch):
+    """A (pretend) device of 2 multiprocessors where chunks may be 4 steps long, so that the
+    rule chunks a few short lanes; on the CPU ``backend="triton"`` takes CPU tensors (the
+    interpreter runs the kernels)."""
     monkeypatch.setattr(tuning, "sm_count", lambda device: 2)
     monkeypatch.setattr(tuning, "MIN_CHUNK", 4)
     if not CUDA:
         from kalmanscan.core import kla_op
 
         monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+
+
+def test_auto_rule_takes_the_chunked_path(monkeypatch):
+    # few lanes on a (pretend) device of 2 multiprocessors: the rule asks for 4 chunks of 4
+    # steps, kla_filter takes them, from the default initial state (which gets no gradient)
+    pretend_two_sms(monkeypatch)
     calls = []
     real = autograd.forward_chunked
 
@@ -238,14 +245,10 @@ def test_gpu_rule_chunks_long_sequences(shape, monkeypatch):
 
 def test_chunked_without_variance(monkeypatch):
     """``return_variance=False`` in time chunks: ``yvar`` None, the tangent maps launched with
-    ``HAS_GYV=False`` (the backward kernel's flag: ``test_cuda_kla``), and the outputs and gradients equal bit for bit
-    to those of a loss that gives ``yvar`` a zero weight (whose zero gradient they read)."""
-    monkeypatch.setattr(tuning, "sm_count", lambda device: 2)
-    monkeypatch.setattr(tuning, "MIN_CHUNK", 4)
-    if not CUDA:
-        from kalmanscan.core import kla_op
-
-        monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
+    ``HAS_GYV=False`` (the backward kernel's flag: ``test_cuda_kla``), and the outputs and
+    gradients equal bit for bit to those of a loss that gives ``yvar`` a zero weight (whose
+    zero gradient they read)."""
+    pretend_two_sms(monkeypatch)
     seen = []
     real = chunked.launch
 
