@@ -132,11 +132,14 @@ def _block4(lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3
     lam, eta = _fwd_step(lam, eta, v0, L0, k0, q0, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr, M,
                          S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v1, L1, k1, q1, p, d, af, e, t + 1, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v2, L2, k2, q2, p, d, af, e, t + 2, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     lam, eta = _fwd_step(lam, eta, v3, L3, k3, q3, p, d, af, e, t + 3, y_ptr, yvar_ptr, prec_ptr,
-                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
+                         M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     return lam, eta, zero, zero, zero, zero, zero, zero, zero, zero
 
 
@@ -246,7 +249,8 @@ def _kla_fwd_kernel(
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
         lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr,
-                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR)  # fmt: skip
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
