@@ -402,7 +402,7 @@ def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
     if tau is None or tau == 0 or bool(bad[:, :tau].any()):
         return None
     L0 = _sym(_scaled_solve(P0, eye))
-    J, eta = Ph.J[:, tau], Ph.eta[:, tau]
+    J = Ph.J[:, tau]
     M = L0 + J
     with torch.no_grad():
         nrm = lambda X: torch.linalg.matrix_norm(X, ord=2)  # noqa: E731

@@ -494,7 +494,7 @@ def combine_rows(A, bb, filt: Moments):
     B, T, n = filt.mean.shape
     dtype, device = filt.mean.dtype, filt.mean.device
     eye = torch.eye(n, dtype=dtype, device=device)
-    m, P = filt.mean, filt.cov
+    m = filt.mean
     M, flat = diffuse_factor(filt)  # [B, T, n, 2n]
     prior = torch.zeros(B, T, 2 * n, 2 * n, dtype=dtype, device=device)
     prior[..., :n, :n] = eye
