@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from run_meta import run_meta
+from kalmanscan.validation.run_meta import run_meta
 
 SHAPES = [(20, 5000), (100, 1000), (2000, 1000), (100, 100_000), (200_000, 1)]
 

@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 import torch
-from run_meta import run_meta
 
 import kalmanscan as ks
 from kalmanscan.core import backends
 from kalmanscan.testing import rel_error
+from kalmanscan.validation.run_meta import run_meta
 
 OBS_VAR, DECAY, PROC_VAR = 1.0, 0.95, 0.1
 

@@ -39,10 +39,10 @@ import warnings
 
 import numpy as np
 import torch
-from run_meta import run_meta
 
 import kalmanscan as ks
 from kalmanscan.timeseries import OUModel, fit_ou, load_nile
+from kalmanscan.validation.run_meta import run_meta
 
 LL = {"theta": 0.0, "mu": 0.0}
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)

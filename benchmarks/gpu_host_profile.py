@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from gpu import bench, launches, public_inputs  # noqa: E402
-from run_meta import run_meta  # noqa: E402
+
+from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 
 def host_profile(fn, n=20, top=18):

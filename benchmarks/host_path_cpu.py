@@ -40,7 +40,8 @@ import time
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled launch path, never the interpreter
 
 import torch  # noqa: E402
-from run_meta import run_meta  # noqa: E402
+
+from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 _STAMPS: list = []
 # --clock cpu: the calling thread's CPU time (another process's load on a shared machine

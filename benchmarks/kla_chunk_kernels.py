@@ -26,10 +26,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 _argv, sys.argv = sys.argv, sys.argv[:1]  # kla_chunked parses its own arguments on import
 
 from kla_chunked import call, inputs, with_chunks  # noqa: E402
-from run_meta import run_meta  # noqa: E402
 
 from kalmanscan.kla.config import KLAConfig  # noqa: E402
 from kalmanscan.kla.layer import KLALayer  # noqa: E402
+from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 CASES = [  # (B, L, C)
     (1, 32768, 1), (1, 32768, 8), (8, 4096, 1),

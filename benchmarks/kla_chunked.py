@@ -62,7 +62,6 @@ if ARGS.dry_run:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import
 
 import torch  # noqa: E402
-from run_meta import utc_now  # noqa: E402
 
 from kalmanscan.core import kla_op  # noqa: E402
 from kalmanscan.core.kla_op import kla_filter  # noqa: E402
@@ -70,6 +69,7 @@ from kalmanscan.cuda.kla import tuning  # noqa: E402
 from kalmanscan.kla.config import KLAConfig  # noqa: E402
 from kalmanscan.kla.layer import KLALayer  # noqa: E402
 from kalmanscan.testing import TOLERANCES  # noqa: E402
+from kalmanscan.validation.run_meta import utc_now  # noqa: E402
 
 NAMES = ("v", "Lv", "k", "q", "decay", "process_var")
 SAME = 1e-5  # chunked against unchunked, normwise (float32 rounding)

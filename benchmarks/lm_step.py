@@ -38,11 +38,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from run_meta import run_meta  # noqa: E402
 
 from kalmanscan.kla import KLALanguageModel, ModelConfig  # noqa: E402
+from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 CATEGORIES = ("kla_op", "glue_fused", "elementwise", "gemm", "attention", "optimizer", "other")
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from run_meta import run_meta  # noqa: E402
+from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 
 def main():

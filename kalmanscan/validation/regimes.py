@@ -1153,21 +1153,11 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
 
 
 def _run_stamp(rows: list[dict]):
-    """The ``date`` (UTC, ISO 8601 to the second) and ``device`` of each ``--json`` row (the
-    file stays a list of rows): the CUDA device for the ``GPU_RUNNERS`` rows, else the CPU
-    model (``/proc/cpuinfo``, else ``platform.processor()``)."""
-    import datetime
-    import platform
+    """The ``date`` and ``device`` of each ``--json`` row (the file stays a list of rows): the
+    CUDA device for the ``GPU_RUNNERS`` rows, else the CPU model (:mod:`.run_meta`)."""
+    from kalmanscan.validation.run_meta import cpu_model, utc_now
 
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    gpu = None
+    date, cpu, gpu = utc_now(), cpu_model(), None
     if any(r["backend"] in GPU_RUNNERS for r in rows):
         import torch
 

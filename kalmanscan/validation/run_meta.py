@@ -1,4 +1,5 @@
-"""The date and device every result JSON carries (benchmarks/results/README.md).
+"""The date and device every result JSON carries (benchmarks/results/README.md): the benchmark
+scripts' and the regime battery's ``--json``.
 
 >>> sorted(run_meta(cuda=False))
 ['date', 'device']
