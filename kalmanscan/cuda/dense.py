@@ -25,9 +25,10 @@ Reduce-then-scan over chunks of ``L`` steps:
    updates leave a covariance trace below 1e-4 of the prediction's (entries observing the whole
    state: R = 1e-12 I on two states), takes its mean and covariance from the square-root update
    ``_factor_update`` (Givens rotations, as the sequential reference's near noise-free steps):
-   the scalar updates form that posterior as a difference of prediction-sized terms. The carry's composed elements keep those roundings,
-   but a step's update contracts its starting state's error by the same factor, and the
-   smoother starts each chunk end from the filter's outputs.
+   the scalar updates form that posterior as a difference of prediction-sized terms. The
+   carry's composed elements keep those roundings, but a step's update contracts its starting
+   state's error by the same factor, and the smoother starts each chunk end from the filter's
+   outputs.
 
 The smoother (``kd.smooth``) runs the filter, its chunk elements computed for every chunk and
 group, then:
@@ -785,9 +786,9 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     ``checks``: the value checks that ``kalmanscan.dense._args.prepare(defer=True)`` left to run
     (:class:`kalmanscan.dense._args.ValueChecks`), screened on the device with the launch's own
     and read back once (:func:`_launch`); where the screen is set they run exactly, raising as
-    ``prepare`` does, then :func:`check_inputs`. Returns None where they find a prior covariance
-    with inf on its diagonal (diffuse: outside this backend's class); the caller then dispatches
-    the checked model."""
+    ``prepare`` does, then :func:`check_inputs`. Returns the checked model (a
+    :class:`kalmanscan.dense._args.Model`, not results) where they find a prior covariance with
+    inf on its diagonal (diffuse: outside this backend's class); the caller dispatches it."""
     from kalmanscan.dense import _args
     from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult
 
@@ -797,8 +798,10 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     go = run_smooth if smooth else run
     parts, flagged = go(model, layout, checks)
     if flagged:  # the exact checks, raising naming the input
-        if checks is not None and checks.run(model).P0 is None:
-            return None
+        if checks is not None:
+            checked = checks.run(model)
+            if checked.P0 is None:
+                return checked
         check_inputs(model, layout)
         if parts is None:  # nothing launched
             parts, flagged = go(model, layout)

@@ -83,16 +83,18 @@ def _run(
         defer=True,
     )  # fmt: skip
     name = backends.resolve(backend, model.z.device, op="dense")
+    checked = None
     if name == "triton":
         from kalmanscan.cuda.dense import dense_triton, unsupported
 
         # the value checks screened on the device, no host synchronization before the launches
-        # (kalmanscan.cuda.dense._launch); None: the checked prior is diffuse
+        # (kalmanscan.cuda.dense._launch); a Model back: the checked model, its prior diffuse
         if unsupported(model, layout) is None:
             res = dense_triton(model, layout, smooth, chunk, checks)
-            if res is not None:
+            if not isinstance(res, _args.Model):
                 return res
-    model = checks.run(model)
+            checked = res
+    model = checks.run(model) if checked is None else checked
     if name == "triton" and backend == "auto":  # the model class triton serves (backends.AUTO)
         name = "torch" if unsupported(model, layout) is not None else name
     return backends.get(name, op="dense")(model, layout, smooth, chunk)
