@@ -446,7 +446,8 @@ def test_without_variance(S, dtype, monkeypatch):
     """``return_variance=False`` (the KLA layer's training path): ``yvar`` None, the forward
     kernel launched with ``VAR=False`` (no ``yvar`` written) and the backward with
     ``HAS_GYV=False`` (no zero gradient read), and ``y``, the final state and every input's
-    gradient equal bit for bit to the run that returns the variance, whose loss leaves it out.
+    gradient equal to the run that returns the variance, whose loss leaves it out: bit for bit
+    in the interpreter, to float rounding on the device.
     (The gradient through ``yvar`` itself: the tests above, ``HAS_GYV`` True.)"""
     if not CUDA:  # let backend="triton" take CPU tensors (the interpreter runs the kernel)
         from kalmanscan.core import kla_op
@@ -484,4 +485,10 @@ def test_without_variance(S, dtype, monkeypatch):
     assert seen == [True, ("bwd", True), True, ("bwd", False), False, ("bwd", False)]
     for key in ((True, False), (False, False)):
         for a, b in zip(out[True, True], out[key], strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            if CUDA:  # the variants' machine code may fuse multiply-adds differently (ptxas):
+                # 1 of 54 outputs 1 ulp apart on the H200 (2026-12-02); to 8 ulps here
+                eps = torch.finfo(dtype).eps
+                scale = float(b.abs().max())
+                torch.testing.assert_close(a, b, rtol=8 * eps, atol=8 * eps * scale)
+            else:  # the interpreter runs the same numpy operations: bit for bit
+                torch.testing.assert_close(a, b, rtol=0, atol=0)

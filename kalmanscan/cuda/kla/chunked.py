@@ -190,27 +190,31 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 
 
 @helper
-def _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
-                  dfin):  # fmt: skip
+def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e):
     """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``;
-    ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
+    ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``).
+
+    ``d lam' / d lam = dfin / (p lam + d)^2`` is ``alpha^2`` (``dfin = af^2``: ``a^2`` where
+    the decay is not 0, else 0), so ``Jll``, the product of those, is ``Jee^2``: not carried.
+    The output's gradient terms as in ``backward._adjoint_step``: ``ge = gy q / lam``,
+    ``gl = gprec - (ge eta + gyv q^2 / lam) / lam``."""
     rden = _rcp(p * lam + d)
     alpha = af * rden
-    Jel = alpha * Jel - (alpha * p * rden * eta) * Jll
-    Jll = (dfin * rden * rden) * Jll
+    Jll = Jee * Jee
+    Jel = alpha * (Jel - (p * rden) * eta * Jll)
     Jee = alpha * Jee
     lam = lam * rden + (LL[None, :] * kk * kk + e)
     eta = alpha * eta + (vv * LL)[None, :] * kk
     rl = _rcp(lam)
     qrl = qq * rl
     ge = gyy[None, :] * qrl
-    gl = gpp - qrl * (gyy[None, :] * eta * rl + gvv[None, :] * qrl)
-    return lam, eta, Jll, Jel, Jee, bl + Jll * gl + Jel * ge, be + Jee * ge
+    gl = gpp - rl * (ge * eta + gvv[None, :] * (qrl * qq))
+    return lam, eta, Jel, Jee, bl + (Jee * Jee) * gl + Jel * ge, be + Jee * ge
 
 
 @helper
-def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jll, Jel, Jee, bl,
-                       be, p, d, af, e, dfin, dt: tl.constexpr,
+def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel, Jee, bl, be,
+                       p, d, af, e, dt: tl.constexpr,
                        HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
     """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pv,
     pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``; ``pgv``
@@ -226,8 +230,7 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jll
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
         gpp = tl.load(pg, mask=smask, other=0.0).to(dt)
-    return _tangent_step(lam, eta, Jll, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
-                         af, e, dfin)  # fmt: skip
+    return _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e)
 
 
 @triton.jit
@@ -252,14 +255,13 @@ def _adjoint_maps_kernel(
                                                                  SG, NT)  # fmt: skip
     dt = out_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
-    dfin = tl.where(af == 0.0, 0.0, d)  # (d is inf where the decay is 0; the slope is 0)
     step = NR.to(tl.int64) * MS
     soff = row.to(tl.int64) * MS + ms
     lam = tl.load(start_ptr + soff, mask=lm, other=1.0)
     eta = tl.load(start_ptr + step + soff, mask=lm, other=0.0)
     one = tl.full([SG, NT], 1.0, dt)
     zero = tl.zeros([SG, NT], dt)
-    Jll, Jel, Jee, bl, be = one, zero, one, zero, zero
+    Jel, Jee, bl, be = zero, one, zero, zero
     t0 = b.to(tl.int64) * L + c * Lc
     pm = t0 * M + m
     ps = t0 * S + s
@@ -270,9 +272,9 @@ def _adjoint_maps_kernel(
     nb = n // W
     for _ in tl.range(0, nb, num_stages=NS):
         for j in tl.static_range(W):
-            lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
+            lam, eta, Jel, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                pg + j * MS, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af, e, dfin, dt,
+                pg + j * MS, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e, dt,
                 HAS_GPREC, HAS_GYV)  # fmt: skip
         pv += W * M
         pL += W * M
@@ -282,9 +284,9 @@ def _adjoint_maps_kernel(
         pq += W * S
         pg += W * MS  # (a pointer: i M S can pass 2^31)
     for _ in range(nb * W, n):  # the last n mod W steps
-        lam, eta, Jll, Jel, Jee, bl, be = _load_tangent_step(
-            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jll, Jel, Jee, bl, be, p, d, af,
-            e, dfin, dt, HAS_GPREC, HAS_GYV)  # fmt: skip
+        lam, eta, Jel, Jee, bl, be = _load_tangent_step(
+            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e,
+            dt, HAS_GPREC, HAS_GYV)  # fmt: skip
         pv += M
         pL += M
         pgy += M
@@ -295,7 +297,7 @@ def _adjoint_maps_kernel(
     out = out_ptr + soff
     tl.store(out, bl, mask=lm)
     tl.store(out + step, be, mask=lm)
-    tl.store(out + 2 * step, Jll, mask=lm)
+    tl.store(out + 2 * step, Jee * Jee, mask=lm)  # Jll (see _tangent_step)
     tl.store(out + 3 * step, Jel, mask=lm)
     tl.store(out + 4 * step, Jee, mask=lm)
 

@@ -55,6 +55,18 @@ def _blocks():
     return GPU_BLOCKS
 
 
+# The conv backward's first pass (``_glue_conv_gpre_kernel``): ``(BT, BM, num_warps, NI)``,
+# ``NI`` tiles of ``BT`` tokens a program
+CONV_BWD_BLOCKS = (16, 64, 4, 8)
+
+
+def _conv_bwd_blocks():
+    """``CONV_BWD_BLOCKS`` (small when interpreting)."""
+    if interpreting():
+        return 8, 16, 1, 2
+    return CONV_BWD_BLOCKS
+
+
 # ----------------------------------------------------------------------------------- device
 
 
@@ -191,38 +203,49 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
 
 @triton.jit
 def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, gb_ptr, L, M, ZS,
-                           NT, K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+                           NP, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+                           BM: tl.constexpr, NI: tl.constexpr):  # fmt: skip
     """The conv's backward, first pass: ``gpre = (g + g2) * silu'(pre)`` at every token
     (``g2``: the skip's gradient), ``pre`` recomputed from the ``K`` inputs it reads, which also
-    give this program's partial sums of ``gw`` and ``gb``; ``gpre`` float32 to ``gp [B, L, M]``."""
+    give the partial sums of ``gw`` and ``gb``; ``gpre`` float32 to ``gp [B, L, M]``. A program
+    walks ``NI`` tiles of ``BT`` tokens, adding the weights' terms elementwise in registers
+    (``KP = next_pow2(K)`` planes), and sums them over its tokens once at the end: partial
+    ``program_id(0)`` of ``NP`` of batch row ``b``."""
     pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = pid_t * BT + tl.arange(0, BT)
     m = pid_m * BM + tl.arange(0, BM)
     mmask = m < M
-    rows = (b * L + t).to(tl.int64)
-    inside = (t < L)[:, None] & mmask[None, :]
-    pre = tl.zeros((BT, BM), tl.float32) + tl.load(b_ptr + m, mask=mmask, other=0.0).to(
-        tl.float32)[None, :]
-    for j in tl.static_range(K):
-        w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
-        ok = ((t + j - (K - 1)) >= 0) & (t < L)
-        x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
-                    mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
-        pre += w[None, :] * x.to(tl.float32)
-    at = rows[:, None] * M + m[None, :]
-    g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    sg = 1.0 / (1.0 + tl.exp(-pre))
-    gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
-    tl.store(gp_ptr + at, gp, mask=inside)
-    part = (b * NT + pid_t).to(tl.int64)
-    tl.store(gb_ptr + part * M + m, tl.sum(gp, axis=0), mask=mmask)
-    for j in tl.static_range(K):  # (the same addresses as above: cache hits)
-        ok = ((t + j - (K - 1)) >= 0) & (t < L)
-        x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
-                    mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
-        tl.store(gw_ptr + (part * K + j) * M + m, tl.sum(gp * x.to(tl.float32), axis=0),
-                 mask=mmask)  # fmt: skip
+    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+    jj = tl.arange(0, KP)
+    acc_b = tl.zeros((BT, BM), tl.float32)
+    acc_w = tl.zeros((KP, BT, BM), tl.float32)
+    for i in tl.static_range(NI):
+        t = (pid_t * NI + i) * BT + tl.arange(0, BT)
+        rows = (b * L + t).to(tl.int64)
+        inside = (t < L)[:, None] & mmask[None, :]
+        pre = tl.zeros((BT, BM), tl.float32) + bias[None, :]
+        for j in tl.static_range(K):
+            w = tl.load(w_ptr + m * K + j, mask=mmask, other=0.0).to(tl.float32)
+            ok = ((t + j - (K - 1)) >= 0) & (t < L)
+            x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                        mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+            pre += w[None, :] * x.to(tl.float32)
+        at = rows[:, None] * M + m[None, :]
+        g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        sg = 1.0 / (1.0 + tl.exp(-pre))
+        gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        tl.store(gp_ptr + at, gp, mask=inside)
+        acc_b += gp
+        for j in tl.static_range(K):  # (the same addresses as above: cache hits)
+            ok = ((t + j - (K - 1)) >= 0) & (t < L)
+            x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
+                        mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
+            term = (gp * x.to(tl.float32))[None, :, :]
+            acc_w += tl.where((jj == j)[:, None, None], term, 0.0)
+    part = (b * NP + pid_t).to(tl.int64)
+    tl.store(gb_ptr + part * M + m, tl.sum(acc_b, axis=0), mask=mmask)
+    tl.store(gw_ptr + (part * K + jj[:, None]) * M + m[None, :], tl.sum(acc_w, axis=1),
+             mask=(jj < K)[:, None] & mmask[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -419,14 +442,16 @@ class _ConvSilu(torch.autograd.Function):
             gzg = empty((B, L, M2), zg)
             gzg[..., M:].zero_()
             gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
-        gw = empty((B * NT, K, M), dtype=torch.float32, device=zg.device)
-        gb = empty((B * NT, M), dtype=torch.float32, device=zg.device)
+        PT, PM, pw, NI = _conv_bwd_blocks()
+        NP = cdiv(L, PT * NI)
+        gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
+        gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
         gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
-        grid = (NT, cdiv(M, BM), B)
-        launch(_glue_conv_gpre_kernel, grid, zg, weight, bias, gzc.contiguous(), gskip_zc, gp,
-               gw, gb, L, M, M2, NT, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
-        launch(_glue_conv_gz_kernel, grid, gp, weight, gzg, L, M, M2, K=K, BT=BT, BM=BM,
-               num_warps=nw)  # fmt: skip
+        launch(_glue_conv_gpre_kernel, (NP, cdiv(M, PM), B), zg, weight, bias, gzc.contiguous(),
+               gskip_zc, gp, gw, gb, L, M, M2, NP, K=K, KP=next_pow2(K), BT=PT, BM=PM, NI=NI,
+               num_warps=pw)  # fmt: skip
+        launch(_glue_conv_gz_kernel, (NT, cdiv(M, BM), B), gp, weight, gzg, L, M, M2, K=K,
+               BT=BT, BM=BM, num_warps=nw)  # fmt: skip
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
 
@@ -605,16 +630,17 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                                   dict(dyn, ga_ptr=f32, gp_ptr=f32, gll_ptr=f32, gpn_ptr=f32,
                                        gdl_ptr=f32), c, 4))  # fmt: skip
     for D, L in shapes:
-        M, N, NT = int(expand * D), B * L, cdiv(L, BT)
+        M, N = int(expand * D), B * L
         for dt in (f32, torch.bfloat16, torch.float16):
             tag = f"M{M}-L{L}-{str(dt).removeprefix('torch.')}"
             conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
             cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
                           dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+            PT, PM, pw, NI = CONV_BWD_BLOCKS
             cases.append((f"conv_gpre-{tag}-K{K}", _glue_conv_gpre_kernel,
                           dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
-                               NT=NT),
-                          dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+                               NP=cdiv(L, PT * NI)),
+                          dict(K=K, KP=next_pow2(K), BT=PT, BM=PM, NI=NI), pw))  # fmt: skip
             cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
                           dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
