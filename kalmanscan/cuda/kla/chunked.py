@@ -104,12 +104,14 @@ def _chunk_maps_kernel(
     W: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
-    thread) of chunk row ``program_id(1) = b C + c``, whose ``Lc`` steps it composes into the
-    map stored at ``maps [7, B C, M S]``. Steps run in unrolled blocks of ``W`` (4 or 8; their
-    loads issued together), the map divided by its trace every 4 steps."""
-    row = tl.program_id(1)
-    b = row // C
-    c = row % C
+    thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
+    maps of chunks ``0 .. C-2`` only, so the last chunk of a row has no program and its map is
+    not written), whose ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``.
+    Steps run in unrolled blocks of ``W`` (4 or 8; their loads issued together), the map
+    divided by its trace every 4 steps."""
+    b = tl.program_id(1) // (C - 1)
+    c = tl.program_id(1) % (C - 1)
+    row = b * C + c
     MS = M * S
     m, s, mo, mmask, smask, momask, jt, lm, ms, soff = _program(tl.program_id(0), b, M, S, G,
                                                                 SG, NT)  # fmt: skip
@@ -334,17 +336,19 @@ def _rows(x, R, Lc):
 
 
 def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
-    """``(maps [7, B C, M S], start [2, B C, M, S])``: the chunks' maps and the state
-    ``(lam, eta)`` entering each of the ``C`` chunks of ``L / C`` steps."""
+    """``(maps [7, B C, M S], start [2, B C, M, S])``: the chunks' maps (the last chunk's of
+    each row not written) and the state ``(lam, eta)`` entering each of the ``C`` chunks of
+    ``L / C`` steps."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc, MS = B * C, L // C, M * S
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     maps = empty((MAPS, R, MS), dtype=dtype, device=v.device)
     G, SG, NT, nw, W, NS = _maps_layout(S)
-    launch(_chunk_maps_kernel, (cdiv(M, NT // G), R),
-           v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-           num_warps=nw)  # fmt: skip
+    if C > 1:  # (one chunk: the carry reads no map)
+        launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
+               v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
+               num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
