@@ -577,3 +577,79 @@ def test_dense_dispatch_without_the_extension(monkeypatch):
         kd.filter(*args, backend="native", **kw)
     with pytest.raises(ValueError, match="'native' needs the compiled extension.*'torch'"):
         kd.fit(args[0][:, :1], kd.local_linear_trend, backend="native")
+
+
+# The padded vector forms of the kernel's products, inverses and covariance steps (4 < n <= 16:
+# _native_dense.c, "Padded vector forms") on time-varying, batched, diffuse and partly diffuse
+# models with missing entries, against the sequential reference; n = 17 runs the scalar forms.
+VECTOR_CASES = [
+    ("n5-d2-T80-B2-tv-diffuse", 5, 2, 80, 2, True, "diffuse"),
+    ("n7-d1-T120-cov", 7, 1, 120, None, False, "cov"),
+    ("n9-d3-T60-B2-tv-partial", 9, 3, 60, 2, True, "partial"),
+    ("n12-d2-T90-diffuse", 12, 2, 90, None, False, "diffuse"),
+    ("n13-d2-T70-B3-tv-diffuse", 13, 2, 70, 3, True, "diffuse"),
+    ("n16-d2-T60-tv-cov", 16, 2, 60, None, True, "cov"),
+]
+
+
+@pytest.mark.parametrize("cid,n,d,T,B,tv,prior", VECTOR_CASES, ids=[c[0] for c in VECTOR_CASES])
+def test_native_vector_forms_match_sequential_reference(cid, n, d, T, B, tv, prior):
+    test_native_matches_sequential_reference(cid, n, d, T, B, tv, prior)
+
+
+def test_native_structural_seasonal_matches_statsmodels_exact_diffuse():
+    """The 13-state local linear trend + seasonal(12) (sparse F, rank-3 Q: the vector forms'
+    benchmark model) against statsmodels with the exact diffuse start."""
+    sm = pytest.importorskip("statsmodels.tsa.statespace.structural")
+    rng = np.random.default_rng(11)
+    T = 400
+    y = np.cumsum(np.cumsum(rng.normal(size=T)) * 0.05 + rng.normal(size=T) * 0.7)
+    y = y + 3.0 * np.sin(2 * np.pi * np.arange(T) / 12) + rng.normal(size=T)
+    y[rng.random(T) < 0.03] = np.nan
+    mod = sm.UnobservedComponents(y, "local linear trend", seasonal=12, use_exact_diffuse=True)
+    mod.ssm.tolerance = 0
+    r = mod.smooth([1.0, 0.5, 0.05, 0.1])
+    llt = kd.local_linear_trend(level_var=0.5, slope_var=0.05, obs_var=1.0)
+    m = kd.add_components(llt, kd.seasonal_dummies(12, seasonal_var=0.1))
+    res = kd.smooth(y[:, None], **m._asdict(), backend="native")
+    nd = int(res.filtered.diffuse.sum())
+    assert rel_error(res.filtered.mean[nd:], r.filtered_state.T[nd:]) < 1e-11
+    assert rel_error(res.filtered.cov[nd:], r.filtered_state_cov.transpose(2, 0, 1)[nd:]) < 1e-11
+    assert rel_error(res.mean, r.smoothed_state.T) < 1e-11
+    assert rel_error(res.cov, r.smoothed_state_cov.transpose(2, 0, 1)) < 1e-11
+    inv = np.linalg.inv(res.cov)
+    assert rel_error(res.precision, (inv + np.swapaxes(inv, -1, -2)) / 2) < 1e-9
+
+
+_AVX512_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import kalmanscan.dense as kd
+from test_dense_native import random_model
+out = []
+for seed, n, prior in ((1, 6, "cov"), (2, 13, "diffuse"), (3, 16, "partial")):
+    args, kw = random_model(seed, n, 2, 40, B=2, tv=True, prior=prior)
+    r = kd.smooth(*args, backend="native", **kw)
+    out += [r.precision, r.filtered.precision, r.cov, r.mean]
+np.savez({path!r}, *out)
+"""
+
+
+def test_native_avx512_inverse_equals_four_double_form(tmp_path):
+    """The AVX-512 inverse (taken where the CPU has it) and the four-double form
+    (KALMANSCAN_NO_AVX512 set at import) do the same arithmetic: the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for flag in ("", "1"):
+        path = str(tmp_path / f"out{flag or 0}.npz")
+        env = {k: v for k, v in os.environ.items() if k != "KALMANSCAN_NO_AVX512"}
+        if flag:
+            env["KALMANSCAN_NO_AVX512"] = flag
+        code = _AVX512_SCRIPT.format(tests=os.path.dirname(__file__), path=path)
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+        outs.append(np.load(path))
+    for k in outs[0].files:
+        np.testing.assert_array_equal(outs[0][k], outs[1][k])

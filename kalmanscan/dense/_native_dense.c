@@ -85,6 +85,198 @@ typedef struct {
     double v, f, fs;
 } elem_t;
 
+/* Padded vector forms for 4 < n <= KS_VMAX (the 13-state trend + seasonal model's products and
+ * inverses): a matrix as n rows of NV = ceil(n / 4) four-double vectors (GCC vector extensions,
+ * lowered per clone: AVX2 / AVX-512VL 256-bit, SSE2 pairs by default), zero past column n. The
+ * scalar forms' row loops over 13 entries ran a vector body, a shorter vector epilogue and a scalar
+ * tail with aliasing checks; these run whole vectors, with the accumulators in registers. Each
+ * entry sees the same operations in the same order as in the scalar forms. */
+#define KS_VMAX 16
+#define KS_VEC(n) ((n) > 4 && (n) <= KS_VMAX)
+typedef double v4d __attribute__((vector_size(32)));
+typedef long long v4i __attribute__((vector_size(32)));
+typedef double v4du __attribute__((vector_size(32), aligned(8))); /* unaligned access */
+static const v4i ks_unit[4] = {{-1, 0, 0, 0}, {0, -1, 0, 0}, {0, 0, -1, 0}, {0, 0, 0, -1}};
+
+static inline __attribute__((always_inline)) v4d v4_bcast(double x) { return (v4d){x, x, x, x}; }
+
+/* A row of n entries into NV vectors (zero past entry n): whole vectors by unaligned loads, the
+ * last partial one as the row's last four entries shifted down (no element stores that a vector
+ * load would have to merge). n >= 4. */
+static inline __attribute__((always_inline)) void v4_load_row(const int NV, int n, const double *a,
+                                                                 v4d *row) {
+    const int full = n >> 2;
+    for (int v = 0; v < NV; v++) {
+        if (v < full) {
+            row[v] = *(const v4du *)(a + 4 * v);
+        } else {
+            const v4d y = *(const v4du *)(a + n - 4), z = {0.0, 0.0, 0.0, 0.0};
+            switch (n & 3) {
+            case 1: row[v] = __builtin_shuffle(y, z, (v4i){3, 4, 4, 4}); break;
+            case 2: row[v] = __builtin_shuffle(y, z, (v4i){2, 3, 4, 4}); break;
+            case 3: row[v] = __builtin_shuffle(y, z, (v4i){1, 2, 3, 4}); break;
+            default: row[v] = z;
+            }
+        }
+    }
+}
+
+/* The first n entries of the NV vectors row into a. */
+static inline __attribute__((always_inline)) void v4_store_row(const int NV, int n, const v4d *row,
+                                                                  double *a) {
+    const int full = n >> 2;
+    for (int v = 0; v < NV; v++) {
+        if (v < full) {
+            *(v4du *)(a + 4 * v) = row[v];
+        } else {
+            for (int r = 0; r < 4 && 4 * v + r < n; r++) a[4 * v + r] = row[v][r];
+        }
+    }
+}
+
+/* C = A B (n x n row-major), C's rows two at a time (accumulators in registers, the same
+ * q order as mm). C may be A. */
+static inline __attribute__((always_inline)) void mm_v(const int NV, int n, const double *A, const double *B, double *C) {
+    v4d Bp[KS_VMAX * 4];
+    for (int q = 0; q < n; q++) v4_load_row(NV, n, B + q * n, Bp + q * NV);
+    int i = 0;
+    for (; i + 2 <= n; i += 2) {
+        v4d c0[4], c1[4];
+        for (int v = 0; v < NV; v++) c0[v] = c1[v] = v4_bcast(0.0);
+        const double *a0 = A + i * n, *a1 = a0 + n;
+        for (int q = 0; q < n; q++) {
+            const v4d x0 = v4_bcast(a0[q]), x1 = v4_bcast(a1[q]);
+            for (int v = 0; v < NV; v++) {
+                c0[v] += x0 * Bp[q * NV + v];
+                c1[v] += x1 * Bp[q * NV + v];
+            }
+        }
+        v4_store_row(NV, n, c0, C + i * n);
+        v4_store_row(NV, n, c1, C + (i + 1) * n);
+    }
+    for (; i < n; i++) {
+        v4d c0[4];
+        for (int v = 0; v < NV; v++) c0[v] = v4_bcast(0.0);
+        const double *a0 = A + i * n;
+        for (int q = 0; q < n; q++) {
+            const v4d x0 = v4_bcast(a0[q]);
+            for (int v = 0; v < NV; v++) c0[v] += x0 * Bp[q * NV + v];
+        }
+        v4_store_row(NV, n, c0, C + i * n);
+    }
+}
+
+/* spd_inverse's Gauss-Jordan elimination on the padded rows of M, in place: column k's
+ * entries are replaced in registers (1 in the pivot row before its scaling, 0 in the others
+ * before their update: the same ip and -f ip as the scalar form's stores), so no scalar store
+ * meets a vector load of its row. 0 if a pivot is not positive. */
+static inline __attribute__((always_inline)) int gj_inverse_v(const int NV, int n, v4d *M) {
+    const v4i one = (v4i)v4_bcast(1.0);
+    for (int k = 0; k < n; k++) {
+        v4i msk[4];
+        for (int v = 0; v < NV; v++) msk[v] = v == (k >> 2) ? ks_unit[k & 3] : (v4i){0, 0, 0, 0};
+        v4d *rk = M + k * NV;
+        const double piv = rk[k >> 2][k & 3];
+        if (!(piv > 0.0)) return 0;
+        const double ip = 1.0 / piv;
+        const v4d ipv = v4_bcast(ip);
+        for (int v = 0; v < NV; v++) rk[v] = (v4d)(((v4i)rk[v] & ~msk[v]) | (one & msk[v])) * ipv;
+        for (int i = 0; i < n; i++) {
+            if (i == k) continue;
+            v4d *ri = M + i * NV;
+            const v4d f = v4_bcast(ri[k >> 2][k & 3]);
+            for (int v = 0; v < NV; v++) ri[v] = (v4d)((v4i)ri[v] & ~msk[v]) - f * rk[v];
+        }
+    }
+    return 1;
+}
+
+/* With AVX-512 (checked at import: ks_has_512) the inverse runs on 8-double rows: half the vector
+ * operations of the four-double form, the same arithmetic (masked moves for column k, fnmadd). The
+ * functions carry their own target, so every clone of the kernel can call them. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && (__GNUC__ >= 11)
+#include <immintrin.h>
+#define KS_HAVE_512 1
+#define KS_T512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+static int ks_has_512 = 0;
+
+KS_T512 static inline __attribute__((always_inline)) int spd_inverse_512(const int NV, int n,
+                                                                         const double *A,
+                                                                         double *out) {
+    __m512d M[KS_VMAX * 2];
+    const __mmask8 tail = (__mmask8)((1u << (n - 8 * (NV - 1))) - 1);
+    for (int i = 0; i < n; i++) {
+        for (int v = 0; v < NV - 1; v++) M[i * NV + v] = _mm512_loadu_pd(A + i * n + 8 * v);
+        M[i * NV + NV - 1] = _mm512_maskz_loadu_pd(tail, A + i * n + 8 * (NV - 1));
+    }
+    const __m512d one = _mm512_set1_pd(1.0), zero = _mm512_setzero_pd();
+    for (int k = 0; k < n; k++) {
+        const int vk = k >> 3;
+        const __m512i lane = _mm512_set1_epi64(k & 7);
+        __mmask8 mk[2];
+        for (int v = 0; v < NV; v++) mk[v] = v == vk ? (__mmask8)(1u << (k & 7)) : (__mmask8)0;
+        __m512d *rk = M + k * NV;
+        const double piv = _mm512_cvtsd_f64(_mm512_permutexvar_pd(lane, rk[vk]));
+        if (!(piv > 0.0)) return 0;
+        const __m512d ipv = _mm512_set1_pd(1.0 / piv);
+        __m512d rkv[2];
+        for (int v = 0; v < NV; v++) {
+            rkv[v] = _mm512_mul_pd(_mm512_mask_mov_pd(rk[v], mk[v], one), ipv);
+            rk[v] = rkv[v];
+        }
+        for (int i = 0; i < n; i++) {
+            if (i == k) continue;
+            __m512d *ri = M + i * NV;
+            const __m512d f = _mm512_permutexvar_pd(lane, ri[vk]);
+            for (int v = 0; v < NV; v++)
+                ri[v] = _mm512_fnmadd_pd(f, rkv[v], _mm512_mask_mov_pd(ri[v], mk[v], zero));
+        }
+    }
+    double X[KS_VMAX * KS_VMAX];
+    const int ld = 8 * NV;
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < NV; v++) _mm512_storeu_pd(X + i * ld + 8 * v, M[i * NV + v]);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (X[i * ld + j] + X[j * ld + i]);
+            out[i * n + j] = s;
+            out[j * n + i] = s;
+        }
+        out[i * n + i] = X[i * ld + i];
+    }
+    return 1;
+}
+KS_T512 __attribute__((noinline)) static int spd_inverse_512_1(int n, const double *A, double *out) {
+    return spd_inverse_512(1, n, A, out);
+}
+KS_T512 __attribute__((noinline)) static int spd_inverse_512_2(int n, const double *A, double *out) {
+    return spd_inverse_512(2, n, A, out);
+}
+#endif
+
+static inline __attribute__((always_inline)) int spd_inverse_v(const int NV, int n, const double *A, double *out) {
+    v4d M[KS_VMAX * 4];
+    for (int i = 0; i < n; i++) v4_load_row(NV, n, A + i * n, M + i * NV);
+    if (!gj_inverse_v(NV, n, M)) return 0;
+    for (int i = 0; i < n; i++) {
+        const v4d *ri = M + i * NV;
+        for (int j = 0; j < i; j++) {
+            double s = 0.5 * (ri[j >> 2][j & 3] + M[j * NV + (i >> 2)][i & 3]);
+            out[i * n + j] = s;
+            out[j * n + i] = s;
+        }
+        out[i * n + i] = ri[i >> 2][i & 3];
+    }
+    return 1;
+}
+
+#define KS_VEC_DISPATCH(n, call) \
+    switch (((n) + 3) >> 2) {    \
+    case 2: call(2); break;      \
+    case 3: call(3); break;      \
+    default: call(4); break;     \
+    }
+
 typedef struct {
     int n, d, zinf;
     /* workspace */
@@ -96,6 +288,9 @@ typedef struct {
     int *fnz, *fcol;
     double *fval;
     const double *fcur;
+    /* predict_cov_v: 0.5 (Q + Q') of the step's Q (qcur) as padded rows */
+    const double *qcur;
+    v4d qs[KS_VMAX * 4];
 } ws_t;
 
 static inline const double *mat(const arr_t *a, Py_ssize_t b, Py_ssize_t t) {
@@ -141,8 +336,113 @@ static KS_INLINE void F_mm(const ws_t *w, const int n, const double *X, int k, d
     }
 }
 
+/* 4 x 4 block transpose of the padded n-row matrix A into At (rows past n of A read as zero). */
+static inline __attribute__((always_inline)) void v4_transpose(const int NV, int n, const v4d *A,
+                                                                  v4d *At) {
+    const v4d z = {0.0, 0.0, 0.0, 0.0};
+    for (int bi = 0; bi < NV; bi++) {
+        for (int bj = 0; bj < NV; bj++) {
+            v4d r[4];
+            for (int q = 0; q < 4; q++) r[q] = 4 * bi + q < n ? A[(4 * bi + q) * NV + bj] : z;
+            const v4d t0 = __builtin_shuffle(r[0], r[1], (v4i){0, 4, 2, 6}),
+                      t1 = __builtin_shuffle(r[0], r[1], (v4i){1, 5, 3, 7}),
+                      t2 = __builtin_shuffle(r[2], r[3], (v4i){0, 4, 2, 6}),
+                      t3 = __builtin_shuffle(r[2], r[3], (v4i){1, 5, 3, 7});
+            const v4d c[4] = {__builtin_shuffle(t0, t2, (v4i){0, 1, 4, 5}),
+                              __builtin_shuffle(t1, t3, (v4i){0, 1, 4, 5}),
+                              __builtin_shuffle(t0, t2, (v4i){2, 3, 6, 7}),
+                              __builtin_shuffle(t1, t3, (v4i){2, 3, 6, 7})};
+            for (int q = 0; q < 4; q++)
+                if (4 * bj + q < n) At[(4 * bj + q) * NV + bi] = c[q];
+        }
+    }
+}
+
+/* out = P h for the symmetric P (P h = sum_j h_j P[j, :]: the scalar form's sums, same order). */
+static inline __attribute__((always_inline)) void sym_mv_v(const int NV, int n, const double *P,
+                                                              const double *h, double *out) {
+    v4d acc[4], x[4];
+    for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
+    for (int j = 0; j < n; j++) {
+        const v4d hj = v4_bcast(h[j]);
+        v4_load_row(NV, n, P + j * n, x);
+        for (int v = 0; v < NV; v++) acc[v] += hj * x[v];
+    }
+    v4_store_row(NV, n, acc, out);
+}
+
+static KS_INLINE void sym_mv(int n, const double *P, const double *h, double *out) {
+    if (KS_VEC(n)) {
+#define KS_MV_V(NV) sym_mv_v(NV, n, P, h, out)
+        KS_VEC_DISPATCH(n, KS_MV_V)
+#undef KS_MV_V
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        double s = 0.0;
+        for (int j = 0; j < n; j++) s += P[i * n + j] * h[j];
+        out[i] = s;
+    }
+}
+
+/* predict_cov on padded rows: T1 = F P, then F T1' (= F P F', P symmetric) by rows; entry (i, j),
+ * j >= i, of the latter is the scalar form's (j, i) (the same sum in the same order), and both
+ * triangles are taken from it. */
+static inline __attribute__((always_inline)) void predict_cov_v(const int NV, ws_t *w, int n,
+                                                                   double *P, const double *Q) {
+    v4d Pp[KS_VMAX * 4], T1[KS_VMAX * 4], Tt[KS_VMAX * 4];
+    if (Q != w->qcur) {
+        for (int i = 0; i < n; i++) {
+            double row[4 * 4];
+            for (int j = 0; j < 4 * NV; j++) row[j] = j < n ? 0.5 * (Q[i * n + j] + Q[j * n + i]) : 0.0;
+            memcpy(w->qs + i * NV, row, NV * sizeof(v4d));
+        }
+        w->qcur = Q;
+    }
+    for (int i = 0; i < n; i++) v4_load_row(NV, n, P + i * n, Pp + i * NV);
+    for (int i = 0; i < n; i++) { /* T1 = F P */
+        v4d acc[4];
+        for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
+        for (int c = 0; c < w->fnz[i]; c++) {
+            const v4d f = v4_bcast(w->fval[i * n + c]);
+            const v4d *x = Pp + w->fcol[i * n + c] * NV;
+            for (int v = 0; v < NV; v++) acc[v] += f * x[v];
+        }
+        for (int v = 0; v < NV; v++) T1[i * NV + v] = acc[v];
+    }
+    v4_transpose(NV, n, T1, Tt);
+    for (int i = 0; i < n; i++) { /* Pp = F T1' */
+        v4d acc[4];
+        for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
+        for (int c = 0; c < w->fnz[i]; c++) {
+            const v4d f = v4_bcast(w->fval[i * n + c]);
+            const v4d *x = Tt + w->fcol[i * n + c] * NV;
+            for (int v = 0; v < NV; v++) acc[v] += f * x[v];
+        }
+        for (int v = 0; v < NV; v++) Pp[i * NV + v] = acc[v];
+    }
+    v4_transpose(NV, n, Pp, T1); /* T1 = Pp' */
+    const v4d iota = {0.0, 1.0, 2.0, 3.0};
+    for (int i = 0; i < n; i++) { /* row i: (j >= i ? Pp[i][j] : Pp[j][i]) + Qs[i][j] */
+        v4d row[4];
+        const v4d di = v4_bcast((double)i);
+        for (int v = 0; v < NV; v++) {
+            const v4i up = iota + v4_bcast(4.0 * v) >= di;
+            const v4d x = (v4d)(((v4i)Pp[i * NV + v] & up) | ((v4i)T1[i * NV + v] & ~up));
+            row[v] = x + w->qs[i * NV + v];
+        }
+        v4_store_row(NV, n, row, P + i * n);
+    }
+}
+
 /* P <- F P F' + Q (symmetric) */
 static KS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double *Q) {
+    if (KS_VEC(n)) {
+#define KS_PRED_V(NV) predict_cov_v(NV, w, n, P, Q)
+        KS_VEC_DISPATCH(n, KS_PRED_V)
+#undef KS_PRED_V
+        return;
+    }
     double *T1 = w->tmp;
     F_mm(w, n, P, n, T1); /* T1 = F P */
     for (int i = 0; i < n; i++) {
@@ -160,6 +460,31 @@ static KS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double 
         }
 }
 
+/* back_cov's second product and symmetrization on padded rows: N = F' T1 (rows of T1 scattered
+ * by F's entries in the scalar form's order), then 0.5 (N + N') (the scalar form's values; the
+ * diagonal is 0.5 (x + x) = x). */
+static inline __attribute__((always_inline)) void back_cov_v(const int NV, ws_t *w, int n,
+                                                                const double *T1, double *N) {
+    v4d Tp[KS_VMAX * 4], Np[KS_VMAX * 4], Nt[KS_VMAX * 4];
+    for (int i = 0; i < n; i++) {
+        v4_load_row(NV, n, T1 + i * n, Tp + i * NV);
+        for (int v = 0; v < NV; v++) Np[i * NV + v] = v4_bcast(0.0);
+    }
+    for (int c = 0; c < n; c++)
+        for (int q = 0; q < w->fnz[c]; q++) {
+            v4d *o = Np + w->fcol[c * n + q] * NV;
+            const v4d f = v4_bcast(w->fval[c * n + q]);
+            for (int v = 0; v < NV; v++) o[v] += f * Tp[c * NV + v];
+        }
+    v4_transpose(NV, n, Np, Nt);
+    const v4d half = v4_bcast(0.5);
+    for (int i = 0; i < n; i++) {
+        v4d row[4];
+        for (int v = 0; v < NV; v++) row[v] = half * (Np[i * NV + v] + Nt[i * NV + v]);
+        v4_store_row(NV, n, row, N + i * n);
+    }
+}
+
 /* N <- F' N F for symmetric N; r <- F' r */
 static KS_INLINE void back_cov(ws_t *w, const int n, double *N) {
     double *T1 = w->tmp;
@@ -171,6 +496,12 @@ static KS_INLINE void back_cov(ws_t *w, const int n, double *N) {
             double f = w->fval[c * n + q];
             for (int i = 0; i < n; i++) T1[i * n + j] += N[i * n + c] * f;
         }
+    if (KS_VEC(n)) {
+#define KS_BACK_V(NV) back_cov_v(NV, w, n, T1, N)
+        KS_VEC_DISPATCH(n, KS_BACK_V)
+#undef KS_BACK_V
+        return;
+    }
     /* N = F' T1: N[i][j] = sum_c F[c][i] T1[c][j] */
     for (int i = 0; i < n * n; i++) N[i] = 0.0;
     for (int c = 0; c < n; c++)
@@ -199,6 +530,12 @@ static KS_INLINE void back_vec(ws_t *w, const int n, double *r) {
  * contiguous vectorizable row updates). */
 static KS_INLINE void mm(int n, const double *restrict A, const double *restrict B,
                             double *restrict C) {
+    if (KS_VEC(n)) {
+#define KS_MM_V(NV) mm_v(NV, n, A, B, C)
+        KS_VEC_DISPATCH(n, KS_MM_V)
+#undef KS_MM_V
+        return;
+    }
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         double *c0 = C + i * n, *c1 = c0 + n, *c2 = c1 + n, *c3 = c2 + n;
@@ -298,6 +635,16 @@ static KS_INLINE int info_back(ws_t *w, const int n, double *J, const double *Q,
  * which vectorizes; L is unused scratch kept for the signature. */
 static KS_INLINE int spd_inverse(int n, const double *A, double *L, double *out) {
     (void)L;
+    if (KS_VEC(n)) {
+#ifdef KS_HAVE_512
+        if (ks_has_512) return n > 8 ? spd_inverse_512_2(n, A, out) : spd_inverse_512_1(n, A, out);
+#endif
+        int ok = 0;
+#define KS_INV_V(NV) ok = spd_inverse_v(NV, n, A, out)
+        KS_VEC_DISPATCH(n, KS_INV_V)
+#undef KS_INV_V
+        return ok;
+    }
     memcpy(out, A, (size_t)n * n * sizeof(double));
     for (int k = 0; k < n; k++) {
         double *rk = out + k * n;
@@ -490,11 +837,7 @@ static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, i
         elem_t *e = &w->el[p];
         e->type = 0;
         e->v = v;
-        for (int i = 0; i < n; i++) {
-            double s = 0.0;
-            for (int j = 0; j < n; j++) s += P[i * n + j] * h[j];
-            Ms[i] = s;
-        }
+        sym_mv(n, P, h, Ms); /* P is symmetric (mirrored wherever it is written) */
         double fs = w->Dg[p];
         for (int i = 0; i < n; i++) fs += h[i] * Ms[i];
         e->fs = fs;
@@ -575,7 +918,8 @@ static KS_INLINE int update(ws_t *w, const int n, int o, double *a, double *P, i
         for (int i = 0; i < n; i++) tr += P[i * n + i];
         if (!(fs > SKIP_TOL * hh * tr) || !(fs > 0.0)) continue; /* no information */
         for (int i = 0; i < n; i++) a[i] += Ms[i] * v / fs;
-        for (int i = 0; i < n; i++)
+        /* the smoother's recomputation (keep) reads no P after the step's last entry */
+        for (int i = 0; i < n && !(keep && p == o - 1); i++)
             for (int j = 0; j <= i; j++) {
                 double s = P[i * n + j] - Ms[i] * Ms[j] / fs;
                 P[i * n + j] = s;
@@ -1270,6 +1614,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     int srif = nh > 0 || rows_all;
     int near = rows_all; /* a near noise-free entry (|h|^2 |Q| / Dg > INFO_COND): rows from the end */
     double hmax = 0.0, qmax = 0.0; /* max |h|^2 / Dg and max |Q| met so far */
+    const double *qseen = NULL; /* the Q last folded into qmax */
     double *Srif = NULL, *sbuf = NULL, *Nc = NULL, *rc = NULL;
     Py_ssize_t tc = T; /* the step whose r0, N0 (Nc, rc) set the rows; T: from nothing */
     /* the information form's stretch at proper steps also as square-root rows Sp (from the
@@ -1357,7 +1702,10 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         }
         if (srif && t > 0) {
             const double *Qt = mat(&in[I_Q], b, t);
-            for (int i = 0; i < nn; i++) qmax = fmax(qmax, fabs(Qt[i]));
+            if (Qt != qseen) { /* a time-invariant Q: once */
+                for (int i = 0; i < nn; i++) qmax = fmax(qmax, fabs(Qt[i]));
+                qseen = Qt;
+            }
         }
         /* the filter's decision (the same P and entries): the step's entries on the factor */
         const int fs_t = ktd == 0 && t >= nh && near_step(w, n, o, P);
@@ -1752,6 +2100,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.n = (int)n;
     w.d = dd;
     w.zinf = 0;
+    w.qcur = NULL;
     double *q = buf;
     w.m = q; q += n;
     w.u = q; q += n;
@@ -1812,4 +2161,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",
                                     "Native sequential dense filter and smoother (float64).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__native_dense(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native_dense(void) {
+#ifdef KS_HAVE_512
+    __builtin_cpu_init();
+    ks_has_512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("fma");
+    if (getenv("KALMANSCAN_NO_AVX512")) ks_has_512 = 0; /* tests: the four-double forms */
+#endif
+    return PyModule_Create(&module);
+}
