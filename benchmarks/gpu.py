@@ -16,7 +16,9 @@ import datetime
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
@@ -633,10 +635,13 @@ def kernel_resources():
                                    tangent_warps),
     }  # fmt: skip
     out = {}
+    # a directory of this process's own: concurrent callers (pytest-xdist workers each run the
+    # resources fixture) once read each other's half-written cubins at one fixed /tmp path
+    tmp = tempfile.mkdtemp(prefix="kalmanscan-cubins-")
     for name, (fn, sg, consts, warps, *maxnreg) in cases.items():
         comp = compile_sm90(fn, sg, consts, warps, *maxnreg)
         ptx = comp.asm["ptx"]
-        path = f"/tmp/kalmanscan-{name}.cubin"
+        path = os.path.join(tmp, f"{name}.cubin")
         with open(path, "wb") as f:
             f.write(comp.asm["cubin"])
         res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
@@ -651,6 +656,7 @@ def kernel_resources():
             "converts": comp.asm["ttgir"].count("convert_layout"),
             "local_stores": comp.asm["ttgir"].count("local_store"),
         }
+    shutil.rmtree(tmp, ignore_errors=True)
     return {"triton": triton.__version__, "kernels": out}
 
 
