@@ -82,7 +82,7 @@ def maps_sweep(dyn):
             got = call(x, grads)
             err = max([normwise(a, b) for a, b in zip(got[0], ref[0], strict=True)]
                       + [normwise(a, b) for a, b in zip(got[1], ref[1], strict=True)])
-            per = profile(lambda: call(x, grads))
+            per = profile(lambda x=x, grads=grads: call(x, grads))
             row = {"B": B, "L": L, "C": C, **launch, "max_rel_err_vs_unchunked": err,
                    "maps_ms": per.get("_chunk_maps_kernel"),
                    "tangent_maps_ms": per.get("_adjoint_maps_kernel"),
@@ -121,7 +121,7 @@ def main():
         gy = torch.randn(B, L, M, device="cuda")
         row = {"B": B, "L": L, "C": C}
         for what, grads in (("fwd", None), ("fwdbwd", (gy, gy * 0.1))):
-            per = profile(lambda grads=grads: call(x, grads))
+            per = profile(lambda x=x, grads=grads: call(x, grads))
             row[what] = {"total_ms": sum(per.values()), "kernels": per}
             print(B, L, C, what, round(sum(per.values()), 3),
                   {k: round(v, 3) for k, v in list(per.items())[:6]}, flush=True)

@@ -313,8 +313,6 @@ def test_fused_dynamics_against_float64(cfg):
     1e-9 to hundreds (both sides of the series' switch at 0.5 and of the eager one at 1e-4),
     ``delta`` across softplus' threshold 20, process noise on and below its floor. The
     float32 eager ops are held to the same bound, which they meet."""
-    from kalmanscan.cuda.kla import glue
-
     g = torch.Generator().manual_seed(7)
     layer = KLALayer(16, KLAConfig(d_state=4, **cfg))
     noise = layer._process_noise_param()

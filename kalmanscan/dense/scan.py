@@ -80,7 +80,7 @@ def step_elements(z, observed, F, c, Q, H, R, singular=None) -> Element:
     near = _near_steps(H, R, Q)
     if near is not None:
         sq = _sqrt_elements(z, F, c, Q, H, R)
-        out = Element(*(torch.where(_expand(near, x), y, x) for x, y in zip(out, sq)))
+        out = Element(*(torch.where(_expand(near, x), y, x) for x, y in zip(out, sq, strict=True)))
     return out
 
 

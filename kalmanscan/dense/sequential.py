@@ -28,8 +28,9 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...].
 
     With ``stop_when_proper`` the loop ends after the step at which every series' diffuse
-    directions are resolved (the scan's diffuse head, :func:`kalmanscan.dense.parallel.filter_parts`),
-    so the returned arrays may be shorter than T.
+    directions are resolved (the scan's diffuse head,
+    :func:`kalmanscan.dense.parallel.filter_parts`), so the returned arrays may be shorter
+    than T.
 
     The diffuse part is carried as a factor, ``P_inf = D D'`` (``D = F D`` in the prediction), so
     that the decisions are made on its square root: an entry with whitened row ``h`` is diffuse

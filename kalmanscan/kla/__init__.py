@@ -11,8 +11,12 @@ and tools to inspect the belief-state precisions inside trained models.
 """
 
 from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
-from kalmanscan.kla.inspect import compare, save_dataset, summarize
-from kalmanscan.kla.inspect import inspect  # binds the function over the submodule's name
+from kalmanscan.kla.inspect import (
+    compare,
+    inspect,  # binds the function over the submodule's name
+    save_dataset,
+    summarize,
+)
 from kalmanscan.kla.io import (
     CheckpointError,
     decode_bytes,

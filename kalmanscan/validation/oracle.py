@@ -506,9 +506,9 @@ def dense_oracle(
                 # below tol times the size it would have (|P_inf| |H|^2), the scale on which the
                 # univariate steps below judge F_inf
                 floor = tol * pinf_scale * max(1, mp.mnorm(Ho, 1) ** 2)
-                lpd, rank = _logpdet(mp, A, tol, floor)
+                lpd, _ = _logpdet(mp, A, tol, floor)
             else:
-                lpd, rank = mp.mpf(0), 0
+                lpd = mp.mpf(0)
             step_ks, dif_log_finf = mp.mpf(0), mp.mpf(0)
             Ho = mp.matrix([[Hm[t][i, j] for j in range(n)] for i in idx])
             zo = mp.matrix([float(z[t, i]) for i in idx])

@@ -825,7 +825,8 @@ def regime_rows(
     Keys: ``kind`` ("scalar"/"dense"), ``regime``, ``T``, ``backend``, ``dtype``, the five
     error columns (:data:`COLUMNS`), ``passes`` (True/False; None for float32), ``error``
     (the exception a backend raised, else ""), ``oracle_dps`` and ``oracle_own`` (the oracle's
-    change at 25 more digits, 40 for the dense oracle, worst of its metrics), ``seconds`` (the backend's run).
+    change at 25 more digits, 40 for the dense oracle, worst of its metrics), ``seconds``
+    (the backend's run).
     """
     from kalmanscan.core import native
 
