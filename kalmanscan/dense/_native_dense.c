@@ -58,6 +58,10 @@
  * definite gets NaN there and the caller inverts it by other means.
  */
 #include "../core/_native_common.h" /* fused multiply-adds allowed (no KS_NO_FMA) */
+#if defined(__GNUC__) && !defined(__clang__)
+/* the vector forms' always-inline helpers pass 32-byte vectors; no call crosses an ABI */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
@@ -385,6 +389,32 @@ static KS_INLINE void sym_mv(int n, const double *P, const double *h, double *ou
     }
 }
 
+/* N += -h x' - x h' + c h h' by padded rows (the scalar form's expression per entry). */
+static inline __attribute__((always_inline)) void rank2_update_v(const int NV, int n, double *N,
+                                                                    const double *h,
+                                                                    const double *x, double c) {
+    v4d hv[4], xv[4], row[4];
+    v4_load_row(NV, n, h, hv);
+    v4_load_row(NV, n, x, xv);
+    for (int i = 0; i < n; i++) {
+        const v4d hi = v4_bcast(h[i]), xi = v4_bcast(x[i]), chi = v4_bcast(c * h[i]);
+        v4_load_row(NV, n, N + i * n, row);
+        for (int v = 0; v < NV; v++) row[v] += -hi * xv[v] - xi * hv[v] + chi * hv[v];
+        v4_store_row(NV, n, row, N + i * n);
+    }
+}
+
+static KS_INLINE void rank2_update(int n, double *N, const double *h, const double *x, double c) {
+    if (KS_VEC(n)) {
+#define KS_R2_V(NV) rank2_update_v(NV, n, N, h, x, c)
+        KS_VEC_DISPATCH(n, KS_R2_V)
+#undef KS_R2_V
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) N[i * n + j] += -h[i] * x[j] - x[i] * h[j] + c * h[i] * h[j];
+}
+
 /* predict_cov on padded rows: T1 = F P, then F T1' (= F P F', P symmetric) by rows; entry (i, j),
  * j >= i, of the latter is the scalar form's (j, i) (the same sum in the same order), and both
  * triangles are taken from it. */
@@ -460,33 +490,47 @@ static KS_INLINE void predict_cov(ws_t *w, const int n, double *P, const double 
         }
 }
 
-/* back_cov's second product and symmetrization on padded rows: N = F' T1 (rows of T1 scattered
- * by F's entries in the scalar form's order), then 0.5 (N + N') (the scalar form's values; the
- * diagonal is 0.5 (x + x) = x). */
+/* back_cov on padded rows: T1 = N F as its transpose, T1' = F' N' (N' row by row: F's entries
+ * in the scalar form's order, so each entry sums the same terms in the same order), then N = F' T1
+ * (rows of T1 scattered by F's entries) and 0.5 (N + N') (the scalar form's values; the diagonal
+ * is 0.5 (x + x) = x). */
 static inline __attribute__((always_inline)) void back_cov_v(const int NV, ws_t *w, int n,
-                                                                const double *T1, double *N) {
-    v4d Tp[KS_VMAX * 4], Np[KS_VMAX * 4], Nt[KS_VMAX * 4];
-    for (int i = 0; i < n; i++) {
-        v4_load_row(NV, n, T1 + i * n, Tp + i * NV);
-        for (int v = 0; v < NV; v++) Np[i * NV + v] = v4_bcast(0.0);
-    }
-    for (int c = 0; c < n; c++)
+                                                                double *N) {
+    v4d A[KS_VMAX * 4], B[KS_VMAX * 4];
+    for (int i = 0; i < n; i++) v4_load_row(NV, n, N + i * n, A + i * NV);
+    v4_transpose(NV, n, A, B); /* B = N' */
+    for (int i = 0; i < n * NV; i++) A[i] = v4_bcast(0.0);
+    for (int c = 0; c < n; c++) /* A = T1' */
         for (int q = 0; q < w->fnz[c]; q++) {
-            v4d *o = Np + w->fcol[c * n + q] * NV;
+            v4d *o = A + w->fcol[c * n + q] * NV;
             const v4d f = v4_bcast(w->fval[c * n + q]);
-            for (int v = 0; v < NV; v++) o[v] += f * Tp[c * NV + v];
+            for (int v = 0; v < NV; v++) o[v] += B[c * NV + v] * f;
         }
-    v4_transpose(NV, n, Np, Nt);
+    v4_transpose(NV, n, A, B); /* B = T1 */
+    for (int i = 0; i < n * NV; i++) A[i] = v4_bcast(0.0);
+    for (int c = 0; c < n; c++) /* A = F' T1 */
+        for (int q = 0; q < w->fnz[c]; q++) {
+            v4d *o = A + w->fcol[c * n + q] * NV;
+            const v4d f = v4_bcast(w->fval[c * n + q]);
+            for (int v = 0; v < NV; v++) o[v] += f * B[c * NV + v];
+        }
+    v4_transpose(NV, n, A, B); /* B = A' */
     const v4d half = v4_bcast(0.5);
     for (int i = 0; i < n; i++) {
         v4d row[4];
-        for (int v = 0; v < NV; v++) row[v] = half * (Np[i * NV + v] + Nt[i * NV + v]);
+        for (int v = 0; v < NV; v++) row[v] = half * (A[i * NV + v] + B[i * NV + v]);
         v4_store_row(NV, n, row, N + i * n);
     }
 }
 
 /* N <- F' N F for symmetric N; r <- F' r */
 static KS_INLINE void back_cov(ws_t *w, const int n, double *N) {
+    if (KS_VEC(n)) {
+#define KS_BACK_V(NV) back_cov_v(NV, w, n, N)
+        KS_VEC_DISPATCH(n, KS_BACK_V)
+#undef KS_BACK_V
+        return;
+    }
     double *T1 = w->tmp;
     /* T1 = N F: T1[i][j] = sum_c N[i][c] F[c][j]; scatter rows of F */
     for (int i = 0; i < n * n; i++) T1[i] = 0.0;
@@ -496,12 +540,6 @@ static KS_INLINE void back_cov(ws_t *w, const int n, double *N) {
             double f = w->fval[c * n + q];
             for (int i = 0; i < n; i++) T1[i * n + j] += N[i * n + c] * f;
         }
-    if (KS_VEC(n)) {
-#define KS_BACK_V(NV) back_cov_v(NV, w, n, T1, N)
-        KS_VEC_DISPATCH(n, KS_BACK_V)
-#undef KS_BACK_V
-        return;
-    }
     /* N = F' T1: N[i][j] = sum_c F[c][i] T1[c][j] */
     for (int i = 0; i < n * n; i++) N[i] = 0.0;
     for (int c = 0; c < n; c++)
@@ -1742,9 +1780,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
                         kNk += K0[i] * s;
                     }
                     double add = q == 0 ? 1.0 / e->f : 0.0;
-                    for (int i = 0; i < n; i++)
-                        for (int j = 0; j < n; j++)
-                            N[i * n + j] += -h[i] * x[j] - x[i] * h[j] + (kNk + add) * h[i] * h[j];
+                    rank2_update(n, N, h, x, kNk + add);
                 }
             } else { /* diffuse entry: L0 = I - K0 h', L1 = -K1 h' */
                 const double *K1 = w->K1 + p * n;
