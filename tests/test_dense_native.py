@@ -635,21 +635,23 @@ np.savez({path!r}, *out)
 """
 
 
-def test_native_avx512_inverse_equals_four_double_form(tmp_path):
-    """The AVX-512 inverse (taken where the CPU has it) and the four-double form
-    (KALMANSCAN_NO_AVX512 set at import) do the same arithmetic: the same bits."""
+def test_native_vector_forms_equal_scalar_forms(tmp_path):
+    """The AVX-512 inverse (taken where the CPU has it), the four-double vector forms
+    (KALMANSCAN_NO_AVX512 set at import) and the scalar forms (KALMANSCAN_DENSE_SCALAR) do the
+    same arithmetic: the same bits."""
     import os
     import subprocess
     import sys
 
     outs = []
-    for flag in ("", "1"):
-        path = str(tmp_path / f"out{flag or 0}.npz")
-        env = {k: v for k, v in os.environ.items() if k != "KALMANSCAN_NO_AVX512"}
+    for i, flag in enumerate((None, "KALMANSCAN_NO_AVX512", "KALMANSCAN_DENSE_SCALAR")):
+        path = str(tmp_path / f"out{i}.npz")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KALMANSCAN_")}
         if flag:
-            env["KALMANSCAN_NO_AVX512"] = flag
+            env[flag] = "1"
         code = _AVX512_SCRIPT.format(tests=os.path.dirname(__file__), path=path)
         subprocess.run([sys.executable, "-c", code], check=True, env=env)
         outs.append(np.load(path))
-    for k in outs[0].files:
-        np.testing.assert_array_equal(outs[0][k], outs[1][k])
+    for other in outs[1:]:
+        for k in outs[0].files:
+            np.testing.assert_array_equal(outs[0][k], other[k])

@@ -96,7 +96,10 @@ typedef struct {
  * tail with aliasing checks; these run whole vectors, with the accumulators in registers. Each
  * entry sees the same operations in the same order as in the scalar forms. */
 #define KS_VMAX 16
-#define KS_VEC(n) ((n) > 4 && (n) <= KS_VMAX)
+/* set at import: AVX2 and FMA present (the v3 / v4 clones). Lowered to SSE2 pairs (the default
+ * clone's target) the vector forms were 20% slower than the scalar ones: those serve there. */
+static int ks_vec_ok = 0;
+#define KS_VEC(n) ((n) > 4 && (n) <= KS_VMAX && ks_vec_ok)
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4i __attribute__((vector_size(32)));
 typedef double v4du __attribute__((vector_size(32), aligned(8))); /* unaligned access */
@@ -2198,8 +2201,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",
                                     methods};
 
 PyMODINIT_FUNC PyInit__native_dense(void) {
-#ifdef KS_HAVE_512
+#if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
+    ks_vec_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    ks_vec_ok = 1;
+#endif
+    if (getenv("KALMANSCAN_DENSE_SCALAR")) ks_vec_ok = 0; /* tests: the scalar forms */
+#ifdef KS_HAVE_512
     ks_has_512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("fma");
