@@ -635,6 +635,7 @@ np.savez({path!r}, *out)
 """
 
 
+@pytest.mark.slow  # three subprocesses importing torch: 7 s (CI runs it in its slow step)
 def test_native_vector_forms_equal_scalar_forms(tmp_path):
     """The AVX-512 inverse (taken where the CPU has it), the four-double vector forms
     (KALMANSCAN_NO_AVX512 set at import) and the scalar forms (KALMANSCAN_DENSE_SCALAR) do the
