@@ -56,8 +56,8 @@ def _blocks():
 
 
 # The conv backward's first pass (``_glue_conv_gpre_kernel``): ``(BT, BM, num_warps, NI)``,
-# ``NI`` tiles of ``BT`` tokens a program. H200, 8 x 2048 x 1024 bfloat16, one launch (the
-# session's microbenchmark of 2026-12-02, benchmarks/HISTORY.md): (32, 128, 4, 1) 115 us,
+# ``NI`` tiles of ``BT`` tokens a program. H200, 8 x 2048 x 1024 bfloat16, one launch
+# (benchmarks/kla_conv_bwd.py, results/kla-conv-bwd-blocks-h200.json): (32, 128, 4, 1) 115 us,
 # (16, 64, 4, 8) 172, (16, 64, 2, 8) 185, (8, 256, 4, 8) 215, (4, 256, 2, 16) 256; the same
 # pass without the weights' sums 56 us, its loads and one store alone 34
 CONV_BWD_BLOCKS = (32, 128, 4, 1)
