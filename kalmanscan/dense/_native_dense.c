@@ -418,6 +418,35 @@ static KS_INLINE void rank2_update(int n, double *N, const double *h, const doub
         for (int j = 0; j < n; j++) N[i * n + j] += -h[i] * x[j] - x[i] * h[j] + c * h[i] * h[j];
 }
 
+/* dst = F src on padded rows (n rows of NV vectors): row i sums F's nonzero entries of row i
+ * times the rows of src they select, in F's stored order. */
+static inline __attribute__((always_inline)) void v4_f_rows(const int NV, const ws_t *w, int n,
+                                                            const v4d *src, v4d *dst) {
+    for (int i = 0; i < n; i++) {
+        v4d acc[4];
+        for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
+        for (int c = 0; c < w->fnz[i]; c++) {
+            const v4d f = v4_bcast(w->fval[i * n + c]);
+            const v4d *x = src + w->fcol[i * n + c] * NV;
+            for (int v = 0; v < NV; v++) acc[v] += f * x[v];
+        }
+        for (int v = 0; v < NV; v++) dst[i * NV + v] = acc[v];
+    }
+}
+
+/* dst = F' src on padded rows: row c of src scattered into the rows F's row c selects, scaled
+ * by its entries (rows of F in order, then F's stored order). */
+static inline __attribute__((always_inline)) void v4_ft_rows(const int NV, const ws_t *w, int n,
+                                                             const v4d *src, v4d *dst) {
+    for (int i = 0; i < n * NV; i++) dst[i] = v4_bcast(0.0);
+    for (int c = 0; c < n; c++)
+        for (int q = 0; q < w->fnz[c]; q++) {
+            v4d *o = dst + w->fcol[c * n + q] * NV;
+            const v4d f = v4_bcast(w->fval[c * n + q]);
+            for (int v = 0; v < NV; v++) o[v] += f * src[c * NV + v];
+        }
+}
+
 /* predict_cov on padded rows: T1 = F P, then F T1' (= F P F', P symmetric) by rows; entry (i, j),
  * j >= i, of the latter is the scalar form's (j, i) (the same sum in the same order), and both
  * triangles are taken from it. */
@@ -433,27 +462,9 @@ static inline __attribute__((always_inline)) void predict_cov_v(const int NV, ws
         w->qcur = Q;
     }
     for (int i = 0; i < n; i++) v4_load_row(NV, n, P + i * n, Pp + i * NV);
-    for (int i = 0; i < n; i++) { /* T1 = F P */
-        v4d acc[4];
-        for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
-        for (int c = 0; c < w->fnz[i]; c++) {
-            const v4d f = v4_bcast(w->fval[i * n + c]);
-            const v4d *x = Pp + w->fcol[i * n + c] * NV;
-            for (int v = 0; v < NV; v++) acc[v] += f * x[v];
-        }
-        for (int v = 0; v < NV; v++) T1[i * NV + v] = acc[v];
-    }
+    v4_f_rows(NV, w, n, Pp, T1); /* T1 = F P */
     v4_transpose(NV, n, T1, Tt);
-    for (int i = 0; i < n; i++) { /* Pp = F T1' */
-        v4d acc[4];
-        for (int v = 0; v < NV; v++) acc[v] = v4_bcast(0.0);
-        for (int c = 0; c < w->fnz[i]; c++) {
-            const v4d f = v4_bcast(w->fval[i * n + c]);
-            const v4d *x = Tt + w->fcol[i * n + c] * NV;
-            for (int v = 0; v < NV; v++) acc[v] += f * x[v];
-        }
-        for (int v = 0; v < NV; v++) Pp[i * NV + v] = acc[v];
-    }
+    v4_f_rows(NV, w, n, Tt, Pp); /* Pp = F T1' */
     v4_transpose(NV, n, Pp, T1); /* T1 = Pp' */
     const v4d iota = {0.0, 1.0, 2.0, 3.0};
     for (int i = 0; i < n; i++) { /* row i: (j >= i ? Pp[i][j] : Pp[j][i]) + Qs[i][j] */
@@ -502,21 +513,9 @@ static inline __attribute__((always_inline)) void back_cov_v(const int NV, ws_t 
     v4d A[KS_VMAX * 4], B[KS_VMAX * 4];
     for (int i = 0; i < n; i++) v4_load_row(NV, n, N + i * n, A + i * NV);
     v4_transpose(NV, n, A, B); /* B = N' */
-    for (int i = 0; i < n * NV; i++) A[i] = v4_bcast(0.0);
-    for (int c = 0; c < n; c++) /* A = T1' */
-        for (int q = 0; q < w->fnz[c]; q++) {
-            v4d *o = A + w->fcol[c * n + q] * NV;
-            const v4d f = v4_bcast(w->fval[c * n + q]);
-            for (int v = 0; v < NV; v++) o[v] += B[c * NV + v] * f;
-        }
-    v4_transpose(NV, n, A, B); /* B = T1 */
-    for (int i = 0; i < n * NV; i++) A[i] = v4_bcast(0.0);
-    for (int c = 0; c < n; c++) /* A = F' T1 */
-        for (int q = 0; q < w->fnz[c]; q++) {
-            v4d *o = A + w->fcol[c * n + q] * NV;
-            const v4d f = v4_bcast(w->fval[c * n + q]);
-            for (int v = 0; v < NV; v++) o[v] += f * B[c * NV + v];
-        }
+    v4_ft_rows(NV, w, n, B, A); /* A = T1' = F' N' */
+    v4_transpose(NV, n, A, B);  /* B = T1 */
+    v4_ft_rows(NV, w, n, B, A); /* A = F' T1 */
     v4_transpose(NV, n, A, B); /* B = A' */
     const v4d half = v4_bcast(0.5);
     for (int i = 0; i < n; i++) {
