@@ -589,6 +589,9 @@ def kernel_resources():
         # and no zero gradient of yvar read (the LM's many lanes)
         "kla_bwd_ck4_nogyv": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                               dict(kla_b_many, HAS_GYV=False), 1),
+        # and the sums over channels of gk, gq added by atomics (tuning's bwd_atomic_sums)
+        "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
+                                     dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (KB._kla_bwd_kernel,

@@ -287,6 +287,45 @@ def test_scatter_channel_sums_float32(slots, S, monkeypatch):
     assert_float32_grads(g_scatter, g_sum, gref, "float32 scatter against float64 tl.sum")
 
 
+# The sums over channels of gk, gq: every program adds its channels' sums into [B, L, S] by
+# float32 atomics; under torch.use_deterministic_algorithms it stores them as per-program
+# partial sums that one torch sum adds in a fixed order. Both exact (float64 reference), both
+# with several programs a batch row (M = 20 channels); S = 16 takes the float32 reduce-scatter,
+# S = 4 tl.sum.
+@pytest.mark.parametrize("S", [4, 16])
+def test_channel_sums_atomic_or_deterministic(S, monkeypatch):
+    seen = []
+    real = K.backward.launch
+
+    def spy(fn, grid, *a, **kw):
+        seen.append((kw["ATOMIC"], grid[0]))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(K.backward, "launch", spy)
+    shape = (2, 9, 20, S)
+    x = make_inputs(*shape, seed=4)
+    w = weights_for(*shape)
+    _, gref = run(reference, x, torch.float64, w)
+    grads = {}
+    was = torch.are_deterministic_algorithms_enabled()
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        try:
+            for dtype in (torch.float64, torch.float32):
+                grads[deterministic, dtype] = run(kla_triton, x, dtype, w)[1]
+        finally:
+            torch.use_deterministic_algorithms(was)
+    assert [a for a, _ in seen] == [True, True, False, False]
+    assert all(programs >= 2 for _, programs in seen)
+    for (_, dtype), g in grads.items():
+        for name, a, b in zip(NAMES, g, gref, strict=True):
+            scale = max(b.abs().max().item(), 1.0)
+            assert_close(a, b, "kernel_grad", dtype, scale=scale, what=f"grad {name} {dtype}")
+    # the two ways differ only in the order of the float32 additions
+    for a, b in zip(grads[False, torch.float32], grads[True, torch.float32], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
 # The forward's blocks store y, yvar by a reduce-scatter over a channel's G threads in float32
 # when G is 4 or 8, else step by step (float64, G of 1 or 2); the backward stores gv, gLv the
 # same way. S = 16 at 4 slots: G = 4; at 2 slots: G = 8; S = 8: G = 2; S = 12: padded slots.

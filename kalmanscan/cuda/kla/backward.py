@@ -8,10 +8,11 @@ recomputes its states from the checkpoint into registers (unrolled) and runs the
 adjoint recurrences ``Ec <- alpha Et``, ``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over
 them, reusing the recomputation's inputs. Sums over ``s`` (``gv, gLv``) happen in the thread
 and its channel group (reduce-scattered in float32 with 4 or 8 threads a channel); sums over
-``m`` (``gk, gq``) are reduce-scattered over the warp and written per program, then added in
-torch; sums over ``b`` and ``t`` (``gdecay, gprocess_var``) stay in registers per batch row.
-Only a lane's last interval can reach past ``L``: it runs first, masked, the others without
-step masks.
+``m`` (``gk, gq``) are reduce-scattered over the warp and added into ``[B, L, S]`` by float32
+atomics (``tuning.TUNING["bwd_atomic_sums"]``; under ``torch.use_deterministic_algorithms``
+written per program and added in torch, in a fixed order); sums over ``b`` and ``t``
+(``gdecay, gprocess_var``) stay in registers per batch row. Only a lane's last interval can
+reach past ``L``: it runs first, masked, the others without step masks.
 """
 
 from __future__ import annotations
@@ -64,30 +65,34 @@ def _channel_sum(x, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
 @helper
 def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: tl.constexpr,
                         SG: tl.constexpr, NT: tl.constexpr,
-                        MASKED: tl.constexpr = True):  # fmt: skip
+                        MASKED: tl.constexpr = True, ATOMIC: tl.constexpr = False):  # fmt: skip
     """Store the sums over the program's channels of ``xk, xq [SG, NT]`` at ``gk_ptr + off + s``
     and ``gq_ptr + off + s`` for the slots ``s < S`` (with ``MASKED``: where step ``t`` is
     inside ``L``), each summed by ``tl.sum`` (an all-reduce: ``log2(NT / G)`` shuffles a
-    value)."""
+    value); with ``ATOMIC`` added there (``red.global.add``) instead of stored."""
     so = tl.arange(0, G)[None, :] * SG + tl.arange(0, SG)[:, None]
     ok = so < S
     if MASKED:
         ok = ok & ((so * 0 + t) < L)
-    tl.store(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok)
-    tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
+    if ATOMIC:
+        tl.atomic_add(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok, sem="relaxed")
+        tl.atomic_add(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok, sem="relaxed")
+    else:
+        tl.store(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok)
+        tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
 
 
 @helper
 def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
                           G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
-                          MASKED: tl.constexpr = True):  # fmt: skip
+                          MASKED: tl.constexpr = True, ATOMIC: tl.constexpr = False):  # fmt: skip
     """``_store_channel_sums`` by a reduce-scatter over the warp where the ``2 SG`` values of a
     thread match the ``32 / G`` threads of its slot group (float32, ``S`` of 9 to 16, 2 or 4
     slots a thread): ``log2(2 SG)`` butterfly rounds each exchange half the values left
     (``2 SG - 1`` shuffles a thread instead of ``2 SG log2(32 / G)``) and leave thread ``c``
     of the group with value ``c``'s sum over the program's channels; otherwise by ``tl.sum``."""
     if xk.dtype != tl.float32 or 2 * SG != 32 // G or (SG != 2 and SG != 4):
-        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT, MASKED)
+        _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S, G, SG, NT, MASKED, ATOMIC)
     else:
         c = (jt % 32) // G  # the thread's place among its warp's threads of its slot group
         if SG == 4:  # values 0-3: xk's rows, 4-7: xq's
@@ -104,7 +109,10 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
         ok = slot < S
         if MASKED:
             ok = ok & ((slot * 0 + t) < L)
-        tl.store(ptr, w, mask=ok)
+        if ATOMIC:
+            tl.atomic_add(ptr, w, mask=ok, sem="relaxed")
+        else:
+            tl.store(ptr, w, mask=ok)
 
 
 @helper
@@ -164,7 +172,7 @@ def _adjoint_step(
     gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     t, L, M, S: tl.constexpr, base_m, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, MASKED: tl.constexpr, OUT4: tl.constexpr,
+    NT: tl.constexpr, MASKED: tl.constexpr, OUT4: tl.constexpr, ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums; also the thread's own sums over
@@ -203,7 +211,8 @@ def _adjoint_step(
     # sums over the program's channels
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
     xq = A + gyv[None, :] * qrl
-    _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT, MASKED)
+    _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT, MASKED,
+                          ATOMIC)  # fmt: skip
     rden = _rcp(p * lam_prev + d)
     alpha = af * rden
     g_al = Et * eta_prev
@@ -239,6 +248,7 @@ def _adjoint4(
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
+    ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
     them, their inputs ``v, Lv, k``): ``gy, gyv`` and ``q`` of the 4 steps loaded as tiles, then
@@ -254,22 +264,22 @@ def _adjoint4(
     Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, e, v2, L2, k2, y2, w2, q2, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, e, v1, L1, k1, y1, w1, q1, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, e, v0, L0, k0, y0, w0, q0, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
     )  # fmt: skip
     if OUT4:
         _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,
@@ -285,6 +295,7 @@ def _bwd_interval(
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
+    ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
     from the checkpoint into registers, then walked back; ``AHEAD > 0``: the rows of the
@@ -304,13 +315,13 @@ def _bwd_interval(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
-            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV,
+            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
         gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, dt,
-        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV,
+        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -323,7 +334,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    HAS_GYV: tl.constexpr,
+    HAS_GYV: tl.constexpr, ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
@@ -340,7 +351,10 @@ def _kla_bwd_kernel(
     gp = tl.zeros([SG, NT], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
-    part = (pm.to(tl.int64) * B + b) * L * S
+    if ATOMIC:  # every program adds into the row's [L, S] sums
+        part = b.to(tl.int64) * L * S
+    else:  # a [L, S] block of partial sums a program
+        part = (pm.to(tl.int64) * B + b) * L * S
     eta_ck = NB * M * S * B
     n_full = L // CK  # whole intervals; the last one (NB - 1) is partial unless NB == n_full
     if NB > n_full:  # the partial last interval first, masked
@@ -348,14 +362,14 @@ def _kla_bwd_kernel(
             n_full * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
             q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
             S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
-            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV,
+            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
         Lc, Ec, ga, gp = _bwd_interval(
             (n_full - 1 - jb) * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr,
             Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
             gq_part_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
-            lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV,
+            lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
     # per-row partial sums of the dynamics' gradients ([B, M, S], added in torch)
     tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
@@ -399,15 +413,24 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     glT, geT = dense((glT, geT), (B, M, S))
     gv = empty((B, L, M), like)
     gLv = empty((B, L, M), like)
-    gkq_part = empty((2, nmb, B, L, S), like)  # partial sums of gk, gq; one sum for both
+    # gk, gq: sums over the channels; each program adds its channels' sums into them (float32
+    # atomics in L2), or, under torch.use_deterministic_algorithms, stores them as partial sums
+    # [2, nmb, B, L, S] that one torch sum adds in a fixed order
+    atomic = tuning.TUNING["bwd_atomic_sums"] and not torch.are_deterministic_algorithms_enabled()
+    if atomic:
+        gkq = torch.zeros((2, B, L, S), dtype=like.dtype, device=like.device)
+    else:
+        gkq = empty((2, nmb, B, L, S), like)
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     gap_part = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
     g0 = empty((2, B, M, S), like)
     launch(_kla_bwd_kernel, P["grid"],
         v, Lv, k, q, a, p, ck, gy, gy if gyv is None else gyv, glT, geT, gprec,
-        gv, gLv, gkq_part[0], gkq_part[1], gap_part[0], gap_part[1], g0,
-        L, M, NB, B, S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv, **P["consts"])  # fmt: skip
-    gkq = gkq_part.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
+        gv, gLv, gkq[0], gkq[1], gap_part[0], gap_part[1], g0,
+        L, M, NB, B, S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv, ATOMIC=atomic,
+        **P["consts"])  # fmt: skip
+    if not atomic:
+        gkq = gkq.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
     gap = gap_part.sum(1)
     return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]

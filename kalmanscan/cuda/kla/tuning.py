@@ -25,6 +25,10 @@ TUNING = {
     # benchmarks/HISTORY.md). No spills at S = 4 ... 32 (sm_90); float64 and 64 slots would
     # spill, so they keep ptxas's choice
     "fwd_maxnreg": 128,
+    # the backward's sums over channels of gk, gq added by float32 atomics into [B, L, S] (in
+    # L2), not stored as [M / channels a program, B, L, S] partial sums for a torch sum (268 MB
+    # a layer at B=8 L=2,048 M=1,024 S=16); off under torch.use_deterministic_algorithms
+    "bwd_atomic_sums": True,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 WARPS = 1  # a program is one warp (its reduce-scatters shuffle within the warp)
