@@ -66,27 +66,57 @@ def _maps_layout(S, tangents=False):
 
 
 @helper
-def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
+def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN: tl.constexpr):
     """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``
-    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
+    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``). ``LEAN``: no lane of the
+    program forgets (``q = 0``: its terms dropped, the same values) and ``A`` is left to the
+    caller (``A af^4`` once every 4 steps)."""
     phi = LL[None, :] * kk * kk
     r = (vv * LL)[None, :] * kk
-    pu1 = m11 + q * m21
-    pu2 = m12 + q * m22
+    if LEAN:
+        pu1 = m11
+        pu2 = m12
+        A_new = A
+    else:
+        pu1 = m11 + q * m21
+        pu2 = m12 + q * m22
+        A_new = af * A
     pv1 = p * m11 + d * m21
     pv2 = p * m12 + d * m22
     return (pu1 + phi * pv1, pu2 + phi * pv2, pv1, pv2, af * g1 + r * pv1, af * g2 + r * pv2,
-            af * A)  # fmt: skip
+            A_new)  # fmt: skip
 
 
 @helper
 def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
-                   dt: tl.constexpr):  # fmt: skip
+                   dt: tl.constexpr, LEAN: tl.constexpr = False):  # fmt: skip
     """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps``."""
     vv = tl.load(pm, mask=mmask, other=0.0).to(dt)
     LL = tl.load(pLm, mask=mmask, other=0.0).to(dt)
     kk = tl.load(ps, mask=smask, other=0.0).to(dt)
-    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af)
+    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN)
+
+
+@helper
+def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
+                M, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
+                LEAN: tl.constexpr):  # fmt: skip
+    """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
+    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division)."""
+    af4 = (af * af) * (af * af)
+    for _ in tl.range(0, nb, num_stages=NS):
+        for h in tl.static_range(W // 4):
+            for j in tl.static_range(4):
+                m11, m12, m21, m22, g1, g2, A = _load_map_step(
+                    pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
+                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, LEAN)  # fmt: skip
+            if LEAN:
+                A = A * af4
+            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
+        pm += W * M
+        pLm += W * M
+        ps += W * S
+    return pm, pLm, ps, m11, m12, m21, m22, g1, g2, A
 
 
 @helper
@@ -130,16 +160,16 @@ def _chunk_maps_kernel(
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
     nb = Lc // W
-    for _ in tl.range(0, nb, num_stages=NS):
-        for h in tl.static_range(W // 4):
-            for j in tl.static_range(4):
-                m11, m12, m21, m22, g1, g2, A = _load_map_step(
-                    pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
-                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
-            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
-        pm += W * M
-        pLm += W * M
-        ps += W * S
+    # where no lane of the program forgets (the usual case) the lean step: 2-3 of its ~16
+    # operations fewer
+    if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
+        pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
+            pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
+            NS, True)  # fmt: skip
+    else:
+        pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
+            pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
+            NS, False)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
