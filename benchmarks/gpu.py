@@ -551,7 +551,7 @@ def kernel_resources():
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
                     SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False,
-                    HAS_GYV=True)  # fmt: skip
+                    HAS_GYV=True, ATOMIC=False)  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
