@@ -173,6 +173,7 @@ def _adjoint_step(
     t, L, M, S: tl.constexpr, base_m, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, MASKED: tl.constexpr, OUT4: tl.constexpr, ATOMIC: tl.constexpr = False,
+    HAS_GYV: tl.constexpr = True,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums; also the thread's own sums over
@@ -193,7 +194,9 @@ def _adjoint_step(
         omask = momask & ((mo * 0 + t) < L)
     rl = _rcp(lam)
     qrl = qq * rl
-    A = gy[None, :] * (eta * rl) + gyv[None, :] * qrl
+    A = gy[None, :] * (eta * rl)
+    if HAS_GYV:  # (else gyv is 0: its terms left out)
+        A += gyv[None, :] * qrl
     Lt = Lc - qrl * A
     if HAS_GPREC:
         poff = (base_m + t * M) * S + ms
@@ -210,7 +213,9 @@ def _adjoint_step(
         tl.store(gLv_ptr + out, _group_sum(pl, G, NT), mask=omask)
     # sums over the program's channels
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
-    xq = A + gyv[None, :] * qrl
+    xq = A
+    if HAS_GYV:
+        xq += gyv[None, :] * qrl
     _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, part + t * S, jt, t, L, S, G, SG, NT, MASKED,
                           ATOMIC)  # fmt: skip
     rden = _rcp(p * lam_prev + d)
@@ -264,22 +269,22 @@ def _adjoint4(
     Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, e, v2, L2, k2, y2, w2, q2, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, e, v1, L1, k1, y1, w1, q1, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, e, v0, L0, k0, y0, w0, q0, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     if OUT4:
         _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,

@@ -222,14 +222,16 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 
 
 @helper
-def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e):
+def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+                  HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
     """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``;
     ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``).
 
     ``d lam' / d lam = dfin / (p lam + d)^2`` is ``alpha^2`` (``dfin = af^2``: ``a^2`` where
     the decay is not 0, else 0), so ``Jll``, the product of those, is ``Jee^2``: not carried.
     The output's gradient terms as in ``backward._adjoint_step``: ``ge = gy q / lam``,
-    ``gl = gprec - (ge eta + gyv q^2 / lam) / lam``."""
+    ``gl = gprec - (ge eta + gyv q^2 / lam) / lam`` (without ``HAS_GPREC``, ``HAS_GYV`` their
+    zero terms left out)."""
     rden = _rcp(p * lam + d)
     alpha = af * rden
     Jll = Jee * Jee
@@ -240,7 +242,13 @@ def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, 
     rl = _rcp(lam)
     qrl = qq * rl
     ge = gyy[None, :] * qrl
-    gl = gpp - rl * (ge * eta + gvv[None, :] * (qrl * qq))
+    x = ge * eta
+    if HAS_GYV:
+        x += gvv[None, :] * (qrl * qq)
+    if HAS_GPREC:
+        gl = gpp - rl * x
+    else:
+        gl = -(rl * x)
     return lam, eta, Jel, Jee, bl + (Jee * Jee) * gl + Jel * ge, be + Jee * ge
 
 
@@ -262,7 +270,8 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
         gpp = tl.load(pg, mask=smask, other=0.0).to(dt)
-    return _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e)
+    return _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+                         HAS_GPREC, HAS_GYV)  # fmt: skip
 
 
 @triton.jit
