@@ -8,7 +8,11 @@ bfloat16 activations, K = 4; the mean time a launch from CUDA events:
 - ``ablate(BT, BM, warps)-mode0``: its four tap loads and one float32 store alone;
   ``-mode1``: the gradient without the weight and bias sums; ``-mode2``: the same with
   ``tl.sigmoid``;
-- ``conv_fwd(...)``, ``conv_gz``: the conv's forward and its backward's second pass.
+- ``conv_fwd(...)``, ``conv_gz``: the conv's forward and its backward's second pass;
+- ``walk(TP, BM, warps, NS)``: the one-pass backward (``glue._glue_conv_walk_kernel`` at
+  ``glue.CONV_WALK = (TP, BM, warps, NS)``: gz and the weights' sums, no float32 ``gpre``),
+  against the two passes at the default blocks (``gpre+gz``), with its largest relative
+  difference from them in ``gz``, ``gw`` and ``gb`` (``--walk``: only these rows).
 
     export PYTHONPATH=$PWD
     python benchmarks/kla_conv_bwd.py --out benchmarks/results/kla-conv-bwd-blocks-h200.json
@@ -75,6 +79,7 @@ def _mean_ms(kernel, grid, args, kw, reps=30):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON output path")
+    ap.add_argument("--walk", action="store_true", help="only the one-pass rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kla_conv_bwd.py: needs a CUDA device")
@@ -89,10 +94,15 @@ def main(argv=None):
     gzg = torch.empty(B, L, 2 * M, device=dev, dtype=torch.bfloat16)
     rows = []
 
-    def record(name, ms):
-        rows.append({"kernel": name, "mean_us": ms * 1e3})
-        print(f"{name:40s} {ms * 1e3:8.1f} us", flush=True)
+    def record(name, ms, err=None):
+        rows.append({"kernel": name, "mean_us": ms * 1e3, "max_rel_diff_vs_two_pass": err})
+        print(f"{name:40s} {ms * 1e3:8.1f} us" + ("" if err is None else f"  diff {err:.1e}"),
+              flush=True)  # fmt: skip
 
+    walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record)
+    if args.walk:
+        _write(args.out, rows, B, L, M, K)
+        return
     for PT, PM, pw, NI in [(16, 64, 4, 8), (16, 64, 2, 8), (32, 128, 4, 1), (8, 256, 4, 8),
                            (4, 256, 2, 16)]:  # fmt: skip
         NP = cdiv(L, PT * NI)
@@ -114,11 +124,45 @@ def main(argv=None):
     record("conv_gz", _mean_ms(
         glue._glue_conv_gz_kernel, (cdiv(L, 32), cdiv(M, 128), B), (gp, w, gzg, L, M, 2 * M),
         dict(K=K, BT=32, BM=128, num_warps=4)))  # fmt: skip
-    if args.out:
+    _write(args.out, rows, B, L, M, K)
+
+
+def _write(out, rows, B, L, M, K):
+    if out:
         meta = run_meta(True)
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             json.dump({**meta, "shapes": {"B": B, "L": L, "M": M, "K": K, "dtype": "bfloat16"},
                        "rows": rows}, f, indent=1)  # fmt: skip
+
+
+def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record):
+    """The two passes at the default blocks, then the one-pass kernel at several blocks, each
+    checked against the two passes' gz, gw, gb."""
+    PT, PM, pw, NI = glue.CONV_BWD_BLOCKS
+    NP = cdiv(L, PT * NI)
+    gw = torch.empty(B * NP, K, M, device=zg.device)
+    gb = torch.empty(B * NP, M, device=zg.device)
+    gpre = (glue._glue_conv_gpre_kernel, (NP, cdiv(M, PM), B),
+            (zg, w, bias, g1, g2, gp, gw, gb, L, M, 2 * M, NP),
+            dict(K=K, KP=4, BT=PT, BM=PM, NI=NI, num_warps=pw))  # fmt: skip
+    gz = (glue._glue_conv_gz_kernel, (cdiv(L, 32), cdiv(M, 128), B), (gp, w, gzg, L, M, 2 * M),
+          dict(K=K, BT=32, BM=128, num_warps=4))  # fmt: skip
+    two = _mean_ms(*gpre) + _mean_ms(*gz)
+    record("gpre+gz", two)
+    ref = (gzg[..., :M].float().clone(), gw.sum(0), gb.sum(0))
+    for TP, BM, nw, ns in [(64, 128, 1, 3), (32, 128, 1, 3), (128, 128, 1, 3), (64, 64, 1, 3),
+                           (64, 256, 2, 3), (64, 128, 1, 2), (64, 128, 1, 4), (64, 512, 4, 3),
+                           (256, 128, 1, 3)]:  # fmt: skip
+        NPw = cdiv(L, TP)
+        gww = torch.empty(B * NPw, K, M, device=zg.device)
+        gbw = torch.empty(B * NPw, M, device=zg.device)
+        gzw = torch.zeros_like(gzg)
+        ms = _mean_ms(glue._glue_conv_walk_kernel, (NPw, cdiv(M, BM), B),
+                      (zg, w, bias, g1, g2, gzw, gww, gbw, L, M, 2 * M, NPw),
+                      dict(K=K, TP=TP, BM=BM, NS=ns, num_warps=nw))  # fmt: skip
+        got = (gzw[..., :M].float(), gww.sum(0), gbw.sum(0))
+        err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, ref, strict=True))
+        record(f"walk{(TP, BM, nw, ns)}", ms, err)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,18 @@ def _conv_bwd_blocks():
     return CONV_BWD_BLOCKS
 
 
+# The conv backward in one pass for widths K <= 4 (``_glue_conv_walk_kernel``): ``(TP, BM,
+# num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``)
+CONV_WALK = (64, 128, 1, 3)
+
+
+def _conv_walk_blocks():
+    """``CONV_WALK`` (small when interpreting)."""
+    if interpreting():
+        return 8, 16, 1, 1
+    return CONV_WALK
+
+
 # ----------------------------------------------------------------------------------- device
 
 
@@ -249,6 +261,96 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
     tl.store(gb_ptr + part * M + m, tl.sum(acc_b, axis=0), mask=mmask)
     tl.store(gw_ptr + (part * K + jj[:, None]) * M + m[None, :], tl.sum(acc_w, axis=1),
              mask=(jj < K)[:, None] & mmask[None, :])  # fmt: skip
+
+
+@triton.jit
+def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
+                           NP, K: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
+                           NS: tl.constexpr):  # fmt: skip
+    """The conv's backward in one pass (``K <= 4``): a program walks tokens ``t0 .. t0 + TP +
+    2`` of ``BM`` channels of batch row ``b`` (``t0 = program_id(0) TP``), each thread its
+    channels, with the last 3 inputs ``z`` and pre-activation gradients ``gpre = (g + g2)
+    silu'(pre)`` in registers: ``pre`` from the inputs' window, ``gpre`` at each token, the
+    weights' and bias's gradient terms added in the thread (no reduction across threads; the
+    program's partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d
+    w[K-1-d] gpre[t - 3 + d]`` into the first ``M`` columns of ``gz [B, L, ZS]`` once its last
+    term is known. The 3 tokens past the program's own (its successor's) are computed again
+    for ``gz``, not added to the sums. Nothing else is written: no ``[B, L, M]`` float32
+    ``gpre``."""
+    pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    t0 = pid_t * TP
+    t_own = tl.minimum(t0 + TP, L)  # the program's tokens: t0 .. t_own - 1
+    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+    zero = tl.zeros((BM,), tl.float32)
+    # tap j of the conv multiplies z[t + j - (K - 1)]: w3 the current token's, w2 the one
+    # before, ... (taps past K are absent)
+    w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
+    w2, w1, w0 = zero, zero, zero
+    if K >= 2:
+        w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 3:
+        w1 = tl.load(w_ptr + m * K + (K - 3), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 4:
+        w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
+    base = b.to(tl.int64) * L
+    zrow = zg_ptr + m
+    # the window before t0 (zeros before the sequence)
+    mt = m * 0 + t0  # (masks as vectors)
+    z0 = tl.load(zrow + (base + t0 - 3) * ZS, mask=mmask & (mt >= 3), other=0.0).to(tl.float32)
+    z1 = tl.load(zrow + (base + t0 - 2) * ZS, mask=mmask & (mt >= 2), other=0.0).to(tl.float32)
+    z2 = tl.load(zrow + (base + t0 - 1) * ZS, mask=mmask & (mt >= 1), other=0.0).to(tl.float32)
+    gp0, gp1, gp2 = zero, zero, zero
+    ab, a0, a1, a2, a3 = zero, zero, zero, zero, zero
+    for t in tl.range(t0, t_own + 3, num_stages=NS):
+        tv = m * 0 + t
+        inside = mmask & (tv < L)
+        row = base + t
+        zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
+        g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
+        pre = zero + bias  # the taps in the forward's order
+        if K >= 4:
+            pre += w0 * z0
+        if K >= 3:
+            pre += w1 * z1
+        if K >= 2:
+            pre += w2 * z2
+        pre += w3 * zt
+        sg = 1.0 / (1.0 + tl.exp(-pre))
+        gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        own = tl.where(tv < t_own, gpt, 0.0)
+        ab += own
+        a3 += own * zt
+        if K >= 2:
+            a2 += own * z2
+        if K >= 3:
+            a1 += own * z1
+        if K >= 4:
+            a0 += own * z0
+        # gz[t - 3]: sum_d w[K-1-d] gpre[t - 3 + d], in the order of the two-pass form
+        gz = w3 * gp0
+        if K >= 2:
+            gz += w2 * gp1
+        if K >= 3:
+            gz += w1 * gp2
+        if K >= 4:
+            gz += w0 * gpt
+        tz = tv - 3
+        tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
+                 mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
+        z0, z1, z2 = z1, z2, zt
+        gp0, gp1, gp2 = gp1, gp2, gpt
+    part = (b * NP + pid_t).to(tl.int64)
+    tl.store(gb_ptr + part * M + m, ab, mask=mmask)
+    tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
+    if K >= 2:
+        tl.store(gw_ptr + (part * K + (K - 2)) * M + m, a2, mask=mmask)
+    if K >= 3:
+        tl.store(gw_ptr + (part * K + (K - 3)) * M + m, a1, mask=mmask)
+    if K >= 4:
+        tl.store(gw_ptr + (part * K + (K - 4)) * M + m, a0, mask=mmask)
 
 
 @triton.jit
@@ -445,16 +547,25 @@ class _ConvSilu(torch.autograd.Function):
             gzg = empty((B, L, M2), zg)
             gzg[..., M:].zero_()
             gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
-        PT, PM, pw, NI = _conv_bwd_blocks()
-        NP = cdiv(L, PT * NI)
-        gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
-        gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
-        gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
-        launch(_glue_conv_gpre_kernel, (NP, cdiv(M, PM), B), zg, weight, bias, gzc.contiguous(),
-               gskip_zc, gp, gw, gb, L, M, M2, NP, K=K, KP=next_pow2(K), BT=PT, BM=PM, NI=NI,
-               num_warps=pw)  # fmt: skip
-        launch(_glue_conv_gz_kernel, (NT, cdiv(M, BM), B), gp, weight, gzg, L, M, M2, K=K,
-               BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        if K <= 4:  # one pass
+            TP, WM, ww, wns = _conv_walk_blocks()
+            NP = cdiv(L, TP)
+            gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
+            gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
+            launch(_glue_conv_walk_kernel, (NP, cdiv(M, WM), B), zg, weight, bias,
+                   gzc.contiguous(), gskip_zc, gzg, gw, gb, L, M, M2, NP, K=K, TP=TP, BM=WM,
+                   NS=wns, num_warps=ww)  # fmt: skip
+        else:  # two passes: gpre (and the weights' sums), then gz
+            PT, PM, pw, NI = _conv_bwd_blocks()
+            NP = cdiv(L, PT * NI)
+            gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
+            gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
+            gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
+            launch(_glue_conv_gpre_kernel, (NP, cdiv(M, PM), B), zg, weight, bias,
+                   gzc.contiguous(), gskip_zc, gp, gw, gb, L, M, M2, NP, K=K, KP=next_pow2(K),
+                   BT=PT, BM=PM, NI=NI, num_warps=pw)  # fmt: skip
+            launch(_glue_conv_gz_kernel, (NT, cdiv(M, BM), B), gp, weight, gzg, L, M, M2, K=K,
+                   BT=BT, BM=BM, num_warps=nw)  # fmt: skip
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
 
@@ -644,6 +755,11 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                           dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
                                NP=cdiv(L, PT * NI)),
                           dict(K=K, KP=next_pow2(K), BT=PT, BM=PM, NI=NI), pw))  # fmt: skip
+            TP, WM, ww, wns = CONV_WALK
+            cases.append((f"conv_walk-{tag}-K{K}", _glue_conv_walk_kernel,
+                          dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
+                               NP=cdiv(L, TP)),
+                          dict(K=K, TP=TP, BM=WM, NS=wns), ww))  # fmt: skip
             cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
                           dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
