@@ -271,4 +271,10 @@ def test_chunked_without_variance(monkeypatch):
         out[var] = [res.y, res.final.lam, *torch.autograd.grad(loss, list(leaves.values()))]
     assert seen == [True, False]  # the tangent maps: with, then without the zero gradient
     for a, b in zip(out[True], out[False], strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        if CUDA:  # the variants' machine code may fuse multiply-adds differently (ptxas), as
+            # in test_cuda_kla.test_without_variance; the chunk's sums carry a difference on:
+            # 7.7 ulps measured on the H200 (2026-12-02), to 32 here
+            eps = torch.finfo(b.dtype).eps
+            torch.testing.assert_close(a, b, rtol=32 * eps, atol=32 * eps * float(b.abs().max()))
+        else:  # the interpreter runs the same numpy operations: bit for bit
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -95,8 +95,16 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=[False, True], ids=["conv-two-pass", "conv-one-pass"])
+def conv_one_pass(request, monkeypatch):
+    from kalmanscan.cuda.kla import glue
+
+    monkeypatch.setattr(glue, "CONV_ONE_PASS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("B,L,D,S,cfg,with_var", CASES)
-def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var):
+def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var, conv_one_pass):
     layer = make_layer(D, S, **cfg)
     x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     ref = run(layer, x, "eager", with_var)
@@ -113,9 +121,11 @@ def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var):
 
 @pytest.mark.parametrize("K,kernels", [(4, ["walk"]), (5, ["gpre", "gz"])])
 def test_conv_backward_kernels(K, kernels, monkeypatch):
-    """Widths up to 4 take the one-pass conv backward, wider ones the two passes."""
+    """With ``CONV_ONE_PASS``, widths up to 4 take the one-pass conv backward, wider ones the
+    two passes."""
     from kalmanscan.cuda.kla import glue
 
+    monkeypatch.setattr(glue, "CONV_ONE_PASS", True)
     seen = []
     real = glue.launch
 
