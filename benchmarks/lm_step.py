@@ -6,8 +6,10 @@ loss, backward and the optimizer step. At each batch x context (default 8 x 2048
 1 x 32768, 1 x 131072) the models run interleaved in the same process:
 
 - correctness first: each model's bf16 loss on the first step against a float32 eager reference
-  (same weights, same batch, autocast off, the KLA layers' eager glue); a model whose loss is off
-  by more than ``--loss-tol`` (relative) gets no timing;
+  (same weights, same batch, autocast off, the KLA layers' eager glue), and at up to
+  ``--grad-check-tokens`` tokens its parameters' gradients too (normwise relative error); a
+  model whose loss is off by more than ``--loss-tol`` (relative) or gradients by more than
+  ``--grad-tol`` gets no timing;
 - GPU time per step from CUDA events (median of ``--repeats``, at most 3 above 65,536 tokens,
   after ``--warmup`` steps), the host time to issue a step (``perf_counter`` around the call,
   before synchronizing) and the wall time until the step finished;
@@ -96,21 +98,35 @@ def loss_of(model, tokens, autocast, device):
     return F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
 
 
-def reference_loss(model, tokens, device):
-    """Float32 loss, autocast off, KLA layers on their eager glue (same weights)."""
+def reference_loss(model, tokens, device, grads=False):
+    """Float32 loss, autocast off, KLA layers on their eager glue (same weights); with
+    ``grads`` also the parameters' gradients (one flat float32 vector)."""
     saved = [(blk.mixer, blk.mixer.__dict__.get("glue")) for blk in model.blocks
              if blk.mixer_kind == "kla"]  # fmt: skip
     for mixer, _ in saved:
         mixer.glue = "eager"
     try:
-        with torch.no_grad():
-            return float(loss_of(model, tokens, False, device))
+        if not grads:
+            with torch.no_grad():
+                return float(loss_of(model, tokens, False, device))
+        model.zero_grad(set_to_none=True)
+        loss = loss_of(model, tokens, False, device)
+        loss.backward()
+        flat = flat_grads(model)
+        model.zero_grad(set_to_none=True)
+        return float(loss), flat
     finally:
         for mixer, glue in saved:
             if glue is None:
                 del mixer.glue
             else:
                 mixer.glue = glue
+
+
+def flat_grads(model):
+    """Every parameter's gradient (zeros where None), float32, as one vector."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
+                      for p in model.parameters()])  # fmt: skip
 
 
 class Stepper:
@@ -206,10 +222,18 @@ def run_shape(models, B, L, args, device):
     for name, model in models.items():
         model.load_state_dict(args.initial[name])
         entry = res[name] = {"ok": False}
+        check_grads = B * L <= args.grad_check_tokens
         try:
-            ref = reference_loss(model, tokens, device)
+            gref = None
+            if check_grads:
+                ref, gref = reference_loss(model, tokens, device, grads=True)
+            else:
+                ref = reference_loss(model, tokens, device)
             stepper = Stepper(model, device, autocast=not args.dry_run)
             loss = float(stepper(tokens).detach())  # first step: the reference's weights
+            if gref is not None:  # its gradients (the optimizer's step left them in .grad)
+                gerr = float((flat_grads(model) - gref).norm() / gref.norm())
+                del gref
             for _ in range(args.warmup - 1):
                 stepper(tokens)
             sync(device)
@@ -228,6 +252,11 @@ def run_shape(models, B, L, args, device):
         if not (math.isfinite(loss) and rel <= args.loss_tol):
             entry["error"] = f"loss {loss} vs float32 reference {ref}: relative {rel:.2e}"
             continue
+        if check_grads:
+            entry["grad_rel_err"] = gerr
+            if not (math.isfinite(gerr) and gerr <= args.grad_tol):
+                entry["error"] = f"gradients vs float32 reference: normwise relative {gerr:.2e}"
+                continue
         entry["ok"] = True
         steppers[name] = stepper
     gpu = {n: [] for n in steppers}
@@ -299,6 +328,10 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--grad-tol", type=float, default=0.1,
+                    help="bf16 gradients vs the float32 reference, normwise relative")
+    ap.add_argument("--grad-check-tokens", type=int, default=32768,
+                    help="the gradient check at shapes of at most this many tokens")
     ap.add_argument("--loss-tol", type=float, default=1e-2,
                     help="bf16 loss vs the float32 reference, relative")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
