@@ -9,7 +9,7 @@ bfloat16 activations, K = 4; the mean time a launch from CUDA events:
   ``-mode1``: the gradient without the weight and bias sums; ``-mode2``: the same with
   ``tl.sigmoid``;
 - ``conv_fwd(...)``, ``conv_gz``: the conv's forward and its backward's second pass;
-- ``walk(TP, BM, warps, NS, RELOAD)``: the one-pass backward (``glue._glue_conv_walk_kernel`` at
+- ``walk(TP, BM, warps, NS)``: the one-pass backward (``glue._glue_conv_walk_kernel`` at
   ``glue.CONV_WALK``: gz and the weights' sums, no float32 ``gpre``),
   against the two passes at the default blocks (``gpre+gz``), with its largest relative
   difference from them in ``gz``, ``gw`` and ``gb`` (``--walk``: only these rows).
@@ -150,21 +150,18 @@ def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record):
     two = _mean_ms(*gpre) + _mean_ms(*gz)
     record("gpre+gz", two)
     ref = (gzg[..., :M].float().clone(), gw.sum(0), gb.sum(0))
-    for TP, BM, nw, ns, rl in [(64, 128, 1, 3, False), (64, 128, 1, 1, False),
-                               (64, 128, 1, 3, True), (64, 128, 1, 1, True),
-                               (32, 128, 1, 3, True), (64, 256, 2, 3, True),
-                               (64, 512, 4, 3, True), (32, 256, 2, 2, True),
-                               (128, 128, 1, 3, True)]:  # fmt: skip
+    for TP, BM, nw, ns in [(64, 128, 1, 3), (64, 128, 1, 1), (32, 128, 1, 3), (64, 256, 2, 3),
+                           (64, 512, 4, 3), (128, 128, 1, 3)]:  # fmt: skip
         NPw = cdiv(L, TP)
         gww = torch.empty(B * NPw, K, M, device=zg.device)
         gbw = torch.empty(B * NPw, M, device=zg.device)
         gzw = torch.zeros_like(gzg)
         ms = _mean_ms(glue._glue_conv_walk_kernel, (NPw, cdiv(M, BM), B),
                       (zg, w, bias, g1, g2, gzw, gww, gbw, L, M, 2 * M, NPw),
-                      dict(K=K, TP=TP, BM=BM, NS=ns, RELOAD=rl, num_warps=nw))  # fmt: skip
+                      dict(K=K, TP=TP, BM=BM, NS=ns, num_warps=nw))  # fmt: skip
         got = (gzw[..., :M].float(), gww.sum(0), gbw.sum(0))
         errs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, ref, strict=True)]
-        record(f"walk{(TP, BM, nw, ns, rl)}", ms, max(errs))
+        record(f"walk{(TP, BM, nw, ns)}", ms, max(errs))
         print(f"    gz, gw, gb: {errs[0]:.1e} {errs[1]:.1e} {errs[2]:.1e}", flush=True)
 
 

@@ -140,6 +140,47 @@ def test_conv_backward_kernels(K, kernels, monkeypatch):
     assert seen == kernels
 
 
+_CARRIED = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from kalmanscan.cuda.kla import glue
+fn = glue._glue_conv_walk_kernel
+consts = dict(K=4, TP=64, BM=128, NS=3)
+types = dict(zg_ptr="*bf16", w_ptr="*fp32", b_ptr="*fp32", g_ptr="*bf16", g2_ptr="*bf16",
+             gz_ptr="*bf16", gw_ptr="*fp32", gb_ptr="*fp32", L="i32", M="i32", ZS="i32",
+             NP="i32", **dict.fromkeys(consts, "constexpr"))
+src = triton.compiler.ASTSource(fn=fn, signature={n: types[n] for n in fn.arg_names},
+                                constexprs=consts)
+ttir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ttir"]
+loop = re.search(r"scf\.for .*? iter_args\((.*?)\) ->", ttir)
+print(json.dumps([a.split("=")[0].strip().lstrip("%") for a in loop.group(1).split(",")]
+                 if loop else None))
+"""
+
+
+def test_conv_one_pass_carries_its_window():
+    """The one-pass conv backward compiled for sm_90 (no GPU needed; a subprocess without the
+    interpreter): its token loop carries the last 3 gpre and the 5 sums, none of them folded
+    to a constant. Triton takes a name for loop-carried only where the loop rebinds it to
+    another object than it held before the loop: a rotation of names that all started as one
+    tensor compiled to constants and gave a wrong gz on the H200, while the interpreter was
+    right."""
+    import re
+
+    pytest.importorskip("triton")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _CARRIED], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    carried = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert carried, "no loop in the kernel's TTIR"
+    names = {re.sub(r"_\d+$", "", c) for c in carried}
+    assert {"gp0", "gp1", "gp2", "ab", "a0", "a1", "a2", "a3"} <= names, carried
+
+
 def test_dispatch_rule():
     layer = make_layer(16, 4)
     x = torch.randn(1, 5, 16, device=DEVICE)

@@ -71,16 +71,15 @@ def _conv_bwd_blocks():
 
 
 # The conv backward in one pass for widths K <= 4 (``_glue_conv_walk_kernel``): ``(TP, BM,
-# num_warps, NS, RELOAD)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages
-# ``NS``; ``RELOAD``: see the kernel)
-CONV_WALK = (64, 128, 1, 3, True)
+# num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``)
+CONV_WALK = (64, 128, 1, 3)
 CONV_ONE_PASS = False  # the one-pass backward for K <= 4 (else the two passes at every width)
 
 
 def _conv_walk_blocks():
     """``CONV_WALK`` (small when interpreting)."""
     if interpreting():
-        return 8, 16, 1, 1, CONV_WALK[4]
+        return 8, 16, 1, 1
     return CONV_WALK
 
 
@@ -268,29 +267,33 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
 @triton.jit
 def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
                            NP, K: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
-                           NS: tl.constexpr, RELOAD: tl.constexpr = False):  # fmt: skip
+                           NS: tl.constexpr):  # fmt: skip
     """The conv's backward in one pass (``K <= 4``): a program walks tokens ``t0 .. t0 + TP +
     2`` of ``BM`` channels of batch row ``b`` (``t0 = program_id(0) TP``), each thread its
-    channels, with the last 3 inputs ``z`` and pre-activation gradients ``gpre = (g + g2)
-    silu'(pre)`` in registers: ``pre`` from the inputs' window, ``gpre`` at each token, the
-    weights' and bias's gradient terms added in the thread (no reduction across threads; the
-    program's partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d
-    w[K-1-d] gpre[t - 3 + d]`` into the first ``M`` columns of ``gz [B, L, ZS]`` once its last
-    term is known. The 3 tokens past the program's own (its successor's) are computed again
-    for ``gz``, not added to the sums. Nothing else is written: no ``[B, L, M]`` float32
-    ``gpre``. ``RELOAD``: the 3 inputs before each token loaded again at every token (cache
-    hits) instead of carried from the loads of earlier iterations."""
+    channels: at each token the pre-activation from the token's and the 3 previous inputs
+    (loaded again each token: cache hits), ``gpre = (g + g2) silu'(pre)``, the weights' and
+    bias's gradient terms added in the thread (no reduction across threads; the program's
+    partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d w[K-1-d]
+    gpre[t - 3 + d]`` from the last 4 ``gpre``, carried in registers, into the first ``M``
+    columns of ``gz [B, L, ZS]``. The 3 tokens past the program's own are computed again for
+    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written.
+
+    (The carried values start as distinct tensors: Triton takes a name for loop-carried only
+    where the loop rebinds it to another object than it had before the loop, so ``gp0 = gp1``
+    with both starting as one ``zero`` would make ``gp0`` a constant; a test compiles the
+    kernel and checks its loop's carried values.)"""
     pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m = pid_m * BM + tl.arange(0, BM)
     mmask = m < M
     t0 = pid_t * TP
     t_own = tl.minimum(t0 + TP, L)  # the program's tokens: t0 .. t_own - 1
     bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
-    zero = tl.zeros((BM,), tl.float32)
     # tap j of the conv multiplies z[t + j - (K - 1)]: w3 the current token's, w2 the one
     # before, ... (taps past K are absent)
     w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
-    w2, w1, w0 = zero, zero, zero
+    w2 = tl.zeros((BM,), tl.float32)
+    w1 = tl.zeros((BM,), tl.float32)
+    w0 = tl.zeros((BM,), tl.float32)
     if K >= 2:
         w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
     if K >= 3:
@@ -299,26 +302,26 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
     base = b.to(tl.int64) * L
     zrow = zg_ptr + m
-    # the window before t0 (zeros before the sequence)
-    mt = m * 0 + t0  # (masks as vectors)
-    z0 = tl.load(zrow + (base + t0 - 3) * ZS, mask=mmask & (mt >= 3), other=0.0).to(tl.float32)
-    z1 = tl.load(zrow + (base + t0 - 2) * ZS, mask=mmask & (mt >= 2), other=0.0).to(tl.float32)
-    z2 = tl.load(zrow + (base + t0 - 1) * ZS, mask=mmask & (mt >= 1), other=0.0).to(tl.float32)
-    gp0, gp1, gp2 = zero, zero, zero
-    ab, a0, a1, a2, a3 = zero, zero, zero, zero, zero
+    gp0 = tl.zeros((BM,), tl.float32)  # gpre at t - 3, t - 2, t - 1 (distinct: see above)
+    gp1 = tl.zeros((BM,), tl.float32)
+    gp2 = tl.zeros((BM,), tl.float32)
+    ab = tl.zeros((BM,), tl.float32)
+    a0 = tl.zeros((BM,), tl.float32)
+    a1 = tl.zeros((BM,), tl.float32)
+    a2 = tl.zeros((BM,), tl.float32)
+    a3 = tl.zeros((BM,), tl.float32)
     for i in tl.range(0, TP + 3, num_stages=NS):  # (a fixed trip count; t_own masks the end)
         t = t0 + i
-        tv = m * 0 + t
+        tv = m * 0 + t  # (masks as vectors)
         inside = mmask & (tv < L)
         row = base + t
         zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
-        if RELOAD:
-            z0 = tl.load(zrow + (row - 3) * ZS, mask=inside & (tv >= 3), other=0.0).to(tl.float32)
-            z1 = tl.load(zrow + (row - 2) * ZS, mask=inside & (tv >= 2), other=0.0).to(tl.float32)
-            z2 = tl.load(zrow + (row - 1) * ZS, mask=inside & (tv >= 1), other=0.0).to(tl.float32)
+        z2 = tl.load(zrow + (row - 1) * ZS, mask=inside & (tv >= 1), other=0.0).to(tl.float32)
+        z1 = tl.load(zrow + (row - 2) * ZS, mask=inside & (tv >= 2), other=0.0).to(tl.float32)
+        z0 = tl.load(zrow + (row - 3) * ZS, mask=inside & (tv >= 3), other=0.0).to(tl.float32)
         g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
         g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
-        pre = zero + bias  # the taps in the forward's order
+        pre = bias + 0.0  # the taps in the forward's order
         if K >= 4:
             pre += w0 * z0
         if K >= 3:
@@ -348,8 +351,6 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         tz = tv - 3
         tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
                  mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
-        if not RELOAD:
-            z0, z1, z2 = z1, z2, zt
         gp0, gp1, gp2 = gp1, gp2, gpt
     part = (b * NP + pid_t).to(tl.int64)
     tl.store(gb_ptr + part * M + m, ab, mask=mmask)
@@ -557,13 +558,13 @@ class _ConvSilu(torch.autograd.Function):
             gzg[..., M:].zero_()
             gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
         if CONV_ONE_PASS and K <= 4:  # one pass
-            TP, WM, ww, wns, reload = _conv_walk_blocks()
+            TP, WM, ww, wns = _conv_walk_blocks()
             NP = cdiv(L, TP)
             gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
             gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
             launch(_glue_conv_walk_kernel, (NP, cdiv(M, WM), B), zg, weight, bias,
                    gzc.contiguous(), gskip_zc, gzg, gw, gb, L, M, M2, NP, K=K, TP=TP, BM=WM,
-                   NS=wns, RELOAD=reload, num_warps=ww)  # fmt: skip
+                   NS=wns, num_warps=ww)  # fmt: skip
         else:  # two passes: gpre (and the weights' sums), then gz
             PT, PM, pw, NI = _conv_bwd_blocks()
             NP = cdiv(L, PT * NI)
@@ -764,11 +765,11 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                           dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
                                NP=cdiv(L, PT * NI)),
                           dict(K=K, KP=next_pow2(K), BT=PT, BM=PM, NI=NI), pw))  # fmt: skip
-            TP, WM, ww, wns, reload = CONV_WALK
+            TP, WM, ww, wns = CONV_WALK
             cases.append((f"conv_walk-{tag}-K{K}", _glue_conv_walk_kernel,
                           dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
                                NP=cdiv(L, TP)),
-                          dict(K=K, TP=TP, BM=WM, NS=wns, RELOAD=reload), ww))  # fmt: skip
+                          dict(K=K, TP=TP, BM=WM, NS=wns), ww))  # fmt: skip
             cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
                           dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
