@@ -18,8 +18,9 @@
 # with an 8-minute budget; its first section times the fused Triton dense filter against the JAX
 # associative scan), public (benchmarks/gpu.py --only public,fit: ks.filter, ks.smooth,
 # ks.loglik and its gradient, fit_ou, ~2 min), lm (benchmarks/lm_step.py, the KLA LM's training
-# step against attention, then benchmarks/kla_chunked.py, the op in time chunks, ~2.5 min), or
-# all (default). Each part writes its log and results under DIR
+# step against attention, then benchmarks/kla_chunked.py, the op in time chunks, ~2.5 min),
+# conv (the KLA glue tests with both conv backwards, then benchmarks/kla_conv_bwd.py --walk: the
+# one-pass conv backward against the two passes; ~1 min), or all (default). Each part writes its log and results under DIR
 # (default benchmarks/results) by the stable names that benchmarks/results/README.md indexes
 # (h200.json, kla-kernel-time.json, reliability-h200.json, dense-gpu.json, gpu-tests.log, ...),
 # replacing the previous result: git keeps history. Parts are separate commands so that each fits
@@ -31,12 +32,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     tests) parts+=(tests-filter tests-kla-a tests-kla-b); shift ;;
-    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|public|lm|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, public, lm, all or --out DIR)" >&2; exit 2 ;;
+    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|public|lm|conv|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, public, lm, conv, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
-[ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels public lm reliability dense)
+[ "${parts[*]}" = all ] && parts=(tests-filter tests-kla-a tests-kla-b tuning tuning2 kernels public lm conv reliability dense)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
@@ -51,6 +52,7 @@ for part in "${parts[@]}"; do
     dense) log="$out/dense-gpu.log" ;;
     public) log="$out/h200-public.log" ;;
     lm) log="$out/lm-step-h200.log" ;;
+    conv) log="$out/kla-conv-walk-h200.log" ;;
     *) log="$out/gpu-$part.log" ;;
   esac
   case "$part" in
@@ -78,6 +80,8 @@ for part in "${parts[@]}"; do
     lm) python3 benchmarks/lm_step.py --out "$out/lm-step-h200.json" &&
         python3 benchmarks/kla_chunked.py --shapes 8x2048,2x8192,1x32768,1x131072 \
           --out "$out/kla-chunked-h200.json" ;;
+    conv) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_kla_glue.py &&
+          python3 benchmarks/kla_conv_bwd.py --walk --out "$out/kla-conv-walk-h200.json" ;;
   esac 2>&1 | tee "$log" || status=1
 done
 exit $status
