@@ -95,7 +95,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=[False, True], ids=["conv-two-pass", "conv-one-pass"])
+# the one-pass conv backward (off by default: glue.CONV_ONE_PASS) in CI's slow step
+@pytest.fixture(params=[False, pytest.param(True, marks=pytest.mark.slow)],
+                ids=["conv-two-pass", "conv-one-pass"])
 def conv_one_pass(request, monkeypatch):
     from kalmanscan.cuda.kla import glue
 
