@@ -99,8 +99,9 @@ def loss_of(model, tokens, autocast, device):
 
 
 def reference_loss(model, tokens, device, grads=False):
-    """Float32 loss, autocast off, KLA layers on their eager glue (same weights); with
-    ``grads`` also the parameters' gradients (one flat float32 vector)."""
+    """``(loss, gradients)``: the float32 loss, autocast off, KLA layers on their eager glue
+    (same weights), and with ``grads`` the parameters' gradients as one flat float32 vector
+    (else None)."""
     saved = [(blk.mixer, blk.mixer.__dict__.get("glue")) for blk in model.blocks
              if blk.mixer_kind == "kla"]  # fmt: skip
     for mixer, _ in saved:
@@ -108,7 +109,7 @@ def reference_loss(model, tokens, device, grads=False):
     try:
         if not grads:
             with torch.no_grad():
-                return float(loss_of(model, tokens, False, device))
+                return float(loss_of(model, tokens, False, device)), None
         model.zero_grad(set_to_none=True)
         loss = loss_of(model, tokens, False, device)
         loss.backward()
@@ -224,11 +225,7 @@ def run_shape(models, B, L, args, device):
         entry = res[name] = {"ok": False}
         check_grads = B * L <= args.grad_check_tokens
         try:
-            gref = None
-            if check_grads:
-                ref, gref = reference_loss(model, tokens, device, grads=True)
-            else:
-                ref = reference_loss(model, tokens, device)
+            ref, gref = reference_loss(model, tokens, device, grads=check_grads)
             stepper = Stepper(model, device, autocast=not args.dry_run)
             loss = float(stepper(tokens).detach())  # first step: the reference's weights
             if gref is not None:  # its gradients (the optimizer's step left them in .grad)

@@ -63,6 +63,16 @@ def _channel_sum(x, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr):
 
 
 @helper
+def _put_sum(ptr, x, ok, ATOMIC: tl.constexpr):
+    """``x`` at ``ptr`` where ``ok``: added there (``red.global.add``) with ``ATOMIC``, else
+    stored."""
+    if ATOMIC:
+        tl.atomic_add(ptr, x, mask=ok, sem="relaxed")
+    else:
+        tl.store(ptr, x, mask=ok)
+
+
+@helper
 def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: tl.constexpr,
                         SG: tl.constexpr, NT: tl.constexpr,
                         MASKED: tl.constexpr = True, ATOMIC: tl.constexpr = False):  # fmt: skip
@@ -74,12 +84,8 @@ def _store_channel_sums(xk, xq, gk_ptr, gq_ptr, off, t, L, S: tl.constexpr, G: t
     ok = so < S
     if MASKED:
         ok = ok & ((so * 0 + t) < L)
-    if ATOMIC:
-        tl.atomic_add(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok, sem="relaxed")
-        tl.atomic_add(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok, sem="relaxed")
-    else:
-        tl.store(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), mask=ok)
-        tl.store(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), mask=ok)
+    _put_sum(gk_ptr + off + so, _channel_sum(xk, G, SG, NT), ok, ATOMIC)
+    _put_sum(gq_ptr + off + so, _channel_sum(xq, G, SG, NT), ok, ATOMIC)
 
 
 @helper
@@ -109,10 +115,7 @@ def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr
         ok = slot < S
         if MASKED:
             ok = ok & ((slot * 0 + t) < L)
-        if ATOMIC:
-            tl.atomic_add(ptr, w, mask=ok, sem="relaxed")
-        else:
-            tl.store(ptr, w, mask=ok)
+        _put_sum(ptr, w, ok, ATOMIC)
 
 
 @helper

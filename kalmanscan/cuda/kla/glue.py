@@ -560,19 +560,21 @@ class _ConvSilu(torch.autograd.Function):
             gzg = empty((B, L, M2), zg)
             gzg[..., M:].zero_()
             gskip_zc = torch.zeros((B, L, M), dtype=gzc.dtype, device=gzc.device)
-        if CONV_ONE_PASS and K <= 4:  # one pass
+        one_pass = CONV_ONE_PASS and K <= 4
+        if one_pass:
             TP, WM, ww, wns = _conv_walk_blocks()
             NP = cdiv(L, TP)
-            gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
-            gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
+        else:
+            PT, PM, pw, NI = _conv_bwd_blocks()
+            NP = cdiv(L, PT * NI)
+        # the weights' and bias's partial sums, NP a batch row
+        gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
+        gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
+        if one_pass:
             launch(_glue_conv_walk_kernel, (NP, cdiv(M, WM), B), zg, weight, bias,
                    gzc.contiguous(), gskip_zc, gzg, gw, gb, L, M, M2, NP, K=K, TP=TP, BM=WM,
                    NS=wns, num_warps=ww)  # fmt: skip
         else:  # two passes: gpre (and the weights' sums), then gz
-            PT, PM, pw, NI = _conv_bwd_blocks()
-            NP = cdiv(L, PT * NI)
-            gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
-            gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
             gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
             launch(_glue_conv_gpre_kernel, (NP, cdiv(M, PM), B), zg, weight, bias,
                    gzc.contiguous(), gskip_zc, gp, gw, gb, L, M, M2, NP, K=K, KP=next_pow2(K),
