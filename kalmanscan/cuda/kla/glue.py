@@ -73,10 +73,10 @@ def _conv_bwd_blocks():
 # The conv backward in one pass for widths K <= 4 (``_glue_conv_walk_kernel``): ``(TP, BM,
 # num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``)
 CONV_WALK = (64, 128, 1, 3)
-# the one-pass backward for K <= 4 (else the two passes at every width): off until a GPU run
-# confirms its gz since the fix of its carried values (benchmarks/HISTORY.md, 2026-12-02 night;
-# `bash benchmarks/gpu_suite.sh conv` runs the check); the interpreter tests pass either way
-CONV_ONE_PASS = False
+# the one-pass backward for K <= 4 (else the two passes at every width): 70 us against 148 for
+# the two passes at 8 x 2048 x 1024 on the H200, same gz, gw, gb to rounding
+# (results/kla-conv-walk-h200.json); False keeps the two passes at every width
+CONV_ONE_PASS = True
 
 
 def _conv_walk_blocks():
