@@ -351,26 +351,20 @@ def test_glue_kernels_compile_for_sm90(tmp_path):
 def test_op_gets_float32_contiguous_inputs_under_bf16_autocast(monkeypatch):
     """What the fused layer hands the KLA op under bfloat16 autocast: ``v, Lv, k, q`` float32,
     contiguous and 16-byte aligned (a bfloat16 ``v`` is loaded outside the kernels' software
-    pipeline: 2 bytes a thread is below ``cp.async``'s 4). On CUDA the op's backward writes
-    ``v``'s gradient into the projection's itself (``glue.sensors_filter``); on the CPU (the
-    op's CPU backend) ``v``'s gradient reaches the sensor glue as float32 (no cast by
-    autograd)."""
-    from kalmanscan.cuda.kla import glue
+    pipeline: 2 bytes a thread is below ``cp.async``'s 4), and the op's gradient of ``v``
+    reaches the sensor glue as float32 (no cast by autograd)."""
+    import kalmanscan.core.kla_op as kla_op
 
     seen = []
-    real, real_sensors = glue._sensors_fwd, glue.sensors
+    real = kla_op.kla_filter
 
-    def spy(*args):
-        seen.append(real(*args))
-        return seen[-1]
+    def spy(v, Lv, k, q, *args, **kw):
+        seen.append((v, Lv, k, q))
+        if v.requires_grad:
+            v.register_hook(lambda g: seen.append(("grad v", g)))
+        return real(v, Lv, k, q, *args, **kw)
 
-    def spy_sensors(*args):  # (the path with the op's CPU backend)
-        out = real_sensors(*args)
-        out[0].register_hook(lambda g: seen.append(("grad v", g)))
-        return out
-
-    monkeypatch.setattr(glue, "_sensors_fwd", spy)
-    monkeypatch.setattr(glue, "sensors", spy_sensors)
+    monkeypatch.setattr(kla_op, "kla_filter", spy)
     layer = make_layer(16, 4)
     layer.glue = "fused"
     x = torch.randn(2, 7, 16, device=DEVICE, requires_grad=True)
@@ -378,15 +372,11 @@ def test_op_gets_float32_contiguous_inputs_under_bf16_autocast(monkeypatch):
         out = layer(x)
     assert out.dtype == torch.bfloat16
     out.float().square().sum().backward()
-    v, Lv, k, q = seen[0]
+    (v, Lv, k, q), (tag, gv) = seen
     for name, t in zip(("v", "Lv", "k", "q"), (v, Lv, k, q), strict=True):
         assert t.dtype == torch.float32, f"{name}: {t.dtype}"
         assert t.is_contiguous() and t.data_ptr() % 16 == 0, name
-    if CUDA:  # the sensors and the op in one Function: no float32 v gradient in between
-        assert len(seen) == 1
-    else:
-        (tag, gv) = seen[1]
-        assert tag == "grad v" and gv.dtype == torch.float32
+    assert tag == "grad v" and gv.dtype == torch.float32
 
 
 DYNAMICS = [

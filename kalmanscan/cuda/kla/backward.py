@@ -29,13 +29,12 @@ from kalmanscan.cuda.kla.device import (
     _obs_prec_slope,
     _prefetch_l2,
     _program,
-    _raw_tile,
     _rcp,
     _reduce_scatter8,
     _row,
     _scatter_ptrs,
     _scatter_store4,
-    _slope_rows,
+    _slope4,
     _slot_tile,
     _step_from,
     _swap_add,
@@ -265,16 +264,15 @@ def _adjoint4(
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
-    ATOMIC: tl.constexpr, x_ptr, GS, base_g, obs_min, RAW_OUT: tl.constexpr, xt=None,
+    ATOMIC: tl.constexpr, x_ptr, GS, base_g, obs_min, RAW_OUT: tl.constexpr,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
     them, their inputs ``v, Lv, k``): ``gy, gyv`` and ``q`` of the 4 steps loaded as tiles, then
     ``_adjoint_step`` of each, unrolled; with ``OUT4`` their ``gv, gLv`` stored by a
     reduce-scatter (``_scatter_outputs4``; rows ``GS`` apart, the batch row at ``base_g``).
     ``HAS_GYV`` False: ``yvar``'s gradient is zero (not read). ``RAW_OUT``: the value
-    precision's gradient is taken on to the sensor projection's raw ``x`` (``gLv dLv/dx``;
-    ``xt``: its ``_raw_tile`` at these steps, loaded by the caller early) before it is
-    stored."""
+    precision's gradient is taken on to the sensor projection's raw ``x`` at ``x_ptr`` (``gLv
+    dLv/dx``, ``_slope4``) before it is stored."""
     y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT,
                                           MASKED)  # fmt: skip
     if not HAS_GYV:  # (gyv_ptr is gy_ptr then: its loads are dead and removed)
@@ -307,7 +305,8 @@ def _adjoint4(
     )  # fmt: skip
     if OUT4:
         if RAW_OUT:  # the slope is a channel's, the same on its G threads: taken before the sum
-            s0, s1, s2, s3 = _slope_rows(xt, obs_min, G, NT)
+            s0, s1, s2, s3 = _slope4(x_ptr, t0, L, M, GS, base_g, pm, obs_min, dt, G, NT,
+                                     MASKED)  # fmt: skip
             pl0, pl1, pl2, pl3 = pl0 * s0, pl1 * s1, pl2 * s2, pl3 * s3
         _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, GS,
                           base_g, m, mmask, jt, G, MASKED)  # fmt: skip
@@ -333,12 +332,6 @@ def _bwd_interval(
             if RAW_OUT:
                 tc = tl.minimum(tl.maximum(t0 - AHEAD + i, 0), L - 1)
                 _prefetch_l2((x_ptr + base_g + tc * GS + tl.minimum(m, M - 1)).to(tl.int64))
-    xa = None
-    xb = None
-    if RAW_OUT:  # the raw x of the interval, loaded first: its latency hides behind the walk
-        xa = _raw_tile(x_ptr, t0, L, M, GS, base_g, pm, dt, G, NT, MASKED)
-        if CK == 8:
-            xb = _raw_tile(x_ptr, t0 + 4, L, M, GS, base_g, pm, dt, G, NT, MASKED)
     l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
     l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
         l0, e0, t0, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, pm, dt, SG, G,
@@ -352,14 +345,14 @@ def _bwd_interval(
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
             momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC, x_ptr, GS,
-            base_g, obs_min, RAW_OUT, xb,
+            base_g, obs_min, RAW_OUT,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
         gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, dt,
         HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC, x_ptr, GS, base_g, obs_min,
-        RAW_OUT, xa,
+        RAW_OUT,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 

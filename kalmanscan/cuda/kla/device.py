@@ -227,18 +227,13 @@ def _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt: tl.constexpr, G: tl.constexpr,
 
 
 @helper
-def _raw_tile(x_ptr, t, L, M, RS, base, pm, dt: tl.constexpr, G: tl.constexpr,
-              NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
-    """The raw ``x`` (rows ``RS`` apart) at the 4 steps from ``t``, one ``[4, NT / G]`` tile
-    (``_slope_rows`` turns it into the slopes)."""
+def _slope4(x_ptr, t, L, M, RS, base, pm, obs_min, dt: tl.constexpr, G: tl.constexpr,
+            NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
+    """``_obs_prec_slope`` of the raw ``x`` (rows ``RS`` apart) at the 4 steps from ``t``, one
+    ``[4, NT / G]`` tile, given to each channel's threads: 4 x ``[NT]``."""
     off, ok = _tile4(t, L, M, RS, base, pm, G, NT, MASKED)
-    return tl.load(x_ptr + off, mask=ok, other=0.0).to(dt)
-
-
-@helper
-def _slope_rows(xt, obs_min, G: tl.constexpr, NT: tl.constexpr):
-    """``_obs_prec_slope`` of a ``_raw_tile``, given to each channel's threads: 4 x ``[NT]``."""
-    return _tile_rows(_obs_prec_slope(xt, obs_min), G, NT)
+    x = tl.load(x_ptr + off, mask=ok, other=0.0).to(dt)
+    return _tile_rows(_obs_prec_slope(x, obs_min), G, NT)
 
 
 @helper
