@@ -551,7 +551,7 @@ def kernel_resources():
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
                     SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False,
-                    HAS_GYV=True, ATOMIC=False, RAW_OUT=False)  # fmt: skip
+                    HAS_GYV=True, ATOMIC=False)  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
@@ -564,11 +564,10 @@ def kernel_resources():
     )
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
-        "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr x_ptr",
-        "L M NB B GS",
+        "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr",
+        "L M NB B",
         (),
     )
-    kla_bwd_sig["obs_min"] = "fp32"
     G, SG, NT, maps_warps, W, NS = KC._maps_layout(16)
     maps_consts = dict(S=16, G=G, SG=SG, NT=NT, W=W, NS=NS)
     G, SG, NT, tangent_warps, W, NS = KC._maps_layout(16, tangents=True)
@@ -593,13 +592,6 @@ def kernel_resources():
         # and the sums over channels of gk, gq added by atomics (tuning's bwd_atomic_sums)
         "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                                      dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
-        # the KLA layer's training path (glue.sensors_filter): gv and the raw log var_v's
-        # gradient written as bfloat16 into the sensor projection's gradient
-        "kla_bwd_ck4_nogyv_atomic_raw": (KB._kla_bwd_kernel,
-                                         dict(kla_bwd_sig, gv_ptr="*bf16", gLv_ptr="*bf16",
-                                              x_ptr="*bf16"),
-                                         dict(kla_b_many, HAS_GYV=False, ATOMIC=True,
-                                              RAW_OUT=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (KB._kla_bwd_kernel,

@@ -400,29 +400,23 @@ class KLALayer(nn.Module):
         buf = glue.new_grad_buffer()
         zc = glue.conv_silu(zg, self.conv.weight, self.conv.bias, buf)
         s = self.sensor_proj(zc).contiguous()
-        obs_min, qk_norm = self.config.obs_var_min, self.config.qk_norm
+        v, Lv, k, q = glue.sensors(s, M, S, self.config.obs_var_min, self.config.qk_norm)
         decay, process_var = self._dynamics_fused()
         with torch.autocast(device_type=x.device.type, enabled=False):
-            if s.is_cuda and self.config.backend in ("auto", "triton"):
-                # the sensors and the op in one Function (the op's backward writes the
-                # projection's gradient itself)
-                y, yvar, lamT, etaT = glue.sensors_filter(
-                    s, decay, process_var, M, S, obs_min, qk_norm, need_var
-                )
-            else:
-                v, Lv, k, q = glue.sensors(s, M, S, obs_min, qk_norm)
-                res = kla_filter(
-                    v, Lv, k, q, decay, process_var, return_variance=need_var,
-                    backend=self.config.backend, check=False,
-                )  # fmt: skip
-                y, yvar, lamT, etaT = res.y, res.yvar, res.final.lam, res.final.eta
+            res = kla_filter(
+                v, Lv, k, q, decay, process_var, return_variance=need_var,
+                backend=self.config.backend, check=False,
+            )  # fmt: skip
         act = self.config.gate_activation
         if need_var:
             y, yvar_gated = glue.gate_skip(
-                y, yvar, zg, zc, self.lambda_skip, act, buf, var_dtype=x.dtype
+                res.y, res.yvar, zg, zc, self.lambda_skip, act, buf, var_dtype=x.dtype
             )
         else:
-            y, yvar_gated = glue.gate_skip(y, yvar, zg, zc, self.lambda_skip, act, buf), None
+            y, yvar_gated = (
+                glue.gate_skip(res.y, res.yvar, zg, zc, self.lambda_skip, act, buf),
+                None,
+            )
         out = self.out_proj(y)
         # the conv window after the last token: the last K-1 pre-conv inputs (zero-padded)
         if L >= K - 1:
@@ -430,8 +424,8 @@ class KLALayer(nn.Module):
         else:
             zt = zg[..., :M].transpose(1, 2)
             window = torch.cat((zt.new_zeros(B, M, K - 1 - L), zt), dim=-1)
-        new_state = KLALayerState(window, lamT, etaT)
-        return out, yvar_gated, new_state, None, decay, process_var, None, yvar, None
+        new_state = KLALayerState(window, res.final.lam, res.final.eta)
+        return out, yvar_gated, new_state, None, decay, process_var, None, res.yvar, None
 
     def _forward(self, x, state, return_precision, need_var=True):
         from kalmanscan.core.kla_op import kla_filter, kla_step

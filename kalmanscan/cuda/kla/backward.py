@@ -26,7 +26,6 @@ from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.device import (
     _dynamics,
     _group_sum,
-    _obs_prec_slope,
     _prefetch_l2,
     _program,
     _rcp,
@@ -34,7 +33,6 @@ from kalmanscan.cuda.kla.device import (
     _row,
     _scatter_ptrs,
     _scatter_store4,
-    _slope4,
     _slot_tile,
     _step_from,
     _swap_add,
@@ -178,16 +176,14 @@ def _adjoint_step(
     t, L, M, S: tl.constexpr, base_m, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, MASKED: tl.constexpr, OUT4: tl.constexpr, ATOMIC: tl.constexpr = False,
-    HAS_GYV: tl.constexpr = True, GS=0, base_g=0, x_ptr=None, obs_min=0.0,
-    RAW_OUT: tl.constexpr = False,
+    HAS_GYV: tl.constexpr = True,
 ):  # fmt: skip
     """The adjoints ``(Lc, Ec)`` of ``(lam, eta)`` before step ``t`` from those after it, the
     step's input gradients, and the dynamics' gradient sums; also the thread's own sums over
     its slots of ``gv, gLv`` (``[NT]``). ``vv, Lv, kk``: the recomputation's inputs;
     ``gy, gyv, qq``: the caller's tiles. ``OUT4``: the caller stores ``gv, gLv``
-    (``_scatter_outputs4``), else they are stored here (rows ``GS`` apart, the batch row at
-    ``base_g``). ``MASKED``: steps past ``L`` change nothing (only the last interval of a lane
-    needs it).
+    (``_scatter_outputs4``), else they are stored here. ``MASKED``: steps past ``L`` change
+    nothing (only the last interval of a lane needs it).
 
     Written for few instructions a lane: with ``qrl = q / lam`` and
     ``A = gy mean + gyv qrl``, the precision's local gradient is ``-qrl A`` and ``gq``'s term is
@@ -215,13 +211,9 @@ def _adjoint_step(
     pv = Lv * sek
     pl = vv * sek + slk
     if not OUT4:
-        out = base_g + t * GS + mo
+        out = base_m + t * M + mo
         tl.store(gv_ptr + out, _group_sum(pv, G, NT), mask=omask)
-        gl = _group_sum(pl, G, NT)
-        if RAW_OUT:
-            x = tl.load(x_ptr + out, mask=omask, other=0.0).to(dt)
-            gl = gl * _obs_prec_slope(x, obs_min)
-        tl.store(gLv_ptr + out, gl, mask=omask)
+        tl.store(gLv_ptr + out, _group_sum(pl, G, NT), mask=omask)
     # sums over the program's channels
     xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
     xq = A
@@ -264,15 +256,13 @@ def _adjoint4(
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
-    ATOMIC: tl.constexpr, x_ptr, GS, base_g, obs_min, RAW_OUT: tl.constexpr,
+    ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """The adjoint walk back over steps ``t0 + 3 .. t0`` (states ``l0..l4`` before and after
     them, their inputs ``v, Lv, k``): ``gy, gyv`` and ``q`` of the 4 steps loaded as tiles, then
     ``_adjoint_step`` of each, unrolled; with ``OUT4`` their ``gv, gLv`` stored by a
-    reduce-scatter (``_scatter_outputs4``; rows ``GS`` apart, the batch row at ``base_g``).
-    ``HAS_GYV`` False: ``yvar``'s gradient is zero (not read). ``RAW_OUT``: the value
-    precision's gradient is taken on to the sensor projection's raw ``x`` at ``x_ptr`` (``gLv
-    dLv/dx``, ``_slope4``) before it is stored."""
+    reduce-scatter (``_scatter_outputs4``). ``HAS_GYV`` False: ``yvar``'s gradient is zero
+    (not read)."""
     y0, w0, y1, w1, y2, w2, y3, w3 = _vl4(gy_ptr, gyv_ptr, t0, L, M, base_m, pm, dt, G, NT,
                                           MASKED)  # fmt: skip
     if not HAS_GYV:  # (gyv_ptr is gy_ptr then: its loads are dead and removed)
@@ -282,34 +272,26 @@ def _adjoint4(
     Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
         l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV, GS, base_g, x_ptr, obs_min,
-        RAW_OUT,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
         l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, e, v2, L2, k2, y2, w2, q2, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV, GS, base_g, x_ptr, obs_min,
-        RAW_OUT,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
         l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, e, v1, L1, k1, y1, w1, q1, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV, GS, base_g, x_ptr, obs_min,
-        RAW_OUT,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
         l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, e, v0, L0, k0, y0, w0, q0, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
-        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV, GS, base_g, x_ptr, obs_min,
-        RAW_OUT,
+        ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     if OUT4:
-        if RAW_OUT:  # the slope is a channel's, the same on its G threads: taken before the sum
-            s0, s1, s2, s3 = _slope4(x_ptr, t0, L, M, GS, base_g, pm, obs_min, dt, G, NT,
-                                     MASKED)  # fmt: skip
-            pl0, pl1, pl2, pl3 = pl0 * s0, pl1 * s1, pl2 * s2, pl3 * s3
-        _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, GS,
-                          base_g, m, mmask, jt, G, MASKED)  # fmt: skip
+        _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,
+                          base_m, m, mmask, jt, G, MASKED)  # fmt: skip
     return Lc, Ec, ga, gp
 
 
@@ -321,7 +303,7 @@ def _bwd_interval(
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
-    ATOMIC: tl.constexpr, x_ptr, GS, base_g, obs_min, RAW_OUT: tl.constexpr,
+    ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
     from the checkpoint into registers, then walked back; ``AHEAD > 0``: the rows of the
@@ -329,9 +311,6 @@ def _bwd_interval(
     if AHEAD > 0:
         for i in tl.static_range(CK):
             _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m, jt)
-            if RAW_OUT:
-                tc = tl.minimum(tl.maximum(t0 - AHEAD + i, 0), L - 1)
-                _prefetch_l2((x_ptr + base_g + tc * GS + tl.minimum(m, M - 1)).to(tl.int64))
     l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
     l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
         l0, e0, t0, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, pm, dt, SG, G,
@@ -344,15 +323,13 @@ def _bwd_interval(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
             k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
-            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC, x_ptr, GS,
-            base_g, obs_min, RAW_OUT,
+            momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
         gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, dt,
-        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC, x_ptr, GS, base_g, obs_min,
-        RAW_OUT,
+        HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
     )  # fmt: skip
     return Lc, Ec, ga, gp
 
@@ -361,18 +338,18 @@ def _bwd_interval(
 def _kla_bwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ck_ptr,
     gy_ptr, gyv_ptr, glT_ptr, geT_ptr, gprec_ptr,
-    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr, x_ptr,
-    L, M, NB, B, GS, obs_min, S: tl.constexpr,
+    gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, ga_part_ptr, gp_part_ptr, g0_ptr,
+    L, M, NB, B, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    HAS_GYV: tl.constexpr, ATOMIC: tl.constexpr = False, RAW_OUT: tl.constexpr = False,
+    HAS_GYV: tl.constexpr, ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
     pm = tl.program_id(0)
     b = tl.program_id(1)
     m, s, mo, mmask, smask, momask, jt, lane_mask, ms, state_off = _program(pm, b, M, S, G, SG, NT)
-    dt = ck_ptr.dtype.element_ty  # (gv, gLv may be stored in a half type: RAW_OUT)
+    dt = gv_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lane_mask, dt)
     # gv, gLv reduce-scattered (float32, 4 or 8 threads a channel)
     OUT4: tl.constexpr = dt == tl.float32 and (G == 4 or G == 8)
@@ -382,11 +359,6 @@ def _kla_bwd_kernel(
     gp = tl.zeros([SG, NT], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
-    if RAW_OUT:  # gv, gLv (and x): rows GS apart
-        base_g = b.to(tl.int64) * L * GS
-    else:  # (the same values as base_m, M: one register each)
-        base_g = base_m
-        GS = M
     if ATOMIC:  # every program adds into the row's [L, S] sums
         part = b.to(tl.int64) * L * S
     else:  # a [L, S] block of partial sums a program
@@ -398,8 +370,7 @@ def _kla_bwd_kernel(
             n_full * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
             q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
             S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
-            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC, x_ptr, GS, base_g,
-            obs_min, RAW_OUT,
+            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
         Lc, Ec, ga, gp = _bwd_interval(
@@ -407,7 +378,6 @@ def _kla_bwd_kernel(
             Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
             gq_part_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
             lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV, ATOMIC,
-            x_ptr, GS, base_g, obs_min, RAW_OUT,
         )  # fmt: skip
     # per-row partial sums of the dynamics' gradients ([B, M, S], added in torch)
     tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
@@ -428,15 +398,10 @@ def _bwd_plan(B, L, M, S, CK):
     )  # fmt: skip
 
 
-def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec, raw_out=None):
+def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     """The backward kernel: the gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` from the
     forward's checkpoints ``ck`` (every ``CK`` steps) and the outputs' gradients (None:
-    zeros; ``gyv`` None with ``gy`` given is not read at all).
-
-    ``raw_out = (gv, gx, x, obs_min)``, ``[B, L, M]`` views whose rows are ``GS`` elements
-    apart (the KLA layer's sensor projection and its gradient, any float type): ``v``'s gradient
-    is written into ``gv`` and, in place of ``Lv``'s, that of the raw ``x`` with ``Lv = 1 /
-    (softplus(x) + obs_min)`` into ``gx`` (both returned in the first two places)."""
+    zeros; ``gyv`` None with ``gy`` given is not read at all)."""
     B, L, M = v.shape
     S = k.shape[-1]
     like = ck
@@ -454,11 +419,8 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec, raw_out=None):
     has_gyv = gyv is not None or gy is None
     gy, gyv = dense((gy, gyv), (B, L, M)) if has_gyv else (gy.contiguous(), None)
     glT, geT = dense((glT, geT), (B, M, S))
-    if raw_out is None:
-        gv, gLv, x, obs_min, GS = empty((B, L, M), like), empty((B, L, M), like), None, 0.0, M
-    else:
-        gv, gLv, x, obs_min = raw_out
-        GS = _row_stride((gv, gLv, x), (B, L, M))
+    gv = empty((B, L, M), like)
+    gLv = empty((B, L, M), like)
     # gk, gq: sums over the channels; each program adds its channels' sums into them (float32
     # atomics in L2), or, under torch.use_deterministic_algorithms, stores them as partial sums
     # [2, nmb, B, L, S] that one torch sum adds in a fixed order
@@ -473,24 +435,10 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec, raw_out=None):
     g0 = empty((2, B, M, S), like)
     launch(_kla_bwd_kernel, P["grid"],
         v, Lv, k, q, a, p, ck, gy, gy if gyv is None else gyv, glT, geT, gprec,
-        gv, gLv, gkq[0], gkq[1], gap_part[0], gap_part[1], g0, gv if x is None else x,
-        L, M, NB, B, GS, float(obs_min), S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv,
-        ATOMIC=atomic, RAW_OUT=x is not None, **P["consts"])  # fmt: skip
+        gv, gLv, gkq[0], gkq[1], gap_part[0], gap_part[1], g0,
+        L, M, NB, B, S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv, ATOMIC=atomic,
+        **P["consts"])  # fmt: skip
     if not atomic:
         gkq = gkq.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
     gap = gap_part.sum(1)
     return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]
-
-
-def _row_stride(views, shape):
-    """The row stride ``GS`` that the ``[B, L, M]`` views share (elements contiguous in a row,
-    batch rows ``L GS`` apart), else a ValueError."""
-    B, L, M = shape
-    GS = views[0].stride(1)
-    for x in views:
-        if tuple(x.shape) != (B, L, M) or x.stride() != (L * GS, GS, 1):
-            raise ValueError(
-                f"raw_out: expected [B, L, M] = {(B, L, M)} views with strides {(L * GS, GS, 1)}, "
-                f"got shape {tuple(x.shape)} strides {x.stride()}"
-            )
-    return GS

@@ -415,11 +415,9 @@ def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=Tr
     return y.view(B, L, M), yvar, lamT, etaT, prec, ck, CK, maps, start
 
 
-def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec,
-                     raw_out=None):  # fmt: skip
+def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec):
     """The gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` of the chunked forward (the
-    module's docstring: passes A, B, C; ``C = 1`` is the plain backward); ``raw_out`` as
-    ``backward.backward``'s (then ``gv`` and ``x``'s gradient are written there)."""
+    module's docstring: passes A, B, C; ``C = 1`` is the plain backward)."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc, MS = B * C, L // C, M * S
@@ -447,12 +445,10 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
-    if raw_out is not None:
-        raw_out = (*(_rows(x, R, Lc) for x in raw_out[:3]), raw_out[3])
     gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(
         *rows[:4], a, p, ck, CK, rows[4], rows[5] if has_gyv else None, gend[0], gend[1],
-        _rows(gprec, R, Lc) if has_gprec else None, raw_out)  # fmt: skip
+        _rows(gprec, R, Lc) if has_gprec else None)  # fmt: skip
     gl0 = gl0.view(B, C, M, S)[:, 0]
     ge0 = ge0.view(B, C, M, S)[:, 0]
-    return (gv.reshape(B, L, M), gLv.reshape(B, L, M), gk.view(B, L, S), gq.view(B, L, S), ga,
-            gp, gl0, ge0)  # fmt: skip
+    return (gv.view(B, L, M), gLv.view(B, L, M), gk.view(B, L, S), gq.view(B, L, S), ga, gp,
+            gl0, ge0)  # fmt: skip

@@ -172,28 +172,6 @@ def _load_tile(ptrs, ok, MASK: tl.constexpr):
 
 
 @helper
-def _softplus(x):
-    """``(softplus(x), sigmoid(x))`` as torch (threshold 20); log1p by ``log(u) x / (u - 1)``,
-    with hardware reciprocals (``_rcp``) in float32."""
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    one = u == 1.0
-    l1p = tl.where(one, e, tl.log(u) * e * _rcp(tl.where(one, 1.0, u - 1.0)))
-    sp = tl.where(x > 20.0, x, l1p)
-    sg = tl.where(x > 20.0, 1.0, e * _rcp(u))
-    return sp, sg
-
-
-@helper
-def _obs_prec_slope(x, obs_min):
-    """``dLv / dx = -Lv^2 sigmoid(x)`` of the value precision ``Lv = 1 / (softplus(x) +
-    obs_min)`` (``KLALayer.sensors``) at the sensor projection's raw ``x``."""
-    sp, sg = _softplus(x)
-    Lv = _rcp(sp + obs_min)
-    return -(Lv * Lv) * sg
-
-
-@helper
 def _vl_rows(pv, pL, ok, dt: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
              MASK: tl.constexpr):  # fmt: skip
     """``v, Lv`` of 4 steps from their ``[4, NT / G]`` tile pointers (one element a thread,
@@ -204,36 +182,17 @@ def _vl_rows(pv, pL, ok, dt: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
 
 
 @helper
-def _tile4(t, L, M, RS, base, pm, G: tl.constexpr, NT: tl.constexpr, MASKED: tl.constexpr):
-    """The offsets ``[4, NT / G]`` of the 4 steps from ``t`` at the program's channels in a
-    ``[B, L, M]`` array whose rows are ``RS`` elements apart (batch row at ``base``), and their
-    mask (with ``MASKED`` false past ``L``)."""
-    tt = t + tl.arange(0, 4)
-    mc = pm * (NT // G) + tl.arange(0, NT // G)
-    off = base + tt[:, None] * RS + mc[None, :]
-    ok = (tl.arange(0, 4)[:, None] >= 0) & (mc[None, :] < M)
-    if MASKED:  # (else every step is inside L)
-        ok = ok & (tt[:, None] < L)
-    return off, ok
-
-
-@helper
 def _vl4(v_ptr, Lv_ptr, t, L, M, base_m, pm, dt: tl.constexpr, G: tl.constexpr,
          NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
     """Two ``[B, L, M]`` arrays at the 4 steps from ``t`` and the program's channels, each
     loaded as one ``[4, NT / G]`` tile (``_vl_rows``; with ``MASKED`` zeros past ``L``)."""
-    off, ok = _tile4(t, L, M, M, base_m, pm, G, NT, MASKED)
+    tt = t + tl.arange(0, 4)
+    mc = pm * (NT // G) + tl.arange(0, NT // G)
+    off = base_m + tt[:, None] * M + mc[None, :]
+    ok = (tl.arange(0, 4)[:, None] >= 0) & (mc[None, :] < M)
+    if MASKED:  # (else every step is inside L)
+        ok = ok & (tt[:, None] < L)
     return _vl_rows(v_ptr + off, Lv_ptr + off, ok, dt, G, NT, True)
-
-
-@helper
-def _slope4(x_ptr, t, L, M, RS, base, pm, obs_min, dt: tl.constexpr, G: tl.constexpr,
-            NT: tl.constexpr, MASKED: tl.constexpr = True):  # fmt: skip
-    """``_obs_prec_slope`` of the raw ``x`` (rows ``RS`` apart) at the 4 steps from ``t``, one
-    ``[4, NT / G]`` tile, given to each channel's threads: 4 x ``[NT]``."""
-    off, ok = _tile4(t, L, M, RS, base, pm, G, NT, MASKED)
-    x = tl.load(x_ptr + off, mask=ok, other=0.0).to(dt)
-    return _tile_rows(_obs_prec_slope(x, obs_min), G, NT)
 
 
 @helper

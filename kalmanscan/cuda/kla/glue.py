@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
-from kalmanscan.cuda.kla.device import _softplus
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "relu": 2}
 _L2_EPS = 1e-12  # the layer's L2_EPS
@@ -102,6 +101,18 @@ def _act(x, ACT: tl.constexpr):
     else:
         pos = x > 0.0
         return tl.where(pos, x, 0.0), tl.where(pos, 1.0, 0.0)
+
+
+@helper
+def _softplus(x):
+    """``(softplus(x), sigmoid(x))`` as torch (threshold 20); log1p by ``log(u) x / (u - 1)``."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    one = u == 1.0
+    l1p = tl.where(one, e, tl.log(u) * e / tl.where(one, 1.0, u - 1.0))
+    sp = tl.where(x > 20.0, x, l1p)
+    sg = tl.where(x > 20.0, 1.0, e / u)
+    return sp, sg
 
 
 @helper
@@ -423,16 +434,14 @@ def _l2_bwd(x, g, eps):
 
 @triton.jit
 def _glue_sensors_bwd_kernel(s_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr, gs_ptr, N, M, S, SS, obs_min,
-                        eps, MV, QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                        eps, QK_NORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                         BS: tl.constexpr):  # fmt: skip
-    """``gs`` from the gradients of ``v, Lv`` (channels below ``MV``: ``M``, or 0 when the KLA
-    op wrote those columns itself, ``sensors_filter``) and of ``k, q``."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
     rows = n.to(tl.int64)
     nmask = n < N
     dt = gs_ptr.dtype.element_ty
-    if pid_m * BM < MV:
+    if pid_m * BM < M:
         m = pid_m * BM + tl.arange(0, BM)
         vmask = nmask[:, None] & (m < M)[None, :]
         vat = rows[:, None] * M + m[None, :]
@@ -576,27 +585,22 @@ class _ConvSilu(torch.autograd.Function):
         return gzg, gw, gb.sum(0).to(bias.dtype), None
 
 
-def _sensors_fwd(s, M, S, obs_min, qk_norm):
-    """``(v, Lv, k, q)``, float32, from ``s [B, L, 2M + 2S]`` (``_glue_sensors_fwd_kernel``)."""
-    B, L, SS = s.shape
-    N = B * L
-    BN, BM, nw = _blocks()
-    v = empty((B, L, M), dtype=torch.float32, device=s.device)
-    Lv = empty((B, L, M), dtype=torch.float32, device=s.device)
-    k = empty((B, L, S), dtype=torch.float32, device=s.device)
-    q = empty((B, L, S), dtype=torch.float32, device=s.device)
-    launch(_glue_sensors_fwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, v, Lv, k, q, N, M, S,
-           SS, float(obs_min), _L2_EPS, QK_NORM=bool(qk_norm), BN=BN, BM=BM, BS=next_pow2(S),
-           num_warps=nw)  # fmt: skip
-    return v, Lv, k, q
-
-
 class _Sensors(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, M, S, obs_min, qk_norm):
+        B, L, SS = s.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        v = empty((B, L, M), dtype=torch.float32, device=s.device)
+        Lv = empty((B, L, M), dtype=torch.float32, device=s.device)
+        k = empty((B, L, S), dtype=torch.float32, device=s.device)
+        q = empty((B, L, S), dtype=torch.float32, device=s.device)
+        launch(_glue_sensors_fwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, v, Lv, k, q, N, M,
+               S, SS, float(obs_min), _L2_EPS, QK_NORM=bool(qk_norm), BN=BN, BM=BM,
+               BS=next_pow2(S), num_warps=nw)  # fmt: skip
         ctx.meta = (M, S, float(obs_min), bool(qk_norm))
         ctx.save_for_backward(s)
-        return _sensors_fwd(s, M, S, obs_min, qk_norm)
+        return v, Lv, k, q
 
     @staticmethod
     def backward(ctx, gv, gLv, gk, gq):
@@ -608,62 +612,9 @@ class _Sensors(torch.autograd.Function):
         gs = empty((B, L, SS), s)
         launch(_glue_sensors_bwd_kernel, (cdiv(N, BN), cdiv(M, BM) + 1), s, gv.contiguous(),
                gLv.contiguous(), gk.contiguous(), gq.contiguous(), gs, N, M, S, SS, obs_min,
-               _L2_EPS, M, QK_NORM=qk_norm, BN=BN, BM=BM, BS=next_pow2(S),
+               _L2_EPS, QK_NORM=qk_norm, BN=BN, BM=BM, BS=next_pow2(S),
                num_warps=nw)  # fmt: skip
         return gs, None, None, None, None
-
-
-class _SensorsFilter(torch.autograd.Function):
-    """:func:`sensors` and the KLA op (``kalmanscan.cuda.kla``) in one Function: the op's
-    backward writes the gradients of ``v`` and of ``log var_v`` (through ``Lv``'s softplus)
-    straight into the sensor projection's gradient, so no float32 ``gv, gLv [B, L, M]`` are
-    written and read again; the ``k, q`` columns follow from the op's ``gk, gq``."""
-
-    @staticmethod
-    def forward(ctx, s, decay, process_var, M, S, obs_min, qk_norm, var):
-        from kalmanscan.cuda.kla import tuning
-        from kalmanscan.cuda.kla.chunked import forward_chunked
-        from kalmanscan.cuda.kla.forward import forward
-
-        v, Lv, k, q = _sensors_fwd(s, M, S, obs_min, qk_norm)
-        B, L, _ = s.shape
-        C = tuning.chunks_for(B * M * S, L, tuning.sm_count(s.device))
-        args = (v, Lv, k, q, decay.contiguous(), process_var.contiguous(), None, None)
-        if C > 1:
-            y, yvar, lamT, etaT, _, ck, CK, _, start = forward_chunked(*args, False, True, C, var)
-        else:
-            y, yvar, lamT, etaT, _, ck, CK = forward(*args, False, True, var)
-            start = ck  # (not read: one chunk)
-        ctx.meta = (M, S, float(obs_min), bool(qk_norm), CK, C)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(s, v, Lv, k, q, args[4], args[5], ck, start)
-        return y, yvar, lamT, etaT
-
-    @staticmethod
-    def backward(ctx, gy, gyv, glT, geT):
-        from kalmanscan.cuda.kla.backward import backward
-        from kalmanscan.cuda.kla.chunked import backward_chunked
-
-        s, v, Lv, k, q, a, p, ck, start = ctx.saved_tensors
-        M, S, obs_min, qk_norm, CK, C = ctx.meta
-        B, L, SS = s.shape
-        gs = empty((B, L, SS), s)
-        raw = (gs[..., :M], gs[..., M : 2 * M], s[..., M : 2 * M], obs_min)
-        if C > 1:
-            _, _, gk, gq, ga, gp, _, _ = backward_chunked(
-                v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, None, raw)  # fmt: skip
-        else:
-            _, _, gk, gq, ga, gp, _, _ = backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT,
-                                                  None, raw)  # fmt: skip
-        N = B * L
-        BN, BM, nw = _blocks()
-        # the k, q columns (one program column; MV = 0: the op wrote the others)
-        launch(_glue_sensors_bwd_kernel, (cdiv(N, BN), 1), s, gk, gk, gk, gq, gs, N, M, S, SS,
-               obs_min, _L2_EPS, 0, QK_NORM=qk_norm, BN=BN, BM=BM, BS=next_pow2(S),
-               num_warps=nw)  # fmt: skip
-        need = ctx.needs_input_grad
-        return (gs, ga if need[1] else None, gp if need[2] else None, None, None, None, None,
-                None)  # fmt: skip
 
 
 class _GateSkip(torch.autograd.Function):
@@ -771,22 +722,6 @@ def sensors(s, M, S, obs_min, qk_norm):
     return _Sensors.apply(s, M, S, obs_min, qk_norm)
 
 
-def sensors_filter(s, decay, process_var, M, S, obs_min, qk_norm, return_variance):
-    """:func:`sensors` then the KLA op on CUDA (``kla_filter(..., backend="triton")`` from the
-    default initial state): ``(y, yvar or None, lam, eta)``, float32, the same values; the op's
-    backward writes the sensor projection's gradient directly (``_SensorsFilter``). Without
-    a gradient to compute, :func:`sensors` and ``kla_triton`` (no checkpoints saved)."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (s, decay, process_var)):
-        return _SensorsFilter.apply(s, decay, process_var, M, S, obs_min, qk_norm,
-                                    bool(return_variance))  # fmt: skip
-    from kalmanscan.cuda.kla import kla_triton
-
-    v, Lv, k, q = _sensors_fwd(s, M, S, obs_min, qk_norm)
-    y, yvar, lamT, etaT, _ = kla_triton(v, Lv, k, q, decay, process_var, None, None, False,
-                                        return_variance)  # fmt: skip
-    return y, yvar, lamT, etaT
-
-
 def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
     """``out = (y + skip * zc) * act(zg[..., M:])`` in ``zg``'s dtype; with ``var_dtype`` also
     ``yvar * act(gate)**2`` in that dtype. ``y, yvar [B, L, M]`` (the op's outputs; ``yvar``
@@ -851,7 +786,7 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                               c, nw))  # fmt: skip
                 cases.append((f"sensors_bwd-{tag}-S{S}-qk{int(qk)}", _glue_sensors_bwd_kernel,
                               dict(sens, s_ptr=dt, gv_ptr=f32, gLv_ptr=f32, gk_ptr=f32,
-                                   gq_ptr=f32, gs_ptr=dt, MV=M),
+                                   gq_ptr=f32, gs_ptr=dt),
                               c, nw))  # fmt: skip
             gate = dict(y_ptr=f32, yvar_ptr=f32, zg_ptr=dt, zc_ptr=dt, skip_ptr=f32, N=N, M=M,
                         ZS=2 * M)  # fmt: skip
