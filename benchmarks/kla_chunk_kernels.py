@@ -5,14 +5,12 @@ steps), so a chunked pass can be compared with the unchunked kernel at equal occ
 
     python benchmarks/kla_chunk_kernels.py [--out F.json]
     python benchmarks/kla_chunk_kernels.py --maps-sweep [--out F.json]
-    python benchmarks/kla_chunk_kernels.py --prefetch-sweep [--out F.json]
 
 ``--maps-sweep``: the two map kernels' time at B=1 L=32768 C=32 and B=2 L=8192 C=16 (the chunk
 counts ``tuning.chunks_for`` picks there) for launch choices of ``chunked.MAPS_LAUNCH`` and
 ``TANGENT_LAUNCH`` (slots a thread, steps unrolled, pipeline stages; both kernels take each
 choice, each kernel's time is its own), the chunked op's outputs and gradients checked against
-the unchunked op's in the same run. ``--prefetch-sweep``: the same at each kernel's launch with
-the L2 prefetch of the rows 0, 1, 2, 4 or 8 blocks ahead (the launches' ``"ahead"``).
+the unchunked op's in the same run.
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ def profile(fn, reps=5):
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
-PREFETCH = (0, 1, 2, 4, 8)  # blocks ahead (--prefetch-sweep)
 SWEEP = [  # (slots, unroll, NS)
     (1, 4, 1), (2, 8, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1),
 ]  # fmt: skip
@@ -66,15 +63,11 @@ def normwise(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def maps_sweep(dyn, prefetch=False):
+def maps_sweep(dyn):
     from kalmanscan.cuda.kla import chunked
 
     rows = []
     saved = dict(chunked.MAPS_LAUNCH), dict(chunked.TANGENT_LAUNCH)
-    if prefetch:  # each kernel's own launch, the prefetch distance varied
-        sweep = [({**saved[0], "ahead": a}, {**saved[1], "ahead": a}) for a in PREFETCH]
-    else:  # both kernels at each launch of SWEEP
-        sweep = [({"slots": sl, "unroll": un, "NS": ns},) * 2 for sl, un, ns in SWEEP]
     for B, L, C in ((1, 32768, 32), (2, 8192, 16)):
         M, S = dyn[0].shape
         x = inputs(B, L, M, S, dyn, "cuda")
@@ -82,15 +75,15 @@ def maps_sweep(dyn, prefetch=False):
         grads = (gy, gy * 0.1)
         with_chunks(1)
         ref = call(x, grads)
-        for maps_launch, tangent_launch in sweep:
-            chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(maps_launch), dict(tangent_launch)
+        for slots, unroll, ns in SWEEP:
+            launch = {"slots": slots, "unroll": unroll, "NS": ns}
+            chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(launch), dict(launch)
             with_chunks(C)
             got = call(x, grads)
             err = max([normwise(a, b) for a, b in zip(got[0], ref[0], strict=True)]
                       + [normwise(a, b) for a, b in zip(got[1], ref[1], strict=True)])
             per = profile(lambda x=x, grads=grads: call(x, grads))
-            row = {"B": B, "L": L, "C": C, "maps_launch": maps_launch,
-                   "tangent_launch": tangent_launch, "max_rel_err_vs_unchunked": err,
+            row = {"B": B, "L": L, "C": C, **launch, "max_rel_err_vs_unchunked": err,
                    "maps_ms": per.get("_chunk_maps_kernel"),
                    "tangent_maps_ms": per.get("_adjoint_maps_kernel"),
                    "fwdbwd_kernels_ms": sum(per.values())}  # fmt: skip
@@ -111,13 +104,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--maps-sweep", action="store_true")
-    ap.add_argument("--prefetch-sweep", action="store_true")
     args = ap.parse_args(_argv[1:])
     layer = KLALayer(512, KLAConfig())
     with torch.no_grad():
         dyn = tuple(t.detach().float() for t in layer.dynamics())
-    if args.maps_sweep or args.prefetch_sweep:
-        rows = maps_sweep(dyn, prefetch=args.prefetch_sweep)
+    if args.maps_sweep:
+        rows = maps_sweep(dyn)
         if args.out:
             write(args.out, rows)
         return

@@ -36,7 +36,7 @@ import triton.language as tl
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.device import _dynamics, _prefetch_l2, _program, _rcp
+from kalmanscan.cuda.kla.device import _dynamics, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
@@ -50,39 +50,19 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # maps 0.58 / 0.29 ms at 2 slots and 8 steps against 0.80 / 0.41 at 1 and 4 (4 slots: 0.61 /
 # 0.31 with 4 steps, 0.89 / 0.44 with 8); tangent maps 1.02 / 0.50 ms at 1 slot and 4 steps,
 # slower with more slots (1.24-1.72 / 0.63-0.85: 168 registers at 4 slots)
-# "ahead": the rows of the block that many blocks ahead are prefetched into L2 at the top of a
-# block (0: none; absent means 0)
-MAPS_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "ahead": 0}
-TANGENT_LAUNCH = {"slots": 1, "unroll": 4, "NS": 1, "ahead": 0}
+MAPS_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1}
+TANGENT_LAUNCH = {"slots": 1, "unroll": 4, "NS": 1}
 
 
 def _maps_layout(S, tangents=False):
-    """``(G, SG, NT, num_warps, W, NS, AHEAD)`` of a map kernel for ``S`` slots
-    (``MAPS_LAUNCH``, or ``TANGENT_LAUNCH`` with ``tangents``)."""
+    """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (``MAPS_LAUNCH``, or
+    ``TANGENT_LAUNCH`` with ``tangents``)."""
     name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
     ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
     if ml["unroll"] not in (4, 8):
         raise ValueError(f"chunked.{name}['unroll']: expected 4 or 8, got {ml['unroll']!r}")
-    ahead = ml.get("ahead", 0)
-    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
-        raise ValueError(f"chunked.{name}['ahead']: expected an int >= 0, got {ahead!r}")
     G, SG, NT, nw = tuning.layout(S, ml["slots"])
-    return G, SG, NT, nw, ml["unroll"], ml["NS"], ahead
-
-
-@helper
-def _prefetch_block(p0, p1, p2, p3, o0, o1, o2, o3, row, NR, W: tl.constexpr, NT: tl.constexpr):
-    """Ask L2 for the ``W`` rows from ``row`` (clamped below ``NR``, the arrays' rows) of four
-    arrays: thread ``j`` takes row ``j % W`` of array ``(j // W) % 4``, at ``p_i + r o_i``
-    (``o_i``: the array's row stride; ``p_i``: the start of the segment the program reads,
-    a sector or two). One instruction a thread, no register waits on it."""
-    j = tl.arange(0, NT)
-    r = tl.minimum(row + (j % W), NR - 1).to(tl.int64)
-    a = (j // W) % 4
-    addr = tl.where(a == 0, (p0 + r * o0).to(tl.int64), (p1 + r * o1).to(tl.int64))
-    addr = tl.where(a == 2, (p2 + r * o2).to(tl.int64), addr)
-    addr = tl.where(a == 3, (p3 + r * o3).to(tl.int64), addr)
-    _prefetch_l2(addr)
+    return G, SG, NT, nw, ml["unroll"], ml["NS"]
 
 
 @helper
@@ -120,17 +100,11 @@ def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, 
 @helper
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
-                LEAN: tl.constexpr, AHEAD: tl.constexpr, v0, L0, k0, row, NR,
-                NT: tl.constexpr):  # fmt: skip
+                LEAN: tl.constexpr):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
-    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division).
-    ``AHEAD > 0``: each block first asks L2 for the rows ``AHEAD`` blocks on (``row``: the
-    first block's first row; ``v0, L0, k0``: the program's segments of row 0)."""
+    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division)."""
     af4 = (af * af) * (af * af)
     for _ in tl.range(0, nb, num_stages=NS):
-        if AHEAD > 0:
-            _prefetch_block(v0, L0, k0, k0 + S // 2, M, M, S, S, row + AHEAD * W, NR, W, NT)
-            row += W
         for h in tl.static_range(W // 4):
             for j in tl.static_range(4):
                 m11, m12, m21, m22, g1, g2, A = _load_map_step(
@@ -156,16 +130,15 @@ def _normalized(m11, m12, m21, m22, g1, g2, A):
 @triton.jit
 def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
-    L, Lc, C, M, NR, NROWS, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, AHEAD: tl.constexpr = 0,
+    L, Lc, C, M, NR, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
+    W: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
-    thread; ``NROWS = B L`` rows in the inputs) of chunk row ``b C + c`` (``program_id(1) =
-    b (C - 1) + c``: the carry reads the maps of chunks ``0 .. C-2`` only, so the last chunk of
-    a row has no program and its map is not written), whose ``Lc`` steps it composes into the
-    map stored at ``maps [7, B C, M S]``. Steps run in unrolled blocks of ``W`` (4 or 8; their
-    loads issued together), the map divided by its trace every 4 steps; ``AHEAD > 0``: each
-    block first asks L2 for the rows ``AHEAD`` blocks on (``_prefetch_block``)."""
+    thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
+    maps of chunks ``0 .. C-2`` only, so the last chunk of a row has no program and its map is
+    not written), whose ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``.
+    Steps run in unrolled blocks of ``W`` (4 or 8; their loads issued together), the map
+    divided by its trace every 4 steps."""
     b = tl.program_id(1) // (C - 1)
     c = tl.program_id(1) % (C - 1)
     row = b * C + c
@@ -187,17 +160,16 @@ def _chunk_maps_kernel(
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
     nb = Lc // W
-    mc0 = tl.program_id(0) * (NT // G)  # the program's first channel (prefetch)
     # where no lane of the program forgets (the usual case) the lean step: 2-3 of its ~16
     # operations fewer
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True, AHEAD, v_ptr + mc0, Lv_ptr + mc0, k_ptr, t0, NROWS, NT)  # fmt: skip
+            NS, True)  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False, AHEAD, v_ptr + mc0, Lv_ptr + mc0, k_ptr, t0, NROWS, NT)  # fmt: skip
+            NS, False)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
@@ -305,9 +277,9 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
-    L, Lc, C, M, NR, NROWS, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
+    L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
     SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
-    HAS_GYV: tl.constexpr, AHEAD: tl.constexpr = 0,
+    HAS_GYV: tl.constexpr,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -315,7 +287,7 @@ def _adjoint_maps_kernel(
     d eta_end / d lam_start``, ``Jee = d eta_end / d eta_start``) and ``b = sum_t J_t^T g_t``,
     the start adjoint that the outputs' gradients ``g_t`` inside the chunk give with zero at its
     end: ``out [5, B C, M S] = (bl, be, Jll, Jel, Jee)``. Steps in unrolled blocks of ``W``, as
-    ``_chunk_maps_kernel`` (with its ``AHEAD`` prefetch, of the 6 inputs a step)."""
+    ``_chunk_maps_kernel``."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -339,15 +311,7 @@ def _adjoint_maps_kernel(
     pg = gprec_ptr + t0 * MS + ms
     n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
     nb = n // W
-    mc0 = tl.program_id(0) * (NT // G)  # the program's first channel (prefetch)
-    row = t0 + AHEAD * W
     for _ in tl.range(0, nb, num_stages=NS):
-        if AHEAD > 0:  # the rows AHEAD blocks on: v, Lv, gy, gyv, then k, q (two halves each)
-            _prefetch_block(v_ptr + mc0, Lv_ptr + mc0, gy_ptr + mc0, gyv_ptr + mc0, M, M, M, M,
-                            row, NROWS, W, NT)  # fmt: skip
-            _prefetch_block(k_ptr, k_ptr + S // 2, q_ptr, q_ptr + S // 2, S, S, S, S, row, NROWS,
-                            W, NT)  # fmt: skip
-            row += W
         for j in tl.static_range(W):
             lam, eta, Jel, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
@@ -419,11 +383,11 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     R, Lc, MS = B * C, L // C, M * S
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     maps = empty((MAPS, R, MS), dtype=dtype, device=v.device)
-    G, SG, NT, nw, W, NS, ahead = _maps_layout(S)
+    G, SG, NT, nw, W, NS = _maps_layout(S)
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
-               v, Lv, k, a, p, maps, L, Lc, C, M, R, B * L, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               AHEAD=ahead, num_warps=nw)  # fmt: skip
+               v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
+               num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -473,11 +437,11 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)
-        G, SG, NT, nw, W, NS, ahead = _maps_layout(S, tangents=True)
+        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
-               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, B * L, S=S,
+               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
-               AHEAD=ahead, num_warps=nw)  # fmt: skip
+               num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
