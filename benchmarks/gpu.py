@@ -551,7 +551,7 @@ def kernel_resources():
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
                     SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False,
-                    HAS_GYV=True, ATOMIC=False)  # fmt: skip
+                    HAS_GYV=True, ATOMIC=False, RERUN=tu["ck"] == 8 and tu["bwd_rerun"])  # fmt: skip
 
     kla_b = bwd_consts(tu)
     # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
@@ -592,6 +592,11 @@ def kernel_resources():
         # and the sums over channels of gk, gq added by atomics (tuning's bwd_atomic_sums)
         "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                                      dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
+        # 8-step intervals at 4 slots a thread, the first half recomputed after the second's
+        # walk (tuning's bwd_rerun): the LM's path with half the checkpoints
+        "kla_bwd_ck8_rerun_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
+                                           dict(kla_b_many, CK=8, RERUN=True, HAS_GYV=False,
+                                                ATOMIC=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (KB._kla_bwd_kernel,

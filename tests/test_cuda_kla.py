@@ -140,7 +140,22 @@ def test_forward_backward_float64_many_lanes(shape, monkeypatch):
 # give the reference's results (L not a multiple of the blocks nor of the intervals).
 TUNINGS = [{"bwd_slots": 4}, {"ck": 4}, {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8},
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1}, {"bwd_l2_ahead": 16},
-           {"bwd_slots": 4, "ck": 8, "bwd_l2_ahead": 32}]  # fmt: skip
+           {"bwd_slots": 4, "ck": 8, "bwd_l2_ahead": 32},
+           {"bwd_slots": 4, "ck": 8, "bwd_rerun": True}]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [(2, 21, 3, 4), (1, 16, 2, 16)],
+                         ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))  # fmt: skip
+def test_rerun_backward_is_exact(shape, monkeypatch):
+    """8-step intervals whose first half the backward recomputes after walking back the
+    second (``TUNING["bwd_rerun"]``, 4 slots a thread): the reference's results, with a partial
+    last interval (L = 21) and without (16; 4 threads a channel there)."""
+    monkeypatch.setitem(tuning.TUNING, "ck", 8)
+    monkeypatch.setitem(tuning.TUNING, "bwd_rerun", True)
+    monkeypatch.setitem(tuning.TUNING, "bwd_slots", 4)
+    B, L, M, S = shape
+    assert tuning.plan(K.backward._bwd_plan, B, L, M, S, 8)["consts"]["RERUN"] is True
+    assert_exact_in_float64(shape, seed=5)
 
 
 @pytest.mark.slow  # the sweep of TUNING's entries (about 2 min interpreted)

@@ -303,11 +303,13 @@ def _bwd_interval(
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
     MASKED: tl.constexpr, pm, OUT4: tl.constexpr, HAS_GYV: tl.constexpr,
-    ATOMIC: tl.constexpr = False,
+    ATOMIC: tl.constexpr = False, RERUN: tl.constexpr = False,
 ):  # fmt: skip
     """One checkpoint interval of the backward (``CK`` = 8 or 4 steps): its states recomputed
     from the checkpoint into registers, then walked back; ``AHEAD > 0``: the rows of the
-    interval ``AHEAD`` steps earlier prefetched into L2 first."""
+    interval ``AHEAD`` steps earlier prefetched into L2 first. ``RERUN`` (``CK = 8``): the first
+    half's states are not kept while the second half is walked back, but recomputed from the
+    checkpoint again after it (4 states live, as with ``CK = 4``, for half the checkpoints)."""
     if AHEAD > 0:
         for i in tl.static_range(CK):
             _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m, jt)
@@ -325,6 +327,10 @@ def _bwd_interval(
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
             momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
+        if RERUN:  # the first half's states again, from the checkpoint
+            l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
+                _recompute4(l0, e0, t0, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
+                            base_s, pm, dt, SG, G, NT, MASKED))  # fmt: skip
     Lc, Ec, ga, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
         t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
@@ -342,7 +348,7 @@ def _kla_bwd_kernel(
     L, M, NB, B, S: tl.constexpr,
     HAS_GPREC: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, AHEAD: tl.constexpr,
-    HAS_GYV: tl.constexpr, ATOMIC: tl.constexpr = False,
+    HAS_GYV: tl.constexpr, ATOMIC: tl.constexpr = False, RERUN: tl.constexpr = False,
 ):  # fmt: skip
     tl.static_assert(CK == 8 or CK == 4, "the backward's recomputation is unrolled for 8 or 4")
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
@@ -370,7 +376,7 @@ def _kla_bwd_kernel(
             n_full * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
             q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
             S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
-            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC,
+            HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC, RERUN,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
         Lc, Ec, ga, gp = _bwd_interval(
@@ -378,6 +384,7 @@ def _kla_bwd_kernel(
             Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
             gq_part_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
             lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV, ATOMIC,
+            RERUN,
         )  # fmt: skip
     # per-row partial sums of the dynamics' gradients ([B, M, S], added in torch)
     tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
@@ -394,7 +401,7 @@ def _bwd_plan(B, L, M, S, CK):
     return dict(
         NB=cdiv(L, CK), nmb=nmb, grid=(nmb, B),
         consts=dict(CK=CK, NS=TU["bwd_NS"], G=G, SG=SG, NT=NT, AHEAD=TU["bwd_l2_ahead"],
-                    num_warps=warps),
+                    RERUN=CK == 8 and TU["bwd_rerun"], num_warps=warps),
     )  # fmt: skip
 
 

@@ -18,6 +18,9 @@ TUNING = {
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
     "ck": None,  # steps between the forward's checkpoints: 8, or 4 from LARGE lanes
+    # with 8-step checkpoint intervals, the backward recomputes an interval's first half again
+    # after walking back its second half instead of keeping its states (4 live, as at ck 4)
+    "bwd_rerun": False,
     # registers a thread of the float32 no-gradient forward (8-step blocks) at up to 32 padded
     # slots; 0: ptxas's choice. With 128, 16 one-warp programs share an SM's 65,536 registers,
     # where ptxas's own 154-158 at S = 16 leave room for 12, so the 2,048 programs of B=8 M=2048
