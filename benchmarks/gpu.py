@@ -551,11 +551,14 @@ def kernel_resources():
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
                     SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False,
-                    HAS_GYV=True, ATOMIC=False, RERUN=tu["ck"] == 8 and tu["bwd_rerun"])  # fmt: skip
+                    HAS_GYV=True, ATOMIC=False,
+                    RERUN=tu["ck"] == 8 and tu["bwd_rerun"])  # fmt: skip
 
     kla_b = bwd_consts(tu)
-    # the backward's default from 2^17 lanes (B=8 M=2048): 4-step intervals at 4 slots a thread
+    # the backward's default from 2^17 lanes (B=8 M=2048): 4 slots a thread, 8-step intervals
+    # whose first half is recomputed after the second's walk; and the same at 4-step intervals
     kla_b_many = bwd_consts(KT.tuning_for(8 * 2048 * 16))
+    kla_b_ck4 = dict(kla_b_many, CK=4, RERUN=False)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
         "lamT_ptr etaT_ptr prec_ptr ck_ptr",
@@ -583,20 +586,19 @@ def kernel_resources():
         "kla_fwd_novar": (KF._kla_fwd_kernel, dict(kla_fwd_sig),
                           dict(kla_fwd_consts(tu, True), VAR=False), 1),
         "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
-        # 4-step checkpoint intervals at 4 slots a thread (the default from LARGE lanes): half
-        # the live states, so the unmasked loop with input reuse fits without spills
-        "kla_bwd_ck4": (KB._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_many, 1),
+        # 4-step checkpoint intervals at 4 slots a thread (TUNING["ck"] = 4): half the live
+        # states of 8, so the unmasked loop with input reuse fits without spills
+        "kla_bwd_ck4": (KB._kla_bwd_kernel, dict(kla_bwd_sig), kla_b_ck4, 1),
         # and no zero gradient of yvar read (the LM's many lanes)
         "kla_bwd_ck4_nogyv": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
-                              dict(kla_b_many, HAS_GYV=False), 1),
+                              dict(kla_b_ck4, HAS_GYV=False), 1),
         # and the sums over channels of gk, gq added by atomics (tuning's bwd_atomic_sums)
         "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
-                                     dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
-        # 8-step intervals at 4 slots a thread, the first half recomputed after the second's
-        # walk (tuning's bwd_rerun): the LM's path with half the checkpoints
+                                     dict(kla_b_ck4, HAS_GYV=False, ATOMIC=True), 1),
+        # the default from LARGE lanes: 8-step intervals at 4 slots a thread, the first half
+        # recomputed after the second's walk (tuning's bwd_rerun), as the LM step runs it
         "kla_bwd_ck8_rerun_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
-                                           dict(kla_b_many, CK=8, RERUN=True, HAS_GYV=False,
-                                                ATOMIC=True), 1),
+                                           dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types
         "kla_bwd_half": (KB._kla_bwd_kernel,

@@ -125,14 +125,15 @@ def test_forward_without_gradients_float64():
 
 
 # The kernels' choices from 2^17 lanes (tuning.LARGE) on: 4 slots a thread in the backward,
-# 4-step checkpoint intervals and L2 prefetch 32 steps back. LARGE = 1 gives them to the small
-# shapes the interpreter runs.
+# the rerun of an 8-step interval's first half and L2 prefetch 32 steps back. LARGE = 1 gives
+# them to the small shapes the interpreter runs.
 @pytest.mark.parametrize("shape", [(2, 63, 3, 4), (1, 9, 3, 16), _slow((1, 6, 1, 64)),
                                    _slow((2, 37, 5, 12))],
                          ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))  # fmt: skip
 def test_forward_backward_float64_many_lanes(shape, monkeypatch):
     monkeypatch.setattr(tuning, "LARGE", 1)
-    assert tuning.tuning_for(shape[0] * shape[2] * shape[3])["ck"] == 4
+    tu = tuning.tuning_for(shape[0] * shape[2] * shape[3])
+    assert (tu["ck"], tu["bwd_rerun"], tu["bwd_slots"]) == (8, True, 4)
     assert_exact_in_float64(shape, seed=1)
 
 
@@ -140,8 +141,9 @@ def test_forward_backward_float64_many_lanes(shape, monkeypatch):
 # give the reference's results (L not a multiple of the blocks nor of the intervals).
 TUNINGS = [{"bwd_slots": 4}, {"ck": 4}, {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_slots": 8},
            {"fwd_slots": 1, "bwd_slots": 1, "NS": 2, "bwd_NS": 1}, {"bwd_l2_ahead": 16},
-           {"bwd_slots": 4, "ck": 8, "bwd_l2_ahead": 32},
-           {"bwd_slots": 4, "ck": 8, "bwd_rerun": True}]  # fmt: skip
+           {"bwd_slots": 4, "ck": 8, "bwd_l2_ahead": 32, "bwd_rerun": False},
+           {"bwd_slots": 4, "ck": 4, "bwd_rerun": False},
+           {"bwd_slots": 2, "ck": 8, "bwd_rerun": True}]  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", [(2, 21, 3, 4), (1, 16, 2, 16)],
@@ -174,9 +176,9 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     few, many = tuning.tuning_for(4 * 960 * 16), tuning.tuning_for(8 * 2048 * 16)
     assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"], few["NS"]) == (4, 2, 3, 4)
     assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"], many["NS"]) == (4, 4, 3, 4)
-    assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 4, 0, 32)
-    assert tuning.tuning_for(tuning.LARGE - 1)["ck"] == 8
-    assert tuning.tuning_for(tuning.LARGE)["ck"] == 4
+    assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 8, 0, 32)
+    assert tuning.tuning_for(tuning.LARGE - 1)["bwd_rerun"] is False
+    assert tuning.tuning_for(tuning.LARGE)["bwd_rerun"] is True
     assert (tuning.block_steps(True), tuning.block_steps(False)) == (4, 8)
     assert tuning.layout(16, 4) == (4, 4, 32, 1)
     assert tuning.layout(12, 2) == (8, 2, 32, 1)  # 12 slots padded to 16
@@ -194,7 +196,11 @@ def test_launch_plans_follow_tuning(monkeypatch):
     key = (2, 19, 3, 4, True)
     few = tuning.plan(forward._fwd_plan, *key)
     assert (few["CK"], few["NB"], few["consts"]["W"]) == (8, 3, 4)
+    bkey = (2, 19, 3, 4, 8)
+    assert tuning.plan(K.backward._bwd_plan, *bkey)["consts"]["RERUN"] is False
     monkeypatch.setattr(tuning, "LARGE", 1)
+    assert tuning.plan(K.backward._bwd_plan, *bkey)["consts"]["RERUN"] is True
+    monkeypatch.setitem(tuning.TUNING, "ck", 4)
     many = tuning.plan(forward._fwd_plan, *key)
     assert (many["CK"], many["NB"]) == (4, 5)
     monkeypatch.setitem(tuning.TUNING, "ck", 8)
@@ -214,11 +220,12 @@ def test_launch_plans_follow_tuning(monkeypatch):
 # constexpr. The constexprs it had beyond these took the paths the kernel now always takes:
 # PREFETCH=False, CHUNKED=False (grid depth 1, CL=L), AHEAD=0, BLOCK_PIPE, OUT_SCATTER,
 # IN_TILE, KQ_TILE, LEAN all True, FORM=1. Added since: the register cap of the float32
-# no-gradient forward (tuning's fwd_maxnreg, a compile option).
+# no-gradient forward (tuning's fwd_maxnreg, a compile option). Changed since: checkpoints every
+# 8 steps at many lanes too (CK 4, NB 512 then; the backward reruns half an interval instead).
 BENCH_LAUNCHES = {
-    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 512, 16),
-                                   dict(CK=4, W=8, maxnreg=128)),
-    ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 512, 16), dict(CK=4, W=4)),
+    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 256, 16),
+                                   dict(CK=8, W=8, maxnreg=128)),
+    ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 256, 16), dict(CK=8, W=4)),
     ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=8, maxnreg=128)),
     ((4, 2048, 960, 16), True): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=4)),
 }  # fmt: skip

@@ -1,8 +1,10 @@
 """The KLA backward kernel and its launch: exact gradients of every input from the forward's
 checkpoints (notation: ``kalmanscan/cuda/kla``'s docstring).
 
-The forward saves the state every ``CK`` steps (8, or 4 from ``tuning.LARGE`` lanes; ``[2, B,
-L/CK, M, S]``). The backward walks the intervals in reverse: it loads an interval's inputs as
+The forward saves the state every ``CK`` steps (8; ``[2, B, L/CK, M, S]``; from
+``tuning.LARGE`` lanes, 4 slots a thread, the backward recomputes an interval's first half again
+after walking back its second: ``tuning.TUNING["bwd_rerun"]``).
+The backward walks the intervals in reverse: it loads an interval's inputs as
 tiles of 4 steps (``v, Lv, gy, gyv`` as ``[4, channels]``, ``k, q`` as ``[4, slots]``),
 recomputes its states from the checkpoint into registers (unrolled) and runs the two scalar
 adjoint recurrences ``Ec <- alpha Et``, ``Lc <- alpha^2 Lt - alpha p rden Et eta_prev`` over

@@ -17,10 +17,14 @@ TUNING = {
     "fwd_slots": 4,  # slots a thread walks in the forward
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
-    "ck": None,  # steps between the forward's checkpoints: 8, or 4 from LARGE lanes
+    "ck": 8,  # steps between the forward's checkpoints (4 or 8)
     # with 8-step checkpoint intervals, the backward recomputes an interval's first half again
-    # after walking back its second half instead of keeping its states (4 live, as at ck 4)
-    "bwd_rerun": False,
+    # after walking back its second half instead of keeping its states (4 live, as at ck 4):
+    # True from LARGE lanes (4 slots a thread), where 8 live states would not fit. H200, the
+    # LM step (results/kla-ck-rerun-h200.json, against ck 4 there): the forward 1.66 -> 1.44 ms
+    # a step at 8 x 2,048, the backward 3.86 -> 4.01, kernels a step 0.1 ms fewer, and the
+    # checkpoints' memory halved (peak 8.1 -> 6.6 GB; 15.1 -> 12.1 at 1 x 32,768)
+    "bwd_rerun": None,
     # registers a thread of the float32 no-gradient forward (8-step blocks) at up to 32 padded
     # slots; 0: ptxas's choice. With 128, 16 one-warp programs share an SM's 65,536 registers,
     # where ptxas's own 154-158 at S = 16 leave room for 12, so the 2,048 programs of B=8 M=2048
@@ -45,8 +49,8 @@ def tuning_for(lanes: int) -> dict:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_l2_ahead"] is None:
         t["bwd_l2_ahead"] = 32 if large else 0
-    if t["ck"] is None:
-        t["ck"] = 4 if large else 8
+    if t["bwd_rerun"] is None:
+        t["bwd_rerun"] = large
     if t["ck"] not in (4, 8):
         raise ValueError(f"TUNING['ck']: expected 4 or 8, got {t['ck']!r}")
     return t
