@@ -267,7 +267,7 @@ def kla_case(B, L, M, S, variants, peer=True):
     lane_steps = B * L * M * S
     ch_steps = B * L * M
     tu = KT.tuning_for(B * M * S)
-    TB = tu["ck"]
+    TB = tu["ck"]  # (float32 inputs)
     G, _, NT, _ = KT.layout(S, tu["bwd_slots"])
     n_mblk = math.ceil(M / (NT // G))
     out["floor"] = {
@@ -600,11 +600,12 @@ def kernel_resources():
         "kla_bwd_ck8_rerun_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                                            dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
-        # addresses rows of both types
+        # addresses rows of both types; 4-step intervals, half inputs' default from LARGE lanes
+        # (at 8 with the rerun: 255 registers and 184 bytes of stack on the H200's Triton 3.6)
         "kla_bwd_half": (KB._kla_bwd_kernel,
                          dict(kla_bwd_sig, v_ptr="*bf16", Lv_ptr="*bf16", k_ptr="*bf16",
                               q_ptr="*bf16"),
-                         dict(kla_b_many), 1),
+                         dict(kla_b_ck4), 1),
         # ks.filter with many lanes (every output), the loglik-only forward saving checkpoints,
         # the chunked rerun, the first pass (forward and backward chunk maps), the adjoint, the
         # smoother's reverse pass and the carries

@@ -179,6 +179,9 @@ def test_tuning_follows_the_lane_count(monkeypatch):
     assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 8, 0, 32)
     assert tuning.tuning_for(tuning.LARGE - 1)["bwd_rerun"] is False
     assert tuning.tuning_for(tuning.LARGE)["bwd_rerun"] is True
+    # half inputs keep 4-step intervals from LARGE lanes (no rerun then)
+    assert tuning.tuning_for(tuning.LARGE, half=True)["ck"] == 4
+    assert tuning.tuning_for(tuning.LARGE - 1, half=True)["ck"] == 8
     assert (tuning.block_steps(True), tuning.block_steps(False)) == (4, 8)
     assert tuning.layout(16, 4) == (4, 4, 32, 1)
     assert tuning.layout(12, 2) == (8, 2, 32, 1)  # 12 slots padded to 16

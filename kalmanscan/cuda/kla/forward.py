@@ -255,10 +255,10 @@ def _kla_fwd_kernel(
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
-def _fwd_plan(B, L, M, S, save_ck, f32=True):
+def _fwd_plan(B, L, M, S, save_ck, f32=True, half=False):
     """The forward's launch configuration for a shape (kept by :func:`tuning.plan`); ``f32``:
-    the kernel computes in float32 (else float64)."""
-    TU = tuning.tuning_for(B * M * S)
+    the kernel computes in float32 (else float64); ``half``: half-precision inputs."""
+    TU = tuning.tuning_for(B * M * S, half)
     G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"])
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
     consts = dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0,
@@ -302,7 +302,8 @@ def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32)
+    half = v.dtype in (torch.float16, torch.bfloat16)
+    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32, half)
     dev = v.device
     y = empty((B, L, M), dtype=dtype, device=dev)
     yvar = empty((B, L, M), dtype=dtype, device=dev) if var else None

@@ -17,7 +17,9 @@ TUNING = {
     "fwd_slots": 4,  # slots a thread walks in the forward
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
-    "ck": 8,  # steps between the forward's checkpoints (4 or 8)
+    # steps between the forward's checkpoints (4 or 8): 8, but 4 from LARGE lanes when the
+    # inputs are half (their backward at 8-step intervals with the rerun below spills on sm_90)
+    "ck": None,
     # with 8-step checkpoint intervals, the backward recomputes an interval's first half again
     # after walking back its second half instead of keeping its states (4 live, as at ck 4):
     # True from LARGE lanes (4 slots a thread), where 8 live states would not fit. H200, the
@@ -41,14 +43,17 @@ LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread an
 WARPS = 1  # a program is one warp (its reduce-scatters shuffle within the warp)
 
 
-def tuning_for(lanes: int) -> dict:
-    """``TUNING`` with its ``None`` entries chosen for ``lanes = B M S`` lanes."""
+def tuning_for(lanes: int, half: bool = False) -> dict:
+    """``TUNING`` with its ``None`` entries chosen for ``lanes = B M S`` lanes (``half``: the
+    op's inputs are float16 / bfloat16)."""
     t = dict(TUNING)
     large = lanes >= LARGE
     if t["bwd_slots"] is None:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_l2_ahead"] is None:
         t["bwd_l2_ahead"] = 32 if large else 0
+    if t["ck"] is None:
+        t["ck"] = 4 if large and half else 8
     if t["bwd_rerun"] is None:
         t["bwd_rerun"] = large
     if t["ck"] not in (4, 8):
