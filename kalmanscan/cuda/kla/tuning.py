@@ -1,5 +1,6 @@
-"""The KLA kernels' launch choices: pipeline depths, slots a thread, checkpoint interval and
-L2 prefetch distance, the last three chosen by the lane count ``B M S``, and the no-gradient
+"""The KLA kernels' launch choices: pipeline depths, slots a thread, checkpoint interval, the
+backward's rerun of half an interval and L2 prefetch distance, the last four chosen by the lane
+count ``B M S`` (the interval also by the inputs' precision), and the no-gradient
 forward's register cap; and the cache of launch plans. Every alternative that lost on every
 measured shape was deleted (its timings: benchmarks/HISTORY.md, "KLA kernels: variants
 deleted"); what is left here either differs by shape or is a number that benchmarks/gpu.py and
@@ -18,7 +19,8 @@ TUNING = {
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
     # steps between the forward's checkpoints (4 or 8): 8, but 4 from LARGE lanes when the
-    # inputs are half (their backward at 8-step intervals with the rerun below spills on sm_90)
+    # inputs are half (their backward at 8-step intervals with the rerun below compiled to 255
+    # registers and 184 bytes of stack on the H200's Triton 3.6)
     "ck": None,
     # with 8-step checkpoint intervals, the backward recomputes an interval's first half again
     # after walking back its second half instead of keeping its states (4 live, as at ck 4):
