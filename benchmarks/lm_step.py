@@ -169,6 +169,13 @@ def timed(step, tokens, device):
     return ms, ms, ms
 
 
+def _is_annotation(ev) -> bool:
+    """Whether a profiler event on the GPU is a user annotation's span, not a kernel."""
+    if getattr(ev, "is_user_annotation", False):
+        return True
+    return ev.name.startswith(("Optimizer.", "ProfilerStep#"))
+
+
 def profile_split(step, tokens, device):
     """One step's time by category (ms): CUDA kernels on the GPU, aten ops' self time on the
     CPU."""
@@ -183,7 +190,10 @@ def profile_split(step, tokens, device):
     top, calls = {}, {}
     if device.type == "cuda":
         for ev in prof.events():
-            if ev.device_type != torch.autograd.DeviceType.CUDA:
+            # kernels, copies and memsets; not the GPU-side spans of user annotations (such
+            # as "Optimizer.step#AdamW.step", whose span covers the optimizer's own kernels,
+            # which would be counted twice)
+            if ev.device_type != torch.autograd.DeviceType.CUDA or _is_annotation(ev):
                 continue
             ms = ev.time_range.elapsed_us() / 1e3
             split[classify(ev.name)] += ms
