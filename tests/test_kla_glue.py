@@ -149,7 +149,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from kalmanscan.cuda.kla import glue
 fn = glue._glue_conv_walk_kernel
-consts = dict(K=4, TP=64, BM=128, NS=3, ATOMIC=True)
+consts = dict(K=4, TP=64, BM=128, NS=3)
 types = dict(zg_ptr="*bf16", w_ptr="*fp32", b_ptr="*fp32", g_ptr="*bf16", g2_ptr="*bf16",
              gz_ptr="*bf16", gw_ptr="*fp32", gb_ptr="*fp32", L="i32", M="i32", ZS="i32",
              NP="i32", **dict.fromkeys(consts, "constexpr"))

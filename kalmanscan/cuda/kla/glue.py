@@ -270,7 +270,7 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
 @triton.jit
 def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
                            NP, K: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
-                           NS: tl.constexpr, ATOMIC: tl.constexpr = False):  # fmt: skip
+                           NS: tl.constexpr):  # fmt: skip
     """The conv's backward in one pass (``K <= 4``): a program walks tokens ``t0 .. t0 + TP +
     2`` of ``BM`` channels of batch row ``b`` (``t0 = program_id(0) TP``), each thread its
     channels: at each token the pre-activation from the token's and the 3 previous inputs
@@ -279,9 +279,7 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d w[K-1-d]
     gpre[t - 3 + d]`` from the last 4 ``gpre``, carried in registers, into the first ``M``
     columns of ``gz [B, L, ZS]``. The 3 tokens past the program's own are computed again for
-    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written. With
-    ``ATOMIC`` the program adds its sums into ``gw [M, K]`` and ``gb [M]`` (float32 atomics)
-    instead of storing them as partial sums ``[B NP, K, M]``, ``[B NP, M]``.
+    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written.
 
     (The carried values start as distinct tensors: Triton takes a name for loop-carried only
     where the loop rebinds it to another object than it had before the loop, so ``gp0 = gp1``
@@ -357,25 +355,15 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
                  mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
         gp0, gp1, gp2 = gp1, gp2, gpt
-    if ATOMIC:  # into gw [M, K] (the weight's layout) and gb [M]
-        tl.atomic_add(gb_ptr + m, ab, mask=mmask, sem="relaxed")
-        tl.atomic_add(gw_ptr + m * K + (K - 1), a3, mask=mmask, sem="relaxed")
-        if K >= 2:
-            tl.atomic_add(gw_ptr + m * K + (K - 2), a2, mask=mmask, sem="relaxed")
-        if K >= 3:
-            tl.atomic_add(gw_ptr + m * K + (K - 3), a1, mask=mmask, sem="relaxed")
-        if K >= 4:
-            tl.atomic_add(gw_ptr + m * K + (K - 4), a0, mask=mmask, sem="relaxed")
-    else:
-        part = (b * NP + pid_t).to(tl.int64)
-        tl.store(gb_ptr + part * M + m, ab, mask=mmask)
-        tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
-        if K >= 2:
-            tl.store(gw_ptr + (part * K + (K - 2)) * M + m, a2, mask=mmask)
-        if K >= 3:
-            tl.store(gw_ptr + (part * K + (K - 3)) * M + m, a1, mask=mmask)
-        if K >= 4:
-            tl.store(gw_ptr + (part * K + (K - 4)) * M + m, a0, mask=mmask)
+    part = (b * NP + pid_t).to(tl.int64)
+    tl.store(gb_ptr + part * M + m, ab, mask=mmask)
+    tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
+    if K >= 2:
+        tl.store(gw_ptr + (part * K + (K - 2)) * M + m, a2, mask=mmask)
+    if K >= 3:
+        tl.store(gw_ptr + (part * K + (K - 3)) * M + m, a1, mask=mmask)
+    if K >= 4:
+        tl.store(gw_ptr + (part * K + (K - 4)) * M + m, a0, mask=mmask)
 
 
 @triton.jit
@@ -505,8 +493,7 @@ def _glue_gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yv
 @triton.jit
 def _glue_gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, gy_ptr,
                      gyvar_ptr, gzg_ptr, gzc_ptr, gskip_ptr, N, M, ZS, ACT: tl.constexpr,
-                     HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                     ATOMIC: tl.constexpr = False):  # fmt: skip
+                     HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
     m = pid_m * BM + tl.arange(0, BM)
@@ -523,11 +510,7 @@ def _glue_gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, s
     ggate = gout * (y + skip * zc) * dg
     tl.store(gy_ptr + at, gu.to(gy_ptr.dtype.element_ty), mask=mask)
     tl.store(gzc_ptr + at, (gu * skip).to(gzc_ptr.dtype.element_ty), mask=mask)
-    gsk = tl.sum(tl.sum(gu * zc, axis=1))
-    if ATOMIC:  # into the scalar (float32 atomics), else one partial sum a program
-        tl.atomic_add(gskip_ptr, gsk, sem="relaxed")
-    else:
-        tl.store(gskip_ptr + pid_n * tl.num_programs(1) + pid_m, gsk)
+    tl.store(gskip_ptr + pid_n * tl.num_programs(1) + pid_m, tl.sum(tl.sum(gu * zc, axis=1)))
     if HAS_VAR:
         gyvg = tl.load(gyvg_ptr + at, mask=mask, other=0.0).to(tl.float32)
         yvar = tl.load(yvar_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -584,20 +567,13 @@ class _ConvSilu(torch.autograd.Function):
         else:
             PT, PM, pw, NI = _conv_bwd_blocks()
             NP = cdiv(L, PT * NI)
-        # the weights' and bias's sums: added by the one pass's programs into gw [M, K] and
-        # gb [M] (float32 atomics; one zeroed buffer), else partial sums, NP a batch row, that
-        # torch adds in a fixed order (the two passes; torch.use_deterministic_algorithms)
-        atomic = one_pass and not torch.are_deterministic_algorithms_enabled()
-        if atomic:
-            gwb = torch.zeros(((K + 1) * M,), dtype=torch.float32, device=zg.device)
-            gw, gb = gwb[: K * M], gwb[K * M :]
-        else:
-            gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
-            gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
+        # the weights' and bias's partial sums, NP a batch row
+        gw = empty((B * NP, K, M), dtype=torch.float32, device=zg.device)
+        gb = empty((B * NP, M), dtype=torch.float32, device=zg.device)
         if one_pass:
             launch(_glue_conv_walk_kernel, (NP, cdiv(M, WM), B), zg, weight, bias,
                    gzc.contiguous(), gskip_zc, gzg, gw, gb, L, M, M2, NP, K=K, TP=TP, BM=WM,
-                   NS=wns, ATOMIC=atomic, num_warps=ww)  # fmt: skip
+                   NS=wns, num_warps=ww)  # fmt: skip
         else:  # two passes: gpre (and the weights' sums), then gz
             gp = empty((B, L, M), dtype=torch.float32, device=zg.device)
             launch(_glue_conv_gpre_kernel, (NP, cdiv(M, PM), B), zg, weight, bias,
@@ -605,8 +581,6 @@ class _ConvSilu(torch.autograd.Function):
                    BT=PT, BM=PM, NI=NI, num_warps=pw)  # fmt: skip
             launch(_glue_conv_gz_kernel, (NT, cdiv(M, BM), B), gp, weight, gzg, L, M, M2, K=K,
                    BT=BT, BM=BM, num_warps=nw)  # fmt: skip
-        if atomic:
-            return gzg, gw.view(weight.shape).to(weight.dtype), gb.to(bias.dtype), None
         gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
         return gzg, gw, gb.sum(0).to(bias.dtype), None
 
@@ -675,19 +649,13 @@ class _GateSkip(torch.autograd.Function):
         gzg = empty((B, L, 2 * M), zg)
         gzc = empty((B, L, M), zc)
         nN, nM = cdiv(N, BN), cdiv(M, BM)
-        # the skip's gradient: added by every program into one float32 (atomics), else one
-        # partial sum a program that torch adds in a fixed order (deterministic algorithms)
-        atomic = not torch.are_deterministic_algorithms_enabled()
-        if atomic:
-            gskip = torch.zeros((1,), dtype=torch.float32, device=y.device)
-        else:
-            gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
+        gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
         launch(_glue_gate_bwd_kernel, (nN, nM), gout.contiguous(),
                gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
                gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
-               HAS_VAR=with_var, BN=BN, BM=BM, ATOMIC=atomic, num_warps=nw)  # fmt: skip
+               HAS_VAR=with_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
         ctx.buf.gzg, ctx.buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
-        gskip = (gskip if atomic else gskip.sum()).to(skip.dtype).reshape(skip.shape)
+        gskip = gskip.sum().to(skip.dtype).reshape(skip.shape)
         return gy, gyvar, None, None, gskip, None, None, None, None
 
 
@@ -806,7 +774,7 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
             cases.append((f"conv_walk-{tag}-K{K}", _glue_conv_walk_kernel,
                           dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
                                NP=cdiv(L, TP)),
-                          dict(K=K, TP=TP, BM=WM, NS=wns, ATOMIC=True), ww))  # fmt: skip
+                          dict(K=K, TP=TP, BM=WM, NS=wns), ww))  # fmt: skip
             cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
                           dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
@@ -828,7 +796,6 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                     name = f"{tag}-{act}-var{int(has_var)}"
                     cases.append((f"gate_fwd-{name}", _glue_gate_fwd_kernel,
                                   dict(gate, out_ptr=dt, yvg_ptr=f32), c, nw))  # fmt: skip
-                    c = dict(c, ATOMIC=True)  # (the backward's skip sum by atomics)
                     cases.append((f"gate_bwd-{name}", _glue_gate_bwd_kernel,
                                   dict(gate, gout_ptr=dt, gyvg_ptr=f32, gy_ptr=f32,
                                        gyvar_ptr=f32, gzg_ptr=dt, gzc_ptr=dt, gskip_ptr=f32),
