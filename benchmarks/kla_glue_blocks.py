@@ -39,21 +39,15 @@ BLOCKS = [(32, 128, 4), (16, 256, 4), (64, 128, 8), (32, 256, 8), (64, 64, 4), (
 
 
 def _mean_ms(kernel, grid, args, kw, reps=30):
-    """Mean ms a launch of ``kernel[grid](*args, **kw)``, ``reps`` back to back."""
-    if not torch.cuda.is_available():  # (--dry-run: one interpreted launch)
+    """Mean ms a launch (``kla_conv_bwd._mean_ms``); under ``--dry-run`` one interpreted
+    launch's wall time."""
+    if not torch.cuda.is_available():
         t0 = time.perf_counter()
         kernel[grid](*args, **kw)
         return (time.perf_counter() - t0) * 1e3
-    for _ in range(3):
-        kernel[grid](*args, **kw)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        kernel[grid](*args, **kw)
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
+    from benchmarks.kla_conv_bwd import _mean_ms as mean_ms
+
+    return mean_ms(kernel, grid, args, kw, reps)
 
 
 def main(argv=None):
