@@ -571,10 +571,12 @@ def kernel_resources():
         "L M NB B",
         (),
     )
+    # (M = 1024: d_model 512's channels, a compile-time constant of the map kernels; every
+    # lane real, so their loads unmasked)
     G, SG, NT, maps_warps, W, NS = KC._maps_layout(16)
-    maps_consts = dict(S=16, G=G, SG=SG, NT=NT, W=W, NS=NS)
+    maps_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
     G, SG, NT, tangent_warps, W, NS = KC._maps_layout(16, tangents=True)
-    tangent_consts = dict(S=16, G=G, SG=SG, NT=NT, W=W, NS=NS)
+    tangent_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
@@ -632,16 +634,16 @@ def kernel_resources():
                              dict(CT=32, BLOCK=16), 4),
         # the time-chunked KLA op's two map passes at chunked.MAPS_LAUNCH (S = 16)
         "kla_chunk_maps": (KC._chunk_maps_kernel,
-                           sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C M NR", ()),
+                           sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR", ()),
                            maps_consts, maps_warps),
         "kla_adjoint_maps": (KC._adjoint_maps_kernel,
                              sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr "
-                                 "gprec_ptr out_ptr", "L Lc C M NR", ()),
+                                 "gprec_ptr out_ptr", "L Lc C NR", ()),
                              dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
                              tangent_warps),
         "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel,
                                    sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "
-                                       "gyv_ptr gprec_ptr out_ptr", "L Lc C M NR", ()),
+                                       "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
     }  # fmt: skip

@@ -13,7 +13,8 @@ and its channel group (reduce-scattered in float32 with 4 or 8 threads a channel
 ``m`` (``gk, gq``) are reduce-scattered over the warp and added into ``[B, L, S]`` by float32
 atomics (``tuning.TUNING["bwd_atomic_sums"]``; under ``torch.use_deterministic_algorithms``
 written per program and added in torch, in a fixed order); sums over ``b`` and ``t``
-(``gdecay, gprocess_var``) stay in registers per batch row. Only a lane's last interval can
+(``gdecay, gprocess_var``) stay in registers per batch row and are added into ``[M, S]`` the
+same way at the end (or written per row). Only a lane's last interval can
 reach past ``L``: it runs first, masked, the others without step masks.
 """
 
@@ -226,15 +227,20 @@ def _adjoint_step(
     rden = _rcp(p * lam_prev + d)
     alpha = af * rden
     g_al = Et * eta_prev
-    a2 = alpha * alpha
     # d/da: alpha' = rden - 2 alpha^2 (0 where the decay is 0), lam_pred' = -2 alpha lam_pred;
     # d/dp: alpha' = -alpha lam_pred, lam_pred' = -lam_pred^2. Where the decay is 0,
-    # rden = alpha = 0 and lam_pred = e = 1 / p.
+    # rden = alpha = 0 and lam_pred = e = 1 / p. With Y = rden g_al and
+    # Z = alpha g_al + lam_pred Lt these are
+    #   dga = g_al (rden - 2 alpha^2) - 2 alpha lam_pred Lt = Y - 2 alpha Z,
+    #   dgp = -(lam_pred^2 Lt + alpha lam_pred g_al) = -lam_pred Z,
+    #   Lc' = alpha^2 Lt - alpha p rden g_al = alpha (alpha Lt - p Y)
+    # (13 operations a lane-step where the products one by one took 18)
     lam_pred = lam_prev * rden + e
-    al = alpha * lam_pred
-    dga = g_al * (rden - 2.0 * a2) - 2.0 * (Lt * al)
-    dgp = -(lam_pred * (Lt * lam_pred) + g_al * al)
-    n_Lc = a2 * Lt - alpha * (p * rden) * g_al
+    Y = rden * g_al
+    Z = alpha * g_al + lam_pred * Lt
+    dga = Y - (2.0 * alpha) * Z
+    dgp = -(lam_pred * Z)
+    n_Lc = alpha * (alpha * Lt - p * Y)
     n_Ec = alpha * Et
     if MASKED:
         inside = ((m * 0 + t) < L)[None, :]
@@ -388,9 +394,14 @@ def _kla_bwd_kernel(
             lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV, ATOMIC,
             RERUN,
         )  # fmt: skip
-    # per-row partial sums of the dynamics' gradients ([B, M, S], added in torch)
-    tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
-    tl.store(gp_part_ptr + state_off, gp, mask=lane_mask)
+    # the dynamics' gradients: with ATOMIC added into [M, S], else per-row partial sums
+    # [B, M, S] that torch adds
+    if ATOMIC:
+        tl.atomic_add(ga_part_ptr + ms, ga, mask=lane_mask, sem="relaxed")
+        tl.atomic_add(gp_part_ptr + ms, gp, mask=lane_mask, sem="relaxed")
+    else:
+        tl.store(ga_part_ptr + state_off, ga, mask=lane_mask)
+        tl.store(gp_part_ptr + state_off, gp, mask=lane_mask)
     tl.store(g0_ptr + state_off, Lc, mask=lane_mask)
     tl.store(g0_ptr + B * M * S + state_off, Ec, mask=lane_mask)
 
@@ -433,14 +444,19 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
     # gk, gq: sums over the channels; each program adds its channels' sums into them (float32
     # atomics in L2), or, under torch.use_deterministic_algorithms, stores them as partial sums
     # [2, nmb, B, L, S] that one torch sum adds in a fixed order
+    # (the same for the dynamics' gradients ga, gp: [2, M, S] added into, or [2, B, M, S]
+    # partial sums; one zeroed buffer holds them and gk, gq)
     atomic = tuning.TUNING["bwd_atomic_sums"] and not torch.are_deterministic_algorithms_enabled()
     if atomic:
-        gkq = torch.zeros((2, B, L, S), dtype=like.dtype, device=like.device)
+        sums = torch.zeros((2 * B * L * S + 2 * M * S,), dtype=like.dtype, device=like.device)
+        gkq = sums[: 2 * B * L * S].view(2, B, L, S)
+        gap = sums[2 * B * L * S :].view(2, M, S)
+        gap_part = gap
     else:
         gkq = empty((2, nmb, B, L, S), like)
+        gap_part = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
-    gap_part = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
     g0 = empty((2, B, M, S), like)
     launch(_kla_bwd_kernel, P["grid"],
         v, Lv, k, q, a, p, ck, gy, gy if gyv is None else gyv, glT, geT, gprec,
@@ -449,5 +465,5 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
         **P["consts"])  # fmt: skip
     if not atomic:
         gkq = gkq.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
-    gap = gap_part.sum(1)
+        gap = gap_part.sum(1)
     return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]

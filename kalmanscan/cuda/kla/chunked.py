@@ -88,19 +88,30 @@ def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN: tl.c
 
 
 @helper
+def _ld(ptr, mask, EVEN: tl.constexpr):
+    """A load, masked (zeros where ``mask`` is false) unless ``EVEN``: every lane of the
+    program is real (the channels fill the programs, every slot is real), and a masked load's
+    predicate and its zeroed destination would be instructions spent on nothing."""
+    if EVEN:
+        return tl.load(ptr)
+    return tl.load(ptr, mask=mask, other=0.0)
+
+
+@helper
 def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
-                   dt: tl.constexpr, LEAN: tl.constexpr = False):  # fmt: skip
+                   dt: tl.constexpr, LEAN: tl.constexpr = False,
+                   EVEN: tl.constexpr = False):  # fmt: skip
     """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps``."""
-    vv = tl.load(pm, mask=mmask, other=0.0).to(dt)
-    LL = tl.load(pLm, mask=mmask, other=0.0).to(dt)
-    kk = tl.load(ps, mask=smask, other=0.0).to(dt)
+    vv = _ld(pm, mmask, EVEN).to(dt)
+    LL = _ld(pLm, mmask, EVEN).to(dt)
+    kk = _ld(ps, smask, EVEN).to(dt)
     return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN)
 
 
 @helper
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
-                M, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
-                LEAN: tl.constexpr):  # fmt: skip
+                M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
+                NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
     every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division)."""
     af4 = (af * af) * (af * af)
@@ -109,7 +120,7 @@ def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p,
             for j in tl.static_range(4):
                 m11, m12, m21, m22, g1, g2, A = _load_map_step(
                     pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
-                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, LEAN)  # fmt: skip
+                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, LEAN, EVEN)  # fmt: skip
             if LEAN:
                 A = A * af4
             m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
@@ -130,15 +141,18 @@ def _normalized(m11, m12, m21, m22, g1, g2, A):
 @triton.jit
 def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
-    L, Lc, C, M, NR, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
-    W: tl.constexpr, NS: tl.constexpr,
+    L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+    NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
     thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
     maps of chunks ``0 .. C-2`` only, so the last chunk of a row has no program and its map is
     not written), whose ``Lc`` steps it composes into the map stored at ``maps [7, B C, M S]``.
     Steps run in unrolled blocks of ``W`` (4 or 8; their loads issued together), the map
-    divided by its trace every 4 steps."""
+    divided by its trace every 4 steps. ``M`` is a compile-time constant so that the unrolled
+    steps' loads take their offsets as immediates, and ``EVEN`` (every lane real) drops their
+    masks: about 60 of the lean loop's 413 sm_90 instructions a block were address arithmetic,
+    predicates and the zeroing of masked loads' destinations."""
     b = tl.program_id(1) // (C - 1)
     c = tl.program_id(1) % (C - 1)
     row = b * C + c
@@ -165,14 +179,15 @@ def _chunk_maps_kernel(
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True)  # fmt: skip
+            NS, True, EVEN)  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False)  # fmt: skip
+            NS, False, EVEN)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
-            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt)  # fmt: skip
+            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
+            EVEN)  # fmt: skip
         if (i % 4) == 3:
             m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += M
@@ -242,34 +257,38 @@ def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, 
     rl = _rcp(lam)
     qrl = qq * rl
     ge = gyy[None, :] * qrl
-    x = ge * eta
+    # bl += J2 gl + Jel ge with J2 = Jee^2, gl = gprec - rl (ge eta + gyv qrl q): as
+    # bl + ge (Jel - J2 rl eta) - J2 rl gyv qrl q + J2 gprec (4 operations without gyv and
+    # gprec where the products one by one took 5; a zero gyv read changes nothing, bit for bit)
+    J2 = Jee * Jee
+    J2r = J2 * rl
+    bl = bl + ge * (Jel - J2r * eta)
     if HAS_GYV:
-        x += gvv[None, :] * (qrl * qq)
+        bl -= J2r * (gvv[None, :] * (qrl * qq))
     if HAS_GPREC:
-        gl = gpp - rl * x
-    else:
-        gl = -(rl * x)
-    return lam, eta, Jel, Jee, bl + (Jee * Jee) * gl + Jel * ge, be + Jee * ge
+        bl += J2 * gpp
+    return lam, eta, Jel, Jee, bl, be + Jee * ge
 
 
 @helper
 def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel, Jee, bl, be,
                        p, d, af, e, dt: tl.constexpr,
-                       HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
+                       HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr,
+                       EVEN: tl.constexpr = False):  # fmt: skip
     """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pv,
     pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``; ``pgv``
     read with ``HAS_GYV``, else zeros)."""
-    vv = tl.load(pv, mask=mmask, other=0.0).to(dt)
-    LL = tl.load(pL, mask=mmask, other=0.0).to(dt)
-    gyy = tl.load(pgy, mask=mmask, other=0.0).to(dt)
+    vv = _ld(pv, mmask, EVEN).to(dt)
+    LL = _ld(pL, mmask, EVEN).to(dt)
+    gyy = _ld(pgy, mmask, EVEN).to(dt)
     gvv = tl.zeros_like(gyy)
     if HAS_GYV:
-        gvv = tl.load(pgv, mask=mmask, other=0.0).to(dt)
-    kk = tl.load(pk, mask=smask, other=0.0).to(dt)
-    qq = tl.load(pq, mask=smask, other=0.0).to(dt)
+        gvv = _ld(pgv, mmask, EVEN).to(dt)
+    kk = _ld(pk, smask, EVEN).to(dt)
+    qq = _ld(pq, smask, EVEN).to(dt)
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
-        gpp = tl.load(pg, mask=smask, other=0.0).to(dt)
+        gpp = _ld(pg, smask, EVEN).to(dt)
     return _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
                          HAS_GPREC, HAS_GYV)  # fmt: skip
 
@@ -277,9 +296,9 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
-    L, Lc, C, M, NR, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
+    L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
     SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
-    HAS_GYV: tl.constexpr,
+    HAS_GYV: tl.constexpr, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -287,7 +306,7 @@ def _adjoint_maps_kernel(
     d eta_end / d lam_start``, ``Jee = d eta_end / d eta_start``) and ``b = sum_t J_t^T g_t``,
     the start adjoint that the outputs' gradients ``g_t`` inside the chunk give with zero at its
     end: ``out [5, B C, M S] = (bl, be, Jll, Jel, Jee)``. Steps in unrolled blocks of ``W``, as
-    ``_chunk_maps_kernel``."""
+    ``_chunk_maps_kernel`` (``M`` a compile-time constant, ``EVEN`` loads unmasked)."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -316,7 +335,7 @@ def _adjoint_maps_kernel(
             lam, eta, Jel, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
                 pg + j * MS, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e, dt,
-                HAS_GPREC, HAS_GYV)  # fmt: skip
+                HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += W * M
         pL += W * M
         pgy += W * M
@@ -327,7 +346,7 @@ def _adjoint_maps_kernel(
     for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, Jel, Jee, bl, be = _load_tangent_step(
             pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e,
-            dt, HAS_GPREC, HAS_GYV)  # fmt: skip
+            dt, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += M
         pL += M
         pgy += M
@@ -369,6 +388,12 @@ def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr):
         tl.store(gend_ptr + step + off - MS, Ge, mask=lm)
 
 
+def _even(M, S, G, SG, NT) -> bool:
+    """Whether every lane of every map program is real: the programs' ``NT / G`` channels
+    divide ``M`` and the ``G SG`` slots of a channel are all real (the kernels' ``EVEN``)."""
+    return M % (NT // G) == 0 and S == G * SG
+
+
 def _rows(x, R, Lc):
     """``[B, L, ...] -> [B C, Lc, ...]``: every chunk a batch row (a view)."""
     return x.reshape((R, Lc) + tuple(x.shape[2:]))
@@ -386,8 +411,8 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     G, SG, NT, nw, W, NS = _maps_layout(S)
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
-               v, Lv, k, a, p, maps, L, Lc, C, M, R, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               num_warps=nw)  # fmt: skip
+               v, Lv, k, a, p, maps, L, Lc, C, R, M=M, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
+               EVEN=_even(M, S, G, SG, NT), num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -439,9 +464,9 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         amap = empty((5, R, MS), like)
         G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
-               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, M, R, S=S,
+               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
-               num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]

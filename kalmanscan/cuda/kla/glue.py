@@ -493,7 +493,8 @@ def _glue_gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yv
 @triton.jit
 def _glue_gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, gy_ptr,
                      gyvar_ptr, gzg_ptr, gzc_ptr, gskip_ptr, N, M, ZS, ACT: tl.constexpr,
-                     HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+                     HAS_VAR: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                     ATOMIC: tl.constexpr = False):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
     m = pid_m * BM + tl.arange(0, BM)
@@ -510,7 +511,11 @@ def _glue_gate_bwd_kernel(gout_ptr, gyvg_ptr, y_ptr, yvar_ptr, zg_ptr, zc_ptr, s
     ggate = gout * (y + skip * zc) * dg
     tl.store(gy_ptr + at, gu.to(gy_ptr.dtype.element_ty), mask=mask)
     tl.store(gzc_ptr + at, (gu * skip).to(gzc_ptr.dtype.element_ty), mask=mask)
-    tl.store(gskip_ptr + pid_n * tl.num_programs(1) + pid_m, tl.sum(tl.sum(gu * zc, axis=1)))
+    gsk = tl.sum(tl.sum(gu * zc, axis=1))
+    if ATOMIC:  # into the scalar (float32 atomics), else one partial sum a program
+        tl.atomic_add(gskip_ptr, gsk, sem="relaxed")
+    else:
+        tl.store(gskip_ptr + pid_n * tl.num_programs(1) + pid_m, gsk)
     if HAS_VAR:
         gyvg = tl.load(gyvg_ptr + at, mask=mask, other=0.0).to(tl.float32)
         yvar = tl.load(yvar_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -649,13 +654,19 @@ class _GateSkip(torch.autograd.Function):
         gzg = empty((B, L, 2 * M), zg)
         gzc = empty((B, L, M), zc)
         nN, nM = cdiv(N, BN), cdiv(M, BM)
-        gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
+        # the skip's gradient: added by every program into one float32 (atomics), else one
+        # partial sum a program that torch adds in a fixed order (deterministic algorithms)
+        atomic = not torch.are_deterministic_algorithms_enabled()
+        if atomic:
+            gskip = torch.zeros((1,), dtype=torch.float32, device=y.device)
+        else:
+            gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
         launch(_glue_gate_bwd_kernel, (nN, nM), gout.contiguous(),
                gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
                gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
-               HAS_VAR=with_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
+               HAS_VAR=with_var, BN=BN, BM=BM, ATOMIC=atomic, num_warps=nw)  # fmt: skip
         ctx.buf.gzg, ctx.buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
-        gskip = gskip.sum().to(skip.dtype).reshape(skip.shape)
+        gskip = (gskip if atomic else gskip.sum()).to(skip.dtype).reshape(skip.shape)
         return gy, gyvar, None, None, gskip, None, None, None, None
 
 
@@ -796,6 +807,7 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                     name = f"{tag}-{act}-var{int(has_var)}"
                     cases.append((f"gate_fwd-{name}", _glue_gate_fwd_kernel,
                                   dict(gate, out_ptr=dt, yvg_ptr=f32), c, nw))  # fmt: skip
+                    c = dict(c, ATOMIC=True)  # (the backward's skip sum by atomics)
                     cases.append((f"gate_bwd-{name}", _glue_gate_bwd_kernel,
                                   dict(gate, gout_ptr=dt, gyvg_ptr=f32, gy_ptr=f32,
                                        gyvar_ptr=f32, gzg_ptr=dt, gzc_ptr=dt, gskip_ptr=f32),

@@ -38,7 +38,9 @@ TUNING = {
     "fwd_maxnreg": 128,
     # the backward's sums over channels of gk, gq added by float32 atomics into [B, L, S] (in
     # L2), not stored as [M / channels a program, B, L, S] partial sums for a torch sum (268 MB
-    # a layer at B=8 L=2,048 M=1,024 S=16); off under torch.use_deterministic_algorithms
+    # a layer at B=8 L=2,048 M=1,024 S=16); and the sums over batch rows of gdecay,
+    # gprocess_var into [M, S] (not [B, M, S] partials: one torch sum kernel a call fewer);
+    # off under torch.use_deterministic_algorithms
     "bwd_atomic_sums": True,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
