@@ -451,19 +451,18 @@ def backward(v, Lv, k, q, a, p, ck, CK, gy, gyv, glT, geT, gprec):
         sums = torch.zeros((2 * B * L * S + 2 * M * S,), dtype=like.dtype, device=like.device)
         gkq = sums[: 2 * B * L * S].view(2, B, L, S)
         gap = sums[2 * B * L * S :].view(2, M, S)
-        gap_part = gap
     else:
         gkq = empty((2, nmb, B, L, S), like)
-        gap_part = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
+        gap = empty((2, B, M, S), like)  # partial sums of ga, gp by batch row
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     g0 = empty((2, B, M, S), like)
     launch(_kla_bwd_kernel, P["grid"],
         v, Lv, k, q, a, p, ck, gy, gy if gyv is None else gyv, glT, geT, gprec,
-        gv, gLv, gkq[0], gkq[1], gap_part[0], gap_part[1], g0,
+        gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0,
         L, M, NB, B, S, HAS_GPREC=has_gprec, HAS_GYV=has_gyv, ATOMIC=atomic,
         **P["consts"])  # fmt: skip
     if not atomic:
         gkq = gkq.sum(1)  # (indexing, not unpacking: unbind is slower on the host)
-        gap = gap_part.sum(1)
+        gap = gap.sum(1)
     return gv, gLv, gkq[0], gkq[1], gap[0], gap[1], g0[0], g0[1]
