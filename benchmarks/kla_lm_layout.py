@@ -52,8 +52,12 @@ def parse(argv=None):
                          "(default: DEFAULT_CONFIGS by shape; 0 = the default's choice)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--grad-tol", type=float, default=0.05,
-                    help="gradients against the default configuration's, normwise relative")
+    ap.add_argument(
+        "--grad-tol",
+        type=float,
+        default=0.05,
+        help="gradients against the default configuration's, normwise relative",
+    )
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="no configuration starts after this many seconds")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny")
@@ -75,11 +79,11 @@ def main(argv=None):
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
+    from lm_step import Stepper, flat_grads, loss_of, profile_split, sync, timed
 
     from kalmanscan.cuda.kla import tuning
     from kalmanscan.kla import KLALanguageModel, ModelConfig
     from kalmanscan.validation.run_meta import run_meta
-    from lm_step import Stepper, flat_grads, loss_of, profile_split, sync, timed
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     d_model, layers = (32, 2) if args.dry_run else (512, 6)
