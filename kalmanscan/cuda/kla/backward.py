@@ -44,19 +44,25 @@ from kalmanscan.cuda.kla.device import (
 
 
 @helper
-def _prefetch_rows(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, m, j):
-    """Prefetch row ``t`` (clamped into ``[0, L)``) of four ``[B, L, M]`` arrays at the threads'
-    channels: thread ``j`` takes array ``j % 4``. A row's segment of a program's channels is
-    whole sectors, and every sector holds channels of each residue, so the segments of all 4
-    arrays are covered by one instruction."""
-    tc = tl.minimum(tl.maximum(t, 0), L - 1)
-    off = base_m + tc * M + tl.minimum(m, M - 1)
+def _prefetch_interval(ptr_a, ptr_b, ptr_c, ptr_d, base_m, t, L, M, pm, j, CK: tl.constexpr,
+                       G: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """Prefetch into L2 the rows ``t .. t + CK - 1`` (each clamped into ``[0, L)``) of four
+    ``[B, L, M]`` arrays at the program's channels, in two instructions a warp: thread ``j``
+    takes array ``j % 4`` at step ``t + (j // 4) % CK``, pointing at the program's first
+    channel, then at its last (clamped to ``M - 1``), so that both ends of each row's segment
+    (``NT / G`` channels, one or two sectors) are asked for."""
+    tc = tl.minimum(tl.maximum(t + (j // 4) % CK, 0), L - 1)
+    first = pm * (NT // G)
+    last = tl.minimum(first + (NT // G - 1), M - 1)
+    row = base_m + tc * M
     sel = j % 4
-    # as addresses: the arrays may differ in type (half inputs, float32 gradients)
-    ptrs = tl.where(sel == 0, (ptr_a + off).to(tl.int64), (ptr_b + off).to(tl.int64))
-    ptrs = tl.where(sel == 2, (ptr_c + off).to(tl.int64), ptrs)
-    ptrs = tl.where(sel == 3, (ptr_d + off).to(tl.int64), ptrs)
-    _prefetch_l2(ptrs)
+    for c in tl.static_range(2):
+        off = row + (first if c == 0 else last)
+        # as addresses: the arrays may differ in type (half inputs, float32 gradients)
+        ptrs = tl.where(sel == 0, (ptr_a + off).to(tl.int64), (ptr_b + off).to(tl.int64))
+        ptrs = tl.where(sel == 2, (ptr_c + off).to(tl.int64), ptrs)
+        ptrs = tl.where(sel == 3, (ptr_d + off).to(tl.int64), ptrs)
+        _prefetch_l2(ptrs)
 
 
 @helper
@@ -174,7 +180,7 @@ def _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S: tl.constexpr, ms, lane_ma
 
 @helper
 def _adjoint_step(
-    lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gp, p, d, af, e, vv, Lv, kk, gy, gyv, qq,
+    lam, eta, lam_prev, eta_prev, Lc, Ec, ga, gz, gp, p, d, af, e, vv, Lv, kk, gy, gyv, qq,
     gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     t, L, M, S: tl.constexpr, base_m, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
@@ -218,7 +224,9 @@ def _adjoint_step(
         tl.store(gv_ptr + out, _group_sum(pv, G, NT), mask=omask)
         tl.store(gLv_ptr + out, _group_sum(pl, G, NT), mask=omask)
     # sums over the program's channels
-    xk = Lv[None, :] * (2.0 * kk * Lt + vv[None, :] * Et)
+    # (grouped as 2 Lv (k Lt) + v Lv Et: v Lv is the recomputation's, 2 Lv the channel's once
+    # for its slots, so 3 operations a lane where Lv (2 k Lt + v Et) took 4)
+    xk = (2.0 * Lv)[None, :] * (kk * Lt) + (vv * Lv)[None, :] * Et
     xq = A
     if HAS_GYV:
         xq += gyv[None, :] * qrl
@@ -238,28 +246,32 @@ def _adjoint_step(
     lam_pred = lam_prev * rden + e
     Y = rden * g_al
     Z = alpha * g_al + lam_pred * Lt
-    dga = Y - (2.0 * alpha) * Z
+    # (dga summed as two sums, sum Y and sum alpha Z, combined once at the end: 2 operations a
+    # lane-step where Y - 2 alpha Z added took 3)
+    aZ = alpha * Z
     dgp = -(lam_pred * Z)
     n_Lc = alpha * (alpha * Lt - p * Y)
     n_Ec = alpha * Et
     if MASKED:
         inside = ((m * 0 + t) < L)[None, :]
-        ga = tl.where(inside, ga + dga, ga)
+        ga = tl.where(inside, ga + Y, ga)
+        gz = tl.where(inside, gz + aZ, gz)
         gp = tl.where(inside, gp + dgp, gp)
         Lc = tl.where(inside, n_Lc, Lc)
         Ec = tl.where(inside, n_Ec, Ec)
     else:
-        ga += dga
+        ga += Y
+        gz += aZ
         gp += dgp
         Lc = n_Lc
         Ec = n_Ec
-    return Lc, Ec, ga, gp, pv, pl
+    return Lc, Ec, ga, gz, gp, pv, pl
 
 
 @helper
 def _adjoint4(
     l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3, t0,
-    Lc, Ec, ga, gp, p, d, af, e,
+    Lc, Ec, ga, gz, gp, p, d, af, e,
     q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     dt: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
@@ -277,35 +289,35 @@ def _adjoint4(
         w0 = tl.zeros_like(y0)
         w1, w2, w3 = w0, w0, w0
     q0, q1, q2, q3 = _slot_tile(q_ptr, t0, L, S, base_s, dt, SG, G, NT, MASKED)
-    Lc, Ec, ga, gp, pv3, pl3 = _adjoint_step(
-        l4, e4, l3, e3, Lc, Ec, ga, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
+    Lc, Ec, ga, gz, gp, pv3, pl3 = _adjoint_step(
+        l4, e4, l3, e3, Lc, Ec, ga, gz, gp, p, d, af, e, v3, L3, k3, y3, w3, q3, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 3, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
         ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
-    Lc, Ec, ga, gp, pv2, pl2 = _adjoint_step(
-        l3, e3, l2, e2, Lc, Ec, ga, gp, p, d, af, e, v2, L2, k2, y2, w2, q2, gprec_ptr, gv_ptr,
+    Lc, Ec, ga, gz, gp, pv2, pl2 = _adjoint_step(
+        l3, e3, l2, e2, Lc, Ec, ga, gz, gp, p, d, af, e, v2, L2, k2, y2, w2, q2, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 2, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
         ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
-    Lc, Ec, ga, gp, pv1, pl1 = _adjoint_step(
-        l2, e2, l1, e1, Lc, Ec, ga, gp, p, d, af, e, v1, L1, k1, y1, w1, q1, gprec_ptr, gv_ptr,
+    Lc, Ec, ga, gz, gp, pv1, pl1 = _adjoint_step(
+        l2, e2, l1, e1, Lc, Ec, ga, gz, gp, p, d, af, e, v1, L1, k1, y1, w1, q1, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 1, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
         ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
-    Lc, Ec, ga, gp, pv0, pl0 = _adjoint_step(
-        l1, e1, l0, e0, Lc, Ec, ga, gp, p, d, af, e, v0, L0, k0, y0, w0, q0, gprec_ptr, gv_ptr,
+    Lc, Ec, ga, gz, gp, pv0, pl0 = _adjoint_step(
+        l1, e1, l0, e0, Lc, Ec, ga, gz, gp, p, d, af, e, v0, L0, k0, y0, w0, q0, gprec_ptr, gv_ptr,
         gLv_ptr, gk_ptr, gq_ptr, t0 + 0, L, M, S, base_m, part, m, mo, jt, mmask, smask, momask,
         ms, dt, HAS_GPREC, G, SG, NT, MASKED, OUT4, ATOMIC, HAS_GYV,
     )  # fmt: skip
     if OUT4:
         _scatter_outputs4(pv0, pv1, pv2, pv3, pl0, pl1, pl2, pl3, t0, gv_ptr, gLv_ptr, L, M,
                           base_m, m, mmask, jt, G, MASKED)  # fmt: skip
-    return Lc, Ec, ga, gp
+    return Lc, Ec, ga, gz, gp
 
 
 @helper
 def _bwd_interval(
-    t0, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB,
+    t0, Lc, Ec, ga, gz, gp, p, d, af, e, ck_ptr, eta_ck, b, NB,
     v_ptr, Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_ptr, gq_ptr,
     L, M, S: tl.constexpr, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
     lane_mask, dt: tl.constexpr, HAS_GPREC: tl.constexpr, CK: tl.constexpr,
@@ -319,8 +331,8 @@ def _bwd_interval(
     half's states are not kept while the second half is walked back, but recomputed from the
     checkpoint again after it (4 states live, as with ``CK = 4``, for half the checkpoints)."""
     if AHEAD > 0:
-        for i in tl.static_range(CK):
-            _prefetch_rows(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD + i, L, M, m, jt)
+        _prefetch_interval(v_ptr, Lv_ptr, gy_ptr, gyv_ptr, base_m, t0 - AHEAD, L, M, pm, jt, CK,
+                           G, NT)  # fmt: skip
     l0, e0 = _checkpoint_state(ck_ptr, eta_ck, t0, b, NB, M, S, ms, lane_mask, CK)
     l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = _recompute4(
         l0, e0, t0, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m, base_s, pm, dt, SG, G,
@@ -329,9 +341,9 @@ def _bwd_interval(
         l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7, k7 = (
             _recompute4(l4, e4, t0 + 4, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
                         base_s, pm, dt, SG, G, NT, MASKED))  # fmt: skip
-        Lc, Ec, ga, gp = _adjoint4(
+        Lc, Ec, ga, gz, gp = _adjoint4(
             l4, e4, l5, e5, l6, e6, l7, e7, l8, e8, v4, L4, k4, v5, L5, k5, v6, L6, k6, v7, L7,
-            k7, t0 + 4, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
+            k7, t0 + 4, Lc, Ec, ga, gz, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr,
             gLv_ptr, gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask,
             momask, ms, dt, HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
         )  # fmt: skip
@@ -339,13 +351,13 @@ def _bwd_interval(
             l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3 = (
                 _recompute4(l0, e0, t0, p, d, af, e, v_ptr, Lv_ptr, k_ptr, L, M, S, base_m,
                             base_s, pm, dt, SG, G, NT, MASKED))  # fmt: skip
-    Lc, Ec, ga, gp = _adjoint4(
+    Lc, Ec, ga, gz, gp = _adjoint4(
         l0, e0, l1, e1, l2, e2, l3, e3, l4, e4, v0, L0, k0, v1, L1, k1, v2, L2, k2, v3, L3, k3,
-        t0, Lc, Ec, ga, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
+        t0, Lc, Ec, ga, gz, gp, p, d, af, e, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr,
         gk_ptr, gq_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, dt,
         HAS_GPREC, G, SG, NT, MASKED, pm, OUT4, HAS_GYV, ATOMIC,
     )  # fmt: skip
-    return Lc, Ec, ga, gp
+    return Lc, Ec, ga, gz, gp
 
 
 @triton.jit
@@ -369,7 +381,8 @@ def _kla_bwd_kernel(
     OUT4: tl.constexpr = dt == tl.float32 and (G == 4 or G == 8)
     Lc = tl.load(glT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
     Ec = tl.load(geT_ptr + state_off, mask=lane_mask, other=0.0).to(dt)
-    ga = tl.zeros([SG, NT], dt)
+    ga = tl.zeros([SG, NT], dt)  # sum of Y; gz: sum of alpha Z (the decay's gradient: ga - 2 gz)
+    gz = tl.zeros([SG, NT], dt)
     gp = tl.zeros([SG, NT], dt)
     base_m = b.to(tl.int64) * L * M
     base_s = b.to(tl.int64) * L * S
@@ -380,20 +393,21 @@ def _kla_bwd_kernel(
     eta_ck = NB * M * S * B
     n_full = L // CK  # whole intervals; the last one (NB - 1) is partial unless NB == n_full
     if NB > n_full:  # the partial last interval first, masked
-        Lc, Ec, ga, gp = _bwd_interval(
-            n_full * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
+        Lc, Ec, ga, gz, gp = _bwd_interval(
+            n_full * CK, Lc, Ec, ga, gz, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
             q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
             S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
             HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC, RERUN,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
-        Lc, Ec, ga, gp = _bwd_interval(
-            (n_full - 1 - jb) * CK, Lc, Ec, ga, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr,
+        Lc, Ec, ga, gz, gp = _bwd_interval(
+            (n_full - 1 - jb) * CK, Lc, Ec, ga, gz, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr,
             Lv_ptr, k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr,
             gq_part_ptr, L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms,
             lane_mask, dt, HAS_GPREC, CK, G, SG, NT, AHEAD, False, pm, OUT4, HAS_GYV, ATOMIC,
             RERUN,
         )  # fmt: skip
+    ga = ga - 2.0 * gz
     # the dynamics' gradients: with ATOMIC added into [M, S], else per-row partial sums
     # [B, M, S] that torch adds
     if ATOMIC:

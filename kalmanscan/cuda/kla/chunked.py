@@ -71,8 +71,9 @@ def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN: tl.c
     (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``). ``LEAN``: no lane of the
     program forgets (``q = 0``: its terms dropped, the same values) and ``A`` is left to the
     caller (``A af^4`` once every 4 steps)."""
-    phi = LL[None, :] * kk * kk
-    r = (vv * LL)[None, :] * kk
+    lk = LL[None, :] * kk
+    phi = lk * kk
+    r = vv[None, :] * lk
     if LEAN:
         pu1 = m11
         pu2 = m12
@@ -228,41 +229,43 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 
 
 @helper
-def _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
                   HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
     """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``;
     ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``).
 
     ``d lam' / d lam = dfin / (p lam + d)^2`` is ``alpha^2`` (``dfin = af^2``: ``a^2`` where
     the decay is not 0, else 0), so ``Jll``, the product of those, is ``Jee^2``: not carried.
-    The output's gradient terms as in ``backward._adjoint_step``: ``ge = gy q / lam``,
-    ``gl = gprec - (ge eta + gyv q^2 / lam) / lam`` (without ``HAS_GPREC``, ``HAS_GYV`` their
-    zero terms left out)."""
+    ``Jel`` is carried as ``R = Jel / Jee``: ``Jel' = alpha (Jel - p rden eta Jee^2)`` and
+    ``Jee' = alpha Jee`` give ``R' = R - p rden eta Jee`` (no division; ``R`` stays bounded
+    where ``Jee`` decays). The output's gradient terms as in ``backward._adjoint_step``:
+    ``ge = gy q / lam``, ``gl = gprec - (ge eta + gyv q^2 / lam) / lam`` (without
+    ``HAS_GPREC``, ``HAS_GYV`` their zero terms left out)."""
     rden = _rcp(p * lam + d)
     alpha = af * rden
-    Jll = Jee * Jee
-    Jel = alpha * (Jel - (p * rden) * eta * Jll)
+    R = R - ((p * rden) * eta) * Jee
     Jee = alpha * Jee
-    lam = lam * rden + (LL[None, :] * kk * kk + e)
-    eta = alpha * eta + (vv * LL)[None, :] * kk
+    lk = LL[None, :] * kk
+    lam = lam * rden + (lk * kk + e)
+    eta = alpha * eta + vv[None, :] * lk
     rl = _rcp(lam)
     qrl = qq * rl
-    ge = gyy[None, :] * qrl
-    # bl += J2 gl + Jel ge with J2 = Jee^2, gl = gprec - rl (ge eta + gyv qrl q): as
-    # bl + ge (Jel - J2 rl eta) - J2 rl gyv qrl q + J2 gprec (4 operations without gyv and
-    # gprec where the products one by one took 5; a zero gyv read changes nothing, bit for bit)
-    J2 = Jee * Jee
-    J2r = J2 * rl
-    bl = bl + ge * (Jel - J2r * eta)
-    if HAS_GYV:
-        bl -= J2r * (gvv[None, :] * (qrl * qq))
-    if HAS_GPREC:
-        bl += J2 * gpp
-    return lam, eta, Jel, Jee, bl, be + Jee * ge
+    x = Jee * (gyy[None, :] * qrl)  # Jee ge
+    # bl += Jee^2 gl + Jel ge = x (R - Jee rl eta) - Jee^2 rl gyv qrl q + Jee^2 gprec (3
+    # operations without gyv and gprec where the products with Jel took 5; a zero gyv read
+    # changes nothing, bit for bit)
+    bl = bl + x * (R - Jee * (rl * eta))
+    if HAS_GYV or HAS_GPREC:
+        J2 = Jee * Jee
+        if HAS_GYV:
+            bl -= (J2 * rl) * (gvv[None, :] * (qrl * qq))
+        if HAS_GPREC:
+            bl += J2 * gpp
+    return lam, eta, R, Jee, bl, be + x
 
 
 @helper
-def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel, Jee, bl, be,
+def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, Jee, bl, be,
                        p, d, af, e, dt: tl.constexpr,
                        HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr,
                        EVEN: tl.constexpr = False):  # fmt: skip
@@ -280,7 +283,7 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, Jel
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
         gpp = _load_tile(pg, smask, not EVEN).to(dt)
-    return _tangent_step(lam, eta, Jel, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+    return _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
                          HAS_GPREC, HAS_GYV)  # fmt: skip
 
 
@@ -312,7 +315,7 @@ def _adjoint_maps_kernel(
     eta = tl.load(start_ptr + step + soff, mask=lm, other=0.0)
     one = tl.full([SG, NT], 1.0, dt)
     zero = tl.zeros([SG, NT], dt)
-    Jel, Jee, bl, be = zero, one, zero, zero
+    R, Jee, bl, be = zero, one, zero, zero  # R = Jel / Jee (_tangent_step)
     t0 = b.to(tl.int64) * L + c * Lc
     pm = t0 * M + m
     ps = t0 * S + s
@@ -323,9 +326,9 @@ def _adjoint_maps_kernel(
     nb = n // W
     for _ in tl.range(0, nb, num_stages=NS):
         for j in tl.static_range(W):
-            lam, eta, Jel, Jee, bl, be = _load_tangent_step(
+            lam, eta, R, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                pg + j * MS, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e, dt,
+                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt,
                 HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += W * M
         pL += W * M
@@ -335,8 +338,8 @@ def _adjoint_maps_kernel(
         pq += W * S
         pg += W * MS  # (a pointer: i M S can pass 2^31)
     for _ in range(nb * W, n):  # the last n mod W steps
-        lam, eta, Jel, Jee, bl, be = _load_tangent_step(
-            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, Jel, Jee, bl, be, p, d, af, e,
+        lam, eta, R, Jee, bl, be = _load_tangent_step(
+            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e,
             dt, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += M
         pL += M
@@ -349,7 +352,7 @@ def _adjoint_maps_kernel(
     tl.store(out, bl, mask=lm)
     tl.store(out + step, be, mask=lm)
     tl.store(out + 2 * step, Jee * Jee, mask=lm)  # Jll (see _tangent_step)
-    tl.store(out + 3 * step, Jel, mask=lm)
+    tl.store(out + 3 * step, R * Jee, mask=lm)  # Jel
     tl.store(out + 4 * step, Jee, mask=lm)
 
 
