@@ -28,21 +28,18 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from lm_step import timed  # noqa: E402
 
 from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 
 def cuda_ms(fn, reps):
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
+    """``reps`` CUDA-event times of ``fn()`` (``lm_step.timed``'s, the GPU time of a call)."""
+    dev = torch.device("cuda")
+    return [timed(lambda _: fn(), None, dev)[0] for _ in range(reps)]
 
 
 def measure(T, W, M, S, N, reps, dev):
