@@ -394,9 +394,9 @@ def _kla_bwd_kernel(
     n_full = L // CK  # whole intervals; the last one (NB - 1) is partial unless NB == n_full
     if NB > n_full:  # the partial last interval first, masked
         Lc, Ec, ga, gz, gp = _bwd_interval(
-            n_full * CK, Lc, Ec, ga, gz, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr, k_ptr,
-            q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr, L, M,
-            S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
+            n_full * CK, Lc, Ec, ga, gz, gp, p, d, af, e, ck_ptr, eta_ck, b, NB, v_ptr, Lv_ptr,
+            k_ptr, q_ptr, gy_ptr, gyv_ptr, gprec_ptr, gv_ptr, gLv_ptr, gk_part_ptr, gq_part_ptr,
+            L, M, S, base_m, base_s, part, m, mo, jt, mmask, smask, momask, ms, lane_mask, dt,
             HAS_GPREC, CK, G, SG, NT, AHEAD, True, pm, OUT4, HAS_GYV, ATOMIC, RERUN,
         )  # fmt: skip
     for jb in tl.range(0, n_full, num_stages=NS):  # the whole intervals, unmasked, from the end
