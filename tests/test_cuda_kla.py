@@ -13,11 +13,14 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from kalmanscan.core.kla_op import kla_filter, kla_filter_sequential  # noqa: E402
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda import kla as K  # noqa: E402
 from kalmanscan.cuda.kla import forward, kla_triton, tuning  # noqa: E402
+from kalmanscan.cuda.kla.device import _pick, _row  # noqa: E402
 from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
 from tests.helpers import kla_inputs, triton_interpreted  # noqa: E402
 
@@ -556,3 +559,36 @@ def test_without_variance(S, dtype, monkeypatch):
                 torch.testing.assert_close(a, b, rtol=8 * eps, atol=8 * eps * scale)
             else:  # the interpreter runs the same numpy operations: bit for bit
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@triton.jit
+def _pick_rows_kernel(x_ptr, out_ptr, SG: tl.constexpr, NT: tl.constexpr):
+    """Rows of an ``[SG, NT]`` tile picked by ``device._row``, and rows of a ``[4, SG, NT]``
+    tile by ``device._slot_rows``' pick, stored as they come out."""
+    r = tl.arange(0, SG)[:, None] * NT + tl.arange(0, NT)[None, :]
+    x = tl.load(x_ptr + r)
+    for i in tl.static_range(SG):
+        tl.store(out_ptr + i * NT + tl.arange(0, NT), _row(x, i, SG))
+    i4 = tl.arange(0, 4)[:, None, None]
+    x4 = tl.load(x_ptr + SG * NT + i4 * SG * NT + r[None, :, :])
+    for j in tl.static_range(4):
+        tl.store(out_ptr + SG * NT + j * SG * NT + r, _pick(x4, i4 == j, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_pick_is_bit_exact(dtype):
+    """The kernels' row picks return each entry's bits unchanged, the signed zero, infinities,
+    NaN and subnormals included (a float sum with a zero fill made -0.0 into +0.0 on Triton
+    3.6; the integer sum of the bits does not)."""
+    SG, NT = 4, 32
+    specials = torch.tensor([-0.0, 0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
+                             -1e-310 if dtype == torch.float64 else -1e-44, 3.5],
+                            dtype=dtype)  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5 * SG * NT, generator=g, dtype=torch.float64).to(dtype)
+    x[:: 7][: len(specials) * 8] = specials.repeat(8)[: len(x[::7])]
+    x = x.to(DEVICE)
+    out = torch.full_like(x, 7.0)
+    _pick_rows_kernel[(1,)](x, out, SG=SG, NT=NT, num_warps=1)
+    ity = torch.int64 if dtype == torch.float64 else torch.int32
+    assert torch.equal(out.view(ity), x.view(ity))
