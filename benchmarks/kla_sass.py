@@ -1,0 +1,130 @@
+"""Instructions of the KLA kernels' time loops in sm_90 SASS, compiled on this machine (no GPU
+needed): the counts that benchmarks/HISTORY.md and docs/performance.md give.
+
+For each kernel at the KLA LM's configuration (d_model 512: M = 1024 channels, S = 16 slots;
+the backward at 2^17 lanes, as the LM step at 8 x 2,048 runs it, without the output variance's
+gradient), the loops of its SASS of at least 50 instructions (the instructions between a
+backward branch and its target), largest first, with their instructions by opcode:
+
+- ``backward``: one 8-step checkpoint interval at 4 slots a thread;
+- ``forward``: one 4-step block at 4 slots a thread, saving checkpoints, no variance;
+- ``chunk_maps``: one 8-step block of the chunk maps at 2 slots a thread (two loops: the
+  general step, then the lean one, which a program takes where no lane forgets);
+- ``tangent_maps``: one 4-step block of the tangent maps at 1 slot a thread.
+
+The counts depend on the Triton version (the H200 image's Triton 3.6 and Triton 3.9 compile the
+same source differently); the JSON records it.
+
+    python3 benchmarks/kla_sass.py [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+ADDR = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?);")
+BRANCH = re.compile(r"BRA[^;]*?0x([0-9a-f]+)")
+OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def cuobjdump():
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return tool if os.path.exists(tool) else "cuobjdump"
+
+
+def loops(sass: str):
+    """The backward-branching loops of ``sass``, largest first: ``[(instructions, opcode
+    counts)]``."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in map(ADDR.match, sass.splitlines()) if m]
+    out = []
+    for addr, text in lines:
+        b = BRANCH.search(text)
+        if b and int(b.group(1), 16) < addr:
+            body = [t for a, t in lines if int(b.group(1), 16) <= a <= addr]
+            ops = collections.Counter(OPCODE.match(t).group(1) for t in body if OPCODE.match(t))
+            out.append((len(body), dict(ops.most_common())))
+    return sorted(out, key=lambda x: -x[0])
+
+
+def sass_of(kernel) -> str:
+    with tempfile.TemporaryDirectory(prefix="kalmanscan-sass-") as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+
+def cases():
+    from kalmanscan.cuda.kla import backward as KB
+    from kalmanscan.cuda.kla import chunked as KC
+    from kalmanscan.cuda.kla import forward as KF
+    from kalmanscan.cuda.kla import tuning as KT
+
+    def sig(ptrs, ints):
+        return {**{n: "*fp32" for n in ptrs.split()}, **{n: "i32" for n in ints.split()}}
+
+    tu = KT.tuning_for(8 * 1024 * 16)
+    bwd = dict(S=16, NT=32, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
+               SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False, HAS_GYV=False,
+               ATOMIC=True, RERUN=tu["ck"] == 8 and tu["bwd_rerun"])  # fmt: skip
+    fwd = dict(S=16, NT=32, CK=tu["ck"], NS=tu["NS"], G=16 // tu["fwd_slots"],
+               SG=tu["fwd_slots"], EVEN_M=True, SAVE_PREC=False, SAVE_CK=True, W=4, VAR=False)  # fmt: skip
+    G, SG, NT, mw, W, NS = KC._maps_layout(16)
+    maps = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
+    G, SG, NT, tw, W, NS = KC._maps_layout(16, tangents=True)
+    tang = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True, HAS_GPREC=False,
+                HAS_GYV=False)  # fmt: skip
+    return {
+        "backward": (KB._kla_bwd_kernel, sig(
+            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
+            "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr",
+            "L M NB B"), bwd, 1),
+        "forward": (KF._kla_fwd_kernel, sig(
+            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr lamT_ptr "
+            "etaT_ptr prec_ptr ck_ptr", "L M NB"), fwd, 1),
+        "chunk_maps": (KC._chunk_maps_kernel, sig(
+            "v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR"), maps, mw),
+        "tangent_maps": (KC._adjoint_maps_kernel, sig(
+            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr out_ptr",
+            "L Lc C NR"), tang, tw),
+    }  # fmt: skip
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    ap.add_argument("--only", default=None, help="comma-separated kernel names")
+    args = ap.parse_args()
+    import triton
+
+    from benchmarks.gpu import compile_sm90
+    from kalmanscan.validation.run_meta import run_meta
+
+    res = dict(benchmark="kla_sass", **run_meta(False), triton=triton.__version__, kernels={})
+    for name, (fn, sg, consts, warps) in cases().items():
+        if args.only and name not in args.only.split(","):
+            continue
+        found = [x for x in loops(sass_of(compile_sm90(fn, sg, consts, warps))) if x[0] >= 50]
+        res["kernels"][name] = [{"loop_instructions": n, "by_opcode": ops} for n, ops in found]
+        for n, ops in found:
+            print(f"{name}: {n} instructions a loop iteration; " +
+                  ", ".join(f"{k} {v}" for k, v in list(ops.items())[:8]), flush=True)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
