@@ -496,15 +496,17 @@ def compile_sm90(fn, signature, consts, warps, maxnreg=0):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def kernel_resources():
-    """Compile every kernel for sm_90 (no GPU needed) and read registers, spills and the
-    pipelined loads from the compiler's output: the failure seen on the H200 (spilled register
-    tiles) shows up here before any device time is spent."""
-    import re
-    import subprocess
-
+def cuobjdump_path():
+    """The ``cuobjdump`` that ships with triton's NVIDIA backend, else the one on the PATH."""
     import triton
 
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return tool if os.path.exists(tool) else "cuobjdump"
+
+
+def kernel_cases():
+    """``{name: (kernel, signature, constexprs, num_warps[, maxnreg])}``: every kernel the
+    resource check compiles, at the configurations the defaults launch."""
     from kalmanscan.cuda.filter import adjoint as FA
     from kalmanscan.cuda.filter import kernels as FK
     from kalmanscan.cuda.kla import backward as KB
@@ -512,7 +514,6 @@ def kernel_resources():
     from kalmanscan.cuda.kla import forward as KF
     from kalmanscan.cuda.kla import tuning as KT
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     P = "*fp32"
 
     def sig(ptrs, ints, consts):
@@ -647,6 +648,20 @@ def kernel_resources():
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
     }  # fmt: skip
+    return cases
+
+
+def kernel_resources():
+    """Compile every kernel for sm_90 (no GPU needed) and read registers, spills and the
+    pipelined loads from the compiler's output: the failure seen on the H200 (spilled register
+    tiles) shows up here before any device time is spent."""
+    import re
+    import subprocess
+
+    import triton
+
+    cases = kernel_cases()
+    tool = cuobjdump_path()
     out = {}
     # a directory of this process's own: concurrent callers (pytest-xdist workers each run the
     # resources fixture) once read each other's half-written cubins at one fixed /tmp path

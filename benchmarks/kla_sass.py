@@ -36,13 +36,6 @@ BRANCH = re.compile(r"BRA[^;]*?0x([0-9a-f]+)")
 OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def cuobjdump():
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    return tool if os.path.exists(tool) else "cuobjdump"
-
-
 def loops(sass: str):
     """The backward-branching loops of ``sass``, largest first: ``[(instructions, opcode
     counts)]``."""
@@ -58,48 +51,24 @@ def loops(sass: str):
 
 
 def sass_of(kernel) -> str:
+    from benchmarks.gpu import cuobjdump_path
+
     with tempfile.TemporaryDirectory(prefix="kalmanscan-sass-") as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        return subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+        return subprocess.run([cuobjdump_path(), "-sass", path], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
 
 
-def cases():
-    from kalmanscan.cuda.kla import backward as KB
-    from kalmanscan.cuda.kla import chunked as KC
-    from kalmanscan.cuda.kla import forward as KF
-    from kalmanscan.cuda.kla import tuning as KT
-
-    def sig(ptrs, ints):
-        return {**{n: "*fp32" for n in ptrs.split()}, **{n: "i32" for n in ints.split()}}
-
-    tu = KT.tuning_for(8 * 1024 * 16)
-    bwd = dict(S=16, NT=32, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
-               SG=tu["bwd_slots"], AHEAD=tu["bwd_l2_ahead"], HAS_GPREC=False, HAS_GYV=False,
-               ATOMIC=True, RERUN=tu["ck"] == 8 and tu["bwd_rerun"])  # fmt: skip
-    fwd = dict(S=16, NT=32, CK=tu["ck"], NS=tu["NS"], G=16 // tu["fwd_slots"],
-               SG=tu["fwd_slots"], EVEN_M=True, SAVE_PREC=False, SAVE_CK=True, W=4, VAR=False)  # fmt: skip
-    G, SG, NT, mw, W, NS = KC._maps_layout(16)
-    maps = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
-    G, SG, NT, tw, W, NS = KC._maps_layout(16, tangents=True)
-    tang = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True, HAS_GPREC=False,
-                HAS_GYV=False)  # fmt: skip
-    return {
-        "backward": (KB._kla_bwd_kernel, sig(
-            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
-            "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr",
-            "L M NB B"), bwd, 1),
-        "forward": (KF._kla_fwd_kernel, sig(
-            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr lamT_ptr "
-            "etaT_ptr prec_ptr ck_ptr", "L M NB"), fwd, 1),
-        "chunk_maps": (KC._chunk_maps_kernel, sig(
-            "v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR"), maps, mw),
-        "tangent_maps": (KC._adjoint_maps_kernel, sig(
-            "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr out_ptr",
-            "L Lc C NR"), tang, tw),
-    }  # fmt: skip
+# the resource check's cases (benchmarks.gpu.kernel_cases) that the LM step runs, by the name
+# printed here
+CASES = {
+    "backward": "kla_bwd_ck8_rerun_nogyv_atomic",
+    "forward": "kla_fwd_novar",
+    "chunk_maps": "kla_chunk_maps",
+    "tangent_maps": "kla_adjoint_maps_nogyv",
+}
 
 
 def main():
@@ -109,14 +78,17 @@ def main():
     args = ap.parse_args()
     import triton
 
-    from benchmarks.gpu import compile_sm90
+    from benchmarks.gpu import compile_sm90, kernel_cases
     from kalmanscan.validation.run_meta import run_meta
 
     res = dict(benchmark="kla_sass", **run_meta(False), triton=triton.__version__, kernels={})
-    for name, (fn, sg, consts, warps) in cases().items():
+    all_cases = kernel_cases()
+    for name, case in CASES.items():
         if args.only and name not in args.only.split(","):
             continue
-        found = [x for x in loops(sass_of(compile_sm90(fn, sg, consts, warps))) if x[0] >= 50]
+        fn, sg, consts, warps, *maxnreg = all_cases[case]
+        kernel = compile_sm90(fn, sg, consts, warps, *maxnreg)
+        found = [x for x in loops(sass_of(kernel)) if x[0] >= 50]
         res["kernels"][name] = [{"loop_instructions": n, "by_opcode": ops} for n, ops in found]
         for n, ops in found:
             print(f"{name}: {n} instructions a loop iteration; " +
