@@ -266,7 +266,7 @@ def kla_case(B, L, M, S, variants, peer=True):
         torch.cuda.empty_cache()
     lane_steps = B * L * M * S
     ch_steps = B * L * M
-    tu = KT.tuning_for(B * M * S)
+    tu = KT.tuning_for(B * M * S, channels=M)
     TB = tu["ck"]  # (float32 inputs)
     G, _, NT, _ = KT.layout(S, tu["bwd_slots"])
     n_mblk = math.ceil(M / (NT // G))
@@ -559,6 +559,8 @@ def kernel_cases():
     # the backward's default from 2^17 lanes (B=8 M=2048): 4 slots a thread, 8-step intervals
     # whose first half is recomputed after the second's walk; and the same at 4-step intervals
     kla_b_many = bwd_consts(KT.tuning_for(8 * 2048 * 16))
+    # the KLA LM's (d_model 512: M = 1024 channels, no L2 prefetch below tuning.L2_AHEAD_M)
+    kla_b_lm = bwd_consts(KT.tuning_for(8 * 1024 * 16, channels=1024))
     kla_b_ck4 = dict(kla_b_many, CK=4, RERUN=False)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
@@ -599,9 +601,12 @@ def kernel_cases():
         "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                                      dict(kla_b_ck4, HAS_GYV=False, ATOMIC=True), 1),
         # the default from LARGE lanes: 8-step intervals at 4 slots a thread, the first half
-        # recomputed after the second's walk (tuning's bwd_rerun), as the LM step runs it
+        # recomputed after the second's walk (tuning's bwd_rerun), as the LM step runs it (no L2
+        # prefetch at its M = 1024), and with the prefetch (B=8 M=2048)
         "kla_bwd_ck8_rerun_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
-                                           dict(kla_b_many, HAS_GYV=False, ATOMIC=True), 1),
+                                           dict(kla_b_lm, HAS_GYV=False, ATOMIC=True), 1),
+        "kla_bwd_ck8_rerun_ahead": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
+                                    dict(kla_b_many, ATOMIC=True), 1),
         # bfloat16 inputs with float32 gradients, L2 prefetch on: one prefetch instruction
         # addresses rows of both types; 4-step intervals, half inputs' default from LARGE lanes
         # (at 8 with the rerun: 255 registers and 184 bytes of stack on the H200's Triton 3.6)

@@ -41,7 +41,7 @@ done
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # KLA tuning variants timed by kernel time (each checked against the default configuration first)
-KLA_VARIANTS='[{"NS": 5}, {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8},
+KLA_VARIANTS='[{"NS": 4}, {"bwd_NS": 2}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"ck": 8},
  {"ck": 4}, {"bwd_slots": 2, "bwd_NS": 3}, {"bwd_slots": 4}, {"fwd_slots": 8}]'
 status=0
 for part in "${parts[@]}"; do

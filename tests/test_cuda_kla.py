@@ -177,9 +177,14 @@ def test_every_tuning_is_exact(tuning_, L, monkeypatch):
 def test_tuning_follows_the_lane_count(monkeypatch):
     # the choices by lane count B M S (tuning.tuning_for); explicit TUNING entries win
     few, many = tuning.tuning_for(4 * 960 * 16), tuning.tuning_for(8 * 2048 * 16)
-    assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"], few["NS"]) == (4, 2, 3, 4)
-    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"], many["NS"]) == (4, 4, 3, 4)
+    assert (few["fwd_slots"], few["bwd_slots"], few["bwd_NS"], few["NS"]) == (4, 2, 3, 5)
+    assert (many["fwd_slots"], many["bwd_slots"], many["bwd_NS"], many["NS"]) == (4, 4, 3, 5)
     assert (few["ck"], many["ck"], few["bwd_l2_ahead"], many["bwd_l2_ahead"]) == (8, 8, 0, 32)
+    # the L2 prefetch from LARGE lanes of at least L2_AHEAD_M channels (the LM's M = 1024: none)
+    lm = 8 * 1024 * 16
+    assert tuning.tuning_for(lm, channels=1024)["bwd_l2_ahead"] == 0
+    assert tuning.tuning_for(lm, channels=tuning.L2_AHEAD_M)["bwd_l2_ahead"] == 32
+    assert tuning.tuning_for(4 * 960 * 16, channels=4096)["bwd_l2_ahead"] == 0
     assert tuning.tuning_for(tuning.LARGE - 1)["bwd_rerun"] is False
     assert tuning.tuning_for(tuning.LARGE)["bwd_rerun"] is True
     # half inputs keep 4-step intervals from LARGE lanes (no rerun then)
@@ -254,7 +259,7 @@ def test_forward_launch_at_the_benchmark_shapes(shape, grad, monkeypatch):
         kla_triton(*x.values(), None, None)
     grid, ints, consts = BENCH_LAUNCHES[(shape, grad)]
     assert launches == [(forward._kla_fwd_kernel, grid, ints,
-                         dict(SAVE_PREC=False, SAVE_CK=grad, VAR=True, NS=4, G=4, SG=4, NT=32,
+                         dict(SAVE_PREC=False, SAVE_CK=grad, VAR=True, NS=5, G=4, SG=4, NT=32,
                               EVEN_M=True, num_warps=1, **consts))]  # fmt: skip
 
 

@@ -40,6 +40,7 @@ KERNELS = [
     "kla_bwd_ck4_nogyv",
     "kla_bwd_ck4_nogyv_atomic",
     "kla_bwd_ck8_rerun_nogyv_atomic",
+    "kla_bwd_ck8_rerun_ahead",
     "kla_bwd_half",
     "filter_fwd",
     "filter_fwd_chunk_maps",
@@ -63,6 +64,7 @@ BUDGET = {
     "kla_bwd_ck4_nogyv": (255, 0),
     "kla_bwd_ck4_nogyv_atomic": (255, 0),
     "kla_bwd_ck8_rerun_nogyv_atomic": (255, 0),
+    "kla_bwd_ck8_rerun_ahead": (255, 0),
     "kla_bwd_half": (255, 0),
     # the carries' tile scans: a [chunks, 16 lanes] tile of 7 (12) map entries over 128 threads,
     # a handful of programs whose walk over the tiles is latency-bound (occupancy is not)

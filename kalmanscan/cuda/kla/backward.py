@@ -422,7 +422,7 @@ def _kla_bwd_kernel(
 
 def _bwd_plan(B, L, M, S, CK):
     """The backward's launch configuration for a shape (kept by :func:`tuning.plan`)."""
-    TU = tuning.tuning_for(B * M * S)
+    TU = tuning.tuning_for(B * M * S, channels=M)
     G, SG, NT, warps = tuning.layout(S, TU["bwd_slots"])
     nmb = cdiv(M, NT // G)
     return dict(

@@ -1,6 +1,7 @@
 """The KLA kernels' launch choices: pipeline depths, slots a thread, checkpoint interval, the
 backward's rerun of half an interval and L2 prefetch distance, the last four chosen by the lane
-count ``B M S`` (the interval also by the inputs' precision), and the no-gradient
+count ``B M S`` (the interval also by the inputs' precision, the prefetch also by the channels
+``M``), and the no-gradient
 forward's register cap; and the cache of launch plans. Every alternative that lost on every
 measured shape was deleted (its timings: benchmarks/HISTORY.md, "KLA kernels: variants
 deleted"); what is left here either differs by shape or is a number that benchmarks/gpu.py and
@@ -13,11 +14,19 @@ from kalmanscan.cuda._common import next_pow2
 
 # Entries a sweep may override (``None``: chosen by the lane count, :func:`tuning_for`).
 TUNING = {
-    "NS": 4,  # pipeline stages of the forward's loads
+    # pipeline stages of the forward's loads: 5, not 4 (H200, the KLA LM step at 8 x 2,048 on the
+    # device's Triton 3.6, two rounds in one process: forward 1.415 -> 1.367 ms a step, 3 stages
+    # 1.693; results/kla-lm-tuning-h200.json)
+    "NS": 5,
     "bwd_NS": 3,  # pipeline stages of the backward's checkpoint intervals
     "fwd_slots": 4,  # slots a thread walks in the forward
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
-    "bwd_l2_ahead": None,  # steps the backward prefetches rows into L2: 0, or 32 from LARGE
+    # steps the backward prefetches rows into L2: 32 from LARGE lanes of at least L2_AHEAD_M
+    # channels, else 0 (H200: B=8 M=2,048 float32 backward 1.68 ms against 1.81 without, on the
+    # code of benchmarks/HISTORY.md's "variants" table; the KLA LM's M = 1,024 at 8 x 2,048,
+    # 3.452 ms a step with 32 against 3.325 without, 64 no better, in one process,
+    # results/kla-lm-tuning-h200.json)
+    "bwd_l2_ahead": None,
     # steps between the forward's checkpoints (4 or 8): 8, but 4 from LARGE lanes when the
     # inputs are half (their backward at 8-step intervals with the rerun below compiled to 255
     # registers and 184 bytes of stack on the H200's Triton 3.6)
@@ -44,18 +53,21 @@ TUNING = {
     "bwd_atomic_sums": True,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
+L2_AHEAD_M = 2048  # channels from which the backward prefetches into L2 (at LARGE lanes)
 WARPS = 1  # a program is one warp (its reduce-scatters shuffle within the warp)
 
 
-def tuning_for(lanes: int, half: bool = False) -> dict:
+def tuning_for(lanes: int, half: bool = False, channels: int | None = None) -> dict:
     """``TUNING`` with its ``None`` entries chosen for ``lanes = B M S`` lanes (``half``: the
-    op's inputs are float16 / bfloat16)."""
+    op's inputs are float16 / bfloat16; ``channels``: ``M``, None for at least
+    ``L2_AHEAD_M``)."""
     t = dict(TUNING)
     large = lanes >= LARGE
     if t["bwd_slots"] is None:
         t["bwd_slots"] = 4 if large else 2
     if t["bwd_l2_ahead"] is None:
-        t["bwd_l2_ahead"] = 32 if large else 0
+        wide = channels is None or channels >= L2_AHEAD_M
+        t["bwd_l2_ahead"] = 32 if large and wide else 0
     if t["ck"] is None:
         t["ck"] = 4 if large and half else 8
     if t["bwd_rerun"] is None:
@@ -144,11 +156,11 @@ _PLANS: dict = {}  # launch plans by (make, shape and flags, TUNING, LARGE); see
 
 
 def plan(make, *key):
-    """``make(*key)``, kept by ``key``, ``TUNING`` and ``LARGE`` as they are now: a launch
-    configuration (sizes, grids, the kernel's constexprs) is a few microseconds of host time to
-    derive, a share of a B=4 forward call. The cache is bounded (shapes come and go, varying
-    L)."""
-    full = (make, key, tuple(TUNING.items()), LARGE)
+    """``make(*key)``, kept by ``key``, ``TUNING``, ``LARGE`` and ``L2_AHEAD_M`` as they are
+    now: a launch configuration (sizes, grids, the kernel's constexprs) is a few microseconds of
+    host time to derive, a share of a B=4 forward call. The cache is bounded (shapes come and
+    go, varying L)."""
+    full = (make, key, tuple(TUNING.items()), LARGE, L2_AHEAD_M)
     hit = _PLANS.get(full)
     if hit is None:
         if len(_PLANS) >= 256:
