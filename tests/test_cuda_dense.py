@@ -572,20 +572,21 @@ def test_kernels_compile_for_sm90_without_spills():
     # every kernel of the filter and the smoother at NP = 2, 4, 8, compiled for Hopper on this
     # machine (no GPU needed) with benchmarks/gpu.py's compile_sm90, as tests/test_cuda_resources.py
     # does for the other kernels: a spilled register tile shows up here before any device time
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     import subprocess
     import sys
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool):
+    from benchmarks.gpu import triton_cuobjdump
+
+    if triton_cuobjdump() is None:
         pytest.skip("triton's cuobjdump is not installed")
     root = os.path.join(os.path.dirname(__file__), "..")
     code = r"""
-import os, re, subprocess, sys, tempfile, triton
+import os, re, subprocess, sys, tempfile
 sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "benchmarks")]
-from gpu import compile_sm90
+from gpu import compile_sm90, triton_cuobjdump
 from kalmanscan.cuda import dense as CD
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+tool = triton_cuobjdump()
 ints = {"T", "n", "L", "NC", "G", "NG"}
 kernels = [(CD.chunk_elements, dict(D=1)), (CD.chunk_elements, dict(D=2)), (CD.group_elements, {}),
            (CD.carry, {}), (CD.chunk_filter, dict(D=1)), (CD.carries, {}),

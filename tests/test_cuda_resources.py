@@ -15,12 +15,13 @@ triton = pytest.importorskip("triton")
 # CI runs it in its slow step (`pytest -m slow`), as gpu.py --resources before device time.
 pytestmark = pytest.mark.slow
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
 @pytest.fixture(scope="module")
 def resources():
-    if not os.path.exists(TOOL):
+    from benchmarks.gpu import triton_cuobjdump
+
+    if triton_cuobjdump() is None:
         pytest.skip("triton's cuobjdump is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

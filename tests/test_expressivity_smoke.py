@@ -285,15 +285,17 @@ def test_linear_kernel_equals_the_torch_recurrence(shape):
 def test_linear_kernel_compiles_for_hopper_without_spills():
     # compiled for sm_90 on this machine (no GPU needed), as tests/test_cuda_resources.py does
     # for the package's kernels
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     import subprocess
+
+    from benchmarks.gpu import triton_cuobjdump
 
     code = r"""
 import os, re, subprocess, sys, tempfile, triton
 from triton.backends.compiler import GPUTarget
 sys.path.insert(0, sys.argv[1])
 import linear_kernel as K
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+tool = sys.argv[2]
 def sig(ptrs, ints, consts):
     d = {n: "*fp32" for n in ptrs.split()}
     d.update({n: "i32" for n in ints.split()})
@@ -313,11 +315,11 @@ for fn, sg, consts in cases:
     out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
     print(re.findall(r"STACK:(\d+)", out)[0])
 """
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool):
+    tool = triton_cuobjdump()
+    if tool is None:
         pytest.skip("triton's cuobjdump is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code, str(HERE)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code, str(HERE), tool], capture_output=True,
                           text=True, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["0", "0"], proc.stdout  # no spilled stack in either kernel
