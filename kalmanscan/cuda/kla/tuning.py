@@ -1,11 +1,10 @@
 """The KLA kernels' launch choices: pipeline depths, slots a thread, checkpoint interval, the
 backward's rerun of half an interval and L2 prefetch distance, the last four chosen by the lane
 count ``B M S`` (the interval also by the inputs' precision, the prefetch also by the channels
-``M``), and the no-gradient
-forward's register cap; and the cache of launch plans. Every alternative that lost on every
-measured shape was deleted (its timings: benchmarks/HISTORY.md, "KLA kernels: variants
-deleted"); what is left here either differs by shape or is a number that benchmarks/gpu.py and
-benchmarks/kla_kernel_time.py sweep.
+``M``), and the no-gradient forward's register cap; and the cache of launch plans. Every
+alternative that lost on every measured shape was deleted (its timings: benchmarks/HISTORY.md,
+"KLA kernels: variants deleted"); what is left here either differs by shape or is a number that
+benchmarks/gpu.py and benchmarks/kla_kernel_time.py sweep.
 """
 
 from __future__ import annotations
@@ -152,7 +151,7 @@ def sm_count(device) -> int:
     return hit
 
 
-_PLANS: dict = {}  # launch plans by (make, shape and flags, TUNING, LARGE); see plan
+_PLANS: dict = {}  # launch plans by (make, shape and flags, TUNING, LARGE, L2_AHEAD_M); see plan
 
 
 def plan(make, *key):
