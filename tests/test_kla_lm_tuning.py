@@ -1,0 +1,40 @@
+"""benchmarks/kla_lm_tuning.py: its argument checks and a dry run on the CPU (the script's path,
+not the GPU figures)."""
+
+import json
+
+import pytest
+
+from benchmarks import kla_lm_tuning as T
+from kalmanscan.cuda.kla import tuning
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--variants", '[{"nope": 1}]'], "expected keys of tuning.TUNING"),
+        (["--variants", "{}"], "expected a non-empty JSON list of objects"),
+        (["--variants", "[{"], "expected a JSON list of objects"),
+        (["--shape", "8by2048"], "expected BxL"),
+    ],
+)
+def test_bad_arguments_name_the_argument(argv, expected, capsys):
+    with pytest.raises(SystemExit):
+        T.parse_args(["--out", "x.json", *argv])
+    assert expected in capsys.readouterr().err
+
+
+def test_dry_run_writes_every_variant_and_restores_the_tuning(tmp_path):
+    before = dict(tuning.TUNING)
+    out = tmp_path / "t.json"
+    argv = ["--dry-run", "--out", str(out), "--variants", '[{}, {"NS": 3}]', "--rounds", "2",
+            "--profiles", "1"]  # fmt: skip
+    assert T.main(argv) == 0
+    assert tuning.TUNING == before
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == [{}, {"NS": 3}]
+    for r in rows:
+        assert len(r["op_ms"]) == 2 and r["op_median_ms"] >= 0
+        # on the CPU the op (torch) reads no TUNING entry: every run gives the first's loss and
+        # gradients, bit for bit, through the script's comparison
+        assert r["grad_rel_diff"] == 0.0 and r["loss_rel_diff"] == 0.0
