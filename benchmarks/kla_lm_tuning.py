@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from kalmanscan.cuda.kla import tuning  # noqa: E402
 
 VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64}, '
-            '{"bwd_NS": 2}, {"bwd_NS": 4}, {"NS": 3}, {"NS": 4}, {"NS": 5}]')  # fmt: skip
+            '{"bwd_NS": 2}, {"bwd_NS": 4}, {"NS": 3}, {"NS": 4}, {"NS": 5}, {"NS": 6}]')  # fmt: skip
 
 
 def parse_args(argv=None):
