@@ -83,10 +83,6 @@ def main(argv=None):
         loss.backward()
         return loss
 
-    def grads():
-        return torch.cat([p.grad.float().flatten() for p in model.parameters()
-                          if p.grad is not None])  # fmt: skip
-
     base = dict(tuning.TUNING)
     rows = [{"variant": v, "op_ms": [], "fwd_ms": [], "bwd_ms": []} for v in variants]
     ref = None
@@ -98,7 +94,7 @@ def main(argv=None):
                 tuning.TUNING.update(base, **row["variant"])
                 loss = float(step().detach())
                 LS.sync(dev)
-                gr = grads()
+                gr = LS.flat_grads(model)
                 if ref is None:
                     ref = (loss, gr)
                 row["loss_rel_diff"] = abs(loss - ref[0]) / abs(ref[0])
