@@ -1,11 +1,14 @@
 """The KLA op's tuning entries (``kalmanscan.cuda.kla.tuning.TUNING``) inside the KLA LM's
 training step: which pipeline depths and L2 prefetch distance give the fewest op milliseconds.
+A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
+the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
+``unroll``, ``NS`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
 forward + backward (no optimizer step, so the weights stay as they are), then two warm-up
 steps and three profiled ones: the op's kernel time (``profile_ms["kla_op"]``), its forward and
-backward kernels. All variants run in turn, then all again (``--rounds``), in one process, so
+backward kernels and its two chunk-map kernels (0 where the op is not chunked). All variants run in turn, then all again (``--rounds``), in one process, so
 that they share the machine's state; the JSON keeps every sample and their medians.
 
 Correctness: each variant's loss and gradients against the first variant's first run
@@ -33,10 +36,42 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import lm_step as LS  # noqa: E402
 import torch  # noqa: E402
 
-from kalmanscan.cuda.kla import tuning  # noqa: E402
+from kalmanscan.cuda.kla import chunked, tuning  # noqa: E402
 
 VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64}, '
             '{"bwd_NS": 2}, {"bwd_NS": 4}, {"NS": 3}, {"NS": 4}, {"NS": 5}, {"NS": 6}]')  # fmt: skip
+
+
+LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent") for k in ("slots", "unroll", "NS"))
+KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS]
+KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
+           ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip
+
+
+def _saved():
+    """The settings a variant may change, as they are now."""
+    return (dict(tuning.TUNING), tuning.CHUNKS, dict(chunked.MAPS_LAUNCH),
+            dict(chunked.TANGENT_LAUNCH))  # fmt: skip
+
+
+def _restore(saved):
+    tuning.TUNING.clear()
+    tuning.TUNING.update(saved[0])
+    tuning.CHUNKS = saved[1]
+    chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(saved[2]), dict(saved[3])
+
+
+def apply_variant(variant, saved):
+    """The settings of ``saved`` (``_saved()``) with ``variant``'s overrides."""
+    _restore(saved)
+    for key, value in variant.items():
+        if key == "CHUNKS":
+            tuning.CHUNKS = value
+        elif key in LAUNCH_KEYS:
+            which, entry = key.split(".")
+            (chunked.MAPS_LAUNCH if which == "maps" else chunked.TANGENT_LAUNCH)[entry] = value
+        else:
+            tuning.TUNING[key] = value
 
 
 def parse_args(argv=None):
@@ -54,10 +89,9 @@ def parse_args(argv=None):
         ap.error(f"--variants: expected a JSON list of objects, got {args.variants!r} ({e})")
     if not (isinstance(variants, list) and variants and all(isinstance(v, dict) for v in variants)):
         ap.error(f"--variants: expected a non-empty JSON list of objects, got {args.variants!r}")
-    unknown = sorted({k for v in variants for k in v} - set(tuning.TUNING))
+    unknown = sorted({k for v in variants for k in v} - set(KEYS))
     if unknown:
-        ap.error(f"--variants: expected keys of tuning.TUNING {sorted(tuning.TUNING)}, "
-                 f"got {unknown}")  # fmt: skip
+        ap.error(f"--variants: expected keys among {KEYS}, got {unknown}")
     try:
         B, L = (int(n) for n in args.shape.lower().split("x"))
     except ValueError:
@@ -83,15 +117,14 @@ def main(argv=None):
         loss.backward()
         return loss
 
-    base = dict(tuning.TUNING)
-    rows = [{"variant": v, "op_ms": [], "fwd_ms": [], "bwd_ms": []} for v in variants]
+    base = _saved()
+    rows = [{"variant": v, "op_ms": [], **{k: [] for k, _ in KERNELS}} for v in variants]
     ref = None
     t0 = time.perf_counter()
     try:
         for rnd in range(args.rounds):
             for row in rows:
-                tuning.TUNING.clear()
-                tuning.TUNING.update(base, **row["variant"])
+                apply_variant(row["variant"], base)
                 loss = float(step().detach())
                 LS.sync(dev)
                 gr = LS.flat_grads(model)
@@ -104,16 +137,16 @@ def main(argv=None):
                 for _ in range(args.profiles):
                     split, top = LS.profile_split(step, tokens, dev)
                     row["op_ms"].append(split["kla_op"])
-                    for key, name in (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel")):
+                    for key, name in KERNELS:
                         row[key].append(sum(t["ms"] for t in top if t["name"] == name))
                 print(f"round {rnd} {json.dumps(row['variant'])}: op {row['op_ms'][-1]:.3f} ms, "
-                      f"backward {row['bwd_ms'][-1]:.3f}, forward {row['fwd_ms'][-1]:.3f} "
+                      f"backward {row['bwd_ms'][-1]:.3f}, forward {row['fwd_ms'][-1]:.3f}, maps "
+                      f"{row['maps_ms'][-1]:.3f}, tangent maps {row['tangent_ms'][-1]:.3f} "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
     finally:
-        tuning.TUNING.clear()
-        tuning.TUNING.update(base)
+        _restore(base)
     for row in rows:
-        for key in ("op_ms", "fwd_ms", "bwd_ms"):
+        for key in ("op_ms", *(k for k, _ in KERNELS)):
             row[key.replace("_ms", "_median_ms")] = statistics.median(row[key])
     result = {
         "benchmark": "kla_lm_tuning",
@@ -127,7 +160,8 @@ def main(argv=None):
         f.write(json.dumps(result, indent=1) + "\n")
     for row in rows:
         print(f"{json.dumps(row['variant'])}: op {row['op_median_ms']:.3f} ms, backward "
-              f"{row['bwd_median_ms']:.3f}, forward {row['fwd_median_ms']:.3f}, gradients "
+              f"{row['bwd_median_ms']:.3f}, forward {row['fwd_median_ms']:.3f}, maps "
+              f"{row['maps_median_ms']:.3f}, tangent maps {row['tangent_median_ms']:.3f}, gradients "
               f"{row['grad_rel_diff']:.1e} from the first")  # fmt: skip
     return 0
 
