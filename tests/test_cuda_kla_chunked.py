@@ -90,7 +90,7 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
 
 def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", {"slots": 4, "unroll": 6, "NS": 1})
-    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['unroll'\]: expected 4 or 8, got 6"):
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['unroll'\]: expected 4, 8 or 16, got 6"):
         chunked_runs((1, 36, 2, 4), 4, torch.float64, monkeypatch, plain=False)
 
 

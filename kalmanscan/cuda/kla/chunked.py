@@ -59,8 +59,8 @@ def _maps_layout(S, tangents=False):
     ``TANGENT_LAUNCH`` with ``tangents``)."""
     name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
     ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
-    if ml["unroll"] not in (4, 8):
-        raise ValueError(f"chunked.{name}['unroll']: expected 4 or 8, got {ml['unroll']!r}")
+    if ml["unroll"] not in (4, 8, 16):
+        raise ValueError(f"chunked.{name}['unroll']: expected 4, 8 or 16, got {ml['unroll']!r}")
     G, SG, NT, nw = tuning.layout(S, ml["slots"])
     return G, SG, NT, nw, ml["unroll"], ml["NS"]
 
