@@ -88,6 +88,19 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
+def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
+    """The default launches (16 steps unrolled) on chunks of 35 steps: 2 full blocks and a tail
+    of 3, where the other tests' chunks of 9 steps are all tail."""
+    assert chunked.MAPS_LAUNCH["unroll"] == chunked.TANGENT_LAUNCH["unroll"] == 16
+    (got, ggot), _, (ref, gref) = chunked_runs((1, 105, 2, 5), 3, torch.float64, monkeypatch,
+                                               plain=False)  # fmt: skip
+    for name, a, b in zip(OUTS, got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        scale = max(b.abs().max().item(), 1.0)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
 def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", {"slots": 4, "unroll": 6, "NS": 1})
     with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['unroll'\]: expected 4, 8 or 16, got 6"):
@@ -192,19 +205,19 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     [
         (8 * 1024 * 16, 2048, 132, 1),  # the lanes fill the device: no chunks
         (4 * 960 * 16, 2048, 132, 1),  # 61,440 lanes: 465 an SM, no chunks
-        (2 * 1024 * 16, 8192, 132, 16),  # 32,768 lanes: ceil(16.5) = 17 -> divisor 16
-        (1 * 1024 * 16, 32768, 132, 32),
-        (1 * 1024 * 16, 131072, 132, 32),
+        (2 * 1024 * 16, 8192, 132, 16),  # 32,768 lanes: ceil(33) chunks of >= 512 steps: 16
+        (1 * 1024 * 16, 32768, 132, 64),  # ceil(66) -> MAX_CHUNKS
+        (1 * 1024 * 16, 131072, 132, 64),
         (1 * 256 * 16, 32768, 132, 64),  # 4,096 lanes: MAX_CHUNKS
-        (1 * 1024 * 16, 10500, 132, 30),  # the largest divisor of 10500 up to 33
-        (1 * 64 * 16, 1024, 132, 4),  # chunks of at least MIN_CHUNK = 256 steps
-        (1 * 1024 * 16, 255, 132, 1),
+        (1 * 2048 * 16, 34650, 132, 33),  # the largest divisor of 34650 up to ceil(33)
+        (1 * 64 * 16, 2048, 132, 4),  # chunks of at least MIN_CHUNK = 512 steps
+        (1 * 1024 * 16, 511, 132, 1),
         (16, 4099, 132, 1),  # 4099 is prime
-        (16, 63 * 256, 132, 63),
+        (16, 63 * 512, 132, 63),
         (16, 4096, 0, 1),  # not a CUDA device
     ],
     ids=["8x2048", "4x2048-M960", "2x8192", "1x32768", "1x131072", "4096-lanes",
-         "1x10500", "min-chunk", "short", "prime", "divisor", "cpu"],
+         "1x34650", "min-chunk", "short", "prime", "divisor", "cpu"],
 )  # fmt: skip
 def test_chunks_for(lanes, L, sms, want):
     assert tuning.chunks_for(lanes, L, sms) == want

@@ -44,14 +44,18 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
 # (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
 # loading the channel's v, Lv once a step for them and its k, q as one vector), steps unrolled a
-# loop iteration (their loads issued together), pipeline stages of those loads. H200, d_model
-# 512, one layer (benchmarks/kla_chunk_kernels.py --maps-sweep,
+# loop iteration (their loads issued together; 4, 8 or 16), pipeline stages of those loads.
+# Slots: H200, d_model 512, one layer (benchmarks/kla_chunk_kernels.py --maps-sweep,
 # results/kla-chunk-maps-sweep-h200.json), 1 x 32,768 in 32 chunks / 2 x 8,192 in 16: chunk
-# maps 0.58 / 0.29 ms at 2 slots and 8 steps against 0.80 / 0.41 at 1 and 4 (4 slots: 0.61 /
-# 0.31 with 4 steps, 0.89 / 0.44 with 8); tangent maps 1.02 / 0.50 ms at 1 slot and 4 steps,
-# slower with more slots (1.24-1.72 / 0.63-0.85: 168 registers at 4 slots)
-MAPS_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1}
-TANGENT_LAUNCH = {"slots": 1, "unroll": 4, "NS": 1}
+# maps 0.58 / 0.29 ms at 2 slots against 0.80 / 0.41 at 1 (4 slots: 0.61 / 0.31); tangent maps
+# 1.02 / 0.50 ms at 1 slot, slower with more (1.24-1.72 / 0.63-0.85: 168 registers at 4 slots).
+# Unrolled steps and stages inside the KLA LM step (benchmarks/kla_lm_tuning.py,
+# results/kla-lm-map-launch-h200.json, a step's 6 layers at 2 x 8,192): tangent maps 2.135 ms
+# at 4 steps, 1.964 at 8, 1.930 at 16 (sm_90 SASS: 30.5, 27.6, 26.4 instructions a lane-step,
+# 64 registers, no spills); chunk maps 1.259 at 8, 1.213 at 16; 2 or 3 pipeline stages 3.3x
+# (chunk maps) and 8.6x (tangent maps) slower than 1
+MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1}
+TANGENT_LAUNCH = {"slots": 1, "unroll": 16, "NS": 1}
 
 
 def _maps_layout(S, tangents=False):
