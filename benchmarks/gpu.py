@@ -586,6 +586,8 @@ def kernel_cases():
     maps_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
     G, SG, NT, tangent_warps, W, NS = KC._maps_layout(16, tangents=True)
     tangent_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
+    G, SG, NT, wide_warps, W, NS = KC._maps_layout(16, tangents=True, lanes=KC.TANGENT_WIDE)
+    wide_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
@@ -658,6 +660,12 @@ def kernel_cases():
                                        "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
+        # from chunked.TANGENT_WIDE lanes (1 x 32,768 in 64 chunks): 2 slots a thread
+        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel,
+                                        sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "
+                                            "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
+                                        dict(wide_consts, HAS_GPREC=False, HAS_GYV=False),
+                                        wide_warps),
     }  # fmt: skip
     return cases
 

@@ -88,10 +88,22 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
-def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
+def test_tangent_slots_follow_the_lanes():
+    assert chunked.TANGENT_LAUNCH["slots"] is None
+    wide = chunked.TANGENT_WIDE
+    assert chunked._maps_layout(16, tangents=True, lanes=wide)[1] == 2  # SG
+    assert chunked._maps_layout(16, tangents=True, lanes=wide - 1)[1] == 1
+    assert chunked._maps_layout(16)[1] == chunked.MAPS_LAUNCH["slots"]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["tangent-1-slot", "tangent-2-slots"])
+def test_map_kernels_default_launch_walks_full_blocks(wide, monkeypatch):
     """The default launches (16 steps unrolled) on chunks of 35 steps: 2 full blocks and a tail
-    of 3, where the other tests' chunks of 9 steps are all tail."""
+    of 3, where the other tests' chunks of 9 steps are all tail; the tangent maps at both of
+    their slot counts (``TANGENT_WIDE`` lowered to these few lanes for 2)."""
     assert chunked.MAPS_LAUNCH["unroll"] == chunked.TANGENT_LAUNCH["unroll"] == 16
+    if wide:
+        monkeypatch.setattr(chunked, "TANGENT_WIDE", 0)
     (got, ggot), _, (ref, gref) = chunked_runs((1, 105, 2, 5), 3, torch.float64, monkeypatch,
                                                plain=False)  # fmt: skip
     for name, a, b in zip(OUTS, got, ref, strict=True):

@@ -102,7 +102,10 @@ def test_reciprocals_per_step(resources):
             assert resources[name]["divisions"] == 0, (name, resources[name])
 
 
-@pytest.mark.parametrize("name", ["kla_chunk_maps", "kla_adjoint_maps", "kla_adjoint_maps_nogyv"])
+@pytest.mark.parametrize(
+    "name",
+    ["kla_chunk_maps", "kla_adjoint_maps", "kla_adjoint_maps_nogyv", "kla_adjoint_maps_nogyv_wide"],
+)
 def test_map_kernels_fit_in_registers(resources, name):
     # the chunked KLA op's map passes (chunked.MAPS_LAUNCH, TANGENT_LAUNCH): plain loads (one
     # pipeline stage measured fastest), no spills, at most 128 registers (16 one-warp programs

@@ -53,19 +53,27 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # results/kla-lm-map-launch-h200.json, a step's 6 layers at 2 x 8,192): tangent maps 2.135 ms
 # at 4 steps, 1.964 at 8, 1.930 at 16 (sm_90 SASS: 30.5, 27.6, 26.4 instructions a lane-step,
 # 64 registers, no spills); chunk maps 1.259 at 8, 1.213 at 16; 2 or 3 pipeline stages 3.3x
-# (chunk maps) and 8.6x (tangent maps) slower than 1
+# (chunk maps) and 8.6x (tangent maps) slower than 1. The tangent maps' slots (None: by the
+# lanes B C M S, 2 from TANGENT_WIDE, else 1; kla-lm-map-launch-h200.json): 1 x 32,768 in 64
+# chunks (2^20 lanes) 3.53 ms at 2 slots against 3.84 at 1 (24.3 against 26.4 instructions a
+# lane-step, 66 registers), 2 x 8,192 in 16 (2^19) 2.04 against 1.95; the chunk maps at 4 slots
+# 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86 registers)
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1}
-TANGENT_LAUNCH = {"slots": 1, "unroll": 16, "NS": 1}
+TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1}
+TANGENT_WIDE = 1 << 20
 
 
-def _maps_layout(S, tangents=False):
+def _maps_layout(S, tangents=False, lanes=0):
     """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (``MAPS_LAUNCH``, or
-    ``TANGENT_LAUNCH`` with ``tangents``)."""
+    ``TANGENT_LAUNCH`` with ``tangents``; ``lanes = B C M S``, where its slots are None)."""
     name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
     ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
     if ml["unroll"] not in (4, 8, 16):
         raise ValueError(f"chunked.{name}['unroll']: expected 4, 8 or 16, got {ml['unroll']!r}")
-    G, SG, NT, nw = tuning.layout(S, ml["slots"])
+    slots = ml["slots"]
+    if slots is None:
+        slots = 2 if lanes >= TANGENT_WIDE else 1
+    G, SG, NT, nw = tuning.layout(S, slots)
     return G, SG, NT, nw, ml["unroll"], ml["NS"]
 
 
@@ -460,7 +468,7 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)
-        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
+        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True, lanes=R * MS)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
