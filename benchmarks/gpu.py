@@ -660,6 +660,12 @@ def kernel_cases():
                                        "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
+        # the carries over the chunks, their loads pipelined chunked.CARRY_NS stages ahead
+        "kla_carry": (KC._carry_kernel,
+                      sig("maps_ptr lam0_ptr eta0_ptr start_ptr", "C MS NR", ()),
+                      dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
+        "kla_adjoint_carry": (KC._adjoint_carry_kernel, sig("amap_ptr gend_ptr", "C MS NR", ()),
+                              dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
         # from chunked.TANGENT_WIDE lanes (1 x 32,768 in 64 chunks): 2 slots a thread
         "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel,
                                         sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "

@@ -113,3 +113,13 @@ def test_map_kernels_fit_in_registers(resources, name):
     r = resources[name]
     assert r["stack_bytes"] == 0, f"{name} spills registers to local memory: {r}"
     assert r["registers"] <= 128, f"{name} uses {r['registers']} registers: {r}"
+
+
+@pytest.mark.parametrize("name", ["kla_carry", "kla_adjoint_carry"])
+def test_chunk_carries_pipeline_their_loads(resources, name):
+    # a chunk's map (its adjoint map) does not depend on the state (adjoint) the carry walks:
+    # the loads go ahead of the walk through cp.async, so the walk is not one load latency a chunk
+    r = resources[name]
+    assert r["cp_async"] > 0, f"{name}: the maps' loads are not pipelined: {r}"
+    assert r["stack_bytes"] == 0, f"{name} spills registers to local memory: {r}"
+

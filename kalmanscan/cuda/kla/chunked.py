@@ -40,6 +40,10 @@ from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
+# pipeline stages of the carry kernels' loads: a chunk's map does not depend on the state the
+# carry walks, so its loads are issued stages - 1 chunks ahead of the walk (the walk is otherwise
+# bound by one load latency a chunk)
+CARRY_NS = 4
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
 # (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
@@ -210,7 +214,8 @@ def _chunk_maps_kernel(
 
 
 @triton.jit
-def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.constexpr):
+def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.constexpr,
+                  NS: tl.constexpr = 1):
     """One program: ``BLOCK`` lanes of batch row ``program_id(1)``, from ``(lam0, eta0)``
     through the maps of chunks ``0 .. C-2``: the state entering every chunk,
     ``start [2, B C, M S]``."""
@@ -224,7 +229,7 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
     base = b.to(tl.int64) * C * MS + ms
     tl.store(start_ptr + base, lam, mask=lm)
     tl.store(start_ptr + step + base, eta, mask=lm)
-    for c in range(0, C - 1):
+    for c in tl.range(0, C - 1, num_stages=NS):
         mp = maps_ptr + base + c * MS
         m11 = tl.load(mp, mask=lm, other=1.0)
         m12 = tl.load(mp + step, mask=lm, other=0.0)
@@ -369,7 +374,8 @@ def _adjoint_maps_kernel(
 
 
 @triton.jit
-def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr):
+def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr,
+                          NS: tl.constexpr = 1):
     """One program: ``BLOCK`` lanes of batch row ``program_id(1)``: from the op's end adjoint
     (in the last chunk's rows of ``gend [2, B C, M S]``) back through the chunks' adjoint maps
     (``_adjoint_maps_kernel``), ``G_end(c-1) = J_c^T G_end(c) + b_c``, into the rows of chunks
@@ -382,7 +388,7 @@ def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr):
     last = base + (C - 1) * MS
     Gl = tl.load(gend_ptr + last, mask=lm, other=0.0)
     Ge = tl.load(gend_ptr + step + last, mask=lm, other=0.0)
-    for j in range(0, C - 1):
+    for j in tl.range(0, C - 1, num_stages=NS):
         off = last - j * MS
         bl = tl.load(amap_ptr + off, mask=lm, other=0.0)
         be = tl.load(amap_ptr + step + off, mask=lm, other=0.0)
@@ -423,7 +429,7 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
     launch(_carry_kernel, (cdiv(MS, BLOCK), B),
-           maps, lam0, eta0, start, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+           maps, lam0, eta0, start, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     return maps, start
 
 
@@ -474,7 +480,7 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
                EVEN=_even(M, S, G, SG, NT), num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
-               amap, gend, C, MS, R, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+               amap, gend, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
     gv, gLv, gk, gq, ga, gp, gl0, ge0 = backward(
         *rows[:4], a, p, ck, CK, rows[4], rows[5] if has_gyv else None, gend[0], gend[1],
