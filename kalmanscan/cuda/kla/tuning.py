@@ -96,9 +96,10 @@ def layout(S: int, slots: int):
 # 16,384 lanes at L = 32,768 9.16 ms unchunked against 4.33 / 4.00 / 3.92 ms in 8 / 32 / 64
 # chunks, at L = 131,072 36.1 against 15.4 ms in 32; 32,768 lanes at L = 8,192 2.51 against
 # 2.10 ms in 16 chunks (the forward alone 0.64 against 0.70). Chunks of 512 steps, not 256 or
-# 1,024: inside the KLA LM step (benchmarks/kla_lm_tuning.py, results/kla-lm-map-launch-h200.json)
-# the op's kernels a step at 1 x 32,768 15.55 ms in 64 chunks against 15.73 in 32, at
-# 1 x 131,072 61.9 against 62.8; 2 x 8,192 in 16 chunks 25.05 ms of kernels a step against
+# 1,024: inside the KLA LM step (benchmarks/kla_lm_tuning.py,
+# results/kla-lm-map-launch-h200.json) the op's kernels a step at 1 x 32,768 in 64 chunks
+# against 32: 15.95 against 16.15 ms (4-step tangent-map blocks), 15.63 against 15.73 (8-step);
+# at 1 x 131,072 61.9 against 62.8; 2 x 8,192 in 16 chunks 25.05 ms of kernels a step against
 # 25.10 in 32 (benchmarks/HISTORY.md), the op alone 1.91 against 1.97 ms
 CHUNKS = None  # a fixed chunk count (a divisor of L) for every call, or None: chunks_for's rule
 CHUNK_BELOW = 256  # lanes an SM below which the op is chunked
