@@ -49,6 +49,17 @@ def chunked_runs(shape, C, dtype, monkeypatch, seed=0, forget=True, plain=True):
 
 
 # The interpreter walks every step in Python (about 0.1 s a step here), so the shapes are small:
+def check_float64_reference(shape, C, monkeypatch):
+    """The chunked op in float64 on ``shape`` in ``C`` chunks against the sequential reference:
+    outputs and the gradients of all six inputs."""
+    (got, ggot), _, (ref, gref) = chunked_runs(shape, C, torch.float64, monkeypatch, plain=False)
+    for name, a, b in zip(OUTS, got, ref, strict=True):
+        assert_close(a, b, "kernel", torch.float64, what=name)
+    for name, a, b in zip(NAMES, ggot, gref, strict=True):
+        scale = max(b.abs().max().item(), 1.0)  # (as test_cuda_kla: exact zeros behind a forget)
+        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+
+
 # L = 63 in 7 chunks of 9 steps (each row a whole block and a tail), a forgetting lane (decay
 # 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c) at L = 36 in 4 chunks.
 @pytest.mark.parametrize(
@@ -57,12 +68,7 @@ def chunked_runs(shape, C, dtype, monkeypatch, seed=0, forget=True, plain=True):
     ids=["B1-L63-M2-S5-C7-f64", "B2-L36-M3-S4-C4-f64"],
 )
 def test_chunked_equals_reference_float64(shape, C, monkeypatch):
-    (got, ggot), _, (ref, gref) = chunked_runs(shape, C, torch.float64, monkeypatch, plain=False)
-    for name, a, b in zip(OUTS, got, ref, strict=True):
-        assert_close(a, b, "kernel", torch.float64, what=name)
-    for name, a, b in zip(NAMES, ggot, gref, strict=True):
-        scale = max(b.abs().max().item(), 1.0)  # (as test_cuda_kla: exact zeros behind a forget)
-        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+    check_float64_reference(shape, C, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -79,13 +85,7 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
     pads to 8 slots."""
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", launch)
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", launch)
-    (got, ggot), _, (ref, gref) = chunked_runs((1, 63, 2, 5), 7, torch.float64, monkeypatch,
-                                               plain=False)  # fmt: skip
-    for name, a, b in zip(OUTS, got, ref, strict=True):
-        assert_close(a, b, "kernel", torch.float64, what=name)
-    for name, a, b in zip(NAMES, ggot, gref, strict=True):
-        scale = max(b.abs().max().item(), 1.0)
-        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+    check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
 
 
 def test_tangent_slots_follow_the_lanes():
@@ -104,13 +104,7 @@ def test_map_kernels_default_launch_walks_full_blocks(wide, monkeypatch):
     assert chunked.MAPS_LAUNCH["unroll"] == chunked.TANGENT_LAUNCH["unroll"] == 16
     if wide:
         monkeypatch.setattr(chunked, "TANGENT_WIDE", 0)
-    (got, ggot), _, (ref, gref) = chunked_runs((1, 105, 2, 5), 3, torch.float64, monkeypatch,
-                                               plain=False)  # fmt: skip
-    for name, a, b in zip(OUTS, got, ref, strict=True):
-        assert_close(a, b, "kernel", torch.float64, what=name)
-    for name, a, b in zip(NAMES, ggot, gref, strict=True):
-        scale = max(b.abs().max().item(), 1.0)
-        assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
+    check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
 
 
 def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
