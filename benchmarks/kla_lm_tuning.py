@@ -8,13 +8,14 @@ the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k``
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
 forward + backward (no optimizer step, so the weights stay as they are), then two warm-up
 steps and three profiled ones: the op's kernel time (``profile_ms["kla_op"]``), its forward and
-backward kernels and its two chunk-map kernels (0 where the op is not chunked). All variants run in turn, then all again (``--rounds``), in one process, so
-that they share the machine's state; the JSON keeps every sample and their medians.
+backward kernels and its two chunk-map kernels (0 where the op is not chunked). All variants
+run in turn, then all again (``--rounds``), in one process, so that they share the machine's
+state; the JSON keeps every sample and their medians.
 
 Correctness: each variant's loss and gradients against the first variant's first run
-(normwise relative; the pipeline depth and the prefetch change no arithmetic, so only the
-order of the op's float32 atomic sums, turned into about 0.6 % by the bf16 step, separates
-them).
+(normwise relative; pipeline depths, prefetch and unrolled steps change no arithmetic, so only
+the order of the op's float32 atomic sums, turned into about 0.6 % by the bf16 step, separates
+them; another chunk count or slots a thread reorder float32 sums too, about 1 %).
 
     export PYTHONPATH=$PWD
     python3 benchmarks/kla_lm_tuning.py --out benchmarks/results/kla-lm-tuning-h200.json
