@@ -582,12 +582,15 @@ def kernel_cases():
     )
     # (M = 1024: d_model 512's channels, a compile-time constant of the map kernels; every
     # lane real, so their loads unmasked)
-    G, SG, NT, maps_warps, W, NS = KC._maps_layout(16)
-    maps_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
-    G, SG, NT, tangent_warps, W, NS = KC._maps_layout(16, tangents=True)
-    tangent_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
-    G, SG, NT, wide_warps, W, NS = KC._maps_layout(16, tangents=True, lanes=KC.TANGENT_WIDE)
-    wide_consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True)
+    def map_launch(**layout_args):
+        G, SG, NT, warps, W, NS = KC._maps_layout(16, **layout_args)
+        return dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True), warps
+
+    maps_consts, maps_warps = map_launch()
+    tangent_consts, tangent_warps = map_launch(tangents=True)
+    wide_consts, wide_warps = map_launch(tangents=True, lanes=KC.TANGENT_WIDE)
+    tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
+                      "out_ptr", "L Lc C NR", ())
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
@@ -650,14 +653,10 @@ def kernel_cases():
         "kla_chunk_maps": (KC._chunk_maps_kernel,
                            sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR", ()),
                            maps_consts, maps_warps),
-        "kla_adjoint_maps": (KC._adjoint_maps_kernel,
-                             sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr "
-                                 "gprec_ptr out_ptr", "L Lc C NR", ()),
+        "kla_adjoint_maps": (KC._adjoint_maps_kernel, dict(tangent_sig),
                              dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
                              tangent_warps),
-        "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel,
-                                   sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "
-                                       "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
+        "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel, dict(tangent_sig),
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
         # the carries over the chunks, their loads pipelined chunked.CARRY_NS stages ahead
@@ -667,9 +666,7 @@ def kernel_cases():
         "kla_adjoint_carry": (KC._adjoint_carry_kernel, sig("amap_ptr gend_ptr", "C MS NR", ()),
                               dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
         # from chunked.TANGENT_WIDE lanes (1 x 32,768 in 64 chunks): 2 slots a thread
-        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel,
-                                        sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr "
-                                            "gyv_ptr gprec_ptr out_ptr", "L Lc C NR", ()),
+        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel, dict(tangent_sig),
                                         dict(wide_consts, HAS_GPREC=False, HAS_GYV=False),
                                         wide_warps),
     }  # fmt: skip

@@ -5,8 +5,8 @@ S = 16 slots), for few long sequences and many short ones at fixed token counts.
 Each shape runs three ways in the same process: ``unchunked`` (``tuning.CHUNKS = 1``), ``auto``
 (the rule ``tuning.chunks_for``) and, for the sweep that sets the rule's threshold
 (``tuning.CHUNK_BELOW``), every chunk count ``C`` from 2 to 64 that divides ``L`` with chunks
-of at least ``SWEEP_MIN_CHUNK`` steps (half the rule's ``tuning.MIN_CHUNK``, so that the sweep
-also times the chunk length the rule refuses). Correctness, checked before any speed is reported:
+of at least half the rule's ``tuning.MIN_CHUNK`` steps (so that the sweep also times the chunk
+length the rule refuses). Correctness, checked before any speed is reported:
 
 - every chunked run's outputs (y, yvar, final lam, eta) and the gradients of all six inputs
   equal the unchunked run's to ``<= 1e-5`` normwise relative (float32);
@@ -38,7 +38,6 @@ FULL_SHAPES = [  # (B, L): 16,384 and 131,072 tokens, and 1 x 32,768
 ]  # fmt: skip
 DRY_SHAPES = [(4, 16), (1, 32)]
 SWEEP = (2, 4, 8, 16, 32, 64)
-SWEEP_MIN_CHUNK = None  # None: tuning.MIN_CHUNK // 2 at the time of the run
 SLICE_M = 16
 
 
@@ -208,7 +207,7 @@ def main():
     for B, L in shapes:
         lanes = B * M * S
         auto = tuning.chunks_for(lanes, L, sms)
-        floor = SWEEP_MIN_CHUNK or max(tuning.MIN_CHUNK // 2, 1)
+        floor = max(tuning.MIN_CHUNK // 2, 1)
         counts = [c for c in SWEEP if L % c == 0 and L // c >= floor]
         # the sweep where the lanes do not fill the device, else the rule's choice only
         few = lanes < tuning.CHUNK_BELOW * max(sms, 1) and not ARGS.no_sweep

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 # Compiling every kernel for sm_90 from an empty Triton cache takes about 3 minutes on 2 cores:
 # CI runs it in its slow step (`pytest -m slow`), as gpu.py --resources before device time.
 pytestmark = pytest.mark.slow
@@ -122,4 +122,3 @@ def test_chunk_carries_pipeline_their_loads(resources, name):
     r = resources[name]
     assert r["cp_async"] > 0, f"{name}: the maps' loads are not pipelined: {r}"
     assert r["stack_bytes"] == 0, f"{name} spills registers to local memory: {r}"
-
