@@ -584,7 +584,8 @@ def kernel_cases():
     # lane real, so their loads unmasked)
     def map_launch(**layout_args):
         G, SG, NT, warps, W, NS = KC._maps_layout(16, **layout_args)
-        return dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True), warps
+        PF = KC._prefetches(layout_args.get("tangents", False))
+        return dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True, PF=PF), warps
 
     maps_consts, maps_warps = map_launch()
     tangent_consts, tangent_warps = map_launch(tangents=True)

@@ -2,13 +2,14 @@
 training step: which pipeline depths and L2 prefetch distance give the fewest op milliseconds.
 A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
-``unroll``, ``NS`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``).
+``unroll``, ``NS``, ``pf`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
 forward + backward (no optimizer step, so the weights stay as they are), then two warm-up
 steps and three profiled ones: the op's kernel time (``profile_ms["kla_op"]``), its forward and
-backward kernels and its two chunk-map kernels (0 where the op is not chunked). All variants
+backward kernels and its two chunk-map kernels (0 where the op is not chunked), the fused
+glue's kernels and all the step's kernels. All variants
 run in turn, then all again (``--rounds``), in one process, so that they share the machine's
 state; the JSON keeps every sample and their medians.
 
@@ -43,7 +44,8 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
             '{"bwd_NS": 2}, {"bwd_NS": 4}, {"NS": 3}, {"NS": 4}, {"NS": 5}, {"NS": 6}]')  # fmt: skip
 
 
-LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent") for k in ("slots", "unroll", "NS"))
+LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
+                    for k in ("slots", "unroll", "NS", "pf"))  # fmt: skip
 KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip
@@ -119,7 +121,8 @@ def main(argv=None):
         return loss
 
     base = _saved()
-    rows = [{"variant": v, "op_ms": [], **{k: [] for k, _ in KERNELS}} for v in variants]
+    rows = [{"variant": v, "op_ms": [], "glue_ms": [], "total_ms": [],
+             **{k: [] for k, _ in KERNELS}} for v in variants]  # fmt: skip
     ref = None
     t0 = time.perf_counter()
     try:
@@ -138,6 +141,8 @@ def main(argv=None):
                 for _ in range(args.profiles):
                     split, top = LS.profile_split(step, tokens, dev)
                     row["op_ms"].append(split["kla_op"])
+                    row["glue_ms"].append(split["glue_fused"])
+                    row["total_ms"].append(split["total"])
                     for key, name in KERNELS:
                         row[key].append(sum(t["ms"] for t in top if t["name"] == name))
                 print(f"round {rnd} {json.dumps(row['variant'])}: op {row['op_ms'][-1]:.3f} ms, "
@@ -147,7 +152,7 @@ def main(argv=None):
     finally:
         _restore(base)
     for row in rows:
-        for key in ("op_ms", *(k for k, _ in KERNELS)):
+        for key in ("op_ms", "glue_ms", "total_ms", *(k for k, _ in KERNELS)):
             row[key.replace("_ms", "_median_ms")] = statistics.median(row[key])
     result = {
         "benchmark": "kla_lm_tuning",
@@ -160,7 +165,8 @@ def main(argv=None):
     with open(args.out, "w") as f:
         f.write(json.dumps(result, indent=1) + "\n")
     for row in rows:
-        print(f"{json.dumps(row['variant'])}: op {row['op_median_ms']:.3f} ms, backward "
+        print(f"{json.dumps(row['variant'])}: kernels {row['total_median_ms']:.3f} ms, glue "
+              f"{row['glue_median_ms']:.3f}, op {row['op_median_ms']:.3f}, backward "
               f"{row['bwd_median_ms']:.3f}, forward {row['fwd_median_ms']:.3f}, maps "
               f"{row['maps_median_ms']:.3f}, tangent maps {row['tangent_median_ms']:.3f}, gradients "
               f"{row['grad_rel_diff']:.1e} from the first")  # fmt: skip

@@ -73,19 +73,28 @@ def test_chunked_equals_reference_float64(shape, C, monkeypatch):
 
 @pytest.mark.parametrize(
     "launch",
-    [{"slots": 4, "unroll": 8, "NS": 1},
-     pytest.param({"slots": 2, "unroll": 4, "NS": 1}, marks=pytest.mark.slow),
-     pytest.param({"slots": 8, "unroll": 4, "NS": 2}, marks=pytest.mark.slow)],
-    ids=["slots4-unroll8", "slots2-unroll4", "slots8-unroll4-NS2"],
+    [{"slots": 4, "unroll": 8, "NS": 1, "pf": 0},
+     pytest.param({"slots": 2, "unroll": 4, "NS": 1, "pf": 1}, marks=pytest.mark.slow),
+     pytest.param({"slots": 8, "unroll": 4, "NS": 2, "pf": 0}, marks=pytest.mark.slow)],
+    ids=["slots4-unroll8", "slots2-unroll4-pf", "slots8-unroll4-NS2"],
 )  # fmt: skip
 def test_map_kernel_launches_equal_reference(launch, monkeypatch):
     """The two map kernels at other launch choices (``chunked.MAPS_LAUNCH`` and
-    ``TANGENT_LAUNCH``: a thread's slots, the unrolled steps, pipeline stages): chunks of 9
-    steps are a block and a tail of 1 (unroll 8) or 2 blocks and a tail of 1 (unroll 4), S = 5
-    pads to 8 slots."""
+    ``TANGENT_LAUNCH``: a thread's slots, the unrolled steps, pipeline stages, L2 prefetch of
+    the next block): chunks of 9 steps are a block and a tail of 1 (unroll 8) or 2 blocks and a
+    tail of 1 (unroll 4), S = 5 pads to 8 slots."""
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", launch)
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", launch)
     check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
+
+
+def test_map_kernels_prefetch_flag():
+    assert chunked._prefetches() and chunked._prefetches(True)  # the defaults prefetch
+    bad = dict(chunked.MAPS_LAUNCH, pf=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chunked, "MAPS_LAUNCH", bad)
+        with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['pf'\]: expected 0 or 1, got 2"):
+            chunked._prefetches()
 
 
 def test_tangent_slots_follow_the_lanes():

@@ -36,7 +36,7 @@ import triton.language as tl
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _program, _rcp
+from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _prefetch_l2, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
@@ -62,9 +62,20 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # chunks (2^20 lanes) 3.53 ms at 2 slots against 3.84 at 1 (24.3 against 26.4 instructions a
 # lane-step, 66 registers), 2 x 8,192 in 16 (2^19) 2.04 against 1.95; the chunk maps at 4 slots
 # 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86 registers)
-MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1}
-TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1}
+MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
+TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_WIDE = 1 << 20
+
+
+def _prefetches(tangents=False) -> bool:
+    """Whether a map kernel asks L2 for its next block's rows (``"pf"`` of ``MAPS_LAUNCH``, or
+    of ``TANGENT_LAUNCH`` with ``tangents``; ``_prefetch_next``)."""
+    ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
+    pf = ml.get("pf", 0)
+    if pf not in (0, 1, False, True):
+        name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
+        raise ValueError(f"chunked.{name}['pf']: expected 0 or 1, got {pf!r}")
+    return bool(pf)
 
 
 def _maps_layout(S, tangents=False, lanes=0):
@@ -116,13 +127,45 @@ def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, 
 
 
 @helper
+def _leads(G: tl.constexpr, NT: tl.constexpr):
+    """Whether this program asks L2 for the rows of the programs beside it
+    (``_prefetch_next``): one of the programs whose ``NT / G`` channels share a 128-byte line
+    of a float32 row (each asking for the same lines multiplied L2's requests, and the
+    tangent maps at 2 x 8,192 ran 1.96 -> 2.43 ms a step)."""
+    per: tl.constexpr = 32 // (NT // G)  # (NT / G <= 32 channels a program)
+    return tl.program_id(0) % per == 0
+
+
+@helper
+def _prefetch_next(pa, pb, pc, i, nb, M, W: tl.constexpr, NT: tl.constexpr,
+                   THREE: tl.constexpr):  # fmt: skip
+    """Ask L2 for the rows of block ``i + 1`` (of ``nb``; ``W`` steps) of ``[.., M]`` arrays
+    whose rows of block ``i`` start at ``pa, pb`` (and ``pc`` with ``THREE``) (``[NT]``, a
+    thread's channel): thread ``j`` takes row ``j % W`` of ``pa`` (``j < W``) or ``pb``, then of
+    ``pc``; a row's lines hold the program's channels. The last block asks for its own rows
+    again (nothing past the chunk). A map kernel's loads of a block wait on device memory (its
+    warps' stalls are mostly long-scoreboard: Nsight Compute on the LM's tangent maps, 5.85 of
+    11.1 cycles between a warp's instructions); with its rows in L2 they wait less."""
+    j = tl.arange(0, NT)
+    rows = (tl.where(i + 1 < nb, W, 0) + j % W) * M
+    _prefetch_l2(tl.where(j < W, (pa + rows).to(tl.int64), (pb + rows).to(tl.int64)))
+    if THREE:
+        _prefetch_l2((pc + rows).to(tl.int64))
+
+
+@helper
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
-                NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+                NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr,
+                NT: tl.constexpr, PF: tl.constexpr, lead):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
-    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division)."""
+    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division);
+    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``)."""
     af4 = (af * af) * (af * af)
-    for _ in tl.range(0, nb, num_stages=NS):
+    for i in tl.range(0, nb, num_stages=NS):
+        if PF:
+            if lead:
+                _prefetch_next(pm, pLm, pLm, i, nb, M, W, NT, False)
         for h in tl.static_range(W // 4):
             for j in tl.static_range(4):
                 m11, m12, m21, m22, g1, g2, A = _load_map_step(
@@ -150,6 +193,7 @@ def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
     L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr = False,
+    PF: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
     thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
@@ -187,11 +231,11 @@ def _chunk_maps_kernel(
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True, EVEN)  # fmt: skip
+            NS, True, EVEN, NT, PF, _leads(G, NT))  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False, EVEN)  # fmt: skip
+            NS, False, EVEN, NT, PF, _leads(G, NT))  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
@@ -309,7 +353,7 @@ def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
     L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
     SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
-    HAS_GYV: tl.constexpr, EVEN: tl.constexpr = False,
+    HAS_GYV: tl.constexpr, EVEN: tl.constexpr = False, PF: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -340,8 +384,12 @@ def _adjoint_maps_kernel(
     pk, pq = k_ptr + ps, q_ptr + ps
     pg = gprec_ptr + t0 * MS + ms
     n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
+    lead = _leads(G, NT)
     nb = n // W
-    for _ in tl.range(0, nb, num_stages=NS):
+    for i in tl.range(0, nb, num_stages=NS):
+        if PF:  # the next block's v, Lv, gy rows into L2 (_prefetch_next)
+            if lead:
+                _prefetch_next(pv, pL, pgy, i, nb, M, W, NT, True)
         for j in tl.static_range(W):
             lam, eta, R, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
@@ -424,7 +472,7 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
                v, Lv, k, a, p, maps, L, Lc, C, R, M=M, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               EVEN=_even(M, S, G, SG, NT), num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -478,7 +526,7 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
-               EVEN=_even(M, S, G, SG, NT), num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True), num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
