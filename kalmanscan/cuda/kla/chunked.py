@@ -61,7 +61,11 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # lanes B C M S, 2 from TANGENT_WIDE, else 1; kla-lm-map-launch-h200.json): 1 x 32,768 in 64
 # chunks (2^20 lanes) 3.53 ms at 2 slots against 3.84 at 1 (24.3 against 26.4 instructions a
 # lane-step, 66 registers), 2 x 8,192 in 16 (2^19) 2.04 against 1.95; the chunk maps at 4 slots
-# 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86 registers)
+# 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86 registers). "pf": each block first asks L2 for
+# the next block's rows, one program a 128-byte line of float32 channels asking (_leads,
+# _prefetch_next): in the LM step (results/kla-lm-prefetch-h200.json) chunk maps 1.211 -> 1.162
+# ms at 2 x 8,192, tangent maps 3.507 -> 3.397 at 1 x 32,768 (the others within 2 %); every
+# program asking slowed the tangent maps 1.96 -> 2.43 at 2 x 8,192
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_WIDE = 1 << 20
