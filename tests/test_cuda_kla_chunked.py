@@ -88,13 +88,11 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
     check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
 
 
-def test_map_kernels_prefetch_flag():
+def test_map_kernels_prefetch_flag(monkeypatch):
     assert chunked._prefetches() and chunked._prefetches(True)  # the defaults prefetch
-    bad = dict(chunked.MAPS_LAUNCH, pf=2)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chunked, "MAPS_LAUNCH", bad)
-        with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['pf'\]: expected 0 or 1, got 2"):
-            chunked._prefetches()
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, pf=2))
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['pf'\]: expected 0 or 1, got 2"):
+        chunked._prefetches()
 
 
 def test_tangent_slots_follow_the_lanes():
