@@ -71,22 +71,25 @@ TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_WIDE = 1 << 20
 
 
+def _launch(tangents=False):
+    """``(name, launch)``: ``MAPS_LAUNCH``, or ``TANGENT_LAUNCH`` with ``tangents``."""
+    return ("TANGENT_LAUNCH", TANGENT_LAUNCH) if tangents else ("MAPS_LAUNCH", MAPS_LAUNCH)
+
+
 def _prefetches(tangents=False) -> bool:
-    """Whether a map kernel asks L2 for its next block's rows (``"pf"`` of ``MAPS_LAUNCH``, or
-    of ``TANGENT_LAUNCH`` with ``tangents``; ``_prefetch_next``)."""
-    ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
+    """Whether a map kernel asks L2 for its next block's rows (``"pf"`` of its launch,
+    ``_launch``; ``_prefetch_next``)."""
+    name, ml = _launch(tangents)
     pf = ml.get("pf", 0)
     if pf not in (0, 1, False, True):
-        name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
         raise ValueError(f"chunked.{name}['pf']: expected 0 or 1, got {pf!r}")
     return bool(pf)
 
 
 def _maps_layout(S, tangents=False, lanes=0):
-    """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (``MAPS_LAUNCH``, or
-    ``TANGENT_LAUNCH`` with ``tangents``; ``lanes = B C M S``, where its slots are None)."""
-    name = "TANGENT_LAUNCH" if tangents else "MAPS_LAUNCH"
-    ml = TANGENT_LAUNCH if tangents else MAPS_LAUNCH
+    """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (its launch,
+    ``_launch``; ``lanes = B C M S``, where its slots are None)."""
+    name, ml = _launch(tangents)
     if ml["unroll"] not in (4, 8, 16):
         raise ValueError(f"chunked.{name}['unroll']: expected 4, 8 or 16, got {ml['unroll']!r}")
     slots = ml["slots"]
@@ -232,14 +235,15 @@ def _chunk_maps_kernel(
     nb = Lc // W
     # where no lane of the program forgets (the usual case) the lean step: 2-3 of its ~16
     # operations fewer
+    lead = _leads(G, NT)
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True, EVEN, NT, PF, _leads(G, NT))  # fmt: skip
+            NS, True, EVEN, NT, PF, lead)  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False, EVEN, NT, PF, _leads(G, NT))  # fmt: skip
+            NS, False, EVEN, NT, PF, lead)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
