@@ -304,3 +304,54 @@ def test_chunked_without_variance(monkeypatch):
             torch.testing.assert_close(a, b, rtol=32 * eps, atol=32 * eps * float(b.abs().max()))
         else:  # the interpreter runs the same numpy operations: bit for bit
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "unroll,ck",
+    [(16, 8), (4, 8), pytest.param(8, 4, marks=pytest.mark.slow)],
+    ids=["unroll16-ck8", "unroll4-ck8", "unroll8-ck4"],
+)  # fmt: skip
+def test_tangent_maps_store_the_forwards_checkpoints(unroll, ck, monkeypatch):
+    """``chunked.CK_IN_TANGENTS``: under autograd the chunked forward kernel runs without
+    checkpoints and the tangent maps (pass A) store them as they walk the chunks, chunk 0's
+    programs walking theirs for the checkpoints alone; every output and gradient equals the
+    run whose forward kernel stored them (bit for bit in the interpreter: the walk computes the
+    states by the forward's expressions). Chunks of 35 steps: 2 blocks of 16 and a tail of 3,
+    8 blocks of 4 and a tail of 3 (CK = 8: the checkpoint test at run time), or 4 blocks of 8."""
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, unroll=unroll))
+    monkeypatch.setitem(tuning.TUNING, "ck", ck)
+    monkeypatch.setattr(tuning, "CHUNKS", 3)
+    from kalmanscan.cuda.kla import forward as fwd_module
+
+    seen = []
+    for module in (chunked, fwd_module):
+        real = module.launch
+
+        def spy(fn, grid, *a, _real=real, **kw):
+            if "SAVE_CK" in kw:
+                seen.append((fn.__name__, kw["SAVE_CK"]))
+            return _real(fn, grid, *a, **kw)
+
+        monkeypatch.setattr(module, "launch", spy)
+    x = make_inputs(1, 105, 2, 5, seed=13, forget=True)
+    w = weights_for(1, 105, 2, 5)
+    got = run(kla_triton, x, torch.float32, w)
+    assert seen == [("_kla_fwd_kernel", False), ("_adjoint_maps_kernel", True)]
+    seen.clear()
+    monkeypatch.setattr(chunked, "CK_IN_TANGENTS", False)
+    before = run(kla_triton, x, torch.float32, w)
+    assert seen == [("_kla_fwd_kernel", True), ("_adjoint_maps_kernel", False)]
+    names = list(OUTS) + [f"grad {n}" for n in NAMES]
+    for name, a, b in zip(names, [*got[0], *got[1]], [*before[0], *before[1]], strict=True):
+        if CUDA:  # the forward without checkpoints is another compiled specialization
+            assert normwise(a, b) <= 1e-6, f"{name}: {normwise(a, b):.3e}"
+        else:
+            assert torch.equal(a, b), name
+
+
+def test_backward_chunked_needs_checkpoints_in_one_chunk():
+    x = make_inputs(1, 8, 2, 4, seed=1)
+    args = [x[n].float() for n in ("v", "Lv", "k", "q", "decay", "process_var")]
+    start = torch.zeros(2, 1, 2, 4)
+    with pytest.raises(ValueError, match="ck: expected the forward's checkpoints where C = 1"):
+        chunked.backward_chunked(*args, None, 4, start, 1, None, None, None, None, None)
