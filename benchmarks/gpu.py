@@ -591,11 +591,7 @@ def kernel_cases():
     tangent_consts, tangent_warps = map_launch(tangents=True)
     wide_consts, wide_warps = map_launch(tangents=True, lanes=KC.TANGENT_WIDE)
     tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
-                      "out_ptr ck_ptr", "L Lc C NR NB", ())
-    # the KLA LM's tangent maps, storing the backward's checkpoints (chunked.CK_IN_TANGENTS;
-    # 4-step intervals: half inputs from LARGE lanes)
-    lm_tangent_sig = dict(tangent_sig)
-    lm_ck = dict(SAVE_CK=True, CK=KT.tuning_for(KT.LARGE, half=True)["ck"])
+                      "out_ptr", "L Lc C NR", ())
     cases = {
         # saving the backward's checkpoints: 4-step blocks
         "kla_fwd": (KF._kla_fwd_kernel, kla_fwd_sig, kla_fwd_consts(tu, True), 1),
@@ -616,7 +612,6 @@ def kernel_cases():
         # and the sums over channels of gk, gq added by atomics (tuning's bwd_atomic_sums)
         "kla_bwd_ck4_nogyv_atomic": (KB._kla_bwd_kernel, dict(kla_bwd_sig),
                                      dict(kla_b_ck4, HAS_GYV=False, ATOMIC=True), 1),
-
         # the default from LARGE lanes: 8-step intervals at 4 slots a thread, the first half
         # recomputed after the second's walk (tuning's bwd_rerun), as the LM step runs it (no L2
         # prefetch at its M = 1024), and with the prefetch (B=8 M=2048)
@@ -660,11 +655,10 @@ def kernel_cases():
                            sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR", ()),
                            maps_consts, maps_warps),
         "kla_adjoint_maps": (KC._adjoint_maps_kernel, dict(tangent_sig),
-                             dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True, SAVE_CK=False,
-                                  CK=4),
+                             dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
                              tangent_warps),
-        "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel, dict(lm_tangent_sig),
-                                   dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False, **lm_ck),
+        "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel, dict(tangent_sig),
+                                   dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
                                    tangent_warps),
         # the carries over the chunks, their loads pipelined chunked.CARRY_NS stages ahead
         "kla_carry": (KC._carry_kernel,
@@ -673,9 +667,8 @@ def kernel_cases():
         "kla_adjoint_carry": (KC._adjoint_carry_kernel, sig("amap_ptr gend_ptr", "C MS NR", ()),
                               dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
         # from chunked.TANGENT_WIDE lanes (1 x 32,768 in 64 chunks): 2 slots a thread
-        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel, dict(lm_tangent_sig),
-                                        dict(wide_consts, HAS_GPREC=False, HAS_GYV=False,
-                                             **lm_ck),
+        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel, dict(tangent_sig),
+                                        dict(wide_consts, HAS_GPREC=False, HAS_GYV=False),
                                         wide_warps),
     }  # fmt: skip
     return cases

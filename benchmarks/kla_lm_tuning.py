@@ -2,8 +2,7 @@
 training step: which pipeline depths and L2 prefetch distance give the fewest op milliseconds.
 A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
-``unroll``, ``NS``, ``pf`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``), and
-``CK_IN_TANGENTS`` (``chunked.CK_IN_TANGENTS``: which pass stores the backward's checkpoints).
+``unroll``, ``NS``, ``pf`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
@@ -47,8 +46,7 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
 
 LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
                     for k in ("slots", "unroll", "NS", "pf"))  # fmt: skip
-FLAG_KEYS = ("CK_IN_TANGENTS",)  # module flags of chunked.py
-KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS, *FLAG_KEYS]
+KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip
 
@@ -56,7 +54,7 @@ KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
 def _saved():
     """The settings a variant may change, as they are now."""
     return (dict(tuning.TUNING), tuning.CHUNKS, dict(chunked.MAPS_LAUNCH),
-            dict(chunked.TANGENT_LAUNCH), {k: getattr(chunked, k) for k in FLAG_KEYS})  # fmt: skip
+            dict(chunked.TANGENT_LAUNCH))  # fmt: skip
 
 
 def _restore(saved):
@@ -64,8 +62,6 @@ def _restore(saved):
     tuning.TUNING.update(saved[0])
     tuning.CHUNKS = saved[1]
     chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(saved[2]), dict(saved[3])
-    for key, value in saved[4].items():
-        setattr(chunked, key, value)
 
 
 def apply_variant(variant, saved):
@@ -74,8 +70,6 @@ def apply_variant(variant, saved):
     for key, value in variant.items():
         if key == "CHUNKS":
             tuning.CHUNKS = value
-        elif key in FLAG_KEYS:
-            setattr(chunked, key, value)
         elif key in LAUNCH_KEYS:
             which, entry = key.split(".")
             (chunked.MAPS_LAUNCH if which == "maps" else chunked.TANGENT_LAUNCH)[entry] = value

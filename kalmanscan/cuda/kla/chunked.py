@@ -16,15 +16,13 @@ row ``e' = g1 u + g2 v + A e`` (divided by its trace every 4 steps; the ratios a
 Forward: (1) ``_chunk_maps_kernel`` composes every chunk's map, all chunks at once; (2)
 ``_carry_kernel`` walks each lane's maps to the state entering every chunk; (3) the forward
 kernel (``forward.py``) runs on the ``[B C, Lc, ...]`` views of the inputs (every chunk a batch
-row) from those states, writing the outputs (and the backward's checkpoints where
-``CK_IN_TANGENTS`` is False).
+row) from those states, writing the outputs and the backward's checkpoints.
 
 Backward: the adjoint of a chunk's starting state is affine in that of its end state,
 ``G_start = J^T G_end + b``, with ``J`` the chunk's Jacobian and ``b`` the start adjoint that
 the outputs' gradients inside the chunk give with zero at its end. (A)
 ``_adjoint_maps_kernel`` runs every chunk forward from its starting state with its tangents,
-accumulating ``J`` and ``b`` (no reverse walk), and stores the backward kernel's checkpoints,
-the state every ``CK`` steps, as it walks (``CK_IN_TANGENTS``); (B)
+accumulating ``J`` and ``b`` (no recomputation, no reverse walk, nothing written a step); (B)
 ``_adjoint_carry_kernel`` walks them back to every chunk's true end adjoint; (C) the backward
 kernel (``backward.py``) on the chunk rows from those gives the exact gradients.
 """
@@ -38,14 +36,7 @@ import triton.language as tl
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.device import (
-    _dynamics,
-    _load_tile,
-    _prefetch_l2,
-    _program,
-    _rcp,
-    _step_from,
-)
+from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _prefetch_l2, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
@@ -78,11 +69,6 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_WIDE = 1 << 20
-# where the backward's checkpoints come from in time chunks (C > 1): True, the tangent maps
-# (pass A), which walk every chunk's states anyway, store them as they go, so the forward
-# kernel runs without them (its 8-step blocks, no checkpoint stores) and they are not kept in
-# memory between the forward and the backward; False, the forward kernel stores them
-CK_IN_TANGENTS = True
 
 
 def _launch(tangents=False):
@@ -328,9 +314,9 @@ def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
     alpha = af * rden
     R = R - ((p * rden) * eta) * Jee
     Jee = alpha * Jee
-    # the state by the forward's own expressions (_step_from: the same rounding, so that the
-    # checkpoints this walk saves are the forward's states)
-    lam, eta = _step_from(lam, eta, p, d, af, e, vv, LL, kk)
+    lk = LL[None, :] * kk
+    lam = lam * rden + (lk * kk + e)
+    eta = alpha * eta + vv[None, :] * lk
     rl = _rcp(lam)
     qrl = qq * rl
     x = Jee * (gyy[None, :] * qrl)  # Jee ge
@@ -370,39 +356,12 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, 
                          HAS_GPREC, HAS_GYV)  # fmt: skip
 
 
-@helper
-def _save_state(pc, ck_eta, lam, eta, lm, EVEN: tl.constexpr):
-    """Store a checkpoint ``(lam, eta)`` at ``pc`` (``eta`` ``ck_eta`` elements further)."""
-    if EVEN:
-        tl.store(pc, lam)
-        tl.store(pc + ck_eta, eta)
-    else:
-        tl.store(pc, lam, mask=lm)
-        tl.store(pc + ck_eta, eta, mask=lm)
-
-
-@helper
-def _checkpoint_at(pc, ck0, ck_eta, i, j: tl.constexpr, lam, eta, lm, MS: tl.constexpr,
-                   W: tl.constexpr, CK: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """Save the state before step ``i W + j`` of the chunk where that step starts a checkpoint
-    interval: statically where ``CK`` divides ``W`` (``pc``: the block's first checkpoint),
-    else by a test at run time (``ck0``: the chunk's first)."""
-    if W % CK == 0:
-        if j % CK == 0:
-            _save_state(pc + (j // CK) * MS, ck_eta, lam, eta, lm, EVEN)
-    else:
-        t = i * W + j
-        if t % CK == 0:
-            _save_state(ck0 + (t // CK) * MS, ck_eta, lam, eta, lm, EVEN)
-
-
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
-    ck_ptr, L, Lc, C, NR, NB, M: tl.constexpr, S: tl.constexpr, HAS_GPREC: tl.constexpr,
-    G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
+    L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
+    SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
     HAS_GYV: tl.constexpr, EVEN: tl.constexpr = False, PF: tl.constexpr = False,
-    SAVE_CK: tl.constexpr = False, CK: tl.constexpr = 4,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -410,17 +369,11 @@ def _adjoint_maps_kernel(
     d eta_end / d lam_start``, ``Jee = d eta_end / d eta_start``) and ``b = sum_t J_t^T g_t``,
     the start adjoint that the outputs' gradients ``g_t`` inside the chunk give with zero at its
     end: ``out [5, B C, M S] = (bl, be, Jll, Jel, Jee)``. Steps in unrolled blocks of ``W``, as
-    ``_chunk_maps_kernel`` (``M`` a compile-time constant, ``EVEN`` loads unmasked).
-
-    ``SAVE_CK``: the walk also stores the backward kernel's checkpoints, the state before every
-    ``CK``-th step of the chunk row, ``ck [2, B C, NB, M, S]`` (what the forward kernel stores
-    with ``save_ck``; the states are computed by the forward's expressions, ``_step_from``), and
-    chunk 0's programs walk their chunk for them alone (no tangents: its start adjoint is the
-    backward kernel's)."""
+    ``_chunk_maps_kernel`` (``M`` a compile-time constant, ``EVEN`` loads unmasked)."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
-    MS: tl.constexpr = M * S
+    MS = M * S
     m, s, mo, mmask, smask, momask, jt, lm, ms, _soff = _program(tl.program_id(0), b, M, S, G,
                                                                  SG, NT)  # fmt: skip
     dt = out_ptr.dtype.element_ty
@@ -438,74 +391,36 @@ def _adjoint_maps_kernel(
     pv, pL, pgy, pgv = v_ptr + pm, Lv_ptr + pm, gy_ptr + pm, gyv_ptr + pm
     pk, pq = k_ptr + ps, q_ptr + ps
     pg = gprec_ptr + t0 * MS + ms
-    ck_eta = NR.to(tl.int64) * NB * MS
-    ck0 = ck_ptr + row.to(tl.int64) * NB * MS + ms  # the chunk row's first checkpoint
-    pc = ck0
+    n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
     lead = _leads(G, NT)
-    if (c == 0) & SAVE_CK:  # the states alone (the forward's walk), for the checkpoints
-        nb = Lc // W
-        for i in tl.range(0, nb, num_stages=NS):
-            if PF:
-                if lead:
-                    _prefetch_next(pv, pL, pL, i, nb, M, W, NT, False)
-            for j in tl.static_range(W):
-                _checkpoint_at(pc, ck0, ck_eta, i, j, lam, eta, lm, MS, W, CK, EVEN)
-                vv = _load_tile(pv + j * M, mmask, not EVEN).to(dt)
-                LL = _load_tile(pL + j * M, mmask, not EVEN).to(dt)
-                kk = _load_tile(pk + j * S, lm, not EVEN).to(dt)
-                lam, eta = _step_from(lam, eta, p, d, af, e, vv, LL, kk)
-            pv += W * M
-            pL += W * M
-            pk += W * S
-            if W % CK == 0:
-                pc += (W // CK) * MS
-        for t in range(nb * W, Lc):  # the last Lc mod W steps
-            if t % CK == 0:
-                _save_state(ck0 + (t // CK) * MS, ck_eta, lam, eta, lm, EVEN)
-            vv = _load_tile(pv, mmask, not EVEN).to(dt)
-            LL = _load_tile(pL, mmask, not EVEN).to(dt)
-            kk = _load_tile(pk, lm, not EVEN).to(dt)
-            lam, eta = _step_from(lam, eta, p, d, af, e, vv, LL, kk)
-            pv += M
-            pL += M
-            pk += S
-    else:
-        n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
-        nb = n // W
-        for i in tl.range(0, nb, num_stages=NS):
-            if PF:  # the next block's v, Lv, gy rows into L2 (_prefetch_next)
-                if lead:
-                    _prefetch_next(pv, pL, pgy, i, nb, M, W, NT, True)
-            for j in tl.static_range(W):
-                if SAVE_CK:
-                    _checkpoint_at(pc, ck0, ck_eta, i, j, lam, eta, lm, MS, W, CK, EVEN)
-                lam, eta, R, Jee, bl, be = _load_tangent_step(
-                    pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                    pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt,
-                    HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
-            pv += W * M
-            pL += W * M
-            pgy += W * M
-            pgv += W * M
-            pk += W * S
-            pq += W * S
-            pg += W * MS  # (a pointer: i M S can pass 2^31)
-            if SAVE_CK and W % CK == 0:
-                pc += (W // CK) * MS
-        for t in range(nb * W, n):  # the last n mod W steps
-            if SAVE_CK:
-                if t % CK == 0:
-                    _save_state(ck0 + (t // CK) * MS, ck_eta, lam, eta, lm, EVEN)
+    nb = n // W
+    for i in tl.range(0, nb, num_stages=NS):
+        if PF:  # the next block's v, Lv, gy rows into L2 (_prefetch_next)
+            if lead:
+                _prefetch_next(pv, pL, pgy, i, nb, M, W, NT, True)
+        for j in tl.static_range(W):
             lam, eta, R, Jee, bl, be = _load_tangent_step(
-                pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e,
-                dt, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
-            pv += M
-            pL += M
-            pgy += M
-            pgv += M
-            pk += S
-            pq += S
-            pg += MS
+                pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
+                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt,
+                HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
+        pv += W * M
+        pL += W * M
+        pgy += W * M
+        pgv += W * M
+        pk += W * S
+        pq += W * S
+        pg += W * MS  # (a pointer: i M S can pass 2^31)
+    for _ in range(nb * W, n):  # the last n mod W steps
+        lam, eta, R, Jee, bl, be = _load_tangent_step(
+            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e,
+            dt, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
+        pv += M
+        pL += M
+        pgy += M
+        pgv += M
+        pk += S
+        pq += S
+        pg += MS
     out = out_ptr + soff
     tl.store(out, bl, mask=lm)
     tl.store(out + step, be, mask=lm)
@@ -576,17 +491,15 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
 
 def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=True):
     """The forward in ``C`` chunks: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK,
-    maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``), None where
-    the backward's tangent maps will store them (``CK_IN_TANGENTS``, ``C > 1``); ``yvar`` None
-    where ``var`` is False."""
+    maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``); ``yvar``
+    None where ``var`` is False."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc = B * C, L // C
     maps, start = chunk_starts(v, Lv, k, a, p, lam0, eta0, C)
-    fwd_ck = save_ck and not (CK_IN_TANGENTS and C > 1)
     y, yvar, lamT, etaT, prec, ck, CK = forward(
         _rows(v, R, Lc), _rows(Lv, R, Lc), _rows(k, R, Lc), _rows(q, R, Lc), a, p,
-        start[0], start[1], save_prec, fwd_ck, var)  # fmt: skip
+        start[0], start[1], save_prec, save_ck, var)  # fmt: skip
     lamT = lamT.view(B, C, M, S)[:, -1].contiguous()
     etaT = etaT.view(B, C, M, S)[:, -1].contiguous()
     if prec is not None:
@@ -597,17 +510,11 @@ def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=Tr
 
 def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec):
     """The gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` of the chunked forward (the
-    module's docstring: passes A, B, C; ``C = 1`` is the plain backward). ``ck`` None (``C >
-    1``): pass A stores the checkpoints (every ``CK`` steps) as it walks the chunks."""
+    module's docstring: passes A, B, C; ``C = 1`` is the plain backward)."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc, MS = B * C, L // C, M * S
-    like = start
-    save_ck = ck is None
-    if save_ck:
-        if C == 1:
-            raise ValueError("ck: expected the forward's checkpoints where C = 1, got None")
-        ck = empty((2, R, cdiv(Lc, CK), M, S), like)
+    like = ck
     gy = torch.zeros((B, L, M), dtype=like.dtype, device=like.device) if gy is None else gy
     has_gyv = gyv is not None  # else zero: not read (the kernels take gy in its place)
     gy = gy.contiguous()
@@ -625,10 +532,9 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         amap = empty((5, R, MS), like)
         G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True, lanes=R * MS)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
-               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, ck, L, Lc, C, R,
-               ck.shape[2], M=M, S=S, HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               HAS_GYV=has_gyv, EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True),
-               SAVE_CK=save_ck, CK=CK, num_warps=nw)  # fmt: skip
+               v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
+               HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True), num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
