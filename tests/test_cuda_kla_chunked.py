@@ -304,3 +304,29 @@ def test_chunked_without_variance(monkeypatch):
             torch.testing.assert_close(a, b, rtol=32 * eps, atol=32 * eps * float(b.abs().max()))
         else:  # the interpreter runs the same numpy operations: bit for bit
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("unroll", [4, 8])
+@pytest.mark.parametrize("wide", [False, True], ids=["1-slot", "2-slots"])
+def test_map_kernels_double_buffered_equal_reference(unroll, wide, monkeypatch):
+    """The two map kernels with their inputs double-buffered in registers (``"db"`` of
+    ``MAPS_LAUNCH`` and ``TANGENT_LAUNCH``): chunks of 35 steps walk 8 blocks of 4 (pairs
+    only) or 4 of 8 (pairs) and a tail of 3; chunks of 9 (L = 63 in 7) walk 2 blocks of 4 (one
+    pair) or 1 of 8 (the odd last block, no pair), and a tail; the float64 reference's outputs
+    and gradients (the chunk maps at 2 slots a thread, the tangent maps at 1 or 2)."""
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, unroll=unroll, db=1))
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH",
+                        dict(chunked.TANGENT_LAUNCH, unroll=unroll, db=1))  # fmt: skip
+    if wide:
+        monkeypatch.setattr(chunked, "TANGENT_WIDE", 0)
+    check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
+    check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
+
+
+def test_double_buffer_flag_is_checked(monkeypatch):
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, db=1, unroll=16))
+    with pytest.raises(ValueError, match=r"TANGENT_LAUNCH\['db'\]: needs 'unroll' 4 or 8, got 16"):
+        chunked._double_buffered(True)
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, db=2))
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['db'\]: expected 0 or 1, got 2"):
+        chunked._double_buffered()

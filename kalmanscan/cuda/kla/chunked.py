@@ -86,6 +86,18 @@ def _prefetches(tangents=False) -> bool:
     return bool(pf)
 
 
+def _double_buffered(tangents=False) -> bool:
+    """Whether a map kernel double-buffers its inputs in registers (``"db"`` of its launch,
+    ``_launch``; the kernels' ``DB``, at 4 or 8 unrolled steps)."""
+    name, ml = _launch(tangents)
+    db = ml.get("db", 0)
+    if db not in (0, 1, False, True):
+        raise ValueError(f"chunked.{name}['db']: expected 0 or 1, got {db!r}")
+    if db and ml["unroll"] not in (4, 8):
+        raise ValueError(f"chunked.{name}['db']: needs 'unroll' 4 or 8, got {ml['unroll']!r}")
+    return bool(db)
+
+
 def _maps_layout(S, tangents=False, lanes=0):
     """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (its launch,
     ``_launch``; ``lanes = B C M S``, where its slots are None)."""
@@ -164,12 +176,36 @@ def _prefetch_next(pa, pb, pc, i, nb, M, W: tl.constexpr, NT: tl.constexpr,
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
                 NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr,
-                NT: tl.constexpr, PF: tl.constexpr, lead):  # fmt: skip
+                NT: tl.constexpr, PF: tl.constexpr, lead, DB: tl.constexpr = False):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
     every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division);
-    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``)."""
+    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``).
+    ``DB`` (``W`` of 4 or 8): the inputs double-buffered in registers, as the tangent maps'
+    ``DB`` (``_adjoint_maps_kernel``)."""
     af4 = (af * af) * (af * af)
-    for i in tl.range(0, nb, num_stages=NS):
+    nloop = nb  # blocks the plain loop walks
+    if DB:
+        if nb > 0:
+            mp = (m11, m12, m21, m22, g1, g2, A)
+            cur = _map_block_inputs(pm, pLm, ps, M, S, mmask, lm, dt, W, EVEN)
+            for i in tl.range(0, nb // 2, num_stages=1):
+                o1 = (2 * i + 1) * W
+                nxt = _map_block_inputs(pm + o1 * M, pLm + o1 * M, ps + o1 * S, M, S, mmask, lm,
+                                        dt, W, EVEN)  # fmt: skip
+                mp = _map_block(mp, cur, q, p, d, af, af4, W, LEAN)
+                o2 = tl.minimum(2 * i + 2, nb - 1) * W
+                cur = _map_block_inputs(pm + o2 * M, pLm + o2 * M, ps + o2 * S, M, S, mmask, lm,
+                                        dt, W, EVEN)  # fmt: skip
+                mp = _map_block(mp, nxt, q, p, d, af, af4, W, LEAN)
+            if nb % 2 == 1:
+                mp = _map_block(mp, cur, q, p, d, af, af4, W, LEAN)
+            m11, m12, m21, m22, g1, g2, A = mp
+            done = nb * W
+            pm += done * M
+            pLm += done * M
+            ps += done * S
+        nloop = 0
+    for i in tl.range(0, nloop, num_stages=NS):
         if PF:
             if lead:
                 _prefetch_next(pm, pLm, pLm, i, nb, M, W, NT, False)
@@ -188,6 +224,52 @@ def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p,
 
 
 @helper
+def _map_inputs4(pm, pLm, ps, h: tl.constexpr, M: tl.constexpr, S: tl.constexpr, mmask, lm,
+                 dt: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """Steps ``4 h .. 4 h + 3``'s ``(vv, LL, kk)`` of a block at the pointers, a tuple of 4."""
+    return ((_load_tile(pm + (4 * h) * M, mmask, not EVEN).to(dt),
+             _load_tile(pLm + (4 * h) * M, mmask, not EVEN).to(dt),
+             _load_tile(ps + (4 * h) * S, lm, not EVEN).to(dt)),
+            (_load_tile(pm + (4 * h + 1) * M, mmask, not EVEN).to(dt),
+             _load_tile(pLm + (4 * h + 1) * M, mmask, not EVEN).to(dt),
+             _load_tile(ps + (4 * h + 1) * S, lm, not EVEN).to(dt)),
+            (_load_tile(pm + (4 * h + 2) * M, mmask, not EVEN).to(dt),
+             _load_tile(pLm + (4 * h + 2) * M, mmask, not EVEN).to(dt),
+             _load_tile(ps + (4 * h + 2) * S, lm, not EVEN).to(dt)),
+            (_load_tile(pm + (4 * h + 3) * M, mmask, not EVEN).to(dt),
+             _load_tile(pLm + (4 * h + 3) * M, mmask, not EVEN).to(dt),
+             _load_tile(ps + (4 * h + 3) * S, lm, not EVEN).to(dt)))  # fmt: skip
+
+
+@helper
+def _map_block_inputs(pm, pLm, ps, M: tl.constexpr, S: tl.constexpr, mmask, lm,
+                      dt: tl.constexpr, W: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """A block's ``W`` (4 or 8) steps' inputs loaded into registers: ``W / 4`` tuples of 4."""
+    a = _map_inputs4(pm, pLm, ps, 0, M, S, mmask, lm, dt, EVEN)
+    if W == 4:
+        return (a,)
+    else:
+        return (a, _map_inputs4(pm, pLm, ps, 1, M, S, mmask, lm, dt, EVEN))
+
+
+@helper
+def _map_block(mp, blk, q, p, d, af, af4, W: tl.constexpr, LEAN: tl.constexpr):
+    """The map ``mp = (m11, m12, m21, m22, g1, g2, A)`` after a block's ``W`` steps whose inputs
+    are in registers (``_map_block_inputs``), divided by its trace every 4 steps."""
+    m11, m12, m21, m22, g1, g2, A = mp
+    for h in tl.static_range(W // 4):
+        four = blk[h]
+        for j in tl.static_range(4):
+            vv, LL, kk = four[j]
+            m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL,
+                                                      kk, q, p, d, af, LEAN)  # fmt: skip
+        if LEAN:
+            A = A * af4
+        m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
+    return m11, m12, m21, m22, g1, g2, A
+
+
+@helper
 def _normalized(m11, m12, m21, m22, g1, g2, A):
     """The map divided by its trace (an approximate reciprocal: any positive scale leaves the
     map's ratios as they are)."""
@@ -200,7 +282,7 @@ def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
     L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr = False,
-    PF: tl.constexpr = False,
+    PF: tl.constexpr = False, DB: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
     thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
@@ -239,11 +321,11 @@ def _chunk_maps_kernel(
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True, EVEN, NT, PF, lead)  # fmt: skip
+            NS, True, EVEN, NT, PF, lead, DB)  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False, EVEN, NT, PF, lead)  # fmt: skip
+            NS, False, EVEN, NT, PF, lead, DB)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
@@ -356,12 +438,75 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, 
                          HAS_GPREC, HAS_GYV)  # fmt: skip
 
 
+@helper
+def _tangent_inputs(pv, pL, pgy, pgv, pk, pq, j: tl.constexpr, M: tl.constexpr,
+                    S: tl.constexpr, mmask, smask, dt: tl.constexpr, HAS_GYV: tl.constexpr,
+                    EVEN: tl.constexpr):  # fmt: skip
+    """Step ``j``'s inputs of a block at the pointers (``_load_tangent_step``'s loads, without
+    ``gprec``): ``(vv, LL, gyy, gvv, kk, qq)``."""
+    vv = _load_tile(pv + j * M, mmask, not EVEN).to(dt)
+    LL = _load_tile(pL + j * M, mmask, not EVEN).to(dt)
+    gyy = _load_tile(pgy + j * M, mmask, not EVEN).to(dt)
+    gvv = tl.zeros_like(gyy)
+    if HAS_GYV:
+        gvv = _load_tile(pgv + j * M, mmask, not EVEN).to(dt)
+    kk = _load_tile(pk + j * S, smask, not EVEN).to(dt)
+    qq = _load_tile(pq + j * S, smask, not EVEN).to(dt)
+    return vv, LL, gyy, gvv, kk, qq
+
+
+@helper
+def _tangent_inputs4(pv, pL, pgy, pgv, pk, pq, h: tl.constexpr, M: tl.constexpr,
+                     S: tl.constexpr, mmask, smask, dt: tl.constexpr, HAS_GYV: tl.constexpr,
+                     EVEN: tl.constexpr):  # fmt: skip
+    """The inputs of steps ``4 h .. 4 h + 3`` of a block, as a tuple of 4 step tuples."""
+    return (_tangent_inputs(pv, pL, pgy, pgv, pk, pq, 4 * h, M, S, mmask, smask, dt, HAS_GYV,
+                            EVEN),
+            _tangent_inputs(pv, pL, pgy, pgv, pk, pq, 4 * h + 1, M, S, mmask, smask, dt,
+                            HAS_GYV, EVEN),
+            _tangent_inputs(pv, pL, pgy, pgv, pk, pq, 4 * h + 2, M, S, mmask, smask, dt,
+                            HAS_GYV, EVEN),
+            _tangent_inputs(pv, pL, pgy, pgv, pk, pq, 4 * h + 3, M, S, mmask, smask, dt,
+                            HAS_GYV, EVEN))  # fmt: skip
+
+
+@helper
+def _tangent_block_inputs(pv, pL, pgy, pgv, pk, pq, M: tl.constexpr, S: tl.constexpr, mmask,
+                          smask, dt: tl.constexpr, W: tl.constexpr, HAS_GYV: tl.constexpr,
+                          EVEN: tl.constexpr):  # fmt: skip
+    """A block's ``W`` (4 or 8) steps' inputs loaded into registers: a tuple of ``W / 4``
+    tuples of 4 steps (``_tangent_inputs4``)."""
+    a = _tangent_inputs4(pv, pL, pgy, pgv, pk, pq, 0, M, S, mmask, smask, dt, HAS_GYV, EVEN)
+    if W == 4:
+        return (a,)
+    else:
+        b = _tangent_inputs4(pv, pL, pgy, pgv, pk, pq, 1, M, S, mmask, smask, dt, HAS_GYV,
+                             EVEN)  # fmt: skip
+        return (a, b)
+
+
+@helper
+def _tangent_block(st, blk, p, d, af, e, W: tl.constexpr, HAS_GYV: tl.constexpr):
+    """The ``W`` steps of a block whose inputs are in registers (``_tangent_block_inputs``)
+    from the state ``st = (lam, eta, R, Jee, bl, be)``."""
+    lam, eta, R, Jee, bl, be = st
+    for h in tl.static_range(W // 4):
+        four = blk[h]
+        for j in tl.static_range(4):
+            vv, LL, gyy, gvv, kk, qq = four[j]
+            lam, eta, R, Jee, bl, be = _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv,
+                                                     kk, qq, kk, p, d, af, e, False,
+                                                     HAS_GYV)  # fmt: skip
+    return lam, eta, R, Jee, bl, be
+
+
 @triton.jit
 def _adjoint_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, start_ptr, gy_ptr, gyv_ptr, gprec_ptr, out_ptr,
     L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, HAS_GPREC: tl.constexpr, G: tl.constexpr,
     SG: tl.constexpr, NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr,
     HAS_GYV: tl.constexpr, EVEN: tl.constexpr = False, PF: tl.constexpr = False,
+    DB: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes of ``NT / G`` channels (``SG`` slots a thread) of chunk
     row ``program_id(1) = b C + c`` (``c > 0``), run forward from the chunk's starting state
@@ -369,7 +514,14 @@ def _adjoint_maps_kernel(
     d eta_end / d lam_start``, ``Jee = d eta_end / d eta_start``) and ``b = sum_t J_t^T g_t``,
     the start adjoint that the outputs' gradients ``g_t`` inside the chunk give with zero at its
     end: ``out [5, B C, M S] = (bl, be, Jll, Jel, Jee)``. Steps in unrolled blocks of ``W``, as
-    ``_chunk_maps_kernel`` (``M`` a compile-time constant, ``EVEN`` loads unmasked)."""
+    ``_chunk_maps_kernel`` (``M`` a compile-time constant, ``EVEN`` loads unmasked).
+
+    ``DB`` (``W`` of 4 or 8, without ``HAS_GPREC``): the inputs double-buffered in registers,
+    the next block's loaded before the current block's steps, so that a warp's loads wait
+    under a block's arithmetic (the loop walks blocks in pairs, each pair's second block loaded
+    before its first is walked and the next pair's first before its second: no copies between
+    the buffers); without it a block's loads are issued at its top and its first step waits on
+    them (long-scoreboard stalls: Nsight, results/ncu-kla-chunked-lm-h200.txt)."""
     row = tl.program_id(1)
     b = row // C
     c = row % C
@@ -394,7 +546,36 @@ def _adjoint_maps_kernel(
     n = Lc * (c > 0).to(tl.int32)  # (chunk 0's start adjoint is the backward kernel's)
     lead = _leads(G, NT)
     nb = n // W
-    for i in tl.range(0, nb, num_stages=NS):
+    nloop = nb  # blocks the plain loop walks
+    if DB and not HAS_GPREC:
+        if nb > 0:
+            st = (lam, eta, R, Jee, bl, be)
+            cur = _tangent_block_inputs(pv, pL, pgy, pgv, pk, pq, M, S, mmask, lm, dt, W,
+                                        HAS_GYV, EVEN)  # fmt: skip
+            for i in tl.range(0, nb // 2, num_stages=1):
+                o1 = (2 * i + 1) * W  # the pair's second block (inside: 2 i + 1 < nb)
+                nxt = _tangent_block_inputs(pv + o1 * M, pL + o1 * M, pgy + o1 * M,
+                                            pgv + o1 * M, pk + o1 * S, pq + o1 * S, M, S,
+                                            mmask, lm, dt, W, HAS_GYV, EVEN)  # fmt: skip
+                st = _tangent_block(st, cur, p, d, af, e, W, HAS_GYV)
+                # the next pair's first block (the last block again past the end: unused)
+                o2 = tl.minimum(2 * i + 2, nb - 1) * W
+                cur = _tangent_block_inputs(pv + o2 * M, pL + o2 * M, pgy + o2 * M,
+                                            pgv + o2 * M, pk + o2 * S, pq + o2 * S, M, S,
+                                            mmask, lm, dt, W, HAS_GYV, EVEN)  # fmt: skip
+                st = _tangent_block(st, nxt, p, d, af, e, W, HAS_GYV)
+            if nb % 2 == 1:  # the last block, loaded as the next pair's first
+                st = _tangent_block(st, cur, p, d, af, e, W, HAS_GYV)
+            lam, eta, R, Jee, bl, be = st
+            done = nb * W
+            pv += done * M
+            pL += done * M
+            pgy += done * M
+            pgv += done * M
+            pk += done * S
+            pq += done * S
+        nloop = 0  # (the blocks are walked)
+    for i in tl.range(0, nloop, num_stages=NS):
         if PF:  # the next block's v, Lv, gy rows into L2 (_prefetch_next)
             if lead:
                 _prefetch_next(pv, pL, pgy, i, nb, M, W, NT, True)
@@ -480,7 +661,8 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
                v, Lv, k, a, p, maps, L, Lc, C, R, M=M, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), DB=_double_buffered(),
+               num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -534,7 +716,8 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
-               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True), num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True), DB=_double_buffered(True),
+               num_warps=nw)  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
