@@ -589,7 +589,7 @@ def kernel_cases():
 
     maps_consts, maps_warps = map_launch()
     tangent_consts, tangent_warps = map_launch(tangents=True)
-    wide_consts, wide_warps = map_launch(tangents=True, lanes=KC.TANGENT_WIDE)
+    tangent_consts["DB"] = KC._double_buffered(True)
     tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
                       "out_ptr", "L Lc C NR", ())
     cases = {
@@ -666,10 +666,6 @@ def kernel_cases():
                       dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
         "kla_adjoint_carry": (KC._adjoint_carry_kernel, sig("amap_ptr gend_ptr", "C MS NR", ()),
                               dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
-        # from chunked.TANGENT_WIDE lanes (1 x 32,768 in 64 chunks): 2 slots a thread
-        "kla_adjoint_maps_nogyv_wide": (KC._adjoint_maps_kernel, dict(tangent_sig),
-                                        dict(wide_consts, HAS_GPREC=False, HAS_GYV=False),
-                                        wide_warps),
     }  # fmt: skip
     return cases
 

@@ -10,7 +10,8 @@ backward branch and its target), largest first, with their instructions by opcod
 - ``forward``: one 4-step block at 4 slots a thread, saving checkpoints, no variance;
 - ``chunk_maps``: one 8-step block of the chunk maps at 2 slots a thread (two loops: the
   general step, then the lean one, which a program takes where no lane forgets);
-- ``tangent_maps``: one 4-step block of the tangent maps at 1 slot a thread.
+- ``tangent_maps``: two 8-step blocks of the tangent maps at 2 slots a thread (a pair of
+  double-buffered blocks, ``chunked.TANGENT_LAUNCH``).
 
 The counts depend on the Triton version (the H200 image's Triton 3.6 and Triton 3.9 compile the
 same source differently); the JSON records it.

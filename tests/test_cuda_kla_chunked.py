@@ -89,28 +89,27 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
 
 
 def test_map_kernels_prefetch_flag(monkeypatch):
-    assert chunked._prefetches() and chunked._prefetches(True)  # the defaults prefetch
+    # the chunk maps prefetch; the tangent maps double-buffer in registers instead
+    assert chunked._prefetches() and not chunked._prefetches(True)
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, pf=2))
     with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['pf'\]: expected 0 or 1, got 2"):
         chunked._prefetches()
 
 
-def test_tangent_slots_follow_the_lanes():
-    assert chunked.TANGENT_LAUNCH["slots"] is None
-    wide = chunked.TANGENT_WIDE
-    assert chunked._maps_layout(16, tangents=True, lanes=wide)[1] == 2  # SG
-    assert chunked._maps_layout(16, tangents=True, lanes=wide - 1)[1] == 1
-    assert chunked._maps_layout(16)[1] == chunked.MAPS_LAUNCH["slots"]
+def test_default_map_launches():
+    # the chunk maps: 2 slots a thread, 16 steps a block, L2 prefetch; the tangent maps: 2 slots,
+    # 8-step blocks double-buffered in registers (kla-lm-double-buffer-h200.json)
+    assert chunked._maps_layout(16)[1] == chunked.MAPS_LAUNCH["slots"] == 2
+    assert chunked._maps_layout(16, tangents=True) == (8, 2, 32, 1, 8, 1)  # G SG NT warps W NS
+    assert chunked._double_buffered(True) and not chunked._double_buffered()
+    assert chunked._prefetches() and not chunked._prefetches(True)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["tangent-1-slot", "tangent-2-slots"])
-def test_map_kernels_default_launch_walks_full_blocks(wide, monkeypatch):
-    """The default launches (16 steps unrolled) on chunks of 35 steps: 2 full blocks and a tail
-    of 3, where the other tests' chunks of 9 steps are all tail; the tangent maps at both of
-    their slot counts (``TANGENT_WIDE`` lowered to these few lanes for 2)."""
-    assert chunked.MAPS_LAUNCH["unroll"] == chunked.TANGENT_LAUNCH["unroll"] == 16
-    if wide:
-        monkeypatch.setattr(chunked, "TANGENT_WIDE", 0)
+def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
+    """The default launches on chunks of 35 steps: the chunk maps 2 full 16-step blocks and a
+    tail of 3, the tangent maps 4 double-buffered 8-step blocks (2 pairs) and a tail of 3,
+    where the other tests' chunks of 9 steps are a block or less and a tail."""
+    assert chunked.MAPS_LAUNCH["unroll"] == 16 and chunked.TANGENT_LAUNCH["unroll"] == 8
     check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
 
 
@@ -306,19 +305,16 @@ def test_chunked_without_variance(monkeypatch):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("unroll", [4, 8])
-@pytest.mark.parametrize("wide", [False, True], ids=["1-slot", "2-slots"])
-def test_map_kernels_double_buffered_equal_reference(unroll, wide, monkeypatch):
-    """The two map kernels with their inputs double-buffered in registers (``"db"`` of
-    ``MAPS_LAUNCH`` and ``TANGENT_LAUNCH``): chunks of 35 steps walk 8 blocks of 4 (pairs
-    only) or 4 of 8 (pairs) and a tail of 3; chunks of 9 (L = 63 in 7) walk 2 blocks of 4 (one
-    pair) or 1 of 8 (the odd last block, no pair), and a tail; the float64 reference's outputs
-    and gradients (the chunk maps at 2 slots a thread, the tangent maps at 1 or 2)."""
-    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, unroll=unroll, db=1))
+@pytest.mark.parametrize("unroll,slots", [(4, 1), (8, 1), (4, 2)], ids=["4x1", "8x1", "4x2"])
+def test_tangent_maps_double_buffered_equal_reference(unroll, slots, monkeypatch):
+    """The tangent maps with their inputs double-buffered in registers (``"db"`` of
+    ``TANGENT_LAUNCH``) at other blocks and slots than the default's (8 steps, 2 slots:
+    test_map_kernels_default_launch_walks_full_blocks): chunks of 35 steps walk 8 blocks of 4
+    (pairs only) or 4 of 8 (pairs) and a tail of 3; chunks of 9 (L = 63 in 7) walk 2 blocks of
+    4 (one pair) or 1 of 8 (the odd last block, no pair) and a tail; the float64 reference's
+    outputs and gradients."""
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH",
-                        dict(chunked.TANGENT_LAUNCH, unroll=unroll, db=1))  # fmt: skip
-    if wide:
-        monkeypatch.setattr(chunked, "TANGENT_WIDE", 0)
+                        dict(chunked.TANGENT_LAUNCH, unroll=unroll, slots=slots, db=1))  # fmt: skip
     check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
     check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
 
@@ -327,6 +323,6 @@ def test_double_buffer_flag_is_checked(monkeypatch):
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, db=1, unroll=16))
     with pytest.raises(ValueError, match=r"TANGENT_LAUNCH\['db'\]: needs 'unroll' 4 or 8, got 16"):
         chunked._double_buffered(True)
-    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, db=2))
-    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['db'\]: expected 0 or 1, got 2"):
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, db=1))
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['db'\]: expected 0 or 1 \(tangent"):
         chunked._double_buffered()

@@ -104,12 +104,13 @@ def test_reciprocals_per_step(resources):
 
 @pytest.mark.parametrize(
     "name",
-    ["kla_chunk_maps", "kla_adjoint_maps", "kla_adjoint_maps_nogyv", "kla_adjoint_maps_nogyv_wide"],
+    ["kla_chunk_maps", "kla_adjoint_maps", "kla_adjoint_maps_nogyv"],
 )
 def test_map_kernels_fit_in_registers(resources, name):
     # the chunked KLA op's map passes (chunked.MAPS_LAUNCH, TANGENT_LAUNCH): plain loads (one
     # pipeline stage measured fastest), no spills, at most 128 registers (16 one-warp programs
-    # an SM); the tangent maps at 4 slots a thread took 168 and ran slower
+    # an SM; the tangent maps' double-buffered 8-step blocks at 2 slots take 128 on sm_90); the
+    # tangent maps at 4 slots a thread took 168 and ran slower
     r = resources[name]
     assert r["stack_bytes"] == 0, f"{name} spills registers to local memory: {r}"
     assert r["registers"] <= 128, f"{name} uses {r['registers']} registers: {r}"

@@ -51,24 +51,23 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # loop iteration (their loads issued together; 4, 8 or 16), pipeline stages of those loads.
 # Slots: H200, d_model 512, one layer (benchmarks/kla_chunk_kernels.py --maps-sweep,
 # results/kla-chunk-maps-sweep-h200.json), 1 x 32,768 in 32 chunks / 2 x 8,192 in 16: chunk
-# maps 0.58 / 0.29 ms at 2 slots against 0.80 / 0.41 at 1 (4 slots: 0.61 / 0.31); tangent maps
-# 1.02 / 0.50 ms at 1 slot, slower with more (1.24-1.72 / 0.63-0.85: 168 registers at 4 slots).
-# Unrolled steps and stages inside the KLA LM step (benchmarks/kla_lm_tuning.py,
-# results/kla-lm-map-launch-h200.json, a step's 6 layers at 2 x 8,192): tangent maps 2.135 ms
-# at 4 steps, 1.964 at 8, 1.930 at 16 (sm_90 SASS: 30.5, 27.6, 26.4 instructions a lane-step,
-# 64 registers, no spills); chunk maps 1.259 at 8, 1.213 at 16; 2 or 3 pipeline stages 3.3x
-# (chunk maps) and 8.6x (tangent maps) slower than 1. The tangent maps' slots (None: by the
-# lanes B C M S, 2 from TANGENT_WIDE, else 1; kla-lm-map-launch-h200.json): 1 x 32,768 in 64
-# chunks (2^20 lanes) 3.53 ms at 2 slots against 3.84 at 1 (24.3 against 26.4 instructions a
-# lane-step, 66 registers), 2 x 8,192 in 16 (2^19) 2.04 against 1.95; the chunk maps at 4 slots
-# 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86 registers). "pf": each block first asks L2 for
-# the next block's rows, one program a 128-byte line of float32 channels asking (_leads,
-# _prefetch_next): in the LM step (results/kla-lm-prefetch-h200.json) chunk maps 1.211 -> 1.162
-# ms at 2 x 8,192, tangent maps 3.507 -> 3.397 at 1 x 32,768 (the others within 2 %); every
-# program asking slowed the tangent maps 1.96 -> 2.43 at 2 x 8,192
+# maps 0.58 / 0.29 ms at 2 slots against 0.80 / 0.41 at 1 (4 slots: 0.61 / 0.31). Unrolled
+# steps and stages inside the KLA LM step (benchmarks/kla_lm_tuning.py,
+# results/kla-lm-map-launch-h200.json, a step's 6 layers at 2 x 8,192): chunk maps 1.259 ms at
+# 8 steps, 1.213 at 16; 2 or 3 pipeline stages 3.3x (chunk maps) and 8.6x (tangent maps)
+# slower than 1; the chunk maps at 4 slots 1.69 / 3.23 ms against 1.21 / 2.27 at 2 (86
+# registers). "pf": each block first asks L2 for the next block's rows, one program a 128-byte
+# line of float32 channels asking (_leads, _prefetch_next): chunk maps 1.211 -> 1.162 ms at
+# 2 x 8,192 (results/kla-lm-prefetch-h200.json). "db" (the tangent maps): the inputs
+# double-buffered in registers, the next block's loaded before the current block's steps (no
+# L2 prefetch then); in the LM step (results/kla-lm-double-buffer-h200.json) the tangent maps
+# at 2 slots, 8 steps, double-buffered: 1.606 ms a step at 2 x 8,192 and 3.171 at 1 x 32,768,
+# against 1.934 / 3.397 at the launches before (16 steps, 1 slot below 2^20 lanes x chunks
+# and 2 from there, L2 prefetch), 1.812 at 2 slots without the buffer, 1.784 / 3.442 at 4 steps,
+# 1.913 / 3.686 at 4 slots; the chunk maps double-buffered no faster (1.177 / 2.301 against
+# 1.162 / 2.252 at 8 steps, 1.39 / 2.64 at 4), so they keep their loop
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
-TANGENT_LAUNCH = {"slots": None, "unroll": 16, "NS": 1, "pf": 1}
-TANGENT_WIDE = 1 << 20
+TANGENT_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "pf": 0, "db": 1}
 
 
 def _launch(tangents=False):
@@ -87,27 +86,25 @@ def _prefetches(tangents=False) -> bool:
 
 
 def _double_buffered(tangents=False) -> bool:
-    """Whether a map kernel double-buffers its inputs in registers (``"db"`` of its launch,
-    ``_launch``; the kernels' ``DB``, at 4 or 8 unrolled steps)."""
+    """Whether the tangent maps double-buffer their inputs in registers (``"db"`` of
+    ``TANGENT_LAUNCH``; the kernel's ``DB``, at 4 or 8 unrolled steps); the chunk maps take no
+    ``"db"``."""
     name, ml = _launch(tangents)
     db = ml.get("db", 0)
-    if db not in (0, 1, False, True):
-        raise ValueError(f"chunked.{name}['db']: expected 0 or 1, got {db!r}")
+    if db not in (0, 1, False, True) or (db and not tangents):
+        raise ValueError(f"chunked.{name}['db']: expected 0 or 1 (tangent maps only), got {db!r}")
     if db and ml["unroll"] not in (4, 8):
         raise ValueError(f"chunked.{name}['db']: needs 'unroll' 4 or 8, got {ml['unroll']!r}")
     return bool(db)
 
 
-def _maps_layout(S, tangents=False, lanes=0):
+def _maps_layout(S, tangents=False):
     """``(G, SG, NT, num_warps, W, NS)`` of a map kernel for ``S`` slots (its launch,
-    ``_launch``; ``lanes = B C M S``, where its slots are None)."""
+    ``_launch``)."""
     name, ml = _launch(tangents)
     if ml["unroll"] not in (4, 8, 16):
         raise ValueError(f"chunked.{name}['unroll']: expected 4, 8 or 16, got {ml['unroll']!r}")
-    slots = ml["slots"]
-    if slots is None:
-        slots = 2 if lanes >= TANGENT_WIDE else 1
-    G, SG, NT, nw = tuning.layout(S, slots)
+    G, SG, NT, nw = tuning.layout(S, ml["slots"])
     return G, SG, NT, nw, ml["unroll"], ml["NS"]
 
 
@@ -176,36 +173,12 @@ def _prefetch_next(pa, pb, pc, i, nb, M, W: tl.constexpr, NT: tl.constexpr,
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
                 NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr,
-                NT: tl.constexpr, PF: tl.constexpr, lead, DB: tl.constexpr = False):  # fmt: skip
+                NT: tl.constexpr, PF: tl.constexpr, lead):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
     every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division);
-    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``).
-    ``DB`` (``W`` of 4 or 8): the inputs double-buffered in registers, as the tangent maps'
-    ``DB`` (``_adjoint_maps_kernel``)."""
+    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``)."""
     af4 = (af * af) * (af * af)
-    nloop = nb  # blocks the plain loop walks
-    if DB:
-        if nb > 0:
-            mp = (m11, m12, m21, m22, g1, g2, A)
-            cur = _map_block_inputs(pm, pLm, ps, M, S, mmask, lm, dt, W, EVEN)
-            for i in tl.range(0, nb // 2, num_stages=1):
-                o1 = (2 * i + 1) * W
-                nxt = _map_block_inputs(pm + o1 * M, pLm + o1 * M, ps + o1 * S, M, S, mmask, lm,
-                                        dt, W, EVEN)  # fmt: skip
-                mp = _map_block(mp, cur, q, p, d, af, af4, W, LEAN)
-                o2 = tl.minimum(2 * i + 2, nb - 1) * W
-                cur = _map_block_inputs(pm + o2 * M, pLm + o2 * M, ps + o2 * S, M, S, mmask, lm,
-                                        dt, W, EVEN)  # fmt: skip
-                mp = _map_block(mp, nxt, q, p, d, af, af4, W, LEAN)
-            if nb % 2 == 1:
-                mp = _map_block(mp, cur, q, p, d, af, af4, W, LEAN)
-            m11, m12, m21, m22, g1, g2, A = mp
-            done = nb * W
-            pm += done * M
-            pLm += done * M
-            ps += done * S
-        nloop = 0
-    for i in tl.range(0, nloop, num_stages=NS):
+    for i in tl.range(0, nb, num_stages=NS):
         if PF:
             if lead:
                 _prefetch_next(pm, pLm, pLm, i, nb, M, W, NT, False)
@@ -224,52 +197,6 @@ def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p,
 
 
 @helper
-def _map_inputs4(pm, pLm, ps, h: tl.constexpr, M: tl.constexpr, S: tl.constexpr, mmask, lm,
-                 dt: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """Steps ``4 h .. 4 h + 3``'s ``(vv, LL, kk)`` of a block at the pointers, a tuple of 4."""
-    return ((_load_tile(pm + (4 * h) * M, mmask, not EVEN).to(dt),
-             _load_tile(pLm + (4 * h) * M, mmask, not EVEN).to(dt),
-             _load_tile(ps + (4 * h) * S, lm, not EVEN).to(dt)),
-            (_load_tile(pm + (4 * h + 1) * M, mmask, not EVEN).to(dt),
-             _load_tile(pLm + (4 * h + 1) * M, mmask, not EVEN).to(dt),
-             _load_tile(ps + (4 * h + 1) * S, lm, not EVEN).to(dt)),
-            (_load_tile(pm + (4 * h + 2) * M, mmask, not EVEN).to(dt),
-             _load_tile(pLm + (4 * h + 2) * M, mmask, not EVEN).to(dt),
-             _load_tile(ps + (4 * h + 2) * S, lm, not EVEN).to(dt)),
-            (_load_tile(pm + (4 * h + 3) * M, mmask, not EVEN).to(dt),
-             _load_tile(pLm + (4 * h + 3) * M, mmask, not EVEN).to(dt),
-             _load_tile(ps + (4 * h + 3) * S, lm, not EVEN).to(dt)))  # fmt: skip
-
-
-@helper
-def _map_block_inputs(pm, pLm, ps, M: tl.constexpr, S: tl.constexpr, mmask, lm,
-                      dt: tl.constexpr, W: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """A block's ``W`` (4 or 8) steps' inputs loaded into registers: ``W / 4`` tuples of 4."""
-    a = _map_inputs4(pm, pLm, ps, 0, M, S, mmask, lm, dt, EVEN)
-    if W == 4:
-        return (a,)
-    else:
-        return (a, _map_inputs4(pm, pLm, ps, 1, M, S, mmask, lm, dt, EVEN))
-
-
-@helper
-def _map_block(mp, blk, q, p, d, af, af4, W: tl.constexpr, LEAN: tl.constexpr):
-    """The map ``mp = (m11, m12, m21, m22, g1, g2, A)`` after a block's ``W`` steps whose inputs
-    are in registers (``_map_block_inputs``), divided by its trace every 4 steps."""
-    m11, m12, m21, m22, g1, g2, A = mp
-    for h in tl.static_range(W // 4):
-        four = blk[h]
-        for j in tl.static_range(4):
-            vv, LL, kk = four[j]
-            m11, m12, m21, m22, g1, g2, A = _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL,
-                                                      kk, q, p, d, af, LEAN)  # fmt: skip
-        if LEAN:
-            A = A * af4
-        m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
-    return m11, m12, m21, m22, g1, g2, A
-
-
-@helper
 def _normalized(m11, m12, m21, m22, g1, g2, A):
     """The map divided by its trace (an approximate reciprocal: any positive scale leaves the
     map's ratios as they are)."""
@@ -282,7 +209,7 @@ def _chunk_maps_kernel(
     v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr, maps_ptr,
     L, Lc, C, NR, M: tl.constexpr, S: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NT: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, EVEN: tl.constexpr = False,
-    PF: tl.constexpr = False, DB: tl.constexpr = False,
+    PF: tl.constexpr = False,
 ):  # fmt: skip
     """One program (one warp): the lanes ``(m, s)`` of ``NT / G`` channels (``SG`` slots a
     thread) of chunk row ``b C + c`` (``program_id(1) = b (C - 1) + c``: the carry reads the
@@ -321,11 +248,11 @@ def _chunk_maps_kernel(
     if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, True, EVEN, NT, PF, lead, DB)  # fmt: skip
+            NS, True, EVEN, NT, PF, lead)  # fmt: skip
     else:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
-            NS, False, EVEN, NT, PF, lead, DB)  # fmt: skip
+            NS, False, EVEN, NT, PF, lead)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
             pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
@@ -661,8 +588,7 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
                v, Lv, k, a, p, maps, L, Lc, C, R, M=M, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), DB=_double_buffered(),
-               num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), num_warps=nw)  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -712,7 +638,7 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)
-        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True, lanes=R * MS)
+        G, SG, NT, nw, W, NS = _maps_layout(S, tangents=True)
         launch(_adjoint_maps_kernel, (cdiv(M, NT // G), R),
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
