@@ -344,20 +344,13 @@ def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
 
 @helper
 def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, Jee, bl, be,
-                       p, d, af, e, dt: tl.constexpr,
+                       p, d, af, e, dt: tl.constexpr, M: tl.constexpr, S: tl.constexpr,
                        HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr,
                        EVEN: tl.constexpr = False):  # fmt: skip
-    """``_tangent_step`` with the step's inputs and incoming gradients at the pointers (``pv,
-    pL, pgy, pgv [NT]``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``; ``pgv``
-    read with ``HAS_GYV``, else zeros)."""
-    vv = _load_tile(pv, mmask, not EVEN).to(dt)
-    LL = _load_tile(pL, mmask, not EVEN).to(dt)
-    gyy = _load_tile(pgy, mmask, not EVEN).to(dt)
-    gvv = tl.zeros_like(gyy)
-    if HAS_GYV:
-        gvv = _load_tile(pgv, mmask, not EVEN).to(dt)
-    kk = _load_tile(pk, smask, not EVEN).to(dt)
-    qq = _load_tile(pq, smask, not EVEN).to(dt)
+    """``_tangent_step`` with the step's inputs and incoming gradients at the pointers
+    (``_tangent_inputs``; ``pg``: the precisions' gradient, read with ``HAS_GPREC``)."""
+    vv, LL, gyy, gvv, kk, qq = _tangent_inputs(pv, pL, pgy, pgv, pk, pq, 0, M, S, mmask, smask,
+                                               dt, HAS_GYV, EVEN)  # fmt: skip
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
         gpp = _load_tile(pg, smask, not EVEN).to(dt)
@@ -369,8 +362,9 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, 
 def _tangent_inputs(pv, pL, pgy, pgv, pk, pq, j: tl.constexpr, M: tl.constexpr,
                     S: tl.constexpr, mmask, smask, dt: tl.constexpr, HAS_GYV: tl.constexpr,
                     EVEN: tl.constexpr):  # fmt: skip
-    """Step ``j``'s inputs of a block at the pointers (``_load_tangent_step``'s loads, without
-    ``gprec``): ``(vv, LL, gyy, gvv, kk, qq)``."""
+    """Step ``j``'s inputs of a block at the pointers, ``(vv, LL, gyy, gvv, kk, qq)``: ``pv, pL,
+    pgy, pgv`` a thread's channel's (``[NT]``; ``pgv`` read with ``HAS_GYV``, else zeros),
+    ``pk, pq`` its slots'."""
     vv = _load_tile(pv + j * M, mmask, not EVEN).to(dt)
     LL = _load_tile(pL + j * M, mmask, not EVEN).to(dt)
     gyy = _load_tile(pgy + j * M, mmask, not EVEN).to(dt)
@@ -509,7 +503,7 @@ def _adjoint_maps_kernel(
         for j in tl.static_range(W):
             lam, eta, R, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt,
+                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt, M, S,
                 HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += W * M
         pL += W * M
@@ -521,7 +515,7 @@ def _adjoint_maps_kernel(
     for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, R, Jee, bl, be = _load_tangent_step(
             pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e,
-            dt, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
+            dt, M, S, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += M
         pL += M
         pgy += M
