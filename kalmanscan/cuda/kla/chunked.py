@@ -407,6 +407,13 @@ def _tangent_block_inputs(pv, pL, pgy, pgv, pk, pq, M: tl.constexpr, S: tl.const
 
 
 @helper
+def _rows_on(pv, pL, pgy, pgv, pk, pq, rows, M: tl.constexpr, S: tl.constexpr):
+    """The tangent maps' input pointers ``rows`` steps on (``[.., M]`` and ``[.., S]`` rows)."""
+    return (pv + rows * M, pL + rows * M, pgy + rows * M, pgv + rows * M, pk + rows * S,
+            pq + rows * S)  # fmt: skip
+
+
+@helper
 def _tangent_block(st, blk, p, d, af, e, W: tl.constexpr, HAS_GYV: tl.constexpr):
     """The ``W`` steps of a block whose inputs are in registers (``_tangent_block_inputs``)
     from the state ``st = (lam, eta, R, Jee, bl, be)``."""
@@ -488,13 +495,7 @@ def _adjoint_maps_kernel(
             if nb % 2 == 1:  # the last block, loaded as the next pair's first
                 st = _tangent_block(st, cur, p, d, af, e, W, HAS_GYV)
             lam, eta, R, Jee, bl, be = st
-            done = nb * W
-            pv += done * M
-            pL += done * M
-            pgy += done * M
-            pgv += done * M
-            pk += done * S
-            pq += done * S
+            pv, pL, pgy, pgv, pk, pq = _rows_on(pv, pL, pgy, pgv, pk, pq, nb * W, M, S)
         nloop = 0  # (the blocks are walked)
     for i in tl.range(0, nloop, num_stages=NS):
         if PF:  # the next block's v, Lv, gy rows into L2 (_prefetch_next)
@@ -505,12 +506,7 @@ def _adjoint_maps_kernel(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
                 pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt, M, S,
                 HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
-        pv += W * M
-        pL += W * M
-        pgy += W * M
-        pgv += W * M
-        pk += W * S
-        pq += W * S
+        pv, pL, pgy, pgv, pk, pq = _rows_on(pv, pL, pgy, pgv, pk, pq, W, M, S)
         pg += W * MS  # (a pointer: i M S can pass 2^31)
     for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, R, Jee, bl, be = _load_tangent_step(
