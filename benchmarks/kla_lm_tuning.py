@@ -2,7 +2,8 @@
 training step: which pipeline depths and L2 prefetch distance give the fewest op milliseconds.
 A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
-``unroll``, ``NS``, ``pf``, ``db`` (``chunked.MAPS_LAUNCH``, ``chunked.TANGENT_LAUNCH``).
+``unroll``, ``NS``, ``pf``, ``db``, ``maxnreg`` (``chunked.MAPS_LAUNCH``,
+``chunked.TANGENT_LAUNCH``).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
@@ -45,7 +46,7 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
 
 
 LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
-                    for k in ("slots", "unroll", "NS", "pf", "db"))  # fmt: skip
+                    for k in ("slots", "unroll", "NS", "pf", "db", "maxnreg"))  # fmt: skip
 KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip

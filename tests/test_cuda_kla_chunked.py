@@ -326,3 +326,15 @@ def test_double_buffer_flag_is_checked(monkeypatch):
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, db=1))
     with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['db'\]: expected 0 or 1 \(tangent"):
         chunked._double_buffered()
+
+
+def test_map_kernel_register_cap(monkeypatch):
+    # "maxnreg" of a map kernel's launch: a compile option for its launch (0: ptxas's choice);
+    # the results do not change (interpreted here: the same arithmetic)
+    assert chunked._reg_cap(True) == {} and chunked._reg_cap() == {}
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, maxnreg=96))
+    assert chunked._reg_cap(True) == {"maxnreg": 96}
+    check_float64_reference((1, 36, 3, 4), 4, monkeypatch)
+    monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, maxnreg=8))
+    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['maxnreg'\]: expected 0 or an int"):
+        chunked._reg_cap()

@@ -67,7 +67,7 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # 1.913 / 3.686 at 4 slots; the chunk maps double-buffered no faster (1.177 / 2.301 against
 # 1.162 / 2.252 at 8 steps, 1.39 / 2.64 at 4), so they keep their loop
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
-TANGENT_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "pf": 0, "db": 1}
+TANGENT_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "pf": 0, "db": 1, "maxnreg": 0}
 
 
 def _launch(tangents=False):
@@ -96,6 +96,17 @@ def _double_buffered(tangents=False) -> bool:
     if db and ml["unroll"] not in (4, 8):
         raise ValueError(f"chunked.{name}['db']: needs 'unroll' 4 or 8, got {ml['unroll']!r}")
     return bool(db)
+
+
+def _reg_cap(tangents=False) -> dict:
+    """The launch's register cap as a compile option (``"maxnreg"`` of its launch, 0 or absent:
+    ptxas's choice)."""
+    name, ml = _launch(tangents)
+    cap = ml.get("maxnreg", 0)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not (cap == 0 or 24 <= cap <= 255):
+        raise ValueError(f"chunked.{name}['maxnreg']: expected 0 or an int in [24, 255], "
+                         f"got {cap!r}")  # fmt: skip
+    return {"maxnreg": cap} if cap else {}
 
 
 def _maps_layout(S, tangents=False):
@@ -578,7 +589,8 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     if C > 1:  # (one chunk: the carry reads no map)
         launch(_chunk_maps_kernel, (cdiv(M, NT // G), B * (C - 1)),
                v, Lv, k, a, p, maps, L, Lc, C, R, M=M, S=S, G=G, SG=SG, NT=NT, W=W, NS=NS,
-               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), num_warps=nw)  # fmt: skip
+               EVEN=_even(M, S, G, SG, NT), PF=_prefetches(), num_warps=nw,
+               **_reg_cap())  # fmt: skip
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
@@ -633,7 +645,7 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
                v, Lv, k, q, a, p, start, gy, gyv, gprec, amap, L, Lc, C, R, M=M, S=S,
                HAS_GPREC=has_gprec, G=G, SG=SG, NT=NT, W=W, NS=NS, HAS_GYV=has_gyv,
                EVEN=_even(M, S, G, SG, NT), PF=_prefetches(True), DB=_double_buffered(True),
-               num_warps=nw)  # fmt: skip
+               num_warps=nw, **_reg_cap(True))  # fmt: skip
         launch(_adjoint_carry_kernel, (cdiv(MS, BLOCK), B),
                amap, gend, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
     rows = [_rows(x, R, Lc) for x in (v, Lv, k, q, gy, gyv)]
