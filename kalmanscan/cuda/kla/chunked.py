@@ -65,7 +65,10 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # against 1.934 / 3.397 at the launches before (16 steps, 1 slot below 2^20 lanes x chunks
 # and 2 from there, L2 prefetch), 1.812 at 2 slots without the buffer, 1.784 / 3.442 at 4 steps,
 # 1.913 / 3.686 at 4 slots; the chunk maps double-buffered no faster (1.177 / 2.301 against
-# 1.162 / 2.252 at 8 steps, 1.39 / 2.64 at 4), so they keep their loop
+# 1.162 / 2.252 at 8 steps, 1.39 / 2.64 at 4), so they keep their loop. "maxnreg": a register
+# cap for the launch (0: ptxas's choice); at 96 the device's Triton 3.6 builds the
+# double-buffered tangent maps without spills (21 one-warp programs an SM instead of 16 at
+# their 128), not yet timed on the GPU
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "pf": 0, "db": 1, "maxnreg": 0}
 
