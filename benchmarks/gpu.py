@@ -584,12 +584,15 @@ def kernel_cases():
     # lane real, so their loads unmasked)
     def map_launch(**layout_args):
         G, SG, NT, warps, W, NS = KC._maps_layout(16, **layout_args)
-        PF = KC._prefetches(layout_args.get("tangents", False))
-        return dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True, PF=PF), warps
+        tangents = layout_args.get("tangents", False)
+        consts = dict(M=1024, S=16, G=G, SG=SG, NT=NT, W=W, NS=NS, EVEN=True,
+                      PF=KC._prefetches(tangents))  # fmt: skip
+        if tangents:  # (the chunk maps' kernel takes no DB)
+            consts["DB"] = KC._double_buffered(True)
+        return consts, warps
 
     maps_consts, maps_warps = map_launch()
     tangent_consts, tangent_warps = map_launch(tangents=True)
-    tangent_consts["DB"] = KC._double_buffered(True)
     tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
                       "out_ptr", "L Lc C NR", ())
     cases = {

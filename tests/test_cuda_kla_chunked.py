@@ -324,8 +324,12 @@ def test_double_buffer_flag_is_checked(monkeypatch):
     with pytest.raises(ValueError, match=r"TANGENT_LAUNCH\['db'\]: needs 'unroll' 4 or 8, got 16"):
         chunked._double_buffered(True)
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, db=1))
-    with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['db'\]: expected 0 or 1 \(tangent"):
+    no_db = r"MAPS_LAUNCH\['db'\]: expected 0 \(the chunk maps take no double buffer\), got 1"
+    with pytest.raises(ValueError, match=no_db):
         chunked._double_buffered()
+    monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, db=2))
+    with pytest.raises(ValueError, match=r"TANGENT_LAUNCH\['db'\]: expected 0 or 1, got 2"):
+        chunked._double_buffered(True)
 
 
 def test_map_kernel_register_cap(monkeypatch):

@@ -94,8 +94,11 @@ def _double_buffered(tangents=False) -> bool:
     ``"db"``."""
     name, ml = _launch(tangents)
     db = ml.get("db", 0)
-    if db not in (0, 1, False, True) or (db and not tangents):
-        raise ValueError(f"chunked.{name}['db']: expected 0 or 1 (tangent maps only), got {db!r}")
+    if db not in (0, 1, False, True):
+        raise ValueError(f"chunked.{name}['db']: expected 0 or 1, got {db!r}")
+    if db and not tangents:
+        raise ValueError(f"chunked.{name}['db']: expected 0 (the chunk maps take no double "
+                         f"buffer), got {db!r}")  # fmt: skip
     if db and ml["unroll"] not in (4, 8):
         raise ValueError(f"chunked.{name}['db']: needs 'unroll' 4 or 8, got {ml['unroll']!r}")
     return bool(db)
@@ -436,6 +439,7 @@ def _tangent_block(st, blk, p, d, af, e, W: tl.constexpr, HAS_GYV: tl.constexpr)
         four = blk[h]
         for j in tl.static_range(4):
             vv, LL, gyy, gvv, kk, qq = four[j]
+            # (no HAS_GPREC here: the gprec argument, kk, is not read)
             lam, eta, R, Jee, bl, be = _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv,
                                                      kk, qq, kk, p, d, af, e, False,
                                                      HAS_GYV)  # fmt: skip
