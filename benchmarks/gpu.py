@@ -593,6 +593,7 @@ def kernel_cases():
 
     maps_consts, maps_warps = map_launch()
     tangent_consts, tangent_warps = map_launch(tangents=True)
+    tangent_cap = KC._reg_cap(True).get("maxnreg", 0)  # (the launch's register cap)
     tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
                       "out_ptr", "L Lc C NR", ())
     cases = {
@@ -659,10 +660,10 @@ def kernel_cases():
                            maps_consts, maps_warps),
         "kla_adjoint_maps": (KC._adjoint_maps_kernel, dict(tangent_sig),
                              dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
-                             tangent_warps),
+                             tangent_warps, tangent_cap),
         "kla_adjoint_maps_nogyv": (KC._adjoint_maps_kernel, dict(tangent_sig),
                                    dict(tangent_consts, HAS_GPREC=False, HAS_GYV=False),
-                                   tangent_warps),
+                                   tangent_warps, tangent_cap),
         # the carries over the chunks, their loads pipelined chunked.CARRY_NS stages ahead
         "kla_carry": (KC._carry_kernel,
                       sig("maps_ptr lam0_ptr eta0_ptr start_ptr", "C MS NR", ()),

@@ -66,9 +66,12 @@ MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # and 2 from there, L2 prefetch), 1.812 at 2 slots without the buffer, 1.784 / 3.442 at 4 steps,
 # 1.913 / 3.686 at 4 slots; the chunk maps double-buffered no faster (1.177 / 2.301 against
 # 1.162 / 2.252 at 8 steps, 1.39 / 2.64 at 4), so they keep their loop. "maxnreg": a register
-# cap for the launch (0: ptxas's choice); at 96 the device's Triton 3.6 builds the
-# double-buffered tangent maps without spills (21 one-warp programs an SM instead of 16 at
-# their 128), not yet timed on the GPU
+# cap for the launch (0: ptxas's choice); the double-buffered tangent maps take 128 registers
+# uncapped, and Triton 3.6 builds them at 112 and 96 without spills. In the LM step
+# (results/kla-lm-maxnreg-h200.json, two rounds): tangent maps 1.609 ms a step at 2 x 8,192
+# uncapped, 1.584 at 112, 1.627 at 96; 3.161 / 3.114 / 3.167 at 1 x 32,768; the chunk maps
+# capped at 96 no faster (1.172 / 2.311 against 1.171 / 2.281). Left uncapped: 112 gains
+# 0.1 % of the step, and Triton 3.9 spills at it (72 bytes of stack; 8 at 120)
 MAPS_LAUNCH = {"slots": 2, "unroll": 16, "NS": 1, "pf": 1}
 TANGENT_LAUNCH = {"slots": 2, "unroll": 8, "NS": 1, "pf": 0, "db": 1, "maxnreg": 0}
 
