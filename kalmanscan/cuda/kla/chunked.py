@@ -45,6 +45,12 @@ BLOCK = 128  # lanes (m, s) a program of the carry kernels
 # bound by one load latency a chunk)
 CARRY_NS = 4
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
+# the chunk maps walk a program's steps in scaled rows (``_scaled_step``) where every lane's
+# decay is at least SCALED_MIN_DECAY in size and ``p / d^4`` at most SCALED_MAX_RATIO (the
+# scaled ``v`` row grows by up to ``1 / d^4`` between two divisions by the trace); else the
+# general step
+SCALED_MIN_DECAY = tl.constexpr(1e-2)
+SCALED_MAX_RATIO = tl.constexpr(1e30)
 # launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
 # (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
 # loading the channel's v, Lv once a step for them and its k, q as one vector), steps unrolled a
@@ -129,37 +135,35 @@ def _maps_layout(S, tangents=False):
 
 
 @helper
-def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN: tl.constexpr):
+def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
     """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``
-    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``). ``LEAN``: no lane of the
-    program forgets (``q = 0``: its terms dropped, the same values) and ``A`` is left to the
-    caller (``A af^4`` once every 4 steps)."""
+    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
     lk = LL[None, :] * kk
     phi = lk * kk
     r = vv[None, :] * lk
-    if LEAN:
-        pu1 = m11
-        pu2 = m12
-        A_new = A
-    else:
-        pu1 = m11 + q * m21
-        pu2 = m12 + q * m22
-        A_new = af * A
+    pu1 = m11 + q * m21
+    pu2 = m12 + q * m22
     pv1 = p * m11 + d * m21
     pv2 = p * m12 + d * m22
     return (pu1 + phi * pv1, pu2 + phi * pv2, pv1, pv2, af * g1 + r * pv1, af * g2 + r * pv2,
-            A_new)  # fmt: skip
+            af * A)  # fmt: skip
+
+
+@helper
+def _map_inputs(pm, pLm, ps, mmask, smask, dt: tl.constexpr, EVEN: tl.constexpr):
+    """A step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps`` (``EVEN``: unmasked)."""
+    vv = _load_tile(pm, mmask, not EVEN).to(dt)
+    LL = _load_tile(pLm, mmask, not EVEN).to(dt)
+    kk = _load_tile(ps, smask, not EVEN).to(dt)
+    return vv, LL, kk
 
 
 @helper
 def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
-                   dt: tl.constexpr, LEAN: tl.constexpr = False,
-                   EVEN: tl.constexpr = False):  # fmt: skip
-    """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps``."""
-    vv = _load_tile(pm, mmask, not EVEN).to(dt)
-    LL = _load_tile(pLm, mmask, not EVEN).to(dt)
-    kk = _load_tile(ps, smask, not EVEN).to(dt)
-    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN)
+                   dt: tl.constexpr, EVEN: tl.constexpr = False):  # fmt: skip
+    """``_map_step`` with the step's inputs at the pointers (``_map_inputs``)."""
+    vv, LL, kk = _map_inputs(pm, pLm, ps, mmask, smask, dt, EVEN)
+    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af)
 
 
 @helper
@@ -190,26 +194,70 @@ def _prefetch_next(pa, pb, pc, i, nb, M, W: tl.constexpr, NT: tl.constexpr,
 
 
 @helper
+def _scaled_step(m11, m12, m21, m22, g1, g2, vv, LL, kk, c, E):
+    """A chunk map after its ``j``-th step since the last division by its trace, in scaled
+    rows (the ``SCALED`` walk of ``_map_blocks``): the ``v`` row held as ``v / d^j`` and the
+    ``e`` row as ``e / af^j``, so that neither is multiplied by the decay a step. With
+    ``c = p / d^j`` and ``E = a^j`` (``d = a^2``, ``af = a``: no lane forgets),
+    ``v~ <- c u + v~``, ``u <- u + phi d^j v~`` and ``e~ <- e~ + r a^j v~``, where
+    ``phi d^j = (Lv k a^j)(k a^j)`` and ``r a^j = v (Lv k a^j)``: 4 products and 6 fused
+    multiply-adds a lane where the general step (``_map_step``) takes 16 (13 without its
+    forgetting terms)."""
+    kE = kk * E
+    lkE = LL[None, :] * kE
+    phi = lkE * kE
+    r = vv[None, :] * lkE
+    pv1 = c * m11 + m21
+    pv2 = c * m12 + m22
+    return m11 + phi * pv1, m12 + phi * pv2, pv1, pv2, g1 + r * pv1, g2 + r * pv2
+
+
+@helper
+def _scaled_constants(p, d, a):
+    """``(c_j, E_j)`` for ``j = 1 .. 4`` (``_scaled_step``): ``p / d^j`` and ``a^j``."""
+    d2 = d * d
+    d4 = d2 * d2
+    a2 = a * a
+    return (p / d, p / d2, p / (d2 * d), p / d4, a, a2, a2 * a, a2 * a2)
+
+
+@helper
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
-                NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr,
+                NS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
                 NT: tl.constexpr, PF: tl.constexpr, lead):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
-    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division);
-    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``)."""
-    af4 = (af * af) * (af * af)
+    every 4 steps; ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows
+    (``_prefetch_next``). ``SCALED`` (no lane of the program forgets and every decay is at
+    least ``SCALED_MIN_DECAY``): the steps in scaled rows (``_scaled_step``), the ``v`` and ``e``
+    rows multiplied back by ``d^4`` and ``af^4`` as the map is divided by its trace; else the
+    general step (``_map_step``)."""
+    if SCALED:
+        c1, c2, c3, c4, E1, E2, E3, E4 = _scaled_constants(p, d, af)
+        d4 = (d * d) * (d * d)
     for i in tl.range(0, nb, num_stages=NS):
         if PF:
             if lead:
                 _prefetch_next(pm, pLm, pLm, i, nb, M, W, NT, False)
         for h in tl.static_range(W // 4):
-            for j in tl.static_range(4):
-                m11, m12, m21, m22, g1, g2, A = _load_map_step(
-                    pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
-                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, LEAN, EVEN)  # fmt: skip
-            if LEAN:
-                A = A * af4
-            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
+            if SCALED:
+                for j in tl.static_range(4):
+                    o = 4 * h + j
+                    vv, LL, kk = _map_inputs(pm + o * M, pLm + o * M, ps + o * S, mmask, lm, dt,
+                                             EVEN)  # fmt: skip
+                    c = c1 if j == 0 else (c2 if j == 1 else (c3 if j == 2 else c4))
+                    E = E1 if j == 0 else (E2 if j == 1 else (E3 if j == 2 else E4))
+                    m11, m12, m21, m22, g1, g2 = _scaled_step(m11, m12, m21, m22, g1, g2, vv,
+                                                              LL, kk, c, E)  # fmt: skip
+                m11, m12, m21, m22, g1, g2, A = _normalized_scaled(m11, m12, m21, m22, g1, g2,
+                                                                   A, d4, E4)  # fmt: skip
+            else:
+                for j in tl.static_range(4):
+                    m11, m12, m21, m22, g1, g2, A = _load_map_step(
+                        pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S,
+                        mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt,
+                        EVEN)  # fmt: skip
+                m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += W * M
         pLm += W * M
         ps += W * S
@@ -222,6 +270,17 @@ def _normalized(m11, m12, m21, m22, g1, g2, A):
     map's ratios as they are)."""
     sc = _rcp(m11 + m22)
     return m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc, g2 * sc, A * sc
+
+
+@helper
+def _normalized_scaled(m11, m12, m21, m22, g1, g2, A, d4, a4):
+    """``_normalized`` of a map held in scaled rows after 4 steps (``_scaled_step``): its ``v``
+    row times ``d^4``, its ``e`` row (``A`` included, left as it was by the 4 steps) times
+    ``af^4 = a^4``, all divided by the trace."""
+    sc = _rcp(m11 + d4 * m22)
+    sv = sc * d4
+    se = sc * a4
+    return m11 * sc, m12 * sc, m21 * sv, m22 * sv, g1 * se, g2 * se, A * se
 
 
 @triton.jit
@@ -239,8 +298,9 @@ def _chunk_maps_kernel(
     divided by its trace every 4 steps. ``M`` is a compile-time constant so that the unrolled
     steps' loads take their offsets as immediates, and ``EVEN`` (every lane real) drops their
     masks (unmasked loads issue no predicate and no zeroing of their destinations): the loops
-    took 372 (lean) and 412 sm_90 instructions an 8-step block with a runtime ``M`` and masks,
-    292 and 338 without."""
+    (before the scaled rows: the step without forgetting terms, and the general step) took 372
+    and 412 sm_90 instructions an 8-step block with a runtime ``M`` and masks, 292 and 338
+    without."""
     b = tl.program_id(1) // (C - 1)
     c = tl.program_id(1) % (C - 1)
     row = b * C + c
@@ -262,10 +322,11 @@ def _chunk_maps_kernel(
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
     nb = Lc // W
-    # where no lane of the program forgets (the usual case) the lean step: 2-3 of its ~16
-    # operations fewer
+    # where no lane of the program forgets and no decay is below SCALED_MIN_DECAY (the usual
+    # case) the steps in scaled rows: 10 operations a lane-step where the general one takes 16
     lead = _leads(G, NT)
-    if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
+    small = forget | (tl.abs(a) < SCALED_MIN_DECAY) | (p > SCALED_MAX_RATIO * ((d * d) * (d * d)))
+    if tl.max(tl.max(tl.where(lm & small, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
             NS, True, EVEN, NT, PF, lead)  # fmt: skip
@@ -275,8 +336,7 @@ def _chunk_maps_kernel(
             NS, False, EVEN, NT, PF, lead)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
-            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
-            EVEN)  # fmt: skip
+            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, EVEN)
         if (i % 4) == 3:
             m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += M
@@ -327,7 +387,7 @@ def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.
 
 
 @helper
-def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e, paf,
                   HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr):  # fmt: skip
     """One step of the chunk's forward run with its tangents (``_adjoint_maps_kernel``;
     ``vv, LL, gyy, gvv [NT]`` a thread's channel's, the rest ``[SG, NT]``).
@@ -335,36 +395,43 @@ def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
     ``d lam' / d lam = dfin / (p lam + d)^2`` is ``alpha^2`` (``dfin = af^2``: ``a^2`` where
     the decay is not 0, else 0), so ``Jll``, the product of those, is ``Jee^2``: not carried.
     ``Jel`` is carried as ``R = Jel / Jee``: ``Jel' = alpha (Jel - p rden eta Jee^2)`` and
-    ``Jee' = alpha Jee`` give ``R' = R - p rden eta Jee`` (no division; ``R`` stays bounded
-    where ``Jee`` decays). The output's gradient terms as in ``backward._adjoint_step``:
-    ``ge = gy q / lam``, ``gl = gprec - (ge eta + gyv q^2 / lam) / lam`` (without
-    ``HAS_GPREC``, ``HAS_GYV`` their zero terms left out)."""
+    ``Jee' = alpha Jee`` give ``R' = R - p rden eta Jee = R - (p / af) eta Jee'`` (no division
+    a step: ``paf = p / af`` is the lane's, ``_tangent_pa``; ``R`` stays bounded where ``Jee``
+    decays). The output's gradient terms as in ``backward._adjoint_step``:
+    ``ge = gy q / lam``, ``gl = gprec - (ge eta + gyv q^2 / lam) / lam``; with
+    ``w = Jee / lam``, ``Jee ge = gy q w`` and ``Jee^2 gl = Jee^2 gprec - gy q w (w eta) -
+    gyv q^2 w^2`` (without ``HAS_GPREC``, ``HAS_GYV`` their zero terms left out)."""
     rden = _rcp(p * lam + d)
     alpha = af * rden
-    R = R - ((p * rden) * eta) * Jee
     Jee = alpha * Jee
+    R = R - paf * (eta * Jee)
     lk = LL[None, :] * kk
     lam = lam * rden + (lk * kk + e)
     eta = alpha * eta + vv[None, :] * lk
-    rl = _rcp(lam)
-    qrl = qq * rl
-    x = Jee * (gyy[None, :] * qrl)  # Jee ge
-    # bl += Jee^2 gl + Jel ge = x (R - Jee rl eta) - Jee^2 rl gyv qrl q + Jee^2 gprec (3
-    # operations without gyv and gprec where the products with Jel took 5; a zero gyv read
+    w = Jee * _rcp(lam)
+    x = (gyy[None, :] * qq) * w  # Jee ge
+    # bl += Jee^2 gl + Jel ge = x (R - w eta) - w^2 gyv q^2 + Jee^2 gprec (a zero gyv read
     # changes nothing, bit for bit)
-    bl = bl + x * (R - Jee * (rl * eta))
-    if HAS_GYV or HAS_GPREC:
-        J2 = Jee * Jee
-        if HAS_GYV:
-            bl -= (J2 * rl) * (gvv[None, :] * (qrl * qq))
-        if HAS_GPREC:
-            bl += J2 * gpp
+    bl = bl + x * (R - w * eta)
+    if HAS_GYV:
+        bl -= (w * w) * (gvv[None, :] * (qq * qq))
+    if HAS_GPREC:
+        bl += (Jee * Jee) * gpp
     return lam, eta, R, Jee, bl, be + x
 
 
 @helper
+def _tangent_pa(p, af):
+    """``p / af`` of each lane for ``_tangent_step``, 0 where the decay is 0 or the quotient
+    overflows: there ``Jee`` is 0 from the step on (or below ``af``, under ``p / 3e38``), so
+    ``R`` is not read again where it matters (``Jel = R Jee``, ``bl``'s terms carry ``Jee``)."""
+    paf = p / tl.where(af != 0.0, af, 1.0)
+    return tl.where((af != 0.0) & (tl.abs(paf) < float("inf")), paf, 0.0)
+
+
+@helper
 def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, Jee, bl, be,
-                       p, d, af, e, dt: tl.constexpr, M: tl.constexpr, S: tl.constexpr,
+                       p, d, af, e, paf, dt: tl.constexpr, M: tl.constexpr, S: tl.constexpr,
                        HAS_GPREC: tl.constexpr, HAS_GYV: tl.constexpr,
                        EVEN: tl.constexpr = False):  # fmt: skip
     """``_tangent_step`` with the step's inputs and incoming gradients at the pointers
@@ -374,7 +441,7 @@ def _load_tangent_step(pv, pL, pgy, pgv, pk, pq, pg, mmask, smask, lam, eta, R, 
     gpp = tl.zeros_like(kk)
     if HAS_GPREC:
         gpp = _load_tile(pg, smask, not EVEN).to(dt)
-    return _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e,
+    return _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d, af, e, paf,
                          HAS_GPREC, HAS_GYV)  # fmt: skip
 
 
@@ -434,7 +501,7 @@ def _rows_on(pv, pL, pgy, pgv, pk, pq, rows, M: tl.constexpr, S: tl.constexpr):
 
 
 @helper
-def _tangent_block(st, blk, p, d, af, e, W: tl.constexpr, HAS_GYV: tl.constexpr):
+def _tangent_block(st, blk, p, d, af, e, paf, W: tl.constexpr, HAS_GYV: tl.constexpr):
     """The ``W`` steps of a block whose inputs are in registers (``_tangent_block_inputs``)
     from the state ``st = (lam, eta, R, Jee, bl, be)``."""
     lam, eta, R, Jee, bl, be = st
@@ -444,7 +511,7 @@ def _tangent_block(st, blk, p, d, af, e, W: tl.constexpr, HAS_GYV: tl.constexpr)
             vv, LL, gyy, gvv, kk, qq = four[j]
             # (no HAS_GPREC here: the gprec argument, kk, is not read)
             lam, eta, R, Jee, bl, be = _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv,
-                                                     kk, qq, kk, p, d, af, e, False,
+                                                     kk, qq, kk, p, d, af, e, paf, False,
                                                      HAS_GYV)  # fmt: skip
     return lam, eta, R, Jee, bl, be
 
@@ -479,6 +546,7 @@ def _adjoint_maps_kernel(
                                                                  SG, NT)  # fmt: skip
     dt = out_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
+    paf = _tangent_pa(p, af)
     step = NR.to(tl.int64) * MS
     soff = row.to(tl.int64) * MS + ms
     lam = tl.load(start_ptr + soff, mask=lm, other=1.0)
@@ -506,15 +574,15 @@ def _adjoint_maps_kernel(
                 nxt = _tangent_block_inputs(pv + o1 * M, pL + o1 * M, pgy + o1 * M,
                                             pgv + o1 * M, pk + o1 * S, pq + o1 * S, M, S,
                                             mmask, lm, dt, W, HAS_GYV, EVEN)  # fmt: skip
-                st = _tangent_block(st, cur, p, d, af, e, W, HAS_GYV)
+                st = _tangent_block(st, cur, p, d, af, e, paf, W, HAS_GYV)
                 # the next pair's first block (the last block again past the end: unused)
                 o2 = tl.minimum(2 * i + 2, nb - 1) * W
                 cur = _tangent_block_inputs(pv + o2 * M, pL + o2 * M, pgy + o2 * M,
                                             pgv + o2 * M, pk + o2 * S, pq + o2 * S, M, S,
                                             mmask, lm, dt, W, HAS_GYV, EVEN)  # fmt: skip
-                st = _tangent_block(st, nxt, p, d, af, e, W, HAS_GYV)
+                st = _tangent_block(st, nxt, p, d, af, e, paf, W, HAS_GYV)
             if nb % 2 == 1:  # the last block, loaded as the next pair's first
-                st = _tangent_block(st, cur, p, d, af, e, W, HAS_GYV)
+                st = _tangent_block(st, cur, p, d, af, e, paf, W, HAS_GYV)
             lam, eta, R, Jee, bl, be = st
             pv, pL, pgy, pgv, pk, pq = _rows_on(pv, pL, pgy, pgv, pk, pq, nb * W, M, S)
         nloop = 0  # (the blocks are walked)
@@ -525,13 +593,13 @@ def _adjoint_maps_kernel(
         for j in tl.static_range(W):
             lam, eta, R, Jee, bl, be = _load_tangent_step(
                 pv + j * M, pL + j * M, pgy + j * M, pgv + j * M, pk + j * S, pq + j * S,
-                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, dt, M, S,
+                pg + j * MS, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, paf, dt, M, S,
                 HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv, pL, pgy, pgv, pk, pq = _rows_on(pv, pL, pgy, pgv, pk, pq, W, M, S)
         pg += W * MS  # (a pointer: i M S can pass 2^31)
     for _ in range(nb * W, n):  # the last n mod W steps
         lam, eta, R, Jee, bl, be = _load_tangent_step(
-            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e,
+            pv, pL, pgy, pgv, pk, pq, pg, mmask, lm, lam, eta, R, Jee, bl, be, p, d, af, e, paf,
             dt, M, S, HAS_GPREC, HAS_GYV, EVEN)  # fmt: skip
         pv += M
         pL += M
