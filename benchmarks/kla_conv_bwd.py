@@ -150,8 +150,10 @@ def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record):
     two = _mean_ms(*gpre) + _mean_ms(*gz)
     record("gpre+gz", two)
     ref = (gzg[..., :M].float().clone(), gw.sum(0), gb.sum(0))
-    for TP, BM, nw, ns in [(64, 128, 1, 3), (64, 128, 1, 1), (32, 128, 1, 3), (64, 256, 2, 3),
-                           (64, 512, 4, 3), (128, 128, 1, 3)]:  # fmt: skip
+    for TP, BM, nw, ns in [(64, 128, 1, 3), (64, 128, 1, 1), (64, 128, 1, 4), (64, 128, 1, 6),
+                           (32, 128, 1, 3), (32, 128, 1, 4), (128, 128, 1, 4), (64, 64, 1, 4),
+                           (64, 256, 2, 3), (64, 256, 2, 4), (64, 512, 4, 3),
+                           (128, 256, 2, 4)]:  # fmt: skip
         NPw = cdiv(L, TP)
         gww = torch.empty(B * NPw, K, M, device=zg.device)
         gbw = torch.empty(B * NPw, M, device=zg.device)
