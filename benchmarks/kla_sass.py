@@ -8,9 +8,8 @@ backward branch and its target), largest first, with their instructions by opcod
 
 - ``backward``: one 8-step checkpoint interval at 4 slots a thread;
 - ``forward``: one 4-step block at 4 slots a thread, saving checkpoints, no variance;
-- ``chunk_maps``: one block of the chunk maps at 2 slots a thread (``chunked.MAPS_LAUNCH``'s
-  steps; two loops: the general step, then the scaled rows, which a program takes where no lane
-  forgets and no decay is below ``chunked.SCALED_MIN_DECAY``);
+- ``chunk_maps``: one 8-step block of the chunk maps at 2 slots a thread (two loops: the
+  general step, then the lean one, which a program takes where no lane forgets);
 - ``tangent_maps``: two 8-step blocks of the tangent maps at 2 slots a thread (a pair of
   double-buffered blocks, ``chunked.TANGENT_LAUNCH``).
 

@@ -45,12 +45,6 @@ BLOCK = 128  # lanes (m, s) a program of the carry kernels
 # bound by one load latency a chunk)
 CARRY_NS = 4
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
-# the chunk maps walk a program's steps in scaled rows (``_scaled_step``) where every lane's
-# decay is at least SCALED_MIN_DECAY in size and ``p / d^4`` at most SCALED_MAX_RATIO (the
-# scaled ``v`` row grows by up to ``1 / d^4`` between two divisions by the trace); else the
-# general step
-SCALED_MIN_DECAY = tl.constexpr(1e-2)
-SCALED_MAX_RATIO = tl.constexpr(1e30)
 # launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
 # (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
 # loading the channel's v, Lv once a step for them and its k, q as one vector), steps unrolled a
@@ -135,35 +129,37 @@ def _maps_layout(S, tangents=False):
 
 
 @helper
-def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af):
+def _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN: tl.constexpr):
     """A chunk map after one more step (unnormalized): predict then update on ``(u, v | e)``
-    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``)."""
+    (``vv, LL [NT]`` a thread's channel's, the rest ``[SG, NT]``). ``LEAN``: no lane of the
+    program forgets (``q = 0``: its terms dropped, the same values) and ``A`` is left to the
+    caller (``A af^4`` once every 4 steps)."""
     lk = LL[None, :] * kk
     phi = lk * kk
     r = vv[None, :] * lk
-    pu1 = m11 + q * m21
-    pu2 = m12 + q * m22
+    if LEAN:
+        pu1 = m11
+        pu2 = m12
+        A_new = A
+    else:
+        pu1 = m11 + q * m21
+        pu2 = m12 + q * m22
+        A_new = af * A
     pv1 = p * m11 + d * m21
     pv2 = p * m12 + d * m22
     return (pu1 + phi * pv1, pu2 + phi * pv2, pv1, pv2, af * g1 + r * pv1, af * g2 + r * pv2,
-            af * A)  # fmt: skip
-
-
-@helper
-def _map_inputs(pm, pLm, ps, mmask, smask, dt: tl.constexpr, EVEN: tl.constexpr):
-    """A step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps`` (``EVEN``: unmasked)."""
-    vv = _load_tile(pm, mmask, not EVEN).to(dt)
-    LL = _load_tile(pLm, mmask, not EVEN).to(dt)
-    kk = _load_tile(ps, smask, not EVEN).to(dt)
-    return vv, LL, kk
+            A_new)  # fmt: skip
 
 
 @helper
 def _load_map_step(pm, pLm, ps, mmask, smask, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
-                   dt: tl.constexpr, EVEN: tl.constexpr = False):  # fmt: skip
-    """``_map_step`` with the step's inputs at the pointers (``_map_inputs``)."""
-    vv, LL, kk = _map_inputs(pm, pLm, ps, mmask, smask, dt, EVEN)
-    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af)
+                   dt: tl.constexpr, LEAN: tl.constexpr = False,
+                   EVEN: tl.constexpr = False):  # fmt: skip
+    """``_map_step`` with the step's ``v, Lv`` at ``pm, pLm [NT]`` and ``k`` at ``ps``."""
+    vv = _load_tile(pm, mmask, not EVEN).to(dt)
+    LL = _load_tile(pLm, mmask, not EVEN).to(dt)
+    kk = _load_tile(ps, smask, not EVEN).to(dt)
+    return _map_step(m11, m12, m21, m22, g1, g2, A, vv, LL, kk, q, p, d, af, LEAN)
 
 
 @helper
@@ -194,70 +190,26 @@ def _prefetch_next(pa, pb, pc, i, nb, M, W: tl.constexpr, NT: tl.constexpr,
 
 
 @helper
-def _scaled_step(m11, m12, m21, m22, g1, g2, vv, LL, kk, c, E):
-    """A chunk map after its ``j``-th step since the last division by its trace, in scaled
-    rows (the ``SCALED`` walk of ``_map_blocks``): the ``v`` row held as ``v / d^j`` and the
-    ``e`` row as ``e / af^j``, so that neither is multiplied by the decay a step. With
-    ``c = p / d^j`` and ``E = a^j`` (``d = a^2``, ``af = a``: no lane forgets),
-    ``v~ <- c u + v~``, ``u <- u + phi d^j v~`` and ``e~ <- e~ + r a^j v~``, where
-    ``phi d^j = (Lv k a^j)(k a^j)`` and ``r a^j = v (Lv k a^j)``: 4 products and 6 fused
-    multiply-adds a lane where the general step (``_map_step``) takes 16 (13 without its
-    forgetting terms)."""
-    kE = kk * E
-    lkE = LL[None, :] * kE
-    phi = lkE * kE
-    r = vv[None, :] * lkE
-    pv1 = c * m11 + m21
-    pv2 = c * m12 + m22
-    return m11 + phi * pv1, m12 + phi * pv2, pv1, pv2, g1 + r * pv1, g2 + r * pv2
-
-
-@helper
-def _scaled_constants(p, d, a):
-    """``(c_j, E_j)`` for ``j = 1 .. 4`` (``_scaled_step``): ``p / d^j`` and ``a^j``."""
-    d2 = d * d
-    d4 = d2 * d2
-    a2 = a * a
-    return (p / d, p / d2, p / (d2 * d), p / d4, a, a2, a2 * a, a2 * a2)
-
-
-@helper
 def _map_blocks(pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af,
                 M: tl.constexpr, S: tl.constexpr, dt: tl.constexpr, W: tl.constexpr,
-                NS: tl.constexpr, SCALED: tl.constexpr, EVEN: tl.constexpr,
+                NS: tl.constexpr, LEAN: tl.constexpr, EVEN: tl.constexpr,
                 NT: tl.constexpr, PF: tl.constexpr, lead):  # fmt: skip
     """``nb`` unrolled blocks of ``W`` steps from the pointers, the map divided by its trace
-    every 4 steps; ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows
-    (``_prefetch_next``). ``SCALED`` (no lane of the program forgets and every decay is at
-    least ``SCALED_MIN_DECAY``): the steps in scaled rows (``_scaled_step``), the ``v`` and ``e``
-    rows multiplied back by ``d^4`` and ``af^4`` as the map is divided by its trace; else the
-    general step (``_map_step``)."""
-    if SCALED:
-        c1, c2, c3, c4, E1, E2, E3, E4 = _scaled_constants(p, d, af)
-        d4 = (d * d) * (d * d)
+    every 4 steps (``LEAN``: see ``_map_step``; ``A`` times ``af^4`` before each division);
+    ``PF``: each block first asks L2 for the next one's ``v, Lv`` rows (``_prefetch_next``)."""
+    af4 = (af * af) * (af * af)
     for i in tl.range(0, nb, num_stages=NS):
         if PF:
             if lead:
                 _prefetch_next(pm, pLm, pLm, i, nb, M, W, NT, False)
         for h in tl.static_range(W // 4):
-            if SCALED:
-                for j in tl.static_range(4):
-                    o = 4 * h + j
-                    vv, LL, kk = _map_inputs(pm + o * M, pLm + o * M, ps + o * S, mmask, lm, dt,
-                                             EVEN)  # fmt: skip
-                    c = c1 if j == 0 else (c2 if j == 1 else (c3 if j == 2 else c4))
-                    E = E1 if j == 0 else (E2 if j == 1 else (E3 if j == 2 else E4))
-                    m11, m12, m21, m22, g1, g2 = _scaled_step(m11, m12, m21, m22, g1, g2, vv,
-                                                              LL, kk, c, E)  # fmt: skip
-                m11, m12, m21, m22, g1, g2, A = _normalized_scaled(m11, m12, m21, m22, g1, g2,
-                                                                   A, d4, E4)  # fmt: skip
-            else:
-                for j in tl.static_range(4):
-                    m11, m12, m21, m22, g1, g2, A = _load_map_step(
-                        pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S,
-                        mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt,
-                        EVEN)  # fmt: skip
-                m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
+            for j in tl.static_range(4):
+                m11, m12, m21, m22, g1, g2, A = _load_map_step(
+                    pm + (4 * h + j) * M, pLm + (4 * h + j) * M, ps + (4 * h + j) * S, mmask, lm,
+                    m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, LEAN, EVEN)  # fmt: skip
+            if LEAN:
+                A = A * af4
+            m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += W * M
         pLm += W * M
         ps += W * S
@@ -270,17 +222,6 @@ def _normalized(m11, m12, m21, m22, g1, g2, A):
     map's ratios as they are)."""
     sc = _rcp(m11 + m22)
     return m11 * sc, m12 * sc, m21 * sc, m22 * sc, g1 * sc, g2 * sc, A * sc
-
-
-@helper
-def _normalized_scaled(m11, m12, m21, m22, g1, g2, A, d4, a4):
-    """``_normalized`` of a map held in scaled rows after 4 steps (``_scaled_step``): its ``v``
-    row times ``d^4``, its ``e`` row (``A`` included, left as it was by the 4 steps) times
-    ``af^4 = a^4``, all divided by the trace."""
-    sc = _rcp(m11 + d4 * m22)
-    sv = sc * d4
-    se = sc * a4
-    return m11 * sc, m12 * sc, m21 * sv, m22 * sv, g1 * se, g2 * se, A * se
 
 
 @triton.jit
@@ -298,9 +239,8 @@ def _chunk_maps_kernel(
     divided by its trace every 4 steps. ``M`` is a compile-time constant so that the unrolled
     steps' loads take their offsets as immediates, and ``EVEN`` (every lane real) drops their
     masks (unmasked loads issue no predicate and no zeroing of their destinations): the loops
-    (before the scaled rows: the step without forgetting terms, and the general step) took 372
-    and 412 sm_90 instructions an 8-step block with a runtime ``M`` and masks, 292 and 338
-    without."""
+    took 372 (lean) and 412 sm_90 instructions an 8-step block with a runtime ``M`` and masks,
+    292 and 338 without."""
     b = tl.program_id(1) // (C - 1)
     c = tl.program_id(1) % (C - 1)
     row = b * C + c
@@ -322,11 +262,10 @@ def _chunk_maps_kernel(
     pLm = Lv_ptr + t0 * M + m
     ps = k_ptr + t0 * S + s
     nb = Lc // W
-    # where no lane of the program forgets and no decay is below SCALED_MIN_DECAY (the usual
-    # case) the steps in scaled rows: 10 operations a lane-step where the general one takes 16
+    # where no lane of the program forgets (the usual case) the lean step: 2-3 of its ~16
+    # operations fewer
     lead = _leads(G, NT)
-    small = forget | (tl.abs(a) < SCALED_MIN_DECAY) | (p > SCALED_MAX_RATIO * ((d * d) * (d * d)))
-    if tl.max(tl.max(tl.where(lm & small, 1, 0), axis=1), axis=0) == 0:
+    if tl.max(tl.max(tl.where(lm & forget, 1, 0), axis=1), axis=0) == 0:
         pm, pLm, ps, m11, m12, m21, m22, g1, g2, A = _map_blocks(
             pm, pLm, ps, nb, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, M, S, dt, W,
             NS, True, EVEN, NT, PF, lead)  # fmt: skip
@@ -336,7 +275,8 @@ def _chunk_maps_kernel(
             NS, False, EVEN, NT, PF, lead)  # fmt: skip
     for i in range(nb * W, Lc):  # the last Lc mod W steps
         m11, m12, m21, m22, g1, g2, A = _load_map_step(
-            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, EVEN)
+            pm, pLm, ps, mmask, lm, m11, m12, m21, m22, g1, g2, A, q, p, d, af, dt, False,
+            EVEN)  # fmt: skip
         if (i % 4) == 3:
             m11, m12, m21, m22, g1, g2, A = _normalized(m11, m12, m21, m22, g1, g2, A)
         pm += M

@@ -274,14 +274,14 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     """The conv's backward in one pass (``K <= 4``): a program walks tokens ``t0 .. t0 + TP +
     2`` of ``BM`` channels of batch row ``b`` (``t0 = program_id(0) TP``), each thread its
     channels: at each token the pre-activation from the token's and the 3 previous inputs
-    (carried in registers: each row loaded once), ``gpre = (g + g2) silu'(pre)``, the weights' and
+    (loaded again each token: cache hits), ``gpre = (g + g2) silu'(pre)``, the weights' and
     bias's gradient terms added in the thread (no reduction across threads; the program's
     partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d w[K-1-d]
     gpre[t - 3 + d]`` from the last 4 ``gpre``, carried in registers, into the first ``M``
     columns of ``gz [B, L, ZS]``. The 3 tokens past the program's own are computed again for
     ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written.
 
-    (The carried ``gpre`` start as distinct tensors: Triton takes a name for loop-carried only
+    (The carried values start as distinct tensors: Triton takes a name for loop-carried only
     where the loop rebinds it to another object than it had before the loop, so ``gp0 = gp1``
     with both starting as one ``zero`` would make ``gp0`` a constant; a test compiles the
     kernel and checks its loop's carried values.)"""
@@ -305,12 +305,6 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
     base = b.to(tl.int64) * L
     zrow = zg_ptr + m
-    # z at t - 3, t - 2, t - 1, carried (each token's row loaded once; zeros before the row's
-    # first token)
-    tv0 = m * 0 + t0  # (masks as vectors)
-    z0 = tl.load(zrow + (base + t0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
-    z1 = tl.load(zrow + (base + t0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
-    z2 = tl.load(zrow + (base + t0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
     gp0 = tl.zeros((BM,), tl.float32)  # gpre at t - 3, t - 2, t - 1 (distinct: see above)
     gp1 = tl.zeros((BM,), tl.float32)
     gp2 = tl.zeros((BM,), tl.float32)
@@ -325,6 +319,9 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         inside = mmask & (tv < L)
         row = base + t
         zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
+        z2 = tl.load(zrow + (row - 1) * ZS, mask=inside & (tv >= 1), other=0.0).to(tl.float32)
+        z1 = tl.load(zrow + (row - 2) * ZS, mask=inside & (tv >= 2), other=0.0).to(tl.float32)
+        z0 = tl.load(zrow + (row - 3) * ZS, mask=inside & (tv >= 3), other=0.0).to(tl.float32)
         g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
         g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
         pre = bias + 0.0  # the taps in the forward's order
@@ -358,7 +355,6 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
                  mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
         gp0, gp1, gp2 = gp1, gp2, gpt
-        z0, z1, z2 = z1, z2, zt
     part = (b * NP + pid_t).to(tl.int64)
     tl.store(gb_ptr + part * M + m, ab, mask=mmask)
     tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
