@@ -25,20 +25,62 @@ from torch import nn
 from kalmanscan.kla.config import AttentionConfig, ModelConfig
 from kalmanscan.kla.layer import KLALayer
 
+_FUSED_MODES = ("auto", "fused", "eager")
+_FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _fused_call(mode: str, x: torch.Tensor) -> bool:
+    """Whether a module whose ``fused`` attribute is ``mode`` runs its Triton kernels on ``x``:
+    ``"fused"`` always, ``"auto"`` on CUDA with triton installed, ``"eager"`` never; never for
+    other dtypes than float32/bfloat16/float16 or under ``torch.compile`` / ``torch.jit``
+    tracing."""
+    if mode not in _FUSED_MODES:
+        raise ValueError(f"fused: expected one of {_FUSED_MODES}, got {mode!r}")
+    if (
+        mode == "eager"
+        or x.dtype not in _FUSABLE
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+    ):
+        return False
+    from kalmanscan.kla.layer import _triton_available
+
+    return mode == "fused" or (x.is_cuda and _triton_available())
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis (computed in float32), ``weight [D]``.
 
     >>> RMSNorm(4)(torch.ones(2, 4)).tolist()[0]  # doctest: +ELLIPSIS
     [0.99999..., 0.99999..., 0.99999..., 0.99999...]
+
+    ``fused`` (a class attribute, settable per instance): ``"auto"`` runs the fused Triton
+    kernels (``kalmanscan.cuda.rmsnorm``: one kernel forward, one backward that reads ``x`` and
+    the output's gradient once for both gradients) on CUDA when triton is installed, for
+    float32, bfloat16 and float16 inputs and weights, outside ``torch.compile`` and
+    ``torch.jit`` tracing; ``"fused"`` the same on any device (the CPU through
+    ``TRITON_INTERPRET=1``); ``"eager"`` always PyTorch (``F.rms_norm`` where the input's
+    dtype is the weight's, else its ops in float32). float64 always takes PyTorch. Both give
+    the same results to float32 rounding. The fused pair takes half torch's device time at the
+    LM's shape but more host time a call (figures: ``kalmanscan.cuda.rmsnorm``).
     """
+
+    fused = "auto"
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    def _use_fused(self, x: torch.Tensor) -> bool:
+        """Whether this call takes the fused kernels (see the class docstring's ``fused``)."""
+        return _fused_call(self.fused, x) and self.weight.dtype in _FUSABLE
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_fused(x):
+            from kalmanscan.cuda.rmsnorm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         if x.dtype == self.weight.dtype and x.dtype in (torch.float32, torch.float64):
             # the same formula in one kernel a direction on CUDA (torch's fused RMSNorm; the
             # ops below are 7 kernels forward and 14 backward over [B, L, D]: 0.76 against 0.21
@@ -69,9 +111,26 @@ class SwiGLU(nn.Module):
     the MLP's six GEMMs of a training step with its 1- and 2-element-aligned kernels: about 7 ms
     of a 6-layer d_model 512 model's step on 8 x 2048 tokens (H200). Padding costs two
     weight-sized copies a call.
+
+    ``fused`` (a class attribute, settable per instance): ``"auto"`` computes
+    ``silu(gate) * up`` and its gradient with the fused Triton kernels
+    (:func:`kalmanscan.cuda.swiglu.swiglu`: one kernel forward, one backward that writes both
+    halves' gradients in place of autograd's ``silu``, product, ``silu_backward`` and
+    concatenation) on CUDA when triton is installed, for float32, bfloat16 and float16
+    activations, outside ``torch.compile`` and ``torch.jit`` tracing; ``"fused"`` the same on
+    any device (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch ops.
+    float64 always takes PyTorch. The kernels round where torch's ops do: in bfloat16 and
+    float16 the two paths agree bit for bit but where the exponential rounds differently (a
+    unit in the last place of ``silu(gate)``), in float32 to its rounding.
+
+    >>> mlp = SwiGLU(16)
+    >>> mlp.fused = "eager"
+    >>> tuple(mlp(torch.randn(2, 5, 16)).shape)
+    (2, 5, 16)
     """
 
     pad = "auto"
+    fused = "auto"
 
     def __init__(self, dim: int, ratio: float = 4.0):
         super().__init__()
@@ -90,13 +149,23 @@ class SwiGLU(nn.Module):
             return H
         return -(-H // GEMM_ALIGN) * GEMM_ALIGN
 
+    def _use_fused(self, h: torch.Tensor) -> bool:
+        """Whether this call's activation takes the fused kernels (see the class docstring's
+        ``fused``); ``h`` is the input projection."""
+        return _fused_call(self.fused, h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, Hp = self.hidden, self._padded_width(x)
         w12, w3 = self.w12.weight, self.w3.weight
         if Hp != H:  # zero gate and up rows (silu(0) * 0 = 0), zero columns of w3
             w12 = F.pad(w12.reshape(2, H, -1), (0, 0, 0, Hp - H)).reshape(2 * Hp, -1)
             w3 = F.pad(w3, (0, Hp - H))
-        gate, up = F.linear(x, w12).chunk(2, dim=-1)
+        h = F.linear(x, w12)
+        if self._use_fused(h):
+            from kalmanscan.cuda.swiglu import swiglu
+
+            return F.linear(swiglu(h), w3)
+        gate, up = h.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, w3)
 
 
