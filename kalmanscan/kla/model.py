@@ -62,10 +62,13 @@ class RMSNorm(nn.Module):
     ``TRITON_INTERPRET=1``); ``"eager"`` always PyTorch (``F.rms_norm`` where the input's
     dtype is the weight's, else its ops in float32). float64 always takes PyTorch. Both give
     the same results to float32 rounding. The fused pair takes half torch's device time at the
-    LM's shape but more host time a call (figures: ``kalmanscan.cuda.rmsnorm``).
+    LM's shape but about 3x its host time a call (figures: ``kalmanscan.cuda.rmsnorm``), and a
+    d_model 512 LM's step at 8 x 2,048 tokens already waits on its host: so the default is
+    ``"eager"`` until the whole step is timed both ways; set ``RMSNorm.fused = "auto"`` where
+    the GPU is the bound (long contexts).
     """
 
-    fused = "auto"
+    fused = "eager"
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -121,7 +124,10 @@ class SwiGLU(nn.Module):
     any device (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch ops.
     float64 always takes PyTorch. The kernels round where torch's ops do: in bfloat16 and
     float16 the two paths agree bit for bit but where the exponential rounds differently (a
-    unit in the last place of ``silu(gate)``), in float32 to its rounding.
+    unit in the last place of ``silu(gate)``), in float32 to its rounding. The default is
+    ``"eager"``: the fused pair takes a third of the eager ops' device time (16,384 tokens on
+    the H200) but more host time a call, and a d_model 512 LM's step at 8 x 2,048 tokens
+    already waits on its host; set ``SwiGLU.fused = "auto"`` where the GPU is the bound.
 
     >>> mlp = SwiGLU(16)
     >>> mlp.fused = "eager"
@@ -130,7 +136,7 @@ class SwiGLU(nn.Module):
     """
 
     pad = "auto"
-    fused = "auto"
+    fused = "eager"
 
     def __init__(self, dim: int, ratio: float = 4.0):
         super().__init__()
