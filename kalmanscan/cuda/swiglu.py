@@ -24,8 +24,9 @@ now and then: ``silu(gate)`` then moves by one unit in the last place, and ``a``
 gradient by up to two (about 2 elements in 10^4 in float16, 1 in 10^5 in bfloat16).
 
 :func:`swiglu_reference` is the eager PyTorch form the kernels are tested against
-(tests/test_swiglu_fused.py); :class:`kalmanscan.kla.model.SwiGLU` uses :func:`swiglu` on CUDA
-(``SwiGLU.fused``). Timing: ``benchmarks/swiglu_fused.py``.
+(tests/test_swiglu_fused.py); :class:`kalmanscan.kla.model.SwiGLU` uses :func:`swiglu` with
+``SwiGLU.fused = "auto"`` (on CUDA) or ``"fused"``; its default is ``"eager"``. Timing:
+``benchmarks/swiglu_fused.py``.
 """
 
 from __future__ import annotations
