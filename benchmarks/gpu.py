@@ -589,11 +589,10 @@ def kernel_cases():
                       PF=KC._prefetches(tangents))  # fmt: skip
         if tangents:  # (the chunk maps' kernel takes no DB)
             consts["DB"] = KC._double_buffered(True)
-        return consts, warps
+        return consts, warps, KC._reg_cap(tangents).get("maxnreg", 0)  # (register cap)
 
-    maps_consts, maps_warps = map_launch()
-    tangent_consts, tangent_warps = map_launch(tangents=True)
-    tangent_cap = KC._reg_cap(True).get("maxnreg", 0)  # (the launch's register cap)
+    maps_consts, maps_warps, maps_cap = map_launch()
+    tangent_consts, tangent_warps, tangent_cap = map_launch(tangents=True)
     tangent_sig = sig("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr start_ptr gy_ptr gyv_ptr gprec_ptr "
                       "out_ptr", "L Lc C NR", ())
     cases = {
@@ -657,7 +656,7 @@ def kernel_cases():
         # the time-chunked KLA op's two map passes at chunked.MAPS_LAUNCH (S = 16)
         "kla_chunk_maps": (KC._chunk_maps_kernel,
                            sig("v_ptr Lv_ptr k_ptr a_ptr p_ptr maps_ptr", "L Lc C NR", ()),
-                           maps_consts, maps_warps),
+                           maps_consts, maps_warps, maps_cap),
         "kla_adjoint_maps": (KC._adjoint_maps_kernel, dict(tangent_sig),
                              dict(tangent_consts, HAS_GPREC=False, HAS_GYV=True),
                              tangent_warps, tangent_cap),

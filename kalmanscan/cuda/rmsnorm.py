@@ -53,14 +53,20 @@ GPU_BWD = (4096, 8, 4)
 SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _tile(BD: int, tile: int, nw: int):
+    """``(BR, num_warps)``: rows of ``BD`` columns in a ``tile``-element tile (at least 1) and
+    the warps for it (``nw`` at least, ``tile / 1024`` elements a warp at most, 16 at most)."""
+    BR = max(1, tile // BD)
+    return BR, min(16, max(nw, BR * BD // 1024))
+
+
 def _fwd_config(D: int, interp: bool | None = None):
     """``(BR, BD, num_warps)`` of the forward for rows of ``D`` (small when interpreting)."""
     BD = next_pow2(D)
     if interpreting() if interp is None else interp:
         return 4, BD, 1
-    tile, nw = GPU_FWD
-    BR = max(1, tile // BD)
-    return BR, BD, min(16, max(nw, BR * BD // 1024))
+    BR, nw = _tile(BD, *GPU_FWD)
+    return BR, BD, nw
 
 
 def _bwd_config(D: int, interp: bool | None = None):
@@ -69,8 +75,8 @@ def _bwd_config(D: int, interp: bool | None = None):
     if interpreting() if interp is None else interp:
         return 4, 2, BD, 1
     tile, NT, nw = GPU_BWD
-    BR = max(1, tile // BD)
-    return BR, NT, BD, min(16, max(nw, BR * BD // 1024))
+    BR, nw = _tile(BD, tile, nw)
+    return BR, NT, BD, nw
 
 
 # ----------------------------------------------------------------------------------- device

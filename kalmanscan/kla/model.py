@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kalmanscan.kla.config import AttentionConfig, ModelConfig
-from kalmanscan.kla.layer import KLALayer
+from kalmanscan.kla.layer import KLALayer, _triton_available
 
 _FUSED_MODES = ("auto", "fused", "eager")
 _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
@@ -43,8 +43,6 @@ def _fused_call(mode: str, x: torch.Tensor) -> bool:
         or torch.jit.is_tracing()
     ):
         return False
-    from kalmanscan.kla.layer import _triton_available
-
     return mode == "fused" or (x.is_cuda and _triton_available())
 
 

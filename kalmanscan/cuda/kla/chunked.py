@@ -336,7 +336,7 @@ def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
     the decay is not 0, else 0), so ``Jll``, the product of those, is ``Jee^2``: not carried.
     ``Jel`` is carried as ``R = Jel / Jee``: ``Jel' = alpha (Jel - p rden eta Jee^2)`` and
     ``Jee' = alpha Jee`` give ``R' = R - p rden eta Jee = R - (p / af) eta Jee'`` (no division
-    a step: ``paf = p / af`` is the lane's, ``_tangent_pa``; ``R`` stays bounded where ``Jee``
+    a step: ``paf = p / af`` is the lane's, ``_tangent_paf``; ``R`` stays bounded where ``Jee``
     decays). The output's gradient terms as in ``backward._adjoint_step``:
     ``ge = gy q / lam``, ``gl = gprec - (ge eta + gyv q^2 / lam) / lam``; with
     ``w = Jee / lam``, ``Jee ge = gy q w`` and ``Jee^2 gl = Jee^2 gprec - gy q w (w eta) -
@@ -361,7 +361,7 @@ def _tangent_step(lam, eta, R, Jee, bl, be, vv, LL, gyy, gvv, kk, qq, gpp, p, d,
 
 
 @helper
-def _tangent_pa(p, af):
+def _tangent_paf(p, af):
     """``p / af`` of each lane for ``_tangent_step``, 0 where the decay is 0 or the quotient
     overflows: there ``Jee`` is 0 from the step on (or below ``af``, under ``p / 3e38``), so
     ``R`` is not read again where it matters (``Jel = R Jee``, ``bl``'s terms carry ``Jee``)."""
@@ -486,7 +486,7 @@ def _adjoint_maps_kernel(
                                                                  SG, NT)  # fmt: skip
     dt = out_ptr.dtype.element_ty
     p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
-    paf = _tangent_pa(p, af)
+    paf = _tangent_paf(p, af)
     step = NR.to(tl.int64) * MS
     soff = row.to(tl.int64) * MS + ms
     lam = tl.load(start_ptr + soff, mask=lm, other=1.0)
