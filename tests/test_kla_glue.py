@@ -122,10 +122,10 @@ def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var, conv_one_pass):
         assert_rel(have, want, name)
 
 
-@pytest.mark.parametrize("K,kernels", [(4, ["walk"]), (5, ["gpre", "gz"])])
+@pytest.mark.parametrize("K,kernels", [(4, ["walk", "sums"]), (5, ["gpre", "gz", "sums"])])
 def test_conv_backward_kernels(K, kernels, monkeypatch):
     """With ``CONV_ONE_PASS``, widths up to 4 take the one-pass conv backward, wider ones the
-    two passes."""
+    two passes; both end with one launch that adds the weight's and bias's partial sums."""
     from kalmanscan.cuda.kla import glue
 
     monkeypatch.setattr(glue, "CONV_ONE_PASS", True)
@@ -141,6 +141,33 @@ def test_conv_backward_kernels(K, kernels, monkeypatch):
     layer = make_layer(16, 4, conv_kernel=K)
     run(layer, torch.randn(1, 5, 16, device=DEVICE), "fused", False)
     assert seen == kernels
+
+
+@pytest.mark.parametrize("P,K,M,dtype", [(37, 4, 40, torch.float32), (5, 2, 16, torch.float32),
+                                          (9, 4, 24, torch.bfloat16)])
+def test_conv_sums_kernel(P, K, M, dtype):
+    """The partial sums' kernel: the weight's ``[M, 1, K]`` and the bias's ``[M]`` gradients,
+    the sums over ``P`` rows of ``gw [P, K, M]`` and ``gb [P, M]`` (rows and channels past a
+    tile's edge masked), in the parameters' dtype, against float64 sums."""
+    from kalmanscan.cuda._common import cdiv, launch
+    from kalmanscan.cuda.kla import glue
+
+    g = torch.Generator().manual_seed(5)
+    gw = torch.randn(P, K, M, generator=g).to(DEVICE)
+    gb = torch.randn(P, M, generator=g).to(DEVICE)
+    gwo = torch.full((M, 1, K), float("nan"), dtype=dtype, device=DEVICE)
+    gbo = torch.full((M,), float("nan"), dtype=dtype, device=DEVICE)
+    BP, BM, nw = glue._conv_sums_blocks()
+    launch(glue._glue_conv_sums_kernel, (cdiv(M, BM), K + 1), gw, gb, gwo, gbo, P, M, K=K,
+           BP=BP, BM=BM, num_warps=nw)  # fmt: skip
+    want_w = gw.double().sum(0).t().reshape(M, 1, K)
+    want_b = gb.double().sum(0)
+    tol = P * 2.0**-22 if dtype == torch.float32 else 8e-3  # (float32: P additions)
+    for have, want in ((gwo, want_w), (gbo, want_b)):
+        assert have.dtype == dtype
+        assert torch.isfinite(have).all()
+        err = ((have.double() - want).abs() / want.abs().clamp_min(1.0)).max().item()
+        assert err <= tol, err
 
 
 _CARRIED = r"""

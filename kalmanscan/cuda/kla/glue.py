@@ -86,6 +86,19 @@ def _conv_walk_blocks():
     return CONV_WALK
 
 
+# The sums of the conv backward's partial weight and bias gradients (``_glue_conv_sums_kernel``):
+# ``(BP, BM, num_warps)``, a program adds ``[BP, BM]`` tiles of one tap's (or the bias's)
+# partial sums down the ``P`` rows
+CONV_SUMS = (32, 64, 4)
+
+
+def _conv_sums_blocks():
+    """``CONV_SUMS`` (small when interpreting)."""
+    if interpreting():
+        return 4, 16, 1
+    return CONV_SUMS
+
+
 # ----------------------------------------------------------------------------------- device
 
 
@@ -367,6 +380,36 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
 
 
 @triton.jit
+def _glue_conv_sums_kernel(gw_ptr, gb_ptr, gwo_ptr, gbo_ptr, P, M, K: tl.constexpr,
+                           BP: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """The weight's and bias's gradients from the conv backward's partial sums ``gw [P, K, M]``
+    and ``gb [P, M]`` (float32): program ``(i, j)`` adds channels ``i BM ..`` of tap ``j``
+    (``j = K``: the bias) over the ``P`` rows in ``[BP, BM]`` tiles, in a fixed order, and
+    stores them in the parameters' layouts and dtypes: ``gwo [M, K]`` (the weight's
+    ``[M, 1, K]``), ``gbo [M]``. One launch where two torch sums and a transposing copy were."""
+    i, j = tl.program_id(0), tl.program_id(1)
+    m = i * BM + tl.arange(0, BM)
+    mmask = m < M
+    r = tl.arange(0, BP)
+    acc = tl.zeros((BP, BM), tl.float32)
+    if j < K:
+        src = gw_ptr + j * M + m[None, :]
+        stride = K * M
+    else:
+        src = gb_ptr + m[None, :]
+        stride = M
+    for p0 in range(0, P, BP):
+        rows = p0 + r
+        ok = (rows < P)[:, None] & mmask[None, :]
+        acc += tl.load(src + rows.to(tl.int64)[:, None] * stride, mask=ok, other=0.0)
+    tot = tl.sum(acc, axis=0)
+    if j < K:
+        tl.store(gwo_ptr + m * K + j, tot.to(gwo_ptr.dtype.element_ty), mask=mmask)
+    else:
+        tl.store(gbo_ptr + m, tot.to(gbo_ptr.dtype.element_ty), mask=mmask)
+
+
+@triton.jit
 def _glue_conv_gz_kernel(gp_ptr, w_ptr, gz_ptr, L, M, ZS,
                          K: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):  # fmt: skip
     """The conv's backward, second pass: ``gz[t] = sum_d w[K-1-d] gpre[t+d]`` over the tokens
@@ -586,8 +629,12 @@ class _ConvSilu(torch.autograd.Function):
                    BT=PT, BM=PM, NI=NI, num_warps=pw)  # fmt: skip
             launch(_glue_conv_gz_kernel, (NT, cdiv(M, BM), B), gp, weight, gzg, L, M, M2, K=K,
                    BT=BT, BM=BM, num_warps=nw)  # fmt: skip
-        gw = gw.sum(0).t().reshape(weight.shape).to(weight.dtype)
-        return gzg, gw, gb.sum(0).to(bias.dtype), None
+        gwo = empty(weight.shape, weight)
+        gbo = empty(bias.shape, bias)
+        BP, BS, sw = _conv_sums_blocks()
+        launch(_glue_conv_sums_kernel, (cdiv(M, BS), K + 1), gw, gb, gwo, gbo, gw.shape[0], M,
+               K=K, BP=BP, BM=BS, num_warps=sw)  # fmt: skip
+        return gzg, gwo, gbo, None
 
 
 class _Sensors(torch.autograd.Function):
@@ -786,6 +833,11 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
                           dict(conv, g_ptr=dt, g2_ptr=dt, gz_ptr=dt, gw_ptr=f32, gb_ptr=f32,
                                NP=cdiv(L, TP)),
                           dict(K=K, TP=TP, BM=WM, NS=wns), ww))  # fmt: skip
+            SP, SM, sw = CONV_SUMS
+            cases.append((f"conv_sums-{tag}-K{K}", _glue_conv_sums_kernel,
+                          dict(gw_ptr=f32, gb_ptr=f32, gwo_ptr=f32, gbo_ptr=f32,
+                               P=B * cdiv(L, TP), M=M),
+                          dict(K=K, BP=SP, BM=SM), sw))  # fmt: skip
             cases.append((f"conv_gz-{tag}-K{K}", _glue_conv_gz_kernel,
                           dict(gp_ptr=f32, w_ptr=f32, gz_ptr=dt, L=L, M=M, ZS=2 * M),
                           dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
