@@ -20,6 +20,9 @@ loss, backward and the optimizer step. At each batch x context (default 8 x 2048
 - peak memory; an out-of-memory model is recorded as such and the run continues.
 
 ``kla-eager`` (the KLA model with ``KLALayer.glue = "eager"``) shows what the fused glue saves.
+The norms and MLPs of both models take their defaults (``RMSNorm.fused``, ``SwiGLU.fused``:
+the fused kernels on CUDA from 32,768 tokens a call); set those class attributes to time
+another choice.
 JSON to ``--out``. ``--dry-run``: tiny shapes on the CPU (eager), to check the script.
 
     export PYTHONPATH=$PWD
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kalmanscan.kla import KLALanguageModel, ModelConfig  # noqa: E402
+from kalmanscan.kla.model import RMSNorm, SwiGLU  # noqa: E402
 from kalmanscan.validation.run_meta import run_meta  # noqa: E402
 
 CATEGORIES = ("kla_op", "glue_fused", "elementwise", "gemm", "attention", "optimizer", "other")
@@ -102,12 +106,14 @@ def loss_of(model, tokens, autocast, device):
 
 def reference_loss(model, tokens, device, grads=False):
     """``(loss, gradients)``: the float32 loss, autocast off, KLA layers on their eager glue
-    (same weights), and with ``grads`` the parameters' gradients as one flat float32 vector
-    (else None)."""
-    saved = [(blk.mixer, blk.mixer.__dict__.get("glue")) for blk in model.blocks
+    and the norms and MLPs on their eager ops (same weights), and with ``grads`` the
+    parameters' gradients as one flat float32 vector (else None)."""
+    saved = [(blk.mixer, "glue", blk.mixer.__dict__.get("glue")) for blk in model.blocks
              if blk.mixer_kind == "kla"]  # fmt: skip
-    for mixer, _ in saved:
-        mixer.glue = "eager"
+    saved += [(m, "fused", m.__dict__.get("fused")) for m in model.modules()
+              if isinstance(m, (RMSNorm, SwiGLU))]  # fmt: skip
+    for mod, attr, _ in saved:
+        setattr(mod, attr, "eager")
     try:
         if not grads:
             with torch.no_grad():
@@ -119,11 +125,11 @@ def reference_loss(model, tokens, device, grads=False):
         model.zero_grad(set_to_none=True)
         return float(loss), flat
     finally:
-        for mixer, glue in saved:
-            if glue is None:
-                del mixer.glue
+        for mod, attr, value in saved:
+            if value is None:
+                delattr(mod, attr)
             else:
-                mixer.glue = glue
+                setattr(mod, attr, value)
 
 
 def flat_grads(model):

@@ -165,20 +165,26 @@ class LaunchSpy:
 
 
 @pytest.mark.parametrize(
-    "mode, dtype, kernels",
+    "mode, dtype, min_rows, kernels",
     [
-        pytest.param("fused", torch.float32, ["fwd", "bwd"], id="fused-f32"),
-        pytest.param("fused", torch.float64, [], id="fused-f64-eager"),
-        pytest.param("eager", torch.float32, [], id="eager-f32"),
-        pytest.param("auto", torch.float32, ["fwd", "bwd"] if CUDA else [], id="auto-f32"),
+        pytest.param("fused", torch.float32, None, ["fwd", "bwd"], id="fused-f32"),
+        pytest.param("fused", torch.float64, None, [], id="fused-f64-eager"),
+        pytest.param("eager", torch.float32, 0, [], id="eager-f32"),
+        pytest.param("auto", torch.float32, None, [], id="auto-f32-few-rows"),
+        pytest.param("auto", torch.float32, 3, ["fwd", "bwd"] if CUDA else [], id="auto-f32"),
+        pytest.param("auto", torch.float32, 4, [], id="auto-f32-below-min-rows"),
     ],
 )
-def test_dispatch_rule(mode, dtype, kernels, monkeypatch):
-    """``fused``: ``"auto"`` takes the kernels on CUDA only, ``"fused"`` everywhere but float64,
-    ``"eager"`` never; each path gives ``F.rms_norm``'s result."""
+def test_dispatch_rule(mode, dtype, min_rows, kernels, monkeypatch):
+    """``fused``: ``"auto"`` takes the kernels on CUDA only, from ``fused_min_rows`` rows a call
+    (the default 32,768: not these 3), ``"fused"`` everywhere but float64, ``"eager"`` never;
+    each path gives ``F.rms_norm``'s result."""
     spy = LaunchSpy(monkeypatch)
     norm = RMSNorm(16).to(DEVICE, dtype)
+    assert norm.fused == "auto" and norm.fused_min_rows == 32768  # the defaults
     norm.fused = mode
+    if min_rows is not None:
+        norm.fused_min_rows = min_rows
     x, _, gy = inputs((3, 16), dtype=dtype)
     x.requires_grad_(True)
     y = norm(x)
@@ -194,6 +200,11 @@ def test_bad_mode_and_arguments_raise():
     with pytest.raises(ValueError, match=r"fused: expected one of \('auto', 'fused', 'eager'\), "
                                          r"got 'triton'"):  # fmt: skip
         norm(torch.ones(2, 4))
+    norm.fused = "auto"
+    for bad in (-1, 2.5, True, "8"):
+        norm.fused_min_rows = bad
+        with pytest.raises(ValueError, match=r"fused_min_rows: expected an int >= 0, got "):
+            norm(torch.ones(2, 4))
     x = torch.ones(2, 4, device=DEVICE)
     w = torch.ones(4, device=DEVICE)
     with pytest.raises(ValueError, match=r"x: expected a dtype among .* got torch.float64"):
@@ -279,6 +290,7 @@ def test_cuda_fused_kernels_run_and_match_torch(shape, monkeypatch):
     x, w, gy = inputs(shape)
     norm = RMSNorm(shape[-1]).cuda()
     norm.fused = "auto"
+    norm.fused_min_rows = 0  # (the kernels at every size here)
     with torch.no_grad():
         norm.weight.copy_(w)
     got = module_forward_backward(norm, x, gy)

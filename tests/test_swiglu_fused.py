@@ -288,21 +288,28 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "mode, dtype, expect",
+    "mode, dtype, min_rows, expect",
     [
-        ("auto", F32, ["fwd", "bwd"] if CUDA else []),
-        ("fused", F32, ["fwd", "bwd"]),
-        ("fused", BF16, ["fwd", "bwd"]),
-        ("eager", F32, []),
-        ("fused", torch.float64, []),
+        ("auto", F32, 3, ["fwd", "bwd"] if CUDA else []),
+        ("auto", F32, None, []),
+        ("auto", F32, 4, []),
+        ("fused", F32, None, ["fwd", "bwd"]),
+        ("fused", BF16, None, ["fwd", "bwd"]),
+        ("eager", F32, 0, []),
+        ("fused", torch.float64, None, []),
     ],
-    ids=["auto", "fused", "fused-bf16", "eager", "fused-f64"],
+    ids=["auto", "auto-few-rows", "auto-below-min-rows", "fused", "fused-bf16", "eager",
+         "fused-f64"],
 )
-def test_dispatch_rule(mode, dtype, expect, launches):
-    """``"auto"`` takes the kernels on CUDA only, ``"fused"`` on any device, ``"eager"`` never;
-    float64 always takes the eager ops."""
+def test_dispatch_rule(mode, dtype, min_rows, expect, launches):
+    """``"auto"`` takes the kernels on CUDA only, from ``fused_min_rows`` rows a call (the
+    default 32,768: not these 3), ``"fused"`` on any device, ``"eager"`` never; float64 always
+    takes the eager ops."""
     layer = SwiGLU(5).to(DEVICE, dtype)
+    assert layer.fused == "auto" and layer.fused_min_rows == 32768  # the defaults
     layer.fused = mode
+    if min_rows is not None:
+        layer.fused_min_rows = min_rows
     x = torch.randn(3, 5, device=DEVICE, dtype=dtype, requires_grad=True)
     layer(x).sum().backward()
     assert launches == expect
@@ -381,8 +388,8 @@ def test_gpu_activation_matches_torch_cuda_kernels(dtype):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_gpu_lm_step_bf16_autocast_runs_the_kernels(launches):
     """A KLA language model's forward and backward under bfloat16 autocast with ``"auto"`` (the
-    fused activation: one forward and one backward launch a block) against ``"eager"``: loss,
-    logits and every parameter's gradient."""
+    fused activation from ``fused_min_rows`` rows, here 0: one forward and one backward launch
+    a block) against ``"eager"``: loss, logits and every parameter's gradient."""
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=64, n_layers=2, kla=KLAConfig(d_state=4))
     model = KLALanguageModel(cfg).cuda()
@@ -391,6 +398,7 @@ def test_gpu_lm_step_bf16_autocast_runs_the_kernels(launches):
     for mode in ("eager", "auto"):
         for blk in model.blocks:
             blk.mlp.fused = mode
+            blk.mlp.fused_min_rows = 0
         model.zero_grad(set_to_none=True)
         del launches[:]
         with torch.autocast("cuda", dtype=BF16):

@@ -30,9 +30,9 @@ host-bound; in a step whose GPU queue runs ahead of the host the device time is 
 (``python benchmarks/rmsnorm_fused.py --profile --out
 benchmarks/results/rmsnorm-fused-h200.json``).
 
-``kalmanscan.kla.model.RMSNorm`` uses :func:`rms_norm` with ``RMSNorm.fused = "auto"`` (on CUDA)
-or ``"fused"`` (its default is ``"eager"``); its eager path and :func:`rms_norm_ref` are the
-references it is tested against (tests/test_rmsnorm_fused.py).
+``kalmanscan.kla.model.RMSNorm`` uses :func:`rms_norm` with ``RMSNorm.fused = "auto"`` (its
+default: on CUDA from ``RMSNorm.fused_min_rows`` rows a call) or ``"fused"``; its eager path and
+:func:`rms_norm_ref` are the references it is tested against (tests/test_rmsnorm_fused.py).
 """
 
 from __future__ import annotations

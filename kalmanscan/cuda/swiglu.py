@@ -25,7 +25,8 @@ gradient by up to two (about 2 elements in 10^4 in float16, 1 in 10^5 in bfloat1
 
 :func:`swiglu_reference` is the eager PyTorch form the kernels are tested against
 (tests/test_swiglu_fused.py); :class:`kalmanscan.kla.model.SwiGLU` uses :func:`swiglu` with
-``SwiGLU.fused = "auto"`` (on CUDA) or ``"fused"``; its default is ``"eager"``. Timing:
+``SwiGLU.fused = "auto"`` (its default: on CUDA from ``SwiGLU.fused_min_rows`` rows a call) or
+``"fused"``. Timing:
 ``benchmarks/swiglu_fused.py``.
 """
 

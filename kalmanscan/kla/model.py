@@ -29,11 +29,22 @@ _FUSED_MODES = ("auto", "fused", "eager")
 _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _fused_call(mode: str, x: torch.Tensor) -> bool:
-    """Whether a module whose ``fused`` attribute is ``mode`` runs its Triton kernels on ``x``:
-    ``"fused"`` always, ``"auto"`` on CUDA with triton installed, ``"eager"`` never; never for
-    other dtypes than float32/bfloat16/float16 or under ``torch.compile`` / ``torch.jit``
-    tracing."""
+# The rows (tokens) a call from which ``fused = "auto"`` takes the shared layers' Triton kernels.
+# Each fused call costs host time (an autograd Function in Python: on the H200 machines' hosts
+# RMSNorm's forward + backward 317 against 138 us for torch's, 713 against 336 on a slower one)
+# and saves device time in proportion to its rows (RMSNorm about 6 ns an element, SwiGLU 5 ns an
+# element of its input projection). In the d_model 512 LM's training step
+# (benchmarks/results/lm-step-shared-fused-ab-h200.json) at 16,384 tokens a call both models'
+# steps waited on their host and lost 7-13 ms of wall time with the fused layers; at 32,768 the
+# attention step gained 3.5 ms and the KLA step was even, and both lost 2.1-4 ms of kernels.
+FUSED_MIN_ROWS = 32768
+
+
+def _fused_call(mode: str, x: torch.Tensor, min_rows: int = FUSED_MIN_ROWS) -> bool:
+    """Whether a module whose ``fused`` attribute is ``mode`` runs its Triton kernels on ``x``
+    (``[..., D]``: its rows are its elements over ``D``): ``"fused"`` always, ``"auto"`` on CUDA
+    with triton installed for at least ``min_rows`` rows, ``"eager"`` never; never for other
+    dtypes than float32/bfloat16/float16 or under ``torch.compile`` / ``torch.jit`` tracing."""
     if mode not in _FUSED_MODES:
         raise ValueError(f"fused: expected one of {_FUSED_MODES}, got {mode!r}")
     if (
@@ -43,7 +54,15 @@ def _fused_call(mode: str, x: torch.Tensor) -> bool:
         or torch.jit.is_tracing()
     ):
         return False
-    return mode == "fused" or (x.is_cuda and _triton_available())
+    if mode == "fused":
+        return True
+    return x.is_cuda and x.numel() >= min_rows * x.shape[-1] and _triton_available()
+
+
+def _check_min_rows(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"fused_min_rows: expected an int >= 0, got {value!r}")
+    return value
 
 
 class RMSNorm(nn.Module):
@@ -52,21 +71,22 @@ class RMSNorm(nn.Module):
     >>> RMSNorm(4)(torch.ones(2, 4)).tolist()[0]  # doctest: +ELLIPSIS
     [0.99999..., 0.99999..., 0.99999..., 0.99999...]
 
-    ``fused`` (a class attribute, settable per instance): ``"auto"`` runs the fused Triton
-    kernels (``kalmanscan.cuda.rmsnorm``: one kernel forward, one backward that reads ``x`` and
-    the output's gradient once for both gradients) on CUDA when triton is installed, for
-    float32, bfloat16 and float16 inputs and weights, outside ``torch.compile`` and
-    ``torch.jit`` tracing; ``"fused"`` the same on any device (the CPU through
+    ``fused`` (a class attribute, settable per instance): ``"auto"`` (the default) runs the
+    fused Triton kernels (``kalmanscan.cuda.rmsnorm``: one kernel forward, one backward that
+    reads ``x`` and the output's gradient once for both gradients) on CUDA when triton is
+    installed, for calls of at least ``fused_min_rows`` rows (tokens; :data:`FUSED_MIN_ROWS`,
+    32,768), float32, bfloat16 and float16 inputs and weights, outside ``torch.compile`` and
+    ``torch.jit`` tracing; ``"fused"`` the same on any device and at any size (the CPU through
     ``TRITON_INTERPRET=1``); ``"eager"`` always PyTorch (``F.rms_norm`` where the input's
     dtype is the weight's, else its ops in float32). float64 always takes PyTorch. Both give
-    the same results to float32 rounding. The fused pair takes half torch's device time at the
-    LM's shape but about 3x its host time a call (figures: ``kalmanscan.cuda.rmsnorm``), and a
-    d_model 512 LM's step at 8 x 2,048 tokens already waits on its host: so the default is
-    ``"eager"`` until the whole step is timed both ways; set ``RMSNorm.fused = "auto"`` where
-    the GPU is the bound (long contexts).
+    the same results to float32 rounding. The fused pair takes half torch's device time but
+    about twice its host time a call (figures: :data:`FUSED_MIN_ROWS`): below the row count
+    a step that waits on its host loses more than the GPU saves. Set ``fused_min_rows = 0``
+    where the GPU is the bound at every size (wide models, a fast host).
     """
 
-    fused = "eager"
+    fused = "auto"
+    fused_min_rows = FUSED_MIN_ROWS
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -75,7 +95,8 @@ class RMSNorm(nn.Module):
 
     def _use_fused(self, x: torch.Tensor) -> bool:
         """Whether this call takes the fused kernels (see the class docstring's ``fused``)."""
-        return _fused_call(self.fused, x) and self.weight.dtype in _FUSABLE
+        return (_fused_call(self.fused, x, _check_min_rows(self.fused_min_rows))
+                and self.weight.dtype in _FUSABLE)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_fused(x):
@@ -113,19 +134,20 @@ class SwiGLU(nn.Module):
     of a 6-layer d_model 512 model's step on 8 x 2048 tokens (H200). Padding costs two
     weight-sized copies a call.
 
-    ``fused`` (a class attribute, settable per instance): ``"auto"`` computes
+    ``fused`` (a class attribute, settable per instance): ``"auto"`` (the default) computes
     ``silu(gate) * up`` and its gradient with the fused Triton kernels
     (:func:`kalmanscan.cuda.swiglu.swiglu`: one kernel forward, one backward that writes both
     halves' gradients in place of autograd's ``silu``, product, ``silu_backward`` and
-    concatenation) on CUDA when triton is installed, for float32, bfloat16 and float16
-    activations, outside ``torch.compile`` and ``torch.jit`` tracing; ``"fused"`` the same on
-    any device (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch ops.
+    concatenation) on CUDA when triton is installed, for calls of at least ``fused_min_rows``
+    rows (tokens; :data:`FUSED_MIN_ROWS`, 32,768), float32, bfloat16 and float16 activations,
+    outside ``torch.compile`` and ``torch.jit`` tracing; ``"fused"`` the same on any device and
+    at any size (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch ops.
     float64 always takes PyTorch. The kernels round where torch's ops do: in bfloat16 and
     float16 the two paths agree bit for bit but where the exponential rounds differently (a
-    unit in the last place of ``silu(gate)``), in float32 to its rounding. The default is
-    ``"eager"``: the fused pair takes a third of the eager ops' device time (16,384 tokens on
-    the H200) but more host time a call, and a d_model 512 LM's step at 8 x 2,048 tokens
-    already waits on its host; set ``SwiGLU.fused = "auto"`` where the GPU is the bound.
+    unit in the last place of ``silu(gate)``), in float32 to its rounding. The fused pair takes
+    a third of the eager ops' device time but more host time a call: below the row count a
+    step that waits on its host loses more than the GPU saves (:data:`FUSED_MIN_ROWS`). Set
+    ``fused_min_rows = 0`` where the GPU is the bound at every size.
 
     >>> mlp = SwiGLU(16)
     >>> mlp.fused = "eager"
@@ -134,7 +156,8 @@ class SwiGLU(nn.Module):
     """
 
     pad = "auto"
-    fused = "eager"
+    fused = "auto"
+    fused_min_rows = FUSED_MIN_ROWS
 
     def __init__(self, dim: int, ratio: float = 4.0):
         super().__init__()
@@ -156,7 +179,7 @@ class SwiGLU(nn.Module):
     def _use_fused(self, h: torch.Tensor) -> bool:
         """Whether this call's activation takes the fused kernels (see the class docstring's
         ``fused``); ``h`` is the input projection."""
-        return _fused_call(self.fused, h)
+        return _fused_call(self.fused, h, _check_min_rows(self.fused_min_rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, Hp = self.hidden, self._padded_width(x)
