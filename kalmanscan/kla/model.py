@@ -35,8 +35,9 @@ _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
 # and saves device time in proportion to its rows (RMSNorm about 6 ns an element, SwiGLU 5 ns an
 # element of its input projection). In the d_model 512 LM's training step
 # (benchmarks/results/lm-step-shared-fused-ab-h200.json) at 16,384 tokens a call both models'
-# steps waited on their host and lost 7-13 ms of wall time with the fused layers; at 32,768 the
-# attention step gained 3.5 ms and the KLA step was even, and both lost 2.1-4 ms of kernels.
+# steps waited on their host and lost 7-16 ms of wall time with the fused layers; at 32,768 the
+# attention step gained about 3.5 ms and the KLA step was even; their kernels fell 2.1 ms a step
+# at 16,384 tokens and 3.4-4.1 ms at 32,768.
 FUSED_MIN_ROWS = 32768
 
 
@@ -60,6 +61,7 @@ def _fused_call(mode: str, x: torch.Tensor, min_rows: int = FUSED_MIN_ROWS) -> b
 
 
 def _check_min_rows(value) -> int:
+    """``value`` (a module's ``fused_min_rows``) if it is an int >= 0, else a ValueError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"fused_min_rows: expected an int >= 0, got {value!r}")
     return value
