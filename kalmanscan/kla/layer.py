@@ -144,7 +144,8 @@ def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(L2_EPS)
 
 
-_GLUE_MODES = ("auto", "fused", "eager")
+# the modes of the layers' fused-kernel switches (KLALayer.glue, RMSNorm.fused, SwiGLU.fused)
+_FUSE_MODES = ("auto", "fused", "eager")
 _TRITON = []  # [bool] once looked up
 
 
@@ -358,8 +359,8 @@ class KLALayer(nn.Module):
     def _use_fused(self, x: torch.Tensor, state, return_precision: bool) -> bool:
         """Whether this call takes the fused glue (see the class docstring's ``glue``)."""
         mode = self.glue
-        if mode not in _GLUE_MODES:
-            raise ValueError(f"glue: expected one of {_GLUE_MODES}, got {mode!r}")
+        if mode not in _FUSE_MODES:
+            raise ValueError(f"glue: expected one of {_FUSE_MODES}, got {mode!r}")
         if (
             mode == "eager"
             or state is not None

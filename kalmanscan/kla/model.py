@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kalmanscan.kla.config import AttentionConfig, ModelConfig
-from kalmanscan.kla.layer import KLALayer, _triton_available
+from kalmanscan.kla.layer import _FUSE_MODES, KLALayer, _triton_available
 
-_FUSED_MODES = ("auto", "fused", "eager")
 _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -41,13 +40,17 @@ _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
 FUSED_MIN_ROWS = 32768
 
 
-def _fused_call(mode: str, x: torch.Tensor, min_rows: int = FUSED_MIN_ROWS) -> bool:
-    """Whether a module whose ``fused`` attribute is ``mode`` runs its Triton kernels on ``x``
-    (``[..., D]``: its rows are its elements over ``D``): ``"fused"`` always, ``"auto"`` on CUDA
-    with triton installed for at least ``min_rows`` rows, ``"eager"`` never; never for other
-    dtypes than float32/bfloat16/float16 or under ``torch.compile`` / ``torch.jit`` tracing."""
-    if mode not in _FUSED_MODES:
-        raise ValueError(f"fused: expected one of {_FUSED_MODES}, got {mode!r}")
+def _fused_call(mode: str, x: torch.Tensor, min_rows: int) -> bool:
+    """Whether a module whose ``fused`` and ``fused_min_rows`` attributes are ``mode`` and
+    ``min_rows`` runs its Triton kernels on ``x`` (``[..., D]``: its rows are its elements over
+    ``D``): ``"fused"`` always, ``"auto"`` on CUDA with triton installed for at least
+    ``min_rows`` rows, ``"eager"`` never; never for other dtypes than float32/bfloat16/float16
+    or under ``torch.compile`` / ``torch.jit`` tracing. Either attribute out of its range: a
+    ValueError."""
+    if mode not in _FUSE_MODES:
+        raise ValueError(f"fused: expected one of {_FUSE_MODES}, got {mode!r}")
+    if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
+        raise ValueError(f"fused_min_rows: expected an int >= 0, got {min_rows!r}")
     if (
         mode == "eager"
         or x.dtype not in _FUSABLE
@@ -58,13 +61,6 @@ def _fused_call(mode: str, x: torch.Tensor, min_rows: int = FUSED_MIN_ROWS) -> b
     if mode == "fused":
         return True
     return x.is_cuda and x.numel() >= min_rows * x.shape[-1] and _triton_available()
-
-
-def _check_min_rows(value) -> int:
-    """``value`` (a module's ``fused_min_rows``) if it is an int >= 0, else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"fused_min_rows: expected an int >= 0, got {value!r}")
-    return value
 
 
 class RMSNorm(nn.Module):
@@ -97,8 +93,7 @@ class RMSNorm(nn.Module):
 
     def _use_fused(self, x: torch.Tensor) -> bool:
         """Whether this call takes the fused kernels (see the class docstring's ``fused``)."""
-        return (_fused_call(self.fused, x, _check_min_rows(self.fused_min_rows))
-                and self.weight.dtype in _FUSABLE)  # fmt: skip
+        return _fused_call(self.fused, x, self.fused_min_rows) and self.weight.dtype in _FUSABLE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_fused(x):
@@ -181,7 +176,7 @@ class SwiGLU(nn.Module):
     def _use_fused(self, h: torch.Tensor) -> bool:
         """Whether this call's activation takes the fused kernels (see the class docstring's
         ``fused``); ``h`` is the input projection."""
-        return _fused_call(self.fused, h, _check_min_rows(self.fused_min_rows))
+        return _fused_call(self.fused, h, self.fused_min_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, Hp = self.hidden, self._padded_width(x)
