@@ -211,6 +211,83 @@ def test_conv_one_pass_carries_its_window():
     assert {"gp0", "gp1", "gp2", "ab", "a0", "a1", "a2", "a3"} <= names, carried
 
 
+# The op's forward kernel writing the gated output itself (autograd.kla_gated, the training
+# path where glue.GATE_IN_FORWARD): 4 threads a channel (S = 16) and 8 (S = 32), tails of 3
+# and 1 steps after the 4-step blocks, time chunks (tails inside each chunk row)
+GATED = [
+    pytest.param(2, 7, 8, 16, None, {}, id="L7-S16"),
+    pytest.param(1, 16, 8, 32, None, {"gate_activation": "gelu"}, id="L16-S32-gelu"),
+    pytest.param(2, 36, 8, 16, 4, {"gate_activation": "relu"}, id="L36-S16-C4-relu"),
+    pytest.param(1, 21, 8, 32, 3, {}, id="L21-S32-C3"),
+]
+
+
+@pytest.mark.parametrize("B,L,D,S,C,cfg", GATED)
+def test_gate_in_forward_matches_eager(B, L, D, S, C, cfg, monkeypatch):
+    from kalmanscan.cuda import _common
+    from kalmanscan.cuda.kla import forward, glue, tuning
+
+    monkeypatch.setattr(_common, "POISON", True)  # an element the kernels leave unwritten: NaN
+    monkeypatch.setattr(tuning, "CHUNKS", C)
+    if not CUDA:  # (the layer's rule takes the op's triton backend on CUDA only)
+        monkeypatch.setattr(KLALayer, "_gate_in_op", lambda self, x, S: True)
+    seen = []
+
+    def spy(real):
+        def launch(fn, grid, *a, **kw):
+            seen.append((fn, kw.get("GATE", False)))
+            return real(fn, grid, *a, **kw)
+
+        return launch
+
+    monkeypatch.setattr(forward, "launch", spy(forward.launch))
+    monkeypatch.setattr(glue, "launch", spy(glue.launch))
+    layer = make_layer(D, S, **cfg)
+    x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    ref = run(layer, x, "eager", False)
+    seen.clear()
+    got = run(layer, x, "fused", False)
+    assert (forward._kla_fwd_kernel, True) in seen  # the forward wrote the gated output
+    assert not any(fn is glue._glue_gate_fwd_kernel for fn, _ in seen)
+    assert any(fn is glue._glue_gate_bwd_kernel for fn, _ in seen)
+    for name, want in ref.items():
+        assert got[name].shape == want.shape and got[name].dtype == want.dtype, name
+        assert_rel(got[name], want, name)
+
+
+def test_gate_in_forward_rule(monkeypatch):
+    """Where the layer lets the op write the gated output, and the checks behind it."""
+    from kalmanscan.cuda.kla import autograd, glue
+
+    x = torch.zeros(1, 4, 16, device=DEVICE)
+    layer = make_layer(16, 16)
+    assert layer._gate_in_op(x, 16) == CUDA  # the op's "auto" backend: triton on CUDA only
+    assert not layer._gate_in_op(x, 4)  # 1 thread a channel: no reduce-scatter to gate at
+    monkeypatch.setattr(glue, "GATE_IN_FORWARD", False)
+    assert not layer._gate_in_op(x, 16)
+    monkeypatch.setattr(glue, "GATE_IN_FORWARD", True)
+    assert not make_layer(16, 16, backend="torch")._gate_in_op(x, 16)
+    assert make_layer(16, 16, backend="triton")._gate_in_op(x, 16)
+    B, L, M, S = 1, 4, 8, 4
+    f = torch.zeros(B, L, M)
+    with pytest.raises(ValueError, match="S=4 slots"):
+        autograd.kla_gated(f, f, torch.zeros(B, L, S), torch.zeros(B, L, S), torch.ones(M, S),
+                           torch.ones(M, S), torch.zeros(B, L, 2 * M), f, torch.zeros(()),
+                           "silu", glue.new_grad_buffer())  # fmt: skip
+
+
+def test_forward_gate_needs_no_variance():
+    from kalmanscan.cuda.kla import forward
+
+    B, L, M, S = 1, 4, 8, 16
+    f = torch.zeros(B, L, M)
+    gate = (torch.zeros(B, L, 2 * M), f, torch.zeros(()), 0, torch.empty(B, L, M))
+    want = "without yvar; got torch.float32, G=4, save_ck=True, var=True"
+    with pytest.raises(ValueError, match=want):
+        forward.forward(f, f + 1, torch.zeros(B, L, S), torch.zeros(B, L, S), torch.ones(M, S),
+                        torch.ones(M, S), None, None, False, True, True, gate)  # fmt: skip
+
+
 def test_dispatch_rule():
     layer = make_layer(16, 4)
     x = torch.randn(1, 5, 16, device=DEVICE)
