@@ -484,14 +484,9 @@ def compile_sm90(fn, signature, consts, warps, maxnreg=0):
     ``signature``: each non-constexpr argument's type (``"*fp32"``, ``"i32"``...); ``consts``:
     the constexpr arguments' values; ``maxnreg``: the launch's register cap (0: none). Pointers
     are taken as 16-byte aligned, as the launcher specializes them for torch tensors."""
-    import inspect
-
     import triton
     from triton.backends.compiler import GPUTarget
 
-    # constexpr arguments left out take their defaults
-    consts = dict({p.name: p.default for p in fn.params
-                   if p.is_constexpr and p.default is not inspect.Parameter.empty}, **consts)  # fmt: skip
     types = dict(signature, **{c: "constexpr" for c in consts})
     sg = {n: types[n] for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -575,8 +570,8 @@ def kernel_cases():
     kla_b_ck4 = dict(kla_b_many, CK=4, RERUN=False)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
-        "lamT_ptr etaT_ptr prec_ptr ck_ptr zg_ptr zc_ptr skip_ptr out_ptr",
-        "L M NB ZS",
+        "lamT_ptr etaT_ptr prec_ptr ck_ptr",
+        "L M NB",
         (),
     )
     kla_bwd_sig = sig(
@@ -610,11 +605,6 @@ def kernel_cases():
         # the KLA layer's training path (kla_filter(return_variance=False)): no yvar written
         "kla_fwd_novar": (KF._kla_fwd_kernel, dict(kla_fwd_sig),
                           dict(kla_fwd_consts(tu, True), VAR=False), 1),
-        # and writing the KLA layer's gated output (the fused glue's training path: bf16 gate
-        # input and output, silu)
-        "kla_fwd_gated": (KF._kla_fwd_kernel, dict(kla_fwd_sig, zg_ptr="*bf16", zc_ptr="*bf16",
-                                                   out_ptr="*bf16"),
-                          dict(kla_fwd_consts(tu, True), VAR=False, GATE=True, ACT=0), 1),
         "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (TUNING["ck"] = 4): half the live
         # states of 8, so the unmasked loop with input reuse fits without spills

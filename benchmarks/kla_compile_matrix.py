@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 FWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr lamT_ptr "
-            "etaT_ptr prec_ptr ck_ptr zg_ptr zc_ptr skip_ptr out_ptr")  # fmt: skip
+            "etaT_ptr prec_ptr ck_ptr")  # fmt: skip
 BWD_PTRS = ("v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr gprec_ptr "
             "gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr")
 INPUTS = ("v_ptr", "Lv_ptr", "k_ptr", "q_ptr")  # half inputs stay half; the rest is float32
@@ -46,10 +46,10 @@ def main():
         G, SG, NT, warps = KT.layout(S, slots)
         common = dict(S=S, G=G, SG=SG, NT=NT)
         cases = {
-            "fwd-ck": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB ZS",
+            "fwd-ck": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
                        dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=True, EVEN_M=True,
                             W=KT.block_steps(True), VAR=True)),
-            "fwd-infer": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB ZS",
+            "fwd-infer": (KF._kla_fwd_kernel, FWD_PTRS, "L M NB",
                           dict(common, CK=CK, NS=4, SAVE_PREC=True, SAVE_CK=False, EVEN_M=False,
                                W=KT.block_steps(False), VAR=True)),
             "bwd": (KB._kla_bwd_kernel, BWD_PTRS, "L M NB B",

@@ -234,11 +234,11 @@ def test_launch_plans_follow_tuning(monkeypatch):
 # no-gradient forward (tuning's fwd_maxnreg, a compile option). Changed since: checkpoints every
 # 8 steps at many lanes too (CK 4, NB 512 then; the backward reruns half an interval instead).
 BENCH_LAUNCHES = {
-    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 256, 0, 16),
+    ((8, 2048, 2048, 16), False): ((256, 8), (2048, 2048, 256, 16),
                                    dict(CK=8, W=8, maxnreg=128)),
-    ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 256, 0, 16), dict(CK=8, W=4)),
-    ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 0, 16), dict(CK=8, W=8, maxnreg=128)),
-    ((4, 2048, 960, 16), True): ((120, 4), (2048, 960, 256, 0, 16), dict(CK=8, W=4)),
+    ((8, 2048, 2048, 16), True): ((256, 8), (2048, 2048, 256, 16), dict(CK=8, W=4)),
+    ((4, 2048, 960, 16), False): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=8, maxnreg=128)),
+    ((4, 2048, 960, 16), True): ((120, 4), (2048, 960, 256, 16), dict(CK=8, W=4)),
 }  # fmt: skip
 
 

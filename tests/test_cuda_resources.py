@@ -36,7 +36,6 @@ KERNELS = [
     "kla_fwd",
     "kla_fwd_infer",
     "kla_fwd_novar",
-    "kla_fwd_gated",
     "kla_bwd",
     "kla_bwd_ck4",
     "kla_bwd_ck4_nogyv",
@@ -63,7 +62,6 @@ BUDGET = {
     "kla_bwd": (255, 64),
     "kla_bwd_ck4": (255, 0),  # the point of 4-step intervals: no spills at 4 slots a thread
     "kla_fwd_novar": (255, 0),
-    "kla_fwd_gated": (255, 0),
     "kla_bwd_ck4_nogyv": (255, 0),
     "kla_bwd_ck4_nogyv_atomic": (255, 0),
     "kla_bwd_ck8_rerun_nogyv_atomic": (255, 0),

@@ -403,22 +403,12 @@ class KLALayer(nn.Module):
         s = self.sensor_proj(zc).contiguous()
         v, Lv, k, q = glue.sensors(s, M, S, self.config.obs_var_min, self.config.qk_norm)
         decay, process_var = self._dynamics_fused()
-        act = self.config.gate_activation
-        if not need_var and self._gate_in_op(x, S):
-            # the op's forward kernel writes the gated output too (kla_gated)
-            from kalmanscan.cuda.kla.autograd import kla_gated
-
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                y, lam, eta = kla_gated(v, Lv, k, q, decay, process_var, zg, zc,
-                                        self.lambda_skip, act, buf)  # fmt: skip
-            out = self.out_proj(y)
-            new_state = KLALayerState(self._window(zg, B, L, M, K), lam, eta)
-            return out, None, new_state, None, decay, process_var, None, None, None
         with torch.autocast(device_type=x.device.type, enabled=False):
             res = kla_filter(
                 v, Lv, k, q, decay, process_var, return_variance=need_var,
                 backend=self.config.backend, check=False,
             )  # fmt: skip
+        act = self.config.gate_activation
         if need_var:
             y, yvar_gated = glue.gate_skip(
                 res.y, res.yvar, zg, zc, self.lambda_skip, act, buf, var_dtype=x.dtype
@@ -429,28 +419,14 @@ class KLALayer(nn.Module):
                 None,
             )
         out = self.out_proj(y)
-        new_state = KLALayerState(self._window(zg, B, L, M, K), res.final.lam, res.final.eta)
-        return out, yvar_gated, new_state, None, decay, process_var, None, res.yvar, None
-
-    @staticmethod
-    def _window(zg, B, L, M, K):
-        """The conv window after the last token: the last ``K - 1`` pre-conv inputs of ``zg``
-        (zero-padded)."""
+        # the conv window after the last token: the last K-1 pre-conv inputs (zero-padded)
         if L >= K - 1:
-            return zg[:, L - (K - 1) :, :M].transpose(1, 2)
-        zt = zg[..., :M].transpose(1, 2)
-        return torch.cat((zt.new_zeros(B, M, K - 1 - L), zt), dim=-1)
-
-    def _gate_in_op(self, x, S) -> bool:
-        """Whether the fused path's op writes the gated output itself (``kla_gated``): with
-        ``glue.GATE_IN_FORWARD``, where the op runs its triton backend (``"auto"`` on CUDA or
-        ``"triton"``) at a slot count the kernel's layout allows."""
-        from kalmanscan.cuda.kla import glue
-        from kalmanscan.cuda.kla.autograd import gate_fusable
-
-        backend = self.config.backend
-        triton_op = backend == "triton" or (backend == "auto" and x.is_cuda)
-        return glue.GATE_IN_FORWARD and triton_op and gate_fusable(S)
+            window = zg[:, L - (K - 1) :, :M].transpose(1, 2)
+        else:
+            zt = zg[..., :M].transpose(1, 2)
+            window = torch.cat((zt.new_zeros(B, M, K - 1 - L), zt), dim=-1)
+        new_state = KLALayerState(window, res.final.lam, res.final.eta)
+        return out, yvar_gated, new_state, None, decay, process_var, None, res.yvar, None
 
     def _forward(self, x, state, return_precision, need_var=True):
         from kalmanscan.core.kla_op import kla_filter, kla_step

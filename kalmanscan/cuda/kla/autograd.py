@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kalmanscan.cuda._common import empty
-from kalmanscan.cuda.kla import glue, tuning
+from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
 from kalmanscan.cuda.kla.chunked import backward_chunked, forward_chunked
 from kalmanscan.cuda.kla.forward import forward
@@ -106,66 +105,3 @@ def _chunked(args, save_prec, C, var):
         return y, yvar, lamT, etaT, prec
     outs = _KLAChunked.apply(*args, save_prec, C, var)
     return outs[0], outs[1], outs[2], outs[3], (outs[4] if save_prec else None)
-
-
-class _KLAGated(torch.autograd.Function):
-    """The op from the default initial state whose forward kernel also writes the KLA layer's
-    gated output (``forward.forward``'s ``gate``); its backward runs the gate's backward
-    (``glue.gate_backward``) and then the op's, chunked or not."""
-
-    @staticmethod
-    def forward(ctx, v, Lv, k, q, a, p, zg, zc, skip, act, C, buf):
-        B, L, M = v.shape
-        out = empty((B, L, M), zg)
-        gate = (zg, zc, skip, act, out)
-        start = None
-        if C > 1:
-            y, _, lamT, etaT, _, ck, CK, _, start = forward_chunked(
-                v, Lv, k, q, a, p, None, None, False, True, C, False, gate)  # fmt: skip
-        else:
-            y, _, lamT, etaT, _, ck, CK = forward(v, Lv, k, q, a, p, None, None, False, True,
-                                                  False, gate)  # fmt: skip
-        ctx.meta = (CK, C, act, buf)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(v, Lv, k, q, a, p, ck, start, y, zg, zc, skip)
-        return out, lamT, etaT
-
-    @staticmethod
-    def backward(ctx, gout, glT, geT):
-        v, Lv, k, q, a, p, ck, start, y, zg, zc, skip = ctx.saved_tensors
-        CK, C, act, buf = ctx.meta
-        gy, _, gskip = glue.gate_backward(gout, None, y, None, zg, zc, skip, act, False, buf)
-        if C > 1:
-            grads = backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, None, glT, geT,
-                                     None)  # fmt: skip
-        else:
-            grads = backward(v, Lv, k, q, a, p, ck, CK, gy, None, glT, geT, None)
-        gv, gLv, gk, gq, ga, gp = grads[:6]
-        return gv, gLv, gk, gq, ga, gp, None, None, gskip, None, None, None
-
-
-def gate_fusable(S: int) -> bool:
-    """Whether :func:`kla_gated` can run for ``S`` slots: the forward's float32 kernels store a
-    channel's sums by their reduce-scatter (4 or 8 threads a channel at ``TUNING["fwd_slots"]``
-    slots a thread), which is where the gate is applied."""
-    return tuning.layout(S, tuning.TUNING["fwd_slots"])[0] in (4, 8)
-
-
-def kla_gated(v, Lv, k, q, decay, process_var, zg, zc, skip, activation, buf):
-    """The KLA layer's op and gate in one: ``(out, lamT, etaT)`` with ``out = (y + skip zc)
-    act(zg[..., M:])`` in ``zg``'s dtype, ``y`` the op's readout from the default initial state
-    (1, 0), without its variance, chunked in time as :func:`kla_triton` would be. The layer's
-    fused glue calls it for training (``glue.GATE_IN_FORWARD``) where :func:`gate_fusable`;
-    the same results as ``kla_triton`` then ``glue.gate_skip`` to float32 rounding. ``v, Lv
-    [B, L, M]``, ``k, q [B, L, S]`` float32; ``decay, process_var [M, S]`` float32; ``zg [B, L,
-    2M]``, ``zc [B, L, M]`` contiguous; ``skip`` a 0-d tensor; ``activation`` a name of
-    ``glue.ACTIVATIONS``; ``buf`` the call's ``glue.new_grad_buffer()``."""
-    B, L, M = v.shape
-    S = k.shape[-1]
-    if not gate_fusable(S):
-        raise ValueError(f"kla_gated: S={S} slots leave the forward without its reduce-scatter"
-                         f" (gate_fusable({S}) is False); use kla_triton and glue.gate_skip")
-    C = tuning.chunks_for(B * M * S, L, tuning.sm_count(v.device))
-    return _KLAGated.apply(v.contiguous(), Lv.contiguous(), k.contiguous(), q.contiguous(),
-                           decay.contiguous(), process_var.contiguous(), zg, zc, skip,
-                           glue.ACTIVATIONS[activation], C, buf)  # fmt: skip

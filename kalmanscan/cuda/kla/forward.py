@@ -31,7 +31,6 @@ from kalmanscan.cuda.kla.device import (
     _step_from,
     _vl_rows,
 )
-from kalmanscan.cuda.kla.glue import _act
 
 
 @helper
@@ -59,27 +58,6 @@ def _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S: tl.constexpr, base_m, base_
     v, Lv = _vl(v_ptr, Lv_ptr, t, L, M, base_m, m, mmask, dt)
     kk, qq = _kq(k_ptr, q_ptr, t, L, S, base_s, m, s, smask, dt)
     return v, Lv, kk, qq
-
-
-@helper
-def _gate_inputs(pg, pz, mask):
-    """The gate (a column of ``zg``) and ``zc`` at ``pg``, ``pz`` in float32: the gated output's
-    inputs, loaded a block before :func:`_gate_store` uses them (their latency then passes
-    under the block's steps)."""
-    gate = tl.load(pg, mask=mask, other=0.0).to(tl.float32)
-    zc = tl.load(pz, mask=mask, other=0.0).to(tl.float32)
-    return gate, zc
-
-
-@helper
-def _gate_store(y, gate, zc, po, skip, mask, ACT: tl.constexpr):
-    """The layer's gated output ``(y + skip zc) act(gate)`` of the ``y`` values a thread holds
-    (the arithmetic of ``glue._glue_gate_fwd_kernel``), stored at ``po`` in its dtype."""
-    if ACT == 0:  # silu with the hardware reciprocal (glue's kernels divide: 2^-22 apart)
-        g = gate * _rcp(1.0 + tl.exp(-gate))
-    else:
-        g, _ = _act(gate, ACT)
-    tl.store(po, ((y + skip * zc) * g).to(po.dtype.element_ty), mask=mask)
 
 
 @helper
@@ -178,11 +156,11 @@ def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, c
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
-    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr,
-    L, M, NB, ZS, S: tl.constexpr,
+    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
+    L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr, VAR: tl.constexpr, GATE: tl.constexpr = False, ACT: tl.constexpr = 0,
+    W: tl.constexpr, VAR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
     tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
@@ -200,8 +178,6 @@ def _kla_fwd_kernel(
     # the blocks store their outputs by a reduce-scatter (float32, 4 or 8 threads a channel;
     # shuffles move 32-bit words)
     SCATTER: tl.constexpr = dt == tl.float32 and (G == 4 or G == 8)
-    tl.static_assert(not GATE or (SCATTER and not VAR and W == 4),
-                     "the gated output needs the reduce-scatter's layout, 4-step blocks, no yvar")
     jg = jt % G  # a thread's place among the threads of its channel
     # the blocks of W steps with loop-carried pointers: a block adds W rows to the pointers of
     # its tiles and of its outputs instead of computing their offsets from the step, and its
@@ -226,20 +202,8 @@ def _kla_fwd_kernel(
     smask4 = (t4[:, None] >= 0) & (sc[None, :] < S)
     # with SCATTER, the sums of a block's (last) 4 steps are stored by the next block (at its
     # top, from pointers 4 steps behind); the last block's after the loop
-    pa, pb, step = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
+    pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
     zero = tl.zeros([NT], dt)
-    if GATE:
-        # the gated output of the steps the scatter stores: its inputs gn, zn loaded before
-        # the block whose sums the next scatter stores (pg, pz), stored a block later (po);
-        # 4-step blocks (the forward that saves checkpoints: what the training path runs)
-        skip = tl.load(skip_ptr).to(tl.float32)
-        srow = step.to(tl.int64) + 4
-        pg = zg_ptr + b.to(tl.int64) * L * ZS + srow * ZS + M + m
-        pz = zc_ptr + base_m + srow * M + m
-        po = out_ptr + base_m + (srow - 4) * M + m
-        gmask = mmask & (jg < 4)
-        gn = tl.zeros([NT], tl.float32)
-        zn = tl.zeros([NT], tl.float32)
     ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
     for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
         if SAVE_CK:  # (W == 4)
@@ -251,16 +215,10 @@ def _kla_fwd_kernel(
                 pv + 4 * M, pL + 4 * M, pk + 4 * S, pq + 4 * S, cmask, smask4, dt, S, SG, G,
                 NT, EVEN_M)  # fmt: skip
         if SCATTER:
-            w = _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                                mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
+            _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                            mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
             pa += 4 * M
             pb += 4 * M
-            if GATE:
-                _gate_store(w, gn, zn, po, skip, gmask & ((m * 0 + tb) > t_lo), ACT)
-                po += 4 * M
-                gn, zn = _gate_inputs(pg, pz, gmask)  # (the first 4 steps')
-                pg += 4 * ZS
-                pz += 4 * M
         lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _block4(
             lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
             e, tb, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, zero,
@@ -281,10 +239,8 @@ def _kla_fwd_kernel(
         pk += W * S
         pq += W * S
     if SCATTER:
-        w = _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                            mmask & ((m * 0 + t_tail) > t_lo), G, VAR)  # fmt: skip
-        if GATE:
-            _gate_store(w, gn, zn, po, skip, gmask & ((m * 0 + t_tail) > t_lo), ACT)
+        _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                        mmask & ((m * 0 + t_tail) > t_lo), G, VAR)  # fmt: skip
     # the last L mod W steps one at a time, masked; the software pipeline issues the loads of
     # later steps ahead of use (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -292,18 +248,9 @@ def _kla_fwd_kernel(
             _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
-        if GATE:  # (no yvar: the host asks for the gated output only without it)
-            lam, eta, ys, _ = _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, e, t, prec_ptr, M, S,
-                                        base_m, ms, lane_mask, SAVE_PREC)  # fmt: skip
-            yt = _group_sum(ys, G, NT)
-            tl.store(y_ptr + base_m + t * M + mo, yt, mask=momask)
-            gt, zt = _gate_inputs(zg_ptr + (b.to(tl.int64) * L + t) * ZS + M + mo,
-                                  zc_ptr + base_m + t * M + mo, momask)  # fmt: skip
-            _gate_store(yt, gt, zt, out_ptr + base_m + t * M + mo, skip, momask, ACT)
-        else:
-            lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr,
-                                 prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                                 NT, VAR)  # fmt: skip
+        lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr,
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
@@ -348,13 +295,10 @@ def default_state(shape, dtype, device):
     return made
 
 
-def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, gate=None):
+def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
     """The forward kernel: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK)``. ``lam0,
     eta0`` None: the default initial state (1, 0), from :func:`default_state`. ``var`` False:
-    ``yvar`` is None, neither allocated nor written. ``gate``: ``(zg [B, L, ZS], zc [B, L, M],
-    skip [], act, out [B, L, M])`` to also write the KLA layer's gated output ``out = (y + skip
-    zc) act(zg[..., M:2M])`` (``glue.ACTIVATIONS[act]``) where ``autograd.gate_fusable`` allows it
-    (``autograd.kla_gated``; the arithmetic of ``glue.gate_skip``)."""
+    ``yvar`` is None, neither allocated nor written."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
@@ -369,22 +313,8 @@ def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, gate=No
     ck = empty((2, B, P["NB"], M, S), dtype=dtype, device=dev) if save_ck else y
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, dev)
-    if gate is None:
-        zg = zc = skip = out = y
-        ZS, gated = 0, {}
-    else:
-        zg, zc, skip, act, out = gate
-        if var or not save_ck or dtype != torch.float32 or P["consts"]["G"] not in (4, 8):
-            G = P["consts"]["G"]
-            raise ValueError("forward: the gated output needs float32 kernels with 4 or 8 "
-                             "threads a channel, saving checkpoints, without yvar; got "
-                             f"{dtype}, G={G}, save_ck={save_ck}, var={var}")
-        ZS, gated = zg.shape[-1], dict(GATE=True, ACT=act)
-        cap = tuning.TUNING["fwd_gate_maxnreg"]
-        if cap:
-            gated["maxnreg"] = cap
     launch(_kla_fwd_kernel, P["grid"],
         v, Lv, k, q, a, p, lam0, eta0, y, y if yvar is None else yvar, lamT, etaT, prec, ck,
-        zg, zc, skip, out, L, M, P["NB"], ZS, S, SAVE_PREC=save_prec, SAVE_CK=save_ck, VAR=var,
-        **gated, **P["consts"])  # fmt: skip
+        L, M, P["NB"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, VAR=var,
+        **P["consts"])  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]

@@ -79,13 +79,6 @@ CONV_WALK = (64, 128, 1, 3)
 CONV_ONE_PASS = True
 
 
-# The layer's gated output written by the op's forward kernel (``kla.autograd.kla_gated``)
-# where it can (the training path: no variance; float32 kernels with 4 or 8 threads a channel;
-# the op on its triton backend), instead of by ``_glue_gate_fwd_kernel`` after the op (one
-# kernel a layer fewer, ``y`` not read again); False: always the separate kernel
-GATE_IN_FORWARD = True
-
-
 def _conv_walk_blocks():
     """``CONV_WALK`` (small when interpreting)."""
     if interpreting():
@@ -697,40 +690,31 @@ class _GateSkip(torch.autograd.Function):
     def backward(ctx, gout, gyvg=None):
         y, yvar, zg, zc, skip = ctx.saved_tensors
         act, has_var = ctx.meta
-        gy, gyvar, gskip = gate_backward(gout, gyvg, y, yvar, zg, zc, skip, act, has_var,
-                                         ctx.buf)  # fmt: skip
+        B, L, M = y.shape
+        N = B * L
+        BN, BM, nw = _blocks()
+        with_var = has_var and gyvg is not None
+        if gout is None:
+            gout = torch.zeros_like(y, dtype=zg.dtype)
+        gy = empty((B, L, M), y)
+        gyvar = empty((B, L, M), yvar) if with_var else None
+        gzg = empty((B, L, 2 * M), zg)
+        gzc = empty((B, L, M), zc)
+        nN, nM = cdiv(N, BN), cdiv(M, BM)
+        # the skip's gradient: added by every program into one float32 (atomics), else one
+        # partial sum a program that torch adds in a fixed order (deterministic algorithms)
+        atomic = not torch.are_deterministic_algorithms_enabled()
+        if atomic:
+            gskip = torch.zeros((1,), dtype=torch.float32, device=y.device)
+        else:
+            gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
+        launch(_glue_gate_bwd_kernel, (nN, nM), gout.contiguous(),
+               gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
+               gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
+               HAS_VAR=with_var, BN=BN, BM=BM, ATOMIC=atomic, num_warps=nw)  # fmt: skip
+        ctx.buf.gzg, ctx.buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
+        gskip = (gskip if atomic else gskip.sum()).to(skip.dtype).reshape(skip.shape)
         return gy, gyvar, None, None, gskip, None, None, None, None
-
-
-def gate_backward(gout, gyvg, y, yvar, zg, zc, skip, act, has_var, buf):
-    """The backward of :func:`gate_skip` (``act``: the kernel's code, ``ACTIVATIONS``):
-    ``(gy, gyvar or None, gskip)``; the gradients of ``zg``'s gate half and of ``zc`` go to
-    ``buf`` for :func:`conv_silu`'s backward, which completes and returns them."""
-    B, L, M = y.shape
-    N = B * L
-    BN, BM, nw = _blocks()
-    with_var = has_var and gyvg is not None
-    if gout is None:
-        gout = torch.zeros_like(y, dtype=zg.dtype)
-    gy = empty((B, L, M), y)
-    gyvar = empty((B, L, M), yvar) if with_var else None
-    gzg = empty((B, L, 2 * M), zg)
-    gzc = empty((B, L, M), zc)
-    nN, nM = cdiv(N, BN), cdiv(M, BM)
-    # the skip's gradient: added by every program into one float32 (atomics), else one
-    # partial sum a program that torch adds in a fixed order (deterministic algorithms)
-    atomic = not torch.are_deterministic_algorithms_enabled()
-    if atomic:
-        gskip = torch.zeros((1,), dtype=torch.float32, device=y.device)
-    else:
-        gskip = empty((nN * nM,), dtype=torch.float32, device=y.device)
-    launch(_glue_gate_bwd_kernel, (nN, nM), gout.contiguous(),
-           gyvg.contiguous() if with_var else gout, y, yvar if with_var else y, zg, zc, skip,
-           gy, gyvar if with_var else gy, gzg, gzc, gskip, N, M, 2 * M, ACT=act,
-           HAS_VAR=with_var, BN=BN, BM=BM, ATOMIC=atomic, num_warps=nw)  # fmt: skip
-    buf.gzg, buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
-    gskip = (gskip if atomic else gskip.sum()).to(skip.dtype).reshape(skip.shape)
-    return gy, gyvar, gskip
 
 
 def _dyn_block():

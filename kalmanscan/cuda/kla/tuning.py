@@ -44,10 +44,6 @@ TUNING = {
     # benchmarks/HISTORY.md). No spills at S = 4 ... 32 (sm_90); float64 and 64 slots would
     # spill, so they keep ptxas's choice
     "fwd_maxnreg": 128,
-    # registers a thread of the forward that also writes the KLA layer's gated output
-    # (autograd.kla_gated); 0: ptxas's choice (119 on Triton 3.6 sm_90, where the forward
-    # without it takes 96; 104 builds without spills, 96 spills 8 bytes)
-    "fwd_gate_maxnreg": 0,
     # the backward's sums over channels of gk, gq added by float32 atomics into [B, L, S] (in
     # L2), not stored as [M / channels a program, B, L, S] partial sums for a torch sum (268 MB
     # a layer at B=8 L=2,048 M=1,024 S=16); and the sums over batch rows of gdecay,
