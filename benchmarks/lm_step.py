@@ -13,10 +13,12 @@ loss, backward and the optimizer step. At each batch x context (default 8 x 2048
 - GPU time per step from CUDA events (median of ``--repeats``, at most 3 above 65,536 tokens,
   after ``--warmup`` steps), the host time to issue a step (``perf_counter`` around the call,
   before synchronizing) and the wall time until the step finished;
-- a torch.profiler split of one step's GPU time: KLA op kernels, fused glue kernels, other
-  elementwise / reduction / copy kernels, GEMMs, attention kernels, optimizer, other; the ratio
-  of the two models' kernel time a step (``kla_over_attention_kernels``), which a host-bound
-  machine leaves as it is;
+- a torch.profiler split of a step's GPU time: KLA op kernels, fused glue kernels, other
+  elementwise / reduction / copy kernels, GEMMs, attention kernels, optimizer, other, from
+  ``--profile-steps`` profiled steps a model (default 3, the models interleaved; the split
+  is the step of median kernel time's, every step's kernel time is kept); the ratio of the two
+  models' kernel time a step (``kla_over_attention_kernels``, of the median steps, and each
+  round's in ``..._all``), which a host-bound machine leaves as it is;
 - peak memory; an out-of-memory model is recorded as such and the run continues.
 
 ``kla-eager`` (the KLA model with ``KLALayer.glue = "eager"``) shows what the fused glue saves.
@@ -307,8 +309,18 @@ def run_shape(models, B, L, args, device):
             stepper(tokens)
             sync(device)
             entry["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        if not args.no_profile:
-            entry["profile_ms"], entry["profile_top"] = profile_split(stepper, tokens, device)
+    if not args.no_profile:  # interleaved as the timed steps: each round profiles every model
+        profiles = {n: [] for n in steppers}
+        for _ in range(max(args.profile_steps, 1)):
+            for name, stepper in steppers.items():
+                profiles[name].append(profile_split(stepper, tokens, device))
+        for name, runs in profiles.items():
+            # the step of median kernel time (its split and its heaviest kernels), and every
+            # step's kernel time
+            totals = [split["total"] for split, _ in runs]
+            mid = sorted(range(len(runs)), key=lambda i: totals[i])[(len(runs) - 1) // 2]
+            res[name]["profile_ms"], res[name]["profile_top"] = runs[mid]
+            res[name]["profile_total_ms_all"] = totals
     for stepper in steppers.values():
         del stepper.opt
     steppers.clear()
@@ -324,6 +336,12 @@ def run_shape(models, B, L, args, device):
             pk, pa = res[name].get("profile_ms"), res["attention"].get("profile_ms")
             if pk and pa and pa["total"] > 0:
                 row[f"{name}_over_attention_kernels"] = round(pk["total"] / pa["total"], 3)
+                # each profiling round's ratio (the two models' steps profiled back to back)
+                row[f"{name}_over_attention_kernels_all"] = [
+                    round(k / a, 3)
+                    for k, a in zip(res[name]["profile_total_ms_all"],
+                                    res["attention"]["profile_total_ms_all"], strict=True)
+                ]  # fmt: skip
     return row
 
 
@@ -351,6 +369,8 @@ def main(argv=None):
                     help="bf16 loss vs the float32 reference, relative")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-steps", type=int, default=3,
+                    help="profiled steps a model (interleaved); the split of the median one")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes on the CPU, float32 eager (checks the script)")  # fmt: skip
     args = ap.parse_args(argv)

@@ -23,3 +23,26 @@ def test_kernel_categories():
     assert classify("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert classify("void at::native::reduce_kernel<128, 4>") == "elementwise"
     assert classify("void pytorch_flash::flash_fwd_kernel") == "attention"
+
+
+def test_profiled_steps_interleaved_and_their_median(tmp_path):
+    """``--profile-steps``: every model's steps profiled in turn; the split is the median
+    step's, the kernel ratio that of the two median steps, each round's ratio kept."""
+    import json
+
+    from benchmarks.lm_step import main
+
+    out = tmp_path / "lm.json"
+    main(["--dry-run", "--models", "kla,attention", "--repeats", "1", "--profile-steps", "3",
+          "--out", str(out)])  # fmt: skip
+    for row in json.loads(out.read_text())["rows"]:
+        kla, att = row["models"]["kla"], row["models"]["attention"]
+        for m in (kla, att):
+            totals = m["profile_total_ms_all"]
+            assert len(totals) == 3
+            assert m["profile_ms"]["total"] == sorted(totals)[1]  # the median step's split
+        pairs = zip(kla["profile_total_ms_all"], att["profile_total_ms_all"], strict=True)
+        ratios = [round(k / a, 3) for k, a in pairs]
+        assert row["kla_over_attention_kernels_all"] == ratios
+        want = round(kla["profile_ms"]["total"] / att["profile_ms"]["total"], 3)
+        assert row["kla_over_attention_kernels"] == want
