@@ -80,10 +80,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON output path")
     ap.add_argument("--walk", action="store_true", help="only the one-pass rows")
+    ap.add_argument("--shape", default="8x2048", help="B x L (M = 1024 channels, K = 4)")
+    ap.add_argument("--walk-blocks", default=None,
+                    help="JSON list of (TP, BM, warps, NS) for the one-pass rows")  # fmt: skip
+    ap.add_argument("--fwd-blocks", default=None,
+                    help="JSON list of (BT, BM, warps): only the conv forward's rows then")  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kla_conv_bwd.py: needs a CUDA device")
-    dev, B, L, M, K = "cuda", 8, 2048, 1024, 4
+    B, L = (int(x) for x in args.shape.lower().split("x"))
+    dev, M, K = "cuda", 1024, 4
     zg = torch.randn(B, L, 2 * M, device=dev, dtype=torch.bfloat16)
     w = torch.randn(M, 1, K, device=dev) * 0.3
     bias = torch.randn(M, device=dev) * 0.1
@@ -99,7 +105,15 @@ def main(argv=None):
         print(f"{name:40s} {ms * 1e3:8.1f} us" + ("" if err is None else f"  diff {err:.1e}"),
               flush=True)  # fmt: skip
 
-    walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record)
+    if args.fwd_blocks:
+        for BT, BM, nw in json.loads(args.fwd_blocks):
+            record(f"conv_fwd{(BT, BM, nw)}", _mean_ms(
+                glue._glue_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B),
+                (zg, w, bias, zc, L, M, 2 * M), dict(K=K, BT=BT, BM=BM, num_warps=nw)))  # fmt: skip
+        _write(args.out, rows, B, L, M, K)
+        return
+    blocks = json.loads(args.walk_blocks) if args.walk_blocks else None
+    walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record, blocks)
     if args.walk:
         _write(args.out, rows, B, L, M, K)
         return
@@ -135,9 +149,9 @@ def _write(out, rows, B, L, M, K):
                        "rows": rows}, f, indent=1)  # fmt: skip
 
 
-def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record):
-    """The two passes at the default blocks, then the one-pass kernel at several blocks, each
-    checked against the two passes' gz, gw, gb."""
+def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record, blocks=None):
+    """The two passes at the default blocks, then the one-pass kernel at several blocks
+    (``blocks``, else a fixed list), each checked against the two passes' gz, gw, gb."""
     PT, PM, pw, NI = glue.CONV_BWD_BLOCKS
     NP = cdiv(L, PT * NI)
     gw = torch.empty(B * NP, K, M, device=zg.device)
@@ -150,10 +164,10 @@ def walk_rows(zg, w, bias, g1, g2, gp, gzg, B, L, M, K, record):
     two = _mean_ms(*gpre) + _mean_ms(*gz)
     record("gpre+gz", two)
     ref = (gzg[..., :M].float().clone(), gw.sum(0), gb.sum(0))
-    for TP, BM, nw, ns in [(64, 128, 1, 3), (64, 128, 1, 1), (64, 128, 1, 4), (64, 128, 1, 6),
-                           (32, 128, 1, 3), (32, 128, 1, 4), (128, 128, 1, 4), (64, 64, 1, 4),
-                           (64, 256, 2, 3), (64, 256, 2, 4), (64, 512, 4, 3),
-                           (128, 256, 2, 4)]:  # fmt: skip
+    for TP, BM, nw, ns in blocks or [
+        (64, 128, 1, 3), (64, 128, 1, 1), (64, 128, 1, 4), (64, 128, 1, 6), (32, 128, 1, 3),
+        (32, 128, 1, 4), (128, 128, 1, 4), (64, 64, 1, 4), (64, 256, 2, 3), (64, 256, 2, 4),
+        (64, 512, 4, 3), (128, 256, 2, 4)]:  # fmt: skip
         NPw = cdiv(L, TP)
         gww = torch.empty(B * NPw, K, M, device=zg.device)
         gbw = torch.empty(B * NPw, M, device=zg.device)

@@ -3,7 +3,7 @@ training step: which pipeline depths and L2 prefetch distance give the fewest op
 A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
 ``unroll``, ``NS``, ``pf``, ``db``, ``maxnreg`` (``chunked.MAPS_LAUNCH``,
-``chunked.TANGENT_LAUNCH``).
+``chunked.TANGENT_LAUNCH``), and ``glue.CONV_WALK`` (the conv backward's blocks, a list).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import lm_step as LS  # noqa: E402
 import torch  # noqa: E402
 
-from kalmanscan.cuda.kla import chunked, tuning  # noqa: E402
+from kalmanscan.cuda.kla import chunked, glue, tuning  # noqa: E402
 
 VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64}, '
             '{"bwd_NS": 2}, {"bwd_NS": 4}, {"NS": 3}, {"NS": 4}, {"NS": 5}, {"NS": 6}]')  # fmt: skip
@@ -47,7 +47,8 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
 
 LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
                     for k in ("slots", "unroll", "NS", "pf", "db", "maxnreg"))  # fmt: skip
-KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS]
+GLUE_KEYS = ("glue.CONV_WALK",)  # the fused glue's launch blocks (kalmanscan.cuda.kla.glue)
+KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS, *GLUE_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip
 
@@ -55,7 +56,8 @@ KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
 def _saved():
     """The settings a variant may change, as they are now."""
     return (dict(tuning.TUNING), tuning.CHUNKS, dict(chunked.MAPS_LAUNCH),
-            dict(chunked.TANGENT_LAUNCH))  # fmt: skip
+            dict(chunked.TANGENT_LAUNCH),
+            {k: getattr(glue, k.split(".")[1]) for k in GLUE_KEYS})  # fmt: skip
 
 
 def _restore(saved):
@@ -63,6 +65,8 @@ def _restore(saved):
     tuning.TUNING.update(saved[0])
     tuning.CHUNKS = saved[1]
     chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(saved[2]), dict(saved[3])
+    for key, value in saved[4].items():
+        setattr(glue, key.split(".")[1], value)
 
 
 def apply_variant(variant, saved):
@@ -71,6 +75,8 @@ def apply_variant(variant, saved):
     for key, value in variant.items():
         if key == "CHUNKS":
             tuning.CHUNKS = value
+        elif key in GLUE_KEYS:  # (a JSON list: the module keeps a tuple)
+            setattr(glue, key.split(".")[1], tuple(value))
         elif key in LAUNCH_KEYS:
             which, entry = key.split(".")
             (chunked.MAPS_LAUNCH if which == "maps" else chunked.TANGENT_LAUNCH)[entry] = value

@@ -71,11 +71,16 @@ def _conv_bwd_blocks():
 
 
 # The conv backward in one pass for widths K <= 4 (``_glue_conv_walk_kernel``): ``(TP, BM,
-# num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``)
-CONV_WALK = (64, 128, 1, 3)
-# the one-pass backward for K <= 4 (else the two passes at every width): 70 us against 148 for
+# num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``:
+# 1, the kernel issues a block's loads itself). H200, bf16, M = 1024 (benchmarks/kla_conv_bwd.py
+# --walk, results/kla-conv-walk-blocked-h200.json), us at 8 x 2048 / 1 x 32768: (64, 128, 2)
+# 51.8 / 96.7, (128, 64, 1) 51.5 / 97.7, (64, 128, 1) 59.4 / 98.4, (64, 64, 1) 53.5 / 102.7,
+# (32, 64, 1) 56.7 / 107.8, (16, 64, 1) 62.5 / 119.5; the token-by-token walk before the
+# blocks 70.3 / 135.4
+CONV_WALK = (64, 128, 2, 1)
+# the one-pass backward for K <= 4 (else the two passes at every width): 52 us against 149 for
 # the two passes at 8 x 2048 x 1024 on the H200, same gz, gw, gb to rounding
-# (results/kla-conv-walk-h200.json); False keeps the two passes at every width
+# (results/kla-conv-walk-blocked-h200.json); False keeps the two passes at every width
 CONV_ONE_PASS = True
 
 
@@ -280,19 +285,74 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
              mask=(jj < K)[:, None] & mmask[None, :])  # fmt: skip
 
 
+@helper
+def _walk_loads(zrow, g_ptr, g2_ptr, row, t, m, mmask, L, M, ZS):
+    """Token ``t``'s input ``z`` and its gradient ``g + g2`` (float32; zeros past ``L``)."""
+    inside = mmask & ((m * 0 + t) < L)
+    zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
+    g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
+    return zt, g
+
+
+@helper
+def _walk_token(t, zt, z2, z1, z0, g, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
+                gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K: tl.constexpr):  # fmt: skip
+    """One token of the conv's one-pass backward: ``gpre`` from the pre-activation (inputs
+    ``zt`` and the 3 before it), its terms of the weights' and bias's sums where the token is
+    the program's own, and ``gz`` of token ``t - 3`` from the last 4 ``gpre``; returns the
+    carried values shifted by one token."""
+    tv = m * 0 + t
+    inside = mmask & (tv < L)
+    pre = bias + 0.0  # the taps in the forward's order
+    if K >= 4:
+        pre += w0 * z0
+    if K >= 3:
+        pre += w1 * z1
+    if K >= 2:
+        pre += w2 * z2
+    pre += w3 * zt
+    sg = 1.0 / (1.0 + tl.exp(-pre))
+    gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+    own = tl.where(tv < t_own, gpt, 0.0)
+    ab += own
+    a3 += own * zt
+    if K >= 2:
+        a2 += own * z2
+    if K >= 3:
+        a1 += own * z1
+    if K >= 4:
+        a0 += own * z0
+    # gz[t - 3]: sum_d w[K-1-d] gpre[t - 3 + d], in the order of the two-pass form
+    gz = w3 * gp0
+    if K >= 2:
+        gz += w2 * gp1
+    if K >= 3:
+        gz += w1 * gp2
+    if K >= 4:
+        gz += w0 * gpt
+    tz = tv - 3
+    tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
+             mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
+    return gp1, gp2, gpt, ab, a0, a1, a2, a3
+
+
 @triton.jit
 def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, gb_ptr, L, M, ZS,
                            NP, K: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr,
                            NS: tl.constexpr):  # fmt: skip
     """The conv's backward in one pass (``K <= 4``): a program walks tokens ``t0 .. t0 + TP +
     2`` of ``BM`` channels of batch row ``b`` (``t0 = program_id(0) TP``), each thread its
-    channels: at each token the pre-activation from the token's and the 3 previous inputs
-    (loaded again each token: cache hits), ``gpre = (g + g2) silu'(pre)``, the weights' and
+    channels, in blocks of 4 tokens: at each token the pre-activation from the token's and the
+    3 previous inputs (carried in registers), ``gpre = (g + g2) silu'(pre)``, the weights' and
     bias's gradient terms added in the thread (no reduction across threads; the program's
     partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d w[K-1-d]
     gpre[t - 3 + d]`` from the last 4 ``gpre``, carried in registers, into the first ``M``
     columns of ``gz [B, L, ZS]``. The 3 tokens past the program's own are computed again for
-    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written.
+    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written. A block's
+    loads (4 tokens' ``z``, ``g``, ``g2``) are issued before the block before it is walked, so
+    that a block waits on memory once and not each token (Triton's software pipeline leaves
+    this loop's loads as they are: no ``cp.async`` in its sm_90 build).
 
     (The carried values start as distinct tensors: Triton takes a name for loop-carried only
     where the loop rebinds it to another object than it had before the loop, so ``gp0 = gp1``
@@ -318,6 +378,12 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
         w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
     base = b.to(tl.int64) * L
     zrow = zg_ptr + m
+    # the 3 inputs before the program's first token (zeros before the sequence's start)
+    r0 = base + t0
+    tv0 = m * 0 + t0  # (masks as vectors)
+    zp1 = tl.load(zrow + (r0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
+    zp2 = tl.load(zrow + (r0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
+    zp3 = tl.load(zrow + (r0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
     gp0 = tl.zeros((BM,), tl.float32)  # gpre at t - 3, t - 2, t - 1 (distinct: see above)
     gp1 = tl.zeros((BM,), tl.float32)
     gp2 = tl.zeros((BM,), tl.float32)
@@ -326,48 +392,32 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     a1 = tl.zeros((BM,), tl.float32)
     a2 = tl.zeros((BM,), tl.float32)
     a3 = tl.zeros((BM,), tl.float32)
-    for i in tl.range(0, TP + 3, num_stages=NS):  # (a fixed trip count; t_own masks the end)
+    # the first block's loads
+    za, ga = _walk_loads(zrow, g_ptr, g2_ptr, r0, t0, m, mmask, L, M, ZS)
+    zb, gb = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 1, t0 + 1, m, mmask, L, M, ZS)
+    zc, gc = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 2, t0 + 2, m, mmask, L, M, ZS)
+    zd, gd = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 3, t0 + 3, m, mmask, L, M, ZS)
+    for i in tl.range(0, TP + 3, 4, num_stages=NS):  # (a fixed trip count; masks end it)
         t = t0 + i
-        tv = m * 0 + t  # (masks as vectors)
-        inside = mmask & (tv < L)
-        row = base + t
-        zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
-        z2 = tl.load(zrow + (row - 1) * ZS, mask=inside & (tv >= 1), other=0.0).to(tl.float32)
-        z1 = tl.load(zrow + (row - 2) * ZS, mask=inside & (tv >= 2), other=0.0).to(tl.float32)
-        z0 = tl.load(zrow + (row - 3) * ZS, mask=inside & (tv >= 3), other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
-        g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
-        pre = bias + 0.0  # the taps in the forward's order
-        if K >= 4:
-            pre += w0 * z0
-        if K >= 3:
-            pre += w1 * z1
-        if K >= 2:
-            pre += w2 * z2
-        pre += w3 * zt
-        sg = 1.0 / (1.0 + tl.exp(-pre))
-        gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
-        own = tl.where(tv < t_own, gpt, 0.0)
-        ab += own
-        a3 += own * zt
-        if K >= 2:
-            a2 += own * z2
-        if K >= 3:
-            a1 += own * z1
-        if K >= 4:
-            a0 += own * z0
-        # gz[t - 3]: sum_d w[K-1-d] gpre[t - 3 + d], in the order of the two-pass form
-        gz = w3 * gp0
-        if K >= 2:
-            gz += w2 * gp1
-        if K >= 3:
-            gz += w1 * gp2
-        if K >= 4:
-            gz += w0 * gpt
-        tz = tv - 3
-        tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
-                 mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
-        gp0, gp1, gp2 = gp1, gp2, gpt
+        # the next block's loads, before this block's tokens
+        na, nga = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 4, t + 4, m, mmask, L, M, ZS)
+        nb, ngb = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 5, t + 5, m, mmask, L, M, ZS)
+        nc, ngc = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 6, t + 6, m, mmask, L, M, ZS)
+        nd, ngd = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 7, t + 7, m, mmask, L, M, ZS)
+        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+            t, za, zp1, zp2, zp3, ga, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
+            gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
+        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+            t + 1, zb, za, zp1, zp2, gb, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
+            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
+        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+            t + 2, zc, zb, za, zp1, gc, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
+            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
+        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+            t + 3, zd, zc, zb, za, gd, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
+            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
+        zp1, zp2, zp3 = zd, zc, zb
+        za, zb, zc, zd, ga, gb, gc, gd = na, nb, nc, nd, nga, ngb, ngc, ngd
     part = (b * NP + pid_t).to(tl.int64)
     tl.store(gb_ptr + part * M + m, ab, mask=mmask)
     tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
