@@ -349,10 +349,12 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     partial sums, ``NP`` a batch row, stored at the end), and ``gz[t - 3] = sum_d w[K-1-d]
     gpre[t - 3 + d]`` from the last 4 ``gpre``, carried in registers, into the first ``M``
     columns of ``gz [B, L, ZS]``. The 3 tokens past the program's own are computed again for
-    ``gz``, not added to the sums. No ``[B, L, M]`` float32 ``gpre`` is written. A block's
-    loads (4 tokens' ``z``, ``g``, ``g2``) are issued before the block before it is walked, so
-    that a block waits on memory once and not each token (Triton's software pipeline leaves
-    this loop's loads as they are: no ``cp.async`` in its sm_90 build).
+    ``gz``, not added to the sums (the blocks round ``TP + 3`` up to a multiple of 4: the
+    tokens past it are walked with their stores and sums masked off). No ``[B, L, M]``
+    float32 ``gpre`` is written. A block's loads (4 tokens' ``z``, ``g``, ``g2``) are issued
+    before the block before it is walked, so that a block waits on memory once and not each
+    token (Triton's software pipeline leaves this loop's loads as they are: no ``cp.async`` in
+    its sm_90 build).
 
     (The carried values start as distinct tensors: Triton takes a name for loop-carried only
     where the loop rebinds it to another object than it had before the loop, so ``gp0 = gp1``
