@@ -85,6 +85,8 @@ def main(argv=None):
                     help="JSON list of (TP, BM, warps, NS) for the one-pass rows")  # fmt: skip
     ap.add_argument("--fwd-blocks", default=None,
                     help="JSON list of (BT, BM, warps): only the conv forward's rows then")  # fmt: skip
+    ap.add_argument("--fwd-walk-blocks", default="[]",
+                    help="with --fwd-blocks, JSON list of (TP, BM, warps) of the forward's walk")  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kla_conv_bwd.py: needs a CUDA device")
@@ -110,6 +112,13 @@ def main(argv=None):
             record(f"conv_fwd{(BT, BM, nw)}", _mean_ms(
                 glue._glue_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B),
                 (zg, w, bias, zc, L, M, 2 * M), dict(K=K, BT=BT, BM=BM, num_warps=nw)))  # fmt: skip
+        ref = zc.float().clone()  # (the last tile launch's output)
+        for TP, BM, nw in json.loads(args.fwd_walk_blocks):
+            zw = torch.empty_like(zc)
+            ms = _mean_ms(glue._glue_conv_fwd_walk_kernel, (cdiv(L, TP), cdiv(M, BM), B),
+                          (zg, w, bias, zw, L, M, 2 * M), dict(K=K, TP=TP, BM=BM, num_warps=nw))  # fmt: skip
+            record(f"conv_fwd_walk{(TP, BM, nw)}", ms,
+                   float((zw.float() - ref).abs().max() / ref.abs().max()))  # fmt: skip
         _write(args.out, rows, B, L, M, K)
         return
     blocks = json.loads(args.walk_blocks) if args.walk_blocks else None

@@ -3,7 +3,9 @@ training step: which pipeline depths and L2 prefetch distance give the fewest op
 A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a divisor of L) and
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
 ``unroll``, ``NS``, ``pf``, ``db``, ``maxnreg`` (``chunked.MAPS_LAUNCH``,
-``chunked.TANGENT_LAUNCH``), and ``glue.CONV_WALK`` (the conv backward's blocks, a list).
+``chunked.TANGENT_LAUNCH``), ``glue.CONV_WALK`` and ``glue.CONV_FWD_WALK`` (the conv backward's
+and forward's blocks, lists; the forward's ``null``: its tile kernel) and ``chunked.CARRY_NS``
+(the carries' pipeline stages).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
@@ -47,8 +49,10 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
 
 LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
                     for k in ("slots", "unroll", "NS", "pf", "db", "maxnreg"))  # fmt: skip
-GLUE_KEYS = ("glue.CONV_WALK",)  # the fused glue's launch blocks (kalmanscan.cuda.kla.glue)
-KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS, *GLUE_KEYS]
+# module constants a variant may set: the fused glue's conv backward and forward blocks (lists,
+# kept as tuples; the forward's null: its tile kernel) and the chunked op's carries' stages
+MODULE_KEYS = {"glue.CONV_WALK": glue, "glue.CONV_FWD_WALK": glue, "chunked.CARRY_NS": chunked}
+KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS, *MODULE_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip
 
@@ -57,7 +61,7 @@ def _saved():
     """The settings a variant may change, as they are now."""
     return (dict(tuning.TUNING), tuning.CHUNKS, dict(chunked.MAPS_LAUNCH),
             dict(chunked.TANGENT_LAUNCH),
-            {k: getattr(glue, k.split(".")[1]) for k in GLUE_KEYS})  # fmt: skip
+            {k: getattr(mod, k.split(".")[1]) for k, mod in MODULE_KEYS.items()})  # fmt: skip
 
 
 def _restore(saved):
@@ -66,7 +70,7 @@ def _restore(saved):
     tuning.CHUNKS = saved[1]
     chunked.MAPS_LAUNCH, chunked.TANGENT_LAUNCH = dict(saved[2]), dict(saved[3])
     for key, value in saved[4].items():
-        setattr(glue, key.split(".")[1], value)
+        setattr(MODULE_KEYS[key], key.split(".")[1], value)
 
 
 def apply_variant(variant, saved):
@@ -75,8 +79,9 @@ def apply_variant(variant, saved):
     for key, value in variant.items():
         if key == "CHUNKS":
             tuning.CHUNKS = value
-        elif key in GLUE_KEYS:  # (a JSON list: the module keeps a tuple)
-            setattr(glue, key.split(".")[1], tuple(value))
+        elif key in MODULE_KEYS:  # (a JSON list is kept as a tuple)
+            setattr(MODULE_KEYS[key], key.split(".")[1],
+                    tuple(value) if isinstance(value, list) else value)  # fmt: skip
         elif key in LAUNCH_KEYS:
             which, entry = key.split(".")
             (chunked.MAPS_LAUNCH if which == "maps" else chunked.TANGENT_LAUNCH)[entry] = value

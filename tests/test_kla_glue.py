@@ -133,7 +133,7 @@ def test_conv_backward_kernels(K, kernels, monkeypatch):
     real = glue.launch
 
     def spy(fn, grid, *a, **kw):
-        if fn.__name__.startswith("_glue_conv_") and fn.__name__ != "_glue_conv_fwd_kernel":
+        if fn.__name__.startswith("_glue_conv_") and not fn.__name__.startswith("_glue_conv_fwd"):
             seen.append(fn.__name__.removeprefix("_glue_conv_").removesuffix("_kernel"))
         return real(fn, grid, *a, **kw)
 
@@ -141,6 +141,40 @@ def test_conv_backward_kernels(K, kernels, monkeypatch):
     layer = make_layer(16, 4, conv_kernel=K)
     run(layer, torch.randn(1, 5, 16, device=DEVICE), "fused", False)
     assert seen == kernels
+
+
+@pytest.mark.parametrize("K", [1, 3, 4, 5])
+def test_conv_forward_walk_against_the_tile_kernel(K, monkeypatch):
+    """Widths up to 4 take the conv forward's walk (``glue.CONV_FWD_WALK``), wider ones and
+    ``CONV_FWD_WALK = None`` the tile kernel; both give the same ``zc`` (the same arithmetic),
+    over several programs in time (19 tokens: 3 programs of 8 interpreted) and batch rows."""
+    from kalmanscan.cuda.kla import glue
+
+    seen = []
+    real = glue.launch
+
+    def spy(fn, grid, *a, **kw):
+        seen.append(fn)
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(glue, "launch", spy)
+    torch.manual_seed(K)
+    M = 24
+    zg = torch.randn(2, 19, 2 * M, device=DEVICE)
+    w, b = torch.randn(M, 1, K, device=DEVICE), torch.randn(M, device=DEVICE)
+    outs = []
+    for walk in (glue.CONV_FWD_WALK, None):
+        monkeypatch.setattr(glue, "CONV_FWD_WALK", walk)
+        seen.clear()
+        outs.append(glue.conv_silu(zg, w, b, glue.new_grad_buffer()))
+        want = glue._glue_conv_fwd_walk_kernel if walk and K <= 4 else glue._glue_conv_fwd_kernel
+        assert seen == [want]
+    fn = torch.nn.functional
+    x = fn.pad(zg[..., :M].transpose(1, 2), (K - 1, 0))
+    ref = fn.silu(fn.conv1d(x, w, b, groups=M)).transpose(1, 2)
+    for out in outs:
+        assert_rel(out, ref, f"zc K={K}")
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-7, atol=2e-7)
 
 
 @pytest.mark.parametrize("P,K,M,dtype", [(37, 4, 40, torch.float32), (5, 2, 16, torch.float32),

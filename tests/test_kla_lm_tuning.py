@@ -29,10 +29,12 @@ def test_apply_variant_sets_each_kind_of_key_and_restore_undoes_it():
     saved = T._saved()
     try:
         T.apply_variant({"NS": 3, "CHUNKS": 4, "maps.NS": 2, "tangent.unroll": 8,
-                         "glue.CONV_WALK": [32, 64, 1, 1]}, saved)  # fmt: skip
+                         "glue.CONV_WALK": [32, 64, 1, 1], "chunked.CARRY_NS": 8},
+                        saved)  # fmt: skip
         assert tuning.TUNING["NS"] == 3 and tuning.CHUNKS == 4
         assert chunked.MAPS_LAUNCH["NS"] == 2 and chunked.TANGENT_LAUNCH["unroll"] == 8
         assert T.glue.CONV_WALK == (32, 64, 1, 1)  # (a tuple, as the module keeps it)
+        assert chunked.CARRY_NS == 8
         assert chunked.MAPS_LAUNCH["unroll"] == saved[2]["unroll"]  # the others as they were
         T.apply_variant({}, saved)
         assert T._saved() == saved

@@ -82,6 +82,19 @@ CONV_WALK = (64, 128, 2, 1)
 # the two passes at 8 x 2048 x 1024 on the H200, same gz, gw, gb to rounding
 # (results/kla-conv-walk-blocked-h200.json); False keeps the two passes at every width
 CONV_ONE_PASS = True
+# The conv forward for widths K <= 4 as a walk (``_glue_conv_fwd_walk_kernel``): ``(TP, BM,
+# num_warps)``, a program walks ``TP`` tokens of ``BM`` channels; None: the tile kernel
+# (``_glue_conv_fwd_kernel``, which also takes K > 4) at ``GPU_BLOCKS``
+CONV_FWD_WALK = (64, 128, 2)
+
+
+def _conv_fwd_walk_blocks():
+    """``CONV_FWD_WALK`` (small when interpreting)."""
+    if CONV_FWD_WALK is None:
+        return None
+    if interpreting():
+        return 8, 16, 1
+    return CONV_FWD_WALK
 
 
 def _conv_walk_blocks():
@@ -236,6 +249,79 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
     omask = (t < L)[:, None] & mmask[None, :]
     tl.store(out_ptr + rows[:, None] * M + m[None, :], (acc * sg).to(out_ptr.dtype.element_ty),
              mask=omask)  # fmt: skip
+
+
+@helper
+def _fwd_walk_token(zt, z2, z1, z0, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
+                    K: tl.constexpr):  # fmt: skip
+    """Token ``t`` of the conv forward's walk: ``silu(pre)`` from the token's input and the 3
+    before it (the taps in ``_glue_conv_fwd_kernel``'s order), stored."""
+    pre = bias + 0.0
+    if K >= 4:
+        pre += w0 * z0
+    if K >= 3:
+        pre += w1 * z1
+    if K >= 2:
+        pre += w2 * z2
+    pre += w3 * zt
+    sg = 1.0 / (1.0 + tl.exp(-pre))
+    tl.store(out_ptr + (base + t) * M + m, (pre * sg).to(out_ptr.dtype.element_ty),
+             mask=mmask & ((m * 0 + t) < L))  # fmt: skip
+
+
+@triton.jit
+def _glue_conv_fwd_walk_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS, K: tl.constexpr,
+                               TP: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+    """The conv forward (``K <= 4``) as a walk: a program walks tokens ``t0 .. t0 + TP - 1``
+    (``t0 = program_id(0) TP``) of ``BM`` channels in blocks of 4, each input loaded once
+    (the 3 before a block carried in registers, where ``_glue_conv_fwd_kernel`` loads its tile
+    at each of the ``K`` shifts), a block's loads issued before the block before it is walked;
+    the same arithmetic as that kernel."""
+    tl.static_assert(TP % 4 == 0, "a program's tokens are whole blocks of 4")
+    pid_t, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m = pid_m * BM + tl.arange(0, BM)
+    mmask = m < M
+    t0 = pid_t * TP
+    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
+    w2 = tl.zeros((BM,), tl.float32)
+    w1 = tl.zeros((BM,), tl.float32)
+    w0 = tl.zeros((BM,), tl.float32)
+    if K >= 2:
+        w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 3:
+        w1 = tl.load(w_ptr + m * K + (K - 3), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 4:
+        w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
+    base = b.to(tl.int64) * L
+    zrow = zg_ptr + m
+    r0 = base + t0
+    tv0 = m * 0 + t0  # (masks as vectors)
+    zp1 = tl.load(zrow + (r0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
+    zp2 = tl.load(zrow + (r0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
+    zp3 = tl.load(zrow + (r0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
+    za = tl.load(zrow + r0 * ZS, mask=mmask & (tv0 < L), other=0.0).to(tl.float32)
+    zb = tl.load(zrow + (r0 + 1) * ZS, mask=mmask & (tv0 + 1 < L), other=0.0).to(tl.float32)
+    zc = tl.load(zrow + (r0 + 2) * ZS, mask=mmask & (tv0 + 2 < L), other=0.0).to(tl.float32)
+    zd = tl.load(zrow + (r0 + 3) * ZS, mask=mmask & (tv0 + 3 < L), other=0.0).to(tl.float32)
+    t_end = tl.minimum(t0 + TP, L)
+    for t in tl.range(t0, t_end, 4):
+        tv = m * 0 + t
+        r = base + t
+        na = tl.load(zrow + (r + 4) * ZS, mask=mmask & (tv + 4 < L), other=0.0).to(tl.float32)
+        nb = tl.load(zrow + (r + 5) * ZS, mask=mmask & (tv + 5 < L), other=0.0).to(tl.float32)
+        nc = tl.load(zrow + (r + 6) * ZS, mask=mmask & (tv + 6 < L), other=0.0).to(tl.float32)
+        nd = tl.load(zrow + (r + 7) * ZS, mask=mmask & (tv + 7 < L), other=0.0).to(tl.float32)
+        _fwd_walk_token(za, zp1, zp2, zp3, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
+                        M, K)  # fmt: skip
+        _fwd_walk_token(zb, za, zp1, zp2, t + 1, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
+                        base, M, K)  # fmt: skip
+        _fwd_walk_token(zc, zb, za, zp1, t + 2, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
+                        base, M, K)  # fmt: skip
+        _fwd_walk_token(zd, zc, zb, za, t + 3, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
+                        base, M, K)  # fmt: skip
+        zp1, zp2, zp3 = zd, zc, zb
+        za, zb, zc, zd = na, nb, nc, nd
 
 
 @triton.jit
@@ -639,10 +725,16 @@ class _ConvSilu(torch.autograd.Function):
     def forward(ctx, zg, weight, bias, buf):
         B, L, M2 = zg.shape
         M, K = M2 // 2, weight.shape[-1]
-        BT, BM, nw = _blocks()
         out = empty((B, L, M), zg)
-        launch(_glue_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B), zg, weight, bias, out, L,
-               M, M2, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
+        walk = _conv_fwd_walk_blocks()
+        if walk is not None and K <= 4:
+            TP, WM, ww = walk
+            launch(_glue_conv_fwd_walk_kernel, (cdiv(L, TP), cdiv(M, WM), B), zg, weight, bias,
+                   out, L, M, M2, K=K, TP=TP, BM=WM, num_warps=ww)  # fmt: skip
+        else:
+            BT, BM, nw = _blocks()
+            launch(_glue_conv_fwd_kernel, (cdiv(L, BT), cdiv(M, BM), B), zg, weight, bias, out,
+                   L, M, M2, K=K, BT=BT, BM=BM, num_warps=nw)  # fmt: skip
         ctx.buf = buf
         ctx.save_for_backward(zg, weight, bias)
         return out
@@ -875,6 +967,9 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
             conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
             cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
                           dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
+            FP, FM, fw = CONV_FWD_WALK
+            cases.append((f"conv_fwd_walk-{tag}-K{K}", _glue_conv_fwd_walk_kernel,
+                          dict(conv, out_ptr=dt), dict(K=K, TP=FP, BM=FM), fw))  # fmt: skip
             PT, PM, pw, NI = CONV_BWD_BLOCKS
             cases.append((f"conv_gpre-{tag}-K{K}", _glue_conv_gpre_kernel,
                           dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
