@@ -42,8 +42,10 @@ from kalmanscan.cuda.kla.forward import default_state, forward
 BLOCK = 128  # lanes (m, s) a program of the carry kernels
 # pipeline stages of the carry kernels' loads: a chunk's map does not depend on the state the
 # carry walks, so its loads are issued stages - 1 chunks ahead of the walk (the walk is otherwise
-# bound by one load latency a chunk)
-CARRY_NS = 4
+# bound by one load latency a chunk). 8, not 4 or 16: inside the LM step (H200, 6 layers,
+# results/kla-lm-carry-fwd-walk-h200.json) the two carries 0.208 / 0.130 / 0.177 ms a step at
+# 4 / 8 / 16 stages at 1 x 32,768 in 64 chunks, 0.070 / 0.073 / 0.098 at 2 x 8,192 in 16
+CARRY_NS = 8
 MAPS = 7  # m11, m12, m21, m22, g1, g2, A
 # launches of the two map kernels, the chunk maps (MAPS_LAUNCH) and the tangent maps
 # (TANGENT_LAUNCH), one warp a program: slots a thread (a thread walks SG slots of one channel,
