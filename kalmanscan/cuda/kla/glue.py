@@ -252,10 +252,39 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
 
 
 @helper
-def _fwd_walk_token(zt, z2, z1, z0, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
-                    K: tl.constexpr):  # fmt: skip
-    """Token ``t`` of the conv forward's walk: ``silu(pre)`` from the token's input and the 3
-    before it (the taps in ``_glue_conv_fwd_kernel``'s order), stored."""
+def _conv_taps(w_ptr, b_ptr, m, mmask, K: tl.constexpr, BM: tl.constexpr):
+    """``(bias, w0, w1, w2, w3)`` of channels ``m`` in float32: tap j of the conv multiplies
+    ``z[t + j - (K - 1)]``, so ``w3`` is the current token's, ``w2`` the one before's, ... (taps
+    past ``K`` are 0)."""
+    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
+    w2 = tl.zeros((BM,), tl.float32)
+    w1 = tl.zeros((BM,), tl.float32)
+    w0 = tl.zeros((BM,), tl.float32)
+    if K >= 2:
+        w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 3:
+        w1 = tl.load(w_ptr + m * K + (K - 3), mask=mmask, other=0.0).to(tl.float32)
+    if K >= 4:
+        w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
+    return bias, w0, w1, w2, w3
+
+
+@helper
+def _walk_start(zrow, r0, t0, m, mmask, ZS):
+    """The 3 inputs before token ``t0`` (row ``r0``), latest first, in float32 (zeros before
+    the sequence's start)."""
+    tv0 = m * 0 + t0  # (masks as vectors)
+    zp1 = tl.load(zrow + (r0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
+    zp2 = tl.load(zrow + (r0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
+    zp3 = tl.load(zrow + (r0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
+    return zp1, zp2, zp3
+
+
+@helper
+def _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K: tl.constexpr):
+    """The conv's pre-activation from the token's input ``zt`` and the 3 before it (``z2`` the
+    latest), the taps in ``_glue_conv_fwd_kernel``'s order."""
     pre = bias + 0.0
     if K >= 4:
         pre += w0 * z0
@@ -264,6 +293,15 @@ def _fwd_walk_token(zt, z2, z1, z0, t, m, mmask, L, bias, w0, w1, w2, w3, out_pt
     if K >= 2:
         pre += w2 * z2
     pre += w3 * zt
+    return pre
+
+
+@helper
+def _fwd_walk_token(zt, z2, z1, z0, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
+                    K: tl.constexpr):  # fmt: skip
+    """Token ``t`` of the conv forward's walk: ``silu(pre)`` from the token's input and the 3
+    before it (the taps in ``_glue_conv_fwd_kernel``'s order), stored."""
+    pre = _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K)
     sg = 1.0 / (1.0 + tl.exp(-pre))
     tl.store(out_ptr + (base + t) * M + m, (pre * sg).to(out_ptr.dtype.element_ty),
              mask=mmask & ((m * 0 + t) < L))  # fmt: skip
@@ -282,24 +320,12 @@ def _glue_conv_fwd_walk_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS, K: tl.co
     m = pid_m * BM + tl.arange(0, BM)
     mmask = m < M
     t0 = pid_t * TP
-    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
-    w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
-    w2 = tl.zeros((BM,), tl.float32)
-    w1 = tl.zeros((BM,), tl.float32)
-    w0 = tl.zeros((BM,), tl.float32)
-    if K >= 2:
-        w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
-    if K >= 3:
-        w1 = tl.load(w_ptr + m * K + (K - 3), mask=mmask, other=0.0).to(tl.float32)
-    if K >= 4:
-        w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
+    bias, w0, w1, w2, w3 = _conv_taps(w_ptr, b_ptr, m, mmask, K, BM)
     base = b.to(tl.int64) * L
     zrow = zg_ptr + m
     r0 = base + t0
+    zp1, zp2, zp3 = _walk_start(zrow, r0, t0, m, mmask, ZS)
     tv0 = m * 0 + t0  # (masks as vectors)
-    zp1 = tl.load(zrow + (r0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
-    zp2 = tl.load(zrow + (r0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
-    zp3 = tl.load(zrow + (r0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
     za = tl.load(zrow + r0 * ZS, mask=mmask & (tv0 < L), other=0.0).to(tl.float32)
     zb = tl.load(zrow + (r0 + 1) * ZS, mask=mmask & (tv0 + 1 < L), other=0.0).to(tl.float32)
     zc = tl.load(zrow + (r0 + 2) * ZS, mask=mmask & (tv0 + 2 < L), other=0.0).to(tl.float32)
@@ -390,14 +416,7 @@ def _walk_token(t, zt, z2, z1, z0, g, m, mmask, L, t0, t_own, bias, w0, w1, w2, 
     carried values shifted by one token."""
     tv = m * 0 + t
     inside = mmask & (tv < L)
-    pre = bias + 0.0  # the taps in the forward's order
-    if K >= 4:
-        pre += w0 * z0
-    if K >= 3:
-        pre += w1 * z1
-    if K >= 2:
-        pre += w2 * z2
-    pre += w3 * zt
+    pre = _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K)  # (the forward's order)
     sg = 1.0 / (1.0 + tl.exp(-pre))
     gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
     own = tl.where(tv < t_own, gpt, 0.0)
@@ -451,27 +470,11 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     mmask = m < M
     t0 = pid_t * TP
     t_own = tl.minimum(t0 + TP, L)  # the program's tokens: t0 .. t_own - 1
-    bias = tl.load(b_ptr + m, mask=mmask, other=0.0).to(tl.float32)
-    # tap j of the conv multiplies z[t + j - (K - 1)]: w3 the current token's, w2 the one
-    # before, ... (taps past K are absent)
-    w3 = tl.load(w_ptr + m * K + (K - 1), mask=mmask, other=0.0).to(tl.float32)
-    w2 = tl.zeros((BM,), tl.float32)
-    w1 = tl.zeros((BM,), tl.float32)
-    w0 = tl.zeros((BM,), tl.float32)
-    if K >= 2:
-        w2 = tl.load(w_ptr + m * K + (K - 2), mask=mmask, other=0.0).to(tl.float32)
-    if K >= 3:
-        w1 = tl.load(w_ptr + m * K + (K - 3), mask=mmask, other=0.0).to(tl.float32)
-    if K >= 4:
-        w0 = tl.load(w_ptr + m * K + (K - 4), mask=mmask, other=0.0).to(tl.float32)
+    bias, w0, w1, w2, w3 = _conv_taps(w_ptr, b_ptr, m, mmask, K, BM)
     base = b.to(tl.int64) * L
     zrow = zg_ptr + m
-    # the 3 inputs before the program's first token (zeros before the sequence's start)
     r0 = base + t0
-    tv0 = m * 0 + t0  # (masks as vectors)
-    zp1 = tl.load(zrow + (r0 - 1) * ZS, mask=mmask & (tv0 >= 1), other=0.0).to(tl.float32)
-    zp2 = tl.load(zrow + (r0 - 2) * ZS, mask=mmask & (tv0 >= 2), other=0.0).to(tl.float32)
-    zp3 = tl.load(zrow + (r0 - 3) * ZS, mask=mmask & (tv0 >= 3), other=0.0).to(tl.float32)
+    zp1, zp2, zp3 = _walk_start(zrow, r0, t0, m, mmask, ZS)
     gp0 = tl.zeros((BM,), tl.float32)  # gpre at t - 3, t - 2, t - 1 (distinct: see above)
     gp1 = tl.zeros((BM,), tl.float32)
     gp2 = tl.zeros((BM,), tl.float32)
