@@ -492,7 +492,9 @@ def compile_sm90(fn, signature, consts, warps, maxnreg=0):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n.endswith("_ptr")}  # fmt: skip
     src = triton.compiler.ASTSource(fn=fn, signature=sg, constexprs=consts, attrs=attrs)
-    options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    from kalmanscan.cuda._common import COMPILE_OPTIONS
+
+    options = {**COMPILE_OPTIONS, "num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

@@ -487,3 +487,20 @@ def test_launch_site_launches_the_kept_kernel_with_each_calls_arguments(monkeypa
         assert grid == (7, 1, 1)
         assert len(a) == len(names)  # (num_warps is an option, not a parameter)
         assert a[: len(args)] == args and a[len(args) :] == tail
+
+
+def test_launches_ask_for_fused_multiply_adds(monkeypatch):
+    """Every launch passes ``_common.COMPILE_OPTIONS`` (FMA contraction on: Triton's default up
+    to 3.9, which 3.10 turns off unless asked), the caller's keywords over them; the
+    ahead-of-time compile options carry them too."""
+    seen = []
+
+    class Fn:  # a @triton.jit kernel as launch() calls it: fn[grid](*args, **kw)
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw)
+
+    monkeypatch.setattr(_common, "interpreting", lambda: True)
+    _common.launch(Fn(), (1,), 3, BLOCK=16, num_warps=2)
+    assert seen == [{"enable_fp_fusion": True, "BLOCK": 16, "num_warps": 2}]
+    _common.launch(Fn(), (1,), 3, enable_fp_fusion=False)
+    assert seen[-1] == {"enable_fp_fusion": False}

@@ -129,7 +129,9 @@ def test_launch_reuses_a_compiled_kernel_only_for_the_same_specialization(monkey
     _, grid, args = log[1]
     assert grid == (3, 1, 1)
     assert args[1:] == (56, 16, 128, True) and args[0] is buf  # BLOCK by keyword, FLAG default
-    assert log[0][2] == (buf, 40, 16) and log[0][3] == dict(BLOCK=128, num_warps=4)
+    # (the JIT call also gets the package's compile options, _common.COMPILE_OPTIONS)
+    assert log[0][2] == (buf, 40, 16)
+    assert log[0][3] == dict(_common.COMPILE_OPTIONS, BLOCK=128, num_warps=4)
     # without the fast path every call is the JIT's
     monkeypatch.setattr(_common, "FAST_LAUNCH", False)
     log.clear()

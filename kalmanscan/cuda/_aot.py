@@ -137,6 +137,9 @@ def compile_for(fn, args: dict, consts: dict, num_warps=4, arch: int = 90, stage
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     opts = dict(num_warps) if isinstance(num_warps, dict) else {"num_warps": num_warps}
+    from kalmanscan.cuda._common import COMPILE_OPTIONS
+
+    opts = {**COMPILE_OPTIONS, **opts}  # (what every launch passes)
     if stage == "cubin":
         return triton.compile(src, target=target, options=opts)
     if stage not in STAGES:

@@ -107,6 +107,11 @@ _LAUNCH = {}
 # False: every launch goes through the JIT's own binding (for comparisons; see launch()).
 FAST_LAUNCH = True
 
+# Compile options every launch passes (and the ahead-of-time compiles, _aot.compile_for and
+# benchmarks/gpu.py): multiply-adds contracted into FMAs, as the kernels' instruction counts and
+# tests assume. It is Triton's default up to 3.9, which warns that 3.10 turns it off unless set.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 
 def launch(fn, grid, *args, **kw):
     """Launch the ``@triton.jit`` kernel ``fn`` on ``grid`` as ``fn[grid](*args, **kw)`` does,
@@ -125,6 +130,7 @@ def launch(fn, grid, *args, **kw):
     passes them). Under ``TRITON_INTERPRET=1``, or with ``FAST_LAUNCH = False``, every call
     is ``fn[grid](*args, **kw)``. The kernels' global constants are assumed fixed (the JIT's
     check that they did not change runs on the first call of a key only)."""
+    kw = {**COMPILE_OPTIONS, **kw}
     if interpreting() or not FAST_LAUNCH:
         fn[grid](*args, **kw)
         return None
