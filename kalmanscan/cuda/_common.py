@@ -130,17 +130,16 @@ def launch(fn, grid, *args, **kw):
     passes them). Under ``TRITON_INTERPRET=1``, or with ``FAST_LAUNCH = False``, every call
     is ``fn[grid](*args, **kw)``. The kernels' global constants are assumed fixed (the JIT's
     check that they did not change runs on the first call of a key only)."""
-    kw = {**COMPILE_OPTIONS, **kw}
     if interpreting() or not FAST_LAUNCH:
-        fn[grid](*args, **kw)
+        fn[grid](*args, **{**COMPILE_OPTIONS, **kw})
         return None
     entry = _LAUNCH.get(fn)
     if entry is None:
         entry = _LAUNCH[fn] = _Launch(fn)
     key = entry.spec(args, kw)
     kernel = entry.cache.get(key)
-    if kernel is None:
-        kernel = fn[grid](*args, **kw)
+    if kernel is None:  # (the package's compile options on the JIT's calls only: constant)
+        kernel = fn[grid](*args, **{**COMPILE_OPTIONS, **kw})
         if hasattr(kernel, "run") and hasattr(kernel, "function"):
             entry.cache[key] = kernel
             return kernel

@@ -325,19 +325,17 @@ def _glue_conv_fwd_walk_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS, K: tl.co
     zrow = zg_ptr + m
     r0 = base + t0
     zp1, zp2, zp3 = _walk_start(zrow, r0, t0, m, mmask, ZS)
-    tv0 = m * 0 + t0  # (masks as vectors)
-    za = tl.load(zrow + r0 * ZS, mask=mmask & (tv0 < L), other=0.0).to(tl.float32)
-    zb = tl.load(zrow + (r0 + 1) * ZS, mask=mmask & (tv0 + 1 < L), other=0.0).to(tl.float32)
-    zc = tl.load(zrow + (r0 + 2) * ZS, mask=mmask & (tv0 + 2 < L), other=0.0).to(tl.float32)
-    zd = tl.load(zrow + (r0 + 3) * ZS, mask=mmask & (tv0 + 3 < L), other=0.0).to(tl.float32)
+    za = _walk_z(zrow, r0, t0, m, mmask, L, ZS)
+    zb = _walk_z(zrow, r0 + 1, t0 + 1, m, mmask, L, ZS)
+    zc = _walk_z(zrow, r0 + 2, t0 + 2, m, mmask, L, ZS)
+    zd = _walk_z(zrow, r0 + 3, t0 + 3, m, mmask, L, ZS)
     t_end = tl.minimum(t0 + TP, L)
     for t in tl.range(t0, t_end, 4):
-        tv = m * 0 + t
         r = base + t
-        na = tl.load(zrow + (r + 4) * ZS, mask=mmask & (tv + 4 < L), other=0.0).to(tl.float32)
-        nb = tl.load(zrow + (r + 5) * ZS, mask=mmask & (tv + 5 < L), other=0.0).to(tl.float32)
-        nc = tl.load(zrow + (r + 6) * ZS, mask=mmask & (tv + 6 < L), other=0.0).to(tl.float32)
-        nd = tl.load(zrow + (r + 7) * ZS, mask=mmask & (tv + 7 < L), other=0.0).to(tl.float32)
+        na = _walk_z(zrow, r + 4, t + 4, m, mmask, L, ZS)
+        nb = _walk_z(zrow, r + 5, t + 5, m, mmask, L, ZS)
+        nc = _walk_z(zrow, r + 6, t + 6, m, mmask, L, ZS)
+        nd = _walk_z(zrow, r + 7, t + 7, m, mmask, L, ZS)
         _fwd_walk_token(za, zp1, zp2, zp3, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
                         M, K)  # fmt: skip
         _fwd_walk_token(zb, za, zp1, zp2, t + 1, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
@@ -398,10 +396,16 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
 
 
 @helper
+def _walk_z(zrow, row, t, m, mmask, L, ZS):
+    """Token ``t``'s input ``z`` (row ``row``) in float32, zeros past ``L``."""
+    return tl.load(zrow + row * ZS, mask=mmask & ((m * 0 + t) < L), other=0.0).to(tl.float32)
+
+
+@helper
 def _walk_loads(zrow, g_ptr, g2_ptr, row, t, m, mmask, L, M, ZS):
     """Token ``t``'s input ``z`` and its gradient ``g + g2`` (float32; zeros past ``L``)."""
     inside = mmask & ((m * 0 + t) < L)
-    zt = tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
+    zt = _walk_z(zrow, row, t, m, mmask, L, ZS)
     g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
     g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
     return zt, g
