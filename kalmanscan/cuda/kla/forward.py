@@ -153,32 +153,6 @@ def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, c
         tl.store(ck_ptr + ck + ck_eta, eta, mask=lane_mask)
 
 
-@helper
-def _fwd_block(st, tiles, tb, t_lo, ck_ptr, b, NB, M, S: tl.constexpr, ms, lane_mask, ck_eta,
-               mmask, m, jg, y_ptr, yvar_ptr, prec_ptr, base_m, mo, momask, p, d, af, e, zero,
-               CK: tl.constexpr, SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr,
-               SCATTER: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
-               VAR: tl.constexpr):  # fmt: skip
-    """The 4-step block from ``tb`` on its loaded ``tiles`` (``_block_tiles``) for the
-    double-buffered loop: the state ``st = (lam, eta, 4 y sums, 4 yvar sums, pa, pb)`` after
-    it, the checkpoint before it saved and the previous block's sums stored first (as the
-    pipelined loop does)."""
-    lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, pa, pb = st
-    v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = tiles
-    if SAVE_CK:
-        _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
-    if SCATTER:
-        _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                        mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
-        pa += 4 * M
-        pb += 4 * M
-    lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _block4(
-        lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af, e,
-        tb, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, zero,
-        SAVE_PREC, SCATTER, G, NT, VAR)  # fmt: skip
-    return lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, pa, pb
-
-
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
@@ -186,10 +160,9 @@ def _kla_fwd_kernel(
     L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr, VAR: tl.constexpr, DB: tl.constexpr = False,
+    W: tl.constexpr, VAR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
-    tl.static_assert(not DB or W == 4, "the double-buffered loop walks 4-step blocks")
     tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
     tl.static_assert(W == 4 or (W == 8 and not SAVE_CK), "8-step blocks save no checkpoints")
     pm = tl.program_id(0)
@@ -232,41 +205,7 @@ def _kla_fwd_kernel(
     pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
     zero = tl.zeros([NT], dt)
     ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
-    nloop_hi = t_tail
-    if DB:  # the blocks' tiles double-buffered in registers (no software pipeline)
-        nblk = (t_tail - t_lo) // 4
-        if nblk > 0:
-            st = (lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, pa, pb)
-            cur = _block_tiles(pv, pL, pk, pq, cmask, smask4, dt, S, SG, G, NT, EVEN_M)
-            for i in tl.range(0, nblk // 2, num_stages=1):
-                # the pair's second block, loaded before its first is walked
-                nxt = _block_tiles(pv + 4 * M, pL + 4 * M, pk + 4 * S, pq + 4 * S, cmask, smask4,
-                                   dt, S, SG, G, NT, EVEN_M)  # fmt: skip
-                st = _fwd_block(st, cur, t_lo + 8 * i, t_lo, ck_ptr, b, NB, M, S, ms, lane_mask,
-                                ck_eta, mmask, m, jg, y_ptr, yvar_ptr, prec_ptr, base_m, mo,
-                                momask, p, d, af, e, zero, CK, SAVE_PREC, SAVE_CK, SCATTER, G,
-                                NT, VAR)  # fmt: skip
-                # the next pair's first block (past the end: this pair's second again, unused)
-                ahead = tl.where(2 * i + 2 < nblk, 8, 4)
-                cur = _block_tiles(pv + ahead * M, pL + ahead * M, pk + ahead * S,
-                                   pq + ahead * S, cmask, smask4, dt, S, SG, G, NT,
-                                   EVEN_M)  # fmt: skip
-                st = _fwd_block(st, nxt, t_lo + 8 * i + 4, t_lo, ck_ptr, b, NB, M, S, ms,
-                                lane_mask, ck_eta, mmask, m, jg, y_ptr, yvar_ptr, prec_ptr,
-                                base_m, mo, momask, p, d, af, e, zero, CK, SAVE_PREC, SAVE_CK,
-                                SCATTER, G, NT, VAR)  # fmt: skip
-                pv += 8 * M
-                pL += 8 * M
-                pk += 8 * S
-                pq += 8 * S
-            if nblk % 2 == 1:  # the last block, loaded as the next pair's first
-                st = _fwd_block(st, cur, t_tail - 4, t_lo, ck_ptr, b, NB, M, S, ms, lane_mask,
-                                ck_eta, mmask, m, jg, y_ptr, yvar_ptr, prec_ptr, base_m, mo,
-                                momask, p, d, af, e, zero, CK, SAVE_PREC, SAVE_CK, SCATTER, G,
-                                NT, VAR)  # fmt: skip
-            lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, pa, pb = st
-        nloop_hi = t_lo  # (the blocks are walked)
-    for tb in tl.range(t_lo, nloop_hi, W, num_stages=NS):  # fmt: skip
+    for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
         if SAVE_CK:  # (W == 4)
             _checkpoint(ck_ptr, lam, eta, tb, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3 = _block_tiles(
@@ -316,15 +255,15 @@ def _kla_fwd_kernel(
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
-def _fwd_plan(B, L, M, S, save_ck, f32=True, half=False):
+def _fwd_plan(B, L, M, S, save_ck, f32=True, half=False, slots=None):
     """The forward's launch configuration for a shape (kept by :func:`tuning.plan`); ``f32``:
-    the kernel computes in float32 (else float64); ``half``: half-precision inputs."""
+    the kernel computes in float32 (else float64); ``half``: half-precision inputs; ``slots``:
+    slots a thread (None: ``TUNING["fwd_slots"]``)."""
     TU = tuning.tuning_for(B * M * S, half)
-    G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"])
+    G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"] if slots is None else slots)
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
-    W = tuning.block_steps(save_ck)
-    consts = dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0, W=W,
-                  DB=bool(TU["fwd_db"]) and W == 4, num_warps=warps)  # fmt: skip
+    consts = dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0,
+                  W=tuning.block_steps(save_ck), num_warps=warps)  # fmt: skip
     if TU["fwd_maxnreg"] and not save_ck and f32 and G * SG <= 32:
         consts["maxnreg"] = TU["fwd_maxnreg"]  # a compile option, like num_warps
     return dict(CK=CK, NB=cdiv(L, CK), grid=(cdiv(M, NT // G), B), consts=consts)
@@ -357,15 +296,16 @@ def default_state(shape, dtype, device):
     return made
 
 
-def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
+def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, slots=None):
     """The forward kernel: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK)``. ``lam0,
     eta0`` None: the default initial state (1, 0), from :func:`default_state`. ``var`` False:
-    ``yvar`` is None, neither allocated nor written."""
+    ``yvar`` is None, neither allocated nor written. ``slots``: slots a thread (None: the
+    tuning's)."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     half = v.dtype in (torch.float16, torch.bfloat16)
-    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32, half)
+    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32, half, slots)
     dev = v.device
     y = empty((B, L, M), dtype=dtype, device=dev)
     yvar = empty((B, L, M), dtype=dtype, device=dev) if var else None

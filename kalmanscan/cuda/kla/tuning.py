@@ -19,9 +19,6 @@ TUNING = {
     "NS": 5,
     "bwd_NS": 3,  # pipeline stages of the backward's checkpoint intervals
     "fwd_slots": 4,  # slots a thread walks in the forward
-    # the forward saving checkpoints: its blocks' input tiles double-buffered in registers (the
-    # next block's loaded before the current block's steps) instead of the software pipeline
-    "fwd_db": 0,
     "bwd_slots": None,  # slots a thread walks in the backward: 2 below LARGE lanes, else 4
     # steps the backward prefetches rows into L2: 32 from LARGE lanes of at least L2_AHEAD_M
     # channels, else 0 (H200: B=8 M=2,048 float32 backward 1.68 ms against 1.81 without, on the
@@ -53,6 +50,11 @@ TUNING = {
     # gprocess_var into [M, S] (not [B, M, S] partials: one torch sum kernel a call fewer);
     # off under torch.use_deterministic_algorithms
     "bwd_atomic_sums": True,
+    # where the op runs in time chunks with gradients: 0, the forward in chunks too (the chunk
+    # maps, their carry, the forward on the chunk rows); n > 0, the forward in one pass over
+    # the whole sequence at n slots a thread, whose checkpoints at the chunks' starts are the
+    # states the chunked backward starts from (no chunk maps)
+    "whole_fwd_slots": 0,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 L2_AHEAD_M = 2048  # channels from which the backward prefetches into L2 (at LARGE lanes)
