@@ -119,30 +119,6 @@ def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
         chunked_runs((1, 36, 2, 4), 4, torch.float64, monkeypatch, plain=False)
 
 
-@pytest.mark.parametrize("slots", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
-def test_whole_forward_chunked_backward_equals_reference(slots, monkeypatch):
-    """``TUNING["whole_fwd_slots"]``: the forward in one pass at ``slots`` slots a thread, its
-    checkpoints at the chunks' starts starting the chunked backward (2 rows of 64 steps in 4
-    chunks of 16, two checkpoints of 8 steps a chunk; S = 5 pads to 8 slots, a forgetting
-    lane), against the sequential reference in float64; the forward's kernel runs once."""
-    monkeypatch.setitem(tuning.TUNING, "whole_fwd_slots", slots)
-    assert chunked.whole_forward_ck(2, 64, 2, 5, 4, False) == 8
-    calls = []
-    monkeypatch.setattr(chunked, "chunk_starts", lambda *a: calls.append(a))  # (must not run)
-    check_float64_reference((2, 64, 2, 5), 4, monkeypatch)
-    assert calls == []
-
-
-def test_whole_forward_needs_checkpoints_at_chunk_starts(monkeypatch):
-    # chunks of 9 steps do not start on checkpoints of 8: the forward runs in the chunks
-    monkeypatch.setitem(tuning.TUNING, "whole_fwd_slots", 2)
-    assert chunked.whole_forward_ck(1, 63, 2, 5, 7, False) == 0
-    monkeypatch.setitem(tuning.TUNING, "whole_fwd_slots", 0)
-    assert chunked.whole_forward_ck(2, 64, 2, 5, 4, False) == 0
-    monkeypatch.setitem(tuning.TUNING, "whole_fwd_slots", 2)
-    check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
-
-
 @pytest.mark.parametrize("shape,C", [((1, 64, 3, 4), 4)], ids=["B1-L64-M3-S4-C4-f32"])
 def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
     (got, ggot), (plain, gplain), (ref, gref) = chunked_runs(

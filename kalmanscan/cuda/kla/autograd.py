@@ -9,12 +9,7 @@ import torch
 
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.kla.chunked import (
-    backward_chunked,
-    forward_chunked,
-    forward_whole,
-    whole_forward_ck,
-)
+from kalmanscan.cuda.kla.chunked import backward_chunked, forward_chunked
 from kalmanscan.cuda.kla.forward import forward
 
 
@@ -46,13 +41,8 @@ class _KLA(torch.autograd.Function):
 class _KLAChunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, C, var):
-        B, L, M = v.shape
-        half = v.dtype in (torch.float16, torch.bfloat16)
-        if whole_forward_ck(B, L, M, k.shape[-1], C, half):
-            run = forward_whole(v, Lv, k, q, a, p, lam0, eta0, save_prec, C, var)
-        else:
-            run = forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C, var)
-        y, yvar, lamT, etaT, prec, ck, CK, _, start = run
+        y, yvar, lamT, etaT, prec, ck, CK, _, start = forward_chunked(
+            v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C, var)  # fmt: skip
         ctx.CK, ctx.C = CK, C
         ctx.init = lam0 is not None
         ctx.set_materialize_grads(False)

@@ -638,34 +638,6 @@ def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=Tr
     return y.view(B, L, M), yvar, lamT, etaT, prec, ck, CK, maps, start
 
 
-def whole_forward_ck(B, L, M, S, C, half):
-    """The checkpoint interval of a forward over the whole sequence whose checkpoints can start
-    the ``C`` chunks' backward (``TUNING["whole_fwd_slots"]`` set and every chunk's first step a
-    checkpoint), else 0: the forward runs in the chunks."""
-    if not tuning.TUNING["whole_fwd_slots"]:
-        return 0
-    CK = tuning.tuning_for(B * M * S, half)["ck"]
-    return CK if (L // C) % CK == 0 else 0
-
-
-def forward_whole(v, Lv, k, q, a, p, lam0, eta0, save_prec, C, var=True):
-    """The forward in one pass over the whole sequence at ``TUNING["whole_fwd_slots"]`` slots a
-    thread, saving checkpoints, for the ``C`` chunks' backward (``whole_forward_ck`` nonzero):
-    what :func:`forward_chunked` returns, ``maps`` None and ``start [2, B C, M, S]`` the
-    checkpoints at the chunks' first steps (the states the sequential pass computed). The
-    checkpoints ``[2, B, L / CK, M, S]`` are those of the chunk rows ``[2, B C, Lc / CK, M, S]``
-    (the same memory)."""
-    B, L, M = v.shape
-    y, yvar, lamT, etaT, prec, ck, CK = forward(
-        v, Lv, k, q, a, p, lam0, eta0, save_prec, True, var,
-        slots=tuning.TUNING["whole_fwd_slots"])  # fmt: skip
-    S = k.shape[-1]
-    # (a copy: the kernels read start as a contiguous [2, B C, M, S]; reshape alone would
-    # return a strided view of ck here)
-    start = ck.view(2, B, C, (L // C) // CK, M, S)[:, :, :, 0].contiguous().view(2, B * C, M, S)
-    return y, yvar, lamT, etaT, prec, ck, CK, None, start
-
-
 def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gprec):
     """The gradients ``(gv, gLv, gk, gq, ga, gp, gl0, ge0)`` of the chunked forward (the
     module's docstring: passes A, B, C; ``C = 1`` is the plain backward)."""

@@ -255,12 +255,11 @@ def _kla_fwd_kernel(
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
 
-def _fwd_plan(B, L, M, S, save_ck, f32=True, half=False, slots=None):
+def _fwd_plan(B, L, M, S, save_ck, f32=True, half=False):
     """The forward's launch configuration for a shape (kept by :func:`tuning.plan`); ``f32``:
-    the kernel computes in float32 (else float64); ``half``: half-precision inputs; ``slots``:
-    slots a thread (None: ``TUNING["fwd_slots"]``)."""
+    the kernel computes in float32 (else float64); ``half``: half-precision inputs."""
     TU = tuning.tuning_for(B * M * S, half)
-    G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"] if slots is None else slots)
+    G, SG, NT, warps = tuning.layout(S, TU["fwd_slots"])
     CK = TU["ck"]  # checkpoint interval (steps) of the backward's recomputation
     consts = dict(CK=CK, NS=TU["NS"], G=G, SG=SG, NT=NT, EVEN_M=M % (NT // G) == 0,
                   W=tuning.block_steps(save_ck), num_warps=warps)  # fmt: skip
@@ -296,16 +295,15 @@ def default_state(shape, dtype, device):
     return made
 
 
-def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, slots=None):
+def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
     """The forward kernel: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK)``. ``lam0,
     eta0`` None: the default initial state (1, 0), from :func:`default_state`. ``var`` False:
-    ``yvar`` is None, neither allocated nor written. ``slots``: slots a thread (None: the
-    tuning's)."""
+    ``yvar`` is None, neither allocated nor written."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     half = v.dtype in (torch.float16, torch.bfloat16)
-    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32, half, slots)
+    P = tuning.plan(_fwd_plan, B, L, M, S, save_ck, dtype == torch.float32, half)
     dev = v.device
     y = empty((B, L, M), dtype=dtype, device=dev)
     yvar = empty((B, L, M), dtype=dtype, device=dev) if var else None

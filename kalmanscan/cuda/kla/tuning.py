@@ -50,11 +50,6 @@ TUNING = {
     # gprocess_var into [M, S] (not [B, M, S] partials: one torch sum kernel a call fewer);
     # off under torch.use_deterministic_algorithms
     "bwd_atomic_sums": True,
-    # where the op runs in time chunks with gradients: 0, the forward in chunks too (the chunk
-    # maps, their carry, the forward on the chunk rows); n > 0, the forward in one pass over
-    # the whole sequence at n slots a thread, whose checkpoints at the chunks' starts are the
-    # states the chunked backward starts from (no chunk maps)
-    "whole_fwd_slots": 0,
 }
 LARGE = 1 << 17  # lanes B M S from which the backward takes 4 slots a thread and not 2
 L2_AHEAD_M = 2048  # channels from which the backward prefetches into L2 (at LARGE lanes)
