@@ -667,7 +667,8 @@ def kernel_cases():
                                    tangent_warps, tangent_cap),
         # the carries over the chunks, their loads pipelined chunked.CARRY_NS stages ahead
         "kla_carry": (KC._carry_kernel,
-                      sig("maps_ptr lam0_ptr eta0_ptr start_ptr", "C MS NR", ()),
+                      sig("maps_ptr lam0_ptr eta0_ptr start_ptr v_ptr Lv_ptr k_ptr a_ptr p_ptr",
+                          "C MS NR L Lc M S", ()),
                       dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),
         "kla_adjoint_carry": (KC._adjoint_carry_kernel, sig("amap_ptr gend_ptr", "C MS NR", ()),
                               dict(BLOCK=KC.BLOCK, NS=KC.CARRY_NS), 4),

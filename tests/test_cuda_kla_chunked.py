@@ -151,6 +151,35 @@ def test_chunked_small_decays(decay, monkeypatch):
         assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
 
 
+# Precise observations: a chunk map's 4 unnormalized steps grow by about (Lv k^2 p)^4, past
+# float32 from Lv k^2 p near 1e9.5 a step, where the sequential filter is exact. The carry then
+# walks the lanes' bad chunks step by step (chunked._apply_map, _walk_chunk). Cases: every lane
+# in every chunk; one channel in one chunk only (the other lanes and chunks take their maps).
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (the overflow)
+@pytest.mark.parametrize("where", ["all", "one-channel-one-chunk"])
+@pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0)], ids=["Lv1e10", "Lv1e14-p50"])
+def test_chunked_precise_observations(where, scale, pv, monkeypatch):
+    shape, C = (2, 64, 3, 4), 4
+    x = make_inputs(*shape, seed=6, forget=True)
+    if where == "all":
+        x["Lv"] = x["Lv"] * scale
+        x["process_var"] = torch.full_like(x["process_var"], pv)
+    else:
+        x["Lv"][:, 20:28, 1] = x["Lv"][:, 20:28, 1] * scale  # chunk 1 (steps 16-31), channel 1
+        x["process_var"][1] = pv
+    w = weights_for(*shape)
+    monkeypatch.setattr(tuning, "CHUNKS", C)
+    maps, _ = chunked.chunk_starts(*(x[n].float() for n in ("v", "Lv", "k", "decay",
+                                                            "process_var")), None, None, C)
+    assert not torch.isfinite(maps).all()  # the maps overflowed: the walk is tested
+    got, ggot = run(kla_triton, x, torch.float32, w)
+    ref, gref = run(reference, x, torch.float64, w)
+    for name, a, r in zip(OUTS, got, ref, strict=True):
+        assert normwise(a, r) <= TOLERANCES[("kernel", "float32")], name
+    for name, a, r in zip(NAMES, ggot, gref, strict=True):
+        assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
+
+
 def test_one_step_one_chunk():
     # L = 1: the chunked functions with C = 1 are the plain kernels (no carry)
     shape = (2, 1, 3, 4)

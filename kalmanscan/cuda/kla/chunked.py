@@ -36,6 +36,7 @@ import triton.language as tl
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
+from kalmanscan.cuda.filter.kernels import not_finite
 from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _prefetch_l2, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
@@ -296,36 +297,86 @@ def _chunk_maps_kernel(
     tl.store(out + 6 * step, A, mask=lm)
 
 
+@helper
+def _apply_map(mp, step, lam, eta, lm):
+    """The state ``(lam, eta)`` through the chunk map at ``mp`` (entries ``step`` apart), and
+    where the map or the result is not finite (``_chunk_maps_kernel``'s unnormalized steps
+    overflowed: float32 from about ``Lv k^2 (p + d) > 1e9`` a step, where the sequential filter
+    is still exact)."""
+    m11 = tl.load(mp, mask=lm, other=1.0)
+    m12 = tl.load(mp + step, mask=lm, other=0.0)
+    m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
+    m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
+    g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
+    g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
+    A = tl.load(mp + 6 * step, mask=lm, other=1.0)
+    rden = 1.0 / (m21 * lam + m22)
+    eta = (g1 * lam + g2 + A * eta) * rden
+    lam = (m11 * lam + m12) * rden
+    bad = not_finite(((m11 + m12) + (m21 + m22)) + ((g1 + g2) + A) + (lam + eta))
+    return lam, eta, bad & lm
+
+
+@helper
+def _walk_chunk(lam, eta, walk, v_ptr, Lv_ptr, k_ptr, row0, Lc, M, S, m, s, p, d, af, e,
+                dt: tl.constexpr):  # fmt: skip
+    """The lanes where ``walk``: the state after the ``Lc`` steps from row ``row0`` (``b L + c
+    Lc``) walked one at a time (the forward's step, ``device._step_from``); the others as
+    given."""
+    for t in range(0, Lc):
+        r = row0 + t
+        vv = tl.load(v_ptr + r * M + m, mask=walk, other=0.0).to(dt)
+        LL = tl.load(Lv_ptr + r * M + m, mask=walk, other=0.0).to(dt)
+        kk = tl.load(k_ptr + r * S + s, mask=walk, other=0.0).to(dt)
+        rden = _rcp(p * lam + d)
+        lam_n = lam * rden + (LL * (kk * kk) + e)
+        eta_n = af * rden * eta + (vv * LL) * kk
+        lam = tl.where(walk, lam_n, lam)
+        eta = tl.where(walk, eta_n, eta)
+    return lam, eta
+
+
 @triton.jit
-def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, C, MS, NR, BLOCK: tl.constexpr,
-                  NS: tl.constexpr = 1):
+def _carry_kernel(maps_ptr, lam0_ptr, eta0_ptr, start_ptr, v_ptr, Lv_ptr, k_ptr, a_ptr, p_ptr,
+                  C, MS, NR, L, Lc, M, S, BLOCK: tl.constexpr,
+                  NS: tl.constexpr = 1):  # fmt: skip
     """One program: ``BLOCK`` lanes of batch row ``program_id(1)``, from ``(lam0, eta0)``
     through the maps of chunks ``0 .. C-2``: the state entering every chunk,
-    ``start [2, B C, M S]``."""
+    ``start [2, B C, M S]``. Where a lane's map of a chunk is not finite (``_apply_map``), the
+    program walks its chunks again and that lane's bad chunks step by step from ``v, Lv, k``
+    (the exact sequential state; any program only pays for this where a map overflowed)."""
     b = tl.program_id(1)
     ms = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lm = ms < MS
     dt = start_ptr.dtype.element_ty
-    lam = tl.load(lam0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=1.0).to(dt)
-    eta = tl.load(eta0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=0.0).to(dt)
+    lam0 = tl.load(lam0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=1.0).to(dt)
+    eta0 = tl.load(eta0_ptr + b.to(tl.int64) * MS + ms, mask=lm, other=0.0).to(dt)
     step = NR.to(tl.int64) * MS
     base = b.to(tl.int64) * C * MS + ms
-    tl.store(start_ptr + base, lam, mask=lm)
-    tl.store(start_ptr + step + base, eta, mask=lm)
+    tl.store(start_ptr + base, lam0, mask=lm)
+    tl.store(start_ptr + step + base, eta0, mask=lm)
+    lam, eta = lam0, eta0
+    bad = ms < 0
     for c in tl.range(0, C - 1, num_stages=NS):
-        mp = maps_ptr + base + c * MS
-        m11 = tl.load(mp, mask=lm, other=1.0)
-        m12 = tl.load(mp + step, mask=lm, other=0.0)
-        m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
-        m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
-        g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
-        g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
-        A = tl.load(mp + 6 * step, mask=lm, other=1.0)
-        rden = 1.0 / (m21 * lam + m22)
-        eta = (g1 * lam + g2 + A * eta) * rden
-        lam = (m11 * lam + m12) * rden
+        lam, eta, bad_c = _apply_map(maps_ptr + base + c * MS, step, lam, eta, lm)
+        bad = bad | bad_c
         tl.store(start_ptr + base + (c + 1) * MS, lam, mask=lm)
         tl.store(start_ptr + step + base + (c + 1) * MS, eta, mask=lm)
+    if tl.max(bad.to(tl.int32), axis=0) > 0:
+        m = ms // S
+        s = ms % S
+        p, d, af, e = _dynamics(a_ptr, p_ptr, ms, lm, dt)
+        lam, eta = lam0, eta0
+        for c in range(0, C - 1):
+            lam_m, eta_m, bad_c = _apply_map(maps_ptr + base + c * MS, step, lam, eta, lm)
+            if tl.max(bad_c.to(tl.int32), axis=0) > 0:
+                lam, eta = _walk_chunk(lam, eta, bad_c, v_ptr, Lv_ptr, k_ptr,
+                                       b.to(tl.int64) * L + c * Lc, Lc, M, S, m, s, p, d, af, e,
+                                       dt)  # fmt: skip
+            lam = tl.where(bad_c, lam, lam_m)
+            eta = tl.where(bad_c, eta, eta_m)
+            tl.store(start_ptr + base + (c + 1) * MS, lam, mask=lm)
+            tl.store(start_ptr + step + base + (c + 1) * MS, eta, mask=lm)
 
 
 @helper
@@ -615,7 +666,8 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
         lam0, eta0 = default_state((B, M, S), dtype, v.device)
     start = empty((2, R, M, S), dtype=dtype, device=v.device)
     launch(_carry_kernel, (cdiv(MS, BLOCK), B),
-           maps, lam0, eta0, start, C, MS, R, BLOCK=BLOCK, NS=CARRY_NS, num_warps=4)  # fmt: skip
+           maps, lam0, eta0, start, v, Lv, k, a, p, C, MS, R, L, L // C, M, S, BLOCK=BLOCK,
+           NS=CARRY_NS, num_warps=4)  # fmt: skip
     return maps, start
 
 
