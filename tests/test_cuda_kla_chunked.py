@@ -60,6 +60,18 @@ def check_float64_reference(shape, C, monkeypatch):
         assert_close(a, b, "kernel_grad", torch.float64, scale=scale, what=f"grad {name}")
 
 
+def check_float32_reference(x, C, weights, monkeypatch):
+    """The op in float32 in ``C`` chunks on inputs ``x`` against the sequential reference in
+    float64: outputs and the gradients of all six inputs, to the float32 kernel tolerances."""
+    monkeypatch.setattr(tuning, "CHUNKS", C)
+    got, ggot = run(kla_triton, x, torch.float32, weights)
+    ref, gref = run(reference, x, torch.float64, weights)
+    for name, a, r in zip(OUTS, got, ref, strict=True):
+        assert normwise(a, r) <= TOLERANCES[("kernel", "float32")], name
+    for name, a, r in zip(NAMES, ggot, gref, strict=True):
+        assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
+
+
 # L = 63 in 7 chunks of 9 steps (each row a whole block and a tail), a forgetting lane (decay
 # 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c) at L = 36 in 4 chunks.
 @pytest.mark.parametrize(
@@ -142,13 +154,7 @@ def test_chunked_small_decays(decay, monkeypatch):
     x["decay"][1, 2] = decay
     x["decay"][2] = max(decay, 1e-3)
     w = weights_for(*shape)
-    monkeypatch.setattr(tuning, "CHUNKS", C)
-    got, ggot = run(kla_triton, x, torch.float32, w)
-    ref, gref = run(reference, x, torch.float64, w)
-    for name, a, r in zip(OUTS, got, ref, strict=True):
-        assert normwise(a, r) <= TOLERANCES[("kernel", "float32")], name
-    for name, a, r in zip(NAMES, ggot, gref, strict=True):
-        assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
+    check_float32_reference(x, C, w, monkeypatch)
 
 
 # Precise observations: a chunk map's 4 unnormalized steps grow by about (Lv k^2 p)^4, past
@@ -168,16 +174,10 @@ def test_chunked_precise_observations(where, scale, pv, monkeypatch):
         x["Lv"][:, 20:28, 1] = x["Lv"][:, 20:28, 1] * scale  # chunk 1 (steps 16-31), channel 1
         x["process_var"][1] = pv
     w = weights_for(*shape)
-    monkeypatch.setattr(tuning, "CHUNKS", C)
     maps, _ = chunked.chunk_starts(*(x[n].float() for n in ("v", "Lv", "k", "decay",
                                                             "process_var")), None, None, C)
     assert not torch.isfinite(maps).all()  # the maps overflowed: the walk is tested
-    got, ggot = run(kla_triton, x, torch.float32, w)
-    ref, gref = run(reference, x, torch.float64, w)
-    for name, a, r in zip(OUTS, got, ref, strict=True):
-        assert normwise(a, r) <= TOLERANCES[("kernel", "float32")], name
-    for name, a, r in zip(NAMES, ggot, gref, strict=True):
-        assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
+    check_float32_reference(x, C, w, monkeypatch)
 
 
 def test_one_step_one_chunk():

@@ -420,8 +420,9 @@ def filter_kernel(
 
 
 @helper
-def apply_map(base, step, lmask, u, e, v):
-    """Apply the stored chunk map at ``base`` to the normalized triple; normalize."""
+def load_map(base, step, lmask):
+    """The stored chunk map at ``base`` (entries ``step`` apart): ``m11, m12, m21, m22, g1, g2,
+    A``, the identity where ``lmask`` is false."""
     m11 = tl.load(base, mask=lmask, other=1.0)
     m12 = tl.load(base + step, mask=lmask, other=0.0)
     m21 = tl.load(base + 2 * step, mask=lmask, other=0.0)
@@ -429,6 +430,13 @@ def apply_map(base, step, lmask, u, e, v):
     g1 = tl.load(base + 4 * step, mask=lmask, other=0.0)
     g2 = tl.load(base + 5 * step, mask=lmask, other=0.0)
     A = tl.load(base + 6 * step, mask=lmask, other=1.0)
+    return m11, m12, m21, m22, g1, g2, A
+
+
+@helper
+def apply_map(base, step, lmask, u, e, v):
+    """Apply the stored chunk map at ``base`` to the normalized triple; normalize."""
+    m11, m12, m21, m22, g1, g2, A = load_map(base, step, lmask)
     U = m11 * u + m12 * v
     V = m21 * u + m22 * v
     E = g1 * u + g2 * v + A * e

@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
+from kalmanscan.cuda.filter.kernels import load_map, not_finite
 from kalmanscan.cuda.kla import tuning
 from kalmanscan.cuda.kla.backward import backward
-from kalmanscan.cuda.filter.kernels import not_finite
 from kalmanscan.cuda.kla.device import _dynamics, _load_tile, _prefetch_l2, _program, _rcp
 from kalmanscan.cuda.kla.forward import default_state, forward
 
@@ -303,13 +303,7 @@ def _apply_map(mp, step, lam, eta, lm):
     where the map or the result is not finite (``_chunk_maps_kernel``'s unnormalized steps
     overflowed: float32 from about ``Lv k^2 (p + d) > 1e9`` a step, where the sequential filter
     is still exact)."""
-    m11 = tl.load(mp, mask=lm, other=1.0)
-    m12 = tl.load(mp + step, mask=lm, other=0.0)
-    m21 = tl.load(mp + 2 * step, mask=lm, other=0.0)
-    m22 = tl.load(mp + 3 * step, mask=lm, other=1.0)
-    g1 = tl.load(mp + 4 * step, mask=lm, other=0.0)
-    g2 = tl.load(mp + 5 * step, mask=lm, other=0.0)
-    A = tl.load(mp + 6 * step, mask=lm, other=1.0)
+    m11, m12, m21, m22, g1, g2, A = load_map(mp, step, lm)
     rden = 1.0 / (m21 * lam + m22)
     eta = (g1 * lam + g2 + A * eta) * rden
     lam = (m11 * lam + m12) * rden
