@@ -14,7 +14,9 @@ so a chunk's steps compose into one map ``(u, v | e)``: a 2x2 block ``m`` on ``(
 row ``e' = g1 u + g2 v + A e`` (divided by its trace every 4 steps; the ratios are exact).
 
 Forward: (1) ``_chunk_maps_kernel`` composes every chunk's map, all chunks at once; (2)
-``_carry_kernel`` walks each lane's maps to the state entering every chunk; (3) the forward
+``_carry_kernel`` walks each lane's maps to the state entering every chunk (a chunk whose map
+overflowed, which 4 unnormalized steps do from about ``Lv k^2 p > 1e9`` a step in float32, it
+walks step by step instead); (3) the forward
 kernel (``forward.py``) runs on the ``[B C, Lc, ...]`` views of the inputs (every chunk a batch
 row) from those states, writing the outputs and the backward's checkpoints.
 
