@@ -157,13 +157,15 @@ def test_chunked_small_decays(decay, monkeypatch):
     check_float32_reference(x, C, w, monkeypatch)
 
 
-# Precise observations: a chunk map's 4 unnormalized steps grow by about (Lv k^2 p)^4, past
-# float32 from Lv k^2 p near 1e9.5 a step, where the sequential filter is exact. The carry then
+# Precise observations or huge process noise: a chunk map's 4 unnormalized steps grow by about
+# (Lv k^2 p)^4, past float32 from Lv k^2 p near 1e9.5 a step, where the sequential filter is
+# exact (p = 1e12 is benchmarks/reliability.py's kla-p-huge regime). The carry then
 # walks the lanes' bad chunks step by step (chunked._apply_map, _walk_chunk). Cases: every lane
 # in every chunk; one channel in one chunk only (the other lanes and chunks take their maps).
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (the overflow)
 @pytest.mark.parametrize("where", ["all", "one-channel-one-chunk"])
-@pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0)], ids=["Lv1e10", "Lv1e14-p50"])
+@pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0), (1.0, 1e12)],
+                         ids=["Lv1e10", "Lv1e14-p50", "p1e12"])  # fmt: skip
 def test_chunked_precise_observations(where, scale, pv, monkeypatch):
     shape, C = (2, 64, 3, 4), 4
     x = make_inputs(*shape, seed=6, forget=True)
