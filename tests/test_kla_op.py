@@ -216,3 +216,68 @@ def test_value_checks_take_one_readback_when_valid():
     t = {n: x.clone() for n, x in base.items()}
     t["decay"][0, 0], t["process_var"][0, 0] = 0.0, 0.0
     assert not _values_ok(t)
+
+
+def _mp_lane_loss(lam0, eta0, a, p, v, Lv, k, q, w_y, w_lam):
+    """One lane's loss ``sum_t w_y[t] y_t + w_lam lam_T`` by the filter's recursion at 50
+    digits (mpmath): ``y_t = q_t eta_t / lam_t``."""
+    import mpmath as mp
+
+    d = a * a
+    lam, eta, tot = lam0, eta0, mp.mpf(0)
+    for t in range(len(v)):
+        den = p * lam + d
+        lam = lam / den + Lv[t] * k[t] * k[t]
+        eta = (a / den) * eta + v[t] * Lv[t] * k[t]
+        tot += w_y[t] * q[t] * eta / lam
+    return tot + w_lam * lam
+
+
+@pytest.mark.parametrize("lam0", [0.7, 0.37, 1.9, 0.0])
+@pytest.mark.parametrize("backend", ["sequential", "torch"])
+def test_gradients_against_mpmath_when_decay_is_far_below_the_precision(backend, lam0):
+    """a^2 << p lam: the quotient rule on ``lam / (p lam + d)`` subtracts two terms of size
+    ``1 / (p lam)`` whose difference ``d / (p lam + d)^2`` is 1e-14 of them here; the sequential
+    backend's float64 gradient of the start precision (all through that difference: eta0 = 0)
+    was their rounding (0.1-1.4 % off here) until ``steps.predict_precision`` gave autograd a
+    product form. Every gradient against central differences at 50 digits, to 1e-6 (both
+    backends' float64 gradients of the first value precision at lam0 = 0, where lam0's
+    derivative is 1 / d, agree with each other and with mpmath to 6 digits, not 9)."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    g = torch.Generator().manual_seed(3)
+    L = 6
+    f64 = torch.float64
+    x = dict(
+        v=torch.randn(1, L, 1, generator=g, dtype=f64),
+        Lv=torch.rand(1, L, 1, generator=g, dtype=f64) * 1e-10 + 1e-11,
+        k=torch.randn(1, L, 1, generator=g, dtype=f64) * 1e-2,
+        q=torch.randn(1, L, 1, generator=g, dtype=f64),
+        decay=torch.tensor([[1e-3]], dtype=f64),
+        process_var=torch.tensor([[6e7]], dtype=f64),
+        lam0=torch.tensor([[[lam0]]], dtype=f64),
+        eta0=torch.tensor([[[0.0]]], dtype=f64),
+    )
+    w_y = torch.randn(L, generator=g, dtype=f64)
+    w_lam = 0.5
+    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    res = kla_filter(**leaves, backend=backend)
+    loss = (res.y[0, :, 0] * w_y).sum() + w_lam * res.final.lam.sum()
+    grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
+
+    def mp_loss(**over):
+        val = {n: [mp.mpf(float(e)) for e in t.reshape(-1)] for n, t in x.items()}
+        for n, (i, h) in over.items():
+            val[n][i] += h
+        return _mp_lane_loss(val["lam0"][0], val["eta0"][0], val["decay"][0],
+                             val["process_var"][0], val["v"], val["Lv"], val["k"], val["q"],
+                             [mp.mpf(float(e)) for e in w_y], mp.mpf(w_lam))  # fmt: skip
+
+    for name, t in x.items():
+        for i in range(t.numel()):
+            h = mp.mpf(float(abs(t.reshape(-1)[i]))) * mp.mpf("1e-20") or mp.mpf("1e-30")
+            true = (mp_loss(**{name: (i, h)}) - mp_loss(**{name: (i, -h)})) / (2 * h)
+            got = float(grads[name].reshape(-1)[i])
+            assert abs(got - float(true)) <= 1e-6 * abs(float(true)) + 1e-300, (
+                f"{backend}: d loss / d {name}[{i}] = {got:.6e}, mpmath {float(true):.6e}"
+            )
