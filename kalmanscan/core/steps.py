@@ -36,29 +36,47 @@ def predict_coeffs(a2: torch.Tensor, p: torch.Tensor):
     return q, d
 
 
+class _PredictPrecision(torch.autograd.Function):
+    """``(lam + q) / (p*lam + d)`` with its derivatives in product form (``predict_precision``)."""
+
+    @staticmethod
+    def forward(lam, p, q, d):
+        return (lam + q) / (p * lam + d)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        lam, p, q, d = inputs
+        ctx.save_for_backward(lam, p, q, d, output)
+
+    @staticmethod
+    def backward(ctx, g):
+        lam, p, q, d, value = ctx.saved_tensors
+        r = 1.0 / (p * lam + d)
+        g_lam = g_p = g_d = None
+        if ctx.needs_input_grad[0]:  # (d - q p) r^2: d r^2 where the past is kept, exactly 0 else
+            g_lam = (g * ((d - q * p) * (r * r))).sum_to_size(lam.shape)
+        if ctx.needs_input_grad[1]:
+            g_p = (-(g * (value * lam * r))).sum_to_size(p.shape)
+        if ctx.needs_input_grad[3]:
+            g_d = (-(g * (value * r))).sum_to_size(d.shape)
+        return g_lam, g_p, None, g_d
+
+
 def predict_precision(lam, p, q, d):
     """Prior precision ``lam_pred`` from the precision ``lam`` entering the step: the Möbius map
     ``(lam + q) / (p*lam + d)``.
 
-    Its value is that quotient (the compiled CPU kernel and the GPU kernels round the same way);
-    its derivatives, where autograd needs them, are those of the same function written as
-    products: ``1 / (p + d/lam)`` where ``lam > 0`` and the step keeps its past (``d lam_pred /
-    d lam = d / (p lam + d)^2``), ``1 / p`` where it forgets (its derivative in ``lam`` exactly
-    0), ``lam / d`` at ``lam = 0``. The quotient rule on the quotient itself subtracts two terms
-    of size ``1 / (p lam)``; once ``a^2 << p lam`` only their rounding is left, and the float64
-    gradient of the start precision came out 0.1-1.4 % off at ``a = 1e-3, p = 6e7`` (100x at
-    ``a = 1e-10``), against mpmath.
+    Where autograd differentiates it, its derivatives are formed as products
+    (``_PredictPrecision``): ``d/dlam = (d - q p) / (p lam + d)^2``, ``d/dp = -lam_pred lam /
+    (p lam + d)``, ``d/dd = -lam_pred / (p lam + d)``. The quotient rule on the expression
+    itself subtracts two terms of size ``1 / (p lam)`` for ``d/dlam``; once ``a^2 << p lam``
+    only their rounding is left, and the float64 gradient of the start precision came out
+    0.1-1.4 % off at ``a = 1e-3, p = 6e7`` (100x at ``a = 1e-10``), against mpmath. The value is
+    the quotient's (the compiled CPU kernel and the GPU kernels round the same way).
     """
-    value = (lam + q) / (p * lam + d)
-    if not (torch.is_grad_enabled() and (lam.requires_grad or p.requires_grad or d.requires_grad)):
-        return value
-    pos = lam > 0
-    forget = q != 0
-    one = torch.ones_like(lam)
-    stable = 1.0 / (p + d / torch.where(pos, lam, one))  # (lam = 0 kept out: no inf, no NaN)
-    kept = torch.where(pos, stable, lam / (p * lam + d))
-    stable = torch.where(forget, 1.0 / torch.where(forget, p, torch.ones_like(p)), kept)
-    return value.detach() + (stable - stable.detach())  # the quotient's value, stable's gradient
+    if torch.is_grad_enabled() and (lam.requires_grad or p.requires_grad or d.requires_grad):
+        return _PredictPrecision.apply(lam, p, q, d)
+    return (lam + q) / (p * lam + d)
 
 
 def info_gain(lam, a, p, q, d):
