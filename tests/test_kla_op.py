@@ -239,7 +239,7 @@ def test_gradients_against_mpmath_when_decay_is_far_below_the_precision(backend,
     """a^2 << p lam: the quotient rule on ``lam / (p lam + d)`` subtracts two terms of size
     ``1 / (p lam)`` whose difference ``d / (p lam + d)^2`` is 1e-14 of them here; the sequential
     backend's float64 gradient of the start precision (all through that difference: eta0 = 0)
-    was their rounding (0.1-1.4 % off here) until ``steps.predict_precision`` gave autograd a
+    was their rounding (0.1-1.4 % off here) until ``steps.predict_info`` gave autograd a
     product form. Every gradient against central differences at 50 digits, to 1e-6 (both
     backends' float64 gradients of the first value precision at lam0 = 0, where lam0's
     derivative is 1 / d, agree with each other and with mpmath to 6 digits, not 9)."""

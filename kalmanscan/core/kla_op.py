@@ -29,7 +29,7 @@ import torch
 from kalmanscan.core import backends
 from kalmanscan.core.filter import InfoState
 from kalmanscan.core.filter import filter as general_filter
-from kalmanscan.core.steps import info_gain, predict_coeffs, predict_precision
+from kalmanscan.core.steps import predict_coeffs, predict_info
 
 __all__ = ["KLAResult", "KLA_BACKENDS", "kla_filter", "kla_step", "kla_filter_sequential"]
 
@@ -53,8 +53,7 @@ _FLOATS = frozenset(_HALF + (torch.float64,))
 
 def _step(v, Lv, k, q, a, p, qf, d, lam, eta):
     """One token: v, Lv [B, M]; k, q [B, S]; a, p, qf, d [M, S]; lam, eta [B, M, S]."""
-    lam_pred = predict_precision(lam, p, qf, d)
-    alpha = info_gain(lam, a, p, qf, d)
+    lam_pred, alpha = predict_info(lam, a, p, qf, d)
     lam = lam_pred + Lv[:, :, None] * (k * k)[:, None, :]
     eta = alpha * eta + (v * Lv)[:, :, None] * k[:, None, :]
     y = (q[:, None, :] * eta / lam).sum(-1)

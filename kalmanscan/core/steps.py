@@ -36,55 +36,62 @@ def predict_coeffs(a2: torch.Tensor, p: torch.Tensor):
     return q, d
 
 
-class _PredictPrecision(torch.autograd.Function):
-    """``(lam + q) / (p*lam + d)`` with its derivatives in product form (``predict_precision``)."""
+class _Predict(torch.autograd.Function):
+    """``(lam_pred, alpha) = ((lam + q) r, a (1 - q) r)`` with ``r = 1 / (p*lam + d)``, their
+    derivatives in product form (``predict_info``)."""
 
     @staticmethod
-    def forward(lam, p, q, d):
-        return (lam + q) / (p * lam + d)
+    def forward(lam, a, p, q, d):
+        den = p * lam + d
+        return (lam + q) / den, a * (1 - q) / den
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        lam, p, q, d = inputs
-        ctx.save_for_backward(lam, p, q, d, output)
+        lam, a, p, q, d = inputs
+        ctx.save_for_backward(lam, a, p, q, d, *output)
 
     @staticmethod
-    def backward(ctx, g):
-        lam, p, q, d, value = ctx.saved_tensors
+    def backward(ctx, g_pred, g_alpha):
+        lam, a, p, q, d, pred, alpha = ctx.saved_tensors
         r = 1.0 / (p * lam + d)
-        g_lam = g_p = g_d = None
+        if g_pred is None:
+            g_pred = torch.zeros_like(pred)
+        if g_alpha is None:
+            g_alpha = torch.zeros_like(alpha)
+        # both outputs are (something) * r: d/dp = -out lam r, d/dd = -out r (products)
+        both = g_pred * pred + g_alpha * alpha
+        g_lam = g_a = g_p = g_d = None
         if ctx.needs_input_grad[0]:  # (d - q p) r^2: d r^2 where the past is kept, exactly 0 else
-            g_lam = (g * ((d - q * p) * (r * r))).sum_to_size(lam.shape)
+            g_lam = (g_pred * ((d - q * p) * (r * r)) - g_alpha * (alpha * p * r)).sum_to_size(
+                lam.shape
+            )
         if ctx.needs_input_grad[1]:
-            g_p = (-(g * (value * lam * r))).sum_to_size(p.shape)
-        if ctx.needs_input_grad[3]:
-            g_d = (-(g * (value * r))).sum_to_size(d.shape)
-        return g_lam, g_p, None, g_d
+            g_a = (g_alpha * ((1 - q) * r)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[2]:
+            g_p = (-(both * (lam * r))).sum_to_size(p.shape)
+        if ctx.needs_input_grad[4]:
+            g_d = (-(both * r)).sum_to_size(d.shape)
+        return g_lam, g_a, g_p, None, g_d
 
 
-def predict_precision(lam, p, q, d):
-    """Prior precision ``lam_pred`` from the precision ``lam`` entering the step: the Möbius map
-    ``(lam + q) / (p*lam + d)``.
+def predict_info(lam, a, p, q, d):
+    """The predict step's prior precision ``lam_pred = (lam + q) / (p*lam + d)`` and information
+    gain ``alpha = a / (a^2 + p*lam)`` (0 where the step forgets everything; ``eta_pred = alpha
+    eta``), ``(lam_pred, alpha)``.
 
-    Where autograd differentiates it, its derivatives are formed as products
-    (``_PredictPrecision``): ``d/dlam = (d - q p) / (p lam + d)^2``, ``d/dp = -lam_pred lam /
-    (p lam + d)``, ``d/dd = -lam_pred / (p lam + d)``. The quotient rule on the expression
-    itself subtracts two terms of size ``1 / (p lam)`` for ``d/dlam``; once ``a^2 << p lam``
-    only their rounding is left, and the float64 gradient of the start precision came out
-    0.1-1.4 % off at ``a = 1e-3, p = 6e7`` (100x at ``a = 1e-10``), against mpmath. The value is
-    the quotient's (the compiled CPU kernel and the GPU kernels round the same way).
+    Where autograd differentiates them, their derivatives are formed as products
+    (``_Predict``): ``d lam_pred / d lam = (d - q p) / (p lam + d)^2``, and every other one
+    ``-out lam r``, ``-out r`` or ``(1 - q) r``. The quotient rule on ``lam_pred``'s expression
+    subtracts two terms of size ``1 / (p lam)`` for ``d lam_pred / d lam``; once
+    ``a^2 << p lam`` only their rounding is left, and the float64 gradient of the start
+    precision came out 0.1-1.4 % off at ``a = 1e-3, p = 6e7`` (100x at ``a = 1e-10``), against
+    mpmath. The values are the quotients' (the compiled CPU kernel and the GPU kernels round
+    the same way).
     """
-    if torch.is_grad_enabled() and (lam.requires_grad or p.requires_grad or d.requires_grad):
-        return _PredictPrecision.apply(lam, p, q, d)
-    return (lam + q) / (p * lam + d)
-
-
-def info_gain(lam, a, p, q, d):
-    """Information gain ``alpha = a / (a^2 + p*lam)`` (0 where the step forgets everything).
-
-    ``eta_pred = alpha * eta_prev + lam_pred * offset``; it is also the RTS smoother gain.
-    """
-    return a * (1 - q) / (p * lam + d)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (lam, a, p, d)):
+        return _Predict.apply(lam, a, p, q, d)
+    den = p * lam + d
+    return (lam + q) / den, a * (1 - q) / den
 
 
 # --------------------------------------------------------------------------- homogeneous (u, e, v)
