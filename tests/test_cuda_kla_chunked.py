@@ -5,6 +5,7 @@ outputs are NaN-poisoned before every launch so an unwritten element fails.
 """
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,11 +15,13 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
+from benchmarks.reliability import KLA_REGIMES, kla_errors, kla_inputs  # noqa: E402
 from kalmanscan.core.kla_op import kla_filter  # noqa: E402
 from kalmanscan.cuda import _common  # noqa: E402
 from kalmanscan.cuda.kla import autograd, chunked, kla_triton, tuning  # noqa: E402
-from kalmanscan.testing import TOLERANCES, assert_close  # noqa: E402
+from kalmanscan.testing import TOLERANCES, assert_close, tolerance  # noqa: E402
 from tests.test_cuda_kla import (  # noqa: E402
+    DEVICE,
     NAMES,
     make_inputs,
     normwise,
@@ -180,6 +183,26 @@ def test_chunked_precise_observations(where, scale, pv, monkeypatch):
                                                             "process_var")), None, None, C)
     assert not torch.isfinite(maps).all()  # the maps overflowed: the walk is tested
     check_float32_reference(x, C, w, monkeypatch)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (overflows)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", list(KLA_REGIMES))
+def test_chunked_op_regimes(name, monkeypatch):
+    """benchmarks/reliability.py's KLA regimes through the op in 4 time chunks (float32, the
+    kernels in the interpreter without a GPU), against the float64 sequential op: the tolerance
+    of ``tests/test_extremes.py::test_kla_op_regimes``, no non-finite output. (The p = 1e12
+    regime overflowed the chunk maps, which gave NaN, before the carry's walk.)"""
+    x = kla_inputs(name, shape=(2, 256, 4, 3))
+    ref = kla_filter(**x, backend="sequential")
+    monkeypatch.setattr(tuning, "CHUNKS", 4)
+    dev = [x[n].to(device=DEVICE, dtype=torch.float32) for n in NAMES[:6]]
+    y, yvar, lam, _, _ = (t.cpu().double() if t is not None else t
+                          for t in kla_triton(*dev, None, None))  # fmt: skip
+    e = kla_errors(SimpleNamespace(y=y, yvar=yvar, final=SimpleNamespace(lam=lam)), ref)
+    tol = tolerance("truth", "float32")
+    assert e["nonfinite"] == 0
+    assert e["y"] <= tol and e["yvar"] <= tol and e["lam"] <= tol, e
 
 
 def test_one_step_one_chunk():
