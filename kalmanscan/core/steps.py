@@ -53,11 +53,7 @@ class _Predict(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_pred, g_alpha):
         lam, a, p, q, d, pred, alpha = ctx.saved_tensors
-        r = 1.0 / (p * lam + d)
-        if g_pred is None:
-            g_pred = torch.zeros_like(pred)
-        if g_alpha is None:
-            g_alpha = torch.zeros_like(alpha)
+        r = 1.0 / (p * lam + d)  # (an output without a gradient arrives as zeros)
         # both outputs are (something) * r: d/dp = -out lam r, d/dd = -out r (products)
         both = g_pred * pred + g_alpha * alpha
         g_lam = g_a = g_p = g_d = None

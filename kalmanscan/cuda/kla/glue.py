@@ -974,9 +974,10 @@ def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2)
             conv = dict(zg_ptr=dt, w_ptr=f32, b_ptr=f32, L=L, M=M, ZS=2 * M)
             cases.append((f"conv_fwd-{tag}-K{K}", _glue_conv_fwd_kernel,
                           dict(conv, out_ptr=dt), dict(K=K, BT=BT, BM=BM), nw))  # fmt: skip
-            FP, FM, fw = CONV_FWD_WALK
-            cases.append((f"conv_fwd_walk-{tag}-K{K}", _glue_conv_fwd_walk_kernel,
-                          dict(conv, out_ptr=dt), dict(K=K, TP=FP, BM=FM), fw))  # fmt: skip
+            if CONV_FWD_WALK is not None:  # (None: the tile kernel only)
+                FP, FM, fw = CONV_FWD_WALK
+                cases.append((f"conv_fwd_walk-{tag}-K{K}", _glue_conv_fwd_walk_kernel,
+                              dict(conv, out_ptr=dt), dict(K=K, TP=FP, BM=FM), fw))  # fmt: skip
             PT, PM, pw, NI = CONV_BWD_BLOCKS
             cases.append((f"conv_gpre-{tag}-K{K}", _glue_conv_gpre_kernel,
                           dict(conv, g_ptr=dt, g2_ptr=dt, gp_ptr=f32, gw_ptr=f32, gb_ptr=f32,
