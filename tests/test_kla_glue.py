@@ -122,6 +122,92 @@ def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var, conv_one_pass):
         assert_rel(have, want, name)
 
 
+# The op's forward storing the gated output beside y (glue.gate_in_op, glue.kla_gated): slot
+# counts whose forward stores by a reduce-scatter (S = 16: 4 threads a channel, S = 32: 8),
+# lengths with a tail after the 4-step blocks, the op in time chunks
+GATE_CASES = [
+    pytest.param(2, 7, 16, 16, {}, 1, id="B2-L7-S16-silu"),
+    pytest.param(1, 13, 16, 32, {"gate_activation": "gelu"}, 1, id="B1-L13-S32-gelu"),
+    pytest.param(2, 16, 16, 16, {"gate_activation": "relu"}, 2, id="B2-L16-S16-relu-2chunks"),
+]
+
+
+@pytest.mark.parametrize("B,L,D,S,cfg,C", GATE_CASES)
+def test_gated_output_from_the_op_forward(B, L, D, S, cfg, C, monkeypatch):
+    """The fused layer whose op writes the gated output (no gate kernel in the forward) against
+    the eager layer: output, final state and every gradient."""
+    from kalmanscan.cuda.kla import forward, glue, tuning
+
+    calls = []
+    real = glue.kla_gated
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(glue, "kla_gated", spy)
+    if not CUDA:  # (the op's triton backend serves CUDA tensors; its kernels interpreted here)
+        monkeypatch.setattr(glue, "gate_in_op", lambda dev, backend, S: forward.gate_fusable(S))
+    monkeypatch.setattr(tuning, "CHUNKS", C)
+    layer = make_layer(D, S, **cfg)
+    x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    ref = run(layer, x, "eager", False)
+    got = run(layer, x, "fused", False)
+    assert len(calls) == 1
+    for name, want in ref.items():
+        assert got[name].shape == want.shape and got[name].dtype == want.dtype, name
+        assert_rel(got[name], want, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("grad", [False, True], ids=["8-step-blocks", "4-step-blocks"])
+@pytest.mark.parametrize("S,act", [(16, "silu"), (32, "gelu")])
+def test_gated_output_equals_the_gate_kernel(dtype, grad, S, act, monkeypatch):
+    """``kla_gated``'s ``out`` bit for bit against the gate kernel on the op's own ``y`` (the
+    same formula in float32, rounded once): the forward without gradients (8-step blocks) and
+    saving checkpoints (4-step blocks), 4 and 8 threads a channel, a tail of 5 steps, every
+    element written (outputs NaN-poisoned)."""
+    from kalmanscan.cuda import _common
+    from kalmanscan.cuda.kla import forward, glue, tuning
+
+    monkeypatch.setattr(_common, "POISON", True)
+    monkeypatch.setattr(tuning, "CHUNKS", 1)
+    g = torch.Generator().manual_seed(3)
+    B, L, M = 2, 21, 8
+    v, Lv = torch.randn(B, L, M, generator=g), torch.rand(B, L, M, generator=g) + 0.5
+    k, q = torch.randn(B, L, S, generator=g), torch.randn(B, L, S, generator=g)
+    a = torch.rand(M, S, generator=g) * 0.5 + 0.45
+    p = torch.rand(M, S, generator=g) * 0.2 + 0.01
+    zg = torch.randn(B, L, 2 * M, generator=g).to(dtype)
+    zc = torch.randn(B, L, M, generator=g).to(dtype)
+    skip = torch.tensor(-0.7)
+    args = [t.to(DEVICE) for t in (v, Lv, k, q, a, p, zg, zc, skip)]
+    if grad:
+        args[0].requires_grad_(True)
+    out = torch.full((B, L, M), float("nan"), dtype=dtype, device=DEVICE)
+    assert forward.gate_fusable(S)
+    res = glue.kla_gated(*args[:6], (*args[6:], glue.ACTIVATIONS[act], out))
+    assert out.isfinite().all()
+    want = glue.gate_skip(res.y.detach(), None, args[6], args[7], args[8], act,
+                          glue.new_grad_buffer())  # fmt: skip
+    assert torch.equal(out, want)
+
+
+def test_gate_in_op_needs_a_reduce_scatter_forward():
+    """Slot counts whose forward stores step by step (1 or 2 threads a channel) keep the gate
+    kernel; the forward refuses a gate there."""
+    from kalmanscan.cuda.kla import forward
+
+    assert forward.gate_fusable(16) and forward.gate_fusable(32)
+    assert not forward.gate_fusable(4) and not forward.gate_fusable(8)
+    assert not forward.gate_fusable(16, torch.float64)
+    x = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="gate: the forward stores the gated output"):
+        forward.forward(x, x, torch.zeros(1, 4, 4), torch.zeros(1, 4, 4), torch.ones(8, 4),
+                        torch.ones(8, 4), None, None, False, False, False,
+                        (x, x, torch.zeros(()), 0, x))  # fmt: skip
+
+
 @pytest.mark.parametrize("K,kernels", [(4, ["walk", "sums"]), (5, ["gpre", "gz", "sums"])])
 def test_conv_backward_kernels(K, kernels, monkeypatch):
     """With ``CONV_ONE_PASS``, widths up to 4 take the one-pass conv backward, wider ones the
