@@ -555,7 +555,7 @@ def kernel_cases():
     def kla_fwd_consts(tu, save_ck):
         return dict(kla_c, CK=tu["ck"], NS=tu["NS"], G=16 // tu["fwd_slots"],
                     SG=tu["fwd_slots"], EVEN_M=True, SAVE_PREC=False, SAVE_CK=save_ck,
-                    W=KT.block_steps(save_ck), VAR=True, GATE=-1)  # fmt: skip
+                    W=KT.block_steps(save_ck), VAR=True)  # fmt: skip
 
     def bwd_consts(tu):
         return dict(kla_c, CK=tu["ck"], NS=tu["bwd_NS"], G=16 // tu["bwd_slots"],
@@ -572,12 +572,10 @@ def kernel_cases():
     kla_b_ck4 = dict(kla_b_many, CK=4, RERUN=False)
     kla_fwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr lam0_ptr eta0_ptr y_ptr yvar_ptr "
-        "lamT_ptr etaT_ptr prec_ptr ck_ptr zg_ptr zc_ptr skip_ptr out_ptr",
+        "lamT_ptr etaT_ptr prec_ptr ck_ptr",
         "L M NB",
         (),
     )
-    # the fused glue's gated output (forward.gate_fusable): zg, zc, out in bfloat16
-    kla_fwd_gate_sig = dict(kla_fwd_sig, zg_ptr="*bf16", zc_ptr="*bf16", out_ptr="*bf16")
     kla_bwd_sig = sig(
         "v_ptr Lv_ptr k_ptr q_ptr a_ptr p_ptr ck_ptr gy_ptr gyv_ptr glT_ptr geT_ptr "
         "gprec_ptr gv_ptr gLv_ptr gk_part_ptr gq_part_ptr ga_part_ptr gp_part_ptr g0_ptr",
@@ -609,9 +607,6 @@ def kernel_cases():
         # the KLA layer's training path (kla_filter(return_variance=False)): no yvar written
         "kla_fwd_novar": (KF._kla_fwd_kernel, dict(kla_fwd_sig),
                           dict(kla_fwd_consts(tu, True), VAR=False), 1),
-        # and the layer's gated output stored beside y (the bf16 LM's fused glue, silu)
-        "kla_fwd_gate": (KF._kla_fwd_kernel, kla_fwd_gate_sig,
-                         dict(kla_fwd_consts(tu, True), VAR=False, GATE=0), 1),
         "kla_bwd": (KB._kla_bwd_kernel, kla_bwd_sig, dict(kla_b), 1),
         # 4-step checkpoint intervals at 4 slots a thread (TUNING["ck"] = 4): half the live
         # states of 8, so the unmasked loop with input reuse fits without spills

@@ -4,9 +4,8 @@ A variant may also set ``CHUNKS`` (``tuning.CHUNKS``: the time-chunk count, a di
 the chunked op's map-kernel launches, ``maps.<k>`` and ``tangent.<k>`` for ``k`` in ``slots``,
 ``unroll``, ``NS``, ``pf``, ``db``, ``maxnreg`` (``chunked.MAPS_LAUNCH``,
 ``chunked.TANGENT_LAUNCH``), ``glue.CONV_WALK`` and ``glue.CONV_FWD_WALK`` (the conv backward's
-and forward's blocks, lists; the forward's ``null``: its tile kernel), ``glue.GATE_IN_OP`` (the
-op's forward writing the gated output, or the gate kernel) and ``chunked.CARRY_NS`` (the
-carries' pipeline stages).
+and forward's blocks, lists; the forward's ``null``: its tile kernel) and ``chunked.CARRY_NS``
+(the carries' pipeline stages).
 
 ``benchmarks/lm_step.py``'s KLA model (d_model 512, 6 layers, vocab 256, bf16 autocast) at one
 ``--shape``; for each variant (a JSON list of ``TUNING`` overrides, ``{}`` the defaults) one
@@ -51,10 +50,8 @@ VARIANTS = ('[{}, {"bwd_l2_ahead": 0}, {"bwd_l2_ahead": 32}, {"bwd_l2_ahead": 64
 LAUNCH_KEYS = tuple(f"{d}.{k}" for d in ("maps", "tangent")
                     for k in ("slots", "unroll", "NS", "pf", "db", "maxnreg"))  # fmt: skip
 # module constants a variant may set: the fused glue's conv backward and forward blocks (lists,
-# kept as tuples; the forward's null: its tile kernel), whether the op's forward writes the
-# gated output, and the chunked op's carries' stages
-MODULE_KEYS = {"glue.CONV_WALK": glue, "glue.CONV_FWD_WALK": glue, "glue.GATE_IN_OP": glue,
-               "chunked.CARRY_NS": chunked}  # fmt: skip
+# kept as tuples; the forward's null: its tile kernel) and the chunked op's carries' stages
+MODULE_KEYS = {"glue.CONV_WALK": glue, "glue.CONV_FWD_WALK": glue, "chunked.CARRY_NS": chunked}
 KEYS = sorted(tuning.TUNING) + ["CHUNKS", *LAUNCH_KEYS, *MODULE_KEYS]
 KERNELS = (("fwd_ms", "_kla_fwd_kernel"), ("bwd_ms", "_kla_bwd_kernel"),
            ("maps_ms", "_chunk_maps_kernel"), ("tangent_ms", "_adjoint_maps_kernel"))  # fmt: skip

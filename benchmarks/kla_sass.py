@@ -67,7 +67,6 @@ def sass_of(kernel) -> str:
 CASES = {
     "backward": "kla_bwd_ck8_rerun_nogyv_atomic",
     "forward": "kla_fwd_novar",
-    "forward_gate": "kla_fwd_gate",
     "chunk_maps": "kla_chunk_maps",
     "tangent_maps": "kla_adjoint_maps_nogyv",
 }

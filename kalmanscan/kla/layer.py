@@ -403,26 +403,19 @@ class KLALayer(nn.Module):
         s = self.sensor_proj(zc).contiguous()
         v, Lv, k, q = glue.sensors(s, M, S, self.config.obs_var_min, self.config.qk_norm)
         decay, process_var = self._dynamics_fused()
-        act = self.config.gate_activation
-        gated = None
         with torch.autocast(device_type=x.device.type, enabled=False):
-            if not need_var and glue.gate_in_op(x.device, self.config.backend, S):
-                # the op's forward writes the gated output beside y (one [B, L, M] pass less)
-                gated = torch.empty((B, L, M), dtype=zg.dtype, device=zg.device)
-                gate = (zg, zc, self.lambda_skip, glue.ACTIVATIONS[act], gated)
-                res = glue.kla_gated(v, Lv, k, q, decay, process_var, gate)
-            else:
-                res = kla_filter(
-                    v, Lv, k, q, decay, process_var, return_variance=need_var,
-                    backend=self.config.backend, check=False,
-                )  # fmt: skip
+            res = kla_filter(
+                v, Lv, k, q, decay, process_var, return_variance=need_var,
+                backend=self.config.backend, check=False,
+            )  # fmt: skip
+        act = self.config.gate_activation
         if need_var:
             y, yvar_gated = glue.gate_skip(
                 res.y, res.yvar, zg, zc, self.lambda_skip, act, buf, var_dtype=x.dtype
             )
         else:
             y, yvar_gated = (
-                glue.gate_skip(res.y, res.yvar, zg, zc, self.lambda_skip, act, buf, out=gated),
+                glue.gate_skip(res.y, res.yvar, zg, zc, self.lambda_skip, act, buf),
                 None,
             )
         out = self.out_proj(y)

@@ -15,9 +15,9 @@ from kalmanscan.cuda.kla.forward import forward
 
 class _KLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var, gate):
+    def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var):
         y, yvar, lamT, etaT, prec, ck, CK = forward(v, Lv, k, q, a, p, lam0, eta0, save_prec,
-                                                    save_ck, var, gate)  # fmt: skip
+                                                    save_ck, var)  # fmt: skip
         ctx.CK = CK
         ctx.init = lam0 is not None  # else the default state: not an input, no gradient
         # outputs without a gradient reach backward as None (it passes zeros for them once)
@@ -35,14 +35,14 @@ class _KLA(torch.autograd.Function):
                                                      geT, gprec)  # fmt: skip
         if not ctx.init:
             gl0 = ge0 = None
-        return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None, None, None
+        return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None, None
 
 
 class _KLAChunked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, C, var, gate):
+    def forward(ctx, v, Lv, k, q, a, p, lam0, eta0, save_prec, C, var):
         y, yvar, lamT, etaT, prec, ck, CK, _, start = forward_chunked(
-            v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C, var, gate)  # fmt: skip
+            v, Lv, k, q, a, p, lam0, eta0, save_prec, True, C, var)  # fmt: skip
         ctx.CK, ctx.C = CK, C
         ctx.init = lam0 is not None
         ctx.set_materialize_grads(False)
@@ -58,15 +58,13 @@ class _KLAChunked(torch.autograd.Function):
         )
         if not ctx.init:
             gl0 = ge0 = None
-        return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None, None, None
+        return gv, gLv, gk, gq, ga, gp, gl0, ge0, None, None, None
 
 
 def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=False,
-               return_variance=True, gate=None):  # fmt: skip
+               return_variance=True):  # fmt: skip
     """Fused KLA op on CUDA tensors: ``(y, yvar or None, lam, eta, precision or None)``;
-    ``return_variance`` False: ``yvar`` neither written nor its gradient read. ``gate``: the
-    KLA layer's fused glue has the forward also write its gated output (``forward.forward``'s
-    ``gate``; no gradient flows through it here: ``glue.gate_skip`` owns that).
+    ``return_variance`` False: ``yvar`` neither written nor its gradient read.
 
     Prepared inputs as ``kalmanscan.core.kla_op.kla_filter`` makes them (one dtype, exact
     shapes; ``lam0, eta0`` both None for the default initial state 1, 0, read from tensors kept
@@ -89,22 +87,21 @@ def kla_triton(v, Lv, k, q, decay, process_var, lam0, eta0, return_precision=Fal
     C = tuning.chunks_for(B * M * k.shape[-1], L, tuning.sm_count(v.device))
     var = bool(return_variance)
     if C > 1:
-        return _chunked(args, bool(return_precision), C, var, gate)
+        return _chunked(args, bool(return_precision), C, var)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)):
         # nothing to differentiate: the forward kernel alone, without autograd's Function
         # machinery (about 15 us of host time a call)
-        y, yvar, lamT, etaT, prec, _, _ = forward(*args, bool(return_precision), False, var,
-                                                  gate)  # fmt: skip
+        y, yvar, lamT, etaT, prec, _, _ = forward(*args, bool(return_precision), False, var)
         return y, yvar, lamT, etaT, prec
-    outs = _KLA.apply(*args, bool(return_precision), True, var, gate)
+    outs = _KLA.apply(*args, bool(return_precision), True, var)
     y, yvar, lamT, etaT = outs[:4]
     return y, yvar, lamT, etaT, (outs[4] if return_precision else None)
 
 
-def _chunked(args, save_prec, C, var, gate=None):
+def _chunked(args, save_prec, C, var):
     """:func:`kla_triton` in ``C`` time chunks (``chunked.py``)."""
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)):
-        y, yvar, lamT, etaT, prec = forward_chunked(*args, save_prec, False, C, var, gate)[:5]
+        y, yvar, lamT, etaT, prec = forward_chunked(*args, save_prec, False, C, var)[:5]
         return y, yvar, lamT, etaT, prec
-    outs = _KLAChunked.apply(*args, save_prec, C, var, gate)
+    outs = _KLAChunked.apply(*args, save_prec, C, var)
     return outs[0], outs[1], outs[2], outs[3], (outs[4] if save_prec else None)

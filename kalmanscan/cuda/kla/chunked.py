@@ -667,20 +667,17 @@ def chunk_starts(v, Lv, k, a, p, lam0, eta0, C):
     return maps, start
 
 
-def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=True, gate=None):
+def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=True):
     """The forward in ``C`` chunks: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK,
     maps, start)``; ``ck`` the checkpoints of the chunk rows (``backward_chunked``); ``yvar``
-    None where ``var`` is False; ``gate``: as ``forward.forward``'s."""
+    None where ``var`` is False."""
     B, L, M = v.shape
     S = k.shape[-1]
     R, Lc = B * C, L // C
     maps, start = chunk_starts(v, Lv, k, a, p, lam0, eta0, C)
-    if gate is not None:
-        zg, zc, skip, act, out = gate
-        gate = (_rows(zg, R, Lc), _rows(zc, R, Lc), skip, act, _rows(out, R, Lc))
     y, yvar, lamT, etaT, prec, ck, CK = forward(
         _rows(v, R, Lc), _rows(Lv, R, Lc), _rows(k, R, Lc), _rows(q, R, Lc), a, p,
-        start[0], start[1], save_prec, save_ck, var, gate)  # fmt: skip
+        start[0], start[1], save_prec, save_ck, var)  # fmt: skip
     lamT = lamT.view(B, C, M, S)[:, -1].contiguous()
     etaT = etaT.view(B, C, M, S)[:, -1].contiguous()
     if prec is not None:

@@ -246,7 +246,7 @@ def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl
     ``y`` and ``yvar`` and stores them at ``ptr_a`` and ``ptr_b``; ``G = 8``: it holds ``y`` of
     step ``c`` below 4, ``yvar`` of step ``c - 4`` above, and stores it at ``ptr_a``. (The
     backward stores ``gv, gLv`` the same way.) ``VAR`` False: the ``yvar`` values are not
-    stored. Returns the value stored at ``ptr_a`` (``G = 8``: ``y`` where ``c < 4``)."""
+    stored."""
     if G == 8:  # values 0-3: y of the steps, 4-7: yvar
         w = _reduce_scatter8(y0, y1, y2, y3, v0, v1, v2, v3, c, 1)  # value c's sum
         if VAR:
@@ -260,11 +260,9 @@ def _scatter_store4(y0, y1, y2, y3, v0, v1, v2, v3, c, ptr_a, ptr_b, mask, G: tl
         b0 = _swap_add(v0, v2, hi, 2)
         b1 = _swap_add(v1, v3, hi, 2)
         lo = (c & 1) == 1
-        w = _swap_add(a0, a1, lo, 1)
-        tl.store(ptr_a, w, mask=mask)
+        tl.store(ptr_a, _swap_add(a0, a1, lo, 1), mask=mask)
         if VAR:
             tl.store(ptr_b, _swap_add(b0, b1, lo, 1), mask=mask)
-    return w
 
 
 @helper

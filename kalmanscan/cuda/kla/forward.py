@@ -19,7 +19,6 @@ import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, launch
 from kalmanscan.cuda.kla import tuning
-from kalmanscan.cuda.kla.glue import _act_value
 from kalmanscan.cuda.kla.device import (
     _dynamics,
     _group_sum,
@@ -84,34 +83,6 @@ def _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr
     tl.store(y_ptr + base_m + t * M + mo, _group_sum(ys, G, NT), mask=momask)
     if VAR:
         tl.store(yvar_ptr + base_m + t * M + mo, _group_sum(yvs, G, NT), mask=momask)
-    return lam, eta
-
-
-@helper
-def _gate_store(w, po, zc, gate, skip, mask, ACT: tl.constexpr):
-    """Store ``out = (w + skip zc) act(gate)`` at ``po`` (the glue's gate kernel,
-    ``glue._glue_gate_fwd_kernel``, on a step's ``y = w``; ``zc, gate`` as loaded)."""
-    g = _act_value(gate.to(tl.float32), ACT)
-    tl.store(po, ((w + skip * zc.to(tl.float32)) * g).to(po.dtype.element_ty), mask=mask)
-
-
-@helper
-def _fwd_step_gated(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr, zg_ptr,
-                    zc_ptr, out_ptr, skip_ptr, M, S: tl.constexpr, base_m, mo, momask, ms,
-                    lane_mask, SAVE_PREC: tl.constexpr, G: tl.constexpr, NT: tl.constexpr,
-                    VAR: tl.constexpr, ACT: tl.constexpr):  # fmt: skip
-    """``_fwd_step`` that also stores the step's gated output (``_gate_store``)."""
-    lam, eta, ys, yvs = _fwd_sums(lam, eta, v, Lv, kk, qq, p, d, af, e, t, prec_ptr, M, S, base_m,
-                                  ms, lane_mask, SAVE_PREC)  # fmt: skip
-    row = base_m + t * M
-    y = _group_sum(ys, G, NT)
-    tl.store(y_ptr + row + mo, y, mask=momask)
-    if VAR:
-        tl.store(yvar_ptr + row + mo, _group_sum(yvs, G, NT), mask=momask)
-    zc = tl.load(zc_ptr + row + mo, mask=momask, other=0.0)
-    gate = tl.load(zg_ptr + 2 * row + M + mo, mask=momask, other=0.0)
-    skip = tl.load(skip_ptr).to(tl.float32)
-    _gate_store(y, out_ptr + row + mo, zc, gate, skip, momask, ACT)
     return lam, eta
 
 
@@ -185,11 +156,11 @@ def _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S: tl.constexpr, ms, lane_mask, c
 @triton.jit
 def _kla_fwd_kernel(
     v_ptr, Lv_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
-    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr,
+    y_ptr, yvar_ptr, lamT_ptr, etaT_ptr, prec_ptr, ck_ptr,
     L, M, NB, S: tl.constexpr,
     SAVE_PREC: tl.constexpr, SAVE_CK: tl.constexpr, CK: tl.constexpr, NS: tl.constexpr,
     G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr, EVEN_M: tl.constexpr,
-    W: tl.constexpr, VAR: tl.constexpr, GATE: tl.constexpr = -1,
+    W: tl.constexpr, VAR: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(NT == 32, "one warp a program (the reduce-scatters stay in a warp)")
     tl.static_assert(CK % 4 == 0, "checkpoints must fall on block starts")
@@ -231,21 +202,8 @@ def _kla_fwd_kernel(
     smask4 = (t4[:, None] >= 0) & (sc[None, :] < S)
     # with SCATTER, the sums of a block's (last) 4 steps are stored by the next block (at its
     # top, from pointers 4 steps behind); the last block's after the loop
-    pa, pb, step = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
+    pa, pb, _ = _scatter_ptrs(y_ptr, yvar_ptr, t_lo - 4, base_m, M, m, jg, G)
     zero = tl.zeros([NT], dt)
-    # GATE (an activation's code, glue.ACTIVATIONS): each step's gated output ``out = (y +
-    # skip zc) act(gate)`` is stored beside its ``y`` by the thread that stores it, from the
-    # ``zc, gate`` it loaded a block before (its stores of a block come at the top of the next)
-    if GATE >= 0:
-        tl.static_assert(SCATTER, "the gated output is stored by the reduce-scatter")
-        skip = tl.load(skip_ptr).to(tl.float32)
-        gmask = mmask & (jg < 4)  # (G = 8: threads 4-7 hold yvar)
-        row = base_m + step * M
-        po = out_ptr + row + m
-        pz = zc_ptr + row + 4 * M + m
-        pg = zg_ptr + 2 * row + 9 * M + m
-        zcv = tl.zeros([NT], zc_ptr.dtype.element_ty)
-        gtv = tl.zeros([NT], zg_ptr.dtype.element_ty)
     ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zero, zero, zero, zero, zero, zero, zero, zero
     for tb in tl.range(t_lo, t_tail, W, num_stages=NS):  # fmt: skip
         if SAVE_CK:  # (W == 4)
@@ -257,17 +215,10 @@ def _kla_fwd_kernel(
                 pv + 4 * M, pL + 4 * M, pk + 4 * S, pq + 4 * S, cmask, smask4, dt, S, SG, G,
                 NT, EVEN_M)  # fmt: skip
         if SCATTER:
-            w = _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                                mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
+            _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                            mmask & ((m * 0 + tb) > t_lo), G, VAR)  # fmt: skip
             pa += 4 * M
             pb += 4 * M
-            if GATE >= 0:
-                _gate_store(w, po, zcv, gtv, skip, gmask & ((m * 0 + tb) > t_lo), GATE)
-                po += 4 * M
-                zcv = tl.load(pz, mask=gmask, other=0.0)
-                gtv = tl.load(pg, mask=gmask, other=0.0)
-                pz += 4 * M
-                pg += 8 * M
         lam, eta, ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = _block4(
             lam, eta, v0, L0, k0, q0, v1, L1, k1, q1, v2, L2, k2, q2, v3, L3, k3, q3, p, d, af,
             e, tb, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, zero,
@@ -278,27 +229,18 @@ def _kla_fwd_kernel(
                 d, af, e, tb + 4, y_ptr, yvar_ptr, prec_ptr, M, S, base_m, mo, momask, ms,
                 lane_mask, zero, SAVE_PREC, SCATTER, G, NT, VAR)  # fmt: skip
             if SCATTER:
-                w = _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask,
-                                    G, VAR)  # fmt: skip
+                _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb, mmask, G,
+                                VAR)  # fmt: skip
                 pa += 4 * M
                 pb += 4 * M
-                if GATE >= 0:
-                    _gate_store(w, po, zcv, gtv, skip, gmask, GATE)
-                    po += 4 * M
-                    zcv = tl.load(pz, mask=gmask, other=0.0)
-                    gtv = tl.load(pg, mask=gmask, other=0.0)
-                    pz += 4 * M
-                    pg += 8 * M
             ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3 = zs0, zs1, zs2, zs3, ws0, ws1, ws2, ws3
         pv += W * M
         pL += W * M
         pk += W * S
         pq += W * S
     if SCATTER:
-        w = _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
-                            mmask & ((m * 0 + t_tail) > t_lo), G, VAR)  # fmt: skip
-        if GATE >= 0:
-            _gate_store(w, po, zcv, gtv, skip, gmask & ((m * 0 + t_tail) > t_lo), GATE)
+        _scatter_store4(ys0, ys1, ys2, ys3, vs0, vs1, vs2, vs3, jg, pa, pb,
+                        mmask & ((m * 0 + t_tail) > t_lo), G, VAR)  # fmt: skip
     # the last L mod W steps one at a time, masked; the software pipeline issues the loads of
     # later steps ahead of use (NS stages)
     for t in tl.range(t_tail, t_hi, num_stages=NS):
@@ -306,15 +248,9 @@ def _kla_fwd_kernel(
             _checkpoint(ck_ptr, lam, eta, t, b, NB, M, S, ms, lane_mask, ck_eta, CK)
         v, Lv, kk, qq = _inputs(v_ptr, Lv_ptr, k_ptr, q_ptr, t, L, M, S, base_m, base_s, m, s,
                                 mmask, smask, dt)  # fmt: skip
-        if GATE >= 0:
-            lam, eta = _fwd_step_gated(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr,
-                                       prec_ptr, zg_ptr, zc_ptr, out_ptr, skip_ptr, M, S, base_m,
-                                       mo, momask, ms, lane_mask, SAVE_PREC, G, NT, VAR,
-                                       GATE)  # fmt: skip
-        else:
-            lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr,
-                                 prec_ptr, M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G,
-                                 NT, VAR)  # fmt: skip
+        lam, eta = _fwd_step(lam, eta, v, Lv, kk, qq, p, d, af, e, t, y_ptr, yvar_ptr, prec_ptr,
+                             M, S, base_m, mo, momask, ms, lane_mask, SAVE_PREC, G, NT,
+                         VAR)  # fmt: skip
     tl.store(lamT_ptr + state_off, lam, mask=lane_mask)
     tl.store(etaT_ptr + state_off, eta, mask=lane_mask)
 
@@ -359,22 +295,10 @@ def default_state(shape, dtype, device):
     return made
 
 
-def gate_fusable(S: int, dtype=torch.float32) -> bool:
-    """Whether the forward can store the layer's gated output beside ``y`` (its ``gate``
-    argument) for ``S`` slots: the blocks store by a reduce-scatter (float32, 4 or 8 threads
-    a channel at ``TUNING["fwd_slots"]``)."""
-    G = tuning.layout(S, tuning.TUNING["fwd_slots"])[0]
-    return dtype == torch.float32 and G in (4, 8)
-
-
-def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, gate=None):
+def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True):
     """The forward kernel: ``(y, yvar, lamT, etaT, prec or None, ck or None, CK)``. ``lam0,
     eta0`` None: the default initial state (1, 0), from :func:`default_state`. ``var`` False:
-    ``yvar`` is None, neither allocated nor written. ``gate = (zg, zc, skip, act, out)``: also
-    write the KLA layer's gated output ``out = (y + skip zc) act(zg[..., M:])`` into ``out``
-    (``kalmanscan.cuda.kla.glue.gate_skip``'s forward; ``zg [B, L, 2M]``, ``zc, out [B, L,
-    M]`` contiguous, ``skip`` a one-element tensor, ``act`` a code of ``glue.ACTIVATIONS``;
-    needs :func:`gate_fusable`)."""
+    ``yvar`` is None, neither allocated nor written."""
     B, L, M = v.shape
     S = k.shape[-1]
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
@@ -389,16 +313,8 @@ def forward(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, var=True, gate=No
     ck = empty((2, B, P["NB"], M, S), dtype=dtype, device=dev) if save_ck else y
     if lam0 is None:
         lam0, eta0 = default_state((B, M, S), dtype, dev)
-    if gate is None:
-        gargs, gkw = (y, y, y, y), {}
-    else:
-        zg, zc, skip, act, out = gate
-        if not gate_fusable(S, dtype):
-            raise ValueError(f"gate: the forward stores the gated output for float32 at S "
-                             f"with 4 or 8 threads a channel, got S={S}, {dtype}")  # fmt: skip
-        gargs, gkw = (zg, zc, skip, out), {"GATE": int(act)}
     launch(_kla_fwd_kernel, P["grid"],
         v, Lv, k, q, a, p, lam0, eta0, y, y if yvar is None else yvar, lamT, etaT, prec, ck,
-        *gargs, L, M, P["NB"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, VAR=var,
-        **P["consts"], **gkw)  # fmt: skip
+        L, M, P["NB"], S, SAVE_PREC=save_prec, SAVE_CK=save_ck, VAR=var,
+        **P["consts"])  # fmt: skip
     return y, yvar, lamT, etaT, (prec if save_prec else None), (ck if save_ck else None), P["CK"]

@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
-from kalmanscan.cuda.filter.kernels import rcp as _rcp
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "relu": 2}
 _L2_EPS = 1e-12  # the layer's L2_EPS
@@ -133,18 +132,6 @@ def _act(x, ACT: tl.constexpr):
     else:
         pos = x > 0.0
         return tl.where(pos, x, 0.0), tl.where(pos, 1.0, 0.0)
-
-
-@helper
-def _act_value(x, ACT: tl.constexpr):
-    """``act(x)`` as the forward stores it (the gate kernel and the KLA op's forward alike,
-    ``forward._gate_store``): silu's sigmoid by one hardware reciprocal (relative error below
-    2^-22, where the division of :func:`_act` takes about 8 instructions more)."""
-    if ACT == 0:
-        return x * _rcp(1.0 + tl.exp(-x))
-    else:
-        g, _ = _act(x, ACT)
-        return g
 
 
 @helper
@@ -681,7 +668,7 @@ def _glue_gate_fwd_kernel(y_ptr, yvar_ptr, zg_ptr, zc_ptr, skip_ptr, out_ptr, yv
     mask = (n < N)[:, None] & (m < M)[None, :]
     at = rows[:, None] * M + m[None, :]
     gate = tl.load(zg_ptr + rows[:, None] * ZS + M + m[None, :], mask=mask, other=0.0)
-    g = _act_value(gate.to(tl.float32), ACT)
+    g, _ = _act(gate.to(tl.float32), ACT)
     skip = tl.load(skip_ptr).to(tl.float32)
     y = tl.load(y_ptr + at, mask=mask, other=0.0).to(tl.float32)
     zc = tl.load(zc_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -835,18 +822,15 @@ class _Sensors(torch.autograd.Function):
 
 class _GateSkip(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, yvar, zg, zc, skip, act, has_var, var_dtype, buf, done):
+    def forward(ctx, y, yvar, zg, zc, skip, act, has_var, var_dtype, buf):
         B, L, M = y.shape
         N = B * L
-        if done is not None:  # written by the KLA op's forward (``gate_skip``'s ``out``)
-            out = yvg = done
-        else:
-            BN, BM, nw = _blocks()
-            out = empty((B, L, M), zg)
-            yvg = empty((B, L, M), dtype=var_dtype, device=y.device) if has_var else out
-            launch(_glue_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y,
-                   yvar if has_var else y, zg, zc, skip, out, yvg, N, M, 2 * M, ACT=act,
-                   HAS_VAR=has_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
+        BN, BM, nw = _blocks()
+        out = empty((B, L, M), zg)
+        yvg = empty((B, L, M), dtype=var_dtype, device=y.device) if has_var else out
+        launch(_glue_gate_fwd_kernel, (cdiv(N, BN), cdiv(M, BM)), y, yvar if has_var else y, zg,
+               zc, skip, out, yvg,
+               N, M, 2 * M, ACT=act, HAS_VAR=has_var, BN=BN, BM=BM, num_warps=nw)  # fmt: skip
         ctx.meta = (act, has_var)
         ctx.buf = buf
         ctx.set_materialize_grads(False)
@@ -881,7 +865,7 @@ class _GateSkip(torch.autograd.Function):
                HAS_VAR=with_var, BN=BN, BM=BM, ATOMIC=atomic, num_warps=nw)  # fmt: skip
         ctx.buf.gzg, ctx.buf.gzc = gzg, gzc  # completed by _ConvSilu.backward
         gskip = (gskip if atomic else gskip.sum()).to(skip.dtype).reshape(skip.shape)
-        return gy, gyvar, None, None, gskip, None, None, None, None, None
+        return gy, gyvar, None, None, gskip, None, None, None, None
 
 
 def _dyn_block():
@@ -947,50 +931,13 @@ def sensors(s, M, S, obs_min, qk_norm):
     return _Sensors.apply(s, M, S, obs_min, qk_norm)
 
 
-# The KLA op's forward writes the layer's gated output beside ``y`` where it can
-# (:func:`gate_in_op`), sparing the gate kernel's pass over ``y, zc, gate``; False: the gate
-# kernel always
-GATE_IN_OP = True
-
-
-def gate_in_op(device, backend, S) -> bool:
-    """Whether the layer's op call (``backend`` on ``device``, ``S`` slots, no variance) takes
-    :func:`kla_gated`: ``GATE_IN_OP``, the op on the ``"triton"`` backend and the forward able
-    to store the gated output (``forward.gate_fusable``)."""
-    if not GATE_IN_OP:
-        return False
-    from kalmanscan.core.kla_op import _resolve
-    from kalmanscan.cuda.kla.forward import gate_fusable
-
-    return _resolve(backend, device) == "triton" and gate_fusable(S)
-
-
-def kla_gated(v, Lv, k, q, decay, process_var, gate):
-    """The KLA op (``kla_filter(..., return_variance=False, backend="triton")`` from the
-    default initial state, inputs as :func:`sensors` and :func:`dynamics` give them) whose
-    forward also writes the gated output into ``gate``'s ``out`` (``forward.forward``'s
-    ``gate``): a ``KLAResult``; pass ``out`` to :func:`gate_skip` for its gradient."""
-    from kalmanscan.core.filter import InfoState
-    from kalmanscan.core.kla_op import KLAResult
-    from kalmanscan.cuda.kla.autograd import kla_triton
-
-    y, _, lam, eta, _ = kla_triton(v, Lv, k, q, decay, process_var, None, None, False, False,
-                                   gate=gate)  # fmt: skip
-    return KLAResult(y, None, InfoState(lam, eta), None)
-
-
-def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None, out=None):
+def gate_skip(y, yvar, zg, zc, skip, activation, buf, var_dtype=None):
     """``out = (y + skip * zc) * act(zg[..., M:])`` in ``zg``'s dtype; with ``var_dtype`` also
     ``yvar * act(gate)**2`` in that dtype. ``y, yvar [B, L, M]`` (the op's outputs; ``yvar``
-    may be None without ``var_dtype``). ``out``: that output as the KLA op's forward already
-    wrote it (``kalmanscan.cuda.kla.forward.forward``'s ``gate``; without ``var_dtype``),
-    returned with this function's gradient instead of computed again."""
+    may be None without ``var_dtype``)."""
     has_var = var_dtype is not None
-    if out is not None and has_var:
-        raise ValueError("out: the op's forward writes the gated output only, without the "
-                         f"gated variance; got var_dtype={var_dtype}")  # fmt: skip
     return _GateSkip.apply(y, yvar, zg, zc, skip, ACTIVATIONS[activation], has_var,
-                           var_dtype, buf, out)  # fmt: skip
+                           var_dtype, buf)  # fmt: skip
 
 
 def _aot_cases(shapes=((256, 2048), (512, 64), (256, 100)), S=16, K=4, expand=2):
