@@ -678,8 +678,10 @@ def forward_chunked(v, Lv, k, q, a, p, lam0, eta0, save_prec, save_ck, C, var=Tr
     y, yvar, lamT, etaT, prec, ck, CK = forward(
         _rows(v, R, Lc), _rows(Lv, R, Lc), _rows(k, R, Lc), _rows(q, R, Lc), a, p,
         start[0], start[1], save_prec, save_ck, var)  # fmt: skip
-    lamT = lamT.view(B, C, M, S)[:, -1].contiguous()
-    etaT = etaT.view(B, C, M, S)[:, -1].contiguous()
+    # the last chunks' final states, as views (a copy would be two kernels a call, and the
+    # training path reads neither)
+    lamT = lamT.view(B, C, M, S)[:, -1]
+    etaT = etaT.view(B, C, M, S)[:, -1]
     if prec is not None:
         prec = prec.view(B, L, M, S)
     yvar = None if yvar is None else yvar.view(B, L, M)
@@ -700,11 +702,16 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     has_gprec = gprec is not None
     gprec = gprec.contiguous() if has_gprec else gy
     # end adjoints of the chunk rows: the op's in the last chunk's, the others from pass B
-    gend = torch.zeros((2, B, C, M, S), dtype=like.dtype, device=like.device)
-    if glT is not None:
-        gend[0, :, -1] = glT
-    if geT is not None:
-        gend[1, :, -1] = geT
+    # (which writes every row of chunks 0 .. C-2: only the last chunk's are set here)
+    gend = empty((2, B, C, M, S), like)
+    if glT is None and geT is None:  # (the usual case: one fill)
+        gend[:, :, -1].zero_()
+    else:
+        for i, g in enumerate((glT, geT)):
+            if g is None:
+                gend[i, :, -1].zero_()
+            else:
+                gend[i, :, -1] = g
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)

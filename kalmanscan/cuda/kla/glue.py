@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
+from kalmanscan.cuda.filter.kernels import rcp as _rcp
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "relu": 2}
 _L2_EPS = 1e-12  # the layer's L2_EPS
@@ -72,19 +73,25 @@ def _conv_bwd_blocks():
 
 # The conv backward in one pass for widths K <= 4 (``_glue_conv_walk_kernel``): ``(TP, BM,
 # num_warps, NS)``, a program walks ``TP`` tokens of ``BM`` channels (pipeline stages ``NS``:
-# 1, the kernel issues a block's loads itself). H200, bf16, M = 1024 (benchmarks/kla_conv_bwd.py
-# --walk, results/kla-conv-walk-blocked-h200.json), us at 8 x 2048 / 1 x 32768: (64, 128, 2)
-# 51.8 / 96.7, (128, 64, 1) 51.5 / 97.7, (64, 128, 1) 59.4 / 98.4, (64, 64, 1) 53.5 / 102.7,
-# (32, 64, 1) 56.7 / 107.8, (16, 64, 1) 62.5 / 119.5; the token-by-token walk before the
-# blocks 70.3 / 135.4
-CONV_WALK = (64, 128, 2, 1)
+# 1, the kernel issues a block's loads itself). H200, bf16, M = 1024, the walk with its inner
+# blocks free of token conditions and the sigmoid by a hardware reciprocal
+# (results/kla-conv-walk-full-h200.json, one process against the walk before them), us at
+# 8 x 2048 / 2 x 8192 / 1 x 32768: (128, 128, 2) 49.4 / 47.9 / 89.4, (64, 128, 2) 49.2 / 49.4 /
+# 92.4 (before: 52.0 / 52.0 / 96.7), (128, 64, 1) 49.9 / 48.4 / 92.2, (64, 64, 1) 50.2 / 49.8 /
+# 96.8, (32, 128, 2) 51.1 / 51.5 / 97.0, (64, 128, 1) 52.6 / 52.4 / 98.9, (128, 128, 4) 64.4 /
+# 64.3 / 119.6. 128 tokens a program also halve the partial sums that _glue_conv_sums_kernel
+# adds
+CONV_WALK = (128, 128, 2, 1)
 # the one-pass backward for K <= 4 (else the two passes at every width): 52 us against 149 for
 # the two passes at 8 x 2048 x 1024 on the H200, same gz, gw, gb to rounding
 # (results/kla-conv-walk-blocked-h200.json); False keeps the two passes at every width
 CONV_ONE_PASS = True
 # The conv forward for widths K <= 4 as a walk (``_glue_conv_fwd_walk_kernel``): ``(TP, BM,
 # num_warps)``, a program walks ``TP`` tokens of ``BM`` channels; None: the tile kernel
-# (``_glue_conv_fwd_kernel``, which also takes K > 4) at ``GPU_BLOCKS``
+# (``_glue_conv_fwd_kernel``, which also takes K > 4) at ``GPU_BLOCKS``. H200, as above, us at
+# 8 x 2048 / 2 x 8192 / 1 x 32768: (64, 128, 2) 24.6 / 24.3 / 44.4 (before: 28.4 / 28.3 / 49.7),
+# (32, 128, 2) 24.4 / 24.3 / 44.7, (64, 64, 1) 24.9 / 24.5 / 46.2, (128, 128, 2) 29.8 / 29.8 /
+# 44.3
 CONV_FWD_WALK = (64, 128, 2)
 
 
@@ -132,6 +139,14 @@ def _act(x, ACT: tl.constexpr):
     else:
         pos = x > 0.0
         return tl.where(pos, x, 0.0), tl.where(pos, 1.0, 0.0)
+
+
+@helper
+def _conv_sigmoid(pre):
+    """``sigmoid(pre)`` for the conv's SiLU and its slope, every conv kernel alike (so the walks
+    equal the tile and two-pass kernels bit for bit): one hardware reciprocal (relative error
+    below 2^-22), where a division takes about 8 instructions more an element."""
+    return _rcp(1.0 + tl.exp(-pre))
 
 
 @helper
@@ -245,7 +260,7 @@ def _glue_conv_fwd_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS,
         x = tl.load(zg_ptr + (rows + (j - (K - 1)))[:, None] * ZS + m[None, :],
                     mask=ok[:, None] & mmask[None, :], other=0.0)  # fmt: skip
         acc += w[None, :] * x.to(tl.float32)
-    sg = 1.0 / (1.0 + tl.exp(-acc))
+    sg = _conv_sigmoid(acc)
     omask = (t < L)[:, None] & mmask[None, :]
     tl.store(out_ptr + rows[:, None] * M + m[None, :], (acc * sg).to(out_ptr.dtype.element_ty),
              mask=omask)  # fmt: skip
@@ -298,13 +313,45 @@ def _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K: tl.constexpr):
 
 @helper
 def _fwd_walk_token(zt, z2, z1, z0, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
-                    K: tl.constexpr):  # fmt: skip
+                    K: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
     """Token ``t`` of the conv forward's walk: ``silu(pre)`` from the token's input and the 3
-    before it (the taps in ``_glue_conv_fwd_kernel``'s order), stored."""
+    before it (the taps in ``_glue_conv_fwd_kernel``'s order), stored (``FULL``: ``t`` is
+    inside ``L``, no token condition)."""
     pre = _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K)
-    sg = 1.0 / (1.0 + tl.exp(-pre))
+    sg = _conv_sigmoid(pre)
+    smask = mmask if FULL else mmask & ((m * 0 + t) < L)
     tl.store(out_ptr + (base + t) * M + m, (pre * sg).to(out_ptr.dtype.element_ty),
-             mask=mmask & ((m * 0 + t) < L))  # fmt: skip
+             mask=smask)  # fmt: skip
+
+
+@helper
+def _fwd_walk_block(t, za, zb, zc, zd, zp1, zp2, zp3, zrow, m, mmask, L, bias, w0, w1, w2, w3,
+                    out_ptr, base, M, ZS, K: tl.constexpr, FULL: tl.constexpr,
+                    NEXT: tl.constexpr):  # fmt: skip
+    """The 4 tokens from ``t`` of the conv forward's walk (inputs ``za .. zd``, the 3 before
+    them ``zp1 .. zp3``, latest first), the next block's inputs loaded first (``NEXT``; else
+    zeros): ``(next 4 inputs, the 3 before them)``. ``FULL``: every token loaded and stored
+    is inside ``L``, so no token conditions."""
+    if NEXT:
+        r = base + t
+        na = _walk_z(zrow, r + 4, t + 4, m, mmask, L, ZS, FULL)
+        nb = _walk_z(zrow, r + 5, t + 5, m, mmask, L, ZS, FULL)
+        nc = _walk_z(zrow, r + 6, t + 6, m, mmask, L, ZS, FULL)
+        nd = _walk_z(zrow, r + 7, t + 7, m, mmask, L, ZS, FULL)
+    else:
+        na = tl.zeros_like(za)
+        nb = tl.zeros_like(za)
+        nc = tl.zeros_like(za)
+        nd = tl.zeros_like(za)
+    _fwd_walk_token(za, zp1, zp2, zp3, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
+                    K, FULL)  # fmt: skip
+    _fwd_walk_token(zb, za, zp1, zp2, t + 1, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
+                    M, K, FULL)  # fmt: skip
+    _fwd_walk_token(zc, zb, za, zp1, t + 2, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
+                    M, K, FULL)  # fmt: skip
+    _fwd_walk_token(zd, zc, zb, za, t + 3, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
+                    M, K, FULL)  # fmt: skip
+    return na, nb, nc, nd, zd, zc, zb
 
 
 @triton.jit
@@ -329,23 +376,18 @@ def _glue_conv_fwd_walk_kernel(zg_ptr, w_ptr, b_ptr, out_ptr, L, M, ZS, K: tl.co
     zb = _walk_z(zrow, r0 + 1, t0 + 1, m, mmask, L, ZS)
     zc = _walk_z(zrow, r0 + 2, t0 + 2, m, mmask, L, ZS)
     zd = _walk_z(zrow, r0 + 3, t0 + 3, m, mmask, L, ZS)
-    t_end = tl.minimum(t0 + TP, L)
-    for t in tl.range(t0, t_end, 4):
-        r = base + t
-        na = _walk_z(zrow, r + 4, t + 4, m, mmask, L, ZS)
-        nb = _walk_z(zrow, r + 5, t + 5, m, mmask, L, ZS)
-        nc = _walk_z(zrow, r + 6, t + 6, m, mmask, L, ZS)
-        nd = _walk_z(zrow, r + 7, t + 7, m, mmask, L, ZS)
-        _fwd_walk_token(za, zp1, zp2, zp3, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
-                        M, K)  # fmt: skip
-        _fwd_walk_token(zb, za, zp1, zp2, t + 1, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
-                        base, M, K)  # fmt: skip
-        _fwd_walk_token(zc, zb, za, zp1, t + 2, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
-                        base, M, K)  # fmt: skip
-        _fwd_walk_token(zd, zc, zb, za, t + 3, m, mmask, L, bias, w0, w1, w2, w3, out_ptr,
-                        base, M, K)  # fmt: skip
-        zp1, zp2, zp3 = zd, zc, zb
-        za, zb, zc, zd = na, nb, nc, nd
+    if t0 + TP <= L:  # every token of the program inside L: no token conditions
+        for t in tl.range(t0, t0 + TP - 4, 4):
+            za, zb, zc, zd, zp1, zp2, zp3 = _fwd_walk_block(
+                t, za, zb, zc, zd, zp1, zp2, zp3, zrow, m, mmask, L, bias, w0, w1, w2, w3,
+                out_ptr, base, M, ZS, K, True, True)  # fmt: skip
+        _fwd_walk_block(t0 + TP - 4, za, zb, zc, zd, zp1, zp2, zp3, zrow, m, mmask, L, bias, w0,
+                        w1, w2, w3, out_ptr, base, M, ZS, K, True, False)  # fmt: skip
+    else:
+        for t in tl.range(t0, tl.minimum(t0 + TP, L), 4):
+            za, zb, zc, zd, zp1, zp2, zp3 = _fwd_walk_block(
+                t, za, zb, zc, zd, zp1, zp2, zp3, zrow, m, mmask, L, bias, w0, w1, w2, w3,
+                out_ptr, base, M, ZS, K, False, True)  # fmt: skip
 
 
 @triton.jit
@@ -379,7 +421,7 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
         at = rows[:, None] * M + m[None, :]
         g = tl.load(g_ptr + at, mask=inside, other=0.0).to(tl.float32)
         g += tl.load(g2_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        sg = 1.0 / (1.0 + tl.exp(-pre))
+        sg = _conv_sigmoid(pre)
         gp = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
         tl.store(gp_ptr + at, gp, mask=inside)
         acc_b += gp
@@ -396,16 +438,19 @@ def _glue_conv_gpre_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gp_ptr, gw_ptr, 
 
 
 @helper
-def _walk_z(zrow, row, t, m, mmask, L, ZS):
-    """Token ``t``'s input ``z`` (row ``row``) in float32, zeros past ``L``."""
-    return tl.load(zrow + row * ZS, mask=mmask & ((m * 0 + t) < L), other=0.0).to(tl.float32)
+def _walk_z(zrow, row, t, m, mmask, L, ZS, FULL: tl.constexpr = False):
+    """Token ``t``'s input ``z`` (row ``row``) in float32, zeros past ``L`` (``FULL``: ``t`` is
+    inside ``L``)."""
+    inside = mmask if FULL else mmask & ((m * 0 + t) < L)
+    return tl.load(zrow + row * ZS, mask=inside, other=0.0).to(tl.float32)
 
 
 @helper
-def _walk_loads(zrow, g_ptr, g2_ptr, row, t, m, mmask, L, M, ZS):
-    """Token ``t``'s input ``z`` and its gradient ``g + g2`` (float32; zeros past ``L``)."""
-    inside = mmask & ((m * 0 + t) < L)
-    zt = _walk_z(zrow, row, t, m, mmask, L, ZS)
+def _walk_loads(zrow, g_ptr, g2_ptr, row, t, m, mmask, L, M, ZS, FULL: tl.constexpr = False):
+    """Token ``t``'s input ``z`` and its gradient ``g + g2`` (float32; zeros past ``L``;
+    ``FULL``: ``t`` is inside ``L``)."""
+    inside = mmask if FULL else mmask & ((m * 0 + t) < L)
+    zt = _walk_z(zrow, row, t, m, mmask, L, ZS, FULL)
     g = tl.load(g_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
     g += tl.load(g2_ptr + row * M + m, mask=inside, other=0.0).to(tl.float32)
     return zt, g
@@ -413,17 +458,26 @@ def _walk_loads(zrow, g_ptr, g2_ptr, row, t, m, mmask, L, M, ZS):
 
 @helper
 def _walk_token(t, zt, z2, z1, z0, g, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
-                gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K: tl.constexpr):  # fmt: skip
+                gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K: tl.constexpr,
+                FULL: tl.constexpr):  # fmt: skip
     """One token of the conv's one-pass backward: ``gpre`` from the pre-activation (inputs
     ``zt`` and the 3 before it), its terms of the weights' and bias's sums where the token is
     the program's own, and ``gz`` of token ``t - 3`` from the last 4 ``gpre``; returns the
-    carried values shifted by one token."""
-    tv = m * 0 + t
-    inside = mmask & (tv < L)
+    carried values shifted by one token. ``FULL``: ``t`` and ``t - 3`` are the program's own
+    tokens (no token conditions; outside the channels ``g`` is 0, and so is ``gpre``)."""
     pre = _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K)  # (the forward's order)
-    sg = 1.0 / (1.0 + tl.exp(-pre))
-    gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
-    own = tl.where(tv < t_own, gpt, 0.0)
+    sg = _conv_sigmoid(pre)
+    if FULL:
+        gpt = g * sg * (1.0 + pre * (1.0 - sg))
+        own = gpt
+        smask = mmask
+    else:
+        tv = m * 0 + t
+        inside = mmask & (tv < L)
+        gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        own = tl.where(tv < t_own, gpt, 0.0)
+        tz = tv - 3
+        smask = mmask & (tz >= t0) & (tz < t_own)
     ab += own
     a3 += own * zt
     if K >= 2:
@@ -440,10 +494,49 @@ def _walk_token(t, zt, z2, z1, z0, g, m, mmask, L, t0, t_own, bias, w0, w1, w2, 
         gz += w1 * gp2
     if K >= 4:
         gz += w0 * gpt
-    tz = tv - 3
-    tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty),
-             mask=mmask & (tz >= t0) & (tz < t_own))  # fmt: skip
+    tl.store(gz_ptr + (base + t - 3) * ZS + m, gz.to(gz_ptr.dtype.element_ty), mask=smask)
     return gp1, gp2, gpt, ab, a0, a1, a2, a3
+
+
+@helper
+def _walk_block(t, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab, a0, a1, a2,
+                a3, zrow, g_ptr, g2_ptr, gz_ptr, m, mmask, L, M, ZS, t0, t_own, base, bias, w0,
+                w1, w2, w3, K: tl.constexpr, FULL: tl.constexpr,
+                NEXT: tl.constexpr):  # fmt: skip
+    """The 4 tokens from ``t`` of the conv's one-pass backward (``_walk_token``; inputs ``za ..
+    zd``, gradients ``ga .. gd``, the 3 inputs before them ``zp1 .. zp3``, latest first), the
+    next block's loads issued first (``NEXT``; else zeros): the next block's inputs and
+    gradients, the 3 inputs before them and the carried sums. ``FULL``: every token loaded,
+    walked and stored is the program's own and inside ``L``."""
+    if NEXT:
+        r = base + t
+        na, nga = _walk_loads(zrow, g_ptr, g2_ptr, r + 4, t + 4, m, mmask, L, M, ZS, FULL)
+        nb, ngb = _walk_loads(zrow, g_ptr, g2_ptr, r + 5, t + 5, m, mmask, L, M, ZS, FULL)
+        nc, ngc = _walk_loads(zrow, g_ptr, g2_ptr, r + 6, t + 6, m, mmask, L, M, ZS, FULL)
+        nd, ngd = _walk_loads(zrow, g_ptr, g2_ptr, r + 7, t + 7, m, mmask, L, M, ZS, FULL)
+    else:
+        na = tl.zeros_like(za)
+        nb = tl.zeros_like(za)
+        nc = tl.zeros_like(za)
+        nd = tl.zeros_like(za)
+        nga = tl.zeros_like(za)
+        ngb = tl.zeros_like(za)
+        ngc = tl.zeros_like(za)
+        ngd = tl.zeros_like(za)
+    gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+        t, za, zp1, zp2, zp3, ga, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1, gp2,
+        ab, a0, a1, a2, a3, gz_ptr, base, ZS, K, FULL)  # fmt: skip
+    gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+        t + 1, zb, za, zp1, zp2, gb, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
+        gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K, FULL)  # fmt: skip
+    gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+        t + 2, zc, zb, za, zp1, gc, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
+        gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K, FULL)  # fmt: skip
+    gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
+        t + 3, zd, zc, zb, za, gd, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
+        gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K, FULL)  # fmt: skip
+    return (na, nb, nc, nd, nga, ngb, ngc, ngd, zd, zc, zb, gp0, gp1, gp2, ab, a0, a1, a2,
+            a3)  # fmt: skip
 
 
 @triton.jit
@@ -492,27 +585,31 @@ def _glue_conv_walk_kernel(zg_ptr, w_ptr, b_ptr, g_ptr, g2_ptr, gz_ptr, gw_ptr, 
     zb, gb = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 1, t0 + 1, m, mmask, L, M, ZS)
     zc, gc = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 2, t0 + 2, m, mmask, L, M, ZS)
     zd, gd = _walk_loads(zrow, g_ptr, g2_ptr, r0 + 3, t0 + 3, m, mmask, L, M, ZS)
-    for i in tl.range(0, TP + 3, 4, num_stages=NS):  # (a fixed trip count; masks end it)
-        t = t0 + i
-        # the next block's loads, before this block's tokens
-        na, nga = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 4, t + 4, m, mmask, L, M, ZS)
-        nb, ngb = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 5, t + 5, m, mmask, L, M, ZS)
-        nc, ngc = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 6, t + 6, m, mmask, L, M, ZS)
-        nd, ngd = _walk_loads(zrow, g_ptr, g2_ptr, base + t + 7, t + 7, m, mmask, L, M, ZS)
-        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
-            t, za, zp1, zp2, zp3, ga, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1,
-            gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
-        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
-            t + 1, zb, za, zp1, zp2, gb, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
-            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
-        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
-            t + 2, zc, zb, za, zp1, gc, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
-            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
-        gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
-            t + 3, zd, zc, zb, za, gd, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0,
-            gp1, gp2, ab, a0, a1, a2, a3, gz_ptr, base, ZS, K)  # fmt: skip
-        zp1, zp2, zp3 = zd, zc, zb
-        za, zb, zc, zd, ga, gb, gc, gd = na, nb, nc, nd, nga, ngb, ngc, ngd
+    if t0 + TP + 3 < L:
+        # every token the program walks is inside L: only its first block (whose first 3 gz
+        # belong to the program before) and its last (the 3 tokens past its own, walked for
+        # gz alone) need token conditions; the last issues no loads of a next block
+        (za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab, a0, a1, a2,
+         a3) = _walk_block(t0, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab,
+                           a0, a1, a2, a3, zrow, g_ptr, g2_ptr, gz_ptr, m, mmask, L, M, ZS, t0,
+                           t_own, base, bias, w0, w1, w2, w3, K, False, True)  # fmt: skip
+        for i in tl.range(4, TP, 4, num_stages=NS):
+            (za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab, a0, a1, a2,
+             a3) = _walk_block(t0 + i, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1,
+                               gp2, ab, a0, a1, a2, a3, zrow, g_ptr, g2_ptr, gz_ptr, m, mmask, L,
+                               M, ZS, t0, t_own, base, bias, w0, w1, w2, w3, K, True,
+                               True)  # fmt: skip
+        (za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab, a0, a1, a2,
+         a3) = _walk_block(t0 + TP, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2,
+                           ab, a0, a1, a2, a3, zrow, g_ptr, g2_ptr, gz_ptr, m, mmask, L, M, ZS,
+                           t0, t_own, base, bias, w0, w1, w2, w3, K, False, False)  # fmt: skip
+    else:
+        for i in tl.range(0, TP + 3, 4, num_stages=NS):  # (a fixed trip count; masks end it)
+            (za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2, ab, a0, a1, a2,
+             a3) = _walk_block(t0 + i, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1,
+                               gp2, ab, a0, a1, a2, a3, zrow, g_ptr, g2_ptr, gz_ptr, m, mmask, L,
+                               M, ZS, t0, t_own, base, bias, w0, w1, w2, w3, K, False,
+                               True)  # fmt: skip
     part = (b * NP + pid_t).to(tl.int64)
     tl.store(gb_ptr + part * M + m, ab, mask=mmask)
     tl.store(gw_ptr + (part * K + (K - 1)) * M + m, a3, mask=mmask)
