@@ -23,6 +23,7 @@ One run writes one JSON (``--out``):
 No speed is claimed here (benchmarks/gpu.py does that); timings are medians for orientation only.
 
     python benchmarks/reliability_gpu.py --out benchmarks/results/reliability-h200.json
+    python benchmarks/reliability_gpu.py --sections kla_regimes --out benchmarks/results/reliability-kla-h200.json
     python benchmarks/reliability_gpu.py --quick --out /tmp/r.json     # CPU: checks the script, skips CUDA
     python benchmarks/reliability_gpu.py --quick --interpret-triton --out /tmp/r.json  # + the kernels interpreted
 """
@@ -474,7 +475,12 @@ def triton_interpreted(T=200):
     return rows
 
 
+SECTIONS = ("triton_interpreted", "regimes", "kla_regimes", "long_lane", "memory", "determinism")
+
+
 def _section(result, name, fn):
+    if name not in result["meta"]["sections"]:
+        return
     t0 = time.perf_counter()
     try:
         result[name] = fn()
@@ -500,7 +506,18 @@ def main(argv=None):
         action="store_true",
         help="also run the Triton kernels under TRITON_INTERPRET=1 on the CPU (regimes cut to 200 steps)",
     )
+    ap.add_argument(
+        "--sections",
+        default=None,
+        help=f"comma-separated sections to run (default: all of {', '.join(SECTIONS[1:])})",
+    )
     args = ap.parse_args(argv)
+    sections = SECTIONS[1:] if args.sections is None else tuple(args.sections.split(","))
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        ap.error(f"--sections: expected names among {list(SECTIONS)}, got {unknown}")
+    if args.interpret_triton:
+        sections = ("triton_interpreted",) + tuple(x for x in sections if x != "triton_interpreted")
     device = "cuda" if CUDA else "cpu"
     if CUDA and args.interpret_triton:
         print(
@@ -515,7 +532,8 @@ def main(argv=None):
     ref_path = os.path.join(tempfile.gettempdir(), f"kalmanscan-long-ref-{os.getpid()}.npz")
     ctx = mp.get_context("spawn")
     ref_proc = ctx.Process(target=_long_reference_worker, args=(long_T, ref_path))
-    ref_proc.start()
+    if "long_lane" in sections:
+        ref_proc.start()
     triton_version = None
     try:
         import triton
@@ -533,10 +551,12 @@ def main(argv=None):
             command="python benchmarks/reliability_gpu.py"
             + (" --quick" if args.quick else "")
             + (" --interpret-triton" if args.interpret_triton else "")
+            + (f" --sections {args.sections}" if args.sections else "")
             + f" --out {args.out}",
             reference="float64 on the CPU: the sequential backend; a scalar float64 loop for single lanes > 2e4 steps",
             float32_adequate_if_error_below=F32_ADEQUATE,
             out=args.out,
+            sections=list(sections),
         )
     )
     if args.interpret_triton:
@@ -546,6 +566,13 @@ def main(argv=None):
     if CUDA:
         kla_paths += [("triton", torch.float32), ("triton", torch.float64)]
     kla_shape = KLA_SHAPE if not args.quick else (1, 512, 8, 4)
+    if CUDA:  # the time chunks the triton op runs in at this shape (kalmanscan.cuda.kla.chunked)
+        from kalmanscan.cuda.kla import tuning
+
+        B, L, M, S = kla_shape
+        result["meta"]["kla_triton_chunks"] = tuning.chunks_for(
+            B * M * S, L, tuning.sm_count(torch.device("cuda"))
+        )
     _section(result, "kla_regimes", lambda: kla_rows(kla_paths, device=device, shape=kla_shape))
     try:
         _section(result, "long_lane", lambda: long_lane(device, long_T, ref_proc, ref_path))
@@ -556,7 +583,7 @@ def main(argv=None):
             os.remove(ref_path)
     if CUDA:
         _section(result, "memory", lambda: memory_rows(args.quick))
-    else:
+    elif "memory" in sections:
         result["memory"] = "skipped: no CUDA device"
     _section(result, "determinism", lambda: determinism(device, args.quick))
     with open(args.out, "w") as f:

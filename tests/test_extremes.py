@@ -340,3 +340,20 @@ def test_information_form_avoids_the_covariance_update_cancellation(name):
     tol = tolerance("rounding", "float64")
     np.testing.assert_allclose(res.var, var, rtol=tol)
     np.testing.assert_allclose(res.mean, mean, rtol=tol, atol=tol * np.abs(mean).max())
+
+
+def test_reliability_gpu_sections(tmp_path):
+    """``benchmarks/reliability_gpu.py --sections`` runs the sections named and no other (on a
+    machine without CUDA, with ``--quick``: the KLA regimes through the torch backend)."""
+    import json
+
+    from benchmarks import reliability_gpu
+
+    out = tmp_path / "r.json"
+    assert reliability_gpu.main(["--quick", "--sections", "kla_regimes", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["meta"]["sections"] == ["kla_regimes"]
+    assert set(got) == {"meta", "kla_regimes", "section_seconds"}
+    assert {r["regime"] for r in got["kla_regimes"]} == set(KLA_REGIMES)
+    with pytest.raises(SystemExit):
+        reliability_gpu.main(["--quick", "--sections", "nope", "--out", str(out)])
