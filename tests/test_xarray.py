@@ -12,6 +12,7 @@ xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")
 
 import kalmanscan.xarray as kx  # noqa: E402
+from kalmanscan.core import native  # noqa: E402
 from kalmanscan.testing import assert_close  # noqa: E402
 from kalmanscan.timeseries import OUModel, fit_ou, load_nile  # noqa: E402
 
@@ -192,7 +193,10 @@ def test_dask_chunks_equal_in_memory_on_a_local_cluster(rng):
         "forecast_mean",
         "lower",
     ):
-        np.testing.assert_array_equal(got[k].values, eager[k].values, err_msg=k)
+        if native.available():  # the CPU's compiled kernel: each lane alone, bit for bit
+            np.testing.assert_array_equal(got[k].values, eager[k].values, err_msg=k)
+        else:  # the torch backend's reductions round by batch shape (the last bit of loglik)
+            assert_close(got[k].values, eager[k].values, "rounding", "float64", what=k)
     for k in ("theta", "sigma2", "mu", "obs_var", "loglik"):
         # separate fits are Newton-polished per series, so batching does not change them
         assert_close(got_fit[k].values, eager_fit[k].values, "parallel", "float64", what=k)
