@@ -566,7 +566,7 @@ def main(argv=None):
     if CUDA:
         kla_paths += [("triton", torch.float32), ("triton", torch.float64)]
     kla_shape = KLA_SHAPE if not args.quick else (1, 512, 8, 4)
-    if CUDA:  # the time chunks the triton op runs in at this shape (kalmanscan.cuda.kla.chunked)
+    if CUDA and "kla_regimes" in sections:  # the time chunks the triton op takes at this shape
         from kalmanscan.cuda.kla import tuning
 
         B, L, M, S = kla_shape

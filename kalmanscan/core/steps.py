@@ -86,8 +86,7 @@ def predict_info(lam, a, p, q, d):
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in (lam, a, p, d)):
         return _Predict.apply(lam, a, p, q, d)
-    den = p * lam + d
-    return (lam + q) / den, a * (1 - q) / den
+    return _Predict.forward(lam, a, p, q, d)
 
 
 # --------------------------------------------------------------------------- homogeneous (u, e, v)

@@ -704,14 +704,11 @@ def backward_chunked(v, Lv, k, q, a, p, ck, CK, start, C, gy, gyv, glT, geT, gpr
     # end adjoints of the chunk rows: the op's in the last chunk's, the others from pass B
     # (which writes every row of chunks 0 .. C-2: only the last chunk's are set here)
     gend = empty((2, B, C, M, S), like)
-    if glT is None and geT is None:  # (the usual case: one fill)
-        gend[:, :, -1].zero_()
-    else:
-        for i, g in enumerate((glT, geT)):
-            if g is None:
-                gend[i, :, -1].zero_()
-            else:
-                gend[i, :, -1] = g
+    gend[:, :, -1].zero_()
+    if glT is not None:
+        gend[0, :, -1] = glT
+    if geT is not None:
+        gend[1, :, -1] = geT
     gend = gend.view(2, R, M, S)
     if C > 1:
         amap = empty((5, R, MS), like)

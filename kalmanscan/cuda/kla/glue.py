@@ -338,11 +338,9 @@ def _fwd_walk_block(t, za, zb, zc, zd, zp1, zp2, zp3, zrow, m, mmask, L, bias, w
         nb = _walk_z(zrow, r + 5, t + 5, m, mmask, L, ZS, FULL)
         nc = _walk_z(zrow, r + 6, t + 6, m, mmask, L, ZS, FULL)
         nd = _walk_z(zrow, r + 7, t + 7, m, mmask, L, ZS, FULL)
-    else:
-        na = tl.zeros_like(za)
-        nb = tl.zeros_like(za)
-        nc = tl.zeros_like(za)
-        nd = tl.zeros_like(za)
+    else:  # (the program's last block: what it returns for a next one is not read)
+        zero = tl.zeros_like(za)
+        na, nb, nc, nd = zero, zero, zero, zero
     _fwd_walk_token(za, zp1, zp2, zp3, t, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base, M,
                     K, FULL)  # fmt: skip
     _fwd_walk_token(zb, za, zp1, zp2, t + 1, m, mmask, L, bias, w0, w1, w2, w3, out_ptr, base,
@@ -467,14 +465,13 @@ def _walk_token(t, zt, z2, z1, z0, g, m, mmask, L, t0, t_own, bias, w0, w1, w2, 
     tokens (no token conditions; outside the channels ``g`` is 0, and so is ``gpre``)."""
     pre = _conv_pre(zt, z2, z1, z0, bias, w0, w1, w2, w3, K)  # (the forward's order)
     sg = _conv_sigmoid(pre)
+    gpt = g * sg * (1.0 + pre * (1.0 - sg))
     if FULL:
-        gpt = g * sg * (1.0 + pre * (1.0 - sg))
         own = gpt
         smask = mmask
     else:
         tv = m * 0 + t
-        inside = mmask & (tv < L)
-        gpt = tl.where(inside, g * sg * (1.0 + pre * (1.0 - sg)), 0.0)
+        gpt = tl.where(mmask & (tv < L), gpt, 0.0)
         own = tl.where(tv < t_own, gpt, 0.0)
         tz = tv - 3
         smask = mmask & (tz >= t0) & (tz < t_own)
@@ -514,15 +511,9 @@ def _walk_block(t, za, zb, zc, zd, ga, gb, gc, gd, zp1, zp2, zp3, gp0, gp1, gp2,
         nb, ngb = _walk_loads(zrow, g_ptr, g2_ptr, r + 5, t + 5, m, mmask, L, M, ZS, FULL)
         nc, ngc = _walk_loads(zrow, g_ptr, g2_ptr, r + 6, t + 6, m, mmask, L, M, ZS, FULL)
         nd, ngd = _walk_loads(zrow, g_ptr, g2_ptr, r + 7, t + 7, m, mmask, L, M, ZS, FULL)
-    else:
-        na = tl.zeros_like(za)
-        nb = tl.zeros_like(za)
-        nc = tl.zeros_like(za)
-        nd = tl.zeros_like(za)
-        nga = tl.zeros_like(za)
-        ngb = tl.zeros_like(za)
-        ngc = tl.zeros_like(za)
-        ngd = tl.zeros_like(za)
+    else:  # (the program's last block: what it returns for a next one is not read)
+        zero = tl.zeros_like(za)
+        na, nb, nc, nd, nga, ngb, ngc, ngd = zero, zero, zero, zero, zero, zero, zero, zero
     gp0, gp1, gp2, ab, a0, a1, a2, a3 = _walk_token(
         t, za, zp1, zp2, zp3, ga, m, mmask, L, t0, t_own, bias, w0, w1, w2, w3, gp0, gp1, gp2,
         ab, a0, a1, a2, a3, gz_ptr, base, ZS, K, FULL)  # fmt: skip
