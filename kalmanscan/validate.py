@@ -66,6 +66,13 @@ def _versions() -> str:
     return ", ".join(parts) + f"; {dev}"
 
 
+def _missing_truths() -> list[str]:
+    """The classic filters the battery compares against that are not installed here."""
+    import importlib.util
+
+    return [n for n in ("filterpy", "scipy", "statsmodels") if importlib.util.find_spec(n) is None]
+
+
 def _regime_rows(quick: bool, runners, say) -> list[dict]:
     """The regime battery against the mpmath oracle (``validation/regimes.py``: a few regimes
     that each broke a backend by default, all of them without ``--quick``) and the
@@ -119,6 +126,14 @@ def main(argv: list[str]) -> int:
         validation.run_battery,
     )
 
+    missing = _missing_truths()
+    if missing:
+        print(
+            f"kalmanscan validate: needs {', '.join(missing)}, not installed here "
+            "(pip install 'kalmanscan[validation]')",
+            file=sys.stderr,
+        )
+        return 2
     runners = available_runners()
     if args.backend:
         known = {r.label for r in runners}

@@ -10,6 +10,7 @@ log-likelihood through the convention offset of docs/validation.md).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -58,6 +59,9 @@ def test_constant_level_diffuse_closed_form(T):
     assert o.n_loglik_terms == T - 1
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("filterpy") is None, reason="filterpy is not installed"
+)
 def test_agrees_with_filterpy_on_ordinary_lanes():
     batch = random_batch(0, 63, 5)
     tol = tolerance("rounding", "float64")

@@ -16,6 +16,7 @@ MODULES = [
     "kalmanscan.timeseries.robust",
     "kalmanscan.timeseries.data",
     "kalmanscan.timeseries.dataset",
+    "kalmanscan.timeseries.cli",
     "kalmanscan.xarray",
     "kalmanscan.plot",
 ]

@@ -6,6 +6,7 @@ figures, so the battery's verdicts rest on something independent of kalmanscan.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import types
@@ -14,8 +15,14 @@ import numpy as np
 import pytest
 
 import kalmanscan as ks
+from kalmanscan import validation
 from kalmanscan.validate import main
 from kalmanscan.validation import battery, metrics, models, nile, report, truths, vanloan
+
+# filterpy comes with the validation extra; without it these tests skip (the command says so)
+needs_filterpy = pytest.mark.skipif(
+    importlib.util.find_spec("filterpy") is None, reason="filterpy is not installed"
+)
 
 # --- a hand-written covariance-form filter and RTS smoother (float64), the reference for the truths
 
@@ -97,6 +104,7 @@ def test_dense_oracle_matches_covariance_loop(T, seed, diffuse):
     assert metrics.loglik_error(tr.loglik, ref["loglik"], tr.n_loglik_terms) < 1e-11
 
 
+@needs_filterpy
 @pytest.mark.parametrize("T,seed,diffuse", TINY)
 def test_filterpy_truth_matches_covariance_loop(T, seed, diffuse):
     lane = _lane(T, seed, diffuse=diffuse)
@@ -107,6 +115,7 @@ def test_filterpy_truth_matches_covariance_loop(T, seed, diffuse):
     assert metrics.loglik_error(tr.loglik, ref["loglik"], tr.n_loglik_terms) < 1e-12
 
 
+@needs_filterpy
 def test_filterpy_predict_update_matches_batch_filter():
     """The truth reads batch_filter; filterpy's per-step predict/update and loglik agree."""
     from filterpy.kalman import KalmanFilter
@@ -135,6 +144,7 @@ def test_filterpy_predict_update_matches_batch_filter():
     assert abs(ll - tr.loglik) < 1e-10 * abs(ll)
 
 
+@needs_filterpy
 def test_truths_handle_a_diffuse_prefix_of_missing_steps():
     """Before the first observation a diffuse lane is unknown; its smoothed moments are not."""
     lane = _lane(40, 5, diffuse=True, missing=0.0)
@@ -148,6 +158,7 @@ def test_truths_handle_a_diffuse_prefix_of_missing_steps():
     assert f.n_loglik_terms == d.n_loglik_terms == int(lane.observed.sum()) - 1
 
 
+@needs_filterpy
 @pytest.mark.parametrize("small_decay", [0.0, 0.01], ids=["forget", "a=0.01"])
 def test_truths_agree_behind_a_diffuse_prefix_with_small_decays(small_decay):
     """A flat prefix is integrated out exactly; a decay of 0 there resets the state."""
@@ -169,6 +180,7 @@ def test_dense_oracle_refuses_what_it_cannot_represent():
         truths.dense_truth(lane)
 
 
+@needs_filterpy
 def test_dense_oracle_reports_its_own_rounding_where_observations_are_weak():
     """obs_var/process_var = 1e12: the joint precision keeps phi to ~1e-4 only, and says so."""
     lane = models.named_regimes(0, True)[3].lane(1)  # "huge obs var": R = 1e12, random walk
@@ -314,6 +326,7 @@ TINY_CONFIG = battery.BatteryConfig(
 )
 
 
+@needs_filterpy
 def test_battery_catches_a_wrong_filter(monkeypatch):
     """A 1e-7 relative error in float64 smoothed means must fail the float64 rows."""
     real = battery.run_kalmanscan
@@ -331,6 +344,7 @@ def test_battery_catches_a_wrong_filter(monkeypatch):
     assert not any(q == "filtered mean" for _, q, _ in bad)
 
 
+@needs_filterpy
 @pytest.mark.slow  # the whole quick battery end to end, about a minute on 2 cores (CI: -m slow)
 def test_validate_command_quick_passes(tmp_path):
     """`kalmanscan validate --quick` on this machine: every row within its tolerance."""
@@ -351,6 +365,18 @@ def test_validate_command_usage():
     assert main(["--help"]) == 0
     assert main(["--no-such-flag"]) == 2
     assert main(["--quick", "--backend", "no-such-backend"]) == 2
+
+
+def test_validate_command_names_the_missing_classic_filters(monkeypatch, capsys):
+    """Without the validation extra the command says what to install, and runs nothing."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "filterpy" else real(n, *a)
+    )
+    monkeypatch.setattr(validation, "run_battery", lambda *a, **k: pytest.fail("battery ran"))
+    assert main(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "needs filterpy, not installed here" in err and "kalmanscan[validation]" in err
 
 
 @pytest.mark.parametrize(

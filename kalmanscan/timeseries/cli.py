@@ -196,6 +196,25 @@ def _write_outputs(
     return [png, nc, csv, txt]
 
 
+def _iso_times(t: np.ndarray) -> list[str]:
+    """ISO 8601 text of datetimes at the coarsest exact unit, four-digit years always (pandas'
+    own writer drops the zero padding of years before 1000 in some versions, which ISO readers
+    then refuse).
+
+    >>> t = np.array(["0548-08-01", "1999-01-02"], dtype="datetime64[s]")
+    >>> _iso_times(t)
+    ['0548-08-01', '1999-01-02']
+    >>> _iso_times(np.array(["1999-01-02T12:00:00.5"], dtype="datetime64[ns]"))
+    ['1999-01-02 12:00:00.500']
+    """
+    unit = "ns"
+    for u in ("D", "s", "ms", "us"):
+        if (t == t.astype(f"datetime64[{u}]")).all():
+            unit = u
+            break
+    return [x.replace("T", " ") for x in np.datetime_as_string(t, unit=unit)]
+
+
 def _write_csv(ds, path: str) -> None:
     """Long-format table: one row per (time, series) with the filtered and smoothed level (mean, sd,
     bounds at the widest coverage). Forecast rows (``kind=forecast``) give the level's mean and sd,
@@ -254,6 +273,8 @@ def _write_csv(ds, path: str) -> None:
             str(int(t)) if float(t).is_integer() and abs(t) < 2.0**53 else repr(float(t))
             for t in out["time"]
         ]
+    elif out["time"].dtype.kind == "M":
+        out["time"] = _iso_times(out["time"].to_numpy())
     keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
     out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
 
