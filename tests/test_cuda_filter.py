@@ -154,13 +154,17 @@ def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):
     w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)
     gf = [torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(3)]
     out = {}
-    for name, fn, dt in (("kernel", F.filter_lanes, dtype), ("ref", sequential.filter_lanes,
-                                                             torch.float64)):  # fmt: skip
-        leaves = [x.detach().to(dt).requires_grad_(True) for x in xs]
+    # the sequential reference on the CPU (a step is a few small operations, which a GPU
+    # launches one by one: minutes at 30,000 steps beside the other test workers)
+    cpu = torch.device("cpu")
+    for name, fn, dt, at in (("kernel", F.filter_lanes, dtype, DEVICE),
+                             ("ref", sequential.filter_lanes, torch.float64, cpu)):  # fmt: skip
+        leaves = [x.detach().to(at, dt).requires_grad_(True) for x in xs]
         r = fn(*[x.expand(T, N) for x in leaves[:6]], tuple(leaves[6:]), outputs="loglik")
-        fin = sum((gi.to(dt) * f).sum() for gi, f in zip(gf, r["final"], strict=True))
-        loss = (w.to(dt) * r["loglik"]).sum() + fin
-        out[name] = torch.autograd.grad(loss, leaves, allow_unused=True)
+        fin = sum((gi.to(at, dt) * f).sum() for gi, f in zip(gf, r["final"], strict=True))
+        loss = (w.to(at, dt) * r["loglik"]).sum() + fin
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        out[name] = [None if g is None else g.to(DEVICE) for g in grads]
     for n, gk, gr in zip(NAMES, out["kernel"], out["ref"], strict=True):
         gr = torch.zeros_like(xs[NAMES.index(n)]) if gr is None else gr
         assert gk.shape == gr.shape, n

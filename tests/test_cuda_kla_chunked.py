@@ -330,7 +330,12 @@ def test_gpu_rule_chunks_long_sequences(shape, monkeypatch):
     got64, ggot64 = run(kla_triton, x, torch.float64, w)
     monkeypatch.setattr(tuning, "CHUNKS", 1)
     plain, gplain = run(kla_triton, x, torch.float32, w)
-    ref, gref = run(reference, x, torch.float64, w)
+    # the sequential reference on the CPU: a step is a few small operations, which the GPU
+    # launches one by one (minutes for these lengths beside the other test workers)
+    cpu = torch.device("cpu")
+    ref, gref = run(reference, {n: t.to(cpu) for n, t in x.items()}, torch.float64,
+                    [t.to(cpu) for t in w])  # fmt: skip
+    ref, gref = [r.to(dev) for r in ref], [g.to(dev) for g in gref]
     for name, a, b, a64, r in zip(OUTS, got, plain, got64, ref, strict=True):
         assert normwise(a, b) <= 1e-5, f"{name}: chunked vs unchunked {normwise(a, b):.3e}"
         assert_close(a64, r, "kernel", torch.float64, what=name)
