@@ -18,8 +18,14 @@ import kalmanscan as ks
 
 
 def main(n_series: int, n_steps: int, out: str) -> None:
-    import xarray as xr
-    from dask.distributed import Client, LocalCluster
+    try:
+        import xarray as xr
+        from dask.distributed import Client, LocalCluster
+    except ImportError as exc:
+        raise SystemExit(
+            f"examples/many_series.py needs xarray, dask and distributed ({exc.name} is not "
+            "installed): pip install 'kalmanscan[xarray]'"
+        ) from None
 
     import kalmanscan.xarray  # noqa: F401  (registers the .kalman accessor)
 

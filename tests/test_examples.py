@@ -34,8 +34,14 @@ CASES = {
 }
 
 
+# what an example needs beyond the imports above (the xarray extra brings them)
+NEEDS = {"many_series": ("dask", "distributed")}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_example_runs(name, tmp_path):
+    for module in NEEDS.get(name, ()):
+        pytest.importorskip(module)
     extra, files, phrases = CASES[name]
     env = dict(os.environ, MPLBACKEND="Agg")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])

@@ -137,3 +137,28 @@ def test_launch_reuses_a_compiled_kernel_only_for_the_same_specialization(monkey
     log.clear()
     _common.launch(fn, (3,), buf, 40, 16, BLOCK=128, num_warps=4)
     assert [e[0] for e in log] == ["jit"]
+
+
+def test_the_interpreter_takes_a_program_id_as_a_loop_bound():
+    """Triton's interpreter before 3.9 under NumPy 2 refused a scalar as a Python index
+    (``kalmanscan.cuda._common._interpreter_index_fix``); loops from a program's first step,
+    as the KLA glue's, run there."""
+    from kalmanscan.cuda import _common
+
+    if not _common.interpreting():
+        pytest.skip("the Triton interpreter's behaviour (TRITON_INTERPRET=1)")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_sums(out_ptr, N):
+        acc = 0
+        for t in range(tl.program_id(0) * 2, N):
+            acc += t
+        tl.store(out_ptr + tl.program_id(0), acc)
+
+    out = torch.zeros(3, dtype=torch.int32)
+    partial_sums[(3,)](out, 6)
+    assert out.tolist() == [15, 14, 9]
+    patched = _common._interpreter_index_fix()  # once is enough: a second call changes nothing
+    assert patched is False

@@ -24,6 +24,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _interpreter_index_fix() -> bool:
+    """Make the interpreter of Triton before 3.9 take a scalar as a Python index under NumPy 2.
+
+    Its scalars are 1-element arrays, and it made them indices (``range(t0, L)`` over a
+    program's first step, ``tl.range`` likewise) by ``int()`` of the array, which NumPy 2
+    refuses ("only 0-dimensional arrays can be converted to Python scalars"): every kernel
+    looping from a program id failed under ``TRITON_INTERPRET=1`` with, say, torch 2.11's
+    Triton 3.6. Triton 3.9 squeezes the array first; this gives the older interpreter the same
+    ``__index__``. Returns whether it patched.
+    """
+    if tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit()) >= (3, 9):
+        return False
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - an interpreter-less Triton
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_squeezed_index", False):
+        return False
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor._squeezed_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+if interpreting():
+    _interpreter_index_fix()
+
 # Device helpers are inlined by the compiler; under the interpreter each call of a jitted helper
 # re-patches the language module (slow), so there they stay plain functions over patched `tl`.
 helper = (lambda fn: fn) if interpreting() else triton.jit
