@@ -341,6 +341,30 @@ def test_results_csv_writes_four_digit_years_and_times_of_day(tmp_path):
     assert times == ["2024-05-07 10:00:00.000", "2024-05-07 10:00:30.500"]
 
 
+def test_times_with_utc_offsets_are_written_as_utc_and_marked(tmp_path, capsys):
+    """Offsets are applied (the docs: times become UTC); every output says so, so that 10:00+02:00
+    does not come back as an unmarked 08:00."""
+    pytest.importorskip("xarray")
+    rows = ["t,y", "2024-05-07T10:00:00+02:00,1.0", "2024-05-07T11:00:00+02:00,2.0",
+            "2024-05-07T12:30:00+02:00,1.5"]  # fmt: skip
+    out = tmp_path / "o"
+    args = [_csv(tmp_path, "\n".join(rows) + "\n"), "--sigma2", "1", "--obs-var", "1"]
+    assert filter_main([*args, "--time-col", "t", "--forecast", "1", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "column 't' gives UTC offsets: the times are converted to UTC" in captured.err
+    table = pd.read_csv(out / "results.csv", keep_default_na=False)
+    assert table["time"].tolist() == [
+        "2024-05-07 08:00:00Z", "2024-05-07 09:00:00Z", "2024-05-07 10:30:00Z",
+        "2024-05-07 11:45:00Z",
+    ]  # fmt: skip
+    assert pd.Timestamp(table["time"][0]) == pd.Timestamp("2024-05-07T10:00:00+02:00")
+    assert "times in UTC (the input's offsets applied)" in (out / "summary.txt").read_text()
+    import xarray as xr
+
+    with xr.open_dataset(out / "results.nc") as ds:
+        assert ds["time"].attrs["time_zone"] == "UTC"
+
+
 # --- the property: accepted CSVs round-trip through results.csv -----------------------------------
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies

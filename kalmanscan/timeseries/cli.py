@@ -274,7 +274,8 @@ def _write_csv(ds, path: str) -> None:
             for t in out["time"]
         ]
     elif out["time"].dtype.kind == "M":
-        out["time"] = _iso_times(out["time"].to_numpy())
+        zone = "Z" if ds[tdim].attrs.get("time_zone") == "UTC" else ""
+        out["time"] = [t + zone for t in _iso_times(out["time"].to_numpy())]
     keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
     out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
 
@@ -439,6 +440,10 @@ def _data_lines(path: str, n_rows: int) -> list[int] | None:
     return lines if len(lines) == n_rows + 1 else None
 
 
+# (a note of read_csv_series; the command then marks its outputs' times as UTC)
+_UTC_NOTE = "gives UTC offsets: the times are converted to UTC (results.csv marks them with Z)"
+
+
 def read_csv_series(
     path: str,
     time_col=None,
@@ -494,6 +499,11 @@ def read_csv_series(
             raise InputError(f"{kind} {name!r}: no such column in {path}; columns are {cols}")
     if time_col is not None:
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
+        if times.dtype.kind == "M" and notes is not None:
+            from kalmanscan.timeseries.times import has_utc_offsets
+
+            if has_utc_offsets(df[time_col].to_numpy()):
+                notes.append(f"note: column {time_col!r} {_UTC_NOTE}")
     else:
         times = np.arange(len(df), dtype=np.float64)
     if value_cols:
@@ -912,6 +922,9 @@ def _filter(args) -> int:
         ds["outlier"].attrs["description"] = "screened out by --robust and filtered as missing"
         ds["outlier_value"] = (dims, np.where(outliers, z, np.nan).reshape(ds["observed"].shape))
         ds["outlier_value"].attrs["description"] = "the input value of a screened observation"
+    utc = any(_UTC_NOTE in n for n in notes)
+    if utc:  # the input's offsets were applied (the netCDF and CSV say so)
+        ds[ds.attrs.get("time_dim", "time")].attrs["time_zone"] = "UTC"
     bar.update()
     bar.close()
     elapsed = time.perf_counter() - t0
@@ -926,6 +939,7 @@ def _filter(args) -> int:
                 f"{args.csv}: {T} time steps "
                 f"({spacing} "
                 f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
+                "times in UTC (the input's offsets applied)" if utc else None,
                 units,
                 fit_text,
                 "log-likelihood per series: "

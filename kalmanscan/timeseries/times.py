@@ -268,6 +268,16 @@ _ISO = re.compile(
 _OFFSET = re.compile(r"\d{1,2}:\d{2}(:\d{2}([.,]\d+)?)?\s*(Z|[+-]\d{2}(:?\d{2})?|UTC|GMT)$")
 
 
+def has_utc_offsets(values) -> bool:
+    """Whether timestamp strings carry UTC offsets (``Z``, ``+02:00``, ``UTC``), which
+    :func:`parse_datetime_strings` applies, giving times in UTC.
+
+    >>> has_utc_offsets(["2024-05-07T10:00:00+02:00"]), has_utc_offsets(["2024-05-07 10:00"])
+    (True, False)
+    """
+    return any(_OFFSET.search(str(v).strip()) for v in np.asarray(values, dtype=object).ravel())
+
+
 def _guess_formats(strs: list[str]) -> list[str]:
     from pandas.tseries.api import guess_datetime_format
 
