@@ -20,7 +20,12 @@
 # ks.loglik and its gradient, fit_ou, ~2 min), lm (benchmarks/lm_step.py, the KLA LM's training
 # step against attention, then benchmarks/kla_chunked.py, the op in time chunks, ~2.5 min),
 # conv (the KLA glue tests with both conv backwards, then benchmarks/kla_conv_bwd.py --walk: the
-# one-pass conv backward against the two passes; ~1 min), or all (default). Each part writes its log and results under DIR
+# one-pass conv backward against the two passes; ~1 min), suite-a / suite-b (the whole default
+# test suite in two halves, tests/test_[b-k]*.py and tests/test_[l-z]*.py, over the machine's
+# cores; each writes every test's outcome as it finishes to gpu-suite-a.txt / gpu-suite-b.txt
+# through benchmarks/pytest_progress.py, so that a run cut by a job limit still names its
+# failures and unfinished tests: `python benchmarks/pytest_progress.py F`; on the H200 the
+# first half took over 9 minutes, the second 3), or all (default). Each part writes its log and results under DIR
 # (default benchmarks/results) by the stable names that benchmarks/results/README.md indexes
 # (h200.json, kla-kernel-time.json, reliability-h200.json, dense-gpu.json, gpu-tests.log, ...),
 # replacing the previous result: git keeps history. Parts are separate commands so that each fits
@@ -32,8 +37,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     tests) parts+=(tests-filter tests-kla-a tests-kla-b); shift ;;
-    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|public|lm|conv|all) parts+=("$1"); shift ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, public, lm, conv, all or --out DIR)" >&2; exit 2 ;;
+    tests-xdist|tests-filter|tests-kla-a|tests-kla-b|tuning|tuning2|kernels|reliability|dense|public|lm|conv|suite-a|suite-b|all) parts+=("$1"); shift ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected tests-xdist, tests, tests-filter, tests-kla-a, tests-kla-b, tuning, tuning2, kernels, reliability, dense, public, lm, conv, suite-a, suite-b, all or --out DIR)" >&2; exit 2 ;;
   esac
 done
 [ ${#parts[@]} -eq 0 ] && parts=(all)
@@ -80,6 +85,13 @@ for part in "${parts[@]}"; do
     lm) python3 benchmarks/lm_step.py --out "$out/lm-step-h200.json" &&
         python3 benchmarks/kla_chunked.py --shapes 8x2048,2x8192,1x32768,1x131072 \
           --out "$out/kla-chunked-h200.json" ;;
+    suite-a|suite-b)
+          if [ "$part" = suite-a ]; then files=(tests/test_[b-k]*.py); else files=(tests/test_[l-z]*.py); fi
+          rm -f "$out/gpu-$part.txt"
+          KALMANSCAN_TEST_LOG="$out/gpu-$part.txt" python3 -m pytest -q -p no:cacheprovider \
+            -p benchmarks.pytest_progress -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" -rfE \
+            "${files[@]}"; rc=$?
+          python3 benchmarks/pytest_progress.py "$out/gpu-$part.txt" | head -40; (exit $rc) ;;
     conv) python3 -m pytest -q -m "" -p no:cacheprovider tests/test_kla_glue.py &&
           python3 benchmarks/kla_conv_bwd.py --walk --out "$out/kla-conv-walk-h200.json" ;;
   esac 2>&1 | tee "$log" || status=1
