@@ -36,32 +36,19 @@ sys.path.insert(0, str(ROOT))
 from kalmanscan.cuda.kla import backward as bwd  # noqa: E402
 from kalmanscan.cuda.kla.forward import forward  # noqa: E402
 
-_START = "@helper\ndef _scatter_channel_sums("
-_END = "@helper\ndef _scatter_outputs4("
-_IN_THREAD = '''@helper
-def _scatter_channel_sums(xk, xq, gk_ptr, gq_ptr, off, jt, t, L, S: tl.constexpr,
-                          G: tl.constexpr, SG: tl.constexpr, NT: tl.constexpr,
-                          MASKED: tl.constexpr = True, ATOMIC: tl.constexpr = False):  # fmt: skip
-    """(ablation) a thread's values added in the thread, stored where the reduce-scatter
-    stores its sums: no shuffles, no selects; wrong sums."""
-    c = (jt % 32) // G
-    w = tl.sum(xk, axis=0) + tl.sum(xq, axis=0)
-    slot = (jt % G) * SG + c % SG
-    ptr = tl.where(c < SG, gk_ptr, gq_ptr) + off + slot
-    ok = slot < S
-    if MASKED:
-        ok = ok & ((slot * 0 + t) < L)
-    _put_sum(ptr, w, ok, ATOMIC)
-
-
-'''
+# the reduce-scatter of _scatter_channel_sums (both slot counts), replaced by in-thread sums
+_SCATTER_FROM = "        if SG == 4:  # values 0-3: xk's rows, 4-7: xq's\n"
+_SCATTER_TO = "        slot = (jt % G) * SG + c % SG\n"
+_IN_THREAD = "        w = tl.sum(xk, axis=0) + tl.sum(xq, axis=0)  # (ablation: wrong sums)\n"
 
 
 def ablated_backward():
     """``kalmanscan/cuda/kla/backward.py`` as a new module (from a temporary file, which the
-    JIT reads its source from) with ``_scatter_channel_sums`` summing in the thread."""
+    JIT reads its source from) whose ``_scatter_channel_sums`` sums in the thread where it
+    reduce-scattered (its stores and atomics as they were)."""
     src = pathlib.Path(bwd.__file__).read_text()
-    i, j = src.index(_START), src.index(_END)
+    i = src.index(_SCATTER_FROM, src.index("def _scatter_channel_sums("))
+    j = src.index(_SCATTER_TO, i)
     new = src[:i] + _IN_THREAD + src[j:]
     path = os.path.join(tempfile.mkdtemp(prefix="kla-bwd-ablation-"), "kla_bwd_ablated.py")
     pathlib.Path(path).write_text(new)

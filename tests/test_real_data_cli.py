@@ -307,38 +307,22 @@ def test_the_entry_point_exits_2_in_a_fresh_interpreter(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def _written_times(tmp_path, rows, name):
+    """``kalmanscan filter`` on a CSV of ``rows`` (a header ``t,y`` first): results.csv's times."""
+    path = _csv(tmp_path, "\n".join(["t,y", *rows]) + "\n", f"{name}.csv")
+    assert filter_main([path, *GIVEN, "--time-col", "t", "--out", str(tmp_path / name)]) == 0
+    text = (tmp_path / name / "results.csv").read_text().splitlines()
+    return [line.split(",")[1] for line in text[1 : len(rows) + 1]]
+
+
 def test_results_csv_writes_four_digit_years_and_times_of_day(tmp_path):
     """Dates before the year 1000 keep their zero padding (ISO 8601 readers refuse '548-08-01'),
     times of day keep the seconds they have."""
-    rows = ["t,y", "0548-08-01,1.0", "0548-08-02,2.0", "0548-08-04,1.5"]
-    rc = filter_main(
-        [
-            _csv(tmp_path, "\n".join(rows) + "\n"),
-            *GIVEN,
-            "--time-col",
-            "t",
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
-    assert rc == 0
-    text = (tmp_path / "o" / "results.csv").read_text().splitlines()
-    assert [line.split(",")[1] for line in text[1:4]] == ["0548-08-01", "0548-08-02", "0548-08-04"]
-    rows = ["t,y", "2024-05-07 10:00:00,1.0", "2024-05-07 10:00:30.5,2.0"]
-    rc = filter_main(
-        [
-            _csv(tmp_path, "\n".join(rows) + "\n", "b.csv"),
-            *GIVEN,
-            "--time-col",
-            "t",
-            "--out",
-            str(tmp_path / "p"),
-        ]
-    )
-    assert rc == 0
-    text = (tmp_path / "p" / "results.csv").read_text().splitlines()
-    times = [line.split(",")[1] for line in text[1:3]]
-    assert times == ["2024-05-07 10:00:00.000", "2024-05-07 10:00:30.500"]
+    rows = ["0548-08-01,1.0", "0548-08-02,2.0", "0548-08-04,1.5"]
+    assert _written_times(tmp_path, rows, "a") == ["0548-08-01", "0548-08-02", "0548-08-04"]
+    rows = ["2024-05-07 10:00:00,1.0", "2024-05-07 10:00:30.5,2.0"]
+    want = ["2024-05-07 10:00:00.000", "2024-05-07 10:00:30.500"]
+    assert _written_times(tmp_path, rows, "b") == want
 
 
 def test_times_with_utc_offsets_are_written_as_utc_and_marked(tmp_path, capsys):
