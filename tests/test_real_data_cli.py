@@ -419,6 +419,6 @@ def test_accepted_csvs_round_trip_in_sorted_unique_time_order(tmp_path_factory, 
         got = data["time"].astype(str).tolist()  # ISO 8601 dates exactly (four-digit years)
         want = [_render("date", [keys[i]])[0] for i in order]
         assert got == want
-    observed = pd.to_numeric(data["observed"].replace("", np.nan)).to_numpy()
+    observed = np.array([np.nan if c == "" else float(c) for c in data["observed"]])
     want_obs = np.array([np.nan if values[i] is None else values[i] for i in order], float)
     np.testing.assert_allclose(observed, want_obs, rtol=tolerance("csv", "float64"))

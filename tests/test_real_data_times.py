@@ -280,3 +280,31 @@ def test_a_time_axis_parsed_day_first_can_be_passed_as_the_times():
     assert res.mean.shape == (12,)
     assert as_time_axis(ax, 12).t.tolist() == ax.t.tolist()
     assert as_time_axis(ax, 12, "7D").t[1] == pytest.approx(31 / 7)
+
+
+def test_dates_that_pandas_2_gives_as_nat_are_read_by_python():
+    """pandas before 3.0 parses into nanoseconds only and gives NaT outside 1677-2262; the parse
+    then reads those values with Python's datetime (``times._outside_ns_window``), offsets
+    applied, and leaves NaT what Python cannot read either. (pandas 3 reads them itself.)"""
+    from kalmanscan.timeseries import times
+
+    got = times._outside_ns_window(
+        pd.Series(pd.to_datetime(["2000-01-01", None, None], format="%Y-%m-%d")),
+        ["2000-01-01", "1500-06-01", "15OO-06-01"], "%Y-%m-%d", False,
+    )  # fmt: skip
+    assert got.dtype == "datetime64[us]"
+    assert [str(x)[:10] for x in got.to_numpy()[:2]] == ["2000-01-01", "1500-06-01"]
+    assert pd.isna(got.iloc[2])
+    strs = ["2000-01-01T10:00:00+02:00", "1500-06-01T10:00:00+02:00", "1500-06-01T10:00:00Z"]
+    got = times._outside_ns_window(
+        pd.Series(pd.to_datetime([strs[0], None, None], utc=True)).dt.tz_localize(None),
+        strs, "ISO8601", True,
+    )  # fmt: skip
+    assert [str(x) for x in got.to_numpy()] == [
+        "2000-01-01T08:00:00.000000", "1500-06-01T08:00:00.000000", "1500-06-01T10:00:00.000000"
+    ]  # fmt: skip
+    # the whole parse under either pandas: historical and far-future dates, day-first too
+    out = times.parse_datetime_strings(["1500-06-01", "2500-01-31"])
+    assert out.dtype == "datetime64[s]" and str(out[0]) == "1500-06-01T00:00:00"
+    out = times.parse_datetime_strings(["31/01/1500", "01/02/1500"])
+    assert str(out[1])[:10] == "1500-02-01"

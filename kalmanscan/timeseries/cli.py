@@ -566,6 +566,14 @@ def _show_time(t) -> str:
     return str(t) if isinstance(t, np.datetime64) else f"{float(t):.17g}"
 
 
+def _float_or_nan(text: str) -> float:
+    """``float(text)`` (``inf`` past float64's range), NaN where it is no number."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
 def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
     import pandas as pd
 
@@ -578,6 +586,8 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
         i = int(np.flatnonzero(empty.to_numpy())[0])
         raise InputError(f"{path}: column {name!r} has an empty time at row {row(i)}")
     numbers = pd.to_numeric(text, errors="coerce")
+    # a number past float64's range (1e400) is inf, as Python reads it (pandas 2 gave NaN)
+    numbers = numbers.where(numbers.notna(), text.map(_float_or_nan))
     is_num = numbers.notna().to_numpy()
     if time_format is None and is_num.mean() >= 0.5:
         if not is_num.all():

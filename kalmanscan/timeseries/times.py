@@ -27,6 +27,7 @@ of the same state (a step of length 0). ``kalmanscan filter`` refuses them (see 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 import warnings
 from typing import NamedTuple
@@ -278,6 +279,9 @@ def has_utc_offsets(values) -> bool:
     return any(_OFFSET.search(str(v).strip()) for v in np.asarray(values, dtype=object).ravel())
 
 
+_YEAR = re.compile(r"(?<!\d)\d{4}(?!\d)")
+
+
 def _guess_formats(strs: list[str]) -> list[str]:
     from pandas.tseries.api import guess_datetime_format
 
@@ -291,6 +295,12 @@ def _guess_formats(strs: list[str]) -> list[str]:
         for i in picks:
             for dayfirst in (False, True):
                 fmt = guess_datetime_format(strs[i], dayfirst=dayfirst)
+                if fmt is None and _pandas_parses_ns_only():
+                    # pandas 2 guesses nothing for a year outside 1677-2262; the format does not
+                    # depend on the year, so guess it from the value in another year (every
+                    # candidate is checked on all values afterwards)
+                    other = _YEAR.sub("2000", strs[i], count=1)
+                    fmt = guess_datetime_format(other, dayfirst=dayfirst)
                 if fmt is None or fmt in found:
                     continue
                 # year first, then day before month (%Y-%d-%m) is not a format people write
@@ -358,6 +368,8 @@ def parse_datetime_strings(
             out = out.dt.tz_convert("UTC").dt.tz_localize(None)
         elif getattr(out.dt, "tz", None) is not None:
             out = out.dt.tz_localize(None)
+        if out.isna().any() and _pandas_parses_ns_only():
+            out = _outside_ns_window(out, strs, fmt, utc)
         return out
 
     def fail(fmt, out, what):
@@ -406,11 +418,54 @@ def parse_datetime_strings(
     return _to_numpy_datetimes(distinct[0][1])
 
 
+@functools.cache
+def _pandas_parses_ns_only() -> bool:
+    """pandas before 3.0 parses strings into nanoseconds only: 1677-09-21 to 2262-04-11 (asked
+    when first parsing: importing kalmanscan does not import pandas)."""
+    import pandas as pd
+
+    return int(pd.__version__.split(".")[0]) < 3
+
+
+def _outside_ns_window(out, strs: list[str], fmt: str, utc: bool):
+    """``out`` (pandas' parse, NaT where it failed) with the values that Python's ``datetime``
+    reads with ``fmt`` filled in, at microsecond resolution: pandas before 3.0 gives NaT for a
+    date outside the nanosecond window (years before 1677 or after 2262), which pandas 3 and
+    Python read (years 1 to 9999). Values Python cannot read either stay NaT."""
+    import pandas as pd
+
+    vals = out.to_numpy()
+    res = vals.astype("datetime64[us]")
+    for i in np.flatnonzero(np.isnat(vals)):
+        try:
+            if fmt == "ISO8601":
+                d = _dt.datetime.fromisoformat(strs[i].replace("Z", "+00:00"))
+            else:
+                d = _dt.datetime.strptime(strs[i], fmt)
+        except ValueError:
+            continue
+        if (d.tzinfo is not None) != utc:  # (an offset on all values or on none)
+            continue
+        if d.tzinfo is not None:
+            d = d.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        res[i] = np.datetime64(d, "us")
+    return pd.Series(res)
+
+
 def _to_numpy_datetimes(out) -> np.ndarray:
+    """The parsed values as datetime64 at the coarsest of s/ms/us/ns that holds them exactly
+    (pandas 3 infers a unit; pandas 2 gives nanoseconds: the same values either way)."""
     arr = out.to_numpy()
     if arr.dtype.kind != "M":  # pragma: no cover - pandas always gives datetime64 here
         arr = np.asarray(arr, dtype="datetime64[us]")
-    return _normalize_datetimes(arr)
+    arr = _normalize_datetimes(arr)
+    for unit in ("s", "ms", "us"):
+        if _NS_PER[unit] <= _NS_PER[np.datetime_data(arr.dtype)[0]]:
+            break
+        coarse = arr.astype(f"datetime64[{unit}]")
+        if (coarse == arr).all():
+            return coarse
+    return arr
 
 
 def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.ndarray:
