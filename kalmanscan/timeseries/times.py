@@ -436,7 +436,10 @@ def _outside_ns_window(out, strs: list[str], fmt: str, utc: bool):
 
     vals = out.to_numpy()
     res = vals.astype("datetime64[us]")
-    for i in np.flatnonzero(np.isnat(vals)):
+    ok = ~np.isnat(vals)
+    if not (res[ok] == vals[ok]).all():  # sub-microsecond values: kept exact, the rest refused
+        return out
+    for i in np.flatnonzero(~ok):
         try:
             if fmt == "ISO8601":
                 d = _dt.datetime.fromisoformat(strs[i].replace("Z", "+00:00"))
