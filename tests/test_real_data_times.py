@@ -221,6 +221,26 @@ def test_tz_aware_pandas_series_converts_its_values_not_its_index():
     np.testing.assert_array_equal(ax.t, ax2.t)
 
 
+def test_times_converted_to_utc_are_marked_in_the_results_dataset():
+    """A timezone (pandas) or UTC offsets (strings, datetimes with tzinfo) are applied, and the
+    Dataset's time coordinates say ``time_zone = "UTC"``; naive times are left unmarked."""
+    idx = pd.date_range("2024-03-30", periods=6, freq="12h", tz="Europe/Berlin")
+    z = np.sin(np.arange(6.0))
+    m = OUModel(theta=0.1, sigma2=1.0, obs_var=1.0, time_unit="1D")
+    for times in (idx, pd.Series(idx), list(idx.strftime("%Y-%m-%dT%H:%M:%S%z")),
+                  list(idx.to_pydatetime())):  # fmt: skip
+        ax = as_time_axis(times, 6)
+        assert ax.utc and str(ax.labels[0]).startswith("2024-03-29T23:00")
+        ds = m.to_dataset(z, times, forecast_steps=2)
+        assert ds["time"].attrs["time_zone"] == "UTC"
+        assert ds["forecast_time"].attrs["time_zone"] == "UTC"
+        assert as_time_axis(ax, 6).utc  # a TimeAxis keeps it
+    naive = idx.tz_localize(None)
+    assert not as_time_axis(naive, 6).utc
+    assert "time_zone" not in m.to_dataset(z, naive)["time"].attrs
+    assert not as_time_axis(np.arange(6.0), 6).utc
+
+
 def test_utc_offsets_in_a_csv_are_converted_and_a_mix_is_refused(tmp_path, capsys):
     text = "t,y\n2024-03-01T12:30+01:00,1\n2024-06-01T12:30+02:00,2\n2024-07-01T12:30+02:00,3\n"
     out = tmp_path / "o"

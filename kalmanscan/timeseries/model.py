@@ -530,7 +530,9 @@ class OUModel:
         )
         if ax.is_datetime:  # forecast times step at the resolution the Dataset stores times in
             unit = np.timedelta64(ax.unit, "ns") if isinstance(times, TimeAxis) else self.time_unit
-            ax = as_time_axis(da["time"].values, zt.shape[0], unit, name="coordinate 'time'")
+            ax = as_time_axis(
+                da["time"].values, zt.shape[0], unit, name="coordinate 'time'"
+            )._replace(utc=ax.utc)
         fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
         model = self  # a partly given prior is completed, as filter_dataarray gets it
         if self.prior_mean is not None or self.prior_var is not None:
@@ -548,6 +550,10 @@ class OUModel:
             forecast_time=fc_labels,
             custom_prior=model.prior_mean is not None,
         )
+        if ax.utc:  # converted from a timezone or UTC offsets: the outputs say so
+            for coord in ("time", "forecast_time"):
+                if coord in ds.coords:
+                    ds[coord].attrs["time_zone"] = "UTC"
         if name:
             ds.attrs["name"] = name
         if fit is not None:

@@ -55,12 +55,15 @@ class TimeAxis(NamedTuple):
         t: ``[T]`` float64 positions in model time units, ``t[0] == 0``.
         unit: ``None`` for numeric times, else the model time unit as ``timedelta64[ns]``.
         unit_name: how the unit is recorded in outputs (``"1"`` for numbers, e.g. ``"1D"``).
+        utc: the labels are UTC, converted from times that carried a timezone or UTC offset
+            (the results Dataset's time coordinates then say ``time_zone = "UTC"``).
     """
 
     labels: np.ndarray
     t: np.ndarray
     unit: np.timedelta64 | None
     unit_name: str
+    utc: bool = False
 
     @property
     def is_datetime(self) -> bool:
@@ -472,6 +475,13 @@ def _to_numpy_datetimes(out) -> np.ndarray:
 
 
 def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.ndarray:
+    return _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)[0]
+
+
+def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
+    """``(labels, utc)``: the timestamps as float64 or datetime64, and whether they were
+    converted to UTC from a timezone or UTC offsets."""
+    utc = False
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is an optional extra
@@ -485,6 +495,7 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
         times = np.ma.getdata(times)
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
         if isinstance(times.dtype, pd.DatetimeTZDtype):
+            utc = True
             if isinstance(times, pd.Series):
                 times = times.dt.tz_convert("UTC").dt.tz_localize(None)
             else:
@@ -508,6 +519,7 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
             raise ValueError(f"{name}: some datetimes carry a timezone and some do not")
         parsed = pd.to_datetime(pd.Series(arr.ravel()), utc=any(tz))
         if any(tz):
+            utc = True
             parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
         arr = _to_numpy_datetimes(parsed).reshape(arr.shape)
     elif arr.dtype.kind in "OUS":
@@ -528,6 +540,7 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
             parsed = parse_datetime_strings(
                 arr.ravel(), name, time_format=time_format, dayfirst=dayfirst
             )
+            utc = has_utc_offsets(arr.ravel())
             arr = parsed.reshape(arr.shape)
     if arr.dtype.kind == "M":
         arr = _normalize_datetimes(arr)
@@ -539,7 +552,7 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
         raise TypeError(
             f"{name}: expected real numbers or datetimes, got values of dtype {arr.dtype}"
         )
-    return np.atleast_1d(arr)
+    return np.atleast_1d(arr), utc and arr.dtype.kind == "M"
 
 
 def as_time_axis(
@@ -570,11 +583,13 @@ def as_time_axis(
             raise ValueError("time_unit: only meaningful with datetime times, but times is None")
         labels = np.arange(n, dtype=np.float64)
         return TimeAxis(labels, labels.copy(), None, "1")
+    given_utc = False
     if isinstance(times, TimeAxis):  # e.g. strings parsed once with dayfirst or time_format
         if time_unit is None and times.is_datetime:
             time_unit = np.timedelta64(times.unit, "ns")
-        times = times.labels
-    labels = _labels_array(times, name, time_format=time_format, dayfirst=dayfirst)
+        times, given_utc = times.labels, times.utc
+    labels, utc = _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)
+    utc = utc or (given_utc and labels.dtype.kind == "M")
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"{name}: expected {n} timestamps (one per step of the time axis), got shape "
@@ -612,4 +627,4 @@ def as_time_axis(
             f"{name}: expected non-decreasing timestamps, got {labels[i]} after {labels[i - 1]} "
             f"(position {i}); sort the record by time first"
         )
-    return TimeAxis(labels, t, unit, unit_name)
+    return TimeAxis(labels, t, unit, unit_name, utc)
