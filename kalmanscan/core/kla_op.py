@@ -68,10 +68,10 @@ def kla_filter_sequential(
     qf, d = predict_coeffs(decay * decay, process_var)
     lam, eta = lam0, eta0
     ys, yvars, precs = [], [], []
-    for t in range(v.shape[1]):
-        y, yvar, lam, eta = _step(
-            v[:, t], Lv[:, t], k[:, t], q[:, t], decay, process_var, qf, d, lam, eta
-        )
+    # unbind, not v[:, t]: its backward stacks the tokens' gradients once, where each v[:, t]'s
+    # would add a full [B, L, ...] zero-filled gradient (O(L^2) over the loop)
+    for vt, Lvt, kt, qt in zip(v.unbind(1), Lv.unbind(1), k.unbind(1), q.unbind(1), strict=True):
+        y, yvar, lam, eta = _step(vt, Lvt, kt, qt, decay, process_var, qf, d, lam, eta)
         ys.append(y)
         yvars.append(yvar)
         if return_precision:

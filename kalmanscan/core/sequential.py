@@ -51,8 +51,13 @@ def observation_terms(z, obs_var, loading):
     return R, h, h * z.masked_fill(missing, 0.0)
 
 
-def _at(x, t):
-    return x[t] if x.shape[0] > 1 else x[0]
+def _steps(x, T):
+    """``x``'s ``T`` per-step rows (one row, broadcast, repeated). ``unbind`` rather than
+    ``x[t]`` in the loop: its backward stacks the rows' gradients once, where each ``x[t]``'s
+    would add a full ``[T, N]`` zero-filled gradient, ``O(T^2 N)`` over the loop."""
+    if x.shape[0] > 1:
+        return x.unbind(0)
+    return (x[0],) * T if T else ()
 
 
 def _check_outputs(outputs):
@@ -68,9 +73,10 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     q, d = predict_coeffs(a * a, p)
     u, e, v = normalize(*x0)
     pred, filt = [], []
-    for t in range(T):
-        up, ep, vp = predict(u, e, v, _at(a, t), _at(p, t), _at(c, t), _at(q, t), _at(d, t))
-        u, e, v = update(up, ep, vp, _at(R, t), _at(h, t), _at(hz, t))
+    steps = zip(*(_steps(x, T) for x in (a, p, c, q, d, R, h, hz)), strict=True)
+    for at, pt, ct, qt, dt, Rt, ht, hzt in steps:
+        up, ep, vp = predict(u, e, v, at, pt, ct, qt, dt)
+        u, e, v = update(up, ep, vp, Rt, ht, hzt)
         pred.append((up, ep, vp))
         filt.append((u, e, v))
     stack = lambda xs: tuple(torch.stack(k) for k in zip(*xs, strict=True))  # noqa: E731
@@ -136,8 +142,9 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     U, E, V = zero, zero, one
     back = [(U, E, V)]
+    rows = [_steps(x, T - 1) for x in leaves]
     for t in range(T - 2, -1, -1):
-        U, E, V = backward_step(U, E, V, *(_at(x, t) for x in leaves))
+        U, E, V = backward_step(U, E, V, *(r[t] for r in rows))
         back.append((U, E, V))
     back = tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
     out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
