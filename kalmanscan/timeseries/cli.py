@@ -422,6 +422,48 @@ def _demo(args) -> int:
 
 
 # --- kalmanscan filter ----------------------------------------------------------------------------
+_SEPARATORS = (",", ";", "\t", "|")
+_SEP_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
+
+
+def _separator(path: str) -> str:
+    """The field separator of a CSV: of ``, ; tab |``, the one its header line (the first line
+    that is not a comment or blank) holds most often; commas when it holds none or ties."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            header = next((ln for ln in fh if ln.strip() and not ln.lstrip().startswith("#")), "")
+    except OSError:
+        return ","
+    counts = [header.count(c) for c in _SEPARATORS]
+    return _SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","
+
+
+def _decimal_commas(df, skip) -> list[str]:
+    """Columns of ``df`` (text) written with a decimal comma (``12,5``): some cell is no number
+    as written but is one with its comma read as a point, and no cell holds a point. Rewritten
+    in place with points; their names returned. Only for files not separated by commas."""
+    import pandas as pd
+
+    found = []
+    for c in df.columns:
+        if c == skip:
+            continue
+        text = df[c].where(df[c].isna(), df[c].astype(str).str.strip())
+        given = text.notna() & (text != "")
+        if not given.any() or text[given].str.contains(".", regex=False).any():
+            continue
+        if not text[given].str.contains(",", regex=False).any():
+            continue
+        swapped = text.where(~given, text.str.replace(",", ".", n=1, regex=False))
+        before = pd.to_numeric(text.where(given), errors="coerce").notna()
+        after = pd.to_numeric(swapped.where(given), errors="coerce").notna()
+        if after.sum() > before.sum() and (after | ~given).all():
+            df[c] = swapped
+            found.append(c)
+    return found
+
+
 def _data_lines(path: str, n_rows: int) -> list[int] | None:
     """Spreadsheet row (physical line) numbers of the header and each data row, or ``None``.
 
@@ -472,8 +514,9 @@ def read_csv_series(
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a CSV file")
+    sep = _separator(path)
     try:
-        df = pd.read_csv(path, comment="#", skipinitialspace=True, dtype=str)
+        df = pd.read_csv(path, sep=sep, comment="#", skipinitialspace=True, dtype=str)
     except pd.errors.EmptyDataError as err:
         raise InputError(
             f"{path}: the file is empty (expected a header row and data rows)"
@@ -484,6 +527,12 @@ def read_csv_series(
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
     lines = _data_lines(path, len(df))
+    if sep != "," and notes is not None:
+        notes.append(f"note: {path}: fields separated by {_SEP_NAMES[sep]}")
+    if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
+        commas = _decimal_commas(df, time_col)
+        if commas and notes is not None:
+            notes.append(f"note: column(s) {commas}: a comma read as the decimal mark")
 
     def row(i: int) -> int:
         return lines[i + 1] if lines is not None else i + 2
@@ -500,10 +549,16 @@ def read_csv_series(
     if time_col is not None:
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
         if times.dtype.kind == "M" and notes is not None:
-            from kalmanscan.timeseries.times import has_utc_offsets
+            from kalmanscan.timeseries.times import has_utc_offsets, period_starts
 
             if has_utc_offsets(df[time_col].to_numpy()):
                 notes.append(f"note: column {time_col!r} {_UTC_NOTE}")
+            periods = None if time_format else period_starts(df[time_col].to_numpy())
+            if periods is not None:
+                notes.append(
+                    f"note: column {time_col!r} holds {periods[1]} labels: each time is the "
+                    f"first day of its {periods[1]}"
+                )
     else:
         times = np.arange(len(df), dtype=np.float64)
     if value_cols:
@@ -613,9 +668,12 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
         msg = re.sub(r"\(position (\d+)\)", lambda m: f"(row {row(int(m.group(1)))})", str(err))
         if "cannot parse" in msg:
             hint = msg[msg.index(" as a time") + len(" as a time") :].strip()
+            if hint.startswith("(expected "):  # the parse's expectation, said once
+                hint = ""
             msg = (
                 f"{path}: column {name!r} row {row(err.index)}: cannot parse {err.value!r} as a "
-                f"time {hint} (expected numbers or dates like 2024-03-01 or 2024-03-01T12:30; "
+                f"time {hint}".rstrip()
+                + " (expected numbers or dates like 2024-03-01, 2024-03-01T12:30 or 2024Q1; "
                 "--time-format sets the format)"
             )
         raise InputError(msg) from err
@@ -631,9 +689,11 @@ def _parse_values(col, path, name, row=None):
     bad = values.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
+        hint = "leave the cell empty or write NaN for a missing value"
+        if _THOUSANDS.match(str(text.iloc[i])):
+            hint = f"thousands separators are not read: write {text.iloc[i].replace(',', '')}"
         raise InputError(
-            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
-            "(leave the cell empty or write NaN for a missing value)"
+            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number ({hint})"
         )
     out = values.to_numpy(dtype=np.float64, na_value=np.nan)
     if np.isinf(out).any():

@@ -18,7 +18,8 @@ value is ISO, else the one format (e.g. ``%d/%m/%Y``) that reads every value. Wh
 read every value differently (``03/04/1958``: day first or month first?) the dates are refused
 with a message naming the ambiguity, unless ``dayfirst`` or an explicit ``time_format`` decides.
 Times with a UTC offset (``2024-03-01T12:30+01:00``) are converted to UTC; a column mixing
-times with and without an offset is refused.
+times with and without an offset is refused. Quarter and month labels (``1959Q1``, ``1959M01``)
+stand for the first day of their period.
 
 Duplicate timestamps are allowed here: two observations at the same time are two exact updates
 of the same state (a step of length 0). ``kalmanscan filter`` refuses them (see docs/cli.md).
@@ -284,6 +285,41 @@ def has_utc_offsets(values) -> bool:
 
 _YEAR = re.compile(r"(?<!\d)\d{4}(?!\d)")
 
+# period labels of statistical offices and pandas: quarters (1959Q1, 1959-Q1, 1959 q1, Q1 1959,
+# Q1-1959) and months (1959M01, 1959M1)
+_QUARTER = re.compile(
+    r"^(?:(?P<y>\d{4})[-\s]?[Qq](?P<q>[1-4])|[Qq](?P<q2>[1-4])[-\s]?(?P<y2>\d{4}))$"
+)
+_MONTH = re.compile(r"^(?P<y>\d{4})[Mm](?P<m>0?[1-9]|1[0-2])$")
+
+
+def period_starts(values) -> tuple[list[str], str] | None:
+    """Quarter or month labels as the ISO dates their periods start, and the period's name.
+
+    ``None`` unless every value is such a label, all of one kind.
+
+    >>> period_starts(["1959Q1", "1959Q2", "1960-Q4"])
+    (['1959-01-01', '1959-04-01', '1960-10-01'], 'quarter')
+    >>> period_starts(["Q3 2001", "2001M12"]) is None
+    True
+    >>> period_starts(["1998M1", "1998M10"])
+    (['1998-01-01', '1998-10-01'], 'month')
+    """
+    strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
+    if not strs:
+        return None
+    quarters = [_QUARTER.match(s) for s in strs]
+    if all(quarters):
+        starts = []
+        for m in quarters:
+            year, q = m["y"] or m["y2"], int(m["q"] or m["q2"])
+            starts.append(f"{year}-{3 * q - 2:02d}-01")
+        return starts, "quarter"
+    months = [_MONTH.match(s) for s in strs]
+    if all(months):
+        return [f"{m['y']}-{int(m['m']):02d}-01" for m in months], "month"
+    return None
+
 
 def _guess_formats(strs: list[str]) -> list[str]:
     from pandas.tseries.api import guess_datetime_format
@@ -327,7 +363,9 @@ def parse_datetime_strings(
     ``time_format`` (strftime codes, e.g. ``"%d/%m/%Y"``, or ``"ISO8601"``) reads every value with
     that format. Otherwise ISO 8601 when every value is ISO, else the single format that reads
     every value; if day-first and month-first formats both read every value differently,
-    ``dayfirst`` picks one and without it the dates are refused. Raises :class:`TimeParseError`
+    ``dayfirst`` picks one and without it the dates are refused. Quarter labels (``1959Q1``,
+    ``1959-Q1``, ``Q1 1959``) and month labels (``1959M01``) read as the first day of their
+    period (:func:`period_starts`). Raises :class:`TimeParseError`
     (a ``ValueError``) naming the position and text of the first value that cannot be read.
 
     >>> parse_datetime_strings(["29/03/1958", "30/03/1958"]).tolist()[0].isoformat()
@@ -387,6 +425,30 @@ def parse_datetime_strings(
         if out is None or out.isna().any():
             fail(time_format, out, f"expected the format {time_format!r}")
         return _to_numpy_datetimes(out)
+    periods = period_starts(strs) if time_format is None else None
+    if periods is not None:  # each time the first day of its quarter or month
+        given, strs = strs, periods[0]
+        out = attempt("%Y-%m-%d")
+        if out is None or out.isna().any():
+            bad = out.isna().to_numpy() if out is not None else np.ones(len(strs), bool)
+            i = int(np.flatnonzero(bad)[0])
+            raise TimeParseError(
+                f"{name}: cannot parse {given[i]!r} (position {i}) as a time (its {periods[1]} "
+                f"starts on {strs[i]}, which is no date)",
+                i,
+                given[i],
+            )
+        return _to_numpy_datetimes(out)
+    for pattern, kind in ((_QUARTER, "quarter"), (_MONTH, "month")):
+        labels = [bool(pattern.match(s)) for s in strs] if time_format is None else [False]
+        if sum(labels) >= len(strs) / 2:  # mostly period labels: name the first that is not one
+            i = labels.index(False)
+            raise TimeParseError(
+                f"{name}: cannot parse {strs[i]!r} (position {i}) as a time (the other values "
+                f"are {kind} labels like {strs[labels.index(True)]!r})",
+                i,
+                strs[i],
+            )
     if all(_ISO.match(s) for s in strs):
         out = attempt("ISO8601")
         if out is not None and not out.isna().any():

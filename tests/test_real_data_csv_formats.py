@@ -1,0 +1,125 @@
+"""CSV files as statistical offices and spreadsheets write them: quarter and month labels
+(``1959Q1``, ``1959M01``), fields separated by semicolons, tabs or bars, decimal commas in files
+not separated by commas, and numbers with thousands separators (refused with a hint). Each
+accepted form filters exactly like the same data written as a plain comma CSV with ISO dates."""
+
+from __future__ import annotations
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("xarray")
+pytest.importorskip("matplotlib")
+
+from kalmanscan.timeseries import as_time_axis  # noqa: E402
+from kalmanscan.timeseries.cli import filter_main  # noqa: E402
+from kalmanscan.timeseries.times import (  # noqa: E402
+    TimeParseError,
+    parse_datetime_strings,
+    period_starts,
+)
+
+GIVEN = ["--sigma2", "4", "--obs-var", "1"]
+
+
+def _run(tmp_path, capsys, text, name, *extra):
+    path = tmp_path / name
+    path.write_text(text)
+    out = tmp_path / (name + "-out")
+    rc = filter_main([str(path), "--time-col", "date", *GIVEN, *extra, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    return pd.read_csv(out / "results.csv"), err
+
+
+def _macro():
+    sm = pytest.importorskip("statsmodels.api")
+    d = sm.datasets.macrodata.load_pandas().data
+    return d.year.astype(int).to_numpy(), d.quarter.astype(int).to_numpy(), d.infl.to_numpy()
+
+
+@pytest.mark.parametrize("style", ["{y}Q{q}", "{y}-Q{q}", "{y} q{q}", "Q{q} {y}", "Q{q}-{y}"])
+def test_quarter_labels_filter_like_iso_dates(tmp_path, capsys, style):
+    years, quarters, infl = _macro()  # statsmodels' macrodata: 1959Q1-2009Q3
+    labels = [style.format(y=y, q=q) for y, q in zip(years, quarters, strict=True)]
+    iso = [f"{y}-{3 * q - 2:02d}-01" for y, q in zip(years, quarters, strict=True)]
+    rows = lambda ts: zip(ts, infl.tolist(), strict=True)  # noqa: E731
+    body = lambda ts: "date,infl\n" + "".join(f"{t},{v!r}\n" for t, v in rows(ts))  # noqa: E731
+    got, err = _run(tmp_path, capsys, body(labels), "q.csv", "--time-unit", "91D")
+    want, err_iso = _run(tmp_path, capsys, body(iso), "iso.csv", "--time-unit", "91D")
+    assert "column 'date' holds quarter labels: each time is the first day of its quarter" in err
+    assert "quarter labels" not in err_iso
+    pd.testing.assert_frame_equal(got, want)
+    assert got["time"].iloc[0] == "1959-01-01" and got["time"].iloc[-1] == "2009-07-01"
+
+
+def test_month_labels_and_quarters_outside_the_nanosecond_window():
+    got = parse_datetime_strings(["1998M1", "1998M02", "1998m12"])
+    assert got.astype("datetime64[D]").astype(str).tolist() == [
+        "1998-01-01",
+        "1998-02-01",
+        "1998-12-01",
+    ]
+    old = parse_datetime_strings(["1500Q4", "2300Q1"])
+    assert old.astype("datetime64[D]").astype(str).tolist() == ["1500-10-01", "2300-01-01"]
+    # the Python API reads them the same way
+    ax = as_time_axis(["2020Q1", "2020Q2", "2020Q3"], 3)
+    assert ax.t.tolist() == [0.0, 91.0, 182.0]  # days: 2020 is a leap year
+    assert period_starts(["2020Q1", "2020M01"]) is None  # one kind per column
+
+
+@pytest.mark.parametrize(
+    "values,bad,kind",
+    [(["2001Q1", "2001Q2", "2001Q5"], "2001Q5", "quarter"),
+     (["1990M1", "1990M2", "1990M13"], "1990M13", "month")],
+)  # fmt: skip
+def test_a_value_among_period_labels_that_is_none_is_named(values, bad, kind):
+    with pytest.raises(
+        TimeParseError, match=f"cannot parse '{bad}'.*other values are {kind} labels"
+    ):
+        parse_datetime_strings(values)
+
+
+def test_the_cli_names_the_row_of_a_bad_period_label(tmp_path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("date,x\n1959Q1,1\n1959Q2,2\nsoon,3\n")
+    assert filter_main([str(path), "--time-col", "date", *GIVEN, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "row 4: cannot parse 'soon' as a time (the other values are quarter labels" in err
+    assert "2024Q1" in err and err.count("expected") == 1
+
+
+def _sunspots():
+    sm = pytest.importorskip("statsmodels.api")
+    d = sm.datasets.sunspots.load_pandas().data
+    return d.YEAR.astype(int).to_numpy(), d.SUNACTIVITY.to_numpy()
+
+
+@pytest.mark.parametrize("sep,name", [(";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")])
+@pytest.mark.parametrize("decimal", [".", ","])
+def test_other_separators_and_decimal_commas_filter_like_a_plain_csv(
+    tmp_path, capsys, sep, name, decimal
+):
+    years, spots = _sunspots()  # statsmodels' sunspots: 1700-2008, one decimal
+    rows = list(zip(years.tolist(), spots.tolist(), strict=True))
+    plain = "date,spots\n" + "".join(f"{y},{v!r}\n" for y, v in rows)
+    text = f"date{sep}spots\n" + "".join(f"{y}{sep}{v!r}\n".replace(".", decimal) for y, v in rows)
+    want, _ = _run(tmp_path, capsys, plain, "plain.csv", "--quiet")
+    got, err = _run(tmp_path, capsys, text, "other.csv")
+    assert f"fields separated by {name}" in err
+    assert ("a comma read as the decimal mark" in err) == (decimal == ",")
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_a_comma_is_no_decimal_mark_beside_points_or_in_a_comma_csv(tmp_path, capsys):
+    # a column with points and commas (1.234,5) is not rewritten: its cells are refused as written
+    path = tmp_path / "mixed.csv"
+    path.write_text("date;x\n1;1.234,5\n2;2,5\n")
+    assert filter_main([str(path), "--time-col", "date", *GIVEN, "--quiet"]) == 2
+    assert "column 'x' row 2: '1.234,5' is not a number" in capsys.readouterr().err
+    # in a comma CSV a quoted "1,120" is a thousands-separated number: refused with the fix
+    path = tmp_path / "thousands.csv"
+    path.write_text('date,volume\n1871,"1,120"\n1872,"1,160"\n1873,963\n')
+    assert filter_main([str(path), "--time-col", "date", *GIVEN, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "'1,120' is not a number (thousands separators are not read: write 1120)" in err
