@@ -123,3 +123,43 @@ def test_a_comma_is_no_decimal_mark_beside_points_or_in_a_comma_csv(tmp_path, ca
     assert filter_main([str(path), "--time-col", "date", *GIVEN, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "'1,120' is not a number (thousands separators are not read: write 1120)" in err
+
+
+def _filter(tmp_path, capsys, raw: bytes, *extra):
+    path = tmp_path / "in.csv"
+    path.write_bytes(raw)
+    out = tmp_path / "out"
+    rc = filter_main([str(path), "--time-col", "date", *GIVEN, *extra, "--out", str(out)])
+    return rc, capsys.readouterr().err, out
+
+
+def test_a_spreadsheet_export_excel_sep_line_cp1252_bom_crlf_trailing_columns(tmp_path, capsys):
+    # Excel's "sep=;" first line, a Windows-1252 header, CRLF line ends, empty trailing columns
+    raw = "sep=;\r\ndate;Température;;\r\n2024-01-01;1,5;;\r\n2024-01-02;2,25;;\r\n"
+    rc, err, out = _filter(tmp_path, capsys, raw.encode("cp1252"))
+    assert rc == 0, err
+    assert "not UTF-8; read as Windows-1252" in err
+    assert "fields separated by semicolons (the first line's 'sep=;')" in err
+    assert "a comma read as the decimal mark" in err
+    assert "skipped column(s) ['Unnamed: 2', 'Unnamed: 3']: no header and no values" in err
+    got = pd.read_csv(out / "results.csv")
+    assert got["series"].unique().tolist() == ["Température"]
+    assert got["observed"].tolist() == [1.5, 2.25]
+    # a UTF-8 byte-order mark (Excel's "CSV UTF-8") does not hide the first column's name
+    rc, err, out = _filter(
+        tmp_path, capsys, b"\xef\xbb\xbfdate,x\r\n2024-01-01,1\r\n2024-01-02,2\r\n"
+    )
+    assert rc == 0 and "UTF-8" not in err, err
+    assert pd.read_csv(out / "results.csv")["observed"].tolist() == [1.0, 2.0]
+
+
+def test_rows_count_the_sep_line_and_empty_columns_are_named(tmp_path, capsys):
+    raw = b"sep=;\ndate;x\n2024-01-01;1,5\n2024-01-02;zz\n"
+    rc, err, _ = _filter(tmp_path, capsys, raw, "--quiet")
+    assert rc == 2 and "column 'x' row 4: 'zz' is not a number" in err
+    rc, err, _ = _filter(tmp_path, capsys, b"date,\n2024-01-01,\n2024-01-02,\n", "--quiet")
+    assert rc == 2 and "column(s) ['Unnamed: 1'] have no header and no values" in err
+    # a named column without values is a series without observations, as before
+    rc, err, out = _filter(tmp_path, capsys, b"date,x,y\n2024-01-01,1,\n2024-01-02,2,\n", "--quiet")
+    assert rc == 0, err
+    assert pd.read_csv(out / "results.csv")["series"].unique().tolist() == ["x", "y"]

@@ -427,16 +427,41 @@ _SEP_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "vertical bar
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
 
 
-def _separator(path: str) -> str:
-    """The field separator of a CSV: of ``, ; tab |``, the one its header line (the first line
-    that is not a comment or blank) holds most often; commas when it holds none or ties."""
+_SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
+
+
+def _encoding(path: str) -> str:
+    """``utf-8`` (a byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8
+    but is Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the
+    reader then names the undecodable byte)."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    for enc in ("utf-8-sig", "cp1252"):
+        try:
+            raw.decode(enc)
+        except UnicodeDecodeError:
+            continue
+        return "utf-8" if enc == "utf-8-sig" else enc
+    return "utf-8"
+
+
+def _separator(path: str, encoding: str = "utf-8") -> tuple[str, bool]:
+    """The field separator of a CSV and whether its first line is Excel's ``sep=;`` naming it.
+    Else of ``, ; tab |`` the one its header line (the first line that is not a comment or
+    blank) holds most often; commas when it holds none or ties."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            header = next((ln for ln in fh if ln.strip() and not ln.lstrip().startswith("#")), "")
+        with open(path, encoding=encoding, errors="replace") as fh:
+            lines = (ln.lstrip("\ufeff") for ln in fh)
+            header = next(
+                (ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), ""
+            )
     except OSError:
-        return ","
+        return ",", False
+    hint = _SEP_HINT.match(header.strip("\r\n"))
+    if hint:
+        return hint.group(1), True
     counts = [header.count(c) for c in _SEPARATORS]
-    return _SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","
+    return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), False
 
 
 def _decimal_commas(df, skip) -> list[str]:
@@ -458,17 +483,27 @@ def _decimal_commas(df, skip) -> list[str]:
         swapped = text.where(~given, text.str.replace(",", ".", n=1, regex=False))
         before = pd.to_numeric(text.where(given), errors="coerce").notna()
         after = pd.to_numeric(swapped.where(given), errors="coerce").notna()
-        if after.sum() > before.sum() and (after | ~given).all():
+        if after.sum() > before.sum():  # (a cell that is no number either way is named later)
             df[c] = swapped
             found.append(c)
     return found
 
 
-def _data_lines(path: str, n_rows: int) -> list[int] | None:
+def _hint_line(path: str, encoding: str) -> list[int]:
+    """The 0-based line of Excel's ``sep=`` hint, for the reader to skip."""
+    with open(path, encoding=encoding, errors="replace") as fh:
+        for i, line in enumerate(fh):
+            if _SEP_HINT.match(line.lstrip("\ufeff").strip("\r\n")):
+                return [i]
+    return []
+
+
+def _data_lines(path: str, n_rows: int, skip_first: bool = False) -> list[int] | None:
     """Spreadsheet row (physical line) numbers of the header and each data row, or ``None``.
 
     Comment lines (``#``) and blank lines are skipped by the reader but still count as rows of
-    the file, so messages name the line a user sees in an editor or spreadsheet.
+    the file, so messages name the line a user sees in an editor or spreadsheet; so does Excel's
+    ``sep=`` line (``skip_first``: the first line read is that hint, not the header).
     """
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -479,6 +514,7 @@ def _data_lines(path: str, n_rows: int) -> list[int] | None:
             ]
     except OSError:
         return None
+    lines = lines[1:] if skip_first else lines
     return lines if len(lines) == n_rows + 1 else None
 
 
@@ -514,9 +550,18 @@ def read_csv_series(
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a CSV file")
-    sep = _separator(path)
+    encoding = _encoding(path)
+    sep, hinted = _separator(path, encoding)
     try:
-        df = pd.read_csv(path, sep=sep, comment="#", skipinitialspace=True, dtype=str)
+        df = pd.read_csv(
+            path,
+            sep=sep,
+            comment="#",
+            skipinitialspace=True,
+            dtype=str,
+            encoding=encoding,
+            skiprows=_hint_line(path, encoding) if hinted else None,
+        )
     except pd.errors.EmptyDataError as err:
         raise InputError(
             f"{path}: the file is empty (expected a header row and data rows)"
@@ -526,9 +571,15 @@ def read_csv_series(
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
-    lines = _data_lines(path, len(df))
-    if sep != "," and notes is not None:
-        notes.append(f"note: {path}: fields separated by {_SEP_NAMES[sep]}")
+    lines = _data_lines(path, len(df), skip_first=hinted)
+    if notes is not None:
+        if encoding != "utf-8":
+            notes.append(f"note: {path}: not UTF-8; read as Windows-1252 (cp1252)")
+        if sep != "," or hinted:
+            said = f"the first line's 'sep={sep}'" if hinted else "the header"
+            notes.append(
+                f"note: {path}: fields separated by {_SEP_NAMES.get(sep, repr(sep))} ({said})"
+            )
     if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
         commas = _decimal_commas(df, time_col)
         if commas and notes is not None:
@@ -567,12 +618,16 @@ def read_csv_series(
             raise InputError(f"--value-col {time_col!r}: that is the time column")
         z = np.column_stack([_parse_values(df[c], path, c, row) for c in names])
     else:
-        names, columns, skipped = [], [], []
+        names, columns, skipped, empty = [], [], [], []
         for c in cols:
             if c == time_col:
                 continue
             cell = df[c]
             given = cell.notna() & (cell.astype(str).str.strip() != "")
+            if not given.any() and re.fullmatch(r"Unnamed: \d+", c):
+                # no header and no value: the trailing ",," of a spreadsheet's export
+                empty.append(c)
+                continue
             numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
             if given.any() and not numeric.any():
                 skipped.append(c)
@@ -588,9 +643,16 @@ def read_csv_series(
                     f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
                     "(leave the cell empty or write NaN for a missing value)"
                 )
+            elif empty:
+                detail = f"; column(s) {empty} have no header and no values"
             raise InputError(
                 f"{path}: no numeric value columns besides the time column{detail}; name the "
                 f"value columns with --value-col (columns are {cols})"
+            )
+        if empty and notes is not None:
+            notes.append(
+                f"note: skipped column(s) {empty}: no header and no values (a spreadsheet's "
+                "trailing empty columns)"
             )
         if skipped and notes is not None:
             notes.append(
