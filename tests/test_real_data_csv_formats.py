@@ -163,3 +163,23 @@ def test_rows_count_the_sep_line_and_empty_columns_are_named(tmp_path, capsys):
     rc, err, out = _filter(tmp_path, capsys, b"date,x,y\n2024-01-01,1,\n2024-01-02,2,\n", "--quiet")
     assert rc == 0, err
     assert pd.read_csv(out / "results.csv")["series"].unique().tolist() == ["x", "y"]
+
+
+def test_excel_unicode_text_reads_and_workbooks_and_binary_files_are_refused(tmp_path, capsys):
+    # Excel's "Unicode text": UTF-16 with a byte-order mark, tab-separated
+    text = "date\tlevel\n2024-01-01\t1,5\n2024-01-02\t2,5\n"
+    rc, err, out = _filter(tmp_path, capsys, text.encode("utf-16"))
+    assert rc == 0, err
+    assert "fields separated by tabs" in err
+    assert pd.read_csv(out / "results.csv")["observed"].tolist() == [1.5, 2.5]
+    # a workbook (a zip archive) and a file with NUL bytes: named, not parsed as text
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("xl/worksheets/sheet1.xml", "<worksheet/>")
+    rc, err, _ = _filter(tmp_path, capsys, buf.getvalue(), "--quiet")
+    assert rc == 2 and "is a spreadsheet workbook (.xlsx, .xls or .ods), not a CSV" in err
+    rc, err, _ = _filter(tmp_path, capsys, b"date,x\n2024-01-01,1\x00\n", "--quiet")
+    assert rc == 2 and "is a binary file (it holds NUL bytes)" in err

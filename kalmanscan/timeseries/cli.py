@@ -431,11 +431,21 @@ _SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separat
 
 
 def _encoding(path: str) -> str:
-    """``utf-8`` (a byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8
+    """The text encoding of a CSV: ``utf-16`` after its byte-order mark (Excel's "Unicode
+    text"), ``utf-8`` (a byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8
     but is Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the
-    reader then names the undecodable byte)."""
+    reader then names the undecodable byte). A workbook or other binary file is refused."""
     with open(path, "rb") as fh:
         raw = fh.read()
+    if raw.startswith((b"PK\x03\x04", b"\xd0\xcf\x11\xe0")):
+        raise InputError(
+            f"{path}: is a spreadsheet workbook (.xlsx, .xls or .ods), not a CSV; save the sheet "
+            "as CSV first"
+        )
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    if b"\x00" in raw:
+        raise InputError(f"{path}: is a binary file (it holds NUL bytes), expected a CSV text file")
     for enc in ("utf-8-sig", "cp1252"):
         try:
             raw.decode(enc)
@@ -498,7 +508,9 @@ def _hint_line(path: str, encoding: str) -> list[int]:
     return []
 
 
-def _data_lines(path: str, n_rows: int, skip_first: bool = False) -> list[int] | None:
+def _data_lines(
+    path: str, n_rows: int, skip_first: bool = False, encoding: str = "utf-8"
+) -> list[int] | None:
     """Spreadsheet row (physical line) numbers of the header and each data row, or ``None``.
 
     Comment lines (``#``) and blank lines are skipped by the reader but still count as rows of
@@ -506,7 +518,7 @@ def _data_lines(path: str, n_rows: int, skip_first: bool = False) -> list[int] |
     ``sep=`` line (``skip_first``: the first line read is that hint, not the header).
     """
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding=encoding, errors="replace") as fh:
             lines = [
                 i
                 for i, line in enumerate(fh, 1)
@@ -571,9 +583,9 @@ def read_csv_series(
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
-    lines = _data_lines(path, len(df), skip_first=hinted)
+    lines = _data_lines(path, len(df), skip_first=hinted, encoding=encoding)
     if notes is not None:
-        if encoding != "utf-8":
+        if encoding == "cp1252":
             notes.append(f"note: {path}: not UTF-8; read as Windows-1252 (cp1252)")
         if sep != "," or hinted:
             said = f"the first line's 'sep={sep}'" if hinted else "the header"
