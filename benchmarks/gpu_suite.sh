@@ -89,7 +89,8 @@ for part in "${parts[@]}"; do
     suite-a|suite-b)
           if [ "$part" = suite-a ]; then files=(tests/test_[b-k]*.py); else files=(tests/test_[l-z]*.py); fi
           rm -f "$out/gpu-$part.txt"
-          KALMANSCAN_TEST_LOG="$out/gpu-$part.txt" python3 -m pytest -q -p no:cacheprovider \
+          # one CPU thread a worker: 15 workers on 16 cores would each run torch's 16 threads
+          KALMANSCAN_TEST_LOG="$out/gpu-$part.txt" OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider \
             -p benchmarks.pytest_progress -n "$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))" --dist worksteal -rfE \
             "${files[@]}"; rc=$?
           python3 benchmarks/pytest_progress.py "$out/gpu-$part.txt" | head -40; (exit $rc) ;;

@@ -11,13 +11,6 @@ if not torch.cuda.is_available():
 import numpy as np
 import pytest
 
-# pytest-xdist's workers share the machine's cores: each takes its share of torch's CPU threads
-# (by default every process takes them all: 15 workers on the H200 machine's 16 cores would run
-# 240 threads for the GPU tests' CPU-side references)
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
-
 
 @pytest.fixture
 def rng():
