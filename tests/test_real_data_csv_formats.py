@@ -1,7 +1,9 @@
 """CSV files as statistical offices and spreadsheets write them: quarter and month labels
 (``1959Q1``, ``1959M01``), fields separated by semicolons, tabs or bars, decimal commas in files
-not separated by commas, and numbers with thousands separators (refused with a hint). Each
-accepted form filters exactly like the same data written as a plain comma CSV with ISO dates."""
+not separated by commas, numbers with thousands separators (refused with a hint), Excel's exports
+(``sep=`` line, Windows-1252, UTF-16, trailing empty columns), and long tables with a column
+naming each row's series (``--series-col``). Each accepted form filters exactly like the same
+data written as a plain comma CSV with ISO dates, one column a series."""
 
 from __future__ import annotations
 
@@ -183,3 +185,84 @@ def test_excel_unicode_text_reads_and_workbooks_and_binary_files_are_refused(tmp
     assert rc == 2 and "is a spreadsheet workbook (.xlsx, .xls or .ods), not a CSV" in err
     rc, err, _ = _filter(tmp_path, capsys, b"date,x\n2024-01-01,1\x00\n", "--quiet")
     assert rc == 2 and "is a binary file (it holds NUL bytes)" in err
+
+
+# --- long (tidy) tables: --series-col -------------------------------------------------------------
+def _grunfeld():
+    sm = pytest.importorskip("statsmodels.api")
+    d = sm.datasets.grunfeld.load_pandas().data  # 10 firms x 20 years, long form
+    d["year"] = d["year"].astype(int)
+    return d
+
+
+def test_a_long_table_filters_like_its_wide_form(tmp_path, capsys):
+    d = _grunfeld()
+    long = d[["firm", "year", "invest", "value"]].to_csv(index=False)
+    wide = d.pivot(index="year", columns="firm", values=["invest", "value"])
+    firms = list(dict.fromkeys(d["firm"]))
+    wide = pd.DataFrame(
+        {f"{f}/{v}": wide[(v, f)] for f in firms for v in ("invest", "value")}, index=wide.index
+    )
+    args = ("--time-col", "year", *GIVEN)
+    path = tmp_path / "long.csv"
+    path.write_text(long)
+    rc = filter_main([str(path), *args, "--series-col", "firm", "--out", str(tmp_path / "l")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"column 'firm' names each row's series: {len(firms)} series x 2 value columns" in err
+    path = tmp_path / "wide.csv"
+    wide.reset_index().to_csv(path, index=False)
+    assert filter_main([str(path), *args, "--quiet", "--out", str(tmp_path / "w")]) == 0
+    got, want = (pd.read_csv(tmp_path / o / "results.csv") for o in ("l", "w"))
+    pd.testing.assert_frame_equal(got, want)
+    assert got["series"].unique().tolist()[:2] == ["General Motors/invest", "General Motors/value"]
+    # without --series-col the repeated years are refused, naming the column to pass
+    path = tmp_path / "long.csv"
+    assert filter_main([str(path), *args, "--quiet"]) == 2
+    assert "pass --series-col firm" in capsys.readouterr().err
+
+
+def test_a_long_table_with_different_times_a_series(tmp_path, capsys):
+    text = "t,station,temp\n1,a,10\n2,a,11\n2,b,20\n3,b,21\n5,a,12\n"
+    rc, err, out = _filter_long(tmp_path, capsys, text)
+    assert rc == 0, err
+    got = pd.read_csv(out / "results.csv").query("kind == 'data'")
+    a = got[got.series == "a"]["observed"].tolist()
+    b = got[got.series == "b"]["observed"].tolist()
+    assert got.time.unique().tolist() == [1, 2, 3, 5]
+    assert a[:2] + a[3:] == [10.0, 11.0, 12.0] and pd.isna(a[2])
+    assert b[1:3] == [20.0, 21.0] and pd.isna(b[0]) and pd.isna(b[3])
+
+
+def _filter_long(tmp_path, capsys, text, *extra):
+    path = tmp_path / "long.csv"
+    path.write_text(text)
+    out = tmp_path / "out"
+    rc = filter_main(
+        [str(path), "--time-col", "t", "--series-col", "station", *GIVEN, "--quiet", *extra]
+        + ["--out", str(out)]
+    )
+    return rc, capsys.readouterr().err, out
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [("t,station,x\n1,a,1\n2,a,2\n1,a,3\n", "series 'a' (column 'station') has two rows at the "
+      "time 1: rows 2 and 4; expected one row per series and time"),
+     ("t,station,x\n1,a,1\n2,,2\n", "column 'station' row 3: no series name")],
+    ids=["repeated-time", "no-name"],
+)  # fmt: skip
+def test_a_long_table_refuses_repeats_and_rows_without_a_series(tmp_path, capsys, text, message):
+    rc, err, _ = _filter_long(tmp_path, capsys, text)
+    assert rc == 2 and message in err, err
+
+
+def test_series_col_needs_a_time_col_and_another_column(tmp_path, capsys):
+    path = tmp_path / "long.csv"
+    path.write_text("t,station,x\n1,a,1\n")
+    assert filter_main([str(path), "--series-col", "station", *GIVEN]) == 2
+    assert "--series-col 'station': needs --time-col" in capsys.readouterr().err
+    assert filter_main([str(path), "--time-col", "t", "--series-col", "t", *GIVEN]) == 2
+    assert "--series-col 't': that is the time column" in capsys.readouterr().err
+    assert filter_main([str(path), "--time-col", "t", "--series-col", "nope", *GIVEN]) == 2
+    assert "--series-col 'nope': no such column" in capsys.readouterr().err

@@ -543,8 +543,14 @@ def read_csv_series(
     time_format=None,
     dayfirst=None,
     notes=None,
+    series_col=None,
 ):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
+
+    ``series_col`` reads a long (tidy) table: that column names each row's series, and each
+    value column of each named series becomes a series (``name`` with one value column, else
+    ``name/column``) over the union of the times, missing where that series has no row. A
+    series with two rows at one time is refused, naming the rows.
 
     ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every column other
     than the time column that holds numbers (a column with no number at all, e.g. labels, is
@@ -604,11 +610,22 @@ def read_csv_series(
     if len(set(cols)) != len(cols):
         dup = sorted({c for c in cols if cols.count(c) > 1})
         raise InputError(f"{path}: duplicate column names {dup}")
-    for name, kind in ([(time_col, "--time-col")] if time_col is not None else []) + [
-        (c, "--value-col") for c in value_cols or []
-    ]:
+    for name, kind in (
+        ([(time_col, "--time-col")] if time_col is not None else [])
+        + ([(series_col, "--series-col")] if series_col is not None else [])
+        + [(c, "--value-col") for c in value_cols or []]
+    ):
         if name not in cols:
             raise InputError(f"{kind} {name!r}: no such column in {path}; columns are {cols}")
+    if series_col is not None:
+        if time_col is None:
+            raise InputError(
+                f"--series-col {series_col!r}: needs --time-col (the rows of each series are "
+                "matched by time)"
+            )
+        if series_col == time_col or series_col in (value_cols or []):
+            what = "the time column" if series_col == time_col else "a --value-col"
+            raise InputError(f"--series-col {series_col!r}: that is {what}")
     if time_col is not None:
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
         if times.dtype.kind == "M" and notes is not None:
@@ -632,7 +649,7 @@ def read_csv_series(
     else:
         names, columns, skipped, empty = [], [], [], []
         for c in cols:
-            if c == time_col:
+            if c in (time_col, series_col):
                 continue
             cell = df[c]
             given = cell.notna() & (cell.astype(str).str.strip() != "")
@@ -672,6 +689,8 @@ def read_csv_series(
                 "with --value-col to use them)"
             )
         z = np.column_stack(columns)
+    if series_col is not None:
+        return _long_to_wide(df[series_col], times, z, names, path, series_col, row, notes)
     order = np.argsort(times, kind="stable")
     sorted_ = bool(np.all(order == np.arange(len(order))))
     st = times[order]
@@ -685,10 +704,51 @@ def read_csv_series(
             f"{_show_time(st[k])}"
             + (f" ({more} more repeated time{'s' if more > 1 else ''})" if more else "")
             + "; expected one row per time: merge or average the rows of each time first"
+            + "".join(
+                f"; or, if column {c!r} names each row's series (a long table), pass "
+                f"--series-col {c}"
+                for c in [c for c in cols if c not in names and c != time_col][:1]
+            )
         )
     if not sorted_:
         times, z = st, z[order]
     return times, z, names, sorted_
+
+
+def _long_to_wide(keys, times, z, names, path, series_col, row, notes):
+    """A long table's rows (``keys`` naming each row's series) as series over the union of the
+    times: ``(times, z, names, True)``; see :func:`read_csv_series`."""
+    text = keys.where(keys.isna(), keys.astype(str).str.strip())
+    blank = (text.isna() | (text == "")).to_numpy()
+    if blank.any():
+        i = int(np.flatnonzero(blank)[0])
+        raise InputError(f"{path}: column {series_col!r} row {row(i)}: no series name")
+    text = text.to_numpy(dtype=object)
+    order = list(dict.fromkeys(text))  # the series in the order they first appear
+    grid, at = np.unique(times, return_inverse=True)
+    out = np.full((grid.size, len(order) * len(names)), np.nan)
+    labels = []
+    for k, key in enumerate(order):
+        rows = np.flatnonzero(text == key)
+        pos = at[rows]
+        ranked = np.argsort(pos, kind="stable")
+        same = np.flatnonzero(pos[ranked][1:] == pos[ranked][:-1])
+        if same.size:
+            a, b = rows[ranked[same[0]]], rows[ranked[same[0] + 1]]
+            raise InputError(
+                f"{path}: series {key!r} (column {series_col!r}) has two rows at the time "
+                f"{_show_time(grid[pos[ranked[same[0]]]])}: rows {row(int(a))} and {row(int(b))}; "
+                "expected one row per series and time"
+            )
+        out[pos, k * len(names) : (k + 1) * len(names)] = z[rows]
+        labels += [key] if len(names) == 1 else [f"{key}/{n}" for n in names]
+    if notes is not None:
+        notes.append(
+            f"note: column {series_col!r} names each row's series: {len(order)} series"
+            + (f" x {len(names)} value columns" if len(names) > 1 else "")
+            + f" over {grid.size} times"
+        )
+    return grid, out, labels, True
 
 
 def _show_time(t) -> str:
@@ -839,6 +899,13 @@ def filter_main(argv=None) -> int:
         metavar="COL",
         help="value column (repeat for several series; default: every column holding numbers)",
     )
+    p.add_argument(
+        "--series-col",
+        default=None,
+        metavar="COL",
+        help="column naming each row's series, for a long table (one row per series and time; "
+        "needs --time-col)",
+    )
     p.add_argument("--fit", action="store_true", help="fit the parameters by maximum likelihood")
     p.add_argument(
         "--fix",
@@ -960,6 +1027,7 @@ def _filter(args) -> int:
         time_format=args.time_format,
         dayfirst=True if args.dayfirst else None,
         notes=notes,
+        series_col=args.series_col,
     )
     for note in notes:
         log(note)

@@ -154,11 +154,19 @@ class OUFit:
         )
         shape = self.z.shape[1:]
         n_series = int(np.prod(shape)) if shape else 1
+        labels = self.series_labels or [str(i) for i in range(n_series)]
+        # the series column as wide as the longest name shown, from 10 to 30 characters
+        w = min(max([10] + [len(str(x)) for x in labels[:max_series]]), 30)
+
+        def name(x):  # a longer name cut, with "~" where it was cut
+            x = str(x)
+            return x if len(x) <= w else x[: w - 1] + "~"
+
         lines = [
             f"OU model fit by maximum likelihood: {n_series} series, {self.z.shape[0]} time steps"
             + (f", {self.time_axis.unit_name} per time unit" if self.time_axis.is_datetime else ""),
             f"fixed: {fixed}" if fixed else "fixed: none",
-            f"{'series':>10} "
+            f"{'series':>{w}} "
             + " ".join(f"{p:>14} {'(s.e.)':>10}" for p in free)
             + f" {'loglik':>12} {'conv':>5}",
         ]
@@ -170,7 +178,6 @@ class OUFit:
         }
         ll = np.broadcast_to(np.asarray(self.loglik, dtype=float), shape).ravel()
         conv = np.broadcast_to(np.asarray(self.converged), shape).ravel()
-        labels = self.series_labels or [str(i) for i in range(n_series)]
         ub = {
             p: np.broadcast_to(np.asarray(self.upper_bound.get(p, np.nan), float), shape).ravel()
             for p in free
@@ -182,7 +189,7 @@ class OUFit:
 
         for i in range(min(n_series, max_series)):
             cells = " ".join(f"{est[p][i]:>14.6g} {se_cell(p, i)}" for p in free)
-            lines.append(f"{labels[i][:10]:>10} {cells} {ll[i]:>12.4f} {str(bool(conv[i])):>5}")
+            lines.append(f"{name(labels[i]):>{w}} {cells} {ll[i]:>12.4f} {str(bool(conv[i])):>5}")
         if n_series > max_series:
             lines.append(f"... {n_series - max_series} more series")
         lines.append(
