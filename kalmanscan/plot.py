@@ -78,6 +78,49 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     return sorted(spans, key=lambda se: se[0])
 
 
+# Longer series are drawn from per-stretch extremes: a 10-inch axes at 110 dpi is about 1,000
+# pixels wide, so each of 2,000 stretches is half a pixel and its first, lowest, highest and last
+# points draw the lines and bands that all of its points would (data markers add an even sample).
+# A million points otherwise took ~40 s to save (their markers, and the legend's placement
+# testing each vertex).
+DRAW_MAX = 10_000
+_STRETCHES = 2_000
+
+
+def _draw_index(n: int, *ys, spread: bool = False):
+    """Which of ``n`` points to draw: all where ``n <= DRAW_MAX``, else for each of 2,000
+    contiguous stretches its first and last point and the points where each of ``ys`` is lowest
+    and highest (NaN ignored; a stretch of NaN keeps its first and last), in time order.
+    ``spread`` adds every k-th point (``DRAW_MAX`` of them), for markers: a cloud of data keeps
+    its inside as well as its edges.
+
+    >>> y = np.sin(np.arange(50_000.0))
+    >>> i = _draw_index(50_000, y)
+    >>> len(i) <= 8_000, bool(y[i].min() == y.min()), bool(y[i].max() == y.max())
+    (True, True, True)
+    >>> int(i[0]), int(i[-1])
+    (0, 49999)
+    """
+    if n <= DRAW_MAX:
+        return np.arange(n)
+    edges = np.linspace(0, n, _STRETCHES + 1).astype(np.int64)
+    starts = edges[:-1]
+    stretch = np.repeat(np.arange(_STRETCHES), np.diff(edges))
+    keep = [starts, edges[1:] - 1]
+    if spread:
+        keep.append(np.arange(0, n, -(-n // DRAW_MAX)))
+    for y in ys:
+        y = np.asarray(y, dtype=np.float64)
+        nan = np.isnan(y)
+        for v, reduce in (
+            (np.where(nan, np.inf, y), np.minimum),
+            (np.where(nan, -np.inf, y), np.maximum),
+        ):
+            hit = np.flatnonzero(v == reduce.reduceat(v, starts)[stretch])
+            keep.append(hit[np.unique(stretch[hit], return_index=True)[1]])
+    return np.unique(np.concatenate(keep))
+
+
 def _shade_missing(ax, times, observed, show_missing, label: str) -> None:
     """Grey spans over the missing stretches of ``observed`` (``show_missing="gaps"``: only the
     long gaps between observations), the first one labelled."""
@@ -135,22 +178,19 @@ def plot_bands(
         as_float = np.asarray(observed, dtype=np.float64)
         _shade_missing(ax, times, as_float, show_missing, "missing / no data")
     if observed is not None:
-        ax.plot(times, observed, "o", ms=3, color="0.25", label="data", zorder=3)
+        obs = np.asarray(observed, dtype=np.float64)
+        i = _draw_index(len(obs), obs, spread=True)
+        ax.plot(times[i], obs[i], "o", ms=3, color="0.25", label="data", zorder=3)
     finite = np.isfinite(var)
     sd = np.sqrt(np.where(finite, var, np.nan))
-    for k, c in enumerate(covs):
-        q = _quantile(c)
+    bands = [(c, mean - _quantile(c) * sd, mean + _quantile(c) * sd) for c in covs]
+    i = _draw_index(len(mean), mean, *(y for _, lo, hi in bands for y in (lo, hi)))
+    for k, (c, lo, hi) in enumerate(bands):
         alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
         ax.fill_between(
-            times,
-            mean - q * sd,
-            mean + q * sd,
-            color=color,
-            alpha=alpha,
-            lw=0,
-            label=f"{c:.0%} band",
+            times[i], lo[i], hi[i], color=color, alpha=alpha, lw=0, label=f"{c:.0%} band"
         )
-    ax.plot(times, mean, color=color, lw=1.6, label=label, zorder=4)
+    ax.plot(times[i], mean[i], color=color, lw=1.6, label=label, zorder=4)
     if forecast_times is not None and len(forecast_times):
         ft = np.asarray(forecast_times)
         fm = np.asarray(forecast_mean, dtype=np.float64)
@@ -301,9 +341,11 @@ def plot_precision(
         picks = [_select(ds, series)]
     for k, (one, label) in enumerate(picks):
         prec = 1.0 / one[var_name].values
+        shown = np.where(prec > 0, prec, np.nan)
+        i = _draw_index(len(shown), shown)
         ax.plot(
-            one[tdim].values,
-            np.where(prec > 0, prec, np.nan),
+            one[tdim].values[i],
+            shown[i],
             lw=1.3,
             color=f"C{k}",
             label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"),

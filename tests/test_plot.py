@@ -125,3 +125,33 @@ def test_missing_spans_outside_the_nanosecond_range():
     spans = _missing_spans(t, np.array([1.0, np.nan, 2.0, 3.0, 4.0]))
     assert spans[0] == (np.datetime64("1600-07-02"), np.datetime64("1601-07-02T12:00"))
     assert spans[1] == (np.datetime64("1603-01-01"), np.datetime64("2400-01-01"))
+
+
+def test_long_series_draw_their_extremes_from_few_points():
+    """Past plot.DRAW_MAX points a panel draws each half-pixel stretch's first, lowest, highest
+    and last points (data markers also an even sample): the lines, bands and axes limits of all
+    points, from at most a few thousand vertices an artist."""
+
+    T = 200_000
+    rng = np.random.default_rng(3)
+    z = np.cumsum(rng.normal(size=T)) + rng.normal(size=T) * 5
+    z[1000:1400] = np.nan
+    ds = OUModel(sigma2=1.0, obs_var=25.0).to_dataset(z)
+    ax = plot.plot_series(ds)
+    line = [ln for ln in ax.get_lines() if ln.get_label() == "smoothed mean"][0]
+    dots = [ln for ln in ax.get_lines() if ln.get_label() == "data"][0]
+    assert len(line.get_xdata()) <= 4 * 2_000 + 2 and len(dots.get_xdata()) <= 20_000
+    mean = ds["smoothed_mean"].values
+    assert np.nanmin(line.get_ydata()) == mean.min() and np.nanmax(line.get_ydata()) == mean.max()
+    assert np.nanmin(dots.get_ydata()) == np.nanmin(z) and np.nanmax(dots.get_ydata()) == np.nanmax(
+        z
+    )
+    # the widest band's polygon reaches the band's extremes
+    sd = np.sqrt(ds["smoothed_variance"].values)
+    q = 1.6448536269514722  # the 90 % band
+    band = [c for c in ax.collections if c.get_label() == "90% band"][0]
+    ys = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
+    np.testing.assert_allclose([ys.min(), ys.max()], [(mean - q * sd).min(), (mean + q * sd).max()])
+    # short series draw every point
+    short = plot.plot_series(OUModel(sigma2=1.0, obs_var=1.0).to_dataset(z[:500]))
+    assert len([ln for ln in short.get_lines() if ln.get_label() == "data"][0].get_xdata()) == 500

@@ -7,6 +7,7 @@ data written as a plain comma CSV with ISO dates, one column a series."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pd = pytest.importorskip("pandas")
@@ -266,3 +267,24 @@ def test_series_col_needs_a_time_col_and_another_column(tmp_path, capsys):
     assert "--series-col 't': that is the time column" in capsys.readouterr().err
     assert filter_main([str(path), "--time-col", "t", "--series-col", "nope", *GIVEN]) == 2
     assert "--series-col 'nope': no such column" in capsys.readouterr().err
+
+
+def test_results_csv_text_equals_pandas_writer():
+    """results.csv's writer gives pandas' ``to_csv(index=False, float_format="%.10g")`` text
+    (it is 2-7 times faster): floats of every size, NaN, inf, -0.0, booleans, integers, None and
+    text needing quotes."""
+    from kalmanscan.timeseries.cli import _csv_text
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    x = rng.normal(size=n) * 10.0 ** rng.integers(-320, 308, size=n)
+    x[::7], x[::11], x[::13] = np.nan, np.inf, -0.0
+    names = np.array(["a", 'b "q"', "c,d", "e\nf", "g"], dtype=object)[rng.integers(0, 5, n)]
+    names[::17] = None
+    with np.errstate(over="ignore"):
+        f32 = x.astype(np.float32)
+    frame = pd.DataFrame(
+        {"kind": "data", "name": names, "x": x, "f32": f32, "k": x > 0,
+         "i": rng.integers(-5, 5, n), "t": [f"{1900 + i % 100}-01-01" for i in range(n)]}
+    )  # fmt: skip
+    assert _csv_text(frame) == frame.to_csv(index=False, float_format="%.10g")

@@ -277,7 +277,43 @@ def _write_csv(ds, path: str) -> None:
         zone = "Z" if ds[tdim].attrs.get("time_zone") == "UTC" else ""
         out["time"] = [t + zone for t in _iso_times(out["time"].to_numpy())]
     keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
-    out[[k for k in keep if k in out.columns]].to_csv(path, index=False, float_format="%.10g")
+    with open(path, "w", newline="") as fh:
+        fh.write(_csv_text(out[[k for k in keep if k in out.columns]]))
+
+
+def _csv_field(x) -> str:
+    """A text field as a CSV writer quotes it: in double quotes (doubled inside) where it holds a
+    comma, a quote or a line end."""
+    return '"' + x.replace('"', '""') + '"' if any(c in x for c in ',"\r\n') else x
+
+
+def _csv_text(frame) -> str:
+    """``frame.to_csv(index=False, float_format="%.10g")``, the same text, 5-10 times faster:
+    pandas formats each float through a Python call per chunk and value (55 s for the 2 million
+    rows of a million-step, two-series file; this about 8 s). Floats as ``%.10g``, NaN (and
+    None) as empty fields, text quoted where needed.
+
+    >>> import pandas as pd
+    >>> f = pd.DataFrame({"s": ["a", 'b,"c"'], "x": [0.1 + 0.2, float("nan")], "k": [True, False]})
+    >>> _csv_text(f) == f.to_csv(index=False, float_format="%.10g")
+    True
+    """
+    columns = []
+    for name in frame.columns:
+        col = frame[name]
+        if col.dtype.kind == "f":
+            values = col.to_numpy(dtype=np.float64).tolist()
+            columns.append(["" if v != v else "%.10g" % v for v in values])  # noqa: UP031
+        elif col.dtype.kind in "biu":
+            columns.append([str(v) for v in col.tolist()])
+        else:
+            values = [str(v) for v in col.astype(object).where(col.notna(), "").tolist()]
+            joined = "\x00".join(values)  # one scan for a field that needs quotes
+            if any(c in joined for c in ',"\r\n'):
+                values = [_csv_field(v) for v in values]
+            columns.append(values)
+    header = ",".join(_csv_field(str(c)) for c in frame.columns)
+    return "\n".join([header, *map(",".join, zip(*columns, strict=True))]) + "\n"
 
 
 def _add_coverage_option(p) -> None:

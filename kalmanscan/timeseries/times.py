@@ -308,16 +308,18 @@ def period_starts(values) -> tuple[list[str], str] | None:
     strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
     if not strs:
         return None
-    quarters = [_QUARTER.match(s) for s in strs]
-    if all(quarters):
-        starts = []
-        for m in quarters:
-            year, q = m["y"] or m["y2"], int(m["q"] or m["q2"])
-            starts.append(f"{year}-{3 * q - 2:02d}-01")
-        return starts, "quarter"
-    months = [_MONTH.match(s) for s in strs]
-    if all(months):
-        return [f"{m['y']}-{int(m['m']):02d}-01" for m in months], "month"
+    if _QUARTER.match(strs[0]):
+        quarters = [_QUARTER.match(s) for s in strs]
+        if all(quarters):
+            starts = []
+            for m in quarters:
+                year, q = m["y"] or m["y2"], int(m["q"] or m["q2"])
+                starts.append(f"{year}-{3 * q - 2:02d}-01")
+            return starts, "quarter"
+    if _MONTH.match(strs[0]):
+        months = [_MONTH.match(s) for s in strs]
+        if all(months):
+            return [f"{m['y']}-{int(m['m']):02d}-01" for m in months], "month"
     return None
 
 
@@ -440,7 +442,9 @@ def parse_datetime_strings(
             )
         return _to_numpy_datetimes(out)
     for pattern, kind in ((_QUARTER, "quarter"), (_MONTH, "month")):
-        labels = [bool(pattern.match(s)) for s in strs] if time_format is None else [False]
+        if time_format is not None or not any(pattern.match(s) for s in strs[:20]):
+            continue
+        labels = [bool(pattern.match(s)) for s in strs]
         if sum(labels) >= len(strs) / 2:  # mostly period labels: name the first that is not one
             i = labels.index(False)
             raise TimeParseError(
