@@ -1,0 +1,90 @@
+"""``kalmanscan filter`` on a large CSV, the whole command as a user runs it: wall time and the
+part spent computing, median of repeated runs.
+
+    python benchmarks/cli_large.py --rows 1000000 --repeats 3 --out benchmarks/results/cli-large-cpu.json
+
+The file (seeded): hourly times from 1900 as ``YYYY-MM-DD HH:MM:SS``, a random walk and white
+noise, written once to a temporary folder; the command filters and smooths both series with
+given parameters (``--sigma2 1 --obs-var 1 --time-unit 1h``) and writes its PNG, netCDF, CSV and
+summary. Each run is a fresh process (``python -m kalmanscan.cli``), so imports count too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def make_csv(path: str, rows: int) -> None:
+    import pandas as pd
+
+    rng = np.random.default_rng(20261204)
+    times = pd.date_range("1900-01-01", periods=rows, freq="h").strftime("%Y-%m-%d %H:%M:%S")
+    frame = pd.DataFrame(
+        {"time": times, "a": np.cumsum(rng.normal(size=rows)), "b": rng.normal(size=rows)}
+    )
+    frame.to_csv(path, index=False)
+
+
+def run(rows: int, repeats: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = os.path.join(tmp, "big.csv")
+        make_csv(csv, rows)
+        cmd = [sys.executable, "-m", "kalmanscan.cli", "filter", csv, "--time-col", "time",
+               "--sigma2", "1", "--obs-var", "1", "--time-unit", "1h", "--out",
+               os.path.join(tmp, "out")]  # fmt: skip
+        walls, computes = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            walls.append(time.perf_counter() - t0)
+            if proc.returncode != 0:
+                raise RuntimeError(f"kalmanscan filter failed: {proc.stderr}")
+            computes.append(float(re.search(r"computed in ([\d.]+) s", proc.stdout).group(1)))
+        size = os.path.getsize(os.path.join(tmp, "out", "results.csv"))
+    return dict(
+        benchmark="cli_large",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        shape=dict(rows=rows, series=2),
+        command="kalmanscan filter big.csv " + " ".join(cmd[5:-2]),
+        repeats=repeats,
+        median_wall_s=statistics.median(walls),
+        wall_s=walls,
+        median_compute_s=statistics.median(computes),
+        results_csv_bytes=size,
+        correctness="results.csv equal byte for byte to pandas' to_csv text: "
+        "tests/test_real_data_csv_formats.py::test_results_csv_text_equals_pandas_writer",
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    args = p.parse_args(argv)
+    if args.rows < 2 or args.repeats < 1:
+        p.error(f"--rows: expected >= 2 and --repeats >= 1, got {args.rows}, {args.repeats}")
+    res = run(args.rows, args.repeats)
+    print(json.dumps(res, indent=1))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+            fh.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""benchmarks/cli_large.py at a small size: it runs the whole command in fresh processes and
+reports wall and compute times of each run."""
+
+import pytest
+
+pytest.importorskip("xarray")
+pytest.importorskip("matplotlib")
+
+from benchmarks import cli_large  # noqa: E402
+
+
+def test_the_benchmark_runs_the_command_and_reports_its_times(tmp_path):
+    res = cli_large.run(rows=300, repeats=2)
+    assert res["shape"] == {"rows": 300, "series": 2} and len(res["wall_s"]) == 2
+    assert 0 < res["median_compute_s"] < res["median_wall_s"]
+    assert res["results_csv_bytes"] > 300 * 2 * 50  # a row a step and series, every column
+    assert res["command"].startswith("kalmanscan filter big.csv --time-col time")
+
+
+def test_bad_arguments_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli_large.main(["--rows", "1"])
+    assert "--rows: expected >= 2" in capsys.readouterr().err
