@@ -768,13 +768,16 @@ def _long_to_wide(keys, times, z, names, path, series_col, row, notes):
     if blank.any():
         i = int(np.flatnonzero(blank)[0])
         raise InputError(f"{path}: column {series_col!r} row {row(i)}: no series name")
-    text = text.to_numpy(dtype=object)
-    order = list(dict.fromkeys(text))  # the series in the order they first appear
+    import pandas as pd
+
+    codes, order = pd.factorize(text.to_numpy(dtype=object))  # series in order of appearance
     grid, at = np.unique(times, return_inverse=True)
     out = np.full((grid.size, len(order) * len(names)), np.nan)
     labels = []
+    by_series = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[by_series], np.arange(len(order) + 1))
     for k, key in enumerate(order):
-        rows = np.flatnonzero(text == key)
+        rows = by_series[bounds[k] : bounds[k + 1]]
         pos = at[rows]
         ranked = np.argsort(pos, kind="stable")
         same = np.flatnonzero(pos[ranked][1:] == pos[ranked][:-1])
