@@ -288,3 +288,10 @@ def test_results_csv_text_equals_pandas_writer():
          "i": rng.integers(-5, 5, n), "t": [f"{1900 + i % 100}-01-01" for i in range(n)]}
     )  # fmt: skip
     assert _csv_text(frame) == frame.to_csv(index=False, float_format="%.10g")
+
+
+def test_a_bar_in_a_column_name_does_not_make_it_the_separator(tmp_path, capsys):
+    # the header holds more "|" than ",", but the data line splits only on ","
+    rc, err, out = _filter(tmp_path, capsys, b"date,a|b|c\n2024-01-01,1\n2024-01-02,2\n")
+    assert rc == 0 and "separated by" not in err, err
+    assert pd.read_csv(out / "results.csv")["series"].unique().tolist() == ["a|b|c"]

@@ -503,19 +503,21 @@ def _encoding(path: str) -> str:
 def _separator(path: str, encoding: str = "utf-8") -> tuple[str, bool]:
     """The field separator of a CSV and whether its first line is Excel's ``sep=;`` naming it.
     Else of ``, ; tab |`` the one its header line (the first line that is not a comment or
-    blank) holds most often; commas when it holds none or ties."""
+    blank) holds most often among those the first data line holds as often (a ``|`` inside a
+    column name does not count); commas when none is more frequent."""
     try:
         with open(path, encoding=encoding, errors="replace") as fh:
             lines = (ln.lstrip("\ufeff") for ln in fh)
-            header = next(
-                (ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), ""
-            )
+            lines = (ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+            header, data = next(lines, ""), next(lines, None)
     except OSError:
         return ",", False
     hint = _SEP_HINT.match(header.strip("\r\n"))
     if hint:
         return hint.group(1), True
     counts = [header.count(c) for c in _SEPARATORS]
+    if data is not None:  # a separator splits the data line as it splits the header
+        counts = [n if data.count(c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)]
     return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), False
 
 
