@@ -500,28 +500,29 @@ def _encoding(path: str) -> str:
     return "utf-8"
 
 
-def _separator(path: str, encoding: str = "utf-8") -> tuple[str, bool]:
-    """The field separator of a CSV and whether its first line is Excel's ``sep=;`` naming it.
-    Else of ``, ; tab |`` the one its header line (the first line that is not a comment or
-    blank) holds most often among those the first data line holds as often (a ``|`` inside a
-    column name does not count); commas when none is more frequent."""
+def _separator(path: str, encoding: str = "utf-8") -> tuple[str, int | None]:
+    """The field separator of a CSV, and the 0-based line of Excel's ``sep=;`` naming it (for
+    the reader to skip) or None. Without that line, of ``, ; tab |`` the one its header line
+    (the first line that is not a comment or blank) holds most often among those the first data
+    line holds as often (a ``|`` inside a column name does not count); commas when none is more
+    frequent."""
     try:
         with open(path, encoding=encoding, errors="replace") as fh:
-            lines = (ln.lstrip("\ufeff") for ln in fh)
-            lines = (ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
-            header, data = next(lines, ""), next(lines, None)
+            lines = ((i, ln.lstrip("\ufeff")) for i, ln in enumerate(fh))
+            lines = ((i, ln) for i, ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+            (at, header), data = next(lines, (None, "")), next(lines, (None, None))[1]
     except OSError:
-        return ",", False
+        return ",", None
     hint = _SEP_HINT.match(header.strip("\r\n"))
     if hint:
-        return hint.group(1), True
+        return hint.group(1), at
     counts = [header.count(c) for c in _SEPARATORS]
     if data is not None:  # a separator splits the data line as it splits the header
         counts = [n if data.count(c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)]
-    return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), False
+    return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), None
 
 
-def _decimal_commas(df, skip) -> list[str]:
+def _decimal_commas(df, skip: tuple) -> list[str]:
     """Columns of ``df`` (text) written with a decimal comma (``12,5``): some cell is no number
     as written but is one with its comma read as a point, and no cell holds a point. Rewritten
     in place with points; their names returned. Only for files not separated by commas."""
@@ -529,7 +530,7 @@ def _decimal_commas(df, skip) -> list[str]:
 
     found = []
     for c in df.columns:
-        if c == skip:
+        if c in skip:  # the time and series-name columns
             continue
         text = df[c].where(df[c].isna(), df[c].astype(str).str.strip())
         given = text.notna() & (text != "")
@@ -544,15 +545,6 @@ def _decimal_commas(df, skip) -> list[str]:
             df[c] = swapped
             found.append(c)
     return found
-
-
-def _hint_line(path: str, encoding: str) -> list[int]:
-    """The 0-based line of Excel's ``sep=`` hint, for the reader to skip."""
-    with open(path, encoding=encoding, errors="replace") as fh:
-        for i, line in enumerate(fh):
-            if _SEP_HINT.match(line.lstrip("\ufeff").strip("\r\n")):
-                return [i]
-    return []
 
 
 def _data_lines(
@@ -616,7 +608,8 @@ def read_csv_series(
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a CSV file")
     encoding = _encoding(path)
-    sep, hinted = _separator(path, encoding)
+    sep, hint_line = _separator(path, encoding)
+    hinted = hint_line is not None
     try:
         df = pd.read_csv(
             path,
@@ -625,7 +618,7 @@ def read_csv_series(
             skipinitialspace=True,
             dtype=str,
             encoding=encoding,
-            skiprows=_hint_line(path, encoding) if hinted else None,
+            skiprows=[hint_line] if hinted else None,
         )
     except pd.errors.EmptyDataError as err:
         raise InputError(
@@ -646,7 +639,7 @@ def read_csv_series(
                 f"note: {path}: fields separated by {_SEP_NAMES.get(sep, repr(sep))} ({said})"
             )
     if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
-        commas = _decimal_commas(df, time_col)
+        commas = _decimal_commas(df, (time_col, series_col))
         if commas and notes is not None:
             notes.append(f"note: column(s) {commas}: a comma read as the decimal mark")
 
