@@ -25,8 +25,8 @@
 # cores; each writes every test's outcome as it finishes to gpu-suite-a.txt / gpu-suite-b.txt
 # through benchmarks/pytest_progress.py, so that a run cut by a job limit still names its
 # failures and unfinished tests: `python benchmarks/pytest_progress.py F`; on the H200 the
-# second half takes 3 minutes, and the first reached 95 % in 9 minutes before --dist worksteal
-# spread its slowest tests over the workers), or all (default). Each part writes its log and results under DIR
+# first half takes 5.7 minutes and the second 3, with --dist worksteal spreading the slowest
+# tests over the workers), or all (default). Each part writes its log and results under DIR
 # (default benchmarks/results) by the stable names that benchmarks/results/README.md indexes
 # (h200.json, kla-kernel-time.json, reliability-h200.json, dense-gpu.json, gpu-tests.log, ...),
 # replacing the previous result: git keeps history. Parts are separate commands so that each fits
