@@ -671,7 +671,8 @@ def read_csv_series(
         if times.dtype.kind == "M" and notes is not None:
             from kalmanscan.timeseries.times import has_utc_offsets, period_starts
 
-            if has_utc_offsets(df[time_col].to_numpy()):
+            # the parse refused a mix of times with and without offsets: the first tells
+            if has_utc_offsets(df[time_col].to_numpy()[:1]):
                 notes.append(f"note: column {time_col!r} {_UTC_NOTE}")
             periods = None if time_format else period_starts(df[time_col].to_numpy())
             if periods is not None:

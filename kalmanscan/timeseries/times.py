@@ -606,7 +606,8 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             parsed = parse_datetime_strings(
                 arr.ravel(), name, time_format=time_format, dayfirst=dayfirst
             )
-            utc = has_utc_offsets(arr.ravel())
+            # the parse refuses a mix of times with and without offsets: the first tells
+            utc = has_utc_offsets(arr.ravel()[:1])
             arr = parsed.reshape(arr.shape)
     if arr.dtype.kind == "M":
         arr = _normalize_datetimes(arr)
