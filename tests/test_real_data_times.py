@@ -205,9 +205,14 @@ def test_forecast_past_2262_from_nanosecond_labels_keeps_order():
     labels = np.array(["2261-01-01", "2262-01-01"], dtype="datetime64[ns]")
     m = OUModel(sigma2=1.0, obs_var=1.0)
     fc = m.forecast(np.array([1.0, 2.0]), labels, steps=3)
-    expected = np.datetime64("2262-01-01") + np.arange(1, 4) * np.timedelta64(365, "D")
+    # yearly dates step by calendar years (not 365 days: 2264 is a leap year)
+    expected = np.array(["2263-01-01", "2264-01-01", "2265-01-01"], dtype="datetime64[D]")
     np.testing.assert_array_equal(fc.times.astype("datetime64[D]"), expected)
-    assert str(fc.times[-1]).startswith("2264-12-31")  # not 1678 (int64 nanoseconds wrap)
+    assert str(fc.times[-1]).startswith("2265-01-01")  # not 1678 (int64 nanoseconds wrap)
+    days = np.array(["2261-12-30", "2262-01-01"], dtype="datetime64[ns]")  # two days apart
+    fc = m.forecast(np.array([1.0, 2.0]), days, steps=200)
+    assert str(fc.times[-1]).startswith("2263-02-")  # day steps past 2262, in order
+    assert (np.diff(fc.times) > np.timedelta64(0, "s")).all()
 
 
 def test_tz_aware_pandas_series_converts_its_values_not_its_index():
@@ -328,3 +333,43 @@ def test_dates_that_pandas_2_gives_as_nat_are_read_by_python():
     assert out.dtype == "datetime64[s]" and str(out[0]) == "1500-06-01T00:00:00"
     out = times.parse_datetime_strings(["31/01/1500", "01/02/1500"])
     assert str(out[1])[:10] == "1500-02-01"
+
+
+# --- forecasts of monthly, quarterly and yearly records step by calendar months -------------------
+@pytest.mark.parametrize(
+    "stamps,expected",
+    [
+        # quarter starts (statistical offices' 2009Q1 labels read as these)
+        (["2008-10-01", "2009-01-01", "2009-04-01"], ["2009-07-01", "2009-10-01", "2010-01-01"]),
+        # month ends, through a leap February
+        (["2023-11-30", "2023-12-31", "2024-01-31"], ["2024-02-29", "2024-03-31", "2024-04-30"]),
+        # the 15th of each month at 06:30, with one month missing
+        (["2024-01-15T06:30", "2024-02-15T06:30", "2024-04-15T06:30", "2024-05-15T06:30"],
+         ["2024-06-15T06:30", "2024-07-15T06:30", "2024-08-15T06:30"]),
+        # years
+        (["1999-01-01", "2000-01-01", "2001-01-01"], ["2002-01-01", "2003-01-01", "2004-01-01"]),
+        # weeks and days keep their fixed step
+        (["2024-02-05", "2024-02-12", "2024-02-19"], ["2024-02-26", "2024-03-04", "2024-03-11"]),
+        (["2024-02-27", "2024-02-28", "2024-02-29"], ["2024-03-01", "2024-03-02", "2024-03-03"]),
+    ],
+)
+def test_forecast_times_follow_the_calendar(stamps, expected):
+    labels = np.array(stamps, dtype="datetime64[s]")
+    z = np.arange(len(stamps), dtype=float)
+    fc = OUModel(sigma2=1.0, obs_var=1.0).forecast(z, labels, steps=3)
+    np.testing.assert_array_equal(fc.times, np.array(expected, dtype="datetime64[s]"))
+
+
+def test_cli_forecasts_quarters_on_quarter_starts(tmp_path, capsys):
+    sm = pytest.importorskip("statsmodels.api")
+    d = sm.datasets.macrodata.load_pandas().data
+    labels = [f"{int(y)}Q{int(q)}" for y, q in zip(d.year, d.quarter, strict=True)]
+    text = "quarter,infl\n" + "".join(f"{q},{v}\n" for q, v in zip(labels, d.infl, strict=True))
+    out = tmp_path / "o"
+    args = [_csv(tmp_path, text), "--time-col", "quarter", *GIVEN, "--forecast", "5"]
+    assert filter_main([*args, "--out", str(out)]) == 0, capsys.readouterr().err
+    fc = _results(out).query("kind == 'forecast'")["time"].tolist()
+    assert labels[-1] == "2009Q3"
+    assert fc == ["2009-10-01", "2010-01-01", "2010-04-01", "2010-07-01", "2010-10-01"]
+    summary = (out / "summary.txt").read_text()
+    assert "  2010-01-01  " in summary and "T00:00:00" not in summary

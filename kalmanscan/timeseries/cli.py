@@ -355,6 +355,9 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
             )
             for i in range(min(math.prod(ds.sizes[d] for d in series_dims), 4))
         ]
+    ft = ds["forecast_time"].values
+    # dates as results.csv writes them (the coarsest exact unit: 2009-10-01 for quarters)
+    when = _iso_times(ft) if ft.dtype.kind == "M" else [f"{float(t):g}" for t in ft]
     for idx in picks:
         one = ds.isel(idx) if idx else ds
         if idx:
@@ -366,8 +369,7 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
                 )
             )
         for h in range(min(ds.sizes["forecast_time"], max_rows)):
-            t = one["forecast_time"].values[h]
-            t = str(t)[:19] if isinstance(t, np.datetime64) else f"{float(t):g}"
+            t = when[h]
             m = float(one["forecast_mean"].values[h])
             se = math.sqrt(float(one["forecast_predictive_variance"].values[h]))
             lo = float(one["forecast_lower"].sel(coverage=c).values[h])

@@ -122,15 +122,52 @@ class TimeAxis(NamedTuple):
             return np.timedelta64(max(int(round(ticks)), 1), res)
         return med
 
+    def calendar_step(self) -> int | None:
+        """The record's step in whole calendar months, where its dates are monthly, quarterly or
+        yearly: every date on one day of its month (the same day, at most the 28th, or every one
+        the month's last) at one time of day, and the median of the positive steps a whole
+        number of months. ``None`` otherwise (numbers, fewer than two distinct dates, or days,
+        weeks, hours...).
+
+        >>> q = np.array(["1959-01-01", "1959-04-01", "1959-07-01"], dtype="datetime64[D]")
+        >>> as_time_axis(q, 3).calendar_step()
+        3
+        >>> w = np.array(["2024-01-01", "2024-01-08", "2024-01-15"], dtype="datetime64[D]")
+        >>> as_time_axis(w, 3).calendar_step() is None
+        True
+        """
+        parts = _month_parts(self.labels) if self.is_datetime else None
+        if parts is None:
+            return None
+        months, _, _ = parts
+        d = np.diff(months)
+        d = d[d > 0]
+        if not d.size:
+            return None
+        med = float(np.median(d))
+        return int(med) if med == int(med) else None
+
     def future(self, steps: int) -> np.ndarray:
-        """``steps`` labels after the last one, spaced by :meth:`step`.
+        """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
+        are monthly, quarterly or yearly (staying on their day of the month, or on month ends),
+        else spaced by :meth:`step`.
 
         Datetime labels that would leave the range of the labels' resolution are made at a
         coarser one (microseconds: +-290,000 years; seconds beyond that).
+
+        >>> q = np.array(["2008-10-01", "2009-01-01", "2009-04-01"], dtype="datetime64[D]")
+        >>> [str(x)[:10] for x in as_time_axis(q, 3).future(3)]
+        ['2009-07-01', '2009-10-01', '2010-01-01']
+        >>> e = np.array(["2024-01-31", "2024-02-29", "2024-03-31"], dtype="datetime64[D]")
+        >>> [str(x)[:10] for x in as_time_axis(e, 3).future(2)]
+        ['2024-04-30', '2024-05-31']
         """
         steps = check_steps(steps)
         k = np.arange(1, steps + 1)
         last = self.labels[-1]
+        months = self.calendar_step()
+        if months is not None:
+            return _calendar_future(self.labels, months, k)
         step = self.step()
         if not self.is_datetime:
             out = last + k.astype(np.float64) * step
@@ -154,6 +191,51 @@ class TimeAxis(NamedTuple):
             )
         step_r = max(int(round(step_ns / _NS_PER[res])), 1)
         return last.astype(f"datetime64[{res}]") + k * np.timedelta64(step_r, res)
+
+
+def _month_parts(labels: np.ndarray):
+    """``(months since 1970 as int64, day-of-month rule, time of day)`` of datetimes that all sit
+    on one day of their month (a day of at most 28, or the month's last: rule ``-1``) at one time
+    of day; ``None`` for any other datetimes and for fewer than two of them."""
+    if labels.size < 2 or labels.dtype.kind != "M":
+        return None
+    try:
+        days = labels.astype("datetime64[D]")
+        month = labels.astype("datetime64[M]")
+        # the time of day, exact at the labels' resolution (days floor towards the past)
+        tod = labels - days.astype(labels.dtype)
+    except (OverflowError, ValueError):
+        return None
+    if (tod != tod[0]).any():
+        return None
+    dom = (days - month.astype("datetime64[D]")).astype(np.int64) + 1
+    if (dom == dom[0]).all() and dom[0] <= 28:
+        rule = int(dom[0])
+    elif ((days + np.timedelta64(1, "D")).astype("datetime64[M]") != month).all():
+        rule = -1  # every date the last of its month
+    else:
+        return None
+    return month.astype(np.int64), rule, tod[0]
+
+
+def _calendar_future(labels: np.ndarray, months: int, k: np.ndarray) -> np.ndarray:
+    """``labels``' dates ``k * months`` calendar months after the last one, on the same day of
+    the month (or month end) and time of day (see :func:`_month_parts`)."""
+    m, rule, tod = _month_parts(labels)
+    res = _resolution(labels)
+    fut = (m[-1] + k * months).astype("datetime64[M]")
+    if rule == -1:
+        day = (fut + np.timedelta64(1, "M")).astype("datetime64[D]") - np.timedelta64(1, "D")
+    else:
+        day = fut.astype("datetime64[D]") + np.timedelta64(rule - 1, "D")
+    for r in [x for x in ("ns", "us", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
+        if (out.astype("datetime64[D]") == day).all():  # numpy wraps past int64 silently
+            return out
+    raise ValueError(
+        f"steps: {int(k[-1])} steps of {months} months after {labels[-1]} leave the range of "
+        "datetime64"
+    )
 
 
 MAX_FORECAST_STEPS = 1_000_000
