@@ -243,8 +243,69 @@ def to_dataset(model: OUModel, z, times=None, *, fit=None, backend: str = "auto"
 
 
 # --- fitting --------------------------------------------------------------------------------------
-def _fit_block(z, *, time_axis: TimeAxis, fix, options):
+def _fix_inputs(fix, da: xr.DataArray, series_dims: list, time_dim: str):
+    """``fix`` split into its scalars and its per-series values as DataArrays over the data's
+    series dims: a DataArray is matched by its labels (every series of the data needs one), an
+    array by numpy's broadcasting against the series dims' shape. So the values reach each
+    series, and each dask chunk gets its own."""
+    scalars, per_series = {}, {}
+    for name, v in (fix or {}).items():
+        if isinstance(v, xr.DataArray):
+            if time_dim in v.dims or not set(v.dims) <= set(series_dims):
+                raise ValueError(
+                    f"fix[{name!r}]: expected a DataArray over the data's series dims "
+                    f"{tuple(series_dims)}, got dims {v.dims}"
+                )
+            for d in v.dims:
+                if d in da.coords and d in v.coords:
+                    missing = ~np.isin(da[d].values, v[d].values)
+                    if missing.any():
+                        first = da[d].values[missing][0].item()
+                        raise ValueError(
+                            f"fix[{name!r}]: no value for {d}={first!r} (its "
+                            f"labels are {v[d].values.tolist()})"
+                        )
+                    v = v.sel({d: da[d].values})
+                elif v.sizes[d] != da.sizes[d]:
+                    raise ValueError(
+                        f"fix[{name!r}]: expected {da.sizes[d]} values along {d!r} (the data's "
+                        f"size), got {v.sizes[d]}"
+                    )
+            per_series[name] = v.drop_vars([c for c in v.coords if c not in v.dims])
+        elif np.ndim(v) > 0:
+            arr = np.asarray(v)
+            shape = tuple(da.sizes[d] for d in series_dims)
+            if arr.ndim > len(shape) or any(
+                n not in (1, m) for n, m in zip(arr.shape[::-1], shape[::-1], strict=False)
+            ):
+                raise ValueError(
+                    f"fix[{name!r}]: expected a scalar or values of a shape that broadcasts to the "
+                    f"series shape {shape} (dims {tuple(series_dims)}), got shape {arr.shape}"
+                )
+            dims = series_dims[len(shape) - arr.ndim :]
+            # a size-1 axis against a longer dim broadcasts: xarray broadcasts a missing dim
+            one = [i for i, d in enumerate(dims) if arr.shape[i] == 1 and da.sizes[d] != 1]
+            per_series[name] = xr.DataArray(
+                arr.squeeze(axis=tuple(one)), dims=[d for i, d in enumerate(dims) if i not in one]
+            )
+        else:
+            scalars[name] = v
+    return scalars, per_series
+
+
+def _fix_text(fix) -> str:
+    """The ``fixed`` attribute: each name with its value, or "per series" for arrays."""
+    return ", ".join(
+        f"{k}={v}" if np.ndim(v) == 0 else f"{k}=per series" for k, v in (fix or {}).items()
+    ) or "none"
+
+
+def _fit_block(z, *fixed, time_axis: TimeAxis, fix, per_series=(), options):
     loop = z.shape[:-1]
+    if per_series:  # per-series fixed values, broadcast to this block's series
+        fix = dict(fix)
+        for n, v in zip(per_series, fixed, strict=True):
+            fix[n] = np.broadcast_to(v, loop)
     if z.size == 0:
         return (
             np.zeros(loop + (4,)),
@@ -316,12 +377,14 @@ def fit_dataarray(
     else:
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
+        scalars, per_series = _fix_inputs(fix, da, series_dims, time_dim)
         est, se, ll, conv, nobs = xr.apply_ufunc(
             _fit_block,
             z,
-            input_core_dims=[[time_dim]],
+            *per_series.values(),
+            input_core_dims=[[time_dim]] + [[] for _ in per_series],
             output_core_dims=[["param"], ["param"], [], [], []],
-            kwargs=dict(time_axis=ax, fix=fix, options=options),
+            kwargs=dict(time_axis=ax, fix=scalars, per_series=tuple(per_series), options=options),
             dask="parallelized",
             output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64],
             dask_gufunc_kwargs={"output_sizes": {"param": 4}},
@@ -335,7 +398,7 @@ def fit_dataarray(
         {
             "model": MODEL_DESCRIPTION,
             "fitted": FIT_DESCRIPTION,
-            "fixed": ", ".join(f"{k}={v}" for k, v in (fix or {}).items()) or "none",
+            "fixed": _fix_text(fix),
             "joint": int(joint),
             "time_dim": time_dim,
             "time_unit": ax.unit_name,

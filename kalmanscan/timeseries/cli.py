@@ -831,6 +831,18 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
                 f"{path}: column {name!r} row {row(i)}: cannot parse {text.iloc[i]!r} as a time "
                 "(the column holds numbers; expected a number)"
             )
+        if numbers.dtype.kind in "iu":  # integers: refused where float64 would round them
+            from kalmanscan.timeseries.times import _exact_float_times
+
+            try:
+                _exact_float_times(
+                    numbers.to_numpy(),
+                    f"{path}: column {name!r}",
+                    "subtract the first time from every time, or write the times as dates",
+                )
+            except ValueError as err:
+                at_row = lambda m: f"at row {row(int(m.group(1)))}"  # noqa: E731
+                raise InputError(re.sub(r"at position (\d+)", at_row, str(err))) from err
         out = numbers.to_numpy(dtype=np.float64)
         if not np.isfinite(out).all():
             i = int(np.flatnonzero(~np.isfinite(out))[0])

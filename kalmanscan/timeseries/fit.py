@@ -211,7 +211,10 @@ def _check_fix(fix, shape):
     for k, v in fix.items():
         if k not in PARAMS:
             raise ValueError(f"fix: expected keys among {PARAMS}, got {k!r}")
-        arr = np.asarray(v, dtype=np.float64)
+        from kalmanscan.core._args import as_real_numpy
+
+        # refuses text, booleans and complex numbers, naming the entry
+        arr = as_real_numpy(f"fix[{k!r}]", v).astype(np.float64)
         try:
             np.broadcast_to(arr, shape)
         except ValueError as err:

@@ -58,9 +58,11 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     if lo is not None:
         bad |= (arr <= lo) if lo_open else (arr < lo)
     if bad.any():
-        rng = f"{'>' if lo_open else '>='} {lo}" if lo is not None else "finite"
+        rng = "finite values"
+        if lo is not None:
+            rng = f"values {'>' if lo_open else '>='} {lo} and finite"
         first = arr[bad].ravel()[0]
-        raise ValueError(f"{name}: expected values {rng} and finite, got {first!r}")
+        raise ValueError(f"{name}: expected {rng}, got {first!r}")
     return float(arr) if arr.ndim == 0 else arr
 
 
@@ -68,13 +70,30 @@ def series_input(z, times, axis: int = 0):
     """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
 
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
-    DataFrame's columns as the series labels. The data pass the same check as ``kalmanscan.filter``
+    DataFrame's columns as the series labels; an xarray DataArray gives the coordinate of its dim
+    on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
+    data pass the same check as ``kalmanscan.filter``
     (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
     booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
     """
     from kalmanscan.core._args import as_real_numpy
 
     labels = None
+    xr = sys.modules.get("xarray")  # as pandas below: an xarray object means xarray is imported
+    if xr is not None and isinstance(z, xr.DataArray):
+        if not -z.ndim <= axis < z.ndim:
+            raise ValueError(
+                f"axis: expected an int in [{-z.ndim}, {z.ndim - 1}] for z of dims {z.dims}, "
+                f"got {axis}"
+            )
+        dim = z.dims[axis]
+        if times is None and dim in z.indexes:
+            times = z.indexes[dim]
+        if z.ndim == 2:
+            other = z.dims[1 - axis % 2]
+            if other in z.coords:
+                labels = [str(c) for c in z[other].values]
+        z = z.values
     pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
         if times is None and not isinstance(z.index, pd.RangeIndex):
@@ -611,7 +630,13 @@ def forecast_from_state(
     coverage: float = 0.95,
 ) -> Forecast:
     """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
-    cov = check_coverage(coverage)[0]
+    covs = check_coverage(coverage)
+    if len(covs) != 1:
+        raise ValueError(
+            f"coverage: expected one level (a Forecast holds one band), got {coverage!r}; for "
+            "several bands use to_dataset(forecast_steps=..., coverage=...)"
+        )
+    cov = covs[0]
     if (steps is None) == (at is None):
         raise ValueError(
             "steps, at: give exactly one (a number of steps or future timestamps), got "

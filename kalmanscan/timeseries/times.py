@@ -626,6 +626,31 @@ def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.nd
     return _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)[0]
 
 
+def _exact_float_times(
+    arr: np.ndarray,
+    name: str,
+    hint: str = "subtract the first time (times - times[0]), or pass epoch nanoseconds as "
+    "datetimes (np.asarray(times, 'datetime64[ns]'))",
+) -> np.ndarray:
+    """Integer times as float64, refused where float64 would round them (beyond 2^53: epoch
+    nanoseconds, say), which would silently change the steps between them."""
+    out = arr.astype(np.float64)
+    big = np.abs(out) >= 2.0**53
+    if big.any():
+        # the floats back in the integers' type (exact inside its range; past it, rounded up)
+        top = 2.0**64 if arr.dtype.kind == "u" else 2.0**63
+        with np.errstate(invalid="ignore"):
+            back = np.where(np.abs(out) < top, out, 0).astype(arr.dtype)
+        lossy = big & ((np.abs(out) >= top) | (back != arr))
+        if lossy.any():
+            i = int(np.flatnonzero(lossy.ravel())[0])
+            raise ValueError(
+                f"{name}: expected integer times that float64 holds exactly (below 2^53, "
+                f"about 9.0e15), got {arr.ravel()[i]} at position {i}, which it rounds; {hint}"
+            )
+    return out
+
+
 def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
     """``(labels, utc)``: the timestamps as float64 or datetime64, and whether they were
     converted to UTC from a timezone or UTC offsets."""
@@ -694,7 +719,7 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
     if arr.dtype.kind == "M":
         arr = _normalize_datetimes(arr)
     elif arr.dtype.kind in "iu":
-        arr = arr.astype(np.float64)
+        arr = _exact_float_times(arr, name)
     elif arr.dtype.kind == "f":
         arr = arr.astype(np.float64)
     else:
