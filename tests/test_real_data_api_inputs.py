@@ -110,3 +110,46 @@ def test_one_band_forecast_refuses_several_coverages():
     m = OUModel(sigma2=1.0, obs_var=1.0)
     with pytest.raises(ValueError, match="coverage: expected one level"):
         m.forecast(flow, years, steps=2, coverage=(0.5, 0.9))
+
+
+@pytest.mark.parametrize(
+    "periods,starts",
+    [
+        (
+            pd.period_range("2024-01-01", periods=3, freq="W"),
+            ["2024-01-01", "2024-01-08", "2024-01-15"],
+        ),
+        (pd.period_range("2000", periods=2, freq="Y-JUN"), ["1999-07-01", "2000-07-01"]),
+        (pd.period_range("1959Q1", periods=2, freq="Q"), ["1959-01-01", "1959-04-01"]),
+    ],
+)
+def test_periods_are_the_times_they_start(periods, starts):
+    expected = np.array(starts, dtype="datetime64[D]")
+    for given in (periods, pd.Series(periods)):
+        ax = as_time_axis(given, len(periods))
+        np.testing.assert_array_equal(ax.labels.astype("datetime64[D]"), expected)
+
+
+def test_weekly_period_index_fits_as_its_timestamps():
+    co2 = sm.datasets.co2.load_pandas().data["co2"]
+    a = ks.fit_ou(co2.to_period("W"), backend="torch")
+    b = ks.fit_ou(co2.to_period("W").to_timestamp(how="start"), backend="torch")
+    assert a.params["theta"] == b.params["theta"]
+
+
+def test_forecast_at_with_a_timezone_against_a_record_without_one_refused():
+    co2 = sm.datasets.co2.load_pandas().data["co2"].iloc[:300]
+    naive = ks.fit_ou(co2, backend="torch")
+    with pytest.raises(ValueError, match="at: got times with a timezone"):
+        naive.forecast(at=pd.Timestamp("1964-01-01", tz="US/Eastern"))
+    aware = ks.fit_ou(co2.tz_localize("US/Eastern"), backend="torch")
+    a = aware.forecast(at=pd.Timestamp("1964-01-01", tz="US/Eastern"))
+    b = aware.forecast(at=np.datetime64("1964-01-01T05:00"))  # without one: read as UTC
+    np.testing.assert_array_equal(a.times, b.times)
+    assert a.mean.tolist() == b.mean.tolist()
+
+
+def test_scale_refusal_states_the_range():
+    years, flow = load_nile()
+    with pytest.raises(ValueError, match="is 1.18e.152; expected a scale from 1e-150 to 1e150"):
+        ks.fit_ou(flow * 1e150, years, fix={"theta": 0.0, "mu": 0.0})

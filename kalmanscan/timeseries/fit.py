@@ -761,8 +761,9 @@ def fit_ou(
             f"z: the data's scale (the smaller of its standard deviation and its typical step) "
             f"is {s_all[i]:.3g}"
             + ("" if joint or N == 1 else f" in series {i}")
-            + "; its square (the scale of obs_var and sigma2) is outside float64's range "
-            "(about 1e-308 to 1e308); rescale z (e.g. divide by a power of ten) and the "
+            + "; expected a scale from 1e-150 to 1e150, so that the variances (obs_var and "
+            "sigma2, of the order of its square), and the smaller ones an estimate can reach, stay "
+            "normal float64 numbers; rescale z (e.g. divide by a power of ten) and the "
             "variances back, or, if one value is a data error, fit with robust=True (--robust)"
         )
     device = torch.device(device) if device is not None else torch.device("cpu")

@@ -593,6 +593,7 @@ def _future_labels(time_axis: TimeAxis, steps, at, name: str) -> np.ndarray:
     """``steps`` typical steps past the last label, else the checked timestamps ``at``."""
     if steps is not None:
         return time_axis.future(steps)
+    time_axis.position(at, name)  # checks the kind of times and their timezone against the record
     labels = _labels_array(at, name)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(

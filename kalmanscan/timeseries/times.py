@@ -76,8 +76,18 @@ class TimeAxis(NamedTuple):
         return np.diff(self.t, prepend=self.t[:1]) if len(self.t) else self.t.copy()
 
     def position(self, labels, name: str = "at") -> np.ndarray:
-        """Model-time positions of other labels of the same kind (e.g. forecast times)."""
-        arr = _labels_array(labels, name)
+        """Model-time positions of other labels of the same kind (e.g. forecast times).
+
+        Where the record's times were converted to UTC (:attr:`utc`), times with a timezone are
+        converted too and times without one are read as UTC; times with a timezone against a
+        record without one are refused.
+        """
+        arr, zoned = _labels_and_zone(labels, name)
+        if zoned and not self.utc:
+            raise ValueError(
+                f"{name}: got times with a timezone or UTC offset, but the record's times have "
+                f"none; give {name} without a timezone, in the record's own clock"
+            )
         if self.is_datetime:
             if arr.dtype.kind != "M":
                 raise TypeError(
@@ -667,6 +677,8 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             )
         times = np.ma.getdata(times)
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
+        if isinstance(times.dtype, pd.PeriodDtype):  # a period is the time it starts
+            times = times.dt.start_time if isinstance(times, pd.Series) else times.start_time
         if isinstance(times.dtype, pd.DatetimeTZDtype):
             utc = True
             if isinstance(times, pd.Series):
