@@ -295,3 +295,65 @@ def test_a_bar_in_a_column_name_does_not_make_it_the_separator(tmp_path, capsys)
     rc, err, out = _filter(tmp_path, capsys, b"date,a|b|c\n2024-01-01,1\n2024-01-02,2\n")
     assert rc == 0 and "separated by" not in err, err
     assert pd.read_csv(out / "results.csv")["series"].unique().tolist() == ["a|b|c"]
+
+
+# --- cells and headers as spreadsheets write them: '#' inside text, NA as a name, repeated names
+def _fails(tmp_path, capsys, text, *args):
+    path = tmp_path / "f.csv"
+    path.write_text(text)
+    rc = filter_main([str(path), *args, *GIVEN, "--out", str(tmp_path / "fo")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    return err
+
+
+def test_hash_inside_a_line_is_text_not_a_comment(tmp_path, capsys):
+    body = "".join(f"2024-01-{d:02d},{d},{2 * d}\n" for d in range(1, 6))
+    got, err = _run(tmp_path, capsys, "# a comment line\ndate,GDP #1,cpi\n" + body, "h.csv")
+    want, _ = _run(tmp_path, capsys, "date,GDP,cpi\n" + body, "plain.csv")
+    assert "2 series (GDP #1, cpi)" in err
+    assert sorted(set(got["series"])) == ["GDP #1", "cpi"]
+    pd.testing.assert_frame_equal(got.replace("GDP #1", "GDP"), want)
+    # Excel's #N/A is refused where it stands, not taken for the rest of the row
+    text = "date,a,b\n2024-01-01,#N/A,2\n2024-01-02,3,4\n"
+    err = _fails(tmp_path, capsys, text, "--time-col", "date")
+    assert "column 'a' row 2: '#N/A' is not a number (a spreadsheet error value" in err
+
+
+def test_na_is_a_name_and_only_na_nan_and_empty_are_missing(tmp_path, capsys):
+    rows = [(c, 2000 + y, 10 * i + y) for i, c in enumerate(["NA", "DE"]) for y in range(4)]
+    text = "date,country,v\n" + "".join(f"{y}-01-01,{c},{v}\n" for c, y, v in rows)
+    _run(tmp_path, capsys, text, "cc.csv", "--series-col", "country")
+    got = pd.read_csv(tmp_path / "cc.csv-out" / "results.csv", keep_default_na=False)
+    assert sorted(set(got["series"])) == ["DE", "NA"]
+    got, _ = _run(tmp_path, capsys, "date,v\n2024-01-01,1\n2024-01-02,NA\n2024-01-03,\n"
+                  "2024-01-04,NaN\n2024-01-05,5\n", "m.csv")  # fmt: skip
+    missing = got.query("kind == 'data'")["observed"].isna().tolist()
+    assert missing == [False, True, True, True, False]
+    err = _fails(tmp_path, capsys, "date,v\n2024-01-01,1\n2024-01-02,null\n", "--time-col", "date")
+    assert "'null' is not a number" in err
+
+
+def test_repeated_column_names_refused(tmp_path, capsys):
+    text = "date,rate,rate\n2024-01-01,1,2\n2024-01-02,3,4\n"
+    err = _fails(tmp_path, capsys, text, "--time-col", "date")
+    assert "duplicate column names ['rate']" in err
+
+
+def test_thousands_points_in_a_semicolon_file_refused(tmp_path, capsys):
+    text = "Jahr;Abfluss\n1871;1.120\n1872;1.160\n1873;963\n"
+    err = _fails(tmp_path, capsys, text, "--time-col", "Jahr")
+    assert "column 'Abfluss' row 2: '1.120' has a point as a thousands separator" in err
+    assert "write 1120" in err
+    err = _fails(tmp_path, capsys, "Jahr;Abfluss\n1871;1.120,0\n1872;963,0\n", "--time-col", "Jahr")
+    assert "'1.120,0' is not a number (thousands separators are not read: write 1120,0)" in err
+    # decimals with three digits and no integer beside them stay decimals
+    got, _ = _run(tmp_path, capsys, "date;v\n2024-01-01;1.125\n2024-01-02;2.250\n", "d.csv")
+    assert got.query("kind == 'data'")["observed"].tolist() == [1.125, 2.25]
+
+
+def test_separator_inside_a_quoted_header_name(tmp_path, capsys):
+    text = 'date;"Abfluss; 10^8 m3"\n' + "".join(f"2024-01-0{d};{d}\n" for d in range(1, 5))
+    got, err = _run(tmp_path, capsys, text, "q.csv")
+    assert "fields separated by semicolons" in err
+    assert set(got["series"]) == {"Abfluss; 10^8 m3"}

@@ -518,10 +518,22 @@ def _separator(path: str, encoding: str = "utf-8") -> tuple[str, int | None]:
     hint = _SEP_HINT.match(header.strip("\r\n"))
     if hint:
         return hint.group(1), at
-    counts = [header.count(c) for c in _SEPARATORS]
+    counts = [_splits(header, c) for c in _SEPARATORS]
     if data is not None:  # a separator splits the data line as it splits the header
-        counts = [n if data.count(c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)]
+        counts = [
+            n if _splits(data, c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)
+        ]
     return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), None
+
+
+def _splits(line: str, sep: str) -> int:
+    """How many times ``sep`` splits a CSV line, outside quoted fields."""
+    import csv
+
+    try:
+        return len(next(csv.reader([line.strip("\r\n")], delimiter=sep))) - 1
+    except (csv.Error, StopIteration):
+        return line.count(sep)
 
 
 def _decimal_commas(df, skip: tuple) -> list[str]:
@@ -549,26 +561,40 @@ def _decimal_commas(df, skip: tuple) -> list[str]:
     return found
 
 
-def _data_lines(
-    path: str, n_rows: int, skip_first: bool = False, encoding: str = "utf-8"
-) -> list[int] | None:
-    """Spreadsheet row (physical line) numbers of the header and each data row, or ``None``.
-
-    Comment lines (``#``) and blank lines are skipped by the reader but still count as rows of
-    the file, so messages name the line a user sees in an editor or spreadsheet; so does Excel's
-    ``sep=`` line (``skip_first``: the first line read is that hint, not the header).
-    """
+def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int]]:
+    """``(comments, rows)``: the 0-based lines that are comments (their first character other
+    than a space is ``#``: a ``#`` later in a line, as in a column name ``GDP #1`` or Excel's
+    ``#N/A``, is text) for the reader to skip, and the 1-based line of every other line that is
+    not blank, so messages name the line a user sees in an editor or spreadsheet."""
+    comments, rows = [], []
     try:
         with open(path, encoding=encoding, errors="replace") as fh:
-            lines = [
-                i
-                for i, line in enumerate(fh, 1)
-                if line.split("#", 1)[0].strip() and not line.lstrip().startswith("#")
-            ]
+            for i, line in enumerate(fh):
+                text = line.strip()
+                if text.startswith("#"):
+                    comments.append(i)
+                elif text:
+                    rows.append(i + 1)
     except OSError:
+        return [], []
+    return comments, rows
+
+
+def _header_names(path: str, sep: str, encoding: str, line: int) -> list[str] | None:
+    """The header's column names as written (1-based ``line``), before pandas renames repeated
+    names (``rate``, ``rate.1``)."""
+    import csv
+
+    try:
+        with open(path, encoding=encoding, errors="replace", newline="") as fh:
+            for i, text in enumerate(fh, 1):
+                if i == line:
+                    fields = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep,
+                                             skipinitialspace=True))  # fmt: skip
+                    return [f.strip() for f in fields]
+    except (OSError, csv.Error, StopIteration):
         return None
-    lines = lines[1:] if skip_first else lines
-    return lines if len(lines) == n_rows + 1 else None
+    return None
 
 
 # (a note of read_csv_series; the command then marks its outputs' times as UTC)
@@ -612,15 +638,21 @@ def read_csv_series(
     encoding = _encoding(path)
     sep, hint_line = _separator(path, encoding)
     hinted = hint_line is not None
+    comments, lines = _scan_lines(path, encoding)
+    if hinted:
+        lines = [i for i in lines if i != hint_line + 1]
+    skip = sorted(comments + ([hint_line] if hinted else []))
     try:
         df = pd.read_csv(
             path,
             sep=sep,
-            comment="#",
             skipinitialspace=True,
             dtype=str,
             encoding=encoding,
-            skiprows=[hint_line] if hinted else None,
+            skiprows=skip or None,
+            # cells are read as written: a series named NA (Namibia) stays a name; the missing
+            # values are the empty cells and NA / NaN in value columns (_parse_values)
+            keep_default_na=False,
         )
     except pd.errors.EmptyDataError as err:
         raise InputError(
@@ -631,7 +663,16 @@ def read_csv_series(
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
-    lines = _data_lines(path, len(df), skip_first=hinted, encoding=encoding)
+    if len(lines) != len(df) + 1:  # (quoted fields over several lines)
+        lines = None
+    written = _header_names(path, sep, encoding, lines[0]) if lines is not None else None
+    if written and len(written) == len(df.columns) and len(set(written)) != len(written):
+        # (columns without a name are named Unnamed: k, and empty ones are skipped later)
+        dup = sorted({c for c in written if c and written.count(c) > 1})
+    else:
+        dup = []
+    if dup:
+        raise InputError(f"{path}: duplicate column names {dup}; give each column its own name")
     if notes is not None:
         if encoding == "cp1252":
             notes.append(f"note: {path}: not UTF-8; read as Windows-1252 (cp1252)")
@@ -647,6 +688,9 @@ def read_csv_series(
 
     def row(i: int) -> int:
         return lines[i + 1] if lines is not None else i + 2
+
+    if sep != ",":
+        _thousands_points(df, (time_col, series_col), path, row)
 
     cols = list(df.columns)
     if len(set(cols)) != len(cols):
@@ -710,10 +754,11 @@ def read_csv_series(
             first = skipped[0] if skipped else None
             detail = ""
             if first is not None:
-                i = int(np.flatnonzero(df[first].notna().to_numpy())[0])
+                cells = df[first].astype(str).str.strip()
+                i = int(np.flatnonzero((cells != "").to_numpy())[0])
                 detail = (
                     f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
-                    "(leave the cell empty or write NaN for a missing value)"
+                    f"({_not_a_number_hint(cells.iloc[i])})"
                 )
             elif empty:
                 detail = f"; column(s) {empty} have no header and no values"
@@ -871,6 +916,46 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
         raise InputError(msg) from err
 
 
+_POINT_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(\.\d{3})+(,\d*)?$")  # 1.120 or 1.120,5
+
+
+def _thousands_points(df, skip: tuple, path: str, row) -> None:
+    """Refuse a column written with points as thousands separators (``1.120`` beside ``963``,
+    as spreadsheets write in countries with decimal commas), which would read as 1.12: every
+    cell with a point is grouped in threes, and some other cell is an integer without one."""
+    for c in df.columns:
+        if c in skip:
+            continue
+        text = df[c].astype(str).str.strip()
+        pointed = text.str.contains(".", regex=False)
+        if not pointed.any():
+            continue
+        grouped = text.str.match(_POINT_THOUSANDS.pattern)
+        if (pointed & ~grouped).any():
+            continue
+        plain = text.str.fullmatch(r"[+-]?\d+")
+        if plain.any():
+            i = int(np.flatnonzero(grouped.to_numpy())[0])
+            j = int(np.flatnonzero(plain.to_numpy())[0])
+            raise InputError(
+                f"{path}: column {c!r} row {row(i)}: {text.iloc[i]!r} has a point as a thousands "
+                f"separator (beside {text.iloc[j]!r}, row {row(j)}); thousands separators are not "
+                f"read: write {text.iloc[i].replace('.', '')}"
+            )
+
+
+def _not_a_number_hint(cell: str) -> str:
+    """What to do about a value cell that is not a number."""
+    missing = "leave the cell empty or write NaN for a missing value"
+    if _THOUSANDS.match(cell):
+        return f"thousands separators are not read: write {cell.replace(',', '')}"
+    if _POINT_THOUSANDS.match(cell):
+        return f"thousands separators are not read: write {cell.replace('.', '')}"
+    if cell.startswith("#"):  # #N/A, #DIV/0!, #VALUE!
+        return f"a spreadsheet error value; {missing}"
+    return missing
+
+
 def _parse_values(col, path, name, row=None):
     import pandas as pd
 
@@ -881,11 +966,9 @@ def _parse_values(col, path, name, row=None):
     bad = values.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        hint = "leave the cell empty or write NaN for a missing value"
-        if _THOUSANDS.match(str(text.iloc[i])):
-            hint = f"thousands separators are not read: write {text.iloc[i].replace(',', '')}"
         raise InputError(
-            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number ({hint})"
+            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
+            f"({_not_a_number_hint(str(text.iloc[i]))})"
         )
     out = values.to_numpy(dtype=np.float64, na_value=np.nan)
     if np.isinf(out).any():
