@@ -422,3 +422,51 @@ def test_accepted_csvs_round_trip_in_sorted_unique_time_order(tmp_path_factory, 
     observed = np.array([np.nan if c == "" else float(c) for c in data["observed"]])
     want_obs = np.array([np.nan if values[i] is None else values[i] for i in order], float)
     np.testing.assert_allclose(observed, want_obs, rtol=tolerance("csv", "float64"))
+
+
+# --- separate fits of many series: notes and warnings name the series they concern --------------
+def _wide_csv(tmp_path, columns: dict, n: int):
+    header = "t," + ",".join(columns)
+    rows = [f"{i}," + ",".join(repr(float(v[i])) for v in columns.values()) for i in range(n)]
+    return _csv(tmp_path, header + "\n" + "\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize("n_series", [3, 52])  # one series a block; two a block
+def test_block_fits_name_the_series_of_their_notes(tmp_path, capsys, n_series):
+    rng = np.random.default_rng(3)
+    n = 80
+    noisy = lambda: 0.3 * np.cumsum(rng.normal(size=n)) + 3 * rng.normal(size=n)  # noqa: E731
+    cols = {f"noisy{k}": noisy() for k in range(n_series - 1)}
+    # an integrated walk, smooth without noise: obs_var on its bound
+    cols["walk"] = np.cumsum(np.cumsum(rng.normal(size=n)))
+    path = _wide_csv(tmp_path, cols, n)
+    out = tmp_path / "o"
+    fix = ["--fix", "theta=0", "--fix", "mu=0"]  # local level: white noise is obs_var's alone
+    rc = filter_main([path, "--time-col", "t", "--fit", *fix, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    ds = __import__("xarray").load_dataset(out / "results.nc")
+    at_bound = [str(s) for s in ds["series"].values if float(ds["obs_var"].sel(series=s)) < 1e-6]
+    assert at_bound == ["walk"]
+    bound = [ln for ln in err.splitlines() if "obs_var is at its lower bound" in ln]
+    assert len(bound) == 1 and "'walk'" in bound[0] and "noisy" not in bound[0], bound
+    assert " in series 0" not in err and "series 0," not in err
+    summary = (out / "summary.txt").read_text()
+    for line in summary.splitlines():
+        if "obs_var is at its lower bound" in line:
+            assert "'walk'" in line and "noisy" not in line, line
+
+
+def test_a_constant_column_is_named_before_fitting(tmp_path, capsys):
+    cols = {"a": _walk(40, seed=1), "flat": np.full(40, 40.0), "b": _walk(40, seed=2)}
+    rc = filter_main([_wide_csv(tmp_path, cols, 40), "--time-col", "t", "--fit", "--quiet",
+                      "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    _one_line_exit_2(rc, err)
+    assert "column(s) 'flat' (40) hold one value only" in err
+    huge = {"a": _walk(40, seed=1), "big": _walk(40, seed=2, scale=1e200)}
+    rc = filter_main([_wide_csv(tmp_path, huge, 40), "--time-col", "t", "--fit", "--quiet",
+                      "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    _one_line_exit_2(rc, err)
+    assert "--fit: series 'big': the data's scale" in err

@@ -1201,11 +1201,23 @@ def _filter(args) -> int:
                 "--fit: expected at least 2 observed values in every series; "
                 f"too few in {', '.join(few)}"
             )
+        import pandas as pd
+
+        observed = ~np.isnan(z)
+        with np.errstate(invalid="ignore"):
+            lo = np.where(observed, z, np.inf).min(0)
+            hi = np.where(observed, z, -np.inf).max(0)
+        constant = [f"{n!r} ({lo[j]:g})" for j, n in enumerate(names) if lo[j] == hi[j]]
+        if constant and not args.joint:
+            raise InputError(
+                f"--fit: column(s) {_shorten(', '.join(constant))} hold one value only: a constant "
+                "series has no maximum-likelihood estimate (the likelihood grows without bound as "
+                "obs_var -> 0); leave it out (--value-col names the columns to use) or filter it "
+                "with given parameters"
+            )
         fits = []
         if args.joint or S == 1:
             bar = Progress("fitting", 1, enabled=not args.quiet)
-            import pandas as pd
-
             fits.append(
                 fit_ou(
                     pd.DataFrame(z, columns=names),  # the notes name the columns
@@ -1218,29 +1230,57 @@ def _filter(args) -> int:
             )
             bar.update()
         else:
+            # blocks of series (the progress bar's steps), each fitted as a frame of its columns
+            # so that the library's notes and warnings name them; the texts of blocks of one
+            # series, which name none, are gathered and said once with the series they concern
             block = max(1, math.ceil(S / 50))
             block_notes: dict[str, list[str]] = {}
+            block_warnings: dict[str, list[str]] = {}
             bar = Progress("fitting", S, enabled=not args.quiet)
             for s0 in range(0, S, block):
-                part = fit_ou(
-                    z[:, s0 : s0 + block],
-                    ax.labels,
-                    fix=fix,
-                    time_unit=time_unit,
-                    robust=args.robust,
-                )
-                who = ", ".join(repr(n) for n in names[s0 : s0 + block])
-                for n in part.notes:  # block-local wording: name the block's series
+                cols = names[s0 : s0 + block]
+                who = ", ".join(repr(n) for n in cols)
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    try:
+                        part = fit_ou(
+                            pd.DataFrame(z[:, s0 : s0 + block], columns=cols),
+                            ax.labels,
+                            fix=fix,
+                            time_unit=time_unit,
+                            robust=args.robust,
+                        )
+                    except ValueError as err:
+                        text = re.sub(r"^z: ", "", str(err))
+                        raise InputError(f"--fit: series {who}: {text}") from err
+                for w in said:
+                    block_warnings.setdefault(str(w.message), []).append(who)
+                for n in part.notes:
                     block_notes.setdefault(n, []).append(who)
                 part.notes = ()
                 fits.append(part)
                 bar.update(min(block, S - s0))
+            failed: dict[str, list] = {}  # the blocks' "k of n fits did not converge": one line
+            pattern = r"fit_ou: (\d+) of \d+ fits did not converge \((.*)\): series (.*)$"
+            rest: dict[str, list[str]] = {}
+            for text, whos in block_warnings.items():
+                m = re.match(pattern, text)
+                if m:
+                    failed.setdefault(m.group(2), []).append((int(m.group(1)), m.group(3)))
+                else:
+                    rest[text] = whos
+            for text in _merge_named(rest, "fit_ou: "):
+                warnings.warn(text, stacklevel=1)
+            for why, parts in failed.items():
+                warnings.warn(
+                    f"fit_ou: {sum(k for k, _ in parts)} of {S} fits did not converge ({why}): "
+                    "series " + _shorten(", ".join(w for _, w in parts)),
+                    stacklevel=1,
+                )
         bar.close()
         fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
         if len(fits) > 1:
-            fit.notes = tuple(
-                f"series {_shorten(', '.join(who))}: {n}" for n, who in block_notes.items()
-            )
+            fit.notes = tuple(_merge_named(block_notes))
         fit.series_labels = names
         model = fit.model
         fit_text = fit.summary()
@@ -1308,6 +1348,32 @@ def _filter(args) -> int:
     print(summary)
     print("wrote " + ", ".join(files))
     return EXIT_OK
+
+
+_NAMED = re.compile(r"series ((?:'[^']*'(?:, )?)+(?: and \d+ more)?)")
+
+
+def _merge_named(texts: dict, prefix: str = "") -> list[str]:
+    """Block fits' notes or warnings (``{text: [the block's series]}``), each said once: texts
+    that differ only in the series they name become one text naming them all; texts that name
+    none get the series of the blocks that gave them (:func:`_name_series`)."""
+    merged: dict[str, list[str]] = {}
+    for text, whos in texts.items():
+        m = _NAMED.search(text)
+        if m is None:
+            merged.setdefault(_name_series(text, whos, prefix), [])
+        else:
+            template = text[: m.start(1)] + "\0" + text[m.end(1) :]
+            merged.setdefault(template, []).append(m.group(1))
+    return [t.replace("\0", _shorten(", ".join(n))) if n else t for t, n in merged.items()]
+
+
+def _name_series(text: str, whos: list[str], prefix: str = "") -> str:
+    """A block fit's note or warning, with the series it concerns named where it names none."""
+    if "series '" in text:
+        return text
+    body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
+    return f"{prefix}series {_shorten(', '.join(whos))}: {body}"
 
 
 def _shorten(text: str, limit: int = 200) -> str:
