@@ -27,6 +27,22 @@ def _plt():
     return plt
 
 
+def _clamp_dates(ax) -> None:
+    """Keep a date axis inside matplotlib's years 1-9999: its autoscale margins (5 % of the span)
+    pass them for a record that starts or ends near them, and its tick labels then fail. Shared
+    axes follow."""
+    import matplotlib.dates as mdates
+
+    # (matplotlib's date converters: DateConverter, ConciseDateConverter, a private switcher)
+    if "date" not in type(ax.xaxis.get_converter()).__name__.lower():
+        return
+    lo, hi = ax.get_xlim()
+    first = mdates.date2num(np.datetime64("0001-01-01"))
+    last = mdates.date2num(np.datetime64("9999-12-31"))
+    if lo < first or hi > last:
+        ax.set_xlim(max(lo, first), min(hi, last))
+
+
 def _quantile(c: float) -> float:
     from kalmanscan.timeseries.coverage import normal_quantile
 
@@ -215,6 +231,7 @@ def plot_bands(
             )
         ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
     ax.legend(loc="best", fontsize="small", ncol=2)
+    _clamp_dates(ax)
     return ax
 
 
@@ -313,6 +330,7 @@ def plot_series(
         title if title is not None else (f"{kind} level" + (f" ({label})" if label else ""))
     )
     ax.set_xlabel(tdim)
+    _clamp_dates(ax)
     return ax
 
 
@@ -367,6 +385,7 @@ def plot_precision(
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)
     ax.legend(loc="best", fontsize="small")
+    _clamp_dates(ax)
     return ax
 
 
@@ -418,4 +437,5 @@ def plot_overview(
     plot_precision(
         ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing
     )
+    _clamp_dates(axes[-1])
     return axes

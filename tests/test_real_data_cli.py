@@ -470,3 +470,16 @@ def test_a_constant_column_is_named_before_fitting(tmp_path, capsys):
     err = capsys.readouterr().err
     _one_line_exit_2(rc, err)
     assert "--fit: series 'big': the data's scale" in err
+
+
+def test_outputs_get_the_permissions_of_any_new_file(tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "o"
+        args = [_series_csv(tmp_path, _walk()), "--time-col", "t", *GIVEN]
+        rc = filter_main([*args, "--out", str(out)])
+    finally:
+        os.umask(old)
+    assert rc == 0, capsys.readouterr().err
+    for p in out.iterdir():
+        assert (p.stat().st_mode & 0o777) == 0o644, p

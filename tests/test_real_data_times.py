@@ -373,3 +373,41 @@ def test_cli_forecasts_quarters_on_quarter_starts(tmp_path, capsys):
     assert fc == ["2009-10-01", "2010-01-01", "2010-04-01", "2010-07-01", "2010-10-01"]
     summary = (out / "summary.txt").read_text()
     assert "  2010-01-01  " in summary and "T00:00:00" not in summary
+
+
+def test_utc_dates_at_midnight_are_written_with_a_time_of_day(tmp_path, capsys):
+    text = "t,v\n" + "".join(f"1958-03-{d:02d}T02:00:00+02:00,{d}\n" for d in range(1, 6))
+    out = tmp_path / "o"
+    assert filter_main([_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out", str(out)]) == 0
+    times = _results(out)["time"].tolist()
+    assert times[0] == "1958-03-01 00:00:00Z"  # ISO 8601: no zone on a bare date
+    again = tmp_path / "again"
+    back = "t,v\n" + "".join(f"{t},{i}\n" for i, t in enumerate(times))
+    args = [_csv(tmp_path, back, "b.csv"), "--time-col", "t", *GIVEN]
+    rc = filter_main([*args, "--out", str(again)])
+    assert rc == 0, capsys.readouterr().err
+    assert _results(again)["time"].tolist() == times
+
+
+@pytest.mark.parametrize("unit", ["1", "7", "2.5", "1e3"])
+def test_a_time_unit_without_its_unit_is_refused(unit):
+    expected = f"time_unit: expected a duration with its unit, such as '{unit}D'"
+    with pytest.raises(ValueError, match=expected):
+        as_time_axis(np.array(["2024-01-01", "2024-01-02"], dtype="datetime64[D]"), 2, unit)
+
+
+@pytest.mark.parametrize("first,last", [(1, 100), (9900, 9999)])
+def test_records_at_the_ends_of_the_calendar_write_every_output(tmp_path, capsys, first, last):
+    text = "date,v\n" + "".join(f"{y:04d}-07-01,{(y * 37) % 11}\n" for y in range(first, last + 1))
+    out = tmp_path / "o"
+    args = [_csv(tmp_path, text), "--time-col", "date", *GIVEN, "--time-unit", "365.25D"]
+    assert filter_main([*args, "--out", str(out)]) == 0, capsys.readouterr().err
+    written = {p.name for p in out.iterdir()}
+    assert written >= {"results.csv", "results.nc", "results.png", "summary.txt"}
+    rc = filter_main([*args, "--forecast", "200", "--out", str(tmp_path / "f")])
+    err = capsys.readouterr().err
+    if last == 9999:
+        assert rc == 2 and "--forecast 200: step 1 reaches 10000-07-01, past the year 9999" in err
+        assert "expected at most 0 steps" in err
+    else:
+        assert rc == 0, err

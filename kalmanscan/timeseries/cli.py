@@ -145,6 +145,10 @@ def _replace_into(path: str, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # the permissions any new file gets (mkstemp's are the owner's alone): read the umask
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -196,7 +200,7 @@ def _write_outputs(
     return [png, nc, csv, txt]
 
 
-def _iso_times(t: np.ndarray) -> list[str]:
+def _iso_times(t: np.ndarray, with_time: bool = False) -> list[str]:
     """ISO 8601 text of datetimes at the coarsest exact unit, four-digit years always (pandas'
     own writer drops the zero padding of years before 1000 in some versions, which ISO readers
     then refuse).
@@ -208,7 +212,7 @@ def _iso_times(t: np.ndarray) -> list[str]:
     ['1999-01-02 12:00:00.500']
     """
     unit = "ns"
-    for u in ("D", "s", "ms", "us"):
+    for u in ("s", "ms", "us") if with_time else ("D", "s", "ms", "us"):
         if (t == t.astype(f"datetime64[{u}]")).all():
             unit = u
             break
@@ -275,7 +279,8 @@ def _write_csv(ds, path: str) -> None:
         ]
     elif out["time"].dtype.kind == "M":
         zone = "Z" if ds[tdim].attrs.get("time_zone") == "UTC" else ""
-        out["time"] = [t + zone for t in _iso_times(out["time"].to_numpy())]
+        # a zone only with a time of day: 1958-03-29 00:00:00Z (ISO 8601 has no date with Z)
+        out["time"] = [t + zone for t in _iso_times(out["time"].to_numpy(), with_time=bool(zone))]
     keep = ["kind", "time", *sdims] + [k for k in out.columns if k not in ("kind", "time", *sdims)]
     with open(path, "w", newline="") as fh:
         fh.write(_csv_text(out[[k for k in keep if k in out.columns]]))
@@ -1309,6 +1314,7 @@ def _filter(args) -> int:
         fit=fit,
         name=os.path.basename(args.csv),
     )
+    _check_forecast_years(ds, args.forecast)
     if outliers is not None:  # filtered as missing; the input values kept beside
         dims = ds["observed"].dims
         ds["outlier"] = (dims, outliers.reshape(ds["observed"].shape))
@@ -1366,6 +1372,24 @@ def _merge_named(texts: dict, prefix: str = "") -> list[str]:
             template = text[: m.start(1)] + "\0" + text[m.end(1) :]
             merged.setdefault(template, []).append(m.group(1))
     return [t.replace("\0", _shorten(", ".join(n))) if n else t for t, n in merged.items()]
+
+
+def _check_forecast_years(ds, n: int) -> None:
+    """Refuse forecasts past the year 9999, which netCDF's time encoding (without cftime) and the
+    plot cannot hold, saying how many steps stay inside it."""
+    if "forecast_time" not in ds.coords or ds["forecast_time"].dtype.kind != "M":
+        return
+    ft = ds["forecast_time"].values
+    if np.datetime_data(ft.dtype)[0] == "ns":  # (nanoseconds end in 2262)
+        return
+    past = ft >= np.datetime64("10000-01-01", "s")
+    if past.any():
+        k = int(np.argmax(past))
+        when = np.datetime_as_string(ft[k], unit="D")
+        raise InputError(
+            f"--forecast {n}: step {k + 1} reaches {when}, past the year 9999, which "
+            f"the outputs (netCDF, the plot) cannot hold; expected at most {k} steps"
+        )
 
 
 def _name_series(text: str, whos: list[str], prefix: str = "") -> str:

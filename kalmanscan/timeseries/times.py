@@ -325,6 +325,12 @@ def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
     elif isinstance(time_unit, _dt.timedelta):
         td = np.timedelta64(int(round(time_unit.total_seconds() * 1e9)), "ns")
     elif isinstance(time_unit, str):
+        if re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", time_unit):
+            # a bare number is nanoseconds to pandas, and no one means that: ask for a unit
+            raise ValueError(
+                f"time_unit: expected a duration with its unit, such as '{time_unit.strip()}D' "
+                f"(days) or '{time_unit.strip()}h' (hours), got {time_unit!r}"
+            )
         try:
             import pandas as pd
 
