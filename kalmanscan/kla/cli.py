@@ -109,7 +109,12 @@ def inspect_main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--channels", type=_int_list, default=None, help="channels in the detail, e.g. 0-63"
     )
-    ap.add_argument("--layer", type=int, default=-1, help="layer drawn in the heatmaps (position)")
+    ap.add_argument(
+        "--layer",
+        type=int,
+        default=None,
+        help="KLA block drawn in the heatmaps, one of those inspected (default: the last)",
+    )
     ap.add_argument(
         "--chunk-size", type=int, default=512, help="tokens per forward chunk (default 512)"
     )
@@ -133,6 +138,16 @@ def inspect_main(argv: list[str] | None = None) -> int:
         ap.error(f"--max-bytes: expected a positive int, got {args.max_bytes}")
     if args.threads < 1:
         ap.error(f"--threads: expected a positive int, got {args.threads}")
+    if args.chunk_size < 1:
+        ap.error(f"--chunk-size: expected a positive int, got {args.chunk_size}")
+    if args.text is not None and args.file is not None:
+        ap.error(f"TEXT, --file: expected one of them, got both (TEXT {args.text!r})")
+    if args.compare is not None and args.compare_file is not None:
+        ap.error("--compare, --compare-file: expected one of them, got both")
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out: expected a directory (existing or new), got the file {str(args.out)!r}")
+    if args.layers is not None and args.layer is not None and args.layer not in args.layers:
+        ap.error(f"--layer: expected one of the blocks in --layers {args.layers}, got {args.layer}")
 
     import matplotlib
 
@@ -140,18 +155,35 @@ def inspect_main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
     import torch
 
-    from kalmanscan.kla.inspect import inspect, save_dataset, summarize
-    from kalmanscan.kla.io import CheckpointError, load_checkpoint
+    from kalmanscan.kla.inspect import inspect, kla_layers, save_dataset, summarize
+    from kalmanscan.kla.io import CheckpointError, _check_backend, _check_device, load_checkpoint
     from kalmanscan.kla.plot import plot_comparison, plot_overview, plot_precision
 
+    try:
+        _check_backend(args.backend, "--backend")
+        device = _check_device(args.device, "--device")
+    except ValueError as err:
+        ap.error(str(err))
     try:
         texts = [_read(args.text, args.file, args.max_bytes, "text")]
         if args.compare is not None or args.compare_file is not None:
             texts.append(_read(args.compare, args.compare_file, args.max_bytes, "compare"))
-        backend = args.backend or ("auto" if args.device != "cpu" else _cpu_backend())
-        model = load_checkpoint(args.checkpoint, device=args.device, backend=backend)
+        backend = args.backend or ("auto" if device.type != "cpu" else _cpu_backend())
+        model = load_checkpoint(args.checkpoint, device=device, backend=backend)
+        blocks = list(kla_layers(model))
+        chosen = blocks if args.layers is None else args.layers
+        bad = [b for b in chosen if b not in blocks]
+        if bad:
+            raise ValueError(f"--layers: expected KLA blocks of the model {blocks}, got {bad}")
+        if args.layer is None:
+            layer = -1
+        elif args.layer in chosen:
+            layer = chosen.index(args.layer)  # the plots take a position in the inspected list
+        else:
+            raise ValueError(f"--layer: expected one of the inspected blocks {chosen}, got "
+                             f"{args.layer}")  # fmt: skip
         threads = torch.get_num_threads()
-        if args.device == "cpu":
+        if device.type == "cpu":
             torch.set_num_threads(args.threads)
         try:
             ds = inspect(
@@ -169,41 +201,14 @@ def inspect_main(argv: list[str] | None = None) -> int:
         print(f"kalmanscan inspect: {err}", file=sys.stderr)
         return 2
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    written = []
-    axes = plot_overview(ds, layer=args.layer)
-    path = args.out / "overview.png"
-    axes[0].figure.savefig(path, dpi=100)
-    plt.close(axes[0].figure)
-    written.append(path)
-    if len(texts) > 1:
-        axes = plot_comparison(ds, layer=args.layer)
-        path = args.out / "comparison.png"
-        axes[0].figure.savefig(path, dpi=100)
-        plt.close(axes[0].figure)
-        written.append(path)
-    if args.window is not None:
-        W = ds.sizes["window"]
-        fig, axs = plt.subplots(
-            2, 1, figsize=(min(max(12.0, 0.09 * W), 36.0), 10), gridspec_kw={"hspace": 0.55}
-        )
-        fig.subplots_adjust(left=0.08, right=0.93, top=0.96, bottom=0.08)
-        labels = W if W <= 400 else 100  # a label per token for windows up to 400 tokens
-        plot_precision(
-            ds, "posterior_precision", layer=args.layer, relative_to="baseline",
-            sort_by="timescale", ax=axs[0], max_labels=labels,
-        )  # fmt: skip
-        plot_precision(
-            ds, "write_gain", layer=args.layer, sort_by="timescale", ax=axs[1], cmap="magma",
-            max_labels=labels,
-        )  # fmt: skip
-        path = args.out / "window.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    nc = args.out / "inspect.nc"
-    engine = save_dataset(ds, nc)
-    written.append(nc)
+    try:
+        written = _write(args, ds, texts, layer, plt, plot_overview, plot_comparison,
+                         plot_precision, save_dataset)  # fmt: skip
+    except OSError as err:
+        print(f"kalmanscan inspect: --out: cannot write into {str(args.out)!r} ({err})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    engine = written.pop()
 
     L = ds.sizes["time"]
     print(
@@ -219,6 +224,48 @@ def inspect_main(argv: list[str] | None = None) -> int:
         print(summarize(ds).to_string())
     print(f"wrote {', '.join(str(p) for p in written)} ({engine} engine; {L} tokens)")
     return 0
+
+
+def _write(args, ds, texts, layer, plt, plot_overview, plot_comparison, plot_precision,
+           save_dataset):  # fmt: skip
+    """Write the figures and the dataset into ``args.out``; returns the paths written and, last,
+    the netCDF engine."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = []
+    axes = plot_overview(ds, layer=layer)
+    path = args.out / "overview.png"
+    axes[0].figure.savefig(path, dpi=100)
+    plt.close(axes[0].figure)
+    written.append(path)
+    if len(texts) > 1:
+        axes = plot_comparison(ds, layer=layer)
+        path = args.out / "comparison.png"
+        axes[0].figure.savefig(path, dpi=100)
+        plt.close(axes[0].figure)
+        written.append(path)
+    if args.window is not None:
+        W = ds.sizes["window"]
+        fig, axs = plt.subplots(
+            2, 1, figsize=(min(max(12.0, 0.09 * W), 36.0), 10), gridspec_kw={"hspace": 0.3}
+        )
+        fig.subplots_adjust(left=0.08, right=0.93, top=0.96, bottom=0.08)
+        labels = W if W <= 400 else 100  # a label per token for windows up to 400 tokens
+        plot_precision(
+            ds, "posterior_precision", layer=layer, relative_to="baseline",
+            sort_by="timescale", ax=axs[0], max_labels=labels,
+        )  # fmt: skip
+        plot_precision(
+            ds, "write_gain", layer=layer, sort_by="timescale", ax=axs[1], cmap="magma",
+            max_labels=labels,
+        )  # fmt: skip
+        path = args.out / "window.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    nc = args.out / "inspect.nc"
+    engine = save_dataset(ds, nc)
+    written.append(nc)
+    return written + [engine]
 
 
 def _nanmean(x):

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from kalmanscan.kla.io import byte_label, encode_text
+from kalmanscan.kla.io import byte_label, byte_labels, encode_text
 from kalmanscan.kla.layer import KLALayer
 
 _LN2 = math.log(2.0)
@@ -129,6 +129,10 @@ def _as_ids(tokens):
         if any(r.ndim != 1 or r.is_floating_point() for r in rows):
             raise TypeError("tokens: expected a list of 1-D integer sequences")
         return _pad(rows, "tokens")
+    if isinstance(tokens, (list, tuple)) and not tokens:
+        raise ValueError(
+            f"tokens: expected at least one sequence, got an empty {type(tokens).__name__}"
+        )
     if isinstance(tokens, np.ndarray):
         tokens = torch.from_numpy(tokens)
     if isinstance(tokens, (list, tuple)):
@@ -608,7 +612,8 @@ def inspect(
         forward: ``callable(model, inputs) -> output`` for other modules (default
             ``model(inputs)``, or ``model(**inputs)`` for a mapping). Logits ``[B, L, V]``
             (the output, its ``.logits`` or first element) give the surprisal.
-        token_text: ``callable(id) -> str`` labels (default: byte labels for ids < 256).
+        token_text: ``callable(id) -> str`` labels (default: for byte ids, the UTF-8 text's
+            characters, each on its first byte, see :func:`~kalmanscan.kla.io.byte_labels`).
         max_detail_bytes: refuse (ValueError) a per-lane detail larger than this.
 
     Returns:
@@ -649,7 +654,15 @@ def inspect(
     if layers is None:
         chosen = labels
     else:
-        want = [layers] if isinstance(layers, (int, str)) else list(layers)
+        if isinstance(layers, (int, str, np.integer)):
+            want = [layers]
+        else:
+            try:
+                want = list(layers)
+            except TypeError:
+                raise TypeError(
+                    f"layers: expected a layer label or a list of them, got {layers!r}"
+                ) from None
         chosen = []
         for w in want:
             if w in found:
@@ -664,6 +677,9 @@ def inspect(
                 raise ValueError(f"layers: expected KLA layer labels {labels}, got {w!r}")
         if not chosen:
             raise ValueError("layers: expected at least one layer, got none")
+        twice = sorted({c for c in chosen if chosen.count(c) > 1}, key=chosen.index)
+        if twice:
+            raise ValueError(f"layers: expected distinct layers, got {twice} more than once")
     mods = [found[c] for c in chosen]
     sizes = {(m.d_inner, m.d_state, m.d_model) for m in mods}
     if len(sizes) != 1:
@@ -830,12 +846,16 @@ def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, toke
         coords["detail_channel"] = np.array(channels)
         coords["feature"] = np.arange(D)
     if ids is not None:
-        if token_text is None:
-
-            def token_text(t):
-                return byte_label(t) if 0 <= t < 256 else str(t)
-
-        text = np.array([[token_text(int(t)) for t in row] for row in ids.tolist()], dtype=object)
+        if token_text is None:  # bytes: a character's label on its first byte (byte_labels)
+            rows = [
+                byte_labels(row)
+                if all(0 <= t < 256 for t in row)
+                else [byte_label(t) if 0 <= t < 256 else str(t) for t in row]
+                for row in ids.tolist()
+            ]
+        else:
+            rows = [[token_text(int(t)) for t in row] for row in ids.tolist()]
+        text = np.array(rows, dtype=object)
         text[~mask.numpy()] = ""
         coords["token"] = (("batch", "time"), text)
         coords["token_id"] = (("batch", "time"), ids.numpy())

@@ -77,6 +77,33 @@ def byte_label(token: int) -> str:
     return {9: "\\t", 10: "\\n", 13: "\\r"}.get(token, f"\\x{token:02x}")
 
 
+def byte_labels(tokens) -> list[str]:
+    """One label per byte of a UTF-8 text: :func:`byte_label` for single bytes, the character
+    on the first byte of a multi-byte character and ``""`` on its other bytes, so the labels
+    read as the text and join back into it; bytes that are not valid UTF-8 keep their escapes.
+
+    >>> byte_labels("é!".encode())
+    ['é', '', '!']
+    """
+    data = bytes(int(t) for t in tokens)
+    labels = [byte_label(t) for t in data]
+    i = 0
+    while i < len(data):
+        lead = data[i]
+        n = 1 if lead < 0xC2 or lead > 0xF4 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+        if n > 1:
+            try:
+                char = data[i : i + n].decode("utf-8")
+            except UnicodeDecodeError:
+                char = None
+            if char is not None and len(char) == 1 and char.isprintable():
+                labels[i : i + n] = [char] + [""] * (n - 1)
+                i += n
+                continue
+        i += 1
+    return labels
+
+
 # ---------------------------------------------------------------------- state dicts
 
 
@@ -95,7 +122,8 @@ def _check_keys(title: str, missing, unexpected, wrong) -> None:
 
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Raise :class:`CheckpointError` listing every missing key, unexpected key and shape mismatch.
+    """Raise :class:`CheckpointError` listing every missing key, unexpected key, shape mismatch,
+    non-floating tensor and tensor holding NaN or inf.
 
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
     >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
@@ -115,6 +143,12 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
             )
         elif not value.is_floating_point():
             wrong.append(f"{key}: expected a floating-point tensor, got {value.dtype}")
+        else:
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                wrong.append(
+                    f"{key}: expected finite values, got {bad} NaN or inf of {value.numel()}"
+                )
     _check_keys("state dict does not match the model:", missing, unexpected, wrong)
 
 
@@ -150,7 +184,11 @@ def save_checkpoint(
 
     if not isinstance(getattr(model, "config", None), ModelConfig):
         raise TypeError(f"model: expected a KLALanguageModel, got {type(model).__name__}")
-    directory = Path(directory)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(
+            f"dtype: expected None or a floating torch.dtype (e.g. torch.float16), got {dtype!r}"
+        )
+    directory = _as_path("directory", directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for key, value in model.state_dict().items():
@@ -159,13 +197,14 @@ def save_checkpoint(
             value = value.to(dtype)
         tensors[key] = value.contiguous()
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
-    config = {"format": FORMAT, "version": 1, "model": model.config.to_dict()}
+    config = {"format": FORMAT, "version": _VERSIONS[-1], "model": model.config.to_dict()}
     if metadata is not None:
         config["metadata"] = metadata
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return directory
 
 
+_VERSIONS = (1,)  # config.json "version"s this reader understands (save_checkpoint writes 1)
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; refuse megabytes before reading
 _MAX_DEPTH = 4  # {"model": {"kla": {...}}} plus metadata one level deeper
 _MAX_INT = 1 << 31
@@ -255,6 +294,12 @@ def read_config(directory: str | Path) -> dict:
             f"checkpoint: {path}: expected 'model' to be a dict, got "
             f"{type(config['model']).__name__}"
         )
+    version = config.get("version", 1)
+    if isinstance(version, bool) or version not in _VERSIONS:
+        raise CheckpointError(
+            f"checkpoint: {path}: version: expected one of {list(_VERSIONS)} (the formats this "
+            f"kalmanscan reads), got {version!r}; a newer kalmanscan may read it"
+        )
     _check_json(config["model"], "model")
     n_layers = config["model"].get("n_layers", 0)
     if isinstance(n_layers, int) and n_layers > _MAX_LAYERS:
@@ -300,6 +345,82 @@ def _check_weight_header(model_config, weights: Path) -> None:
     _check_keys(f"checkpoint: {weights} does not match its config:", missing, unexpected, wrong)
 
 
+def _as_path(name: str, value) -> Path:
+    if not isinstance(value, (str, Path)) and not hasattr(value, "__fspath__"):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(value).__name__}")
+    return Path(value)
+
+
+def _check_device(device, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` this torch can allocate on, else a ValueError naming it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name}: expected a torch device such as 'cpu' or 'cuda:0', got "
+                         f"{device!r} ({err})") from None  # fmt: skip
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{name}: expected an available device, got {device!r}: this torch sees no "
+                f"CUDA device (torch.cuda.is_available() is False)"
+            )
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{name}: expected a CUDA index in [0, {count}), got {device!r}")
+    elif dev.type not in ("cpu", "meta"):
+        module = getattr(torch, dev.type, None)
+        available = getattr(module, "is_available", None)
+        if callable(available) and not available():
+            raise ValueError(
+                f"{name}: expected an available device, got {device!r}: torch.{dev.type} "
+                "reports none"
+            )
+    return dev
+
+
+def _check_backend(backend, name: str = "backend") -> None:
+    """None (keep the config's) or a KLA op backend name, else a ValueError naming ``name``."""
+    from kalmanscan.core.kla_op import KLA_BACKENDS
+
+    if backend is not None and (
+        not isinstance(backend, str) or (backend != "auto" and backend not in KLA_BACKENDS)
+    ):
+        raise ValueError(
+            f"{name}: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {backend!r}"
+        )
+
+
+def _checkpoint_dir(directory: Path) -> Path:
+    """``directory`` if it is one; a file inside a checkpoint, a pickle or a missing path is
+    refused with a message saying what to pass instead."""
+    if directory.is_dir():
+        return directory
+    if directory.is_file():
+        if directory.name in (WEIGHTS_FILE, CONFIG_FILE):
+            raise CheckpointError(
+                f"checkpoint: expected the checkpoint directory, got its file "
+                f"{str(directory)!r}; pass {str(directory.parent)!r}"
+            )
+        if directory.suffix in _PICKLE_SUFFIXES:
+            raise CheckpointError(
+                f"checkpoint: expected a directory with {WEIGHTS_FILE} and {CONFIG_FILE}, got "
+                f"the pickle file {str(directory)!r}, which is refused because unpickling can "
+                f"run arbitrary code: {_CONVERT_HINT}"
+            )
+        raise CheckpointError(
+            f"checkpoint: expected a directory with {WEIGHTS_FILE} and {CONFIG_FILE}, got the "
+            f"file {str(directory)!r}"
+        )
+    raise CheckpointError(f"checkpoint: expected a directory, got {str(directory)!r} (not found)")
+
+
+_CONVERT_HINT = (
+    "convert it with safetensors.torch.save_file(state_dict, "
+    f"'{WEIGHTS_FILE}') in an environment you trust and write a {CONFIG_FILE} "
+    "(see save_checkpoint)"
+)
+
+
 def load_checkpoint(
     directory: str | Path | None = None, *, device="cpu", dtype=torch.float32, backend=None
 ):
@@ -319,16 +440,20 @@ def load_checkpoint(
 
     from kalmanscan.kla.model import KLALanguageModel
 
-    directory = BUNDLED_DIR if directory is None else Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint: expected a directory, got {str(directory)!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"dtype: expected a floating torch.dtype (e.g. torch.float32), got {dtype!r}"
+        )
+    device = _check_device(device)
+    _check_backend(backend)
+    directory = BUNDLED_DIR if directory is None else _as_path("directory", directory)
+    directory = _checkpoint_dir(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         pickles = sorted(p.name for p in directory.iterdir() if p.suffix in _PICKLE_SUFFIXES)
         hint = (
             f"; found pickle files {pickles}, which are refused because unpickling can run "
-            "arbitrary code: convert them with safetensors.torch.save_file(state_dict, "
-            f"'{WEIGHTS_FILE}') in an environment you trust"
+            f"arbitrary code: {_CONVERT_HINT}"
             if pickles
             else ""
         )

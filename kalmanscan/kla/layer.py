@@ -13,8 +13,9 @@ Shapes: batch ``B``, time ``L``, model width ``D``, channels ``M = int(expand * 
 
 ``decay, process_var [M,S]`` come from :func:`kalmanscan.discretize_ou` with rate
 ``exp(lambda_log)``, diffusion ``max(process_noise, 1e-7)`` (``process_noise + 1e-12`` in the
-zero-process-noise variant) and step ``softplus(delta) + 1e-7``; without autograd they are
-kept between calls until a parameter changes (decoding does not recompute them per token).
+zero-process-noise variant) and step ``softplus(delta) + 1e-7``; without autograd on the CPU
+they are kept between calls until a parameter's values change (decoding does not recompute them
+per token).
 The parameter names and shapes are those of the authors' published implementation, so its state
 dicts load with ``strict=True``. The filter math lives in the op; this module only holds
 parameters and projects. Details and derivations: docs/kla.md.
@@ -194,6 +195,11 @@ class KLALayer(nn.Module):
         self.config = config
         self.d_model = d_model
         self.d_inner = M = config.d_inner(d_model)
+        if M < 1:
+            raise ValueError(
+                f"config.expand: expected int(expand * d_model) >= 1 channels, got expand="
+                f"{config.expand} with d_model={d_model} (M = {M})"
+            )
         self.d_state = S = config.d_state
         self.in_proj = nn.Linear(d_model, 2 * M, bias=False)  # rows: z, then gate
         self.conv = CausalConv1d(M, config.conv_kernel)
@@ -209,7 +215,7 @@ class KLALayer(nn.Module):
         self.lambda_skip = nn.Parameter(torch.empty(()))
         self.out_proj = nn.Linear(M, d_model, bias=False)
         self._act = _ACTIVATIONS[config.gate_activation]
-        self._dynamics_cache = None  # (key, (decay, process_var)), see _dynamics
+        self._dynamics_cache = None  # (key, parameter copies, (decay, process_var)), see _dynamics
         self._recorder = None  # set by kalmanscan.kla.inspect.record: receives each KLATrace
         self.reset_parameters()
 
@@ -284,26 +290,39 @@ class KLALayer(nn.Module):
     def _dynamics(self, dtype: torch.dtype):
         """:meth:`dynamics`, kept between calls while nothing needs its gradient.
 
-        Without autograd (decoding, inspection) the ``[M,S]`` discretization is computed once
-        and reused until a parameter it reads changes: the key holds each parameter's storage
-        address and in-place version counter (``load_state_dict``, an optimizer step or
-        ``.to()`` all change one), the dtype and the discretization. Under autograd or
-        ``torch.compile`` it is computed afresh (the graph needs it; no Python state)."""
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return self.dynamics(dtype)
+        Without autograd (decoding, inspection) and with the parameters on the CPU, the
+        ``[M,S]`` discretization is computed once and reused while the parameters it reads hold
+        the same values: the cache keeps a copy of them and compares it on each call (about a
+        tenth of the cost of recomputing), so every in-place edit counts, also one through
+        ``.data``, which moves no version counter. Elsewhere it is computed afresh: under
+        autograd or ``torch.compile`` the graph needs it, and on an accelerator the comparison
+        would wait for the device on every call, where recomputing is a few asynchronous
+        kernels."""
         params = (self.lambda_log, self._process_noise_param(), self.delta)
+        if (
+            torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or params[0].device.type != "cpu"
+        ):
+            return self.dynamics(dtype)
         key = (
             dtype,
             self.config.discretization,
             self.config.process_noise_mode,
             self.config.process_noise_param,
-            tuple((p.data_ptr(), p._version) for p in params),
         )
         cache = self._dynamics_cache
-        if cache is not None and cache[0] == key:
-            return cache[1]
+        if (
+            cache is not None
+            and cache[0] == key
+            and all(
+                p.dtype == c.dtype and torch.equal(p, c)
+                for p, c in zip(params, cache[1], strict=True)
+            )
+        ):
+            return cache[2]
         value = self.dynamics(dtype)
-        self._dynamics_cache = (key, value)
+        self._dynamics_cache = (key, tuple(p.detach().clone() for p in params), value)
         return value
 
     # ------------------------------------------------------------------ projections
@@ -331,6 +350,13 @@ class KLALayer(nn.Module):
             raise ValueError(f"x: expected shape [B, L, {self.d_model}], got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"x: expected a floating dtype, got {x.dtype}")
+        want = self.in_proj.weight.dtype
+        if x.dtype != want and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"x: expected dtype {want} (that of the layer's parameters; cast the layer with "
+                f".to({x.dtype}) or call it under torch.autocast), "
+                f"got {x.dtype}"
+            )
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise ValueError(f"x: expected non-empty B and L in [B, L, D], got {tuple(x.shape)}")
 

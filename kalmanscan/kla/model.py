@@ -16,6 +16,7 @@ Each block is ``x += mixer(mixer_norm(x)); x += mlp(mlp_norm(x))``.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -357,6 +358,16 @@ class KLALanguageModel(nn.Module):
             raise ValueError(
                 f"tokens: expected shape [B, L] with L >= 1, got {tuple(tokens.shape)}"
             )
+        # ids on the CPU are checked here (no device to wait for); on an accelerator the
+        # embedding's own bounds check fails the call, and a check here would synchronize it
+        if tokens.device.type == "cpu" and tokens.numel() and not torch.compiler.is_compiling():
+            lo, hi = torch.aminmax(tokens)
+            V = self.config.vocab_size
+            if int(lo) < 0 or int(hi) >= V:
+                raise ValueError(
+                    f"tokens: expected ids in [0, {V}) (vocab_size), got range [{int(lo)}, "
+                    f"{int(hi)}]"
+                )
 
     def forward(self, tokens, state=None, *, return_state=False, trace: dict | None = None):
         """``tokens [B,L]`` -> ``logits [B,L,V]`` (and new states with ``state``/``return_state``).
@@ -408,8 +419,16 @@ class KLALanguageModel(nn.Module):
             or max_new_tokens < 0
         ):
             raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
-        if temperature < 0:
-            raise ValueError(f"temperature: expected >= 0, got {temperature}")
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or not 0 <= temperature < math.inf
+        ):
+            raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
+            raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
         out = [tokens]
         if max_new_tokens == 0:
             return tokens

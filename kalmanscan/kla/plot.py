@@ -1,10 +1,14 @@
 """Plots of a :func:`kalmanscan.kla.inspect` dataset. Every function takes ``ax=None`` (or
 ``axes=None``) and returns what it drew on; none calls ``plt.show()``.
 
-The x axis is the token position everywhere, so panels of one figure line up; long inputs are
-averaged into at most ``max_columns`` columns (readable widths at any length), and heatmaps
-carry the surprisal of the same tokens in a strip underneath. Channels can be sorted by
-timescale (``sort_by="timescale"``: the geometric mean over slots of ``-1/ln(decay)``).
+The x axis is the token position everywhere. In the multi-panel figures every panel spans the
+same width (the curve panels keep a blank margin where the heatmaps have their colorbar) and
+averages the same number of tokens per column, so a token sits at the same horizontal place in
+each; long inputs are averaged into at most ``max_columns`` columns (readable widths at any
+length), and heatmaps carry the surprisal of the same tokens in a strip underneath (undefined
+values, such as the first token's, in red). Channels can be sorted by timescale
+(``sort_by="timescale"``: the geometric mean over slots of ``-1/ln(decay)``); the y ticks then
+name channel ids.
 """
 
 from __future__ import annotations
@@ -40,13 +44,46 @@ def _dim(da, options, what):
     raise ValueError(f"var: expected a variable with a {what} axis {options}, got dims {da.dims}")
 
 
-def _columns(values, positions, max_columns):
-    """Average consecutive columns (last axis) so that at most ``max_columns`` remain.
-    Returns ``(values, left edges, right edge, factor)`` in token positions."""
+# the colorbar of a heatmap, and the blank margin of a curve panel beside it: the same sizes
+_CBAR_SIZE = "2%"  # of the panel's width
+_CBAR_PAD = 0.1  # inches
+_UNDEFINED = "#e7298a"  # surprisal strip: no value (the first token, padding)
+
+
+def _position(ds, name, value, dim):
+    """``value`` as a position along ``ds[dim]``, else a ValueError naming ``name``."""
+    n = ds.sizes[dim]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not -n <= value < n:
+        held = f" (ds.{dim} holds {ds[dim].values.tolist()})" if dim == "layer" else ""
+        raise ValueError(
+            f"{name}: expected a position along ds.{dim}, an int in [{-n}, {n}){held}, "
+            f"got {value!r}"
+        )
+    return int(value)
+
+
+def _colorbar(ax, im, label, divider):
+    cax = divider.append_axes("right", size=_CBAR_SIZE, pad=_CBAR_PAD)
+    ax.figure.colorbar(im, cax=cax, label=label)
+    return cax
+
+
+def _colorbar_margin(ax):
+    """A blank margin the size of a heatmap's colorbar on the right of ``ax``, so that a curve
+    panel spans the same x extent as the heatmaps of its figure."""
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+    make_axes_locatable(ax).append_axes("right", size=_CBAR_SIZE, pad=_CBAR_PAD).set_axis_off()
+
+
+def _columns(values, positions, max_columns, factor=None):
+    """Average consecutive columns (last axis) so that at most ``max_columns`` remain, or in
+    groups of ``factor``. Returns ``(values, left edges, right edge, factor)`` in token
+    positions."""
     n = values.shape[-1]
     positions = np.asarray(positions, dtype=np.float64)
     step = positions[1] - positions[0] if n > 1 else 1.0
-    f = max(1, int(np.ceil(n / max_columns)))
+    f = max(1, int(np.ceil(n / max_columns))) if factor is None else int(factor)
     if f > 1:
         pad = (-n) % f
         v = np.concatenate([values, np.full(values.shape[:-1] + (pad,), np.nan)], axis=-1)
@@ -76,12 +113,13 @@ def channel_order(ds, layer=-1, channels=None, sort_by="timescale"):
         return ids
     if sort_by != "timescale":
         raise ValueError(f"sort_by: expected 'timescale' or None, got {sort_by!r}")
+    layer = _position(ds, "layer", layer, "layer")
     ts = ds["timescale"].isel(layer=layer).sel(channel=ids).values
     return ids[np.argsort(np.exp(np.mean(np.log(ts), axis=-1)), kind="stable")]
 
 
-def _surprisal_strip(ax, ds, batch, dim, positions_sel, max_columns):
-    from mpl_toolkits.axes_grid1 import make_axes_locatable
+def _surprisal_strip(ax, ds, batch, dim, positions_sel, max_columns, divider):
+    import matplotlib
 
     if dim == "bin":
         s = ds["binned_surprisal"].isel(batch=batch).values
@@ -90,18 +128,30 @@ def _surprisal_strip(ax, ds, batch, dim, positions_sel, max_columns):
         s = ds["surprisal"].isel(batch=batch).sel(time=positions_sel).values
         pos = positions_sel
     s, left, right, _ = _columns(s[None], pos, max_columns)
-    sax = make_axes_locatable(ax).append_axes("bottom", size="18%", pad=0.08, sharex=ax)
-    im = sax.imshow(
-        s, aspect="auto", interpolation="nearest", cmap="Greys",
-        extent=(left[0], right, 0, 1),
+    sax = divider.append_axes("bottom", size="18%", pad=0.08, sharex=ax)
+    cmap = matplotlib.colormaps["Greys"].with_extremes(bad=_UNDEFINED)
+    finite = s[np.isfinite(s)]
+    sax.imshow(
+        np.ma.masked_invalid(s), aspect="auto", interpolation="nearest", cmap=cmap,
+        vmin=0.0, vmax=finite.max() if finite.size else 1.0, extent=(left[0], right, 0, 1),
     )  # fmt: skip
     sax.set_yticks([])
-    finite = s[np.isfinite(s)]
     top = f"{finite.max():.0f}" if finite.size else "?"
-    sax.set_ylabel(f"surprisal\n0-{top} bits", fontsize=6, rotation=0, ha="right", va="center")
+    label = f"surprisal\n0-{top} bits" + ("\nred: none" if finite.size < s.size else "")
+    sax.set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
     ax.tick_params(labelbottom=False)
-    del im
     return sax
+
+
+def _channel_ticks(ax, ids, sort_by):
+    """Y ticks naming the channel ids of the rows (every row up to 24 rows)."""
+    n = len(ids)
+    ax.set_ylabel("channel" + (" (rows by timescale)" if sort_by else ""))
+    if n > 24 and np.array_equal(ids, np.arange(n)):
+        return  # rows are the ids: matplotlib's ticks name them
+    rows = np.arange(n) if n <= 24 else np.unique(np.linspace(0, n - 1, 9).round().astype(int))
+    ax.set_yticks(rows)
+    ax.set_yticklabels([str(c) for c in np.asarray(ids)[rows]], fontsize=7)
 
 
 def _token_ticks(ax, ds, batch, positions, factor, max_labels):
@@ -111,6 +161,7 @@ def _token_ticks(ax, ds, batch, positions, factor, max_labels):
     text = ds["token"].isel(batch=batch).sel(time=positions).values
     ax.set_xticks(np.asarray(positions, dtype=float) + 0.5)
     ax.set_xticklabels([str(t) for t in text], rotation=90, fontsize=7, family="monospace")
+    ax.set_xlabel(f"tokens at positions {int(positions[0])}–{int(positions[-1])}", fontsize=8)
 
 
 def plot_precision(
@@ -145,6 +196,10 @@ def plot_precision(
     >>> ax = plot_precision(ds, relative_to="baseline", sort_by="timescale")
     """
     _check_var(ds, var)
+    layer = _position(ds, "layer", layer, "layer")
+    batch = _position(ds, "batch", batch, "batch")
+    if "layer" not in ds[var].dims or "batch" not in ds[var].dims:
+        raise ValueError(f"var: expected a variable with layer and batch axes, got {var!r}")
     da = ds[var].isel(layer=layer, batch=batch)
     tdim = _dim(da, _TIME_DIMS, "time")
     cdim = _dim(da, _CHANNEL_DIMS, "channel")
@@ -180,30 +235,33 @@ def plot_precision(
     positions = da[tdim].values
     values, left, right, factor = _columns(values, positions, max_columns)
     ax = _axes(ax, (12.0, 4.0))
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+    divider = make_axes_locatable(ax)  # colorbar on the right, surprisal strip underneath
     im = ax.imshow(
         values, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap,
         extent=(left[0], right, -0.5, len(ids) - 0.5),
     )  # fmt: skip
-    ax.figure.colorbar(im, ax=ax, pad=0.01, label=label)
-    ax.set_ylabel("channel" + (" (by timescale)" if sort_by else ""))
-    if len(ids) <= 24:
-        ax.set_yticks(np.arange(len(ids)))
-        ax.set_yticklabels([str(c) for c in ids], fontsize=7)
+    _colorbar(ax, im, label, divider)
+    _channel_ticks(ax, ids, sort_by)
     title = f"{var}, layer {ds['layer'].values[layer]}"
+    if tdim == "window":
+        title += f", tokens {int(positions[0])}–{int(positions[-1])}"
     if factor > 1 or tdim == "bin":
         size = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
         title += f" (columns: means over {size} tokens)"
     ax.set_title(title, fontsize=9)
     target = ax
     if surprisal and "surprisal" in ds:
-        target = _surprisal_strip(ax, ds, batch, tdim, positions, max_columns)
+        target = _surprisal_strip(ax, ds, batch, tdim, positions, max_columns, divider)
     per_column = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
     _token_ticks(target, ds, batch, left.astype(int), per_column, max_labels)
     return ax
 
 
-def _curve(values, positions, max_columns):
-    v, left, right, f = _columns(np.asarray(values, dtype=np.float64)[None], positions, max_columns)
+def _curve(values, positions, max_columns, factor=None):
+    values = np.asarray(values, dtype=np.float64)[None]
+    v, left, right, f = _columns(values, positions, max_columns, factor)
     step = (right - left[0]) / len(left)
     return left + step / 2, v[0], f
 
@@ -231,6 +289,7 @@ def plot_layer_summary(
     >>> ax = plot_layer_summary(ds)
     """
     _check_var(ds, var)
+    batch = _position(ds, "batch", batch, "batch")
     da = ds[var]
     if "batch" in da.dims:
         da = da.isel(batch=batch)
@@ -260,20 +319,28 @@ def plot_layer_summary(
     return ax
 
 
-def plot_comparison(
-    ds, var="mean_log10_text_precision", *, layer=-1, axes=None, max_columns=1500
-):
+def _tokens_per_column(ds, max_columns):
+    """Tokens per column of the binned heatmaps (the curves of a figure average as many)."""
+    return int(ds.attrs.get("bin_size", 1)) * max(1, int(np.ceil(ds.sizes["bin"] / max_columns)))
+
+
+def plot_comparison(ds, var="mean_log10_text_precision", *, layer=-1, axes=None, max_columns=1500):
     """Two inputs of one model (batch 0 and 1, e.g. from :func:`kalmanscan.kla.compare`):
     (1) the difference of ``binned_log10_text_precision`` per channel (0 minus 1, channels by
     timescale), (2) ``var`` of both for one layer, (3) their difference, (4) the surprisal of
-    both. Positions where either input has no token are blank. Returns the four axes.
+    both. Positions where either input has no token are blank. Every panel spans the same x
+    extent and averages the same tokens per column. ``layer`` is a position in ``ds.layer``.
+    Returns the four axes.
 
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
     >>> from kalmanscan.kla.inspect import compare
     >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
     >>> axes = plot_comparison(compare(m, "for x in y:", "the cat", detail=False))
     """
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
+
     _check_var(ds, var)
+    layer = _position(ds, "layer", layer, "layer")
     if ds.sizes["batch"] < 2:
         raise ValueError(f"ds: expected two batch elements to compare, got {ds.sizes['batch']}")
     if axes is None:
@@ -285,36 +352,41 @@ def plot_comparison(
     heat = ds["binned_log10_text_precision"].isel(layer=layer).sel(channel=ids)
     diff = (heat.isel(batch=0) - heat.isel(batch=1)).transpose("channel", "bin").values
     vals, left, right, f = _columns(diff, ds["bin"].values, max_columns)
+    per_column = _tokens_per_column(ds, max_columns)
     lim = np.nanmax(np.abs(vals)) if np.isfinite(vals).any() else 1.0
     im = axes[0].imshow(
         vals, aspect="auto", origin="lower", interpolation="nearest", cmap="RdBu_r",
         vmin=-lim, vmax=lim, extent=(left[0], right, -0.5, len(ids) - 0.5),
     )  # fmt: skip
-    axes[0].figure.colorbar(im, ax=axes[0], pad=0.01, label="log10 text precision, 0 - 1")
-    axes[0].set_ylabel("channel (by timescale)")
+    _colorbar(axes[0], im, "log10 text precision, 0 - 1", make_axes_locatable(axes[0]))
+    _channel_ticks(axes[0], ids, "timescale")
     name = ds["layer"].values[layer]
-    axes[0].set_title(f"layer {name}: what input 0 added minus what input 1 added", fontsize=9)
+    title = f"layer {name}: what input 0 added minus what input 1 added"
+    if per_column > 1:
+        title += f" (columns and points: means over {per_column} tokens)"
+    axes[0].set_title(title, fontsize=9)
     da = ds[var].isel(layer=layer) if "layer" in ds[var].dims else ds[var]
     pos = ds["time"].values
     both = ds["mask"].isel(batch=0).values & ds["mask"].isel(batch=1).values
     curves = []
     for b in (0, 1):
-        x, y, _ = _curve(da.isel(batch=b).values, pos, max_columns)
+        x, y, _ = _curve(da.isel(batch=b).values, pos, max_columns, per_column)
         axes[1].plot(x, y, lw=1.0, label=f"input {b}")
         curves.append(np.where(both, da.isel(batch=b).values, np.nan))
     axes[1].set_ylabel(var, fontsize=8)
     axes[1].legend(fontsize=7)
-    x, d, _ = _curve(curves[0] - curves[1], pos, max_columns)
+    x, d, _ = _curve(curves[0] - curves[1], pos, max_columns, per_column)
     axes[2].plot(x, d, lw=1.0, color="k")
     axes[2].axhline(0.0, color="0.6", lw=0.5)
     axes[2].set_ylabel("input 0 - input 1", fontsize=8)
     for b in (0, 1):
-        x, s, _ = _curve(ds["surprisal"].isel(batch=b).values, pos, max_columns)
+        x, s, _ = _curve(ds["surprisal"].isel(batch=b).values, pos, max_columns, per_column)
         axes[3].plot(x, s, lw=0.8, label=f"input {b}")
     axes[3].set_ylabel("surprisal (bits)", fontsize=8)
     axes[3].set_xlabel("token position")
     axes[3].legend(fontsize=7)
     for ax in axes[1:]:
+        _colorbar_margin(ax)
         ax.set_xlim(axes[0].get_xlim())
     return axes
 
@@ -324,12 +396,16 @@ def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
     precision (``binned_log10_text_precision``, channels by timescale) with the surprisal
     underneath, (2) the bits each channel was told (``binned_information_bits``), (3) per
     layer the mean log10 precision (solid) and the no-observation baseline (dashed), (4) per
-    layer the bits told per lane and token, (5) the surprisal. Returns the five axes.
+    layer the bits told per lane and token, (5) the surprisal. Every panel spans the same x
+    extent and averages the same tokens per column. ``layer`` (the heatmaps') is a position in
+    ``ds.layer``. Returns the five axes.
 
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
     >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2)))
     >>> axes = plot_overview(inspect(m, "some text", detail=False))
     """
+    layer = _position(ds, "layer", layer, "layer")
+    batch = _position(ds, "batch", batch, "batch")
     if axes is None:
         import matplotlib.pyplot as plt
 
@@ -347,24 +423,26 @@ def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
         ds, "binned_information_bits", layer=layer, batch=batch, sort_by="timescale",
         ax=axes[1], max_columns=max_columns, cmap="magma", surprisal=False,
     )  # fmt: skip
+    f = _tokens_per_column(ds, max_columns)
     pos = ds["time"].values
     for i, name in enumerate(ds["layer"].values):
-        x, y, f = _curve(ds["mean_log10_precision"].isel(layer=i, batch=batch), pos, max_columns)
+        x, y, _ = _curve(ds["mean_log10_precision"].isel(layer=i, batch=batch), pos, 0, f)
         (line,) = axes[2].plot(x, y, lw=1.0, label=f"layer {name}")
-        x, y, _ = _curve(ds["mean_log10_baseline_precision"].isel(layer=i), pos, max_columns)
+        x, y, _ = _curve(ds["mean_log10_baseline_precision"].isel(layer=i), pos, 0, f)
         axes[2].plot(x, y, lw=0.8, ls="--", color=line.get_color())
-        x, y, _ = _curve(ds["mean_information_bits"].isel(layer=i, batch=batch), pos, max_columns)
+        x, y, _ = _curve(ds["mean_information_bits"].isel(layer=i, batch=batch), pos, 0, f)
         axes[3].plot(x, y, lw=0.8, color=line.get_color(), label=f"layer {name}")
     axes[2].set_ylabel("mean log10 precision\n(dashed: no observations)", fontsize=8)
     axes[2].legend(fontsize=7, ncol=4)
     axes[3].set_ylabel("bits told per lane", fontsize=8)
     axes[3].set_yscale("log")
-    x, s, f = _curve(ds["surprisal"].isel(batch=batch), pos, max_columns)
+    x, s, _ = _curve(ds["surprisal"].isel(batch=batch), pos, 0, f)
     axes[4].plot(x, s, lw=0.6, color="k")
     axes[4].set_ylabel("surprisal\n(bits)", fontsize=8)
     axes[4].set_xlabel(
-        "token position" + (f" (points: means over {f} tokens)" if f > 1 else "")
+        "token position" + (f" (columns and points: means over {f} tokens)" if f > 1 else "")
     )
     for ax in axes[2:]:
+        _colorbar_margin(ax)
         ax.set_xlim(axes[0].get_xlim())
     return axes
