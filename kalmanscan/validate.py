@@ -13,10 +13,67 @@ and exits 1 when any row fails. Method and tolerances: docs/validation.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 
 from kalmanscan import validation
+
+# every runner label of the battery (validation.battery.available_runners): the CPU ones, then
+# the CUDA ones; which of them this machine has is decided at run time
+RUNNERS = ("sequential", "torch", "native", "torch-cuda", "triton")
+# the output flags: (flag, attribute, whether matplotlib writes it)
+OUTPUTS = (
+    ("--csv", "csv", False),
+    ("--markdown", "markdown", False),
+    ("--figure", "figure", True),
+    ("--drift-figure", "drift_figure", True),
+)
+
+
+def _seed(text: str) -> int:
+    """argparse type of ``--seed``: an integer >= 0 (numpy's seed sequences take no negatives)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _output_problem(path: str, figure: bool) -> str | None:
+    """Why ``path`` cannot be written (None when it can), checked before the battery runs: its
+    folder must exist and be writable, the path must not be a folder or a read-only file, and a
+    figure's suffix must be a format matplotlib writes (none: PNG)."""
+    if not path:
+        return "expected a file path, got ''"
+    if os.path.isdir(path):
+        return f"expected a file path, got the folder {path!r}"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"expected a path in an existing folder, got {path!r} (no folder {folder!r})"
+    try:  # os.access says yes to root on read-only mounts: try it
+        if os.path.exists(path):
+            open(path, "a").close()  # appends nothing, truncates nothing
+        else:
+            tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"expected a writable path, got {path!r} ({exc.strerror or exc})"
+    if figure:
+        try:
+            import matplotlib.figure
+        except ModuleNotFoundError:
+            return "needs matplotlib, not installed here (pip install 'kalmanscan[validation]')"
+        suffix = os.path.splitext(path)[1].lstrip(".").lower()
+        formats = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+        if suffix and suffix not in formats:
+            return (
+                f"expected a figure file ending in one of {', '.join(sorted(formats))} "
+                f"(e.g. .png), got {path!r}"
+            )
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         "statsmodels and scipy.",
     )
     p.add_argument("--quick", action="store_true", help="small battery (about 40 s of CPU time)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random models (default 0)")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the random models, >= 0 (default 0)"
+    )
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument(
         "--markdown",
@@ -43,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
         "--backend",
         action="append",
         metavar="NAME",
-        help="only these runners (sequential, torch, torch-cuda, triton); repeatable",
+        help=f"only these runners ({', '.join(RUNNERS)}; the CUDA ones on a GPU); repeatable",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -109,6 +168,21 @@ def _regime_rows(quick: bool, runners, say) -> list[dict]:
     return rows + conventions.convention_rows(scalar_backends=cpu)
 
 
+def _write_outputs(args, res, runners) -> None:
+    report = validation.report
+    if args.csv:
+        report.write_csv(res.rows, args.csv)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.markdown_table(res.rows) + "\n\n")
+            f.write("Float32 filtered-variance error against length (truth: filterpy):\n\n")
+            f.write(report.growth_table(res.records) + "\n")
+    if args.figure:
+        report.plot_error_vs_length(res.records, args.figure)
+    if args.drift_figure:
+        report.plot_drift_from_records(res.records, runners, args.drift_figure, seed=args.seed)
+
+
 def main(argv: list[str]) -> int:
     """Run the validation battery; returns 0 when every row passes, 1 otherwise (2: bad usage).
 
@@ -126,6 +200,12 @@ def main(argv: list[str]) -> int:
         validation.run_battery,
     )
 
+    for flag, attr, figure in OUTPUTS:
+        path = getattr(args, attr)
+        problem = None if path is None else _output_problem(path, figure)
+        if problem:
+            print(f"kalmanscan validate: {flag}: {problem}", file=sys.stderr)
+            return 2
     missing = _missing_truths()
     if missing:
         print(
@@ -160,27 +240,24 @@ def main(argv: list[str]) -> int:
     print(report.format_table(res.rows))
     failed = [r for r in res.rows if not report.row_passes(r)]
     for r in report.sort_rows(failed):
+        err = r["max_rel_err"]
+        what = "inf (a backend raised)" if err == float("inf") else f"{err:.3g} > {r['tol']:.0e}"
         print(
             f"FAIL {r['truth']} / {r['quantity']} / {r['dtype']} / {r['backend']}: "
-            f"{r['max_rel_err']:.3g} > {r['tol']:.0e} (worst model: {r.get('worst_model', '?')})"
+            f"{what} (worst model: {r.get('worst_model', '?')})"
         )
-    if args.csv:
-        report.write_csv(res.rows, args.csv)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report.markdown_table(res.rows) + "\n\n")
-            f.write("Float32 filtered-variance error against length (truth: filterpy):\n\n")
-            f.write(report.growth_table(res.records) + "\n")
-    if args.figure:
-        report.plot_error_vs_length(res.records, args.figure)
-    if args.drift_figure:
-        report.plot_drift_from_records(res.records, runners, args.drift_figure, seed=args.seed)
+    unwritten = False
+    try:
+        _write_outputs(args, res, runners)
+    except OSError as exc:  # checked before the run; this is the folder changing meanwhile
+        print(f"kalmanscan validate: could not write the results: {exc}", file=sys.stderr)
+        unwritten = True
     n_models = sum(r["n_models"] for r in res.rows)
     status = "all rows pass" if not failed else f"{len(failed)} of {len(res.rows)} rows FAIL"
     print(
         f"{len(res.rows)} rows, {n_models} comparisons, {time.perf_counter() - t0:.1f} s: {status}"
     )
-    return 0 if not failed else 1
+    return 1 if failed else (2 if unwritten else 0)
 
 
 if __name__ == "__main__":

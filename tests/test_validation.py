@@ -387,3 +387,129 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+# --- the regime battery in `kalmanscan validate`: refusals, raises, and the docs' tables
+
+PV_HUGE = "process_var 1e155, a=0.9"  # its data (~1e78) overflow float32: z becomes inf
+
+
+def _regime_row(monkeypatch, message, backend="torch"):
+    """The float32 row of the ``process_var 1e155`` regime when the backend raises ``message``
+    (native checks ``z`` first, sequential and torch ``process_var``)."""
+    pytest.importorskip("mpmath")
+    from kalmanscan.validation import regimes
+
+    real = regimes._run_scalar
+
+    def run(reg, be, dtype):
+        if dtype == "float32":
+            raise ValueError(message)
+        return real(reg, be, dtype)
+
+    monkeypatch.setattr(regimes, "_run_scalar", run)
+    rows = regimes.regime_rows(backends=(backend,), dense_backends=(), certify=False,
+                               names=[PV_HUGE])  # fmt: skip
+    (row,) = [r for r in rows if r["dtype"] == "float32"]
+    return row
+
+
+@pytest.mark.parametrize("arg", ["z", "process_var"])
+def test_a_value_float32_cannot_hold_is_a_refusal_whichever_argument_is_named(monkeypatch, arg):
+    row = _regime_row(monkeypatch, f"{arg}: expected finite values, got inf at index (0,)")
+    assert row["refused"] and row["passes"] is None
+
+
+def test_a_float32_raise_about_a_value_float32_holds_fails(monkeypatch):
+    """decay = 0.9 is a float32 number: a ValueError about it is a failure, and the row of
+    `kalmanscan validate` (float32: tolerance inf) fails instead of passing at inf."""
+    from kalmanscan.validation import regimes
+
+    row = _regime_row(monkeypatch, "decay: expected values in [-1, 1], got 0.9")
+    assert not row["refused"]
+    monkeypatch.setattr(regimes, "regime_rows", lambda **k: [row])
+    monkeypatch.setattr(regimes, "gradient_rows", lambda **k: [])
+    out = [r for r in regimes.validate_rows(backends=["torch"]) if r["dtype"] == "float32"]
+    assert out and all(r["max_rel_err"] == math.inf for r in out)
+    assert not any(battery.row_passes(r) for r in out)
+    assert "decay" in out[0]["worst_model"]
+    assert "**torch raises ValueError**" in regimes.compact_markdown([row])
+
+
+def test_unheld_inputs_names_overflow_and_underflow():
+    from kalmanscan.validation import regimes
+
+    reg = next(r for r in regimes.scalar_regimes() if r.name == PV_HUGE)
+    assert regimes.unheld_inputs(regimes._scalar_inputs(reg), "float32") == ("z", "process_var")
+    assert regimes.unheld_inputs(regimes._scalar_inputs(reg), "float64") == ()
+    assert regimes.unheld_inputs(dict(obs_var=[1.0, 1e-155], R=None), "float32") == ("obs_var",)
+    assert regimes.unheld_inputs(dict(z=[np.nan, np.inf, -3e38, 0.0]), "float32") == ()
+
+
+def test_native_float32_regime_rows_show_its_accuracy(monkeypatch):
+    """`kalmanscan validate`'s native float32 regime rows: the process_var 1e155 regime is a
+    refusal (as for sequential and torch), so the rows show native's error on the others."""
+    pytest.importorskip("mpmath")
+    from kalmanscan.core import native
+    from kalmanscan.validation import regimes
+
+    if not native.available():
+        pytest.skip("native extension not built")
+    monkeypatch.setattr(regimes, "VALIDATE_QUICK", (PV_HUGE, "OU theta=0.5 sigma2=0, 500 steps"))
+    monkeypatch.setattr(regimes, "gradient_rows", lambda **k: [])
+    rows = regimes.validate_rows(backends=["native", "torch"])
+    f32 = [r for r in rows if r["dtype"] == "float32" and r["truth"].startswith("mpmath")]
+    assert {r["backend"] for r in f32} == {"native", "torch"}
+    for r in f32:
+        assert r["n_models"] == 1, r  # the OU regime; the other refused
+        assert 0 < r["max_rel_err"] < 0.1 and battery.row_passes(r), r
+        assert PV_HUGE not in r["worst_model"]
+
+
+def _md_table(text: str, header_start: str) -> dict[str, list[str]]:
+    lines = text.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(header_start))
+    head = [c.strip() for c in lines[i].strip("|").split("|")]
+    out = {}
+    for ln in lines[i + 2 :]:
+        if not ln.startswith("|"):
+            break
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        out[cells[0]] = dict(zip(head, cells, strict=True))
+    return out
+
+
+def _pair(cell: str):
+    m, v = (float(x) for x in cell.split(" / "))
+    return m, v
+
+
+def test_docs_regime_tables_agree():
+    """docs/validation.md: the CPU summary's "float32 worst" is the worst of the per-backend
+    float32 table, cell by cell, and the float64 bullets bound the table's rows."""
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "validation.md").read_text()
+    summary = _md_table(doc, "| regime | T | sequential float64 | torch float64 | native float64")
+    per = _md_table(doc, "| regime | T | sequential float32 | torch float32 | native float32")
+    assert set(summary) == set(per)
+    for name, row in summary.items():
+        cells = [per[name][f"{b} float32"] for b in ("sequential", "torch", "native")]
+        nums = [_pair(c) for c in cells if " / " in c]
+        if not nums:
+            assert row["float32 worst"] in ("refused", "n/a"), name
+            continue
+        worst = tuple(max(p[k] for p in nums) for k in (0, 1))
+        assert _pair(row["float32 worst"]) == pytest.approx(worst, rel=1e-9), name
+    # "the `3 states, ...` rows: every backend within A sd and B relative" (and `2 states`)
+    for prefix in ("3 states", "2 states"):
+        m = re.search(rf"`{prefix}, \.\.\.`\s+rows: (?:every backend within )?"
+                      rf"([0-9.e+-]+) sd,? (?:and )?([0-9.e+-]+) relative", doc)  # fmt: skip
+        assert m, prefix
+        bound = (float(m.group(1)), float(m.group(2)))
+        for name, row in summary.items():
+            if name.startswith(prefix):
+                for b in ("sequential", "torch", "native"):
+                    got = _pair(row[f"{b} float64"])
+                    assert got[0] <= bound[0] and got[1] <= bound[1], (name, b, got, bound)

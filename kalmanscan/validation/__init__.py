@@ -22,9 +22,11 @@ the keys
     truth        str    which truth (e.g. "filterpy", "dense oracle", "dense: statsmodels")
     quantity     str    e.g. "filtered mean", "smoothed var", "loglik", "process_var"
     dtype        str    "float64" or "float32"
-    backend      str    runner label ("sequential", "torch", "torch-cuda", "triton") or "-"
+    backend      str    runner label ("sequential", "torch", "native", "torch-cuda",
+                        "triton") or "-"
     max_rel_err  float  worst relative error over the models (metric: :mod:`metrics`)
-    tol          float  the bound it must meet; the row passes when max_rel_err <= tol
+    tol          float  the bound it must meet; the row passes when max_rel_err <= tol and is
+                        finite (an infinite error, a backend that raised, fails)
     n_models     int    number of models (lanes, parameter sets) behind the row
 
 and optionally ``worst_model`` (str). Dense (matrix) state-space checks in

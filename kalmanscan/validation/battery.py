@@ -7,6 +7,7 @@ error per (lane, truth, quantity, dtype, backend) for figures.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -117,9 +118,17 @@ class BatteryResult:
 
 
 def row_passes(row: dict) -> bool:
-    """A row passes when its worst error is a number no larger than its tolerance."""
+    """A row passes when its worst error is a finite number no larger than its tolerance: an
+    infinite error (a backend that raised) fails even against an unbounded tolerance (the
+    float32 rows of the regime battery, reported, not judged).
+
+    >>> row_passes(dict(max_rel_err=1e-3, tol=float("inf")))
+    True
+    >>> row_passes(dict(max_rel_err=float("inf"), tol=float("inf")))
+    False
+    """
     err = row["max_rel_err"]
-    return err == err and err <= row["tol"]
+    return math.isfinite(err) and err <= row["tol"]
 
 
 class _Collector:

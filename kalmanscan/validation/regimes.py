@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -517,7 +518,8 @@ def dense_regimes(full: bool = False) -> list[DenseRegime]:
 
 
 def _cast(x, dtype):
-    return np.asarray(x, dtype=np.float32 if dtype == "float32" else np.float64)
+    with np.errstate(over="ignore"):  # what overflows reaches the backend as inf: a refusal
+        return np.asarray(x, dtype=np.float32 if dtype == "float32" else np.float64)
 
 
 # runner labels of `kalmanscan validate` that are not backend names: (backend, device)
@@ -782,16 +784,57 @@ def dense_errors(out: dict, truth) -> dict:
 COLUMNS = ("filter_mean_sd", "filter_var", "loglik", "smooth_mean_sd", "smooth_var")
 
 
-def refusal(exc: Exception, dtype: str) -> bool:
+def unheld_inputs(inputs: dict, dtype: str) -> tuple[str, ...]:
+    """The names of the ``inputs`` (name -> float64 array) holding a value that ``dtype`` cannot
+    hold: a finite value that rounds to +-inf (overflow) or a non-zero one that rounds to 0.
+
+    >>> unheld_inputs(dict(z=[1.0, 1e78], obs_var=1e-155, decay=0.9), "float32")
+    ('z', 'obs_var')
+    >>> unheld_inputs(dict(z=[1.0, 1e78], obs_var=1e-155), "float64")
+    ()
+    """
+    out = []
+    for name, x in inputs.items():
+        if x is None:
+            continue
+        x = np.asarray(x, dtype=np.float64)
+        with np.errstate(over="ignore", under="ignore"):
+            y = _cast(x, dtype).astype(np.float64)
+        fin = np.isfinite(x)
+        if np.any(fin & np.isinf(y)) or np.any(fin & (x != 0) & (y == 0)):
+            out.append(name)
+    return tuple(out)
+
+
+def _scalar_inputs(reg: ScalarRegime) -> dict:
+    keys = ("z", "obs_var", "decay", "process_var", "loading", "offset", "prior_mean", "prior_var")
+    return {k: getattr(reg, k) for k in keys}
+
+
+def _dense_inputs(reg: DenseRegime) -> dict:
+    keys = ("z", "F", "Q", "H", "R", "offset", "prior_mean", "prior_cov")
+    return {k: getattr(reg, k) for k in keys}
+
+
+def refusal(exc: Exception, dtype: str, unheld=()) -> bool:
     """A documented refusal, not a failure: a ValueError that names the backend to use instead
-    (STYLE: a backend that cannot serve a call raises and names one that can), or, in float32,
-    a value the dtype cannot hold (obs_var 1e-155 rounds to 0)."""
+    (STYLE: a backend that cannot serve a call raises and names one that can), or one that names
+    an input the dtype cannot hold (``unheld``, from :func:`unheld_inputs`: in float32
+    ``obs_var = 1e-155`` rounds to 0, and the data of ``process_var = 1e155`` overflow to inf).
+    A ValueError about an input the dtype holds is a failure (``dtype`` enters through
+    ``unheld`` only).
+
+    >>> refusal(ValueError("z: expected finite values, got inf"), "float32", unheld=("z",))
+    True
+    >>> refusal(ValueError("z: expected finite values, got inf"), "float32", unheld=("obs_var",))
+    False
+    """
     if not isinstance(exc, ValueError):
         return False
     msg = str(exc)
     if "use backend=" in msg:
         return True
-    return dtype == "float32" and ("obs_var" in msg or "process_var" in msg)
+    return any(re.search(rf"\b{re.escape(name)}\b", msg) for name in unheld)
 
 
 def passes(errs: dict, dtype: str) -> bool | None:
@@ -863,7 +906,7 @@ def regime_rows(
                 except Exception as exc:  # a raise on a valid model is a failure, not a crash
                     errs = {k: math.inf for k in COLUMNS}
                     row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-                    row["refused"] = refusal(exc, dt)
+                    row["refused"] = refusal(exc, dt, unheld_inputs(_scalar_inputs(reg), dt))
                 row.update(errs)
                 row.update(
                     passes=None if row.get("refused") else passes(errs, dt),
@@ -896,7 +939,7 @@ def regime_rows(
                 except Exception as exc:
                     errs = {k: math.inf for k in COLUMNS}
                     row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-                    row["refused"] = refusal(exc, dt)
+                    row["refused"] = refusal(exc, dt, unheld_inputs(_dense_inputs(reg), dt))
                 row.update(errs)
                 row.update(
                     passes=None if row.get("refused") else passes(errs, dt),
@@ -971,17 +1014,17 @@ def compact_markdown(rows: list[dict], before: list[dict] | None = None) -> str:
     for name in dict.fromkeys(r["regime"] for r in rows):
         T = next(r["T"] for r in rows if r["regime"] == name)
         cells = [_cell(idx.get((name, b, "float64"))) for b in backends]
-        f32 = [
-            idx[(name, b, "float32")]
-            for b in backends
-            if (name, b, "float32") in idx and not idx[(name, b, "float32")]["error"]
-        ]
-        if f32:
+        r32 = [idx[(name, b, "float32")] for b in backends if (name, b, "float32") in idx]
+        f32 = [r for r in r32 if not r["error"]]
+        raised = [r for r in r32 if r["error"] and not r.get("refused")]
+        if raised:  # a raise on a valid model is never hidden behind the others' figures
+            c32 = "; ".join(f"**{r['backend']} raises {r['error'].split(':')[0]}**" for r in raised)
+        elif f32:
             m = max(max(r["filter_mean_sd"], r["smooth_mean_sd"]) for r in f32)
             v = max(max(r["filter_var"], r["smooth_var"], r["loglik"]) for r in f32)
             c32 = f"{_e(m)} / {_e(v)}"
         else:
-            c32 = "refused" if any((name, b, "float32") in idx for b in backends) else "n/a"
+            c32 = "refused" if r32 else "n/a"
         line = f"| {name} | {T} | " + " | ".join(cells) + f" | {c32} |"
         if before is not None:
             bad = []
@@ -1091,7 +1134,8 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     """The regime battery as rows of ``kalmanscan validate``'s table (format:
     :mod:`kalmanscan.validation`): worst error over the regimes per (truth, quantity, dtype,
     backend). float64 rows carry the oracle tolerances; float32 rows are figures (tolerance
-    inf). Refusals that name another backend are left out of the worst case. The oracle's
+    inf). Refusals (:func:`refusal`) are left out of the worst case and of ``n_models``; any
+    other raise is an infinite error, which fails the row even at tolerance inf. The oracle's
     self-check at +25 digits is left to the tests and ``python -m ...regimes``.
     """
     names = None if full else VALIDATE_QUICK
