@@ -107,7 +107,7 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
                 f"model: expected a Dataset with variables {list(PARAMS)} (e.g. from "
                 f".kalman.fit_ou()), missing {missing}"
             )
-        return {p: model[p] for p in PARAMS}
+        return {p: view.series_param(p, model[p], da, time_dim) for p in PARAMS}
     if model is None:
         unknown = set(params) - set(PARAMS) - {"prior_mean", "prior_var"}
         if unknown:
@@ -251,27 +251,7 @@ def _fix_inputs(fix, da: xr.DataArray, series_dims: list, time_dim: str):
     scalars, per_series = {}, {}
     for name, v in (fix or {}).items():
         if isinstance(v, xr.DataArray):
-            if time_dim in v.dims or not set(v.dims) <= set(series_dims):
-                raise ValueError(
-                    f"fix[{name!r}]: expected a DataArray over the data's series dims "
-                    f"{tuple(series_dims)}, got dims {v.dims}"
-                )
-            for d in v.dims:
-                if d in da.coords and d in v.coords:
-                    missing = ~np.isin(da[d].values, v[d].values)
-                    if missing.any():
-                        first = da[d].values[missing][0].item()
-                        raise ValueError(
-                            f"fix[{name!r}]: no value for {d}={first!r} (its "
-                            f"labels are {v[d].values.tolist()})"
-                        )
-                    v = v.sel({d: da[d].values})
-                elif v.sizes[d] != da.sizes[d]:
-                    raise ValueError(
-                        f"fix[{name!r}]: expected {da.sizes[d]} values along {d!r} (the data's "
-                        f"size), got {v.sizes[d]}"
-                    )
-            per_series[name] = v.drop_vars([c for c in v.coords if c not in v.dims])
+            per_series[name] = view.match_series(f"fix[{name!r}]", v, da, time_dim)
         elif np.ndim(v) > 0:
             arr = np.asarray(v)
             shape = tuple(da.sizes[d] for d in series_dims)
@@ -423,6 +403,13 @@ class _KalmanAccessor:
                 raise ValueError(
                     f"time_dim: no data variable of the Dataset has the dim {time_dim!r}"
                 )
+            for k in names:  # named here: as one array, only its dtype would be
+                if obj[k].dtype.kind not in "iuf":
+                    raise TypeError(
+                        f"Dataset variable {k!r}: expected real numbers (NaN = missing), got "
+                        f"dtype {obj[k].dtype}; drop it (ds.drop_vars({k!r})) or select the "
+                        "series variables"
+                    )
             return obj[names].to_dataarray(dim="series")
         return obj
 

@@ -45,7 +45,7 @@ def test_fix_dataarray_without_a_series_refused(macro):
     fix = xr.DataArray([0.0], dims="var", coords={"var": ["infl"]})
     with pytest.raises(ValueError, match=r"fix\['theta'\]: no value for var='unemp'"):
         macro.kalman.fit_ou(fix={"theta": fix})
-    with pytest.raises(ValueError, match=r"fix\['theta'\]: expected a DataArray over the data's"):
+    with pytest.raises(ValueError, match=r"fix\['theta'\]: expected values over the data's"):
         macro.kalman.fit_ou(fix={"theta": xr.DataArray([0.0, 0.1], dims="other")})
     with pytest.raises(ValueError, match=r"fix\['theta'\]: expected a scalar or values of a shape"):
         macro.kalman.fit_ou(fix={"theta": np.array([0.0, 0.1, 0.2])})
@@ -153,3 +153,48 @@ def test_scale_refusal_states_the_range():
     years, flow = load_nile()
     with pytest.raises(ValueError, match="is 1.18e.152; expected a scale from 1e-150 to 1e150"):
         ks.fit_ou(flow * 1e150, years, fix={"theta": 0.0, "mu": 0.0})
+
+
+def test_fitted_parameters_match_the_series_by_label(macro):
+    params = macro.kalman.fit_ou(fix={"theta": 0.0, "mu": 0.0})
+    whole = macro.kalman.filter(params)
+    swapped = macro.sel(var=["unemp", "infl"]).kalman.filter(params)
+    one = macro.sel(var=["unemp"]).kalman.filter(params)
+    for ds in (swapped, one):
+        np.testing.assert_allclose(
+            ds["mean"].sel(var="unemp").values, whole["mean"].sel(var="unemp").values, rtol=1e-12
+        )
+    expected = r"theta: expected values over the data's series dims \(\), got dims \('other',\)"
+    with pytest.raises(ValueError, match=expected + r".* select one, e.g. .sel\(other='infl'\)"):
+        macro.sel(var="infl").kalman.filter(params.rename(var="other"))
+
+
+def test_model_parameters_of_another_series_shape_are_refused():
+    years, flow = load_nile()
+    two = np.stack([flow, flow], 1)
+    with pytest.raises(ValueError, match=r"theta: expected a scalar or values broadcasting to the"
+                       r" data's series shape \(2,\), got shape \(3,\)"):  # fmt: skip
+        OUModel(theta=[0.0, 0.1, 0.2], sigma2=1.0, obs_var=1.0).filter(two, years)
+    with pytest.raises(ValueError, match=r"series shape \(\), got shape \(2,\)"):
+        OUModel(theta=[0.0, 0.1], sigma2=1.0, obs_var=1.0).to_dataset(flow, years)
+    with pytest.raises(ValueError, match="mu: expected finite values, got nan"):
+        OUModel(mu=np.nan)
+    with pytest.raises(ValueError, match=r"series_coords\['foo'\]: expected 2 labels"):
+        OUModel(sigma2=1.0, obs_var=1.0).to_dataset(two, years, series_dims=("foo",),
+                                                    series_coords={"foo": ["a"]})  # fmt: skip
+
+
+def test_simulate_takes_times_or_a_positive_n():
+    m = OUModel(theta=0.1)
+    with pytest.raises(ValueError, match="n: expected a positive integer number of steps, got -1"):
+        m.simulate(n=-1, seed=0)
+    with pytest.raises(ValueError, match="times, n: give either .* got both"):
+        m.simulate(np.arange(10.0), n=5, seed=0)
+    assert m.simulate(n=3, seed=0)[1].shape == (3,)
+
+
+def test_a_text_variable_of_a_dataset_is_named(macro):
+    ds = macro.to_dataset(dim="var")
+    ds["label"] = ("time", np.array(["x"] * ds.sizes["time"]))
+    with pytest.raises(TypeError, match="Dataset variable 'label': expected real numbers"):
+        ds.kalman.fit_ou()

@@ -102,6 +102,12 @@ def observed_array(
         if d not in series_dims:
             raise ValueError(f"series_coords: expected keys among {series_dims}, got {d!r}")
         coords[d] = list(v)
+        size = z.shape[1 + series_dims.index(d)]
+        if len(coords[d]) != size:
+            raise ValueError(
+                f"series_coords[{d!r}]: expected {size} labels (the data's size along {d!r}), "
+                f"got {len(coords[d])}"
+            )
     return xr.DataArray(z, dims=("time",) + series_dims, coords=coords, name=name)
 
 
@@ -109,7 +115,7 @@ def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> 
     """A parameter (scalar, array over the trailing series dims of ``da``, or DataArray) as a
     DataArray over the series dims."""
     if isinstance(value, xr.DataArray):
-        return value
+        return match_series(name, value, da, time_dim)
     series_dims = [d for d in da.dims if d != time_dim]
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim == 0:
@@ -127,6 +133,37 @@ def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> 
         f"{name}: expected a scalar or an array over the series dims {series_dims}, got shape "
         f"{arr.shape}"
     )
+
+
+def match_series(name: str, v: xr.DataArray, da: xr.DataArray, time_dim: str = "time"):
+    """A per-series value given as a DataArray, matched to the series of ``da`` by label (in the
+    data's order; labels the data lacks are dropped; every series of the data needs a value), or
+    by position along a dim without labels; its other coordinates dropped."""
+    series_dims = [d for d in da.dims if d != time_dim]
+    extra = [d for d in v.dims if d not in series_dims]
+    if extra:
+        hint = ""
+        if len(extra) == 1 and extra[0] in v.coords:
+            hint = f"; select one, e.g. .sel({extra[0]}={v[extra[0]].values[0].item()!r})"
+        raise ValueError(
+            f"{name}: expected values over the data's series dims {tuple(series_dims)}, got dims "
+            f"{v.dims}, with {tuple(extra)} the data lacks{hint}"
+        )
+    for d in v.dims:
+        if d in da.coords and d in v.coords:
+            missing = ~np.isin(da[d].values, v[d].values)
+            if missing.any():
+                first = da[d].values[missing][0].item()
+                raise ValueError(
+                    f"{name}: no value for {d}={first!r} (its labels are {v[d].values.tolist()})"
+                )
+            v = v.sel({d: da[d].values})
+        elif v.sizes[d] != da.sizes[d]:
+            raise ValueError(
+                f"{name}: expected {da.sizes[d]} values along {d!r} (the data's size), got "
+                f"{v.sizes[d]}"
+            )
+    return v.drop_vars([c for c in v.coords if c not in v.dims])
 
 
 def _laid_out(x, dims, sizes) -> xr.DataArray:

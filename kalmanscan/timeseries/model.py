@@ -61,7 +61,7 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
         rng = "finite values"
         if lo is not None:
             rng = f"values {'>' if lo_open else '>='} {lo} and finite"
-        first = arr[bad].ravel()[0]
+        first = arr[bad].ravel()[0].item()
         raise ValueError(f"{name}: expected {rng}, got {first!r}")
     return float(arr) if arr.ndim == 0 else arr
 
@@ -312,8 +312,28 @@ class OUModel:
 
     def _prepare(self, z, times, axis):
         z, times, labels = series_input(z, times, axis)
+        self.check_series_shape(z.shape[1:])
         ax = as_time_axis(times, z.shape[0], self.time_unit)
         return z, ax, labels
+
+    def check_series_shape(self, series_shape) -> None:
+        """Refuse parameters that do not broadcast to the data's series shape ``S`` (a value per
+        series, or one for all), naming the first."""
+        series_shape = tuple(series_shape)
+        given = {**self.params(), "prior_mean": self.prior_mean, "prior_var": self.prior_var}
+        for name, v in given.items():
+            if v is None:
+                continue
+            shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
+            try:
+                ok = np.broadcast_shapes(shape, series_shape) == series_shape
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"{name}: expected a scalar or values broadcasting to the data's series shape "
+                    f"{series_shape}, got shape {shape}"
+                )
 
     def filter_args(self, time_axis: TimeAxis, n_series_dims: int, unit=None) -> dict:
         """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``; with
@@ -440,9 +460,14 @@ class OUModel:
         >>> z.shape
         (5, 3)
         """
+        if (times is None) == (n is None):
+            raise ValueError(
+                "times, n: give either the timestamps or the number of unit steps n, got "
+                + ("neither" if times is None else "both")
+            )
         if times is None:
-            if n is None:
-                raise ValueError("times, n: give the timestamps or the number of unit steps n")
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"n: expected a positive integer number of steps, got {n!r}")
             times = np.arange(n, dtype=np.float64)
         ax = as_time_axis(times, len(times), self.time_unit)
         rng = np.random.default_rng(seed)
@@ -538,6 +563,7 @@ class OUModel:
         else:
             zt, times, labels = series_input(z, times, 0)
             ax = as_time_axis(times, zt.shape[0], self.time_unit)
+        self.check_series_shape(zt.shape[1:])
         zt = zt.astype(np.float64, copy=False)
         da = view.observed_array(
             zt,
