@@ -357,3 +357,34 @@ def test_separator_inside_a_quoted_header_name(tmp_path, capsys):
     got, err = _run(tmp_path, capsys, text, "q.csv")
     assert "fields separated by semicolons" in err
     assert set(got["series"]) == {"Abfluss; 10^8 m3"}
+
+
+def test_month_names_with_years_read_as_their_first_day():
+    got = parse_datetime_strings(["Jan 1950", "Feb 1950", "Dec 1950"])
+    np.testing.assert_array_equal(
+        got.astype("datetime64[D]"), np.array(["1950-01-01", "1950-02-01", "1950-12-01"], "M8[D]")
+    )
+    assert parse_datetime_strings(["March 2001"])[0] == np.datetime64("2001-03-01")
+
+
+def test_two_digit_years_need_the_format_and_say_the_century(tmp_path, capsys):
+    with pytest.raises(TimeParseError, match="two-digit years are not guessed: give the format, "
+                       "e.g. %d/%m/%y"):  # fmt: skip
+        parse_datetime_strings(["29/03/58", "30/03/58"])
+    text = "date,v\n29/03/58,1\n30/03/58,2\n31/03/58,3\n"
+    got, err = _run(tmp_path, capsys, text, "y2.csv", "--time-format", "%d/%m/%y")
+    assert "two-digit years read as 2000-2068 (00-68) and 1969-1999 (69-99)" in err
+    assert got["time"].iloc[0] == "2058-03-29"
+
+
+def test_pandas_index_column_skipped_and_options_named(tmp_path, capsys):
+    text = ",date,v\n" + "".join(f"{i},2024-01-0{i + 1},{i * i}\n" for i in range(5))
+    got, err = _run(tmp_path, capsys, text, "idx.csv")
+    assert "skipped the first column: no header and the row numbers 0, 1, 2, ..." in err
+    assert set(got["series"]) == {"v"}
+    path = tmp_path / "neg.csv"
+    path.write_text("date,v\n2024-01-01,1\n2024-01-02,2\n")
+    rc = filter_main([str(path), "--time-col", "date", "--sigma2", "-1", "--obs-var", "1",
+                      "--out", str(tmp_path / "n")])  # fmt: skip
+    assert rc == 2
+    assert "--sigma2: expected values >= 0.0 and finite, got -1.0" in capsys.readouterr().err

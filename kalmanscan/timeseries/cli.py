@@ -719,6 +719,11 @@ def read_csv_series(
             raise InputError(f"--series-col {series_col!r}: that is {what}")
     if time_col is not None:
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
+        if time_format and "%y" in time_format and notes is not None:
+            notes.append(
+                f"note: --time-format {time_format}: two-digit years read as 2000-2068 (00-68) "
+                "and 1969-1999 (69-99)"
+            )
         if times.dtype.kind == "M" and notes is not None:
             from kalmanscan.timeseries.times import has_utc_offsets, period_starts
 
@@ -739,7 +744,7 @@ def read_csv_series(
             raise InputError(f"--value-col {time_col!r}: that is the time column")
         z = np.column_stack([_parse_values(df[c], path, c, row) for c in names])
     else:
-        names, columns, skipped, empty = [], [], [], []
+        names, columns, skipped, empty, index = [], [], [], [], []
         for c in cols:
             if c in (time_col, series_col):
                 continue
@@ -748,6 +753,11 @@ def read_csv_series(
             if not given.any() and re.fullmatch(r"Unnamed: \d+", c):
                 # no header and no value: the trailing ",," of a spreadsheet's export
                 empty.append(c)
+                continue
+            if c == cols[0] and c == "Unnamed: 0" and given.all() and (
+                cell.astype(str).str.strip() == pd.Series(range(len(df))).astype(str).values
+            ).all():  # no header and the rows' numbers 0, 1, 2, ...: pandas' to_csv index
+                index.append(c)
                 continue
             numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
             if given.any() and not numeric.any():
@@ -770,6 +780,11 @@ def read_csv_series(
             raise InputError(
                 f"{path}: no numeric value columns besides the time column{detail}; name the "
                 f"value columns with --value-col (columns are {cols})"
+            )
+        if index and notes is not None:
+            notes.append(
+                "note: skipped the first column: no header and the row numbers 0, 1, 2, ... in it "
+                "(the index pandas' to_csv writes)"
             )
         if empty and notes is not None:
             notes.append(
@@ -1292,8 +1307,10 @@ def _filter(args) -> int:
     else:
         try:
             model = OUModel(time_unit=time_unit, **given)
-        except (TypeError, ValueError) as err:
-            raise InputError(str(err)) from err
+        except (TypeError, ValueError) as err:  # named as the options are
+            text = re.sub(r"^(theta|sigma2|mu|obs_var):", lambda m: "--" + m.group(1).replace(
+                "_", "-") + ":", str(err))  # fmt: skip
+            raise InputError(text) from err
         fit, fit_text = (
             None,
             "parameters given: " + ", ".join(f"{k}={v:g}" for k, v in model.params().items()),

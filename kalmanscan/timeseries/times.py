@@ -447,7 +447,18 @@ def _guess_formats(strs: list[str]) -> list[str]:
                 if 0 <= y < d < m:
                     continue
                 found.append(fmt)
+    if not found:  # month names with a year, which pandas guesses nothing for: Jan 1950
+        for fmt in _MONTH_YEAR:
+            try:
+                _dt.datetime.strptime(strs[0], fmt)
+            except ValueError:
+                continue
+            found.append(fmt)
     return found
+
+
+_MONTH_YEAR = ("%b %Y", "%B %Y", "%b-%Y", "%B-%Y", "%Y %b", "%Y %B", "%Y-%b")
+_TWO_DIGIT_YEAR = re.compile(r"^\d{1,2}([/.-])\d{1,2}\1\d{2}$")
 
 
 def _dayfirst(fmt: str) -> bool:
@@ -561,7 +572,14 @@ def parse_datetime_strings(
     if not full:
         if not results:
             iso = attempt("ISO8601")
-            fail("ISO8601", iso, "expected dates like 2024-03-01 or 2024-03-01T12:30")
+            what = "expected dates like 2024-03-01 or 2024-03-01T12:30"
+            if _TWO_DIGIT_YEAR.match(strs[0]):
+                sep = _TWO_DIGIT_YEAR.match(strs[0]).group(1)
+                what = (
+                    f"two-digit years are not guessed: give the format, e.g. %d{sep}%m{sep}%y "
+                    "(CLI: --time-format), which reads 00-68 as 2000-2068 and 69-99 as 1969-1999"
+                )
+            fail("ISO8601", iso, what)
         fmt, out = max(results, key=lambda r: -1 if r[1] is None else int(r[1].notna().sum()))
         fail(fmt, out, f"the other values read as {fmt!r}")
     distinct = []
