@@ -124,3 +124,19 @@ def kla_inputs(B, L, M, S, seed=0, forget=False):
     if forget:
         x["decay"][0, 0] = 0.0
     return x
+
+
+def count_dynamics(monkeypatch) -> list:
+    """Patch ``KLALayer.dynamics`` to record each call (the calling layer's id) in the returned
+    list: how often the layers' discretization is computed rather than reused."""
+    from kalmanscan.kla.layer import KLALayer
+
+    calls = []
+    original = KLALayer.dynamics
+
+    def counting(self, dtype=None):
+        calls.append(id(self))
+        return original(self, dtype) if dtype is not None else original(self)
+
+    monkeypatch.setattr(KLALayer, "dynamics", counting)
+    return calls

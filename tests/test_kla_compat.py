@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from kalmanscan.kla import KLAConfig, KLALanguageModel, KLALayer, ModelConfig
 from kalmanscan.kla.io import load_state_dict
 from kalmanscan.testing import assert_close, tolerance
+from tests.helpers import count_dynamics  # noqa: E402
 
 # The authors' KLAConfig defaults (kla 0.1.0), as a user would dump them with dataclasses.asdict.
 AUTHORS_DEFAULTS = {
@@ -147,14 +148,7 @@ def test_authors_state_dict_with_fixed_noise_loads_strict():
 def test_decoding_reuses_the_dynamics_until_a_parameter_changes(monkeypatch):
     torch.manual_seed(2)
     model = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=4))).eval()
-    calls = []
-    original = KLALayer.dynamics
-
-    def counting(self, dtype=torch.float32):
-        calls.append(id(self))
-        return original(self, dtype)
-
-    monkeypatch.setattr(KLALayer, "dynamics", counting)
+    calls = count_dynamics(monkeypatch)
     out = model.generate(torch.tensor([[1, 2, 3]]), 20, temperature=0)
     assert len(calls) == 2  # once per layer for the prompt and all 19 decoding steps
     layer = model.blocks[0].mixer
@@ -168,7 +162,7 @@ def test_decoding_reuses_the_dynamics_until_a_parameter_changes(monkeypatch):
     layer(torch.randn(1, 3, 16)).sum().backward()
     assert layer.lambda_log.grad is not None
     # results equal an uncached recompute
-    monkeypatch.setattr(KLALayer, "_dynamics", lambda self, dtype: original(self, dtype))
+    monkeypatch.setattr(KLALayer, "_dynamics", lambda self, dtype: self.dynamics(dtype))
     assert torch.equal(model.generate(torch.tensor([[1, 2, 3]]), 20, temperature=0)[:, :23], out)
 
 

@@ -25,6 +25,7 @@ from kalmanscan.kla import (
     save_checkpoint,
 )
 from kalmanscan.kla.inspect import compare
+from tests.helpers import count_dynamics  # noqa: E402
 
 TEXT = "def add(a, b):\n    return a + b  # sum\n"
 
@@ -76,20 +77,13 @@ def test_dynamics_cache_is_still_reused_and_bit_identical(monkeypatch):
         logits_want = model(
             torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
         )
-    calls = []
-    original = KLALayer.dynamics
-
-    def counting(self, dtype=torch.float32):
-        calls.append(id(self))
-        return original(self, dtype)
-
-    monkeypatch.setattr(KLALayer, "dynamics", counting)
+    calls = count_dynamics(monkeypatch)
     for blk in model.blocks:
         blk.mixer._dynamics_cache = None
     assert torch.equal(model.generate(tokens, 12, temperature=0), want)
     assert len(calls) == 2  # once per layer: the prompt and 11 decoding steps share them
     # the same logits as without any cache
-    monkeypatch.setattr(KLALayer, "_dynamics", lambda self, dtype: original(self, dtype))
+    monkeypatch.setattr(KLALayer, "_dynamics", lambda self, dtype: self.dynamics(dtype))
     with torch.no_grad():
         got = model(torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1)))
     assert torch.equal(got, logits_want)
