@@ -388,3 +388,12 @@ def test_pandas_index_column_skipped_and_options_named(tmp_path, capsys):
                       "--out", str(tmp_path / "n")])  # fmt: skip
     assert rc == 2
     assert "--sigma2: expected values >= 0.0 and finite, got -1.0" in capsys.readouterr().err
+
+
+def test_a_decimal_comma_in_the_time_column_is_explained(tmp_path, capsys):
+    path = tmp_path / "tc.csv"
+    path.write_text("t;v\n1871,5;1120,0\n1872,5;1160,0\n")
+    rc = filter_main([str(path), "--time-col", "t", *GIVEN, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "a decimal comma is read in value columns only: write 1871.5 in the time column" in err

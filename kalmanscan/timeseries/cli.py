@@ -927,6 +927,11 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
             hint = msg[msg.index(" as a time") + len(" as a time") :].strip()
             if hint.startswith("(expected "):  # the parse's expectation, said once
                 hint = ""
+            if re.fullmatch(r"[+-]?\d+,\d+", str(err.value)):
+                hint = (
+                    "(a decimal comma is read in value columns only: write "
+                    f"{str(err.value).replace(',', '.')} in the time column)"
+                )
             msg = (
                 f"{path}: column {name!r} row {row(err.index)}: cannot parse {err.value!r} as a "
                 f"time {hint}".rstrip()
