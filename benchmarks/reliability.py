@@ -120,7 +120,7 @@ def regimes(quick: bool = False):
     add("decay-1e-8", "a=1e-8 (almost memoryless), p=1, r=1", simple(1e-8, 1.0, 1.0))
     add(
         "decay-1e-25",
-        "a=1e-25 (a^2 underflows to 0 in float32: forgets exactly), p=1, r=1",
+        "a=1e-25 (a^2 underflows to 0 in float32: the past's weight rounds to 0), p=1, r=1",
         simple(1e-25, 1.0, 1.0),
     )
     add("decay-0", "a=0 exactly (memoryless), p=1, r=1", simple(0.0, 1.0, 1.0))

@@ -6,7 +6,7 @@
  * The filter's recursion scales the triple by a power of two each step (exact, no division on the
  * recursion's path: max(u, v) in [1, 2)); the contract's max(u, v) = 1 holds for the final state
  * and for the steps redone exactly. One step (a decay, p process_var, c offset, h loading,
- * R obs_var; forget where a*a == 0):
+ * R obs_var; forget where a == 0; a diffuse state, u = 0, stays diffuse where a*a underflows):
  *
  *     predict  (u, e, v) -> (u + q v, c (u + q v) + a (1 - q) e, p u + d v) / max
  *              q = forget, d = forget ? p : a*a
@@ -124,6 +124,7 @@ static inline double ks_log(double x) {
 #define KS_FT double
 #define KS_FT_MIN DBL_MIN
 #define KS_FT_MAX DBL_MAX
+#define KS_FT_TRUE_MIN DBL_TRUE_MIN
 #define KS_SAFE_MIN 0x1p-300 /* the fast form's range of an unnormalized predicted triple */
 #define KS_SAFE_MAX 0x1p+300
 #define KS_UINT uint64_t
@@ -135,6 +136,7 @@ static inline double ks_log(double x) {
 #define KS_FT float
 #define KS_FT_MIN FLT_MIN
 #define KS_FT_MAX FLT_MAX
+#define KS_FT_TRUE_MIN FLT_TRUE_MIN
 #define KS_SAFE_MIN 0x1p-60f
 #define KS_SAFE_MAX 0x1p+60f
 #define KS_UINT uint32_t

@@ -10,7 +10,8 @@
  * with (u1, e1, v1) = (U1, E1, V1) / s1 and the next state (U2, E2, V2) / s2. The log-likelihood
  * is homogeneous of degree 0 in every state, so the normalizing factors s1, s2 are constants for
  * the gradient (their derivatives meet the adjoint orthogonally: Euler's theorem); with
- * forget (a*a == 0) q = 1, d = p, al = 0, else q = 0, d = a*a, al = a, as in the contract. */
+ * forget (a == 0) q = 1, d = p, al = 0, else q = 0, d = a*a, al = a, as in the contract (and
+ * V1 = v where U1 = 0: a diffuse state stays diffuse also where a*a underflows). */
 
 #define KS_G(name) KS_CAT(KS_NAME, name)
 
@@ -26,9 +27,10 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
                                  double u, double e, double v, const int given, double r1_in,
                                  double r2_in, ks_fwd *f, double *nu, double *ne, double *nv) {
     const double a2 = a * a;
-    const int forget = a2 == 0.0;
+    const int forget = a == 0.0;
     const double U1 = forget ? u + v : u;
-    const double V1 = forget ? p * U1 : p * u + a2 * v;
+    const double V0 = forget ? p * U1 : p * u + a2 * v;
+    const double V1 = U1 + V0 > 0.0 ? V0 : v;
     const double E1 = c * U1 + (forget ? 0.0 : a * e);
     const double r1 = given ? r1_in : 1.0 / (U1 >= V1 ? U1 : V1);
     const double u1 = U1 * r1, e1 = E1 * r1, v1 = V1 * r1;
@@ -93,13 +95,15 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
     /* through the predict's normalization and the predict */
     const double gU1 = gu1 * f.r1, gE1 = ge1 * f.r1, gV1 = gv1 * f.r1;
     const double a2 = a * a;
-    const int forget = a2 == 0.0;
-    const double q = forget ? 1.0 : 0.0, d = forget ? p : a2, al = forget ? 0.0 : a;
+    /* kept = 0: a diffuse state whose a*a v underflowed, V1 = v */
+    const int forget = a == 0.0, kept = f.U1 + p * u + a2 * v > 0.0;
+    const double q = forget ? 1.0 : 0.0, d = forget ? p : (kept ? a2 : 1.0);
+    const double al = forget ? 0.0 : a;
     *lu = gU1 + p * gV1 + c * gE1;
     *lv = q * gU1 + d * gV1 + q * c * gE1;
     *le = al * gE1;
     *gp = u * gV1 + q * v * gV1;
-    *ga = forget ? 0.0 : 2.0 * a * v * gV1 + e * gE1;
+    *ga = forget ? 0.0 : (kept ? 2.0 * a * v * gV1 : 0.0) + e * gE1;
     *gc = f.U1 * gE1;
     *gz = dz;
     *gR = dR;

@@ -1,6 +1,7 @@
 /* The filter and smoother of one tile of lanes over all time steps, in homogeneous (u, e, v)
  * coordinates (docs/backend-contract.md). Included by _native.c once per dtype with
- *   KS_FT (float or double), KS_FT_MIN / KS_FT_MAX (its smallest normal and largest finite values)
+ *   KS_FT (float or double), KS_FT_MIN / KS_FT_MAX (its smallest normal and largest finite values),
+ *   KS_FT_TRUE_MIN (its smallest subnormal)
  *   and KS_NAME (the prefix of this dtype's functions).
  * Time is the outer loop; the inner loop runs over the tile's contiguous lanes and vectorizes.
  * GCC's vectorizer is fragile here (a select of a constant on an unordered comparison, a fourth
@@ -77,8 +78,10 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
                                  KS_FT *pv, double *ll) {
     typedef KS_FT FT;
     const FT u0 = *su, e0 = *se, v0 = *sv;
-    const FT a2 = a * a;
-    const int forget = a2 == (FT)0;
+    /* a^2 plus the smallest subnormal: a^2 itself from ~1e-307 (float64) up, and positive where it
+     * underflows, so a diffuse state (u = 0) stays diffuse (a^2 inf = inf); no select */
+    const FT a2 = a * a + (FT)KS_FT_TRUE_MIN;
+    const int forget = a == (FT)0;
     /* predict: forget -> (u + v, c (u + v), p (u + v)); else (u, c u + a e, p u + a^2 v) */
     FT U = forget ? u0 + v0 : u0;
     FT V = forget ? p * U : p * u0 + a2 * v0;
@@ -238,7 +241,8 @@ KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSER
 }
 
 /* KS_BAD_INPUT where step t's parameters of nb lanes leave the ranges filter._validate checks:
- * obs_var > 0 (inf: not observed) with 1/obs_var and loading^2/obs_var finite, process_var >= 0
+ * obs_var > 0 (inf: not observed) with 1/obs_var finite and loading^2/obs_var finite and 0 or
+ * normal, loading^2 0 or normal, process_var >= 0
  * finite, decay, loading, offset finite. (z's infinities are KS_Z_INF, in the step.) */
 KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
                                       const KS_FT *restrict as, const KS_FT *restrict ps,
@@ -247,8 +251,12 @@ KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
     int ok = 1;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const FT R = Rs[j], a = as[j], p = ps[j], h = hs[j], c = cs[j], hh = h * h;
+        /* information h^2/R an observation adds, and h^2 itself, 0 or normal (a tiny one's
+         * precision underflows: a diffuse state's would be lost, docs/reliability.md) */
+        const int info_ok = (hh <= (FT)KS_FT_MAX) & (hh <= (FT)KS_FT_MAX * R) &
+                            ((h == (FT)0) | (hh >= (FT)KS_FT_MIN * R));
         const int obs_ok = (R > (FT)0) & (R * (FT)KS_FT_MAX >= (FT)1) &
-                           ((R > (FT)KS_FT_MAX) | ((hh <= (FT)KS_FT_MAX) & (hh <= (FT)KS_FT_MAX * R)));
+                           ((R > (FT)KS_FT_MAX) | info_ok) & ((h == (FT)0) | (hh >= (FT)KS_FT_MIN));
         ok &= obs_ok & (a - a == (FT)0) & (p >= (FT)0) & (p <= (FT)KS_FT_MAX) & (h - h == (FT)0) &
               (c - c == (FT)0);
     }
@@ -277,7 +285,7 @@ static KS_INLINE void KS_F(_back)(KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h, K
     const FT E1 = observed ? RR * E + zz * hV : E;
     const FT V1 = observed ? RR * V : V;
     const FT a2 = a * a;
-    const int forget = a2 == (FT)0;
+    const int forget = a == (FT)0;
     FT u = forget ? (FT)0 : a2 * U1;
     FT e = forget ? (FT)0 : a * (E1 - c * U1);
     FT v = forget ? (FT)1 : V1 + p * U1;

@@ -278,11 +278,23 @@ def _numbers_ok(prep: _Prepared) -> bool | None:
         fin(vals[k]) for k in ("decay", "offset")
     )
     ok = ok and fin(h) and fin(vals["process_var"]) and vals["process_var"] >= 0
+    tiny = torch.finfo(prep.z.dtype).tiny
+    ok = ok and (h == 0 or (h * h >= tiny and (R == math.inf or h * h >= tiny * R)))
     if prep.has_init:
         lam, eta = vals["init.lam"], vals["init.eta"]
         return ok and fin(lam) and lam >= 0 and fin(eta) and not (lam == 0 and eta != 0)
     P = vals["prior_var"]
     return ok and P >= 0 and (P == math.inf or fin(P)) and fin(vals["prior_mean"])
+
+
+def _tiny_information(hc, oc):
+    """Where ``loading != 0`` but ``loading**2`` or ``loading**2 / obs_var`` (``obs_var``
+    finite) is below the dtype's normal range: the precision it adds underflows
+    (docs/reliability.md). The kernels' rule: ``h*h >= tiny``, ``h*h >= tiny * R``."""
+    tiny = torch.finfo(hc.dtype).tiny
+    hh = hc * hc
+    small = (hh < tiny) | ((hh < tiny * oc) & torch.isfinite(oc))
+    return (hc != 0) & small
 
 
 def _values_ok(prep: _Prepared) -> bool:
@@ -313,6 +325,7 @@ def _values_ok(prep: _Prepared) -> bool:
         specs += [(compact(pr["prior_mean"]), None, False)]
         flags = []
     flags += [torch.isinf(of.reciprocal()).any(), (~torch.isfinite(hc * hc / of)).any()]
+    flags += [_tiny_information(hc, oc).any()]
     return _args.ranges_ok(specs, flags)
 
 
@@ -346,6 +359,17 @@ def _validate(prep: _Prepared, check_z: bool):
         raise ValueError(
             f"loading: expected loading**2 / obs_var finite in {dtype}, got loading={l!r} "
             f"with obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
+        )
+    tiny = _tiny_information(hc, oc)
+    bad = _args.first_bad(tiny)
+    if bad is not None:
+        o, l = oc.expand_as(tiny)[bad].item(), hc.expand_as(tiny)[bad].item()
+        t = torch.finfo(dtype).tiny
+        raise ValueError(
+            f"loading: expected 0, or loading**2 and loading**2 / obs_var at least {t:.4g} (the "
+            f"smallest normal {dtype}: an observation's information below it is lost, and a "
+            f"diffuse state's mean with it; rescale the state), got loading={l!r} with "
+            f"obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
         )
     pr = _prior(prep.conv, prep.has_init, prep.lane_shape)
     if prep.has_init:
@@ -425,7 +449,7 @@ def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
     """Shift ``r["loglik"]`` from the diffuse-omitted convention to ``convention``.
 
     A lane whose prior is diffuse has exactly one diffuse step: its first observed step with
-    ``h != 0``, unless a total-forgetting step (``decay**2 == 0``) comes first. There the peers add
+    ``h != 0``, unless a total-forgetting step (``decay == 0``) comes first. There the peers add
     ``-1/2 log F_inf`` (KFAS) or ``-1/2 (log 2π + log F_inf)`` (Durbin & Koopman), with
     ``F_inf = h_t^2 P_inf,t`` and ``P_inf,t = prod_{s=1..t} decay_s^2`` (1 at the first step).
     """
@@ -434,14 +458,14 @@ def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
     z = prep.z
     T, N = z.shape
     h = prep.loading.expand(T, N)
-    a2 = (prep.decay * prep.decay).expand(T, N)
+    a = prep.decay.expand(T, N)
     informative = ~torch.isnan(z) & (h != 0)
-    forget = a2 == 0
+    forget = a == 0  # (a nonzero decay keeps a diffuse past, also where its square underflows)
     has = informative.any(0)
     t_star = torch.argmax(informative.to(torch.int8), 0)  # first informative step (if any)
     first_forget = torch.where(forget.any(0), torch.argmax(forget.to(torch.int8), 0), T)
     diffuse = (prep.x0[0] == 0) & has & (first_forget > t_star)
-    log_a2 = torch.log(torch.where(forget, 1.0, a2))
+    log_a2 = 2 * torch.log(torch.where(forget, 1.0, a.abs()))  # (finite where a^2 underflows)
     log_pinf = log_a2.cumsum(0).gather(0, t_star[None])[0] - log_a2[0]
     h_star = torch.where(diffuse, h.gather(0, t_star[None])[0], 1.0)  # no log(0) (nor NaN grad)
     log_f = torch.log(h_star * h_star) + log_pinf

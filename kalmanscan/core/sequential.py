@@ -70,7 +70,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     T = z.shape[0]
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
-    q, d = predict_coeffs(a * a, p)
+    q, d = predict_coeffs(a * a, p, a)
     u, e, v = normalize(*x0)
     pred, filt = [], []
     steps = zip(*(_steps(x, T) for x in (a, p, c, q, d, R, h, hz)), strict=True)
@@ -118,7 +118,7 @@ def backward_leaves(z, obs_var, decay, process_var, loading, offset):
     c, q, d)`` (:func:`observation_terms`), each ``[T-1, N]`` or broadcastable."""
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
-    q, d = predict_coeffs(a * a, p)
+    q, d = predict_coeffs(a * a, p, a)
     nxt = lambda x: x[1:] if x.shape[0] > 1 else x  # noqa: E731
     return tuple(nxt(x) for x in (R, h, hz, a, p, c, q, d))
 

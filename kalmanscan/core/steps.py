@@ -3,8 +3,10 @@
 Notation (one lane, one step; all tensors broadcast elementwise):
 
 - ``lam``: precision entering the step (lambda_{t-1}); ``a2 = decay**2``; ``p``: process variance.
-- ``forget``: ``a2 == 0`` in the working dtype. Such a step forgets the past completely, even a
-  diffuse one, so the prior precision is ``1/p`` (``a2 = p = 0`` is rejected by the API).
+- ``forget``: ``decay == 0`` (exactly). Such a step forgets the past completely, even a diffuse
+  one, so the prior precision is ``1/p`` (``decay = p = 0`` is rejected by the API). A nonzero
+  decay whose square underflows does not forget: a diffuse belief stays diffuse through it
+  (``a^2 * inf = inf``; :func:`predict` keeps ``u = 0`` as ``(0, 0, 1)``), docs/reliability.md.
 
 Writing ``q = forget`` (0 or 1) and ``d = p if forget else a2``, the predict step is the Möbius map
 ``lam_pred = (lam + q) / (p*lam + d)``, equal to ``lam / (a2 + p*lam)`` whenever ``a2 > 0``. Both
@@ -28,9 +30,12 @@ def compact(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def predict_coeffs(a2: torch.Tensor, p: torch.Tensor):
-    """Return ``(q, d)`` of the predict map ``lam -> (lam + q) / (p*lam + d)``."""
-    forget = a2 == 0
+def predict_coeffs(a2: torch.Tensor, p: torch.Tensor, a: torch.Tensor | None = None):
+    """Return ``(q, d)`` of the predict map ``lam -> (lam + q) / (p*lam + d)``.
+
+    ``a`` (the decay) given: forget where ``a == 0``; else where ``a2 == 0`` (the KLA op, whose
+    prior is never diffuse)."""
+    forget = a2 == 0 if a is None else a == 0
     q = forget.to(a2.dtype)
     d = torch.where(forget, p, a2)
     return q, d
@@ -125,9 +130,13 @@ def from_info(lam, eta):
 
 
 def predict(u, e, v, a, p, c, q, d):
-    """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs)."""
+    """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs).
+
+    A diffuse belief (``u_ = 0``: ``u = 0`` and the step keeps the past) stays ``(0, 0, 1)``
+    also where ``d v = a^2 v`` underflows to 0 (the same belief as ``(0, 0, a^2 v)``)."""
     u_ = u + q * v
     v_ = p * u + d * v
+    v_ = torch.where((u_ == 0) & (v_ == 0), v, v_)
     e_ = c * u_ + (a * (1 - q)) * e
     return normalize(u_, e_, v_)
 

@@ -191,11 +191,11 @@ def scalar_oracle(
     if T == 0:
         raise ValueError("z: expected at least one step, got 0")
     prior_var = float(prior_var)
-    # kalmanscan's convention: a step forgets where decay**2 is 0 in the working dtype (float64
-    # here: |decay| below ~1.5e-162), even a diffuse past (docs/architecture.md)
+    # kalmanscan's convention: a step forgets where decay is 0, even a diffuse past; a nonzero
+    # decay keeps a diffuse past diffuse (a^2 inf = inf), also where a^2 underflows
+    # (docs/backend-contract.md)
     a64 = np.broadcast_to(np.asarray(decay, dtype=np.float64), (T,))
-    with np.errstate(under="ignore"):
-        forget = (a64 * a64 == 0.0).tolist()
+    forget = (a64 == 0.0).tolist()
 
     def run(digits):
         with mp.workdps(digits):
@@ -276,8 +276,7 @@ def scalar_loglik_grad(
         if np.ndim(v) != 0:
             raise ValueError(f"{k}: expected a scalar (constant in time), got shape {np.shape(v)}")
     a64 = float(decay)
-    with np.errstate(under="ignore"):
-        forget = [a64 * a64 == 0.0] * T
+    forget = [a64 == 0.0] * T
     with mp.workdps(dps):
         step = mp.mpf(10) ** (-(dps // 3))
         zs = [None if not math.isfinite(v) else mp.mpf(v) for v in z]

@@ -35,6 +35,7 @@ def step_values(u, e, v, a, p, c, z, R, h):
     q, d, al, forget = predict_coeffs(a, p)
     U1 = u + q * v
     V1 = p * u + d * v
+    V1 = tl.where(U1 + V1 > 0.0, V1, v)  # a diffuse state stays diffuse (kernels.py)
     E1 = c * U1 + al * e
     big1 = U1 >= V1
     r1 = rcp(tl.where(big1, U1, V1))

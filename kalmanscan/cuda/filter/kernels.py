@@ -2,11 +2,12 @@
 
 Notation (docs/backend-contract.md): per lane and step ``a`` decay, ``p`` process_var, ``c``
 offset, ``h`` loading, ``R`` obs_var, ``phi = h*h/R``, ``r = h*z/R`` (0 where not observed);
-``forget`` where ``a*a == 0`` (then ``q = 1, d = p``, else ``q = 0, d = a*a``). A belief is
+``forget`` where ``a == 0`` (then ``q = 1, d = p``, else ``q = 0, d = a*a``). A belief is
 ``(u, e, v)`` up to a positive factor, normalized to ``max(u, v) = 1``: precision ``u/v``,
 variance ``v/u``, mean ``e/u``, information ``e/v``. One step::
 
     predict:  U = u + q v     V = p u + d v     E = c U + a (1 - q) e      then / max(U, V)
+              (V = v where U = V = 0: a diffuse state stays diffuse where a*a v underflows)
     update:   U = u + phi v   V = v             E = e + r v                then / max(U, V)
 
 Every ``[T, N]`` input is read through its (time, lane) strides; ``V*`` constexprs say which vary
@@ -17,8 +18,8 @@ Flags (an int32 the kernels OR into): ``1`` a state or log-likelihood term is no
 ``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite
 where ``R`` is; ``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not
 finite; an initial triple with ``u < 0``, ``v < 0``, ``u = v = 0``, a non-finite entry, or
-``e != 0`` where ``u = 0``), as the API's own checks define them, so the API validates only
-when a flag is set.
+``e != 0`` where ``u = 0``; ``h != 0`` with ``h*h`` or ``h*h/R`` below the normal range), as
+the API's own checks define them, so the API validates only when a flag is set.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def not_finite(x):
 @helper
 def predict_coeffs(a, p):
     """``(q, d, al, forget)`` of the predict step (``al = a (1 - q)``)."""
-    forget = a * a == 0.0
+    forget = a == 0.0
     q = tl.where(forget, 1.0, 0.0)
     d = tl.where(forget, p, a * a)
     al = tl.where(forget, 0.0, a)
@@ -190,7 +191,15 @@ def input_checks(
     if CHECK_C:
         bad = bad | not_finite(c)
     if CHECK_R or CHECK_H:
-        bad = bad | ((R < float("inf")) & not_finite(h * h / R))
+        hh = h * h
+        bad = bad | ((R < float("inf")) & not_finite(hh / R))
+        # h^2 and h^2/R 0 or normal (the API's rule: a tiny information underflows)
+        if hh.dtype == tl.float64:
+            tiny = 2.2250738585072014e-308
+        else:
+            tiny = 1.1754943508222875e-38
+        small = (hh < tiny) | ((R < float("inf")) & (hh < tiny * R))
+        bad = bad | ((h != 0.0) & small)
     return bad
 
 
@@ -337,6 +346,7 @@ def filter_kernel(
                 zinf = zinf | ((z == z) & not_finite(z))
             U = u + q * v
             V = p * u + d * v
+            V = tl.where(U + V > 0.0, V, v)
             E = c * U + al * e
             off = t * N + lanes
             if WRITE:
