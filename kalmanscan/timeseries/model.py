@@ -312,27 +312,30 @@ class OUModel:
 
     def _prepare(self, z, times, axis):
         z, times, labels = series_input(z, times, axis)
-        self.check_series_shape(z.shape[1:])
+        self.check_shapes(z.shape)
         ax = as_time_axis(times, z.shape[0], self.time_unit)
         return z, ax, labels
 
-    def check_series_shape(self, series_shape) -> None:
-        """Refuse parameters that do not broadcast to the data's series shape ``S`` (a value per
-        series, or one for all), naming the first."""
-        series_shape = tuple(series_shape)
+    def check_shapes(self, data_shape) -> None:
+        """Refuse parameters that do not broadcast to time-first data of shape ``[T, *S]`` (one
+        value, a value per series, or per step and series), naming the first; the prior's, which
+        hold at the first step, to ``S``."""
+        data_shape = tuple(data_shape)
         given = {**self.params(), "prior_mean": self.prior_mean, "prior_var": self.prior_var}
         for name, v in given.items():
             if v is None:
                 continue
+            target = data_shape[1:] if name.startswith("prior") else data_shape
             shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
             try:
-                ok = np.broadcast_shapes(shape, series_shape) == series_shape
+                ok = np.broadcast_shapes(shape, target) == target
             except ValueError:
                 ok = False
             if not ok:
+                what = "series shape" if name.startswith("prior") else "shape [T, *S]"
                 raise ValueError(
-                    f"{name}: expected a scalar or values broadcasting to the data's series shape "
-                    f"{series_shape}, got shape {shape}"
+                    f"{name}: expected a scalar or values broadcasting to the data's {what} "
+                    f"{target}, got shape {shape}"
                 )
 
     def filter_args(self, time_axis: TimeAxis, n_series_dims: int, unit=None) -> dict:
@@ -563,7 +566,7 @@ class OUModel:
         else:
             zt, times, labels = series_input(z, times, 0)
             ax = as_time_axis(times, zt.shape[0], self.time_unit)
-        self.check_series_shape(zt.shape[1:])
+        self.check_shapes(zt.shape)
         zt = zt.astype(np.float64, copy=False)
         da = view.observed_array(
             zt,

@@ -239,8 +239,11 @@ def _calendar_future(labels: np.ndarray, months: int, k: np.ndarray) -> np.ndarr
     else:
         day = fut.astype("datetime64[D]") + np.timedelta64(rule - 1, "D")
     for r in [x for x in ("ns", "us", "s") if _NS_PER[x] >= _NS_PER[res]]:
-        out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
-        if (out.astype("datetime64[D]") == day).all():  # numpy wraps past int64 silently
+        try:
+            out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
+        except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
+            continue
+        if (out.astype("datetime64[D]") == day).all():
             return out
     raise ValueError(
         f"steps: {int(k[-1])} steps of {months} months after {labels[-1]} leave the range of "
