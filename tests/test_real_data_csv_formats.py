@@ -397,3 +397,54 @@ def test_a_decimal_comma_in_the_time_column_is_explained(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "a decimal comma is read in value columns only: write 1871.5 in the time column" in err
+
+
+# --- files as public sources publish them (FRED, GHCN, Eurostat, R, Excel in other locales) ------
+def test_dates_written_as_numbers_read_as_dates(tmp_path, capsys):
+    days = pd.date_range("2020-01-25", periods=12, freq="D")
+    vals = [f"{v:.1f}" for v in np.sin(np.arange(12)) * 5 + 20]
+    packed = "DATE,TMAX\n" + "".join(f"{d:%Y%m%d},{v}\n" for d, v in zip(days, vals, strict=True))
+    iso = "DATE,TMAX\n" + "".join(f"{d:%Y-%m-%d},{v}\n" for d, v in zip(days, vals, strict=True))
+    got, err = _run(tmp_path, capsys, packed.replace("DATE", "date"), "ghcn.csv")
+    want, _ = _run(tmp_path, capsys, iso.replace("DATE", "date"), "iso.csv")
+    assert "holds dates written as numbers (%Y%m%d: 20200125 is 2020-01-25), read as dates" in err
+    pd.testing.assert_frame_equal(got, want)
+    months = "date,v\n" + "".join(f"{2000 + k // 12}{k % 12 + 1:02d},{k}\n" for k in range(15))
+    got, err = _run(tmp_path, capsys, months, "ym.csv", "--forecast", "2")
+    assert "(%Y%m: 200001 is 2000-01-01)" in err
+    assert got.query("kind == 'forecast'")["time"].tolist() == ["2001-04-01", "2001-05-01"]
+
+
+def test_rows_wider_than_the_header(tmp_path, capsys):
+    body = "".join(f"2024-01-0{d},{d}," + ("p" if d == 3 else "") + "\n" for d in range(1, 6))
+    got, err = _run(tmp_path, capsys, "date,v\n" + body, "trail.csv")
+    assert set(got["series"]) == {"v"} and got["observed"].tolist()[:5] == [1, 2, 3, 4, 5]
+    assert "skipped column(s) ['Unnamed: 2']: no numbers in them" in err  # the flag column
+    err = _fails(tmp_path, capsys, '"a","b"\n"2024-01-01",1,2\n"2024-01-02",3,4\n')
+    assert "row 2 has 3 fields but the header (row 1) names 2" in err and "write.csv" in err
+    err = _fails(tmp_path, capsys, "Category: All\ndate,v\n2024-01-01,1\n2024-01-02,2\n")
+    assert "row 2 has 2 fields but row 1, taken as the header, has one" in err
+    assert "lines before the header" in err
+
+
+def test_thousands_that_read_both_ways_are_refused(tmp_path, capsys):
+    text = "Year\tVolume\n1871\t2,120\n1872\t2,160\n"
+    err = _fails(tmp_path, capsys, text, "--time-col", "Year")
+    assert "'2,120' reads as 2120 (a thousands separator) and as 2.120 (a decimal comma)" in err
+    text = "Jahr;Abfluss;Anteil\n1871;2.120;11,2\n1872;2.160;11,6\n"
+    err = _fails(tmp_path, capsys, text, "--time-col", "Jahr")
+    assert "'2.120' has a point as a thousands separator" in err and "'Anteil' writes" in err
+
+
+def test_millisecond_forecasts_and_notes_kept_in_the_summary(tmp_path, capsys):
+    stamps = pd.date_range("2024-03-01T12:00:00", periods=20, freq="250ms")
+    text = "t;v\n" + "".join(f"{s:%Y-%m-%dT%H:%M:%S.%f}Z;{k},5\n" for k, s in enumerate(stamps))
+    path = tmp_path / "ms.csv"
+    path.write_text(text)
+    out = tmp_path / "o"
+    args = [str(path), "--time-col", "t", *GIVEN, "--forecast", "2", "--quiet", "--out", str(out)]
+    assert filter_main(args) == 0, capsys.readouterr().err
+    fc = pd.read_csv(out / "results.csv").query("kind == 'forecast'")["time"].tolist()
+    assert fc == ["2024-03-01 12:00:05.000Z", "2024-03-01 12:00:05.250Z"]
+    summary = (out / "summary.txt").read_text()
+    assert "fields separated by semicolons" in summary and "a comma read as the decimal" in summary

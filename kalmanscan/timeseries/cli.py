@@ -541,12 +541,16 @@ def _splits(line: str, sep: str) -> int:
         return line.count(sep)
 
 
-def _decimal_commas(df, skip: tuple) -> list[str]:
+def _decimal_commas(df, skip: tuple, path: str = "", row=None) -> list[str]:
     """Columns of ``df`` (text) written with a decimal comma (``12,5``): some cell is no number
     as written but is one with its comma read as a point, and no cell holds a point. Rewritten
-    in place with points; their names returned. Only for files not separated by commas."""
+    in place with points; their names returned. Only for files not separated by commas.
+
+    A column whose every comma is followed by three digits (``2,120``) reads as thousands
+    (2120) as well as decimals (2.12): refused, naming both readings."""
     import pandas as pd
 
+    row = row or (lambda i: i + 2)
     found = []
     for c in df.columns:
         if c in skip:  # the time and series-name columns
@@ -555,8 +559,19 @@ def _decimal_commas(df, skip: tuple) -> list[str]:
         given = text.notna() & (text != "")
         if not given.any() or text[given].str.contains(".", regex=False).any():
             continue
-        if not text[given].str.contains(",", regex=False).any():
+        comma = given & text.str.contains(",", regex=False)
+        if not comma.any():
             continue
+        if text[comma].str.fullmatch(r"[+-]?\d{1,3}(,\d{3})+").all():
+            i = int(np.flatnonzero(comma.to_numpy())[0])
+            cell = text.iloc[i]
+            raise InputError(
+                f"{path}: column {c!r} row {row(i)}: {cell!r} reads as "
+                f"{cell.replace(',', '')} (a thousands separator) and as "
+                f"{cell.replace(',', '.', 1)} (a decimal comma), and every comma in the column "
+                "is followed by three digits; write the numbers without thousands separators "
+                "(or with a decimal point)"
+            )
         swapped = text.where(~given, text.str.replace(",", ".", n=1, regex=False))
         before = pd.to_numeric(text.where(given), errors="coerce").notna()
         after = pd.to_numeric(swapped.where(given), errors="coerce").notna()
@@ -583,6 +598,54 @@ def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int
     except OSError:
         return [], []
     return comments, rows
+
+
+def _check_fields(path: str, encoding: str, sep: str, lines: list[int], n: int = 50) -> int:
+    """Compare the header's fields with the first ``n`` data rows': refuse a file whose every
+    row has more fields than the header holds names, all filled (a column without a name, as R's
+    row names; pandas would take the first column as an index and shift the others). Where some
+    rows end with the header or with empty fields (trailing separators, flags now and then), the
+    widest row's field count is returned (the extra fields are read as unnamed columns), else 0.
+    A header of one field before wider rows is named as a title line."""
+    import csv
+
+    if len(lines) < 2:
+        return 0
+    want = set(lines[: n + 1])
+    rows = {}
+    try:
+        with open(path, encoding=encoding, errors="replace", newline="") as fh:
+            for i, text in enumerate(fh, 1):
+                if i in want:
+                    rows[i] = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep))
+                if i >= lines[min(n, len(lines) - 1)]:
+                    break
+    except (OSError, csv.Error, StopIteration):
+        return 0
+    header = rows.get(lines[0])
+    if header is None:
+        return 0
+    extra = [(i, f) for i, f in rows.items() if i != lines[0] and len(f) > len(header)]
+    if not extra:
+        return 0
+    data = [f for i, f in rows.items() if i != lines[0]]
+    filled = [bool("".join(f[len(header) :]).strip()) for _, f in extra]
+    if len(extra) < len(data) or not all(filled):
+        # some rows end where the header does, or with empty fields: trailing separators, or
+        # flags now and then (read as unnamed columns), not a shifted header
+        return max(len(f) for _, f in extra)
+    i, f = extra[0]
+    if len(header) == 1:
+        raise InputError(
+            f"{path}: row {i} has {len(f)} fields but row {lines[0]}, taken as the header, has "
+            f"one ({header[0]!r}): lines before the header (a title or notes)? remove them or "
+            "start them with #"
+        )
+    raise InputError(
+        f"{path}: row {i} has {len(f)} fields but the header (row {lines[0]}) names {len(header)}: "
+        "every column needs a name in the header (R's write.table writes row names without one: "
+        "use write.csv, or row.names = FALSE)"
+    )
 
 
 def _header_names(path: str, sep: str, encoding: str, line: int) -> list[str] | None:
@@ -647,6 +710,12 @@ def read_csv_series(
     if hinted:
         lines = [i for i in lines if i != hint_line + 1]
     skip = sorted(comments + ([hint_line] if hinted else []))
+    widest = _check_fields(path, encoding, sep, lines)
+    names = None
+    if widest:  # rows with unnamed trailing fields: read as unnamed columns (an empty one is
+        # skipped below with a note, one with values is named in a note), none dropped
+        names = _header_names(path, sep, encoding, lines[0]) or []
+        names = names + [f"Unnamed: {j}" for j in range(len(names), widest)]
     try:
         df = pd.read_csv(
             path,
@@ -658,6 +727,9 @@ def read_csv_series(
             # cells are read as written: a series named NA (Namibia) stays a name; the missing
             # values are the empty cells and NA / NaN in value columns (_parse_values)
             keep_default_na=False,
+            # never the first column as an index (pandas' guess where rows have a field more)
+            index_col=False,
+            **({"names": names, "header": 0} if names else {}),
         )
     except pd.errors.EmptyDataError as err:
         raise InputError(
@@ -686,16 +758,15 @@ def read_csv_series(
             notes.append(
                 f"note: {path}: fields separated by {_SEP_NAMES.get(sep, repr(sep))} ({said})"
             )
-    if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
-        commas = _decimal_commas(df, (time_col, series_col))
-        if commas and notes is not None:
-            notes.append(f"note: column(s) {commas}: a comma read as the decimal mark")
-
     def row(i: int) -> int:
         return lines[i + 1] if lines is not None else i + 2
 
-    if sep != ",":
+    if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
+        # points as thousands separators first, on the cells as written
         _thousands_points(df, (time_col, series_col), path, row)
+        commas = _decimal_commas(df, (time_col, series_col), path, row)
+        if commas and notes is not None:
+            notes.append(f"note: column(s) {commas}: a comma read as the decimal mark")
 
     cols = list(df.columns)
     if len(set(cols)) != len(cols):
@@ -719,6 +790,15 @@ def read_csv_series(
             raise InputError(f"--series-col {series_col!r}: that is {what}")
     if time_col is not None:
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
+        packed = _packed_date_format(df[time_col]) if times.dtype.kind == "f" else None
+        if packed is not None:  # 20200131 is a date, not a number 70 after 20200201's
+            times = _parse_times(df[time_col], path, time_col, row, packed, dayfirst)
+            if notes is not None:
+                notes.append(
+                    f"note: column {time_col!r} holds dates written as numbers ({packed}: "
+                    f"{str(df[time_col].iloc[0]).strip()} is "
+                    f"{np.datetime_as_string(times[0], unit='D')}), read as dates"
+                )
         if time_format and "%y" in time_format and notes is not None:
             notes.append(
                 f"note: --time-format {time_format}: two-digit years read as 2000-2068 (00-68) "
@@ -874,6 +954,27 @@ def _float_or_nan(text: str) -> float:
         return float("nan")
 
 
+def _packed_date_format(col) -> str | None:
+    """``%Y%m%d`` or ``%Y%m`` where every cell is an integer of 8 (6) digits that is a valid
+    date (month) of the years 1000-9999, as weather services and statistics offices write dates
+    (GHCN's 20200131, 200001); else ``None``."""
+    text = col.astype(str).str.strip()
+    for digits, fmt in ((8, "%Y%m%d"), (6, "%Y%m")):
+        if not text.str.fullmatch(rf"[1-9]\d{{{digits - 1}}}").all():
+            continue
+        month = text.str.slice(4, 6).astype(int)
+        if not month.between(1, 12).all():
+            return None
+        if digits == 8:
+            import pandas as pd
+
+            parsed = pd.to_datetime(text, format=fmt, errors="coerce")
+            if parsed.isna().any():
+                return None
+        return fmt
+    return None
+
+
 def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
     import pandas as pd
 
@@ -947,7 +1048,14 @@ _POINT_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(\.\d{3})+(,\d*)?$")  # 1.120 or 1.
 def _thousands_points(df, skip: tuple, path: str, row) -> None:
     """Refuse a column written with points as thousands separators (``1.120`` beside ``963``,
     as spreadsheets write in countries with decimal commas), which would read as 1.12: every
-    cell with a point is grouped in threes, and some other cell is an integer without one."""
+    cell with a point is grouped in threes, and some other cell is an integer without one, or
+    another column of the file writes decimals with commas (``11,2``)."""
+    comma_file = next(
+        (c for c in df.columns if c not in skip
+         and df[c].astype(str).str.strip().str.fullmatch(r"[+-]?\d+,\d+").any()
+         and not df[c].astype(str).str.contains(".", regex=False).any()),
+        None,
+    )  # fmt: skip
     for c in df.columns:
         if c in skip:
             continue
@@ -959,13 +1067,19 @@ def _thousands_points(df, skip: tuple, path: str, row) -> None:
         if (pointed & ~grouped).any():
             continue
         plain = text.str.fullmatch(r"[+-]?\d+")
+        i = int(np.flatnonzero(grouped.to_numpy())[0])
+        fix = f"thousands separators are not read: write {text.iloc[i].replace('.', '')}"
         if plain.any():
-            i = int(np.flatnonzero(grouped.to_numpy())[0])
             j = int(np.flatnonzero(plain.to_numpy())[0])
             raise InputError(
                 f"{path}: column {c!r} row {row(i)}: {text.iloc[i]!r} has a point as a thousands "
-                f"separator (beside {text.iloc[j]!r}, row {row(j)}); thousands separators are not "
-                f"read: write {text.iloc[i].replace('.', '')}"
+                f"separator (beside {text.iloc[j]!r}, row {row(j)}); {fix}"
+            )
+        if comma_file is not None and comma_file != c:
+            raise InputError(
+                f"{path}: column {c!r} row {row(i)}: {text.iloc[i]!r} has a point as a thousands "
+                f"separator (every point is followed by three digits, and column {comma_file!r} "
+                f"writes decimals with commas); {fix}"
             )
 
 
@@ -1361,6 +1475,10 @@ def _filter(args) -> int:
                 f"({spacing} "
                 f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
                 "times in UTC (the input's offsets applied)" if utc else None,
+                # how the file was read (separators, decimal commas, labels, skipped columns):
+                # kept with the results, also when --quiet leaves them off stderr
+                "\n".join(notes) or None,
+                "note: rows sorted by time" if not was_sorted else None,
                 units,
                 fit_text,
                 "log-likelihood per series: "

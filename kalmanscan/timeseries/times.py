@@ -191,7 +191,7 @@ class TimeAxis(NamedTuple):
         sec, sub = _split_ns(np.asarray([last]))
         last_ns = float(sec[0]) * 1e9 + float(sub[0])
         end_ns = last_ns + float(steps) * step_ns
-        for r in [x for x in ("ns", "us", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
             if max(abs(last_ns), abs(end_ns)) / _NS_PER[r] < 0.9 * _INT64_MAX:
                 res = r
                 break
@@ -238,7 +238,7 @@ def _calendar_future(labels: np.ndarray, months: int, k: np.ndarray) -> np.ndarr
         day = (fut + np.timedelta64(1, "M")).astype("datetime64[D]") - np.timedelta64(1, "D")
     else:
         day = fut.astype("datetime64[D]") + np.timedelta64(rule - 1, "D")
-    for r in [x for x in ("ns", "us", "s") if _NS_PER[x] >= _NS_PER[res]]:
+    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
         try:
             out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
         except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
