@@ -448,3 +448,15 @@ def test_millisecond_forecasts_and_notes_kept_in_the_summary(tmp_path, capsys):
     assert fc == ["2024-03-01 12:00:05.000Z", "2024-03-01 12:00:05.250Z"]
     summary = (out / "summary.txt").read_text()
     assert "fields separated by semicolons" in summary and "a comma read as the decimal" in summary
+
+
+def test_weeks_and_half_years_read_as_the_days_they_start():
+    got = parse_datetime_strings(["2020-W01", "2020-W02", "2020-W53"])
+    np.testing.assert_array_equal(
+        got.astype("datetime64[D]"), np.array(["2019-12-30", "2020-01-06", "2020-12-28"], "M8[D]")
+    )
+    halves = parse_datetime_strings(["2007-S1", "2007-S2", "2008-S1"])
+    assert [str(d)[:10] for d in halves] == ["2007-01-01", "2007-07-01", "2008-01-01"]
+    assert period_starts(["1990-M01", "1990-M02"])[0] == ["1990-01-01", "1990-02-01"]
+    with pytest.raises(TimeParseError, match="'2021-W53'"):  # 2021 has 52 ISO weeks
+        parse_datetime_strings(["2021-W52", "2021-W53"])

@@ -391,11 +391,15 @@ _YEAR = re.compile(r"(?<!\d)\d{4}(?!\d)")
 _QUARTER = re.compile(
     r"^(?:(?P<y>\d{4})[-\s]?[Qq](?P<q>[1-4])|[Qq](?P<q2>[1-4])[-\s]?(?P<y2>\d{4}))$"
 )
-_MONTH = re.compile(r"^(?P<y>\d{4})[Mm](?P<m>0?[1-9]|1[0-2])$")
+_MONTH = re.compile(r"^(?P<y>\d{4})-?[Mm](?P<m>0?[1-9]|1[0-2])$")
+# half-years (Eurostat's 2007-S1, 2007H1) and ISO weeks (2020-W05, 2020W05)
+_HALF = re.compile(r"^(?P<y>\d{4})-?[SsHh](?P<h>[12])$")
+_WEEK = re.compile(r"^(?P<y>\d{4})-?[Ww](?P<w>0[1-9]|[1-4]\d|5[0-3])$")
 
 
 def period_starts(values) -> tuple[list[str], str] | None:
-    """Quarter or month labels as the ISO dates their periods start, and the period's name.
+    """Quarter, month, half-year or ISO week labels as the ISO dates their periods start, and
+    the period's name.
 
     ``None`` unless every value is such a label, all of one kind.
 
@@ -405,6 +409,8 @@ def period_starts(values) -> tuple[list[str], str] | None:
     True
     >>> period_starts(["1998M1", "1998M10"])
     (['1998-01-01', '1998-10-01'], 'month')
+    >>> period_starts(["2020-W01", "2020W05"]), period_starts(["2007-S1", "2007H2"])
+    ((['2019-12-30', '2020-01-27'], 'week'), (['2007-01-01', '2007-07-01'], 'half-year'))
     """
     strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
     if not strs:
@@ -421,6 +427,18 @@ def period_starts(values) -> tuple[list[str], str] | None:
         months = [_MONTH.match(s) for s in strs]
         if all(months):
             return [f"{m['y']}-{int(m['m']):02d}-01" for m in months], "month"
+    if _HALF.match(strs[0]):
+        halves = [_HALF.match(s) for s in strs]
+        if all(halves):
+            return [f"{m['y']}-{'01' if m['h'] == '1' else '07'}-01" for m in halves], "half-year"
+    if _WEEK.match(strs[0]):
+        weeks = [_WEEK.match(s) for s in strs]
+        if all(weeks):
+            try:  # an ISO week starts on its Monday (week 53 only in some years)
+                days = [_dt.date.fromisocalendar(int(m["y"]), int(m["w"]), 1) for m in weeks]
+            except ValueError:
+                return None
+            return [d.isoformat() for d in days], "week"
     return None
 
 
@@ -553,10 +571,18 @@ def parse_datetime_strings(
                 given[i],
             )
         return _to_numpy_datetimes(out)
-    for pattern, kind in ((_QUARTER, "quarter"), (_MONTH, "month")):
+    for pattern, kind in ((_QUARTER, "quarter"), (_MONTH, "month"), (_HALF, "half-year"),
+                          (_WEEK, "week")):
         if time_format is not None or not any(pattern.match(s) for s in strs[:20]):
             continue
         labels = [bool(pattern.match(s)) for s in strs]
+        if all(labels):  # every one a label, one of them of no period (2021-W53)
+            i = next(k for k, s in enumerate(strs) if period_starts([s]) is None)
+            raise TimeParseError(
+                f"{name}: cannot parse {strs[i]!r} (position {i}) as a time (no such {kind})",
+                i,
+                strs[i],
+            )
         if sum(labels) >= len(strs) / 2:  # mostly period labels: name the first that is not one
             i = labels.index(False)
             raise TimeParseError(
