@@ -460,3 +460,14 @@ def test_weeks_and_half_years_read_as_the_days_they_start():
     assert period_starts(["1990-M01", "1990-M02"])[0] == ["1990-01-01", "1990-02-01"]
     with pytest.raises(TimeParseError, match="'2021-W53'"):  # 2021 has 52 ISO weeks
         parse_datetime_strings(["2021-W52", "2021-W53"])
+
+
+def test_a_table_of_times_as_columns_and_title_lines_are_refused(tmp_path, capsys):
+    wide = "Country Name,1960,1961,1962,1963\nAruba,4.8,4.7,4.5,4.4\nChad,6.2,6.2,6.3,6.3\n"
+    err = _fails(tmp_path, capsys, wide)
+    assert "the columns are named by times (1960, 1961, 1962, ...)" in err
+    assert "transpose the table first" in err
+    quoted = "".join('"' + ln.replace(",", '","') + '",\n' for ln in wide.splitlines())
+    meta = '"Data Source","WDI",\n\n"Last Updated","2024-01-01",\n\n' + quoted
+    err = _fails(tmp_path, capsys, meta)
+    assert "lines before the header (a title or notes)?" in err

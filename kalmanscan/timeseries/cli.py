@@ -736,7 +736,14 @@ def read_csv_series(
             f"{path}: the file is empty (expected a header row and data rows)"
         ) from err
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path}: cannot be read as CSV ({str(err).splitlines()[0]})") from err
+        text = str(err).splitlines()[0]
+        m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", text)
+        if m:  # the header is not the widest line: lines before it, or a row run over
+            text = (
+                f"line {m[2]} has {m[3]} fields where the lines before it have {m[1]}: lines "
+                "before the header (a title or notes)? remove them or start them with #"
+            )
+        raise InputError(f"{path}: cannot be read as CSV ({text})") from err
     df.columns = [str(c).strip() for c in df.columns]
     if len(df) == 0:
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
@@ -824,6 +831,8 @@ def read_csv_series(
             raise InputError(f"--value-col {time_col!r}: that is the time column")
         z = np.column_stack([_parse_values(df[c], path, c, row) for c in names])
     else:
+        if time_col is None:
+            _times_as_columns(cols, path)
         names, columns, skipped, empty, index = [], [], [], [], []
         for c in cols:
             if c in (time_col, series_col):
@@ -952,6 +961,21 @@ def _float_or_nan(text: str) -> float:
         return float(text)
     except ValueError:
         return float("nan")
+
+
+def _times_as_columns(cols: list, path: str) -> None:
+    """Refuse a table whose columns are named by times (World Bank, Eurostat: a row per
+    series, a column per year or period), which would read as a series per time running over
+    the rows; the user can transpose it, or name the columns with --value-col."""
+    from kalmanscan.timeseries.times import period_starts
+
+    timed = [c for c in cols if re.fullmatch(r"\d{4}", str(c)) or period_starts([str(c)])]
+    if len(timed) >= 3 and len(timed) >= len(cols) / 2:
+        raise InputError(
+            f"{path}: the columns are named by times ({', '.join(map(str, timed[:3]))}, ...): "
+            "one row per series and a column per time; expected a row per time and a column "
+            "per series: transpose the table first (or name the columns to use with --value-col)"
+        )
 
 
 def _packed_date_format(col) -> str | None:
