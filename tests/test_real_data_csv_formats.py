@@ -471,3 +471,27 @@ def test_a_table_of_times_as_columns_and_title_lines_are_refused(tmp_path, capsy
     meta = '"Data Source","WDI",\n\n"Last Updated","2024-01-01",\n\n' + quoted
     err = _fails(tmp_path, capsys, meta)
     assert "lines before the header (a title or notes)?" in err
+
+
+def test_source_markers_and_flags_get_their_own_hints(tmp_path, capsys):
+    cases = [
+        (".", "a missing-value marker of the source"),
+        (":", "a missing-value marker of the source"),
+        ("12.3 p", "a value with a flag ('p'): write the number alone, 12.3"),
+        ("<1", "a bound, not a value"),
+    ]
+    for cell, hint in cases:
+        err = _fails(tmp_path, capsys, f"date,v\n2024-01-01,1\n2024-01-02,{cell}\n", "--time-col",
+                     "date")  # fmt: skip
+        assert f"row 3: {cell!r} is not a number ({hint}" in err
+
+
+def test_a_date_column_without_time_col_is_pointed_at(tmp_path, capsys):
+    text = "Date,v\n2024-01-01,1\n2024-01-02,2\n2024-01-03,4\n"
+    path = tmp_path / "d.csv"
+    path.write_text(text)
+    out = tmp_path / "o"
+    assert filter_main([str(path), *GIVEN, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "column 'Date' holds dates: pass --time-col 'Date' to use them as the times" in err
+    assert "pass --time-col 'Date'" in (out / "summary.txt").read_text()

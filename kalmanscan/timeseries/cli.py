@@ -881,9 +881,13 @@ def read_csv_series(
                 "trailing empty columns)"
             )
         if skipped and notes is not None:
+            dated = [c for c in skipped if time_col is None and _holds_dates(df[c])]
             notes.append(
                 f"note: skipped column(s) {skipped}: no numbers in them (name value columns "
-                "with --value-col to use them)"
+                "with --value-col to use them"
+                + (f"; column {dated[0]!r} holds dates: pass --time-col {dated[0]!r} to use "
+                   "them as the times" if dated else "")  # fmt: skip
+                + ")"
             )
         z = np.column_stack(columns)
     if series_col is not None:
@@ -961,6 +965,17 @@ def _float_or_nan(text: str) -> float:
         return float(text)
     except ValueError:
         return float("nan")
+
+
+def _holds_dates(col) -> bool:
+    """Whether a text column's first cells read as dates (for a hint to pass --time-col)."""
+    from kalmanscan.timeseries.times import parse_datetime_strings
+
+    cells = [c for c in col.astype(str).str.strip().head(20) if c]
+    try:
+        return bool(cells) and len(parse_datetime_strings(cells)) == len(cells)
+    except ValueError:
+        return False
 
 
 def _times_as_columns(cols: list, path: str) -> None:
@@ -1116,6 +1131,14 @@ def _not_a_number_hint(cell: str) -> str:
         return f"thousands separators are not read: write {cell.replace('.', '')}"
     if cell.startswith("#"):  # #N/A, #DIV/0!, #VALUE!
         return f"a spreadsheet error value; {missing}"
+    if cell in (".", ":", "..", "-", "--", "n/a", "N/A", "null", "NULL", "None"):
+        # FRED's '.', Eurostat's ':', statistics offices' '..' and '-'
+        return f"a missing-value marker of the source; {missing}"
+    m = re.fullmatch(r"([+-]?\d+(?:[.,]\d+)?)\s*([A-Za-z]{1,3})", cell)
+    if m:  # Eurostat's flags: 12.3 p (provisional), 4.5 e (estimated)
+        return f"a value with a flag ({m[2]!r}): write the number alone, {m[1]}"
+    if re.fullmatch(r"[<>]\s*\d+(?:\.\d+)?", cell):  # Google Trends' <1
+        return "a bound, not a value: write a number, or leave the cell empty (missing)"
     return missing
 
 
@@ -1499,10 +1522,7 @@ def _filter(args) -> int:
                 f"({spacing} "
                 f"spacing{', time unit ' + ax.unit_name if ax.is_datetime else ''}), {S} series",
                 "times in UTC (the input's offsets applied)" if utc else None,
-                # how the file was read (separators, decimal commas, labels, skipped columns):
-                # kept with the results, also when --quiet leaves them off stderr
-                "\n".join(notes) or None,
-                "note: rows sorted by time" if not was_sorted else None,
+                _READ_NOTES,
                 units,
                 fit_text,
                 "log-likelihood per series: "
@@ -1512,12 +1532,25 @@ def _filter(args) -> int:
             ],
         )
     )
+    # how the file was read (separators, decimal commas, labels, skipped columns): kept with
+    # the results in summary.txt, also when --quiet leaves them off stderr; the printed summary
+    # leaves them out (stderr said them as the file was read)
+    read = "\n".join(notes + ([] if was_sorted else ["note: rows sorted by time"]))
     files = _write_outputs(
-        ds, args.out, "results", summary, title=os.path.basename(args.csv), inputs=[args.csv]
+        ds,
+        args.out,
+        "results",
+        summary.replace("\n" + _READ_NOTES, "\n" + read if read else ""),
+        title=os.path.basename(args.csv),
+        inputs=[args.csv],
     )
+    summary = summary.replace("\n" + _READ_NOTES, "")
     print(summary)
     print("wrote " + ", ".join(files))
     return EXIT_OK
+
+
+_READ_NOTES = "\x00read notes\x00"  # where summary.txt holds the notes on reading the file
 
 
 _NAMED = re.compile(r"series ((?:'[^']*'(?:, )?)+(?: and \d+ more)?)")
