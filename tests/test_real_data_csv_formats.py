@@ -495,3 +495,13 @@ def test_a_date_column_without_time_col_is_pointed_at(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "column 'Date' holds dates: pass --time-col 'Date' to use them as the times" in err
     assert "pass --time-col 'Date'" in (out / "summary.txt").read_text()
+
+
+def test_the_series_col_hint_names_a_column_that_tells_rows_apart(tmp_path, capsys):
+    rows = [("ESTAT:PRC", g, y, v) for g, v0 in (("AT", 1), ("DE", 5)) for y, v in
+            ((2020, v0), (2021, v0 + 1), (2022, v0 + 3))]  # fmt: skip
+    text = "DATAFLOW,geo,TIME_PERIOD,OBS_VALUE\n" + "".join(
+        f"{d},{g},{y}-01-01,{v}\n" for d, g, y, v in rows
+    )
+    err = _fails(tmp_path, capsys, text, "--time-col", "TIME_PERIOD")
+    assert "pass --series-col geo" in err and "DATAFLOW" not in err

@@ -908,8 +908,12 @@ def read_csv_series(
             + "".join(
                 f"; or, if column {c!r} names each row's series (a long table), pass "
                 f"--series-col {c}"
-                for c in [c for c in cols if c not in names and c != time_col][:1]
-            )
+                # a column that tells the two rows apart (not one that holds one value)
+                for c in [
+                    c for c in cols if c not in names and c != time_col
+                    and str(df[c].iloc[a]).strip() != str(df[c].iloc[b]).strip()
+                ][:1]
+            )  # fmt: skip
         )
     if not sorted_:
         times, z = st, z[order]
