@@ -600,40 +600,46 @@ def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int
     return comments, rows
 
 
-def _check_fields(path: str, encoding: str, sep: str, lines: list[int], n: int = 50) -> int:
-    """Compare the header's fields with the first ``n`` data rows': refuse a file whose every
-    row has more fields than the header holds names, all filled (a column without a name, as R's
-    row names; pandas would take the first column as an index and shift the others). Where some
-    rows end with the header or with empty fields (trailing separators, flags now and then), the
-    widest row's field count is returned (the extra fields are read as unnamed columns), else 0.
-    A header of one field before wider rows is named as a title line."""
+def _check_fields(
+    path: str, encoding: str, sep: str, lines: list[int], n: int = 50
+) -> tuple[list[str] | None, int]:
+    """``(names, widest)``: the header's column names as written (before pandas renames
+    repeated names: ``rate``, ``rate.1``; ``None`` where it cannot be read), and, compared with
+    the first ``n`` data rows' fields, the widest row's field count where some rows hold fields
+    after the header's, empty in some rows (trailing separators, flags now and then: read as
+    unnamed columns), else 0. Refuses a file whose every row has more fields than the header
+    holds names, all filled (a column without a name, as R's row names; pandas would take the
+    first column as an index and shift the others); a header of one field before wider rows is
+    named as a title line."""
     import csv
 
-    if len(lines) < 2:
-        return 0
+    if not lines:
+        return None, 0
     want = set(lines[: n + 1])
     rows = {}
     try:
         with open(path, encoding=encoding, errors="replace", newline="") as fh:
             for i, text in enumerate(fh, 1):
                 if i in want:
-                    rows[i] = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep))
+                    rows[i] = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep,
+                                              skipinitialspace=True))  # fmt: skip
                 if i >= lines[min(n, len(lines) - 1)]:
                     break
     except (OSError, csv.Error, StopIteration):
-        return 0
+        return None, 0
     header = rows.get(lines[0])
     if header is None:
-        return 0
+        return None, 0
+    names = [f.strip() for f in header]
     extra = [(i, f) for i, f in rows.items() if i != lines[0] and len(f) > len(header)]
     if not extra:
-        return 0
+        return names, 0
     data = [f for i, f in rows.items() if i != lines[0]]
     filled = [bool("".join(f[len(header) :]).strip()) for _, f in extra]
     if len(extra) < len(data) or not all(filled):
         # some rows end where the header does, or with empty fields: trailing separators, or
         # flags now and then (read as unnamed columns), not a shifted header
-        return max(len(f) for _, f in extra)
+        return names, max(len(f) for _, f in extra)
     i, f = extra[0]
     if len(header) == 1:
         raise InputError(
@@ -646,23 +652,6 @@ def _check_fields(path: str, encoding: str, sep: str, lines: list[int], n: int =
         "every column needs a name in the header (R's write.table writes row names without one: "
         "use write.csv, or row.names = FALSE)"
     )
-
-
-def _header_names(path: str, sep: str, encoding: str, line: int) -> list[str] | None:
-    """The header's column names as written (1-based ``line``), before pandas renames repeated
-    names (``rate``, ``rate.1``)."""
-    import csv
-
-    try:
-        with open(path, encoding=encoding, errors="replace", newline="") as fh:
-            for i, text in enumerate(fh, 1):
-                if i == line:
-                    fields = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep,
-                                             skipinitialspace=True))  # fmt: skip
-                    return [f.strip() for f in fields]
-    except (OSError, csv.Error, StopIteration):
-        return None
-    return None
 
 
 # (a note of read_csv_series; the command then marks its outputs' times as UTC)
@@ -710,12 +699,11 @@ def read_csv_series(
     if hinted:
         lines = [i for i in lines if i != hint_line + 1]
     skip = sorted(comments + ([hint_line] if hinted else []))
-    widest = _check_fields(path, encoding, sep, lines)
+    written, widest = _check_fields(path, encoding, sep, lines)
     names = None
     if widest:  # rows with unnamed trailing fields: read as unnamed columns (an empty one is
         # skipped below with a note, one with values is named in a note), none dropped
-        names = _header_names(path, sep, encoding, lines[0]) or []
-        names = names + [f"Unnamed: {j}" for j in range(len(names), widest)]
+        names = written + [f"Unnamed: {j}" for j in range(len(written), widest)]
     try:
         df = pd.read_csv(
             path,
@@ -749,7 +737,6 @@ def read_csv_series(
         raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
     if len(lines) != len(df) + 1:  # (quoted fields over several lines)
         lines = None
-    written = _header_names(path, sep, encoding, lines[0]) if lines is not None else None
     if written and len(written) == len(df.columns) and len(set(written)) != len(written):
         # (columns without a name are named Unnamed: k, and empty ones are skipped later)
         dup = sorted({c for c in written if c and written.count(c) > 1})
@@ -1093,16 +1080,14 @@ def _thousands_points(df, skip: tuple, path: str, row) -> None:
     as spreadsheets write in countries with decimal commas), which would read as 1.12: every
     cell with a point is grouped in threes, and some other cell is an integer without one, or
     another column of the file writes decimals with commas (``11,2``)."""
+    texts = {c: df[c].astype(str).str.strip() for c in df.columns if c not in skip}
     comma_file = next(
-        (c for c in df.columns if c not in skip
-         and df[c].astype(str).str.strip().str.fullmatch(r"[+-]?\d+,\d+").any()
-         and not df[c].astype(str).str.contains(".", regex=False).any()),
+        (c for c, text in texts.items()
+         if text.str.fullmatch(r"[+-]?\d+,\d+").any()
+         and not text.str.contains(".", regex=False).any()),
         None,
     )  # fmt: skip
-    for c in df.columns:
-        if c in skip:
-            continue
-        text = df[c].astype(str).str.strip()
+    for c, text in texts.items():
         pointed = text.str.contains(".", regex=False)
         if not pointed.any():
             continue
