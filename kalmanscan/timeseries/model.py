@@ -37,7 +37,6 @@ from kalmanscan.core.filter import InfoState
 from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.times import (
     TimeAxis,
-    _labels_array,
     _normalize_datetimes,
     as_time_axis,
     check_steps,
@@ -622,8 +621,7 @@ def _future_labels(time_axis: TimeAxis, steps, at, name: str) -> np.ndarray:
     """``steps`` typical steps past the last label, else the checked timestamps ``at``."""
     if steps is not None:
         return time_axis.future(steps)
-    time_axis.position(at, name)  # checks the kind of times and their timezone against the record
-    labels = _labels_array(at, name)
+    labels = time_axis.labels_of(at, name)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(
             f"{name}: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"

@@ -82,12 +82,7 @@ class TimeAxis(NamedTuple):
         converted too and times without one are read as UTC; times with a timezone against a
         record without one are refused.
         """
-        arr, zoned = _labels_and_zone(labels, name)
-        if zoned and not self.utc:
-            raise ValueError(
-                f"{name}: got times with a timezone or UTC offset, but the record's times have "
-                f"none; give {name} without a timezone, in the record's own clock"
-            )
+        arr = self.labels_of(labels, name)
         if self.is_datetime:
             if arr.dtype.kind != "M":
                 raise TypeError(
@@ -132,6 +127,18 @@ class TimeAxis(NamedTuple):
             return np.timedelta64(max(int(round(ticks)), 1), res)
         return med
 
+    def labels_of(self, labels, name: str = "at") -> np.ndarray:
+        """Other timestamps as this record's labels are (float64 or ``datetime64``, UTC where
+        the record's are; see :meth:`position`), refusing times with a timezone against a
+        record without one."""
+        arr, zoned = _labels_and_zone(labels, name)
+        if zoned and not self.utc:
+            raise ValueError(
+                f"{name}: got times with a timezone or UTC offset, but the record's times have "
+                f"none; give {name} without a timezone, in the record's own clock"
+            )
+        return arr
+
     def calendar_step(self) -> int | None:
         """The record's step in whole calendar months, where its dates are monthly, quarterly or
         yearly: every date on one day of its month (the same day, at most the 28th, or every one
@@ -146,16 +153,7 @@ class TimeAxis(NamedTuple):
         >>> as_time_axis(w, 3).calendar_step() is None
         True
         """
-        parts = _month_parts(self.labels) if self.is_datetime else None
-        if parts is None:
-            return None
-        months, _, _ = parts
-        d = np.diff(months)
-        d = d[d > 0]
-        if not d.size:
-            return None
-        med = float(np.median(d))
-        return int(med) if med == int(med) else None
+        return _calendar_step(_month_parts(self.labels) if self.is_datetime else None)
 
     def future(self, steps: int) -> np.ndarray:
         """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
@@ -175,9 +173,10 @@ class TimeAxis(NamedTuple):
         steps = check_steps(steps)
         k = np.arange(1, steps + 1)
         last = self.labels[-1]
-        months = self.calendar_step()
+        parts = _month_parts(self.labels) if self.is_datetime else None
+        months = _calendar_step(parts)
         if months is not None:
-            return _calendar_future(self.labels, months, k)
+            return _calendar_future(parts, months, k, self.labels)
         step = self.step()
         if not self.is_datetime:
             out = last + k.astype(np.float64) * step
@@ -228,10 +227,23 @@ def _month_parts(labels: np.ndarray):
     return month.astype(np.int64), rule, tod[0]
 
 
-def _calendar_future(labels: np.ndarray, months: int, k: np.ndarray) -> np.ndarray:
-    """``labels``' dates ``k * months`` calendar months after the last one, on the same day of
-    the month (or month end) and time of day (see :func:`_month_parts`)."""
-    m, rule, tod = _month_parts(labels)
+def _calendar_step(parts) -> int | None:
+    """The median positive step of :func:`_month_parts`' months where it is whole, else (or
+    without parts) ``None``."""
+    if parts is None:
+        return None
+    d = np.diff(parts[0])
+    d = d[d > 0]
+    if not d.size:
+        return None
+    med = float(np.median(d))
+    return int(med) if med == int(med) else None
+
+
+def _calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The dates ``k * months`` calendar months after the last of ``labels``, on the same day
+    of the month (or month end) and time of day (``parts``: their :func:`_month_parts`)."""
+    m, rule, tod = parts
     res = _resolution(labels)
     fut = (m[-1] + k * months).astype("datetime64[M]")
     if rule == -1:
@@ -415,31 +427,29 @@ def period_starts(values) -> tuple[list[str], str] | None:
     strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
     if not strs:
         return None
-    if _QUARTER.match(strs[0]):
-        quarters = [_QUARTER.match(s) for s in strs]
-        if all(quarters):
-            starts = []
-            for m in quarters:
-                year, q = m["y"] or m["y2"], int(m["q"] or m["q2"])
-                starts.append(f"{year}-{3 * q - 2:02d}-01")
-            return starts, "quarter"
-    if _MONTH.match(strs[0]):
-        months = [_MONTH.match(s) for s in strs]
-        if all(months):
-            return [f"{m['y']}-{int(m['m']):02d}-01" for m in months], "month"
-    if _HALF.match(strs[0]):
-        halves = [_HALF.match(s) for s in strs]
-        if all(halves):
-            return [f"{m['y']}-{'01' if m['h'] == '1' else '07'}-01" for m in halves], "half-year"
-    if _WEEK.match(strs[0]):
-        weeks = [_WEEK.match(s) for s in strs]
-        if all(weeks):
-            try:  # an ISO week starts on its Monday (week 53 only in some years)
-                days = [_dt.date.fromisocalendar(int(m["y"]), int(m["w"]), 1) for m in weeks]
-            except ValueError:
-                return None
-            return [d.isoformat() for d in days], "week"
+    for pattern, kind, start in _PERIODS:
+        if pattern.match(strs[0]):
+            found = [pattern.match(s) for s in strs]
+            if all(found):
+                try:
+                    return [start(m) for m in found], kind
+                except ValueError:  # a label of no period (2021-W53)
+                    return None
     return None
+
+
+def _quarter_start(m) -> str:
+    return f"{m['y'] or m['y2']}-{3 * int(m['q'] or m['q2']) - 2:02d}-01"
+
+
+# each kind of period label: its pattern, its name, the ISO date its period starts on (an ISO
+# week on its Monday; week 53 only in some years: ValueError)
+_PERIODS = (
+    (_QUARTER, "quarter", _quarter_start),
+    (_MONTH, "month", lambda m: f"{m['y']}-{int(m['m']):02d}-01"),
+    (_HALF, "half-year", lambda m: f"{m['y']}-{'01' if m['h'] == '1' else '07'}-01"),
+    (_WEEK, "week", lambda m: _dt.date.fromisocalendar(int(m["y"]), int(m["w"]), 1).isoformat()),
+)
 
 
 def _guess_formats(strs: list[str]) -> list[str]:
@@ -571,8 +581,7 @@ def parse_datetime_strings(
                 given[i],
             )
         return _to_numpy_datetimes(out)
-    for pattern, kind in ((_QUARTER, "quarter"), (_MONTH, "month"), (_HALF, "half-year"),
-                          (_WEEK, "week")):
+    for pattern, kind, _ in _PERIODS:
         if time_format is not None or not any(pattern.match(s) for s in strs[:20]):
             continue
         labels = [bool(pattern.match(s)) for s in strs]
