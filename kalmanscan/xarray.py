@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from kalmanscan.core._args import as_real_numpy
 from kalmanscan.timeseries import dataset as view
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
@@ -243,31 +244,19 @@ def to_dataset(model: OUModel, z, times=None, *, fit=None, backend: str = "auto"
 
 
 # --- fitting --------------------------------------------------------------------------------------
-def _fix_inputs(fix, da: xr.DataArray, series_dims: list, time_dim: str):
+def _fix_inputs(fix, da: xr.DataArray, time_dim: str):
     """``fix`` split into its scalars and its per-series values as DataArrays over the data's
-    series dims: a DataArray is matched by its labels (every series of the data needs one), an
-    array by numpy's broadcasting against the series dims' shape. So the values reach each
-    series, and each dask chunk gets its own."""
+    series dims (:func:`kalmanscan.timeseries.dataset.series_param`: a DataArray matched by its
+    labels, every series of the data needing one; an array over the trailing series dims). So
+    the values reach each series, and each dask chunk gets its own."""
     scalars, per_series = {}, {}
     for name, v in (fix or {}).items():
         if isinstance(v, xr.DataArray):
             per_series[name] = view.match_series(f"fix[{name!r}]", v, da, time_dim)
-        elif np.ndim(v) > 0:
-            arr = np.asarray(v)
-            shape = tuple(da.sizes[d] for d in series_dims)
-            if arr.ndim > len(shape) or any(
-                n not in (1, m) for n, m in zip(arr.shape[::-1], shape[::-1], strict=False)
-            ):
-                raise ValueError(
-                    f"fix[{name!r}]: expected a scalar or values of a shape that broadcasts to the "
-                    f"series shape {shape} (dims {tuple(series_dims)}), got shape {arr.shape}"
-                )
-            dims = series_dims[len(shape) - arr.ndim :]
-            # a size-1 axis against a longer dim broadcasts: xarray broadcasts a missing dim
-            one = [i for i, d in enumerate(dims) if arr.shape[i] == 1 and da.sizes[d] != 1]
-            per_series[name] = xr.DataArray(
-                arr.squeeze(axis=tuple(one)), dims=[d for i, d in enumerate(dims) if i not in one]
-            )
+        elif np.ndim(v) > 0:  # an array over the trailing series dims, as parameters are
+            # (text, booleans and complex numbers refused as fit_ou refuses them)
+            as_real_numpy(f"fix[{name!r}]", v)
+            per_series[name] = view.series_param(f"fix[{name!r}]", v, da, time_dim)
         else:
             scalars[name] = v
     return scalars, per_series
@@ -357,7 +346,7 @@ def fit_dataarray(
     else:
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
-        scalars, per_series = _fix_inputs(fix, da, series_dims, time_dim)
+        scalars, per_series = _fix_inputs(fix, da, time_dim)
         est, se, ll, conv, nobs = xr.apply_ufunc(
             _fit_block,
             z,

@@ -49,7 +49,8 @@ def test_fix_dataarray_without_a_series_refused(macro):
         macro.kalman.fit_ou(fix={"theta": fix})
     with pytest.raises(ValueError, match=r"fix\['theta'\]: expected values over the data's"):
         macro.kalman.fit_ou(fix={"theta": xr.DataArray([0.0, 0.1], dims="other")})
-    with pytest.raises(ValueError, match=r"fix\['theta'\]: expected a scalar or values of a shape"):
+    with pytest.raises(ValueError, match=r"fix\['theta'\]: expected a scalar or an array over the "
+                       r"series dims \['var'\], got shape \(3,\)"):  # fmt: skip
         macro.kalman.fit_ou(fix={"theta": np.array([0.0, 0.1, 0.2])})
 
 
