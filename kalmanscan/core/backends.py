@@ -123,11 +123,17 @@ def _unavailable(name: str, device: torch.device, op: str) -> str | None:
     return None
 
 
-def resolve(backend: str, device: torch.device, op: str = "filter") -> str:
-    """Turn ``backend`` (a name or ``"auto"``) into a concrete name of ``op`` serving ``device``."""
+def check_name(backend, op: str = "filter", arg: str = "backend") -> None:
+    """A ValueError naming ``arg`` unless ``backend`` is ``"auto"`` or a backend name of ``op``
+    (the device is not checked: :func:`resolve` does that)."""
     table = TABLES[op]
     if not isinstance(backend, str) or (backend != "auto" and backend not in table):
-        raise ValueError(f"backend: expected 'auto' or one of {sorted(table)}, got {backend!r}")
+        raise ValueError(f"{arg}: expected 'auto' or one of {sorted(table)}, got {backend!r}")
+
+
+def resolve(backend: str, device: torch.device, op: str = "filter") -> str:
+    """Turn ``backend`` (a name or ``"auto"``) into a concrete name of ``op`` serving ``device``."""
+    check_name(backend, op)
     if backend == "auto":
         prefs = AUTO[op].get(device.type, ("torch",))
         return next((n for n in prefs if _unavailable(n, device, op) is None), prefs[-1])

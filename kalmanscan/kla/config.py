@@ -114,14 +114,9 @@ class KLAConfig:
             raise ValueError(
                 f"dt_min, dt_max: expected dt_min <= dt_max, got {self.dt_min} > {self.dt_max}"
             )
-        from kalmanscan.core.kla_op import KLA_BACKENDS
+        from kalmanscan.core.backends import check_name
 
-        if not isinstance(self.backend, str) or (
-            self.backend != "auto" and self.backend not in KLA_BACKENDS
-        ):
-            raise ValueError(
-                f"backend: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {self.backend!r}"
-            )
+        check_name(self.backend, "kla")
         if self.discretization not in _DISCRETIZATIONS:
             raise ValueError(
                 f"discretization: expected one of {_DISCRETIZATIONS}, got {self.discretization!r}"

@@ -380,14 +380,10 @@ def _check_device(device, name: str = "device") -> torch.device:
 
 def _check_backend(backend, name: str = "backend") -> None:
     """None (keep the config's) or a KLA op backend name, else a ValueError naming ``name``."""
-    from kalmanscan.core.kla_op import KLA_BACKENDS
+    from kalmanscan.core.backends import check_name
 
-    if backend is not None and (
-        not isinstance(backend, str) or (backend != "auto" and backend not in KLA_BACKENDS)
-    ):
-        raise ValueError(
-            f"{name}: expected 'auto' or one of {sorted(KLA_BACKENDS)}, got {backend!r}"
-        )
+    if backend is not None:
+        check_name(backend, "kla", name)
 
 
 def _checkpoint_dir(directory: Path) -> Path:
