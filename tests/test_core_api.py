@@ -104,6 +104,31 @@ def test_discretize_ou_limits():
     assert torch.isfinite(t.grad)
 
 
+@pytest.mark.parametrize(
+    "theta, sigma2, dt",
+    [
+        (0.5, 1e300, 1e300),  # sigma2 * dt overflows, p = 1e300
+        (1e300, 1.0, 1e300),  # 2 theta dt overflows, p = 5e-301
+        (1e308, 1e308, 1.0),  # 2 theta overflows, p = 0.5
+        (0.3, 1e-200, 1e100),
+        (1e-300, 2.0, 1e5),
+        (1.0, 2.0, 0.5),  # an ordinary step on either side of x = 1
+        (2.0, 1.0, 0.2500001),
+        (1e-5, 1.0, 5.0),
+    ],
+)
+def test_discretize_ou_extreme_ranges(theta, sigma2, dt):
+    """Against a 50-digit mpmath truth: p stays in range wherever it is representable (it was inf
+    for theta = 0.5, sigma2 = dt = 1e300 and 0 for theta = dt = 1e300)."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    th, s2, h = mp.mpf(theta), mp.mpf(sigma2), mp.mpf(dt)
+    true_a, true_p = mp.exp(-th * h), s2 / (2 * th) * -mp.expm1(-2 * th * h)
+    a, p = ks.discretize_ou(np.float64(theta), np.float64(sigma2), np.float64(dt))
+    assert float(abs((mp.mpf(float(p)) - true_p) / true_p)) < 1e-15
+    assert float(abs(mp.mpf(float(a)) - true_a)) <= 1e-16 * float(true_a) or float(true_a) < 1e-300
+
+
 def test_import_is_light():
     code = (
         "import sys, kalmanscan; "

@@ -4,9 +4,11 @@ After a step ``dt`` the transition is ``x_t = a x_{t-1} + mu (1 - a) + w``, ``w 
 
     a = exp(-theta dt),   p = sigma2 / (2 theta) * (1 - exp(-2 theta dt))   (sigma2 dt at theta = 0)
 
-``p`` is computed as ``sigma2 * dt * (-expm1(-x) / x)`` with ``x = 2 theta dt``, accurate for tiny
-``x`` (a Taylor polynomial below ``x = 1e-4``) and exactly ``sigma2 * dt`` at ``theta = 0``,
-with the exact derivative there too (``d process_var / d theta = -sigma2 dt**2`` at 0).
+``p`` is computed as ``sigma2 * (dt * (-expm1(-x) / x))`` with ``x = 2 theta dt`` up to ``x = 1``,
+accurate for tiny ``x`` (a Taylor polynomial below ``x = 1e-4``) and exactly ``sigma2 * dt`` at
+``theta = 0``, with the exact derivative there too (``d process_var / d theta = -sigma2 dt**2`` at
+0); above ``x = 1`` as ``sigma2 * (-expm1(-x) / (2 theta))``, which stays in range where
+``sigma2 * dt`` or ``x`` overflows.
 Derivation: docs/model.md.
 """
 
@@ -59,14 +61,21 @@ def discretize_ou(theta, sigma2, dt):
 def ou_transition(theta: torch.Tensor, sigma2: torch.Tensor, dt: torch.Tensor):
     """The math of :func:`discretize_ou` on tensors, without argument checks.
 
-    For callers whose inputs are valid by construction (the KLA layer builds ``theta``, ``sigma2``
-    and ``dt`` from exp/softplus/clamp of its parameters): no check means no device synchronization.
+    For callers whose inputs are valid by construction (the fitting loop builds ``theta``,
+    ``sigma2`` and ``dt`` from its unconstrained parameters): no check means no device
+    synchronization.
     """
     x = 2.0 * theta * dt
-    # factor = (1 - exp(-x)) / x; below x = 1e-4 its Taylor polynomial (truncation < 1e-18
-    # relative), which also carries the right derivative (-1/2) at x = 0
+    # below x = 1: p = sigma2 (dt f) with f = (1 - exp(-x)) / x in (0.63, 1], so the product
+    # overflows only where p does; f below x = 1e-4 by its Taylor polynomial (truncation < 1e-18
+    # relative), which also carries the right derivative (-1/2) at x = 0. Above: p = sigma2 *
+    # (1 - exp(-x)) / (2 theta), exact where x or sigma2 dt overflows (theta = dt = 1e300)
     small = x < 1e-4
-    x_safe = x.masked_fill(small, 1.0)
+    large = x > 1.0
+    x_mid = torch.where(small | large, 1.0, x)
     series = 1 - x * (0.5 - x * (1.0 / 6 - x / 24))
-    factor = torch.where(small, series, -torch.expm1(-x_safe) / x_safe)
-    return torch.broadcast_tensors(torch.exp(-theta * dt), sigma2 * dt * factor)
+    factor = torch.where(small, series, -torch.expm1(-x_mid) / x_mid)
+    theta_l = torch.where(large, theta, 1.0)
+    p_large = sigma2 * (-0.5 * torch.expm1(-torch.where(large, x, 1.0)) / theta_l)
+    p = torch.where(large, p_large, sigma2 * (dt * factor))
+    return torch.broadcast_tensors(torch.exp(-theta * dt), p)
