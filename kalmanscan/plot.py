@@ -178,23 +178,35 @@ def plot_bands(
     >>> ax.get_legend_handles_labels()[1][:3]
     ['missing / no data', 'data', '90% band']
     """
-    plt = _plt()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
-    times = np.asarray(times)
-    mean = np.asarray(mean, dtype=np.float64)
-    var = np.asarray(var, dtype=np.float64)
-    if mean.shape != times.shape or var.shape != times.shape:
+    from kalmanscan.timeseries.coverage import check_coverage
+
+    times = _plot_times(times)
+    mean, var = _reals("mean", mean), _reals("var", var)
+    if times.ndim != 1 or mean.shape != times.shape or var.shape != times.shape:
         raise ValueError(
             f"times, mean, var: expected equal 1-D shapes, got {times.shape}, {mean.shape}, "
             f"{var.shape}"
         )
-    covs = sorted((float(c) for c in np.atleast_1d(coverages)), reverse=True)
-    if show_missing and observed is not None:
-        as_float = np.asarray(observed, dtype=np.float64)
-        _shade_missing(ax, times, as_float, show_missing, "missing / no data")
-    if observed is not None:
-        obs = np.asarray(observed, dtype=np.float64)
+    covs = sorted(check_coverage(coverages, "coverages"), reverse=True)
+    obs = None if observed is None else _reals("observed", observed)  # masked: missing
+    if obs is not None and obs.shape != times.shape:
+        raise ValueError(
+            f"observed: expected the shape of times {times.shape}, got shape {obs.shape}"
+        )
+    if forecast_times is not None and len(forecast_times):
+        ft = _plot_times(forecast_times)
+        fm, fv = _reals("forecast_mean", forecast_mean), _reals("forecast_var", forecast_var)
+        if ft.ndim != 1 or fm.shape != ft.shape or fv.shape != ft.shape:
+            raise ValueError(
+                "forecast_times, forecast_mean, forecast_var: expected equal 1-D shapes, got "
+                f"{ft.shape}, {fm.shape}, {fv.shape}"
+            )
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    if show_missing and obs is not None:
+        _shade_missing(ax, times, obs, show_missing, "missing / no data")
+    if obs is not None:
         i = _draw_index(len(obs), obs, spread=True)
         ax.plot(times[i], obs[i], "o", ms=3, color="0.25", label="data", zorder=3)
     finite = np.isfinite(var)
@@ -208,9 +220,7 @@ def plot_bands(
         )
     ax.plot(times[i], mean[i], color=color, lw=1.6, label=label, zorder=4)
     if forecast_times is not None and len(forecast_times):
-        ft = np.asarray(forecast_times)
-        fm = np.asarray(forecast_mean, dtype=np.float64)
-        fsd = np.sqrt(np.asarray(forecast_var, dtype=np.float64))
+        fsd = np.sqrt(fv)
         t_join = np.concatenate([times[-1:], ft])
         m_join = np.concatenate([mean[-1:], fm])
         sd_join = np.concatenate([sd[-1:], fsd])
@@ -233,6 +243,27 @@ def plot_bands(
     ax.legend(loc="best", fontsize="small", ncol=2)
     _clamp_dates(ax)
     return ax
+
+
+def _reals(name, values) -> np.ndarray:
+    """``values`` as float64 (masked elements and pandas' NA: NaN), refusing what is no number."""
+    if values is None:
+        raise TypeError(f"{name}: expected an array of real numbers, got None")
+    from kalmanscan.core._args import as_real_numpy
+
+    return as_real_numpy(name, values).astype(np.float64)
+
+
+def _plot_times(times) -> np.ndarray:
+    """Times as matplotlib draws them: pandas periods as the times they start (matplotlib has no
+    converter for them), the rest as given."""
+    import sys
+
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(times, (pd.Index, pd.Series)):
+        if isinstance(times.dtype, pd.PeriodDtype):
+            times = times.dt.start_time if isinstance(times, pd.Series) else times.start_time
+    return np.asarray(times)
 
 
 def _series_dims(ds):

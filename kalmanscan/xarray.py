@@ -123,10 +123,12 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
             )
         values = {"theta": 0.0, "mu": 0.0, **params}
     elif isinstance(model, OUModel):
-        values = {p: getattr(model, p) for p in PARAMS}
+        # parameters given with labels (pandas, xarray) are matched to the data's by label
+        given = lambda p: model._labelled.get(p, getattr(model, p))  # noqa: E731
+        values = {p: given(p) for p in PARAMS}
         for p in ("prior_mean", "prior_var"):
             if getattr(model, p) is not None:
-                values[p] = getattr(model, p)
+                values[p] = given(p)
     else:
         raise TypeError(
             f"model: expected an OUModel, OUFit or parameter Dataset, got {type(model).__name__}"
@@ -264,9 +266,12 @@ def _fix_inputs(fix, da: xr.DataArray, time_dim: str):
 
 def _fix_text(fix) -> str:
     """The ``fixed`` attribute: each name with its value, or "per series" for arrays."""
-    return ", ".join(
-        f"{k}={v}" if np.ndim(v) == 0 else f"{k}=per series" for k, v in (fix or {}).items()
-    ) or "none"
+    return (
+        ", ".join(
+            f"{k}={v}" if np.ndim(v) == 0 else f"{k}=per series" for k, v in (fix or {}).items()
+        )
+        or "none"
+    )
 
 
 def _fit_block(z, *fixed, time_axis: TimeAxis, fix, per_series=(), options):
@@ -399,7 +404,12 @@ class _KalmanAccessor:
                         f"dtype {obj[k].dtype}; drop it (ds.drop_vars({k!r})) or select the "
                         "series variables"
                     )
-            return obj[names].to_dataarray(dim="series")
+            sub = obj[names]
+            # pandas' nullable columns (Int64, Float64: NA = missing) as float64 with NaN, so the
+            # variables stack into one array (pandas finds no shared type for Int64 and Float64)
+            nullable = [k for k in names if not isinstance(sub[k].dtype, np.dtype)]
+            sub = sub.assign({k: sub[k].astype(np.float64) for k in nullable})
+            return sub.to_dataarray(dim="series")
         return obj
 
     def filter(

@@ -7,8 +7,10 @@ Every message names the argument, what was expected and what was received.
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
+import sys
 import warnings
 
 import numpy as np
@@ -39,9 +41,12 @@ class Converter:
     def __init__(self, values: dict, dtype_from: str | None = None):
         self.values = values
         self.arrays = {}
+        z = values.get("z")
         for name, value in values.items():
             if value is None or isinstance(value, torch.Tensor) or _plain_number(value):
                 continue  # (a plain number becomes a tensor when asked for: tensor())
+            if name != "z" and z is not None:  # pandas / xarray parameters of pandas / xarray z
+                value = align_labels(name, value, z)
             self.arrays[name] = _to_numpy(name, value)
         tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
         self.torch_mode = bool(tensors)
@@ -132,14 +137,19 @@ def as_real_numpy(name, value) -> np.ndarray:
     """``value`` as a numpy array of real numbers that torch can wrap, or a ``TypeError``.
 
     The one conversion every entry point uses: masked elements (``numpy.ma``, e.g. netCDF fill
-    values) become NaN (missing data; out of range for a parameter); big-endian arrays are
-    byte-swapped and negatively strided views (``z[::-1]``) copied; strings, bytes, objects,
-    booleans, complex numbers, datetimes and timedeltas are refused, naming ``name``.
+    values) and pandas' ``NA`` in nullable ``Int64``/``Float64`` columns become NaN (missing
+    data; out of range for a parameter); big-endian arrays are byte-swapped and negatively
+    strided views (``z[::-1]``) copied; strings, bytes, objects (e.g. a list holding ``None``:
+    the message says how to convert it), booleans, complex numbers, datetimes and timedeltas are
+    refused, naming ``name``.
 
     >>> as_real_numpy("z", np.ma.masked_array([1.0, -999.0], mask=[0, 1])).tolist()
     [1.0, nan]
     >>> as_real_numpy("z", np.arange(3.0)[::-1]).tolist()
     [2.0, 1.0, 0.0]
+    >>> import pandas as pd
+    >>> as_real_numpy("z", pd.Series([1, None], dtype="Int64")).tolist()
+    [1.0, nan]
     """
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(
@@ -151,6 +161,9 @@ def as_real_numpy(name, value) -> np.ndarray:
                 f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
             )
         value = value.detach().resolve_neg().resolve_conj().cpu().numpy()
+    pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
+    if pd is not None and isinstance(value, (pd.Series, pd.DataFrame, pd.Index)):
+        value = _pandas_values(value, pd)
     try:
         if isinstance(value, np.ma.MaskedArray):
             mask = np.ma.getmaskarray(value)
@@ -164,6 +177,8 @@ def as_real_numpy(name, value) -> np.ndarray:
             f"{name}: expected a real number or array of real numbers, "
             f"got {_describe(value)} ({exc})"
         ) from None
+    if a.dtype.kind == "O":
+        raise _object_refusal(name, value, a)
     if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
@@ -173,6 +188,172 @@ def as_real_numpy(name, value) -> np.ndarray:
     if any(st < 0 for st in a.strides):
         a = a.copy()
     return a
+
+
+def align_labels(name, value, data, order=None):
+    """``value`` (a parameter) matched to the labels of ``data`` (the observations) where both
+    carry labels, so that numpy broadcasting then pairs each value with its own series and step;
+    ``value`` unchanged otherwise (it is used by position).
+
+    - pandas ``data``: a ``Series`` parameter whose index holds ``data``'s column labels is taken
+      per column (``[S]``), one whose index holds ``data``'s index per row (``[T, 1]`` for a
+      DataFrame; a time-varying value), reordered to ``data``'s order (extra labels dropped); a
+      ``DataFrame`` parameter is reordered on both axes. The default labels ``0, 1, ...`` name
+      nothing: a ``Series`` (or a DataFrame's axis) with them is used by position.
+    - xarray ``data``: a ``DataArray`` parameter over some of ``data``'s dims, reordered to its
+      coordinates and laid out in ``order`` (default ``data.dims``) with length-1 axes for the
+      dims it lacks (leading ones dropped, as numpy broadcasting adds them).
+
+    Anything else raises a ``ValueError`` naming ``name``, the labels expected and those given.
+
+    >>> import pandas as pd
+    >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
+    >>> align_labels("obs_var", pd.Series({"b": 2.0, "a": 1.0}), z).tolist()
+    [1.0, 2.0]
+    """
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(value, (pd.Series, pd.DataFrame)):
+        if isinstance(data, (pd.Series, pd.DataFrame)):
+            return _align_pandas(name, value, data, pd)
+        return value
+    xr = sys.modules.get("xarray")
+    if xr is not None and isinstance(value, xr.DataArray) and isinstance(data, xr.DataArray):
+        return _align_xarray(name, value, data, tuple(order or data.dims))
+    return value
+
+
+def _labels_text(labels, limit: int = 5) -> str:
+    shown = [repr(x.item() if hasattr(x, "item") else x) for x in list(labels[:limit])]
+    more = f", ... ({len(labels)} labels)" if len(labels) > limit else ""
+    return "[" + ", ".join(shown) + more + "]"
+
+
+def labels_hold(given, wanted) -> bool:
+    """Whether the labels ``given`` (a pandas Index) hold every label of ``wanted``, once each."""
+    if given.equals(wanted):
+        return True
+    return bool(given.is_unique and wanted.isin(given).all())
+
+
+def _default_labels(labels, pd) -> bool:
+    """The labels pandas gives when none are: ``0, 1, ...`` (values by position)."""
+    return isinstance(labels, pd.RangeIndex) and labels.start == 0 and labels.step == 1
+
+
+def _align_pandas(name, value, data, pd):
+    frame = isinstance(data, pd.DataFrame)
+    if isinstance(value, pd.DataFrame):
+        if not frame:
+            return value
+        pairs = (("index", value.index, data.index), ("columns", value.columns, data.columns))
+        keep = {}
+        for axis, given, wanted in pairs:
+            if _default_labels(given, pd) or given.equals(wanted):
+                continue  # by position, or already in z's order
+            if not labels_hold(given, wanted):
+                missing = wanted[~wanted.isin(given)]
+                what = f"z's label {missing[0]!r} is missing" if len(missing) else "duplicates"
+                raise ValueError(
+                    f"{name}: expected a DataFrame whose {axis} holds z's {axis} "
+                    f"{_labels_text(wanted)}, got {_labels_text(given)} ({what}); pass "
+                    f"{name}.to_numpy() to use the values by position"
+                )
+            keep[axis] = wanted
+        return value.reindex(**keep) if keep else value
+    idx = value.index
+    if _default_labels(idx, pd):
+        return value  # no labels given: used by position
+    candidates = [("columns", data.columns)] if frame else []
+    candidates.append(("index", data.index))
+    for axis, wanted in candidates:
+        if labels_hold(idx, wanted):
+            out = value if idx.equals(wanted) else value.reindex(wanted)
+            return out.to_frame() if frame and axis == "index" else out
+    where = " or ".join(f"z's {axis} {_labels_text(wanted)}" for axis, wanted in candidates)
+    raise ValueError(
+        f"{name}: expected a Series whose index holds {where}, got index {_labels_text(idx)}; "
+        f"pass {name}.to_numpy() to use the values by position"
+    )
+
+
+def match_dims(name, value, data, dims, what: str = "dims"):
+    """The DataArray ``value``, over some of ``dims`` (dims of the DataArray ``data``), matched to
+    ``data`` along each: by label where both carry labels (in ``data``'s order; labels ``data``
+    lacks are dropped; each of ``data``'s needs a value), else by position (the same size, or 1);
+    else a ``ValueError`` naming ``name`` (and ``dims`` as the data's ``what``)."""
+    extra = [d for d in value.dims if d not in dims]
+    if extra:
+        hint = ""
+        if len(extra) == 1 and extra[0] in value.coords:
+            hint = f"; select one, e.g. .sel({extra[0]}={value[extra[0]].values[0].item()!r})"
+        raise ValueError(
+            f"{name}: expected values over the data's {what} {tuple(dims)}, got dims "
+            f"{value.dims}, with {tuple(extra)} the data lacks{hint}"
+        )
+    for d in value.dims:
+        if d in data.indexes and d in value.indexes:
+            given, wanted = value.indexes[d], data.indexes[d]
+            if given.equals(wanted):
+                continue
+            if not labels_hold(given, wanted):
+                missing = wanted[~wanted.isin(given)]
+                if len(missing):
+                    raise ValueError(
+                        f"{name}: no value for {d}={missing[0]!r} (its labels are "
+                        f"{_labels_text(given)})"
+                    )
+                raise ValueError(f"{name}: expected unique labels along {d!r}, got duplicates")
+            value = value.sel({d: wanted})
+        elif value.sizes[d] != data.sizes[d] and value.sizes[d] != 1:
+            raise ValueError(
+                f"{name}: expected {data.sizes[d]} values along {d!r} (the data's size), got "
+                f"{value.sizes[d]}"
+            )
+    return value
+
+
+def _align_xarray(name, value, data, order):
+    value = match_dims(name, value, data, data.dims)
+    if not value.dims:
+        return value.values
+    present = [d for d in order if d in value.dims]
+    arr = np.asarray(value.transpose(*present).values)
+    first = order.index(present[0])
+    return arr.reshape([value.sizes[d] if d in value.dims else 1 for d in order[first:]])
+
+
+def _pandas_values(value, pd):
+    """A pandas object with nullable numeric columns (``Int64``, ``Float64``...: ``NA`` =
+    missing) as float64 with NaN (float32 where every column is float32); others unchanged (numpy
+    reads them, and refuses what is no number)."""
+    dtypes = list(value.dtypes) if isinstance(value, pd.DataFrame) else [value.dtype]
+    types = pd.api.types
+    nullable = [
+        not isinstance(d, np.dtype) and types.is_numeric_dtype(d) and not types.is_bool_dtype(d)
+        for d in dtypes
+    ]
+    plain = [isinstance(d, np.dtype) and d.kind in "iuf" for d in dtypes]
+    if not any(nullable) or not all(n or p for n, p in zip(nullable, plain, strict=True)):
+        return value
+    f32 = all(str(d) in ("float32", "Float32") for d in dtypes)
+    return value.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
+
+
+def _object_refusal(name, value, a: np.ndarray) -> TypeError:
+    """The error for an object array (numpy's reading of a list holding ``None``, ``Decimal``
+    values, text...): objects are not read element by element, so the message says how to
+    convert numbers, or names the first element that is no real number."""
+    head = f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
+    for i, v in enumerate(a.reshape(-1)):
+        number = isinstance(v, (numbers.Real, decimal.Decimal)) and not isinstance(v, bool)
+        if not (v is None or number):
+            idx = tuple(int(k) for k in np.unravel_index(i, a.shape))
+            what = f"{type(v).__name__} {v!r}"[:80]
+            return TypeError(f"{head[:300]}, whose element at index {idx} is {what}")
+    return TypeError(
+        f"{head[:300]}: an array of Python objects; convert it with np.asarray({name}, "
+        "dtype=float), which reads None as NaN (missing)"
+    )
 
 
 def first_bad(mask: torch.Tensor):

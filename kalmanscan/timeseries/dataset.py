@@ -27,9 +27,12 @@ the model, prior, time unit and likelihood convention.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import xarray as xr
 
+from kalmanscan.core._args import labels_hold, match_dims
 from kalmanscan.timeseries.coverage import normal_quantile
 
 MODEL_DESCRIPTION = (
@@ -114,6 +117,7 @@ def observed_array(
 def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> xr.DataArray:
     """A parameter (scalar, array over the trailing series dims of ``da``, or DataArray) as a
     DataArray over the series dims."""
+    value = _pandas_as_dataarray(name, value, da, time_dim)
     if isinstance(value, xr.DataArray):
         return match_series(name, value, da, time_dim)
     series_dims = [d for d in da.dims if d != time_dim]
@@ -135,34 +139,37 @@ def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> 
     )
 
 
+def _pandas_as_dataarray(name: str, value, da: xr.DataArray, time_dim: str):
+    """A pandas ``Series`` as a DataArray over the dim of ``da`` its index labels (its index's
+    name, else the one dim whose labels it holds), so it is matched by label; other values, and
+    a Series with the default index ``0, 1, ...`` (no labels: used by position), as given."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(value, pd.Series):
+        return value
+    idx = value.index
+    if isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1:
+        return value  # the default labels 0, 1, ...: none given, used by position
+    dims = [d for d in da.dims if d in da.indexes]
+    if idx.name in dims:
+        hits = [idx.name]
+    else:
+        hits = [d for d in dims if labels_hold(idx, da.indexes[d])]
+    if len(hits) == 1:
+        values = value.to_numpy(dtype=np.float64, na_value=np.nan)
+        return xr.DataArray(values, dims=[hits[0]], coords={hits[0]: idx})
+    raise ValueError(
+        f"{name}: expected a Series whose index holds the labels of one of the data's dims "
+        f"{tuple(dims)} (or is named after it), got index {list(idx[:5])}"
+        + (f", which holds the labels of each of {tuple(hits)}: name the index" if hits else "")
+    )
+
+
 def match_series(name: str, v: xr.DataArray, da: xr.DataArray, time_dim: str = "time"):
     """A per-series value given as a DataArray, matched to the series of ``da`` by label (in the
     data's order; labels the data lacks are dropped; every series of the data needs a value), or
-    by position along a dim without labels; its other coordinates dropped."""
-    series_dims = [d for d in da.dims if d != time_dim]
-    extra = [d for d in v.dims if d not in series_dims]
-    if extra:
-        hint = ""
-        if len(extra) == 1 and extra[0] in v.coords:
-            hint = f"; select one, e.g. .sel({extra[0]}={v[extra[0]].values[0].item()!r})"
-        raise ValueError(
-            f"{name}: expected values over the data's series dims {tuple(series_dims)}, got dims "
-            f"{v.dims}, with {tuple(extra)} the data lacks{hint}"
-        )
-    for d in v.dims:
-        if d in da.coords and d in v.coords:
-            missing = ~np.isin(da[d].values, v[d].values)
-            if missing.any():
-                first = da[d].values[missing][0].item()
-                raise ValueError(
-                    f"{name}: no value for {d}={first!r} (its labels are {v[d].values.tolist()})"
-                )
-            v = v.sel({d: da[d].values})
-        elif v.sizes[d] != da.sizes[d]:
-            raise ValueError(
-                f"{name}: expected {da.sizes[d]} values along {d!r} (the data's size), got "
-                f"{v.sizes[d]}"
-            )
+    by position along a dim without labels (:func:`kalmanscan.core._args.match_dims`); its other
+    coordinates dropped."""
+    v = match_dims(name, v, da, [d for d in da.dims if d != time_dim], "series dims")
     return v.drop_vars([c for c in v.coords if c not in v.dims])
 
 

@@ -32,6 +32,7 @@ from kalmanscan.timeseries.model import (
     PARAMS,
     Forecast,
     OUModel,
+    align_to_data,
     forecast_from_state,
     series_input,
 )
@@ -517,14 +518,22 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
             "mu": (v - mg) / sg,
             "obs_var": v / sg**2,
         }[p]
-    positive = np.array([p in _POSITIVE for p in free])
-    u0 = np.stack([np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1).reshape(
-        G, len(free)
-    )
+    positive = np.array([p in _POSITIVE for p in free], dtype=bool)
     active = usable[:1] if joint else usable
-    opt = optim.minimize(
-        _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H, active=active
-    )
+    if free:
+        u0 = np.stack([np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1)
+        u0 = u0.reshape(G, len(free))
+        opt = optim.minimize(
+            _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H,
+            active=active,
+        )  # fmt: skip
+    else:  # nothing to fit (a profile point of the only free parameter): the likelihood only
+        status = np.where(active, optim.CONVERGED, optim.RUNNING)
+        empty = np.zeros((G, 0))
+        opt = optim.NewtonResult(
+            empty, np.full(G, np.nan), empty, np.zeros((G, 0, 0)), empty.astype(bool), status,
+            np.zeros(G, np.int64),
+        )  # fmt: skip
     # natural estimates per series
     x = {}
     for j, p in enumerate(free):
@@ -560,6 +569,13 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
     return _Core(est, loglik, opt, m, s, tau, usable, res, data)
 
 
+def _mu_unused(core: _Core, joint: bool) -> np.ndarray:
+    """``[G]``: groups whose ``theta`` is fixed at 0, where ``mu`` does not enter the
+    likelihood (the random walk forgets its mean)."""
+    zero = np.asarray(core.est["theta"]) == 0
+    return np.array([zero.all()]) if joint else zero
+
+
 def _standard_errors(core: _Core, free, joint):
     """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the stencil
     Hessian at the estimate, where the estimate is converged and the Hessian positive definite;
@@ -582,6 +598,8 @@ def _standard_errors(core: _Core, free, joint):
     held = opt.at_boundary.copy()
     if "theta" in free and "mu" in free:
         held[:, free.index("mu")] |= held[:, free.index("theta")]
+    elif "mu" in free:  # theta fixed: at 0 (a random walk) mu does not enter the likelihood
+        held[:, free.index("mu")] |= _mu_unused(core, joint)
     why = np.full(G, "", dtype=object)
     why[opt.status != optim.CONVERGED] = "the fit did not converge"
     why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
@@ -695,6 +713,11 @@ def fit_ou(
     """
     if not isinstance(robust, (bool, np.bool_)):
         raise TypeError(f"robust: expected True or False, got {robust!r}")
+    # values given as pandas / xarray objects go to the series their labels name
+    if isinstance(fix, dict):
+        fix = {k: align_to_data(f"fix[{k!r}]", v, z, axis) for k, v in fix.items()}
+    if isinstance(init, dict):
+        init = {k: align_to_data(f"init[{k!r}]", v, z, axis) for k, v in init.items()}
     if robust:
         from kalmanscan.timeseries.robust import fit_ou_robust
 
@@ -830,6 +853,16 @@ def _fit_finish(
             )
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
+    if "mu" in free and "theta" in fixed:
+        idle = np.flatnonzero(_mu_unused(core, joint) & (core.usable[:1] if joint else core.usable))
+        if idle.size:
+            where = "" if joint or N == 1 else f" in series {_names(idle, labels)}"
+            notes.append(
+                f"mu is not estimated{where}: with theta fixed at 0 (a random walk) it does not "
+                "enter the likelihood, so it stays at its starting value (init, else the data's "
+                "mean) and has no standard error; fix it too (fix={'theta': 0.0, 'mu': 0.0}) for "
+                "the local level model"
+            )
     # outliers: one observation carrying most of the squared innovations, checked by a refit
     if not joint:
         notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,

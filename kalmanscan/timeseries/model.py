@@ -59,16 +59,50 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     if bad.any():
         rng = "finite values"
         if lo is not None:
-            rng = f"values {'>' if lo_open else '>='} {lo} and finite"
+            rng = f"values {'>' if lo_open else '>='} {lo}"
+            rng += " (inf allowed)" if allow_inf else " and finite"
         first = arr[bad].ravel()[0].item()
         raise ValueError(f"{name}: expected {rng}, got {first!r}")
     return float(arr) if arr.ndim == 0 else arr
 
 
+def _has_labels(value) -> bool:
+    """A pandas ``Series``/``DataFrame`` or an xarray ``DataArray`` with dims: values that name
+    the series or steps they belong to."""
+    pd, xr = sys.modules.get("pandas"), sys.modules.get("xarray")
+    if pd is not None and isinstance(value, (pd.Series, pd.DataFrame)):
+        return True
+    return xr is not None and isinstance(value, xr.DataArray) and value.ndim > 0
+
+
+def align_to_data(name: str, value, z, axis: int = 0):
+    """A parameter matched by label to the data ``z`` (pandas or xarray, time on ``axis``) and laid
+    out time first, ``[T, *S]`` or ``[*S]`` (:func:`kalmanscan.core._args.align_labels`); as
+    given where either carries no labels (then it is used by position).
+
+    >>> import pandas as pd
+    >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
+    >>> align_to_data("sigma2", pd.Series({"b": 2.0, "a": 1.0}), z).tolist()
+    [1.0, 2.0]
+    """
+    from kalmanscan.core._args import align_labels
+
+    if not _has_labels(value):
+        return value
+    order = None
+    xr = sys.modules.get("xarray")
+    if xr is not None and isinstance(z, xr.DataArray) and -z.ndim <= axis < z.ndim:
+        time_dim = z.dims[axis]
+        order = (time_dim,) + tuple(d for d in z.dims if d != time_dim)
+    return align_labels(name, value, z, order)
+
+
 def series_input(z, times, axis: int = 0):
     """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
 
-    pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given) and a
+    pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given; a
+    ``RangeIndex`` too, e.g. ``10, 12, ...`` of a slice, the default ``0, 1, ...`` being the
+    default times) and a
     DataFrame's columns as the series labels; an xarray DataArray gives the coordinate of its dim
     on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
     data pass the same check as ``kalmanscan.filter``
@@ -95,8 +129,10 @@ def series_input(z, times, axis: int = 0):
         z = z.values
     pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
-        if times is None and not isinstance(z.index, pd.RangeIndex):
-            times = z.index
+        idx = z.index
+        default = isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1
+        if times is None and not default:  # (the default index 0, 1, ... is the default times)
+            times = idx
         one = isinstance(z, pd.Series)
         frame = z.to_frame() if one else z
         if not one:
@@ -161,6 +197,14 @@ def default_prior(theta, sigma2, mu):
             theta > 0, np.asarray(sigma2) / (2 * np.where(theta > 0, theta, 1.0)), np.inf
         )
     return mu, (float(var) if var.ndim == 0 else var)
+
+
+def _first_step(values, n_series_dims):
+    """Each of ``values`` at the first step where it is given per step (more dims than
+    ``n_series_dims``; ``None``: as given)."""
+    if n_series_dims is None:
+        return tuple(values)
+    return tuple(v[0] if getattr(v, "ndim", 0) > n_series_dims else v for v in values)
 
 
 def _host_array(v) -> np.ndarray:
@@ -265,7 +309,10 @@ class OUModel:
             (see module).
         time_unit: model time unit for datetime timestamps (default ``"1D"``); ``None`` for numbers.
 
-    Each parameter is a scalar or an array over the series shape ``S``.
+    Each parameter is a scalar or an array over the series shape ``S``. One given as a pandas
+    ``Series``/``DataFrame`` or an xarray ``DataArray`` is matched by label to data that carry
+    labels (a DataFrame's columns, or its index for values per step; a DataArray's coordinates);
+    to other data it applies by position (:func:`align_to_data`).
 
     >>> import numpy as np
     >>> m = OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
@@ -284,6 +331,9 @@ class OUModel:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        # parameters given with labels (pandas, xarray), matched to the data's when it has them
+        fields = (*PARAMS, "prior_mean", "prior_var")
+        set_("_labelled", {k: getattr(self, k) for k in fields if _has_labels(getattr(self, k))})
         set_("theta", _param_array("theta", self.theta, lo=0.0))
         set_("sigma2", _param_array("sigma2", self.sigma2, lo=0.0))
         set_("mu", _param_array("mu", self.mu))
@@ -293,7 +343,7 @@ class OUModel:
         if self.prior_var is not None:
             set_(
                 "prior_var",
-                _param_array("prior_var", self.prior_var, lo=0.0, lo_open=True, allow_inf=True),
+                _param_array("prior_var", self.prior_var, lo=0.0, allow_inf=True),
             )
 
     # --- the pieces every method shares -------------------------------------------------------
@@ -301,19 +351,44 @@ class OUModel:
         """The four parameters as a dict."""
         return {k: getattr(self, k) for k in PARAMS}
 
-    def prior(self):
-        """``(prior_mean, prior_var)`` actually used (defaults filled in)."""
-        mean, var = default_prior(self.theta, self.sigma2, self.mu)
+    def prior(self, n_series_dims: int | None = None):
+        """``(prior_mean, prior_var)`` actually used (defaults filled in); for data with
+        ``n_series_dims`` series dims, parameters given per step (``[T, *S]``) set the default by
+        their first step's values."""
+        theta, sigma2, mu = _first_step((self.theta, self.sigma2, self.mu), n_series_dims)
+        mean, var = default_prior(theta, sigma2, mu)
         return (
             mean if self.prior_mean is None else self.prior_mean,
             var if self.prior_var is None else self.prior_var,
         )
 
+    def aligned_to(self, z, axis: int = 0) -> OUModel:
+        """This model with its parameters given as pandas or xarray objects matched by label to
+        the data ``z`` (a DataFrame's columns or index, a DataArray's coordinates) and laid out
+        time first (:func:`align_to_data`); ``self`` where there is nothing to match.
+
+        >>> import pandas as pd
+        >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
+        >>> OUModel(sigma2=pd.Series({"b": 2.0, "a": 1.0})).aligned_to(z).sigma2.tolist()
+        [1.0, 2.0]
+        """
+        from kalmanscan.core._args import as_real_numpy
+
+        if not self._labelled or not _has_labels(z):
+            return self
+        changes = {}
+        for k, v in self._labelled.items():
+            changes[k] = as_real_numpy(k, align_to_data(k, v, z, axis))
+        return replace(self, **changes)
+
     def _prepare(self, z, times, axis):
+        """``(model, z, time_axis, series_labels)``: the model matched to ``z``'s labels and the
+        checked time-first data."""
+        model = self.aligned_to(z, axis)
         z, times, labels = series_input(z, times, axis)
-        self.check_shapes(z.shape)
-        ax = as_time_axis(times, z.shape[0], self.time_unit)
-        return z, ax, labels
+        model.check_shapes(z.shape)
+        ax = as_time_axis(times, z.shape[0], model.time_unit)
+        return model, z, ax, labels
 
     def check_shapes(self, data_shape) -> None:
         """Refuse parameters that do not broadcast to time-first data of shape ``[T, *S]`` (one
@@ -340,10 +415,13 @@ class OUModel:
     def filter_args(self, time_axis: TimeAxis, n_series_dims: int, unit=None) -> dict:
         """Keyword arguments of :func:`kalmanscan.filter` for this model on ``time_axis``; with
         ``unit`` (``c``, per series) those for the data ``z / c`` (means over ``c``, variances
-        over ``c**2``)."""
+        over ``c**2``).
+
+        Parameters given per step (``[T, *S]``) set the default prior by their first step's
+        values."""
         if unit is None:
             sigma2, mu, obs_var = self.sigma2, self.mu, self.obs_var
-            prior_mean, prior_var = self.prior()
+            prior_mean, prior_var = self.prior(n_series_dims)
         else:
             inv, inv2 = 1.0 / unit, 1.0 / (unit * unit)
             sigma2, mu, obs_var = (
@@ -355,7 +433,8 @@ class OUModel:
                     torch.as_tensor(v, dtype=like.dtype, device=like.device)
                     for v in (sigma2, mu, obs_var)
                 )
-            prior_mean, prior_var = default_prior(self.theta, sigma2, mu)
+            first = _first_step((self.theta, sigma2, mu), n_series_dims)
+            prior_mean, prior_var = default_prior(*first)
             if self.prior_mean is not None:
                 prior_mean = _scaled(self.prior_mean, inv)
             if self.prior_var is not None:
@@ -388,8 +467,8 @@ class OUModel:
         >>> OUModel(theta=0.5, sigma2=1.0, obs_var=0.1).filter(np.zeros(3)).mean.tolist()
         [0.0, 0.0, 0.0]
         """
-        zt, ax, _ = self._prepare(z, times, axis)
-        return _move_time(self.filter_prepared(zt, ax, backend=backend), axis)
+        model, zt, ax, _ = self._prepare(z, times, axis)
+        return _move_time(model.filter_prepared(zt, ax, backend=backend), axis)
 
     def filter_prepared(
         self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"
@@ -416,8 +495,8 @@ class OUModel:
         >>> sm.mean.tolist()
         [0.6666666666666666, 1.3333333333333333]
         """
-        zt, ax, _ = self._prepare(z, times, axis)
-        res = self.filter_prepared(zt, ax, smooth=True, backend=backend)
+        model, zt, ax, _ = self._prepare(z, times, axis)
+        res = model.filter_prepared(zt, ax, smooth=True, backend=backend)
         return type(res)(
             np.moveaxis(res.mean, 0, axis),
             np.moveaxis(res.var, 0, axis),
@@ -443,15 +522,17 @@ class OUModel:
         >>> fc.times.tolist(), fc.mean.round(3).tolist()
         ([2.0, 3.0], [1.333, 1.333])
         """
-        zt, ax, _ = self._prepare(z, times, axis)
-        res = self.filter_prepared(zt, ax)
+        model, zt, ax, _ = self._prepare(z, times, axis)
+        res = model.filter_prepared(zt, ax)
         return forecast_from_state(
-            self, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage
+            model, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage
         )
 
     def with_params(self, **changes) -> OUModel:
-        """A copy with some fields replaced."""
-        return replace(self, **changes)
+        """A copy with some fields replaced (those not replaced keep their labels, if any)."""
+        new = replace(self, **changes)
+        new._labelled.update({k: v for k, v in self._labelled.items() if k not in changes})
+        return new
 
     def simulate(self, times=None, *, n: int | None = None, shape=(), seed=None):
         """Draw ``(level, z)``, each ``[T, *shape]``, from the model at ``times`` (or ``n`` steps).
@@ -559,6 +640,12 @@ class OUModel:
         """
         from kalmanscan.timeseries import dataset as view
 
+        if self._labelled and _has_labels(z):
+            return self.aligned_to(z).to_dataset(
+                z, times, coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
+                forecast_at=forecast_at, series_dims=series_dims, series_coords=series_coords,
+                name=name, fit=fit, backend=backend,
+            )  # fmt: skip
         coverage = check_coverage(coverage)
         if isinstance(times, TimeAxis):
             ax, zt, labels = times, np.asarray(z, dtype=np.float64), None
@@ -579,7 +666,7 @@ class OUModel:
             unit = np.timedelta64(ax.unit, "ns") if isinstance(times, TimeAxis) else self.time_unit
             ax = as_time_axis(
                 da["time"].values, zt.shape[0], unit, name="coordinate 'time'"
-            )._replace(utc=ax.utc)
+            )._replace(utc=ax.utc, tz=ax.tz)
         fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
         model = self  # a partly given prior is completed, as filter_dataarray gets it
         if self.prior_mean is not None or self.prior_var is not None:
@@ -684,7 +771,16 @@ def forecast_from_state(
     last_var = _host_array(last_var)
     nd = last_mean.ndim
     dt = dt.reshape((-1,) + (1,) * nd)
-    theta, sigma2, mu, obs_var = (_host_array(v) for v in model.params().values())
+    params = {k: _host_array(v) for k, v in model.params().items()}
+    for k, v in params.items():
+        if v.ndim > nd and v.shape[0] != 1:
+            raise ValueError(
+                f"{k}: expected values per series for a forecast, got values per step of the "
+                f"record (shape {v.shape}), which do not say what {k} is at the forecast times; "
+                f"forecast with the values that hold there, e.g. model.with_params({k}={k}[-1])"
+            )
+        params[k] = v.reshape(v.shape[1:]) if v.ndim > nd else v
+    theta, sigma2, mu, obs_var = params.values()
     # in units of a power of two c per series (module docstring), mapped back at the end
     lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
     pos_dt = time_axis.dt[time_axis.dt > 0]

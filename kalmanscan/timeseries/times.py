@@ -28,7 +28,9 @@ of the same state (a step of length 0). ``kalmanscan filter`` refuses them (see 
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import functools
+import numbers
 import re
 import warnings
 from typing import NamedTuple
@@ -58,6 +60,9 @@ class TimeAxis(NamedTuple):
         unit_name: how the unit is recorded in outputs (``"1"`` for numbers, e.g. ``"1D"``).
         utc: the labels are UTC, converted from times that carried a timezone or UTC offset
             (the results Dataset's time coordinates then say ``time_zone = "UTC"``).
+        tz: the one timezone the times were given in (a pandas tz-aware index, or datetimes all
+            of one ``tzinfo``), else ``None``: forecast times follow its calendar and clock
+            (:meth:`future`).
     """
 
     labels: np.ndarray
@@ -65,6 +70,7 @@ class TimeAxis(NamedTuple):
     unit: np.timedelta64 | None
     unit_name: str
     utc: bool = False
+    tz: object = None
 
     @property
     def is_datetime(self) -> bool:
@@ -131,7 +137,7 @@ class TimeAxis(NamedTuple):
         """Other timestamps as this record's labels are (float64 or ``datetime64``, UTC where
         the record's are; see :meth:`position`), refusing times with a timezone against a
         record without one."""
-        arr, zoned = _labels_and_zone(labels, name)
+        arr, zoned, _ = _labels_and_zone(labels, name)
         if zoned and not self.utc:
             raise ValueError(
                 f"{name}: got times with a timezone or UTC offset, but the record's times have "
@@ -152,8 +158,16 @@ class TimeAxis(NamedTuple):
         >>> w = np.array(["2024-01-01", "2024-01-08", "2024-01-15"], dtype="datetime64[D]")
         >>> as_time_axis(w, 3).calendar_step() is None
         True
+
+        Times given in a timezone (:attr:`tz`) are judged on its local calendar.
         """
-        return _calendar_step(_month_parts(self.labels) if self.is_datetime else None)
+        if not self.is_datetime:
+            return None
+        return _calendar_step(_month_parts(self._local() if self.tz is not None else self.labels))
+
+    def _local(self) -> np.ndarray:
+        """The labels (UTC) on the clock of :attr:`tz`, as naive datetimes."""
+        return _utc_to_local(self.labels, self.tz)
 
     def future(self, steps: int) -> np.ndarray:
         """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
@@ -162,6 +176,11 @@ class TimeAxis(NamedTuple):
 
         Datetime labels that would leave the range of the labels' resolution are made at a
         coarser one (microseconds: +-290,000 years; seconds beyond that).
+
+        Times given in a timezone (:attr:`tz`) step on its local calendar and clock where they
+        sit at one local time of day a whole number of days or months apart (monthly data stay on
+        the first of the month, daily data at local midnight, across daylight-saving changes);
+        the results are UTC like the labels.
 
         >>> q = np.array(["2008-10-01", "2009-01-01", "2009-04-01"], dtype="datetime64[D]")
         >>> [str(x)[:10] for x in as_time_axis(q, 3).future(3)]
@@ -172,6 +191,10 @@ class TimeAxis(NamedTuple):
         """
         steps = check_steps(steps)
         k = np.arange(1, steps + 1)
+        if self.tz is not None and self.is_datetime:
+            out = _future_local(self, k)
+            if out is not None:
+                return out
         last = self.labels[-1]
         parts = _month_parts(self.labels) if self.is_datetime else None
         months = _calendar_step(parts)
@@ -200,6 +223,61 @@ class TimeAxis(NamedTuple):
             )
         step_r = max(int(round(step_ns / _NS_PER[res])), 1)
         return last.astype(f"datetime64[{res}]") + k * np.timedelta64(step_r, res)
+
+
+def _utc_to_local(labels: np.ndarray, tz) -> np.ndarray:
+    """UTC datetimes ``labels`` on the clock of ``tz`` (naive, at the labels' resolution)."""
+    import pandas as pd
+
+    local = pd.DatetimeIndex(labels).tz_localize("UTC").tz_convert(tz).tz_localize(None)
+    return np.asarray(local.to_numpy()).astype(labels.dtype)
+
+
+def _local_to_utc(local: np.ndarray, tz, like: np.ndarray) -> np.ndarray:
+    """Naive local times of ``tz`` as UTC datetimes at ``like``'s resolution where it holds them
+    exactly (a time the clock skips moves forward past the gap; a repeated one is the standard-
+    time one)."""
+    import pandas as pd
+
+    idx = pd.DatetimeIndex(local).tz_localize(
+        tz, ambiguous=np.zeros(local.size, bool), nonexistent="shift_forward"
+    )
+    out = np.asarray(idx.tz_convert("UTC").tz_localize(None).to_numpy())
+    coarse = out.astype(like.dtype)
+    return coarse if (coarse == out).all() else _normalize_datetimes(out)
+
+
+def _future_local(axis: TimeAxis, k: np.ndarray):
+    """:meth:`TimeAxis.future` on the local calendar of ``axis.tz``: by calendar months, or by
+    a whole number of days where the local times sit at one time of day; ``None`` otherwise (then
+    the steps are physical ones, in UTC)."""
+    try:
+        local = axis._local()
+    except (ValueError, OverflowError, TypeError):  # (outside pandas' range: UTC steps)
+        return None
+    parts = _month_parts(local)
+    months = _calendar_step(parts)
+    if months is not None:
+        fut = _calendar_future(parts, months, k, local)
+    else:
+        if local.size < 2:
+            return None
+        days = local.astype("datetime64[D]")
+        tod = local - days.astype(local.dtype)
+        steps = np.diff(days).astype(np.int64)
+        steps = steps[steps > 0]
+        if (tod != tod[0]).any() or not steps.size:
+            return None
+        med = float(np.median(steps))
+        if med != int(med):
+            return None
+        fut = local[-1] + k * np.timedelta64(int(med), "D").astype(
+            f"timedelta64[{_resolution(local)}]"
+        )
+    try:
+        return _local_to_utc(fut, axis.tz, axis.labels)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _month_parts(labels: np.ndarray):
@@ -724,9 +802,11 @@ def _exact_float_times(
 
 
 def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
-    """``(labels, utc)``: the timestamps as float64 or datetime64, and whether they were
-    converted to UTC from a timezone or UTC offsets."""
+    """``(labels, utc, tz)``: the timestamps as float64 or datetime64, whether they were
+    converted to UTC from a timezone or UTC offsets, and the one timezone they were given in
+    (``None`` if none, or several)."""
     utc = False
+    tz = None
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is an optional extra
@@ -738,11 +818,17 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
                 f"{name}: expected every timestamp present, got a masked value at position {i}"
             )
         times = np.ma.getdata(times)
+    if pd is not None and isinstance(times, pd.MultiIndex):
+        raise TypeError(
+            f"{name}: expected one timestamp per step, got a pandas MultiIndex with levels "
+            f"{list(times.names)}; lay the data out with one series per column and the times "
+            "as the index (e.g. df[column].unstack(level=0))"
+        )
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
         if isinstance(times.dtype, pd.PeriodDtype):  # a period is the time it starts
             times = times.dt.start_time if isinstance(times, pd.Series) else times.start_time
         if isinstance(times.dtype, pd.DatetimeTZDtype):
-            utc = True
+            utc, tz = True, times.dtype.tz
             if isinstance(times, pd.Series):
                 times = times.dt.tz_convert("UTC").dt.tz_localize(None)
             else:
@@ -761,19 +847,23 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
         and arr.size
         and all(isinstance(v, (_dt.datetime, np.datetime64)) for v in arr.ravel())
     ):
-        tz = [getattr(v, "tzinfo", None) is not None for v in arr.ravel()]
-        if any(tz) and not all(tz):
+        zones = [getattr(v, "tzinfo", None) for v in arr.ravel()]
+        zoned = [z is not None for z in zones]
+        if any(zoned) and not all(zoned):
             raise ValueError(f"{name}: some datetimes carry a timezone and some do not")
-        parsed = pd.to_datetime(pd.Series(arr.ravel()), utc=any(tz))
-        if any(tz):
+        parsed = pd.to_datetime(pd.Series(arr.ravel()), utc=any(zoned))
+        if any(zoned):
             utc = True
+            if len({str(z) for z in zones}) == 1:
+                tz = zones[0]
             parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
         arr = _to_numpy_datetimes(parsed).reshape(arr.shape)
     elif arr.dtype.kind in "OUS":
         if pd is None:
             raise TypeError(f"{name}: got strings or objects; pass numbers or numpy datetime64")
         if arr.dtype.kind == "O" and any(
-            isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in arr.ravel()
+            isinstance(v, (numbers.Real, decimal.Decimal)) and not isinstance(v, (bool, np.bool_))
+            for v in arr.ravel()
         ):
             try:
                 arr = arr.astype(np.float64)
@@ -796,11 +886,18 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
         arr = _exact_float_times(arr, name)
     elif arr.dtype.kind == "f":
         arr = arr.astype(np.float64)
+    elif arr.dtype.kind == "m":
+        raise TypeError(
+            f"{name}: expected real numbers or datetimes, got durations ({arr.dtype}); give them "
+            "as numbers in the unit the rates should be per (e.g. times / np.timedelta64(1, 'h')), "
+            "or as datetimes (a start date plus the durations)"
+        )
     else:
         raise TypeError(
             f"{name}: expected real numbers or datetimes, got values of dtype {arr.dtype}"
         )
-    return np.atleast_1d(arr), utc and arr.dtype.kind == "M"
+    zoned = utc and arr.dtype.kind == "M"
+    return np.atleast_1d(arr), zoned, tz if zoned else None
 
 
 def as_time_axis(
@@ -831,13 +928,14 @@ def as_time_axis(
             raise ValueError("time_unit: only meaningful with datetime times, but times is None")
         labels = np.arange(n, dtype=np.float64)
         return TimeAxis(labels, labels.copy(), None, "1")
-    given_utc = False
+    given_utc, given_tz = False, None
     if isinstance(times, TimeAxis):  # e.g. strings parsed once with dayfirst or time_format
         if time_unit is None and times.is_datetime:
             time_unit = np.timedelta64(times.unit, "ns")
-        times, given_utc = times.labels, times.utc
-    labels, utc = _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)
+        times, given_utc, given_tz = times.labels, times.utc, times.tz
+    labels, utc, tz = _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)
     utc = utc or (given_utc and labels.dtype.kind == "M")
+    tz = tz if tz is not None else (given_tz if utc else None)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"{name}: expected {n} timestamps (one per step of the time axis), got shape "
@@ -875,4 +973,4 @@ def as_time_axis(
             f"{name}: expected non-decreasing timestamps, got {labels[i]} after {labels[i - 1]} "
             f"(position {i}); sort the record by time first"
         )
-    return TimeAxis(labels, t, unit, unit_name, utc)
+    return TimeAxis(labels, t, unit, unit_name, utc, tz)
