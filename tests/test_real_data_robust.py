@@ -239,3 +239,133 @@ def test_cli_robust_needs_fit(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert err == "kalmanscan filter: --fix, --joint and --robust only apply with --fit\n"
+
+
+# --- runs of a missing-value code (-9999): they hide from a_t (fitted as the level, obs_var 0) ---
+def _elnino():
+    """Monthly sea surface temperatures of the El Nino region, 1950-2010 (20 to 29 degrees C)."""
+    sm = pytest.importorskip("statsmodels.api")
+    d = sm.datasets.elnino.load_pandas().data
+    return d.iloc[:, 1:].to_numpy(np.float64).ravel()
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[100, 101], [100, 101, 102], [0, 1], [729, 730, 731], [0, 1, 2], [30, 31, 400, 500, 501]],
+    ids=["pair", "three", "start-pair", "end-three", "start-three", "pairs-and-one"],
+)
+def test_robust_screens_runs_of_a_code_in_a_temperature_record(rows):
+    sst = _elnino()
+    z = sst.copy()
+    z[rows] = -9999.0
+    plain, msgs = _quiet(ks.fit_ou, z)
+    assert plain.params["sigma2"] > 1e3  # the Gaussian fit takes the code for the level
+    fit, msgs = _quiet(ks.fit_ou, z, robust=True)
+    assert np.flatnonzero(fit.outliers).tolist() == rows
+    missing = sst.copy()
+    missing[rows] = np.nan
+    want, _ = _quiet(ks.fit_ou, missing)  # exactly the Gaussian fit without those months
+    for p in ("theta", "sigma2", "mu", "obs_var"):
+        assert fit.params[p] == pytest.approx(want.params[p], rel=tolerance("fit", "float64")), p
+    assert f"{len(rows)} observations screened out" in [m for m in msgs if "screened" in m][0]
+
+
+def test_gross_runs_finds_codes_and_no_shift_or_jump_of_real_records():
+    from kalmanscan.timeseries.robust import gross_runs
+
+    sm = pytest.importorskip("statsmodels.api")
+    ds = sm.datasets
+    macro = ds.macrodata.load_pandas().data.iloc[:, 2:]
+    fert = ds.fertility.load_pandas().data
+    japan = fert[fert.iloc[:, 0] == "Japan"].iloc[0, 4:].astype(float).to_numpy()
+    records = {
+        "nile": FLOW,
+        "co2": ds.co2.load_pandas().data["co2"].to_numpy(np.float64),  # weekly, gaps
+        "sunspots": ds.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy(np.float64),
+        "elnino": _elnino(),
+        "japan fertility": japan,  # 1966, Hinoeuma: a one-year dip of ~15 typical steps
+        **{f"macro {c}": macro[c].to_numpy(np.float64) for c in macro.columns},
+    }
+    # US unemployment rate 2019-2021 (%): April 2020 jumps 10 points, then falls back slowly
+    records["unemployment"] = np.array([4.0, 3.8, 3.8, 3.7, 3.6, 3.6, 3.7, 3.6, 3.5, 3.6, 3.6, 3.6,
+                                        3.5, 3.5, 4.4, 14.8, 13.2, 11.0, 10.2, 8.4, 7.9, 6.9, 6.7,
+                                        6.7, 6.4, 6.2, 6.1, 6.1, 5.8, 5.9])  # fmt: skip
+    for name, v in records.items():
+        assert not gross_runs(v[:, None]).any(), name
+        # the same record with a -9999 code: once, twice, three times in a row, at either end
+        for rows in ([10], [10, 11], [10, 11, 12], [0, 1], [v.size - 2, v.size - 1]):
+            z = v.copy()
+            z[rows] = -9999.0
+            if np.isnan(v[rows]).any():
+                continue
+            assert np.flatnonzero(gross_runs(z[:, None])[:, 0]).tolist() == rows, (name, rows)
+    # level shifts (of 500 typical steps) at the middle and at the end, and a trend: no run
+    rng = np.random.default_rng(7)
+    walk = np.cumsum(rng.normal(size=400))
+    for shift_at in (200, 398):
+        z = walk.copy()
+        z[shift_at:] += 500.0
+        assert not gross_runs(z[:, None]).any(), shift_at
+    assert not gross_runs((np.arange(400.0) ** 3)[:, None]).any()
+
+
+def test_cli_warns_about_a_run_of_a_code_and_robust_screens_it(tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("xarray")
+    pytest.importorskip("matplotlib")
+    from kalmanscan.timeseries.cli import filter_main
+
+    sst = _elnino()[:120]
+    months = pd.date_range("1950-01-01", periods=120, freq="MS").strftime("%Y-%m")
+    z = sst.copy()
+    z[[40, 41]] = -9999.0
+    path = tmp_path / "sst.csv"
+    rows = "".join(f"{m},{v:g}\n" for m, v in zip(months, z, strict=True))
+    path.write_text("month,sst\n" + rows)
+    base = [str(path), "--time-col", "month", "--quiet"]
+    given = ["--sigma2", "0.1", "--obs-var", "0.1"]
+    assert filter_main([*base, *given, "--out", str(tmp_path / "g")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 2 values lie more than 50 typical steps" in err
+    assert "row 40 (time 1953-05-01, z = -9999), row 41 (time 1953-06-01, z = -9999)" in err
+    assert "--missing -9999 reads such cells as missing; --fit --robust screens them out" in err
+    assert "--fit --robust screens" in (tmp_path / "g" / "summary.txt").read_text()
+    assert filter_main([*base, "--fit", "--robust", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr()
+    assert "typical steps" not in out.err  # --robust reports what it screened instead
+    assert "2 observations screened out" in out.out
+    table = pd.read_csv(tmp_path / "r" / "results.csv").query("kind == 'data'")
+    assert np.flatnonzero(table["outlier"].to_numpy()).tolist() == [40, 41]
+    # --missing -9999 reads the code as missing: the same estimates as the screen
+    assert filter_main([*base, "--fit", "--missing", "-9999", "--out", str(tmp_path / "m")]) == 0
+    text = capsys.readouterr().out
+    assert "typical steps" not in text
+    row = lambda t: [ln for ln in t.splitlines() if ln.strip().startswith("sst")][0].split()  # noqa: E731
+    assert row(text)[1:9:2] == row(out.out)[1:9:2]  # theta, sigma2, mu, obs_var
+    clean_rows = [i for i in range(120) if i not in (40, 41)]
+    assert not np.isnan(table["observed"].to_numpy()[clean_rows]).any()
+
+
+@pytest.mark.parametrize(
+    "value,says",
+    [(-9999.0, "a missing-value code? --missing -9999 reads such cells as missing"),
+     (-99.9, "a missing-value code? --missing -99.9 reads such cells as missing"),
+     (250000.0, "a data error? --fit --robust screens them out")],
+    ids=["nines", "nines-decimal", "spike"],
+)  # fmt: skip
+def test_cli_warning_names_one_gross_value_and_suggests_missing_for_codes(tmp_path, capsys, value,
+                                                                          says):  # fmt: skip
+    pytest.importorskip("pandas")
+    pytest.importorskip("xarray")
+    pytest.importorskip("matplotlib")
+    from kalmanscan.timeseries.cli import filter_main
+
+    z = FLOW / 100.0  # flows of 4.6 to 13.7 (10^10 m^3): -99.9 is ~90 typical steps away
+    z[30] = value
+    path = _nile_csv(tmp_path, z)
+    args = [path, "--time-col", "year", "--sigma2", "0.15", "--obs-var", "1.5", "--quiet"]
+    assert filter_main([*args, "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "1 value lies more than 50 typical steps" in err
+    assert f"row 30 (time 1901, z = {value:.6g}); {says}" in err
+    assert ("--missing" in err) == (value != 250000.0)

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -473,11 +474,24 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
 _SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
 
 
-def _encoding(path: str) -> str:
-    """The text encoding of a CSV: ``utf-16`` after its byte-order mark (Excel's "Unicode
-    text"), ``utf-8`` (a byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8
-    but is Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the
-    reader then names the undecodable byte). A workbook or other binary file is refused."""
+_BLOCK = 1 << 20  # bytes read at a time: no copy of a large file in memory
+# a line start (after a \n) whose first character other than ASCII spaces is #, a line end or a
+# non-ASCII byte (maybe a Unicode space): a comment or blank line, or a line to decode and see
+_MAYBE_SKIPPED = re.compile(rb"\n[ \t\x0b\x0c\x1c-\x1f]*(?=[#\r\n\x80-\xff]|\Z)")
+
+
+def _scan_file(path: str) -> tuple[str, list[int], list[int] | range]:
+    """``(encoding, comments, rows)`` of a CSV in one pass over its bytes.
+
+    ``encoding``: ``utf-16`` after its byte-order mark (Excel's "Unicode text"), ``utf-8`` (a
+    byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8 but is
+    Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the reader
+    then names the undecodable byte). A workbook or other binary file (a NUL byte anywhere) is
+    refused. ``comments`` and ``rows`` are :func:`_scan_lines`'s, found in the bytes: the lines
+    it would decode and strip are those that start with ASCII spaces and then ``#``, a line end
+    or a non-ASCII byte, decoded here alone. A UTF-16 file, or one with lines ended by a lone
+    ``\r`` (old Macs), is scanned by :func:`_scan_lines`, the reference this pass is tested
+    against."""
     import codecs
 
     with open(path, "rb") as fh:
@@ -488,23 +502,74 @@ def _encoding(path: str) -> str:
             "as CSV first"
         )
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return "utf-16"
-    for enc in ("utf-8-sig", "cp1252"):
-        decoder = codecs.getincrementaldecoder(enc)()
-        try:
-            with open(path, "rb") as fh:  # in 1 MiB blocks: no copy of a large file in memory
-                while block := fh.read(1 << 20):
-                    if b"\x00" in block:
-                        raise InputError(
-                            f"{path}: is a binary file (it holds NUL bytes), expected a CSV "
-                            "text file"
-                        )
+        return ("utf-16", *_scan_lines(path, "utf-16"))
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    utf8, lone_cr = True, False
+    maybe = []  # (0-based line, its bytes)
+    lines = 0  # lines before the chunk
+    carry: list[bytes] = []  # the bytes after the last line end read
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(_BLOCK)
+            if b"\x00" in block:
+                raise InputError(
+                    f"{path}: is a binary file (it holds NUL bytes), expected a CSV text file"
+                )
+            # (an ASCII block is UTF-8, unless it cuts a character begun before it)
+            if utf8 and (not block.isascii() or decoder.getstate()[0]):
+                try:
                     decoder.decode(block)
-                decoder.decode(b"", final=True)
+                except UnicodeDecodeError:
+                    utf8 = False
+            cut = block.rfind(b"\n") + 1 if block else len(block)
+            if block and cut == 0:  # no line end in the block: a long line goes on
+                carry.append(block)
+                continue
+            chunk = b"".join([*carry, block[:cut]])
+            carry = [block[cut:]]
+            if chunk:
+                if b"\r" in chunk and chunk.count(b"\r") != chunk.count(b"\r\n"):
+                    lone_cr = True
+                at, seen = 0, 0  # line ends before chunk[at]
+                for m in _MAYBE_SKIPPED.finditer(b"\n" + chunk):
+                    start = m.start()  # (in chunk, where its line starts)
+                    if start == len(chunk):  # (after the chunk's last line end: no line)
+                        break
+                    seen += chunk.count(b"\n", at, start)
+                    at = start
+                    stop = chunk.find(b"\n", start)
+                    maybe.append((lines + seen, chunk[start : stop if stop >= 0 else len(chunk)]))
+                lines += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+            if not block:
+                break
+    if utf8:
+        try:
+            decoder.decode(b"", final=True)
         except UnicodeDecodeError:
-            continue
-        return "utf-8" if enc == "utf-8-sig" else enc
-    return "utf-8"
+            utf8 = False
+    encoding = "utf-8"
+    if not utf8:  # (a second pass, for files that are not UTF-8 only)
+        decoder = codecs.getincrementaldecoder("cp1252")()
+        try:
+            with open(path, "rb") as fh:
+                while block := fh.read(_BLOCK):
+                    decoder.decode(block)
+            encoding = "cp1252"
+        except UnicodeDecodeError:
+            pass
+    if lone_cr:
+        return (encoding, *_scan_lines(path, encoding))
+    comments, blank = [], []
+    for i, raw in maybe:
+        text = raw.decode(encoding, errors="replace").strip()
+        if text.startswith("#"):
+            comments.append(i)
+        elif not text:
+            blank.append(i)
+    if not comments and not blank:
+        return encoding, comments, range(1, lines + 1)  # (indexed and sliced as the list)
+    skipped = np.array(sorted(comments + blank), dtype=np.int64)
+    return encoding, comments, np.delete(np.arange(1, lines + 1), skipped).tolist()
 
 
 def _separator(path: str, encoding: str = "utf-8") -> tuple[str, int | None]:
@@ -585,7 +650,9 @@ def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int
     """``(comments, rows)``: the 0-based lines that are comments (their first character other
     than a space is ``#``: a ``#`` later in a line, as in a column name ``GDP #1`` or Excel's
     ``#N/A``, is text) for the reader to skip, and the 1-based line of every other line that is
-    not blank, so messages name the line a user sees in an editor or spreadsheet."""
+    not blank, so messages name the line a user sees in an editor or spreadsheet. Line by line
+    in text mode: the reference of :func:`_scan_file`, and its pass for UTF-16 and lone-``\\r``
+    files."""
     comments, rows = [], []
     try:
         with open(path, encoding=encoding, errors="replace") as fh:
@@ -654,6 +721,67 @@ def _check_fields(
     )
 
 
+def _missing_markers(markers) -> tuple[tuple[str, ...], dict[float, str]]:
+    """``--missing``'s markers as ``(texts, numbers)``: a marker that reads as a finite number
+    (``-9999``, ``-99.9``) is matched by value (``numbers``: ``{value: marker}``), any other by
+    its exact text (``texts``), both after stripping spaces. Refuses an empty marker and two
+    markers of one value."""
+    texts, numbers = [], {}
+    for given in markers or ():
+        if not isinstance(given, str):
+            raise InputError(f"--missing: expected the text of a cell, got {given!r}")
+        marker = given.strip()
+        if not marker:
+            raise InputError(
+                f"--missing {given!r}: expected the text of a cell to read as missing (empty "
+                "cells are missing already)"
+            )
+        try:
+            value = float(marker)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):  # text, and NaN, inf (read as written, never by value)
+            if marker not in texts:
+                texts.append(marker)
+            continue
+        if value in numbers and numbers[value] != marker:
+            raise InputError(
+                f"--missing {marker}: the same number as --missing {numbers[value]} (numbers "
+                "are matched by value); give it once"
+            )
+        numbers[value] = marker
+    return tuple(texts), numbers
+
+
+def _missing_notes(markers, counts: dict, used: list) -> list[str]:
+    """The reading notes of ``--missing``: how many cells of the value columns ``used`` each
+    marker made missing, and in which columns."""
+    texts, numbers = markers
+    notes = []
+    for marker in [*texts, *numbers.values()]:
+        where = {c: k for c, k in counts.get(marker, {}).items() if c in used}
+        shown = marker if marker in numbers.values() else repr(marker)
+        how = ""
+        if marker in numbers.values():  # other spellings of the number: -9999.0 for -9999
+            value = float(marker)
+            plain = f"{value:.15g}"
+            spellings = [plain, np.format_float_positional(value, trim="-")]
+            if "e" not in plain:
+                spellings.append(plain + ("0" if "." in plain else ".0"))
+            other = list(dict.fromkeys(t for t in spellings if t != marker and len(t) <= 20))[:2]
+            how = f" (matched by value: {' and '.join(other)} count{'s' * (len(other) == 1)} too)"
+        if not where:
+            notes.append(f"note: --missing {shown}: no cell of the value columns holds it{how}")
+            continue
+        total = sum(where.values())
+        cols = ", ".join(f"{c!r}" + (f" ({k})" if len(where) > 1 else "") for c, k in where.items())
+        notes.append(
+            f"note: --missing {shown}: {total} cell{'s' if total != 1 else ''} read as missing"
+            f"{how}, in column{'s' if len(where) > 1 else ''} {_shorten(cols)}"
+        )
+    return notes
+
+
 # (a note of read_csv_series; the command then marks its outputs' times as UTC)
 _UTC_NOTE = "gives UTC offsets: the times are converted to UTC (results.csv marks them with Z)"
 
@@ -668,6 +796,7 @@ def read_csv_series(
     dayfirst=None,
     notes=None,
     series_col=None,
+    missing=(),
 ):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
@@ -679,7 +808,9 @@ def read_csv_series(
     ``time_col=None`` uses the row number as time; ``value_cols=None`` takes every column other
     than the time column that holds numbers (a column with no number at all, e.g. labels, is
     skipped with a note appended to ``notes``; a column of numbers with a non-number in it is an
-    error). Empty cells (and NA/NaN) are missing values. A time column is numeric when most of its
+    error). Empty cells (and NA/NaN) are missing values, and so are the value cells that
+    ``missing`` names (``--missing``: a text matched exactly after stripping spaces, a number by
+    value; the count per marker is a note). A time column is numeric when most of its
     cells are numbers, else dates read with one format (see
     :func:`kalmanscan.timeseries.times.parse_datetime_strings`; ``time_format``/``dayfirst``
     decide ambiguous dates). Duplicate times are refused, naming the rows. Raises
@@ -692,10 +823,10 @@ def read_csv_series(
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a CSV file")
-    encoding = _encoding(path)
+    markers = _missing_markers(missing)
+    encoding, comments, lines = _scan_file(path)
     sep, hint_line = _separator(path, encoding)
     hinted = hint_line is not None
-    comments, lines = _scan_lines(path, encoding)
     if hinted:
         lines = [i for i in lines if i != hint_line + 1]
     skip = sorted(comments + ([hint_line] if hinted else []))
@@ -752,9 +883,20 @@ def read_csv_series(
             notes.append(
                 f"note: {path}: fields separated by {_SEP_NAMES.get(sep, repr(sep))} ({said})"
             )
+
     def row(i: int) -> int:
         return lines[i + 1] if lines is not None else i + 2
 
+    counts: dict = {}  # --missing: {marker: {column: cells}}
+    if markers[0]:  # texts first: a '.' would otherwise hide a column's decimal commas
+        for c in df.columns:
+            if c in (time_col, series_col):
+                continue
+            hit = df[c].str.strip().isin(markers[0])
+            if hit.any():
+                for marker, k in df[c][hit].str.strip().value_counts().items():
+                    counts.setdefault(marker, {})[c] = int(k)
+                df[c] = df[c].mask(hit, "")
     if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
         # points as thousands separators first, on the cells as written
         _thousands_points(df, (time_col, series_col), path, row)
@@ -804,7 +946,9 @@ def read_csv_series(
             # the parse refused a mix of times with and without offsets: the first tells
             if has_utc_offsets(df[time_col].to_numpy()[:1]):
                 notes.append(f"note: column {time_col!r} {_UTC_NOTE}")
-            periods = None if time_format else period_starts(df[time_col].to_numpy())
+            cells = df[time_col].to_numpy()  # (labels or none: the first cell tells)
+            labelled = time_format is None and period_starts(cells[:1]) is not None
+            periods = period_starts(cells) if labelled else None
             if periods is not None:
                 notes.append(
                     f"note: column {time_col!r} holds {periods[1]} labels: each time is the "
@@ -816,7 +960,7 @@ def read_csv_series(
         names = list(value_cols)
         if time_col in names:
             raise InputError(f"--value-col {time_col!r}: that is the time column")
-        z = np.column_stack([_parse_values(df[c], path, c, row) for c in names])
+        z = np.column_stack([_parse_values(df[c], path, c, row, markers[1], counts) for c in names])
     else:
         if time_col is None:
             _times_as_columns(cols, path)
@@ -825,32 +969,46 @@ def read_csv_series(
             if c in (time_col, series_col):
                 continue
             cell = df[c]
+            parsed = pd.to_numeric(cell, errors="coerce")  # (spaces around a number are read)
+            if c != "Unnamed: 0" and parsed.notna().any():  # numbers: a value column
+                names.append(c)
+                columns.append(_parse_values(cell, path, c, row, markers[1], counts, parsed))
+                continue
             given = cell.notna() & (cell.astype(str).str.strip() != "")
             if not given.any() and re.fullmatch(r"Unnamed: \d+", c):
                 # no header and no value: the trailing ",," of a spreadsheet's export
                 empty.append(c)
                 continue
-            if c == cols[0] and c == "Unnamed: 0" and given.all() and (
-                cell.astype(str).str.strip() == pd.Series(range(len(df))).astype(str).values
-            ).all():  # no header and the rows' numbers 0, 1, 2, ...: pandas' to_csv index
+            if (
+                c == cols[0]
+                and c == "Unnamed: 0"
+                and given.all()
+                and (
+                    cell.astype(str).str.strip() == pd.Series(range(len(df))).astype(str).values
+                ).all()
+            ):  # no header and the rows' numbers 0, 1, 2, ...: pandas' to_csv index
                 index.append(c)
                 continue
             numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
-            if given.any() and not numeric.any():
-                skipped.append(c)
+            if (given.any() or any(c in k for k in counts.values())) and not numeric.any():
+                skipped.append(c)  # (a column of labels, or of --missing markers only)
                 continue
             names.append(c)
-            columns.append(_parse_values(cell, path, c, row))
+            columns.append(_parse_values(cell, path, c, row, markers[1], counts))
         if not names:
             first = skipped[0] if skipped else None
             detail = ""
             if first is not None:
                 cells = df[first].astype(str).str.strip()
-                i = int(np.flatnonzero((cells != "").to_numpy())[0])
-                detail = (
-                    f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
-                    f"({_not_a_number_hint(cells.iloc[i])})"
-                )
+                filled = np.flatnonzero((cells != "").to_numpy())
+                if filled.size == 0:  # every cell a --missing marker
+                    detail = f"; column {first!r} holds --missing markers only"
+                else:
+                    i = int(filled[0])
+                    detail = (
+                        f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
+                        f"({_not_a_number_hint(cells.iloc[i])})"
+                    )
             elif empty:
                 detail = f"; column(s) {empty} have no header and no values"
             raise InputError(
@@ -872,11 +1030,17 @@ def read_csv_series(
             notes.append(
                 f"note: skipped column(s) {skipped}: no numbers in them (name value columns "
                 "with --value-col to use them"
-                + (f"; column {dated[0]!r} holds dates: pass --time-col {dated[0]!r} to use "
-                   "them as the times" if dated else "")  # fmt: skip
+                + (
+                    f"; column {dated[0]!r} holds dates: pass --time-col {dated[0]!r} to use "
+                    "them as the times"
+                    if dated
+                    else ""
+                )
                 + ")"
             )
         z = np.column_stack(columns)
+    if missing and notes is not None:
+        notes.extend(_missing_notes(markers, counts, names))
     if series_col is not None:
         return _long_to_wide(df[series_col], times, z, names, path, series_col, row, notes)
     order = np.argsort(times, kind="stable")
@@ -897,10 +1061,13 @@ def read_csv_series(
                 f"--series-col {c}"
                 # a column that tells the two rows apart (not one that holds one value)
                 for c in [
-                    c for c in cols if c not in names and c != time_col
+                    c
+                    for c in cols
+                    if c not in names
+                    and c != time_col
                     and str(df[c].iloc[a]).strip() != str(df[c].iloc[b]).strip()
                 ][:1]
-            )  # fmt: skip
+            )
         )
     if not sorted_:
         times, z = st, z[order]
@@ -1016,10 +1183,19 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
     if empty.any():
         i = int(np.flatnonzero(empty.to_numpy())[0])
         raise InputError(f"{path}: column {name!r} has an empty time at row {row(i)}")
-    numbers = pd.to_numeric(text, errors="coerce")
-    # a number past float64's range (1e400) is inf, as Python reads it (pandas 2 gave NaN)
-    numbers = numbers.where(numbers.notna(), text.map(_float_or_nan))
-    is_num = numbers.notna().to_numpy()
+    # numbers when at least half the cells are: where the first half and one holds none, dates
+    # (pandas reads a text that is no number slowly; dates are skipped after half the column)
+    is_num = np.zeros(len(text), bool)
+    half = text.iloc[: len(text) // 2 + 1]
+    if time_format is None and pd.to_numeric(half, errors="coerce").notna().any():
+        numbers = pd.to_numeric(text, errors="coerce")
+        if numbers.isna().any():
+            # a number past float64's range (1e400) is inf, as Python reads it (pandas 2 gave
+            # NaN)
+            nan = numbers.isna()
+            numbers = numbers.astype(np.float64)
+            numbers[nan] = text[nan].map(_float_or_nan)
+        is_num = numbers.notna().to_numpy()
     if time_format is None and is_num.mean() >= 0.5:
         if not is_num.all():
             i = int(np.flatnonzero(~is_num)[0])
@@ -1112,40 +1288,79 @@ def _thousands_points(df, skip: tuple, path: str, row) -> None:
 
 
 def _not_a_number_hint(cell: str) -> str:
-    """What to do about a value cell that is not a number."""
+    """What to do about a value cell that is not a number: for a marker, the ``--missing`` option
+    with the exact text to pass (quoted for a shell where needed)."""
     missing = "leave the cell empty or write NaN for a missing value"
+    option = f"pass --missing {shlex.quote(cell)} to read every such cell as missing"
     if _THOUSANDS.match(cell):
         return f"thousands separators are not read: write {cell.replace(',', '')}"
     if _POINT_THOUSANDS.match(cell):
         return f"thousands separators are not read: write {cell.replace('.', '')}"
     if cell.startswith("#"):  # #N/A, #DIV/0!, #VALUE!
-        return f"a spreadsheet error value; {missing}"
+        return f"a spreadsheet error value; {missing}, or {option}"
     if cell in (".", ":", "..", "-", "--", "n/a", "N/A", "null", "NULL", "None"):
         # FRED's '.', Eurostat's ':', statistics offices' '..' and '-'
-        return f"a missing-value marker of the source; {missing}"
+        return f"a missing-value marker of the source; {option}"
+    if re.fullmatch(r"[.:]+\s*[A-Za-z]{1,3}", cell):  # Eurostat's ': c' (confidential)
+        return f"a missing-value marker of the source with a flag; {option}"
     m = re.fullmatch(r"([+-]?\d+(?:[.,]\d+)?)\s*([A-Za-z]{1,3})", cell)
     if m:  # Eurostat's flags: 12.3 p (provisional), 4.5 e (estimated)
         return f"a value with a flag ({m[2]!r}): write the number alone, {m[1]}"
     if re.fullmatch(r"[<>]\s*\d+(?:\.\d+)?", cell):  # Google Trends' <1
-        return "a bound, not a value: write a number, or leave the cell empty (missing)"
-    return missing
+        return f"a bound, not a value: write a number, or {option}"
+    return f"{missing}, or {option}"
 
 
-def _parse_values(col, path, name, row=None):
+def _parse_values(col, path, name, row=None, numbers=None, counts=None, parsed=None):
+    """A value column's cells as float64, NaN where empty, NA or NaN; a cell equal in value to
+    one of ``numbers`` (``{value: marker}``, ``--missing``'s numeric markers) is NaN too, counted
+    in ``counts[marker][name]``. Refuses a cell that is no number, naming its row (and the other
+    texts in the column that are none), and infinite values. ``parsed``: the column through
+    ``pd.to_numeric(col, errors="coerce")``, where the caller has it."""
     import pandas as pd
 
     row = row or (lambda i: i + 2)
-    text = col.where(col.isna(), col.astype(str).str.strip())
-    text = text.where(text != "", None)
-    values = pd.to_numeric(text, errors="coerce")
-    bad = values.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(
-            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
-            f"({_not_a_number_hint(str(text.iloc[i]))})"
-        )
+    # the cells as read: spaces around a number are read with it; only the cells that are no
+    # number so are stripped (of any whitespace) and read again, or named
+    values = pd.to_numeric(col, errors="coerce") if parsed is None else parsed
     out = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    nan = np.flatnonzero(np.isnan(out))
+    if nan.size:
+        out = out.copy()  # (pandas' array may be read-only)
+        sub = col.iloc[nan]
+        text = sub.where(sub.isna(), sub.astype(str).str.strip())
+        text = text.where(text != "", None)
+        again = pd.to_numeric(text, errors="coerce")
+        bad = again.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
+        if bad.any():
+            at = nan[bad.to_numpy()]
+            i = int(at[0])
+            first = str(text.loc[col.index[i]])
+            others = {}  # the column's other texts that are no number: their first row and count
+            for j in at[1:]:
+                t = str(col.iloc[int(j)]).strip()
+                if t != first:
+                    others.setdefault(t, [int(j), 0])[1] += 1
+            also = "; ".join(
+                f"{t!r} (row {row(j)}" + (f" and {k - 1} more)" if k > 1 else ")")
+                for t, (j, k) in list(others.items())[:5]
+            )
+            more = f" and {len(others) - 5} more texts" if len(others) > 5 else ""
+            raise InputError(
+                f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
+                f"({_not_a_number_hint(first)})"
+                + (f"; other cells of the column that are no number: {also}{more}" if also else "")
+            )
+        out[nan] = again.to_numpy(dtype=np.float64, na_value=np.nan)
+    if numbers and not out.flags.writeable:
+        out = out.copy()
+    for value, marker in (numbers or {}).items():  # matched by value: -9999.0 is -9999
+        hit = out == value
+        k = int(hit.sum())
+        if k:
+            out[hit] = np.nan
+            if counts is not None:
+                counts.setdefault(marker, {})[name] = k
     if np.isinf(out).any():
         i = int(np.flatnonzero(np.isinf(out))[0])
         raise InputError(
@@ -1221,6 +1436,15 @@ def filter_main(argv=None) -> int:
         metavar="COL",
         help="column naming each row's series, for a long table (one row per series and time; "
         "needs --time-col)",
+    )
+    p.add_argument(
+        "--missing",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="read value cells holding TEXT as missing (repeat for several markers): FRED's '.', "
+        "Eurostat's ':', a code such as -9999 (a number matches by value); exact text after "
+        "stripping spaces; the count per marker is in the notes",
     )
     p.add_argument("--fit", action="store_true", help="fit the parameters by maximum likelihood")
     p.add_argument(
@@ -1302,6 +1526,44 @@ def _units_warning(ax, params: dict, given: bool) -> str | None:
     )
 
 
+def _gross_warning(z, names, ax, fit: bool) -> str | None:
+    """A warning naming the values of gross runs (:func:`~kalmanscan.timeseries.robust.gross_runs`:
+    a missing-value code such as -9999 among temperatures, alone or several in a row, which a
+    fit would take for the level): their rows (from 0 in time order), times and values, with
+    ``--missing`` for a value that repeats (a code) and ``--robust``."""
+    from kalmanscan.timeseries.robust import _RUN_STEPS, _label, gross_runs
+
+    hit = gross_runs(z)
+    if not hit.any():
+        return None
+    rows, cols = np.nonzero(hit)
+    parts = []
+    for j in np.unique(cols):
+        r = rows[cols == j]
+        shown = [f"row {int(t)} (time {_label(ax.labels[t])}, z = {z[t, j]:.6g})" for t in r[:5]]
+        more = f" and {r.size - 5} more" if r.size > 5 else ""
+        parts.append(f"series {names[j]!r}: {', '.join(shown)}{more}")
+    values, counts = np.unique(z[hit], return_counts=True)
+    texts = [f"{v:.15g}" for v in values]
+    # a code: a value that repeats, or one of nines (-9999, 999.9)
+    codes = [t for t, k in zip(texts, counts, strict=True) if k > 1 or _NINES.fullmatch(t)][:3]
+    # (a negative number with an exponent in the = form: argparse takes -1e+20 for an option)
+    option = " ".join(
+        f"--missing={c}" if c.startswith("-") and "e" in c else f"--missing {c}" for c in codes
+    )
+    what = f"a missing-value code? {option} reads such cells as missing; " if codes else ""
+    what = what or "a data error? "
+    return (
+        f"{rows.size} value{'s lie' if rows.size != 1 else ' lies'} more than {_RUN_STEPS:g} "
+        "typical steps (the median change between neighbouring values) from the values around "
+        f"{'them' if rows.size != 1 else 'it'}: {_shorten('; '.join(parts), 400)}; {what}"
+        + ("--robust screens them out" if fit else "--fit --robust screens them out")
+    )
+
+
+_NINES = re.compile(r"-?9+(\.9+)?")
+
+
 def _describe_duration(seconds: float) -> str:
     for unit, size in (("D", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
         if seconds >= size:
@@ -1344,6 +1606,7 @@ def _filter(args) -> int:
         dayfirst=True if args.dayfirst else None,
         notes=notes,
         series_col=args.series_col,
+        missing=args.missing,
     )
     for note in notes:
         log(note)
@@ -1367,6 +1630,9 @@ def _filter(args) -> int:
     units = _units_warning(ax, given, given=not args.fit)
     if units and not args.fit:
         print(f"kalmanscan filter: {units}", file=sys.stderr)
+    gross = None if args.robust else _gross_warning(z, names, ax, args.fit)
+    if gross:
+        warnings.warn(gross, stacklevel=1)
     t0 = time.perf_counter()
     if args.fit:
         n_obs = (~np.isnan(z)).sum(0)
@@ -1513,6 +1779,7 @@ def _filter(args) -> int:
                 "times in UTC (the input's offsets applied)" if utc else None,
                 _READ_NOTES,
                 units,
+                gross and "warning: " + gross,
                 fit_text,
                 "log-likelihood per series: "
                 + ", ".join(f"{n}={v:.4f}" for n, v in zip(names, ll, strict=False)),

@@ -19,9 +19,20 @@ Nile's 100 years, 4.06 for 1,000 observations, 4.56 for 10,000), so a clean Gaus
 nothing with probability about 95%. At most a quarter of a series' observations are screened (the
 largest ``|a_t|``); beyond that the model, not the data, is likely wrong, and a warning says so.
 Where ``obs_var`` is 0 (an observation fixes its state) ``a_t`` is undefined and nothing is
-screened. Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the
-data's scale beyond float64), the first round screens the values more than 1e8 typical steps from
-the median instead, and the rounds go on from there. The result is the Gaussian fit without the
+screened.
+
+A run of gross values masks itself: two adjacent ``-9999`` (a missing-value code) among
+temperatures of 10 to 30 are fitted as a level that jumps there and back, with ``obs_var`` at 0,
+so no ``a_t`` is defined and nothing would be screened. The first round therefore starts from a
+fit without the :func:`gross_runs`, stretches of values more than 50 typical steps (the median
+nonzero change between neighbours) from the values on both sides of them, to which the series
+then returns; at the start or end of a series, where no return tells them from a level shift, only
+a run of one repeated value (a code) counts. The rounds then go on from scratch as above; an
+ordinary level shift or trend is no such run.
+
+Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the data's
+scale beyond float64), the first round screens the values more than 1e8 typical steps from the
+median instead, and the rounds go on from there. The result is the Gaussian fit without the
 screened observations: estimates, standard errors and forecasts keep their usual meaning.
 Docs: docs/model.md, "Robust fitting".
 
@@ -42,6 +53,7 @@ import numpy as np
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
 _GROSS = 1e8  # typical steps from the median: gross beyond any record a float64 fit can scale
+_RUN_STEPS = 50.0  # typical steps from both sides: a gross run (largest in real records: ~10)
 
 
 def default_threshold(n_obs) -> np.ndarray:
@@ -137,33 +149,37 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     [30]
     """
     from kalmanscan.timeseries.fit import fit_ou
+    from kalmanscan.timeseries.model import series_input
+    from kalmanscan.timeseries.times import as_time_axis
 
     _check(threshold, max_rounds)
     kwargs = dict(kwargs, robust=False)
+    axis = kwargs.pop("axis", 0)
     try:
-        fit, caught = _quiet_fit(fit_ou, z, times, kwargs)  # parses and checks everything once
-    except ValueError:
-        fit = None  # e.g. one 1e300 puts the data's scale beyond float64: try without gross ones
-    if fit is not None:
-        zt = np.asarray(fit.z, dtype=np.float64)
-        ax, labels = fit.time_axis, fit.series_labels
-        kwargs.pop("axis", None)
-    else:
-        from kalmanscan.timeseries.model import series_input
-        from kalmanscan.timeseries.times import as_time_axis
-
-        zt, t_in, labels = series_input(z, times, kwargs.pop("axis", 0))
-        zt = zt.astype(np.float64)
-        ax = as_time_axis(t_in, zt.shape[0], kwargs.get("time_unit"))
+        zt, t_in, labels = series_input(z, times, axis)
+    except (TypeError, ValueError):  # the fit names the argument
+        fit_ou(z, times, axis=axis, **kwargs)
+        raise
+    zt = np.asarray(zt, dtype=np.float64)
     shape = zt.shape[1:]
     T = zt.shape[0]
     Z = zt.reshape(T, -1)
     N = Z.shape[1]
-    screened = np.zeros((T, N), bool)
-    if fit is None:
-        screened = _gross(Z)
-        if not screened.any():  # nothing gross: the fit's own error stands
-            fit_ou(z, times, **kwargs)
+    screened = gross_runs(Z)  # a run of gross values hides from a_t: the start leaves it out
+    fit = None
+    if not screened.any():
+        try:
+            fit, caught = _quiet_fit(fit_ou, z, times, dict(kwargs, axis=axis))  # checks all once
+        except ValueError:
+            pass  # e.g. one 1e300 puts the data's scale beyond float64: try without gross ones
+    if fit is not None:
+        ax, labels = fit.time_axis, fit.series_labels
+    else:
+        ax = as_time_axis(t_in, T, kwargs.get("time_unit"))
+        if not screened.any():
+            screened = _gross(Z)
+            if not screened.any():  # nothing gross: the fit's own error stands
+                fit_ou(z, times, axis=axis, **kwargs)
         fit, caught = _quiet_fit(
             fit_ou, np.where(screened, np.nan, Z).reshape(zt.shape), ax, kwargs
         )
@@ -265,6 +281,63 @@ def _gross(Z) -> np.ndarray:
             out[:, i] = ok & ((dev > _GROSS * d) if d > 0 else (dev > 0))
             if out[:, i].sum() > _MAX_FRACTION * ok.sum():
                 out[:, i] = False
+    return out
+
+
+def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
+    """``[T, N]`` True for the values of ``z [T, N]`` (NaN = missing) in a gross run of their
+    series: consecutive observed values, at most a quarter of the series, within ``steps``
+    typical steps ``d`` of each other, more than ``steps * d`` from the observed values on both
+    sides, which are themselves within ``steps * d`` of each other (the series returns); at the
+    start or end of the series, a run of one repeated value more than ``steps * d`` from the
+    next value. ``d`` is the median nonzero change between neighbouring observed values. Missing-
+    value codes such as ``-9999`` make such runs; level shifts, trends and the largest jumps of
+    real records (``statsmodels``' Nile, CO2, macrodata, sunspots, El Nino, ...: under 20 typical
+    steps) do not.
+
+    >>> temp = np.array([21.3, 22.0, -9999, -9999, 21.1, 20.4, 22.9, 23.5, 24.1, 23.0])
+    >>> np.flatnonzero(gross_runs(temp[:, None])[:, 0]).tolist()
+    [2, 3]
+    >>> shift = np.array([21.3, 22.0, 21.2, 21.9, 521.1, 520.4, 522.9, 523.5, 524.1, 523.0])
+    >>> gross_runs(shift[:, None]).any()  # a level shift: no return
+    np.False_
+    """
+    Z = np.asarray(z, dtype=np.float64)
+    out = np.zeros(Z.shape, bool)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(Z.shape[1]):
+            at = np.flatnonzero(~np.isnan(Z[:, i]))
+            x = Z[at, i]
+            n = x.size
+            longest = int(np.floor(_MAX_FRACTION * n))
+            if longest < 1:
+                continue
+            step = np.abs(np.diff(x))
+            moved = step[step > 0]
+            d = np.median(moved) if moved.size else 0.0
+            if not (np.isfinite(d) and d > 0):
+                continue
+            g = steps * d
+            cut = np.flatnonzero(~(step <= g)) + 1  # gross changes (inf - inf counts) start runs
+            if cut.size == 0:
+                continue
+            start, stop = np.r_[0, cut], np.r_[cut, n]
+            lo, hi = np.minimum.reduceat(x, start), np.maximum.reduceat(x, start)
+            before = x[np.maximum(start - 1, 0)]
+            after = x[np.minimum(stop, n - 1)]
+
+            # every value of a run is far from a reference when its extremes are on one side
+            # (its changes are <= g: it cannot jump over the band ref +- g)
+            far_before = (lo > before + g) | (hi < before - g)
+            far_after = (lo > after + g) | (hi < after - g)
+            inside = (start > 0) & (stop < n)
+            run = np.where(
+                inside,
+                (np.abs(after - before) <= g) & far_before & far_after,
+                (lo == hi) & np.where(start == 0, far_after, far_before),
+            )
+            run &= stop - start <= longest
+            out[at, i] = np.repeat(run, stop - start)
     return out
 
 
