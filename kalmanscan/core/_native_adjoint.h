@@ -11,7 +11,11 @@
  * is homogeneous of degree 0 in every state, so the normalizing factors s1, s2 are constants for
  * the gradient (their derivatives meet the adjoint orthogonally: Euler's theorem); with
  * forget (a == 0) q = 1, d = p, al = 0, else q = 0, d = a*a, al = a, as in the contract (and
- * V1 = v where U1 = 0: a diffuse state stays diffuse also where a*a underflows). */
+ * V1 = v where U1 = 0 and V1 is below the input dtype's normal range `vmin`: a diffuse state
+ * stays diffuse also where a*a v underflows or is subnormal in that dtype, as in the forward;
+ * there the adjoint of the state's precision does not grow by 1/(a*a) a step). At a diffuse
+ * predicted state (u1 = e1 = 0, v1 = 1) the adjoint of v1 is exactly 0 (Euler's theorem again),
+ * so it is set to 0: its rounding would be multiplied by 1/s1. */
 
 #define KS_G(name) KS_CAT(KS_NAME, name)
 
@@ -24,13 +28,14 @@ typedef struct {
 } ks_fwd;
 
 static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double h, double c,
-                                 double u, double e, double v, const int given, double r1_in,
-                                 double r2_in, ks_fwd *f, double *nu, double *ne, double *nv) {
+                                 double u, double e, double v, const double vmin, const int given,
+                                 double r1_in, double r2_in, ks_fwd *f, double *nu, double *ne,
+                                 double *nv) {
     const double a2 = a * a;
     const int forget = a == 0.0;
     const double U1 = forget ? u + v : u;
     const double V0 = forget ? p * U1 : p * u + a2 * v;
-    const double V1 = U1 + V0 > 0.0 ? V0 : v;
+    const double V1 = (U1 > 0.0) | (V0 >= vmin) ? V0 : v;
     const double E1 = c * U1 + (forget ? 0.0 : a * e);
     const double r1 = given ? r1_in : 1.0 / (U1 >= V1 ? U1 : V1);
     const double u1 = U1 * r1, e1 = E1 * r1, v1 = V1 * r1;
@@ -57,12 +62,13 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
  * the step's normalizing factors r1 = 1/s1, r2 = 1/s2; the step's partials (weight w on its
  * log-likelihood term). */
 static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double h, double c,
-                                  double u, double e, double v, double r1, double r2, double w,
-                                  double *lu, double *le, double *lv, double *gz, double *gR,
-                                  double *ga, double *gp, double *gh, double *gc) {
+                                  double u, double e, double v, const double vmin, double r1,
+                                  double r2, double w, double *lu, double *le, double *lv,
+                                  double *gz, double *gR, double *ga, double *gp, double *gh,
+                                  double *gc) {
     ks_fwd f;
     double nu, ne, nv;
-    ks_adj_fwd(z, R, a, p, h, c, u, e, v, 1, r1, r2, &f, &nu, &ne, &nv);
+    ks_adj_fwd(z, R, a, p, h, c, u, e, v, vmin, 1, r1, r2, &f, &nu, &ne, &nv);
     const int obs = f.observed;
     const double zz = obs ? z : 0.0, RR = obs ? R : 1.0;
     const double u1 = f.u1, e1 = f.e1, v1 = f.v1;
@@ -92,11 +98,14 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
     dR += dS * ku;
     dh += kn * (2.0 * h * v1 * dS - e1 * dD);
     dz += dD * ku;
-    /* through the predict's normalization and the predict */
-    const double gU1 = gu1 * f.r1, gE1 = ge1 * f.r1, gV1 = gv1 * f.r1;
+    /* through the predict's normalization and the predict (a diffuse predicted state: the
+     * adjoint of v1 is 0, header) */
+    const double gU1 = gu1 * f.r1, gE1 = ge1 * f.r1, gV1 = (known ? gv1 : 0.0) * f.r1;
     const double a2 = a * a;
-    /* kept = 0: a diffuse state whose a*a v underflowed, V1 = v */
-    const int forget = a == 0.0, kept = f.U1 + p * u + a2 * v > 0.0;
+    /* kept = 0: a diffuse state whose a*a v underflowed or is subnormal, V1 = v */
+    /* (U1 > 0 or a normal V0, written so that the row vectorizes) */
+    const double normal_v0 = p * u + a2 * v >= vmin ? 1.0 : 0.0;
+    const int forget = a == 0.0, kept = f.U1 + normal_v0 > 0.0;
     const double q = forget ? 1.0 : 0.0, d = forget ? p : (kept ? a2 : 1.0);
     const double al = forget ? 0.0 : a;
     *lu = gU1 + p * gV1 + c * gE1;
@@ -124,8 +133,8 @@ static KS_INLINE void KS_G(_adj_fwd_row)(const int store, Py_ssize_t nb, const K
     for (Py_ssize_t j = 0; j < nb; j++) {
         ks_fwd f;
         double u, e, v;
-        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], 0, 0.0, 0.0, &f,
-                   &u, &e, &v);
+        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], KS_FT_MIN, 0,
+                   0.0, 0.0, &f, &u, &e, &v);
         if (store) {
             k[j] = xu[j];
             k[W + j] = xe[j];
@@ -169,8 +178,9 @@ KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
                                      double *restrict gc) {
     for (Py_ssize_t j = 0; j < nb; j++) {
         double a = lu[j], b = le[j], c = lv[j];
-        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], r1[j], r2[j],
-                    w[j], &a, &b, &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j], &gc[j]);
+        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], KS_FT_MIN,
+                    r1[j], r2[j], w[j], &a, &b, &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j],
+                    &gc[j]);
         lu[j] = a;
         le[j] = b;
         lv[j] = c;

@@ -130,10 +130,13 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
     if (exact) {
         l = ks_log(S) - ks_log(du) + (D / du) * (D / S);
     } else {
-        /* one division: S/u- = S^2 / (u- S) (range-checked; the exact form takes the rest) */
-        const double us = du * S, ius = 1.0 / us, ratio = S * S * ius;
+        /* one division: S/u- = S^2 / (u- S) (range-checked, S^2 too: it loses digits where S
+         * is below ~1e-154, e.g. loading 1e-80 with obs_var 1e-300; the exact form takes the
+         * rest) */
+        const double us = du * S, ius = 1.0 / us, ss = S * S, ratio = ss * ius;
+        const double mn = ss < us ? ss : us; /* (a fourth term here left the row scalar) */
         l = ks_log(ratio) + D * D * ius;
-        fl |= (((ratio <= DBL_MAX) & (us >= DBL_MIN) & finite) ^ 1) * KS_ROW_INEXACT;
+        fl |= (((ratio <= DBL_MAX) & (mn >= DBL_MIN) & finite) ^ 1) * KS_ROW_INEXACT;
     }
     *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
     /* flags by integer arithmetic (a select of ints on a float compare does not vectorize) */
@@ -241,9 +244,11 @@ KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSER
 }
 
 /* KS_BAD_INPUT where step t's parameters of nb lanes leave the ranges filter._validate checks:
- * obs_var > 0 (inf: not observed) with 1/obs_var finite and loading^2/obs_var finite and 0 or
- * normal, loading^2 0 or normal, process_var >= 0
- * finite, decay, loading, offset finite. (z's infinities are KS_Z_INF, in the step.) */
+ * obs_var > 0 (inf: not observed) with 1/obs_var finite and loading^2/obs_var finite, process_var
+ * >= 0 finite, decay, loading, offset finite; and where loading != 0 with loading^2 or
+ * loading^2/obs_var below the normal range, which filter._validate decides on (refused at a
+ * diffuse lane's first informative observation, else the call is exact or redone with the
+ * observation rescaled). (z's infinities are KS_Z_INF, in the step.) */
 KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
                                       const KS_FT *restrict as, const KS_FT *restrict ps,
                                       const KS_FT *restrict hs, const KS_FT *restrict cs) {
@@ -251,8 +256,8 @@ KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
     int ok = 1;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const FT R = Rs[j], a = as[j], p = ps[j], h = hs[j], c = cs[j], hh = h * h;
-        /* information h^2/R an observation adds, and h^2 itself, 0 or normal (a tiny one's
-         * precision underflows: a diffuse state's would be lost, docs/reliability.md) */
+        /* information h^2/R an observation adds, and h^2 itself, 0 or normal, else flagged for
+         * the API (docs/reliability.md) */
         const int info_ok = (hh <= (FT)KS_FT_MAX) & (hh <= (FT)KS_FT_MAX * R) &
                             ((h == (FT)0) | (hh >= (FT)KS_FT_MIN * R));
         const int obs_ok = (R > (FT)0) & (R * (FT)KS_FT_MAX >= (FT)1) &

@@ -289,12 +289,97 @@ def _numbers_ok(prep: _Prepared) -> bool | None:
 
 def _tiny_information(hc, oc):
     """Where ``loading != 0`` but ``loading**2`` or ``loading**2 / obs_var`` (``obs_var``
-    finite) is below the dtype's normal range: the precision it adds underflows
-    (docs/reliability.md). The kernels' rule: ``h*h >= tiny``, ``h*h >= tiny * R``."""
+    finite) is below the dtype's normal range (the kernels' rule: ``h*h >= tiny``,
+    ``h*h >= tiny * R``; they flag it for :func:`_validate` to decide). Such an observation is
+    computed exactly (:func:`_observation_scale`), except where it is refused
+    (:func:`_refused_information`); docs/reliability.md."""
     tiny = torch.finfo(hc.dtype).tiny
     hh = hc * hc
     small = (hh < tiny) | ((hh < tiny * oc) & torch.isfinite(oc))
     return (hc != 0) & small
+
+
+def _observation_scale(hc, oc):
+    """``(s, k)``, ``s = 2**k`` over the compact loading and obs_var grid: where ``loading != 0``,
+    ``loading**2`` is below the normal range and ``obs_var`` is finite, ``|s loading|`` in
+    ``[1, 2)`` (capped where ``s**2 obs_var`` would pass ``finfo.max / 4``); 1 elsewhere.
+
+    The observation ``(s z, s**2 obs_var, s loading)`` is the same one: the precision
+    ``loading**2 / obs_var`` and information ``loading z / obs_var`` it adds are unchanged and its
+    density is divided by ``s`` (exactly: ``s`` is a power of two), so a backend computes it
+    without the underflow of ``loading**2`` (the predictive variance ``h^2 var + R`` otherwise
+    loses digits where both terms are below the normal range)."""
+    h, R = torch.broadcast_tensors(hc.detach(), oc.detach())
+    finite = torch.isfinite(R)
+    need = (h != 0) & (h * h < torch.finfo(h.dtype).tiny) & finite
+    _, eh = torch.frexp(h)  # |h| in [2^(eh-1), 2^eh)
+    _, eR = torch.frexp(torch.where(finite, R, 1.0))
+    emax = math.frexp(torch.finfo(h.dtype).max)[1]  # finfo.max < 2^emax
+    k = torch.where(need, torch.minimum(1 - eh, (emax - 2 - eR) // 2).clamp(min=0), 0)
+    return torch.ldexp(torch.ones_like(h), k), k
+
+
+def _first_informative(prep: _Prepared):
+    """``(t_star, diffuse)`` per lane: the first step observed (``z`` not NaN, ``obs_var``
+    finite) with ``loading != 0``, and whether the lane's belief is diffuse when that step
+    predicts (a diffuse start and no ``decay == 0`` at or before it; False without such a
+    step). A nonzero decay keeps a diffuse past, also where its square underflows."""
+    z = prep.z
+    T, N = z.shape
+    h = prep.loading.expand(T, N)
+    informative = ~torch.isnan(z) & torch.isfinite(prep.obs_var.expand(T, N)) & (h != 0)
+    forget = prep.decay.expand(T, N) == 0
+    has = informative.any(0)
+    t_star = torch.argmax(informative.to(torch.int8), 0)
+    first_forget = torch.where(forget.any(0), torch.argmax(forget.to(torch.int8), 0), T)
+    return t_star, (prep.x0[0] == 0) & has & (first_forget > t_star)
+
+
+def _refused_information(prep: _Prepared):
+    """The first (time, lane) where a diffuse lane's first informative observation adds a
+    precision ``loading**2 / obs_var`` below the normal range, or None. The lane's precision
+    after it is that number, which no float of the dtype holds (a subnormal keeps a few digits,
+    0 leaves the lane diffuse), and with it its mean ``z / loading``; everywhere else such an
+    observation adds less than the rounding of the belief's precision (docs/reliability.md)."""
+    t_star, diffuse = _first_informative(prep)
+    if not bool(diffuse.any()):
+        return None
+    T, N = prep.z.shape
+    hc, oc = compact(prep.loading).detach(), compact(prep.obs_var).detach()
+    s, _ = _observation_scale(hc, oc)
+    phi = (hc * s) ** 2 / (oc * s * s)  # loading**2 / obs_var without the underflow of loading**2
+    small = (phi < torch.finfo(phi.dtype).tiny).expand(T, N)
+    at = torch.zeros(T, N, dtype=torch.bool, device=small.device)
+    lanes = torch.arange(N, device=small.device)
+    at[t_star[diffuse], lanes[diffuse]] = True
+    return _args.first_bad(small & at)
+
+
+def _rescaled(prep: _Prepared):
+    """The six ``[T, N]`` model inputs with every tiny loading's observation rescaled
+    (:func:`_observation_scale`), and the per-lane log-likelihood to add back (float64): the
+    sum of ``log s`` over the steps that add a term (observed, but not at a diffuse lane's first
+    informative step)."""
+    z = prep.z
+    T, N = z.shape
+    hc, oc = compact(prep.loading), compact(prep.obs_var)
+    s, k = _observation_scale(hc, oc)
+    t_star, diffuse = _first_informative(prep)
+    terms = (~torch.isnan(z) & torch.isfinite(oc).expand(T, N)) & (k != 0).expand(T, N)
+    lanes = torch.arange(N, device=z.device)
+    terms[t_star[diffuse], lanes[diffuse]] = False
+    shift = torch.where(terms, k.expand(T, N), 0).sum(0, dtype=torch.float64) * math.log(2.0)
+    ins = (z * s, (oc * s * s).expand(T, N), prep.decay, prep.process_var,
+           (hc * s).expand(T, N), prep.offset)  # fmt: skip
+    return ins, shift
+
+
+def _plain_tiny_loading(prep: _Prepared) -> bool:
+    """Whether loading and obs_var are plain numbers with ``loading**2`` below the normal range
+    (so the observations are rescaled before the backend runs, with no readback)."""
+    h, R = _number(prep, "loading"), _number(prep, "obs_var")
+    tiny = torch.finfo(prep.z.dtype).tiny
+    return h is not None and R is not None and h != 0 and h * h < tiny and R < math.inf
 
 
 def _values_ok(prep: _Prepared) -> bool:
@@ -329,10 +414,11 @@ def _values_ok(prep: _Prepared) -> bool:
     return _args.ranges_ok(specs, flags)
 
 
-def _validate(prep: _Prepared, check_z: bool):
-    """Raise the error that names the first invalid input value, if any."""
+def _validate(prep: _Prepared, check_z: bool) -> bool:
+    """Raise the error that names the first invalid input value, if any; else return whether
+    some observation's loading is to be rescaled (:func:`_observation_scale`)."""
     if not check_z and _values_ok(prep):
-        return
+        return False
     if check_z:
         _args.check_range("z", prep.z_in, allow_nan=True, what=_EXPECT["z"])
     specs = {
@@ -360,17 +446,23 @@ def _validate(prep: _Prepared, check_z: bool):
             f"loading: expected loading**2 / obs_var finite in {dtype}, got loading={l!r} "
             f"with obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
         )
-    tiny = _tiny_information(hc, oc)
-    bad = _args.first_bad(tiny)
-    if bad is not None:
-        o, l = oc.expand_as(tiny)[bad].item(), hc.expand_as(tiny)[bad].item()
-        t = torch.finfo(dtype).tiny
-        raise ValueError(
-            f"loading: expected 0, or loading**2 and loading**2 / obs_var at least {t:.4g} (the "
-            f"smallest normal {dtype}: an observation's information below it is lost, and a "
-            f"diffuse state's mean with it; rescale the state), got loading={l!r} with "
-            f"obs_var={o!r} at (time, lane) {bad} (of the broadcast [time, lane] grid)"
-        )
+    rescale = False
+    if bool(_tiny_information(hc, oc).any()):
+        bad = _refused_information(prep)
+        if bad is not None:
+            T, N = prep.z.shape
+            o = oc.expand(T, N)[bad].item()
+            l = hc.expand(T, N)[bad].item()
+            t = torch.finfo(dtype).tiny
+            raise ValueError(
+                f"loading: expected loading**2 / obs_var at least {t:.4g} (the smallest normal "
+                f"{dtype}) at a diffuse lane's first informative observation (the lane's "
+                f"precision after it, which the dtype cannot hold below that, and its mean "
+                f"z/loading with it; rescale the state, or give a proper prior), got "
+                f"loading={l!r} with obs_var={o!r} at (time, lane) {bad} (of the broadcast "
+                f"[time, lane] grid)"
+            )
+        rescale = bool((_observation_scale(hc, oc)[1] != 0).any())
     pr = _prior(prep.conv, prep.has_init, prep.lane_shape)
     if prep.has_init:
         _args.check_range(
@@ -390,6 +482,7 @@ def _validate(prep: _Prepared, check_z: bool):
             what=_EXPECT["prior_var"],
         )  # fmt: skip
         _args.check_range("prior_mean", prep.conv.tensor("prior_mean"), what="finite values")
+    return rescale
 
 
 _EXPECT = {
@@ -401,30 +494,53 @@ _EXPECT = {
 }
 
 
-def _run(prep: _Prepared, kind: str = "filter") -> dict:
-    """Run the backend: ``kind`` is ``"filter"`` (every output), ``"loglik"`` or ``"smooth"``.
-    The result's ``flags`` are read by :func:`_check` once the caller has built its outputs
-    (on a device the read waits for the kernels, so the host work before it overlaps them)."""
+def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
+    """Run the backend: ``kind`` is ``"filter"`` (every output), ``"loglik"`` or ``"smooth"``;
+    ``rescale``: with the observations of tiny loadings rescaled (:func:`_rescaled`; also
+    where the API's own checks or plain numbers show them). The result's ``flags`` are read by
+    :func:`_check` once the caller has built its outputs (on a device the read waits for the
+    kernels, so the host work before it overlaps them)."""
     mod = prep.mod
     if not getattr(mod, "CHECKS_INPUTS", False):
-        _validate(prep, check_z=False)
+        rescale = _validate(prep, check_z=False) or rescale
+    elif _plain_tiny_loading(prep):
+        rescale = True
     p = prep
-    args = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset, p.x0)
+    ins, shift = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset), None
+    if rescale:
+        ins, shift = _rescaled(prep)
     if kind == "smooth":
-        return mod.smooth_lanes(*args)
-    return mod.filter_lanes(*args, outputs="loglik" if kind == "loglik" else "all")
+        out = mod.smooth_lanes(*ins, p.x0)
+    else:
+        out = mod.filter_lanes(*ins, p.x0, outputs="loglik" if kind == "loglik" else "all")
+    if shift is not None:
+        out = dict(out, loglik=out["loglik"] + shift.to(out["loglik"].dtype), rescaled=True)
+    return out
 
 
-def _check(prep: _Prepared, out: dict):
+# flag bit of a backend that checks its inputs (docs/backend-contract.md): an input out of its
+# range, or a tiny loading's information (for _validate to decide)
+_BAD_INPUT = 4
+
+
+def _check(prep: _Prepared, out: dict) -> bool:
     """Raise if the backend flagged a value: the ``ValueError`` naming the bad input, else an
-    ``OverflowError``."""
-    if _read_flags(out):  # the one host synchronization of a call
-        _validate(prep, check_z=True)  # raises naming the bad input, if one is
+    ``OverflowError``. Returns True where the call is to be run again with tiny loadings'
+    observations rescaled (a backend that checks its inputs flagged them)."""
+    flags = _read_flags(out)  # the one host synchronization of a call
+    if not flags:
+        return False
+    rescale = _validate(prep, check_z=True)  # raises naming the bad input, if one is
+    if rescale and not out.get("rescaled"):
+        return True
+    hc, oc = compact(prep.loading), compact(prep.obs_var)
+    if flags & ~_BAD_INPUT or not bool(_tiny_information(hc, oc).any()):
         raise OverflowError(
             f"the filter's values are not representable in {prep.z.dtype}: the data or "
             "parameters are beyond what the dtype can hold (e.g. squared innovations past its "
             "maximum); rescale the data, or use float64"
         )
+    return False  # bit 4 from tiny information, computed exactly
 
 
 def _read_flags(out: dict) -> int:
@@ -455,16 +571,11 @@ def _with_convention(prep: _Prepared, r: dict, convention) -> dict:
     """
     if convention == "diffuse-omitted":
         return r
-    z = prep.z
-    T, N = z.shape
+    T, N = prep.z.shape
     h = prep.loading.expand(T, N)
     a = prep.decay.expand(T, N)
-    informative = ~torch.isnan(z) & (h != 0)
-    forget = a == 0  # (a nonzero decay keeps a diffuse past, also where its square underflows)
-    has = informative.any(0)
-    t_star = torch.argmax(informative.to(torch.int8), 0)  # first informative step (if any)
-    first_forget = torch.where(forget.any(0), torch.argmax(forget.to(torch.int8), 0), T)
-    diffuse = (prep.x0[0] == 0) & has & (first_forget > t_star)
+    forget = a == 0
+    t_star, diffuse = _first_informative(prep)
     log_a2 = 2 * torch.log(torch.where(forget, 1.0, a.abs()))  # (finite where a^2 underflows)
     log_pinf = log_a2.cumsum(0).gather(0, t_star[None])[0] - log_a2[0]
     h_star = torch.where(diffuse, h.gather(0, t_star[None])[0], 1.0)  # no log(0) (nor NaN grad)
@@ -503,6 +614,15 @@ def _filter_result(prep, r) -> FilterResult:
         pred_precision=s("pred_precision"),
         loglik=_out_lanes(prep, r["loglik"]),
         final=InfoState(lane("precision"), lane("info")),
+    )
+
+
+def _smooth_result(prep: _Prepared, out: dict, convention) -> SmoothResult:
+    r = _with_convention(prep, out, convention)
+    return SmoothResult(
+        _out_series(prep, r["smooth_mean"]),
+        _out_series(prep, r["smooth_var"]),
+        _filter_result(prep, r),
     )
 
 
@@ -569,7 +689,10 @@ def filter(  # noqa: A001 - the public name users expect
     )
     r = _run(prep)
     res = _filter_result(prep, _with_convention(prep, r, loglik_convention))
-    _check(prep, r)
+    if _check(prep, r):
+        r = _run(prep, rescale=True)
+        res = _filter_result(prep, _with_convention(prep, r, loglik_convention))
+        _check(prep, r)
     return res
 
 
@@ -605,7 +728,10 @@ def loglik(
     )
     r = _run(prep, "loglik")
     res = _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"])
-    _check(prep, r)
+    if _check(prep, r):
+        r = _run(prep, "loglik", rescale=True)
+        res = _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"])
+        _check(prep, r)
     return res
 
 
@@ -642,11 +768,9 @@ def smooth(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
     out = _run(prep, "smooth")
-    r = _with_convention(prep, out, loglik_convention)
-    res = SmoothResult(
-        _out_series(prep, r["smooth_mean"]),
-        _out_series(prep, r["smooth_var"]),
-        _filter_result(prep, r),
-    )
-    _check(prep, out)
+    res = _smooth_result(prep, out, loglik_convention)
+    if _check(prep, out):
+        out = _run(prep, "smooth", rescale=True)
+        res = _smooth_result(prep, out, loglik_convention)
+        _check(prep, out)
     return res

@@ -82,7 +82,7 @@ def _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, u0):
     if L < T:
         head = tuple(x.expand(T, N)[:L] if x.shape[0] == T else x for x in leaves)
         rest = tuple(x.expand(T, N)[L:] for x in leaves)
-        cut = (lambda x: x[:L] if x.shape[0] == T else x)  # noqa: E731
+        cut = lambda x: x[:L] if x.shape[0] == T else x  # noqa: E731
         head = _diffuse_prefix(head, cut(q), cut(Rs), cut(h2s), cut(hzs), cut(p), cut(c), u0)
         return tuple(torch.cat([h_, r_]) for h_, r_ in zip(head, rest, strict=True))
     seen = informative.cumsum(0)

@@ -133,10 +133,11 @@ def predict(u, e, v, a, p, c, q, d):
     """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs).
 
     A diffuse belief (``u_ = 0``: ``u = 0`` and the step keeps the past) stays ``(0, 0, 1)``
-    also where ``d v = a^2 v`` underflows to 0 (the same belief as ``(0, 0, a^2 v)``)."""
+    also where ``d v = a^2 v`` underflows or is subnormal (the same belief as ``(0, 0, a^2 v)``;
+    dividing by a subnormal ``v_`` would give an infinite derivative, and NaN gradients)."""
     u_ = u + q * v
     v_ = p * u + d * v
-    v_ = torch.where((u_ == 0) & (v_ == 0), v, v_)
+    v_ = torch.where((u_ == 0) & (v_ < torch.finfo(v_.dtype).tiny), v, v_)
     e_ = c * u_ + (a * (1 - q)) * e
     return normalize(u_, e_, v_)
 

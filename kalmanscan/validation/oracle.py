@@ -177,7 +177,8 @@ def scalar_oracle(
 
     Arguments are float64 arrays ``[T]`` (or scalars) as for ``ks.filter`` on one lane; the prior
     applies to the state before step 0 (step 0 predicts with ``decay[0]``), ``prior_var = inf``
-    is diffuse; a step whose ``decay**2`` underflows in float64 forgets (kalmanscan's rule).
+    is diffuse; only a step with ``decay == 0`` forgets (kalmanscan's rule: a nonzero decay
+    keeps a diffuse past diffuse, also where its square underflows).
     ``dps=None`` picks the digits from the measured RTS amplification (module docstring);
     ``certify`` reruns 25 digits higher and reports the change as ``own_error``.
 

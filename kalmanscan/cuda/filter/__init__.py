@@ -211,7 +211,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     tang = ckpt and not write and NC > 1  # the gradient's forward: the adjoint's chunk maps too
     slot = (write, ckpt, smooth)
     if NC > 1:
-        comp = empty((14 if smooth else 7, NC, N), z)
+        comp = empty((15 if smooth else 8, NC, N), z)
         # the chunk maps read the inputs only: z stands for every other buffer
         zs = (z,) * 12
         launch_site(sites, ("maps",) + slot, filter_kernel, grid,
@@ -435,6 +435,7 @@ _LL_KEYS = (("loglik", None), ("final", 0), ("final", 1), ("final", 2))
 # benchmarks/results/h200-public.json). A gradient of the final state too, a [T, N] input's
 # gradient or a graph of the gradient take the backward's own adjoint as before.
 EAGER_ADJOINT = True
+
 
 def _flags_reader(flags):
     """A function returning the flags word as an int that waits for the kernels launched so far

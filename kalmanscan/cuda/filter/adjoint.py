@@ -25,7 +25,14 @@ import triton
 import triton.language as tl
 
 from kalmanscan.cuda._common import helper
-from kalmanscan.cuda.filter.kernels import ld, loglik_grads, observation, predict_coeffs, rcp
+from kalmanscan.cuda.filter.kernels import (
+    keep_diffuse,
+    ld,
+    loglik_grads,
+    observation,
+    predict_coeffs,
+    rcp,
+)
 
 
 @helper
@@ -35,7 +42,7 @@ def step_values(u, e, v, a, p, c, z, R, h):
     q, d, al, forget = predict_coeffs(a, p)
     U1 = u + q * v
     V1 = p * u + d * v
-    V1 = tl.where(U1 + V1 > 0.0, V1, v)  # a diffuse state stays diffuse (kernels.py)
+    V1 = keep_diffuse(U1, V1, v)  # a diffuse state stays diffuse (kernels.py)
     E1 = c * U1 + al * e
     big1 = U1 >= V1
     r1 = rcp(tl.where(big1, U1, V1))

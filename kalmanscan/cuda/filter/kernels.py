@@ -7,7 +7,8 @@ offset, ``h`` loading, ``R`` obs_var, ``phi = h*h/R``, ``r = h*z/R`` (0 where no
 variance ``v/u``, mean ``e/u``, information ``e/v``. One step::
 
     predict:  U = u + q v     V = p u + d v     E = c U + a (1 - q) e      then / max(U, V)
-              (V = v where U = V = 0: a diffuse state stays diffuse where a*a v underflows)
+              (V = v where U = 0 and V is below the normal range: a diffuse state stays
+              diffuse where a*a v underflows or is subnormal)
     update:   U = u + phi v   V = v             E = e + r v                then / max(U, V)
 
 Every ``[T, N]`` input is read through its (time, lane) strides; ``V*`` constexprs say which vary
@@ -18,8 +19,10 @@ Flags (an int32 the kernels OR into): ``1`` a state or log-likelihood term is no
 ``z`` holds +-inf, ``4`` an input is out of range (``R <= 0`` or NaN; ``h*h/R`` not finite
 where ``R`` is; ``decay``, ``loading``, ``offset`` not finite; ``process_var < 0`` or not
 finite; an initial triple with ``u < 0``, ``v < 0``, ``u = v = 0``, a non-finite entry, or
-``e != 0`` where ``u = 0``; ``h != 0`` with ``h*h`` or ``h*h/R`` below the normal range), as
-the API's own checks define them, so the API validates only when a flag is set.
+``e != 0`` where ``u = 0``), as the API's own checks define them, so the API validates only when
+a flag is set; and ``h != 0`` with ``h*h`` or ``h*h/R`` below the normal range, on which the API
+decides (refused at a diffuse lane's first informative observation; else the result stands, or
+the call is redone with the observation rescaled: kalmanscan/core/filter.py).
 """
 
 from __future__ import annotations
@@ -69,6 +72,18 @@ def ld(ptr, st, sn, t, lanes, lmask, VARY: tl.constexpr, pre):
 def not_finite(x):
     """True where ``x`` is inf or NaN."""
     return x * 0.0 != 0.0
+
+
+@helper
+def keep_diffuse(U, V, v):
+    """The predicted ``V``, or ``v`` where the predicted triple is diffuse (``U = 0``: ``u = 0``
+    and the step keeps the past) and ``V = a*a v`` is below the normal range: a diffuse state
+    stays ``(0, 0, 1)`` where ``a*a`` underflows or is subnormal (whose reciprocal overflows)."""
+    if V.dtype == tl.float64:
+        tiny = 2.2250738585072014e-308
+    else:
+        tiny = 1.1754943508222875e-38
+    return tl.where((U > 0.0) | (V >= tiny), V, v)
 
 
 @helper
@@ -193,7 +208,7 @@ def input_checks(
     if CHECK_R or CHECK_H:
         hh = h * h
         bad = bad | ((R < float("inf")) & not_finite(hh / R))
-        # h^2 and h^2/R 0 or normal (the API's rule: a tiny information underflows)
+        # h^2 and h^2/R 0 or normal, else flagged for the API to decide (core/filter.py)
         if hh.dtype == tl.float64:
             tiny = 2.2250738585072014e-308
         else:
@@ -219,7 +234,7 @@ def filter_kernel(
     fin_ptr,  # [3, N] the last filtered state
     flags_ptr,  # int32 [1]
     ck_ptr,  # [cdiv(T, CK), 3, N] the state entering every CK-th step (CKPT)
-    comp_ptr,  # [7 or 14, NC, N] chunk maps (MAPS); [12, NC, N] adjoint chunk maps (TANG)
+    comp_ptr,  # [8 or 15, NC, N] chunk maps (MAPS); [12, NC, N] adjoint chunk maps (TANG)
     T, N, CH, NC, CK,
     VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
     VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
@@ -230,7 +245,13 @@ def filter_kernel(
     """One program: ``BLOCK`` lanes over the steps of chunk ``program_id(1)``.
 
     ``MAPS``: compose the chunk's steps into one map on ``(u, v | e)`` (the forward's, and with
-    ``BMAPS`` the backward information filter's) and store it. Else run the filter from the
+    ``BMAPS`` the backward information filter's) and store it. The forward's is stored as
+    ``m11, m12, m21, m22, g1, g2, A, rho``: the map ``U = m11 u + rho m12 v``, ``V = m21 u +
+    rho m22 v``, ``E = g1 u + rho g2 v + A e``. Its second column ``(m12, m22 | g2)``, the image
+    of a diffuse state, is kept apart from its scale ``rho`` (the product of ``a*a`` over the
+    chunk's leading steps that add no information), so that it stays exact where that product
+    underflows (a diffuse start, tiny decays: ``a = 1e-170``, or ``1e-20`` in float32). Else
+    run the filter from the
     chunk's true start, writing the outputs, the log-likelihood and the flags; with ``TANG``
     (and not ``WRITE``) also the chunk's adjoint map ``mu -> C mu + b`` for unit log-likelihood
     weight (adjoint.py), by carrying the tangents of the three coordinates of the chunk's
@@ -250,7 +271,8 @@ def filter_kernel(
     one = tl.full([BLOCK], 1.0, z_ptr.dtype.element_ty)
     zero = one * 0.0
     if MAPS:
-        m11, m12, m21, m22, g1, g2, A = one, zero, zero, one, zero, zero, one
+        m11, m12, m21, m22, g1, g2, A, rho = one, zero, zero, one, zero, zero, one, one
+        pre = lanes >= 0  # no informative step yet: the second column is (0, m22 | 0)
         b11, b12, b21, b22, bg1, bg2, bA = one, zero, zero, one, zero, zero, one
     else:
         if FROM_X0:
@@ -295,12 +317,21 @@ def filter_kernel(
             l12 = q + d * phi
             lg1 = c + r * p
             lg2 = c * q + r * d
+            # while the second column is the diffuse axis, a step that keeps the past maps it to
+            # d (phi, 1 | r): the factor d goes to rho, so that the column (the image of a
+            # diffuse state) never underflows (the inputs alone decide: off the map's chain)
+            dif = pre & ~forget
+            k12 = tl.where(dif, phi, l12)
+            k22 = tl.where(dif, 1.0, d)
+            kg2 = tl.where(dif, r, lg2)
+            rho = rho * tl.where(dif, d, 1.0)
+            pre = dif & (phi + tl.abs(r) == 0.0)
             n11 = l11 * m11 + l12 * m21
-            n12 = l11 * m12 + l12 * m22
+            n12 = l11 * m12 + k12 * m22
             n21 = p * m11 + d * m21
-            n22 = p * m12 + d * m22
+            n22 = p * m12 + k22 * m22
             ng1 = lg1 * m11 + lg2 * m21 + al * g1
-            ng2 = lg1 * m12 + lg2 * m22 + al * g2
+            ng2 = lg1 * m12 + kg2 * m22 + al * g2
             sc = rcp(n11 + n22)  # any positive factor: the map acts projectively
             m11 = n11 * sc
             m12 = n12 * sc
@@ -346,7 +377,7 @@ def filter_kernel(
                 zinf = zinf | ((z == z) & not_finite(z))
             U = u + q * v
             V = p * u + d * v
-            V = tl.where(U + V > 0.0, V, v)
+            V = keep_diffuse(U, V, v)
             E = c * U + al * e
             off = t * N + lanes
             if WRITE:
@@ -393,14 +424,15 @@ def filter_kernel(
         tl.store(base + 4 * step, g1, mask=lmask)
         tl.store(base + 5 * step, g2, mask=lmask)
         tl.store(base + 6 * step, A, mask=lmask)
+        tl.store(base + 7 * step, rho, mask=lmask)
         if BMAPS:
-            tl.store(base + 7 * step, b11, mask=lmask)
-            tl.store(base + 8 * step, b12, mask=lmask)
-            tl.store(base + 9 * step, b21, mask=lmask)
-            tl.store(base + 10 * step, b22, mask=lmask)
-            tl.store(base + 11 * step, bg1, mask=lmask)
-            tl.store(base + 12 * step, bg2, mask=lmask)
-            tl.store(base + 13 * step, bA, mask=lmask)
+            tl.store(base + 8 * step, b11, mask=lmask)
+            tl.store(base + 9 * step, b12, mask=lmask)
+            tl.store(base + 10 * step, b21, mask=lmask)
+            tl.store(base + 11 * step, b22, mask=lmask)
+            tl.store(base + 12 * step, bg1, mask=lmask)
+            tl.store(base + 13 * step, bg2, mask=lmask)
+            tl.store(base + 14 * step, bA, mask=lmask)
     else:
         if TANG:  # the layout of adjoint.py's maps: entry 3 * component + basis, then b
             base = comp_ptr + k * N + lanes
@@ -454,17 +486,23 @@ def apply_map(base, step, lmask, u, e, v):
 
 
 @triton.jit  # a scan's combine function is jitted under the interpreter too
-def compose_maps(l11, l12, l21, l22, lg1, lg2, lA, r11, r12, r21, r22, rg1, rg2, rA):
-    """The chunk map ``r . l`` (``l`` applied first) on ``(u, v | e)``, divided by its trace
-    (any positive factor: the maps act projectively)."""
-    n11 = r11 * l11 + r12 * l21
-    n12 = r11 * l12 + r12 * l22
-    n21 = r21 * l11 + r22 * l21
-    n22 = r21 * l12 + r22 * l22
+def compose_maps(l11, l12, l21, l22, lg1, lg2, lA, lr, r11, r12, r21, r22, rg1, rg2, rA, rr):
+    """The chunk map ``r . l`` (``l`` applied first; layout in :func:`filter_kernel`), divided
+    by its trace (any positive factor: the maps act projectively). Its second column is ``l``'s
+    image of a diffuse state carried through ``r``; where ``l`` leaves a diffuse state diffuse
+    (its column ``(0, l22 | 0)``) it is ``r``'s column, and the ratios multiply."""
+    axis = (l12 == 0.0) & (lg2 == 0.0)
+    w1 = rr * l21
+    w2 = tl.where(axis, 1.0, rr) * l22
+    n11 = r11 * l11 + r12 * w1
+    n12 = r11 * l12 + r12 * w2
+    n21 = r21 * l11 + r22 * w1
+    n22 = r21 * l12 + r22 * w2
     sc = rcp(n11 + n22)
-    ng1 = rg1 * l11 + rg2 * l21 + rA * lg1
-    ng2 = rg1 * l12 + rg2 * l22 + rA * lg2
-    return n11 * sc, n12 * sc, n21 * sc, n22 * sc, ng1 * sc, ng2 * sc, rA * lA * sc
+    ng1 = rg1 * l11 + rg2 * w1 + rA * lg1
+    ng2 = rg1 * l12 + rg2 * w2 + rA * lg2
+    return (n11 * sc, n12 * sc, n21 * sc, n22 * sc, ng1 * sc, ng2 * sc, rA * lA * sc,
+            lr * tl.where(axis, rr, 1.0))  # fmt: skip
 
 
 @triton.jit
@@ -502,13 +540,18 @@ def carry_kernel(
             g1 = tl.load(base + 4 * step, mask=m, other=0.0)
             g2 = tl.load(base + 5 * step, mask=m, other=0.0)
             A = tl.load(base + 6 * step, mask=m, other=1.0)
-            m11, m12, m21, m22, g1, g2, A = tl.associative_scan(
-                (m11, m12, m21, m22, g1, g2, A), 0, compose_maps
+            rho = tl.load(base + 7 * step, mask=m, other=1.0)
+            m11, m12, m21, m22, g1, g2, A, rho = tl.associative_scan(
+                (m11, m12, m21, m22, g1, g2, A, rho), 0, compose_maps
             )
-            U = m11 * u[None, :] + m12 * v[None, :]
-            V = m21 * u[None, :] + m22 * v[None, :]
-            E = g1 * u[None, :] + g2 * v[None, :] + A * e[None, :]
-            U, E, V = normalize(U, E, V)
+            # a diffuse state (u = 0, e = 0) goes to the second column, else the map's own
+            # (the second column times rho); normalized by division (the column may be tiny)
+            w = tl.where(u[None, :] == 0.0, 1.0, rho) * v[None, :]
+            U = m11 * u[None, :] + m12 * w
+            V = m21 * u[None, :] + m22 * w
+            E = g1 * u[None, :] + g2 * w + A * e[None, :]
+            mx = tl.maximum(U, V)
+            U, E, V = U / mx, E / mx, V / mx
             out = start_ptr + (kk + 1) * N + lanes[None, :]
             tl.store(out, U, mask=m)
             tl.store(out + step, E, mask=m)
@@ -527,7 +570,7 @@ def carry_kernel(
         tl.store(bend_ptr + 2 * step + last * N + lanes, V, mask=lmask)
         for j in tl.range(0, NC - 1, num_stages=NS):
             kk = NC - 1 - j  # chunk kk's backward map gives the state at the end of chunk kk-1
-            U, E, V = apply_map(comp_ptr + (7 * NC + kk) * N + lanes, step, lmask, U, E, V)
+            U, E, V = apply_map(comp_ptr + (8 * NC + kk) * N + lanes, step, lmask, U, E, V)
             tl.store(bend_ptr + (kk - 1) * N + lanes, U, mask=lmask)
             tl.store(bend_ptr + step + (kk - 1) * N + lanes, E, mask=lmask)
             tl.store(bend_ptr + 2 * step + (kk - 1) * N + lanes, V, mask=lmask)
