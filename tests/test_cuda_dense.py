@@ -627,8 +627,8 @@ SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "allclose", "item", "n
 # 4 ops more; T = 3 is one chunk of 32 steps there, no chunk_elements launch. (Before issue 25:
 # 16 synchronizations; before the host-path trim: 108 / 119 ops here, 112 measured on the H200.)
 HOST_PATH = {
-    "cpu": {"filter": (37, 1, 3), "smooth": (42, 1, 4)},
-    "cuda": {"filter": (41, 1, 2), "smooth": (46, 1, 3)},
+    "cpu": {"filter": (39, 1, 3), "smooth": (44, 1, 4)},
+    "cuda": {"filter": (43, 1, 2), "smooth": (48, 1, 3)},
 }
 
 

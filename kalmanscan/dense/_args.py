@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -43,7 +44,21 @@ class Layout(NamedTuple):
     d: int
 
 
-def _as_tensor(name, x, dtype, device, min_ndim):
+_SHAPES = {  # what each argument's trailing axes are, for the messages
+    "z": "at least 2 dimensions (time and the observation vector, [T, d]; one series of scalars "
+    "as z[:, None])",
+    "F": "shape [..., n, n] (transition)",
+    "Q": "shape [..., n, n] (process-noise covariance)",
+    "H": "shape [..., d, n] = [..., {d}, n] (observation matrix)",
+    "R": "shape [..., d, d] = [..., {d}, {d}] (observation-noise covariance)",
+    "offset": "shape [..., n] (state offset)",
+    "prior_mean": "shape [..., n]",
+    "prior_cov": "shape [..., n, n]",
+    "prior_precision": "shape [..., n, n]",
+}
+
+
+def _as_tensor(name, x, dtype, device, min_ndim, d=None):
     """``x`` as a ``dtype`` tensor on ``device`` through the one argument layer
     (:func:`kalmanscan.core._args.as_real_numpy`): strings, booleans, complex numbers and datetimes
     are refused with ``ks.filter``'s messages, masked elements become NaN."""
@@ -54,11 +69,13 @@ def _as_tensor(name, x, dtype, device, min_ndim):
             )
         t = x.resolve_neg().resolve_conj().to(dtype=dtype, device=device)
     else:
-        t = torch.as_tensor(core_args.as_real_numpy(name, x), dtype=dtype, device=device)
+        a = core_args.as_real_numpy(name, x)
+        with warnings.catch_warnings():  # read-only arrays (pandas, np.broadcast_to): never written
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.as_tensor(a, dtype=dtype, device=device)
     if t.ndim < min_ndim:
-        raise ValueError(
-            f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
-        )
+        want = _SHAPES[name].format(d="d" if d is None else d)
+        raise ValueError(f"{name}: expected {want}, got shape {tuple(t.shape)}")
     return t
 
 
@@ -67,6 +84,8 @@ def _working(values: dict):
     if tensors:
         ref = values["z"] if isinstance(values["z"], torch.Tensor) else tensors[0]
         dtype = ref.dtype if ref.dtype in (torch.float32, torch.float64) else torch.float64
+        if ref is not values["z"] and core_args.as_real_numpy("z", values["z"]).dtype != np.float32:
+            dtype = torch.float64  # float64 data is not rounded to a float32 parameter's dtype
         return False, dtype, ref.device
     z = core_args.as_real_numpy("z", values["z"])
     dtype = torch.float32 if z.dtype == np.float32 else torch.float64
@@ -89,10 +108,14 @@ def _to_layout(name, t, lead, axis, k):
     except RuntimeError:
         full = None
     if full != torch.Size(lead):
+        hint = ""
+        if len(lead) > 1 and len(head) == 1 and head[0] == lead[axis]:
+            # one value per step shared by the series: leading axes align from the right (numpy)
+            per_step = tuple(lead[axis] if i == axis else 1 for i in range(len(lead)))
+            hint = f"; one per step for every series is shape {per_step + tuple(trail)}"
         raise ValueError(
             f"{name}: leading shape {tuple(head)} does not broadcast against z's shape without "
-            "its last "
-            f"axis {tuple(lead)} (time on axis {axis})"
+            f"its last axis {tuple(lead)} (time on axis {axis}){hint}"
         )
     T = lead[axis]
     if not head and T:  # the same for every series and step: one strided view, no copy
@@ -154,7 +177,16 @@ def prepare(
             f"axis: expected a time axis of z other than the last (the observation vector), in "
             f"[{-zt.ndim}, {zt.ndim - 2}], got {axis} for z of shape {tuple(zt.shape)}"
         )
+    if zt.shape[ax] == 0:
+        raise ValueError(
+            f"z: expected at least one time step along axis {axis}, got shape {tuple(zt.shape)}"
+        )
     d = zt.shape[-1]
+    if d == 0:
+        raise ValueError(
+            "z: expected at least one observation entry on the last axis (d >= 1), got shape "
+            f"{tuple(zt.shape)}"
+        )
     Ft = _as_tensor("F", F, dtype, device, 2)
     n = Ft.shape[-1]
     if not 1 <= n:
@@ -162,13 +194,13 @@ def prepare(
     _check_square("F", Ft, n, "transition, n x n")
     Qt = _as_tensor("Q", Q, dtype, device, 2)
     _check_square("Q", Qt, n, "process-noise covariance, n x n")
-    Ht = _as_tensor("H", H, dtype, device, 2)
+    Ht = _as_tensor("H", H, dtype, device, 2, d)
     if tuple(Ht.shape[-2:]) != (d, n):
         raise ValueError(
-            f"H: expected trailing shape (d, n) = ({d}, {n}) (observation matrix), "
-            f"got {tuple(Ht.shape)}"
+            f"H: expected trailing shape (d, n) = ({d}, {n}) (observation matrix; d from z's "
+            f"last axis, n from F), got {tuple(Ht.shape)}"
         )
-    Rt = _as_tensor("R", R, dtype, device, 2)
+    Rt = _as_tensor("R", R, dtype, device, 2, d)
     _check_square("R", Rt, d, "observation-noise covariance, d x d")
     ct = (
         torch.zeros(n, dtype=dtype, device=device)
@@ -282,23 +314,28 @@ class ValueChecks(NamedTuple):
         has inf on its diagonal turned into the precision of its finite block."""
         P0, L0 = model.P0, model.L0
         if self.P0 is not None:
-            diag_inf = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
-            if bool(diag_inf.any()):
-                L0 = _precision_from_partly_infinite(P0, diag_inf)
-                P0 = None
-            elif not bool(torch.isfinite(P0).all()):
+            diag_inf = torch.isinf(torch.diagonal(self.P0, dim1=-2, dim2=-1))
+            if bool(diag_inf.any()):  # the finite block is checked, the diffuse rows dropped
+                off = diag_inf.unsqueeze(-1) | diag_inf.unsqueeze(-2)
+                given = torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), self.P0)
+            else:
+                given = self.P0
+            if not bool(torch.isfinite(given).all()):
                 raise ValueError(
                     "prior_cov: expected finite entries, or inf on the diagonal for diffuse states"
                 )
-        elif self.L0 is not None and not bool(torch.isfinite(self.L0).all()):
-            raise ValueError(
-                "prior_precision: expected finite entries (0 precision marks a diffuse direction)"
-            )
-        for name, t in (("prior_cov", P0), ("prior_precision", L0)):
-            if t is not None and not bool(
-                torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)
-            ):
-                raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
+            _check_psd("prior_cov", given, "covariance matrix (inf on the diagonal: diffuse)")
+            if bool(diag_inf.any()):
+                diffuse = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
+                L0 = _precision_from_partly_infinite(P0, diffuse)
+                P0 = None
+        elif self.L0 is not None:
+            if not bool(torch.isfinite(self.L0).all()):
+                raise ValueError(
+                    "prior_precision: expected finite entries (0 precision marks a diffuse "
+                    "direction)"
+                )
+            _check_psd("prior_precision", self.L0, "matrix (0 in diffuse directions)")
         return model._replace(P0=P0, L0=L0)
 
     def run(self, model: Model) -> Model:
@@ -328,6 +365,9 @@ class ValueChecks(NamedTuple):
             finite.append(torch.log(R))  # finite where R > 0
         else:
             flags.append(torch.linalg.cholesky_ex(R)[1].any())
+        # a Cholesky factor of the prior covariance bounds its eigenvalues below by rounding
+        # (~ n eps max|P0|), within run's check; without one (semidefinite too) run decides
+        flags.append(torch.linalg.cholesky_ex(self.P0)[1].any())
         return finite, symmetric, flags
 
     def suspect(self) -> torch.Tensor:
@@ -336,8 +376,9 @@ class ValueChecks(NamedTuple):
         any non-finite value, any asymmetry (``run`` allows 1e-5 relative), a process noise Q
         without a Cholesky factor after subtracting ``8 (n + 1)^2 eps max|Q|`` from its diagonal
         (the rounding of a Cholesky factorization and of ``run``'s eigenvalues stays below that,
-        so ``run``'s eigenvalue test passes), an R without a Cholesky factor (``run``'s own
-        screen), or no prior covariance."""
+        so ``run``'s eigenvalue test passes), an R or a prior covariance without a Cholesky
+        factor (``run``'s own screen; ``run`` refuses a prior with a negative eigenvalue), or no
+        prior covariance."""
         parts = self.screen()
         if parts is None:
             return torch.ones((), dtype=torch.bool, device=self.F.device)
@@ -374,9 +415,23 @@ def mask_missing(model: Model) -> Model:
     return model._replace(z=z, observed=observed)
 
 
-def _negative_eig(t: torch.Tensor) -> bool:
+def _check_psd(name: str, t: torch.Tensor, what: str):
+    """Raise unless ``t`` [..., k, k] is symmetric (1e-5 relative) and positive semidefinite
+    (no eigenvalue below -1e-8 of its largest entry, -100 eps in float32: the rounding of a
+    singular float32 precision such as G G' reaches -1e-7)."""
+    if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
+        raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
+    if _negative_eig(t, max(1e-8, 100 * torch.finfo(t.dtype).eps)):
+        w = torch.linalg.eigvalsh(t.detach()).amin()
+        raise ValueError(
+            f"{name}: expected a positive-semidefinite {what}, got a negative eigenvalue "
+            f"({float(w):.3g})"
+        )
+
+
+def _negative_eig(t: torch.Tensor, rel: float = 1e-8) -> bool:
     t = t.detach()
-    return bool((torch.linalg.eigvalsh(t) < -1e-8 * t.abs().amax((-1, -2)).unsqueeze(-1)).any())
+    return bool((torch.linalg.eigvalsh(t) < -rel * t.abs().amax((-1, -2)).unsqueeze(-1)).any())
 
 
 def r_positive_definite(R: torch.Tensor) -> bool:
@@ -390,7 +445,11 @@ def _precision_from_partly_infinite(P0, diffuse):
     finite_block = torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), P0) + eye
     inv, info = torch.linalg.inv_ex(finite_block)
     if bool(info.any()) or not bool(torch.isfinite(inv).all()):
-        raise ValueError("prior_cov: the block of finite (non-diffuse) states must be invertible")
+        raise ValueError(
+            "prior_cov: the block of finite (non-diffuse) states must be invertible next to "
+            "diffuse ones (a state known exactly beside diffuse states is not supported: give it "
+            "a small positive variance)"
+        )
     return torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), inv)
 
 

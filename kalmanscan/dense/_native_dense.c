@@ -81,7 +81,9 @@ typedef struct {
 enum { I_Z, I_F, I_C, I_Q, I_H, I_R, I_NIN };
 enum {
     O_FMEAN, O_FCOV, O_FPREC, O_PMEAN, O_PCOV, O_LL, O_FLAG, O_PD, O_PK,
-    O_SMEAN, O_SCOV, O_SPREC, O_NOUT
+    O_SMEAN, O_SCOV, O_SPREC,
+    O_NTERM, /* [B] the number of entries with a proper log-likelihood term (NULL: not written) */
+    O_NOUT
 };
 
 typedef struct {
@@ -1003,9 +1005,9 @@ static KS_INLINE void range_projector(int n, int k, const double *D, double *U, 
     DDt(n, k, U, Pd);
 }
 
-/* out = Pk A Pk + Pd, symmetrized, Pk = I - Pd (tmp = Pk A = A - Pd A first; out may be A). */
+/* out = Pk A Pk + tau Pd, symmetrized, Pk = I - Pd (tmp = Pk A = A - Pd A first; out may be A). */
 static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd, double *tmp,
-                                       double *out) {
+                                       double *out, double tau) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             double s = A[i * n + j];
@@ -1016,7 +1018,7 @@ static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd,
         for (int j = 0; j < n; j++) {
             double s = tmp[i * n + j];
             for (int q = 0; q < n; q++) s -= tmp[i * n + q] * Pd[q * n + j];
-            out[i * n + j] = s + Pd[i * n + j];
+            out[i * n + j] = s + tau * Pd[i * n + j];
         }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++) {
@@ -1028,14 +1030,20 @@ static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd,
 
 /* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
  * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
- * elsewhere, and the limit precision Pk (Pk P Pk + Pd)^-1 Pk, Pk = I - Pd. 0 if not invertible. */
+ * elsewhere, and the limit precision Pk (Pk P Pk + tau Pd)^-1 Pk, Pk = I - Pd, tau the largest
+ * diagonal entry of Pk P Pk (any tau > 0 gives the same limit; a unit one beside a P of scale v
+ * cost |log10 v| digits, 1e-4 relative at v = 1e-12). 0 if not invertible. */
 static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
     double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
     range_projector(n, k, w->D, U, Pd);
     const double tol = 64.0 * 2.220446049250313e-16;
     for (int i = 0; i < n * n; i++) cov[i] = fabs(Pd[i]) > tol ? copysign(INFINITY, Pd[i]) : P[i];
-    /* M = Pk P Pk + Pd */
-    project_sandwich(n, P, Pd, w->tmp, M);
+    /* M = Pk P Pk + tau Pd */
+    project_sandwich(n, P, Pd, w->tmp, M, 0.0);
+    double tau = 0.0;
+    for (int i = 0; i < n; i++) tau = fmax(tau, M[i * n + i]);
+    if (!(tau > 0.0) || !isfinite(tau)) tau = 1.0;
+    for (int i = 0; i < n * n; i++) M[i] += tau * Pd[i];
     if (!spd_inverse(n, M, w->tmp, prec)) return 0;
     /* prec <- Pk prec Pk */
     for (int i = 0; i < n; i++)
@@ -1436,7 +1444,7 @@ static KS_INLINE int observed_whole(ws_t *w, const int n, int o, int kb, const d
     range_projector(n, kb, Dp, U, Pd);
     /* X = Pk (C + Pp) Pk + Pd (U: scratch) */
     for (int i = 0; i < n * n; i++) X[i] = C[i] + Pp[i];
-    project_sandwich(n, X, Pd, U, X);
+    project_sandwich(n, X, Pd, U, X, 1.0);
     if (!spd_inverse(n, X, W, U)) return 0; /* U = X^-1 (W: scratch, o >= n rows) */
     for (int i = 0; i < nn; i++) U[i] -= Pd[i];
     /* P = C - C U C; X = C U */
@@ -1517,6 +1525,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     for (int i = 0; i < n; i++)
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
     Py_ssize_t nd = 0, np_ = 0, nfs = 0; /* nfs: steps whose entries ran on the factor of P */
+    Py_ssize_t nterm = 0; /* entries whose term is a proper density (type 1): scale -log s each */
     double llsum = 0.0;
     double *ll = out[O_LL] + b;
     const int ll_only = smooth < 0; /* the log-likelihood alone: no per-step output is written */
@@ -1573,6 +1582,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             memcpy(w->xd, D, nn * sizeof(double));
         }
         k = update(w, n, o, m, P, k, &lt, 0, fin || fstep, whole);
+        for (int p = 0; p < o; p++) nterm += w->el[p].type == 1;
         if (fstep) {
             fold_factor(w, n, k, P);
             k = 0;
@@ -1622,6 +1632,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         }
     }
     *ll = llsum;
+    if (out[O_NTERM]) out[O_NTERM][b] = (double)nterm;
     if (k > 0 && !fin) nd = T + 1;
     *npred = np_;
     if (smooth <= 0 || nd > T || np_ > kcap) {
@@ -2192,7 +2203,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", dense_run, METH_VARARGS,
-     "run(smooth, fin, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_head, nbad, z_has_inf); smooth = -1: the log-likelihood output alone; fin = 1: D0 factors a large proper prior"},
+     "run(smooth, fin, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_head, nbad, z_has_inf); smooth = -1: the log-likelihood output alone (and the term count); fin = 1: D0 factors a large proper prior"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",

@@ -17,13 +17,14 @@ Notation as in :mod:`kalmanscan.dense.parallel` ([B, T, ...] tensors of a laid-o
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from kalmanscan.dense._args import Z_INF_MESSAGE, Model
-from kalmanscan.dense.parallel import _range_projector, _sym, rank_tol
+from kalmanscan.dense.parallel import _range_projector, _sym, fro_norm, rank_tol
 
 try:
     from kalmanscan.dense import _native_dense as _ext
@@ -118,7 +119,7 @@ def _prior(model: Model):
             0,
         )
     tol = rank_tol(torch.float64)
-    scale = torch.linalg.matrix_norm(L0)
+    scale = fro_norm(L0)
     w, U = torch.linalg.eigh(_sym(L0))
     null = (w <= tol * scale.unsqueeze(-1)).to(L0.dtype)
     D0 = (U * null.unsqueeze(-2)).contiguous()
@@ -126,6 +127,75 @@ def _prior(model: Model):
     Pinf = torch.eye(n, **f64) - Pr
     P0 = _sym(torch.linalg.inv(L0 + Pinf) - Pinf)
     return P0.contiguous(), D0, 0
+
+
+SCALE_LOG2 = 64
+"""A series whose largest process or observation variance lies outside ``2**-64 .. 2**64``
+(about 5e-20 .. 2e19) runs scaled by a power of two, ``4**e`` its variances (:func:`_exponents`):
+the kernel forms products of two variances (``M M' / f`` in an update), which under- or
+overflow beyond about 1e-154 .. 1e154 (filtered means 0.3 .. 6 relative off at variances 1e-200,
+inf at 1e300). The scaling is exact: means times ``2**e``, covariances times ``4**e``, the
+log-likelihood minus ``e log 2`` per proper term (the kernel counts them, ``O_NTERM``)."""
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its broadcast (stride-0) axes cut to length 1: a view holding each value once."""
+    return t[tuple(slice(0, 1) if t.stride(i) == 0 else slice(None) for i in range(t.ndim))]
+
+
+def _series_max(t: torch.Tensor, B: int) -> np.ndarray:
+    """max |t| per series [B] of a [B, ...] tensor, reading each stored value once."""
+    c = _compact(t).detach().numpy()
+    return np.broadcast_to(np.abs(c).reshape(c.shape[0], -1).max(1), (B,))
+
+
+def _exponents(model: Model) -> np.ndarray | None:
+    """Per-series ``e`` [B] (int) with ``4**e`` about the largest variance of the series (of
+    ``Q`` and ``R``; of the prior where both are 0), or None where every series is within
+    :data:`SCALE_LOG2` (nothing to scale)."""
+    B = model.z.shape[0]
+    v = np.maximum(_series_max(model.Q, B), _series_max(model.R, B)).astype(np.float64)
+    if model.P0 is not None:
+        v = np.where(v > 0, v, _series_max(model.P0, B))
+    _, x = np.frexp(v)  # v = m 2**x, 1/2 <= m < 1 (x = 0 for v = 0)
+    if not (np.abs(x) > SCALE_LOG2).any():
+        return None
+    return x // 2
+
+
+def _ldexp(t: torch.Tensor | None, e: np.ndarray) -> torch.Tensor | None:
+    """``t * 2**e`` exactly, ``e`` [B] per series of the [B, ...] tensor ``t``; axes of ``t``
+    broadcast in time stay broadcast (and in the series where ``e`` is one value)."""
+    if t is None:
+        return None
+    c = _compact(t)
+    f = torch.from_numpy(np.ldexp(1.0, e[:1] if (e == e[0]).all() else e))  # powers of two
+    return (c * f.to(c.dtype).reshape(-1, *([1] * (c.ndim - 1)))).expand(t.shape)
+
+
+def _scaled_model(model: Model, e: np.ndarray) -> Model:
+    """The model with z, offset and prior mean times ``2**-e`` and its variances times ``4**-e``
+    per series (``prior_precision`` times ``4**e``): the same model in other units."""
+    down = lambda t: _ldexp(t, -e)  # noqa: E731
+    down2 = lambda t: _ldexp(_ldexp(t, -e), -e)  # noqa: E731  (2**-2e may be subnormal)
+    return model._replace(
+        z=down(model.z), c=down(model.c), m0=down(model.m0), Q=down2(model.Q), R=down2(model.R),
+        P0=down2(model.P0),
+        L0=None if model.L0 is None else _ldexp(_ldexp(model.L0, e), e),
+    )  # fmt: skip
+
+
+def _unscale(parts: list, e: np.ndarray, nterm: torch.Tensor) -> list:
+    """Outputs of the scaled model in the model's units: [fmean, fcov, fprec, flag, pmean, pcov,
+    ll, smean, scov, sprec] (None where not computed)."""
+    up = lambda t: _ldexp(t, e)  # noqa: E731
+    up2 = lambda t: _ldexp(_ldexp(t, e), e)  # noqa: E731
+    down2 = lambda t: _ldexp(_ldexp(t, -e), -e)  # noqa: E731
+    fmean, fcov, fprec, flag, pmean, pcov, ll, smean, scov, sprec = parts
+    ll = ll - nterm * torch.from_numpy(e * math.log(2.0))
+    out = [up(fmean), up2(fcov), down2(fprec), flag, up(pmean), up2(pcov), ll]
+    out += [None if x is None else f(x) for x, f in ((smean, up), (scov, up2), (sprec, down2))]
+    return [x if x is None or x.dtype == torch.bool else x.contiguous() for x in out]
 
 
 def _fill_precision(prec: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
@@ -141,6 +211,9 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     (the caller then uses the torch path, which keeps unresolved directions)."""
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
+    e = _exponents(model)
+    if e is not None:  # variances far from 1: run the same model in units where they are O(1)
+        model = _scaled_model(model, e)
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     z = _ready(model.z, 1)  # NaN where missing
@@ -171,13 +244,13 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
             empty(B, kcap, n, n),
             torch.zeros(B, kcap, **f64),
         ]
-        if smooth:
-            outs += [empty(B, T, n), empty(B, T, n, n), empty(B, T, n, n)]
-        ptrs = [o.data_ptr() for o in outs] + [0] * (12 - len(outs))
+        outs += [empty(B, T, n), empty(B, T, n, n), empty(B, T, n, n)] if smooth else [None] * 3
+        outs.append(torch.zeros(B, **f64))  # O_NTERM
+        ptrs = [0 if o is None else o.data_ptr() for o in outs]
         nd, npred, nbad, zinf = _ext.run(
             int(smooth), fin, B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins,
             ptrs,
-        )
+        )  # fmt: skip
         if zinf:
             raise ValueError(Z_INF_MESSAGE)
         if nd > T:
@@ -186,12 +259,14 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
             break
         kcap = T
     fmean, fcov, fprec, pmean, pcov, ll, flag = outs[:7]
-    sm = outs[9:] if smooth else [None, None, None]
+    sm = outs[9:12]
     if nbad:  # covariances Cholesky could not invert (singular): LU as the torch path
         _fill_precision(fprec, fcov)
         if smooth:
             _fill_precision(sm[2], sm[1])
     parts = [fmean, fcov, fprec, flag, pmean, pcov, ll, *sm]
+    if e is not None:
+        parts = _unscale(parts, e, outs[12])
     dtype = model.z.dtype
     if dtype != torch.float64:
         parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]
@@ -204,6 +279,9 @@ def loglik(model: Model) -> torch.Tensor:
     fine here (its steps add nothing, as in :func:`run`)."""
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
+    e = _exponents(model)
+    if e is not None:  # as in run
+        model = _scaled_model(model, e)
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     z = _ready(model.z, 1)
@@ -212,12 +290,12 @@ def loglik(model: Model) -> torch.Tensor:
     m0 = model.m0.to(torch.float64).contiguous()
     P0, D0, fin = _prior(model)
     ins = [_spec(z, 1), _spec(F, 2), _spec(c, 1), _spec(Q, 2), _spec(H, 2), _spec(R, 2)]
-    ll = _empty(B)
-    ptrs = [0] * 12
-    ptrs[5] = ll.data_ptr()
+    ll, nterm = _empty(B), torch.zeros(B, dtype=torch.float64)
+    ptrs = [0] * 13
+    ptrs[5], ptrs[12] = ll.data_ptr(), nterm.data_ptr()
     _, _, _, zinf = _ext.run(
         -1, fin, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
     )
     if zinf:
         raise ValueError(Z_INF_MESSAGE)
-    return ll
+    return ll if e is None else ll - nterm * torch.from_numpy(e * math.log(2.0))

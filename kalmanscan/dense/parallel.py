@@ -75,6 +75,15 @@ def _null_projector(J, PiN, tol):
         return (U * null.unsqueeze(-2)) @ U.transpose(-1, -2)
 
 
+def fro_norm(X):
+    """Frobenius norm [...] of X [..., k, k] without overflow: ``torch.linalg.matrix_norm`` sums
+    squares, inf beyond entries of about 1e154 (a prior precision of 1e200 read as inf, every
+    direction then diffuse)."""
+    top = X.abs().amax((-1, -2))
+    top = torch.where(top > 0, top, torch.ones_like(top))
+    return top * torch.linalg.matrix_norm(X / top[..., None, None])
+
+
 def _range_projector(D, scale, tol):
     """Projector onto the range of the PSD matrix D (eigenvalues above tol * scale), no grad."""
     with torch.no_grad():
@@ -272,7 +281,12 @@ def precision_of(m: Moments, tol):
     D = m.diffuse[:, :nd]
     Pd, _ = _range_projector(D, torch.linalg.matrix_norm(D), tol)
     Pk = _eye(n, D) - Pd
-    inner, _ = torch.linalg.inv_ex(Pk @ m.cov[:, :nd] @ Pk + Pd)
+    inner = Pk @ m.cov[:, :nd] @ Pk
+    # Pd at the scale of the finite block (any positive scale gives the same Pk inner^-1 Pk):
+    # a unit Pd beside a cov of scale v costs |log v| digits (1e-4 relative at v = 1e-12)
+    tau = inner.detach().diagonal(dim1=-2, dim2=-1).amax(-1)
+    tau = tau.clamp_min(torch.finfo(inner.dtype).tiny)
+    inner, _ = torch.linalg.inv_ex(inner + tau[..., None, None] * Pd)
     return torch.cat([_sym(Pk @ inner @ Pk), prec[:, nd:]], 1)
 
 
@@ -353,7 +367,7 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     B, T, n = E.b.shape
     PiN = None
     if model.P0 is None:
-        PiN = _eye(n, E.A) - _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)[0]
+        PiN = _eye(n, E.A) - _range_projector(model.L0, fro_norm(model.L0), tol)[0]
         if not bool((PiN.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.5).any()):
             PiN = None
     if PiN is None:  # proper prior
@@ -471,9 +485,7 @@ def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
         start_post = (mu[:, -1], Sig[:, -1])
     else:
         head = _slice(Ph, slice(0, tau + 1))
-        PiK = torch.cat(
-            [PiK_head, torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1
-        )
+        PiK = torch.cat([PiK_head, torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1)
         mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
         mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
         m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.dense._args import LOG_2PI, Model
-from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, rank_tol
+from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, fro_norm, rank_tol
 from kalmanscan.dense.scan import mask_observation
 
 
@@ -53,7 +53,7 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         P = model.P0.clone()
         D = torch.zeros(B, n, n, dtype=dtype, device=device)
     else:
-        Pr, _ = _range_projector(model.L0, torch.linalg.matrix_norm(model.L0), tol)
+        Pr, _ = _range_projector(model.L0, fro_norm(model.L0), tol)
         D = eye - Pr  # a projector: D D' = D
         P = _sym(torch.linalg.inv(model.L0 + D) - D)
     k = torch.diagonal(D, dim1=-2, dim2=-1).sum(-1).round().to(torch.int64)  # diffuse directions
