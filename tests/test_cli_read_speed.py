@@ -16,8 +16,9 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("xarray")
 pytest.importorskip("matplotlib")
 
-from kalmanscan.timeseries import cli  # noqa: E402
-from kalmanscan.timeseries.cli import InputError, filter_main, read_csv_series  # noqa: E402
+from kalmanscan.timeseries import csvfile  # noqa: E402
+from kalmanscan.timeseries.cli import filter_main  # noqa: E402
+from kalmanscan.timeseries.csvfile import InputError, read_csv_series  # noqa: E402
 
 GIVEN = ["--sigma2", "1", "--obs-var", "1"]
 
@@ -34,7 +35,7 @@ def _reference(path):
             continue
         encoding = "utf-8" if enc == "utf-8-sig" else enc
         break
-    return (encoding, *cli._scan_lines(str(path), encoding))
+    return (encoding, *csvfile._scan_lines(str(path), encoding))
 
 
 PIECES = [
@@ -49,7 +50,7 @@ ENDS = [b"\n", b"\r\n"]
 
 @pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1 << 20])
 def test_single_pass_equals_the_line_by_line_reference(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(cli, "_BLOCK", block)
+    monkeypatch.setattr(csvfile, "_BLOCK", block)
     rng = np.random.default_rng(block)
     path = tmp_path / "f.csv"
     for k in range(60):
@@ -60,33 +61,33 @@ def test_single_pass_equals_the_line_by_line_reference(tmp_path, monkeypatch, bl
         if n and rng.random() < 0.3:  # no line end after the last line
             raw = raw[: -len(ends[-1])]
         path.write_bytes(raw)
-        got = cli._scan_file(str(path))
+        got = csvfile._scan_file(str(path))
         assert (got[0], got[1], list(got[2])) == _reference(path), (k, raw)
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 5])
 def test_a_utf8_sequence_cut_by_ascii_bytes_is_not_utf8(tmp_path, monkeypatch, block):
     # a lead byte, a line end, then a continuation byte: no character, whatever the blocks
-    monkeypatch.setattr(cli, "_BLOCK", block)
+    monkeypatch.setattr(csvfile, "_BLOCK", block)
     path = tmp_path / "f.csv"
     path.write_bytes(b"t,v\nx\xc3\n\xa9y\n")
-    encoding, comments, rows = cli._scan_file(str(path))
+    encoding, comments, rows = csvfile._scan_file(str(path))
     assert (encoding, comments, list(rows)) == _reference(path) == ("cp1252", [], [1, 2, 3])
 
 
 @pytest.mark.parametrize("raw", [b"t,v\r1,2\r# c\r3,4\r", b"t,v\n1,2\r# c\n"], ids=["cr", "mixed"])
 def test_lone_carriage_returns_are_scanned_line_by_line(tmp_path, monkeypatch, raw):
-    monkeypatch.setattr(cli, "_BLOCK", 3)
+    monkeypatch.setattr(csvfile, "_BLOCK", 3)
     path = tmp_path / "f.csv"
     path.write_bytes(raw)
-    got = cli._scan_file(str(path))
+    got = csvfile._scan_file(str(path))
     assert (got[0], got[1], list(got[2])) == _reference(path)
 
 
 def test_utf16_is_scanned_line_by_line(tmp_path):
     path = tmp_path / "f.csv"
     path.write_bytes("t\tv\n# c\n1\t2\n".encode("utf-16"))
-    assert cli._scan_file(str(path)) == ("utf-16", [1], [1, 3])
+    assert csvfile._scan_file(str(path)) == ("utf-16", [1], [1, 3])
 
 
 def _big(tmp_path, rows=30000, tail=b""):
@@ -99,7 +100,7 @@ def _big(tmp_path, rows=30000, tail=b""):
 
 @pytest.mark.parametrize("block", [4096, 1 << 20])
 def test_checks_still_see_the_end_of_a_large_file(tmp_path, capsys, monkeypatch, block):
-    monkeypatch.setattr(cli, "_BLOCK", block)
+    monkeypatch.setattr(csvfile, "_BLOCK", block)
     # a NUL byte in the last line
     path = _big(tmp_path, tail=b"30000,1\x00\n")
     with pytest.raises(InputError, match="is a binary file"):
@@ -120,16 +121,16 @@ def test_checks_still_see_the_end_of_a_large_file(tmp_path, capsys, monkeypatch,
 def test_value_cells_read_as_before():
     col = pd.Series([" 1.5", "1.5 ", "\t2", "2.5\xa0", "\xa03", "", "  ", "NA", " nan ", "NaN",
                      "-0", "1e5", None], dtype=str)  # fmt: skip
-    got = cli._parse_values(col, "f.csv", "v")
+    got = csvfile._parse_values(col, "f.csv", "v")
     want = [1.5, 1.5, 2, 2.5, 3, np.nan, np.nan, np.nan, np.nan, np.nan, 0, 1e5, np.nan]
     np.testing.assert_array_equal(got, want)
     bad = pd.Series(["1", "x\xa0", "2", "y", "x"], dtype=str)
     with pytest.raises(InputError) as err:
-        cli._parse_values(bad, "f.csv", "v")
+        csvfile._parse_values(bad, "f.csv", "v")
     assert "row 3: 'x\\xa0' is not a number" in str(err.value)
     assert "no number: 'y' (row 5)" in str(err.value)  # 'x' stripped is the first text again
     with pytest.raises(InputError, match="row 3: '1e400' is infinite"):
-        cli._parse_values(pd.Series(["1", "1e400"], dtype=str), "f.csv", "v")
+        csvfile._parse_values(pd.Series(["1", "1e400"], dtype=str), "f.csv", "v")
 
 
 @pytest.mark.parametrize(
@@ -142,14 +143,14 @@ def test_time_columns_decide_numbers_or_dates_as_before(cells, kind):
     col = pd.Series(cells, dtype=str)
     if kind == "dates":
         with pytest.raises(InputError, match="cannot parse '4' as a time"):
-            cli._parse_times(col, "f.csv", "t")
+            csvfile._parse_times(col, "f.csv", "t")
     elif kind == "numbers":
         with pytest.raises(InputError, match="row 3: cannot parse '2024-01-02' as a time \\(the "
                            "column holds numbers"):  # fmt: skip
-            cli._parse_times(col, "f.csv", "t")
+            csvfile._parse_times(col, "f.csv", "t")
     else:
         with pytest.raises(InputError, match="row 4: '1e400' is not a finite time"):
-            cli._parse_times(col, "f.csv", "t")
+            csvfile._parse_times(col, "f.csv", "t")
 
 
 def test_a_large_file_reads_like_the_same_file_written_small(tmp_path, capsys):

@@ -273,7 +273,7 @@ def test_results_csv_text_equals_pandas_writer():
     """results.csv's writer gives pandas' ``to_csv(index=False, float_format="%.10g")`` text
     (it is 2-7 times faster): floats of every size, NaN, inf, -0.0, booleans, integers, None and
     text needing quotes."""
-    from kalmanscan.timeseries.cli import _csv_text
+    from kalmanscan.timeseries.outputs import _csv_text
 
     rng = np.random.default_rng(5)
     n = 3000

@@ -5,6 +5,7 @@ bundled Nile record (Durbin & Koopman's local level) with a planted 1e12."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -270,6 +271,44 @@ def test_robust_screens_runs_of_a_code_in_a_temperature_record(rows):
     assert f"{len(rows)} observations screened out" in [m for m in msgs if "screened" in m][0]
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [[100, 101], [0, 1], [729, 730, 731], [30, 31, 400, 401], [30, 31, 400, 500, 501]],
+    ids=["pair", "start-pair", "end-three", "two-pairs", "pairs-and-one"],
+)
+def test_the_plain_fit_names_every_value_of_runs_of_a_code(rows):
+    """Without robust=True, the note names the values of each run of -9999 (not the months
+    after them, which the filter's innovations point at; nor nothing, for two pairs)."""
+    z = _elnino()
+    z[rows] = -9999.0
+    fit, msgs = _quiet(ks.fit_ou, z)
+    said = [n for n in fit.notes if "typical steps" in n]
+    assert len(said) == 1 and [m for m in msgs if "typical steps" in m] == ["fit_ou: " + said[0]]
+    named = [int(r) for r in re.findall(r"row (\d+) \(time", said[0])]
+    assert named == rows
+    assert all(re.search(rf"row {r} \(time {r}(\.0)?, z = -9999\)", said[0]) for r in rows)
+    assert "dominate the likelihood" in said[0] and "robust=True" in said[0]
+    assert "they lie more than 50 typical steps" in said[0]
+    assert not any("dominates the likelihood" in n for n in fit.notes if n not in said)
+
+
+def test_ordinary_records_get_no_note_of_gross_values():
+    sm = pytest.importorskip("statsmodels.api")
+    ds = sm.datasets
+    macro = ds.macrodata.load_pandas().data.iloc[:, 2:]
+    records = {
+        "nile": FLOW,
+        "co2": ds.co2.load_pandas().data["co2"].to_numpy(np.float64),
+        "sunspots": ds.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy(np.float64),
+        "elnino": _elnino(),
+        "macrodata": macro.to_numpy(np.float64),  # 12 series, fitted each on its own
+    }
+    for name, z in records.items():
+        fit, msgs = _quiet(ks.fit_ou, z)
+        assert not any("typical steps" in n for n in fit.notes), name
+        assert not any("typical steps" in m for m in msgs), name
+
+
 def test_gross_runs_finds_codes_and_no_shift_or_jump_of_real_records():
     from kalmanscan.timeseries.robust import gross_runs
 
@@ -292,8 +331,10 @@ def test_gross_runs_finds_codes_and_no_shift_or_jump_of_real_records():
                                         6.7, 6.4, 6.2, 6.1, 6.1, 5.8, 5.9])  # fmt: skip
     for name, v in records.items():
         assert not gross_runs(v[:, None]).any(), name
-        # the same record with a -9999 code: once, twice, three times in a row, at either end
-        for rows in ([10], [10, 11], [10, 11, 12], [0, 1], [v.size - 2, v.size - 1]):
+        # the same record with a -9999 code: once, twice, three times in a row, at either end,
+        # and codes a few values apart (the values between them are no run)
+        for rows in ([10], [10, 11], [10, 11, 12], [0, 1], [v.size - 2, v.size - 1], [10, 13],
+                     [10, 11, 14, 15], [0, 1, 3], [5, v.size - 3, v.size - 1]):  # fmt: skip
             z = v.copy()
             z[rows] = -9999.0
             if np.isnan(v[rows]).any():

@@ -17,6 +17,8 @@ MODULES = [
     "kalmanscan.timeseries.data",
     "kalmanscan.timeseries.dataset",
     "kalmanscan.timeseries.cli",
+    "kalmanscan.timeseries.csvfile",
+    "kalmanscan.timeseries.outputs",
     "kalmanscan.xarray",
     "kalmanscan.plot",
 ]

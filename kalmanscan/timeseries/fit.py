@@ -993,9 +993,15 @@ class _LazyNotes(Sequence):
 
 
 def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend, device):
-    """Warn (and return notes) where one observation moves a variance estimate by an order of
-    magnitude or more: candidates are observations whose squared standardized innovation exceeds
-    ``_OUTLIER_E2`` and half the series' sum; each candidate series is refitted without them."""
+    """Warn (and return notes) where a few observations wreck the fit, each candidate series
+    refitted without them: the values of its gross runs
+    (:func:`~kalmanscan.timeseries.robust.gross_runs`: a missing-value code such as -9999, alone
+    or several in a row, which the filter takes for the level, so that the innovations name the
+    values after them), always named; else, where one observation's squared standardized
+    innovation exceeds ``_OUTLIER_E2`` and half the series' sum, those within a tenth of the
+    sum, named where they move a variance estimate by an order of magnitude or more."""
+    from kalmanscan.timeseries.robust import _RUN_STEPS, gross_runs
+
     res = core.filtered
     N = Z.shape[1]
     zs = core.data.zs  # where the fit ran (the device for a GPU fit)
@@ -1008,10 +1014,13 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
     e2 = torch.where(torch.isfinite(e2), e2, 0.0)
     tot = e2.sum(0).cpu().numpy()
     mx = e2.amax(0).cpu().numpy()
-    sus = np.flatnonzero(core.usable & (mx > _OUTLIER_E2) & (mx > 0.5 * tot))
+    runs = gross_runs(Z) & core.usable
+    gross = runs.any(0)
+    sus = np.flatnonzero(core.usable & (gross | ((mx > _OUTLIER_E2) & (mx > 0.5 * tot))))
     if sus.size == 0:
         return []
     drop = (e2[:, torch.as_tensor(sus, device=e2.device)]).cpu().numpy() >= 0.1 * tot[sus]
+    drop = np.where(gross[sus], runs[:, sus], drop)
     Zc = Z[:, sus].copy()
     Zc[drop] = np.nan
     clean = _fit_core(
@@ -1028,20 +1037,38 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
             r = max(a, b) / max(min(a, b), 1e-300)
             if r > factor:
                 worst, factor = p, r
-        if worst is None or factor < 10:
+        if (worst is None or factor < 10) and not gross[i]:
             continue
         rows = np.flatnonzero(drop[:, c])
-        shown = ", ".join(
-            f"row {int(r)} (time {ax.labels[r]}, z = {Z[r, i]:.6g})" for r in rows[:3]
-        )
+        one = rows.size == 1
+        it = "it" if one else "them"
         who = f"series {labels[i]!r}" if labels else (f"series {i}" if N > 1 else "the series")
-        text = (
-            f"in {who}, {shown} dominate{'s' if rows.size == 1 else ''} the likelihood: without "
-            f"{'it' if rows.size == 1 else 'them'} {worst} is {clean.est[worst][c]:.4g} instead of "
-            f"{core.est[worst][i]:.4g} (a factor {factor:.3g}); check for a data error, or set "
-            "those values to NaN to fit without them, or fit with robust=True (--robust) to screen "
-            "outliers"
+        # every value of the runs (a code repeats: a run of more than 20 is rare), else 3
+        limit = 20 if gross[i] else 3
+        shown = ", ".join(
+            f"row {int(r)} (time {ax.labels[r]}, z = {Z[r, i]:.6g})" for r in rows[:limit]
+        ) + (f" and {rows.size - limit} more" if gross[i] and rows.size > limit else "")
+        dominate = worst is not None and factor >= 10
+        text = f"in {who}, {shown}" + (
+            f" dominate{'s' if one else ''} the likelihood: without {it} {worst} is "
+            f"{clean.est[worst][c]:.4g} instead of {core.est[worst][i]:.4g} (a factor "
+            f"{factor:.3g})"
+            if dominate
+            else ""
         )
+        if gross[i]:
+            they = ("; it" if one else "; they") if dominate else ""
+            text += (
+                f"{they} lie{'s' if one else ''} more than {_RUN_STEPS:g} typical steps (the "
+                "median change between neighbouring values) from the values around "
+                f"{it}: a missing-value code or a data error? set those values to NaN (or fix the "
+                f"data) to fit without them, or fit with robust=True (--robust) to screen {it} out"
+            )
+        else:
+            text += (
+                "; check for a data error, or set those values to NaN to fit without them, or fit "
+                "with robust=True (--robust) to screen outliers"
+            )
         warnings.warn("fit_ou: " + text, stacklevel=4)
         notes.append(text)
     return notes

@@ -19,7 +19,9 @@ read every value differently (``03/04/1958``: day first or month first?) the dat
 with a message naming the ambiguity, unless ``dayfirst`` or an explicit ``time_format`` decides.
 Times with a UTC offset (``2024-03-01T12:30+01:00``) are converted to UTC; a column mixing
 times with and without an offset is refused. Quarter and month labels (``1959Q1``, ``1959M01``)
-stand for the first day of their period.
+stand for the first day of their period. A column written in one ISO 8601 layout
+(``2024-03-01 12:30:00``, years 1678-2261) is read in numpy at once (:func:`_parse_fixed_iso`),
+giving what the general parse gives.
 
 Duplicate timestamps are allowed here: two observations at the same time are two exact updates
 of the same state (a step of length 0). ``kalmanscan filter`` refuses them (see docs/cli.md).
@@ -502,9 +504,10 @@ def period_starts(values) -> tuple[list[str], str] | None:
     >>> period_starts(["2020-W01", "2020W05"]), period_starts(["2007-S1", "2007H2"])
     ((['2019-12-30', '2020-01-27'], 'week'), (['2007-01-01', '2007-07-01'], 'half-year'))
     """
-    strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
-    if not strs:
-        return None
+    values = np.asarray(values, dtype=object).ravel()
+    if values.size == 0 or not any(p.match(str(values[0]).strip()) for p, _, _ in _PERIODS):
+        return None  # (the first value tells: no need to read a million)
+    strs = [str(v).strip() for v in values]
     for pattern, kind, start in _PERIODS:
         if pattern.match(strs[0]):
             found = [pattern.match(s) for s in strs]
@@ -600,6 +603,10 @@ def parse_datetime_strings(
     """
     import pandas as pd
 
+    if time_format is None:
+        fixed = _parse_fixed_iso(values)
+        if fixed is not None:
+            return fixed
     strs = [str(v).strip() for v in np.asarray(values, dtype=object).ravel()]
     if not strs:
         return np.array([], dtype="datetime64[s]")
@@ -719,6 +726,91 @@ def parse_datetime_strings(
     return _to_numpy_datetimes(distinct[0][1])
 
 
+# ISO 8601 written in one layout for every value: the length (without a Z) and the positions
+# of its digits and of its separators, and which separators each may be
+_FIXED_ISO_SEPARATORS = {4: b"-", 7: b"-", 10: b" T", 13: b":", 16: b":", 19: b"."}
+_DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])
+
+
+def _parse_fixed_iso(values) -> np.ndarray | None:
+    """The datetimes of strings all written in one ISO 8601 layout, ``YYYY-MM-DD``, with
+    ``[T ]HH:MM``, ``:SS`` and ``.`` and 1 to 9 digits after it, all with a ``Z`` (UTC) or none,
+    of the years 1678 to 2261, read in numpy: what :func:`parse_datetime_strings` gives them
+    (pandas reads every such value in that window exactly; its ISO check and parse, a regular
+    expression a value, take seconds for a million). ``None`` for anything else (another
+    layout, spaces around a value, an invalid date or time, a value out of range), which the
+    general parse reads or refuses as it does.
+
+    >>> _parse_fixed_iso(["1958-03-29 12:00:00", "1958-03-30T00:00:00"]).tolist()[0].isoformat()
+    '1958-03-29T12:00:00'
+    >>> _parse_fixed_iso(["1958-03-29", "1958-3-30"]) is None
+    True
+    """
+    arr = np.asarray(values).ravel()
+    if arr.size == 0 or arr.dtype.kind not in "OU":
+        return None
+    if arr.dtype.kind == "O":
+        import pandas as pd
+
+        if pd.api.types.infer_dtype(arr, skipna=False) != "string":
+            return None
+        arr = arr.astype("U")
+    try:
+        raw = arr.astype("S")
+    except UnicodeEncodeError:
+        return None
+    width = raw.dtype.itemsize
+    chars = raw.view(np.uint8).reshape(arr.size, width)
+    if not chars[:, -1].all():  # (shorter values are padded with zeros)
+        return None
+    zulu = bool((chars[:, -1] == ord("Z")).all())
+    size = width - zulu
+    if size not in (10, 16, 19) and not 21 <= size <= 29 or (zulu and size == 10):
+        return None
+    chars = chars[:, :size]
+    digits = np.ones(size, bool)
+    for at, allowed in _FIXED_ISO_SEPARATORS.items():
+        if at < size:
+            digits[at] = False
+            if not np.isin(chars[:, at], list(allowed)).all():
+                return None
+    numbers = chars[:, digits].astype(np.int64) - ord("0")
+    if numbers.min() < 0 or numbers.max() > 9:
+        return None
+
+    def field(start: int, stop: int) -> np.ndarray:  # (positions among the digits)
+        return numbers[:, start:stop] @ 10 ** np.arange(stop - start - 1, -1, -1)
+
+    year, month, day = field(0, 4), field(4, 6), field(6, 8)
+    hour = field(8, 10) if size > 10 else 0
+    minute = field(10, 12) if size > 10 else 0
+    second = field(12, 14) if size > 16 else 0
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    if (
+        year.min() < 1678
+        or year.max() > 2261
+        or month.min() < 1
+        or month.max() > 12
+        or day.min() < 1
+        or (day > _DAYS_IN_MONTH[month] + (leap & (month == 2))).any()
+        or np.max(hour) > 23
+        or np.max(minute) > 59
+        or np.max(second) > 59
+    ):
+        return None
+    # days from 1970-01-01 (H. Hinnant's days_from_civil, the proleptic Gregorian calendar)
+    y = year - (month <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    seconds = days * 86400 + hour * 3600 + minute * 60 + second
+    if size <= 19:
+        return _coarsest_datetimes(seconds.astype("datetime64[s]"))
+    fraction = field(14, size - 6) * 10 ** (29 - size)  # (nanoseconds)
+    return _coarsest_datetimes((seconds * 10**9 + fraction).astype("datetime64[ns]"))
+
+
 @functools.cache
 def _pandas_parses_ns_only() -> bool:
     """pandas before 3.0 parses strings into nanoseconds only: 1677-09-21 to 2262-04-11 (asked
@@ -762,6 +854,12 @@ def _to_numpy_datetimes(out) -> np.ndarray:
     arr = out.to_numpy()
     if arr.dtype.kind != "M":  # pragma: no cover - pandas always gives datetime64 here
         arr = np.asarray(arr, dtype="datetime64[us]")
+    return _coarsest_datetimes(arr)
+
+
+def _coarsest_datetimes(arr: np.ndarray) -> np.ndarray:
+    """datetime64 values at the coarsest of s/ms/us that holds them exactly, else their own
+    unit (s/ms/us/ns: :func:`_normalize_datetimes`)."""
     arr = _normalize_datetimes(arr)
     for unit in ("s", "ms", "us"):
         if _NS_PER[unit] <= _NS_PER[np.datetime_data(arr.dtype)[0]]:
