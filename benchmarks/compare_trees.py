@@ -8,6 +8,7 @@ else ``ks.filter(...).loglik``); numpy in / numpy out for the first two, float64
 gradient. Every timed result is checked against the other tree's (max relative difference).
 
     python benchmarks/compare_trees.py /path/to/before /path/to/after [--rounds 3] [--json F]
+                                       [--shapes 20x5000,200000x1]
 """
 
 from __future__ import annotations
@@ -80,9 +81,16 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--shapes", help="T x N shapes, e.g. 20x5000,200000x1 (default: all five)")
     args = ap.parse_args(argv)
+    shapes = SHAPES
+    if args.shapes:
+        try:
+            shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        except ValueError:
+            ap.error(f"--shapes: expected TxN[,TxN...], e.g. 20x5000, got {args.shapes!r}")
     rows = []
-    for T, N in SHAPES:
+    for T, N in shapes:
         reps = max(2, min(args.repeats, int(2e6 // (T * N)) + 1))
         got = {"before": [], "after": []}
         for i in range(args.rounds):

@@ -70,9 +70,12 @@ def _as_tensor(name, x, dtype, device, min_ndim, d=None):
         t = x.resolve_neg().resolve_conj().to(dtype=dtype, device=device)
     else:
         a = core_args.as_real_numpy(name, x)
-        with warnings.catch_warnings():  # read-only arrays (pandas, np.broadcast_to): never written
-            warnings.simplefilter("ignore", UserWarning)
+        if a.flags.writeable:
             t = torch.as_tensor(a, dtype=dtype, device=device)
+        else:  # read-only arrays (pandas, np.broadcast_to): never written, torch's warning muted
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.as_tensor(a, dtype=dtype, device=device)
     if t.ndim < min_ndim:
         want = _SHAPES[name].format(d="d" if d is None else d)
         raise ValueError(f"{name}: expected {want}, got shape {tuple(t.shape)}")

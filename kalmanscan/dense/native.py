@@ -140,27 +140,35 @@ log-likelihood minus ``e log 2`` per proper term (the kernel counts them, ``O_NT
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
     """``t`` with its broadcast (stride-0) axes cut to length 1: a view holding each value once."""
-    return t[tuple(slice(0, 1) if t.stride(i) == 0 else slice(None) for i in range(t.ndim))]
+    st = t.stride()
+    return t.as_strided([1 if k == 0 else n for n, k in zip(t.shape, st, strict=True)], st)
 
 
-def _series_max(t: torch.Tensor, B: int) -> np.ndarray:
-    """max |t| per series [B] of a [B, ...] tensor, reading each stored value once."""
-    c = _compact(t).detach().numpy()
-    return np.broadcast_to(np.abs(c).reshape(c.shape[0], -1).max(1), (B,))
+def _series_max(t: torch.Tensor):
+    """max |t| per series of a [B, ...] tensor, reading each stored value once: a float where
+    one small block serves every series, else ``[B]`` or ``[1]``."""
+    c = _compact(t).detach()
+    if c.shape[0] == 1 and c.numel() <= 64:  # (no numpy call: this runs on every call)
+        return max(map(abs, c.reshape(-1).tolist()))
+    c = c.numpy()
+    return np.abs(c).reshape(c.shape[0], -1).max(1)
 
 
 def _exponents(model: Model) -> np.ndarray | None:
     """Per-series ``e`` [B] (int) with ``4**e`` about the largest variance of the series (of
     ``Q`` and ``R``; of the prior where both are 0), or None where every series is within
     :data:`SCALE_LOG2` (nothing to scale)."""
-    B = model.z.shape[0]
-    v = np.maximum(_series_max(model.Q, B), _series_max(model.R, B)).astype(np.float64)
+    q, r = _series_max(model.Q), _series_max(model.R)
+    if isinstance(q, float) and isinstance(r, float) and (q > 0 or r > 0):
+        if abs(math.frexp(max(q, r))[1]) <= SCALE_LOG2:  # the common case, in Python floats
+            return None
+    v = np.maximum(q, r).astype(np.float64)
     if model.P0 is not None:
-        v = np.where(v > 0, v, _series_max(model.P0, B))
+        v = np.where(v > 0, v, _series_max(model.P0))
     _, x = np.frexp(v)  # v = m 2**x, 1/2 <= m < 1 (x = 0 for v = 0)
     if not (np.abs(x) > SCALE_LOG2).any():
         return None
-    return x // 2
+    return np.broadcast_to(x // 2, (model.z.shape[0],))
 
 
 def _ldexp(t: torch.Tensor | None, e: np.ndarray) -> torch.Tensor | None:
