@@ -18,6 +18,7 @@ from kalmanscan.timeseries.outputs import (  # noqa: E402
     _csv_text,
     _iso_time_bytes,
     _iso_times,
+    _results_table,
     _write_csv,
 )
 
@@ -129,40 +130,7 @@ def test_every_day_of_the_years_1_to_9999():
 # --- results.csv against the table pandas writes --------------------------------------------
 def _reference_results_csv(ds) -> str:
     """results.csv as pandas writes the long table (kalmanscan's writer before its fast path)."""
-    tdim = ds.attrs.get("time_dim", "time")
-    sdims = [d for d in ds["mean"].dims if d != tdim]
-    c = float(max(ds["coverage"].values))
-    pct = f"{c * 100:g}"
-    cols = {
-        "observed": ds["observed"],
-        "mean": ds["mean"],
-        "sd": np.sqrt(ds["variance"]),
-        f"lower{pct}": ds["lower"].sel(coverage=c, drop=True),
-        f"upper{pct}": ds["upper"].sel(coverage=c, drop=True),
-    }
-    if "outlier" in ds:
-        cols["observed"] = ds["observed"].where(~ds["outlier"], ds["outlier_value"])
-        cols["outlier"] = ds["outlier"]
-    if "smoothed_mean" in ds:
-        cols["smoothed_mean"] = ds["smoothed_mean"]
-        cols["smoothed_sd"] = np.sqrt(ds["smoothed_variance"])
-        cols[f"smoothed_lower{pct}"] = ds["smoothed_lower"].sel(coverage=c, drop=True)
-        cols[f"smoothed_upper{pct}"] = ds["smoothed_upper"].sel(coverage=c, drop=True)
-    table = xr.Dataset(cols).to_dataframe().reset_index().rename(columns={tdim: "time"})
-    table.insert(0, "kind", "data")
-    parts = [table]
-    if "forecast_mean" in ds:
-        fc = {
-            "mean": ds["forecast_mean"],
-            "sd": np.sqrt(ds["forecast_variance"]),
-            "predictive_sd": np.sqrt(ds["forecast_predictive_variance"]),
-            f"lower{pct}": ds["forecast_lower"].sel(coverage=c, drop=True),
-            f"upper{pct}": ds["forecast_upper"].sel(coverage=c, drop=True),
-        }
-        fc = xr.Dataset(fc).to_dataframe().reset_index().rename(columns={"forecast_time": "time"})
-        fc.insert(0, "kind", "forecast")
-        parts.append(fc)
-    out = pd.concat(parts, ignore_index=True)
+    out, _, tdim, sdims = _results_table(ds)
     if out["time"].dtype.kind == "f":
         out["time"] = [str(int(t)) if float(t).is_integer() and abs(t) < 2.0**53
                        else repr(float(t)) for t in out["time"]]  # fmt: skip

@@ -182,10 +182,10 @@ def _iso_time_bytes(t: np.ndarray, unit: str) -> np.ndarray:
     return out[:, :width].copy().view(f"S{width}").ravel()
 
 
-def _write_csv(ds, path: str) -> None:
-    """Long-format table: one row per (time, series) with the filtered and smoothed level (mean, sd,
-    bounds at the widest coverage). Forecast rows (``kind=forecast``) give the level's mean and sd,
-    the ``predictive_sd`` of a new observation, and bounds of the predictive interval."""
+def _results_table(ds):
+    """``(table, sizes, time_dim, series_dims)``: the rows of results.csv as a DataFrame (the
+    ``kind`` column, then the time, the series dims and the values, times not yet formatted),
+    and the number of data and forecast rows."""
     import pandas as pd
 
     tdim = ds.attrs.get("time_dim", "time")
@@ -234,13 +234,20 @@ def _write_csv(ds, path: str) -> None:
         )
         fc.insert(0, "kind", "forecast")
         parts.append(fc)
-    out = pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True), [len(p) for p in parts], tdim, sdims
+
+
+def _write_csv(ds, path: str) -> None:
+    """Long-format table: one row per (time, series) with the filtered and smoothed level (mean, sd,
+    bounds at the widest coverage). Forecast rows (``kind=forecast``) give the level's mean and sd,
+    the ``predictive_sd`` of a new observation, and bounds of the predictive interval."""
+    out, sizes, tdim, sdims = _results_table(ds)
     # the kind of each row, and each time, formatted once (not once per row or series)
-    coded = {
-        "kind": (np.repeat(np.arange(len(parts)), [len(p) for p in parts]), ["data", "forecast"])
-    }
+    coded = {"kind": (np.repeat(np.arange(len(sizes)), sizes), ["data", "forecast"])}
     kind = out["time"].dtype.kind
     if kind in "fM":
+        import pandas as pd
+
         codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)
         uniques = np.asarray(uniques)
         if kind == "f":  # times exactly as read (shortest round-trip text)
