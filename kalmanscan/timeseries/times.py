@@ -729,7 +729,6 @@ def parse_datetime_strings(
 # ISO 8601 written in one layout for every value: the length (without a Z) and the positions
 # of its digits and of its separators, and which separators each may be
 _FIXED_ISO_SEPARATORS = {4: b"-", 7: b"-", 10: b" T", 13: b":", 16: b":", 19: b"."}
-_DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])
 
 
 def _parse_fixed_iso(values) -> np.ndarray | None:
@@ -778,37 +777,17 @@ def _parse_fixed_iso(values) -> np.ndarray | None:
     if numbers.min() < 0 or numbers.max() > 9:
         return None
 
-    def field(start: int, stop: int) -> np.ndarray:  # (positions among the digits)
-        return numbers[:, start:stop] @ 10 ** np.arange(stop - start - 1, -1, -1)
-
-    year, month, day = field(0, 4), field(4, 6), field(6, 8)
-    hour = field(8, 10) if size > 10 else 0
-    minute = field(10, 12) if size > 10 else 0
-    second = field(12, 14) if size > 16 else 0
-    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
-    if (
-        year.min() < 1678
-        or year.max() > 2261
-        or month.min() < 1
-        or month.max() > 12
-        or day.min() < 1
-        or (day > _DAYS_IN_MONTH[month] + (leap & (month == 2))).any()
-        or np.max(hour) > 23
-        or np.max(minute) > 59
-        or np.max(second) > 59
-    ):
+    year = numbers[:, :4] @ np.array([1000, 100, 10, 1])
+    if year.min() < 1678 or year.max() > 2261:
         return None
-    # days from 1970-01-01 (H. Hinnant's days_from_civil, the proleptic Gregorian calendar)
-    y = year - (month <= 2)
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
-    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
-    seconds = days * 86400 + hour * 3600 + minute * 60 + second
-    if size <= 19:
-        return _coarsest_datetimes(seconds.astype("datetime64[s]"))
-    fraction = field(14, size - 6) * 10 ** (29 - size)  # (nanoseconds)
-    return _coarsest_datetimes((seconds * 10**9 + fraction).astype("datetime64[ns]"))
+    # numpy's ISO parser reads the layout checked above and refuses an invalid date or time
+    # (2021-02-29, 24:00, a leap second), as pandas does
+    text = np.ascontiguousarray(chars).view(f"S{size}").ravel()
+    try:
+        out = text.astype("datetime64[s]" if size <= 19 else "datetime64[ns]")
+    except ValueError:
+        return None
+    return _coarsest_datetimes(out)
 
 
 @functools.cache
