@@ -132,54 +132,14 @@ def _iso_unit(t: np.ndarray, with_time: bool = False) -> str:
 
 
 _DIGITS4 = np.frombuffer("".join(f"{k:04d}" for k in range(10_000)).encode(), np.uint32)
-_PER_DAY = {"D": 1, "s": 86400, "ms": 86400 * 10**3, "us": 86400 * 10**6, "ns": 86400 * 10**9}
 
 
 def _iso_time_bytes(t: np.ndarray, unit: str) -> np.ndarray:
-    """``np.datetime_as_string(t, unit)`` with a space for the ``T``, as ASCII bytes (``S``):
-    dates of the years 1 to 9999 computed from the day number (the proleptic Gregorian
-    calendar, as numpy's), others by numpy."""
-    v = t.astype(f"datetime64[{unit}]")
-    lo, hi = np.datetime64("0001-01-01", unit), np.datetime64("9999-12-31", unit)
-    if v.size == 0 or np.isnat(v).any() or v.min() < lo or v.max() >= hi + _PER_DAY[unit]:
-        text = np.datetime_as_string(v, unit=unit)
-        chars = text.view(np.uint32)
-        chars[chars == ord("T")] = ord(" ")
-        return text.astype("S")
-    ticks = v.view(np.int64)
-    days, tick = np.divmod(ticks, _PER_DAY[unit])
-    # the civil date of a day number (days from 1970-01-01): H. Hinnant's days_from_civil inverse
-    z = days + 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    day = doy - (153 * mp + 2) // 5 + 1
-    month = np.where(mp < 10, mp + 3, mp - 9)
-    year = yoe + era * 400 + (month <= 2)
-    width = {"D": 10, "s": 19, "ms": 23, "us": 26, "ns": 29}[unit]
-    out = np.zeros((v.size, 32), np.uint8)
-    words = out.view(np.uint32)
-    words[:, 0] = _DIGITS4[year]
-    two = _DIGITS4.view(np.uint8).reshape(-1, 4)[:, 2:]  # (the last two digits of k)
-    out[:, 4] = out[:, 7] = ord("-")
-    out[:, 5:7] = two[month]
-    out[:, 8:10] = two[day]
-    if unit != "D":
-        per_s = _PER_DAY[unit] // 86400
-        sec, frac = np.divmod(tick, per_s)
-        out[:, 10] = ord(" ")
-        out[:, 11:13] = two[sec // 3600]
-        out[:, 13] = out[:, 16] = ord(":")
-        out[:, 14:16] = two[sec // 60 % 60]
-        out[:, 17:19] = two[sec % 60]
-        if unit != "s":
-            out[:, 19] = ord(".")
-            digits = width - 20
-            for k in range(digits):
-                out[:, 20 + k] = frac // 10 ** (digits - 1 - k) % 10 + ord("0")
-    return out[:, :width].copy().view(f"S{width}").ravel()
+    """``np.datetime_as_string(t, unit)`` with a space for the ``T``, as ASCII bytes (``S``)."""
+    text = np.datetime_as_string(t.astype(f"datetime64[{unit}]"), unit=unit)
+    chars = text.view(np.uint32)
+    chars[chars == ord("T")] = ord(" ")
+    return text.astype("S")
 
 
 def _results_table(ds):
