@@ -12,6 +12,7 @@ import pytest
 
 from kalmanscan.testing import tolerance
 from kalmanscan.timeseries import OUModel, fit_ou
+from kalmanscan.timeseries.robust import OutlierWarning
 
 LL = {"theta": 0.0, "mu": 0.0}
 # the same standardized problem up to the rounding of (z - m) / s
@@ -80,8 +81,12 @@ def test_values_beyond_the_variance_range_are_refused_naming_z(value):
 def test_one_dominating_outlier_is_named():
     z = _z(seed=5, T=200)
     z[57] = 1e12
-    with pytest.warns(UserWarning, match=r"row 57 \(time 57.0, z = 1e\+12\) dominates"):
+    # (times as short as exact: "57", as robust=True's notes and the CLI write them)
+    with pytest.warns(OutlierWarning, match=r"row 57 \(time 57, z = 1e\+12\) dominates") as said:
         fit = fit_ou(z, fix=LL)
+    (w,) = [w.message for w in said if isinstance(w.message, OutlierWarning)]
+    assert w.rows.tolist() == [57] and w.gross and w.series is None
+    assert w.effect.startswith("dominates the likelihood: without it") and w.note in fit.notes
     assert any("row 57" in n for n in fit.notes)
     # a clean series of the same data raises no such warning
     with warnings.catch_warnings():

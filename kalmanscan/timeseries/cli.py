@@ -125,7 +125,10 @@ def _coverage_arg(values):
         raise InputError(str(err)) from err
 
 
-def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
+def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) -> str:
+    """The summary's forecast table: the first ``max_rows`` steps of the first ``max_series``
+    series, in significant digits (data of order 1e-12 or 1e12 as well as 1), saying what it
+    leaves to results.csv."""
     if "forecast_mean" not in ds:
         return ""
     covs = list(ds["coverage"].values)
@@ -142,7 +145,7 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
                     strict=False,
                 )
             )
-            for i in range(min(math.prod(ds.sizes[d] for d in series_dims), 4))
+            for i in range(min(math.prod(ds.sizes[d] for d in series_dims), max_series))
         ]
     ft = ds["forecast_time"].values
     # dates as results.csv writes them (the coarsest exact unit: 2009-10-01 for quarters)
@@ -163,7 +166,13 @@ def _forecast_table(ds, series_dims, max_rows: int = 10) -> str:
             se = math.sqrt(float(one["forecast_predictive_variance"].values[h]))
             lo = float(one["forecast_lower"].sel(coverage=c).values[h])
             hi = float(one["forecast_upper"].sel(coverage=c).values[h])
-            lines.append(f"  {t:>20}  {m:12.4f}  {se:10.4f}  [{lo:.2f}, {hi:.2f}]")
+            lines.append(f"  {t:>20}  {m:#12.7g}  {se:#10.5g}  [{lo:#.5g}, {hi:#.5g}]")
+        steps = ds.sizes["forecast_time"]
+        if steps > max_rows:
+            lines.append(f"  ... {steps - max_rows} more steps (to {when[-1]}) in results.csv")
+    n_series = math.prod(ds.sizes[d] for d in series_dims) if series_dims else 1
+    if n_series > len(picks):
+        lines.append(f"  ... {n_series - len(picks)} more series in results.csv")
     return "\n".join(lines)
 
 
@@ -411,23 +420,26 @@ def _units_warning(ax, params: dict, given: bool) -> str | None:
     )
 
 
-def _gross_warning(z, names, ax, fit: bool) -> str | None:
-    """A warning naming the values of gross runs (:func:`~kalmanscan.timeseries.robust.gross_runs`:
-    a missing-value code such as -9999 among temperatures, alone or several in a row, which a
-    fit would take for the level): their rows (from 0 in time order), times and values, with
-    ``--missing`` for a value that repeats (a code) and ``--robust``."""
-    from kalmanscan.timeseries.robust import _RUN_STEPS, _label, gross_runs
+def _gross_warning(z, hit, names, ax, fit: bool, effects=None) -> str | None:
+    """A warning naming the values of the gross runs ``hit [T, S]`` of ``z``
+    (:func:`~kalmanscan.timeseries.robust.gross_runs`: a missing-value code such as -9999 among
+    temperatures, alone or several in a row, which a fit would take for the level): their rows
+    (from 0 in time order), times and values, what they do to the fit (``effects``: ``{column:
+    the fit's OutlierWarning.effect}``), with ``--missing`` for a value that repeats (a code) and
+    ``--robust``; ``None`` where there are none."""
+    from kalmanscan.timeseries.robust import _RUN_STEPS, _label
 
-    hit = gross_runs(z)
     if not hit.any():
         return None
+    effects = effects or {}
     rows, cols = np.nonzero(hit)
     parts = []
     for j in np.unique(cols):
         r = rows[cols == j]
         shown = [f"row {int(t)} (time {_label(ax.labels[t])}, z = {z[t, j]:.6g})" for t in r[:5]]
         more = f" and {r.size - 5} more" if r.size > 5 else ""
-        parts.append(f"series {names[j]!r}: {', '.join(shown)}{more}")
+        effect = f" {effects[j]}" if j in effects else ""
+        parts.append(f"series {names[j]!r}: {', '.join(shown)}{more}{effect}")
     values, counts = np.unique(z[hit], return_counts=True)
     texts = [f"{v:.15g}" for v in values]
     # a code: a value that repeats, or one of nines (-9999, 999.9)
@@ -441,12 +453,135 @@ def _gross_warning(z, names, ax, fit: bool) -> str | None:
     return (
         f"{rows.size} value{'s lie' if rows.size != 1 else ' lies'} more than {_RUN_STEPS:g} "
         "typical steps (the median change between neighbouring values) from the values around "
-        f"{'them' if rows.size != 1 else 'it'}: {_shorten('; '.join(parts), 400)}; {what}"
+        f"{'them' if rows.size != 1 else 'it'}: {_shorten('; '.join(parts), 600)}; {what}"
         + ("--robust screens them out" if fit else "--fit --robust screens them out")
     )
 
 
 _NINES = re.compile(r"-?9+(\.9+)?")
+
+
+def _fit_all(args, z, names, ax, fix, time_unit, hit):
+    """``--fit``: the fit of all series (:func:`~kalmanscan.timeseries.fit_ou`, in blocks of
+    series for the progress bar unless ``--joint``), and ``{column: effect}`` from the fit's
+    warnings of the gross runs ``hit`` (:func:`_absorb_gross`), and the fit's other warnings,
+    once each and naming the series they concern, to be said after the CLI's gross-value warning
+    (the gross values are often their cause)."""
+    from kalmanscan.timeseries import fit_ou
+
+    n_obs = (~np.isnan(z)).sum(0)
+    few = [f"{n!r} ({int(k)})" for n, k in zip(names, n_obs, strict=True) if k < 2]
+    if few:
+        raise InputError(
+            "--fit: expected at least 2 observed values in every series; "
+            f"too few in {', '.join(few)}"
+        )
+    import pandas as pd
+
+    observed = ~np.isnan(z)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(observed, z, np.inf).min(0)
+        hi = np.where(observed, z, -np.inf).max(0)
+    constant = [f"{n!r} ({lo[j]:g})" for j, n in enumerate(names) if lo[j] == hi[j]]
+    if constant and not args.joint:
+        raise InputError(
+            f"--fit: column(s) {_shorten(', '.join(constant))} hold one value only: a constant "
+            "series has no maximum-likelihood estimate (the likelihood grows without bound as "
+            "obs_var -> 0); leave it out (--value-col names the columns to use) or filter it "
+            "with given parameters"
+        )
+    S = z.shape[1]
+    fits = []
+    effects: dict[int, str] = {}
+    if args.joint or S == 1:
+        bar = Progress("fitting", 1, enabled=not args.quiet)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            part = fit_ou(
+                pd.DataFrame(z, columns=names),  # the notes name the columns
+                ax.labels,
+                fix=fix,
+                joint=args.joint,
+                time_unit=time_unit,
+                robust=args.robust,
+            )
+        later = [w.message for w in _absorb_gross(part, said, hit, names, effects)]
+        fits.append(part)
+        bar.update()
+    else:
+        # blocks of series (the progress bar's steps), each fitted as a frame of its columns
+        # so that the library's notes and warnings name them; the texts of blocks of one
+        # series, which name none, are gathered and said once with the series they concern
+        block = max(1, math.ceil(S / 50))
+        block_notes: dict[str, list[str]] = {}
+        block_warnings: dict[str, list[str]] = {}
+        bar = Progress("fitting", S, enabled=not args.quiet)
+        for s0 in range(0, S, block):
+            cols = names[s0 : s0 + block]
+            who = ", ".join(repr(n) for n in cols)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                try:
+                    part = fit_ou(
+                        pd.DataFrame(z[:, s0 : s0 + block], columns=cols),
+                        ax.labels,
+                        fix=fix,
+                        time_unit=time_unit,
+                        robust=args.robust,
+                    )
+                except ValueError as err:
+                    text = re.sub(r"^z: ", "", str(err))
+                    raise InputError(f"--fit: series {who}: {text}") from err
+            for w in _absorb_gross(part, said, hit, names, effects):
+                block_warnings.setdefault(str(w.message), []).append(who)
+            for n in part.notes:
+                block_notes.setdefault(n, []).append(who)
+            part.notes = ()
+            fits.append(part)
+            bar.update(min(block, S - s0))
+        failed: dict[str, list] = {}  # the blocks' "k of n fits did not converge": one line
+        pattern = r"fit_ou: (\d+) of \d+ fits did not converge \((.*)\): series (.*)$"
+        rest: dict[str, list[str]] = {}
+        for text, whos in block_warnings.items():
+            m = re.match(pattern, text)
+            if m:
+                failed.setdefault(m.group(2), []).append((int(m.group(1)), m.group(3)))
+            else:
+                rest[text] = whos
+        later = _merge_named(rest, "fit_ou: ") + [
+            f"fit_ou: {sum(k for k, _ in parts)} of {S} fits did not converge ({why}): "
+            "series " + _shorten(", ".join(w for _, w in parts))
+            for why, parts in failed.items()
+        ]
+    bar.close()
+    fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
+    if len(fits) > 1:
+        fit.notes = tuple(_merge_named(block_notes))
+    fit.series_labels = names
+    return fit, effects, later
+
+
+def _absorb_gross(fit, said, hit, names, effects: dict) -> list:
+    """The warnings ``said`` by a fit of columns ``names`` less those the CLI's gross-value
+    warning says already: an :class:`~kalmanscan.timeseries.robust.OutlierWarning` naming
+    exactly a column's gross runs (``hit [T, S]``). Their notes leave ``fit.notes``, and their
+    ``effect`` (how the fit changes without them) goes to ``effects`` by column."""
+    from kalmanscan.timeseries.robust import OutlierWarning
+
+    column = {n: j for j, n in enumerate(names)}
+    rest, absorbed = [], set()
+    for w in said:
+        m = w.message
+        j = column.get(m.series) if isinstance(m, OutlierWarning) and m.gross else None
+        if j is None or hit is None or not np.array_equal(m.rows, np.flatnonzero(hit[:, j])):
+            rest.append(w)
+            continue
+        absorbed.add(m.note)
+        if m.effect:
+            effects[j] = m.effect
+    if absorbed:
+        fit.notes = tuple(n for n in fit.notes if n not in absorbed)
+    return rest
 
 
 def _describe_duration(seconds: float) -> str:
@@ -462,7 +597,8 @@ def _describe_duration(seconds: float) -> str:
 
 
 def _filter(args) -> int:
-    from kalmanscan.timeseries import OUModel, fit_ou
+    from kalmanscan.timeseries import OUModel
+    from kalmanscan.timeseries.robust import gross_runs
     from kalmanscan.timeseries.times import as_time_axis
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))  # noqa: E731
@@ -520,99 +656,25 @@ def _filter(args) -> int:
     units = _units_warning(ax, given, given=not args.fit)
     if units and not args.fit:
         print(f"kalmanscan filter: {units}", file=sys.stderr)
-    gross = None if args.robust else _gross_warning(z, names, ax, args.fit)
-    if gross:
+    # gross runs (a -9999 code): said once, by the CLI, with the --missing remedy; with --fit
+    # after the fit, which finds the same runs and whose warning of them the CLI's absorbs
+    hit = None if args.robust else gross_runs(z)
+    gross = None if hit is None else _gross_warning(z, hit, names, ax, args.fit)
+    if gross and not args.fit:
         warnings.warn(gross, stacklevel=1)
     t0 = time.perf_counter()
     if args.fit:
-        n_obs = (~np.isnan(z)).sum(0)
-        few = [f"{n!r} ({int(k)})" for n, k in zip(names, n_obs, strict=True) if k < 2]
-        if few:
-            raise InputError(
-                "--fit: expected at least 2 observed values in every series; "
-                f"too few in {', '.join(few)}"
-            )
-        import pandas as pd
-
-        observed = ~np.isnan(z)
-        with np.errstate(invalid="ignore"):
-            lo = np.where(observed, z, np.inf).min(0)
-            hi = np.where(observed, z, -np.inf).max(0)
-        constant = [f"{n!r} ({lo[j]:g})" for j, n in enumerate(names) if lo[j] == hi[j]]
-        if constant and not args.joint:
-            raise InputError(
-                f"--fit: column(s) {_shorten(', '.join(constant))} hold one value only: a constant "
-                "series has no maximum-likelihood estimate (the likelihood grows without bound as "
-                "obs_var -> 0); leave it out (--value-col names the columns to use) or filter it "
-                "with given parameters"
-            )
-        fits = []
-        if args.joint or S == 1:
-            bar = Progress("fitting", 1, enabled=not args.quiet)
-            fits.append(
-                fit_ou(
-                    pd.DataFrame(z, columns=names),  # the notes name the columns
-                    ax.labels,
-                    fix=fix,
-                    joint=args.joint,
-                    time_unit=time_unit,
-                    robust=args.robust,
-                )
-            )
-            bar.update()
-        else:
-            # blocks of series (the progress bar's steps), each fitted as a frame of its columns
-            # so that the library's notes and warnings name them; the texts of blocks of one
-            # series, which name none, are gathered and said once with the series they concern
-            block = max(1, math.ceil(S / 50))
-            block_notes: dict[str, list[str]] = {}
-            block_warnings: dict[str, list[str]] = {}
-            bar = Progress("fitting", S, enabled=not args.quiet)
-            for s0 in range(0, S, block):
-                cols = names[s0 : s0 + block]
-                who = ", ".join(repr(n) for n in cols)
-                with warnings.catch_warnings(record=True) as said:
-                    warnings.simplefilter("always")
-                    try:
-                        part = fit_ou(
-                            pd.DataFrame(z[:, s0 : s0 + block], columns=cols),
-                            ax.labels,
-                            fix=fix,
-                            time_unit=time_unit,
-                            robust=args.robust,
-                        )
-                    except ValueError as err:
-                        text = re.sub(r"^z: ", "", str(err))
-                        raise InputError(f"--fit: series {who}: {text}") from err
-                for w in said:
-                    block_warnings.setdefault(str(w.message), []).append(who)
-                for n in part.notes:
-                    block_notes.setdefault(n, []).append(who)
-                part.notes = ()
-                fits.append(part)
-                bar.update(min(block, S - s0))
-            failed: dict[str, list] = {}  # the blocks' "k of n fits did not converge": one line
-            pattern = r"fit_ou: (\d+) of \d+ fits did not converge \((.*)\): series (.*)$"
-            rest: dict[str, list[str]] = {}
-            for text, whos in block_warnings.items():
-                m = re.match(pattern, text)
-                if m:
-                    failed.setdefault(m.group(2), []).append((int(m.group(1)), m.group(3)))
-                else:
-                    rest[text] = whos
-            for text in _merge_named(rest, "fit_ou: "):
-                warnings.warn(text, stacklevel=1)
-            for why, parts in failed.items():
-                warnings.warn(
-                    f"fit_ou: {sum(k for k, _ in parts)} of {S} fits did not converge ({why}): "
-                    "series " + _shorten(", ".join(w for _, w in parts)),
-                    stacklevel=1,
-                )
-        bar.close()
-        fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
-        if len(fits) > 1:
-            fit.notes = tuple(_merge_named(block_notes))
-        fit.series_labels = names
+        try:
+            fit, effects, later = _fit_all(args, z, names, ax, fix, time_unit, hit)
+        except Exception:  # the gross values may be why
+            if gross:
+                warnings.warn(gross, stacklevel=1)
+            raise
+        if gross:
+            gross = _gross_warning(z, hit, names, ax, True, effects)
+            warnings.warn(gross, stacklevel=1)
+        for message in later:
+            warnings.warn(message, stacklevel=1)
         model = fit.model
         fit_text = fit.summary()
     else:

@@ -999,8 +999,10 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
     or several in a row, which the filter takes for the level, so that the innovations name the
     values after them), always named; else, where one observation's squared standardized
     innovation exceeds ``_OUTLIER_E2`` and half the series' sum, those within a tenth of the
-    sum, named where they move a variance estimate by an order of magnitude or more."""
-    from kalmanscan.timeseries.robust import _RUN_STEPS, gross_runs
+    sum, named where they move a variance estimate by an order of magnitude or more. One
+    :class:`~kalmanscan.timeseries.robust.OutlierWarning` per series, carrying the rows (the
+    CLI's own warning of gross values absorbs it)."""
+    from kalmanscan.timeseries.robust import _RUN_STEPS, OutlierWarning, _label, gross_runs
 
     res = core.filtered
     N = Z.shape[1]
@@ -1046,18 +1048,18 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
         # every value of the runs (a code repeats: a run of more than 20 is rare), else 3
         limit = 20 if gross[i] else 3
         shown = ", ".join(
-            f"row {int(r)} (time {ax.labels[r]}, z = {Z[r, i]:.6g})" for r in rows[:limit]
+            f"row {int(r)} (time {_label(ax.labels[r])}, z = {Z[r, i]:.6g})" for r in rows[:limit]
         ) + (f" and {rows.size - limit} more" if gross[i] and rows.size > limit else "")
-        dominate = worst is not None and factor >= 10
-        text = f"in {who}, {shown}" + (
-            f" dominate{'s' if one else ''} the likelihood: without {it} {worst} is "
+        effect = (
+            f"dominate{'s' if one else ''} the likelihood: without {it} {worst} is "
             f"{clean.est[worst][c]:.4g} instead of {core.est[worst][i]:.4g} (a factor "
             f"{factor:.3g})"
-            if dominate
-            else ""
+            if worst is not None and factor >= 10
+            else None
         )
+        text = f"in {who}, {shown}" + (f" {effect}" if effect else "")
         if gross[i]:
-            they = ("; it" if one else "; they") if dominate else ""
+            they = ("; it" if one else "; they") if effect else ""
             text += (
                 f"{they} lie{'s' if one else ''} more than {_RUN_STEPS:g} typical steps (the "
                 "median change between neighbouring values) from the values around "
@@ -1069,6 +1071,10 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
                 "; check for a data error, or set those values to NaN to fit without them, or fit "
                 "with robust=True (--robust) to screen outliers"
             )
-        warnings.warn("fit_ou: " + text, stacklevel=4)
+        series = labels[i] if labels else (i if N > 1 else None)
+        warnings.warn(
+            OutlierWarning(text, series=series, rows=rows, gross=gross[i], effect=effect),
+            stacklevel=4,
+        )
         notes.append(text)
     return notes

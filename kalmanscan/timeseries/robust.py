@@ -31,9 +31,10 @@ a run of one repeated value (a code) counts. The rounds then go on from scratch 
 ordinary level shift or trend is no such run.
 
 Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the data's
-scale beyond float64), the first round screens the values more than 1e8 typical steps from the
-median instead, and the rounds go on from there. The result is the Gaussian fit without the
-screened observations: estimates, standard errors and forecasts keep their usual meaning.
+scale beyond float64), the first round screens the values more than 1e8 typical steps (the same
+measure) from the median instead, and the rounds go on from there. The result is the Gaussian fit
+without the screened observations: estimates, standard errors and forecasts keep their usual
+meaning.
 Docs: docs/model.md, "Robust fitting".
 
 Why a screen and not Student-t noise by iterated reweighting: the t model's ``obs_var`` is a scale,
@@ -54,6 +55,27 @@ _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
 _GROSS = 1e8  # typical steps from the median: gross beyond any record a float64 fit can scale
 _RUN_STEPS = 50.0  # typical steps from both sides: a gross run (largest in real records: ~10)
+
+
+class OutlierWarning(UserWarning):
+    """``fit_ou``'s warning that a few observations of a series dominate its fit or lie in
+    :func:`gross_runs`; one per series. Besides the text (``"fit_ou: "`` and the note):
+
+    - ``series``: the series' label (e.g. its DataFrame column), else its index, or ``None`` for
+      one unlabelled series;
+    - ``rows``: the rows it names (from 0, in time order; ``int64 [k]``);
+    - ``gross``: True where they are the series' gross runs (a missing-value code, a data error);
+    - ``effect``: ``"dominate(s) the likelihood: without them <name> is <a> instead of <b> (a
+      factor <f>)"``, or ``None`` where leaving them out moves no variance tenfold;
+    - ``note``: the text the fit's ``notes`` hold.
+
+    Filter it like any warning: ``warnings.simplefilter("ignore", OutlierWarning)``.
+    """
+
+    def __init__(self, note: str, *, series=None, rows=(), gross=False, effect=None):
+        super().__init__("fit_ou: " + note)
+        self.note, self.series, self.gross, self.effect = note, series, bool(gross), effect
+        self.rows = np.asarray(rows, dtype=np.int64)
 
 
 def default_threshold(n_obs) -> np.ndarray:
@@ -263,10 +285,31 @@ def _label(t) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 2.0**53 else repr(v)
 
 
+def _typical_step(x) -> np.ndarray:
+    """The typical step of each column of ``x [T, M]`` (observed values, no NaN; or ``[T]``): the
+    median nonzero absolute change between neighbouring values (``[M]``, or a float; NaN where a
+    column never changes). Zero changes are left out: in a series that rests on its values
+    (rounded data, integer counts, a rate held for months) they say nothing of the size of a
+    move, and a median of mostly zeros would be 0. The one measure :func:`gross_runs` and the
+    first round's screen of values beyond float64's reach both count in.
+
+    >>> _typical_step(np.array([3.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0]))  # (the moves 1 and 2)
+    np.float64(1.5)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (all-NaN: a column that never moves)
+        step = np.abs(np.diff(x, axis=0))  # (inf where two values of opposite sign overflow)
+        return np.nanmedian(np.where(step > 0, step, np.nan), axis=0)
+
+
 def _gross(Z) -> np.ndarray:
-    """``[T, N]`` True for values more than ``_GROSS`` typical steps (median absolute change
-    between observed values; else the median absolute deviation) from the series' median: the
-    first round's screen when the plain fit cannot even start (a 1e300 among values of order 1)."""
+    """``[T, N]`` True for values more than ``_GROSS`` typical steps (:func:`_typical_step`) from
+    the series' median: the first round's screen when the plain fit cannot even start (a 1e300
+    among values of order 1). Where no value is that far because the only moves are those to and
+    from the gross values (a constant record with one 1e300: the typical step is the 1e300), and
+    more than half the values equal the median, the values that differ from it. At most a
+    quarter of a series is screened; else none of it."""
     out = np.zeros(Z.shape, bool)
     with np.errstate(invalid="ignore", over="ignore"):
         for i in range(Z.shape[1]):
@@ -276,11 +319,12 @@ def _gross(Z) -> np.ndarray:
                 continue
             med = np.median(v[ok])
             dev = np.abs(v - med)
-            d = np.median(np.abs(np.diff(v[ok])))
-            d = d if d > 0 else np.median(dev[ok])
-            out[:, i] = ok & ((dev > _GROSS * d) if d > 0 else (dev > 0))
-            if out[:, i].sum() > _MAX_FRACTION * ok.sum():
-                out[:, i] = False
+            d = _typical_step(v[ok])
+            hit = ok & (dev > _GROSS * d)
+            if not hit.any() and np.median(dev[ok]) == 0:
+                hit = ok & (dev > 0)
+            if hit.sum() <= _MAX_FRACTION * ok.sum():
+                out[:, i] = hit
     return out
 
 
@@ -290,7 +334,8 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
     typical steps ``d`` of each other, more than ``steps * d`` from the observed values on both
     sides, which are themselves within ``steps * d`` of each other (the series returns); at the
     start or end of the series, a run of one repeated value more than ``steps * d`` from the
-    next value. ``d`` is the median nonzero change between neighbouring observed values. A run
+    next value. ``d`` is :func:`_typical_step`, the median nonzero change between neighbouring
+    observed values (zero changes left out: rounded data and counts rest on their values). A run
     beside another run (two codes a few values apart) is judged against the nearest values outside
     runs, so the ordinary values between two codes are no run. Missing-value codes such as
     ``-9999`` make such runs; level shifts, trends and the largest jumps of real records
@@ -311,7 +356,7 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
         check = np.isnan(Z).any(0)
         if Z.shape[0] > 1 and not check.all():
             step = np.abs(np.diff(Z[:, ~check], axis=0))
-            d = np.nanmedian(np.where(step > 0, step, np.nan), axis=0)
+            d = _typical_step(Z[:, ~check])
             check[~check] = (~(step <= steps * d * (1 - 1e-9))).any(0)  # (a margin: a superset)
         for i in np.flatnonzero(check):
             at = np.flatnonzero(~np.isnan(Z[:, i]))
@@ -321,8 +366,7 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
             if longest < 1:
                 continue
             step = np.abs(np.diff(x))
-            moved = step[step > 0]
-            d = np.median(moved) if moved.size else 0.0
+            d = _typical_step(x)
             if not (np.isfinite(d) and d > 0):
                 continue
             g = steps * d
