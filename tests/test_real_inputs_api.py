@@ -378,3 +378,26 @@ def test_ou_with_noise_equals_sarimax_ar1_with_measurement_error(name):
     sfc = mod.smooth(params).get_forecast(4)
     np.testing.assert_allclose(fc.mean, sfc.predicted_mean, rtol=1e-10)
     np.testing.assert_allclose(fc.predictive_var, sfc.var_pred_mean, rtol=1e-10)
+
+
+def test_given_parameters_with_a_value_beyond_the_variances_say_what_float64_cannot_hold():
+    """A 1e300 in the Nile with obs_var 15,099: scaled by the data's unit (~2^997) obs_var fell
+    to 0 and the error blamed it ("obs_var: expected values > 0 ..., got 0.0"), though the user
+    gave 15,099. Such a series is filtered in its own units, where the filter says what float64
+    cannot hold, as ks.filter does; the clean series beside it keeps its scaled result."""
+    import statsmodels.api as sm
+
+    from kalmanscan.timeseries import OUModel
+
+    nile = sm.datasets.nile.load_pandas().data["volume"].to_numpy(float).copy()
+    bad = nile.copy()
+    bad[20] = 1e300
+    model = OUModel(theta=0.0, sigma2=1469.0, obs_var=15099.0)
+    with pytest.raises(OverflowError, match="not representable in torch.float64"):
+        ks.filter(bad, obs_var=15099.0, decay=1.0, process_var=1469.0)
+    with pytest.raises(OverflowError, match="not representable in torch.float64"):
+        model.filter(bad)
+    ref = ks.filter(nile, obs_var=15099.0, decay=1.0, process_var=1469.0)
+    got = model.filter(np.stack([nile, nile * 1e-3], 1))
+    np.testing.assert_allclose(got.mean[:, 0], ref.mean, rtol=1e-13)
+    np.testing.assert_allclose(got.var[:, 0], ref.var, rtol=1e-13)

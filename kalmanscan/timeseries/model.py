@@ -457,7 +457,26 @@ class OUModel:
         tau = float(np.median(pos)) if pos.size else 1.0
         values = [z, self.mu, self.prior_mean]
         scales = [self.obs_var, _scaled(self.sigma2, tau), self.prior_var]
-        return data_unit(np.shape(z)[1:], values, scales)
+        shape = np.shape(z)[1:]
+        c = data_unit(shape, values, scales)
+        # a value far beyond the variances (a 1e300 among data of order 1000 with obs_var 1.5e4)
+        # would scale a positive variance below float64's normal range (0: "expected > 0"):
+        # those series are filtered in their own units, where the filter itself says what
+        # float64 cannot hold (squared innovations past its maximum)
+        lost = np.zeros(shape, bool)
+        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+            for v in scales:
+                if v is None:
+                    continue
+                a = np.abs(_host_array(v))
+                try:
+                    small = (a > 0) & (a / np.square(c) < np.finfo(np.float64).tiny)
+                    if small.ndim > len(shape):  # (per-step parameters)
+                        small = small.reshape((-1,) + shape).any(0)
+                    lost |= small
+                except ValueError:  # (shapes the filter's own argument check refuses)
+                    continue
+        return np.where(lost, 1.0, c)
 
     # --- public methods -----------------------------------------------------------------------
     def filter(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
