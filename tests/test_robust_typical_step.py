@@ -66,3 +66,29 @@ def test_a_constant_record_with_one_1e300_still_screens_it():
     rare[[3, 17, 25, 33, 41, 47]] = 1.0
     rare[10] = 1e300
     assert np.flatnonzero(_gross(rare[:, None])[:, 0]).tolist() == [10]
+
+
+def test_typical_step_leaves_out_the_jumps_into_and_out_of_remote_values():
+    """Five -9999 among rates held for a month at a time make ten jumps of ~10,000 against the
+    rate's four moves of 0.25: counted, they were the typical step."""
+    held = np.repeat([5.0, 5.25, 5.0, 4.75, 4.5], 30)
+    coded = held.copy()
+    coded[[10, 40, 70, 100, 130]] = -9999.0
+    assert _typical_step(coded) == 0.25
+    spike = held.copy()
+    spike[[10, 11]] = [1e300, 5e299]  # beyond float64's reach: their jumps are left out too
+    assert _typical_step(spike) == 0.25
+    cols = np.column_stack([coded, 2 * coded, spike, np.ones(150)])
+    np.testing.assert_array_equal(_typical_step(cols), [0.25, 0.5, 0.25, np.nan])
+    assert np.flatnonzero(gross_runs(coded[:, None])[:, 0]).tolist() == [10, 40, 70, 100, 130]
+
+
+def test_a_record_that_moves_only_to_and_from_one_far_value_takes_its_levels_size():
+    const = np.full(40, 4.0)
+    const[[10, 11, 30]] = -9999.0
+    assert _typical_step(const) == 4.0 / 50  # -9999 is 2,500 "steps" from 4
+    assert np.flatnonzero(gross_runs(const[:, None])[:, 0]).tolist() == [10, 11, 30]
+    # a record resting on 0 has no level to take a size from (0/1 events look the same)
+    zeros = np.zeros(40)
+    zeros[[10, 11]] = -9999.0
+    assert _typical_step(zeros) == 9999.0 and not gross_runs(zeros[:, None]).any()

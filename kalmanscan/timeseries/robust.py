@@ -25,10 +25,10 @@ A run of gross values masks itself: two adjacent ``-9999`` (a missing-value code
 temperatures of 10 to 30 are fitted as a level that jumps there and back, with ``obs_var`` at 0,
 so no ``a_t`` is defined and nothing would be screened. The first round therefore starts from a
 fit without the :func:`gross_runs`, stretches of values more than 50 typical steps (the median
-nonzero change between neighbours) from the values on both sides of them, to which the series
-then returns; at the start or end of a series, where no return tells them from a level shift, only
-a run of one repeated value (a code) counts. The rounds then go on from scratch as above; an
-ordinary level shift or trend is no such run.
+nonzero change between neighbours, leaving out the jumps of values remote from the rest) from the
+values on both sides of them, to which the series then returns; at the start or end of a series,
+where no return tells them from a level shift, only a run of one repeated value (a code) counts.
+The rounds then go on from scratch as above; an ordinary level shift or trend is no such run.
 
 Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the data's
 scale beyond float64), the first round screens the values more than 1e8 typical steps (the same
@@ -55,6 +55,7 @@ _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
 _GROSS = 1e8  # typical steps from the median: gross beyond any record a float64 fit can scale
 _RUN_STEPS = 50.0  # typical steps from both sides: a gross run (largest in real records: ~10)
+_REMOTE = 50.0  # spreads from the median: a value whose changes the typical step leaves out
 
 
 class OutlierWarning(UserWarning):
@@ -202,9 +203,18 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
             screened = _gross(Z)
             if not screened.any():  # nothing gross: the fit's own error stands
                 fit_ou(z, times, axis=axis, **kwargs)
-        fit, caught = _quiet_fit(
-            fit_ou, np.where(screened, np.nan, Z).reshape(zt.shape), ax, kwargs
-        )
+        try:
+            fit, caught = _quiet_fit(
+                fit_ou, np.where(screened, np.nan, Z).reshape(zt.shape), ax, kwargs
+            )
+        except ValueError as e:  # (a constant record but for a code): say what was left out
+            rows, cols = np.nonzero(screened)
+            shown = ", ".join(
+                f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})"
+                + (f" of series {labels[i]!r}" if labels else f" of series {i}" if N > 1 else "")
+                for t, i in zip(rows[:5], cols[:5], strict=True)
+            ) + (f" and {rows.size - 5} more" if rows.size > 5 else "")
+            raise ValueError(f"{e} (robust=True fitted without the gross values {shown})") from e
     n_obs = (~np.isnan(Z)).sum(0)
     c = (
         default_threshold(n_obs)
@@ -287,29 +297,73 @@ def _label(t) -> str:
 
 def _typical_step(x) -> np.ndarray:
     """The typical step of each column of ``x [T, M]`` (observed values, no NaN; or ``[T]``): the
-    median nonzero absolute change between neighbouring values (``[M]``, or a float; NaN where a
-    column never changes). Zero changes are left out: in a series that rests on its values
-    (rounded data, integer counts, a rate held for months) they say nothing of the size of a
-    move, and a median of mostly zeros would be 0. The one measure :func:`gross_runs` and the
-    first round's screen of values beyond float64's reach both count in.
+    median nonzero absolute change between neighbouring values, leaving out the changes into and
+    out of remote values (``[M]``, or a float; NaN where a column never changes). The one measure
+    :func:`gross_runs` and the first round's screen of values beyond float64's reach count in.
+
+    - Zero changes are left out: in a series that rests on its values (rounded data, integer
+      counts, a rate held for months) they say nothing of the size of a move, and a median of
+      mostly zeros would be 0.
+    - Remote values are those more than ``_REMOTE`` (50) times the values' spread from their
+      median, the spread being the median nonzero distance of the values from the median: a
+      missing-value code or a data error. Their jumps are no moves of the series; in a series
+      that seldom moves, four -9999 among rates held for months at steps of 0.25 would otherwise
+      outnumber its moves and set the step (at 10,001). The spread, a median over the values
+      (not the moves), is the spread of the series' own values as long as these outnumber the
+      remote ones (values of real records lie within 15 spreads of their median, affairs counts
+      within 48: leaving out beyond 50 leaves their step as it was).
+    - A series that never moves but to and from one far value (a constant record with -9999
+      codes: the spread is then the code's own distance) has no step of its own; there the
+      level's size stands in, ``|median| / 50``, so that a value farther from the level than the
+      level is from 0 counts as gross. (A record resting on 0, such as rare 0/1 events, has no
+      such scale and keeps the median change.)
 
     >>> _typical_step(np.array([3.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0]))  # (the moves 1 and 2)
     np.float64(1.5)
+    >>> held = np.repeat([2.5, 2.75, 2.75, 2.5, 2.25, 2.5], 8)
+    >>> held[[5, 15, 25, 35]] = -9999.0  # a code more often than the rate moves
+    >>> _typical_step(held)
+    np.float64(0.25)
     """
     x = np.asarray(x, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # (all-NaN: a column that never moves)
+    with np.errstate(invalid="ignore", over="ignore"):
+        level = np.median(x, axis=0)
+        dev = np.abs(x - level)  # (inf where a value and the level overflow)
+        spread = _median_where(dev, dev > 0)
+        near = dev <= _REMOTE * spread
         step = np.abs(np.diff(x, axis=0))  # (inf where two values of opposite sign overflow)
-        return np.nanmedian(np.where(step > 0, step, np.nan), axis=0)
+        typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
+        # a constant record but for one far value: its level's size
+        scale = np.abs(level)
+        far = dev > scale
+        own = (step > 0) & ~far[1:] & ~far[:-1]
+        one = np.where(far, x, np.inf).min(axis=0) == np.where(far, x, -np.inf).max(axis=0)
+        rests = (scale > 0) & np.isfinite(scale) & far.any(axis=0) & ~own.any(axis=0) & one
+        return np.where(rests, scale / _RUN_STEPS, typical)[()]
+
+
+def _median_where(a, keep) -> np.ndarray:
+    """The median over axis 0 of ``a [T, M]`` (or ``[T]``) where ``keep`` (NaN where nothing is
+    kept): ``np.nanmedian`` without its loop over columns."""
+    m = math.prod(a.shape[1:])
+    kept = np.sort(np.where(keep, a, np.inf).reshape(a.shape[0], m), axis=0)
+    c = keep.reshape(a.shape[0], m).sum(axis=0)
+    if a.shape[0] == 0:
+        return np.full(a.shape[1:], np.nan)
+    lo = np.take_along_axis(kept, np.maximum((c - 1) // 2, 0)[None], axis=0)[0]
+    hi = np.take_along_axis(kept, np.minimum(c // 2, a.shape[0] - 1)[None], axis=0)[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = np.where(c > 0, (lo + hi) / 2, np.nan)
+    return out.reshape(a.shape[1:])
 
 
 def _gross(Z) -> np.ndarray:
     """``[T, N]`` True for values more than ``_GROSS`` typical steps (:func:`_typical_step`) from
     the series' median: the first round's screen when the plain fit cannot even start (a 1e300
     among values of order 1). Where no value is that far because the only moves are those to and
-    from the gross values (a constant record with one 1e300: the typical step is the 1e300), and
-    more than half the values equal the median, the values that differ from it. At most a
-    quarter of a series is screened; else none of it."""
+    from the gross values (a record of 0s with one 1e300, or a constant one with a 1e300 and a
+    5e299: the typical step is theirs), and more than half the values equal the median, the
+    values that differ from it. At most a quarter of a series is screened; else none of it."""
     out = np.zeros(Z.shape, bool)
     with np.errstate(invalid="ignore", over="ignore"):
         for i in range(Z.shape[1]):
@@ -335,11 +389,14 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
     sides, which are themselves within ``steps * d`` of each other (the series returns); at the
     start or end of the series, a run of one repeated value more than ``steps * d`` from the
     next value. ``d`` is :func:`_typical_step`, the median nonzero change between neighbouring
-    observed values (zero changes left out: rounded data and counts rest on their values). A run
-    beside another run (two codes a few values apart) is judged against the nearest values outside
-    runs, so the ordinary values between two codes are no run. Missing-value codes such as
-    ``-9999`` make such runs; level shifts, trends and the largest jumps of real records
-    (``statsmodels``' Nile, CO2, macrodata, sunspots, El Nino, ...: under 20 typical steps) do not.
+    observed values (zero changes left out: rounded data and counts rest on their values; so are
+    the jumps into and out of values remote from the rest, so that codes cannot set ``d`` in a
+    series that seldom moves). A run beside another run (two codes a few values apart) is judged
+    against the nearest values outside runs (the series' median where every stretch between
+    codes looks like a run), so the ordinary values between two codes are no run.
+    Missing-value codes such as ``-9999`` make such runs; level shifts, trends and the largest
+    jumps of real records (``statsmodels``' Nile, CO2, macrodata, sunspots, El Nino, ...: under 20
+    typical steps) do not.
 
     >>> temp = np.array([21.3, 22.0, -9999, -9999, 21.1, 20.4, 22.9, 23.5, 24.1, 23.0])
     >>> np.flatnonzero(gross_runs(temp[:, None])[:, 0]).tolist()
@@ -390,7 +447,9 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
             )
             run &= stop - start <= longest
             # a run next to another run (the ordinary values between two codes, or a code
-            # beside them) is judged against the nearest values outside runs instead
+            # beside them) is judged against the nearest values outside runs instead; where
+            # there are none (codes cut a resting series into stretches that each look like a
+            # run), against the series' median
             k = run.size
             seg = np.arange(k)
             prev = np.r_[-1, np.maximum.accumulate(np.where(run, -1, seg))[:-1]]
@@ -402,10 +461,15 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
                 far_before = (lo > ref_before + g) | (hi < ref_before - g)
                 far_after = (lo > ref_after + g) | (hi < ref_after - g)
                 has_before, has_after = prev >= 0, next_ < k
+                med = np.median(x)
                 judged = np.where(
                     has_before & has_after,
                     (np.abs(ref_after - ref_before) <= g) & far_before & far_after,
-                    (lo == hi) & np.where(has_before, far_before, far_after & has_after),
+                    np.where(
+                        has_before | has_after,
+                        (lo == hi) & np.where(has_before, far_before, far_after),
+                        (lo > med + g) | (hi < med - g),
+                    ),
                 )
                 run = np.where(redo, judged, run)
             out[at, i] = np.repeat(run, stop - start)
