@@ -18,8 +18,22 @@ observations under the Gaussian model, at least 3.5: ``max(3.5, Phi^-1(1 - 0.025
 Nile's 100 years, 4.06 for 1,000 observations, 4.56 for 10,000), so a clean Gaussian record loses
 nothing with probability about 95%. At most a quarter of a series' observations are screened (the
 largest ``|a_t|``); beyond that the model, not the data, is likely wrong, and a warning says so.
-Where ``obs_var`` is 0 (an observation fixes its state) ``a_t`` is undefined and nothing is
-screened.
+Where the fit puts ``obs_var`` on its bound 0 (``fit.at_boundary``, the fit's own verdict, not the
+size of the estimate) a kept observation is its state: its residual is 0 over a variance of 0,
+undefined, and it is not screened. A screened observation keeps its residual there, against its
+prediction from the kept data, whose variance is the state's (``P_t|T``): a code screened in one
+round stays screened under a fit that puts ``obs_var`` on its bound.
+
+A move of the level is no outlier. The state's standardized innovation (the other auxiliary
+residual: ``E[eta_t | kept data] / sd`` on the step into row ``t``; undefined where ``sigma2`` is on
+its bound) shows a break where ``a_t`` shows an outlier. Two neighbouring observations whose
+``|a_t|`` exceed the threshold with opposite signs are the two sides of one move, and neither is
+screened, where the state's innovation on a step between them exceeds both ``|a_t|`` and none on
+the steps from the observation before them to the one after exceeds the threshold (the state
+moved once and stayed). A record held at 2.5 for 20 steps and at 2.6 for 30 shows ``a_t`` of
+-4.6 and 4.6 at the two sides of its move and 6.6 on the step between: it has no outlier. An
+outlier's neighbours have at most about half its ``|a_t|``, and two neighbouring outliers of
+opposite sign need the state to move there and back.
 
 A run of gross values masks itself: two adjacent ``-9999`` (a missing-value code) among
 temperatures of 10 to 30 are fitted as a level that jumps there and back, with ``obs_var`` at 0,
@@ -48,6 +62,7 @@ from __future__ import annotations
 import math
 import warnings
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,10 +106,41 @@ def default_threshold(n_obs) -> np.ndarray:
     return np.maximum(_MIN_THRESHOLD, bonf)
 
 
-def auxiliary_residuals(fit, z, screened) -> np.ndarray:
-    """Standardized auxiliary residuals ``[T, N]`` of the data ``z [T, N]`` under ``fit`` (fitted
-    to ``z`` with ``screened [T, N]`` set missing); NaN where ``z`` is missing, 0 where the
-    observation noise is 0 (undefined there)."""
+class Disturbances(NamedTuple):
+    """Standardized smoothed disturbances of a fit, ``[T, N]`` each (the auxiliary residuals of
+    Harvey & Koopman 1992; Durbin & Koopman 2012, section 2.12); NaN where undefined.
+
+    - ``observation``: ``a_t`` of the module docstring, the observation against its prediction
+      from the others. NaN where ``z_t`` is missing, and for a kept observation where
+      ``obs_var`` is on its bound 0 (``fit.at_boundary``): the observation is then the state,
+      its noise 0 with variance 0. A screened observation keeps its residual there: against
+      its prediction from the kept data, whose variance is the state's.
+    - ``state``: the state's innovation on the step from row ``t - 1`` to row ``t`` (a level
+      shift there, for ``theta`` near 0), ``E[eta_t | kept data] / sd``. NaN in row 0, where
+      ``sigma2`` is on its bound 0 (the state moves only as the model's drift says), and on the
+      steps the kept data say nothing of (after the last kept observation; before the first
+      one where the start is diffuse).
+    """
+
+    observation: np.ndarray
+    state: np.ndarray
+
+
+def smoothed_disturbances(fit, z, screened) -> Disturbances:
+    """Both standardized residuals (:class:`Disturbances`) of the data ``z [T, N]`` under
+    ``fit`` (fitted to ``z`` with ``screened [T, N]`` set missing), from one smoother pass.
+    Which of them are defined follows ``fit.at_boundary`` (the fit's own verdict that a variance
+    is 0), not the size of the estimate. Derivation: docs/model.md, "Robust fitting".
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> from kalmanscan.timeseries import load_nile
+    >>> years, flow = load_nile()
+    >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+    >>> d = smoothed_disturbances(fit, flow[:, None].astype(float), np.zeros((100, 1), bool))
+    >>> top = lambda r: int(years[np.nanargmax(np.abs(r[:, 0]))])
+    >>> top(d.state), top(d.observation)  # the break of 1899 and the outlier of 1913 (D&K 2.12)
+    (1899, 1913)
+    """
     from kalmanscan.timeseries.fit import _nan_moments
     from kalmanscan.timeseries.model import OUModel
 
@@ -109,6 +155,10 @@ def auxiliary_residuals(fit, z, screened) -> np.ndarray:
         v = np.asarray(fit.params[name], dtype=np.float64)
         return np.broadcast_to(v, fit.z.shape[1:]).reshape(N)
 
+    def at_bound(name):
+        v = np.asarray(fit.at_boundary.get(name, False), dtype=bool)
+        return np.broadcast_to(v, fit.z.shape[1:]).reshape(N)
+
     model = OUModel(
         theta=per_series("theta"),
         sigma2=per_series("sigma2") / s**2,
@@ -121,12 +171,73 @@ def auxiliary_residuals(fit, z, screened) -> np.ndarray:
     mean = np.asarray(sm.mean, dtype=np.float64).reshape(T, N)
     var = np.asarray(sm.var, dtype=np.float64).reshape(T, N)
     R = np.broadcast_to(per_series("obs_var") / s**2, (T, N))
-    z = zs
+    kept_exact = ~screened & at_bound("obs_var")  # z_t is x_t: no noise to standardize
     v = np.where(screened, R + var, R - var)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        a = (z - mean) / np.sqrt(v)
-    degenerate = ~(v > 1e-9 * R) | ~(R > 0)
-    return np.where(np.isnan(z), np.nan, np.where(degenerate, 0.0, a))
+        a = (zs - mean) / np.sqrt(v)
+    a = np.where(np.isnan(zs) | kept_exact | ~(v > 0), np.nan, a)
+
+    # the step t-1 -> t: eta_t = x_t - phi_t x_{t-1} - c_t; Var(eta_t | data) from the smoothed
+    # variances and the lag-one covariance J_{t-1} P_t|T (J = phi P_t-1|t-1 / P_t|t-1)
+    args = model.filter_args(fit.time_axis, 1)
+    phi = np.broadcast_to(np.asarray(args["decay"], dtype=np.float64), (T, N))[1:]
+    q = np.broadcast_to(np.asarray(args["process_var"], dtype=np.float64), (T, N))[1:]
+    c = np.broadcast_to(np.asarray(args["offset"], dtype=np.float64), (T, N))[1:]
+    prec = np.asarray(sm.filtered.precision, dtype=np.float64).reshape(T, N)
+    pred_prec = np.asarray(sm.filtered.pred_precision, dtype=np.float64).reshape(T, N)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        gain = phi * pred_prec[1:] / prec[:-1]
+        eta = mean[1:] - phi * mean[:-1] - c
+        v_eta = q - var[1:] * (1 - 2 * phi * gain) - phi**2 * var[:-1]
+        b = eta / np.sqrt(v_eta)
+    # the kept data say nothing of a step with no kept observation at or after it, nor, from a
+    # diffuse start (theta 0), of one with none before it: 0 over a variance of 0 there
+    kept = ~screened & ~np.isnan(z)
+    after = np.flip(np.logical_or.accumulate(np.flip(kept, 0), 0), 0)[1:]
+    before = np.logical_or.accumulate(kept, 0)[:-1]
+    diffuse = (per_series("theta") == 0) | at_bound("theta")
+    informed = after & (before | ~diffuse)
+    b = np.where(at_bound("sigma2") | ~informed | ~(v_eta > 0), np.nan, b)
+    state = np.concatenate([np.full((1, N), np.nan), b])
+    return Disturbances(a, state)
+
+
+def auxiliary_residuals(fit, z, screened) -> np.ndarray:
+    """Standardized auxiliary residuals ``[T, N]`` of the data ``z [T, N]`` under ``fit`` (fitted
+    to ``z`` with ``screened [T, N]`` set missing): :func:`smoothed_disturbances`'
+    ``observation`` (NaN where ``z`` is missing, and for kept observations where ``obs_var`` is
+    on its bound 0)."""
+    return smoothed_disturbances(fit, z, screened).observation
+
+
+def _level_moves(d: Disturbances, flagged, observed, c) -> np.ndarray:
+    """``[T, N]`` True for the flagged observations that are the two sides of one move of the
+    state (Harvey & Koopman 1992: a break shows in the state's residuals, an outlier in the
+    observation's): neighbouring observations (missing rows between them skipped), both flagged
+    with residuals of opposite sign, the state's innovation on a step between them larger in
+    size than both residuals, and none beyond the threshold ``c [N]`` on the steps from the
+    observation before to the one after them (the state moved once and stayed). An outlier does
+    not show so: its neighbours' residuals are at most about half its own and the steps into
+    and out of it are smaller than its residual; two neighbouring outliers of opposite sign
+    need the state to move there and back (in an OU that forgets fast, its innovations are the
+    observations' residuals). ``d.state`` is NaN where ``sigma2`` is on its bound: nothing is a
+    move there."""
+    a, b = d.observation, np.abs(d.state)
+    T, N = a.shape
+    out = np.zeros((T, N), bool)
+    for i in np.flatnonzero(flagged.sum(0) >= 2):
+        rows = np.flatnonzero(observed[:, i])
+        t0, t1 = rows[:-1], rows[1:]
+        pair = flagged[t0, i] & flagged[t1, i] & (np.sign(a[t0, i]) * np.sign(a[t1, i]) < 0)
+        for j in np.flatnonzero(pair):
+            lo = rows[j - 1] + 1 if j > 0 else 0  # the steps into t0 from the row before
+            hi = rows[j + 2] if j + 2 < rows.size else T - 1  # and out of t1 to the row after
+            between = b[t0[j] + 1 : t1[j] + 1, i]
+            beside = np.r_[b[lo : t0[j] + 1, i], b[t1[j] + 1 : hi + 1, i]]
+            shift = np.max(between, initial=-np.inf, where=~np.isnan(between))
+            if shift > max(abs(a[t0[j], i]), abs(a[t1[j], i])) and not (beside > c[i]).any():
+                out[[t0[j], t1[j]], i] = True
+    return out
 
 
 def _check(threshold, max_rounds):
@@ -227,12 +338,14 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     rounds = 1
     settled = False
     while True:
-        a = np.abs(auxiliary_residuals(fit, Z, screened))
+        d = smoothed_disturbances(fit, Z, screened)
+        a = np.abs(d.observation)
         new = np.nan_to_num(a, nan=0.0) > c
+        new &= ~_level_moves(d, new, ~np.isnan(Z), c)  # a move of the level: no outliers
         over = new.sum(0) > limit
         capped |= over
         for i in np.flatnonzero(over):  # keep the largest |a| within the cap
-            keep = np.argsort(-np.nan_to_num(a[:, i], nan=0.0))[: limit[i]]
+            keep = np.argsort(-np.where(new[:, i], a[:, i], -1.0))[: limit[i]]
             new[:, i] = False
             new[keep, i] = True
         if any(np.array_equal(new, s) for s in seen):
