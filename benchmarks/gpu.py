@@ -543,7 +543,8 @@ def kernel_cases():
                       "gp_ptr gh_ptr gc_ptr g0_ptr", fil_ints + " gsn T N CH NC CK", ())  # fmt: skip
     fil_smooth_sig = sig(fil + " mean_ptr var_ptr bend_ptr smean_ptr svar_ptr",
                          fil_ints + " T N CH NC", ())  # fmt: skip
-    fil_carry_sig = sig("comp_ptr u0_ptr e0_ptr v0_ptr start_ptr bend_ptr", "us es vs N NC", ())
+    fil_carry_sig = sig("comp_ptr u0_ptr e0_ptr v0_ptr start_ptr bend_ptr " + fil,
+                        "us es vs N NC " + fil_ints + " T CH", ())  # fmt: skip
     fwd_consts = dict(vary, MAPS=False, BMAPS=False, FROM_X0=True, WRITE=True, PARTIAL=False,
                       CKPT=False, TANG=False, BLOCK=128)  # fmt: skip
     adj_consts = dict(vary, GZ=0, GR=2, GA=2, GP=2, GH=0, GC=0, BLOCK=128)

@@ -193,10 +193,10 @@ def _direction(params, k):
     return d
 
 
-# a^2 underflowing to 0 or subnormal: the float64 reference's and the kernels' adjoint of a
-# diffuse state's precision is finite; with a normal a^2 it grows like 1/a^2 a step and
-# overflows over a long diffuse gap in every backend (docs/reliability.md)
-GRAD_CASES = [(k, a) for k, a in CASES if a in (1e-170, 1e-160, 1e-25, 1e-20)]
+# a^2 underflowing to 0, subnormal, or normal: with a normal a^2 the adjoint of a diffuse
+# state's precision grows like 1/a^2 a step and overflows over the diffuse gap (1e-100 in
+# float64, 1e-12 in float32: before, NaN gradients); the steps' partials there are exact zeros
+GRAD_CASES = CASES
 
 
 @pytest.mark.parametrize("T", _lengths(63, 1000, gpu_only=(1000,)))
@@ -243,3 +243,77 @@ def _central_difference(z, params, n, k, d, dps=60):
             return mp_filter(z[:, n], *cols, lam0=lam0, m0=m0, dps=dps, mp_loglik=True)[2]
 
         return float((ll(1) - ll(-1)) / (2 * s))
+
+
+# ------------------------------------------------------- a tiny decay meets a known state (carry)
+
+KNOWN = {"f64": (torch.float64, 1e-170, 1e100), "f32": (torch.float32, 1e-25, 1e30)}
+
+
+def known_scenario(T, kind):
+    """``(z, [R, a, p, h, c], x0, prior lam0 / m0 per lane)``: a step whose decay's square is
+    below the normal range, without process noise, meets a known state of huge variance, so that
+    the variance after it is ``decay**2 * big`` (1e-240 in float64, 1e-20 in float32) and stays
+    that small (no process noise after it) into the later chunks:
+
+    - 0: the prior's variance ``big``, not observed before the step at 5 (among chunk 0's
+      leading steps);
+    - 1: diffuse, observed from step 0; process variance ``big`` at 19 (not observed), the step
+      at 20 (chunk 1, after its informative steps);
+    - 2: as 1 with the two steps at 30 and 31 (the last of chunk 1);
+    - 3: an ordinary lane (decay 0.9, process variance 0.1), diffuse.
+    """
+    dtype, tiny, big = KNOWN[kind]
+    g = np.random.default_rng(7)
+    z = g.normal(size=(T, N))
+    z[:6, 0] = np.nan
+    z[::9, 1:] = np.nan
+    R = 0.5 + g.random((T, N))
+    h = 0.8 + 0.4 * g.random((T, N))
+    c = 0.1 * g.normal(size=(T, N))
+    a = np.full((T, N), 0.9)
+    p = np.full((T, N), 0.1)
+    a[5, 0], p[5:, 0] = tiny, 0.0
+    for n, t in ((1, 20), (2, 31)):
+        z[t - 1 : t + 1, n] = np.nan
+        p[t - 1, n], a[t, n], p[t:, n] = big, tiny, 0.0
+    params = [torch.tensor(x, dtype=dtype).double().numpy() for x in (R, a, p, h, c)]
+    z = torch.tensor(z, dtype=dtype).double().numpy()
+    big = float(torch.tensor(big, dtype=dtype))
+    x0 = (np.array([1 / big, 0.0, 0.0, 0.0]), np.array([0.4 / big, 0.0, 0.0, 0.0]),
+          np.array([1.0, 1.0, 1.0, 1.0]))  # fmt: skip
+    return z, params, x0, (1 / big, 0.4)
+
+
+@pytest.mark.parametrize("kind", ["f64", "f32"])
+def test_tiny_decay_meets_a_known_state_across_chunks(kind):
+    """The carry walks a chunk holding such a step (its map loses ``decay**2 v``: the next
+    chunks started from variance 0, the state known exactly, before): filtered means, variances
+    and the log-likelihood against mpmath, 4 chunks; the fused log-likelihood gradient against
+    the float64 sequential reference's."""
+    T = 63
+    dtype = KNOWN[kind][0]
+    z, params, x0, (lam0, m0) = known_scenario(T, kind)
+    assert F._plan(T, N)[1] == 4
+    ins = [_t(z, dtype)] + [_t(x, dtype) for x in params]
+    x0t = tuple(_t(x, dtype) for x in x0)
+    got = F.filter_lanes(*ins, x0t)
+    assert int(got["flags"]) == 0
+    tol = TOL[dtype]
+    for n in range(N):
+        R, a, p, h, c = (x[:, n] for x in params)
+        m, v, ll = mp_filter(z[:, n], R, a, p, h, c, lam0=lam0 if n == 0 else 0.0,
+                             m0=m0 if n == 0 else 0.0)  # fmt: skip
+        assert _rel(got["var"][:, n].cpu(), v) < tol, n
+        assert _rel_to_max(got["mean"][:, n].cpu(), m) < tol, n
+        assert abs(float(got["loglik"][n]) - ll) <= tol * abs(ll), n
+    leaves = [_t(x, dtype).requires_grad_(True) for x in params]
+    r = F.filter_lanes(_t(z, dtype), *leaves, x0t, outputs="loglik")
+    grads = torch.autograd.grad(r["loglik"].sum(), leaves)
+    ref_leaves = [torch.tensor(x).requires_grad_(True) for x in params]
+    ref = sequential.filter_lanes(torch.tensor(z), *ref_leaves,
+                                  tuple(torch.tensor(x) for x in x0), outputs="loglik")  # fmt: skip
+    ref_grads = torch.autograd.grad(ref["loglik"].sum(), ref_leaves)
+    for k, (g, gr) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert torch.isfinite(g).all(), k
+        assert_close(g.cpu(), gr, "kernel_grad", dtype, what=f"input {k}")

@@ -5,7 +5,8 @@
 - a loading whose square, or whose information ``h^2 / obs_var``, is below the normal range is
   refused (a diffuse state's precision would underflow and its mean with it);
 - the torch scan keeps the variance where ``process_var / obs_var`` passes the range.
-docs/reliability.md ("Underflow regimes").
+Gradients over a diffuse gap of small but normal decays, and a tiny decay meeting a known state:
+tests/test_diffuse_gap_gradients.py. docs/reliability.md ("Underflow regimes").
 """
 
 import importlib.util

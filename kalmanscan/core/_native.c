@@ -46,6 +46,7 @@
 #define KS_BAD_INPUT 4    /* an input is out of its range (filter._validate's ranges) */
 #define KS_ROW_INEXACT 16 /* internal: redo a step with divisions */
 #define KS_NO_MEMORY 32   /* a thread could not allocate its tile buffers */
+#define KS_TINY_DECAY 64  /* internal: a step's decays hold one whose square is below the range */
 #define KS_LOG_2PI 1.8378770664093454835606594728112
 
 #define KS_CAT_(a, b) a##b

@@ -15,7 +15,19 @@
  * stays diffuse also where a*a v underflows or is subnormal in that dtype, as in the forward;
  * there the adjoint of the state's precision does not grow by 1/(a*a) a step). At a diffuse
  * predicted state (u1 = e1 = 0, v1 = 1) the adjoint of v1 is exactly 0 (Euler's theorem again),
- * so it is set to 0: its rounding would be multiplied by 1/s1. */
+ * so it is set to 0: its rounding would be multiplied by 1/s1.
+ *
+ * While a lane stays diffuse nothing depends on its steps' parameters: their partials there are
+ * set to exactly 0 (by selection), both the predict's where the state entering is diffuse (U1 =
+ * 0) and the observation's where the update leaves it diffuse (h = 0 or not observed; a loading
+ * 0 there has no derivative, the exact diffuse log-likelihood jumps where it becomes nonzero).
+ * The adjoint of the diffuse state itself grows like 1/(a*a) (1/a) a step back (1e200 a step at
+ * a = 1e-100, 4^600 over 600 steps of a = 0.5) and met those zeros (inf * 0: every gradient NaN);
+ * it reaches only the initial state, whose gradient is 0 where it is not finite at a diffuse
+ * start (not flagged). At a step that forgets (a = 0) from a known state, a's partial is the
+ * limit's, the predicted mean's c + a e/u: (e/u) U1 gE1. Where a*a is below the normal range
+ * (float64) and the state is known, the predicted triple is formed divided, as in the forward
+ * (_native_kernel.h), so that a*a v and a e keep their digits. */
 
 #define KS_G(name) KS_CAT(KS_NAME, name)
 
@@ -37,8 +49,14 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
     const double V0 = forget ? p * U1 : p * u + a2 * v;
     const double V1 = (U1 > 0.0) | (V0 >= vmin) ? V0 : v;
     const double E1 = c * U1 + (forget ? 0.0 : a * e);
+    const double q_ = forget ? 1.0 : 0.0;
     const double r1 = given ? r1_in : 1.0 / (U1 >= V1 ? U1 : V1);
-    const double u1 = U1 * r1, e1 = E1 * r1, v1 = V1 * r1;
+    /* a*a below the normal range (float64 only) and a known state: divided first (written as
+     * arithmetic on sm, 0 or 1: with a select here the reverse row was left scalar) */
+    const double sm = a2 < DBL_MIN ? (U1 >= DBL_MIN ? 1.0 - q_ : 0.0) : 0.0;
+    const double u1 = U1 * r1;
+    const double e1 = E1 * r1 + sm * ((c * u1 + a * (e * r1)) - E1 * r1);
+    const double v1 = V1 * r1 + sm * ((p * u1 + (a * (v * r1)) * a) - V1 * r1);
     const int observed = (z == z) & (R <= DBL_MAX);
     const double zz = observed ? z : 0.0, RR = observed ? R : 1.0;
     const double hv = h * v1;
@@ -60,12 +78,12 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
 
 /* The reverse of one step: adjoint (lu, le, lv) of the next state in, of the state x out, given
  * the step's normalizing factors r1 = 1/s1, r2 = 1/s2; the step's partials (weight w on its
- * log-likelihood term). */
-static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double h, double c,
-                                  double u, double e, double v, const double vmin, double r1,
-                                  double r2, double w, double *lu, double *le, double *lv,
-                                  double *gz, double *gR, double *ga, double *gp, double *gh,
-                                  double *gc) {
+ * log-likelihood term). forgets: the row holds a decay 0 (a's partial there divides by u). */
+static KS_INLINE void ks_adj_step(const int forgets, double z, double R, double a, double p,
+                                  double h, double c, double u, double e, double v,
+                                  const double vmin, double r1, double r2, double w, double *lu,
+                                  double *le, double *lv, double *gz, double *gR, double *ga,
+                                  double *gp, double *gh, double *gc) {
     ks_fwd f;
     double nu, ne, nv;
     ks_adj_fwd(z, R, a, p, h, c, u, e, v, vmin, 1, r1, r2, &f, &nu, &ne, &nv);
@@ -77,9 +95,11 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
     double gu1 = obs ? RR * gU2 : gU2;
     double ge1 = obs ? RR * gE2 : gE2;
     double gv1 = obs ? h * h * gU2 + h * zz * gE2 + RR * gV2 : gV2;
-    double dR = obs ? u1 * gU2 + e1 * gE2 + v1 * gV2 : 0.0;
-    double dh = obs ? 2.0 * h * v1 * gU2 + zz * v1 * gE2 : 0.0;
-    double dz = obs ? h * v1 * gE2 : 0.0;
+    /* an update that leaves a diffuse state diffuse: no partials through the state */
+    const int stays = (u1 == 0.0) & ((h == 0.0) | (obs ^ 1));
+    double dR = obs & (stays ^ 1) ? u1 * gU2 + e1 * gE2 + v1 * gV2 : 0.0;
+    double dh = obs & (stays ^ 1) ? 2.0 * h * v1 * gU2 + zz * v1 * gE2 : 0.0;
+    double dz = obs & (stays ^ 1) ? h * v1 * gE2 : 0.0;
     /* the log-likelihood term */
     const int known = u1 > 0.0;
     const int contrib = obs & (known | (h == 0.0));
@@ -111,9 +131,19 @@ static KS_INLINE void ks_adj_step(double z, double R, double a, double p, double
     *lu = gU1 + p * gV1 + c * gE1;
     *lv = q * gU1 + d * gV1 + q * c * gE1;
     *le = al * gE1;
+    /* the predict's partials: 0 where a diffuse state enters a step that keeps it (U1 = 0;
+     * gV1 is 0 there, gE1 selected away); at a step that forgets from a known state, a's is
+     * the limit's (header). (Written so that the row vectorizes: f.U1 > 0 in the select, or
+     * e / u, left it scalar.) */
+    const double gEl = (u > 0.0) | forget ? gE1 : 0.0;
     *gp = u * gV1 + q * v * gV1;
-    *ga = forget ? 0.0 : (kept ? 2.0 * a * v * gV1 : 0.0) + e * gE1;
-    *gc = f.U1 * gE1;
+    *ga = forget ? 0.0 : (kept ? 2.0 * a * v * gV1 : 0.0) + e * gEl;
+    if (forgets) {
+        const double kf = u >= vmin ? q : 0.0;
+        const double mean = e * (1.0 / (u >= vmin ? u : 1.0));
+        *ga += kf * mean * f.U1 * gEl;
+    }
+    *gc = f.U1 * gEl;
     *gz = dz;
     *gR = dR;
     *gh = dh;
@@ -164,8 +194,8 @@ KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ss
 }
 
 /* The reverse of step t for nb lanes: adjoint (lu, le, lv) updated in place, partials into
- * g[k * W + j]. */
-KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+ * g[k * W + j]. forgets: a lane's decay is 0 at step t (compile-time in the callers). */
+static KS_INLINE void KS_G(_adj_row_)(const int forgets, Py_ssize_t nb, const KS_FT *restrict zs,
                                      const KS_FT *restrict Rs, const KS_FT *restrict as,
                                      const KS_FT *restrict ps, const KS_FT *restrict hs,
                                      const KS_FT *restrict cs, const double *restrict xu,
@@ -178,14 +208,33 @@ KS_CLONES static void KS_G(_adj_row)(Py_ssize_t nb, const KS_FT *restrict zs,
                                      double *restrict gc) {
     for (Py_ssize_t j = 0; j < nb; j++) {
         double a = lu[j], b = le[j], c = lv[j];
-        ks_adj_step(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], KS_FT_MIN,
-                    r1[j], r2[j], w[j], &a, &b, &c, &gz[j], &gR[j], &ga[j], &gp[j], &gh[j],
-                    &gc[j]);
+        ks_adj_step(forgets, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j],
+                    KS_FT_MIN, r1[j], r2[j], w[j], &a, &b, &c, &gz[j], &gR[j], &ga[j], &gp[j],
+                    &gh[j], &gc[j]);
         lu[j] = a;
         le[j] = b;
         lv[j] = c;
     }
 }
+
+#define KS_ADJ_ROW_ARGS                                                                        \
+    Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict Rs,                         \
+        const KS_FT *restrict as, const KS_FT *restrict ps, const KS_FT *restrict hs,          \
+        const KS_FT *restrict cs, const double *restrict xu, const double *restrict xe,        \
+        const double *restrict xv, const double *restrict r1, const double *restrict r2,       \
+        const double *restrict w, double *restrict lu, double *restrict le,                    \
+        double *restrict lv, double *restrict gz, double *restrict gR, double *restrict ga,    \
+        double *restrict gp, double *restrict gh, double *restrict gc
+#define KS_ADJ_ROW_PASS nb, zs, Rs, as, ps, hs, cs, xu, xe, xv, r1, r2, w, lu, le, lv, gz, gR, ga, gp, gh, gc
+
+KS_CLONES static void KS_G(_adj_row)(KS_ADJ_ROW_ARGS) { KS_G(_adj_row_)(0, KS_ADJ_ROW_PASS); }
+
+KS_CLONES static void KS_G(_adj_row_forgets)(KS_ADJ_ROW_ARGS) {
+    KS_G(_adj_row_)(1, KS_ADJ_ROW_PASS);
+}
+
+#undef KS_ADJ_ROW_ARGS
+#undef KS_ADJ_ROW_PASS
 
 /* Lanes [n0, n0 + nb): scratch of KS_G(_adj_scratch)(T, K, W) doubles; worker: this thread's slot in
  * the per-thread sums of time-only and scalar gradients. Returns KS_NOT_FINITE where a gradient
@@ -241,10 +290,12 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
             const double *xs = blk + (t - t0) * 5 * W;
             KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-            KS_G(_adj_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                           xs, xs + W, xs + 2 * W, xs + 3 * W, xs + 4 * W, w, lu, le, lv,
-                           g + KS_Z * W, g + KS_OBS * W,
-                           g + KS_A * W, g + KS_P * W, g + KS_H * W, g + KS_C * W);
+            int forgets = 0; /* a decay 0 in the row: its own row form (one more division) */
+            for (Py_ssize_t j = 0; j < nb; j++) forgets |= src[KS_A][j] == (FT)0;
+            (forgets ? KS_G(_adj_row_forgets) : KS_G(_adj_row))(
+                nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C], xs,
+                xs + W, xs + 2 * W, xs + 3 * W, xs + 4 * W, w, lu, le, lv, g + KS_Z * W,
+                g + KS_OBS * W, g + KS_A * W, g + KS_P * W, g + KS_H * W, g + KS_C * W);
             for (int k = 0; k < KS_NSERIES; k++) {
                 const ks_grad *gd = &aj->grad[k];
                 if (gd->ptr == NULL) continue;
@@ -284,16 +335,19 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
             aj->ssum[worker * KS_NSERIES + k] += s;
         }
     }
-    /* the adjoint of the normalized initial state, divided by its normalizing factor */
+    /* the adjoint of the normalized initial state, divided by its normalizing factor; at a
+     * diffuse start 0 where it is not finite (header) */
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
         const double u = (double)((const FT *)job->x0[0])[n * job->x0_sn[0]];
         const double v = (double)((const FT *)job->x0[2])[n * job->x0_sn[2]];
         const double r = 1.0 / (u >= v ? u : v);
-        const double gx[3] = {lu[j] * r, le[j] * r, lv[j] * r};
+        double gx[3] = {lu[j] * r, le[j] * r, lv[j] * r};
         for (int k = 0; k < 3; k++) {
+            if (u == 0.0 && !(gx[k] - gx[k] == 0.0)) gx[k] = 0.0;
+            if (aj->gx0[k] == NULL) continue;
             flags |= gx[k] - gx[k] == 0.0 ? 0 : KS_NOT_FINITE;
-            if (aj->gx0[k] != NULL) ((FT *)aj->gx0[k])[n] = (FT)gx[k];
+            ((FT *)aj->gx0[k])[n] = (FT)gx[k];
         }
     }
     return flags;

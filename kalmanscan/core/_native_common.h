@@ -41,8 +41,10 @@
 #endif
 #if defined(__GNUC__)
 #define KS_INLINE inline __attribute__((always_inline))
+#define KS_NOINLINE __attribute__((noinline))
 #else
 #define KS_INLINE inline
+#define KS_NOINLINE
 #endif
 
 #endif /* KS_NATIVE_COMMON_H */

@@ -68,14 +68,20 @@ static KS_INLINE int KS_F(_recips)(KS_FT u, KS_FT v, KS_FT *iu, KS_FT *iv) {
  * step's log-likelihood term (float64) out. The update is written (R u + h^2 v, R e + h z v, R v),
  * the contract's (u + phi v, e + r v, v) times R, so a tiny R divides nothing.
  * Exact form (exact = 1): the predicted triple and the state normalized by division, max(u, v) = 1.
+ * Where a*a is below the normal range and the state is known (u normal), the predicted triple is
+ * formed divided first, (u, c u + a e, p u + a (a v)) / m: a*a v and a e keep their digits where
+ * they underflowed (var = 1e100, a = 1e-170, p = 0: the predicted variance 1e-240, not 0).
  * Fast form: nothing divides on the recursion's path. The predicted triple is not normalized (the
  * log-likelihood term is homogeneous of degree 0 in it) and the state is scaled by a power of two
  * (exact), max(u, v) in [1, 2); it reports KS_ROW_INEXACT (redo with exact = 1) where the
- * predicted triple's scale or any result leaves a safe range. Returns also KS_NOT_FINITE (the new
- * state is not finite) and KS_Z_INF (z is +-inf). */
-static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
-                                 KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv, KS_FT *pu, KS_FT *pe,
-                                 KS_FT *pv, double *ll) {
+ * predicted triple's scale or any result leaves a safe range, and with `careful` (the step's row
+ * holds a decay whose square is below the normal range: _check_row's KS_TINY_DECAY) where a*a
+ * and the predicted V are both below it (p u too: the case above); rows of ordinary decays skip
+ * that test. Returns also KS_NOT_FINITE (the new state is not finite) and KS_Z_INF (z is +-inf).
+ */
+static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS_FT R, KS_FT a,
+                                 KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv,
+                                 KS_FT *pu, KS_FT *pe, KS_FT *pv, double *ll) {
     typedef KS_FT FT;
     const FT u0 = *su, e0 = *se, v0 = *sv;
     /* a^2 plus the smallest subnormal: a^2 itself from ~1e-307 (float64) up, and positive where it
@@ -88,10 +94,18 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
     FT E = c * U + (forget ? (FT)0 : a * e0);
     int fl = 0;
     if (exact) {
+        if (!forget && a * a < (FT)KS_FT_MIN && u0 >= (FT)KS_FT_MIN) {
+            const FT im = (FT)1 / (U >= V ? U : V); /* (U >= u0: finite) */
+            U = u0 * im;
+            E = c * U + a * (e0 * im);
+            V = p * U + (a * (v0 * im)) * a;
+        }
         KS_F(_norm)(&U, &E, &V);
     } else {
         const FT m1 = U >= V ? U : V;
         fl = (((m1 >= (FT)KS_SAFE_MIN) & (m1 <= (FT)KS_SAFE_MAX)) ^ 1) * KS_ROW_INEXACT;
+        if (careful) /* (a row of a step whose decays hold one with a*a below the range) */
+            fl |= ((a2 < (FT)KS_FT_MIN) & (V < (FT)KS_FT_MIN)) * KS_ROW_INEXACT;
     }
     *pu = U;
     *pe = E;
@@ -145,12 +159,13 @@ static KS_INLINE int KS_F(_step)(const int exact, KS_FT z, KS_FT R, KS_FT a, KS_
 
 /* One step of one lane with its outputs: the fast form, or exact = 1. out: 7 pointers to this
  * element's (mean, var, precision, info, pred_mean, pred_var, pred_precision), or write = 0. */
-static KS_INLINE int KS_F(_elem)(const int exact, const int write, KS_FT z, KS_FT R, KS_FT a,
-                                 KS_FT p, KS_FT h, KS_FT c, KS_FT *u, KS_FT *e, KS_FT *v,
-                                 double *ll, KS_FT *o_mean, KS_FT *o_var, KS_FT *o_prec,
-                                 KS_FT *o_info, KS_FT *o_pmean, KS_FT *o_pvar, KS_FT *o_pprec) {
+static KS_INLINE int KS_F(_elem)(const int exact, const int careful, const int write, KS_FT z,
+                                 KS_FT R, KS_FT a, KS_FT p, KS_FT h, KS_FT c, KS_FT *u, KS_FT *e,
+                                 KS_FT *v, double *ll, KS_FT *o_mean, KS_FT *o_var,
+                                 KS_FT *o_prec, KS_FT *o_info, KS_FT *o_pmean, KS_FT *o_pvar,
+                                 KS_FT *o_pprec) {
     KS_FT pu, pe, pv, pinfo;
-    int fl = KS_F(_step)(exact, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
+    int fl = KS_F(_step)(exact, careful, z, R, a, p, h, c, u, e, v, &pu, &pe, &pv, ll);
     if (write) {
         if (exact) {
             KS_F(_moments)(*u, *e, *v, o_mean, o_var, o_prec, o_info);
@@ -177,25 +192,27 @@ static KS_INLINE int KS_F(_elem)(const int exact, const int write, KS_FT z, KS_F
 static KS_INLINE int KS_F(_elem_fixed)(const int write, KS_FT z, KS_FT R, KS_FT a, KS_FT p,
                                        KS_FT h, KS_FT c, KS_FT *u, KS_FT *e, KS_FT *v, double *ll,
                                        KS_FT *const o[KS_NOUT]) {
+    /* (one lane: the careful form's one more test costs nothing that matters) */
     const KS_FT u0 = *u, e0 = *e, v0 = *v;
     KS_FT t7[KS_NOUT];
     KS_FT *w[KS_NOUT];
     for (int k = 0; k < KS_NOUT; k++) w[k] = write ? o[k] : &t7[k];
-    int fl = KS_F(_elem)(0, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3], w[4],
-                         w[5], w[6]);
+    int fl = KS_F(_elem)(0, 1, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3],
+                         w[4], w[5], w[6]);
     if (fl & KS_ROW_INEXACT) {
         *u = u0;
         *e = e0;
         *v = v0;
-        fl = KS_F(_elem)(1, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3], w[4],
-                         w[5], w[6]);
+        fl = KS_F(_elem)(1, 1, write, z, R, a, p, h, c, u, e, v, ll, w[0], w[1], w[2], w[3],
+                         w[4], w[5], w[6]);
     }
     return fl & ~KS_ROW_INEXACT;
 }
 
 /* A row of nb lanes, fast form: state (ui, ei, vi, li) in, (uo, eo, vo, lo) out; the caller redoes
  * the lanes of a row that reports KS_ROW_INEXACT one by one from the state in. */
-static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *restrict zs,
+static KS_INLINE int KS_F(_row)(const int write, const int careful, Py_ssize_t nb,
+                                const KS_FT *restrict zs,
                                 const KS_FT *restrict Rs, const KS_FT *restrict as,
                                 const KS_FT *restrict ps, const KS_FT *restrict hs,
                                 const KS_FT *restrict cs, const KS_FT *restrict ui,
@@ -209,11 +226,11 @@ static KS_INLINE int KS_F(_row)(const int write, Py_ssize_t nb, const KS_FT *res
         KS_FT u = ui[j], e = ei[j], v = vi[j];
         double l;
         if (write)
-            fl |= KS_F(_elem)(0, 1, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
-                              &o0[j], &o1[j], &o2[j], &o3[j], &o4[j], &o5[j], &o6[j]);
+            fl |= KS_F(_elem)(0, careful, 1, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e,
+                              &v, &l, &o0[j], &o1[j], &o2[j], &o3[j], &o4[j], &o5[j], &o6[j]);
         else
-            fl |= KS_F(_elem)(0, 0, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e, &v, &l,
-                              NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+            fl |= KS_F(_elem)(0, careful, 0, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &u, &e,
+                              &v, &l, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
         uo[j] = u;
         eo[j] = e;
         vo[j] = v;
@@ -231,16 +248,30 @@ typedef struct {
 KS_CLONES static int KS_F(_row_all)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
                                     const KS_F(_state) *in, const KS_F(_state) *out,
                                     KS_FT *const o[KS_NOUT]) {
-    return KS_F(_row)(1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                      in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, o[0], o[1],
-                      o[2], o[3], o[4], o[5], o[6]);
+    return KS_F(_row)(1, 0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                      src[KS_C], in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, o[0],
+                      o[1], o[2], o[3], o[4], o[5], o[6]);
 }
 
 KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
                                    const KS_F(_state) *in, const KS_F(_state) *out) {
-    return KS_F(_row)(0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C],
-                      in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, NULL, NULL,
-                      NULL, NULL, NULL, NULL, NULL);
+    return KS_F(_row)(0, 0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                      src[KS_C], in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, NULL,
+                      NULL, NULL, NULL, NULL, NULL, NULL);
+}
+
+/* The rows of steps that hold a decay whose square is below the normal range (careful form; kept
+ * out of the tile loop). */
+KS_NOINLINE static int KS_F(_row_careful)(const int write, Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
+                              const KS_F(_state) *in, const KS_F(_state) *out,
+                              KS_FT *const o[KS_NOUT]) {
+    if (write)
+        return KS_F(_row)(1, 1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                          src[KS_C], in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l,
+                          o[0], o[1], o[2], o[3], o[4], o[5], o[6]);
+    return KS_F(_row)(0, 1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                      src[KS_C], in->u, in->e, in->v, in->l, out->u, out->e, out->v, out->l, NULL,
+                      NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
 /* KS_BAD_INPUT where step t's parameters of nb lanes leave the ranges filter._validate checks:
@@ -248,13 +279,16 @@ KS_CLONES static int KS_F(_row_ll)(Py_ssize_t nb, const KS_FT *const src[KS_NSER
  * >= 0 finite, decay, loading, offset finite; and where loading != 0 with loading^2 or
  * loading^2/obs_var below the normal range, which filter._validate decides on (refused at a
  * diffuse lane's first informative observation, else the call is exact or redone with the
- * observation rescaled). (z's infinities are KS_Z_INF, in the step.) */
+ * observation rescaled). (z's infinities are KS_Z_INF, in the step.) Also KS_TINY_DECAY (internal)
+ * where a decay != 0 has a square below the normal range (the step's row takes the careful
+ * form). */
 KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
                                       const KS_FT *restrict as, const KS_FT *restrict ps,
                                       const KS_FT *restrict hs, const KS_FT *restrict cs) {
     typedef KS_FT FT;
-    int ok = 1;
+    int ok = 1, tiny = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
+        tiny |= (as[j] * as[j] < (FT)KS_FT_MIN) & (as[j] != (FT)0);
         const FT R = Rs[j], a = as[j], p = ps[j], h = hs[j], c = cs[j], hh = h * h;
         /* information h^2/R an observation adds, and h^2 itself, 0 or normal, else flagged for
          * the API (docs/reliability.md) */
@@ -265,7 +299,7 @@ KS_CLONES static int KS_F(_check_row)(Py_ssize_t nb, const KS_FT *restrict Rs,
         ok &= obs_ok & (a - a == (FT)0) & (p >= (FT)0) & (p <= (FT)KS_FT_MAX) & (h - h == (FT)0) &
               (c - c == (FT)0);
     }
-    return (ok ^ 1) * KS_BAD_INPUT;
+    return (ok ^ 1) * KS_BAD_INPUT | tiny * KS_TINY_DECAY;
 }
 
 /* KS_BAD_INPUT unless (u, e, v) is an initial triple: u, v >= 0 finite and not both 0, e finite,
@@ -388,7 +422,8 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
             if (t == 0 || !fixed)
                 flags |= KS_F(_check_row)(1, op + t * in[KS_OBS].st, ap + t * in[KS_A].st,
                                           pp + t * in[KS_P].st, hp + t * in[KS_H].st,
-                                          cp + t * in[KS_C].st);
+                                          cp + t * in[KS_C].st) &
+                         ~KS_TINY_DECAY;
             flags |= KS_F(_elem_fixed)(write, zp[t * in[KS_Z].st], op[t * in[KS_OBS].st],
                                        ap[t * in[KS_A].st], pp[t * in[KS_P].st],
                                        hp[t * in[KS_H].st], cp[t * in[KS_C].st], &u, &e, &v, &l,
@@ -434,7 +469,7 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
     /* parameters constant in time are checked once (their gather tiles are filled once) */
     int fixed = 1;
     for (int k = KS_OBS; k < KS_NSERIES; k++) fixed &= job->in[k].st == 0;
-    int seen = 0;
+    int seen = 0, careful = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
         FT u = ((const FT *)job->x0[0])[n * job->x0_sn[0]];
@@ -450,12 +485,18 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
     for (Py_ssize_t t = 0; t < T; t++) {
         const KS_F(_state) *in = &st[t & 1], *out = &st[(t & 1) ^ 1];
         KS_F(_sources)(job, t, n0, nb, buf, W, t == 0, src);
-        if (t == 0 || !fixed)
-            seen |= KS_F(_check_row)(nb, src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C]);
+        if (t == 0 || !fixed) {
+            const int ck = KS_F(_check_row)(nb, src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
+                                            src[KS_C]);
+            careful = (ck & KS_TINY_DECAY) != 0;
+            seen |= ck;
+        }
         FT *o[KS_NOUT];
         for (int k = 0; k < KS_NOUT; k++)
             o[k] = write ? (FT *)job->out[k] + t * N + n0 : NULL;
-        int fl = write ? KS_F(_row_all)(nb, src, in, out, o) : KS_F(_row_ll)(nb, src, in, out);
+        int fl = careful  ? KS_F(_row_careful)(write, nb, src, in, out, o)
+                 : write ? KS_F(_row_all)(nb, src, in, out, o)
+                         : KS_F(_row_ll)(nb, src, in, out);
         if (fl & KS_ROW_INEXACT) { /* redo the row lane by lane, exact where needed */
             fl = 0;
             for (Py_ssize_t j = 0; j < nb; j++) {

@@ -13,6 +13,12 @@ with leaves ``A = [[k d, k d phi], [g, g phi + 1]]``, ``b = (-alpha c, alpha (r 
 ``k = 1 - q``, ``g = k p + q``. Outputs come from the filtered triples and the predicted ones
 (one predict step from the previous filtered triple, elementwise), exactly as in the sequential
 reference, so the two differ only by how the filtered triples are computed.
+
+Two kinds of step are not left to the scan's products (docs/reliability.md, "Underflow
+regimes"): a diffuse start's steps up to its first informative one (:func:`_diffuse_prefix`;
+their parameters get no gradient, :func:`_diffuse_inputs`), and a step whose ``a^2`` is below the
+normal range meeting a known state with ``p u`` below it too, whose leaf has lost ``a^2 v``
+(:func:`_tiny_decay_steps`: the scan is cut there and the step taken elementwise).
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ import torch
 from kalmanscan.core import sequential
 from kalmanscan.core.scan import projective_scan
 from kalmanscan.core.sequential import backward_leaves, observation_terms, results
-from kalmanscan.core.steps import combine_two_filter, compact, normalize, predict, predict_coeffs
+from kalmanscan.core.steps import (
+    combine_two_filter,
+    compact,
+    normalize,
+    predict,
+    predict_coeffs,
+    start,
+    update,
+)
 
 
 def _lane_scale(p):
@@ -47,7 +61,9 @@ def _step_scale(A11, A21):
 
 # a lane's unit serves every step whose own variance is within this factor of it (far inside
 # float64's range; ordinary models are within 1e6); beyond, each step takes its own (_step_scale)
-_STEP_UNIT_SPREAD = 2.0**300
+# (float32: the same fraction of its range; 2**300 is inf there, and a lane whose process
+# variance reached 1e30 held a variance of 1e-14 elsewhere with 1e-44 of its unit: 12 % off)
+_STEP_UNIT_SPREAD = {torch.float64: 2.0**300, torch.float32: 2.0**37}
 
 
 def _scan(leaves, x0, k):
@@ -101,32 +117,139 @@ def _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, u0):
     return tuple(torch.where(pre, y, x) for x, y in zip(leaves, const, strict=True))
 
 
+def _diffuse_inputs(x0, q, R, h, hz, a, p, c, d):
+    """The step inputs with no gradient where a diffuse start is still diffuse: the predict's
+    (``a, p, c, d``) at every step that keeps the diffuse state it enters, the observation's
+    (``R, h, hz``) at those it leaves diffuse (``h = 0`` or not observed). Nothing depends on
+    them there; the scan's derivatives of those leaves are exact zeros times an adjoint that
+    grows like ``1/a^2`` a step (``a = 1e-10``, 3 steps: 2.4e-6 off in float64; NaN where it
+    overflows)."""
+    T, N = R.shape
+    informative = ((q != 0) | (h != 0)).expand(T, N)
+    seen = informative.to(torch.int32).cumsum(0)
+    entering = (seen - informative.to(torch.int32) == 0) & (x0[0] == 0)  # state in: diffuse
+    stays = entering & ~informative
+    kept = entering & (q == 0)  # (a step that forgets depends on its p and c)
+    a, p, c, d = (torch.where(kept, x.detach(), x) for x in (a, p, c, d))
+    R, h, hz = (torch.where(stays, x.detach(), x) for x in (R, h, hz))
+    return R, h, hz, a, p, c, d
+
+
+class _ForgetSlope(torch.autograd.Function):
+    """A leaf entry ``x``, unchanged, whose derivative in ``a`` at a step that forgets
+    (``a = 0``) is the limit's (``a -> 0``), not 0: ``box[key]`` per step, which depends on the
+    state entering the step and so comes from the scan, after the leaves (filled before the
+    backward runs). Forward filter: ``alpha``, slope ``Rs (u + v) / u`` from a known state
+    ``(u, v)``, where the limit's leaf ``[[Rs + h2s p, 0], [Rs p, 0]]``, ``alpha = Rs a``, meets
+    the forgetting one's ``U = (Rs + h2s p)(u + v)``. Backward filter: ``b1, b2, alpha``, the
+    limit's information ``a (E1 - c U1)`` over its normalizer ``p U1 + Rs V`` against the
+    forgetting step's ``U1 + Rs V`` (``U1 = Rs U + h2s V``, ``E1 = Rs E + hzs V``)."""
+
+    @staticmethod
+    def forward(ctx, x, a, box, key):
+        ctx.box, ctx.key, ctx.a_shape = box, key, a.shape
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ga = None
+        if ctx.needs_input_grad[1]:
+            ga = (g * ctx.box[ctx.key]).sum_to_size(ctx.a_shape)
+        return g, ga, None, None
+
+
+def _forget_slope(x0, filt, q, Rs):
+    """``box["slope"]`` of :class:`_ForgetSlope` from the filtered triples."""
+    T, N = filt[0].shape
+    u = torch.cat([x0[0].expand(1, N), filt[0][:-1]]).detach()
+    v = torch.cat([x0[2].expand(1, N), filt[2][:-1]]).detach()
+    known = (q != 0) & (u >= torch.finfo(u.dtype).tiny)
+    return torch.where(known, Rs.detach() * (u + v) / torch.where(known, u, 1.0), 0.0)
+
+
+def _at(x, t):
+    return x[t] if x.shape[0] > 1 else x[0]
+
+
+def _tiny_decay_steps(leaves, x0, k, filt, steps):
+    """The filtered triples where a step with ``a^2`` below the normal range (``a != 0``) meets
+    a known state (``u >= tiny``) with ``p u`` below it: there the leaf's ``a^2 v`` (and ``a e``)
+    underflowed, e.g. ``var = 1e100``, ``a = 1e-170``, ``p = 0`` gave the predicted variance 0
+    (truth 1e-240). The scan is cut before each such step and the step taken elementwise
+    (:func:`kalmanscan.core.steps.predict`, which forms it divided by ``u``), until the steps
+    found from the states no longer change. ``steps``: ``(a, p, c, q, d, R, h, hz)``."""
+    a, p, c, q, d, R, h, hz = steps
+    T, N = filt[0].shape
+    tiny = torch.finfo(filt[0].dtype).tiny
+    small = ((q == 0) & (d < tiny)).expand(T, N)
+    cut = set()
+    for _ in range(T):
+        u_in = torch.cat([x0[0].expand(1, N), filt[0][:-1]]).detach()
+        meets = small & (u_in >= tiny) & (p * u_in < tiny)
+        rows = set(torch.nonzero(meets.any(1)).flatten().tolist())
+        if rows <= cut:
+            return filt
+        cut |= rows
+        parts, state, t0 = [], tuple(x0), 0
+        for t in sorted(cut) + [T]:
+            if t > t0:
+                seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
+                            k[t0:t] if k.shape[0] > 1 else k)  # fmt: skip
+                parts.append(seg)
+                state = tuple(y[-1] for y in seg)
+            if t < T:
+                up = predict(*state, *(_at(x, t) for x in (a, p, c, q, d)))
+                state = update(*up, *(_at(x, t) for x in (R, h, hz)))
+                parts.append(tuple(y[None] for y in state))
+            t0 = t + 1
+        filt = tuple(torch.cat(ys) for ys in zip(*parts, strict=True))
+    return filt
+
+
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p, a)
+    x0 = start(*x0)
+    diffuse = x0[0] == 0
+    any_diffuse = bool(diffuse.any())
+    if (
+        any_diffuse
+        and torch.is_grad_enabled()
+        and any(x.requires_grad for x in (R, h, hz, a, p, c, d))
+    ):
+        R, h, hz, a, p, c, d = _diffuse_inputs(x0, q, R, h, hz, a, p, c, d)
     # the leaf times R (the update's R-scaled form), divided by s = max(R, h^2): no 1/R, and
     # nothing overflows (h^2 p / s <= p)
     inv = 1 / torch.maximum(R, h * h)
     Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
+    al = Rs * a * (1 - q)
+    box = None
+    if torch.is_grad_enabled() and a.requires_grad:
+        box = {}
+        al = _ForgetSlope.apply(al, a, box, "slope")
     leaves = (Rs + h2s * p, Rs * q + h2s * d, Rs * p, Rs * d, Rs * c + hzs * p,
-              Rs * q * c + hzs * d, Rs * a * (1 - q))  # fmt: skip
+              Rs * q * c + hzs * d, al)  # fmt: skip
     k = _lane_scale(p)
     # the per-step unit and the diffuse prefix cost several passes over [T, N]: taken only where
     # the lane's unit would not hold (steps whose own variance is far below the lane's largest
     # process variance) or a diffuse start is not informed at once (leading gaps, tiny decays)
     steps = _step_scale(leaves[0], leaves[2])
-    if bool((k / steps).amax() > _STEP_UNIT_SPREAD):
+    if bool((k / steps).amax() > _STEP_UNIT_SPREAD[k.dtype]):
         k = steps
-    diffuse = x0[0] == 0
-    if bool(diffuse.any()) and bool(
+    tiny = torch.finfo(a.dtype).tiny
+    if any_diffuse and bool(
         ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
         # a decay whose square may underflow a diffuse start's first leaf (the prefix's own
         # test, below half the range, is stricter)
-        or (a * a < torch.finfo(a.dtype).tiny ** 0.25).any()
+        or (a * a < tiny**0.25).any()
     ):
         leaves = _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, x0[0])
     filt = _scan(leaves, x0, k)
+    if bool(((q == 0) & (d < tiny)).any()):  # decays whose square leaves the normal range
+        filt = _tiny_decay_steps(leaves, x0, k, filt, (a, p, c, q, d, R, h, hz))
+    if box is not None:
+        box["slope"] = _forget_slope(x0, filt, q, Rs)
     N = z.shape[1]
     prev = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, filt, strict=True))
     pred = predict(*prev, a, p, c, q, d)
@@ -152,13 +275,25 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     al = a * keep
     inv = 1 / torch.maximum(R, h * h)  # the R-scaled leaf over max(R, h^2), as in _forward
     Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
-    leaves = (keep * d * Rs, keep * d * h2s, g * Rs, g * h2s + Rs, -al * c * Rs,
-              al * (hzs - c * h2s), al * Rs)  # fmt: skip
+    b1, b2, ab = -al * c * Rs, al * (hzs - c * h2s), al * Rs
+    box = None
+    if torch.is_grad_enabled() and a.requires_grad:  # (a step that forgets: _ForgetSlope)
+        box = {}
+        b1, b2, ab = (_ForgetSlope.apply(x, a, box, key)
+                      for x, key in ((b1, "b1"), (b2, "b2"), (ab, "alpha")))  # fmt: skip
+    leaves = (keep * d * Rs, keep * d * h2s, g * Rs, g * h2s + Rs, b1, b2, ab)
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     back = _scan(tuple(flip(x) for x in leaves), (zero, zero, one), k)
     back = tuple(
         torch.cat([x.flip(0), end[None]]) for x, end in zip(back, (zero, zero, one), strict=True)
     )
+    if box is not None:  # the state each step back enters: the one after it
+        U, V = back[0][1:].detach(), back[2][1:].detach()
+        U1 = Rs * U + h2s * V
+        den = p * U1 + Rs * V
+        kappa = torch.where(q != 0, (U1 + Rs * V) / torch.where(den > 0, den, 1.0), 0.0)
+        box.update(b1=(-c * Rs * kappa).detach(), b2=((hzs - c * h2s) * kappa).detach(),
+                   alpha=(Rs * kappa).detach())  # fmt: skip
     out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
     return out

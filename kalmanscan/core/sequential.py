@@ -23,6 +23,7 @@ from kalmanscan.core.steps import (
     normalize,
     predict,
     predict_coeffs,
+    start,
     update,
 )
 
@@ -71,7 +72,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p, a)
-    u, e, v = normalize(*x0)
+    u, e, v = start(*x0)
     pred, filt = [], []
     steps = zip(*(_steps(x, T) for x in (a, p, c, q, d, R, h, hz)), strict=True)
     for at, pt, ct, qt, dt, Rt, ht, hzt in steps:
@@ -127,11 +128,18 @@ def backward_step(U, E, V, R, h, hz, a, p, c, q, d):
     """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``.
 
     Add step t+1's observation (``R``-scaled), then step back through its dynamics
-    (``forget``: nothing is left).
+    (``forget``: nothing is left; the derivative in ``a`` there is the limit's).
     """
     U, E, V = R * U + h * h * V, R * E + hz * V, R * V
     keep = 1 - q
-    return normalize(keep * d * U, (a * keep) * (E - c * U), (p * keep + q) * U + V)
+    E_ = (a * keep) * (E - c * U)
+    if torch.is_grad_enabled() and a.requires_grad:
+        # forget (a = 0): d/da of the limit's information a (E - c U) over its normalizer
+        # V + p U, against the forgetting step's U + V (its value unchanged)
+        den = V + p * U
+        slope = torch.where(q != 0, (E - c * U) * (U + V) / torch.where(den > 0, den, 1.0), 0.0)
+        E_ = E_ + (a - a.detach()) * slope.detach()
+    return normalize(keep * d * U, E_, (p * keep + q) * U + V)
 
 
 def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):

@@ -11,6 +11,12 @@ Notation (one lane, one step; all tensors broadcast elementwise):
 Writing ``q = forget`` (0 or 1) and ``d = p if forget else a2``, the predict step is the Möbius map
 ``lam_pred = (lam + q) / (p*lam + d)``, equal to ``lam / (a2 + p*lam)`` whenever ``a2 > 0``. Both
 numerator and denominator stay finite and positive, so no branch produces NaN (nor NaN gradients).
+
+Gradients at a diffuse belief (docs/reliability.md, "Underflow regimes"): while a lane stays
+diffuse nothing depends on its steps' parameters, and :func:`predict` and :func:`update` give
+them no gradient there (exactly 0). The derivative with respect to the diffuse belief itself grows
+like ``1 / a2`` a step; where it overflows it reaches only the initial state, whose gradient
+:func:`start` then reports as 0 (it met the zeros of the diffuse state, ``inf * 0``, before).
 """
 
 from __future__ import annotations
@@ -112,7 +118,8 @@ def from_prior(mean, var):
     big = (var > 1) & ~diffuse
     var_s = torch.where(big, var, 1.0)  # divides only where finite and > 1
     u = torch.where(diffuse, 0.0, 1 / var_s)
-    e = torch.where(diffuse, 0 * mean, mean / var_s)  # 0 * mean: a NaN or inf mean stays visible
+    # 0 * mean: a NaN or inf mean stays visible; no gradient (a diffuse prior has no mean)
+    e = torch.where(diffuse, 0 * mean.detach(), mean / var_s)
     v = torch.where(big | diffuse, 1.0, var)
     return u, e, v
 
@@ -129,24 +136,132 @@ def from_info(lam, eta):
     )
 
 
+def _needs_grad(*xs):
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in xs)  # fmt: skip
+
+
+def _no_grad_where(cond, *xs):
+    """``xs`` with no gradient where ``cond`` (their values unchanged)."""
+    return tuple(torch.where(cond, x.detach(), x) for x in xs)
+
+
+class _Divided(torch.autograd.Function):
+    """``(a (e/u), (a (v/u)) a)``, the terms of the predicted triple divided by ``u`` where
+    ``a^2`` is below the normal range (:func:`predict`), with derivatives grouped so that none
+    passes the range where the terms do not (``-term/u`` for ``u``: autograd's ``1/u^2`` of
+    ``u = 1e-30`` overflowed float32, and its ``a*a`` underflowed: NaN)."""
+
+    @staticmethod
+    def forward(u, e, v, a):
+        av = a * (v / u)
+        return a * (e / u), av * a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs, *output)
+
+    @staticmethod
+    def backward(ctx, g_e, g_v):
+        u, e, v, a, te, tv = ctx.saved_tensors
+        g = [None] * 4
+        if ctx.needs_input_grad[0]:
+            g[0] = -(g_e * (te / u) + g_v * (tv / u))
+        if ctx.needs_input_grad[1]:
+            g[1] = g_e * (a / u)
+        if ctx.needs_input_grad[2]:
+            g[2] = g_v * ((a / u) * a)
+        if ctx.needs_input_grad[3]:
+            g[3] = g_e * (e / u) + g_v * (2 * (a * (v / u)))
+        return tuple(x if x is None else x.sum_to_size(y.shape)
+                     for x, y in zip(g, (u, e, v, a), strict=True))  # fmt: skip
+
+
 def predict(u, e, v, a, p, c, q, d):
     """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs).
 
     A diffuse belief (``u_ = 0``: ``u = 0`` and the step keeps the past) stays ``(0, 0, 1)``
     also where ``d v = a^2 v`` underflows or is subnormal (the same belief as ``(0, 0, a^2 v)``;
-    dividing by a subnormal ``v_`` would give an infinite derivative, and NaN gradients)."""
+    dividing by a subnormal ``v_`` would give an infinite derivative, and NaN gradients); the
+    step's parameters get no gradient there (nothing depends on them). Where ``a^2`` is below
+    the normal range and the past is known (``u > 0``), the triple is formed divided by ``u``,
+    ``(1, c + a e/u, p + (a v/u) a)``: ``a^2 v`` and ``a e`` keep their digits where they
+    underflowed (``var = 1e100``, ``a = 1e-170``, ``p = 0``: the predicted variance 1e-240, not
+    0). At a step that forgets (``a = 0``) from a known past, ``a``'s derivative is the limit's
+    (the predicted mean ``c + a mean``), not 0."""
+    keep_a = a * (1 - q)
     u_ = u + q * v
+    if _needs_grad(a, p, c, d):
+        diffuse = u_ == 0
+        a_, p, c, d, keep_a = _no_grad_where(diffuse, a, p, c, d, keep_a)
+    else:
+        a_ = a
     v_ = p * u + d * v
     v_ = torch.where((u_ == 0) & (v_ < torch.finfo(v_.dtype).tiny), v, v_)
-    e_ = c * u_ + (a * (1 - q)) * e
+    e_ = c * u_ + keep_a * e
+    tiny = torch.finfo(u.dtype).tiny
+    known = u >= tiny  # (a subnormal u: a variance past finfo.max, left as it is)
+    u_s = torch.where(known, u, 1.0)
+    scaled = (d < tiny) & (q == 0) & known
+    if _needs_grad(u, e, v, a_):
+        te, tv = _Divided.apply(u_s, e, v, torch.where(scaled, a_, 0.0))
+    else:
+        te, tv = _Divided.forward(u_s, e, v, torch.where(scaled, a_, 0.0))
+    u_ = torch.where(scaled, 1.0, u_)
+    e_ = torch.where(scaled, c + te, e_)
+    v_ = torch.where(scaled, p + tv, v_)
+    if _needs_grad(a_):
+        # forget from a known past: d/da of the predicted mean c + a (e/u), its value unchanged
+        slope = torch.where(known & (q != 0), e / u_s * u_, 0.0).detach()
+        e_ = e_ + (a_ - a_.detach()) * slope
     return normalize(u_, e_, v_)
 
 
 def update(u, e, v, R, h, hz):
     """Update step in its ``R``-scaled form: ``(R u + h^2 v, R e + h z v, R v)``, which is adding
     the information ``phi = h^2/R``, ``r = h z/R`` times ``R`` (the same belief; no ``1/R``, so
-    its gradient in ``R`` stays exact for tiny ``R``). ``(R, h, hz) = (1, 0, 0)``: no update."""
+    its gradient in ``R`` stays exact for tiny ``R``). ``(R, h, hz) = (1, 0, 0)``: no update.
+    Where a diffuse belief stays diffuse (``u = 0``, ``h = 0``) ``R, h, hz`` get no gradient
+    (a loading 0 there: a nonzero one would make the step the lane's first informative one, a
+    jump in the exact diffuse log-likelihood, so there is no derivative; 0 is reported)."""
+    if _needs_grad(R, h, hz):
+        R, h, hz = _no_grad_where((u == 0) & (h == 0), R, h, hz)
     return normalize(R * u + h * h * v, R * e + hz * v, R * v)
+
+
+class _Start(torch.autograd.Function):
+    """The initial triple, unchanged; its gradient 0 where it is not finite at a diffuse start."""
+
+    @staticmethod
+    def forward(u, e, v):
+        return u.view_as(u), e.view_as(e), v.view_as(v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, gu, ge, gv):
+        (u,) = ctx.saved_tensors
+        out = []
+        for g, need in zip((gu, ge, gv), ctx.needs_input_grad, strict=True):
+            if g is None or not need:
+                out.append(None)
+                continue
+            bad = (u == 0) & ~torch.isfinite(g)
+            out.append(torch.where(bad, 0.0, g))
+        return tuple(out)
+
+
+def start(u, e, v):
+    """The normalized initial triple. Where it is diffuse (``u = 0``) the gradient it receives
+    is the derivative with respect to a diffuse state's precision and information, which grows
+    like ``1 / a^2`` (``1 / a``) over each step the lane stays diffuse: exact where it is a
+    number of the dtype, 0 where it overflowed (module docstring)."""
+    u, e, v = normalize(u, e, v)
+    if _needs_grad(u, e, v):
+        return _Start.apply(u, e, v)
+    return u, e, v
 
 
 def _fill_inf(e):
@@ -188,8 +303,7 @@ def loglik_terms(z, obs_var, h, u_, e_, v_):
     return torch.where(contrib, ll, 0.0)
 
 
-def combine_two_filter(u, e, v, U, E, V):
-    """Smoothed ``(mean, var)`` from the filtered triple and the backward information triple."""
+def _combine(u, e, v, U, E, V):
     den = u * V + U * v
     both_exact = (v == 0) & (V == 0)
     known = den > 0
@@ -200,3 +314,53 @@ def combine_two_filter(u, e, v, U, E, V):
     mean = torch.where(both_exact, e / u_s, mean)
     var = torch.where(both_exact, 0.0, var)
     return mean, var
+
+
+class _Combine(torch.autograd.Function):
+    """:func:`combine_two_filter`, whose backward differentiates only the steps whose outputs
+    receive a gradient. The smoothed precision ``u V + U v`` of a step before a small decay is
+    that decay squared times a later one's (``1e-200`` at ``a = 1e-100``): the derivative of its
+    variance passes the range, and where the step's outputs were not differentiated it met
+    their zero gradient (``0 * inf``: NaN in every gradient of ``ks.smooth``)."""
+
+    @staticmethod
+    def forward(u, e, v, U, E, V):
+        return _combine(u, e, v, U, E, V)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g_mean, g_var):
+        xs = ctx.saved_tensors
+        gm = torch.zeros_like(xs[0]) if g_mean is None else g_mean
+        gv = torch.zeros_like(xs[0]) if g_var is None else g_var
+        active = (gm != 0) | (gv != 0)
+        create = torch.is_grad_enabled()  # create_graph: the inputs themselves, differentiated
+        with torch.enable_grad():
+            leaves = [x if create else x.detach().requires_grad_(need)
+                      for x, need in zip(xs, ctx.needs_input_grad, strict=True)]  # fmt: skip
+            # the other steps at a harmless point: (1, 0, 1) with (0, 0, 1)
+            safe = [torch.where(active, x, s) for x, s in zip(leaves, (1.0, 0, 1, 0, 0, 1),
+                                                               strict=True)]  # fmt: skip
+            mean, var = _combine(*safe)
+            wrt = [x for x, need in zip(leaves, ctx.needs_input_grad, strict=True) if need]
+            got = iter(torch.autograd.grad((mean, var), wrt, (gm, gv), allow_unused=True,
+                                           create_graph=create))  # fmt: skip
+        out = []
+        for x, need in zip(xs, ctx.needs_input_grad, strict=True):
+            g = next(got) if need else None
+            if need:
+                g = torch.zeros_like(x) if g is None else torch.where(active, g, 0.0)
+            out.append(g)
+        return tuple(out)
+
+
+def combine_two_filter(u, e, v, U, E, V):
+    """Smoothed ``(mean, var)`` from the filtered triple and the backward information triple
+    (where differentiated, only the steps whose outputs receive a gradient are: ``_Combine``)."""
+    if _needs_grad(u, e, v, U, E, V):
+        u, e, v, U, E, V = torch.broadcast_tensors(u, e, v, U, E, V)
+        return _Combine.apply(u, e, v, U, E, V)
+    return _combine(u, e, v, U, E, V)

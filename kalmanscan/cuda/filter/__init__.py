@@ -17,8 +17,9 @@ Two regimes, one set of kernels (chosen from the shape):
   read once. One launch (plus the flags' fill).
 - few long lanes: time is cut into chunks. Pass 1 composes each chunk's steps into one map on
   ``(u, v | e)`` (and the smoother's backward map), a carry kernel walks the maps to each chunk's
-  true start, pass 2 reruns every chunk from there writing the outputs; the log-likelihood's
-  per-chunk float64 sums are added in chunk order by a last small kernel.
+  true start (a chunk holding a decay whose square is below the normal range step by step,
+  which its map cannot carry), pass 2 reruns every chunk from there writing the outputs; the
+  log-likelihood's per-chunk float64 sums are added in chunk order by a last small kernel.
 
 The smoother adds one reverse pass (the backward information filter, combined with the filtered
 state at each step). Gradients: ``outputs="loglik"`` has the fused adjoint (adjoint.py);
@@ -211,7 +212,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
     tang = ckpt and not write and NC > 1  # the gradient's forward: the adjoint's chunk maps too
     slot = (write, ckpt, smooth)
     if NC > 1:
-        comp = empty((15 if smooth else 8, NC, N), z)
+        comp = empty((16 if smooth else 9, NC, N), z)
         # the chunk maps read the inputs only: z stands for every other buffer
         zs = (z,) * 12
         launch_site(sites, ("maps",) + slot, filter_kernel, grid,
@@ -236,7 +237,7 @@ def _forward(T, N, ins, x0, write, ckpt=False, smooth=False):
         sig.carry[key] = _carry_config(N, NC, TUNING["CARRY_TILE"])
     CB, CT, cwarps = sig.carry[key]
     launch_site(sites, key, carry_kernel, (cdiv(N, CB),),
-        (comp, *x0a, start, bend, N, NC),
+        (comp, *x0a, start, bend, N, NC, *ia, T, CH),
         lambda: dict(FWD=True, BWD=smooth, NS=TUNING["NS_CARRY"], CT=CT, BLOCK=CB,
              num_warps=cwarps))  # fmt: skip
     part = empty((NC, N), dtype=torch.float64, device=z.device)

@@ -17,6 +17,17 @@ affine adjoint map ``mu -> C mu + b`` (``C`` from the tangents of the chunk's st
 carried forward, ``b`` the log-likelihood's derivative along them: kernels.py, ``TANG``), a
 carry kernel walks those maps from the last chunk to give the adjoint entering each chunk from
 its end, and the gradient pass runs every chunk from there.
+
+A diffuse start: while the lane stays diffuse nothing depends on its steps' inputs, and their
+partials there are 0 by selection (the predict's where the state entering is diffuse, ``U1 =
+0``; the observation's where the update leaves it diffuse, ``h = 0`` or not observed: a loading
+0 there has no derivative, the exact diffuse log-likelihood jumps where it becomes nonzero). The
+adjoint of the diffuse state itself grows like ``1/a^2`` (``1/a``) a step back (``1e200`` a
+step at ``a = 1e-100``; ``4^600`` over 600 steps of ``a = 0.5``) and met those zeros (``inf *
+0``: every gradient NaN); it reaches only the initial state, whose gradient is 0 where it is
+not finite at a diffuse start (and the adjoint chunk maps of chunks that start diffuse, which
+serve only such chunks). At a step that forgets (``a = 0``) from a known state, ``a``'s partial
+is the limit's: the predicted mean is ``c + a e/u``.
 """
 
 from __future__ import annotations
@@ -29,9 +40,13 @@ from kalmanscan.cuda.filter.kernels import (
     keep_diffuse,
     ld,
     loglik_grads,
+    normal,
+    normalized_pred,
+    not_finite,
     observation,
     predict_coeffs,
     rcp,
+    small_decay,
 )
 
 
@@ -45,17 +60,15 @@ def step_values(u, e, v, a, p, c, z, R, h):
     V1 = keep_diffuse(U1, V1, v)  # a diffuse state stays diffuse (kernels.py)
     E1 = c * U1 + al * e
     big1 = U1 >= V1
-    r1 = rcp(tl.where(big1, U1, V1))
-    um = U1 * r1
-    em = E1 * r1
-    vm = V1 * r1
+    small = small_decay(a, U1, forget)  # a*a below the range: em, vm formed after the division
+    r1, um, em, vm = normalized_pred(U1, E1, V1, e, v, a, p, c, al, small)
     obs, rinv, zz, phi, r = observation(z, R, h)
     U2 = um + phi * vm
     E2 = em + r * vm
     big2 = U2 >= vm
     r2 = rcp(tl.where(big2, U2, vm))
     return (q, d, al, forget, U1, r1, um, em, vm, big1, obs, rinv, zz, phi, r,
-            U2 * r2, E2 * r2, vm * r2, r2, big2)  # fmt: skip
+            U2 * r2, E2 * r2, vm * r2, r2, big2, small)  # fmt: skip
 
 
 @helper
@@ -137,6 +150,7 @@ def adjoint_kernel(
     be = tl.load(xend_ptr + (NC + k) * N + lanes, mask=lmask, other=0.0)
     bv = tl.load(xend_ptr + (2 * NC + k) * N + lanes, mask=lmask, other=0.0)
     acc_z, acc_R, acc_a, acc_p, acc_h, acc_c = zero, zero, zero, zero, zero, zero
+    u_in = zero  # the state entering the chunk's first step, at the end (a diffuse start)
     nsub = (t_hi - t_lo + CK - 1) // CK
     for jj in range(0, nsub):
         s_lo = t_lo + (nsub - 1 - jj) * CK
@@ -157,7 +171,7 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _,
-             u, e, v, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
+             u, e, v, _, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
         tl.debug_barrier()
         for i2 in tl.range(0, n_s, num_stages=NS):
             i = n_s - 1 - i2
@@ -165,6 +179,7 @@ def adjoint_kernel(
             u = tl.load(scr + (3 * i) * BLOCK)
             e = tl.load(scr + (3 * i + 1) * BLOCK)
             v = tl.load(scr + (3 * i + 2) * BLOCK)
+            u_in = u
             a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
             p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
             c = ld(c_ptr, cst, csn, t, lanes, lmask, VC, c0)
@@ -172,7 +187,7 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (q, d, al, forget, U1, r1, um, em, vm, big1,
-             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2) = step_values(
+             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2, _) = step_values(
                 u, e, v, a, p, c, z, R, h)  # fmt: skip
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
             gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)
@@ -183,28 +198,41 @@ def adjoint_kernel(
             gV1 = gvm * r1
             gUt = gU1 + c * gE1
             off = t * N + lanes
-            # observation: phi = h^2/R, r = h z/R
+            # observation: phi = h^2/R, r = h z/R; through the state only where the update
+            # does not leave a diffuse state diffuse (module docstring)
+            stays = (um == 0.0) & ((h == 0.0) | ~obs)
             gphi = gU2 * vm
             gr = gE2 * vm
-            acc_z = put_grad(gz_ptr, off, lmask, gr * h * rinv + W * dz, acc_z, GZ)
-            acc_R = put_grad(gR_ptr, off, lmask, W * dR - (gphi * phi + gr * r) * rinv,
+            acc_z = put_grad(gz_ptr, off, lmask,
+                             tl.where(stays, 0.0, gr * h * rinv) + W * dz, acc_z, GZ)  # fmt: skip
+            acc_R = put_grad(gR_ptr, off, lmask,
+                             W * dR - tl.where(stays, 0.0, (gphi * phi + gr * r) * rinv),
                              acc_R, GR)  # fmt: skip
             acc_h = put_grad(gh_ptr, off, lmask,
-                             (2.0 * gphi * h + gr * zz) * rinv + W * dh, acc_h, GH)  # fmt: skip
-            # predict: U1 = u + q v, V1 = p u + d v, E1 = c U1 + al e
-            acc_c = put_grad(gc_ptr, off, lmask, gE1 * U1, acc_c, GC)
+                             tl.where(stays, 0.0, (2.0 * gphi * h + gr * zz) * rinv) + W * dh,
+                             acc_h, GH)  # fmt: skip
+            # predict: U1 = u + q v, V1 = p u + d v, E1 = c U1 + al e; nothing where a diffuse
+            # state enters a step that keeps it (U1 = 0); where the step forgets from a known
+            # state, a's is the limit's, (e/u) U1 gE1
+            live = U1 > 0.0
+            acc_c = put_grad(gc_ptr, off, lmask, tl.where(live, gE1 * U1, 0.0), acc_c, GC)
             gd = gV1 * v
-            ga = tl.where(forget, 0.0, gE1 * e + 2.0 * a * gd)
-            acc_a = put_grad(ga_ptr, off, lmask, ga, acc_a, GA)
-            acc_p = put_grad(gp_ptr, off, lmask, gV1 * u + tl.where(forget, gd, 0.0),
+            known = normal(u)
+            ga_f = tl.where(known, gE1 * e * rcp(tl.where(known, u, 1.0)) * U1, 0.0)
+            ga = tl.where(forget, ga_f, gE1 * e + 2.0 * a * gd)
+            acc_a = put_grad(ga_ptr, off, lmask, tl.where(live, ga, 0.0), acc_a, GA)
+            acc_p = put_grad(gp_ptr, off, lmask,
+                             tl.where(live, gV1 * u + tl.where(forget, gd, 0.0), 0.0),
                              acc_p, GP)  # fmt: skip
             bu = gUt + p * gV1
             be = al * gE1
             bv = q * gUt + d * gV1
     first = lmask & ((lanes * 0 + k) == 0)
-    tl.store(g0_ptr + lanes, bu, mask=first)
-    tl.store(g0_ptr + N + lanes, be, mask=first)
-    tl.store(g0_ptr + 2 * N + lanes, bv, mask=first)
+    # a diffuse start: its gradient 0 where it overflowed (module docstring)
+    dif0 = u_in == 0.0
+    tl.store(g0_ptr + lanes, tl.where(dif0 & not_finite(bu), 0.0, bu), mask=first)
+    tl.store(g0_ptr + N + lanes, tl.where(dif0 & not_finite(be), 0.0, be), mask=first)
+    tl.store(g0_ptr + 2 * N + lanes, tl.where(dif0 & not_finite(bv), 0.0, bv), mask=first)
     po = k * N + lanes
     if GZ == 2:
         tl.store(gz_ptr + po, acc_z, mask=lmask)

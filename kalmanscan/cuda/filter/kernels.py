@@ -8,7 +8,9 @@ variance ``v/u``, mean ``e/u``, information ``e/v``. One step::
 
     predict:  U = u + q v     V = p u + d v     E = c U + a (1 - q) e      then / max(U, V)
               (V = v where U = 0 and V is below the normal range: a diffuse state stays
-              diffuse where a*a v underflows or is subnormal)
+              diffuse where a*a v underflows or is subnormal; where a*a is below the normal
+              range and u is not, E and V are formed after the division, c U/m + a (e/m) and
+              p U/m + (a (v/m)) a, so that a*a v and a e keep their digits)
     update:   U = u + phi v   V = v             E = e + r v                then / max(U, V)
 
 Every ``[T, N]`` input is read through its (time, lane) strides; ``V*`` constexprs say which vary
@@ -97,6 +99,36 @@ def predict_coeffs(a, p):
 
 
 @helper
+def normal(x):
+    """``x`` at least the smallest normal number of its dtype."""
+    if x.dtype == tl.float64:
+        tiny = 2.2250738585072014e-308
+    else:
+        tiny = 1.1754943508222875e-38
+    return x >= tiny
+
+
+@helper
+def small_decay(a, U, forget):
+    """Where ``a*a`` is below the normal range (``a != 0``) and the past is known (``U = u``
+    normal): the predicted triple is formed after its division (:func:`normalized_pred`), as
+    ``a*a v`` (and ``a e``) underflowed (``var = 1e100``, ``a = 1e-170``, ``p = 0``: the
+    predicted variance 0 instead of 1e-240)."""
+    return ~normal(a * a) & ~forget & normal(U)
+
+
+@helper
+def normalized_pred(U, E, V, e, v, a, p, c, al, small):
+    """``(r1, um, em, vm)``: ``r1 = 1 / max(U, V)`` and the predicted triple times ``r1``;
+    where ``small`` (:func:`small_decay`) ``E`` and ``V`` from the state ``(., e, v)``."""
+    r1 = rcp(tl.maximum(U, V))
+    um = U * r1
+    em = tl.where(small, c * um + al * (e * r1), E * r1)
+    vm = tl.where(small, p * um + (a * (v * r1)) * a, V * r1)
+    return r1, um, em, vm
+
+
+@helper
 def observation(z, R, h):
     """``(obs, rinv, zz, phi, r)``: observed mask, ``1/R`` and ``z`` there (0 elsewhere)."""
     obs = (z == z) & (R < float("inf"))
@@ -127,6 +159,37 @@ def ratios(U, E, V):
     v = tl.where(big, var, 1.0)
     e = tl.where(big, mean, info)
     return mean, var, prec, info, u, e, v
+
+
+@helper
+def pred_ratios(U, E, V, e, v, a, p, c, al, small):
+    """:func:`ratios` of the predicted triple; where ``small`` (:func:`small_decay`) the mean
+    and variance from the state ``(u, e, v) = (U, e, v)`` divided first."""
+    rU = rcp(U)
+    mean = tl.where(small, c + al * (e * rU), E * rU)
+    var = tl.where(small, p + (a * (v * rU)) * a, V * rU)
+    rV = rcp(tl.where(small, var, V))
+    prec = tl.where(small, rV, U * rV)
+    info = tl.where(small, mean * rV, E * rV)
+    big = (small & (var <= 1.0)) | (~small & (U >= V))
+    u = tl.where(big, 1.0, prec)
+    v = tl.where(big, var, 1.0)
+    e = tl.where(big, mean, info)
+    return mean, var, prec, info, u, e, v
+
+
+@helper
+def exact_step(u, e, v, a, p, c, z, R, h):
+    """The normalized state after one step (the filter kernel's arithmetic; the carry walks a
+    chunk with it where the chunk's map cannot hold a step, :func:`carry_kernel`)."""
+    q, d, al, forget = predict_coeffs(a, p)
+    U = u + q * v
+    V = p * u + d * v
+    V = keep_diffuse(U, V, v)
+    E = c * U + al * e
+    _, um, em, vm = normalized_pred(U, E, V, e, v, a, p, c, al, small_decay(a, U, forget))
+    _, _, _, phi, r = observation(z, R, h)
+    return normalize(um + phi * vm, em + r * vm, vm)
 
 
 @helper
@@ -170,17 +233,20 @@ def loglik_grads(obs, zz, R, h, um, em, vm):
 
 @helper
 def tangent_step(tu, te, tv, q, d, al, c, p, phi, r, um, em, vm, r1, big1, yu, ye, yv, r2, big2,
-                 du, de, dv):  # fmt: skip
+                 du, de, dv, a, small):  # fmt: skip
     """One step of a tangent ``(tu, te, tv)`` of the normalized state through the predict, its
     normalization, the update and its normalization (the normalized coordinate's tangent is 0),
-    and the log-likelihood term's derivative along it: ``(tu, te, tv, dll)``."""
+    and the log-likelihood term's derivative along it: ``(tu, te, tv, dll)`` (where ``small``,
+    :func:`small_decay`, ``a*a tv`` and ``a te`` times ``r1`` formed as the predict forms them)."""
     tU = tu + q * tv
     tV = p * tu + d * tv
     tE = c * tU + al * te
     tm = tl.where(big1, tU, tV)
     tum = tl.where(big1, 0.0, (tU - um * tm) * r1)
-    tem = (tE - em * tm) * r1
-    tvm = tl.where(big1, (tV - vm * tm) * r1, 0.0)
+    tmr = tm * r1
+    tem = tl.where(small, c * (tU * r1) + al * (te * r1) - em * tmr, (tE - em * tm) * r1)
+    tvs = p * (tu * r1) + (a * (tv * r1)) * a - vm * tmr
+    tvm = tl.where(big1, tl.where(small, tvs, (tV - vm * tm) * r1), 0.0)
     dll = du * tum + de * tem + dv * tvm
     tU = tum + phi * tvm
     tE = tem + r * tvm
@@ -234,7 +300,7 @@ def filter_kernel(
     fin_ptr,  # [3, N] the last filtered state
     flags_ptr,  # int32 [1]
     ck_ptr,  # [cdiv(T, CK), 3, N] the state entering every CK-th step (CKPT)
-    comp_ptr,  # [8 or 15, NC, N] chunk maps (MAPS); [12, NC, N] adjoint chunk maps (TANG)
+    comp_ptr,  # [9 or 16, NC, N] chunk maps (MAPS); [12, NC, N] adjoint chunk maps (TANG)
     T, N, CH, NC, CK,
     VZ: tl.constexpr, VR: tl.constexpr, VA: tl.constexpr,
     VP: tl.constexpr, VH: tl.constexpr, VC: tl.constexpr,
@@ -246,11 +312,15 @@ def filter_kernel(
 
     ``MAPS``: compose the chunk's steps into one map on ``(u, v | e)`` (the forward's, and with
     ``BMAPS`` the backward information filter's) and store it. The forward's is stored as
-    ``m11, m12, m21, m22, g1, g2, A, rho``: the map ``U = m11 u + rho m12 v``, ``V = m21 u +
-    rho m22 v``, ``E = g1 u + rho g2 v + A e``. Its second column ``(m12, m22 | g2)``, the image
-    of a diffuse state, is kept apart from its scale ``rho`` (the product of ``a*a`` over the
-    chunk's leading steps that add no information), so that it stays exact where that product
-    underflows (a diffuse start, tiny decays: ``a = 1e-170``, or ``1e-20`` in float32). Else
+    ``m11, m12, m21, m22, g1, g2, A, rho, walk``: the map ``U = m11 u + rho m12 v``, ``V = m21 u
+    + rho m22 v``, ``E = g1 u + rho g2 v + A e``. Its second column ``(m12, m22 | g2)``, the
+    image of a diffuse state, is kept apart from its scale ``rho`` (the product of ``a*a`` over
+    the chunk's leading steps that add no information), so that it stays exact where that
+    product underflows (a diffuse start, tiny decays: ``a = 1e-170``, or ``1e-20`` in float32).
+    ``walk`` is 1 where a decay's square is below the normal range among those leading steps (a
+    proper state entering the chunk loses its ``a*a v`` in the map), 2 where one is after them
+    (any state does), else 0: the carry walks such a chunk step by step (:func:`carry_kernel`).
+    Else
     run the filter from the
     chunk's true start, writing the outputs, the log-likelihood and the flags; with ``TANG``
     (and not ``WRITE``) also the chunk's adjoint map ``mu -> C mu + b`` for unit log-likelihood
@@ -272,6 +342,7 @@ def filter_kernel(
     zero = one * 0.0
     if MAPS:
         m11, m12, m21, m22, g1, g2, A, rho = one, zero, zero, one, zero, zero, one, one
+        walk = zero
         pre = lanes >= 0  # no informative step yet: the second column is (0, m22 | 0)
         b11, b12, b21, b22, bg1, bg2, bA = one, zero, zero, one, zero, zero, one
     else:
@@ -321,6 +392,8 @@ def filter_kernel(
             # d (phi, 1 | r): the factor d goes to rho, so that the column (the image of a
             # diffuse state) never underflows (the inputs alone decide: off the map's chain)
             dif = pre & ~forget
+            tiny_a = small_decay(a, one, forget)
+            walk = tl.maximum(walk, tl.where(tiny_a, tl.where(pre, 1.0, 2.0), 0.0))
             k12 = tl.where(dif, phi, l12)
             k22 = tl.where(dif, 1.0, d)
             kg2 = tl.where(dif, r, lg2)
@@ -379,16 +452,16 @@ def filter_kernel(
             V = p * u + d * v
             V = keep_diffuse(U, V, v)
             E = c * U + al * e
+            small = small_decay(a, U, forget)
             off = t * N + lanes
             if WRITE:
-                pm, pv, pp, _, um, em, vm = ratios(U, E, V)
+                pm, pv, pp, _, um, em, vm = pred_ratios(U, E, V, e, v, a, p, c, al, small)
                 tl.store(pmean_ptr + off, pm, mask=lmask)
                 tl.store(pvar_ptr + off, pv, mask=lmask)
                 tl.store(pprec_ptr + off, pp, mask=lmask)
             else:
                 big1 = U >= V
-                r1 = rcp(tl.maximum(U, V))
-                um, em, vm = U * r1, E * r1, V * r1
+                r1, um, em, vm = normalized_pred(U, E, V, e, v, a, p, c, al, small)
             llt = loglik_term(obs, zz, R, h, um, em, vm)
             ll += llt.to(tl.float64)
             U = um + phi * vm
@@ -406,7 +479,7 @@ def filter_kernel(
                 if TANG:
                     du, de, dv, _, _, _ = loglik_grads(obs, zz, R, h, um, em, vm)
                     sv = (q, d, al, c, p, phi, r, um, em, vm, r1, big1, u, e, v, r2, big2,
-                          du, de, dv)  # fmt: skip
+                          du, de, dv, a, small)  # fmt: skip
                     cuu, cue, cuv, dl = tangent_step(cuu, cue, cuv, *sv)
                     bu += dl
                     ceu, cee, cev, dl = tangent_step(ceu, cee, cev, *sv)
@@ -425,14 +498,15 @@ def filter_kernel(
         tl.store(base + 5 * step, g2, mask=lmask)
         tl.store(base + 6 * step, A, mask=lmask)
         tl.store(base + 7 * step, rho, mask=lmask)
+        tl.store(base + 8 * step, walk, mask=lmask)
         if BMAPS:
-            tl.store(base + 8 * step, b11, mask=lmask)
-            tl.store(base + 9 * step, b12, mask=lmask)
-            tl.store(base + 10 * step, b21, mask=lmask)
-            tl.store(base + 11 * step, b22, mask=lmask)
-            tl.store(base + 12 * step, bg1, mask=lmask)
-            tl.store(base + 13 * step, bg2, mask=lmask)
-            tl.store(base + 14 * step, bA, mask=lmask)
+            tl.store(base + 9 * step, b11, mask=lmask)
+            tl.store(base + 10 * step, b12, mask=lmask)
+            tl.store(base + 11 * step, b21, mask=lmask)
+            tl.store(base + 12 * step, b22, mask=lmask)
+            tl.store(base + 13 * step, bg1, mask=lmask)
+            tl.store(base + 14 * step, bg2, mask=lmask)
+            tl.store(base + 15 * step, bA, mask=lmask)
     else:
         if TANG:  # the layout of adjoint.py's maps: entry 3 * component + basis, then b
             base = comp_ptr + k * N + lanes
@@ -505,17 +579,57 @@ def compose_maps(l11, l12, l21, l22, lg1, lg2, lA, lr, r11, r12, r21, r22, rg1, 
             lr * tl.where(axis, rr, 1.0))  # fmt: skip
 
 
+@helper
+def walk_chunk(u, e, v, walk, z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+               p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn, lanes, t0, t1):  # fmt: skip
+    """The lanes where ``walk``: the state after steps ``t0 .. t1-1`` walked one at a time
+    (:func:`exact_step`); the others as given."""
+    for t in range(t0, t1):
+        a = tl.load(a_ptr + t * ast + lanes * asn, mask=walk, other=1.0)
+        p = tl.load(p_ptr + t * pst + lanes * psn, mask=walk, other=1.0)
+        c = tl.load(c_ptr + t * cst + lanes * csn, mask=walk, other=0.0)
+        z = tl.load(z_ptr + t * zst + lanes * zsn, mask=walk, other=0.0)
+        R = tl.load(R_ptr + t * Rst + lanes * Rsn, mask=walk, other=1.0)
+        h = tl.load(h_ptr + t * hst + lanes * hsn, mask=walk, other=0.0)
+        un, en, vn = exact_step(u, e, v, a, p, c, z, R, h)
+        u = tl.where(walk, un, u)
+        e = tl.where(walk, en, e)
+        v = tl.where(walk, vn, v)
+    return u, e, v
+
+
+@helper
+def map_start(base, step, lmask, u, e, v):
+    """The state after a stored chunk map from the state ``(u, e, v)`` entering it (a diffuse
+    state through the map's second column, else the map's own: the column times rho),
+    normalized by division (the column may be tiny)."""
+    m11, m12, m21, m22, g1, g2, A = load_map(base, step, lmask)
+    rho = tl.load(base + 7 * step, mask=lmask, other=1.0)
+    w = tl.where(u == 0.0, 1.0, rho) * v
+    U = m11 * u + m12 * w
+    V = m21 * u + m22 * w
+    E = g1 * u + g2 * w + A * e
+    mx = tl.maximum(U, V)
+    return U / mx, E / mx, V / mx
+
+
 @triton.jit
 def carry_kernel(
     comp_ptr, u0_ptr, e0_ptr, v0_ptr, us, es, vs, start_ptr, bend_ptr, N, NC,
+    z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+    p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn, T, CH,
     FWD: tl.constexpr, BWD: tl.constexpr, NS: tl.constexpr, CT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Walk the chunk maps. ``FWD``: the state entering chunk k (``start [3, NC, N]``, from
     ``x0``), ``CT`` chunks at a time: their maps loaded as one ``[CT, BLOCK]`` tile, composed
-    by a prefix scan and applied to the state entering the tile. ``BWD``: the backward
-    information state at the last step of chunk k (``bend [3, NC, N]``, ``(0, 0, 1)`` at the
-    last chunk), one chunk after the other."""
+    by a prefix scan and applied to the state entering the tile. Where a lane's chunk holds a
+    decay whose square is below the normal range (the maps' ``walk`` entry), which its map
+    cannot carry for a proper state, the program walks its chunks again one after the other,
+    such chunks step by step from the inputs (``z, R, a, p, h, c``: pointers and strides; the
+    exact state, paid only where such a decay is). ``BWD``: the backward information state at
+    the last step of chunk k (``bend [3, NC, N]``, ``(0, 0, 1)`` at the last chunk), one chunk
+    after the other."""
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
     step = NC * N
@@ -523,11 +637,13 @@ def carry_kernel(
         u = tl.load(u0_ptr + lanes * us, mask=lmask, other=1.0)
         e = tl.load(e0_ptr + lanes * es, mask=lmask, other=0.0)
         v = tl.load(v0_ptr + lanes * vs, mask=lmask, other=1.0)
+        u0, e0, v0 = u, e, v
         tl.store(start_ptr + lanes, u, mask=lmask)
         tl.store(start_ptr + step + lanes, e, mask=lmask)
         tl.store(start_ptr + 2 * step + lanes, v, mask=lmask)
         rows = tl.arange(0, CT)[:, None]
         last = rows == CT - 1
+        need = tl.zeros([BLOCK], tl.int32)
         for k0 in tl.range(0, NC - 1, CT, num_stages=2):  # the next tile loads during this one
             kk = k0 + rows  # maps of chunks 0 .. NC-2 give the starts of chunks 1 .. NC-1
             m = lmask[None, :] & (kk < NC - 1)
@@ -541,6 +657,8 @@ def carry_kernel(
             g2 = tl.load(base + 5 * step, mask=m, other=0.0)
             A = tl.load(base + 6 * step, mask=m, other=1.0)
             rho = tl.load(base + 7 * step, mask=m, other=1.0)
+            walk = tl.load(base + 8 * step, mask=m, other=0.0)
+            need = tl.maximum(need, tl.max((walk > 0.0).to(tl.int32), 0))
             m11, m12, m21, m22, g1, g2, A, rho = tl.associative_scan(
                 (m11, m12, m21, m22, g1, g2, A, rho), 0, compose_maps
             )
@@ -560,6 +678,26 @@ def carry_kernel(
             u = tl.sum(tl.where(last, U, 0.0), 0)
             e = tl.sum(tl.where(last, E, 0.0), 0)
             v = tl.sum(tl.where(last, V, 0.0), 0)
+        if tl.max(need, 0) > 0:  # a chunk's map may not hold a step: again, chunk by chunk
+            u, e, v = u0, e0, v0
+            for kk in range(0, NC - 1):
+                base = comp_ptr + kk * N + lanes
+                flag = tl.load(base + 8 * step, mask=lmask, other=0.0)
+                steps = lmask & ((flag > 1.5) | ((flag > 0.5) & (u > 0.0)))
+                un, en, vn = map_start(base, step, lmask, u, e, v)
+                if tl.max(steps.to(tl.int32), 0) > 0:
+                    uw, ew, vw = walk_chunk(u, e, v, steps, z_ptr, zst, zsn, R_ptr, Rst, Rsn,
+                                            a_ptr, ast, asn, p_ptr, pst, psn, h_ptr, hst, hsn,
+                                            c_ptr, cst, csn, lanes, kk * CH,
+                                            tl.minimum(kk * CH + CH, T))  # fmt: skip
+                    un = tl.where(steps, uw, un)
+                    en = tl.where(steps, ew, en)
+                    vn = tl.where(steps, vw, vn)
+                u, e, v = un, en, vn
+                out = start_ptr + (kk + 1) * N + lanes
+                tl.store(out, u, mask=lmask)
+                tl.store(out + step, e, mask=lmask)
+                tl.store(out + 2 * step, v, mask=lmask)
     if BWD:
         U = tl.zeros([BLOCK], comp_ptr.dtype.element_ty)
         E = U * 0.0
@@ -570,7 +708,7 @@ def carry_kernel(
         tl.store(bend_ptr + 2 * step + last * N + lanes, V, mask=lmask)
         for j in tl.range(0, NC - 1, num_stages=NS):
             kk = NC - 1 - j  # chunk kk's backward map gives the state at the end of chunk kk-1
-            U, E, V = apply_map(comp_ptr + (8 * NC + kk) * N + lanes, step, lmask, U, E, V)
+            U, E, V = apply_map(comp_ptr + (9 * NC + kk) * N + lanes, step, lmask, U, E, V)
             tl.store(bend_ptr + (kk - 1) * N + lanes, U, mask=lmask)
             tl.store(bend_ptr + step + (kk - 1) * N + lanes, E, mask=lmask)
             tl.store(bend_ptr + 2 * step + (kk - 1) * N + lanes, V, mask=lmask)
