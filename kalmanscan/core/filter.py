@@ -535,10 +535,18 @@ def _check(prep: _Prepared, out: dict) -> bool:
         return True
     hc, oc = compact(prep.loading), compact(prep.obs_var)
     if flags & ~_BAD_INPUT or not bool(_tiny_information(hc, oc).any()):
+        remedy = (
+            "rescale the data, or use float64"
+            if prep.z.dtype != torch.float64
+            # (float64: rescaling keeps the ratio of a far value to the variances)
+            else "a value far beyond the others and the model's variances (a missing-value "
+            "code, a data error) can be set to NaN; kalmanscan.timeseries.fit_ou(robust=True) "
+            "screens such values"
+        )
         raise OverflowError(
             f"the filter's values are not representable in {prep.z.dtype}: the data or "
             "parameters are beyond what the dtype can hold (e.g. squared innovations past its "
-            "maximum); rescale the data, or use float64"
+            f"maximum); {remedy}"
         )
     return False  # bit 4 from tiny information, computed exactly
 
