@@ -288,6 +288,7 @@ static inline __attribute__((always_inline)) int spd_inverse_v(const int NV, int
 
 typedef struct {
     int n, d, zinf;
+    int screen; /* a direction may be known exactly: the precision's screen runs (prec_inverse) */
     /* workspace */
     double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1, *sig, *a;
     double *xp, *xd, *xw, *xc, *xx, *xu, *xl; /* observed_whole: P, D before the step; W; scratch */
@@ -714,6 +715,28 @@ static KS_INLINE int spd_inverse(int n, const double *A, double *L, double *out)
     return 1;
 }
 
+/* Whether max diag(A) max diag(A^-1) >= 1 / (64 eps n^2): the screen of
+ * kalmanscan/dense/singular.py, met by every A with a direction known exactly (cond(A) >= 1 / (64
+ * eps) implies it). inv the inverse spd_inverse gave; O(n). Not inlined: the kernel's hot loop
+ * keeps its code (and its compiled schedule) where the screen is off. */
+static KS_NOINLINE int near_singular(int n, const double *A, const double *inv) {
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double x = A[i * n + i], y = inv[i * n + i];
+        a = x > a ? x : a;
+        b = y > b ? y : b;
+    }
+    return !(a * b * (64.0 * 2.220446049250313e-16 * (double)(n * n)) < 1.0);
+}
+
+/* A reported precision: spd_inverse, and 0 (the row is NaN, for the rule applied in Python)
+ * where that fails or, while w->screen is on (a direction may be known exactly), where
+ * near_singular flags A. Off, the screen costs one predicted branch. */
+static KS_INLINE int prec_inverse(const ws_t *w, int n, const double *A, double *L, double *out) {
+    if (!spd_inverse(n, A, L, out)) return 0;
+    return !w->screen || !near_singular(n, A, out);
+}
+
 /* Squared singular values of G (m x k, row stride ld) into sig[0..k), largest first, by one-sided
  * Jacobi on its columns (G is overwritten). */
 static KS_INLINE void sq_singular_values(double *G, int m, int k, int ld, double *sig) {
@@ -799,7 +822,10 @@ static KS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b,
         int ij = w->obs_idx[j];
         double s = R[ij * d + ij];
         for (int q = 0; q < j; q++) s -= w->Lr[j * o + q] * w->Lr[j * o + q] * w->Dg[q];
-        if (s <= 1e-15 * rmax) s = 0.0;
+        if (s <= 1e-15 * rmax) { /* an exact entry: it may know a direction */
+            s = 0.0;
+            w->screen = 1;
+        }
         w->Dg[j] = s;
         w->Lr[j * o + j] = 1.0;
         for (int i = j + 1; i < o; i++) {
@@ -1044,7 +1070,7 @@ static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, dou
     for (int i = 0; i < n; i++) tau = fmax(tau, M[i * n + i]);
     if (!(tau > 0.0) || !isfinite(tau)) tau = 1.0;
     for (int i = 0; i < n * n; i++) M[i] += tau * Pd[i];
-    if (!spd_inverse(n, M, w->tmp, prec)) return 0;
+    if (!prec_inverse(w, n, M, w->tmp, prec)) return 0;
     /* prec <- Pk prec Pk */
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
@@ -1505,6 +1531,31 @@ static KS_INLINE void add_factor(int n, Py_ssize_t nh, double *pcov, const doubl
  * state (T + 1 if some direction is never resolved), or -1 on allocation failure. fin: D0 is the
  * factor of a large proper prior (P0 = 0 then), not diffuse directions: the finite head (the file's
  * comment). */
+/* Whether the precision's screen runs for series b (the gate of kalmanscan/dense/singular.py):
+ * F or Q varying in time; a direction F' and Q both map to 0 (null(F F' + Q): with no direction
+ * known before and no exact entry, the directions known at a step are null(Q) and those F' maps
+ * into the ones known a step before, empty at every step unless this is not); a singular proper
+ * prior (w->P, plus w->D's k columns for a large one's factor). An exact entry turns it on later
+ * (gather). Once per series, not inlined. */
+static KS_NOINLINE int series_screen(ws_t *w, int n, const arr_t *in, Py_ssize_t b, int k, int fin) {
+    if (in[I_F].st != 0 || in[I_Q].st != 0) return 1;
+    const double *F0 = mat(&in[I_F], b, 0), *Q0 = mat(&in[I_Q], b, 0);
+    double *M = w->tmp2x;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = Q0[i * n + j];
+            for (int q = 0; q < n; q++) s += F0[i * n + q] * F0[j * n + q];
+            M[i * n + j] = s;
+        }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) M[i * n + j] = M[j * n + i] = 0.5 * (M[i * n + j] + M[j * n + i]);
+    if (!spd_inverse(n, M, w->tmp, w->G) || near_singular(n, M, w->G)) return 1;
+    if (!fin && k > 0) return 0; /* a diffuse prior: no direction of its finite part is known */
+    DDt(n, k, w->D, M);
+    for (int i = 0; i < n * n; i++) M[i] += w->P[i];
+    return !spd_inverse(n, M, w->tmp, w->G) || near_singular(n, M, w->G);
+}
+
 static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, double **out, const double *m0,
                              const double *P0, const double *D0, Py_ssize_t b, Py_ssize_t T,
                              Py_ssize_t kcap, int smooth, int fin, Py_ssize_t *npred,
@@ -1524,6 +1575,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     }
     for (int i = 0; i < n; i++)
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
+    w->screen = series_screen(w, n, in, b, k, fin);
     Py_ssize_t nd = 0, np_ = 0, nfs = 0; /* nfs: steps whose entries ran on the factor of P */
     Py_ssize_t nterm = 0; /* entries whose term is a proper density (type 1): scale -log s each */
     double llsum = 0.0;
@@ -1613,7 +1665,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             double *fc = fcov + t * nn;
             DDt(n, k, D, fc);
             for (int i = 0; i < nn; i++) fc[i] += P[i];
-            if (!spd_inverse(n, fc, w->tmp, fprec + t * nn)) {
+            if (!prec_inverse(w, n, fc, w->tmp, fprec + t * nn)) {
                 for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
                 (*nbad)++;
             }
@@ -1625,7 +1677,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
             }
         } else {
             memcpy(fcov + t * nn, P, nn * sizeof(double));
-            if (!spd_inverse(n, P, w->tmp, fprec + t * nn)) {
+            if (!prec_inverse(w, n, P, w->tmp, fprec + t * nn)) {
                 for (int i = 0; i < nn; i++) fprec[t * nn + i] = NAN;
                 (*nbad)++;
             }
@@ -2040,7 +2092,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
                 memcpy(sc, Vi, nn * sizeof(double));
             }
         }
-        if (!spd_inverse(n, sc, w->tmp, sprec + t * nn)) {
+        if (!prec_inverse(w, n, sc, w->tmp, sprec + t * nn)) {
             for (int i = 0; i < nn; i++) sprec[t * nn + i] = NAN;
             (*nbad)++;
         }

@@ -19,7 +19,7 @@ import torch
 
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core import backends
-from kalmanscan.dense import _args, native, sequential
+from kalmanscan.dense import _args, native, sequential, singular
 from kalmanscan.dense.parallel import (
     cov_with_inf,
     filter_parts,
@@ -33,7 +33,8 @@ class DenseFilterResult(NamedTuple):
     """Filtered moments (time on ``axis`` as in ``z``).
 
     mean [..., n], cov [..., n, n] (``inf`` entries where the state is still diffuse),
-    precision [..., n, n] (finite; singular while diffuse), pred_mean/pred_cov the one-step
+    precision [..., n, n] (singular while diffuse; ``inf`` entries where the state is known
+    exactly in some direction, kalmanscan/dense/singular.py), pred_mean/pred_cov the one-step
     predictions (finite part), loglik with the series shape (exact diffuse convention,
     docs/dense.md),
     diffuse [...] bool: the filtered state is still unbounded in some direction.
@@ -124,7 +125,7 @@ def _torch(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
     parts = filter_parts(model, chunk=chunk)
     sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
     filtered = (parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps)
-    return _moments_result(layout, filtered, sm)
+    return _moments_result(model, layout, filtered, sm)
 
 
 def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
@@ -139,10 +140,33 @@ def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: i
     model = _args.mask_missing(model)
     filtered = sequential.filter_moments(model)
     sm = sequential.smooth_moments(model, filtered[0]) if smooth else None
-    return _moments_result(layout, filtered, sm)
+    return _moments_result(model, layout, filtered, sm)
 
 
-def _moments_result(layout: _args.Layout, filtered, sm):
+def _known(model: _args.Model, m, tol, extra=None, on=None):
+    """(cov with +-inf where diffuse, precision, known projectors or None, gate) of Moments
+    ``m``, the steps with a direction known exactly under the rule of
+    kalmanscan/dense/singular.py, in the series its gate lets through (``on`` [B], computed when
+    None); ``extra`` [B, T, n, n]: directions known beforehand (the filter's, for the smoother)."""
+    cov = cov_with_inf(m, tol)
+    if on is None:
+        on = singular.gate(model, tol)
+    screened = bool(on.any())
+    prec, rows, Pd = precision_of(m, tol, screened)
+    if not screened:
+        return cov, prec, None, on
+    rows = rows & on.unsqueeze(1)
+    if extra is not None:
+        rows = rows | (extra != 0).any(-1).any(-1)
+    if not bool(rows.any()):
+        return cov, prec, None, on
+    if Pd is not None:
+        Pd = torch.cat([Pd, torch.zeros_like(m.cov[:, Pd.shape[1] :])], 1)
+    blocks = singular.state_blocks(model)
+    return (*singular.apply(cov, prec, rows, m.cov, Pd, blocks, tol, extra), on)
+
+
+def _moments_result(model: _args.Model, layout: _args.Layout, filtered, sm):
     """Results from (filtered Moments, pred_mean, pred_cov, loglik_steps) and smoothed Moments."""
     filt, pm, pP, ll = filtered
     tol = rank_tol(filt.mean.dtype)
@@ -150,10 +174,11 @@ def _moments_result(layout: _args.Layout, filtered, sm):
     diffuse = torch.zeros(filt.mean.shape[:2], dtype=torch.bool, device=filt.mean.device)
     if filt.ndiffuse:
         diffuse[:, : filt.ndiffuse] = torch.linalg.matrix_norm(filt.diffuse[:, : filt.ndiffuse]) > 0
+    fcov, fprec, known, on = _known(model, filt, tol)
     fres = DenseFilterResult(
         mean=out(filt.mean, 1),
-        cov=out(cov_with_inf(filt, tol), 2),
-        precision=out(precision_of(filt, tol), 2),
+        cov=out(fcov, 2),
+        precision=out(fprec, 2),
         pred_mean=out(pm, 1),
         pred_cov=out(pP, 2),
         loglik=_args.output_batch(layout, ll.sum(1)),
@@ -161,9 +186,8 @@ def _moments_result(layout: _args.Layout, filtered, sm):
     )
     if sm is None:
         return fres
-    return DenseSmoothResult(
-        out(sm.mean, 1), out(cov_with_inf(sm, tol), 2), out(precision_of(sm, tol), 2), fres
-    )
+    scov, sprec, _, _ = _known(model, sm, tol, known, on)
+    return DenseSmoothResult(out(sm.mean, 1), out(scov, 2), out(sprec, 2), fres)
 
 
 class _Graft(torch.autograd.Function):

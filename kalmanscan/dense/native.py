@@ -206,12 +206,45 @@ def _unscale(parts: list, e: np.ndarray, nterm: torch.Tensor) -> list:
     return [x if x is None or x.dtype == torch.bool else x.contiguous() for x in out]
 
 
-def _fill_precision(prec: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
-    """Rows the kernel could not invert by Cholesky (NaN): invert them by LU as the torch path."""
-    bad = torch.isnan(prec[..., 0, 0])
-    if bool(bad.any()):
-        c = cov[bad]
-        prec[bad] = torch.linalg.inv_ex(torch.where(torch.isinf(c), torch.zeros_like(c), c))[0]
+def _known_rows(model: Model, fcov, fprec, flag, sm):
+    """The rule of :mod:`kalmanscan.dense.singular` at the rows the kernel flagged (NaN
+    precision: a singular covariance, or a near-singular one where the kernel's gate is on), in
+    place on float64 outputs, in the series :func:`~kalmanscan.dense.singular.gate` lets
+    through (elsewhere those rows take the inverse); the smoothed rows also where the filter
+    knows a direction exactly. A flagged diffuse step takes its diffuse projector from the
+    reference's exact initial filter over the head (the same decisions,
+    :func:`kalmanscan.dense.sequential.filter_moments`)."""
+    from kalmanscan.dense import _args, sequential, singular
+    from kalmanscan.dense.parallel import _steps
+
+    tol = rank_tol(torch.float64)
+    blocks = singular.state_blocks(model)
+    on = singular.gate(model, tol)  # the kernel's own; where this one is off: the inverse
+    rows = torch.isnan(fprec[..., 0, 0])
+    P, Pd = fcov, None
+    dif = rows & flag
+    if bool(dif.any()):  # the finite part there is not in fcov (+-inf entries): the head's
+        L = int(torch.nonzero(dif.any(0)).max()) + 1
+        head = _steps(_args.mask_missing(model), slice(0, L))
+        head = head._replace(
+            **{k: v.to(torch.float64) for k, v in head._asdict().items()
+               if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        )  # fmt: skip
+        hf = sequential.filter_moments(head)[0]
+        Pd = torch.zeros_like(fcov)
+        Pd[:, :L] = _range_projector(hf.diffuse, torch.linalg.matrix_norm(hf.diffuse), tol)[0]
+        P = fcov.clone()
+        P[:, :L] = torch.where(dif[:, :L, None, None], hf.cov, fcov[:, :L])
+    cov, prec, known = singular.apply(fcov, fprec, rows, P, Pd, blocks, tol, allow=on)
+    fcov.copy_(cov)
+    fprec.copy_(prec)
+    if sm[0] is None:
+        return
+    scov, sprec = sm[1], sm[2]
+    rows = torch.isnan(sprec[..., 0, 0]) | (known != 0).any((-1, -2))
+    cov, prec, _ = singular.apply(scov, sprec, rows, scov, None, blocks, tol, known, on)
+    scov.copy_(cov)
+    sprec.copy_(prec)
 
 
 def run(model: Model, smooth: bool) -> NativeParts | None:
@@ -220,6 +253,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
     e = _exponents(model)
+    model0 = model
     if e is not None:  # variances far from 1: run the same model in units where they are O(1)
         model = _scaled_model(model, e)
     B, T, d = model.z.shape
@@ -268,13 +302,11 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         kcap = T
     fmean, fcov, fprec, pmean, pcov, ll, flag = outs[:7]
     sm = outs[9:12]
-    if nbad:  # covariances Cholesky could not invert (singular): LU as the torch path
-        _fill_precision(fprec, fcov)
-        if smooth:
-            _fill_precision(sm[2], sm[1])
     parts = [fmean, fcov, fprec, flag, pmean, pcov, ll, *sm]
     if e is not None:
         parts = _unscale(parts, e, outs[12])
+    if nbad:  # singular or near-singular covariances: kalmanscan/dense/singular.py's rule
+        _known_rows(model0, *(parts[i] for i in (1, 2, 3)), parts[7:10])
     dtype = model.z.dtype
     if dtype != torch.float64:
         parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]

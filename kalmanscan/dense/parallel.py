@@ -172,6 +172,16 @@ def _scaled_solve(M, rhs):
     return s.unsqueeze(-1) * torch.linalg.solve(Ms, s.unsqueeze(-1) * rhs)
 
 
+def _numerically_singular(P, tol):
+    """[...] bool: the PSD matrices P [..., n, n] whose diagonally scaled form ``S P S``
+    (``S = diag(P)^-1/2``, a zero diagonal entry counting as singular) has an eigenvalue at most
+    ``tol`` times its largest."""
+    d = torch.diagonal(P, dim1=-2, dim2=-1)
+    s = torch.where(d > 0, d, torch.ones_like(d)).rsqrt()
+    w = torch.linalg.eigvalsh(_sym(P * s.unsqueeze(-1) * s.unsqueeze(-2)))
+    return (d <= 0).any(-1) | (w[..., 0] <= tol * w[..., -1])
+
+
 def _post_prec(m0, L0, J, eta, PiK=None):
     """Same with prior precision L0 (0 where diffuse); PiK projects on the unresolved ones."""
     n = J.shape[-1]
@@ -271,11 +281,33 @@ def _sqrt_loglik(H, R, z, m, P, nobs):
     return -0.5 * (nobs * LOG_2PI + logdet + rho.square())
 
 
-def precision_of(m: Moments, tol):
-    """Precision of N(mean, cov + inf * diffuse): the limit, singular where diffuse."""
-    prec, _ = torch.linalg.inv_ex(m.cov)
+def _inverse_screened(M, tol, screened):
+    """(inverse of the PSD M [B, T, n, n], flagged [B, T]: the screen of
+    :func:`kalmanscan.dense.singular.screen` where ``screened``, else False). Flagged rows are the
+    known-direction rule's (which recomputes them); with grad they are inverted as the identity,
+    so that no infinite inverse of a singular M reaches the backward (0 * inf)."""
+    from kalmanscan.dense.singular import screen
+
+    if not screened:
+        inv, _ = torch.linalg.inv_ex(M)
+        return inv, torch.zeros(M.shape[:-2], dtype=torch.bool, device=M.device)
+    with torch.no_grad():
+        inv, _ = torch.linalg.inv_ex(M)
+        flags = screen(M, inv, tol)
+    if M.requires_grad:
+        eye = _eye(M.shape[-1], M)
+        inv, _ = torch.linalg.inv_ex(torch.where(flags[..., None, None], eye, M))
+    return inv, flags
+
+
+def precision_of(m: Moments, tol, screened: bool = False):
+    """Precision of N(mean, cov + inf * diffuse): the limit, singular where diffuse. Returns
+    (precision [B, T, n, n], flagged [B, T] bool: with ``screened``, the steps whose inverted
+    matrix may be singular, where :mod:`kalmanscan.dense.singular` decides, Pd [B, ndiffuse, n, n]
+    the diffuse projectors of the steps that may be diffuse, or None)."""
+    prec, flags = _inverse_screened(m.cov, tol, screened)
     if m.ndiffuse == 0:
-        return prec
+        return prec, flags, None
     nd = m.ndiffuse
     n = m.cov.shape[-1]
     D = m.diffuse[:, :nd]
@@ -286,8 +318,9 @@ def precision_of(m: Moments, tol):
     # a unit Pd beside a cov of scale v costs |log v| digits (1e-4 relative at v = 1e-12)
     tau = inner.detach().diagonal(dim1=-2, dim2=-1).amax(-1)
     tau = tau.clamp_min(torch.finfo(inner.dtype).tiny)
-    inner, _ = torch.linalg.inv_ex(inner + tau[..., None, None] * Pd)
-    return torch.cat([_sym(Pk @ inner @ Pk), prec[:, nd:]], 1)
+    inv, fl = _inverse_screened(inner + tau[..., None, None] * Pd, tol, screened)
+    flags[:, :nd] = fl
+    return torch.cat([_sym(Pk @ inv @ Pk), prec[:, nd:]], 1), flags, Pd
 
 
 def cov_with_inf(m: Moments, tol):
@@ -406,11 +439,14 @@ def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
     of P0 cancel. Information about x_0 is what a near-noise-free observation spoils (1/R next
     to O(1) entries), so this form is taken only where the prior's cancellation
     (|P0| |P0^-1 + J|, digits the covariance form loses) exceeds the information's spread
-    (|J| |(P0^-1 + J)^-1|) by 100 and is at least 1e4 (docs/dense.md).
+    (|J| |(P0^-1 + J)^-1|) by 100 and is at least 1e4 (docs/dense.md). A singular P0 (a
+    direction known exactly) keeps the folded form.
     """
     B, T, n = E.b.shape
     if T == 0:
         return None
+    if bool(_numerically_singular(P0.detach(), tol).any()):
+        return None  # a direction known exactly (singular P0) has no prior precision
     eye = _eye(n, E.A).expand(B, n, n)
     Ph, _, tau = _diffuse_head(model, E, eye, tol, chunk)
     if tau is None or tau == 0 or bool(bad[:, :tau].any()):
