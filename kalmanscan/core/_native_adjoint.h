@@ -41,8 +41,8 @@ typedef struct {
 
 static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double h, double c,
                                  double u, double e, double v, const double vmin, const int given,
-                                 double r1_in, double r2_in, ks_fwd *f, double *nu, double *ne,
-                                 double *nv) {
+                                 double r1_in, double r2_in, const int rare, ks_fwd *f,
+                                 double *nu, double *ne, double *nv) {
     const double a2 = a * a;
     const int forget = a == 0.0;
     const double U1 = forget ? u + v : u;
@@ -53,10 +53,12 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
     const double r1 = given ? r1_in : 1.0 / (U1 >= V1 ? U1 : V1);
     /* a*a below the normal range (float64 only) and a known state: divided first (written as
      * arithmetic on sm, 0 or 1: with a select here the reverse row was left scalar) */
+    /* rare (compile-time in the row functions): a row holding such a decay; elsewhere the terms
+     * are left out (0 * x is not folded away: +17 % a step on a one-lane row) */
     const double sm = a2 < DBL_MIN ? (U1 >= DBL_MIN ? 1.0 - q_ : 0.0) : 0.0;
     const double u1 = U1 * r1;
-    const double e1 = E1 * r1 + sm * ((c * u1 + a * (e * r1)) - E1 * r1);
-    const double v1 = V1 * r1 + sm * ((p * u1 + (a * (v * r1)) * a) - V1 * r1);
+    const double e1 = rare ? E1 * r1 + sm * ((c * u1 + a * (e * r1)) - E1 * r1) : E1 * r1;
+    const double v1 = rare ? V1 * r1 + sm * ((p * u1 + (a * (v * r1)) * a) - V1 * r1) : V1 * r1;
     const int observed = (z == z) & (R <= DBL_MAX);
     const double zz = observed ? z : 0.0, RR = observed ? R : 1.0;
     const double hv = h * v1;
@@ -86,7 +88,7 @@ static KS_INLINE void ks_adj_step(const int forgets, double z, double R, double 
                                   double *gp, double *gh, double *gc) {
     ks_fwd f;
     double nu, ne, nv;
-    ks_adj_fwd(z, R, a, p, h, c, u, e, v, vmin, 1, r1, r2, &f, &nu, &ne, &nv);
+    ks_adj_fwd(z, R, a, p, h, c, u, e, v, vmin, 1, r1, r2, forgets, &f, &nu, &ne, &nv);
     const int obs = f.observed;
     const double zz = obs ? z : 0.0, RR = obs ? R : 1.0;
     const double u1 = f.u1, e1 = f.e1, v1 = f.v1;
@@ -154,7 +156,8 @@ static KS_INLINE void ks_adj_step(const int forgets, double z, double R, double 
 /* Steps [t0, t1) of nb lanes forward from the states in (xu, xe, xv) (advanced in place); where
  * `keep` is given, step t's state in and normalizing factors are stored at
  * keep[(t - t0) * 5 W + {0, W, 2 W, 3 W, 4 W}] = (u, e, v, 1/s1, 1/s2). */
-static KS_INLINE void KS_G(_adj_fwd_row)(const int store, Py_ssize_t nb, const KS_FT *restrict zs,
+static KS_INLINE void KS_G(_adj_fwd_row)(const int store, const int rare, Py_ssize_t nb,
+                                         const KS_FT *restrict zs,
                                          const KS_FT *restrict Rs, const KS_FT *restrict as,
                                          const KS_FT *restrict ps, const KS_FT *restrict hs,
                                          const KS_FT *restrict cs, double *restrict xu,
@@ -164,7 +167,7 @@ static KS_INLINE void KS_G(_adj_fwd_row)(const int store, Py_ssize_t nb, const K
         ks_fwd f;
         double u, e, v;
         ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], KS_FT_MIN, 0,
-                   0.0, 0.0, &f, &u, &e, &v);
+                   0.0, 0.0, rare, &f, &u, &e, &v);
         if (store) {
             k[j] = xu[j];
             k[W + j] = xe[j];
@@ -178,18 +181,33 @@ static KS_INLINE void KS_G(_adj_fwd_row)(const int store, Py_ssize_t nb, const K
     }
 }
 
+/* A row holding a decay 0 or one whose square is below float64's normal range: its steps take
+ * the rare forms (the limit's partial at a = 0, the divided triple); other rows leave them out. */
+static KS_INLINE int KS_G(_rare_row)(Py_ssize_t nb, const KS_FT *restrict as) {
+    int rare = 0;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const double a = (double)as[j];
+        rare |= a * a < DBL_MIN;
+    }
+    return rare;
+}
+
 KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb,
                                          Py_ssize_t W, Py_ssize_t t0, Py_ssize_t t1, KS_FT *buf,
                                          double *xu, double *xe, double *xv, double *keep) {
     const KS_FT *src[KS_NSERIES];
     for (Py_ssize_t t = t0; t < t1; t++) {
         KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-        if (keep)
-            KS_G(_adj_fwd_row)(1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
-                               src[KS_C], xu, xe, xv, keep + (t - t0) * 5 * W, W);
+        double *k = keep ? keep + (t - t0) * 5 * W : NULL;
+        if (KS_G(_rare_row)(nb, src[KS_A]))
+            KS_G(_adj_fwd_row)(keep != NULL, 1, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P],
+                               src[KS_H], src[KS_C], xu, xe, xv, k, W);
+        else if (keep)
+            KS_G(_adj_fwd_row)(1, 0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P],
+                               src[KS_H], src[KS_C], xu, xe, xv, k, W);
         else
-            KS_G(_adj_fwd_row)(0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
-                               src[KS_C], xu, xe, xv, NULL, W);
+            KS_G(_adj_fwd_row)(0, 0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P],
+                               src[KS_H], src[KS_C], xu, xe, xv, NULL, W);
     }
 }
 
@@ -290,8 +308,8 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
             const double *xs = blk + (t - t0) * 5 * W;
             KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
-            int forgets = 0; /* a decay 0 in the row: its own row form (one more division) */
-            for (Py_ssize_t j = 0; j < nb; j++) forgets |= src[KS_A][j] == (FT)0;
+            /* a decay 0 or a tiny one in the row: its own row form (one more division) */
+            const int forgets = KS_G(_rare_row)(nb, src[KS_A]);
             (forgets ? KS_G(_adj_row_forgets) : KS_G(_adj_row))(
                 nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C], xs,
                 xs + W, xs + 2 * W, xs + 3 * W, xs + 4 * W, w, lu, le, lv, g + KS_Z * W,
