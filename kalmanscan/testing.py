@@ -151,3 +151,37 @@ def assert_close(actual, expected, kind: str, dtype, scale=None, what: str = "")
             f"{kind}/{_name(dtype)} tolerance {tol:.0e}"
         )
     return err
+
+
+def mp_information_filter(z, R, a, p, h, c, lam, eta):
+    """The information-form filter of one lane (SPEC section 2) in mpmath, at the caller's
+    working precision: ``(loglik, lams, etas)``, the filtered precisions and information vectors
+    as mpf. ``R, a, p, h, c``: per-step lists of mpf; ``z``: floats (NaN: missing); ``(lam,
+    eta)``: the prior (``lam = 0``: diffuse). A step forgets where its decay is exactly 0; a step
+    predicted diffuse adds nothing to the log-likelihood unless ``h = 0`` there (the exact
+    diffuse convention)."""
+    import math
+
+    import mpmath as mp
+
+    ll = mp.mpf(0)
+    lams, etas = [], []
+    for t, zt in enumerate(z):
+        if a[t] == 0:
+            lamm, etam = 1 / p[t], c[t] / p[t]
+        else:
+            den = a[t] * a[t] + p[t] * lam
+            lamm = lam / den
+            etam = a[t] * eta / den + lamm * c[t]
+        if not math.isnan(zt):
+            zt = mp.mpf(float(zt))
+            if lamm > 0 or h[t] == 0:
+                S = (h[t] * h[t] / lamm if h[t] != 0 else 0) + R[t]
+                w = zt - (h[t] * etam / lamm if h[t] != 0 else 0)
+                ll -= (mp.log(2 * mp.pi) + mp.log(S) + w * w / S) / 2
+            lam, eta = lamm + h[t] * h[t] / R[t], etam + h[t] * zt / R[t]
+        else:
+            lam, eta = lamm, etam
+        lams.append(lam)
+        etas.append(eta)
+    return ll, lams, etas

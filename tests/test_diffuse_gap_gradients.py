@@ -29,6 +29,7 @@ import torch
 
 import kalmanscan as ks
 from kalmanscan.core import native
+from kalmanscan.testing import mp_information_filter
 
 BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 TRITON = importlib.util.find_spec("triton") is not None
@@ -52,34 +53,14 @@ def triton_on_cpu(monkeypatch):
 
 
 def mp_run(z, R, a, p, h, c, m0=None, P0=None, smooth=False):
-    """One lane in mpmath, information form: ``(loglik, means, vars[, smooth_means,
-    smooth_vars])`` as mpf (None where nothing is known). Parameters are per-step lists of
-    mpf; ``z`` floats (NaN: missing); ``P0 = None``: diffuse. A step forgets where its decay is
-    exactly 0; a diffuse state steps predicted diffuse add nothing to the log-likelihood unless
-    ``h = 0`` there (the exact diffuse convention)."""
+    """One lane in mpmath, information form (:func:`kalmanscan.testing.mp_information_filter`):
+    ``(loglik, means, vars[, smooth_means, smooth_vars])`` as mpf (None where nothing is
+    known). Parameters are per-step lists of mpf; ``z`` floats (NaN: missing); ``P0 = None``:
+    diffuse."""
     T = len(z)
     lam = mp.mpf(0) if P0 is None else 1 / P0
     eta = mp.mpf(0) if P0 is None else m0 / P0
-    ll = mp.mpf(0)
-    lams, etas = [], []
-    for t in range(T):
-        if a[t] == 0:
-            lamm, etam = 1 / p[t], c[t] / p[t]
-        else:
-            den = a[t] * a[t] + p[t] * lam
-            lamm = lam / den
-            etam = a[t] * eta / den + lamm * c[t]
-        if not math.isnan(z[t]):
-            zt = mp.mpf(float(z[t]))
-            if lamm > 0 or h[t] == 0:
-                S = (h[t] * h[t] / lamm if h[t] != 0 else 0) + R[t]
-                w = zt - (h[t] * etam / lamm if h[t] != 0 else 0)
-                ll -= (mp.log(2 * mp.pi) + mp.log(S) + w * w / S) / 2
-            lam, eta = lamm + h[t] * h[t] / R[t], etam + h[t] * zt / R[t]
-        else:
-            lam, eta = lamm, etam
-        lams.append(lam)
-        etas.append(eta)
+    ll, lams, etas = mp_information_filter(z, R, a, p, h, c, lam, eta)
     means = [e / lm if lm > 0 else None for lm, e in zip(lams, etas, strict=True)]
     vars_ = [1 / lm if lm > 0 else None for lm in lams]
     if not smooth:

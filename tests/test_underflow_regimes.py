@@ -20,7 +20,7 @@ import torch
 
 import kalmanscan as ks
 from kalmanscan.core import native, sequential
-from kalmanscan.testing import TOLERANCES, assert_close, rel_error
+from kalmanscan.testing import TOLERANCES, assert_close, mp_information_filter, rel_error
 from kalmanscan.validation.oracle import scalar_loglik_grad
 
 BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
@@ -54,25 +54,9 @@ def mp_filter(z, R, a, p, h=1.0, c=0.0, lam0=0.0, m0=0.0, dps=80, mp_loglik=Fals
         R, a, p, h, c = map(steps, (R, a, p, h, c))
         lam = mp.mpf(float(lam0))
         eta = lam * mp.mpf(float(m0))
-        means, vars_, ll = [], [], mp.mpf(0)
-        for t, zt in enumerate(z):
-            if a[t] == 0:
-                lamm, etam = 1 / p[t], c[t] / p[t]
-            else:
-                den = a[t] * a[t] + p[t] * lam
-                lamm = lam / den
-                etam = a[t] * eta / den + lamm * c[t]
-            if not math.isnan(zt):
-                zt = mp.mpf(float(zt))
-                if lamm > 0 or h[t] == 0:
-                    S = (h[t] * h[t] / lamm if h[t] != 0 else 0) + R[t]
-                    w = zt - (h[t] * etam / lamm if h[t] != 0 else 0)
-                    ll += -(mp.log(2 * mp.pi) + mp.log(S) + w * w / S) / 2
-                lam, eta = lamm + h[t] * h[t] / R[t], etam + h[t] * zt / R[t]
-            else:
-                lam, eta = lamm, etam
-            means.append(float(eta / lam) if lam > 0 else math.nan)
-            vars_.append(float(1 / lam) if lam > 0 else math.inf)
+        ll, lams, etas = mp_information_filter(z, R, a, p, h, c, lam, eta)
+        means = [float(e / lm) if lm > 0 else math.nan for lm, e in zip(lams, etas, strict=True)]
+        vars_ = [float(1 / lm) if lm > 0 else math.inf for lm in lams]
         return np.array(means), np.array(vars_), ll if mp_loglik else float(ll)
 
 
