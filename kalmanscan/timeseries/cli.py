@@ -427,7 +427,7 @@ def _gross_warning(z, hit, names, ax, fit: bool, effects=None) -> str | None:
     (from 0 in time order), times and values, what they do to the fit (``effects``: ``{column:
     the fit's OutlierWarning.effect}``), with ``--missing`` for a value that repeats (a code) and
     ``--robust``; ``None`` where there are none."""
-    from kalmanscan.timeseries.robust import _RUN_STEPS, _label
+    from kalmanscan.timeseries.robust import _RUN_STEPS, _row
 
     if not hit.any():
         return None
@@ -436,7 +436,7 @@ def _gross_warning(z, hit, names, ax, fit: bool, effects=None) -> str | None:
     parts = []
     for j in np.unique(cols):
         r = rows[cols == j]
-        shown = [f"row {int(t)} (time {_label(ax.labels[t])}, z = {z[t, j]:.6g})" for t in r[:5]]
+        shown = [_row(ax, z, t, j) for t in r[:5]]
         more = f" and {r.size - 5} more" if r.size > 5 else ""
         effect = f" {effects[j]}" if j in effects else ""
         parts.append(f"series {names[j]!r}: {', '.join(shown)}{more}{effect}")

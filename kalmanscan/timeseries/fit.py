@@ -1002,7 +1002,7 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
     sum, named where they move a variance estimate by an order of magnitude or more. One
     :class:`~kalmanscan.timeseries.robust.OutlierWarning` per series, carrying the rows (the
     CLI's own warning of gross values absorbs it)."""
-    from kalmanscan.timeseries.robust import _RUN_STEPS, OutlierWarning, _label, gross_runs
+    from kalmanscan.timeseries.robust import _RUN_STEPS, OutlierWarning, _row, gross_runs
 
     res = core.filtered
     N = Z.shape[1]
@@ -1047,9 +1047,9 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
         who = f"series {labels[i]!r}" if labels else (f"series {i}" if N > 1 else "the series")
         # every value of the runs (a code repeats: a run of more than 20 is rare), else 3
         limit = 20 if gross[i] else 3
-        shown = ", ".join(
-            f"row {int(r)} (time {_label(ax.labels[r])}, z = {Z[r, i]:.6g})" for r in rows[:limit]
-        ) + (f" and {rows.size - limit} more" if gross[i] and rows.size > limit else "")
+        shown = ", ".join(_row(ax, Z, r, i) for r in rows[:limit]) + (
+            f" and {rows.size - limit} more" if gross[i] and rows.size > limit else ""
+        )
         effect = (
             f"dominate{'s' if one else ''} the likelihood: without {it} {worst} is "
             f"{clean.est[worst][c]:.4g} instead of {core.est[worst][i]:.4g} (a factor "

@@ -321,7 +321,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         except ValueError as e:  # (a constant record but for a code): say what was left out
             rows, cols = np.nonzero(screened)
             shown = ", ".join(
-                f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})"
+                _row(ax, Z, t, i)
                 + (f" of series {labels[i]!r}" if labels else f" of series {i}" if N > 1 else "")
                 for t, i in zip(rows[:5], cols[:5], strict=True)
             ) + (f" and {rows.size - 5} more" if rows.size > 5 else "")
@@ -366,9 +366,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         parts = []
         for i in np.unique(cols):
             r = rows[cols == i]
-            shown = ", ".join(
-                f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})" for t in r[:5]
-            )
+            shown = ", ".join(_row(ax, Z, t, i) for t in r[:5])
             more = f" and {r.size - 5} more" if r.size > 5 else ""
             who = f"series {labels[i]!r}: " if labels else (f"series {i}: " if N > 1 else "")
             parts.append(f"{who}{shown}{more}")
@@ -406,6 +404,12 @@ def _label(t) -> str:
         return str(np.datetime_as_string(t, unit="auto"))
     v = float(t)
     return str(int(v)) if v.is_integer() and abs(v) < 2.0**53 else repr(v)
+
+
+def _row(ax, Z, t, i) -> str:
+    """Value ``Z[t, i]`` named as the notes and warnings name it: ``row 20 (time 2024-01-21,
+    z = -9999)``."""
+    return f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})"
 
 
 def _typical_step(x) -> np.ndarray:
