@@ -38,3 +38,56 @@ def poison_outputs(monkeypatch):
 
     assert hasattr(native, "_empty"), "conftest: kalmanscan.core.native._empty is gone"
     monkeypatch.setattr(native, "_empty", _nan_empty)
+
+
+def _moved(x, device):
+    """``x`` with every tensor in it (dicts, tuples, named tuples, lists) moved to ``device``
+    (autograd follows the move)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _moved(v, device) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_moved(v, device) for v in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_moved(v, device) for v in x)
+    return x
+
+
+class _TritonOnGpu:
+    """The triton filter backend serving CPU tensors on a CUDA machine: its inputs go to the GPU,
+    its outputs come back (the kernels compiled for the device, not interpreted)."""
+
+    def __init__(self, mod):
+        self._mod = mod
+
+    def __getattr__(self, name):
+        return getattr(self._mod, name)
+
+    def filter_lanes(self, *args, **kw):
+        return _moved(self._mod.filter_lanes(*_moved(args, "cuda"), **kw), "cpu")
+
+    def smooth_lanes(self, *args, **kw):
+        return _moved(self._mod.smooth_lanes(*_moved(args, "cuda"), **kw), "cpu")
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """Let the triton filter backend serve CPU tensors through the public API: without a GPU its
+    kernels run in the interpreter; on a CUDA machine (where Triton cannot read CPU memory) the
+    backend's inputs are moved to the GPU and its outputs back, so the same test checks the
+    compiled kernels."""
+    from kalmanscan.core import backends
+
+    real = backends._unavailable
+    monkeypatch.setattr(backends, "_unavailable",
+                        lambda name, device, op: None if name == "triton"
+                        else real(name, device, op))  # fmt: skip
+    if torch.cuda.is_available():
+        real_get = backends.get
+
+        def get(name, op="filter"):
+            impl = real_get(name, op)
+            return _TritonOnGpu(impl) if (name, op) == ("triton", "filter") else impl
+
+        monkeypatch.setattr(backends, "get", get)

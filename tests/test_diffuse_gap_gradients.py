@@ -37,18 +37,6 @@ DPS = 400
 STEP = mp.mpf("1e-100")
 
 
-@pytest.fixture
-def triton_on_cpu(monkeypatch):
-    """Let the triton backend serve CPU tensors through the public API (its kernels run in the
-    interpreter without a GPU; tests/conftest.py sets TRITON_INTERPRET=1)."""
-    from kalmanscan.core import backends
-
-    real = backends._unavailable
-    monkeypatch.setattr(backends, "_unavailable",
-                        lambda name, device, op: None if name == "triton"
-                        else real(name, device, op))  # fmt: skip
-
-
 # ------------------------------------------------------------------------------- the reference
 
 

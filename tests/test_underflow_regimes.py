@@ -26,18 +26,6 @@ from kalmanscan.validation.oracle import scalar_loglik_grad
 BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 
 
-@pytest.fixture
-def triton_on_cpu(monkeypatch):
-    """Let the triton backend serve CPU tensors through the public API (its kernels run in the
-    interpreter without a GPU)."""
-    from kalmanscan.core import backends
-
-    real = backends._unavailable
-    monkeypatch.setattr(backends, "_unavailable",
-                        lambda name, device, op: None if name == "triton"
-                        else real(name, device, op))  # fmt: skip
-
-
 # the public API with every backend, triton's kernels in the interpreter without a GPU
 API_BACKENDS = BACKENDS + (["triton"] if importlib.util.find_spec("triton") else [])
 
