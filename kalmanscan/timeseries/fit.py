@@ -1016,7 +1016,7 @@ def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend
     e2 = torch.where(torch.isfinite(e2), e2, 0.0)
     tot = e2.sum(0).cpu().numpy()
     mx = e2.amax(0).cpu().numpy()
-    runs = gross_runs(Z) & core.usable
+    runs = gross_runs(Z, device=zs.device) & core.usable
     gross = runs.any(0)
     sus = np.flatnonzero(core.usable & (gross | ((mx > _OUTLIER_E2) & (mx > 0.5 * tot))))
     if sus.size == 0:

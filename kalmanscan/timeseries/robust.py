@@ -65,6 +65,7 @@ from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
@@ -413,10 +414,11 @@ def _row(ax, Z, t, i) -> str:
 
 
 def _typical_step(x) -> np.ndarray:
-    """The typical step of each column of ``x [T, M]`` (observed values, no NaN; or ``[T]``): the
-    median nonzero absolute change between neighbouring values, leaving out the changes into and
-    out of remote values (``[M]``, or a float; NaN where a column never changes). The one measure
-    :func:`gross_runs` and the first round's screen of values beyond float64's reach count in.
+    """The typical step of each column of ``x [T, M]`` (or ``[T]``): the median nonzero absolute
+    change between neighbouring values, leaving out the changes into and out of remote values
+    (``[M]``, or a float; NaN where a column never changes). A column holds its observed values
+    in order, then NaN padding (:func:`_observed_first`). The one measure :func:`gross_runs` and
+    the first round's screen of values beyond float64's reach count in.
 
     - Zero changes are left out: in a series that rests on its values (rounded data, integer
       counts, a rate held for months) they say nothing of the size of a move, and a median of
@@ -442,36 +444,51 @@ def _typical_step(x) -> np.ndarray:
     >>> _typical_step(held)
     np.float64(0.25)
     """
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        level = np.median(x, axis=0)
-        dev = np.abs(x - level)  # (inf where a value and the level overflow)
-        spread = _median_where(dev, dev > 0)
-        near = dev <= _REMOTE * spread
-        step = np.abs(np.diff(x, axis=0))  # (inf where two values of opposite sign overflow)
-        typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
-        # a constant record but for one far value: its level's size
-        scale = np.abs(level)
-        far = dev > scale
-        own = (step > 0) & ~far[1:] & ~far[:-1]
-        one = np.where(far, x, np.inf).min(axis=0) == np.where(far, x, -np.inf).max(axis=0)
-        rests = (scale > 0) & np.isfinite(scale) & far.any(axis=0) & ~own.any(axis=0) & one
-        return np.where(rests, scale / _RUN_STEPS, typical)[()]
+    if not isinstance(x, torch.Tensor):
+        return _typical_step(torch.as_tensor(np.array(x, dtype=np.float64))).numpy()[()]
+    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
+    level = _median_where(x, ~torch.isnan(x))
+    dev = (x - level).abs()  # (inf where a value and the level overflow)
+    spread = _median_where(dev, dev > 0)
+    near = dev <= _REMOTE * spread
+    step = torch.diff(x, dim=0).abs()  # (inf where two values of opposite sign overflow)
+    typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
+    # a constant record but for one far value: its level's size
+    scale = level.abs()
+    far = dev > scale
+    own = (step > 0) & ~far[1:] & ~far[:-1]
+    one = torch.where(far, x, inf).amin(0) == torch.where(far, x, -inf).amax(0)
+    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~own.any(0) & one
+    return torch.where(rests, scale / _RUN_STEPS, typical)
 
 
-def _median_where(a, keep) -> np.ndarray:
+def _observed_first(Z: torch.Tensor):
+    """``(X, n)``: each column of ``Z [T, N]`` with its observed (non-NaN) values first, in time
+    order, then NaN; ``n [N]`` the number observed."""
+    ok = ~torch.isnan(Z)
+    before = ok.cumsum(0)  # observed values up to and including each row
+    n = before[-1]
+    rows = torch.arange(1, Z.shape[0] + 1, device=Z.device)[:, None]
+    dest = torch.where(ok, before - 1, n + rows - before - 1)  # (a stable partition)
+    return torch.empty_like(Z).scatter_(0, dest, Z), n
+
+
+def _median_where(a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The median over axis 0 of ``a [T, M]`` (or ``[T]``) where ``keep`` (NaN where nothing is
-    kept): ``np.nanmedian`` without its loop over columns."""
-    m = math.prod(a.shape[1:])
-    kept = np.sort(np.where(keep, a, np.inf).reshape(a.shape[0], m), axis=0)
-    c = keep.reshape(a.shape[0], m).sum(axis=0)
-    if a.shape[0] == 0:
-        return np.full(a.shape[1:], np.nan)
-    lo = np.take_along_axis(kept, np.maximum((c - 1) // 2, 0)[None], axis=0)[0]
-    hi = np.take_along_axis(kept, np.minimum(c // 2, a.shape[0] - 1)[None], axis=0)[0]
-    with np.errstate(invalid="ignore", over="ignore"):
-        out = np.where(c > 0, (lo + hi) / 2, np.nan)
-    return out.reshape(a.shape[1:])
+    kept): ``nanmedian`` of the kept values, all columns in one sort."""
+    T = a.shape[0]
+    if T == 0:
+        return torch.full(a.shape[1:], math.nan, dtype=a.dtype, device=a.device)
+    flat, k = a.reshape(T, -1), keep.reshape(T, -1)
+    w = torch.where(k, flat, math.inf)
+    if w.device.type == "cpu":  # numpy's sort along columns is several times faster than torch's
+        kept = torch.from_numpy(np.sort(w.numpy(), axis=0))
+    else:
+        kept = torch.sort(w, dim=0).values
+    c = k.sum(0)
+    lo = kept.gather(0, ((c - 1) // 2).clamp(min=0)[None])[0]
+    hi = kept.gather(0, (c // 2).clamp(max=T - 1)[None])[0]
+    return torch.where(c > 0, (lo + hi) / 2, math.nan).reshape(a.shape[1:])
 
 
 def _gross(Z) -> np.ndarray:
@@ -499,7 +516,7 @@ def _gross(Z) -> np.ndarray:
     return out
 
 
-def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
+def gross_runs(z, steps: float = _RUN_STEPS, *, device=None) -> np.ndarray:
     """``[T, N]`` True for the values of ``z [T, N]`` (NaN = missing) in a gross run of their
     series: consecutive observed values, at most a quarter of the series, within ``steps``
     typical steps ``d`` of each other, more than ``steps * d`` from the observed values on both
@@ -513,7 +530,8 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
     codes looks like a run), so the ordinary values between two codes are no run.
     Missing-value codes such as ``-9999`` make such runs; level shifts, trends and the largest
     jumps of real records (``statsmodels``' Nile, CO2, macrodata, sunspots, El Nino, ...: under 20
-    typical steps) do not.
+    typical steps) do not. ``device``: where the screen of all series at once runs (a GPU fit
+    passes its device); the few series it names are then judged on the host.
 
     >>> temp = np.array([21.3, 22.0, -9999, -9999, 21.1, 20.4, 22.9, 23.5, 24.1, 23.0])
     >>> np.flatnonzero(gross_runs(temp[:, None])[:, 0]).tolist()
@@ -524,14 +542,20 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
     """
     Z = np.asarray(z, dtype=np.float64)
     out = np.zeros(Z.shape, bool)
+    if Z.ndim != 2 or Z.shape[0] < 2:
+        return out
     with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # (nanmedian of a constant series)
-        # series without gaps and without a gross change have no run: found for all at once
-        check = np.isnan(Z).any(0)
-        if Z.shape[0] > 1 and not check.all():
-            step = np.abs(np.diff(Z[:, ~check], axis=0))
-            d = _typical_step(Z[:, ~check])
-            check[~check] = (~(step <= steps * d * (1 - 1e-9))).any(0)  # (a margin: a superset)
+        # the typical steps of all series at once, and the series with no change between two
+        # observed values beyond steps * d (no run: most series) left out of the loop below
+        X, n_obs = _observed_first(
+            torch.as_tensor(Z if Z.flags.writeable else Z.copy(), device=device)
+        )
+        ds = _typical_step(X)
+        pair = torch.arange(Z.shape[0] - 1, device=X.device)[:, None] < n_obs - 1
+        step = torch.diff(X, dim=0).abs()
+        check = (pair & ~(step <= steps * ds * (1 - 1e-9))).any(0)  # (a margin: a superset)
+        check, ds = check.cpu().numpy(), ds.cpu().numpy()
         for i in np.flatnonzero(check):
             at = np.flatnonzero(~np.isnan(Z[:, i]))
             x = Z[at, i]
@@ -540,7 +564,7 @@ def gross_runs(z, steps: float = _RUN_STEPS) -> np.ndarray:
             if longest < 1:
                 continue
             step = np.abs(np.diff(x))
-            d = _typical_step(x)
+            d = ds[i]
             if not (np.isfinite(d) and d > 0):
                 continue
             g = steps * d
