@@ -250,6 +250,8 @@ def test_backends_report_the_same_known_directions(name):
             continue
         r = kd.smooth(z, **m, **pr, backend=b)
         outs[b] = r
+    if len(outs) < 2:
+        pytest.skip(f"one backend serves this model here ({', '.join(outs)}): nothing to compare")
     ref = next(iter(outs.values()))
     for b, r in outs.items():
         for a, c in ((r.precision, ref.precision), (r.filtered.precision, ref.filtered.precision)):
