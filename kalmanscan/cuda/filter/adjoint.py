@@ -46,7 +46,6 @@ from kalmanscan.cuda.filter.kernels import (
     observation,
     predict_coeffs,
     rcp,
-    small_decay,
 )
 
 
@@ -58,17 +57,15 @@ def step_values(u, e, v, a, p, c, z, R, h):
     U1 = u + q * v
     V1 = p * u + d * v
     V1 = keep_diffuse(U1, V1, v)  # a diffuse state stays diffuse (kernels.py)
-    E1 = c * U1 + al * e
     big1 = U1 >= V1
-    small = small_decay(a, U1, forget)  # a*a below the range: em, vm formed after the division
-    r1, um, em, vm = normalized_pred(U1, E1, V1, e, v, a, p, c, al, small)
+    r1, um, em, vm = normalized_pred(U1, V1, e, v, a, p, c, al)  # (a*a v keeps its digits)
     obs, rinv, zz, phi, r = observation(z, R, h)
     U2 = um + phi * vm
     E2 = em + r * vm
     big2 = U2 >= vm
     r2 = rcp(tl.where(big2, U2, vm))
     return (q, d, al, forget, U1, r1, um, em, vm, big1, obs, rinv, zz, phi, r,
-            U2 * r2, E2 * r2, vm * r2, r2, big2, small)  # fmt: skip
+            U2 * r2, E2 * r2, vm * r2, r2, big2)  # fmt: skip
 
 
 @helper
@@ -171,7 +168,7 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _,
-             u, e, v, _, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
+             u, e, v, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
         tl.debug_barrier()
         for i2 in tl.range(0, n_s, num_stages=NS):
             i = n_s - 1 - i2
@@ -187,7 +184,7 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (q, d, al, forget, U1, r1, um, em, vm, big1,
-             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2, _) = step_values(
+             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2) = step_values(
                 u, e, v, a, p, c, z, R, h)  # fmt: skip
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
             gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)

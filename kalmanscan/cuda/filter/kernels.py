@@ -8,9 +8,10 @@ variance ``v/u``, mean ``e/u``, information ``e/v``. One step::
 
     predict:  U = u + q v     V = p u + d v     E = c U + a (1 - q) e      then / max(U, V)
               (V = v where U = 0 and V is below the normal range: a diffuse state stays
-              diffuse where a*a v underflows or is subnormal; where a*a is below the normal
-              range and u is not, E and V are formed after the division, c U/m + a (e/m) and
-              p U/m + (a (v/m)) a, so that a*a v and a e keep their digits)
+              diffuse where a*a v underflows or is subnormal; the normalized E and V are formed
+              as c U/m + a (e/m) and p U/m + (a (v/m)) a, m = max(U, V), so that a*a v and a e
+              keep their digits where a*a is below the normal range; the outputs' predicted
+              ratios divide by U first there, :func:`pred_ratios`)
     update:   U = u + phi v   V = v             E = e + r v                then / max(U, V)
 
 Every ``[T, N]`` input is read through its (time, lane) strides; ``V*`` constexprs say which vary
@@ -118,13 +119,17 @@ def small_decay(a, U, forget):
 
 
 @helper
-def normalized_pred(U, E, V, e, v, a, p, c, al, small):
-    """``(r1, um, em, vm)``: ``r1 = 1 / max(U, V)`` and the predicted triple times ``r1``;
-    where ``small`` (:func:`small_decay`) ``E`` and ``V`` from the state ``(., e, v)``."""
+def normalized_pred(U, V, e, v, a, p, c, al):
+    """``(r1, um, em, vm)``: ``r1 = 1 / max(U, V)`` and the predicted triple ``(U, c U + al e,
+    p U + a (a v))`` times ``r1``, its terms divided before they are added (``e r1`` and ``a (v
+    r1) a``), so that ``a*a v`` and ``a e`` keep their digits where ``a*a`` is below the normal
+    range (``var = 1e100``, ``a = 1e-170``, ``p = 0``: the predicted variance 1e-240, not 0); a
+    step that forgets (``a = 0``, ``U = u + v``) gives ``p U``. ``vm = 1`` where ``U = 0`` (a
+    diffuse state, ``V`` from :func:`keep_diffuse`)."""
     r1 = rcp(tl.maximum(U, V))
     um = U * r1
-    em = tl.where(small, c * um + al * (e * r1), E * r1)
-    vm = tl.where(small, p * um + (a * (v * r1)) * a, V * r1)
+    em = c * um + al * (e * r1)
+    vm = tl.where(U > 0.0, p * um + (a * (v * r1)) * a, 1.0)
     return r1, um, em, vm
 
 
@@ -186,8 +191,7 @@ def exact_step(u, e, v, a, p, c, z, R, h):
     U = u + q * v
     V = p * u + d * v
     V = keep_diffuse(U, V, v)
-    E = c * U + al * e
-    _, um, em, vm = normalized_pred(U, E, V, e, v, a, p, c, al, small_decay(a, U, forget))
+    _, um, em, vm = normalized_pred(U, V, e, v, a, p, c, al)
     _, _, _, phi, r = observation(z, R, h)
     return normalize(um + phi * vm, em + r * vm, vm)
 
@@ -233,20 +237,19 @@ def loglik_grads(obs, zz, R, h, um, em, vm):
 
 @helper
 def tangent_step(tu, te, tv, q, d, al, c, p, phi, r, um, em, vm, r1, big1, yu, ye, yv, r2, big2,
-                 du, de, dv, a, small):  # fmt: skip
+                 du, de, dv, a):  # fmt: skip
     """One step of a tangent ``(tu, te, tv)`` of the normalized state through the predict, its
     normalization, the update and its normalization (the normalized coordinate's tangent is 0),
-    and the log-likelihood term's derivative along it: ``(tu, te, tv, dll)`` (where ``small``,
-    :func:`small_decay`, ``a*a tv`` and ``a te`` times ``r1`` formed as the predict forms them)."""
+    and the log-likelihood term's derivative along it: ``(tu, te, tv, dll)`` (the predict's
+    terms divided by ``max(U, V)`` before they are added, as :func:`normalized_pred` forms
+    them)."""
     tU = tu + q * tv
-    tV = p * tu + d * tv
-    tE = c * tU + al * te
-    tm = tl.where(big1, tU, tV)
+    tm = tl.where(big1, tU, p * tu + d * tv)
     tum = tl.where(big1, 0.0, (tU - um * tm) * r1)
+    tUr = tU * r1
     tmr = tm * r1
-    tem = tl.where(small, c * (tU * r1) + al * (te * r1) - em * tmr, (tE - em * tm) * r1)
-    tvs = p * (tu * r1) + (a * (tv * r1)) * a - vm * tmr
-    tvm = tl.where(big1, tl.where(small, tvs, (tV - vm * tm) * r1), 0.0)
+    tem = c * tUr + al * (te * r1) - em * tmr
+    tvm = tl.where(big1, p * tUr + (a * (tv * r1)) * a - vm * tmr, 0.0)
     dll = du * tum + de * tem + dv * tvm
     tU = tum + phi * tvm
     tE = tem + r * tvm
@@ -451,17 +454,17 @@ def filter_kernel(
             U = u + q * v
             V = p * u + d * v
             V = keep_diffuse(U, V, v)
-            E = c * U + al * e
-            small = small_decay(a, U, forget)
             off = t * N + lanes
             if WRITE:
+                E = c * U + al * e
+                small = small_decay(a, U, forget)
                 pm, pv, pp, _, um, em, vm = pred_ratios(U, E, V, e, v, a, p, c, al, small)
                 tl.store(pmean_ptr + off, pm, mask=lmask)
                 tl.store(pvar_ptr + off, pv, mask=lmask)
                 tl.store(pprec_ptr + off, pp, mask=lmask)
             else:
                 big1 = U >= V
-                r1, um, em, vm = normalized_pred(U, E, V, e, v, a, p, c, al, small)
+                r1, um, em, vm = normalized_pred(U, V, e, v, a, p, c, al)
             llt = loglik_term(obs, zz, R, h, um, em, vm)
             ll += llt.to(tl.float64)
             U = um + phi * vm
@@ -479,7 +482,7 @@ def filter_kernel(
                 if TANG:
                     du, de, dv, _, _, _ = loglik_grads(obs, zz, R, h, um, em, vm)
                     sv = (q, d, al, c, p, phi, r, um, em, vm, r1, big1, u, e, v, r2, big2,
-                          du, de, dv, a, small)  # fmt: skip
+                          du, de, dv, a)  # fmt: skip
                     cuu, cue, cuv, dl = tangent_step(cuu, cue, cuv, *sv)
                     bu += dl
                     ceu, cee, cev, dl = tangent_step(ceu, cee, cev, *sv)
@@ -643,7 +646,7 @@ def carry_kernel(
         tl.store(start_ptr + 2 * step + lanes, v, mask=lmask)
         rows = tl.arange(0, CT)[:, None]
         last = rows == CT - 1
-        need = tl.zeros([BLOCK], tl.int32)
+        need = tl.zeros([CT, BLOCK], comp_ptr.dtype.element_ty)  # reduced after the tiles
         for k0 in tl.range(0, NC - 1, CT, num_stages=2):  # the next tile loads during this one
             kk = k0 + rows  # maps of chunks 0 .. NC-2 give the starts of chunks 1 .. NC-1
             m = lmask[None, :] & (kk < NC - 1)
@@ -658,7 +661,7 @@ def carry_kernel(
             A = tl.load(base + 6 * step, mask=m, other=1.0)
             rho = tl.load(base + 7 * step, mask=m, other=1.0)
             walk = tl.load(base + 8 * step, mask=m, other=0.0)
-            need = tl.maximum(need, tl.max((walk > 0.0).to(tl.int32), 0))
+            need = tl.maximum(need, walk)
             m11, m12, m21, m22, g1, g2, A, rho = tl.associative_scan(
                 (m11, m12, m21, m22, g1, g2, A, rho), 0, compose_maps
             )
@@ -678,7 +681,7 @@ def carry_kernel(
             u = tl.sum(tl.where(last, U, 0.0), 0)
             e = tl.sum(tl.where(last, E, 0.0), 0)
             v = tl.sum(tl.where(last, V, 0.0), 0)
-        if tl.max(need, 0) > 0:  # a chunk's map may not hold a step: again, chunk by chunk
+        if tl.max(tl.max(need, 0), 0) > 0.0:  # a map may not hold a step: chunk by chunk
             u, e, v = u0, e0, v0
             for kk in range(0, NC - 1):
                 base = comp_ptr + kk * N + lanes
