@@ -4,6 +4,8 @@
   numbers or datetimes), exact discretization per step; ``filter``, ``smooth``, ``forecast``.
 - :func:`fit_ou` — maximum likelihood through the parallel filter, with standard errors.
 - :func:`forecast` — predictive intervals past the last observation.
+- :class:`Disturbances` — what ``OUFit.disturbances()`` returns: the standardized smoothed
+  disturbances (outliers in ``observation``, breaks of the level in ``state``).
 
 The model and its assumptions: docs/model.md.
 """
@@ -11,9 +13,11 @@ The model and its assumptions: docs/model.md.
 from kalmanscan.timeseries.data import load_nile
 from kalmanscan.timeseries.fit import OUFit, fit_ou
 from kalmanscan.timeseries.model import Forecast, OUModel, forecast
+from kalmanscan.timeseries.robust import Disturbances
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 __all__ = [
+    "Disturbances",
     "Forecast",
     "OUFit",
     "OUModel",

@@ -36,6 +36,7 @@ from kalmanscan.timeseries.model import (
     forecast_from_state,
     series_input,
 )
+from kalmanscan.timeseries.robust import Disturbances
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 _POSITIVE = ("theta", "sigma2", "obs_var")
@@ -71,6 +72,9 @@ class OUFit:
             in place of a standard error (:mod:`kalmanscan.timeseries.profile`); NaN elsewhere.
         outliers: with ``robust=True``, ``[T, *S]`` True where an observation was screened out
             (:mod:`kalmanscan.timeseries.robust`; ``z`` holds NaN there); else ``None``.
+        outlier_values: with ``fit_ou(..., robust=True)``, the screened observations' own values
+            ``[k]``, in the order of ``z[outliers]`` (``z[outliers] = outlier_values`` restores
+            the data); else ``None``.
     """
 
     model: OUModel
@@ -88,6 +92,7 @@ class OUFit:
     notes: tuple = ()
     upper_bound: dict = field(default_factory=dict, repr=False)
     outliers: np.ndarray | None = field(default=None, repr=False)
+    outlier_values: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def params(self) -> dict:
@@ -105,6 +110,62 @@ class OUFit:
     def smooth(self):
         """:class:`kalmanscan.SmoothResult` of the data under the fitted model (time first)."""
         return self.model.filter_prepared(self.z, self.time_axis, smooth=True)
+
+    def disturbances(self) -> Disturbances:
+        """Standardized smoothed disturbances of the data under the fitted model (the auxiliary
+        residuals of Harvey & Koopman 1992; Durbin & Koopman 2012, section 2.12): a
+        :class:`~kalmanscan.timeseries.robust.Disturbances` of float64 arrays laid out as ``z``
+        (``[T, *S]``; ``[T]`` for one series), NaN where undefined.
+
+        - ``observation[t]``: the observation against its smoothed prediction, over its standard
+          deviation; an outlier shows here. NaN where ``z`` is missing, and where ``obs_var`` is
+          on its bound 0 (``at_boundary``: the observation is the state).
+        - ``state[t]``: the state's smoothed innovation on the step from row ``t - 1`` to row
+          ``t``, over its standard deviation; a break of the level shows here. NaN in row 0,
+          where ``sigma2`` is on its bound 0, and on steps the data say nothing of (after the
+          last observation; before the first one where the start is diffuse).
+        - A robust fit (``outliers``) is smoothed without its screened observations, as it was
+          fitted; a screened observation's ``observation`` is its deletion residual, its value
+          against its prediction from the kept data (variance ``obs_var`` plus the state's),
+          the statistic the screen judged. Its value comes from ``outlier_values``; where the
+          fit does not hold them (a fit from ``robust.fit_ou_robust``) that entry is NaN.
+
+        >>> import numpy as np, kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+        >>> d = fit.disturbances()
+        >>> d.state.shape, d.observation.shape
+        ((100,), (100,))
+        >>> top = lambda r: int(years[np.nanargmax(np.abs(r))])
+        >>> top(d.state), top(d.observation)  # the break of 1899 and the outlier of 1913 (D&K 2.12)
+        (1899, 1913)
+        """
+        from kalmanscan.timeseries.robust import smoothed_disturbances
+
+        shape = self.z.shape
+        T = shape[0]
+        z = np.array(self.z, dtype=np.float64).reshape(T, -1)
+        screened = np.zeros(z.shape, bool)
+        if self.outliers is not None:
+            out = np.asarray(self.outliers)
+            if out.dtype != bool or out.shape != shape:
+                raise ValueError(
+                    f"outliers: expected a bool array of the data's shape {shape}, got "
+                    f"{out.dtype} of shape {out.shape}"
+                )
+            screened = out.reshape(z.shape)
+            if self.outlier_values is not None:
+                vals = np.asarray(self.outlier_values, dtype=np.float64)
+                k = int(screened.sum())
+                if vals.shape != (k,):
+                    raise ValueError(
+                        f"outlier_values: expected the {k} screened observations' values (shape "
+                        f"({k},)), got shape {vals.shape}"
+                    )
+                z[screened] = vals
+        d = smoothed_disturbances(self, z, screened)
+        return Disturbances(d.observation.reshape(shape), d.state.reshape(shape))
 
     def forecast(self, steps=None, *, at=None, coverage: float = 0.95) -> Forecast:
         """Forecast ``steps`` typical steps past the last timestamp, or at timestamps ``at``."""
@@ -721,10 +782,14 @@ def fit_ou(
     if robust:
         from kalmanscan.timeseries.robust import fit_ou_robust
 
-        return fit_ou_robust(
+        fit = fit_ou_robust(
             z, times, fix=fix, init=init, joint=joint, axis=axis, time_unit=time_unit,
             max_iter=max_iter, tol=tol, stderr=stderr, backend=backend, device=device,
         )  # fmt: skip
+        # the screened values, which fit.z holds as NaN: disturbances() judges them
+        zt = series_input(z, times, axis)[0]
+        fit.outlier_values = np.asarray(zt[fit.outliers], dtype=np.float64)
+        return fit
     max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
     T = zt.shape[0]
