@@ -232,3 +232,26 @@ def test_docstring_example_runs():
         runner.run(test)
     res = runner.summarize(verbose=False)
     assert res.attempted >= 6 and res.failed == 0
+
+
+def test_the_clis_merged_block_fits_keep_the_screened_values(gross):
+    """The CLI fits many series in blocks and merges them (cli._merge_fits): the merged fit's
+    ``outlier_values`` follow the merged ``z[outliers]`` order, so its disturbances are those of
+    the one fit of all series."""
+    from kalmanscan.timeseries.cli import _merge_fits
+
+    z = np.stack([FLOW, gross, FLOW[::-1].copy(), FLOW * 1.1], axis=1)
+    z[10, 2] = -3000.0
+    z[50, 3] = 9000.0
+    whole = _quiet(ks.fit_ou, z, YEARS, fix=LOCAL_LEVEL, robust=True)
+    blocks = [_quiet(ks.fit_ou, z[:, k : k + 2], YEARS, fix=LOCAL_LEVEL, robust=True)
+              for k in (0, 2)]  # fmt: skip
+    merged = _merge_fits(blocks)
+    np.testing.assert_array_equal(merged.outliers, whole.outliers)
+    np.testing.assert_array_equal(merged.outlier_values, whole.outlier_values)
+    restored = np.array(merged.z)
+    restored[merged.outliers] = merged.outlier_values
+    np.testing.assert_array_equal(restored, z)
+    a, b = merged.disturbances(), whole.disturbances()
+    np.testing.assert_allclose(a.observation, b.observation, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(a.state, b.state, rtol=1e-6, atol=1e-9)

@@ -820,6 +820,16 @@ def _merge_fits(fits):
 
     params = {p: cat([f.params[p] for f in fits]) for p in PARAMS}
     first = fits[0]
+    outliers, values = None, None
+    if first.outliers is not None:
+        outliers = np.concatenate([np.asarray(f.outliers).reshape(f.z.shape) for f in fits], 1)
+        if all(f.outlier_values is not None for f in fits):  # in the merged z[outliers] order
+            data = []
+            for f in fits:
+                z = np.array(f.z, dtype=np.float64)
+                z[np.asarray(f.outliers).reshape(z.shape)] = f.outlier_values
+                data.append(z)
+            values = np.concatenate(data, axis=1)[outliers]
     return OUFit(
         model=OUModel(time_unit=first.model.time_unit, **params),
         loglik=cat([f.loglik for f in fits]),
@@ -835,7 +845,6 @@ def _merge_fits(fits):
         time_axis=first.time_axis,
         at_boundary={p: cat([f.at_boundary[p] for f in fits]) > 0 for p in first.at_boundary},
         upper_bound={p: cat([f.upper_bound.get(p, np.nan) for f in fits]) for p in PARAMS},
-        outliers=None
-        if first.outliers is None
-        else np.concatenate([np.asarray(f.outliers).reshape(f.z.shape) for f in fits], axis=1),
+        outliers=outliers,
+        outlier_values=values,
     )
