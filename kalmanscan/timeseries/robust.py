@@ -22,7 +22,9 @@ Where the fit puts ``obs_var`` on its bound 0 (``fit.at_boundary``, the fit's ow
 size of the estimate) a kept observation is its state: its residual is 0 over a variance of 0,
 undefined, and it is not screened. A screened observation keeps its residual there, against its
 prediction from the kept data, whose variance is the state's (``P_t|T``): a code screened in one
-round stays screened under a fit that puts ``obs_var`` on its bound.
+round stays screened under a fit that puts ``obs_var`` on its bound. A given (``fix``) ``obs_var``
+has no bound: however small, ``a_t`` is defined, and where ``obs_var - P_t|T`` would lose its
+digits (``fix={"obs_var": 1e-12}`` on the Nile) it is computed in the deletion form directly.
 
 A move of the level is no outlier. The state's standardized innovation (the other auxiliary
 residual: ``E[eta_t | kept data] / sd`` on the step into row ``t``; undefined where ``sigma2`` is on
@@ -33,7 +35,9 @@ the steps from the observation before them to the one after exceeds the threshol
 moved once and stayed). A record held at 2.5 for 20 steps and at 2.6 for 30 shows ``a_t`` of
 -4.6 and 4.6 at the two sides of its move and 6.6 on the step between: it has no outlier. An
 outlier's neighbours have at most about half its ``|a_t|``, and two neighbouring outliers of
-opposite sign need the state to move there and back.
+opposite sign need the state to move there and back. (A limit: an outlier directly beside a
+move, on the move's side, a rate held at 2.5, one value of 3.3, then held at 3.0, shows the
+move's pattern at 2.5 and 3.3 and is spared with it.)
 
 A run of gross values masks itself: two adjacent ``-9999`` (a missing-value code) among
 temperatures of 10 to 30 are fitted as a level that jumps there and back, with ``obs_var`` at 0,
@@ -42,6 +46,9 @@ fit without the :func:`gross_runs`, stretches of values more than 50 typical ste
 nonzero change between neighbours, leaving out the jumps of values remote from the rest) from the
 values on both sides of them, to which the series then returns; at the start or end of a series,
 where no return tells them from a level shift, only a run of one repeated value (a code) counts.
+In a record that rests on its level (most values equal it), the values farther from the level
+than it is from 0 set neither the spread nor the step (:func:`_typical_step`): -999 and -9999 in
+a constant record, or -999 in one held at 1000 but for one value of 1000.5, are gross runs.
 The rounds then go on from scratch as above; an ordinary level shift or trend is no such run.
 
 Where the plain fit cannot even start (one 1e300 among values of order 1000 puts the data's
@@ -142,6 +149,62 @@ def smoothed_disturbances(fit, z, screened) -> Disturbances:
     >>> top(d.state), top(d.observation)  # the break of 1899 and the outlier of 1913 (D&K 2.12)
     (1899, 1913)
     """
+    p = _smoothed(fit, z, screened)
+    T, N = z.shape
+    zs, R, mean, var = p.zs, p.R, p.mean, p.var
+    kept_exact = ~screened & p.obs_var_at_bound  # z_t is x_t: no noise to standardize
+    v = np.where(screened, R + var, R - var)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        a = (zs - mean) / np.sqrt(v)
+        # where obs_var is tiny beside P_t|T (a fixed 1e-12), R - P_t|T and z_t - E[x_t | data]
+        # lose their digits: there the deletion form, z_t against its prediction from the others
+        lost = (~screened & ~np.isnan(zs) & ~kept_exact & ~(v > 1e-6 * R)).any(0)
+    for i in np.flatnonzero(lost):
+        a[:, i] = _deletion_residual(p, i)
+    a = np.where(np.isnan(zs) | kept_exact | ~(v > 0) & ~lost, np.nan, a)
+
+    # the step t-1 -> t: eta_t = x_t - phi_t x_{t-1} - c_t; Var(eta_t | data) from the smoothed
+    # variances and the lag-one covariance J_{t-1} P_t|T (J = phi P_t-1|t-1 / P_t|t-1)
+    phi, q, c = p.phi[1:], p.q[1:], p.c[1:]
+    prec, pred_prec = p.prec, p.pred_prec
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        gain = phi * pred_prec[1:] / prec[:-1]
+        eta = mean[1:] - phi * mean[:-1] - c
+        v_eta = q - var[1:] * (1 - 2 * phi * gain) - phi**2 * var[:-1]
+        b = eta / np.sqrt(v_eta)
+    # the kept data say nothing of a step with no kept observation at or after it, nor, from a
+    # diffuse start (theta 0), of one with none before it: 0 over a variance of 0 there
+    kept = ~screened & ~np.isnan(z)
+    after = np.flip(np.logical_or.accumulate(np.flip(kept, 0), 0), 0)[1:]
+    before = np.logical_or.accumulate(kept, 0)[:-1]
+    informed = after & (before | ~p.diffuse)
+    b = np.where(p.sigma2_at_bound | ~informed | ~(v_eta > 0), np.nan, b)
+    state = np.concatenate([np.full((1, N), np.nan), b])
+    return Disturbances(a, state)
+
+
+class _Smoothed(NamedTuple):
+    """One smoother pass of :func:`smoothed_disturbances`, ``[T, N]`` arrays in the data's
+    standardized units (``zs``; ``R``, ``mean``, ``var`` alike), the steps' ``phi, q, c`` into
+    each row (row 0 unused) and the per-series flags ``[N]``."""
+
+    zs: np.ndarray
+    kept: np.ndarray
+    R: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    prec: np.ndarray
+    pred_prec: np.ndarray
+    pred_info: np.ndarray
+    phi: np.ndarray
+    q: np.ndarray
+    c: np.ndarray
+    obs_var_at_bound: np.ndarray
+    sigma2_at_bound: np.ndarray
+    diffuse: np.ndarray
+
+
+def _smoothed(fit, z, screened) -> _Smoothed:
     from kalmanscan.timeseries.fit import _nan_moments
     from kalmanscan.timeseries.model import OUModel
 
@@ -169,38 +232,62 @@ def smoothed_disturbances(fit, z, screened) -> Disturbances:
     )
     zs = (z - m) / s
     sm = model.filter_prepared(np.where(screened, np.nan, zs), fit.time_axis, smooth=True)
-    mean = np.asarray(sm.mean, dtype=np.float64).reshape(T, N)
-    var = np.asarray(sm.var, dtype=np.float64).reshape(T, N)
-    R = np.broadcast_to(per_series("obs_var") / s**2, (T, N))
-    kept_exact = ~screened & at_bound("obs_var")  # z_t is x_t: no noise to standardize
-    v = np.where(screened, R + var, R - var)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        a = (zs - mean) / np.sqrt(v)
-    a = np.where(np.isnan(zs) | kept_exact | ~(v > 0), np.nan, a)
-
-    # the step t-1 -> t: eta_t = x_t - phi_t x_{t-1} - c_t; Var(eta_t | data) from the smoothed
-    # variances and the lag-one covariance J_{t-1} P_t|T (J = phi P_t-1|t-1 / P_t|t-1)
     args = model.filter_args(fit.time_axis, 1)
-    phi = np.broadcast_to(np.asarray(args["decay"], dtype=np.float64), (T, N))[1:]
-    q = np.broadcast_to(np.asarray(args["process_var"], dtype=np.float64), (T, N))[1:]
-    c = np.broadcast_to(np.asarray(args["offset"], dtype=np.float64), (T, N))[1:]
-    prec = np.asarray(sm.filtered.precision, dtype=np.float64).reshape(T, N)
-    pred_prec = np.asarray(sm.filtered.pred_precision, dtype=np.float64).reshape(T, N)
+    flt = sm.filtered
+
+    def rows(v):
+        return np.broadcast_to(np.asarray(v, dtype=np.float64), (T, N))
+
+    pred_prec = np.asarray(flt.pred_precision, dtype=np.float64).reshape(T, N)
+    with np.errstate(invalid="ignore"):
+        pred_info = np.where(
+            pred_prec > 0, pred_prec * np.asarray(flt.pred_mean).reshape(T, N), 0.0
+        )
+    return _Smoothed(
+        zs=zs,
+        kept=~screened & ~np.isnan(z),
+        R=rows(per_series("obs_var") / s**2),
+        mean=np.asarray(sm.mean, dtype=np.float64).reshape(T, N),
+        var=np.asarray(sm.var, dtype=np.float64).reshape(T, N),
+        prec=np.asarray(flt.precision, dtype=np.float64).reshape(T, N),
+        pred_prec=pred_prec,
+        pred_info=pred_info,
+        phi=rows(args["decay"]),
+        q=rows(args["process_var"]),
+        c=rows(args["offset"]),
+        obs_var_at_bound=at_bound("obs_var"),
+        sigma2_at_bound=at_bound("sigma2"),
+        diffuse=(per_series("theta") == 0) | at_bound("theta"),
+    )
+
+
+def _from_after(p: _Smoothed, i: int):
+    """``(lam, eta) [T]``: the information about ``x_t`` from the kept observations after row
+    ``t`` of series ``i`` (a backward information filter through the OU steps)."""
+    T = p.zs.shape[0]
+    lam, eta = np.zeros(T), np.zeros(T)
+    J = h = 0.0
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        gain = phi * pred_prec[1:] / prec[:-1]
-        eta = mean[1:] - phi * mean[:-1] - c
-        v_eta = q - var[1:] * (1 - 2 * phi * gain) - phi**2 * var[:-1]
-        b = eta / np.sqrt(v_eta)
-    # the kept data say nothing of a step with no kept observation at or after it, nor, from a
-    # diffuse start (theta 0), of one with none before it: 0 over a variance of 0 there
-    kept = ~screened & ~np.isnan(z)
-    after = np.flip(np.logical_or.accumulate(np.flip(kept, 0), 0), 0)[1:]
-    before = np.logical_or.accumulate(kept, 0)[:-1]
-    diffuse = (per_series("theta") == 0) | at_bound("theta")
-    informed = after & (before | ~diffuse)
-    b = np.where(at_bound("sigma2") | ~informed | ~(v_eta > 0), np.nan, b)
-    state = np.concatenate([np.full((1, N), np.nan), b])
-    return Disturbances(a, state)
+        for t in range(T - 1, 0, -1):
+            if p.kept[t, i]:
+                J, h = J + 1.0 / p.R[t, i], h + p.zs[t, i] / p.R[t, i]
+            phi, q, c = p.phi[t, i], p.q[t, i], p.c[t, i]
+            d = 1.0 + q * J  # x_t = phi x_t-1 + c + w, w ~ N(0, q), integrated out
+            J, h = phi * phi * J / d, phi * (h - J * c) / d
+            lam[t - 1], eta[t - 1] = J, h
+    return lam, eta
+
+
+def _deletion_residual(p: _Smoothed, i: int) -> np.ndarray:
+    """``a_t [T]`` of series ``i`` in the deletion form: ``z_t`` against its prediction from all
+    the kept observations but ``z_t`` (the filter's prediction from those before it, joined with
+    :func:`_from_after`), over ``sqrt(obs_var + its variance)``: the value of the smoother's
+    form without its cancellation where ``obs_var`` is tiny beside ``P_t|T``."""
+    lam, eta = _from_after(p, i)
+    prec = p.pred_prec[:, i] + lam
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pred = (p.pred_info[:, i] + eta) / prec
+        return np.where(prec > 0, (p.zs[:, i] - pred) / np.sqrt(p.R[:, i] + 1.0 / prec), np.nan)
 
 
 def auxiliary_residuals(fit, z, screened) -> np.ndarray:
@@ -320,13 +407,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
                 fit_ou, np.where(screened, np.nan, Z).reshape(zt.shape), ax, kwargs
             )
         except ValueError as e:  # (a constant record but for a code): say what was left out
-            rows, cols = np.nonzero(screened)
-            shown = ", ".join(
-                _row(ax, Z, t, i)
-                + (f" of series {labels[i]!r}" if labels else f" of series {i}" if N > 1 else "")
-                for t, i in zip(rows[:5], cols[:5], strict=True)
-            ) + (f" and {rows.size - 5} more" if rows.size > 5 else "")
-            raise ValueError(f"{e} (robust=True fitted without the gross values {shown})") from e
+            raise _without(e, "gross", ax, Z, screened, labels) from e
     n_obs = (~np.isnan(Z)).sum(0)
     c = (
         default_threshold(n_obs)
@@ -357,7 +438,10 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         screened = new
         seen.append(new)
         Zc = np.where(screened, np.nan, Z).reshape(zt.shape)
-        fit, caught = _quiet_fit(fit_ou, Zc, ax, kwargs)
+        try:
+            fit, caught = _quiet_fit(fit_ou, Zc, ax, kwargs)
+        except ValueError as e:  # (constant but for the screened values)
+            raise _without(e, "screened", ax, Z, screened, labels) from e
         rounds += 1
     for w in caught:  # the last fit's own warnings
         warnings.warn(w.message, w.category, stacklevel=3)
@@ -399,6 +483,19 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     return fit
 
 
+def _without(e, what, ax, Z, screened, labels) -> ValueError:
+    """The fit's error ``e`` for the data ``Z [T, N]`` without the ``screened`` values, naming
+    them: ``... (robust=True fitted without the gross values row 15 (time 15, z = -999))``."""
+    rows, cols = np.nonzero(screened)
+    N = Z.shape[1]
+    shown = ", ".join(
+        _row(ax, Z, t, i)
+        + (f" of series {labels[i]!r}" if labels else f" of series {i}" if N > 1 else "")
+        for t, i in zip(rows[:5], cols[:5], strict=True)
+    ) + (f" and {rows.size - 5} more" if rows.size > 5 else "")
+    return ValueError(f"{e} (robust=True fitted without the {what} values {shown})")
+
+
 def _label(t) -> str:
     """A timestamp as short as it is exact: ``2024-05-07T09:00``, ``1901``, ``0.25``."""
     if isinstance(t, np.datetime64):
@@ -431,11 +528,15 @@ def _typical_step(x) -> np.ndarray:
       (not the moves), is the spread of the series' own values as long as these outnumber the
       remote ones (values of real records lie within 15 spreads of their median, affairs counts
       within 48: leaving out beyond 50 leaves their step as it was).
-    - A series that never moves but to and from one far value (a constant record with -9999
-      codes: the spread is then the code's own distance) has no step of its own; there the
-      level's size stands in, ``|median| / 50``, so that a value farther from the level than the
-      level is from 0 counts as gross. (A record resting on 0, such as rare 0/1 events, has no
-      such scale and keeps the median change.)
+    - In a series that rests on its level (more than half its values equal the median, which is
+      not 0), the spread is taken over the values no farther from the level than the level is
+      from 0: far values (a -999 in a record held at 1000, its distance 1999 about twice the
+      level) cannot set it where they outnumber the series' own few moves.
+    - A series that never moves but to and from far values (a constant record with -999 and
+      -9999 codes; with one far value, if most values are not the level) has no step of its
+      own; there the level's size stands in, ``|median| / 50``, so that a value farther from the
+      level than the level is from 0 counts as gross. (A record resting on 0, such as rare 0/1
+      events, has no such scale and keeps the median change.)
 
     >>> _typical_step(np.array([3.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0]))  # (the moves 1 and 2)
     np.float64(1.5)
@@ -443,22 +544,30 @@ def _typical_step(x) -> np.ndarray:
     >>> held[[5, 15, 25, 35]] = -9999.0  # a code more often than the rate moves
     >>> _typical_step(held)
     np.float64(0.25)
+    >>> blip = np.full(40, 1000.0)
+    >>> blip[[15, 20]] = -999.0, 1000.5  # a code, and the record's one move of its own
+    >>> _typical_step(blip)
+    np.float64(0.5)
     """
     if not isinstance(x, torch.Tensor):
         return _typical_step(torch.as_tensor(np.array(x, dtype=np.float64))).numpy()[()]
-    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
     level = _median_where(x, ~torch.isnan(x))
     dev = (x - level).abs()  # (inf where a value and the level overflow)
+    scale = level.abs()
+    far = dev > scale  # farther from the level than the level is from 0
     spread = _median_where(dev, dev > 0)
+    # a record that rests on its level (most values equal it): the spread of the values near it
+    resting = (_median_where(dev, ~torch.isnan(x)) == 0) & (scale > 0) & torch.isfinite(scale)
+    own_spread = _median_where(dev, (dev > 0) & ~far)
+    spread = torch.where(resting & ~torch.isnan(own_spread), own_spread, spread)
     near = dev <= _REMOTE * spread
     step = torch.diff(x, dim=0).abs()  # (inf where two values of opposite sign overflow)
     typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
-    # a constant record but for one far value: its level's size
-    scale = level.abs()
-    far = dev > scale
-    own = (step > 0) & ~far[1:] & ~far[:-1]
+    # one that never moves but to and from far values (one far value, if it does not rest)
+    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
     one = torch.where(far, x, inf).amin(0) == torch.where(far, x, -inf).amax(0)
-    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~own.any(0) & one
+    own = (step > 0) & ~far[1:] & ~far[:-1]
+    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~own.any(0) & (one | resting)
     return torch.where(rests, scale / _RUN_STEPS, typical)
 
 
