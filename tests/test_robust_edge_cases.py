@@ -95,6 +95,17 @@ def test_a_code_in_a_record_held_at_1000_with_one_move_of_its_own_is_gross():
     assert "row 15 (time 15, z = -999), row 20 (time 20, z = 1000.5)" in str(e.value)
 
 
+def test_a_variance_on_its_bound_with_and_without_the_code_is_no_effect_of_it():
+    """The local level of the record held at 1000: sigma2 is on its bound 0 with the code and
+    without it (6e-17 against 1e-9, both below 1e-8 of the data's scale squared). The warning
+    called that a factor 1.6e7 of sigma2; the code's effect is on obs_var (1e5 against 0.006)."""
+    fit, caught = _quiet(ks.fit_ou, _held_at_1000(), fix={"theta": 0.0, "mu": 0.0})
+    assert fit.at_boundary["sigma2"]
+    (w,) = [w.message for w in caught if isinstance(w.message, OutlierWarning)]
+    assert w.rows.tolist() == [15]
+    assert "without it obs_var is" in w.effect and "sigma2" not in w.effect
+
+
 def test_a_code_in_a_record_held_at_1000_that_moves_is_screened():
     """Guard (passed before): where the record's own moves outnumber the codes, the spread
     is theirs and the codes are remote."""
