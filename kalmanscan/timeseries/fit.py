@@ -72,7 +72,7 @@ class OUFit:
             in place of a standard error (:mod:`kalmanscan.timeseries.profile`); NaN elsewhere.
         outliers: with ``robust=True``, ``[T, *S]`` True where an observation was screened out
             (:mod:`kalmanscan.timeseries.robust`; ``z`` holds NaN there); else ``None``.
-        outlier_values: with ``fit_ou(..., robust=True)``, the screened observations' own values
+        outlier_values: with ``robust=True``, the screened observations' own values
             ``[k]``, in the order of ``z[outliers]`` (``z[outliers] = outlier_values`` restores
             the data); else ``None``.
     """
@@ -128,7 +128,7 @@ class OUFit:
           fitted; a screened observation's ``observation`` is its deletion residual, its value
           against its prediction from the kept data (variance ``obs_var`` plus the state's),
           the statistic the screen judged. Its value comes from ``outlier_values``; where the
-          fit does not hold them (a fit from ``robust.fit_ou_robust``) that entry is NaN.
+          fit does not hold them (``outlier_values=None``) that entry is NaN.
 
         >>> import numpy as np, kalmanscan as ks
         >>> from kalmanscan.timeseries import load_nile
@@ -782,14 +782,10 @@ def fit_ou(
     if robust:
         from kalmanscan.timeseries.robust import fit_ou_robust
 
-        fit = fit_ou_robust(
+        return fit_ou_robust(
             z, times, fix=fix, init=init, joint=joint, axis=axis, time_unit=time_unit,
             max_iter=max_iter, tol=tol, stderr=stderr, backend=backend, device=device,
         )  # fmt: skip
-        # the screened values, which fit.z holds as NaN: disturbances() judges them
-        zt = series_input(z, times, axis)[0]
-        fit.outlier_values = np.asarray(zt[fit.outliers], dtype=np.float64)
-        return fit
     max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
     T = zt.shape[0]

@@ -480,6 +480,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     fit.notes = tuple(notes)
     fit.series_labels = labels
     fit.outliers = screened.reshape(zt.shape) if shape else screened[:, 0]
+    fit.outlier_values = np.asarray(Z[screened], dtype=np.float64)  # (z[outliers]'s order)
     return fit
 
 
