@@ -556,19 +556,21 @@ def _typical_step(x) -> np.ndarray:
     dev = (x - level).abs()  # (inf where a value and the level overflow)
     scale = level.abs()
     far = dev > scale  # farther from the level than the level is from 0
-    spread = _median_where(dev, dev > 0)
-    # a record that rests on its level (most values equal it): the spread of the values near it
-    resting = (_median_where(dev, ~torch.isnan(x)) == 0) & (scale > 0) & torch.isfinite(scale)
-    own_spread = _median_where(dev, (dev > 0) & ~far)
-    spread = torch.where(resting & ~torch.isnan(own_spread), own_spread, spread)
+    # a record that rests on its level (more than half its values equal it, so their median
+    # distance is 0): the spread of the values near it, where there are any; else of all
+    observed = (~torch.isnan(x)).sum(0)
+    resting = ((dev == 0).sum(0) > observed // 2) & (scale > 0) & torch.isfinite(scale)
+    near_moves = (dev > 0) & ~far
+    own = resting & near_moves.any(0)
+    spread = _median_where(dev, (dev > 0) & (~far | ~own))
     near = dev <= _REMOTE * spread
     step = torch.diff(x, dim=0).abs()  # (inf where two values of opposite sign overflow)
     typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
     # one that never moves but to and from far values (one far value, if it does not rest)
     inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
     one = torch.where(far, x, inf).amin(0) == torch.where(far, x, -inf).amax(0)
-    own = (step > 0) & ~far[1:] & ~far[:-1]
-    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~own.any(0) & (one | resting)
+    moves = (step > 0) & ~far[1:] & ~far[:-1]
+    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~moves.any(0) & (one | resting)
     return torch.where(rests, scale / _RUN_STEPS, typical)
 
 
