@@ -142,9 +142,10 @@ def backward_step(U, E, V, R, h, hz, a, p, c, q, d):
     return normalize(keep * d * U, E_, (p * keep + q) * U + V)
 
 
-def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
-    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    out = results(z, obs_var, loading, filt, pred)
+def backward_information(z, obs_var, decay, process_var, loading, offset):
+    """The backward information filter, step by step: ``(U, E, V)`` each ``[T, N]``, the
+    information about ``x_t`` from the observations after step ``t`` (precision ``U/V``,
+    information ``E/V``; ``(0, 0, 1)`` at the last step)."""
     T, N = z.shape
     leaves = backward_leaves(z, obs_var, decay, process_var, loading, offset)
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
@@ -154,6 +155,12 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     for t in range(T - 2, -1, -1):
         U, E, V = backward_step(U, E, V, *(r[t] for r in rows))
         back.append((U, E, V))
-    back = tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
+    return tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
+
+
+def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
+    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    out = results(z, obs_var, loading, filt, pred)
+    back = backward_information(z, obs_var, decay, process_var, loading, offset)
     out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
     return out

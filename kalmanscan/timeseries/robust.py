@@ -263,19 +263,17 @@ def _smoothed(fit, z, screened) -> _Smoothed:
 
 def _from_after(p: _Smoothed, i: int):
     """``(lam, eta) [T]``: the information about ``x_t`` from the kept observations after row
-    ``t`` of series ``i`` (a backward information filter through the OU steps)."""
-    T = p.zs.shape[0]
-    lam, eta = np.zeros(T), np.zeros(T)
-    J = h = 0.0
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for t in range(T - 1, 0, -1):
-            if p.kept[t, i]:
-                J, h = J + 1.0 / p.R[t, i], h + p.zs[t, i] / p.R[t, i]
-            phi, q, c = p.phi[t, i], p.q[t, i], p.c[t, i]
-            d = 1.0 + q * J  # x_t = phi x_t-1 + c + w, w ~ N(0, q), integrated out
-            J, h = phi * phi * J / d, phi * (h - J * c) / d
-            lam[t - 1], eta[t - 1] = J, h
-    return lam, eta
+    ``t`` of series ``i`` (the sequential backend's backward information filter through the OU
+    steps)."""
+    from kalmanscan.core.sequential import backward_information
+
+    def col(x):
+        return torch.as_tensor(np.ascontiguousarray(x[:, i : i + 1], dtype=np.float64))
+
+    z = col(np.where(p.kept, p.zs, np.nan))
+    U, E, V = backward_information(z, col(p.R), col(p.phi), col(p.q), torch.ones_like(z),
+                                   col(p.c))  # fmt: skip
+    return (U / V)[:, 0].numpy(), (E / V)[:, 0].numpy()
 
 
 def _deletion_residual(p: _Smoothed, i: int) -> np.ndarray:
