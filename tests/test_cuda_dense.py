@@ -438,6 +438,53 @@ def test_auto_smooth_outside_triton_takes_torch(auto_is_triton, ran_smooth, what
     assert_close(got.mean.detach().cpu()[2:], ref.mean[2:], "parallel", "float64", what="mean")
 
 
+# Models in which a direction of the state is known exactly (tests/test_dense_singular.py's cases
+# with a proper prior, the triton backend's class): the fused kernels invert covariances and
+# predictions (the filtered precision came out NaN / inf, the smoothed covariances NaN), so the
+# gate kernel's bit, read back with the screen's, hands them to the torch scan, which applies
+# kalmanscan/dense/singular.py's rule; an explicit backend="triton" refuses them naming 'torch'.
+# Truth: the mpmath oracle at 120 digits and the closed-form known directions of that file.
+KNOWN_CASES = ["llt-slope-known", "llt-seasonal4-known", "rank1-noise-sum-known",
+               "ar1-padded-state", "exact-entry-pins-sum"]  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["filter", "smooth"])
+@pytest.mark.parametrize("name", KNOWN_CASES)
+def test_auto_known_directions_take_the_rule(auto_is_triton, ran, ran_smooth, name, op):
+    from tests import test_dense_singular as S
+
+    m, z, pr, fk, sk, _, _ = S._case(name)
+    t = {k: torch.as_tensor(np.asarray(v, dtype=np.float64), device=DEVICE)
+         for k, v in {**m, **pr}.items()}  # fmt: skip
+    got = getattr(kd, op)(torch.as_tensor(z, device=DEVICE), **t)
+    assert (ran if op == "filter" else ran_smooth) == [len(pr["prior_mean"])], (
+        "the fused backend must have been tried first"
+    )
+    o, fprec, sprec = S._truth(name)
+    want_cov = o.cov if op == "filter" else o.smooth_cov
+    want_prec, known = (fprec, fk) if op == "filter" else (sprec, sk)
+    scale = max(1.0, np.abs(want_cov).max())
+    cov = got.cov.cpu().numpy()
+    assert np.abs(cov - want_cov).max() / scale < 1e-12, f"{op} covariance"
+    for k in range(S.T):
+        coord = np.diag(known[k]) == 1.0
+        assert (cov[k][coord] == 0).all() and (cov[k][:, coord] == 0).all(), k
+        S._check_precision(got.precision[k].cpu().numpy(), want_prec[k], f"{op} precision t={k}")
+    with pytest.raises(ValueError, match="backend='torch'"):
+        getattr(kd, op)(torch.as_tensor(z, device=DEVICE), **t, backend="triton")
+
+
+def test_gate_is_off_on_ordinary_models():
+    # random stable models with SPD Q and prior (the rest of this file): the fused path serves
+    # them, the gate kernel's bit stays 0 (float32's bound included, 1 / (64 eps n^2))
+    for seed, n in [(1, 2), (2, 3), (3, 4), (4, 8)]:
+        for dtype in (torch.float32, torch.float64):
+            z, kw = random_model(seed, n, 1, 5)
+            model, layout = laid_out(z, kw, dtype)
+            parts, flagged, gated = CD.run(model, layout)
+            assert parts is not None and not flagged and not gated, (seed, n, dtype)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("n", [2, 4, 8], ids=["n2", "n4", "n8"])
 def test_gpu_public_auto_smooth(ran_smooth, n):
@@ -588,13 +635,16 @@ from gpu import compile_sm90, triton_cuobjdump
 from kalmanscan.cuda import dense as CD
 tool = triton_cuobjdump()
 ints = {"T", "n", "L", "NC", "G", "NG"}
+gate = {"sPb": "i32", "sPi": "i32", "sPj": "i32", "pre_ptr": "*i1", "word_ptr": "*i32",
+        "bound": "fp32"}
 kernels = [(CD.chunk_elements, dict(D=1)), (CD.chunk_elements, dict(D=2)), (CD.group_elements, {}),
            (CD.carry, {}), (CD.chunk_filter, dict(D=1)), (CD.carries, {}),
-           (CD.chunk_smooth, {})]
+           (CD.chunk_smooth, {}), (CD.gate, dict(K=1))]
 for NP in (2, 4, 8):
     for fn, consts in kernels:
         consts = dict(consts, NP=NP)
-        sg = {a: "i32" if a in ints else "*fp32" for a in fn.arg_names if a not in consts}
+        sg = {a: gate.get(a, "i32" if a in ints else "*fp32") for a in fn.arg_names
+              if a not in consts}
         comp = compile_sm90(fn, sg, consts, 1)
         path = os.path.join(tempfile.mkdtemp(), "k.cubin")
         open(path, "wb").write(comp.asm["cubin"])
@@ -606,8 +656,8 @@ for NP in (2, 4, 8):
                           env=env, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert {r[0] for r in rows} >= {"carries", "chunk_smooth", "chunk_filter"}, rows
-    assert len(rows) == 21, rows
+    assert {r[0] for r in rows} >= {"carries", "chunk_smooth", "chunk_filter", "gate"}, rows
+    assert len(rows) == 24, rows
     for name, NP, regs, stack in rows:
         assert int(stack) == 0, f"{name} (NP = {NP}) spills registers: {rows}"
         assert int(regs) <= 255, (name, NP, regs)
@@ -620,15 +670,18 @@ for NP in (2, 4, 8):
 SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "allclose", "item", "nonzero",
             "masked_select", "_linalg_eigh", "linalg_cholesky", "linalg_inv"}  # fmt: skip
 # kd.filter / kd.smooth through the fused backend, n = 2, d = 1, T = 3, by device: (ATen ops
-# outside the kernels, views included; host synchronizations; kernel launches). On the CPU
-# (interpreted) the screen is read before the launches, bool(flag): one op. On CUDA it is read
-# after them through kalmanscan.cuda.filter._flags_reader (the only CUDA-only ATen work on this
-# path): flag.reshape(1), the pinned torch.empty, copy_, and host[0] before the same scalar read,
-# 4 ops more; T = 3 is one chunk of 32 steps there, no chunk_elements launch. (Before issue 25:
-# 16 synchronizations; before the host-path trim: 108 / 119 ops here, 112 measured on the H200.)
+# outside the kernels, views included; host synchronizations; kernel launches). The screen's
+# flag and the gate kernel's (a direction known exactly, launched first) are one int32 word:
+# flag.reshape(1) and the word's torch.zeros. On the CPU (interpreted) it is read before the
+# launches, word.tolist(). On CUDA it is read after them through
+# kalmanscan.cuda.filter._flags_reader (the only CUDA-only ATen work on this path): the pinned
+# torch.empty, copy_, and host[0] before the scalar read, 4 ops more than tolist; T = 3 is one
+# chunk of 32 steps there, no chunk_elements launch. (Before issue 25: 16 synchronizations;
+# before the host-path trim: 108 / 119 ops here, 112 measured on the H200; before the gate
+# kernel 39 / 44 ops and 3 / 4 launches on the CPU.)
 HOST_PATH = {
-    "cpu": {"filter": (39, 1, 3), "smooth": (44, 1, 4)},
-    "cuda": {"filter": (43, 1, 2), "smooth": (48, 1, 3)},
+    "cpu": {"filter": (40, 1, 4), "smooth": (45, 1, 5)},
+    "cuda": {"filter": (44, 1, 3), "smooth": (49, 1, 4)},
 }
 
 

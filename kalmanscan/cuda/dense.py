@@ -30,6 +30,11 @@ Reduce-then-scan over chunks of ``L`` steps:
    state's error by the same factor, and the smoother starts each chunk end from the filter's
    outputs.
 
+Before them, ``gate`` (one program per series) tests whether a direction of the state may be
+known exactly (:func:`kalmanscan.dense.singular.gate` for this class: ``F F' + Q`` or the prior
+covariance flagged by the screen), where these inversions have no finite answer; its bit shares
+the screen's word, read back once, and such a model goes to the torch scan (:class:`Unserved`).
+
 The smoother (``kd.smooth``) runs the filter, its chunk elements computed for every chunk and
 group, then:
 
@@ -64,6 +69,7 @@ import triton.language as tl
 
 from kalmanscan.cuda._common import cdiv, empty, helper, interpreting, launch, next_pow2
 from kalmanscan.cuda.filter import _flags_reader
+from kalmanscan.dense.parallel import rank_tol
 
 LOG_2PI = tl.constexpr(math.log(2 * math.pi))
 MAX_N = 8
@@ -152,6 +158,50 @@ def _solve_spd(M, X, rv, ri, cj, n, NP: tl.constexpr):
 def _inv_spd(P, rv, ri, cj, n, NP: tl.constexpr):
     """Inverse of an SPD [NP, NP] tile (padding set to the identity) by Gauss-Jordan."""
     return _solve_spd(P, tl.where(ri == cj, 1.0, 0.0).to(P.dtype), rv, ri, cj, n, NP)
+
+
+@helper
+def _screened(M, rv, ri, cj, n, bound, NP: tl.constexpr):
+    """:func:`kalmanscan.dense.singular.screen` of a PSD [NP, NP] tile (padding zero): True where
+    ``max |diag M| max |diag M^-1| >= bound`` (``1 / (tol n^2)``) or the inverse is not finite (a
+    singular M's Gauss-Jordan meets a zero pivot)."""
+    Minv = _inv_spd(M, rv, ri, cj, n, NP)
+    on = (ri == cj) & (ri < n)
+    dm = tl.max(tl.max(tl.where(on, tl.abs(M), 0.0), axis=1), axis=0)
+    di = tl.max(tl.max(tl.where(on, tl.abs(Minv), 0.0), axis=1), axis=0)
+    # max drops NaN (PTX max, the interpreter's maximum): the non-finite entries counted apart
+    # (x - x is 0 exactly where x is finite)
+    nonfinite = tl.sum(tl.sum(tl.where(Minv - Minv == 0.0, 0, 1), axis=1), axis=0)
+    return (nonfinite > 0) | (dm * di >= bound)
+
+
+@triton.jit
+def gate(
+    F_ptr, Q_ptr, P_ptr, sPb, sPi, sPj, pre_ptr, word_ptr,
+    n, bound,
+    K: tl.constexpr, NP: tl.constexpr,
+):  # fmt: skip
+    """Series ``pid0``: bit ``K`` of ``word`` [1] (int32, zero) set where a direction of the state
+    may be known exactly, :func:`kalmanscan.dense.singular.gate` for this backend's model class
+    (time-invariant F and Q, a proper prior, a positive-definite R): ``F F' + Q`` or the prior
+    covariance flagged by the screen. Program 0 also sets bit ``k`` for the ``K`` bools at
+    ``pre`` (the launch's other flags: one word read back, one synchronization)."""
+    s = tl.program_id(0).to(tl.int64)
+    rv = tl.arange(0, NP)
+    ri = rv[:, None]
+    cj = rv[None, :]
+    mm = (ri < n) & (cj < n)
+    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    Pm = tl.load(P_ptr + s * sPb + ri * sPi + cj * sPj, mask=mm, other=0.0)
+    flagged = _screened(_sym(_mmt(Fm, Fm) + Qm), rv, ri, cj, n, bound, NP)
+    flagged = flagged | _screened(_sym(Pm), rv, ri, cj, n, bound, NP)
+    if flagged:
+        tl.atomic_or(word_ptr, 1 << K)
+    if s == 0:
+        for k in tl.static_range(K):
+            if tl.load(pre_ptr + k).to(tl.int32) != 0:
+                tl.atomic_or(word_ptr, 1 << k)
 
 
 @helper
@@ -581,7 +631,7 @@ def unsupported(model, layout) -> str | None:
 
 
 def run(model, layout, checks=None):
-    """Filter of a laid-out model (z with NaN where missing): ``(parts, flagged)``, parts
+    """Filter of a laid-out model (z with NaN where missing): ``(parts, flagged, gated)``, parts
     (mean, cov, precision, pred_mean, pred_cov, loglik) in the user's layout (time on its axis;
     views of one buffer), or None where nothing was launched; see :func:`_launch`. The caller
     has checked :func:`unsupported`."""
@@ -594,6 +644,32 @@ def run_smooth(model, layout, checks=None):
     return _launch(model, layout, True, checks)
 
 
+KNOWN_MESSAGE = (
+    "backend: 'triton' (dense) serves models in which no direction of the state is known "
+    "exactly; here F F' + Q or the prior covariance is singular or nearly so (condition number "
+    "above 1/(64 eps n^2)), where the precision follows the rule of docs/dense.md 'Known "
+    "directions': use backend='torch'"
+)
+
+
+class Unserved(ValueError):
+    """A valid model outside the ``"triton"`` backend's class, found by its launch's one
+    read-back or by :func:`check_inputs`: a direction of the state may be known exactly
+    (``F F' + Q`` or the prior covariance singular, or nearly: :func:`gate`; the precision and
+    the smoother then follow the rule of :mod:`kalmanscan.dense.singular`, which the torch scan
+    applies, where the fused kernels invert covariances and predictions), an R that is not
+    positive definite, or a full R with missing observations. ``model``: the checked model,
+    which ``backend="auto"`` hands to the torch scan."""
+
+    def __init__(self, message, model=None):
+        super().__init__(message)
+        self.model = model
+
+
+R_SINGULAR_MESSAGE = (
+    "R: backend 'triton' needs positive-definite observation-noise covariances; for a singular "
+    "R use backend='torch' (where H Q H' + R is positive definite) or 'native' (CPU)"
+)
 R_MISSING_MESSAGE = (
     "R: backend 'triton' needs a diagonal R when observations are missing (a full R is whitened, "
     "which mixes the components); use backend='torch'"
@@ -616,14 +692,11 @@ def check_inputs(model, layout):
         raise ValueError(Z_INF_MESSAGE)
     if layout.d > 1 and bool(_full_r(R)):
         if bool(torch.isnan(z).any()):
-            raise ValueError(R_MISSING_MESSAGE)
+            raise Unserved(R_MISSING_MESSAGE)
         if bool(torch.linalg.cholesky_ex(R)[1].any()):
-            raise ValueError("R: backend 'triton' needs positive-definite R; use 'native' (CPU)")
+            raise Unserved(R_SINGULAR_MESSAGE)
     elif not bool((torch.diagonal(R, dim1=-2, dim2=-1) > 0).all()):
-        raise ValueError(
-            "R: backend 'triton' needs positive-definite observation-noise covariances; "
-            "for a singular R use backend='native' (CPU)"
-        )
+        raise Unserved(R_SINGULAR_MESSAGE)
 
 
 def _series(t):
@@ -641,7 +714,7 @@ def _series(t):
 
 
 def _launch(model, layout, smooth: bool, checks=None):
-    """Launch the kernels: ``(parts, flagged)``. Their inputs are screened on the device
+    """Launch the kernels: ``(parts, flagged, gated)``. Their inputs are screened on the device
     (:func:`kalmanscan.dense._args.any_bad`) for what :func:`check_inputs` refuses (an infinite
     observation; an R without a Cholesky factor, a full one with missing observations) and, with
     ``checks`` (:class:`kalmanscan.dense._args.ValueChecks`), for what its exact checks could
@@ -649,8 +722,10 @@ def _launch(model, layout, smooth: bool, checks=None):
     the call's one host synchronization: with d = 1 on a GPU after the launches, waiting for the
     screen only (:func:`_flags_reader`); with d > 1 before them, with whether R is full
     (whitened); on the CPU (the interpreter, whose kernels refuse NaN pivots) before them too.
-    ``flagged``: the screen was set, the caller must run the exact checks; parts None: nothing
-    was launched. Scratch and outputs share one buffer; the outputs are views of it in the
+    ``flagged``: the screen was set, the caller must run the exact checks; ``gated``: the
+    :func:`gate` kernel (launched first, its bit in the same word) found that a direction of the
+    state may be known exactly, the caller must not use the parts; parts None: nothing was
+    launched. Scratch and outputs share one buffer; the outputs are views of it in the
     user's layout."""
     from kalmanscan.dense import _args
 
@@ -660,7 +735,7 @@ def _launch(model, layout, smooth: bool, checks=None):
     z = model.z
     parts = ([], [], []) if checks is None else checks.screen()
     if parts is None:  # no prior covariance: the exact checks decide
-        return None, True
+        return None, True, False
     finite, symmetric, flags = parts
     finite.append(torch.nan_to_num(z, nan=0.0, posinf=math.nan, neginf=math.nan))  # inf: NaN
     full = False
@@ -673,18 +748,27 @@ def _launch(model, layout, smooth: bool, checks=None):
         Lr, info = torch.linalg.cholesky_ex(R)
         full_t = _full_r(R)
         flags += [info.any(), full_t & torch.isnan(z).any()]
+    F, c, Q = _series(model.F), _series(model.c), _series(model.Q)
+    NP = max(2, next_pow2(n))
+    nw = 1 if interpreting() else TUNING["num_warps"]
+    # one word read back: bit 0 the screen, bit 1 a full R (d > 1), the last bit the gate (a
+    # direction may be known exactly: the torch scan applies kalmanscan/dense/singular.py's rule)
+    bad = _args.any_bad(finite, symmetric, flags)
+    pre = torch.stack([bad, full_t]) if d > 1 else bad.reshape(1)
+    word = torch.zeros((1,), dtype=torch.int32, device=dev)
+    P0 = model.P0
+    bound = 1.0 / (rank_tol(dtype) * n * n)
+    launch(gate, (B,), F, Q, P0, *P0.stride(), pre, word, n, bound, K=pre.numel(), NP=NP,
+           num_warps=nw)  # fmt: skip
+    gated_bit = 1 << pre.numel()
     if d > 1 or not z.is_cuda:
-        bad = _args.any_bad(finite, symmetric, flags)
-        if d > 1:
-            flagged, full = torch.stack([bad, full_t]).tolist()
-        else:
-            flagged = bool(bad)
-        if flagged:
-            return None, True
+        bits = word.tolist()[0]
+        full = bool(bits & 2) if d > 1 else False
+        if bits & (1 | gated_bit):
+            return None, bool(bits & 1), bool(bits & gated_bit)
         read = None
     else:
-        read = _flags_reader(_args.any_bad(finite, symmetric, flags).reshape(1))
-    F, c, Q = _series(model.F), _series(model.c), _series(model.Q)
+        read = _flags_reader(word)
     ll_shift = None
     if full:
         H = model.H[:, 0]
@@ -697,12 +781,10 @@ def _launch(model, layout, smooth: bool, checks=None):
         if d > 1:
             r = torch.diagonal(R, dim1=-2, dim2=-1).contiguous()
     z = z.contiguous()
-    NP = max(2, next_pow2(n))
     L = chunk_length(T)
     NC = cdiv(T, L)
     G = group_size(NC)
     NG = cdiv(NC, G)
-    nw = 1 if interpreting() else TUNING["num_warps"]
     # one buffer: scratch (chunk and group elements, carried states) and outputs, each piece
     # at a multiple of 32 elements (aligned pointers)
     el, blk = (3 * NP + 2) * NP, (NP + 1) * NP
@@ -775,7 +857,8 @@ def _launch(model, layout, smooth: bool, checks=None):
         launch(chunk_smooth, (NC, B), F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC,
                NP=NP, num_warps=nw)  # fmt: skip
         parts += (smean, scov, sprec)
-    return parts, bool(read()) if read is not None else False
+    bits = read() if read is not None else 0
+    return parts, bool(bits & 1), bool(bits & gated_bit)
 
 
 def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
@@ -788,7 +871,9 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     and read back once (:func:`_launch`); where the screen is set they run exactly, raising as
     ``prepare`` does, then :func:`check_inputs`. Returns the checked model (a
     :class:`kalmanscan.dense._args.Model`, not results) where they find a prior covariance with
-    inf on its diagonal (diffuse: outside this backend's class); the caller dispatches it."""
+    inf on its diagonal (diffuse: outside this backend's class); the caller dispatches it.
+    Raises :class:`Unserved` (a ``ValueError``) where a direction of the state may be known
+    exactly (:func:`gate`)."""
     from kalmanscan.dense import _args
     from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult
 
@@ -796,17 +881,26 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     if why is not None:
         raise ValueError(f"backend: 'triton' (dense) serves {why}; use backend='torch'")
     go = run_smooth if smooth else run
-    parts, flagged = go(model, layout, checks)
+    parts, flagged, gated = go(model, layout, checks)
+    checked = None
     if flagged:  # the exact checks, raising naming the input
         if checks is not None:
             checked = checks.run(model)
             if checked.P0 is None:
                 return checked
-        check_inputs(model, layout)
-        if parts is None:  # nothing launched
-            parts, flagged = go(model, layout)
+        try:
+            check_inputs(model, layout)
+        except Unserved as e:
+            e.model = model if checked is None else checked
+            raise
+        if parts is None and not gated:  # nothing launched
+            parts, flagged, gated = go(model, layout)
             if flagged:
                 raise RuntimeError("triton dense: the input screen and check_inputs disagree")
+    if gated:  # a direction may be known exactly: the rule is the torch scan's
+        if checked is None and checks is not None:
+            checked = checks.run(model)
+        raise Unserved(KNOWN_MESSAGE, model if checked is None else checked)
     diffuse = torch.zeros(_args.output_strides(layout)[0], dtype=torch.bool, device=parts[0].device)
     if layout.to_numpy:
         parts = [t.detach().cpu().numpy() for t in parts]

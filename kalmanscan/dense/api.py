@@ -86,12 +86,18 @@ def _run(
     name = backends.resolve(backend, model.z.device, op="dense")
     checked = None
     if name == "triton":
-        from kalmanscan.cuda.dense import dense_triton, unsupported
+        from kalmanscan.cuda.dense import Unserved, dense_triton, unsupported
 
         # the value checks screened on the device, no host synchronization before the launches
         # (kalmanscan.cuda.dense._launch); a Model back: the checked model, its prior diffuse
         if unsupported(model, layout) is None:
-            res = dense_triton(model, layout, smooth, chunk, checks)
+            try:
+                res = dense_triton(model, layout, smooth, chunk, checks)
+            except Unserved as e:  # outside its class (a known direction, R): the torch scan
+                if backend != "auto":
+                    raise
+                res = e.model
+                name = "torch"
             if not isinstance(res, _args.Model):
                 return res
             checked = res
@@ -323,8 +329,9 @@ def filter(
     same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),
     ``"diagonal"`` (the scalar core :func:`kalmanscan.filter`, for a diagonal model with d == n),
     ``"triton"`` (fused GPU filter and smoother: proper prior, time-invariant matrices, n <= 8,
-    no grad; ``"auto"`` on CUDA takes it for such calls, ``"torch"`` for the rest). ``chunk`` is
-    the block length of the torch scan.
+    no grad, a positive-definite R and no direction of the state known exactly; ``"auto"`` on
+    CUDA takes it for such calls, ``"torch"`` for the rest). ``chunk`` is the block length of the
+    torch scan.
 
     >>> import numpy as np, kalmanscan.dense as kd
     >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
