@@ -6,7 +6,11 @@ with the variances times ``c**2``. Positive parameters are optimized as logs, ``
 those standardized units, with no bounds. Every series takes its own Newton steps with its own
 line search, all series advancing together in one filter call per step; the gradient and Hessian
 come from a central-difference stencil of log-likelihood values
-(:mod:`kalmanscan.timeseries.optim`), and the Hessian at the estimate gives the standard errors.
+(:mod:`kalmanscan.timeseries.optim`). A positive estimate that ends below ``_SMALL`` of the scale
+is finished in natural coordinates (:func:`_refine_small`: the bound 0 as an active constraint),
+and the standard errors come from a Hessian in natural coordinates from exact gradients
+(:func:`_natural_hessian`), not from the stencil in logs, which rounds a small variance's
+curvature away.
 The scale ``s`` is the smaller of the standard deviation and the typical step, so a variance is
 judged to sit on its bound 0 relative to the noise of the record. The model: docs/model.md; the
 method and its measured cost: docs/performance-cpu.md, "Fitting".
@@ -46,6 +50,10 @@ _SCALE_RANGE = (1e-150, 1e150)
 # is checked for dominating the fit (refit without it)
 _OUTLIER_E2 = 25.0
 _STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained coordinates
+# standard errors and small estimates: Hessians in natural coordinates from exact gradients
+_NAT_REL = 1e-4  # relative step of the gradient differences (_natural_hessian)
+_SMALL = 1e-3  # a positive estimate below this (standardized) is finished in natural coordinates
+_REFINE_ITER = 20
 
 
 @dataclass
@@ -357,9 +365,10 @@ def _params_of(data: _Data, u, series):
     return out
 
 
-def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
+def _series_loglik(data: _Data, x: dict, series, outputs: bool = False, grad: bool = False):
     """Log-likelihood ``[P, n]`` of ``series [n]`` (standardized) at ``x {name: [P, n]}``;
-    with ``outputs`` the whole :class:`kalmanscan.FilterResult` (lanes ``[n, P]``)."""
+    with ``outputs`` the whole :class:`kalmanscan.FilterResult` (lanes ``[n, P]``); with
+    ``grad`` differentiable (autograd) in ``x``."""
     P, n = x["obs_var"].shape
     cols = np.repeat(np.asarray(series), P)  # lanes (series, point): one gather
     if data.zs.device.type == "cpu":  # numpy's take is several times faster than torch's here
@@ -377,6 +386,8 @@ def _series_loglik(data: _Data, x: dict, series, outputs: bool = False):
     )  # fmt: skip
     if outputs:
         return filter_api.filter(z, **args, axis=0, backend=data.backend)
+    if grad:
+        return filter_api.loglik(z, **args, axis=0, backend=data.backend).T
     return _loglik(z, *args.values(), data.backend).T
 
 
@@ -396,6 +407,213 @@ def _objective(data: _Data):
         return -(ll.cpu().numpy() / np.maximum(data.n_obs[idx], 1))
 
     return fun
+
+
+def _natural_grad(data: _Data, X: np.ndarray, idx) -> tuple:
+    """``(ll [P, n], g [P, n, k])``: the total log-likelihood of groups ``idx [n]`` at ``X [P, n,
+    k]``, the free parameters in natural standardized units (not logs), and its exact gradient
+    in them (autograd: the compiled kernel's adjoint, or the backend's own)."""
+    like = data.zs
+    P, n, k = X.shape
+    Xt = torch.as_tensor(np.ascontiguousarray(X), dtype=like.dtype, device=like.device)
+    Xt.requires_grad_(True)
+    with torch.enable_grad():
+        if data.joint:  # one group: every series at each point
+            series = np.arange(like.shape[1])
+            Xs = Xt[:, :1, :].expand(P, series.size, k)
+        else:
+            series = np.asarray(idx)
+            Xs = Xt
+        x = {p: Xs[..., j] for j, p in enumerate(data.free)}
+        for p, v in data.fixed.items():
+            x[p] = torch.as_tensor(v[series], dtype=like.dtype, device=like.device).expand(
+                P, series.size
+            )
+        ll = _series_loglik(data, x, series, grad=True)
+        if data.joint:
+            ll = ll.sum(1, keepdim=True)
+        (g,) = torch.autograd.grad(ll.sum(), Xt)
+    return ll.detach().cpu().numpy(), g.cpu().numpy()
+
+
+def _natural_hessian(data: _Data, x: np.ndarray, idx, on_bound=None) -> tuple:
+    """``(f [n], g [n, k], H [n, k, k])``: the total negative log-likelihood of groups ``idx
+    [n]`` at ``x [n, k]`` (free parameters, natural standardized units), its exact gradient and
+    its Hessian by central differences of exact gradients, one call of ``1 + 2k`` points.
+
+    Steps: ``_NAT_REL`` times ``x`` for a positive parameter (the point stays inside its
+    range, however close to 0), times ``max(|x|, 1)`` for ``mu``. The log-likelihood varies on a
+    scale of at least the parameter itself, so the truncation error is ``O(_NAT_REL**2)``
+    relative; the rounding error is that of the gradients over the step, ~1e-11 relative at 1e-4
+    of the data's scale (the stencil in ``log x`` of the fit loses the curvature of a small
+    variance to rounding: its second differences are ``x**2 d2L/dx2 h**2``). ``on_bound [n,
+    k]``: estimates on their bound 0 (~1e-14), differenced forward by ``_NAT_REL * _SMALL``."""
+    n, k = x.shape
+    positive = np.array([p in _POSITIVE for p in data.free], dtype=bool)
+    fwd = np.zeros((n, k), bool) if on_bound is None else np.asarray(on_bound, bool)
+    h = _NAT_REL * np.where(positive, np.abs(x), np.maximum(np.abs(x), 1.0))
+    h = np.where(fwd, _NAT_REL * _SMALL, h)
+    X = np.repeat(x[None], 1 + 2 * k, 0)
+    for j in range(k):
+        X[1 + 2 * j, :, j] += h[:, j]
+        X[2 + 2 * j, :, j] -= np.where(fwd[:, j], 0.0, h[:, j])
+    ll, g = _natural_grad(data, X, idx)
+    g = -g
+    H = np.empty((n, k, k))
+    for j in range(k):
+        span = np.where(fwd[:, j], 1.0, 2.0) * h[:, j]
+        H[:, :, j] = (g[1 + 2 * j] - g[2 + 2 * j]) / span[:, None]
+    return -ll[0], g[0], 0.5 * (H + np.swapaxes(H, 1, 2))
+
+
+def _natural(u: np.ndarray, positive: np.ndarray) -> np.ndarray:
+    """The free parameters in natural standardized units from the optimizer's ``u``."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.where(positive, np.exp(u), u)
+
+
+def _held(data: _Data, at_boundary: np.ndarray) -> np.ndarray:
+    """``[G, k]``: the free estimates held in the observed information: those on their bound, and
+    ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0)."""
+    free = data.free
+    held = np.asarray(at_boundary, dtype=bool).copy()
+    if "mu" in free:
+        m = free.index("mu")
+        if "theta" in free:
+            held[:, m] |= held[:, free.index("theta")]
+        elif "theta" in data.fixed:
+            zero = np.asarray(data.fixed["theta"]) == 0
+            held[:, m] |= np.array([zero.all()]) if data.joint else zero
+    return held
+
+
+def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
+    """Check and finish, in natural coordinates, the converged groups with a positive estimate
+    below ``_SMALL`` times the data's scale (not on its bound).
+
+    The Newton method in ``u = log x`` judges convergence on ``x dL/dx``, which vanishes with
+    ``x`` whatever the slope, and its stencil loses the curvature of a small ``x`` to rounding:
+    it can stop at ``x`` of ~1e-5 of the scale where the likelihood still rises towards 0 (a
+    noise-free random walk whose increments have a lag-1 sum of products of 0 or more: the slope
+    of the profile likelihood at ``obs_var = 0`` is minus that sum). Here Newton steps in ``x``
+    (exact gradients, :func:`_natural_hessian`) on the free estimates that are not held, with
+    bounds as active constraints: a small positive estimate that a step would take to
+    ``optim.BOUNDARY`` or below (the local quadratic's maximum is on or beyond the bound) is put
+    on its bound (``exp(optim._BOUND_TARGET)``, as the optimizer does) and the others stepped
+    with it held; one on its bound whose full step leads back above ``optim.BOUNDARY`` is
+    released. Steps go on while the likelihood does not fall (to a step of 1e-8 relative,
+    ``_REFINE_ITER`` at most); the result replaces the optimizer's where its likelihood is at
+    least as high (to rounding), with ``at_boundary`` set for the estimates left on their bound.
+    """
+    x_all = _natural(opt.u, positive)
+    held0 = _held(data, opt.at_boundary)
+    small = positive[None, :] & ~held0 & (x_all < _SMALL)
+    cand = np.flatnonzero((opt.status == optim.CONVERGED) & small.any(1))
+    if cand.size == 0:
+        return opt
+    n_tot = np.array([data.n_obs.sum()]) if data.joint else data.n_obs
+    n_tot = np.maximum(n_tot, 1).astype(np.float64)[cand]
+    f_opt = opt.f[cand] * n_tot  # the optimizer's total negative log-likelihood
+    x = x_all[cand].copy()
+    held = held0[cand]
+    sm = small[cand]
+    on = np.zeros(x.shape, bool)  # small estimates put on their bound here
+    bound_x = math.exp(optim._BOUND_TARGET)
+    live = np.ones(cand.size, bool)
+    prev = (x.copy(), on.copy(), np.full(cand.size, np.inf))  # the last point that was no worse
+    checked = np.zeros(cand.size, bool)  # prev holds a point whose likelihood was evaluated
+    f_last = np.full(cand.size, np.nan)
+    iters = np.zeros(cand.size, np.int64)
+    for _ in range(_REFINE_ITER):
+        a = np.flatnonzero(live)
+        if a.size == 0:
+            break
+        fa, ga, Ha = _natural_hessian(data, x[a], cand[a], on[a] | opt.at_boundary[cand[a]])
+        good = np.isfinite(fa) & np.isfinite(ga).all(1) & np.isfinite(Ha).all((1, 2))
+        # a step that lowered the likelihood (beyond rounding) is undone, and the group stops;
+        # a step that put an estimate on its bound is judged at the end (the others were not
+        # yet re-optimized for it)
+        worse = ~good | (fa > prev[2][a] + 1e-13 * (1 + np.abs(prev[2][a])))
+        back = a[worse]
+        x[back], on[back] = prev[0][back], prev[1][back]
+        live[back] = False
+        a, fa, ga, Ha = a[~worse], fa[~worse], ga[~worse], Ha[~worse]
+        prev[0][a], prev[1][a], prev[2][a] = x[a], on[a], fa
+        checked[a] = True
+        f_last[a] = fa
+        iters[a] += 1
+        # the full step on every free estimate (those on a bound here included) ...
+        free = ~held[a]
+        d = _newton_steps(ga, Ha, free)
+        ok = np.isfinite(d).all(1)
+        live[a[~ok]] = False
+        a, ga, Ha, d, free = a[ok], ga[ok], Ha[ok], d[ok], free[ok]
+        # ... decides which small estimates are on their bound: those it takes to the bound
+        stay = sm[a] & (x[a] + d <= optim.BOUNDARY)
+        on[a] = stay
+        x[a] = np.where(stay, bound_x, x[a])
+        # the others' step with those held
+        d = np.where(stay.any(1)[:, None], _newton_steps(ga, Ha, free & ~stay), d)
+        bad = ~np.isfinite(d).all(1)
+        live[a[bad]] = False
+        d = np.where(np.isfinite(d), d, 0.0)
+        xa = x[a]
+        # a positive estimate keeps at least a tenth of itself in one step
+        shrink = positive[None, :] & ~stay & (xa + d < 0.1 * xa)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(shrink, 0.9 * xa / -d, 1.0).min(1, initial=1.0)
+        x[a] = np.where(stay, xa, xa + t[:, None] * d)
+        moved = stay & ~prev[1][a]  # newly on a bound: its likelihood is judged at the end
+        prev[2][a[moved.any(1)]] = np.inf
+        tiny = np.where(positive[None, :], np.abs(d) <= 1e-8 * xa, np.abs(d) <= 1e-8)
+        settled = (tiny | stay | held[a]).all(1) & (t == 1.0) & ~moved.any(1)
+        live[a[settled]] = False  # its last step taken: rounding is all that is left
+    # the point to keep per group: the last one evaluated, unless a later step is pending
+    fin_x, fin_on = prev[0], prev[1]
+    pending = live | (prev[2] == np.inf)
+    if pending.any():  # evaluate the points not yet evaluated
+        p = np.flatnonzero(pending)
+        fp = -_natural_grad(data, x[p][None], cand[p])[0][0]
+        use = np.isfinite(fp)
+        fin_x[p[use]], fin_on[p[use]], f_last[p[use]] = x[p[use]], on[p[use]], fp[use]
+    better = np.isfinite(f_last) & (f_last <= f_opt + 1e-13 * (1 + np.abs(f_opt)))
+    if not better.any():
+        return opt
+    g = cand[better]
+    u, f = opt.u.copy(), opt.f.copy()
+    xb = fin_x[better]
+    u[g] = np.where(positive, np.log(np.maximum(xb, 1e-300)), xb)
+    u[g] = np.where(fin_on[better], optim._BOUND_TARGET, u[g])
+    f[g] = f_last[better] / n_tot[better]
+    at_b = opt.at_boundary.copy()
+    at_b[g] |= fin_on[better]
+    n_iter = opt.n_iter.copy()
+    n_iter[g] += iters[better]
+    return opt._replace(u=u, f=f, at_boundary=at_b, n_iter=n_iter)
+
+
+def _newton_steps(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """``d [n, k]``: the Newton steps ``-H^-1 g`` on the ``free [n, k]`` coordinates (0
+    elsewhere); NaN rows where that block is not positive definite (no maximum to step to)."""
+    d = np.zeros_like(g)
+    for pattern in np.unique(free, axis=0):
+        rows = np.flatnonzero((free == pattern).all(1))
+        keep = np.flatnonzero(pattern)
+        if keep.size == 0:
+            continue
+        B = H[rows][:, keep][:, :, keep]
+        diag = np.abs(np.diagonal(B, axis1=1, axis2=2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dj = np.where(diag > 0, 1 / np.sqrt(diag), 1.0)  # Jacobi scaling: units aside
+        B = B * dj[:, :, None] * dj[:, None, :]
+        lam = np.linalg.eigvalsh(B)
+        pd = lam.min(1) > 1e-12 * np.abs(lam).max(1)
+        d[rows[~pd]] = np.nan
+        if pd.any():
+            gs = g[rows[pd]][:, keep] * dj[pd]
+            step = -np.linalg.solve(B[pd], gs[..., None])[..., 0] * dj[pd]
+            d[np.ix_(rows[pd], keep)] = step
+    return d
 
 
 def _xp(x):
@@ -588,6 +806,7 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
             _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H,
             active=active,
         )  # fmt: skip
+        opt = _refine_small(data, opt, positive)
     else:  # nothing to fit (a profile point of the only free parameter): the likelihood only
         status = np.where(active, optim.CONVERGED, optim.RUNNING)
         empty = np.zeros((G, 0))
@@ -637,24 +856,61 @@ def _mu_unused(core: _Core, joint: bool) -> np.ndarray:
     return np.array([zero.all()]) if joint else zero
 
 
-def _standard_errors(core: _Core, free, joint):
-    """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the stencil
-    Hessian at the estimate, where the estimate is converged and the Hessian positive definite;
-    ``why`` holds the reason (a short text) where not.
+def _information(core: _Core, free) -> np.ndarray:
+    """``[G, k, k]``: the Hessian of the total negative log-likelihood in the free parameters
+    (natural standardized units) at the estimate of every converged group, from exact gradients
+    (:func:`_natural_hessian`; NaN elsewhere)."""
+    opt, data = core.opt, core.data
+    G, k = opt.u.shape
+    H = np.full((G, k, k), np.nan)
+    idx = np.flatnonzero(opt.status == optim.CONVERGED)
+    if idx.size and k:
+        positive = np.array([p in _POSITIVE for p in free], dtype=bool)
+        x = _natural(opt.u[idx], positive)
+        H[idx] = _natural_hessian(data, x, idx, opt.at_boundary[idx])[2]
+    return H
+
+
+def _standard_errors(core: _Core, free, joint, hess=None):
+    """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the Hessian at
+    the estimate, where the estimate is converged and the Hessian positive definite; ``why``
+    holds the reason (a short text) where not.
+
+    ``hess [G, k, k]``: the Hessian of the total negative log-likelihood in the natural
+    standardized parameters (:func:`_information`: exact gradients differenced, right however
+    small a variance); without it, the fit's stencil Hessian in ``u = log x`` (whose curvature
+    in a variance of ~1e-5 of the data's scale is rounding noise).
 
     A parameter on its bound 0 gets none (``OUFit.upper_bound`` bounds it instead); the others get
     the observed information of the free parameters with it held at 0: the Hessian block of the
-    interior coordinates, which the stencil evaluates with the boundary coordinate at its held
-    value (an effect of ~1e-14 of the data's scale). ``theta`` on its bound also holds ``mu``,
-    which does not enter the likelihood of a random walk. docs/model.md, "Estimates on a boundary".
+    interior coordinates, evaluated with the boundary coordinate at its held value (an effect of
+    ~1e-14 of the data's scale). ``theta`` on its bound also holds ``mu``, which does not enter
+    the likelihood of a random walk. docs/model.md, "Estimates on a boundary".
     """
     opt = core.opt
     G, k = opt.u.shape
-    nobs = core.data.n_obs
-    n = np.array([nobs.sum()]) if joint else nobs
-    positive = np.array([p in _POSITIVE for p in free])
-    # Hessian of the total negative log-likelihood in u; u = log x adds g_j on the diagonal
-    Hu = opt.H * n[:, None, None] - (opt.g * n[:, None] * positive)[:, :, None] * np.eye(k)
+    s = core.s[:1] if joint else core.s
+    if hess is None:
+        nobs = core.data.n_obs
+        n = np.array([nobs.sum()]) if joint else nobs
+        positive = np.array([p in _POSITIVE for p in free])
+        # Hessian of the total negative log-likelihood in u; u = log x adds g_j on the diagonal
+        Hu = opt.H * n[:, None, None] - (opt.g * n[:, None] * positive)[:, :, None] * np.eye(k)
+        jac = np.stack(
+            [np.abs(core.est[p][:1] if joint else core.est[p]) if p in _POSITIVE else s
+             for p in free],
+            1,
+        )  # d natural / d u, [G, k]  # fmt: skip
+    else:
+        # scaled by its diagonal (Jacobi), so that the test of positive definiteness does not
+        # depend on the parameters' units (theta of 5e-5 beside mu of 200 standardized)
+        diag = np.abs(np.diagonal(hess, axis1=1, axis2=2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dj = np.where(np.isfinite(diag) & (diag > 0), 1 / np.sqrt(diag), 1.0)
+        Hu = hess * dj[:, :, None] * dj[:, None, :]
+        tau = core.tau
+        unit = {"theta": 1 / tau, "sigma2": s**2 / tau, "mu": s, "obs_var": s**2}
+        jac = np.stack([np.broadcast_to(unit[p], (G,)) for p in free], 1) * dj  # natural / std
     Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
     held = opt.at_boundary.copy()
     if "theta" in free and "mu" in free:
@@ -665,11 +921,6 @@ def _standard_errors(core: _Core, free, joint):
     why[opt.status != optim.CONVERGED] = "the fit did not converge"
     why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
     se = {p: np.full(G, np.nan) for p in PARAMS}
-    s = core.s[:1] if joint else core.s
-    jac = np.stack(
-        [np.abs(core.est[p][:1] if joint else core.est[p]) if p in _POSITIVE else s for p in free],
-        1,
-    )  # d natural / d u, [G, k]
     for _, rows, keep, pd, cov in optim.held_covariances(Hu, held, why == ""):
         why[rows[~pd]] = "the Hessian is not positive definite (a parameter is not identified)"
         if cov is not None:
@@ -928,7 +1179,8 @@ def _fit_finish(
     if not joint:
         notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,
                                 device)  # fmt: skip
-    se_g, se_ok, why = _standard_errors(core, free, joint)
+    hess = _information(core, free) if stderr else None
+    se_g, se_ok, why = _standard_errors(core, free, joint, hess)
     if stderr:
         lost = np.flatnonzero(~se_ok & (core.usable[:1] if joint else core.usable))
         for reason in sorted(set(why[lost])):

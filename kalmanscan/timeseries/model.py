@@ -66,6 +66,23 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     return float(arr) if arr.ndim == 0 else arr
 
 
+def _check_reciprocal(name, value):
+    """Refuse a positive variance whose reciprocal (a precision) overflows float64 (a
+    subnormal below ``1 / max``), as :func:`kalmanscan.filter` does, naming the same bound."""
+    if isinstance(value, torch.Tensor):
+        return  # the filter checks tensors in their own dtype
+    arr = np.asarray(value, dtype=np.float64)
+    with np.errstate(divide="ignore", over="ignore"):
+        bad = np.isinf(1.0 / arr)
+    if bad.any():
+        first = np.argwhere(bad)[0]
+        where = f" at index {tuple(int(i) for i in first)}" if arr.ndim else ""
+        raise ValueError(
+            f"{name}: expected values whose reciprocal is finite in {torch.float64} "
+            f"(>= {1 / np.finfo(np.float64).max:.3g}), got {arr[bad].ravel()[0].item()!r}{where}"
+        )
+
+
 def _has_labels(value) -> bool:
     """A pandas ``Series``/``DataFrame`` or an xarray ``DataArray`` with dims: values that name
     the series or steps they belong to."""
@@ -267,16 +284,22 @@ def _rescale_filter(res, c, observed):
         ll = ll - torch.as_tensor(shift, dtype=ll.dtype, device=ll.device)
     else:
         ll = np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
+    # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
+    # precision beyond float64 in z's units is inf, as kalmanscan.filter gives it
+    with np.errstate(over="ignore"):
+        precision = _scaled(_scaled(res.precision, 1.0 / c), 1.0 / c)
+        pred_precision = _scaled(_scaled(res.pred_precision, 1.0 / c), 1.0 / c)
+        lam = _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c)
     return type(res)(
         mean=_scaled(res.mean, c),
         var=_scaled(res.var, c2),
-        precision=_scaled(res.precision, 1.0 / c2),
+        precision=precision,
         info=_scaled(res.info, 1.0 / c),
         pred_mean=_scaled(res.pred_mean, c),
         pred_var=_scaled(res.pred_var, c2),
-        pred_precision=_scaled(res.pred_precision, 1.0 / c2),
+        pred_precision=pred_precision,
         loglik=ll,
-        final=InfoState(_scaled(res.final.lam, 1.0 / c2), _scaled(res.final.eta, 1.0 / c)),
+        final=InfoState(lam, _scaled(res.final.eta, 1.0 / c)),
     )
 
 
@@ -338,6 +361,7 @@ class OUModel:
         set_("sigma2", _param_array("sigma2", self.sigma2, lo=0.0))
         set_("mu", _param_array("mu", self.mu))
         set_("obs_var", _param_array("obs_var", self.obs_var, lo=0.0, lo_open=True))
+        _check_reciprocal("obs_var", self.obs_var)
         if self.prior_mean is not None:
             set_("prior_mean", _param_array("prior_mean", self.prior_mean))
         if self.prior_var is not None:
@@ -423,9 +447,12 @@ class OUModel:
             sigma2, mu, obs_var = self.sigma2, self.mu, self.obs_var
             prior_mean, prior_var = self.prior(n_series_dims)
         else:
-            inv, inv2 = 1.0 / unit, 1.0 / (unit * unit)
+            # variances over c**2 as two divisions by c (c a power of two: exact): 1 / c**2
+            # overflows where every scale is subnormal (c below 2**-511)
+            inv = 1.0 / unit
             sigma2, mu, obs_var = (
-                _scaled(self.sigma2, inv2), _scaled(self.mu, inv), _scaled(self.obs_var, inv2)
+                _scaled(_scaled(self.sigma2, inv), inv), _scaled(self.mu, inv),
+                _scaled(_scaled(self.obs_var, inv), inv),
             )  # fmt: skip
             like = next((v for v in self.params().values() if isinstance(v, torch.Tensor)), None)
             if like is not None:  # tensor parameters: the scaled numbers become tensors too
@@ -438,7 +465,7 @@ class OUModel:
             if self.prior_mean is not None:
                 prior_mean = _scaled(self.prior_mean, inv)
             if self.prior_var is not None:
-                prior_var = _scaled(self.prior_var, inv2)
+                prior_var = _scaled(_scaled(self.prior_var, inv), inv)
         decay, process_var, offset = ou_arrays(self.theta, sigma2, mu, time_axis.dt, n_series_dims)
         return dict(
             obs_var=obs_var,
