@@ -57,11 +57,44 @@ _AUTHORS_FIXED = {
 _AUTHORS_IGNORED = ("backend", "mobius_impl", "checkpoint_ssm", "dt_rank", "scan_impl")
 
 
+# The largest float32: the layers' parameters are float32, so a config value beyond it (or
+# infinite) would build a parameter that is not finite.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_positive(name: str, value, *, integer: bool = False) -> None:
     kind = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
         expected = "a positive int" if integer else "a positive number"
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    if not integer and not value <= _FLOAT32_MAX:
+        raise ValueError(
+            f"{name}: expected a positive number, finite and at most {_FLOAT32_MAX:.4g} "
+            f"(float32's range), got {value!r}"
+        )
+
+
+def _check_finite(name: str, value) -> None:
+    """A real number (any sign) that a float32 parameter can hold."""
+    if not _is_number(value) or not -_FLOAT32_MAX <= value <= _FLOAT32_MAX:
+        raise ValueError(
+            f"{name}: expected a finite number (at most {_FLOAT32_MAX:.4g} in magnitude, "
+            f"float32's range), got {value!r}"
+        )
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected a bool (True or False), got {value!r}")
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
 
 
 @dataclass
@@ -105,8 +138,19 @@ class KLAConfig:
         _check_positive("d_state", self.d_state, integer=True)
         _check_positive("expand", self.expand)
         _check_positive("conv_kernel", self.conv_kernel, integer=True)
+        _check_bool("qk_norm", self.qk_norm)
+        _check_choice("discretization", self.discretization, _DISCRETIZATIONS)
         _check_positive("process_noise_init", self.process_noise_init)
+        _check_choice("process_noise_mode", self.process_noise_mode, _PROCESS_NOISE_MODES)
+        _check_choice("process_noise_param", self.process_noise_param, ("raw", "log"))
+        if self.process_noise_param == "log" and self.process_noise_mode != "learned":
+            raise ValueError(
+                "process_noise_param: 'log' is for learned process noise, got "
+                f"process_noise_mode={self.process_noise_mode!r}"
+            )
         _check_positive("obs_var_min", self.obs_var_min)
+        _check_finite("lambda_skip_init", self.lambda_skip_init)
+        _check_choice("gate_activation", self.gate_activation, _GATE_ACTIVATIONS)
         _check_positive("dt_min", self.dt_min)
         _check_positive("dt_max", self.dt_max)
         _check_positive("dt_init_floor", self.dt_init_floor)
@@ -117,29 +161,6 @@ class KLAConfig:
         from kalmanscan.core.backends import check_name
 
         check_name(self.backend, "kla")
-        if self.discretization not in _DISCRETIZATIONS:
-            raise ValueError(
-                f"discretization: expected one of {_DISCRETIZATIONS}, got {self.discretization!r}"
-            )
-        if self.process_noise_mode not in _PROCESS_NOISE_MODES:
-            raise ValueError(
-                f"process_noise_mode: expected one of {_PROCESS_NOISE_MODES}, "
-                f"got {self.process_noise_mode!r}"
-            )
-        if self.process_noise_param not in ("raw", "log"):
-            raise ValueError(
-                f"process_noise_param: expected 'raw' or 'log', got {self.process_noise_param!r}"
-            )
-        if self.process_noise_param == "log" and self.process_noise_mode != "learned":
-            raise ValueError(
-                "process_noise_param: 'log' is for learned process noise, got "
-                f"process_noise_mode={self.process_noise_mode!r}"
-            )
-        if self.gate_activation not in _GATE_ACTIVATIONS:
-            raise ValueError(
-                f"gate_activation: expected one of {_GATE_ACTIVATIONS}, "
-                f"got {self.gate_activation!r}"
-            )
 
     def d_inner(self, d_model: int) -> int:
         """Number of channels ``M`` for a layer of width ``d_model``."""
@@ -257,6 +278,15 @@ class ModelConfig:
             self.kla = KLAConfig(**self.kla)
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig(**self.attention)
+        if not isinstance(self.kla, KLAConfig):
+            raise ValueError(
+                f"kla: expected a KLAConfig or a dict of its fields, got {type(self.kla).__name__}"
+            )
+        if not isinstance(self.attention, AttentionConfig):
+            raise ValueError(
+                "attention: expected an AttentionConfig or a dict of its fields, got "
+                f"{type(self.attention).__name__}"
+            )
         _check_positive("vocab_size", self.vocab_size, integer=True)
         _check_positive("d_model", self.d_model, integer=True)
         _check_positive("n_layers", self.n_layers, integer=True)

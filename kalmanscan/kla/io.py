@@ -9,6 +9,7 @@ model lives in ``kalmanscan/kla/weights/``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -164,14 +165,65 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) ->
 # ---------------------------------------------------------------------- checkpoints
 
 
+def _metadata_type(value) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _check_metadata(value, where: str = "", depth: int = 0, seen: tuple = ()) -> None:
+    """A TypeError naming ``metadata`` and the key where ``value`` holds something JSON cannot
+    store as it is (json's types: dict with str keys, list/tuple, str, int, float, bool, None)."""
+    at = f" at {where!r}" if where else ""
+    if isinstance(value, (dict, list, tuple)):
+        if any(value is s for s in seen) or depth > 64:
+            raise ValueError(f"metadata: expected a tree of JSON values, got a cycle{at}")
+        seen = seen + (value,)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise TypeError(
+                        f"metadata: expected a JSON-serialisable dict (str keys), got a key "
+                        f"{k!r} of type {_metadata_type(k)}{at}"
+                    )
+                _check_metadata(v, f"{where}.{k}" if where else k, depth + 1, seen)
+        else:
+            for i, v in enumerate(value):
+                _check_metadata(v, f"{where}[{i}]", depth + 1, seen)
+    elif value is None or isinstance(value, (str, int, float)):  # bool is an int
+        pass
+    else:
+        hint = (
+            " (convert it with float(), int() or .tolist())"
+            if hasattr(value, "item") or hasattr(value, "tolist")
+            else ""
+        )
+        raise TypeError(
+            f"metadata: expected a JSON-serialisable dict, got {_metadata_type(value)}{at}{hint}"
+        )
+
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_checkpoint(
     model: nn.Module, directory: str | Path, *, dtype: torch.dtype | None = None, metadata=None
 ) -> Path:
     """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if needed).
 
     ``dtype`` (e.g. ``torch.float16``) stores the matrices in half precision; the filter
-    dynamics, scalars and norms stay float32. ``metadata`` (a JSON-able dict) is stored under
-    ``"metadata"`` in the config. Returns the directory.
+    dynamics, scalars and norms stay float32. ``metadata`` (a JSON-able dict: str keys; values
+    dicts, lists, str, int, float, bool or None) is stored under ``"metadata"`` in the config;
+    anything else (a ``numpy.float32``, a tensor) is refused with a TypeError naming its key
+    before any file is written. Each file is written to a temporary file and renamed over the
+    old one, so an existing checkpoint is never left with a half-written file. Returns the
+    directory.
 
     >>> import tempfile
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -188,19 +240,32 @@ def save_checkpoint(
         raise TypeError(
             f"dtype: expected None or a floating torch.dtype (e.g. torch.float16), got {dtype!r}"
         )
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(
+            f"metadata: expected None or a JSON-serialisable dict, got {_metadata_type(metadata)}"
+        )
     directory = _as_path("directory", directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    config = {"format": FORMAT, "version": _VERSIONS[-1], "model": model.config.to_dict()}
+    if metadata is not None:
+        _check_metadata(metadata)
+        config["metadata"] = metadata
+    # everything that can fail on the values is done before the first file is touched
+    try:
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    except (TypeError, ValueError) as err:  # pragma: no cover - _check_metadata finds these
+        raise TypeError(f"metadata: expected a JSON-serialisable dict, got {err}") from None
     tensors = {}
     for key, value in model.state_dict().items():
         value = value.detach().cpu()
         if dtype is not None and not any(part in key for part in _KEEP_FP32):
             value = value.to(dtype)
         tensors[key] = value.contiguous()
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
-    config = {"format": FORMAT, "version": _VERSIONS[-1], "model": model.config.to_dict()}
-    if metadata is not None:
-        config["metadata"] = metadata
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomic(
+        directory / WEIGHTS_FILE,
+        lambda tmp: save_file(tensors, str(tmp), metadata={"format": FORMAT}),
+    )
+    _write_atomic(directory / CONFIG_FILE, lambda tmp: tmp.write_text(text))
     return directory
 
 

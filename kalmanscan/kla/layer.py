@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -156,6 +157,28 @@ def _triton_available() -> bool:
     return _TRITON[0]
 
 
+def _interpreting() -> bool:
+    """``kalmanscan.cuda._common.interpreting`` without importing triton: True under
+    ``TRITON_INTERPRET=1``, where the Triton kernels run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_fused_device(x: torch.Tensor, setting: str) -> None:
+    """A ValueError naming ``setting`` where the fused Triton kernels cannot run ``x``: triton
+    missing, or ``x`` off CUDA without ``TRITON_INTERPRET=1`` (the message of
+    ``kalmanscan.cuda.rmsnorm`` / ``swiglu``'s own check)."""
+    if not _triton_available():
+        raise ValueError(
+            f"{setting}: expected triton installed for the fused kernels, found none "
+            "('auto' or 'eager' runs the PyTorch path)"
+        )
+    if x.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            f"x: expected a CUDA tensor (or TRITON_INTERPRET=1 for the CPU) with {setting}, "
+            f"got device {x.device} ('auto' or 'eager' runs the PyTorch path there)"
+        )
+
+
 class KLALayer(nn.Module):
     """Kalman Linear Attention sequence mixer, ``[B,L,D] -> [B,L,D]``.
 
@@ -179,8 +202,9 @@ class KLALayer(nn.Module):
     ``glue`` (a class attribute, settable per instance): ``"auto"`` runs the fused Triton glue
     (``kalmanscan.cuda.kla.glue``) on CUDA when triton is installed, for calls without a
     ``state`` in float16/bfloat16/float32 outside ``torch.compile``; ``"fused"`` the same on
-    any device (the CPU through ``TRITON_INTERPRET=1``); ``"eager"`` always the PyTorch
-    reference path. Both give the same results to float32 rounding.
+    CUDA, and on the CPU when ``TRITON_INTERPRET=1`` is set before triton is imported (Triton's
+    interpreter; without it a CPU call is refused with a ValueError saying so); ``"eager"``
+    always the PyTorch reference path. Both give the same results to float32 rounding.
     """
 
     glue = "auto"
@@ -395,7 +419,10 @@ class KLALayer(nn.Module):
             or torch.compiler.is_compiling()
         ):
             return False
-        return mode == "fused" or (x.is_cuda and _triton_available())
+        if mode == "fused":
+            _check_fused_device(x, "KLALayer.glue = 'fused'")
+            return True
+        return x.is_cuda and _triton_available()
 
     def _dynamics_fused(self):
         """:meth:`_dynamics` in float32 for the fused path: where a parameter it reads needs a

@@ -405,7 +405,9 @@ class KLALanguageModel(nn.Module):
         """Continue ``tokens [B,L]`` by ``max_new_tokens``; returns ``[B, L + max_new_tokens]``.
 
         The prompt is processed at once, then each new token costs one O(1) step per KLA block
-        (attention blocks use their key/value cache). ``temperature=0`` is greedy.
+        (attention blocks use their key/value cache). ``temperature=0`` is greedy; a temperature
+        so small that ``logits / temperature`` overflows (1e-45 in float32) samples from the
+        same softmax computed stably, which is greedy up to ties.
 
         >>> from kalmanscan.kla import KLAConfig, ModelConfig
         >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
@@ -444,11 +446,18 @@ class KLALanguageModel(nn.Module):
     def _sample(logits, temperature, top_k, generator):
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
+        scaled = logits / temperature
+        if not bool(torch.isfinite(scaled).all()):
+            # a tiny temperature overflows logits / temperature (or rounds it to zero in
+            # float32): scale the differences to each row's maximum in float64 instead,
+            # 0 at the maximum and <= 0 elsewhere, so the softmax is defined and tends to the
+            # greedy choice (ties sampled evenly) as the temperature goes to 0
+            shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+            scaled = (shifted / float(temperature)).nan_to_num(nan=float("-inf"))
         if top_k is not None:
-            kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator)
 
     def num_parameters(self) -> int:
         """Number of parameters."""

@@ -105,10 +105,49 @@ class _quiet:
         return self._w.__exit__(*exc)
 
 
+def _describe_ids(ids) -> str:
+    ids = np.asarray(ids).tolist()
+    if ids and ids == list(range(ids[0], ids[0] + len(ids))) and len(ids) > 3:
+        return f"{ids[0]}..{ids[-1]}"
+    if len(ids) > 20:
+        return f"{ids[:10]} ... ({len(ids)} ids)"
+    return str(ids)
+
+
+def _check_channels(channels, available, dim: str) -> np.ndarray:
+    """``channels`` as an array of ids, each one of ``available`` (the ids along ``ds[dim]``),
+    else a ValueError naming ``channels``, the ids available and those that are not."""
+    if isinstance(channels, (str, bytes)) or not np.iterable(channels):
+        raise ValueError(
+            f"channels: expected None or a sequence of channel ids from ds.{dim} "
+            f"({_describe_ids(available)}), got {channels!r}"
+        )
+    ids = np.asarray(list(channels))
+    if ids.size == 0 or ids.ndim != 1:
+        raise ValueError(
+            f"channels: expected at least one channel id from ds.{dim} "
+            f"({_describe_ids(available)}), got {channels!r}"
+        )
+    have = set(np.asarray(available).tolist())
+    missing = [c for c in ids.tolist() if c not in have]
+    if missing:
+        raise ValueError(
+            f"channels: expected ids from ds.{dim} ({_describe_ids(available)}), got "
+            f"{missing[0] if len(missing) == 1 else missing} (not among them)"
+            + (" (inspect(..., channels=...) keeps per-lane detail only for the channels it "
+               "was given)" if dim == "detail_channel" else "")
+        )  # fmt: skip
+    return ids
+
+
 def channel_order(ds, layer=-1, channels=None, sort_by="timescale"):
     """Channel ids (from ``channels``, default all of ``ds.channel``) in plotting order:
-    by increasing timescale (geometric mean over slots of ``ds.timescale``), or as given."""
-    ids = np.asarray(ds["channel"].values if channels is None else channels)
+    by increasing timescale (geometric mean over slots of ``ds.timescale``), or as given.
+    An id not in ``ds.channel``: a ValueError naming ``channels``."""
+    if channels is None:
+        ids = np.asarray(ds["channel"].values)
+    else:
+        ids = _check_channels(channels, ds["channel"].values, "channel")
     if sort_by is None:
         return ids
     if sort_by != "timescale":
@@ -186,8 +225,10 @@ def plot_precision(
     the no-observation baseline first (what the text added), ``"rest"`` by the resting
     precision. Binned channel views (``binned_log10_text_precision``,
     ``binned_information_bits``) are shown as they are. ``sort_by="timescale"`` orders the
-    rows from short to long memory; ``channels`` selects rows. ``layer`` is a position in
-    ``ds.layer``. A strip of surprisal for the same tokens is drawn underneath.
+    rows from short to long memory; ``channels`` selects rows (ids along the variable's
+    channel axis, ``ds.detail_channel`` for per-lane variables; any other id: a ValueError
+    naming ``channels``). ``layer`` is a position in ``ds.layer``. A strip of surprisal for
+    the same tokens is drawn underneath.
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
@@ -209,6 +250,8 @@ def plot_precision(
         raise ValueError(
             f"relative_to: expected a per-lane precision (dims with 'slot'), got {var!r}"
         )
+    if channels is not None:
+        channels = _check_channels(channels, da[cdim].values, cdim)
     ids = channel_order(ds, layer, da[cdim].values if channels is None else channels, sort_by)
     da = da.sel({cdim: ids})
     binned = var.startswith("binned_")
@@ -247,8 +290,8 @@ def plot_precision(
     title = f"{var}, layer {ds['layer'].values[layer]}"
     if tdim == "window":
         title += f", tokens {int(positions[0])}–{int(positions[-1])}"
-    if factor > 1 or tdim == "bin":
-        size = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
+    size = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
+    if size > 1:
         title += f" (columns: means over {size} tokens)"
     ax.set_title(title, fontsize=9)
     target = ax
@@ -257,6 +300,39 @@ def plot_precision(
     per_column = factor * (int(ds.attrs.get("bin_size", 1)) if tdim == "bin" else 1)
     _token_ticks(target, ds, batch, left.astype(int), per_column, max_labels)
     return ax
+
+
+# A curve of at most this many points draws a marker at each: one point (a one-token text) is
+# invisible as a line, a few are easy to misread. Longer curves mark their isolated points only
+# (a finite value between undefined ones, such as the second token's surprisal).
+_MARKED_POINTS = 16
+
+
+def _plot_curve(ax, x, y, **kwargs):
+    """``ax.plot(x, y, **kwargs)`` with markers where a line alone would not show the data:
+    at every point of a short curve, at isolated finite points of a long one."""
+    y = np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(y)
+    if len(y) <= _MARKED_POINTS:
+        marks = finite
+    else:
+        left = np.concatenate(([False], finite[:-1]))
+        right = np.concatenate((finite[1:], [False]))
+        marks = finite & ~left & ~right
+    if marks.any():
+        ms = kwargs.pop("ms", 3.0)
+        kwargs.update(marker="o", ms=ms, markevery=np.flatnonzero(marks).tolist())
+    (line,) = ax.plot(x, y, **kwargs)
+    return line
+
+
+def _note_if_empty(ax, values, note):
+    """``note`` in the middle of ``ax`` when ``values`` hold no finite number (nothing drawn)."""
+    if not np.isfinite(np.asarray(values, dtype=np.float64)).any():
+        ax.text(
+            0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center",
+            fontsize=8, color="0.4",
+        )  # fmt: skip
 
 
 def _curve(values, positions, max_columns, factor=None):
@@ -303,13 +379,13 @@ def plot_layer_summary(
         vals = da.isel(layer=i).transpose(tdim, ...).values.astype(np.float64)
         if vals.ndim == 1:
             x, mean, f = _curve(vals, positions, max_columns)
-            ax.plot(x, mean, lw=1.0, label=f"layer {layer}")
+            _plot_curve(ax, x, mean, lw=1.0, label=f"layer {layer}")
             continue
         logv = _log10(vals).reshape(len(positions), -1)
         with _quiet():
             x, mean, f = _curve(np.nanmean(logv, axis=1), positions, max_columns)
             _, std, _ = _curve(np.nanstd(logv, axis=1), positions, max_columns)
-        (line,) = ax.plot(x, mean, lw=1.0, label=f"layer {layer}")
+        line = _plot_curve(ax, x, mean, lw=1.0, label=f"layer {layer}")
         ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
     ax.set_ylabel(var if var.startswith("mean_") else f"log10 {var}", fontsize=8)
     ax.legend(fontsize=7, loc="best")
@@ -371,17 +447,18 @@ def plot_comparison(ds, var="mean_log10_text_precision", *, layer=-1, axes=None,
     curves = []
     for b in (0, 1):
         x, y, _ = _curve(da.isel(batch=b).values, pos, max_columns, per_column)
-        axes[1].plot(x, y, lw=1.0, label=f"input {b}")
+        _plot_curve(axes[1], x, y, lw=1.0, label=f"input {b}")
         curves.append(np.where(both, da.isel(batch=b).values, np.nan))
     axes[1].set_ylabel(var, fontsize=8)
     axes[1].legend(fontsize=7)
     x, d, _ = _curve(curves[0] - curves[1], pos, max_columns, per_column)
-    axes[2].plot(x, d, lw=1.0, color="k")
+    _plot_curve(axes[2], x, d, lw=1.0, color="k")
+    _note_if_empty(axes[2], d, "nothing to draw (no position where both inputs have a token)")
     axes[2].axhline(0.0, color="0.6", lw=0.5)
     axes[2].set_ylabel("input 0 - input 1", fontsize=8)
     for b in (0, 1):
         x, s, _ = _curve(ds["surprisal"].isel(batch=b).values, pos, max_columns, per_column)
-        axes[3].plot(x, s, lw=0.8, label=f"input {b}")
+        _plot_curve(axes[3], x, s, lw=0.8, label=f"input {b}")
     axes[3].set_ylabel("surprisal (bits)", fontsize=8)
     axes[3].set_xlabel("token position")
     axes[3].legend(fontsize=7)
@@ -427,17 +504,18 @@ def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
     pos = ds["time"].values
     for i, name in enumerate(ds["layer"].values):
         x, y, _ = _curve(ds["mean_log10_precision"].isel(layer=i, batch=batch), pos, 0, f)
-        (line,) = axes[2].plot(x, y, lw=1.0, label=f"layer {name}")
+        line = _plot_curve(axes[2], x, y, lw=1.0, label=f"layer {name}")
         x, y, _ = _curve(ds["mean_log10_baseline_precision"].isel(layer=i), pos, 0, f)
-        axes[2].plot(x, y, lw=0.8, ls="--", color=line.get_color())
+        _plot_curve(axes[2], x, y, lw=0.8, ls="--", color=line.get_color(), mfc="none")
         x, y, _ = _curve(ds["mean_information_bits"].isel(layer=i, batch=batch), pos, 0, f)
-        axes[3].plot(x, y, lw=0.8, color=line.get_color(), label=f"layer {name}")
+        _plot_curve(axes[3], x, y, lw=0.8, color=line.get_color(), label=f"layer {name}")
     axes[2].set_ylabel("mean log10 precision\n(dashed: no observations)", fontsize=8)
     axes[2].legend(fontsize=7, ncol=4)
     axes[3].set_ylabel("bits told per lane", fontsize=8)
     axes[3].set_yscale("log")
     x, s, _ = _curve(ds["surprisal"].isel(batch=batch), pos, 0, f)
-    axes[4].plot(x, s, lw=0.6, color="k")
+    _plot_curve(axes[4], x, s, lw=0.6, color="k")
+    _note_if_empty(axes[4], s, "no surprisal to draw (the first token has none)")
     axes[4].set_ylabel("surprisal\n(bits)", fontsize=8)
     axes[4].set_xlabel(
         "token position" + (f" (columns and points: means over {f} tokens)" if f > 1 else "")
