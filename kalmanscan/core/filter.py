@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from kalmanscan.core import _args, backends
@@ -374,6 +375,165 @@ def _rescaled(prep: _Prepared):
     return ins, shift
 
 
+def _tiny_below(dtype) -> int:
+    """``log2`` of the smallest product of two variances :func:`_tiny_lanes` lets a lane keep
+    its units at: the normal range's exponent plus the mantissa's bits and 12 (2^-957 ~ 1e-288 in
+    float64, 2^-89 ~ 1.6e-27 in float32): its digits hold with room for a variance thousands of
+    times below an observation's."""
+    fi = torch.finfo(dtype)
+    return math.frexp(fi.tiny)[1] + (-math.frexp(fi.eps)[1] + 1) + 12
+
+
+def _plain_tiny(R, h, p, dtype) -> bool:
+    """:func:`_tiny_lanes`'s test on plain numbers (the host, no tensor work)."""
+    if h == 0 or not 0 < R < math.inf or not 0 <= p < math.inf:
+        return False
+    if R < 1 / torch.finfo(dtype).max:  # refused (its reciprocal is not finite)
+        return False
+    below = _tiny_below(dtype)
+    scale = math.log2(R) - 2 * math.log2(abs(h))  # log2 (R / h^2)
+    lp = math.log2(p) if p > 0 else -math.inf
+    m = min(max(lp, scale), 0.0)  # log2 of the update's variance factor
+    return (m < -32 and math.log2(R) + m < below) or (p > 0 and lp + scale < below)
+
+
+def _np_compact(x: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy view with its broadcast (stride-0) axes cut to length 1
+    (:func:`kalmanscan.core.steps.compact` in numpy: slicing there is far cheaper than torch's)."""
+    a = x.detach().numpy()
+    return a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
+
+
+def _extremes(prep: _Prepared, key: str):
+    """``(min, max)`` of the input ``key`` as the caller gave it (a number, a numpy array, a CPU
+    tensor): no tensor work; None for anything else."""
+    v = prep.conv.values.get(key)
+    if isinstance(v, (int, float)):
+        return float(v), float(v)
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "cpu":
+            return None
+        v = v.detach().numpy()
+    if not isinstance(v, np.ndarray) or v.size == 0 or v.dtype.kind != "f":
+        return None
+    return float(v.min()), float(v.max())
+
+
+def _no_tiny_products(prep: _Prepared, below: int) -> bool:
+    """A bound from the inputs' extremes (a few reductions of the caller's arrays): True where no
+    product :func:`_tiny_lanes` tests can fall below ``2**below``, so the common call skips it."""
+    r, hh, pp = (_extremes(prep, k) for k in ("obs_var", "loading", "process_var"))
+    if None in (r, hh, pp):
+        return False
+    r_lo, h_hi, p_lo = r[0], max(hh[1], -hh[0]), pp[0]
+    if None in (r_lo, h_hi, p_lo) or not (0 < r_lo < math.inf and 0 < h_hi < math.inf):
+        return False
+    if not 0 < p_lo < math.inf:
+        return False
+    sc_lo = math.log2(r_lo) - 2 * math.log2(h_hi)
+    return min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below
+
+
+def _tiny_lanes(prep: _Prepared, ins):
+    """The lanes whose variances are all tiny, carried in smaller units: ``None``, or ``(c, ks)``.
+
+    The filter's products pair variances: the update forms ``obs_var`` times the normalized
+    predicted variance (about ``min(max(process_var, obs_var / h**2), 1)``), the scan's leaf
+    ``process_var / phi = process_var obs_var / h**2``. Where both are tiny they underflow though
+    the beliefs are ordinary numbers: with ``obs_var = process_var = 1e-200`` on data of scale
+    1e-100 the variance came out 0 and the means and log-likelihood wrong in every backend (1e-5
+    off at 1e-160; float32 from variances of ~1e-20). A lane where either product falls below
+    ``2**_tiny_below`` (the update's only where its variance factor is below ``2**-32``: with a
+    factor near 1 the product is ``obs_var`` itself, exact) takes a state unit ``c`` (``c**2``
+    the larger of its smallest ``obs_var / h**2`` and its largest ``process_var``, to a power of
+    four, where that is below 1: ``x = c x'``, so ``loading c``, ``process_var / c**2``,
+    ``offset / c``, the prior's mean ``/ c`` and variance ``/ c**2``) and its observations a
+    unit ``s = 2**ks`` (``s**2 obs_var`` in ``[1, 4)``: ``(s z, s**2 obs_var, s h)``, the
+    density divided by ``s``; capped where ``s z`` would pass the range). Both are powers of
+    two, so every value and gradient is the same model's, exactly; outputs are mapped back
+    (:func:`_from_unit`) and ``log s`` added back to the log-likelihood. Plain numbers are
+    judged on the host; arrays on the CPU from their extremes (:func:`_no_tiny_products`), then
+    where those do not settle it from their compact grid; arrays on a GPU are not (the
+        readback would cost a host synchronization a call: docs/reliability.md)."""
+    z, R, a, pv, h, off = ins
+    dtype = z.dtype
+    Rn, hn, pn = (_number(prep, k) for k in ("obs_var", "loading", "process_var"))
+    if R is prep.obs_var and h is prep.loading and None not in (Rn, hn, pn):
+        if not _plain_tiny(Rn, hn, pn, dtype):
+            return None
+    elif z.device.type != "cpu":
+        return None
+    below = _tiny_below(dtype)
+    T, N = z.shape
+    # the test in numpy on the compact grid (a view of CPU memory; a few us, where torch's ops
+    # on such small tensors cost several times more a call: fit_ou makes one a Newton step)
+    if R is prep.obs_var and h is prep.loading and _no_tiny_products(prep, below):
+        return None
+    Rc, hc, pc = (_np_compact(x) for x in (R, h, pv))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # (an obs_var whose reciprocal is not finite is refused: left to the checks)
+        ok = (hc != 0) & np.isfinite(Rc) & (Rc >= 1 / torch.finfo(dtype).max)
+        lr = np.log2(np.where(ok, Rc, 1.0))
+        scale = np.where(ok, lr - 2 * np.log2(np.where(ok, np.abs(hc), 1.0)), np.inf)
+        pos = (pc > 0) & np.isfinite(pc)
+        lp = np.where(pos, np.log2(np.where(pos, pc, 1.0)), -np.inf)
+        m = np.minimum(np.maximum(lp, scale), 0.0)  # log2 of the update's variance factor
+        key = np.where(m < -32, lr + m, np.inf)
+        key = np.where(ok, np.minimum(key, np.where(pos, lp + scale, np.inf)), np.inf)
+        need = np.broadcast_to(key, (T, N)).min(0) < below
+        if not need.any():
+            return None
+        smin = np.broadcast_to(scale, (T, N)).min(0)
+        pmax = np.broadcast_to(lp, (T, N)).max(0)
+        lc2 = np.minimum(np.maximum(smin, pmax), 0.0)
+    kc = np.where(need & np.isfinite(lc2), np.floor(lc2 / 2), 0.0).astype(np.int32)
+    c = torch.ldexp(torch.ones(N, dtype=dtype, device=z.device), torch.from_numpy(kc))
+    with torch.no_grad():
+        Rt = compact(R).detach()
+        okt = torch.from_numpy(np.ascontiguousarray(ok))
+        _, eR = torch.frexp(torch.where(okt, Rt, 1.0))  # R in [2^(eR-1), 2^eR)
+        ks = torch.where(okt & (Rt < 1), (1 - eR) // 2, 0).expand(T, N)
+        _, ez = torch.frexp(torch.where(torch.isfinite(z), z, 1.0).detach())
+        emax = math.frexp(torch.finfo(dtype).max)[1]
+        ks = torch.minimum(ks, (emax - 2 - ez).clamp(min=0))
+        ks = torch.where(torch.from_numpy(need), ks, 0)
+    return c, ks
+
+
+def _in_units(prep: _Prepared, ins, x0, c, ks):
+    """The model inputs and initial triple in the units of :func:`_tiny_lanes`, and the
+    log-likelihood to add back per lane (``sum log s`` over the steps that add a term)."""
+    z, R, a, pv, h, off = ins
+    T, N = z.shape
+    s = torch.ldexp(torch.ones_like(z), ks)
+    ins = (z * s, R * (s * s), a, (compact(pv) / (c * c)).expand(T, N), h * s * c,
+           (compact(off) / c).expand(T, N))  # fmt: skip
+    u, e, v = x0
+    v = v / (c * c)  # v <= 1 and 1/c^2 <= 2^(2/3 emax): finite
+    n = torch.maximum(u, v)
+    t_star, diffuse = _first_informative(prep)
+    terms = ~torch.isnan(z) & torch.isfinite(compact(R)).expand(T, N) & (ks != 0)
+    terms[t_star[diffuse], torch.arange(N, device=z.device)[diffuse]] = False
+    shift = torch.where(terms, ks, 0).sum(0, dtype=torch.float64) * math.log(2.0)
+    return ins, (u / n, e / c / n, v / n), shift
+
+
+_UNIT_POWERS = {"mean": 1, "pred_mean": 1, "smooth_mean": 1, "var": 2, "pred_var": 2,
+                "smooth_var": 2, "precision": -2, "pred_precision": -2, "info": -1}  # fmt: skip
+
+
+def _from_unit(out: dict, c) -> dict:
+    """The backend's outputs in the user's units (the state was carried in the unit ``c``)."""
+    out = dict(out)
+    for key, power in _UNIT_POWERS.items():
+        if key in out:
+            out[key] = out[key] * torch.pow(c, power)
+    if "final" in out:  # the triple (u, e, v): mean e/u, variance v/u
+        u, e, v = out["final"]
+        out["final"] = (u, e * c, v * (c * c))
+    return out
+
+
 def _plain_tiny_loading(prep: _Prepared) -> bool:
     """Whether loading and obs_var are plain numbers with ``loading**2`` below the normal range
     (so the observations are rescaled before the backend runs, with no readback)."""
@@ -509,12 +669,18 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
     ins, shift = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset), None
     if rescale:
         ins, shift = _rescaled(prep)
+    x0, tiny = p.x0, _tiny_lanes(prep, ins)
+    if tiny is not None:
+        ins, x0, more = _in_units(prep, ins, x0, *tiny)
+        shift = more if shift is None else shift + more
     if kind == "smooth":
-        out = mod.smooth_lanes(*ins, p.x0)
+        out = mod.smooth_lanes(*ins, x0)
     else:
-        out = mod.filter_lanes(*ins, p.x0, outputs="loglik" if kind == "loglik" else "all")
+        out = mod.filter_lanes(*ins, x0, outputs="loglik" if kind == "loglik" else "all")
+    if tiny is not None:
+        out = _from_unit(out, tiny[0])
     if shift is not None:
-        out = dict(out, loglik=out["loglik"] + shift.to(out["loglik"].dtype), rescaled=True)
+        out = dict(out, loglik=out["loglik"] + shift.to(out["loglik"].dtype), rescaled=rescale)
     return out
 
 
