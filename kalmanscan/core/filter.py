@@ -14,6 +14,7 @@ axis 0 therefore has shape ``[T, 1, ...]``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -375,6 +376,7 @@ def _rescaled(prep: _Prepared):
     return ins, shift
 
 
+@functools.cache
 def _tiny_below(dtype) -> int:
     """``log2`` of the smallest product of two variances :func:`_tiny_lanes` lets a lane keep
     its units at: the normal range's exponent plus the mantissa's bits and 12 (2^-957 ~ 1e-288 in
@@ -404,31 +406,31 @@ def _np_compact(x: torch.Tensor) -> np.ndarray:
     return a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
 
 
-def _extremes(prep: _Prepared, key: str):
-    """``(min, max)`` of the input ``key`` as the caller gave it (a number, a numpy array, a CPU
-    tensor): no tensor work; None for anything else."""
+def _caller_array(prep: _Prepared, key: str):
+    """The input ``key`` as the caller gave it, as a float or a float numpy array (a CPU tensor
+    viewed), or None (no tensor work)."""
     v = prep.conv.values.get(key)
     if isinstance(v, (int, float)):
-        return float(v), float(v)
+        return float(v)
     if isinstance(v, torch.Tensor):
         if v.device.type != "cpu":
             return None
         v = v.detach().numpy()
     if not isinstance(v, np.ndarray) or v.size == 0 or v.dtype.kind != "f":
         return None
-    return float(v.min()), float(v.max())
+    return v
 
 
 def _no_tiny_products(prep: _Prepared, below: int) -> bool:
     """A bound from the inputs' extremes (a few reductions of the caller's arrays): True where no
     product :func:`_tiny_lanes` tests can fall below ``2**below``, so the common call skips it."""
-    r, hh, pp = (_extremes(prep, k) for k in ("obs_var", "loading", "process_var"))
-    if None in (r, hh, pp):
+    R, h, p = (_caller_array(prep, k) for k in ("obs_var", "loading", "process_var"))
+    if R is None or h is None or p is None:
         return False
-    r_lo, h_hi, p_lo = r[0], max(hh[1], -hh[0]), pp[0]
-    if None in (r_lo, h_hi, p_lo) or not (0 < r_lo < math.inf and 0 < h_hi < math.inf):
-        return False
-    if not 0 < p_lo < math.inf:
+    r_lo = R if isinstance(R, float) else float(R.min())
+    h_hi = abs(h) if isinstance(h, float) else float(np.abs(h).max())
+    p_lo = p if isinstance(p, float) else float(p.min())
+    if not (0 < r_lo < math.inf and 0 < h_hi < math.inf and 0 < p_lo < math.inf):
         return False
     sc_lo = math.log2(r_lo) - 2 * math.log2(h_hi)
     return min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below
