@@ -33,6 +33,10 @@ class Model(NamedTuple):
     m0: torch.Tensor  # [B, n]
     P0: torch.Tensor | None  # [B, n, n] proper prior covariance (covariance mode)
     L0: torch.Tensor | None  # [B, n, n] prior precision, 0 in diffuse directions (precision mode)
+    # [B, n, n] prior_cov as given where some series has inf on its diagonal (L0 is then its
+    # finite block's precision): the diffuse directions are its inf coordinates, exactly, and its
+    # finite block is the finite part (kalmanscan.dense.parallel.prior_start); None otherwise
+    P0inf: torch.Tensor | None = None
 
 
 class Layout(NamedTuple):
@@ -83,13 +87,20 @@ def _as_tensor(name, x, dtype, device, min_ndim, d=None):
 
 
 def _working(values: dict):
+    """(to_numpy, dtype, device) of the call (docs/dense.md): with any tensor argument the outputs
+    are tensors on the device of a tensor ``z`` (else of the first tensor), their dtype a tensor
+    ``z``'s, else float64 unless ``z`` and every tensor argument are float32 (float64 data are not
+    rounded to a float32 parameter, nor a float64 parameter to float32 data)."""
     tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
     if tensors:
-        ref = values["z"] if isinstance(values["z"], torch.Tensor) else tensors[0]
-        dtype = ref.dtype if ref.dtype in (torch.float32, torch.float64) else torch.float64
-        if ref is not values["z"] and core_args.as_real_numpy("z", values["z"]).dtype != np.float32:
-            dtype = torch.float64  # float64 data is not rounded to a float32 parameter's dtype
-        return False, dtype, ref.device
+        z = values["z"]
+        if isinstance(z, torch.Tensor):
+            dtype = z.dtype if z.dtype in (torch.float32, torch.float64) else torch.float64
+            return False, dtype, z.device
+        single = core_args.as_real_numpy("z", z).dtype == np.float32 and all(
+            t.dtype == torch.float32 for t in tensors
+        )
+        return False, torch.float32 if single else torch.float64, tensors[0].device
     z = core_args.as_real_numpy("z", values["z"])
     dtype = torch.float32 if z.dtype == np.float32 else torch.float64
     return True, dtype, torch.device("cpu")
@@ -290,19 +301,16 @@ class ValueChecks(NamedTuple):
                     "in z)"
                 )
         for name, t in (("Q", self.Q), ("R", self.R)):
-            if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
-                raise ValueError(
-                    f"{name}: expected a symmetric covariance matrix, got an asymmetric one"
-                )
+            _check_symmetric(name, t, "covariance matrix")
         if torch.linalg.cholesky_ex(self.R.detach())[1].any() and _negative_eig(self.R):
             raise ValueError(
-                "R: expected positive-semidefinite observation-noise covariances, got a negative "
-                "eigenvalue"
+                "R: expected positive-semidefinite observation-noise covariances, got "
+                + _lowest_eig("R", self.R)
             )
         if _negative_eig(self.Q):
             raise ValueError(
-                "Q: expected positive-semidefinite process-noise covariances, got a negative "
-                "eigenvalue"
+                "Q: expected positive-semidefinite process-noise covariances, got "
+                + _lowest_eig("Q", self.Q)
             )
 
     def prior_mean(self):
@@ -314,24 +322,36 @@ class ValueChecks(NamedTuple):
 
     def prior(self, model: Model) -> Model:
         """Raise for a bad prior covariance or precision; the model with a prior covariance that
-        has inf on its diagonal turned into the precision of its finite block."""
-        P0, L0 = model.P0, model.L0
+        has inf on its diagonal (in some series) turned into the precision of its finite block,
+        the covariance as given kept beside it (``P0inf``: the diffuse directions are its inf
+        coordinates, exactly; a series without inf keeps its covariance as its finite part)."""
+        P0, L0, P0inf = model.P0, model.L0, None
         if self.P0 is not None:
-            diag_inf = torch.isinf(torch.diagonal(self.P0, dim1=-2, dim2=-1))
+            diag = torch.diagonal(self.P0, dim1=-2, dim2=-1).detach()
+            if bool(torch.isneginf(diag).any()) or bool(torch.isnan(diag).any()):
+                where = _first_index(torch.isneginf(diag) | torch.isnan(diag))
+                bad = float(diag[where])
+                raise ValueError(
+                    "prior_cov: expected finite variances, or +inf on the diagonal for diffuse "
+                    f"states, got {bad} at prior_cov[{', '.join(map(str, (*where, where[-1])))}]"
+                )
+            diag_inf = torch.isposinf(diag)
             if bool(diag_inf.any()):  # the finite block is checked, the diffuse rows dropped
                 off = diag_inf.unsqueeze(-1) | diag_inf.unsqueeze(-2)
                 given = torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), self.P0)
             else:
                 given = self.P0
             if not bool(torch.isfinite(given).all()):
+                where = _first_index(~torch.isfinite(given.detach()))
                 raise ValueError(
-                    "prior_cov: expected finite entries, or inf on the diagonal for diffuse states"
+                    "prior_cov: expected finite entries, or +inf on the diagonal for diffuse "
+                    f"states, got {float(given[where])} at prior_cov[{', '.join(map(str, where))}]"
                 )
             _check_psd("prior_cov", given, "covariance matrix (inf on the diagonal: diffuse)")
             if bool(diag_inf.any()):
-                diffuse = torch.isinf(torch.diagonal(P0, dim1=-2, dim2=-1))
+                diffuse = torch.isposinf(torch.diagonal(P0, dim1=-2, dim2=-1))
                 L0 = _precision_from_partly_infinite(P0, diffuse)
-                P0 = None
+                P0inf, P0 = P0, None
         elif self.L0 is not None:
             if not bool(torch.isfinite(self.L0).all()):
                 raise ValueError(
@@ -339,7 +359,7 @@ class ValueChecks(NamedTuple):
                     "direction)"
                 )
             _check_psd("prior_precision", self.L0, "matrix (0 in diffuse directions)")
-        return model._replace(P0=P0, L0=L0)
+        return model._replace(P0=P0, L0=L0, P0inf=P0inf)
 
     def run(self, model: Model) -> Model:
         """Every check, raising as :func:`prepare` does (its order); the model with its prior
@@ -376,12 +396,12 @@ class ValueChecks(NamedTuple):
     def suspect(self) -> torch.Tensor:
         """A 0-d bool tensor on the inputs' device, False only where :meth:`run` passes and
         changes nothing (a finite prior covariance given): no host synchronization. True for
-        any non-finite value, any asymmetry (``run`` allows 1e-5 relative), a process noise Q
-        without a Cholesky factor after subtracting ``8 (n + 1)^2 eps max|Q|`` from its diagonal
-        (the rounding of a Cholesky factorization and of ``run``'s eigenvalues stays below that,
-        so ``run``'s eigenvalue test passes), an R or a prior covariance without a Cholesky
-        factor (``run``'s own screen; ``run`` refuses a prior with a negative eigenvalue), or no
-        prior covariance."""
+        any non-finite value, any asymmetry (``run`` allows rounding: :func:`_check_symmetric`),
+        a process noise Q without a Cholesky factor after subtracting ``8 (n + 1)^2 eps max|Q|``
+        from its diagonal (the rounding of a Cholesky factorization and of ``run``'s eigenvalues
+        stays below that, so ``run``'s eigenvalue test passes), an R or a prior covariance
+        without a Cholesky factor (``run``'s own screen; ``run`` refuses a prior with a negative
+        eigenvalue), or no prior covariance."""
         parts = self.screen()
         if parts is None:
             return torch.ones((), dtype=torch.bool, device=self.F.device)
@@ -418,17 +438,78 @@ def mask_missing(model: Model) -> Model:
     return model._replace(z=z, observed=observed)
 
 
+def _first_index(mask: torch.Tensor) -> tuple:
+    """The index (a tuple of ints) of the first True entry of ``mask``."""
+    return tuple(int(i) for i in torch.nonzero(mask)[0])
+
+
+SYM_RTOL = 1e-5
+"""Entrywise relative asymmetry accepted by the symmetry checks (``torch.allclose``'s)."""
+
+
+def sym_atol(t: torch.Tensor) -> torch.Tensor:
+    """[..., 1, 1] absolute asymmetry accepted in each matrix of ``t`` [..., k, k]: rounding
+    relative to the matrix's scale, ``64 k eps`` of its largest entry (an entry that is 0
+    mathematically but comes out of a product such as Van Loan's as rounding residue, 1e-17 next
+    to entries of 0.1, is not an asymmetry)."""
+    k = t.shape[-1]
+    return (64 * k * torch.finfo(t.dtype).eps) * t.abs().amax((-1, -2), keepdim=True)
+
+
+def _check_symmetric(name: str, t: torch.Tensor, what: str):
+    """Raise unless every matrix of ``t`` [..., k, k] is symmetric: ``|t - t'|`` at most
+    ``SYM_RTOL |t'| + sym_atol(t)`` entrywise (rounding of the matrix's scale and 1e-5 of the
+    entry); the message gives the largest asymmetry relative to that tolerance, and where."""
+    if t.shape[-1] < 2:
+        return
+    t = t.detach()
+    diff = (t - t.mT).abs()
+    allowed = SYM_RTOL * t.mT.abs() + sym_atol(t)
+    if bool((diff <= allowed).all()):
+        return
+    ratio = torch.where(diff > allowed, diff / torch.where(allowed > 0, allowed, 1.0), 0.0)
+    ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, float("inf")), ratio)
+    where = _first_index(ratio == ratio.max())
+    i, j = where[-2:]
+    top = float(t[where[:-2]].abs().max())
+    at = ", ".join(map(str, where))
+    tr = ", ".join(map(str, (*where[:-2], j, i)))
+    raise ValueError(
+        f"{name}: expected a symmetric {what}, got an asymmetric one: {name}[{at}] = "
+        f"{float(t[where]):.17g} but {name}[{tr}] = {float(t[where[:-2] + (j, i)]):.17g} "
+        f"(difference {float(diff[where]):.3g}, {float(diff[where]) / top if top else 0.0:.3g} "
+        f"of the matrix's largest entry {top:.3g}; rounding up to "
+        f"{64 * t.shape[-1] * torch.finfo(t.dtype).eps:.2g} of it is accepted)"
+    )
+
+
+def _lowest_eig(name: str, t: torch.Tensor) -> str:
+    """'a negative eigenvalue (w, relative ... at name[idx])' of the matrix of ``t`` with the
+    lowest eigenvalue relative to its largest entry."""
+    t = t.detach()
+    w = torch.linalg.eigvalsh(_sym_t(t))[..., 0]
+    top = t.abs().amax((-1, -2))
+    rel = w / torch.where(top > 0, top, torch.ones_like(top))
+    where = _first_index(rel == rel.min()) if rel.ndim else ()
+    at = f" in {name}[{', '.join(map(str, where))}] (its leading index as given)" if where else ""
+    return (
+        f"a negative eigenvalue ({float(w[where]):.3g}, {float(rel[where]):.3g} of the "
+        f"matrix's largest entry){at}"
+    )
+
+
+def _sym_t(t):
+    return 0.5 * (t + t.transpose(-1, -2))
+
+
 def _check_psd(name: str, t: torch.Tensor, what: str):
-    """Raise unless ``t`` [..., k, k] is symmetric (1e-5 relative) and positive semidefinite
-    (no eigenvalue below -1e-8 of its largest entry, -100 eps in float32: the rounding of a
-    singular float32 precision such as G G' reaches -1e-7)."""
-    if not bool(torch.allclose(t, t.transpose(-1, -2), rtol=1e-5, atol=0.0)):
-        raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
+    """Raise unless ``t`` [..., k, k] is symmetric (:func:`_check_symmetric`) and positive
+    semidefinite (no eigenvalue below -1e-8 of its largest entry, -100 eps in float32: the
+    rounding of a singular float32 precision such as G G' reaches -1e-7)."""
+    _check_symmetric(name, t, "matrix")
     if _negative_eig(t, max(1e-8, 100 * torch.finfo(t.dtype).eps)):
-        w = torch.linalg.eigvalsh(t.detach()).amin()
         raise ValueError(
-            f"{name}: expected a positive-semidefinite {what}, got a negative eigenvalue "
-            f"({float(w):.3g})"
+            f"{name}: expected a positive-semidefinite {what}, got " + _lowest_eig(name, t)
         )
 
 

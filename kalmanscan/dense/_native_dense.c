@@ -2167,12 +2167,13 @@ static int parse_arr(PyObject *seq, Py_ssize_t i, arr_t *a) {
 
 static PyObject *dense_run(PyObject *self, PyObject *args) {
     (void)self;
-    Py_ssize_t B, T, n, d, kcap, pm0, pP0, pD0;
+    Py_ssize_t B, T, n, d, kcap, pm0, pP0, pD0, pfin = 0;
     int smooth, fin;
     PyObject *ins, *outs;
-    if (!PyArg_ParseTuple(args, "iinnnnnnnnOO", &smooth, &fin, &B, &T, &n, &d, &kcap, &pm0, &pP0,
-                          &pD0, &ins, &outs))
+    if (!PyArg_ParseTuple(args, "iinnnnnnnnOO|n", &smooth, &fin, &B, &T, &n, &d, &kcap, &pm0,
+                          &pP0, &pD0, &ins, &outs, &pfin))
         return NULL;
+    const unsigned char *fins = (const unsigned char *)pfin; /* per series fin, or NULL */
     arr_t in[I_NIN];
     for (int i = 0; i < I_NIN; i++)
         if (!parse_arr(ins, i, &in[i])) return NULL;
@@ -2240,7 +2241,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
         Py_ssize_t npred = 0;
         Py_ssize_t nd = run_any(&w, in, out, (const double *)pm0 + b * n,
                                    (const double *)pP0 + b * nn, (const double *)pD0 + b * nn, b,
-                                   T, kcap, smooth, fin, &npred, &nbad);
+                                   T, kcap, smooth, fins ? (int)fins[b] : fin, &npred, &nbad);
         if (nd < 0) err = 1;
         if (nd > nd_max) nd_max = nd;
         if (npred > np_max) np_max = npred;
@@ -2255,7 +2256,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", dense_run, METH_VARARGS,
-     "run(smooth, fin, B, T, n, d, kcap, m0, P0, D0, inputs, outputs) -> (ndiffuse, npred_head, nbad, z_has_inf); smooth = -1: the log-likelihood output alone (and the term count); fin = 1: D0 factors a large proper prior"},
+     "run(smooth, fin, B, T, n, d, kcap, m0, P0, D0, inputs, outputs[, fins]) -> (ndiffuse, npred_head, nbad, z_has_inf); smooth = -1: the log-likelihood output alone (and the term count); fin = 1: D0 factors a large proper prior; fins: address of a uint8 [B] fin per series (0: fin for all)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_dense",

@@ -239,6 +239,21 @@ def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
     )
 
 
+def _diagonal_pred_finite(pred_var, z, kwargs):
+    """The scalar core's predicted variances [B, T, n] with the finite part (the other backends'
+    ``pred_cov``, docs/dense.md) where a lane is still diffuse (inf): a lane is diffuse until an
+    entry with a nonzero loading observes it, and until then no update touches its finite part,
+    which is therefore the prediction of the lane without data from the prior's finite part (0
+    in a diffuse lane): ``decay^2 P + process_var`` from 0."""
+    inf = torch.isinf(pred_var)
+    if not bool(inf.any()):
+        return pred_var
+    pv = kwargs["prior_var"]
+    fin_kwargs = dict(kwargs, prior_var=torch.where(torch.isinf(pv), torch.zeros_like(pv), pv))
+    free = filter_api.filter(torch.full_like(z, float("nan")), **fin_kwargs)
+    return torch.where(inf, free.pred_var, pred_var)
+
+
 def _diagonal(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
     """Independent scalar lanes: hand the diagonals to kalmanscan.filter / smooth and repackage
     (diagonal F, Q, H, R and prior with d == n)."""
@@ -252,6 +267,8 @@ def _diagonal(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int
     z = torch.where(model.observed, model.z, torch.full_like(model.z, float("nan")))
     if model.P0 is not None:
         pv = dg(model.P0)
+    elif model.P0inf is not None:  # prior_cov with inf as given: its variances, inf diffuse
+        pv = dg(model.P0inf)
     else:
         lam0 = dg(model.L0)
         pv = torch.where(
@@ -277,7 +294,7 @@ def _diagonal(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int
         cov=out(torch.diag_embed(f.var), 2),
         precision=out(torch.diag_embed(f.precision), 2),
         pred_mean=out(f.pred_mean, 1),
-        pred_cov=out(torch.diag_embed(f.pred_var), 2),
+        pred_cov=out(torch.diag_embed(_diagonal_pred_finite(f.pred_var, z, kwargs)), 2),
         loglik=_args.output_batch(layout, f.loglik.sum(-1)),
         diffuse=out((f.precision == 0).any(-1), 0),
     )

@@ -127,6 +127,21 @@ def _basis(build, names, fixed):
     return F, H, off, [u[1] for u in units], [u[3] for u in units]
 
 
+def _per_step(a, k: int, ndim: int, axis):
+    """A builder's matrix ``a`` (``k`` trailing axes) laid out against ``z`` of ``ndim`` axes with
+    time on ``axis``: one leading axis is the time step (a per-step ``dt``), which gets singleton
+    axes for the series (time on ``axis``); anything else is returned as is."""
+    a = np.asarray(a)
+    if a.ndim != k + 1 or not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        return a
+    ax = int(axis) + (ndim if axis < 0 else 0)
+    if not 0 <= ax < ndim - 1:
+        return a  # prepare names the bad axis
+    shape = [1] * (ndim - 1)
+    shape[ax] = a.shape[0]
+    return a.reshape(*shape, *a.shape[1:])
+
+
 def _scale(zl: torch.Tensor) -> np.ndarray:
     """Per-series standard deviation of the first differences of the observed entries [N]."""
     z = zl.numpy()  # [N, T, d], NaN missing
@@ -190,8 +205,10 @@ class _Objective:
 
         Qa = Q if Q.ndim == 3 else Q.movedim(1, 0)  # time-varying: [T, L, n, n]
         Ra = R if R.ndim == 3 else R.movedim(1, 0)
-        res = kd.filter(z.movedim(1, 0), self.F, Qa, self.H, Ra, offset=self.off,
-                        backend=self.backend)  # fmt: skip
+        # a per-step F, H or offset [T, ...] is shared by the L series of z [T, L, d]
+        step = lambda a, k: a.unsqueeze(1) if a.ndim == k + 1 else a  # noqa: E731
+        res = kd.filter(z.movedim(1, 0), step(self.F, 2), Qa, step(self.H, 2), Ra,
+                        offset=step(self.off, 1), backend=self.backend)  # fmt: skip
         return res.loglik.detach().cpu().numpy()
 
     def __call__(self, U, idx):
@@ -276,9 +293,11 @@ def fit(
     if not (isinstance(tol, float | int) and tol > 0):
         raise ValueError(f"tol: expected a positive number, got {tol!r}")
     zt = z.detach().cpu() if isinstance(z, torch.Tensor) else z
+    lay = lambda a, k: _per_step(a, k, np.ndim(zt), axis)  # noqa: E731
     model, layout = _args.prepare(
-        zt, F, sum(Qs), H, sum(Rs), off, None, None, None, axis, mask=False
-    )
+        zt, lay(F, 2), lay(sum(Qs), 2), lay(H, 2), lay(sum(Rs), 2), lay(off, 1), None, None,
+        None, axis, mask=False,
+    )  # fmt: skip
     backend = backends.resolve(backend, torch.device("cpu"), op="dense")  # fitting runs on the CPU
     zl = model.z.to(torch.float64)
     N = zl.shape[0]

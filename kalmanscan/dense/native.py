@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kalmanscan.dense._args import Z_INF_MESSAGE, Model
-from kalmanscan.dense.parallel import _range_projector, _sym, fro_norm, rank_tol
+from kalmanscan.dense.parallel import _range_projector, _sym, prior_start, rank_tol
 
 try:
     from kalmanscan.dense import _native_dense as _ext
@@ -97,36 +97,38 @@ def _large(P0: torch.Tensor, Q0: torch.Tensor) -> torch.Tensor:
 
 
 def _prior(model: Model):
-    """Finite part P0 [B, n, n], factor D0 [B, n, n] (zero columns where proper) and whether
-    D0 factors large proper priors (1) or spans diffuse directions (0)."""
+    """Finite part P0 [B, n, n], factor D0 [B, n, n] and ``fin`` [B] uint8 (None: all 0): per
+    series, whether D0 factors a large proper prior (1) or spans diffuse directions (0; zero
+    columns where proper). The diffuse directions are those of
+    :func:`~kalmanscan.dense.parallel.prior_start` (exactly prior_cov's inf coordinates; a user's
+    prior precision by its rule), so a series gets what it gets alone, whatever the batch
+    holds."""
     B, n = model.m0.shape
     f64 = dict(dtype=torch.float64, device="cpu")
     if model.P0 is not None:
         P0 = model.P0.to(torch.float64).expand(B, n, n)
-        big = _large(P0, model.Q[:, 0].to(torch.float64).expand(B, n, n))
-        if not bool(big.any()):
-            return P0.contiguous(), torch.zeros(B, n, n, **f64), 0
-        L, info = torch.linalg.cholesky_ex(P0)
-        big = big & (info == 0)
-        D0 = torch.where(big[:, None, None], L, torch.zeros_like(L)).contiguous()
-        P0 = torch.where(big[:, None, None], torch.zeros_like(P0), P0).contiguous()
-        return P0, D0, int(bool(big.any()))
-    L0 = model.L0.to(torch.float64)
-    if not bool(L0.any()):  # fully diffuse
+        D0 = None
+    elif model.P0inf is None and not bool(model.L0.any()):  # fully diffuse
         return (
             torch.zeros(B, n, n, **f64),
             torch.eye(n, **f64).expand(B, n, n).contiguous(),
-            0,
+            None,
         )
-    tol = rank_tol(torch.float64)
-    scale = fro_norm(L0)
-    w, U = torch.linalg.eigh(_sym(L0))
-    null = (w <= tol * scale.unsqueeze(-1)).to(L0.dtype)
-    D0 = (U * null.unsqueeze(-2)).contiguous()
-    Pr, _ = _range_projector(L0, scale, tol)
-    Pinf = torch.eye(n, **f64) - Pr
-    P0 = _sym(torch.linalg.inv(L0 + Pinf) - Pinf)
-    return P0.contiguous(), D0, 0
+    else:
+        P0, D0 = (x.to(torch.float64).expand(B, n, n) for x in prior_start(model))
+    proper = None if D0 is None else ~(D0 != 0).any(-1).any(-1)
+    big = _large(P0, model.Q[:, 0].to(torch.float64).expand(B, n, n))
+    if proper is not None:
+        big = big & proper
+    if D0 is None:
+        D0 = torch.zeros(B, n, n, **f64)
+    if not bool(big.any()):
+        return P0.contiguous(), D0.contiguous(), None
+    L, info = torch.linalg.cholesky_ex(P0)
+    big = big & (info == 0)
+    D0 = torch.where(big[:, None, None], L, D0).contiguous()
+    P0 = torch.where(big[:, None, None], torch.zeros_like(P0), P0).contiguous()
+    return P0, D0, big.to(torch.uint8).contiguous()
 
 
 SCALE_LOG2 = 64
@@ -188,7 +190,7 @@ def _scaled_model(model: Model, e: np.ndarray) -> Model:
     down2 = lambda t: _ldexp(_ldexp(t, -e), -e)  # noqa: E731  (2**-2e may be subnormal)
     return model._replace(
         z=down(model.z), c=down(model.c), m0=down(model.m0), Q=down2(model.Q), R=down2(model.R),
-        P0=down2(model.P0),
+        P0=down2(model.P0), P0inf=down2(model.P0inf),
         L0=None if model.L0 is None else _ldexp(_ldexp(model.L0, e), e),
     )  # fmt: skip
 
@@ -290,8 +292,8 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         outs.append(torch.zeros(B, **f64))  # O_NTERM
         ptrs = [0 if o is None else o.data_ptr() for o in outs]
         nd, npred, nbad, zinf = _ext.run(
-            int(smooth), fin, B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins,
-            ptrs,
+            int(smooth), 0, B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins,
+            ptrs, 0 if fin is None else fin.data_ptr(),
         )  # fmt: skip
         if zinf:
             raise ValueError(Z_INF_MESSAGE)
@@ -334,8 +336,9 @@ def loglik(model: Model) -> torch.Tensor:
     ptrs = [0] * 13
     ptrs[5], ptrs[12] = ll.data_ptr(), nterm.data_ptr()
     _, _, _, zinf = _ext.run(
-        -1, fin, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs
-    )
+        -1, 0, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs,
+        0 if fin is None else fin.data_ptr(),
+    )  # fmt: skip
     if zinf:
         raise ValueError(Z_INF_MESSAGE)
     return ll if e is None else ll - nterm * torch.from_numpy(e * math.log(2.0))

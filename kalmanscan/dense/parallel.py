@@ -92,6 +92,48 @@ def _range_projector(D, scale, tol):
         return (U * keep.unsqueeze(-2)) @ U.transpose(-1, -2), keep.sum(-1)
 
 
+def prior_null(L0, dtype=None):
+    """[B, n, n] orthonormal basis (zero columns elsewhere) of the diffuse directions of a prior
+    precision ``L0`` [B, n, n] given by the user (``prior_precision``; docs/dense.md, "Diffuse
+    priors"): a coordinate whose row and column of ``L0`` are exactly 0, and in the rest of the
+    matrix an eigenvalue at most ``n eps`` (of ``dtype``, the inputs' working dtype) of its
+    Frobenius norm, which is the rounding of a computed singular precision such as ``G G'``; any
+    larger eigenvalue, however small, is a proper (if vague) direction. Decided in float64 on
+    the values given, with no gradient; the same on every backend."""
+    dtype = L0.dtype if dtype is None else dtype
+    with torch.no_grad():
+        L = _sym(L0.detach().to(torch.float64))
+        n = L.shape[-1]
+        zero = (L == 0).all(-1)  # [B, n] exact zero rows (and columns: L is symmetric)
+        scale = fro_norm(L)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        # the exact zero coordinates get eigenvalue -scale (eigenvectors e_i: their rows are 0)
+        M = L - torch.diag_embed(zero.to(L.dtype)) * scale[..., None, None]
+        w, U = torch.linalg.eigh(M)
+        null = w <= n * torch.finfo(dtype).eps * scale.unsqueeze(-1)
+        return (U * null.to(U.dtype).unsqueeze(-2)).to(L0.dtype)
+
+
+def prior_start(model: Model):
+    """(P [B, n, n], D [B, n, n]) of a prior given in precision form (``model.P0`` None): the
+    finite part ``P`` of the prior covariance and an orthonormal basis ``D`` of its diffuse
+    directions (zero columns elsewhere; ``D D'`` the projector). From ``prior_cov`` with inf on
+    its diagonal (``model.P0inf``) exactly: ``D`` the inf coordinates, ``P`` the finite block
+    with zeros across them (a series without inf: its covariance). From a user's
+    ``prior_precision``: :func:`prior_null`, ``P = (L0 + D D')^-1 - D D'``."""
+    if model.P0inf is not None:
+        G = model.P0inf
+        dif = torch.isposinf(torch.diagonal(G, dim1=-2, dim2=-1))
+        off = dif.unsqueeze(-1) | dif.unsqueeze(-2)
+        P = torch.where(off, torch.zeros((), dtype=G.dtype, device=G.device), G)
+        D = torch.diag_embed(dif.to(G.dtype))
+        return P, D
+    L0 = model.L0
+    D = prior_null(L0, model.z.dtype)
+    N = D @ D.transpose(-1, -2)
+    return _sym(torch.linalg.inv(L0 + N) - N), D
+
+
 def _resolved(J, PiN, tol) -> bool:
     """Whether no series has a diffuse direction left that J does not inform."""
     return bool((_null_projector(J, PiN, tol).diagonal(dim1=-2, dim2=-1).sum(-1) < 0.5).all())
@@ -399,13 +441,16 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     bad = bad[0].expand(E.b.shape[:2])
     B, T, n = E.b.shape
     PiN = None
-    if model.P0 is None:
-        PiN = _eye(n, E.A) - _range_projector(model.L0, fro_norm(model.L0), tol)[0]
+    if model.P0 is None:  # the diffuse directions: prior_start's rule, that of every backend
+        Pf, D0 = prior_start(model)
+        PiN = D0 @ D0.transpose(-1, -2)
         if not bool((PiN.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.5).any()):
             PiN = None
     if PiN is None:  # proper prior
         P0 = model.P0
-        if P0 is None:
+        if P0 is None and model.P0inf is not None:
+            P0 = Pf  # the covariances as given (no inf in any series here)
+        elif P0 is None:
             P0 = _sym(_scaled_solve(model.L0, _eye(n, E.A).expand(B, n, n)))
         head = _information_head(model, E, bad, P0, tol, chunk)
         if head is not None:

@@ -20,7 +20,13 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.dense._args import LOG_2PI, Model
-from kalmanscan.dense.parallel import Moments, _mv, _range_projector, _sym, fro_norm, rank_tol
+from kalmanscan.dense.parallel import (
+    Moments,
+    _mv,
+    _sym,
+    prior_start,
+    rank_tol,
+)
 from kalmanscan.dense.scan import mask_observation
 
 
@@ -45,18 +51,16 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
-    tol = rank_tol(dtype)
     dif_tol = 1e-11 if dtype == torch.float64 else 1e-4
     eye = torch.eye(n, dtype=dtype, device=device)
     m = model.m0.clone()
     if model.P0 is not None:
         P = model.P0.clone()
         D = torch.zeros(B, n, n, dtype=dtype, device=device)
-    else:
-        Pr, _ = _range_projector(model.L0, fro_norm(model.L0), tol)
-        D = eye - Pr  # a projector: D D' = D
-        P = _sym(torch.linalg.inv(model.L0 + D) - D)
-    k = torch.diagonal(D, dim1=-2, dim2=-1).sum(-1).round().to(torch.int64)  # diffuse directions
+    else:  # finite part and an orthonormal basis of the diffuse directions (every backend's rule)
+        P, D = prior_start(model)
+        P = P.clone()
+    k = (D.detach() != 0).any(-2).sum(-1)  # diffuse directions: D's nonzero columns
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     # entries decorrelated by R = L Dg L' (L unit lower triangular, Dg >= 0: R singular allowed)
     Lu, Dg = _ldl(R_all)
@@ -300,18 +304,23 @@ def _ldl(R):
     """R = L diag(Dg) L' for PSD R [..., d, d]: L unit lower triangular, Dg >= 0 (a pivot at
     rounding level of R's diagonal is 0 and its column of L is 0), by the column recursion."""
     d = R.shape[-1]
-    L = torch.zeros_like(R)
-    Dg = torch.zeros(R.shape[:-1], dtype=R.dtype, device=R.device)
+    zero = torch.zeros(R.shape[:-2], dtype=R.dtype, device=R.device)
     scale = torch.diagonal(R, dim1=-2, dim2=-1).amax(-1)
+    # columns of L (lists of [...] entries) and pivots, built without writing into a tensor
+    # that autograd saved (the derivative w.r.t. R needs every earlier column as computed)
+    cols, dg = [], []
     for j in range(d):
-        s = R[..., j, j] - (L[..., j, :j].square() * Dg[..., :j]).sum(-1)
+        s = R[..., j, j] - sum((cols[q][j].square() * dg[q] for q in range(j)), zero)
         pos = s > 1e-14 * scale
-        Dg[..., j] = torch.where(pos, s, torch.zeros_like(s))
-        L[..., j, j] = 1.0
+        dg.append(torch.where(pos, s, torch.zeros_like(s)))
+        piv = torch.where(pos, s, torch.ones_like(s))
+        col = [zero] * j + [torch.ones_like(s)]
         for i in range(j + 1, d):
-            v = R[..., i, j] - (L[..., i, :j] * L[..., j, :j] * Dg[..., :j]).sum(-1)
-            L[..., i, j] = torch.where(pos, v / torch.where(pos, s, torch.ones_like(s)), 0.0)
-    return L, Dg
+            v = R[..., i, j] - sum((cols[q][i] * cols[q][j] * dg[q] for q in range(j)), zero)
+            col.append(torch.where(pos, v / piv, torch.zeros_like(v)))
+        cols.append(col)
+    L = torch.stack([torch.stack(c, -1) for c in cols], -1)  # L[..., i, j] = cols[j][i]
+    return L, torch.stack(dg, -1)
 
 
 def _factor(P):
