@@ -8,9 +8,10 @@ line search, all series advancing together in one filter call per step; the grad
 come from a central-difference stencil of log-likelihood values
 (:mod:`kalmanscan.timeseries.optim`). A positive estimate that ends below ``_SMALL`` of the scale
 is finished in natural coordinates (:func:`_refine_small`: the bound 0 as an active constraint),
-and the standard errors come from a Hessian in natural coordinates from exact gradients
-(:func:`_natural_hessian`), not from the stencil in logs, which rounds a small variance's
-curvature away.
+and the standard errors of such fits (and of those with an estimate on its bound, or a stencil
+Hessian that is not positive definite) come from a Hessian in natural coordinates from exact
+gradients (:func:`_natural_hessian`), not from the stencil in logs, which rounds a small
+variance's curvature away.
 The scale ``s`` is the smaller of the standard deviation and the typical step, so a variance is
 judged to sit on its bound 0 relative to the noise of the record. The model: docs/model.md; the
 method and its measured cost: docs/performance-cpu.md, "Fitting".
