@@ -33,6 +33,26 @@ def _at(a, t, k):
     return a[t] if a.ndim == k + 1 else a
 
 
+def _proper_term(S, v, k):
+    """The step's log-density term of the docs' convention: the density of the innovation ``v``
+    (covariance ``S``, mpmath) outside the observation directions the diffuse state reaches
+    (``S / KAPPA``'s eigenvectors above 1e-12)."""
+    E, V = mp.eigsy(S / KAPPA)
+    Pp = mp.eye(k)
+    for i in range(k):
+        if E[i] > mp.mpf(10) ** -12:
+            Pp = Pp - V[:, i] * V[:, i].T
+    Sp = Pp * S * Pp
+    E2, V2 = mp.eigsy((Sp + Sp.T) / 2)
+    top = max(1, max(abs(x) for x in E2))
+    term = mp.mpf(0)
+    for i in range(k):
+        if E2[i] > mp.mpf(10) ** -30 * top:
+            q = (V2[:, i].T * (Pp * v))[0]
+            term += -(mp.log(2 * mp.pi) + mp.log(E2[i]) + q**2 / E2[i]) / 2
+    return term
+
+
 def mp_loglik(z, F, Q, H, R, P_fin, D_inf=None, m0=None, dps=70):
     """Log-likelihood of the docs' convention from an mpmath covariance filter started at
     ``N(m0, P_fin + kappa D_inf D_inf')`` (``D_inf`` [n, k] spans the diffuse directions; the
@@ -60,18 +80,7 @@ def mp_loglik(z, F, Q, H, R, P_fin, D_inf=None, m0=None, dps=70):
             Ro = mp.matrix([[Rt[i, j] for j in obs] for i in obs])
             v = mp.matrix([[mp.mpf(float(z[t, i]))] for i in obs]) - Ho * m
             S = Ho * P * Ho.T + Ro
-            E, V = mp.eigsy(S / KAPPA)  # the observation directions the diffuse state reaches
-            Pp = mp.eye(k)
-            for i in range(k):
-                if E[i] > mp.mpf(10) ** -12:
-                    Pp = Pp - V[:, i] * V[:, i].T
-            Sp = Pp * S * Pp
-            E2, V2 = mp.eigsy((Sp + Sp.T) / 2)
-            top = max(1, max(abs(x) for x in E2))
-            for i in range(k):
-                if E2[i] > mp.mpf(10) ** -30 * top:
-                    q = (V2[:, i].T * (Pp * v))[0]
-                    total += -(mp.log(2 * mp.pi) + mp.log(E2[i]) + q**2 / E2[i]) / 2
+            total += _proper_term(S, v, k)
             K = P * Ho.T * S**-1
             m = m + K * v
             P = P - K * S * K.T
@@ -224,18 +233,7 @@ def mp_loglik_m(z, F, Q, H, Rm):
             Ro = mp.matrix([[Rm[i, j] for j in obs] for i in obs])
             v = mp.matrix([[mp.mpf(float(z[t, i]))] for i in obs]) - Ho * m
             S = Ho * P * Ho.T + Ro
-            E, V = mp.eigsy(S / KAPPA)
-            Pp = mp.eye(k)
-            for i in range(k):
-                if E[i] > mp.mpf(10) ** -12:
-                    Pp = Pp - V[:, i] * V[:, i].T
-            Sp = Pp * S * Pp
-            E2, V2 = mp.eigsy((Sp + Sp.T) / 2)
-            top = max(1, max(abs(x) for x in E2))
-            for i in range(k):
-                if E2[i] > mp.mpf(10) ** -30 * top:
-                    q = (V2[:, i].T * (Pp * v))[0]
-                    total += -(mp.log(2 * mp.pi) + mp.log(E2[i]) + q**2 / E2[i]) / 2
+            total += _proper_term(S, v, k)
             K = P * Ho.T * S**-1
             m, P = m + K * v, P - K * S * K.T
             P = (P + P.T) / 2

@@ -187,12 +187,7 @@ def gate(
     covariance flagged by the screen. Program 0 also sets bit ``k`` for the ``K`` bools at
     ``pre`` (the launch's other flags: one word read back, one synchronization)."""
     s = tl.program_id(0).to(tl.int64)
-    rv = tl.arange(0, NP)
-    ri = rv[:, None]
-    cj = rv[None, :]
-    mm = (ri < n) & (cj < n)
-    Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
+    rv, ri, cj, mm, Fm, Qm = _series_dynamics(F_ptr, Q_ptr, s, n, NP)
     Pm = tl.load(P_ptr + s * sPb + ri * sPi + cj * sPj, mask=mm, other=0.0)
     flagged = _screened(_sym(_mmt(Fm, Fm) + Qm), rv, ri, cj, n, bound, NP)
     flagged = flagged | _screened(_sym(Pm), rv, ri, cj, n, bound, NP)
@@ -210,14 +205,22 @@ def _program_model(F_ptr, Q_ptr, c_ptr, n, NP: tl.constexpr):
     F, Q, c)``, the matrices as ``[NP, NP]`` tiles padded with zeros."""
     ch = tl.program_id(0)
     s = tl.program_id(1).to(tl.int64)
+    rv, ri, cj, mm, Fm, Qm = _series_dynamics(F_ptr, Q_ptr, s, n, NP)
+    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
+    return ch, s, rv, ri, cj, mm, Fm, Qm, cv
+
+
+@helper
+def _series_dynamics(F_ptr, Q_ptr, s, n, NP: tl.constexpr):
+    """Series ``s``'s ``(rv, ri, cj, mask, F, Q)``, the matrices as ``[NP, NP]`` tiles padded
+    with zeros."""
     rv = tl.arange(0, NP)
     ri = rv[:, None]
     cj = rv[None, :]
     mm = (ri < n) & (cj < n)
     Fm = tl.load(F_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
     Qm = tl.load(Q_ptr + s * n * n + ri * n + cj, mask=mm, other=0.0)
-    cv = tl.load(c_ptr + s * n + rv, mask=rv < n, other=0.0)
-    return ch, s, rv, ri, cj, mm, Fm, Qm, cv
+    return rv, ri, cj, mm, Fm, Qm
 
 
 @triton.jit
