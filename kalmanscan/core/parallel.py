@@ -36,6 +36,7 @@ from kalmanscan.core.steps import (
     normalize,
     predict,
     predict_coeffs,
+    quotient,
     start,
     update,
 )
@@ -56,7 +57,7 @@ def _step_scale(A11, A21):
     variance the step alone gives (``p / (1 + p phi)``). A lane-wide unit fails where steps differ
     by more than the range: with ``p = 1e300``, ``obs_var = 1e-300`` the observed leaf's
     ``A21/k`` underflowed and the variance came out 0 (truth ``1e-300``)."""
-    return torch.clamp(A21 / A11, min=1.0)
+    return torch.clamp(quotient(A11, A21)[0], min=1.0)  # (its derivative in A11 as products)
 
 
 # a lane's unit serves every step whose own variance is within this factor of it (far inside
@@ -72,14 +73,19 @@ def _scan(leaves, x0, k):
     per lane, the initial state's too). Leaf t becomes ``D_t M_t D_{t-1}^-1`` with
     ``D = diag(k, 1)`` on ``(u, v)``, so products telescope."""
     A11, A12, A21, A22, b1, b2, al = leaves
+    # (quotient: the derivatives in kp as products; autograd's (k / kp) / kp underflowed after
+    # a step whose unit is a huge process variance, kp = 4e199: 1/kp^2)
     if k.shape[0] > 1:
         kp = torch.cat([torch.ones_like(k[:1]), k[:-1]])
-        r, k0 = k / kp, torch.ones_like(k[0])
+        r, A21 = quotient(kp, k, A21)
+        k0 = torch.ones_like(k[0])
     else:
         kp, r, k0 = k, 1.0, k[0]
-    leaves = (A11 * r, k * A12, A21 / kp, A22, b1 * r, k * b2, al * r)
+        (A21,) = quotient(kp, A21)
+    leaves = (A11 * r, k * A12, A21, A22, b1 * r, k * b2, al * r)
     u, e, v = projective_scan(leaves, normalize(k0 * x0[0], k0 * x0[1], x0[2]))
-    return normalize(u / k, e / k, v)
+    # (k's derivative as products: autograd's (u / k) / k underflows at k = p = 1e200)
+    return normalize(*quotient(k, u, e), v)
 
 
 def _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, u0):

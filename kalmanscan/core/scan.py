@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from kalmanscan.core.steps import normalize
+
 _TARGET_ELEMS = 1 << 15  # elements per vectorized step worth aiming for
 _MIN_CHUNK = 16
 
@@ -173,8 +175,7 @@ def projective_apply(m, u, e, v):
     u2 = A11 * u + A12 * v
     v2 = A21 * u + A22 * v
     e2 = b1 * u + b2 * v + al * e
-    n = torch.maximum(u2, v2)
-    return u2 / n, e2 / n, v2 / n
+    return normalize(u2, e2, v2)  # (its derivative in max(u2, v2) as products)
 
 
 def _projective_loop(leaves, x):
