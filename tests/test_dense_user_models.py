@@ -353,3 +353,35 @@ def test_negative_infinite_prior_variance_is_refused():
     P = np.stack([np.diag([np.inf, 1.0]), np.diag([1.0, -np.inf])])
     with pytest.raises(ValueError, match=r"got -inf at prior_cov\[1, 1, 1\]"):
         kd.filter(np.ones((10, 2, 1)), **m._asdict(), prior_cov=P)
+
+
+# -- 8. the known-direction gate of a proper series batched beside partly diffuse ones -------------
+
+
+@pytest.mark.parametrize("var", [1e-7, 1e-13, 1e-17])
+def test_known_direction_gate_of_a_batched_proper_series_is_its_own(var):
+    """A proper series batched next to a ``prior_cov`` with inf is judged by
+    kalmanscan/dense/singular.py's gate on its covariance as given, as alone (it was decided on
+    the precision form, whose 64-eps test called such a prior not proper: gate off batched, on
+    alone), and its precision output has the same infinite entries as alone."""
+    from kalmanscan.dense import _args, singular
+    from kalmanscan.dense.parallel import rank_tol
+
+    m = kd.local_linear_trend(level_var=1.0, slope_var=0.01, obs_var=1.0)
+    z = np.random.default_rng(0).normal(size=(30, 2, 1)).cumsum(0)
+    P1 = np.diag([1e7 if var == 1e-7 else 1.0, var])
+    t = {k: torch.as_tensor(np.asarray(v, float)) for k, v in m._asdict().items()}
+
+    def gate(zz, pc):
+        model, _, checks = _args.prepare(
+            torch.as_tensor(zz), t["F"], t["Q"], t["H"], t["R"], None, None,
+            torch.as_tensor(pc), None, 0, mask=False, defer=True,
+        )  # fmt: skip
+        return singular.gate(checks.run(model), rank_tol(torch.float64)).tolist()
+
+    both = np.stack([np.diag([np.inf, 1.0]), P1])
+    assert gate(z, both)[1] == gate(z[:, 1], P1)[0]
+    for backend in ("native", "torch"):
+        alone = kd.filter(z[:, 1], **m._asdict(), prior_cov=P1, backend=backend).precision
+        batch = kd.filter(z, **m._asdict(), prior_cov=both, backend=backend).precision[:, 1]
+        np.testing.assert_array_equal(np.isinf(alone), np.isinf(batch))

@@ -124,7 +124,9 @@ def gate(model: Model, tol: float) -> torch.Tensor:
     for all t unless that intersection is not); a proper prior covariance flagged by the screen;
     an exact entry (R flagged by the screen, which every R with a zero pivot in ``R = L Dg L'``
     meets). Elsewhere no direction is known and the precision is the inverse, however
-    ill-conditioned. On the compact (broadcast axes cut) matrices, in numpy: they are small."""
+    ill-conditioned. A proper series batched beside partly diffuse ones (``model.P0inf``) is
+    judged on its covariance as given, as alone. On the compact (broadcast axes cut) matrices,
+    in numpy: they are small."""
     B, dev = model.z.shape[0], model.z.device
     F, Q = _compact(model.F), _compact(model.Q)
     if F.shape[1] > 1 or Q.shape[1] > 1:
@@ -135,6 +137,11 @@ def gate(model: Model, tol: float) -> torch.Tensor:
     on = np.broadcast_to(_flagged(sym(F @ np.swapaxes(F, -1, -2) + Q), tol), (B,))
     if model.P0 is not None:
         on = on | np.broadcast_to(_flagged(sym(np64(model.P0)), tol), (B,))
+    elif model.P0inf is not None:  # prior_cov as given, inf on some series' diagonals
+        G = np64(model.P0inf)
+        dif = np.isposinf(np.diagonal(G, axis1=-2, axis2=-1)).any(-1)
+        fin = sym(np.where(np.isfinite(G), G, 0.0))  # (a proper series': its covariance)
+        on = on | np.broadcast_to(~dif & _flagged(fin, tol), (B,))
     elif model.L0 is not None and bool(model.L0.any()):  # not fully diffuse
         L0 = sym(np64(model.L0))
         w = np.linalg.eigvalsh(L0)
