@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kalmanscan.core import _args, backends
-from kalmanscan.core.steps import compact, from_info, from_prior
+from kalmanscan.core.steps import compact, from_info, from_prior, normalize
 
 
 class InfoState(NamedTuple):
@@ -366,14 +366,23 @@ def _rescaled(prep: _Prepared):
     T, N = z.shape
     hc, oc = compact(prep.loading), compact(prep.obs_var)
     s, k = _observation_scale(hc, oc)
+    ins = (z * s, (oc * s * s).expand(T, N), prep.decay, prep.process_var,
+           (hc * s).expand(T, N), prep.offset)  # fmt: skip
+    return ins, _log_scale_shift(prep, oc, k)
+
+
+def _log_scale_shift(prep: _Prepared, oc, k):
+    """The per-lane log-likelihood to add back (float64) where observations were rescaled by
+    ``s = 2**k`` (``k`` over the compact grid or ``[T, N]``; ``oc`` the compact obs_var): the
+    sum of ``k log 2`` over the steps that add a term (observed, but not at a diffuse lane's
+    first informative step), each density having been divided by ``s``."""
+    z = prep.z
+    T, N = z.shape
     t_star, diffuse = _first_informative(prep)
     terms = (~torch.isnan(z) & torch.isfinite(oc).expand(T, N)) & (k != 0).expand(T, N)
     lanes = torch.arange(N, device=z.device)
     terms[t_star[diffuse], lanes[diffuse]] = False
-    shift = torch.where(terms, k.expand(T, N), 0).sum(0, dtype=torch.float64) * math.log(2.0)
-    ins = (z * s, (oc * s * s).expand(T, N), prep.decay, prep.process_var,
-           (hc * s).expand(T, N), prep.offset)  # fmt: skip
-    return ins, shift
+    return torch.where(terms, k.expand(T, N), 0).sum(0, dtype=torch.float64) * math.log(2.0)
 
 
 @functools.cache
@@ -456,11 +465,12 @@ def _tiny_lanes(prep: _Prepared, ins):
     (:func:`_from_unit`) and ``log s`` added back to the log-likelihood. Plain numbers are
     judged on the host; arrays on the CPU from their extremes (:func:`_no_tiny_products`), then
     where those do not settle it from their compact grid; arrays on a GPU are not (the
-        readback would cost a host synchronization a call: docs/reliability.md)."""
+    readback would cost a host synchronization a call: docs/reliability.md)."""
     z, R, a, pv, h, off = ins
     dtype = z.dtype
+    given = R is prep.obs_var and h is prep.loading  # (not rescaled for a tiny loading)
     Rn, hn, pn = (_number(prep, k) for k in ("obs_var", "loading", "process_var"))
-    if R is prep.obs_var and h is prep.loading and None not in (Rn, hn, pn):
+    if given and None not in (Rn, hn, pn):
         if not _plain_tiny(Rn, hn, pn, dtype):
             return None
     elif z.device.type != "cpu":
@@ -469,7 +479,7 @@ def _tiny_lanes(prep: _Prepared, ins):
     T, N = z.shape
     # the test in numpy on the compact grid (a view of CPU memory; a few us, where torch's ops
     # on such small tensors cost several times more a call: fit_ou makes one a Newton step)
-    if R is prep.obs_var and h is prep.loading and _no_tiny_products(prep, below):
+    if given and _no_tiny_products(prep, below):
         return None
     Rc, hc, pc = (_np_compact(x) for x in (R, h, pv))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -511,13 +521,8 @@ def _in_units(prep: _Prepared, ins, x0, c, ks):
     ins = (z * s, R * (s * s), a, (compact(pv) / (c * c)).expand(T, N), h * s * c,
            (compact(off) / c).expand(T, N))  # fmt: skip
     u, e, v = x0
-    v = v / (c * c)  # v <= 1 and 1/c^2 <= 2^(2/3 emax): finite
-    n = torch.maximum(u, v)
-    t_star, diffuse = _first_informative(prep)
-    terms = ~torch.isnan(z) & torch.isfinite(compact(R)).expand(T, N) & (ks != 0)
-    terms[t_star[diffuse], torch.arange(N, device=z.device)[diffuse]] = False
-    shift = torch.where(terms, ks, 0).sum(0, dtype=torch.float64) * math.log(2.0)
-    return ins, (u / n, e / c / n, v / n), shift
+    # (v <= 1 and 1/c^2 <= 2^(2/3 emax): finite)
+    return ins, normalize(u, e / c, v / (c * c)), _log_scale_shift(prep, compact(R), ks)
 
 
 _UNIT_POWERS = {"mean": 1, "pred_mean": 1, "smooth_mean": 1, "var": 2, "pred_var": 2,
