@@ -593,26 +593,28 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     return opt._replace(u=u, f=f, at_boundary=at_b, n_iter=n_iter)
 
 
+def _jacobi(H: np.ndarray) -> tuple:
+    """``(H scaled by its diagonal, dj)``: ``dj = |diag H|^-1/2`` (1 where that is not a
+    positive number), so that tests of positive definiteness do not depend on the parameters'
+    units (``theta`` of 5e-5 beside ``mu`` of 200 standardized)."""
+    diag = np.abs(np.diagonal(H, axis1=1, axis2=2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dj = np.where(np.isfinite(diag) & (diag > 0), 1 / np.sqrt(diag), 1.0)
+    return H * dj[:, :, None] * dj[:, None, :], dj
+
+
 def _newton_steps(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
     """``d [n, k]``: the Newton steps ``-H^-1 g`` on the ``free [n, k]`` coordinates (0
-    elsewhere); NaN rows where that block is not positive definite (no maximum to step to)."""
+    elsewhere); NaN rows where that block is not positive definite (no maximum to step to).
+    The blocks' inverses are :func:`optim.held_covariances`' (the other coordinates held),
+    of the Jacobi-scaled Hessian (:func:`_jacobi`)."""
     d = np.zeros_like(g)
-    for pattern in np.unique(free, axis=0):
-        rows = np.flatnonzero((free == pattern).all(1))
-        keep = np.flatnonzero(pattern)
-        if keep.size == 0:
-            continue
-        B = H[rows][:, keep][:, :, keep]
-        diag = np.abs(np.diagonal(B, axis1=1, axis2=2))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dj = np.where(diag > 0, 1 / np.sqrt(diag), 1.0)  # Jacobi scaling: units aside
-        B = B * dj[:, :, None] * dj[:, None, :]
-        lam = np.linalg.eigvalsh(B)
-        pd = lam.min(1) > 1e-12 * np.abs(lam).max(1)
+    Hs, dj = _jacobi(H)
+    for _, rows, keep, pd, cov in optim.held_covariances(Hs, ~free, free.any(1)):
         d[rows[~pd]] = np.nan
-        if pd.any():
-            gs = g[rows[pd]][:, keep] * dj[pd]
-            step = -np.linalg.solve(B[pd], gs[..., None])[..., 0] * dj[pd]
+        if cov is not None:
+            dk = dj[rows[pd]][:, keep]
+            step = -np.einsum("nij,nj->ni", cov, g[rows[pd]][:, keep] * dk) * dk
             d[np.ix_(rows[pd], keep)] = step
     return d
 
@@ -926,12 +928,7 @@ def _standard_errors(core: _Core, free, joint, hess=None):
             1,
         )  # d natural / d u, [G, k]  # fmt: skip
     else:
-        # scaled by its diagonal (Jacobi), so that the test of positive definiteness does not
-        # depend on the parameters' units (theta of 5e-5 beside mu of 200 standardized)
-        diag = np.abs(np.diagonal(hess, axis1=1, axis2=2))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dj = np.where(np.isfinite(diag) & (diag > 0), 1 / np.sqrt(diag), 1.0)
-        Hu = hess * dj[:, :, None] * dj[:, None, :]
+        Hu, dj = _jacobi(hess)  # (units aside in the test of positive definiteness)
         tau = core.tau
         unit = {"theta": 1 / tau, "sigma2": s**2 / tau, "mu": s, "obs_var": s**2}
         jac = np.stack([np.broadcast_to(unit[p], (G,)) for p in free], 1) * dj  # natural / std
