@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kalmanscan.core import _args as core_args
+from kalmanscan.dense.scan import _sym
 
 
 def _describe(x) -> str:
@@ -487,7 +488,7 @@ def _lowest_eig(name: str, t: torch.Tensor) -> str:
     """'a negative eigenvalue (w, relative ... at name[idx])' of the matrix of ``t`` with the
     lowest eigenvalue relative to its largest entry."""
     t = t.detach()
-    w = torch.linalg.eigvalsh(_sym_t(t))[..., 0]
+    w = torch.linalg.eigvalsh(_sym(t))[..., 0]
     top = t.abs().amax((-1, -2))
     rel = w / torch.where(top > 0, top, torch.ones_like(top))
     where = _first_index(rel == rel.min()) if rel.ndim else ()
@@ -496,10 +497,6 @@ def _lowest_eig(name: str, t: torch.Tensor) -> str:
         f"a negative eigenvalue ({float(w[where]):.3g}, {float(rel[where]):.3g} of the "
         f"matrix's largest entry){at}"
     )
-
-
-def _sym_t(t):
-    return 0.5 * (t + t.transpose(-1, -2))
 
 
 def _check_psd(name: str, t: torch.Tensor, what: str):

@@ -38,6 +38,7 @@ import torch
 
 from kalmanscan.dense._args import Model
 from kalmanscan.dense.parallel import _scaled_solve
+from kalmanscan.dense.scan import _sym
 
 
 def entry_tol(dtype) -> float:
@@ -46,10 +47,6 @@ def entry_tol(dtype) -> float:
     ``Pi_N``'s zero entries at about ``eps |P| / gap``); a diagonal entry above ``1 - entry_tol``
     marks the coordinate itself known."""
     return float(torch.finfo(dtype).eps) ** 0.5
-
-
-def _sym(x: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (x + x.transpose(-1, -2))
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
