@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from kalmanscan.dense._args import Model
-from kalmanscan.dense.parallel import _scaled_solve
+from kalmanscan.dense.parallel import _scaled_solve, prior_start
 from kalmanscan.dense.scan import _sym
 
 
@@ -135,10 +135,9 @@ def gate(model: Model, tol: float) -> torch.Tensor:
     if model.P0 is not None:
         on = on | np.broadcast_to(_flagged(sym(np64(model.P0)), tol), (B,))
     elif model.P0inf is not None:  # prior_cov as given, inf on some series' diagonals
-        G = np64(model.P0inf)
-        dif = np.isposinf(np.diagonal(G, axis1=-2, axis2=-1)).any(-1)
-        fin = sym(np.where(np.isfinite(G), G, 0.0))  # (a proper series': its covariance)
-        on = on | np.broadcast_to(~dif & _flagged(fin, tol), (B,))
+        Pf, D = prior_start(model)  # (a proper series: its covariance, no diffuse direction)
+        proper = ~(np64(D) != 0).any((-1, -2))
+        on = on | np.broadcast_to(proper & _flagged(sym(np64(Pf)), tol), (B,))
     elif model.L0 is not None and bool(model.L0.any()):  # not fully diffuse
         L0 = sym(np64(model.L0))
         w = np.linalg.eigvalsh(L0)
