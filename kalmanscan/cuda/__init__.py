@@ -7,3 +7,11 @@
 
 Design, floors and measurements: docs/performance.md.
 """
+
+import os
+
+
+def interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1`` (kernels run on the CPU through numpy). Here, outside
+    the modules that import triton, so that callers can ask without importing it."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -16,8 +16,9 @@ A module opts in with ``_aot_cases()``: a list of ``(name, kernel, args, consts,
 from __future__ import annotations
 
 import json
-import os
 import sys
+
+from kalmanscan.cuda import interpreting
 
 # torch dtype name -> Triton pointer element type
 _PTR = {
@@ -38,7 +39,7 @@ def unavailable(arch: int = 90) -> str | None:
     """Why kernels cannot be compiled for ``sm_{arch}`` here, or None when they can: Triton
     with the ``ASTSource``/``GPUTarget`` API and its NVIDIA backend, not interpreting, and a
     ptxas that runs (the PTX stage asks it for the CUDA version, the cubin stage runs it)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreting():
         return "TRITON_INTERPRET is set (kernels are not compiled)"
     try:
         import triton
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default="cubin", choices=STAGES, help="the last stage to run")
     a = ap.parse_args(argv)
     why = unavailable() if a.stage == "cubin" else None
-    if why is None and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if why is None and interpreting():
         why = "TRITON_INTERPRET is set (kernels are not compiled)"
     if why is not None:
         print(json.dumps({"unavailable": why}))

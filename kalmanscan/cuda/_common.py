@@ -13,15 +13,11 @@ and Triton 3.6 did not (register spills, cross-warp reductions every step).
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 import triton
 
-
-def interpreting() -> bool:
-    """True under ``TRITON_INTERPRET=1`` (kernels run on the CPU through numpy)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from kalmanscan.cuda import interpreting  # noqa: F401 - re-exported to the kernels' modules
 
 
 def _interpreter_index_fix() -> bool:

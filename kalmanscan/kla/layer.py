@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kalmanscan.core.discretize import ou_transition
+from kalmanscan.cuda import interpreting
 from kalmanscan.kla.config import KLAConfig
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -157,12 +157,6 @@ def _triton_available() -> bool:
     return _TRITON[0]
 
 
-def _interpreting() -> bool:
-    """``kalmanscan.cuda._common.interpreting`` without importing triton: True under
-    ``TRITON_INTERPRET=1``, where the Triton kernels run on the CPU."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _check_fused_device(x: torch.Tensor, setting: str) -> None:
     """A ValueError naming ``setting`` where the fused Triton kernels cannot run ``x``: triton
     missing, or ``x`` off CUDA without ``TRITON_INTERPRET=1`` (the message of
@@ -172,7 +166,7 @@ def _check_fused_device(x: torch.Tensor, setting: str) -> None:
             f"{setting}: expected triton installed for the fused kernels, found none "
             "('auto' or 'eager' runs the PyTorch path)"
         )
-    if x.device.type != "cuda" and not _interpreting():
+    if x.device.type != "cuda" and not interpreting():
         raise ValueError(
             f"x: expected a CUDA tensor (or TRITON_INTERPRET=1 for the CPU) with {setting}, "
             f"got device {x.device} ('auto' or 'eager' runs the PyTorch path there)"
