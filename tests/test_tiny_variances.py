@@ -73,6 +73,25 @@ def test_every_variance_tiny_matches_mpmath(backend, scale, prior, triton_on_cpu
     assert abs(float(ll) - ref.loglik) < 1e-12 * abs(ref.loglik)
 
 
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize(
+    "scale, prior_var", [(1e-150, 1e10), (1e-100, 1e120), (1e-150, 1.0)],
+    ids=["1e-150-vague-1e10", "1e-100-vague-1e120", "1e-150-unit-prior"],
+)  # fmt: skip
+def test_a_vague_prior_on_tiny_data(backend, scale, prior_var, triton_on_cpu):
+    """A proper prior far wider than the data's variances (a "vague" prior in absolute units):
+    the lane's unit keeps the prior's variance in range. Before, the filtered variance at a
+    missing first step was inf (truth: the prior's), the log-likelihood 9e-8 off, and triton
+    raised OverflowError."""
+    z = _walk(3) * scale
+    z[0] = np.nan
+    kw = dict(obs_var=0.7 * scale**2, decay=0.9, process_var=0.3 * scale**2)
+    # (the RTS form cancels the prior's variance against the data's: ~330 digits at 1e10 vs 1e-300)
+    ref = scalar_oracle(z, **kw, prior_mean=0.5 * scale, prior_var=prior_var, dps=450)
+    res = ks.smooth(z, **kw, prior_mean=0.5 * scale, prior_var=prior_var, backend=backend)
+    _check(res, ref, True, 1e-11)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_per_lane_and_per_step_tensors(backend):
     """Arrays of obs_var (per step and lane) and a loading != 1: each lane its own unit; a lane
@@ -133,7 +152,7 @@ def test_ordinary_lanes_take_no_unit():
     def tiny(R, p=1.0, h=1.0):
         prep = core_filter._prepare(z, R, 1.0, p, h, 0.0, 0.0, math.inf, None, 0, "sequential")
         ins = (prep.z, prep.obs_var, prep.decay, prep.process_var, prep.loading, prep.offset)
-        return core_filter._tiny_lanes(prep, ins)
+        return core_filter._tiny_lanes(prep, ins, prep.x0)
 
     assert tiny(1.0) is None and tiny(1e-100, 1e-100) is None and tiny(1e200, 1e200) is None
     assert tiny(1e-250, 0.3) is None  # obs_var tiny, process noise ordinary: exact as given

@@ -445,7 +445,7 @@ def _no_tiny_products(prep: _Prepared, below: int) -> bool:
     return min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below
 
 
-def _tiny_lanes(prep: _Prepared, ins):
+def _tiny_lanes(prep: _Prepared, ins, x0):
     """The lanes whose variances are all tiny, carried in smaller units: ``None``, or ``(c, ks)``.
 
     The filter's products pair variances: the update forms ``obs_var`` times the normalized
@@ -457,8 +457,10 @@ def _tiny_lanes(prep: _Prepared, ins):
     ``2**_tiny_below`` (the update's only where its variance factor is below ``2**-32``: with a
     factor near 1 the product is ``obs_var`` itself, exact) takes a state unit ``c`` (``c**2``
     the larger of its smallest ``obs_var / h**2`` and its largest ``process_var``, to a power of
-    four, where that is below 1: ``x = c x'``, so ``loading c``, ``process_var / c**2``,
-    ``offset / c``, the prior's mean ``/ c`` and variance ``/ c**2``) and its observations a
+    four, where that is below 1; raised where a proper prior's variance over ``c**2`` would
+    pass the range, as far as the products stay representable: ``x = c x'``, so ``loading c``,
+    ``process_var / c**2``, ``offset / c``, the prior's mean ``/ c`` and variance ``/ c**2``)
+    and its observations a
     unit ``s = 2**ks`` (``s**2 obs_var`` in ``[1, 4)``: ``(s z, s**2 obs_var, s h)``, the
     density divided by ``s``; capped where ``s z`` would pass the range). Both are powers of
     two, so every value and gradient is the same model's, exactly; outputs are mapped back
@@ -498,6 +500,18 @@ def _tiny_lanes(prep: _Prepared, ins):
         smin = np.broadcast_to(scale, (T, N)).min(0)
         pmax = np.broadcast_to(lp, (T, N)).max(0)
         lc2 = np.minimum(np.maximum(smin, pmax), 0.0)
+        # a proper prior far wider than the lane's variances (a vague 1e10 on data of scale
+        # 1e-100): its variance over c**2 passes the range, and its precision there underflows.
+        # Take c**2 no smaller than 2**below of it, as far as the products keep 2**below.
+        u0, v0 = (_np_compact(x.detach()).ravel() for x in (x0[0], x0[2]))
+        proper = (u0 > 0) & np.isfinite(u0) & (v0 > 0) & np.isfinite(v0)
+        lv0, lu0 = (np.log2(np.where(proper, x, 1.0)) for x in (v0, u0))
+        lprior = np.where(proper, lv0 - lu0, -np.inf)
+        keep = np.minimum(
+            np.broadcast_to(np.where(ok, np.maximum(lp, scale), np.inf), (T, N)).min(0) - below,
+            (np.broadcast_to(np.where(ok & pos, lp + scale, np.inf), (T, N)).min(0) - below) / 2,
+        )
+        lc2 = np.maximum(lc2, np.minimum(np.minimum(lprior + below, keep), 0.0))
     kc = np.where(need & np.isfinite(lc2), np.floor(lc2 / 2), 0.0).astype(np.int32)
     c = torch.ldexp(torch.ones(N, dtype=dtype, device=z.device), torch.from_numpy(kc))
     with torch.no_grad():
@@ -676,7 +690,7 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
     ins, shift = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset), None
     if rescale:
         ins, shift = _rescaled(prep)
-    x0, tiny = p.x0, _tiny_lanes(prep, ins)
+    x0, tiny = p.x0, _tiny_lanes(prep, ins, p.x0)
     if tiny is not None:
         ins, x0, more = _in_units(prep, ins, x0, *tiny)
         shift = more if shift is None else shift + more
