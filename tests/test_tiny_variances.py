@@ -161,3 +161,21 @@ def test_ordinary_lanes_take_no_unit():
     assert got is not None and float(got[0][0]) == 2.0**-333  # c^2 = 2^-666 ~ 1e-200
     got = tiny(np.r_[np.full(T - 1, 1.0), 1e-200], 1e-200)  # one step's product decides
     assert got is not None and int(got[1][-1, 0]) > 0 and int(got[1][0, 0]) == 0
+
+
+def test_bfloat16_and_negated_view_parameters():
+    """The host-side screen views CPU arrays through numpy: a bfloat16 parameter or a negated
+    view (``torch._neg_view``) crashed there ("Got unsupported ScalarType BFloat16", "Can't call
+    numpy() on Tensor that has negative bit set") instead of being filtered as given."""
+    z = torch.tensor(_walk(5), dtype=torch.float64)
+    want = ks.filter(z, 0.5, 0.9, 0.25)
+    got = ks.filter(z, torch.full((T,), 0.5, dtype=torch.bfloat16), 0.9, 0.25)
+    np.testing.assert_array_equal(got.mean, want.mean)
+    got = ks.filter(z, 0.5, 0.9, torch._neg_view(torch.full((T,), -0.25, dtype=torch.float64)))
+    np.testing.assert_array_equal(got.mean, want.mean)
+    # tiny variances through the same views still take their units
+    s = 1e-150
+    ref = scalar_oracle((z * s).numpy(), 0.5 * s * s, 0.9, 0.25 * s * s)
+    neg = torch._neg_view(torch.full((T,), -0.25 * s * s, dtype=torch.float64))
+    got = ks.filter(z * s, torch.full((T,), 0.5 * s * s, dtype=torch.float64), 0.9, neg)
+    assert _rel(got.var, ref.var) < 1e-12

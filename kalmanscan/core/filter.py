@@ -422,7 +422,8 @@ def _caller_array(prep: _Prepared, key: str):
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, torch.Tensor):
-        if v.device.type != "cpu":
+        # (numpy views only these: a bfloat16 or negated view is judged on the grid instead)
+        if v.device.type != "cpu" or v.dtype not in (torch.float32, torch.float64) or v.is_neg():
             return None
         v = v.detach().numpy()
     if not isinstance(v, np.ndarray) or v.size == 0 or v.dtype.kind != "f":
