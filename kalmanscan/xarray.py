@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from kalmanscan.core._args import as_real_numpy
 from kalmanscan.timeseries import dataset as view
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
@@ -256,8 +255,7 @@ def _fix_inputs(fix, da: xr.DataArray, time_dim: str):
         if isinstance(v, xr.DataArray):
             per_series[name] = view.match_series(f"fix[{name!r}]", v, da, time_dim)
         elif np.ndim(v) > 0:  # an array over the trailing series dims, as parameters are
-            # (text, booleans and complex numbers refused as fit_ou refuses them)
-            as_real_numpy(f"fix[{name!r}]", v)
+            # (masked values, text, booleans and complex numbers refused, naming the entry)
             per_series[name] = view.series_param(f"fix[{name!r}]", v, da, time_dim)
         else:
             scalars[name] = v

@@ -47,7 +47,8 @@ class Converter:
                 continue  # (a plain number becomes a tensor when asked for: tensor())
             if name != "z" and z is not None:  # pandas / xarray parameters of pandas / xarray z
                 value = align_labels(name, value, z)
-            self.arrays[name] = _to_numpy(name, value)
+            # (NaN in z is missing data; a parameter has no missing values)
+            self.arrays[name] = as_real_numpy(name, value, missing_ok=name == "z")
         tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
         self.torch_mode = bool(tensors)
         self.device = torch.device("cpu")
@@ -65,6 +66,8 @@ class Converter:
                         f"{name}: expected a floating-point tensor (float32 or float64), "
                         f"got {t.dtype}"
                     )
+            if first.is_meta:  # (all on one device)
+                raise ValueError(_meta_message(first_name))
         self.dtype = self._working_dtype(dtype_from)
 
     def _dtype_of(self, name):
@@ -129,16 +132,18 @@ def _plain_number(value) -> bool:
     return t is float or (t is int and -(2**63) <= value < 2**63)
 
 
-def _to_numpy(name, value) -> np.ndarray:
-    return as_real_numpy(name, value)
+def _meta_message(name) -> str:
+    return f"{name}: expected a tensor with data, got one on the meta device"
 
 
-def as_real_numpy(name, value) -> np.ndarray:
+def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     """``value`` as a numpy array of real numbers that torch can wrap, or a ``TypeError``.
 
     The one conversion every entry point uses: masked elements (``numpy.ma``, e.g. netCDF fill
     values) and pandas' ``NA`` in nullable ``Int64``/``Float64`` columns become NaN (missing
-    data; out of range for a parameter); big-endian arrays are byte-swapped and negatively
+    data; with ``missing_ok=False``, for a parameter, a masked element is refused as a
+    ``ValueError`` naming its index); integer data become float64 with or without a mask;
+    big-endian arrays are byte-swapped and negatively
     strided views (``z[::-1]``) copied; strings, bytes, objects (e.g. a list holding ``None``:
     the message says how to convert it), booleans, complex numbers, datetimes and timedeltas are
     refused, naming ``name``.
@@ -160,6 +165,8 @@ def as_real_numpy(name, value) -> np.ndarray:
             raise TypeError(
                 f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
             )
+        if value.is_meta:
+            raise ValueError(_meta_message(name))
         value = value.detach().resolve_neg().resolve_conj().cpu().numpy()
     pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(value, (pd.Series, pd.DataFrame, pd.Index)):
@@ -169,7 +176,13 @@ def as_real_numpy(name, value) -> np.ndarray:
             mask = np.ma.getmaskarray(value)
             a = np.asarray(np.ma.getdata(value))
             if a.dtype.kind in "iuf" and mask.any():
-                a = np.where(mask, np.nan, a.astype(np.result_type(a.dtype, np.float32)))
+                if not missing_ok:
+                    a = None
+                else:
+                    # integers as float64, as without a mask (float16 computes in float32)
+                    kind = a.dtype.kind
+                    to = np.float64 if kind in "iu" else np.result_type(a.dtype, np.float32)
+                    a = np.where(mask, np.nan, a.astype(to))
         else:
             a = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
@@ -177,6 +190,12 @@ def as_real_numpy(name, value) -> np.ndarray:
             f"{name}: expected a real number or array of real numbers, "
             f"got {_describe(value)} ({exc})"
         ) from None
+    if a is None:  # a masked parameter
+        idx = tuple(int(k) for k in np.argwhere(mask)[0])
+        raise ValueError(
+            f"{name}: expected a number at every index (a parameter has no missing values), "
+            f"got a masked value at index {idx}"
+        )
     if a.dtype.kind == "O":
         raise _object_refusal(name, value, a)
     if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
@@ -198,8 +217,12 @@ def align_labels(name, value, data, order=None):
     - pandas ``data``: a ``Series`` parameter whose index holds ``data``'s column labels is taken
       per column (``[S]``), one whose index holds ``data``'s index per row (``[T, 1]`` for a
       DataFrame; a time-varying value), reordered to ``data``'s order (extra labels dropped); a
-      ``DataFrame`` parameter is reordered on both axes. The default labels ``0, 1, ...`` name
-      nothing: a ``Series`` (or a DataFrame's axis) with them is used by position.
+      ``DataFrame`` parameter is reordered on both axes. pandas' default labels ``0, 1, ...``
+      (whichever index class holds them) are labels where ``data``'s labels on that axis are
+      others that they hold; facing default labels they are positions (the same count); naming
+      none of ``data``'s labels, they are used by position. A ``Series`` that fits both axes
+      (``T == N``) is refused, naming both readings; a default-labelled one of ``T`` values that
+      fits neither is refused with the ``[T, 1]`` layout of one value per step.
     - xarray ``data``: a ``DataArray`` parameter over some of ``data``'s dims, reordered to its
       coordinates and laid out in ``order`` (default ``data.dims``) with length-1 axes for the
       dims it lacks (leading ones dropped, as numpy broadcasting adds them).
@@ -236,8 +259,23 @@ def labels_hold(given, wanted) -> bool:
 
 
 def _default_labels(labels, pd) -> bool:
-    """The labels pandas gives when none are: ``0, 1, ...`` (values by position)."""
-    return isinstance(labels, pd.RangeIndex) and labels.start == 0 and labels.step == 1
+    """Whether ``labels`` are ``0, 1, ..., k-1`` in order: the labels pandas gives when none are
+    (a ``RangeIndex``, or the same integers in an ``Index``: pandas picks either for them)."""
+    if isinstance(labels, pd.RangeIndex):
+        return labels.start == 0 and labels.step == 1
+    if labels.dtype.kind not in "iu" or isinstance(labels, pd.MultiIndex):
+        return False
+    return bool(labels.equals(pd.RangeIndex(len(labels))))
+
+
+def _fits(given, wanted, pd) -> bool:
+    """Whether the labels ``given`` go to the data's labels ``wanted``: they equal them, or hold
+    each of them once; default labels ``0, 1, ...`` on both sides are positions (the same count)."""
+    if given.equals(wanted):
+        return True
+    if _default_labels(given, pd) and _default_labels(wanted, pd):
+        return False  # (positions of another count)
+    return labels_hold(given, wanted)
 
 
 def _align_pandas(name, value, data, pd):
@@ -248,8 +286,12 @@ def _align_pandas(name, value, data, pd):
         pairs = (("index", value.index, data.index), ("columns", value.columns, data.columns))
         keep = {}
         for axis, given, wanted in pairs:
-            if _default_labels(given, pd) or given.equals(wanted):
-                continue  # by position, or already in z's order
+            if given.equals(wanted):
+                continue  # already in z's order
+            if _default_labels(given, pd) and (
+                _default_labels(wanted, pd) or not labels_hold(given, wanted)
+            ):
+                continue  # default labels naming none of z's: by position
             if not labels_hold(given, wanted):
                 missing = wanted[~wanted.isin(given)]
                 what = f"z's label {missing[0]!r} is missing" if len(missing) else "duplicates"
@@ -261,14 +303,37 @@ def _align_pandas(name, value, data, pd):
             keep[axis] = wanted
         return value.reindex(**keep) if keep else value
     idx = value.index
-    if _default_labels(idx, pd):
-        return value  # no labels given: used by position
+    default = _default_labels(idx, pd)
+    per_column = frame and _fits(idx, data.columns, pd)
+    per_step = _fits(idx, data.index, pd)
+    # default labels that name none of the columns: one value per column by position
+    by_position = frame and default and not per_column and len(idx) == data.shape[1]
+    if per_step and (per_column or by_position):
+        T, N = data.shape
+        raise ValueError(
+            f"{name}: expected a Series whose index fits one axis of z, got index "
+            f"{_labels_text(idx)}, which fits both z's columns {_labels_text(data.columns)} "
+            f"(one value per column) and z's index {_labels_text(data.index)} (one value per "
+            f"step); pass {name}.to_numpy() for one value per column, or "
+            f"{name}.to_numpy()[:, None] (shape [T, 1] = ({T}, 1)) for one value per step"
+        )
+    if per_column or per_step:
+        wanted = data.columns if per_column else data.index
+        out = value if idx.equals(wanted) else value.reindex(wanted)
+        return out.to_frame() if frame and not per_column else out
+    if default:
+        if frame and not by_position and len(idx) == data.shape[0]:
+            T, N = data.shape
+            raise ValueError(
+                f"{name}: expected a Series of one value per column ({N} values, or indexed "
+                f"by z's columns {_labels_text(data.columns)}) or indexed like z's index "
+                f"{_labels_text(data.index)} (one value per step), got {T} values with the "
+                f"default index 0, 1, ...; one value per step of a DataFrame is shape [T, 1]: "
+                f"pass {name}.to_numpy()[:, None]"
+            )
+        return value  # default labels naming none of z's: used by position
     candidates = [("columns", data.columns)] if frame else []
     candidates.append(("index", data.index))
-    for axis, wanted in candidates:
-        if labels_hold(idx, wanted):
-            out = value if idx.equals(wanted) else value.reindex(wanted)
-            return out.to_frame() if frame and axis == "index" else out
     where = " or ".join(f"z's {axis} {_labels_text(wanted)}" for axis, wanted in candidates)
     raise ValueError(
         f"{name}: expected a Series whose index holds {where}, got index {_labels_text(idx)}; "
@@ -344,16 +409,36 @@ def _object_refusal(name, value, a: np.ndarray) -> TypeError:
     values, text...): objects are not read element by element, so the message says how to
     convert numbers, or names the first element that is no real number."""
     head = f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
+    big = None
     for i, v in enumerate(a.reshape(-1)):
+        if big is None and isinstance(v, int) and not isinstance(v, bool):
+            if not -(2**63) <= v < 2**63:
+                big = tuple(int(k) for k in np.unravel_index(i, a.shape))
         number = isinstance(v, (numbers.Real, decimal.Decimal)) and not isinstance(v, bool)
         if not (v is None or number):
             idx = tuple(int(k) for k in np.unravel_index(i, a.shape))
             what = f"{type(v).__name__} {v!r}"[:80]
             return TypeError(f"{head[:300]}, whose element at index {idx} is {what}")
+    if big is not None:  # (numpy holds an int beyond int64 only as a Python object)
+        if a.ndim == 0:
+            return TypeError(
+                f"{name}: expected a real number or array of real numbers, got int "
+                f"{_short(value)}, an integer beyond int64's range; pass it as a float "
+                f"(float({name}))"
+            )
+        return TypeError(
+            f"{head[:300]}, whose element at index {big} is an integer beyond int64's range; "
+            f"convert it with np.asarray({name}, dtype=float)"
+        )
     return TypeError(
         f"{head[:300]}: an array of Python objects; convert it with np.asarray({name}, "
         "dtype=float), which reads None as NaN (missing)"
     )
+
+
+def _short(v: int) -> str:
+    text = str(v)
+    return text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} digits)"
 
 
 def first_bad(mask: torch.Tensor):

@@ -93,6 +93,9 @@ def _working(values: dict):
     ``z``'s, else float64 unless ``z`` and every tensor argument are float32 (float64 data are not
     rounded to a float32 parameter, nor a float64 parameter to float32 data)."""
     tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            raise ValueError(core_args._meta_message(name))
     if tensors:
         z = values["z"]
         if isinstance(z, torch.Tensor):

@@ -32,7 +32,13 @@ import sys
 import numpy as np
 import xarray as xr
 
-from kalmanscan.core._args import labels_hold, match_dims
+from kalmanscan.core._args import (
+    _default_labels,
+    _labels_text,
+    as_real_numpy,
+    labels_hold,
+    match_dims,
+)
 from kalmanscan.timeseries.coverage import normal_quantile
 
 MODEL_DESCRIPTION = (
@@ -116,12 +122,20 @@ def observed_array(
 
 def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> xr.DataArray:
     """A parameter (scalar, array over the trailing series dims of ``da``, or DataArray) as a
-    DataArray over the series dims."""
+    DataArray over the series dims. Read as ``kalmanscan.filter`` reads one
+    (:func:`kalmanscan.core._args.as_real_numpy`): masked values, text, booleans and complex
+    numbers are refused, naming ``name``."""
     value = _pandas_as_dataarray(name, value, da, time_dim)
     if isinstance(value, xr.DataArray):
+        kind = value.dtype.kind
+        if kind not in "iuf" or (kind == "f" and value.dtype.itemsize > 8):
+            raise TypeError(
+                f"{name}: expected a real number or array of real numbers, got a DataArray of "
+                f"dtype {value.dtype}"
+            )
         return match_series(name, value, da, time_dim)
     series_dims = [d for d in da.dims if d != time_dim]
-    arr = np.asarray(value, dtype=np.float64)
+    arr = as_real_numpy(name, value, missing_ok=False).astype(np.float64, copy=False)
     if arr.ndim == 0:
         return xr.DataArray(arr)
     if arr.ndim <= len(series_dims):
@@ -141,16 +155,41 @@ def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> 
 
 def _pandas_as_dataarray(name: str, value, da: xr.DataArray, time_dim: str):
     """A pandas ``Series`` as a DataArray over the dim of ``da`` its index labels (its index's
-    name, else the one dim whose labels it holds), so it is matched by label; other values, and
-    a Series with the default index ``0, 1, ...`` (no labels: used by position), as given."""
+    name, else the one dim whose labels it holds), so it is matched by label; other values as
+    given. The default labels ``0, 1, ...`` label a series dim whose coordinates are other labels
+    that they hold; otherwise (no such dim) they name nothing and the Series is used by
+    position (over the trailing series dim); a Series that fits both ways is refused."""
     pd = sys.modules.get("pandas")
     if pd is None or not isinstance(value, pd.Series):
         return value
     idx = value.index
-    if isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1:
-        return value  # the default labels 0, 1, ...: none given, used by position
     dims = [d for d in da.dims if d in da.indexes]
-    if idx.name in dims:
+    if _default_labels(idx, pd) and idx.name not in dims:
+        series = [d for d in da.dims if d != time_dim]
+        hits = [
+            d
+            for d in series
+            if d in da.indexes
+            and not _default_labels(da.indexes[d], pd)
+            and labels_hold(idx, da.indexes[d])
+        ]
+        last = series[-1] if series else None
+        positional = (
+            last is not None
+            and last not in hits
+            and da.sizes[last] == len(idx)
+            and (last not in da.indexes or _default_labels(da.indexes[last], pd))
+        )
+        if not hits:
+            return value  # the default labels name none of the data's: used by position
+        if len(hits) == 1 and positional:
+            raise ValueError(
+                f"{name}: expected a Series whose index fits one of the data's dims, got the "
+                f"default index {_labels_text(idx)}, which holds the labels of {hits[0]!r} and "
+                f"is {len(idx)} values by position along {last!r}; pass {name}.to_numpy() to "
+                "use the values by position, or label the Series with the coordinates"
+            )
+    elif idx.name in dims:
         hits = [idx.name]
     else:
         hits = [d for d in dims if labels_hold(idx, da.indexes[d])]

@@ -1061,9 +1061,14 @@ def fit_ou(
     max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
     T = zt.shape[0]
+    if zt.size == 0:
+        shape = np.moveaxis(zt, 0, axis).shape
+        raise ValueError(f"z: expected at least one series, got shape {shape}")
     ax = as_time_axis(times, T, time_unit)
     shape = zt.shape[1:]
-    Z = zt.reshape(T, -1).astype(np.float64)
+    # C order whatever the input's layout (a DataFrame's values are Fortran-ordered): the sums
+    # over time then run in one order, so the fit is the same to the last bit
+    Z = np.ascontiguousarray(zt.reshape(T, -1), dtype=np.float64)
     N = Z.shape[1]
     fixed = _check_fix(fix, shape)
     free = [p for p in PARAMS if p not in fixed]

@@ -46,31 +46,58 @@ PARAMS = ("theta", "sigma2", "mu", "obs_var")
 
 
 def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
-    from kalmanscan.core._args import as_real_numpy
+    """``value`` checked (real, no NaN, in range) as a float or float64 array; a tensor is
+    checked the same way on its detached values (one readback) and kept as given, so gradients
+    flow through it."""
+    from kalmanscan.core._args import _FLOAT_TORCH, as_real_numpy
 
-    if isinstance(value, torch.Tensor):
-        return value
     if value is None:
         raise TypeError(f"{name}: expected a real number or array of numbers, got None")
-    arr = as_real_numpy(name, value).astype(np.float64)
+    if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
+        if value.dtype not in _FLOAT_TORCH:
+            raise TypeError(
+                f"{name}: expected a floating-point tensor (float32 or float64), got {value.dtype}"
+            )
+        x = value.detach()
+        bad = torch.isnan(x) if allow_inf else ~torch.isfinite(x)
+        if lo is not None:
+            bad |= (x <= lo) if lo_open else (x < lo)
+        if bool(bad.any()):
+            _range_error(name, x[bad].reshape(-1)[0].item(), lo, lo_open, allow_inf)
+        return value
+    arr = as_real_numpy(name, value, missing_ok=False).astype(np.float64)
     bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
     if lo is not None:
         bad |= (arr <= lo) if lo_open else (arr < lo)
     if bad.any():
-        rng = "finite values"
-        if lo is not None:
-            rng = f"values {'>' if lo_open else '>='} {lo}"
-            rng += " (inf allowed)" if allow_inf else " and finite"
-        first = arr[bad].ravel()[0].item()
-        raise ValueError(f"{name}: expected {rng}, got {first!r}")
+        _range_error(name, arr[bad].ravel()[0].item(), lo, lo_open, allow_inf)
     return float(arr) if arr.ndim == 0 else arr
+
+
+def _range_error(name, first, lo, lo_open, allow_inf):
+    rng = "finite values"
+    if lo is not None:
+        rng = f"values {'>' if lo_open else '>='} {lo}"
+        rng += " (inf allowed)" if allow_inf else " and finite"
+    raise ValueError(f"{name}: expected {rng}, got {first!r}")
 
 
 def _check_reciprocal(name, value):
     """Refuse a positive variance whose reciprocal (a precision) overflows float64 (a
     subnormal below ``1 / max``), as :func:`kalmanscan.filter` does, naming the same bound."""
-    if isinstance(value, torch.Tensor):
-        return  # the filter checks tensors in their own dtype
+    if isinstance(value, torch.Tensor):  # its values as given, in float64 (one readback)
+        x = value.detach().to(torch.float64)
+        bad = torch.isinf(1.0 / x)
+        if bool(bad.any()):
+            first = bad.nonzero()[0].tolist()
+            where = f" at index {tuple(first)}" if x.ndim else ""
+            raise ValueError(
+                f"{name}: expected values whose reciprocal is finite in {torch.float64} "
+                f"(>= {1 / np.finfo(np.float64).max:.3g}), got {x[bad][0].item()!r}{where}"
+            )
+        return
     arr = np.asarray(value, dtype=np.float64)
     with np.errstate(divide="ignore", over="ignore"):
         bad = np.isinf(1.0 / arr)
@@ -196,8 +223,18 @@ def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
     else:
         dt = np.asarray(dt, dtype=np.float64).reshape((-1,) + (1,) * n_series_dims)
     decay, process_var = discretize_ou(theta, sigma2, dt)
-    offset = mu * (1 - decay)
+    offset = mu * one_minus_decay(theta, dt, decay)
     return decay, process_var, offset
+
+
+def one_minus_decay(theta, dt, decay):
+    """``1 - decay`` as ``-expm1(-theta dt)``, in ``decay``'s type: ``1 - exp(-x)`` keeps only
+    ``x``'s leading digits where ``x`` is tiny (``theta = 1e-12, mu = 1e10``: the offset 1.4e-7
+    off)."""
+    if isinstance(decay, torch.Tensor):
+        th = torch.as_tensor(theta, dtype=decay.dtype, device=decay.device)
+        return -torch.expm1(-(th * torch.as_tensor(dt, dtype=decay.dtype, device=decay.device)))
+    return -np.expm1(-(np.asarray(theta, dtype=np.float64) * np.asarray(dt, dtype=np.float64)))
 
 
 def default_prior(theta, sigma2, mu):
@@ -240,6 +277,8 @@ def data_unit(shape, values=(), scales=()) -> np.ndarray:
     [8.0, 4.0]
     """
     big = np.zeros(shape)
+    if big.size == 0:  # (no series)
+        return np.ones(shape)
     with np.errstate(invalid="ignore", over="ignore"):
         for kind, items in (("value", values), ("scale", scales)):
             for v in items:
@@ -275,7 +314,6 @@ def _rescale_filter(res, c, observed):
     """A :class:`kalmanscan.FilterResult` computed on ``z / c`` mapped to ``z``'s units. The
     log-likelihood loses ``log c`` for every observed step with a known prediction (the steps
     that contribute, see ``kalmanscan.core.steps.loglik_terms``)."""
-    c2 = c * c
     pp = _host_array(res.pred_precision)
     n_contrib = (observed & (pp > 0)).sum(0)
     shift = n_contrib * np.log(c)
@@ -292,11 +330,11 @@ def _rescale_filter(res, c, observed):
         lam = _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c)
     return type(res)(
         mean=_scaled(res.mean, c),
-        var=_scaled(res.var, c2),
+        var=_scaled(_scaled(res.var, c), c),
         precision=precision,
         info=_scaled(res.info, 1.0 / c),
         pred_mean=_scaled(res.pred_mean, c),
-        pred_var=_scaled(res.pred_var, c2),
+        pred_var=_scaled(_scaled(res.pred_var, c), c),
         pred_precision=pred_precision,
         loglik=ll,
         final=InfoState(lam, _scaled(res.final.eta, 1.0 / c)),
@@ -529,7 +567,7 @@ class OUModel:
             return _rescale_filter(res, c, observed)
         return type(res)(
             _scaled(res.mean, c),
-            _scaled(res.var, c * c),
+            _scaled(_scaled(res.var, c), c),
             _rescale_filter(res.filtered, c, observed),
         )
 
@@ -620,10 +658,14 @@ class OUModel:
         )
         decay = np.broadcast_to(decay, (T,) + shape)
         process_var = np.broadcast_to(process_var, (T,) + shape)
+        omd = np.broadcast_to(
+            one_minus_decay(self.theta, ax.dt.reshape((-1,) + (1,) * len(shape)), decay),
+            (T,) + shape,
+        )
         for t in range(T):
             x = (
                 decay[t] * x
-                + self.mu * (1 - decay[t])
+                + self.mu * omd[t]
                 + np.sqrt(process_var[t]) * rng.standard_normal(shape)
             )
             level[t] = x
@@ -832,16 +874,21 @@ def forecast_from_state(
     pos_dt = time_axis.dt[time_axis.dt > 0]
     tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
     c = data_unit(lanes, [last_mean, mu], [last_var, obs_var, sigma2 * tau])
-    c2 = c * c
-    decay, process_var = discretize_ou(theta, sigma2 / c2, dt)
+    # variances over c**2 as two divisions by c (c**2 overflows for c above 2**511: data of
+    # scale 1e150 gave NaN variances and a band of width 0)
+    inv = 1.0 / c
+    decay, process_var = discretize_ou(theta, sigma2 * inv * inv, dt)
     with np.errstate(invalid="ignore"):
-        mean = decay * (last_mean / c) + (mu / c) * (1 - decay)
-        var = decay * decay * (last_var / c2) + process_var
+        # a decay of 0 forgets the state: no 0 * inf from a never-observed diffuse series
+        kept = decay != 0
+        mean = np.where(kept, decay * (last_mean * inv), 0.0)
+        mean = mean + (mu * inv) * one_minus_decay(theta, dt, decay)
+        var = np.where(kept, decay * decay * (last_var * inv * inv), 0.0) + process_var
     shape = np.broadcast_shapes(mean.shape, var.shape, obs_var.shape, (len(pos),) + (1,) * nd)
     mean, var = np.broadcast_to(mean, shape), np.broadcast_to(var, shape)
-    pvar = var + obs_var / c2
+    pvar = var + obs_var * inv * inv
     lo, hi = interval(mean, pvar, cov)
-    mean, var, pvar, lo, hi = mean * c, var * c2, pvar * c2, lo * c, hi * c
+    mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
     if time_axis.is_datetime:
         labels = _normalize_datetimes(np.asarray(labels))
     else:
