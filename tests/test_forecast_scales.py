@@ -83,3 +83,21 @@ def test_a_slow_reversion_to_a_far_mean_keeps_its_digits():
         ai = mpmath.exp(-mpmath.mpf(th) * (tf - 5.0))
         want = mpmath.mpf(mu) + ai * (mpmath.mpf(r.mean[-1]) - mpmath.mpf(mu))
         assert abs(got - float(want)) <= 4e-16 * abs(float(want))
+
+
+def test_forecast_messages_and_a_fits_axis():
+    """The message of a timestamp before the record names the record's last time in plain text
+    (not ``np.float64(1.5)``); ``axis`` given with a fit, which forecasts its own data, is
+    refused (it was ignored); a masked ``fix`` entry is refused as masked."""
+    m = ks.OUModel(theta=0.0, sigma2=1.0, obs_var=1.0)
+    with pytest.raises(ValueError, match=r"last time \(.*: 2.0\), got 1.5$"):
+        m.forecast(np.array([1.0, 2.0, np.nan]), np.array([0.0, 1.0, 2.0]), at=[1.5])
+    z = _level(40)
+    fit = ks.fit_ou(z)
+    with pytest.raises(ValueError, match="axis: an OUFit forecasts its own data"):
+        ks.forecast(fit, steps=2, axis=1)
+    assert ks.forecast(fit, steps=2).mean.shape == (2,)
+    zz = np.stack([z, z[::-1]], 1)
+    ov = np.ma.masked_array([2500.0, 1.0], mask=[0, 1])
+    with pytest.raises(ValueError, match=r"fix\['obs_var'\]: .*masked value at index \(1,\)"):
+        ks.fit_ou(zz, fix={"obs_var": ov})

@@ -285,7 +285,7 @@ def _check_fix(fix, shape):
         from kalmanscan.core._args import as_real_numpy
 
         # refuses text, booleans and complex numbers, naming the entry
-        arr = as_real_numpy(f"fix[{k!r}]", v).astype(np.float64)
+        arr = as_real_numpy(f"fix[{k!r}]", v, missing_ok=False).astype(np.float64)
         try:
             np.broadcast_to(arr, shape)
         except ValueError as err:

@@ -852,8 +852,13 @@ def forecast_from_state(
     dt = pos - time_axis.t[-1]
     if (dt < 0).any():
         i = int(np.flatnonzero(dt < 0)[0])
+
+        def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
+            return str(x) if isinstance(x, np.datetime64) else repr(getattr(x, "item", lambda: x)())
+
         raise ValueError(
-            f"at: expected timestamps at or after the last observation time, got {labels[i]!r}"
+            "at: expected timestamps at or after the record's last time (the last of its "
+            f"times, observed or not: {text(time_axis.labels[-1])}), got {text(labels[i])}"
         )
     last_mean = _host_array(last_mean)
     last_var = _host_array(last_var)
@@ -924,6 +929,11 @@ def forecast(
         if z is not None or times is not None:
             raise ValueError(
                 "z, times: an OUFit forecasts its own data; pass z only with an OUModel"
+            )
+        if axis != 0:
+            raise ValueError(
+                f"axis: an OUFit forecasts its own data on the time axis it was fitted on, "
+                f"got axis={axis!r}; pass axis only with an OUModel and z"
             )
         return model_or_fit.forecast(steps=steps, at=at, coverage=coverage)
     if not isinstance(model_or_fit, OUModel):
