@@ -101,3 +101,17 @@ def test_forecast_messages_and_a_fits_axis():
     ov = np.ma.masked_array([2500.0, 1.0], mask=[0, 1])
     with pytest.raises(ValueError, match=r"fix\['obs_var'\]: .*masked value at index \(1,\)"):
         ks.fit_ou(zz, fix={"obs_var": ov})
+
+
+def test_a_float32_frame_stays_float32_in_the_model():
+    """OUModel on a float32 DataFrame computed in float64 while kalmanscan.filter keeps float32
+    (docs/api.md: float32 data stay float32); now both, and the values equal the array's."""
+    pd = pytest.importorskip("pandas")
+    z = _level(30).astype(np.float32)
+    df = pd.DataFrame({"a": z, "b": z[::-1].copy()})
+    m = ks.OUModel(theta=0.0, sigma2=900.0, obs_var=2500.0)
+    for frame in (df, df.astype("Float32")):
+        r = m.filter(frame)
+        assert r.mean.dtype == np.float32
+        np.testing.assert_array_equal(r.mean, m.filter(df.to_numpy()).mean)
+    assert m.filter(df.astype({"a": np.float64})).mean.dtype == np.float64

@@ -187,7 +187,9 @@ def series_input(z, times, axis: int = 0):
                     f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
                     f"{dtype}"
                 )
-        z = frame.to_numpy(dtype=np.float64, na_value=np.nan)
+        # float32 columns (numpy's or pandas' nullable) stay float32, as in kalmanscan.filter
+        f32 = all(str(d) in ("float32", "Float32") for d in frame.dtypes)
+        z = frame.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
         if one:
             z = z[:, 0]
         if axis != 0:
