@@ -311,31 +311,67 @@ static int KS_F(_check_x0)(KS_FT u, KS_FT e, KS_FT v) {
 }
 
 /* The smoother's backward information filter, one step back through step t's inputs: add step t's
- * observation, then step back through its dynamics (forget: nothing is left). Divisions: the
- * smoother is not the hot path of fitting. */
-static KS_INLINE void KS_F(_back)(KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h, KS_FT c, KS_FT *su,
-                                  KS_FT *se, KS_FT *sv) {
+ * observation (R-scaled), then step back through its dynamics (forget: nothing is left).
+ * Divisions: the smoother is not the hot path of fitting. `odd`: the step's decay has a square
+ * outside the normal range (KS_F(_odd_decays)), where the step back (a^2 U, a (E - c U), V + p U)
+ * is formed after normalizing the update and divided by |a|, (|a| U, sign(a) (E - c U),
+ * (V + p U) / |a|): the same belief with no a^2 to under- or overflow (a = 1e-170, obs_var =
+ * 1e-100: the precision 3.4e-240 about the step before, not 0; a = 1e200: the step before known
+ * exactly, not NaN); (V + p U) / |a| held at KS_FT_MAX / 4 where it would pass the range (the
+ * precision is below it there; the mean is kept), as the torch paths do (every step there:
+ * sequential.back_through). Rows of ordinary decays take the plain form. */
+static KS_INLINE void KS_F(_back)(const int odd, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
+                                  KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv) {
     typedef KS_FT FT;
     const FT U = *su, E = *se, V = *sv;
     const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
     const FT zz = observed ? z : (FT)0, RR = observed ? R : (FT)1;
     const FT hV = h * V;
-    const FT U1 = observed ? RR * U + h * hV : U;
-    const FT E1 = observed ? RR * E + zz * hV : E;
-    const FT V1 = observed ? RR * V : V;
-    const FT a2 = a * a;
+    FT U1 = observed ? RR * U + h * hV : U;
+    FT E1 = observed ? RR * E + zz * hV : E;
+    FT V1 = observed ? RR * V : V;
     const int forget = a == (FT)0;
-    FT u = forget ? (FT)0 : a2 * U1;
-    FT e = forget ? (FT)0 : a * (E1 - c * U1);
-    FT v = forget ? (FT)1 : V1 + p * U1;
+    FT u, e, v;
+    if (odd) {
+        /* (max(U1, V1) >= obs_var >= 1/KS_FT_MAX: its reciprocal is finite) */
+        const FT im = (FT)1 / (U1 >= V1 ? U1 : V1);
+        U1 *= im;
+        E1 *= im;
+        V1 *= im;
+        const FT s = forget ? (FT)1 : (a < (FT)0 ? -a : a);
+        const FT w = forget ? U1 + V1 : V1 + p * U1;
+        const FT top = s * (FT)(KS_FT_MAX / 4);
+        const FT y = E1 - c * U1;
+        u = forget ? (FT)0 : s * U1;
+        e = forget ? (FT)0 : (a < (FT)0 ? -y : y);
+        v = (w <= top ? w : top) / s;
+    } else {
+        u = forget ? (FT)0 : (a * a) * U1;
+        e = forget ? (FT)0 : a * (E1 - c * U1);
+        v = forget ? (FT)1 : V1 + p * U1;
+    }
     KS_F(_norm)(&u, &e, &v);
     *su = u;
     *se = e;
     *sv = v;
 }
 
+/* Whether any of nb decays is nonzero with a square outside the normal range: the backward
+ * step's `odd` form (min and max by float selects, which vectorize). */
+KS_CLONES static int KS_F(_odd_decays)(Py_ssize_t nb, const KS_FT *restrict as) {
+    typedef KS_FT FT;
+    FT lo = 1, hi = 1;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const FT a2 = as[j] * as[j];
+        lo = (a2 < lo) & (as[j] != (FT)0) ? a2 : lo;
+        hi = a2 > hi ? a2 : hi;
+    }
+    return (lo < (FT)KS_FT_MIN) | (hi > (FT)(1 / KS_FT_MIN));
+}
+
 /* The filtered triple of a step from its outputs (exact: the larger of u, v is 1, and the moments
- * of such a triple are its entries), combined with the backward triple by adding precisions. */
+ * of such a triple are its entries), combined with the backward triple by adding precisions;
+ * NaN mean and inf variance where neither holds any (as the torch paths' combine). */
 static KS_INLINE void KS_F(_combine)(KS_FT mean, KS_FT var, KS_FT prec, KS_FT info, KS_FT U,
                                      KS_FT E, KS_FT V, KS_FT *s_mean, KS_FT *s_var) {
     typedef KS_FT FT;
@@ -343,14 +379,16 @@ static KS_INLINE void KS_F(_combine)(KS_FT mean, KS_FT var, KS_FT prec, KS_FT in
     const FT u = big_u ? (FT)1 : prec, e = big_u ? mean : info, v = big_u ? var : (FT)1;
     const FT den = u * V + U * v;
     const int exact = v == (FT)0;
-    *s_mean = exact ? e : (e * V + E * v) / den;
-    *s_var = exact ? (FT)0 : v * V / den;
+    const int known = den > (FT)0;
+    const FT den_s = known ? den : (FT)1;
+    *s_mean = exact ? e : (known ? (e * V + E * v) / den_s : (FT)NAN);
+    *s_var = exact ? (FT)0 : (known ? v * V / den_s : (FT)INFINITY);
 }
 
-KS_CLONES static void KS_F(_smooth_row)(Py_ssize_t nb, const KS_FT *restrict zs,
+static KS_INLINE void KS_F(_smooth_rows)(Py_ssize_t nb, const KS_FT *restrict zs,
                                         const KS_FT *restrict Rs, const KS_FT *restrict as,
                                         const KS_FT *restrict ps, const KS_FT *restrict hs,
-                                        const KS_FT *restrict cs, int back,
+                                        const KS_FT *restrict cs, int back, const int odd,
                                         const KS_FT *restrict mean, const KS_FT *restrict var,
                                         const KS_FT *restrict prec, const KS_FT *restrict info,
                                         KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,
@@ -359,13 +397,31 @@ KS_CLONES static void KS_F(_smooth_row)(Py_ssize_t nb, const KS_FT *restrict zs,
         KS_FT U = Us[j], E = Es[j], V = Vs[j];
         KS_F(_combine)(mean[j], var[j], prec[j], info[j], U, E, V, &sm[j], &sv[j]);
         if (back) {
-            KS_F(_back)(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &U, &E, &V);
+            KS_F(_back)(odd, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &U, &E, &V);
             Us[j] = U;
             Es[j] = E;
             Vs[j] = V;
         }
     }
 }
+
+/* A row of the smoother: combine, and step back (back) in the plain form, or in the odd form
+ * where the row holds a decay whose square leaves the normal range (its own function, so that
+ * the plain rows run the machine code they ran before). */
+#define KS_SMOOTH_ROW(name, odd)                                                                  \
+    static void name(Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict Rs,          \
+                     const KS_FT *restrict as, const KS_FT *restrict ps,                         \
+                     const KS_FT *restrict hs, const KS_FT *restrict cs, int back,               \
+                     const KS_FT *restrict mean, const KS_FT *restrict var,                      \
+                     const KS_FT *restrict prec, const KS_FT *restrict info,                     \
+                     KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,                 \
+                     KS_FT *restrict sm, KS_FT *restrict sv) {                                   \
+        KS_F(_smooth_rows)(nb, zs, Rs, as, ps, hs, cs, back, odd, mean, var, prec, info, Us, Es, \
+                           Vs, sm, sv);                                                          \
+    }
+KS_CLONES KS_SMOOTH_ROW(KS_F(_smooth_row), 0)
+KS_NOINLINE KS_SMOOTH_ROW(KS_F(_smooth_row_odd), 1)
+#undef KS_SMOOTH_ROW
 
 /* Pointers to step t's parameters for lanes [n0, n0 + nb): the series itself where its lanes are
  * contiguous, else a tile of `buf` (gathered; broadcast values filled once per tile when constant
@@ -444,10 +500,14 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
                 KS_F(_combine)(out[KS_MEAN][at], out[KS_VAR][at], out[KS_PREC][at],
                                out[KS_INFO][at], U, E, V, (FT *)job->smooth[0] + at,
                                (FT *)job->smooth[1] + at);
-                if (t > 0)
-                    KS_F(_back)(zp[t * in[KS_Z].st], op[t * in[KS_OBS].st], ap[t * in[KS_A].st],
-                                pp[t * in[KS_P].st], hp[t * in[KS_H].st], cp[t * in[KS_C].st],
-                                &U, &E, &V);
+                if (t > 0) {
+                    const FT a = ap[t * in[KS_A].st], a2 = a * a;
+                    const int odd = ((a2 < (FT)KS_FT_MIN) & (a != (FT)0)) |
+                                    (a2 > (FT)(1 / KS_FT_MIN));
+                    KS_F(_back)(odd, zp[t * in[KS_Z].st],
+                                op[t * in[KS_OBS].st], a, pp[t * in[KS_P].st],
+                                hp[t * in[KS_H].st], cp[t * in[KS_C].st], &U, &E, &V);
+                }
             }
         }
     }
@@ -533,14 +593,17 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
             es[j] = 0;
             vs[j] = 1;
         }
+        const int a_fixed = job->in[KS_A].st == 0;
+        int odd = 0;
         for (Py_ssize_t t = T - 1; t >= 0; t--) {
             const Py_ssize_t row = t * N + n0;
             KS_F(_sources)(job, t, n0, nb, buf, W, t == T - 1, src);
             FT *const *out = (FT *const *)job->out;
-            KS_F(_smooth_row)(nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H],
-                              src[KS_C], t > 0, out[KS_MEAN] + row, out[KS_VAR] + row,
-                              out[KS_PREC] + row, out[KS_INFO] + row, us, es, vs,
-                              (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
+            if (t == T - 1 || !a_fixed) odd = KS_F(_odd_decays)(nb, src[KS_A]);
+            (odd ? KS_F(_smooth_row_odd) : KS_F(_smooth_row))(
+                nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C], t > 0,
+                out[KS_MEAN] + row, out[KS_VAR] + row, out[KS_PREC] + row, out[KS_INFO] + row, us,
+                es, vs, (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
         }
     }
     return seen & (KS_NOT_FINITE | KS_Z_INF | KS_BAD_INPUT);

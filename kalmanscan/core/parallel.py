@@ -18,7 +18,9 @@ Two kinds of step are not left to the scan's products (docs/reliability.md, "Und
 regimes"): a diffuse start's steps up to its first informative one (:func:`_diffuse_prefix`;
 their parameters get no gradient, :func:`_diffuse_inputs`), and a step whose ``a^2`` is below the
 normal range meeting a known state with ``p u`` below it too, whose leaf has lost ``a^2 v``
-(:func:`_tiny_decay_steps`: the scan is cut there and the step taken elementwise).
+(:func:`_tiny_decay_steps`: the scan is cut there and the step taken elementwise). The backward
+scan is cut likewise where such a decay (or one whose square passes the range) gives a precision
+its leaf loses (:func:`_odd_decay_steps_back`).
 """
 
 from __future__ import annotations
@@ -212,6 +214,46 @@ def _tiny_decay_steps(leaves, x0, k, filt, steps):
     return filt
 
 
+def _odd_decay_steps_back(leaves, k, back, steps, odd):
+    """The backward information filter's triples (in reverse time) where a step whose ``a^2``
+    is below the normal range (or past its reciprocal) gives a precision the leaf loses: its
+    ``a^2 U`` underflowed (``a = 1e-170``, ``obs_var = 1e-100``: the precision 3.4e-240 about
+    the step before came out 0, and a diffuse lane's smoothed mean NaN). The scan is cut before
+    each such step where the exact step (:func:`kalmanscan.core.sequential.backward_step`,
+    which never forms ``a^2``) from the state entering it gives a normal precision coordinate,
+    and the step taken elementwise, until the steps found no longer change (as the forward's
+    :func:`_tiny_decay_steps`). ``steps``: ``(R, h, hz, a, p, c, q, d)``, rows in reverse
+    time like ``leaves``; the state entering the first row is ``(0, 0, 1)``."""
+    L, N = back[0].shape
+    one = torch.ones_like(back[0][0])
+    end = (torch.zeros_like(one), torch.zeros_like(one), one)
+    tiny = torch.finfo(one.dtype).tiny
+    odd = odd.expand(L, N)
+    cut = set()
+    for _ in range(L):
+        with torch.no_grad():
+            ins = tuple(
+                torch.cat([s[None], x[:-1]]).detach() for s, x in zip(end, back, strict=True)
+            )
+            u = sequential.backward_step(*ins, *(x.detach() for x in steps))[0]
+        rows = set(torch.nonzero((odd & (u >= tiny)).any(1)).flatten().tolist())
+        if rows <= cut:
+            return back
+        cut |= rows
+        parts, state, t0 = [], end, 0
+        for t in sorted(cut) + [L]:
+            if t > t0:
+                seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state, k)
+                parts.append(seg)
+                state = tuple(y[-1] for y in seg)
+            if t < L:
+                state = sequential.backward_step(*state, *(_at(x, t) for x in steps))
+                parts.append(tuple(y[None] for y in state))
+            t0 = t + 1
+        back = tuple(torch.cat(ys) for ys in zip(*parts, strict=True))
+    return back
+
+
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
@@ -290,7 +332,13 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     leaves = (keep * d * Rs, keep * d * h2s, g * Rs, g * h2s + Rs, b1, b2, ab)
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
-    back = _scan(tuple(flip(x) for x in leaves), (zero, zero, one), k)
+    leaves = tuple(flip(x) for x in leaves)
+    back = _scan(leaves, (zero, zero, one), k)
+    tiny = torch.finfo(z.dtype).tiny
+    odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
+    if bool(odd.any()):
+        steps = tuple(flip(x) for x in (R, h, hz, a, p, c, q, d))
+        back = _odd_decay_steps_back(leaves, k, back, steps, flip(odd))
     back = tuple(
         torch.cat([x.flip(0), end[None]]) for x, end in zip(back, (zero, zero, one), strict=True)
     )

@@ -23,6 +23,7 @@ from kalmanscan.core.steps import (
     normalize,
     predict,
     predict_coeffs,
+    quotient,
     start,
     update,
 )
@@ -127,19 +128,40 @@ def backward_leaves(z, obs_var, decay, process_var, loading, offset):
 def backward_step(U, E, V, R, h, hz, a, p, c, q, d):
     """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``.
 
-    Add step t+1's observation (``R``-scaled), then step back through its dynamics
-    (``forget``: nothing is left; the derivative in ``a`` there is the limit's).
+    Add step t+1's observation (``R``-scaled), normalize, then step back through its dynamics
+    (``forget``: nothing is left; the derivative in ``a`` there is the limit's), and normalize.
+    The step back ``(a^2 U, a (E - c U), V + p U)`` is formed divided by ``|a|``,
+    ``(|a| U, sign(a) (E - c U), (V + p U) / |a|)`` (:func:`back_through`): ``a^2`` never
+    appears, so a decay whose square is below the normal range keeps the precision it gives
+    where that is a number of the dtype (``a = 1e-170``, ``obs_var = 1e-100``: ``3.4e-240``, not
+    0), and a huge one (``1e200``) gives the earlier state known exactly, not NaN.
     """
-    U, E, V = R * U + h * h * V, R * E + hz * V, R * V
+    U, E, V = normalize(R * U + h * h * V, R * E + hz * V, R * V)
     keep = 1 - q
-    E_ = (a * keep) * (E - c * U)
+    u, e, v = back_through(U, E - c * U, (p * keep + q) * U + V, a, q)
     if torch.is_grad_enabled() and a.requires_grad:
         # forget (a = 0): d/da of the limit's information a (E - c U) over its normalizer
         # V + p U, against the forgetting step's U + V (its value unchanged)
         den = V + p * U
         slope = torch.where(q != 0, (E - c * U) * (U + V) / torch.where(den > 0, den, 1.0), 0.0)
-        E_ = E_ + (a - a.detach()) * slope.detach()
-    return normalize(keep * d * U, E_, (p * keep + q) * U + V)
+        e = e + (a - a.detach()) * slope.detach()
+    return normalize(u, e, v)
+
+
+def back_through(x, y, w, a, q):
+    """The triple ``(a^2 x, a y, w)`` of a step back through the dynamics (``(0, 0, w)`` where
+    the step forgets, ``q = 1``) divided by ``|a|``: ``(|a| x, sign(a) y, w / |a|)``, the same
+    belief, with no ``a^2`` to under- or overflow. Where ``w / |a|`` would pass the range (a
+    decay below ``w / finfo.max``: the precision is below the range) it is held at
+    ``finfo.max / 4``, which keeps the mean ``y / (a x)``; the division's derivative in ``|a|``
+    is formed as products (:func:`~kalmanscan.core.steps.quotient`)."""
+    kept = q == 0
+    s = torch.where(kept, a.abs(), 1.0)
+    top = torch.finfo(w.dtype).max / 4
+    (v,) = quotient(s, torch.minimum(w, s * top))
+    u = torch.where(kept, s * x, 0.0)
+    e = torch.where(kept, torch.sign(a).detach() * y, 0.0)
+    return u, e, v
 
 
 def backward_information(z, obs_var, decay, process_var, loading, offset):

@@ -100,6 +100,16 @@ def predict_coeffs(a, p):
 
 
 @helper
+def tiny_of(x):
+    """The smallest normal number of ``x``'s dtype."""
+    if x.dtype == tl.float64:
+        tiny = 2.2250738585072014e-308
+    else:
+        tiny = 1.1754943508222875e-38
+    return tiny
+
+
+@helper
 def normal(x):
     """``x`` at least the smallest normal number of its dtype."""
     if x.dtype == tl.float64:
@@ -194,6 +204,34 @@ def exact_step(u, e, v, a, p, c, z, R, h):
     _, um, em, vm = normalized_pred(U, V, e, v, a, p, c, al)
     _, _, _, phi, r = observation(z, R, h)
     return normalize(um + phi * vm, em + r * vm, vm)
+
+
+@helper
+def back_step(U, E, V, z, R, h, a, p, c):
+    """The smoother's backward information filter, one step back through step t's inputs
+    (kalmanscan.core.sequential.backward_step): add the observation in its ``R``-scaled form
+    ``(R U + h^2 V, R E + h z V, R V)`` (no ``1/R``: ``process_var/obs_var`` past the range
+    stays finite), normalize, step back through the dynamics divided by ``|a|``, ``(|a| U,
+    sign(a) (E - c U), (V + p U) / |a|)`` (no ``a*a`` to under- or overflow; ``(V + p U)/|a|``
+    held at a quarter of the range where it would pass it, as the other backends do; ``(0, 0,
+    1)`` where the step forgets, ``a == 0``), normalize."""
+    if U.dtype == tl.float64:
+        top = 4.49423283715579e307  # finfo.max / 4
+    else:
+        top = 8.507059e37
+    obs = (z == z) & (R < float("inf"))
+    Ro = tl.where(obs, R, 1.0)
+    ho = tl.where(obs, h, 0.0)
+    hV = ho * V
+    U1, E1, V1 = normalize(Ro * U + ho * hV, Ro * E + tl.where(obs, z, 0.0) * hV, Ro * V)
+    forget = a == 0.0
+    s = tl.where(forget, 1.0, tl.abs(a))
+    y = E1 - c * U1
+    w = tl.where(forget, U1 + V1, V1 + p * U1)
+    u = tl.where(forget, 0.0, s * U1)
+    e = tl.where(forget, 0.0, tl.where(a < 0.0, -y, y))
+    v = tl.minimum(w, s * top) / s
+    return normalize(u, e, v)
 
 
 @helper
@@ -387,27 +425,35 @@ def filter_kernel(
         obs, rinv, zz, phi, r = observation(z, R, h)
         if MAPS:
             # the step's map [[1 + p phi, q + d phi | 0], [p, d | 0], [c + r p, q c + r d | al]]
-            l11 = 1.0 + p * phi
-            l12 = q + d * phi
-            lg1 = c + r * p
-            lg2 = c * q + r * d
+            # times Rs = R / max(R, h^2) (the update's R-scaled form: hs = h^2/max(R, h^2) for
+            # phi, zs = h z/max(R, h^2) for r; no 1/R, so p phi past the range stays finite)
+            mx = rcp(tl.maximum(tl.where(obs, R, 1.0), h * h))
+            Rs = tl.where(obs, R * mx, 1.0)
+            hs = tl.where(obs, h * h * mx, 0.0)
+            zs = tl.where(obs, h * zz * mx, 0.0)
+            l11 = Rs + p * hs
+            l12 = q * Rs + d * hs
+            lg1 = c * Rs + zs * p
+            lg2 = (c * q) * Rs + zs * d
             # while the second column is the diffuse axis, a step that keeps the past maps it to
-            # d (phi, 1 | r): the factor d goes to rho, so that the column (the image of a
+            # d (hs, Rs | zs): the factor d goes to rho, so that the column (the image of a
             # diffuse state) never underflows (the inputs alone decide: off the map's chain)
             dif = pre & ~forget
-            tiny_a = small_decay(a, one, forget)
-            walk = tl.maximum(walk, tl.where(tiny_a, tl.where(pre, 1.0, 2.0), 0.0))
-            k12 = tl.where(dif, phi, l12)
-            k22 = tl.where(dif, 1.0, d)
-            kg2 = tl.where(dif, r, lg2)
+            # decays whose square is below the normal range (or past its reciprocal: inf in
+            # the leaf), which the map cannot carry: the carries walk such chunks
+            odd_a = small_decay(a, one, forget) | (a * a > 1.0 / tiny_of(a))
+            walk = tl.maximum(walk, tl.where(odd_a, tl.where(pre, 1.0, 2.0), 0.0))
+            k12 = tl.where(dif, hs, l12)
+            k22 = tl.where(dif, Rs, d * Rs)
+            kg2 = tl.where(dif, zs, lg2)
             rho = rho * tl.where(dif, d, 1.0)
-            pre = dif & (phi + tl.abs(r) == 0.0)
+            pre = dif & (hs + tl.abs(zs) == 0.0)
             n11 = l11 * m11 + l12 * m21
             n12 = l11 * m12 + k12 * m22
-            n21 = p * m11 + d * m21
-            n22 = p * m12 + k22 * m22
-            ng1 = lg1 * m11 + lg2 * m21 + al * g1
-            ng2 = lg1 * m12 + kg2 * m22 + al * g2
+            n21 = (p * Rs) * m11 + (d * Rs) * m21
+            n22 = (p * Rs) * m12 + k22 * m22
+            ng1 = lg1 * m11 + lg2 * m21 + (al * Rs) * g1
+            ng2 = lg1 * m12 + kg2 * m22 + (al * Rs) * g2
             sc = rcp(n11 + n22)  # any positive factor: the map acts projectively
             m11 = n11 * sc
             m12 = n12 * sc
@@ -415,23 +461,25 @@ def filter_kernel(
             m22 = n22 * sc
             g1 = ng1 * sc
             g2 = ng2 * sc
-            A = al * A * sc
+            A = (al * Rs) * A * sc
             if BMAPS:
                 # backward information filter, step t (observation, then back to t-1), applied
                 # before the maps of the later steps: P <- P M_t with M_t on (U, V | E) =
-                # [[a^2, a^2 phi | 0], [p, 1 + p phi | 0], [-a c, a (r - c phi) | a]]
-                # ([[0, 0], [1, 1]] and 0 where the step forgets)
+                # [[a^2, a^2 phi | 0], [p, 1 + p phi | 0], [-a c, a (r - c phi) | a]] times Rs
+                # ([[0, 0], [1, 1]] and 0 where the step forgets; a chunk holding a decay
+                # whose square leaves the normal range is walked by the carry instead)
                 a2 = tl.where(forget, 0.0, a * a)
-                k12 = a2 * phi
-                k21 = tl.where(forget, 1.0, p)
+                k11 = a2 * Rs
+                k12 = a2 * hs
+                k21 = tl.where(forget, 1.0, p * Rs)
                 k22 = tl.where(forget, 1.0, l11)
-                kg1 = -al * c
-                kg2 = al * (r - c * phi)
-                o11 = b11 * a2 + b12 * k21
+                kg1 = -(al * c) * Rs
+                kg2 = al * (zs - c * hs)
+                o11 = b11 * k11 + b12 * k21
                 o12 = b11 * k12 + b12 * k22
-                o21 = b21 * a2 + b22 * k21
+                o21 = b21 * k11 + b22 * k21
                 o22 = b21 * k12 + b22 * k22
-                og1 = bg1 * a2 + bg2 * k21 + bA * kg1
+                og1 = bg1 * k11 + bg2 * k21 + bA * kg1
                 og2 = bg1 * k12 + bg2 * k22 + bA * kg2
                 sb = rcp(o11 + o22)
                 b11 = o11 * sb
@@ -440,7 +488,7 @@ def filter_kernel(
                 b22 = o22 * sb
                 bg1 = og1 * sb
                 bg2 = og2 * sb
-                bA = bA * al * sb
+                bA = bA * (al * Rs) * sb
         else:
             if CKPT:
                 at_ck = lmask & ((lanes * 0 + t) % CK == 0)
@@ -602,6 +650,26 @@ def walk_chunk(u, e, v, walk, z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
 
 
 @helper
+def walk_back_chunk(U, E, V, walk, z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+                    p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn, lanes, t0, t1):  # fmt: skip
+    """The lanes where ``walk``: the backward information state after steps ``t1-1 .. t0``
+    walked back one at a time (:func:`back_step`); the others as given."""
+    for j in range(0, t1 - t0):
+        t = t1 - 1 - j
+        a = tl.load(a_ptr + t * ast + lanes * asn, mask=walk, other=1.0)
+        p = tl.load(p_ptr + t * pst + lanes * psn, mask=walk, other=1.0)
+        c = tl.load(c_ptr + t * cst + lanes * csn, mask=walk, other=0.0)
+        z = tl.load(z_ptr + t * zst + lanes * zsn, mask=walk, other=0.0)
+        R = tl.load(R_ptr + t * Rst + lanes * Rsn, mask=walk, other=1.0)
+        h = tl.load(h_ptr + t * hst + lanes * hsn, mask=walk, other=0.0)
+        Un, En, Vn = back_step(U, E, V, z, R, h, a, p, c)
+        U = tl.where(walk, Un, U)
+        E = tl.where(walk, En, E)
+        V = tl.where(walk, Vn, V)
+    return U, E, V
+
+
+@helper
 def map_start(base, step, lmask, u, e, v):
     """The state after a stored chunk map from the state ``(u, e, v)`` entering it (a diffuse
     state through the map's second column, else the map's own: the column times rho),
@@ -711,7 +779,20 @@ def carry_kernel(
         tl.store(bend_ptr + 2 * step + last * N + lanes, V, mask=lmask)
         for j in tl.range(0, NC - 1, num_stages=NS):
             kk = NC - 1 - j  # chunk kk's backward map gives the state at the end of chunk kk-1
-            U, E, V = apply_map(comp_ptr + (9 * NC + kk) * N + lanes, step, lmask, U, E, V)
+            Un, En, Vn = apply_map(comp_ptr + (9 * NC + kk) * N + lanes, step, lmask, U, E, V)
+            # a chunk holding a decay whose square leaves the normal range (the maps' walk
+            # entry): its map loses a*a U; walked back step by step from the inputs
+            flag = tl.load(comp_ptr + (8 * NC + kk) * N + lanes, mask=lmask, other=0.0)
+            steps = lmask & (flag > 0.5)
+            if tl.max(steps.to(tl.int32), 0) > 0:
+                Uw, Ew, Vw = walk_back_chunk(U, E, V, steps, z_ptr, zst, zsn, R_ptr, Rst, Rsn,
+                                             a_ptr, ast, asn, p_ptr, pst, psn, h_ptr, hst, hsn,
+                                             c_ptr, cst, csn, lanes, kk * CH,
+                                             tl.minimum(kk * CH + CH, T))  # fmt: skip
+                Un = tl.where(steps, Uw, Un)
+                En = tl.where(steps, Ew, En)
+                Vn = tl.where(steps, Vw, Vn)
+            U, E, V = Un, En, Vn
             tl.store(bend_ptr + (kk - 1) * N + lanes, U, mask=lmask)
             tl.store(bend_ptr + step + (kk - 1) * N + lanes, E, mask=lmask)
             tl.store(bend_ptr + 2 * step + (kk - 1) * N + lanes, V, mask=lmask)
@@ -768,19 +849,13 @@ def smooth_kernel(
         u = tl.where(small, 1.0, rvar)
         v = tl.where(small, var, 1.0)
         e = tl.where(small, mean, tl.where(known, mean * rvar, 0.0))
-        rden = rcp(u * BV + BU * v)
-        sm = (e * BV + BE * v) * rden
-        sv = v * BV * rden
+        den = u * BV + BU * v
+        rden = rcp(den)
+        # (neither filter holds any precision: NaN mean and inf variance, as the other backends)
+        sm = tl.where(den > 0.0, (e * BV + BE * v) * rden, float("nan"))
+        sv = tl.where(den > 0.0, v * BV * rden, float("inf"))
         exact = (v == 0.0) & (BV == 0.0)
         tl.store(smean_ptr + off, tl.where(exact, e, sm), mask=lmask)
         tl.store(svar_ptr + off, tl.where(exact, 0.0, sv), mask=lmask)
         # the information of step t's observation, then back through step t's dynamics
-        obs, rinv, zz, phi, r = observation(z, R, h)
-        BU = BU + phi * BV
-        BE = BE + r * BV
-        a2 = a * a
-        forget = a2 == 0.0
-        U = tl.where(forget, 0.0, a2 * BU)
-        E = tl.where(forget, 0.0, a * (BE - c * BU))
-        V = tl.where(forget, 1.0, BV + p * BU)
-        BU, BE, BV = normalize(U, E, V)
+        BU, BE, BV = back_step(BU, BE, BV, z, R, h, a, p, c)
