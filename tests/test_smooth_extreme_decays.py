@@ -287,3 +287,20 @@ def test_tiny_decays_among_ordinary_lanes(backend, triton_on_cpu):
         want_mean, want_var, _ = mp_smooth(z[:, n], R[:, n], a[:, n], 0.0)
         lane = type("Lane", (), {"mean": res.mean[:, n], "var": res.var[:, n]})
         _check(lane, want_mean, want_var, 1e-12)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "torch"])
+def test_zero_lanes_and_memory_layout_on_the_torch_paths(backend):
+    """No series (``z [5, 0]``) crashed the torch scan ("amax(): Expected reduction dim");
+    the log-likelihood of a Fortran-ordered ``z`` differed from the C-ordered one in its last
+    bits (the sum's order followed the layout: 7e-15)."""
+    for fn in (ks.filter, ks.smooth):
+        res = fn(np.zeros((5, 0)), 1.0, 0.9, 0.1, backend=backend)
+        assert res.mean.shape == (5, 0)
+    assert ks.loglik(np.zeros((5, 0)), 1.0, 0.9, 0.1, backend=backend).shape == (0,)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(300, 7)) * 40.0
+    z[rng.random(z.shape) < 0.1] = np.nan
+    c = ks.loglik(z, 1.0, 0.9, 0.5, backend=backend)
+    f = ks.loglik(np.asfortranarray(z), 1.0, 0.9, 0.5, backend=backend)
+    np.testing.assert_array_equal(c, f)

@@ -283,7 +283,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     # the lane's unit would not hold (steps whose own variance is far below the lane's largest
     # process variance) or a diffuse start is not informed at once (leading gaps, tiny decays)
     steps = _step_scale(leaves[0], leaves[2])
-    if bool((k / steps).amax() > _STEP_UNIT_SPREAD[k.dtype]):
+    if k.numel() and bool((k / steps).amax() > _STEP_UNIT_SPREAD[k.dtype]):  # (N = 0: none)
         k = steps
     tiny = torch.finfo(a.dtype).tiny
     if any_diffuse and bool(

@@ -87,7 +87,8 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
 
 def results(z, obs_var, loading, filt, pred, outputs="all"):
     """The contract's output dict from filtered and predicted triples (both torch paths)."""
-    ll = loglik_terms(z, compact(obs_var), compact(loading), *pred)
+    # (contiguous: the sum's order, and so its last bit, does not depend on z's memory layout)
+    ll = loglik_terms(z, compact(obs_var), compact(loading), *pred).contiguous()
     loglik = ll.sum(0, dtype=torch.float64).to(z.dtype)
     final = tuple(x[-1] for x in filt)
     ok = torch.isfinite(torch.stack(final)).all() & torch.isfinite(loglik).all()
