@@ -95,13 +95,20 @@ def _smooth(backend, dtype, z, R, a, p, prior_var=math.inf):
     return ks.smooth(t(z), t(R), t(a), t(p), prior_var=prior_var, backend=backend)
 
 
-def _check(res, want_mean, want_var, tol):
+def _check(res, want_mean, want_var, tol, compiled=False):
     """Smoothed means relative to max(|mean|, sd), variances relative, against the truth as
-    the outputs' dtype holds it (a variance past its range inf)."""
+    the outputs' dtype holds it (a variance past its range inf). On a GPU the compiled float32
+    kernels flush subnormal numbers to zero (``compiled``), so where the true precision is
+    subnormal (a variance above ``1 / finfo.tiny``, ~8.5e37) the variance may come out inf
+    there (docs/reliability.md, limit 6)."""
     mean = np.asarray(res.mean, np.float64)
     var = np.asarray(res.var, np.float64)
     want_var = _rounded(want_var, res.var.dtype)
     known = np.isfinite(want_var)
+    if compiled and res.var.dtype == torch.float32:
+        flushed = known & (want_var * torch.finfo(torch.float32).tiny > 1) & np.isinf(var)
+        known &= ~flushed
+        want_var = np.where(flushed, np.inf, want_var)
     assert np.array_equal(np.isfinite(var), known), (var, want_var)
     sd = np.sqrt(want_var[known])
     scale = np.maximum(np.maximum(np.abs(want_mean[known]), sd), 1e-300)
@@ -255,7 +262,8 @@ def test_chunked_tiny_decay(kind, pos, prior_var, triton_on_cpu, chunked):
     a[pos] = a1
     want_mean, want_var, _ = mp_smooth(_rounded(z, dtype), _rounded(R, dtype), _rounded(a, dtype),
                                        0.0, prior_var)  # fmt: skip
-    _check(_smooth("triton", dtype, z, R, a, 0.0, prior_var), want_mean, want_var, TOL[dtype])
+    _check(_smooth("triton", dtype, z, R, a, 0.0, prior_var), want_mean, want_var, TOL[dtype],
+           compiled=torch.cuda.is_available())  # fmt: skip
 
 
 @pytest.mark.parametrize("kind, R, p", RATIOS, ids=[f"{k}-R{r:g}-p{p:g}" for k, r, p in RATIOS])
