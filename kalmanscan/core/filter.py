@@ -87,6 +87,13 @@ def _prepare(
     """
     if z is None:
         raise TypeError("z: expected an array of observations, got None")
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(
+            "kalmanscan.filter, smooth and loglik do not run under torch.func transforms (grad, "
+            "vmap, jacrev, ...): the backends read the tensors' memory; use torch.autograd.grad "
+            "(or .backward()) for gradients, and put the series side by side on the lane axis "
+            "of z instead of vmap"
+        )
     values = {
         "z": z,
         "obs_var": obs_var,

@@ -408,6 +408,9 @@ def _torch_vjp(T, N, inputs, needs, pairs, smooth, outputs="all"):
         leaves = [x if create else x.detach().requires_grad_(n)
                   for x, n in zip(inputs, needs, strict=True)]  # fmt: skip
         series = [x.expand(T, N) for x in leaves[:6]]
+        # obs_var = inf marks a step not observed here (INF_OBS_VAR_UNOBSERVED); the torch
+        # backend reads that from z alone (one elementwise op, no host synchronization)
+        series[0] = series[0].masked_fill(torch.isinf(series[1]), float("nan"))
         x0 = tuple(leaves[6:9])
         if smooth:
             r = parallel.smooth_lanes(*series, x0)
