@@ -351,6 +351,7 @@ class _Data(NamedTuple):
     theta_zero: bool
     joint: bool
     backend: str
+    lean: bool = False  # log-likelihoods from the lean native call (:func:`_lean_loglik`)
 
 
 def _params_of(data: _Data, u, series):
@@ -392,19 +393,201 @@ def _series_loglik(data: _Data, x: dict, series, outputs: bool = False, grad: bo
     return _loglik(z, *args.values(), data.backend).T
 
 
+# ------------------------------------------------------------------ the lean native call
+# A fit's filter calls on the CPU (backend "native", float64) with the lane arrays built in numpy
+# and the compiled kernel called directly: the same kernel on the same inputs as
+# :func:`kalmanscan.loglik` / :func:`kalmanscan.filter` give it, without their conversions and
+# checks (the inputs are valid by construction), so the same values to the last bit. Where
+# those could differ (lanes :func:`kalmanscan.core.filter._tiny_lanes` would carry in other
+# units, or a flag from the kernel: overflow, a value out of range) the call goes through them.
+
+
+def _lean_available(backend, zs: torch.Tensor) -> bool:
+    """Whether the fit's filter calls may take the lean native call: float64 data on the CPU and
+    ``backend`` resolving to the compiled kernel there (an invalid name: no, the usual path
+    raises)."""
+    if zs.device.type != "cpu" or zs.dtype != torch.float64:
+        return False
+    from kalmanscan.core import backends, native
+
+    try:
+        return native.available() and backends.resolve(backend, zs.device) == "native"
+    except ValueError:
+        return False
+
+
+def _torch_fn(fn, a: np.ndarray) -> np.ndarray:
+    """``fn`` (``torch.exp``, ``torch.expm1``) of a float64 numpy array: torch's values, which
+    are those of each element alone whatever the array's size or layout (numpy's differ in the
+    last bit on some inputs), so the lean path's transcendentals are the usual path's."""
+    return fn(torch.from_numpy(np.asarray(a))).numpy()
+
+
+def _ou_transition_np(theta, sigma2, dt):
+    """:func:`kalmanscan.core.discretize.ou_transition` on numpy arrays, operation for
+    operation (IEEE arithmetic in both; exp and expm1 are torch's, :func:`_torch_fn`)."""
+    x = 2.0 * theta * dt
+    small = x < 1e-4
+    large = x > 1.0
+    x_mid = np.where(small | large, 1.0, x)
+    series = 1 - x * (0.5 - x * (1.0 / 6 - x / 24))
+    em = _torch_fn(torch.expm1, np.stack([-x_mid, -np.where(large, x, 1.0)]))
+    factor = np.where(small, series, -em[0] / x_mid)
+    theta_l = np.where(large, theta, 1.0)
+    p_large = sigma2 * (-0.5 * em[1] / theta_l)
+    p = np.where(large, p_large, sigma2 * (dt * factor))
+    return _torch_fn(torch.exp, -theta * dt), p  # (of one shape: no broadcast)
+
+
+def _lane_arrays_np(theta, sigma2, mu, dt, theta_zero: bool):
+    """:func:`_lane_arrays` in numpy on lanes ``[N]`` (``dt``: a 0-d array, or ``[T, 1]``),
+    value for value."""
+    if theta_zero:
+        return 1.0, sigma2 * dt, 0.0, mu, math.inf
+    decay, process_var = _ou_transition_np(theta, sigma2, dt)
+    pos = theta > 0
+    prior_var = np.where(pos, sigma2 / (2 * np.where(pos, theta, 1.0)), np.inf)
+    return decay, process_var, mu * (1 - decay), mu, prior_var
+
+
+def _from_prior_np(mean, var):
+    """:func:`kalmanscan.core.steps.from_prior` on numpy arrays ``[N]``, value for value."""
+    diffuse = np.isposinf(var)
+    big = (var > 1) & ~diffuse
+    var_s = np.where(big, var, 1.0)
+    u = np.where(diffuse, 0.0, 1 / var_s)
+    e = np.where(diffuse, 0 * mean, mean / var_s)
+    v = np.where(big | diffuse, 1.0, var)
+    return u, e, v
+
+
+_LEAN_CONST: dict = {}
+
+
+def _lean_const(value: float) -> torch.Tensor:
+    """A kept ``[1, 1]`` float64 tensor holding ``value`` (the kernel only reads its inputs)."""
+    t = _LEAN_CONST.get(value)
+    if t is None:
+        t = _LEAN_CONST[value] = torch.full((1, 1), value, dtype=torch.float64)
+    return t
+
+
+def _no_tiny_lanes(R: np.ndarray, p: np.ndarray, T: int) -> bool:
+    """Whether :func:`kalmanscan.core.filter._tiny_lanes` keeps every lane in its units (returns
+    None) for loading 1, ``obs_var`` ``R [N]`` and ``process_var`` ``p`` (``[N]`` or ``[T, N]``):
+    its test, on the same values (the bound from the extremes, then the grid)."""
+    below = filter_api._tiny_below(torch.float64)
+    r_lo, p_lo = float(R.min()), float(p.min())
+    if 0 < r_lo < math.inf and 0 < p_lo < math.inf:
+        sc_lo = math.log2(r_lo) - 2 * math.log2(1.0)
+        if min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below:
+            return True
+    N = R.shape[0]
+    Rc, pc = R[None], p.reshape(-1, N)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ok = np.isfinite(Rc) & (Rc >= 1 / torch.finfo(torch.float64).max)
+        lr = np.log2(np.where(ok, Rc, 1.0))
+        scale = np.where(ok, lr - 2 * np.log2(1.0), np.inf)
+        pos = (pc > 0) & np.isfinite(pc)
+        lp = np.where(pos, np.log2(np.where(pos, pc, 1.0)), -np.inf)
+        m = np.minimum(np.maximum(lp, scale), 0.0)
+        key = np.where(m < -32, lr + m, np.inf)
+        key = np.where(ok, np.minimum(key, np.where(pos, lp + scale, np.inf)), np.inf)
+        return not (np.broadcast_to(key, (T, N)).min(0) < below).any()
+
+
+def _lean_run(data: _Data, lanes: dict, series, P: int, outputs: str):
+    """The kernel's output dict for lanes ``(series [n], point [P])`` (series-major) at the
+    standardized parameters ``lanes {name: [n * P]}`` (numpy), or None where
+    :func:`kalmanscan.loglik` would not be that one plain call (see above)."""
+    from kalmanscan.core import native
+
+    zs = data.zs.numpy()
+    T = zs.shape[0]
+    z = torch.from_numpy(np.take(zs, np.repeat(np.asarray(series), P), axis=1))
+    dt = data.dt.numpy()
+    dt = dt[:, None] if dt.ndim else dt
+    with np.errstate(all="ignore"):
+        decay, pv, off, pm, pvar = _lane_arrays_np(
+            lanes["theta"], lanes["sigma2"], lanes["mu"], dt, data.theta_zero
+        )
+        R = lanes["obs_var"]
+        if not _no_tiny_lanes(R, pv, T):
+            return None
+        if data.theta_zero:  # diffuse: (0, 0 * mean, 1)
+            x0 = (_lean_const(0.0)[0], 0 * pm, _lean_const(1.0)[0])
+        else:
+            x0 = _from_prior_np(pm, pvar)
+
+    def arg(a):
+        if isinstance(a, float):
+            return _lean_const(a)
+        return torch.from_numpy(a.reshape(-1, a.shape[-1]))
+
+    params = (arg(R), arg(decay), arg(pv), _lean_const(1.0), arg(off))
+    x0 = tuple(x if isinstance(x, torch.Tensor) else torch.from_numpy(x) for x in x0)
+    out = native._run(z, params, x0, outputs=outputs)
+    return None if out["flags"] else out
+
+
+def _lean_loglik(data: _Data, u, series):
+    """:func:`_series_loglik` at ``u [P, n, k]`` (``_params_of``'s parameters) by the lean call:
+    the same ``[P, n]`` tensor, or None where that call does not serve."""
+    P, n, k = u.shape
+    ut = np.moveaxis(u, 0, 1).reshape(n * P, k)  # lanes (series, point)
+    pos = [j for j, p in enumerate(data.free) if p in _POSITIVE]
+    e = _torch_fn(torch.exp, np.ascontiguousarray(ut[:, pos].T)) if pos else None
+    lanes = {}
+    for j, p in enumerate(data.free):
+        lanes[p] = e[pos.index(j)] if j in pos else np.ascontiguousarray(ut[:, j])
+    for p, v in data.fixed.items():
+        lanes[p] = np.repeat(v[series], P)
+    out = _lean_run(data, lanes, series, P, "loglik")
+    if out is None:
+        return None
+    return out["loglik"].reshape(n, P).T
+
+
+def _lean_filter(data: _Data, x: dict):
+    """:func:`_series_loglik` with ``outputs`` at one point per series, ``x {name: [N]}``
+    (numpy), by the lean call: the same :class:`kalmanscan.FilterResult` (lanes ``[N, 1]``), or
+    None where that call does not serve."""
+    N = data.zs.shape[1]
+    lanes = {p: np.ascontiguousarray(v, dtype=np.float64).reshape(N) for p, v in x.items()}
+    out = _lean_run(data, lanes, np.arange(N), 1, "all")
+    if out is None:
+        return None
+    from kalmanscan.core.native import FILTER_KEYS
+
+    T = data.zs.shape[0]
+    s = {k: out[k].reshape(T, N, 1) for k in FILTER_KEYS}
+    return filter_api.FilterResult(
+        **s,
+        loglik=out["loglik"].reshape(N, 1),
+        final=filter_api.InfoState(out["precision"][-1].reshape(N, 1),
+                                   out["info"][-1].reshape(N, 1)),
+    )  # fmt: skip
+
+
 def _objective(data: _Data):
     """``fun(U [P, n, k], idx [n]) -> [P, n]``: negative log-likelihood per observation of groups
     ``idx`` (numpy), for :func:`kalmanscan.timeseries.optim.minimize`."""
     N = data.zs.shape[1]
     total = float(max(data.n_obs.sum(), 1))
 
+    def loglik(u, series):
+        ll = _lean_loglik(data, u, series) if data.lean else None
+        if ll is None:
+            ll = _series_loglik(data, _params_of(data, u, series), series)
+        return ll
+
     def fun(U, idx):
         if data.joint:  # one group: every series at each point
             series = np.arange(N)
             u = np.broadcast_to(U[:, :1, :], (U.shape[0], N, U.shape[2]))
-            ll = _series_loglik(data, _params_of(data, u, series), series)
+            ll = loglik(u, series)
             return -(ll.sum(1, keepdim=True) / total).cpu().numpy()
-        ll = _series_loglik(data, _params_of(data, U, idx), idx)
+        ll = loglik(U, idx)
         return -(ll.cpu().numpy() / np.maximum(data.n_obs[idx], 1))
 
     return fun
@@ -657,10 +840,10 @@ def _nan_moments(Z):
     return _host(mean * a), _host(scale * a), _host(sd * a)
 
 
-def _location_scale(Z, joint: bool):
+def _location_scale(Z, joint: bool, moments=None):
     """``(m [N], s [N])``: the standardization of each series (pooled over series when
-    ``joint``), see :func:`_nan_moments`."""
-    m, s, sd = _nan_moments(Z)
+    ``joint``), see :func:`_nan_moments` (``moments``: its result for ``Z``, if known)."""
+    m, s, sd = _nan_moments(Z) if moments is None else moments
     if not joint:
         return m, s
     N = Z.shape[1]
@@ -749,14 +932,17 @@ class _Core(NamedTuple):
     data: _Data
 
 
-def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, device) -> _Core:
-    """Standardize ``Z [T, N]``, fit, and map back (see the module docstring)."""
+def _fit_core(
+    Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, device, moments=None
+) -> _Core:
+    """Standardize ``Z [T, N]``, fit, and map back (see the module docstring). ``moments``:
+    :func:`_nan_moments` of ``Z``, if known."""
     T, N = Z.shape
     device = torch.device(device)
     n_obs = (~np.isnan(Z)).sum(0)
     # on a device, the moments and the standardized data are computed there
     Zd = Z if device.type == "cpu" else torch.as_tensor(Z, dtype=torch.float64, device=device)
-    m, s = _location_scale(Zd, joint)
+    m, s = _location_scale(Zd, joint, moments if device.type == "cpu" else None)
     usable = np.full(N, bool(s[0] > 0) and n_obs.sum() >= 2) if joint else (n_obs >= 2) & (s > 0)
     m = np.where(usable & np.isfinite(m), m, 0.0)
     s = np.where(usable, s, 1.0)
@@ -777,8 +963,9 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
         }[p]
     f64 = dict(dtype=torch.float64, device=device)
     theta_zero = "theta" in fixed and bool(np.all(fixed["theta"] == 0))
+    zs_t = torch.as_tensor(zs, **f64)
     data = _Data(
-        zs=torch.as_tensor(zs, **f64),
+        zs=zs_t,
         dt=torch.as_tensor(1.0 if regular else dt / tau, **f64),
         fixed=fixed,
         group=np.zeros(N, np.int64) if joint else np.arange(N),
@@ -787,6 +974,7 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
         theta_zero=theta_zero,
         joint=joint,
         backend=backend,
+        lean=_lean_available(backend, zs_t),
     )
     start = _start(zs, dt / tau, fixed, joint)
     G = 1 if joint else N
@@ -844,8 +1032,10 @@ def _fit_core(Z, dt, fixed_flat, free, init, joint, max_iter, tol, backend, devi
     # log-likelihood at the estimate: standardized, then the change of scale of each
     # observation that contributes (all but a diffuse first one)
     series = np.arange(N)
-    xs = {p: torch.as_tensor(v[None, :], **f64) for p, v in x.items()}
-    res = _series_loglik(data, xs, series, outputs=True)
+    res = _lean_filter(data, x) if data.lean else None
+    if res is None:
+        xs = {p: torch.as_tensor(v[None, :], **f64) for p, v in x.items()}
+        res = _series_loglik(data, xs, series, outputs=True)
     ll_std = res.loglik.reshape(N).cpu().numpy()
     diffuse = (x["theta"] == 0) & (n_obs >= 1)
     loglik = ll_std - (n_obs - diffuse) * np.log(s)
@@ -1100,7 +1290,8 @@ def fit_ou(
             "z: expected at least 2 observed values in a series to fit, got at most "
             f"{int(n_obs.max())}"
         )
-    _, _, sd = _nan_moments(Z)
+    moments = _nan_moments(Z)
+    sd = moments[2]
     constant = (n_obs >= 2) & (sd == 0)
     if constant.all() or (joint and bool(np.all(sd[n_obs >= 1] == 0))):
         first = float(Z[~np.isnan(Z)][0])
@@ -1113,7 +1304,7 @@ def fit_ou(
             f"times: all {T} timestamps are equal, so the rates theta and sigma2 (per time unit) "
             "cannot be estimated; give distinct timestamps or fix theta and sigma2"
         )
-    _, s_all = _location_scale(Z, joint)
+    _, s_all = _location_scale(Z, joint, moments)
     ok_s = (s_all > 0) & np.isfinite(s_all)
     out = ok_s & ((s_all < _SCALE_RANGE[0]) | (s_all > _SCALE_RANGE[1]))
     if out.any():
@@ -1131,17 +1322,18 @@ def fit_ou(
     with _glue_single_threaded():
         return _fit_finish(
             Z, zt, ax, shape, labels, fixed, fixed_flat, free, init_flat, n_obs, constant, joint,
-            max_iter, tol, stderr, backend, device, time_unit,
+            max_iter, tol, stderr, backend, device, time_unit, moments,
         )  # fmt: skip
 
 
 def _fit_finish(
     Z, zt, ax, shape, labels, fixed, fixed_flat, free, init_flat, n_obs, constant, joint,
-    max_iter, tol, stderr, backend, device, time_unit,
+    max_iter, tol, stderr, backend, device, time_unit, moments=None,
 ) -> OUFit:  # fmt: skip
     """:func:`fit_ou` after its argument checks: fit, then warnings, notes and the result."""
     N = Z.shape[1]
-    core = _fit_core(Z, ax.dt, fixed_flat, free, init_flat, joint, max_iter, tol, backend, device)
+    core = _fit_core(Z, ax.dt, fixed_flat, free, init_flat, joint, max_iter, tol, backend, device,
+                     moments)  # fmt: skip
     opt = core.opt
     unusable = ~core.usable
     if unusable.any() and not joint:
