@@ -312,3 +312,23 @@ def test_zero_lanes_and_memory_layout_on_the_torch_paths(backend):
     c = ks.loglik(z, 1.0, 0.9, 0.5, backend=backend)
     f = ks.loglik(np.asfortranarray(z), 1.0, 0.9, 0.5, backend=backend)
     np.testing.assert_array_equal(c, f)
+
+
+# (dtype, obs_var, process_var): process_var/obs_var within the range but past 1/tiny
+NEAR = [("f64", 1e-10, 1e298), ("f32", 1e-5, 2e33)]
+
+
+@pytest.mark.parametrize("kind, R, p", NEAR, ids=[f"{k}-R{r:g}-p{p:g}" for k, r, p in NEAR])
+def test_chunked_map_trace_past_the_reciprocal_range(kind, R, p, triton_on_cpu, chunked):
+    """A chunk map's trace (about ``process_var/obs_var``) past ``1/tiny``: its reciprocal is
+    not a normal number (0 from the compiled float32 reciprocal, a zero map at a chunk's last
+    step, 15 and 31 here, observed); the carries walk such chunks step by step."""
+    dtype = DTYPES[kind]
+    assert p / R < torch.finfo(dtype).max and p / R * torch.finfo(dtype).tiny > 1
+    z = np.random.default_rng(2).normal(size=40) * 0.3
+    z[[7, 20]] = np.nan
+    r = lambda x: _rounded(x, dtype)  # noqa: E731
+    want_mean, want_var, terms = mp_smooth(r(z), r(R), r(0.9), r(p), 1.0)
+    res = _smooth("triton", dtype, z, R, 0.9, p, 1.0)
+    _check(res, want_mean, want_var, TOL[dtype])
+    assert float(res.filtered.loglik) == pytest.approx(terms.sum(), rel=TOL[dtype])

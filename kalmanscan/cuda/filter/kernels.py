@@ -360,14 +360,14 @@ def filter_kernel(
     product underflows (a diffuse start, tiny decays: ``a = 1e-170``, or ``1e-20`` in float32).
     ``walk`` is 1 where a decay's square is below the normal range among those leading steps (a
     proper state entering the chunk loses its ``a*a v`` in the map), 2 where one is after them
-    (any state does), else 0: the carry walks such a chunk step by step (:func:`carry_kernel`).
-    Else
-    run the filter from the
-    chunk's true start, writing the outputs, the log-likelihood and the flags; with ``TANG``
-    (and not ``WRITE``) also the chunk's adjoint map ``mu -> C mu + b`` for unit log-likelihood
-    weight (adjoint.py), by carrying the tangents of the three coordinates of the chunk's
-    starting state forward (``C``: their values at the chunk's end, ``b``: the log-likelihood's
-    derivative along them), so the adjoint needs no pass of its own to compose it."""
+    (any state does), or where the chunk's maps leave the range (``process_var/obs_var`` past it:
+    an entry inf or NaN; a trace whose reciprocal is not normal), else 0: the carries walk such a
+    chunk step by step (:func:`carry_kernel`). Else run the filter from the chunk's true start,
+    writing the outputs, the log-likelihood and the flags; with ``TANG`` (and not ``WRITE``)
+    also the chunk's adjoint map ``mu -> C mu + b`` for unit log-likelihood weight (adjoint.py),
+    by carrying the tangents of the three coordinates of the chunk's starting state forward
+    (``C``: their values at the chunk's end, ``b``: the log-likelihood's derivative along them),
+    so the adjoint needs no pass of its own to compose it."""
     k = tl.program_id(1)
     lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lmask = lanes < N
@@ -384,6 +384,7 @@ def filter_kernel(
     if MAPS:
         m11, m12, m21, m22, g1, g2, A, rho = one, zero, zero, one, zero, zero, one, one
         walk = zero
+        traces = zero  # the sum of the steps' traces (before their division)
         pre = lanes >= 0  # no informative step yet: the second column is (0, m22 | 0)
         b11, b12, b21, b22, bg1, bg2, bA = one, zero, zero, one, zero, zero, one
     else:
@@ -425,70 +426,67 @@ def filter_kernel(
         obs, rinv, zz, phi, r = observation(z, R, h)
         if MAPS:
             # the step's map [[1 + p phi, q + d phi | 0], [p, d | 0], [c + r p, q c + r d | al]]
-            # times Rs = R / max(R, h^2) (the update's R-scaled form: hs = h^2/max(R, h^2) for
-            # phi, zs = h z/max(R, h^2) for r; no 1/R, so p phi past the range stays finite)
-            mx = rcp(tl.maximum(tl.where(obs, R, 1.0), h * h))
-            Rs = tl.where(obs, R * mx, 1.0)
-            hs = tl.where(obs, h * h * mx, 0.0)
-            zs = tl.where(obs, h * zz * mx, 0.0)
-            l11 = Rs + p * hs
-            l12 = q * Rs + d * hs
-            lg1 = c * Rs + zs * p
-            lg2 = (c * q) * Rs + zs * d
+            l11 = 1.0 + p * phi
+            l12 = q + d * phi
+            lg1 = c + r * p
+            lg2 = c * q + r * d
             # while the second column is the diffuse axis, a step that keeps the past maps it to
-            # d (hs, Rs | zs): the factor d goes to rho, so that the column (the image of a
+            # d (phi, 1 | r): the factor d goes to rho, so that the column (the image of a
             # diffuse state) never underflows (the inputs alone decide: off the map's chain)
             dif = pre & ~forget
             # decays whose square is below the normal range (or past its reciprocal: inf in
             # the leaf), which the map cannot carry: the carries walk such chunks
             odd_a = small_decay(a, one, forget) | (a * a > 1.0 / tiny_of(a))
             walk = tl.maximum(walk, tl.where(odd_a, tl.where(pre, 1.0, 2.0), 0.0))
-            k12 = tl.where(dif, hs, l12)
-            k22 = tl.where(dif, Rs, d * Rs)
-            kg2 = tl.where(dif, zs, lg2)
+            k12 = tl.where(dif, phi, l12)
+            k22 = tl.where(dif, 1.0, d)
+            kg2 = tl.where(dif, r, lg2)
             rho = rho * tl.where(dif, d, 1.0)
-            pre = dif & (hs + tl.abs(zs) == 0.0)
+            pre = dif & (phi + tl.abs(r) == 0.0)
             n11 = l11 * m11 + l12 * m21
             n12 = l11 * m12 + k12 * m22
-            n21 = (p * Rs) * m11 + (d * Rs) * m21
-            n22 = (p * Rs) * m12 + k22 * m22
-            ng1 = lg1 * m11 + lg2 * m21 + (al * Rs) * g1
-            ng2 = lg1 * m12 + kg2 * m22 + (al * Rs) * g2
-            sc = rcp(n11 + n22)  # any positive factor: the map acts projectively
+            n21 = p * m11 + d * m21
+            n22 = p * m12 + k22 * m22
+            ng1 = lg1 * m11 + lg2 * m21 + al * g1
+            ng2 = lg1 * m12 + kg2 * m22 + al * g2
+            tr = n11 + n22
+            traces += tr  # (range checked after the loop)
+            sc = rcp(tr)  # any positive factor: the map acts projectively
             m11 = n11 * sc
             m12 = n12 * sc
             m21 = n21 * sc
             m22 = n22 * sc
             g1 = ng1 * sc
             g2 = ng2 * sc
-            A = (al * Rs) * A * sc
+            A = al * A * sc
             if BMAPS:
                 # backward information filter, step t (observation, then back to t-1), applied
                 # before the maps of the later steps: P <- P M_t with M_t on (U, V | E) =
-                # [[a^2, a^2 phi | 0], [p, 1 + p phi | 0], [-a c, a (r - c phi) | a]] times Rs
+                # [[a^2, a^2 phi | 0], [p, 1 + p phi | 0], [-a c, a (r - c phi) | a]]
                 # ([[0, 0], [1, 1]] and 0 where the step forgets; a chunk holding a decay
                 # whose square leaves the normal range is walked by the carry instead)
                 a2 = tl.where(forget, 0.0, a * a)
-                k11 = a2 * Rs
-                k12 = a2 * hs
-                k21 = tl.where(forget, 1.0, p * Rs)
+                k12 = a2 * phi
+                k21 = tl.where(forget, 1.0, p)
                 k22 = tl.where(forget, 1.0, l11)
-                kg1 = -(al * c) * Rs
-                kg2 = al * (zs - c * hs)
-                o11 = b11 * k11 + b12 * k21
+                kg1 = -al * c
+                kg2 = al * (r - c * phi)
+                o11 = b11 * a2 + b12 * k21
                 o12 = b11 * k12 + b12 * k22
-                o21 = b21 * k11 + b22 * k21
+                o21 = b21 * a2 + b22 * k21
                 o22 = b21 * k12 + b22 * k22
-                og1 = bg1 * k11 + bg2 * k21 + bA * kg1
+                og1 = bg1 * a2 + bg2 * k21 + bA * kg1
                 og2 = bg1 * k12 + bg2 * k22 + bA * kg2
-                sb = rcp(o11 + o22)
+                tr = o11 + o22
+                traces += tr
+                sb = rcp(tr)
                 b11 = o11 * sb
                 b12 = o12 * sb
                 b21 = o21 * sb
                 b22 = o22 * sb
                 bg1 = og1 * sb
                 bg2 = og2 * sb
-                bA = bA * (al * Rs) * sb
+                bA = bA * al * sb
         else:
             if CKPT:
                 at_ck = lmask & ((lanes * 0 + t) % CK == 0)
@@ -539,6 +537,15 @@ def filter_kernel(
                     bv += dl
             nonfin = nonfin | not_finite(e + llt) | not_finite(u + v)
     if MAPS:
+        # p phi, r p past the range (obs_var tiny against process_var), or a trace whose
+        # reciprocal is not a normal number (flushed to 0 in float32): such a map holds an entry
+        # inf or NaN, which stays in it to its end (NaN times 0 is NaN), or a trace sum at or
+        # past 1/tiny. The carries walk the chunk whatever state enters it (the steps' own
+        # arithmetic, exact where the filter is), at no cost a step to the other chunks
+        size = traces + (m12 + m21 + tl.abs(g1) + tl.abs(g2) + tl.abs(A))
+        if BMAPS:
+            size += b12 + b21 + tl.abs(bg1) + tl.abs(bg2) + tl.abs(bA)
+        walk = tl.where(size * tiny_of(size) < 1.0, walk, 2.0)
         base = comp_ptr + k * N + lanes
         step = NC * N
         tl.store(base, m11, mask=lmask)
