@@ -638,17 +638,28 @@ def compose_maps(l11, l12, l21, l22, lg1, lg2, lA, lr, r11, r12, r21, r22, rg1, 
 
 
 @helper
+def walked_inputs(z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn, p_ptr, pst, psn,
+                  h_ptr, hst, hsn, c_ptr, cst, csn, lanes, t, walk):  # fmt: skip
+    """Step ``t``'s ``(a, p, c, z, R, h)`` on the lanes where ``walk`` (neutral values
+    elsewhere), for the carries' step-by-step walks."""
+    a = tl.load(a_ptr + t * ast + lanes * asn, mask=walk, other=1.0)
+    p = tl.load(p_ptr + t * pst + lanes * psn, mask=walk, other=1.0)
+    c = tl.load(c_ptr + t * cst + lanes * csn, mask=walk, other=0.0)
+    z = tl.load(z_ptr + t * zst + lanes * zsn, mask=walk, other=0.0)
+    R = tl.load(R_ptr + t * Rst + lanes * Rsn, mask=walk, other=1.0)
+    h = tl.load(h_ptr + t * hst + lanes * hsn, mask=walk, other=0.0)
+    return a, p, c, z, R, h
+
+
+@helper
 def walk_chunk(u, e, v, walk, z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
                p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn, lanes, t0, t1):  # fmt: skip
     """The lanes where ``walk``: the state after steps ``t0 .. t1-1`` walked one at a time
     (:func:`exact_step`); the others as given."""
     for t in range(t0, t1):
-        a = tl.load(a_ptr + t * ast + lanes * asn, mask=walk, other=1.0)
-        p = tl.load(p_ptr + t * pst + lanes * psn, mask=walk, other=1.0)
-        c = tl.load(c_ptr + t * cst + lanes * csn, mask=walk, other=0.0)
-        z = tl.load(z_ptr + t * zst + lanes * zsn, mask=walk, other=0.0)
-        R = tl.load(R_ptr + t * Rst + lanes * Rsn, mask=walk, other=1.0)
-        h = tl.load(h_ptr + t * hst + lanes * hsn, mask=walk, other=0.0)
+        a, p, c, z, R, h = walked_inputs(z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+                                         p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
+                                         lanes, t, walk)  # fmt: skip
         un, en, vn = exact_step(u, e, v, a, p, c, z, R, h)
         u = tl.where(walk, un, u)
         e = tl.where(walk, en, e)
@@ -663,12 +674,9 @@ def walk_back_chunk(U, E, V, walk, z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast,
     walked back one at a time (:func:`back_step`); the others as given."""
     for j in range(0, t1 - t0):
         t = t1 - 1 - j
-        a = tl.load(a_ptr + t * ast + lanes * asn, mask=walk, other=1.0)
-        p = tl.load(p_ptr + t * pst + lanes * psn, mask=walk, other=1.0)
-        c = tl.load(c_ptr + t * cst + lanes * csn, mask=walk, other=0.0)
-        z = tl.load(z_ptr + t * zst + lanes * zsn, mask=walk, other=0.0)
-        R = tl.load(R_ptr + t * Rst + lanes * Rsn, mask=walk, other=1.0)
-        h = tl.load(h_ptr + t * hst + lanes * hsn, mask=walk, other=0.0)
+        a, p, c, z, R, h = walked_inputs(z_ptr, zst, zsn, R_ptr, Rst, Rsn, a_ptr, ast, asn,
+                                         p_ptr, pst, psn, h_ptr, hst, hsn, c_ptr, cst, csn,
+                                         lanes, t, walk)  # fmt: skip
         Un, En, Vn = back_step(U, E, V, z, R, h, a, p, c)
         U = tl.where(walk, Un, U)
         E = tl.where(walk, En, E)
