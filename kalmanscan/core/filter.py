@@ -447,10 +447,36 @@ def _no_tiny_products(prep: _Prepared, below: int) -> bool:
     r_lo = R if isinstance(R, float) else float(R.min())
     h_hi = abs(h) if isinstance(h, float) else float(np.abs(h).max())
     p_lo = p if isinstance(p, float) else float(p.min())
+    return extremes_clear(r_lo, h_hi, p_lo, below)
+
+
+def extremes_clear(r_lo: float, h_hi: float, p_lo: float, below: int) -> bool:
+    """:func:`_no_tiny_products`'s bound from the smallest ``obs_var``, the largest ``|loading|``
+    and the smallest ``process_var`` (also the fit's lean call's, timeseries/fit.py)."""
     if not (0 < r_lo < math.inf and 0 < h_hi < math.inf and 0 < p_lo < math.inf):
         return False
     sc_lo = math.log2(r_lo) - 2 * math.log2(h_hi)
     return min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below
+
+
+def tiny_grid(Rc, hc, pc, T: int, N: int, dtype):
+    """:func:`_tiny_lanes`'s test on the compact numpy grids of ``obs_var``, ``loading`` and
+    ``process_var`` (broadcasting to ``[T, N]``): ``(need [N], ok, scale, lp)``, ``need`` the
+    lanes where a product falls below ``2**_tiny_below(dtype)``, the others the logs the unit
+    is chosen from (also the fit's lean call's, timeseries/fit.py)."""
+    below = _tiny_below(dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # (an obs_var whose reciprocal is not finite is refused: left to the checks)
+        ok = (hc != 0) & np.isfinite(Rc) & (Rc >= 1 / torch.finfo(dtype).max)
+        lr = np.log2(np.where(ok, Rc, 1.0))
+        scale = np.where(ok, lr - 2 * np.log2(np.where(ok, np.abs(hc), 1.0)), np.inf)
+        pos = (pc > 0) & np.isfinite(pc)
+        lp = np.where(pos, np.log2(np.where(pos, pc, 1.0)), -np.inf)
+        m = np.minimum(np.maximum(lp, scale), 0.0)  # log2 of the update's variance factor
+        key = np.where(m < -32, lr + m, np.inf)
+        key = np.where(ok, np.minimum(key, np.where(pos, lp + scale, np.inf)), np.inf)
+        need = np.broadcast_to(key, (T, N)).min(0) < below
+    return need, ok, scale, lp
 
 
 def _tiny_lanes(prep: _Prepared, ins, x0):
@@ -492,19 +518,11 @@ def _tiny_lanes(prep: _Prepared, ins, x0):
     if given and _no_tiny_products(prep, below):
         return None
     Rc, hc, pc = (_np_compact(x) for x in (R, h, pv))
+    need, ok, scale, lp = tiny_grid(Rc, hc, pc, T, N, dtype)
+    if not need.any():
+        return None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        # (an obs_var whose reciprocal is not finite is refused: left to the checks)
-        ok = (hc != 0) & np.isfinite(Rc) & (Rc >= 1 / torch.finfo(dtype).max)
-        lr = np.log2(np.where(ok, Rc, 1.0))
-        scale = np.where(ok, lr - 2 * np.log2(np.where(ok, np.abs(hc), 1.0)), np.inf)
         pos = (pc > 0) & np.isfinite(pc)
-        lp = np.where(pos, np.log2(np.where(pos, pc, 1.0)), -np.inf)
-        m = np.minimum(np.maximum(lp, scale), 0.0)  # log2 of the update's variance factor
-        key = np.where(m < -32, lr + m, np.inf)
-        key = np.where(ok, np.minimum(key, np.where(pos, lp + scale, np.inf)), np.inf)
-        need = np.broadcast_to(key, (T, N)).min(0) < below
-        if not need.any():
-            return None
         smin = np.broadcast_to(scale, (T, N)).min(0)
         pmax = np.broadcast_to(lp, (T, N)).max(0)
         lc2 = np.minimum(np.maximum(smin, pmax), 0.0)

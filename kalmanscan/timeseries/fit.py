@@ -475,25 +475,13 @@ def _lean_const(value: float) -> torch.Tensor:
 def _no_tiny_lanes(R: np.ndarray, p: np.ndarray, T: int) -> bool:
     """Whether :func:`kalmanscan.core.filter._tiny_lanes` keeps every lane in its units (returns
     None) for loading 1, ``obs_var`` ``R [N]`` and ``process_var`` ``p`` (``[N]`` or ``[T, N]``):
-    its test, on the same values (the bound from the extremes, then the grid)."""
+    its test, by its own functions (the bound from the extremes, then the grid)."""
     below = filter_api._tiny_below(torch.float64)
-    r_lo, p_lo = float(R.min()), float(p.min())
-    if 0 < r_lo < math.inf and 0 < p_lo < math.inf:
-        sc_lo = math.log2(r_lo) - 2 * math.log2(1.0)
-        if min(math.log2(r_lo) + min(sc_lo, 0.0), math.log2(p_lo) + sc_lo) >= below:
-            return True
+    if filter_api.extremes_clear(float(R.min()), 1.0, float(p.min()), below):
+        return True
     N = R.shape[0]
-    Rc, pc = R[None], p.reshape(-1, N)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ok = np.isfinite(Rc) & (Rc >= 1 / torch.finfo(torch.float64).max)
-        lr = np.log2(np.where(ok, Rc, 1.0))
-        scale = np.where(ok, lr - 2 * np.log2(1.0), np.inf)
-        pos = (pc > 0) & np.isfinite(pc)
-        lp = np.where(pos, np.log2(np.where(pos, pc, 1.0)), -np.inf)
-        m = np.minimum(np.maximum(lp, scale), 0.0)
-        key = np.where(m < -32, lr + m, np.inf)
-        key = np.where(ok, np.minimum(key, np.where(pos, lp + scale, np.inf)), np.inf)
-        return not (np.broadcast_to(key, (T, N)).min(0) < below).any()
+    need = filter_api.tiny_grid(R[None], np.ones((1, 1)), p.reshape(-1, N), T, N, torch.float64)[0]
+    return not need.any()
 
 
 def _lean_run(data: _Data, lanes: dict, series, P: int, outputs: str):
