@@ -54,7 +54,7 @@ def test_many_series_fit_on_cuda_matches_cpu(monkeypatch):
     import warnings
 
     import kalmanscan as ks
-    from kalmanscan.timeseries import fit as fitmod
+    from kalmanscan.timeseries import objective
 
     rng = np.random.default_rng(3)
     T, S = 300, 200
@@ -62,13 +62,13 @@ def test_many_series_fit_on_cuda_matches_cpu(monkeypatch):
     z[rng.random((T, S)) < 0.05] = np.nan
     z[100, 7] = 1e6
     devices = []
-    real = fitmod._loglik
+    real = objective._loglik
 
     def spy(z, *a):
         devices.append(z.device.type)
         return real(z, *a)
 
-    monkeypatch.setattr(fitmod, "_loglik", spy)
+    monkeypatch.setattr(objective, "_loglik", spy)
     kw = dict(fix={"theta": 0.0, "mu": 0.0}, stderr=False)
     with warnings.catch_warnings(record=True) as w_gpu:
         warnings.simplefilter("always")
