@@ -548,111 +548,80 @@ def _typical_step(x) -> np.ndarray:
     >>> _typical_step(blip)
     np.float64(0.5)
 
-    A numpy array is measured by :func:`_typical_step_np` (the same values, in numpy).
+    Numpy arrays are measured in numpy (the same operations, so the same values: a few
+    microseconds an operation where torch's on such small arrays take several times more),
+    tensors where they are (a GPU fit's screen).
     """
     if not isinstance(x, torch.Tensor):
         x = np.array(x, dtype=np.float64)
-        if x.shape[0] == 0:
+        if x.shape[0] == 0:  # (numpy's reductions refuse an empty axis)
             return _typical_step(torch.as_tensor(x)).numpy()[()]
-        return _typical_step_np(x)[()]
-    level = _median_where(x, ~torch.isnan(x))
-    dev = (x - level).abs()  # (inf where a value and the level overflow)
-    scale = level.abs()
-    far = dev > scale  # farther from the level than the level is from 0
-    # a record that rests on its level (more than half its values equal it, so their median
-    # distance is 0): the spread of the values near it, where there are any; else of all
-    observed = (~torch.isnan(x)).sum(0)
-    resting = ((dev == 0).sum(0) > observed // 2) & (scale > 0) & torch.isfinite(scale)
-    near_moves = (dev > 0) & ~far
-    own = resting & near_moves.any(0)
-    spread = _median_where(dev, (dev > 0) & (~far | ~own))
-    near = dev <= _REMOTE * spread
-    step = torch.diff(x, dim=0).abs()  # (inf where two values of opposite sign overflow)
-    typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
-    # one that never moves but to and from far values (one far value, if it does not rest)
-    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
-    one = torch.where(far, x, inf).amin(0) == torch.where(far, x, -inf).amax(0)
-    moves = (step > 0) & ~far[1:] & ~far[:-1]
-    rests = (scale > 0) & torch.isfinite(scale) & far.any(0) & ~moves.any(0) & (one | resting)
-    return torch.where(rests, scale / _RUN_STEPS, typical)
-
-
-def _typical_step_np(x: np.ndarray) -> np.ndarray:
-    """:func:`_typical_step` of a numpy array ``x [T, M]`` or ``[T]`` (``T > 0``), operation for
-    operation (comparisons, sorts and IEEE arithmetic: the same values; a few microseconds an
-    operation where torch's on such small arrays take several times more)."""
+    xp = torch if isinstance(x, torch.Tensor) else np
     with np.errstate(invalid="ignore", over="ignore"):
-        level = _median_where_np(x, ~np.isnan(x))
-        dev = np.abs(x - level)
-        scale = np.abs(level)
-        far = dev > scale
-        observed = (~np.isnan(x)).sum(0)
-        resting = ((dev == 0).sum(0) > observed // 2) & (scale > 0) & np.isfinite(scale)
+        level = _median_where(x, ~xp.isnan(x))
+        dev = xp.abs(x - level)  # (inf where a value and the level overflow)
+        scale = xp.abs(level)
+        far = dev > scale  # farther from the level than the level is from 0
+        # a record that rests on its level (more than half its values equal it, so their median
+        # distance is 0): the spread of the values near it, where there are any; else of all
+        observed = (~xp.isnan(x)).sum(0)
+        resting = ((dev == 0).sum(0) > observed // 2) & (scale > 0) & xp.isfinite(scale)
         near_moves = (dev > 0) & ~far
         own = resting & near_moves.any(0)
-        spread = _median_where_np(dev, (dev > 0) & (~far | ~own))
+        spread = _median_where(dev, (dev > 0) & (~far | ~own))
         near = dev <= _REMOTE * spread
-        step = np.abs(np.diff(x, axis=0))
-        typical = _median_where_np(step, (step > 0) & near[1:] & near[:-1])
-        one = np.where(far, x, np.inf).min(0) == np.where(far, x, -np.inf).max(0)
+        step = xp.abs(x[1:] - x[:-1])  # (inf where two values of opposite sign overflow)
+        typical = _median_where(step, (step > 0) & near[1:] & near[:-1])
+        # one that never moves but to and from far values (one far value, if it does not rest)
+        one = xp.amin(xp.where(far, x, math.inf), 0) == xp.amax(xp.where(far, x, -math.inf), 0)
         moves = (step > 0) & ~far[1:] & ~far[:-1]
-        rests = (scale > 0) & np.isfinite(scale) & far.any(0) & ~moves.any(0) & (one | resting)
-        return np.where(rests, scale / _RUN_STEPS, typical)
+        rests = (scale > 0) & xp.isfinite(scale) & far.any(0) & ~moves.any(0) & (one | resting)
+        out = xp.where(rests, scale / _RUN_STEPS, typical)
+    return out if xp is torch else out[()]
 
 
-def _median_where_np(a: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """:func:`_median_where` of numpy arrays."""
-    T = a.shape[0]
-    if T == 0:
-        return np.full(a.shape[1:], np.nan, dtype=a.dtype)
-    flat, k = a.reshape(T, -1), keep.reshape(T, -1)
-    kept = np.sort(np.where(k, flat, np.inf), axis=0)
-    c = k.sum(0)
-    cols = np.arange(flat.shape[1])
-    lo = kept[np.maximum((c - 1) // 2, 0), cols]
-    hi = kept[np.minimum(c // 2, T - 1), cols]
-    return np.where(c > 0, (lo + hi) / 2, np.nan).reshape(a.shape[1:])
-
-
-def _observed_first_np(Z: np.ndarray):
-    """:func:`_observed_first` of a numpy array."""
-    ok = ~np.isnan(Z)
-    before = ok.cumsum(0)
+def _observed_first(Z):
+    """``(X, n)``: each column of ``Z [T, N]`` (numpy or torch) with its observed (non-NaN) values
+    first, in time order, then NaN; ``n [N]`` the number observed."""
+    xp = torch if isinstance(Z, torch.Tensor) else np
+    ok = ~xp.isnan(Z)
+    before = ok.cumsum(0)  # observed values up to and including each row
     n = before[-1]
-    rows = np.arange(1, Z.shape[0] + 1)[:, None]
-    dest = np.where(ok, before - 1, n + rows - before - 1)
+    rows = xp.arange(1, Z.shape[0] + 1)[:, None]
+    if xp is torch:
+        rows = rows.to(Z.device)
+    dest = xp.where(ok, before - 1, n + rows - before - 1)  # (a stable partition)
+    if xp is torch:
+        return torch.empty_like(Z).scatter_(0, dest, Z), n
     X = np.empty_like(Z)
     np.put_along_axis(X, dest, Z, axis=0)
     return X, n
 
 
-def _observed_first(Z: torch.Tensor):
-    """``(X, n)``: each column of ``Z [T, N]`` with its observed (non-NaN) values first, in time
-    order, then NaN; ``n [N]`` the number observed."""
-    ok = ~torch.isnan(Z)
-    before = ok.cumsum(0)  # observed values up to and including each row
-    n = before[-1]
-    rows = torch.arange(1, Z.shape[0] + 1, device=Z.device)[:, None]
-    dest = torch.where(ok, before - 1, n + rows - before - 1)  # (a stable partition)
-    return torch.empty_like(Z).scatter_(0, dest, Z), n
-
-
-def _median_where(a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The median over axis 0 of ``a [T, M]`` (or ``[T]``) where ``keep`` (NaN where nothing is
-    kept): ``nanmedian`` of the kept values, all columns in one sort."""
+def _median_where(a, keep):
+    """The median over axis 0 of ``a [T, M]`` (or ``[T]``; numpy or torch) where ``keep`` (NaN
+    where nothing is kept): ``nanmedian`` of the kept values, all columns in one sort."""
     T = a.shape[0]
     if T == 0:
-        return torch.full(a.shape[1:], math.nan, dtype=a.dtype, device=a.device)
+        if isinstance(a, torch.Tensor):
+            return torch.full(a.shape[1:], math.nan, dtype=a.dtype, device=a.device)
+        return np.full(a.shape[1:], np.nan, dtype=a.dtype)
+    xp = torch if isinstance(a, torch.Tensor) else np
     flat, k = a.reshape(T, -1), keep.reshape(T, -1)
-    w = torch.where(k, flat, math.inf)
-    if w.device.type == "cpu":  # numpy's sort along columns is several times faster than torch's
+    w = xp.where(k, flat, math.inf)
+    if xp is np:
+        kept = np.sort(w, axis=0)
+    elif w.device.type == "cpu":  # numpy's sort along columns is several times faster than torch's
         kept = torch.from_numpy(np.sort(w.numpy(), axis=0))
     else:
         kept = torch.sort(w, dim=0).values
     c = k.sum(0)
-    lo = kept.gather(0, ((c - 1) // 2).clamp(min=0)[None])[0]
-    hi = kept.gather(0, (c // 2).clamp(max=T - 1)[None])[0]
-    return torch.where(c > 0, (lo + hi) / 2, math.nan).reshape(a.shape[1:])
+    cols = xp.arange(flat.shape[1])
+    if xp is torch:
+        cols = cols.to(a.device)
+    lo = kept[xp.where(c > 0, (c - 1) // 2, 0), cols]
+    hi = kept[xp.where(c // 2 < T - 1, c // 2, T - 1), cols]
+    return xp.where(c > 0, (lo + hi) / 2, math.nan).reshape(a.shape[1:])
 
 
 def _gross(Z) -> np.ndarray:
@@ -712,20 +681,17 @@ def gross_runs(z, steps: float = _RUN_STEPS, *, device=None) -> np.ndarray:
         warnings.simplefilter("ignore", RuntimeWarning)  # (nanmedian of a constant series)
         # the typical steps of all series at once, and the series with no change between two
         # observed values beyond steps * d (no run: most series) left out of the loop below
-        if device is None or torch.device(device).type == "cpu":  # (numpy: the same values)
-            X, n_obs = _observed_first_np(Z)
-            ds = _typical_step_np(X)
-            pair = np.arange(Z.shape[0] - 1)[:, None] < n_obs - 1
-            step = np.abs(np.diff(X, axis=0))
-            check = (pair & ~(step <= steps * ds * (1 - 1e-9))).any(0)  # (a margin: a superset)
-        else:
-            X, n_obs = _observed_first(
-                torch.as_tensor(Z if Z.flags.writeable else Z.copy(), device=device)
-            )
-            ds = _typical_step(X)
-            pair = torch.arange(Z.shape[0] - 1, device=X.device)[:, None] < n_obs - 1
-            step = torch.diff(X, dim=0).abs()
-            check = (pair & ~(step <= steps * ds * (1 - 1e-9))).any(0)
+        # (on the CPU in numpy: the same values; a GPU fit's device in torch)
+        on_host = device is None or torch.device(device).type == "cpu"
+        X, n_obs = _observed_first(
+            Z if on_host else torch.as_tensor(Z if Z.flags.writeable else Z.copy(), device=device)
+        )
+        ds = _typical_step(X)
+        rows = np.arange(Z.shape[0] - 1) if on_host else torch.arange(Z.shape[0] - 1, device=device)
+        pair = rows[:, None] < n_obs - 1
+        step = abs(X[1:] - X[:-1])
+        check = (pair & ~(step <= steps * ds * (1 - 1e-9))).any(0)  # (a margin: a superset)
+        if not on_host:
             check, ds = check.cpu().numpy(), ds.cpu().numpy()
         for i in np.flatnonzero(check):
             at = np.flatnonzero(~np.isnan(Z[:, i]))
