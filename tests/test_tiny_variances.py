@@ -152,7 +152,7 @@ def test_ordinary_lanes_take_no_unit():
     def tiny(R, p=1.0, h=1.0):
         prep = core_filter._prepare(z, R, 1.0, p, h, 0.0, 0.0, math.inf, None, 0, "sequential")
         ins = (prep.z, prep.obs_var, prep.decay, prep.process_var, prep.loading, prep.offset)
-        return core_filter._tiny_lanes(prep, ins, prep.x0)
+        return core_filter._tiny_lanes(prep, ins)
 
     assert tiny(1.0) is None and tiny(1e-100, 1e-100) is None and tiny(1e200, 1e200) is None
     assert tiny(1e-250, 0.3) is None  # obs_var tiny, process noise ordinary: exact as given

@@ -479,7 +479,7 @@ def tiny_grid(Rc, hc, pc, T: int, N: int, dtype):
     return need, ok, scale, lp
 
 
-def _tiny_lanes(prep: _Prepared, ins, x0):
+def _tiny_lanes(prep: _Prepared, ins):
     """The lanes whose variances are all tiny, carried in smaller units: ``None``, or ``(c, ks)``.
 
     The filter's products pair variances: the update forms ``obs_var`` times the normalized
@@ -529,7 +529,7 @@ def _tiny_lanes(prep: _Prepared, ins, x0):
         # a proper prior far wider than the lane's variances (a vague 1e10 on data of scale
         # 1e-100): its variance over c**2 passes the range, and its precision there underflows.
         # Take c**2 no smaller than 2**below of it, as far as the products keep 2**below.
-        u0, v0 = (_np_compact(x.detach()).ravel() for x in (x0[0], x0[2]))
+        u0, v0 = (_np_compact(x.detach()).ravel() for x in (prep.x0[0], prep.x0[2]))
         proper = (u0 > 0) & np.isfinite(u0) & (v0 > 0) & np.isfinite(v0)
         lv0, lu0 = (np.log2(np.where(proper, x, 1.0)) for x in (v0, u0))
         lprior = np.where(proper, lv0 - lu0, -np.inf)
@@ -716,7 +716,7 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
     ins, shift = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset), None
     if rescale:
         ins, shift = _rescaled(prep)
-    x0, tiny = p.x0, _tiny_lanes(prep, ins, p.x0)
+    x0, tiny = p.x0, _tiny_lanes(prep, ins)
     if tiny is not None:
         ins, x0, more = _in_units(prep, ins, x0, *tiny)
         shift = more if shift is None else shift + more
