@@ -210,7 +210,7 @@ def _tiny_decision(R_, p):
     prep = filter_api._prepare(z, torch.from_numpy(R_), 1.0, torch.from_numpy(p), 1.0, 0.0, 0.0,
                                math.inf, None, 0, "native")  # fmt: skip
     ins = (prep.z, prep.obs_var, prep.decay, prep.process_var, prep.loading, prep.offset)
-    return filter_api._tiny_lanes(prep, ins, prep.x0) is None
+    return filter_api._tiny_lanes(prep, ins) is None
 
 
 def test_tiny_lane_test_is_the_filters():
