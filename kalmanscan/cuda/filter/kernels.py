@@ -78,15 +78,21 @@ def not_finite(x):
 
 
 @helper
+def tiny_of(x):
+    """The smallest normal number of ``x``'s dtype."""
+    if x.dtype == tl.float64:
+        tiny = 2.2250738585072014e-308
+    else:
+        tiny = 1.1754943508222875e-38
+    return tiny
+
+
+@helper
 def keep_diffuse(U, V, v):
     """The predicted ``V``, or ``v`` where the predicted triple is diffuse (``U = 0``: ``u = 0``
     and the step keeps the past) and ``V = a*a v`` is below the normal range: a diffuse state
     stays ``(0, 0, 1)`` where ``a*a`` underflows or is subnormal (whose reciprocal overflows)."""
-    if V.dtype == tl.float64:
-        tiny = 2.2250738585072014e-308
-    else:
-        tiny = 1.1754943508222875e-38
-    return tl.where((U > 0.0) | (V >= tiny), V, v)
+    return tl.where((U > 0.0) | (V >= tiny_of(V)), V, v)
 
 
 @helper
@@ -100,23 +106,9 @@ def predict_coeffs(a, p):
 
 
 @helper
-def tiny_of(x):
-    """The smallest normal number of ``x``'s dtype."""
-    if x.dtype == tl.float64:
-        tiny = 2.2250738585072014e-308
-    else:
-        tiny = 1.1754943508222875e-38
-    return tiny
-
-
-@helper
 def normal(x):
     """``x`` at least the smallest normal number of its dtype."""
-    if x.dtype == tl.float64:
-        tiny = 2.2250738585072014e-308
-    else:
-        tiny = 1.1754943508222875e-38
-    return x >= tiny
+    return x >= tiny_of(x)
 
 
 @helper
@@ -316,10 +308,7 @@ def input_checks(
         hh = h * h
         bad = bad | ((R < float("inf")) & not_finite(hh / R))
         # h^2 and h^2/R 0 or normal, else flagged for the API to decide (core/filter.py)
-        if hh.dtype == tl.float64:
-            tiny = 2.2250738585072014e-308
-        else:
-            tiny = 1.1754943508222875e-38
+        tiny = tiny_of(hh)
         small = (hh < tiny) | ((R < float("inf")) & (hh < tiny * R))
         bad = bad | ((h != 0.0) & small)
     return bad
