@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kalmanscan.timeseries import fit as F
+from kalmanscan.timeseries import moments as F
 
 
 def _data(T, N, seed):

@@ -159,7 +159,7 @@ def test_theta_on_its_bound_holds_mu_too():
     from types import SimpleNamespace
 
     from kalmanscan.timeseries import optim
-    from kalmanscan.timeseries.fit import _standard_errors
+    from kalmanscan.timeseries.uncertainty import _standard_errors
 
     free = ("theta", "sigma2", "mu", "obs_var")
     block = np.array([[2.0, 0.5], [0.5, 1.0]])  # (sigma2, obs_var), per observation, in u

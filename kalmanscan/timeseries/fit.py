@@ -1,20 +1,23 @@
 """Maximum-likelihood fitting of OU / local-level models: a batched Newton method over all series.
 
 The data are standardized per series (location ``m``, scale ``s``; time by the median step
-``tau``), so the fit sees values of order 1 whatever the units: ``fit_ou(c * z)`` is ``fit_ou(z)``
-with the variances times ``c**2``. Positive parameters are optimized as logs, ``mu`` as is, in
-those standardized units, with no bounds. Every series takes its own Newton steps with its own
-line search, all series advancing together in one filter call per step; the gradient and Hessian
-come from a central-difference stencil of log-likelihood values
-(:mod:`kalmanscan.timeseries.optim`). A positive estimate that ends below ``_SMALL`` of the scale
-is finished in natural coordinates (:func:`_refine_small`: the bound 0 as an active constraint),
-and the standard errors of such fits (and of those with an estimate on its bound, or a stencil
-Hessian that is not positive definite) come from a Hessian in natural coordinates from exact
-gradients (:func:`_natural_hessian`), not from the stencil in logs, which rounds a small
-variance's curvature away.
+``tau``; :mod:`kalmanscan.timeseries.moments`), so the fit sees values of order 1 whatever the
+units: ``fit_ou(c * z)`` is ``fit_ou(z)`` with the variances times ``c**2``. Positive parameters
+are optimized as logs, ``mu`` as is, in those standardized units, with no bounds. Every series
+takes its own Newton steps with its own line search, all series advancing together in one filter
+call per step (:mod:`kalmanscan.timeseries.objective`); the gradient and Hessian come from a
+central-difference stencil of log-likelihood values (:mod:`kalmanscan.timeseries.optim`). A
+positive estimate that ends below ``_SMALL`` of the scale is finished in natural coordinates
+(:func:`_refine_small`: the bound 0 as an active constraint), and the standard errors of such fits
+(and of those with an estimate on its bound, or a stencil Hessian that is not positive definite)
+come from a Hessian in natural coordinates from exact gradients (:func:`_natural_hessian`), not
+from the stencil in logs, which rounds a small variance's curvature away
+(:mod:`kalmanscan.timeseries.uncertainty`, with the profile bounds of estimates on their bound).
 The scale ``s`` is the smaller of the standard deviation and the typical step, so a variance is
-judged to sit on its bound 0 relative to the noise of the record. The model: docs/model.md; the
-method and its measured cost: docs/performance-cpu.md, "Fitting".
+judged to sit on its bound 0 relative to the noise of the record. After the fit, observations
+that dominate its likelihood are checked by a refit without them
+(:mod:`kalmanscan.timeseries.outliers`). The model: docs/model.md; the method and its measured
+cost: docs/performance-cpu.md, "Fitting".
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -39,6 +41,7 @@ from kalmanscan.timeseries.model import (
     forecast_from_state,
     series_input,
 )
+from kalmanscan.timeseries.moments import _location_scale, _nan_moments, _start
 from kalmanscan.timeseries.objective import (  # noqa: F401 (the fit's evaluations)
     _NAT_REL,
     _POSITIVE,
@@ -62,14 +65,21 @@ from kalmanscan.timeseries.objective import (  # noqa: F401 (the fit's evaluatio
     _series_loglik,
     _torch_fn,
 )
+from kalmanscan.timeseries.outliers import _outlier_check
 from kalmanscan.timeseries.robust import Disturbances
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
+from kalmanscan.timeseries.uncertainty import (
+    _boundary_note,
+    _bounds_on_read,
+    _fit_standard_errors,
+    _jacobi,
+    _LazyNotes,
+    _mu_unused,
+    _natural,
+)
 
 # standardization: s**2 must stay well inside float64 for the variances to be representable
 _SCALE_RANGE = (1e-150, 1e150)
-# an observation whose squared standardized innovation exceeds this and half the series' total
-# is checked for dominating the fit (refit without it)
-_OUTLIER_E2 = 25.0
 _STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained coordinates
 _REFINE_ITER = 20  # Newton steps in natural coordinates finishing a small estimate (_refine_small)
 
@@ -323,12 +333,6 @@ def _check_fix(fix, shape):
     return out
 
 
-def _natural(u: np.ndarray, positive: np.ndarray) -> np.ndarray:
-    """The free parameters in natural standardized units from the optimizer's ``u``."""
-    with np.errstate(over="ignore", under="ignore"):
-        return np.where(positive, np.exp(u), u)
-
-
 def _held(data: _Data, at_boundary: np.ndarray) -> np.ndarray:
     """``[G, k]``: the free estimates held in the observed information: those on their bound, and
     ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0)."""
@@ -449,16 +453,6 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     return opt._replace(u=u, f=f, at_boundary=at_b, n_iter=n_iter)
 
 
-def _jacobi(H: np.ndarray) -> tuple:
-    """``(H scaled by its diagonal, dj)``: ``dj = |diag H|^-1/2`` (1 where that is not a
-    positive number), so that tests of positive definiteness do not depend on the parameters'
-    units (``theta`` of 5e-5 beside ``mu`` of 200 standardized)."""
-    diag = np.abs(np.diagonal(H, axis1=1, axis2=2))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dj = np.where(np.isfinite(diag) & (diag > 0), 1 / np.sqrt(diag), 1.0)
-    return H * dj[:, :, None] * dj[:, None, :], dj
-
-
 def _newton_steps(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
     """``d [n, k]``: the Newton steps ``-H^-1 g`` on the ``free [n, k]`` coordinates (0
     elsewhere); NaN rows where that block is not positive definite (no maximum to step to).
@@ -473,119 +467,6 @@ def _newton_steps(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
             step = -np.einsum("nij,nj->ni", cov, g[rows[pd]][:, keep] * dk) * dk
             d[np.ix_(rows[pd], keep)] = step
     return d
-
-
-def _xp(x):
-    """The array module of ``x`` (numpy, or torch for a tensor): the moments below run where the
-    data lives (on the device for a GPU fit; about 1 s of host numpy at 16,384 x 500 otherwise)."""
-    return torch if isinstance(x, torch.Tensor) else np
-
-
-def _host(x):
-    return x.cpu().numpy() if isinstance(x, torch.Tensor) else x
-
-
-def _col_mean(x, ok):
-    """Mean over axis 0 of ``x`` where ``ok`` (NaN where nothing is): ``np.nanmean`` without
-    its copies, for numpy arrays and tensors alike."""
-    xp = _xp(x)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return xp.where(ok, x, 0.0).sum(0) / ok.sum(0)
-
-
-def _nan_moments(Z):
-    """Per-column ``(mean, scale, sd)`` of ``Z [T, N]`` with NaNs, free of overflow. ``scale`` is
-    the smaller of the standard deviation and the root of half the mean squared change between
-    consecutive observed rows: the size of the noise in white-noise-like data and of the step in
-    trending data (the scale at which variance estimates are compared with 0). ``Z``: a numpy
-    array or a tensor (the result is numpy either way)."""
-    xp = _xp(Z)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        ok = ~xp.isnan(Z)
-        amax = xp.amax(xp.where(ok, xp.abs(Z), 0.0), 0)
-        a = xp.where(xp.isfinite(amax) & (amax > 0), amax, 1.0)
-        Zn = Z / a
-        mean = _col_mean(Zn, ok)
-        sd = xp.sqrt(_col_mean((Zn - mean) ** 2, ok))
-        d = Zn[1:] - Zn[:-1]
-        step = xp.sqrt(0.5 * _col_mean(d * d, ok[1:] & ok[:-1]))
-    scale = xp.where(xp.isfinite(step) & (step > 0), xp.where(step < sd, step, sd), sd)
-    return _host(mean * a), _host(scale * a), _host(sd * a)
-
-
-def _location_scale(Z, joint: bool, moments=None):
-    """``(m [N], s [N])``: the standardization of each series (pooled over series when
-    ``joint``), see :func:`_nan_moments` (``moments``: its result for ``Z``, if known)."""
-    m, s, sd = _nan_moments(Z) if moments is None else moments
-    if not joint:
-        return m, s
-    N = Z.shape[1]
-    m1, _, sd1 = _nan_moments(Z.reshape(-1, 1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        step = np.sqrt(np.nanmean(np.where(sd > 0, s / sd, np.nan) ** 2))  # pooled step / sd
-    s1 = sd1[0] * (min(step, 1.0) if np.isfinite(step) else 1.0)
-    return np.full(N, m1[0]), np.full(N, s1)
-
-
-def _start(zs: np.ndarray, dt: np.ndarray, fixed: dict, joint: bool) -> dict:
-    """Standardized starting values ``{name: [G]}`` from lag-1 and lag-2 moments of ``zs [T, N]``
-    (mean 0 per series; or pooled when ``joint``)."""
-    xp = _xp(zs)
-    ok0 = ~xp.isnan(zs)
-    span = np.cumsum(dt)
-
-    def total(x):
-        return _host(x.sum() if joint else x.sum(0))
-
-    def lag(k):
-        d = zs[k:] - zs[:-k]
-        step = span[k:] - span[:-k]
-        pos = step > 0
-        if xp is torch:
-            step = torch.as_tensor(step, dtype=zs.dtype, device=zs.device)
-            pos = torch.as_tensor(pos, device=zs.device)
-        w = ok0[k:] & ok0[:-k] & pos[:, None]
-        cnt = total(w)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            msd = total(xp.where(w, d * d, 0.0)) / cnt
-            mdt = total(xp.where(w, step[:, None], 0.0)) / cnt
-            rho = total(xp.where(w, zs[k:] * zs[:-k], 0.0)) / cnt
-        return msd, mdt, rho
-
-    with np.errstate(invalid="ignore", divide="ignore"):
-        v0 = total(xp.where(ok0, zs * zs, 0.0)) / total(ok0)  # zs has mean 0; variance >= 1
-    v0 = np.where(np.isfinite(v0) & (v0 > 0), v0, 1.0)
-    d1, t1, r1 = lag(1)
-    d2, t2, r2 = lag(2) if zs.shape[0] > 2 else (d1, 2 * t1, r1 * r1)
-    r1, r2 = r1 / v0, r2 / v0
-    G = 1 if joint else zs.shape[1]
-    full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (G,)).copy()  # noqa: E731
-    t1 = np.where(np.isfinite(t1) & (t1 > 0), t1, 1.0)
-    d1 = np.where(np.isfinite(d1) & (d1 > 0), d1, 1.0)
-    # random walk + noise: E d1 = sigma2 t1 + 2 obs_var, E d2 = sigma2 t2 + 2 obs_var
-    with np.errstate(invalid="ignore", divide="ignore"):
-        s2_rw = (d2 - d1) / (t2 - t1)
-    s2_rw = np.clip(np.where(np.isfinite(s2_rw), s2_rw, 0.5 * d1 / t1), 0.05 * d1 / t1, d1 / t1)
-    ov_rw = np.maximum(0.5 * (d1 - s2_rw * t1), 0.05 * d1)
-    # OU + noise: rho_k = phi^k vx (variance 1), phi = exp(-theta t1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        phi = np.clip(np.where(r1 > 0.05, r2 / r1, 0.5), 0.05, 0.99)
-    phi = np.where(np.isfinite(phi), phi, 0.5)
-    th = fixed.get("theta")
-    if th is not None and joint:
-        th = np.array([th.mean()])
-    theta = -np.log(phi) / t1 if th is None else np.where(th > 0, th, 1.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        vx = np.clip(r1 / np.exp(-theta * t1), 0.05, 0.95)
-    vx = np.where(np.isfinite(vx), vx, 0.5)
-    rw = np.zeros(G, bool) if th is None else full(th == 0)
-    return {
-        "theta": full(theta),
-        "sigma2": np.where(rw, full(s2_rw), full(2 * theta * vx * v0)),
-        "mu": np.zeros(G),
-        "obs_var": np.where(rw, full(ov_rw), full((1 - vx) * v0)),
-    }
 
 
 class _Core(NamedTuple):
@@ -713,105 +594,6 @@ def _fit_core(
     diffuse = (x["theta"] == 0) & (n_obs >= 1)
     loglik = ll_std - (n_obs - diffuse) * np.log(s)
     return _Core(est, loglik, opt, m, s, tau, usable, res, data)
-
-
-def _mu_unused(core: _Core, joint: bool) -> np.ndarray:
-    """``[G]``: groups whose ``theta`` is fixed at 0, where ``mu`` does not enter the
-    likelihood (the random walk forgets its mean)."""
-    zero = np.asarray(core.est["theta"]) == 0
-    return np.array([zero.all()]) if joint else zero
-
-
-def _needs_exact_hessian(core: _Core, free, why) -> np.ndarray | None:
-    """The converged groups whose standard errors take the Hessian from exact gradients
-    (:func:`_information`), or None: those with a free positive estimate below ``_SMALL`` of the
-    scale off its bound (the stencil's curvature in ``log x`` is rounding there: CO2's near
-    random walk, ``theta`` 2e-4 a week, had ``mu``'s 4.6 % off), those with an estimate on its
-    bound (the others' errors with it held: the stencil's are ~1e-5 off the closed form), and
-    those whose stencil Hessian is not positive definite. The rest keep the stencil's (equal to
-    statsmodels' to ~1e-5; the exact one costs a filter call of ``1 + 2k`` gradient points,
-    ~1.5 ms on the Nile)."""
-    opt = core.opt
-    k = opt.u.shape[1]
-    if not k:
-        return None
-    positive = np.array([p in _POSITIVE for p in free], dtype=bool)
-    with np.errstate(over="ignore", under="ignore"):
-        x = _natural(opt.u, positive)
-    small = (positive[None, :] & ~opt.at_boundary & (x < _SMALL)).any(1)
-    not_pd = np.array(["positive definite" in str(w) for w in why], dtype=bool)
-    need = (opt.status == optim.CONVERGED) & (small | not_pd | opt.at_boundary.any(1))
-    return np.flatnonzero(need) if need.any() else None
-
-
-def _information(core: _Core, free, idx=None) -> np.ndarray:
-    """``[G, k, k]``: the Hessian of the total negative log-likelihood in the free parameters
-    (natural standardized units) at the estimate of the converged groups ``idx`` (all when
-    None), from exact gradients (:func:`_natural_hessian`; NaN elsewhere)."""
-    opt, data = core.opt, core.data
-    G, k = opt.u.shape
-    H = np.full((G, k, k), np.nan)
-    conv = np.flatnonzero(opt.status == optim.CONVERGED)
-    idx = conv if idx is None else np.intersect1d(conv, idx)
-    if idx.size and k:
-        positive = np.array([p in _POSITIVE for p in free], dtype=bool)
-        x = _natural(opt.u[idx], positive)
-        H[idx] = _natural_hessian(data, x, idx, opt.at_boundary[idx])[2]
-    return H
-
-
-def _standard_errors(core: _Core, free, joint, hess=None):
-    """``({name: [G]}, ok [G], why [G])``: standard errors in natural units from the Hessian at
-    the estimate, where the estimate is converged and the Hessian positive definite; ``why``
-    holds the reason (a short text) where not.
-
-    ``hess [G, k, k]``: the Hessian of the total negative log-likelihood in the natural
-    standardized parameters (:func:`_information`: exact gradients differenced, right however
-    small a variance); without it, the fit's stencil Hessian in ``u = log x`` (whose curvature
-    in a variance of ~1e-5 of the data's scale is rounding noise).
-
-    A parameter on its bound 0 gets none (``OUFit.upper_bound`` bounds it instead); the others get
-    the observed information of the free parameters with it held at 0: the Hessian block of the
-    interior coordinates, evaluated with the boundary coordinate at its held value (an effect of
-    ~1e-14 of the data's scale). ``theta`` on its bound also holds ``mu``, which does not enter
-    the likelihood of a random walk. docs/model.md, "Estimates on a boundary".
-    """
-    opt = core.opt
-    G, k = opt.u.shape
-    s = core.s[:1] if joint else core.s
-    if hess is None:
-        nobs = core.data.n_obs
-        n = np.array([nobs.sum()]) if joint else nobs
-        positive = np.array([p in _POSITIVE for p in free])
-        # Hessian of the total negative log-likelihood in u; u = log x adds g_j on the diagonal
-        Hu = opt.H * n[:, None, None] - (opt.g * n[:, None] * positive)[:, :, None] * np.eye(k)
-        jac = np.stack(
-            [np.abs(core.est[p][:1] if joint else core.est[p]) if p in _POSITIVE else s
-             for p in free],
-            1,
-        )  # d natural / d u, [G, k]  # fmt: skip
-    else:
-        Hu, dj = _jacobi(hess)  # (units aside in the test of positive definiteness)
-        tau = core.tau
-        unit = {"theta": 1 / tau, "sigma2": s**2 / tau, "mu": s, "obs_var": s**2}
-        jac = np.stack([np.broadcast_to(unit[p], (G,)) for p in free], 1) * dj  # natural / std
-    Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
-    held = opt.at_boundary.copy()
-    if "theta" in free and "mu" in free:
-        held[:, free.index("mu")] |= held[:, free.index("theta")]
-    elif "mu" in free:  # theta fixed: at 0 (a random walk) mu does not enter the likelihood
-        held[:, free.index("mu")] |= _mu_unused(core, joint)
-    why = np.full(G, "", dtype=object)
-    why[opt.status != optim.CONVERGED] = "the fit did not converge"
-    why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
-    se = {p: np.full(G, np.nan) for p in PARAMS}
-    for _, rows, keep, pd, cov in optim.held_covariances(Hu, held, why == ""):
-        why[rows[~pd]] = "the Hessian is not positive definite (a parameter is not identified)"
-        if cov is not None:
-            for c, j in enumerate(keep):
-                se[free[j]][rows[pd]] = np.sqrt(cov[:, c, c]) * jac[rows[pd], j]
-    ok = why == ""
-    return se, ok, why
 
 
 def _names(idx, labels, limit: int = 5) -> str:
@@ -1041,19 +823,7 @@ def _fit_finish(
         if b.any():
             idx = np.flatnonzero(b)
             where = "" if joint or N == 1 else f" in series {_names(idx, labels)}"
-            ref = "the data's scale squared" if p != "theta" else "one over the median time step"
-            text = (
-                f"{p} is at its lower bound 0{where} (estimate below {optim.BOUNDARY:g} times "
-                f"{ref}): the likelihood is largest there, so {p} has no standard error (at a "
-                "boundary the likelihood is one-sided and the normal approximation behind "
-                "standard errors does not hold); the other parameters' standard errors are "
-                f"those with {p} held at 0 (the observed information of the others)"
-                + (
-                    "; mu, which the random walk at theta = 0 does not depend on, has none either"
-                    if p == "theta" and "mu" in free
-                    else ""
-                )
-            )
+            text = _boundary_note(p, where, free)
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
     if "mu" in free and "theta" in fixed:
@@ -1070,13 +840,7 @@ def _fit_finish(
     if not joint:
         notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,
                                 device)  # fmt: skip
-    se_g, se_ok, why = _standard_errors(core, free, joint)
-    exact = _needs_exact_hessian(core, free, why) if stderr else None
-    if exact is not None:  # those groups from exact gradients (:func:`_information`)
-        se_x, ok_x, why_x = _standard_errors(core, free, joint, _information(core, free, exact))
-        for p in se_g:
-            se_g[p][exact] = se_x[p][exact]
-        se_ok[exact], why[exact] = ok_x[exact], why_x[exact]
+    se_g, se_ok, why = _fit_standard_errors(core, free, joint, exact=stderr)
     if stderr:
         lost = np.flatnonzero(~se_ok & (core.usable[:1] if joint else core.usable))
         for reason in sorted(set(why[lost])):
@@ -1101,11 +865,8 @@ def _fit_finish(
         # the boundary estimates' profile bounds (a few dozen refits) are computed when first
         # read (fit.upper_bound, fit.notes, summary(), the CLI), not by every fit
         slim = core._replace(filtered=None, data=None)
-        lazy = _LazyProfile(
-            (slim, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels)
-        )
-        upper = _LazyBounds(lazy, shaped)
-        notes = _LazyNotes(tuple(notes), lazy)
+        args = (slim, Z, ax.dt, fixed_flat, free, joint, max_iter, tol, backend, device, labels)
+        upper, notes = _bounds_on_read(args, notes, shaped)
 
     def per_group(a):
         return a[:1] if joint else a
@@ -1137,162 +898,3 @@ def _fit_finish(
         notes=notes if isinstance(notes, _LazyNotes) else tuple(notes),
         upper_bound=upper,
     )
-
-
-class _LazyProfile:
-    """:func:`kalmanscan.timeseries.profile.report` on a fit's arguments, run once on demand."""
-
-    def __init__(self, args):
-        self._args, self._result = args, None
-
-    def result(self):
-        if self._result is None:
-            from kalmanscan.timeseries import profile
-
-            self._result = profile.report(*self._args)
-            self._args = None
-        return self._result
-
-
-class _LazyBounds(Mapping):
-    """``OUFit.upper_bound``: ``{name: bound}`` (shaped as the fit's other per-series results
-    by ``shaped``), computed on first access."""
-
-    def __init__(self, lazy: _LazyProfile, shaped):
-        self._lazy, self._shaped, self._d = lazy, shaped, None
-
-    def _dict(self):
-        if self._d is None:
-            self._d = {p: self._shaped(v) for p, v in self._lazy.result()[0].items()}
-        return self._d
-
-    def __getitem__(self, key):
-        return self._dict()[key]
-
-    def __iter__(self):
-        return iter(self._dict())
-
-    def __len__(self):
-        return len(self._dict())
-
-    def __repr__(self):
-        return repr(self._dict())
-
-
-class _LazyNotes(Sequence):
-    """``OUFit.notes``: the fit's notes, then the profile bounds' notes once computed."""
-
-    def __init__(self, first: tuple, lazy: _LazyProfile):
-        self._first, self._lazy = first, lazy
-
-    def _all(self):
-        return self._first + tuple(self._lazy.result()[1])
-
-    def __getitem__(self, i):
-        return self._all()[i]
-
-    def __len__(self):
-        return len(self._all())
-
-    def __iter__(self):
-        return iter(self._all())
-
-    def __repr__(self):
-        return repr(self._all())
-
-
-def _on_bound(core, i, j) -> bool:
-    """Whether free parameter ``j`` of series ``i`` sits on its bound 0 in ``core`` (one row for
-    a joint fit)."""
-    b = np.asarray(core.opt.at_boundary)
-    return bool(b[min(i, b.shape[0] - 1), j])
-
-
-def _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend, device):
-    """Warn (and return notes) where a few observations wreck the fit, each candidate series
-    refitted without them: the values of its gross runs
-    (:func:`~kalmanscan.timeseries.robust.gross_runs`: a missing-value code such as -9999, alone
-    or several in a row, which the filter takes for the level, so that the innovations name the
-    values after them), always named; else, where one observation's squared standardized
-    innovation exceeds ``_OUTLIER_E2`` and half the series' sum, those within a tenth of the
-    sum, named where they move a variance estimate by an order of magnitude or more. One
-    :class:`~kalmanscan.timeseries.robust.OutlierWarning` per series, carrying the rows (the
-    CLI's own warning of gross values absorbs it)."""
-    from kalmanscan.timeseries.robust import _RUN_STEPS, OutlierWarning, _row, gross_runs
-
-    res = core.filtered
-    N = Z.shape[1]
-    zs = core.data.zs  # where the fit ran (the device for a GPU fit)
-    R = torch.as_tensor(
-        core.est["obs_var"] / core.s**2, dtype=zs.dtype, device=zs.device
-    )  # standardized observation variance
-    pm = res.pred_mean.reshape(Z.shape)
-    pv = res.pred_var.reshape(Z.shape)
-    e2 = (zs - pm) ** 2 / (pv + R)
-    e2 = torch.where(torch.isfinite(e2), e2, 0.0)
-    tot = e2.sum(0).cpu().numpy()
-    mx = e2.amax(0).cpu().numpy()
-    runs = gross_runs(Z, device=zs.device) & core.usable
-    gross = runs.any(0)
-    sus = np.flatnonzero(core.usable & (gross | ((mx > _OUTLIER_E2) & (mx > 0.5 * tot))))
-    if sus.size == 0:
-        return []
-    drop = (e2[:, torch.as_tensor(sus, device=e2.device)]).cpu().numpy() >= 0.1 * tot[sus]
-    drop = np.where(gross[sus], runs[:, sus], drop)
-    Zc = Z[:, sus].copy()
-    Zc[drop] = np.nan
-    clean = _fit_core(
-        Zc, ax.dt, {p: v[sus] for p, v in fixed_flat.items()}, free, {}, False, max_iter, tol,
-        backend, device,
-    )  # fmt: skip
-    notes = []
-    for c, i in enumerate(sus):
-        worst, factor = None, 1.0
-        for p in free:
-            if p not in _POSITIVE:
-                continue
-            if _on_bound(core, i, free.index(p)) and _on_bound(clean, c, free.index(p)):
-                continue  # 0 with and without them (6e-16 against 2e-10 is no change)
-            a, b = core.est[p][i], clean.est[p][c]
-            r = max(a, b) / max(min(a, b), 1e-300)
-            if r > factor:
-                worst, factor = p, r
-        if (worst is None or factor < 10) and not gross[i]:
-            continue
-        rows = np.flatnonzero(drop[:, c])
-        one = rows.size == 1
-        it = "it" if one else "them"
-        who = f"series {labels[i]!r}" if labels else (f"series {i}" if N > 1 else "the series")
-        # every value of the runs (a code repeats: a run of more than 20 is rare), else 3
-        limit = 20 if gross[i] else 3
-        shown = ", ".join(_row(ax, Z, r, i) for r in rows[:limit]) + (
-            f" and {rows.size - limit} more" if gross[i] and rows.size > limit else ""
-        )
-        effect = (
-            f"dominate{'s' if one else ''} the likelihood: without {it} {worst} is "
-            f"{clean.est[worst][c]:.4g} instead of {core.est[worst][i]:.4g} (a factor "
-            f"{factor:.3g})"
-            if worst is not None and factor >= 10
-            else None
-        )
-        text = f"in {who}, {shown}" + (f" {effect}" if effect else "")
-        if gross[i]:
-            they = ("; it" if one else "; they") if effect else ""
-            text += (
-                f"{they} lie{'s' if one else ''} more than {_RUN_STEPS:g} typical steps (the "
-                "median change between neighbouring values) from the values around "
-                f"{it}: a missing-value code or a data error? set those values to NaN (or fix the "
-                f"data) to fit without them, or fit with robust=True (--robust) to screen {it} out"
-            )
-        else:
-            text += (
-                "; check for a data error, or set those values to NaN to fit without them, or fit "
-                "with robust=True (--robust) to screen outliers"
-            )
-        series = labels[i] if labels else (i if N > 1 else None)
-        warnings.warn(
-            OutlierWarning(text, series=series, rows=rows, gross=gross[i], effect=effect),
-            stacklevel=4,
-        )
-        notes.append(text)
-    return notes

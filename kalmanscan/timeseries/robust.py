@@ -205,8 +205,8 @@ class _Smoothed(NamedTuple):
 
 
 def _smoothed(fit, z, screened) -> _Smoothed:
-    from kalmanscan.timeseries.fit import _nan_moments
     from kalmanscan.timeseries.model import OUModel
+    from kalmanscan.timeseries.moments import _nan_moments
 
     T, N = z.shape
     # in the data's units (m, s) per series: the filter in natural units underflows for data
