@@ -44,6 +44,7 @@
 #define KS_NOT_FINITE 1  /* a value that must be finite is not: data no float can hold */
 #define KS_Z_INF 2       /* z holds +-inf (invalid input; the caller raises) */
 #define KS_BAD_INPUT 4    /* an input is out of its range (filter._validate's ranges) */
+#define KS_LL_LOST 8      /* a predicted precision below the normal range: its lane's loglik NaN */
 #define KS_ROW_INEXACT 16 /* internal: redo a step with divisions */
 #define KS_NO_MEMORY 32   /* a thread could not allocate its tile buffers */
 #define KS_TINY_DECAY 64  /* internal: a step's decays hold one whose square is below the range */

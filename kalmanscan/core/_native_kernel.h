@@ -77,7 +77,9 @@ static KS_INLINE int KS_F(_recips)(KS_FT u, KS_FT v, KS_FT *iu, KS_FT *iv) {
  * predicted triple's scale or any result leaves a safe range, and with `careful` (the step's row
  * holds a decay whose square is below the normal range: _check_row's KS_TINY_DECAY) where a*a
  * and the predicted V are both below it (p u too: the case above); rows of ordinary decays skip
- * that test. Returns also KS_NOT_FINITE (the new state is not finite) and KS_Z_INF (z is +-inf).
+ * that test. Returns also KS_NOT_FINITE (the new state is not finite), KS_Z_INF (z is +-inf) and,
+ * from the exact form, KS_LL_LOST (the predicted precision below the normal range after an
+ * informative state, or subnormal: the step's log-likelihood term NaN, steps.lost_steps).
  */
 static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS_FT R, KS_FT a,
                                  KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv,
@@ -101,9 +103,14 @@ static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS
             V = p * U + (a * (v0 * im)) * a;
         }
         KS_F(_norm)(&U, &E, &V);
+        /* a predicted precision below the normal range, not a diffuse state carried on: its
+         * log-likelihood term is not representable (NaN below; steps.lost_steps) */
+        fl = ((U < (FT)KS_FT_MIN) & (u0 + U > (FT)0)) * KS_LL_LOST;
     } else {
         const FT m1 = U >= V ? U : V;
         fl = (((m1 >= (FT)KS_SAFE_MIN) & (m1 <= (FT)KS_SAFE_MAX)) ^ 1) * KS_ROW_INEXACT;
+        /* (a subnormal u in: the exact form decides) */
+        fl |= ((U < (FT)KS_FT_MIN) & (U > (FT)0)) * KS_ROW_INEXACT;
         if (careful) /* (a row of a step whose decays hold one with a*a below the range) */
             fl |= ((a2 < (FT)KS_FT_MIN) & (V < (FT)KS_FT_MIN)) * KS_ROW_INEXACT;
     }
@@ -153,6 +160,7 @@ static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS
         fl |= (((ratio <= DBL_MAX) & (mn >= DBL_MIN) & finite) ^ 1) * KS_ROW_INEXACT;
     }
     *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
+    if (exact && (fl & KS_LL_LOST)) *ll = NAN;
     /* flags by integer arithmetic (a select of ints on a float compare does not vectorize) */
     return fl | ((finite ^ 1) * KS_NOT_FINITE) | (((z == z) & (z - z != (FT)0)) * KS_Z_INF);
 }
@@ -491,7 +499,8 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
         ((FT *)job->final[1])[n] = e;
         ((FT *)job->final[2])[n] = v;
         ((FT *)job->loglik)[n] = (FT)ll;
-        flags |= ll - ll == 0.0 ? 0 : KS_NOT_FINITE;
+        /* (NaN where a step flagged KS_LL_LOST: by design, not an overflow) */
+        flags |= ll - ll == 0.0 || (ll != ll && (flags & KS_LL_LOST)) ? 0 : KS_NOT_FINITE;
         if (job->smooth[0] != NULL) {
             FT U = 0, E = 0, V = 1;
             FT *const *out = (FT *const *)job->out;
@@ -584,7 +593,8 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
         ((FT *)job->final[1])[n] = e;
         ((FT *)job->final[2])[n] = v;
         ((FT *)job->loglik)[n] = (FT)fin->l[j];
-        seen |= fin->l[j] - fin->l[j] == 0.0 ? 0 : KS_NOT_FINITE;
+        const double lj = fin->l[j];
+        seen |= lj - lj == 0.0 || (lj != lj && (seen & KS_LL_LOST)) ? 0 : KS_NOT_FINITE;
     }
     FT *us = st[0].u, *es = st[0].e, *vs = st[0].v;
     if (job->smooth[0] != NULL) { /* backward information filter, from B_{T-1} = (0, 0, 1) */
@@ -606,7 +616,7 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
                 es, vs, (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
         }
     }
-    return seen & (KS_NOT_FINITE | KS_Z_INF | KS_BAD_INPUT);
+    return seen & (KS_NOT_FINITE | KS_Z_INF | KS_BAD_INPUT | KS_LL_LOST);
 }
 
 #undef KS_F

@@ -734,6 +734,9 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
 # flag bit of a backend that checks its inputs (docs/backend-contract.md): an input out of its
 # range, or a tiny loading's information (for _validate to decide)
 _BAD_INPUT = 4
+# flag bit of every backend: a lane's log-likelihood is NaN by design, a predicted precision
+# below the dtype's normal range (steps.lost_steps; docs/reliability.md, limit 5)
+_LL_LOST = 8
 
 
 def _check(prep: _Prepared, out: dict) -> bool:
@@ -741,6 +744,9 @@ def _check(prep: _Prepared, out: dict) -> bool:
     ``OverflowError``. Returns True where the call is to be run again with tiny loadings'
     observations rescaled (a backend that checks its inputs flagged them)."""
     flags = _read_flags(out)  # the one host synchronization of a call
+    if flags & _LL_LOST:
+        _warn_lost(prep, out)
+        flags &= ~_LL_LOST
     if not flags:
         return False
     rescale = _validate(prep, check_z=True)  # raises naming the bad input, if one is
@@ -762,6 +768,33 @@ def _check(prep: _Prepared, out: dict) -> bool:
             f"maximum); {remedy}"
         )
     return False  # bit 4 from tiny information, computed exactly
+
+
+def _warn_lost(prep: _Prepared, out: dict) -> None:
+    """A ``RuntimeWarning`` naming the lanes whose log-likelihood is NaN because a predicted
+    variance passed the dtype's range (the backend flagged :data:`_LL_LOST`)."""
+    import warnings
+
+    mark = out.get("mark_lost")  # (a backend whose gradients learn of it here)
+    if mark is not None:
+        mark()
+    bad = torch.isnan(out["loglik"].detach()).reshape(prep.lane_shape)
+    where = [tuple(i) for i in bad.nonzero().tolist()]
+    lanes = (
+        ""
+        if not prep.lane_shape
+        else f" at lane index {', '.join(map(str, where[:4]))}{', ...' if len(where) > 4 else ''}"
+    )
+    dtype = prep.z.dtype
+    warnings.warn(
+        f"kalmanscan: the log-likelihood is NaN{lanes}: a predicted variance passed "
+        f"{str(dtype).replace('torch.', '')}'s range (above 1/{torch.finfo(dtype).tiny:.3g}, "
+        "from decay**2 * variance), where its log-likelihood term is not representable; the "
+        "filtered and smoothed moments are unaffected. Rescale the state or time"
+        f"{'' if dtype == torch.float64 else ', or use float64'} (docs/reliability.md, limit 5)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _read_flags(out: dict) -> int:

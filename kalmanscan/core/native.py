@@ -42,6 +42,7 @@ except ImportError:  # built without a C compiler: the torch backend serves the 
 NOT_FINITE = 1  # a value that must be finite is not: data no float can hold
 Z_INF = 2  # z holds +-inf: invalid input (the API raises naming it)
 BAD_INPUT = 4  # another input is out of its range (the API finds and names it)
+LL_LOST = 8  # a lane's log-likelihood is NaN by design: a predicted precision below the range
 
 # What the API may leave to this backend (docs/backend-contract.md, module attributes): it reads
 # every input through its strides (the initial triple included) and treats obs_var = inf as not
@@ -390,6 +391,8 @@ class _NativeFunction(torch.autograd.Function):
         x0 = tuple(x.expand(N) for x in inputs[6:])
         out = _run(params[0], params[1:], x0, outputs=kind or "all", smooth=kind is None)
         res = tuple(out[k] for k in kind_keys(kind)) + tuple(out["final"])
+        # lanes whose log-likelihood is NaN by design (LL_LOST): their gradients are NaN
+        ctx.lost = torch.isnan(out["loglik"]) if out["flags"] & LL_LOST else None
         flags = torch.tensor(out["flags"])
         ctx.mark_non_differentiable(flags)
         return res + (flags,)
@@ -417,6 +420,9 @@ class _NativeFunction(torch.autograd.Function):
         params = tuple(x.expand(T, N) for x in inputs[:6])
         x0 = tuple(x.expand(N) for x in inputs[6:])
         w = grads[0].to(inputs[0].dtype).contiguous()
+        lost = ctx.lost
+        if lost is not None:  # (the adjoint runs on the other lanes; these become NaN below)
+            w = torch.where(lost, 0.0, w.expand(N)).contiguous()
         g = loglik_grad(params[0], *params[1:], x0, w, wrt=wrt)
         if g["flags"] & NOT_FINITE:
             raise OverflowError(
@@ -425,7 +431,10 @@ class _NativeFunction(torch.autograd.Function):
             )
         res = []
         for name, x, n in zip(names, inputs, need, strict=True):
-            res.append(g[name].sum_to_size(x.shape) if n else None)
+            gx = g[name] if n else None
+            if gx is not None and lost is not None:
+                gx = gx.masked_fill(lost, float("nan")) if gx.shape[-1] == N else gx + float("nan")
+            res.append(gx.sum_to_size(x.shape) if n else None)
         return (None, None, None) + tuple(res)
 
 

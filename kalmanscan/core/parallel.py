@@ -301,18 +301,18 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     N = z.shape[1]
     prev = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, filt, strict=True))
     pred = predict(*prev, a, p, c, q, d)
-    return filt, pred, _lane_scale(p)
+    return filt, pred, prev[0].detach(), _lane_scale(p)
 
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
     sequential._check_outputs(outputs)
-    filt, pred, _ = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    return results(z, obs_var, loading, filt, pred, outputs)
+    filt, pred, u_in, _ = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    return results(z, obs_var, loading, filt, pred, u_in, outputs)
 
 
 def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
-    filt, pred, k = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    out = results(z, obs_var, loading, filt, pred)
+    filt, pred, u_in, k = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    out = results(z, obs_var, loading, filt, pred, u_in)
     T, N = z.shape
     if T == 1:
         out["smooth_mean"], out["smooth_var"] = out["mean"], out["var"]

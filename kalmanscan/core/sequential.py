@@ -19,6 +19,7 @@ from kalmanscan.core.steps import (
     combine_two_filter,
     compact,
     loglik_terms,
+    lost_steps,
     moments,
     normalize,
     predict,
@@ -31,6 +32,7 @@ from kalmanscan.core.steps import (
 OUTPUTS = ("all", "loglik")
 NOT_FINITE = 1  # a value that must be finite is not: data no float can hold
 Z_INF = 2  # z holds +-inf
+LL_LOST = 8  # a lane's log-likelihood is NaN: a predicted precision below the range (lost_steps)
 
 
 def observation_information(z, obs_var, loading):
@@ -68,12 +70,14 @@ def _check_outputs(outputs):
 
 
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
-    """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors."""
+    """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors, and the
+    normalized filtered ``u`` entering each step (``[T, N]``)."""
     T = z.shape[0]
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p, a)
     u, e, v = start(*x0)
+    u0 = u
     pred, filt = [], []
     steps = zip(*(_steps(x, T) for x in (a, p, c, q, d, R, h, hz)), strict=True)
     for at, pt, ct, qt, dt, Rt, ht, hzt in steps:
@@ -82,17 +86,23 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
         pred.append((up, ep, vp))
         filt.append((u, e, v))
     stack = lambda xs: tuple(torch.stack(k) for k in zip(*xs, strict=True))  # noqa: E731
-    return stack(filt), stack(pred)
+    u_in = torch.stack([u0.expand_as(pred[0][0])] + [f[0] for f in filt[:-1]]) if T else z
+    return stack(filt), stack(pred), u_in.detach()
 
 
-def results(z, obs_var, loading, filt, pred, outputs="all"):
-    """The contract's output dict from filtered and predicted triples (both torch paths)."""
+def results(z, obs_var, loading, filt, pred, u_in, outputs="all"):
+    """The contract's output dict from filtered and predicted triples (both torch paths);
+    ``u_in``: the normalized filtered ``u`` entering each step (the start's, then ``filt``'s)."""
     # (contiguous: the sum's order, and so its last bit, does not depend on z's memory layout)
     ll = loglik_terms(z, compact(obs_var), compact(loading), *pred).contiguous()
-    loglik = ll.sum(0, dtype=torch.float64).to(z.dtype)
+    lost = lost_steps(pred[0], u_in).any(0)
+    # NaN by design where a step is lost: a product, not a select, so the lane's gradients are
+    # NaN too (not an overflow: left out of NOT_FINITE)
+    loglik = ll.sum(0, dtype=torch.float64).to(z.dtype) * torch.where(lost, float("nan"), 1.0)
     final = tuple(x[-1] for x in filt)
-    ok = torch.isfinite(torch.stack(final)).all() & torch.isfinite(loglik).all()
-    flags = torch.where(torch.isinf(z).any(), Z_INF, 0) + torch.where(ok, 0, NOT_FINITE)
+    ok = torch.isfinite(torch.stack(final)).all() & (torch.isfinite(loglik) | lost).all()
+    flags = (torch.where(torch.isinf(z).any(), Z_INF, 0) + torch.where(ok, 0, NOT_FINITE)
+             + torch.where(lost.any(), LL_LOST, 0))  # fmt: skip
     out = {"loglik": loglik, "final": final, "flags": flags}
     if outputs == "loglik":
         return out
@@ -112,8 +122,8 @@ def results(z, obs_var, loading, filt, pred, outputs="all"):
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
     _check_outputs(outputs)
-    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    return results(z, obs_var, loading, filt, pred, outputs)
+    filt, pred, u_in = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    return results(z, obs_var, loading, filt, pred, u_in, outputs)
 
 
 def backward_leaves(z, obs_var, decay, process_var, loading, offset):
@@ -182,8 +192,8 @@ def backward_information(z, obs_var, decay, process_var, loading, offset):
 
 
 def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
-    filt, pred = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    out = results(z, obs_var, loading, filt, pred)
+    filt, pred, u_in = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    out = results(z, obs_var, loading, filt, pred, u_in)
     back = backward_information(z, obs_var, decay, process_var, loading, offset)
     out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
     return out

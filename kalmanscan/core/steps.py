@@ -326,6 +326,15 @@ def moments(u, e, v):
 _LOG_2PI = 1.8378770664093453
 
 
+def lost_steps(u_, u_in):
+    """Where a step's predicted precision is below the dtype's normal range though it is not a
+    diffuse state carried on: ``u- < tiny`` with ``u- > 0`` (subnormal: its log-likelihood term
+    would keep a few digits) or with the state entering the step informative (``u > 0``: the
+    predicted variance passed the range, and the term would be left out). ``u-`` and ``u`` are
+    normalized triples' first coordinates (docs/backend-contract.md, "Log-likelihood")."""
+    return (u_ < torch.finfo(u_.dtype).tiny) & (u_ + u_in > 0)
+
+
 def loglik_terms(z, obs_var, h, u_, e_, v_):
     """Per-step log-likelihood from the normalized predicted triple (exact diffuse convention).
 

@@ -468,8 +468,13 @@ class _Loglik(torch.autograd.Function):
     def forward(ctx, fwd, box, z, R, a, p, h, c, u0, e0, v0):
         sig, _, ll, fin, flags, ck, amap = fwd
         ins = (z, R, a, p, h, c)
-        ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap)
+        ctx.save_for_backward(*ins, u0, e0, v0, ck, z if amap is None else amap, ll)
         ctx.sig = sig
+        # the API calls mark_lost where the flags hold LL_LOST (read after this function, with
+        # no synchronization of its own): the lanes whose log-likelihood is NaN by design get
+        # NaN gradients
+        state = ctx.lost = {"lost": False}
+        box["mark_lost"] = lambda: state.update(lost=True)
         ctx.adj = adj = _adjoint_buffers(sig, ins, ctx.needs_input_grad[2:8])
         ctx.eager = None
         if EAGER_ADJOINT and adj is not None and 1 not in adj.modes:
@@ -486,6 +491,8 @@ class _Loglik(torch.autograd.Function):
     def backward(ctx, gll, gu, ge, gv, _gflags):
         saved = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
+        if ctx.lost["lost"] and gll is not None:
+            gll = torch.where(torch.isnan(saved[11]), float("nan"), gll)
         if torch.is_grad_enabled():  # a graph of the gradient (Hessians): the torch backend's
             pairs = [(k, i, g) for (k, i), g in zip(_LL_KEYS, (gll, gu, ge, gv), strict=True)]
             sig = ctx.sig

@@ -392,6 +392,7 @@ def filter_kernel(
             cvu, cve, cvv = zero, zero, one
             bu, be, bv = zero, zero, zero
         nonfin = lanes < 0
+        lost = lanes < 0  # a predicted precision below the normal range (core.steps.lost_steps)
         zinf = lanes < 0
         bad = input_checks(R0, a0, p0, h0, c0, not VR, not VA, not VP, not VH, not VC, lanes < 0)
         # the initial state (chunk 0): u, v >= 0 not both 0, all finite, e = 0 where u = 0
@@ -500,6 +501,7 @@ def filter_kernel(
             else:
                 big1 = U >= V
                 r1, um, em, vm = normalized_pred(U, V, e, v, a, p, c, al)
+            lost = lost | ((um < tiny_of(um)) & (u + um > 0.0))
             llt = loglik_term(obs, zz, R, h, um, em, vm)
             ll += llt.to(tl.float64)
             U = um + phi * vm
@@ -524,7 +526,7 @@ def filter_kernel(
                     be += dl
                     cvu, cve, cvv, dl = tangent_step(cvu, cve, cvv, *sv)
                     bv += dl
-            nonfin = nonfin | not_finite(e + llt) | not_finite(u + v)
+            nonfin = nonfin | not_finite(e) | not_finite(u + v)  # (the log-likelihood: below)
     if MAPS:
         # p phi, r p past the range (obs_var tiny against process_var), or a trace whose
         # reciprocal is not a normal number (flushed to 0 in float32): such a map holds an entry
@@ -570,6 +572,9 @@ def filter_kernel(
             tl.store(base + 9 * step, bu, mask=lmask)
             tl.store(base + 10 * step, be, mask=lmask)
             tl.store(base + 11 * step, bv, mask=lmask)
+        # a term not finite shows in the float64 sum; a lane with a lost step is NaN by design
+        nonfin = nonfin | (not_finite(ll) & ~lost)
+        ll = tl.where(lost, float("nan"), ll)
         if PARTIAL:
             tl.store(ll_ptr + k * N + lanes, ll, mask=lmask)
         else:
@@ -578,7 +583,7 @@ def filter_kernel(
         tl.store(fin_ptr + lanes, u, mask=last)
         tl.store(fin_ptr + N + lanes, e, mask=last)
         tl.store(fin_ptr + 2 * N + lanes, v, mask=last)
-        f = flag_bits(nonfin, zinf, bad)
+        f = flag_bits(nonfin, zinf, bad) | (lost.to(tl.int32) * 8)
         tl.atomic_or(flags_ptr + lanes * 0, f, mask=lmask & (f != 0))
 
 
