@@ -8,6 +8,7 @@ Every message names the argument, what was expected and what was received.
 from __future__ import annotations
 
 import decimal
+import functools
 import math
 import numbers
 import sys
@@ -36,6 +37,9 @@ class Converter:
     converted from numpy/Python and results come back as numpy arrays.
     ``dtype_from`` names the input whose floating dtype sets the working dtype (integer numpy data
     becomes float64, half precision computes in float32); without it float64 wins over float32.
+    A float64 value the working dtype would change in meaning (:func:`rounded_away`) is refused
+    naming the input: numpy and Python values here, tensors by :meth:`check_rounding` once a range
+    check fails (:meth:`tensor` makes them NaN, on the device, with no readback).
     """
 
     def __init__(self, values: dict, dtype_from: str | None = None):
@@ -69,6 +73,48 @@ class Converter:
             if first.is_meta:  # (all on one device)
                 raise ValueError(_meta_message(first_name))
         self.dtype = self._working_dtype(dtype_from)
+        self.dtype_from = dtype_from
+        if self.dtype != torch.float64:  # host values checked here, tensors by check_rounding
+            for name, value in values.items():
+                if name != dtype_from and not isinstance(value, torch.Tensor):
+                    self._refuse_rounding(name, self.arrays.get(name, value))
+
+    def _refuse_rounding(self, name, x) -> None:
+        """Raise the :func:`_rounding_message` error where ``x`` (numpy or a Python number, as
+        given) has a value the working dtype turns into another meaning."""
+        if x is None or isinstance(x, np.ndarray) and x.dtype != np.float64:
+            return  # (integers and narrower floats: none rounds to 0 or reaches inf)
+        mask = rounded_away(name, x, self.dtype)
+        if isinstance(x, np.ndarray):
+            if mask.any():
+                idx = tuple(int(k) for k in np.argwhere(mask)[0])
+                raise ValueError(self._rounding_message(name, float(x[idx]), idx))
+        elif mask:
+            raise ValueError(self._rounding_message(name, float(x), ()))
+
+    def check_rounding(self) -> None:
+        """Raise the :func:`_rounding_message` error for a tensor input with a value the working
+        dtype turns into another meaning (:meth:`tensor` gives NaN there, which the range checks
+        flag; this reads the values back, so it runs only once a check has failed)."""
+        for name, v in self.values.items():
+            if isinstance(v, torch.Tensor) and v.dtype == torch.float64 != self.dtype:
+                bad = first_bad(rounded_away(name, v.detach(), self.dtype))
+                if bad is not None:
+                    raise ValueError(self._rounding_message(name, v[bad].item(), bad))
+
+    def _rounding_message(self, name, value: float, idx: tuple) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        src = self.dtype_from
+        whose = f"{src}'s dtype, the computation's" if src else "the computation's dtype"
+        to = 0.0 if abs(value) < 1 else math.copysign(math.inf, value)
+        meaning = _ROUNDED_MEANING.get((name, to == 0), f"{name} must be finite")
+        at = f" at index {idx}" if idx else ""
+        remedy = f"pass {src} as float64" if src else "pass float64 inputs"
+        return (
+            f"{name}: expected values {dt} holds ({whose}), got {value!r}{at}, which {dt} "
+            f"rounds to {to} ({meaning}); {remedy}, or rescale the data and model so that "
+            f"{dt} holds the value"
+        )
 
     def _dtype_of(self, name):
         v = self.values[name]
@@ -106,7 +152,12 @@ class Converter:
         if isinstance(v, torch.Tensor):
             # a lazily negated or conjugated view must be materialized: kernels read raw memory
             v = v.resolve_neg().resolve_conj()
-            return v if v.dtype == self.dtype else v.to(self.dtype)
+            if v.dtype == self.dtype:
+                return v
+            t = v.to(self.dtype)
+            if v.dtype == torch.float64:  # NaN where the value changes meaning: no readback
+                t = torch.where(rounded_away(name, v.detach(), self.dtype), math.nan, t)
+            return t
         if _plain_number(v):
             return torch.tensor(float(v), dtype=self.dtype, device=self.device)
         a = self.arrays[name]
@@ -130,6 +181,50 @@ def _plain_number(value) -> bool:
     a float64 holds: converted without numpy."""
     t = type(value)
     return t is float or (t is int and -(2**63) <= value < 2**63)
+
+
+# What a parameter's value means once the working dtype rounds it to 0 (key True) or to inf
+# (False), where that differs from the value given. Rounding to 0 changes the model only where
+# 0 is a value of its own: elsewhere (offset, prior_mean, process_var, prior_var, init.eta)
+# 0 is the limit of the tiny values, whose results agree to the last digit, so it is ordinary
+# rounding. Every finite value that becomes inf is refused.
+_ROUNDED_MEANING = {
+    ("decay", True): "decay 0 forgets the state",
+    ("loading", True): "loading 0: the step is not observed",
+    ("obs_var", True): "obs_var must be > 0",
+    ("init.lam", True): "init.lam 0: no information",
+    ("obs_var", False): "obs_var inf: the step is not observed",
+    ("prior_var", False): "prior_var inf: a diffuse prior",
+}
+_ZERO_MATTERS = frozenset(name for name, zero in _ROUNDED_MEANING if zero)
+
+
+@functools.cache
+def _rounding_limits(dtype: torch.dtype) -> tuple:
+    """``(to_zero, to_inf)``: a float64 of magnitude at most ``to_zero`` becomes 0 in ``dtype``
+    (half the smallest subnormal: ties go to the even 0) and one of at least ``to_inf`` becomes
+    inf (the midpoint between the maximum and the next power of two)."""
+    fi = torch.finfo(dtype)
+    return fi.smallest_normal * fi.eps / 2, math.ldexp(1 - fi.eps / 4, math.frexp(fi.max)[1])
+
+
+def rounded_away(name, x, dtype: torch.dtype):
+    """Where the float64 values ``x`` (a Python number, numpy array or tensor: the same type
+    comes back, as booleans) change meaning in ``dtype``: a finite value that becomes inf, or,
+    for a parameter whose 0 means something of its own (decay, loading, obs_var, init.lam), a
+    nonzero value that becomes 0. Digits lost to ordinary rounding do not count.
+
+    >>> rounded_away("decay", np.array([1e-50, 1e-30, 1e40, np.inf]), torch.float32).tolist()
+    [True, False, True, False]
+    >>> rounded_away("offset", 1e-50, torch.float32)
+    False
+    """
+    to_zero, to_inf = _rounding_limits(dtype)
+    ax = abs(x)
+    bad = (ax >= to_inf) & (ax < math.inf)
+    if name in _ZERO_MATTERS:
+        bad = bad | (ax > 0) & (ax <= to_zero)
+    return bad
 
 
 def _meta_message(name) -> str:

@@ -626,6 +626,7 @@ def _validate(prep: _Prepared, check_z: bool) -> bool:
     some observation's loading is to be rescaled (:func:`_observation_scale`)."""
     if not check_z and _values_ok(prep):
         return False
+    prep.conv.check_rounding()  # (a tensor value its cast made NaN: say what it was)
     if check_z:
         _args.check_range("z", prep.z_in, allow_nan=True, what=_EXPECT["z"])
     specs = {

@@ -297,6 +297,14 @@ def _scaled(x, f):
     return x * f
 
 
+def _in_dtype(x, dtype: np.dtype):
+    """``x`` (numpy array, tensor or number) rounded to the numpy ``dtype``, keeping its type."""
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.from_numpy(np.zeros(0, dtype)).dtype)
+    with np.errstate(under="ignore"):
+        return np.asarray(x).astype(dtype)
+
+
 def _rescale_filter(res, c, observed):
     """A :class:`kalmanscan.FilterResult` computed on ``z / c`` mapped to ``z``'s units. The
     log-likelihood loses ``log c`` for every observed step with a known prediction (the steps
@@ -310,22 +318,23 @@ def _rescale_filter(res, c, observed):
     else:
         ll = np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
     # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
-    # precision beyond float64 in z's units is inf, as kalmanscan.filter gives it
+    # value beyond float64 in z's units (a variance over a gap of 1e308) is inf, as
+    # kalmanscan.filter gives it
     with np.errstate(over="ignore"):
-        precision = _scaled(_scaled(res.precision, 1.0 / c), 1.0 / c)
-        pred_precision = _scaled(_scaled(res.pred_precision, 1.0 / c), 1.0 / c)
-        lam = _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c)
-    return type(res)(
-        mean=_scaled(res.mean, c),
-        var=_scaled(_scaled(res.var, c), c),
-        precision=precision,
-        info=_scaled(res.info, 1.0 / c),
-        pred_mean=_scaled(res.pred_mean, c),
-        pred_var=_scaled(_scaled(res.pred_var, c), c),
-        pred_precision=pred_precision,
-        loglik=ll,
-        final=InfoState(lam, _scaled(res.final.eta, 1.0 / c)),
-    )
+        return type(res)(
+            mean=_scaled(res.mean, c),
+            var=_scaled(_scaled(res.var, c), c),
+            precision=_scaled(_scaled(res.precision, 1.0 / c), 1.0 / c),
+            info=_scaled(res.info, 1.0 / c),
+            pred_mean=_scaled(res.pred_mean, c),
+            pred_var=_scaled(_scaled(res.pred_var, c), c),
+            pred_precision=_scaled(_scaled(res.pred_precision, 1.0 / c), 1.0 / c),
+            loglik=ll,
+            final=InfoState(
+                _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c),
+                _scaled(res.final.eta, 1.0 / c),
+            ),
+        )
 
 
 class Forecast(NamedTuple):
@@ -548,15 +557,18 @@ class OUModel:
         fn = filter_api.smooth if smooth else filter_api.filter
         c = self.unit(z, time_axis)
         zs = (z / c).astype(z.dtype, copy=False)
-        res = fn(zs, **self.filter_args(time_axis, z.ndim - 1, unit=c), axis=0, backend=backend)
+        args = self.filter_args(time_axis, z.ndim - 1, unit=c)
+        if z.dtype != np.float64:
+            # exp(-theta dt) below the data's range is the state forgotten, as where it
+            # underflows float64 (theta dt > 745): rounded here, the filter refuses no decay
+            args["decay"] = _in_dtype(args["decay"], z.dtype)
+        res = fn(zs, **args, axis=0, backend=backend)
         observed = ~np.isnan(z)
         if not smooth:
             return _rescale_filter(res, c, observed)
-        return type(res)(
-            _scaled(res.mean, c),
-            _scaled(_scaled(res.var, c), c),
-            _rescale_filter(res.filtered, c, observed),
-        )
+        with np.errstate(over="ignore"):  # (beyond float64 in z's units: inf, as in the filter)
+            mean, var = _scaled(res.mean, c), _scaled(_scaled(res.var, c), c)
+        return type(res)(mean, var, _rescale_filter(res.filtered, c, observed))
 
     def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
         """RTS smoother over the whole record: a :class:`kalmanscan.SmoothResult`.
