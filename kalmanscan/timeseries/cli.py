@@ -386,7 +386,12 @@ def filter_main(argv=None) -> int:
         metavar="DIR",
         help="output directory (default: kalmanscan-results)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar, no line on what was read and no notes on stderr (the notes stay in "
+        "summary.txt); warnings and errors still print",
+    )
     args, code = _parse(p, sys.argv[1:] if argv is None else argv)
     if args is None:
         return code
@@ -598,6 +603,7 @@ def _describe_duration(seconds: float) -> str:
 
 def _filter(args) -> int:
     from kalmanscan.timeseries import OUModel
+    from kalmanscan.timeseries.fit import _decimals
     from kalmanscan.timeseries.robust import gross_runs
     from kalmanscan.timeseries.times import as_time_axis
 
@@ -646,8 +652,9 @@ def _filter(args) -> int:
         )
     except ValueError as err:
         raise InputError(str(err)) from err
-    if args.time_unit is not None and not ax.is_datetime:
-        log("note: --time-unit applies to dates only; numeric times are used as they are")
+    if args.time_unit is not None and not ax.is_datetime:  # (kept in summary.txt too)
+        notes.append("note: --time-unit applies to dates only; numeric times are used as they are")
+        log(notes[-1])
     log(
         f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} "
         "missing values" + ("" if was_sorted else "; rows sorted by time")
@@ -734,7 +741,7 @@ def _filter(args) -> int:
                 gross and "warning: " + gross,
                 fit_text,
                 "log-likelihood per series: "
-                + ", ".join(f"{n}={v:.4f}" for n, v in zip(names, ll, strict=False)),
+                + ", ".join(f"{n}={_decimals(v)}" for n, v in zip(names, ll, strict=False)),
                 f"computed in {elapsed:.2f} s",
                 _forecast_table(ds, ["series"]),
             ],

@@ -24,6 +24,11 @@ class InputError(Exception):
 _SEPARATORS = (",", ";", "\t", "|")
 _SEP_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "vertical bars"}
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
+# spaces as thousands separators, as French and SI exports write them (1 680,0): a space, or a
+# no-break, thin or narrow no-break space; refused as commas and points are (docs/cli.md)
+_SPACES = {" ": "a space", "\u00a0": "U+00A0, a no-break space", "\u2009": "U+2009, a thin space",
+           "\u202f": "U+202F, a narrow no-break space"}  # fmt: skip
+_SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}([ \u00a0\u2009\u202f]\d{3})+([.,]\d*)?$")
 
 
 _SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
@@ -167,8 +172,10 @@ def _splits(line: str, sep: str) -> int:
 
 def _decimal_commas(df, skip: tuple, path: str = "", row=None) -> list[str]:
     """Columns of ``df`` (text) written with a decimal comma (``12,5``): some cell is no number
-    as written but is one with its comma read as a point, and no cell holds a point. Rewritten
-    in place with points; their names returned. Only for files not separated by commas.
+    as written but is one with its comma read as a point, and no cell holds a point. The cells
+    that are then numbers are rewritten in place with points (any other cell stays as written,
+    for a message to quote it as the file holds it); the columns' names returned. Only for files
+    not separated by commas.
 
     A column whose every comma is followed by three digits (``2,120``) reads as thousands
     (2120) as well as decimals (2.12): refused, naming both readings."""
@@ -200,7 +207,7 @@ def _decimal_commas(df, skip: tuple, path: str = "", row=None) -> list[str]:
         before = pd.to_numeric(text.where(given), errors="coerce").notna()
         after = pd.to_numeric(swapped.where(given), errors="coerce").notna()
         if after.sum() > before.sum():  # (a cell that is no number either way is named later)
-            df[c] = swapped
+            df[c] = df[c].mask(after, swapped)
             found.append(c)
     return found
 
@@ -523,7 +530,9 @@ def read_csv_series(
         names = list(value_cols)
         if time_col in names:
             raise InputError(f"--value-col {time_col!r}: that is the time column")
-        z = np.column_stack([_parse_values(df[c], path, c, row, markers[1], counts) for c in names])
+        z = np.column_stack(
+            [_parse_values(df[c], path, c, row, markers[1], counts, sep=sep) for c in names]
+        )
     else:
         if time_col is None:
             _times_as_columns(cols, path)
@@ -535,7 +544,7 @@ def read_csv_series(
             parsed = pd.to_numeric(cell, errors="coerce")  # (spaces around a number are read)
             if c != "Unnamed: 0" and parsed.notna().any():  # numbers: a value column
                 names.append(c)
-                columns.append(_parse_values(cell, path, c, row, markers[1], counts, parsed))
+                columns.append(_parse_values(cell, path, c, row, markers[1], counts, parsed, sep))
                 continue
             given = cell.notna() & (cell.astype(str).str.strip() != "")
             if not given.any() and re.fullmatch(r"Unnamed: \d+", c):
@@ -553,11 +562,15 @@ def read_csv_series(
                 index.append(c)
                 continue
             numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
-            if (given.any() or any(c in k for k in counts.values())) and not numeric.any():
+            if (
+                (given.any() or any(c in k for k in counts.values()))
+                and not numeric.any()
+                and not _grouped_numbers(cell[given])
+            ):
                 skipped.append(c)  # (a column of labels, or of --missing markers only)
                 continue
             names.append(c)
-            columns.append(_parse_values(cell, path, c, row, markers[1], counts))
+            columns.append(_parse_values(cell, path, c, row, markers[1], counts, sep=sep))
         if not names:
             first = skipped[0] if skipped else None
             detail = ""
@@ -570,7 +583,7 @@ def read_csv_series(
                     i = int(filled[0])
                     detail = (
                         f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
-                        f"({_not_a_number_hint(cells.iloc[i])})"
+                        f"({_not_a_number_hint(cells.iloc[i], sep)})"
                     )
             elif empty:
                 detail = f"; column(s) {empty} have no header and no values"
@@ -858,15 +871,39 @@ def _thousands_points(df, skip: tuple, path: str, row) -> None:
             )
 
 
-def _not_a_number_hint(cell: str) -> str:
-    """What to do about a value cell that is not a number: for a marker, the ``--missing`` option
-    with the exact text to pass (quoted for a shell where needed)."""
+def _grouped_numbers(cells) -> bool:
+    """Whether a column's filled cells, none a number as written, are all numbers with
+    thousands separators (``1,120``, ``1.120,5``, ``1 120``): a value column, refused naming
+    the fix, not labels to skip."""
+    text = cells.astype(str).str.strip()
+    grouped = "|".join(p.pattern for p in (_THOUSANDS, _POINT_THOUSANDS, _SPACE_THOUSANDS))
+    return len(text) > 0 and bool(text.str.match(grouped).all())
+
+
+def _not_a_number_hint(cell: str, sep: str = ",") -> str:
+    """What to do about a value cell (stripped, as the file holds it) that is not a number: for
+    thousands separators, the number to write; for a marker, the ``--missing`` option with the
+    exact text to pass (quoted for a shell where needed, and in the ``--missing=TEXT`` form for
+    a text that starts with ``-``, which would otherwise read as an option: ``--missing=-n/a``,
+    ``--missing=' --'``). ``sep``: the file's field separator (where it is a comma, a decimal
+    comma is to be written as a point)."""
     missing = "leave the cell empty or write NaN for a missing value"
-    option = f"pass --missing {shlex.quote(cell)} to read every such cell as missing"
+    # a text starting with - would read as an option: the = form; argparse drops a bare --,
+    # which is given after a space (markers are matched stripped)
+    quoted = shlex.quote(" --" if cell == "--" else cell)
+    given = f"--missing={quoted}" if cell.startswith("-") else f"--missing {quoted}"
+    option = f"pass {given} to read every such cell as missing"
     if _THOUSANDS.match(cell):
         return f"thousands separators are not read: write {cell.replace(',', '')}"
     if _POINT_THOUSANDS.match(cell):
         return f"thousands separators are not read: write {cell.replace('.', '')}"
+    if _SPACE_THOUSANDS.match(cell):
+        number = re.sub("[ \u00a0\u2009\u202f]", "", cell)
+        if sep == ",":  # (a decimal comma is read in files not separated by commas only)
+            number = number.replace(",", ".")
+        space = next(c for c in _SPACES if c in cell)
+        named = "" if space == " " else f"; the separator here is {_SPACES[space]}"
+        return f"thousands separators are not read: write {number}{named}"
     if cell.startswith("#"):  # #N/A, #DIV/0!, #VALUE!
         return f"a spreadsheet error value; {missing}, or {option}"
     if cell in (".", ":", "..", "-", "--", "n/a", "N/A", "null", "NULL", "None"):
@@ -882,12 +919,13 @@ def _not_a_number_hint(cell: str) -> str:
     return f"{missing}, or {option}"
 
 
-def _parse_values(col, path, name, row=None, numbers=None, counts=None, parsed=None):
+def _parse_values(col, path, name, row=None, numbers=None, counts=None, parsed=None, sep=","):
     """A value column's cells as float64, NaN where empty, NA or NaN; a cell equal in value to
     one of ``numbers`` (``{value: marker}``, ``--missing``'s numeric markers) is NaN too, counted
     in ``counts[marker][name]``. Refuses a cell that is no number, naming its row (and the other
     texts in the column that are none), and infinite values. ``parsed``: the column through
-    ``pd.to_numeric(col, errors="coerce")``, where the caller has it."""
+    ``pd.to_numeric(col, errors="coerce")``, where the caller has it; ``sep``: the file's field
+    separator (for :func:`_not_a_number_hint`)."""
     import pandas as pd
 
     row = row or (lambda i: i + 2)
@@ -919,7 +957,7 @@ def _parse_values(col, path, name, row=None, numbers=None, counts=None, parsed=N
             more = f" and {len(others) - 5} more texts" if len(others) > 5 else ""
             raise InputError(
                 f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
-                f"({_not_a_number_hint(first)})"
+                f"({_not_a_number_hint(first, sep)})"
                 + (f"; other cells of the column that are no number: {also}{more}" if also else "")
             )
         out[nan] = again.to_numpy(dtype=np.float64, na_value=np.nan)

@@ -287,17 +287,40 @@ class OUFit:
 
         for i in range(min(n_series, max_series)):
             cells = " ".join(f"{est[p][i]:>14.6g} {se_cell(p, i)}" for p in free)
-            lines.append(f"{name(labels[i]):>{w}} {cells} {ll[i]:>12.4f} {str(bool(conv[i])):>5}")
+            lines.append(
+                f"{name(labels[i]):>{w}} {cells} {_decimals(ll[i]):>12} {str(bool(conv[i])):>5}"
+            )
         if n_series > max_series:
             lines.append(f"... {n_series - max_series} more series")
         lines.append(
-            f"total loglik {self.total_loglik:.4f} over {int(np.sum(self.n_obs))} observations"
+            f"total loglik {_decimals(self.total_loglik)} over {int(np.sum(self.n_obs))} "
+            "observations"
             " (exact diffuse convention: steps with zero prior precision add nothing); "
             f"{self.n_iter} Newton iterations"
             + (", one parameter set for all series" if self.joint else "")
         )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _decimals(x, places: int = 4) -> str:
+    """``x`` with ``places`` decimals where every digit shown is one float64 holds and one is
+    significant (``1e-3 <= |x| < 1e11``, or 0), else in scientific notation with 10 significant
+    digits; a log-likelihood in the fit's summary and the CLI's.
+
+    >>> _decimals(-632.54562), _decimals(-4.2159336508682555e201), _decimals(2.5e-7)
+    ('-632.5456', '-4.215933651e+201', '2.500000000e-07')
+    """
+    x = float(x)
+    if not math.isfinite(x) or x == 0 or 1e-3 <= abs(x) < 1e11:
+        return f"{x:.{places}f}"
+    return f"{x:.9e}"
+
+
+def _plain(x) -> str:
+    """A number for a message as Python writes it (``-1.0``), never numpy's repr of a scalar
+    (``np.float64(-1.0)``)."""
+    return repr(x.item() if isinstance(x, np.generic) else x)
 
 
 def _check_fix(fix, shape):
@@ -326,7 +349,8 @@ def _check_fix(fix, shape):
         )
         if bad.any():
             rng = "> 0" if lo_open else ">= 0" if k != "mu" else "finite"
-            raise ValueError(f"fix[{k!r}]: expected values {rng}, got {arr[bad].ravel()[0]!r}")
+            got = _plain(arr[bad].ravel()[0])
+            raise ValueError(f"fix[{k!r}]: expected values {rng}, got {got}")
         out[k] = float(arr) if arr.ndim == 0 else arr
     if len(out) == len(PARAMS):
         raise ValueError("fix: every parameter is fixed, nothing to fit; use OUModel(...) directly")
@@ -634,7 +658,7 @@ def _check_options(max_iter, tol, joint, stderr):
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)):
         raise TypeError(f"tol: expected a positive number, got {tol!r}")
     if not (math.isfinite(float(tol)) and float(tol) > 0):
-        raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
+        raise ValueError(f"tol: expected a positive finite number, got {_plain(tol)}")
     for name, v in (("joint", joint), ("stderr", stderr)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{name}: expected True or False, got {v!r}")
@@ -738,7 +762,9 @@ def fit_ou(
             ok = np.isfinite(arr) & ((arr > 0) if k != "mu" else True)
             if not ok.all():
                 rng = "finite" if k == "mu" else "> 0"
-                raise ValueError(f"init[{k!r}]: expected values {rng}, got {arr[~ok].ravel()[0]!r}")
+                raise ValueError(
+                    f"init[{k!r}]: expected values {rng}, got {_plain(arr[~ok].ravel()[0])}"
+                )
     init_flat = {k: np.broadcast_to(v, shape).reshape(N) for k, v in (init or {}).items()}
     if n_obs.max() < 2:
         raise ValueError(
