@@ -491,7 +491,10 @@ def _tiny_lanes(prep: _Prepared, ins):
     ``2**_tiny_below`` (the update's only where its variance factor is below ``2**-32``: with a
     factor near 1 the product is ``obs_var`` itself, exact) takes a state unit ``c`` (``c**2``
     the larger of its smallest ``obs_var / h**2`` and its largest ``process_var``, to a power of
-    four, where that is below 1; raised where a proper prior's variance over ``c**2`` would
+    four, where that is below 1; lowered where a huge ``process_var`` would leave the product
+    of the lane's smallest filtered and backward variances below the range, as far as
+    ``process_var / c**2`` and its product with the data's scale stay within ``2**-below``;
+    raised where a proper prior's variance over ``c**2`` would
     pass the range, as far as the products stay representable: ``x = c x'``, so ``loading c``,
     ``process_var / c**2``, ``offset / c``, the prior's mean ``/ c`` and variance ``/ c**2``)
     and its observations a
@@ -525,7 +528,22 @@ def _tiny_lanes(prep: _Prepared, ins):
         pos = (pc > 0) & np.isfinite(pc)
         smin = np.broadcast_to(scale, (T, N)).min(0)
         pmax = np.broadcast_to(lp, (T, N)).max(0)
-        lc2 = np.minimum(np.maximum(smin, pmax), 0.0)
+        lc2 = np.maximum(smin, pmax)
+        # where a huge process_var sets that unit, the other variances fall to the bottom of
+        # the range, and the smoother's product of a filtered and a backward variance
+        # (about 2**(smin + qmin) in the user's units) underflowed: 3e14 with obs_var 1e-287
+        # gave the smoothed mean and variance 0 on every backend. There c**2 is lowered to
+        # put that product at 2**below, as far as the largest process_var over c**2, and that
+        # times the data's scale z/h over c (the scan's leaves hold h z p / max(R, h**2)),
+        # stay within 2**-below (as the prior's, below)
+        qmin = np.broadcast_to(np.where(ok, np.maximum(lp, scale), np.inf), (T, N)).min(0)
+        low = smin + qmin - 2 * lc2 < math.log2(torch.finfo(dtype).tiny) + 12
+        zc = z.detach().numpy()
+        lm = np.log2(np.where(np.isfinite(zc) & (hc != 0), np.abs(zc / np.where(hc != 0, hc, 1.0)),
+                              0.0).max(0))  # fmt: skip
+        top = np.maximum(pmax + below, (pmax + lm + below) / 1.5)
+        lc2 = np.where(low, np.maximum(np.minimum(lc2, (smin + qmin - below) / 2), top), lc2)
+        lc2 = np.minimum(lc2, 0.0)
         # a proper prior far wider than the lane's variances (a vague 1e10 on data of scale
         # 1e-100): its variance over c**2 passes the range, and its precision there underflows.
         # Take c**2 no smaller than 2**below of it, as far as the products keep 2**below.
@@ -534,7 +552,7 @@ def _tiny_lanes(prep: _Prepared, ins):
         lv0, lu0 = (np.log2(np.where(proper, x, 1.0)) for x in (v0, u0))
         lprior = np.where(proper, lv0 - lu0, -np.inf)
         keep = np.minimum(
-            np.broadcast_to(np.where(ok, np.maximum(lp, scale), np.inf), (T, N)).min(0) - below,
+            qmin - below,
             (np.broadcast_to(np.where(ok & pos, lp + scale, np.inf), (T, N)).min(0) - below) / 2,
         )
         lc2 = np.maximum(lc2, np.minimum(np.minimum(lprior + below, keep), 0.0))

@@ -67,6 +67,39 @@ def _step_scale(A11, A21):
 # (float32: the same fraction of its range; 2**300 is inf there, and a lane whose process
 # variance reached 1e30 held a variance of 1e-14 elsewhere with 1e-44 of its unit: 12 % off)
 _STEP_UNIT_SPREAD = {torch.float64: 2.0**300, torch.float32: 2.0**37}
+# nor where a step's variance coordinate A21/k would fall below this (filter._tiny_below's
+# bound: its digits hold in the scan's products), though the step's own variance is below 1
+# and within the spread: obs_var = process_var = 1e-140 with one process_var of 1e80 gave
+# A21/k = 3e-360 (filtered variances 0); float32 (obs_var 1e-12, one 1e20) 7.6e-4 off
+_STEP_UNIT_FLOOR = {torch.float64: 2.0**-957, torch.float32: 2.0**-89}
+
+
+def _unit(k, step_scale, A11, A21):
+    """The scan's unit: the lane's ``k`` ([1, N]) where it serves every step, else the per-step
+    ``steps = step_scale(A11, A21)`` (a step's own unit more than :data:`_STEP_UNIT_SPREAD`
+    below ``k``, or a nonzero ``A21`` below ``k`` times :data:`_STEP_UNIT_FLOOR` where its unit
+    is below ``k``). Where every lane's ``k`` is 1 (no process variance above 1: the per-step
+    units are 1 too) nothing of ``[T, N]`` is computed."""
+    if not k.numel() or not bool((k > 1).any()):  # (N = 0: none)
+        return k
+    steps = step_scale(A11, A21)
+    far = (k / steps > _STEP_UNIT_SPREAD[k.dtype]) | (
+        (A21 < k * _STEP_UNIT_FLOOR[k.dtype]) & (A21 > 0) & (steps < k)
+    )
+    return steps if bool(far.any()) else k
+
+
+def _back_step_scale(A11, A21):
+    """Per-step unit of the backward scan (no gradient: the scan's outputs do not depend on
+    it): the variance the step alone gives about the step before from an exact state after it,
+    ``p / a^2`` (``A21/A11``), at least 1; 1 where the step forgets or its ``a^2`` is 0 or the
+    quotient passes the range (the state it gives is diffuse, or the step is taken
+    elementwise: :func:`_odd_decay_steps_back`). The backward leaves' ``A21/k`` with the
+    lane's ``k = max p = 1e160`` underflowed where ``obs_var = 1e-100``: the smoothed variance
+    0 about the steps before the huge one (truth 7.9e-101)."""
+    with torch.no_grad():
+        r = A21 / torch.where(A11 > 0, A11, 1.0)
+        return torch.where((A11 > 0) & (r > 1) & torch.isfinite(r), r, 1.0)
 
 
 def _scan(leaves, x0, k):
@@ -243,7 +276,8 @@ def _odd_decay_steps_back(leaves, k, back, steps, odd):
         parts, state, t0 = [], end, 0
         for t in sorted(cut) + [L]:
             if t > t0:
-                seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state, k)
+                seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
+                            k[t0:t] if k.shape[0] > 1 else k)  # fmt: skip
                 parts.append(seg)
                 state = tuple(y[-1] for y in seg)
             if t < L:
@@ -282,9 +316,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     # the per-step unit and the diffuse prefix cost several passes over [T, N]: taken only where
     # the lane's unit would not hold (steps whose own variance is far below the lane's largest
     # process variance) or a diffuse start is not informed at once (leading gaps, tiny decays)
-    steps = _step_scale(leaves[0], leaves[2])
-    if k.numel() and bool((k / steps).amax() > _STEP_UNIT_SPREAD[k.dtype]):  # (N = 0: none)
-        k = steps
+    k = _unit(k, _step_scale, leaves[0], leaves[2])
     tiny = torch.finfo(a.dtype).tiny
     if any_diffuse and bool(
         ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
@@ -333,6 +365,8 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     leaves = tuple(flip(x) for x in leaves)
+    # the lane's unit where it serves every step back, else each step's (_back_step_scale)
+    k = _unit(k, _back_step_scale, leaves[0], leaves[2])
     back = _scan(leaves, (zero, zero, one), k)
     tiny = torch.finfo(z.dtype).tiny
     odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
