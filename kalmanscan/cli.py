@@ -10,6 +10,7 @@ Each sub-command lives with the layer it serves and exposes ``main(argv) -> int`
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 _COMMANDS = {
@@ -35,7 +36,30 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+# The exit status of a command whose reader went away (``... | head -1``): 128 + SIGPIPE, what
+# the shell reports for a C tool that SIGPIPE ends (``seq 1 1000000 | head -1``).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``kalmanscan <command> ...``; returns the exit status. Output cut short by its reader
+    (piped into ``head``) ends quietly with :data:`EXIT_BROKEN_PIPE`, as the Python docs
+    recommend (library "signal", note on SIGPIPE): no traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # (a reader gone shows here, not in the flush at exit)
+    except BrokenPipeError:
+        # the rest of the output, and the interpreter's flush at exit, go nowhere
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # (a stdout with no file descriptor)
+            pass
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -191,7 +191,7 @@ def test_excel_unicode_text_reads_and_workbooks_and_binary_files_are_refused(tmp
 # --- long (tidy) tables: --series-col -------------------------------------------------------------
 def _grunfeld():
     sm = pytest.importorskip("statsmodels.api")
-    d = sm.datasets.grunfeld.load_pandas().data  # 10 firms x 20 years, long form
+    d = sm.datasets.grunfeld.load_pandas().data  # 11 firms x 20 years, long form
     d["year"] = d["year"].astype(int)
     return d
 

@@ -19,6 +19,7 @@ MODULES = [
     "kalmanscan.timeseries.cli",
     "kalmanscan.timeseries.csvfile",
     "kalmanscan.timeseries.outputs",
+    "kalmanscan.timeseries._messages",
     "kalmanscan.xarray",
     "kalmanscan.plot",
 ]

@@ -592,18 +592,22 @@ def check_range(name, t, *, lo=None, lo_open=False, allow_inf=False, allow_nan=F
         # NaN allowed: a finite nansum rules out inf
         if bool(torch.isfinite(x.nansum())):
             return
+
+    def at(bad):  # (no index for a 0-d value: a single number)
+        return f" at index {bad}" if bad else ""
+
     if not allow_nan:
         bad = first_bad(torch.isnan(x))
         if bad is not None:
-            raise ValueError(f"{name}: expected {expect}, got NaN at index {bad}")
+            raise ValueError(f"{name}: expected {expect}, got NaN{at(bad)}")
     if not allow_inf:
         bad = first_bad(torch.isinf(x))
         if bad is not None:
-            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()} at index {bad}")
+            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()}{at(bad)}")
     if lo is not None:
         bad = first_bad(x <= lo if lo_open else x < lo)
         if bad is not None:
-            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()!r} at index {bad}")
+            raise ValueError(f"{name}: expected {expect}, got {x[bad].item()!r}{at(bad)}")
 
 
 def _range_text(lo, lo_open, allow_inf):

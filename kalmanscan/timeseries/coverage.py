@@ -15,6 +15,8 @@ import math
 import numpy as np
 import torch
 
+from kalmanscan.timeseries._messages import _plain
+
 
 def normal_quantile(coverage: float) -> float:
     """``q`` with ``P(|N(0,1)| <= q) = coverage``."""
@@ -24,10 +26,14 @@ def normal_quantile(coverage: float) -> float:
 def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
     """Coverage levels in (0, 1) as a tuple (a single number gives a 1-tuple)."""
     vals = np.atleast_1d(np.asarray(coverage, dtype=np.float64)).ravel()
-    if vals.size == 0 or not np.all((vals > 0) & (vals < 1)):
-        raise ValueError(
-            f"{name}: expected probabilities strictly between 0 and 1, got {coverage!r}"
-        )
+    if vals.size == 0:
+        raise ValueError(f"{name}: expected probabilities strictly between 0 and 1, got none")
+    bad = ~((vals > 0) & (vals < 1))
+    if bad.any():
+        got = _plain(vals[bad][0])  # (a plain number, as Python writes it)
+        if np.ndim(coverage):
+            got += f" among {vals.tolist()}"
+        raise ValueError(f"{name}: expected probabilities strictly between 0 and 1, got {got}")
     return tuple(float(v) for v in vals)
 
 

@@ -33,6 +33,7 @@ import torch
 
 from kalmanscan.core import _args
 from kalmanscan.timeseries import optim
+from kalmanscan.timeseries._messages import _plain
 from kalmanscan.timeseries.model import (
     PARAMS,
     Forecast,
@@ -315,12 +316,6 @@ def _decimals(x, places: int = 4) -> str:
     if not math.isfinite(x) or x == 0 or 1e-3 <= abs(x) < 1e11:
         return f"{x:.{places}f}"
     return f"{x:.9e}"
-
-
-def _plain(x) -> str:
-    """A number for a message as Python writes it (``-1.0``), never numpy's repr of a scalar
-    (``np.float64(-1.0)``)."""
-    return repr(x.item() if isinstance(x, np.generic) else x)
 
 
 def _check_fix(fix, shape):

@@ -34,6 +34,7 @@ import torch
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.core.filter import InfoState
+from kalmanscan.timeseries._messages import _plain
 from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.times import (
     TimeAxis,
@@ -581,8 +582,8 @@ class OUModel:
         model, zt, ax, _ = self._prepare(z, times, axis)
         res = model.filter_prepared(zt, ax, smooth=True, backend=backend)
         return type(res)(
-            np.moveaxis(res.mean, 0, axis),
-            np.moveaxis(res.var, 0, axis),
+            _moveaxis(res.mean, 0, axis),
+            _moveaxis(res.var, 0, axis),
             _move_time(res.filtered, axis),
         )
 
@@ -782,12 +783,20 @@ class OUModel:
         return ds
 
 
+def _moveaxis(x, source: int, destination: int):
+    """``np.moveaxis`` for a numpy array or a tensor (results of tensor parameters), keeping
+    its type and, for a tensor, its graph."""
+    if isinstance(x, torch.Tensor):
+        return torch.movedim(x, source, destination)
+    return np.moveaxis(x, source, destination)
+
+
 def _move_time(res, axis):
     if axis == 0:
         return res
     timed = ("mean", "var", "precision", "info", "pred_mean", "pred_var", "pred_precision")
     return res._replace(
-        **{k: np.moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)}
+        **{k: _moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)}
     )
 
 
@@ -853,7 +862,7 @@ def forecast_from_state(
         i = int(np.flatnonzero(dt < 0)[0])
 
         def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
-            return str(x) if isinstance(x, np.datetime64) else repr(getattr(x, "item", lambda: x)())
+            return str(x) if isinstance(x, np.datetime64) else _plain(x)
 
         raise ValueError(
             "at: expected timestamps at or after the record's last time (the last of its "

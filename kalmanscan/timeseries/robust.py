@@ -74,6 +74,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.timeseries._messages import _plain
+
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
 _GROSS = 1e8  # typical steps from the median: gross beyond any record a float64 fit can scale
@@ -331,13 +333,13 @@ def _check(threshold, max_rounds):
         if isinstance(threshold, bool) or not isinstance(
             threshold, (int, float, np.integer, np.floating)
         ):
-            raise TypeError(f"threshold: expected a number > 0 or None, got {threshold!r}")
+            raise TypeError(f"threshold: expected a number > 0 or None, got {_plain(threshold)}")
         if not (math.isfinite(float(threshold)) and float(threshold) > 0):
-            raise ValueError(f"threshold: expected a finite number > 0, got {threshold!r}")
+            raise ValueError(f"threshold: expected a finite number > 0, got {_plain(threshold)}")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)):
-        raise TypeError(f"max_rounds: expected an int >= 1, got {max_rounds!r}")
+        raise TypeError(f"max_rounds: expected an int >= 1, got {_plain(max_rounds)}")
     if max_rounds < 1:
-        raise ValueError(f"max_rounds: expected an int >= 1, got {max_rounds}")
+        raise ValueError(f"max_rounds: expected an int >= 1, got {_plain(max_rounds)}")
 
 
 def _quiet_fit(fit_ou, z, times, kwargs):
