@@ -392,7 +392,9 @@ def filter_kernel(
             cvu, cve, cvv = zero, zero, one
             bu, be, bv = zero, zero, zero
         nonfin = lanes < 0
-        lost = lanes < 0  # a predicted precision below the normal range (core.steps.lost_steps)
+        # the least normalized predicted precision over steps that do not carry a diffuse state
+        # on: below the normal range, a lost step (core.steps.lost_steps)
+        umin = one
         zinf = lanes < 0
         bad = input_checks(R0, a0, p0, h0, c0, not VR, not VA, not VP, not VH, not VC, lanes < 0)
         # the initial state (chunk 0): u, v >= 0 not both 0, all finite, e = 0 where u = 0
@@ -501,7 +503,7 @@ def filter_kernel(
             else:
                 big1 = U >= V
                 r1, um, em, vm = normalized_pred(U, V, e, v, a, p, c, al)
-            lost = lost | ((um < tiny_of(um)) & (u + um > 0.0))
+            umin = tl.minimum(umin, tl.where(u + um > 0.0, um, 1.0))
             llt = loglik_term(obs, zz, R, h, um, em, vm)
             ll += llt.to(tl.float64)
             U = um + phi * vm
@@ -573,6 +575,7 @@ def filter_kernel(
             tl.store(base + 10 * step, be, mask=lmask)
             tl.store(base + 11 * step, bv, mask=lmask)
         # a term not finite shows in the float64 sum; a lane with a lost step is NaN by design
+        lost = umin < tiny_of(umin)
         nonfin = nonfin | (not_finite(ll) & ~lost)
         ll = tl.where(lost, float("nan"), ll)
         if PARTIAL:
