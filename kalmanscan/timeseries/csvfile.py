@@ -28,7 +28,9 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
 # no-break, thin or narrow no-break space; refused as commas and points are (docs/cli.md)
 _SPACES = {" ": "a space", "\u00a0": "U+00A0, a no-break space", "\u2009": "U+2009, a thin space",
            "\u202f": "U+202F, a narrow no-break space"}  # fmt: skip
-_SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}([ \u00a0\u2009\u202f]\d{3})+([.,]\d*)?$")
+# (the spaces themselves in the class, not \u escapes, which some regular-expression engines
+# refuse: pandas 3.0's pyarrow strings)
+_SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}([" + "".join(_SPACES) + r"]\d{3})+([.,]\d*)?$")
 
 
 _SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
@@ -875,9 +877,11 @@ def _grouped_numbers(cells) -> bool:
     """Whether a column's filled cells, none a number as written, are all numbers with
     thousands separators (``1,120``, ``1.120,5``, ``1 120``): a value column, refused naming
     the fix, not labels to skip."""
-    text = cells.astype(str).str.strip()
-    grouped = "|".join(p.pattern for p in (_THOUSANDS, _POINT_THOUSANDS, _SPACE_THOUSANDS))
-    return len(text) > 0 and bool(text.str.match(grouped).all())
+    text = [str(c).strip() for c in cells]
+    # (Python's re, not pandas' str.match: under pandas 3.0 pyarrow strings take the patterns
+    # to RE2, which refused the class's \u escapes: every file failed to read)
+    pats = (_THOUSANDS, _POINT_THOUSANDS, _SPACE_THOUSANDS)
+    return len(text) > 0 and all(any(p.match(c) for p in pats) for c in text)
 
 
 def _not_a_number_hint(cell: str, sep: str = ",") -> str:
@@ -898,7 +902,7 @@ def _not_a_number_hint(cell: str, sep: str = ",") -> str:
     if _POINT_THOUSANDS.match(cell):
         return f"thousands separators are not read: write {cell.replace('.', '')}"
     if _SPACE_THOUSANDS.match(cell):
-        number = re.sub("[ \u00a0\u2009\u202f]", "", cell)
+        number = "".join(c for c in cell if c not in _SPACES)
         if sep == ",":  # (a decimal comma is read in files not separated by commas only)
             number = number.replace(",", ".")
         space = next(c for c in _SPACES if c in cell)
