@@ -80,41 +80,14 @@ class Converter:
                     self._refuse_rounding(name, self.arrays.get(name, value))
 
     def _refuse_rounding(self, name, x) -> None:
-        """Raise the :func:`_rounding_message` error where ``x`` (numpy or a Python number, as
-        given) has a value the working dtype turns into another meaning."""
-        if x is None or isinstance(x, np.ndarray) and x.dtype != np.float64:
-            return  # (integers and narrower floats: none rounds to 0 or reaches inf)
-        mask = rounded_away(name, x, self.dtype)
-        if isinstance(x, np.ndarray):
-            if mask.any():
-                idx = tuple(int(k) for k in np.argwhere(mask)[0])
-                raise ValueError(self._rounding_message(name, float(x[idx]), idx))
-        elif mask:
-            raise ValueError(self._rounding_message(name, float(x), ()))
+        """:func:`refuse_rounding` in the working dtype."""
+        refuse_rounding(name, x, self.dtype, self.dtype_from)
 
     def check_rounding(self) -> None:
-        """Raise the :func:`_rounding_message` error for a tensor input with a value the working
-        dtype turns into another meaning (:meth:`tensor` gives NaN there, which the range checks
-        flag; this reads the values back, so it runs only once a check has failed)."""
-        for name, v in self.values.items():
-            if isinstance(v, torch.Tensor) and v.dtype == torch.float64 != self.dtype:
-                bad = first_bad(rounded_away(name, v.detach(), self.dtype))
-                if bad is not None:
-                    raise ValueError(self._rounding_message(name, v[bad].item(), bad))
-
-    def _rounding_message(self, name, value: float, idx: tuple) -> str:
-        dt = str(self.dtype).replace("torch.", "")
-        src = self.dtype_from
-        whose = f"{src}'s dtype, the computation's" if src else "the computation's dtype"
-        to = 0.0 if abs(value) < 1 else math.copysign(math.inf, value)
-        meaning = _ROUNDED_MEANING.get((name, to == 0), f"{name} must be finite")
-        at = f" at index {idx}" if idx else ""
-        remedy = f"pass {src} as float64" if src else "pass float64 inputs"
-        return (
-            f"{name}: expected values {dt} holds ({whose}), got {value!r}{at}, which {dt} "
-            f"rounds to {to} ({meaning}); {remedy}, or rescale the data and model so that "
-            f"{dt} holds the value"
-        )
+        """:func:`check_rounding` of the tensor inputs (:meth:`tensor` gives NaN where a value
+        changes meaning, which the range checks flag; this reads the values back, so it runs only
+        once a check has failed)."""
+        check_rounding(self.values, self.dtype, self.dtype_from)
 
     def _dtype_of(self, name):
         v = self.values[name]
@@ -195,6 +168,19 @@ _ROUNDED_MEANING = {
     ("init.lam", True): "init.lam 0: no information",
     ("obs_var", False): "obs_var inf: the step is not observed",
     ("prior_var", False): "prior_var inf: a diffuse prior",
+    # kalmanscan.dense, where an exact 0 in any matrix is structural (docs/dense.md): zeros of F
+    # and H decide which diffuse directions are resolved or forgotten (from the structure, not
+    # the magnitudes) and, with those of Q, R and the prior, which states are coupled
+    # (singular.state_blocks); a covariance's 0 makes a direction known exactly (precision inf,
+    # an entry of innovation variance 0 adds nothing to the log-likelihood where a tiny one adds
+    # its density); prior_precision's 0 is diffuse. offset and prior_mean: 0 is ordinary.
+    ("F", True): "F 0: no transition through that entry",
+    ("H", True): "H 0: not observed through that state",
+    ("Q", True): "Q 0: no process noise there, a direction can be known exactly",
+    ("R", True): "R 0: an exact observation, or uncorrelated entries",
+    ("prior_cov", True): "prior_cov 0: a direction known exactly",
+    ("prior_precision", True): "prior_precision 0: a diffuse direction",
+    ("prior_cov", False): "prior_cov inf: a diffuse state",
 }
 _ZERO_MATTERS = frozenset(name for name, zero in _ROUNDED_MEANING if zero)
 
@@ -211,8 +197,9 @@ def _rounding_limits(dtype: torch.dtype) -> tuple:
 def rounded_away(name, x, dtype: torch.dtype):
     """Where the float64 values ``x`` (a Python number, numpy array or tensor: the same type
     comes back, as booleans) change meaning in ``dtype``: a finite value that becomes inf, or,
-    for a parameter whose 0 means something of its own (decay, loading, obs_var, init.lam), a
-    nonzero value that becomes 0. Digits lost to ordinary rounding do not count.
+    for a parameter whose 0 means something of its own (decay, loading, obs_var, init.lam; the
+    dense F, H, Q, R, prior_cov, prior_precision), a nonzero value that becomes 0. Digits lost
+    to ordinary rounding do not count.
 
     >>> rounded_away("decay", np.array([1e-50, 1e-30, 1e40, np.inf]), torch.float32).tolist()
     [True, False, True, False]
@@ -225,6 +212,48 @@ def rounded_away(name, x, dtype: torch.dtype):
     if name in _ZERO_MATTERS:
         bad = bad | (ax > 0) & (ax <= to_zero)
     return bad
+
+
+def refuse_rounding(name, x, dtype: torch.dtype, dtype_from: str | None) -> None:
+    """Raise the :func:`rounding_message` error where ``x`` (numpy or a Python number, as
+    given) has a value ``dtype`` turns into another meaning (:func:`rounded_away`)."""
+    if x is None or isinstance(x, np.ndarray) and x.dtype != np.float64:
+        return  # (integers and narrower floats: none rounds to 0 or reaches inf)
+    mask = rounded_away(name, x, dtype)
+    if isinstance(x, np.ndarray):
+        if mask.any():
+            idx = tuple(int(k) for k in np.argwhere(mask)[0])
+            raise ValueError(rounding_message(name, float(x[idx]), idx, dtype, dtype_from))
+    elif mask:
+        raise ValueError(rounding_message(name, float(x), (), dtype, dtype_from))
+
+
+def check_rounding(values: dict, dtype: torch.dtype, dtype_from: str | None) -> None:
+    """Raise the :func:`rounding_message` error for a float64 tensor of ``values`` (name ->
+    input) with a value ``dtype`` turns into another meaning: a readback, for once a check
+    has failed (the cast makes those values NaN on the device, with no readback)."""
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.dtype == torch.float64 != dtype:
+            bad = first_bad(rounded_away(name, v.detach(), dtype))
+            if bad is not None:
+                raise ValueError(rounding_message(name, v[bad].item(), bad, dtype, dtype_from))
+
+
+def rounding_message(name, value: float, idx: tuple, dtype: torch.dtype, dtype_from) -> str:
+    """The refusal of a float64 ``value`` (at ``idx`` of ``name``) that ``dtype``, the dtype of
+    the input ``dtype_from`` (None: of the inputs), rounds to 0 or inf with another meaning."""
+    dt = str(dtype).replace("torch.", "")
+    src = dtype_from
+    whose = f"{src}'s dtype, the computation's" if src else "the computation's dtype"
+    to = 0.0 if abs(value) < 1 else math.copysign(math.inf, value)
+    meaning = _ROUNDED_MEANING.get((name, to == 0), f"{name} must be finite")
+    at = f" at index {idx}" if idx else ""
+    remedy = f"pass {src} as float64" if src else "pass float64 inputs"
+    return (
+        f"{name}: expected values {dt} holds ({whose}), got {value!r}{at}, which {dt} "
+        f"rounds to {to} ({meaning}); {remedy}, or rescale the data and model so that "
+        f"{dt} holds the value"
+    )
 
 
 def _meta_message(name) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import NamedTuple
@@ -66,15 +67,24 @@ _SHAPES = {  # what each argument's trailing axes are, for the messages
 def _as_tensor(name, x, dtype, device, min_ndim, d=None):
     """``x`` as a ``dtype`` tensor on ``device`` through the one argument layer
     (:func:`kalmanscan.core._args.as_real_numpy`): strings, booleans, complex numbers and datetimes
-    are refused with ``ks.filter``'s messages, masked elements become NaN."""
+    are refused with ``ks.filter``'s messages, masked elements become NaN. A float64 value that
+    ``z``'s float32 would turn into another meaning (``core_args.rounded_away``) is refused as
+    ``ks.filter`` refuses it: from numpy here, from a tensor by the checks, which find NaN there
+    (:class:`ValueChecks`: no readback before a check fails)."""
     if isinstance(x, torch.Tensor):
         if x.dtype not in core_args._FLOAT_TORCH:
             raise TypeError(
                 f"{name}: expected a floating-point tensor (float32 or float64), got {x.dtype}"
             )
-        t = x.resolve_neg().resolve_conj().to(dtype=dtype, device=device)
+        x = x.resolve_neg().resolve_conj()
+        t = x.to(dtype=dtype, device=device)
+        if x.dtype == torch.float64 != dtype:
+            away = core_args.rounded_away(name, x.detach(), dtype).to(device)
+            t = torch.where(away, math.nan, t)
     else:
         a = core_args.as_real_numpy(name, x)
+        if dtype != torch.float64 and name != "z":
+            core_args.refuse_rounding(name, a, dtype, "z")
         if a.flags.writeable:
             t = torch.as_tensor(a, dtype=dtype, device=device)
         else:  # read-only arrays (pandas, np.broadcast_to): never written, torch's warning muted
@@ -227,7 +237,9 @@ def prepare(
     )
     if ct.shape[-1] != n:
         raise ValueError(f"offset: expected trailing length n = {n}, got shape {tuple(ct.shape)}")
-    checks = ValueChecks(Ft, Qt, Ht, Rt, ct)
+    # the inputs as given, where a float64 tensor may have been narrowed (ValueChecks' messages)
+    given = values if dtype != torch.float64 else None
+    checks = ValueChecks(Ft, Qt, Ht, Rt, ct, given=given)
     if not defer:
         checks.dynamics()
 
@@ -281,6 +293,22 @@ def prepare(
     return model, layout
 
 
+def _rounding_first(check):
+    """``check`` reporting a float64 tensor value that the working dtype turned into another
+    meaning (NaN after :func:`_as_tensor`) as ``ks.filter`` does, where ``check`` fails."""
+
+    @functools.wraps(check)
+    def run(self, *args):
+        try:
+            return check(self, *args)
+        except ValueError:
+            if self.given is not None:
+                core_args.check_rounding(self.given, self.F.dtype, "z")
+            raise
+
+    return run
+
+
 class ValueChecks(NamedTuple):
     """The checks of :func:`prepare` on the values of its arguments (as given, before the
     layout): :meth:`run` raises as ``prepare`` does; :meth:`suspect` is their sync-free
@@ -294,7 +322,9 @@ class ValueChecks(NamedTuple):
     m0: torch.Tensor | None = None
     P0: torch.Tensor | None = None  # prior_cov as given
     L0: torch.Tensor | None = None  # prior_precision as given
+    given: dict | None = None  # the arguments as given where the working dtype is float32
 
+    @_rounding_first
     def dynamics(self):
         """Raise for non-finite, asymmetric or indefinite dynamics (F, Q, H, R, offset)."""
         for name, t in (("F", self.F), ("Q", self.Q), ("H", self.H), ("R", self.R),
@@ -317,6 +347,7 @@ class ValueChecks(NamedTuple):
                 + _lowest_eig("Q", self.Q)
             )
 
+    @_rounding_first
     def prior_mean(self):
         if not bool(torch.isfinite(self.m0).all()):
             raise ValueError(
@@ -324,6 +355,7 @@ class ValueChecks(NamedTuple):
                 "e.g. 0)"
             )
 
+    @_rounding_first
     def prior(self, model: Model) -> Model:
         """Raise for a bad prior covariance or precision; the model with a prior covariance that
         has inf on its diagonal (in some series) turned into the precision of its finite block,

@@ -13,8 +13,11 @@ independent series. Each matrix argument broadcasts against ``z.shape[:-1]`` in 
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 import kalmanscan.core.filter as filter_api
@@ -114,7 +117,8 @@ def _run(
 def _native(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
     """The compiled exact sequential pass (CPU); with inputs that require grad its values carry
     the gradients of :func:`_torch` at the same inputs."""
-    with torch.no_grad():
+    # (a product past the range in its host-side screens: the lost series' warning says it)
+    with torch.no_grad(), np.errstate(over="ignore"):
         parts = native.run(model, smooth)
     if parts is None:  # a diffuse direction is never resolved: the scan keeps it diffuse
         return _torch(model, layout, smooth, chunk)
@@ -128,10 +132,36 @@ def _torch(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
     """The chunked parallel scan (any device, differentiable); a singular R where H Q H' + R is
     positive definite after the diffuse head (kalmanscan/dense/parallel.py)."""
     model = _args.mask_missing(model)
-    parts = filter_parts(model, chunk=chunk)
+    try:
+        parts = filter_parts(model, chunk=chunk)
+    except (torch.linalg.LinAlgError, ValueError):
+        _refuse_lost(model, layout)
+        raise
     sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
     filtered = (parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps)
     return _moments_result(model, layout, filtered, sm)
+
+
+def _refuse_lost(model: _args.Model, layout: _args.Layout) -> None:
+    """Raise ``OverflowError`` where the scan failed because a predicted covariance passed the
+    range (it cannot carry such a step; its Cholesky factorizations fail): decided, on this
+    failure path only, by the float64 reference (:func:`_lost_steps` in the working dtype)."""
+    dtype = model.z.dtype
+    f64 = {
+        k: v.to(torch.float64)
+        for k, v in model._asdict().items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    }
+    pred_cov = sequential.filter_moments(model._replace(**f64))[2]
+    lost = _lost_steps(pred_cov.to(dtype))
+    if lost is None:
+        return
+    raise OverflowError(
+        f"backend 'torch': {lost_message(dtype, _series_index(layout, lost[0][:, -1]))}, which the "
+        "parallel scan cannot carry; backend='native' (CPU) and 'sequential' (float64) return "
+        "that series' log-likelihood as NaN with a warning. Rescale the state or time "
+        "(docs/reliability.md, limit 5)"
+    ) from None
 
 
 def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
@@ -156,7 +186,8 @@ def _known(model: _args.Model, m, tol, extra=None, on=None):
     None); ``extra`` [B, T, n, n]: directions known beforehand (the filter's, for the smoother)."""
     cov = cov_with_inf(m, tol)
     if on is None:
-        on = singular.gate(model, tol)
+        with np.errstate(over="ignore"):  # F F' + Q past the range: _lost_steps reports it
+            on = singular.gate(model, tol)
     screened = bool(on.any())
     prec, rows, Pd = precision_of(m, tol, screened)
     if not screened:
@@ -181,19 +212,23 @@ def _moments_result(model: _args.Model, layout: _args.Layout, filtered, sm):
     if filt.ndiffuse:
         diffuse[:, : filt.ndiffuse] = torch.linalg.matrix_norm(filt.diffuse[:, : filt.ndiffuse]) > 0
     fcov, fprec, known, on = _known(model, filt, tol)
+    lost = _lost_steps(pP)
+    nan = lambda t, k: _nan_where(lost, t, k)  # noqa: E731
     fres = DenseFilterResult(
-        mean=out(filt.mean, 1),
-        cov=out(fcov, 2),
-        precision=out(fprec, 2),
-        pred_mean=out(pm, 1),
-        pred_cov=out(pP, 2),
-        loglik=_args.output_batch(layout, ll.sum(1)),
+        mean=out(nan(filt.mean, 0), 1),
+        cov=out(nan(fcov, 0), 2),
+        precision=out(nan(fprec, 0), 2),
+        pred_mean=out(nan(pm, 1), 1),
+        pred_cov=out(nan(pP, 1), 2),
+        loglik=_args.output_batch(layout, _lost_loglik(layout, lost, ll.sum(1))),
         diffuse=out(diffuse, 0),
     )
     if sm is None:
         return fres
     scov, sprec, _, _ = _known(model, sm, tol, known, on)
-    return DenseSmoothResult(out(sm.mean, 1), out(scov, 2), out(sprec, 2), fres)
+    return DenseSmoothResult(
+        out(nan(sm.mean, 2), 1), out(nan(scov, 2), 2), out(nan(sprec, 2), 2), fres
+    )
 
 
 class _Graft(torch.autograd.Function):
@@ -222,20 +257,93 @@ def _graft(graded, value):
 
 
 def _package(layout: _args.Layout, p: native.NativeParts, smooth: bool):
-    out = lambda t, k: _args.output(layout, t, k)  # noqa: E731
+    lost = _lost_steps(p.pred_cov)
+    out = lambda t, k, w: _args.output(layout, _nan_where(lost, t, w), k)  # noqa: E731
     fres = DenseFilterResult(
-        mean=out(p.filtered_mean, 1),
-        cov=out(p.filtered_cov, 2),
-        precision=out(p.filtered_precision, 2),
-        pred_mean=out(p.pred_mean, 1),
-        pred_cov=out(p.pred_cov, 2),
-        loglik=_args.output_batch(layout, p.loglik),
-        diffuse=out(p.diffuse, 0),
+        mean=out(p.filtered_mean, 1, 0),
+        cov=out(p.filtered_cov, 2, 0),
+        precision=out(p.filtered_precision, 2, 0),
+        pred_mean=out(p.pred_mean, 1, 1),
+        pred_cov=out(p.pred_cov, 2, 1),
+        loglik=_args.output_batch(layout, _lost_loglik(layout, lost, p.loglik)),
+        diffuse=_args.output(layout, p.diffuse, 0),
     )
     if not smooth:
         return fres
     return DenseSmoothResult(
-        out(p.smoothed_mean, 1), out(p.smoothed_cov, 2), out(p.smoothed_precision, 2), fres
+        out(p.smoothed_mean, 1, 2),
+        out(p.smoothed_cov, 2, 2),
+        out(p.smoothed_precision, 2, 2),
+        fres,
+    )
+
+
+def _lost_steps(pred_cov):
+    """None, or the [B, T] masks (filtered, predicted, smoothed) of what a predicted covariance
+    [B, T, n, n] past the dtype's range leaves unknown in its series (the finite part, finite
+    otherwise): the filtered moments from that step on, the predictions after it (its own is
+    returned: inf where it passed) and every smoothed moment (the backward pass crosses it). The
+    scalar core's rule (docs/reliability.md, limit 5), with NaN where the covariance form cannot
+    carry the filter through such a step."""
+    bad = ~torch.isfinite(pred_cov.detach()).flatten(2).all(2)
+    if not bool(bad.any()):
+        return None
+    after = bad.cumsum(1) > 0
+    pred = torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], 1)
+    return after, pred, after[:, -1:].expand_as(after)
+
+
+def _nan_where(lost, t, which: int):
+    """``t`` [B, T, ...] with NaN where ``lost[which]`` (:func:`_lost_steps`) holds."""
+    if lost is None:
+        return t
+    mask = lost[which].reshape(*lost[which].shape, *(1,) * (t.ndim - 2))
+    return torch.where(mask, torch.full((), math.nan, dtype=t.dtype, device=t.device), t)
+
+
+def _lost_loglik(layout: _args.Layout, lost, loglik):
+    """``loglik`` [B] NaN, its gradient too, in the series :func:`_lost_steps` marks, with a
+    ``RuntimeWarning`` naming them: never ``-inf`` or a term silently left out."""
+    if lost is None:
+        return loglik
+    series = lost[0][:, -1]
+    _warn_lost(layout, series, loglik.dtype)
+    nan = torch.full_like(loglik, math.nan)
+    return loglik * torch.where(series, nan, torch.ones_like(loglik))
+
+
+def lost_message(dtype, where=None) -> str:
+    """The words of :func:`_warn_lost` (and of the torch scan's ``OverflowError``): a predicted
+    covariance past ``dtype``'s range, in the series ``where`` (index tuples) if given."""
+    dt = str(dtype).replace("torch.", "")
+    at = ""
+    if where:
+        more = ", ..." if len(where) > 4 else ""
+        at = f" at series index {', '.join(map(str, where[:4]))}{more}"
+    return (
+        f"a predicted covariance passed {dt}'s range{at} (an entry of F P F' + Q beyond "
+        f"{torch.finfo(dtype).max:.3g}), where the covariance form holds neither it nor its "
+        "log-likelihood term"
+    )
+
+
+def _series_index(layout: _args.Layout, lost):
+    """The index tuples of the series ``lost`` [B] marks (None for one series)."""
+    if not layout.batch_shape:
+        return None
+    return [tuple(i) for i in lost.reshape(layout.batch_shape).nonzero().tolist()]
+
+
+def _warn_lost(layout: _args.Layout, lost, dtype) -> None:
+    where = _series_index(layout, lost)
+    f64 = dtype == torch.float64
+    warnings.warn(
+        f"kalmanscan.dense: the log-likelihood is NaN: {lost_message(dtype, where)}; that "
+        "series' filtered moments from that step on and its smoothed moments are NaN. Rescale "
+        "the state or time"
+        f"{'' if f64 else ', or use float64'} (docs/reliability.md, limit 5)",
+        RuntimeWarning,
+        stacklevel=6,
     )
 
 

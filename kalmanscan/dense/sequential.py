@@ -47,6 +47,11 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     another (a contracting F applied to it for a few steps) is thereby still diffuse; a threshold
     on ``P_inf`` itself cannot tell it from the rounding of a resolved one. Once as many entries
     as there were diffuse directions have been diffuse, ``D`` is 0 exactly.
+
+    A series whose predicted covariance passes the dtype's range (an entry inf or NaN: an
+    explosive F over a gap) stops there (``lost``: the covariance form cannot hold that
+    prediction): its prediction at that step is returned as computed, every later moment and its
+    log-likelihood terms from that step on are NaN (``kalmanscan.dense.api`` warns, naming it).
     """
     B, T, d = model.z.shape
     n = model.F.shape[-1]
@@ -72,6 +77,8 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     means, covs, difs, pms, pPs, lls = [], [], [], [], [], []
     nd = 0
     diffuse_now = bool((k > 0).any())
+    lost = torch.zeros(B, dtype=torch.bool, device=device)  # series past the range (above)
+    nan = torch.full((), float("nan"), dtype=dtype, device=device)
     for t in range(T):
         F = model.F[:, t]
         Q, c = model.Q[:, t], model.c[:, t]
@@ -81,8 +88,15 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         P = _sym(F @ P @ F.transpose(-1, -2) + Q)
         if diffuse_now:
             D = F @ D
-        pms.append(m)
-        pPs.append(P)
+        was_lost = lost
+        lost = lost | ~torch.isfinite(P).flatten(1).all(1)
+        pms.append(torch.where(was_lost[:, None], nan, m))
+        pPs.append(torch.where(was_lost[:, None, None], nan, P))
+        if bool(lost.any()):  # placeholders the steps get through: their outputs are NaN
+            m = torch.where(lost[:, None], torch.zeros_like(m), m)
+            P = torch.where(lost[:, None, None], eye, P)
+            D = torch.where(lost[:, None, None], torch.zeros_like(D), D)
+            k = torch.where(lost, torch.zeros_like(k), k)
         if diffuse_now:  # once every series' D is 0 it stays 0: stop asking (a GPU host sync)
             diffuse_now = bool((k > 0).any())
         if not diffuse_now and not singular:
@@ -179,10 +193,10 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
             safe = torch.where(top, ev, torch.ones_like(ev))
             ll = ll + 0.5 * (torch.log(safe).sum(-1) + r.to(dtype) * LOG_2PI)
             D = torch.where((k > 0)[:, None, None], D, torch.zeros_like(D))
-        means.append(m)
-        covs.append(P)
+        means.append(torch.where(lost[:, None], nan, m))
+        covs.append(torch.where(lost[:, None, None], nan, P))
         difs.append(_sym(D @ D.transpose(-1, -2)))
-        lls.append(ll)
+        lls.append(torch.where(lost, nan, ll))
         if stop_when_proper and not bool((k > 0).any()):
             break
     stack = lambda xs: torch.stack(xs, 1)  # noqa: E731
