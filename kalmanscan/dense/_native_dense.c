@@ -812,17 +812,14 @@ static KS_INLINE int gather(ws_t *w, const int n, const arr_t *in, Py_ssize_t b,
             }
         sq_singular_values(w->G, o, k, n, w->sig);
     }
-    /* LDL' of R_o (PSD; a zero pivot zeroes its column) */
-    double rmax = 0.0;
-    for (int p = 0; p < o; p++) {
-        double v = fabs(R[w->obs_idx[p] * d + w->obs_idx[p]]);
-        if (v > rmax) rmax = v;
-    }
+    /* LDL' of R_o (PSD; a zero pivot zeroes its column): a pivot at rounding level of its own
+       diagonal entry, as in semidef_chol (not of R's largest: R = diag(1e16, 1) is two noisy
+       entries) */
     for (int j = 0; j < o; j++) {
         int ij = w->obs_idx[j];
         double s = R[ij * d + ij];
         for (int q = 0; q < j; q++) s -= w->Lr[j * o + q] * w->Lr[j * o + q] * w->Dg[q];
-        if (s <= 1e-15 * rmax) { /* an exact entry: it may know a direction */
+        if (s <= 1e-15 * fabs(R[ij * d + ij])) { /* an exact entry: it may know a direction */
             s = 0.0;
             w->screen = 1;
         }
@@ -1095,15 +1092,15 @@ static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, dou
 
 
 /* Lower semidefinite Cholesky factor of the PSD A (n x n) into L: a pivot at rounding level
- * (1e-15 of A's largest diagonal entry) gives a zero column. */
+ * of its own diagonal entry (s <= 1e-15 A_jj, the rounding of A_jj - sum L_jq^2) gives a zero
+ * column. Judged per entry, as the factor of the equilibrated S A S (S = diag(A)^-1/2) would be:
+ * a threshold relative to A's largest diagonal entry dropped a state of variance 1 beside one of
+ * 1e16 (docs/dense.md, "Native path"). */
 static KS_INLINE void semidef_chol(int n, const double *A, double *L) {
-    double dmax = 0.0;
-    for (int i = 0; i < n; i++)
-        if (A[i * n + i] > dmax) dmax = A[i * n + i];
     for (int j = 0; j < n; j++) {
         double s = A[j * n + j];
         for (int q = 0; q < j; q++) s -= L[j * n + q] * L[j * n + q];
-        double piv = s > 1e-15 * dmax ? sqrt(s) : 0.0;
+        double piv = s > 1e-15 * A[j * n + j] ? sqrt(s) : 0.0;
         L[j * n + j] = piv;
         for (int i = j + 1; i < n; i++) {
             double v = A[i * n + j];

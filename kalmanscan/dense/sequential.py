@@ -316,16 +316,17 @@ def _factor_update(m, P, Hw, zw, dg, obs):
 
 def _ldl(R):
     """R = L diag(Dg) L' for PSD R [..., d, d]: L unit lower triangular, Dg >= 0 (a pivot at
-    rounding level of R's diagonal is 0 and its column of L is 0), by the column recursion."""
+    rounding level of its own diagonal entry is 0 and its column of L is 0: judged against R's
+    largest entry, R = diag(1e16, 1) lost its second, the native kernel's rule too), by the column
+    recursion."""
     d = R.shape[-1]
     zero = torch.zeros(R.shape[:-2], dtype=R.dtype, device=R.device)
-    scale = torch.diagonal(R, dim1=-2, dim2=-1).amax(-1)
     # columns of L (lists of [...] entries) and pivots, built without writing into a tensor
     # that autograd saved (the derivative w.r.t. R needs every earlier column as computed)
     cols, dg = [], []
     for j in range(d):
         s = R[..., j, j] - sum((cols[q][j].square() * dg[q] for q in range(j)), zero)
-        pos = s > 1e-14 * scale
+        pos = s > 1e-14 * R[..., j, j].abs()
         dg.append(torch.where(pos, s, torch.zeros_like(s)))
         piv = torch.where(pos, s, torch.ones_like(s))
         col = [zero] * j + [torch.ones_like(s)]
