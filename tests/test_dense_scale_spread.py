@@ -56,3 +56,23 @@ def test_states_on_scales_far_apart(backend, where, ratio):
     sm = kd.smooth(z, np.eye(2), np.diag(q), np.eye(2), np.diag(r), prior_mean=np.zeros(2),
                    prior_cov=np.eye(2), backend=backend)  # fmt: skip
     assert np.all(sm.cov[:, 1, 1] > 0.1)  # (the small state's smoothed variance: 0.33 to 0.47)
+
+
+@pytest.mark.parametrize("obs_var", [1e-12, 1e-16, 1e-22, 1e-30])
+@pytest.mark.parametrize("smooth", [False, True])
+def test_near_noise_free_local_linear_trend(obs_var, smooth):
+    """``native`` (``backend="auto"`` on the CPU) raised torch's ``LinAlgError`` from obs_var
+    1e-16 down: its covariance-form update rounds the level's variance to exactly 0, and outside
+    the known-direction gate the blockwise inverse of that singular covariance was taken. A
+    block singular to rounding now takes the known-direction rule (the level reported known,
+    variance 0, where the truth is ``obs_var``); the log-likelihood is the other backends'."""
+    m = kd.local_linear_trend(level_var=1.0, slope_var=1e-3, obs_var=obs_var)
+    z = np.array([[0.3], [1.1], [np.nan], [2.6], [3.0], [3.9]])
+    fn = kd.smooth if smooth else kd.filter
+    want = kd.filter(z, **m._asdict(), backend="sequential")
+    for backend in ["auto"] + (["native"] if native.available() else []):
+        got = fn(z, **m._asdict(), backend=backend)
+        res = got.filtered if smooth else got
+        assert float(res.loglik) == pytest.approx(float(want.loglik), rel=1e-12)
+        assert res.cov[-1, 0, 0] <= 2 * obs_var
+        np.testing.assert_allclose(res.cov[-1, 1, 1], want.cov[-1, 1, 1], rtol=1e-10)

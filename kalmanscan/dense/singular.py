@@ -199,7 +199,12 @@ def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
             w, U = torch.linalg.eigh(A)
             small = w <= tol * w[..., -1:]
             if allow is not None:
-                small = small & allow.unsqueeze(-1)
+                # outside the gate a direction is known only where the block is singular to
+                # rounding (no inverse exists): the covariance form's update can round an
+                # observed direction's variance to exactly 0 (a local linear trend at obs_var
+                # 1e-16), where the blockwise inverse raised LinAlgError
+                sing = w <= k * torch.finfo(w.dtype).eps * w[..., -1:]
+                small = small & (allow.unsqueeze(-1) | sing)
             small = small.to(P.dtype)
             Nb = _sym((U * small.unsqueeze(-2)) @ U.transpose(-1, -2))
         tau = tau[:, None, None]
