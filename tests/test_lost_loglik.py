@@ -180,3 +180,15 @@ def test_lost_lane_chunked_triton(dtype, triton_on_cpu, chunked):
         assert len(lost) == 1 and math.isnan(ll[0]) and np.isfinite(ll[1:]).all()
         tol = 1e-12 if dtype == np.float64 else 2e-5
         assert ll[1] == pytest.approx(mp_loglik(z[:, 1], 1.0, a[1], 1.0, prior[1]), rel=tol)
+
+
+def test_no_warning_before_an_error():
+    """A call refused for a bad input warns of nothing first: the lost-step flag of the same
+    run (a diffuse lane whose first observation's information is below the range) is read after
+    the input checks (it warned, then raised)."""
+    z = np.array([np.nan, 2.0, 3.0, 2.5], np.float32)
+    hs = np.array([1e-20, 1e-20, 1.0, 1.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="loading"):
+            ks.filter(z, np.float32(1.0), np.float32(1.0), np.float32(0.1), loading=hs)

@@ -418,7 +418,10 @@ def _plain_tiny(R, h, p, dtype) -> bool:
 def _np_compact(x: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy view with its broadcast (stride-0) axes cut to length 1
     (:func:`kalmanscan.core.steps.compact` in numpy: slicing there is far cheaper than torch's)."""
-    a = x.detach().numpy()
+    x = x.detach()
+    if x.device.type != "cpu":  # (plain-number parameters on a GPU: compact, then read back)
+        x = x[tuple(slice(0, 1) if st == 0 else slice(None) for st in x.stride())].cpu()
+    a = x.numpy()
     return a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
 
 
@@ -538,9 +541,11 @@ def _tiny_lanes(prep: _Prepared, ins):
         # stay within 2**-below (as the prior's, below)
         qmin = np.broadcast_to(np.where(ok, np.maximum(lp, scale), np.inf), (T, N)).min(0)
         low = smin + qmin - 2 * lc2 < math.log2(torch.finfo(dtype).tiny) + 12
-        zc = z.detach().numpy()
-        lm = np.log2(np.where(np.isfinite(zc) & (hc != 0), np.abs(zc / np.where(hc != 0, hc, 1.0)),
-                              0.0).max(0))  # fmt: skip
+        # (the data's largest |z/h| a lane, on z's device: one [N] read back, on this path only)
+        hz = h.detach()
+        zh = (z.detach() / torch.where(hz != 0, hz, 1.0)).abs()
+        zh = torch.where(torch.isfinite(zh) & (hz != 0), zh, 0.0)
+        lm = np.log2(zh.amax(0).cpu().numpy() if T else np.zeros(N))
         top = np.maximum(pmax + below, (pmax + lm + below) / 1.5)
         lc2 = np.where(low, np.maximum(np.minimum(lc2, (smin + qmin - below) / 2), top), lc2)
         lc2 = np.minimum(lc2, 0.0)
@@ -763,10 +768,10 @@ def _check(prep: _Prepared, out: dict) -> bool:
     ``OverflowError``. Returns True where the call is to be run again with tiny loadings'
     observations rescaled (a backend that checks its inputs flagged them)."""
     flags = _read_flags(out)  # the one host synchronization of a call
-    if flags & _LL_LOST:
-        _warn_lost(prep, out)
-        flags &= ~_LL_LOST
+    lost, flags = flags & _LL_LOST, flags & ~_LL_LOST
     if not flags:
+        if lost:  # (after the checks: no warning before an error, or before a call run again)
+            _warn_lost(prep, out)
         return False
     rescale = _validate(prep, check_z=True)  # raises naming the bad input, if one is
     if rescale and not out.get("rescaled"):
@@ -786,6 +791,8 @@ def _check(prep: _Prepared, out: dict) -> bool:
             "parameters are beyond what the dtype can hold (e.g. squared innovations past its "
             f"maximum); {remedy}"
         )
+    if lost:
+        _warn_lost(prep, out)
     return False  # bit 4 from tiny information, computed exactly
 
 
