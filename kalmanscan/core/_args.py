@@ -125,12 +125,7 @@ class Converter:
         if isinstance(v, torch.Tensor):
             # a lazily negated or conjugated view must be materialized: kernels read raw memory
             v = v.resolve_neg().resolve_conj()
-            if v.dtype == self.dtype:
-                return v
-            t = v.to(self.dtype)
-            if v.dtype == torch.float64:  # NaN where the value changes meaning: no readback
-                t = torch.where(rounded_away(name, v.detach(), self.dtype), math.nan, t)
-            return t
+            return v if v.dtype == self.dtype else narrowed(name, v, self.dtype)
         if _plain_number(v):
             return torch.tensor(float(v), dtype=self.dtype, device=self.device)
         a = self.arrays[name]
@@ -212,6 +207,16 @@ def rounded_away(name, x, dtype: torch.dtype):
     if name in _ZERO_MATTERS:
         bad = bad | (ax > 0) & (ax <= to_zero)
     return bad
+
+
+def narrowed(name, t: torch.Tensor, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The tensor ``t`` cast to ``dtype`` (and ``device``), NaN where a float64 value changes
+    meaning there (:func:`rounded_away`): no readback; the range checks flag the NaN and
+    :func:`check_rounding` names the value."""
+    out = t.to(dtype=dtype, device=device)
+    if t.dtype == torch.float64 != dtype:
+        out = torch.where(rounded_away(name, t.detach(), dtype).to(out.device), math.nan, out)
+    return out
 
 
 def refuse_rounding(name, x, dtype: torch.dtype, dtype_from: str | None) -> None:

@@ -76,11 +76,7 @@ def _as_tensor(name, x, dtype, device, min_ndim, d=None):
             raise TypeError(
                 f"{name}: expected a floating-point tensor (float32 or float64), got {x.dtype}"
             )
-        x = x.resolve_neg().resolve_conj()
-        t = x.to(dtype=dtype, device=device)
-        if x.dtype == torch.float64 != dtype:
-            away = core_args.rounded_away(name, x.detach(), dtype).to(device)
-            t = torch.where(away, math.nan, t)
+        t = core_args.narrowed(name, x.resolve_neg().resolve_conj(), dtype, device)
     else:
         a = core_args.as_real_numpy(name, x)
         if dtype != torch.float64 and name != "z":
