@@ -14,8 +14,12 @@ import pytest
 import torch
 
 import kalmanscan.dense as kd
+from kalmanscan.dense import native
 
-BACKENDS = ["torch", "native"]
+NATIVE = pytest.param(
+    "native", marks=pytest.mark.skipif(not native.available(), reason="native extension not built")
+)
+BACKENDS = ["torch", NATIVE]
 Z32 = np.float32([[0.3], [1.1], [np.nan], [2.6]])
 E = np.eye(1)
 BASE = dict(F=E, Q=E * 0.1, H=E, R=E * 0.5)
@@ -118,15 +122,16 @@ def test_ordinary_rounding_is_accepted(key, value, as_type, backend):
     np.testing.assert_allclose(float(res.loglik), float(ref.loglik), rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", [NATIVE, "sequential"])
 @pytest.mark.parametrize("as_type", ["numpy", "torch"])
 @pytest.mark.parametrize("case", [c for c in REFUSED if c[0] not in ("F-to-inf", "Q-to-inf")],
                          ids=lambda c: c[0])  # fmt: skip
-def test_float64_z_accepts_every_value(case, as_type):
+def test_float64_z_accepts_every_value(case, as_type, backend):
     # (F, Q = 1e40 in float64: a separate limit of the torch scan the native path falls back to)
     _, key, value, _, _ = case
     z, F, Q, H, R, kw = _args(key, value, as_type)
     z = z.double() if isinstance(z, torch.Tensor) else z.astype(np.float64)
-    res = kd.filter(z, F, Q, H, R, backend="native", **kw)
+    res = kd.filter(z, F, Q, H, R, backend=backend, **kw)
     assert np.asarray(res.mean).dtype == np.float64
 
 

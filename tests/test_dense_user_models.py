@@ -18,8 +18,11 @@ import scipy.linalg as sl
 import torch
 
 import kalmanscan.dense as kd
+from kalmanscan.dense import native
 
-BACKENDS = ["native", "torch", "sequential"]
+needs_native = pytest.mark.skipif(not native.available(), reason="native extension not built")
+NATIVE = pytest.param("native", marks=needs_native)
+BACKENDS = [NATIVE, "torch", "sequential"]
 KAPPA = mp.mpf(10) ** 30
 
 
@@ -137,7 +140,7 @@ def _float32_case():
     return m, z, P0, P2, truth, truth2
 
 
-@pytest.mark.parametrize("backend", ["native", "torch"])
+@pytest.mark.parametrize("backend", [NATIVE, "torch"])
 def test_float32_partly_diffuse_prior_against_mpmath(backend):
     """float32, one diffuse state (inf) beside a proper block with variances 1e3 and 1e-3, alone
     and batched beside a proper series: within float32's tolerance of the mpmath truth (was 2.8
@@ -310,6 +313,7 @@ def test_asymmetry_and_negative_eigenvalue_messages_locate_the_matrix():
 # -- 5. the diagonal backend's predictions at diffuse steps ----------------------------------------
 
 
+@needs_native
 def test_diagonal_backend_pred_cov_is_the_finite_part():
     """Closed form: the finite part of a diffuse lane's prediction is Q, then F^2 Q + Q while it
     stays unobserved (1, 1.81), as every other backend returns (was inf)."""
@@ -381,7 +385,7 @@ def test_known_direction_gate_of_a_batched_proper_series_is_its_own(var):
 
     both = np.stack([np.diag([np.inf, 1.0]), P1])
     assert gate(z, both)[1] == gate(z[:, 1], P1)[0]
-    for backend in ("native", "torch"):
+    for backend in ("native", "torch") if native.available() else ("torch",):
         alone = kd.filter(z[:, 1], **m._asdict(), prior_cov=P1, backend=backend).precision
         batch = kd.filter(z, **m._asdict(), prior_cov=both, backend=backend).precision[:, 1]
         np.testing.assert_array_equal(np.isinf(alone), np.isinf(batch))

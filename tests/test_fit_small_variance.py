@@ -128,7 +128,10 @@ def test_a_batch_mixes_bound_and_small_interior_series():
         one = _fit(Z[:, i], fix=LL)
         for p in ("sigma2", "obs_var"):
             a, b = fit.stderr[p][i], one.stderr[p]
-            assert (math.isnan(a) and math.isnan(b)) or abs(a / b - 1) <= 1e-8, (i, p, a, b)
+            # (the batch and the lone fit stop at estimates 1e-10 apart: the optimizer's path
+            # differs by rounding in the gradients, and this obs_var's standard error, 4e4 times
+            # the estimate, moves 1e-7 with them on the torch backend)
+            assert (math.isnan(a) and math.isnan(b)) or abs(a / b - 1) <= 1e-6, (i, p, a, b)
 
 
 # --- 3. subnormal variances in OUModel ----------------------------------------------------------
