@@ -13,7 +13,7 @@ pd = pytest.importorskip("pandas")
 xr = pytest.importorskip("xarray")
 pytest.importorskip("matplotlib")
 
-from kalmanscan.timeseries import times  # noqa: E402
+from kalmanscan.timeseries import time_parse, times  # noqa: E402
 from kalmanscan.timeseries.outputs import (  # noqa: E402
     _csv_text,
     _iso_time_bytes,
@@ -180,14 +180,14 @@ def test_results_csv_is_the_table_pandas_writes(case, tmp_path):
 # --- ISO 8601 in one layout, read at once ----------------------------------------------------
 def _general_parse(values):
     """parse_datetime_strings without its fixed-layout path: the times, or 'refused'."""
-    saved = times._parse_fixed_iso
-    times._parse_fixed_iso = lambda values: None
+    saved = time_parse._parse_fixed_iso
+    time_parse._parse_fixed_iso = lambda values: None
     try:
-        return times.parse_datetime_strings(values)
+        return time_parse.parse_datetime_strings(values)
     except ValueError:
         return "refused"
     finally:
-        times._parse_fixed_iso = saved
+        time_parse._parse_fixed_iso = saved
 
 
 def _iso_text(rng, fields, layout: str, sep: str, zone: str) -> str:

@@ -322,6 +322,7 @@ def test_docstring_examples_run():
     import doctest
 
     import kalmanscan.kla.config
+    import kalmanscan.kla.inspect_record
     import kalmanscan.kla.io
     import kalmanscan.kla.layer
     import kalmanscan.kla.model
@@ -335,6 +336,7 @@ def test_docstring_examples_run():
         kalmanscan.kla.layer,
         kalmanscan.kla.model,
         inspect_module,
+        kalmanscan.kla.inspect_record,
         kalmanscan.kla.plot,
     )
     import matplotlib

@@ -9,6 +9,8 @@ import pytest
 
 MODULES = [
     "kalmanscan.timeseries.times",
+    "kalmanscan.timeseries.time_parse",
+    "kalmanscan.timeseries.time_calendar",
     "kalmanscan.timeseries.coverage",
     "kalmanscan.timeseries.model",
     "kalmanscan.timeseries.fit",

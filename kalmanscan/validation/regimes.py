@@ -23,6 +23,11 @@ float64 passes a regime when every mean is within ``TOLERANCES[("oracle_sd", "fl
 "float64")]`` (1e-8); float32 figures are reported, not judged. A backend that raises on a
 valid model fails with an infinite error and the exception named.
 
+Layout: the regimes are defined in :mod:`~kalmanscan.validation.regime_definitions`, the
+metrics in :mod:`~kalmanscan.validation.regime_metrics` and the tables in
+:mod:`~kalmanscan.validation.regime_report`; this module runs them (:func:`regime_rows`,
+:func:`gradient_rows`, :func:`validate_rows`) and is the command line:
+
     python -m kalmanscan.validation.regimes            # quick subset, table on stdout
     python -m kalmanscan.validation.regimes --full --markdown regimes.md --json regimes.json
 """
@@ -34,12 +39,41 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from kalmanscan.testing import TOLERANCES
-from kalmanscan.validation.models import Lane
+from kalmanscan.validation.regime_definitions import (  # noqa: F401 - re-exported
+    KFAS_VAR1_F,
+    KFAS_VAR1_Q,
+    DenseRegime,
+    ScalarRegime,
+    _mixing,
+    _near_noiseless_heads,
+    dense_regimes,
+    kfas_var1_data,
+    scalar_regimes,
+)
+from kalmanscan.validation.regime_metrics import (  # noqa: F401 - re-exported
+    COLUMNS,
+    FLOOR,
+    _dense_mean_sd,
+    dense_errors,
+    grad_rel,
+    loglik_rel,
+    mean_err_sd,
+    passes,
+    scalar_errors,
+    var_rel,
+)
+from kalmanscan.validation.regime_report import (  # noqa: F401 - re-exported
+    _e,
+    compact_markdown,
+    float32_markdown,
+    format_text,
+    grad_markdown,
+    markdown,
+)
 
 __all__ = [
     "FLOOR",
@@ -55,462 +89,9 @@ __all__ = [
     "markdown",
 ]
 
-FLOOR = 1e-4
 SCALAR_BACKENDS = ("sequential", "torch", "native")
 DENSE_BACKENDS = ("sequential", "torch", "native")
 DTYPES = ("float64", "float32")
-
-
-# --------------------------------------------------------------------------------------------
-# metrics
-
-
-def _tiny(dtype: str) -> float:
-    fi = np.finfo(np.float32 if dtype == "float32" else np.float64)
-    return float(fi.tiny) * 2.0 ** (fi.nmant + 1)
-
-
-def mean_err_sd(a, b, var_b, floor: float = FLOOR) -> float:
-    """Worst ``|a - b| / max(sqrt(var_b), floor * max|b|)`` over the steps where ``b`` is finite.
-
-    ``a`` must be NaN exactly where ``b`` is (a never-informed state); else the error is inf.
-
-    >>> round(mean_err_sd([1.0, 2.0 + 1e-7], [1.0, 2.0], [1.0, 0.01]), 12)  # 1e-7 / 0.1
-    1e-06
-    """
-    a, b, v = (np.asarray(x, dtype=np.float64) for x in (a, b, var_b))
-    nb = ~np.isfinite(b)
-    if np.any(np.isfinite(a[nb])):
-        return math.inf
-    m = ~nb
-    if not m.any():
-        return 0.0
-    diff = np.abs(a[m] - b[m])
-    if not np.all(np.isfinite(diff)):
-        return math.inf
-    scale = float(np.max(np.abs(b[m])))
-    den = np.maximum(np.sqrt(np.maximum(v[m], 0.0)), max(floor * scale, 1e-300))
-    return float(np.max(diff / den))
-
-
-def var_rel(a, b, dtype: str = "float64") -> float:
-    """Worst ``|a - b| / max(b, TINY)``; ``b = inf`` needs ``a = inf``, ``b`` NaN needs NaN.
-
-    >>> var_rel([1.0, np.inf], [1.0 + 1e-9, np.inf]) < 1.1e-9
-    True
-    """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    inf_b, nan_b = np.isinf(b), np.isnan(b)
-    if not np.array_equal(a[inf_b], b[inf_b]) or not np.all(np.isnan(a[nan_b])):
-        return math.inf
-    m = ~inf_b & ~nan_b
-    if not m.any():
-        return 0.0
-    rel = np.abs(a[m] - b[m]) / np.maximum(np.abs(b[m]), _tiny(dtype))
-    return float(np.max(rel)) if np.all(np.isfinite(rel)) else math.inf
-
-
-def loglik_rel(a, b, n: int) -> float:
-    """``|a - b| / max(|b|, n, 1)`` (both non-finite and equal: 0).
-
-    >>> loglik_rel(-100.0 + 1e-6, -100.0, 10) < 1.01e-8
-    True
-    """
-    a, b = float(a), float(b)
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return 0.0 if a == b else math.inf
-    return abs(a - b) / max(abs(b), float(n), 1.0)
-
-
-# --------------------------------------------------------------------------------------------
-# scalar regimes
-
-
-@dataclass
-class ScalarRegime(Lane):
-    """One scalar lane (a :class:`Lane`), in the quick battery or not, with a note."""
-
-    quick: bool = True
-    note: str = ""
-
-
-def _simulate(rng, T, decay, process_var, offset, loading, obs_var, x0):
-    x, xs = x0, np.empty(T)
-    for t in range(T):
-        x = decay[t] * x + offset[t] + math.sqrt(process_var[t]) * rng.standard_normal()
-        xs[t] = x
-    return loading * xs + np.sqrt(obs_var) * rng.standard_normal(T)
-
-
-def _scalar(
-    name,
-    T,
-    *,
-    decay,
-    process_var,
-    obs_var=1.0,
-    loading=1.0,
-    offset=0.0,
-    prior_mean=0.0,
-    prior_var=math.inf,
-    x0=None,
-    missing=None,
-    seed=0,
-    quick=True,
-    note="",
-) -> ScalarRegime:
-    full = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), (T,)).copy()  # noqa: E731
-    a, p, r, h, c = map(full, (decay, process_var, obs_var, loading, offset))
-    rng = np.random.default_rng([seed, T])
-    start = prior_mean if x0 is None else x0
-    z = _simulate(rng, T, a, np.minimum(p, 1e300), c, h, np.minimum(r, 1e300), start)
-    if missing is not None:
-        z[missing] = np.nan
-    return ScalarRegime(name, z, r, a, p, h, c, float(prior_mean), float(prior_var), quick, note)
-
-
-def scalar_regimes(full: bool = False) -> list[ScalarRegime]:
-    """The scalar regimes (``quick`` ones only unless ``full``).
-
-    >>> [r.name for r in scalar_regimes()][:2]
-    ['p=0 a=0.9577 c=0.4 T=1000', 'OU theta=0.5 sigma2=0, 500 steps']
-    """
-    ou_a = math.exp(-0.5)
-    out = [
-        _scalar(
-            "p=0 a=0.9577 c=0.4 T=1000",
-            1000,
-            decay=0.9577,
-            process_var=0.0,
-            offset=0.4,
-            obs_var=1.0,
-            x0=0.2,
-            note="smoothed mean -35,889 at step 24 (truth 0.213) before the fix",
-        ),
-        _scalar(
-            "OU theta=0.5 sigma2=0, 500 steps",
-            500,
-            decay=ou_a,
-            process_var=0.0,
-            offset=1.0 - ou_a,
-            obs_var=0.5,
-            prior_mean=1.0,
-            prior_var=1.0,
-            x0=2.0,
-            note="mu=1, dt=1; smoothed means up to 2.4e93 before the fix",
-        ),
-        _scalar(
-            "OU theta=0.5 sigma2=0, 2000 steps",
-            2000,
-            decay=ou_a,
-            process_var=0.0,
-            offset=1.0 - ou_a,
-            obs_var=0.5,
-            prior_mean=1.0,
-            prior_var=1.0,
-            x0=2.0,
-            note="posterior sd 1e-434 at the end; OverflowError at step 709 before the fix",
-        ),
-        _scalar("p=0 a=-0.95 T=800 diffuse", 800, decay=-0.95, process_var=0.0, x0=3.0),
-        _scalar(
-            "p=0 a=0.5, prior N(0,1), T=1200",
-            1200,
-            decay=0.5,
-            process_var=0.0,
-            prior_var=1.0,
-            x0=0.5,
-            note="precision 4^t: past float32 at step 63, float64 at 511 (OverflowError before)",
-        ),
-        _scalar("p=0 a=1 (constant level) T=2000", 2000, decay=1.0, process_var=0.0, x0=5.0),
-        _scalar(
-            "p=0 a=1.01 (explosive) T=500",
-            500,
-            decay=1.01,
-            process_var=0.0,
-            offset=0.1,
-            x0=1.0,
-        ),
-        _scalar("p=1e-14 a=0.999 T=3000", 3000, decay=0.999, process_var=1e-14, x0=1.0),
-        _scalar("p=1e-10 a=0.9 T=3000", 3000, decay=0.9, process_var=1e-10, x0=1.0, quick=False),
-        _scalar("p=1e-6 a=1 T=3000", 3000, decay=1.0, process_var=1e-6, x0=1.0),
-        _scalar(
-            "offset 1e4, a=0.9 p=1",
-            1000,
-            decay=0.9,
-            process_var=1.0,
-            offset=1e4,
-            obs_var=1.0,
-            x0=1e5,
-        ),
-        _scalar(
-            "obs_var 1e-10, a=0.9 p=1", 1000, decay=0.9, process_var=1.0, obs_var=1e-10, x0=1.0
-        ),
-        _scalar(
-            "obs_var 1e-12, a=0.9 p=1", 1000, decay=0.9, process_var=1.0, obs_var=1e-12, x0=1.0
-        ),
-        _scalar(
-            "obs_var 1e-155, a=0.9 p=1",
-            500,
-            decay=0.9,
-            process_var=1.0,
-            obs_var=1e-155,
-            x0=1.0,
-            note="float64 torch path raised OverflowError before the fix",
-        ),
-        _scalar(
-            "process_var 1e155, a=0.9",
-            500,
-            decay=0.9,
-            process_var=1e155,
-            obs_var=1.0,
-            x0=0.0,
-            note="float64 torch path raised OverflowError before the fix",
-        ),
-        _scalar(
-            "prior N(0, 1e6), a=0.95 p=0.1",
-            1000,
-            decay=0.95,
-            process_var=0.1,
-            prior_var=1e6,
-            x0=3.0,
-        ),
-        _scalar(
-            "diffuse, first 50 missing, a=0.95 p=0",
-            500,
-            decay=0.95,
-            process_var=0.0,
-            offset=0.05,
-            x0=2.0,
-            missing=np.r_[0:50, 300:400],
-        ),
-    ]
-    gaps = np.zeros(100_000, dtype=bool)
-    for s in range(5_000, 100_000, 20_000):
-        gaps[s : s + 5_000] = True
-    out.append(
-        _scalar(
-            "T=1e5, a=0.999 p=1e-3, 5000-step gaps, diffuse",
-            100_000,
-            decay=0.999,
-            process_var=1e-3,
-            x0=1.0,
-            missing=np.flatnonzero(gaps),
-            quick=False,
-        )
-    )
-    out.append(
-        _scalar(
-            "T=1e5 random walk p=1e-8, 5000-step gaps",
-            100_000,
-            decay=1.0,
-            process_var=1e-8,
-            x0=1.0,
-            missing=np.flatnonzero(gaps),
-            quick=False,
-        )
-    )
-    gaps4 = np.zeros(10_000, dtype=bool)
-    gaps4[2_000:4_000] = gaps4[6_000:8_000] = True
-    out.append(
-        _scalar(
-            "T=1e4, a=0.999 p=1e-3, 2000-step gaps, diffuse",
-            10_000,
-            decay=0.999,
-            process_var=1e-3,
-            x0=1.0,
-            missing=np.flatnonzero(gaps4),
-        )
-    )
-    return [r for r in out if full or r.quick]
-
-
-# --------------------------------------------------------------------------------------------
-# dense regimes
-
-
-@dataclass
-class DenseRegime:
-    """One dense series: ``z`` [T, d] and the matrices of ``kalmanscan.dense.filter``."""
-
-    name: str
-    z: np.ndarray
-    F: np.ndarray
-    Q: np.ndarray
-    H: np.ndarray
-    R: np.ndarray
-    offset: np.ndarray | None = None
-    prior_mean: np.ndarray | None = None
-    prior_cov: np.ndarray | None = None
-    quick: bool = True
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-def kfas_var1_data(missing: bool = True) -> np.ndarray:
-    """The 20 x 2 observations of KFAS's VAR(1) fixtures (statsmodels' test suite):
-    400 x log-differences of real GDP and consumption, 1959Q2-1964Q1; with ``missing`` the
-    first five GDP values and rows 9-12 are NaN."""
-    from statsmodels.datasets import macrodata
-
-    df = macrodata.load_pandas().data
-    y = np.diff(np.log(df[["realgdp", "realcons"]].to_numpy()[:21]), axis=0) * 400
-    if missing:
-        y = y.copy()
-        y[0:5, 0] = np.nan
-        y[8:12, :] = np.nan
-    return y
-
-
-KFAS_VAR1_F = np.array([[0.5, 0.3], [0.2, 0.4]])  # R: cbind(c(0.5, 0.2), c(0.3, 0.4))
-KFAS_VAR1_Q = np.diag([2.0, 3.0])
-
-
-def _structural9(T, seed):
-    """Local linear trend + 8-season dummies (9 states), prior N(0, 1e6 I)."""
-    n = 9
-    F = np.zeros((n, n))
-    F[0, 0] = F[0, 1] = F[1, 1] = 1.0
-    F[2, 2:] = -1.0
-    F[3:, 2:-1] += np.eye(6)
-    Q = np.diag([0.5, 0.01, 0.2] + [0.0] * 6)
-    H = np.zeros((1, n))
-    H[0, 0] = H[0, 2] = 1.0
-    R = np.array([[1.0]])
-    rng = np.random.default_rng([seed, 9])
-    x = rng.standard_normal(n) * 3
-    z = np.empty((T, 1))
-    for t in range(T):
-        x = F @ x + np.sqrt(np.diag(Q)) * rng.standard_normal(n)
-        z[t] = H @ x + rng.standard_normal()
-    return F, Q, H, R, z
-
-
-def _mixing(seed, n, d, r, prior, missing=0.4, T=25):
-    """A random n-state model (contracting F, full Q) whose d observation rows mix the states,
-    at R = r I (near noise-free), a fraction ``missing`` of the entries missing; prior
-    ``"diffuse"``, ``"1e6"`` (N(0, 1e6 I)) or ``"unit"`` (N(0, I))."""
-    rng = np.random.default_rng(seed)
-    A = rng.normal(size=(n, n))
-    F = A * 0.95 / np.abs(np.linalg.eigvals(A)).max()
-    G = rng.normal(size=(n, n))
-    Q = G @ G.T / n * 10.0 ** rng.integers(-2, 1)
-    H, R = rng.normal(size=(d, n)), r * np.eye(d)
-    z = rng.normal(size=(T, d)) * 3
-    z[rng.random((T, d)) < missing] = np.nan
-    scale = {"diffuse": None, "unit": 1.0, "1e6": 1e6}[prior]
-    kw = {} if scale is None else dict(prior_mean=np.zeros(n), prior_cov=scale * np.eye(n))
-    return z, F, Q, H, R, kw
-
-
-def _near_noiseless_heads() -> list[DenseRegime]:
-    """Near noise-free entries whose rows mix the states: under a diffuse or 1e6 prior (3 states,
-    one or two entries, 40 % missing), and observing the whole state at every step (2 states,
-    prior I, 1e6 I or diffuse)."""
-    out = []
-    for seed, r in ((1, 1e-10), (1, 1e-12), (7, 1e-10)):
-        z, F, Q, H, R, kw = _mixing(seed, 3, 1, r, "diffuse")
-        out.append(DenseRegime(f"3 states, diffuse, one entry at R={r:g}, seed {seed}", z, F, Q,
-                               H, R, quick=(seed, r) == (1, 1e-10), **kw))  # fmt: skip
-    for seed in (0, 2, 4, 6, 8, 9):
-        z, F, Q, H, R, kw = _mixing(seed, 3, 1, 1e-10, "1e6")
-        out.append(DenseRegime(f"3 states, prior 1e6 I, one entry at R=1e-10, seed {seed}", z, F,
-                               Q, H, R, quick=seed == 2, **kw))  # fmt: skip
-    for seed in (1, 4):
-        z, F, Q, H, R, kw = _mixing(seed, 3, 2, 1e-12, "1e6")
-        out.append(DenseRegime(f"3 states, prior 1e6 I, two entries at R=1e-12, seed {seed}", z,
-                               F, Q, H, R, quick=seed == 4, **kw))  # fmt: skip
-    for prior, label in (("unit", "prior I"), ("1e6", "prior 1e6 I")):
-        for seed in (0, 3):
-            z, F, Q, H, R, kw = _mixing(seed, 2, 2, 1e-12, prior, missing=0.0)
-            out.append(DenseRegime(f"2 states, {label}, both observed at R=1e-12, seed {seed}", z,
-                                   F, Q, H, R, quick=seed == 0, **kw))  # fmt: skip
-    # a diffuse start observed whole: the first step's posterior is the data's own, O(R), where
-    # Durbin & Koopman's scalar updates subtract O(1) terms (3e-7 .. 4e-5 relative off before
-    # the direct form of dense/sequential.observed_whole_cov); with 30 % missing, seed 13
-    # resolves one direction at a step and the other with both entries later (P_* enters there)
-    for r, seed, miss in ((1e-12, 0, 0.0), (1e-12, 3, 0.0), (1e-10, 0, 0.0), (1e-12, 13, 0.3),
-                          (1e-12, 28, 0.0)):
-        z, F, Q, H, R, kw = _mixing(seed, 2, 2, r, "diffuse", missing=miss)
-        what = "both observed" if miss == 0 else f"{miss:.0%} missing, both"
-        out.append(DenseRegime(f"2 states, diffuse, {what} at R={r:g}, seed {seed}", z, F, Q, H,
-                               R, quick=(r, seed) == (1e-12, 0), **kw))  # fmt: skip
-    # more near noise-free entries than states (4 on 3), observed at every step: the entry after
-    # the last diffuse one, and every proper step's S^-1 (cond 1e10), lost the means (3.6 sd);
-    # seed 7 needs more than 60 of the oracle's digits
-    for seed in (7, 9):
-        z, F, Q, H, R, kw = _mixing(seed, 3, 4, 1e-12, "diffuse", missing=0.0)
-        out.append(DenseRegime(f"3 states, diffuse, four entries at R=1e-12, seed {seed}", z, F,
-                               Q, H, R, quick=seed == 9, **kw))  # fmt: skip
-    return out
-
-
-def dense_regimes(full: bool = False) -> list[DenseRegime]:
-    """The dense regimes (``quick`` ones only unless ``full``)."""
-    out = []
-    y = kfas_var1_data(missing=True)
-    for r in (1e-6, 1e-10, 1e-12, 0.0):
-        out.append(
-            DenseRegime(
-                f"KFAS VAR(1), missing data, R={r:g} I",
-                y,
-                KFAS_VAR1_F,
-                KFAS_VAR1_Q,
-                np.eye(2),
-                r * np.eye(2),
-                quick=r in (1e-10, 0.0),
-                note="KFAS's noiseless VAR(1) (H = 0) with R = r I",
-            )
-        )
-    # singular Q: local linear trend with a fixed level (only the slope moves)
-    rng = np.random.default_rng(11)
-    T = 60
-    F = np.array([[1.0, 1.0], [0.0, 1.0]])
-    Q = np.diag([0.0, 0.05])
-    lvl, slope, zs = 0.0, 0.3, []
-    for _ in range(T):
-        slope += math.sqrt(0.05) * rng.standard_normal()
-        lvl += slope
-        zs.append(lvl + 0.5 * rng.standard_normal())
-    z = np.array(zs)[:, None]
-    z[20:30] = np.nan
-    out.append(DenseRegime("LLT, singular Q (level_var 0), gap", z, F, Q, np.array([[1.0, 0.0]]),
-                           np.array([[0.25]])))
-    # contracting F, no process noise at all (precision grows like 0.9^-2t)
-    th = 0.3
-    F = 0.9 * np.array([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
-    rng = np.random.default_rng(12)
-    T = 200
-    x, zs = np.array([2.0, -1.0]), []
-    for _ in range(T):
-        x = F @ x + 0.1
-        zs.append(x[0] + 0.3 * rng.standard_normal())
-    out.append(
-        DenseRegime(
-            "contracting rotation 0.9, Q = 0, T=200",
-            np.array(zs)[:, None],
-            F,
-            np.zeros((2, 2)),
-            np.array([[1.0, 0.0]]),
-            np.array([[0.09]]),
-            offset=np.full(2, 0.1),
-        )
-    )
-    F9, Q9, H9, R9, z9 = _structural9(100, 0)
-    out.append(
-        DenseRegime(
-            "structural: trend + 8 seasons (9 states), prior 1e6 I",
-            z9,
-            F9,
-            Q9,
-            H9,
-            R9,
-            prior_mean=np.zeros(9),
-            prior_cov=1e6 * np.eye(9),
-            quick=False,
-        )
-    )
-    out += _near_noiseless_heads()
-    return [r for r in out if full or r.quick]
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,43 +150,6 @@ def _run_scalar(reg: ScalarRegime, backend: str, dtype: str) -> dict:
     )
 
 
-def scalar_errors(out: dict, truth, dtype: str) -> dict:
-    """Errors of one backend's run against the oracle (keys: the table's columns)."""
-    return dict(
-        filter_mean_sd=max(
-            mean_err_sd(out["mean"], truth.mean, truth.var),
-            mean_err_sd(out["pred_mean"], truth.pred_mean, truth.pred_var),
-        ),
-        filter_var=max(
-            var_rel(out["var"], truth.var, dtype), var_rel(out["pred_var"], truth.pred_var, dtype)
-        ),
-        loglik=max(
-            loglik_rel(ll, truth.loglik, truth.n_loglik_terms)
-            for ll in out.get("logliks", [out["loglik"]])
-        ),
-        smooth_mean_sd=mean_err_sd(out["smooth_mean"], truth.smooth_mean, truth.smooth_var),
-        smooth_var=var_rel(out["smooth_var"], truth.smooth_var, dtype),
-    )
-
-
-def grad_rel(g: dict, g_star: dict, params: dict) -> float:
-    """Worst over the parameters of ``|g - g*| / max(|g*|, 1/|theta|)`` (``1`` for theta = 0):
-    relative, except that a derivative below one nat per e-fold of the parameter counts as one.
-
-    >>> grad_rel({"decay": 1.0 + 1e-9}, {"decay": 1.0}, {"decay": 0.5}) < 1.1e-9
-    True
-    """
-    worst = 0.0
-    for k, ref in g_star.items():
-        got = g[k]
-        if not math.isfinite(got):
-            return math.inf
-        theta = abs(float(params[k]))
-        floor = 1.0 / theta if theta > 0 else 1.0
-        worst = max(worst, abs(got - ref) / max(abs(ref), floor))
-    return worst
-
-
 def scalar_grad(reg: ScalarRegime, backend: str, dtype: str = "float64") -> dict:
     """d loglik / d (obs_var, decay, process_var, offset) from ``ks.loglik(...).backward()`` with
     the four parameters as 0-d tensors (constant-parameter regimes only)."""
@@ -617,6 +161,7 @@ def scalar_grad(reg: ScalarRegime, backend: str, dtype: str = "float64") -> dict
 
     backend, device = GPU_RUNNERS.get(backend, (backend, "cpu"))
     tdt = torch.float32 if dtype == "float32" else torch.float64
+
     def t(x):
         return torch.as_tensor(np.asarray(x, dtype=np.float64), dtype=tdt, device=device)
 
@@ -697,37 +242,6 @@ def gradient_rows(
     return rows
 
 
-def _dense_cov_rel(a, b, steps):
-    """Worst ``||A_t - B_t|| / max(||B_t||, 1e-6 max_s ||B_s||)`` (Frobenius): relative per step,
-    except that a covariance that is exactly 0 in the truth (a state observed without noise)
-    may come back as rounding at 1e-6 of the lane's largest covariance times the tolerance."""
-    if not len(steps):
-        return 0.0
-    floor = max(1e-6 * max(float(np.linalg.norm(b[t])) for t in steps), 1e-300)
-    worst = 0.0
-    for t in steps:
-        nb = np.linalg.norm(b[t])
-        d = np.linalg.norm(a[t] - b[t])
-        if not np.isfinite(d):
-            return math.inf
-        worst = max(worst, d / max(nb, floor))
-    return worst
-
-
-def _dense_mean_sd(a, b, cov, steps):
-    if not len(steps):
-        return 0.0
-    scale = max(float(np.max(np.abs(b[steps]))), 1e-300)
-    worst = 0.0
-    for t in steps:
-        sd = np.sqrt(np.maximum(np.diag(cov[t]), 0.0))
-        d = np.abs(a[t] - b[t])
-        if not np.all(np.isfinite(d)):
-            return math.inf
-        worst = max(worst, float(np.max(d / np.maximum(sd, FLOOR * scale))))
-    return worst
-
-
 def _run_dense(reg: DenseRegime, backend: str, dtype: str) -> dict:
     import torch
 
@@ -765,23 +279,6 @@ def _truth_moments(truth) -> dict:
         smooth_mean=truth.smooth_mean,
         smooth_cov=truth.smooth_cov,
     )
-
-
-def dense_errors(out: dict, truth) -> dict:
-    proper = np.flatnonzero(~truth.diffuse)
-    everywhere = np.arange(truth.mean.shape[0])
-    return dict(
-        filter_mean_sd=_dense_mean_sd(out["mean"], truth.mean, truth.cov, proper),
-        filter_var=_dense_cov_rel(out["cov"], truth.cov, proper),
-        loglik=loglik_rel(out["loglik"], truth.loglik, truth.n_loglik_terms),
-        smooth_mean_sd=_dense_mean_sd(
-            out["smooth_mean"], truth.smooth_mean, truth.smooth_cov, everywhere
-        ),
-        smooth_var=_dense_cov_rel(out["smooth_cov"], truth.smooth_cov, everywhere),
-    )
-
-
-COLUMNS = ("filter_mean_sd", "filter_var", "loglik", "smooth_mean_sd", "smooth_var")
 
 
 def unheld_inputs(inputs: dict, dtype: str) -> tuple[str, ...]:
@@ -835,15 +332,6 @@ def refusal(exc: Exception, dtype: str, unheld=()) -> bool:
     if "use backend=" in msg:
         return True
     return any(re.search(rf"\b{re.escape(name)}\b", msg) for name in unheld)
-
-
-def passes(errs: dict, dtype: str) -> bool | None:
-    """float64: every column within its tolerance; float32: None (reported, not judged)."""
-    if dtype != "float64":
-        return None
-    sd, rel = TOLERANCES[("oracle_sd", "float64")], TOLERANCES[("oracle", "float64")]
-    lim = dict(filter_mean_sd=sd, smooth_mean_sd=sd, filter_var=rel, smooth_var=rel, loglik=rel)
-    return all(errs[k] <= lim[k] for k in COLUMNS)
 
 
 def _dense_native() -> bool:
@@ -956,160 +444,6 @@ def run_regimes(full: bool = False, **kw) -> list[dict]:
     return regime_rows(full=full, **kw)
 
 
-def _e(x: float) -> str:
-    if x != x:
-        return "nan"
-    if math.isinf(x):
-        return "inf"
-    return "0" if x == 0 else f"{x:.1e}"
-
-
-def markdown(rows: list[dict], dtype: str = "float64") -> str:
-    """One markdown table: regime x backend, the five errors and pass/fail (``dtype`` rows)."""
-    lines = [
-        "| regime | T | backend | filter mean (sd) | filter var | loglik | smoothed mean (sd) "
-        "| smoothed var | status |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        if r["dtype"] != dtype:
-            continue
-        st = {True: "pass", False: "**FAIL**", None: "-"}[r["passes"]]
-        cells = " | ".join(_e(r[k]) for k in COLUMNS)
-        if r.get("refused"):
-            why = "names another backend" if "backend=" in r["error"] else "not representable"
-            st, cells = f"refused ({why})", " | ".join("-" for _ in COLUMNS)
-        elif r["error"]:
-            st = f"**raises** {r['error'].split(':')[0]}"
-        lines.append(f"| {r['regime']} | {r['T']} | {r['backend']} | {cells} | {st} |")
-    return "\n".join(lines)
-
-
-def _cell(r: dict | None) -> str:
-    if r is None:
-        return "n/a"
-    if r.get("refused"):
-        return "refused"
-    if r["error"]:
-        return f"**raises {r['error'].split(':')[0]}**"
-    m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
-    v = max(r["filter_var"], r["smooth_var"], r["loglik"])
-    txt = f"{_e(m)} / {_e(v)}"
-    return f"**{txt} FAIL**" if r["passes"] is False else txt
-
-
-def compact_markdown(rows: list[dict], before: list[dict] | None = None) -> str:
-    """One line per regime: per float64 backend ``worst mean error (sd) / worst relative error
-    (variances, log-likelihood)``, the float32 worst over the backends, and optionally the
-    float64 backends that failed in an earlier run (``before``)."""
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    idx = {(r["regime"], r["backend"], r["dtype"]): r for r in rows}
-    head = "| regime | T | " + " | ".join(f"{b} float64" for b in backends) + " | float32 worst |"
-    sep = "|---|---:|" + "---|" * len(backends) + "---|"
-    if before is not None:
-        head += " before |"
-        sep += "---|"
-        bidx = {(r["regime"], r["backend"], r["dtype"]): r for r in before}
-    lines = [head, sep]
-    for name in dict.fromkeys(r["regime"] for r in rows):
-        T = next(r["T"] for r in rows if r["regime"] == name)
-        cells = [_cell(idx.get((name, b, "float64"))) for b in backends]
-        r32 = [idx[(name, b, "float32")] for b in backends if (name, b, "float32") in idx]
-        f32 = [r for r in r32 if not r["error"]]
-        raised = [r for r in r32 if r["error"] and not r.get("refused")]
-        if raised:  # a raise on a valid model is never hidden behind the others' figures
-            c32 = "; ".join(f"**{r['backend']} raises {r['error'].split(':')[0]}**" for r in raised)
-        elif f32:
-            m = max(max(r["filter_mean_sd"], r["smooth_mean_sd"]) for r in f32)
-            v = max(max(r["filter_var"], r["smooth_var"], r["loglik"]) for r in f32)
-            c32 = f"{_e(m)} / {_e(v)}"
-        else:
-            c32 = "refused" if r32 else "n/a"
-        line = f"| {name} | {T} | " + " | ".join(cells) + f" | {c32} |"
-        if before is not None:
-            bad = []
-            for b in backends:
-                r = bidx.get((name, b, "float64"))
-                if r is None:
-                    continue
-                if r["error"] and not r.get("refused"):
-                    bad.append(f"{b} raised {r['error'].split(':')[0]}")
-                elif r["passes"] is False:
-                    m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
-                    v = max(r["filter_var"], r["smooth_var"], r["loglik"])
-                    bad.append(f"{b} {_e(m)} / {_e(v)}")
-            seen = any((name, b, "float64") in bidx for b in backends)
-            line += f" {'; '.join(bad) if bad else ('pass' if seen else 'n/a')} |"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def float32_markdown(rows: list[dict]) -> str:
-    """One line per regime: each backend's float32 ``worst mean error (sd) / worst relative
-    error`` against the float64 oracle (inputs rounded to float32 first, as a user's would be)."""
-    backends = list(dict.fromkeys(r["backend"] for r in rows if r["dtype"] == "float32"))
-    idx = {(r["regime"], r["backend"]): r for r in rows if r["dtype"] == "float32"}
-    lines = [
-        "| regime | T | " + " | ".join(f"{b} float32" for b in backends) + " |",
-        "|---|---:|" + "---|" * len(backends),
-    ]
-    for name in dict.fromkeys(r["regime"] for r in rows if r["dtype"] == "float32"):
-        T = next(r["T"] for r in rows if r["regime"] == name)
-        cells = []
-        for b in backends:
-            r = idx.get((name, b))
-            if r is None:
-                cells.append("n/a")
-            elif r.get("refused"):
-                cells.append("refused")
-            elif r["error"]:
-                cells.append(f"raises {r['error'].split(':')[0]}")
-            else:
-                m = max(r["filter_mean_sd"], r["smooth_mean_sd"])
-                v = max(r["filter_var"], r["smooth_var"], r["loglik"])
-                cells.append(f"{_e(m)} / {_e(v)}")
-        lines.append(f"| {name} | {T} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def grad_markdown(grads: list[dict]) -> str:
-    """One line per regime: the gradient error of each backend (float64)."""
-    backends = list(dict.fromkeys(g["backend"] for g in grads))
-    idx = {(g["regime"], g["backend"]): g for g in grads}
-    lines = [
-        "| regime | T | " + " | ".join(f"{b} float64" for b in backends) + " |",
-        "|---|---:|" + "---:|" * len(backends),
-    ]
-    for name in dict.fromkeys(g["regime"] for g in grads):
-        cells = []
-        for b in backends:
-            g = idx.get((name, b))
-            if g is None:
-                cells.append("n/a")
-            elif g["error"]:
-                cells.append(f"**raises {g['error'].split(':')[0]}**")
-            else:
-                cells.append(_e(g["grad"]) if g["passes"] else f"**{_e(g['grad'])} FAIL**")
-        T = next(g["T"] for g in grads if g["regime"] == name)
-        lines.append(f"| {name} | {T} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_text(rows: list[dict]) -> str:
-    head = f"{'regime':52s} {'backend':10s} {'dtype':7s} " + " ".join(
-        f"{c:>14s}" for c in COLUMNS
-    )
-    out = [head]
-    for r in rows:
-        st = {True: "PASS", False: "FAIL", None: ""}[r["passes"]]
-        out.append(
-            f"{r['regime'][:52]:52s} {r['backend']:10s} {r['dtype']:7s} "
-            + " ".join(f"{_e(r[c]):>14s}" for c in COLUMNS)
-            + f"  {st} {r['error'][:60]}"
-        )
-    return "\n".join(out)
-
-
 # the regimes `kalmanscan validate` runs by default (each broke a backend before the projective
 # representation and the two-filter smoother); --full runs them all
 VALIDATE_QUICK = (
@@ -1217,7 +551,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--backend", action="append", help="scalar backends (default all)")
     p.add_argument(
-        "--dense-backend", action="append",
+        "--dense-backend",
+        action="append",
         help="dense backends (default sequential, torch, native; GPU: torch-cuda, triton)",
     )
     p.add_argument("--regime", action="append", help="only these regime names")
@@ -1237,16 +572,22 @@ def main(argv=None) -> int:
         names=args.regime,
     )
     print(format_text(rows))
-    grads = [] if args.no_grad else gradient_rows(
-        full=args.full,
-        backends=tuple(args.backend) if args.backend else SCALAR_BACKENDS,
-        progress=lambda m: print(f"  .. {m}", flush=True),
-        names=args.regime,
+    grads = (
+        []
+        if args.no_grad
+        else gradient_rows(
+            full=args.full,
+            backends=tuple(args.backend) if args.backend else SCALAR_BACKENDS,
+            progress=lambda m: print(f"  .. {m}", flush=True),
+            names=args.regime,
+        )
     )
     for g in grads:
         st = "PASS" if g["passes"] else "FAIL"
-        print(f"{'d loglik/d params: ' + g['regime']:60s} {g['backend']:10s} "
-              f"{_e(g['grad']):>10s}  {st} {g['error'][:60]}")
+        print(
+            f"{'d loglik/d params: ' + g['regime']:60s} {g['backend']:10s} "
+            f"{_e(g['grad']):>10s}  {st} {g['error'][:60]}"
+        )
     bad = [r for r in rows if r["passes"] is False] + [g for g in grads if not g["passes"]]
     print(f"{len(rows)} rows, {time.perf_counter() - t0:.1f} s: {len(bad)} float64 rows fail")
     if args.markdown:

@@ -1,0 +1,256 @@
+"""Calendar arithmetic of time axes: datetime64 resolutions, exact elapsed time, model time
+units, calendar-month steps and the forecast step count.
+
+:func:`elapsed` gives ``(labels - origin) / unit`` for datetime64 labels of any span and
+resolution to within one float64 rounding; :func:`parse_time_unit` reads ``time_unit``; the
+calendar helpers find a record's step in whole months (:func:`_month_parts`,
+:func:`_calendar_step`) and lay out forecast dates on that calendar, on a timezone's local
+clock where the times were given in one (:func:`_future_local`). Used by
+:class:`~kalmanscan.timeseries.times.TimeAxis`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from kalmanscan.timeseries.times import TimeAxis
+
+DEFAULT_DATETIME_UNIT = "1D"
+_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _utc_to_local(labels: np.ndarray, tz) -> np.ndarray:
+    """UTC datetimes ``labels`` on the clock of ``tz`` (naive, at the labels' resolution)."""
+    import pandas as pd
+
+    local = pd.DatetimeIndex(labels).tz_localize("UTC").tz_convert(tz).tz_localize(None)
+    return np.asarray(local.to_numpy()).astype(labels.dtype)
+
+
+def _local_to_utc(local: np.ndarray, tz, like: np.ndarray) -> np.ndarray:
+    """Naive local times of ``tz`` as UTC datetimes at ``like``'s resolution where it holds them
+    exactly (a time the clock skips moves forward past the gap; a repeated one is the standard-
+    time one)."""
+    import pandas as pd
+
+    idx = pd.DatetimeIndex(local).tz_localize(
+        tz, ambiguous=np.zeros(local.size, bool), nonexistent="shift_forward"
+    )
+    out = np.asarray(idx.tz_convert("UTC").tz_localize(None).to_numpy())
+    coarse = out.astype(like.dtype)
+    return coarse if (coarse == out).all() else _normalize_datetimes(out)
+
+
+def _future_local(axis: TimeAxis, k: np.ndarray):
+    """:meth:`TimeAxis.future` on the local calendar of ``axis.tz``: by calendar months, or by
+    a whole number of days where the local times sit at one time of day; ``None`` otherwise (then
+    the steps are physical ones, in UTC)."""
+    try:
+        local = axis._local()
+    except (ValueError, OverflowError, TypeError):  # (outside pandas' range: UTC steps)
+        return None
+    parts = _month_parts(local)
+    months = _calendar_step(parts)
+    if months is not None:
+        fut = _calendar_future(parts, months, k, local)
+    else:
+        if local.size < 2:
+            return None
+        days = local.astype("datetime64[D]")
+        tod = local - days.astype(local.dtype)
+        steps = np.diff(days).astype(np.int64)
+        steps = steps[steps > 0]
+        if (tod != tod[0]).any() or not steps.size:
+            return None
+        med = float(np.median(steps))
+        if med != int(med):
+            return None
+        fut = local[-1] + k * np.timedelta64(int(med), "D").astype(
+            f"timedelta64[{_resolution(local)}]"
+        )
+    try:
+        return _local_to_utc(fut, axis.tz, axis.labels)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _month_parts(labels: np.ndarray):
+    """``(months since 1970 as int64, day-of-month rule, time of day)`` of datetimes that all sit
+    on one day of their month (a day of at most 28, or the month's last: rule ``-1``) at one time
+    of day; ``None`` for any other datetimes and for fewer than two of them."""
+    if labels.size < 2 or labels.dtype.kind != "M":
+        return None
+    try:
+        days = labels.astype("datetime64[D]")
+        month = labels.astype("datetime64[M]")
+        # the time of day, exact at the labels' resolution (days floor towards the past)
+        tod = labels - days.astype(labels.dtype)
+    except (OverflowError, ValueError):
+        return None
+    if (tod != tod[0]).any():
+        return None
+    dom = (days - month.astype("datetime64[D]")).astype(np.int64) + 1
+    if (dom == dom[0]).all() and dom[0] <= 28:
+        rule = int(dom[0])
+    elif ((days + np.timedelta64(1, "D")).astype("datetime64[M]") != month).all():
+        rule = -1  # every date the last of its month
+    else:
+        return None
+    return month.astype(np.int64), rule, tod[0]
+
+
+def _calendar_step(parts) -> int | None:
+    """The median positive step of :func:`_month_parts`' months where it is whole, else (or
+    without parts) ``None``."""
+    if parts is None:
+        return None
+    d = np.diff(parts[0])
+    d = d[d > 0]
+    if not d.size:
+        return None
+    med = float(np.median(d))
+    return int(med) if med == int(med) else None
+
+
+def _calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The dates ``k * months`` calendar months after the last of ``labels``, on the same day
+    of the month (or month end) and time of day (``parts``: their :func:`_month_parts`)."""
+    m, rule, tod = parts
+    res = _resolution(labels)
+    fut = (m[-1] + k * months).astype("datetime64[M]")
+    if rule == -1:
+        day = (fut + np.timedelta64(1, "M")).astype("datetime64[D]") - np.timedelta64(1, "D")
+    else:
+        day = fut.astype("datetime64[D]") + np.timedelta64(rule - 1, "D")
+    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        try:
+            out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
+        except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
+            continue
+        if (out.astype("datetime64[D]") == day).all():
+            return out
+    raise ValueError(
+        f"steps: {int(k[-1])} steps of {months} months after {labels[-1]} leave the range of "
+        "datetime64"
+    )
+
+
+MAX_FORECAST_STEPS = 1_000_000
+
+
+def check_steps(steps, name: str = "steps") -> int:
+    """A positive number of forecast steps, at most :data:`MAX_FORECAST_STEPS` (memory bound)."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, (bool, np.bool_)) or steps < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {steps!r}")
+    if steps > MAX_FORECAST_STEPS:
+        raise ValueError(
+            f"{name}: expected at most {MAX_FORECAST_STEPS} forecast steps (each step holds a "
+            f"value per series in memory), got {steps}"
+        )
+    return int(steps)
+
+
+def _resolution(arr: np.ndarray) -> str:
+    unit, _ = np.datetime_data(arr.dtype)
+    return unit if unit in _NS_PER else "s"
+
+
+def _resolution_td(td) -> str:
+    unit, _ = np.datetime_data(np.asarray(td).dtype)
+    return unit
+
+
+def _normalize_datetimes(arr: np.ndarray) -> np.ndarray:
+    """datetime64 at s/ms/us/ns resolution (coarser units become seconds, finer ones ns)."""
+    unit, count = np.datetime_data(arr.dtype)
+    if unit in _NS_PER and count == 1:
+        return arr
+    if unit in ("Y", "M", "W", "D", "h", "m") or (unit in _NS_PER and count != 1):
+        return arr.astype("datetime64[s]")
+    return arr.astype("datetime64[ns]")
+
+
+def _split_ns(arr: np.ndarray):
+    """``(seconds int64, nanoseconds int64 in [0, 1e9))`` of datetime64 values, without overflow."""
+    res = _resolution(arr)
+    v = _normalize_datetimes(arr).astype(f"datetime64[{res}]").view(np.int64)
+    per = 10**9 // _NS_PER[res]
+    sec, sub = np.divmod(v, per)
+    return sec, sub * _NS_PER[res]
+
+
+def elapsed(labels: np.ndarray, origin, unit: np.timedelta64) -> np.ndarray:
+    """``(labels - origin) / unit`` as float64 for datetime64 values of any span and resolution.
+
+    Seconds and sub-seconds are subtracted apart in int64 (exact), then combined in float64: one
+    rounding, so a relative error below 2.3e-16 of the elapsed time.
+
+    >>> a = np.array(["1700-01-01", "2008-01-01", "9999-12-31"], dtype="datetime64[s]")
+    >>> elapsed(a, a[0], np.timedelta64(1, "D")).tolist()
+    [0.0, 112494.0, 3031511.0]
+    """
+    labels = np.asarray(labels)
+    sec, sub = _split_ns(labels)
+    sec0, sub0 = _split_ns(np.asarray([origin], dtype=labels.dtype))
+    unit_ns = float(int(np.timedelta64(unit, "ns") / np.timedelta64(1, "ns")))
+    ds = (sec - sec0[0]).astype(np.float64)
+    dn = (sub - sub0[0]).astype(np.float64)
+    return (ds * 1e9 + dn) / unit_ns
+
+
+def parse_time_unit(time_unit) -> tuple[np.timedelta64, str]:
+    """``time_unit`` (``"D"``, ``"12h"``, ``"365.25D"``, timedelta64, timedelta) -> (ns, name)."""
+    if time_unit is None:
+        time_unit = DEFAULT_DATETIME_UNIT
+    name = str(time_unit)
+    if isinstance(time_unit, (np.timedelta64, _dt.timedelta)):
+        name = None
+    if isinstance(time_unit, np.timedelta64):
+        if np.isnat(time_unit):
+            raise ValueError(f"time_unit: expected a positive duration, got {time_unit!r}")
+        td = time_unit.astype("timedelta64[ns]")
+    elif isinstance(time_unit, _dt.timedelta):
+        td = np.timedelta64(int(round(time_unit.total_seconds() * 1e9)), "ns")
+    elif isinstance(time_unit, str):
+        if re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", time_unit):
+            # a bare number is nanoseconds to pandas, and no one means that: ask for a unit
+            raise ValueError(
+                f"time_unit: expected a duration with its unit, such as '{time_unit.strip()}D' "
+                f"(days) or '{time_unit.strip()}h' (hours), got {time_unit!r}"
+            )
+        try:
+            import pandas as pd
+
+            td = np.timedelta64(pd.Timedelta(time_unit).value, "ns")
+        except (ImportError, ValueError, OverflowError) as err:
+            raise ValueError(
+                "time_unit: expected a duration such as '1D', '12h' or '365.25D', got "
+                f"{time_unit!r}"
+            ) from err
+    else:
+        raise TypeError(
+            f"time_unit: expected a string, numpy.timedelta64 or datetime.timedelta, got "
+            f"{type(time_unit).__name__}"
+        )
+    if np.isnat(td) or not td > np.timedelta64(0, "ns"):
+        raise ValueError(f"time_unit: expected a positive duration, got {time_unit!r}")
+    return td, name or _unit_name(td)
+
+
+def _unit_name(td: np.timedelta64) -> str:
+    ns = int(td / np.timedelta64(1, "ns"))
+    for suffix, size in (
+        ("D", 86400 * 10**9),
+        ("h", 3600 * 10**9),
+        ("min", 60 * 10**9),
+        ("s", 10**9),
+    ):
+        if ns % size == 0:
+            return f"{ns // size}{suffix}"
+    return f"{ns}ns"
