@@ -127,7 +127,9 @@ def _mtv(X, v):
 
 @helper
 def _sym(X):
-    return 0.5 * (X + tl.trans(X))
+    # halved first: no overflow where X + X' would pass the range (a prediction in the top
+    # binade, finite on the CPU backends); 0.5 (X + X') bit for bit where the halves are normal
+    return 0.5 * X + 0.5 * tl.trans(X)
 
 
 @helper
@@ -278,7 +280,9 @@ def _gj(M, X, u, rv, ri, cj, NP: tl.constexpr):
     """``M^-1 [X, u]`` by Gauss-Jordan elimination with partial pivoting ([NP, NP] tiles)."""
     for k in tl.static_range(NP):
         colM = tl.sum(tl.where(cj == k, M, 0.0), axis=1)
-        p = tl.argmax(tl.where(rv >= k, tl.abs(colM), -1.0), axis=0)
+        # a NaN entry (a series whose prediction passed the range, :data:`LOST`) ranks below
+        # every number: the interpreter's argmax refuses an all-NaN column
+        p = tl.argmax(tl.where(rv >= k, tl.where(colM == colM, tl.abs(colM), -0.5), -1.0), axis=0)
         rowMk = tl.sum(tl.where(ri == k, M, 0.0), axis=0)
         rowMp = tl.sum(tl.where(ri == p, M, 0.0), axis=0)
         rowXk = tl.sum(tl.where(ri == k, X, 0.0), axis=0)
@@ -393,6 +397,11 @@ WHOLE_RATIO = tl.constexpr(1e-4)
 # (kalmanscan.dense.sequential.NEAR_STEP): the scalar updates keep their posterior's small
 # directions to eps tr P only
 NEAR_STEP = tl.constexpr(1e4)
+# the bit of the launch's word (beside the screen's and the gate's) that :func:`chunk_filter`
+# sets where a predicted covariance has an entry past the range (inf or NaN): the caller then
+# applies the rule of the CPU backends (kalmanscan.dense.api._lost_steps), :func:`_lost_rule`
+LOST_BIT = 16
+LOST = tl.constexpr(LOST_BIT)
 
 
 @helper
@@ -451,7 +460,7 @@ def _factor_update(z_ptr, H_ptr, r_ptr, m, P, s, t, T, n, rv, ri, cj, NP: tl.con
 @triton.jit
 def chunk_filter(
     z_ptr, F_ptr, c_ptr, Q_ptr, H_ptr, r_ptr, S_ptr,
-    mean_ptr, cov_ptr, prec_ptr, pm_ptr, pP_ptr, ll_ptr,
+    mean_ptr, cov_ptr, prec_ptr, pm_ptr, pP_ptr, ll_ptr, word_ptr,
     T, n, L, NC,
     NP: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
@@ -459,13 +468,15 @@ def chunk_filter(
     step whose entries shrink the state 1e4-fold in every direction (near noise-free entries
     observing the whole state) takes :func:`_factor_update` instead, whose rounding is relative
     to the posterior (the scalar updates' is ``eps |P| / |P_+|``: 1.9e-4 at R = 1e-12 I under a
-    unit prediction, 3.5e2 under a 1e6 one)."""
+    unit prediction, 3.5e2 under a 1e6 one). Sets :data:`LOST` in ``word`` [1] where a
+    prediction has an entry that is not finite."""
     ch, s, rv, ri, cj, mm, Fm, Qm, cv = _program_model(F_ptr, Q_ptr, c_ptr, n, NP)
     start = S_ptr + (s * NC + ch) * (NP + 1) * NP
     P = tl.load(start + ri * NP + cj)
     m = tl.load(start + NP * NP + rv)
     ll = tl.zeros([1], Fm.dtype)
     ll = tl.sum(ll, axis=0)
+    lost = 0
     t0 = ch * L
     t1 = tl.minimum(t0 + L, T)
     if D == 1:
@@ -479,7 +490,10 @@ def chunk_filter(
         tl.store(pP_ptr + o * n + ri * n + cj, P, mask=mm)
         mp = m
         Pp = P
-        tr_pred = tl.sum(tl.sum(tl.where(ri == cj, Pp, 0.0), axis=1), axis=0)
+        # the off-diagonal entries as P - P (0 where finite): the trace, NaN where an entry is not
+        # finite (a false alarm where finite entries sum past the range: the caller checks)
+        tr_pred = tl.sum(tl.sum(tl.where(ri == cj, Pp, Pp - Pp), axis=1), axis=0)
+        lost += (tr_pred - tr_pred != 0.0).to(tl.int32)
         near = 0
         for k in tl.static_range(D):
             if D == 1:
@@ -514,6 +528,8 @@ def chunk_filter(
         tl.store(cov_ptr + o * n + ri * n + cj, P, mask=mm)
         tl.store(prec_ptr + o * n + ri * n + cj, _sym(_inv_spd(P, rv, ri, cj, n, NP)), mask=mm)
     tl.store(ll_ptr + s * NC + ch, ll)
+    if lost > 0:  # rare
+        tl.atomic_or(word_ptr, LOST)
 
 
 @helper
@@ -721,15 +737,17 @@ def _launch(model, layout, smooth: bool, checks=None):
     (:func:`kalmanscan.dense._args.any_bad`) for what :func:`check_inputs` refuses (an infinite
     observation; an R without a Cholesky factor, a full one with missing observations) and, with
     ``checks`` (:class:`kalmanscan.dense._args.ValueChecks`), for what its exact checks could
-    refuse or change (:meth:`~kalmanscan.dense._args.ValueChecks.screen`), and read back once,
-    the call's one host synchronization: with d = 1 on a GPU after the launches, waiting for the
-    screen only (:func:`_flags_reader`); with d > 1 before them, with whether R is full
-    (whitened); on the CPU (the interpreter, whose kernels refuse NaN pivots) before them too.
-    ``flagged``: the screen was set, the caller must run the exact checks; ``gated``: the
-    :func:`gate` kernel (launched first, its bit in the same word) found that a direction of the
-    state may be known exactly, the caller must not use the parts; parts None: nothing was
-    launched. Scratch and outputs share one buffer; the outputs are views of it in the
-    user's layout."""
+    refuse or change (:meth:`~kalmanscan.dense._args.ValueChecks.screen`), and read back after
+    the filter's launch, waiting for it (on a GPU through :func:`_flags_reader`, not for the
+    smoother's), with :func:`chunk_filter`'s :data:`LOST` bit: the call's one host
+    synchronization with d = 1; with d > 1 the word is read before the launches too, for whether
+    R is full (whitened). ``flagged``: the screen was set, the caller must run the exact checks;
+    ``gated``: the :func:`gate` kernel (launched first, its bit in the same word) found that a
+    direction of the state may be known exactly, the caller must not use the parts; parts None:
+    nothing was launched or nothing is to be used (flagged or gated, and a prediction past the
+    range). With :data:`LOST` alone the parts follow the CPU backends' rule (:func:`_lost_rule`,
+    warning). Scratch and outputs share one buffer; the outputs are views of it in the user's
+    layout."""
     from kalmanscan.dense import _args
 
     B, T, d = model.z.shape
@@ -764,14 +782,11 @@ def _launch(model, layout, smooth: bool, checks=None):
     launch(gate, (B,), F, Q, P0, *P0.stride(), pre, word, n, bound, K=pre.numel(), NP=NP,
            num_warps=nw)  # fmt: skip
     gated_bit = 1 << pre.numel()
-    if d > 1 or not z.is_cuda:
+    if d > 1:  # whether R is full decides what the kernels take (whitened z, H): read it first
         bits = word.tolist()[0]
-        full = bool(bits & 2) if d > 1 else False
+        full = bool(bits & 2)
         if bits & (1 | gated_bit):
             return None, bool(bits & 1), bool(bits & gated_bit)
-        read = None
-    else:
-        read = _flags_reader(word)
     ll_shift = None
     if full:
         H = model.H[:, 0]
@@ -848,8 +863,11 @@ def _launch(model, layout, smooth: bool, checks=None):
         else:
             launch(carry, (1, B), GE, prior, SG, NG, NG, 1, NP=NP, num_warps=nw)
             launch(carry, (NG, B), E, SG, S, NC, G, NG, NP=NP, num_warps=nw)
-    launch(chunk_filter, (NC, B), z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, T, n, L,
-           NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
+    launch(chunk_filter, (NC, B), z, F, c, Q, H, r, S, mean, cov, prec, pm, pP, ll, word, T, n,
+           L, NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
+    # the word (with d > 1 once more) after the filter, for its LOST bit: on CUDA waiting for
+    # the launches so far only
+    read = _flags_reader(word) if z.is_cuda else lambda: word.tolist()[0]
     loglik = ll.sum(-1)
     if ll_shift is not None:
         loglik = loglik - (ll_shift * T).reshape(layout.batch_shape)
@@ -860,8 +878,40 @@ def _launch(model, layout, smooth: bool, checks=None):
         launch(chunk_smooth, (NC, B), F, c, Q, mean, cov, after, smean, scov, sprec, T, n, L, NC,
                NP=NP, num_warps=nw)  # fmt: skip
         parts += (smean, scov, sprec)
-    bits = read() if read is not None else 0
-    return parts, bool(bits & 1), bool(bits & gated_bit)
+    bits = read()
+    flagged, gated = bool(bits & 1), bool(bits & gated_bit)
+    if bits & LOST_BIT:
+        if flagged or gated:  # the caller's checks first (they may refuse the call), then again
+            return None, flagged, gated
+        parts = _lost_rule(layout, parts)
+    return parts, flagged, gated
+
+
+# each of :func:`_launch`'s parts in order: (trailing dims, which mask of
+# kalmanscan.dense.api._lost_steps: filtered 0, predicted 1, smoothed 2; None: the loglik)
+_LOST_PARTS = ((1, 0), (2, 0), (2, 0), (1, 1), (2, 1), (0, None), (1, 2), (2, 2), (2, 2))
+
+
+def _lost_rule(layout, parts):
+    """``parts`` under the CPU backends' rule for a predicted covariance past the range
+    (:func:`kalmanscan.dense.api._lost_steps`, decided on the predictions the filter wrote): the
+    lost series' moments NaN from that step on (smoothed: all), written into the outputs, its
+    log-likelihood NaN with the ``RuntimeWarning`` naming it; the other series untouched."""
+    from kalmanscan.dense import api
+
+    nb = len(layout.batch_shape)
+
+    def steps(t, k):  # an output in the user's layout as its [B, T, *trail] view
+        return torch.movedim(t, layout.axis, nb).view(-1, layout.T, *t.shape[t.ndim - k :])
+
+    lost = api._lost_steps(steps(parts[4], 2))
+    if lost is None:  # finite entries whose trace passed the range
+        return parts
+    for t, (k, which) in zip(parts, _LOST_PARTS, strict=False):
+        if which is not None:
+            steps(t, k).masked_fill_(lost[which].view(*lost[which].shape, *(1,) * k), math.nan)
+    loglik = api._lost_loglik(layout, lost, parts[5].reshape(-1)).view(parts[5].shape)
+    return (*parts[:5], loglik, *parts[6:])
 
 
 def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
@@ -876,7 +926,9 @@ def dense_triton(model, layout, smooth: bool, chunk: int, checks=None):
     :class:`kalmanscan.dense._args.Model`, not results) where they find a prior covariance with
     inf on its diagonal (diffuse: outside this backend's class); the caller dispatches it.
     Raises :class:`Unserved` (a ``ValueError``) where a direction of the state may be known
-    exactly (:func:`gate`)."""
+    exactly (:func:`gate`). A series whose predicted covariance passes the range follows the
+    CPU backends' rule (:func:`_lost_rule`: its log-likelihood NaN with a ``RuntimeWarning``,
+    its moments NaN from that step on)."""
     from kalmanscan.dense import _args
     from kalmanscan.dense.api import DenseFilterResult, DenseSmoothResult
 
