@@ -16,7 +16,7 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("xarray")
 pytest.importorskip("matplotlib")
 
-from kalmanscan.timeseries import csvfile  # noqa: E402
+from kalmanscan.timeseries import csv_layout, csvfile  # noqa: E402
 from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 from kalmanscan.timeseries.csvfile import InputError, read_csv_series  # noqa: E402
 
@@ -50,7 +50,7 @@ ENDS = [b"\n", b"\r\n"]
 
 @pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1 << 20])
 def test_single_pass_equals_the_line_by_line_reference(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(csvfile, "_BLOCK", block)
+    monkeypatch.setattr(csv_layout, "_BLOCK", block)
     rng = np.random.default_rng(block)
     path = tmp_path / "f.csv"
     for k in range(60):
@@ -68,7 +68,7 @@ def test_single_pass_equals_the_line_by_line_reference(tmp_path, monkeypatch, bl
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 5])
 def test_a_utf8_sequence_cut_by_ascii_bytes_is_not_utf8(tmp_path, monkeypatch, block):
     # a lead byte, a line end, then a continuation byte: no character, whatever the blocks
-    monkeypatch.setattr(csvfile, "_BLOCK", block)
+    monkeypatch.setattr(csv_layout, "_BLOCK", block)
     path = tmp_path / "f.csv"
     path.write_bytes(b"t,v\nx\xc3\n\xa9y\n")
     encoding, comments, rows = csvfile._scan_file(str(path))
@@ -77,7 +77,7 @@ def test_a_utf8_sequence_cut_by_ascii_bytes_is_not_utf8(tmp_path, monkeypatch, b
 
 @pytest.mark.parametrize("raw", [b"t,v\r1,2\r# c\r3,4\r", b"t,v\n1,2\r# c\n"], ids=["cr", "mixed"])
 def test_lone_carriage_returns_are_scanned_line_by_line(tmp_path, monkeypatch, raw):
-    monkeypatch.setattr(csvfile, "_BLOCK", 3)
+    monkeypatch.setattr(csv_layout, "_BLOCK", 3)
     path = tmp_path / "f.csv"
     path.write_bytes(raw)
     got = csvfile._scan_file(str(path))
@@ -100,7 +100,7 @@ def _big(tmp_path, rows=30000, tail=b""):
 
 @pytest.mark.parametrize("block", [4096, 1 << 20])
 def test_checks_still_see_the_end_of_a_large_file(tmp_path, capsys, monkeypatch, block):
-    monkeypatch.setattr(csvfile, "_BLOCK", block)
+    monkeypatch.setattr(csv_layout, "_BLOCK", block)
     # a NUL byte in the last line
     path = _big(tmp_path, tail=b"30000,1\x00\n")
     with pytest.raises(InputError, match="is a binary file"):

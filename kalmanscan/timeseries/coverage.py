@@ -1,6 +1,6 @@
 """Coverage levels and the central intervals of a normal distribution.
 
-Shared by the model's forecasts (:mod:`kalmanscan.timeseries.model`), the Dataset view
+Shared by the model's forecasts (:mod:`kalmanscan.timeseries.model_forecast`), the Dataset view
 (:mod:`kalmanscan.timeseries.dataset`), the plots and the command line.
 
 >>> lo, hi = interval(0.0, 4.0, 0.95)

@@ -1,10 +1,14 @@
-"""The CSV reader of ``kalmanscan filter``: :func:`read_csv_series` and its helpers.
+"""The CSV reader of ``kalmanscan filter``: :func:`read_csv_series`, the time column, the
+choice of columns and the reader's notes.
 
-One pass over the file's bytes finds its encoding, comment and blank lines
-(:func:`_scan_file`); the separator is read from the header (:func:`_separator`), the fields
-checked against it (:func:`_check_fields`), and pandas reads the cells as text; the time column
-(:func:`_parse_times`) and the value columns (:func:`_parse_values`, with ``--missing``'s markers)
-are then parsed here, so every refusal names the file, column, row and cell. Docs: docs/cli.md.
+The file's layout is read first (:mod:`~kalmanscan.timeseries.csv_layout`: one pass over its
+bytes finds its encoding, comment and blank lines; the separator is read from the header and the
+fields checked against it), and pandas reads the cells as text; the time column
+(:func:`_parse_times`) is parsed here and the value columns by
+:mod:`~kalmanscan.timeseries.csv_numbers` (``_parse_values``, with ``--missing``'s markers,
+decimal commas and thousands separators), so every refusal names the file, column, row and cell.
+Here too: which columns hold values (notes on those skipped), long tables (``--series-col``),
+duplicate times, and ``--missing``'s markers and notes. Docs: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -12,281 +16,25 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 
 import numpy as np
 
-
-class InputError(Exception):
-    """Bad user input; the message is printed as is and the command exits with status 2."""
-
-
-_SEPARATORS = (",", ";", "\t", "|")
-_SEP_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "vertical bars"}
-_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
-# spaces as thousands separators, as French and SI exports write them (1 680,0): a space, or a
-# no-break, thin or narrow no-break space; refused as commas and points are (docs/cli.md)
-_SPACES = {" ": "a space", "\u00a0": "U+00A0, a no-break space", "\u2009": "U+2009, a thin space",
-           "\u202f": "U+202F, a narrow no-break space"}  # fmt: skip
-# (the spaces themselves in the class, not \u escapes, which some regular-expression engines
-# refuse: pandas 3.0's pyarrow strings)
-_SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}([" + "".join(_SPACES) + r"]\d{3})+([.,]\d*)?$")
-
-
-_SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
-
-
-_BLOCK = 1 << 20  # bytes read at a time: no copy of a large file in memory
-# a line start (after a \n) whose first character other than ASCII spaces is #, a line end or a
-# non-ASCII byte (maybe a Unicode space): a comment or blank line, or a line to decode and see
-_MAYBE_SKIPPED = re.compile(rb"\n[ \t\x0b\x0c\x1c-\x1f]*(?=[#\r\n\x80-\xff]|\Z)")
-
-
-def _scan_file(path: str) -> tuple[str, list[int], list[int] | range]:
-    """``(encoding, comments, rows)`` of a CSV in one pass over its bytes.
-
-    ``encoding``: ``utf-16`` after its byte-order mark (Excel's "Unicode text"), ``utf-8`` (a
-    byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8 but is
-    Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the reader
-    then names the undecodable byte). A workbook or other binary file (a NUL byte anywhere) is
-    refused. ``comments`` and ``rows`` are :func:`_scan_lines`'s, found in the bytes: the lines
-    it would decode and strip are those that start with ASCII spaces and then ``#``, a line end
-    or a non-ASCII byte, decoded here alone. A UTF-16 file, or one with lines ended by a lone
-    ``\r`` (old Macs), is scanned by :func:`_scan_lines`, the reference this pass is tested
-    against."""
-    import codecs
-
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-    if head.startswith((b"PK\x03\x04", b"\xd0\xcf\x11\xe0")):
-        raise InputError(
-            f"{path}: is a spreadsheet workbook (.xlsx, .xls or .ods), not a CSV; save the sheet "
-            "as CSV first"
-        )
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return ("utf-16", *_scan_lines(path, "utf-16"))
-    decoder = codecs.getincrementaldecoder("utf-8-sig")()
-    utf8, lone_cr = True, False
-    maybe = []  # (0-based line, its bytes)
-    lines = 0  # lines before the chunk
-    carry: list[bytes] = []  # the bytes after the last line end read
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(_BLOCK)
-            if b"\x00" in block:
-                raise InputError(
-                    f"{path}: is a binary file (it holds NUL bytes), expected a CSV text file"
-                )
-            # (an ASCII block is UTF-8, unless it cuts a character begun before it)
-            if utf8 and (not block.isascii() or decoder.getstate()[0]):
-                try:
-                    decoder.decode(block)
-                except UnicodeDecodeError:
-                    utf8 = False
-            cut = block.rfind(b"\n") + 1 if block else len(block)
-            if block and cut == 0:  # no line end in the block: a long line goes on
-                carry.append(block)
-                continue
-            chunk = b"".join([*carry, block[:cut]])
-            carry = [block[cut:]]
-            if chunk:
-                if b"\r" in chunk and chunk.count(b"\r") != chunk.count(b"\r\n"):
-                    lone_cr = True
-                at, seen = 0, 0  # line ends before chunk[at]
-                for m in _MAYBE_SKIPPED.finditer(b"\n" + chunk):
-                    start = m.start()  # (in chunk, where its line starts)
-                    if start == len(chunk):  # (after the chunk's last line end: no line)
-                        break
-                    seen += chunk.count(b"\n", at, start)
-                    at = start
-                    stop = chunk.find(b"\n", start)
-                    maybe.append((lines + seen, chunk[start : stop if stop >= 0 else len(chunk)]))
-                lines += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
-            if not block:
-                break
-    if utf8:
-        try:
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            utf8 = False
-    encoding = "utf-8"
-    if not utf8:  # (a second pass, for files that are not UTF-8 only)
-        decoder = codecs.getincrementaldecoder("cp1252")()
-        try:
-            with open(path, "rb") as fh:
-                while block := fh.read(_BLOCK):
-                    decoder.decode(block)
-            encoding = "cp1252"
-        except UnicodeDecodeError:
-            pass
-    if lone_cr:
-        return (encoding, *_scan_lines(path, encoding))
-    comments, blank = [], []
-    for i, raw in maybe:
-        text = raw.decode(encoding, errors="replace").strip()
-        if text.startswith("#"):
-            comments.append(i)
-        elif not text:
-            blank.append(i)
-    if not comments and not blank:
-        return encoding, comments, range(1, lines + 1)  # (indexed and sliced as the list)
-    skipped = np.array(sorted(comments + blank), dtype=np.int64)
-    return encoding, comments, np.delete(np.arange(1, lines + 1), skipped).tolist()
-
-
-def _separator(path: str, encoding: str = "utf-8") -> tuple[str, int | None]:
-    """The field separator of a CSV, and the 0-based line of Excel's ``sep=;`` naming it (for
-    the reader to skip) or None. Without that line, of ``, ; tab |`` the one its header line
-    (the first line that is not a comment or blank) holds most often among those the first data
-    line holds as often (a ``|`` inside a column name does not count); commas when none is more
-    frequent."""
-    try:
-        with open(path, encoding=encoding, errors="replace") as fh:
-            lines = ((i, ln.lstrip("\ufeff")) for i, ln in enumerate(fh))
-            lines = ((i, ln) for i, ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
-            (at, header), data = next(lines, (None, "")), next(lines, (None, None))[1]
-    except OSError:
-        return ",", None
-    hint = _SEP_HINT.match(header.strip("\r\n"))
-    if hint:
-        return hint.group(1), at
-    counts = [_splits(header, c) for c in _SEPARATORS]
-    if data is not None:  # a separator splits the data line as it splits the header
-        counts = [
-            n if _splits(data, c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)
-        ]
-    return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), None
-
-
-def _splits(line: str, sep: str) -> int:
-    """How many times ``sep`` splits a CSV line, outside quoted fields.
-
-    >>> _splits('2024-01-01,"1,5",2', ","), _splits("a;b;c", ",")
-    (2, 0)
-    """
-    import csv
-
-    try:
-        return len(next(csv.reader([line.strip("\r\n")], delimiter=sep))) - 1
-    except (csv.Error, StopIteration):
-        return line.count(sep)
-
-
-def _decimal_commas(df, skip: tuple, path: str = "", row=None) -> list[str]:
-    """Columns of ``df`` (text) written with a decimal comma (``12,5``): some cell is no number
-    as written but is one with its comma read as a point, and no cell holds a point. The cells
-    that are then numbers are rewritten in place with points (any other cell stays as written,
-    for a message to quote it as the file holds it); the columns' names returned. Only for files
-    not separated by commas.
-
-    A column whose every comma is followed by three digits (``2,120``) reads as thousands
-    (2120) as well as decimals (2.12): refused, naming both readings."""
-    import pandas as pd
-
-    row = row or (lambda i: i + 2)
-    found = []
-    for c in df.columns:
-        if c in skip:  # the time and series-name columns
-            continue
-        text = df[c].where(df[c].isna(), df[c].astype(str).str.strip())
-        given = text.notna() & (text != "")
-        if not given.any() or text[given].str.contains(".", regex=False).any():
-            continue
-        comma = given & text.str.contains(",", regex=False)
-        if not comma.any():
-            continue
-        if text[comma].str.fullmatch(r"[+-]?\d{1,3}(,\d{3})+").all():
-            i = int(np.flatnonzero(comma.to_numpy())[0])
-            cell = text.iloc[i]
-            raise InputError(
-                f"{path}: column {c!r} row {row(i)}: {cell!r} reads as "
-                f"{cell.replace(',', '')} (a thousands separator) and as "
-                f"{cell.replace(',', '.', 1)} (a decimal comma), and every comma in the column "
-                "is followed by three digits; write the numbers without thousands separators "
-                "(or with a decimal point)"
-            )
-        swapped = text.where(~given, text.str.replace(",", ".", n=1, regex=False))
-        before = pd.to_numeric(text.where(given), errors="coerce").notna()
-        after = pd.to_numeric(swapped.where(given), errors="coerce").notna()
-        if after.sum() > before.sum():  # (a cell that is no number either way is named later)
-            df[c] = df[c].mask(after, swapped)
-            found.append(c)
-    return found
-
-
-def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int]]:
-    """``(comments, rows)``: the 0-based lines that are comments (their first character other
-    than a space is ``#``: a ``#`` later in a line, as in a column name ``GDP #1`` or Excel's
-    ``#N/A``, is text) for the reader to skip, and the 1-based line of every other line that is
-    not blank, so messages name the line a user sees in an editor or spreadsheet. Line by line
-    in text mode: the reference of :func:`_scan_file`, and its pass for UTF-16 and lone-``\\r``
-    files."""
-    comments, rows = [], []
-    try:
-        with open(path, encoding=encoding, errors="replace") as fh:
-            for i, line in enumerate(fh):
-                text = line.strip()
-                if text.startswith("#"):
-                    comments.append(i)
-                elif text:
-                    rows.append(i + 1)
-    except OSError:
-        return [], []
-    return comments, rows
-
-
-def _check_fields(
-    path: str, encoding: str, sep: str, lines: list[int], n: int = 50
-) -> tuple[list[str] | None, int]:
-    """``(names, widest)``: the header's column names as written (before pandas renames
-    repeated names: ``rate``, ``rate.1``; ``None`` where it cannot be read), and, compared with
-    the first ``n`` data rows' fields, the widest row's field count where some rows hold fields
-    after the header's, empty in some rows (trailing separators, flags now and then: read as
-    unnamed columns), else 0. Refuses a file whose every row has more fields than the header
-    holds names, all filled (a column without a name, as R's row names; pandas would take the
-    first column as an index and shift the others); a header of one field before wider rows is
-    named as a title line."""
-    import csv
-
-    if not lines:
-        return None, 0
-    want = set(lines[: n + 1])
-    rows = {}
-    try:
-        with open(path, encoding=encoding, errors="replace", newline="") as fh:
-            for i, text in enumerate(fh, 1):
-                if i in want:
-                    rows[i] = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep,
-                                              skipinitialspace=True))  # fmt: skip
-                if i >= lines[min(n, len(lines) - 1)]:
-                    break
-    except (OSError, csv.Error, StopIteration):
-        return None, 0
-    header = rows.get(lines[0])
-    if header is None:
-        return None, 0
-    names = [f.strip() for f in header]
-    extra = [(i, f) for i, f in rows.items() if i != lines[0] and len(f) > len(header)]
-    if not extra:
-        return names, 0
-    data = [f for i, f in rows.items() if i != lines[0]]
-    filled = [bool("".join(f[len(header) :]).strip()) for _, f in extra]
-    if len(extra) < len(data) or not all(filled):
-        # some rows end where the header does, or with empty fields: trailing separators, or
-        # flags now and then (read as unnamed columns), not a shifted header
-        return names, max(len(f) for _, f in extra)
-    i, f = extra[0]
-    if len(header) == 1:
-        raise InputError(
-            f"{path}: row {i} has {len(f)} fields but row {lines[0]}, taken as the header, has "
-            f"one ({header[0]!r}): lines before the header (a title or notes)? remove them or "
-            "start them with #"
-        )
-    raise InputError(
-        f"{path}: row {i} has {len(f)} fields but the header (row {lines[0]}) names {len(header)}: "
-        "every column needs a name in the header (R's write.table writes row names without one: "
-        "use write.csv, or row.names = FALSE)"
-    )
+# the file's layout and the value cells: used here, and importable from csvfile as before
+from kalmanscan.timeseries.csv_layout import (  # noqa: F401 - re-exported
+    _SEP_NAMES,
+    InputError,
+    _check_fields,
+    _scan_file,
+    _scan_lines,
+    _separator,
+)
+from kalmanscan.timeseries.csv_numbers import (
+    _decimal_commas,
+    _grouped_numbers,
+    _not_a_number_hint,
+    _parse_values,
+    _thousands_points,
+)
 
 
 def _missing_markers(markers) -> tuple[tuple[str, ...], dict[float, str]]:
@@ -832,155 +580,6 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
                 "--time-format sets the format)"
             )
         raise InputError(msg) from err
-
-
-_POINT_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(\.\d{3})+(,\d*)?$")  # 1.120 or 1.120,5
-
-
-def _thousands_points(df, skip: tuple, path: str, row) -> None:
-    """Refuse a column written with points as thousands separators (``1.120`` beside ``963``,
-    as spreadsheets write in countries with decimal commas), which would read as 1.12: every
-    cell with a point is grouped in threes, and some other cell is an integer without one, or
-    another column of the file writes decimals with commas (``11,2``)."""
-    texts = {c: df[c].astype(str).str.strip() for c in df.columns if c not in skip}
-    comma_file = next(
-        (c for c, text in texts.items()
-         if text.str.fullmatch(r"[+-]?\d+,\d+").any()
-         and not text.str.contains(".", regex=False).any()),
-        None,
-    )  # fmt: skip
-    for c, text in texts.items():
-        pointed = text.str.contains(".", regex=False)
-        if not pointed.any():
-            continue
-        grouped = text.str.match(_POINT_THOUSANDS.pattern)
-        if (pointed & ~grouped).any():
-            continue
-        plain = text.str.fullmatch(r"[+-]?\d+")
-        i = int(np.flatnonzero(grouped.to_numpy())[0])
-        fix = f"thousands separators are not read: write {text.iloc[i].replace('.', '')}"
-        if plain.any():
-            j = int(np.flatnonzero(plain.to_numpy())[0])
-            raise InputError(
-                f"{path}: column {c!r} row {row(i)}: {text.iloc[i]!r} has a point as a thousands "
-                f"separator (beside {text.iloc[j]!r}, row {row(j)}); {fix}"
-            )
-        if comma_file is not None and comma_file != c:
-            raise InputError(
-                f"{path}: column {c!r} row {row(i)}: {text.iloc[i]!r} has a point as a thousands "
-                f"separator (every point is followed by three digits, and column {comma_file!r} "
-                f"writes decimals with commas); {fix}"
-            )
-
-
-def _grouped_numbers(cells) -> bool:
-    """Whether a column's filled cells, none a number as written, are all numbers with
-    thousands separators (``1,120``, ``1.120,5``, ``1 120``): a value column, refused naming
-    the fix, not labels to skip."""
-    text = [str(c).strip() for c in cells]
-    # (Python's re, not pandas' str.match: under pandas 3.0 pyarrow strings take the patterns
-    # to RE2, which refused the class's \u escapes: every file failed to read)
-    pats = (_THOUSANDS, _POINT_THOUSANDS, _SPACE_THOUSANDS)
-    return len(text) > 0 and all(any(p.match(c) for p in pats) for c in text)
-
-
-def _not_a_number_hint(cell: str, sep: str = ",") -> str:
-    """What to do about a value cell (stripped, as the file holds it) that is not a number: for
-    thousands separators, the number to write; for a marker, the ``--missing`` option with the
-    exact text to pass (quoted for a shell where needed, and in the ``--missing=TEXT`` form for
-    a text that starts with ``-``, which would otherwise read as an option: ``--missing=-n/a``,
-    ``--missing=' --'``). ``sep``: the file's field separator (where it is a comma, a decimal
-    comma is to be written as a point)."""
-    missing = "leave the cell empty or write NaN for a missing value"
-    # a text starting with - would read as an option: the = form; argparse drops a bare --,
-    # which is given after a space (markers are matched stripped)
-    quoted = shlex.quote(" --" if cell == "--" else cell)
-    given = f"--missing={quoted}" if cell.startswith("-") else f"--missing {quoted}"
-    option = f"pass {given} to read every such cell as missing"
-    if _THOUSANDS.match(cell):
-        return f"thousands separators are not read: write {cell.replace(',', '')}"
-    if _POINT_THOUSANDS.match(cell):
-        return f"thousands separators are not read: write {cell.replace('.', '')}"
-    if _SPACE_THOUSANDS.match(cell):
-        number = "".join(c for c in cell if c not in _SPACES)
-        if sep == ",":  # (a decimal comma is read in files not separated by commas only)
-            number = number.replace(",", ".")
-        space = next(c for c in _SPACES if c in cell)
-        named = "" if space == " " else f"; the separator here is {_SPACES[space]}"
-        return f"thousands separators are not read: write {number}{named}"
-    if cell.startswith("#"):  # #N/A, #DIV/0!, #VALUE!
-        return f"a spreadsheet error value; {missing}, or {option}"
-    if cell in (".", ":", "..", "-", "--", "n/a", "N/A", "null", "NULL", "None"):
-        # FRED's '.', Eurostat's ':', statistics offices' '..' and '-'
-        return f"a missing-value marker of the source; {option}"
-    if re.fullmatch(r"[.:]+\s*[A-Za-z]{1,3}", cell):  # Eurostat's ': c' (confidential)
-        return f"a missing-value marker of the source with a flag; {option}"
-    m = re.fullmatch(r"([+-]?\d+(?:[.,]\d+)?)\s*([A-Za-z]{1,3})", cell)
-    if m:  # Eurostat's flags: 12.3 p (provisional), 4.5 e (estimated)
-        return f"a value with a flag ({m[2]!r}): write the number alone, {m[1]}"
-    if re.fullmatch(r"[<>]\s*\d+(?:\.\d+)?", cell):  # Google Trends' <1
-        return f"a bound, not a value: write a number, or {option}"
-    return f"{missing}, or {option}"
-
-
-def _parse_values(col, path, name, row=None, numbers=None, counts=None, parsed=None, sep=","):
-    """A value column's cells as float64, NaN where empty, NA or NaN; a cell equal in value to
-    one of ``numbers`` (``{value: marker}``, ``--missing``'s numeric markers) is NaN too, counted
-    in ``counts[marker][name]``. Refuses a cell that is no number, naming its row (and the other
-    texts in the column that are none), and infinite values. ``parsed``: the column through
-    ``pd.to_numeric(col, errors="coerce")``, where the caller has it; ``sep``: the file's field
-    separator (for :func:`_not_a_number_hint`)."""
-    import pandas as pd
-
-    row = row or (lambda i: i + 2)
-    # the cells as read: spaces around a number are read with it; only the cells that are no
-    # number so are stripped (of any whitespace) and read again, or named
-    values = pd.to_numeric(col, errors="coerce") if parsed is None else parsed
-    out = values.to_numpy(dtype=np.float64, na_value=np.nan)
-    nan = np.flatnonzero(np.isnan(out))
-    if nan.size:
-        out = out.copy()  # (pandas' array may be read-only)
-        sub = col.iloc[nan]
-        text = sub.where(sub.isna(), sub.astype(str).str.strip())
-        text = text.where(text != "", None)
-        again = pd.to_numeric(text, errors="coerce")
-        bad = again.isna() & text.notna() & ~text.astype(str).str.lower().isin(["nan", "na"])
-        if bad.any():
-            at = nan[bad.to_numpy()]
-            i = int(at[0])
-            first = str(text.loc[col.index[i]])
-            others = {}  # the column's other texts that are no number: their first row and count
-            for j in at[1:]:
-                t = str(col.iloc[int(j)]).strip()
-                if t != first:
-                    others.setdefault(t, [int(j), 0])[1] += 1
-            also = "; ".join(
-                f"{t!r} (row {row(j)}" + (f" and {k - 1} more)" if k > 1 else ")")
-                for t, (j, k) in list(others.items())[:5]
-            )
-            more = f" and {len(others) - 5} more texts" if len(others) > 5 else ""
-            raise InputError(
-                f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is not a number "
-                f"({_not_a_number_hint(first, sep)})"
-                + (f"; other cells of the column that are no number: {also}{more}" if also else "")
-            )
-        out[nan] = again.to_numpy(dtype=np.float64, na_value=np.nan)
-    if numbers and not out.flags.writeable:
-        out = out.copy()
-    for value, marker in (numbers or {}).items():  # matched by value: -9999.0 is -9999
-        hit = out == value
-        k = int(hit.sum())
-        if k:
-            out[hit] = np.nan
-            if counts is not None:
-                counts.setdefault(marker, {})[name] = k
-    if np.isinf(out).any():
-        i = int(np.flatnonzero(np.isinf(out))[0])
-        raise InputError(
-            f"{path}: column {name!r} row {row(i)}: {col.iloc[i]!r} is infinite or too large for "
-            "float64; expected a finite number or empty"
-        )
-    return out
 
 
 def _shorten(text: str, limit: int = 200) -> str:

@@ -1,4 +1,5 @@
-"""The Ornstein–Uhlenbeck / local-level model on a time axis, and forecasting from it.
+"""The Ornstein–Uhlenbeck / local-level model on a time axis (:class:`OUModel`: filter, smooth,
+simulate, a Dataset of results), and forecasting from it (:func:`forecast`).
 
 Notation (docs/model.md): the latent level follows ``dx = -theta (x - mu) dt + sigma dW`` with
 ``sigma2 = sigma**2``; an observation is ``z = x + e``, ``e ~ N(0, obs_var)``. Between timestamps a
@@ -19,339 +20,53 @@ times ``c``, variances times ``c**2``, the log-likelihood minus ``log c`` per co
 observation). Dividing by a power of two is exact, so the answer is the natural-unit one wherever
 that is representable, and data at 1e-150 or 1e150 give the scale-1 answer rescaled
 (docs/model.md, "Units and scale").
+
+The roles around the class have their own modules, their names importable from here as before:
+the data and parameters as given, checked and laid out time first
+(:mod:`~kalmanscan.timeseries.model_input`); the transition of each step, the default prior and
+the units (:mod:`~kalmanscan.timeseries.model_numerics`); forecasts from the filtered state at
+the last time (:mod:`~kalmanscan.timeseries.model_forecast`).
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core.discretize import discretize_ou
-from kalmanscan.core.filter import InfoState
-from kalmanscan.timeseries._messages import _plain
-from kalmanscan.timeseries.coverage import check_coverage, interval
-from kalmanscan.timeseries.times import (
-    TimeAxis,
-    _normalize_datetimes,
-    as_time_axis,
-    check_steps,
+from kalmanscan.timeseries._messages import _plain  # noqa: F401 - re-exported
+from kalmanscan.timeseries.coverage import check_coverage
+
+# the roles around the class: used here, and importable from model as before
+from kalmanscan.timeseries.model_forecast import (  # noqa: F401 - re-exported
+    Forecast,
+    forecast_from_state,
+    forecast_labels,
 )
+from kalmanscan.timeseries.model_input import (  # noqa: F401 - re-exported
+    _check_reciprocal,
+    _has_labels,
+    _param_array,
+    align_to_data,
+    series_input,
+)
+from kalmanscan.timeseries.model_numerics import (  # noqa: F401 - re-exported
+    _first_step,
+    _host_array,
+    _in_dtype,
+    _rescale_filter,
+    _scaled,
+    data_unit,
+    default_prior,
+    one_minus_decay,
+    ou_arrays,
+)
+from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 PARAMS = ("theta", "sigma2", "mu", "obs_var")
-
-
-def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
-    """``value`` checked (real, no NaN, in range) as a float or float64 array; a tensor is
-    checked the same way on its detached values (one readback) and kept as given, so gradients
-    flow through it."""
-    from kalmanscan.core._args import _FLOAT_TORCH, as_real_numpy
-
-    if value is None:
-        raise TypeError(f"{name}: expected a real number or array of numbers, got None")
-    if isinstance(value, torch.Tensor):
-        if value.is_meta:
-            raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
-        if value.dtype not in _FLOAT_TORCH:
-            raise TypeError(
-                f"{name}: expected a floating-point tensor (float32 or float64), got {value.dtype}"
-            )
-        arr = value.detach().to(torch.float64).cpu().numpy()  # (exact: the same checks)
-    else:
-        arr = as_real_numpy(name, value, missing_ok=False).astype(np.float64)
-    bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
-    if lo is not None:
-        bad |= (arr <= lo) if lo_open else (arr < lo)
-    if bad.any():
-        rng = "finite values"
-        if lo is not None:
-            rng = f"values {'>' if lo_open else '>='} {lo}"
-            rng += " (inf allowed)" if allow_inf else " and finite"
-        raise ValueError(f"{name}: expected {rng}, got {arr[bad].ravel()[0].item()!r}")
-    if isinstance(value, torch.Tensor):
-        return value
-    return float(arr) if arr.ndim == 0 else arr
-
-
-def _check_reciprocal(name, value):
-    """Refuse a positive variance whose reciprocal (a precision) overflows float64 (a
-    subnormal below ``1 / max``), as :func:`kalmanscan.filter` does, naming the same bound."""
-    if isinstance(value, torch.Tensor):  # its values as given, in float64 (one readback)
-        arr = value.detach().to(torch.float64).cpu().numpy()
-    else:
-        arr = np.asarray(value, dtype=np.float64)
-    with np.errstate(divide="ignore", over="ignore"):
-        bad = np.isinf(1.0 / arr)
-    if bad.any():
-        first = np.argwhere(bad)[0]
-        where = f" at index {tuple(int(i) for i in first)}" if arr.ndim else ""
-        raise ValueError(
-            f"{name}: expected values whose reciprocal is finite in {torch.float64} "
-            f"(>= {1 / np.finfo(np.float64).max:.3g}), got {arr[bad].ravel()[0].item()!r}{where}"
-        )
-
-
-def _has_labels(value) -> bool:
-    """A pandas ``Series``/``DataFrame`` or an xarray ``DataArray`` with dims: values that name
-    the series or steps they belong to."""
-    pd, xr = sys.modules.get("pandas"), sys.modules.get("xarray")
-    if pd is not None and isinstance(value, (pd.Series, pd.DataFrame)):
-        return True
-    return xr is not None and isinstance(value, xr.DataArray) and value.ndim > 0
-
-
-def align_to_data(name: str, value, z, axis: int = 0):
-    """A parameter matched by label to the data ``z`` (pandas or xarray, time on ``axis``) and laid
-    out time first, ``[T, *S]`` or ``[*S]`` (:func:`kalmanscan.core._args.align_labels`); as
-    given where either carries no labels (then it is used by position).
-
-    >>> import pandas as pd
-    >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
-    >>> align_to_data("sigma2", pd.Series({"b": 2.0, "a": 1.0}), z).tolist()
-    [1.0, 2.0]
-    """
-    from kalmanscan.core._args import align_labels
-
-    if not _has_labels(value):
-        return value
-    order = None
-    xr = sys.modules.get("xarray")
-    if xr is not None and isinstance(z, xr.DataArray) and -z.ndim <= axis < z.ndim:
-        time_dim = z.dims[axis]
-        order = (time_dim,) + tuple(d for d in z.dims if d != time_dim)
-    return align_labels(name, value, z, order)
-
-
-def series_input(z, times, axis: int = 0):
-    """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
-
-    pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given; a
-    ``RangeIndex`` too, e.g. ``10, 12, ...`` of a slice, the default ``0, 1, ...`` being the
-    default times) and a
-    DataFrame's columns as the series labels; an xarray DataArray gives the coordinate of its dim
-    on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
-    data pass the same check as ``kalmanscan.filter``
-    (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
-    booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
-    """
-    from kalmanscan.core._args import as_real_numpy
-
-    labels = None
-    xr = sys.modules.get("xarray")  # as pandas below: an xarray object means xarray is imported
-    if xr is not None and isinstance(z, xr.DataArray):
-        if not -z.ndim <= axis < z.ndim:
-            raise ValueError(
-                f"axis: expected an int in [{-z.ndim}, {z.ndim - 1}] for z of dims {z.dims}, "
-                f"got {axis}"
-            )
-        dim = z.dims[axis]
-        if times is None and dim in z.indexes:
-            times = z.indexes[dim]
-        if z.ndim == 2:
-            other = z.dims[1 - axis % 2]
-            if other in z.coords:
-                labels = [str(c) for c in z[other].values]
-        z = z.values
-    pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
-    if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
-        idx = z.index
-        default = isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1
-        if times is None and not default:  # (the default index 0, 1, ... is the default times)
-            times = idx
-        one = isinstance(z, pd.Series)
-        frame = z.to_frame() if one else z
-        if not one:
-            labels = [str(c) for c in z.columns]
-        for col, dtype in frame.dtypes.items():
-            if not (pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)):
-                raise TypeError(
-                    f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
-                    f"{dtype}"
-                )
-        # float32 columns (numpy's or pandas' nullable) stay float32, as in kalmanscan.filter
-        f32 = all(str(d) in ("float32", "Float32") for d in frame.dtypes)
-        z = frame.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
-        if one:
-            z = z[:, 0]
-        if axis != 0:
-            raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
-    arr = as_real_numpy("z", z)
-    arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
-    if arr.ndim == 0:
-        raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
-    if not -arr.ndim <= axis < arr.ndim:
-        raise ValueError(
-            f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, "
-            f"got {axis}"
-        )
-    arr = np.moveaxis(arr, axis, 0)
-    if np.isinf(arr).any():
-        i = tuple(
-            int(k) for k in np.unravel_index(int(np.flatnonzero(np.isinf(arr))[0]), arr.shape)
-        )
-        raise ValueError(f"z: expected finite values or NaN (missing), got {arr[i]} at index {i}")
-    if arr.shape[0] == 0:
-        raise ValueError("z: expected at least one time step, got an empty time axis")
-    return arr, times, labels
-
-
-def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
-    """Per-step ``(decay, process_var, offset)`` for steps ``dt [T]``, shaped ``[T, 1, ...]``
-    (``n_series_dims`` ones)
-    broadcast against the parameters (numpy, or torch when ``like`` is a tensor).
-    """
-    if isinstance(like, torch.Tensor):
-        dt = torch.as_tensor(np.asarray(dt), dtype=like.dtype, device=like.device)
-        dt = dt.reshape((-1,) + (1,) * n_series_dims)
-    else:
-        dt = np.asarray(dt, dtype=np.float64).reshape((-1,) + (1,) * n_series_dims)
-    decay, process_var = discretize_ou(theta, sigma2, dt)
-    offset = mu * one_minus_decay(theta, dt, decay)
-    return decay, process_var, offset
-
-
-def one_minus_decay(theta, dt, decay):
-    """``1 - decay`` as ``-expm1(-theta dt)``, in ``decay``'s type: ``1 - exp(-x)`` keeps only
-    ``x``'s leading digits where ``x`` is tiny (``theta = 1e-12, mu = 1e10``: the offset 1.4e-7
-    off)."""
-    if isinstance(decay, torch.Tensor):
-        th = torch.as_tensor(theta, dtype=decay.dtype, device=decay.device)
-        return -torch.expm1(-(th * torch.as_tensor(dt, dtype=decay.dtype, device=decay.device)))
-    return -np.expm1(-(np.asarray(theta, dtype=np.float64) * np.asarray(dt, dtype=np.float64)))
-
-
-def default_prior(theta, sigma2, mu):
-    """``(prior_mean, prior_var)``: stationary ``N(mu, sigma2/(2 theta))``, diffuse if theta = 0."""
-    if isinstance(theta, torch.Tensor) or isinstance(sigma2, torch.Tensor):
-        theta = torch.as_tensor(theta, dtype=torch.float64)
-        sigma2 = torch.as_tensor(sigma2, dtype=theta.dtype)
-        pos = theta > 0
-        var = torch.where(pos, sigma2 / (2 * torch.where(pos, theta, 1.0)), math.inf)
-        return mu, var
-    theta = np.asarray(theta, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        var = np.where(
-            theta > 0, np.asarray(sigma2) / (2 * np.where(theta > 0, theta, 1.0)), np.inf
-        )
-    return mu, (float(var) if var.ndim == 0 else var)
-
-
-def _first_step(values, n_series_dims):
-    """Each of ``values`` at the first step where it is given per step (more dims than
-    ``n_series_dims``; ``None``: as given)."""
-    if n_series_dims is None:
-        return tuple(values)
-    return tuple(v[0] if getattr(v, "ndim", 0) > n_series_dims else v for v in values)
-
-
-def _host_array(v) -> np.ndarray:
-    if isinstance(v, torch.Tensor):
-        v = v.detach().cpu()
-    return np.asarray(v, dtype=np.float64)
-
-
-def data_unit(shape, values=(), scales=()) -> np.ndarray:
-    """Per-series unit ``c [*shape]``: the power of two at or above the largest finite magnitude
-    among ``values`` (``|x|``) and ``scales`` (``sqrt(v)`` of variances), each reduced over its
-    leading axes to ``shape``; 1 where none is positive. Arrays that do not broadcast to ``shape``
-    are left for the filter's own argument check (``c = 1``).
-
-    >>> data_unit((2,), values=[np.array([[3.0, 0.0], [-5.0, 0.0]])], scales=[4.0]).tolist()
-    [8.0, 4.0]
-    """
-    big = np.zeros(shape)
-    if big.size == 0:  # (no series)
-        return np.ones(shape)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for kind, items in (("value", values), ("scale", scales)):
-            for v in items:
-                if v is None:
-                    continue
-                a = np.abs(_host_array(v))
-                if kind == "scale":
-                    a = np.sqrt(a)
-                a = np.where(np.isfinite(a), a, 0.0)
-                if a.ndim > len(shape):
-                    a = a.reshape((-1,) + a.shape[a.ndim - len(shape) :]).max(0)
-                try:
-                    big = np.maximum(big, np.broadcast_to(a, shape))
-                except ValueError:
-                    return np.ones(shape)
-    _, e = np.frexp(big)
-    return np.where(big > 0, np.ldexp(1.0, e), 1.0)
-
-
-def _scaled(x, f):
-    """``x * f`` keeping ``x``'s type and dtype (numpy array, tensor or number)."""
-    if x is None:
-        return None
-    if isinstance(x, torch.Tensor):
-        return x * torch.as_tensor(f, dtype=x.dtype, device=x.device)
-    x = np.asarray(x)
-    if x.dtype.kind == "f":
-        return x * np.asarray(f, dtype=x.dtype)
-    return x * f
-
-
-def _in_dtype(x, dtype: np.dtype):
-    """``x`` (numpy array, tensor or number) rounded to the numpy ``dtype``, keeping its type."""
-    if isinstance(x, torch.Tensor):
-        return x.to(torch.from_numpy(np.zeros(0, dtype)).dtype)
-    with np.errstate(under="ignore"):
-        return np.asarray(x).astype(dtype)
-
-
-def _rescale_filter(res, c, observed):
-    """A :class:`kalmanscan.FilterResult` computed on ``z / c`` mapped to ``z``'s units. The
-    log-likelihood loses ``log c`` for every observed step with a known prediction (the steps
-    that contribute, see ``kalmanscan.core.steps.loglik_terms``)."""
-    pp = _host_array(res.pred_precision)
-    n_contrib = (observed & (pp > 0)).sum(0)
-    shift = n_contrib * np.log(c)
-    ll = res.loglik
-    if isinstance(ll, torch.Tensor):
-        ll = ll - torch.as_tensor(shift, dtype=ll.dtype, device=ll.device)
-    else:
-        ll = np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
-    # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
-    # value beyond float64 in z's units (a variance over a gap of 1e308) is inf, as
-    # kalmanscan.filter gives it
-    with np.errstate(over="ignore"):
-        return type(res)(
-            mean=_scaled(res.mean, c),
-            var=_scaled(_scaled(res.var, c), c),
-            precision=_scaled(_scaled(res.precision, 1.0 / c), 1.0 / c),
-            info=_scaled(res.info, 1.0 / c),
-            pred_mean=_scaled(res.pred_mean, c),
-            pred_var=_scaled(_scaled(res.pred_var, c), c),
-            pred_precision=_scaled(_scaled(res.pred_precision, 1.0 / c), 1.0 / c),
-            loglik=ll,
-            final=InfoState(
-                _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c),
-                _scaled(res.final.eta, 1.0 / c),
-            ),
-        )
-
-
-class Forecast(NamedTuple):
-    """Forecast at future ``times`` (time first: ``[H, *S]``).
-
-    ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
-    ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
-    """
-
-    times: np.ndarray
-    mean: np.ndarray
-    var: np.ndarray
-    predictive_var: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    coverage: float
 
 
 @dataclass(frozen=True)
@@ -798,115 +513,6 @@ def _move_time(res, axis):
     return res._replace(
         **{k: _moveaxis(getattr(res, k), 0, axis) for k in timed if hasattr(res, k)}
     )
-
-
-def _future_labels(time_axis: TimeAxis, steps, at, name: str) -> np.ndarray:
-    """``steps`` typical steps past the last label, else the checked timestamps ``at``."""
-    if steps is not None:
-        return time_axis.future(steps)
-    labels = time_axis.labels_of(at, name)
-    if labels.ndim != 1 or labels.size == 0:
-        raise ValueError(
-            f"{name}: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"
-        )
-    check_steps(labels.size, f"{name} (number of forecast times)")
-    return labels
-
-
-def forecast_labels(time_axis: TimeAxis, forecast_steps=None, forecast_at=None):
-    """The forecast timestamps of a Dataset: ``forecast_steps`` typical steps past the record or
-    the timestamps ``forecast_at`` (at most one of them; ``None`` for neither), checked against
-    ``time_axis``.
-
-    >>> forecast_labels(as_time_axis(np.array([0.0, 2.0]), 2), forecast_steps=2).tolist()
-    [4.0, 6.0]
-    """
-    if forecast_steps is None and forecast_at is None:
-        return None
-    if forecast_steps is not None and forecast_at is not None:
-        raise ValueError("forecast_steps, forecast_at: give at most one")
-    labels = _future_labels(time_axis, forecast_steps, forecast_at, "forecast_at")
-    time_axis.position(labels, "forecast_at")
-    return labels
-
-
-def forecast_from_state(
-    model: OUModel,
-    time_axis: TimeAxis,
-    last_mean,
-    last_var,
-    *,
-    steps=None,
-    at=None,
-    coverage: float = 0.95,
-) -> Forecast:
-    """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
-    covs = check_coverage(coverage)
-    if len(covs) != 1:
-        raise ValueError(
-            f"coverage: expected one level (a Forecast holds one band), got {coverage!r}; for "
-            "several bands use to_dataset(forecast_steps=..., coverage=...)"
-        )
-    cov = covs[0]
-    if (steps is None) == (at is None):
-        raise ValueError(
-            "steps, at: give exactly one (a number of steps or future timestamps), got "
-            f"steps={steps!r}, at={at!r}"
-        )
-    labels = _future_labels(time_axis, steps, at, "at")
-    pos = time_axis.position(labels, "at")
-    if pos.ndim != 1:
-        raise ValueError(f"at: expected a 1-D sequence of timestamps, got shape {pos.shape}")
-    dt = pos - time_axis.t[-1]
-    if (dt < 0).any():
-        i = int(np.flatnonzero(dt < 0)[0])
-
-        def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
-            return str(x) if isinstance(x, np.datetime64) else _plain(x)
-
-        raise ValueError(
-            "at: expected timestamps at or after the record's last time (the last of its "
-            f"times, observed or not: {text(time_axis.labels[-1])}), got {text(labels[i])}"
-        )
-    last_mean = _host_array(last_mean)
-    last_var = _host_array(last_var)
-    nd = last_mean.ndim
-    dt = dt.reshape((-1,) + (1,) * nd)
-    params = {k: _host_array(v) for k, v in model.params().items()}
-    for k, v in params.items():
-        if v.ndim > nd and v.shape[0] != 1:
-            raise ValueError(
-                f"{k}: expected values per series for a forecast, got values per step of the "
-                f"record (shape {v.shape}), which do not say what {k} is at the forecast times; "
-                f"forecast with the values that hold there, e.g. model.with_params({k}={k}[-1])"
-            )
-        params[k] = v.reshape(v.shape[1:]) if v.ndim > nd else v
-    theta, sigma2, mu, obs_var = params.values()
-    # in units of a power of two c per series (module docstring), mapped back at the end
-    lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
-    pos_dt = time_axis.dt[time_axis.dt > 0]
-    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
-    c = data_unit(lanes, [last_mean, mu], [last_var, obs_var, sigma2 * tau])
-    # variances over c**2 as two divisions by c (c**2 overflows for c above 2**511: data of
-    # scale 1e150 gave NaN variances and a band of width 0)
-    inv = 1.0 / c
-    decay, process_var = discretize_ou(theta, sigma2 * inv * inv, dt)
-    with np.errstate(invalid="ignore"):
-        # a decay of 0 forgets the state: no 0 * inf from a never-observed diffuse series
-        kept = decay != 0
-        mean = np.where(kept, decay * (last_mean * inv), 0.0)
-        mean = mean + (mu * inv) * one_minus_decay(theta, dt, decay)
-        var = np.where(kept, decay * decay * (last_var * inv * inv), 0.0) + process_var
-    shape = np.broadcast_shapes(mean.shape, var.shape, obs_var.shape, (len(pos),) + (1,) * nd)
-    mean, var = np.broadcast_to(mean, shape), np.broadcast_to(var, shape)
-    pvar = var + obs_var * inv * inv
-    lo, hi = interval(mean, pvar, cov)
-    mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
-    if time_axis.is_datetime:
-        labels = _normalize_datetimes(np.asarray(labels))
-    else:
-        labels = np.asarray(labels, dtype=np.float64)
-    return Forecast(labels, mean, var, pvar, lo, hi, cov)
 
 
 def forecast(

@@ -1,0 +1,235 @@
+"""The CSV reader's look at a file's layout, before pandas reads it: a pass over its bytes
+for the encoding, NUL bytes, comment and blank lines (:func:`_scan_file`, against the
+line-by-line reference :func:`_scan_lines`), the field separator (:func:`_separator`: Excel's
+``sep=;`` line, else the header's), and the header's fields against the data rows'
+(:func:`_check_fields`). Also :class:`InputError`, the reader's refusal, raised at every stage.
+Used by :func:`kalmanscan.timeseries.csvfile.read_csv_series`; docs: docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+class InputError(Exception):
+    """Bad user input; the message is printed as is and the command exits with status 2."""
+
+
+_SEPARATORS = (",", ";", "\t", "|")
+_SEP_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+
+
+_SEP_HINT = re.compile(r"^sep=(.)\s*$")  # Excel's first line naming the separator
+
+
+_BLOCK = 1 << 20  # bytes read at a time: no copy of a large file in memory
+# a line start (after a \n) whose first character other than ASCII spaces is #, a line end or a
+# non-ASCII byte (maybe a Unicode space): a comment or blank line, or a line to decode and see
+_MAYBE_SKIPPED = re.compile(rb"\n[ \t\x0b\x0c\x1c-\x1f]*(?=[#\r\n\x80-\xff]|\Z)")
+
+
+def _scan_file(path: str) -> tuple[str, list[int], list[int] | range]:
+    """``(encoding, comments, rows)`` of a CSV in one pass over its bytes.
+
+    ``encoding``: ``utf-16`` after its byte-order mark (Excel's "Unicode text"), ``utf-8`` (a
+    byte-order mark is skipped), else ``cp1252`` where the file is not UTF-8 but is
+    Windows-1252, which spreadsheets on Windows write; ``utf-8`` where it is neither (the reader
+    then names the undecodable byte). A workbook or other binary file (a NUL byte anywhere) is
+    refused. ``comments`` and ``rows`` are :func:`_scan_lines`'s, found in the bytes: the lines
+    it would decode and strip are those that start with ASCII spaces and then ``#``, a line end
+    or a non-ASCII byte, decoded here alone. A UTF-16 file, or one with lines ended by a lone
+    ``\r`` (old Macs), is scanned by :func:`_scan_lines`, the reference this pass is tested
+    against."""
+    import codecs
+
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head.startswith((b"PK\x03\x04", b"\xd0\xcf\x11\xe0")):
+        raise InputError(
+            f"{path}: is a spreadsheet workbook (.xlsx, .xls or .ods), not a CSV; save the sheet "
+            "as CSV first"
+        )
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return ("utf-16", *_scan_lines(path, "utf-16"))
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    utf8, lone_cr = True, False
+    maybe = []  # (0-based line, its bytes)
+    lines = 0  # lines before the chunk
+    carry: list[bytes] = []  # the bytes after the last line end read
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(_BLOCK)
+            if b"\x00" in block:
+                raise InputError(
+                    f"{path}: is a binary file (it holds NUL bytes), expected a CSV text file"
+                )
+            # (an ASCII block is UTF-8, unless it cuts a character begun before it)
+            if utf8 and (not block.isascii() or decoder.getstate()[0]):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError:
+                    utf8 = False
+            cut = block.rfind(b"\n") + 1 if block else len(block)
+            if block and cut == 0:  # no line end in the block: a long line goes on
+                carry.append(block)
+                continue
+            chunk = b"".join([*carry, block[:cut]])
+            carry = [block[cut:]]
+            if chunk:
+                if b"\r" in chunk and chunk.count(b"\r") != chunk.count(b"\r\n"):
+                    lone_cr = True
+                at, seen = 0, 0  # line ends before chunk[at]
+                for m in _MAYBE_SKIPPED.finditer(b"\n" + chunk):
+                    start = m.start()  # (in chunk, where its line starts)
+                    if start == len(chunk):  # (after the chunk's last line end: no line)
+                        break
+                    seen += chunk.count(b"\n", at, start)
+                    at = start
+                    stop = chunk.find(b"\n", start)
+                    maybe.append((lines + seen, chunk[start : stop if stop >= 0 else len(chunk)]))
+                lines += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+            if not block:
+                break
+    if utf8:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            utf8 = False
+    encoding = "utf-8"
+    if not utf8:  # (a second pass, for files that are not UTF-8 only)
+        decoder = codecs.getincrementaldecoder("cp1252")()
+        try:
+            with open(path, "rb") as fh:
+                while block := fh.read(_BLOCK):
+                    decoder.decode(block)
+            encoding = "cp1252"
+        except UnicodeDecodeError:
+            pass
+    if lone_cr:
+        return (encoding, *_scan_lines(path, encoding))
+    comments, blank = [], []
+    for i, raw in maybe:
+        text = raw.decode(encoding, errors="replace").strip()
+        if text.startswith("#"):
+            comments.append(i)
+        elif not text:
+            blank.append(i)
+    if not comments and not blank:
+        return encoding, comments, range(1, lines + 1)  # (indexed and sliced as the list)
+    skipped = np.array(sorted(comments + blank), dtype=np.int64)
+    return encoding, comments, np.delete(np.arange(1, lines + 1), skipped).tolist()
+
+
+def _separator(path: str, encoding: str = "utf-8") -> tuple[str, int | None]:
+    """The field separator of a CSV, and the 0-based line of Excel's ``sep=;`` naming it (for
+    the reader to skip) or None. Without that line, of ``, ; tab |`` the one its header line
+    (the first line that is not a comment or blank) holds most often among those the first data
+    line holds as often (a ``|`` inside a column name does not count); commas when none is more
+    frequent."""
+    try:
+        with open(path, encoding=encoding, errors="replace") as fh:
+            lines = ((i, ln.lstrip("\ufeff")) for i, ln in enumerate(fh))
+            lines = ((i, ln) for i, ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+            (at, header), data = next(lines, (None, "")), next(lines, (None, None))[1]
+    except OSError:
+        return ",", None
+    hint = _SEP_HINT.match(header.strip("\r\n"))
+    if hint:
+        return hint.group(1), at
+    counts = [_splits(header, c) for c in _SEPARATORS]
+    if data is not None:  # a separator splits the data line as it splits the header
+        counts = [
+            n if _splits(data, c) == n else 0 for n, c in zip(counts, _SEPARATORS, strict=True)
+        ]
+    return (_SEPARATORS[counts.index(max(counts))] if max(counts) > counts[0] else ","), None
+
+
+def _splits(line: str, sep: str) -> int:
+    """How many times ``sep`` splits a CSV line, outside quoted fields.
+
+    >>> _splits('2024-01-01,"1,5",2', ","), _splits("a;b;c", ",")
+    (2, 0)
+    """
+    import csv
+
+    try:
+        return len(next(csv.reader([line.strip("\r\n")], delimiter=sep))) - 1
+    except (csv.Error, StopIteration):
+        return line.count(sep)
+
+
+def _scan_lines(path: str, encoding: str = "utf-8") -> tuple[list[int], list[int]]:
+    """``(comments, rows)``: the 0-based lines that are comments (their first character other
+    than a space is ``#``: a ``#`` later in a line, as in a column name ``GDP #1`` or Excel's
+    ``#N/A``, is text) for the reader to skip, and the 1-based line of every other line that is
+    not blank, so messages name the line a user sees in an editor or spreadsheet. Line by line
+    in text mode: the reference of :func:`_scan_file`, and its pass for UTF-16 and lone-``\\r``
+    files."""
+    comments, rows = [], []
+    try:
+        with open(path, encoding=encoding, errors="replace") as fh:
+            for i, line in enumerate(fh):
+                text = line.strip()
+                if text.startswith("#"):
+                    comments.append(i)
+                elif text:
+                    rows.append(i + 1)
+    except OSError:
+        return [], []
+    return comments, rows
+
+
+def _check_fields(
+    path: str, encoding: str, sep: str, lines: list[int], n: int = 50
+) -> tuple[list[str] | None, int]:
+    """``(names, widest)``: the header's column names as written (before pandas renames
+    repeated names: ``rate``, ``rate.1``; ``None`` where it cannot be read), and, compared with
+    the first ``n`` data rows' fields, the widest row's field count where some rows hold fields
+    after the header's, empty in some rows (trailing separators, flags now and then: read as
+    unnamed columns), else 0. Refuses a file whose every row has more fields than the header
+    holds names, all filled (a column without a name, as R's row names; pandas would take the
+    first column as an index and shift the others); a header of one field before wider rows is
+    named as a title line."""
+    import csv
+
+    if not lines:
+        return None, 0
+    want = set(lines[: n + 1])
+    rows = {}
+    try:
+        with open(path, encoding=encoding, errors="replace", newline="") as fh:
+            for i, text in enumerate(fh, 1):
+                if i in want:
+                    rows[i] = next(csv.reader([text.lstrip("\ufeff")], delimiter=sep,
+                                              skipinitialspace=True))  # fmt: skip
+                if i >= lines[min(n, len(lines) - 1)]:
+                    break
+    except (OSError, csv.Error, StopIteration):
+        return None, 0
+    header = rows.get(lines[0])
+    if header is None:
+        return None, 0
+    names = [f.strip() for f in header]
+    extra = [(i, f) for i, f in rows.items() if i != lines[0] and len(f) > len(header)]
+    if not extra:
+        return names, 0
+    data = [f for i, f in rows.items() if i != lines[0]]
+    filled = [bool("".join(f[len(header) :]).strip()) for _, f in extra]
+    if len(extra) < len(data) or not all(filled):
+        # some rows end where the header does, or with empty fields: trailing separators, or
+        # flags now and then (read as unnamed columns), not a shifted header
+        return names, max(len(f) for _, f in extra)
+    i, f = extra[0]
+    if len(header) == 1:
+        raise InputError(
+            f"{path}: row {i} has {len(f)} fields but row {lines[0]}, taken as the header, has "
+            f"one ({header[0]!r}): lines before the header (a title or notes)? remove them or "
+            "start them with #"
+        )
+    raise InputError(
+        f"{path}: row {i} has {len(f)} fields but the header (row {lines[0]}) names {len(header)}: "
+        "every column needs a name in the header (R's write.table writes row names without one: "
+        "use write.csv, or row.names = FALSE)"
+    )

@@ -1,0 +1,156 @@
+"""Forecasting from the model: :func:`forecast_from_state` (the level's mean and variance, a
+new observation's predictive variance and its central interval at future times, from the
+filtered state at the record's last time) returning a :class:`Forecast`, and the future
+timestamps (:func:`forecast_labels`: typical steps past the record, or given times, checked
+against the time axis). The entry points are :func:`kalmanscan.timeseries.model.forecast` and
+``OUModel.forecast``.
+
+Units: like the filter's results, a forecast is computed in units of a power of two ``c`` per series
+(:func:`~kalmanscan.timeseries.model_numerics.data_unit`) and mapped back, means times ``c`` and
+variances times ``c**2`` (:mod:`kalmanscan.timeseries.model`; docs/model.md, "Units and scale").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from kalmanscan.core.discretize import discretize_ou
+from kalmanscan.timeseries._messages import _plain
+from kalmanscan.timeseries.coverage import check_coverage, interval
+from kalmanscan.timeseries.model_numerics import _host_array, data_unit, one_minus_decay
+from kalmanscan.timeseries.times import (  # as_time_axis: forecast_labels' example calls it
+    TimeAxis,
+    _normalize_datetimes,
+    as_time_axis,  # noqa: F401
+    check_steps,
+)
+
+if TYPE_CHECKING:  # (an annotation only: model imports this module)
+    from kalmanscan.timeseries.model import OUModel
+
+
+class Forecast(NamedTuple):
+    """Forecast at future ``times`` (time first: ``[H, *S]``).
+
+    ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
+    ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
+    """
+
+    times: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    predictive_var: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    coverage: float
+
+
+def _future_labels(time_axis: TimeAxis, steps, at, name: str) -> np.ndarray:
+    """``steps`` typical steps past the last label, else the checked timestamps ``at``."""
+    if steps is not None:
+        return time_axis.future(steps)
+    labels = time_axis.labels_of(at, name)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(
+            f"{name}: expected a non-empty 1-D sequence of timestamps, got shape {labels.shape}"
+        )
+    check_steps(labels.size, f"{name} (number of forecast times)")
+    return labels
+
+
+def forecast_labels(time_axis: TimeAxis, forecast_steps=None, forecast_at=None):
+    """The forecast timestamps of a Dataset: ``forecast_steps`` typical steps past the record or
+    the timestamps ``forecast_at`` (at most one of them; ``None`` for neither), checked against
+    ``time_axis``.
+
+    >>> forecast_labels(as_time_axis(np.array([0.0, 2.0]), 2), forecast_steps=2).tolist()
+    [4.0, 6.0]
+    """
+    if forecast_steps is None and forecast_at is None:
+        return None
+    if forecast_steps is not None and forecast_at is not None:
+        raise ValueError("forecast_steps, forecast_at: give at most one")
+    labels = _future_labels(time_axis, forecast_steps, forecast_at, "forecast_at")
+    time_axis.position(labels, "forecast_at")
+    return labels
+
+
+def forecast_from_state(
+    model: OUModel,
+    time_axis: TimeAxis,
+    last_mean,
+    last_var,
+    *,
+    steps=None,
+    at=None,
+    coverage: float = 0.95,
+) -> Forecast:
+    """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
+    covs = check_coverage(coverage)
+    if len(covs) != 1:
+        raise ValueError(
+            f"coverage: expected one level (a Forecast holds one band), got {coverage!r}; for "
+            "several bands use to_dataset(forecast_steps=..., coverage=...)"
+        )
+    cov = covs[0]
+    if (steps is None) == (at is None):
+        raise ValueError(
+            "steps, at: give exactly one (a number of steps or future timestamps), got "
+            f"steps={steps!r}, at={at!r}"
+        )
+    labels = _future_labels(time_axis, steps, at, "at")
+    pos = time_axis.position(labels, "at")
+    if pos.ndim != 1:
+        raise ValueError(f"at: expected a 1-D sequence of timestamps, got shape {pos.shape}")
+    dt = pos - time_axis.t[-1]
+    if (dt < 0).any():
+        i = int(np.flatnonzero(dt < 0)[0])
+
+        def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
+            return str(x) if isinstance(x, np.datetime64) else _plain(x)
+
+        raise ValueError(
+            "at: expected timestamps at or after the record's last time (the last of its "
+            f"times, observed or not: {text(time_axis.labels[-1])}), got {text(labels[i])}"
+        )
+    last_mean = _host_array(last_mean)
+    last_var = _host_array(last_var)
+    nd = last_mean.ndim
+    dt = dt.reshape((-1,) + (1,) * nd)
+    params = {k: _host_array(v) for k, v in model.params().items()}
+    for k, v in params.items():
+        if v.ndim > nd and v.shape[0] != 1:
+            raise ValueError(
+                f"{k}: expected values per series for a forecast, got values per step of the "
+                f"record (shape {v.shape}), which do not say what {k} is at the forecast times; "
+                f"forecast with the values that hold there, e.g. model.with_params({k}={k}[-1])"
+            )
+        params[k] = v.reshape(v.shape[1:]) if v.ndim > nd else v
+    theta, sigma2, mu, obs_var = params.values()
+    # in units of a power of two c per series (module docstring), mapped back at the end
+    lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
+    pos_dt = time_axis.dt[time_axis.dt > 0]
+    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
+    c = data_unit(lanes, [last_mean, mu], [last_var, obs_var, sigma2 * tau])
+    # variances over c**2 as two divisions by c (c**2 overflows for c above 2**511: data of
+    # scale 1e150 gave NaN variances and a band of width 0)
+    inv = 1.0 / c
+    decay, process_var = discretize_ou(theta, sigma2 * inv * inv, dt)
+    with np.errstate(invalid="ignore"):
+        # a decay of 0 forgets the state: no 0 * inf from a never-observed diffuse series
+        kept = decay != 0
+        mean = np.where(kept, decay * (last_mean * inv), 0.0)
+        mean = mean + (mu * inv) * one_minus_decay(theta, dt, decay)
+        var = np.where(kept, decay * decay * (last_var * inv * inv), 0.0) + process_var
+    shape = np.broadcast_shapes(mean.shape, var.shape, obs_var.shape, (len(pos),) + (1,) * nd)
+    mean, var = np.broadcast_to(mean, shape), np.broadcast_to(var, shape)
+    pvar = var + obs_var * inv * inv
+    lo, hi = interval(mean, pvar, cov)
+    mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
+    if time_axis.is_datetime:
+        labels = _normalize_datetimes(np.asarray(labels))
+    else:
+        labels = np.asarray(labels, dtype=np.float64)
+    return Forecast(labels, mean, var, pvar, lo, hi, cov)

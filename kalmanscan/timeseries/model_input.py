@@ -1,0 +1,167 @@
+"""The data and parameters a user gives the model, checked and laid out: :func:`series_input`
+(numpy, pandas or xarray data as time-first float arrays, with their times and series labels),
+:func:`align_to_data` (parameters given with labels matched to the data's), and the checks of
+each parameter (:func:`_param_array`, :func:`_check_reciprocal`). Used by
+:class:`~kalmanscan.timeseries.model.OUModel` and the fit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+
+def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
+    """``value`` checked (real, no NaN, in range) as a float or float64 array; a tensor is
+    checked the same way on its detached values (one readback) and kept as given, so gradients
+    flow through it."""
+    from kalmanscan.core._args import _FLOAT_TORCH, as_real_numpy
+
+    if value is None:
+        raise TypeError(f"{name}: expected a real number or array of numbers, got None")
+    if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
+        if value.dtype not in _FLOAT_TORCH:
+            raise TypeError(
+                f"{name}: expected a floating-point tensor (float32 or float64), got {value.dtype}"
+            )
+        arr = value.detach().to(torch.float64).cpu().numpy()  # (exact: the same checks)
+    else:
+        arr = as_real_numpy(name, value, missing_ok=False).astype(np.float64)
+    bad = np.isnan(arr) | (np.isinf(arr) if not allow_inf else np.zeros(arr.shape, bool))
+    if lo is not None:
+        bad |= (arr <= lo) if lo_open else (arr < lo)
+    if bad.any():
+        rng = "finite values"
+        if lo is not None:
+            rng = f"values {'>' if lo_open else '>='} {lo}"
+            rng += " (inf allowed)" if allow_inf else " and finite"
+        raise ValueError(f"{name}: expected {rng}, got {arr[bad].ravel()[0].item()!r}")
+    if isinstance(value, torch.Tensor):
+        return value
+    return float(arr) if arr.ndim == 0 else arr
+
+
+def _check_reciprocal(name, value):
+    """Refuse a positive variance whose reciprocal (a precision) overflows float64 (a
+    subnormal below ``1 / max``), as :func:`kalmanscan.filter` does, naming the same bound."""
+    if isinstance(value, torch.Tensor):  # its values as given, in float64 (one readback)
+        arr = value.detach().to(torch.float64).cpu().numpy()
+    else:
+        arr = np.asarray(value, dtype=np.float64)
+    with np.errstate(divide="ignore", over="ignore"):
+        bad = np.isinf(1.0 / arr)
+    if bad.any():
+        first = np.argwhere(bad)[0]
+        where = f" at index {tuple(int(i) for i in first)}" if arr.ndim else ""
+        raise ValueError(
+            f"{name}: expected values whose reciprocal is finite in {torch.float64} "
+            f"(>= {1 / np.finfo(np.float64).max:.3g}), got {arr[bad].ravel()[0].item()!r}{where}"
+        )
+
+
+def _has_labels(value) -> bool:
+    """A pandas ``Series``/``DataFrame`` or an xarray ``DataArray`` with dims: values that name
+    the series or steps they belong to."""
+    pd, xr = sys.modules.get("pandas"), sys.modules.get("xarray")
+    if pd is not None and isinstance(value, (pd.Series, pd.DataFrame)):
+        return True
+    return xr is not None and isinstance(value, xr.DataArray) and value.ndim > 0
+
+
+def align_to_data(name: str, value, z, axis: int = 0):
+    """A parameter matched by label to the data ``z`` (pandas or xarray, time on ``axis``) and laid
+    out time first, ``[T, *S]`` or ``[*S]`` (:func:`kalmanscan.core._args.align_labels`); as
+    given where either carries no labels (then it is used by position).
+
+    >>> import pandas as pd
+    >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
+    >>> align_to_data("sigma2", pd.Series({"b": 2.0, "a": 1.0}), z).tolist()
+    [1.0, 2.0]
+    """
+    from kalmanscan.core._args import align_labels
+
+    if not _has_labels(value):
+        return value
+    order = None
+    xr = sys.modules.get("xarray")
+    if xr is not None and isinstance(z, xr.DataArray) and -z.ndim <= axis < z.ndim:
+        time_dim = z.dims[axis]
+        order = (time_dim,) + tuple(d for d in z.dims if d != time_dim)
+    return align_labels(name, value, z, order)
+
+
+def series_input(z, times, axis: int = 0):
+    """Normalize data to ``(z [T, *S], times, series_labels)``; z float64 (float32 stays float32).
+
+    pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given; a
+    ``RangeIndex`` too, e.g. ``10, 12, ...`` of a slice, the default ``0, 1, ...`` being the
+    default times) and a
+    DataFrame's columns as the series labels; an xarray DataArray gives the coordinate of its dim
+    on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
+    data pass the same check as ``kalmanscan.filter``
+    (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
+    booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
+    """
+    from kalmanscan.core._args import as_real_numpy
+
+    labels = None
+    xr = sys.modules.get("xarray")  # as pandas below: an xarray object means xarray is imported
+    if xr is not None and isinstance(z, xr.DataArray):
+        if not -z.ndim <= axis < z.ndim:
+            raise ValueError(
+                f"axis: expected an int in [{-z.ndim}, {z.ndim - 1}] for z of dims {z.dims}, "
+                f"got {axis}"
+            )
+        dim = z.dims[axis]
+        if times is None and dim in z.indexes:
+            times = z.indexes[dim]
+        if z.ndim == 2:
+            other = z.dims[1 - axis % 2]
+            if other in z.coords:
+                labels = [str(c) for c in z[other].values]
+        z = z.values
+    pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
+    if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
+        idx = z.index
+        default = isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1
+        if times is None and not default:  # (the default index 0, 1, ... is the default times)
+            times = idx
+        one = isinstance(z, pd.Series)
+        frame = z.to_frame() if one else z
+        if not one:
+            labels = [str(c) for c in z.columns]
+        for col, dtype in frame.dtypes.items():
+            if not (pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)):
+                raise TypeError(
+                    f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
+                    f"{dtype}"
+                )
+        # float32 columns (numpy's or pandas' nullable) stay float32, as in kalmanscan.filter
+        f32 = all(str(d) in ("float32", "Float32") for d in frame.dtypes)
+        z = frame.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
+        if one:
+            z = z[:, 0]
+        if axis != 0:
+            raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
+    arr = as_real_numpy("z", z)
+    arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
+    if arr.ndim == 0:
+        raise ValueError("z: expected an array with a time axis (at least 1-D), got a scalar")
+    if not -arr.ndim <= axis < arr.ndim:
+        raise ValueError(
+            f"axis: expected an int in [{-arr.ndim}, {arr.ndim - 1}] for z of shape {arr.shape}, "
+            f"got {axis}"
+        )
+    arr = np.moveaxis(arr, axis, 0)
+    if np.isinf(arr).any():
+        i = tuple(
+            int(k) for k in np.unravel_index(int(np.flatnonzero(np.isinf(arr))[0]), arr.shape)
+        )
+        raise ValueError(f"z: expected finite values or NaN (missing), got {arr[i]} at index {i}")
+    if arr.shape[0] == 0:
+        raise ValueError("z: expected at least one time step, got an empty time axis")
+    return arr, times, labels
