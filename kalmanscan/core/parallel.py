@@ -21,6 +21,15 @@ normal range meeting a known state with ``p u`` below it too, whose leaf has los
 (:func:`_tiny_decay_steps`: the scan is cut there and the step taken elementwise). The backward
 scan is cut likewise where such a decay (or one whose square passes the range) gives a precision
 its leaf loses (:func:`_odd_decay_steps_back`).
+
+Units: the scans run on ``(k_t u, k_t e, v)``. A lane takes one unit, ``max(1, max p)``
+(:func:`_lane_scale`), where it serves every step (:func:`_lane_unit_fails`) and its leaves stay
+in range (:func:`_leaves_overflow`); elsewhere each step takes a power of two near the variance
+the state carries there (:func:`_carried_units`, :func:`_carried_units_back`: a scan of clamps
+on logs), and every leaf is formed in its units from its factors' mantissas and exponents and
+divided by its largest entry (:func:`_exact_leaf`), so that nothing passes the range where the
+beliefs do not; a lane whose leaves overflow in its own unit takes that path with the unit as a
+power of two.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import math
 import torch
 
 from kalmanscan.core import sequential
-from kalmanscan.core.scan import projective_scan
+from kalmanscan.core.scan import clamp_scan, projective_scan
 from kalmanscan.core.sequential import backward_leaves, observation_terms, results
 from kalmanscan.core.steps import (
     combine_two_filter,
@@ -45,7 +54,7 @@ from kalmanscan.core.steps import (
 
 
 def _lane_scale(p):
-    """Per-lane unit of the backward scan's precision coordinate: ``k = max(1, max_t p)``.
+    """Per-lane unit of the scans' precision coordinate: ``k = max(1, max_t p)``.
 
     The scan runs on ``(k u, k e, v)`` (precision ``k lam``), which turns a huge process variance's
     leaf ``[[1, 0], [p, a^2]]`` into ``[[1, 0], [p/k, a^2]]``: products of such leaves then stay in
@@ -54,19 +63,12 @@ def _lane_scale(p):
     return torch.clamp(p.amax(0, keepdim=True), min=1.0)
 
 
-def _step_scale(A11, A21):
-    """Per-step unit ``k_t = max(1, A21/A11)`` of the forward scan's precision coordinate: the
-    variance the step alone gives (``p / (1 + p phi)``). A lane-wide unit fails where steps differ
-    by more than the range: with ``p = 1e300``, ``obs_var = 1e-300`` the observed leaf's
-    ``A21/k`` underflowed and the variance came out 0 (truth ``1e-300``)."""
-    return torch.clamp(quotient(A11, A21)[0], min=1.0)  # (its derivative in A11 as products)
-
-
-# a lane's unit serves every step whose own variance is within this factor of it (far inside
-# float64's range; ordinary models are within 1e6); beyond, each step takes its own (_step_scale)
-# (float32: the same fraction of its range; 2**300 is inf there, and a lane whose process
-# variance reached 1e30 held a variance of 1e-14 elsewhere with 1e-44 of its unit: 12 % off)
-_STEP_UNIT_SPREAD = {torch.float64: 2.0**300, torch.float32: 2.0**37}
+# a lane's unit serves every step whose own variance is within this factor of it (ordinary
+# models are within 1e6); beyond, the scan takes per-step units (_carried_units). float64:
+# 2**300 let a lane of process variances up to 1e60 carry a variance of 1e-200 at 1e-260 of
+# its unit, and the products lost it (2.6e-4 off). float32: a lane whose process variance
+# reached 1e30 held a variance of 1e-14 elsewhere with 1e-44 of its unit (12 % off)
+_STEP_UNIT_SPREAD = {torch.float64: 2.0**64, torch.float32: 2.0**37}
 # nor where a step's variance coordinate A21/k would fall below this (filter._tiny_below's
 # bound: its digits hold in the scan's products), though the step's own variance is below 1
 # and within the spread: obs_var = process_var = 1e-140 with one process_var of 1e80 gave
@@ -74,62 +76,280 @@ _STEP_UNIT_SPREAD = {torch.float64: 2.0**300, torch.float32: 2.0**37}
 _STEP_UNIT_FLOOR = {torch.float64: 2.0**-957, torch.float32: 2.0**-89}
 
 
-def _unit(k, step_scale, A11, A21):
-    """The scan's unit: the lane's ``k`` ([1, N]) where it serves every step, else the per-step
-    ``steps = step_scale(A11, A21)`` (a step's own unit more than :data:`_STEP_UNIT_SPREAD`
-    below ``k``, or a nonzero ``A21`` below ``k`` times :data:`_STEP_UNIT_FLOOR` where its unit
-    is below ``k``). Where every lane's ``k`` is 1 (no process variance above 1: the per-step
-    units are 1 too) nothing of ``[T, N]`` is computed."""
+def _lane_unit_fails(k, A11, A21):
+    """Whether some lane's unit ``k`` ([1, N]) fails a step: the variance the step alone gives,
+    ``A21/A11`` (forward: ``p / (1 + p phi)``; backward: ``p / a^2``) at least 1, is more than
+    :data:`_STEP_UNIT_SPREAD` below ``k``, or a nonzero ``A21`` is below ``k`` times
+    :data:`_STEP_UNIT_FLOOR` where that variance is below ``k``. With every ``k`` 1 (no process
+    variance above 1) nothing of ``[T, N]`` is computed."""
     if not k.numel() or not bool((k > 1).any()):  # (N = 0: none)
-        return k
-    steps = step_scale(A11, A21)
-    far = (k / steps > _STEP_UNIT_SPREAD[k.dtype]) | (
-        (A21 < k * _STEP_UNIT_FLOOR[k.dtype]) & (A21 > 0) & (steps < k)
-    )
-    return steps if bool(far.any()) else k
-
-
-def _back_step_scale(A11, A21):
-    """Per-step unit of the backward scan (no gradient: the scan's outputs do not depend on
-    it): the variance the step alone gives about the step before from an exact state after it,
-    ``p / a^2`` (``A21/A11``), at least 1; 1 where the step forgets or its ``a^2`` is 0 or the
-    quotient passes the range (the state it gives is diffuse, or the step is taken
-    elementwise: :func:`_odd_decay_steps_back`). The backward leaves' ``A21/k`` with the
-    lane's ``k = max p = 1e160`` underflowed where ``obs_var = 1e-100``: the smoothed variance
-    0 about the steps before the huge one (truth 7.9e-101)."""
+        return False
     with torch.no_grad():
         r = A21 / torch.where(A11 > 0, A11, 1.0)
-        return torch.where((A11 > 0) & (r > 1) & torch.isfinite(r), r, 1.0)
+        steps = torch.where((A11 > 0) & (r > 1) & torch.isfinite(r), r, 1.0)
+        far = (k / steps > _STEP_UNIT_SPREAD[k.dtype]) | (
+            (A21 < k * _STEP_UNIT_FLOOR[k.dtype]) & (A21 > 0) & (steps < k)
+        )
+        return bool(far.any())
 
 
-def _scan(leaves, x0, k):
-    """Projective scan in the coordinates ``(k_t u, k_t e, v)`` of step t's state, returned in the
-    user's. ``k`` is ``[T, N]`` (per step; the initial state's unit is 1) or ``[1, N]`` (one unit
-    per lane, the initial state's too). Leaf t becomes ``D_t M_t D_{t-1}^-1`` with
-    ``D = diag(k, 1)`` on ``(u, v)``, so products telescope."""
+def _leaves_overflow(leaves, k, x0):
+    """Whether a leaf entry, or one times the lane's unit ``k`` (``A12``, ``b2``, the initial
+    state's ``e``), passes ``finfo.max / 2**24`` (or is not finite): the information entries
+    are the entries of ``A`` times a mean, ``hz p / max(R, h^2)``, and with a process variance
+    of 1e300 on data of scale 1e200 (``obs_var = 1``) they overflowed, as did a prior mean of
+    1e150 in the unit 1e200, though every belief is a number of the dtype."""
+    fi = torch.finfo(k.dtype)
+    with torch.no_grad():
+        A11, A12, A21, A22, b1, b2, al = (x.detach() for x in leaves)
+        big = torch.stack([A11.amax(), A22.amax(), b1.abs().amax(), al.abs().amax(),
+                           (A12 * k).amax(), (b2.abs() * k).amax(),
+                           (x0[1].detach().abs() * k[0]).amax()])  # fmt: skip
+        return not bool((big <= fi.max / 2.0**24).all())
+
+
+def _pow2(e, dtype):
+    return torch.exp2(e.to(dtype))
+
+
+def _times_pow2(x, e):
+    """``x * 2**e`` for an integer tensor ``e``, in three factors each a number of the dtype
+    (``e`` held where the result is 0 or inf whatever ``x``): exact where the result is a
+    normal number, and differentiable in ``x``."""
+    lim = 3 * (math.frexp(torch.finfo(x.dtype).max)[1] - 2)
+    e = e.clamp(-lim, lim)
+    e1 = torch.div(e, 3, rounding_mode="trunc")
+    e2 = torch.div(e - e1, 2, rounding_mode="trunc")
+    return x * _pow2(e1, x.dtype) * _pow2(e2, x.dtype) * _pow2(e - e1 - e2, x.dtype)
+
+
+def _exponent(x):
+    """``frexp``'s exponent of ``x`` (``|x|`` in ``[2^(e-1), 2^e)``), no gradient."""
+    return torch.frexp(x.detach())[1].to(torch.int64)
+
+
+_LOW = -(1 << 40)  # an exponent below every other
+
+
+def _split(x):
+    """``(m, e)`` with ``x = m 2**e``, ``|m|`` in ``[0.5, 1)`` (0: ``(0, 0)``), no gradient."""
+    m, e = torch.frexp(x.detach())
+    return m, e.to(torch.int64)
+
+
+class _ScaledProduct(torch.autograd.Function):
+    """``prod(factors) * 2**shift`` (``shift`` an integer tensor) formed from the factors'
+    mantissas and exponents with one scaling, and each derivative
+    ``prod(other factors) * 2**shift`` likewise: no intermediate value, forward or backward,
+    passes the range where the result does not (a derivative in ``obs_var = 1e-36``, float32,
+    scaled up by its mantissa's ``2**120`` after being scaled down below the range, came out
+    1e28 times the truth)."""
+
+    @staticmethod
+    def forward(ctx, shift, *factors):
+        parts = [_split(f) for f in factors]
+        ctx.save_for_backward(shift, *factors)
+        m, e = parts[0]
+        for mf, ef in parts[1:]:
+            m, e = m * mf, e + ef
+        return _times_pow2(m, shift + e)
+
+    @staticmethod
+    def backward(ctx, g):
+        shift, *factors = ctx.saved_tensors
+        out = [None]
+        for j, f in enumerate(factors):
+            if not ctx.needs_input_grad[j + 1]:
+                out.append(None)
+                continue
+            others = factors[:j] + factors[j + 1 :]
+            # (itself a scaled product: differentiable again, for second derivatives)
+            d = (_ScaledProduct.apply(shift, *others) if others
+                 else _times_pow2(torch.ones_like(f), shift))  # fmt: skip
+            # (0 where no gradient arrives: a row a cut scan leaves out, whose scale may be inf)
+            out.append(torch.where(g != 0, g * d, 0.0).sum_to_size(f.shape))
+        return tuple(out)
+
+
+def _exact_leaf(entries, shifts, like):
+    """A leaf in power-of-two units from its seven entries given as products of factors
+    (``entries[i]``: a list of terms, each a tuple of tensors, ``[]`` for 0) and the units'
+    exponent for each (``shifts``), divided by ``2**E``, ``E`` its largest ``A`` entry's
+    exponent: each term one :class:`_ScaledProduct` of its factors, so that no product under-
+    or overflows on the way, whatever the factors' and units' scales; the map's entries are
+    then exact where they are numbers of the dtype relative to its largest (``like``: a tensor
+    of the leaf's shape)."""
+    E = None
+    with torch.no_grad():
+        for terms, sh in zip(entries[:4], shifts[:4], strict=True):
+            if not terms:
+                continue
+            parts = []  # (mantissa product, exponent) of each term
+            for factors in terms:
+                m, e = torch.ones_like(like), sh
+                for f in factors:
+                    mf, ef = _split(f)
+                    m, e = m * mf, e + ef
+                parts.append((m, e))
+            top = None
+            for m, e in parts:
+                ez = torch.where(m != 0, e, _LOW)
+                top = ez if top is None else torch.maximum(top, ez)
+            total = None
+            for m, e in parts:
+                x = _times_pow2(m, (e - top).clamp(min=-(1 << 20)))
+                total = x if total is None else total + x
+            ex = torch.where(total != 0, _exponent(total) + top, _LOW)
+            E = ex if E is None else torch.maximum(E, ex)
+    zero = torch.zeros_like(like)
+    out = []
+    for terms, sh in zip(entries, shifts, strict=True):
+        x = None
+        for factors in terms:
+            y = _ScaledProduct.apply(sh - E, *factors)
+            x = y if x is None else x + y
+        out.append(zero if x is None else x)
+    return tuple(out)
+
+
+def _unit_shifts(kappa, kappa0):
+    """The exponents ``(A11, A12, A21, A22, b1, b2, alpha)`` of ``D_t M_t D_{t-1}^-1`` (``D =
+    diag(2**kappa, 1)`` on ``(u, v)``, the information with ``u``)."""
+    kp = torch.cat([kappa0[None], kappa[:-1]]) if kappa.shape[0] > 1 else kappa
+    up = kappa - kp
+    return up, kappa, -kp, torch.zeros_like(kappa), up, kappa, up
+
+
+# log2 of an infinite variance in the clamp scan (kalmanscan.core.scan.clamp_scan); a shift of
+# -_FORGET maps every state to the leaf's lower bound (decay 0)
+_INF = 2.0**50
+_FORGET = 2.0**52
+
+
+def _log2(x):
+    """float64 ``log2 |x|`` within ``[-2**50, 2**50]`` (0: ``-2**50``, inf: ``2**50``)."""
+    return torch.log2(x.detach().abs().to(torch.float64)).clamp(-_INF, _INF)
+
+
+def _units_from_logs(x, dtype):
+    """Integer unit exponents from log2 variances: the nearest integer, held in the range. A
+    diffuse state (``+2**50``) takes the top of the range and one known exactly (``-2**50``)
+    the bottom: where such a state enters a leaf, only the column it does not zero counts, and
+    these units keep that column the leaf's largest (a diffuse start in the unit 2**-120 next
+    to an observation of variance 1e-36 in float32 left the leaf's ``v`` column below the
+    range: NaN), and between two such states the units cancel."""
+    top = math.frexp(torch.finfo(dtype).max)[1] - 2
+    return torch.round(x).clamp(-top, top).to(torch.int64)
+
+
+def _carried_units(a, p, R, h, x0, T, N):
+    """Per-step unit exponents ``kappa [T, N]`` and the initial state's ``kappa0 [N]`` for the
+    forward scan: ``log2`` of each filtered variance within a few bits (the state carried in,
+    not only the step's own variance, :func:`_lane_unit_fails`), by a scan of
+    ``x -> min(log2 (R/h^2), max(log2 p, x + 2 log2 |a|))`` (``a = 0``: ``min(log2 (R/h^2),
+    log2 p)``; :func:`kalmanscan.core.scan.clamp_scan`). The state in these units is of order 1
+    at every step. Units from the step alone failed where variance is carried: prior_var 1e300,
+    process variances ``[0, 1e300]`` on data of scale 1e200 gave the first step the unit 1 (its
+    variance 5e299) and the second 5e299, whose ratio times the leaf's information
+    (``1.1e200``) overflowed (the mean inf, OverflowError); a variance of 1e200 carried through
+    steps of process variance 1e-4 left the products' precision coordinate below the range
+    (filtered variance inf, log-likelihood 4 % off, silently)."""
+    C = _log2(R) - 2 * _log2(h)
+    forget = a == 0
+    D = torch.where(forget, -_FORGET, 2 * _log2(a))
+    E = _log2(p)
+    lo, hi = torch.minimum(E, C).clamp(-_INF, _INF), C.clamp(-_INF, _INF)
+    x0l = (_log2(x0[2]) - _log2(x0[0])).clamp(-_INF, _INF)
+    x = clamp_scan(D.expand(T, N), lo.expand(T, N), hi.expand(T, N), x0l)
+    return _units_from_logs(x, p.dtype), _units_from_logs(x0l, p.dtype)
+
+
+def _carried_units_back(a, p, R, h, L, N):
+    """Unit exponents ``[L, N]`` of the backward scan (rows in reverse time, each the step
+    whose observation and dynamics it folds in): ``log2`` of the variance about the state
+    before, from the observations after, within a few bits: ``y -> max(log2 p, min(y,
+    log2 (R/h^2))) - 2 log2 |a|`` from ``y = inf`` (``a = 0``: inf), as :func:`_carried_units`."""
+    C = _log2(R) - 2 * _log2(h)
+    forget = a == 0
+    D = torch.where(forget, -_FORGET, -2 * _log2(a))
+    E = _log2(p)
+    inf = torch.full_like(E, _INF)
+    lo = torch.where(forget, inf, (E + D).clamp(-_INF, _INF))
+    hi = torch.where(forget, inf, (torch.maximum(C, E) + D).clamp(-_INF, _INF))
+    x0 = torch.full((N,), _INF, dtype=torch.float64, device=p.device)
+    x = clamp_scan(D.expand(L, N), lo.expand(L, N), hi.expand(L, N), x0)
+    return _units_from_logs(x, p.dtype), _units_from_logs(x0, p.dtype)
+
+
+def _lane_units(k):
+    """The lane's unit ``k`` ([1, N]) as a power of two: ``(kappa [1, N], kappa0 [N])``."""
+    kappa = _exponent(k)
+    return kappa, kappa[0]
+
+
+def _scan(leaves, x0, units):
+    """Projective scan in the coordinates ``(k_t u, k_t e, v)`` of step t's state, returned in
+    the user's. ``units``: the lane's unit ``k`` ([1, N], its initial state's too; the leaves
+    are scaled here), or a pair of integer exponents ``(kappa, kappa0)``, ``k_t = 2**kappa_t``
+    (``[T, N]`` per step, or ``[1, N]`` per lane) and the initial state's ``2**kappa0``, the
+    leaves already in them (:func:`_scan_exact`)."""
+    if isinstance(units, tuple):
+        return _scan_exact(leaves, x0, *units)
+    k = units
     A11, A12, A21, A22, b1, b2, al = leaves
-    # (quotient: the derivatives in kp as products; autograd's (k / kp) / kp underflowed after
+    # (quotient: the derivatives in k as products; autograd's (k / kp) / kp underflowed after
     # a step whose unit is a huge process variance, kp = 4e199: 1/kp^2)
-    if k.shape[0] > 1:
-        kp = torch.cat([torch.ones_like(k[:1]), k[:-1]])
-        r, A21 = quotient(kp, k, A21)
-        k0 = torch.ones_like(k[0])
-    else:
-        kp, r, k0 = k, 1.0, k[0]
-        (A21,) = quotient(kp, A21)
-    leaves = (A11 * r, k * A12, A21, A22, b1 * r, k * b2, al * r)
-    u, e, v = projective_scan(leaves, normalize(k0 * x0[0], k0 * x0[1], x0[2]))
+    (A21,) = quotient(k, A21)
+    leaves = (A11, k * A12, A21, A22, b1, k * b2, al)
+    u, e, v = projective_scan(leaves, normalize(k[0] * x0[0], k[0] * x0[1], x0[2]))
     # (k's derivative as products: autograd's (u / k) / k underflows at k = p = 1e200)
     return normalize(*quotient(k, u, e), v)
 
 
-def _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, u0):
+def _scan_exact(leaves, x0, kappa, kappa0):
+    """:func:`_scan` with leaves already in the units ``2**kappa`` (:func:`_exact_leaf`):
+    the initial state taken into ``2**kappa0``, every state back from ``2**kappa_t``, each by
+    one exact scaling (no gradient goes to the units)."""
+    u, e, v = projective_scan(leaves, _in_unit(*x0, kappa0), detach=True)
+    return _in_unit(u, e, v, -kappa.expand(u.shape[0], -1))
+
+
+def _in_unit(u, e, v, kappa):
+    """The triple ``(2**kappa u, 2**kappa e, v)``, normalized, each coordinate formed by one
+    scaling by a power of two to its normalized exponent: nothing under- or overflows where the
+    normalized triple does not (a mean of 1e150 in the unit 2**-997 overflowed, a mean of
+    1e-120 and variance 1e-240 in the unit 2**-797 underflowed). The divisor is a constant to
+    autograd (exact: every use of a triple is scale-free, :func:`kalmanscan.core.scan.
+    projective_scan`); its derivative paths cancel, and where it was a variance 2e22 times as
+    sensitive to the decay as the belief (``a = 1e-22`` after a variance of 1e30, float32)
+    their rounding made a derivative of the log-likelihood 1e8 times the truth."""
+    eu = torch.where(u.detach() != 0, _exponent(u) + kappa, _LOW)
+    ev = torch.where(v.detach() != 0, _exponent(v), _LOW)
+    top = torch.maximum(eu, ev)
+    top = torch.where(top == _LOW, 0, top)
+    down = kappa - top
+    u, e, v = _times_pow2(u, down), _times_pow2(e, down), _times_pow2(v, -top)
+    n = torch.maximum(u, v).detach()
+    return u / n, e / n, v / n
+
+
+def _seg_units(units, t0, t):
+    """``units`` for the rows ``t0:t`` (a cut scan: :func:`_tiny_decay_steps`); the state
+    entering row ``t0`` takes row ``t0 - 1``'s unit."""
+    if not isinstance(units, tuple) or units[0].shape[0] == 1:
+        return units
+    kappa, kappa0 = units
+    return kappa[t0:t], (kappa0 if t0 == 0 else kappa[t0 - 1])
+
+
+def _diffuse_prefix(leaves, q, h2s, u0, log_d, const):
     """Leaves whose steps a diffuse start (``u0 = 0``) reaches still diffuse replaced by the
-    constant map to the exact state they give: ``(0, 0, 1)`` before the lane's first informative
-    step (observed with ``h != 0``, or forgetting), and that step's ``(h^2, h z, R)``
-    (``(R + h^2 p, R c + h z p, R p)`` where it forgets). A product of true leaves loses it: their
-    ``v`` column is ``a^2`` per step and underflows (``a = 1e-170``, or 40 unobserved steps at
-    ``a = 1e-100``), though a diffuse belief stays diffuse for every ``a != 0``."""
+    constant map to the exact state they give (``const``, a leaf): ``(0, 0, 1)`` before the
+    lane's first informative step (observed with ``h != 0``, or forgetting), and that step's
+    ``(h^2, h z, R)`` (``(R + h^2 p, R c + h z p, R p)`` where it forgets). A product of true
+    leaves loses it: their ``v`` column is ``a^2`` per step and underflows (``a = 1e-170``, or
+    40 unobserved steps at ``a = 1e-100``), though a diffuse belief stays diffuse for every
+    ``a != 0``. ``log_d``: each leaf's ``log(A22 / max(A11, 1))`` (0 where it forgets)."""
     A11 = leaves[0]
     T, N = A11.shape
     informative = ((q != 0) | (h2s != 0)).expand(T, N)
@@ -140,22 +360,41 @@ def _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, u0):
         head = tuple(x.expand(T, N)[:L] if x.shape[0] == T else x for x in leaves)
         rest = tuple(x.expand(T, N)[L:] for x in leaves)
         cut = lambda x: x[:L] if x.shape[0] == T else x  # noqa: E731
-        head = _diffuse_prefix(head, cut(q), cut(Rs), cut(h2s), cut(hzs), cut(p), cut(c), u0)
+        head = _diffuse_prefix(head, cut(q), cut(h2s), u0, cut(log_d), tuple(map(cut, const)))
         return tuple(torch.cat([h_, r_]) for h_, r_ in zip(head, rest, strict=True))
     seen = informative.cumsum(0)
     pre = ((seen == 0) | ((seen == 1) & informative)) & (u0 == 0)
-    forget = q != 0
     # only lanes whose product of a^2 over the prefix leaves half the range: elsewhere the true
     # leaves are exact, and the derivative in u0 (through a^2) is kept
-    log_d = torch.log(torch.where(forget, 1.0, leaves[3] / leaves[0].clamp(min=1.0))).expand(T, N)
-    deep = torch.where(pre, log_d, 0.0).sum(0) < 0.5 * math.log(torch.finfo(A11.dtype).tiny)
+    deep = torch.where(pre, log_d.expand(T, N), 0.0).sum(0) < 0.5 * math.log(
+        torch.finfo(A11.dtype).tiny
+    )
     pre = pre & deep
-    xu = torch.where(forget, Rs + h2s * p, h2s)
-    xe = torch.where(forget, Rs * c + hzs * p, hzs)
-    xv = torch.where(forget, Rs * p, Rs)
-    zero = torch.zeros_like(A11)
-    const = (zero, xu, zero, xv, zero, xe, zero)
     return tuple(torch.where(pre, y, x) for x, y in zip(leaves, const, strict=True))
+
+
+def _no_information_prefix(leaves, informative):
+    """The backward scan's leaves (rows in reverse time) with their ``u`` column and
+    information gain zeroed up to each lane's first informative row (observed with ``h !=
+    0``), where the state entering every row is ``(0, 0, 1)`` (no information yet), in lanes
+    where that column grows past half the range over those rows: the products' ``v`` column,
+    the only one such a state meets, was lost in their normalization (float32, decay 1e10 and
+    the last 5 steps missing: a column ratio of 1e20 a row, NaN smoothed moments)."""
+    A11, A12, A21, A22 = leaves[:4]
+    L, N = torch.broadcast_shapes(*(x.shape for x in leaves))
+    informative = informative.expand(L, N)
+    seen = informative.to(torch.int32).cumsum(0)
+    pre = (seen == 0) | ((seen == 1) & informative)
+    with torch.no_grad():
+        col1 = torch.maximum(A11, A21).expand(L, N)
+        A22s = A22.expand(L, N)
+        grow = torch.log(torch.where(pre & (col1 > A22s), col1 / A22s, 1.0))
+        deep = grow.sum(0) > -0.5 * math.log(torch.finfo(A11.dtype).tiny)
+    if not bool(deep.any()):
+        return leaves
+    pre = pre & deep
+    cut = {0, 2, 4, 6}  # (A11, A21, b1, alpha)
+    return tuple(torch.where(pre, 0.0, x) if i in cut else x for i, x in enumerate(leaves))
 
 
 def _diffuse_inputs(x0, q, R, h, hz, a, p, c, d):
@@ -212,7 +451,7 @@ def _at(x, t):
     return x[t] if x.shape[0] > 1 else x[0]
 
 
-def _tiny_decay_steps(leaves, x0, k, filt, steps):
+def _tiny_decay_steps(leaves, x0, units, filt, steps):
     """The filtered triples where a step with ``a^2`` below the normal range (``a != 0``) meets
     a known state (``u >= tiny``) with ``p u`` below it: there the leaf's ``a^2 v`` (and ``a e``)
     underflowed, e.g. ``var = 1e100``, ``a = 1e-170``, ``p = 0`` gave the predicted variance 0
@@ -235,7 +474,7 @@ def _tiny_decay_steps(leaves, x0, k, filt, steps):
         for t in sorted(cut) + [T]:
             if t > t0:
                 seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
-                            k[t0:t] if k.shape[0] > 1 else k)  # fmt: skip
+                            _seg_units(units, t0, t))  # fmt: skip
                 parts.append(seg)
                 state = tuple(y[-1] for y in seg)
             if t < T:
@@ -247,7 +486,7 @@ def _tiny_decay_steps(leaves, x0, k, filt, steps):
     return filt
 
 
-def _odd_decay_steps_back(leaves, k, back, steps, odd):
+def _odd_decay_steps_back(leaves, units, back, steps, odd):
     """The backward information filter's triples (in reverse time) where a step whose ``a^2``
     is below the normal range (or past its reciprocal) gives a precision the leaf loses: its
     ``a^2 U`` underflowed (``a = 1e-170``, ``obs_var = 1e-100``: the precision 3.4e-240 about
@@ -277,7 +516,7 @@ def _odd_decay_steps_back(leaves, k, back, steps, odd):
         for t in sorted(cut) + [L]:
             if t > t0:
                 seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
-                            k[t0:t] if k.shape[0] > 1 else k)  # fmt: skip
+                            _seg_units(units, t0, t))  # fmt: skip
                 parts.append(seg)
                 state = tuple(y[-1] for y in seg)
             if t < L:
@@ -313,24 +552,54 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     leaves = (Rs + h2s * p, Rs * q + h2s * d, Rs * p, Rs * d, Rs * c + hzs * p,
               Rs * q * c + hzs * d, al)  # fmt: skip
     k = _lane_scale(p)
-    # the per-step unit and the diffuse prefix cost several passes over [T, N]: taken only where
-    # the lane's unit would not hold (steps whose own variance is far below the lane's largest
-    # process variance) or a diffuse start is not informed at once (leading gaps, tiny decays)
-    k = _unit(k, _step_scale, leaves[0], leaves[2])
+    T, N = z.shape
+    # per-step units and leaves formed exactly in them cost several passes over [T, N]: taken
+    # only where the lane's unit would not hold (steps whose own variance is far below the
+    # lane's largest process variance) or its leaves pass the range
+    units = k
+    if _lane_unit_fails(k, leaves[0], leaves[2]):
+        units = _carried_units(a, p, R, h, x0, T, N)
+    elif bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, x0):
+        units = _lane_units(k)
+    exact = isinstance(units, tuple)
+    if exact:
+        shifts = _unit_shifts(*units)
+        w = a * (1 - q)  # (its slope where it forgets: _forget_slope without Rs)
+        if box is not None:
+            w = _ForgetSlope.apply(w, a, box, "slope")
+        # (the unscaled leaf: its scale 1/max(R, h^2) is the exact scaling's; through it the
+        # derivatives in R passed the range, R = 1e-100 in a log-likelihood of -5e196: NaN)
+        terms = ([(R,), (h, h, p)], [(R, q), (h, h, d)], [(R, p)], [(R, d)],
+                 [(R, c), (hz, p)], [(R, q, c), (hz, d)], [(R, w)])  # fmt: skip
+        leaves = _exact_leaf(terms, shifts, z)
     tiny = torch.finfo(a.dtype).tiny
+    # the diffuse prefix: where a diffuse start is not informed at once (leading gaps, tiny
+    # decays)
     if any_diffuse and bool(
         ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
         # a decay whose square may underflow a diffuse start's first leaf (the prefix's own
         # test, below half the range, is stricter)
         or (a * a < tiny**0.25).any()
     ):
-        leaves = _diffuse_prefix(leaves, q, Rs, h2s, hzs, p, c, x0[0])
-    filt = _scan(leaves, x0, k)
+        forget = q != 0
+        if exact:
+            big = torch.log((Rs + h2s * p).clamp(min=1.0))
+            log_d = torch.where(forget, 0.0, torch.log(Rs) + torch.log(d) - big)
+            g = torch.where(forget, p, 1.0)
+            const = _exact_leaf(([], [(R, q), (h, h, g)], [], [(R, g)], [],
+                                 [(R, c, q), (hz, g)], []), shifts, z)  # fmt: skip
+        else:
+            log_d = torch.log(torch.where(forget, 1.0, leaves[3] / leaves[0].clamp(min=1.0)))
+            zero = torch.zeros_like(leaves[0])
+            const = (zero, torch.where(forget, Rs + h2s * p, h2s), zero,
+                     torch.where(forget, Rs * p, Rs), zero,
+                     torch.where(forget, Rs * c + hzs * p, hzs), zero)  # fmt: skip
+        leaves = _diffuse_prefix(leaves, q, h2s, x0[0], log_d, const)
+    filt = _scan(leaves, x0, units)
     if bool(((q == 0) & (d < tiny)).any()):  # decays whose square leaves the normal range
-        filt = _tiny_decay_steps(leaves, x0, k, filt, (a, p, c, q, d, R, h, hz))
+        filt = _tiny_decay_steps(leaves, x0, units, filt, (a, p, c, q, d, R, h, hz))
     if box is not None:
-        box["slope"] = _forget_slope(x0, filt, q, Rs)
-    N = z.shape[1]
+        box["slope"] = _forget_slope(x0, filt, q, torch.ones_like(Rs) if exact else Rs)
     prev = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, filt, strict=True))
     pred = predict(*prev, a, p, c, q, d)
     return filt, pred, prev[0].detach(), _lane_scale(p)
@@ -365,14 +634,28 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     leaves = tuple(flip(x) for x in leaves)
-    # the lane's unit where it serves every step back, else each step's (_back_step_scale)
-    k = _unit(k, _back_step_scale, leaves[0], leaves[2])
-    back = _scan(leaves, (zero, zero, one), k)
+    # the lane's unit where it serves every step back (as _forward's), else per-step units
+    units = k
+    if _lane_unit_fails(k, leaves[0], leaves[2]):
+        units = _carried_units_back(*(flip(x) for x in (a, p, R, h)), T - 1, N)
+    elif bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, (zero, zero)):
+        units = _lane_units(k)
+    exact = isinstance(units, tuple)
+    if exact:
+        if box is not None:  # (its slope where it forgets: "a", below)
+            al = _ForgetSlope.apply(al, a, box, "a")
+        kd, R_, h_, hz_, g_, c_, al_ = (flip(x) for x in (keep * d, R, h, hz, g, c, al))
+        leaves = _exact_leaf(([(kd, R_)], [(kd, h_, h_)], [(g_, R_)], [(g_, h_, h_), (R_,)],
+                              [(al_, -c_, R_)], [(al_, hz_), (al_, -c_, h_, h_)], [(al_, R_)]),
+                             _unit_shifts(*units), z[1:])  # fmt: skip
+    if not bool((flip(h)[:1] != 0).all()):  # (a lane whose last step is not informative)
+        leaves = _no_information_prefix(leaves, flip(h) != 0)
+    back = _scan(leaves, (zero, zero, one), units)
     tiny = torch.finfo(z.dtype).tiny
     odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
     if bool(odd.any()):
         steps = tuple(flip(x) for x in (R, h, hz, a, p, c, q, d))
-        back = _odd_decay_steps_back(leaves, k, back, steps, flip(odd))
+        back = _odd_decay_steps_back(leaves, units, back, steps, flip(odd))
     back = tuple(
         torch.cat([x.flip(0), end[None]]) for x, end in zip(back, (zero, zero, one), strict=True)
     )
@@ -382,6 +665,6 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
         den = p * U1 + Rs * V
         kappa = torch.where(q != 0, (U1 + Rs * V) / torch.where(den > 0, den, 1.0), 0.0)
         box.update(b1=(-c * Rs * kappa).detach(), b2=((hzs - c * h2s) * kappa).detach(),
-                   alpha=(Rs * kappa).detach())  # fmt: skip
+                   alpha=(Rs * kappa).detach(), a=kappa.detach())  # fmt: skip
     out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
     return out

@@ -15,7 +15,9 @@ same algorithm (recursively) to get each chunk's entry value, then run the chunk
 all chunks at once (``K`` vectorized steps over ``n * N`` lanes). Work is O(T N); the number of
 sequential torch operations is about ``K`` per level. ``n`` is chosen from the shape so that each
 vectorized step touches enough elements: many lanes need no time-chunking, one long lane uses many.
-Derivation: docs/algorithm.md.
+Derivation: docs/algorithm.md. A third scan, of shift-and-clamp maps on logs
+(:func:`clamp_scan`), estimates the scale of each step's variance for the projective scan's
+units (kalmanscan/core/parallel.py).
 """
 
 from __future__ import annotations
@@ -147,6 +149,52 @@ def _affine_loop(alpha, b, x, annihilate):
     return torch.stack(out)
 
 
+# ------------------------------------------------------------------------------ clamp scan
+# Leaf t: x -> min(hi, max(lo, x + D)) with lo <= hi (a shift, then a clamp), on float64 logs
+# of variances; infinities are held as +-_CLAMP_INF, far beyond any finite log2 of a float.
+_CLAMP_INF = 2.0**50
+
+
+def clamp_compose(later, earlier):
+    """Compose clamp maps ``later ∘ earlier`` (tuples ``(D, lo, hi)``): a shift by the sum,
+    clamped to the earlier bounds shifted and clamped by the later ones."""
+    D2, lo2, hi2 = later
+    D1, lo1, hi1 = earlier
+    D = (D1 + D2).clamp(-_CLAMP_INF, _CLAMP_INF)
+    return (
+        D,
+        torch.minimum(hi2, torch.maximum(lo2, lo1 + D2)),
+        torch.minimum(hi2, torch.maximum(lo2, hi1 + D2)),
+    )
+
+
+def clamp_scan(D, lo, hi, x0):
+    """``x_t = min(hi_t, max(lo_t, x_{t-1} + D_t))`` (``lo <= hi``) from ``x0 [N]`` for
+    ``[T, N]`` float64 inputs in ``[-2**50, 2**50]``; returns ``x [T, N]``."""
+    T, N = torch.broadcast_shapes(D.shape, lo.shape, hi.shape)
+    if num_chunks(T, N) <= 1:
+        return _clamp_loop((D, lo, hi), x0)
+    n, K, leaves = _chunked((D, lo, hi), T, N)
+    totals = _tree_reduce(leaves, clamp_compose)
+    ends = clamp_scan(*totals, x0)
+    starts = torch.cat([x0.expand(1, N), ends[:-1]])
+    x = _clamp_loop(tuple(y.transpose(0, 1) for y in leaves), starts)  # [K, n, N]
+    x = x.transpose(0, 1).reshape(n * K, N)
+    if n * K == T:
+        return x
+    return torch.cat([x, _clamp_loop(_tail((D, lo, hi), n, K), ends[-1])])
+
+
+def _clamp_loop(leaves, x):
+    T = max(y.shape[0] for y in leaves)
+    out = []
+    for t in range(T):
+        D, lo, hi = (y[t] if y.shape[0] > 1 else y[0] for y in leaves)
+        x = torch.minimum(hi, torch.maximum(lo, x + D))
+        out.append(x)
+    return torch.stack(out)
+
+
 # ------------------------------------------------------------------------------ projective scan
 # Leaf t: the linear map of homogeneous beliefs (u, v | e) (docs/backend-contract.md)
 #     (u, v) -> A (u, v),   e -> b . (u, v) + alpha e,   A = [[A11, A12], [A21, A22]] >= 0,
@@ -154,8 +202,9 @@ def _affine_loop(alpha, b, x, annihilate):
 # by the sum of A's entries (positive), which changes no belief and keeps every product in range.
 
 
-def projective_compose(later, earlier):
-    """Compose projective maps ``later ∘ earlier`` (7-tuples), normalized by A's entry sum."""
+def projective_compose(later, earlier, detach=False):
+    """Compose projective maps ``later ∘ earlier`` (7-tuples), normalized by A's entry sum
+    (``detach``: a constant to autograd, :func:`projective_scan`)."""
     P11, P12, P21, P22, p1, p2, pa = later
     Q11, Q12, Q21, Q22, q1, q2, qa = earlier
     A11 = P11 * Q11 + P12 * Q21
@@ -166,44 +215,64 @@ def projective_compose(later, earlier):
     b2 = p1 * Q12 + p2 * Q22 + pa * q2
     al = pa * qa
     s = A11 + A12 + A21 + A22
+    if detach:
+        s = s.detach()
     return A11 / s, A12 / s, A21 / s, A22 / s, b1 / s, b2 / s, al / s
 
 
-def projective_apply(m, u, e, v):
-    """Apply one map to triples and normalize to ``max(u, v) = 1``."""
+def projective_apply(m, u, e, v, detach=False):
+    """Apply one map to triples and normalize to ``max(u, v) = 1`` (``detach``: the divisor a
+    constant to autograd, :func:`projective_scan`)."""
     A11, A12, A21, A22, b1, b2, al = m
     u2 = A11 * u + A12 * v
     v2 = A21 * u + A22 * v
     e2 = b1 * u + b2 * v + al * e
+    if detach:
+        n = torch.maximum(u2, v2).detach()
+        return u2 / n, e2 / n, v2 / n
     return normalize(u2, e2, v2)  # (its derivative in max(u2, v2) as products)
 
 
-def _projective_loop(leaves, x):
+def _projective_loop(leaves, x, detach=False):
     T = max(t.shape[0] for t in leaves)
     outs = []
     for t in range(T):
-        x = projective_apply(tuple(y[t] if y.shape[0] > 1 else y[0] for y in leaves), *x)
+        m = tuple(y[t] if y.shape[0] > 1 else y[0] for y in leaves)
+        x = projective_apply(m, *x, detach=detach)
         outs.append(x)
     return tuple(torch.stack(k) for k in zip(*outs, strict=True))
 
 
-def projective_scan(leaves, x0):
+def projective_scan(leaves, x0, detach=False):
     """Apply projective leaves (7 tensors broadcasting to ``[T, N]``) in turn from the triple
-    ``x0`` (three ``[N]``); return every triple ``(u, e, v)``, each ``[T, N]``."""
+    ``x0`` (three ``[N]``); return every triple ``(u, e, v)``, each ``[T, N]``.
+
+    ``detach``: every divisor (a product's entry sum, a state's ``max(u, v)``) is a constant to
+    autograd. The triples are then those of the same beliefs (divided by other positive
+    numbers), and their derivatives the same where every use of them is scale-free (ratios,
+    the log-likelihood's), exactly, without the divisors' paths, which cancel: a divisor that
+    depends on a parameter far more than the beliefs do left that cancellation's rounding
+    (kalmanscan/core/parallel.py, ``_scan_exact``)."""
     T, N = torch.broadcast_shapes(*(t.shape for t in leaves))
     if num_chunks(T, N) <= 1:
-        return _projective_loop(leaves, x0)
+        return _projective_loop(leaves, x0, detach)
     s = (
         leaves[0] + leaves[1] + leaves[2] + leaves[3]
     )  # products of entry-sum-1 maps cannot overflow
+    if detach:
+        s = s.detach()
     leaves = tuple(x / s for x in leaves)
     n, K, chunked = _chunked(leaves, T, N)
-    totals = _tree_reduce(chunked, projective_compose)
-    ends = projective_scan(totals, x0)
+
+    def compose(later, earlier):
+        return projective_compose(later, earlier, detach)
+
+    totals = _tree_reduce(chunked, compose)
+    ends = projective_scan(totals, x0, detach)
     starts = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, ends, strict=True))
-    x = _projective_loop(tuple(y.transpose(0, 1) for y in chunked), starts)  # [K, n, N]
+    x = _projective_loop(tuple(y.transpose(0, 1) for y in chunked), starts, detach)  # [K, n, N]
     x = tuple(y.transpose(0, 1).reshape(n * K, N) for y in x)
     if n * K == T:
         return x
-    rest = _projective_loop(_tail(leaves, n, K), tuple(y[-1] for y in ends))
+    rest = _projective_loop(_tail(leaves, n, K), tuple(y[-1] for y in ends), detach)
     return tuple(torch.cat([y, w]) for y, w in zip(x, rest, strict=True))
