@@ -90,18 +90,26 @@ def _tail(leaves, n, K):
 
 def mobius_scan(A, B, C, D, lam0):
     """Apply Möbius leaves ``[T, N]`` in turn from ``lam0 [N]``; return every ``lam_t [T, N]``."""
-    T, N = torch.broadcast_shapes(A.shape, B.shape, C.shape, D.shape)
+    return _loop_in_chunks((A, B, C, D), lam0, mobius_compose, _mobius_loop)
+
+
+def _loop_in_chunks(leaves, x0, compose, loop):
+    """Apply ``leaves`` (each ``[T, N]`` or ``[1, N]``) in turn from ``x0 [N]`` with ``loop``
+    (step by step), in chunks where there are enough steps: each chunk's leaves composed
+    (``compose``, a tree), the chunks' starts by the same scan over the totals, then each chunk
+    looped from its start, all chunks at once."""
+    T, N = torch.broadcast_shapes(*(x.shape for x in leaves))
     if num_chunks(T, N) <= 1:
-        return _mobius_loop((A, B, C, D), lam0)
-    n, K, leaves = _chunked((A, B, C, D), T, N)
-    totals = _tree_reduce(leaves, mobius_compose)
-    ends = mobius_scan(*totals, lam0)
-    starts = torch.cat([lam0.expand(1, N), ends[:-1]])
-    lam = _mobius_loop(tuple(x.transpose(0, 1) for x in leaves), starts)  # [K, n, N]
-    lam = lam.transpose(0, 1).reshape(n * K, N)
+        return loop(leaves, x0)
+    n, K, chunks = _chunked(leaves, T, N)
+    totals = _tree_reduce(chunks, compose)
+    ends = _loop_in_chunks(totals, x0, compose, loop)
+    starts = torch.cat([x0.expand(1, N), ends[:-1]])
+    x = loop(tuple(y.transpose(0, 1) for y in chunks), starts)  # [K, n, N]
+    x = x.transpose(0, 1).reshape(n * K, N)
     if n * K == T:
-        return lam
-    return torch.cat([lam, _mobius_loop(_tail((A, B, C, D), n, K), ends[-1])])
+        return x
+    return torch.cat([x, loop(_tail(leaves, n, K), ends[-1])])
 
 
 def _mobius_loop(leaves, lam):
@@ -171,18 +179,7 @@ def clamp_compose(later, earlier):
 def clamp_scan(D, lo, hi, x0):
     """``x_t = min(hi_t, max(lo_t, x_{t-1} + D_t))`` (``lo <= hi``) from ``x0 [N]`` for
     ``[T, N]`` float64 inputs in ``[-2**50, 2**50]``; returns ``x [T, N]``."""
-    T, N = torch.broadcast_shapes(D.shape, lo.shape, hi.shape)
-    if num_chunks(T, N) <= 1:
-        return _clamp_loop((D, lo, hi), x0)
-    n, K, leaves = _chunked((D, lo, hi), T, N)
-    totals = _tree_reduce(leaves, clamp_compose)
-    ends = clamp_scan(*totals, x0)
-    starts = torch.cat([x0.expand(1, N), ends[:-1]])
-    x = _clamp_loop(tuple(y.transpose(0, 1) for y in leaves), starts)  # [K, n, N]
-    x = x.transpose(0, 1).reshape(n * K, N)
-    if n * K == T:
-        return x
-    return torch.cat([x, _clamp_loop(_tail((D, lo, hi), n, K), ends[-1])])
+    return _loop_in_chunks((D, lo, hi), x0, clamp_compose, _clamp_loop)
 
 
 def _clamp_loop(leaves, x):
