@@ -6,7 +6,10 @@
  *     x_t = F_t x_{t-1} + c_t + N(0, Q_t),   z_t = H_t x_t + N(0, R_t),   R_t, Q_t PSD (0 allowed)
  *     x_0 ~ N(m_0, P_0 + kappa D_0 D_0'),    kappa -> inf   (D_0 spans the diffuse directions)
  *
- * Filter: predict a = F m + c, P = F P F' + Q, D = F D; then the observed entries of z_t are
+ * Filter: predict a = F m + c, P = F P F' + Q, D = F D (an orthonormal basis of its range instead
+ * where its columns are of sizes far apart, at the rounding of their own product or dependent:
+ * factor_basis, so a direction a tiny nonzero entry of F keeps stays diffuse and one F maps to 0
+ * is forgotten); then the observed entries of z_t are
  * decorrelated with R_o = L Dg L' (L unit lower triangular, Dg >= 0: singular R is fine) and
  * processed one scalar at a time (Durbin & Koopman 2012, sec. 6.4). An entry with row h is
  * diffuse when u = D' h is nonzero relative to |h| |D|: then the exact initial update
@@ -65,6 +68,8 @@
 
 #define LOG_2PI 1.8378770664093454835606594728112
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
+#define FACTOR_GRADE 0x1p-20 /* a predicted factor's columns further apart: a basis (factor_basis) */
+#define FACTOR_SPAN 0x1p100  /* ... or one outside SPAN^-1 .. SPAN */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
 #define INFO_COND 1e4 /* |J| |Q| up to this along the carried J: the diffuse steps' info form */
 #define SRIF_SWITCH 1e1 /* |P N P| up to this times |V|: r0, N0 set the square-root rows */
@@ -885,6 +890,84 @@ static KS_INLINE void drop_residue(ws_t *w, const int n, int k, const double *h,
     }
 }
 
+/* The diffuse factor after the prediction, X = F D (w->tmp; D_prev in w->D, k columns); returns
+ * the new k, the factor then in w->tmp's first k columns (w->D's others zeroed). X itself unless
+ * its columns need more (sequential.factor_basis is the same rule): a column at the rounding
+ * level of its own product (every entry at most DIFFUSE_TOL times |F| |D_prev|, its entrywise
+ * rounding bound: what a singular F forgets, while a diagonal F keeps any nonzero entry), fewer
+ * than k independent columns (normalized, largest first, each within DIFFUSE_TOL of the earlier
+ * ones' span is theirs), or the independent ones more than 1 / FACTOR_GRADE apart in size or
+ * outside FACTOR_SPAN^-1 .. FACTOR_SPAN. Then an orthonormal basis of their span (modified
+ * Gram-Schmidt, twice), and k its size: the same diffuse directions (only range(D) enters the
+ * limit), where F = diag(1e-100, 0.9) made one 1e-200 the other's size, which the entries' test
+ * (relative to |D|_F) took as resolved and whose squares underflow. Ordinary factors pass through
+ * untouched (run_series keeps its former copy of w->tmp into w->D: the same bits). */
+static KS_NOINLINE int factor_basis(ws_t *w, const int n, int k) {
+    const double *X = w->tmp;
+    double *D = w->D, *Y = w->xc, *Qb = w->xx, *nrm = w->Ms, *left = w->Minf, *y = w->u;
+    int trig = 0;
+    for (int j = 0; j < k; j++) {
+        int live = 0, real = 0;
+        double top = 0.0;
+        for (int i = 0; i < n; i++) {
+            double bnd = 0.0;
+            for (int c = 0; c < w->fnz[i]; c++)
+                bnd += fabs(w->fval[i * n + c]) * fabs(D[w->fcol[i * n + c] * n + j]);
+            double x = fabs(X[i * n + j]);
+            live |= bnd > 0.0;
+            real |= x > DIFFUSE_TOL * bnd;
+            if (x > top) top = x;
+        }
+        if (live && !real) trig = 1;
+        left[j] = real;
+        nrm[j] = 0.0;
+        if (!real) continue;
+        double s = 0.0; /* the norm without squares of tiny entries */
+        for (int i = 0; i < n; i++) {
+            double v = X[i * n + j] / top;
+            Y[i * n + j] = v;
+            s += v * v;
+        }
+        s = sqrt(s);
+        for (int i = 0; i < n; i++) Y[i * n + j] /= s;
+        nrm[j] = top * s;
+    }
+    int picked = 0;
+    double lo = INFINITY, hi = 0.0;
+    for (int p = 0; p < k; p++) {
+        int j = -1;
+        for (int q = 0; q < k; q++)
+            if (left[q] != 0.0 && (j < 0 || nrm[q] > nrm[j])) j = q;
+        if (j < 0) break;
+        left[j] = 0.0;
+        for (int i = 0; i < n; i++) y[i] = Y[i * n + j];
+        for (int pass = 0; pass < 2; pass++)
+            for (int q = 0; q < picked; q++) {
+                double r = 0.0;
+                for (int i = 0; i < n; i++) r += Qb[i * n + q] * y[i];
+                for (int i = 0; i < n; i++) y[i] -= r * Qb[i * n + q];
+            }
+        double res = 0.0;
+        for (int i = 0; i < n; i++) res += y[i] * y[i];
+        res = sqrt(res);
+        if (!(res > DIFFUSE_TOL)) continue;
+        for (int i = 0; i < n; i++) Qb[i * n + picked] = y[i] / res;
+        picked++;
+        if (nrm[j] < lo) lo = nrm[j];
+        if (nrm[j] > hi) hi = nrm[j];
+    }
+    if (picked < k ||
+        (picked > 0 && (lo < FACTOR_GRADE * hi || hi > FACTOR_SPAN || lo < 1.0 / FACTOR_SPAN)))
+        trig = 1;
+    if (!trig) return k;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < k; j++) {
+            w->tmp[i * n + j] = j < picked ? Qb[i * n + j] : 0.0;
+            D[i * n + j] = 0.0;
+        }
+    return picked;
+}
+
 /* Scalar updates of the o gathered entries on (a, P, D[:, :k]); returns the new k. Adds the
  * entries' log-likelihood to *ll; records each entry in w->el (and its gains in K0/K1 rows when
  * keep != 0: K0 row p = gain of a proper entry or M_inf/f_inf, K1 row p = the diffuse K1). */
@@ -1602,6 +1685,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
         if (!ll_only) memcpy(pcov + t * nn, P, nn * sizeof(double));
         if (k > 0) {
             F_mm(w, n, D, k, w->tmp);
+            if (!fin) k = factor_basis(w, n, k);
             for (int i = 0; i < n; i++) memcpy(D + i * n, w->tmp + i * n, k * sizeof(double));
             if (!ll_only && t < kcap) {
                 memcpy(pD + t * nn, D, nn * sizeof(double));

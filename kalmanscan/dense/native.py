@@ -2,7 +2,9 @@
 
 One compiled pass over time per series (series one after another, GIL released): the exact
 sequential filter with Durbin & Koopman's exact initial update for diffuse priors (the diffuse
-part kept as an exact rank-k factor, reduced by Householder reflections; a large proper prior,
+part kept as an exact rank-k factor, reduced by Householder reflections and made an orthonormal
+basis of its range after a prediction that leaves its columns of sizes far apart, at their
+rounding or dependent (``F = diag(1e-100, 0.9)``, a singular ``F``); a large proper prior,
 :data:`LARGE_PRIOR`, and a step's near noise-free entries are carried on such a factor with the
 exact finite update), entries of ``z_t``
 processed one at a time after decorrelating ``R_t = L Dg L'`` (so singular ``R``, ``R = 0``

@@ -202,7 +202,7 @@ def _post_cov(m0, P0, J, eta):
     return m0 + sol[..., n], _sym(sol[..., :n])
 
 
-def _scaled_solve(M, rhs):
+def _scaled_solve(M, rhs, check=True):
     """M^-1 rhs for a symmetric positive (semi)definite M [..., n, n], solved as
     ``S (S M S)^-1 S rhs`` with ``S = diag(M)^-1/2``: partial pivoting on M itself picks rows by
     magnitude, and with R = 1e-12 I the information about x_0 is 1e12 in the observed direction
@@ -211,6 +211,8 @@ def _scaled_solve(M, rhs):
     d = torch.diagonal(M, dim1=-2, dim2=-1)
     s = torch.where(d > 0, d, torch.ones_like(d)).rsqrt()
     Ms = M * s.unsqueeze(-1) * s.unsqueeze(-2)
+    if not check:  # a singular M gives non-finite values instead of raising
+        return s.unsqueeze(-1) * torch.linalg.solve_ex(Ms, s.unsqueeze(-1) * rhs)[0]
     return s.unsqueeze(-1) * torch.linalg.solve(Ms, s.unsqueeze(-1) * rhs)
 
 
@@ -636,7 +638,9 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
             torch.cat([torch.ones_like(m), flat.to(m.dtype)], -1)
         )
         rhs = torch.cat([Gt, Gt @ (etab[:, :tau] - _mv(Jh, m)).unsqueeze(-1)], -1)
-        sol = _scaled_solve(Lam, rhs)
+        # singular where the suffix information about a diffuse direction underflows (a tiny
+        # entry of F over a gap): those series' steps take the rows below (cond(Lam) inf)
+        sol = _scaled_solve(Lam, rhs, check=False)
         ms, Ps = m + _mv(G, sol[..., n]), _sym(G @ sol[..., :n])
         rows = _rows_steps(model, Lam, tau)
         if rows is not None:  # the suffix information about x_{tau-1} as square-root rows,

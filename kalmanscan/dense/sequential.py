@@ -46,7 +46,10 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     directions still diffuse (counted, not thresholded). A diffuse direction 1e-6 the scale of
     another (a contracting F applied to it for a few steps) is thereby still diffuse; a threshold
     on ``P_inf`` itself cannot tell it from the rounding of a resolved one. Once as many entries
-    as there were diffuse directions have been diffuse, ``D`` is 0 exactly.
+    as there were diffuse directions have been diffuse, ``D`` is 0 exactly. After a prediction
+    whose factor has columns of sizes far apart (a tiny nonzero entry of ``F``: still diffuse),
+    at the rounding of their own product (what a singular ``F`` forgets) or dependent, ``D``
+    becomes an orthonormal basis of its range (:func:`factor_basis`).
 
     A series whose predicted covariance passes the dtype's range (an entry inf or NaN: an
     explosive F over a gap) stops there (``lost``: the covariance form cannot hold that
@@ -87,7 +90,7 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         m = _mv(F, m) + c
         P = _sym(F @ P @ F.transpose(-1, -2) + Q)
         if diffuse_now:
-            D = F @ D
+            D, k = factor_basis(F, D, F @ D, k, dif_tol)
         was_lost = lost
         lost = lost | ~torch.isfinite(P).flatten(1).all(1)
         pms.append(torch.where(was_lost[:, None], nan, m))
@@ -202,6 +205,76 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     stack = lambda xs: torch.stack(xs, 1)  # noqa: E731
     filt = Moments(stack(means), stack(covs), stack(difs), nd)
     return filt, stack(pms), stack(pPs), stack(lls)
+
+
+def factor_basis(F, D_prev, D, k, tol):
+    """The diffuse factor ``D = F D_prev`` [B, n, n] after a prediction, and the number ``k`` [B]
+    of diffuse directions, with every direction that a nonzero entry of ``F`` keeps kept,
+    whatever its size (``F * inf = inf``; docs/dense.md, "Exact diffuse start").
+
+    Unchanged unless the columns need it (then ``D`` becomes an orthonormal basis of its
+    numerical range, the same range, and ``k`` its rank): a column at the rounding level of its
+    own product (every entry at most ``tol`` times ``|F| |D_prev|``, the entrywise bound of its
+    rounding: exactly what a singular ``F`` forgets, while a diagonal ``F`` keeps any nonzero
+    entry), fewer than ``k`` independent columns (their directions taken one at a time, largest
+    first, each normalized: a direction within ``tol`` of the earlier ones is theirs), or the
+    independent columns of sizes more than ``2^20`` apart or outside ``2^-100 .. 2^100`` (float32:
+    ``2^7``, ``2^+-20``; ``F = diag(1e-100, 0.9)``: a direction 1e-200 the size of the other,
+    which the entries' test, relative to ``|D|_F``, took as resolved, and whose squares
+    underflow). Only the range of ``D`` enters the exact diffuse limit. The value is the
+    orthonormal basis ``Qb = D C``, the derivative that of its range, ``(I - Qb Qb') dD C``
+    (``C`` constant). The same rule as the native kernel's ``factor_basis``."""
+    B, n, _ = D.shape
+    f64 = D.dtype == torch.float64
+    grade, span = (2.0**-20, 2.0**100) if f64 else (2.0**-7, 2.0**20)
+    with torch.no_grad():
+        X = D.detach()
+        bound = F.detach().abs() @ D_prev.detach().abs()
+        live = (bound > 0).any(-2)  # [B, n] columns that can be nonzero
+        real = (X.abs() > tol * bound).any(-2)
+        top = X.abs().amax(-2)
+        unit = X / torch.where(top > 0, top, torch.ones_like(top)).unsqueeze(-2)
+        un = torch.linalg.vector_norm(unit, dim=-2)
+        nrm = top * un  # no squares of tiny entries
+        Y = unit / torch.where(real, un, torch.ones_like(un)).unsqueeze(-2)
+        Y = Y * real.unsqueeze(-2).to(X.dtype)
+        order = torch.argsort(torch.where(real, nrm, -torch.ones_like(nrm)), -1, descending=True)
+        Qb = torch.zeros_like(X)  # picked directions (columns in processing order)
+        C = torch.zeros_like(X)  # Qb = X C
+        picked = torch.zeros(B, dtype=torch.int64, device=X.device)
+        lo = torch.full_like(top, float("inf"))[:, 0]
+        hi = torch.zeros_like(lo)
+        ar = torch.arange(B, device=X.device)
+        for j in range(n):
+            o = order[:, j]
+            y = Y[ar, :, o]
+            c = torch.zeros_like(y)
+            c[ar, o] = torch.where(
+                real[ar, o], 1.0 / torch.where(real[ar, o], nrm[ar, o], 1.0), 0.0
+            )
+            for _ in range(2):  # modified Gram-Schmidt, twice
+                for q in range(j):
+                    r = (Qb[:, :, q] * y).sum(-1, keepdim=True)
+                    y = y - r * Qb[:, :, q]
+                    c = c - r * C[:, :, q]
+            res = torch.linalg.vector_norm(y, dim=-1)
+            take = real[ar, o] & (res > tol) & (picked < k)
+            inv = torch.where(take, 1.0 / torch.where(take, res, 1.0), 0.0).unsqueeze(-1)
+            Qb[:, :, j] = y * inv
+            C[:, :, j] = c * inv
+            picked = picked + take.to(torch.int64)
+            sz = nrm[ar, o]
+            lo = torch.where(take, torch.minimum(lo, sz), lo)
+            hi = torch.where(take, torch.maximum(hi, sz), hi)
+        trig = (live & ~real).any(-1) | (picked < k)
+        trig = trig | (picked > 0) & ((lo < grade * hi) | (hi > span) | (lo < 1.0 / span))
+        perp = torch.eye(n, dtype=X.dtype, device=X.device) - Qb @ Qb.mT
+    if not bool(trig.any()):
+        return D, k
+    # the derivative of the range only (the basis within it is arbitrary): one along the basis
+    # itself cancels in exact arithmetic only, 1 / |column| times rounding (9e-9 off at a = 1e-8)
+    basis = Qb + perp @ (D @ C - (D @ C).detach())
+    return torch.where(trig[:, None, None], basis, D), torch.where(trig, picked, k)
 
 
 _SKIP_TOL = 1e-13  # f below this times |h|^2 tr(P): an entry with no noise and no information
