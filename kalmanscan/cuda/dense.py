@@ -127,8 +127,15 @@ def _mtv(X, v):
 
 @helper
 def _sym(X):
-    # halved first: no overflow where X + X' would pass the range (a prediction in the top
-    # binade, finite on the CPU backends); 0.5 (X + X') bit for bit where the halves are normal
+    return 0.5 * (X + tl.trans(X))
+
+
+@helper
+def _sym_halved(X):
+    """:func:`_sym` halved first: no overflow where ``X + X'`` would pass the range (a
+    prediction in the top binade, finite on the CPU backends); the same bits where the halves
+    are normal. Only for the filter's and the carries' predictions and updates (one more
+    temporary: in the scan's composition at NP = 8 it spilled registers on sm_90)."""
     return 0.5 * X + 0.5 * tl.trans(X)
 
 
@@ -246,7 +253,7 @@ def chunk_elements(
     for t in tl.range(t0, t1):
         A = _mm(Fm, A)
         b = _mv(Fm, b) + cv
-        C = _sym(_mmt(_mm(Fm, C), Fm) + Qm)
+        C = _sym_halved(_mmt(_mm(Fm, C), Fm) + Qm)
         for k in tl.static_range(D):
             if D == 1:
                 h = h0
@@ -266,7 +273,7 @@ def chunk_elements(
             K = w * Ch
             A = A - K[:, None] * g[None, :]
             b = b + K * v
-            C = _sym(C - K[:, None] * Ch[None, :])
+            C = _sym_halved(C - K[:, None] * Ch[None, :])
     base = E_ptr + (s * NC + ch) * (3 * NP + 2) * NP
     tl.store(base + ri * NP + cj, A)
     tl.store(base + (NP + ri) * NP + cj, C)
@@ -484,7 +491,7 @@ def chunk_filter(
         r0 = tl.load(r_ptr + s)
     for t in tl.range(t0, t1):
         m = _mv(Fm, m) + cv
-        P = _sym(_mmt(_mm(Fm, P), Fm) + Qm)
+        P = _sym_halved(_mmt(_mm(Fm, P), Fm) + Qm)
         o = (s * T + t) * n
         tl.store(pm_ptr + o + rv, m, mask=rv < n)
         tl.store(pP_ptr + o * n + ri * n + cj, P, mask=mm)
@@ -514,7 +521,7 @@ def chunk_filter(
             ll += tl.where(obs, -0.5 * (LOG_2PI + tl.log(tl.maximum(sk, r)) + v * v * w), 0.0)
             K = w * Ph
             m = m + K * v
-            P = _sym(P - K[:, None] * Ph[None, :])
+            P = _sym_halved(P - K[:, None] * Ph[None, :])
         tr_post = tl.sum(tl.sum(tl.where(ri == cj, P, 0.0), axis=1), axis=0)
         if (near >= 2) | (tr_post <= WHOLE_RATIO * tr_pred):  # rare
             m2, P2 = _factor_update(z_ptr, H_ptr, r_ptr, mp, Pp, s, t, T, n, rv, ri, cj,
