@@ -125,7 +125,7 @@ def _times_pow2(x, e):
 
 def _exponent(x):
     """``frexp``'s exponent of ``x`` (``|x|`` in ``[2^(e-1), 2^e)``), no gradient."""
-    return torch.frexp(x.detach())[1].to(torch.int64)
+    return _split(x)[1]
 
 
 _LOW = -(1 << 40)  # an exponent below every other
@@ -135,6 +135,15 @@ def _split(x):
     """``(m, e)`` with ``x = m 2**e``, ``|m|`` in ``[0.5, 1)`` (0: ``(0, 0)``), no gradient."""
     m, e = torch.frexp(x.detach())
     return m, e.to(torch.int64)
+
+
+def _split_product(factors, m=None, e=0):
+    """The product of ``factors`` (times ``m 2**e``) as ``(mantissa product, exponent)``, each
+    factor split by :func:`_split`: no partial product passes the range."""
+    for f in factors:
+        mf, ef = _split(f)
+        m, e = (mf if m is None else m * mf), e + ef
+    return m, e
 
 
 class _ScaledProduct(torch.autograd.Function):
@@ -147,11 +156,8 @@ class _ScaledProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shift, *factors):
-        parts = [_split(f) for f in factors]
         ctx.save_for_backward(shift, *factors)
-        m, e = parts[0]
-        for mf, ef in parts[1:]:
-            m, e = m * mf, e + ef
+        m, e = _split_product(factors)
         return _times_pow2(m, shift + e)
 
     @staticmethod
@@ -184,13 +190,8 @@ def _exact_leaf(entries, shifts, like):
         for terms, sh in zip(entries[:4], shifts[:4], strict=True):
             if not terms:
                 continue
-            parts = []  # (mantissa product, exponent) of each term
-            for factors in terms:
-                m, e = torch.ones_like(like), sh
-                for f in factors:
-                    mf, ef = _split(f)
-                    m, e = m * mf, e + ef
-                parts.append((m, e))
+            # (mantissa product, exponent) of each term
+            parts = [_split_product(factors, torch.ones_like(like), sh) for factors in terms]
             top = None
             for m, e in parts:
                 ez = torch.where(m != 0, e, _LOW)
@@ -279,6 +280,17 @@ def _carried_units_back(a, p, R, h, L, N):
     x0 = torch.full((N,), _INF, dtype=torch.float64, device=p.device)
     x = clamp_scan(D.expand(L, N), lo.expand(L, N), hi.expand(L, N), x0)
     return _units_from_logs(x, p.dtype), _units_from_logs(x0, p.dtype)
+
+
+def _units(k, d, leaves, x0, carried):
+    """The scan's units (:func:`_scan`): the lane's ``k`` where it serves every step and the
+    leaves (and the initial state's ``e``, ``x0[1]``) stay in range in it; else per-step units
+    (``carried()``, where the lane's unit fails a step) or ``k`` as a power of two."""
+    if _lane_unit_fails(k, leaves[0], leaves[2]):
+        return carried()
+    if bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, x0):
+        return _lane_units(k)
+    return k
 
 
 def _lane_units(k):
@@ -556,11 +568,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     # per-step units and leaves formed exactly in them cost several passes over [T, N]: taken
     # only where the lane's unit would not hold (steps whose own variance is far below the
     # lane's largest process variance) or its leaves pass the range
-    units = k
-    if _lane_unit_fails(k, leaves[0], leaves[2]):
-        units = _carried_units(a, p, R, h, x0, T, N)
-    elif bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, x0):
-        units = _lane_units(k)
+    units = _units(k, d, leaves, x0, lambda: _carried_units(a, p, R, h, x0, T, N))
     exact = isinstance(units, tuple)
     if exact:
         shifts = _unit_shifts(*units)
@@ -634,12 +642,12 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     leaves = tuple(flip(x) for x in leaves)
+
     # the lane's unit where it serves every step back (as _forward's), else per-step units
-    units = k
-    if _lane_unit_fails(k, leaves[0], leaves[2]):
-        units = _carried_units_back(*(flip(x) for x in (a, p, R, h)), T - 1, N)
-    elif bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, (zero, zero)):
-        units = _lane_units(k)
+    def carried():  # (flipped only where they are needed)
+        return _carried_units_back(*(flip(x) for x in (a, p, R, h)), T - 1, N)
+
+    units = _units(k, d, leaves, (zero, zero), carried)
     exact = isinstance(units, tuple)
     if exact:
         if box is not None:  # (its slope where it forgets: "a", below)
