@@ -1,5 +1,6 @@
-"""The KLA layer's fused glue kernels (``kalmanscan/cuda/kla/glue.py``) by launch blocks, with the
-bandwidth each reaches (H200; CUDA only).
+"""The KLA layer's fused glue kernels (``kalmanscan/cuda/kla/glue.py``, kernels in
+``glue_conv.py`` and ``glue_pointwise.py``) by launch blocks, with the bandwidth each reaches
+(H200; CUDA only).
 
 At B x L x M = 8 x 2048 x 1024, S = 16, bfloat16 activations (the LM step's 8 x 2,048 shape,
 d_model 512), each of the conv's forward, the sensors' forward and backward and the gate's

@@ -59,7 +59,7 @@ def classify(name: str) -> str:
     if any(k in n for k in ("_kla_", "_chunk_maps_", "_carry_kernel", "_adjoint_maps_")):
         return "kla_op"  # kalmanscan/cuda/kla/{forward,backward,chunked}.py
     if "_glue_" in n:
-        return "glue_fused"  # kalmanscan/cuda/kla/glue.py
+        return "glue_fused"  # kalmanscan/cuda/kla/glue*.py
     if "_swiglu_" in n or "_rms_" in n:
         return "elementwise"  # the MLP's and norms' fused kernels (kalmanscan/cuda/{swiglu,rmsnorm}.py)
     if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):

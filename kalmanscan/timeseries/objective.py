@@ -113,7 +113,7 @@ def _series_loglik(data: _Data, x: dict, series, outputs: bool = False, grad: bo
 # and the compiled kernel called directly: the same kernel on the same inputs as
 # :func:`kalmanscan.loglik` / :func:`kalmanscan.filter` give it, without their conversions and
 # checks (the inputs are valid by construction), so the same values to the last bit. Where
-# those could differ (lanes :func:`kalmanscan.core.filter._tiny_lanes` would carry in other
+# those could differ (lanes :func:`kalmanscan.core.filter_units._tiny_lanes` would carry in other
 # units, or a flag from the kernel: overflow, a value out of range) the call goes through them.
 
 
@@ -188,9 +188,9 @@ def _lean_const(value: float) -> torch.Tensor:
 
 
 def _no_tiny_lanes(R: np.ndarray, p: np.ndarray, T: int) -> bool:
-    """Whether :func:`kalmanscan.core.filter._tiny_lanes` keeps every lane in its units (returns
-    None) for loading 1, ``obs_var`` ``R [N]`` and ``process_var`` ``p`` (``[N]`` or ``[T, N]``):
-    its test, by its own functions (the bound from the extremes, then the grid)."""
+    """Whether :func:`kalmanscan.core.filter_units._tiny_lanes` keeps every lane in its units
+    (returns None) for loading 1, ``obs_var`` ``R [N]`` and ``process_var`` ``p`` (``[N]`` or
+    ``[T, N]``): its test, by its own functions (the bound from the extremes, then the grid)."""
     below = filter_api._tiny_below(torch.float64)
     if filter_api.extremes_clear(float(R.min()), 1.0, float(p.min()), below):
         return True

@@ -22,7 +22,10 @@ Modules, by role:
 - ``backward``: the backward kernel (exact: recomputation from checkpoints, adjoint walk) and
   its launch;
 - ``tuning``: the launch choices by lane count and the cache of launch plans;
-- ``autograd``: :func:`kla_triton`, the entry ``kla_filter(backend="triton")`` calls.
+- ``autograd``: :func:`kla_triton`, the entry ``kla_filter(backend="triton")`` calls;
+- ``glue``: the KLA layer's fused elementwise path around the op (launch blocks, autograd
+  Functions), its kernels in ``glue_conv`` (causal conv + SiLU) and ``glue_pointwise``
+  (dynamics, sensors, gate and skip).
 
 Measurements: docs/performance.md; the variants tried and deleted: benchmarks/HISTORY.md.
 """
