@@ -194,7 +194,7 @@ def plot_bands(
             f"observed: expected the shape of times {times.shape}, got shape {obs.shape}"
         )
     if forecast_times is not None and len(forecast_times):
-        ft = _plot_times(forecast_times)
+        ft = _plot_times(forecast_times, "forecast_times")
         fm, fv = _reals("forecast_mean", forecast_mean), _reals("forecast_var", forecast_var)
         if ft.ndim != 1 or fm.shape != ft.shape or fv.shape != ft.shape:
             raise ValueError(
@@ -254,16 +254,31 @@ def _reals(name, values) -> np.ndarray:
     return as_real_numpy(name, values).astype(np.float64)
 
 
-def _plot_times(times) -> np.ndarray:
-    """Times as matplotlib draws them: pandas periods as the times they start (matplotlib has no
-    converter for them), the rest as given."""
+def _plot_times(times, name: str = "times") -> np.ndarray:
+    """Times as matplotlib draws them and the missing stretches are measured in: numbers and
+    ``datetime64`` as given, pandas periods as the times they start (matplotlib has no converter
+    for them); timezone-aware times, datetime objects and timestamp strings as ``datetime64``,
+    read as the filter reads them (:func:`kalmanscan.timeseries.times.as_time_axis`: times with
+    a timezone or UTC offset in UTC, ambiguous day/month orders refused).
+
+    >>> import datetime
+    >>> _plot_times([datetime.date(2020, 1, 1), datetime.date(2020, 1, 3)]).dtype.kind
+    'M'
+    """
     import sys
 
     pd = sys.modules.get("pandas")
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
         if isinstance(times.dtype, pd.PeriodDtype):
             times = times.dt.start_time if isinstance(times, pd.Series) else times.start_time
-    return np.asarray(times)
+    arr = np.asarray(times)
+    if arr.ndim == 1 and arr.dtype.kind in "OSU":
+        # datetime objects (object arrays of Timestamps: a tz-aware index) or strings: one
+        # datetime64 axis, so the missing stretches can be measured and the forecast joins on
+        from kalmanscan.timeseries.times import as_time_axis
+
+        return as_time_axis(times, arr.shape[0], name=name).labels
+    return arr
 
 
 def _series_dims(ds):
@@ -389,21 +404,22 @@ def plot_precision(
     else:
         picks = [_select(ds, series)]
     for k, (one, label) in enumerate(picks):
+        times = _plot_times(one[tdim].values, f"coordinate {tdim!r}")
         prec = 1.0 / one[var_name].values
         shown = np.where(prec > 0, prec, np.nan)
         i = _draw_index(len(shown), shown)
         ax.plot(
-            one[tdim].values[i],
+            times[i],
             shown[i],
             lw=1.3,
             color=f"C{k}",
             label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"),
         )
         if "forecast_variance" in one and len(picks) == 1:
-            ft = one["forecast_time"].values
+            ft = _plot_times(one["forecast_time"].values, "coordinate 'forecast_time'")
             fprec = 1.0 / one["forecast_variance"].values
             ax.plot(
-                np.concatenate([one[tdim].values[-1:], ft]),
+                np.concatenate([times[-1:], ft]),
                 np.concatenate([prec[-1:], fprec]),
                 "--",
                 color="C1",
@@ -411,7 +427,7 @@ def plot_precision(
                 label="forecast",
             )
         if "observed" in one and len(picks) == 1 and show_missing:
-            _shade_missing(ax, one[tdim].values, one["observed"].values, show_missing, "missing")
+            _shade_missing(ax, times, one["observed"].values, show_missing, "missing")
     ax.set_yscale("log")
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)

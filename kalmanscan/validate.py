@@ -161,11 +161,13 @@ def _regime_rows(quick: bool, runners, say) -> list[dict]:
         ]
     from kalmanscan.validation import conventions, regimes
 
+    labels = [r.label for r in runners]
     say("regimes against the mpmath oracle" + (" (quick subset)" if quick else ""))
-    rows = regimes.validate_rows(full=not quick, backends=[r.label for r in runners], progress=say)
+    rows = regimes.validate_rows(full=not quick, backends=labels, progress=say)
     say("log-likelihood conventions: statsmodels (Durbin & Koopman) and KFAS")
     cpu = [r.label for r in runners if r.device == "cpu"]
-    return rows + conventions.convention_rows(scalar_backends=cpu)
+    dense = [b for b in conventions.available_dense_backends() if b in labels]
+    return rows + conventions.convention_rows(scalar_backends=cpu, dense_backends=dense)
 
 
 def _write_outputs(args, res, runners) -> None:

@@ -145,6 +145,22 @@ def _check_values(da: xr.DataArray, time_dim: str) -> None:
         )
     if time_dim in da.dims and da.sizes[time_dim] == 0:
         raise ValueError(f"da: expected at least one step along {time_dim!r}, got 0")
+    if kind == "f" and da.chunks is None:  # dask data: the filter names the value when it runs
+        bad = np.isinf(da.values)
+        if bad.any():
+            at = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+            where = ", ".join(
+                f"{d}={_label_text(da[d].values[i])}" if d in da.coords else f"{d}={i}"
+                for d, i in zip(da.dims, at, strict=True)
+            )
+            raise ValueError(
+                f"da: expected finite values or NaN (missing), got {da.values[at]} at {where}"
+            )
+
+
+def _label_text(v) -> str:
+    """A coordinate label as a message shows it: text quoted, dates and numbers as written."""
+    return repr(str(v)) if isinstance(v, (str, np.str_)) else str(v)
 
 
 def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
@@ -153,8 +169,31 @@ def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
             f"time_dim: expected one of the array's dims {list(da.dims)}, got {time_dim!r}"
         )
     _check_values(da, time_dim)
-    times = da[time_dim].values if time_dim in da.coords else None
+    # the index keeps a timezone that the coordinate's .values drop (naive UTC datetimes)
+    if time_dim in da.indexes:
+        times = da.indexes[time_dim]
+    else:
+        times = da[time_dim].values if time_dim in da.coords else None
     return as_time_axis(times, da.sizes[time_dim], time_unit, name=f"coordinate {time_dim!r}")
+
+
+def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
+    """``da`` with its time coordinate as the filter read it, where the two differ in kind:
+    timestamp strings, datetime objects and timezone-aware times become the ``datetime64``
+    labels of ``ax`` (in UTC where they carried a timezone or offset, and the coordinate then
+    says ``time_zone = "UTC"``), as ``OUModel.to_dataset`` lays them out. Numbers and naive
+    ``datetime64`` stay as given. So the forecast times are of the same kind as the record's
+    and the Dataset can be plotted and written to netCDF."""
+    if time_dim not in da.coords:
+        return da
+    coord = da[time_dim]
+    plain = isinstance(coord.dtype, np.dtype) and coord.dtype.kind in "iufM"
+    if plain and not ax.utc:
+        return da
+    attrs = dict(coord.attrs)
+    if ax.utc:
+        attrs["time_zone"] = "UTC"
+    return da.assign_coords({time_dim: xr.Variable(time_dim, ax.labels, attrs=attrs)})
 
 
 def filter_dataarray(
@@ -187,6 +226,7 @@ def filter_dataarray(
     if not isinstance(da, xr.DataArray):
         raise TypeError(f"da: expected an xarray.DataArray, got {type(da).__name__}")
     coverage = check_coverage(coverage)
+    fit = model if isinstance(model, (OUFit, xr.Dataset)) else None
     if isinstance(model, OUFit):
         model = model.model
     if time_unit is None and isinstance(model, OUModel):
@@ -194,6 +234,7 @@ def filter_dataarray(
     if time_unit is None and isinstance(model, xr.Dataset) and "time_unit_ns" in model.attrs:
         time_unit = np.timedelta64(int(model.attrs["time_unit_ns"]), "ns")
     ax = _time_axis(da, time_dim, time_unit)
+    da = _as_read(da, time_dim, ax)
     pv = _param_vars(model, params, da, time_dim)
     fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
     z = da.astype(np.float64)
@@ -218,7 +259,7 @@ def filter_dataarray(
         dask_gufunc_kwargs={"output_sizes": {"forecast_time": H}} if H else None,
         keep_attrs=False,
     )
-    return view.results_dataset(
+    ds = view.results_dataset(
         da,
         dict(zip(names, outs, strict=True)),
         {p: pv[p] for p in PARAMS},
@@ -228,6 +269,38 @@ def filter_dataarray(
         forecast_time=fc_labels,
         custom_prior="prior_mean" in pv,
     )
+    for name, coord in da.coords.items():  # apply_ufunc's outputs carry them without attrs
+        if name in ds.coords:
+            ds[name].attrs.update(coord.attrs)
+    if ax.utc and "forecast_time" in ds.coords:
+        ds["forecast_time"].attrs["time_zone"] = "UTC"
+    if fit is not None:
+        _record_fit(ds, fit, da, time_dim)
+    if isinstance(da.name, str) and da.name:  # as OUModel.to_dataset(name=...) records it
+        ds.attrs["name"] = da.name
+    return ds
+
+
+_FIT_ATTRS = ("fitted", "fixed", "joint", "n_iter")
+
+
+def _record_fit(ds: xr.Dataset, fit, da: xr.DataArray, time_dim: str) -> None:
+    """The fit's record in the results, as ``OUModel.to_dataset(fit=...)`` keeps it: standard
+    errors ``*_se``, ``converged`` and the attrs ``fitted``, ``fixed``, ``joint`` (``n_iter``),
+    from an :class:`OUFit` or the parameter Dataset of :func:`fit_dataarray`. A Dataset without
+    the ``fitted`` attr (parameters made by hand) records nothing."""
+    series_dims = [d for d in da.dims if d != time_dim]
+    if isinstance(fit, OUFit):
+        shapes = {np.shape(fit.stderr[p]) for p in fit.model.params()} | {np.shape(fit.converged)}
+        if shapes <= {(), tuple(da.sizes[d] for d in series_dims)}:
+            view.record_fit(ds, fit, series_dims)
+        return
+    if "fitted" not in fit.attrs:
+        return
+    for k in [p + "_se" for p in PARAMS] + ["converged"]:
+        if k in fit:
+            ds[k] = view.match_series(k, fit[k], da, time_dim)
+    ds.attrs.update({k: fit.attrs[k] for k in _FIT_ATTRS if k in fit.attrs})
 
 
 def to_dataset(model: OUModel, z, times=None, *, fit=None, backend: str = "auto", **options):
@@ -346,6 +419,8 @@ def fit_dataarray(
         )
         ds["converged"] = xr.DataArray(np.int8(fit.converged))
         ds["n_obs"] = xr.DataArray(np.asarray(fit.n_obs, dtype=np.float64), dims=series_dims)
+        # the series coordinates (labels, non-index and scalar ones), as separate fits keep them
+        ds = ds.assign_coords({k: v for k, v in da.coords.items() if time_dim not in v.dims})
     else:
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
@@ -474,6 +549,7 @@ class _KalmanAccessor:
         coverage=(0.5, 0.9),
         time_dim: str = "time",
         time_unit=None,
+        backend: str = "auto",
         **params,
     ) -> xr.Dataset:
         """Forecast every series ``steps`` median steps (or at timestamps ``at``) past its record.
@@ -495,6 +571,7 @@ class _KalmanAccessor:
             forecast_steps=steps,
             forecast_at=at,
             time_unit=time_unit,
+            backend=backend,
             **params,
         )
         keep = [

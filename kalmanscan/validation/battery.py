@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .metrics import elementwise, loglik_error, normwise
+from .metrics import elementwise, loglik_error, normwise, worse
 from .models import LaneBatch, growth_families, named_regimes, random_batch
 from .tolerances import tolerance
 from .truths import NotApplicable, Truth, dense_truth, filterpy_truth
@@ -154,9 +154,8 @@ class _Collector:
             )
         row["n_models"] += 1
         err = float(err)
-        if not err <= row["max_rel_err"]:  # NaN and larger both win
-            if row["max_rel_err"] == row["max_rel_err"]:
-                row["max_rel_err"], row["worst_model"] = err, model
+        if worse(err, row["max_rel_err"]):  # NaN and larger both win; a NaN stays
+            row["max_rel_err"], row["worst_model"] = err, model
         self.records.append(
             dict(
                 truth=truth,
@@ -223,6 +222,20 @@ def run_kalmanscan(batch: LaneBatch, runner: Runner, dtype: str) -> dict:
     )
 
 
+def _run_or_raised(batch: LaneBatch, runner: Runner, dtype: str) -> tuple[dict, str]:
+    """:func:`run_kalmanscan`, or where it raises, outputs of NaN (every error then infinite:
+    the rows fail) and the exception as a note for the worst model; the rest of the battery
+    runs on."""
+    try:
+        return run_kalmanscan(batch, runner, dtype), ""
+    except Exception as exc:  # a raise on a valid model is a failure, not a crash
+        T, N = batch.shape
+        nan = np.full((T, N), np.nan)
+        out = dict(mean=nan, var=nan, pred_mean=nan, pred_var=nan, loglik=np.full(N, np.nan))
+        out.update(smooth_mean=nan, smooth_var=nan)
+        return out, f" ({type(exc).__name__}: {exc})"[:200]
+
+
 def lane_errors(ks_out: dict, n: int, truth: Truth) -> dict[str, float]:
     """Errors of lane ``n`` of a kalmanscan run against one truth, per quantity."""
     e = {
@@ -268,15 +281,16 @@ def _battery_batch(col, batch, runners, cfg, family, timings):
             continue
         for dtype in DTYPES:
             t0 = time.perf_counter()
-            out = run_kalmanscan(batch, runner, dtype)
+            out, raised = _run_or_raised(batch, runner, dtype)
             timings[runner.label] = timings.get(runner.label, 0.0) + time.perf_counter() - t0
             for name, lst in truths.items():
                 for n, tr in enumerate(lst):
                     if tr is None:
                         continue
+                    model = batch.names[n] + raised
                     for q, err in lane_errors(out, n, tr).items():
                         if _certified(tr, q, dtype, name):
-                            col.add(name, q, dtype, runner.label, err, batch.names[n], T, family)
+                            col.add(name, q, dtype, runner.label, err, model, T, family)
 
 
 def _vanloan_rows(col, cfg):
@@ -337,7 +351,7 @@ def _nile_rows(col, runners):
     refs = [statsmodels_local_level(batch.z[:, n], *params[n]) for n in range(N)]
     for runner in runners:
         for dtype in DTYPES:
-            out = run_kalmanscan(batch, runner, dtype)
+            out, raised = _run_or_raised(batch, runner, dtype)
             for n, ref in enumerate(refs):
                 errs = {
                     "filtered mean": normwise(out["mean"][:, n], ref["mean"]),
@@ -347,11 +361,16 @@ def _nile_rows(col, runners):
                     "smoothed var": elementwise(out["smooth_var"][:, n], ref["smooth_var"]),
                 }
                 for q, err in errs.items():
-                    col.add("statsmodels (Nile)", q, dtype, runner.label, err, names[n], T, "nile")
+                    model = names[n] + raised
+                    col.add("statsmodels (Nile)", q, dtype, runner.label, err, model, T, "nile")
 
 
-def _dense_model_rows(quick: bool) -> list[dict]:
-    """Rows of the dense (matrix) state-space checks, when ``dense_checks.py`` is present."""
+def _dense_model_rows(quick: bool, backends=None) -> list[dict]:
+    """Rows of the dense (matrix) state-space checks, when ``dense_checks.py`` is present;
+    ``backends``: only the rows of these runner labels (the battery's runners), the others
+    not run where ``check_dense`` takes ``backends=``."""
+    import inspect
+
     try:
         from .dense_checks import check_dense
     except ModuleNotFoundError as exc:
@@ -359,7 +378,13 @@ def _dense_model_rows(quick: bool) -> list[dict]:
             return []
         raise
     try:
-        return [dict(r) for r in check_dense(quick)]
+        if backends is None:
+            return [dict(r) for r in check_dense(quick)]
+        if "backends" in inspect.signature(check_dense).parameters:
+            rows = check_dense(quick, backends=list(backends))
+        else:
+            rows = check_dense(quick)
+        return [dict(r) for r in rows if r["backend"] in backends or r["backend"] == "-"]
     except Exception as exc:  # report it as a failing row; keep the rest of the table
         return [
             dict(
@@ -418,7 +443,7 @@ def run_battery(
     say("dense state-space checks")
     t_dense = time.perf_counter()
     if cfg.dense_checks:
-        rows += _dense_model_rows(cfg.quick)
+        rows += _dense_model_rows(cfg.quick, [r.label for r in runners])
     timings["dense checks"] = time.perf_counter() - t_dense
     say("done")
     timings["total"] = time.perf_counter() - t0

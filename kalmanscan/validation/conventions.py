@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from .metrics import worse
 from .oracle import dense_oracle, loglik_offset, scalar_loglik_offset, scalar_oracle
 
 __all__ = ["datasets", "statsmodels_scalar", "check_datasets"]
@@ -212,7 +213,9 @@ def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_bac
     """Rows of ``kalmanscan validate`` (format: :mod:`kalmanscan.validation`): kalmanscan's
     log-likelihood minus the convention offset against statsmodels' ``llf`` (Nile, sunspots,
     El Nino scalar models; a dense local linear trend on Nile) and against KFAS's ``logLik``
-    (its fixtures), per backend, float64, tolerance ``("truth", "float64")``."""
+    (its fixtures), per backend, float64, tolerance ``("truth", "float64")``.
+    ``dense_backends``: ``None`` for every dense backend here, or a list (empty: none). A
+    backend that raises gets an infinite error, the exception named, and the rows go on."""
     import kalmanscan as ks
     import kalmanscan.dense as kd
     from kalmanscan.testing import TOLERANCES
@@ -235,8 +238,16 @@ def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_bac
             ),
         )
         row["n_models"] += 1
-        if not err <= row["max_rel_err"]:
+        if worse(err, row["max_rel_err"]):
             row["max_rel_err"], row["worst_model"] = err, model
+
+    def loglik(model, *args, **kw):
+        """``(value, note)``: ``ks.filter(*args, **kw)``'s log-likelihood and ``model``, or NaN
+        and the exception it raised."""
+        try:
+            return float(ks.filter(*args, **kw).loglik), model
+        except Exception as exc:  # a raise on a valid model is a failure, not a crash
+            return math.nan, f"{model} ({type(exc).__name__}: {exc})"[:200]
 
     data = datasets()
     for name, (ds, r, a, p, h, c, lead) in SCALAR_MODELS.items():
@@ -247,36 +258,40 @@ def convention_rows(scalar_backends=("sequential", "torch", "native"), dense_bac
         sm = statsmodels_scalar(z, r, a, p, h, c)
         off = scalar_loglik_offset("statsmodels", a, h, np.isfinite(z))
         for be in scalar_backends:
-            ll = float(ks.filter(z, r, a, p, loading=h, offset=c, backend=be).loglik)
-            err = abs(ll - off - sm) / max(abs(sm), 1.0)
-            add("statsmodels llf (convention offset)", be, err, name)
+            ll, note = loglik(name, z, r, a, p, loading=h, offset=c, backend=be)
+            add("statsmodels llf (convention offset)", be, _rel_err(ll - off, sm), note)
             if _has_convention_argument():
                 # the filter's own loglik_convention= against the peers' values: statsmodels'
                 # llf, and KFAS's = llf + 1/2 log 2 pi (one diffuse element; KFAS's fixtures)
                 for conv, ref in (("statsmodels", sm), ("kfas", sm + 0.5 * math.log(2 * math.pi))):
-                    ll = float(
-                        ks.filter(
-                            z, r, a, p, loading=h, offset=c, backend=be, loglik_convention=conv
-                        ).loglik
+                    ll, note = loglik(
+                        name, z, r, a, p, loading=h, offset=c, backend=be, loglik_convention=conv
                     )
-                    err = abs(ll - ref) / max(abs(ref), 1.0)
-                    add(f"loglik_convention={conv!r}", be, err, name)
+                    add(f"loglik_convention={conv!r}", be, _rel_err(ll, ref), note)
     if kfas_fixtures_dir() is None:
         return list(out.values())
-    dense_backends = dense_backends or _dense_backends()
+    dense_backends = available_dense_backends() if dense_backends is None else dense_backends
     for name, m in kfas_models().items():
         ref = kfas_loglik(name)
         off = loglik_offset("kfas", m["F"], m["H"], np.isfinite(m["z"]))
         for be in dense_backends:
             try:
                 ll = float(kd.filter(m["z"], m["F"], m["Q"], m["H"], m["R"], backend=be).loglik)
+                note = name
             except ValueError as exc:
                 if "use backend=" in str(exc):
                     continue  # R = 0: served by the backend the message names
-                raise
-            err = abs(ll - off - ref) / max(abs(ref), 1.0)
-            add("KFAS logLik (convention offset)", be, err, name)
+                ll, note = math.nan, f"{name} (ValueError: {exc})"[:200]
+            except Exception as exc:
+                ll, note = math.nan, f"{name} ({type(exc).__name__}: {exc})"[:200]
+            add("KFAS logLik (convention offset)", be, _rel_err(ll - off, ref), note)
     return list(out.values())
+
+
+def _rel_err(value: float, ref: float) -> float:
+    """``|value - ref| / max(|ref|, 1)``; infinite where ``value`` is not a number (a raise)."""
+    err = abs(value - ref) / max(abs(ref), 1.0)
+    return err if err == err else math.inf
 
 
 def _has_convention_argument() -> bool:
@@ -287,7 +302,9 @@ def _has_convention_argument() -> bool:
     return "loglik_convention" in inspect.signature(ks.filter).parameters
 
 
-def _dense_backends():
+def available_dense_backends() -> list[str]:
+    """The CPU backends of ``kalmanscan.dense`` built here: sequential, torch and (when built)
+    native."""
     from .regimes import DENSE_BACKENDS, _dense_native
 
     return [b for b in DENSE_BACKENDS if b != "native" or _dense_native()]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normwise", "elementwise", "loglik_error"]
+__all__ = ["normwise", "elementwise", "loglik_error", "worse"]
 
 
 def _as64(x):
@@ -73,3 +73,14 @@ def loglik_error(a, b, n_terms: int) -> float:
     if not np.isfinite(a) or not np.isfinite(b):
         return 0.0 if a == b else float("inf")
     return abs(a - b) / max(abs(b), float(n_terms), 1.0)
+
+
+def worse(err: float, worst: float) -> bool:
+    """Whether ``err`` replaces ``worst`` as a row's worst error: it is larger, or NaN. A NaN
+    worst stays (nothing compares larger than NaN), so a row that met one NaN cannot be
+    reported with a later finite error, which would pass.
+
+    >>> worse(2.0, 1.0), worse(float("nan"), 1.0), worse(5.0, float("nan"))
+    (True, True, False)
+    """
+    return worst == worst and not err <= worst

@@ -43,6 +43,7 @@ import time
 import numpy as np
 
 from kalmanscan.testing import TOLERANCES
+from kalmanscan.validation.metrics import worse
 from kalmanscan.validation.regime_definitions import (  # noqa: F401 - re-exported
     KFAS_VAR1_F,
     KFAS_VAR1_Q,
@@ -470,10 +471,17 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     backend). float64 rows carry the oracle tolerances; float32 rows are figures (tolerance
     inf). Refusals (:func:`refusal`) are left out of the worst case and of ``n_models``; any
     other raise is an infinite error, which fails the row even at tolerance inf. The oracle's
-    self-check at +25 digits is left to the tests and ``python -m ...regimes``.
+    self-check at +25 digits is left to the tests and ``python -m ...regimes``. ``backends``
+    (runner labels) selects the scalar and the dense backends (:data:`DENSE_BACKENDS` among
+    them); ``None``: all.
     """
     names = None if full else VALIDATE_QUICK
-    kw = {} if backends is None else dict(backends=tuple(backends))
+    kw = {}
+    if backends is not None:
+        kw = dict(
+            backends=tuple(backends),
+            dense_backends=tuple(b for b in DENSE_BACKENDS if b in backends),
+        )
     rows = regime_rows(full=full, certify=False, progress=progress, names=names, **kw)
     grads = gradient_rows(
         full=full,
@@ -497,7 +505,7 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
             ),
         )
         row["n_models"] += 1
-        if not g["grad"] <= row["max_rel_err"]:
+        if worse(g["grad"], row["max_rel_err"]):
             row["max_rel_err"] = g["grad"]
             row["worst_model"] = g["regime"] + (f" ({g['error'][:80]})" if g["error"] else "")
     for r in rows:
@@ -525,7 +533,7 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
             )
             row["n_models"] += 1
             err = r[col]
-            if not err <= row["max_rel_err"]:
+            if worse(err, row["max_rel_err"]):
                 row["max_rel_err"] = err
                 row["worst_model"] = r["regime"] + (f" ({r['error'][:80]})" if r["error"] else "")
     return list(out.values())
