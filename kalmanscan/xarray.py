@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from kalmanscan.timeseries import dataset as view
+from kalmanscan.timeseries._messages import SeriesLabel
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
 from kalmanscan.timeseries.fit import OUFit, fit_ou
@@ -163,6 +164,17 @@ def _label_text(v) -> str:
     return repr(str(v)) if isinstance(v, (str, np.str_)) else str(v)
 
 
+def _time_units(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> str | None:
+    """The model time unit in UDUNITS-2 syntax, for the outputs' ``units``: a datetime axis's
+    (``"d"``), else the numeric time coordinate's ``units`` attr (its unit before ``since``, as in
+    ``"days since 2000-01-01"``); ``None`` where neither says."""
+    if ax.is_datetime:
+        return view.duration_units(np.timedelta64(ax.unit, "ns"))
+    units = view.data_units(da[time_dim]) if time_dim in da.coords else None
+    units = None if units is None else units.split(" since ")[0].strip()
+    return None if units in (None, "", "1") else units
+
+
 def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
     if time_dim not in da.dims:
         raise ValueError(
@@ -268,6 +280,7 @@ def filter_dataarray(
         time_unit=ax.unit_name,
         forecast_time=fc_labels,
         custom_prior="prior_mean" in pv,
+        time_units=_time_units(da, time_dim, ax),
     )
     for name, coord in da.coords.items():  # apply_ufunc's outputs carry them without attrs
         if name in ds.coords:
@@ -276,6 +289,7 @@ def filter_dataarray(
         ds["forecast_time"].attrs["time_zone"] = "UTC"
     if fit is not None:
         _record_fit(ds, fit, da, time_dim)
+        view.add_units(ds, view.data_units(da), _time_units(da, time_dim, ax))  # of the *_se
     if isinstance(da.name, str) and da.name:  # as OUModel.to_dataset(name=...) records it
         ds.attrs["name"] = da.name
     return ds
@@ -345,8 +359,26 @@ def _fix_text(fix) -> str:
     )
 
 
-def _fit_block(z, *fixed, time_axis: TimeAxis, fix, per_series=(), options):
+def _series_labels(loop, dims, labels) -> list | None:
+    """The names of a block's series (``loop``: its series shape, C order) for the fit's
+    messages, from ``labels`` (one array per series dim ``dims``, broadcasting to ``loop``):
+    ``station='a'``, ``(station='a', level=2)``; ``None`` without series dims."""
+    if not dims:
+        return None
+    cols = [np.broadcast_to(v, loop).ravel() for v in labels]
+    texts = [
+        ", ".join(f"{d}={_label_text(v)}" for d, v in zip(dims, vals, strict=True))
+        for vals in zip(*cols, strict=True)
+    ]
+    return [SeriesLabel(t if len(dims) == 1 else f"({t})") for t in texts]
+
+
+def _fit_block(z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(), options):
+    """``fit_ou`` on a block ``z [..., T]``; ``inputs``: the per-series fixed values (named by
+    ``per_series``), then the labels of the series dims ``label_dims`` (their coordinates, or
+    positions), so that the fit's warnings name the block's series as the whole array's."""
     loop = z.shape[:-1]
+    fixed, labels = inputs[: len(per_series)], inputs[len(per_series) :]
     if per_series:  # per-series fixed values, broadcast to this block's series
         fix = dict(fix)
         for n, v in zip(per_series, fixed, strict=True):
@@ -365,6 +397,7 @@ def _fit_block(z, *fixed, time_axis: TimeAxis, fix, per_series=(), options):
         time_axis.labels,
         fix=fix,
         time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
+        series_labels=_series_labels(loop, label_dims, labels),
         **options,
     )
     est = np.stack(
@@ -393,6 +426,9 @@ def fit_dataarray(
     Returns a Dataset over the series dims with ``theta, sigma2, mu, obs_var``, their ``*_se``,
     ``loglik``, ``converged`` and ``n_obs``; pass it as ``model=`` to ``.kalman.filter``.
     Separate fits of a dask-chunked array run chunk-wise. ``options`` go to ``kalmanscan.fit_ou``.
+    The parameters carry units from the data's ``units`` and the time axis
+    (:func:`~kalmanscan.timeseries.dataset.variable_units`); the fit's warnings name the series by
+    their coordinates (``in series station='c'``), each chunk's too.
 
     >>> import numpy as np, xarray as xr
     >>> rng = np.random.default_rng(0)
@@ -403,6 +439,11 @@ def fit_dataarray(
     """
     if not isinstance(da, xr.DataArray):
         raise TypeError(f"da: expected an xarray.DataArray, got {type(da).__name__}")
+    if "series_labels" in options:
+        raise TypeError(
+            "series_labels: not an option here; the fit's messages name the series by their "
+            "coordinates (positions along dims without one)"
+        )
     ax = _time_axis(da, time_dim, time_unit)
     series_dims = [d for d in da.dims if d != time_dim]
     z = da.astype(np.float64)
@@ -425,16 +466,29 @@ def fit_dataarray(
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
         scalars, per_series = _fix_inputs(fix, da, time_dim)
+        # each series' labels (positions along a dim without coordinates) reach its block
+        labels = [
+            xr.DataArray(da[d].values if d in da.coords else np.arange(da.sizes[d]), dims=d)
+            for d in series_dims
+        ]
+        inputs = [*per_series.values(), *labels]
         est, se, ll, conv, nobs = xr.apply_ufunc(
             _fit_block,
             z,
-            *per_series.values(),
-            input_core_dims=[[time_dim]] + [[] for _ in per_series],
+            *inputs,
+            input_core_dims=[[time_dim]] + [[] for _ in inputs],
             output_core_dims=[["param"], ["param"], [], [], []],
-            kwargs=dict(time_axis=ax, fix=scalars, per_series=tuple(per_series), options=options),
+            kwargs=dict(
+                time_axis=ax,
+                fix=scalars,
+                per_series=tuple(per_series),
+                label_dims=tuple(series_dims),
+                options=options,
+            ),
             dask="parallelized",
             output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64],
             dask_gufunc_kwargs={"output_sizes": {"param": 4}},
+            keep_attrs=False,
         )
         ds = xr.Dataset()
         for j, p in enumerate(PARAMS):
@@ -454,7 +508,7 @@ def fit_dataarray(
     )
     if ax.is_datetime:
         ds.attrs["time_unit_ns"] = int(ax.unit / np.timedelta64(1, "ns"))
-    return ds
+    return view.add_units(ds, view.data_units(da), _time_units(da, time_dim, ax))
 
 
 # --- the accessor ---------------------------------------------------------------------------------
@@ -482,7 +536,12 @@ class _KalmanAccessor:
             # variables stack into one array (pandas finds no shared type for Int64 and Float64)
             nullable = [k for k in names if not isinstance(sub[k].dtype, np.dtype)]
             sub = sub.assign({k: sub[k].astype(np.float64) for k in nullable})
-            return sub.to_dataarray(dim="series")
+            units = {view.data_units(sub[k]) for k in names}
+            da = sub.to_dataarray(dim="series")
+            da.attrs.pop("units", None)  # (the Dataset's attrs)
+            if len(units) == 1 and None not in units:  # the series' units, where they share one
+                da.attrs["units"] = units.pop()
+            return da
         return obj
 
     def filter(

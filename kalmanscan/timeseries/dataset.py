@@ -15,6 +15,15 @@ Output variables (dims ``time`` plus the series dims): ``observed``, ``mean``, `
 model parameters over the series dims; ``forecast_*`` on a ``forecast_time`` dim. ``attrs`` record
 the model, prior, time unit and likelihood convention.
 
+Units (:func:`variable_units`): where the data carry a ``units`` attr, the outputs in the data's
+units (means, interval bounds, ``mu``) carry it, variances (``obs_var`` too) its square,
+``precision`` its inverse square, ``sigma2`` its square per model time unit and ``theta`` the
+inverse time unit; a parameter's ``*_se`` its parameter's. Written in UDUNITS-2 syntax, which CF
+requires and which reads ``^`` as a power: ``K`` -> ``K^2``, ``K^-2``, ``K^2 d^-1``, ``d^-1``; a
+compound unit in parentheses, ``(m s-1)^2``. Nothing is written that the data or the time axis do
+not give: without data units only ``theta`` has units, without a known time unit (numeric times
+without ``units``) neither ``theta`` nor ``sigma2`` has.
+
 >>> import numpy as np
 >>> z = np.array([[1.0, 2.0], [np.nan, 2.5]])
 >>> da = observed_array(z, np.array([0.0, 1.0]))
@@ -27,6 +36,7 @@ the model, prior, time unit and likelihood convention.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -40,6 +50,7 @@ from kalmanscan.core._args import (
     match_dims,
 )
 from kalmanscan.timeseries.coverage import normal_quantile
+from kalmanscan.timeseries.time_calendar import parse_time_unit
 
 MODEL_DESCRIPTION = (
     "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; "
@@ -241,6 +252,7 @@ def results_dataset(
     time_unit: str = "1",
     forecast_time=None,
     custom_prior: bool = False,
+    time_units: str | None = None,
 ) -> xr.Dataset:
     """The Dataset of computed results (module docstring lists its variables).
 
@@ -254,6 +266,9 @@ def results_dataset(
         coverage: coverages of the intervals (checked tuple). time_unit: the unit's name.
         forecast_time: the forecast timestamps (with the ``forecast_*`` results).
         custom_prior: the prior was the user's (recorded in ``attrs["prior"]``).
+        time_units: the model time unit in UDUNITS-2 syntax (e.g. ``"d"``, from a numeric time
+            coordinate's ``units``); default: ``time_unit``'s duration, none for ``"1"``. With
+            ``observed.attrs["units"]`` they give the variables' ``units`` (:func:`variable_units`).
     """
     series_dims = [d for d in observed.dims if d != time_dim]
     sizes = [observed.sizes[d] for d in series_dims]
@@ -283,7 +298,11 @@ def results_dataset(
     pv = {p: series_param(p, v, observed, time_dim) for p, v in params.items()}
     for p, v in pv.items():
         ds[p] = v
+        ds[p].attrs = {}  # (a fit's Dataset's attrs: its units are set below, from these data)
     _describe(ds, time_dim, time_unit, coverage, custom_prior, pv)
+    if time_units is None:
+        time_units = duration_units(time_unit)
+    add_units(ds, data_units(observed), time_units)
     return ds
 
 
@@ -337,6 +356,115 @@ def _describe(ds, time_dim, time_unit, coverage, custom_prior, pv):
             ds.attrs[p] = float(v.values)
 
 
+# variables in the data's units, in their square, and in their inverse square
+_SAME_UNITS = (
+    "observed", "mean", "lower", "upper", "pred_mean", "smoothed_mean", "smoothed_lower",
+    "smoothed_upper", "forecast_mean", "forecast_lower", "forecast_upper", "mu",
+)  # fmt: skip
+_SQUARED_UNITS = (
+    "variance", "pred_variance", "smoothed_variance", "forecast_variance",
+    "forecast_predictive_variance", "obs_var",
+)  # fmt: skip
+_INVERSE_SQUARED_UNITS = ("precision",)
+# a unit written without parentheses before "^": one name (K, degC, m, hPa, kelvin, percent)
+_ONE_NAME = re.compile(r"[A-Za-z_]+")
+# UDUNITS-2 symbols of the durations a datetime time unit is written in, largest first
+_DURATIONS = (("d", 86400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
+              ("ms", 10**6), ("us", 10**3), ("ns", 1))  # fmt: skip
+
+
+def data_units(da) -> str | None:
+    """The ``units`` attr of ``da`` (a DataArray, or an attrs dict): a non-empty string, else
+    ``None`` (no units known)."""
+    attrs = da if isinstance(da, dict) else da.attrs
+    units = attrs.get("units")
+    return units.strip() if isinstance(units, str) and units.strip() else None
+
+
+def unit_power(units: str, k: int) -> str:
+    """``units`` to the integer power ``k`` in UDUNITS-2 syntax; the dimensionless ``"1"`` stays.
+
+    >>> unit_power("K", 2), unit_power("K", -2), unit_power("m s-1", 2), unit_power("1", -2)
+    ('K^2', 'K^-2', '(m s-1)^2', '1')
+    """
+    if units == "1" or k == 1:
+        return units
+    return f"{units if _ONE_NAME.fullmatch(units) else f'({units})'}^{k}"
+
+
+def duration_units(time_unit) -> str | None:
+    """A model time unit (its name such as ``"1D"`` or ``"12h"``, or a ``timedelta64``) in
+    UDUNITS-2 syntax: ``"d"``, ``"12 h"``, ``"365.25 d"`` (the largest unit that writes it with
+    at most 6 decimals); ``None`` for ``"1"`` (numeric times: the unit is not known).
+
+    >>> duration_units("1D"), duration_units("12h"), duration_units("365.25D"), duration_units("1")
+    ('d', '12 h', '365.25 d', None)
+    """
+    if time_unit is None or (isinstance(time_unit, str) and time_unit == "1"):
+        return None
+    try:
+        td, _ = parse_time_unit(time_unit)
+    except (TypeError, ValueError):
+        return None
+    ns = int(td / np.timedelta64(1, "ns"))
+    for symbol, size in _DURATIONS:
+        if ns >= size and (ns * 10**6) % size == 0:
+            q = ns * 10**6 // size
+            count = f"{q // 10**6}.{q % 10**6:06d}".rstrip("0").rstrip(".")
+            return symbol if count == "1" else f"{count} {symbol}"
+    return f"{ns} ns"
+
+
+def variable_units(units: str | None, time_units: str | None) -> dict:
+    """``{variable: units}`` of the results and fit variables from the data's ``units`` and the
+    model time unit (each ``None`` where not known; see the module docstring).
+
+    >>> u = variable_units("K", "d")
+    >>> u["mean"], u["variance"], u["precision"], u["sigma2"], u["theta"], u["sigma2_se"]
+    ('K', 'K^2', 'K^-2', 'K^2 d^-1', 'd^-1', 'K^2 d^-1')
+    >>> variable_units(None, "d"), variable_units("K", None)["obs_var"]
+    ({'theta': 'd^-1', 'theta_se': 'd^-1'}, 'K^2')
+    """
+    out = {}
+    if units is not None:
+        out.update({k: units for k in _SAME_UNITS})
+        out.update({k: unit_power(units, 2) for k in _SQUARED_UNITS})
+        out.update({k: unit_power(units, -2) for k in _INVERSE_SQUARED_UNITS})
+    if time_units is not None:
+        per_time = unit_power(time_units, -1)
+        out["theta"] = per_time
+        if units is not None:
+            out["sigma2"] = per_time if units == "1" else f"{unit_power(units, 2)} {per_time}"
+    for p in ("theta", "sigma2", "mu", "obs_var"):
+        if p in out:
+            out[p + "_se"] = out[p]
+    return out
+
+
+_UNIT_VARS = tuple(variable_units("K", "d"))  # the variables whose units are set here
+
+
+def add_units(ds: xr.Dataset, units: str | None, time_units: str | None) -> xr.Dataset:
+    """Set the ``units`` attr of the variables of ``ds`` from :func:`variable_units`; a unit that
+    is not known is removed (e.g. one a fit's Dataset gave a parameter); other variables keep
+    theirs.
+
+    >>> ds = xr.Dataset({"mean": ("time", [1.0]), "theta": 0.1, "loglik": 0.0})
+    >>> ds = add_units(ds, "K", None)
+    >>> ds["mean"].attrs, ds["theta"].attrs, ds["loglik"].attrs
+    ({'units': 'K'}, {}, {})
+    """
+    known = variable_units(units, time_units)
+    for k in _UNIT_VARS:
+        if k not in ds.variables:
+            continue
+        if k in known:
+            ds[k].attrs["units"] = known[k]
+        else:
+            ds[k].attrs.pop("units", None)
+    return ds
+
+
 def _is_lazy(x):
     return getattr(x, "chunks", None) is not None
 
@@ -358,6 +486,8 @@ def record_fit(ds: xr.Dataset, fit, series_dims) -> xr.Dataset:
         ds[p + "_se"].attrs["description"] = (
             f"standard error of {p} (inverse Hessian; NaN if fixed or undefined)"
         )
+        if "units" in ds[p].attrs:  # (set by results_dataset)
+            ds[p + "_se"].attrs["units"] = ds[p].attrs["units"]
     conv = np.asarray(fit.converged)
     ds["converged"] = xr.DataArray(conv.astype(np.int8), dims=series_dims if conv.ndim else ())
     ds["converged"].attrs["description"] = "1 if the optimizer reached the gradient tolerance"

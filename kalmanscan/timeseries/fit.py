@@ -33,7 +33,7 @@ import torch
 
 from kalmanscan.core import _args
 from kalmanscan.timeseries import optim
-from kalmanscan.timeseries._messages import _plain
+from kalmanscan.timeseries._messages import SeriesLabel, _plain, unnamed
 from kalmanscan.timeseries.model import (
     PARAMS,
     Forecast,
@@ -316,6 +316,24 @@ def _decimals(x, places: int = 4) -> str:
     if not math.isfinite(x) or x == 0 or 1e-3 <= abs(x) < 1e11:
         return f"{x:.{places}f}"
     return f"{x:.9e}"
+
+
+def _check_series_labels(labels, shape) -> list:
+    """``series_labels`` checked: one label per series of the series shape ``shape``; text as
+    given (a :class:`SeriesLabel` kept), other labels as text, as a DataFrame's columns are."""
+    n = int(np.prod(shape)) if shape else 1
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+        raise TypeError(
+            f"series_labels: expected a list of {n} labels (one per series), got "
+            f"{type(labels).__name__}"
+        )
+    labels = list(labels)
+    if len(labels) != n:
+        raise ValueError(
+            f"series_labels: expected {n} labels (one per series of the series shape {shape}, "
+            f"flattened), got {len(labels)}"
+        )
+    return [x if isinstance(x, SeriesLabel) else str(x) for x in labels]
 
 
 def _check_fix(fix, shape):
@@ -675,6 +693,7 @@ def fit_ou(
     backend: str = "auto",
     device=None,
     robust: bool = False,
+    series_labels=None,
 ) -> OUFit:
     """Fit ``theta, sigma2, mu, obs_var`` of an OU / local-level model by maximum likelihood.
 
@@ -694,6 +713,9 @@ def fit_ou(
             Bonferroni bound and refit until the screened set repeats
             (:func:`kalmanscan.timeseries.robust.fit_ou_robust`, which also takes the threshold);
             ``OUFit.outliers`` marks them.
+        series_labels: one name per series (the series flattened in C order) for the warnings,
+            notes, ``summary()`` and ``OUFit.series_labels``; default: a DataFrame's columns (a
+            2-D DataArray's labels), else none (series named by position).
 
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
@@ -721,6 +743,7 @@ def fit_ou(
         return fit_ou_robust(
             z, times, fix=fix, init=init, joint=joint, axis=axis, time_unit=time_unit,
             max_iter=max_iter, tol=tol, stderr=stderr, backend=backend, device=device,
+            series_labels=series_labels,
         )  # fmt: skip
     max_iter, tol = _check_options(max_iter, tol, joint, stderr)
     zt, times, labels = series_input(z, times, axis)
@@ -730,6 +753,8 @@ def fit_ou(
         raise ValueError(f"z: expected at least one series, got shape {shape}")
     ax = as_time_axis(times, T, time_unit)
     shape = zt.shape[1:]
+    if series_labels is not None:
+        labels = _check_series_labels(series_labels, shape)
     # C order whatever the input's layout (a DataFrame's values are Fortran-ordered): the sums
     # over time then run in one order, so the fit is the same to the last bit
     Z = np.ascontiguousarray(zt.reshape(T, -1), dtype=np.float64)
@@ -788,7 +813,7 @@ def fit_ou(
         raise ValueError(
             f"z: the data's scale (the smaller of its standard deviation and its typical step) "
             f"is {s_all[i]:.3g}"
-            + ("" if joint or N == 1 else f" in series {i}")
+            + ("" if joint or unnamed(N, labels) else f" in series {_names([i], labels)}")
             + "; expected a scale from 1e-150 to 1e150, so that the variances (obs_var and "
             "sigma2, of the order of its square), and the smaller ones an estimate can reach, stay "
             "normal float64 numbers; rescale z (e.g. divide by a power of ten) and the "
@@ -843,14 +868,14 @@ def _fit_finish(
         at_boundary[p] = b
         if b.any():
             idx = np.flatnonzero(b)
-            where = "" if joint or N == 1 else f" in series {_names(idx, labels)}"
+            where = "" if joint or unnamed(N, labels) else f" in series {_names(idx, labels)}"
             text = _boundary_note(p, where, free)
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
     if "mu" in free and "theta" in fixed:
         idle = np.flatnonzero(_mu_unused(core, joint) & (core.usable[:1] if joint else core.usable))
         if idle.size:
-            where = "" if joint or N == 1 else f" in series {_names(idle, labels)}"
+            where = "" if joint or unnamed(N, labels) else f" in series {_names(idle, labels)}"
             notes.append(
                 f"mu is not estimated{where}: with theta fixed at 0 (a random walk) it does not "
                 "enter the likelihood, so it stays at its starting value (init, else the data's "
@@ -869,7 +894,7 @@ def _fit_finish(
                 idx = lost[why[lost] == reason]
                 notes.append(
                     "no standard errors"
-                    + ("" if joint or N == 1 else f" for series {_names(idx, labels)}")
+                    + ("" if joint or unnamed(N, labels) else f" for series {_names(idx, labels)}")
                     + f": {reason}"
                 )
     else:

@@ -24,6 +24,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from kalmanscan.timeseries._messages import unnamed
+
 _POSITIVE = ("theta", "sigma2", "obs_var")
 _GRID = tuple(10.0**k for k in range(-6, 7))  # standardized units: times the data's scale**2
 _ITERS = 30
@@ -159,7 +161,7 @@ def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device,
     for p, b in bounds.items():
         lost = np.flatnonzero(core.opt.at_boundary[:, free.index(p)] & ok & np.isnan(b))
         if lost.size:
-            where = "" if joint or N == 1 else " in series " + _names(lost, labels)
+            where = "" if joint or unnamed(N, labels) else " in series " + _names(lost, labels)
             notes.append(
                 f"{p} is on its bound 0{where}, and no profile-likelihood bound could be computed "
                 f"(a fit with {p} held fixed did not converge within {_MAX_ITER} iterations)"
@@ -167,7 +169,7 @@ def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device,
         idx = np.flatnonzero(~np.isnan(b))
         if idx.size == 0:
             continue
-        where = "" if joint or N == 1 else " in series " + _names(idx, labels)
+        where = "" if joint or unnamed(N, labels) else " in series " + _names(idx, labels)
         unbounded = np.isinf(b[idx]).any()
         notes.append(
             f"{p} is on its bound 0{where}: in place of a standard error the table gives '<b', "

@@ -74,7 +74,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kalmanscan.timeseries._messages import _plain
+from kalmanscan.timeseries._messages import _plain, unnamed
 
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
@@ -370,7 +370,7 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
     >>> np.flatnonzero(fit.outliers).tolist()
     [30]
     """
-    from kalmanscan.timeseries.fit import fit_ou
+    from kalmanscan.timeseries.fit import _check_series_labels, fit_ou
     from kalmanscan.timeseries.model import series_input
     from kalmanscan.timeseries.times import as_time_axis
 
@@ -384,6 +384,10 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         raise
     zt = np.asarray(zt, dtype=np.float64)
     shape = zt.shape[1:]
+    if kwargs.get("series_labels") is not None:
+        labels = _check_series_labels(kwargs["series_labels"], shape)
+    if labels:  # the refits, on arrays, name the series as the first fit does
+        kwargs["series_labels"] = labels
     T = zt.shape[0]
     Z = zt.reshape(T, -1)
     N = Z.shape[1]
@@ -463,9 +467,10 @@ def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwar
         notes.append(text)
         warnings.warn("fit_ou: " + text, stacklevel=3)
     if capped.any():
+        idx = np.flatnonzero(capped)
+        where = "the series" if unnamed(N, labels) else "series " + _names(idx, labels)
         text = (
-            f"robust: more than a quarter of the observations exceed the threshold in "
-            f"{'the series' if N == 1 else 'series ' + _names(np.flatnonzero(capped), labels)}; "
+            f"robust: more than a quarter of the observations exceed the threshold in {where}; "
             "only the largest quarter were screened: the model may not suit these data"
         )
         notes.append(text)
