@@ -49,9 +49,11 @@ from kalmanscan.core.filter_prepare import (  # noqa: F401 - as above
 from kalmanscan.core.filter_units import (  # noqa: F401 - as above
     _UNIT_POWERS,
     _caller_array,
+    _device_screen,
     _first_informative,
     _from_unit,
     _in_units,
+    _judged_on_host,
     _log_scale_shift,
     _no_tiny_products,
     _np_compact,
@@ -59,6 +61,7 @@ from kalmanscan.core.filter_units import (  # noqa: F401 - as above
     _plain_tiny,
     _plain_tiny_loading,
     _rescaled,
+    _Screen,
     _tiny_below,
     _tiny_lanes,
     extremes_clear,
@@ -101,10 +104,12 @@ class SmoothResult(NamedTuple):
     filtered: FilterResult
 
 
-def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
+def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False, host: bool = False) -> dict:
     """Run the backend: ``kind`` is ``"filter"`` (every output), ``"loglik"`` or ``"smooth"``;
     ``rescale``: with the observations of tiny loadings rescaled (:func:`_rescaled`; also
-    where the API's own checks or plain numbers show them). The result's ``flags`` are read by
+    where the API's own checks or plain numbers show them); ``host``: tiny variances judged on
+    the host also for arrays off it (:func:`_tiny_lanes`; else those come with their device
+    screen, ``out["screen"]``: :func:`_device_screen`). The result's ``flags`` are read by
     :func:`_check` once the caller has built its outputs (on a device the read waits for the
     kernels, so the host work before it overlaps them)."""
     mod = prep.mod
@@ -116,10 +121,13 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
     ins, shift = (p.z, p.obs_var, p.decay, p.process_var, p.loading, p.offset), None
     if rescale:
         ins, shift = _rescaled(prep)
-    x0, tiny = p.x0, _tiny_lanes(prep, ins)
+    x0, tiny = p.x0, _tiny_lanes(prep, ins, host)
+    screen = None
     if tiny is not None:
         ins, x0, more = _in_units(prep, ins, x0, *tiny)
         shift = more if shift is None else shift + more
+    elif not host:
+        screen = _device_screen(prep, ins)  # (None where judged on the host)
     if kind == "smooth":
         out = mod.smooth_lanes(*ins, x0)
     else:
@@ -128,7 +136,23 @@ def _run(prep: _Prepared, kind: str = "filter", rescale: bool = False) -> dict:
         out = _from_unit(out, tiny[0])
     if shift is not None:
         out = dict(out, loglik=out["loglik"] + shift.to(out["loglik"].dtype), rescaled=rescale)
+    if screen is not None:
+        out = dict(out, screen=screen)
     return out
+
+
+def _call(prep: _Prepared, kind: str, build):
+    """``build(out)`` of the backend's result, run again where :func:`_check` asks (tiny
+    loadings' observations rescaled; lanes the device screen flagged, judged on the host and
+    carried in their units): at most three runs, each adding one of the two."""
+    opts = {}
+    while True:
+        out = _run(prep, kind, **opts)
+        res = build(out)
+        more = {k: True for k, v in (_check(prep, out) or {}).items() if v and not opts.get(k)}
+        if not more:
+            return res
+        opts.update(more)
 
 
 # flag bit of a backend that checks its inputs (docs/backend-contract.md): an input out of its
@@ -137,21 +161,34 @@ _BAD_INPUT = 4
 # flag bit of every backend: a lane's log-likelihood is NaN by design, a predicted precision
 # below the dtype's normal range (steps.lost_steps; docs/reliability.md, limit 5)
 _LL_LOST = 8
+# flag bit of the API, never of a backend (theirs are 1, 2, 4 and 8: docs/backend-contract.md):
+# the device screen of tiny variances (filter_units._device_screen, read with the flags) says a
+# lane's products may leave the range; the API judges the call's arrays on the host and, where
+# they do, runs it again in the lanes' units (docs/reliability.md, "Every variance tiny")
+_MAYBE_TINY = 16
 
 
-def _check(prep: _Prepared, out: dict) -> bool:
+def _check(prep: _Prepared, out: dict) -> dict | None:
     """Raise if the backend flagged a value: the ``ValueError`` naming the bad input, else an
-    ``OverflowError``. Returns True where the call is to be run again with tiny loadings'
-    observations rescaled (a backend that checks its inputs flagged them)."""
+    ``OverflowError``. Returns the options of :func:`_run` to run the call again with, or None:
+    ``rescale`` where tiny loadings' observations are to be rescaled (a backend that checks its
+    inputs flagged them), ``host`` where the device screen flagged tiny variances and the
+    host's test finds lanes to carry in smaller units (this run's values and flags stand for
+    nothing then, except an invalid input)."""
     flags = _read_flags(out)  # the one host synchronization of a call
+    if flags & _MAYBE_TINY:
+        flags &= ~_MAYBE_TINY
+        if _tiny_lanes(prep, out["screen"].ins, host=True) is not None:
+            rescale = bool(flags & ~_LL_LOST) and _validate(prep, check_z=True)  # (raises)
+            return {"host": True, "rescale": rescale or bool(out.get("rescaled"))}
     lost, flags = flags & _LL_LOST, flags & ~_LL_LOST
     if not flags:
         if lost:  # (after the checks: no warning before an error, or before a call run again)
             _warn_lost(prep, out)
-        return False
+        return None
     rescale = _validate(prep, check_z=True)  # raises naming the bad input, if one is
     if rescale and not out.get("rescaled"):
-        return True
+        return {"rescale": True}
     hc, oc = compact(prep.loading), compact(prep.obs_var)
     if flags & ~_BAD_INPUT or not bool(_tiny_information(hc, oc).any()):
         remedy = (
@@ -169,7 +206,7 @@ def _check(prep: _Prepared, out: dict) -> bool:
         )
     if lost:
         _warn_lost(prep, out)
-    return False  # bit 4 from tiny information, computed exactly
+    return None  # bit 4 from tiny information, computed exactly
 
 
 def _warn_lost(prep: _Prepared, out: dict) -> None:
@@ -195,16 +232,21 @@ def _warn_lost(prep: _Prepared, out: dict) -> None:
         "filtered and smoothed moments are unaffected. Rescale the state or time"
         f"{'' if dtype == torch.float64 else ', or use float64'} (docs/reliability.md, limit 5)",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,  # (the caller of filter, smooth or loglik: through _call, _check)
     )
 
 
 def _read_flags(out: dict) -> int:
     """The backend's flags word as an int (on a device: the call's host synchronization; a
     backend that launched more work behind its flags gives ``read_flags``, which waits for the
-    flags only)."""
+    flags only), with :data:`_MAYBE_TINY` where the call's device screen (``out["screen"]``,
+    read in the same synchronization) flags tiny variances."""
     read = out.get("read_flags")
-    return read() if read is not None else int(out["flags"])
+    screen: _Screen | None = out.get("screen")
+    if screen is None:
+        return read() if read is not None else int(out["flags"])
+    flags, extremes = screen.read(out["flags"], read)
+    return flags | (_MAYBE_TINY if screen.maybe(extremes) else 0)
 
 
 LOGLIK_CONVENTIONS = ("diffuse-omitted", "kfas", "statsmodels")
@@ -343,13 +385,9 @@ def filter(  # noqa: A001 - the public name users expect
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    r = _run(prep)
-    res = _filter_result(prep, _with_convention(prep, r, loglik_convention))
-    if _check(prep, r):
-        r = _run(prep, rescale=True)
-        res = _filter_result(prep, _with_convention(prep, r, loglik_convention))
-        _check(prep, r)
-    return res
+    return _call(
+        prep, "filter", lambda r: _filter_result(prep, _with_convention(prep, r, loglik_convention))
+    )
 
 
 def loglik(
@@ -382,13 +420,11 @@ def loglik(
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    r = _run(prep, "loglik")
-    res = _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"])
-    if _check(prep, r):
-        r = _run(prep, "loglik", rescale=True)
-        res = _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"])
-        _check(prep, r)
-    return res
+    return _call(
+        prep,
+        "loglik",
+        lambda r: _out_lanes(prep, _with_convention(prep, r, loglik_convention)["loglik"]),
+    )
 
 
 def smooth(
@@ -423,10 +459,4 @@ def smooth(
     prep = _prepare(
         z, obs_var, decay, process_var, loading, offset, prior_mean, prior_var, init, axis, backend
     )
-    out = _run(prep, "smooth")
-    res = _smooth_result(prep, out, loglik_convention)
-    if _check(prep, out):
-        out = _run(prep, "smooth", rescale=True)
-        res = _smooth_result(prep, out, loglik_convention)
-        _check(prep, out)
-    return res
+    return _call(prep, "smooth", lambda out: _smooth_result(prep, out, loglik_convention))

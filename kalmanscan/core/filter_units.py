@@ -2,8 +2,10 @@
 observations whose ``loading**2`` is below the dtype's normal range are rescaled
 (:func:`_rescaled`), lanes whose variances are all tiny are carried in a smaller state unit
 (:func:`_tiny_lanes`, :func:`_in_units`; outputs mapped back by :func:`_from_unit`), and the
-log-likelihood gets the shift back to the user's units. :func:`extremes_clear` and
-:func:`tiny_grid` are shared with the fit's lean call (kalmanscan/timeseries/).
+log-likelihood gets the shift back to the user's units. Arrays off the host are judged after
+the call instead (:func:`_device_screen`, read with the call's flags: no synchronization of its
+own). :func:`extremes_clear` and :func:`tiny_grid` are shared with the fit's lean call
+(kalmanscan/timeseries/).
 """
 
 from __future__ import annotations
@@ -172,7 +174,14 @@ def tiny_grid(Rc, hc, pc, T: int, N: int, dtype):
     return need, ok, scale, lp
 
 
-def _tiny_lanes(prep: _Prepared, ins):
+def _judged_on_host(z: torch.Tensor) -> bool:
+    """Whether :func:`_tiny_lanes` judges a call's arrays (``z`` its data) before the backend
+    runs: CPU memory is viewed through numpy (no synchronization); arrays elsewhere are judged
+    by :func:`_device_screen` with the call's flags."""
+    return z.device.type == "cpu"
+
+
+def _tiny_lanes(prep: _Prepared, ins, host: bool = False):
     """The lanes whose variances are all tiny, carried in smaller units: ``None``, or ``(c, ks)``.
 
     The filter's products pair variances: the update forms ``obs_var`` times the normalized
@@ -196,8 +205,10 @@ def _tiny_lanes(prep: _Prepared, ins):
     two, so every value and gradient is the same model's, exactly; outputs are mapped back
     (:func:`_from_unit`) and ``log s`` added back to the log-likelihood. Plain numbers are
     judged on the host; arrays on the CPU from their extremes (:func:`_no_tiny_products`), then
-    where those do not settle it from their compact grid; arrays on a GPU are not (the
-    readback would cost a host synchronization a call: docs/reliability.md)."""
+    where those do not settle it from their compact grid; arrays elsewhere (a GPU) only with
+    ``host`` (their compact grid read back): the API runs such a call as given and judges it
+    by :func:`_device_screen` with its flags, running it again with ``host`` where the screen
+    flags it (docs/reliability.md)."""
     z, R, a, pv, h, off = ins
     dtype = z.dtype
     given = R is prep.obs_var and h is prep.loading  # (not rescaled for a tiny loading)
@@ -205,7 +216,7 @@ def _tiny_lanes(prep: _Prepared, ins):
     if given and None not in (Rn, hn, pn):
         if not _plain_tiny(Rn, hn, pn, dtype):
             return None
-    elif z.device.type != "cpu":
+    elif not host and not _judged_on_host(z):
         return None
     below = _tiny_below(dtype)
     T, N = z.shape
@@ -252,17 +263,118 @@ def _tiny_lanes(prep: _Prepared, ins):
         )
         lc2 = np.maximum(lc2, np.minimum(np.minimum(lprior + below, keep), 0.0))
     kc = np.where(need & np.isfinite(lc2), np.floor(lc2 / 2), 0.0).astype(np.int32)
-    c = torch.ldexp(torch.ones(N, dtype=dtype, device=z.device), torch.from_numpy(kc))
+    dev = z.device
+    c = torch.ldexp(torch.ones(N, dtype=dtype, device=dev), torch.from_numpy(kc).to(dev))
     with torch.no_grad():
         Rt = compact(R).detach()
-        okt = torch.from_numpy(np.ascontiguousarray(ok))
+        okt = torch.from_numpy(np.ascontiguousarray(ok)).to(dev)
         _, eR = torch.frexp(torch.where(okt, Rt, 1.0))  # R in [2^(eR-1), 2^eR)
         ks = torch.where(okt & (Rt < 1), (1 - eR) // 2, 0).expand(T, N)
         _, ez = torch.frexp(torch.where(torch.isfinite(z), z, 1.0).detach())
         emax = math.frexp(torch.finfo(dtype).max)[1]
         ks = torch.minimum(ks, (emax - 2 - ez).clamp(min=0))
-        ks = torch.where(torch.from_numpy(need), ks, 0)
+        ks = torch.where(torch.from_numpy(need).to(dev), ks, 0)
     return c, ks
+
+
+class _Screen:
+    """The device screen of one call (:func:`_device_screen`): the extremes that bound
+    :func:`_tiny_lanes`'s products, reduced on the device and read with the call's flags."""
+
+    __slots__ = ("ins", "dtype", "known", "vals", "host")
+
+    def read(self, flags, read_flags=None):
+        """``(flags as an int, extremes)`` with the call's one synchronization: on CUDA the
+        extremes were copied to pinned memory before the backend's launches, so they are there
+        once its flags are; elsewhere they are read with a tensor's flags in one read."""
+        if read_flags is not None:  # (it waits for the launches before its own, ours too)
+            f = read_flags()
+            return f, (self.vals if self.host is None else self.host).tolist()
+        if isinstance(flags, torch.Tensor):
+            if self.host is not None:  # (the scalar read waits for the stream)
+                return int(flags), self.host.tolist()
+            both = torch.cat([flags.detach().reshape(1).to(self.vals.dtype), self.vals]).tolist()
+            return int(both[0]), both[1:]
+        return int(flags), self.vals.tolist()  # (a host backend's int: nothing waited for)
+
+    def maybe(self, extremes) -> bool:
+        """Whether some lane may have a product of :func:`_tiny_lanes` below the range."""
+        got = dict(self.known)
+        got.update(zip(_order(self.known), extremes, strict=True))
+        if "p_top" in got:  # (the largest of process_var where positive, inf where one is 0)
+            got["zero"] = got.pop("p_top") == math.inf
+        return screen_tiny(got["r"], got["h"], got["p"], got["zero"], self.dtype)
+
+
+def _order(known: dict):
+    """The extremes :func:`_device_screen` reduced, in its order (those not known on the host)."""
+    keys = [k for k in ("r", "h") if k not in known]
+    return keys + (["p", "p_top"] if "p" not in known else [])
+
+
+def screen_tiny(r: float, h: float, p: float, zero: bool, dtype) -> bool:
+    """The device screen's bound: whether a product :func:`tiny_grid` tests may fall below
+    ``2**_tiny_below(dtype)``, from the smallest ``obs_var`` ``r``, the largest ``|loading|``
+    ``h``, the smallest positive ``process_var`` ``p`` (inf where none is) and whether one is
+    0. Conservative: each extreme bounds every element's factor, so a lane
+    :func:`tiny_grid` flags is flagged; it may flag a call whose extremes sit at different
+    elements (then :func:`_tiny_lanes` decides exactly). Half a power of two of margin for
+    plain numbers, judged before their rounding to the dtype."""
+    if math.isnan(r) or math.isnan(h) or math.isnan(p):
+        return True  # (an invalid input: the checks name it)
+    below = _tiny_below(dtype) + 0.5
+
+    def lg(x):
+        return -math.inf if x == 0 else math.log2(x)
+
+    lr = lg(r)
+    s = lr - 2 * lg(h)  # lower bound of log2(obs_var / loading**2)
+    if math.isnan(s):
+        return True
+    lp = lg(p)
+    m = min(max(-math.inf if zero else lp, s), 0.0)  # lower bound of the update's factor
+    return (m < -32 and lr + m < below) or lp + s < below
+
+
+def _device_screen(prep: _Prepared, ins) -> _Screen | None:
+    """The screen of a call whose variances are judged off the host (:func:`_judged_on_host`),
+    or None: ``obs_var``'s smallest value, ``|loading|``'s largest and ``process_var``'s
+    smallest positive one, reduced on the device (a launch each, three for ``process_var``;
+    plain numbers taken on the host) and copied to pinned memory on CUDA before the backend's
+    launches. No readback: :meth:`_Screen.read` reads them with the call's flags, and
+    :func:`screen_tiny` bounds :func:`_tiny_lanes`'s products from them."""
+    z, R, _, pv, h, _ = ins
+    given = R is prep.obs_var and h is prep.loading
+    Rn, hn, pn = (_number(prep, k) for k in ("obs_var", "loading", "process_var"))
+    if (given and None not in (Rn, hn, pn)) or _judged_on_host(z) or z.numel() == 0:
+        return None
+    known = {}
+    if given and Rn is not None:
+        known["r"] = Rn
+    if given and hn is not None:
+        known["h"] = abs(hn)
+    if pn is not None:
+        known["p"], known["zero"] = (pn if pn > 0 else math.inf), pn == 0
+    order = _order(known)
+    vals = torch.empty(len(order), dtype=z.dtype, device=z.device)
+    with torch.no_grad():
+        i = 0
+        if "r" in order:
+            torch.amin(compact(R).detach(), out=vals[i])
+            i += 1
+        if "h" in order:
+            torch.linalg.vector_norm(compact(h).detach(), math.inf, out=vals[i])
+            i += 1
+        if "p" in order:  # (the smallest positive one; the largest is inf where one is 0)
+            pc = compact(pv).detach()
+            torch.aminmax(torch.where(pc > 0, pc, math.inf), out=(vals[i], vals[i + 1]))
+    screen = _Screen()
+    screen.ins, screen.dtype, screen.known, screen.vals = ins, z.dtype, known, vals
+    screen.host = None
+    if vals.is_cuda:
+        screen.host = torch.empty(vals.shape, dtype=vals.dtype, pin_memory=True)
+        screen.host.copy_(vals, non_blocking=True)
+    return screen
 
 
 def _in_units(prep: _Prepared, ins, x0, c, ks):
