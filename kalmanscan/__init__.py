@@ -10,6 +10,17 @@ the filter, smoother and log-likelihood run in O(log T) depth on CPUs and GPUs.
 
 Importing the package is cheap: it imports torch and numpy only; triton, xarray and matplotlib
 load when a function that needs them is called.
+
+Where things are (reference: docs/api-core.md, docs/api.md):
+
+- ``filter``, ``smooth``, ``loglik``, ``discretize_ou``: the core, independent scalar lanes.
+- ``fit_ou``, ``forecast``, ``OUModel``, ``OUFit`` and :mod:`kalmanscan.timeseries`: series on
+  timestamps (OU and local-level models), fitting, forecasting.
+- :mod:`kalmanscan.dense`: dense state-space models (trends, seasons, trackers) and their fits.
+- :mod:`kalmanscan.xarray` (the ``.kalman`` accessor) and :mod:`kalmanscan.plot`: results as
+  Datasets and uncertainty-band figures.
+- :mod:`kalmanscan.kla`: Kalman Linear Attention layers, a byte-level language model, inspection.
+- :mod:`kalmanscan.testing`: the tolerance table the tests and ``kalmanscan validate`` use.
 """
 
 from kalmanscan.core.discretize import discretize_ou

@@ -336,10 +336,15 @@ def plot_series(
     """One series of a results Dataset: data, smoothed (or filtered) mean, bands, gaps, forecast.
 
     Args:
-        ds: a Dataset from :mod:`kalmanscan.xarray`. series: which series (see module).
+        ds: a Dataset from :mod:`kalmanscan.xarray`. series: which series, an int index or
+            ``{dim: label}`` (``None``: the Dataset's only series).
         smoothed: draw the smoothed moments (if present) instead of the filtered ones.
         coverages: band probabilities (default the Dataset's ``coverage`` attr).
+        ax: the axes to draw on (default a new figure). title: the axes' title (default which
+            moments are drawn).
         show_missing: as in :func:`plot_bands`.
+
+    Returns the axes.
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -386,6 +391,9 @@ def plot_precision(
     """Precision (1 / variance) of the level over time, log scale; all series if ``series`` is None.
 
     Precision grows with each observation and decays across gaps, so missing stretches show as dips.
+    ``series``: an int index or ``{dim: label}``; ``smoothed``: the smoothed precision where the
+    Dataset has it; ``max_series``: at most this many curves; ``show_missing``: as in
+    :func:`plot_bands`. Returns the axes (``ax=None``: a new figure).
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -448,6 +456,8 @@ def plot_overview(
 ):
     """Bands panels (one per series, at most ``max_series``) above a shared precision panel.
 
+    ``series``: one series to draw (an int or ``{dim: label}``; default the first
+    ``max_series``); ``smoothed``, ``coverages``, ``show_missing``: as in :func:`plot_series`.
     Returns the array of axes (``axes=None`` makes a new figure with the right number of rows).
 
     >>> import numpy as np

@@ -41,6 +41,14 @@ class DenseFilterResult(NamedTuple):
     predictions (finite part), loglik with the series shape (exact diffuse convention,
     docs/dense.md),
     diffuse [...] bool: the filtered state is still unbounded in some direction.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
+    >>> res = kd.filter(np.cumsum(np.arange(50.0))[:, None] / 50, **m._asdict())
+    >>> res._fields
+    ('mean', 'cov', 'precision', 'pred_mean', 'pred_cov', 'loglik', 'diffuse')
+    >>> res.cov[0].round(6).tolist(), round(float(res.loglik), 4)  # slope unknown after one step
+    ([[2.0, 1.0], [1.0, inf]], -84.9129)
     """
 
     mean: object
@@ -53,7 +61,15 @@ class DenseFilterResult(NamedTuple):
 
 
 class DenseSmoothResult(NamedTuple):
-    """Smoothed ``mean`` [..., n], ``cov`` and ``precision`` [..., n, n], and the filter."""
+    """Smoothed ``mean`` [..., n], ``cov`` and ``precision`` [..., n, n] (time on ``axis`` as in
+    ``z``), and the :class:`DenseFilterResult` behind them as ``filtered``.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
+    >>> res = kd.smooth(np.cumsum(np.arange(50.0))[:, None] / 50, **m._asdict())
+    >>> res._fields, res.cov.shape, round(float(res.filtered.loglik), 4)
+    (('mean', 'cov', 'precision', 'filtered'), (50, 2, 2), -84.9129)
+    """
 
     mean: object
     cov: object

@@ -44,6 +44,17 @@ class DenseFit(NamedTuple):
     converge or the Hessian is not positive definite; stderr_note: why a series has NaN standard
     errors ("" where it has none missing). The fitted model of series ``i`` is
     ``build(**fixed, **{p: v[i] for p, v in params.items()})``.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.normal(size=(60, 2, 1)).cumsum(0) + rng.normal(size=(60, 2, 1))  # 2 series
+    >>> res = kd.fit(z, kd.local_linear_trend)
+    >>> res.params["level_var"].round(3).tolist(), res.at_boundary["slope_var"].tolist()
+    ([1.274, 1.042], [True, True])
+    >>> res.converged.tolist(), res.stderr["level_var"].round(3).tolist()
+    ([True, True], [0.461, 0.448])
+    >>> str(res.stderr_note[0])
+    "slope_var on the boundary 0 (no standard error); the others' with it at 0"
     """
 
     params: dict

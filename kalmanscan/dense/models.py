@@ -18,7 +18,18 @@ from kalmanscan.core.discretize import discretize_ou
 
 
 class DenseModel(NamedTuple):
-    """F [..., n, n], Q [..., n, n], H [..., d, n], R [..., d, d], offset [..., n]."""
+    """A model's matrices: F [..., n, n], Q [..., n, n], H [..., d, n], R [..., d, d], offset
+    [..., n], what the builders return and :func:`kalmanscan.dense.filter` takes as
+    ``**model._asdict()``. Build one by hand for a model no builder makes.
+
+    >>> import numpy as np, kalmanscan.dense as kd
+    >>> m = kd.local_linear_trend(level_var=1.0, slope_var=0.1, obs_var=2.0)
+    >>> m.F.tolist(), m.H.tolist(), m.offset.tolist()
+    ([[1.0, 1.0], [0.0, 1.0]], [[1.0, 0.0]], [0.0, 0.0])
+    >>> ar1 = kd.DenseModel(F=[[0.9]], Q=[[1.0]], H=[[1.0]], R=[[0.5]], offset=[0.0])
+    >>> kd.filter(np.ones((3, 1)), **ar1._asdict()).mean.shape
+    (3, 1)
+    """
 
     F: object
     Q: object

@@ -308,7 +308,11 @@ class ModelConfig:
 
     @classmethod
     def hybrid(cls, n_layers: int, **kwargs) -> ModelConfig:
-        """Attention in every block except a KLA last block."""
+        """Attention in every block except a KLA last block; ``kwargs`` are the other fields.
+
+        >>> ModelConfig.hybrid(3, d_model=32).mixer_list()
+        ['attention', 'attention', 'kla']
+        """
         return cls(n_layers=n_layers, mixers=["attention"] * (n_layers - 1) + ["kla"], **kwargs)
 
     def mixer_list(self) -> list[str]:

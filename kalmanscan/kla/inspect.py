@@ -596,9 +596,18 @@ def _spearman(x, y) -> float:
 
 
 def save_dataset(ds, path):
-    """Write ``ds`` to netCDF; returns the engine used. With h5netcdf or netCDF4 installed:
-    netCDF-4, zlib level 4, chunks of at most 4096 along ``time`` and ``window``; otherwise
-    scipy's uncompressed netCDF-3 (the summaries of 100 kB of text are about 10 MB there)."""
+    """Write ``ds`` to netCDF at ``path``; returns the engine used. With h5netcdf or netCDF4
+    installed: netCDF-4, zlib level 4, chunks of at most 4096 along ``time`` and ``window``;
+    otherwise scipy's uncompressed netCDF-3 (the summaries of 100 kB of text are about 10 MB
+    there).
+
+    >>> import os, tempfile
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> path = os.path.join(tempfile.mkdtemp(), "inspect.nc")
+    >>> save_dataset(inspect(m, "hello", detail=False), path) in ("h5netcdf", "netcdf4", "scipy")
+    True
+    """
     import importlib.util
 
     engine = next(

@@ -30,7 +30,20 @@ _KEEP_FP32 = ("delta", "lambda_log", "process_noise", "lambda_skip", "norm")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is missing, unsafe, or does not match the model it is loaded into."""
+    """A checkpoint is missing, unsafe, or does not match the model it is loaded into (a
+    ``ValueError``); the message lists every problem found.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> state = m.state_dict()
+    >>> del state["lm_head.weight"]
+    >>> try:
+    ...     load_state_dict(m, state)
+    ... except CheckpointError as err:
+    ...     print(err)
+    state dict does not match the model:
+      missing keys (1): lm_head.weight
+    """
 
 
 # ---------------------------------------------------------------------- text <-> bytes
@@ -155,7 +168,16 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
 
 def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
     """Check ``state_dict`` (see :func:`check_state_dict`), then load it with ``strict=True``,
-    casting each tensor to the model's dtype. Returns ``model``."""
+    casting each tensor to the model's dtype. Returns ``model``; raises :class:`CheckpointError`
+    listing what does not match.
+
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> cfg = ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2))
+    >>> a, b = KLALanguageModel(cfg), KLALanguageModel(cfg)
+    >>> b = load_state_dict(b, a.state_dict())
+    >>> bool(torch.equal(a.lm_head.weight, b.lm_head.weight))
+    True
+    """
     check_state_dict(model, state_dict)
     ref = model.state_dict()
     model.load_state_dict({k: v.to(ref[k].dtype) for k, v in state_dict.items()}, strict=True)
@@ -494,6 +516,12 @@ def load_checkpoint(
     ``backend`` overrides the KLA op backend of the stored config (e.g. ``"sequential"``, the
     faster one for short CPU inputs). The model is returned in eval mode.
 
+    >>> import tempfile
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
+    >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> back = load_checkpoint(save_checkpoint(m, tempfile.mkdtemp()))
+    >>> back.config == m.config, back.training
+    (True, False)
     >>> model = load_checkpoint()  # the bundled byte-level model  # doctest: +SKIP
     """
     from safetensors import SafetensorError

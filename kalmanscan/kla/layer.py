@@ -56,7 +56,13 @@ class KLALayerState(NamedTuple):
     """Recurrent state of one layer: the conv window and the filter's information state.
 
     ``conv [B,M,K-1]`` holds the last ``K-1`` pre-conv inputs; ``lam, eta [B,M,S]`` are the
-    posterior precision and information vector after the last token.
+    posterior precision and information vector after the last token. Made by
+    :meth:`KLALayer.init_state`, returned by a call with a ``state`` or ``return_state=True``.
+
+    >>> layer = KLALayer(16, KLAConfig(d_state=4))  # M = 32 channels, K = 4
+    >>> s = layer.init_state(2)
+    >>> tuple(s.conv.shape), tuple(s.lam.shape), float(s.lam.min()), float(s.eta.abs().max())
+    ((2, 32, 3), (2, 32, 4), 1.0, 0.0)
     """
 
     conv: torch.Tensor
@@ -86,6 +92,11 @@ class KLATrace(NamedTuple):
     ``sensors`` the :class:`KLASensors`, ``decay, process_var [M,S]``,
     ``precision [B,L,M,S]`` the posterior precision per token, ``yvar [B,L,M]`` the readout
     variance before the gate, ``gate_act [B,L,M]`` the activated gate.
+
+    >>> layer = KLALayer(16, KLAConfig(d_state=4))
+    >>> tr = layer.trace(torch.randn(1, 5, 16))
+    >>> tuple(tr.out.shape), tuple(tr.precision.shape), tuple(tr.decay.shape)
+    ((1, 5, 16), (1, 5, 32, 4), (32, 4))
     """
 
     out: torch.Tensor
@@ -260,7 +271,14 @@ class KLALayer(nn.Module):
     # ------------------------------------------------------------------ state and dynamics
 
     def init_state(self, batch: int, device=None, dtype=None) -> KLALayerState:
-        """Fresh state: zero conv window, unit precision ``lam = 1``, zero information ``eta``."""
+        """Fresh state for ``batch`` sequences: zero conv window, unit precision ``lam = 1``, zero
+        information ``eta`` (on the layer's device and dtype unless given).
+
+        >>> layer = KLALayer(16, KLAConfig(d_state=4))
+        >>> s = layer.init_state(3)
+        >>> tuple(s.lam.shape), s.lam.dtype
+        ((3, 32, 4), torch.float32)
+        """
         device = self.out_proj.weight.device if device is None else device
         dtype = self.out_proj.weight.dtype if dtype is None else dtype
         fdtype = _filter_dtype(dtype)
@@ -536,7 +554,20 @@ class KLALayer(nn.Module):
         return_variance: bool = False,
         return_state: bool = False,
     ):
-        """``x [B,L,D]`` -> ``out [B,L,D]`` (see the class docstring for the other returns)."""
+        """``x [B,L,D]`` -> ``out [B,L,D]``; ``(out, out_var)`` with ``return_variance``, and the
+        new :class:`KLALayerState` as a last element when ``return_state`` or a ``state`` is
+        given (a one-token call with a state is one O(1) decoding step).
+
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> layer = KLALayer(16, KLAConfig(d_state=4))
+        >>> x = torch.randn(1, 6, 16)
+        >>> full = layer(x)
+        >>> out, state = layer(x[:, :5], return_state=True)  # prefill five tokens
+        >>> last, state = layer(x[:, 5:], state)  # then decode one
+        >>> bool(torch.allclose(last, full[:, 5:], atol=1e-5))
+        True
+        """
         recorder = self._recorder
         if recorder is not None:
             tr = self.trace(x, state)

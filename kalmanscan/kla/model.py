@@ -345,7 +345,14 @@ class KLALanguageModel(nn.Module):
         return [i for i, m in enumerate(self.config.mixer_list()) if m == "kla"]
 
     def init_state(self, batch: int, device=None, dtype=None) -> list:
-        """Fresh per-block states for ``batch`` sequences."""
+        """Fresh per-block states for ``batch`` sequences (a list, one per block: a
+        :class:`~kalmanscan.kla.KLALayerState` for a KLA block, a key/value cache for attention).
+
+        >>> from kalmanscan.kla import KLAConfig, ModelConfig
+        >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2)))
+        >>> [type(s).__name__ for s in model.init_state(1)]
+        ['KLALayerState', 'KLALayerState']
+        """
         return [blk.mixer.init_state(batch, device=device, dtype=dtype) for blk in self.blocks]
 
     def _check_tokens(self, tokens) -> None:
@@ -374,6 +381,16 @@ class KLALanguageModel(nn.Module):
 
         ``trace``: an optional dict ``{block index: list}``; the KLA blocks named there append
         their :class:`~kalmanscan.kla.layer.KLATrace` (used by :func:`kalmanscan.kla.inspect`).
+
+        >>> from kalmanscan.kla import KLAConfig, ModelConfig
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> model = KLALanguageModel(ModelConfig(d_model=16, n_layers=2, kla=KLAConfig(d_state=2)))
+        >>> tokens = torch.tensor([[104, 105, 33]])
+        >>> logits, state = model(tokens[:, :2], return_state=True)  # prefill
+        >>> last, state = model(tokens[:, 2:], state)  # one decoding step
+        >>> tuple(logits.shape), bool(torch.allclose(last, model(tokens)[:, 2:], atol=1e-5))
+        ((1, 2, 256), True)
         """
         self._check_tokens(tokens)
         if state is not None and len(state) != len(self.blocks):

@@ -142,8 +142,21 @@ def _check_channels(channels, available, dim: str) -> np.ndarray:
 
 def channel_order(ds, layer=-1, channels=None, sort_by="timescale"):
     """Channel ids (from ``channels``, default all of ``ds.channel``) in plotting order:
-    by increasing timescale (geometric mean over slots of ``ds.timescale``), or as given.
-    An id not in ``ds.channel``: a ValueError naming ``channels``."""
+    by increasing timescale (geometric mean over slots of ``ds.timescale``) of KLA block
+    ``layer``, or as given (``sort_by=None``). An id not in ``ds.channel``: a ValueError naming
+    ``channels``.
+
+    >>> import numpy as np
+    >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig, inspect
+    >>> m = KLALanguageModel(ModelConfig(d_model=8, n_layers=1, kla=KLAConfig(d_state=2)))
+    >>> ds = inspect(m, "hi", detail=False)
+    >>> ids = channel_order(ds)
+    >>> ts = np.exp(np.log(ds.timescale.isel(layer=-1)).mean("slot")).sel(channel=ids).values
+    >>> sorted(ids.tolist()) == ds.channel.values.tolist(), bool((np.diff(ts) >= 0).all())
+    (True, True)
+    >>> channel_order(ds, channels=[3, 1], sort_by=None).tolist()
+    [3, 1]
+    """
     if channels is None:
         ids = np.asarray(ds["channel"].values)
     else:

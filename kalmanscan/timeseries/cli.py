@@ -1,7 +1,8 @@
 """``kalmanscan demo`` and ``kalmanscan filter``: time series with uncertainty bands from the shell.
 
 - ``kalmanscan demo [--out DIR]``: the bundled Nile flows, local-level fit, filter, smoother and a
-  10-step forecast; writes ``nile.png``, ``nile.nc`` and ``summary.txt`` and prints the summary.
+  10-step forecast; writes ``nile.png``, ``nile.nc``, ``nile.csv`` and ``summary.txt`` and prints
+  the summary.
 - ``kalmanscan filter data.csv --time-col t --value-col y [--value-col y2 ...] [--fit]
   [--forecast 10]
   --out results/``: the same for a CSV (several value columns = several series).
@@ -178,7 +179,18 @@ def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) ->
 
 # --- kalmanscan demo ------------------------------------------------------------------------------
 def demo_main(argv=None) -> int:
-    """``kalmanscan demo``: Nile local-level fit, filter, smoother, forecast; writes outputs."""
+    """``kalmanscan demo``: Nile local-level fit, filter, smoother, forecast; writes outputs.
+
+    ``argv``: the command's arguments (default ``sys.argv[1:]``); returns the exit status, 0 on
+    success and 2 (with a message on stderr) for bad input.
+
+    >>> import contextlib, io, os, tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> with contextlib.redirect_stdout(io.StringIO()):
+    ...     code = demo_main(["--out", out, "--forecast", "3"])
+    >>> code, sorted(os.listdir(out))
+    (0, ['nile.csv', 'nile.nc', 'nile.png', 'summary.txt'])
+    """
     p = _parser(
         "kalmanscan demo",
         "Fit the local-level model to the bundled Nile flows (1871-1970), filter, "
@@ -294,7 +306,22 @@ def _fix_arg(items):
 
 
 def filter_main(argv=None) -> int:
-    """``kalmanscan filter data.csv ...``: filter/fit/forecast the series of a CSV."""
+    """``kalmanscan filter data.csv ...``: filter/fit/forecast the series of a CSV.
+
+    ``argv``: the command's arguments (default ``sys.argv[1:]``; options: docs/cli.md); returns
+    the exit status, 0 on success and 2 (with a message on stderr) for bad input.
+
+    >>> import contextlib, io, os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open(os.path.join(d, "data.csv"), "w") as f:
+    ...     _ = f.write("t,y\\n0,1.0\\n1,1.3\\n3,\\n4,0.9\\n")
+    >>> argv = [os.path.join(d, "data.csv"), "--time-col", "t", "--sigma2", "0.1", "--obs-var",
+    ...         "0.05", "--out", os.path.join(d, "results")]
+    >>> with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    ...     code = filter_main(argv)
+    >>> code, sorted(os.listdir(os.path.join(d, "results")))
+    (0, ['results.csv', 'results.nc', 'results.png', 'summary.txt'])
+    """
     p = _parser(
         "kalmanscan filter",
         "Filter and smooth the series of a CSV with an OU / local-level model "

@@ -136,6 +136,17 @@ def read_csv_series(
     decide ambiguous dates). Duplicate times are refused, naming the rows. Raises
     :class:`InputError` with a message naming the file, column, row and value. Rows are numbered
     as in a spreadsheet (the header is row 1; comment lines count).
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "data.csv")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("t,y,note\\n0,1.0,a\\n3,,b\\n1,1.3,c\\n")
+    >>> notes = []
+    >>> times, z, names, was_sorted = read_csv_series(path, "t", notes=notes)
+    >>> times.tolist(), z[:, 0].tolist(), names, was_sorted
+    ([0.0, 1.0, 3.0], [1.0, 1.3, nan], ['y'], False)
+    >>> len(notes)  # the label column "note" was skipped, and said so
+    1
     """
     import pandas as pd
 

@@ -112,6 +112,19 @@ class OUFit:
         outlier_values: with ``robust=True``, the screened observations' own values
             ``[k]``, in the order of ``z[outliers]`` (``z[outliers] = outlier_values`` restores
             the data); else ``None``.
+
+    Properties ``params`` (``{name: value}``, fixed ones included) and ``total_loglik`` (the
+    sum over series); methods :meth:`filter`, :meth:`smooth`, :meth:`disturbances`,
+    :meth:`forecast`, :meth:`to_dataset` and :meth:`summary` work on the fitted data.
+
+    >>> import kalmanscan as ks
+    >>> from kalmanscan.timeseries import load_nile
+    >>> years, flow = load_nile()
+    >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+    >>> round(fit.params["sigma2"], 1), round(fit.stderr["sigma2"]), bool(fit.converged)
+    (1469.2, 1280, True)
+    >>> fit.n_obs, fit.at_boundary
+    (100, {'sigma2': False, 'obs_var': False})
     """
 
     model: OUModel
@@ -138,14 +151,32 @@ class OUFit:
 
     @property
     def total_loglik(self) -> float:
+        """The log-likelihood summed over series (a float)."""
         return float(np.sum(self.loglik))
 
     def filter(self):
-        """:class:`kalmanscan.FilterResult` of the data under the fitted model (time first)."""
+        """:class:`kalmanscan.FilterResult` of the data under the fitted model (time first).
+
+        >>> import kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+        >>> res = fit.filter()
+        >>> res.mean.shape, round(float(res.var[-1]), 1), round(float(res.loglik), 4)
+        ((100,), 4032.2, -632.5456)
+        """
         return self.model.filter_prepared(self.z, self.time_axis)
 
     def smooth(self):
-        """:class:`kalmanscan.SmoothResult` of the data under the fitted model (time first)."""
+        """:class:`kalmanscan.SmoothResult` of the data under the fitted model (time first).
+
+        >>> import kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> sm = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).smooth()
+        >>> sm.mean.shape, round(float(sm.var[0]), 1), round(float(sm.filtered.var[-1]), 1)
+        ((100,), 4032.2, 4032.2)
+        """
         return self.model.filter_prepared(self.z, self.time_axis, smooth=True)
 
     def disturbances(self) -> Disturbances:
@@ -205,7 +236,23 @@ class OUFit:
         return Disturbances(d.observation.reshape(shape), d.state.reshape(shape))
 
     def forecast(self, steps=None, *, at=None, coverage: float = 0.95) -> Forecast:
-        """Forecast ``steps`` typical steps past the last timestamp, or at timestamps ``at``."""
+        """Forecast ``steps`` typical steps past the last timestamp, or at timestamps ``at``.
+
+        Args:
+            steps: number of future steps, spaced by the median step of the fitted times.
+            at: future timestamps instead (numbers or datetimes, like the fitted times).
+            coverage: probability of the predictive interval of a new observation.
+
+        Returns:
+            a :class:`~kalmanscan.timeseries.Forecast`, arrays ``[H, *S]``.
+
+        >>> import kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> fc = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).forecast(3, coverage=0.9)
+        >>> fc.times.tolist(), fc.mean.round(2).tolist(), fc.lower.round(2).tolist()
+        ([1971.0, 1972.0, 1973.0], [798.37, 798.37, 798.37], [562.29, 554.01, 546.01])
+        """
         res = self.filter()
         return forecast_from_state(
             self.model,
@@ -228,7 +275,20 @@ class OUFit:
         series_coords=None,
         name: str | None = None,
     ):
-        """Filtered/smoothed/forecast ``xarray.Dataset`` with the fit recorded (needs xarray)."""
+        """Filtered/smoothed/forecast ``xarray.Dataset`` with the fit recorded (needs xarray).
+
+        The arguments are :meth:`OUModel.to_dataset`'s; the data and times are the fitted ones,
+        and the Dataset also holds the standard errors (``*_se``) and ``converged``. Variables
+        and attributes: docs/api.md, "The results Dataset".
+
+        >>> import kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+        >>> ds = fit.to_dataset(forecast_steps=3)
+        >>> dict(ds.sizes), round(float(ds["sigma2_se"]))
+        ({'time': 100, 'coverage': 2, 'forecast_time': 3}, 1280)
+        """
         if series_coords is None and self.series_labels is not None and self.z.ndim == 2:
             series_coords = {"series": self.series_labels}
         return self.model.to_dataset(
@@ -245,7 +305,20 @@ class OUFit:
         )
 
     def summary(self, max_series: int = 10) -> str:
-        """A plain-text table of estimates and standard errors."""
+        """A plain-text table of estimates and standard errors, one row per series (the first
+        ``max_series``), with the log-likelihood and convergence.
+
+        >>> import kalmanscan as ks
+        >>> from kalmanscan.timeseries import load_nile
+        >>> years, flow = load_nile()
+        >>> print(ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).summary())
+        OU model fit by maximum likelihood: 1 series, 100 time steps
+        fixed: theta=0.0, mu=0.0
+            series         sigma2     (s.e.)        obs_var     (s.e.)       loglik  conv
+                 0        1469.18       1280        15098.5       3146    -632.5456  True
+        total loglik -632.5456 over 100 observations (exact diffuse convention: steps with zero
+        prior precision add nothing); 5 Newton iterations
+        """
         free = [p for p in PARAMS if p not in self.fixed]
         fixed = ", ".join(
             f"{k}={float(np.ravel(v)[0]) if np.size(v) == 1 else 'array'}"

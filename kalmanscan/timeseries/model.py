@@ -122,13 +122,22 @@ class OUModel:
 
     # --- the pieces every method shares -------------------------------------------------------
     def params(self) -> dict:
-        """The four parameters as a dict."""
+        """The four parameters as a dict, ``{"theta", "sigma2", "mu", "obs_var"}``.
+
+        >>> OUModel(theta=0.5, sigma2=2.0, mu=1.0, obs_var=0.1).params()
+        {'theta': 0.5, 'sigma2': 2.0, 'mu': 1.0, 'obs_var': 0.1}
+        """
         return {k: getattr(self, k) for k in PARAMS}
 
     def prior(self, n_series_dims: int | None = None):
-        """``(prior_mean, prior_var)`` actually used (defaults filled in); for data with
-        ``n_series_dims`` series dims, parameters given per step (``[T, *S]``) set the default by
-        their first step's values."""
+        """``(prior_mean, prior_var)`` actually used (defaults filled in: the stationary
+        ``N(mu, sigma2 / (2 theta))`` for ``theta > 0``, diffuse where ``theta = 0``); for data
+        with ``n_series_dims`` series dims, parameters given per step (``[T, *S]``) set the
+        default by their first step's values.
+
+        >>> OUModel(theta=0.5, sigma2=2.0, mu=1.0).prior(), OUModel(theta=0.0).prior()
+        ((1.0, 2.0), (0.0, inf))
+        """
         theta, sigma2, mu = _first_step((self.theta, self.sigma2, self.mu), n_series_dims)
         mean, var = default_prior(theta, sigma2, mu)
         return (
@@ -192,7 +201,20 @@ class OUModel:
         over ``c**2``).
 
         Parameters given per step (``[T, *S]``) set the default prior by their first step's
-        values."""
+        values. ``n_series_dims``: the number of series dims of the time-first data.
+
+        >>> import numpy as np, kalmanscan as ks
+        >>> from kalmanscan.timeseries import as_time_axis
+        >>> m = OUModel(theta=0.5, sigma2=2.0, mu=1.0, obs_var=0.1)
+        >>> args = m.filter_args(as_time_axis(np.array([0.0, 1.0, 3.0]), 3), 0)
+        >>> sorted(args)
+        ['decay', 'obs_var', 'offset', 'prior_mean', 'prior_var', 'process_var']
+        >>> args["decay"].round(4).tolist()  # exp(-theta dt), dt = 0, 1, 2
+        [1.0, 0.6065, 0.3679]
+        >>> z = np.array([1.2, 0.8, 1.1])
+        >>> bool(np.allclose(ks.filter(z, **args).mean, m.filter(z, [0.0, 1.0, 3.0]).mean))
+        True
+        """
         if unit is None:
             sigma2, mu, obs_var = self.sigma2, self.mu, self.obs_var
             prior_mean, prior_var = self.prior(n_series_dims)
@@ -328,7 +350,11 @@ class OUModel:
         )
 
     def with_params(self, **changes) -> OUModel:
-        """A copy with some fields replaced (those not replaced keep their labels, if any)."""
+        """A copy with some fields replaced (those not replaced keep their labels, if any).
+
+        >>> OUModel(theta=0.5, sigma2=2.0).with_params(theta=0.0).params()["theta"]
+        0.0
+        """
         new = replace(self, **changes)
         new._labelled.update({k: v for k, v in self._labelled.items() if k not in changes})
         return new

@@ -36,6 +36,16 @@ class Forecast(NamedTuple):
 
     ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
     ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
+    Returned by :func:`kalmanscan.forecast`, :meth:`OUModel.forecast` and :meth:`OUFit.forecast`.
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> m = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
+    >>> z, years = np.array([1120.0, 1160.0, 963.0]), np.array([1871, 1872, 1873])
+    >>> fc = ks.forecast(m, z, years, steps=2, coverage=0.9)
+    >>> fc.times.tolist(), fc.mean.round(1).tolist(), fc.var.round(1).tolist()
+    ([1874.0, 1875.0], [1072.8, 1072.8], [7250.6, 8719.7])
+    >>> fc.predictive_var.round(1).tolist(), fc.lower.round(1).tolist(), fc.coverage
+    ([22349.6, 23818.7], [826.9, 818.9], 0.9)
     """
 
     times: np.ndarray

@@ -117,8 +117,9 @@ def default_threshold(n_obs) -> np.ndarray:
 
 
 class Disturbances(NamedTuple):
-    """Standardized smoothed disturbances of a fit, ``[T, N]`` each (the auxiliary residuals of
-    Harvey & Koopman 1992; Durbin & Koopman 2012, section 2.12); NaN where undefined.
+    """Standardized smoothed disturbances of a fit (the auxiliary residuals of Harvey & Koopman
+    1992; Durbin & Koopman 2012, section 2.12), float64 arrays laid out as the data (``[T, *S]``
+    from :meth:`OUFit.disturbances`, ``[T, N]`` inside this module); NaN where undefined.
 
     - ``observation``: ``a_t`` of the module docstring, the observation against its prediction
       from the others. NaN where ``z_t`` is missing, and for a kept observation where
@@ -130,6 +131,13 @@ class Disturbances(NamedTuple):
       ``sigma2`` is on its bound 0 (the state moves only as the model's drift says), and on the
       steps the kept data say nothing of (after the last kept observation; before the first
       one where the start is diffuse).
+
+    >>> import kalmanscan as ks
+    >>> from kalmanscan.timeseries import load_nile
+    >>> years, flow = load_nile()
+    >>> d = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0}).disturbances()
+    >>> d._fields, d.observation.shape, bool(np.isnan(d.state[0]))
+    (('observation', 'state'), (100,), True)
     """
 
     observation: np.ndarray
@@ -294,7 +302,17 @@ def auxiliary_residuals(fit, z, screened) -> np.ndarray:
     """Standardized auxiliary residuals ``[T, N]`` of the data ``z [T, N]`` under ``fit`` (fitted
     to ``z`` with ``screened [T, N]`` set missing): :func:`smoothed_disturbances`'
     ``observation`` (NaN where ``z`` is missing, and for kept observations where ``obs_var`` is
-    on its bound 0)."""
+    on its bound 0).
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> from kalmanscan.timeseries import load_nile
+    >>> years, flow = load_nile()
+    >>> fit = ks.fit_ou(flow, years, fix={"theta": 0.0, "mu": 0.0})
+    >>> z = flow[:, None]
+    >>> r = auxiliary_residuals(fit, z, np.zeros(z.shape, bool))
+    >>> r.shape, int(years[np.nanargmax(np.abs(r[:, 0]))])  # the outlier of 1913
+    ((100, 1), 1913)
+    """
     return smoothed_disturbances(fit, z, screened).observation
 
 

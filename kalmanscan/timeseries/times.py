@@ -75,6 +75,14 @@ class TimeAxis(NamedTuple):
         tz: the one timezone the times were given in (a pandas tz-aware index, or datetimes all
             of one ``tzinfo``), else ``None``: forecast times follow its calendar and clock
             (:meth:`future`).
+
+    Made by :func:`as_time_axis`; ``dt`` gives the step lengths, :meth:`future` the forecast
+    times, :meth:`position` the model-time positions of other timestamps.
+
+    >>> import numpy as np
+    >>> ax = as_time_axis(np.array(["2024-03-01T00:00", "2024-03-01T12:00"], "datetime64[m]"), 2)
+    >>> ax.t.tolist(), ax.unit_name, ax.dt.tolist(), ax.is_datetime
+    ([0.0, 0.5], '1D', [0.0, 0.5], True)
     """
 
     labels: np.ndarray
@@ -86,6 +94,7 @@ class TimeAxis(NamedTuple):
 
     @property
     def is_datetime(self) -> bool:
+        """The labels are datetimes (``unit`` is set), not numbers."""
         return self.unit is not None
 
     @property
@@ -94,11 +103,18 @@ class TimeAxis(NamedTuple):
         return np.diff(self.t, prepend=self.t[:1]) if len(self.t) else self.t.copy()
 
     def position(self, labels, name: str = "at") -> np.ndarray:
-        """Model-time positions of other labels of the same kind (e.g. forecast times).
+        """Model-time positions of other labels of the same kind (e.g. forecast times), as
+        float64 in model time units from the record's first time; ``name`` is the argument named
+        in error messages.
 
         Where the record's times were converted to UTC (:attr:`utc`), times with a timezone are
         converted too and times without one are read as UTC; times with a timezone against a
         record without one are refused.
+
+        >>> import numpy as np
+        >>> ax = as_time_axis(np.array(["2024-01-01", "2024-01-03"], dtype="datetime64[D]"), 2)
+        >>> ax.position(np.array(["2024-01-10"], dtype="datetime64[D]")).tolist()
+        [9.0]
         """
         arr = self.labels_of(labels, name)
         if self.is_datetime:
@@ -378,7 +394,11 @@ def as_time_axis(
             timestamps are steps of length 0.
         n: number of time steps of the record.
         time_unit: model time unit for datetimes (default ``"1D"``); must be ``None`` for numbers.
+        name: the argument named in error messages.
         time_format, dayfirst: how to read strings (see :func:`parse_datetime_strings`).
+
+    Returns:
+        a :class:`TimeAxis`.
 
     >>> import numpy as np
     >>> ax = as_time_axis(np.array(["2024-01-01", "2024-01-03"], dtype="datetime64[D]"), 2)
