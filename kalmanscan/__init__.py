@@ -36,6 +36,8 @@ __all__ = [
     "smooth",
     "fit_ou",
     "forecast",
+    "OUModel",
+    "OUFit",
 ]
 
 __version__ = "0.1.0"
@@ -48,3 +50,8 @@ def __getattr__(name):
 
         return getattr(timeseries, name)
     raise AttributeError(f"module 'kalmanscan' has no attribute {name!r}")
+
+
+def __dir__():
+    # the lazily loaded names too (tab completion, dir(kalmanscan))
+    return sorted(set(globals()) | set(__all__))

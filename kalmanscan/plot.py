@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+__all__ = ["plot_bands", "plot_series", "plot_precision", "plot_overview"]
+
 
 def _plt():
     import matplotlib.pyplot as plt

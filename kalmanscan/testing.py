@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["TOLERANCES", "tolerance", "rel_error", "assert_close"]
+
 # (kind, dtype) -> tolerance: relative (the metric above) unless its comment says otherwise
 # (posterior sds, nats, absolute)
 TOLERANCES = {
@@ -110,7 +112,14 @@ def _name(dtype) -> str:
 
 
 def tolerance(kind: str, dtype) -> float:
-    """Tolerance for ``kind`` (a key of :data:`TOLERANCES`) at ``dtype`` (numpy/torch/str)."""
+    """Tolerance for ``kind`` (a key of :data:`TOLERANCES`) at ``dtype`` (numpy/torch/str).
+
+    >>> import numpy as np, torch
+    >>> tolerance("truth", np.float64), tolerance("kernel", torch.float32)
+    (1e-09, 0.0001)
+    >>> tolerance("parallel", "float32")
+    0.0001
+    """
     key = (kind, _name(dtype))
     if key not in TOLERANCES:
         raise KeyError(f"kind, dtype: expected one of {sorted(TOLERANCES)}, got {key}")
@@ -124,7 +133,15 @@ def _np(x):
 
 
 def rel_error(actual, expected, scale=None) -> float:
-    """Worst relative error of finite entries (module docstring); inf if non-finite ones differ."""
+    """Worst relative error of finite entries (module docstring); inf if non-finite ones differ.
+
+    >>> rel_error([1.0, 2.0, float("nan")], [1.0, 2.002, float("nan")])  # doctest: +ELLIPSIS
+    0.000999...
+    >>> rel_error([1e-9, 1.0], [0.0, 1.0])  # near-zero entries: against 1e-3 of the scale (1.0)
+    1e-06
+    >>> rel_error([1.0, float("inf")], [1.0, 5.0])  # a non-finite entry where the truth is finite
+    inf
+    """
     a, e = _np(actual), _np(expected)
     a, e = np.broadcast_arrays(a, e)
     fin = np.isfinite(e)
@@ -142,7 +159,14 @@ def rel_error(actual, expected, scale=None) -> float:
 
 
 def assert_close(actual, expected, kind: str, dtype, scale=None, what: str = "") -> float:
-    """Assert ``rel_error(actual, expected) <= tolerance(kind, dtype)``; returns the error."""
+    """Assert ``rel_error(actual, expected) <= tolerance(kind, dtype)``; returns the error.
+
+    >>> assert_close([1.0, 2.0], [1.0, 2.0 + 1e-12], "truth", "float64") < 1e-9
+    True
+    >>> assert_close([1.0], [1.1], "truth", "float64", what="mean")
+    Traceback (most recent call last):
+    AssertionError: mean: relative error 9.091e-02 exceeds truth/float64 tolerance 1e-09
+    """
     err = rel_error(actual, expected, scale)
     tol = tolerance(kind, dtype)
     if not err <= tol:

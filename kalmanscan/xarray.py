@@ -34,7 +34,12 @@ __all__ = ["filter_dataarray", "fit_dataarray", "netcdf_engine", "save_netcdf", 
 
 
 def netcdf_engine() -> str:
-    """The first installed netCDF engine: ``"netcdf4"``, ``"h5netcdf"`` or ``"scipy"`` (netCDF3)."""
+    """The first installed netCDF engine: ``"netcdf4"``, ``"h5netcdf"`` or ``"scipy"`` (netCDF3),
+    the one ``save_netcdf`` and the CLI write with; ImportError where none is installed.
+
+    >>> netcdf_engine() in ("netcdf4", "h5netcdf", "scipy")
+    True
+    """
     import importlib.util
 
     for module, engine in (("netCDF4", "netcdf4"), ("h5netcdf", "h5netcdf"), ("scipy", "scipy")):

@@ -71,7 +71,18 @@ from kalmanscan.core.steps import compact
 
 
 class InfoState(NamedTuple):
-    """A belief in information form: precision ``lam``, information vector ``eta = lam * mean``."""
+    """A belief in information form: precision ``lam``, information vector ``eta = lam * mean``
+    (lane shape). A filter's ``final`` is one; pass it as ``init`` to continue filtering, or
+    build one for a prior (``lam = 0``: diffuse).
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> r = ks.filter(np.array([1.0, 2.0]), 1.0, 0.9, 0.5)
+    >>> round(float(r.final.eta / r.final.lam), 4)  # the last filtered mean
+    1.5238
+    >>> bool(np.isclose(ks.filter(np.array([2.0]), 1.0, 0.9, 0.5, init=ks.filter(
+    ...     np.array([1.0]), 1.0, 0.9, 0.5).final).mean[0], r.mean[1]))
+    True
+    """
 
     lam: object
     eta: object
@@ -83,6 +94,13 @@ class FilterResult(NamedTuple):
     ``mean`` is NaN and ``var`` inf while a lane knows nothing (``precision`` 0).
     ``loglik`` has the lane shape (summed over time; steps with prior precision 0 add nothing).
     ``final`` is the last step's :class:`InfoState` (lane shape), ready to continue filtering.
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> r = ks.filter(np.array([1.0, np.nan, 2.0]), 1.0, 0.9, 0.5)
+    >>> r.mean.round(4), r.var.round(4)  # (the default prior is diffuse: var 1 = obs_var)
+    (array([1.    , 0.9   , 1.5354]), array([1.    , 1.31  , 0.6095]))
+    >>> r.pred_var.round(4), float(r.loglik.round(4))
+    (array([   inf, 1.31  , 1.5611]), -1.6656)
     """
 
     mean: object
@@ -97,7 +115,15 @@ class FilterResult(NamedTuple):
 
 
 class SmoothResult(NamedTuple):
-    """Smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind."""
+    """Smoothed ``mean`` and ``var`` (``z``'s shape) and the :class:`FilterResult` behind.
+
+    >>> import numpy as np, kalmanscan as ks
+    >>> s = ks.smooth(np.array([1.0, np.nan, 2.0]), 1.0, 0.9, 0.5)
+    >>> s.mean.round(4), s.var.round(4)
+    (array([1.3764, 1.4478, 1.5354]), array([0.7438, 0.7672, 0.6095]))
+    >>> bool(s.mean[-1] == s.filtered.mean[-1])  # the last step: smoothed = filtered
+    True
+    """
 
     mean: object
     var: object

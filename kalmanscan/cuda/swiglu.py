@@ -222,7 +222,7 @@ def swiglu_reference(h: torch.Tensor) -> torch.Tensor:
     """``F.silu(gate) * up`` with torch's eager ops, ``(gate, up) = h.chunk(2, dim=-1)``.
 
     >>> swiglu_reference(torch.tensor([[1.0, -2.0, 3.0, 4.0]])).tolist()  # doctest: +ELLIPSIS
-    [[2.19317..., -0.95364...]]
+    [[2.19317..., -0.95362...]]
     """
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
