@@ -42,9 +42,17 @@ from kalmanscan.core import sequential
 from kalmanscan.core.scan import clamp_scan, projective_scan
 from kalmanscan.core.sequential import backward_leaves, observation_terms, results
 from kalmanscan.core.steps import (
+    _LOW,
+    _exponent,
+    _ScaledProduct,
+    _split_product,
+    _times_pow2,
+    beyond,
     combine_two_filter,
     compact,
-    normalize,
+    held,
+    hold_exponent,
+    normalize_max,
     predict,
     predict_coeffs,
     quotient,
@@ -106,75 +114,6 @@ def _leaves_overflow(leaves, k, x0):
                            (A12 * k).amax(), (b2.abs() * k).amax(),
                            (x0[1].detach().abs() * k[0]).amax()])  # fmt: skip
         return not bool((big <= fi.max / 2.0**24).all())
-
-
-def _pow2(e, dtype):
-    return torch.exp2(e.to(dtype))
-
-
-def _times_pow2(x, e):
-    """``x * 2**e`` for an integer tensor ``e``, in three factors each a number of the dtype
-    (``e`` held where the result is 0 or inf whatever ``x``): exact where the result is a
-    normal number, and differentiable in ``x``."""
-    lim = 3 * (math.frexp(torch.finfo(x.dtype).max)[1] - 2)
-    e = e.clamp(-lim, lim)
-    e1 = torch.div(e, 3, rounding_mode="trunc")
-    e2 = torch.div(e - e1, 2, rounding_mode="trunc")
-    return x * _pow2(e1, x.dtype) * _pow2(e2, x.dtype) * _pow2(e - e1 - e2, x.dtype)
-
-
-def _exponent(x):
-    """``frexp``'s exponent of ``x`` (``|x|`` in ``[2^(e-1), 2^e)``), no gradient."""
-    return _split(x)[1]
-
-
-_LOW = -(1 << 40)  # an exponent below every other
-
-
-def _split(x):
-    """``(m, e)`` with ``x = m 2**e``, ``|m|`` in ``[0.5, 1)`` (0: ``(0, 0)``), no gradient."""
-    m, e = torch.frexp(x.detach())
-    return m, e.to(torch.int64)
-
-
-def _split_product(factors, m=None, e=0):
-    """The product of ``factors`` (times ``m 2**e``) as ``(mantissa product, exponent)``, each
-    factor split by :func:`_split`: no partial product passes the range."""
-    for f in factors:
-        mf, ef = _split(f)
-        m, e = (mf if m is None else m * mf), e + ef
-    return m, e
-
-
-class _ScaledProduct(torch.autograd.Function):
-    """``prod(factors) * 2**shift`` (``shift`` an integer tensor) formed from the factors'
-    mantissas and exponents with one scaling, and each derivative
-    ``prod(other factors) * 2**shift`` likewise: no intermediate value, forward or backward,
-    passes the range where the result does not (a derivative in ``obs_var = 1e-36``, float32,
-    scaled up by its mantissa's ``2**120`` after being scaled down below the range, came out
-    1e28 times the truth)."""
-
-    @staticmethod
-    def forward(ctx, shift, *factors):
-        ctx.save_for_backward(shift, *factors)
-        m, e = _split_product(factors)
-        return _times_pow2(m, shift + e)
-
-    @staticmethod
-    def backward(ctx, g):
-        shift, *factors = ctx.saved_tensors
-        out = [None]
-        for j, f in enumerate(factors):
-            if not ctx.needs_input_grad[j + 1]:
-                out.append(None)
-                continue
-            others = factors[:j] + factors[j + 1 :]
-            # (itself a scaled product: differentiable again, for second derivatives)
-            d = (_ScaledProduct.apply(shift, *others) if others
-                 else _times_pow2(torch.ones_like(f), shift))  # fmt: skip
-            # (0 where no gradient arrives: a row a cut scan leaves out, whose scale may be inf)
-            out.append(torch.where(g != 0, g * d, 0.0).sum_to_size(f.shape))
-        return tuple(out)
 
 
 def _exact_leaf(entries, shifts, like):
@@ -285,10 +224,16 @@ def _carried_units_back(a, p, R, h, L, N):
 def _units(k, d, leaves, x0, carried):
     """The scan's units (:func:`_scan`): the lane's ``k`` where it serves every step and the
     leaves (and the initial state's ``e``, ``x0[1]``) stay in range in it; else per-step units
-    (``carried()``, where the lane's unit fails a step) or ``k`` as a power of two."""
+    (``carried()``, where the lane's unit fails a step) or ``k`` as a power of two. A unit
+    above ``2**G`` (steps.hold_exponent) is taken as a power of two too: ``k A12`` and ``k b2``
+    of the plain leaves are products with a factor below ``1/k`` (``h^2/obs_var`` 1e-300 at
+    ``process_var = obs_var = 1e300``), whose derivatives passed the range (NaN gradients of
+    ``ks.smooth``); the exact leaves form them without it."""
     if _lane_unit_fails(k, leaves[0], leaves[2]):
         return carried()
-    if bool((k > 1).any() or (d > 1).any()) and _leaves_overflow(leaves, k, x0):
+    if bool((k > 1).any() or (d > 1).any()) and (
+        bool((k > 2.0 ** hold_exponent(k.dtype)).any()) or _leaves_overflow(leaves, k, x0)
+    ):
         return _lane_units(k)
     return k
 
@@ -299,31 +244,68 @@ def _lane_units(k):
     return kappa, kappa[0]
 
 
-def _scan(leaves, x0, units):
+def _scan(leaves, x0, units, check=False):
     """Projective scan in the coordinates ``(k_t u, k_t e, v)`` of step t's state, returned in
     the user's. ``units``: the lane's unit ``k`` ([1, N], its initial state's too; the leaves
     are scaled here), or a pair of integer exponents ``(kappa, kappa0)``, ``k_t = 2**kappa_t``
     (``[T, N]`` per step, or ``[1, N]`` per lane) and the initial state's ``2**kappa0``, the
-    leaves already in them (:func:`_scan_exact`)."""
+    leaves already in them (:func:`_scan_exact`). ``check``: also return whether a state
+    (the initial one included) has a variance above ``2**G`` in its unit (:func:`_far`)."""
     if isinstance(units, tuple):
-        return _scan_exact(leaves, x0, *units)
+        return _scan_exact(leaves, x0, *units, check=check)
     k = units
     A11, A12, A21, A22, b1, b2, al = leaves
     # (quotient: the derivatives in k as products; autograd's (k / kp) / kp underflowed after
     # a step whose unit is a huge process variance, kp = 4e199: 1/kp^2)
     (A21,) = quotient(k, A21)
     leaves = (A11, k * A12, A21, A22, b1, k * b2, al)
-    u, e, v = projective_scan(leaves, normalize(k[0] * x0[0], k[0] * x0[1], x0[2]))
+    start = normalize_max(k[0] * x0[0], k[0] * x0[1], x0[2])
+    u, e, v = projective_scan(leaves, start)
     # (k's derivative as products: autograd's (u / k) / k underflows at k = p = 1e200)
-    return normalize(*quotient(k, u, e), v)
+    out = normalize_max(*quotient(k, u, e), v)
+    with torch.no_grad():  # (a variance above 2**G in the user's units, k v / u; k >= 1)
+        low = 2.0 ** -hold_exponent(u.dtype)
+        vk = v * k if bool((k > 1).any()) else v
+        some = beyond(u, vk, hold_exponent(u.dtype))
+        far = check and (_far(*start) or (some and _far(u, e, v)))
+        hold = held(u, vk) if some else None
+    if hold is not None:  # (the state's mean and variance in the unit: no u / k below the range)
+        mean, var = quotient(torch.where(u > 0, u, 1.0), e, v)
+        out = _hold(hold, out, (low, mean * low, var * (k * low)))
+    return (out, far) if check else out
 
 
-def _scan_exact(leaves, x0, kappa, kappa0):
+def _hold(hold, out, held_out):
+    """``out``'s triple with ``held_out``'s (``(2**-G, mean 2**-G, var 2**-G)``,
+    steps.normalize) where ``hold``."""
+    return tuple(torch.where(hold, x, y) for x, y in zip(held_out, out, strict=True))
+
+
+def _far(u, e, v):
+    """Whether a scan's state (its own coordinates, ``max(u, v) = 1``) has a variance above
+    ``2**G`` (steps.hold_exponent): the derivatives in its ``u``, about ``(loss) / u``, pass the
+    range where ``|loss|`` passes ``finfo.max 2**-G`` (a prior variance of 1e300 carried by
+    ``process_var = 0`` in the unit 1: NaN gradients). The scan is then run in per-step units,
+    where each state's variance is of order 1 (:func:`_carried_units`)."""
+    return beyond(u.detach(), v.detach(), hold_exponent(u.dtype))
+
+
+def _scan_exact(leaves, x0, kappa, kappa0, check=False):
     """:func:`_scan` with leaves already in the units ``2**kappa`` (:func:`_exact_leaf`):
     the initial state taken into ``2**kappa0``, every state back from ``2**kappa_t``, each by
     one exact scaling (no gradient goes to the units)."""
-    u, e, v = projective_scan(leaves, _in_unit(*x0, kappa0), detach=True)
-    return _in_unit(u, e, v, -kappa.expand(u.shape[0], -1))
+    start = _in_unit(*x0, kappa0)
+    u, e, v = projective_scan(leaves, start, detach=True)
+    far = check and (_far(*start) or _far(u, e, v))
+    kappa = kappa.expand(u.shape[0], -1)
+    out = _in_unit(u, e, v, -kappa)
+    with torch.no_grad():  # (the variance in the user's units: v/u times 2**kappa)
+        hold = held(u, _times_pow2(v, kappa))
+    if hold is not None:  # (the divisor u a constant, as _in_unit's)
+        us = torch.where(u > 0, u, 1.0).detach()
+        G = hold_exponent(u.dtype)
+        out = _hold(hold, out, (u / us * 2.0**-G, e / us * 2.0**-G, _times_pow2(v / us, kappa - G)))
+    return (out, far) if check else out
 
 
 def _in_unit(u, e, v, kappa):
@@ -476,7 +458,9 @@ def _tiny_decay_steps(leaves, x0, units, filt, steps):
     small = ((q == 0) & (d < tiny)).expand(T, N)
     cut = set()
     for _ in range(T):
-        u_in = torch.cat([x0[0].expand(1, N), filt[0][:-1]]).detach()
+        u_in, v_in = (torch.cat([s.expand(1, N), x[:-1]]).detach()
+                      for s, x in ((x0[0], filt[0]), (x0[2], filt[2])))  # fmt: skip
+        u_in = u_in / torch.maximum(u_in, v_in)  # (the precision where it is below 1: held)
         meets = small & (u_in >= tiny) & (p * u_in < tiny)
         rows = set(torch.nonzero(meets.any(1)).flatten().tolist())
         if rows <= cut:
@@ -539,6 +523,48 @@ def _odd_decay_steps_back(leaves, units, back, steps, odd):
     return back
 
 
+class _Over(torch.autograd.Function):
+    """``x * (1/n)`` for each ``x``, its derivative in ``n`` formed as products,
+    ``-sum_i g_i (x_i / n) / n``: autograd's ``(sum_i g_i x_i) (-1/n^2)`` passed the range
+    where ``n`` (``obs_var``) is huge, ``g_i x_i`` first (obs_var 1e300 in a log-likelihood of
+    -1e100: NaN gradients in obs_var), or tiny, ``1/n^2`` first."""
+
+    @staticmethod
+    def forward(ctx, n, *xs):
+        inv = 1 / n
+        out = tuple(x * inv for x in xs)
+        ctx.shapes = tuple(x.shape for x in (n, *xs))
+        ctx.save_for_backward(n, inv, *out)
+        return out
+
+    @staticmethod
+    def backward(ctx, *gs):
+        n, inv, *outs = ctx.saved_tensors
+        acc = gs[0] * outs[0]
+        for g, o in zip(gs[1:], outs[1:], strict=True):
+            acc = acc + g * o
+        fit = lambda g, shape: g if g.shape == shape else g.sum_to_size(shape)  # noqa: E731
+        g_n = fit(-(acc / n), ctx.shapes[0]) if ctx.needs_input_grad[0] else None
+        return (g_n, *(fit(g * inv, sh) if need else None
+                       for g, sh, need in zip(gs, ctx.shapes[1:], ctx.needs_input_grad[1:],
+                                              strict=True)))  # fmt: skip
+
+
+def _over_max(R, h, hz):
+    """``(R, h^2, hz)`` over ``max(R, h^2)`` (the leaves' scale), each ``x * (1 / max)``; where
+    ``max(R, h^2)`` is beyond ``2**G`` or below ``2**-G`` (steps.hold_exponent), with the
+    derivative in it formed as products (:class:`_Over`)."""
+    n = torch.maximum(R, h * h)
+    lim = 2.0 ** hold_exponent(R.dtype)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (R, h, hz)) and n.numel():
+        with torch.no_grad():
+            lo, hi = torch.aminmax(n)
+        if bool(hi > lim) or bool(lo < 1 / lim):
+            return _Over.apply(n, R, h * h, hz)
+    inv = 1 / n
+    return R * inv, h * h * inv, hz * inv
+
+
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
@@ -554,8 +580,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
         R, h, hz, a, p, c, d = _diffuse_inputs(x0, q, R, h, hz, a, p, c, d)
     # the leaf times R (the update's R-scaled form), divided by s = max(R, h^2): no 1/R, and
     # nothing overflows (h^2 p / s <= p)
-    inv = 1 / torch.maximum(R, h * h)
-    Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
+    Rs, h2s, hzs = _over_max(R, h, hz)
     al = Rs * a * (1 - q)
     box = None
     if torch.is_grad_enabled() and a.requires_grad:
@@ -565,45 +590,64 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
               Rs * q * c + hzs * d, al)  # fmt: skip
     k = _lane_scale(p)
     T, N = z.shape
+    tiny = torch.finfo(a.dtype).tiny
+    plain, carried = leaves, []
+
+    def carried_units():
+        carried.append(True)
+        return _carried_units(a, p, R, h, x0, T, N)
+
+    def build(units):
+        """The leaves in ``units`` (formed exactly where they are exponents), with the diffuse
+        prefix; and whether they are exponents."""
+        leaves = plain
+        exact = isinstance(units, tuple)
+        if exact:
+            shifts = _unit_shifts(*units)
+            w = a * (1 - q)  # (its slope where it forgets: _forget_slope without Rs)
+            if box is not None:  # (per step: a time-invariant decay's gradient arrives summed)
+                w = _ForgetSlope.apply(w.expand(R.shape), a, box, "slope")
+            # (the unscaled leaf: its scale 1/max(R, h^2) is the exact scaling's; through it
+            # the derivatives in R passed the range, R = 1e-100 in a log-likelihood of -5e196:
+            # NaN)
+            terms = ([(R,), (h, h, p)], [(R, q), (h, h, d)], [(R, p)], [(R, d)],
+                     [(R, c), (hz, p)], [(R, q, c), (hz, d)], [(R, w)])  # fmt: skip
+            leaves = _exact_leaf(terms, shifts, z)
+        # the diffuse prefix: where a diffuse start is not informed at once (leading gaps, tiny
+        # decays)
+        if any_diffuse and bool(
+            ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
+            # a decay whose square may underflow a diffuse start's first leaf (the prefix's own
+            # test, below half the range, is stricter)
+            or (a * a < tiny**0.25).any()
+        ):
+            forget = q != 0
+            if exact:
+                big = torch.log((Rs + h2s * p).clamp(min=1.0))
+                log_d = torch.where(forget, 0.0, torch.log(Rs) + torch.log(d) - big)
+                g = torch.where(forget, p, 1.0)
+                const = _exact_leaf(([], [(R, q), (h, h, g)], [], [(R, g)], [],
+                                     [(R, c, q), (hz, g)], []), shifts, z)  # fmt: skip
+            else:
+                log_d = torch.log(torch.where(forget, 1.0, leaves[3] / leaves[0].clamp(min=1.0)))
+                zero = torch.zeros_like(leaves[0])
+                const = (zero, torch.where(forget, Rs + h2s * p, h2s), zero,
+                         torch.where(forget, Rs * p, Rs), zero,
+                         torch.where(forget, Rs * c + hzs * p, hzs), zero)  # fmt: skip
+            leaves = _diffuse_prefix(leaves, q, h2s, x0[0], log_d, const)
+        return leaves, exact
+
     # per-step units and leaves formed exactly in them cost several passes over [T, N]: taken
     # only where the lane's unit would not hold (steps whose own variance is far below the
-    # lane's largest process variance) or its leaves pass the range
-    units = _units(k, d, leaves, x0, lambda: _carried_units(a, p, R, h, x0, T, N))
-    exact = isinstance(units, tuple)
-    if exact:
-        shifts = _unit_shifts(*units)
-        w = a * (1 - q)  # (its slope where it forgets: _forget_slope without Rs)
-        if box is not None:
-            w = _ForgetSlope.apply(w, a, box, "slope")
-        # (the unscaled leaf: its scale 1/max(R, h^2) is the exact scaling's; through it the
-        # derivatives in R passed the range, R = 1e-100 in a log-likelihood of -5e196: NaN)
-        terms = ([(R,), (h, h, p)], [(R, q), (h, h, d)], [(R, p)], [(R, d)],
-                 [(R, c), (hz, p)], [(R, q, c), (hz, d)], [(R, w)])  # fmt: skip
-        leaves = _exact_leaf(terms, shifts, z)
-    tiny = torch.finfo(a.dtype).tiny
-    # the diffuse prefix: where a diffuse start is not informed at once (leading gaps, tiny
-    # decays)
-    if any_diffuse and bool(
-        ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
-        # a decay whose square may underflow a diffuse start's first leaf (the prefix's own
-        # test, below half the range, is stricter)
-        or (a * a < tiny**0.25).any()
-    ):
-        forget = q != 0
-        if exact:
-            big = torch.log((Rs + h2s * p).clamp(min=1.0))
-            log_d = torch.where(forget, 0.0, torch.log(Rs) + torch.log(d) - big)
-            g = torch.where(forget, p, 1.0)
-            const = _exact_leaf(([], [(R, q), (h, h, g)], [], [(R, g)], [],
-                                 [(R, c, q), (hz, g)], []), shifts, z)  # fmt: skip
-        else:
-            log_d = torch.log(torch.where(forget, 1.0, leaves[3] / leaves[0].clamp(min=1.0)))
-            zero = torch.zeros_like(leaves[0])
-            const = (zero, torch.where(forget, Rs + h2s * p, h2s), zero,
-                     torch.where(forget, Rs * p, Rs), zero,
-                     torch.where(forget, Rs * c + hzs * p, hzs), zero)  # fmt: skip
-        leaves = _diffuse_prefix(leaves, q, h2s, x0[0], log_d, const)
-    filt = _scan(leaves, x0, units)
+    # lane's largest process variance), its leaves pass the range, or a state's variance is
+    # far above its unit (_far)
+    units = _units(k, d, plain, x0, carried_units)
+    leaves, exact = build(units)
+    filt, far = (_scan(leaves, x0, units), False) if carried else _scan(leaves, x0, units, True)
+    if far:
+        units = carried_units()
+        leaves, exact = build(units)
+        filt = _scan(leaves, x0, units)
     if bool(((q == 0) & (d < tiny)).any()):  # decays whose square leaves the normal range
         filt = _tiny_decay_steps(leaves, x0, units, filt, (a, p, c, q, d, R, h, hz))
     if box is not None:
@@ -630,8 +674,7 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     keep = 1 - q
     g = keep * p + q
     al = a * keep
-    inv = 1 / torch.maximum(R, h * h)  # the R-scaled leaf over max(R, h^2), as in _forward
-    Rs, h2s, hzs = R * inv, h * h * inv, hz * inv
+    Rs, h2s, hzs = _over_max(R, h, hz)  # the R-scaled leaf over max(R, h^2), as in _forward
     b1, b2, ab = -al * c * Rs, al * (hzs - c * h2s), al * Rs
     box = None
     if torch.is_grad_enabled() and a.requires_grad:  # (a step that forgets: _ForgetSlope)
@@ -644,21 +687,35 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     leaves = tuple(flip(x) for x in leaves)
 
     # the lane's unit where it serves every step back (as _forward's), else per-step units
+    plain, taken = leaves, []
+
     def carried():  # (flipped only where they are needed)
+        taken.append(True)
         return _carried_units_back(*(flip(x) for x in (a, p, R, h)), T - 1, N)
 
-    units = _units(k, d, leaves, (zero, zero), carried)
-    exact = isinstance(units, tuple)
-    if exact:
-        if box is not None:  # (its slope where it forgets: "a", below)
-            al = _ForgetSlope.apply(al, a, box, "a")
-        kd, R_, h_, hz_, g_, c_, al_ = (flip(x) for x in (keep * d, R, h, hz, g, c, al))
-        leaves = _exact_leaf(([(kd, R_)], [(kd, h_, h_)], [(g_, R_)], [(g_, h_, h_), (R_,)],
-                              [(al_, -c_, R_)], [(al_, hz_), (al_, -c_, h_, h_)], [(al_, R_)]),
-                             _unit_shifts(*units), z[1:])  # fmt: skip
-    if not bool((flip(h)[:1] != 0).all()):  # (a lane whose last step is not informative)
-        leaves = _no_information_prefix(leaves, flip(h) != 0)
-    back = _scan(leaves, (zero, zero, one), units)
+    def build(units):
+        leaves = plain
+        if isinstance(units, tuple):
+            w = al
+            if box is not None:  # (its slope where it forgets: "a", below; per step)
+                w = _ForgetSlope.apply(al.expand(R.shape), a, box, "a")
+            kd, R_, h_, hz_, g_, c_, al_ = (flip(x) for x in (keep * d, R, h, hz, g, c, w))
+            leaves = _exact_leaf(([(kd, R_)], [(kd, h_, h_)], [(g_, R_)],
+                                  [(g_, h_, h_), (R_,)], [(al_, -c_, R_)],
+                                  [(al_, hz_), (al_, -c_, h_, h_)], [(al_, R_)]),
+                                 _unit_shifts(*units), z[1:])  # fmt: skip
+        if not bool((flip(h)[:1] != 0).all()):  # (a lane whose last step is not informative)
+            leaves = _no_information_prefix(leaves, flip(h) != 0)
+        return leaves
+
+    end = (zero, zero, one)
+    units = _units(k, d, plain, (zero, zero), carried)
+    leaves = build(units)
+    back, far = (_scan(leaves, end, units), False) if taken else _scan(leaves, end, units, True)
+    if far:  # (a state's variance far above its unit: _far)
+        units = carried()
+        leaves = build(units)
+        back = _scan(leaves, end, units)
     tiny = torch.finfo(z.dtype).tiny
     odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
     if bool(odd.any()):
@@ -669,6 +726,8 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     )
     if box is not None:  # the state each step back enters: the one after it
         U, V = back[0][1:].detach(), back[2][1:].detach()
+        n = torch.maximum(U, V)  # (1 but where held: V up to 2**(emax - G), steps.normalize)
+        U, V = U / n, V / n
         U1 = Rs * U + h2s * V
         den = p * U1 + Rs * V
         kappa = torch.where(q != 0, (U1 + Rs * V) / torch.where(den > 0, den, 1.0), 0.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from kalmanscan.core.steps import normalize
+from kalmanscan.core.steps import normalize_max
 
 _TARGET_ELEMS = 1 << 15  # elements per vectorized step worth aiming for
 _MIN_CHUNK = 16
@@ -227,7 +227,7 @@ def projective_apply(m, u, e, v, detach=False):
     if detach:
         n = torch.maximum(u2, v2).detach()
         return u2 / n, e2 / n, v2 / n
-    return normalize(u2, e2, v2)  # (its derivative in max(u2, v2) as products)
+    return normalize_max(u2, e2, v2)  # (its derivative in max(u2, v2) as products)
 
 
 def _projective_loop(leaves, x, detach=False):

@@ -13,15 +13,21 @@ three ``[N]`` tensors.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kalmanscan.core.steps import (
+    _max_exponent,
     combine_two_filter,
     compact,
+    hold_exponent,
     loglik_terms,
     lost_steps,
     moments,
     normalize,
+    normalize_max,
+    observe,
     predict,
     predict_coeffs,
     quotient,
@@ -100,6 +106,8 @@ def results(z, obs_var, loading, filt, pred, u_in, outputs="all"):
     # NaN too (not an overflow: left out of NOT_FINITE)
     loglik = ll.sum(0, dtype=torch.float64).to(z.dtype) * torch.where(lost, float("nan"), 1.0)
     final = tuple(x[-1] for x in filt)
+    if bool((final[2] > 1).any()):  # (a held triple, steps.normalize: the contract's max(u, v) = 1)
+        final = normalize_max(*final)
     ok = torch.isfinite(torch.stack(final)).all() & (torch.isfinite(loglik) | lost).all()
     flags = (torch.where(torch.isinf(z).any(), Z_INF, 0) + torch.where(ok, 0, NOT_FINITE)
              + torch.where(lost.any(), LL_LOST, 0))  # fmt: skip
@@ -136,27 +144,48 @@ def backward_leaves(z, obs_var, decay, process_var, loading, offset):
     return tuple(nxt(x) for x in (R, h, hz, a, p, c, q, d))
 
 
-def backward_step(U, E, V, R, h, hz, a, p, c, q, d):
-    """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``.
+def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None):
+    """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``
+    (``after``: ``obs_var / loading^2`` of step t's observation, which the result meets next,
+    inf where none; or None).
 
-    Add step t+1's observation (``R``-scaled), normalize, then step back through its dynamics
-    (``forget``: nothing is left; the derivative in ``a`` there is the limit's), and normalize.
+    Add step t+1's observation (``R``-scaled, :func:`~kalmanscan.core.steps.observe`), normalize,
+    then step back through its dynamics (``forget``: nothing is left; the derivative in ``a``
+    there is the limit's), and normalize.
     The step back ``(a^2 U, a (E - c U), V + p U)`` is formed divided by ``|a|``,
     ``(|a| U, sign(a) (E - c U), (V + p U) / |a|)`` (:func:`back_through`): ``a^2`` never
     appears, so a decay whose square is below the normal range keeps the precision it gives
     where that is a number of the dtype (``a = 1e-170``, ``obs_var = 1e-100``: ``3.4e-240``, not
     0), and a huge one (``1e200``) gives the earlier state known exactly, not NaN.
     """
-    U, E, V = normalize(R * U + h * h * V, R * E + hz * V, R * V)
+    U, E, V = normalize(*observe(U, E, V, R, h, hz))
     keep = 1 - q
     u, e, v = back_through(U, E - c * U, (p * keep + q) * U + V, a, q)
     if torch.is_grad_enabled() and a.requires_grad:
         # forget (a = 0): d/da of the limit's information a (E - c U) over its normalizer
         # V + p U, against the forgetting step's U + V (its value unchanged)
-        den = V + p * U
-        slope = torch.where(q != 0, (E - c * U) * (U + V) / torch.where(den > 0, den, 1.0), 0.0)
+        den = torch.where(V + p * U > 0, V + p * U, 1.0)
+        if bool((V > 1).any()):  # (a held triple, steps.normalize: (E - c U) (U + V) overflowed)
+            slope = (E - c * U) * torch.where(V > 1, (U + V) / den, 1.0)
+            slope = torch.where(V > 1, slope, (E - c * U) * (U + V) / den)
+        else:
+            slope = (E - c * U) * (U + V) / den
+        slope = torch.where(q != 0, slope, 0.0)
         e = e + (a - a.detach()) * slope.detach()
-    return normalize(u, e, v)
+    out = normalize(u, e, v)
+    if after is not None:
+        # nothing known (u = 0) before an observation of variance obs_var/loading^2 = s above
+        # 2**G: (0, 0, W), W a power of two near s, not (0, 0, 1). The derivative in e of the
+        # smoothed means through that observation is about s times theirs in its mean over W:
+        # with W = 1 it passed the range where the derivatives through e do not (obs_var 1e200
+        # after a gap or a step that forgets, means of 1e150: NaN gradients)
+        none = (u == 0) & (after > 2.0 ** hold_exponent(v.dtype)) & torch.isfinite(after)
+        if bool(none.any()):
+            k = torch.clamp(torch.frexp(after.detach())[1], max=_max_exponent(v.dtype) - 4)
+            W = torch.ldexp(torch.ones_like(v), k)
+            out = (out[0], torch.where(none, e * (W / v).detach(), out[1]),
+                   torch.where(none, W, out[2]))  # fmt: skip
+    return out
 
 
 def back_through(x, y, w, a, q):
@@ -185,8 +214,11 @@ def backward_information(z, obs_var, decay, process_var, loading, offset):
     U, E, V = zero, zero, one
     back = [(U, E, V)]
     rows = [_steps(x, T - 1) for x in leaves]
+    R, h, _ = observation_terms(z, obs_var, loading)
+    with torch.no_grad():  # (obs_var / loading^2 of each step's observation, inf where none)
+        after = _steps(torch.where(h != 0, R / torch.where(h != 0, h * h, 1.0), math.inf), T)
     for t in range(T - 2, -1, -1):
-        U, E, V = backward_step(U, E, V, *(r[t] for r in rows))
+        U, E, V = backward_step(U, E, V, *(r[t] for r in rows), after=after[t] if t else None)
         back.append((U, E, V))
     return tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
 

@@ -21,6 +21,8 @@ like ``1 / a2`` a step; where it overflows it reaches only the initial state, wh
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -103,7 +105,8 @@ def predict_info(lam, a, p, q, d):
 # --------------------------------------------------------------------------- homogeneous (u, e, v)
 # A belief is the triple (u, e, v) up to a positive factor, u, v >= 0 not both 0: precision u/v,
 # variance v/u, mean e/u, information e/v; kept normalized to max(u, v) = 1
-# (docs/backend-contract.md).
+# (docs/backend-contract.md), except where the variance is above 2**G (G = hold_exponent):
+# there u is held at 2**-G and v = var 2**-G > 1 (:func:`normalize`).
 
 
 class _Quotient(torch.autograd.Function):
@@ -144,13 +147,149 @@ def quotient(n, *xs):
     return tuple(x / n for x in xs)
 
 
+# G per dtype: variances up to 2**G (1.8e19 in float64, 2.8e14 in float32) keep max(u, v) = 1
+_HOLD = {torch.float64: 64, torch.float32: 48}
+
+
+def hold_exponent(dtype) -> int:
+    """``G``: a normalized triple whose variance ``v/u`` is above ``2**G`` has ``u = 2**-G``."""
+    return _HOLD.get(dtype, _max_exponent(dtype) // 5)
+
+
+def _max_exponent(dtype) -> int:
+    """``emax``: ``finfo.max`` is below ``2**emax``."""
+    return math.frexp(torch.finfo(dtype).max)[1]
+
+
+def _top_exponent(dtype) -> int:
+    """``log2 (1/tiny)``: the largest variance whose precision is a normal number."""
+    return 1 - math.frexp(torch.finfo(dtype).tiny)[1]
+
+
+def beyond(u, v, G):
+    """Whether some triple has ``u > 0`` and ``v > 2**G u`` (a variance above ``2**G``): the
+    sign of ``u (v - 2**G u)``, one elementwise pass and a reduction (ordinary triples)."""
+    if not u.numel():
+        return False
+    with torch.no_grad():
+        return bool((u * torch.add(v, u, alpha=-(2.0**G))).amax() > 0)
+
+
+def _above_one(v):
+    """Whether some ``v`` is above 1 (a held triple's, :func:`normalize`): one reduction."""
+    return bool(v.numel()) and bool(v.amax() > 1)
+
+
+def held(u, v):
+    """Where the triple's variance ``v/u`` is above ``2**G`` and at most ``1/tiny`` (``u`` is
+    then normalized to ``2**-G``, :func:`normalize`); None where nowhere."""
+    G, top = hold_exponent(u.dtype), _top_exponent(u.dtype)
+    if not beyond(u, v, G):
+        return None
+    with torch.no_grad():
+        out = (v > u * 2.0**G) & (u > 0) & (v <= u * 2.0**top)
+    return out if bool(out.any()) else None
+
+
 def normalize(u, e, v):
-    """Divide the triple by ``max(u, v)`` (positive for a valid belief; :func:`quotient`)."""
+    """Divide the triple by ``max(u, v)`` (positive for a valid belief; :func:`quotient`), or by
+    ``u 2**G`` where its variance ``v/u`` is above ``2**G`` (:func:`held`; ``u = 2**-G``,
+    ``v = var 2**-G > 1``). A derivative in ``u`` is about ``(loss) / u``: with ``u = 1/var``
+    it passed the range where ``|loss| var`` does (a log-likelihood of -3.2e99 at a predicted
+    variance of 1e300: NaN gradients, sequential and torch alike); at ``u >= 2**-G`` only
+    where ``|loss|`` passes ``finfo.max 2**-G``. Variances below ``2**G`` (and past ``1/tiny``,
+    below the range as a precision: steps.lost_steps) keep ``max(u, v) = 1``."""
+    n = torch.maximum(u, v)
+    hold = held(u, v)
+    if hold is not None:
+        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+    return quotient(n, u, e, v)
+
+
+def normalize_max(u, e, v):
+    """Divide the triple by ``max(u, v)`` everywhere (the scans' own coordinates)."""
     return quotient(torch.maximum(u, v), u, e, v)
 
 
+# ----------------------------------------------------------- products by mantissas and exponents
+
+
+def _exp2(e, dtype):
+    """``2**e`` for an integer tensor ``e`` within the dtype's exponents (exact)."""
+    return torch.exp2(e.to(dtype))
+
+
+def _times_pow2(x, e):
+    """``x * 2**e`` for an integer tensor ``e``, in three factors each a number of the dtype
+    (``e`` held where the result is 0 or inf whatever ``x``): exact where the result is a
+    normal number, and differentiable in ``x``."""
+    lim = 3 * (math.frexp(torch.finfo(x.dtype).max)[1] - 2)
+    e = e.clamp(-lim, lim)
+    e1 = torch.div(e, 3, rounding_mode="trunc")
+    e2 = torch.div(e - e1, 2, rounding_mode="trunc")
+    return x * _exp2(e1, x.dtype) * _exp2(e2, x.dtype) * _exp2(e - e1 - e2, x.dtype)
+
+
+def _exponent(x):
+    """``frexp``'s exponent of ``x`` (``|x|`` in ``[2^(e-1), 2^e)``), no gradient."""
+    return _split(x)[1]
+
+
+_LOW = -(1 << 40)  # an exponent below every other
+
+
+def _split(x):
+    """``(m, e)`` with ``x = m 2**e``, ``|m|`` in ``[0.5, 1)`` (0: ``(0, 0)``), no gradient."""
+    m, e = torch.frexp(x.detach())
+    return m, e.to(torch.int64)
+
+
+def _split_product(factors, m=None, e=0):
+    """The product of ``factors`` (times ``m 2**e``) as ``(mantissa product, exponent)``, each
+    factor split by :func:`_split`: no partial product passes the range."""
+    for f in factors:
+        mf, ef = _split(f)
+        m, e = (mf if m is None else m * mf), e + ef
+    return m, e
+
+
+class _ScaledProduct(torch.autograd.Function):
+    """``prod(factors) * 2**shift`` (``shift`` an integer tensor) formed from the factors'
+    mantissas and exponents with one scaling, and each derivative
+    ``prod(other factors) * 2**shift`` likewise: no intermediate value, forward or backward,
+    passes the range where the result does not (a derivative in ``obs_var = 1e-36``, float32,
+    scaled up by its mantissa's ``2**120`` after being scaled down below the range, came out
+    1e28 times the truth)."""
+
+    @staticmethod
+    def forward(ctx, shift, *factors):
+        ctx.save_for_backward(shift, *factors)
+        m, e = _split_product(factors)
+        return _times_pow2(m, shift + e)
+
+    @staticmethod
+    def backward(ctx, g):
+        shift, *factors = ctx.saved_tensors
+        out = [None]
+        for j, f in enumerate(factors):
+            if not ctx.needs_input_grad[j + 1]:
+                out.append(None)
+                continue
+            others = factors[:j] + factors[j + 1 :]
+            # g times the others' product, itself a scaled product (differentiable again, for
+            # second derivatives): g * (that product) overflowed where the product passes the
+            # range though g times it does not (a decay of 0 times an offset of 1e150 in the
+            # unit 2**332: NaN gradients)
+            d = _ScaledProduct.apply(shift, *others, g) if others else _times_pow2(g, shift)
+            # (0 where no gradient arrives: a row a cut scan leaves out, whose scale may be inf)
+            out.append(torch.where(g != 0, d, 0.0).sum_to_size(f.shape))
+        return tuple(out)
+
+
 def from_prior(mean, var):
-    """The normalized triple of the prior ``N(mean, var)``; ``var = inf`` is diffuse, 0 exact."""
+    """The normalized triple of the prior ``N(mean, var)``; ``var = inf`` is diffuse, 0 exact.
+    A variance above ``2**G`` gives ``(2**-G, mean 2**-G, var 2**-G)`` (:func:`normalize`: a
+    triple ``(1/var, mean/var, 1)`` passes its derivatives' range)."""
     diffuse = torch.isposinf(var)  # -inf is invalid: it stays in v, where a backend flags it
     big = (var > 1) & ~diffuse
     var_s = torch.where(big, var, 1.0)  # divides only where finite and > 1
@@ -158,6 +297,12 @@ def from_prior(mean, var):
     # 0 * mean: a NaN or inf mean stays visible; no gradient (a diffuse prior has no mean)
     e = torch.where(diffuse, 0 * mean.detach(), mean / var_s)
     v = torch.where(big | diffuse, 1.0, var)
+    hold = held(u, v)
+    if hold is not None:
+        low = 2.0 ** -hold_exponent(var.dtype)
+        u = torch.where(hold, low, u)
+        e = torch.where(hold, mean * low, e)
+        v = torch.where(hold, var * low, v)
     return u, e, v
 
 
@@ -225,8 +370,18 @@ def predict(u, e, v, a, p, c, q, d):
     ``(1, c + a e/u, p + (a v/u) a)``: ``a^2 v`` and ``a e`` keep their digits where they
     underflowed (``var = 1e100``, ``a = 1e-170``, ``p = 0``: the predicted variance 1e-240, not
     0). At a step that forgets (``a = 0``) from a known past, ``a``'s derivative is the limit's
-    (the predicted mean ``c + a mean``), not 0."""
+    (the predicted mean ``c + a mean``), not 0.
+
+    From a held triple (:func:`normalize`; ``v > 1``) a step that forgets is formed from the
+    triple divided by a power of two near ``v`` (``c (u + v)`` passed the range), and where
+    ``a^2 v`` passes the range (a predicted variance past ``finfo.max 2**G``, far below the
+    range as a precision: steps.lost_steps) the prediction is ``(0, 0, 1)``."""
     keep_a = a * (1 - q)
+    u0, e0 = u, e  # (the forget slope's mean e/u, below)
+    big = v > 1 if _above_one(v) else None
+    if big is not None:
+        w = torch.where(big & (q != 0), _exp2(_exponent(v), v.dtype), 1.0)
+        u, e, v = u / w, e / w, v / w
     u_ = u + q * v
     if _needs_grad(a, p, c, d):
         diffuse = u_ == 0
@@ -237,19 +392,24 @@ def predict(u, e, v, a, p, c, q, d):
     v_ = torch.where((u_ == 0) & (v_ < torch.finfo(v_.dtype).tiny), v, v_)
     e_ = c * u_ + keep_a * e
     tiny = torch.finfo(u.dtype).tiny
-    known = u >= tiny  # (a subnormal u: a variance past finfo.max, left as it is)
-    u_s = torch.where(known, u, 1.0)
+    known = u0 >= tiny  # (a subnormal u: a variance past finfo.max, left as it is)
+    u_s = torch.where(known, u0, 1.0)
     scaled = (d < tiny) & (q == 0) & known
-    if _needs_grad(u, e, v, a_):
-        te, tv = _Divided.apply(u_s, e, v, torch.where(scaled, a_, 0.0))
+    if _needs_grad(u0, e0, v, a_):
+        te, tv = _Divided.apply(u_s, e0, v, torch.where(scaled, a_, 0.0))
     else:
-        te, tv = _Divided.forward(u_s, e, v, torch.where(scaled, a_, 0.0))
+        te, tv = _Divided.forward(u_s, e0, v, torch.where(scaled, a_, 0.0))
     u_ = torch.where(scaled, 1.0, u_)
     e_ = torch.where(scaled, c + te, e_)
     v_ = torch.where(scaled, p + tv, v_)
+    if big is not None:
+        lost = big & torch.isinf(v_) & torch.isfinite(d)
+        if bool(lost.any()):
+            u_, e_, v_ = (torch.where(lost, x, y) for x, y in zip((0.0, 0.0, 1.0), (u_, e_, v_),
+                                                                   strict=True))  # fmt: skip
     if _needs_grad(a_):
         # forget from a known past: d/da of the predicted mean c + a (e/u), its value unchanged
-        slope = torch.where(known & (q != 0), e / u_s * u_, 0.0).detach()
+        slope = torch.where(known & (q != 0), e0 / u_s * u_, 0.0).detach()
         e_ = e_ + (a_ - a_.detach()) * slope
     return normalize(u_, e_, v_)
 
@@ -263,7 +423,34 @@ def update(u, e, v, R, h, hz):
     jump in the exact diffuse log-likelihood, so there is no derivative; 0 is reported)."""
     if _needs_grad(R, h, hz):
         R, h, hz = _no_grad_where((u == 0) & (h == 0), R, h, hz)
-    return normalize(R * u + h * h * v, R * e + hz * v, R * v)
+    return normalize(*observe(u, e, v, R, h, hz))
+
+
+def observe(u, e, v, R, h, hz):
+    """``(R u + h^2 v, R e + hz v, R v)``: the update ``(u + phi v, e + r v, v)`` times ``R``.
+    Where a product passes the range though the belief does not (``obs_var`` 1e300 times a
+    mean of 1e10: OverflowError), the triple is held (:func:`normalize`, ``v > 1``), or the new
+    ``u`` is below ``2**-G`` (its derivative, about ``(loss) / u``, passes the range first), the
+    same belief times ``2**k``, ``k`` bringing the new ``u`` to about 1, each term one
+    :class:`_ScaledProduct` of its factors: no product, nor a derivative of one, passes the
+    range on the way (a factor scaled down, ``h z / obs_var``, times one scaled up, a held
+    ``v``, has a derivative in the first that does)."""
+    h2 = h * h
+    out = R * u + h2 * v, R * e + hz * v, R * v
+    with torch.no_grad():
+        low = 2.0 ** -hold_exponent(v.dtype)
+        bad = (v > 1) | ~torch.isfinite(out[1]) | ((out[0] < low) & (out[0] > 0))
+    if not bool(bad.any()):
+        return out
+    with torch.no_grad():
+        eR, eh, ehz, eu, ee, ev = (_exponent(x) for x in (R, h, hz, u, e, v))
+        eA = torch.maximum(torch.where(u != 0, eR + eu, _LOW),
+                           torch.where((h != 0) & (v != 0), 2 * eh + ev, _LOW))  # fmt: skip
+        top = torch.maximum(torch.maximum(eR + ev, eR + ee), ehz + ev)
+        k = torch.minimum(torch.where(eA == _LOW, 0, -eA), _max_exponent(v.dtype) - 2 - top)
+    sp = _ScaledProduct.apply
+    scaled = (sp(k, R, u) + sp(k, h, h, v), sp(k, R, e) + sp(k, hz, v), sp(k, R, v))
+    return tuple(torch.where(bad, x, y) for x, y in zip(scaled, out, strict=True))
 
 
 class _Start(torch.autograd.Function):
@@ -346,10 +533,18 @@ def loglik_terms(z, obs_var, h, u_, e_, v_):
     zz = torch.where(observed, z, 0.0)
     R = torch.where(observed, obs_var, 1.0)
     u_s = torch.where(known, u_, 1.0)
+    m = None
+    if _above_one(v_):  # held triples (normalize): h^2 v- passes the range from |h| = 2**101
+        # (h, z by 2**-m and R by 4**-m, m from h^2: log s back by 2 m log 2)
+        big = v_ > 1
+        m = torch.where(big, torch.clamp(_exponent(h * h) // 2, min=0), 0)
+        sc = _exp2(-m, v_.dtype)
+        h, zz, R = h * sc, zz * sc, R * (sc * sc)
     s = h * h * v_ + R * u_s  # u- times the innovation variance
     s = torch.where(contrib, s, 1.0)
     w = (zz * u_s - h * e_) / (torch.sqrt(u_s) * torch.sqrt(s))
-    ll = -0.5 * (_LOG_2PI + torch.log(s) - torch.log(u_s) + w * w)
+    log_s = torch.log(s) if m is None else torch.log(s) + m.to(s.dtype) * (2 * math.log(2))
+    ll = -0.5 * (_LOG_2PI + log_s - torch.log(u_s) + w * w)
     return torch.where(contrib, ll, 0.0)
 
 
@@ -359,7 +554,13 @@ def _combine(u, e, v, U, E, V):
     known = den > 0
     den_s = torch.where(known, den, 1.0)
     u_s = torch.where(u > 0, u, 1.0)
-    mean, var = quotient(den_s, e * V + E * v, v * V)  # (derivatives in den as products)
+    num, vv = e * V + E * v, v * V
+    big = (v > 1) | (V > 1) if _above_one(v) or _above_one(V) else None
+    if big is not None:  # (held triples: the form below; no inf in this one's derivatives)
+        num, vv = torch.where(big, 0.0, num), torch.where(big, 0.0, vv)
+    mean, var = quotient(den_s, num, vv)  # (derivatives in den as products)
+    if big is not None:
+        mean, var = _combine_held(big, u, e, v, U, E, V, den_s, mean, var)
     mean = torch.where(known, mean, float("nan"))
     var = torch.where(known, var, float("inf"))
     mean = torch.where(both_exact, e / u_s, mean)
@@ -367,12 +568,37 @@ def _combine(u, e, v, U, E, V):
     return mean, var
 
 
+def _combine_held(big, u, e, v, U, E, V, den, mean, var):
+    """:func:`_combine` where a triple is held (``v > 1`` or ``V > 1``, :func:`normalize`):
+    ``e V + E v`` and ``v V`` are the means and variances times ``2**(2G)`` there and passed
+    the range (a mean of 1e200 with variances of 1e300 on both sides: inf), and their
+    derivatives in ``u`` were the smoothed mean times its variance (NaN). Formed as the two
+    means weighted by ``u V / den`` and ``U v / den`` (each at most 1), and the variance as
+    that of the side whose weight is the larger times its weight."""
+    kf, kb = u > 0, U > 0
+    # (where a side knows nothing, its term e V / den or E v / den: its derivative in e or E)
+    wf, wb, rV, rv = quotient(den, u * V, U * v, torch.where(kf, 0.0, V), torch.where(kb, 0.0, v))
+    f = (u * V >= U * v).detach()
+    (mf,) = quotient(torch.where(kf, u, 1.0), e)
+    (mb,) = quotient(torch.where(kb, U, 1.0), E)
+    (vf,) = quotient(torch.where(f, u, 1.0), torch.where(f, v, 0.0))
+    (vb,) = quotient(torch.where(f, 1.0, U), torch.where(f, 0.0, V))
+    held_mean = torch.where(kf, wf * mf, e * rV) + torch.where(kb, wb * mb, E * rv)
+    held_var = vf * wf + vb * wb
+    return torch.where(big, held_mean, mean), torch.where(big, held_var, var)
+
+
 class _Combine(torch.autograd.Function):
     """:func:`combine_two_filter`, whose backward differentiates only the steps whose outputs
     receive a gradient. The smoothed precision ``u V + U v`` of a step before a small decay is
     that decay squared times a later one's (``1e-200`` at ``a = 1e-100``): the derivative of its
     variance passes the range, and where the step's outputs were not differentiated it met
-    their zero gradient (``0 * inf``: NaN in every gradient of ``ks.smooth``)."""
+    their zero gradient (``0 * inf``: NaN in every gradient of ``ks.smooth``). Where one side
+    knows nothing (``u = 0`` or ``U = 0``: a diffuse filter, nothing observed after or a step
+    that forgets), the derivative in that coordinate is about the smoothed mean times the other
+    side's variance and passes the range with it (a mean of 1e200, a variance of 1e300); the
+    coordinate is 0 whatever the inputs there, so a non-finite derivative is reported as 0
+    (it met that zero derivative: NaN in every gradient)."""
 
     @staticmethod
     def forward(u, e, v, U, E, V):
@@ -400,10 +626,12 @@ class _Combine(torch.autograd.Function):
             got = iter(torch.autograd.grad((mean, var), wrt, (gm, gv), allow_unused=True,
                                            create_graph=create))  # fmt: skip
         out = []
-        for x, need in zip(xs, ctx.needs_input_grad, strict=True):
+        for i, (x, need) in enumerate(zip(xs, ctx.needs_input_grad, strict=True)):
             g = next(got) if need else None
             if need:
                 g = torch.zeros_like(x) if g is None else torch.where(active, g, 0.0)
+                if i in (0, 3) and not bool(torch.isfinite(g.sum())):  # (u, U = 0: docstring)
+                    g = torch.where((x == 0) & ~torch.isfinite(g), 0.0, g)
             out.append(g)
         return tuple(out)
 
