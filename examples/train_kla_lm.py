@@ -458,7 +458,7 @@ def surprisal_information_link(model, held, n_windows=4, length=2048) -> dict:
     (``mean_information_bits``, per layer and summed over layers) on held-out windows."""
     import scipy.stats
 
-    from kalmanscan.kla.inspect import inspect
+    from kalmanscan.kla import inspect
 
     out = {}
     for dom in DOMAINS:

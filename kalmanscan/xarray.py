@@ -378,10 +378,13 @@ def _series_labels(loop, dims, labels) -> list | None:
     return [SeriesLabel(t if len(dims) == 1 else f"({t})") for t in texts]
 
 
-def _fit_block(z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(), options):
+def _fit_block(
+    z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(), chunked=False, options
+):
     """``fit_ou`` on a block ``z [..., T]``; ``inputs``: the per-series fixed values (named by
     ``per_series``), then the labels of the series dims ``label_dims`` (their coordinates, or
-    positions), so that the fit's warnings name the block's series as the whole array's."""
+    positions), so that the fit's warnings name the block's series as the whole array's.
+    ``chunked``: the block is one of several dask chunks along the series dims."""
     loop = z.shape[:-1]
     fixed, labels = inputs[: len(per_series)], inputs[len(per_series) :]
     if per_series:  # per-series fixed values, broadcast to this block's series
@@ -396,13 +399,16 @@ def _fit_block(z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(
             np.zeros(loop, np.int8),
             np.zeros(loop),
         )
+    names = _series_labels(loop, label_dims, labels)
+    if names is not None:
+        _check_observed(z, names, label_dims, chunked)
     zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
     fit = fit_ou(
         zt,
         time_axis.labels,
         fix=fix,
         time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
-        series_labels=_series_labels(loop, label_dims, labels),
+        series_labels=names,
         **options,
     )
     est = np.stack(
@@ -415,6 +421,29 @@ def _fit_block(z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(
     conv = np.broadcast_to(np.asarray(fit.converged), loop).astype(np.int8)
     nobs = np.broadcast_to(np.asarray(fit.n_obs, dtype=np.float64), loop)
     return tuple(np.array(x) for x in (est, se, ll, conv, nobs))
+
+
+def _check_observed(z, names, dims, chunked) -> None:
+    """Refuse a block in which no series has 2 observations, naming its series: ``fit_ou``
+    fits none of them (beside one that it fits, such a series is kept at its starting values,
+    marked not converged, with a warning naming it)."""
+    n_obs = np.count_nonzero(~np.isnan(z), axis=-1).ravel()
+    if n_obs.max() >= 2:
+        return
+    shown = ", ".join(repr(n) for n in names[:5]) + (
+        f" and {len(names) - 5} more" if len(names) > 5 else ""
+    )
+    where = (
+        f"in series {shown}, all the series of one dask chunk (beside series with 2 or more "
+        "they are kept at their starting values and marked not converged); rechunk along "
+        f"{', '.join(dims)} so that each chunk holds a series with 2 or more, or drop these"
+        if chunked
+        else f"in every series ({shown})"
+    )
+    raise ValueError(
+        "z: expected at least 2 observed values in a series to fit, got at most "
+        f"{int(n_obs.max())} {where}"
+    )
 
 
 def fit_dataarray(
@@ -470,6 +499,7 @@ def fit_dataarray(
     else:
         if z.chunks is not None:
             z = z.chunk({time_dim: -1})
+        chunked = z.chunks is not None and any(len(z.chunksizes[d]) > 1 for d in series_dims)
         scalars, per_series = _fix_inputs(fix, da, time_dim)
         # each series' labels (positions along a dim without coordinates) reach its block
         labels = [
@@ -488,6 +518,7 @@ def fit_dataarray(
                 fix=scalars,
                 per_series=tuple(per_series),
                 label_dims=tuple(series_dims),
+                chunked=chunked,
                 options=options,
             ),
             dask="parallelized",

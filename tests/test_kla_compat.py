@@ -239,7 +239,7 @@ def test_layer_refuses_a_bad_recurrent_state(field, value, needle):
 
 def test_out_of_range_channels_are_summarized():
     """An out-of-range selection names how many indices and a few of them, not all 9,488."""
-    from kalmanscan.kla.inspect import _index_list
+    from kalmanscan.kla._inspect import _index_list
 
     with pytest.raises(
         ValueError, match=r"got 9488 outside it \(512, 513, 514, 515, 516, \.\.\.\)"

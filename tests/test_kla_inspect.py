@@ -21,10 +21,14 @@ from kalmanscan.kla import (
     KLALanguageModel,
     KLALayer,
     ModelConfig,
+    compare,
     inspect,
+    kla_layers,
     save_checkpoint,
+    save_dataset,
+    summarize,
 )
-from kalmanscan.kla.inspect import _Recorder, compare, kla_layers, save_dataset, summarize
+from kalmanscan.kla.inspect_record import _Recorder
 from kalmanscan.testing import assert_close, tolerance
 
 # surprisal against log_softmax of the same logits: rounding (float64 model)
@@ -234,7 +238,7 @@ def test_streamed_reductions_equal_the_per_lane_detail(chunk, unit):
     the lanes that have not settled) equal the same means taken over the per-lane detail,
     on a text long enough for every lane's baseline to settle (fast decay, float32), and with
     lanes whose decay rounds to 1 (the general baseline formula)."""
-    from kalmanscan.kla.inspect import baseline_log10_precision
+    from kalmanscan.kla import baseline_log10_precision
 
     model = make_model(torch.float32, mixers=("kla",))
     layer = model.blocks[0].mixer

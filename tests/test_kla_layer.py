@@ -321,6 +321,7 @@ def test_cuda_matches_cpu():
 def test_docstring_examples_run():
     import doctest
 
+    import kalmanscan.kla._inspect
     import kalmanscan.kla.config
     import kalmanscan.kla.inspect_record
     import kalmanscan.kla.io
@@ -328,14 +329,13 @@ def test_docstring_examples_run():
     import kalmanscan.kla.model
     import kalmanscan.kla.plot
 
-    inspect_module = __import__("sys").modules["kalmanscan.kla.inspect"]
     mods = (
         kalmanscan.kla,
         kalmanscan.kla.config,
         kalmanscan.kla.io,
         kalmanscan.kla.layer,
         kalmanscan.kla.model,
-        inspect_module,
+        kalmanscan.kla._inspect,
         kalmanscan.kla.inspect_record,
         kalmanscan.kla.plot,
     )

@@ -8,15 +8,25 @@ and tools to inspect the belief-state precisions inside trained models.
 (1, 6, 32)
 
 ``inspect`` imports xarray and the plot helpers matplotlib when first called.
+
+``kalmanscan.kla.inspect`` is the function. Its module is ``kalmanscan.kla._inspect``, also
+importable as ``kalmanscan.kla.inspect`` (``from kalmanscan.kla.inspect import summarize``, the
+path of earlier releases); no file is named ``inspect.py``, so no import can rebind the name
+``inspect`` here to a module.
 """
 
-from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
-from kalmanscan.kla.inspect import (
+import sys as _sys
+
+from kalmanscan.kla import _inspect
+from kalmanscan.kla._inspect import (
+    baseline_log10_precision,
     compare,
-    inspect,  # binds the function over the submodule's name
+    inspect,
+    kla_layers,
     save_dataset,
     summarize,
 )
+from kalmanscan.kla.config import AttentionConfig, KLAConfig, ModelConfig
 from kalmanscan.kla.io import (
     CheckpointError,
     decode_bytes,
@@ -28,6 +38,8 @@ from kalmanscan.kla.io import (
 from kalmanscan.kla.layer import KLALayer, KLALayerState, KLATrace
 from kalmanscan.kla.model import CausalSelfAttention, KLALanguageModel
 
+_sys.modules[__name__ + ".inspect"] = _inspect
+
 __all__ = [
     "AttentionConfig",
     "CausalSelfAttention",
@@ -38,11 +50,13 @@ __all__ = [
     "KLALayerState",
     "KLATrace",
     "ModelConfig",
+    "baseline_log10_precision",
     "channel_order",
     "compare",
     "decode_bytes",
     "encode_text",
     "inspect",
+    "kla_layers",
     "load_checkpoint",
     "load_state_dict",
     "plot_comparison",

@@ -155,7 +155,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
     import torch
 
-    from kalmanscan.kla.inspect import inspect, kla_layers, save_dataset, summarize
+    from kalmanscan.kla._inspect import inspect, kla_layers, save_dataset, summarize
     from kalmanscan.kla.io import CheckpointError, _check_backend, _check_device, load_checkpoint
     from kalmanscan.kla.plot import plot_comparison, plot_overview, plot_precision
 

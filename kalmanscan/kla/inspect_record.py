@@ -5,7 +5,7 @@ modules; the recorder receives each layer's :class:`~kalmanscan.kla.KLATrace` ch
 and reduces it as it comes (summaries over lanes, binned channel views, lane means, and the
 per-lane detail of a window), so memory does not grow with the text.
 :func:`baseline_log10_precision` is the no-observation baseline the "text" quantities are
-measured against. Notation and the quantities: :mod:`kalmanscan.kla.inspect`.
+measured against. Notation and the quantities: :mod:`kalmanscan.kla._inspect`.
 """
 
 from __future__ import annotations
@@ -110,17 +110,23 @@ class _Recorder:
         self.lane = {n: torch.zeros(nl, M, S, dtype=torch.float64) for n in _LANE}
         self.count = torch.zeros(nl, dtype=torch.float64)
         self.window = window
-        self.channels = torch.tensor(channels, device=device) if detail else None
+        # the detail's channels (None: all, in order)
+        every = list(channels) == list(range(M))
+        self.channels = None if every or not detail else torch.tensor(channels, device=device)
+        self.padding = ~mask.cpu()  # [B, L] True where there is no token
         self.static = {}
         self.consts = {}  # per layer: dynamics-derived [M*S] vectors used by every block
         self.pool, self.pending = None, collections.deque()  # see overlap()
         self.detail = None
         if detail:
+            # not filled: _detail writes every element (inspect checks that each layer saw every
+            # token), and a NaN fill of these arrays (6 * 4 bytes per lane and token) costs as
+            # much as the writes
             W, C = window[1] - window[0], len(channels)
-            self.detail = {n: np.full((nl, B, W, C, S), np.nan, npdt) for n in _DETAIL_SLOT}
-            self.detail.update({n: np.full((nl, B, W, C), np.nan, npdt) for n in _DETAIL_CHANNEL})
-            self.detail.update({n: np.full((nl, B, W, S), np.nan, npdt) for n in ("key", "query")})
-            self.detail["output_variance"] = np.full((nl, B, W, D), np.nan, npdt)
+            self.detail = {n: np.empty((nl, B, W, C, S), npdt) for n in _DETAIL_SLOT}
+            self.detail.update({n: np.empty((nl, B, W, C), npdt) for n in _DETAIL_CHANNEL})
+            self.detail.update({n: np.empty((nl, B, W, S), npdt) for n in ("key", "query")})
+            self.detail["output_variance"] = np.empty((nl, B, W, D), npdt)
 
     # tokens per block: [64, 512 * 16] float32 is 2 MiB, which stays in cache between passes
     block = 64
@@ -143,6 +149,10 @@ class _Recorder:
         lo = -700.0 if a.dtype == torch.float64 else -80.0
         rest = torch.addcmul(r, l2.new_full((), lo).exp(), 1.0 - r).log10_()
         order = torch.argsort(l2, descending=True)
+        channel_sorted = torch.div(order, S, rounding_mode="floor")
+        # the sorted positions of each channel's lanes in sorted order, laid out [S, M] (row k:
+        # every channel's k-th lane), for the slot means of _baseline
+        slot_pos = torch.argsort(channel_sorted, stable=True).view(self.M, S).T.reshape(-1)
         c = {
             # -mean and -a-weighted mean over lanes (the block holds -write_gain)
             "weights": torch.stack((torch.full_like(l2, -1.0 / N), a.reshape(N) / -N), 1),
@@ -157,7 +167,8 @@ class _Recorder:
             "r_sorted": r[order],
             "c_sorted": (1.0 - r)[order],
             "rest_sorted": rest[order],
-            "channel_sorted": torch.div(order, S, rounding_mode="floor"),
+            "channel_sorted": channel_sorted,
+            "slot_pos": slot_pos,
             "lo": lo,
         }
         self.consts[i] = c
@@ -184,7 +195,20 @@ class _Recorder:
         e = torch.outer(n, c["l2_sorted"][:moving]).clamp_min_(c["lo"]).exp_()
         e = e.mul_(c["c_sorted"][:moving]).add_(c["r_sorted"][:moving]).log10_()
         d = e.sub_(c["rest_sorted"][:moving])  # [T_b, moving]: difference to the settled value
-        s_base.index_add_(1, c["channel_sorted"][:moving], d, alpha=1.0 / self.S)
+        # slot means: each channel's terms added in sorted order, lane by lane (a strided pass
+        # each) where few lanes move, else every channel's k-th lane at once (S passes over
+        # the channels); the two round alike
+        slots = c["slot_pos"]
+        if 2 * moving < len(slots):
+            s_base.index_add_(1, c["channel_sorted"][:moving], d, alpha=1.0 / self.S)
+        else:
+            if moving < len(slots):  # the settled lanes' terms are 0
+                by_slot = d.index_select(1, slots.clamp(max=moving - 1))
+                by_slot = torch.where(slots < moving, by_slot, 0)
+            else:
+                by_slot = d.index_select(1, slots)
+            for row in by_slot.view(len(n), self.S, self.M).unbind(1):
+                s_base.add_(row, alpha=1.0 / self.S)
         lane_base.index_add_(0, c["order"][:moving], wsum @ d)
 
     def __call__(self, layer, tr):
@@ -323,45 +347,59 @@ class _Recorder:
         self.count[i] += float(w.sum())
 
     def _detail(self, i, tr, t0, a0, a1):
-        """Copy rows ``a0:a1`` of a chunk starting at token ``t0`` into the window arrays."""
+        """Write rows ``a0:a1`` of a chunk starting at token ``t0`` into the window arrays: each
+        quantity is formed in its window array (on the CPU, where the working dtype is the
+        arrays'), the channels selected first, and the padding's rows set to NaN."""
         ch = self.channels
         w0 = t0 + a0 - self.window[0]
         w1 = w0 + a1 - a0
-        keep = self.mask[:, t0 + a0 : t0 + a1]
-
-        def put(name, value, channel_dim=True):
-            v = value
-            if channel_dim:
-                v = v.index_select(2, ch)
-            v = v.to(torch.float64 if self.npdt == np.float64 else torch.float32)
-            shape = (keep.shape[0], keep.shape[1]) + (1,) * (v.ndim - 2)
-            v = torch.where(keep.reshape(shape), v, torch.full_like(v, float("nan")))
-            self.detail[name][i, :, w0:w1] = v.cpu().numpy()
-
-        a = tr.decay
         rows = slice(a0, a1)
         lam = tr.precision[:, rows]
+        fdt, dev = lam.dtype, lam.device
+        copies = []
+
+        def select(x, dim=2):
+            return x if ch is None else x.index_select(dim, ch)
+
+        def target(name):
+            """The window array of ``name`` as a tensor, or a buffer copied there at the end."""
+            dst = torch.from_numpy(self.detail[name][i, :, w0:w1])
+            if dst.dtype == fdt and dev.type == "cpu":
+                return dst
+            buf = torch.empty(dst.shape, dtype=fdt, device=dev)
+            copies.append((dst, buf))
+            return buf
+
+        def put(name, value):
+            torch.from_numpy(self.detail[name][i, :, w0:w1]).copy_(value)
+
         sens = tr.sensors
-        phi = sens.obs_prec[:, rows, :, None] * sens.k[:, rows, None, :].square()
-        wg = phi / lam
-        pos = torch.arange(t0 + a0, t0 + a1, device=lam.device)
-        base_var = _baseline_var(a, tr.process_var, pos)
+        lam, Lv = select(lam), select(sens.obs_prec[:, rows])
+        a, p = select(tr.decay, 0), select(tr.process_var, 0)
+        phi = target("information_added")
+        torch.mul(Lv[..., None], sens.k[:, rows, None, :].square(), out=phi)
+        torch.sub(lam, phi, out=target("prior_precision"))
+        wg = torch.div(phi, lam, out=target("write_gain"))
+        # (wg - 1) * (-a) rounds as a * (1 - wg): negation is exact
+        torch.sub(wg, 1.0, out=target("forget_gate")).mul_(a.neg())
+        pos = torch.arange(t0 + a0, t0 + a1, device=dev)
+        baseline = _baseline_var(a, p, pos).reciprocal_()  # 1 / base_var, [W, C, S]
+        for dst, buf in copies:
+            dst.copy_(buf)
         put("posterior_precision", lam)
-        put("prior_precision", lam - phi)
-        put("baseline_precision", (1.0 / base_var)[None].expand(lam.shape))
-        put("information_added", phi)
-        put("write_gain", wg)
-        put("forget_gate", a * (1 - wg))
-        put("value_precision", sens.obs_prec[:, rows])
-        put("value", sens.v[:, rows])
-        put("readout_variance", tr.yvar[:, rows])
-        put(
-            "gated_readout_variance",
-            tr.yvar[:, rows] * tr.gate_act[:, rows].to(tr.yvar.dtype).square(),
-        )
-        put("key", sens.k[:, rows], channel_dim=False)
-        put("query", sens.q[:, rows], channel_dim=False)
-        put("output_variance", tr.out_var[:, rows], channel_dim=False)
+        put("baseline_precision", baseline[None].expand(lam.shape))
+        put("value_precision", Lv)
+        put("value", select(sens.v[:, rows]))
+        yvar = select(tr.yvar[:, rows])
+        put("readout_variance", yvar)
+        put("gated_readout_variance", yvar * select(tr.gate_act[:, rows]).to(yvar.dtype).square())
+        put("key", sens.k[:, rows])
+        put("query", sens.q[:, rows])
+        put("output_variance", tr.out_var[:, rows])
+        pad = self.padding[:, t0 + a0 : t0 + a1]
+        if bool(pad.any()):
+            for name in self.detail:
+                torch.from_numpy(self.detail[name][i, :, w0:w1])[pad] = float("nan")
 
 
 class record:

@@ -422,7 +422,7 @@ def plot_comparison(ds, var="mean_log10_text_precision", *, layer=-1, axes=None,
     Returns the four axes.
 
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
-    >>> from kalmanscan.kla.inspect import compare
+    >>> from kalmanscan.kla import compare
     >>> m = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
     >>> axes = plot_comparison(compare(m, "for x in y:", "the cat", detail=False))
     """
