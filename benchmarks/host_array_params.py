@@ -6,7 +6,9 @@ parameters on a GPU take (docs/reliability.md, "Every variance tiny").
     python benchmarks/host_array_params.py            # prints one JSON line
 
 Run it alternately with two trees on ``PYTHONPATH`` to compare them (medians of 300 calls after
-20 warm-ups; the filtered means' sum is printed as the check that both trees compute the same)."""
+20 warm-ups). Each case's results are first checked against the float64 ``torch`` backend
+(largest error relative to the means' scale, or the log-likelihoods', printed as
+``max_rel_err``); above 1e-10 no speed is reported."""
 
 from __future__ import annotations
 
@@ -30,7 +32,22 @@ def main() -> None:
         "filter-arrays": lambda: ks.filter(z, R, A, P, backend="triton"),
         "loglik-arrays": lambda: ks.loglik(z, R, A, P, backend="triton"),
     }
-    out = {}
+    # the check before any speed (a path whose results are wrong reports none): every case's
+    # means against the float64 torch backend on the same inputs
+    ref = ks.filter(z, 0.5, 0.9, 0.1, backend="torch").mean
+    out = {"max_rel_err": 0.0}
+    for name, f in cases.items():
+        r = f()
+        got = r.mean if hasattr(r, "mean") else None
+        err = 0.0 if got is None else float((got - ref).abs().max() / ref.abs().max())
+        if name.startswith("loglik"):
+            want = ks.loglik(z, 0.5, 0.9, 0.1, backend="torch")
+            err = float(((r - want).abs() / want.abs()).max())
+        if not err <= 1e-10:
+            raise SystemExit(
+                f"{name}: results {err:.2e} off the torch backend's; no speed reported"
+            )
+        out["max_rel_err"] = max(out["max_rel_err"], err)
     for name, f in cases.items():
         for _ in range(20):
             f()
@@ -42,7 +59,6 @@ def main() -> None:
             torch.cuda.synchronize()
             ts.append((time.perf_counter() - t0) * 1e6)
         out[name] = statistics.median(ts)
-    out["mean_sum"] = float(ks.filter(z, R, A, P, backend="triton").mean.sum())
     print(json.dumps(out))
 
 

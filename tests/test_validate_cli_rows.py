@@ -1,4 +1,4 @@
-"""Audit (session 30) of ``kalmanscan validate``: ``--backend`` selects the dense rows too, a
+"""``kalmanscan validate``: ``--backend`` selects the dense rows too, a
 backend that raises fails its rows instead of ending the command, a check cannot be passed by
 a non-finite covariance or by a NaN error followed by a finite one, and rows that are reported
 but not judged say so."""

@@ -1,4 +1,4 @@
-"""Audit (session 30) of the xarray interface and the band plots on real data: what the
+"""The xarray interface and the band plots on real data: what the
 ``.kalman`` accessor keeps (time zones, timestamp strings, coordinate attrs, the fit's record,
 the series coordinates of a joint fit), how it names a bad value, and which times the plots
 take. Truths: a float64 covariance-form Kalman filter written here, and statsmodels."""

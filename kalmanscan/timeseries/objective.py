@@ -15,6 +15,7 @@ import torch
 
 import kalmanscan.core.filter as filter_api
 from kalmanscan.core.discretize import ou_transition
+from kalmanscan.core.steps import hold_exponent
 
 _POSITIVE = ("theta", "sigma2", "obs_var")
 _NAT_REL = 1e-4  # relative step of the gradient differences (_natural_hessian)
@@ -173,7 +174,12 @@ def _from_prior_np(mean, var):
     u = np.where(diffuse, 0.0, 1 / var_s)
     e = np.where(diffuse, 0 * mean, mean / var_s)
     v = np.where(big | diffuse, 1.0, var)
-    return u, e, v
+    # a variance above 2**G (and whose precision is a normal number): the held triple
+    G, top = hold_exponent(torch.float64), 1 - math.frexp(np.finfo(np.float64).tiny)[1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        hold = (v > u * 2.0**G) & (u > 0) & (v <= u * 2.0**top)
+    low = 2.0**-G
+    return (np.where(hold, low, u), np.where(hold, mean * low, e), np.where(hold, var * low, v))
 
 
 _LEAN_CONST: dict = {}
