@@ -13,9 +13,12 @@
  *     update   (u, e, v) -> (R u + h^2 v, R e + h z v, R v) / max      where z is observed
  *     loglik   -0.5 (log 2 pi + log(S'/u-) + (z u- - h e-)^2 / (u- S')),  S' = h^2 v- + R u-
  *
- * (the update is the contract's (u + phi v, e + r v, v) times R). The smoother adds a backward
+ * (the update is the contract's (u + phi v, e + r v, v) times R; where one of its products passes
+ * the range though the updated belief does not, obs_var 1e300 times a mean of 1e10, the steps
+ * redone exactly and the smoother form it in a power-of-two scaling). The smoother adds a backward
  * information filter (two-filter form) reading the filtered outputs back; the adjoint
- * (_native_adjoint.h) differentiates the log-likelihood by one reverse pass with checkpoints.
+ * (_native_adjoint.h) differentiates the log-likelihood by one reverse pass with checkpoints
+ * (float64: the steps whose variances pass 2^64 or whose values leave the range in a wide form).
  *
  * Layout: outputs are row-major [T, N]; inputs are read through (time, lane) element strides, so
  * stride 0 broadcasts a parameter along that axis without materializing it. Time is the outer

@@ -33,7 +33,21 @@
  * start (not flagged). At a step that forgets (a = 0) from a known state, a's partial is the
  * limit's, the predicted mean's c + a e/u: (e/u) U1 gE1. Where a*a is below the normal range
  * (float64) and the state is known, the predicted triple is formed divided, as in the forward
- * (_native_kernel.h), so that a*a v and a e keep their digits. */
+ * (_native_kernel.h), so that a*a v and a e keep their digits.
+ *
+ * Extremes (float64 inputs). The adjoint of a state is about (loglik) / u: with u = 1/var it
+ * passed the range where |loglik| var does (a log-likelihood of -3.2e99 at a predicted variance
+ * of 1e300: NaN gradients, an OverflowError), as did the update's R e1 (obs_var 1e300 times a
+ * mean of 1e10) and the innovation's square. The forward rows that look for them (every row of
+ * the checkpoint sweep, and of a block's recompute where the sweep found one in the block) mark
+ * a lane's step wide where its predicted or updated variance is above 2^64 (or its variance
+ * entering, at a step that forgets), a value is not finite or D^2 passes 2^1000; such a step is
+ * redone in the wide form (ks_wide_fwd, ks_wide_step: lane by lane), which holds a triple whose
+ * variance is above 2^64 at u = 2^-64
+ * (steps.normalize) and forms the update's products in a power-of-two scaling (steps.observe),
+ * and its 1/s1 is stored as -1 so that the reverse redoes it wide as well. Other steps, and every
+ * step of a lane whose variances stay below 2^64 and whose values stay in range, run the
+ * arithmetic above unchanged (bit for bit). */
 
 #define KS_G(name) KS_CAT(KS_NAME, name)
 
@@ -44,6 +58,7 @@
 typedef struct {
     double U1, u1, e1, v1, r1, r2; /* unnormalized U1; normalized predicted; 1/s1, 1/s2 */
     int observed;
+    int wide; /* the step is one the wide form takes (ks_wide_fwd) */
 } ks_fwd;
 
 static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double h, double c,
@@ -76,6 +91,15 @@ static KS_INLINE void ks_adj_fwd(double z, double R, double a, double p, double 
     *nu = U2 * r2;
     *ne = E2 * r2;
     *nv = V2 * r2;
+    /* wide (read only by the rows that look for it): a predicted or updated variance above
+     * 2^64 (x (x - 2^-64) < 0: x in (0, 2^-64)), a value past the range (sn 0 is NaN there; V2 =
+     * R v1 is finite where v1 <= 1), an innovation whose square passes it, or a held state
+     * (v > 1) entering a step that forgets (a rare row: of the steps a held state enters, the only
+     * one whose arithmetic above passes the range, the slope's mean times u + v) */
+    const double D = zz * u1 - h * e1, sn = *nu + *ne;
+    const double h1 = (u1 - 0x1p-64) * u1, h2 = (*nu - 0x1p-64) * *nu;
+    f->wide = (rare & (v > 1.0)) | ((h1 < h2 ? h1 : h2) < 0.0) |
+              ((D * D + sn * 0.0 <= 0x1p1000) ^ 1);
     f->U1 = U1;
     f->u1 = u1;
     f->e1 = e1;
@@ -165,7 +189,9 @@ KS_CLONES static void ks_adj_project(Py_ssize_t nb, const double *restrict xu,
                                      double *restrict lu, double *restrict le,
                                      double *restrict lv) {
     for (Py_ssize_t j = 0; j < nb; j++) {
-        const double u = xu[j], e = xe[j], v = xv[j];
+        /* (a held state, v > 1 (ks_wide_fwd): scaled to v = 1, the same direction) */
+        const double sc = xv[j] > 1.0 ? 1.0 / xv[j] : 1.0;
+        const double u = xu[j] * sc, e = xe[j] * sc, v = xv[j] * sc;
         const double ixx = 1.0 / (u * u + e * e + v * v); /* max(u, v) = 1: no underflow */
         const double drift = (lu[j] * u + le[j] * e + lv[j] * v) * ixx;
         const double k = (u > 0.0) & (drift - drift == 0.0) ? drift : 0.0;
@@ -173,6 +199,160 @@ KS_CLONES static void ks_adj_project(Py_ssize_t nb, const double *restrict xu,
         le[j] -= k * e;
         lv[j] -= k * v;
     }
+}
+
+/* ---- The wide form of a step (float64 inputs; header "Extremes"): the steps the ordinary
+ * arithmetic does not hold, one lane at a time. */
+
+/* The wide form's normalizer of a triple: U 2^64 where its variance V/U is above 2^64 (and at
+ * most 2^1022: its precision a normal number), which holds U at 2^-64 (steps.normalize), else
+ * max(U, V). */
+static inline double ks_hold_norm(double U, double V) {
+    const int held = (V > U * 0x1p64) & (U > 0.0) & (V <= U * 0x1p1022);
+    return held ? U * 0x1p64 : (U >= V ? U : V);
+}
+
+typedef struct {
+    int k0, k2, observed, lost;
+    double u, e, v;            /* the state entering, times 2^k0 */
+    double U1, r1, u1, e1, v1; /* the predicted triple: unnormalized U1, 1/normalizer, normalized */
+    double U2, r2;             /* the update times 2^k2 (its first entry), 1/its normalizer */
+} ks_wide;
+
+/* One step in the wide form: as ks_adj_fwd, with the predicted and updated triples normalized
+ * by ks_hold_norm, the update's products formed in a power-of-two scaling 2^k2 (ks_sprod3;
+ * steps.observe), a state entering a step that forgets scaled first by a power of two near its v
+ * (c (u + v) passed the range; steps.predict) and a predicted variance past the range lost
+ * (the prediction (0, 0, 1), as steps.predict: the log-likelihood is NaN there by design). */
+static void ks_wide_fwd(double z, double R, double a, double p, double h, double c, double u,
+                        double e, double v, const double vmin, ks_wide *f, double *nu,
+                        double *ne, double *nv) {
+    const int forget = a == 0.0;
+    f->k0 = forget && v > 1.0 ? -ks_expo(v) : 0;
+    u = ldexp(u, f->k0);
+    e = ldexp(e, f->k0);
+    v = ldexp(v, f->k0);
+    f->u = u;
+    f->e = e;
+    f->v = v;
+    const double a2 = a * a;
+    double U1 = forget ? u + v : u;
+    const double V0 = forget ? p * U1 : p * u + a2 * v;
+    double V1 = (U1 > 0.0) | (V0 >= vmin) ? V0 : v;
+    double E1 = c * U1 + (forget ? 0.0 : a * e);
+    f->lost = !(V1 <= DBL_MAX);
+    if (f->lost) {
+        U1 = 0.0;
+        E1 = 0.0;
+        V1 = 1.0;
+    }
+    const double r1 = 1.0 / ks_hold_norm(U1, V1);
+    const double u1 = U1 * r1;
+    double e1 = E1 * r1, v1 = V1 * r1;
+    if (!forget && !f->lost && a2 < DBL_MIN && U1 >= DBL_MIN) { /* divided first (header) */
+        e1 = c * u1 + a * (e * r1);
+        v1 = p * u1 + (a * (v * r1)) * a;
+    }
+    f->U1 = U1;
+    f->r1 = r1;
+    f->u1 = u1;
+    f->e1 = e1;
+    f->v1 = v1;
+    f->observed = (z == z) & (R <= DBL_MAX);
+    int k = 0;
+    double U2 = u1, E2 = e1, V2 = v1;
+    if (f->observed) {
+        const int eR = ks_expo(R), eh = ks_expo(h), ez = ks_expo(z);
+        const int eu = ks_expo(u1), ee = ks_expo(e1), ev = ks_expo(v1);
+        int eA = u1 != 0.0 ? eR + eu : KS_LOW_EXP;
+        if (h != 0.0 && v1 != 0.0) eA = ks_imax(eA, 2 * eh + ev);
+        const int top = ks_imax(ks_imax(eR + ev, eR + ee), ez + eh + ev);
+        k = ks_imin(eA == KS_LOW_EXP ? 0 : -eA, 1022 - top);
+        U2 = ks_sprod(R, u1, k) + ks_sprod3(h, h, v1, k);
+        E2 = ks_sprod(R, e1, k) + ks_sprod3(z, h, v1, k);
+        V2 = ks_sprod(R, v1, k);
+    }
+    f->k2 = k;
+    const double r2 = 1.0 / ks_hold_norm(U2, V2);
+    f->U2 = U2;
+    f->r2 = r2;
+    *nu = U2 * r2;
+    *ne = E2 * r2;
+    *nv = V2 * r2;
+}
+
+/* The reverse of one step in the wide form (ks_adj_step's arguments; the step's normalizing
+ * factors recomputed). The update's adjoint is formed in its scaling (ks_sprod3), and the
+ * log-likelihood term's from the innovation z - h mean and its variance's reciprocal 1/S' (S' =
+ * R + h^2 var), never from their unscaled products: D^2 and 1/u- (D = u- (z - h mean)) passed
+ * the range where |loglik| var does (a log-likelihood of -3.2e99 at a predicted variance of
+ * 1e300). */
+static void ks_wide_step(double z, double R, double a, double p, double h, double c, double u,
+                         double e, double v, const double vmin, double w, double *lu,
+                         double *le, double *lv, double *gz, double *gR, double *ga, double *gp,
+                         double *gh, double *gc) {
+    ks_wide f;
+    double nu, ne, nv;
+    ks_wide_fwd(z, R, a, p, h, c, u, e, v, vmin, &f, &nu, &ne, &nv);
+    const int obs = f.observed, k = f.k2;
+    const double zz = obs ? z : 0.0, RR = obs ? R : 1.0;
+    const double u1 = f.u1, e1 = f.e1, v1 = f.v1;
+    /* through the update's normalization and the update (its scaling 2^k a constant) */
+    const double Lu = *lu * f.r2, Le = *le * f.r2, Lv = *lv * f.r2;
+    double gu1 = Lu, ge1 = Le, gv1 = Lv, dR = 0.0, dh = 0.0, dz = 0.0;
+    const int stays = (u1 == 0.0) & ((h == 0.0) | (obs ^ 1));
+    if (obs) {
+        gu1 = ks_sprod(RR, Lu, k);
+        ge1 = ks_sprod(RR, Le, k);
+        gv1 = ks_sprod3(h, h, Lu, k) + ks_sprod3(h, zz, Le, k) + ks_sprod(RR, Lv, k);
+        if (!stays) {
+            dR = ks_sprod(u1, Lu, k) + ks_sprod(e1, Le, k) + ks_sprod(v1, Lv, k);
+            dh = 2.0 * ks_sprod3(h, v1, Lu, k) + ks_sprod3(zz, v1, Le, k);
+            dz = ks_sprod3(h, v1, Le, k);
+        }
+    }
+    /* the log-likelihood term: ll = -0.5 (log 2 pi + log S' + Q), Q = innov^2 / S'; A and B are
+     * its derivatives in S = u- S' and D = u- innov, times u- */
+    const int known = u1 > 0.0;
+    const int contrib = obs & (known | (h == 0.0));
+    const double wc = contrib ? w : 0.0;
+    double iS = 0.0, innov = 0.0; /* 1/S', the innovation */
+    if (contrib) {
+        iS = known ? ldexp(u1 / f.U2, k) : 1.0 / RR; /* (U2 = 2^k S) */
+        innov = known ? zz - h * (e1 / u1) : zz;
+    }
+    const double Q = innov * (innov * iS);
+    const double A = -0.5 * wc * (1.0 - Q) * iS;
+    const double B = -wc * innov * iS;
+    if (known) {
+        const double iu = 1.0 / u1;
+        gu1 += (0.5 * wc * (1.0 + Q) + A * RR + B * zz) * iu;
+        gv1 += (A * h) * h * iu;
+        ge1 += -h * B * iu;
+        dh += 2.0 * h * ((v1 * iu) * A) - (e1 * iu) * B;
+    }
+    dR += A;
+    dz += B;
+    /* through the predict's normalization and the predict, from the state times 2^k0 */
+    double gU1 = gu1 * f.r1, gE1 = ge1 * f.r1, gV1 = (known ? gv1 : 0.0) * f.r1;
+    if (f.lost) gU1 = gE1 = gV1 = 0.0; /* (the prediction depends on nothing) */
+    const double us = f.u, es = f.e, vs = f.v, a2 = a * a;
+    const double normal_v0 = p * us + a2 * vs >= vmin ? 1.0 : 0.0;
+    const int forget = a == 0.0, kept = f.U1 + normal_v0 > 0.0;
+    const double q = forget ? 1.0 : 0.0, d = forget ? p : (kept ? a2 : 1.0);
+    const double al = forget ? 0.0 : a;
+    *lu = ldexp(gU1 + p * gV1 + c * gE1, f.k0);
+    *lv = ldexp(q * gU1 + d * gV1 + q * c * gE1, f.k0);
+    *le = ldexp(al * gE1, f.k0);
+    const double gEl = (us > 0.0) | forget ? gE1 : 0.0;
+    *gp = us * gV1 + q * vs * gV1;
+    double gaa = forget ? 0.0 : (kept ? 2.0 * a * vs * gV1 : 0.0) + es * gEl;
+    if (forget && u >= vmin) gaa += (e / u) * f.U1 * gEl; /* the limit's (header) */
+    *ga = gaa;
+    *gc = f.U1 * gEl;
+    *gz = dz;
+    *gR = dR;
+    *gh = dh;
 }
 
 #endif
@@ -205,6 +385,80 @@ static KS_INLINE void KS_G(_adj_fwd_row)(const int store, const int rare, Py_ssi
     }
 }
 
+/* Forward rows that look for wide steps (header "Extremes"): (xu, xe, xv) in, (yu, ye, yv) out,
+ * as _adj_fwd_row otherwise; returns whether a lane's step is wide (_adj_fwd_fix redoes it). */
+static KS_INLINE int KS_G(_adj_fwd_row_detect)(const int store, const int rare, Py_ssize_t nb,
+                                               const KS_FT *restrict zs,
+                                               const KS_FT *restrict Rs,
+                                               const KS_FT *restrict as,
+                                               const KS_FT *restrict ps,
+                                               const KS_FT *restrict hs,
+                                               const KS_FT *restrict cs,
+                                               const double *restrict xu,
+                                               const double *restrict xe,
+                                               const double *restrict xv, double *restrict yu,
+                                               double *restrict ye, double *restrict yv,
+                                               double *restrict k, Py_ssize_t W) {
+    int any = 0;
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        ks_fwd f;
+        double u, e, v;
+        ks_adj_fwd(zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], xu[j], xe[j], xv[j], KS_FT_MIN, 0,
+                   0.0, 0.0, rare, &f, &u, &e, &v);
+        if (store) {
+            k[j] = xu[j];
+            k[W + j] = xe[j];
+            k[2 * W + j] = xv[j];
+            k[3 * W + j] = f.r1;
+            k[4 * W + j] = f.r2;
+        }
+        yu[j] = u;
+        ye[j] = e;
+        yv[j] = v;
+        any |= f.wide;
+    }
+    return any;
+}
+
+/* The wide steps of a row that reported one: each such lane's step redone in the wide form, and
+ * where the states are kept, its 1/s1 stored as -1 (the reverse redoes it wide too). */
+static KS_NOINLINE void KS_G(_adj_fwd_fix)(const int rare, Py_ssize_t nb,
+                                           const KS_FT *const src[KS_NSERIES], const double *xu,
+                                           const double *xe, const double *xv, double *yu,
+                                           double *ye, double *yv, double *k, Py_ssize_t W) {
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        const double z = src[KS_Z][j], R = src[KS_OBS][j], a = src[KS_A][j];
+        const double p = src[KS_P][j], h = src[KS_H][j], c = src[KS_C][j];
+        ks_fwd f;
+        double u, e, v;
+        ks_adj_fwd(z, R, a, p, h, c, xu[j], xe[j], xv[j], KS_FT_MIN, 0, 0.0, 0.0, rare, &f, &u, &e,
+                   &v);
+        if (!f.wide) continue;
+        ks_wide fw;
+        ks_wide_fwd(z, R, a, p, h, c, xu[j], xe[j], xv[j], KS_FT_MIN, &fw, &yu[j], &ye[j], &yv[j]);
+        if (k != NULL) k[3 * W + j] = -1.0;
+    }
+}
+
+/* The reverse of step t for the lanes a forward row redid wide (1/s1 stored as -1), from their
+ * adjoint before the ordinary row (saved in sv: 3 x W), over what that row wrote. */
+static KS_NOINLINE void KS_G(_adj_fix)(Py_ssize_t nb, const KS_FT *const src[KS_NSERIES],
+                                       const double *xs, const double *w, const double *sv,
+                                       double *lu, double *le, double *lv, double *g,
+                                       Py_ssize_t W) {
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        if (!(xs[3 * W + j] < 0.0)) continue;
+        double a = sv[j], b = sv[W + j], c = sv[2 * W + j];
+        ks_wide_step(src[KS_Z][j], src[KS_OBS][j], src[KS_A][j], src[KS_P][j], src[KS_H][j],
+                     src[KS_C][j], xs[j], xs[W + j], xs[2 * W + j], KS_FT_MIN, w[j], &a, &b, &c,
+                     &g[KS_Z * W + j], &g[KS_OBS * W + j], &g[KS_A * W + j], &g[KS_P * W + j],
+                     &g[KS_H * W + j], &g[KS_C * W + j]);
+        lu[j] = a;
+        le[j] = b;
+        lv[j] = c;
+    }
+}
+
 /* A row holding a decay 0 or one whose square is below float64's normal range: its steps take
  * the rare forms (the limit's partial at a = 0, the divided triple); other rows leave them out. */
 static KS_INLINE int KS_G(_rare_row)(Py_ssize_t nb, const KS_FT *restrict as) {
@@ -233,6 +487,45 @@ KS_CLONES static void KS_G(_adj_forward)(const ks_job *job, Py_ssize_t n0, Py_ss
             KS_G(_adj_fwd_row)(0, 0, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P],
                                src[KS_H], src[KS_C], xu, xe, xv, NULL, W);
     }
+}
+
+/* Steps [t0, t1) as KS_G(_adj_forward), with the rows that look for wide steps and redo them
+ * (x and y: the state tiles in and out of a step, swapped every step; the state ends in x);
+ * rowf[t - t0] (where given) is whether step t's row holds a wide step. Returns whether any
+ * does. */
+KS_CLONES static int KS_G(_adj_forward_wide)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb,
+                                             Py_ssize_t W, Py_ssize_t t0, Py_ssize_t t1,
+                                             KS_FT *buf, double *xu, double *xe, double *xv,
+                                             double *yu, double *ye, double *yv, double *keep,
+                                             double *rowf) {
+    const KS_FT *src[KS_NSERIES];
+    double *x[3] = {xu, xe, xv}, *y[3] = {yu, ye, yv};
+    int any = 0;
+    for (Py_ssize_t t = t0; t < t1; t++) {
+        KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
+        double *k = keep ? keep + (t - t0) * 5 * W : NULL;
+        const int rare = KS_G(_rare_row)(nb, src[KS_A]);
+#define KS_ROW(store, rare_)                                                                      \
+    KS_G(_adj_fwd_row_detect)(store, rare_, nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P],    \
+                              src[KS_H], src[KS_C], x[0], x[1], x[2], y[0], y[1], y[2], k, W)
+        const int wide = rare ? (k ? KS_ROW(1, 1) : KS_ROW(0, 1))
+                              : (k ? KS_ROW(1, 0) : KS_ROW(0, 0));
+#undef KS_ROW
+        if (wide) KS_G(_adj_fwd_fix)(rare, nb, src, x[0], x[1], x[2], y[0], y[1], y[2], k, W);
+        if (rowf) rowf[t - t0] = wide;
+        any |= wide;
+        for (int i = 0; i < 3; i++) {
+            double *sw = x[i];
+            x[i] = y[i];
+            y[i] = sw;
+        }
+    }
+    if (x[0] != xu) {
+        memcpy(xu, x[0], nb * sizeof(double));
+        memcpy(xe, x[1], nb * sizeof(double));
+        memcpy(xv, x[2], nb * sizeof(double));
+    }
+    return any;
 }
 
 /* The reverse of step t for nb lanes: adjoint (lu, le, lv) updated in place, partials into
@@ -283,9 +576,13 @@ KS_CLONES static void KS_G(_adj_row_forgets)(KS_ADJ_ROW_ARGS) {
  * is not finite. */
 static size_t KS_G(_adj_scratch)(Py_ssize_t T, Py_ssize_t K, Py_ssize_t W) {
     const Py_ssize_t nblk = (T + K - 1) / K;
-    return (size_t)W * (3 * nblk + 5 * K + 3 + 1 + 2 * KS_NSERIES) +
-           (size_t)W * KS_NSERIES * sizeof(KS_FT) / sizeof(double) + 8;
+    return (size_t)W * (3 * nblk + 5 * K + 3 + 1 + 2 * KS_NSERIES + 3) +
+           (size_t)W * KS_NSERIES * sizeof(KS_FT) / sizeof(double) + nblk + K + 8;
 }
+
+/* float64 inputs take the wide form where a step needs it (header "Extremes"); float32 inputs,
+ * in float64 arithmetic, never pass its range */
+#define KS_ADJ_WIDE (sizeof(KS_FT) == sizeof(double))
 
 static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py_ssize_t W,
                           double *scratch, int worker) {
@@ -299,14 +596,20 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
     double *g = w + W;                    /* KS_NSERIES x W: a step's partials */
     double *gl = g + KS_NSERIES * W;      /* KS_NSERIES x W: sums over time per lane */
     FT *buf = (FT *)(gl + KS_NSERIES * W); /* KS_NSERIES x W gather tiles */
-    /* initial state, normalized; its factor is kept for the gradient of the state given */
+    /* 3 x W: the state tiles out of a step of the forward rows that look for wide steps, and
+     * the adjoint in of a reverse row's wide steps; nblk: whether a block holds a wide step;
+     * K: whether a step of the block being reversed does */
+    double *yy = (double *)(buf + KS_NSERIES * W);
+    double *bw = yy + 3 * W, *rowf = bw + nblk;
+    /* initial state, normalized (a variance above 2^64 held, as the wide form's states); its
+     * factor is kept for the gradient of the state given */
     double *xu = lu, *xe = le, *xv = lv; /* borrowed for the forward sweep */
     for (Py_ssize_t j = 0; j < nb; j++) {
         const Py_ssize_t n = n0 + j;
         const double u = (double)((const FT *)job->x0[0])[n * job->x0_sn[0]];
         const double e = (double)((const FT *)job->x0[1])[n * job->x0_sn[1]];
         const double v = (double)((const FT *)job->x0[2])[n * job->x0_sn[2]];
-        const double m = u >= v ? u : v;
+        const double m = KS_ADJ_WIDE ? ks_hold_norm(u, v) : (u >= v ? u : v);
         xu[j] = u / m;
         xe[j] = e / m;
         xv[j] = v / m;
@@ -320,7 +623,15 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         memcpy(c + W, xe, nb * sizeof(double));
         memcpy(c + 2 * W, xv, nb * sizeof(double));
         const Py_ssize_t t1 = (b + 1) * K < T ? (b + 1) * K : T;
-        if (b + 1 < nblk) KS_G(_adj_forward)(job, n0, nb, W, b * K, t1, buf, xu, xe, xv, NULL);
+        /* (the last block is not swept: its recompute looks for wide steps) */
+        bw[b] = 1.0;
+        if (b + 1 < nblk) {
+            if (KS_ADJ_WIDE)
+                bw[b] = KS_G(_adj_forward_wide)(job, n0, nb, W, b * K, t1, buf, xu, xe, xv, yy,
+                                                yy + W, yy + 2 * W, NULL, NULL);
+            else
+                KS_G(_adj_forward)(job, n0, nb, W, b * K, t1, buf, xu, xe, xv, NULL);
+        }
     }
     for (Py_ssize_t j = 0; j < nb; j++) lu[j] = le[j] = lv[j] = 0.0;
     int flags = 0;
@@ -328,16 +639,30 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
     for (Py_ssize_t b = nblk - 1; b >= 0; b--) {
         const Py_ssize_t t0 = b * K, t1 = (b + 1) * K < T ? (b + 1) * K : T;
         double *c = ck + b * 3 * W; /* recompute the block's states from its checkpoint */
-        KS_G(_adj_forward)(job, n0, nb, W, t0, t1, buf, c, c + W, c + 2 * W, blk);
+        const int wide = KS_ADJ_WIDE && bw[b] != 0.0;
+        if (wide)
+            KS_G(_adj_forward_wide)(job, n0, nb, W, t0, t1, buf, c, c + W, c + 2 * W, yy, yy + W,
+                                    yy + 2 * W, blk, rowf);
+        else
+            KS_G(_adj_forward)(job, n0, nb, W, t0, t1, buf, c, c + W, c + 2 * W, blk);
         for (Py_ssize_t t = t1 - 1; t >= t0; t--) {
             const double *xs = blk + (t - t0) * 5 * W;
             KS_G(_sources)(job, t, n0, nb, buf, W, 1, src);
+            /* a row holding wide steps: their adjoint in kept, for _adj_fix */
+            const int fix = wide && rowf[t - t0] != 0.0;
+            if (fix)
+                for (Py_ssize_t j = 0; j < nb; j++) {
+                    yy[j] = lu[j];
+                    yy[W + j] = le[j];
+                    yy[2 * W + j] = lv[j];
+                }
             /* a decay 0 or a tiny one in the row: its own row form (one more division) */
             const int forgets = KS_G(_rare_row)(nb, src[KS_A]);
             (forgets ? KS_G(_adj_row_forgets) : KS_G(_adj_row))(
                 nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C], xs,
                 xs + W, xs + 2 * W, xs + 3 * W, xs + 4 * W, w, lu, le, lv, g + KS_Z * W,
                 g + KS_OBS * W, g + KS_A * W, g + KS_P * W, g + KS_H * W, g + KS_C * W);
+            if (fix) KS_G(_adj_fix)(nb, src, xs, w, yy, lu, le, lv, g, W);
             if (t % KS_ADJ_PROJECT == 0) ks_adj_project(nb, xs, xs + W, xs + 2 * W, lu, le, lv);
             for (int k = 0; k < KS_NSERIES; k++) {
                 const ks_grad *gd = &aj->grad[k];
@@ -384,7 +709,7 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
         const Py_ssize_t n = n0 + j;
         const double u = (double)((const FT *)job->x0[0])[n * job->x0_sn[0]];
         const double v = (double)((const FT *)job->x0[2])[n * job->x0_sn[2]];
-        const double r = 1.0 / (u >= v ? u : v);
+        const double r = 1.0 / (KS_ADJ_WIDE ? ks_hold_norm(u, v) : (u >= v ? u : v));
         double gx[3] = {lu[j] * r, le[j] * r, lv[j] * r};
         for (int k = 0; k < 3; k++) {
             if (u == 0.0 && !(gx[k] - gx[k] == 0.0)) gx[k] = 0.0;
@@ -396,4 +721,5 @@ static int KS_G(_adjoint)(const ks_adj_job *aj, Py_ssize_t n0, Py_ssize_t nb, Py
     return flags;
 }
 
+#undef KS_ADJ_WIDE
 #undef KS_G

@@ -13,6 +13,58 @@
 
 #define KS_F(name) KS_CAT(KS_NAME, name)
 
+#ifndef KS_SCALED_DEFINED /* products in power-of-two scalings: once for both dtypes */
+#define KS_SCALED_DEFINED
+#define KS_LOW_EXP (-(1 << 20)) /* an exponent below every other */
+static inline int ks_imax(int a, int b) { return a > b ? a : b; }
+static inline int ks_imin(int a, int b) { return a < b ? a : b; }
+
+/* frexp's exponent of x (|x| in [2^(e-1), 2^e)); 0 for 0. */
+static inline int ks_expo(double x) {
+    int e;
+    (void)frexp(x, &e);
+    return e;
+}
+
+/* x y 2^k from the factors' mantissas and exponents (steps._ScaledProduct): the mantissas'
+ * product rounds as x y would, and the scaling is exact where the result is a normal number, so
+ * no partial product passes the range where the result does not. For float factors the product
+ * is exact in double and rounds once where the caller converts it. */
+static inline double ks_sprod(double x, double y, int k) {
+    int ex, ey;
+    const double mx = frexp(x, &ex), my = frexp(y, &ey);
+    return ldexp(mx * my, ex + ey + k);
+}
+
+/* x y w 2^k likewise (the mantissas multiplied in that order). */
+static inline double ks_sprod3(double x, double y, double w, int k) {
+    int ex, ey, ew;
+    const double mx = frexp(x, &ex), my = frexp(y, &ey), mw = frexp(w, &ew);
+    return ldexp((mx * my) * mw, ex + ey + ew + k);
+}
+#endif
+
+/* The update (R U + h (h V), R E + z (h V), R V) times 2^k, each product formed by ks_sprod:
+ * where R E (or z h V) passes the range though the belief does not (obs_var 1e300 times a mean
+ * of 1e10: inf, and an OverflowError), k brings the larger of the first and third entries to
+ * about 1, or less where the second would pass the range (steps.observe). The caller normalizes
+ * the triple. U, V <= 1 (a normalized triple), so h V is finite. */
+static KS_NOINLINE void KS_F(_observe_scaled)(KS_FT R, KS_FT h, KS_FT z, KS_FT U, KS_FT E,
+                                              KS_FT V, KS_FT *u, KS_FT *e, KS_FT *v) {
+    typedef KS_FT FT;
+    const FT hv = h * V;
+    const int emax = ks_expo((double)KS_FT_MAX);
+    const int eR = ks_expo(R), eU = ks_expo(U), eE = ks_expo(E), eV = ks_expo(V);
+    const int eh = ks_expo(h), ehv = ks_expo(hv), ez = ks_expo(z);
+    int eA = U != (FT)0 ? eR + eU : KS_LOW_EXP;
+    if (hv != (FT)0) eA = ks_imax(eA, eh + ehv);
+    const int top = ks_imax(ks_imax(eR + eV, eR + eE), ez + ehv);
+    const int k = ks_imin(eA == KS_LOW_EXP ? 0 : -eA, emax - 2 - top);
+    *u = (FT)ks_sprod(R, U, k) + (FT)ks_sprod(h, hv, k);
+    *e = (FT)ks_sprod(R, E, k) + (FT)ks_sprod(z, hv, k);
+    *v = (FT)ks_sprod(R, V, k);
+}
+
 /* Divide (U, E, V) by max(U, V), setting the larger of U, V to exactly 1 (the exact form). */
 static KS_INLINE void KS_F(_norm)(KS_FT *u, KS_FT *e, KS_FT *v) {
     typedef KS_FT FT;
@@ -70,7 +122,9 @@ static KS_INLINE int KS_F(_recips)(KS_FT u, KS_FT v, KS_FT *iu, KS_FT *iv) {
  * Exact form (exact = 1): the predicted triple and the state normalized by division, max(u, v) = 1.
  * Where a*a is below the normal range and the state is known (u normal), the predicted triple is
  * formed divided first, (u, c u + a e, p u + a (a v)) / m: a*a v and a e keep their digits where
- * they underflowed (var = 1e100, a = 1e-170, p = 0: the predicted variance 1e-240, not 0).
+ * they underflowed (var = 1e100, a = 1e-170, p = 0: the predicted variance 1e-240, not 0);
+ * where the update's products pass the range though the updated belief does not, they are formed
+ * scaled (_observe_scaled).
  * Fast form: nothing divides on the recursion's path. The predicted triple is not normalized (the
  * log-likelihood term is homogeneous of degree 0 in it) and the state is scaled by a power of two
  * (exact), max(u, v) in [1, 2); it reports KS_ROW_INEXACT (redo with exact = 1) where the
@@ -125,6 +179,9 @@ static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS
     FT e = observed ? RR * E + zz * hv : E;
     FT v = observed ? RR * V : V;
     if (exact) {
+        /* a product past the range (R E: obs_var 1e300, mean 1e10): the update scaled */
+        if (observed & (((u - u == (FT)0) & (e - e == (FT)0) & (v - v == (FT)0)) ^ 1))
+            KS_F(_observe_scaled)(RR, h, zz, U, E, V, &u, &e, &v);
         KS_F(_norm)(&u, &e, &v);
     } else {
         const FT m2 = u >= v ? u : v;
@@ -327,9 +384,12 @@ static int KS_F(_check_x0)(KS_FT u, KS_FT e, KS_FT v) {
  * 1e-100: the precision 3.4e-240 about the step before, not 0; a = 1e200: the step before known
  * exactly, not NaN); (V + p U) / |a| held at KS_FT_MAX / 4 where it would pass the range (the
  * precision is below it there; the mean is kept), as the torch paths do (every step there:
- * sequential.back_through). Rows of ordinary decays take the plain form. */
-static KS_INLINE void KS_F(_back)(const int odd, KS_FT z, KS_FT R, KS_FT a, KS_FT p, KS_FT h,
-                                  KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv) {
+ * sequential.back_through). Rows of ordinary decays take the plain form. `careful` (the lanes
+ * whose step back was not finite, run again: a row's lane, a lone lane's whole pass): where the
+ * update's products pass the range though the belief does not (R E: obs_var 1e300, a mean of
+ * 1e10), they are formed scaled (_observe_scaled). */
+static KS_INLINE void KS_F(_back)(const int odd, const int careful, KS_FT z, KS_FT R, KS_FT a,
+                                  KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv) {
     typedef KS_FT FT;
     const FT U = *su, E = *se, V = *sv;
     const int observed = (z == z) & (R <= (FT)KS_FT_MAX);
@@ -338,6 +398,9 @@ static KS_INLINE void KS_F(_back)(const int odd, KS_FT z, KS_FT R, KS_FT a, KS_F
     FT U1 = observed ? RR * U + h * hV : U;
     FT E1 = observed ? RR * E + zz * hV : E;
     FT V1 = observed ? RR * V : V;
+    if (careful && observed &&
+        !((U1 - U1 == (FT)0) && (E1 - E1 == (FT)0) && (V1 - V1 == (FT)0)))
+        KS_F(_observe_scaled)(RR, h, zz, U, E, V, &U1, &E1, &V1);
     const int forget = a == (FT)0;
     FT u, e, v;
     if (odd) {
@@ -393,39 +456,47 @@ static KS_INLINE void KS_F(_combine)(KS_FT mean, KS_FT var, KS_FT prec, KS_FT in
     *s_var = exact ? (FT)0 : (known ? v * V / den_s : (FT)INFINITY);
 }
 
-static KS_INLINE void KS_F(_smooth_rows)(Py_ssize_t nb, const KS_FT *restrict zs,
-                                        const KS_FT *restrict Rs, const KS_FT *restrict as,
-                                        const KS_FT *restrict ps, const KS_FT *restrict hs,
-                                        const KS_FT *restrict cs, int back, const int odd,
-                                        const KS_FT *restrict mean, const KS_FT *restrict var,
-                                        const KS_FT *restrict prec, const KS_FT *restrict info,
-                                        KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,
-                                        KS_FT *restrict sm, KS_FT *restrict sv) {
+static KS_INLINE int KS_F(_smooth_rows)(Py_ssize_t nb, const KS_FT *restrict zs,
+                                       const KS_FT *restrict Rs, const KS_FT *restrict as,
+                                       const KS_FT *restrict ps, const KS_FT *restrict hs,
+                                       const KS_FT *restrict cs, int back, const int odd,
+                                       const KS_FT *restrict mean, const KS_FT *restrict var,
+                                       const KS_FT *restrict prec, const KS_FT *restrict info,
+                                       const KS_FT *restrict Us, const KS_FT *restrict Es,
+                                       const KS_FT *restrict Vs, KS_FT *restrict Uo,
+                                       KS_FT *restrict Eo, KS_FT *restrict Vo, KS_FT *restrict sm,
+                                       KS_FT *restrict sv) {
+    int bad = 0;
     for (Py_ssize_t j = 0; j < nb; j++) {
         KS_FT U = Us[j], E = Es[j], V = Vs[j];
         KS_F(_combine)(mean[j], var[j], prec[j], info[j], U, E, V, &sm[j], &sv[j]);
         if (back) {
-            KS_F(_back)(odd, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &U, &E, &V);
-            Us[j] = U;
-            Es[j] = E;
-            Vs[j] = V;
+            KS_F(_back)(odd, 0, zs[j], Rs[j], as[j], ps[j], hs[j], cs[j], &U, &E, &V);
+            Uo[j] = U;
+            Eo[j] = E;
+            Vo[j] = V;
+            const KS_FT s = U + E + V;
+            bad |= (s - s == (KS_FT)0) ^ 1;
         }
     }
+    return bad;
 }
 
-/* A row of the smoother: combine, and step back (back) in the plain form, or in the odd form
- * where the row holds a decay whose square leaves the normal range (its own function, so that
- * the plain rows run the machine code they ran before). */
+/* A row of the smoother: combine, and step back (back) from (Us, Es, Vs) to (Uo, Eo, Vo) in the
+ * plain form, or in the odd form where the row holds a decay whose square leaves the normal
+ * range (its own function, so that the plain rows run the machine code they ran before). Returns
+ * 1 where a lane's step back is not finite (the caller redoes it careful). */
 #define KS_SMOOTH_ROW(name, odd)                                                                  \
-    static void name(Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict Rs,          \
-                     const KS_FT *restrict as, const KS_FT *restrict ps,                         \
-                     const KS_FT *restrict hs, const KS_FT *restrict cs, int back,               \
-                     const KS_FT *restrict mean, const KS_FT *restrict var,                      \
-                     const KS_FT *restrict prec, const KS_FT *restrict info,                     \
-                     KS_FT *restrict Us, KS_FT *restrict Es, KS_FT *restrict Vs,                 \
-                     KS_FT *restrict sm, KS_FT *restrict sv) {                                   \
-        KS_F(_smooth_rows)(nb, zs, Rs, as, ps, hs, cs, back, odd, mean, var, prec, info, Us, Es, \
-                           Vs, sm, sv);                                                          \
+    static int name(Py_ssize_t nb, const KS_FT *restrict zs, const KS_FT *restrict Rs,           \
+                    const KS_FT *restrict as, const KS_FT *restrict ps,                          \
+                    const KS_FT *restrict hs, const KS_FT *restrict cs, int back,                \
+                    const KS_FT *restrict mean, const KS_FT *restrict var,                       \
+                    const KS_FT *restrict prec, const KS_FT *restrict info,                      \
+                    const KS_FT *restrict Us, const KS_FT *restrict Es,                          \
+                    const KS_FT *restrict Vs, KS_FT *restrict Uo, KS_FT *restrict Eo,            \
+                    KS_FT *restrict Vo, KS_FT *restrict sm, KS_FT *restrict sv) {                \
+        return KS_F(_smooth_rows)(nb, zs, Rs, as, ps, hs, cs, back, odd, mean, var, prec, info,  \
+                                  Us, Es, Vs, Uo, Eo, Vo, sm, sv);                               \
     }
 KS_CLONES KS_SMOOTH_ROW(KS_F(_smooth_row), 0)
 KS_NOINLINE KS_SMOOTH_ROW(KS_F(_smooth_row_odd), 1)
@@ -453,6 +524,34 @@ static void KS_F(_sources)(const ks_job *job, Py_ssize_t t, Py_ssize_t n0, Py_ss
             for (Py_ssize_t j = 0; j < nb; j++) b[j] = p[j * s->sn];
         }
     }
+}
+
+/* The smoother of lane n on its own (the filter's outputs written): the backward information
+ * filter from B_{T-1} = (0, 0, 1), combined with the filtered state at each step. Returns 1 where
+ * a step back was not finite (the caller runs the lane again careful: _back). */
+static KS_INLINE int KS_F(_lane_back)(const int careful, const ks_job *job, Py_ssize_t n,
+                                      const KS_FT *zp, const KS_FT *op, const KS_FT *ap,
+                                      const KS_FT *pp, const KS_FT *hp, const KS_FT *cp) {
+    typedef KS_FT FT;
+    const Py_ssize_t T = job->T, N = job->N;
+    const ks_series *in = job->in;
+    FT U = 0, E = 0, V = 1;
+    FT *const *out = (FT *const *)job->out;
+    int bad = 0;
+    for (Py_ssize_t t = T - 1; t >= 0; t--) {
+        const Py_ssize_t at = t * N + n;
+        KS_F(_combine)(out[KS_MEAN][at], out[KS_VAR][at], out[KS_PREC][at], out[KS_INFO][at], U,
+                       E, V, (FT *)job->smooth[0] + at, (FT *)job->smooth[1] + at);
+        if (t > 0) {
+            const FT a = ap[t * in[KS_A].st], a2 = a * a;
+            const int odd = ((a2 < (FT)KS_FT_MIN) & (a != (FT)0)) | (a2 > (FT)(1 / KS_FT_MIN));
+            KS_F(_back)(odd, careful, zp[t * in[KS_Z].st], op[t * in[KS_OBS].st], a,
+                        pp[t * in[KS_P].st], hp[t * in[KS_H].st], cp[t * in[KS_C].st], &U, &E, &V);
+            const FT s = U + E;
+            bad |= (s - s == (FT)0) ^ 1;
+        }
+    }
+    return bad;
 }
 
 /* Fewer lanes than a vector: each lane runs through all steps on its own (time inner), reading
@@ -501,24 +600,8 @@ KS_CLONES static int KS_F(_lanes)(const ks_job *job, Py_ssize_t n0, Py_ssize_t n
         ((FT *)job->loglik)[n] = (FT)ll;
         /* (NaN where a step flagged KS_LL_LOST: by design, not an overflow) */
         flags |= ll - ll == 0.0 || (ll != ll && (flags & KS_LL_LOST)) ? 0 : KS_NOT_FINITE;
-        if (job->smooth[0] != NULL) {
-            FT U = 0, E = 0, V = 1;
-            FT *const *out = (FT *const *)job->out;
-            for (Py_ssize_t t = T - 1; t >= 0; t--) {
-                const Py_ssize_t at = t * N + n;
-                KS_F(_combine)(out[KS_MEAN][at], out[KS_VAR][at], out[KS_PREC][at],
-                               out[KS_INFO][at], U, E, V, (FT *)job->smooth[0] + at,
-                               (FT *)job->smooth[1] + at);
-                if (t > 0) {
-                    const FT a = ap[t * in[KS_A].st], a2 = a * a;
-                    const int odd = ((a2 < (FT)KS_FT_MIN) & (a != (FT)0)) |
-                                    (a2 > (FT)(1 / KS_FT_MIN));
-                    KS_F(_back)(odd, zp[t * in[KS_Z].st],
-                                op[t * in[KS_OBS].st], a, pp[t * in[KS_P].st],
-                                hp[t * in[KS_H].st], cp[t * in[KS_C].st], &U, &E, &V);
-                }
-            }
-        }
+        if (job->smooth[0] != NULL && KS_F(_lane_back)(0, job, n, zp, op, ap, pp, hp, cp))
+            KS_F(_lane_back)(1, job, n, zp, op, ap, pp, hp, cp);
     }
     return flags;
 }
@@ -596,12 +679,13 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
         const double lj = fin->l[j];
         seen |= lj - lj == 0.0 || (lj != lj && (seen & KS_LL_LOST)) ? 0 : KS_NOT_FINITE;
     }
-    FT *us = st[0].u, *es = st[0].e, *vs = st[0].v;
     if (job->smooth[0] != NULL) { /* backward information filter, from B_{T-1} = (0, 0, 1) */
+        /* (the state tiles in and out of a step back, swapped every step) */
+        const KS_F(_state) *bi = &st[0], *bo = &st[1];
         for (Py_ssize_t j = 0; j < nb; j++) {
-            us[j] = 0;
-            es[j] = 0;
-            vs[j] = 1;
+            bi->u[j] = 0;
+            bi->e[j] = 0;
+            bi->v[j] = 1;
         }
         const int a_fixed = job->in[KS_A].st == 0;
         int odd = 0;
@@ -610,10 +694,26 @@ static int KS_F(_tile)(const ks_job *job, Py_ssize_t n0, Py_ssize_t nb, Py_ssize
             KS_F(_sources)(job, t, n0, nb, buf, W, t == T - 1, src);
             FT *const *out = (FT *const *)job->out;
             if (t == T - 1 || !a_fixed) odd = KS_F(_odd_decays)(nb, src[KS_A]);
-            (odd ? KS_F(_smooth_row_odd) : KS_F(_smooth_row))(
+            const int bad = (odd ? KS_F(_smooth_row_odd) : KS_F(_smooth_row))(
                 nb, src[KS_Z], src[KS_OBS], src[KS_A], src[KS_P], src[KS_H], src[KS_C], t > 0,
-                out[KS_MEAN] + row, out[KS_VAR] + row, out[KS_PREC] + row, out[KS_INFO] + row, us,
-                es, vs, (FT *)job->smooth[0] + row, (FT *)job->smooth[1] + row);
+                out[KS_MEAN] + row, out[KS_VAR] + row, out[KS_PREC] + row, out[KS_INFO] + row,
+                bi->u, bi->e, bi->v, bo->u, bo->e, bo->v, (FT *)job->smooth[0] + row,
+                (FT *)job->smooth[1] + row);
+            if (bad) { /* a step back not finite: redo those lanes careful */
+                for (Py_ssize_t j = 0; j < nb; j++) {
+                    const FT s = bo->u[j] + bo->e[j] + bo->v[j];
+                    if (s - s == (FT)0) continue;
+                    FT U = bi->u[j], E = bi->e[j], V = bi->v[j];
+                    KS_F(_back)(odd, 1, src[KS_Z][j], src[KS_OBS][j], src[KS_A][j], src[KS_P][j],
+                                src[KS_H][j], src[KS_C][j], &U, &E, &V);
+                    bo->u[j] = U;
+                    bo->e[j] = E;
+                    bo->v[j] = V;
+                }
+            }
+            const KS_F(_state) *sw = bi;
+            bi = bo;
+            bo = sw;
         }
     }
     return seen & (KS_NOT_FINITE | KS_Z_INF | KS_BAD_INPUT | KS_LL_LOST);

@@ -10,7 +10,9 @@ implements the backend contract of docs/backend-contract.md on CPU tensors:
 float64), each possibly an expanded view (stride 0) or a compact ``[1, N]``, ``[T, 1]`` or
 ``[1, 1]`` tensor, read in place, never materialized; ``x0 = (u0, e0, v0)``: three ``[N]`` tensors
 (homogeneous coordinates). Beliefs are carried as normalized homogeneous triples, so a diffuse
-state and a state known exactly are ordinary values and nothing overflows on a valid model.
+state and a state known exactly are ordinary values and nothing overflows on a valid model; where
+an update's product passes the range though the belief does not (``obs_var`` 1e300 times a mean
+of 1e10), the kernel forms it in a power-of-two scaling, as ``steps.observe`` does.
 
 Every call is one pass over time per tile of lanes, vectorized across lanes, with tiles handed out
 to the calling thread and a persistent pool of worker threads (``torch.get_num_threads()`` in all,
@@ -18,7 +20,9 @@ fewer for small calls) with the GIL released. ``outputs="loglik"`` writes no ``[
 
 Gradients: ``filter_lanes(..., outputs="loglik")["loglik"]`` is differentiable by the kernel's
 adjoint (:func:`loglik_grad`: one reverse pass with checkpoints, gradients in each input's compact
-shape, no other ``[T, N]`` array). The other outputs, the smoother, gradients through ``final``
+shape, no other ``[T, N]`` array; in float64 the steps whose variance passes ``2**64`` or whose
+values leave the range take a wide form, which holds such states as ``steps.normalize`` does:
+``_native_adjoint.h``, "Extremes"). The other outputs, the smoother, gradients through ``final``
 and second derivatives by autograd take the torch backend's vector-Jacobian product
 (``kalmanscan.core.parallel``) at the same inputs. :func:`loglik_hessian` gives exact-gradient
 Hessians for fitting's standard errors.
