@@ -283,3 +283,15 @@ def test_fit_ou_series_labels():
         ks.fit_ou(z, series_labels=["x", "y"])
     with pytest.raises(TypeError, match="series_labels: expected a list of 3 labels"):
         ks.fit_ou(z, series_labels="xyz")
+
+
+@pytest.mark.parametrize("units", [b"K", 1, " "], ids=["bytes", "number", "blank"])
+def test_data_units_attr_not_a_unit_string_is_kept_on_observed(units):
+    """A ``units`` attr that names no unit (bytes, a number, blank) gives the outputs none, and
+    ``observed`` keeps the data's attrs as they are (it lost the attr)."""
+    z = np.array([1.0, 2.0, np.nan, 3.0, 2.5])
+    da = xr.DataArray(z, dims="time", attrs={"units": units, "long_name": "temp"})
+    ds = da.kalman.filter(sigma2=1.0, obs_var=1.0)
+    assert ds["observed"].attrs["units"] == units
+    assert ds["observed"].attrs["long_name"] == "temp"
+    assert "units" not in ds["variance"].attrs and "units" not in ds["mean"].attrs

@@ -460,7 +460,7 @@ def add_units(ds: xr.Dataset, units: str | None, time_units: str | None) -> xr.D
             continue
         if k in known:
             ds[k].attrs["units"] = known[k]
-        else:
+        elif k != "observed":  # (the data's own attrs, kept whatever their units attr holds)
             ds[k].attrs.pop("units", None)
     return ds
 
