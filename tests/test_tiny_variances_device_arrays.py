@@ -520,3 +520,17 @@ def test_on_cuda_one_synchronization(backend, monkeypatch):
             assert with_screen == 1, fn.__name__
     assert not any(f & core_filter._MAYBE_TINY for f in spy.flags)
     assert all(not r["host"] for r in spy.runs)
+
+
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize("bad", [-1.0, float("nan")], ids=["negative", "nan"])
+def test_invalid_obs_var_array_off_the_host_is_named(bad, backend, monkeypatch, triton_on_cpu):
+    """An invalid ``obs_var`` array judged off the host: the error names ``obs_var`` (a negative
+    one reached the screen's logarithm: 'math domain error' on a GPU)."""
+    z = torch.tensor(np.stack([_walk(0), _walk(1)], 1))
+    R = torch.full((2,), 0.7, dtype=torch.float64)
+    R[1] = bad
+    _Spy(monkeypatch, device=True)
+    for fn in (ks.filter, ks.loglik):
+        with pytest.raises(ValueError, match="obs_var"):
+            fn(z, R, 0.9, 0.1, backend=backend)

@@ -320,8 +320,8 @@ def screen_tiny(r: float, h: float, p: float, zero: bool, dtype) -> bool:
     :func:`tiny_grid` flags is flagged; it may flag a call whose extremes sit at different
     elements (then :func:`_tiny_lanes` decides exactly). Half a power of two of margin for
     plain numbers, judged before their rounding to the dtype."""
-    if math.isnan(r) or math.isnan(h) or math.isnan(p):
-        return True  # (an invalid input: the checks name it)
+    if math.isnan(r) or math.isnan(h) or math.isnan(p) or r < 0 or p < 0:
+        return True  # (an invalid input: the checks name it; a negative obs_var had no log)
     below = _tiny_below(dtype) + 0.5
 
     def lg(x):
