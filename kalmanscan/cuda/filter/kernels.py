@@ -237,7 +237,9 @@ def kept_update(U, E, vm, um, mp, phi, r, zz, h, rU):
     zh = zz * rcp(tl.where(h != 0.0, h, 1.0))
     toward_m = zh + (um * rU) * (mp - zh)
     m1 = tl.where(g > 0.5, toward_m, toward_z)
-    return tl.where(um > 0.0, m1, E * rU)
+    # (0 where the state stays diffuse, U = 0: a step that forgets reads the carried mean
+    # times al = 0, and 0 * NaN was NaN)
+    return tl.where(um > 0.0, m1, tl.where(U > 0.0, E * rU, 0.0))
 
 
 @helper
