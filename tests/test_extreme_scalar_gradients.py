@@ -16,10 +16,17 @@ ends of float64's range (float32's), on the sequential and torch backends, again
   derivative times its adjoint overflowed where the product does not (a decay 0 times an offset
   of 1e150 in the unit ``2**332``: NaN).
 
-Truth: a covariance-form filter and smoother in mpmath at 120 digits on the inputs as the dtype
+Truth: a covariance-form filter and smoother in mpmath at 400 digits on the inputs as the dtype
 holds them (the update written ``(m R + P h z) / S`` and the smoothed mean
 ``m + P (E - L m) / (1 + P L)``: no cancellation the float filter does not have); derivatives by
-the complex step. A derivative at a step that forgets is the limit's (``decay -> 0``).
+the complex step, of ``10**-(DPS/3)`` times the input (a step of ``1e-40 |x|`` left a truncation
+error of its square times the third derivative: ``d ll / d loading`` came out -2.5e19 for -0.5 on
+data of 1e50). A derivative at a step that forgets is the limit's (``decay -> 0``). Each derivative
+is judged relative to itself plus a floor: the magnitude of the output's terms the input reaches
+(the log-likelihood's from its step on, as the information form splits them; the smoothed
+means) per unit of the input, its magnitude or, at 0, that of the term it enters (an offset's
+mean, a process variance's variance: :func:`_units`). The floor ``(|loglik| + 1) / max(|x|, 1)``
+before it, 3e99 for an offset or a process variance of 0, let a derivative replaced by 0 pass.
 """
 
 from __future__ import annotations
@@ -42,26 +49,35 @@ KEYS = ("R", "a", "p", "h", "c", "z")
 
 
 def mp_lane(z, R, a, p, h, c, m0, P0):
-    """``(ll, mean, var, smean, svar)`` of one lane (lists of mp numbers, None where nothing is
-    known); ``z`` None where missing, ``P0`` None: diffuse; ``a == 0`` forgets."""
+    """``(ll, mean, var, smean, svar, parts)`` of one lane (lists of mp numbers, None where
+    nothing is known); ``z`` None where missing, ``P0`` None: diffuse; ``a == 0`` forgets.
+    ``parts``: each step's log-likelihood terms (``"ll"``, a list a step: ``-log(2 pi S/P)/2``,
+    ``-log(P)/2``, ``-r^2/(2 S)``, as the information form splits them), the predicted means and
+    variances (``"pm"``, ``"pv"``) and the filtered ones entering each step (``"m_in"``,
+    ``"v_in"``)."""
     T = len(z)
     m, P = (None, None) if P0 is None else (m0, P0)
-    ll = mp.mpf(0)
+    parts = {"ll": [[] for _ in range(T)], "pm": [], "pv": [], "m_in": [], "v_in": []}
     mean, var = [], []
     for t in range(T):
+        parts["m_in"].append(m)
+        parts["v_in"].append(P)
         if a[t] == 0:
             m, P = c[t], p[t]
         elif P is not None:
             m, P = a[t] * m + c[t], a[t] ** 2 * P + p[t]
+        parts["pm"].append(m)
+        parts["pv"].append(P)
         if z[t] is not None:
             if P is None:
                 if h[t] == 0:
-                    ll += -(mp.log(2 * mp.pi * R[t]) + z[t] ** 2 / R[t]) / 2
+                    parts["ll"][t] = [-mp.log(2 * mp.pi * R[t]) / 2, -(z[t] ** 2) / R[t] / 2]
                 else:
                     m, P = z[t] / h[t], R[t] / h[t] ** 2
             else:
                 S = h[t] ** 2 * P + R[t]
-                ll += -(mp.log(2 * mp.pi * S) + (z[t] - h[t] * m) ** 2 / S) / 2
+                parts["ll"][t] = [-mp.log(2 * mp.pi * S / P) / 2, -mp.log(P) / 2,
+                                  -((z[t] - h[t] * m) ** 2) / S / 2]  # fmt: skip
                 m, P = (m * R[t] + P * h[t] * z[t]) / S, P * R[t] / S
         mean.append(m)
         var.append(P)
@@ -80,7 +96,7 @@ def mp_lane(z, R, a, p, h, c, m0, P0):
         else:
             den = 1 + p[t] * L
             L, E = a[t] ** 2 * L / den, a[t] * (E - c[t] * L) / den
-    return ll, mean, var, smean, svar
+    return mp.fsum(x for xs in parts["ll"] for x in xs), mean, var, smean, svar, parts
 
 
 def _rounded(x, dtype):
@@ -122,9 +138,8 @@ def _mp_args(ins, n, over=None):
 def _truth(ins, n):
     """Lane ``n``: ``(ll, mean, var, smean, svar)`` as floats (NaN / inf where unknown)."""
     with mp.workdps(DPS):
-        ll, *series = mp_lane(*_mp_args(ins, n))
+        ll, mean, var, smean, svar, _ = mp_lane(*_mp_args(ins, n))
         conv = lambda xs, fill: np.array([fill if x is None else float(x) for x in xs])  # noqa: E731
-        mean, var, smean, svar = series
         return (float(ll), conv(mean, NAN), conv(var, math.inf), conv(smean, NAN),
                 conv(svar, math.inf))  # fmt: skip
 
@@ -132,19 +147,65 @@ def _truth(ins, n):
 def _mp_grad(ins, n, key, of):
     """Complex-step derivatives of lane ``n``'s log-likelihood (``of="ll"``) or the sum of its
     smoothed means (``"smean"``) in each step's ``key`` (``[T]``), or in ``m0`` / ``P0``
-    (``[1]``)."""
+    (``[1]``). The step is ``10**-(DPS/3)`` times the input (``1e-300`` times that at 0): its
+    truncation error, the step squared times the third derivative, stays far below the
+    derivative on these magnitudes (mpmath keeps the imaginary parts' digits at any scale)."""
     T = ins["z"].shape[0]
     where = [(key,)] if key in ("m0", "P0") else [(key, t) for t in range(T)]
     out = np.zeros(len(where))
     with mp.workdps(DPS):
+        rel = mp.mpf(10) ** -(DPS // 3)
         for i, w in enumerate(where):
             x = float(ins[key][n] if len(w) == 1 else ins[key][w[1], n])
             if math.isnan(x):  # (a missing z)
                 continue
-            step = mp.mpf(abs(x) if x != 0 else 1e-300) * mp.mpf(10) ** -40
+            step = mp.mpf(abs(x) if x != 0 else 1e-300) * rel
             res = mp_lane(*_mp_args(ins, n, {w: mp.mpc(x, step)}))
             val = res[0] if of == "ll" else mp.fsum(s for s in res[3] if s is not None)
             out[i] = float(mp.im(val) / step)
+    return out
+
+
+def _units(ins, n, parts):
+    """Each input's unit in lane ``n`` (``{key: [T] or [1]}``): its magnitude, or where it is 0
+    that of what it would enter (``parts``: :func:`mp_lane`'s): an offset's the mean it is
+    added to (``a m``), a process variance's the variance (``a^2 P``), a datum's ``h m``, the
+    prior mean's the larger of the prior's sd and the first observation's ``|z / h|``, a
+    decay's ``|c| / |m|`` and a loading's ``|z| / max(|m|, sd)``; 1 where that is 0 or unknown
+    too."""
+    T = ins["z"].shape[0]
+    f = lambda x: math.nan if x is None else abs(float(x))  # noqa: E731  (NaN: unknown)
+    col = {k: np.abs(ins[k][:, n]) for k in KEYS}
+    m_in, v_in = np.array([f(x) for x in parts["m_in"]]), np.array([f(x) for x in parts["v_in"]])
+    pm, pv = np.array([f(x) for x in parts["pm"]]), np.array([f(x) for x in parts["pv"]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        own = dict(R=np.zeros(T), c=col["a"] * m_in, p=col["a"] ** 2 * v_in, z=col["h"] * pm,
+                   a=col["c"] / m_in, h=col["z"] / np.maximum(pm, np.sqrt(pv)))  # fmt: skip
+    out = {k: np.where(col[k] != 0, col[k], own[k]) for k in KEYS}
+    seen = [abs(z / h) for z, h in zip(ins["z"][:, n], ins["h"][:, n], strict=True)
+            if not math.isnan(z) and h != 0]  # fmt: skip
+    m0 = abs(float(ins["m0"][n])) or max([math.sqrt(float(ins["P0"][n]))] + seen[:1])
+    out["m0"] = np.array([m0])
+    out["P0"] = np.array([float(ins["P0"][n])])
+    return {k: np.where((x > 0) & np.isfinite(x), x, 1.0) for k, x in out.items()}
+
+
+def _floors(ins, n, of):
+    """Each input's floor in lane ``n``: the magnitude of the output's terms it reaches per unit
+    of it (:func:`_units`), the log-likelihood's terms from its step on (every step's for the
+    prior's) or the smoothed means' (:func:`mp_lane`): what their rounding leaves of a
+    derivative."""
+    with mp.workdps(DPS):
+        _, _, _, smean, _, parts = mp_lane(*_mp_args(ins, n))
+        if of == "ll":
+            per = np.array([float(mp.fsum(abs(x) for x in xs)) for xs in parts["ll"]])
+            reach = np.cumsum(per[::-1])[::-1]  # (the terms from step t on)
+        else:
+            total = float(mp.fsum(abs(x) for x in smean if x is not None))
+            reach = np.full(ins["z"].shape[0], total)
+    units = _units(ins, n, parts)
+    out = {k: reach / units[k] for k in KEYS}
+    out.update(m0=reach[:1] / units["m0"], P0=reach[:1] / units["P0"])
     return out
 
 
@@ -166,9 +227,9 @@ def _grad_keys(ins, n):
 
 
 def _check_grad(ins, dtype, backend, of, lanes=None):
-    """Every lane's derivatives against the complex step: relative, or the output's rounding per
-    unit of the input (``(|f| + 1) / max(|x|, 1)``, ``f`` the log-likelihood or the sum of the
-    smoothed means' magnitudes) where the truth is below it."""
+    """Every lane's derivatives against the complex step: relative to the truth's magnitude
+    plus the input's floor (:func:`_floors`: the rounding of the output's terms it reaches per
+    unit of the input; a derivative whose truth and floor are both 0 is to be 0)."""
     N = ins["z"].shape[1]
     keys = _grad_keys(ins, 0)
     if any(math.isfinite(ins["P0"][n]) != math.isfinite(ins["P0"][0]) for n in range(N)):
@@ -178,16 +239,15 @@ def _check_grad(ins, dtype, backend, of, lanes=None):
     got = torch.autograd.grad(out.nansum(), [t[k] for k in keys])
     tol = tolerance("oracle_grad" if dtype == torch.float64 else "truth", dtype)
     for n in range(N) if lanes is None else lanes:
-        tr = _truth(ins, n)
-        f = abs(tr[0]) if of == "ll" else float(np.nansum(np.abs(tr[3])))
+        floors = _floors(ins, n, of)
         for k, g in zip(keys, got, strict=True):
             g = (g[n : n + 1] if g.dim() == 1 else g[:, n]).double().numpy()
-            want = _mp_grad(ins, n, k, "ll" if of == "ll" else "smean")
-            x = ins[k][n : n + 1] if ins[k].ndim == 1 else ins[k][:, n]
-            floor = (f + 1) / np.maximum(np.abs(np.nan_to_num(x)), 1.0)
+            want, floor = _mp_grad(ins, n, k, of), floors[k]
             assert np.all(np.isfinite(g)), (backend, of, n, k, g, want)
-            err = np.abs(g - want) / (np.abs(want) + floor)
-            assert np.max(err) <= tol, (backend, of, n, k, g, want)
+            scale = np.abs(want) + floor
+            err = np.where(scale > 0, np.abs(g - want) / np.where(scale > 0, scale, 1.0),
+                           np.where(g == want, 0.0, np.inf))  # fmt: skip
+            assert np.max(err) <= tol, (backend, of, n, k, g, want, floor)
 
 
 def _check_values(ins, dtype, backend):
@@ -280,6 +340,20 @@ def test_values_match_mpmath(cid, dtype, case, backend):
     _check_values(_inputs(case, dtype), dtype, backend)
 
 
+# a loading of 0 at a step whose predicted variance is 1e300: d/d(h^2) = g v- passed the range,
+# and times h = 0 gave a NaN gradient in the loading (steps.loglik_terms: h (h v-))
+LOADING0 = dict(z=[1e50, 1e50, 1e50], h=[1.0, 0.0, 1.0], p=[0.0, 1e300, 0.0], m0=1e50, P0=1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loading_of_0_at_a_variance_of_1e300(backend):
+    """Values and both gradients (the loading's NaN before)."""
+    ins = _inputs(LOADING0, torch.float64)
+    _check_values(ins, torch.float64, backend)
+    for of in ("ll", "smean"):
+        _check_grad(ins, torch.float64, backend, of)
+
+
 # obs_var x |mean| past the range: 1e300 x 1e10 (its own step), a proper prior's mean 1e10
 # fmt: off
 OBS_CASES = [
@@ -321,26 +395,38 @@ def test_one_extreme_lane_among_ordinary_ones():
 
 def _sweep_lane(rng, T):
     """A random lane of mixed extremes: process variances 0, 1e-100, 1 or huge; decays 1, 0.9,
-    -1, 1.5 and 0 (with an offset); data of scale 1 to 1e200; a quarter missing; obs_var 1,
-    huge or the data's scale squared (at most 1e198); a diffuse, huge or unit prior. Kept where
-    the log-likelihood is below ``2**900`` (its derivatives then are numbers: the hold,
-    steps.normalize) and a step that forgets does not meet a diffuse state (no derivative in its
-    decay there)."""
+    -1, 1.5 and 0 (with an offset); loadings 1, 0.5, 0, 1e-3 and 30; data of scale 1 to 1e200;
+    a quarter missing; obs_var 1, huge or the data's scale squared (at most 1e198); a diffuse,
+    huge or unit prior. Kept where the log-likelihood is below ``2**900`` (its derivatives then
+    are numbers: the hold, steps.normalize), so is ``P z / R`` at a loading of 0 (the mean's
+    derivative in it), and a step that forgets does not meet a diffuse state (no derivative in
+    its decay there); a diffuse lane's loadings are not 0 up to its first observation (the
+    exact diffuse log-likelihood jumps there: no derivative in them)."""
     while True:
         scale = rng.choice([1.0, 1e50, 1e150, 1e200])
         big = rng.choice([1e100, 1e200, 1e300])
         p = rng.choice([0.0, 1.0, big, 1e-100], size=T, p=[0.3, 0.3, 0.3, 0.1])
         a = rng.choice([1.0, 0.9, -1.0, 0.0, 1.5], size=T, p=[0.5, 0.2, 0.1, 0.1, 0.1])
         p = np.where((a == 0) & (p == 0), 1.0, p) * rng.uniform(0.5, 2.0, T)
+        h = rng.choice([1.0, 0.5, 0.0, 1e-3, 30.0], size=T, p=[0.4, 0.2, 0.2, 0.1, 0.1])
         z = scale * rng.normal(1.0, 0.3, T)
         z[rng.random(T) < 0.25] = NAN
         lane = dict(z=z, R=rng.choice([1.0, big, min(scale, 1e100) ** 2 * 1e-2]), a=a, p=p,
-                    c=np.where(a == 0, scale * rng.normal(0.0, 1.0, T), 0.0), m0=scale,
+                    h=h, c=np.where(a == 0, scale * rng.normal(0.0, 1.0, T), 0.0), m0=scale,
                     P0=rng.choice([math.inf, big, 1.0]))  # fmt: skip
         seen = np.cumsum(~np.isnan(z)) - ~np.isnan(z)  # (observed before step t)
         if math.isinf(lane["P0"]) and np.any((a == 0) & (seen == 0)):
             continue
-        if abs(_truth(_inputs(lane, torch.float64), 0)[0]) < 2.0**900:
+        if math.isinf(lane["P0"]):
+            h[(seen == 0) & (h == 0)] = 1.0
+        ins = _inputs(lane, torch.float64)
+        with mp.workdps(DPS):
+            ll, *_, parts = mp_lane(*_mp_args(ins, 0))
+            # (at a loading of 0 the mean's derivative in it is P z / R: within the range)
+            steep = any(mp.fabs(P * z[t] / ins["R"][t, 0]) > 2.0**900
+                        for t, P in enumerate(parts["pv"])
+                        if h[t] == 0 and P is not None and not math.isnan(z[t]))  # fmt: skip
+        if abs(ll) < 2.0**900 and not steep:
             return lane
 
 

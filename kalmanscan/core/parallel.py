@@ -35,6 +35,8 @@ power of two.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -52,12 +54,15 @@ from kalmanscan.core.steps import (
     combine_two_filter,
     compact,
     held,
+    held_mask,
     hold_exponent,
     kept_mean,
+    near_hold,
     normalize_max,
     predict,
     predict_coeffs,
     quotient,
+    read_tests,
     start,
     update,
 )
@@ -90,10 +95,8 @@ def _lane_unit_fails(k, A11, A21):
     """Whether some lane's unit ``k`` ([1, N]) fails a step: the variance the step alone gives,
     ``A21/A11`` (forward: ``p / (1 + p phi)``; backward: ``p / a^2``) at least 1, is more than
     :data:`_STEP_UNIT_SPREAD` below ``k``, or a nonzero ``A21`` is below ``k`` times
-    :data:`_STEP_UNIT_FLOOR` where that variance is below ``k``. With every ``k`` 1 (no process
-    variance above 1) nothing of ``[T, N]`` is computed."""
-    if not k.numel() or not bool((k > 1).any()):  # (N = 0: none)
-        return False
+    :data:`_STEP_UNIT_FLOOR` where that variance is below ``k`` (asked only where some ``k`` is
+    above 1: :func:`_units`)."""
     with torch.no_grad():
         r = A21 / torch.where(A11 > 0, A11, 1.0)
         steps = torch.where((A11 > 0) & (r > 1) & torch.isfinite(r), r, 1.0)
@@ -223,19 +226,26 @@ def _carried_units_back(a, p, R, h, L, N):
     return _units_from_logs(x, p.dtype), _units_from_logs(x0, p.dtype)
 
 
-def _units(k, d, leaves, x0, carried):
+def _unit_tests(k, d):
+    """The tests :func:`_units` takes from ``k`` and ``d`` alone, as 0-d bool tensors (read with
+    the call's others): some ``k`` above 1, some ``d`` above 1, some ``k`` above ``2**G``."""
+    G = hold_exponent(k.dtype)
+    return (k > 1).any(), (d > 1).any(), (k > 2.0**G).any()
+
+
+def _units(k, leaves, x0, carried, tests):
     """The scan's units (:func:`_scan`): the lane's ``k`` where it serves every step and the
     leaves (and the initial state's ``e``, ``x0[1]``) stay in range in it; else per-step units
     (``carried()``, where the lane's unit fails a step) or ``k`` as a power of two. A unit
     above ``2**G`` (steps.hold_exponent) is taken as a power of two too: ``k A12`` and ``k b2``
     of the plain leaves are products with a factor below ``1/k`` (``h^2/obs_var`` 1e-300 at
     ``process_var = obs_var = 1e300``), whose derivatives passed the range (NaN gradients of
-    ``ks.smooth``); the exact leaves form them without it."""
-    if _lane_unit_fails(k, leaves[0], leaves[2]):
+    ``ks.smooth``); the exact leaves form them without it. ``tests``: :func:`_unit_tests`, read;
+    with every ``k`` and ``d`` at most 1 nothing of ``[T, N]`` is computed."""
+    big_k, big_d, huge_k = tests
+    if big_k and _lane_unit_fails(k, leaves[0], leaves[2]):
         return carried()
-    if bool((k > 1).any() or (d > 1).any()) and (
-        bool((k > 2.0 ** hold_exponent(k.dtype)).any()) or _leaves_overflow(leaves, k, x0)
-    ):
+    if (big_k or big_d) and (huge_k or _leaves_overflow(leaves, k, x0)):
         return _lane_units(k)
     return k
 
@@ -246,15 +256,30 @@ def _lane_units(k):
     return kappa, kappa[0]
 
 
-def _scan(leaves, x0, units, check=False):
+class _Scanned(NamedTuple):
+    """A scan's triples before the host reads of its tests (:func:`_scan`)."""
+
+    plain: tuple  # the triples in the user's units, each divided by max(u, v)
+    some: torch.Tensor  # 0-d: a triple's variance above 2**G (steps.beyond)
+    far: torch.Tensor  # 0-d: a state's variance above 2**G in its unit (_far)
+    held: Callable  # () -> the triples, held where steps.held says (a host read)
+
+    def resolved(self):
+        """The triples, held where steps.held says (host reads)."""
+        return self.held() if bool(self.some) else self.plain
+
+
+def _scan(leaves, x0, units, big_k=True):
     """Projective scan in the coordinates ``(k_t u, k_t e, v)`` of step t's state, returned in
     the user's. ``units``: the lane's unit ``k`` ([1, N], its initial state's too; the leaves
     are scaled here), or a pair of integer exponents ``(kappa, kappa0)``, ``k_t = 2**kappa_t``
     (``[T, N]`` per step, or ``[1, N]`` per lane) and the initial state's ``2**kappa0``, the
-    leaves already in them (:func:`_scan_exact`). ``check``: also return whether a state
-    (the initial one included) has a variance above ``2**G`` in its unit (:func:`_far`)."""
+    leaves already in them (:func:`_scan_exact`). ``big_k``: whether some ``k`` is above 1.
+    A :class:`_Scanned`: the tests (which triples are held; whether a state, the initial one
+    included, has a variance above ``2**G`` in its unit, :func:`_far`) as tensors, for the
+    caller to read with its others."""
     if isinstance(units, tuple):
-        return _scan_exact(leaves, x0, *units, check=check)
+        return _scan_exact(leaves, x0, *units)
     k = units
     A11, A12, A21, A22, b1, b2, al = leaves
     # (quotient: the derivatives in k as products; autograd's (k / kp) / kp underflowed after
@@ -266,15 +291,20 @@ def _scan(leaves, x0, units, check=False):
     # (k's derivative as products: autograd's (u / k) / k underflows at k = p = 1e200)
     out = normalize_max(*quotient(k, u, e), v)
     with torch.no_grad():  # (a variance above 2**G in the user's units, k v / u; k >= 1)
-        low = 2.0 ** -hold_exponent(u.dtype)
-        vk = v * k if bool((k > 1).any()) else v
+        vk = v * k if big_k else v
         some = beyond(u, vk, hold_exponent(u.dtype))
-        far = check and (_far(*start) or (some and _far(u, e, v)))
-        hold = held(u, vk) if some else None
-    if hold is not None:  # (the state's mean and variance in the unit: no u / k below the range)
+        # (_far of the scan's states implies some: k >= 1)
+        far = _far(*start) | (_far(u, e, v) if big_k else some)
+
+    def held_out():  # (the state's mean and variance in the unit: no u / k below the range)
+        hold = held(u, vk)
+        if hold is None:
+            return out
+        low = 2.0 ** -hold_exponent(u.dtype)
         mean, var = quotient(torch.where(u > 0, u, 1.0), e, v)
-        out = _hold(hold, out, (low, mean * low, var * (k * low)))
-    return (out, far) if check else out
+        return _hold(hold, out, (low, mean * low, var * (k * low)))
+
+    return _Scanned(out, some, far, held_out)
 
 
 def _hold(hold, out, held_out):
@@ -288,26 +318,38 @@ def _far(u, e, v):
     ``2**G`` (steps.hold_exponent): the derivatives in its ``u``, about ``(loss) / u``, pass the
     range where ``|loss|`` passes ``finfo.max 2**-G`` (a prior variance of 1e300 carried by
     ``process_var = 0`` in the unit 1: NaN gradients). The scan is then run in per-step units,
-    where each state's variance is of order 1 (:func:`_carried_units`)."""
+    where each state's variance is of order 1 (:func:`_carried_units`). A 0-d bool tensor."""
     return beyond(u.detach(), v.detach(), hold_exponent(u.dtype))
 
 
-def _scan_exact(leaves, x0, kappa, kappa0, check=False):
+def _scan_exact(leaves, x0, kappa, kappa0):
     """:func:`_scan` with leaves already in the units ``2**kappa`` (:func:`_exact_leaf`):
     the initial state taken into ``2**kappa0``, every state back from ``2**kappa_t``, each by
     one exact scaling (no gradient goes to the units)."""
     start = _in_unit(*x0, kappa0)
     u, e, v = projective_scan(leaves, start, detach=True)
-    far = check and (_far(*start) or _far(u, e, v))
+    far = _far(*start) | _far(u, e, v)
     kappa = kappa.expand(u.shape[0], -1)
-    out = _in_unit(u, e, v, -kappa)
+    u_, e_, v_ = _in_unit(u, e, v, -kappa)
+    # a state that knows nothing (u = 0) is the same belief at every v: v gets no derivative,
+    # which the detached divisors would leave it (a scale's, 1.8e-98 in a process variance
+    # after a step that forgets, which the smoother's combine met with its rounding: a smoothed
+    # mean's derivative in that process variance 3.8e-64 for -3.1e-251)
+    out = (u_, e_, torch.where(u_ == 0, v_.detach(), v_))
     with torch.no_grad():  # (the variance in the user's units: v/u times 2**kappa)
-        hold = held(u, _times_pow2(v, kappa))
-    if hold is not None:  # (the divisor u a constant, as _in_unit's)
+        vk = _times_pow2(v, kappa)
+        some = beyond(u, vk, hold_exponent(u.dtype))
+
+    def held_out():  # (the divisor u a constant, as _in_unit's)
+        hold = held(u, vk)
+        if hold is None:
+            return out
         us = torch.where(u > 0, u, 1.0).detach()
         G = hold_exponent(u.dtype)
-        out = _hold(hold, out, (u / us * 2.0**-G, e / us * 2.0**-G, _times_pow2(v / us, kappa - G)))
-    return (out, far) if check else out
+        triple = (u / us * 2.0**-G, e / us * 2.0**-G, _times_pow2(v / us, kappa - G))
+        return _hold(hold, out, triple)
+
+    return _Scanned(out, some, far, held_out)
 
 
 def _in_unit(u, e, v, kappa):
@@ -472,7 +514,7 @@ def _tiny_decay_steps(leaves, x0, units, filt, steps):
         for t in sorted(cut) + [T]:
             if t > t0:
                 seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
-                            _seg_units(units, t0, t))  # fmt: skip
+                            _seg_units(units, t0, t)).resolved()  # fmt: skip
                 parts.append(seg)
                 state = tuple(y[-1] for y in seg)
             if t < T:
@@ -514,7 +556,7 @@ def _odd_decay_steps_back(leaves, units, back, steps, odd):
         for t in sorted(cut) + [L]:
             if t > t0:
                 seg = _scan(tuple(x[t0:t] if x.shape[0] > 1 else x for x in leaves), state,
-                            _seg_units(units, t0, t))  # fmt: skip
+                            _seg_units(units, t0, t)).resolved()  # fmt: skip
                 parts.append(seg)
                 state = tuple(y[-1] for y in seg)
             if t < L:
@@ -552,28 +594,64 @@ class _Over(torch.autograd.Function):
                                               strict=True)))  # fmt: skip
 
 
-def _over_max(R, h, hz):
-    """``(R, h^2, hz)`` over ``max(R, h^2)`` (the leaves' scale), each ``x * (1 / max)``; where
-    ``max(R, h^2)`` is beyond ``2**G`` or below ``2**-G`` (steps.hold_exponent), with the
-    derivative in it formed as products (:class:`_Over`)."""
+def _over_max_test(R, h, hz):
+    """Whether :func:`_over_max` is to form its derivative in ``max(R, h^2)`` as products
+    (differentiated, and ``max(R, h^2)`` beyond ``2**G`` or below ``2**-G``,
+    steps.hold_exponent): a 0-d bool tensor (read with the call's other tests)."""
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in (R, h, hz))):
+        return torch.zeros((), dtype=torch.bool, device=R.device)
+    with torch.no_grad():
+        n = torch.maximum(R, h * h)
+        if not n.numel():
+            return torch.zeros((), dtype=torch.bool, device=R.device)
+        lim = 2.0 ** hold_exponent(R.dtype)
+        lo, hi = torch.aminmax(n)
+        return (hi > lim) | (lo < 1 / lim)
+
+
+def _over_max(R, h, hz, products):
+    """``(R, h^2, hz)`` over ``max(R, h^2)`` (the leaves' scale), each ``x * (1 / max)``;
+    ``products`` (:func:`_over_max_test`, read): with the derivative in ``max(R, h^2)`` formed
+    as products (:class:`_Over`)."""
     n = torch.maximum(R, h * h)
-    lim = 2.0 ** hold_exponent(R.dtype)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (R, h, hz)) and n.numel():
-        with torch.no_grad():
-            lo, hi = torch.aminmax(n)
-        if bool(hi > lim) or bool(lo < 1 / lim):
-            return _Over.apply(n, R, h * h, hz)
+    if products:
+        return _Over.apply(n, R, h * h, hz)
     inv = 1 / n
     return R * inv, h * h * inv, hz * inv
 
 
 def _forward(z, obs_var, decay, process_var, loading, offset, x0):
+    """Filtered and predicted triples, the filtered ``u`` entering each step, the lane's unit
+    ``k`` and whether a triple is held (False where none is; None: not known). An ordinary
+    call reads the host twice, each time every test at once (steps.read_tests): the inputs'
+    (a held prior, units, the diffuse prefix, tiny decays), then the scan's and the
+    predictions' (held triples, states far above their units, steps.near_hold), after which
+    only a call that meets one takes the steps after the scan again with them."""
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p, a)
-    x0 = start(*x0)
+    x_in, x0 = x0, start(*x0, checked=False)
     diffuse = x0[0] == 0
-    any_diffuse = bool(diffuse.any())
+    T, N = z.shape
+    tiny = torch.finfo(a.dtype).tiny
+    products = _over_max_test(R, h, hz)
+    with torch.no_grad():
+        n1 = torch.maximum(R[:1], h[:1] * h[:1])  # (the first step's h2s, as _over_max's)
+        tests = read_tests(
+            held_mask(x_in[0], x_in[2]).any(),
+            diffuse.any(),
+            products,
+            *_unit_tests(_lane_scale(p), d),
+            # the diffuse prefix: where a diffuse start is not informed at once (leading gaps,
+            # tiny decays: one whose square may underflow a diffuse start's first leaf; the
+            # prefix's own test, below half the range, is stricter)
+            ((q[:1] == 0) & (h[:1] * h[:1] * (1 / n1) == 0) & diffuse).any()
+            | (a * a < tiny**0.25).any(),
+            ((q == 0) & (d < tiny)).any(),  # decays whose square leaves the normal range
+        )
+    start_held, any_diffuse, products, *unit_tests, prefix, tiny_decays = tests
+    if start_held:
+        x0 = start(*x_in)
     if (
         any_diffuse
         and torch.is_grad_enabled()
@@ -582,7 +660,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
         R, h, hz, a, p, c, d = _diffuse_inputs(x0, q, R, h, hz, a, p, c, d)
     # the leaf times R (the update's R-scaled form), divided by s = max(R, h^2): no 1/R, and
     # nothing overflows (h^2 p / s <= p)
-    Rs, h2s, hzs = _over_max(R, h, hz)
+    Rs, h2s, hzs = _over_max(R, h, hz, products)
     al = Rs * a * (1 - q)
     box = None
     if torch.is_grad_enabled() and a.requires_grad:
@@ -591,8 +669,6 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
     leaves = (Rs + h2s * p, Rs * q + h2s * d, Rs * p, Rs * d, Rs * c + hzs * p,
               Rs * q * c + hzs * d, al)  # fmt: skip
     k = _lane_scale(p)
-    T, N = z.shape
-    tiny = torch.finfo(a.dtype).tiny
     plain, carried = leaves, []
 
     def carried_units():
@@ -615,14 +691,7 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
             terms = ([(R,), (h, h, p)], [(R, q), (h, h, d)], [(R, p)], [(R, d)],
                      [(R, c), (hz, p)], [(R, q, c), (hz, d)], [(R, w)])  # fmt: skip
             leaves = _exact_leaf(terms, shifts, z)
-        # the diffuse prefix: where a diffuse start is not informed at once (leading gaps, tiny
-        # decays)
-        if any_diffuse and bool(
-            ((q[:1] == 0) & (h2s[:1] == 0) & diffuse).any()
-            # a decay whose square may underflow a diffuse start's first leaf (the prefix's own
-            # test, below half the range, is stricter)
-            or (a * a < tiny**0.25).any()
-        ):
+        if any_diffuse and prefix:
             forget = q != 0
             if exact:
                 big = torch.log((Rs + h2s * p).clamp(min=1.0))
@@ -639,26 +708,42 @@ def _forward(z, obs_var, decay, process_var, loading, offset, x0):
             leaves = _diffuse_prefix(leaves, q, h2s, x0[0], log_d, const)
         return leaves, exact
 
+    def finish(filt, checked):
+        """The steps after the scan: tiny decays', the means' Newton step, the forget slope,
+        the predictions (``checked=False``: none held, steps.predict)."""
+        if tiny_decays:
+            filt = _tiny_decay_steps(leaves, x0, units, filt, (a, p, c, q, d, R, h, hz))
+        if _REPEATED_ROUNDING(z.dtype) and any(x.requires_grad for x in (*filt, *leaves)):
+            filt = _consistent_means(filt, x0, (a, p, c, q, d, R, h, hz))
+        if box is not None:
+            box["slope"] = _forget_slope(x0, filt, q, torch.ones_like(Rs) if exact else Rs)
+        prev = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, filt, strict=True))
+        pred = predict(*prev, a, p, c, q, d, carried=False, checked=checked)
+        return filt, pred, prev[0].detach()
+
     # per-step units and leaves formed exactly in them cost several passes over [T, N]: taken
     # only where the lane's unit would not hold (steps whose own variance is far below the
     # lane's largest process variance), its leaves pass the range, or a state's variance is
     # far above its unit (_far)
-    units = _units(k, d, plain, x0, carried_units)
+    units = _units(k, plain, x0, carried_units, unit_tests)
     leaves, exact = build(units)
-    filt, far = (_scan(leaves, x0, units), False) if carried else _scan(leaves, x0, units, True)
+    scan = _scan(leaves, x0, units, unit_tests[0])
+    far = scan.far if not carried else torch.zeros_like(scan.far)
+    if not tiny_decays:  # (after _tiny_decay_steps a triple may be held: its own reads)
+        filt, pred, u_in = finish(scan.plain, checked=False)
+        some, far, unusual = read_tests(scan.some, far, near_hold(pred[0], pred[2]))
+        if not (some or far or unusual):
+            return filt, pred, u_in, _lane_scale(p), False
+    else:
+        some, far = read_tests(scan.some, far)
     if far:
         units = carried_units()
         leaves, exact = build(units)
-        filt = _scan(leaves, x0, units)
-    if bool(((q == 0) & (d < tiny)).any()):  # decays whose square leaves the normal range
-        filt = _tiny_decay_steps(leaves, x0, units, filt, (a, p, c, q, d, R, h, hz))
-    if _REPEATED_ROUNDING(z.dtype) and any(x.requires_grad for x in (*filt, *leaves)):
-        filt = _consistent_means(filt, x0, (a, p, c, q, d, R, h, hz))
-    if box is not None:
-        box["slope"] = _forget_slope(x0, filt, q, torch.ones_like(Rs) if exact else Rs)
-    prev = tuple(torch.cat([s.expand(1, N), x[:-1]]) for s, x in zip(x0, filt, strict=True))
-    pred = predict(*prev, a, p, c, q, d, carried=False)
-    return filt, pred, prev[0].detach(), _lane_scale(p)
+        filt = _scan(leaves, x0, units).resolved()
+    else:
+        filt = scan.held() if some else scan.plain
+    filt, pred, u_in = finish(filt, checked=True)
+    return filt, pred, u_in, _lane_scale(p), None
 
 
 def _consistent_means(filt, x0, params):
@@ -696,13 +781,13 @@ def _consistent_means(filt, x0, params):
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
     sequential._check_outputs(outputs)
-    filt, pred, u_in, _ = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    return results(z, obs_var, loading, filt, pred, u_in, outputs)
+    filt, pred, u_in, _, any_held = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    return results(z, obs_var, loading, filt, pred, u_in, outputs, any_held)
 
 
 def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
-    filt, pred, u_in, k = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    out = results(z, obs_var, loading, filt, pred, u_in)
+    filt, pred, u_in, k, any_held = _forward(z, obs_var, decay, process_var, loading, offset, x0)
+    out = results(z, obs_var, loading, filt, pred, u_in, any_held=any_held)
     T, N = z.shape
     if T == 1:
         out["smooth_mean"], out["smooth_var"] = out["mean"], out["var"]
@@ -711,7 +796,16 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
     keep = 1 - q
     g = keep * p + q
     al = a * keep
-    Rs, h2s, hzs = _over_max(R, h, hz)  # the R-scaled leaf over max(R, h^2), as in _forward
+    tiny = torch.finfo(z.dtype).tiny
+    odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
+    # (the first row back is the last step: flip(h)[:1])
+    products = _over_max_test(R, h, hz)
+    with torch.no_grad():
+        products, informed, any_odd, *unit_tests = read_tests(
+            products, (h[-1:] != 0).all(), odd.any(), *_unit_tests(k, d)
+        )
+    # the R-scaled leaf over max(R, h^2), as in _forward
+    Rs, h2s, hzs = _over_max(R, h, hz, products)
     b1, b2, ab = -al * c * Rs, al * (hzs - c * h2s), al * Rs
     box = None
     if torch.is_grad_enabled() and a.requires_grad:  # (a step that forgets: _ForgetSlope)
@@ -741,21 +835,22 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
                                   [(g_, h_, h_), (R_,)], [(al_, -c_, R_)],
                                   [(al_, hz_), (al_, -c_, h_, h_)], [(al_, R_)]),
                                  _unit_shifts(*units), z[1:])  # fmt: skip
-        if not bool((flip(h)[:1] != 0).all()):  # (a lane whose last step is not informative)
+        if not informed:  # (a lane whose last step is not informative)
             leaves = _no_information_prefix(leaves, flip(h) != 0)
         return leaves
 
     end = (zero, zero, one)
-    units = _units(k, d, plain, (zero, zero), carried)
+    units = _units(k, plain, (zero, zero), carried, unit_tests)
     leaves = build(units)
-    back, far = (_scan(leaves, end, units), False) if taken else _scan(leaves, end, units, True)
-    if far:  # (a state's variance far above its unit: _far)
+    scan = _scan(leaves, end, units, unit_tests[0])
+    some, far = read_tests(scan.some, scan.far)  # (the scan's tests: one host read)
+    if far and not taken:  # (a state's variance far above its unit: _far)
         units = carried()
         leaves = build(units)
-        back = _scan(leaves, end, units)
-    tiny = torch.finfo(z.dtype).tiny
-    odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
-    if bool(odd.any()):
+        back = _scan(leaves, end, units).resolved()
+    else:
+        back = scan.held() if some else scan.plain
+    if any_odd:
         steps = tuple(flip(x) for x in (R, h, hz, a, p, c, q, d))
         back = _odd_decay_steps_back(leaves, units, back, steps, flip(odd))
     back = tuple(
@@ -770,5 +865,8 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
         kappa = torch.where(q != 0, (U1 + Rs * V) / torch.where(den > 0, den, 1.0), 0.0)
         box.update(b1=(-c * Rs * kappa).detach(), b2=((hzs - c * h2s) * kappa).detach(),
                    alpha=(Rs * kappa).detach(), a=kappa.detach())  # fmt: skip
-    out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
+    known = any_held is False and not (some or (far and not taken) or any_odd)
+    out["smooth_mean"], out["smooth_var"] = combine_two_filter(
+        *filt, *back, any_held=False if known else None
+    )
     return out

@@ -9,6 +9,12 @@ exactly and a diffuse one are ordinary values. Backend contract: docs/backend-co
 
 ``[T, N]`` inputs (``z`` NaN where not observed; ``obs_var`` ignored there), ``x0 = (u0, e0, v0)``
 three ``[N]`` tensors.
+
+A call takes its steps without the tests of held triples (steps.normalize) and of the update's
+scaled products (steps.observe), each a host read a step, and asks once, from every step's
+triples, whether a step would have taken one of those branches (``checked=False``:
+steps.near_hold, steps.observe_unusual); only then is the pass run again with the tests
+(``checked=True``). Elsewhere the two give the same values and gradients, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,16 +27,20 @@ from kalmanscan.core.steps import (
     _max_exponent,
     combine_two_filter,
     compact,
+    held_mask,
     hold_exponent,
     loglik_terms,
     lost_steps,
     moments,
+    near_hold,
     normalize,
     normalize_max,
     observe,
+    observe_unusual,
     predict,
     predict_coeffs,
     quotient,
+    read_tests,
     start,
     update,
 )
@@ -75,39 +85,50 @@ def _check_outputs(outputs):
         raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
 
 
-def _forward(z, obs_var, decay, process_var, loading, offset, x0):
-    """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors, and the
-    normalized filtered ``u`` entering each step (``[T, N]``)."""
+def _forward(z, obs_var, decay, process_var, loading, offset, x0, checked=True):
+    """Filtered and predicted triples, each a tuple of three ``[T, N]`` tensors, the
+    normalized filtered ``u`` entering each step (``[T, N]``), and with ``checked=False``
+    (steps with no host read) a 0-d bool tensor: whether a step would have held a triple or
+    scaled its update's products (run it again checked), else None."""
     T = z.shape[0]
     R, h, hz = observation_terms(z, obs_var, loading)
     a, p, c = compact(decay), compact(process_var), compact(offset)
     q, d = predict_coeffs(a * a, p, a)
-    u, e, v = start(*x0)
+    u, e, v = start(*x0, checked=checked)
     u0 = u
     pred, filt = [], []
     steps = zip(*(_steps(x, T) for x in (a, p, c, q, d, R, h, hz)), strict=True)
     for at, pt, ct, qt, dt, Rt, ht, hzt in steps:
-        up, ep, vp = predict(u, e, v, at, pt, ct, qt, dt)
-        u, e, v = update(up, ep, vp, Rt, ht, hzt)
+        up, ep, vp = predict(u, e, v, at, pt, ct, qt, dt, checked=checked)
+        u, e, v = update(up, ep, vp, Rt, ht, hzt, checked=checked)
         pred.append((up, ep, vp))
         filt.append((u, e, v))
     stack = lambda xs: tuple(torch.stack(k) for k in zip(*xs, strict=True))  # noqa: E731
     u_in = torch.stack([u0.expand_as(pred[0][0])] + [f[0] for f in filt[:-1]]) if T else z
-    return stack(filt), stack(pred), u_in.detach()
+    filt, pred = stack(filt), stack(pred)
+    unusual = None
+    if not checked:  # (start's test on its input, the predictions', the updates' from them)
+        unusual = held_mask(x0[0], x0[2]).any()
+        if T:
+            unusual = unusual | near_hold(pred[0], pred[2]) | observe_unusual(*pred, R, h, hz)
+    return filt, pred, u_in.detach(), unusual
 
 
-def results(z, obs_var, loading, filt, pred, u_in, outputs="all"):
+def results(z, obs_var, loading, filt, pred, u_in, outputs="all", any_held=None):
     """The contract's output dict from filtered and predicted triples (both torch paths);
-    ``u_in``: the normalized filtered ``u`` entering each step (the start's, then ``filt``'s)."""
+    ``u_in``: the normalized filtered ``u`` entering each step (the start's, then ``filt``'s);
+    ``any_held``: whether a triple is held (steps.normalize), where the caller knows (False:
+    no host read), else None."""
     # (contiguous: the sum's order, and so its last bit, does not depend on z's memory layout)
-    ll = loglik_terms(z, compact(obs_var), compact(loading), *pred).contiguous()
+    ll = loglik_terms(z, compact(obs_var), compact(loading), *pred, any_held=any_held)
+    ll = ll.contiguous()
     lost = lost_steps(pred[0], u_in).any(0)
     # NaN by design where a step is lost: a product, not a select, so the lane's gradients are
     # NaN too (not an overflow: left out of NOT_FINITE)
     loglik = ll.sum(0, dtype=torch.float64).to(z.dtype) * torch.where(lost, float("nan"), 1.0)
     final = tuple(x[-1] for x in filt)
-    if bool((final[2] > 1).any()):  # (a held triple, steps.normalize: the contract's max(u, v) = 1)
-        final = normalize_max(*final)
+    if bool((final[2] > 1).any()) if any_held is None else any_held:
+        final = normalize_max(*final)  # (a held triple, steps.normalize: the contract's max = 1)
     ok = torch.isfinite(torch.stack(final)).all() & (torch.isfinite(loglik) | lost).all()
     flags = (torch.where(torch.isinf(z).any(), Z_INF, 0) + torch.where(ok, 0, NOT_FINITE)
              + torch.where(lost.any(), LL_LOST, 0))  # fmt: skip
@@ -130,8 +151,13 @@ def results(z, obs_var, loading, filt, pred, u_in, outputs="all"):
 
 def filter_lanes(z, obs_var, decay, process_var, loading, offset, x0, outputs="all"):
     _check_outputs(outputs)
-    filt, pred, u_in = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    return results(z, obs_var, loading, filt, pred, u_in, outputs)
+    ins = (z, obs_var, decay, process_var, loading, offset, x0)
+    filt, pred, u_in, unusual = _forward(*ins, checked=False)
+    out = results(z, obs_var, loading, filt, pred, u_in, outputs, any_held=False)
+    if read_tests(unusual)[0]:  # (the call's one host read)
+        filt, pred, u_in, _ = _forward(*ins)
+        out = results(z, obs_var, loading, filt, pred, u_in, outputs)
+    return out
 
 
 def backward_leaves(z, obs_var, decay, process_var, loading, offset):
@@ -144,7 +170,7 @@ def backward_leaves(z, obs_var, decay, process_var, loading, offset):
     return tuple(nxt(x) for x in (R, h, hz, a, p, c, q, d))
 
 
-def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None):
+def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None, checked=True):
     """Information about ``x_t`` from the observations after t, given that about ``x_{t+1}``
     (``after``: ``obs_var / loading^2`` of step t's observation, which the result meets next,
     inf where none; or None).
@@ -157,23 +183,27 @@ def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None):
     appears, so a decay whose square is below the normal range keeps the precision it gives
     where that is a number of the dtype (``a = 1e-170``, ``obs_var = 1e-100``: ``3.4e-240``, not
     0), and a huge one (``1e200``) gives the earlier state known exactly, not NaN.
+    ``checked=False``: without the tests of held triples and scaled products (no host read;
+    :func:`_backward_unusual`).
     """
-    U, E, V = normalize(*observe(U, E, V, R, h, hz))
+    norm = normalize if checked else normalize_max
+    U, E, V = norm(*observe(U, E, V, R, h, hz, checked))
     keep = 1 - q
     u, e, v = back_through(U, E - c * U, (p * keep + q) * U + V, a, q)
     if torch.is_grad_enabled() and a.requires_grad:
         # forget (a = 0): d/da of the limit's information a (E - c U) over its normalizer
         # V + p U, against the forgetting step's U + V (its value unchanged)
         den = torch.where(V + p * U > 0, V + p * U, 1.0)
-        if bool((V > 1).any()):  # (a held triple, steps.normalize: (E - c U) (U + V) overflowed)
+        # (a held triple, steps.normalize: (E - c U) (U + V) overflowed)
+        if checked and bool((V > 1).any()):
             slope = (E - c * U) * torch.where(V > 1, (U + V) / den, 1.0)
             slope = torch.where(V > 1, slope, (E - c * U) * (U + V) / den)
         else:
             slope = (E - c * U) * (U + V) / den
         slope = torch.where(q != 0, slope, 0.0)
         e = e + (a - a.detach()) * slope.detach()
-    out = normalize(u, e, v)
-    if after is not None:
+    out = norm(u, e, v)
+    if after is not None and checked:
         # nothing known (u = 0) before an observation of variance obs_var/loading^2 = s above
         # 2**G: (0, 0, W), W a power of two near s, not (0, 0, 1). The derivative in e of the
         # smoothed means through that observation is about s times theirs in its mean over W:
@@ -208,6 +238,13 @@ def backward_information(z, obs_var, decay, process_var, loading, offset):
     """The backward information filter, step by step: ``(U, E, V)`` each ``[T, N]``, the
     information about ``x_t`` from the observations after step ``t`` (precision ``U/V``,
     information ``E/V``; ``(0, 0, 1)`` at the last step)."""
+    return _backward(z, obs_var, decay, process_var, loading, offset)[0]
+
+
+def _backward(z, obs_var, decay, process_var, loading, offset, checked=True):
+    """:func:`backward_information` and, with ``checked=False`` (steps with no host read), a
+    0-d bool tensor: whether a step would have taken a branch of the tests (run it again
+    checked; :func:`_backward_unusual`), else None."""
     T, N = z.shape
     leaves = backward_leaves(z, obs_var, decay, process_var, loading, offset)
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
@@ -216,16 +253,42 @@ def backward_information(z, obs_var, decay, process_var, loading, offset):
     rows = [_steps(x, T - 1) for x in leaves]
     R, h, _ = observation_terms(z, obs_var, loading)
     with torch.no_grad():  # (obs_var / loading^2 of each step's observation, inf where none)
-        after = _steps(torch.where(h != 0, R / torch.where(h != 0, h * h, 1.0), math.inf), T)
+        after = torch.where(h != 0, R / torch.where(h != 0, h * h, 1.0), math.inf)
+    steps_after = _steps(after, T)
     for t in range(T - 2, -1, -1):
-        U, E, V = backward_step(U, E, V, *(r[t] for r in rows), after=after[t] if t else None)
+        U, E, V = backward_step(U, E, V, *(r[t] for r in rows),
+                                after=steps_after[t] if t else None, checked=checked)  # fmt: skip
         back.append((U, E, V))
-    return tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
+    back = tuple(torch.stack(k).flip(0) for k in zip(*back, strict=True))
+    return back, None if checked else _backward_unusual(back, leaves[:3], after)
+
+
+def _backward_unusual(back, obs, after):
+    """Whether a step of :func:`_backward` taken ``checked=False`` would have taken a branch
+    of the tests (a 0-d bool tensor, no host read): the update's scaled products or a held
+    result (steps.observe_unusual, from the state each step enters), a held triple after the
+    step back (steps.near_hold), or nothing known before an observation of variance above
+    ``2**G`` (``after``; the state's ``u`` 0 after its normalization, a superset)."""
+    U, E, V = back
+    T = U.shape[0]
+    if T < 2:
+        return torch.zeros((), dtype=torch.bool, device=U.device)
+    unusual = observe_unusual(U[1:], E[1:], V[1:], *obs) | near_hold(U[:-1], V[:-1])
+    if T > 2:
+        G = hold_exponent(U.dtype)
+        s = after[1 : T - 1] if after.shape[0] > 1 else after
+        none = (U[1 : T - 1] == 0) & (s > 2.0**G) & torch.isfinite(s)
+        unusual = unusual | none.any()
+    return unusual
 
 
 def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
-    filt, pred, u_in = _forward(z, obs_var, decay, process_var, loading, offset, x0)
-    out = results(z, obs_var, loading, filt, pred, u_in)
-    back = backward_information(z, obs_var, decay, process_var, loading, offset)
-    out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back)
-    return out
+    ins = (z, obs_var, decay, process_var, loading, offset, x0)
+    for checked in (False, True):  # (checked: a second pass where the first's tests say so)
+        filt, pred, u_in, f_unusual = _forward(*ins, checked=checked)
+        known = None if checked else False
+        out = results(z, obs_var, loading, filt, pred, u_in, any_held=known)
+        back, b_unusual = _backward(*ins[:6], checked=checked)
+        out["smooth_mean"], out["smooth_var"] = combine_two_filter(*filt, *back, any_held=known)
+        if checked or not read_tests(f_unusual | b_unusual)[0]:  # (the call's one host read)
+            return out

@@ -167,12 +167,13 @@ def _top_exponent(dtype) -> int:
 
 
 def beyond(u, v, G):
-    """Whether some triple has ``u > 0`` and ``v > 2**G u`` (a variance above ``2**G``): the
-    sign of ``u (v - 2**G u)``, one elementwise pass and a reduction (ordinary triples)."""
+    """Whether some triple has ``u > 0`` and ``v > 2**G u`` (a variance above ``2**G``), as a
+    0-d bool tensor (no host read: callers read it with their other tests): the sign of
+    ``u (v - 2**G u)``, one elementwise pass and a reduction."""
     if not u.numel():
-        return False
+        return torch.zeros((), dtype=torch.bool, device=u.device)
     with torch.no_grad():
-        return bool((u * torch.add(v, u, alpha=-(2.0**G))).amax() > 0)
+        return (u * torch.add(v, u, alpha=-(2.0**G))).amax() > 0
 
 
 def _above_one(v):
@@ -180,15 +181,47 @@ def _above_one(v):
     return bool(v.numel()) and bool(v.amax() > 1)
 
 
-def held(u, v):
+def held_mask(u, v):
     """Where the triple's variance ``v/u`` is above ``2**G`` and at most ``1/tiny`` (``u`` is
-    then normalized to ``2**-G``, :func:`normalize`); None where nowhere."""
+    then normalized to ``2**-G``, :func:`normalize`); no host read."""
     G, top = hold_exponent(u.dtype), _top_exponent(u.dtype)
-    if not beyond(u, v, G):
-        return None
     with torch.no_grad():
-        out = (v > u * 2.0**G) & (u > 0) & (v <= u * 2.0**top)
+        return (v > u * 2.0**G) & (u > 0) & (v <= u * 2.0**top)
+
+
+def held(u, v):
+    """:func:`held_mask`, or None where it is nowhere (one host read)."""
+    out = held_mask(u, v)
     return out if bool(out.any()) else None
+
+
+def near_hold(u, v):
+    """Whether some triple normalized to ``max(u, v) = 1`` has a variance of ``2**(G-1)`` or
+    more, as a 0-d bool tensor (no host read). Where the triple before a division by
+    ``max(u, v)`` is held (:func:`held_mask`), the normalized one is (its ``u / v`` rounds to at
+    most ``2**-G``): the test of the paths that normalize by the maximum without asking
+    (``checked=False``: :func:`predict`, :func:`update`), read once per call."""
+    G = hold_exponent(u.dtype)
+    if not u.numel():
+        return torch.zeros((), dtype=torch.bool, device=u.device)
+    with torch.no_grad():
+        return ((u > 0) & (v >= u * 2.0 ** (G - 1))).any()
+
+
+_BITS: dict = {}
+
+
+def read_tests(*tests) -> list[bool]:
+    """0-d bool tensors as Python bools, with one host read (on a device, one synchronization)
+    for them all: each test one bit of a word."""
+    if not tests:
+        return []
+    key = (len(tests), tests[0].device)
+    bits = _BITS.get(key)
+    if bits is None:
+        bits = _BITS[key] = 2 ** torch.arange(len(tests), device=tests[0].device)
+    word = int((torch.stack(tests) * bits).sum())
+    return [bool(word >> i & 1) for i in range(len(tests))]
 
 
 def normalize(u, e, v):
@@ -198,7 +231,8 @@ def normalize(u, e, v):
     it passed the range where ``|loss| var`` does (a log-likelihood of -3.2e99 at a predicted
     variance of 1e300: NaN gradients, sequential and torch alike); at ``u >= 2**-G`` only
     where ``|loss|`` passes ``finfo.max 2**-G``. Variances below ``2**G`` (and past ``1/tiny``,
-    below the range as a precision: steps.lost_steps) keep ``max(u, v) = 1``."""
+    below the range as a precision: steps.lost_steps) keep ``max(u, v) = 1``. One host read
+    (:func:`held`); :func:`normalize_max` where the caller knows nothing is held."""
     n = torch.maximum(u, v)
     hold = held(u, v)
     if hold is not None:
@@ -297,12 +331,12 @@ def from_prior(mean, var):
     # 0 * mean: a NaN or inf mean stays visible; no gradient (a diffuse prior has no mean)
     e = torch.where(diffuse, 0 * mean.detach(), mean / var_s)
     v = torch.where(big | diffuse, 1.0, var)
-    hold = held(u, v)
-    if hold is not None:
-        low = 2.0 ** -hold_exponent(var.dtype)
-        u = torch.where(hold, low, u)
-        e = torch.where(hold, mean * low, e)
-        v = torch.where(hold, var * low, v)
+    # (selects, not a host read: the values elsewhere are those of max(u, v) = 1)
+    hold = held_mask(u, v)
+    low = 2.0 ** -hold_exponent(var.dtype)
+    u = torch.where(hold, low, u)
+    e = torch.where(hold, mean * low, e)
+    v = torch.where(hold, var * low, v)
     return u, e, v
 
 
@@ -359,7 +393,7 @@ class _Divided(torch.autograd.Function):
                      for x, y in zip(g, (u, e, v, a), strict=True))  # fmt: skip
 
 
-def predict(u, e, v, a, p, c, q, d, carried=True):
+def predict(u, e, v, a, p, c, q, d, carried=True, checked=True):
     """Predict: ``(u, e, v)`` -> the normalized prior of the next step (q, d: predict_coeffs).
 
     A diffuse belief (``u_ = 0``: ``u = 0`` and the step keeps the past) stays ``(0, 0, 1)``
@@ -379,10 +413,13 @@ def predict(u, e, v, a, p, c, q, d, carried=True):
 
     ``carried``: the result is the next step's input (the mean kept through the normalization
     where it divides by the variance, :func:`kept_mean`); the torch scan's predictions, which
-    nothing carries on, skip that."""
+    nothing carries on, skip that. ``checked=False``: no held triple comes in (``v <= 1``) and
+    the result is divided by ``max(u, v)`` without asking whether to hold it (no host read; the
+    caller tests the results, :func:`near_hold`, and runs the call again checked where it
+    must)."""
     keep_a = a * (1 - q)
     u0, e0 = u, e  # (the forget slope's mean e/u, below)
-    big = v > 1 if _above_one(v) else None
+    big = v > 1 if checked and _above_one(v) else None
     if big is not None:
         w = torch.where(big & (q != 0), _exp2(_exponent(v), v.dtype), 1.0)
         u, e, v = u / w, e / w, v / w
@@ -415,7 +452,7 @@ def predict(u, e, v, a, p, c, q, d, carried=True):
         # forget from a known past: d/da of the predicted mean c + a (e/u), its value unchanged
         slope = torch.where(known & (q != 0), e0 / u_s * u_, 0.0).detach()
         e_ = e_ + (a_ - a_.detach()) * slope
-    un, en, vn = normalize(u_, e_, v_)
+    un, en, vn = (normalize if checked else normalize_max)(u_, e_, v_)
     if carried and _REPEATED_ROUNDING(u.dtype):
         # dividing by ``v_`` (variance above 1) rounds ``e_`` and ``u_`` apart: the mean kept
         with torch.no_grad():
@@ -424,17 +461,19 @@ def predict(u, e, v, a, p, c, q, d, carried=True):
     return un, en, vn
 
 
-def update(u, e, v, R, h, hz):
+def update(u, e, v, R, h, hz, checked=True):
     """Update step in its ``R``-scaled form: ``(R u + h^2 v, R e + h z v, R v)``, which is adding
     the information ``phi = h^2/R``, ``r = h z/R`` times ``R`` (the same belief; no ``1/R``, so
     its gradient in ``R`` stays exact for tiny ``R``). ``(R, h, hz) = (1, 0, 0)``: no update.
     Where a diffuse belief stays diffuse (``u = 0``, ``h = 0``) ``R, h, hz`` get no gradient
     (a loading 0 there: a nonzero one would make the step the lane's first informative one, a
-    jump in the exact diffuse log-likelihood, so there is no derivative; 0 is reported)."""
+    jump in the exact diffuse log-likelihood, so there is no derivative; 0 is reported).
+    ``checked=False``: :func:`observe`'s and :func:`normalize`'s tests left to the caller
+    (:func:`observe_unusual`)."""
     if _needs_grad(R, h, hz):
         R, h, hz = _no_grad_where((u == 0) & (h == 0), R, h, hz)
-    u1, e1, v1 = observe(u, e, v, R, h, hz)
-    un, en, vn = normalize(u1, e1, v1)
+    u1, e1, v1 = observe(u, e, v, R, h, hz, checked)
+    un, en, vn = (normalize if checked else normalize_max)(u1, e1, v1)
     if _REPEATED_ROUNDING(u.dtype):
         with torch.no_grad():
             m1 = _robust_mean(u, e, v, R, h, hz, u1, v1)
@@ -479,7 +518,27 @@ def kept_mean(un, en, mean, ok):
     return en + delta
 
 
-def observe(u, e, v, R, h, hz):
+def _unusual_product(v, out):
+    """Where :func:`observe` forms its products scaled: a held triple (``v > 1``), a product
+    past the range, or a new ``u`` below ``2**-G``."""
+    with torch.no_grad():
+        low = 2.0 ** -hold_exponent(v.dtype)
+        return (v > 1) | ~torch.isfinite(out[1]) | ((out[0] < low) & (out[0] > 0))
+
+
+def observe_unusual(u, e, v, R, h, hz):
+    """Whether :func:`update` (``checked=True``) would take a branch its ``checked=False`` form
+    does not, on triples ``(u, e, v)`` entering it (any shape broadcasting with ``R, h, hz``;
+    every step's at once): :func:`observe`'s scaled products or a held result. A 0-d bool
+    tensor (no host read); the products are formed as :func:`observe` forms them, so the test
+    is exact."""
+    with torch.no_grad():
+        h2 = h * h
+        out = R * u + h2 * v, R * e + hz * v, R * v
+        return (_unusual_product(v, out) | held_mask(out[0], out[2])).any()
+
+
+def observe(u, e, v, R, h, hz, checked=True):
     """``(R u + h^2 v, R e + hz v, R v)``: the update ``(u + phi v, e + r v, v)`` times ``R``.
     Where a product passes the range though the belief does not (``obs_var`` 1e300 times a
     mean of 1e10: OverflowError), the triple is held (:func:`normalize`, ``v > 1``), or the new
@@ -487,12 +546,13 @@ def observe(u, e, v, R, h, hz):
     same belief times ``2**k``, ``k`` bringing the new ``u`` to about 1, each term one
     :class:`_ScaledProduct` of its factors: no product, nor a derivative of one, passes the
     range on the way (a factor scaled down, ``h z / obs_var``, times one scaled up, a held
-    ``v``, has a derivative in the first that does)."""
+    ``v``, has a derivative in the first that does). ``checked=False``: the plain products,
+    without the test (no host read; :func:`observe_unusual`)."""
     h2 = h * h
     out = R * u + h2 * v, R * e + hz * v, R * v
-    with torch.no_grad():
-        low = 2.0 ** -hold_exponent(v.dtype)
-        bad = (v > 1) | ~torch.isfinite(out[1]) | ((out[0] < low) & (out[0] > 0))
+    if not checked:
+        return out
+    bad = _unusual_product(v, out)
     if not bool(bad.any()):
         return out
     with torch.no_grad():
@@ -530,12 +590,13 @@ class _Start(torch.autograd.Function):
         return tuple(out)
 
 
-def start(u, e, v):
+def start(u, e, v, checked=True):
     """The normalized initial triple. Where it is diffuse (``u = 0``) the gradient it receives
     is the derivative with respect to a diffuse state's precision and information, which grows
     like ``1 / a^2`` (``1 / a``) over each step the lane stays diffuse: exact where it is a
-    number of the dtype, 0 where it overflowed (module docstring)."""
-    u, e, v = normalize(u, e, v)
+    number of the dtype, 0 where it overflowed (module docstring). ``checked=False``: divided
+    by ``max(u, v)`` (no host read; the caller asks :func:`held_mask` of the input)."""
+    u, e, v = (normalize if checked else normalize_max)(u, e, v)
     if _needs_grad(u, e, v):
         return _Start.apply(u, e, v)
     return u, e, v
@@ -575,10 +636,12 @@ def lost_steps(u_, u_in):
     return (u_ < torch.finfo(u_.dtype).tiny) & (u_ + u_in > 0)
 
 
-def loglik_terms(z, obs_var, h, u_, e_, v_):
+def loglik_terms(z, obs_var, h, u_, e_, v_, any_held=None):
     """Per-step log-likelihood from the normalized predicted triple (exact diffuse convention).
 
     0 where ``z`` is NaN, and at a diffuse prior step (``u- = 0``) unless ``h = 0`` there.
+    ``any_held``: whether a triple is held (:func:`normalize`, ``v- > 1``), where the caller
+    knows (False: no host read); None: asked.
     """
     observed = ~torch.isnan(z)
     known = u_ > 0
@@ -587,7 +650,8 @@ def loglik_terms(z, obs_var, h, u_, e_, v_):
     R = torch.where(observed, obs_var, 1.0)
     u_s = torch.where(known, u_, 1.0)
     m = None
-    if _above_one(v_):  # held triples (normalize): h^2 v- passes the range from |h| = 2**101
+    # held triples (normalize): h^2 v- passes the range from |h| = 2**101
+    if _above_one(v_) if any_held is None else any_held:
         # (h, z by 2**-m and R by 4**-m, m from h^2: log s back by 2 m log 2)
         big = v_ > 1
         m = torch.where(big, torch.clamp(_exponent(h * h) // 2, min=0), 0)
@@ -603,14 +667,16 @@ def loglik_terms(z, obs_var, h, u_, e_, v_):
     return torch.where(contrib, ll, 0.0)
 
 
-def _combine(u, e, v, U, E, V):
+def _combine(u, e, v, U, E, V, any_held=None):
     den = u * V + U * v
     both_exact = (v == 0) & (V == 0)
     known = den > 0
     den_s = torch.where(known, den, 1.0)
     u_s = torch.where(u > 0, u, 1.0)
     num, vv = e * V + E * v, v * V
-    big = (v > 1) | (V > 1) if _above_one(v) or _above_one(V) else None
+    if any_held is None:
+        any_held = _above_one(v) or _above_one(V)
+    big = (v > 1) | (V > 1) if any_held else None
     if big is not None:  # (held triples: the form below; no inf in this one's derivatives)
         num, vv = torch.where(big, 0.0, num), torch.where(big, 0.0, vv)
     mean, var = quotient(den_s, num, vv)  # (derivatives in den as products)
@@ -656,45 +722,49 @@ class _Combine(torch.autograd.Function):
     (it met that zero derivative: NaN in every gradient)."""
 
     @staticmethod
-    def forward(u, e, v, U, E, V):
-        return _combine(u, e, v, U, E, V)
+    def forward(u, e, v, U, E, V, any_held):
+        return _combine(u, e, v, U, E, V, any_held)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(*inputs[:6])
+        ctx.any_held = inputs[6]  # (the harmless point below holds nothing)
 
     @staticmethod
     def backward(ctx, g_mean, g_var):
         xs = ctx.saved_tensors
+        need_grad = ctx.needs_input_grad[:6]
         gm = torch.zeros_like(xs[0]) if g_mean is None else g_mean
         gv = torch.zeros_like(xs[0]) if g_var is None else g_var
         active = (gm != 0) | (gv != 0)
         create = torch.is_grad_enabled()  # create_graph: the inputs themselves, differentiated
         with torch.enable_grad():
             leaves = [x if create else x.detach().requires_grad_(need)
-                      for x, need in zip(xs, ctx.needs_input_grad, strict=True)]  # fmt: skip
+                      for x, need in zip(xs, need_grad, strict=True)]  # fmt: skip
             # the other steps at a harmless point: (1, 0, 1) with (0, 0, 1)
             safe = [torch.where(active, x, s) for x, s in zip(leaves, (1.0, 0, 1, 0, 0, 1),
                                                                strict=True)]  # fmt: skip
-            mean, var = _combine(*safe)
-            wrt = [x for x, need in zip(leaves, ctx.needs_input_grad, strict=True) if need]
+            mean, var = _combine(*safe, ctx.any_held)
+            wrt = [x for x, need in zip(leaves, need_grad, strict=True) if need]
             got = iter(torch.autograd.grad((mean, var), wrt, (gm, gv), allow_unused=True,
                                            create_graph=create))  # fmt: skip
         out = []
-        for i, (x, need) in enumerate(zip(xs, ctx.needs_input_grad, strict=True)):
+        for i, (x, need) in enumerate(zip(xs, need_grad, strict=True)):
             g = next(got) if need else None
             if need:
                 g = torch.zeros_like(x) if g is None else torch.where(active, g, 0.0)
-                if i in (0, 3) and not bool(torch.isfinite(g.sum())):  # (u, U = 0: docstring)
+                if i in (0, 3):  # (u, U = 0: docstring; a select, not a host read)
                     g = torch.where((x == 0) & ~torch.isfinite(g), 0.0, g)
             out.append(g)
-        return tuple(out)
+        return (*out, None)
 
 
-def combine_two_filter(u, e, v, U, E, V):
+def combine_two_filter(u, e, v, U, E, V, any_held=None):
     """Smoothed ``(mean, var)`` from the filtered triple and the backward information triple
-    (where differentiated, only the steps whose outputs receive a gradient are: ``_Combine``)."""
+    (where differentiated, only the steps whose outputs receive a gradient are: ``_Combine``).
+    ``any_held``: whether a triple is held (``v > 1`` or ``V > 1``), where the caller knows
+    (False: no host read); None: asked."""
     if _needs_grad(u, e, v, U, E, V):
         u, e, v, U, E, V = torch.broadcast_tensors(u, e, v, U, E, V)
-        return _Combine.apply(u, e, v, U, E, V)
-    return _combine(u, e, v, U, E, V)
+        return _Combine.apply(u, e, v, U, E, V, any_held)
+    return _combine(u, e, v, U, E, V, any_held)
