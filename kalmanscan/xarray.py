@@ -19,6 +19,8 @@ there). :func:`to_dataset` is ``OUModel.to_dataset`` on numpy/pandas data, and
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import xarray as xr
 
@@ -26,7 +28,7 @@ from kalmanscan.timeseries import dataset as view
 from kalmanscan.timeseries._messages import SeriesLabel
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
-from kalmanscan.timeseries.fit import OUFit, fit_ou
+from kalmanscan.timeseries.fit import OUFit, _one_chunk, fit_ou
 from kalmanscan.timeseries.model import PARAMS, OUModel, forecast_labels
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
@@ -384,7 +386,9 @@ def _fit_block(
     """``fit_ou`` on a block ``z [..., T]``; ``inputs``: the per-series fixed values (named by
     ``per_series``), then the labels of the series dims ``label_dims`` (their coordinates, or
     positions), so that the fit's warnings name the block's series as the whole array's.
-    ``chunked``: the block is one of several dask chunks along the series dims."""
+    ``chunked``: the block is one of several dask chunks along the series dims, fitted as part of
+    the whole array (:func:`kalmanscan.timeseries.fit._one_chunk`; :func:`fit_dataarray` refuses
+    an array without a series to fit)."""
     loop = z.shape[:-1]
     fixed, labels = inputs[: len(per_series)], inputs[len(per_series) :]
     if per_series:  # per-series fixed values, broadcast to this block's series
@@ -400,17 +404,20 @@ def _fit_block(
             np.zeros(loop),
         )
     names = _series_labels(loop, label_dims, labels)
-    if names is not None:
-        _check_observed(z, names, label_dims, chunked)
+    if names is not None and not chunked:  # the whole array
+        most = int(np.count_nonzero(~np.isnan(z), axis=-1).max())
+        if most < 2:
+            raise _no_series_to_fit(most, names[:5], len(names))
     zt = np.array(np.moveaxis(z, -1, 0), dtype=np.float64)
-    fit = fit_ou(
-        zt,
-        time_axis.labels,
-        fix=fix,
-        time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
-        series_labels=names,
-        **options,
-    )
+    with _one_chunk() if chunked else contextlib.nullcontext():
+        fit = fit_ou(
+            zt,
+            time_axis.labels,
+            fix=fix,
+            time_unit=np.timedelta64(time_axis.unit, "ns") if time_axis.is_datetime else None,
+            series_labels=names,
+            **options,
+        )
     est = np.stack(
         [np.broadcast_to(np.asarray(fit.params[p], dtype=np.float64), loop) for p in PARAMS], -1
     )
@@ -423,27 +430,22 @@ def _fit_block(
     return tuple(np.array(x) for x in (est, se, ll, conv, nobs))
 
 
-def _check_observed(z, names, dims, chunked) -> None:
-    """Refuse a block in which no series has 2 observations, naming its series: ``fit_ou``
-    fits none of them (beside one that it fits, such a series is kept at its starting values,
-    marked not converged, with a warning naming it)."""
-    n_obs = np.count_nonzero(~np.isnan(z), axis=-1).ravel()
-    if n_obs.max() >= 2:
-        return
-    shown = ", ".join(repr(n) for n in names[:5]) + (
-        f" and {len(names) - 5} more" if len(names) > 5 else ""
-    )
-    where = (
-        f"in series {shown}, all the series of one dask chunk (beside series with 2 or more "
-        "they are kept at their starting values and marked not converged); rechunk along "
-        f"{', '.join(dims)} so that each chunk holds a series with 2 or more, or drop these"
-        if chunked
-        else f"in every series ({shown})"
-    )
-    raise ValueError(
+def _no_series_to_fit(most: int, shown: list, n: int) -> ValueError:
+    """The refusal of an array of ``n`` series none of which has 2 observations (``most``: the
+    most any has), naming the first of them (``shown``), as ``fit_ou`` refuses such data."""
+    more = f" and {n - len(shown)} more" if n > len(shown) else ""
+    return ValueError(
         "z: expected at least 2 observed values in a series to fit, got at most "
-        f"{int(n_obs.max())} {where}"
+        f"{most} in every series ({', '.join(repr(x) for x in shown)}{more})"
     )
+
+
+def _refuse_unfit(x, most, *, shown, n):
+    """A block ``x`` of a chunked fit's results, refused once the whole array's ``most``
+    observations in a series (from every chunk's ``n_obs``) is known to be below 2."""
+    if np.size(most) and int(np.max(most)) < 2:  # (dask may probe with empty blocks)
+        raise _no_series_to_fit(int(np.max(most)), shown, n)
+    return x
 
 
 def fit_dataarray(
@@ -462,7 +464,10 @@ def fit_dataarray(
     Separate fits of a dask-chunked array run chunk-wise. ``options`` go to ``kalmanscan.fit_ou``.
     The parameters carry units from the data's ``units`` and the time axis
     (:func:`~kalmanscan.timeseries.dataset.variable_units`); the fit's warnings name the series by
-    their coordinates (``in series station='c'``), each chunk's too.
+    their coordinates (``in series station='c'``), each chunk's too. A series with fewer than 2
+    observations keeps its starting values, marked not converged, with a warning, in every chunk
+    as in memory; an array without a series of 2 is refused (chunked: when its results are
+    computed, no chunk seeing the others).
 
     >>> import numpy as np, xarray as xr
     >>> rng = np.random.default_rng(0)
@@ -526,6 +531,30 @@ def fit_dataarray(
             dask_gufunc_kwargs={"output_sizes": {"param": 4}},
             keep_attrs=False,
         )
+        if chunked:
+            # no chunk sees the others: each result waits for every chunk's n_obs (one number a
+            # series) and is refused, as the in-memory fit is, where no series has 2
+            shape = tuple(da.sizes[d] for d in series_dims)
+            n = int(np.prod(shape))
+            first = np.unravel_index(np.arange(min(n, 5)), shape)
+            shown = _series_labels(
+                first[0].shape,
+                series_dims,
+                [v.values[i] for v, i in zip(labels, first, strict=True)],
+            )
+            most = nobs.max()
+            est, se, ll, conv, nobs = (
+                xr.apply_ufunc(
+                    _refuse_unfit,
+                    x,
+                    most,
+                    kwargs=dict(shown=shown, n=n),
+                    dask="parallelized",
+                    output_dtypes=[x.dtype],
+                    keep_attrs=False,
+                )
+                for x in (est, se, ll, conv, nobs)
+            )
         ds = xr.Dataset()
         for j, p in enumerate(PARAMS):
             ds[p] = est.isel(param=j, drop=True)

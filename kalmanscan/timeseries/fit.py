@@ -23,6 +23,7 @@ cost: docs/performance-cpu.md, "Fitting".
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ from kalmanscan.timeseries.uncertainty import (
 _SCALE_RANGE = (1e-150, 1e150)
 _STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained coordinates
 _REFINE_ITER = 20  # Newton steps in natural coordinates finishing a small estimate (_refine_small)
+# set by :func:`_one_chunk` (this thread only) while a fit sees one chunk of a larger array
+_ONE_CHUNK = contextvars.ContextVar("kalmanscan_fit_one_chunk", default=False)
 
 
 @dataclass
@@ -713,6 +716,19 @@ def _names(idx, labels, limit: int = 5) -> str:
 
 
 @contextlib.contextmanager
+def _one_chunk():
+    """Fits in this block see one chunk of a larger array (the xarray accessor's dask chunks): a
+    chunk in which no series has 2 observations is fitted as the whole array's fit treats such
+    series (starting values, marked not converged, with its warning) instead of refused, the
+    caller refusing an array in which none has. Robust fits (their refits) included."""
+    token = _ONE_CHUNK.set(True)
+    try:
+        yield
+    finally:
+        _ONE_CHUNK.reset(token)
+
+
+@contextlib.contextmanager
 def _glue_single_threaded():
     """Torch's intra-op threads set to 1 for the duration of a fit, the native kernel keeping the
     threads it had. A fit runs a few dozen small torch operations per filter call; with OpenMP
@@ -859,7 +875,7 @@ def fit_ou(
                     f"init[{k!r}]: expected values {rng}, got {_plain(arr[~ok].ravel()[0])}"
                 )
     init_flat = {k: np.broadcast_to(v, shape).reshape(N) for k, v in (init or {}).items()}
-    if n_obs.max() < 2:
+    if n_obs.max() < 2 and not _ONE_CHUNK.get():
         raise ValueError(
             "z: expected at least 2 observed values in a series to fit, got at most "
             f"{int(n_obs.max())}"
