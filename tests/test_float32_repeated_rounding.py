@@ -6,13 +6,14 @@ then weighed the prior mean and the observation by ``1 - d`` in all, the same ``
 so the float32 filter tracked the decay ``a (1 - d)`` and the log-likelihood's gradient in a
 shared decay on a random walk grew off like ``d T^2`` (1.4e-2 at 10^5 steps, ``torch``; 51 % at
 10^6, ``triton``). The means are now formed with weights that sum to 1 (core.steps.update,
-and the torch scan's means get one Newton step
+cuda/filter/kernels.kept_update), and the torch scan's means get one Newton step
 (core.parallel._consistent_means). Reference: the float64 filter on the same data.
 """
 
 import os
 
 import numpy as np
+import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
@@ -61,6 +62,24 @@ def test_torch_backend_shared_decay_gradient_long_walk():
 def test_sequential_shared_decay_gradient():
     """3,000 steps: 1.6e-4 off before, 1e-6 now."""
     _check(sequential.filter_lanes, 3_000, 1e-5)
+
+
+# in the interpreter 30-50 s a case: in the slow step (CI's second)
+_SLOW = () if CUDA else (pytest.mark.slow,)
+
+
+@pytest.mark.parametrize("regime", [pytest.param(r, marks=_SLOW) for r in ("lanes", "chunks")])
+def test_triton_shared_decay_gradient(regime, monkeypatch):
+    """The Triton forward, its log-likelihood adjoint and (``chunks``) the chunk maps and
+    carries: 3,000 steps in the interpreter (1.6e-4 off before), 10^5 on a GPU."""
+    pytest.importorskip("triton")
+    from kalmanscan.cuda import filter as F
+
+    monkeypatch.setattr(F, "_MANY_LANES", 1 if regime == "lanes" else 10**9)
+    if CUDA:
+        _check(F.filter_lanes, 100_000, 1e-4, "cuda")
+    else:
+        _check(F.filter_lanes, 3_000, 1e-5)
 
 
 def test_public_loglik_float32_gradient_matches_float64():

@@ -37,7 +37,10 @@ import triton.language as tl
 
 from kalmanscan.cuda._common import helper
 from kalmanscan.cuda.filter.kernels import (
+    carried_mean,
     keep_diffuse,
+    kept_pred,
+    kept_update,
     ld,
     loglik_grads,
     normal,
@@ -50,22 +53,30 @@ from kalmanscan.cuda.filter.kernels import (
 
 
 @helper
-def step_values(u, e, v, a, p, c, z, R, h):
-    """The forward step from the state ``(u, e, v)`` entering it: every value the adjoint reads
-    (``big1``, ``big2``: the predicted / updated triple was divided by its ``u``)."""
+def step_values(u, e, v, m, a, p, c, z, R, h):
+    """The forward step from the state ``(u, e, v)`` entering it (``m``: its mean as float32's
+    forward carries it, kernels.kept_update): every value the adjoint reads (``big1``,
+    ``big2``: the predicted / updated triple was divided by its ``u``) and the mean after the
+    step (float32; else ``m``)."""
     q, d, al, forget = predict_coeffs(a, p)
     U1 = u + q * v
     V1 = p * u + d * v
     V1 = keep_diffuse(U1, V1, v)  # a diffuse state stays diffuse (kernels.py)
     big1 = U1 >= V1
     r1, um, em, vm = normalized_pred(U1, V1, e, v, a, p, c, al)  # (a*a v keeps its digits)
+    em, mp = kept_pred(um, em, c, al, m)
     obs, rinv, zz, phi, r = observation(z, R, h)
     U2 = um + phi * vm
     E2 = em + r * vm
     big2 = U2 >= vm
     r2 = rcp(tl.where(big2, U2, vm))
+    u2 = U2 * r2
+    e2 = E2 * r2
+    if u.dtype == tl.float32:
+        m = kept_update(U2, E2, vm, um, mp, phi, r, zz, h, tl.where(big2, r2, rcp(U2)))
+        e2 = tl.where((U2 > 0.0) & ~not_finite(m), u2 * m, e2)
     return (q, d, al, forget, U1, r1, um, em, vm, big1, obs, rinv, zz, phi, r,
-            U2 * r2, E2 * r2, vm * r2, r2, big2)  # fmt: skip
+            u2, e2, vm * r2, r2, big2, m)  # fmt: skip
 
 
 @helper
@@ -156,10 +167,18 @@ def adjoint_kernel(
         u = tl.load(ck_ptr + cko, mask=lmask, other=1.0)
         e = tl.load(ck_ptr + cko + N, mask=lmask, other=0.0)
         v = tl.load(ck_ptr + cko + 2 * N, mask=lmask, other=1.0)
+        m = carried_mean(u, e)
         for i in tl.range(0, n_s, num_stages=NS):
             t = s_lo + i
-            tl.store(scr + (3 * i) * BLOCK, u)
-            tl.store(scr + (3 * i + 1) * BLOCK, e)
+            if z0.dtype == tl.float32:
+                # the mean, as the forward carries it (e = u m); where it is past the range (a
+                # lane whose variance left it, kernels.kept_pred) e itself, u stored negated
+                held = (u > 0.0) & not_finite(m)
+                tl.store(scr + (3 * i) * BLOCK, tl.where(held, -u, u))
+                tl.store(scr + (3 * i + 1) * BLOCK, tl.where(held, e, m))
+            else:
+                tl.store(scr + (3 * i) * BLOCK, u)
+                tl.store(scr + (3 * i + 1) * BLOCK, e)
             tl.store(scr + (3 * i + 2) * BLOCK, v)
             a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
             p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
@@ -168,7 +187,7 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (_, _, _, _, _, _, _, _, _, _, _, _, _, _, _,
-             u, e, v, _, _) = step_values(u, e, v, a, p, c, z, R, h)  # fmt: skip
+             u, e, v, _, _, m) = step_values(u, e, v, m, a, p, c, z, R, h)  # fmt: skip
         tl.debug_barrier()
         for i2 in tl.range(0, n_s, num_stages=NS):
             i = n_s - 1 - i2
@@ -176,6 +195,12 @@ def adjoint_kernel(
             u = tl.load(scr + (3 * i) * BLOCK)
             e = tl.load(scr + (3 * i + 1) * BLOCK)
             v = tl.load(scr + (3 * i + 2) * BLOCK)
+            m = e
+            if z0.dtype == tl.float32:
+                held = u < 0.0
+                u = tl.abs(u)
+                m = tl.where(held, float("nan"), e)
+                e = tl.where(held, e, tl.where(u > 0.0, u * e, 0.0))
             u_in = u
             a = ld(a_ptr, ast, asn, t, lanes, lmask, VA, a0)
             p = ld(p_ptr, pst, psn, t, lanes, lmask, VP, p0)
@@ -184,8 +209,8 @@ def adjoint_kernel(
             R = ld(R_ptr, Rst, Rsn, t, lanes, lmask, VR, R0)
             h = ld(h_ptr, hst, hsn, t, lanes, lmask, VH, h0)
             (q, d, al, forget, U1, r1, um, em, vm, big1,
-             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2) = step_values(
-                u, e, v, a, p, c, z, R, h)  # fmt: skip
+             obs, rinv, zz, phi, r, yu, ye, yv, r2, big2, _) = step_values(
+                u, e, v, m, a, p, c, z, R, h)  # fmt: skip
             du, de, dv, dz, dR, dh = loglik_grads(obs, zz, R, h, um, em, vm)
             gU2, gE2, gvm = adj_update(bu, be, bv, r2, phi, r, yu, ye, yv, big2)
             gum, gem, gvm = project(gU2 + W * du, gE2 + W * de, gvm + W * dv,
