@@ -28,7 +28,14 @@ from kalmanscan.timeseries import dataset as view
 from kalmanscan.timeseries._messages import SeriesLabel
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
-from kalmanscan.timeseries.fit import OUFit, _one_chunk, fit_ou
+from kalmanscan.timeseries.fit import (
+    OUFit,
+    _constant_refusal,
+    _constant_series,
+    _nothing_to_fit,
+    _one_chunk,
+    fit_ou,
+)
 from kalmanscan.timeseries.model import PARAMS, OUModel, forecast_labels
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
@@ -388,7 +395,8 @@ def _fit_block(
     positions), so that the fit's warnings name the block's series as the whole array's.
     ``chunked``: the block is one of several dask chunks along the series dims, fitted as part of
     the whole array (:func:`kalmanscan.timeseries.fit._one_chunk`; :func:`fit_dataarray` refuses
-    an array without a series to fit)."""
+    an array without a series to fit, from ``n_obs`` and the last result, each constant series'
+    first observation (:func:`_constant_firsts`; NaN unless ``chunked``))."""
     loop = z.shape[:-1]
     fixed, labels = inputs[: len(per_series)], inputs[len(per_series) :]
     if per_series:  # per-series fixed values, broadcast to this block's series
@@ -402,6 +410,7 @@ def _fit_block(
             np.zeros(loop),
             np.zeros(loop, np.int8),
             np.zeros(loop),
+            np.zeros(loop + (2,)),
         )
     names = _series_labels(loop, label_dims, labels)
     if names is not None and not chunked:  # the whole array
@@ -427,7 +436,21 @@ def _fit_block(
     ll = np.broadcast_to(np.asarray(fit.loglik, dtype=np.float64), loop)
     conv = np.broadcast_to(np.asarray(fit.converged), loop).astype(np.int8)
     nobs = np.broadcast_to(np.asarray(fit.n_obs, dtype=np.float64), loop)
-    return tuple(np.array(x) for x in (est, se, ll, conv, nobs))
+    first = np.full(loop + (2,), np.nan)
+    if chunked:  # the series the fit saw (robust: without the screened values)
+        fz = np.asarray(fit.z, dtype=np.float64)
+        first = _constant_firsts(fz.reshape(len(fz), -1)).reshape(loop + (2,))
+    return tuple(np.array(x) for x in (est, se, ll, conv, nobs)) + (first,)
+
+
+def _constant_firsts(Z) -> np.ndarray:
+    """``[N, 2]``: the time index and value of the first observation of each constant series
+    (columns of ``Z [T, N]``, as ``fit_ou`` finds them), NaN for the others."""
+    observed = ~np.isnan(Z)
+    t0 = np.argmax(observed, axis=0)
+    out = np.stack([t0.astype(np.float64), Z[t0, np.arange(Z.shape[1])]], -1)
+    out[~_constant_series(Z, observed.sum(0))] = np.nan
+    return out
 
 
 def _no_series_to_fit(most: int, shown: list, n: int) -> ValueError:
@@ -440,12 +463,65 @@ def _no_series_to_fit(most: int, shown: list, n: int) -> ValueError:
     )
 
 
-def _refuse_unfit(x, most, *, shown, n):
-    """A block ``x`` of a chunked fit's results, refused once the whole array's ``most``
-    observations in a series (from every chunk's ``n_obs``) is known to be below 2."""
-    if np.size(most) and int(np.max(most)) < 2:  # (dask may probe with empty blocks)
-        raise _no_series_to_fit(int(np.max(most)), shown, n)
-    return x
+_SHOWN = 5  # series named in a refusal, of each kind
+
+
+def _unfit_verdict(nobs, first, dims):
+    """What a chunked fit's refusal needs of the whole array, from every chunk's ``n_obs`` and
+    constant series' first observations (``first``), reduced lazily to one vector (one chunk):
+    ``[most observations in a series, series to fit, short series (< 2 observations), constant
+    series, the first observed value of the constant ones (time first, then series), the flat
+    positions (C order over dims) of the first short ones (inf-padded to _SHOWN), of the first
+    constant ones]``."""
+    import dask.array as dsa
+
+    n_obs = nobs.transpose(*dims).data.ravel()
+    t0, v0 = (first.transpose(*dims, "first_observed").data[..., k].ravel() for k in (0, 1))
+    n = n_obs.size
+    pos = dsa.arange(n, chunks=n_obs.chunks)
+    short, constant = n_obs < 2, ~dsa.isnan(t0)
+    key = dsa.where(constant, t0 * n + pos, np.inf)  # unique: the first observation's order
+    pad = dsa.full(_SHOWN, np.inf)
+
+    def lowest(which):
+        return dsa.topk(dsa.concatenate([dsa.where(which, pos, np.inf), pad]), -_SHOWN)
+
+    counts = [n_obs.max(), (~short & ~constant).sum(), short.sum(), constant.sum()]
+    counts.append(dsa.where(key == key.min(), v0, -np.inf).max())
+    verdict = dsa.concatenate(
+        [dsa.stack(counts).astype(np.float64), lowest(short), lowest(constant)]
+    )
+    return xr.DataArray(verdict.rechunk(-1), dims="verdict")
+
+
+def _refuse_unfit(x, verdict, *, dims, labels):
+    """A block ``x`` of a chunked fit's results, refused once the whole array's
+    :func:`_unfit_verdict` is known to leave no series to fit, as the in-memory fit refuses it
+    (``labels``: the values naming each position along the series ``dims``)."""
+    verdict = np.ravel(verdict)
+    if verdict.size == 0:  # (dask may probe with empty blocks)
+        return x
+    most, to_fit, n_short, n_constant, first = verdict[:5]
+    if most >= 2 and to_fit > 0:
+        return x
+    shape = tuple(len(v) for v in labels)
+    n = int(np.prod(shape))
+
+    def named(pos):
+        idx = np.unravel_index(pos[np.isfinite(pos)].astype(np.int64), shape)
+        return _series_labels(idx[0].shape, dims, [v[i] for v, i in zip(labels, idx, strict=True)])
+
+    if most < 2:
+        raise _no_series_to_fit(int(most), named(np.arange(min(n, _SHOWN), dtype=float)), n)
+    if n_constant == n:
+        raise _constant_refusal(float(first))
+    short, constant = verdict[5 : 5 + _SHOWN], verdict[5 + _SHOWN :]
+    raise _nothing_to_fit(
+        [repr(s) for s in named(short)],
+        int(n_short),
+        [repr(s) for s in named(constant)],
+        int(n_constant),
+    )
 
 
 def fit_dataarray(
@@ -465,9 +541,9 @@ def fit_dataarray(
     The parameters carry units from the data's ``units`` and the time axis
     (:func:`~kalmanscan.timeseries.dataset.variable_units`); the fit's warnings name the series by
     their coordinates (``in series station='c'``), each chunk's too. A series with fewer than 2
-    observations keeps its starting values, marked not converged, with a warning, in every chunk
-    as in memory; an array without a series of 2 is refused (chunked: when its results are
-    computed, no chunk seeing the others).
+    observations, or constant, keeps its starting values, marked not converged, with a warning,
+    in every chunk as in memory; an array without a series to fit is refused (chunked: when its
+    results are computed, no chunk seeing the others).
 
     >>> import numpy as np, xarray as xr
     >>> rng = np.random.default_rng(0)
@@ -512,12 +588,12 @@ def fit_dataarray(
             for d in series_dims
         ]
         inputs = [*per_series.values(), *labels]
-        est, se, ll, conv, nobs = xr.apply_ufunc(
+        est, se, ll, conv, nobs, first = xr.apply_ufunc(
             _fit_block,
             z,
             *inputs,
             input_core_dims=[[time_dim]] + [[] for _ in inputs],
-            output_core_dims=[["param"], ["param"], [], [], []],
+            output_core_dims=[["param"], ["param"], [], [], [], ["first_observed"]],
             kwargs=dict(
                 time_axis=ax,
                 fix=scalars,
@@ -527,28 +603,22 @@ def fit_dataarray(
                 options=options,
             ),
             dask="parallelized",
-            output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64],
-            dask_gufunc_kwargs={"output_sizes": {"param": 4}},
+            output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64, np.float64],
+            dask_gufunc_kwargs={"output_sizes": {"param": 4, "first_observed": 2}},
             keep_attrs=False,
         )
         if chunked:
-            # no chunk sees the others: each result waits for every chunk's n_obs (one number a
-            # series) and is refused, as the in-memory fit is, where no series has 2
-            shape = tuple(da.sizes[d] for d in series_dims)
-            n = int(np.prod(shape))
-            first = np.unravel_index(np.arange(min(n, 5)), shape)
-            shown = _series_labels(
-                first[0].shape,
-                series_dims,
-                [v.values[i] for v, i in zip(labels, first, strict=True)],
-            )
-            most = nobs.max()
+            # no chunk sees the others: each result waits for a summary of every chunk's n_obs
+            # and constant series (a few numbers) and is refused, as the in-memory fit is, where
+            # no series can be fitted
+            verdict = _unfit_verdict(nobs, first, series_dims)
             est, se, ll, conv, nobs = (
                 xr.apply_ufunc(
                     _refuse_unfit,
                     x,
-                    most,
-                    kwargs=dict(shown=shown, n=n),
+                    verdict,
+                    input_core_dims=[[], ["verdict"]],
+                    kwargs=dict(dims=tuple(series_dims), labels=[v.values for v in labels]),
                     dask="parallelized",
                     output_dtypes=[x.dtype],
                     keep_attrs=False,

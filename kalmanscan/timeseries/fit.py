@@ -710,17 +710,53 @@ def _fit_core(
 
 
 def _names(idx, labels, limit: int = 5) -> str:
-    shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
-    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
-    return ", ".join(shown) + more
+    return _listed(_shown(idx, labels, limit), len(idx))
+
+
+def _shown(idx, labels, limit: int = 5) -> list:
+    """The names of the first ``limit`` series ``idx``: their labels' reprs, else positions."""
+    return [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
+
+
+def _listed(shown: list, n: int) -> str:
+    """``shown``, the first names of ``n``: ``'a', 'b' and 3 more``."""
+    return ", ".join(shown) + (f" and {n - len(shown)} more" if n > len(shown) else "")
+
+
+def _constant_series(Z, n_obs, moments=None) -> np.ndarray:
+    """Which series (columns of ``Z [T, N]``, ``n_obs [N]`` observed values each; ``moments``:
+    :func:`_nan_moments` of ``Z``, if known) are constant: 2 or more observed values, all equal
+    (no noise to estimate)."""
+    sd = (_nan_moments(Z) if moments is None else moments)[2]
+    return (n_obs >= 2) & (sd == 0)
+
+
+def _constant_refusal(first: float) -> ValueError:
+    """The refusal of data whose every series is constant (``first``: the first observed value,
+    time first, then series in C order)."""
+    return ValueError(
+        f"z: every observed value is {first!r} (a constant series): the likelihood grows "
+        "without bound as obs_var -> 0, so there is no maximum-likelihood estimate"
+    )
+
+
+def _nothing_to_fit(few: list, n_few: int, constant: list, n_constant: int) -> ValueError:
+    """The refusal of separate fits with no series to fit: ``n_few`` series with fewer than 2
+    observations and ``n_constant`` constant ones (``few``, ``constant``: the first names)."""
+    return ValueError(
+        "z: expected a series to fit (2 or more observed values, not all equal), got none: "
+        f"series {_listed(few, n_few)} have fewer than 2 observations; series "
+        f"{_listed(constant, n_constant)} are constant (no noise to estimate)"
+    )
 
 
 @contextlib.contextmanager
 def _one_chunk():
     """Fits in this block see one chunk of a larger array (the xarray accessor's dask chunks): a
-    chunk in which no series has 2 observations is fitted as the whole array's fit treats such
-    series (starting values, marked not converged, with its warning) instead of refused, the
-    caller refusing an array in which none has. Robust fits (their refits) included."""
+    chunk without a series to fit (each constant or with fewer than 2 observations) is fitted as
+    the whole array's fit treats such series (starting values, marked not converged, with its
+    warning) instead of refused, the caller refusing an array without one. Separate fits only;
+    robust fits (their refits) included."""
     token = _ONE_CHUNK.set(True)
     try:
         yield
@@ -809,8 +845,9 @@ def fit_ou(
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
     an estimate sits on its boundary (a variance at 0: no standard error for it, the others' with
-    it held at 0, see ``OUFit.notes``) and when one observation dominates the likelihood. Returns
-    an :class:`OUFit`.
+    it held at 0, see ``OUFit.notes``) and when one observation dominates the likelihood; series
+    with fewer than 2 observations or constant keep their starting values (not converged), and
+    data without a series to fit are refused. Returns an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -881,14 +918,13 @@ def fit_ou(
             f"{int(n_obs.max())}"
         )
     moments = _nan_moments(Z)
-    sd = moments[2]
-    constant = (n_obs >= 2) & (sd == 0)
-    if constant.all() or (joint and bool(np.all(sd[n_obs >= 1] == 0))):
-        first = float(Z[~np.isnan(Z)][0])
-        raise ValueError(
-            f"z: every observed value is {first!r} (a constant series): the likelihood grows "
-            "without bound as obs_var -> 0, so there is no maximum-likelihood estimate"
-        )
+    constant = _constant_series(Z, n_obs, moments)
+    one_chunk = _ONE_CHUNK.get()  # (the caller refuses the whole array)
+    if (constant.all() and not one_chunk) or (joint and bool(np.all(moments[2][n_obs >= 1] == 0))):
+        raise _constant_refusal(float(Z[~np.isnan(Z)][0]))
+    if not (joint or one_chunk or ((n_obs >= 2) & ~constant).any()):  # constant or short, each
+        few, const = np.flatnonzero(n_obs < 2), np.flatnonzero(constant)
+        raise _nothing_to_fit(_shown(few, labels), few.size, _shown(const, labels), const.size)
     if ("theta" in free or "sigma2" in free) and not (ax.dt > 0).any():
         raise ValueError(
             f"times: all {T} timestamps are equal, so the rates theta and sigma2 (per time unit) "
