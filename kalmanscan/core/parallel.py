@@ -340,14 +340,17 @@ def _scan_exact(leaves, x0, kappa, kappa0):
         vk = _times_pow2(v, kappa)
         some = beyond(u, vk, hold_exponent(u.dtype))
 
-    def held_out():  # (the divisor u a constant, as _in_unit's)
+    def held_out():
         hold = held(u, vk)
         if hold is None:
             return out
-        us = torch.where(u > 0, u, 1.0).detach()
+        # the state's mean and variance in its unit, u the constant 2**-G (steps.hold_gauge;
+        # with the divisor u a constant, u / u had the derivative of u, and a variance of 1e300
+        # met it as -var/u past the range: NaN or wrong gradients of the smoothed variance)
         G = hold_exponent(u.dtype)
-        triple = (u / us * 2.0**-G, e / us * 2.0**-G, _times_pow2(v / us, kappa - G))
-        return _hold(hold, out, triple)
+        mean, var = quotient(torch.where(u > 0, u, 1.0), e, v)
+        low = torch.full_like(u, 2.0**-G)
+        return _hold(hold, out, (low, mean * 2.0**-G, _times_pow2(var, kappa - G)))
 
     return _Scanned(out, some, far, held_out)
 
@@ -794,7 +797,11 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
         return out
     R, h, hz, a, p, c, q, d = backward_leaves(z, obs_var, decay, process_var, loading, offset)
     keep = 1 - q
-    g = keep * p + q
+    # (selects where a step forgets, not products with keep = 0: the exact leaves' derivatives
+    # there, g 2**shift in the unit of a state that knows nothing, pass the range, and 0 times
+    # them gave a NaN gradient in that step's process_var)
+    kd = torch.where(q != 0, 0.0, d)
+    g = torch.where(q != 0, 1.0, p)
     al = a * keep
     tiny = torch.finfo(z.dtype).tiny
     odd = (q == 0) & ((d < tiny) | (d > 1 / tiny))  # decays whose square leaves the normal range
@@ -812,7 +819,7 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
         box = {}
         b1, b2, ab = (_ForgetSlope.apply(x, a, box, key)
                       for x, key in ((b1, "b1"), (b2, "b2"), (ab, "alpha")))  # fmt: skip
-    leaves = (keep * d * Rs, keep * d * h2s, g * Rs, g * h2s + Rs, b1, b2, ab)
+    leaves = (kd * Rs, kd * h2s, g * Rs, g * h2s + Rs, b1, b2, ab)
     flip = lambda x: x.expand(T - 1, N).flip(0) if x.shape[0] > 1 else x  # noqa: E731
     one, zero = torch.ones(N, dtype=z.dtype, device=z.device), z.new_zeros(N)
     leaves = tuple(flip(x) for x in leaves)
@@ -830,8 +837,8 @@ def smooth_lanes(z, obs_var, decay, process_var, loading, offset, x0):
             w = al
             if box is not None:  # (its slope where it forgets: "a", below; per step)
                 w = _ForgetSlope.apply(al.expand(R.shape), a, box, "a")
-            kd, R_, h_, hz_, g_, c_, al_ = (flip(x) for x in (keep * d, R, h, hz, g, c, w))
-            leaves = _exact_leaf(([(kd, R_)], [(kd, h_, h_)], [(g_, R_)],
+            kd_, R_, h_, hz_, g_, c_, al_ = (flip(x) for x in (kd, R, h, hz, g, c, w))
+            leaves = _exact_leaf(([(kd_, R_)], [(kd_, h_, h_)], [(g_, R_)],
                                   [(g_, h_, h_), (R_,)], [(al_, -c_, R_)],
                                   [(al_, hz_), (al_, -c_, h_, h_)], [(al_, R_)]),
                                  _unit_shifts(*units), z[1:])  # fmt: skip

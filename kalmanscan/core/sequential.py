@@ -189,7 +189,8 @@ def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None, checked=True):
     norm = normalize if checked else normalize_max
     U, E, V = norm(*observe(U, E, V, R, h, hz, checked))
     keep = 1 - q
-    u, e, v = back_through(U, E - c * U, (p * keep + q) * U + V, a, q)
+    held = (V > 1) & (U > 0) if checked else None  # (steps.normalize: U the constant 2**-G)
+    u, e, v = back_through(U, E - c * U, (p * keep + q) * U + V, a, q, held)
     if torch.is_grad_enabled() and a.requires_grad:
         # forget (a = 0): d/da of the limit's information a (E - c U) over its normalizer
         # V + p U, against the forgetting step's U + V (its value unchanged)
@@ -218,19 +219,35 @@ def backward_step(U, E, V, R, h, hz, a, p, c, q, d, after=None, checked=True):
     return out
 
 
-def back_through(x, y, w, a, q):
+def back_through(x, y, w, a, q, held=None):
     """The triple ``(a^2 x, a y, w)`` of a step back through the dynamics (``(0, 0, w)`` where
     the step forgets, ``q = 1``) divided by ``|a|``: ``(|a| x, sign(a) y, w / |a|)``, the same
     belief, with no ``a^2`` to under- or overflow. Where ``w / |a|`` would pass the range (a
     decay below ``w / finfo.max``: the precision is below the range) it is held at
     ``finfo.max / 4``, which keeps the mean ``y / (a x)``; the division's derivative in ``|a|``
-    is formed as products (:func:`~kalmanscan.core.steps.quotient`)."""
+    is formed as products (:func:`~kalmanscan.core.steps.quotient`).
+
+    ``held``: where ``(x, y, w)`` is a held triple (``x`` the constant ``2**-G``,
+    :func:`~kalmanscan.core.steps.hold_gauge`), or None. There the triple is divided by ``a^2``,
+    ``(x, y / a, w / a^2)``, where ``w / a^2`` is in range: ``x`` stays the constant. In
+    ``|a| x`` the adjoint of ``u``, ``-var / u``, passed the range at a variance of 1e300 and
+    ``a``'s derivative was -inf (truth -2e300)."""
     kept = q == 0
     s = torch.where(kept, a.abs(), 1.0)
     top = torch.finfo(w.dtype).max / 4
     (v,) = quotient(s, torch.minimum(w, s * top))
     u = torch.where(kept, s * x, 0.0)
     e = torch.where(kept, torch.sign(a).detach() * y, 0.0)
+    if held is not None:
+        with torch.no_grad():
+            gauge = held & kept & (w / s / s <= top)
+        if bool(gauge.any()):
+            s_g = torch.where(gauge, s, 1.0)
+            y_g, w_g = quotient(s_g, y, w)
+            (w_g,) = quotient(s_g, w_g)
+            u = torch.where(gauge, x, u)
+            e = torch.where(gauge, torch.sign(a).detach() * y_g, e)
+            v = torch.where(gauge, w_g, v)
     return u, e, v
 
 

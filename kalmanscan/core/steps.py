@@ -232,12 +232,25 @@ def normalize(u, e, v):
     variance of 1e300: NaN gradients, sequential and torch alike); at ``u >= 2**-G`` only
     where ``|loss|`` passes ``finfo.max 2**-G``. Variances below ``2**G`` (and past ``1/tiny``,
     below the range as a precision: steps.lost_steps) keep ``max(u, v) = 1``. One host read
-    (:func:`held`); :func:`normalize_max` where the caller knows nothing is held."""
+    (:func:`held`); :func:`normalize_max` where the caller knows nothing is held.
+
+    A held ``u`` is the constant ``2**-G`` and gets no derivative (:func:`hold_gauge`)."""
     n = torch.maximum(u, v)
     hold = held(u, v)
-    if hold is not None:
-        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
-    return quotient(n, u, e, v)
+    if hold is None:
+        return quotient(n, u, e, v)
+    n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+    return hold_gauge(hold, *quotient(n, u, e, v))
+
+
+def hold_gauge(hold, u, e, v):
+    """The triple with no derivative in ``u`` where ``hold`` (a held triple, ``u = 2**-G``:
+    the same constant whatever the inputs, so its derivative is exactly 0). A variance's
+    derivative in ``u`` is ``-var / u``, past the range where the variance passes
+    ``finfo.max 2**-G`` (9.7e288 in float64); it met that zero derivative as ``inf * 0``
+    or ``inf - inf`` (a smoothed or filtered variance of 1e300: NaN gradients). Held,
+    the derivative reaches the inputs through ``e`` and ``v`` alone."""
+    return torch.where(hold, u.detach(), u), e, v
 
 
 def normalize_max(u, e, v):
@@ -423,7 +436,9 @@ def predict(u, e, v, a, p, c, q, d, carried=True, checked=True):
     if big is not None:
         w = torch.where(big & (q != 0), _exp2(_exponent(v), v.dtype), 1.0)
         u, e, v = u / w, e / w, v / w
-    u_ = u + q * v
+    # (a select: where the past is kept u_ is u, not u + 0 v, whose derivative in v is 0 times
+    # the adjoint of u_, -var/u from a held triple: past the range at a variance of 1e300, NaN)
+    u_ = torch.where(q != 0, u + q * v, u)
     if _needs_grad(a, p, c, d):
         diffuse = u_ == 0
         a_, p, c, d, keep_a = _no_grad_where(diffuse, a, p, c, d, keep_a)
@@ -681,7 +696,7 @@ def _combine(u, e, v, U, E, V, any_held=None):
         num, vv = torch.where(big, 0.0, num), torch.where(big, 0.0, vv)
     mean, var = quotient(den_s, num, vv)  # (derivatives in den as products)
     if big is not None:
-        mean, var = _combine_held(big, u, e, v, U, E, V, den_s, mean, var)
+        mean, var = _combine_held(big, u, e, v, U, E, V, mean, var)
     mean = torch.where(known, mean, float("nan"))
     var = torch.where(known, var, float("inf"))
     mean = torch.where(both_exact, e / u_s, mean)
@@ -689,23 +704,32 @@ def _combine(u, e, v, U, E, V, any_held=None):
     return mean, var
 
 
-def _combine_held(big, u, e, v, U, E, V, den, mean, var):
+def _combine_held(big, u, e, v, U, E, V, mean, var):
     """:func:`_combine` where a triple is held (``v > 1`` or ``V > 1``, :func:`normalize`):
     ``e V + E v`` and ``v V`` are the means and variances times ``2**(2G)`` there and passed
     the range (a mean of 1e200 with variances of 1e300 on both sides: inf), and their
-    derivatives in ``u`` were the smoothed mean times its variance (NaN). Formed as the two
-    means weighted by ``u V / den`` and ``U v / den`` (each at most 1), and the variance as
-    that of the side whose weight is the larger times its weight."""
+    derivatives in ``u`` were the smoothed mean times its variance (NaN). Formed from each
+    side's mean and variance: with ``s`` the side of the smaller variance and ``l`` the other,
+    ``r = var_s / var_l`` (at most 1; 0 where ``l`` knows nothing), the variance
+    ``var_s / (1 + r)`` and the mean ``(m_s + r m_l) / (1 + r)``. Every derivative on the way
+    is at most the output's per unit of its input (``d var / d var_s = 1/(1+r)^2``); the
+    weights as products (``u V / den``) had derivatives ``var / den``, past the range at a
+    variance of 1e300 beside a side that knows nothing (``U = 0``: after a step that forgets),
+    which met that zero as ``inf * 0`` (NaN gradients). Where a side knows nothing its term is
+    ``E var_f / V`` (``e var_b / v``): 0, with the derivative in ``E`` (``e``)."""
     kf, kb = u > 0, U > 0
-    # (where a side knows nothing, its term e V / den or E v / den: its derivative in e or E)
-    wf, wb, rV, rv = quotient(den, u * V, U * v, torch.where(kf, 0.0, V), torch.where(kb, 0.0, v))
-    f = (u * V >= U * v).detach()
-    (mf,) = quotient(torch.where(kf, u, 1.0), e)
-    (mb,) = quotient(torch.where(kb, U, 1.0), E)
-    (vf,) = quotient(torch.where(f, u, 1.0), torch.where(f, v, 0.0))
-    (vb,) = quotient(torch.where(f, 1.0, U), torch.where(f, 0.0, V))
-    held_mean = torch.where(kf, wf * mf, e * rV) + torch.where(kb, wb * mb, E * rv)
-    held_var = vf * wf + vb * wb
+    (mf, vf) = quotient(torch.where(kf, u, 1.0), e, v)
+    (mb, vb) = quotient(torch.where(kb, U, 1.0), E, V)
+    f = (u * V >= U * v).detach()  # (the forward side's variance is the smaller)
+    ms, vs, ks = torch.where(f, mf, mb), torch.where(f, vf, vb), torch.where(f, kf, kb)
+    ml, vl, kl = torch.where(f, mb, mf), torch.where(f, vb, vf), torch.where(f, kb, kf)
+    (r,) = quotient(torch.where(kl & (vl > 0), vl, 1.0), torch.where(kl, vs, 0.0))
+    (ws, wl) = quotient(1 + r, torch.ones_like(r), r)
+    # (where a side knows nothing: its information over the other's precision, 0 in value)
+    n, info = torch.where(f, V, v), torch.where(kl, 0.0, torch.where(f, E, e))
+    (lone,) = quotient(torch.where(n > 0, n, 1.0), info * torch.where(ks, vs, 0.0))
+    held_mean = ws * ms + torch.where(kl, wl * ml, lone)
+    held_var = ws * vs
     return torch.where(big, held_mean, mean), torch.where(big, held_var, var)
 
 
@@ -719,7 +743,8 @@ class _Combine(torch.autograd.Function):
     that forgets), the derivative in that coordinate is about the smoothed mean times the other
     side's variance and passes the range with it (a mean of 1e200, a variance of 1e300); the
     coordinate is 0 whatever the inputs there, so a non-finite derivative is reported as 0
-    (it met that zero derivative: NaN in every gradient)."""
+    (it met that zero derivative: NaN in every gradient). So is a held one's (``v > 1``: the
+    constant ``u = 2**-G``, :func:`hold_gauge`; ``-var / u`` at a variance of 1e300)."""
 
     @staticmethod
     def forward(u, e, v, U, E, V, any_held):
@@ -753,8 +778,9 @@ class _Combine(torch.autograd.Function):
             g = next(got) if need else None
             if need:
                 g = torch.zeros_like(x) if g is None else torch.where(active, g, 0.0)
-                if i in (0, 3):  # (u, U = 0: docstring; a select, not a host read)
-                    g = torch.where((x == 0) & ~torch.isfinite(g), 0.0, g)
+                if i in (0, 3):  # (u, U = 0 or held: docstring; a select, not a host read)
+                    fixed = (x == 0) | (xs[i + 2] > 1)
+                    g = torch.where(fixed & ~torch.isfinite(g), 0.0, g)
             out.append(g)
         return (*out, None)
 
