@@ -140,3 +140,16 @@ def count_dynamics(monkeypatch) -> list:
 
     monkeypatch.setattr(KLALayer, "dynamics", counting)
     return calls
+
+
+def fit_dask_recorded(da, fix, **options):
+    """``da.kalman.fit_ou(fix=fix, **options)`` computed with dask's synchronous scheduler, and
+    the texts of its warnings (every one recorded); asserts that the fit of dask data is lazy."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = da.kalman.fit_ou(fix=fix, **options)
+        assert bool(ds.chunks) == (da.chunks is not None), "expected a lazy fit of dask data"
+        ds = ds.compute(scheduler="synchronous")
+    return ds, [str(w.message) for w in caught]

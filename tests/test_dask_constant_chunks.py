@@ -17,6 +17,7 @@ xr = pytest.importorskip("xarray")
 pytest.importorskip("dask")
 import kalmanscan.xarray  # noqa: E402, F401  (registers the accessor)
 from kalmanscan.testing import assert_close  # noqa: E402
+from tests.helpers import fit_dask_recorded  # noqa: E402
 
 FIX = {"theta": 0.0, "mu": 0.0}
 CONSTANT = "are constant (no noise to estimate); their parameters stay at the starting values and "
@@ -41,13 +42,8 @@ def stations(coords=("a", "b", "c"), constant=(1,), short=(), T=30, seed=0):
 
 
 def fit(da, fix=FIX, **options):
-    """The computed fit and its warnings' texts (synchronous: every warning is recorded)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ds = da.kalman.fit_ou(fix=fix, **options)
-        assert bool(ds.chunks) == (da.chunks is not None), "expected a lazy fit of dask data"
-        ds = ds.compute(scheduler="synchronous")
-    return ds, [str(w.message) for w in caught]
+    """The computed fit and its warnings' texts (:func:`tests.helpers.fit_dask_recorded`)."""
+    return fit_dask_recorded(da, fix, **options)
 
 
 def unfit_warnings(texts):

@@ -16,6 +16,7 @@ xr = pytest.importorskip("xarray")
 pytest.importorskip("dask")
 import kalmanscan.xarray  # noqa: E402, F401  (registers the accessor)
 from kalmanscan.testing import assert_close  # noqa: E402
+from tests.helpers import fit_dask_recorded  # noqa: E402
 
 FIX = {"theta": 0.0, "mu": 0.0}
 SHORT = "have fewer than 2 observations; their parameters stay at the starting values and are "
@@ -34,13 +35,8 @@ def stations(coords=("a", "b", "c"), short=(1,), observed=1, T=30, seed=0):
 
 
 def fit(da, fix=FIX, **options):
-    """The computed fit and its warnings' texts (synchronous: every warning is recorded)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ds = da.kalman.fit_ou(fix=fix, **options)
-        assert bool(ds.chunks) == (da.chunks is not None), "expected a lazy fit of dask data"
-        ds = ds.compute(scheduler="synchronous")
-    return ds, [str(w.message) for w in caught]
+    """The computed fit and its warnings' texts (:func:`tests.helpers.fit_dask_recorded`)."""
+    return fit_dask_recorded(da, fix, **options)
 
 
 def assert_as_in_memory(da, chunks, fix=FIX, **options):
