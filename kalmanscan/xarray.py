@@ -29,7 +29,6 @@ from kalmanscan.timeseries._messages import SeriesLabel
 from kalmanscan.timeseries.coverage import check_coverage
 from kalmanscan.timeseries.dataset import FIT_DESCRIPTION, LOGLIK_CONVENTION, MODEL_DESCRIPTION
 from kalmanscan.timeseries.fit import (
-    OUFit,
     _constant_refusal,
     _constant_series,
     _nothing_to_fit,
@@ -37,6 +36,7 @@ from kalmanscan.timeseries.fit import (
     fit_ou,
 )
 from kalmanscan.timeseries.model import PARAMS, OUModel, forecast_labels
+from kalmanscan.timeseries.result import OUFit
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 __all__ = ["filter_dataarray", "fit_dataarray", "netcdf_engine", "save_netcdf", "to_dataset"]

@@ -17,6 +17,7 @@ MODULES = [
     "kalmanscan.timeseries.model_numerics",
     "kalmanscan.timeseries.model_forecast",
     "kalmanscan.timeseries.fit",
+    "kalmanscan.timeseries.result",
     "kalmanscan.timeseries.profile",
     "kalmanscan.timeseries.robust",
     "kalmanscan.timeseries.data",

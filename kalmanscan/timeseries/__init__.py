@@ -11,8 +11,9 @@ The model and its assumptions: docs/model.md.
 """
 
 from kalmanscan.timeseries.data import load_nile
-from kalmanscan.timeseries.fit import OUFit, fit_ou
+from kalmanscan.timeseries.fit import fit_ou
 from kalmanscan.timeseries.model import Forecast, OUModel, forecast
+from kalmanscan.timeseries.result import OUFit
 from kalmanscan.timeseries.robust import Disturbances
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 

@@ -630,7 +630,7 @@ def _describe_duration(seconds: float) -> str:
 
 def _filter(args) -> int:
     from kalmanscan.timeseries import OUModel
-    from kalmanscan.timeseries.fit import _decimals
+    from kalmanscan.timeseries.result import _decimals
     from kalmanscan.timeseries.robust import gross_runs
     from kalmanscan.timeseries.times import as_time_axis
 
@@ -841,8 +841,8 @@ def _name_series(text: str, whos: list[str], prefix: str = "") -> str:
 
 def _merge_fits(fits):
     """Concatenate separate fits of consecutive blocks of series (last axis)."""
-    from kalmanscan.timeseries.fit import OUFit
     from kalmanscan.timeseries.model import PARAMS, OUModel
+    from kalmanscan.timeseries.result import OUFit
 
     def cat(values):
         return np.concatenate(

@@ -563,7 +563,7 @@ def forecast(
     >>> fc.times.tolist()
     [1874.0]
     """
-    from kalmanscan.timeseries.fit import OUFit
+    from kalmanscan.timeseries.result import OUFit
 
     if isinstance(model_or_fit, OUFit):
         if z is not None or times is not None:

@@ -370,7 +370,7 @@ def _quiet_fit(fit_ou, z, times, kwargs):
 def fit_ou_robust(z, times=None, *, threshold=None, max_rounds: int = 10, **kwargs):
     """:func:`kalmanscan.fit_ou` with an outlier screen (see the module docstring); ``kwargs``
     are ``fit_ou``'s. ``threshold``: screen ``|a_t|`` above it (default: per series,
-    :func:`default_threshold`). Returns the :class:`~kalmanscan.timeseries.fit.OUFit` of the last
+    :func:`default_threshold`). Returns the :class:`~kalmanscan.timeseries.result.OUFit` of the last
     round, its ``z`` with the screened observations set to NaN and ``outliers [T, *S]`` marking
     them; a note (and a warning) names the screened rows.
 
