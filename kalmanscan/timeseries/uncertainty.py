@@ -223,6 +223,9 @@ class _LazyBounds(Mapping):
     def __repr__(self):
         return repr(self._dict())
 
+    def __reduce__(self):  # (pickled and copied as its values: the bounds computed then)
+        return dict, (self._dict(),)
+
 
 class _LazyNotes(Sequence):
     """``OUFit.notes``: the fit's notes, then the profile bounds' notes once computed."""
@@ -244,3 +247,6 @@ class _LazyNotes(Sequence):
 
     def __repr__(self):
         return repr(self._all())
+
+    def __reduce__(self):  # (pickled and copied as its values, as _LazyBounds)
+        return tuple, (self._all(),)
