@@ -86,15 +86,16 @@ def test_no_spills_and_pipelined_loads(resources, name):
 def test_reciprocals_per_step(resources):
     # filter forward (homogeneous (u, e, v) form): one IEEE division, the once-a-lane range check
     # of h*h/obs_var (constant in time here); the loop's normalizations and outputs take hardware
-    # reciprocals (6 a step body: 1/max(u, v) twice, 1/u and 1/v for the outputs of the
-    # predicted and filtered beliefs, shared where they coincide). KLA forward: the predict
+    # reciprocals (8 a step body: 1/max(u, v) twice, 1/u and 1/v for the outputs of the
+    # predicted and filtered beliefs, shared where they coincide; float32's kept mean adds the
+    # gain's 1/U and the observation's state z/h, kernels.kept_update). KLA forward: the predict
     # reciprocal and 1/lam for the readout, 2 a lane-step; the
     # compiled case has 4 lanes a thread ([32, 4] tile, one warp) and 5 step bodies (the 4
     # unrolled steps of a pipelined block and the one-step tail loop; without gradients the
     # blocks hold 8 steps), plus 1 / p once a lane (the lean form's e where the decay is 0).
     # float32 KLA kernels take one hardware reciprocal each (no division sequences)
     assert resources["filter_fwd"]["divisions"] == 1
-    assert resources["filter_fwd"]["fast_reciprocals"] == 6
+    assert resources["filter_fwd"]["fast_reciprocals"] == 8
     assert resources["kla_fwd"]["fast_reciprocals"] == 2 * 4 * 5 + 4
     assert resources["kla_fwd_infer"]["fast_reciprocals"] == 2 * 4 * 9 + 4
     for name in KERNELS:
