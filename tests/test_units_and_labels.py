@@ -14,6 +14,7 @@ Plain numpy input keeps its messages.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 
@@ -51,9 +52,15 @@ def _units(ds) -> dict:
 
 
 def _messages(fn) -> list[str]:
-    import dask
-
-    with warnings.catch_warnings(record=True) as caught, dask.config.set(scheduler="synchronous"):
+    """The warnings' messages of ``fn()``, dask (where installed) on one thread; the in-memory
+    cases need no dask."""
+    try:
+        import dask
+    except ImportError:
+        scheduler = contextlib.nullcontext()
+    else:
+        scheduler = dask.config.set(scheduler="synchronous")
+    with warnings.catch_warnings(record=True) as caught, scheduler:
         warnings.simplefilter("always")
         fn()
     return [str(w.message) for w in caught]

@@ -69,6 +69,7 @@ class _Stop(Exception):
 def test_check_dense_runs_only_the_selected_runners(monkeypatch):
     """``check_dense(backends=[...])`` runs no other runner (stopped at its statsmodels part,
     after the filterpy and oracle parts)."""
+    pytest.importorskip("filterpy")
     ran = []
     real = dense_checks._run_ks
 
