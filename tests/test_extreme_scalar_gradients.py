@@ -1,5 +1,6 @@
 """The scalar filter's values and gradients where variances, data and log-likelihoods reach the
-ends of float64's range (float32's), on the sequential and torch backends, against mpmath.
+ends of float64's range (float32's), on the sequential, torch and native backends, against
+mpmath.
 
 - a normalized triple ``(1/var, mean/var, 1)`` with a variance of 1e300: the log-likelihood's
   derivative in its ``u`` is about ``|loglik| var`` (-3.2e99 x 1e300) and passed the range, as did
@@ -40,11 +41,12 @@ import pytest
 import torch
 
 import kalmanscan as ks
+from kalmanscan.core import native
 from kalmanscan.testing import tolerance
 
 NAN = math.nan
 DPS = 400
-BACKENDS = ["sequential", "torch"]
+BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 KEYS = ("R", "a", "p", "h", "c", "z")
 
 
@@ -358,6 +360,30 @@ def test_a_loading_of_0_at_a_variance_of_1e300(backend):
     _check_values(ins, torch.float64, backend)
     for of in ("ll", "smean"):
         _check_grad(ins, torch.float64, backend, of)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+@pytest.mark.parametrize("h1", [0.0, 1e-300])
+def test_native_adjoint_at_a_tiny_loading_at_a_variance_of_1e300(h1):
+    """The native kernel's adjoint itself (``native.loglik_grad``, in the units given: the API
+    rescales the step of a loading of 1e-300) on LOADING0 with the loading ``h1`` at the step of
+    variance 1e300: its ``2 h var A`` (``var A`` past the range) was NaN at 0 and inf at 1e-300.
+    Every step's partials against mpmath, and the loading's at that step relative to itself."""
+    ins = _inputs(dict(LOADING0, h=[1.0, h1, 1.0]), torch.float64)
+    t = {k: torch.tensor(ins[k]) for k in KEYS}
+    x0 = (torch.ones(1, dtype=torch.float64), torch.tensor(ins["m0"]), torch.tensor(ins["P0"]))
+    g = native.loglik_grad(t["z"], t["R"], t["a"], t["p"], t["h"], t["c"], x0)
+    assert not g["flags"] & native.NOT_FINITE
+    tol = tolerance("oracle_grad", torch.float64)
+    with np.errstate(over="ignore", divide="ignore"):  # (a floor per unit of 1e-300: inf)
+        floors = _floors(ins, 0, "ll")
+    names = dict(z="z", R="obs_var", a="decay", p="process_var", h="loading", c="offset")
+    for k, name in names.items():
+        got, want = g[name][:, 0].numpy(), _mp_grad(ins, 0, k, "ll")
+        assert np.all(np.isfinite(got)), (k, got)
+        assert np.all(np.abs(got - want) <= tol * (np.abs(want) + floors[k])), (k, got, want)
+    want = _mp_grad(ins, 0, "h", "ll")[1]
+    assert float(g["loading"][1, 0]) == pytest.approx(want, rel=tol)
 
 
 # obs_var x |mean| past the range: 1e300 x 1e10 (its own step), a proper prior's mean 1e10

@@ -329,7 +329,13 @@ static void ks_wide_step(double z, double R, double a, double p, double h, doubl
         gu1 += (0.5 * wc * (1.0 + Q) + A * RR + B * zz) * iu;
         gv1 += (A * h) * h * iu;
         ge1 += -h * B * iu;
-        dh += 2.0 * h * ((v1 * iu) * A) - (e1 * iu) * B;
+        /* 2 h (var A), and where var A passes the range (|loglik| var does: a loading of 0
+         * at a predicted variance of 1e300 beside data of 1e50, inf, and times h = 0 NaN)
+         * 2 h var A in a power-of-two scaling. (Not var (h A), as steps.loglik_terms'
+         * h (h v-) orders it: h A underflows in the units the API gives a loading of
+         * 1e-300 there, h 3e-147 and obs_var 1e307.) */
+        const double vA = (v1 * iu) * A;
+        dh += (vA - vA == 0.0 ? 2.0 * h * vA : ks_sprod3(h, v1 * iu, A, 1)) - (e1 * iu) * B;
     }
     dR += A;
     dz += B;
