@@ -17,7 +17,7 @@ sequential torch operations is about ``K`` per level. ``n`` is chosen from the s
 vectorized step touches enough elements: many lanes need no time-chunking, one long lane uses many.
 Derivation: docs/algorithm.md. A third scan, of shift-and-clamp maps on logs
 (:func:`clamp_scan`), estimates the scale of each step's variance for the projective scan's
-units (kalmanscan/core/parallel.py).
+units (kalmanscan/core/parallel_units.py).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def projective_scan(leaves, x0, detach=False):
     numbers), and their derivatives the same where every use of them is scale-free (ratios,
     the log-likelihood's), exactly, without the divisors' paths, which cancel: a divisor that
     depends on a parameter far more than the beliefs do left that cancellation's rounding
-    (kalmanscan/core/parallel.py, ``_scan_exact``)."""
+    (kalmanscan/core/parallel_scan.py, ``_scan_exact``)."""
     T, N = torch.broadcast_shapes(*(t.shape for t in leaves))
     if num_chunks(T, N) <= 1:
         return _projective_loop(leaves, x0, detach)
