@@ -606,8 +606,7 @@ def _adjoint_maps_kernel(
 
 
 @triton.jit
-def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr,
-                          NS: tl.constexpr = 1):
+def _adjoint_carry_kernel(amap_ptr, gend_ptr, C, MS, NR, BLOCK: tl.constexpr, NS: tl.constexpr = 1):
     """One program: ``BLOCK`` lanes of batch row ``program_id(1)``: from the op's end adjoint
     (in the last chunk's rows of ``gend [2, B C, M S]``) back through the chunks' adjoint maps
     (``_adjoint_maps_kernel``), ``G_end(c-1) = J_c^T G_end(c) + b_c``, into the rows of chunks
