@@ -234,13 +234,14 @@ def normalize(u, e, v):
     below the range as a precision: steps.lost_steps) keep ``max(u, v) = 1``. One host read
     (:func:`held`); :func:`normalize_max` where the caller knows nothing is held.
 
-    A held ``u`` is the constant ``2**-G`` and gets no derivative (:func:`hold_gauge`)."""
-    n = torch.maximum(u, v)
+    A held ``u`` is the constant ``2**-G`` and gets no derivative (:func:`hold_gauge`), nor
+    does a normalized ``u`` of a variance up to ``2**G`` (:func:`_divisor`)."""
+    n, gauge = _divisor(u, v)
     hold = held(u, v)
     if hold is None:
-        return quotient(n, u, e, v)
+        return quotient(n, u, e, v) if gauge is None else hold_gauge(gauge, *quotient(n, u, e, v))
     n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
-    return hold_gauge(hold, *quotient(n, u, e, v))
+    return hold_gauge(hold if gauge is None else hold | gauge, *quotient(n, u, e, v))
 
 
 def hold_gauge(hold, u, e, v):
@@ -254,8 +255,32 @@ def hold_gauge(hold, u, e, v):
 
 
 def normalize_max(u, e, v):
-    """Divide the triple by ``max(u, v)`` everywhere (the scans' own coordinates)."""
-    return quotient(torch.maximum(u, v), u, e, v)
+    """Divide the triple by ``max(u, v)`` everywhere (the scans' own coordinates; the
+    divisor's derivative: :func:`_divisor`)."""
+    n, gauge = _divisor(u, v)
+    return quotient(n, u, e, v) if gauge is None else hold_gauge(gauge, *quotient(n, u, e, v))
+
+
+def _divisor(u, v):
+    """``(n, gauge)``: ``n = max(u, v)`` in value, with the derivative of ``u n / u`` (``n / u``
+    a constant) where ``gauge``, ``u > 0`` and a variance ``v / u`` up to ``2**G``: the
+    normalized ``u`` is then a constant (its derivative, exactly 0 there, is dropped:
+    :func:`hold_gauge`), as a held one is, and a derivative reaches the belief through ``e`` and
+    ``v`` alone. Through ``max``'s own derivative a variance above 1 (``n = v``) put a change of
+    the precision into ``u``, whose adjoint also carries the mean's terms, ``mean`` times the
+    mean's adjoint: a smoothed mean's derivative of ``1e-100`` in a process variance beside a
+    mean of ``1e50`` was lost to their rounding, all of it, or half at a tie (``u = v``: ``max``
+    splits its derivative) (the sequential smoother on LOADING0 with a loading of ``1e-150`` at
+    its step of variance ``1e300``: tests/test_sequential_loading0_smooth_grad.py). Elsewhere
+    (``u = 0``, a held variance or one past the range) ``n`` is ``max(u, v)`` with its own
+    derivative. Without a derivative to take: ``(max(u, v), None)``, nothing more computed."""
+    n = torch.maximum(u, v)
+    if not _needs_grad(u, v):
+        return n, None
+    with torch.no_grad():
+        gauge = (u > 0) & (v <= u * 2.0 ** hold_exponent(u.dtype))
+        k = torch.where(gauge, n / torch.where(gauge, u, 1.0), 0.0)
+    return torch.where(gauge, n.detach() + (u - u.detach()) * k, n), gauge
 
 
 # ----------------------------------------------------------- products by mantissas and exponents
