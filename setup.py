@@ -41,7 +41,14 @@ setup(
         Extension(
             "kalmanscan.dense._native_dense",
             sources=["kalmanscan/dense/_native_dense.c"],
-            depends=["kalmanscan/core/_native_common.h"],
+            depends=[
+                "kalmanscan/core/_native_common.h",
+                "kalmanscan/dense/_native_dense_vec.h",
+                "kalmanscan/dense/_native_dense_linalg.h",
+                "kalmanscan/dense/_native_dense_update.h",
+                "kalmanscan/dense/_native_dense_sqrt.h",
+                "kalmanscan/dense/_native_dense_series.h",
+            ],
             extra_compile_args=_cflags,
             optional=True,
         ),
