@@ -249,10 +249,10 @@ def normalize(u, e, v):
     does a normalized ``u`` of a variance up to ``2**G`` (:func:`_divisor`)."""
     n, gauge = _divisor(u, v)
     hold = held(u, v)
-    if hold is None:
-        return quotient(n, u, e, v) if gauge is None else hold_gauge(gauge, *quotient(n, u, e, v))
-    n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
-    return hold_gauge(hold if gauge is None else hold | gauge, *quotient(n, u, e, v))
+    if hold is not None:
+        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+        gauge = hold if gauge is None else hold | gauge
+    return hold_gauge(gauge, *quotient(n, u, e, v))
 
 
 def hold_gauge(hold, u, e, v):
@@ -261,7 +261,10 @@ def hold_gauge(hold, u, e, v):
     derivative in ``u`` is ``-var / u``, past the range where the variance passes
     ``finfo.max 2**-G`` (9.7e288 in float64); it met that zero derivative as ``inf * 0``
     or ``inf - inf`` (a smoothed or filtered variance of 1e300: NaN gradients). Held,
-    the derivative reaches the inputs through ``e`` and ``v`` alone."""
+    the derivative reaches the inputs through ``e`` and ``v`` alone. ``hold`` None: the
+    triple as given."""
+    if hold is None:
+        return u, e, v
     return torch.where(hold, u.detach(), u), e, v
 
 
@@ -269,7 +272,7 @@ def normalize_max(u, e, v):
     """Divide the triple by ``max(u, v)`` everywhere (the scans' own coordinates; the
     divisor's derivative: :func:`_divisor`)."""
     n, gauge = _divisor(u, v)
-    return quotient(n, u, e, v) if gauge is None else hold_gauge(gauge, *quotient(n, u, e, v))
+    return hold_gauge(gauge, *quotient(n, u, e, v))
 
 
 def _divisor(u, v):
