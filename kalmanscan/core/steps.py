@@ -246,13 +246,8 @@ def normalize(u, e, v):
     (:func:`held`); :func:`normalize_max` where the caller knows nothing is held.
 
     A held ``u`` is the constant ``2**-G`` and gets no derivative (:func:`hold_gauge`), nor
-    does a normalized ``u`` of a variance up to ``2**G`` (:func:`_divisor`)."""
-    n, gauge = _divisor(u, v)
-    hold = held(u, v)
-    if hold is not None:
-        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
-        gauge = hold if gauge is None else hold | gauge
-    return hold_gauge(gauge, *quotient(n, u, e, v))
+    does a normalized ``u`` of a variance up to ``2**G`` (:class:`_Normalize`)."""
+    return _normalized(u, e, v, held(u, v))
 
 
 def hold_gauge(hold, u, e, v):
@@ -270,31 +265,87 @@ def hold_gauge(hold, u, e, v):
 
 def normalize_max(u, e, v):
     """Divide the triple by ``max(u, v)`` everywhere (the scans' own coordinates; the
-    divisor's derivative: :func:`_divisor`)."""
-    n, gauge = _divisor(u, v)
-    return hold_gauge(gauge, *quotient(n, u, e, v))
+    divisor's derivative: :class:`_Normalize`)."""
+    return _normalized(u, e, v, None)
 
 
-def _divisor(u, v):
-    """``(n, gauge)``: ``n = max(u, v)`` in value, with the derivative of ``u n / u`` (``n / u``
-    a constant) where ``gauge``, ``u > 0`` and a variance ``v / u`` up to ``2**G``: the
-    normalized ``u`` is then a constant (its derivative, exactly 0 there, is dropped:
-    :func:`hold_gauge`), as a held one is, and a derivative reaches the belief through ``e`` and
-    ``v`` alone. Through ``max``'s own derivative a variance above 1 (``n = v``) put a change of
-    the precision into ``u``, whose adjoint also carries the mean's terms, ``mean`` times the
-    mean's adjoint: a smoothed mean's derivative of ``1e-100`` in a process variance beside a
-    mean of ``1e50`` was lost to their rounding, all of it, or half at a tie (``u = v``: ``max``
-    splits its derivative) (the sequential smoother on LOADING0 with a loading of ``1e-150`` at
-    its step of variance ``1e300``: tests/test_sequential_loading0_smooth_grad.py). Elsewhere
-    (``u = 0``, a held variance or one past the range) ``n`` is ``max(u, v)`` with its own
-    derivative. Without a derivative to take: ``(max(u, v), None)``, nothing more computed."""
+def _normalized(u, e, v, hold):
+    """``(u, e, v) / n``: ``n = u 2**G`` where ``hold`` (a mask, or None: nowhere), else
+    ``max(u, v)``; where differentiated, by :class:`_Normalize`."""
+    if _needs_grad(u, e, v):
+        u, e, v = torch.broadcast_tensors(u, e, v)  # (views; autograd sums their gradients)
+        return _Normalize.apply(u, e, v, hold)
     n = torch.maximum(u, v)
-    if not _needs_grad(u, v):
-        return n, None
+    if hold is not None:
+        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+    return tuple(x / n for x in (u, e, v))
+
+
+def _fixed(u, v, hold):
+    """Where the normalized ``u`` is a constant (:class:`_Normalize`): ``u > 0`` and a variance
+    ``v / u`` up to ``2**G``, or ``hold``."""
+    fixed = (u > 0) & (v <= u * 2.0 ** hold_exponent(u.dtype))
+    return fixed if hold is None else fixed | hold
+
+
+def _normalized_graph(u, e, v, hold):
+    """:class:`_Normalize`'s values and derivatives as a graph of torch operations: its
+    derivative where a second one is taken (``create_graph``)."""
+    n = torch.maximum(u, v)
+    if hold is not None:
+        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
     with torch.no_grad():
-        gauge = (u > 0) & (v <= u * 2.0 ** hold_exponent(u.dtype))
-        k = torch.where(gauge, n / torch.where(gauge, u, 1.0), 0.0)
-    return torch.where(gauge, n.detach() + (u - u.detach()) * k, n), gauge
+        fixed = _fixed(u, v, hold)
+        k = torch.where(fixed, n / torch.where(fixed, u, 1.0), 0.0)
+    n = torch.where(fixed, n.detach() + (u - u.detach()) * k, n)
+    return hold_gauge(fixed, *quotient(n, u, e, v))
+
+
+class _Normalize(torch.autograd.Function):
+    """``(u, e, v) / n``, ``n = max(u, v)`` (or ``u 2**G`` where ``hold``: :func:`normalize`),
+    with one derivative rule for the divisor. Where the normalized ``u`` is a constant
+    (:func:`_fixed`: ``u > 0`` and a variance up to ``2**G``, or held) it gets no derivative
+    (:func:`hold_gauge`) and ``n`` has the derivative of ``u n / u`` (``n / u`` a constant): a
+    derivative reaches the belief through ``e`` and ``v`` alone. Through ``max``'s own
+    derivative a variance above 1 (``n = v``) put a change of the precision into ``u``, whose
+    adjoint also carries the mean's terms, ``mean`` times the mean's adjoint: a smoothed
+    mean's derivative of ``1e-100`` in a process variance beside a mean of ``1e50`` was lost
+    to their rounding, all of it, or half at a tie (``u = v``: ``max`` splits its derivative)
+    (the sequential smoother on LOADING0 with a loading of ``1e-150`` at its step of variance
+    ``1e300``: tests/test_sequential_loading0_smooth_grad.py). Elsewhere (``u = 0``, or a
+    variance past the range) ``n`` is ``max(u, v)`` with ``max``'s derivative. The derivative
+    in ``n`` is formed as products, as :class:`_Quotient`'s. One node in place of the dozen
+    operations of :func:`_normalized_graph`, which gives the second derivative."""
+
+    @staticmethod
+    def forward(ctx, u, e, v, hold):
+        n = torch.maximum(u, v)
+        if hold is not None:
+            n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+        out = (u / n, e / n, v / n)
+        ctx.hold = hold
+        ctx.save_for_backward(u, e, v, n, *out)
+        return out
+
+    @staticmethod
+    def backward(ctx, gU, gE, gV):
+        u, e, v, n, U, E, V = ctx.saved_tensors
+        hold = ctx.hold
+        if torch.is_grad_enabled():  # create_graph: the graph of the same rule, differentiated
+            wrt = [x for x in (u, e, v) if x.requires_grad]
+            with torch.enable_grad():
+                outs = _normalized_graph(u, e, v, hold)
+                got = iter(torch.autograd.grad(outs, wrt, (gU, gE, gV), allow_unused=True,
+                                               create_graph=True))  # fmt: skip
+            return (*(next(got) if x.requires_grad else None for x in (u, e, v)), None)
+        fixed = _fixed(u, v, hold)
+        gU = torch.where(fixed, 0.0, gU)
+        g_n = -((gU * U + gE * E + gV * V) / n)
+        k = torch.where(fixed, n / torch.where(fixed, u, 1.0), 0.0)
+        half = torch.where(u == v, 0.5 * g_n, g_n)  # (max's own derivative, split at a tie)
+        g_u = gU / n + torch.where(fixed, g_n * k, torch.where(u < v, 0.0, half))
+        g_v = gV / n + torch.where(fixed | (u > v), 0.0, half)
+        return g_u, gE / n, g_v, None
 
 
 def from_prior(mean, var):
