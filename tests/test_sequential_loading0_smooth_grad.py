@@ -77,3 +77,22 @@ def test_the_normalize_node_equals_its_graph(name, dtype):
         assert (a is None and b is None) or torch.equal(a, b)
     assert steps._Normalize.__name__ in type(getattr(steps, name)(*[
         x.clone().requires_grad_() for x in (u, e, v)])[1].grad_fn).__name__  # fmt: skip
+
+
+def test_the_normalize_node_sums_broadcast_gradients():
+    """A triple whose parts broadcast (a lane's ``v`` against steps' ``u, e``): each input's
+    gradient is summed to its own shape, as through the graph of operations (to the rounding
+    of the sums' order)."""
+    from kalmanscan.core import steps
+
+    u, e, v = _triples(torch.float64)
+    u, e, v = u.reshape(20, 20), e.reshape(20, 20), v[:20].reshape(1, 20)
+    w = [torch.linspace(-1, 1, 400, dtype=torch.float64).reshape(20, 20) * (i + 1)
+         for i in range(3)]  # fmt: skip
+    got = []
+    for f in (steps.normalize_max, lambda *xs: steps._normalized_graph(*xs, None)):
+        xs = [x.clone().requires_grad_() for x in (u, e, v)]
+        got.append(torch.autograd.grad(f(*xs), xs, w))
+    assert got[0][2].shape == (1, 20)
+    for a, b in zip(*got, strict=True):  # (sums of 20 terms, added in another order)
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
