@@ -254,3 +254,50 @@ def _unit_name(td: np.timedelta64) -> str:
         if ns % size == 0:
             return f"{ns // size}{suffix}"
     return f"{ns}ns"
+
+
+# cftime's calendars whose dates are numpy's (the proleptic Gregorian calendar); "standard" and
+# "gregorian" are Julian before 1582-10-15 (:func:`cftime_datetimes`)
+_CF_GREGORIAN = ("proleptic_gregorian", "standard", "gregorian")
+
+
+def is_cftime(v) -> bool:
+    """``v`` is a cftime datetime (xarray's dates in model calendars: ``noleap``, ``360_day``)."""
+    return type(v).__module__.split(".")[0] == "cftime" and hasattr(v, "calendar")
+
+
+def cftime_datetimes(values: np.ndarray, name: str) -> np.ndarray:
+    """cftime datetimes (one calendar) as ``datetime64[us]``, exactly, where their dates are
+    numpy's: the ``proleptic_gregorian`` calendar, and ``standard`` / ``gregorian`` on or after
+    1582-10-15. Another calendar's days are not numpy's (``noleap`` has no Feb 29: Feb 28 to
+    Mar 1 is one day there and two in numpy; ``360_day`` has a Feb 30), so read as dates its
+    steps would be silently wrong: refused, with the way to give them as numbers."""
+    flat = values.ravel()
+    cals = sorted({str(v.calendar) for v in flat})
+    if len(cals) > 1:
+        raise ValueError(f"{name}: expected cftime dates of one calendar, got calendars {cals}")
+    cal = cals[0]
+    first = flat[0]
+    if cal in _CF_GREGORIAN:
+        start = type(first)(1582, 10, 15, calendar=cal)
+        early = [i for i, v in enumerate(flat) if cal != "proleptic_gregorian" and v < start]
+        if not early:
+            epoch = type(first)(1970, 1, 1, calendar=cal)
+            us = [(v - epoch) // _dt.timedelta(microseconds=1) for v in flat]
+            return np.array(us, dtype=np.int64).view("datetime64[us]").reshape(values.shape)
+        why = (
+            f"of the {cal!r} calendar before 1582-10-15 ({flat[early[0]]}, position "
+            f"{early[0]}), where it is the Julian calendar"
+        )
+    else:
+        why = f"in the {cal!r} calendar" if cal else "without a calendar"
+    since = f"days since {first.strftime('%Y-%m-%d')}"
+    raise ValueError(
+        f"{name}: got cftime dates {why}, whose days are not numpy datetime64's (e.g. "
+        "'noleap' has no Feb 29 and '360_day' has a Feb 30), so their steps cannot be read as "
+        "dates; give the times as numbers in the calendar's own days, e.g. "
+        f"cftime.date2num(times, {since!r}, calendar={cal!r}) (with xarray, keeping the "
+        f"calendar for netCDF: da.assign_coords(time=xr.Variable('time', those numbers, "
+        f"{{'units': {since!r}, 'calendar': {cal!r}}}))), or dates of the proleptic Gregorian "
+        "calendar"
+    )

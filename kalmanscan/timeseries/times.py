@@ -47,8 +47,10 @@ from kalmanscan.timeseries.time_calendar import (  # noqa: F401 - re-exported
     _resolution_td,
     _split_ns,
     _utc_to_local,
+    cftime_datetimes,
     check_steps,
     elapsed,
+    is_cftime,
     parse_time_unit,
 )
 from kalmanscan.timeseries.time_parse import (  # noqa: F401 - re-exported
@@ -322,7 +324,9 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
         arr = t.resolve_neg().resolve_conj().numpy()
     else:
         arr = np.asarray(times)
-    if (
+    if arr.dtype.kind == "O" and arr.size and all(is_cftime(v) for v in arr.ravel()):
+        arr = cftime_datetimes(arr, name)  # (a model calendar's dates refused: their steps)
+    elif (
         arr.dtype.kind == "O"
         and pd is not None
         and arr.size
