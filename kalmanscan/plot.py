@@ -182,6 +182,7 @@ def plot_bands(
     """
     from kalmanscan.timeseries.coverage import check_coverage
 
+    given = times
     times = _plot_times(times)
     mean, var = _reals("mean", mean), _reals("var", var)
     if times.ndim != 1 or mean.shape != times.shape or var.shape != times.shape:
@@ -206,6 +207,7 @@ def plot_bands(
     plt = _plt()
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4))
+    _calendar_axis(ax, given)
     if show_missing and obs is not None:
         _shade_missing(ax, times, obs, show_missing, "missing / no data")
     if obs is not None:
@@ -279,8 +281,50 @@ def _plot_times(times, name: str = "times") -> np.ndarray:
         # datetime64 axis, so the missing stretches can be measured and the forecast joins on
         from kalmanscan.timeseries.times import as_time_axis
 
-        return as_time_axis(times, arr.shape[0], name=name).labels
+        labels = as_time_axis(times, arr.shape[0], name=name).labels
+        cal = _calendar(labels)
+        if cal is not None:  # a model calendar's dates: its days since 0001-01-01
+            import cftime
+
+            return np.asarray(cftime.date2num(labels, _CF_ORIGIN, calendar=cal), np.float64)
+        return labels
     return arr
+
+
+_CF_ORIGIN = "days since 0001-01-01"  # (the numbers cftime dates are drawn at)
+
+
+def _calendar(times) -> str | None:
+    """The calendar of cftime dates of a model calendar (``noleap``, ``360_day``...), whose
+    days are not numpy's, else None (times that become numbers or ``datetime64``)."""
+    from kalmanscan.timeseries.time_cftime import calendar_of, cftime_datetimes, is_cftime_array
+
+    arr = np.asarray(times)
+    if not (arr.ndim == 1 and is_cftime_array(arr)):
+        return None
+    kept = cftime_datetimes(arr, "times")
+    return calendar_of(kept) if kept.dtype.kind == "O" else None
+
+
+def _calendar_axis(ax, times) -> None:
+    """Dates of a model calendar on ``ax``'s x axis: drawn at their days since 0001-01-01 in the
+    calendar (:func:`_plot_times`), labelled as dates of that calendar."""
+    cal = _calendar(times)
+    if cal is None:
+        return
+    import cftime
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    def label(x, _pos):
+        try:
+            d = cftime.num2date(x, _CF_ORIGIN, calendar=cal)
+        except (ValueError, OverflowError):
+            return ""
+        return d.strftime("%Y-%m-%d %H:%M" if (d.hour or d.minute) else "%Y-%m-%d")
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.xaxis.set_major_formatter(FuncFormatter(label))
+    ax.set_xlabel(f"{ax.get_xlabel() or 'time'} ({cal} calendar)")
 
 
 def _series_dims(ds):
@@ -383,6 +427,7 @@ def plot_series(
         title if title is not None else (f"{kind} level" + (f" ({label})" if label else ""))
     )
     ax.set_xlabel(tdim)
+    _calendar_axis(ax, one[tdim].values)
     _clamp_dates(ax)
     return ax
 
@@ -441,6 +486,7 @@ def plot_precision(
     ax.set_yscale("log")
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)
+    _calendar_axis(ax, picks[0][0][tdim].values)
     ax.legend(loc="best", fontsize="small")
     _clamp_dates(ax)
     return ax

@@ -1,11 +1,11 @@
-"""Times as cftime dates (xarray's dates in model calendars).
+"""Times as cftime dates (xarray's dates in climate models' calendars).
 
 Dates of the proleptic Gregorian calendar (and of ``standard`` / ``gregorian`` from 1582-10-15)
 are numpy's and are read exactly as ``datetime64``. Another calendar's days are not numpy's:
-``noleap`` has no Feb 29, so its Feb 28 -> Mar 1 is one day, which read as text became two
-(a fit on 200 daily ``noleap`` dates gave theta 0.038067 against 0.037997 for its regular steps),
-and ``360_day``'s Feb 30 could not be parsed. Such dates are refused with the way to give them
-as numbers, which the tests follow.
+``noleap`` has no Feb 29, so its Feb 28 -> Mar 1 is one day, which read as text became two (a fit
+on 200 daily ``noleap`` dates gave theta 0.038067 against 0.037997 for its regular steps), and
+``360_day``'s Feb 30 could not be read at all. Such dates are now kept, their steps measured in
+their calendar, and the results and forecasts are dates of that calendar.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ xr = pytest.importorskip("xarray")
 pytest.importorskip("pandas")
 
 T = 200
+MODEL_CALENDARS = ["noleap", "360_day", "all_leap", "julian"]
 
 
 def _data():
@@ -35,41 +36,125 @@ def _dates(calendar, start=(2000, 1, 1), n=T):
 
 
 def _params(fit):
-    return {k: float(fit.params[k]) for k in ("theta", "sigma2", "obs_var")}
+    return {k: float(fit.params[k]) for k in ("theta", "sigma2", "mu", "obs_var")}
 
 
-@pytest.mark.parametrize("calendar", ["noleap", "360_day", "all_leap", "julian"])
-def test_a_model_calendar_is_refused_with_the_way_to_give_numbers(calendar):
-    """The accessor and ``fit_ou`` refuse it naming the calendar (noleap was read as Gregorian
-    dates, with one 2-day step; 360_day failed to parse its Feb 30)."""
-    times = xr.date_range("2000-01-01", periods=T, freq="D", calendar=calendar, use_cftime=True)
-    da = xr.DataArray(_data(), coords={"time": times}, dims="time")
+def _daily(calendar):
     import kalmanscan.xarray  # noqa: F401 (the accessor)
 
-    for call in (da.kalman.fit_ou, lambda: ks.fit_ou(_data(), np.asarray(times))):
-        with pytest.raises(ValueError, match=f"cftime dates in the '{calendar}' calendar") as e:
-            call()
-        assert "cftime.date2num(times, 'days since 2000-01-01'" in str(e.value)
+    times = xr.date_range("2000-01-01", periods=T, freq="D", calendar=calendar, use_cftime=True)
+    return xr.DataArray(_data(), coords={"time": times}, dims="time", name="temp")
 
 
-def test_the_numbers_the_refusal_suggests_fit_the_calendar_s_own_steps():
-    """noleap's days as numbers (cftime.date2num, as the message says) are 200 steps of one
-    day: the fit equals the fit at times 0, 1, ..., 199, value for value, and the time
-    coordinate keeps its units and calendar."""
-    import kalmanscan.xarray  # noqa: F401
-
-    times = xr.date_range("2000-01-01", periods=T, freq="D", calendar="noleap", use_cftime=True)
-    since = "days since 2000-01-01"
-    num = cftime.date2num(np.asarray(times), since, calendar="noleap")
-    assert num[58] == 58 and num[59] == 59  # Feb 28 -> Mar 1: one day
-    coord = xr.Variable("time", num, {"units": since, "calendar": "noleap"})
-    da = xr.DataArray(_data(), coords={"time": coord}, dims="time")
-    got = da.kalman.fit_ou()
+@pytest.mark.parametrize("calendar", MODEL_CALENDARS)
+def test_a_model_calendar_s_days_are_its_steps(calendar):
+    """200 daily dates across Feb 29 / Feb 30 are 200 steps of one day in their calendar: the
+    fit equals the fit at times 0, 1, ..., 199, value for value (noleap was read as Gregorian
+    dates with a 2-day step; 360_day could not be read), through the accessor and ``fit_ou``."""
+    da = _daily(calendar)
     want = da.assign_coords(time=np.arange(T, dtype=np.float64)).kalman.fit_ou()
+    got = da.kalman.fit_ou()
     for k in ("theta", "sigma2", "obs_var", "mu"):
         assert float(got[k]) == float(want[k])
-    ds = da.kalman.filter(got)
-    assert ds["time"].attrs["calendar"] == "noleap"
+    fit = ks.fit_ou(_data(), da["time"].values)
+    assert fit.time_axis.is_cftime and fit.time_axis.t.tolist() == list(range(T))
+    assert _params(fit) == _params(ks.fit_ou(_data(), np.arange(T, dtype=np.float64)))
+
+
+@pytest.mark.parametrize("calendar", MODEL_CALENDARS)
+def test_results_and_forecasts_are_dates_of_the_calendar(calendar, tmp_path):
+    """The results keep the record's dates (a CFTimeIndex), the forecast continues a day a step
+    in the calendar, and a netCDF file of the results reads back the same dates."""
+    da = _daily(calendar)
+    ds = da.kalman.filter(da.kalman.fit_ou(), forecast_steps=3)
+    assert type(ds.indexes["time"]).__name__ == "CFTimeIndex"
+    assert list(ds["time"].values) == list(da["time"].values)
+    last = da["time"].values[-1]
+    want = [last + datetime.timedelta(days=k) for k in (1, 2, 3)]
+    assert list(ds["forecast_time"].values) == want
+    assert all(v.calendar == calendar for v in ds["forecast_time"].values)
+    path = tmp_path / "out.nc"
+    ds.to_netcdf(path, engine="scipy")
+    with xr.open_dataset(path, engine="scipy", decode_times=xr.coders.CFDatetimeCoder(
+            use_cftime=True)) as back:  # fmt: skip
+        assert [str(v) for v in back["time"].values] == [str(v) for v in ds["time"].values]
+        assert back["time"].values[0].calendar in (
+            calendar,
+            "julian" if calendar == "julian" else "",
+        )
+
+
+@pytest.mark.parametrize(
+    ("calendar", "freq", "start", "want"),
+    [
+        ("360_day", "ME", "2000-01-30", ["2002-01-30", "2002-02-30", "2002-03-30"]),
+        ("noleap", "ME", "2000-01-31", ["2002-01-31", "2002-02-28", "2002-03-31"]),
+        ("noleap", "MS", "2000-01-01", ["2002-01-01", "2002-02-01", "2002-03-01"]),
+        ("360_day", "QS", "2000-01-01", ["2006-01-01", "2006-04-01", "2006-07-01"]),
+    ],
+)
+def test_monthly_dates_forecast_by_calendar_months(calendar, freq, start, want):
+    """Monthly and quarterly dates step by whole months of their calendar, on the same day of
+    the month or on month ends (360_day's month end is the 30th, noleap's February's the 28th)."""
+    import kalmanscan.xarray  # noqa: F401
+
+    times = xr.date_range(start, periods=24, freq=freq, calendar=calendar, use_cftime=True)
+    da = xr.DataArray(_data()[:24], coords={"time": times}, dims="time")
+    ds = da.kalman.filter(da.kalman.fit_ou(), forecast_steps=3)
+    assert [v.strftime("%Y-%m-%d") for v in ds["forecast_time"].values] == want
+
+
+def test_forecast_at_dates_of_the_calendar_and_its_refusals():
+    """``at`` takes dates of the record's calendar; other calendars, datetime64 and dates before
+    the record's end are refused, the messages showing the dates as text."""
+    t = _dates("360_day")
+    fit = ks.fit_ou(_data(), t)
+    at = [cftime.datetime(2000, 7, 30, calendar="360_day")]
+    fc = fit.model.forecast(fit.z, fit.time_axis, at=at)
+    assert list(fc.times) == at
+    by_steps = fit.model.forecast(fit.z, fit.time_axis, steps=10)
+    assert list(by_steps.times)[-1] == at[0]  # 2000-07-20 + 10 days of 360_day
+    assert np.array_equal(by_steps.mean[-1:], fc.mean)
+    with pytest.raises(TypeError, match="record's '360_day' calendar, got cftime dates of the 'no"):
+        fit.model.forecast(
+            fit.z, fit.time_axis, at=[cftime.datetime(2000, 8, 1, calendar="noleap")]
+        )
+    with pytest.raises(TypeError, match="got values of dtype datetime64"):
+        fit.model.forecast(fit.z, fit.time_axis, at=np.array(["2000-08-01"], "datetime64[D]"))
+    with pytest.raises(ValueError, match="its times, observed or not: 2000-07-20 00:00:00\\), got "
+                                         "2000-01-05 00:00:00"):  # fmt: skip
+        fit.model.forecast(
+            fit.z, fit.time_axis, at=[cftime.datetime(2000, 1, 5, calendar="360_day")]
+        )
+
+
+def test_robust_notes_and_summary_name_the_calendar_s_dates():
+    """A robust fit's note names a screened observation by its date in the calendar."""
+    z = _data()
+    z[59] = 40.0  # 2000-02-30 in 360_day
+    with pytest.warns(UserWarning, match="2000-02-30T00:00:00"):
+        fit = ks.fit_ou(z, _dates("360_day"), robust=True)
+    assert "row 59 (time 2000-02-30T00:00:00, z = 40)" in " ".join(fit.notes)
+    assert "200 time steps" in fit.summary()
+
+
+def test_plots_label_the_calendar_s_dates():
+    """The overview draws a model calendar's dates with date labels of that calendar."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import kalmanscan.plot as kp
+
+    z = _data()
+    z[30:40] = np.nan
+    da = _daily("360_day").copy(data=z)
+    ds = da.kalman.filter(da.kalman.fit_ou(), forecast_steps=5)
+    axes = kp.plot_overview(ds)
+    ax = np.ravel(axes)[-1]
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "2000-01-01" in labels and "360_day calendar" in ax.get_xlabel()
+    ticks = kp.plot_bands(da["time"].values, ds["mean"].values, ds["variance"].values)
+    assert "360_day" in ticks.get_xlabel()
 
 
 @pytest.mark.parametrize("calendar", ["standard", "gregorian", "proleptic_gregorian"])
@@ -80,7 +165,7 @@ def test_gregorian_cftime_dates_read_exactly_as_datetime64(calendar):
     cf[5] = cf[5] + datetime.timedelta(microseconds=250_001)
     dt64 = np.array([np.datetime64(v.isoformat()) for v in cf], dtype="datetime64[us]")
     ax = ks.timeseries.times.as_time_axis(cf, T)
-    assert ax.labels.dtype == np.dtype("datetime64[us]")
+    assert ax.labels.dtype == np.dtype("datetime64[us]") and not ax.is_cftime
     assert np.array_equal(ax.labels, dt64)
     assert ax.t[60] - ax.t[59] == 1.0  # Feb 29 -> Mar 1 2000
     a, b = ks.fit_ou(_data(), cf), ks.fit_ou(_data(), dt64)
@@ -90,33 +175,31 @@ def test_gregorian_cftime_dates_read_exactly_as_datetime64(calendar):
     assert np.array_equal(f1.times, f2.times) and np.array_equal(f1.mean, f2.mean)
 
 
-def test_standard_dates_before_the_gregorian_reform_and_mixed_calendars_are_refused():
-    """``standard`` is Julian before 1582-10-15 (its Oct 4 -> Oct 15 is one day): refused,
-    naming the first such date; dates of two calendars are refused too."""
-    with pytest.raises(
-        ValueError,
-        match=r"'standard' calendar before 1582-10-15 \(1582-10-01 00:00:00, position 0\)",
-    ):
-        ks.fit_ou(_data()[:30], _dates("standard", (1582, 10, 1), 30))
+def test_standard_dates_before_1582_are_julian_and_two_calendars_are_refused():
+    """``standard`` is Julian before 1582-10-15 and its Oct 4 -> Oct 15 is one day: such dates
+    stay cftime dates, stepped in that calendar. Dates of two calendars, or of none, are
+    refused."""
+    ax = ks.timeseries.times.as_time_axis(_dates("standard", (1582, 10, 1), 30), 30)
+    assert ax.is_cftime and ax.t.tolist() == list(range(30))
+    assert str(ax.labels[4]) == "1582-10-15 00:00:00"
     mixed = np.concatenate([_dates("noleap", n=3), _dates("standard", (2001, 1, 1), 3)])
     with pytest.raises(ValueError, match="of one calendar, got calendars"):
         ks.timeseries.times.as_time_axis(mixed, 6)
+    bare = np.array([cftime.datetime(2000, 1, d, calendar="") for d in (1, 2)])
+    with pytest.raises(ValueError, match="cftime dates without a calendar"):
+        ks.fit_ou(_data()[:2], bare)
 
 
-def test_the_docs_block_runs_and_fits_as_the_calendar_s_days():
-    """docs/model.md's block (noleap dates as numbers), run on a noleap DataArray: the fit
-    equals the fit at times 0, 1, ..., 199."""
-    import pathlib
-    import re
-
-    import kalmanscan.xarray  # noqa: F401
-
-    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "model.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "date2num" in b]
-    times = xr.date_range("2000-01-01", periods=T, freq="D", calendar="noleap", use_cftime=True)
-    scope = {"cftime": cftime, "xr": xr,
-             "da": xr.DataArray(_data(), coords={"time": times}, dims="time")}  # fmt: skip
-    exec(compile(block, "docs/model.md", "exec"), scope)
-    got = scope["da"].kalman.fit_ou()
-    want = scope["da"].assign_coords(time=np.arange(T, dtype=np.float64)).kalman.fit_ou()
-    assert float(got["theta"]) == float(want["theta"])
+def test_time_unit_and_dask_chunks_with_a_model_calendar():
+    """``time_unit="12h"`` halves the rates, as for datetime64; dask-chunked series fit as in
+    memory."""
+    pytest.importorskip("dask")
+    da = _daily("noleap")
+    day = ks.fit_ou(_data(), da["time"].values)
+    half = ks.fit_ou(_data(), da["time"].values, time_unit="12h")
+    assert half.time_axis.t[-1] == 2 * (T - 1)
+    np.testing.assert_allclose(half.params["theta"], day.params["theta"] / 2, rtol=1e-6)
+    two = xr.concat([da, da * 2.0], dim="station")
+    lazy = two.chunk({"station": 1}).kalman.fit_ou()
+    eager = two.kalman.fit_ou()
+    np.testing.assert_allclose(lazy["theta"].values, eager["theta"].values, rtol=1e-9)

@@ -20,6 +20,7 @@ from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.timeseries._messages import _plain
 from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.model_numerics import _host_array, data_unit, one_minus_decay
+from kalmanscan.timeseries.time_cftime import is_cftime
 from kalmanscan.timeseries.times import (  # as_time_axis: forecast_labels' example calls it
     TimeAxis,
     _normalize_datetimes,
@@ -119,7 +120,7 @@ def forecast_from_state(
         i = int(np.flatnonzero(dt < 0)[0])
 
         def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
-            return str(x) if isinstance(x, np.datetime64) else _plain(x)
+            return str(x) if isinstance(x, np.datetime64) or is_cftime(x) else _plain(x)
 
         raise ValueError(
             "at: expected timestamps at or after the record's last time (the last of its "
@@ -159,7 +160,9 @@ def forecast_from_state(
     pvar = var + obs_var * inv * inv
     lo, hi = interval(mean, pvar, cov)
     mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
-    if time_axis.is_datetime:
+    if time_axis.is_cftime:
+        labels = np.asarray(labels, dtype=object)
+    elif time_axis.is_datetime:
         labels = _normalize_datetimes(np.asarray(labels))
     else:
         labels = np.asarray(labels, dtype=np.float64)

@@ -75,6 +75,7 @@ import numpy as np
 import torch
 
 from kalmanscan.timeseries._messages import _plain, unnamed
+from kalmanscan.timeseries.time_cftime import is_cftime
 
 _MIN_THRESHOLD = 3.5
 _MAX_FRACTION = 0.25
@@ -524,6 +525,8 @@ def _label(t) -> str:
     """A timestamp as short as it is exact: ``2024-05-07T09:00``, ``1901``, ``0.25``."""
     if isinstance(t, np.datetime64):
         return str(np.datetime_as_string(t, unit="auto"))
+    if is_cftime(t):  # (a model calendar's date: 2000-02-30T00:00:00)
+        return t.isoformat()
     v = float(t)
     return str(int(v)) if v.is_integer() and abs(v) < 2.0**53 else repr(v)
 

@@ -13,6 +13,10 @@ forming a nanosecond difference (seconds and sub-seconds apart), so spans of any
 e.g. under 1e-9 days over 10,000 years of daily data. Numeric times are float64 and used as they
 are (any size, as long as the span from first to last is finite in float64).
 
+cftime dates (xarray's dates in model calendars) are read by
+:mod:`~kalmanscan.timeseries.time_cftime`: as ``datetime64`` where they are numpy's dates, else
+kept, with their steps measured in their own calendar.
+
 Timestamp strings are read by :mod:`~kalmanscan.timeseries.time_parse` (one format for the whole
 column: ISO 8601, or the one format that reads every value; ambiguous day/month orders refused
 unless ``dayfirst`` or ``time_format`` decides); the calendar arithmetic (resolutions, exact
@@ -47,11 +51,19 @@ from kalmanscan.timeseries.time_calendar import (  # noqa: F401 - re-exported
     _resolution_td,
     _split_ns,
     _utc_to_local,
-    cftime_datetimes,
     check_steps,
     elapsed,
-    is_cftime,
     parse_time_unit,
+)
+from kalmanscan.timeseries.time_cftime import (
+    cf_calendar_future,
+    cf_check_like,
+    cf_elapsed,
+    cf_month_parts,
+    cf_step,
+    cftime_datetimes,
+    is_cftime,
+    is_cftime_array,
 )
 from kalmanscan.timeseries.time_parse import (  # noqa: F401 - re-exported
     TimeParseError,
@@ -68,7 +80,9 @@ class TimeAxis(NamedTuple):
     """Timestamps of one record.
 
     Fields:
-        labels: ``[T]`` the user's timestamps, float64 or ``datetime64`` (s, ms, us or ns).
+        labels: ``[T]`` the user's timestamps, float64 or ``datetime64`` (s, ms, us or ns), or
+            cftime dates of a calendar whose days are not numpy's (``noleap``, ``360_day``;
+            :mod:`~kalmanscan.timeseries.time_cftime`), as given.
         t: ``[T]`` float64 positions in model time units, ``t[0] == 0``.
         unit: ``None`` for numeric times, else the model time unit as ``timedelta64[ns]``.
         unit_name: how the unit is recorded in outputs (``"1"`` for numbers, e.g. ``"1D"``).
@@ -100,6 +114,12 @@ class TimeAxis(NamedTuple):
         return self.unit is not None
 
     @property
+    def is_cftime(self) -> bool:
+        """The labels are cftime dates of a calendar other than numpy's (``noleap``,
+        ``360_day``, ...), kept as they were given: steps measured in their calendar."""
+        return self.is_datetime and is_cftime_array(self.labels)
+
+    @property
     def dt(self) -> np.ndarray:
         """``[T]`` step lengths in model units; the first is 0 (the prior sits at ``labels[0]``)."""
         return np.diff(self.t, prepend=self.t[:1]) if len(self.t) else self.t.copy()
@@ -119,6 +139,9 @@ class TimeAxis(NamedTuple):
         [9.0]
         """
         arr = self.labels_of(labels, name)
+        if self.is_cftime:
+            cf_check_like(arr, self.labels, name)
+            return cf_elapsed(arr, self.labels[0], self.unit)
         if self.is_datetime:
             if arr.dtype.kind != "M":
                 raise TypeError(
@@ -152,6 +175,8 @@ class TimeAxis(NamedTuple):
         d = np.diff(self.t)
         d = d[d > 0]
         med = float(np.median(d)) if d.size else 1.0
+        if self.is_cftime:
+            return cf_step(med, self.unit)
         if self.is_datetime:
             res = _resolution(self.labels)
             ticks = med * (int(self.unit / np.timedelta64(1, "ns")) / _NS_PER[res])
@@ -193,6 +218,8 @@ class TimeAxis(NamedTuple):
         """
         if not self.is_datetime:
             return None
+        if self.is_cftime:
+            return _calendar_step(cf_month_parts(self.labels))
         return _calendar_step(_month_parts(self._local() if self.tz is not None else self.labels))
 
     def _local(self) -> np.ndarray:
@@ -226,6 +253,13 @@ class TimeAxis(NamedTuple):
             if out is not None:
                 return out
         last = self.labels[-1]
+        if self.is_cftime:
+            parts = cf_month_parts(self.labels)
+            months = _calendar_step(parts)
+            if months is not None:
+                return cf_calendar_future(parts, months, k, self.labels)
+            step = self.step()
+            return np.array([last + int(j) * step for j in k], dtype=object)
         parts = _month_parts(self.labels) if self.is_datetime else None
         months = _calendar_step(parts)
         if months is not None:
@@ -325,7 +359,7 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
     else:
         arr = np.asarray(times)
     if arr.dtype.kind == "O" and arr.size and all(is_cftime(v) for v in arr.ravel()):
-        arr = cftime_datetimes(arr, name)  # (a model calendar's dates refused: their steps)
+        arr = cftime_datetimes(arr, name)  # (a model calendar's dates stay cftime objects)
     elif (
         arr.dtype.kind == "O"
         and pd is not None
@@ -367,6 +401,8 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             arr = parsed.reshape(arr.shape)
     if arr.dtype.kind == "M":
         arr = _normalize_datetimes(arr)
+    elif is_cftime_array(arr):
+        pass
     elif arr.dtype.kind in "iu":
         arr = _exact_float_times(arr, name)
     elif arr.dtype.kind == "f":
@@ -436,6 +472,9 @@ def as_time_axis(
             raise ValueError(f"{name}: expected valid datetimes, got NaT at position {i}")
         unit, unit_name = parse_time_unit(time_unit)
         t = elapsed(labels, labels[0], unit) if n else np.zeros(0)
+    elif is_cftime_array(labels):
+        unit, unit_name = parse_time_unit(time_unit)
+        t = cf_elapsed(labels, labels[0], unit)
     else:
         if time_unit is not None:
             raise ValueError(

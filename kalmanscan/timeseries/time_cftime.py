@@ -1,0 +1,142 @@
+"""Dates of cftime's calendars (xarray's dates in climate models' calendars) as time labels.
+
+Dates of the proleptic Gregorian calendar, and of ``standard`` / ``gregorian`` from 1582-10-15,
+are numpy's: they become ``datetime64[us]``, exactly (:func:`cftime_datetimes`). Another
+calendar's days are not numpy's (``noleap`` has no Feb 29, ``360_day`` has a Feb 30, ``julian``
+has a leap day every fourth year), so its dates stay cftime objects and every step is measured
+in that calendar (:func:`cf_elapsed`): ``noleap``'s Feb 28 -> Mar 1 is one day. Forecast times
+continue in the calendar: by whole months where the dates are monthly (:func:`cf_month_parts`,
+:func:`cf_calendar_future`), else by the typical step.
+
+>>> import cftime, numpy as np
+>>> d = np.array([cftime.datetime(2001, 2, 28, calendar="noleap"),
+...               cftime.datetime(2001, 3, 1, calendar="noleap")])
+>>> cf_elapsed(d, d[0], np.timedelta64(1, "D")).tolist()
+[0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+
+# cftime's calendars whose dates are numpy's (the proleptic Gregorian calendar); "standard" and
+# "gregorian" are Julian before 1582-10-15
+_CF_GREGORIAN = ("proleptic_gregorian", "standard", "gregorian")
+_US = _dt.timedelta(microseconds=1)
+
+
+def is_cftime(v) -> bool:
+    """``v`` is a cftime datetime (xarray's dates in model calendars: ``noleap``, ``360_day``)."""
+    return type(v).__module__.split(".")[0] == "cftime" and hasattr(v, "calendar")
+
+
+def is_cftime_array(arr: np.ndarray) -> bool:
+    """An object array of cftime datetimes (a record's labels in a model calendar)."""
+    return arr.dtype.kind == "O" and arr.size > 0 and is_cftime(arr.ravel()[0])
+
+
+def cftime_datetimes(values: np.ndarray, name: str) -> np.ndarray:
+    """cftime datetimes of one calendar as labels: ``datetime64[us]`` where their dates are
+    numpy's (exactly), else the cftime objects themselves, whose steps :func:`cf_elapsed`
+    measures in their calendar. Refused: dates of several calendars, and dates without one."""
+    flat = values.ravel()
+    cals = sorted({str(v.calendar) for v in flat})
+    if len(cals) > 1:
+        raise ValueError(f"{name}: expected cftime dates of one calendar, got calendars {cals}")
+    cal = cals[0]
+    if not cal:
+        raise ValueError(
+            f"{name}: got cftime dates without a calendar, whose steps are not defined; give "
+            "them a calendar (cftime.datetime(..., calendar='standard'))"
+        )
+    first = flat[0]
+    if cal in _CF_GREGORIAN and (
+        cal == "proleptic_gregorian"
+        or all(v >= type(first)(1582, 10, 15, calendar=cal) for v in flat)
+    ):
+        epoch = type(first)(1970, 1, 1, calendar=cal)
+        us = [(v - epoch) // _US for v in flat]
+        return np.array(us, dtype=np.int64).view("datetime64[us]").reshape(values.shape)
+    return np.array(flat, dtype=object).reshape(values.shape)
+
+
+def calendar_of(labels: np.ndarray) -> str:
+    """The calendar of cftime labels."""
+    return str(labels.ravel()[0].calendar)
+
+
+def cf_check_like(arr: np.ndarray, labels: np.ndarray, name: str) -> None:
+    """Refuse timestamps ``arr`` that are not cftime dates of the record's calendar."""
+    cal = calendar_of(labels)
+    if not is_cftime_array(arr) or any(str(v.calendar) != cal for v in arr.ravel()):
+        got = (
+            f"cftime dates of the {calendar_of(arr)!r} calendar"
+            if is_cftime_array(arr)
+            else f"values of dtype {arr.dtype}"
+        )
+        raise TypeError(
+            f"{name}: expected cftime dates of the record's {cal!r} calendar, got {got}"
+        )
+
+
+def cf_elapsed(labels: np.ndarray, origin, unit: np.timedelta64) -> np.ndarray:
+    """``(labels - origin) / unit`` as float64, measured in the labels' own calendar: whole
+    microseconds from cftime's subtraction, divided as integers (one rounding)."""
+    unit_us = int(np.timedelta64(unit, "ns").astype(np.int64)) / 1000
+    if unit_us == int(unit_us):
+        per = int(unit_us)
+        out = [((v - origin) // _US) / per for v in labels.ravel()]
+    else:  # a unit of a fraction of a microsecond
+        out = [((v - origin) // _US) * 1000 / (unit_us * 1000) for v in labels.ravel()]
+    return np.array(out, dtype=np.float64).reshape(labels.shape)
+
+
+def cf_step(med: float, unit: np.timedelta64) -> _dt.timedelta:
+    """``med`` model time units as a duration (whole microseconds, at least one)."""
+    us = med * (int(np.timedelta64(unit, "ns").astype(np.int64)) / 1000)
+    return _dt.timedelta(microseconds=max(round(us), 1))
+
+
+def _time_of_day(v) -> tuple:
+    return (v.hour, v.minute, v.second, v.microsecond)
+
+
+def cf_month_parts(labels: np.ndarray):
+    """``(months from year 0 as int64, day-of-month rule, time of day)`` of cftime dates that
+    all sit on one day of their month (at most the 28th, or every one its month's last: rule
+    ``-1``) at one time of day; ``None`` otherwise and for fewer than two dates (as
+    ``time_calendar._month_parts`` for datetime64)."""
+    flat = labels.ravel()
+    if flat.size < 2:
+        return None
+    tod = _time_of_day(flat[0])
+    if any(_time_of_day(v) != tod for v in flat):
+        return None
+    days = {v.day for v in flat}
+    if len(days) == 1 and flat[0].day <= 28:
+        rule = flat[0].day
+    elif all(v.day == v.daysinmonth for v in flat):
+        rule = -1
+    else:
+        return None
+    months = np.array([v.year * 12 + v.month - 1 for v in flat], dtype=np.int64)
+    return months, rule, tod
+
+
+def cf_calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The dates ``k * months`` calendar months after the last of ``labels``, in their calendar,
+    on the same day of the month (or month end) and time of day (``parts``:
+    :func:`cf_month_parts`)."""
+    m, rule, tod = parts
+    last = labels.ravel()[-1]
+    make = type(last)
+    cal = str(last.calendar)
+    out = []
+    for j in np.asarray(k).ravel():
+        y, mo = divmod(int(m[-1]) + int(j) * months, 12)
+        first = make(y, mo + 1, 1, calendar=cal, has_year_zero=last.has_year_zero)
+        day = first.daysinmonth if rule == -1 else rule
+        out.append(make(y, mo + 1, day, *tod, calendar=cal, has_year_zero=last.has_year_zero))
+    return np.array(out, dtype=object)
