@@ -98,6 +98,8 @@ CORE = [
     case("filter-obs_var-zero-at-one-step", lambda: filt(obs_var=np.array([1.0, 1.0, 1.0, 0.0, 1.0])), ValueError, "obs_var:", "expected", "0.0", "(3,)"),
     case("filter-decay-bool", lambda: filt(decay=True), TypeError, "decay:", "expected", "True"),
     case("filter-decay-complex", lambda: filt(decay=0.5 + 1j), TypeError, "decay:", "expected", "complex"),
+    case("filter-z-longdouble", lambda: filt(z=np.ones(5, dtype=np.longdouble)), TypeError, "z:", "expected float16, float32 or float64", "extended precision", "np.asarray(z, dtype=np.float64)"),
+    case("filter-obs_var-longdouble", lambda: filt(obs_var=np.longdouble(0.5)), TypeError, "obs_var:", "expected float16, float32 or float64", "longdouble"),
     case("filter-decay-nan-in-time", lambda: filt(decay=np.array([0.9, 0.9, np.nan, 0.9, 0.9])), ValueError, "decay:", "expected", "NaN", "(2,)"),
     case("filter-process_var-minus-inf", lambda: filt(process_var=-np.inf), ValueError, "process_var:", "expected", "-inf"),
     case("filter-process_var-negative-tensor", lambda: filt(z=torch.tensor(Z), process_var=torch.tensor([0.1, -1e-9, 0.1, 0.1, 0.1], dtype=torch.float64)), ValueError, "process_var:", "expected", "(1,)"),

@@ -327,7 +327,13 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
         )
     if a.dtype.kind == "O":
         raise _object_refusal(name, value, a)
-    if a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and a.dtype.itemsize > 8):
+    if a.dtype.kind == "f" and a.dtype.itemsize > 8:
+        raise TypeError(
+            f"{name}: expected float16, float32 or float64 numbers, got {_describe(value)}: "
+            "extended precision, which no backend computes in; convert it with "
+            f"np.asarray({name}, dtype=np.float64) (rounded to float64, and inf beyond its range)"
+        )
+    if a.dtype.kind not in "iuf":
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
         )
