@@ -274,8 +274,8 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     ``ValueError`` naming its index); integer data become float64 with or without a mask;
     big-endian arrays are byte-swapped and negatively
     strided views (``z[::-1]``) copied; strings, bytes, objects (e.g. a list holding ``None``:
-    the message says how to convert it), booleans, complex numbers, datetimes and timedeltas are
-    refused, naming ``name``.
+    the message says how to convert it), booleans, complex numbers, extended precision
+    (``longdouble``), datetimes and timedeltas are refused, naming ``name``.
 
     >>> as_real_numpy("z", np.ma.masked_array([1.0, -999.0], mask=[0, 1])).tolist()
     [1.0, nan]
