@@ -203,3 +203,23 @@ def test_time_unit_and_dask_chunks_with_a_model_calendar():
     lazy = two.chunk({"station": 1}).kalman.fit_ou()
     eager = two.kalman.fit_ou()
     np.testing.assert_allclose(lazy["theta"].values, eager["theta"].values, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("dates", "model"),
+    [(["2001-02-28", "2001-02-30", "2001-03-01"], True),
+     (["2001-02-28", "2001-02-29", "2001-03-01"], True),
+     (["2001-01-28", "2001-01-32", "2001-02-01"], False)],
+)  # fmt: skip
+def test_the_cli_names_a_model_calendar_s_dates(tmp_path, capsys, dates, model):
+    """The CLI reads Gregorian dates; a Feb 29 of a common year or a Feb 30 in its time column
+    is refused with the way to a model calendar (the Python API's cftime dates)."""
+    pytest.importorskip("matplotlib")
+    from kalmanscan.timeseries.cli import filter_main
+
+    csv = tmp_path / "in.csv"
+    csv.write_text("date,x\n" + "".join(f"{d},{i}.5\n" for i, d in enumerate(dates)))
+    assert filter_main([str(csv), "--time-col", "date", "--fit", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot parse {dates[1]!r} as a time" in err
+    assert ("a date of a model calendar (360_day, noleap)?" in err) == model

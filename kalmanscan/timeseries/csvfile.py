@@ -590,6 +590,12 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
                 + " (expected numbers or dates like 2024-03-01, 2024-03-01T12:30 or 2024Q1; "
                 "--time-format sets the format)"
             )
+            if re.match(r"\d{1,4}-0?2-(29|30)\b", str(err.value)):  # no such Gregorian date
+                msg += (
+                    "; a date of a model calendar (360_day, noleap)? The CLI reads Gregorian "
+                    "dates: give such a record to the Python API or the xarray accessor as "
+                    "cftime dates, which are stepped in their calendar (docs/model.md)"
+                )
         raise InputError(msg) from err
 
 
