@@ -223,3 +223,20 @@ def test_the_cli_names_a_model_calendar_s_dates(tmp_path, capsys, dates, model):
     err = capsys.readouterr().err
     assert f"cannot parse {dates[1]!r} as a time" in err
     assert ("a date of a model calendar (360_day, noleap)?" in err) == model
+
+
+def test_year_zero_conventions():
+    """Proleptic Gregorian dates with and without a year 0 become the same instants in numpy's
+    astronomical years (-5-01-01 without a year 0 is numpy's -4-01-01: 7 years before 3-01-01);
+    dates of both conventions in one record are refused."""
+    for zero, first, years in ((True, "-005", 8), (False, "-004", 7)):
+        t = np.array([cftime.datetime(y, 1, 1, calendar="proleptic_gregorian", has_year_zero=zero)
+                      for y in (-5, 3)])  # fmt: skip
+        ax = ks.timeseries.times.as_time_axis(t, 2)
+        assert str(ax.labels[0]).startswith(first)
+        want = (np.datetime64("0003-01-01") - ax.labels[0].astype("datetime64[D]")).astype(int)
+        assert ax.t[1] == want and abs(ax.t[1] / 365.2425 - years) < 0.01
+    mixed = np.array([cftime.datetime(2000, 1, d, calendar="julian", has_year_zero=z)
+                      for d, z in ((1, False), (2, True))])  # fmt: skip
+    with pytest.raises(ValueError, match="one year-zero convention"):
+        ks.timeseries.times.as_time_axis(mixed, 2)

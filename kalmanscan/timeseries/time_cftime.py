@@ -52,11 +52,20 @@ def cftime_datetimes(values: np.ndarray, name: str) -> np.ndarray:
             "them a calendar (cftime.datetime(..., calendar='standard'))"
         )
     first = flat[0]
+    zero = {bool(v.has_year_zero) for v in flat}
+    if len(zero) > 1:
+        raise ValueError(
+            f"{name}: expected cftime dates of one year-zero convention, got dates with and "
+            "without a year 0 (has_year_zero)"
+        )
+
+    def date(*ymd):  # (a date of the record's kind, calendar and year-zero convention)
+        return type(first)(*ymd, calendar=cal, has_year_zero=first.has_year_zero)
+
     if cal in _CF_GREGORIAN and (
-        cal == "proleptic_gregorian"
-        or all(v >= type(first)(1582, 10, 15, calendar=cal) for v in flat)
+        cal == "proleptic_gregorian" or all(v >= date(1582, 10, 15) for v in flat)
     ):
-        epoch = type(first)(1970, 1, 1, calendar=cal)
+        epoch = date(1970, 1, 1)
         us = [(v - epoch) // _US for v in flat]
         return np.array(us, dtype=np.int64).view("datetime64[us]").reshape(values.shape)
     return np.array(flat, dtype=object).reshape(values.shape)
@@ -70,7 +79,10 @@ def calendar_of(labels: np.ndarray) -> str:
 def cf_check_like(arr: np.ndarray, labels: np.ndarray, name: str) -> None:
     """Refuse timestamps ``arr`` that are not cftime dates of the record's calendar."""
     cal = calendar_of(labels)
-    if not is_cftime_array(arr) or any(str(v.calendar) != cal for v in arr.ravel()):
+    zero = labels.ravel()[0].has_year_zero
+    if not is_cftime_array(arr) or any(
+        str(v.calendar) != cal or v.has_year_zero != zero for v in arr.ravel()
+    ):
         got = (
             f"cftime dates of the {calendar_of(arr)!r} calendar"
             if is_cftime_array(arr)
