@@ -222,7 +222,66 @@ def test_the_cli_names_a_model_calendar_s_dates(tmp_path, capsys, dates, model):
     assert filter_main([str(csv), "--time-col", "date", "--fit", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"cannot parse {dates[1]!r} as a time" in err
-    assert ("a date of a model calendar (360_day, noleap)?" in err) == model
+    assert ("a date of a model calendar (360_day, noleap)? --calendar 360_day" in err) == model
+
+
+def _cli(tmp_path, capsys, rows, *args):
+    pytest.importorskip("matplotlib")
+    from kalmanscan.timeseries.cli import filter_main
+
+    csv = tmp_path / "in.csv"
+    csv.write_text("time,temp\n" + "".join(f"{t},{v!r}\n" for t, v in rows))
+    out = tmp_path / "o"
+    rc = filter_main([str(csv), *args, "--out", str(out), "--quiet"])
+    return rc, out, capsys.readouterr()
+
+
+def test_the_cli_reads_a_model_calendar_with_calendar(tmp_path, capsys):
+    """``--calendar 360_day``: 200 daily dates across Feb 30 fit as the times 0, ..., 199 (the
+    truth: one day a step), results.csv and the forecast table write the calendar's dates and
+    results.nc holds them with their calendar."""
+    dates = [v.strftime("%Y-%m-%d") for v in _dates("360_day")]
+    rows = zip(dates, _data().tolist(), strict=True)
+    args = ("--time-col", "time", "--calendar", "360_day", "--fit", "--forecast", "2")
+    rc, out, cap = _cli(tmp_path, capsys, rows, *args)
+    assert rc == 0, cap.err
+    nc = xr.open_dataset(
+        out / "results.nc", decode_times=xr.coders.CFDatetimeCoder(use_cftime=True)
+    )
+    want = ks.fit_ou(_data(), np.arange(T, dtype=np.float64))
+    assert float(nc["theta"].values.item()) == pytest.approx(float(want.params["theta"]), rel=1e-12)
+    assert str(nc["time"].values[59]) == "2000-02-30 00:00:00"
+    assert nc["time"].values[59].calendar == "360_day"
+    nc.close()
+    table = (out / "results.csv").read_text()
+    assert "data,2000-02-30,temp," in table and "forecast,2000-07-22,temp," in table
+    assert "2000-07-21" in (out / "summary.txt").read_text()
+
+
+def test_the_cli_calendar_with_times_of_day_and_its_refusals(tmp_path, capsys):
+    """6-hourly noleap dates keep their times of day; an unknown calendar, a date the calendar
+    lacks, --calendar without --time-col and numeric times (a note) are said."""
+    first = cftime.datetime(2001, 2, 28, calendar="noleap")
+    dates = [(first + datetime.timedelta(hours=6 * k)).isoformat(sep=" ")[:16] for k in range(40)]
+    rows = list(zip(dates, _data()[:40].tolist(), strict=True))
+    rc, out, cap = _cli(tmp_path, capsys, rows, "--time-col", "time", "--calendar", "noleap",
+                        "--fit", "--forecast", "1")  # fmt: skip
+    assert rc == 0, cap.err
+    table = (out / "results.csv").read_text()
+    assert "data,2001-03-01 00:00:00,temp," in table  # (the day after Feb 28: no Feb 29)
+    assert "forecast,2001-03-10 00:00:00,temp," in table
+    for args, message in [
+        (("--time-col", "time", "--calendar", "mars"), "--calendar: expected one of 360_day"),
+        (("--calendar", "noleap"), "--calendar apply to --time-col, which is not given"),
+    ]:
+        rc, _, cap = _cli(tmp_path, capsys, rows, *args, "--fit")
+        assert rc == 2 and message in cap.err
+    rc, _, cap = _cli(tmp_path, capsys, [("2000-02-30", 1.0), ("2000-02-31", 2.0)],
+                      "--time-col", "time", "--calendar", "360_day", "--fit")  # fmt: skip
+    assert rc == 2 and "row 3: cannot parse '2000-02-31' as a date of the '360_day'" in cap.err
+    rc, out, cap = _cli(tmp_path, capsys, [(1, 1.0), (2, 2.5), (3, 1.5), (4, 2.0)],
+                        "--time-col", "time", "--calendar", "noleap", "--fit")  # fmt: skip
+    assert rc == 0 and "--calendar applies to dates only" in (out / "summary.txt").read_text()
 
 
 def test_year_zero_conventions():

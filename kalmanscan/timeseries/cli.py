@@ -141,6 +141,14 @@ def filter_main(argv=None) -> int:
         help="read ambiguous dates such as 03/04/1958 day first (3 April)",
     )
     p.add_argument(
+        "--calendar",
+        default=None,
+        metavar="CAL",
+        help="calendar of the dates in --time-col: a climate model's 360_day, noleap (365_day), "
+        "all_leap (366_day) or julian, stepped in that calendar (needs cftime; default: the "
+        "Gregorian calendar)",
+    )
+    p.add_argument(
         "--value-col",
         action="append",
         default=None,

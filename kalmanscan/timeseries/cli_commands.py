@@ -98,8 +98,10 @@ def _filter(args) -> int:
         raise InputError(
             "give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)"
         )
-    if (args.time_format is not None or args.dayfirst) and args.time_col is None:
-        raise InputError("--time-format and --dayfirst apply to --time-col, which is not given")
+    if (args.time_format is not None or args.dayfirst or args.calendar) and args.time_col is None:
+        raise InputError(
+            "--time-format, --dayfirst and --calendar apply to --time-col, which is not given"
+        )
     fix = _fix_arg(args.fix)
     _output_paths(args.out, ["results.png", "results.nc", "results.csv", "summary.txt"], [args.csv])
     notes: list[str] = []
@@ -109,6 +111,7 @@ def _filter(args) -> int:
         args.value_col,
         time_format=args.time_format,
         dayfirst=True if args.dayfirst else None,
+        calendar=args.calendar,
         notes=notes,
         series_col=args.series_col,
         missing=args.missing,
@@ -120,11 +123,14 @@ def _filter(args) -> int:
         ax = as_time_axis(
             times,
             T,
-            args.time_unit if times.dtype.kind == "M" else None,
+            args.time_unit if times.dtype.kind in "MO" else None,  # (O: a model calendar's)
             name=f"{args.csv}: column {args.time_col!r}" if args.time_col else "times",
         )
     except ValueError as err:
         raise InputError(str(err)) from err
+    if args.calendar is not None and not ax.is_datetime:  # (kept in summary.txt too)
+        notes.append("note: --calendar applies to dates only; numeric times are used as they are")
+        log(notes[-1])
     if args.time_unit is not None and not ax.is_datetime:  # (kept in summary.txt too)
         notes.append("note: --time-unit applies to dates only; numeric times are used as they are")
         log(notes[-1])

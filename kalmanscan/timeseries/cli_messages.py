@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from kalmanscan.timeseries.csvfile import _shorten
-from kalmanscan.timeseries.outputs import _iso_times
+from kalmanscan.timeseries.outputs import _cf_texts, _iso_times
 
 
 def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) -> str:
@@ -39,7 +39,11 @@ def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) ->
         ]
     ft = ds["forecast_time"].values
     # dates as results.csv writes them (the coarsest exact unit: 2009-10-01 for quarters)
-    when = _iso_times(ft) if ft.dtype.kind == "M" else [f"{float(t):g}" for t in ft]
+    when = (
+        _iso_times(ft)
+        if ft.dtype.kind == "M"
+        else _cf_texts(ft) or [f"{float(t):g}" for t in ft]  # (cftime: a model calendar's)
+    )
     for idx in picks:
         one = ds.isel(idx) if idx else ds
         if idx:

@@ -114,6 +114,7 @@ def read_csv_series(
     time_unit=None,
     time_format=None,
     dayfirst=None,
+    calendar=None,
     notes=None,
     series_col=None,
     missing=(),
@@ -133,9 +134,10 @@ def read_csv_series(
     value; the count per marker is a note). A time column is numeric when most of its
     cells are numbers, else dates read with one format (see
     :func:`kalmanscan.timeseries.times.parse_datetime_strings`; ``time_format``/``dayfirst``
-    decide ambiguous dates). Duplicate times are refused, naming the rows. Raises
-    :class:`InputError` with a message naming the file, column, row and value. Rows are numbered
-    as in a spreadsheet (the header is row 1; comment lines count).
+    decide ambiguous dates; ``calendar``, a cftime calendar such as ``"360_day"``, reads them
+    as dates of that calendar: :func:`_calendar_times`). Duplicate times are refused, naming
+    the rows. Raises :class:`InputError` with a message naming the file, column, row and value.
+    Rows are numbered as in a spreadsheet (the header is row 1; comment lines count).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "data.csv")
@@ -256,8 +258,12 @@ def read_csv_series(
             what = "the time column" if series_col == time_col else "a --value-col"
             raise InputError(f"--series-col {series_col!r}: that is {what}")
     if time_col is not None:
-        times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst)
-        packed = _packed_date_format(df[time_col]) if times.dtype.kind == "f" else None
+        times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst, calendar)
+        packed = (
+            _packed_date_format(df[time_col])
+            if times.dtype.kind == "f" and calendar is None
+            else None
+        )
         if packed is not None:  # 20200131 is a date, not a number 70 after 20200201's
             times = _parse_times(df[time_col], path, time_col, row, packed, dayfirst)
             if notes is not None:
@@ -451,7 +457,9 @@ def _long_to_wide(keys, times, z, names, path, series_col, row, notes):
 
 
 def _show_time(t) -> str:
-    return str(t) if isinstance(t, np.datetime64) else f"{float(t):.17g}"
+    from kalmanscan.timeseries.time_cftime import is_cftime
+
+    return str(t) if isinstance(t, np.datetime64) or is_cftime(t) else f"{float(t):.17g}"
 
 
 def _float_or_nan(text: str) -> float:
@@ -509,7 +517,7 @@ def _packed_date_format(col) -> str | None:
     return None
 
 
-def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
+def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None, calendar=None):
     import pandas as pd
 
     from kalmanscan.timeseries.times import (
@@ -518,7 +526,7 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
         parse_datetime_strings,
     )
 
-    if time_format is None:  # ISO 8601 in one layout (no space, no number): read at once
+    if time_format is None and calendar is None:  # ISO 8601 in one layout: read at once
         fixed = _parse_fixed_iso(col.to_numpy())
         if fixed is not None:
             return fixed
@@ -567,6 +575,8 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
                 f"{path}: column {name!r} row {row(i)}: {text.iloc[i]!r} is not a finite time"
             )
         return out
+    if calendar is not None:
+        return _calendar_times(text, path, name, row, time_format, calendar)
     try:
         return parse_datetime_strings(
             text.to_numpy(), f"{path}: column {name!r}", time_format=time_format, dayfirst=dayfirst
@@ -592,11 +602,69 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None):
             )
             if re.match(r"\d{1,4}-0?2-(29|30)\b", str(err.value)):  # no such Gregorian date
                 msg += (
-                    "; a date of a model calendar (360_day, noleap)? The CLI reads Gregorian "
-                    "dates: give such a record to the Python API or the xarray accessor as "
-                    "cftime dates, which are stepped in their calendar (docs/model.md)"
+                    "; a date of a model calendar (360_day, noleap)? --calendar 360_day (or "
+                    "noleap, ...) reads the column in that calendar"
                 )
         raise InputError(msg) from err
+
+
+# the layouts --calendar reads without --time-format (the first that reads the first date)
+_CF_LAYOUTS = (
+    "%Y-%m-%d",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y-%m-%d %H:%M",
+    "%Y-%m-%dT%H:%M",
+    "%Y-%m",
+)
+_CF_CALENDARS = (
+    "360_day", "noleap", "365_day", "all_leap", "366_day", "julian", "standard", "gregorian",
+    "proleptic_gregorian",
+)  # fmt: skip
+
+
+def _calendar_times(text, path, name, row, time_format, calendar):
+    """The time column's dates as dates of the cftime ``calendar`` (``--calendar``): one layout
+    for the column (``time_format``, else the first of :data:`_CF_LAYOUTS` that reads the first
+    date); labels as :func:`~kalmanscan.timeseries.time_cftime.cftime_datetimes` makes them
+    (``datetime64`` for the Gregorian calendars)."""
+    if calendar not in _CF_CALENDARS:
+        raise InputError(
+            f"--calendar: expected one of {', '.join(_CF_CALENDARS)}, got {calendar!r}"
+        )
+    try:
+        import cftime
+    except ImportError as err:
+        raise InputError("--calendar: needs the cftime package (pip install cftime)") from err
+    from kalmanscan.timeseries.time_cftime import cftime_datetimes
+
+    strs = text.tolist()
+    layouts = [time_format] if time_format is not None else list(_CF_LAYOUTS)
+    fmt = None
+    for f in layouts:
+        try:
+            cftime.datetime.strptime(strs[0], f, calendar=calendar)
+        except ValueError:
+            continue
+        fmt = f
+        break
+    where = f"{path}: column {name!r}"
+    if fmt is None:
+        raise InputError(
+            f"{where} row {row(0)}: cannot parse {strs[0]!r} as a date of the {calendar!r} "
+            f"calendar (expected a layout like 2000-02-30, 2000-02-30 12:00 or 2000-02-30T12:00:00"
+            "; --time-format sets it)"
+        )
+    out = []
+    for i, s in enumerate(strs):
+        try:
+            out.append(cftime.datetime.strptime(s, fmt, calendar=calendar))
+        except ValueError as err:
+            raise InputError(
+                f"{where} row {row(i)}: cannot parse {s!r} as a date of the {calendar!r} "
+                f"calendar in the column's layout {fmt!r} ({err})"
+            ) from err
+    return cftime_datetimes(np.array(out, dtype=object), where)
 
 
 def _shorten(text: str, limit: int = 200) -> str:

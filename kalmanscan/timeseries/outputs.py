@@ -122,6 +122,17 @@ def _iso_times(t: np.ndarray, with_time: bool = False) -> list[str]:
     return [x.decode() for x in _iso_time_bytes(t, _iso_unit(t, with_time)).tolist()]
 
 
+def _cf_texts(t: np.ndarray) -> list[str] | None:
+    """cftime dates (a model calendar's) as results.csv writes dates: ``2000-02-30``, with the
+    time of day where one has one (``2000-02-30 06:00:00``); None for other values."""
+    from kalmanscan.timeseries.time_cftime import is_cftime_array
+
+    if not is_cftime_array(t):
+        return None
+    timed = any(v.hour or v.minute or v.second or v.microsecond for v in t)
+    return [v.isoformat(sep=" ") if timed else v.strftime("%Y-%m-%d") for v in t]
+
+
 def _iso_unit(t: np.ndarray, with_time: bool = False) -> str:
     """The coarsest of days (unless ``with_time``), s, ms and us that holds the datetimes
     ``t`` exactly, else ns."""
@@ -205,7 +216,12 @@ def _write_csv(ds, path: str) -> None:
     # the kind of each row, and each time, formatted once (not once per row or series)
     coded = {"kind": (np.repeat(np.arange(len(sizes)), sizes), ["data", "forecast"])}
     kind = out["time"].dtype.kind
-    if kind in "fM":
+    if kind == "O" and _cf_texts(out["time"].to_numpy()) is not None:  # a model calendar's
+        import pandas as pd
+
+        codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)
+        coded["time"] = (codes, _cf_texts(np.asarray(uniques)))
+    elif kind in "fM":
         import pandas as pd
 
         codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)
