@@ -428,7 +428,8 @@ def as_time_axis(
 
     Args:
         times: ``None`` (steps ``0, 1, ..., n-1``), ``[n]`` numbers, numpy ``datetime64`` values, a
-            pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC) or timestamp
+            pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC), cftime dates
+            (a ``CFTimeIndex``; :mod:`~kalmanscan.timeseries.time_cftime`) or timestamp
             strings (see :func:`parse_datetime_strings`), or a :class:`TimeAxis` (its labels,
             in its unit unless ``time_unit`` is given). Non-decreasing, no NaN/NaT; equal
             timestamps are steps of length 0.
