@@ -8,7 +8,9 @@ else ``ks.filter(...).loglik``); numpy in / numpy out for the first two, float64
 gradient. Every timed result is checked against the other tree's (max relative difference).
 
     python benchmarks/compare_trees.py /path/to/before /path/to/after [--rounds 3] [--json F]
-                                       [--shapes 20x5000,200000x1]
+                                       [--shapes 20x5000,200000x1] [--backend sequential]
+
+``--backend`` passes that backend to the three functions (default: each tree's ``"auto"``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ CHILD = r"""
 import json, sys, time
 import numpy as np, torch
 import kalmanscan as ks
-T, N, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+T, N, reps, backend = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+kw = {} if backend == "auto" else {"backend": backend}
 rng = np.random.default_rng(0)
 z = rng.normal(size=(T, N))
 z[rng.random(z.shape) < 0.05] = np.nan
@@ -40,16 +43,16 @@ def med(f):
         t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(ts))
 out = {}
-res = ks.filter(z, R, a, p)
-out["filter_ms"] = med(lambda: ks.filter(z, R, a, p))
-out["smooth_ms"] = med(lambda: ks.smooth(z, R, a, p))
+res = ks.filter(z, R, a, p, **kw)
+out["filter_ms"] = med(lambda: ks.filter(z, R, a, p, **kw))
+out["smooth_ms"] = med(lambda: ks.smooth(z, R, a, p, **kw))
 zt = torch.tensor(z)
 def grad():
     ps = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (R, a, p)]
-    ll = ks.loglik(zt, *ps) if hasattr(ks, "loglik") else ks.filter(zt, *ps).loglik
+    ll = ks.loglik(zt, *ps, **kw) if hasattr(ks, "loglik") else ks.filter(zt, *ps, **kw).loglik
     return [float(g) for g in torch.autograd.grad(ll.sum(), ps)]
 out["loglik_grad_ms"] = med(grad)
-sm = ks.smooth(z, R, a, p)
+sm = ks.smooth(z, R, a, p, **kw)
 out["check"] = dict(mean=res.mean[-1, :8].tolist(), var=res.var[-1, :8].tolist(),
                     loglik=np.ravel(res.loglik)[:8].tolist(), smooth=sm.mean[0, :8].tolist(),
                     grad=grad())
@@ -57,10 +60,10 @@ print(json.dumps(out))
 """
 
 
-def run_tree(tree, T, N, reps):
+def run_tree(tree, T, N, reps, backend="auto"):
     env = dict(os.environ, PYTHONPATH=tree)
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(T), str(N), str(reps)],
+        [sys.executable, "-c", CHILD, str(T), str(N), str(reps), backend],
         env=env, capture_output=True, text=True, cwd=tree, check=True,
     )  # fmt: skip
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -82,6 +85,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--shapes", help="T x N shapes, e.g. 20x5000,200000x1 (default: all five)")
+    ap.add_argument("--backend", default="auto", help="the backend of every call (default auto)")
     args = ap.parse_args(argv)
     shapes = SHAPES
     if args.shapes:
@@ -96,7 +100,7 @@ def main(argv=None):
         for i in range(args.rounds):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
             for k in order:
-                got[k].append(run_tree(getattr(args, k), T, N, reps))
+                got[k].append(run_tree(getattr(args, k), T, N, reps, args.backend))
         row = dict(T=T, N=N)
         for f in ("filter_ms", "smooth_ms", "loglik_grad_ms"):
             b = statistics.median(r[f] for r in got["before"])
@@ -108,7 +112,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
     meta = dict(**run_meta(cuda=False), cores=os.cpu_count(),
                 load_avg=os.getloadavg(), before=args.before, after=args.after,
-                rounds=args.rounds)  # fmt: skip
+                rounds=args.rounds, backend=args.backend)  # fmt: skip
     print("| T × N | filter before / after ms | smooth | loglik + grad | max rel diff |")
     print("|---|---|---|---|---|")
     for r in rows:
