@@ -299,3 +299,25 @@ def test_year_zero_conventions():
                       for d, z in ((1, False), (2, True))])  # fmt: skip
     with pytest.raises(ValueError, match="one year-zero convention"):
         ks.timeseries.times.as_time_axis(mixed, 2)
+
+
+def test_forecast_at_texts_read_in_the_record_s_calendar():
+    """``at`` as text for a model calendar's record: read as dates of its calendar (a 360_day
+    Feb 30 included; one layout for all), the same forecast as the cftime dates; a date the
+    calendar lacks and a text that is no date are refused naming them."""
+    import kalmanscan.xarray  # noqa: F401
+
+    t = _dates("360_day")
+    fit = ks.fit_ou(_data(), t)
+    text = fit.model.forecast(fit.z, fit.time_axis, at=["2000-07-30 00:00", "2001-02-30 12:00"])
+    dates = [cftime.datetime(2000, 7, 30, calendar="360_day"),
+             cftime.datetime(2001, 2, 30, 12, calendar="360_day")]  # fmt: skip
+    assert list(text.times) == dates and text.times[1].calendar == "360_day"
+    assert np.array_equal(text.mean, fit.model.forecast(fit.z, fit.time_axis, at=dates).mean)
+    da = _daily("360_day")
+    ds = da.kalman.filter(da.kalman.fit_ou(), forecast_at=["2001-02-30"])
+    assert str(ds["forecast_time"].values[0]) == "2001-02-30 00:00:00"
+    with pytest.raises(ValueError, match=r"'2000-09-31' \(position 1\) as a date of the '360_day'"):
+        fit.model.forecast(fit.z, fit.time_axis, at=["2000-08-30", "2000-09-31"])
+    with pytest.raises(ValueError, match="cannot parse 'soon' .*expected a layout like"):
+        fit.model.forecast(fit.z, fit.time_axis, at=["soon"])

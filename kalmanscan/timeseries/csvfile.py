@@ -608,15 +608,6 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None, cal
         raise InputError(msg) from err
 
 
-# the layouts --calendar reads without --time-format (the first that reads the first date)
-_CF_LAYOUTS = (
-    "%Y-%m-%d",
-    "%Y-%m-%d %H:%M:%S",
-    "%Y-%m-%dT%H:%M:%S",
-    "%Y-%m-%d %H:%M",
-    "%Y-%m-%dT%H:%M",
-    "%Y-%m",
-)
 _CF_CALENDARS = (
     "360_day", "noleap", "365_day", "all_leap", "366_day", "julian", "standard", "gregorian",
     "proleptic_gregorian",
@@ -624,47 +615,39 @@ _CF_CALENDARS = (
 
 
 def _calendar_times(text, path, name, row, time_format, calendar):
-    """The time column's dates as dates of the cftime ``calendar`` (``--calendar``): one layout
-    for the column (``time_format``, else the first of :data:`_CF_LAYOUTS` that reads the first
-    date); labels as :func:`~kalmanscan.timeseries.time_cftime.cftime_datetimes` makes them
+    """The time column's dates as dates of the cftime ``calendar`` (``--calendar``), in one
+    layout for the column (:func:`~kalmanscan.timeseries.time_cftime.parse_cftime_strings`);
+    labels as :func:`~kalmanscan.timeseries.time_cftime.cftime_datetimes` makes them
     (``datetime64`` for the Gregorian calendars)."""
     if calendar not in _CF_CALENDARS:
         raise InputError(
             f"--calendar: expected one of {', '.join(_CF_CALENDARS)}, got {calendar!r}"
         )
     try:
-        import cftime
+        import cftime  # noqa: F401
     except ImportError as err:
         raise InputError("--calendar: needs the cftime package (pip install cftime)") from err
-    from kalmanscan.timeseries.time_cftime import cftime_datetimes
+    from kalmanscan.timeseries.time_cftime import (
+        CalendarParseError,
+        cftime_datetimes,
+        parse_cftime_strings,
+    )
 
-    strs = text.tolist()
-    layouts = [time_format] if time_format is not None else list(_CF_LAYOUTS)
-    fmt = None
-    for f in layouts:
-        try:
-            cftime.datetime.strptime(strs[0], f, calendar=calendar)
-        except ValueError:
-            continue
-        fmt = f
-        break
     where = f"{path}: column {name!r}"
-    if fmt is None:
-        raise InputError(
-            f"{where} row {row(0)}: cannot parse {strs[0]!r} as a date of the {calendar!r} "
-            f"calendar (expected a layout like 2000-02-30, 2000-02-30 12:00 or 2000-02-30T12:00:00"
+    try:
+        out = parse_cftime_strings(text.tolist(), calendar, where, time_format)
+    except CalendarParseError as err:
+        layout = (
+            f"in the column's layout {err.fmt!r} ({err.__cause__})"
+            if err.fmt is not None
+            else "(expected a layout like 2000-02-30, 2000-02-30 12:00 or 2000-02-30T12:00:00"
             "; --time-format sets it)"
         )
-    out = []
-    for i, s in enumerate(strs):
-        try:
-            out.append(cftime.datetime.strptime(s, fmt, calendar=calendar))
-        except ValueError as err:
-            raise InputError(
-                f"{where} row {row(i)}: cannot parse {s!r} as a date of the {calendar!r} "
-                f"calendar in the column's layout {fmt!r} ({err})"
-            ) from err
-    return cftime_datetimes(np.array(out, dtype=object), where)
+        raise InputError(
+            f"{where} row {row(err.index)}: cannot parse {err.value!r} as a date of the "
+            f"{calendar!r} calendar {layout}"
+        ) from err
+    return cftime_datetimes(out, where)
 
 
 def _shorten(text: str, limit: int = 200) -> str:

@@ -152,3 +152,82 @@ def cf_calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) ->
         day = first.daysinmonth if rule == -1 else rule
         out.append(make(y, mo + 1, day, *tod, calendar=cal, has_year_zero=last.has_year_zero))
     return np.array(out, dtype=object)
+
+
+# the layouts read without a given format (the first that reads the first date)
+CF_LAYOUTS = (
+    "%Y-%m-%d",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y-%m-%d %H:%M",
+    "%Y-%m-%dT%H:%M",
+    "%Y-%m",
+)
+
+
+class CalendarParseError(ValueError):
+    """A date text that the calendar's layout does not read: ``index``, ``value``, ``fmt``
+    (``None`` where no layout reads the first text)."""
+
+    def __init__(self, message: str, index: int, value: str, fmt: str | None):
+        super().__init__(message)
+        self.index, self.value, self.fmt = index, value, fmt
+
+
+def parse_cftime_strings(strs, calendar: str, name: str, time_format=None, like=None):
+    """Date texts as cftime dates of ``calendar``, in one layout for all (``time_format``, else
+    the first of :data:`CF_LAYOUTS` that reads the first text); ``like``: a date whose year-zero
+    convention they take. Raises :class:`CalendarParseError` naming the first text not read.
+
+    >>> parse_cftime_strings(["2000-02-30"], "360_day", "at")[0].strftime("%Y-%m-%d")
+    '2000-02-30'
+    """
+    import cftime
+
+    strs = [str(v).strip() for v in strs]
+    zero = {} if like is None else {"has_year_zero": like.has_year_zero}
+
+    def read(text, f):
+        d = cftime.datetime.strptime(text, f, calendar=calendar)
+        return d if not zero else d.replace(**zero)
+
+    fmt, invalid = None, None
+    for f in [time_format] if time_format is not None else CF_LAYOUTS:
+        try:
+            read(strs[0], f)
+        except ValueError as err:
+            if "invalid" in str(err) and invalid is None:  # the layout, not the date, fits
+                invalid = (f, err)
+            continue
+        fmt = f
+        break
+    if fmt is None and invalid is not None:  # a date the calendar lacks (360_day's Aug 31)
+        raise CalendarParseError(
+            f"{name}: cannot parse {strs[0]!r} (position 0) as a date of the {calendar!r} "
+            f"calendar in the layout {invalid[0]!r} ({invalid[1]})",
+            0,
+            strs[0],
+            invalid[0],
+        ) from invalid[1]
+    if fmt is None:
+        raise CalendarParseError(
+            f"{name}: cannot parse {strs[0]!r} (position 0) as a date of the {calendar!r} "
+            "calendar (expected a layout like 2000-02-30, 2000-02-30 12:00 or "
+            "2000-02-30T12:00:00)",
+            0,
+            strs[0],
+            None,
+        )
+    out = []
+    for i, text in enumerate(strs):
+        try:
+            out.append(read(text, fmt))
+        except ValueError as err:
+            raise CalendarParseError(
+                f"{name}: cannot parse {text!r} (position {i}) as a date of the {calendar!r} "
+                f"calendar in the layout {fmt!r} ({err})",
+                i,
+                text,
+                fmt,
+            ) from err
+    return np.array(out, dtype=object)

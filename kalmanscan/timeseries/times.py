@@ -64,6 +64,7 @@ from kalmanscan.timeseries.time_cftime import (
     cftime_datetimes,
     is_cftime,
     is_cftime_array,
+    parse_cftime_strings,
 )
 from kalmanscan.timeseries.time_parse import (  # noqa: F401 - re-exported
     TimeParseError,
@@ -192,6 +193,17 @@ class TimeAxis(NamedTuple):
         """Other timestamps as this record's labels are (float64 or ``datetime64``, UTC where
         the record's are; see :meth:`position`), refusing times with a timezone against a
         record without one."""
+        if self.is_cftime:  # texts read as dates of the record's calendar
+            given = np.asarray(labels)
+            if given.dtype.kind in "US" or (
+                given.dtype.kind == "O"
+                and given.size
+                and all(isinstance(v, str) for v in given.ravel())
+            ):
+                first = self.labels[0]
+                return parse_cftime_strings(
+                    given.ravel(), str(first.calendar), name, like=first
+                ).reshape(given.shape)
         arr, zoned, _ = _labels_and_zone(labels, name)
         if zoned and not self.utc:
             raise ValueError(
