@@ -654,7 +654,9 @@ class _KalmanAccessor:
     def _da(self, time_dim):
         obj = self._obj
         if isinstance(obj, xr.Dataset):
-            names = [k for k, v in obj.data_vars.items() if time_dim in v.dims]
+            # CF bounds variables (time_bnds, named by a variable's "bounds" attr) are not series
+            bounds = {v.attrs.get("bounds") for v in obj.variables.values()} - {None}
+            names = [k for k, v in obj.data_vars.items() if time_dim in v.dims and k not in bounds]
             if not names:
                 raise ValueError(
                     f"time_dim: no data variable of the Dataset has the dim {time_dim!r}"
@@ -694,7 +696,8 @@ class _KalmanAccessor:
     ) -> xr.Dataset:
         """Filter/smooth every series along ``time_dim``; see :func:`filter_dataarray`.
 
-        On a Dataset, the data variables with ``time_dim`` become a ``series`` dim.
+        On a Dataset, the data variables with ``time_dim`` become a ``series`` dim (but CF bounds
+        variables: ``time_bnds``, named by a variable's ``bounds`` attr).
 
         >>> import numpy as np, xarray as xr, kalmanscan.xarray
         >>> da = xr.DataArray([1.0, 2.0, np.nan, 2.5], dims="time")

@@ -321,3 +321,23 @@ def test_forecast_at_texts_read_in_the_record_s_calendar():
         fit.model.forecast(fit.z, fit.time_axis, at=["2000-08-30", "2000-09-31"])
     with pytest.raises(ValueError, match="cannot parse 'soon' .*expected a layout like"):
         fit.model.forecast(fit.z, fit.time_axis, at=["soon"])
+
+
+def test_a_dataset_s_cf_bounds_variable_is_not_a_series():
+    """A model's monthly file carries ``time_bnds`` (cftime dates, named by ``time``'s
+    ``bounds`` attr): the Dataset accessor fits the data variables without it (it refused the
+    Dataset, the bounds being no numbers); a variable of dates not so named is still refused."""
+    import kalmanscan.xarray  # noqa: F401
+
+    t = xr.date_range("2000-01-16", periods=60, freq="MS", calendar="noleap", use_cftime=True)
+    lo = xr.date_range("2000-01-01", periods=60, freq="MS", calendar="noleap", use_cftime=True)
+    bnds = np.stack([np.asarray(lo), np.asarray(lo.shift(1, "MS"))], 1)
+    ds = xr.Dataset({"tas": ("time", _data()[:60]), "time_bnds": (("time", "bnds"), bnds)},
+                    coords={"time": t})  # fmt: skip
+    ds["time"].attrs["bounds"] = "time_bnds"
+    fit = ds.kalman.fit_ou()
+    assert list(fit["series"].values) == ["tas"]
+    assert float(fit["theta"].values[0]) == float(ds["tas"].kalman.fit_ou()["theta"])
+    ds["time"].attrs.pop("bounds")
+    with pytest.raises(TypeError, match="Dataset variable 'time_bnds': expected real numbers"):
+        ds.kalman.fit_ou()
