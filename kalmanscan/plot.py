@@ -279,10 +279,11 @@ def _plot_times(times, name: str = "times") -> np.ndarray:
     if arr.ndim == 1 and arr.dtype.kind in "OSU":
         # datetime objects (object arrays of Timestamps: a tz-aware index) or strings: one
         # datetime64 axis, so the missing stretches can be measured and the forecast joins on
+        from kalmanscan.timeseries.time_cftime import kept_calendar
         from kalmanscan.timeseries.times import as_time_axis
 
         labels = as_time_axis(times, arr.shape[0], name=name).labels
-        cal = _calendar(labels)
+        cal = kept_calendar(labels)
         if cal is not None:  # a model calendar's dates: its days since 0001-01-01
             import cftime
 
@@ -294,22 +295,12 @@ def _plot_times(times, name: str = "times") -> np.ndarray:
 _CF_ORIGIN = "days since 0001-01-01"  # (the numbers cftime dates are drawn at)
 
 
-def _calendar(times) -> str | None:
-    """The calendar of cftime dates of a model calendar (``noleap``, ``360_day``...), whose
-    days are not numpy's, else None (times that become numbers or ``datetime64``)."""
-    from kalmanscan.timeseries.time_cftime import calendar_of, cftime_datetimes, is_cftime_array
-
-    arr = np.asarray(times)
-    if not (arr.ndim == 1 and is_cftime_array(arr)):
-        return None
-    kept = cftime_datetimes(arr, "times")
-    return calendar_of(kept) if kept.dtype.kind == "O" else None
-
-
 def _calendar_axis(ax, times) -> None:
     """Dates of a model calendar on ``ax``'s x axis: drawn at their days since 0001-01-01 in the
     calendar (:func:`_plot_times`), labelled as dates of that calendar."""
-    cal = _calendar(times)
+    from kalmanscan.timeseries.time_cftime import kept_calendar
+
+    cal = kept_calendar(times)
     if cal is None:
         return
     import cftime

@@ -608,30 +608,24 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None, cal
         raise InputError(msg) from err
 
 
-_CF_CALENDARS = (
-    "360_day", "noleap", "365_day", "all_leap", "366_day", "julian", "standard", "gregorian",
-    "proleptic_gregorian",
-)  # fmt: skip
-
-
 def _calendar_times(text, path, name, row, time_format, calendar):
     """The time column's dates as dates of the cftime ``calendar`` (``--calendar``), in one
     layout for the column (:func:`~kalmanscan.timeseries.time_cftime.parse_cftime_strings`);
     labels as :func:`~kalmanscan.timeseries.time_cftime.cftime_datetimes` makes them
     (``datetime64`` for the Gregorian calendars)."""
-    if calendar not in _CF_CALENDARS:
-        raise InputError(
-            f"--calendar: expected one of {', '.join(_CF_CALENDARS)}, got {calendar!r}"
-        )
-    try:
-        import cftime  # noqa: F401
-    except ImportError as err:
-        raise InputError("--calendar: needs the cftime package (pip install cftime)") from err
     from kalmanscan.timeseries.time_cftime import (
+        CF_CALENDARS,
         CalendarParseError,
         cftime_datetimes,
         parse_cftime_strings,
     )
+
+    if calendar not in CF_CALENDARS:
+        raise InputError(f"--calendar: expected one of {', '.join(CF_CALENDARS)}, got {calendar!r}")
+    try:
+        import cftime  # noqa: F401
+    except ImportError as err:
+        raise InputError("--calendar: needs the cftime package (pip install cftime)") from err
 
     where = f"{path}: column {name!r}"
     try:

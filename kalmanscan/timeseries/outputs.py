@@ -11,6 +11,7 @@ import tempfile
 import numpy as np
 
 from kalmanscan.timeseries.csvfile import InputError
+from kalmanscan.timeseries.time_cftime import is_cftime_array
 
 
 def _output_paths(out_dir: str, names, inputs=()) -> list[str]:
@@ -125,8 +126,6 @@ def _iso_times(t: np.ndarray, with_time: bool = False) -> list[str]:
 def _cf_texts(t: np.ndarray) -> list[str] | None:
     """cftime dates (a model calendar's) as results.csv writes dates: ``2000-02-30``, with the
     time of day where one has one (``2000-02-30 06:00:00``); None for other values."""
-    from kalmanscan.timeseries.time_cftime import is_cftime_array
-
     if not is_cftime_array(t):
         return None
     timed = any(v.hour or v.minute or v.second or v.microsecond for v in t)
@@ -216,7 +215,7 @@ def _write_csv(ds, path: str) -> None:
     # the kind of each row, and each time, formatted once (not once per row or series)
     coded = {"kind": (np.repeat(np.arange(len(sizes)), sizes), ["data", "forecast"])}
     kind = out["time"].dtype.kind
-    if kind == "O" and _cf_texts(out["time"].to_numpy()) is not None:  # a model calendar's
+    if kind == "O" and is_cftime_array(out["time"].to_numpy()):  # a model calendar's dates
         import pandas as pd
 
         codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)

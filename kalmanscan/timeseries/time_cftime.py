@@ -24,6 +24,10 @@ import numpy as np
 # cftime's calendars whose dates are numpy's (the proleptic Gregorian calendar); "standard" and
 # "gregorian" are Julian before 1582-10-15
 _CF_GREGORIAN = ("proleptic_gregorian", "standard", "gregorian")
+# cftime's calendar names (the CLI's --calendar)
+CF_CALENDARS = (
+    "360_day", "noleap", "365_day", "all_leap", "366_day", "julian", *_CF_GREGORIAN,
+)  # fmt: skip
 _US = _dt.timedelta(microseconds=1)
 
 
@@ -59,16 +63,28 @@ def cftime_datetimes(values: np.ndarray, name: str) -> np.ndarray:
             "without a year 0 (has_year_zero)"
         )
 
-    def date(*ymd):  # (a date of the record's kind, calendar and year-zero convention)
-        return type(first)(*ymd, calendar=cal, has_year_zero=first.has_year_zero)
-
-    if cal in _CF_GREGORIAN and (
-        cal == "proleptic_gregorian" or all(v >= date(1582, 10, 15) for v in flat)
-    ):
-        epoch = date(1970, 1, 1)
+    if kept_calendar(flat) is None:
+        epoch = type(first)(1970, 1, 1, calendar=cal, has_year_zero=first.has_year_zero)
         us = [(v - epoch) // _US for v in flat]
         return np.array(us, dtype=np.int64).view("datetime64[us]").reshape(values.shape)
     return np.array(flat, dtype=object).reshape(values.shape)
+
+
+def kept_calendar(values) -> str | None:
+    """The calendar of cftime dates that :func:`cftime_datetimes` keeps as cftime dates (a
+    calendar whose days are not numpy's), else None (Gregorian dates from 1582-10-15, proleptic
+    Gregorian ones, and anything that is not cftime dates). Reads the first date's calendar."""
+    flat = np.asarray(values).ravel()
+    if not is_cftime_array(flat):
+        return None
+    first = flat[0]
+    cal = str(first.calendar)
+    if cal == "proleptic_gregorian":
+        return None
+    if cal in _CF_GREGORIAN:
+        reform = type(first)(1582, 10, 15, calendar=cal, has_year_zero=first.has_year_zero)
+        return cal if any(v < reform for v in flat) else None
+    return cal
 
 
 def calendar_of(labels: np.ndarray) -> str:
