@@ -275,10 +275,15 @@ def _normalized(u, e, v, hold):
     if _needs_grad(u, e, v):
         u, e, v = torch.broadcast_tensors(u, e, v)  # (views; autograd sums their gradients)
         return _Normalize.apply(u, e, v, hold)
-    n = torch.maximum(u, v)
-    if hold is not None:
-        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+    n = _divisor(u, v, hold)
     return tuple(x / n for x in (u, e, v))
+
+
+def _divisor(u, v, hold):
+    """The normalizing divisor's value: ``u 2**G`` where ``hold`` (a mask, or None: nowhere),
+    else ``max(u, v)``."""
+    n = torch.maximum(u, v)
+    return n if hold is None else torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
 
 
 def _fixed(u, v, hold):
@@ -291,9 +296,7 @@ def _fixed(u, v, hold):
 def _normalized_graph(u, e, v, hold):
     """:class:`_Normalize`'s values and derivatives as a graph of torch operations: its
     derivative where a second one is taken (``create_graph``)."""
-    n = torch.maximum(u, v)
-    if hold is not None:
-        n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+    n = _divisor(u, v, hold)
     with torch.no_grad():
         fixed = _fixed(u, v, hold)
         k = torch.where(fixed, n / torch.where(fixed, u, 1.0), 0.0)
@@ -319,9 +322,7 @@ class _Normalize(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, e, v, hold):
-        n = torch.maximum(u, v)
-        if hold is not None:
-            n = torch.where(hold, u * 2.0 ** hold_exponent(u.dtype), n)
+        n = _divisor(u, v, hold)
         out = (u / n, e / n, v / n)
         ctx.hold = hold
         ctx.save_for_backward(u, e, v, n, *out)
