@@ -300,6 +300,9 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(value, (pd.Series, pd.DataFrame, pd.Index)):
         value = _pandas_values(value, pd)
+    pl = sys.modules.get("polars")  # as pandas: a polars object means polars is imported
+    if pl is not None and isinstance(value, (pl.Series, pl.DataFrame)):
+        value = polars_values(name, value, pl)
     try:
         if isinstance(value, np.ma.MaskedArray):
             mask = np.ma.getmaskarray(value)
@@ -537,6 +540,36 @@ def _pandas_values(value, pd):
         return value
     f32 = all(str(d) in ("float32", "Float32") for d in dtypes)
     return value.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
+
+
+def polars_values(name, value, pl) -> np.ndarray:
+    """A polars ``Series`` or ``DataFrame`` of numeric columns as a float64 numpy array (float32
+    where every column is ``Float32``), ``null`` and NaN both missing (NaN); a column of another
+    kind is refused naming it. (numpy's own reading of a ``DataFrame`` turns a ``Date`` column
+    into day numbers, read as data without a word.)
+
+    >>> import polars as pl
+    >>> polars_values("z", pl.DataFrame({"a": [1, None], "b": [0.5, 2.0]}), pl).tolist()
+    [[1.0, 0.5], [nan, 2.0]]
+    """
+    frame = value.to_frame() if isinstance(value, pl.Series) else value
+    for col, dtype in frame.schema.items():
+        if not dtype.is_numeric():
+            hint = ""
+            if dtype.is_temporal():
+                hint = (
+                    f"; to use it as the times, pass it as times= and the data without it "
+                    f"(times=df[{col!r}], z=df.drop({col!r}))"
+                )
+            raise TypeError(
+                f"{name}: expected numeric columns (null or NaN = missing), got column {col!r} of "
+                f"dtype {dtype}{hint}"
+            )
+    f32 = all(d == pl.Float32 for d in frame.schema.values())
+    to = pl.Float32 if f32 else pl.Float64
+    arr = frame.select(pl.all().cast(to)).to_numpy()  # (null -> NaN)
+    arr = np.asarray(arr, dtype=np.float32 if f32 else np.float64)
+    return arr[:, 0] if isinstance(value, pl.Series) else arr
 
 
 def _object_refusal(name, value, a: np.ndarray) -> TypeError:

@@ -100,7 +100,8 @@ def series_input(z, times, axis: int = 0):
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given; a
     ``RangeIndex`` too, e.g. ``10, 12, ...`` of a slice, the default ``0, 1, ...`` being the
     default times) and a
-    DataFrame's columns as the series labels; an xarray DataArray gives the coordinate of its dim
+    DataFrame's columns as the series labels (a polars DataFrame's too; it has no index, so its
+    times come as ``times``); an xarray DataArray gives the coordinate of its dim
     on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
     data pass the same check as ``kalmanscan.filter``
     (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
@@ -136,9 +137,12 @@ def series_input(z, times, axis: int = 0):
             labels = [str(c) for c in z.columns]
         for col, dtype in frame.dtypes.items():
             if not (pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)):
+                hint = ""
+                if not one and pd.api.types.is_datetime64_any_dtype(dtype):
+                    hint = f"; to use it as the times, make it the index (df.set_index({col!r}))"
                 raise TypeError(
                     f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
-                    f"{dtype}"
+                    f"{dtype}{hint}"
                 )
         # float32 columns (numpy's or pandas' nullable) stay float32, as in kalmanscan.filter
         f32 = all(str(d) in ("float32", "Float32") for d in frame.dtypes)
@@ -147,6 +151,11 @@ def series_input(z, times, axis: int = 0):
             z = z[:, 0]
         if axis != 0:
             raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
+    pl = sys.modules.get("polars")
+    if pl is not None and isinstance(z, pl.DataFrame):  # (no index: times come as times=)
+        labels = [str(c) for c in z.columns]
+        if axis != 0:
+            raise ValueError(f"axis: polars input has time on axis 0, got axis={axis}")
     arr = as_real_numpy("z", z)
     arr = arr.astype(np.float32 if arr.dtype == np.float32 else np.float64)
     if arr.ndim == 0:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import numbers
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -330,6 +331,11 @@ def _exact_float_times(
     return out
 
 
+def _is_polars_series(value) -> bool:
+    pl = sys.modules.get("polars")  # a polars object means polars is imported: no import here
+    return pl is not None and isinstance(value, pl.Series)
+
+
 def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
     """``(labels, utc, tz)``: the timestamps as float64 or datetime64, whether they were
     converted to UTC from a timezone or UTC offsets, and the one timezone they were given in
@@ -363,6 +369,11 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             else:
                 times = times.tz_convert("UTC").tz_localize(None)
         arr = np.asarray(times)
+    elif _is_polars_series(times):
+        zone = getattr(times.dtype, "time_zone", None)
+        if zone is not None:  # (its numpy values are the UTC times, without the zone)
+            utc, tz = True, zone
+        arr = times.to_numpy()
     elif hasattr(times, "detach") and hasattr(times, "cpu"):  # torch tensor
         t = times.detach().cpu()
         if t.is_complex():
