@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kalmanscan validate",
         description="Check kalmanscan against filterpy, a dense joint-Gaussian oracle, "
-        "statsmodels and scipy.",
+        "statsmodels, scipy and an arbitrary-precision (mpmath) filter and smoother on the "
+        "degenerate regimes where classic filters fail.",
     )
     p.add_argument("--quick", action="store_true", help="small battery (about 40 s of CPU time)")
     p.add_argument(
