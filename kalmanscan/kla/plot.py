@@ -213,8 +213,8 @@ def drawable_labels(labels, family="monospace"):
     matplotlib picks for ``family`` (``rcParams["font.monospace"]``: a font set there that has
     the glyphs draws them).
 
-    >>> drawable_labels(["a", "␣", "\\n", ""])
-    ['a', '␣', '\\n', '']
+    >>> drawable_labels(["a", "é", "␣", ""])
+    ['a', 'é', '␣', '']
     """
     from matplotlib import font_manager
 
