@@ -16,6 +16,7 @@ calls ``plt.show()``. Inputs are the Datasets of :mod:`kalmanscan.xarray` (``OUF
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,6 +44,107 @@ def _clamp_dates(ax) -> None:
     last = mdates.date2num(np.datetime64("9999-12-31"))
     if lo < first or hi > last:
         ax.set_xlim(max(lo, first), min(hi, last))
+
+
+def _log_span_at_least(ax) -> None:
+    """A log y axis spanning at least a factor of 3 around its curves. matplotlib scales a curve
+    that is constant up to rounding (the precision at ``1 / obs_var`` of a fit on its bound 0,
+    equal to a few ulps) to a span of a few ulps: no tick falls in it and the panel draws empty.
+    A factor of 3 always holds one of the ticks ``1, 2, ..., 9 x 10^k``, which matplotlib labels
+    on an axis spanning less than a decade."""
+    ys = [np.asarray(line.get_ydata(), dtype=np.float64) for line in ax.get_lines()]
+    ys = np.concatenate([y[np.isfinite(y) & (y > 0)] for y in ys]) if ys else np.empty(0)
+    if not ys.size:
+        return
+    lo, hi = float(ys.min()), float(ys.max())
+    if hi < 3.0 * lo:
+        mid = np.sqrt(lo) * np.sqrt(hi)  # (no overflow near the float64 range's ends)
+        ax.set_ylim(mid / np.sqrt(3.0), mid * np.sqrt(3.0))
+
+
+def _font_of(family) -> object:
+    """The font matplotlib draws ``family`` with (its first family that resolves)."""
+    from matplotlib import font_manager
+
+    props = font_manager.FontProperties(family=[family])  # (a lone str is read as a pattern)
+    return font_manager.get_font(font_manager.findfont(props))
+
+
+@functools.lru_cache(maxsize=64)
+def _fallback_font(chars: frozenset) -> tuple[str | None, frozenset]:
+    """``(name, drawn)``: the installed font that draws the most of ``chars`` (all of them where
+    one does; ``None`` where none draws any) and the characters it draws. matplotlib's own
+    "Last Resort" font is left out: it draws a placeholder box for every character."""
+    from matplotlib import font_manager
+
+    best, drawn = None, frozenset()
+    for entry in font_manager.fontManager.ttflist:
+        if entry.name.startswith("Last Resort"):
+            continue
+        try:
+            font = font_manager.get_font(entry.fname)
+        except (OSError, RuntimeError):  # (an unreadable font file)
+            continue
+        has = frozenset(c for c in chars if font.get_char_index(ord(c)))
+        if len(has) > len(drawn):
+            best, drawn = entry.name, has
+            if has == chars:
+                break
+    return best, drawn
+
+
+def drawable_text(texts, family="sans-serif"):
+    """``(texts, families)`` for drawing ``texts`` in ``family``: where its font lacks a
+    character (CJK in matplotlib's default DejaVu fonts) the installed font that has it is
+    added after ``family`` (matplotlib falls back to it glyph by glyph), and a character no
+    installed font has is written as its code point (``U+732B``) instead of an empty box and a
+    warning a glyph.
+
+    >>> drawable_text(["a", "é", "␣"], "monospace")
+    (['a', 'é', '␣'], ['monospace'])
+    """
+    texts = [str(t) for t in texts]
+    families = [family] if isinstance(family, str) else list(family)
+    chars = {c for t in texts for c in t if not c.isascii()}
+    if not chars:
+        return texts, families
+    font = _font_of(families[0])
+    missing = frozenset(c for c in chars if c.isprintable() and not font.get_char_index(ord(c)))
+    if not missing:
+        return texts, families
+    name, drawn = _fallback_font(missing)
+    if name is not None and name not in families:
+        families = families + [name]
+    lost = missing - drawn
+    if lost:
+        texts = ["".join(f"U+{ord(c):04X}" if c in lost else c for c in t) for t in texts]
+    return texts, families
+
+
+def drawable_figure(fig) -> None:
+    """Every text of ``fig`` (titles, legend entries, axis labels) made drawable by
+    :func:`drawable_text`. (Tick labels are redrawn from their formatters: fixed ones are
+    made drawable where they are set.)
+
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.set_title("level (series=Höhe)")
+    >>> drawable_figure(fig)
+    >>> ax.get_title()
+    'level (series=Höhe)'
+    >>> plt.close(fig)
+    """
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        value = text.get_text()
+        if not value or value.isascii():
+            continue
+        (new,), families = drawable_text([value], text.get_fontfamily())
+        if new != value:
+            text.set_text(new)
+        if families != list(text.get_fontfamily()):
+            text.set_fontfamily(families)
 
 
 def _quantile(c: float) -> float:
@@ -246,6 +348,7 @@ def plot_bands(
         ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
     ax.legend(loc="best", fontsize="small", ncol=2)
     _clamp_dates(ax)
+    drawable_figure(ax.figure)
     return ax
 
 
@@ -420,6 +523,7 @@ def plot_series(
     ax.set_xlabel(tdim)
     _calendar_axis(ax, one[tdim].values)
     _clamp_dates(ax)
+    drawable_figure(ax.figure)
     return ax
 
 
@@ -475,11 +579,13 @@ def plot_precision(
         if "observed" in one and len(picks) == 1 and show_missing:
             _shade_missing(ax, times, one["observed"].values, show_missing, "missing")
     ax.set_yscale("log")
+    _log_span_at_least(ax)
     ax.set_ylabel("precision")
     ax.set_xlabel(tdim)
     _calendar_axis(ax, picks[0][0][tdim].values)
     ax.legend(loc="best", fontsize="small")
     _clamp_dates(ax)
+    drawable_figure(ax.figure)
     return ax
 
 
@@ -534,4 +640,5 @@ def plot_overview(
         ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing
     )
     _clamp_dates(axes[-1])
+    drawable_figure(axes[0].figure)
     return axes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -155,3 +157,74 @@ def test_long_series_draw_their_extremes_from_few_points():
     # short series draw every point
     short = plot.plot_series(OUModel(sigma2=1.0, obs_var=1.0).to_dataset(z[:500]))
     assert len([ln for ln in short.get_lines() if ln.get_label() == "data"][0].get_xdata()) == 500
+
+
+def test_precision_constant_to_rounding_keeps_a_labelled_tick():
+    """A fit on its bound obs_var -> 0 gives a precision of 1 / obs_var at every step, equal up
+    to a few ulps; matplotlib scaled the log axis to those ulps, where no tick falls, and the
+    precision panel drew empty. Now the axis spans at least a factor of 3 around the curve, and a
+    curve spanning more keeps matplotlib's own limits."""
+    z = np.cumsum(np.random.default_rng(3).normal(size=40))
+    ds = OUModel(theta=0.05, sigma2=0.7, mu=0.0, obs_var=3.45967845e-15).to_dataset(z)
+    prec = 1.0 / ds["variance"].values
+    assert np.ptp(prec) < 1e-12 * prec.max()  # (constant to rounding, not exactly)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ax = plot.plot_precision(ds)
+        ax.figure.canvas.draw()
+    lo, hi = ax.get_ylim()
+    assert hi / lo == pytest.approx(3.0) and lo < prec.min() and prec.max() < hi
+    ticks = np.concatenate([ax.yaxis.get_majorticklocs(), ax.yaxis.get_minorticklocs()])
+    labelled = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)]
+    shown = [x for x, text in zip(ticks, labelled, strict=False) if lo <= x <= hi and text]
+    assert shown, "no labelled tick in view"
+    plt.close(ax.figure)
+    gap = z.copy()
+    gap[10:30] = np.nan  # (the precision falls across it: a span of a factor of about 30)
+    wide = OUModel(sigma2=1.0, obs_var=1.0).to_dataset(gap)
+    ax = plot.plot_precision(wide)
+    span = 1.0 / wide["variance"].values
+    assert span.max() / span.min() > 3.0
+    lo, hi = ax.get_ylim()
+    assert lo < span.min() and hi > span.max() and hi / lo < 1.5 * span.max() / span.min()
+    plt.close(ax.figure)
+
+
+def _drawn_by_some_font(ch):
+    from matplotlib import font_manager
+
+    for entry in font_manager.fontManager.ttflist:
+        if entry.name.startswith("Last Resort"):
+            continue
+        if font_manager.get_font(entry.fname).get_char_index(ord(ch)):
+            return entry.name
+    return None
+
+
+def test_text_the_default_font_lacks_falls_back_or_shows_code_points(tmp_path):
+    """Series names and file names in a script matplotlib's default font lacks (Japanese column
+    names drew as empty boxes, a warning a glyph): an installed font that has the characters is
+    added as a fallback (here STIX for U+2322, which DejaVu Sans lacks), and a character no
+    installed font has is written as its code point."""
+    from matplotlib import font_manager
+
+    default = font_manager.get_font(font_manager.findfont(font_manager.FontProperties()))
+    frown, cat = "\u2322", "\u732b"
+    assert not default.get_char_index(ord(frown)) and _drawn_by_some_font(frown)
+    z = np.cumsum(np.random.default_rng(4).normal(size=30))[:, None]
+    ds = OUModel(sigma2=1.0, obs_var=0.5).to_dataset(
+        z, series_coords={"series": [f"a{frown}b{cat}"]}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (matplotlib warns once a missing glyph)
+        axes = plot.plot_overview(ds)
+        axes[0].figure.savefig(tmp_path / "x.png")
+    title = axes[0].title
+    cat_shown = cat if _drawn_by_some_font(cat) else "U+732B"
+    assert title.get_text() == f"smoothed level (series=a{frown}b{cat_shown})"
+    assert len(title.get_fontfamily()) == 2  # the default family, then the fallback
+    legend = [t.get_text() for t in axes[-1].get_legend().get_texts()]
+    assert legend == [f"series=a{frown}b{cat_shown}"]
+    plt.close(axes[0].figure)
+    texts, families = plot.drawable_text(["plain", "Höhe"])
+    assert texts == ["plain", "Höhe"] and families == ["sans-serif"]

@@ -206,36 +206,16 @@ def _channel_ticks(ax, ids, sort_by):
     ax.set_yticklabels([str(c) for c in np.asarray(ids)[rows]], fontsize=7)
 
 
-def drawable_labels(labels, family="monospace"):
-    """``labels`` with each character the font of ``family`` cannot draw written as its code
-    point (``U+732B``), so that a text in a script the font lacks (CJK in DejaVu Sans Mono) shows
-    what each token is instead of empty boxes and a warning a glyph. The font is the one
-    matplotlib picks for ``family`` (``rcParams["font.monospace"]``: a font set there that has
-    the glyphs draws them).
-
-    >>> drawable_labels(["a", "é", "␣", ""])
-    ['a', 'é', '␣', '']
-    """
-    from matplotlib import font_manager
-
-    font = font_manager.get_font(font_manager.findfont(font_manager.FontProperties(family=family)))
-    seen = {}
-
-    def shown(ch):
-        if ch not in seen:
-            seen[ch] = ch if font.get_char_index(ord(ch)) else f"U+{ord(ch):04X}"
-        return seen[ch]
-
-    return ["".join(shown(ch) for ch in str(label)) for label in labels]
-
-
 def _token_ticks(ax, ds, batch, positions, factor, max_labels):
     if "token" not in ds.coords or factor > 1 or len(positions) > max_labels:
         ax.set_xlabel("token position")
         return
     text = ds["token"].isel(batch=batch).sel(time=positions).values
     ax.set_xticks(np.asarray(positions, dtype=float) + 0.5)
-    ax.set_xticklabels(drawable_labels(text), rotation=90, fontsize=7, family="monospace")
+    from kalmanscan.plot import drawable_text
+
+    labels, families = drawable_text(text, "monospace")
+    ax.set_xticklabels(labels, rotation=90, fontsize=7, family=families)
     ax.set_xlabel(f"tokens at positions {int(positions[0])}–{int(positions[-1])}", fontsize=8)
 
 

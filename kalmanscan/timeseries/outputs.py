@@ -80,7 +80,7 @@ def _write_outputs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kalmanscan.plot import plot_overview
+    from kalmanscan.plot import drawable_figure, plot_overview
     from kalmanscan.xarray import netcdf_engine, save_netcdf
 
     png, nc, csv, txt = _output_paths(
@@ -97,6 +97,7 @@ def _write_outputs(
     if ylabel:
         for ax in axes[:-1]:
             ax.set_ylabel(ylabel)
+    drawable_figure(axes[0].figure)  # (the title and labels set here)
     _replace_into(png, lambda tmp: axes[0].figure.savefig(tmp, dpi=110, format="png"))
     plt.close(axes[0].figure)
 
