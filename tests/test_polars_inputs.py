@@ -67,6 +67,11 @@ def test_nulls_are_missing_and_float32_stays_float32():
     assert ks.filter(f32, 1.0, 1.0, 1.0).mean.dtype == np.float32
 
 
+def test_lazy_frames_are_refused_saying_how_to_run_them():
+    with pytest.raises(TypeError, match=r"polars LazyFrame .*\.collect\(\)"):
+        ks.filter(pl.LazyFrame({"a": [1.0, 2.0]}), 1.0, 1.0, 1.0)
+
+
 def test_booleans_and_text_are_refused():
     cases = {"b": ([True, False], "Boolean"), "s": (["1", "2"], "String")}
     for name, (values, kind) in cases.items():

@@ -303,6 +303,11 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     pl = sys.modules.get("polars")  # as pandas: a polars object means polars is imported
     if pl is not None and isinstance(value, (pl.Series, pl.DataFrame)):
         value = polars_values(name, value, pl)
+    elif pl is not None and isinstance(value, pl.LazyFrame):
+        raise TypeError(
+            f"{name}: expected data, got a polars LazyFrame (a query not yet run); run it "
+            "first with .collect()"
+        )
     try:
         if isinstance(value, np.ma.MaskedArray):
             mask = np.ma.getmaskarray(value)
