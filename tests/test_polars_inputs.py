@@ -63,6 +63,10 @@ def test_nulls_are_missing_and_float32_stays_float32():
     ints = pl.Series([1, None, 3, 4], dtype=pl.Int32)
     want_ints = ks.filter(np.array([1, np.nan, 3, 4]), 1.0, 1.0, 1.0).mean
     np.testing.assert_array_equal(ks.filter(ints, 1.0, 1.0, 1.0).mean, want_ints)
+    nulls = pl.DataFrame({"a": Z[:4], "b": [None] * 4})  # (dtype Null: a series never observed)
+    np.testing.assert_array_equal(
+        ks.filter(nulls, 1.0, 1.0, 1.0).mean[:, 0], ks.filter(Z[:4], 1.0, 1.0, 1.0).mean
+    )
     f32 = pl.DataFrame({"a": Z[:10]}, schema={"a": pl.Float32})
     assert ks.filter(f32, 1.0, 1.0, 1.0).mean.dtype == np.float32
 

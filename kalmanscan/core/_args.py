@@ -559,7 +559,7 @@ def polars_values(name, value, pl) -> np.ndarray:
     """
     frame = value.to_frame() if isinstance(value, pl.Series) else value
     for col, dtype in frame.schema.items():
-        if not dtype.is_numeric():
+        if not (dtype.is_numeric() or dtype == pl.Null):  # (Null: a column of nulls, missing)
             hint = ""
             if dtype.is_temporal():
                 hint = (
