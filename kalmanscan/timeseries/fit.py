@@ -76,6 +76,11 @@ from kalmanscan.timeseries.uncertainty import (
 # standardization: s**2 must stay well inside float64 for the variances to be representable
 _SCALE_RANGE = (1e-150, 1e150)
 _STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained coordinates
+# mu's step: the log-likelihood is exactly quadratic in mu (it moves every predicted mean by a
+# linear function of mu and no variance), so its differences are exact at any step; at 1e-3 a
+# weakly mean-reverting record's curvature in mu (~1e-8 a step) fell below the rounding of a
+# million-step sum (~1e-13), and Newton wandered in mu with noise for a Hessian
+_STENCIL_H_MU = 1.0
 _REFINE_ITER = 20  # Newton steps in natural coordinates finishing a small estimate (_refine_small)
 # set by :func:`_one_chunk` (this thread only) while a fit sees one chunk of a larger array
 _ONE_CHUNK = contextvars.ContextVar("kalmanscan_fit_one_chunk", default=False)
@@ -348,8 +353,9 @@ def _fit_core(
         u0 = np.stack([np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1)
         u0 = u0.reshape(G, len(free))
         opt = optim.minimize(
-            _objective(data), u0, positive, max_iter=max_iter, gtol=tol, h=_STENCIL_H,
-            active=active,
+            _objective(data), u0, positive, max_iter=max_iter, gtol=tol,
+            h=np.array([_STENCIL_H_MU if p == "mu" else _STENCIL_H for p in free]),
+            active=active, quadratic=np.array([p == "mu" for p in free]),
         )  # fmt: skip
         opt = _refine_small(data, opt, positive)
     else:  # nothing to fit (a profile point of the only free parameter): the likelihood only

@@ -72,36 +72,52 @@ def stencil(k: int) -> np.ndarray:
     return np.stack(pts)
 
 
-def derivatives(fv: np.ndarray, k: int, h: float):
-    """``(f [n], g [n, k], H [n, k, k])`` from values ``fv [P, n]`` at :func:`stencil` points.
+def derivatives(fv: np.ndarray, k: int, h):
+    """``(f [n], g [n, k], H [n, k, k])`` from values ``fv [P, n]`` at :func:`stencil` points
+    scaled by the steps ``h`` (one for all coordinates, or one a coordinate ``[k]``).
 
-    Central differences, error ``O(h^2)``: ``g_j = (f(+e_j) - f(-e_j)) / 2h``,
-    ``H_jj = (f(+e_j) - 2 f + f(-e_j)) / h^2``, and
-    ``H_ij = (f(+e_i+e_j) + f(-e_i-e_j) - f(+e_i) - f(-e_i) - f(+e_j) - f(-e_j) + 2 f) / 2h^2``.
+    Central differences, error ``O(h^2)``: ``g_j = (f(+e_j) - f(-e_j)) / 2h_j``,
+    ``H_jj = (f(+e_j) - 2 f + f(-e_j)) / h_j^2``, and
+    ``H_ij = (f(+e_i+e_j) + f(-e_i-e_j) - f(+e_i) - f(-e_i) - f(+e_j) - f(-e_j) + 2 f) / 2h_ih_j``.
     """
+    h = np.broadcast_to(np.asarray(h, dtype=np.float64), (k,))
     f0 = fv[0]
     n = fv.shape[1]
     plus, minus = fv[1 : 1 + 2 * k : 2], fv[2 : 2 + 2 * k : 2]  # [k, n]
-    g = ((plus - minus) / (2 * h)).T
+    g = ((plus - minus) / (2 * h[:, None])).T
     H = np.empty((n, k, k))
-    diag = (plus - 2 * f0 + minus) / (h * h)
+    diag = (plus - 2 * f0 + minus) / (h * h)[:, None]
     for j in range(k):
         H[:, j, j] = diag[j]
     base = 1 + 2 * k
     for m, (i, j) in enumerate(itertools.combinations(range(k), 2)):
         pp, mm = fv[base + 2 * m], fv[base + 2 * m + 1]
-        hij = (pp + mm - plus[i] - minus[i] - plus[j] - minus[j] + 2 * f0) / (2 * h * h)
+        hij = (pp + mm - plus[i] - minus[i] - plus[j] - minus[j] + 2 * f0) / (2 * h[i] * h[j])
         H[:, i, j] = H[:, j, i] = hij
     return f0, g, H
 
 
-def newton_direction(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
+def newton_direction(
+    g: np.ndarray, H: np.ndarray, free: np.ndarray, quadratic: np.ndarray | None = None
+) -> np.ndarray:
     """``d [n, k]`` minimizing the local model on the ``free [n, k]`` coordinates (others 0).
 
     The Hessian's eigenvalues are replaced by their absolute values, floored at 1e-8 of the largest
-    (a descent direction where the Hessian is indefinite or nearly singular).
+    (a descent direction where the Hessian is indefinite or nearly singular). Coordinates in which
+    the objective is exactly quadratic (``quadratic [k]``: their curvature is exact, not a noisy
+    difference) are first scaled to unit curvature where it is positive, so the floor judges
+    them by their correlation with the others, not by their units: a weakly determined mean
+    (curvature 1e-10 of the others') took floored steps 50 times too short, one Newton
+    iteration each, for hundreds of iterations.
     """
     n, k = g.shape
+    if quadratic is not None and np.any(quadratic):
+        diag = np.diagonal(H, axis1=1, axis2=2)
+        use = np.asarray(quadratic, bool)[None, :] & free & np.isfinite(diag) & (diag > 0)
+        if use.any():
+            sc = np.where(use, np.sqrt(np.where(use, diag, 1.0)), 1.0)  # [n, k]
+            d = newton_direction(g / sc, H / (sc[:, :, None] * sc[:, None, :]), free)
+            return d / sc
     eye = np.eye(k)
     mask = free[:, :, None] & free[:, None, :]
     Hr = np.where(mask, H, 0.0) + np.where(free, 0.0, 1.0)[:, :, None] * eye
@@ -147,12 +163,17 @@ def minimize(
     max_iter: int,
     gtol: float,
     xtol: float = 1e-5,
-    h: float = 1e-4,
+    h=1e-4,
     active: np.ndarray | None = None,
+    quadratic: np.ndarray | None = None,
 ) -> NewtonResult:
     """Minimize ``G`` independent objectives from ``u0 [G, k]`` (see the module docstring).
 
-    ``positive [k]``: coordinates that are logs of nonnegative parameters. ``active [G]``: groups to
+    ``positive [k]``: coordinates that are logs of nonnegative parameters. ``h``: the stencil's
+    step, one for all coordinates or one a coordinate ``[k]`` (an objective quadratic in a
+    coordinate has exact differences at any step there, so a long one keeps its curvature above
+    the objective's rounding). ``quadratic [k]``: coordinates in which the objective is exactly
+    quadratic (:func:`newton_direction`). ``active [G]``: groups to
     optimize (others are returned as they are, status RUNNING). A group converges when its gradient
     on the coordinates not at a boundary is at most ``gtol`` and its Newton step at most ``xtol``
     (both must hold, so a parameter drifting towards a bound with a vanishing gradient does not
@@ -167,6 +188,7 @@ def minimize(
     """
     u = np.array(u0, dtype=np.float64)
     G, k = u.shape
+    h = np.broadcast_to(np.asarray(h, dtype=np.float64), (k,))
     offsets = stencil(k) * h
     f = np.full(G, np.nan)
     g = np.full((G, k), np.nan)
@@ -243,7 +265,7 @@ def minimize(
             keep = ~np.isin(idx, moved)  # their stencil is taken at the probe next
             idx, ui, gi, Hi, bound = idx[keep], ui[keep], gi[keep], Hi[keep], bound[keep]
         at_bound[idx] = bound
-        di = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound)
+        di = newton_direction(np.where(np.isfinite(gi), gi, 0.0), Hi, ~bound, quadratic)
         gmax = np.where(bound, 0.0, np.abs(gi)).max(1)
         # the step is small, or (at the stencil's noise floor, where the gradient is still
         # within 10 gtol) the decrease the Newton step promises is below rounding
