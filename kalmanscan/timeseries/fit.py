@@ -138,18 +138,97 @@ def _check_fix(fix, shape):
     return out
 
 
+# theta times the shortest step beyond which a fit whose likelihood is already white noise's (to
+# 1e-10 a step) stops there: every decay below e^-12 ~ 6e-6. Beyond it Newton steps only crawl up
+# a ridge to theta = infinity (hundreds of iterations). At e^-3 fits were stopped on their way
+# to an optimum of slight persistence (decay 0.04, 0.4 above white noise's log-likelihood)
+_WHITE_THETA_DT = 12.0
+
+
+class _WhiteNoise(NamedTuple):
+    """The white-noise limit of separate fits (:func:`_white_noise`): per series the
+    standardized mean ``mean [N]`` and mean square ``var [N]`` about it (``mu`` fixed: about
+    that) and the per-observation negative log-likelihood ``f [N]`` of white noise with them."""
+
+    data: _Data
+    theta_dt: float  # the shortest step in the optimizer's time units
+    mean: np.ndarray
+    var: np.ndarray
+    f: np.ndarray
+
+    def settled(self, idx, u, f):
+        """The optimizer's test: every step's decay below ``e^-12`` and the value already that
+        of white noise (to 1e-10 a step). Towards ``theta = infinity`` ``theta`` and ``sigma2``
+        trade at one state variance ``sigma2 / (2 theta)``, whose split from ``obs_var`` the
+        likelihood no longer sees, and Newton steps only crawl up that ridge (500 iterations,
+        unconverged)."""
+        theta = np.exp(u[:, self.data.free.index("theta")])
+        fw = self.f[idx]
+        return (theta * self.theta_dt > _WHITE_THETA_DT) & (f <= fw + 1e-10 * (1 + np.abs(fw)))
+
+    def place(self, opt: optim.NewtonResult):
+        """``(opt, white [N])``: the settled series put at the white-noise representation with
+        every parameter identified: ``sigma2`` on its bound 0 (a level constant at ``mu``, which
+        no ``theta`` changes), ``obs_var`` the series' variance and ``mu`` its mean (their
+        maximum-likelihood values), ``theta`` held where it stopped (not identified)."""
+        white = opt.status == optim.SETTLED
+        if not white.any():
+            return opt, white
+        free = self.data.free
+        u, at_b, status, f = opt.u.copy(), opt.at_boundary.copy(), opt.status.copy(), opt.f.copy()
+        u[white, free.index("sigma2")] = optim._BOUND_TARGET
+        at_b[white, free.index("sigma2")] = True
+        u[white, free.index("obs_var")] = np.log(self.var[white])
+        if "mu" in free:
+            u[white, free.index("mu")] = self.mean[white]
+        f[white] = self.f[white]
+        status[white] = optim.CONVERGED
+        return opt._replace(u=u, f=f, at_boundary=at_b, status=status), white
+
+
+def _white_noise(data: _Data, dt: np.ndarray, usable: np.ndarray) -> _WhiteNoise | None:
+    """The white-noise limit of separate fits with ``theta``, ``sigma2`` and ``obs_var`` free
+    (``dt``: the steps in the optimizer's time units), or None where there is none to reach: a
+    joint fit, a parameter of the three fixed, or two observations at one time (a step of 0,
+    where the state is shared and the split of the variance identified)."""
+    if data.joint or not {"theta", "sigma2", "obs_var"} <= set(data.free):
+        return None
+    steps = np.asarray(dt, dtype=np.float64)[1:]
+    if steps.size == 0 or (steps <= 0).any():
+        return None
+    zs = data.zs
+    with torch.no_grad():
+        obs = ~torch.isnan(zs)
+        n = obs.sum(0).clamp(min=1).to(zs.dtype)
+        if "mu" in data.free:
+            mean = torch.where(obs, zs, 0.0).sum(0) / n
+        else:
+            mean = torch.as_tensor(data.fixed["mu"], dtype=zs.dtype, device=zs.device).expand(
+                zs.shape[1]
+            )
+        var = torch.where(obs, (zs - mean) ** 2, 0.0).sum(0) / n
+    mean, var = mean.cpu().numpy().copy(), var.cpu().numpy().copy()
+    var = np.where(usable & (var > 0), var, 1.0)
+    f = 0.5 * (np.log(2 * np.pi * var) + 1.0)
+    return _WhiteNoise(data, float(steps.min()), mean, var, f)
+
+
 def _held(data: _Data, at_boundary: np.ndarray) -> np.ndarray:
-    """``[G, k]``: the free estimates held in the observed information: those on their bound, and
-    ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0)."""
+    """``[G, k]``: the free estimates held in the observed information: those on their bound,
+    ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0),
+    and ``theta`` where the level is constant (``sigma2`` on its bound: no ``theta`` moves it)."""
     free = data.free
-    held = np.asarray(at_boundary, dtype=bool).copy()
+    bound = np.asarray(at_boundary, dtype=bool)
+    held = bound.copy()
     if "mu" in free:
         m = free.index("mu")
         if "theta" in free:
-            held[:, m] |= held[:, free.index("theta")]
+            held[:, m] |= bound[:, free.index("theta")]
         elif "theta" in data.fixed:
             zero = np.asarray(data.fixed["theta"]) == 0
             held[:, m] |= np.array([zero.all()]) if data.joint else zero
+    if "theta" in free and "sigma2" in free:  # (mu stays: the constant level is mu)
+        held[:, free.index("theta")] |= bound[:, free.index("sigma2")]
     return held
 
 
@@ -289,6 +368,7 @@ class _Core(NamedTuple):
     usable: np.ndarray
     filtered: object
     data: _Data
+    white: np.ndarray | None = None  # [N]: series found to be white noise (_white_noise)
 
 
 def _fit_core(
@@ -349,6 +429,7 @@ def _fit_core(
         }[p]
     positive = np.array([p in _POSITIVE for p in free], dtype=bool)
     active = usable[:1] if joint else usable
+    white = _white_noise(data, dt / tau, usable) if free else None
     if free:
         u0 = np.stack([np.log(start[p]) if p in _POSITIVE else start[p] for p in free], 1)
         u0 = u0.reshape(G, len(free))
@@ -356,7 +437,10 @@ def _fit_core(
             _objective(data), u0, positive, max_iter=max_iter, gtol=tol,
             h=np.array([_STENCIL_H_MU if p == "mu" else _STENCIL_H for p in free]),
             active=active, quadratic=np.array([p == "mu" for p in free]),
+            settled=None if white is None else white.settled,
         )  # fmt: skip
+        if white is not None:
+            opt, white = white.place(opt)
         opt = _refine_small(data, opt, positive)
     else:  # nothing to fit (a profile point of the only free parameter): the likelihood only
         status = np.where(active, optim.CONVERGED, optim.RUNNING)
@@ -399,7 +483,7 @@ def _fit_core(
     ll_std = res.loglik.reshape(N).cpu().numpy()
     diffuse = (x["theta"] == 0) & (n_obs >= 1)
     loglik = ll_std - (n_obs - diffuse) * np.log(s)
-    return _Core(est, loglik, opt, m, s, tau, usable, res, data)
+    return _Core(est, loglik, opt, m, s, tau, usable, res, data, white)
 
 
 def _names(idx, labels, limit: int = 5) -> str:
@@ -690,6 +774,18 @@ def _fit_finish(
             text = _boundary_note(p, where, free)
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
+    white = np.flatnonzero(core.white) if core.white is not None else np.empty(0, int)
+    if white.size:
+        where = "the series shows" if unnamed(N, labels) else f"series {_names(white, labels)} show"
+        text = (
+            f"{where} no persistence: the likelihood is that of white noise around mu, reached "
+            "as theta -> infinity (each state independent of the last, where sigma2 / (2 theta) "
+            "and obs_var are not told apart) or as sigma2 -> 0 alike; reported with sigma2 on its "
+            "bound 0, obs_var the series' variance and mu its mean; theta is not identified (no "
+            "standard error)"
+        )
+        notes.append(text)
+        warnings.warn("fit_ou: " + text, stacklevel=3)
     if "mu" in free and "theta" in fixed:
         idle = np.flatnonzero(_mu_unused(core, joint) & (core.usable[:1] if joint else core.usable))
         if idle.size:

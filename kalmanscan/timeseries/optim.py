@@ -31,7 +31,7 @@ U_LIMIT = 230.0  # |u| beyond this (e^230 ~ 1e100 times the data scale): diverge
 _STEP_CAP = 5.0  # largest Newton move in u per iteration (a factor e^5 in a positive parameter)
 
 # status codes per group
-RUNNING, CONVERGED, MAX_ITER, LINE_SEARCH, DIVERGED, NOT_FINITE = 0, 1, 2, 3, 4, 5
+RUNNING, CONVERGED, MAX_ITER, LINE_SEARCH, DIVERGED, NOT_FINITE, SETTLED = 0, 1, 2, 3, 4, 5, 6
 STATUS_TEXT = {
     RUNNING: "not started",
     CONVERGED: "converged",
@@ -39,6 +39,7 @@ STATUS_TEXT = {
     LINE_SEARCH: "no decrease along the Newton direction (line search failed)",
     DIVERGED: "a parameter ran off beyond 1e100 times the data scale (not identified)",
     NOT_FINITE: "log-likelihood not finite at the starting values",
+    SETTLED: "stopped at a limit the caller recognized (its settled test)",
 }
 
 
@@ -166,6 +167,7 @@ def minimize(
     h=1e-4,
     active: np.ndarray | None = None,
     quadratic: np.ndarray | None = None,
+    settled=None,
 ) -> NewtonResult:
     """Minimize ``G`` independent objectives from ``u0 [G, k]`` (see the module docstring).
 
@@ -173,7 +175,9 @@ def minimize(
     step, one for all coordinates or one a coordinate ``[k]`` (an objective quadratic in a
     coordinate has exact differences at any step there, so a long one keeps its curvature above
     the objective's rounding). ``quadratic [k]``: coordinates in which the objective is exactly
-    quadratic (:func:`newton_direction`). ``active [G]``: groups to
+    quadratic (:func:`newton_direction`). ``settled(idx [n], u [n, k], f [n]) -> [n] bool``:
+    groups whose accepted point the caller recognizes as a limit the objective only approaches
+    (a ridge to infinity); they stop there with status ``SETTLED``. ``active [G]``: groups to
     optimize (others are returned as they are, status RUNNING). A group converges when its gradient
     on the coordinates not at a boundary is at most ``gtol`` and its Newton step at most ``xtol``
     (both must hold, so a parameter drifting towards a bound with a vanishing gradient does not
@@ -243,6 +247,11 @@ def minimize(
             trial[back] = False  # the next call takes the stencil at the accepted point
         # new points with derivatives: convergence test and the next Newton step
         idx = take[todo[take]]
+        if settled is not None and idx.size:
+            st = np.asarray(settled(idx, u[idx], f[idx]), dtype=bool)
+            status[idx[st]] = SETTLED
+            todo[idx[st]] = False
+            idx = idx[~st]
         if idx.size == 0:
             continue
         ui, gi, Hi = u[idx], g[idx], H[idx]

@@ -67,9 +67,15 @@ def upper_bounds(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, d
     for j, p in enumerate(free):
         if p not in _POSITIVE:
             continue
-        groups = np.flatnonzero(opt.at_boundary[:, j] & ok_group)
+        on = opt.at_boundary[:, j] & ok_group
         bound = np.full(G, np.nan)
         out[p] = bound
+        if p == "sigma2" and core.white is not None and not joint:
+            # white noise: at any sigma2, theta -> infinity reaches the same likelihood (the
+            # state's variance sigma2 / (2 theta) -> 0), so the profile never drops: unbounded
+            bound[on & core.white] = np.inf
+            on &= ~core.white
+        groups = np.flatnonzero(on)
         if groups.size == 0:
             continue
         sel = np.arange(Z.shape[1]) if joint else groups  # series of those groups

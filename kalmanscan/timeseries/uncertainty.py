@@ -104,7 +104,8 @@ def _standard_errors(core: _Core, free, joint, hess=None):
     the observed information of the free parameters with it held at 0: the Hessian block of the
     interior coordinates, evaluated with the boundary coordinate at its held value (an effect of
     ~1e-14 of the data's scale). ``theta`` on its bound also holds ``mu``, which does not enter
-    the likelihood of a random walk. docs/model.md, "Estimates on a boundary".
+    the likelihood of a random walk, and ``sigma2`` on its bound holds ``theta``, which does not
+    enter that of a constant level. docs/model.md, "Estimates on a boundary".
     """
     opt = core.opt
     G, k = opt.u.shape
@@ -131,6 +132,8 @@ def _standard_errors(core: _Core, free, joint, hess=None):
         held[:, free.index("mu")] |= held[:, free.index("theta")]
     elif "mu" in free:  # theta fixed: at 0 (a random walk) mu does not enter the likelihood
         held[:, free.index("mu")] |= _mu_unused(core, joint)
+    if "theta" in free and "sigma2" in free:  # a constant level: no theta moves it
+        held[:, free.index("theta")] |= opt.at_boundary[:, free.index("sigma2")]
     why = np.full(G, "", dtype=object)
     why[opt.status != optim.CONVERGED] = "the fit did not converge"
     why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
