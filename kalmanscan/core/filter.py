@@ -65,6 +65,7 @@ from kalmanscan.core.filter_units import (  # noqa: F401 - as above
     _tiny_below,
     _tiny_lanes,
     extremes_clear,
+    positive_min,
     tiny_grid,
 )
 from kalmanscan.core.steps import compact

@@ -157,9 +157,19 @@ def _ou_transition_np(theta, sigma2, dt):
 
 def _lane_arrays_np(theta, sigma2, mu, dt, theta_zero: bool):
     """:func:`_lane_arrays` in numpy on lanes ``[N]`` (``dt``: a 0-d array, or ``[T, 1]``),
-    value for value."""
+    value for value. With steps ``[T, 1]`` the transition is computed once a distinct ``theta``
+    (a stencil's 21 lanes hold 3) and ``process_var`` as ``sigma2`` times it, the product
+    :func:`_ou_transition_np` ends with: the same values."""
     if theta_zero:
         return 1.0, sigma2 * dt, 0.0, mu, math.inf
+    if np.ndim(dt) == 2 and np.ndim(theta) == 1 and theta.size > 1:
+        uniq, inv = np.unique(theta, return_inverse=True)
+        if uniq.size < theta.size:
+            a, unit = _ou_transition_np(uniq, np.ones_like(uniq), dt)
+            decay, process_var = a[:, inv], sigma2 * unit[:, inv]
+            pos = theta > 0
+            prior_var = np.where(pos, sigma2 / (2 * np.where(pos, theta, 1.0)), np.inf)
+            return decay, process_var, mu * (1 - decay), mu, prior_var
     decay, process_var = _ou_transition_np(theta, sigma2, dt)
     pos = theta > 0
     prior_var = np.where(pos, sigma2 / (2 * np.where(pos, theta, 1.0)), np.inf)
@@ -198,7 +208,7 @@ def _no_tiny_lanes(R: np.ndarray, p: np.ndarray, T: int) -> bool:
     (returns None) for loading 1, ``obs_var`` ``R [N]`` and ``process_var`` ``p`` (``[N]`` or
     ``[T, N]``): its test, by its own functions (the bound from the extremes, then the grid)."""
     below = filter_api._tiny_below(torch.float64)
-    if filter_api.extremes_clear(float(R.min()), 1.0, float(p.min()), below):
+    if filter_api.extremes_clear(float(R.min()), 1.0, filter_api.positive_min(p), below):
         return True
     N = R.shape[0]
     need = filter_api.tiny_grid(R[None], np.ones((1, 1)), p.reshape(-1, N), T, N, torch.float64)[0]
