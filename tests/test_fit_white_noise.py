@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import kalmanscan as ks
 from kalmanscan.timeseries import OUModel
@@ -100,3 +101,29 @@ def test_repeated_times_keep_the_variance_split():
     fit, msgs = _fit(z, times=t, max_iter=50)
     assert not any("no persistence" in m for m in msgs)
     assert np.isfinite(fit.loglik)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_white_noise_fit_on_cuda_matches_cpu(monkeypatch):
+    """The white-noise limit's moments are taken on the device with the data: the CUDA fit
+    settles the same series at the same values, and its filter calls ran on CUDA."""
+    from kalmanscan.timeseries import objective
+
+    Z = np.random.default_rng(1).normal(size=(500, 12)) * 3.0 + 7.0
+    devices = []
+    real = objective._loglik
+
+    def spy(z, *a):
+        devices.append(z.device.type)
+        return real(z, *a)
+
+    monkeypatch.setattr(objective, "_loglik", spy)
+    gpu, msgs_gpu = _fit(Z, device="cuda", stderr=False)
+    assert devices and set(devices) == {"cuda"}
+    cpu, msgs_cpu = _fit(Z, device="cpu", stderr=False)
+    white = cpu.model.sigma2 < 1e-10 * Z.var(0)
+    assert white.any()
+    np.testing.assert_array_equal(gpu.model.sigma2 < 1e-10 * Z.var(0), white)
+    np.testing.assert_allclose(gpu.loglik[white], _white_loglik(Z)[white], rtol=1e-12)
+    assert any("no persistence" in m for m in msgs_gpu)
