@@ -271,6 +271,41 @@ def test_duplicate_times_are_refused_naming_the_rows(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_duplicate_times_kept_on_request_as_observations_of_one_state(tmp_path, capsys):
+    """--repeated-times keep (timestamps rounded to the second share times): each row is an
+    observation of the state at its time, as the Python API reads repeated times; the refusal
+    names the option."""
+    import xarray as xr
+
+    text = "t,y\n0,1.0\n1,3.0\n1,2.5\n3,2.0\n1,2.8\n"
+    rc = filter_main(
+        [_csv(tmp_path, text), "--time-col", "t", *GIVEN, "--out", str(tmp_path / "o")]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "--repeated-times keep" in err
+    out = tmp_path / "k"
+    argv = [_csv(tmp_path, text), "--time-col", "t", "--sigma2", "1", "--obs-var", "1",
+            "--repeated-times", "keep", "--out", str(out)]  # fmt: skip
+    assert filter_main(argv) == 0
+    said = capsys.readouterr()
+    assert "2 rows share a time with the row before" in said.out + said.err
+    res = _results(out)
+    res = res[res["kind"] == "data"]
+    assert res["time"].tolist() == [0, 1, 1, 1, 3]
+    assert res["observed"].tolist() == [1.0, 3.0, 2.5, 2.8, 2.0]  # the file's order within a time
+    want = OUModel(sigma2=1.0, obs_var=1.0).filter(
+        np.array([1.0, 3.0, 2.5, 2.8, 2.0]), np.array([0.0, 1.0, 1.0, 1.0, 3.0])
+    )
+    np.testing.assert_allclose(res["mean"].to_numpy(), want.mean, rtol=1e-9)
+    ds = xr.load_dataset(out / "results.nc")
+    assert ds.sizes["time"] == 5
+    for bad in (["--series-col", "y"], []):
+        argv = [_csv(tmp_path, text), *(["--time-col", "t"] if bad else []), *bad, *GIVEN,
+                "--repeated-times", "keep", "--out", str(tmp_path / "x")]  # fmt: skip
+        assert filter_main(argv) == 2
+        assert "--repeated-times keep applies" in capsys.readouterr().err
+
+
 def test_duplicate_times_in_python_are_exact_zero_length_steps():
     m = OUModel(sigma2=1.0, obs_var=2.0)
     twice = m.filter(np.array([1.0, 3.0, 3.0]), np.array([0.0, 1.0, 1.0]))

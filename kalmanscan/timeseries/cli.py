@@ -149,6 +149,14 @@ def filter_main(argv=None) -> int:
         "Gregorian calendar)",
     )
     p.add_argument(
+        "--repeated-times",
+        choices=("refuse", "keep"),
+        default="refuse",
+        help="rows that share a time (timestamps rounded to the second, say): refuse them "
+        "(default, naming the rows), or keep each as an observation of the same state (a step "
+        "of length 0; without --series-col)",
+    )
+    p.add_argument(
         "--value-col",
         action="append",
         default=None,

@@ -98,6 +98,11 @@ def _filter(args) -> int:
         raise InputError(
             "give --fit, or the model parameters --sigma2 and --obs-var (optionally --theta, --mu)"
         )
+    if args.repeated_times == "keep" and (args.time_col is None or args.series_col is not None):
+        raise InputError(
+            "--repeated-times keep applies to a --time-col of a wide table (one column a series), "
+            + ("which is not given" if args.time_col is None else "not with --series-col")
+        )
     if (args.time_format is not None or args.dayfirst or args.calendar) and args.time_col is None:
         raise InputError(
             "--time-format, --dayfirst and --calendar apply to --time-col, which is not given"
@@ -115,6 +120,7 @@ def _filter(args) -> int:
         notes=notes,
         series_col=args.series_col,
         missing=args.missing,
+        repeated_times=args.repeated_times,
     )
     for note in notes:
         log(note)

@@ -118,6 +118,7 @@ def read_csv_series(
     notes=None,
     series_col=None,
     missing=(),
+    repeated_times="refuse",
 ):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
@@ -136,8 +137,10 @@ def read_csv_series(
     :func:`kalmanscan.timeseries.times.parse_datetime_strings`; ``time_format``/``dayfirst``
     decide ambiguous dates; ``calendar``, a cftime calendar such as ``"360_day"``, reads them
     as dates of that calendar: :func:`_calendar_times`). Duplicate times are refused, naming
-    the rows. Raises :class:`InputError` with a message naming the file, column, row and value.
-    Rows are numbered as in a spreadsheet (the header is row 1; comment lines count).
+    the rows, unless ``repeated_times="keep"`` (a wide table): then each row is an observation
+    of the state at its time, in the file's order, with a note. Raises :class:`InputError` with
+    a message naming the file, column, row and value. Rows are numbered as in a spreadsheet
+    (the header is row 1; comment lines count).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "data.csv")
@@ -390,7 +393,15 @@ def read_csv_series(
     sorted_ = bool(np.all(order == np.arange(len(order))))
     st = times[order]
     same = np.flatnonzero(st[1:] == st[:-1])
-    if same.size:
+    if same.size and repeated_times == "keep":
+        if notes is not None:
+            n = same.size
+            notes.append(
+                f"note: {n} row{'s' if n != 1 else ''} share{'s' if n == 1 else ''} a time with "
+                "the row before (--repeated-times keep): each is an observation of the same "
+                "state, in the file's order (a step of length 0)"
+            )
+    elif same.size:
         k = int(same[0])
         a, b = sorted((int(order[k]), int(order[k + 1])))
         more = same.size - 1
@@ -398,7 +409,8 @@ def read_csv_series(
             f"{path}: column {time_col!r} rows {row(a)} and {row(b)} have the same time "
             f"{_show_time(st[k])}"
             + (f" ({more} more repeated time{'s' if more > 1 else ''})" if more else "")
-            + "; expected one row per time: merge or average the rows of each time first"
+            + "; expected one row per time: merge or average the rows of each time first, or "
+            "keep each as an observation of the same state (--repeated-times keep)"
             + "".join(
                 f"; or, if column {c!r} names each row's series (a long table), pass "
                 f"--series-col {c}"
