@@ -127,3 +127,19 @@ def test_white_noise_fit_on_cuda_matches_cpu(monkeypatch):
     np.testing.assert_array_equal(gpu.model.sigma2 < 1e-10 * Z.var(0), white)
     np.testing.assert_allclose(gpu.loglik[white], _white_loglik(Z)[white], rtol=1e-12)
     assert any("no persistence" in m for m in msgs_gpu)
+
+
+def test_joint_white_noise_converges_as_white_noise():
+    """A joint fit's one group: every series' values together (484 iterations before)."""
+    Z = np.random.default_rng(1).normal(size=(500, 5)) * 2 + 3
+    fit, msgs = _fit(Z, joint=True)
+    assert fit.converged and fit.n_iter <= 60
+    assert any("fitted jointly) show no persistence" in m for m in msgs)
+    want = -0.5 * Z.size * (np.log(2 * np.pi * ((Z - Z.mean()) ** 2).mean()) + 1)
+    assert fit.loglik.sum() == pytest.approx(want, rel=1e-12)
+    assert np.isinf(fit.upper_bound["sigma2"]) and np.isnan(fit.stderr["theta"])
+    # mu fixed: the mean square about it
+    fixed, msgs = _fit(Z, joint=True, fix={"mu": 3.0})
+    assert any("no persistence" in m for m in msgs)
+    want = -0.5 * Z.size * (np.log(2 * np.pi * ((Z - 3.0) ** 2).mean()) + 1)
+    assert fixed.loglik.sum() == pytest.approx(want, rel=1e-12)

@@ -187,11 +187,12 @@ class _WhiteNoise(NamedTuple):
 
 
 def _white_noise(data: _Data, dt: np.ndarray, usable: np.ndarray) -> _WhiteNoise | None:
-    """The white-noise limit of separate fits with ``theta``, ``sigma2`` and ``obs_var`` free
-    (``dt``: the steps in the optimizer's time units), or None where there is none to reach: a
-    joint fit, a parameter of the three fixed, or two observations at one time (a step of 0,
-    where the state is shared and the split of the variance identified)."""
-    if data.joint or not {"theta", "sigma2", "obs_var"} <= set(data.free):
+    """The white-noise limit of fits with ``theta``, ``sigma2`` and ``obs_var`` free (``dt``:
+    the steps in the optimizer's time units; a joint fit's one group: every series' values
+    together), or None where there is none to reach: a parameter of the three fixed, or two
+    observations at one time (a step of 0, where the state is shared and the split of the
+    variance identified)."""
+    if not {"theta", "sigma2", "obs_var"} <= set(data.free):
         return None
     steps = np.asarray(dt, dtype=np.float64)[1:]
     if steps.size == 0 or (steps <= 0).any():
@@ -199,16 +200,22 @@ def _white_noise(data: _Data, dt: np.ndarray, usable: np.ndarray) -> _WhiteNoise
     zs = data.zs
     with torch.no_grad():
         obs = ~torch.isnan(zs)
-        n = obs.sum(0).clamp(min=1).to(zs.dtype)
+
+        def total(x):  # [G]: per series, or one group of them all
+            return x.sum().reshape(1) if data.joint else x.sum(0)
+
+        n = total(obs.to(zs.dtype)).clamp(min=1)
         if "mu" in data.free:
-            mean = torch.where(obs, zs, 0.0).sum(0) / n
+            mean = total(torch.where(obs, zs, 0.0)) / n
+            centre = mean.expand(zs.shape[1]) if data.joint else mean
         else:
-            mean = torch.as_tensor(data.fixed["mu"], dtype=zs.dtype, device=zs.device).expand(
-                zs.shape[1]
-            )
-        var = torch.where(obs, (zs - mean) ** 2, 0.0).sum(0) / n
+            centre = torch.as_tensor(data.fixed["mu"], dtype=zs.dtype, device=zs.device)
+            centre = centre.expand(zs.shape[1])
+            mean = centre[:1] if data.joint else centre
+        var = total(torch.where(obs, (zs - centre) ** 2, 0.0)) / n
     mean, var = mean.cpu().numpy().copy(), var.cpu().numpy().copy()
-    var = np.where(usable & (var > 0), var, 1.0)
+    ok = usable[:1] if data.joint else usable
+    var = np.where(ok & (var > 0), var, 1.0)
     f = 0.5 * (np.log(2 * np.pi * var) + 1.0)
     return _WhiteNoise(data, float(steps.min()), mean, var, f)
 
@@ -776,7 +783,12 @@ def _fit_finish(
             warnings.warn("fit_ou: " + text, stacklevel=3)
     white = np.flatnonzero(core.white) if core.white is not None else np.empty(0, int)
     if white.size:
-        where = "the series shows" if unnamed(N, labels) else f"series {_names(white, labels)} show"
+        if joint:
+            where = "the series (fitted jointly) show"
+        elif unnamed(N, labels):
+            where = "the series shows"
+        else:
+            where = f"series {_names(white, labels)} show"
         text = (
             f"{where} no persistence: the likelihood is that of white noise around mu, reached "
             "as theta -> infinity (each state independent of the last, where sigma2 / (2 theta) "

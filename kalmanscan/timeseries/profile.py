@@ -70,7 +70,7 @@ def upper_bounds(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, d
         on = opt.at_boundary[:, j] & ok_group
         bound = np.full(G, np.nan)
         out[p] = bound
-        if p == "sigma2" and core.white is not None and not joint:
+        if p == "sigma2" and core.white is not None:
             # white noise: at any sigma2, theta -> infinity reaches the same likelihood (the
             # state's variance sigma2 / (2 theta) -> 0), so the profile never drops: unbounded
             bound[on & core.white] = np.inf
