@@ -108,3 +108,20 @@ def triton_on_cpu(monkeypatch):
             return _TritonOnGpu(impl) if (name, op) == ("triton", "filter") else impl
 
         monkeypatch.setattr(backends, "get", get)
+
+
+@pytest.fixture
+def fit_devices(monkeypatch):
+    """The device of every log-likelihood call a fit makes (``objective._loglik``'s data), so
+    a GPU test can assert where its fit ran."""
+    from kalmanscan.timeseries import objective
+
+    devices = []
+    real = objective._loglik
+
+    def spy(z, *a):
+        devices.append(z.device.type)
+        return real(z, *a)
+
+    monkeypatch.setattr(objective, "_loglik", spy)
+    return devices

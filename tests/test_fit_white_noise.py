@@ -105,22 +105,12 @@ def test_repeated_times_keep_the_variance_split():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_white_noise_fit_on_cuda_matches_cpu(monkeypatch):
+def test_white_noise_fit_on_cuda_matches_cpu(fit_devices):
     """The white-noise limit's moments are taken on the device with the data: the CUDA fit
     settles the same series at the same values, and its filter calls ran on CUDA."""
-    from kalmanscan.timeseries import objective
-
     Z = np.random.default_rng(1).normal(size=(500, 12)) * 3.0 + 7.0
-    devices = []
-    real = objective._loglik
-
-    def spy(z, *a):
-        devices.append(z.device.type)
-        return real(z, *a)
-
-    monkeypatch.setattr(objective, "_loglik", spy)
     gpu, msgs_gpu = _fit(Z, device="cuda", stderr=False)
-    assert devices and set(devices) == {"cuda"}
+    assert fit_devices and set(fit_devices) == {"cuda"}
     cpu, msgs_cpu = _fit(Z, device="cpu", stderr=False)
     white = cpu.model.sigma2 < 1e-10 * Z.var(0)
     assert white.any()
