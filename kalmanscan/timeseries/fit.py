@@ -146,9 +146,10 @@ _WHITE_THETA_DT = 12.0
 
 
 class _WhiteNoise(NamedTuple):
-    """The white-noise limit of separate fits (:func:`_white_noise`): per series the
-    standardized mean ``mean [N]`` and mean square ``var [N]`` about it (``mu`` fixed: about
-    that) and the per-observation negative log-likelihood ``f [N]`` of white noise with them."""
+    """The white-noise limit of a fit (:func:`_white_noise`): per group (a series, or a joint
+    fit's one group) the standardized mean ``mean [G]`` and mean square ``var [G]`` about it
+    (``mu`` fixed: about that) and the per-observation negative log-likelihood ``f [G]`` of
+    white noise with them."""
 
     data: _Data
     theta_dt: float  # the shortest step in the optimizer's time units
@@ -167,7 +168,7 @@ class _WhiteNoise(NamedTuple):
         return (theta * self.theta_dt > _WHITE_THETA_DT) & (f <= fw + 1e-10 * (1 + np.abs(fw)))
 
     def place(self, opt: optim.NewtonResult):
-        """``(opt, white [N])``: the settled series put at the white-noise representation with
+        """``(opt, white [G])``: the settled groups put at the white-noise representation with
         every parameter identified: ``sigma2`` on its bound 0 (a level constant at ``mu``, which
         no ``theta`` changes), ``obs_var`` the series' variance and ``mu`` its mean (their
         maximum-likelihood values), ``theta`` held where it stopped (not identified)."""
@@ -375,7 +376,7 @@ class _Core(NamedTuple):
     usable: np.ndarray
     filtered: object
     data: _Data
-    white: np.ndarray | None = None  # [N]: series found to be white noise (_white_noise)
+    white: np.ndarray | None = None  # [G]: groups found to be white noise (_white_noise)
 
 
 def _fit_core(
