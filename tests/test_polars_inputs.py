@@ -23,6 +23,13 @@ def _days(n=60):
     return (start + keep.astype("timedelta64[D]")).astype("datetime64[ms]")
 
 
+def _pandas_zoned(times, zone):
+    """The pandas index of polars' zoned times, built from their UTC values (polars'
+    ``to_pandas`` needs pyarrow, which the test extra does not install)."""
+    utc = pd.DatetimeIndex(times.dt.convert_time_zone("UTC").dt.replace_time_zone(None).to_numpy())
+    return utc.tz_localize("UTC").tz_convert(zone)
+
+
 def _fit(*args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (boundary notes: the same for both inputs)
@@ -35,14 +42,14 @@ def test_frame_with_a_date_column_is_refused_naming_it():
         with pytest.raises(TypeError, match=r"column 'day' of dtype Date.*times=df\['day'\]"):
             call()
     with pytest.raises(TypeError, match=r"column 'day' of dtype datetime64.*set_index\('day'\)"):
-        ks.fit_ou(df.to_pandas())
+        ks.fit_ou(pd.DataFrame({"day": _days(), "y": Z}))
 
 
 def test_frame_fit_equals_pandas_with_labels_and_times():
     days = _days()
     df = pl.DataFrame({"day": days, "a": Z, "b": 2.0 * Z[::-1]})
     got = _fit(df.drop("day"), times=df["day"])
-    want = _fit(df.to_pandas().set_index("day"))
+    want = _fit(pd.DataFrame({"a": Z, "b": 2.0 * Z[::-1]}, index=pd.DatetimeIndex(days)))
     for name in ("theta", "sigma2", "mu", "obs_var"):
         np.testing.assert_allclose(getattr(got.model, name), getattr(want.model, name), rtol=1e-12)
     np.testing.assert_allclose(got.loglik, want.loglik, rtol=1e-12)
@@ -89,7 +96,7 @@ def test_zoned_times_are_marked_utc_as_pandas():
     )
     berlin = utc.dt.convert_time_zone("Europe/Berlin")
     got = _fit(pl.Series(Z), times=berlin)
-    want = _fit(pd.Series(Z, index=pd.DatetimeIndex(berlin.to_pandas())))
+    want = _fit(pd.Series(Z, index=_pandas_zoned(utc, "Europe/Berlin")))
     assert got.model.theta == pytest.approx(want.model.theta, rel=1e-12)
     ds = got.to_dataset()
     assert ds["time"].attrs.get("time_zone") == "UTC"
@@ -106,7 +113,7 @@ def test_zoned_monthly_forecast_steps_on_the_local_calendar():
     )
     z = np.arange(12.0) + RNG.normal(size=12)
     got = ks.forecast(_fit(pl.Series(z), times=months), steps=2).times
-    as_pandas = pd.Series(z, index=pd.DatetimeIndex(months.to_pandas()))
+    as_pandas = pd.Series(z, index=_pandas_zoned(months, "Europe/Berlin"))
     want = ks.forecast(_fit(as_pandas), steps=2).times
     np.testing.assert_array_equal(got, want)
     # midnight in Berlin on the first of January and February 2025, in UTC
