@@ -304,6 +304,12 @@ def test_duplicate_times_kept_on_request_as_observations_of_one_state(tmp_path, 
                 "--repeated-times", "keep", "--out", str(tmp_path / "x")]  # fmt: skip
         assert filter_main(argv) == 2
         assert "--repeated-times keep applies" in capsys.readouterr().err
+    from kalmanscan.timeseries.csvfile import read_csv_series
+
+    with pytest.raises(
+        ValueError, match="repeated_times: expected 'refuse' or 'keep', got 'merge'"
+    ):
+        read_csv_series(_csv(tmp_path, text), "t", repeated_times="merge")
 
 
 def test_duplicate_times_in_python_are_exact_zero_length_steps():

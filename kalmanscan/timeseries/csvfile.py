@@ -155,6 +155,8 @@ def read_csv_series(
     """
     import pandas as pd
 
+    if repeated_times not in ("refuse", "keep"):
+        raise ValueError(f"repeated_times: expected 'refuse' or 'keep', got {repeated_times!r}")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
