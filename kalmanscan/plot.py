@@ -121,22 +121,22 @@ def drawable_text(texts, family="sans-serif"):
     return texts, families
 
 
-def drawable_figure(fig) -> None:
-    """Every text of ``fig`` (titles, legend entries, axis labels) made drawable by
-    :func:`drawable_text`. (Tick labels are redrawn from their formatters: fixed ones are
-    made drawable where they are set.)
+def make_drawable(artist) -> None:
+    """Every text of ``artist`` (a figure, or one axes: its title, legend entries and axis labels)
+    made drawable by :func:`drawable_text`. (Tick labels are redrawn from their formatters: fixed
+    ones are made drawable where they are set.)
 
     >>> import matplotlib.pyplot as plt
     >>> fig, ax = plt.subplots()
     >>> _ = ax.set_title("level (series=Höhe)")
-    >>> drawable_figure(fig)
+    >>> make_drawable(ax)
     >>> ax.get_title()
     'level (series=Höhe)'
     >>> plt.close(fig)
     """
     from matplotlib.text import Text
 
-    for text in fig.findobj(Text):
+    for text in artist.findobj(Text):
         value = text.get_text()
         if not value or value.isascii():
             continue
@@ -348,7 +348,7 @@ def plot_bands(
         ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
     ax.legend(loc="best", fontsize="small", ncol=2)
     _clamp_dates(ax)
-    drawable_figure(ax.figure)
+    make_drawable(ax)  # (this axes only: a figure's other panels are made so where drawn)
     return ax
 
 
@@ -523,7 +523,7 @@ def plot_series(
     ax.set_xlabel(tdim)
     _calendar_axis(ax, one[tdim].values)
     _clamp_dates(ax)
-    drawable_figure(ax.figure)
+    make_drawable(ax)
     return ax
 
 
@@ -585,7 +585,7 @@ def plot_precision(
     _calendar_axis(ax, picks[0][0][tdim].values)
     ax.legend(loc="best", fontsize="small")
     _clamp_dates(ax)
-    drawable_figure(ax.figure)
+    make_drawable(ax)
     return ax
 
 
@@ -639,6 +639,5 @@ def plot_overview(
     plot_precision(
         ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing
     )
-    _clamp_dates(axes[-1])
-    drawable_figure(axes[0].figure)
+    _clamp_dates(axes[-1])  # (each panel's texts were made drawable where it was drawn)
     return axes

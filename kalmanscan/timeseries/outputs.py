@@ -80,7 +80,7 @@ def _write_outputs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kalmanscan.plot import drawable_figure, plot_overview
+    from kalmanscan.plot import make_drawable, plot_overview
     from kalmanscan.xarray import netcdf_engine, save_netcdf
 
     png, nc, csv, txt = _output_paths(
@@ -97,7 +97,7 @@ def _write_outputs(
     if ylabel:
         for ax in axes[:-1]:
             ax.set_ylabel(ylabel)
-    drawable_figure(axes[0].figure)  # (the title and labels set here)
+    make_drawable(axes[0].figure)  # (the title and labels set here)
     _replace_into(png, lambda tmp: axes[0].figure.savefig(tmp, dpi=110, format="png"))
     plt.close(axes[0].figure)
 
@@ -216,17 +216,15 @@ def _write_csv(ds, path: str) -> None:
     # the kind of each row, and each time, formatted once (not once per row or series)
     coded = {"kind": (np.repeat(np.arange(len(sizes)), sizes), ["data", "forecast"])}
     kind = out["time"].dtype.kind
-    if kind == "O" and is_cftime_array(out["time"].to_numpy()):  # a model calendar's dates
-        import pandas as pd
-
-        codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)
-        coded["time"] = (codes, _cf_texts(np.asarray(uniques)))
-    elif kind in "fM":
+    cf = kind == "O" and is_cftime_array(out["time"].to_numpy())  # a model calendar's dates
+    if cf or kind in "fM":
         import pandas as pd
 
         codes, uniques = pd.factorize(out["time"], use_na_sentinel=False)
         uniques = np.asarray(uniques)
-        if kind == "f":  # times exactly as read (shortest round-trip text)
+        if cf:
+            texts = _cf_texts(uniques)
+        elif kind == "f":  # times exactly as read (shortest round-trip text)
             texts = [
                 str(int(t)) if t.is_integer() and abs(t) < 2.0**53 else repr(t)
                 for t in uniques.astype(np.float64).tolist()
