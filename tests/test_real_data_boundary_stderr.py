@@ -173,8 +173,8 @@ def test_theta_on_its_bound_holds_mu_too():
     )  # fmt: skip
     est = {"theta": np.array([1e-14]), "sigma2": np.array([3.0]), "mu": np.array([0.0]),
            "obs_var": np.array([5.0])}  # fmt: skip
-    core = SimpleNamespace(opt=opt, data=SimpleNamespace(n_obs=np.array([100])), s=np.ones(1),
-                           est=est)  # fmt: skip
+    data = SimpleNamespace(n_obs=np.array([100]), free=free, fixed={}, joint=False)
+    core = SimpleNamespace(opt=opt, data=data, s=np.ones(1), est=est)
     se, ok, why = _standard_errors(core, free, joint=False)
     assert ok.tolist() == [True] and why.tolist() == [""]
     assert np.isnan(se["theta"][0]) and np.isnan(se["mu"][0])

@@ -43,6 +43,7 @@ from kalmanscan.timeseries.objective import (  # noqa: F401 (the fit's evaluatio
     _SMALL,
     _Data,
     _from_prior_np,
+    _held,
     _lane_arrays,
     _lane_arrays_np,
     _lean_available,
@@ -219,25 +220,6 @@ def _white_noise(data: _Data, dt: np.ndarray, usable: np.ndarray) -> _WhiteNoise
     var = np.where(ok & (var > 0), var, 1.0)
     f = 0.5 * (np.log(2 * np.pi * var) + 1.0)
     return _WhiteNoise(data, float(steps.min()), mean, var, f)
-
-
-def _held(data: _Data, at_boundary: np.ndarray) -> np.ndarray:
-    """``[G, k]``: the free estimates held in the observed information: those on their bound,
-    ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0),
-    and ``theta`` where the level is constant (``sigma2`` on its bound: no ``theta`` moves it)."""
-    free = data.free
-    bound = np.asarray(at_boundary, dtype=bool)
-    held = bound.copy()
-    if "mu" in free:
-        m = free.index("mu")
-        if "theta" in free:
-            held[:, m] |= bound[:, free.index("theta")]
-        elif "theta" in data.fixed:
-            zero = np.asarray(data.fixed["theta"]) == 0
-            held[:, m] |= np.array([zero.all()]) if data.joint else zero
-    if "theta" in free and "sigma2" in free:  # (mu stays: the constant level is mu)
-        held[:, free.index("theta")] |= bound[:, free.index("sigma2")]
-    return held
 
 
 def _refine_small(data: _Data, opt: optim.NewtonResult, positive):

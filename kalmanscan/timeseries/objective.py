@@ -367,3 +367,22 @@ def _natural_hessian(data: _Data, x: np.ndarray, idx, on_bound=None) -> tuple:
         span = np.where(fwd[:, j], 1.0, 2.0) * h[:, j]
         H[:, :, j] = (g[1 + 2 * j] - g[2 + 2 * j]) / span[:, None]
     return -ll[0], g[0], 0.5 * (H + np.swapaxes(H, 1, 2))
+
+
+def _held(data: _Data, at_boundary: np.ndarray) -> np.ndarray:
+    """``[G, k]``: the free estimates held in the observed information: those on their bound,
+    ``mu`` where the random walk does not depend on it (``theta`` on its bound, or fixed at 0),
+    and ``theta`` where the level is constant (``sigma2`` on its bound: no ``theta`` moves it)."""
+    free = data.free
+    bound = np.asarray(at_boundary, dtype=bool)
+    held = bound.copy()
+    if "mu" in free:
+        m = free.index("mu")
+        if "theta" in free:
+            held[:, m] |= bound[:, free.index("theta")]
+        elif "theta" in data.fixed:
+            zero = np.asarray(data.fixed["theta"]) == 0
+            held[:, m] |= np.array([zero.all()]) if data.joint else zero
+    if "theta" in free and "sigma2" in free:  # (mu stays: the constant level is mu)
+        held[:, free.index("theta")] |= bound[:, free.index("sigma2")]
+    return held

@@ -23,7 +23,7 @@ import numpy as np
 
 from kalmanscan.timeseries import optim
 from kalmanscan.timeseries.model import PARAMS
-from kalmanscan.timeseries.objective import _POSITIVE, _SMALL, _natural_hessian
+from kalmanscan.timeseries.objective import _POSITIVE, _SMALL, _held, _natural_hessian
 
 if TYPE_CHECKING:
     from kalmanscan.timeseries.fit import _Core
@@ -127,13 +127,7 @@ def _standard_errors(core: _Core, free, joint, hess=None):
         unit = {"theta": 1 / tau, "sigma2": s**2 / tau, "mu": s, "obs_var": s**2}
         jac = np.stack([np.broadcast_to(unit[p], (G,)) for p in free], 1) * dj  # natural / std
     Hu = 0.5 * (Hu + np.swapaxes(Hu, 1, 2))
-    held = opt.at_boundary.copy()
-    if "theta" in free and "mu" in free:
-        held[:, free.index("mu")] |= held[:, free.index("theta")]
-    elif "mu" in free:  # theta fixed: at 0 (a random walk) mu does not enter the likelihood
-        held[:, free.index("mu")] |= _mu_unused(core, joint)
-    if "theta" in free and "sigma2" in free:  # a constant level: no theta moves it
-        held[:, free.index("theta")] |= opt.at_boundary[:, free.index("sigma2")]
+    held = _held(core.data, opt.at_boundary)  # (the bounds, and what they leave unidentified)
     why = np.full(G, "", dtype=object)
     why[opt.status != optim.CONVERGED] = "the fit did not converge"
     why[(why == "") & held.all(1)] = "every free estimate is on its boundary"
