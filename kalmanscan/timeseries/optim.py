@@ -29,6 +29,10 @@ _BOUND_TARGET = math.log(1e-14)  # where one heading for its bound is put (its e
 _PROBES = tuple(math.log(v) for v in (1e-6, 1e-4, 1e-2))  # checks that a bound is the best
 U_LIMIT = 230.0  # |u| beyond this (e^230 ~ 1e100 times the data scale): diverged, not identified
 _STEP_CAP = 5.0  # largest Newton move in u per iteration (a factor e^5 in a positive parameter)
+_CRAWL_EVERY = 10  # a group still running checks every this many iterations,
+_CRAWL_FROM = 20  # from this iteration on (groups that converge sooner keep their paths),
+_CRAWL_FALL = 0.05  # whether a positive coordinate fell by more than this in u over them
+_CRAWL_GAIN = 1e-6  # while the objective fell by less than this relative to 1 + |f|
 
 # status codes per group
 RUNNING, CONVERGED, MAX_ITER, LINE_SEARCH, DIVERGED, NOT_FINITE, SETTLED = 0, 1, 2, 3, 4, 5, 6
@@ -132,6 +136,67 @@ def newton_direction(
     return np.where(free, d, 0.0)
 
 
+class _Crawl:
+    """Groups crawling towards a bound along a curved valley, and the fits that end the crawl.
+
+    An OU series that is nearly white noise: ``theta``, ``sigma2`` and ``obs_var`` trade at one
+    lag-one correlation, and the likelihood rises, by 1e-8 over hundreds of iterations, as
+    ``obs_var`` goes to 0. The valley curves in the coordinates and is narrow (its walls have
+    unit curvature), so each Newton step bounces between the walls and advances a hundredth of
+    a unit: 500 iterations, not converged, although the maximum is on the bound ``obs_var = 0``
+    (and there well identified). Every ``_CRAWL_EVERY`` iterations from ``_CRAWL_FROM`` on, a
+    group still running whose positive coordinate fell by more than ``_CRAWL_FALL`` over the
+    last ones while the objective gained less than ``_CRAWL_GAIN`` is fitted with that
+    coordinate on its bound (its target ``e^-32``; a :func:`minimize` of the other coordinates
+    from where they are); where that fit converges lower than the group is, the group moves
+    there and goes on from it (the bound then passes the usual probes, or is left)."""
+
+    def __init__(self, G: int, k: int):
+        self.u = np.zeros((G, k))  # where the group was at iteration ``at``
+        self.f = np.zeros(G)
+        self.at = np.full(G, -1, dtype=np.int64)
+
+    def to_bounds(self, idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic):
+        """``[idx.size]`` bool: the groups moved (``point`` and ``n_iter`` updated in place;
+        their stencil is taken there next)."""
+        moved = np.zeros(idx.size, bool)
+        ni = n_iter[idx]
+        fresh = (self.at[idx] < 0) & (ni >= _CRAWL_FROM - _CRAWL_EVERY)
+        self._mark(idx[fresh], u, f, n_iter)
+        due = np.flatnonzero((self.at[idx] >= 0) & (ni - self.at[idx] >= _CRAWL_EVERY))
+        if due.size == 0:
+            return moved
+        b = idx[due]
+        fall = self.u[b] - u[b]  # [n, k]
+        slow = self.f[b] - f[b] < _CRAWL_GAIN * (1 + np.abs(f[b]))
+        cand = positive[None, :] & (fall > _CRAWL_FALL) & slow[:, None] & (u[b] > _BOUND_TARGET)
+        free = np.ones(b.size, bool)
+        for j in np.flatnonzero(cand.any(0)):
+            c = np.flatnonzero(cand[:, j] & free)
+            if c.size == 0:
+                continue
+            free[c] = False
+            g = b[c]
+            keep = np.delete(np.arange(u.shape[1]), j)
+
+            def on_bound(U, i, g=g, j=j):
+                return fun(np.insert(U, j, _BOUND_TARGET, axis=-1), g[i])
+
+            sub = minimize(
+                on_bound, u[g][:, keep], positive[keep], max_iter=100, gtol=gtol, xtol=1e-3 * xtol,
+                h=h[keep], quadratic=None if quadratic is None else np.asarray(quadratic)[keep],
+            )  # fmt: skip
+            ok = (sub.status == CONVERGED) & (sub.f < f[g] - 1e-13 * (1 + np.abs(f[g])))
+            point[g[ok]] = np.insert(sub.u[ok], j, _BOUND_TARGET, axis=-1)
+            n_iter[g[ok]] += sub.n_iter[ok]
+            moved[due[c[ok]]] = True
+        self._mark(b, u, f, n_iter)
+        return moved
+
+    def _mark(self, g, u, f, n_iter):
+        self.u[g], self.f[g], self.at[g] = u[g], f[g], n_iter[g]
+
+
 def held_covariances(Hu: np.ndarray, held: np.ndarray, usable: np.ndarray):
     """Inverse observed information with the estimates on their boundary held fixed.
 
@@ -207,6 +272,7 @@ def minimize(
     d = np.zeros((G, k))
     slope = np.zeros(G)
     down = np.zeros((G, k), dtype=np.int64)  # consecutive Newton steps taking a coordinate down
+    crawl = _Crawl(G, k)
     first = True
     while True:
         idx = np.flatnonzero(todo)
@@ -252,6 +318,11 @@ def minimize(
             status[idx[st]] = SETTLED
             todo[idx[st]] = False
             idx = idx[~st]
+        if idx.size == 0:
+            continue
+        moved = crawl.to_bounds(idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic)
+        idx = idx[~moved]
+        trial[np.setdiff1d(take, idx)] = False  # moved: the next stencil is at the new point
         if idx.size == 0:
             continue
         ui, gi, Hi = u[idx], g[idx], H[idx]

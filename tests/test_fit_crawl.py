@@ -1,0 +1,91 @@
+"""fit_ou along a curved valley to a bound: an OU series nearly white (decay e^-6 a step, buried
+in noise) whose likelihood rises, by 2e-8 over hundreds of Newton iterations, as obs_var goes to 0
+while theta and sigma2 trade at one lag-one correlation. The steps bounced between the valley's
+walls: 500 iterations, "did not converge", no standard errors (one of 1,000 random OU series).
+The maximum is on the bound obs_var = 0, where the model is an AR(1) and well identified; the
+optimizer now fits that bound once a positive estimate keeps falling while the likelihood
+barely rises, and moves there where it is higher. Estimates with another on its bound are
+finished with exact gradients (the stencil's are 1e-7 off)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import kalmanscan as ks
+from kalmanscan.timeseries import OUModel, optim
+
+
+def _fit(z, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ks.fit_ou(z, **kw)
+
+
+@pytest.fixture(scope="module")
+def buried():
+    """1,000 random OU series in noise (benchmarks/fit_hard.py's): theta 0.01-1, sigma2 and
+    obs_var 0.1-10, 500 steps."""
+    rng = np.random.default_rng(5)
+    n = 1000
+    th = np.exp(rng.uniform(np.log(0.01), np.log(1.0), n))
+    s2 = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
+    ov = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
+    model = OUModel(theta=th, sigma2=s2, mu=rng.normal(size=n) * 3, obs_var=ov)
+    return model.simulate(n=500, seed=22)[1]
+
+
+def test_the_crawling_series_converges_on_its_bound(buried):
+    z = buried[:, 740]
+    fit = _fit(z)
+    assert fit.converged and fit.n_iter <= 60  # (500, unconverged, before)
+    assert fit.at_boundary["obs_var"]
+    # the truth: the fit with obs_var held at 1e-30 (an AR(1), 17 iterations from the default
+    # start), whose log-likelihood is the supremum's
+    held = _fit(z, fix={"obs_var": 1e-30})
+    assert held.converged
+    assert fit.loglik == pytest.approx(held.loglik, abs=1e-9)
+    for p in ("theta", "sigma2", "mu"):  # to 1e-6 of a standard error (theta's is 21)
+        assert abs(fit.params[p] - held.params[p]) <= 1e-6 * fit.stderr[p], p
+    # the bound is the maximum: no obs_var above it does better
+    for ov in (1e-4, 1e-2, 1.0):
+        assert _fit(z, fix={"obs_var": ov}).loglik < fit.loglik
+    assert np.isfinite(fit.stderr["theta"]) and np.isfinite(fit.stderr["sigma2"])
+
+
+def test_a_thousand_random_ou_series_all_converge(buried):
+    fit = _fit(buried)
+    assert fit.converged.all()  # (999 of 1,000 before)
+    assert fit.n_iter <= 100  # (500 before)
+
+
+def test_groups_that_converge_early_keep_their_paths():
+    """The check starts at iteration 20: a fit that converges before it is untouched."""
+    assert optim._CRAWL_FROM >= 20
+    z = np.random.default_rng(3).normal(size=300).cumsum()
+    fit = _fit(z)
+    assert fit.converged and fit.n_iter < optim._CRAWL_FROM
+
+
+def test_white_noise_series_take_tens_of_iterations():
+    Z = np.random.default_rng(1).normal(size=(500, 40))
+    fit = _fit(Z)
+    assert fit.converged.all() and fit.n_iter <= 100  # (329 before)
+
+
+@pytest.mark.parametrize(
+    ("z", "want"),
+    [
+        (np.array([3.0, 5, 4, 6, 8, 7, 9, 12, 11, 10]), 29 / 9),
+        (np.array([10.0, 10, 10, 10, 11, 10, 10, 9, 10, 10, 12, 13, 13, 13, 13, 12, 12, 12, 13,
+                   13]), 11 / 19),
+    ],
+)  # fmt: skip
+def test_an_estimate_beside_a_bound_is_exact(z, want):
+    """A noise-free random walk (obs_var on its bound 0): sigma2 is the mean squared increment,
+    now to rounding (the stencil's gradient left it 1.7e-7 off)."""
+    fit = _fit(z, fix={"theta": 0.0, "mu": 0.0})
+    assert fit.at_boundary["obs_var"]
+    d = np.diff(z)
+    assert float(np.mean(d * d)) == pytest.approx(want, rel=1e-15)
+    assert fit.params["sigma2"] == pytest.approx(want, rel=1e-11)
