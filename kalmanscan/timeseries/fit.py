@@ -239,16 +239,23 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     released. Steps go on while the likelihood does not fall (to a step of 1e-8 relative,
     ``_REFINE_ITER`` at most); the result replaces the optimizer's where its likelihood is at
     least as high (to rounding), with ``at_boundary`` set for the estimates left on their bound.
+
+    Returns ``(opt, H [G, k, k])``: ``H`` the exact-gradient Hessian (:func:`_natural_hessian`)
+    at the estimate where this made one there (NaN elsewhere), for the standard errors.
     """
     x_all = _natural(opt.u, positive)
     held0 = _held(data, opt.at_boundary)
     small = positive[None, :] & ~held0 & (x_all < _SMALL)
-    # and those with an estimate on its bound: the others finished with exact gradients (the
-    # stencil's are 1e-7 off in a small sample's variance)
-    on_bound = (positive[None, :] & opt.at_boundary).any(1) & (~held0).any(1)
+    # and those the optimizer moved to a bound (its crawl fits): the others were finished there
+    # by the stencil alone (1e-7 off in a small sample's variance, where the path that came down
+    # to the bound passed through here)
+    crawled = np.zeros(opt.u.shape[0], bool) if opt.crawled is None else opt.crawled
+    on_bound = crawled & (positive[None, :] & opt.at_boundary).any(1) & (~held0).any(1)
     cand = np.flatnonzero((opt.status == optim.CONVERGED) & (small.any(1) | on_bound))
+    G, k = opt.u.shape
+    H_out = np.full((G, k, k), np.nan)
     if cand.size == 0:
-        return opt
+        return opt, H_out
     n_tot = np.array([data.n_obs.sum()]) if data.joint else data.n_obs
     n_tot = np.maximum(n_tot, 1).astype(np.float64)[cand]
     f_opt = opt.f[cand] * n_tot  # the optimizer's total negative log-likelihood
@@ -262,6 +269,8 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     checked = np.zeros(cand.size, bool)  # prev holds a point whose likelihood was evaluated
     f_last = np.full(cand.size, np.nan)
     iters = np.zeros(cand.size, np.int64)
+    H_first = np.full((cand.size, k, k), np.nan)  # at the optimizer's point
+    H_prev = np.full((cand.size, k, k), np.nan)  # at prev[0]
     for _ in range(_REFINE_ITER):
         a = np.flatnonzero(live)
         if a.size == 0:
@@ -277,6 +286,8 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
         live[back] = False
         a, fa, ga, Ha = a[~worse], fa[~worse], ga[~worse], Ha[~worse]
         prev[0][a], prev[1][a], prev[2][a] = x[a], on[a], fa
+        H_prev[a] = Ha
+        H_first[a[iters[a] == 0]] = Ha[iters[a] == 0]
         checked[a] = True
         f_last[a] = fa
         iters[a] += 1
@@ -310,13 +321,16 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     fin_x, fin_on = prev[0], prev[1]
     pending = live | (prev[2] == np.inf)
     if pending.any():  # evaluate the points not yet evaluated
-        p = np.flatnonzero(pending)
-        fp = -_natural_grad(data, x[p][None], cand[p])[0][0]
+        p = np.flatnonzero(pending)  # (the value only: the fit's own objective, in u)
+        up = np.where(positive, np.log(np.maximum(x[p], 1e-300)), x[p])
+        fp = _objective(data)(up[None], cand[p])[0] * n_tot[p]
         use = np.isfinite(fp)
         fin_x[p[use]], fin_on[p[use]], f_last[p[use]] = x[p[use]], on[p[use]], fp[use]
+        H_prev[p[use]] = np.nan  # (no Hessian there)
     better = np.isfinite(f_last) & (f_last <= f_opt + 1e-13 * (1 + np.abs(f_opt)))
+    H_out[cand] = np.where(better[:, None, None], H_prev, H_first)
     if not better.any():
-        return opt
+        return opt, H_out
     g = cand[better]
     u, f = opt.u.copy(), opt.f.copy()
     xb = fin_x[better]
@@ -327,7 +341,7 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     at_b[g] |= fin_on[better]
     n_iter = opt.n_iter.copy()
     n_iter[g] += iters[better]
-    return opt._replace(u=u, f=f, at_boundary=at_b, n_iter=n_iter)
+    return opt._replace(u=u, f=f, at_boundary=at_b, n_iter=n_iter), H_out
 
 
 def _newton_steps(g: np.ndarray, H: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -362,6 +376,9 @@ class _Core(NamedTuple):
     filtered: object
     data: _Data
     white: np.ndarray | None = None  # [G]: groups found to be white noise (_white_noise)
+    # [G, k, k]: the exact-gradient Hessian at the estimate where _refine_small made it (NaN
+    # elsewhere), which the standard errors reuse
+    exact_hessian: np.ndarray | None = None
 
 
 def _fit_core(
@@ -434,7 +451,7 @@ def _fit_core(
         )  # fmt: skip
         if white is not None:
             opt, white = white.place(opt)
-        opt = _refine_small(data, opt, positive)
+        opt, exact_h = _refine_small(data, opt, positive)
     else:  # nothing to fit (a profile point of the only free parameter): the likelihood only
         status = np.where(active, optim.CONVERGED, optim.RUNNING)
         empty = np.zeros((G, 0))
@@ -442,6 +459,7 @@ def _fit_core(
             empty, np.full(G, np.nan), empty, np.zeros((G, 0, 0)), empty.astype(bool), status,
             np.zeros(G, np.int64),
         )  # fmt: skip
+        exact_h = None
     # natural estimates per series
     x = {}
     for j, p in enumerate(free):
@@ -476,7 +494,7 @@ def _fit_core(
     ll_std = res.loglik.reshape(N).cpu().numpy()
     diffuse = (x["theta"] == 0) & (n_obs >= 1)
     loglik = ll_std - (n_obs - diffuse) * np.log(s)
-    return _Core(est, loglik, opt, m, s, tau, usable, res, data, white)
+    return _Core(est, loglik, opt, m, s, tau, usable, res, data, white, exact_h)
 
 
 def _names(idx, labels, limit: int = 5) -> str:

@@ -50,7 +50,7 @@ STATUS_TEXT = {
 class NewtonResult(NamedTuple):
     """``u [G, k]``, objective ``f [G]``, gradient ``g [G, k]`` and Hessian ``H [G, k, k]`` at
     ``u`` (stencil estimates), ``at_boundary [G, k]``, ``status [G]`` (codes above), ``n_iter
-    [G]``."""
+    [G]``, ``crawled [G]``: groups moved to a bound by a fit there (:class:`_Crawl`)."""
 
     u: np.ndarray
     f: np.ndarray
@@ -59,6 +59,7 @@ class NewtonResult(NamedTuple):
     at_boundary: np.ndarray
     status: np.ndarray
     n_iter: np.ndarray
+    crawled: np.ndarray | None = None
 
 
 def stencil(k: int) -> np.ndarray:
@@ -155,6 +156,7 @@ class _Crawl:
         self.u = np.zeros((G, k))  # where the group was at iteration ``at``
         self.f = np.zeros(G)
         self.at = np.full(G, -1, dtype=np.int64)
+        self.moved = np.zeros(G, bool)  # groups moved to a bound here
 
     def to_bounds(self, idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic):
         """``[idx.size]`` bool: the groups moved (``point`` and ``n_iter`` updated in place;
@@ -189,6 +191,7 @@ class _Crawl:
             ok = (sub.status == CONVERGED) & (sub.f < f[g] - 1e-13 * (1 + np.abs(f[g])))
             point[g[ok]] = np.insert(sub.u[ok], j, _BOUND_TARGET, axis=-1)
             n_iter[g[ok]] += sub.n_iter[ok]
+            self.moved[g[ok]] = True
             moved[due[c[ok]]] = True
         self._mark(b, u, f, n_iter)
         return moved
@@ -375,4 +378,4 @@ def minimize(
         d[idx], slope[idx] = di, (gi * di).sum(1)
         point[idx] = ui + di
         trial[idx] = True
-    return NewtonResult(u, f, g, H, at_bound, status, n_iter)
+    return NewtonResult(u, f, g, H, at_bound, status, n_iter, crawl.moved)

@@ -77,12 +77,17 @@ def _needs_exact_hessian(core: _Core, free, why) -> np.ndarray | None:
 def _information(core: _Core, free, idx=None) -> np.ndarray:
     """``[G, k, k]``: the Hessian of the total negative log-likelihood in the free parameters
     (natural standardized units) at the estimate of the converged groups ``idx`` (all when
-    None), from exact gradients (:func:`_natural_hessian`; NaN elsewhere)."""
+    None), from exact gradients (:func:`_natural_hessian`; NaN elsewhere); the fit's own where
+    its last steps made one there (``_Core.exact_hessian``)."""
     opt, data = core.opt, core.data
     G, k = opt.u.shape
     H = np.full((G, k, k), np.nan)
     conv = np.flatnonzero(opt.status == optim.CONVERGED)
     idx = conv if idx is None else np.intersect1d(conv, idx)
+    if idx.size and k and core.exact_hessian is not None:  # made by the fit's last steps
+        known = np.isfinite(core.exact_hessian[idx]).all((1, 2))
+        H[idx[known]] = core.exact_hessian[idx[known]]
+        idx = idx[~known]
     if idx.size and k:
         positive = np.array([p in _POSITIVE for p in free], dtype=bool)
         x = _natural(opt.u[idx], positive)
