@@ -89,3 +89,43 @@ def test_an_estimate_beside_a_bound_is_exact(z, want):
     d = np.diff(z)
     assert float(np.mean(d * d)) == pytest.approx(want, rel=1e-15)
     assert fit.params["sigma2"] == pytest.approx(want, rel=1e-11)
+
+
+def test_standard_errors_reuse_the_finish_hessian(monkeypatch):
+    """Mauna Loa CO2, a near random walk (theta 2e-4 a week: finished by _refine_small in
+    natural coordinates), computes the exact Hessian at the estimate once, for both the finish
+    and the standard errors; the errors equal those from a Hessian made afresh there."""
+    from kalmanscan.timeseries import fit as fit_mod
+    from kalmanscan.timeseries import uncertainty
+
+    co2 = pytest.importorskip("statsmodels.datasets.co2")
+    z = co2.load_pandas().data["co2"].to_numpy()
+    calls = {"fit": 0, "stderr": 0}
+
+    def counting(where, real):
+        def f(*a, **k):
+            calls[where] += 1
+            return real(*a, **k)
+
+        return f
+
+    monkeypatch.setattr(fit_mod, "_natural_hessian", counting("fit", fit_mod._natural_hessian))
+    monkeypatch.setattr(
+        uncertainty, "_natural_hessian", counting("stderr", uncertainty._natural_hessian)
+    )
+    fit = _fit(z)
+    assert fit.converged and calls["fit"] >= 1  # finished in natural coordinates
+    assert calls["stderr"] == 0  # (one more filter-and-adjoint call of 1 + 2k points, before)
+    # the same fit with the finish's Hessian withheld: the standard errors make their own
+    real_refine = fit_mod._refine_small
+
+    def withheld(*a, **k):
+        opt, H = real_refine(*a, **k)
+        return opt, np.full_like(H, np.nan)
+
+    monkeypatch.setattr(fit_mod, "_refine_small", withheld)
+    again = _fit(z)
+    assert calls["stderr"] == 1
+    for p in ("theta", "sigma2", "mu", "obs_var"):
+        assert again.params[p] == fit.params[p]
+        assert again.stderr[p] == pytest.approx(fit.stderr[p], rel=1e-9, nan_ok=True), p
