@@ -94,7 +94,8 @@ def test_an_estimate_beside_a_bound_is_exact(z, want):
 def test_standard_errors_reuse_the_finish_hessian(monkeypatch):
     """Mauna Loa CO2, a near random walk (theta 2e-4 a week: finished by _refine_small in
     natural coordinates), computes the exact Hessian at the estimate once, for both the finish
-    and the standard errors; the errors equal those from a Hessian made afresh there."""
+    and the standard errors; the errors equal those from a Hessian made afresh there (to 1e-6:
+    the finish's last step, below 1e-5 relative, is taken without a Hessian after it)."""
     from kalmanscan.timeseries import fit as fit_mod
     from kalmanscan.timeseries import uncertainty
 
@@ -128,4 +129,4 @@ def test_standard_errors_reuse_the_finish_hessian(monkeypatch):
     assert calls["stderr"] == 1
     for p in ("theta", "sigma2", "mu", "obs_var"):
         assert again.params[p] == fit.params[p]
-        assert again.stderr[p] == pytest.approx(fit.stderr[p], rel=1e-9, nan_ok=True), p
+        assert again.stderr[p] == pytest.approx(fit.stderr[p], rel=1e-6, nan_ok=True), p

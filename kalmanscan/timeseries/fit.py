@@ -83,6 +83,7 @@ _STENCIL_H = 1e-3  # central-difference step in the standardized unconstrained c
 # million-step sum (~1e-13), and Newton wandered in mu with noise for a Hessian
 _STENCIL_H_MU = 1.0
 _REFINE_ITER = 20  # Newton steps in natural coordinates finishing a small estimate (_refine_small)
+_LAST_STEP = 1e-5  # a step below this relative is _refine_small's last (no Hessian after it)
 # set by :func:`_one_chunk` (this thread only) while a fit sees one chunk of a larger array
 _ONE_CHUNK = contextvars.ContextVar("kalmanscan_fit_one_chunk", default=False)
 
@@ -241,16 +242,16 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     least as high (to rounding), with ``at_boundary`` set for the estimates left on their bound.
 
     Returns ``(opt, H [G, k, k])``: ``H`` the exact-gradient Hessian (:func:`_natural_hessian`)
-    at the estimate where this made one there (NaN elsewhere), for the standard errors.
+    at the estimate where this made one there, or at the point one step below ``_LAST_STEP``
+    relative before it (NaN elsewhere), for the standard errors.
     """
     x_all = _natural(opt.u, positive)
     held0 = _held(data, opt.at_boundary)
     small = positive[None, :] & ~held0 & (x_all < _SMALL)
-    # and those the optimizer moved to a bound (its crawl fits): the others were finished there
-    # by the stencil alone (1e-7 off in a small sample's variance, where the path that came down
-    # to the bound passed through here)
-    crawled = np.zeros(opt.u.shape[0], bool) if opt.crawled is None else opt.crawled
-    on_bound = crawled & (positive[None, :] & opt.at_boundary).any(1) & (~held0).any(1)
+    # and those with an estimate on its bound: the stencil finished the others (its gradient is
+    # O(h^2) off: a small sample's variance 1.7e-7 off the closed form); the exact Hessian made
+    # here is the one their standard errors need anyway
+    on_bound = (positive[None, :] & opt.at_boundary).any(1) & (~held0).any(1)
     cand = np.flatnonzero((opt.status == optim.CONVERGED) & (small.any(1) | on_bound))
     G, k = opt.u.shape
     H_out = np.full((G, k, k), np.nan)
@@ -271,6 +272,7 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
     iters = np.zeros(cand.size, np.int64)
     H_first = np.full((cand.size, k, k), np.nan)  # at the optimizer's point
     H_prev = np.full((cand.size, k, k), np.nan)  # at prev[0]
+    keep_h = np.zeros(cand.size, bool)  # a last step below _LAST_STEP: H_prev stands for it
     for _ in range(_REFINE_ITER):
         a = np.flatnonzero(live)
         if a.size == 0:
@@ -317,6 +319,15 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
         tiny = np.where(positive[None, :], np.abs(d) <= 1e-8 * xa, np.abs(d) <= 1e-8)
         settled = (tiny | stay | held[a]).all(1) & (t == 1.0) & ~moved.any(1)
         live[a[settled]] = False  # its last step taken: rounding is all that is left
+        # a step below _LAST_STEP relative is the last: the point it reaches is evaluated at the
+        # end (its value only), and the Hessian of the point before stands for it (the standard
+        # errors' then differ by O(_LAST_STEP) relative at most: a step of ~1e-7 from the
+        # stencil's estimate moves them ~1e-7)
+        near = np.where(positive[None, :], np.abs(d) <= _LAST_STEP * xa, np.abs(d) <= _LAST_STEP)
+        last = (near | stay | held[a]).all(1) & (t == 1.0) & ~moved.any(1) & ~settled
+        live[a[last]] = False
+        prev[2][a[last]] = np.inf
+        keep_h[a[last]] = True
     # the point to keep per group: the last one evaluated, unless a later step is pending
     fin_x, fin_on = prev[0], prev[1]
     pending = live | (prev[2] == np.inf)
@@ -326,7 +337,7 @@ def _refine_small(data: _Data, opt: optim.NewtonResult, positive):
         fp = _objective(data)(up[None], cand[p])[0] * n_tot[p]
         use = np.isfinite(fp)
         fin_x[p[use]], fin_on[p[use]], f_last[p[use]] = x[p[use]], on[p[use]], fp[use]
-        H_prev[p[use]] = np.nan  # (no Hessian there)
+        H_prev[p[use & ~keep_h[p]]] = np.nan  # (no Hessian there)
     better = np.isfinite(f_last) & (f_last <= f_opt + 1e-13 * (1 + np.abs(f_opt)))
     H_out[cand] = np.where(better[:, None, None], H_prev, H_first)
     if not better.any():
@@ -446,6 +457,7 @@ def _fit_core(
         opt = optim.minimize(
             _objective(data), u0, positive, max_iter=max_iter, gtol=tol,
             h=np.array([_STENCIL_H_MU if p == "mu" else _STENCIL_H for p in free]),
+            h_cross=_STENCIL_H,
             active=active, quadratic=np.array([p == "mu" for p in free]),
             settled=None if white is None else white.settled,
         )  # fmt: skip

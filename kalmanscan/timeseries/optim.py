@@ -50,7 +50,7 @@ STATUS_TEXT = {
 class NewtonResult(NamedTuple):
     """``u [G, k]``, objective ``f [G]``, gradient ``g [G, k]`` and Hessian ``H [G, k, k]`` at
     ``u`` (stencil estimates), ``at_boundary [G, k]``, ``status [G]`` (codes above), ``n_iter
-    [G]``, ``crawled [G]``: groups moved to a bound by a fit there (:class:`_Crawl`)."""
+    [G]``."""
 
     u: np.ndarray
     f: np.ndarray
@@ -59,7 +59,6 @@ class NewtonResult(NamedTuple):
     at_boundary: np.ndarray
     status: np.ndarray
     n_iter: np.ndarray
-    crawled: np.ndarray | None = None
 
 
 def stencil(k: int) -> np.ndarray:
@@ -78,15 +77,22 @@ def stencil(k: int) -> np.ndarray:
     return np.stack(pts)
 
 
-def derivatives(fv: np.ndarray, k: int, h):
+def derivatives(fv: np.ndarray, k: int, h, h_cross=None):
     """``(f [n], g [n, k], H [n, k, k])`` from values ``fv [P, n]`` at :func:`stencil` points
-    scaled by the steps ``h`` (one for all coordinates, or one a coordinate ``[k]``).
+    scaled by the steps ``h`` (one for all coordinates, or one a coordinate ``[k]``), the mixed
+    points ``±(e_i + e_j)`` by ``h_cross`` (default ``h``).
 
     Central differences, error ``O(h^2)``: ``g_j = (f(+e_j) - f(-e_j)) / 2h_j``,
     ``H_jj = (f(+e_j) - 2 f + f(-e_j)) / h_j^2``, and
-    ``H_ij = (f(+e_i+e_j) + f(-e_i-e_j) - f(+e_i) - f(-e_i) - f(+e_j) - f(-e_j) + 2 f) / 2h_ih_j``.
+    ``H_ij = (f(+e_i+e_j) + f(-e_i-e_j) - f(+e_i) - f(-e_i) - f(+e_j) - f(-e_j) + 2 f) / 2h_ih_j``
+    with every step there ``h_cross``. A coordinate whose ``h_cross`` differs from its ``h``
+    must be one in which the objective is exactly quadratic: its ``f(+e_i) + f(-e_i) - 2 f`` at
+    ``h_cross`` is then the one at ``h`` times ``(h_cross / h)^2``. (The mixed formula's error
+    has a term ``h_i h_j d4f/di2dj2 / 4``, which a long step in a quadratic coordinate does not
+    cancel: ``mu``'s whole unit left the standard errors 1.3e-4 off.)
     """
     h = np.broadcast_to(np.asarray(h, dtype=np.float64), (k,))
+    hc = h if h_cross is None else np.broadcast_to(np.asarray(h_cross, dtype=np.float64), (k,))
     f0 = fv[0]
     n = fv.shape[1]
     plus, minus = fv[1 : 1 + 2 * k : 2], fv[2 : 2 + 2 * k : 2]  # [k, n]
@@ -96,9 +102,11 @@ def derivatives(fv: np.ndarray, k: int, h):
     for j in range(k):
         H[:, j, j] = diag[j]
     base = 1 + 2 * k
+    # f(+e_j) + f(-e_j) - 2 f at the mixed points' steps
+    second = (plus + minus - 2 * f0) * ((hc / h) ** 2)[:, None]  # [k, n]
     for m, (i, j) in enumerate(itertools.combinations(range(k), 2)):
         pp, mm = fv[base + 2 * m], fv[base + 2 * m + 1]
-        hij = (pp + mm - plus[i] - minus[i] - plus[j] - minus[j] + 2 * f0) / (2 * h[i] * h[j])
+        hij = (pp + mm - second[i] - second[j] - 2 * f0) / (2 * hc[i] * hc[j])
         H[:, i, j] = H[:, j, i] = hij
     return f0, g, H
 
@@ -156,9 +164,8 @@ class _Crawl:
         self.u = np.zeros((G, k))  # where the group was at iteration ``at``
         self.f = np.zeros(G)
         self.at = np.full(G, -1, dtype=np.int64)
-        self.moved = np.zeros(G, bool)  # groups moved to a bound here
 
-    def to_bounds(self, idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic):
+    def to_bounds(self, idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, hc, quadratic):
         """``[idx.size]`` bool: the groups moved (``point`` and ``n_iter`` updated in place;
         their stencil is taken there next)."""
         moved = np.zeros(idx.size, bool)
@@ -186,12 +193,12 @@ class _Crawl:
 
             sub = minimize(
                 on_bound, u[g][:, keep], positive[keep], max_iter=100, gtol=gtol, xtol=1e-3 * xtol,
-                h=h[keep], quadratic=None if quadratic is None else np.asarray(quadratic)[keep],
+                h=h[keep], h_cross=hc[keep],
+                quadratic=None if quadratic is None else np.asarray(quadratic)[keep],
             )  # fmt: skip
             ok = (sub.status == CONVERGED) & (sub.f < f[g] - 1e-13 * (1 + np.abs(f[g])))
             point[g[ok]] = np.insert(sub.u[ok], j, _BOUND_TARGET, axis=-1)
             n_iter[g[ok]] += sub.n_iter[ok]
-            self.moved[g[ok]] = True
             moved[due[c[ok]]] = True
         self._mark(b, u, f, n_iter)
         return moved
@@ -233,6 +240,7 @@ def minimize(
     gtol: float,
     xtol: float = 1e-5,
     h=1e-4,
+    h_cross=None,
     active: np.ndarray | None = None,
     quadratic: np.ndarray | None = None,
     settled=None,
@@ -242,8 +250,10 @@ def minimize(
     ``positive [k]``: coordinates that are logs of nonnegative parameters. ``h``: the stencil's
     step, one for all coordinates or one a coordinate ``[k]`` (an objective quadratic in a
     coordinate has exact differences at any step there, so a long one keeps its curvature above
-    the objective's rounding). ``quadratic [k]``: coordinates in which the objective is exactly
-    quadratic (:func:`newton_direction`). ``settled(idx [n], u [n, k], f [n]) -> [n] bool``:
+    the objective's rounding); ``h_cross``: the steps of the mixed points (default ``h``; one
+    that differs from ``h`` only in ``quadratic`` coordinates, :func:`derivatives`).
+    ``quadratic [k]``: coordinates in which the objective is exactly quadratic
+    (:func:`newton_direction`). ``settled(idx [n], u [n, k], f [n]) -> [n] bool``:
     groups whose accepted point the caller recognizes as a limit the objective only approaches
     (a ridge to infinity); they stop there with status ``SETTLED``. ``active [G]``: groups to
     optimize (others are returned as they are, status RUNNING). A group converges when its gradient
@@ -261,7 +271,11 @@ def minimize(
     u = np.array(u0, dtype=np.float64)
     G, k = u.shape
     h = np.broadcast_to(np.asarray(h, dtype=np.float64), (k,))
-    offsets = stencil(k) * h
+    hc = h if h_cross is None else np.broadcast_to(np.asarray(h_cross, dtype=np.float64), (k,))
+    if h_cross is not None and np.any((hc != h) & ~np.asarray(quadratic, bool)):
+        raise ValueError("h_cross: expected steps equal to h except in quadratic coordinates")
+    unit = stencil(k)
+    offsets = unit * np.where(np.arange(unit.shape[0])[:, None] <= 2 * k, h, hc)
     f = np.full(G, np.nan)
     g = np.full((G, k), np.nan)
     H = np.full((G, k, k), np.nan)
@@ -282,7 +296,7 @@ def minimize(
         if idx.size == 0:
             break
         fv = fun(point[idx][None] + offsets[:, None, :], idx)
-        fi, gi, Hi = derivatives(fv, k, h)
+        fi, gi, Hi = derivatives(fv, k, h, hc)
         finite = np.isfinite(fv).all(0)
         # trial points: Armijo test on the centre value
         tr = trial[idx]
@@ -323,7 +337,9 @@ def minimize(
             idx = idx[~st]
         if idx.size == 0:
             continue
-        moved = crawl.to_bounds(idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic)
+        moved = crawl.to_bounds(
+            idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, hc, quadratic
+        )
         idx = idx[~moved]
         trial[np.setdiff1d(take, idx)] = False  # moved: the next stencil is at the new point
         if idx.size == 0:
@@ -378,4 +394,4 @@ def minimize(
         d[idx], slope[idx] = di, (gi * di).sum(1)
         point[idx] = ui + di
         trial[idx] = True
-    return NewtonResult(u, f, g, H, at_bound, status, n_iter, crawl.moved)
+    return NewtonResult(u, f, g, H, at_bound, status, n_iter)
