@@ -46,7 +46,7 @@ def main(n_series: int, n_steps: int, out: str) -> None:
     elapsed = time.perf_counter() - t0
     print(
         f"{n_series} series x {n_steps} steps fitted in {elapsed:.2f} s "
-        f"({int(np.sum(fit.converged))} converged, {fit.n_iter} L-BFGS iterations)"
+        f"({int(np.sum(fit.converged))} converged, {fit.n_iter} Newton iterations)"
     )
     for k in ("theta", "mu"):
         est, se = fit.params[k], fit.stderr[k]

@@ -20,6 +20,7 @@ there). :func:`to_dataset` is ``OUModel.to_dataset`` on numpy/pandas data, and
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import xarray as xr
@@ -35,7 +36,7 @@ from kalmanscan.timeseries.fit import (
     _one_chunk,
     fit_ou,
 )
-from kalmanscan.timeseries.model import PARAMS, OUModel, forecast_labels
+from kalmanscan.timeseries.model import PARAMS, OUModel, align_series_labels, forecast_labels
 from kalmanscan.timeseries.result import OUFit
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
@@ -61,7 +62,9 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
     """Write ``ds`` to netCDF with ``engine`` (default :func:`netcdf_engine`); returns the engine.
 
     netCDF3 (the ``scipy`` engine) has no 64-bit integers, so datetimes are stored there as float64
-    seconds since 1970-01-01 (about microsecond precision over centuries).
+    seconds since 1970-01-01 (about microsecond precision over centuries). netCDF has no
+    MultiIndex: a MultiIndex coordinate (e.g. a DataFrame's MultiIndex columns as ``series``) is
+    written as its levels, coordinates along its dim (``ds.reset_index``).
 
     >>> import tempfile, os, numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -70,6 +73,11 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
     'scipy'
     """
     engine = engine or netcdf_engine()
+    import pandas as pd  # (xarray's own dependency)
+
+    multi = [d for d in ds.dims if isinstance(ds.indexes.get(d), pd.MultiIndex)]
+    if multi:
+        ds = ds.reset_index(multi)
     encoding = {}
     if engine == "scipy":
         for name, var in ds.variables.items():
@@ -80,14 +88,20 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
 
 
 # --- filtering ---------------------------------------------------------------------------------
-def _block(z, theta, sigma2, mu, obs_var, *prior, time_axis, smooth, forecast_labels, backend):
-    """The model's results on ``z [..., T]`` (time last, as apply_ufunc passes it), time last."""
+def _block(z, *inputs, time_axis, smooth, forecast_labels, backend, where):
+    """The model's results on ``z [..., T]`` (time last, as apply_ufunc passes it), time last.
+    ``inputs``: theta, sigma2, mu, obs_var (prior_mean, prior_var), then the block's labels of
+    the series dims ``where["series_dims"]``, with which an infinite value is named at its
+    coordinates in the whole array (:func:`_refuse_block_inf`, ``where``: its keywords)."""
     T = z.shape[-1]
     loop = z.shape[:-1]
     H = 0 if forecast_labels is None else len(forecast_labels)
     if z.size == 0:  # dask may probe with empty blocks
         shapes = [loop + (T,)] * (6 if smooth else 4) + [loop] + [loop + (H,)] * (3 if H else 0)
         return tuple(np.zeros(s) for s in shapes)
+    k = len(inputs) - len(where["series_dims"])
+    _refuse_block_inf(z, inputs[k:], **where)
+    theta, sigma2, mu, obs_var, *prior = inputs[:k]
     prior_mean, prior_var = prior if prior else (None, None)
     model = OUModel(
         theta=theta,
@@ -137,8 +151,10 @@ def _param_vars(model, params: dict, da: xr.DataArray, time_dim: str) -> dict:
             )
         values = {"theta": 0.0, "mu": 0.0, **params}
     elif isinstance(model, OUModel):
-        # parameters given with labels (pandas, xarray) are matched to the data's by label
-        given = lambda p: model._labelled.get(p, getattr(model, p))  # noqa: E731
+        # parameters given with labels (pandas, xarray) are matched to the data's by label, and
+        # those of a fit's model by the fit's series labels
+        fitted = model._series_aligned(da, da.dims.index(time_dim), data_name="model")
+        given = lambda p: model._labelled.get(p, fitted.get(p, getattr(model, p)))  # noqa: E731
         values = {p: given(p) for p in PARAMS}
         for p in ("prior_mean", "prior_var"):
             if getattr(model, p) is not None:
@@ -160,17 +176,67 @@ def _check_values(da: xr.DataArray, time_dim: str) -> None:
         )
     if time_dim in da.dims and da.sizes[time_dim] == 0:
         raise ValueError(f"da: expected at least one step along {time_dim!r}, got 0")
-    if kind == "f" and da.chunks is None:  # dask data: the filter names the value when it runs
-        bad = np.isinf(da.values)
-        if bad.any():
-            at = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
-            where = ", ".join(
-                f"{d}={_label_text(da[d].values[i])}" if d in da.coords else f"{d}={i}"
-                for d, i in zip(da.dims, at, strict=True)
-            )
-            raise ValueError(
-                f"da: expected finite values or NaN (missing), got {da.values[at]} at {where}"
-            )
+    if kind == "f" and da.chunks is None:  # dask data: each block names its own when it runs
+        n = da.ndim
+        labels = [
+            _dim_labels(da, d).reshape([-1 if j == i else 1 for j in range(n)])
+            for i, d in enumerate(da.dims)
+        ]
+        _refuse_inf(da.values, da.dims, labels)
+
+
+def _dim_labels(da: xr.DataArray, d: str) -> np.ndarray:
+    """The labels messages name positions along ``d`` by: its coordinate's values (timezone-aware
+    times in UTC), else the positions ``0, 1, ...`` (in the whole array)."""
+    index = da.indexes.get(d)
+    if getattr(index, "tz", None) is not None:
+        return index.tz_convert(None).to_numpy()
+    return da[d].values if d in da.coords else np.arange(da.sizes[d])
+
+
+def _refuse_inf(values: np.ndarray, dims, labels) -> None:
+    """Refuse an infinite value of ``values`` (over ``dims``, each labelled by ``labels``: one
+    array per dim, broadcasting to ``values``' shape), the first in C order, naming its
+    coordinates: ``da: expected finite values or NaN (missing), got inf at time=..., station='b'``.
+    The in-memory check and each dask block's (its labels those of the whole array)."""
+    bad = np.isinf(values)
+    if not bad.any():
+        return
+    at = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    where = ", ".join(
+        f"{d}={_label_text(np.broadcast_to(v, bad.shape)[at])}"
+        for d, v in zip(dims, labels, strict=True)
+    )
+    raise ValueError(f"da: expected finite values or NaN (missing), got {values[at]} at {where}")
+
+
+def _refuse_block_inf(z, series_labels, *, series_dims, dims, time_labels) -> None:
+    """:func:`_refuse_inf` of a block ``z [..., T]`` (time last, as apply_ufunc passes it) of
+    the whole array over ``dims``: ``series_labels`` the block's labels along ``series_dims``
+    (its loop dims, in that order), ``time_labels`` the time dim's; the values and labels laid
+    out in the order of ``dims``, so the block names the value the whole array's check would."""
+    if not np.isinf(z).any():
+        return
+    k = len(series_dims)
+    loop = z.shape[:-1]
+    axes = [series_dims.index(d) if d in series_dims else k for d in dims]
+    full = [np.broadcast_to(v, loop)[..., None] for v in series_labels]
+    full.append(np.asarray(time_labels).reshape((1,) * k + (-1,)))
+    _refuse_inf(
+        np.transpose(z, axes),
+        dims,
+        [np.transpose(np.broadcast_to(full[a], z.shape), axes) for a in axes],
+    )
+
+
+def _where(da: xr.DataArray, time_dim: str):
+    """``(where, labels)`` for a block to name an infinite value at its coordinates in the whole
+    array ``da`` (:func:`_refuse_block_inf`): ``where`` its keywords, ``labels`` one DataArray
+    per series dim (its coordinate, or positions) to pass with the data, so that each dask block
+    gets its own."""
+    series_dims = tuple(d for d in da.dims if d != time_dim)
+    where = dict(series_dims=series_dims, dims=da.dims, time_labels=_dim_labels(da, time_dim))
+    return where, [xr.DataArray(_dim_labels(da, d), dims=d) for d in series_dims]
 
 
 def _label_text(v) -> str:
@@ -260,6 +326,7 @@ def filter_dataarray(
     if time_unit is None and isinstance(model, xr.Dataset) and "time_unit_ns" in model.attrs:
         time_unit = np.timedelta64(int(model.attrs["time_unit_ns"]), "ns")
     ax = _time_axis(da, time_dim, time_unit)
+    where, labels = _where(da, time_dim)
     da = _as_read(da, time_dim, ax)
     pv = _param_vars(model, params, da, time_dim)
     fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
@@ -269,7 +336,7 @@ def filter_dataarray(
     prior = [pv[k] for k in ("prior_mean", "prior_var") if k in pv]
     if len(prior) == 1:
         raise ValueError("prior_mean, prior_var: give both or neither")
-    args = [z] + [pv[p] for p in PARAMS] + prior
+    args = [z] + [pv[p] for p in PARAMS] + prior + labels
     H = 0 if fc_labels is None else len(fc_labels)
     names = list(view.TIME_VARS[: 6 if smooth else 4]) + ["loglik"]
     names += list(view.FORECAST_VARS) if H else []
@@ -279,7 +346,9 @@ def filter_dataarray(
         *args,
         input_core_dims=[[time_dim]] + [[]] * (len(args) - 1),
         output_core_dims=ocd,
-        kwargs=dict(time_axis=ax, smooth=smooth, forecast_labels=fc_labels, backend=backend),
+        kwargs=dict(
+            time_axis=ax, smooth=smooth, forecast_labels=fc_labels, backend=backend, where=where
+        ),
         dask="parallelized",
         output_dtypes=[np.float64] * len(ocd),
         dask_gufunc_kwargs={"output_sizes": {"forecast_time": H}} if H else None,
@@ -319,9 +388,27 @@ def _record_fit(ds: xr.Dataset, fit, da: xr.DataArray, time_dim: str) -> None:
     the ``fitted`` attr (parameters made by hand) records nothing."""
     series_dims = [d for d in da.dims if d != time_dim]
     if isinstance(fit, OUFit):
-        shapes = {np.shape(fit.stderr[p]) for p in fit.model.params()} | {np.shape(fit.converged)}
-        if shapes <= {(), tuple(da.sizes[d] for d in series_dims)}:
-            view.record_fit(ds, fit, series_dims)
+        sizes = tuple(da.sizes[d] for d in series_dims)
+        per_series = {f"{p}_se": fit.stderr[p] for p in fit.model.params()}
+        per_series["converged"] = np.asarray(fit.converged, dtype=np.float64)
+        if fit.model._series_labels is not None:  # the fit's series matched by label
+            axis = da.dims.index(time_dim)
+            per_series = {
+                k: np.asarray(align_series_labels(k, v, fit.model._series_labels, da, axis))
+                if np.ndim(v) == 1
+                else v
+                for k, v in per_series.items()
+            }
+        try:
+            per_series = {
+                k: np.array(np.broadcast_to(v, sizes)) if np.ndim(v) else v
+                for k, v in per_series.items()
+            }
+        except ValueError:  # (a fit of other series: its record is not theirs)
+            return
+        stderr = {p: per_series[f"{p}_se"] for p in fit.model.params()}
+        matched = replace(fit, stderr=stderr, converged=per_series["converged"].astype(bool))
+        view.record_fit(ds, matched, series_dims)
         return
     if "fitted" not in fit.attrs:
         return
@@ -388,7 +475,15 @@ def _series_labels(loop, dims, labels) -> list | None:
 
 
 def _fit_block(
-    z, *inputs, time_axis: TimeAxis, fix, per_series=(), label_dims=(), chunked=False, options
+    z,
+    *inputs,
+    time_axis: TimeAxis,
+    fix,
+    per_series=(),
+    label_dims=(),
+    chunked=False,
+    options,
+    where=None,
 ):
     """``fit_ou`` on a block ``z [..., T]``; ``inputs``: the per-series fixed values (named by
     ``per_series``), then the labels of the series dims ``label_dims`` (their coordinates, or
@@ -396,9 +491,13 @@ def _fit_block(
     ``chunked``: the block is one of several dask chunks along the series dims, fitted as part of
     the whole array (:func:`kalmanscan.timeseries.fit._one_chunk`; :func:`fit_dataarray` refuses
     an array without a series to fit, from ``n_obs`` and the last result, each constant series'
-    first observation (:func:`_constant_firsts`; NaN unless ``chunked``))."""
+    first observation (:func:`_constant_firsts`; NaN unless ``chunked``)). ``where``: the
+    keywords of :func:`_refuse_block_inf`, which names an infinite value by the whole array's
+    coordinates."""
     loop = z.shape[:-1]
     fixed, labels = inputs[: len(per_series)], inputs[len(per_series) :]
+    if where is not None and z.size:
+        _refuse_block_inf(z, labels, **where)
     if per_series:  # per-series fixed values, broadcast to this block's series
         fix = dict(fix)
         for n, v in zip(per_series, fixed, strict=True):
@@ -563,6 +662,9 @@ def fit_dataarray(
     series_dims = [d for d in da.dims if d != time_dim]
     z = da.astype(np.float64)
     if joint:
+        if z.chunks is not None:  # (read once here: named as in memory)
+            z = z.load()
+            _check_values(z, time_dim)
         zt = np.moveaxis(np.asarray(z.transpose(*series_dims, time_dim).values), -1, 0)
         fit = fit_ou(zt, ax.labels, fix=fix, joint=True, time_unit=time_unit, **options)
         ds = xr.Dataset({p: xr.DataArray(float(fit.params[p])) for p in PARAMS})
@@ -583,10 +685,7 @@ def fit_dataarray(
         chunked = z.chunks is not None and any(len(z.chunksizes[d]) > 1 for d in series_dims)
         scalars, per_series = _fix_inputs(fix, da, time_dim)
         # each series' labels (positions along a dim without coordinates) reach its block
-        labels = [
-            xr.DataArray(da[d].values if d in da.coords else np.arange(da.sizes[d]), dims=d)
-            for d in series_dims
-        ]
+        where, labels = _where(da, time_dim)
         inputs = [*per_series.values(), *labels]
         est, se, ll, conv, nobs, first = xr.apply_ufunc(
             _fit_block,
@@ -601,6 +700,7 @@ def fit_dataarray(
                 label_dims=tuple(series_dims),
                 chunked=chunked,
                 options=options,
+                where=where,
             ),
             dask="parallelized",
             output_dtypes=[np.float64, np.float64, np.float64, np.int8, np.float64, np.float64],

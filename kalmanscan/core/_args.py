@@ -289,6 +289,7 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
         raise TypeError(
             f"{name}: expected a real number or array of real numbers, got {_describe(value)}"
         )
+    given = value  # (a pandas object's refusal names its column, not its repr)
     if isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise TypeError(
@@ -333,6 +334,14 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
             f"{name}: expected a number at every index (a parameter has no missing values), "
             f"got a masked value at index {idx}"
         )
+    if (
+        a.dtype.kind not in "iuf"
+        and pd is not None
+        and isinstance(given, (pd.Series, pd.DataFrame))
+    ):
+        refusal = pandas_refusal(name, given, pd, missing_ok=missing_ok)
+        if refusal is not None:
+            raise refusal
     if a.dtype.kind == "O":
         raise _object_refusal(name, value, a)
     if a.dtype.kind == "f" and a.dtype.itemsize > 8:
@@ -350,6 +359,59 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     if any(st < 0 for st in a.strides):
         a = a.copy()
     return a
+
+
+def pandas_refusal(name, value, pd, *, missing_ok: bool = True, times_hint: bool = False):
+    """The ``TypeError`` for a pandas ``Series`` or ``DataFrame`` with a column that holds no
+    real numbers (text, booleans, datetimes, complex numbers, objects), naming that column (a
+    DataFrame's) or the Series and its dtype; ``None`` where every column is numeric.
+    ``times_hint``: a datetime column of a DataFrame is told how to become the times.
+
+    >>> import pandas as pd
+    >>> str(pandas_refusal("z", pd.DataFrame({"y": [1.0], "s": [True]}), pd))
+    "z: expected numeric columns (NaN = missing), got column 's' of dtype bool"
+    >>> str(pandas_refusal("z", pd.Series([1 + 2j], name="w"), pd))
+    "z: expected numeric values (NaN = missing), got Series 'w' of dtype complex128"
+    """
+    types = pd.api.types
+    one = isinstance(value, pd.Series)
+    items = [(value.name, value.dtype)] if one else list(value.dtypes.items())
+    for col, dtype in items:
+        if (
+            types.is_numeric_dtype(dtype)
+            and not types.is_bool_dtype(dtype)
+            and not types.is_complex_dtype(dtype)
+        ):
+            continue
+        missing = " (NaN = missing)" if missing_ok else ""
+        if one:
+            what = "a Series" if col is None else f"Series {col!r}"
+            return TypeError(
+                f"{name}: expected numeric values{missing}, got {what} of dtype {dtype}"
+            )
+        hint = ""
+        if times_hint and types.is_datetime64_any_dtype(dtype):
+            hint = f"; to use it as the times, make it the index (df.set_index({col!r}))"
+        return TypeError(
+            f"{name}: expected numeric columns{missing}, got column {col!r} of dtype {dtype}{hint}"
+        )
+    return None
+
+
+def labels_index(labels, pd):
+    """Series labels (a list, as ``OUFit.series_labels`` holds them) as a pandas Index: a
+    ``MultiIndex`` for tuples of one length (with the level ``names`` a list of them carries,
+    e.g. :class:`~kalmanscan.timeseries.model_input.SeriesNames`), else a flat Index.
+
+    >>> import pandas as pd
+    >>> labels_index([("a", 1), ("b", 2)], pd).nlevels, labels_index([10, 20], pd).tolist()
+    (2, [10, 20])
+    """
+    names = getattr(labels, "names", None)
+    labels = list(labels)
+    if labels and all(isinstance(x, tuple) for x in labels) and len({len(x) for x in labels}) == 1:
+        return pd.MultiIndex.from_tuples(labels, names=names)
+    return pd.Index(labels, tupleize_cols=False)
 
 
 def align_labels(name, value, data, order=None):
@@ -709,6 +771,39 @@ def broadcast_to(name, t: torch.Tensor, shape, target_desc) -> torch.Tensor:
             f"got shape {tuple(t.shape)}"
         ) from None
     return t.expand(shape)
+
+
+def check_device(name, device):
+    """``device`` (a ``torch.device``, its name such as ``"cuda:0"``, or ``None``) as a
+    ``torch.device`` this torch can compute on (``None`` stays ``None``), or a ``ValueError``
+    naming ``name``, what it takes and what it got, with torch's reason (a torch built without
+    CUDA, a device index beyond the devices present).
+
+    >>> check_device("device", "cpu"), check_device("device", None)
+    (device(type='cpu'), None)
+    """
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: expected a torch device such as 'cpu', 'cuda' or 'cuda:0' (or None for the "
+            f"CPU), got {_describe(device) if not isinstance(device, str) else repr(device)}"
+        ) from None
+    if dev.type == "meta":
+        raise ValueError(f"{name}: expected a device with data, got {str(dev)!r}")
+    if dev.type != "cpu":
+        try:
+            torch.empty(0, device=dev)
+        except Exception as exc:  # torch's AssertionError or RuntimeError, without the argument
+            raise ValueError(
+                f"{name}: expected a device this torch can use ('cpu'"
+                + (", 'cuda'" if torch.cuda.is_available() else "")
+                + f"), got {str(dev)!r}: {str(exc).strip() or type(exc).__name__}"
+                + (" (torch.cuda.is_available() is False)" if dev.type == "cuda" else "")
+            ) from None
+    return dev
 
 
 def check_int(name, value) -> int:

@@ -47,6 +47,7 @@ from kalmanscan.core._args import (
     _labels_text,
     as_real_numpy,
     labels_hold,
+    labels_index,
     match_dims,
 )
 from kalmanscan.timeseries.coverage import normal_quantile
@@ -118,24 +119,36 @@ def observed_array(
     coords = {"time": labels}
     if series_coords is None and series_labels is not None and nd == 1:
         series_coords = {series_dims[0]: series_labels}
+    multi = []
     for d, v in (series_coords or {}).items():
         if d not in series_dims:
             raise ValueError(f"series_coords: expected keys among {series_dims}, got {d!r}")
-        coords[d] = list(v)
+        index = labels_index(v, sys.modules["pandas"])  # (xarray imports pandas)
         size = z.shape[1 + series_dims.index(d)]
-        if len(coords[d]) != size:
+        if len(index) != size:
             raise ValueError(
                 f"series_coords[{d!r}]: expected {size} labels (the data's size along {d!r}), "
-                f"got {len(coords[d])}"
+                f"got {len(index)}"
             )
-    return xr.DataArray(z, dims=("time",) + series_dims, coords=coords, name=name)
+        if index.nlevels > 1:  # tuples (a DataFrame's MultiIndex columns): a MultiIndex again
+            multi.append(xr.Coordinates.from_pandas_multiindex(index, d))
+        else:
+            coords[d] = list(v)
+    da = xr.DataArray(z, dims=("time",) + series_dims, coords=coords, name=name)
+    for c in multi:
+        da = da.assign_coords(c)
+    return da
 
 
-def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> xr.DataArray:
+def series_param(
+    name: str, value, da: xr.DataArray, time_dim: str = "time", *, per_step: bool = False
+) -> xr.DataArray:
     """A parameter (scalar, array over the trailing series dims of ``da``, or DataArray) as a
     DataArray over the series dims. Read as ``kalmanscan.filter`` reads one
     (:func:`kalmanscan.core._args.as_real_numpy`): masked values, text, booleans and complex
-    numbers are refused, naming ``name``."""
+    numbers are refused, naming ``name``. ``per_step``: an array time first over ``time_dim``
+    and the series dims (``[T, *S]``, or broadcasting to it: ``[T]`` for one series, ``[T, 1]``)
+    is taken too, as values per step (``OUModel``'s), over ``(time_dim, *series dims)``."""
     value = _pandas_as_dataarray(name, value, da, time_dim)
     if isinstance(value, xr.DataArray):
         kind = value.dtype.kind
@@ -149,19 +162,26 @@ def series_param(name: str, value, da: xr.DataArray, time_dim: str = "time") -> 
     arr = as_real_numpy(name, value, missing_ok=False).astype(np.float64, copy=False)
     if arr.ndim == 0:
         return xr.DataArray(arr)
+    sizes = tuple(da.sizes[d] for d in series_dims)
     if arr.ndim <= len(series_dims):
         dims = series_dims[len(series_dims) - arr.ndim :]
         try:
             return xr.DataArray(np.broadcast_to(arr, tuple(da.sizes[d] for d in dims)), dims=dims)
-        except ValueError as err:
-            raise ValueError(
-                f"{name}: expected a scalar or an array over the series dims {series_dims}, got "
-                f"shape {arr.shape}"
-            ) from err
-    raise ValueError(
-        f"{name}: expected a scalar or an array over the series dims {series_dims}, got shape "
-        f"{arr.shape}"
-    )
+        except ValueError:
+            pass
+    full = (da.sizes[time_dim],) + sizes
+    if per_step and arr.ndim == len(full) and arr.shape[0] == full[0]:
+        try:
+            return xr.DataArray(np.broadcast_to(arr, full), dims=[time_dim, *series_dims])
+        except ValueError:
+            pass
+    if series_dims:
+        expected = f"a scalar or an array over the series dims {series_dims}"
+    else:
+        expected = "a scalar (the data are one series, without series dims)"
+    if per_step:
+        expected += f", or values per step{' and series' if series_dims else ''} (shape {full})"
+    raise ValueError(f"{name}: expected {expected}, got shape {arr.shape}")
 
 
 def _pandas_as_dataarray(name: str, value, da: xr.DataArray, time_dim: str):
@@ -206,7 +226,11 @@ def _pandas_as_dataarray(name: str, value, da: xr.DataArray, time_dim: str):
         hits = [d for d in dims if labels_hold(idx, da.indexes[d])]
     if len(hits) == 1:
         values = value.to_numpy(dtype=np.float64, na_value=np.nan)
-        return xr.DataArray(values, dims=[hits[0]], coords={hits[0]: idx})
+        if isinstance(idx, pd.MultiIndex):
+            coords = xr.Coordinates.from_pandas_multiindex(idx, hits[0])
+        else:
+            coords = {hits[0]: idx}
+        return xr.DataArray(values, dims=[hits[0]], coords=coords)
     raise ValueError(
         f"{name}: expected a Series whose index holds the labels of one of the data's dims "
         f"{tuple(dims)} (or is named after it), got index {list(idx[:5])}"
@@ -262,7 +286,8 @@ def results_dataset(
             ``loglik`` and optionally :data:`FORECAST_VARS`: DataArrays (any dim order, lazy
             ones stay lazy) or arrays ordered ``(time_dim, *series dims)``, ``(*series dims)``
             and ``("forecast_time", *series dims)`` (see :func:`result_vars`).
-        params: ``{name: value}`` of theta, sigma2, mu, obs_var (see :func:`series_param`).
+        params: ``{name: value}`` of theta, sigma2, mu, obs_var (see :func:`series_param`;
+            values per step ``[T, *S]`` lie over ``(time_dim, *series dims)``).
         coverage: coverages of the intervals (checked tuple). time_unit: the unit's name.
         forecast_time: the forecast timestamps (with the ``forecast_*`` results).
         custom_prior: the prior was the user's (recorded in ``attrs["prior"]``).
@@ -275,8 +300,9 @@ def results_dataset(
     over_time = lambda k: _laid_out(  # noqa: E731
         results[k], [time_dim] + series_dims, [observed.sizes[time_dim]] + sizes
     )
-    ds = xr.Dataset(coords={k: v for k, v in observed.coords.items()})
-    ds["observed"] = observed.astype(np.float64).transpose(time_dim, *series_dims)
+    ds = xr.Dataset(coords=observed.coords)  # (a MultiIndex coordinate kept whole)
+    # (its variable: the coordinates are the Dataset's already, a MultiIndex's levels included)
+    ds["observed"] = observed.astype(np.float64).transpose(time_dim, *series_dims).variable
     mean, var = over_time("mean"), over_time("variance")
     ds["mean"], ds["variance"] = mean, var
     ds["precision"] = 1.0 / var
@@ -295,7 +321,8 @@ def results_dataset(
         ds["forecast_mean"], ds["forecast_variance"] = fmean, fvar
         ds["forecast_predictive_variance"] = fpvar
         ds["forecast_lower"], ds["forecast_upper"] = _bounds(fmean, fpvar, coverage)
-    pv = {p: series_param(p, v, observed, time_dim) for p, v in params.items()}
+    # (parameters per step, which OUModel takes: over time_dim and the series dims)
+    pv = {p: series_param(p, v, observed, time_dim, per_step=True) for p, v in params.items()}
     for p, v in pv.items():
         ds[p] = v
         ds[p].attrs = {}  # (a fit's Dataset's attrs: its units are set below, from these data)

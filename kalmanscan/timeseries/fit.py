@@ -633,7 +633,8 @@ def fit_ou(
         max_iter: Newton iteration limit (``>= 1``). tol: gradient tolerance on the
             negative log-likelihood per observation, in standardized log coordinates.
         stderr: compute standard errors from the Hessian.
-        backend: filter backend. device: torch device for the optimization (default CPU).
+        backend: filter backend. device: torch device for the optimization (default CPU); one
+            this torch cannot use (``"cuda"`` without CUDA) raises ``ValueError``.
         robust: screen out observations whose standardized auxiliary residual exceeds a
             Bonferroni bound and refit until the screened set repeats
             (:func:`kalmanscan.timeseries.robust.fit_ou_robust`, which also takes the threshold);
@@ -646,8 +647,9 @@ def fit_ou(
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
     an estimate sits on its boundary (a variance at 0: no standard error for it, the others' with
     it held at 0, see ``OUFit.notes``) and when one observation dominates the likelihood; series
-    with fewer than 2 observations or constant keep their starting values (not converged), and
-    data without a series to fit are refused. Returns an :class:`OUFit`.
+    with fewer than 2 observations or constant keep their starting values (not converged, named
+    in ``OUFit.notes``, left out of ``total_loglik``), and data without a series to fit are
+    refused. Returns an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -658,6 +660,7 @@ def fit_ou(
     """
     if not isinstance(robust, (bool, np.bool_)):
         raise TypeError(f"robust: expected True or False, got {robust!r}")
+    device = _args.check_device("device", device)  # (one this torch can use, or None)
     # values given as pandas / xarray objects go to the series their labels name
     if isinstance(fix, dict):
         fix = {k: align_to_data(f"fix[{k!r}]", v, z, axis) for k, v in fix.items()}
@@ -762,6 +765,7 @@ def _fit_finish(
                      moments)  # fmt: skip
     opt = core.opt
     unusable = ~core.usable
+    notes = []
     if unusable.any() and not joint:
         few, const = np.flatnonzero(n_obs < 2), np.flatnonzero(constant)
         parts = []
@@ -774,8 +778,12 @@ def _fit_finish(
             "are marked not converged",
             stacklevel=3,
         )
+        notes.append(
+            "; ".join(parts) + ": not fitted; their parameters stay at the starting values (no "
+            "standard errors, marked not converged) and their log-likelihoods there are left out "
+            "of total_loglik"
+        )
     converged = opt.status == optim.CONVERGED
-    notes = []
     failed = np.flatnonzero(core.usable[:1] & ~converged if joint else core.usable & ~converged)
     if failed.size:
         reasons = sorted({optim.STATUS_TEXT[c] for c in opt.status[failed]})
@@ -783,7 +791,7 @@ def _fit_finish(
             f"fit_ou: {failed.size} of {converged.size} fits did not converge ("
             + "; ".join(reasons)
             + ")"
-            + ("" if joint else f": series {_names(failed, labels)}"),
+            + ("" if joint or unnamed(N, labels) else f": series {_names(failed, labels)}"),
             stacklevel=3,
         )
     # estimates on their boundary

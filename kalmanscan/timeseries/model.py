@@ -50,6 +50,7 @@ from kalmanscan.timeseries.model_input import (  # noqa: F401 - re-exported
     _check_reciprocal,
     _has_labels,
     _param_array,
+    align_series_labels,
     align_to_data,
     series_input,
 )
@@ -85,7 +86,9 @@ class OUModel:
     Each parameter is a scalar or an array over the series shape ``S``. One given as a pandas
     ``Series``/``DataFrame`` or an xarray ``DataArray`` is matched by label to data that carry
     labels (a DataFrame's columns, or its index for values per step; a DataArray's coordinates);
-    to other data it applies by position (:func:`align_to_data`).
+    to other data it applies by position (:func:`align_to_data`). A fit's model
+    (``OUFit.model``) carries the fit's series labels the same way: its per-series parameters go
+    to labelled data by label (:func:`align_series_labels`; a series the fit lacks is refused).
 
     >>> import numpy as np
     >>> m = OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)
@@ -107,6 +110,7 @@ class OUModel:
         # parameters given with labels (pandas, xarray), matched to the data's when it has them
         fields = (*PARAMS, "prior_mean", "prior_var")
         set_("_labelled", {k: getattr(self, k) for k in fields if _has_labels(getattr(self, k))})
+        set_("_series_labels", None)  # a fit's series labels (_with_series_labels)
         set_("theta", _param_array("theta", self.theta, lo=0.0))
         set_("sigma2", _param_array("sigma2", self.sigma2, lo=0.0))
         set_("mu", _param_array("mu", self.mu))
@@ -145,10 +149,63 @@ class OUModel:
             var if self.prior_var is None else self.prior_var,
         )
 
+    def _with_series_labels(self, labels) -> OUModel:
+        """This model with its per-series parameters (1-D arrays, one value per series) labelled
+        by ``labels`` (a fit's ``series_labels``), to be matched by label to labelled data
+        (:meth:`aligned_to`). Labels that name nothing are left off: ``None``, the default
+        ``0, 1, ...`` (a frame without column labels), the names of the xarray accessor's
+        messages, duplicates, or a count other than the parameters'.
+
+        >>> import numpy as np
+        >>> m = OUModel(sigma2=np.array([1.0, 2.0]))._with_series_labels(["a", "b"])
+        >>> m._series_labels, OUModel()._with_series_labels(["a"])._series_labels
+        (['a', 'b'], None)
+        """
+        from kalmanscan.timeseries._messages import SeriesLabel
+
+        n = {np.shape(v) for v in self.params().values() if np.ndim(v) > 0}
+        ok = (
+            labels is not None
+            and len(n) == 1
+            and len(next(iter(n))) == 1
+            and len(labels) == next(iter(n))[0]
+            and not any(isinstance(x, SeriesLabel) for x in labels)
+        )
+        if ok:
+            try:
+                ok = len(set(labels)) == len(labels)  # (hashable and unique)
+            except TypeError:
+                ok = False
+        if ok and all(type(x) is int for x in labels):
+            ok = list(labels) != list(range(len(labels)))  # pandas' default labels: positions
+        if (labels if ok else None) is self._series_labels:
+            return self
+        new = replace(self)
+        new._labelled.update(self._labelled)
+        object.__setattr__(new, "_series_labels", labels if ok else None)
+        return new
+
+    def _series_aligned(self, z, axis: int = 0, data_name: str = "z") -> dict:
+        """``{name: value}`` of the per-series parameters labelled by a fit's series labels
+        (:meth:`_with_series_labels`; not those given with labels of their own) matched by
+        label to the data ``z`` (:func:`align_series_labels`); empty where there are none."""
+        if self._series_labels is None:
+            return {}
+        return {
+            k: align_series_labels(k, v, self._series_labels, z, axis, data_name)
+            for k, v in {
+                **self.params(),
+                "prior_mean": self.prior_mean,
+                "prior_var": self.prior_var,
+            }.items()
+            if k not in self._labelled and np.ndim(v) == 1
+        }
+
     def aligned_to(self, z, axis: int = 0) -> OUModel:
         """This model with its parameters given as pandas or xarray objects matched by label to
         the data ``z`` (a DataFrame's columns or index, a DataArray's coordinates) and laid out
-        time first (:func:`align_to_data`); ``self`` where there is nothing to match.
+        time first (:func:`align_to_data`), and those of a fit's model matched by the fit's series
+        labels (:func:`align_series_labels`); ``self`` where there is nothing to match.
 
         >>> import pandas as pd
         >>> z = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]})
@@ -157,11 +214,13 @@ class OUModel:
         """
         from kalmanscan.core._args import as_real_numpy
 
-        if not self._labelled or not _has_labels(z):
+        if not (self._labelled or self._series_labels is not None) or not _has_labels(z):
             return self
         changes = {}
         for k, v in self._labelled.items():
             changes[k] = as_real_numpy(k, align_to_data(k, v, z, axis))
+        for k, v in self._series_aligned(z, axis).items():
+            changes[k] = as_real_numpy(k, v)
         return replace(self, **changes)
 
     def _prepare(self, z, times, axis):
@@ -357,6 +416,7 @@ class OUModel:
         """
         new = replace(self, **changes)
         new._labelled.update({k: v for k, v in self._labelled.items() if k not in changes})
+        object.__setattr__(new, "_series_labels", self._series_labels)
         return new
 
     def simulate(self, times=None, *, n: int | None = None, shape=(), seed=None):
@@ -455,7 +515,8 @@ class OUModel:
                 :class:`TimeAxis`. coverage: interval coverages.
             forecast_steps, forecast_at: forecast that many typical steps ahead, or at timestamps.
             series_dims: names of the series dims (default ``("series",)`` for 2-D data).
-            series_coords: ``{dim: labels}``. name: recorded in ``attrs["name"]``.
+            series_coords: ``{dim: labels}``. name: recorded in ``attrs["name"]`` (default: a
+                named Series' or 1-D DataArray's name).
             fit: an :class:`OUFit` to record (standard errors, etc.).
 
         The results are computed here (:meth:`run`) and laid out by
@@ -469,7 +530,7 @@ class OUModel:
         """
         from kalmanscan.timeseries import dataset as view
 
-        if self._labelled and _has_labels(z):
+        if (self._labelled or self._series_labels is not None) and _has_labels(z):
             return self.aligned_to(z).to_dataset(
                 z, times, coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
                 forecast_at=forecast_at, series_dims=series_dims, series_coords=series_coords,
@@ -481,6 +542,8 @@ class OUModel:
         else:
             zt, times, labels = series_input(z, times, 0)
             ax = as_time_axis(times, zt.shape[0], self.time_unit)
+            if name is None and zt.ndim == 1 and labels and isinstance(labels[0], str):
+                name = labels[0]  # a named Series' (or 1-D DataArray's) name
         self.check_shapes(zt.shape)
         zt = zt.astype(np.float64, copy=False)
         da = view.observed_array(

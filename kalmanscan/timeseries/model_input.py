@@ -63,6 +63,31 @@ def _check_reciprocal(name, value):
         )
 
 
+class SeriesNames(list):
+    """Series labels as a list (``OUFit.series_labels``) that keeps the level ``names`` of the
+    MultiIndex they came from (its labels tuples): a results Dataset makes them a MultiIndex
+    coordinate again (:func:`kalmanscan.core._args.labels_index`).
+
+    >>> import pandas as pd
+    >>> labels = column_labels(pd.MultiIndex.from_tuples([("a", 1)], names=["site", "depth"]))
+    >>> labels, labels.names
+    ([('a', 1)], ('site', 'depth'))
+    """
+
+    names: tuple | None = None
+
+
+def column_labels(index) -> list:
+    """A pandas Index of series labels (a DataFrame's columns, a DataArray's coordinate) as the
+    list the fit and the Dataset keep: the labels as given (Python ints, strings, timestamps; a
+    MultiIndex's tuples, in a :class:`SeriesNames` with its level names)."""
+    labels = index.tolist()
+    if getattr(index, "nlevels", 1) > 1:
+        labels = SeriesNames(labels)
+        labels.names = tuple(index.names)
+    return labels
+
+
 def _has_labels(value) -> bool:
     """A pandas ``Series``/``DataFrame`` or an xarray ``DataArray`` with dims: values that name
     the series or steps they belong to."""
@@ -91,7 +116,83 @@ def align_to_data(name: str, value, z, axis: int = 0):
     if xr is not None and isinstance(z, xr.DataArray) and -z.ndim <= axis < z.ndim:
         time_dim = z.dims[axis]
         order = (time_dim,) + tuple(d for d in z.dims if d != time_dim)
+        pd = sys.modules.get("pandas")
+        if pd is not None and isinstance(value, pd.Series):
+            # to the dim whose labels its index holds, as the accessor matches it
+            from kalmanscan.timeseries.dataset import _pandas_as_dataarray
+
+            value = _pandas_as_dataarray(name, value, z, time_dim)
     return align_labels(name, value, z, order)
+
+
+def align_series_labels(name: str, value, labels, z, axis: int = 0, data_name: str = "z"):
+    """A per-series parameter ``value [N]`` of a model whose ``N`` series are labelled ``labels``
+    (a fit's ``series_labels``) matched by label to data ``z`` that carry labels, laid out as
+    :func:`align_to_data` lays parameters out: to a DataFrame's columns, to the one series dim
+    of a DataArray whose coordinates the labels hold (or the series dim with coordinates), to a
+    named Series (or 1-D DataArray) by its name (one the model lacks refused); a subset of the
+    series selected, in the data's order. A label of the data's that ``labels`` lack is refused
+    naming it (``data_name``: the argument the data came in); data without labels (numpy, a
+    DataArray without coordinates on its series dims, an unnamed Series) take ``value`` by
+    position, as given.
+
+    >>> import numpy as np, pandas as pd
+    >>> z = pd.DataFrame({"c": [1.0], "a": [2.0]})
+    >>> align_series_labels("sigma2", np.array([1.0, 2.0, 3.0]), ["a", "b", "c"], z).tolist()
+    [3.0, 1.0]
+    """
+    from kalmanscan.core._args import _labels_text, labels_hold, labels_index
+
+    pd, xr = sys.modules.get("pandas"), sys.modules.get("xarray")
+    if pd is None or not _has_labels(z):  # (labelled data mean pandas is imported)
+        return value
+    index = labels_index(labels, pd)
+    value = np.asarray(value)
+    known = f"the model's series are {_labels_text(index)}, matched by label"
+
+    def refuse(what, hint):
+        raise ValueError(
+            f"{data_name}: no parameters for {what} ({known}); select the model's series, or "
+            f"{hint} to apply the parameters by position"
+        )
+
+    if isinstance(z, pd.DataFrame):
+        pos = index.get_indexer(z.columns)
+        if (pos < 0).any():
+            refuse(f"column {z.columns[pos < 0][0]!r}", f"pass {data_name}.to_numpy()")
+        return value[pos]
+    one = isinstance(z, pd.Series) or (
+        xr is not None and isinstance(z, xr.DataArray) and z.ndim == 1
+    )
+    if one:  # one series: the model's series of its name
+        if z.name is None:
+            return value
+        if z.name not in index:
+            refuse(f"{type(z).__name__} {z.name!r}", f"pass {data_name}.to_numpy()")
+        return value[index.get_loc(z.name)]
+    time_dim = z.dims[axis]
+    series = [d for d in z.dims if d != time_dim and d in z.indexes]
+    hits = [d for d in series if labels_hold(index, z.indexes[d])]
+    if len(hits) == 1:
+        d = hits[0]
+        if isinstance(index, pd.MultiIndex):
+            coords = xr.Coordinates.from_pandas_multiindex(index, d)
+        else:
+            coords = {d: index}
+        return align_to_data(name, xr.DataArray(value, dims=[d], coords=coords), z, axis)
+    if not series:
+        return value
+    drop = f"drop the coordinates ({data_name}.drop_vars({series!r}))"
+    if len(series) == 1:
+        wanted = z.indexes[series[0]]
+        missing = wanted[~wanted.isin(index)]
+        if len(missing):
+            refuse(f"{series[0]}={missing[0]!r}", drop)
+    raise ValueError(
+        f"{data_name}: expected one series dim whose coordinates the model's series labels "
+        f"{_labels_text(index)} hold, got series dims {tuple(series)}; {drop} to apply the "
+        "parameters by position"
+    )
 
 
 def series_input(z, times, axis: int = 0):
@@ -99,15 +200,16 @@ def series_input(z, times, axis: int = 0):
 
     pandas Series/DataFrame inputs give their index as ``times`` (unless ``times`` is given; a
     ``RangeIndex`` too, e.g. ``10, 12, ...`` of a slice, the default ``0, 1, ...`` being the
-    default times) and a
-    DataFrame's columns as the series labels (a polars DataFrame's too; it has no index, so its
-    times come as ``times``); an xarray DataArray gives the coordinate of its dim
-    on ``axis`` as ``times`` (unless ``times`` is given) and, when 2-D, the other dim's labels. The
+    default times) and a DataFrame's columns as the series labels, as given
+    (:func:`column_labels`: integers stay integers, a MultiIndex's as tuples), a named Series'
+    name as its one label (a polars DataFrame's columns too; it has no index, so its times come
+    as ``times``); an xarray DataArray gives the coordinate of its dim on ``axis`` as ``times``
+    (unless ``times`` is given) and, when 2-D, the other dim's labels (when 1-D, its name). The
     data pass the same check as ``kalmanscan.filter``
     (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
     booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
     """
-    from kalmanscan.core._args import as_real_numpy
+    from kalmanscan.core._args import as_real_numpy, pandas_refusal
 
     labels = None
     xr = sys.modules.get("xarray")  # as pandas below: an xarray object means xarray is imported
@@ -122,8 +224,10 @@ def series_input(z, times, axis: int = 0):
             times = z.indexes[dim]
         if z.ndim == 2:
             other = z.dims[1 - axis % 2]
-            if other in z.coords:
-                labels = [str(c) for c in z[other].values]
+            if other in z.indexes:
+                labels = column_labels(z.indexes[other])
+        elif z.ndim == 1 and z.name is not None:  # one series, named as a pandas Series is
+            labels = [z.name]
         z = z.values
     pd = sys.modules.get("pandas")  # a pandas object means pandas is imported: no import here
     if pd is not None and isinstance(z, (pd.Series, pd.DataFrame)):
@@ -133,17 +237,12 @@ def series_input(z, times, axis: int = 0):
             times = idx
         one = isinstance(z, pd.Series)
         frame = z.to_frame() if one else z
-        if not one:
-            labels = [str(c) for c in z.columns]
-        for col, dtype in frame.dtypes.items():
-            if not (pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)):
-                hint = ""
-                if not one and pd.api.types.is_datetime64_any_dtype(dtype):
-                    hint = f"; to use it as the times, make it the index (df.set_index({col!r}))"
-                raise TypeError(
-                    f"z: expected numeric columns (NaN = missing), got column {col!r} of dtype "
-                    f"{dtype}{hint}"
-                )
+        # the column labels as given (integers stay integers); a named Series' name, as its
+        # one-column frame's
+        labels = ([z.name] if z.name is not None else None) if one else column_labels(z.columns)
+        refusal = pandas_refusal("z", z, pd, times_hint=True)
+        if refusal is not None:
+            raise refusal
         # float32 columns (numpy's or pandas' nullable) stay float32, as in kalmanscan.filter
         f32 = all(str(d) in ("float32", "Float32") for d in frame.dtypes)
         z = frame.to_numpy(dtype=np.float32 if f32 else np.float64, na_value=np.nan)
@@ -153,7 +252,7 @@ def series_input(z, times, axis: int = 0):
             raise ValueError(f"axis: pandas input has time on axis 0, got axis={axis}")
     pl = sys.modules.get("polars")
     if pl is not None and isinstance(z, pl.DataFrame):  # (no index: times come as times=)
-        labels = [str(c) for c in z.columns]
+        labels = list(z.columns)
         if axis != 0:
             raise ValueError(f"axis: polars input has time on axis 0, got axis={axis}")
     arr = as_real_numpy("z", z)

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kalmanscan.timeseries._messages import SeriesLabel
 from kalmanscan.timeseries.model import PARAMS, Forecast, OUModel, forecast_from_state
+from kalmanscan.timeseries.moments import _nan_moments
 from kalmanscan.timeseries.robust import Disturbances
 from kalmanscan.timeseries.times import TimeAxis
 
@@ -30,7 +32,10 @@ class OUFit:
         n_iter: Newton iterations (the most any series took). n_obs: observations per series.
         joint: one parameter set for all.
         z: the data, time first ``[T, *S]``. time_axis: its :class:`TimeAxis`.
-        series_labels: names of the series (e.g. DataFrame columns) or ``None``.
+        series_labels: names of the series or ``None``: a DataFrame's column labels as given
+            (integers stay integers; a MultiIndex's tuples), a 2-D DataArray's coordinates, a
+            named Series' name. ``model`` carries them: its per-series parameters go to labelled
+            data by label (:meth:`OUModel.aligned_to`).
         at_boundary: ``{name: bool}`` per series (free parameters): the estimate sits on its lower
             bound 0 (no standard error for it there). notes: why standard errors are
             missing, estimates on a boundary, observations that dominate the likelihood.
@@ -44,7 +49,7 @@ class OUFit:
             the data); else ``None``.
 
     Properties ``params`` (``{name: value}``, fixed ones included) and ``total_loglik`` (the
-    sum over series); methods :meth:`filter`, :meth:`smooth`, :meth:`disturbances`,
+    sum over the fitted series); methods :meth:`filter`, :meth:`smooth`, :meth:`disturbances`,
     :meth:`forecast`, :meth:`to_dataset` and :meth:`summary` work on the fitted data.
 
     >>> import kalmanscan as ks
@@ -74,15 +79,38 @@ class OUFit:
     outliers: np.ndarray | None = field(default=None, repr=False)
     outlier_values: np.ndarray | None = field(default=None, repr=False)
 
+    def __setattr__(self, name, value):
+        # the model carries the series labels (set here, or later: the CLI's and the robust
+        # fit's are), so that fit.model goes to labelled data by label
+        object.__setattr__(self, name, value)
+        if name in ("model", "series_labels"):
+            model, labels = self.__dict__.get("model"), self.__dict__.get("series_labels")
+            if isinstance(model, OUModel) and (labels is not None or model._series_labels):
+                object.__setattr__(self, "model", model._with_series_labels(labels))
+
     @property
     def params(self) -> dict:
         """Estimated and fixed parameters, ``{name: value}``."""
         return self.model.params()
 
+    def _unfitted(self) -> np.ndarray:
+        """``[N]`` (the series flattened): True for the series of separate fits that were not
+        fitted, with fewer than 2 observations or constant (their parameters the starting
+        values), by ``fit_ou``'s rule on the fitted data ``z``; all False for a joint fit."""
+        T = self.z.shape[0]
+        Z = np.asarray(self.z, dtype=np.float64).reshape(T, -1)
+        if self.joint:
+            return np.zeros(Z.shape[1], bool)
+        n_obs = (~np.isnan(Z)).sum(0)
+        return (n_obs < 2) | (_nan_moments(Z)[2] == 0)
+
     @property
     def total_loglik(self) -> float:
-        """The log-likelihood summed over series (a float)."""
-        return float(np.sum(self.loglik))
+        """The log-likelihood summed over the fitted series (a float). Series with fewer than
+        2 observations or constant, which keep their starting values (``notes`` names them), are
+        left out: their log-likelihood there depends on those values only."""
+        ll = np.broadcast_to(np.asarray(self.loglik, dtype=np.float64), self.z.shape[1:])
+        return float(np.sum(ll.reshape(-1)[~self._unfitted()]))
 
     def filter(self):
         """:class:`kalmanscan.FilterResult` of the data under the fitted model (time first).
@@ -221,6 +249,9 @@ class OUFit:
         """
         if series_coords is None and self.series_labels is not None and self.z.ndim == 2:
             series_coords = {"series": self.series_labels}
+        if name is None and self.z.ndim == 1 and self.series_labels:  # a named Series' name
+            label = self.series_labels[0]
+            name = label if isinstance(label, str) and type(label) is not SeriesLabel else None
         return self.model.to_dataset(
             self.z,
             self.time_axis,
@@ -296,12 +327,21 @@ class OUFit:
             )
         if n_series > max_series:
             lines.append(f"... {n_series - max_series} more series")
+        unfitted = self._unfitted()
+        n_obs = np.broadcast_to(np.asarray(self.n_obs), shape).reshape(-1)
+        left_out = ""
+        if unfitted.any():
+            idx = np.flatnonzero(unfitted)
+            shown = ", ".join(repr(labels[i]) if self.series_labels else str(i) for i in idx[:5])
+            more = f" and {idx.size - 5} more" if idx.size > 5 else ""
+            left_out = f"; {idx.size} series not fitted ({shown}{more}) left out"
         lines.append(
-            f"total loglik {_decimals(self.total_loglik)} over {int(np.sum(self.n_obs))} "
+            f"total loglik {_decimals(self.total_loglik)} over {int(np.sum(n_obs[~unfitted]))} "
             "observations"
             " (exact diffuse convention: steps with zero prior precision add nothing); "
             f"{self.n_iter} Newton iterations"
             + (", one parameter set for all series" if self.joint else "")
+            + left_out
         )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
