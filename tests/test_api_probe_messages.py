@@ -122,6 +122,14 @@ def test_fit_ou_cuda_without_cuda_names_device(robust):
         ks.fit_ou(Y, device=torch.device("cuda:0"))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_gross_runs_cuda_without_cuda_names_device():
+    from kalmanscan.timeseries.robust import gross_runs
+
+    with pytest.raises(ValueError, match=r"^device: expected a device this torch can use"):
+        gross_runs(Y[:, None], device="cuda")
+
+
 @pytest.mark.parametrize("device", ["gpu0", 3.5, ""])
 def test_fit_ou_device_of_no_known_kind_names_device(device):
     with pytest.raises((ValueError, TypeError)) as info:

@@ -74,6 +74,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core import _args
 from kalmanscan.timeseries._messages import _plain, unnamed
 from kalmanscan.timeseries.time_cftime import is_cftime
 
@@ -701,6 +702,7 @@ def gross_runs(z, steps: float = _RUN_STEPS, *, device=None) -> np.ndarray:
     >>> gross_runs(shift[:, None]).any()  # a level shift: no return
     np.False_
     """
+    device = _args.check_device("device", device)
     Z = np.asarray(z, dtype=np.float64)
     out = np.zeros(Z.shape, bool)
     if Z.ndim != 2 or Z.shape[0] < 2:
