@@ -67,7 +67,9 @@ _SHAPES = {  # what each argument's trailing axes are, for the messages
 def _as_tensor(name, x, dtype, device, min_ndim, d=None):
     """``x`` as a ``dtype`` tensor on ``device`` through the one argument layer
     (:func:`kalmanscan.core._args.as_real_numpy`): strings, booleans, complex numbers and datetimes
-    are refused with ``ks.filter``'s messages, masked elements become NaN. A float64 value that
+    are refused with ``ks.filter``'s messages, masked elements of ``z`` become NaN (missing
+    data) and a masked element of a model parameter is refused, naming its index (a NaN there
+    would be reported as NaN or inf, not as the mask it is). A float64 value that
     ``z``'s float32 would turn into another meaning (``core_args.rounded_away``) is refused as
     ``ks.filter`` refuses it: from numpy here, from a tensor by the checks, which find NaN there
     (:class:`ValueChecks`: no readback before a check fails)."""
@@ -78,7 +80,7 @@ def _as_tensor(name, x, dtype, device, min_ndim, d=None):
             )
         t = core_args.narrowed(name, x.resolve_neg().resolve_conj(), dtype, device)
     else:
-        a = core_args.as_real_numpy(name, x)
+        a = core_args.as_real_numpy(name, x, missing_ok=name == "z")
         if dtype != torch.float64 and name != "z":
             core_args.refuse_rounding(name, a, dtype, "z")
         if a.flags.writeable:

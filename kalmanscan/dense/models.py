@@ -1,18 +1,18 @@
 """Builders for common dense models; each returns a :class:`DenseModel` (F, Q, H, R, offset).
 
 Pass one to the filter as ``kd.filter(z, **model._asdict())``. Continuous-time models are
-discretized exactly with the matrix exponential (Van Loan 1978): for dx = A x dt + L dW with
-E[dW dW'] = Qc dt, a step dt gives F = exp(A dt) and Q = ∫_0^dt exp(A s) L Qc L' exp(A s)' ds, read
-off exp([[-A, L Qc L'], [0, A']] dt). An array ``dt`` (irregular sampling) gives per-step F and Q
-with a leading time axis.
+discretized exactly: for dx = A x dt + L dW with E[dW dW'] = Qc dt, a step dt gives F = exp(A dt)
+and Q = ∫_0^dt exp(A s) L Qc L' exp(A s)' ds (Van Loan 1978). For the kinematic models A is
+nilpotent and both are polynomials in dt, evaluated in closed form (a few ulps at every dt). An
+array ``dt`` (irregular sampling) gives per-step F and Q with a leading time axis.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from kalmanscan.core.discretize import discretize_ou
 
@@ -99,19 +99,41 @@ def seasonal_dummies(period, seasonal_var, obs_var=0.0) -> DenseModel:
     return DenseModel(F, Q, H, np.array([[ov]]), np.zeros(k))
 
 
-def _van_loan(A, LQL, dt):
-    """F, Q for dx = A x dt + noise of intensity LQL over steps dt (array [...]) -> [..., n, n]."""
-    n = A.shape[-1]
-    dt_t = torch.as_tensor(np.asarray(dt, dtype=np.float64))
-    M = torch.zeros(2 * n, 2 * n, dtype=torch.float64)
-    M[:n, :n] = -torch.as_tensor(A)
-    M[:n, n:] = torch.as_tensor(LQL)
-    M[n:, n:] = torch.as_tensor(A).T
-    E = torch.linalg.matrix_exp(M * dt_t[..., None, None])
-    F = E[..., n:, n:].transpose(-1, -2)
-    Q = F @ E[..., :n, n:]
-    Q = 0.5 * (Q + Q.transpose(-1, -2))
-    return F.numpy(), Q.numpy()
+def _kinematic_fq(order, q, dt):
+    """F, Q of an ``order``-times integrated white noise of intensity ``q`` over steps ``dt``.
+
+    dt: array [...] -> F, Q [..., k, k], k = order + 1. The drift A is the nilpotent shift
+    (A_{i,i+1} = 1) and only the last state is driven, so exp(A s) is the polynomial matrix with
+    entries s^(j-i)/(j-i)! and Van Loan's integral has the closed form, with p = order,
+
+        F_ij = dt^(j-i) / (j-i)!                                  (j >= i, else 0)
+        Q_ij = q dt^(2p+1-i-j) / ((p-i)! (p-j)! (2p+1-i-j))
+
+    (constant velocity: q [[dt^3/3, dt^2/2], [dt^2/2, dt]]; constant acceleration adds dt^5/20,
+    dt^4/8, dt^3/6). Each entry is one power of dt over an exact integer, so it is correct to a few
+    ulps at every dt; a truncated series for exp of the Van Loan block (torch.linalg.matrix_exp)
+    loses the smallest entries at small dt and can make Q indefinite.
+    """
+    k = order + 1
+    fact = [float(math.factorial(m)) for m in range(2 * k)]
+    # dt = m 2^b and q = mq 2^bq with m, mq in [0.5, 1): the power and the product are taken on the
+    # mantissas and the binary exponents are added, so no intermediate over- or underflows (q dt^5
+    # stays right with q = 1e300, dt = 1e-70) and only a result outside float64 is inf or 0.
+    m, b = np.frexp(dt)
+    mq, bq = np.frexp(np.float64(q))
+
+    def term(scale_m, scale_b, e, c):
+        return np.ldexp(scale_m * np.power(m, e) / c, scale_b + e * b)
+
+    F = np.zeros(dt.shape + (k, k))
+    Q = np.empty(dt.shape + (k, k))
+    for i in range(k):
+        for j in range(i, k):
+            F[..., i, j] = term(1.0, 0, j - i, fact[j - i])
+        for j in range(k):
+            e = 2 * order + 1 - i - j
+            Q[..., i, j] = term(mq, bq, e, fact[order - i] * fact[order - j] * e)
+    return F, Q
 
 
 def _dt(dt):
@@ -121,17 +143,21 @@ def _dt(dt):
     return arr
 
 
-def _kinematic(order, dt, noise_var, obs_var, ndim):
+def _kinematic(order, dt, noise_var, obs_var, ndim, var_name):
     dt = _dt(dt)
-    q = _scalar("noise_var", noise_var)
+    q = _scalar(var_name, noise_var)
     ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
     if not isinstance(ndim, (int, np.integer)) or ndim < 1:
         raise ValueError(f"ndim: expected an int >= 1, got {ndim!r}")
     k = order + 1
-    A = np.diag(np.ones(k - 1), 1)
-    LQL = np.zeros((k, k))
-    LQL[-1, -1] = q
-    F1, Q1 = _van_loan(A, LQL, dt)
+    with np.errstate(over="ignore", under="ignore"):
+        F1, Q1 = _kinematic_fq(order, q, dt)
+    if not (np.all(np.isfinite(F1)) and np.all(np.isfinite(Q1))):
+        big = float(np.max(dt))
+        raise ValueError(
+            f"dt: expected steps whose F and Q fit in float64 ({var_name} * dt^{2 * order + 1} "
+            f"and dt^{order} below 1.8e308), got a step of {big!r}"
+        )
     n = k * ndim
     F = np.zeros(dt.shape + (n, n))
     Q = np.zeros(dt.shape + (n, n))
@@ -156,19 +182,21 @@ def constant_velocity(dt, accel_var, obs_var, ndim=1) -> DenseModel:
     >>> m.F.tolist(), m.Q.round(6).tolist()
     ([[1.0, 0.5], [0.0, 1.0]], [[0.083333, 0.25], [0.25, 1.0]])
     """
-    return _kinematic(1, dt, accel_var, obs_var, ndim)
+    return _kinematic(1, dt, accel_var, obs_var, ndim, "accel_var")
 
 
 def constant_acceleration(dt, jerk_var, obs_var, ndim=1) -> DenseModel:
     """Constant acceleration (white-noise jerk of intensity ``jerk_var``), position observed.
 
-    State [pos, vel, acc] per spatial axis; exact discretization via the matrix exponential.
+    State [pos, vel, acc] per spatial axis; exact discretization for step ``dt`` (scalar or
+    per-step array): F = [[1, dt, dt^2/2], [0, 1, dt], [0, 0, 1]],
+    Q = q [[dt^5/20, dt^4/8, dt^3/6], [dt^4/8, dt^3/3, dt^2/2], [dt^3/6, dt^2/2, dt]].
 
     >>> import kalmanscan.dense as kd
     >>> kd.constant_acceleration(1.0, jerk_var=1.0, obs_var=1.0).F.round(12).tolist()
     [[1.0, 1.0, 0.5], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
     """
-    return _kinematic(2, dt, jerk_var, obs_var, ndim)
+    return _kinematic(2, dt, jerk_var, obs_var, ndim, "jerk_var")
 
 
 def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:

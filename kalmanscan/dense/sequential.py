@@ -400,7 +400,10 @@ def _ldl(R):
     for j in range(d):
         s = R[..., j, j] - sum((cols[q][j].square() * dg[q] for q in range(j)), zero)
         pos = s > 1e-14 * R[..., j, j].abs()
-        dg.append(torch.where(pos, s, torch.zeros_like(s)))
+        # a zero pivot is 0 in value but keeps the pivot's derivative: R[j, j] = 0 is the edge
+        # of the PSD cone, and the one-sided derivative of the log-likelihood there (towards a
+        # noisy entry) is the one a fit needs; a constant 0 would report it as 0
+        dg.append(torch.where(pos, s, s - s.detach()))
         piv = torch.where(pos, s, torch.ones_like(s))
         col = [zero] * j + [torch.ones_like(s)]
         for i in range(j + 1, d):
@@ -473,21 +476,25 @@ def backward_rows(model: Model, last=None):
     dtype, device = model.z.dtype, model.z.device
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     Lr, info = torch.linalg.cholesky_ex(R_all)
+    # singular by the filter's rule (_ldl's pivots: rounding-level ones are 0), not by whether
+    # the Cholesky factorization happens to pass: R = v v' can leave a pivot of 3e-9 (1e-17
+    # squared), whose whitened row 3e8 h differentiates as s^-3/2 (NaN or 1e2-fold off)
+    Lu, Dg = _ldl(R_all)
     exact = None
-    if not bool((info != 0).any()):
+    if not bool((info != 0).any()) and not bool((Dg <= 0).any()):
         # whitened observations: rows L^-1 H and L^-1 z with R = L L' (missing rows are 0)
         obs = torch.linalg.solve_triangular(
             Lr, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False
         )
     else:  # singular R: entries decorrelated by R = Lu Dg Lu'; those with Dg = 0 are exact
-        Lu, Dg = _ldl(R_all)
         Hz = torch.linalg.solve_triangular(
             Lu, torch.cat([H_all, z_all.unsqueeze(-1)], -1), upper=False, unitriangular=True
         )
         ex = Dg <= 0  # [B, T, d]
         inv_sd = torch.where(ex, torch.zeros_like(Dg), torch.where(ex, 1.0, Dg).rsqrt())
         obs = Hz * inv_sd.unsqueeze(-1)  # the noisy entries' whitened rows (exact ones 0)
-        exact = (Hz * ex.to(dtype).unsqueeze(-1), ex)  # the exact rows [E | e]
+        # the exact rows [E | e], and their pivots: 0 in value, the derivative of R's (_ldl)
+        exact = (Hz * ex.to(dtype).unsqueeze(-1), ex, torch.where(ex, Dg, torch.zeros_like(Dg)))
     Lq = _factor(_sym(model.Q))
     Rb = torch.zeros(B, n + 1, n + 1, dtype=dtype, device=device) if last is None else last
     eye1 = torch.eye(n + 1, dtype=dtype, device=device).expand(B, n + 1, n + 1)
@@ -496,11 +503,14 @@ def backward_rows(model: Model, last=None):
         Rb = _reduce_rows(torch.cat([Rb, obs[:, t]], -2), n + 1)
         A, bb = Rb[..., :n], Rb[..., n:]
         F, c, Lqt = model.F[:, t], model.c[:, t].unsqueeze(-1), Lq[:, t]
-        cons = None
+        cons = Gx = None
         if exact is not None and bool(exact[1][:, t].any()):
-            F, c, Lqt, cons = _exact_step(exact[0][:, t], exact[1][:, t], F, c, model.Q[:, t])
+            ee, ex_t, dg_t = exact[0][:, t], exact[1][:, t], exact[2][:, t]
+            F, c, Lqt, cons, Gx = _exact_step(ee, ex_t, F, c, model.Q[:, t], dg_t)
         W = A @ Lqt
         G = torch.linalg.qr(torch.cat([W.mT, eye1], -2), mode="reduced")[1]
+        if Gx is not None and dg_t.requires_grad:
+            G = G + _pivot_tangent(G, A @ Gx, dg_t)
         rhs = torch.cat([A @ F, bb - A @ c], -1)
         Rb = torch.linalg.solve_triangular(G.mT, rhs, upper=False)
         if cons is not None:
@@ -536,7 +546,7 @@ SINGULAR_SMOOTH_MESSAGE = (
 )
 
 
-def _exact_step(Ee, ex, F, c, Q):
+def _exact_step(Ee, ex, F, c, Q, dg=None):
     """The backward prediction through x_t = F x_{t-1} + c + w (w ~ N(0, Q)) of a step whose
     entries ``ex`` [B, d] are observed exactly, E x_t = e (rows ``Ee`` = [E | e] [B, d, n + 1],
     zero where not exact; docs/dense.md, singular R).
@@ -545,17 +555,38 @@ def _exact_step(Ee, ex, F, c, Q):
     ``Ls^-1 [E F, e - E c]`` (E Q E' = Ls Ls'), finite wherever E Q E' is positive definite; and
     given them x_t is N(F' x_{t-1} + c', Q') with G = Q E' (E Q E')^-1, F' = (I - G E) F,
     c' = (I - G E) c + G e and Q' = (I - G E) Q (I - G E)' (factor (I - G E) Lq). Returns
-    (F', c' [B, n, 1], a factor of Q', the rows [B, d, n + 1])."""
+    (F', c' [B, n, 1], a factor of Q', the rows [B, d, n + 1], G [B, n, d]).
+
+    ``dg`` [B, d]: the exact entries' pivots of R (0 in value, zero elsewhere). They enter
+    ``E Q E' + diag(dg)`` (the entries' variance given x_{t-1}), so that the rows, G, F' and c'
+    carry the derivative towards a noisy entry; the term ``G diag(dg) G'`` of Q' has no factor
+    with a finite derivative at 0, and goes in through :func:`_pivot_tangent`."""
     n = F.shape[-1]
     E, e = Ee[..., :n], Ee[..., n:]
     Se = _sym(E @ Q @ E.mT) + torch.diag_embed(1.0 - ex.to(Q.dtype))
+    if dg is not None:
+        Se = Se + torch.diag_embed(dg)
     Ls, info = torch.linalg.cholesky_ex(Se)
     if bool((info != 0).any()):
         raise ValueError(SINGULAR_SMOOTH_MESSAGE)
     G = torch.cholesky_solve(E @ Q, Ls).mT  # Q E' Se^-1  [B, n, d]
     IGE = torch.eye(n, dtype=Q.dtype, device=Q.device) - G @ E
     cons = torch.linalg.solve_triangular(Ls, torch.cat([E @ F, e - E @ c], -1), upper=False)
-    return IGE @ F, IGE @ c + G @ e, IGE @ _factor(_sym(Q)), cons
+    return IGE @ F, IGE @ c + G @ e, IGE @ _factor(_sym(Q)), cons, G
+
+
+def _pivot_tangent(U, K, dg):
+    """Zero in value; the first-order change of the upper triangular ``U`` (``U' U = M``)
+    when ``M`` gains ``K diag(dg) K'`` (``dg`` [B, d] zero in value, live in its derivative).
+
+    The backward prediction's factor ``U`` of ``I + A Q' A'`` misses the term ``G diag(dg) G'``
+    of an exact entry's Q' (:func:`_exact_step`); its derivative at ``dg = 0`` is
+    ``dU = Phi(U^-T dM U^-1) U``, ``dM = K diag(ddg) K'``, ``K = A G``, with Phi the upper
+    triangle, diagonal halved (from ``dU' U + U' dU = dM``, ``dU U^-1`` upper triangular)."""
+    X = torch.linalg.solve_triangular(U.mT, K, upper=False)  # U^-T K
+    T = (X * dg.unsqueeze(-2)) @ X.mT
+    Phi = torch.triu(T, 1) + 0.5 * torch.diag_embed(torch.diagonal(T, dim1=-2, dim2=-1))
+    return Phi @ U
 
 
 def diffuse_factor(filt: Moments):
@@ -588,7 +619,29 @@ def combine_rows(A, bb, filt: Moments):
     """Smoothed (mean, cov) [B, T, ...] from backward rows ``|A x_t - bb|^2`` (A [B, T, k, n],
     bb [B, T, k, 1]: the likelihood of z_{t+1:T}) and the filtered moments (finite part and
     diffuse directions), by one QR of the stacked backward and prior rows (no information matrix
-    inverted; :func:`smooth_moments`)."""
+    inverted; :func:`smooth_moments`). With autograd, the derivative w.r.t. a singular filtered
+    covariance (an exact entry's step) comes from :func:`_singular_cov_tangent`."""
+    if not filt.cov.requires_grad:
+        return _combine_rows(A, bb, filt)
+    B, T, n = filt.mean.shape
+    P = _sym(filt.cov)
+    with torch.no_grad():
+        ok = torch.isfinite(P).flatten(-2).all(-1)  # a lost series' NaN steps: as they are
+        eye = torch.eye(n, dtype=P.dtype, device=P.device)
+        w = torch.linalg.eigvalsh(torch.where(ok[..., None, None], P, eye))
+        sing = ok & (w[..., 0] <= rank_tol(P.dtype) * w[..., -1].abs())
+        sing[:, : min(filt.ndiffuse, T)] = False  # steps with diffuse directions: as they are
+    if not bool(sing.any()):
+        return _combine_rows(A, bb, filt)
+    # the factor's derivative at those steps dropped (P detached there), the tangent added
+    cov = torch.where(sing[..., None, None], filt.cov.detach(), filt.cov)
+    ms, Ps = _combine_rows(A, bb, filt._replace(cov=cov))
+    dms, dPs = _singular_cov_tangent(A, bb, filt.mean, P, sing)
+    return ms + dms, Ps + dPs
+
+
+def _combine_rows(A, bb, filt: Moments):
+    """:func:`combine_rows`' values (and derivatives, but for a singular filtered covariance)."""
     B, T, n = filt.mean.shape
     dtype, device = filt.mean.dtype, filt.mean.device
     eye = torch.eye(n, dtype=dtype, device=device)
@@ -607,6 +660,34 @@ def combine_rows(A, bb, filt: Moments):
     ms = m + (M @ torch.linalg.solve_ex(Ru, y)[0]).squeeze(-1)
     Ps = _sym(X.mT @ X)
     return ms, Ps
+
+
+def _singular_cov_tangent(A, bb, m, P, sing):
+    """Zero in value; the derivative w.r.t. a singular filtered covariance ``P`` of the smoothed
+    moments at the steps ``sing`` [B, T] (no diffuse directions, smallest eigenvalue at most
+    ``rank_tol`` of the largest: an exact entry's step).
+
+    :func:`combine_rows` reads ``P`` through a factor ``L L' = P``: a change of ``P`` outside its
+    range (towards a noisy entry) has no factor change of finite size (``sqrt``), so the factor's
+    derivative misses it (d smoothed outputs / dR[0, 0] at ``R = diag(0, .)``: 26.8 against the
+    true 34.1). There the derivative is taken from the covariance form :func:`_cov_form` as
+    ``f(A, bb, m, P) - f(A, bb, m, P.detach())``: 0 in value, its derivatives (of every order)
+    those of ``f`` that involve ``P``; the square-root path, with ``P`` detached at those steps,
+    gives the rest."""
+    Pmix = torch.where(sing[..., None, None], P, P.detach())
+    ms1, Ps1 = _cov_form(A, bb, m, Pmix)
+    ms0, Ps0 = _cov_form(A, bb, m, P.detach())
+    return ms1 - ms0, _sym(Ps1 - Ps0)
+
+
+def _cov_form(A, bb, m, P):
+    """The smoothed moments in covariance form (derivatives only, :func:`_singular_cov_tangent`):
+    ``ms = m + K (bb - A m)``, ``Ps = P - K A P``, ``K = P A' S^-1``, ``S = I + A P A'``."""
+    k = A.shape[-2]
+    S = _sym(torch.eye(k, dtype=P.dtype, device=P.device) + A @ P @ A.mT)
+    K = torch.linalg.solve(S, A @ P).mT  # P A' S^-1  [B, T, n, k]
+    ms = m + (K @ (bb - A @ m.unsqueeze(-1))).squeeze(-1)
+    return ms, P - K @ A @ P
 
 
 # former names (docs/architecture.md, "References")

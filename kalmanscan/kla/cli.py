@@ -15,15 +15,28 @@ import sys
 from pathlib import Path
 
 
+class _Ints(list):
+    """The ints of ``--layers`` / ``--channels``, with the text as typed (``.text``)."""
+
+    text = ""
+
+
+class _Span(tuple):
+    """``--window``'s (start, stop), with the text as typed (``.text``)."""
+
+    text = ""
+
+
 def _int_list(text: str) -> list[int]:
     try:
-        out = []
+        out = _Ints()
         for part in text.split(","):
             if "-" in part:
                 lo, hi = part.split("-")
                 out.extend(range(int(lo), int(hi) + 1))
             elif part:
                 out.append(int(part))
+        out.text = text
         return out
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected ints like '0,2,5-9', got {text!r}") from None
@@ -32,17 +45,75 @@ def _int_list(text: str) -> list[int]:
 def _window(text: str) -> tuple[int, int]:
     try:
         lo, hi = text.split(":")
-        return int(lo), int(hi)
+        out = _Span((int(lo), int(hi)))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected START:STOP token positions, got {text!r}"
         ) from None
+    out.text = text
+    return out
 
 
-def _read(text, path, max_bytes, what):
+# inspect()'s argument names -> the options that set them (its messages name the argument)
+_OPTIONS = {"window": "--window", "channels": "--channels", "layers": "--layers",
+            "chunk_size": "--chunk-size"}  # fmt: skip
+
+
+def _as_options(message: str) -> str:
+    """An error of :func:`kalmanscan.kla.inspect` reworded to name the options as typed."""
+    head, sep, rest = message.partition(": ")
+    names = [n.strip() for n in head.split(",")]
+    if not sep or not all(n in _OPTIONS for n in names):
+        return message
+    rest = rest.replace(
+        "pass a window=(start, stop), fewer channels or detail=False (summaries only, any length)",
+        "pass a shorter --window START:STOP or fewer --channels (without --window: summaries "
+        "only, any length)",
+    )
+    return ", ".join(_OPTIONS[n] for n in names) + ": " + rest
+
+
+def _check_window(window, texts) -> None:
+    """``--window`` against the texts' length in tokens (bytes), before anything runs."""
+    L = max(len(t) for t in texts)
+    lo, hi = window
+    if not 0 <= lo < hi or lo >= L:
+        raise ValueError(
+            f"--window: expected START:STOP with 0 <= START < STOP and START below the text's "
+            f"{L} tokens (bytes), got {window.text!r}"
+        )
+
+
+def _check_channels(channels, model, layers) -> None:
+    """``--channels`` against the channels of the inspected KLA blocks, before anything runs."""
+    from kalmanscan.kla._inspect import kla_layers
+
+    found = kla_layers(model)
+    mods = [found[b] for b in (layers if layers is not None else found) if b in found]
+    sizes = {m.d_inner for m in mods}
+    if len(sizes) != 1:  # layers of several sizes: inspect() names --layers
+        return
+    (M,) = sizes
+    bad = [c for c in channels if not 0 <= c < M]
+    if not channels or bad:
+        shown = ", ".join(str(v) for v in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        got = f"{len(bad)} outside it ({shown})" if bad else "none"
+        raise ValueError(
+            f"--channels: expected channel ids in [0, {M}) (the inspected blocks' channels), "
+            f"got {got} from {channels.text!r}"
+        )
+
+
+def _read(text, path, max_bytes, what, option="--file"):
     """UTF-8 bytes of the text from the argument, a file or stdin ('-'), cut at max_bytes."""
     if path is not None:
-        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+        try:
+            data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            raise ValueError(
+                f"{option}: expected a readable file, got {str(path)!r} ({reason})"
+            ) from None
     elif text == "-" or (text is None and not sys.stdin.isatty()):
         data = sys.stdin.buffer.read()
     elif text is None:
@@ -167,7 +238,11 @@ def inspect_main(argv: list[str] | None = None) -> int:
     try:
         texts = [_read(args.text, args.file, args.max_bytes, "text")]
         if args.compare is not None or args.compare_file is not None:
-            texts.append(_read(args.compare, args.compare_file, args.max_bytes, "compare"))
+            texts.append(
+                _read(args.compare, args.compare_file, args.max_bytes, "compare", "--compare-file")
+            )
+        if args.window is not None:
+            _check_window(args.window, texts)
         backend = args.backend or ("auto" if device.type != "cpu" else _cpu_backend())
         model = load_checkpoint(args.checkpoint, device=device, backend=backend)
         blocks = list(kla_layers(model))
@@ -182,6 +257,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
         else:
             raise ValueError(f"--layer: expected one of the inspected blocks {chosen}, got "
                              f"{args.layer}")  # fmt: skip
+        if args.channels is not None:
+            _check_channels(args.channels, model, args.layers)
         threads = torch.get_num_threads()
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
@@ -195,6 +272,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
                 detail=args.window is not None,
                 chunk_size=args.chunk_size,
             )
+        except ValueError as err:  # inspect() names its arguments: say the options instead
+            raise ValueError(_as_options(str(err))) from None
         finally:
             torch.set_num_threads(threads)  # a caller's setting (main() called in-process)
     except (CheckpointError, ValueError, TypeError, OSError) as err:

@@ -9,6 +9,7 @@ model lives in ``kalmanscan/kla/weights/``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -194,7 +195,9 @@ def _metadata_type(value) -> str:
 
 def _check_metadata(value, where: str = "", depth: int = 0, seen: tuple = ()) -> None:
     """A TypeError naming ``metadata`` and the key where ``value`` holds something JSON cannot
-    store as it is (json's types: dict with str keys, list/tuple, str, int, float, bool, None)."""
+    store as it is (json's types: dict with str keys, list/tuple, str, int, float, bool, None);
+    a ValueError for a NaN or infinite float, which strict JSON has no token for (Python's json
+    would write ``NaN``, which other parsers reject)."""
     at = f" at {where!r}" if where else ""
     if isinstance(value, (dict, list, tuple)):
         if any(value is s for s in seen) or depth > 64:
@@ -211,6 +214,11 @@ def _check_metadata(value, where: str = "", depth: int = 0, seen: tuple = ()) ->
         else:
             for i, v in enumerate(value):
                 _check_metadata(v, f"{where}[{i}]", depth + 1, seen)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(
+            f"metadata: expected finite floats (JSON has no NaN or Infinity), got {value!r}{at}; "
+            "store None or a string such as 'nan' instead"
+        )
     elif value is None or isinstance(value, (str, int, float)):  # bool is an int
         pass
     else:
@@ -222,6 +230,26 @@ def _check_metadata(value, where: str = "", depth: int = 0, seen: tuple = ()) ->
         raise TypeError(
             f"metadata: expected a JSON-serialisable dict, got {_metadata_type(value)}{at}{hint}"
         )
+
+
+def _unstorable(key: str, value: torch.Tensor, stored: torch.Tensor) -> str:
+    """Why the state-dict entry ``key`` cannot be stored as ``stored`` (its cast to the checkpoint's
+    dtype) and read back, or "": NaN or inf in the model itself, or a finite value beyond the
+    stored dtype's range (a float32 weight of 1e5 is inf in float16)."""
+    if not stored.is_floating_point() or bool(torch.isfinite(stored).all()):
+        return ""
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        n = int((~finite).sum())
+        return f"{key}: holds {n} NaN or inf of {value.numel()} in the model ({value.dtype})"
+    big = float(value.abs().max())
+    limit = torch.finfo(stored.dtype).max
+    over = int((~torch.isfinite(stored)).sum())
+    return (
+        f"{key}: largest magnitude {big:.6g} is beyond {stored.dtype}'s range "
+        f"(+-{limit:.6g}; {over} of {value.numel()} values overflow); save with dtype=None or "
+        f"torch.bfloat16, or rescale the weight"
+    )
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -240,12 +268,15 @@ def save_checkpoint(
     """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if needed).
 
     ``dtype`` (e.g. ``torch.float16``) stores the matrices in half precision; the filter
-    dynamics, scalars and norms stay float32. ``metadata`` (a JSON-able dict: str keys; values
-    dicts, lists, str, int, float, bool or None) is stored under ``"metadata"`` in the config;
-    anything else (a ``numpy.float32``, a tensor) is refused with a TypeError naming its key
-    before any file is written. Each file is written to a temporary file and renamed over the
-    old one, so an existing checkpoint is never left with a half-written file. Returns the
-    directory.
+    dynamics, scalars and norms stay float32. A tensor with NaN or inf, or one whose largest
+    magnitude is beyond ``dtype``'s range (float16: 65504), is refused with a ValueError naming
+    it, its largest magnitude and the range (:func:`load_checkpoint` refuses non-finite values,
+    so such a checkpoint could not be read back). ``metadata`` (a JSON-able dict: str keys;
+    values dicts, lists, str, int, finite float, bool or None) is stored under ``"metadata"`` in
+    the config; anything else (a ``numpy.float32``, a tensor) is refused with a TypeError, a NaN
+    or infinite float with a ValueError, naming its key. All of this happens before any file or
+    directory is written. Each file is written to a temporary file and renamed over the old one,
+    so an existing checkpoint is never left with a half-written file. Returns the directory.
 
     >>> import tempfile
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -272,16 +303,26 @@ def save_checkpoint(
         _check_metadata(metadata)
         config["metadata"] = metadata
     # everything that can fail on the values is done before the first file is touched
-    try:
-        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    try:  # strict JSON: no NaN / Infinity tokens (_check_metadata names the key first)
+        text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
     except (TypeError, ValueError) as err:  # pragma: no cover - _check_metadata finds these
         raise TypeError(f"metadata: expected a JSON-serialisable dict, got {err}") from None
     tensors = {}
+    bad = []
     for key, value in model.state_dict().items():
         value = value.detach().cpu()
+        stored = value
         if dtype is not None and not any(part in key for part in _KEEP_FP32):
-            value = value.to(dtype)
-        tensors[key] = value.contiguous()
+            stored = value.to(dtype)
+        problem = _unstorable(key, value, stored)
+        if problem:
+            bad.append(problem)
+        tensors[key] = stored.contiguous()
+    if bad:
+        raise ValueError(
+            f"model: expected finite tensors that fit the stored dtype (load_checkpoint refuses "
+            f"NaN and inf), got {len(bad)} that do not; nothing was written:\n  " + "\n  ".join(bad)
+        )
     directory.mkdir(parents=True, exist_ok=True)
     _write_atomic(
         directory / WEIGHTS_FILE,

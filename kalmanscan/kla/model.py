@@ -360,9 +360,9 @@ class KLALanguageModel(nn.Module):
                 "tokens: expected an integer torch.Tensor [B, L], got "
                 f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}"
             )
-        if tokens.ndim != 2 or tokens.shape[1] == 0:
+        if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
             raise ValueError(
-                f"tokens: expected shape [B, L] with L >= 1, got {tuple(tokens.shape)}"
+                f"tokens: expected shape [B, L] with B >= 1 and L >= 1, got {tuple(tokens.shape)}"
             )
         # ids on the CPU are checked here (no device to wait for); on an accelerator the
         # embedding's own bounds check fails the call, and a check here would synchronize it
