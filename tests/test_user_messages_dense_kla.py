@@ -142,3 +142,22 @@ def test_inspect_library_messages_are_reworded_to_options():
     for msg in ("checkpoint: expected a config file x, found none", "text: expected text"):
         assert cli._as_options(msg) == msg
     assert re.match(r"^--chunk-size: ", cli._as_options("chunk_size: expected a positive int"))
+
+
+def test_inspect_of_no_sequences_names_tokens():
+    from kalmanscan.kla import KLAConfig, KLALanguageModel, ModelConfig, inspect
+
+    model = KLALanguageModel(ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2)))
+    with pytest.raises(ValueError, match=r"^tokens: expected shape .* B >= 1 .* got \(0, 3\)"):
+        inspect(model, torch.zeros(0, 3, dtype=torch.long))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+@pytest.mark.parametrize("mixers", ["kla", "attention"])
+def test_init_state_on_a_device_torch_cannot_use_names_device(mixers):
+    from kalmanscan.kla import KLAConfig, KLALanguageModel, ModelConfig
+
+    cfg = ModelConfig(d_model=16, n_layers=1, kla=KLAConfig(d_state=2), mixers=mixers)
+    model = KLALanguageModel(cfg)
+    with pytest.raises(ValueError, match=r"^device: expected a device this torch can use"):
+        model.init_state(1, device="cuda")

@@ -136,9 +136,10 @@ def _as_ids(tokens):
         )
     if tokens.ndim == 1:
         tokens = tokens[None]
-    if tokens.ndim != 2 or tokens.shape[1] == 0:
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
         raise ValueError(
-            f"tokens: expected shape [L] or [B, L] with L >= 1, got {tuple(tokens.shape)}"
+            "tokens: expected shape [L] or [B, L] with B >= 1 and L >= 1, got "
+            f"{tuple(tokens.shape)}"
         )
     return tokens.long(), None
 

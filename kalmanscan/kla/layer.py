@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kalmanscan.core import _args
 from kalmanscan.core.discretize import ou_transition
 from kalmanscan.cuda import interpreting
 from kalmanscan.kla.config import KLAConfig
@@ -278,7 +279,9 @@ class KLALayer(nn.Module):
         >>> tuple(s.lam.shape), s.lam.dtype
         ((3, 32, 4), torch.float32)
         """
-        device = self.out_proj.weight.device if device is None else device
+        device = (
+            self.out_proj.weight.device if device is None else _args.check_device("device", device)
+        )
         dtype = self.out_proj.weight.dtype if dtype is None else dtype
         fdtype = _filter_dtype(dtype)
         M, S = self.d_inner, self.d_state

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kalmanscan.core import _args
 from kalmanscan.kla.config import AttentionConfig, ModelConfig
 from kalmanscan.kla.layer import _FUSE_MODES, KLALayer, _triton_available
 
@@ -247,7 +248,7 @@ class CausalSelfAttention(nn.Module):
         nn.init.normal_(self.out_proj.weight, std=0.02)
 
     def init_state(self, batch: int, device=None, dtype=None) -> AttentionState:
-        device = self.qkv.weight.device if device is None else device
+        device = self.qkv.weight.device if device is None else _args.check_device("device", device)
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         empty = torch.zeros(batch, self.n_heads, 0, self.head_dim, device=device, dtype=dtype)
         return AttentionState(empty, empty.clone())
