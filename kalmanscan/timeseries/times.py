@@ -279,11 +279,17 @@ class TimeAxis(NamedTuple):
             return _calendar_future(parts, months, k, self.labels)
         step = self.step()
         if not self.is_datetime:
+            d = _decimal_places(self.labels)
+            if d is not None and step > 0 and abs(round(step, d) - step) <= 1e-9 * step:
+                step = round(step, d)  # decimal labels: decimal steps, not their float noise
             out = last + k.astype(np.float64) * step
             if not np.isfinite(out).all():
                 raise ValueError(
                     f"steps: {steps} steps of {step:g} after {last:g} leave the float64 range"
                 )
+            if d is not None:  # (1959.1 + 0.1 k as 1968.6, not 1968.6000000000004)
+                r = np.round(out, d)
+                out = np.where(np.abs(r - out) <= 1e-9 * np.maximum(np.abs(out), 1.0), r, out)
             return out
         res = _resolution(self.labels)
         step_ns = float(step.astype(np.int64)) * _NS_PER[_resolution_td(step)]
@@ -526,3 +532,20 @@ def as_time_axis(
             f"(position {i}); sort the record by time first"
         )
     return TimeAxis(labels, t, unit, unit_name, utc, tz)
+
+
+def _decimal_places(labels, most: int = 12) -> int | None:
+    """The fewest decimal places (up to ``most``) that every numeric label is written with
+    (``1959.1`` -> 1, epoch seconds -> 0), or None.
+
+    >>> _decimal_places(np.array([1959.1, 1959.25])), _decimal_places(np.array([0.1 + 0.2]))
+    (2, None)
+    """
+    x = np.asarray(labels, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0 or np.abs(x).max() >= 1e15:
+        return None
+    for d in range(most + 1):
+        if np.array_equal(np.round(x, d), x):
+            return d
+    return None
