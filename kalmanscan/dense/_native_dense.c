@@ -42,12 +42,14 @@
  * P - P N0 P - P_inf N1 P - (P_inf N1 P)' - P_inf N2 P_inf. Where that covariance cancels (a
  * large prior) and at the diffuse steps, the information J that z_{t:T} carry about x_t is carried
  * back instead (from the last step where the covariance form was accurate, until it is accurate
- * again) and gives the smoothed covariance: at proper steps from the same information kept as
+ * again; none from a step whose smoothed covariance is singular, a noise-free entry there: J is
+ * infinite) and gives the smoothed covariance: at proper steps from the same information kept as
  * square-root rows (srif_*, below; (I + P J)^-1 P where they fail), at the diffuse steps in
  * square-root form G Lam^-1 G' (G = [L, D]), whenever that is well conditioned
  * (info_smoothed_cov). On a series with a diffuse start, a backward square-root
  * information filter (srif_*: Householder steps on [S | y]), its rows set at the first non-diffuse
- * step from r0 and N0 (srif_from_dk) and carried back over the diffuse steps, serves the
+ * step from r0 and N0 (srif_from_dk; from the end of the series where that conversion's
+ * cond(I - N P) exceeds SRIF_COND) and carried back over the diffuse steps, serves the
  * diffuse steps' means and covariances (srif_smoothed). With an entry near noise-free
  * (|h|^2 |Q| / Dg > INFO_COND) the rows are run from the end instead (r0, N0 hold 1/Dg-sized
  * terms next to O(1) ones) and Durbin & Koopman's terms serve where they agree with the rows to
@@ -73,6 +75,7 @@
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
 #define INFO_COND 1e4 /* |J| |Q| up to this along the carried J: the diffuse steps' info form */
 #define SRIF_SWITCH 1e1 /* |P N P| up to this times |V|: r0, N0 set the square-root rows */
+#define SRIF_COND 1e4 /* ... where cond(I - N P) is at most this (else the rows from the end) */
 #define INFO_SWITCH 1e3 /* |P N P| above this times |V|: smoothed covariance in information form */
 #define FIN_FOLD 1.0 /* |D|_F^2 up to this times tr(P): a large prior's factor folded into P */
 #define NEAR_STEP 1e4 /* |h|^2 tr(P) above this times Dg: a near noise-free entry (near_step) */

@@ -128,22 +128,40 @@ static KS_INLINE void srif_back(int n, double *S, const double *F, const double 
  * j - J a = (I - N P)^-1 r = u (the two-filter combination of N(a, P) with J, j solved for J, j),
  * S = W' and y = W' a + W^-1 u from the semidefinite Cholesky factor W W' = J (zero rows where W has a
  * zero pivot). Used at the first non-diffuse step, so that the square-root filter runs over the
- * diffuse steps only. 0 if I - N P is singular. buf: 3 n^2 + 2 n doubles. */
+ * diffuse steps only. 0 if I - N P is singular. *cond (unless NULL): cond_inf(I - N P) =
+ * |I - N P| |I + J P|, what the solve may amplify the rounding of N and P by (5e11 on an
+ * integrated trend whose smoothed covariances have condition 1.5e12: the caller then runs the
+ * rows from the end). buf: 3 n^2 + 2 n doubles. */
 static KS_INLINE int srif_from_dk(int n, const double *N, const double *r, const double *a,
-                                      const double *P, double *buf, double *S) {
+                                      const double *P, double *buf, double *S, double *cond) {
     const int nn = n * n, c = n + 1;
     double *A = buf, *X = A + nn, *W = X + nn, *jv = W + nn, *u = jv + n;
-    for (int i = 0; i < n; i++)
+    double na = 0.0, nb = 0.0;
+    for (int i = 0; i < n; i++) {
+        double sa = 0.0;
         for (int j = 0; j < n; j++) {
             double s = i == j ? 1.0 : 0.0;
             for (int q = 0; q < n; q++) s -= N[i * n + q] * P[q * n + j];
             A[i * n + j] = s;
+            sa += fabs(s);
         }
+        na = fmax(na, sa);
+    }
     /* X = (I - N P)^-1 [N | r]: the vector rides in the solve's B as column 0 of a second pass */
     memcpy(X, N, nn * sizeof(double));
     double *A2 = W; /* W is free until the factorization */
     memcpy(A2, A, nn * sizeof(double));
     if (!solve(n, A, X)) return 0;
+    for (int i = 0; i < n; i++) { /* |(I - N P)^-1| = |I + J P| (J = X) */
+        double sb = 0.0;
+        for (int j = 0; j < n; j++) {
+            double s = i == j ? 1.0 : 0.0;
+            for (int q = 0; q < n; q++) s += X[i * n + q] * P[q * n + j];
+            sb += fabs(s);
+        }
+        nb = fmax(nb, sb);
+    }
+    if (cond) *cond = na * nb;
     memset(A, 0, nn * sizeof(double));
     for (int i = 0; i < n; i++) A[i * n] = r[i];
     if (!solve(n, A2, A)) return 0;
