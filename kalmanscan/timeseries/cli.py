@@ -28,9 +28,11 @@ from kalmanscan.timeseries.cli_args import (  # noqa: F401 - also this module's 
     EXIT_OK,
     Progress,
     _add_coverage_option,
+    _check_once,
     _coverage_arg,
     _fix_arg,
     _forecast_arg,
+    _Once,
     _parse,
     _parser,
     _run,
@@ -82,13 +84,14 @@ def demo_main(argv=None) -> int:
     )
     p.add_argument(
         "--out",
+        action=_Once,
         default="kalmanscan-demo",
         metavar="DIR",
         help="output directory (default: kalmanscan-demo)",
     )
     p.add_argument(
         "--forecast",
-        type=int,
+        action=_Once,
         default=10,
         metavar="N",
         help="forecast steps in years (default: 10)",
@@ -126,14 +129,19 @@ def filter_main(argv=None) -> int:
     )
     p.add_argument("csv", help="input CSV with a header row")
     p.add_argument(
-        "--time-col", default=None, help="time column (numbers or dates; default: the row number)"
+        "--time-col",
+        action=_Once,
+        default=None,
+        help="time column (numbers or dates; default: the row number)",
     )
     p.add_argument(
         "--time-format",
+        action=_Once,
         default=None,
         metavar="FMT",
-        help="format of the dates in --time-col, e.g. %%d/%%m/%%Y or ISO8601 (default: detected; "
-        "ambiguous dates are refused)",
+        help="format of the dates in --time-col, e.g. %%d/%%m/%%Y or ISO8601, %%Y.%%m for months "
+        "written 1950.01, %%Y.%%q for quarters written 1959.1 (default: detected; ambiguous dates "
+        "are refused)",
     )
     p.add_argument(
         "--dayfirst",
@@ -142,6 +150,7 @@ def filter_main(argv=None) -> int:
     )
     p.add_argument(
         "--calendar",
+        action=_Once,
         default=None,
         metavar="CAL",
         help="calendar of the dates in --time-col: a climate model's 360_day, noleap (365_day), "
@@ -150,6 +159,7 @@ def filter_main(argv=None) -> int:
     )
     p.add_argument(
         "--repeated-times",
+        action=_Once,
         choices=("refuse", "keep"),
         default="refuse",
         help="rows that share a time (timestamps rounded to the second, say): refuse them "
@@ -165,6 +175,7 @@ def filter_main(argv=None) -> int:
     )
     p.add_argument(
         "--series-col",
+        action=_Once,
         default=None,
         metavar="COL",
         help="column naming each row's series, for a long table (one row per series and time; "
@@ -178,6 +189,17 @@ def filter_main(argv=None) -> int:
         help="read value cells holding TEXT as missing (repeat for several markers): FRED's '.', "
         "Eurostat's ':', a code such as -9999 (a number matches by value); exact text after "
         "stripping spaces; the count per marker is in the notes",
+    )
+    p.add_argument(
+        "--decimal",
+        action=_Once,
+        choices=(".", ","),
+        default=None,
+        metavar="MARK",
+        help="the decimal mark of the value columns where the file leaves it open: '.' reads "
+        "1.250 as 1.25; ',' reads 1,25 as 1.25 and a point between groups of three digits as a "
+        "thousands separator (13.415 is 13415) (default: detected; a file separated by "
+        "semicolons whose points are all followed by three digits is refused)",
     )
     p.add_argument("--fit", action="store_true", help="fit the parameters by maximum likelihood")
     p.add_argument(
@@ -199,6 +221,7 @@ def filter_main(argv=None) -> int:
         per = " (per --time-unit)" if name in ("theta", "sigma2") else ""
         p.add_argument(
             f"--{name}",
+            action=_Once,
             type=float,
             default=None,
             metavar="X",
@@ -206,6 +229,7 @@ def filter_main(argv=None) -> int:
         )
     p.add_argument(
         "--time-unit",
+        action=_Once,
         default=None,
         metavar="UNIT",
         help="model time unit for dates, e.g. 1D, 1h, 365.25D (default: 1D); theta and sigma2 "
@@ -213,7 +237,7 @@ def filter_main(argv=None) -> int:
     )
     p.add_argument(
         "--forecast",
-        type=int,
+        action=_Once,
         default=0,
         metavar="N",
         help="forecast N typical steps ahead (default: 0)",
@@ -221,6 +245,7 @@ def filter_main(argv=None) -> int:
     _add_coverage_option(p)
     p.add_argument(
         "--out",
+        action=_Once,
         default="kalmanscan-results",
         metavar="DIR",
         help="output directory (default: kalmanscan-results)",

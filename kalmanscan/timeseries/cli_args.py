@@ -68,6 +68,31 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+class _Once(argparse.Action):
+    """Store an option's value, noting a second, different value of it (``--time-col a
+    --time-col b``, where argparse would keep the last silently) for :func:`_check_once` to
+    refuse."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault("_given", {})
+        if self.dest in seen and seen[self.dest] != values:
+            namespace.__dict__.setdefault("_repeated", []).append(
+                (self.option_strings[0], seen[self.dest], values)
+            )
+        seen[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+def _check_once(args) -> None:
+    """Refuse an option given twice with different values (see :class:`_Once`)."""
+    for option, first, second in getattr(args, "_repeated", [])[:1]:
+        show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+        raise InputError(
+            f"{option}: given twice ({option} {show(first)} and {option} {show(second)}); give "
+            "it once"
+        )
+
+
 def _parse(parser: argparse.ArgumentParser, argv):
     try:
         return parser.parse_args(list(argv)), None
@@ -99,6 +124,7 @@ def _run(prog: str, body, args) -> int:
 def _add_coverage_option(p) -> None:
     p.add_argument(
         "--coverage",
+        action=_Once,
         type=float,
         nargs="+",
         default=[0.5, 0.9],
@@ -116,9 +142,18 @@ def _coverage_arg(values):
         raise InputError(str(err)) from err
 
 
-def _forecast_arg(n: int) -> int | None:
+def _forecast_arg(n) -> int | None:
+    """``--forecast``'s number of steps (its text, or an int), refused where it is no whole
+    number from 0 to the limit; ``None`` for 0."""
     from kalmanscan.timeseries.times import MAX_FORECAST_STEPS
 
+    if isinstance(n, str):
+        try:
+            n = int(n.strip())
+        except ValueError as err:
+            raise InputError(
+                f"--forecast: expected a number of steps from 0 to {MAX_FORECAST_STEPS}, got {n!r}"
+            ) from err
     if n < 0 or n > MAX_FORECAST_STEPS:
         raise InputError(
             f"--forecast: expected a number of steps from 0 to {MAX_FORECAST_STEPS}, got {n}"
@@ -151,6 +186,10 @@ def _fix_arg(items):
         if not ok:
             raise InputError(
                 f"--fix {key}: expected a finite number{' ' + lo if lo else ''}, got {value!r}"
+            )
+        if key in fix and fix[key] != v:
+            raise InputError(
+                f"--fix {key}: given twice ({key}={fix[key]:g} and {key}={v:g}); give it once"
             )
         fix[key] = v
     if len(fix) == len(PARAMS):

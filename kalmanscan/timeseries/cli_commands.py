@@ -19,6 +19,7 @@ import numpy as np
 from kalmanscan.timeseries.cli_args import (
     EXIT_OK,
     Progress,
+    _check_once,
     _coverage_arg,
     _fix_arg,
     _forecast_arg,
@@ -33,6 +34,7 @@ from kalmanscan.timeseries.outputs import _output_paths, _write_outputs
 def _demo(args) -> int:
     from kalmanscan.timeseries import fit_ou, load_nile
 
+    _check_once(args)
     coverage = _coverage_arg(args.coverage)
     steps = _forecast_arg(args.forecast)
     _output_paths(args.out, ["nile.png", "nile.nc", "nile.csv", "summary.txt"])
@@ -81,6 +83,12 @@ def _filter(args) -> int:
     from kalmanscan.timeseries.times import as_time_axis
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))  # noqa: E731
+    _check_once(args)
+    twice = [c for i, c in enumerate(args.value_col or []) if c in args.value_col[:i]]
+    if twice:
+        raise InputError(
+            f"--value-col {twice[0]!r}: given twice; name each value column once (each is a series)"
+        )
     coverage = _coverage_arg(args.coverage)
     steps = _forecast_arg(args.forecast)
     given = {
@@ -110,6 +118,7 @@ def _filter(args) -> int:
     fix = _fix_arg(args.fix)
     _output_paths(args.out, ["results.png", "results.nc", "results.csv", "summary.txt"], [args.csv])
     notes: list[str] = []
+    lines: list[int] = []  # the file line of each time step (a wide table), for the warnings
     times, z, names, was_sorted = read_csv_series(
         args.csv,
         args.time_col,
@@ -121,6 +130,8 @@ def _filter(args) -> int:
         series_col=args.series_col,
         missing=args.missing,
         repeated_times=args.repeated_times,
+        decimal=args.decimal,
+        file_lines=lines,
     )
     for note in notes:
         log(note)
@@ -132,8 +143,8 @@ def _filter(args) -> int:
             args.time_unit if times.dtype.kind in "MO" else None,  # (O: a model calendar's)
             name=f"{args.csv}: column {args.time_col!r}" if args.time_col else "times",
         )
-    except ValueError as err:
-        raise InputError(str(err)) from err
+    except ValueError as err:  # (named as the option is: --time-unit)
+        raise InputError(re.sub(r"\btime_unit:", "--time-unit:", str(err))) from err
     if args.calendar is not None and not ax.is_datetime:  # (kept in summary.txt too)
         notes.append("note: --calendar applies to dates only; numeric times are used as they are")
         log(notes[-1])
@@ -151,7 +162,8 @@ def _filter(args) -> int:
     # gross runs (a -9999 code): said once, by the CLI, with the --missing remedy; with --fit
     # after the fit, which finds the same runs and whose warning of them the CLI's absorbs
     hit = None if args.robust else gross_runs(z)
-    gross = None if hit is None else _gross_warning(z, hit, names, ax, args.fit)
+    lines = lines if len(lines) == T else None
+    gross = None if hit is None else _gross_warning(z, hit, names, ax, args.fit, lines=lines)
     if gross and not args.fit:
         warnings.warn(gross, stacklevel=1)
     t0 = time.perf_counter()
@@ -163,7 +175,7 @@ def _filter(args) -> int:
                 warnings.warn(gross, stacklevel=1)
             raise
         if gross:
-            gross = _gross_warning(z, hit, names, ax, True, effects)
+            gross = _gross_warning(z, hit, names, ax, True, effects, lines=lines)
             warnings.warn(gross, stacklevel=1)
         for message in later:
             warnings.warn(message, stacklevel=1)
@@ -173,8 +185,8 @@ def _filter(args) -> int:
         try:
             model = OUModel(time_unit=time_unit, **given)
         except (TypeError, ValueError) as err:  # named as the options are
-            text = re.sub(r"^(theta|sigma2|mu|obs_var):", lambda m: "--" + m.group(1).replace(
-                "_", "-") + ":", str(err))  # fmt: skip
+            text = re.sub(r"^(theta|sigma2|mu|obs_var|time_unit):", lambda m: "--" + m.group(
+                1).replace("_", "-") + ":", str(err))  # fmt: skip
             raise InputError(text) from err
         fit, fit_text = (
             None,
@@ -205,7 +217,9 @@ def _filter(args) -> int:
         ds["outlier_value"].attrs["description"] = "the input value of a screened observation"
     utc = any(_UTC_NOTE in n for n in notes)
     if utc:  # the input's offsets were applied (the netCDF and CSV say so)
-        ds[ds.attrs.get("time_dim", "time")].attrs["time_zone"] = "UTC"
+        for coord in (ds.attrs.get("time_dim", "time"), "forecast_time"):
+            if coord in ds.coords:
+                ds[coord].attrs["time_zone"] = "UTC"
     bar.update()
     bar.close()
     elapsed = time.perf_counter() - t0
@@ -226,7 +240,8 @@ def _filter(args) -> int:
                 gross and "warning: " + gross,
                 fit_text,
                 "log-likelihood per series: "
-                + ", ".join(f"{n}={_decimals(v)}" for n, v in zip(names, ll, strict=False)),
+                + ", ".join(f"{n}={_decimals(v)}" for n, v in zip(names[:20], ll, strict=False))
+                + (f", ... {S - 20} more series in results.nc ('loglik')" if S > 20 else ""),
                 f"computed in {elapsed:.2f} s",
                 _forecast_table(ds, ["series"]),
             ],

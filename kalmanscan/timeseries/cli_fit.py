@@ -30,7 +30,7 @@ def _fit_all(args, z, names, ax, fix, time_unit, hit):
     if few:
         raise InputError(
             "--fit: expected at least 2 observed values in every series; "
-            f"too few in {', '.join(few)}"
+            f"too few in {', '.join(few)}; name the columns to fit with --value-col"
         )
     import pandas as pd
 
@@ -113,8 +113,26 @@ def _fit_all(args, z, names, ax, fix, time_unit, hit):
     fit = fits[0] if len(fits) == 1 else _merge_fits(fits)
     if len(fits) > 1:
         fit.notes = tuple(_merge_named(block_notes))
+    fit.notes = tuple(_cli_syntax(n) for n in fit.notes)
+    later = [m if _cli_syntax(str(m)) == str(m) else _cli_syntax(str(m)) for m in later]
     fit.series_labels = names
     return fit, effects, later
+
+
+def _cli_syntax(text: str) -> str:
+    """A fit's note or warning with the Python API's arguments written as the command's
+    options: ``fix={'theta': 0.0, 'mu': 0.0}`` is ``--fix theta=0 --fix mu=0``.
+
+    >>> _cli_syntax("fix it too (fix={'theta': 0.0, 'mu': 0.0}) for the local level model")
+    'fix it too (--fix theta=0 --fix mu=0) for the local level model'
+    """
+
+    def options(m) -> str:
+        items = re.findall(r"'(\w+)':\s*([-+\w.]+)", m.group(1))
+        return " ".join(f"--fix {k}={float(v):g}" for k, v in items) if items else m.group(0)
+
+    text = re.sub(r"fix=\{([^}]*)\}", options, text)
+    return text.replace("robust=True (--robust)", "--robust")
 
 
 def _absorb_gross(fit, said, hit, names, effects: dict) -> list:

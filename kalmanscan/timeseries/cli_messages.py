@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from kalmanscan.timeseries.csvfile import _shorten
-from kalmanscan.timeseries.outputs import _cf_texts, _iso_times
+from kalmanscan.timeseries.outputs import _cf_texts, _iso_times, _number_text
 
 
 def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) -> str:
@@ -42,7 +42,7 @@ def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) ->
     when = (
         _iso_times(ft)
         if ft.dtype.kind == "M"
-        else _cf_texts(ft) or [f"{float(t):g}" for t in ft]  # (cftime: a model calendar's)
+        else _cf_texts(ft) or [_number_text(float(t)) for t in ft]  # (cftime: a model's calendar)
     )
     for idx in picks:
         one = ds.isel(idx) if idx else ds
@@ -97,13 +97,14 @@ def _units_warning(ax, params: dict, given: bool) -> str | None:
     )
 
 
-def _gross_warning(z, hit, names, ax, fit: bool, effects=None) -> str | None:
+def _gross_warning(z, hit, names, ax, fit: bool, effects=None, lines=None) -> str | None:
     """A warning naming the values of the gross runs ``hit [T, S]`` of ``z``
     (:func:`~kalmanscan.timeseries.robust.gross_runs`: a missing-value code such as -9999 among
     temperatures, alone or several in a row, which a fit would take for the level): their rows
     (from 0 in time order), times and values, what they do to the fit (``effects``: ``{column:
     the fit's OutlierWarning.effect}``), with ``--missing`` for a value that repeats (a code) and
-    ``--robust``; ``None`` where there are none."""
+    ``--robust``; ``None`` where there are none. ``lines``: the file line of each row (the CSV
+    reader's ``file_lines``), said beside them, as the reader's errors count rows."""
     from kalmanscan.timeseries.robust import _RUN_STEPS, _row
 
     if not hit.any():
@@ -127,11 +128,19 @@ def _gross_warning(z, hit, names, ax, fit: bool, effects=None) -> str | None:
     )
     what = f"a missing-value code? {option} reads such cells as missing; " if codes else ""
     what = what or "a data error? "
+    # rows count from 0 in time order, as the --robust list does; the file's lines beside
+    order = np.lexsort((rows, cols))  # (as the series list them below)
+    at = list(dict.fromkeys(int(lines[rows[k]]) for k in order)) if lines is not None else []
+    where = "rows from 0 in time order" + (
+        f"; line{'s' * (len(at) > 1)} {_shorten(', '.join(map(str, at)), 60)} of the file"
+        if at
+        else ""
+    )
     return (
         f"{rows.size} value{'s lie' if rows.size != 1 else ' lies'} more than {_RUN_STEPS:g} "
         "typical steps (the median change between neighbouring values) from the values around "
-        f"{'them' if rows.size != 1 else 'it'}: {_shorten('; '.join(parts), 600)}; {what}"
-        + ("--robust screens them out" if fit else "--fit --robust screens them out")
+        f"{'them' if rows.size != 1 else 'it'} ({where}): {_shorten('; '.join(parts), 600)}; "
+        f"{what}" + ("--robust screens them out" if fit else "--fit --robust screens them out")
     )
 
 

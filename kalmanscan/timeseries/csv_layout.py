@@ -2,13 +2,18 @@
 for the encoding, NUL bytes, comment and blank lines (:func:`_scan_file`, against the
 line-by-line reference :func:`_scan_lines`), the field separator (:func:`_separator`: Excel's
 ``sep=;`` line, else the header's), and the header's fields against the data rows'
-(:func:`_check_fields`). Also :class:`InputError`, the reader's refusal, raised at every stage.
+(:func:`_check_fields`); then, on the cells as read, a header that is data
+(:func:`_header_as_data`), rows of separators only (:func:`_bare_rows`), columns without a name
+(row numbers: :func:`_row_counter`) and names as Unicode composes them (:func:`_nfc`). Also
+:class:`InputError`, the reader's refusal, raised at every stage.
 Used by :func:`kalmanscan.timeseries.csvfile.read_csv_series`; docs: docs/cli.md.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
 
 import numpy as np
 
@@ -222,6 +227,14 @@ def _check_fields(
         # flags now and then (read as unnamed columns), not a shifted header
         return names, max(len(f) for _, f in extra)
     i, f = extra[0]
+    cells = [",".join(g).strip() for j, g in rows.items() if j != lines[0] and "".join(g).strip()]
+    if len(header) == 1 and sep == "," and all(re.fullmatch(r"[+-]?\d*,\d+", c) for c in cells):
+        raise InputError(
+            f"{path}: row {i} ({','.join(f)!r}) has {len(f)} fields but the header (row "
+            f"{lines[0]}: {header[0]!r}) has one: numbers with a decimal comma in a file of one "
+            "column? the comma reads as the field separator; write decimal points (1.5), or pass "
+            "--decimal , to read the commas as the decimal mark"
+        )
     if len(header) == 1:
         raise InputError(
             f"{path}: row {i} has {len(f)} fields but row {lines[0]}, taken as the header, has "
@@ -233,3 +246,149 @@ def _check_fields(
         "every column needs a name in the header (R's write.table writes row names without one: "
         "use write.csv, or row.names = FALSE)"
     )
+
+
+# --- the columns and rows as read: names, a header that is data, rows of separators ---------------
+_TIME_NAMES = {"year", "years", "jahr", "année", "annee", "time", "t", "date", "period", "month",
+               "quarter", "day"}  # fmt: skip
+
+
+def _counts_times(name: str, values: np.ndarray) -> bool:
+    """Whether a value column looks like the times (for a note where no --time-col is given):
+    named so (``year``, ``time``, ...), or integers rising by one step throughout."""
+    if name.strip().lower() in _TIME_NAMES:
+        return True
+    steps = np.diff(values)
+    return (
+        values.size >= 3
+        and bool(np.isfinite(values).all())
+        and bool(np.all(values == np.round(values)))
+        and steps[0] > 0
+        and bool(np.all(steps == steps[0]))
+    )
+
+
+def _line(path: str, encoding: str, lines) -> str:
+    """The text of the header, the first of ``lines`` (1-based numbers; ``""`` where none)."""
+    if not len(lines):
+        return ""
+    with open(path, encoding=encoding, errors="replace") as fh:
+        for k, text in enumerate(fh, 1):
+            if k == lines[0]:
+                return text
+    return ""
+
+
+def _holds(path: str, text: str, encoding: str) -> bool:
+    """Whether the file holds ``text`` (a look at its bytes before one at its cells)."""
+    needle = text.encode("utf-16-le" if encoding == "utf-16" else encoding, errors="ignore")
+    if not needle:
+        return False
+    with open(path, "rb") as fh:
+        carry = b""
+        while block := fh.read(1 << 22):
+            if needle in block or needle in carry + block[: len(needle)]:
+                return True
+            carry = block[-len(needle) :]
+    return False
+
+
+def _bare_rows(df) -> np.ndarray:
+    """``[rows]``: the rows of ``df`` (text) whose every cell is empty (a line of separators).
+    The first column's empty cells (as read: spaces before a field are skipped) are the rows
+    looked at, so a large file costs one comparison."""
+    import pandas as pd
+
+    bare = np.zeros(len(df), bool)
+    if not len(df.columns):
+        return bare
+    first = df.iloc[:, 0].to_numpy(dtype=object)
+    rows = np.flatnonzero(pd.isna(first) | (first == ""))
+    if rows.size:
+        part = df.iloc[rows]
+        empty = np.ones(rows.size, bool)
+        for c in range(part.shape[1]):
+            col = part.iloc[:, c]
+            empty &= (col.isna() | (col.astype(str).str.strip() == "")).to_numpy()
+        bare[rows] = empty
+    return bare
+
+
+def _row_counter(text) -> int | None:
+    """0 or 1 where the cells ``text`` (stripped) are the row numbers counted from it (pandas'
+    index, R's row names), else ``None``."""
+    n = len(text)
+    for start in (0, 1):
+        if n and (text.to_numpy() == np.arange(start, start + n).astype(str)).all():
+            return start
+    return None
+
+
+def _refuse_unnamed(c, cols, text, given, written, path, row) -> None:
+    """Refuse a column of numbers without a name in the header (``year,,volume``; fields after
+    the header's): it would be a series named after pandas' ``Unnamed: k``."""
+    j = cols.index(c)
+    i = int(np.flatnonzero(given.to_numpy())[0])
+    where = (
+        (f"after {cols[j - 1]!r}" if j else "the first")
+        if written and j < len(written)
+        else f"past the header's {len(written or cols)} names"
+    )
+    raise InputError(
+        f"{path}: column {j + 1} ({where}) has no name in the header but holds numbers "
+        f"({text.iloc[i]!r}, row {row(i)}): every column needs a name; name it in the header, or "
+        "name the value columns to use with --value-col"
+    )
+
+
+def _header_as_data(header: list, path: str, sep: str, line: int, named: list) -> None:
+    """Refuse a header whose every name is a number or a date (``1871,1120.0``): a file without
+    a header row, whose first row of data would be taken for the names and lost. Not where an
+    option names one of them (``--value-col 2020``: names meant so), nor for three or more
+    years or periods (columns named by times, refused by :func:`_times_as_columns`)."""
+    from kalmanscan.timeseries.times import period_starts
+
+    cells = [str(c).strip() for c in header]
+    if not cells or any(not c for c in cells) or any(c in cells for c in named):
+        return
+    timed = [c for c in cells if re.fullmatch(r"\d{4}", c) or period_starts([c])]
+    if len(timed) == len(cells) >= 3:
+        return
+    if not all(_data_like(c, sep) for c in cells):
+        return
+    shown = sep.join(cells)
+    shown = shown if len(shown) <= 80 else shown[:75] + ", ..."
+    raise InputError(
+        f"{path}: the header (row {line}: {shown!r}) holds numbers and dates only, no column "
+        "names: a file without a header row? its first row would be taken for the names and "
+        "lost; add a header line naming the columns (e.g. time,value) before it, or, if these "
+        "are the names, pass them to --time-col or --value-col"
+    )
+
+
+def _data_like(cell: str, sep: str) -> bool:
+    """Whether a header cell reads as a number (``1120.0``, ``-3``, ``1,5`` where commas are
+    decimal marks) or a date (``2020-01-01``, ``29.03.1958``, ``1959Q1``)."""
+    try:
+        return math.isfinite(float(cell.replace(",", ".") if sep != "," else cell))
+    except ValueError:
+        pass
+    from kalmanscan.timeseries.times import period_starts
+
+    if period_starts([cell]) is not None:
+        return True
+    # dates of digits and separators only (2020-01-01, 29.03.1958, 2024-03-01T12:30Z)
+    if not re.fullmatch(r"\d[\d\s./:T+Z-]*", cell):
+        return False
+    from kalmanscan.timeseries.times import parse_datetime_strings
+
+    try:
+        return len(parse_datetime_strings([cell])) == 1
+    except ValueError:
+        return False
+
+
+def _nfc(name):
+    """A column name as Unicode composes it (NFC): ``Année`` written in NFD (as macOS writes
+    file names and some exports headers) is the ``Année`` typed in a shell."""
+    return unicodedata.normalize("NFC", name) if isinstance(name, str) else name

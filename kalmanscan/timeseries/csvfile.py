@@ -7,8 +7,10 @@ fields checked against it), and pandas reads the cells as text; the time column
 (:func:`_parse_times`) is parsed here and the value columns by
 :mod:`~kalmanscan.timeseries.csv_numbers` (``_parse_values``, with ``--missing``'s markers,
 decimal commas and thousands separators), so every refusal names the file, column, row and cell.
-Here too: which columns hold values (notes on those skipped), long tables (``--series-col``),
-duplicate times, and ``--missing``'s markers and notes. Docs: docs/cli.md.
+Here too: which columns hold values (notes on those skipped, row numbers and columns without a
+name), a header that is data, trailing rows of separators, long tables (``--series-col``),
+duplicate times (a time split over two columns), year.month numbers as times, and
+``--missing``'s markers and notes. Docs: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 
 import numpy as np
 
@@ -23,17 +26,27 @@ import numpy as np
 from kalmanscan.timeseries.csv_layout import (  # noqa: F401 - re-exported
     _SEP_NAMES,
     InputError,
+    _bare_rows,
     _check_fields,
+    _counts_times,
+    _header_as_data,
+    _holds,
+    _line,
+    _nfc,
+    _refuse_unnamed,
+    _row_counter,
     _scan_file,
     _scan_lines,
     _separator,
 )
 from kalmanscan.timeseries.csv_numbers import (
     _decimal_commas,
+    _decimal_mark,
     _grouped_numbers,
     _not_a_number_hint,
     _parse_values,
     _thousands_points,
+    _unicode_minus,
 )
 
 
@@ -83,11 +96,14 @@ def _missing_notes(markers, counts: dict, used: list) -> list[str]:
         shown = marker if marker in numbers.values() else repr(marker)
         how = ""
         if marker in numbers.values():  # other spellings of the number: -9999.0 for -9999
-            value = float(marker)
+            comma = "," in marker  # (-99,9 in a file with decimal commas: -99,90 too)
+            value = float(marker.replace(",", "."))
             plain = f"{value:.15g}"
             spellings = [plain, np.format_float_positional(value, trim="-")]
             if "e" not in plain:
                 spellings.append(plain + ("0" if "." in plain else ".0"))
+            if comma:
+                spellings = [t.replace(".", ",") for t in spellings]
             other = list(dict.fromkeys(t for t in spellings if t != marker and len(t) <= 20))[:2]
             how = f" (matched by value: {' and '.join(other)} count{'s' * (len(other) == 1)} too)"
         if not where:
@@ -100,6 +116,29 @@ def _missing_notes(markers, counts: dict, used: list) -> list[str]:
             f"{how}, in column{'s' if len(where) > 1 else ''} {_shorten(cols)}"
         )
     return notes
+
+
+def _comma_markers(markers, sep: str, decimal) -> tuple[tuple[str, ...], dict[float, str]]:
+    """``--missing``'s markers (:func:`_missing_markers`) with those written with a decimal
+    comma (``-99,9``) matched by value where the value columns read commas as the decimal mark
+    (a file not separated by commas, or ``--decimal ,``): ``-99,90`` is missing too."""
+    texts, numbers = markers
+    if (sep == "," and decimal != ",") or decimal == ".":
+        return markers
+    numbers = dict(numbers)
+    kept = []
+    for marker in texts:
+        if not re.fullmatch(r"[+-]?\d*,\d+", marker):
+            kept.append(marker)
+            continue
+        value = float(marker.replace(",", "."))
+        if value in numbers and numbers[value] != marker:
+            raise InputError(
+                f"--missing {marker}: the same number as --missing {numbers[value]} (numbers "
+                "are matched by value); give it once"
+            )
+        numbers[value] = marker
+    return tuple(kept), numbers
 
 
 # (a note of read_csv_series; the command then marks its outputs' times as UTC)
@@ -119,6 +158,8 @@ def read_csv_series(
     series_col=None,
     missing=(),
     repeated_times="refuse",
+    decimal=None,
+    file_lines=None,
 ):
     """Read a CSV of series: ``(times [T], z [T, S], names [S], was_sorted)``, sorted by time.
 
@@ -138,9 +179,12 @@ def read_csv_series(
     decide ambiguous dates; ``calendar``, a cftime calendar such as ``"360_day"``, reads them
     as dates of that calendar: :func:`_calendar_times`). Duplicate times are refused, naming
     the rows, unless ``repeated_times="keep"`` (a wide table): then each row is an observation
-    of the state at its time, in the file's order, with a note. Raises :class:`InputError` with
-    a message naming the file, column, row and value. Rows are numbered as in a spreadsheet
-    (the header is row 1; comment lines count).
+    of the state at its time, in the file's order, with a note. ``decimal`` (``--decimal``):
+    the value columns' decimal mark, ``"."`` or ``","`` (points then thousands separators), where
+    the file leaves it open (``1.250`` in a file separated by semicolons is refused without it).
+    ``file_lines``: a list that receives the file line of each time step returned (a wide
+    table). Raises :class:`InputError` with a message naming the file, column, row and value.
+    Rows are numbered as in a spreadsheet (the header is row 1; comment lines count).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "data.csv")
@@ -157,6 +201,11 @@ def read_csv_series(
 
     if repeated_times not in ("refuse", "keep"):
         raise ValueError(f"repeated_times: expected 'refuse' or 'keep', got {repeated_times!r}")
+    if decimal not in (None, ".", ","):
+        raise InputError(f"--decimal: expected . or , (the decimal mark), got {decimal!r}")
+    # names as Unicode composes them (NFC): a header written in NFD (macOS) matches the option
+    time_col, series_col = _nfc(time_col), _nfc(series_col)
+    value_cols = None if value_cols is None else [_nfc(c) for c in value_cols]
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -165,10 +214,17 @@ def read_csv_series(
     encoding, comments, lines = _scan_file(path)
     sep, hint_line = _separator(path, encoding)
     hinted = hint_line is not None
+    one_column = sep == "," and decimal == "," and not hinted
+    one_column = one_column and "," not in _line(path, encoding, lines)
+    if one_column:  # a file of one column with decimal commas: whole lines are its cells
+        sep = ";"
     if hinted:
         lines = [i for i in lines if i != hint_line + 1]
     skip = sorted(comments + ([hint_line] if hinted else []))
+    markers = _comma_markers(markers, sep, decimal)
     written, widest = _check_fields(path, encoding, sep, lines)
+    if written is not None:
+        written = [_nfc(c) for c in written]
     names = None
     if widest:  # rows with unnamed trailing fields: read as unnamed columns (an empty one is
         # skipped below with a note, one with values is named in a note), none dropped
@@ -201,11 +257,25 @@ def read_csv_series(
                 "before the header (a title or notes)? remove them or start them with #"
             )
         raise InputError(f"{path}: cannot be read as CSV ({text})") from err
-    df.columns = [str(c).strip() for c in df.columns]
-    if len(df) == 0:
-        raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
+    df.columns = [_nfc(str(c).strip()) for c in df.columns]
+    _header_as_data(
+        written or list(df.columns), path, sep, lines[0] if lines else 1,
+        [c for c in (time_col, series_col, *(value_cols or [])) if c is not None],
+    )  # fmt: skip
     if len(lines) != len(df) + 1:  # (quoted fields over several lines)
         lines = None
+    # rows of separators only (,,) at the end, as spreadsheets export rows once used: dropped
+    bare = _bare_rows(df)
+    tail = len(df) - (int(np.flatnonzero(~bare)[-1]) + 1 if (~bare).any() else 0)
+    if tail and notes is not None:
+        notes.append(
+            f"note: {path}: skipped the last {tail} row{'s' * (tail > 1)}: separators only, no "
+            "values (rows a spreadsheet exports after the data)"
+        )
+    if tail:
+        df, bare = df.iloc[: len(df) - tail], bare[: len(df) - tail]
+    if len(df) == 0:
+        raise InputError(f"{path}: has a header ({', '.join(df.columns)}) but no data rows")
     if written and len(written) == len(df.columns) and len(set(written)) != len(written):
         # (columns without a name are named Unnamed: k, and empty ones are skipped later)
         dup = sorted({c for c in written if c and written.count(c) > 1})
@@ -216,7 +286,7 @@ def read_csv_series(
     if notes is not None:
         if encoding == "cp1252":
             notes.append(f"note: {path}: not UTF-8; read as Windows-1252 (cp1252)")
-        if sep != "," or hinted:
+        if (sep != "," or hinted) and not one_column:
             said = f"the first line's 'sep={sep}'" if hinted else "the header"
             notes.append(
                 f"note: {path}: fields separated by {_SEP_NAMES.get(sep, repr(sep))} ({said})"
@@ -224,6 +294,13 @@ def read_csv_series(
 
     def row(i: int) -> int:
         return lines[i + 1] if lines is not None else i + 2
+
+    if time_col is not None and bare.any():  # (one at the end was dropped above)
+        i = int(np.flatnonzero(bare)[0])
+        raise InputError(
+            f"{path}: row {row(i)} holds separators only, no time and no value: remove the row "
+            "(or start it with #)"
+        )
 
     counts: dict = {}  # --missing: {marker: {column: cells}}
     if markers[0]:  # texts first: a '.' would otherwise hide a column's decimal commas
@@ -235,9 +312,24 @@ def read_csv_series(
                 for marker, k in df[c][hit].str.strip().value_counts().items():
                     counts.setdefault(marker, {})[c] = int(k)
                 df[c] = df[c].mask(hit, "")
-    if sep != ",":  # (where commas separate fields, a comma in a number is no decimal mark)
+    minus = _unicode_minus(df, (time_col, series_col)) if _holds(path, "\u2212", encoding) else {}
+    if minus and notes is not None:
+        k = sum(minus.values())
+        notes.append(
+            f"note: column(s) {list(minus)}: {k} number{'s' * (k > 1)} written with the minus "
+            "sign U+2212 (\u2212) read as negative"
+        )
+    if decimal == ",":  # as --decimal says: a comma the decimal mark, points thousands
+        commas = _decimal_mark(df, (time_col, series_col), path, row, decimal)
+        if commas and notes is not None:
+            notes.append(
+                f"note: column(s) {commas}: read with --decimal , (a comma the decimal mark, a "
+                "point between groups of three digits a thousands separator)"
+            )
+    elif sep != "," and decimal is None:
+        # (where commas separate fields, a comma in a number is no decimal mark)
         # points as thousands separators first, on the cells as written
-        _thousands_points(df, (time_col, series_col), path, row)
+        _thousands_points(df, (time_col, series_col), path, row, sep)
         commas = _decimal_commas(df, (time_col, series_col), path, row)
         if commas and notes is not None:
             notes.append(f"note: column(s) {commas}: a comma read as the decimal mark")
@@ -263,7 +355,18 @@ def read_csv_series(
             what = "the time column" if series_col == time_col else "a --value-col"
             raise InputError(f"--series-col {series_col!r}: that is {what}")
     if time_col is not None:
+        quarters = time_format if time_format and "%q" in time_format and not calendar else None
+        if quarters:  # --time-format %Y.%q: quarters written as numbers or labels
+            df[time_col] = _quarter_format(df[time_col], quarters, path, time_col, row)
+            time_format = "%Y-%m-%d"
         times = _parse_times(df[time_col], path, time_col, row, time_format, dayfirst, calendar)
+        if times.dtype.kind == "f" and time_format is None and calendar is None:
+            _period_numbers(df[time_col], path, time_col)  # 1950.01: a month, no decimal year
+        if quarters and notes is not None:
+            notes.append(
+                f"note: column {time_col!r} holds quarters (--time-format {quarters}): each "
+                "time is the first day of its quarter"
+            )
         packed = (
             _packed_date_format(df[time_col])
             if times.dtype.kind == "f" and calendar is None
@@ -303,46 +406,56 @@ def read_csv_series(
         if time_col in names:
             raise InputError(f"--value-col {time_col!r}: that is the time column")
         z = np.column_stack(
-            [_parse_values(df[c], path, c, row, markers[1], counts, sep=sep) for c in names]
+            [
+                _parse_values(df[c], path, c, row, markers[1], counts, sep=sep, decimal=decimal)
+                for c in names
+            ]
         )
     else:
         if time_col is None:
             _times_as_columns(cols, path)
+        # columns without a name in the header (pandas names them Unnamed: k)
+        if written:
+            unnamed = {c for j, c in enumerate(cols) if j >= len(written) or not written[j]}
+        else:
+            unnamed = {c for c in cols if re.fullmatch(r"Unnamed: \d+", c)}
         names, columns, skipped, empty, index = [], [], [], [], []
         for c in cols:
             if c in (time_col, series_col):
                 continue
             cell = df[c]
             parsed = pd.to_numeric(cell, errors="coerce")  # (spaces around a number are read)
-            if c != "Unnamed: 0" and parsed.notna().any():  # numbers: a value column
+            numeric = bool(parsed.notna().any())
+            if numeric and c not in unnamed:  # a value column (its cells read, or named)
                 names.append(c)
-                columns.append(_parse_values(cell, path, c, row, markers[1], counts, parsed, sep))
+                columns.append(_parse_values(cell, path, c, row, markers[1], counts, parsed, sep,
+                                             decimal))  # fmt: skip
                 continue
-            given = cell.notna() & (cell.astype(str).str.strip() != "")
-            if not given.any() and re.fullmatch(r"Unnamed: \d+", c):
-                # no header and no value: the trailing ",," of a spreadsheet's export
-                empty.append(c)
-                continue
-            if (
-                c == cols[0]
-                and c == "Unnamed: 0"
-                and given.all()
-                and (
-                    cell.astype(str).str.strip() == pd.Series(range(len(df))).astype(str).values
-                ).all()
-            ):  # no header and the rows' numbers 0, 1, 2, ...: pandas' to_csv index
-                index.append(c)
-                continue
-            numeric = pd.to_numeric(cell.where(given), errors="coerce").notna()
-            if (
-                (given.any() or any(c in k for k in counts.values()))
-                and not numeric.any()
-                and not _grouped_numbers(cell[given])
-            ):
-                skipped.append(c)  # (a column of labels, or of --missing markers only)
-                continue
+            text = cell.astype(str).str.strip()
+            # (NA and NaN are missing values as empty cells are: a column of them is no label)
+            given = cell.notna() & (text != "") & ~text.str.lower().isin(["na", "nan"])
+            if c in unnamed:
+                if not given.any():
+                    # no header and no value: the trailing ",," of a spreadsheet's export
+                    empty.append(c)
+                    continue
+                start = _row_counter(text) if given.all() else None
+                if start is not None:  # 0, 1, 2, ... (pandas' index) or 1, 2, 3, ... (R's)
+                    index.append((c, start))
+                    continue
+            if not numeric and (given.any() or any(c in k for k in counts.values())):
+                if not _grouped_numbers(cell[given], sep):
+                    skipped.append(c)  # (a column of labels, or of --missing markers only)
+                    continue
+            if c in unnamed:
+                _refuse_unnamed(c, cols, text, given, written, path, row)
             names.append(c)
-            columns.append(_parse_values(cell, path, c, row, markers[1], counts, sep=sep))
+            columns.append(
+                _parse_values(
+                    cell, path, c, row, markers[1], counts, parsed if numeric else None, sep,
+                    decimal,
+                )
+            )  # fmt: skip
         if not names:
             first = skipped[0] if skipped else None
             detail = ""
@@ -355,7 +468,7 @@ def read_csv_series(
                     i = int(filled[0])
                     detail = (
                         f"; column {first!r} row {row(i)}: {df[first].iloc[i]!r} is not a number "
-                        f"({_not_a_number_hint(cells.iloc[i], sep)})"
+                        f"({_not_a_number_hint(cells.iloc[i], sep, decimal)})"
                     )
             elif empty:
                 detail = f"; column(s) {empty} have no header and no values"
@@ -363,10 +476,28 @@ def read_csv_series(
                 f"{path}: no numeric value columns besides the time column{detail}; name the "
                 f"value columns with --value-col (columns are {cols})"
             )
-        if index and notes is not None:
+        looks_timed = [
+            c
+            for c, col in zip(names, columns, strict=True)
+            if time_col is None and _counts_times(c, col)
+        ][:1]
+        if looks_timed and notes is not None:
+            c = looks_timed[0]
             notes.append(
-                "note: skipped the first column: no header and the row numbers 0, 1, 2, ... in it "
-                "(the index pandas' to_csv writes)"
+                f"note: column {c!r} is read as a series; if it holds the times, pass --time-col "
+                f"{shlex.quote(c)} (without it the row number is the time)"
+            )
+        for c, start in index if notes is not None else ():
+            j = cols.index(c)
+            which = "the first column" if j == 0 else f"column {j + 1}"
+            source = (
+                "the index pandas' to_csv writes"
+                if start == 0
+                else "the row names R's write.csv writes"
+            )
+            notes.append(
+                f"note: skipped {which}: no header and the row numbers {start}, {start + 1}, "
+                f"{start + 2}, ... in it ({source})"
             )
         if empty and notes is not None:
             notes.append(
@@ -407,6 +538,7 @@ def read_csv_series(
         k = int(same[0])
         a, b = sorted((int(order[k]), int(order[k + 1])))
         more = same.size - 1
+        _split_times(df, cols, times, time_col, path, row, a, b)
         raise InputError(
             f"{path}: column {time_col!r} rows {row(a)} and {row(b)} have the same time "
             f"{_show_time(st[k])}"
@@ -426,9 +558,45 @@ def read_csv_series(
                 ][:1]
             )
         )
+    if file_lines is not None:  # row(i) for each i of order, at numpy's speed
+        if lines is None or isinstance(lines, range):
+            at = order + (2 if lines is None else lines.start + 1)
+        else:
+            at = np.asarray(lines)[order + 1]
+        file_lines[:] = at.tolist()
     if not sorted_:
         times, z = st, z[order]
     return times, z, names, sorted_
+
+
+def _split_times(df, cols, times, time_col, path, row, a, b) -> None:
+    """Refuse repeated times that another column tells apart as the periods of a year (year and
+    quarter in two columns, as statsmodels' macrodata holds them): the time is split over two
+    columns, to be written as one, not kept as repeated times nor read as a series."""
+    if times.dtype.kind != "f" or not np.all(times == np.round(times)):
+        return
+    for c in cols:
+        if c == time_col:
+            continue
+        values = _float_or_nan_column(df[c])
+        if np.isnan(values).any() or not np.all(values == np.round(values)):
+            continue
+        lo, hi = int(values.min()), int(values.max())
+        if lo != 1 or hi not in (4, 12) or len(set(zip(times, values, strict=True))) < len(times):
+            continue
+        what, label = ("quarter", "1959Q1") if hi == 4 else ("month", "1959-01")
+        raise InputError(
+            f"{path}: column {time_col!r} rows {row(a)} and {row(b)} have the same time "
+            f"{_show_time(times[a])}, told apart by column {c!r} ({lo} to {hi}): the time is "
+            f"split over two columns (year and {what}); write them as one time column "
+            f"({label}) and pass it to --time-col"
+        )
+
+
+def _float_or_nan_column(col) -> np.ndarray:
+    import pandas as pd
+
+    return pd.to_numeric(col.astype(str).str.strip(), errors="coerce").to_numpy(np.float64)
 
 
 def _long_to_wide(keys, times, z, names, path, series_col, row, notes):
@@ -507,6 +675,58 @@ def _times_as_columns(cols: list, path: str) -> None:
             f"{path}: the columns are named by times ({', '.join(map(str, timed[:3]))}, ...): "
             "one row per series and a column per time; expected a row per time and a column "
             "per series: transpose the table first (or name the columns to use with --value-col)"
+        )
+
+
+def _quarter_format(col, fmt: str, path: str, name: str, row):
+    """The cells of a time column written as ``--time-format`` ``fmt`` says with ``%q`` for the
+    quarter (``%Y.%q`` reads ``1959.1``, ``%YQ%q`` reads ``1959Q1``), as the ISO dates their
+    quarters start (``1959-01-01``)."""
+    parts = re.split(r"(%Y|%q)", fmt)
+    if "%Y" not in parts or parts.count("%q") != 1 or any("%" in p for p in parts[::2]):
+        raise InputError(
+            f"--time-format {fmt}: with %q (the quarter, 1-4) expected %Y and literal text only, "
+            "e.g. %Y.%q for 1959.1"
+        )
+    pattern = "".join(
+        {"%Y": r"(?P<y>\d{4})", "%q": r"(?P<q>[1-4])"}.get(p, re.escape(p)) for p in parts
+    )
+    text = col.astype(str).str.strip()
+    got = text.str.extract(f"^{pattern}$")
+    bad = got["y"].isna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"{path}: column {name!r} row {row(i)}: cannot parse {text.iloc[i]!r} as a quarter "
+            f"in the format {fmt!r} (--time-format)"
+        )
+    month = (got["q"].astype(int) * 3 - 2).map("{:02d}".format)
+    return got["y"] + "-" + month + "-01"
+
+
+def _period_numbers(col, path: str, name: str) -> None:
+    """Refuse a numeric time column written as year.month (``1950.01`` .. ``1950.12``) or
+    year.quarter (``1959.1`` .. ``1959.4``): the part after the point counts the periods of
+    each year and starts again at the next, which as decimal years would be steps of 0.01 (0.1)
+    and a jump of 0.89 (0.7) at each year's end. Several periods in a year and several years."""
+    text = col.astype(str).str.strip()
+    for pattern, what, steps, fix in (
+        (r"\d{3,4}\.(0[1-9]|1[0-2])", "year.month", "0.01 within a year and 0.89 from .12 to "
+         "the next year's .01", "%Y.%m to read them as months (or write them as dates, 1950-01)"),
+        (r"\d{3,4}\.[1-4]", "year.quarter", "0.1 within a year and 0.7 from .4 to the next "
+         "year's .1", "%Y.%q to read them as quarters (or write them as quarter labels, 1959Q1)"),
+    ):  # fmt: skip
+        if not text.str.fullmatch(pattern).all():
+            continue
+        year, period = text.str.split(".", n=1, expand=True).to_numpy().T
+        if len(set(year)) < 2 or len(set(zip(year, period, strict=True))) <= len(set(year)):
+            return
+        values = text.astype(float)
+        lo, hi = text.iloc[int(values.argmin())], text.iloc[int(values.argmax())]
+        raise InputError(
+            f"{path}: column {name!r} holds {what} numbers ({lo} to {hi}): the part after the "
+            "point counts the periods of each year and starts again at the next year, so read as "
+            f"numbers (decimal years) the steps would be {steps}; pass --time-format {fix}"
         )
 
 
@@ -597,8 +817,9 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None, cal
         )
     except TimeParseError as err:
         if err.index is None:
-            raise InputError(str(err)) from err
+            raise InputError(_cli_names(str(err))) from err
         msg = re.sub(r"\(position (\d+)\)", lambda m: f"(row {row(int(m.group(1)))})", str(err))
+        msg = _cli_names(msg)
         if "cannot parse" in msg:
             hint = msg[msg.index(" as a time") + len(" as a time") :].strip()
             if hint.startswith("(expected "):  # the parse's expectation, said once
@@ -620,6 +841,13 @@ def _parse_times(col, path, name, row=None, time_format=None, dayfirst=None, cal
                     "noleap, ...) reads the column in that calendar"
                 )
         raise InputError(msg) from err
+
+
+def _cli_names(msg: str) -> str:
+    """A time parse's message with the options named as the command line names them:
+    ``time_format (CLI: --time-format)`` is ``--time-format``."""
+    msg = re.sub(r"\b(?:time_format|dayfirst|calendar) \(CLI: (--[\w-]+)\)", r"\1", msg)
+    return re.sub(r"e\.g\. (\S+) \(CLI: (--[\w-]+)\)", r"e.g. \2 \1", msg)
 
 
 def _calendar_times(text, path, name, row, time_format, calendar):

@@ -208,6 +208,16 @@ def _results_table(ds):
     return pd.concat(parts, ignore_index=True), [len(p) for p in parts], tdim, sdims
 
 
+def _number_text(t: float) -> str:
+    """A numeric time as results.csv writes it: a whole number as an integer, else the shortest
+    text that reads back to it (epoch seconds 1709430000, not 1.70943e+09).
+
+    >>> _number_text(1709430000.0), _number_text(1968.6), _number_text(2.5e-7)
+    ('1709430000', '1968.6', '2.5e-07')
+    """
+    return str(int(t)) if t.is_integer() and abs(t) < 2.0**53 else repr(t)
+
+
 def _write_csv(ds, path: str) -> None:
     """Long-format table: one row per (time, series) with the filtered and smoothed level (mean, sd,
     bounds at the widest coverage). Forecast rows (``kind=forecast``) give the level's mean and sd,
@@ -225,10 +235,7 @@ def _write_csv(ds, path: str) -> None:
         if cf:
             texts = _cf_texts(uniques)
         elif kind == "f":  # times exactly as read (shortest round-trip text)
-            texts = [
-                str(int(t)) if t.is_integer() and abs(t) < 2.0**53 else repr(t)
-                for t in uniques.astype(np.float64).tolist()
-            ]
+            texts = [_number_text(t) for t in uniques.astype(np.float64).tolist()]
         else:
             zone = "Z" if ds[tdim].attrs.get("time_zone") == "UTC" else ""
             # a zone only with a time of day: 1958-03-29 00:00:00Z (ISO 8601 has no date with Z)
