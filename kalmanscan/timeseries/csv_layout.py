@@ -345,7 +345,8 @@ def _header_as_data(header: list, path: str, sep: str, line: int, named: list) -
     """Refuse a header whose every name is a number or a date (``1871,1120.0``): a file without
     a header row, whose first row of data would be taken for the names and lost. Not where an
     option names one of them (``--value-col 2020``: names meant so), nor for three or more
-    years or periods (columns named by times, refused by :func:`~kalmanscan.timeseries.csv_times._times_as_columns`)."""
+    years or periods (columns named by times, refused by
+    :func:`~kalmanscan.timeseries.csv_times._times_as_columns`)."""
     from kalmanscan.timeseries.times import period_starts
 
     cells = [str(c).strip() for c in header]
