@@ -170,6 +170,8 @@ class _Crawl:
         their stencil is taken there next)."""
         moved = np.zeros(idx.size, bool)
         ni = n_iter[idx]
+        if ni.max(initial=0) < _CRAWL_FROM - _CRAWL_EVERY:  # (most fits: never)
+            return moved
         fresh = (self.at[idx] < 0) & (ni >= _CRAWL_FROM - _CRAWL_EVERY)
         self._mark(idx[fresh], u, f, n_iter)
         due = np.flatnonzero((self.at[idx] >= 0) & (ni - self.at[idx] >= _CRAWL_EVERY))
@@ -340,8 +342,9 @@ def minimize(
         if idx.size == 0:
             continue
         moved = crawl.to_bounds(idx, u, f, n_iter, point, fun, positive, gtol, xtol, h, quadratic)
-        idx = idx[~moved]
-        trial[np.setdiff1d(take, idx)] = False  # moved: the next stencil is at the new point
+        if moved.any():
+            trial[idx[moved]] = False  # moved: the next stencil is at the new point
+            idx = idx[~moved]
         if idx.size == 0:
             continue
         ui, gi, Hi = u[idx], g[idx], H[idx]
