@@ -497,9 +497,9 @@ def test_scan_smoother_weakly_informed_diffuse_head_against_oracle(r):
     """3 diffuse states seen through one entry (the regime battery's ``_mixing`` family, seed 2,
     40 % missing): at step 0 the data inform one direction 1e-9 times as much as the others, and
     the scan's information form of the head's smoothed moments kept eps |J| / lam_min of it
-    (smoothed means 2.4e-6 sd off the oracle at R = 1e-10, 9.3e-7 at 1e-6). The head now takes
-    the square-root rows there: measured 1.2e-9 sd / 7.0e-11 relative and 4.4e-11 sd /
-    1.1e-12 (docs/dense.md, "Left")."""
+    (smoothed means 2.4e-6 sd off the oracle at R = 1e-10, 9.3e-7 at 1e-6). The head now
+    combines with the suffix's square-root rows as the reference does (sequential.combine_rows):
+    measured 1.1e-11 sd / 2.8e-12 relative at R = 1e-10 (docs/dense.md, "Left")."""
     from kalmanscan.validation import oracle, regimes
 
     z, F, Q, H, R, _ = regimes._mixing(2, 3, 1, r, "diffuse")

@@ -24,6 +24,7 @@ from kalmanscan.dense.scan import (
     Element,
     _near_steps,
     _sym,
+    condition,
     mask_observation,
     scan,
     step_elements,
@@ -596,33 +597,32 @@ def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
 
 
 def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments:
-    """Smoothed moments from the filter's and the suffix information (eta, J) that z_{t+1:T}
-    carry about x_t. After the head: the folded prefix (the filtered moments) combined with it,
-    (I + C J)^-1 [C, b + C eta]. Head steps (few): the filtered finite part and diffuse
-    directions combined with it as the reference does (x_t = m_t + [L, D] (u, v))."""
+    """Smoothed moments from the filter's and the suffix information that z_{t+1:T} carry about
+    x_t, held as square-root rows ``[Zx | r]`` (:class:`kalmanscan.dense.scan.RowElement`: the
+    information of an explosive F observed almost without noise spans 12 decades, whose weak
+    directions a matrix J keeps only to eps |J|). After the head: the folded prefix (the filtered
+    moments) conditioned on the rows (:func:`kalmanscan.dense.scan.condition`). Head steps (few):
+    the filtered finite part and diffuse directions combined with the rows as the reference does
+    (x_t = m_t + [L, D] (u, v), :func:`kalmanscan.dense.sequential.combine_rows`)."""
     bad = []
     E = step_elements(
-        model.z, model.observed, model.F, model.c, model.Q, model.H, model.R, singular=bad
-    )
+        model.z, model.observed, model.F, model.c, model.Q, model.H, model.R, singular=bad,
+        rows=True,
+    )  # fmt: skip
     B, T, n = E.b.shape
     if bool(bad[0].expand(B, T)[:, 1:].any()):
         raise ValueError(SINGULAR_MESSAGE)
     S = scan(E, reverse=True, chunk=chunk)
     del E
-    zm = torch.zeros(B, 1, n, n, dtype=S.b.dtype, device=S.b.device)
-    Jb = torch.cat([S.J[:, 1:], zm], 1)
-    etab = torch.cat([S.eta[:, 1:], torch.zeros(B, 1, n, dtype=S.b.dtype, device=S.b.device)], 1)
+    Zb = torch.cat([S.Z[:, 1:], torch.zeros_like(S.Z[:, :1])], 1)  # z_{t+1:} about x_t
     if parts.x0[0] == "x0":
-        return _smooth_from_x0(model, parts, S, Jb, etab)
+        return _smooth_from_x0(model, parts, S, Zb)
     tau = parts.x0[1]
     means, covs = [], []
     if tau > 0 and len(parts.x0) > 2:  # information head: p(x_t | x_0, z) and x_0 | z
         hp, L0 = parts.x0[2:]
-        X = _eye(n, hp.C) + hp.C @ Jb[:, :tau]
-        rhs = torch.cat([hp.A, hp.C, (hp.b + _mv(hp.C, etab[:, :tau])).unsqueeze(-1)], -1)
-        sol = torch.linalg.solve(X, rhs)
-        A2, C2, b2 = sol[..., :n], _sym(sol[..., n : 2 * n]), sol[..., 2 * n]
-        mu, Sig = _post_prec(model.m0, L0, S.J[:, :1], S.eta[:, :1])
+        b2, C2, (A2,), _, _ = condition(Zb[:, :tau], hp.b, hp.C, hp.A)
+        mu, Sig = _post_prec(model.m0, L0, *_row_info(S.Z[:, :1]))
         mh = _moments(A2, b2, C2, mu, Sig, None, 0)
         means.append(mh.mean)
         covs.append(mh.cov)
@@ -631,75 +631,31 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
 
         f = parts.filtered
         fh = Moments(f.mean[:, :tau], f.cov[:, :tau], f.diffuse[:, :tau], min(f.ndiffuse, tau))
-        G, flat = sequential.diffuse_factor(fh)  # x_t = m_t + G (u, v)
-        Jh, m = Jb[:, :tau], fh.mean
-        Gt = G.transpose(-1, -2)
-        Lam = _sym(Gt @ Jh @ G) + torch.diag_embed(
-            torch.cat([torch.ones_like(m), flat.to(m.dtype)], -1)
-        )
-        rhs = torch.cat([Gt, Gt @ (etab[:, :tau] - _mv(Jh, m)).unsqueeze(-1)], -1)
-        # singular where the suffix information about a diffuse direction underflows (a tiny
-        # entry of F over a gap): those series' steps take the rows below (cond(Lam) inf)
-        sol = _scaled_solve(Lam, rhs, check=False)
-        ms, Ps = m + _mv(G, sol[..., n]), _sym(G @ sol[..., :n])
-        rows = _rows_steps(model, Lam, tau)
-        if rows is not None:  # the suffix information about x_{tau-1} as square-root rows,
-            # carried back over the head by the reference's backward filter (docs/dense.md)
-            last = sequential.info_rows(Jb[:, tau - 1], etab[:, tau - 1])
-            rb = sequential.backward_rows(_steps(model, slice(0, tau)), last)
-            ms2, Ps2 = sequential.combine_rows(rb[..., :n], rb[..., n:], fh)
-            ms = torch.where(rows.unsqueeze(-1), ms2, ms)
-            Ps = torch.where(rows[..., None, None], Ps2, Ps)
+        Zh = Zb[:, :tau]
+        ms, Ps = sequential.combine_rows(Zh[..., :n], Zh[..., n:], fh)
         means.append(ms)
         covs.append(Ps)
     if tau < T:
-        b, C = parts.prefix.b, parts.prefix.C
-        X = _eye(n, C) + C @ Jb[:, tau:]
-        sol = torch.linalg.solve(X, torch.cat([C, (b + _mv(C, etab[:, tau:])).unsqueeze(-1)], -1))
-        means.append(sol[..., n])
-        covs.append(_sym(sol[..., :n]))
+        mean, cov, _, _, _ = condition(Zb[:, tau:], parts.prefix.b, parts.prefix.C)
+        means.append(mean)
+        covs.append(cov)
     cov = torch.cat(covs, 1)
     return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
 
 
-ROWS_COND = 1e4  # the information form's conditioning above this times sqrt(hq): the rows serve
+def _row_info(Z):
+    """(J [.., n, n], eta [.., n]) of the rows Z = [Zx | r] [.., k, n+1]."""
+    n = Z.shape[-1] - 1
+    Zx, r = Z[..., :n], Z[..., n:]
+    return _sym(Zx.transpose(-1, -2) @ Zx), (Zx.transpose(-1, -2) @ r).squeeze(-1)
 
 
-def _rows_steps(model: Model, Lam, tau):
-    """[B, tau] bool: the diffuse-head steps of the series whose smoothed moments the
-    square-root rows give more accurately than the information form ``G Lam^-1 G'``, or None
-    where there are none.
-
-    The information form loses ``eps cond(Lam)`` (``Lam`` diagonally scaled): a direction the
-    data inform 1e-9 times as much as the others (a contracting F between the observations)
-    keeps only the digits its information has above ``eps |J|``. The rows lose up to
-    ``1e3 eps sqrt(hq)`` with near noise-free entries (``hq = |h|^2 tr(Q) / R_ii``, the largest
-    over the head; native's level) and nothing extra without them. The rows serve where the
-    information form's level is ``ROWS_COND / 1e3`` times theirs."""
-    with torch.no_grad():
-        d = torch.diagonal(Lam, dim1=-2, dim2=-1).clamp_min(torch.finfo(Lam.dtype).tiny).rsqrt()
-        w = torch.linalg.eigvalsh(Lam * d.unsqueeze(-1) * d.unsqueeze(-2))
-        cond = w[..., -1] / w[..., 0].clamp_min(torch.finfo(Lam.dtype).tiny)
-        hm = _steps(model, slice(0, tau))
-        H, R, _ = mask_observation(hm.z, hm.observed, hm.H, hm.R)
-        tr = torch.diagonal(hm.Q, dim1=-2, dim2=-1).sum(-1)
-        rd = torch.diagonal(R, dim1=-2, dim2=-1)
-        hh = H.square().sum(-1) * tr.unsqueeze(-1)
-        hq = torch.where(hh > 0, hh / rd, torch.zeros_like(hh)).amax((-1, -2))  # [B]
-        rows = cond.amax(-1) > ROWS_COND * hq.clamp_min(1.0).sqrt()  # per series: the rows
-        # carry the suffix back over the whole head, and a step whose own Lam is well
-        # conditioned still sees an earlier step's weakly informed direction
-        return rows.unsqueeze(-1).expand(cond.shape) if bool(rows.any()) else None
-
-
-def _smooth_from_x0(model, parts, S, Jb, etab) -> Moments:
+def _smooth_from_x0(model, parts, S, Zb) -> Moments:
     """The smoother of :func:`_unresolved_parts`: p(x_t | segment start, z_{1:T}) from the prefix
-    and the suffix information, then the segment start's posterior given all data."""
+    conditioned on the suffix rows, then the segment start's posterior given all data."""
     B, T, n = S.b.shape
     A, b, C = parts.prefix.A[:, 1:], parts.prefix.b[:, 1:], parts.prefix.C[:, 1:]
-    X = _eye(n, A) + C @ Jb
-    sol = torch.linalg.solve(X, torch.cat([A, C, (b + _mv(C, etab)).unsqueeze(-1)], -1))
-    A2, C2, b2 = sol[..., :n], _sym(sol[..., n : 2 * n]), sol[..., 2 * n]
+    b2, C2, (A2,), _, _ = condition(Zb, b, C, A)
     _, tau, start_post, PiK_T = parts.x0
     if tau is None:  # one segment: its start's posterior given all data was computed by the filter
         mu, Sig = (x.unsqueeze(1) for x in start_post)
@@ -707,7 +663,7 @@ def _smooth_from_x0(model, parts, S, Jb, etab) -> Moments:
             return _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
         return _moments(A2, b2, C2, mu, Sig, None, 0)
     # head: x_0 given all data (resolved: S_1.J is invertible on the diffuse part)
-    mu_h, Sig_h = _post_prec(model.m0, model.L0, S.J[:, :1], S.eta[:, :1])
+    mu_h, Sig_h = _post_prec(model.m0, model.L0, *_row_info(S.Z[:, :1]))
     parts_mu, parts_Sig = [mu_h.expand(B, tau, n)], [Sig_h.expand(B, tau, n, n)]
     if tau < T:
         mu_t, Sig_t = start_post
