@@ -125,3 +125,18 @@ def fit_devices(monkeypatch):
 
     monkeypatch.setattr(objective, "_loglik", spy)
     return devices
+
+
+@pytest.fixture(scope="session")
+def buried_ou():
+    """1,000 random OU series in noise, 500 steps (benchmarks/fit_hard.py's): theta 0.01-1,
+    sigma2 and obs_var 0.1-10 (log-uniform), mu ~ N(0, 9)."""
+    from kalmanscan.timeseries import OUModel
+
+    r = np.random.default_rng(5)
+    n = 1000
+    th = np.exp(r.uniform(np.log(0.01), np.log(1.0), n))
+    s2 = np.exp(r.uniform(np.log(0.1), np.log(10), n))
+    ov = np.exp(r.uniform(np.log(0.1), np.log(10), n))
+    model = OUModel(theta=th, sigma2=s2, mu=r.normal(size=n) * 3, obs_var=ov)
+    return model.simulate(n=500, seed=22)[1]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kalmanscan as ks
-from kalmanscan.timeseries import OUModel, optim
+from kalmanscan.timeseries import optim
 
 
 def _fit(z, **kw):
@@ -22,21 +22,8 @@ def _fit(z, **kw):
         return ks.fit_ou(z, **kw)
 
 
-@pytest.fixture(scope="module")
-def buried():
-    """1,000 random OU series in noise (benchmarks/fit_hard.py's): theta 0.01-1, sigma2 and
-    obs_var 0.1-10, 500 steps."""
-    rng = np.random.default_rng(5)
-    n = 1000
-    th = np.exp(rng.uniform(np.log(0.01), np.log(1.0), n))
-    s2 = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
-    ov = np.exp(rng.uniform(np.log(0.1), np.log(10), n))
-    model = OUModel(theta=th, sigma2=s2, mu=rng.normal(size=n) * 3, obs_var=ov)
-    return model.simulate(n=500, seed=22)[1]
-
-
-def test_the_crawling_series_converges_on_its_bound(buried):
-    z = buried[:, 740]
+def test_the_crawling_series_converges_on_its_bound(buried_ou):
+    z = buried_ou[:, 740]
     fit = _fit(z)
     assert fit.converged and fit.n_iter <= 60  # (500, unconverged, before)
     assert fit.at_boundary["obs_var"]
@@ -53,8 +40,8 @@ def test_the_crawling_series_converges_on_its_bound(buried):
     assert np.isfinite(fit.stderr["theta"]) and np.isfinite(fit.stderr["sigma2"])
 
 
-def test_a_thousand_random_ou_series_all_converge(buried):
-    fit = _fit(buried)
+def test_a_thousand_random_ou_series_all_converge(buried_ou):
+    fit = _fit(buried_ou)
     assert fit.converged.all()  # (999 of 1,000 before)
     assert fit.n_iter <= 100  # (500 before)
 

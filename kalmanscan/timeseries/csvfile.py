@@ -90,12 +90,7 @@ def _missing_markers(markers) -> tuple[tuple[str, ...], dict[float, str]]:
             if marker not in texts:
                 texts.append(marker)
             continue
-        if value in numbers and numbers[value] != marker:
-            raise InputError(
-                f"--missing {marker}: the same number as --missing {numbers[value]} (numbers "
-                "are matched by value); give it once"
-            )
-        numbers[value] = marker
+        _one_marker_a_number(numbers, value, marker)
     return tuple(texts), numbers
 
 
@@ -144,14 +139,19 @@ def _comma_markers(markers, sep: str, decimal) -> tuple[tuple[str, ...], dict[fl
         if not re.fullmatch(r"[+-]?\d*,\d+", marker):
             kept.append(marker)
             continue
-        value = float(marker.replace(",", "."))
-        if value in numbers and numbers[value] != marker:
-            raise InputError(
-                f"--missing {marker}: the same number as --missing {numbers[value]} (numbers "
-                "are matched by value); give it once"
-            )
-        numbers[value] = marker
+        _one_marker_a_number(numbers, float(marker.replace(",", ".")), marker)
     return tuple(kept), numbers
+
+
+def _one_marker_a_number(numbers: dict, value: float, marker: str) -> None:
+    """Adds ``--missing`` ``marker`` (the number ``value``) to ``numbers``, refusing a second
+    marker of the same number."""
+    if value in numbers and numbers[value] != marker:
+        raise InputError(
+            f"--missing {marker}: the same number as --missing {numbers[value]} (numbers "
+            "are matched by value); give it once"
+        )
+    numbers[value] = marker
 
 
 def read_csv_series(
