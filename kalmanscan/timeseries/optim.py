@@ -77,22 +77,17 @@ def stencil(k: int) -> np.ndarray:
     return np.stack(pts)
 
 
-def derivatives(fv: np.ndarray, k: int, h, h_cross=None):
+def derivatives(fv: np.ndarray, k: int, h):
     """``(f [n], g [n, k], H [n, k, k])`` from values ``fv [P, n]`` at :func:`stencil` points
-    scaled by the steps ``h`` (one for all coordinates, or one a coordinate ``[k]``), the mixed
-    points ``±(e_i + e_j)`` by ``h_cross`` (default ``h``).
+    scaled by the steps ``h`` (one for all coordinates, or one a coordinate ``[k]``).
 
     Central differences, error ``O(h^2)``: ``g_j = (f(+e_j) - f(-e_j)) / 2h_j``,
     ``H_jj = (f(+e_j) - 2 f + f(-e_j)) / h_j^2``, and
     ``H_ij = (f(+e_i+e_j) + f(-e_i-e_j) - f(+e_i) - f(-e_i) - f(+e_j) - f(-e_j) + 2 f) / 2h_ih_j``
-    with every step there ``h_cross``. A coordinate whose ``h_cross`` differs from its ``h``
-    must be one in which the objective is exactly quadratic: its ``f(+e_i) + f(-e_i) - 2 f`` at
-    ``h_cross`` is then the one at ``h`` times ``(h_cross / h)^2``. (The mixed formula's error
-    has a term ``h_i h_j d4f/di2dj2 / 4``, which a long step in a quadratic coordinate does not
-    cancel: ``mu``'s whole unit left the standard errors 1.3e-4 off.)
+    (whose error has a term ``h_i h_j d4f/di2dj2 / 4``: a long step in a quadratic coordinate
+    leaves it, :func:`_mixed_at`).
     """
     h = np.broadcast_to(np.asarray(h, dtype=np.float64), (k,))
-    hc = h if h_cross is None else np.broadcast_to(np.asarray(h_cross, dtype=np.float64), (k,))
     f0 = fv[0]
     n = fv.shape[1]
     plus, minus = fv[1 : 1 + 2 * k : 2], fv[2 : 2 + 2 * k : 2]  # [k, n]
@@ -102,11 +97,9 @@ def derivatives(fv: np.ndarray, k: int, h, h_cross=None):
     for j in range(k):
         H[:, j, j] = diag[j]
     base = 1 + 2 * k
-    # f(+e_j) + f(-e_j) - 2 f at the mixed points' steps
-    second = (plus + minus - 2 * f0) * ((hc / h) ** 2)[:, None]  # [k, n]
     for m, (i, j) in enumerate(itertools.combinations(range(k), 2)):
         pp, mm = fv[base + 2 * m], fv[base + 2 * m + 1]
-        hij = (pp + mm - second[i] - second[j] - 2 * f0) / (2 * hc[i] * hc[j])
+        hij = (pp + mm - plus[i] - minus[i] - plus[j] - minus[j] + 2 * f0) / (2 * h[i] * h[j])
         H[:, i, j] = H[:, j, i] = hij
     return f0, g, H
 
