@@ -562,7 +562,11 @@ def test_cli_inspect(tmp_path, capsys, monkeypatch):
         monkeypatch=monkeypatch,
     )
     assert rc == 0 and (out / "comparison.png").is_file()
-    assert "text 1" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "text 1" in text
+    # the earlier run's window.png is not this run's: removed, and said so
+    assert not (out / "window.png").exists()
+    assert "removed" in text and "window.png" in text and "earlier run" in text
     # --file - (standard input) with --max-bytes; the overview keeps its width at any length
     from PIL import Image
 

@@ -288,6 +288,14 @@ def inspect_main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     engine = written.pop()
+    # A figure an earlier run wrote into this folder and this run does not (window.png without
+    # --window, comparison.png with one text) would sit beside the new ones as if it were theirs.
+    stale = [
+        p for p in (args.out / "window.png", args.out / "comparison.png")
+        if p not in written and p.exists()
+    ]  # fmt: skip
+    for p in stale:
+        p.unlink()
 
     L = ds.sizes["time"]
     print(
@@ -302,6 +310,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
     with pd.option_context("display.width", 120, "display.precision", 3):
         print(summarize(ds).to_string())
     print(f"wrote {', '.join(str(p) for p in written)} ({engine} engine; {L} tokens)")
+    if stale:
+        print(f"removed {', '.join(str(p) for p in stale)}: an earlier run's, not this text's")
     return 0
 
 

@@ -80,6 +80,7 @@ def _write_outputs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from kalmanscan.plot import _series_dims as _plot_series_dims
     from kalmanscan.plot import make_drawable, plot_overview
     from kalmanscan.xarray import netcdf_engine, save_netcdf
 
@@ -93,6 +94,11 @@ def _write_outputs(
     os.makedirs(out_dir, exist_ok=True)
     _replace_into(nc, lambda tmp: save_netcdf(ds, tmp, engine=engine))
     axes = plot_overview(ds, max_series=max_series)
+    _tdim, sdims = _plot_series_dims(ds)
+    n_series = int(np.prod([ds.sizes[d] for d in sdims])) if sdims else 1
+    if n_series > max_series:  # say so on the figure: the rest are in the data files only
+        files = f"{os.path.basename(nc)} and {os.path.basename(csv)}"
+        title = f"{title}\n(the first {max_series} of {n_series} series; all in {files})"
     axes[0].figure.suptitle(title)
     if ylabel:
         for ax in axes[:-1]:
