@@ -314,12 +314,18 @@ def test_parameters_per_step_filter_and_a_forecast_asks_for_values_per_series():
     np.testing.assert_allclose(got.loglik, want.loglik, rtol=1e-14)
     with pytest.raises(
         ValueError,
-        match=r"theta: expected values per series for a forecast, got "
-        r"values per step of the record \(shape \(5,\)\)",
+        match=r"theta: the model gives values per step of the record \(shape \(5,\)\).*"
+        r"future_params=\{'theta': \.\.\.\}",
     ):
         m.forecast(z, steps=2)  # was: a bare numpy broadcasting error
-    fc = m.with_params(theta=0.2, sigma2=5.0, mu=2.0).forecast(z, steps=2)
-    assert np.isfinite(fc.predictive_var).all()
+    fc = m.forecast(z, steps=2, future_params={"theta": 0.2, "sigma2": 5.0, "mu": 2.0})
+    # the filter over the record with rows at the forecast times, the values there as given
+    ext = OUModel(
+        theta=np.r_[theta, 0.2, 0.2], sigma2=np.r_[sigma2, 5.0, 5.0], mu=np.r_[mu, 2.0, 2.0],
+        obs_var=0.3,
+    ).filter(np.r_[z, np.nan, np.nan])  # fmt: skip
+    np.testing.assert_allclose(fc.mean, ext.mean[-2:], rtol=1e-14)
+    np.testing.assert_allclose(fc.var, ext.var[-2:], rtol=1e-14)
 
 
 def test_a_prior_known_exactly_is_a_valid_model():

@@ -393,7 +393,15 @@ class OUModel:
         return self.filter(z, times, axis=axis).loglik
 
     def forecast(
-        self, z, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0
+        self,
+        z,
+        times=None,
+        *,
+        steps=None,
+        at=None,
+        coverage: float = 0.95,
+        axis: int = 0,
+        future_params=None,
     ) -> Forecast:
         """Forecast after the last timestamp of ``z`` (see :func:`forecast`).
 
@@ -405,7 +413,14 @@ class OUModel:
         model, zt, ax, _ = self._prepare(z, times, axis)
         res = model.filter_prepared(zt, ax)
         return forecast_from_state(
-            model, ax, res.mean[-1], res.var[-1], steps=steps, at=at, coverage=coverage
+            model,
+            ax,
+            res.mean[-1],
+            res.var[-1],
+            steps=steps,
+            at=at,
+            coverage=coverage,
+            future_params=future_params,
         )
 
     def with_params(self, **changes) -> OUModel:
@@ -473,10 +488,20 @@ class OUModel:
         z = level + np.sqrt(self.obs_var) * rng.standard_normal((T,) + shape)
         return level, z
 
-    def run(self, z, time_axis: TimeAxis, *, smooth=True, forecast_at=None, backend="auto"):
+    def run(
+        self,
+        z,
+        time_axis: TimeAxis,
+        *,
+        smooth=True,
+        forecast_at=None,
+        backend="auto",
+        future_params=None,
+    ):
         """Filter, smooth and forecast time-first ``z [T, *S]`` on a checked :class:`TimeAxis`:
         ``(filtered, smoothed, forecast)``, the last two ``None`` without ``smooth`` or
-        ``forecast_at`` (checked labels, e.g. from :func:`forecast_labels`). What a Dataset shows.
+        ``forecast_at`` (checked labels, e.g. from :func:`forecast_labels`; ``future_params`` as
+        for :func:`forecast`). What a Dataset shows.
 
         >>> import numpy as np
         >>> m = OUModel(sigma2=1.0, obs_var=1.0)
@@ -490,7 +515,9 @@ class OUModel:
         fc = None
         if forecast_at is not None:
             last_mean, last_var = filtered.mean[-1], filtered.var[-1]
-            fc = forecast_from_state(self, time_axis, last_mean, last_var, at=forecast_at)
+            fc = forecast_from_state(
+                self, time_axis, last_mean, last_var, at=forecast_at, future_params=future_params
+            )
         return filtered, (res if smooth else None), fc
 
     def to_dataset(
@@ -507,6 +534,7 @@ class OUModel:
         name: str | None = None,
         fit=None,
         backend: str = "auto",
+        future_params=None,
     ):
         """Filter (and smooth, and forecast) ``z`` and return an ``xarray.Dataset`` (needs xarray).
 
@@ -514,6 +542,7 @@ class OUModel:
             z: ``[T, *S]`` time first (pandas: index = times). times: timestamps or a
                 :class:`TimeAxis`. coverage: interval coverages.
             forecast_steps, forecast_at: forecast that many typical steps ahead, or at timestamps.
+            future_params: parameter values over the forecast, as for :func:`forecast`.
             series_dims: names of the series dims (default ``("series",)`` for 2-D data).
             series_coords: ``{dim: labels}``. name: recorded in ``attrs["name"]`` (default: a
                 named Series' or 1-D DataArray's name).
@@ -534,7 +563,7 @@ class OUModel:
             return self.aligned_to(z).to_dataset(
                 z, times, coverage=coverage, smooth=smooth, forecast_steps=forecast_steps,
                 forecast_at=forecast_at, series_dims=series_dims, series_coords=series_coords,
-                name=name, fit=fit, backend=backend,
+                name=name, fit=fit, backend=backend, future_params=future_params,
             )  # fmt: skip
         coverage = check_coverage(coverage)
         if isinstance(times, TimeAxis):
@@ -565,7 +594,12 @@ class OUModel:
             prior_mean, prior_var = self.prior()
             model = self.with_params(prior_mean=prior_mean, prior_var=prior_var)
         filtered, smoothed, fc = model.run(
-            zt, ax, smooth=smooth, forecast_at=fc_labels, backend=backend
+            zt,
+            ax,
+            smooth=smooth,
+            forecast_at=fc_labels,
+            backend=backend,
+            future_params=future_params,
         )
         ds = view.results_dataset(
             da,
@@ -605,9 +639,21 @@ def _move_time(res, axis):
 
 
 def forecast(
-    model_or_fit, z=None, times=None, *, steps=None, at=None, coverage: float = 0.95, axis: int = 0
+    model_or_fit,
+    z=None,
+    times=None,
+    *,
+    steps=None,
+    at=None,
+    coverage: float = 0.95,
+    axis: int = 0,
+    future_params=None,
 ) -> Forecast:
     """Forecast past the last observation, ``steps`` typical steps ahead or at timestamps ``at``.
+
+    The interval is conditional on the parameters (the fitted estimates taken as the truth): it
+    leaves out their estimation error, so from short records it covers less than ``coverage``
+    (docs/model.md, "Forecasts").
 
     Args:
         model_or_fit: an :class:`OUFit` (uses its data) or an :class:`OUModel` (then give ``z``).
@@ -615,6 +661,10 @@ def forecast(
         steps: number of future steps spaced by the median step of ``times``.
         at: future timestamps (numbers or datetimes, like ``times``), each ``>=`` the last one.
         coverage: probability of the predictive interval of a new observation.
+        future_params: parameter values that hold over the forecast, ``{name: value}``, in place
+            of the model's: per series (``[*S]``), and for ``obs_var`` also per forecast time
+            (``[H, *S]``). Needed for a parameter the model gives per step of the record (which
+            is still filtered with those values).
 
     Returns:
         :class:`Forecast` with arrays ``[H, *S]``.
@@ -638,11 +688,15 @@ def forecast(
                 f"axis: an OUFit forecasts its own data on the time axis it was fitted on, "
                 f"got axis={axis!r}; pass axis only with an OUModel and z"
             )
-        return model_or_fit.forecast(steps=steps, at=at, coverage=coverage)
+        return model_or_fit.forecast(
+            steps=steps, at=at, coverage=coverage, future_params=future_params
+        )
     if not isinstance(model_or_fit, OUModel):
         raise TypeError(
             f"model_or_fit: expected an OUModel or OUFit, got {type(model_or_fit).__name__}"
         )
     if z is None:
         raise ValueError("z: expected the observed record to forecast from, got None")
-    return model_or_fit.forecast(z, times, steps=steps, at=at, coverage=coverage, axis=axis)
+    return model_or_fit.forecast(
+        z, times, steps=steps, at=at, coverage=coverage, axis=axis, future_params=future_params
+    )

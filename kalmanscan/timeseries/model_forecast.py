@@ -88,6 +88,87 @@ def forecast_labels(time_axis: TimeAxis, forecast_steps=None, forecast_at=None):
     return labels
 
 
+def check_future_params(future_params) -> dict:
+    """``future_params`` checked: ``{name: value}`` with names among the model's parameters,
+    values real, finite and in range as the model's own (labelled pandas/xarray values refused:
+    a forecast's values are taken by position). ``{}`` for None.
+
+    >>> check_future_params({"obs_var": [0.5, 2.0]})
+    {'obs_var': array([0.5, 2. ])}
+    """
+    from kalmanscan.timeseries.model import PARAMS
+    from kalmanscan.timeseries.model_input import _has_labels, _param_array
+
+    if future_params is None:
+        return {}
+    if not isinstance(future_params, dict):
+        raise TypeError(
+            "future_params: expected a dict of the parameters' values at the forecast times, "
+            f"like {{'obs_var': 0.5}}, got {type(future_params).__name__}"
+        )
+    out = {}
+    for k, v in future_params.items():
+        if k not in PARAMS:
+            raise ValueError(f"future_params: expected keys among {PARAMS}, got {k!r}")
+        if _has_labels(v):
+            raise TypeError(
+                f"future_params[{k!r}]: expected a number or an array in the series' order "
+                f"(values are taken by position), got a labelled {type(v).__name__}; pass "
+                "its .to_numpy() in the order of the data's series"
+            )
+        lo = None if k == "mu" else 0.0
+        out[k] = _host_array(
+            _param_array(f"future_params[{k!r}]", v, lo=lo, lo_open=(k == "obs_var"))
+        )
+    return out
+
+
+def _params_at_forecast(model, future: dict, S: tuple, H: int) -> dict:
+    """The four parameters over the forecast: per series (``[*S]``, or ``[H, *S]`` for a
+    ``future_params`` ``obs_var``), from ``future`` where given, else the model's, refusing a
+    model value given per step of the record (which says nothing of the forecast times)."""
+    nd = len(S)
+    params = {}
+    for k, v in model.params().items():
+        if k in future:
+            v = future[k]
+            try:
+                fits = np.broadcast_shapes(v.shape, S) == S
+            except ValueError:
+                fits = False
+            if not fits:
+                if k != "obs_var" or v.ndim != nd + 1 or v.shape[0] not in (1, H):
+                    per = (
+                        f"or [H, *S] with H = {H} forecast times"
+                        if k == "obs_var"
+                        else "(one value over the whole forecast; only obs_var may vary by "
+                        "forecast time)"
+                    )
+                    raise ValueError(
+                        f"future_params[{k!r}]: expected a value per series, shape broadcasting "
+                        f"to the series shape {S} {per}, got shape {v.shape}"
+                    )
+                try:
+                    np.broadcast_shapes(v.shape[1:], S)
+                except ValueError:
+                    raise ValueError(
+                        f"future_params[{k!r}]: expected shape [H, *S] = {(H, *S)}, got shape "
+                        f"{v.shape}"
+                    ) from None
+            params[k] = v
+            continue
+        v = _host_array(v)
+        if v.ndim > nd and v.shape[0] != 1:
+            raise ValueError(
+                f"{k}: the model gives values per step of the record (shape {v.shape}), which do "
+                f"not say what {k} is at the forecast times; give the values that hold there as "
+                f"future_params={{{k!r}: ...}} (the record is filtered with its per-step values "
+                "either way)"
+            )
+        params[k] = v.reshape(v.shape[1:]) if v.ndim > nd else v
+    return params
+
+
 def forecast_from_state(
     model: OUModel,
     time_axis: TimeAxis,
@@ -97,8 +178,12 @@ def forecast_from_state(
     steps=None,
     at=None,
     coverage: float = 0.95,
+    future_params=None,
 ) -> Forecast:
-    """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``."""
+    """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``;
+    ``future_params`` (:func:`check_future_params`): parameter values over the forecast in place
+    of the model's (needed for those the model gives per step of the record)."""
+    future = check_future_params(future_params)
     covs = check_coverage(coverage)
     if len(covs) != 1:
         raise ValueError(
@@ -130,15 +215,7 @@ def forecast_from_state(
     last_var = _host_array(last_var)
     nd = last_mean.ndim
     dt = dt.reshape((-1,) + (1,) * nd)
-    params = {k: _host_array(v) for k, v in model.params().items()}
-    for k, v in params.items():
-        if v.ndim > nd and v.shape[0] != 1:
-            raise ValueError(
-                f"{k}: expected values per series for a forecast, got values per step of the "
-                f"record (shape {v.shape}), which do not say what {k} is at the forecast times; "
-                f"forecast with the values that hold there, e.g. model.with_params({k}={k}[-1])"
-            )
-        params[k] = v.reshape(v.shape[1:]) if v.ndim > nd else v
+    params = _params_at_forecast(model, future, last_mean.shape, len(pos))
     theta, sigma2, mu, obs_var = params.values()
     # in units of a power of two c per series (module docstring), mapped back at the end
     lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)

@@ -193,13 +193,21 @@ class OUFit:
         d = smoothed_disturbances(self, z, screened)
         return Disturbances(d.observation.reshape(shape), d.state.reshape(shape))
 
-    def forecast(self, steps=None, *, at=None, coverage: float = 0.95) -> Forecast:
+    def forecast(
+        self, steps=None, *, at=None, coverage: float = 0.95, future_params=None
+    ) -> Forecast:
         """Forecast ``steps`` typical steps past the last timestamp, or at timestamps ``at``.
+
+        The interval takes the estimates as the true parameters: it leaves out their estimation
+        error, so from short records it covers less than ``coverage`` (docs/model.md,
+        "Forecasts").
 
         Args:
             steps: number of future steps, spaced by the median step of the fitted times.
             at: future timestamps instead (numbers or datetimes, like the fitted times).
             coverage: probability of the predictive interval of a new observation.
+            future_params: parameter values over the forecast in place of the fitted ones, as
+                for :func:`kalmanscan.forecast` (e.g. a known ``obs_var`` per forecast time).
 
         Returns:
             a :class:`~kalmanscan.timeseries.Forecast`, arrays ``[H, *S]``.
@@ -220,6 +228,7 @@ class OUFit:
             steps=steps,
             at=at,
             coverage=coverage,
+            future_params=future_params,
         )
 
     def to_dataset(
