@@ -158,18 +158,7 @@ def _missing_spans(times, observed, gap_factor: float = 10.0, nan_runs: bool = T
     neighbours; skipped if ``nan_runs`` is False) and stretches between consecutive observations
     longer than ``gap_factor`` times the median spacing of the observations (``None``: none).
     """
-    times = np.asarray(times)
-    if times.dtype.kind == "M" and np.datetime_data(times.dtype)[0] in (
-        "Y",
-        "M",
-        "W",
-        "D",
-        "h",
-        "m",
-    ):
-        # seconds at least, so midpoints are exact; never nanoseconds, whose range ends at 1677
-        # and 2262 (years 1-9999 fit in datetime64[s])
-        times = times.astype("datetime64[s]")
+    times = _as_span_times(times)
     nan = np.isnan(observed)
     spans = []
     T = len(times)
@@ -241,12 +230,106 @@ def _draw_index(n: int, *ys, spread: bool = False):
     return np.unique(np.concatenate(keep))
 
 
-def _shade_missing(ax, times, observed, show_missing, label: str) -> None:
+def _shade_missing(ax, times, observed, show_missing, label: str, breaks=None) -> None:
     """Grey spans over the missing stretches of ``observed`` (``show_missing="gaps"``: only the
-    long gaps between observations), the first one labelled."""
+    long gaps between observations), the first one labelled. The stretches between rows where
+    ``breaks`` is True (:func:`_row_breaks`: nothing was computed there, so nothing is drawn)
+    are hatched and labelled as such."""
     spans = _missing_spans(times, observed, nan_runs=show_missing != "gaps")
-    for k, (a, b) in enumerate(spans):
+    rowless = []
+    if breaks is not None:
+        t = _as_span_times(times)
+        rowless = [(t[j], t[j + 1]) for j in np.flatnonzero(breaks)]
+    spans = [se for se in spans if not any(se[0] == a and se[1] == b for a, b in rowless)]
+    merged = []  # (overlapping spans as one: a NaN run's and its gap's drew darker edges)
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    for k, (a, b) in enumerate(merged):
         ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label=label if k == 0 else None, zorder=0)
+    for k, (a, b) in enumerate(rowless):
+        ax.axvspan(
+            a,
+            b,
+            facecolor="0.85",
+            edgecolor="0.6",
+            hatch="//",
+            alpha=0.6,
+            lw=0,
+            label=_NOT_EVALUATED if k == 0 else None,
+            zorder=0,
+        )
+
+
+# the legend entry of a stretch without rows, where no band is drawn
+_NOT_EVALUATED = "no rows: not evaluated"
+GAP_FACTOR = 10.0  # (a stretch over 10x the median spacing of the observations is a gap)
+
+
+def _as_span_times(times) -> np.ndarray:
+    """``times`` as :func:`_missing_spans` measures them: datetimes in seconds at least, so
+    midpoints are exact; never nanoseconds, whose range ends at 1677 and 2262 (years 1-9999 fit
+    in datetime64[s])."""
+    times = np.asarray(times)
+    coarse = ("Y", "M", "W", "D", "h", "m")
+    if times.dtype.kind == "M" and np.datetime_data(times.dtype)[0] in coarse:
+        return times.astype("datetime64[s]")
+    return times
+
+
+def _row_breaks(times, observed=None, gap_factor: float = GAP_FACTOR) -> np.ndarray:
+    """``[T - 1]`` bool: True where two consecutive rows are further apart than ``gap_factor``
+    times the median spacing of the observations (of the rows where ``observed`` is None or
+    holds fewer than 3 observations): the long gaps :func:`_missing_spans` shades, where no row
+    lies inside. Nothing was computed there, and a line joining the two rows would draw a band
+    narrower than the model's inside the gap (the smoothed variance peaks mid-gap).
+
+    >>> _row_breaks(np.array([0.0, 1, 2, 3, 40, 41])).tolist()
+    [False, False, False, True, False]
+    """
+    t = _as_span_times(times)
+    T = len(t)
+    if T < 2:
+        return np.zeros(max(T - 1, 0), dtype=bool)
+
+    def secs(d):
+        return d / np.timedelta64(1, "s") if d.dtype.kind == "m" else d.astype(np.float64)
+
+    d = secs(np.diff(t))
+    ref = t
+    if observed is not None:
+        obs_t = t[~np.isnan(np.asarray(observed, dtype=np.float64))]
+        if len(obs_t) >= 3:
+            ref = obs_t
+    if len(ref) < 3:
+        return np.zeros(T - 1, dtype=bool)
+    med = float(np.median(secs(np.diff(ref))))
+    if not med > 0:
+        return np.zeros(T - 1, dtype=bool)
+    return d > gap_factor * med
+
+
+def _with_breaks(times, index, breaks, *ys):
+    """``(times, ys, lone)`` of the rows ``index`` (sorted) with a NaN point inserted between two
+    drawn rows that have a break (:func:`_row_breaks`) between them, so lines and bands stop at
+    the gap; ``lone``: the positions (in the returned arrays) of points with no drawn neighbour
+    on either side, which a line or band would not show (drawn as markers or bars instead)."""
+    t = np.asarray(times)[index]
+    ys = [np.asarray(y, dtype=np.float64)[index] for y in ys]
+    if breaks is None or not breaks.any() or len(index) < 2:
+        return t, ys, np.empty(0, dtype=np.int64)
+    c = np.concatenate([[0], np.cumsum(breaks)])
+    cut = np.flatnonzero(c[index[1:]] - c[index[:-1]] > 0)  # a break after drawn point k
+    mid = t[cut] + (t[cut + 1] - t[cut]) / 2
+    t = np.insert(t, cut + 1, mid)
+    ys = [np.insert(y, cut + 1, np.nan) for y in ys]
+    starts = np.concatenate([[0], cut + 1])  # segments of the drawn rows (before inserting)
+    ends = np.concatenate([cut, [len(index) - 1]])
+    lone_rows = starts[starts == ends]
+    lone = lone_rows + np.searchsorted(cut, lone_rows)  # shifted by the NaN points before them
+    return t, ys, lone
 
 
 def plot_bands(
@@ -262,6 +345,7 @@ def plot_bands(
     forecast_times=None,
     forecast_mean=None,
     forecast_var=None,
+    forecast_level_var=None,
     show_missing=True,
 ):
     """Mean with shaded central bands at ``coverages``, data, missing stretches and a forecast.
@@ -270,11 +354,27 @@ def plot_bands(
         times, mean, var: ``[T]`` (numbers or datetimes; ``var`` may be inf while nothing is known).
         observed: ``[T]`` data (NaN = missing), drawn as points; NaN runs are shaded grey.
         coverages: band probabilities, e.g. ``(0.5, 0.9)``.
-        forecast_times, forecast_mean, forecast_var: ``[H]`` forecast (predictive variance) drawn
-            dashed in a shaded forecast region.
+        forecast_times, forecast_mean, forecast_var: ``[H]`` forecast, drawn dashed in a shaded
+            forecast region; ``forecast_var`` is the predictive variance (of a new observation),
+            its intervals drawn as dotted lines from the first forecast time.
+        forecast_level_var: ``[H]`` the forecast's variance of the level (optional): its bands
+            are shaded in the forecast's colour from the bands at the last time on (the same
+            quantity as the bands before it, so they join without a jump); the legend shows
+            each band's two colours in one entry.
         show_missing: ``True`` shades NaN runs and long stretches without data (over 10 times the
             median spacing); ``"gaps"`` only the latter (for data with NaN query rows added on
             purpose); ``False`` nothing.
+
+    Gaps without rows: where two consecutive rows are further apart than 10 times the median
+    spacing of the observations, nothing was computed in between, and the mean and bands stop
+    at the gap (hatched, "no rows: not evaluated") instead of joining its ends with a straight
+    band, which would be narrower than the model's inside the gap (the smoothed variance peaks
+    mid-gap). To draw the band inside a gap, add rows with NaN values at the times wanted: they
+    are filtered as unobserved (docs/model.md, "Smoothing"; ``show_missing="gaps"`` then still
+    shades the gap). A row with such gaps on both sides is drawn as a marker and bars.
+
+    The legend goes outside the axes, to their right, where the figure has a layout engine (as
+    the figure made for ``ax=None`` has: constrained), else inside at matplotlib's ``"best"``.
 
     >>> import numpy as np
     >>> z = np.array([0, 1, np.nan, 0, 1.0])
@@ -298,7 +398,8 @@ def plot_bands(
         raise ValueError(
             f"observed: expected the shape of times {times.shape}, got shape {obs.shape}"
         )
-    if forecast_times is not None and len(forecast_times):
+    has_fc = forecast_times is not None and len(forecast_times) > 0
+    if has_fc:
         ft = _plot_times(forecast_times, "forecast_times")
         fm, fv = _reals("forecast_mean", forecast_mean), _reals("forecast_var", forecast_var)
         if ft.ndim != 1 or fm.shape != ft.shape or fv.shape != ft.shape:
@@ -306,12 +407,21 @@ def plot_bands(
                 "forecast_times, forecast_mean, forecast_var: expected equal 1-D shapes, got "
                 f"{ft.shape}, {fm.shape}, {fv.shape}"
             )
+        flv = None
+        if forecast_level_var is not None:
+            flv = _reals("forecast_level_var", forecast_level_var)
+            if flv.shape != ft.shape:
+                raise ValueError(
+                    f"forecast_level_var: expected the shape of forecast_times {ft.shape}, got "
+                    f"shape {flv.shape}"
+                )
     plt = _plt()
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+        _, ax = plt.subplots(figsize=(10, 4), layout="constrained")
     _calendar_axis(ax, given)
+    breaks = _row_breaks(times, obs)
     if show_missing and obs is not None:
-        _shade_missing(ax, times, obs, show_missing, "missing / no data")
+        _shade_missing(ax, times, obs, show_missing, "missing / no data", breaks)
     if obs is not None:
         i = _draw_index(len(obs), obs, spread=True)
         ax.plot(times[i], obs[i], "o", ms=3, color="0.25", label="data", zorder=3)
@@ -319,37 +429,96 @@ def plot_bands(
     sd = np.sqrt(np.where(finite, var, np.nan))
     bands = [(c, mean - _quantile(c) * sd, mean + _quantile(c) * sd) for c in covs]
     i = _draw_index(len(mean), mean, *(y for _, lo, hi in bands for y in (lo, hi)))
-    for k, (c, lo, hi) in enumerate(bands):
+    if breaks.any():  # (the rows either side of a gap drawn, so the bands stop where it starts)
+        ends = np.flatnonzero(breaks)
+        i = np.union1d(i, np.concatenate([ends, ends + 1]))
+    t_d, (m_d, *edges), lone = _with_breaks(
+        times, i, breaks, mean, *(y for _, lo, hi in bands for y in (lo, hi))
+    )
+    for k, c in enumerate(covs):
+        lo, hi = edges[2 * k], edges[2 * k + 1]
         alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
-        ax.fill_between(
-            times[i], lo[i], hi[i], color=color, alpha=alpha, lw=0, label=f"{c:.0%} band"
-        )
-    ax.plot(times[i], mean[i], color=color, lw=1.6, label=label, zorder=4)
-    if forecast_times is not None and len(forecast_times):
-        fsd = np.sqrt(fv)
-        t_join = np.concatenate([times[-1:], ft])
-        m_join = np.concatenate([mean[-1:], fm])
-        sd_join = np.concatenate([sd[-1:], fsd])
+        ax.fill_between(t_d, lo, hi, color=color, alpha=alpha, lw=0, label=f"{c:.0%} band")
+        if lone.size:
+            ax.vlines(t_d[lone], lo[lone], hi[lone], color=color, alpha=alpha, lw=4)
+    ax.plot(t_d, m_d, color=color, lw=1.6, label=label, zorder=4, **_lone_markers(lone))
+    if has_fc:
         ax.axvspan(
             times[-1], ft[-1], color="C1", alpha=0.07, lw=0, label="forecast region", zorder=0
         )
+        t_join = np.concatenate([times[-1:], ft])
+        m_join = np.concatenate([mean[-1:], fm])
         for k, c in enumerate(covs):
             q = _quantile(c)
             alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
-            ax.fill_between(
-                t_join,
-                m_join - q * sd_join,
-                m_join + q * sd_join,
+            if flv is not None:  # the level's band, on from the last time's
+                sd_join = np.concatenate([sd[-1:], np.sqrt(flv)])
+                ax.fill_between(
+                    t_join,
+                    m_join - q * sd_join,
+                    m_join + q * sd_join,
+                    color="C1",
+                    alpha=alpha,
+                    lw=0,
+                    label=f"{c:.0%} band",
+                )
+            # a new observation's interval: lower and upper edge as one line, from the first
+            # forecast time on (it is no band of the level, so it is not joined to one)
+            fsd = np.sqrt(fv)
+            ax.plot(
+                np.concatenate([ft, ft[-1:], ft]),
+                np.concatenate([fm - q * fsd, [np.nan], fm + q * fsd]),
+                ls=":",
                 color="C1",
-                alpha=alpha,
-                lw=0,
+                lw=1.5,
+                alpha=0.55 + 0.45 * k / max(len(covs) - 1, 1),
                 label=f"{c:.0%} predictive",
+                marker="_" if len(ft) == 1 else None,
+                zorder=4,
             )
         ax.plot(t_join, m_join, "--", color="C1", lw=1.6, label="forecast", zorder=4)
-    ax.legend(loc="best", fontsize="small", ncol=2)
+    _legend(ax, ncol=2)
     _clamp_dates(ax)
     make_drawable(ax)  # (this axes only: a figure's other panels are made so where drawn)
     return ax
+
+
+def _lone_markers(lone) -> dict:
+    """Line keywords marking the points ``lone`` of :func:`_with_breaks` (none: no markers)."""
+    if not len(lone):
+        return {}
+    return {"marker": "o", "ms": 3.5, "markevery": [int(k) for k in lone]}
+
+
+def _has_layout_engine(ax) -> bool:
+    fig = ax.figure
+    while getattr(fig, "figure", None) is not None and fig.figure is not fig:
+        fig = fig.figure  # (a subfigure's root figure)
+    get = getattr(fig, "get_layout_engine", None)
+    return get is not None and get() is not None
+
+
+def _legend(ax, ncol: int = 1):
+    """``ax``'s legend, entries of one label merged (a level band and its forecast: one entry of
+    both colours); outside the axes on their right where the figure has a layout engine (which
+    makes room for it, so it covers no data), else inside at ``"best"``."""
+    from matplotlib.legend_handler import HandlerTuple
+
+    merged: dict = {}
+    for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+        merged.setdefault(lab, []).append(h)
+    handles = [hs[0] if len(hs) == 1 else tuple(hs) for hs in merged.values()]
+    kw = dict(fontsize="small", handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)})
+    if _has_layout_engine(ax):
+        return ax.legend(
+            handles,
+            list(merged),
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+            **kw,
+        )
+    return ax.legend(handles, list(merged), loc="best", ncol=ncol, **kw)
 
 
 def _reals(name, values) -> np.ndarray:
@@ -477,14 +646,18 @@ def plot_series(
 
     Args:
         ds: a Dataset from :mod:`kalmanscan.xarray`. series: which series, an int index or
-            ``{dim: label}`` (``None``: the Dataset's only series).
+            ``{dim: label}``; ``None`` only for a Dataset of one series (a Dataset of several
+            raises ValueError: pick one; :func:`plot_overview` draws several).
         smoothed: draw the smoothed moments (if present) instead of the filtered ones.
         coverages: band probabilities (default the Dataset's ``coverage`` attr).
         ax: the axes to draw on (default a new figure). title: the axes' title (default which
             moments are drawn).
         show_missing: as in :func:`plot_bands`.
 
-    Returns the axes.
+    The forecast (where the Dataset has one) is drawn as in :func:`plot_bands`: the level's
+    bands (``forecast_variance``) shaded on from the last time's, a new observation's
+    predictive intervals (``forecast_predictive_variance``) as dotted lines. Gaps without rows
+    are left undrawn, as there. Returns the axes.
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -506,6 +679,8 @@ def plot_series(
             forecast_mean=one["forecast_mean"].values,
             forecast_var=one["forecast_predictive_variance"].values,
         )
+        if "forecast_variance" in one:
+            fc["forecast_level_var"] = one["forecast_variance"].values
     ax = plot_bands(
         one[tdim].values,
         m.values,
@@ -534,8 +709,11 @@ def plot_precision(
 
     Precision grows with each observation and decays across gaps, so missing stretches show as dips.
     ``series``: an int index or ``{dim: label}``; ``smoothed``: the smoothed precision where the
-    Dataset has it; ``max_series``: at most this many curves; ``show_missing``: as in
-    :func:`plot_bands`. Returns the axes (``ax=None``: a new figure).
+    Dataset has it (the y axis says which: "filtered precision" or "smoothed precision");
+    ``max_series``: at most this many curves; ``show_missing``: as in :func:`plot_bands`. Gaps
+    without rows (over 10 times the median spacing of the observations) are left undrawn, as in
+    :func:`plot_bands`: the precision inside is not computed. Returns the axes (``ax=None``: a
+    new figure).
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -545,9 +723,10 @@ def plot_precision(
     """
     plt = _plt()
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 2.5))
+        _, ax = plt.subplots(figsize=(10, 2.5), layout="constrained")
     tdim, sdims = _series_dims(ds)
     var_name = "smoothed_variance" if smoothed and "smoothed_variance" in ds else "variance"
+    kind = "smoothed" if var_name.startswith("smoothed") else "filtered"
     if series is None and sdims:
         n = math.prod(ds.sizes[d] for d in sdims)
         picks = [_select(ds, i) for i in range(min(n, max_series))]
@@ -557,14 +736,14 @@ def plot_precision(
         times = _plot_times(one[tdim].values, f"coordinate {tdim!r}")
         prec = 1.0 / one[var_name].values
         shown = np.where(prec > 0, prec, np.nan)
+        observed = one["observed"].values if "observed" in one else None
+        breaks = _row_breaks(times, observed)
         i = _draw_index(len(shown), shown)
-        ax.plot(
-            times[i],
-            shown[i],
-            lw=1.3,
-            color=f"C{k}",
-            label=label or ("smoothed" if var_name.startswith("smoothed") else "filtered"),
-        )
+        if breaks.any():
+            ends = np.flatnonzero(breaks)
+            i = np.union1d(i, np.concatenate([ends, ends + 1]))
+        t_d, (p_d,), lone = _with_breaks(times, i, breaks, shown)
+        ax.plot(t_d, p_d, lw=1.3, color=f"C{k}", label=label or kind, **_lone_markers(lone))
         if "forecast_variance" in one and len(picks) == 1:
             ft = _plot_times(one["forecast_time"].values, "coordinate 'forecast_time'")
             fprec = 1.0 / one["forecast_variance"].values
@@ -576,17 +755,29 @@ def plot_precision(
                 lw=1.3,
                 label="forecast",
             )
-        if "observed" in one and len(picks) == 1 and show_missing:
-            _shade_missing(ax, times, one["observed"].values, show_missing, "missing")
+        if observed is not None and len(picks) == 1 and show_missing:
+            _shade_missing(ax, times, observed, show_missing, "missing", breaks)
     ax.set_yscale("log")
     _log_span_at_least(ax)
-    ax.set_ylabel("precision")
+    ax.set_ylabel(f"{kind} precision")
     ax.set_xlabel(tdim)
     _calendar_axis(ax, picks[0][0][tdim].values)
-    ax.legend(loc="best", fontsize="small")
+    _legend(ax)
     _clamp_dates(ax)
     make_drawable(ax)
     return ax
+
+
+def _overview_picks(ds, series, max_series: int):
+    """``(picks, n)``: the series :func:`plot_overview` draws (``[None]`` for a Dataset of one
+    series) and how many the Dataset holds."""
+    _tdim, sdims = _series_dims(ds)
+    n = math.prod(ds.sizes[d] for d in sdims) if sdims else 1
+    if series is not None:
+        return [series], n
+    if sdims:
+        return list(range(min(n, max_series))), n
+    return [None], n
 
 
 def plot_overview(
@@ -603,7 +794,12 @@ def plot_overview(
 
     ``series``: one series to draw (an int or ``{dim: label}``; default the first
     ``max_series``); ``smoothed``, ``coverages``, ``show_missing``: as in :func:`plot_series`.
-    Returns the array of axes (``axes=None`` makes a new figure with the right number of rows).
+    The precision panel shows the same moments as the panels above (``smoothed=True``: the
+    smoothed precision, ``1 / smoothed_variance``; its y axis says which). Where the Dataset
+    holds more than ``max_series`` series, the figure's title says so ("the first 4 of 6 series
+    (max_series=4); not drawn: ..."; appended to a title the figure has). Legends sit to the
+    right of the panels. Gaps without rows are left undrawn (:func:`plot_bands`). Returns the
+    array of axes (``axes=None`` makes a new figure with the right number of rows).
 
     >>> import numpy as np
     >>> from kalmanscan.timeseries import OUModel
@@ -612,19 +808,13 @@ def plot_overview(
     3
     """
     plt = _plt()
-    tdim, sdims = _series_dims(ds)
-    if series is not None:
-        picks = [series]
-    elif sdims:
-        picks = list(range(min(math.prod(ds.sizes[d] for d in sdims), max_series)))
-    else:
-        picks = [None]
+    picks, n = _overview_picks(ds, series, max_series)
     rows = len(picks) + 1
     if axes is None:
         fig, axes = plt.subplots(
             rows,
             1,
-            figsize=(10, 3.2 * len(picks) + 2.4),
+            figsize=(11, 3.2 * len(picks) + 2.4),
             sharex=True,
             gridspec_kw={"height_ratios": [3] * len(picks) + [1.6]},
         )
@@ -637,7 +827,21 @@ def plot_overview(
     for ax, s in zip(axes[:-1], picks, strict=False):
         plot_series(ds, s, smoothed=smoothed, coverages=coverages, ax=ax, show_missing=show_missing)
     plot_precision(
-        ds, series, ax=axes[-1], max_series=max(len(picks), 1), show_missing=show_missing
+        ds,
+        series,
+        ax=axes[-1],
+        smoothed=smoothed,
+        max_series=max(len(picks), 1),
+        show_missing=show_missing,
     )
+    if series is None and n > len(picks):  # say on the figure that some are not drawn
+        left = [_select(ds, k)[1] for k in range(len(picks), n)] if n - len(picks) <= 3 else []
+        note = f"the first {len(picks)} of {n} series (max_series={max_series})"
+        if left:
+            note += "; not drawn: " + ", ".join(left)
+        fig = axes[0].figure
+        had = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+        fig.suptitle(f"{had}\n{note}" if had else note)
+        make_drawable(fig._suptitle)
     _clamp_dates(axes[-1])  # (each panel's texts were made drawable where it was drawn)
     return axes

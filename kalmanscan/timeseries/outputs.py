@@ -80,8 +80,7 @@ def _write_outputs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kalmanscan.plot import _series_dims as _plot_series_dims
-    from kalmanscan.plot import make_drawable, plot_overview
+    from kalmanscan.plot import _overview_picks, make_drawable, plot_overview
     from kalmanscan.xarray import netcdf_engine, save_netcdf
 
     png, nc, csv, txt = _output_paths(
@@ -94,11 +93,12 @@ def _write_outputs(
     os.makedirs(out_dir, exist_ok=True)
     _replace_into(nc, lambda tmp: save_netcdf(ds, tmp, engine=engine))
     axes = plot_overview(ds, max_series=max_series)
-    _tdim, sdims = _plot_series_dims(ds)
-    n_series = int(np.prod([ds.sizes[d] for d in sdims])) if sdims else 1
-    if n_series > max_series:  # say so on the figure: the rest are in the data files only
+    # plot_overview's title says when it leaves series out; this one replaces it, saying where
+    # they all are (the data files)
+    picks, n_series = _overview_picks(ds, None, max_series)
+    if n_series > len(picks):
         files = f"{os.path.basename(nc)} and {os.path.basename(csv)}"
-        title = f"{title}\n(the first {max_series} of {n_series} series; all in {files})"
+        title = f"{title}\n(the first {len(picks)} of {n_series} series; all in {files})"
     axes[0].figure.suptitle(title)
     if ylabel:
         for ax in axes[:-1]:
