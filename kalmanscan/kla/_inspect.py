@@ -28,6 +28,7 @@ this module checks the inputs, runs the model and assembles, summarizes and save
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
 
 import numpy as np
@@ -40,6 +41,7 @@ from kalmanscan.kla.inspect_record import (  # noqa: F401 - baseline_log10_preci
     _LANE,
     _LN2,
     _SUMMARIES,
+    _baseline_var,
     _Recorder,
     baseline_log10_precision,
     record,
@@ -51,7 +53,8 @@ _DESCRIPTIONS = {
     "surprisal": "-log2 p(token t | tokens before t), bits (NaN at t=0 and at padding)",
     "mask": "True where the batch element has a token (False at padding)",
     "mean_log10_precision": "mean over lanes of log10 lam_t (posterior precision)",
-    "mean_log10_baseline_precision": "mean over lanes of log10 of the no-observation baseline",
+    "mean_log10_baseline_precision": "mean over lanes of log10 of the no-observation baseline "
+    "(counted from each row's first token)",
     "mean_log10_text_precision": "mean over lanes of log10(lam_t / baseline_t): precision the "
     "text added beyond what the dynamics alone give from the same state",
     "mean_information_bits": "mean over lanes of log2(lam_t / prior_t) / 2: bits token t told "
@@ -217,6 +220,138 @@ def _surprisal(logits, ids, prev_logits):
     return out
 
 
+# ---------------------------------------------------------------------- padding on the left
+
+
+def _runs(on) -> str:
+    """The positions ``on`` (sorted ints) as runs, ``"0, 2-3"`` (at most 5 runs shown)."""
+    cuts = np.flatnonzero(np.diff(on) > 1) + 1
+    runs = [(int(r[0]), int(r[-1])) for r in np.split(on, cuts)]
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:5])
+    return text + (f", ... ({len(runs)} runs)" if len(runs) > 5 else "")
+
+
+def _token_spans(mask):
+    """``(first, stop)`` int arrays ``[B]``: each row's tokens are ``first:stop``. A row of
+    ``mask`` that is not one contiguous run of True (no token, or a gap between tokens) raises
+    a ValueError naming ``attention_mask``, the layouts handled and the row received."""
+    m = mask.numpy()
+    B, L = m.shape
+    first = np.zeros(B, dtype=np.int64)
+    stop = np.zeros(B, dtype=np.int64)
+    expected = (
+        "attention_mask: expected each row to be one contiguous run of ones (the tokens, with "
+        "padding on the right, the left or both)"
+    )
+    for b in range(B):
+        on = np.flatnonzero(m[b])
+        shown = f" {m[b].astype(int).tolist()}" if L <= 32 else ""
+        if on.size == 0:
+            raise ValueError(f"{expected}, got row {b}{shown} with no token (all zeros)")
+        if on[-1] - on[0] + 1 != on.size:
+            raise ValueError(
+                f"{expected}, got row {b}{shown} with ones at positions {_runs(on)} (a gap "
+                "between tokens; inspect rows with gaps one run at a time)"
+            )
+        first[b], stop[b] = on[0], on[-1] + 1
+    return first, stop
+
+
+class _Shifted(_Recorder):
+    """The recorder of rows whose first token is at position ``start`` > 0 (padding on the
+    left). The model is run on the tokens from ``start`` on, so it never sees the padding;
+    the recorder receives them at their positions in the input (the window, the bins and every
+    array keep the input's positions), and the no-observation baseline counts its steps from
+    ``start``, as it does from 0 for the same text unpadded."""
+
+    def __init__(self, *args, start):
+        super().__init__(*args)
+        self.start = start
+        self.offset = [start] * len(self.layers)
+        if self.detail is not None:  # window positions before the first token: never written
+            before = min(start, self.window[1]) - self.window[0]
+            if before > 0:
+                for arr in self.detail.values():
+                    arr[:, :, :before] = np.nan
+
+    def _baseline(self, c, a, p, pos, n0, wsum, s_base, lane_base):
+        return super()._baseline(c, a, p, pos - self.start, n0 - self.start, wsum, s_base,
+                                 lane_base)  # fmt: skip
+
+    def _detail(self, i, tr, t0, a0, a1):
+        super()._detail(i, tr, t0, a0, a1)
+        # the detail's baseline, counted from the first token (as _Recorder._detail forms it)
+        ch = self.channels
+        a, p = tr.decay, tr.process_var
+        if ch is not None:
+            a, p = a.index_select(0, ch), p.index_select(0, ch)
+        pos = torch.arange(t0 + a0 - self.start, t0 + a1 - self.start, device=a.device)
+        baseline = _baseline_var(a, p, pos).reciprocal_()
+        w0 = t0 + a0 - self.window[0]
+        dst = torch.from_numpy(self.detail["baseline_precision"][i, :, w0 : w0 + a1 - a0])
+        dst.copy_(baseline[None].expand(dst.shape))
+        pad = self.padding[:, t0 + a0 : t0 + a1]
+        if bool(pad.any()):
+            dst[pad] = float("nan")
+
+
+def _rows_of(inputs, rows, start, B, L):
+    """The inputs of batch rows ``rows`` from position ``start`` on: every tensor (or array,
+    or nested list) shaped ``[B, L, ...]`` cut to ``[rows, start:, ...]``, one shaped ``[B,
+    ...]`` to its rows; anything else as it is."""
+
+    def cut(x):
+        if not isinstance(x, torch.Tensor):
+            if not isinstance(x, (list, tuple, np.ndarray)):
+                return x
+            try:
+                arr = np.asarray(x)
+            except ValueError:  # ragged
+                return x
+            if arr.dtype == object or arr.ndim < 2 or arr.shape[:2] != (B, L):
+                return x
+            x = torch.as_tensor(arr)
+        if x.ndim >= 1 and x.shape[0] == B:
+            x = x[torch.as_tensor(rows, device=x.device)]
+            if x.ndim >= 2 and x.shape[1] == L:
+                x = x[:, start:]
+        return x
+
+    if isinstance(inputs, Mapping):
+        return {k: cut(v) for k, v in inputs.items()}
+    return cut(inputs)
+
+
+def _merged(recs, B):
+    """One recorder-like record of the whole batch from ``[(rows, recorder)]`` of groups of
+    rows with different first positions; ``base_mean`` becomes ``[layer, batch, time]``."""
+    r0 = recs[0][1]
+    nl, L = len(r0.layers), r0.L
+    out = types.SimpleNamespace(
+        B=B, L=L, M=r0.M, S=r0.S, D=r0.D, npdt=r0.npdt, bin_size=r0.bin_size, nbins=r0.nbins,
+        static=r0.static, count=sum(r.count for _, r in recs),
+    )  # fmt: skip
+    out.sum = {n: np.full((nl, B, L), np.nan, r0.npdt) for n in r0.sum}
+    out.base_mean = np.full((nl, B, L), np.nan, r0.npdt)
+    out.binned = {
+        n: torch.zeros((nl, B) + v.shape[2:], dtype=v.dtype) for n, v in r0.binned.items()
+    }
+    out.lane = {n: sum(r.lane[n] for _, r in recs) for n in r0.lane}
+    out.detail = None
+    if r0.detail is not None:
+        out.detail = {n: np.empty((nl, B) + v.shape[2:], v.dtype) for n, v in r0.detail.items()}
+    for rows, r in recs:
+        for n in out.sum:
+            out.sum[n][:, rows] = r.sum[n]
+        out.base_mean[:, rows] = r.base_mean[:, None]
+        for n in out.binned:
+            out.binned[n][:, torch.as_tensor(rows)] = r.binned[n]
+        if out.detail is not None:
+            for n in out.detail:
+                out.detail[n][:, rows] = r.detail[n]
+    return out
+
+
 @torch.no_grad()
 def inspect(
     model,
@@ -255,6 +390,10 @@ def inspect(
             thread (``torch.set_num_threads(1)``, as ``kalmanscan inspect`` runs) each chunk's
             reductions run on a worker thread while the model runs the next layer.
         attention_mask: ``[B, L]``, nonzero where there is a token (default: from ``tokens``).
+            Each row must be one contiguous run of ones: padding on the right, on the left (a
+            row is then run from its first token on, so that it gives exactly what its text
+            gives unpadded, laid out at the input's positions) or both; any other row (``[1, 0,
+            1]``, or all zeros) is refused with a ValueError naming the row.
         forward: ``callable(model, inputs) -> output`` for other modules (default
             ``model(inputs)``, or ``model(**inputs)`` for a mapping). Logits ``[B, L, V]``
             (the output, its ``.logits`` or first element) give the surprisal.
@@ -268,7 +407,8 @@ def inspect(
         ``bin``, ``feature``. Summaries over lanes ``[layer, batch, time]``:
         ``mean_log10_precision``, ``mean_log10_text_precision`` (against the no-observation
         baseline), ``mean_information_bits``, ``mean_write_gain``, ``mean_forget_gate``,
-        ``mean_log10_readout_variance``, and ``mean_log10_baseline_precision [layer, time]``;
+        ``mean_log10_readout_variance``, and ``mean_log10_baseline_precision [layer, time]``
+        (``[layer, batch, time]`` where the rows' first tokens are at different positions);
         ``surprisal, mask [batch, time]``; channel views ``[layer, batch, bin, channel]``;
         per lane ``[layer, channel, slot]``: ``decay, process_var, stationary_precision,
         timescale, process_noise_at_floor`` and ``lane_mean_*`` over the valid tokens;
@@ -366,11 +506,13 @@ def inspect(
         mask = am.cpu() != 0
     if mask is None:
         mask = torch.ones(B, L, dtype=torch.bool)
+    first, stop = _token_spans(mask)  # each row's tokens: one run (padding left and/or right)
     if is_lm:
         V = model.config.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= V:
+        fed = ids[torch.arange(L) >= torch.as_tensor(first)[:, None]]  # left padding is not run
+        if int(fed.min()) < 0 or int(fed.max()) >= V:
             raise ValueError(
-                f"tokens: expected ids in [0, {V}), got range [{int(ids.min())}, {int(ids.max())}]"
+                f"tokens: expected ids in [0, {V}), got range [{int(fed.min())}, {int(fed.max())}]"
             )
     if window is None:
         window = (0, L)
@@ -398,51 +540,76 @@ def inspect(
         bin_size = max(1, -(-L // 1000))
 
     device = next(mods[0].parameters()).device
-    rec = _Recorder(mods, B, L, mask.to(device), channels, window, bin_size, detail, npdt, device)
+    # Rows are run in groups by the position of their first token: a row padded on the left is
+    # run from its first token on (the model never sees its padding), so that each row gives
+    # what its text gives unpadded; the recorder keeps the input's positions.
+    starts = np.unique(first)
     surprisal = np.full((B, L), np.nan)
     overlap = is_lm and device.type == "cpu" and torch.get_num_threads() == 1
-    with record(mods, rec), rec.overlap(overlap):
-        if is_lm:
-            tok = ids.to(device)
-            state = model.init_state(B, device=device)
-            prev = None
-            for t0 in range(0, L, chunk_size):
-                chunk = tok[:, t0 : t0 + chunk_size]
-                logits, state = model(chunk, state)
-                surprisal[:, t0 : t0 + chunk.shape[1]] = _surprisal(logits, chunk, prev)
-                prev = logits[:, -1:]
-        else:
-            if forward is None:
+    if not is_lm and forward is None:
 
-                def forward(m, x):
-                    return m(**x) if isinstance(x, Mapping) else m(x)
+        def forward(m, x):
+            return m(**x) if isinstance(x, Mapping) else m(x)
 
-            if isinstance(call_inputs, torch.Tensor):
-                call_inputs = call_inputs.to(device)
-            elif isinstance(call_inputs, dict):
-                call_inputs = {
-                    k: v.to(device) if isinstance(v, torch.Tensor) else v
-                    for k, v in call_inputs.items()
-                }
-            output = forward(model, call_inputs)
-            logits = _logits_of(output, B, L)
-            if logits is not None and ids is not None:
-                surprisal[:] = _surprisal(logits, ids.to(logits.device), None).numpy()
-    short = [c for c, off in zip(chosen, rec.offset, strict=True) if off != L]
-    if short:
-        raise ValueError(
-            f"inputs: KLA layers {short} saw {[rec.offset[chosen.index(c)] for c in short]} "
-            f"tokens, expected {L}"
-        )
+    recs = []
+    for s in starts.tolist():
+        rows = np.flatnonzero(first == s)
+        whole = len(rows) == B
+        g_mask = mask if whole else mask[torch.as_tensor(rows)]
+        args = (mods, len(rows), L, g_mask.to(device), channels, window, bin_size, detail, npdt,
+                device)  # fmt: skip
+        rec = _Recorder(*args) if s == 0 else _Shifted(*args, start=s)
+        with record(mods, rec), rec.overlap(overlap):
+            if is_lm:
+                tok = (ids if whole else ids[torch.as_tensor(rows)])[:, s:].to(device)
+                state = model.init_state(len(rows), device=device)
+                prev = None
+                for t0 in range(0, L - s, chunk_size):
+                    chunk = tok[:, t0 : t0 + chunk_size]
+                    logits, state = model(chunk, state)
+                    bits = _surprisal(logits, chunk, prev).numpy()
+                    surprisal[rows, s + t0 : s + t0 + chunk.shape[1]] = bits
+                    prev = logits[:, -1:]
+            else:
+                inputs = call_inputs
+                if not (whole and s == 0):
+                    inputs = _rows_of(call_inputs, rows, s, B, L)
+                if isinstance(inputs, torch.Tensor):
+                    inputs = inputs.to(device)
+                elif isinstance(inputs, dict):
+                    inputs = {
+                        k: v.to(device) if isinstance(v, torch.Tensor) else v
+                        for k, v in inputs.items()
+                    }
+                output = forward(model, inputs)
+                logits = _logits_of(output, len(rows), L - s)
+                if logits is not None and ids is not None:
+                    g_ids = (ids if whole else ids[torch.as_tensor(rows)])[:, s:]
+                    bits = _surprisal(logits, g_ids.to(logits.device), None).numpy()
+                    surprisal[rows, s:] = bits
+        short = [c for c, off in zip(chosen, rec.offset, strict=True) if off != L]
+        if short:
+            raise ValueError(
+                f"inputs: KLA layers {short} saw "
+                f"{[rec.offset[chosen.index(c)] - s for c in short]} tokens, expected {L - s}"
+            )
+        recs.append((rows, rec))
+    rec = recs[0][1] if len(recs) == 1 else _merged(recs, B)
     surprisal[~mask.numpy()] = np.nan
-    return _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text)
+    return _dataset(
+        xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text, first, stop
+    )
 
 
-def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text):
+def _dataset(
+    xr, rec, chosen, mods, ids, mask, surprisal, channels, window, token_text, first, stop
+):
     nl, B, L = len(mods), rec.B, rec.L
     M, S, D = rec.M, rec.S, rec.D
     data = {n: (("layer", "batch", "time"), rec.sum[n]) for n in _SUMMARIES}
-    data["mean_log10_baseline_precision"] = (("layer", "time"), rec.base_mean)
+    # one baseline curve where every row starts at the same position; one per row otherwise
+    base_dims = ("layer", "time") if rec.base_mean.ndim == 2 else ("layer", "batch", "time")
+    data["mean_log10_baseline_precision"] = (base_dims, rec.base_mean)
     data["surprisal"] = (("batch", "time"), surprisal)
     data["mask"] = (("batch", "time"), mask.numpy())
     # channel views: means over each bin's valid tokens
@@ -492,17 +659,17 @@ def _dataset(xr, rec, chosen, mods, ids, mask, surprisal, channels, window, toke
         coords["detail_channel"] = np.array(channels)
         coords["feature"] = np.arange(D)
     if ids is not None:
-        if token_text is None:  # bytes: a character's label on its first byte (byte_labels)
-            rows = [
-                byte_labels(row)
-                if all(0 <= t < 256 for t in row)
-                else [byte_label(t) if 0 <= t < 256 else str(t) for t in row]
-                for row in ids.tolist()
-            ]
-        else:
-            rows = [[token_text(int(t)) for t in row] for row in ids.tolist()]
-        text = np.array(rows, dtype=object)
-        text[~mask.numpy()] = ""
+        # each row's labels from its tokens alone (the padding is not part of its text)
+        text = np.full((B, L), "", dtype=object)
+        for b, row in enumerate(ids.tolist()):
+            row = row[first[b] : stop[b]]
+            if token_text is not None:
+                labels = [token_text(int(t)) for t in row]
+            elif all(0 <= t < 256 for t in row):  # bytes: a character's label on its first byte
+                labels = byte_labels(row)
+            else:
+                labels = [byte_label(t) if 0 <= t < 256 else str(t) for t in row]
+            text[b, first[b] : stop[b]] = labels
         coords["token"] = (("batch", "time"), text)
         coords["token_id"] = (("batch", "time"), ids.numpy())
     ds = xr.Dataset(
@@ -531,14 +698,21 @@ def compare(model, text_a, text_b, **kwargs):
     >>> ds.sizes["batch"], ds.attrs["comparison"]
     (2, 'batch 0 vs batch 1')
     """
-    if isinstance(text_a, (str, bytes, bytearray)) and isinstance(text_b, (str, bytes, bytearray)):
+    seqs = []
+    for name, text in (("text_a", text_a), ("text_b", text_b)):
+        try:
+            ids, _ = _as_ids(text)
+        except (TypeError, ValueError) as err:  # name the input (its message says "text:")
+            message = str(err).partition(": ")[2] or str(err)
+            raise type(err)(f"{name}: {message}") from None
+        if ids.shape[0] != 1:
+            raise ValueError(
+                f"{name}: expected one text or one id sequence, got a batch of {ids.shape[0]}"
+            )
+        seqs.append(ids[0])
+    tokens = seqs
+    if all(isinstance(t, (str, bytes, bytearray)) for t in (text_a, text_b)):
         tokens = [text_a, text_b]
-    else:
-        a, _ = _as_ids(text_a)
-        b, _ = _as_ids(text_b)
-        if a.shape[0] != 1 or b.shape[0] != 1:
-            raise ValueError("text_a, text_b: expected one sequence each")
-        tokens = [a[0], b[0]]
     ds = inspect(model, tokens, **kwargs)
     ds.attrs["comparison"] = "batch 0 vs batch 1"
     return ds
@@ -562,15 +736,18 @@ def summarize(ds):
     """
     import pandas as pd
 
+    _check_inspect_dataset(ds)
     rows = []
-    mask = ds["mask"].values
+    mask = np.asarray(ds["mask"].values, dtype=bool)  # (an int8 mask of an older file too)
     last = np.array([np.nonzero(r)[0].max() for r in mask])
     surprisal = ds["surprisal"].values
     for i, layer in enumerate(ds["layer"].values):
         lam = ds["mean_log10_precision"].values[i]
         base = ds["mean_log10_baseline_precision"].values[i]
+        if base.ndim == 1:  # one curve for every row, or one per row (rows starting apart)
+            base = np.broadcast_to(base, lam.shape)
         end = np.mean([lam[b, last[b]] for b in range(len(last))])
-        base_end = np.mean([base[last[b]] for b in range(len(last))])
+        base_end = np.mean([base[b, last[b]] for b in range(len(last))])
         bits = ds["mean_information_bits"].values[i]
         ok = ~np.isnan(surprisal) & ~np.isnan(bits)
         rho = _spearman(surprisal[ok], bits[ok]) if ok.sum() > 2 else np.nan
@@ -590,6 +767,36 @@ def summarize(ds):
     return pd.DataFrame(rows).set_index("layer")
 
 
+_SUMMARIZED = (
+    "mask", "surprisal", "mean_log10_precision", "mean_log10_baseline_precision",
+    "mean_information_bits", "mean_log10_text_precision", "mean_write_gain",
+    "process_noise_at_floor", "timescale",
+)  # fmt: skip
+
+
+def _check_inspect_dataset(ds) -> None:
+    """A ValueError naming ``ds`` unless it holds what :func:`summarize` reads."""
+    import xarray as xr
+
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(
+            f"ds: expected the xarray.Dataset returned by inspect() (or read back from "
+            f"save_dataset's file), got {type(ds).__name__}"
+        )
+    missing = [n for n in _SUMMARIZED if n not in ds.variables]
+    if missing or "layer" not in ds.dims:
+        raise ValueError(
+            f"ds: expected a Dataset returned by inspect() (variables {list(_SUMMARIZED)} "
+            f"and a layer axis), got one without {missing or ['the layer axis']}"
+        )
+    mask = np.asarray(ds["mask"].values)
+    if mask.ndim != 2 or not mask.astype(bool).any(axis=1).all():
+        raise ValueError(
+            f"ds: expected a mask [batch, time] with a token in every row, got one of shape "
+            f"{mask.shape} with {int((~mask.astype(bool).any(axis=-1)).sum())} rows without"
+        )
+
+
 def _spearman(x, y) -> float:
     import scipy.stats
 
@@ -600,7 +807,8 @@ def save_dataset(ds, path):
     """Write ``ds`` to netCDF at ``path``; returns the engine used. With h5netcdf or netCDF4
     installed: netCDF-4, zlib level 4, chunks of at most 4096 along ``time`` and ``window``;
     otherwise scipy's uncompressed netCDF-3 (the summaries of 100 kB of text are about 10 MB
-    there).
+    there). The boolean variables (``mask``, ``process_noise_at_floor``) read back as bool with
+    ``xarray.open_dataset``, with any engine.
 
     >>> import os, tempfile
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -626,8 +834,7 @@ def save_dataset(ds, path):
                 for d, n in zip(var.dims, var.shape, strict=True)
             )
             encoding[name] = {"zlib": True, "complevel": 4, "chunksizes": chunks}
-    out = ds.copy()
-    out["mask"] = out["mask"].astype(np.int8)  # netCDF has no boolean type
-    out["process_noise_at_floor"] = out["process_noise_at_floor"].astype(np.int8)
-    out.to_netcdf(path, engine=engine, encoding=encoding)
+    # bool variables (mask, process_noise_at_floor): xarray stores them as int8 with the
+    # attribute dtype="bool" and reads them back as bool (an int8 mask would index by value)
+    ds.to_netcdf(path, engine=engine, encoding=encoding)
     return engine

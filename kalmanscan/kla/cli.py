@@ -303,8 +303,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
         f"{ds.sizes['channel']} channels x {ds.sizes['slot']} slots"
     )
     for b in range(ds.sizes["batch"]):
-        bits = ds["surprisal"].isel(batch=b).values
-        print(f"text {b}: model surprisal {float(_nanmean(bits)):.3f} bits/byte")
+        print(f"text {b}: model surprisal {_surprisal_text(ds, b)}")
     import pandas as pd
 
     with pd.option_context("display.width", 120, "display.precision", 3):
@@ -357,11 +356,19 @@ def _write(args, ds, texts, layer, plt, plot_overview, plot_comparison, plot_pre
     return written + [engine]
 
 
-def _nanmean(x):
+def _surprisal_text(ds, b) -> str:
+    """The mean surprisal of text ``b`` in bits per byte, or why there is none (a text of one
+    token: the first token has no prediction)."""
     import numpy as np
 
-    x = x[~np.isnan(x)]
-    return x.mean() if len(x) else float("nan")
+    bits = ds["surprisal"].isel(batch=b).values
+    bits = bits[~np.isnan(bits)]
+    if len(bits):
+        return f"{float(bits.mean()):.3f} bits/byte"
+    n = int(np.asarray(ds["mask"].isel(batch=b).values, dtype=bool).sum())
+    if n == 1:
+        return "none (one token: no prediction)"
+    return f"none (no token of the {n} has a prediction)"  # pragma: no cover - LMs predict
 
 
 if __name__ == "__main__":

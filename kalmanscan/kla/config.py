@@ -274,10 +274,17 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.kla, dict):
-            self.kla = KLAConfig(**self.kla)
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
+        for key, sub in (("kla", KLAConfig), ("attention", AttentionConfig)):
+            value = getattr(self, key)
+            if isinstance(value, dict):
+                known = {f.name for f in dataclasses.fields(sub)}
+                bad = sorted(set(value) - known, key=str)
+                if bad:
+                    raise ValueError(
+                        f"{key}: unknown {sub.__name__} keys {bad}; expected a subset of "
+                        f"{sorted(known)}"
+                    )
+                setattr(self, key, sub(**value))
         if not isinstance(self.kla, KLAConfig):
             raise ValueError(
                 f"kla: expected a KLAConfig or a dict of its fields, got {type(self.kla).__name__}"

@@ -274,9 +274,11 @@ def save_checkpoint(
     so such a checkpoint could not be read back). ``metadata`` (a JSON-able dict: str keys;
     values dicts, lists, str, int, finite float, bool or None) is stored under ``"metadata"`` in
     the config; anything else (a ``numpy.float32``, a tensor) is refused with a TypeError, a NaN
-    or infinite float with a ValueError, naming its key. All of this happens before any file or
-    directory is written. Each file is written to a temporary file and renamed over the old one,
-    so an existing checkpoint is never left with a half-written file. Returns the directory.
+    or infinite float with a ValueError, naming its key. A ``directory`` that is a file (or lies
+    under one) is refused with a FileExistsError naming ``directory``. All of this happens
+    before any file or directory is written. Each file is written to a temporary file and
+    renamed over the old one, so an existing checkpoint is never left with a half-written file.
+    Returns the directory.
 
     >>> import tempfile
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -298,6 +300,17 @@ def save_checkpoint(
             f"metadata: expected None or a JSON-serialisable dict, got {_metadata_type(metadata)}"
         )
     directory = _as_path("directory", directory)
+    # a file where the directory (or one of its parents) would go: say so by name, before
+    # anything is written (mkdir would raise a bare "[Errno 17] File exists")
+    for path in (directory, *directory.parents):
+        if path.is_dir():
+            break
+        if path.exists() or path.is_symlink():
+            what = "a file" if path == directory else f"a path under the file {str(path)!r}"
+            raise FileExistsError(
+                f"directory: expected a directory to write {WEIGHTS_FILE} and {CONFIG_FILE} "
+                f"into (existing or new), got {str(directory)!r}, {what}"
+            )
     config = {"format": FORMAT, "version": _VERSIONS[-1], "model": model.config.to_dict()}
     if metadata is not None:
         _check_metadata(metadata)

@@ -47,7 +47,7 @@ def _dim(da, options, what):
 # the colorbar of a heatmap, and the blank margin of a curve panel beside it: the same sizes
 _CBAR_SIZE = "2%"  # of the panel's width
 _CBAR_PAD = 0.1  # inches
-_UNDEFINED = "#e7298a"  # surprisal strip: no value (the first token, padding)
+_UNDEFINED = "#d62728"  # surprisal strip: no value (the first token, padding), red ("tab:red")
 
 
 def _position(ds, name, value, dim):
@@ -188,11 +188,19 @@ def _surprisal_strip(ax, ds, batch, dim, positions_sel, max_columns, divider):
         vmin=0.0, vmax=finite.max() if finite.size else 1.0, extent=(left[0], right, 0, 1),
     )  # fmt: skip
     sax.set_yticks([])
-    top = f"{finite.max():.0f}" if finite.size else "?"
-    label = f"surprisal\n0-{top} bits" + ("\nred: none" if finite.size < s.size else "")
+    if finite.size:
+        label = f"surprisal\n0-{_bits(finite.max())} bits"
+        label += "\nred: none" if finite.size < s.size else ""
+    else:  # one token: nothing predicted
+        label = "surprisal\nred: none"
     sax.set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
     ax.tick_params(labelbottom=False)
     return sax
+
+
+def _bits(value) -> str:
+    """A scale's top in bits: two significant digits (``0.07``, ``8.5``), whole bits from 10."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def _channel_ticks(ax, ids, sort_by):
@@ -215,8 +223,48 @@ def _token_ticks(ax, ds, batch, positions, factor, max_labels):
     from kalmanscan.plot import drawable_text
 
     labels, families = drawable_text(text, "monospace")
-    ax.set_xticklabels(labels, rotation=90, fontsize=7, family=families)
+    # each label horizontal where it fits in its column, else vertical; a vertical label longer
+    # than _TALL characters (a code point such as U+6771, for a character no font has) in a
+    # smaller font, so that no label pushes the axis label into the panel below
+    column = _axes_width_points(ax) / max(len(labels), 1)
+    ticks = ax.set_xticklabels(labels, fontsize=_TOKEN_FONT, family=families)
+    for tick, label in zip(ticks, labels, strict=True):
+        if _label_width(label) > column - _LABEL_GAP:
+            tick.set_rotation(90)
+            if len(label) > _TALL:
+                tick.set_fontsize(max(_SMALLEST, _TOKEN_FONT * _TALL / len(label)))
     ax.set_xlabel(f"tokens at positions {int(positions[0])}–{int(positions[-1])}", fontsize=8)
+
+
+_TOKEN_FONT = 7.0  # points: token labels
+_CHAR_WIDTH = 0.62  # a monospace character's advance, in units of the font size
+_LABEL_GAP = 1.5  # points between horizontal labels
+_TALL = 5  # characters: a vertical label longer than this is drawn smaller, as tall as _TALL
+_SMALLEST = 4.5  # points: the smallest font of such a label
+
+
+def _label_width(label: str) -> float:
+    """The width of a token label at ``_TOKEN_FONT`` in points: a monospace advance per
+    character, a full em for a wide one (CJK, emoji)."""
+    import unicodedata
+
+    ems = sum(1.0 if unicodedata.east_asian_width(c) in "WF" else _CHAR_WIDTH for c in label)
+    return ems * _TOKEN_FONT
+
+
+def _axes_width_points(ax) -> float:
+    """The drawn width of ``ax`` in points (the divider of a heatmap, which gives part of the
+    width to the colorbar, places its axes at draw time: their share is taken off here)."""
+    fig = ax.figure
+    box = ax.get_position()
+    locator = ax.get_axes_locator()
+    get_renderer = getattr(fig.canvas, "get_renderer", None)
+    if locator is not None and get_renderer is not None:  # placed by make_axes_locatable
+        try:
+            box = locator(ax, get_renderer())
+        except (TypeError, ValueError, AttributeError):  # a backend without a renderer yet
+            pass
+    return box.width * fig.get_figwidth() * 72.0
 
 
 def plot_precision(
@@ -411,6 +459,23 @@ def plot_layer_summary(
     return ax
 
 
+def _whole_decades(ax, values) -> None:
+    """On a log y axis, data spanning less than a decade (one token, or a flat curve) gets
+    limits at the powers of ten around it, labelled there only: left to itself matplotlib
+    labels such a range with long minor-tick labels (``1.065x10^-1``) that push the axis label
+    off the figure."""
+    import matplotlib.ticker
+
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0 or np.log10(v.max() / v.min()) >= 1.0:
+        return
+    lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
+    ax.set_ylim(10.0**lo, 10.0 ** max(hi, lo + 1.0))
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10.0))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def _tokens_per_column(ds, max_columns):
     """Tokens per column of the binned heatmaps (the curves of a figure average as many)."""
     return int(ds.attrs.get("bin_size", 1)) * max(1, int(np.ceil(ds.sizes["bin"] / max_columns)))
@@ -518,17 +583,23 @@ def plot_overview(ds, *, layer=-1, batch=0, axes=None, max_columns=1500):
     )  # fmt: skip
     f = _tokens_per_column(ds, max_columns)
     pos = ds["time"].values
+    told = []
     for i, name in enumerate(ds["layer"].values):
         x, y, _ = _curve(ds["mean_log10_precision"].isel(layer=i, batch=batch), pos, 0, f)
         line = _plot_curve(axes[2], x, y, lw=1.0, label=f"layer {name}")
-        x, y, _ = _curve(ds["mean_log10_baseline_precision"].isel(layer=i), pos, 0, f)
+        base = ds["mean_log10_baseline_precision"].isel(layer=i)
+        if "batch" in base.dims:  # rows starting at different positions: one curve per row
+            base = base.isel(batch=batch)
+        x, y, _ = _curve(base, pos, 0, f)
         _plot_curve(axes[2], x, y, lw=0.8, ls="--", color=line.get_color(), mfc="none")
         x, y, _ = _curve(ds["mean_information_bits"].isel(layer=i, batch=batch), pos, 0, f)
         _plot_curve(axes[3], x, y, lw=0.8, color=line.get_color(), label=f"layer {name}")
+        told.append(y)
     axes[2].set_ylabel("mean log10 precision\n(dashed: no observations)", fontsize=8)
     axes[2].legend(fontsize=7, ncol=4)
     axes[3].set_ylabel("bits told per lane", fontsize=8)
     axes[3].set_yscale("log")
+    _whole_decades(axes[3], np.concatenate(told))
     x, s, _ = _curve(ds["surprisal"].isel(batch=batch), pos, 0, f)
     _plot_curve(axes[4], x, s, lw=0.6, color="k")
     _note_if_empty(axes[4], s, "no surprisal to draw (the first token has none)")
