@@ -878,6 +878,9 @@ def _fit_finish(
         p: (bool(v[0]) if (joint or shape == ()) else v.reshape(shape))
         for p, v in at_boundary.items()
     }
+    from kalmanscan.timeseries import profile  # what OUFit.profile_interval refits with
+
+    keep = profile.state(core, ax.dt, fixed_flat, free, max_iter, tol, backend, device)
     return OUFit(
         model=model,
         loglik=ll_out,
@@ -893,4 +896,5 @@ def _fit_finish(
         at_boundary=bnd_out,
         notes=notes if isinstance(notes, _LazyNotes) else tuple(notes),
         upper_bound=upper,
+        _profile_state=keep,
     )
