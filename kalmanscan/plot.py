@@ -240,13 +240,29 @@ def _shade_missing(ax, times, observed, show_missing, label: str, breaks=None) -
     if breaks is not None:
         t = _as_span_times(times)
         rowless = [(t[j], t[j + 1]) for j in np.flatnonzero(breaks)]
-    spans = [se for se in spans if not any(se[0] == a and se[1] == b for a, b in rowless)]
+    skip = set(rowless)
+    spans = [se for se in spans if se not in skip]
     merged = []  # (overlapping spans as one: a NaN run's and its gap's drew darker edges)
     for a, b in spans:
         if merged and a <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], b))
         else:
             merged.append((a, b))
+    if len(merged) > _MANY_SPANS:
+        # one artist for them all: an axvspan each took 83 s for the 21,000 runs of 100,000
+        # hourly rows with 30 % missing at random (making and drawing the patches)
+        x0 = [a for a, _ in merged]
+        ax.broken_barh(
+            list(zip(x0, [b - a for a, b in merged], strict=True)),
+            (0, 1),
+            transform=ax.get_xaxis_transform(),
+            color="0.85",
+            alpha=0.6,
+            lw=0,
+            label=label,
+            zorder=0,
+        )
+        merged = []
     for k, (a, b) in enumerate(merged):
         ax.axvspan(a, b, color="0.85", alpha=0.6, lw=0, label=label if k == 0 else None, zorder=0)
     for k, (a, b) in enumerate(rowless):
@@ -263,6 +279,7 @@ def _shade_missing(ax, times, observed, show_missing, label: str, breaks=None) -
         )
 
 
+_MANY_SPANS = 50  # above this many grey spans, one collection draws them
 # the legend entry of a stretch without rows, where no band is drawn
 _NOT_EVALUATED = "no rows: not evaluated"
 GAP_FACTOR = 10.0  # (a stretch over 10x the median spacing of the observations is a gap)

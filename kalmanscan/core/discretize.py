@@ -14,6 +14,7 @@ Derivation: docs/model.md.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kalmanscan.core import _args
@@ -47,9 +48,9 @@ def discretize_ou(theta, sigma2, dt):
         _args.check_range("theta", theta_t, lo=0.0)
         _args.check_range("sigma2", sigma2_t, lo=0.0)
         _args.check_range("dt", dt_t, lo=0.0)
-    try:
-        torch.broadcast_shapes(theta_t.shape, sigma2_t.shape, dt_t.shape)
-    except RuntimeError:
+    try:  # numpy's rules (torch.broadcast_shapes imports sympy on first use: about 1 s)
+        np.broadcast_shapes(tuple(theta_t.shape), tuple(sigma2_t.shape), tuple(dt_t.shape))
+    except ValueError:
         raise ValueError(
             "theta, sigma2, dt: expected shapes that broadcast together, got "
             f"{tuple(theta_t.shape)}, {tuple(sigma2_t.shape)}, {tuple(dt_t.shape)}"
