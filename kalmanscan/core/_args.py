@@ -361,6 +361,53 @@ def as_real_numpy(name, value, *, missing_ok: bool = True) -> np.ndarray:
     return a
 
 
+def check_dataarray_time_axis(z, axis) -> None:
+    """Refuse an xarray ``DataArray`` whose time dim is not the one on ``axis``: a dim named
+    ``time``, else the only dim indexed by dates, elsewhere. (``axis`` counts positions, so
+    ``dims=("station", "time")`` with the default ``axis=0`` filtered 3 stations as 3 steps of
+    50 series, silently.) Nothing for other inputs or an int ``axis`` out of range (refused
+    where it is used).
+
+    >>> import numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.zeros((3, 5)), dims=("station", "time"))
+    >>> check_dataarray_time_axis(da, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: axis: z is a DataArray of dims ('station', 'time') whose time dim 'time' is ...
+    """
+    xr = sys.modules.get("xarray")  # an xarray object means xarray is imported: no import here
+    if xr is None or not isinstance(z, xr.DataArray) or z.ndim < 2:
+        return
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        return
+    if not -z.ndim <= axis < z.ndim:
+        return
+    dims = list(z.dims)
+    if "time" in dims:
+        tdim = "time"
+    else:
+        import pandas as pd
+
+        dated = [
+            d for d in dims
+            if d in z.indexes
+            and (isinstance(z.indexes[d], pd.DatetimeIndex) or type(z.indexes[d]).__name__
+                 == "CFTimeIndex")
+        ]  # fmt: skip
+        if len(dated) != 1:
+            return
+        tdim = dated[0]
+    at = dims.index(tdim)
+    if at == axis % z.ndim:
+        return
+    raise ValueError(
+        f"axis: z is a DataArray of dims {tuple(z.dims)} whose time dim {tdim!r} is axis {at}, "
+        f"but axis={int(axis)} is its dim {dims[axis]!r}; pass axis={at} (or "
+        f"da.transpose({tdim!r}, ...)), or use the accessor, da.kalman.filter(...), which takes "
+        "time_dim"
+    )
+
+
 def pandas_refusal(name, value, pd, *, missing_ok: bool = True, times_hint: bool = False):
     """The ``TypeError`` for a pandas ``Series`` or ``DataFrame`` with a column that holds no
     real numbers (text, booleans, datetimes, complex numbers, objects), naming that column (a

@@ -53,6 +53,7 @@ def _prepare(
             "(or .backward()) for gradients, and put the series side by side on the lane axis "
             "of z instead of vmap"
         )
+    _args.check_dataarray_time_axis(z, axis)
     values = {
         "z": z,
         "obs_var": obs_var,

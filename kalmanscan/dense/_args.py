@@ -182,6 +182,9 @@ def prepare(
     the model's ``P0`` the prior covariance as given (inf entries not yet turned into a
     precision) and ``checks`` the value checks (:class:`ValueChecks`) for the caller to run
     later, so that they cost no host synchronization on a device (the triton backend)."""
+    from kalmanscan.core._args import check_dataarray_time_axis
+
+    check_dataarray_time_axis(z, axis)
     values = dict(
         z=z,
         F=F,

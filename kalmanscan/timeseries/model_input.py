@@ -209,7 +209,7 @@ def series_input(z, times, axis: int = 0):
     (``kalmanscan.core._args.as_real_numpy``): masked elements are missing (NaN); strings,
     booleans, complex numbers and datetimes are refused with a ``TypeError`` naming ``z``.
     """
-    from kalmanscan.core._args import as_real_numpy, pandas_refusal
+    from kalmanscan.core._args import as_real_numpy, check_dataarray_time_axis, pandas_refusal
 
     labels = None
     xr = sys.modules.get("xarray")  # as pandas below: an xarray object means xarray is imported
@@ -219,6 +219,7 @@ def series_input(z, times, axis: int = 0):
                 f"axis: expected an int in [{-z.ndim}, {z.ndim - 1}] for z of dims {z.dims}, "
                 f"got {axis}"
             )
+        check_dataarray_time_axis(z, axis)
         dim = z.dims[axis]
         if times is None and dim in z.indexes:
             times = z.indexes[dim]
