@@ -66,3 +66,40 @@ def test_cli_fred_export(tmp_path):
     table = pd.read_csv(out / "results.csv")
     fc = table[table["kind"] == "forecast"]["time"].tolist()
     assert fc == ["2024-01-22", "2024-01-23", "2024-01-24"]  # Friday 19th, then Monday on
+
+
+@pytest.mark.parametrize(
+    "tz, close", [("UTC", "0h"), ("America/New_York", "16h"), ("Europe/London", "8h")]
+)
+def test_timezones_on_their_local_calendar(tz, close):
+    t = (pd.bdate_range("2024-02-01", "2024-03-29") + pd.Timedelta(close)).tz_localize(tz)
+    z = pd.Series(np.random.default_rng(1).normal(size=len(t)).cumsum(), index=t)
+    fc = ks.forecast(ks.OUModel(sigma2=1.0, obs_var=1.0), z, steps=3)
+    local = pd.DatetimeIndex(np.asarray(fc.times)).tz_localize("UTC").tz_convert(tz)
+    assert [x.day_name()[:3] for x in local] == ["Mon", "Tue", "Wed"]
+    assert all(x.strftime("%H:%M") == (t[-1].strftime("%H:%M")) for x in local)
+
+
+def test_weekday_patterns_and_exceptions():
+    b = pd.bdate_range("2024-01-01", "2024-03-29")
+    mwf = b[b.dayofweek.isin([0, 2, 4])]  # ends Friday 2024-03-29
+    got = as_time_axis(mwf.values, len(mwf)).future(4)
+    assert _days(got) == ["2024-04-01", "2024-04-03", "2024-04-05", "2024-04-08"]
+    # one Saturday session in a trading record: still trading days
+    sat = b.append(pd.DatetimeIndex(["2024-02-10"])).sort_values()
+    assert _days(as_time_axis(sat.values, len(sat)).future(2)) == ["2024-04-01", "2024-04-02"]
+    # a close at 16:00 with one 13:00 half day: at 16:00
+    clock = b + pd.Timedelta("16h")
+    clock = clock.where(clock != pd.Timestamp("2024-03-28 16:00"), pd.Timestamp("2024-03-28 13:00"))
+    got = as_time_axis(clock.values, len(clock)).future(1)
+    assert str(got[0].astype("datetime64[m]")) == "2024-04-01T16:00"
+
+
+def test_utc_close_across_daylight_saving_takes_the_latest_season():
+    """A New York close written in UTC: 21:00 in winter, 20:00 from March 10."""
+    t = pd.bdate_range("2024-01-02", "2024-03-28") + pd.Timedelta("16h")
+    utc = t.tz_localize("America/New_York").tz_convert("UTC").tz_localize(None)
+    got = as_time_axis(utc.values, len(utc)).future(2)
+    assert [str(x.astype("datetime64[m]")) for x in got] == [
+        "2024-03-29T20:00", "2024-04-01T20:00",
+    ]  # fmt: skip

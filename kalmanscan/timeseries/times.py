@@ -52,6 +52,7 @@ from kalmanscan.timeseries.time_calendar import (  # noqa: F401 - re-exported
     _resolution_td,
     _split_ns,
     _utc_to_local,
+    _weekday_future,
     check_steps,
     elapsed,
     parse_time_unit,
@@ -278,7 +279,7 @@ class TimeAxis(NamedTuple):
         if months is not None:
             return _calendar_future(parts, months, k, self.labels)
         if self.is_datetime:
-            out = _business_future(self.labels, k)
+            out = _weekday_future(self.labels, k)
             if out is not None:
                 return out
         step = self.step()
@@ -310,37 +311,6 @@ class TimeAxis(NamedTuple):
             )
         step_r = max(int(round(step_ns / _NS_PER[res])), 1)
         return last.astype(f"datetime64[{res}]") + k * np.timedelta64(step_r, res)
-
-
-def _business_future(labels: np.ndarray, k: np.ndarray):
-    """The ``k``-th business days (Monday to Friday) after the last label, at its time of day,
-    where the labels are business-daily: at least 5, all on weekdays at one time of day, a
-    median step of one day, and some step over a weekend (so the record skips weekends rather
-    than ends before one); else None. (A forecast by the median step would put every sixth and
-    seventh date of a trading record on a weekend.)
-
-    >>> d = np.array(["2024-05-02", "2024-05-03", "2024-05-06", "2024-05-07", "2024-05-08",
-    ...               "2024-05-09", "2024-05-10"], dtype="datetime64[D]")
-    >>> [str(x)[:10] for x in _business_future(d, np.arange(1, 4))]
-    ['2024-05-13', '2024-05-14', '2024-05-15']
-    """
-    labels = np.asarray(labels)
-    if labels.dtype.kind != "M" or labels.size < 5 or np.isnat(labels).any():
-        return None
-    if _resolution(labels) in ("Y", "M", "W"):
-        return None
-    days = labels.astype("datetime64[D]")
-    clock = labels - days.astype(labels.dtype)
-    if (clock != clock[0]).any() or not np.is_busday(days).all():
-        return None
-    steps = np.diff(days).astype(np.int64)
-    if steps.size == 0 or np.median(steps) != 1:
-        return None
-    # a weekend stepped over as one business day (Friday to Monday)
-    if not ((steps >= 3) & (np.busday_count(days[:-1], days[1:]) == 1)).any():
-        return None
-    out = np.busday_offset(days[-1], k, roll="forward")
-    return out.astype(labels.dtype) + clock[0]
 
 
 def _labels_array(times, name: str, *, time_format=None, dayfirst=None) -> np.ndarray:
