@@ -814,7 +814,8 @@ def plot_overview(
     The precision panel shows the same moments as the panels above (``smoothed=True``: the
     smoothed precision, ``1 / smoothed_variance``; its y axis says which). Where the Dataset
     holds more than ``max_series`` series, the figure's title says so ("the first 4 of 6 series
-    (max_series=4); not drawn: ..."; appended to a title the figure has). Legends sit to the
+    (max_series=4); not drawn: ...", naming those left out where they are at most 3; appended
+    to a title the figure has). Legends sit to the
     right of the panels. Gaps without rows are left undrawn (:func:`plot_bands`). Returns the
     array of axes (``axes=None`` makes a new figure with the right number of rows).
 

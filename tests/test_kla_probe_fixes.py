@@ -122,6 +122,9 @@ def test_left_padding_gives_the_unpadded_texts(chunk):
             one.mean_log10_baseline_precision.values,
             f"baseline row {b}",
         )
+        # NaN at the row's padding on either side, as the other variables
+        base = ds.mean_log10_baseline_precision.values[:, b]
+        assert np.isnan(base[:, :s]).all() and np.isnan(base[:, s + n :]).all()
         got = ds.surprisal.values[b]
         assert np.isnan(got[s]), "the first real token has no prediction"
         _close(got[valid], one.surprisal.values[0], f"surprisal row {b}")

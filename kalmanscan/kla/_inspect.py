@@ -416,7 +416,9 @@ def inspect(
         prior_precision, baseline_precision, information_added, write_gain, forget_gate``,
         ``[.., detail_channel]``: ``value_precision, value, readout_variance,
         gated_readout_variance``, ``key, query [.., slot]``, ``output_variance [.., feature]``.
-        Padding positions are NaN. Each variable's ``description`` attribute defines it.
+        Padding positions are NaN (but in the one baseline curve ``[layer, time]`` of rows that
+        all start at position 0, which runs on over right padding). Each variable's
+        ``description`` attribute defines it.
 
     >>> import torch
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -609,7 +611,10 @@ def _dataset(
     data = {n: (("layer", "batch", "time"), rec.sum[n]) for n in _SUMMARIES}
     # one baseline curve where every row starts at the same position; one per row otherwise
     base_dims = ("layer", "time") if rec.base_mean.ndim == 2 else ("layer", "batch", "time")
-    data["mean_log10_baseline_precision"] = (base_dims, rec.base_mean)
+    base = rec.base_mean
+    if base.ndim == 3:  # per row: NaN at its padding on either side, as the other variables
+        base = np.where(mask.numpy()[None], base, np.nan)
+    data["mean_log10_baseline_precision"] = (base_dims, base)
     data["surprisal"] = (("batch", "time"), surprisal)
     data["mask"] = (("batch", "time"), mask.numpy())
     # channel views: means over each bin's valid tokens
