@@ -58,12 +58,16 @@ from kalmanscan.timeseries.model_numerics import (  # noqa: F401 - re-exported
     _first_step,
     _host_array,
     _in_dtype,
+    _loglik_in_data_units,
     _rescale_filter,
     _scaled,
+    contributing_steps,
     data_unit,
     default_prior,
+    median_step,
     one_minus_decay,
     ou_arrays,
+    step_classes,
 )
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
@@ -274,6 +278,13 @@ class OUModel:
         >>> bool(np.allclose(ks.filter(z, **args).mean, m.filter(z, [0.0, 1.0, 3.0]).mean))
         True
         """
+        return self._filter_args(time_axis, n_series_dims, unit)
+
+    def _filter_args(
+        self, time_axis: TimeAxis, n_series_dims: int, unit=None, *, dt=None, classes=False
+    ) -> dict:
+        """:meth:`filter_args` with ``time_axis.dt`` and its ``model_numerics.step_classes``
+        (``dt``, ``classes``) where the caller has them."""
         if unit is None:
             sigma2, mu, obs_var = self.sigma2, self.mu, self.obs_var
             prior_mean, prior_var = self.prior(n_series_dims)
@@ -297,7 +308,10 @@ class OUModel:
                 prior_mean = _scaled(self.prior_mean, inv)
             if self.prior_var is not None:
                 prior_var = _scaled(_scaled(self.prior_var, inv), inv)
-        decay, process_var, offset = ou_arrays(self.theta, sigma2, mu, time_axis.dt, n_series_dims)
+        dt = time_axis.dt if dt is None else dt
+        decay, process_var, offset = ou_arrays(
+            self.theta, sigma2, mu, dt, n_series_dims, classes=classes
+        )
         return dict(
             obs_var=obs_var,
             decay=decay,
@@ -307,12 +321,12 @@ class OUModel:
             prior_var=prior_var,
         )
 
-    def unit(self, z, time_axis: TimeAxis) -> np.ndarray:
+    def unit(self, z, time_axis: TimeAxis, *, tau=None) -> np.ndarray:
         """The per-series power of two ``c [*S]`` the filter works in for time-first ``z``
         (module docstring): at or above ``max |z|``, ``sqrt(obs_var)``, ``|mu|``,
-        ``sqrt(sigma2 * tau)`` (``tau`` the median step) and the prior's mean and scale."""
-        pos = time_axis.dt[time_axis.dt > 0]
-        tau = float(np.median(pos)) if pos.size else 1.0
+        ``sqrt(sigma2 * tau)`` (``tau`` the median step, where the caller has it) and the
+        prior's mean and scale."""
+        tau = median_step(time_axis.dt) if tau is None else tau
         values = [z, self.mu, self.prior_mean]
         scales = [self.obs_var, _scaled(self.sigma2, tau), self.prior_var]
         shape = np.shape(z)[1:]
@@ -347,18 +361,36 @@ class OUModel:
         model, zt, ax, _ = self._prepare(z, times, axis)
         return _move_time(model.filter_prepared(zt, ax, backend=backend), axis)
 
+    def _scaled_inputs(self, z, time_axis: TimeAxis):
+        """``(c, z / c, args)``: the unit :meth:`unit`, the data in it and the filter's keyword
+        arguments for them (:meth:`filter_args`)."""
+        dt = time_axis.dt
+        classes = step_classes(dt)
+        c = self.unit(z, time_axis, tau=median_step(dt, classes))
+        zs = (z / c).astype(z.dtype, copy=False)
+        args = self._filter_args(time_axis, z.ndim - 1, unit=c, dt=dt, classes=classes)
+        if z.dtype != np.float64:
+            # exp(-theta dt) below the data's range is the state forgotten, as where it
+            # underflows float64 (theta dt > 745): rounded here, the filter refuses no decay
+            args["decay"] = _in_dtype(args["decay"], z.dtype)
+        return c, zs, args
+
+    def loglik_prepared(self, z, time_axis: TimeAxis, *, backend: str = "auto"):
+        """Log-likelihood per series of time-first ``z [T, *S]`` on a checked
+        :class:`TimeAxis`: :meth:`filter_prepared`'s ``loglik`` through the filter's
+        log-likelihood-only call (:func:`kalmanscan.loglik`: nothing of ``z``'s size written),
+        the steps that contribute counted from its inputs (:func:`contributing_steps`)."""
+        c, zs, args = self._scaled_inputs(z, time_axis)
+        ll = filter_api.loglik(zs, **args, axis=0, backend=backend)
+        n = contributing_steps(~np.isnan(z), args["decay"], args["process_var"], args["prior_var"])
+        return _loglik_in_data_units(ll, n, c)
+
     def filter_prepared(
         self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"
     ):
         """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
         fn = filter_api.smooth if smooth else filter_api.filter
-        c = self.unit(z, time_axis)
-        zs = (z / c).astype(z.dtype, copy=False)
-        args = self.filter_args(time_axis, z.ndim - 1, unit=c)
-        if z.dtype != np.float64:
-            # exp(-theta dt) below the data's range is the state forgotten, as where it
-            # underflows float64 (theta dt > 745): rounded here, the filter refuses no decay
-            args["decay"] = _in_dtype(args["decay"], z.dtype)
+        c, zs, args = self._scaled_inputs(z, time_axis)
         res = fn(zs, **args, axis=0, backend=backend)
         observed = ~np.isnan(z)
         if not smooth:
@@ -390,7 +422,8 @@ class OUModel:
         >>> round(float(OUModel(sigma2=1.0, obs_var=1.0).loglik(np.array([0.0, 1.0]))), 4)
         -1.6349
         """
-        return self.filter(z, times, axis=axis).loglik
+        model, zt, ax, _ = self._prepare(z, times, axis)
+        return model.loglik_prepared(zt, ax)
 
     def forecast(
         self,

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -17,19 +18,112 @@ from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.core.filter import InfoState
 
 
-def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None):
+def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None, classes=False):
     """Per-step ``(decay, process_var, offset)`` for steps ``dt [T]``, shaped ``[T, 1, ...]``
     (``n_series_dims`` ones)
     broadcast against the parameters (numpy, or torch when ``like`` is a tensor).
+
+    Where steps repeat (:func:`step_classes`: a regular grid, or a record of few distinct steps)
+    and no parameter varies per step, each distinct step is discretized once and its values
+    gathered to the steps: the same values, elementwise, as discretizing every step.
+    ``classes``: ``step_classes(dt)`` where the caller has it.
     """
+    shape = (-1,) + (1,) * n_series_dims
     if isinstance(like, torch.Tensor):
-        dt = torch.as_tensor(np.asarray(dt), dtype=like.dtype, device=like.device)
-        dt = dt.reshape((-1,) + (1,) * n_series_dims)
+        classes = None
+        dt = torch.as_tensor(np.asarray(dt), dtype=like.dtype, device=like.device).reshape(shape)
     else:
-        dt = np.asarray(dt, dtype=np.float64).reshape((-1,) + (1,) * n_series_dims)
+        dt = np.asarray(dt, dtype=np.float64)
+        per_step = any(getattr(v, "ndim", 0) > n_series_dims for v in (theta, sigma2, mu))
+        if per_step or dt.ndim != 1:
+            classes = None
+        elif classes is False:
+            classes = step_classes(dt)
+        dt = dt.reshape(shape)
+    if classes is None:
+        decay, process_var = discretize_ou(theta, sigma2, dt)
+        offset = mu * one_minus_decay(theta, dt, decay)
+        return decay, process_var, offset
+    dt = classes.values.reshape(shape)
     decay, process_var = discretize_ou(theta, sigma2, dt)
     offset = mu * one_minus_decay(theta, dt, decay)
-    return decay, process_var, offset
+    return tuple(_gather(v, classes) for v in (decay, process_var, offset))
+
+
+# steps sampled to judge whether a record's steps repeat (step_classes)
+_STEP_SAMPLE = 4096
+
+
+class StepClasses(NamedTuple):
+    """The distinct steps ``values [U]`` of a record and each step's index ``inverse [T]`` among
+    them; ``regular``: the first step and one other (``inverse`` 0, then 1s)."""
+
+    values: np.ndarray
+    inverse: np.ndarray
+    regular: bool
+
+
+def step_classes(dt: np.ndarray) -> StepClasses | None:
+    """:class:`StepClasses`: the distinct steps of ``dt [T]`` (distinct as bit patterns, so a
+    step of ``-0.0`` is not one of ``0.0``) and each step's index among them, with
+    ``values[inverse]`` equal to ``dt`` bit for bit; ``None`` where steps hardly repeat
+    (more than one distinct value in 8 among the first steps) or the record is short.
+
+    A regular grid (the first step 0, the others equal) is found by one comparison; other
+    records are sorted only where a sample of their steps repeats.
+
+    >>> v, i, regular = step_classes(np.array([0.0] + [1.0, 1.0, 1.0, 1.0, 3.0] * 8))
+    >>> v.tolist(), i[:7].tolist(), regular
+    ([0.0, 1.0, 3.0], [0, 1, 1, 1, 1, 2, 1], False)
+    >>> step_classes(np.array([0.0, 1.0, 1.5, 2.5, 4.0])) is None
+    True
+    """
+    T = dt.shape[0]
+    if T < 4:
+        return None
+    bits = dt.view(np.dtype(f"u{dt.dtype.itemsize}"))
+    rest = bits[1:]
+    if (rest == rest[0]).all():
+        inverse = np.ones(T, np.intp)
+        inverse[0] = 0
+        return StepClasses(dt[:2].copy(), inverse, True)
+    sample = bits[:_STEP_SAMPLE]
+    if np.unique(sample).size * 8 > sample.size:
+        return None
+    values, inverse = np.unique(bits, return_inverse=True)
+    return StepClasses(values.view(dt.dtype), inverse.reshape(T), False)
+
+
+def median_step(dt: np.ndarray, classes: StepClasses | None = None) -> float:
+    """The median of the positive steps of ``dt`` (1 where there are none); of a regular grid
+    (``classes.regular``) its step, which is that median."""
+    if classes is not None and classes.regular:
+        return float(classes.values[1]) if classes.values[1] > 0 else 1.0
+    pos = dt[dt > 0]
+    return float(np.median(pos)) if pos.size else 1.0
+
+
+def _gather(v, classes: StepClasses):
+    """``v [U, ...]`` taken at ``classes.inverse [T]`` along its first axis (a tensor by
+    ``index_select``, so gradients flow back to ``v``)."""
+    if isinstance(v, torch.Tensor):
+        return v.index_select(0, torch.from_numpy(classes.inverse).to(v.device))
+    out = _empty((classes.inverse.shape[0],) + v.shape[1:], v.dtype)
+    if classes.regular:  # (the first step, then the other)
+        out[:1] = v[:1]
+        out[1:] = v[1:2]
+        return out
+    return np.take(v, classes.inverse, axis=0, out=out)
+
+
+def _empty(shape, dtype) -> np.ndarray:
+    """An uninitialized array, on a block the native backend keeps for reuse where it is built
+    (``kalmanscan.core.native._pooled``: a fresh block costs a page fault per page)."""
+    from kalmanscan.core import native
+
+    if not native.available():
+        return np.empty(shape, dtype)
+    return native._pooled(int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype, shape)
 
 
 def one_minus_decay(theta, dt, decay):
@@ -89,6 +183,13 @@ def data_unit(shape, values=(), scales=()) -> np.ndarray:
             for v in items:
                 if v is None:
                     continue
+                if kind == "value" and _large_float_array(v, shape):
+                    # max |x| as max(max x, -min x), NaN skipped: no array of v's size made
+                    lead = v.reshape((-1,) + v.shape[v.ndim - len(shape) :])
+                    a = np.fmax(np.fmax.reduce(lead, 0), -np.fmin.reduce(lead, 0))
+                    if not np.isinf(a).any():  # (an inf: as below, where it counts as 0)
+                        big = np.maximum(big, np.fmax(a.astype(np.float64), 0.0))
+                        continue
                 a = np.abs(_host_array(v))
                 if kind == "scale":
                     a = np.sqrt(a)
@@ -101,6 +202,17 @@ def data_unit(shape, values=(), scales=()) -> np.ndarray:
                     return np.ones(shape)
     _, e = np.frexp(big)
     return np.where(big > 0, np.ldexp(1.0, e), 1.0)
+
+
+def _large_float_array(v, shape) -> bool:
+    """Whether ``v`` is a numpy float array of the values of many steps of series ``shape``."""
+    return (
+        isinstance(v, np.ndarray)
+        and v.dtype.kind == "f"
+        and v.size > 4096
+        and v.ndim > len(shape)
+        and v.shape[v.ndim - len(shape) :] == tuple(shape)
+    )
 
 
 def _scaled(x, f):
@@ -128,13 +240,7 @@ def _rescale_filter(res, c, observed):
     log-likelihood loses ``log c`` for every observed step with a known prediction (the steps
     that contribute, see ``kalmanscan.core.steps.loglik_terms``)."""
     pp = _host_array(res.pred_precision)
-    n_contrib = (observed & (pp > 0)).sum(0)
-    shift = n_contrib * np.log(c)
-    ll = res.loglik
-    if isinstance(ll, torch.Tensor):
-        ll = ll - torch.as_tensor(shift, dtype=ll.dtype, device=ll.device)
-    else:
-        ll = np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
+    ll = _loglik_in_data_units(res.loglik, (observed & (pp > 0)).sum(0), c)
     # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
     # value beyond float64 in z's units (a variance over a gap of 1e308) is inf, as
     # kalmanscan.filter gives it
@@ -153,3 +259,51 @@ def _rescale_filter(res, c, observed):
                 _scaled(res.final.eta, 1.0 / c),
             ),
         )
+
+
+def _loglik_in_data_units(ll, n_contrib, c):
+    """The log-likelihood ``ll`` of ``z / c`` as that of ``z``: ``log c`` less for each of the
+    ``n_contrib`` contributing steps (:func:`_rescale_filter`, :func:`contributing_steps`)."""
+    shift = n_contrib * np.log(c)
+    if isinstance(ll, torch.Tensor):
+        return ll - torch.as_tensor(shift, dtype=ll.dtype, device=ll.device)
+    return np.asarray(ll) - np.asarray(shift, dtype=np.asarray(ll).dtype)
+
+
+def contributing_steps(observed: np.ndarray, decay, process_var, prior_var) -> np.ndarray:
+    """Per series ``[*S]``: the number of steps that add to the filter's log-likelihood, the
+    observed steps with a known prediction (predicted precision > 0; loading 1, finite positive
+    observation variances), counted from the filter's inputs without running it: ``observed
+    [T, *S]``, the filter's ``decay`` and ``process_var`` (broadcasting to it) and the prior's
+    variance (``inf``: diffuse).
+
+    A prediction is known where the state before the step was (a known prior, or any earlier
+    observation), unless the step forgets it (``process_var = inf``); a step that forgets the
+    state (``decay = 0``) with a finite ``process_var`` knows it afresh. A lane whose predicted
+    precision falls below the range on the way has a NaN log-likelihood (the filter says so),
+    which no count changes.
+
+    >>> obs = np.array([True, True, False, True])
+    >>> contributing_steps(obs, 1.0, 0.5, np.inf).tolist(), contributing_steps(obs, 1.0, 0.5, 2.0)
+    (2, array(3))
+    """
+    prior_known = np.isfinite(_host_array(prior_var))
+    decay = _host_array(decay)
+    process_var = _host_array(process_var)
+    forgets, fresh = ~np.isfinite(process_var), decay == 0
+    n_obs = observed.sum(0)
+    if not (forgets.any() or fresh.any()):
+        # known from the first observation on, or throughout with a known prior
+        return np.where(prior_known, n_obs, np.maximum(n_obs - 1, 0))
+    shape = observed.shape
+    fresh = np.broadcast_to(fresh & ~forgets, shape)
+    forgets = np.broadcast_to(forgets, shape)
+    # the latest event before each prediction, as a key: the transition of step s (2 s; it
+    # comes first) and its observation (2 s + 1); -1 where there is none (the prior holds)
+    two_t = 2 * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+    seen = np.maximum.accumulate(np.where(observed, two_t + 1, -1), axis=0)
+    seen = np.concatenate([np.full((1,) + shape[1:], -1), seen[:-1]], axis=0)
+    good = np.maximum(seen, np.maximum.accumulate(np.where(fresh, two_t, -1), axis=0))
+    lost = np.maximum.accumulate(np.where(forgets, two_t, -1), axis=0)
+    known = np.where((good < 0) & (lost < 0), np.broadcast_to(prior_known, shape[1:]), good > lost)
+    return (observed & known).sum(0)
