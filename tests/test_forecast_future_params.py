@@ -72,6 +72,8 @@ def test_per_step_parameters_need_future_values():
     with pytest.raises(ValueError, match="future_params"):
         _model().to_dataset(z, forecast_steps=1)
     pytest.importorskip("xarray")
+    with pytest.raises(ValueError, match="future_params: .* given with no forecast"):
+        _model().to_dataset(z, future_params={"obs_var": NEW_VAR})
     ds = _model().to_dataset(z, forecast_steps=2, future_params={"obs_var": NEW_VAR})
     ref = _reference(z, np.full(2, NEW_VAR))
     np.testing.assert_allclose(ds["forecast_variance"].values, ref.var[-2:], rtol=1e-13)

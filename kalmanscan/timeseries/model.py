@@ -622,6 +622,11 @@ class OUModel:
                 da["time"].values, zt.shape[0], unit, name="coordinate 'time'"
             )._replace(utc=ax.utc, tz=ax.tz)
         fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
+        if future_params is not None and fc_labels is None:
+            raise ValueError(
+                "future_params: the parameters over a forecast, given with no forecast; pass "
+                "forecast_steps= or forecast_at= too (or leave future_params out)"
+            )
         model = self  # a partly given prior is completed, as filter_dataarray gets it
         if self.prior_mean is not None or self.prior_var is not None:
             prior_mean, prior_var = self.prior()
