@@ -1,4 +1,4 @@
-"""The KLA inspection probe's findings (.session/probe-kla/REPORT.md), each checked: left-padded
+"""What a user-style probe of the KLA inspection tools found, each checked: left-padded
 tokenizer outputs give what the unpadded texts give (and masks with gaps are refused),
 save_dataset's boolean variables read back as bool, the surprisal strip's scale, the overview
 of a one-token text, error messages that name the argument, the strip's colour as the docs and
@@ -17,9 +17,7 @@ import pytest
 import torch
 
 from kalmanscan.kla import (
-    AttentionConfig,
     KLAConfig,
-    KLALanguageModel,
     KLALayer,
     ModelConfig,
     compare,
@@ -29,30 +27,12 @@ from kalmanscan.kla import (
     summarize,
 )
 from kalmanscan.testing import tolerance
+from tests.test_kla_inspect import TEXT, make_model  # (one model maker for the inspect tests)
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
-TEXT = "def add(a, b):\n    return a + b  # sum\n"
+
 # batch rows (float64 model) against the same text alone: rounding of batched matrix products
 ROWS = tolerance("rounding", "float64")
-
-
-def make_model(dtype=torch.float64, seed=0, mixers=("kla", "attention", "kla")):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        d_model=16,
-        n_layers=len(mixers),
-        mixers=list(mixers),
-        kla=KLAConfig(d_state=4),
-        attention=AttentionConfig(n_heads=2),
-    )
-    model = KLALanguageModel(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for i in model.kla_blocks:
-            mix = model.blocks[i].mixer
-            mix.lambda_log.normal_(0.0, 1.0)
-            mix.process_noise.uniform_(0.005, 0.3)
-            mix.sensor_proj.weight.normal_(0.0, 0.3)
-    return model
 
 
 def _close(got, want, what):

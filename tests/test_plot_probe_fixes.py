@@ -1,4 +1,4 @@
-"""The plots' fixes after the docs probe (.session/probe-docs, F2-F4): nothing drawn across a gap
+"""The plots' fixes after a probe of the docs as a user: nothing drawn across a gap
 without rows, which precision the panel shows, legends off the data, forecast bands that do not
 jump from the level's width to the predictive one, a title naming the series left out, and the
 reference row of the Nile forecast."""
