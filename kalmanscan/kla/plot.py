@@ -228,7 +228,9 @@ def _token_ticks(ax, ds, batch, positions, factor, max_labels):
     # smaller font, so that no label pushes the axis label into the panel below
     column = _axes_width_points(ax) / max(len(labels), 1)
     ticks = ax.set_xticklabels(labels, fontsize=_TOKEN_FONT, family=families)
-    for tick, label in zip(ticks, labels, strict=True):
+    # (the labels matplotlib made: on axes that share x with others, those of the ticks in view)
+    for tick in ticks:
+        label = tick.get_text()
         if _label_width(label) > column - _LABEL_GAP:
             tick.set_rotation(90)
             if len(label) > _TALL:
