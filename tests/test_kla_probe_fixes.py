@@ -10,15 +10,12 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
-import types
 
 import numpy as np
 import pytest
 import torch
 
 from kalmanscan.kla import (
-    KLAConfig,
-    KLALayer,
     ModelConfig,
     compare,
     inspect,
@@ -26,8 +23,9 @@ from kalmanscan.kla import (
     save_dataset,
     summarize,
 )
+from kalmanscan.kla.inspect_record import _SUMMARIES
 from kalmanscan.testing import tolerance
-from tests.test_kla_inspect import TEXT, make_model  # (one model maker for the inspect tests)
+from tests.test_kla_inspect import TEXT, Tagger, make_model  # (the inspect tests' own)
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
@@ -56,14 +54,7 @@ def _padded():
     return ids, mask
 
 
-_PER_TIME = (
-    "mean_log10_precision",
-    "mean_log10_text_precision",
-    "mean_information_bits",
-    "mean_write_gain",
-    "mean_forget_gate",
-    "mean_log10_readout_variance",
-)
+_PER_TIME = _SUMMARIES  # (the per-token summaries over lanes)
 _DETAIL = (
     "posterior_precision",
     "prior_precision",
@@ -162,24 +153,6 @@ def test_left_padding_bins_and_window_at_the_input_positions():
             assert np.isnan(got).all()
             continue
         np.testing.assert_allclose(got, bits[tokens].mean(0), rtol=1e-4, err_msg=f"bin {k}")
-
-
-class Tagger(torch.nn.Module):
-    """A user's module called with a tokenizer's output, returning an object with .logits."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(50, 16)
-        self.encoder = torch.nn.ModuleList(
-            [KLALayer(16, KLAConfig(d_state=4)), KLALayer(16, KLAConfig(d_state=4))]
-        )
-        self.head = torch.nn.Linear(16, 50)
-
-    def forward(self, input_ids, attention_mask=None):
-        x = self.emb(input_ids)
-        for layer in self.encoder:
-            x = x + layer(x)
-        return types.SimpleNamespace(logits=self.head(x))
 
 
 def test_left_padding_of_any_module():
