@@ -29,6 +29,19 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marks
+def pytest_collection_modifyitems(config, items):
+    """Without CUDA, the cases of ``tests/_default_run.py`` are marked slow: the default run
+    leaves them to CI's slow step (each repeats a path another case checks in the default run)."""
+    if torch.cuda.is_available():
+        return
+    from tests._default_run import NODE_IDS
+
+    for item in items:
+        if item.nodeid in NODE_IDS:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261129)

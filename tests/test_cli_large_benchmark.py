@@ -10,8 +10,8 @@ from benchmarks import cli_large  # noqa: E402
 
 
 def test_the_benchmark_runs_the_command_and_reports_its_times(tmp_path):
-    res = cli_large.run(rows=300, repeats=2)
-    assert res["shape"] == {"rows": 300, "series": 2} and len(res["wall_s"]) == 2
+    res = cli_large.run(rows=300, repeats=1)  # (each repeat a fresh process: torch's import)
+    assert res["shape"] == {"rows": 300, "series": 2} and len(res["wall_s"]) == 1
     assert 0 < res["median_compute_s"] < res["median_wall_s"]
     assert res["results_csv_bytes"] > 300 * 2 * 50  # a row a step and series, every column
     assert res["command"].startswith("kalmanscan filter big.csv --time-col time")

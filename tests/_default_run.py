@@ -1,0 +1,110 @@
+"""Test cases that the default run (``pytest -q``) leaves to the slow step on a machine without
+CUDA, where they repeat, more slowly, a path that another case of the same test checks in the
+default run. CI's second step (``pytest -m slow``) runs every one of them; a CUDA machine runs
+them in its default run (the compiled kernels take milliseconds where the Triton interpreter
+takes seconds).
+
+Each group names the case that stays in the default run. The node ids are checked against the
+collected tests (``tests/test_default_run.py``), so a renamed case cannot drop out unseen.
+"""
+
+# The Triton interpreter walks every step in Python (about 0.1 s a step), so these are the
+# default run's heaviest cases on a 2-core CPU: about 270 of its 1,400 worker-seconds.
+REPEATS = {
+    # the other flag bits in the chunks regime: z_inf (bit 2), overflow (1), decay_nan (4) stay,
+    # and every flag in the lanes regime (the flags are set by the same step code in both)
+    "tests/test_cuda_filter.py": [
+        "test_flags[obs_var_zero-4-chunks]",
+        "test_flags[loading_inf-4-chunks]",
+        "test_flags[obs_var_nan-4-chunks]",
+        "test_flags[prior_negative_v-4-chunks]",
+        "test_flags[prior_info_without_precision-4-chunks]",
+        "test_flags[process_var_negative-4-chunks]",
+        "test_flags[prior_nan_e-4-chunks]",
+        "test_flags[tiny_obs_var-4-chunks]",
+        "test_flags[offset_nan-4-chunks]",
+        # f64-63-5-chunks, f32-30-2-chunks, f32-45-3-lanes and both one-step cases stay
+        "test_filter_and_smoother_every_output[f32-63-5-chunks]",
+        "test_filter_and_smoother_every_output[f64-45-3-lanes]",
+        "test_filter_and_smoother_every_output[f64-30-2-chunks]",
+        # f64-full-chunks, f32-broadcast-chunks, f32-full-lanes and f64-broadcast-lanes stay
+        "test_fused_loglik_adjoint[f32-full-chunks]",
+        "test_fused_loglik_adjoint[f64-full-lanes]",
+        "test_fused_loglik_adjoint[f64-broadcast-chunks]",
+        "test_fused_loglik_adjoint[f32-broadcast-lanes]",
+        # loglik-chunks and loglik+final-lanes stay
+        "test_loglik_gradient_launched_by_the_forward[loglik+final-chunks]",
+    ],
+    # several series: filter-f64 and smooth-f32 stay (and each "one" case)
+    "tests/test_cuda_dense_lost.py": [
+        "test_lost_series_follows_the_cpu_rule[smooth-f64-several]",
+        "test_lost_series_follows_the_cpu_rule[filter-f32-several]",
+    ],
+    "tests/test_cuda_kla_chunked.py": [
+        # Lv1e10-all and p1e12-one-channel-one-chunk stay (every lane, and one lane, walked)
+        "test_chunked_precise_observations[Lv1e10-one-channel-one-chunk]",
+        "test_chunked_precise_observations[Lv1e14-p50-all]",
+        "test_chunked_precise_observations[Lv1e14-p50-one-channel-one-chunk]",
+        "test_chunked_precise_observations[p1e12-all]",
+        # 4x1 stays (blocks in pairs and an odd last block), and the default 8x2 launch in
+        # test_map_kernels_default_launch_walks_full_blocks
+        "test_tangent_maps_double_buffered_equal_reference[4x2]",
+        "test_tangent_maps_double_buffered_equal_reference[8x1]",
+        # 1e-12 and 0 (forget) stay
+        "test_chunked_small_decays[1e-06]",
+        "test_chunked_small_decays[0.011]",
+        # baseline, decay-0 and p-huge stay
+        "test_chunked_op_regimes[kla-Lv-wide]",
+        "test_chunked_op_regimes[kla-decay-1-p0]",
+        "test_chunked_op_regimes[kla-decay-1-1e-6]",
+    ],
+    # one float32 and one float64 case of each diffuse-start test stay
+    "tests/test_chunked_diffuse.py": [
+        "test_loglik_gradient_from_a_diffuse_start_matches_mpmath[f32-a1e-20-63]",
+        "test_loglik_gradient_from_a_diffuse_start_matches_mpmath[f64-a1e-160-63]",
+        "test_filter_from_a_diffuse_start_matches_mpmath[f64-a1e-100-63]",
+        "test_filter_from_a_diffuse_start_matches_mpmath[f32-a1e-20-63]",
+        "test_smoother_from_a_diffuse_start_matches_mpmath[f64-a1e-160-63]",
+        "test_smoother_from_a_diffuse_start_matches_mpmath[f32-a1e-20-63]",
+    ],
+    "tests/test_cuda_dense.py": [
+        # n8-d1-T70-f64, n2-d1-T63-f32, n3-d2-T40-f64 and the fullR cases stay
+        "test_matches_sequential[n8-d1-T70-f32]",
+        "test_matches_sequential[n2-d1-T63-f64]",
+        "test_matches_sequential[n3-d2-T40-f32]",
+        # each model's other output (filter or smooth) stays
+        "test_auto_known_directions_take_the_rule[llt-slope-known-smooth]",
+        "test_auto_known_directions_take_the_rule[llt-seasonal4-known-filter]",
+        "test_auto_known_directions_take_the_rule[ar1-padded-state-smooth]",
+    ],
+    "tests/test_cuda_kla.py": [
+        "test_channel_sums_atomic_or_deterministic[16]",  # [4] stays
+        "test_forward_backward_float64[B2-L63-M3-S4]",  # ..._many_lanes[B2-L63-M3-S4] stays
+        "test_without_variance[S32-f32-G8]",  # S16-f32-G4 and S16-f64 stay
+        "test_scatter_outputs_float32[2-16]",  # 4-8 and 4-16 stay
+        "test_default_initial_state[many-lanes]",  # few-lanes stays
+    ],
+    "tests/test_lost_loglik.py": ["test_lost_lane_chunked_triton[f32]"],  # f64 stays
+    # CPU paths repeated at larger sizes: T1000-N7 (sequential) and T3000-N64 (torch) stay
+    "tests/test_memory.py": [
+        "test_repeated_runs_are_bitwise_identical[T3000-N64-f64-sequential]",
+        "test_peak_memory_is_linear_in_the_data[filter-one-lane-f64]",  # one-lane-f32 stays
+    ],
+    # random extreme lanes against mpmath: the first draw stays
+    "tests/test_extreme_scalar_gradients.py": [
+        "test_random_extreme_lanes_match_mpmath[2]",
+        "test_random_extreme_lanes_match_mpmath[3]",
+    ],
+    "tests/test_native_extreme_variances.py": [
+        "test_random_extreme_lanes_match_mpmath[2]",
+        "test_random_extreme_lanes_match_mpmath[3]",
+    ],
+    # subprocess runs of the command line: version and help stay, and the open pipe
+    "tests/test_small_fixes_cli_pipe.py": ["test_closed_pipe_exits_quietly[filter-nile-fit]"],
+    # a pytest run in a subprocess: the run on one process ([0]) stays
+    "tests/test_pytest_progress.py": [
+        "test_a_run_writes_every_outcome_and_the_summary_names_them[2]",
+    ],
+}
+
+NODE_IDS = frozenset(f"{path}::{case}" for path, cases in REPEATS.items() for case in cases)
