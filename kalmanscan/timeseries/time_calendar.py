@@ -3,9 +3,10 @@ units, calendar-month steps and the forecast step count.
 
 :func:`elapsed` gives ``(labels - origin) / unit`` for datetime64 labels of any span and
 resolution to within one float64 rounding; :func:`parse_time_unit` reads ``time_unit``; the
-calendar helpers find a record's step in whole months (:func:`_month_parts`,
-:func:`_calendar_step`) and lay out forecast dates on that calendar, on a timezone's local
-clock where the times were given in one (:func:`_future_local`). Used by
+calendar helpers find a record's step in whole months and the rule that places its dates in
+their months (a day of the month, the month's end, its last or first weekday, two days a month:
+:func:`_month_parts`, :func:`_calendar_step`) and lay out forecast dates on that calendar, on a
+timezone's local clock where the times were given in one (:func:`_future_local`). Used by
 :class:`~kalmanscan.timeseries.times.TimeAxis`.
 """
 
@@ -56,9 +57,9 @@ def _future_local(axis: TimeAxis, k: np.ndarray):
     except (ValueError, OverflowError, TypeError):  # (outside pandas' range: UTC steps)
         return None
     parts = _month_parts(local)
-    months = _calendar_step(parts)
-    if months is not None:
-        fut = _calendar_future(parts, months, k, local)
+    slots = _calendar_step(parts)
+    if slots is not None:
+        fut = _calendar_future(parts, slots, k, local)
     else:
         if local.size < 2:
             return None
@@ -127,10 +128,61 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
     return out.astype(labels.dtype) + values[np.argmax(counts)]
 
 
+# Month rules (the ``rule`` of :func:`_month_parts`): a day ``d`` of the month (1 to 30, the
+# month's last where it is shorter: a record on the 30th has February 28/29), ``-1`` the month's
+# last day, ``"last-weekday"`` / ``"first-weekday"`` its last or first Monday-to-Friday (pandas'
+# BME, BQE, BYE and BMS, BQS, BYS), a pair ``(a, b)`` two days of every month, ``b`` ``-1`` for
+# the month's end (semi-monthly: pandas' SMS is ``(1, 15)``, SMS-10 ``(1, 10)``, SME
+# ``(15, -1)``). A record's dates are numbered by slot: its month (months since 1970), or two
+# slots a month for a pair.
+_WEEKDAY_RULES = ("last-weekday", "first-weekday")
+_HOLIDAY_DAYS = 4  # a holiday moves a trading month's first or last day by at most 4 days
+
+
+def _slots_per_month(rule) -> int:
+    return 2 if isinstance(rule, tuple) else 1
+
+
+def _rule_days(rule, slots: np.ndarray) -> np.ndarray:
+    """The dates (``datetime64[D]``) of slots ``slots`` (int64) under month rule ``rule``."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if isinstance(rule, tuple):
+        month, half = np.divmod(slots, 2)
+        day = np.where(half == 0, rule[0], rule[1])
+    else:
+        month, day = slots, rule
+    first = month.astype("datetime64[M]").astype("datetime64[D]")
+    last = (month + 1).astype("datetime64[M]").astype("datetime64[D]") - np.timedelta64(1, "D")
+    if rule == "last-weekday":
+        return np.busday_offset(last, 0, roll="backward")
+    if rule == "first-weekday":
+        return np.busday_offset(first, 0, roll="forward")
+    length = (last - first).astype(np.int64) + 1
+    day = np.where(day == -1, length, np.minimum(day, length))
+    return first + (day - 1).astype("timedelta64[D]")
+
+
 def _month_parts(labels: np.ndarray):
-    """``(months since 1970 as int64, day-of-month rule, time of day)`` of datetimes that all sit
-    on one day of their month (a day of at most 28, or the month's last: rule ``-1``) at one time
-    of day; ``None`` for any other datetimes and for fewer than two of them."""
+    """``(slots as int64, month rule, time of day)`` of datetimes that all follow one month rule
+    (listed above :func:`_slots_per_month`) at one time of day; ``None`` for any other datetimes
+    and for fewer than two of them.
+
+    The rules are tried in turn: one day of the month (at most the 28th); every date its month's
+    last; for at least 3 dates in distinct months, the last weekday of the month, then the first
+    (as ``pd.infer_freq`` prefers them); one day 29 or 30 (the month's last in shorter months);
+    two days a month (see :func:`_semi_monthly_parts`). At least 3 dates one to four weeks apart
+    are a weekly record, none of the last four. A trading record's first or
+    last day of the month moved by a public holiday (a weekday at most 4 days off, at most 30 %
+    of at least 5 dates: New Year's Day moves every first trading day of a quarter's January)
+    still follows the weekday rules.
+
+    >>> bme = np.array(["2024-01-31", "2024-02-29", "2024-03-29", "2024-04-30"], "datetime64[D]")
+    >>> _month_parts(bme)[1]
+    'last-weekday'
+    >>> sms = np.array(["2024-05-15", "2024-06-01", "2024-06-15"], "datetime64[D]")
+    >>> _month_parts(sms)[1]
+    (1, 15)
+    """
     if labels.size < 2 or labels.dtype.kind != "M":
         return None
     try:
@@ -138,23 +190,77 @@ def _month_parts(labels: np.ndarray):
         month = labels.astype("datetime64[M]")
         # the time of day, exact at the labels' resolution (days floor towards the past)
         tod = labels - days.astype(labels.dtype)
+        m = month.astype(np.int64)
+        ends = _rule_days(-1, m)
     except (OverflowError, ValueError):
         return None
     if (tod != tod[0]).any():
         return None
     dom = (days - month.astype("datetime64[D]")).astype(np.int64) + 1
     if (dom == dom[0]).all() and dom[0] <= 28:
-        rule = int(dom[0])
-    elif ((days + np.timedelta64(1, "D")).astype("datetime64[M]") != month).all():
-        rule = -1  # every date the last of its month
+        return m, int(dom[0]), tod[0]
+    if (days == ends).all():
+        return m, -1, tod[0]  # every date the last of its month
+    gaps = np.diff(days).astype(np.int64)
+    if labels.size >= 3 and (gaps == gaps[0]).all() and gaps[0] in (7, 14, 21, 28):
+        return None  # a weekly record (February's 28 days can make it look monthly)
+    rule = _weekday_rule(days, m) if labels.size >= 3 and (np.diff(m) > 0).all() else None
+    if rule is not None:
+        return m, rule, tod[0]
+    top = int(dom.max())
+    if top in (29, 30) and (days == _rule_days(top, m)).all():
+        return m, top, tod[0]
+    return _semi_monthly_parts(days, m, dom, ends, tod[0])
+
+
+def _weekday_rule(days: np.ndarray, m: np.ndarray):
+    """The weekday rule (``"last-weekday"``, ``"first-weekday"``) that dates ``days`` in months
+    ``m`` follow, allowing for holidays (see :func:`_month_parts`); else ``None``."""
+    for rule in _WEEKDAY_RULES:
+        try:
+            off = (days - _rule_days(rule, m)).astype(np.int64)
+        except (OverflowError, ValueError):
+            return None
+        if rule == "last-weekday":
+            off = -off
+        moved = off != 0
+        if not moved.any():
+            return rule
+        if (
+            days.size >= 5
+            and moved.mean() <= 0.3
+            and np.is_busday(days[moved]).all()
+            and ((off[moved] > 0) & (off[moved] <= _HOLIDAY_DAYS)).all()
+        ):
+            return rule
+    return None
+
+
+def _semi_monthly_parts(days, m, dom, ends, tod):
+    """:func:`_month_parts` of dates on two days of their months, pandas' semi-monthly ones (the
+    1st and a day ``b`` of 2 to 27: ``SMS``; a day ``a`` of 1 to 27 and the month's end:
+    ``SME``), at least 3 of them in distinct half months; else ``None``."""
+    if days.size < 3:
+        return None
+    first = int(dom.min())
+    other = dom != first
+    if first > 27 or not other.any():
+        return None
+    if (days[other] == ends[other]).all():
+        rule = (first, -1)
+    elif first == 1 and (dom[other] == dom[other][0]).all() and dom[other][0] <= 27:
+        rule = (1, int(dom[other][0]))
     else:
         return None
-    return month.astype(np.int64), rule, tod[0]
+    slots = 2 * m + other
+    if (np.diff(slots) <= 0).any():
+        return None
+    return slots, rule, tod
 
 
 def _calendar_step(parts) -> int | None:
-    """The median positive step of :func:`_month_parts`' months where it is whole, else (or
-    without parts) ``None``."""
+    """The median positive step of :func:`_month_parts`' slots (months, or half months for two
+    days a month) where it is whole, else (or without parts) ``None``."""
     if parts is None:
         return None
     d = np.diff(parts[0])
@@ -165,25 +271,28 @@ def _calendar_step(parts) -> int | None:
     return int(med) if med == int(med) else None
 
 
-def _calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """The dates ``k * months`` calendar months after the last of ``labels``, on the same day
-    of the month (or month end) and time of day (``parts``: their :func:`_month_parts`)."""
+def _calendar_future(parts, slots: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The dates ``k * slots`` slots after the last of ``labels`` (calendar months, or half
+    months for two days a month), on the same month rule and time of day (``parts``: their
+    :func:`_month_parts`)."""
     m, rule, tod = parts
     res = _resolution(labels)
-    fut = (m[-1] + k * months).astype("datetime64[M]")
-    if rule == -1:
-        day = (fut + np.timedelta64(1, "M")).astype("datetime64[D]") - np.timedelta64(1, "D")
-    else:
-        day = fut.astype("datetime64[D]") + np.timedelta64(rule - 1, "D")
+    try:
+        day = _rule_days(rule, m[-1] + k * slots)
+    except (OverflowError, ValueError):
+        day = None
     for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        if day is None:
+            break
         try:
             out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
         except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
             continue
         if (out.astype("datetime64[D]") == day).all():
             return out
+    per = "months" if _slots_per_month(rule) == 1 else "half months"
     raise ValueError(
-        f"steps: {int(k[-1])} steps of {months} months after {labels[-1]} leave the range of "
+        f"steps: {int(k[-1])} steps of {slots} {per} after {labels[-1]} leave the range of "
         "datetime64"
     )
 

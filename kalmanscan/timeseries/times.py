@@ -50,6 +50,7 @@ from kalmanscan.timeseries.time_calendar import (  # noqa: F401 - re-exported
     _normalize_datetimes,
     _resolution,
     _resolution_td,
+    _slots_per_month,
     _split_ns,
     _utc_to_local,
     _weekday_future,
@@ -216,13 +217,20 @@ class TimeAxis(NamedTuple):
 
     def calendar_step(self) -> int | None:
         """The record's step in whole calendar months, where its dates are monthly, quarterly or
-        yearly: every date on one day of its month (the same day, at most the 28th, or every one
-        the month's last) at one time of day, and the median of the positive steps a whole
-        number of months. ``None`` otherwise (numbers, fewer than two distinct dates, or days,
+        yearly at one time of day, every date placed in its month by one rule: one day of the
+        month (a day 29 or 30 falls on the month's last in shorter months), the month's last
+        day, its last weekday (Monday to Friday; pandas' ``BME``, ``BQE``, ``BYE``), its first
+        weekday (``BMS``, ``BQS``, ``BYS``), or two days a month (``SMS``: the 1st and 15th;
+        ``SME``: the 15th and the month's end), and the median of the positive steps a whole
+        number of months (of half months, for two days a month: a semi-monthly record's step is
+        ``None`` here). ``None`` otherwise (numbers, fewer than two distinct dates, or days,
         weeks, hours...).
 
         >>> q = np.array(["1959-01-01", "1959-04-01", "1959-07-01"], dtype="datetime64[D]")
         >>> as_time_axis(q, 3).calendar_step()
+        3
+        >>> b = np.array(["2024-03-29", "2024-06-28", "2024-09-30"], dtype="datetime64[D]")
+        >>> as_time_axis(b, 3).calendar_step()  # the last weekday of each quarter
         3
         >>> w = np.array(["2024-01-01", "2024-01-08", "2024-01-15"], dtype="datetime64[D]")
         >>> as_time_axis(w, 3).calendar_step() is None
@@ -234,7 +242,12 @@ class TimeAxis(NamedTuple):
             return None
         if self.is_cftime:
             return _calendar_step(cf_month_parts(self.labels))
-        return _calendar_step(_month_parts(self._local() if self.tz is not None else self.labels))
+        parts = _month_parts(self._local() if self.tz is not None else self.labels)
+        slots = _calendar_step(parts)
+        if slots is None:
+            return None
+        months, half = divmod(slots, _slots_per_month(parts[1]))
+        return None if half else months
 
     def _local(self) -> np.ndarray:
         """The labels (UTC) on the clock of :attr:`tz`, as naive datetimes."""
@@ -242,8 +255,12 @@ class TimeAxis(NamedTuple):
 
     def future(self, steps: int) -> np.ndarray:
         """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
-        are monthly, quarterly or yearly (staying on their day of the month, or on month ends),
-        else spaced by :meth:`step`.
+        are monthly, quarterly or yearly, each on the rule of the record's dates (its day of the
+        month, the month's end, its last or first weekday) at their time of day; by half months
+        on the two days of a semi-monthly record; on the next weekdays of a record kept on some
+        weekdays only (trading days); else spaced by :meth:`step`. These are the dates pandas'
+        own offset continues (``BME``, ``BQS``, ``SMS``, ...), and ``pd.DateOffset(months=k)``'s
+        for a day 29 to 31 (January 30 -> February 29 -> March 30).
 
         Datetime labels that would leave the range of the labels' resolution are made at a
         coarser one (microseconds: +-290,000 years; seconds beyond that).
@@ -259,6 +276,12 @@ class TimeAxis(NamedTuple):
         >>> e = np.array(["2024-01-31", "2024-02-29", "2024-03-31"], dtype="datetime64[D]")
         >>> [str(x)[:10] for x in as_time_axis(e, 3).future(2)]
         ['2024-04-30', '2024-05-31']
+        >>> b = np.array(["2024-10-31", "2024-11-29", "2024-12-31"], dtype="datetime64[D]")
+        >>> [str(x)[:10] for x in as_time_axis(b, 3).future(3)]  # last weekday of the month
+        ['2025-01-31', '2025-02-28', '2025-03-31']
+        >>> h = np.array(["2024-05-15", "2024-05-31", "2024-06-15"], dtype="datetime64[D]")
+        >>> [str(x)[:10] for x in as_time_axis(h, 3).future(3)]  # the 15th and month ends
+        ['2024-06-30', '2024-07-15', '2024-07-31']
         """
         steps = check_steps(steps)
         k = np.arange(1, steps + 1)
@@ -275,9 +298,9 @@ class TimeAxis(NamedTuple):
             step = self.step()
             return np.array([last + int(j) * step for j in k], dtype=object)
         parts = _month_parts(self.labels) if self.is_datetime else None
-        months = _calendar_step(parts)
-        if months is not None:
-            return _calendar_future(parts, months, k, self.labels)
+        slots = _calendar_step(parts)
+        if slots is not None:
+            return _calendar_future(parts, slots, k, self.labels)
         if self.is_datetime:
             out = _weekday_future(self.labels, k)
             if out is not None:
