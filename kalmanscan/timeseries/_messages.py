@@ -41,3 +41,22 @@ def unnamed(n: int, labels) -> bool:
     (True, False, False)
     """
     return n == 1 and not (labels and isinstance(labels[0], SeriesLabel))
+
+
+def _shown(idx, labels, limit: int = 5) -> list:
+    """The names of the first ``limit`` series ``idx``: their labels' reprs, else positions."""
+    return [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
+
+
+def _listed(shown: list, n: int) -> str:
+    """``shown``, the first names of ``n``: ``'a', 'b' and 3 more``."""
+    return ", ".join(shown) + (f" and {n - len(shown)} more" if n > len(shown) else "")
+
+
+def _names(idx, labels, limit: int = 5) -> str:
+    """Series ``idx`` named in a message: by label where there are labels, else by position.
+
+    >>> _names([0, 2], ["a", "b", "c"]), _names(list(range(7)), None)
+    ("'a', 'c'", '0, 1, 2, 3, 4 and 2 more')
+    """
+    return _listed(_shown(idx, labels, limit), len(idx))

@@ -37,7 +37,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from kalmanscan.timeseries._messages import _plain, unnamed
+from kalmanscan.timeseries._messages import _names, _plain, unnamed
 
 _POSITIVE = ("theta", "sigma2", "obs_var")
 _DECADES = np.arange(-6.0, 7.0)  # upper_bounds' bracket: log10 of the standardized value
@@ -631,9 +631,3 @@ def report(core, Z, dt, fixed_flat, free, joint, max_iter, tol, backend, device,
             + ("; 'inf': the data bound it by less than 1e6 times their scale" if unbounded else "")
         )
     return bounds, notes
-
-
-def _names(idx, labels, limit: int = 5) -> str:
-    shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
-    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
-    return ", ".join(shown) + more

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from kalmanscan.core import _args
-from kalmanscan.timeseries._messages import _plain, unnamed
+from kalmanscan.timeseries._messages import _names, _plain, unnamed
 from kalmanscan.timeseries.time_cftime import is_cftime
 
 _MIN_THRESHOLD = 3.5
@@ -787,9 +787,3 @@ def gross_runs(z, steps: float = _RUN_STEPS, *, device=None) -> np.ndarray:
 def _fmt_threshold(c) -> str:
     lo, hi = float(np.min(c)), float(np.max(c))
     return f"{lo:.3g}" if lo == hi else f"{lo:.3g} to {hi:.3g} by series length"
-
-
-def _names(idx, labels, limit: int = 5) -> str:
-    shown = [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
-    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
-    return ", ".join(shown) + more
