@@ -19,7 +19,9 @@ data's largest magnitude and the parameters' scales, :func:`data_unit`) and mapp
 times ``c``, variances times ``c**2``, the log-likelihood minus ``log c`` per contributing
 observation). Dividing by a power of two is exact, so the answer is the natural-unit one wherever
 that is representable, and data at 1e-150 or 1e150 give the scale-1 answer rescaled
-(docs/model.md, "Units and scale").
+(docs/model.md, "Units and scale"). float32 data keep float32 results, refused (``ValueError``
+naming ``z``) where a variance or its precision leaves float32's normal range in the data's units
+(data below about 1e-19 or above 1e19; ``model_numerics._check_held``).
 
 The roles around the class have their own modules, their names importable from here as before:
 the data and parameters as given, checked and laid out time first
@@ -60,6 +62,7 @@ from kalmanscan.timeseries.model_numerics import (  # noqa: F401 - re-exported
     _in_dtype,
     _loglik_in_data_units,
     _rescale_filter,
+    _rescale_smoothed,
     _scaled,
     contributing_steps,
     data_unit,
@@ -395,9 +398,7 @@ class OUModel:
         observed = ~np.isnan(z)
         if not smooth:
             return _rescale_filter(res, c, observed)
-        with np.errstate(over="ignore"):  # (beyond float64 in z's units: inf, as in the filter)
-            mean, var = _scaled(res.mean, c), _scaled(_scaled(res.var, c), c)
-        return type(res)(mean, var, _rescale_filter(res.filtered, c, observed))
+        return _rescale_smoothed(res, c, observed)
 
     def smooth(self, z, times=None, *, axis: int = 0, backend: str = "auto"):
         """RTS smoother over the whole record: a :class:`kalmanscan.SmoothResult`.

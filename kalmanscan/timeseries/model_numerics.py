@@ -243,9 +243,9 @@ def _rescale_filter(res, c, observed):
     ll = _loglik_in_data_units(res.loglik, (observed & (pp > 0)).sum(0), c)
     # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
     # value beyond float64 in z's units (a variance over a gap of 1e308) is inf, as
-    # kalmanscan.filter gives it
+    # kalmanscan.filter gives it; one beyond float32 is refused (_check_held)
     with np.errstate(over="ignore"):
-        return type(res)(
+        out = type(res)(
             mean=_scaled(res.mean, c),
             var=_scaled(_scaled(res.var, c), c),
             precision=_scaled(_scaled(res.precision, 1.0 / c), 1.0 / c),
@@ -259,6 +259,89 @@ def _rescale_filter(res, c, observed):
                 _scaled(res.final.eta, 1.0 / c),
             ),
         )
+    _check_held(c, [(f"filtered {k}", getattr(res, k), getattr(out, k)) for k in _HELD])
+    return out
+
+
+def _rescale_smoothed(res, c, observed):
+    """A :class:`kalmanscan.SmoothResult` computed on ``z / c`` mapped to ``z``'s units
+    (:func:`_rescale_filter`)."""
+    with np.errstate(over="ignore"):  # (beyond float64 in z's units: inf, as in the filter)
+        mean, var = _scaled(res.mean, c), _scaled(_scaled(res.var, c), c)
+    _check_held(c, [("smoothed mean", res.mean, mean), ("smoothed var", res.var, var)])
+    return type(res)(mean, var, _rescale_filter(res.filtered, c, observed))
+
+
+# the results _check_held looks at: the variances (so the precisions, their reciprocals, and
+# the final state's) and the means
+_HELD = ("var", "pred_var", "mean", "pred_mean")
+_NAMES = {
+    "filtered var": "filtered variance",
+    "filtered pred_var": "predicted variance",
+    "filtered pred_mean": "predicted mean",
+    "smoothed var": "smoothed variance",
+}
+
+
+def _check_held(c, items):
+    """Raise ``ValueError`` where a float32 (any but float64) result loses its meaning on the
+    way from units of ``c`` to the data's: ``items`` are ``(label, x, y)``, ``x`` a mean or
+    variance in units of ``c`` (``label`` ending in ``var``) and ``y`` it times ``c`` or
+    ``c**2`` in the result's dtype. A finite mean must stay finite, and a variance in
+    ``[tiny, 1/tiny]`` (where the dtype's normal numbers hold it and its reciprocal, the
+    precision) must stay in it (a subnormal keeps a few digits, 0 and inf none; the filter API
+    refuses inputs that float32 changes so, docs/api-core.md). float64 results are left as
+    they are (inf beyond float64, as :func:`kalmanscan.filter` gives them). Tensors are
+    checked where they are, with one host sync for all of ``items``."""
+    c = np.asarray(c, dtype=np.float64)
+    up, down = bool((c > 1).any()), bool((c < 1).any())  # (the ways a value can leave)
+    if not (up or down) or items[0][2].dtype in (np.float64, torch.float64):
+        return
+    losses = [(label, x, y, _lost(label, x, y, up, down)) for label, x, y in items]
+    flags = [lost.any() for *_, lost in losses if lost is not None]
+    if not flags or not (torch.stack(flags).any() if torch.is_tensor(flags[0]) else any(flags)):
+        return
+    for label, x, y, lost in losses:
+        if lost is None or not bool(lost.any()):
+            continue
+        x, y, lost = (np.asarray(a.detach().cpu().numpy() if torch.is_tensor(a) else a)
+                      for a in (x, y, lost))  # fmt: skip
+        lo, hi = _normal_range(y.dtype)
+        at = tuple(int(i) for i in np.argwhere(lost)[0])
+        cs = float(np.broadcast_to(c, x.shape[1:])[at[1:]])
+        true = float(x[at]) * cs * (cs if label.endswith("var") else 1.0)
+        where = f"time step {at[0]}" + (f" of series {at[1:]}" if len(at) > 1 else "")
+        raise ValueError(
+            f"z: expected data and model whose results {y.dtype} (z's dtype, so the results') "
+            f"holds in the data's units: variances and their reciprocals, the precisions, "
+            f"normal numbers ({lo:.3g} to {hi:.3g}), means finite; got a "
+            f"{_NAMES.get(label, label)} of {true:.4g} at {where} ({y.dtype}: "
+            f"{float(y[at]):.4g}); pass z as float64 (to fit_ou too, for a fit's results), or "
+            f"rescale the data and model so that {y.dtype} holds them"
+        )
+
+
+def _normal_range(dtype) -> tuple[float, float]:
+    """``(tiny, 1 / tiny)`` of a numpy or torch floating dtype."""
+    tiny = float(
+        torch.finfo(dtype).tiny if isinstance(dtype, torch.dtype) else np.finfo(dtype).tiny
+    )
+    return tiny, 1 / tiny
+
+
+def _lost(label, x, y, up: bool, down: bool):
+    """Where ``y`` (``x`` rescaled, :func:`_check_held`) lost what ``x`` held, as a boolean
+    array or tensor beside ``y``; ``None`` where nothing can have been lost (a mean only
+    overflows, where some unit exceeds 1)."""
+    lo, hi = _normal_range(y.dtype)
+    isinf = torch.isinf if torch.is_tensor(y) else np.isinf
+    isfinite = torch.isfinite if torch.is_tensor(y) else np.isfinite
+    if not label.endswith("var"):
+        return (isinf(y) & isfinite(x)) if up else None
+    with np.errstate(invalid="ignore"):
+        low = ((y < lo) & (x >= lo)) if down else None
+        high = ((y > hi) & (x <= hi)) if up else None
+    return low if high is None else high if low is None else (low | high)
 
 
 def _loglik_in_data_units(ll, n_contrib, c):

@@ -178,6 +178,43 @@ def _boundary_note(p: str, where: str, free) -> str:
     )
 
 
+def _level_ridge(Z, t, fixed_flat, free, joint, usable) -> np.ndarray:
+    """``[G]``: the groups whose local level (``theta`` fixed at 0, so a diffuse prior) cannot
+    tell ``sigma2`` and ``obs_var`` apart: each usable series of the group has exactly 2
+    observations, the same positive time apart (``Z [T, N]``, times ``t [T]``). A series of two
+    has one innovation, ``z2 - z1 ~ N(0, sigma2 dt + 2 obs_var)``, so the likelihood is flat
+    along that sum (:func:`_ridge_note`); the Hessian need not show it where the optimizer stops
+    with one of the two on its bound."""
+    N = Z.shape[1]
+    G = 1 if joint else N
+    theta = fixed_flat.get("theta")
+    if theta is None or not {"sigma2", "obs_var"} <= set(free):
+        return np.zeros(G, bool)
+    obs = ~np.isnan(Z)
+    first = np.argmax(obs, 0)
+    last = Z.shape[0] - 1 - np.argmax(obs[::-1], 0)
+    gap = np.asarray(t, dtype=np.float64)[last] - np.asarray(t, dtype=np.float64)[first]
+    ridge = (np.asarray(theta) == 0) & (obs.sum(0) == 2) & (gap > 0) & usable
+    if not joint:
+        return ridge
+    g = gap[usable]
+    same = g.size > 0 and bool(np.all(np.abs(g - g[0]) <= 1e-12 * g[0]))
+    return np.array([same and bool(ridge[usable].all())])
+
+
+def _ridge_note(where: str) -> str:
+    """The note (and warning) of a fit :func:`_level_ridge` finds (``where``: in which series,
+    or "")."""
+    return (
+        f"sigma2 and obs_var are not identified{where}: with two observations a series has one "
+        "innovation (the second value less the first), and the local level's likelihood depends "
+        "on sigma2 and obs_var only through its variance sigma2 * dt + 2 obs_var (dt the time "
+        "between them), the same all along that line; the estimates are one point of it, with "
+        "no standard errors and no boundary verdict; fix one of them (e.g. obs_var, a "
+        "measurement's known error variance) or give more observations"
+    )
+
+
 def _bounds_on_read(profile_args: tuple, notes, shaped) -> tuple:
     """``(OUFit.upper_bound, OUFit.notes)``: the boundary estimates' profile bounds
     (:func:`kalmanscan.timeseries.profile.report` on ``profile_args``), shaped by ``shaped``, and
