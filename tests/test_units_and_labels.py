@@ -292,6 +292,18 @@ def test_fit_ou_series_labels():
         ks.fit_ou(z, series_labels="xyz")
 
 
+@pytest.mark.filterwarnings("ignore:fit_ou. obs_var is at its lower bound")
+def test_fit_ou_series_labels_kept_as_given():
+    """Integer labels stay integers, as a DataFrame's columns do: the results Dataset selects
+    them by value (they came back as text, so ``ds.sel(series=20)`` failed)."""
+    z = _walks()
+    fit = ks.fit_ou(z, fix={"theta": 0.0}, series_labels=[10, 20, 30])
+    frame = ks.fit_ou(pd.DataFrame(z, columns=[10, 20, 30]), fix={"theta": 0.0})
+    assert fit.series_labels == frame.series_labels == [10, 20, 30]
+    ds = fit.to_dataset()
+    np.testing.assert_array_equal(ds["mean"].sel(series=20), fit.filter().mean[:, 1])
+
+
 @pytest.mark.parametrize("units", [b"K", 1, " "], ids=["bytes", "number", "blank"])
 def test_data_units_attr_not_a_unit_string_is_kept_on_observed(units):
     """A ``units`` attr that names no unit (bytes, a number, blank) gives the outputs none, and

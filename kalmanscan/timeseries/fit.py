@@ -34,7 +34,7 @@ import torch
 
 from kalmanscan.core import _args
 from kalmanscan.timeseries import optim
-from kalmanscan.timeseries._messages import SeriesLabel, _plain, unnamed
+from kalmanscan.timeseries._messages import _listed, _names, _plain, _shown, unnamed
 from kalmanscan.timeseries.model import PARAMS, OUModel, align_to_data, series_input
 from kalmanscan.timeseries.moments import _location_scale, _nan_moments, _start
 from kalmanscan.timeseries.objective import (  # noqa: F401 (the fit's evaluations)
@@ -70,8 +70,10 @@ from kalmanscan.timeseries.uncertainty import (
     _fit_standard_errors,
     _jacobi,
     _LazyNotes,
+    _level_ridge,
     _mu_unused,
     _natural,
+    _ridge_note,
 )
 
 # standardization: s**2 must stay well inside float64 for the variances to be representable
@@ -89,8 +91,8 @@ _ONE_CHUNK = contextvars.ContextVar("kalmanscan_fit_one_chunk", default=False)
 
 
 def _check_series_labels(labels, shape) -> list:
-    """``series_labels`` checked: one label per series of the series shape ``shape``; text as
-    given (a :class:`SeriesLabel` kept), other labels as text, as a DataFrame's columns are."""
+    """``series_labels`` checked: one label per series of the series shape ``shape``, each as
+    given (integers stay integers, as a DataFrame's columns do)."""
     n = int(np.prod(shape)) if shape else 1
     if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
         raise TypeError(
@@ -103,7 +105,7 @@ def _check_series_labels(labels, shape) -> list:
             f"series_labels: expected {n} labels (one per series of the series shape {shape}, "
             f"flattened), got {len(labels)}"
         )
-    return [x if isinstance(x, SeriesLabel) else str(x) for x in labels]
+    return labels
 
 
 def _check_fix(fix, shape):
@@ -509,20 +511,6 @@ def _fit_core(
     return _Core(est, loglik, opt, m, s, tau, usable, res, data, white, exact_h)
 
 
-def _names(idx, labels, limit: int = 5) -> str:
-    return _listed(_shown(idx, labels, limit), len(idx))
-
-
-def _shown(idx, labels, limit: int = 5) -> list:
-    """The names of the first ``limit`` series ``idx``: their labels' reprs, else positions."""
-    return [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
-
-
-def _listed(shown: list, n: int) -> str:
-    """``shown``, the first names of ``n``: ``'a', 'b' and 3 more``."""
-    return ", ".join(shown) + (f" and {n - len(shown)} more" if n > len(shown) else "")
-
-
 def _constant_series(Z, n_obs, moments=None) -> np.ndarray:
     """Which series (columns of ``Z [T, N]``, ``n_obs [N]`` observed values each; ``moments``:
     :func:`_nan_moments` of ``Z``, if known) are constant: 2 or more observed values, all equal
@@ -646,10 +634,11 @@ def fit_ou(
     The prior is the model default (stationary for ``theta > 0``, diffuse at ``theta = 0``), so a
     free ``theta`` is estimated with the stationary prior. Warns when a fit does not converge, when
     an estimate sits on its boundary (a variance at 0: no standard error for it, the others' with
-    it held at 0, see ``OUFit.notes``) and when one observation dominates the likelihood; series
-    with fewer than 2 observations or constant keep their starting values (not converged, named
-    in ``OUFit.notes``, left out of ``total_loglik``), and data without a series to fit are
-    refused. Returns an :class:`OUFit`.
+    it held at 0, see ``OUFit.notes``), when a local level of two observations leaves sigma2
+    and obs_var not identified (no standard errors) and when one observation dominates the
+    likelihood; series with fewer than 2 observations or constant keep their starting values
+    (not converged, named in ``OUFit.notes``, left out of ``total_loglik``), and data without a
+    series to fit are refused. Returns an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -763,6 +752,12 @@ def _fit_finish(
     N = Z.shape[1]
     core = _fit_core(Z, ax.dt, fixed_flat, free, init_flat, joint, max_iter, tol, backend, device,
                      moments)  # fmt: skip
+    # a local level of two observations: sigma2 and obs_var on a ridge, neither on a bound
+    ridge = _level_ridge(Z, ax.t, fixed_flat, free, joint, core.usable)
+    if ridge.any():
+        core = core._replace(
+            opt=core.opt._replace(at_boundary=core.opt.at_boundary & ~ridge[:, None])
+        )
     opt = core.opt
     unusable = ~core.usable
     notes = []
@@ -805,6 +800,13 @@ def _fit_finish(
             text = _boundary_note(p, where, free)
             notes.append(text)
             warnings.warn("fit_ou: " + text, stacklevel=3)
+    if ridge.any():
+        idx = np.flatnonzero(ridge)
+        text = _ridge_note(
+            "" if joint or unnamed(N, labels) else f" in series {_names(idx, labels)}"
+        )
+        notes.append(text)
+        warnings.warn("fit_ou: " + text, stacklevel=3)
     white = np.flatnonzero(core.white) if core.white is not None else np.empty(0, int)
     if white.size:
         if joint:
@@ -837,6 +839,9 @@ def _fit_finish(
         notes += _outlier_check(core, Z, ax, fixed_flat, free, labels, max_iter, tol, backend,
                                 device)  # fmt: skip
     se_g, se_ok, why = _fit_standard_errors(core, free, joint, exact=stderr)
+    for v in se_g.values():  # (the ridge's note says why they have none)
+        v[ridge] = np.nan
+    se_ok, why = se_ok & ~ridge, np.where(ridge, "", why)
     if stderr:
         lost = np.flatnonzero(~se_ok & (core.usable[:1] if joint else core.usable))
         for reason in sorted(set(why[lost])):
