@@ -222,7 +222,9 @@ def prepare(
         raise ValueError(f"F: expected a state dimension n >= 1, got shape {tuple(Ft.shape)}")
     _check_square("F", Ft, n, "transition, n x n")
     Qt = _as_tensor("Q", Q, dtype, device, 2)
-    _check_square("Q", Qt, n, "process-noise covariance, n x n")
+    _check_square(
+        "Q", Qt, n, f"process-noise covariance, n x n; n from F's shape {tuple(Ft.shape[-2:])}"
+    )
     Ht = _as_tensor("H", H, dtype, device, 2, d)
     if tuple(Ht.shape[-2:]) != (d, n):
         raise ValueError(

@@ -461,10 +461,11 @@ def filter(
     z: [..., T, ..., d] observations (time on ``axis``, NaN entries are missing); F, Q: [..., n, n];
     H: [..., d, n]; R: [..., d, d] (positive semidefinite; singular, R = 0 included, on ``"native"``
     and ``"sequential"``, on ``"torch"`` where H Q H' + R is positive definite after the diffuse
-    head); offset: [..., n]; prior_mean: [..., n]; either prior_cov
-    [..., n, n] (``inf`` on the diagonal marks diffuse states) or prior_precision [..., n, n] (0 in
-    diffuse directions); neither means fully diffuse. numpy in -> numpy out, torch in -> torch out
-    (differentiable). backend: ``"auto"`` (``"native"`` for CPU inputs when the extension is built,
+    head); offset: [..., n]; prior_mean: [..., n] (None: 0, also beside a proper prior_cov);
+    either prior_cov [..., n, n] (``inf`` on the diagonal marks diffuse states) or
+    prior_precision [..., n, n] (0 in diffuse directions); neither means fully diffuse.
+    numpy in -> numpy out, torch in -> torch out (differentiable). backend: ``"auto"``
+    (``"native"`` for CPU inputs when the extension is built,
     ``"torch"`` otherwise), ``"native"`` (compiled exact sequential filter and smoother, CPU,
     float64; with inputs that require grad its values carry the gradients of the torch path at the
     same inputs), ``"torch"`` (chunked parallel scan), ``"sequential"`` (float64 reference),

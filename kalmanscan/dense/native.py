@@ -210,6 +210,11 @@ def _unscale(parts: list, e: np.ndarray, nterm: torch.Tensor) -> list:
     return [x if x is None or x.dtype == torch.bool else x.contiguous() for x in out]
 
 
+def _negative_variance(cov) -> torch.Tensor:
+    """[B, T] bool: the covariances [B, T, n, n] with a negative diagonal entry."""
+    return (torch.diagonal(cov, dim1=-2, dim2=-1) < 0).any(-1)
+
+
 def _known_rows(model: Model, fcov, fprec, flag, sm):
     """The rule of :mod:`kalmanscan.dense.singular` at the rows the kernel flagged (NaN
     precision: a singular covariance, or a near-singular one where the kernel's gate is on), in
@@ -224,7 +229,9 @@ def _known_rows(model: Model, fcov, fprec, flag, sm):
     tol = rank_tol(torch.float64)
     blocks = singular.state_blocks(model)
     on = singular.gate(model, tol)  # the kernel's own; where this one is off: the inverse
-    rows = torch.isnan(fprec[..., 0, 0])
+    # the kernel's flags (NaN precision), and a negative variance (a covariance all rounding,
+    # which its screen's bound misses at a diffuse step)
+    rows = torch.isnan(fprec[..., 0, 0]) | _negative_variance(fcov)
     P, Pd = fcov, None
     dif = rows & flag
     if bool(dif.any()):  # the finite part there is not in fcov (+-inf entries): the head's
@@ -245,7 +252,7 @@ def _known_rows(model: Model, fcov, fprec, flag, sm):
     if sm[0] is None:
         return
     scov, sprec = sm[1], sm[2]
-    rows = torch.isnan(sprec[..., 0, 0]) | (known != 0).any((-1, -2))
+    rows = torch.isnan(sprec[..., 0, 0]) | (known != 0).any((-1, -2)) | _negative_variance(scov)
     cov, prec, _ = singular.apply(scov, sprec, rows, scov, None, blocks, tol, known, on)
     scov.copy_(cov)
     sprec.copy_(prec)
@@ -309,7 +316,8 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     parts = [fmean, fcov, fprec, flag, pmean, pcov, ll, *sm]
     if e is not None:
         parts = _unscale(parts, e, outs[12])
-    if nbad:  # singular or near-singular covariances: kalmanscan/dense/singular.py's rule
+    neg = any(bool(_negative_variance(x).any()) for x in (parts[1], parts[8]) if x is not None)
+    if nbad or neg:  # singular or near-singular covariances: kalmanscan/dense/singular.py's rule
         _known_rows(model0, *(parts[i] for i in (1, 2, 3)), parts[7:10])
     dtype = model.z.dtype
     if dtype != torch.float64:

@@ -158,12 +158,17 @@ def screen(M: torch.Tensor, Minv: torch.Tensor, tol: float) -> torch.Tensor:
     """[...] bool: the PSD matrices ``M`` [..., n, n] (with their computed inverses ``Minv``) that
     may have a direction :func:`known_outputs` calls known. ``cond(M) >= 1/tol`` implies
     ``max diag(M) max diag(Minv) >= 1/(tol n^2)``; a non-finite inverse (a singular M's LU puts
-    inf or NaN on its diagonal) is flagged too. Cheap: the rule runs on the flagged rows only
-    (the native kernel flags with the same bound, ``near_singular``)."""
+    inf or NaN on its diagonal) is flagged too, and so is one that its diagonals show is not
+    positive definite (a negative one in M, or one not positive in its inverse: a covariance
+    that is all rounding, where the bound does not hold). Cheap: the rule runs on the flagged
+    rows only (the native kernel flags with the same bound, ``near_singular``, and where its
+    Cholesky factorization fails)."""
     n = M.shape[-1]
-    dm = torch.diagonal(M, dim1=-2, dim2=-1).abs().amax(-1)
-    di = torch.diagonal(Minv, dim1=-2, dim2=-1).abs().amax(-1)
-    return ~(dm * di < 1.0 / (tol * n * n))  # NaN or inf on the inverse's diagonal: flagged
+    dgm = torch.diagonal(M, dim1=-2, dim2=-1)
+    dgi = torch.diagonal(Minv, dim1=-2, dim2=-1)
+    dm, di = dgm.abs().amax(-1), dgi.abs().amax(-1)
+    indefinite = (dgm < 0).any(-1) | ~(dgi > 0).all(-1)
+    return ~(dm * di < 1.0 / (tol * n * n)) | indefinite  # NaN or inf in the inverse: flagged
 
 
 def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
@@ -197,16 +202,30 @@ def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
             tau = torch.where((tau > 0) & torch.isfinite(tau), tau, torch.ones_like(tau))
             A = Mb.detach() + (0.0 if Pdb is None else tau[:, None, None] * Pdb)
             w, U = torch.linalg.eigh(A)
-            small = w <= tol * w[..., -1:]
+            # the block's rounding is at least its most negative eigenvalue (a PSD matrix's),
+            # which stands for a scale of |w_min| / eps: a block that is all rounding (every
+            # direction known, an ARMA form with R = 0) has an indefinite residue whose largest
+            # eigenvalue is no scale at all
+            eps = torch.finfo(w.dtype).eps
+            scale = torch.maximum(w[..., -1:], -w[..., :1] / eps)
+            small = w <= tol * scale
             if allow is not None:
                 # outside the gate a direction is known only where the block is singular to
                 # rounding (no inverse exists): the covariance form's update can round an
                 # observed direction's variance to exactly 0 (a local linear trend at obs_var
                 # 1e-16), where the blockwise inverse raised LinAlgError
-                sing = w <= k * torch.finfo(w.dtype).eps * w[..., -1:]
+                sing = w <= k * eps * scale
                 small = small & (allow.unsqueeze(-1) | sing)
             small = small.to(P.dtype)
             Nb = _sym((U * small.unsqueeze(-2)) @ U.transpose(-1, -2))
+            if extra is not None:  # the directions known beforehand stay known, even where
+                # the rest of the block is all rounding (no scale to find them by)
+                we, Ue = torch.linalg.eigh(Nb + extra[:, ix][:, :, ix])
+                small = (we > 0.5).to(P.dtype)
+                Nb = _sym((Ue * small.unsqueeze(-2)) @ Ue.transpose(-1, -2))
+            # the known directions' weight in the solve at least twice the most negative
+            # eigenvalue, so that no known direction's tau + w is 0
+            tau = torch.maximum(tau, -2.0 * w[..., 0])
         tau = tau[:, None, None]
         add = Nb if Pdb is None else Nb + Pdb
         X = _scaled_solve(_sym(Mb + tau * add), eye.expand(r, k, k))
@@ -245,6 +264,12 @@ def apply(cov, prec, rows, P, Pd, blocks, tol, extra=None, allow=None):
     p, PiN, _, coord = known_outputs(sel(P), sel(Pd), blocks, tol, sel(extra), al)
     cross = coord.unsqueeze(-1) | coord.unsqueeze(-2)
     c = cov[rows]
+    # the finite part without its known directions: rounding (of either sign) along them is
+    # not kept, so cov is PSD and 0 along every direction the precision calls known
+    Fk = torch.eye(PiN.shape[-1], dtype=PiN.dtype, device=PiN.device) - PiN
+    kept = _sym(Fk @ sel(P) @ Fk)
+    kept = c + torch.where(torch.isfinite(c), kept - c, torch.zeros_like(c)).detach()  # c's grad
+    c = torch.where(torch.isfinite(c) & (PiN != 0).any(-1).any(-1)[:, None, None], kept, c)
     c = torch.where(cross, torch.zeros_like(c), c)
     prec, cov = prec.clone(), cov.clone()
     prec[rows] = p
