@@ -5,14 +5,20 @@ discretized exactly: for dx = A x dt + L dW with E[dW dW'] = Qc dt, a step dt gi
 and Q = ∫_0^dt exp(A s) L Qc L' exp(A s)' ds (Van Loan 1978). For the kinematic models A is
 nilpotent and both are polynomials in dt, evaluated in closed form (a few ulps at every dt). An
 array ``dt`` (irregular sampling) gives per-step F and Q with a leading time axis.
+
+numpy or float parameters give numpy matrices. Any torch tensor among the parameters gives torch
+matrices (the tensors' floating dtype, float64 for integer tensors, on their device) built from
+the tensors, so gradients of ``kd.filter``/``kd.smooth`` reach them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from kalmanscan.core.discretize import discretize_ou
 
@@ -39,14 +45,47 @@ class DenseModel(NamedTuple):
 
 
 def _scalar(name, x, lo=0.0, lo_open=False):
-    try:
-        v = float(x)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name}: expected a real number, got {type(x).__name__} {x!r}") from err
+    """A float from a number, or from a one-element tensor a 0-d float64 tensor on its graph."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.is_complex():
+            raise TypeError(
+                f"{name}: expected a real number, got a tensor of shape {tuple(x.shape)}"
+            )
+        v, out = float(x.detach()), x.reshape(()).to(torch.float64)
+    else:
+        try:
+            v = out = float(x)
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"{name}: expected a real number, got {type(x).__name__} {x!r}"
+            ) from err
     if not np.isfinite(v) or v < lo or (lo_open and v == lo):
         op = ">" if lo_open else ">="
         raise ValueError(f"{name}: expected a finite number {op} {lo}, got {x!r}")
-    return v
+    return out
+
+
+def _torch_of(*xs):
+    """(dtype, device) of the torch tensors among ``xs`` (promoted floating dtype, float64 when
+    none is floating; the first one's device), or None when there are none."""
+    ts = [x for x in xs if isinstance(x, torch.Tensor)]
+    if not ts:
+        return None
+    floats = [t.dtype for t in ts if t.is_floating_point()]
+    dtype = functools.reduce(torch.promote_types, floats) if floats else torch.float64
+    return dtype, ts[0].device
+
+
+def _t(x, device):
+    """``x`` as a float64 tensor on ``device``; a tensor stays on its graph."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
+def _torch_model(dtype, device, F, Q, H, R, offset) -> DenseModel:
+    """A DenseModel of tensors of ``dtype`` from float64 tensors or arrays."""
+    return DenseModel(*(_t(x, device).to(dtype) for x in (F, Q, H, R, offset)))
 
 
 def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
@@ -64,6 +103,18 @@ def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
     """
     lv, sv = _scalar("level_var", level_var), _scalar("slope_var", slope_var)
     ov = _scalar("obs_var", obs_var)
+    like = _torch_of(level_var, slope_var, obs_var)
+    if like is not None:
+        dtype, device = like
+        return _torch_model(
+            dtype,
+            device,
+            F=[[1.0, 1.0], [0.0, 1.0]],
+            Q=torch.diag(torch.stack([_t(lv, device), _t(sv, device)])),
+            H=[[1.0, 0.0]],
+            R=_t(ov, device).reshape(1, 1),
+            offset=np.zeros(2),
+        )
     return DenseModel(
         F=np.array([[1.0, 1.0], [0.0, 1.0]]),
         Q=np.diag([lv, sv]),
@@ -92,10 +143,16 @@ def seasonal_dummies(period, seasonal_var, obs_var=0.0) -> DenseModel:
     F = np.zeros((k, k))
     F[0, :] = -1.0
     F[1:, :-1] = np.eye(k - 1)
-    Q = np.zeros((k, k))
-    Q[0, 0] = sv
     H = np.zeros((1, k))
     H[0, 0] = 1.0
+    like = _torch_of(seasonal_var, obs_var)
+    if like is not None:
+        dtype, device = like
+        q_diag = torch.cat([_t(sv, device).reshape(1), _t(np.zeros(k - 1), device)])
+        R = _t(ov, device).reshape(1, 1)
+        return _torch_model(dtype, device, F, torch.diag(q_diag), H, R, np.zeros(k))
+    Q = np.zeros((k, k))
+    Q[0, 0] = sv
     return DenseModel(F, Q, H, np.array([[ov]]), np.zeros(k))
 
 
@@ -136,7 +193,49 @@ def _kinematic_fq(order, q, dt):
     return F, Q
 
 
+def _kinematic_fq_torch(order, q, dt, dt_np):
+    """:func:`_kinematic_fq` on float64 tensors ``q`` (0-d) and ``dt`` (values ``dt_np``),
+    differentiable in both: the same mantissa and binary-exponent split, the exponents taken from
+    the values (constants of the graph)."""
+    k = order + 1
+    fact = [float(math.factorial(m)) for m in range(2 * k)]
+    b = np.frexp(dt_np)[1]
+    bq = np.frexp(np.float64(float(q.detach())))[1]
+    m, mq = _ldexp(dt, -b), _ldexp(q, -bq)
+
+    def term(scale_m, scale_b, e, c):
+        return _ldexp(scale_m * m**e / c, scale_b + e * b)
+
+    zero = torch.zeros_like(dt)
+    F = [[term(1.0, 0, j - i, fact[j - i]) if j >= i else zero for j in range(k)] for i in range(k)]
+    Q = [
+        [
+            term(
+                mq,
+                bq,
+                2 * order + 1 - i - j,
+                fact[order - i] * fact[order - j] * (2 * order + 1 - i - j),
+            )
+            for j in range(k)
+        ]
+        for i in range(k)
+    ]
+    return (torch.stack([torch.stack(row, -1) for row in a], -2) for a in (F, Q))
+
+
+def _ldexp(x, e):
+    """``x * 2**e`` for a tensor ``x`` and integers ``e``, in two exact steps so that neither power
+    of two leaves float64 while the product fits."""
+    e = np.asarray(e)
+    half = e // 2
+    with np.errstate(over="ignore", under="ignore"):
+        lo, hi = np.ldexp(1.0, half), np.ldexp(1.0, e - half)
+    return x * _t(lo, x.device) * _t(hi, x.device)
+
+
 def _dt(dt):
+    if isinstance(dt, torch.Tensor):
+        dt = dt.detach().cpu()
     arr = np.asarray(dt, dtype=np.float64)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError(f"dt: expected finite step lengths >= 0, got {dt!r}")
@@ -144,14 +243,15 @@ def _dt(dt):
 
 
 def _kinematic(order, dt, noise_var, obs_var, ndim, var_name):
-    dt = _dt(dt)
+    like = _torch_of(dt, noise_var, obs_var)
+    dt_in, dt = dt, _dt(dt)
     q = _scalar(var_name, noise_var)
     ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
     if not isinstance(ndim, (int, np.integer)) or ndim < 1:
         raise ValueError(f"ndim: expected an int >= 1, got {ndim!r}")
     k = order + 1
     with np.errstate(over="ignore", under="ignore"):
-        F1, Q1 = _kinematic_fq(order, q, dt)
+        F1, Q1 = _kinematic_fq(order, float(q.detach() if isinstance(q, torch.Tensor) else q), dt)
     if not (np.all(np.isfinite(F1)) and np.all(np.isfinite(Q1))):
         big = float(np.max(dt))
         raise ValueError(
@@ -159,6 +259,15 @@ def _kinematic(order, dt, noise_var, obs_var, ndim, var_name):
             f"and dt^{order} below 1.8e308), got a step of {big!r}"
         )
     n = k * ndim
+    if like is not None:
+        dtype, device = like
+        F1, Q1 = _kinematic_fq_torch(order, _t(q, device), _t(dt_in, device), dt)
+        eye = torch.eye(ndim, dtype=torch.float64, device=device)
+        F, Q = (
+            torch.einsum("ab,...ij->...aibj", eye, x).reshape(dt.shape + (n, n)) for x in (F1, Q1)
+        )
+        H = np.kron(np.eye(ndim), np.eye(1, k))
+        return _torch_model(dtype, device, F, Q, H, _t(ov, device) * eye, np.zeros(n))
     F = np.zeros(dt.shape + (n, n))
     Q = np.zeros(dt.shape + (n, n))
     H = np.zeros((ndim, n))
@@ -210,6 +319,9 @@ def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
     >>> m.H.tolist(), m.F.shape
     ([[1.0, 1.0]], (2, 2))
     """
+    like = _torch_of(theta, sigma2, dt, obs_var, mu)
+    if like is not None:
+        return _ou_sum_torch(theta, sigma2, dt, obs_var, mu, *like)
     th = np.atleast_1d(np.asarray(theta, dtype=np.float64))
     s2 = np.atleast_1d(np.asarray(sigma2, dtype=np.float64))
     mu = np.broadcast_to(np.asarray(mu, dtype=np.float64), th.shape)
@@ -227,6 +339,24 @@ def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
     return DenseModel(F, Q, np.ones((1, k)), np.array([[ov]]), mu * (1.0 - decay))
 
 
+def _ou_sum_torch(theta, sigma2, dt, obs_var, mu, dtype, device) -> DenseModel:
+    th, s2 = (_t(x, device) for x in (theta, sigma2))
+    th, s2 = (x.reshape(1) if x.ndim == 0 else x for x in (th, s2))
+    if th.ndim != 1 or s2.shape != th.shape:
+        raise ValueError(
+            f"theta, sigma2: expected two 1-d arrays of equal length, got {tuple(th.shape)} and "
+            f"{tuple(s2.shape)}"
+        )
+    mu = torch.broadcast_to(_t(mu, device), th.shape)
+    _dt(dt)
+    ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
+    decay, pvar = discretize_ou(th, s2, _t(dt, device)[..., None])
+    k = th.shape[0]
+    F, Q = torch.diag_embed(decay), torch.diag_embed(pvar)
+    R = _t(ov, device).reshape(1, 1)
+    return _torch_model(dtype, device, F, Q, np.ones((1, k)), R, mu * (1.0 - decay))
+
+
 def add_components(*models: DenseModel) -> DenseModel:
     """Independent components observed through the sum of their observations.
 
@@ -239,6 +369,9 @@ def add_components(*models: DenseModel) -> DenseModel:
     """
     if not models:
         raise ValueError("models: expected at least one DenseModel, got none")
+    like = _torch_of(*(x for m in models for x in m))
+    if like is not None:
+        return _add_components_torch(models, *like)
     arrs = [DenseModel(*(np.asarray(x, dtype=np.float64) for x in m)) for m in models]
     d = arrs[0].H.shape[-2]
     if any(m.H.shape[-2] != d for m in arrs):
@@ -262,3 +395,28 @@ def add_components(*models: DenseModel) -> DenseModel:
         i += k
     R = sum(m.R for m in arrs)
     return DenseModel(F, Q, H, R, off)
+
+
+def _add_components_torch(models, dtype, device) -> DenseModel:
+    ts = [DenseModel(*(_t(x, device) for x in m)) for m in models]
+    d = ts[0].H.shape[-2]
+    if any(m.H.shape[-2] != d for m in ts):
+        raise ValueError(
+            f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in ts]}"
+        )
+    sizes = [m.F.shape[-1] for m in ts]
+    n = sum(sizes)
+    lead = np.broadcast_shapes(*(tuple(m.F.shape[:-2]) for m in ts), *(m.Q.shape[:-2] for m in ts))
+    off_lead = np.broadcast_shapes(*(tuple(m.offset.shape[:-1]) for m in ts))
+    h_lead = np.broadcast_shapes(*(tuple(m.H.shape[:-2]) for m in ts))
+    F, Q, H, off = [], [], [], []
+    i = 0
+    for m, k in zip(ts, sizes, strict=True):
+        square, right = (i, n - i - k, i, n - i - k), (i, n - i - k)
+        F.append(torch.broadcast_to(torch.nn.functional.pad(m.F, square), lead + (n, n)))
+        Q.append(torch.broadcast_to(torch.nn.functional.pad(m.Q, square), lead + (n, n)))
+        H.append(torch.broadcast_to(torch.nn.functional.pad(m.H, right), h_lead + (d, n)))
+        off.append(torch.broadcast_to(torch.nn.functional.pad(m.offset, right), off_lead + (n,)))
+        i += k
+    R = sum(m.R for m in ts)
+    return _torch_model(dtype, device, sum(F), sum(Q), sum(H), R, sum(off))
