@@ -5,6 +5,11 @@ timestamps (:func:`forecast_labels`: typical steps past the record, or given tim
 against the time axis). The entry points are :func:`kalmanscan.timeseries.model.forecast` and
 ``OUModel.forecast``.
 
+Types: numpy in gives numpy out; where the filtered state, a parameter or a ``future_params`` value
+is a tensor, the forecast is computed by torch (:func:`_forecast_torch`) and its arrays are tensors
+in the filtered state's dtype on its device, differentiable in the parameters and, through the
+filter (:func:`filter_for_forecast`), in tensor data.
+
 Units: like the filter's results, a forecast is computed in units of a power of two ``c`` per series
 (:func:`~kalmanscan.timeseries.model_numerics.data_unit`) and mapped back, means times ``c`` and
 variances times ``c**2`` (:mod:`kalmanscan.timeseries.model`; docs/model.md, "Units and scale").
@@ -15,11 +20,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import torch
 
 from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.timeseries._messages import _plain
-from kalmanscan.timeseries.coverage import check_coverage, interval
-from kalmanscan.timeseries.model_numerics import _host_array, data_unit, one_minus_decay
+from kalmanscan.timeseries.coverage import check_coverage, interval, normal_quantile
+from kalmanscan.timeseries.model_numerics import (
+    _host_array,
+    _rescale_filter,
+    data_unit,
+    one_minus_decay,
+)
 from kalmanscan.timeseries.time_cftime import is_cftime
 from kalmanscan.timeseries.times import (  # as_time_axis: forecast_labels' example calls it
     TimeAxis,
@@ -117,9 +128,8 @@ def check_future_params(future_params) -> dict:
                 "its .to_numpy() in the order of the data's series"
             )
         lo = None if k == "mu" else 0.0
-        out[k] = _host_array(
-            _param_array(f"future_params[{k!r}]", v, lo=lo, lo_open=(k == "obs_var"))
-        )
+        v = _param_array(f"future_params[{k!r}]", v, lo=lo, lo_open=(k == "obs_var"))
+        out[k] = v if isinstance(v, torch.Tensor) else _host_array(v)  # (a tensor keeps its graph)
     return out
 
 
@@ -157,7 +167,8 @@ def _params_at_forecast(model, future: dict, S: tuple, H: int) -> dict:
                     ) from None
             params[k] = v
             continue
-        v = _host_array(v)
+        if not isinstance(v, torch.Tensor):  # (a tensor keeps its graph)
+            v = _host_array(v)
         if v.ndim > nd and v.shape[0] != 1:
             raise ValueError(
                 f"{k}: the model gives values per step of the record (shape {v.shape}), which do "
@@ -183,6 +194,13 @@ def forecast_from_state(
     """Forecast from the filtered ``N(last_mean, last_var)`` at the last time of ``time_axis``;
     ``future_params`` (:func:`check_future_params`): parameter values over the forecast in place
     of the model's (needed for those the model gives per step of the record)."""
+    for name, v in (("at", at), ("coverage", coverage)):
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            raise TypeError(
+                f"{name}: expected values without a gradient (a forecast is differentiable in "
+                f"the parameters and the data, not in its {name}), got a tensor that requires "
+                f"grad; pass {name}.detach()"
+            )
     future = check_future_params(future_params)
     covs = check_coverage(coverage)
     if len(covs) != 1:
@@ -211,11 +229,16 @@ def forecast_from_state(
             "at: expected timestamps at or after the record's last time (the last of its "
             f"times, observed or not: {text(time_axis.labels[-1])}), got {text(labels[i])}"
         )
+    state = (last_mean, last_var)
+    nd = len(last_mean.shape)
+    dt = dt.reshape((-1,) + (1,) * nd)
+    params = _params_at_forecast(model, future, tuple(last_mean.shape), len(pos))
+    labels = _labels_out(time_axis, labels)
+    if any(isinstance(v, torch.Tensor) for v in (*state, *params.values())):
+        mean, var, pvar, lo, hi = _forecast_torch(time_axis, state, params, dt, cov)
+        return Forecast(labels, mean, var, pvar, lo, hi, cov)
     last_mean = _host_array(last_mean)
     last_var = _host_array(last_var)
-    nd = last_mean.ndim
-    dt = dt.reshape((-1,) + (1,) * nd)
-    params = _params_at_forecast(model, future, last_mean.shape, len(pos))
     theta, sigma2, mu, obs_var = params.values()
     # in units of a power of two c per series (module docstring), mapped back at the end
     lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
@@ -237,10 +260,92 @@ def forecast_from_state(
     pvar = var + obs_var * inv * inv
     lo, hi = interval(mean, pvar, cov)
     mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
-    if time_axis.is_cftime:
-        labels = np.asarray(labels, dtype=object)
-    elif time_axis.is_datetime:
-        labels = _normalize_datetimes(np.asarray(labels))
-    else:
-        labels = np.asarray(labels, dtype=np.float64)
     return Forecast(labels, mean, var, pvar, lo, hi, cov)
+
+
+def _labels_out(time_axis: TimeAxis, labels) -> np.ndarray:
+    """The forecast times as a :class:`Forecast` holds them (numbers as float64)."""
+    if time_axis.is_cftime:
+        return np.asarray(labels, dtype=object)
+    if time_axis.is_datetime:
+        return _normalize_datetimes(np.asarray(labels))
+    return np.asarray(labels, dtype=np.float64)
+
+
+def _forecast_torch(time_axis: TimeAxis, state, params: dict, dt: np.ndarray, cov: float):
+    """``(mean, var, predictive_var, lower, upper)`` of :func:`forecast_from_state` as tensors
+    with autograd, for a filtered ``state = (last_mean, last_var)`` or parameters of which some
+    are tensors: the same closed form from the last state, ``mean = mu + decay (m - mu)``,
+    ``var = decay**2 P + process_var`` with ``(decay, process_var) = discretize_ou(theta,
+    sigma2, dt)`` (``theta = 0``: the random walk), in the units ``c`` of the numpy path.
+    Computed in float64 and returned in the filtered state's dtype (float32 data: float32, as
+    :func:`kalmanscan.filter` gives it) on the device of the first tensor among the state and
+    the parameters."""
+    tensors = [v for v in (*state, *params.values()) if isinstance(v, torch.Tensor)]
+    device = tensors[0].device
+    last_mean = state[0]
+    out_dtype = (
+        last_mean.dtype
+        if isinstance(last_mean, torch.Tensor)
+        else torch.from_numpy(np.zeros(0, np.asarray(last_mean).dtype)).dtype
+    )
+    if out_dtype not in (torch.float32, torch.float64):
+        out_dtype = torch.float64
+
+    def f64(v):  # (a tensor: .to, which keeps its graph)
+        if isinstance(v, torch.Tensor):
+            return v.to(device=device, dtype=torch.float64)
+        return torch.as_tensor(np.asarray(v, dtype=np.float64), device=device)
+
+    last_mean, last_var = f64(state[0]), f64(state[1])
+    theta, sigma2, mu, obs_var = (f64(v) for v in params.values())
+    lanes = np.broadcast_shapes(
+        tuple(last_mean.shape), tuple(last_var.shape), tuple(sigma2.shape), tuple(mu.shape)
+    )
+    pos_dt = time_axis.dt[time_axis.dt > 0]
+    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
+    # the unit is a power of two per series: a constant, so no gradient is lost through it
+    scales = [state[1], params["obs_var"], _host_array(params["sigma2"]) * tau]
+    c_np = data_unit(lanes, [state[0], params["mu"]], scales)
+    c = f64(c_np)
+    inv = f64(1.0 / c_np)
+    dt = f64(dt)
+    decay, process_var = discretize_ou(theta, sigma2 * inv * inv, dt)
+    # a decay of 0 forgets the state: the state is masked before the product, so that neither
+    # the value nor the gradient meets 0 * inf (a never-observed diffuse series)
+    kept = decay != 0
+    m_kept = torch.where(kept, last_mean * inv, 0.0)
+    p_kept = torch.where(kept, last_var * inv * inv, 0.0)
+    mean = torch.where(kept, decay * m_kept, 0.0)
+    mean = mean + (mu * inv) * one_minus_decay(theta, dt, decay)
+    var = torch.where(kept, decay * decay * p_kept, 0.0) + process_var
+    shape = np.broadcast_shapes(
+        tuple(mean.shape),
+        tuple(var.shape),
+        tuple(obs_var.shape),
+        (dt.shape[0],) + (1,) * len(lanes),
+    )
+    mean, var = mean.expand(shape), var.expand(shape)
+    pvar = var + obs_var * inv * inv
+    q = normal_quantile(cov)
+    sd = torch.sqrt(pvar)
+    lo, hi = mean - q * sd, mean + q * sd
+    out = (mean * c, var * c * c, pvar * c * c, lo * c, hi * c)
+    return tuple(x.to(out_dtype) for x in out)
+
+
+def filter_for_forecast(model: OUModel, z, zt: np.ndarray, time_axis: TimeAxis, axis: int):
+    """The filtered results of time-first ``zt`` (``z`` as :meth:`OUModel._prepare` gives it)
+    that a forecast starts from; where ``z`` is a tensor, the filter runs on it (moved time
+    first, in ``zt``'s dtype), so the forecast follows its graph."""
+    if not isinstance(z, torch.Tensor):
+        return model.filter_prepared(zt, time_axis)
+    from kalmanscan.core import filter as filter_api
+
+    c, _, args = model._scaled_inputs(zt, time_axis)
+    z_t = torch.movedim(z, axis, 0)
+    dtype = torch.float32 if zt.dtype == np.float32 else torch.float64
+    # z / c in float64, then z's dtype, as the numpy path does (c a power of two: exact)
+    zs = (z_t.to(torch.float64) / torch.as_tensor(c, device=z.device)).to(dtype)
+    res = filter_api.filter(zs, **args, axis=0)
+    return _rescale_filter(res, c, ~np.isnan(zt))
