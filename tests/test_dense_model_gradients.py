@@ -145,3 +145,15 @@ def test_lbfgs_fit_of_the_nile_reaches_statsmodels():
     assert math.isclose(ours, mod.loglike([ov, lv, sv]), rel_tol=1e-11)
     assert ours >= mod.fit(disp=False).llf - 1e-7
     assert math.isclose(lv, 1752.77, rel_tol=1e-4) and math.isclose(ov, 14678.0, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_add_components_refuses_other_observation_dimensions(kind):
+    """One check for both paths: models observed in 1 and 2 dimensions cannot be summed."""
+    a = kd.local_linear_trend(1.0, 1.0, 1.0)
+    H = np.ones((2, 1)) if kind == "numpy" else torch.ones(2, 1, dtype=torch.float64)
+    b = kd.DenseModel(np.eye(1), np.eye(1), H, np.eye(2), np.zeros(1))
+    with pytest.raises(
+        ValueError, match=r"models: expected the same observation dimension, got \[1, 2\]"
+    ):
+        kd.add_components(a, b)

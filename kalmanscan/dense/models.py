@@ -369,15 +369,14 @@ def add_components(*models: DenseModel) -> DenseModel:
     """
     if not models:
         raise ValueError("models: expected at least one DenseModel, got none")
+    dims = [tuple(np.shape(m.H))[-2] for m in models]
+    if any(x != dims[0] for x in dims):
+        raise ValueError(f"models: expected the same observation dimension, got {dims}")
     like = _torch_of(*(x for m in models for x in m))
     if like is not None:
         return _add_components_torch(models, *like)
     arrs = [DenseModel(*(np.asarray(x, dtype=np.float64) for x in m)) for m in models]
-    d = arrs[0].H.shape[-2]
-    if any(m.H.shape[-2] != d for m in arrs):
-        raise ValueError(
-            f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in arrs]}"
-        )
+    d = dims[0]
     sizes = [m.F.shape[-1] for m in arrs]
     n = sum(sizes)
     lead = np.broadcast_shapes(*(m.F.shape[:-2] for m in arrs), *(m.Q.shape[:-2] for m in arrs))
@@ -399,11 +398,7 @@ def add_components(*models: DenseModel) -> DenseModel:
 
 def _add_components_torch(models, dtype, device) -> DenseModel:
     ts = [DenseModel(*(_t(x, device) for x in m)) for m in models]
-    d = ts[0].H.shape[-2]
-    if any(m.H.shape[-2] != d for m in ts):
-        raise ValueError(
-            f"models: expected the same observation dimension, got {[m.H.shape[-2] for m in ts]}"
-        )
+    d = ts[0].H.shape[-2]  # (the same for every model: add_components checked)
     sizes = [m.F.shape[-1] for m in ts]
     n = sum(sizes)
     lead = np.broadcast_shapes(*(tuple(m.F.shape[:-2]) for m in ts), *(m.Q.shape[:-2] for m in ts))
