@@ -40,5 +40,5 @@ def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
 def interval(mean, var, coverage: float):
     """Central interval ``(lower, upper)`` of ``N(mean, var)`` holding probability ``coverage``."""
     q = normal_quantile(check_coverage(coverage)[0])
-    sd = np.sqrt(var)
+    sd = torch.sqrt(var) if isinstance(var, torch.Tensor) else np.sqrt(var)
     return mean - q * sd, mean + q * sd

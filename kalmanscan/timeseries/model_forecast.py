@@ -24,7 +24,7 @@ import torch
 
 from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.timeseries._messages import _plain
-from kalmanscan.timeseries.coverage import check_coverage, interval, normal_quantile
+from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.model_numerics import (
     _host_array,
     _rescale_filter,
@@ -242,9 +242,7 @@ def forecast_from_state(
     theta, sigma2, mu, obs_var = params.values()
     # in units of a power of two c per series (module docstring), mapped back at the end
     lanes = np.broadcast_shapes(last_mean.shape, last_var.shape, sigma2.shape, mu.shape)
-    pos_dt = time_axis.dt[time_axis.dt > 0]
-    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
-    c = data_unit(lanes, [last_mean, mu], [last_var, obs_var, sigma2 * tau])
+    c = _forecast_unit(time_axis, lanes, (last_mean, last_var), params)
     # variances over c**2 as two divisions by c (c**2 overflows for c above 2**511: data of
     # scale 1e150 gave NaN variances and a band of width 0)
     inv = 1.0 / c
@@ -261,6 +259,15 @@ def forecast_from_state(
     lo, hi = interval(mean, pvar, cov)
     mean, var, pvar, lo, hi = mean * c, var * c * c, pvar * c * c, lo * c, hi * c
     return Forecast(labels, mean, var, pvar, lo, hi, cov)
+
+
+def _forecast_unit(time_axis: TimeAxis, lanes: tuple, state, params: dict) -> np.ndarray:
+    """The forecast's unit ``c [*lanes]`` (module docstring): from the filtered ``state =
+    (last_mean, last_var)``, ``mu``, ``obs_var`` and ``sigma2`` over the record's median step."""
+    pos_dt = time_axis.dt[time_axis.dt > 0]
+    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
+    scales = [state[1], params["obs_var"], _host_array(params["sigma2"]) * tau]
+    return data_unit(lanes, [state[0], params["mu"]], scales)
 
 
 def _labels_out(time_axis: TimeAxis, labels) -> np.ndarray:
@@ -302,11 +309,8 @@ def _forecast_torch(time_axis: TimeAxis, state, params: dict, dt: np.ndarray, co
     lanes = np.broadcast_shapes(
         tuple(last_mean.shape), tuple(last_var.shape), tuple(sigma2.shape), tuple(mu.shape)
     )
-    pos_dt = time_axis.dt[time_axis.dt > 0]
-    tau = float(np.median(pos_dt)) if pos_dt.size else 1.0
     # the unit is a power of two per series: a constant, so no gradient is lost through it
-    scales = [state[1], params["obs_var"], _host_array(params["sigma2"]) * tau]
-    c_np = data_unit(lanes, [state[0], params["mu"]], scales)
+    c_np = _forecast_unit(time_axis, lanes, state, params)
     c = f64(c_np)
     inv = f64(1.0 / c_np)
     dt = f64(dt)
@@ -327,9 +331,7 @@ def _forecast_torch(time_axis: TimeAxis, state, params: dict, dt: np.ndarray, co
     )
     mean, var = mean.expand(shape), var.expand(shape)
     pvar = var + obs_var * inv * inv
-    q = normal_quantile(cov)
-    sd = torch.sqrt(pvar)
-    lo, hi = mean - q * sd, mean + q * sd
+    lo, hi = interval(mean, pvar, cov)
     out = (mean * c, var * c * c, pvar * c * c, lo * c, hi * c)
     return tuple(x.to(out_dtype) for x in out)
 
