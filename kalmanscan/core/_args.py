@@ -144,6 +144,13 @@ class Converter:
         return a[()] if a.ndim == 0 else a
 
 
+def float64_on(x, device) -> torch.Tensor:
+    """``x`` as a float64 tensor on ``device``; a tensor keeps its autograd graph (``.to``)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
 def _plain_number(value) -> bool:
     """A Python ``int`` or ``float`` (not a bool, nor a numpy scalar, whose dtype counts) that
     a float64 holds: converted without numpy."""

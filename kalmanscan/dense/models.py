@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core._args import float64_on
 from kalmanscan.core.discretize import discretize_ou
 
 
@@ -76,16 +77,9 @@ def _torch_of(*xs):
     return dtype, ts[0].device
 
 
-def _t(x, device):
-    """``x`` as a float64 tensor on ``device``; a tensor stays on its graph."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device=device, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
-
-
 def _torch_model(dtype, device, F, Q, H, R, offset) -> DenseModel:
     """A DenseModel of tensors of ``dtype`` from float64 tensors or arrays."""
-    return DenseModel(*(_t(x, device).to(dtype) for x in (F, Q, H, R, offset)))
+    return DenseModel(*(float64_on(x, device).to(dtype) for x in (F, Q, H, R, offset)))
 
 
 def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
@@ -110,9 +104,9 @@ def local_linear_trend(level_var, slope_var, obs_var) -> DenseModel:
             dtype,
             device,
             F=[[1.0, 1.0], [0.0, 1.0]],
-            Q=torch.diag(torch.stack([_t(lv, device), _t(sv, device)])),
+            Q=torch.diag(torch.stack([float64_on(lv, device), float64_on(sv, device)])),
             H=[[1.0, 0.0]],
-            R=_t(ov, device).reshape(1, 1),
+            R=float64_on(ov, device).reshape(1, 1),
             offset=np.zeros(2),
         )
     return DenseModel(
@@ -148,8 +142,8 @@ def seasonal_dummies(period, seasonal_var, obs_var=0.0) -> DenseModel:
     like = _torch_of(seasonal_var, obs_var)
     if like is not None:
         dtype, device = like
-        q_diag = torch.cat([_t(sv, device).reshape(1), _t(np.zeros(k - 1), device)])
-        R = _t(ov, device).reshape(1, 1)
+        q_diag = torch.cat([float64_on(sv, device).reshape(1), float64_on(np.zeros(k - 1), device)])
+        R = float64_on(ov, device).reshape(1, 1)
         return _torch_model(dtype, device, F, torch.diag(q_diag), H, R, np.zeros(k))
     Q = np.zeros((k, k))
     Q[0, 0] = sv
@@ -230,7 +224,7 @@ def _ldexp(x, e):
     half = e // 2
     with np.errstate(over="ignore", under="ignore"):
         lo, hi = np.ldexp(1.0, half), np.ldexp(1.0, e - half)
-    return x * _t(lo, x.device) * _t(hi, x.device)
+    return x * float64_on(lo, x.device) * float64_on(hi, x.device)
 
 
 def _dt(dt):
@@ -261,13 +255,13 @@ def _kinematic(order, dt, noise_var, obs_var, ndim, var_name):
     n = k * ndim
     if like is not None:
         dtype, device = like
-        F1, Q1 = _kinematic_fq_torch(order, _t(q, device), _t(dt_in, device), dt)
+        F1, Q1 = _kinematic_fq_torch(order, float64_on(q, device), float64_on(dt_in, device), dt)
         eye = torch.eye(ndim, dtype=torch.float64, device=device)
         F, Q = (
             torch.einsum("ab,...ij->...aibj", eye, x).reshape(dt.shape + (n, n)) for x in (F1, Q1)
         )
         H = np.kron(np.eye(ndim), np.eye(1, k))
-        return _torch_model(dtype, device, F, Q, H, _t(ov, device) * eye, np.zeros(n))
+        return _torch_model(dtype, device, F, Q, H, float64_on(ov, device) * eye, np.zeros(n))
     F = np.zeros(dt.shape + (n, n))
     Q = np.zeros(dt.shape + (n, n))
     H = np.zeros((ndim, n))
@@ -340,20 +334,20 @@ def ou_sum(theta, sigma2, dt, obs_var, mu=0.0) -> DenseModel:
 
 
 def _ou_sum_torch(theta, sigma2, dt, obs_var, mu, dtype, device) -> DenseModel:
-    th, s2 = (_t(x, device) for x in (theta, sigma2))
+    th, s2 = (float64_on(x, device) for x in (theta, sigma2))
     th, s2 = (x.reshape(1) if x.ndim == 0 else x for x in (th, s2))
     if th.ndim != 1 or s2.shape != th.shape:
         raise ValueError(
             f"theta, sigma2: expected two 1-d arrays of equal length, got {tuple(th.shape)} and "
             f"{tuple(s2.shape)}"
         )
-    mu = torch.broadcast_to(_t(mu, device), th.shape)
+    mu = torch.broadcast_to(float64_on(mu, device), th.shape)
     _dt(dt)
     ov = _scalar("obs_var", obs_var, lo=0.0, lo_open=True)
-    decay, pvar = discretize_ou(th, s2, _t(dt, device)[..., None])
+    decay, pvar = discretize_ou(th, s2, float64_on(dt, device)[..., None])
     k = th.shape[0]
     F, Q = torch.diag_embed(decay), torch.diag_embed(pvar)
-    R = _t(ov, device).reshape(1, 1)
+    R = float64_on(ov, device).reshape(1, 1)
     return _torch_model(dtype, device, F, Q, np.ones((1, k)), R, mu * (1.0 - decay))
 
 
@@ -397,7 +391,7 @@ def add_components(*models: DenseModel) -> DenseModel:
 
 
 def _add_components_torch(models, dtype, device) -> DenseModel:
-    ts = [DenseModel(*(_t(x, device) for x in m)) for m in models]
+    ts = [DenseModel(*(float64_on(x, device) for x in m)) for m in models]
     d = ts[0].H.shape[-2]  # (the same for every model: add_components checked)
     sizes = [m.F.shape[-1] for m in ts]
     n = sum(sizes)

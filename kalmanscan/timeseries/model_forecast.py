@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from kalmanscan.core._args import float64_on
 from kalmanscan.core.discretize import discretize_ou
 from kalmanscan.timeseries._messages import _plain
 from kalmanscan.timeseries.coverage import check_coverage, interval
@@ -299,10 +300,8 @@ def _forecast_torch(time_axis: TimeAxis, state, params: dict, dt: np.ndarray, co
     if out_dtype not in (torch.float32, torch.float64):
         out_dtype = torch.float64
 
-    def f64(v):  # (a tensor: .to, which keeps its graph)
-        if isinstance(v, torch.Tensor):
-            return v.to(device=device, dtype=torch.float64)
-        return torch.as_tensor(np.asarray(v, dtype=np.float64), device=device)
+    def f64(v):  # (a tensor keeps its graph)
+        return float64_on(v, device)
 
     last_mean, last_var = f64(state[0]), f64(state[1])
     theta, sigma2, mu, obs_var = (f64(v) for v in params.values())
