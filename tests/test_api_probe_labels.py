@@ -190,6 +190,15 @@ def test_integer_column_labels_stay_integers():
     assert float(da.kalman.filter(fit)["sigma2"].sel(series=10)) == float(fit.params["sigma2"][0])
 
 
+def test_integer_labels_in_messages_do_not_read_as_positions():
+    # column 20 is the second series: a message naming it "series 20" read as a position
+    rng = np.random.default_rng(2)
+    d = pd.DataFrame(rng.normal(size=(30, 2)).cumsum(0), columns=[10, 20])
+    d[20] = 1.0
+    with pytest.warns(UserWarning, match="series label 20 are constant"):
+        ks.fit_ou(d)
+
+
 def test_multiindex_columns_become_a_multiindex_coordinate(tmp_path):
     rng = np.random.default_rng(3)
     cols = pd.MultiIndex.from_tuples([("a", "x"), ("a", "y"), ("b", "x")], names=["site", "var"])

@@ -43,9 +43,22 @@ def unnamed(n: int, labels) -> bool:
     return n == 1 and not (labels and isinstance(labels[0], SeriesLabel))
 
 
+def _label(label) -> str:
+    """A series' label in a message: its repr, a number's marked as a label (``label 30``) so
+    that it does not read as the series' position, which messages write bare.
+
+    >>> _label("a"), _label(30), _label(np.int64(30)), _label(2.5)
+    ("'a'", 'label 30', 'label 30', 'label 2.5')
+    """
+    if isinstance(label, (int, float, np.number)) and not isinstance(label, bool):
+        return "label " + _plain(label)
+    return repr(label)
+
+
 def _shown(idx, labels, limit: int = 5) -> list:
-    """The names of the first ``limit`` series ``idx``: their labels' reprs, else positions."""
-    return [repr(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
+    """The names of the first ``limit`` series ``idx``: their labels (:func:`_label`), else
+    positions."""
+    return [_label(labels[i]) if labels else str(int(i)) for i in idx[:limit]]
 
 
 def _listed(shown: list, n: int) -> str:
@@ -58,5 +71,7 @@ def _names(idx, labels, limit: int = 5) -> str:
 
     >>> _names([0, 2], ["a", "b", "c"]), _names(list(range(7)), None)
     ("'a', 'c'", '0, 1, 2, 3, 4 and 2 more')
+    >>> _names([1], [10, 30])
+    'label 30'
     """
     return _listed(_shown(idx, labels, limit), len(idx))
