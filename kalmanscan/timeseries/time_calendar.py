@@ -4,7 +4,8 @@ units, calendar-month steps and the forecast step count.
 :func:`elapsed` gives ``(labels - origin) / unit`` for datetime64 labels of any span and
 resolution to within one float64 rounding; :func:`parse_time_unit` reads ``time_unit``; the
 calendar helpers find a record's step in whole months and the rule that places its dates in
-their months (a day of the month, the month's end, its last or first weekday, two days a month:
+their months (a day of the month, the month's end, its last or first weekday, its n-th or last
+Monday, ..., Sunday, two days a month:
 :func:`_month_parts`, :func:`_calendar_step`) and lay out forecast dates on that calendar, on a
 timezone's local clock where the times were given in one (:func:`_future_local`). Used by
 :class:`~kalmanscan.timeseries.times.TimeAxis`.
@@ -131,16 +132,34 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
 # Month rules (the ``rule`` of :func:`_month_parts`): a day ``d`` of the month (1 to 30, the
 # month's last where it is shorter: a record on the 30th has February 28/29), ``-1`` the month's
 # last day, ``"last-weekday"`` / ``"first-weekday"`` its last or first Monday-to-Friday (pandas'
-# BME, BQE, BYE and BMS, BQS, BYS), a pair ``(a, b)`` two days of every month, ``b`` ``-1`` for
-# the month's end (semi-monthly: pandas' SMS is ``(1, 15)``, SMS-10 ``(1, 10)``, SME
-# ``(15, -1)``). A record's dates are numbered by slot: its month (months since 1970), or two
-# slots a month for a pair.
+# BME, BQE, BYE and BMS, BQS, BYS), ``"WOM-3FRI"`` its n-th (1 to 4) Monday, ..., Sunday and
+# ``"LWOM-FRI"`` its last one (pandas' week-of-month rules: ``"WOM-3FRI"`` the third Friday, as
+# monthly option expiries), a pair ``(a, b)`` two days of every month, ``b`` ``-1`` for the
+# month's end (semi-monthly: pandas' SMS is ``(1, 15)``, SMS-10 ``(1, 10)``, SME ``(15, -1)``).
+# A record's dates are numbered by slot: its month (months since 1970), or two slots a month for
+# a pair.
 _WEEKDAY_RULES = ("last-weekday", "first-weekday")
+_DAY_NAMES = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 _HOLIDAY_DAYS = 4  # a holiday moves a trading month's first or last day by at most 4 days
 
 
 def _slots_per_month(rule) -> int:
     return 2 if isinstance(rule, tuple) else 1
+
+
+def _week_of_month(rule):
+    """``(n, weekday)`` of a week-of-month rule (``"WOM-3FRI"``: ``(3, 4)``; ``"LWOM-FRI"``:
+    ``(-1, 4)``; Monday 0), else ``None``."""
+    if not isinstance(rule, str) or not rule.startswith(("WOM-", "LWOM-")):
+        return None
+    if rule.startswith("L"):
+        return -1, _DAY_NAMES.index(rule[5:])
+    return int(rule[4]), _DAY_NAMES.index(rule[5:])
+
+
+def _weekday_of(days: np.ndarray) -> np.ndarray:
+    """Monday 0 to Sunday 6 of ``datetime64[D]`` dates (1970-01-01 was a Thursday)."""
+    return (days.astype(np.int64) + 3) % 7
 
 
 def _rule_days(rule, slots: np.ndarray) -> np.ndarray:
@@ -157,6 +176,13 @@ def _rule_days(rule, slots: np.ndarray) -> np.ndarray:
         return np.busday_offset(last, 0, roll="backward")
     if rule == "first-weekday":
         return np.busday_offset(first, 0, roll="forward")
+    wom = _week_of_month(rule)
+    if wom is not None:
+        n, weekday = wom
+        if n == -1:
+            return last - ((_weekday_of(last) - weekday) % 7).astype("timedelta64[D]")
+        ahead = (weekday - _weekday_of(first)) % 7 + 7 * (n - 1)
+        return first + ahead.astype("timedelta64[D]")
     length = (last - first).astype(np.int64) + 1
     day = np.where(day == -1, length, np.minimum(day, length))
     return first + (day - 1).astype("timedelta64[D]")
@@ -169,12 +195,13 @@ def _month_parts(labels: np.ndarray):
 
     The rules are tried in turn: one day of the month (at most the 28th); every date its month's
     last; for at least 3 dates in distinct months, the last weekday of the month, then the first
-    (as ``pd.infer_freq`` prefers them); one day 29 or 30 (the month's last in shorter months);
-    two days a month (see :func:`_semi_monthly_parts`). At least 3 dates one to four weeks apart
-    are a weekly record, none of the last four. A trading record's first or
-    last day of the month moved by a public holiday (a weekday at most 4 days off, at most 30 %
-    of at least 5 dates: New Year's Day moves every first trading day of a quarter's January)
-    still follows the weekday rules.
+    (as ``pd.infer_freq`` prefers them), then the n-th or last Monday, ..., Sunday of the month
+    (:func:`_weekday_rule`); one day 29 or 30 (the month's last in shorter months); two days a
+    month (see :func:`_semi_monthly_parts`). At least 3 dates one to four weeks apart are a
+    weekly record, none of the last four. A trading record's first or last day of the month, or
+    its n-th weekday, moved by a public holiday (a weekday at most 4 days off, at most 30 % of
+    at least 5 dates: New Year's Day moves every first trading day of a quarter's January; Good
+    Friday an option expiry on the third Friday to the Thursday) still follows the weekday rules.
 
     >>> bme = np.array(["2024-01-31", "2024-02-29", "2024-03-29", "2024-04-30"], "datetime64[D]")
     >>> _month_parts(bme)[1]
@@ -182,6 +209,9 @@ def _month_parts(labels: np.ndarray):
     >>> sms = np.array(["2024-05-15", "2024-06-01", "2024-06-15"], "datetime64[D]")
     >>> _month_parts(sms)[1]
     (1, 15)
+    >>> wom = np.array(["2024-01-19", "2024-02-16", "2024-04-19"], "datetime64[D]")
+    >>> _month_parts(wom)[1]  # the third Friday, a month missing
+    'WOM-3FRI'
     """
     if labels.size < 2 or labels.dtype.kind != "M":
         return None
@@ -214,26 +244,51 @@ def _month_parts(labels: np.ndarray):
 
 
 def _weekday_rule(days: np.ndarray, m: np.ndarray):
-    """The weekday rule (``"last-weekday"``, ``"first-weekday"``) that dates ``days`` in months
-    ``m`` follow, allowing for holidays (see :func:`_month_parts`); else ``None``."""
-    for rule in _WEEKDAY_RULES:
+    """The weekday rule (``"last-weekday"``, ``"first-weekday"``, a week-of-month one such as
+    ``"WOM-3FRI"`` or ``"LWOM-FRI"``) that dates ``days`` in months ``m`` follow, allowing for
+    holidays (see :func:`_month_parts`); else ``None``. A rule every date follows exactly is
+    preferred to one that needs holidays.
+
+    >>> d = np.array(["2024-01-19", "2024-02-16", "2024-03-15"], "datetime64[D]")
+    >>> _weekday_rule(d, d.astype("datetime64[M]").astype(np.int64))
+    'WOM-3FRI'
+    """
+    moves = {}
+    for rule in (*_WEEKDAY_RULES, *_week_of_month_candidates(days)):
         try:
             off = (days - _rule_days(rule, m)).astype(np.int64)
         except (OverflowError, ValueError):
             return None
-        if rule == "last-weekday":
-            off = -off
-        moved = off != 0
-        if not moved.any():
+        if not off.any():
             return rule
+        # a holiday moves a month's last weekday earlier, its first later, an n-th weekday
+        # either way (a Good Friday expiry to the Thursday, a Labor Day one to the Tuesday)
+        moves[rule] = (
+            -off if rule == "last-weekday" else off if rule in _WEEKDAY_RULES else np.abs(off)
+        )
+    if days.size < 5:
+        return None
+    for rule, off in moves.items():
+        moved = off != 0
         if (
-            days.size >= 5
-            and moved.mean() <= 0.3
+            moved.mean() <= 0.3
             and np.is_busday(days[moved]).all()
             and ((off[moved] > 0) & (off[moved] <= _HOLIDAY_DAYS)).all()
         ):
             return rule
     return None
+
+
+def _week_of_month_candidates(days: np.ndarray) -> list[str]:
+    """The week-of-month rules dates ``days`` may follow: the n-th (1 to 4) and the last of their
+    most common weekday, n the most common week of the month among the dates on that weekday."""
+    weekday = _weekday_of(days)
+    top = int(np.argmax(np.bincount(weekday, minlength=7)))
+    dom = (days - days.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64)
+    week = np.bincount(dom[weekday == top] // 7 + 1, minlength=6)
+    n = int(np.argmax(week))
+    name = _DAY_NAMES[top]
+    return ([f"WOM-{n}{name}"] if n <= 4 else []) + [f"LWOM-{name}"]
 
 
 def _semi_monthly_parts(days, m, dom, ends, tod):

@@ -133,9 +133,18 @@ def _time_of_day(v) -> tuple:
 
 def cf_month_parts(labels: np.ndarray):
     """``(months from year 0 as int64, day-of-month rule, time of day)`` of cftime dates that
-    all sit on one day of their month (at most the 28th, or every one its month's last: rule
-    ``-1``) at one time of day; ``None`` otherwise and for fewer than two dates (as
-    ``time_calendar._month_parts`` for datetime64)."""
+    all sit on one day of their month (at most the 28th), every one on its month's last (rule
+    ``-1``), or on one day 29 or 30 where the month has it and on the month's last where it is
+    shorter (``noleap``'s February 28 for a record on the 30th; rule ``29`` or ``30``), at one
+    time of day; ``None`` otherwise and for fewer than two dates (as
+    ``time_calendar._month_parts`` for datetime64).
+
+    >>> import cftime
+    >>> d = np.array([cftime.datetime(2001, m, min(30, 28 if m == 2 else 30), calendar="noleap")
+    ...               for m in (1, 2, 3)])
+    >>> cf_month_parts(d)[1]
+    30
+    """
     flat = labels.ravel()
     if flat.size < 2:
         return None
@@ -143,20 +152,29 @@ def cf_month_parts(labels: np.ndarray):
     if any(_time_of_day(v) != tod for v in flat):
         return None
     days = {v.day for v in flat}
-    if len(days) == 1 and flat[0].day <= 28:
-        rule = flat[0].day
+    top = max(days)
+    if len(days) == 1 and top <= 28:
+        rule = top
     elif all(v.day == v.daysinmonth for v in flat):
         rule = -1
+    elif top in (29, 30) and all(v.day == min(top, v.daysinmonth) for v in flat):
+        rule = top
     else:
         return None
-    months = np.array([v.year * 12 + v.month - 1 for v in flat], dtype=np.int64)
+    months = np.array([_astronomical_year(v) * 12 + v.month - 1 for v in flat], dtype=np.int64)
     return months, rule, tod
+
+
+def _astronomical_year(v) -> int:
+    """The year of a cftime date counted with a year 0 (1 BC is 0 where the date's calendar
+    has no year 0: ``has_year_zero`` False), so that months count on across it."""
+    return v.year + 1 if v.year < 0 and not v.has_year_zero else v.year
 
 
 def cf_calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """The dates ``k * months`` calendar months after the last of ``labels``, in their calendar,
-    on the same day of the month (or month end) and time of day (``parts``:
-    :func:`cf_month_parts`)."""
+    on the same day of the month (the month's last where it is shorter, for a day 29 or 30) or
+    month end, and time of day (``parts``: :func:`cf_month_parts`)."""
     m, rule, tod = parts
     last = labels.ravel()[-1]
     make = type(last)
@@ -164,8 +182,10 @@ def cf_calendar_future(parts, months: int, k: np.ndarray, labels: np.ndarray) ->
     out = []
     for j in np.asarray(k).ravel():
         y, mo = divmod(int(m[-1]) + int(j) * months, 12)
+        if y <= 0 and not last.has_year_zero:
+            y -= 1  # (1 BC, written -1)
         first = make(y, mo + 1, 1, calendar=cal, has_year_zero=last.has_year_zero)
-        day = first.daysinmonth if rule == -1 else rule
+        day = first.daysinmonth if rule == -1 else min(rule, first.daysinmonth)
         out.append(make(y, mo + 1, day, *tod, calendar=cal, has_year_zero=last.has_year_zero))
     return np.array(out, dtype=object)
 

@@ -220,11 +220,12 @@ class TimeAxis(NamedTuple):
         yearly at one time of day, every date placed in its month by one rule: one day of the
         month (a day 29 or 30 falls on the month's last in shorter months), the month's last
         day, its last weekday (Monday to Friday; pandas' ``BME``, ``BQE``, ``BYE``), its first
-        weekday (``BMS``, ``BQS``, ``BYS``), or two days a month (``SMS``: the 1st and 15th;
-        ``SME``: the 15th and the month's end), and the median of the positive steps a whole
-        number of months (of half months, for two days a month: a semi-monthly record's step is
-        ``None`` here). ``None`` otherwise (numbers, fewer than two distinct dates, or days,
-        weeks, hours...).
+        weekday (``BMS``, ``BQS``, ``BYS``), its n-th (1 to 4) or last Monday, ..., Sunday
+        (``WOM-3FRI``: the third Friday; ``LWOM-FRI``: the last), or two days a month (``SMS``:
+        the 1st and 15th; ``SME``: the 15th and the month's end), and the median of the positive
+        steps a whole number of months (of half months, for two days a month: a semi-monthly
+        record's step is ``None`` here). ``None`` otherwise (numbers, fewer than two distinct
+        dates, or days, weeks, hours...).
 
         >>> q = np.array(["1959-01-01", "1959-04-01", "1959-07-01"], dtype="datetime64[D]")
         >>> as_time_axis(q, 3).calendar_step()
@@ -256,11 +257,13 @@ class TimeAxis(NamedTuple):
     def future(self, steps: int) -> np.ndarray:
         """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
         are monthly, quarterly or yearly, each on the rule of the record's dates (its day of the
-        month, the month's end, its last or first weekday) at their time of day; by half months
-        on the two days of a semi-monthly record; on the next weekdays of a record kept on some
-        weekdays only (trading days); else spaced by :meth:`step`. These are the dates pandas'
-        own offset continues (``BME``, ``BQS``, ``SMS``, ...), and ``pd.DateOffset(months=k)``'s
-        for a day 29 to 31 (January 30 -> February 29 -> March 30).
+        month, the month's end, its last or first weekday, its n-th or last Monday, ...,
+        Sunday) at their time of day; by half months on the two days of a semi-monthly record;
+        on the next weekdays of a record kept on some weekdays only (trading days); else spaced
+        by :meth:`step`. These are the dates pandas' own offset continues (``BME``, ``BQS``,
+        ``WOM-3FRI``, ``SMS``, ...), and ``pd.DateOffset(months=k)``'s for a day 29 to 31
+        (January 30 -> February 29 -> March 30; in a cftime calendar, on its own month lengths:
+        ``noleap``'s February 28).
 
         Datetime labels that would leave the range of the labels' resolution are made at a
         coarser one (microseconds: +-290,000 years; seconds beyond that).
@@ -409,6 +412,12 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             utc, tz = True, zone
         arr = times.to_numpy()
     elif hasattr(times, "detach") and hasattr(times, "cpu"):  # torch tensor
+        if getattr(times, "requires_grad", False):
+            raise TypeError(
+                f"{name}: expected values without a gradient (gradients with respect to {name} "
+                "are not supported: results are differentiable in the parameters and the data), "
+                f"got a tensor that requires grad; pass {name}.detach()"
+            )
         t = times.detach().cpu()
         if t.is_complex():
             raise TypeError(f"{name}: expected real numbers or datetimes, got dtype {t.dtype}")
