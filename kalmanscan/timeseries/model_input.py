@@ -7,6 +7,7 @@ each parameter (:func:`_param_array`, :func:`_check_reciprocal`). Used by
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -21,6 +22,8 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
 
     if value is None:
         raise TypeError(f"{name}: expected a real number or array of numbers, got None")
+    if type(value) is float and _float_ok(value, lo, lo_open, allow_inf):
+        return value  # (what the checks below give a Python float that passes them)
     if isinstance(value, torch.Tensor):
         if value.is_meta:
             raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
@@ -45,9 +48,18 @@ def _param_array(name, value, lo=None, lo_open=False, allow_inf=False):
     return float(arr) if arr.ndim == 0 else arr
 
 
+def _float_ok(x: float, lo, lo_open: bool, allow_inf: bool) -> bool:
+    """Whether the Python float ``x`` passes :func:`_param_array`'s checks."""
+    if x != x or (not allow_inf and (x == math.inf or x == -math.inf)):
+        return False
+    return lo is None or (x > lo if lo_open else x >= lo)
+
+
 def _check_reciprocal(name, value):
     """Refuse a positive variance whose reciprocal (a precision) overflows float64 (a
     subnormal below ``1 / max``), as :func:`kalmanscan.filter` does, naming the same bound."""
+    if type(value) is float and abs(value) >= sys.float_info.min:
+        return  # (a normal number's reciprocal is finite)
     if isinstance(value, torch.Tensor):  # its values as given, in float64 (one readback)
         arr = value.detach().to(torch.float64).cpu().numpy()
     else:

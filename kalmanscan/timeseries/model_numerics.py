@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from kalmanscan.core.discretize import discretize_ou
+from kalmanscan.core.discretize import discretize_ou, ou_transition
 from kalmanscan.core.filter import InfoState
 
 
@@ -41,13 +42,99 @@ def ou_arrays(theta, sigma2, mu, dt, n_series_dims: int, like=None, classes=Fals
             classes = step_classes(dt)
         dt = dt.reshape(shape)
     if classes is None:
-        decay, process_var = discretize_ou(theta, sigma2, dt)
+        decay, process_var = _discretize(theta, sigma2, dt)
         offset = mu * one_minus_decay(theta, dt, decay)
         return decay, process_var, offset
     dt = classes.values.reshape(shape)
-    decay, process_var = discretize_ou(theta, sigma2, dt)
+    decay, process_var = _discretize_small(theta, sigma2, dt)
     offset = mu * one_minus_decay(theta, dt, decay)
     return tuple(_gather(v, classes) for v in (decay, process_var, offset))
+
+
+def _discretize(theta, sigma2, dt):
+    """:func:`kalmanscan.discretize_ou` of ``theta``, ``sigma2``, ``dt``, the same numbers: where
+    each is a Python float or a native float64 numpy array (or scalar), its argument checks
+    (finite, ``>= 0``, shapes that broadcast) run here on the host values and its math
+    (:func:`~kalmanscan.core.discretize.ou_transition`) on the float64 tensors it would make of
+    them, without its conversions and device read-back (most of a 100-step model call); other
+    values, and values it refuses (for its message), go to it."""
+    values = (theta, sigma2, dt)
+    if not all(map(_host_float64_ok, values)):
+        return discretize_ou(theta, sigma2, dt)
+    try:
+        np.broadcast_shapes(*(np.shape(v) for v in values))
+    except ValueError:
+        return discretize_ou(theta, sigma2, dt)
+    decay, process_var = ou_transition(*map(_float64_tensor, values))
+    return _host_result(decay), _host_result(process_var)
+
+
+# (decay, process_var) of the last few small (theta, sigma2, dt) given to _discretize_small, by
+# their float64 bits and shapes
+_SMALL_CACHE: dict = {}
+_SMALL_CACHE_MAX = 16
+_SMALL_SIZE = 64
+
+
+def _discretize_small(theta, sigma2, dt):
+    """:func:`_discretize` of inputs of at most ``_SMALL_SIZE`` elements each (a regular grid's
+    two steps, parameters per series), remembered by their bits: a model called again on
+    series of the same scale (many small series, one by one) repeats them. The results are
+    read-only arrays (the caller gathers them to the steps) or numbers."""
+    values = (theta, sigma2, dt)
+    small = all(
+        type(v) is float
+        or (type(v) in (np.ndarray, np.float64) and v.dtype == np.float64 and v.size <= _SMALL_SIZE)
+        for v in values
+    )
+    if not small:
+        return _discretize(theta, sigma2, dt)
+    key = tuple(
+        ((), np.float64(v).tobytes()) if type(v) is float else (v.shape, v.tobytes())
+        for v in values
+    )
+    hit = _SMALL_CACHE.get(key)
+    if hit is None:
+        hit = _discretize(theta, sigma2, dt)
+        for a in hit:
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        if len(_SMALL_CACHE) >= _SMALL_CACHE_MAX:
+            _SMALL_CACHE.clear()
+        _SMALL_CACHE[key] = hit
+    return hit
+
+
+def _host_float64_ok(v) -> bool:
+    """Whether ``v`` is a Python float or native float64 numpy value (no mask, no negative
+    stride) whose elements are finite and ``>= 0`` (:func:`_discretize`)."""
+    if type(v) is float:
+        return 0.0 <= v < math.inf
+    if type(v) is np.float64:
+        return 0.0 <= float(v) < math.inf
+    if type(v) is not np.ndarray or v.dtype != np.float64 or any(st < 0 for st in v.strides):
+        return False
+    # (NaN fails both comparisons)
+    return v.size == 0 or bool(v.min() >= 0.0) and bool(v.max() < math.inf)
+
+
+def _float64_tensor(v) -> torch.Tensor:
+    """``v`` as the float64 tensor :func:`kalmanscan.discretize_ou` makes of it: a new one for a
+    Python float, numpy's memory otherwise."""
+    if type(v) is float:
+        return torch.tensor(v, dtype=torch.float64)
+    v = np.asarray(v)
+    if not v.flags.writeable:  # (read-only views: never written to)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.as_tensor(v, dtype=torch.float64)
+    return torch.as_tensor(v, dtype=torch.float64)
+
+
+def _host_result(t: torch.Tensor):
+    """A result tensor as :func:`kalmanscan.discretize_ou` returns it for host inputs."""
+    a = t.numpy()
+    return a[()] if a.ndim == 0 else a
 
 
 # steps sampled to judge whether a record's steps repeat (step_classes)
@@ -87,8 +174,10 @@ def step_classes(dt: np.ndarray) -> StepClasses | None:
         inverse = np.ones(T, np.intp)
         inverse[0] = 0
         return StepClasses(dt[:2].copy(), inverse, True)
-    sample = bits[:_STEP_SAMPLE]
-    if np.unique(sample).size * 8 > sample.size:
+    # the number of distinct steps in the sample, counted on its sorted bits (np.unique's count;
+    # its hash table costs several times the sort here)
+    sample = np.sort(bits[:_STEP_SAMPLE])
+    if (1 + np.count_nonzero(sample[1:] != sample[:-1])) * 8 > sample.size:
         return None
     values, inverse = np.unique(bits, return_inverse=True)
     return StepClasses(values.view(dt.dtype), inverse.reshape(T), False)
@@ -121,8 +210,8 @@ def _empty(shape, dtype) -> np.ndarray:
     (``kalmanscan.core.native._pooled``: a fresh block costs a page fault per page)."""
     from kalmanscan.core import native
 
-    if not native.available():
-        return np.empty(shape, dtype)
+    if not native.available() or math.prod(shape) * np.dtype(dtype).itemsize < native._POOL_MIN:
+        return np.empty(shape, dtype)  # (small: numpy's allocator, as native._empty)
     return native._pooled(int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype, shape)
 
 
@@ -178,10 +267,17 @@ def data_unit(shape, values=(), scales=()) -> np.ndarray:
     big = np.zeros(shape)
     if big.size == 0:  # (no series)
         return np.ones(shape)
+    one = 0.0  # the largest of the values and scales given as one number (host floats)
     with np.errstate(invalid="ignore", over="ignore"):
         for kind, items in (("value", values), ("scale", scales)):
             for v in items:
                 if v is None:
+                    continue
+                x = _one_number(v)
+                if x is not None:  # (what the array path below gives, without arrays)
+                    x = abs(x) if kind == "value" else math.sqrt(abs(x))
+                    if math.isfinite(x) and x > one:
+                        one = x
                     continue
                 if kind == "value" and _large_float_array(v, shape):
                     # max |x| as max(max x, -min x), NaN skipped: no array of v's size made
@@ -200,8 +296,20 @@ def data_unit(shape, values=(), scales=()) -> np.ndarray:
                     big = np.maximum(big, np.broadcast_to(a, shape))
                 except ValueError:
                     return np.ones(shape)
+    if one > 0:
+        big = np.maximum(big, one)
     _, e = np.frexp(big)
     return np.where(big > 0, np.ldexp(1.0, e), 1.0)
+
+
+def _one_number(v) -> float | None:
+    """``v`` as a Python float where it is one float64 on the host (a Python float, a numpy
+    float64 scalar or 0-d array); else None."""
+    if type(v) is float or type(v) is np.float64:
+        return float(v)
+    if type(v) is np.ndarray and v.ndim == 0 and v.dtype == np.float64:
+        return float(v)
+    return None
 
 
 def _large_float_array(v, shape) -> bool:
@@ -244,20 +352,18 @@ def _rescale_filter(res, c, observed):
     # precisions over c**2 as two divisions by c (1 / c**2 overflows for c below 2**-511); a
     # value beyond float64 in z's units (a variance over a gap of 1e308) is inf, as
     # kalmanscan.filter gives it; one beyond float32 is refused (_check_held)
+    inv = 1.0 / c
     with np.errstate(over="ignore"):
         out = type(res)(
             mean=_scaled(res.mean, c),
             var=_scaled(_scaled(res.var, c), c),
-            precision=_scaled(_scaled(res.precision, 1.0 / c), 1.0 / c),
-            info=_scaled(res.info, 1.0 / c),
+            precision=_scaled(_scaled(res.precision, inv), inv),
+            info=_scaled(res.info, inv),
             pred_mean=_scaled(res.pred_mean, c),
             pred_var=_scaled(_scaled(res.pred_var, c), c),
-            pred_precision=_scaled(_scaled(res.pred_precision, 1.0 / c), 1.0 / c),
+            pred_precision=_scaled(_scaled(res.pred_precision, inv), inv),
             loglik=ll,
-            final=InfoState(
-                _scaled(_scaled(res.final.lam, 1.0 / c), 1.0 / c),
-                _scaled(res.final.eta, 1.0 / c),
-            ),
+            final=InfoState(_scaled(_scaled(res.final.lam, inv), inv), _scaled(res.final.eta, inv)),
         )
     _check_held(c, [(f"filtered {k}", getattr(res, k), getattr(out, k)) for k in _HELD])
     return out
