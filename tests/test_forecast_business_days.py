@@ -82,7 +82,7 @@ def test_timezones_on_their_local_calendar(tz, close):
 
 def test_weekday_patterns_and_exceptions():
     b = pd.bdate_range("2024-01-01", "2024-03-29")
-    mwf = b[b.dayofweek.isin([0, 2, 4])]  # ends Friday 2024-03-29
+    mwf = b[b.day_of_week.isin([0, 2, 4])]  # ends Friday 2024-03-29
     got = as_time_axis(mwf.values, len(mwf)).future(4)
     assert _days(got) == ["2024-04-01", "2024-04-03", "2024-04-05", "2024-04-08"]
     # one Saturday session in a trading record: still trading days

@@ -62,6 +62,7 @@ from kalmanscan.timeseries.model_numerics import (  # noqa: F401 - re-exported
     _host_array,
     _in_dtype,
     _loglik_in_data_units,
+    _one_number,
     _rescale_filter,
     _rescale_smoothed,
     _scaled,
@@ -247,7 +248,7 @@ class OUModel:
         data_shape = tuple(data_shape)
         given = {**self.params(), "prior_mean": self.prior_mean, "prior_var": self.prior_var}
         for name, v in given.items():
-            if v is None:
+            if v is None or type(v) is float:  # (one number broadcasts to any shape)
                 continue
             target = data_shape[1:] if name.startswith("prior") else data_shape
             shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
@@ -340,14 +341,23 @@ class OUModel:
         # those series are filtered in their own units, where the filter itself says what
         # float64 cannot hold (squared innovations past its maximum)
         lost = np.zeros(shape, bool)
+        # the scales given as one number each, checked together (the same comparisons)
+        ones = [x for x in map(_one_number, scales) if x is not None]
+        if ones:
+            scales = [
+                np.array(ones)[(slice(None),) + (None,) * len(shape)],
+                *(v for v in scales if v is not None and _one_number(v) is None),
+            ]
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            for v in scales:
+            for i, v in enumerate(scales):
                 if v is None:
                     continue
                 a = np.abs(_host_array(v))
                 try:
                     small = (a > 0) & (a / np.square(c) < np.finfo(np.float64).tiny)
-                    if small.ndim > len(shape):  # (per-step parameters)
+                    if ones and i == 0:  # (the numbers, one row each)
+                        small = small.any(0)
+                    elif small.ndim > len(shape):  # (per-step parameters)
                         small = small.reshape((-1,) + shape).any(0)
                     lost |= small
                 except ValueError:  # (shapes the filter's own argument check refuses)
@@ -363,38 +373,47 @@ class OUModel:
         [0.0, 0.0, 0.0]
         """
         model, zt, ax, _ = self._prepare(z, times, axis)
-        return _move_time(model.filter_prepared(zt, ax, backend=backend), axis)
+        res = model.filter_prepared(zt, ax, backend=backend, data=_time_first_tensor(z, axis))
+        return _move_time(res, axis)
 
-    def _scaled_inputs(self, z, time_axis: TimeAxis):
+    def _scaled_inputs(self, z, time_axis: TimeAxis, data=None):
         """``(c, z / c, args)``: the unit :meth:`unit`, the data in it and the filter's keyword
-        arguments for them (:meth:`filter_args`)."""
+        arguments for them (:meth:`filter_args`). ``data``: the time-first tensor ``z`` was read
+        from, if any; ``z / c`` is then that tensor's (on its device, its graph followed)."""
         dt = time_axis.dt
         classes = step_classes(dt)
         c = self.unit(z, time_axis, tau=median_step(dt, classes))
-        zs = (z / c).astype(z.dtype, copy=False)
+        if data is None:
+            zs = (z / c).astype(z.dtype, copy=False)
+        else:  # z / c in float64, then z's dtype, as above (c a power of two: exact)
+            dtype = torch.float32 if z.dtype == np.float32 else torch.float64
+            zs = (data.to(torch.float64) / torch.as_tensor(c, device=data.device)).to(dtype)
         args = self._filter_args(time_axis, z.ndim - 1, unit=c, dt=dt, classes=classes)
         if z.dtype != np.float64:
             # exp(-theta dt) below the data's range is the state forgotten, as where it
             # underflows float64 (theta dt > 745): rounded here, the filter refuses no decay
             args["decay"] = _in_dtype(args["decay"], z.dtype)
-        return c, zs, args
+        return c, zs, _plain_floats(args)
 
-    def loglik_prepared(self, z, time_axis: TimeAxis, *, backend: str = "auto"):
+    def loglik_prepared(self, z, time_axis: TimeAxis, *, backend: str = "auto", data=None):
         """Log-likelihood per series of time-first ``z [T, *S]`` on a checked
         :class:`TimeAxis`: :meth:`filter_prepared`'s ``loglik`` through the filter's
         log-likelihood-only call (:func:`kalmanscan.loglik`: nothing of ``z``'s size written),
-        the steps that contribute counted from its inputs (:func:`contributing_steps`)."""
-        c, zs, args = self._scaled_inputs(z, time_axis)
+        the steps that contribute counted from its inputs (:func:`contributing_steps`).
+        ``data``: the time-first tensor ``z`` was read from, if any (the filter runs on it)."""
+        c, zs, args = self._scaled_inputs(z, time_axis, data)
         ll = filter_api.loglik(zs, **args, axis=0, backend=backend)
         n = contributing_steps(~np.isnan(z), args["decay"], args["process_var"], args["prior_var"])
         return _loglik_in_data_units(ll, n, c)
 
     def filter_prepared(
-        self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto"
+        self, z, time_axis: TimeAxis, *, smooth: bool = False, backend: str = "auto", data=None
     ):
-        """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`."""
+        """Filter (or smooth) time-first ``z [T, *S]`` on a checked :class:`TimeAxis`.
+        ``data``: the time-first tensor ``z`` was read from, if any: the filter runs on it, so
+        the results are tensors on its device that follow its graph."""
         fn = filter_api.smooth if smooth else filter_api.filter
-        c, zs, args = self._scaled_inputs(z, time_axis)
+        c, zs, args = self._scaled_inputs(z, time_axis, data)
         res = fn(zs, **args, axis=0, backend=backend)
         observed = ~np.isnan(z)
         if not smooth:
@@ -410,7 +429,8 @@ class OUModel:
         [0.6666666666666666, 1.3333333333333333]
         """
         model, zt, ax, _ = self._prepare(z, times, axis)
-        res = model.filter_prepared(zt, ax, smooth=True, backend=backend)
+        data = _time_first_tensor(z, axis)
+        res = model.filter_prepared(zt, ax, smooth=True, backend=backend, data=data)
         return type(res)(
             _moveaxis(res.mean, 0, axis),
             _moveaxis(res.var, 0, axis),
@@ -425,7 +445,7 @@ class OUModel:
         -1.6349
         """
         model, zt, ax, _ = self._prepare(z, times, axis)
-        return model.loglik_prepared(zt, ax)
+        return model.loglik_prepared(zt, ax, data=_time_first_tensor(z, axis))
 
     def forecast(
         self,
@@ -659,6 +679,19 @@ class OUModel:
         if fit is not None:
             view.record_fit(ds, fit, da.dims[1:])
         return ds
+
+
+def _time_first_tensor(z, axis: int):
+    """``z`` with time first where it is a tensor (the data the filter then runs on, so that
+    the results follow its graph and stay on its device), else None."""
+    return torch.movedim(z, axis, 0) if isinstance(z, torch.Tensor) else None
+
+
+def _plain_floats(args: dict) -> dict:
+    """``args`` with each value that is one float64 on the host (a scalar parameter, the default
+    prior) as a Python float: :func:`kalmanscan.filter` keeps those as constants (no conversion
+    a call, the prior's triple computed once), the same numbers as from a numpy scalar."""
+    return {k: v if (x := _one_number(v)) is None else x for k, v in args.items()}
 
 
 def _moveaxis(x, source: int, destination: int):

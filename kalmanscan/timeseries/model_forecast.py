@@ -28,7 +28,6 @@ from kalmanscan.timeseries._messages import _plain
 from kalmanscan.timeseries.coverage import check_coverage, interval
 from kalmanscan.timeseries.model_numerics import (
     _host_array,
-    _rescale_filter,
     data_unit,
     one_minus_decay,
 )
@@ -339,14 +338,5 @@ def filter_for_forecast(model: OUModel, z, zt: np.ndarray, time_axis: TimeAxis, 
     """The filtered results of time-first ``zt`` (``z`` as :meth:`OUModel._prepare` gives it)
     that a forecast starts from; where ``z`` is a tensor, the filter runs on it (moved time
     first, in ``zt``'s dtype), so the forecast follows its graph."""
-    if not isinstance(z, torch.Tensor):
-        return model.filter_prepared(zt, time_axis)
-    from kalmanscan.core import filter as filter_api
-
-    c, _, args = model._scaled_inputs(zt, time_axis)
-    z_t = torch.movedim(z, axis, 0)
-    dtype = torch.float32 if zt.dtype == np.float32 else torch.float64
-    # z / c in float64, then z's dtype, as the numpy path does (c a power of two: exact)
-    zs = (z_t.to(torch.float64) / torch.as_tensor(c, device=z.device)).to(dtype)
-    res = filter_api.filter(zs, **args, axis=0)
-    return _rescale_filter(res, c, ~np.isnan(zt))
+    data = torch.movedim(z, axis, 0) if isinstance(z, torch.Tensor) else None
+    return model.filter_prepared(zt, time_axis, data=data)
