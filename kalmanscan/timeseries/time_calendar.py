@@ -6,8 +6,10 @@ resolution to within one float64 rounding; :func:`parse_time_unit` reads ``time_
 calendar helpers find a record's step in whole months and the rule that places its dates in
 their months (a day of the month, the month's end, its last or first weekday, its n-th or last
 Monday, ..., Sunday, two days a month:
-:func:`_month_parts`, :func:`_calendar_step`) and lay out forecast dates on that calendar, on a
-timezone's local clock where the times were given in one (:func:`_future_local`). Used by
+:func:`_month_parts`, :func:`_calendar_step`) and lay out forecast dates on that calendar, on the
+weekdays a trading record is kept on (:func:`_weekday_future`) or on the bars of an intraday
+record's trading sessions (:func:`_session_future`), on a timezone's local clock where the times
+were given in one (:func:`_future_local`). Used by
 :class:`~kalmanscan.timeseries.times.TimeAxis`.
 """
 
@@ -50,9 +52,10 @@ def _local_to_utc(local: np.ndarray, tz, like: np.ndarray) -> np.ndarray:
 
 
 def _future_local(axis: TimeAxis, k: np.ndarray):
-    """:meth:`TimeAxis.future` on the local calendar of ``axis.tz``: by calendar months, or by
-    a whole number of days where the local times sit at one time of day; ``None`` otherwise (then
-    the steps are physical ones, in UTC)."""
+    """:meth:`TimeAxis.future` on the local calendar of ``axis.tz``: by calendar months, on
+    the weekdays or the sessions' bars of a trading record, or by a whole number of days where
+    the local times sit at one time of day; ``None`` otherwise (then the steps are physical ones,
+    in UTC)."""
     try:
         local = axis._local()
     except (ValueError, OverflowError, TypeError):  # (outside pandas' range: UTC steps)
@@ -65,6 +68,8 @@ def _future_local(axis: TimeAxis, k: np.ndarray):
         if local.size < 2:
             return None
         fut = _weekday_future(local, k)  # (a trading record on its local calendar)
+        if fut is None:
+            fut = _session_future(local, k)  # (intraday bars in trading hours)
         if fut is None:
             days = local.astype("datetime64[D]")
             tod = local - days.astype(local.dtype)
@@ -109,10 +114,13 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
         return None
     try:
         days = labels.astype("datetime64[D]")
-        clock = labels - days.astype(labels.dtype)
     except (OverflowError, ValueError):
         return None
     if (days[-1] - days[0]).astype(np.int64) < 14 or (np.diff(days).astype(np.int64) <= 0).any():
+        return None
+    try:
+        clock = labels - days.astype(labels.dtype)
+    except (OverflowError, ValueError):
         return None
     weekday = (days.astype(np.int64) + 3) % 7  # Monday 0 (1970-01-01 was a Thursday)
     seen = np.bincount(weekday, minlength=7)
@@ -127,6 +135,136 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
     values, counts = np.unique(clock[-10:], return_counts=True)
     out = np.busday_offset(days[-1], k, roll="forward", weekmask=mask)
     return out.astype(labels.dtype) + values[np.argmax(counts)]
+
+
+_MON_TO_FRI = np.array([True] * 5 + [False] * 2)
+_RECENT_SESSIONS = 20  # the full sessions a forecast's times of day are read from
+
+
+def _session_future(labels: np.ndarray, k: np.ndarray):
+    """The ``k``-th bars after the last label on the trading sessions of an intraday record
+    (bars within trading hours on some weekdays: hourly or 5-minute bars from 09:30 to 16:00,
+    Monday to Friday): the rest of the last label's session, then the sessions of the next kept
+    weekdays, at the times of day of the record's recent full sessions; else ``None``.
+
+    The labels are such a record where they are increasing, their median step divides the day,
+    every bar sits on that step's grid, and the days' bars follow one daily window: the span
+    from a day's first bar to its last is at most the most common one (a late open or an early
+    close is shorter), which at least half the days and at least two of them span (full
+    sessions), with bars in at least half its slots; every day's bars lie in a full session's
+    window, the full sessions open at one time of day (or two an hour apart: times in UTC of a
+    place with daylight saving), and the window leaves a gap each night (a record kept around the
+    clock is not one). The kept weekdays are read as :func:`_weekday_future` reads them over at
+    least two weeks (a weekday seen under a fifth as often as the most common one is an
+    exception; most steps between days the next kept weekday: holidays left out); a shorter
+    record on Monday to Friday only is kept on Monday to Friday. The times of day are the slots
+    of the latest full sessions' window (up to 20 sessions) that a fifth of them have bars in:
+    a lunch break stays out, a bar missing on a quiet day stays in. pandas' business-hour
+    offsets (``BusinessHour(start="09:00", end="17:00")``) continue an hourly record so.
+
+    >>> day = np.arange(np.datetime64("2024-05-06T09:30"), np.datetime64("2024-05-06T16:00"),
+    ...                 np.timedelta64(30, "m"))  # 09:30 to 15:30
+    >>> week = np.concatenate([day + np.timedelta64(j, "D") for j in range(5)])  # to Friday
+    >>> [str(x)[:16] for x in _session_future(week[:-1], np.arange(1, 4))]
+    ['2024-05-10T15:30', '2024-05-13T09:30', '2024-05-13T10:00']
+    """
+    labels = np.asarray(labels)
+    unit, count = np.datetime_data(labels.dtype) if labels.dtype.kind == "M" else ("", 0)
+    if unit not in ("m", "h", *_NS_PER) or count != 1 or labels.size < 6:
+        return None
+    v = labels.view(np.int64)
+    if (v == np.iinfo(np.int64).min).any():  # NaT
+        return None
+    per_day = {"h": 24, "m": 1440}.get(unit) or 86400 * 10**9 // _NS_PER[unit]
+    steps = np.diff(v)
+    if (steps <= 0).any():
+        return None
+    step = float(np.median(steps))
+    if step != int(step) or step >= per_day or per_day % int(step):
+        return None
+    step = int(step)
+    if (steps % step).any():  # every bar on one grid of that step (it divides the day)
+        return None
+    day = v // per_day
+    new = np.flatnonzero(np.diff(day) != 0) + 1
+    starts, ends = np.r_[0, new], np.r_[new - 1, v.size - 1]
+    dates = day[starts]
+    first, last = v[starts] - dates * per_day, v[ends] - dates * per_day  # times of day
+    span = last - first
+    values, counts = np.unique(span, return_counts=True)
+    width = int(values[counts == counts.max()].max())
+    full = span == width
+    if width <= 0 or (span > width).any() or full.sum() < 2 or full.mean() < 0.5:
+        return None
+    slots = width // step + 1
+    if (ends - starts + 1)[full].sum() < 0.5 * slots * full.sum():
+        return None  # (bars in bursts, not a session's grid)
+    opens = np.unique(first[full])
+    if opens.size > 2 or opens[-1] - opens[0] > per_day // 24:
+        return None
+    if opens[-1] + width - opens[0] + step >= per_day:
+        return None  # no gap at night
+    fits = np.zeros(dates.size, bool)
+    for o in opens:
+        fits |= (first >= o) & (last <= o + width)
+    if not fits.all():
+        return None
+    weekday = (dates + 3) % 7  # Monday 0 (1970-01-01 was a Thursday)
+    if dates[-1] - dates[0] >= 14:
+        seen = np.bincount(weekday, minlength=7)
+        mask = seen >= 0.2 * seen.max()
+        if mask.all():
+            return None
+    elif (weekday < 5).all():
+        mask = _MON_TO_FRI
+    else:
+        return None
+    try:
+        days = dates.astype("datetime64[D]")
+        if np.mean(np.busday_count(days[:-1], days[1:], weekmask=mask) == 1) < 0.8:
+            return None
+    except (OverflowError, ValueError):
+        return None
+    # the latest full sessions' window and the slots a fifth of those sessions have bars in
+    recent = np.flatnonzero(full & (first == first[full][-1]))[-_RECENT_SESSIONS:]
+    o = int(first[recent[-1]])
+    bars = np.concatenate([v[starts[i] : ends[i] + 1] - dates[i] * per_day for i in recent])
+    held = np.bincount((bars - o) // step, minlength=slots)[:slots]
+    grid = o + step * np.flatnonzero(held >= max(1, 0.2 * recent.size))
+    return _session_bars(labels, days[-1], bool(mask[weekday[-1]]), grid, mask, k, unit)
+
+
+def _session_bars(labels, last_day, on_session, grid, mask, k, unit):
+    """The ``k``-th bars after the last of ``labels`` (on day ``last_day``, a kept weekday where
+    ``on_session``) at times of day ``grid`` (ticks of ``unit``) of the weekdays ``mask``."""
+    k = np.asarray(k, dtype=np.int64)
+    last_tod = labels[-1] - last_day.astype(labels.dtype)
+    rest = grid[grid > last_tod.astype(np.int64)] if on_session else grid[:0]
+    j = k - 1 - rest.size
+    later = j >= 0
+    ahead, slot = np.divmod(np.maximum(j, 0), grid.size)
+    try:  # (a day after a session off the kept weekdays is the next kept one: roll forward)
+        day = np.busday_offset(last_day, ahead + on_session, roll="forward", weekmask=mask)
+    except (OverflowError, ValueError):
+        day = None
+    day = np.where(later, day, last_day) if day is not None else None
+    early = rest[np.clip(k - 1, 0, rest.size - 1)] if rest.size else np.zeros_like(k)
+    tod = np.where(later, grid[slot], early)
+    res = _resolution(labels)
+    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        if day is None:
+            break
+        try:
+            clock = np.asarray(tod).astype(f"timedelta64[{unit}]").astype(f"timedelta64[{r}]")
+            out = day.astype(f"datetime64[{r}]") + clock
+        except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
+            continue
+        if (out.astype("datetime64[D]") == day).all():
+            return out
+    raise ValueError(
+        f"steps: {int(k[-1])} bars of the record's trading sessions after {labels[-1]} leave "
+        "the range of datetime64"
+    )
 
 
 # Month rules (the ``rule`` of :func:`_month_parts`): a day ``d`` of the month (1 to 30, the
@@ -217,14 +355,14 @@ def _month_parts(labels: np.ndarray):
         return None
     try:
         days = labels.astype("datetime64[D]")
-        month = labels.astype("datetime64[M]")
         # the time of day, exact at the labels' resolution (days floor towards the past)
         tod = labels - days.astype(labels.dtype)
+        if (tod != tod[0]).any():  # (before the month arithmetic: intraday records are long)
+            return None
+        month = labels.astype("datetime64[M]")
         m = month.astype(np.int64)
         ends = _rule_days(-1, m)
     except (OverflowError, ValueError):
-        return None
-    if (tod != tod[0]).any():
         return None
     dom = (days - month.astype("datetime64[D]")).astype(np.int64) + 1
     if (dom == dom[0]).all() and dom[0] <= 28:

@@ -50,6 +50,7 @@ from kalmanscan.timeseries.time_calendar import (  # noqa: F401 - re-exported
     _normalize_datetimes,
     _resolution,
     _resolution_td,
+    _session_future,
     _slots_per_month,
     _split_ns,
     _utc_to_local,
@@ -259,19 +260,23 @@ class TimeAxis(NamedTuple):
         are monthly, quarterly or yearly, each on the rule of the record's dates (its day of the
         month, the month's end, its last or first weekday, its n-th or last Monday, ...,
         Sunday) at their time of day; by half months on the two days of a semi-monthly record;
-        on the next weekdays of a record kept on some weekdays only (trading days); else spaced
-        by :meth:`step`. These are the dates pandas' own offset continues (``BME``, ``BQS``,
-        ``WOM-3FRI``, ``SMS``, ...), and ``pd.DateOffset(months=k)``'s for a day 29 to 31
-        (January 30 -> February 29 -> March 30; in a cftime calendar, on its own month lengths:
-        ``noleap``'s February 28).
+        on the next weekdays of a record kept on some weekdays only (trading days); on the next
+        bars of the trading sessions of an intraday record kept within trading hours (the rest
+        of the last session, then the next kept weekdays' sessions from their opening bar, at the
+        record's times of day: :func:`~kalmanscan.timeseries.time_calendar._session_future`);
+        else spaced by :meth:`step`. These are the dates pandas' own offset continues (``BME``,
+        ``BQS``, ``WOM-3FRI``, ``SMS``, ``BusinessHour``, ...), and ``pd.DateOffset(months=k)``'s
+        for a day 29 to 31 (January 30 -> February 29 -> March 30; in a cftime calendar, on its
+        own month lengths: ``noleap``'s February 28).
 
         Datetime labels that would leave the range of the labels' resolution are made at a
         coarser one (microseconds: +-290,000 years; seconds beyond that).
 
         Times given in a timezone (:attr:`tz`) step on its local calendar and clock where they
         sit at one local time of day a whole number of days or months apart (monthly data stay on
-        the first of the month, daily data at local midnight, across daylight-saving changes);
-        the results are UTC like the labels.
+        the first of the month, daily data at local midnight, across daylight-saving changes),
+        or are trading days or sessions on its calendar (a New York session's bars stay at 09:30
+        to 16:00 local); the results are UTC like the labels.
 
         >>> q = np.array(["2008-10-01", "2009-01-01", "2009-04-01"], dtype="datetime64[D]")
         >>> [str(x)[:10] for x in as_time_axis(q, 3).future(3)]
@@ -306,6 +311,8 @@ class TimeAxis(NamedTuple):
             return _calendar_future(parts, slots, k, self.labels)
         if self.is_datetime:
             out = _weekday_future(self.labels, k)
+            if out is None:
+                out = _session_future(self.labels, k)
             if out is not None:
                 return out
         step = self.step()
