@@ -215,13 +215,15 @@ def _negative_variance(cov) -> torch.Tensor:
     return (torch.diagonal(cov, dim1=-2, dim2=-1) < 0).any(-1)
 
 
-def _known_rows(model: Model, fcov, fprec, flag, sm):
+def _known_rows(model: Model, fcov, fprec, flag, pcov, sm):
     """The rule of :mod:`kalmanscan.dense.singular` at the rows the kernel flagged (NaN
     precision: a singular covariance, or a near-singular one where the kernel's gate is on), in
     place on float64 outputs, in the series :func:`~kalmanscan.dense.singular.gate` lets
     through (elsewhere those rows take the inverse); the smoothed rows also where the filter
-    knows a direction exactly. A flagged diffuse step takes its diffuse projector from the
-    reference's exact initial filter over the head (the same decisions,
+    knows a direction exactly, resolved to the rounding of the prediction they start from
+    (``pcov``: the smoothed covariance is the predicted one less a product, and below
+    ``eps |P_t|t-1|`` it has no digit). A flagged diffuse step takes its diffuse projector from
+    the reference's exact initial filter over the head (the same decisions,
     :func:`kalmanscan.dense.sequential.filter_moments`)."""
     from kalmanscan.dense import _args, sequential, singular
     from kalmanscan.dense.parallel import _steps
@@ -253,7 +255,7 @@ def _known_rows(model: Model, fcov, fprec, flag, sm):
         return
     scov, sprec = sm[1], sm[2]
     rows = torch.isnan(sprec[..., 0, 0]) | (known != 0).any((-1, -2)) | _negative_variance(scov)
-    cov, prec, _ = singular.apply(scov, sprec, rows, scov, None, blocks, tol, known, on)
+    cov, prec, _ = singular.apply(scov, sprec, rows, scov, None, blocks, tol, known, on, pcov)
     scov.copy_(cov)
     sprec.copy_(prec)
 
@@ -318,7 +320,7 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         parts = _unscale(parts, e, outs[12])
     neg = any(bool(_negative_variance(x).any()) for x in (parts[1], parts[8]) if x is not None)
     if nbad or neg:  # singular or near-singular covariances: kalmanscan/dense/singular.py's rule
-        _known_rows(model0, *(parts[i] for i in (1, 2, 3)), parts[7:10])
+        _known_rows(model0, *(parts[i] for i in (1, 2, 3, 5)), parts[7:10])
     dtype = model.z.dtype
     if dtype != torch.float64:
         parts = [x if x is None or x.dtype == torch.bool else x.to(dtype) for x in parts]

@@ -241,6 +241,36 @@ def _post_prec(m0, L0, J, eta, PiK=None):
     return sol[..., n], _sym(sol[..., :n] - PiK)
 
 
+def _prior_root(P0):
+    """[B, n, n] factor ``U`` with ``U U' = P0`` (a positive definite ``P0`` [B, n, n]): the
+    Cholesky factor of the diagonally scaled ``S P0 S`` (``S = diag(P0)^-1/2``), unscaled; None
+    where that factorization fails (``P0`` numerically singular)."""
+    d = torch.diagonal(P0, dim1=-2, dim2=-1)
+    if not bool((d > 0).all()):
+        return None
+    s = d.rsqrt()
+    Ls, info = torch.linalg.cholesky_ex(_sym(P0 * s.unsqueeze(-1) * s.unsqueeze(-2)))
+    if bool((info != 0).any()):
+        return None
+    return Ls / s.unsqueeze(-1)
+
+
+def _post_root(m0, U, J, eta):
+    """Posterior of the start state with prior ``N(m0, U U')`` ([B, n], [B, n, n]) and
+    information (eta, J) [B, T1, ...]: ``Sigma = U G^-1 U'``, ``G = I + U' J U`` (eigenvalues at
+    least 1), ``mu = m0 + U G^-1 U' (eta - J m0)``. Nothing inverts the prior: its precision
+    ``(U U')^-1`` keeps only ``eps cond(P0)`` of the data's information beside it, where the
+    posterior itself moves by ``eps |P0|`` at most (docs/dense.md, the scan's large proper
+    prior)."""
+    n = J.shape[-1]
+    m0, U = m0.unsqueeze(1), U.unsqueeze(1)
+    Ut = U.transpose(-1, -2)
+    G = _sym(_eye(n, J) + Ut @ J @ U)
+    h = Ut @ (eta - _mv(J, m0)).unsqueeze(-1)
+    sol = _scaled_solve(G, torch.cat([Ut.expand(J.shape), h], -1))
+    return m0 + (U @ sol[..., n:]).squeeze(-1), _sym(U @ sol[..., :n])
+
+
 def _prepend_identity(e: Element) -> Element:
     B, T, n = e.b.shape
     eye = _eye(n, e.A).expand(B, 1, n, n)
@@ -499,25 +529,27 @@ def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
     Ph, _, tau = _diffuse_head(model, E, eye, tol, chunk)
     if tau is None or tau == 0 or bool(bad[:, :tau].any()):
         return None
-    L0 = _sym(_scaled_solve(P0, eye))
+    U = _prior_root(P0)
+    if U is None:
+        return None
     J = Ph.J[:, tau]
-    M = L0 + J
-    with torch.no_grad():
+    with torch.no_grad():  # the decision only: the posterior below takes P0 through U
         nrm = lambda X: torch.linalg.matrix_norm(X, ord=2)  # noqa: E731
+        M = _sym(_scaled_solve(P0, eye)) + J
         Minv = _sym(_scaled_solve(M, eye))
         cancel = nrm(P0) * nrm(M)
         spread = nrm(J) * nrm(Minv)
         if not bool(((cancel >= 1e4) & (cancel > 100.0 * spread)).all()):
             return None
     head = _slice(Ph, slice(0, tau + 1))
-    mu, Sig = _post_prec(model.m0, L0, head.J, head.eta)
+    mu, Sig = _post_root(model.m0, U, head.J, head.eta)
     allm = _moments(head.A, head.b, head.C, mu, Sig, None, 0)
     hm = _steps(model, slice(0, tau))
     pm = _mv(hm.F, allm.mean[:, :tau]) + hm.c
     pP = _sym(hm.F @ allm.cov[:, :tau] @ hm.F.transpose(-1, -2) + hm.Q)
     ll = step_loglik(hm, pm, pP, None, 0, tol)
     filt = Moments(allm.mean[:, 1:], allm.cov[:, 1:], torch.zeros_like(allm.cov[:, 1:]), 0)
-    return filt, pm, pP, ll, (_slice(head, slice(1, None)), L0)
+    return filt, pm, pP, ll, (_slice(head, slice(1, None)), U)
 
 
 def _head_and_tail(model, E, bad, head, m, P, tol, chunk) -> FilterParts:
@@ -620,9 +652,9 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     tau = parts.x0[1]
     means, covs = [], []
     if tau > 0 and len(parts.x0) > 2:  # information head: p(x_t | x_0, z) and x_0 | z
-        hp, L0 = parts.x0[2:]
+        hp, U0 = parts.x0[2:]
         b2, C2, (A2,), _, _ = condition(Zb[:, :tau], hp.b, hp.C, hp.A)
-        mu, Sig = _post_prec(model.m0, L0, *_row_info(S.Z[:, :1]))
+        mu, Sig = _post_root(model.m0, U0, *_row_info(S.Z[:, :1]))
         mh = _moments(A2, b2, C2, mu, Sig, None, 0)
         means.append(mh.mean)
         covs.append(mh.cov)

@@ -17,12 +17,14 @@ the precision keeps the diffuse limit (0 along ``Pd``).
 Which directions are known is decided per connected component of the model's state coupling
 (:func:`state_blocks`: states linked by ``F``, ``Q``, the prior or a shared observation): an
 eigenvalue of the component's block of ``M`` at most ``rank_tol`` (64 eps) times its largest is
-0. Rounding leaves a known direction about ``eps`` times the block's size; a variance below that
-resolution has no correct digit in a coupled block, and its reciprocal would be rounding noise
-(``+-1e16``). States that no matrix couples are their own components, so a variance of 1e-18 beside
-one of 1 in a diagonal model stays a variance (precision 1e18), as in the scalar core. The smoothed
-covariance at step t is below the filtered one, so the directions known after filtering are known
-after smoothing (``extra``).
+0, and where ``M`` is ``P`` with diffuse or already known directions projected out, at most
+``rank_tol`` times ``P``'s largest entry (the smoother's rows on the native path: the
+prediction's), whose rounding stays in ``M``. Rounding leaves a known direction about ``eps`` times
+the block's size; a variance below that resolution has no correct digit in a coupled block, and its
+reciprocal would be rounding noise (``+-1e16``). States that no matrix couples are their own
+components, so a variance of 1e-18 beside one of 1 in a diagonal model stays a variance (precision
+1e18), as in the scalar core. The smoothed covariance at step t is below the filtered one, so the
+directions known after filtering are known after smoothing (``extra``).
 
 The rule runs only in series where a direction can be known exactly at all (:func:`gate`: a
 singular proper prior, an exact entry, a direction without process noise that F' maps to 0, or F
@@ -171,12 +173,14 @@ def screen(M: torch.Tensor, Minv: torch.Tensor, tol: float) -> torch.Tensor:
     return ~(dm * di < 1.0 / (tol * n * n)) | indefinite  # NaN or inf in the inverse: flagged
 
 
-def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
+def known_outputs(P, Pd, blocks, tol, extra=None, allow=None, ref=None):
     """The rule of this module on rows of finite covariances.
 
     P [r, n, n] the finite part, Pd [r, n, n] the projector on the diffuse directions (None: none),
     extra [r, n, n] a projector on directions known beforehand (None: none), allow [r] bool the
-    rows where a direction may be known (None: all; elsewhere the blockwise inverse). Returns
+    rows where a direction may be known (None: all; elsewhere the blockwise inverse), ref
+    [r, n, n] a covariance the rows were computed from (None: none), whose rounding they carry:
+    the smoother's rows that of the prediction. Returns
     (precision [r, n, n] with +-inf entries, known projector Pi_N [r, n, n], known [r] bool:
     some direction is known, coord [r, n] bool: coordinates known exactly). Differentiable in P
     away from the decisions."""
@@ -200,14 +204,26 @@ def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
             dg = torch.diagonal(Mb, dim1=-2, dim2=-1)
             tau = dg.amax(-1)
             tau = torch.where((tau > 0) & torch.isfinite(tau), tau, torch.ones_like(tau))
-            A = Mb.detach() + (0.0 if Pdb is None else tau[:, None, None] * Pdb)
+            # M is P with the diffuse (or already known) directions projected out, and P's
+            # rounding, eps times its largest entry, is left in M: where M is all rounding (an
+            # exact entry at a diffuse step, a smoothed block whose every direction the filter
+            # knew) M has no scale of its own and P's largest entry stands for it (an entry, not
+            # a variance: a covariance all rounding is not PSD, its diagonal can be 0)
+            eps = torch.finfo(Mb.dtype).eps
+            top = torch.zeros_like(tau)
+            if Pdb is not None or extra is not None:
+                top = Pb.detach().abs().amax((-1, -2))
+            if ref is not None:
+                top = torch.maximum(top, ref[:, ix][:, :, ix].detach().abs().amax((-1, -2)))
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            wd = torch.maximum(tau, top)[:, None, None]  # the diffuse directions stay large
+            A = Mb.detach() + (0.0 if Pdb is None else wd * Pdb)
             w, U = torch.linalg.eigh(A)
             # the block's rounding is at least its most negative eigenvalue (a PSD matrix's),
             # which stands for a scale of |w_min| / eps: a block that is all rounding (every
             # direction known, an ARMA form with R = 0) has an indefinite residue whose largest
             # eigenvalue is no scale at all
-            eps = torch.finfo(w.dtype).eps
-            scale = torch.maximum(w[..., -1:], -w[..., :1] / eps)
+            scale = torch.maximum(torch.maximum(w[..., -1:], -w[..., :1] / eps), top[:, None])
             small = w <= tol * scale
             if allow is not None:
                 # outside the gate a direction is known only where the block is singular to
@@ -247,13 +263,14 @@ def known_outputs(P, Pd, blocks, tol, extra=None, allow=None):
     return prec, PiN, anyk, coord
 
 
-def apply(cov, prec, rows, P, Pd, blocks, tol, extra=None, allow=None):
+def apply(cov, prec, rows, P, Pd, blocks, tol, extra=None, allow=None, ref=None):
     """``cov``, ``prec`` [B, T, n, n] with the rule applied at ``rows`` ([B, T] bool; ``P``,
     ``Pd``, ``extra`` [B, T, n, n] or None: the finite parts, diffuse projectors and directions
     known beforehand there; ``allow`` [B] bool the series where a direction may be known,
-    :func:`gate`, None: all). The rows take the rule's precision (the inverse, blockwise and
-    diagonally scaled, where nothing is known), and their known coordinates a zero row and
-    column of ``cov``. Returns (cov, prec, PiN [B, T, n, n]: the known projectors, 0 elsewhere)."""
+    :func:`gate`, None: all; ``ref`` [B, T, n, n] or None: as in :func:`known_outputs`). The
+    rows take the rule's precision (the inverse, blockwise and diagonally scaled, where nothing
+    is known), and their known coordinates a zero row and column of ``cov``. Returns (cov, prec,
+    PiN [B, T, n, n]: the known projectors, 0 elsewhere)."""
     PiN_all = torch.zeros_like(prec)
     rows = rows.clone()
     rows[rows.clone()] = torch.isfinite(P[rows].detach()).all(-1).all(-1)  # NaN moments: as is
@@ -261,7 +278,7 @@ def apply(cov, prec, rows, P, Pd, blocks, tol, extra=None, allow=None):
         return cov, prec, PiN_all
     sel = lambda x: None if x is None else x[rows]  # noqa: E731
     al = None if allow is None else allow.unsqueeze(1).expand(rows.shape)[rows]
-    p, PiN, _, coord = known_outputs(sel(P), sel(Pd), blocks, tol, sel(extra), al)
+    p, PiN, _, coord = known_outputs(sel(P), sel(Pd), blocks, tol, sel(extra), al, sel(ref))
     cross = coord.unsqueeze(-1) | coord.unsqueeze(-2)
     c = cov[rows]
     # the finite part without its known directions: rounding (of either sign) along them is
