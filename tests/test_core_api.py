@@ -245,3 +245,19 @@ def test_readme_python_example_runs():
     assert float(scope["ll"]) == pytest.approx(-0.749, abs=5e-4)
     assert float(scope["res"].loglik) == float(scope["ll"])
     assert scope["a"].shape == scope["p"].shape == (3,)
+
+
+def test_numpy_float64_scalars_are_plain_numbers():
+    """numpy float64 scalars (``np.exp(-0.1)``) take the Python floats' path (kept constants, no
+    conversion a call): the same results bit for bit, float32 data staying float32."""
+    from kalmanscan.core._args import _plain_number
+
+    assert _plain_number(np.float64(0.5)) and not _plain_number(np.float32(0.5))
+    z = np.random.default_rng(3).normal(size=50).cumsum()
+    d = np.exp(-0.1)
+    for data in (z, z.astype(np.float32)):
+        a = ks.filter(data, np.float64(0.5), d, (1 - d * d) / 0.2, prior_var=np.float64(4.0))
+        b = ks.filter(data, 0.5, float(d), float((1 - d * d) / 0.2), prior_var=4.0)
+        for k in ("mean", "var", "loglik"):
+            assert getattr(a, k).dtype == data.dtype
+            np.testing.assert_array_equal(getattr(a, k), getattr(b, k))

@@ -152,10 +152,15 @@ def float64_on(x, device) -> torch.Tensor:
 
 
 def _plain_number(value) -> bool:
-    """A Python ``int`` or ``float`` (not a bool, nor a numpy scalar, whose dtype counts) that
-    a float64 holds: converted without numpy."""
+    """A Python ``int`` or ``float``, or a numpy ``float64`` scalar (a ``float``: the same
+    number, and weak in the working dtype as a ``float`` is), that a float64 holds: converted
+    without numpy (not a bool, nor another numpy scalar, whose dtype counts).
+
+    >>> _plain_number(0.5), _plain_number(np.float64(0.5)), _plain_number(np.float32(0.5))
+    (True, True, False)
+    """
     t = type(value)
-    return t is float or (t is int and -(2**63) <= value < 2**63)
+    return t is float or t is np.float64 or (t is int and -(2**63) <= value < 2**63)
 
 
 # What a parameter's value means once the working dtype rounds it to 0 (key True) or to inf
