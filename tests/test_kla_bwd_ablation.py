@@ -10,7 +10,10 @@ from benchmarks import kla_bwd_ablation as A
 def test_the_ablation_changes_the_channel_sums_only():
     # Triton kernels run where the session's Triton does: compiled on a GPU, else interpreted
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    res, outs = A.run(R=2, L=16, M=8, S=16, repeats=1, device=device)
+    # interpreted, each row is walked step by step in Python: one row (two programs over the
+    # channels, both chunks) checks the same sums in half the time
+    R = 2 if device == "cuda" else 1
+    res, outs = A.run(R=R, L=16, M=8, S=16, repeats=1, device=device)
     assert all(res["equal_bit_for_bit"].values()), res["equal_bit_for_bit"]
     rel = res["relative_difference"]
     assert rel["gk"] > 0.1 and rel["gq"] > 0.1  # the sums are wrong: the scatter was replaced

@@ -55,17 +55,47 @@ def mp_loglik(z, R, a, p, prior_var, prior_mean=0.0):
     return float(ll)
 
 
+def mp_predicted_var(z, R, a, p, prior_var):
+    """Predicted variances of one lane with a proper prior (loading 1), the covariance form at
+    400 digits: where they pass ``1/tiny`` of a dtype the lane is lost in that dtype."""
+    mp.mp.dps = 400
+    T = len(z)
+    col = lambda x: [mp.mpf(float(v)) for v in np.broadcast_to(np.asarray(x, float), (T,))]  # noqa: E731
+    R, a, p = col(R), col(a), col(p)
+    P, out = mp.mpf(float(prior_var)), []
+    for t in range(T):
+        P = a[t] ** 2 * P + p[t]
+        out.append(P)
+        if not math.isnan(float(z[t])):
+            P = P * R[t] / (P + R[t])
+    return out
+
+
+def first_past_the_range(z, R, a, p, prior_var, dtype):
+    """The first step whose predicted variance passes ``1/tiny`` of ``dtype`` (None: none)."""
+    big = 1 / mp.mpf(float(np.finfo(dtype).tiny))
+    return next((t for t, P in enumerate(mp_predicted_var(z, R, a, p, prior_var)) if P > big),
+                None)  # fmt: skip
+
+
+T_LANES = 24  # the interpreter walks every step in Python: the regime, in few steps
+
+
 def _lanes(dtype):
     """Three lanes: an explosive decay over a gap (lost), an ordinary lane, a diffuse random walk
-    over the same gap (a diffuse state carried on: not lost)."""
-    T = 100
+    over the same gap (a diffuse state carried on: not lost). The decay makes the predicted
+    variance pass the dtype's range mid-gap (step 15 of 24 in float32, 16 in float64), after the
+    first time chunk of the interpreted and the chunked plans (12 steps)."""
+    T = T_LANES
     rng = np.random.default_rng(1)
     z = np.full((T, 3), np.nan)
     z[:3, 0], z[-3:, 0] = [1.0, 0.5, 0.7], [2.0, 1.5, 1.0]
     z[:, 1] = rng.normal(size=T)
     z[-3:, 2] = [0.3, 0.1, -0.2]
-    a = np.array([2.0 if dtype == np.float32 else 1e4, 0.9, 1.0])
+    a = np.array([32.0 if dtype == np.float32 else 1e11, 0.9, 1.0])
     prior = np.array([1.0, 1.0, np.inf])
+    t = first_past_the_range(z[:, 0], 1.0, a[0], 1.0, prior[0], dtype)
+    assert t is not None and 12 <= t < T - 3, t  # lost in the gap, after the first chunk
     return z.astype(dtype), a.astype(dtype), prior
 
 
@@ -105,20 +135,17 @@ def test_lost_lane_gradients_are_nan(backend, triton_on_cpu):
     are those of a call without the lost lane."""
     z, a, prior = _lanes(np.float32)
     at = torch.tensor(a, requires_grad=True)
-    kw = dict(obs_var=1.0, process_var=1.0, prior_var=torch.tensor(prior, dtype=torch.float32))
+    R = torch.tensor(1.0, requires_grad=True)  # shared by the lanes
+    kw = dict(process_var=1.0, prior_var=torch.tensor(prior, dtype=torch.float32))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        ks.loglik(torch.tensor(z), decay=at, **kw, backend=backend).sum().backward()
+        ks.loglik(torch.tensor(z), obs_var=R, decay=at, **kw, backend=backend).sum().backward()
         at2 = torch.tensor(a[1:], requires_grad=True)
         kw2 = dict(kw, prior_var=kw["prior_var"][1:])
-        ks.loglik(torch.tensor(z[:, 1:]), decay=at2, **kw2, backend=backend).sum().backward()
+        ks.loglik(torch.tensor(z[:, 1:]), obs_var=1.0, decay=at2, **kw2,
+                  backend=backend).sum().backward()  # fmt: skip
     assert math.isnan(at.grad[0])
     torch.testing.assert_close(at.grad[1:], at2.grad, rtol=1e-5, atol=0)
-    R = torch.tensor(1.0, requires_grad=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ks.loglik(torch.tensor(z), obs_var=R, decay=torch.tensor(a), process_var=1.0,
-                  prior_var=kw["prior_var"], backend=backend).sum().backward()  # fmt: skip
     assert math.isnan(R.grad)
 
 
@@ -141,16 +168,23 @@ def test_variance_past_the_range_after_a_gap(backend, triton_on_cpu):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_false_alarm(backend, triton_on_cpu):
     """Ordinary regimes raise no flag: a diffuse lane over a long gap of explosive decays (it
-    stays diffuse, its first observation adds no term), a forgetting step, a state known
-    exactly (``process_var = 0``, precision past the range), a process variance of 1e300."""
-    T = 400
+    stays diffuse, its first observation adds no term; with a proper prior the lane would be
+    lost), a forgetting step, a state known exactly (``process_var = 0``, precision past the
+    range), a process variance of 1e300."""
+    T = 40
     z = np.full((T, 4), np.nan)
     z[-2:] = [[0.5, 0.5, 0.5, 0.5], [0.7, 0.6, 0.4, 0.3]]
     z[:5, 2] = [1.0, 1.1, 0.9, 1.0, 1.05]
-    a = np.array([[1.5, 0.9, 0.5, 1.0]]).repeat(T, 0)
+    a = np.array([[1e11, 0.9, 1e-10, 1.0]]).repeat(T, 0)
     a[T // 2, 1] = 0.0  # forgets
     p = np.array([1.0, 1.0, 0.0, 1e300])
     prior = np.array([np.inf, 1.0, 1.0, 1.0])
+    # the regimes are reached: lane 0 with a proper prior passes the range; lane 2's predicted
+    # variance at its next observation is below it (its precision past the range)
+    t = first_past_the_range(z[:, 0], 1.0, a[:, 0], p[0], 1.0, np.float64)
+    assert t is not None and t < T - 2, t
+    tiny = mp.mpf(float(np.finfo(np.float64).tiny))
+    assert mp_predicted_var(z[:, 2], 1.0, a[:, 2], p[2], prior[2])[-2] < tiny
     ll, lost = _call(ks.loglik, backend, z, obs_var=1.0, decay=a, process_var=p, prior_var=prior)
     assert not lost and np.isfinite(ll).all()
     for n in range(4):
@@ -160,14 +194,14 @@ def test_no_false_alarm(backend, triton_on_cpu):
 
 @pytest.fixture
 def chunked(monkeypatch):
-    """Triton's chunked regime (time chunks of 16 steps; tests/test_chunked_diffuse.py): the
+    """Triton's chunked regime (time chunks of 12 steps here; tests/test_chunked_diffuse.py): the
     lost step in a chunk after the first, its lane's sum added over chunks."""
     pytest.importorskip("triton")
     from kalmanscan.cuda import filter as F
 
     monkeypatch.setattr(F, "_MANY_LANES", 10**9)
     monkeypatch.setitem(F.TUNING, "CK", 4)
-    assert F._plan(100, 3)[1] > 1
+    assert F._plan(T_LANES, 3)[:2] == (12, 2)  # _lanes: the lost step in the second chunk
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])

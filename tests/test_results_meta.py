@@ -33,7 +33,10 @@ def test_regimes_json_rows_carry_date_and_device(tmp_path):
     from kalmanscan.validation.regimes import main
 
     out = tmp_path / "r.json"
-    name = "p=0 a=0.9577 c=0.4 T=1000"
+    # a short constant-parameter regime (the sequential backend's Python loop over 500 steps,
+    # 3 s; 10 s for 1000 steps): float64 and gradient rows, and a float32 row that carries an
+    # error (obs_var below float32's range), stamped as well
+    name = "obs_var 1e-155, a=0.9 p=1"
     main(["--regime", name, "--backend", "sequential", "--no-certify", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert {r["kind"] for r in rows} == {"scalar", "grad"}
