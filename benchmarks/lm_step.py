@@ -353,8 +353,9 @@ def _free(device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON output path")
-    ap.add_argument("--shapes", default="8x2048,2x8192,1x32768,1x131072",
-                    help="comma-separated BxL")  # fmt: skip
+    ap.add_argument("--shapes", default=None,
+                    help="comma-separated BxL (default 8x2048,2x8192,1x32768,1x131072; "
+                         "with --dry-run 2x16,1x40)")  # fmt: skip
     ap.add_argument("--models", default="kla,attention,kla-eager")
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--n-layers", type=int, default=6)
@@ -376,12 +377,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.dry_run:
         device = torch.device("cpu")
-        args.shapes, args.d_model, args.n_layers = "2x16,1x40", 32, 2
+        args.shapes, args.d_model, args.n_layers = args.shapes or "2x16,1x40", 32, 2
         args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
     else:
         if not torch.cuda.is_available():
             sys.exit("lm_step.py: needs a CUDA device (or --dry-run)")
         device = torch.device("cuda")
+        args.shapes = args.shapes or "8x2048,2x8192,1x32768,1x131072"
     args.warmup = max(args.warmup, 1)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
     names = [n.strip() for n in args.models.split(",")]

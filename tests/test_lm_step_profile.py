@@ -33,8 +33,8 @@ def test_profiled_steps_interleaved_and_their_median(tmp_path):
     from benchmarks.lm_step import main
 
     out = tmp_path / "lm.json"
-    main(["--dry-run", "--models", "kla,attention", "--repeats", "1", "--profile-steps", "3",
-          "--out", str(out)])  # fmt: skip
+    main(["--dry-run", "--shapes", "2x16", "--models", "kla,attention", "--repeats", "1",
+          "--profile-steps", "3", "--out", str(out)])  # fmt: skip
     for row in json.loads(out.read_text())["rows"]:
         kla, att = row["models"]["kla"], row["models"]["attention"]
         for m in (kla, att):
