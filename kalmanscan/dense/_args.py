@@ -559,17 +559,24 @@ def r_positive_definite(R: torch.Tensor) -> bool:
 
 
 def _precision_from_partly_infinite(P0, diffuse):
+    """[B, n, n] the precision of the finite block of a prior covariance ``P0`` with +inf on its
+    diagonal at ``diffuse`` [B, n] (0 across the diffuse rows and columns): its inverse, or
+    where the block is singular (a direction of the finite part known exactly beside the diffuse
+    states: a stationary ARMA block whose start values cancel) its Moore-Penrose inverse, the
+    known directions' infinite precision left out. Every backend starts from the covariance as
+    given (:func:`kalmanscan.dense.parallel.prior_start`), which needs no inverse; this matrix
+    serves the scan's information form for a direction never resolved, which adds the known
+    directions from the covariance (:func:`kalmanscan.dense.parallel.known_prior`)."""
     off = diffuse.unsqueeze(-1) | diffuse.unsqueeze(-2)
+    zero = torch.zeros((), dtype=P0.dtype, device=P0.device)
     eye = torch.diag_embed(diffuse.to(P0.dtype))
-    finite_block = torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), P0) + eye
+    finite_block = torch.where(off, zero, P0) + eye
     inv, info = torch.linalg.inv_ex(finite_block)
-    if bool(info.any()) or not bool(torch.isfinite(inv).all()):
-        raise ValueError(
-            "prior_cov: the block of finite (non-diffuse) states must be invertible next to "
-            "diffuse ones (a state known exactly beside diffuse states is not supported: give it "
-            "a small positive variance)"
-        )
-    return torch.where(off, torch.zeros((), dtype=P0.dtype, device=P0.device), inv)
+    bad = (info != 0) | ~torch.isfinite(inv).flatten(-2).all(-1)
+    if bool(bad.any()):  # singular finite blocks (PSD: the checks ran): their pseudo-inverse
+        pinv = torch.linalg.pinv(_sym(finite_block), hermitian=True)
+        inv = torch.where(bad[..., None, None], pinv, inv)
+    return torch.where(off, zero, inv)
 
 
 def output(layout: Layout, t: torch.Tensor, k: int):

@@ -12,7 +12,9 @@
  * F or Q varying in time; a direction F' and Q both map to 0 (null(F F' + Q): with no direction
  * known before and no exact entry, the directions known at a step are null(Q) and those F' maps
  * into the ones known a step before, empty at every step unless this is not); a singular proper
- * prior (w->P, plus w->D's k columns for a large one's factor). An exact entry turns it on later
+ * prior (w->P, plus w->D's k columns for a large one's factor); a diffuse prior's singular finite
+ * part (w->P plus its diffuse directions D D' at the scale of P's largest entry: a direction of
+ * the finite part known exactly beside the diffuse ones). An exact entry turns it on later
  * (gather). Once per series, not inlined. */
 static KS_NOINLINE int series_screen(ws_t *w, int n, const arr_t *in, Py_ssize_t b, int k, int fin) {
     if (in[I_F].st != 0 || in[I_Q].st != 0) return 1;
@@ -27,9 +29,14 @@ static KS_NOINLINE int series_screen(ws_t *w, int n, const arr_t *in, Py_ssize_t
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++) M[i * n + j] = M[j * n + i] = 0.5 * (M[i * n + j] + M[j * n + i]);
     if (!spd_inverse(n, M, w->tmp, w->G) || near_singular(n, M, w->G)) return 1;
-    if (!fin && k > 0) return 0; /* a diffuse prior: no direction of its finite part is known */
     DDt(n, k, w->D, M);
-    for (int i = 0; i < n * n; i++) M[i] += w->P[i];
+    double s = 1.0; /* a diffuse prior: its directions at the finite part's scale (largest entry) */
+    if (!fin && k > 0) {
+        double top = 0.0;
+        for (int i = 0; i < n * n; i++) top = fabs(w->P[i]) > top ? fabs(w->P[i]) : top;
+        if (top > 0.0) s = top;
+    }
+    for (int i = 0; i < n * n; i++) M[i] = s * M[i] + w->P[i];
     return !spd_inverse(n, M, w->tmp, w->G) || near_singular(n, M, w->G);
 }
 

@@ -135,6 +135,25 @@ def prior_start(model: Model):
     return _sym(torch.linalg.inv(L0 + N) - N), D
 
 
+def known_prior(model: Model):
+    """[B, n, n] the projector on the directions of the prior known exactly beside diffuse ones
+    (``prior_cov`` with inf on its diagonal whose finite block is singular: ``model.L0`` is then
+    the block's pseudo-inverse, :func:`kalmanscan.dense._args._precision_from_partly_infinite`),
+    or None where there is none: the null space of the finite block, ``I - D D' - P L0`` (0 to
+    rounding where the block inverts), no gradient."""
+    if model.P0inf is None:
+        return None
+    with torch.no_grad():
+        P, D = prior_start(model)
+        n = P.shape[-1]
+        N = _eye(n, P) - D @ D.transpose(-1, -2) - P @ model.L0.to(P.dtype)
+        w, U = torch.linalg.eigh(_sym(N))
+        keep = (w > 0.5).to(P.dtype)
+        if not bool(keep.any()):
+            return None
+        return (U * keep.unsqueeze(-2)) @ U.transpose(-1, -2)
+
+
 def _resolved(J, PiN, tol) -> bool:
     """Whether no series has a diffuse direction left that J does not inform."""
     return bool((_null_projector(J, PiN, tol).diagonal(dim1=-2, dim2=-1).sum(-1) < 0.5).all())
@@ -227,9 +246,15 @@ def _numerically_singular(P, tol):
     return (d <= 0).any(-1) | (w[..., 0] <= tol * w[..., -1])
 
 
-def _post_prec(m0, L0, J, eta, PiK=None):
-    """Same with prior precision L0 (0 where diffuse); PiK projects on the unresolved ones."""
+def _post_prec(m0, L0, J, eta, PiK=None, Nk=None):
+    """Same with prior precision L0 (0 where diffuse); PiK projects on the unresolved ones, Nk
+    [B, n, n] (None: none) on directions of the prior known exactly (:func:`known_prior`; L0 is
+    0 along them): ``x_0 = m0 + Pv a`` with ``Pv = I - Nk``, the posterior of ``a`` in the
+    prior's range (``(Pv (L0 + J) Pv + Nk)^-1``, the known block decoupled), so that the known
+    directions keep ``m0`` and variance 0."""
     n = J.shape[-1]
+    if Nk is not None:
+        return _post_prec_known(m0, L0, J, eta, PiK, Nk)
     m0, L0 = m0.unsqueeze(1), L0.unsqueeze(1)
     M = L0 + J
     h = _mv(L0, m0) + eta
@@ -239,6 +264,23 @@ def _post_prec(m0, L0, J, eta, PiK=None):
         return sol[..., n], _sym(sol[..., :n])
     sol = _scaled_solve(M + PiK, torch.cat([eye, (h + _mv(PiK, m0)).unsqueeze(-1)], -1))
     return sol[..., n], _sym(sol[..., :n] - PiK)
+
+
+def _post_prec_known(m0, L0, J, eta, PiK, Nk):
+    """:func:`_post_prec` with directions ``Nk`` [B, n, n] of the prior known exactly."""
+    n = J.shape[-1]
+    m0, L0, Nk = m0.unsqueeze(1), L0.unsqueeze(1), Nk.unsqueeze(1)
+    Pv = _eye(n, J) - Nk
+    M = _sym(Pv @ (L0 + J) @ Pv) + Nk
+    if PiK is not None:
+        M = M + PiK
+    h = _mv(Pv, eta - _mv(J, m0))
+    eye = _eye(n, J).expand(J.shape)
+    sol = _scaled_solve(M, torch.cat([eye, h.unsqueeze(-1)], -1))
+    Sig = Pv @ sol[..., :n] @ Pv
+    if PiK is not None:
+        Sig = Sig - PiK
+    return m0 + _mv(Pv, sol[..., n]), _sym(Sig)
 
 
 def _prior_root(P0):
@@ -595,14 +637,14 @@ def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
     seg = None
     if tau is None:  # some direction is never resolved
         PiK = _null_projector(Js, PiN.unsqueeze(1), tol)
-        mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK)
+        mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK, known_prior(model))
         P, nd = Ph, T + 1
         allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
         start_post = (mu[:, -1], Sig[:, -1])
     else:
         head = _slice(Ph, slice(0, tau + 1))
         PiK = torch.cat([PiK_head, torch.zeros(B, 1, n, n, dtype=E.b.dtype, device=E.b.device)], 1)
-        mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK)
+        mu, Sig = _post_prec(model.m0, model.L0, head.J, head.eta, PiK, known_prior(model))
         mh = _moments(head.A, head.b, head.C, mu, Sig, PiK, tau)
         m_tau, P_tau = mh.mean[:, tau], mh.cov[:, tau]
         P, allm, nd, PiK_T = head, mh, tau, None
@@ -695,7 +737,7 @@ def _smooth_from_x0(model, parts, S, Zb) -> Moments:
             return _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
         return _moments(A2, b2, C2, mu, Sig, None, 0)
     # head: x_0 given all data (resolved: S_1.J is invertible on the diffuse part)
-    mu_h, Sig_h = _post_prec(model.m0, model.L0, *_row_info(S.Z[:, :1]))
+    mu_h, Sig_h = _post_prec(model.m0, model.L0, *_row_info(S.Z[:, :1]), None, known_prior(model))
     parts_mu, parts_Sig = [mu_h.expand(B, tau, n)], [Sig_h.expand(B, tau, n, n)]
     if tau < T:
         mu_t, Sig_t = start_post

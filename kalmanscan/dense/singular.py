@@ -137,9 +137,7 @@ def gate(model: Model, tol: float) -> torch.Tensor:
     if model.P0 is not None:
         on = on | np.broadcast_to(_flagged(sym(np64(model.P0)), tol), (B,))
     elif model.P0inf is not None:  # prior_cov as given, inf on some series' diagonals
-        Pf, D = prior_start(model)  # (a proper series: its covariance, no diffuse direction)
-        proper = ~(np64(D) != 0).any((-1, -2))
-        on = on | np.broadcast_to(proper & _flagged(sym(np64(Pf)), tol), (B,))
+        on = on | np.broadcast_to(_flagged(_finite_part(model, np64, sym), tol), (B,))
     elif model.L0 is not None and bool(model.L0.any()):  # not fully diffuse
         L0 = sym(np64(model.L0))
         w = np.linalg.eigvalsh(L0)
@@ -147,6 +145,8 @@ def gate(model: Model, tol: float) -> torch.Tensor:
         top = np.where(top > 0, top, 1.0)
         proper = w[:, 0] > tol * top[:, 0, 0] * np.sqrt(((L0 / top) ** 2).sum((-1, -2)))
         on = on | np.broadcast_to(proper & _flagged(L0, tol), (B,))
+        # partly diffuse: its finite part, as the kernel judges it
+        on = on | np.broadcast_to(~proper & _flagged(_finite_part(model, np64, sym), tol), (B,))
     R = np64(model.R)
     if R.shape[-1] == 1:
         exact = R[..., 0, 0] <= 0
@@ -154,6 +154,17 @@ def gate(model: Model, tol: float) -> torch.Tensor:
         exact = _flagged(sym(R.reshape(-1, *R.shape[-2:])), tol).reshape(R.shape[:2])
     on = on | np.broadcast_to(exact.reshape(R.shape[0], -1).any(-1), (B,))
     return torch.from_numpy(np.ascontiguousarray(on)).to(dev)
+
+
+def _finite_part(model: Model, np64, sym) -> np.ndarray:
+    """[B, n, n] the prior's finite part with its diffuse directions at the part's scale
+    (:func:`~kalmanscan.dense.parallel.prior_start`'s ``P + max|P| D D'``, ``D D'`` alone where
+    ``P`` is 0), singular where a direction of the finite part is known exactly beside diffuse
+    ones (the native kernel's ``series_screen`` forms the same matrix); a proper series' (no
+    diffuse direction) its covariance."""
+    Pf, D = (sym(np64(x)) for x in prior_start(model))
+    top = np.abs(Pf).max((-1, -2), keepdims=True)
+    return Pf + np.where(top > 0, top, 1.0) * (D @ np.swapaxes(D, -1, -2))
 
 
 def screen(M: torch.Tensor, Minv: torch.Tensor, tol: float) -> torch.Tensor:
