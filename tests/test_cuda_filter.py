@@ -202,6 +202,9 @@ def test_gradients_of_every_output(regime, smooth, monkeypatch):
         assert_close(gk, gr, "kernel_grad", torch.float64, what=f"grad {n}")
 
 
+_CLEAN_FLAGS: dict[str, int] = {}  # regime -> flags of test_flags' inputs as made
+
+
 @pytest.mark.parametrize("regime", ["lanes", "chunks"])
 @pytest.mark.parametrize(
     "what, bit",
@@ -243,9 +246,13 @@ def test_flags(what, bit, regime, monkeypatch):
         got = F.filter_lanes(*[x.expand(T, N) for x in xs[:6]], tuple(xs[6:]), outputs=outputs)
         assert int(got["flags"]) & bit, (what, outputs)
         assert got["flags"].device.type == DEVICE
-    clean = make_inputs(T, N, seed=3)
-    got = F.filter_lanes(*[x.expand(T, N) for x in clean[:6]], tuple(clean[6:]))
-    assert int(got["flags"]) == 0
+    # the same inputs without the injected value raise no flag: one call a regime, the same in
+    # every case (each call fills its own flags word, so no case's flags reach another's)
+    if regime not in _CLEAN_FLAGS:
+        clean = make_inputs(T, N, seed=3)
+        got = F.filter_lanes(*[x.expand(T, N) for x in clean[:6]], tuple(clean[6:]))
+        _CLEAN_FLAGS[regime] = int(got["flags"])
+    assert _CLEAN_FLAGS[regime] == 0
 
 
 def test_regimes_agree():
@@ -357,7 +364,9 @@ def test_loglik_gradient_launched_by_the_forward(regime, final, monkeypatch):
     well the backward runs its own adjoint. Both against the sequential reference in float64,
     twice through one graph (the second backward must not touch the first's gradients)."""
     _force(monkeypatch, regime)
-    T, N = (3000, 60) if CUDA else (41, 3)
+    T, N = (3000, 60) if CUDA else (33, 3)
+    if not CUDA and regime == "chunks":  # three chunks (12, 12 and 9 steps): a middle one
+        assert F._plan(T, N)[:2] == (12, 3)
     xs = make_inputs(T, N, seed=12, broadcast=True)
     g = torch.Generator().manual_seed(13)
     w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)

@@ -97,10 +97,13 @@ def test_map_kernel_launches_equal_reference(launch, monkeypatch):
     """The two map kernels at other launch choices (``chunked.MAPS_LAUNCH`` and
     ``TANGENT_LAUNCH``: a thread's slots, the unrolled steps, pipeline stages, L2 prefetch of
     the next block): chunks of 9 steps are a block and a tail of 1 (unroll 8) or 2 blocks and a
-    tail of 1 (unroll 4), S = 5 pads to 8 slots."""
+    tail of 1 (unroll 4), S = 5 pads to 8 slots. Three chunks (a first, a middle and a last)
+    of 9 steps: the launch choices act within a chunk, so more chunks only repeat them."""
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", launch)
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", launch)
-    check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
+    L, C = 27, 3
+    assert L // C == 9 and L % C == 0
+    check_float64_reference((1, L, 2, 5), C, monkeypatch)
 
 
 def test_map_kernels_prefetch_flag(monkeypatch):
@@ -123,9 +126,13 @@ def test_default_map_launches():
 def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
     """The default launches on chunks of 35 steps: the chunk maps 2 full 16-step blocks and a
     tail of 3, the tangent maps 4 double-buffered 8-step blocks (2 pairs) and a tail of 3,
-    where the other tests' chunks of 9 steps are a block or less and a tail."""
+    where the other tests' chunks of 9 steps are a block or less and a tail. Two chunks: the
+    first chunk's map and the last chunk's tangents walk the blocks (a third chunk repeats
+    them)."""
     assert chunked.MAPS_LAUNCH["unroll"] == 16 and chunked.TANGENT_LAUNCH["unroll"] == 8
-    check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
+    L, C = 70, 2
+    assert L // C == 35 and L % C == 0 and (35 // 16, 35 % 16) == (2, 3) and (35 // 8) == 4
+    check_float64_reference((1, L, 2, 5), C, monkeypatch)
 
 
 def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
