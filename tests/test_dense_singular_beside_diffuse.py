@@ -16,6 +16,7 @@ from statsmodels.tsa.statespace.sarimax import SARIMAX
 
 import kalmanscan.dense as kd
 from kalmanscan.dense import native
+from tests.test_dense_known_arma import _psd_and_consistent
 
 # native where its extension is built (a machine without a C compiler: the other two)
 BACKENDS = ["native", "torch", "sequential"][0 if native.available() else 1 :]
@@ -98,16 +99,6 @@ def _mp_case(key):
     P0f = np.where(np.isinf(P0), 0.0, P0)
     m, P, ll = _mp_filter(y[:, None], F, Q, H, np.zeros((1, 1)), np.zeros(len(P0)), P0f, dif)
     return m, P, ll + 0.5 * np.log(2 * np.pi * 1e40)
-
-
-def _psd_and_consistent(cov, prec, scale):
-    """cov PSD to rounding, no negative variance, 0 where the precision's diagonal is inf."""
-    dg = np.diagonal(cov, axis1=-2, axis2=-1)
-    assert (dg >= 0).all(), f"{(dg < 0).sum()} negative variances, min {dg.min():.2e}"
-    assert np.linalg.eigvalsh(cov).min() >= -1e-14 * scale
-    inf = np.isinf(prec)
-    known = np.diagonal(inf, axis1=-2, axis2=-1) & (inf.sum(-1) == 1)
-    assert (np.abs(cov).max(-1)[known] == 0).all()
 
 
 @pytest.mark.parametrize("key", list(CASES))

@@ -45,7 +45,6 @@ from kalmanscan.timeseries.coverage import check_coverage
 # the roles around the class: used here, and importable from model as before
 from kalmanscan.timeseries.model_forecast import (  # noqa: F401 - re-exported
     Forecast,
-    filter_for_forecast,
     forecast_from_state,
     forecast_labels,
 )
@@ -466,7 +465,7 @@ class OUModel:
         ([2.0, 3.0], [1.333, 1.333])
         """
         model, zt, ax, _ = self._prepare(z, times, axis)
-        res = filter_for_forecast(model, z, zt, ax, axis)
+        res = model.filter_prepared(zt, ax, data=_time_first_tensor(z, axis))
         return forecast_from_state(
             model,
             ax,

@@ -8,7 +8,7 @@ against the time axis). The entry points are :func:`kalmanscan.timeseries.model.
 Types: numpy in gives numpy out; where the filtered state, a parameter or a ``future_params`` value
 is a tensor, the forecast is computed by torch (:func:`_forecast_torch`) and its arrays are tensors
 in the filtered state's dtype on its device, differentiable in the parameters and, through the
-filter (:func:`filter_for_forecast`), in tensor data.
+filter (``OUModel.filter_prepared`` on the tensor), in tensor data.
 
 Units: like the filter's results, a forecast is computed in units of a power of two ``c`` per series
 (:func:`~kalmanscan.timeseries.model_numerics.data_unit`) and mapped back, means times ``c`` and
@@ -332,11 +332,3 @@ def _forecast_torch(time_axis: TimeAxis, state, params: dict, dt: np.ndarray, co
     lo, hi = interval(mean, pvar, cov)
     out = (mean * c, var * c * c, pvar * c * c, lo * c, hi * c)
     return tuple(x.to(out_dtype) for x in out)
-
-
-def filter_for_forecast(model: OUModel, z, zt: np.ndarray, time_axis: TimeAxis, axis: int):
-    """The filtered results of time-first ``zt`` (``z`` as :meth:`OUModel._prepare` gives it)
-    that a forecast starts from; where ``z`` is a tensor, the filter runs on it (moved time
-    first, in ``zt``'s dtype), so the forecast follows its graph."""
-    data = torch.movedim(z, axis, 0) if isinstance(z, torch.Tensor) else None
-    return model.filter_prepared(zt, time_axis, data=data)
