@@ -8,7 +8,8 @@ diffuse, -2.4e-32 on every backend at the last diffuse step of an ARIMA(3,1,0) o
 inflation, and 693 negative smoothed variances (down to -5.6e-35) on native for an ARIMA(3,1,1)
 of its unemployment rate with a diffuse level."""
 
-import mpmath as mp
+import functools
+
 import numpy as np
 import pytest
 import statsmodels.api as sm
@@ -17,6 +18,7 @@ from statsmodels.tsa.statespace.sarimax import SARIMAX
 
 import kalmanscan.dense as kd
 from kalmanscan.dense import native
+from kalmanscan.validation.oracle import dense_oracle
 
 # native where its extension is built (a machine without a C compiler: the other two)
 BACKENDS = ["native", "torch", "sequential"][0 if native.available() else 1 :]
@@ -61,21 +63,13 @@ def _arima311_unemp():
     return y[:, None], F, Q, H, P0
 
 
-def _mp_variances(z, F, Q, H, kappa=1e40, dps=100):
-    """Filtered variances [T, n] of the covariance-form filter in mpmath, R = 0, prior kappa I."""
-    mp.mp.dps = dps
-    M = lambda a: mp.matrix(np.atleast_2d(a).tolist())  # noqa: E731
-    F_, Q_, H_ = M(F), M(Q), M(H)
-    n = F.shape[0]
-    m, P = mp.matrix(n, 1), mp.eye(n) * mp.mpf(kappa)
-    out = []
-    for zt in z:
-        m, P = F_ * m, F_ * P * F_.T + Q_
-        S = H_ * P * H_.T
-        K = P * H_.T * mp.inverse(S)
-        m, P = m + K * (M(zt[:, None]) - H_ * m), P - K * S * K.T
-        out.append([float(P[i, i]) for i in range(n)])
-    return np.array(out)
+@functools.lru_cache
+def _oracle_variances(case):
+    """Filtered variances [6, n] of ``case()``'s first 6 steps from :func:`dense_oracle` (mpmath,
+    120 digits; a state still diffuse has a variance of order kappa = 1e40)."""
+    z, F, Q, H, P0 = case()
+    r = dense_oracle(z[:6], F, Q, H, np.zeros((1, 1)), prior_cov=P0)
+    return np.diagonal(r.cov, axis1=-2, axis2=-1)
 
 
 def _no_negative_variance(res):
@@ -95,12 +89,13 @@ def test_exact_entry_at_diffuse_first_step_is_known(backend):
     assert f.cov[0, 0, 0] == 0.0 and np.isinf(f.cov[0, 1:, 1:].diagonal()).all()
     if backend == "native":  # (the other backends' screens leave it to the inverse: 2.9e31)
         assert f.precision[0, 0, 0] == np.inf
-    # the variances that are finite against mpmath's filter at a prior of 1e40 (100 digits):
-    # every one is 0 (an AR(3) observed without noise is known after 3 steps)
-    v_mp = _mp_variances(z[:6], F, Q, H)
+    # the variances that are finite against the mpmath oracle: every one is 0 (an AR(3)
+    # observed without noise is known after 3 steps)
+    v_mp = _oracle_variances(_ar3_sunspots)
     v = np.diagonal(f.cov[:6], axis1=-2, axis2=-1)
     fin = np.isfinite(v)
     assert fin.sum() == 3 * 6 - 3  # (steps 1 and 2 keep 2 and 1 diffuse states)
+    assert (fin == (v_mp < 1e20)).all()  # inf exactly where the oracle is still diffuse
     assert np.abs(v[fin] - v_mp[fin]).max() <= 1e-12 * np.abs(Q).max()
     assert np.abs(v_mp[fin]).max() <= 1e-30
 
@@ -132,7 +127,8 @@ def test_exact_entries_over_a_diffuse_head_leave_no_negative_variance(backend):
     res = kd.smooth(z, F, Q, H, np.zeros((1, 1)), prior_mean=np.zeros(4), prior_cov=P0,
                     backend=backend)  # fmt: skip
     _no_negative_variance(res)
-    v_mp = _mp_variances(z[:6], F, Q, H)
+    v_mp = _oracle_variances(_arima310_infl)
     v = np.diagonal(res.filtered.cov[:6], axis1=-2, axis2=-1)
     fin = np.isfinite(v)
+    assert (fin == (v_mp < 1e20)).all()  # inf exactly where the oracle is still diffuse
     assert np.abs(v[fin] - v_mp[fin]).max() <= 1e-12 * np.abs(Q).max()

@@ -1,34 +1,15 @@
 """A nearly singular proper prior on ``backend="torch"``: the large-prior head takes the prior
 through its Cholesky factor (``kalmanscan.dense.parallel._post_root``), not its inverse, so the
 filter and smoother keep the accuracy of ``native`` at cond(P0) 1e8 .. 1e16 (before: about
-``eps cond(P0)``, 1.5e-5 sd on Nile's trend at prior correlation ``1 - 1e-12``). Truth: a
-covariance-form filter in mpmath at 50 digits on the same float64 inputs."""
+``eps cond(P0)``, 1.5e-5 sd on Nile's trend at prior correlation ``1 - 1e-12``). Truth: the
+mpmath oracle (``dense_oracle``) at 50 digits on the same float64 inputs."""
 
-import mpmath as mp
 import numpy as np
 import pytest
 import statsmodels.api as sm
 
 import kalmanscan.dense as kd
-
-
-def _mp_filter(z, F, Q, H, R, m0, P0, dps=50):
-    """Covariance-form filter in mpmath: filtered means [T, n], covs [T, n, n], loglik."""
-    mp.mp.dps = dps
-    M = lambda a: mp.matrix(np.atleast_2d(a).tolist())  # noqa: E731
-    F_, Q_, H_, R_ = M(F), M(Q), M(H), M(R)
-    m, P = M(np.asarray(m0)[:, None]), M(P0)
-    ll, means, covs = mp.mpf(0), [], []
-    for zt in z:
-        m, P = F_ * m, F_ * P * F_.T + Q_
-        v = M(zt[:, None]) - H_ * m
-        S = H_ * P * H_.T + R_
-        K = P * H_.T * mp.inverse(S)
-        m, P = m + K * v, P - K * S * K.T
-        ll += -mp.log(mp.det(2 * mp.pi * S)) / 2 - (v.T * mp.inverse(S) * v)[0] / 2
-        means.append([float(x) for x in m])
-        covs.append([[float(P[i, j]) for j in range(P.cols)] for i in range(P.rows)])
-    return np.array(means), np.array(covs), float(ll)
+from kalmanscan.validation.oracle import dense_oracle
 
 
 def _nile_trend(e):
@@ -66,7 +47,8 @@ CASES = {
 def test_torch_filter_with_ill_conditioned_prior_matches_mpmath(case):
     z, F, Q, H, R, m0, P0 = CASES[case]()
     assert np.linalg.cond(P0) > 1e7
-    m_mp, P_mp, ll_mp = _mp_filter(z, F, Q, H, R, m0, P0)
+    r = dense_oracle(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, dps=50)
+    m_mp, P_mp, ll_mp = r.mean, r.cov, r.loglik
     f = kd.filter(z, F, Q, H, R, prior_mean=m0, prior_cov=P0, backend="torch")
     sd = np.sqrt(np.diagonal(P_mp, axis1=-2, axis2=-1))
     # before: 1.6e-8 sd (nile-e1e-9) .. 1.5e-4 sd (nile-e1e-13), 2.4e-5 sd (trendar-c1e14)
