@@ -307,3 +307,24 @@ def test_far_forecasts_coarser_resolution():
     assert np.is_busday(days_out).all()
     np.testing.assert_array_equal(np.unique(got - days_out), tods.values.astype("m8[us]"))
     assert (np.diff(got) > np.timedelta64(0)).all() and days_out[-1] > np.datetime64("2311-01-01")
+
+
+def test_weekmasks_are_not_bool(monkeypatch):
+    """numpy before 2.3 warns (DeprecationWarning, an error under ``-W error``) on a bool array
+    as ``weekmask``: the weekday and session forecasts hand it 0/1 integers."""
+    seen = []
+    for name in ("busday_offset", "busday_count"):
+        real = getattr(np, name)
+
+        def spy(*a, _real=real, **kw):
+            seen.append(np.asarray(kw.get("weekmask", "1111100")).dtype)
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(np, name, spy)
+    days = pd.bdate_range("2024-01-02", periods=30)
+    bars = (days.values[:, None] + _times_of_day("09:30", "16:00", "30min").values).ravel()
+    assert as_time_axis(bars, bars.size).future(20)[0] == np.datetime64("2024-02-13T09:30")
+    mwf = pd.date_range("2024-01-01", periods=40, freq="D")
+    mwf = mwf[mwf.weekday.isin([0, 2, 4])].values
+    assert str(as_time_axis(mwf, mwf.size).future(2)[-1])[:10] == "2024-02-14"
+    assert len(seen) >= 4 and np.dtype(bool) not in seen, seen

@@ -124,7 +124,9 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
         return None
     weekday = (days.astype(np.int64) + 3) % 7  # Monday 0 (1970-01-01 was a Thursday)
     seen = np.bincount(weekday, minlength=7)
-    mask = seen >= 0.2 * seen.max()  # (a rare weekday, a Saturday session, is an exception)
+    # (a rare weekday, a Saturday session, is an exception; 0/1, not bool: numpy before 2.3
+    # warns on a bool weekmask)
+    mask = (seen >= 0.2 * seen.max()).astype(np.uint8)
     if mask.all():
         return None
     steps = np.busday_count(days[:-1], days[1:], weekmask=mask)
@@ -137,7 +139,7 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
     return out.astype(labels.dtype) + values[np.argmax(counts)]
 
 
-_MON_TO_FRI = np.array([True] * 5 + [False] * 2)
+_MON_TO_FRI = np.array([1] * 5 + [0] * 2, dtype=np.uint8)  # (a weekmask)
 _RECENT_SESSIONS = 20  # the full sessions a forecast's times of day are read from
 
 
@@ -212,7 +214,7 @@ def _session_future(labels: np.ndarray, k: np.ndarray):
     weekday = (dates + 3) % 7  # Monday 0 (1970-01-01 was a Thursday)
     if dates[-1] - dates[0] >= 14:
         seen = np.bincount(weekday, minlength=7)
-        mask = seen >= 0.2 * seen.max()
+        mask = (seen >= 0.2 * seen.max()).astype(np.uint8)
         if mask.all():
             return None
     elif (weekday < 5).all():
