@@ -457,12 +457,17 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     the stacked backward and prior rows are triangularized (Ru), so the smoothed covariance is
     X' X with X = Ru^-T [L, D]', with no subtraction of nearly equal matrices. A singular R: the
     entries are decorrelated by R = Lu Dg Lu' and those with Dg = 0 (exact) are conditioned into
-    the backward prediction (:func:`_exact_step`).
+    the backward prediction (:func:`_exact_step`). A diffuse direction that no later observation
+    resolves either (a state never observed) stays diffuse (:func:`unresolved_directions`).
     """
     Rb = backward_rows(model)
     n = model.F.shape[-1]
-    ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt)
-    return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+    keep, Pu = unresolved_directions(model.F, filt)
+    ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt, keep)
+    if Pu is None:
+        return Moments(ms, Ps, torch.zeros_like(Ps), 0)
+    nd = Pu.shape[1]  # a direction no observation resolves stays diffuse, as in the filter
+    return Moments(ms, Ps, torch.cat([Pu, torch.zeros_like(Ps[:, nd:])], 1), nd)
 
 
 def backward_rows(model: Model, last=None):
@@ -615,14 +620,86 @@ def diffuse_factor(filt: Moments):
     return torch.cat([L, Dd], -1), flat
 
 
-def combine_rows(A, bb, filt: Moments):
+def unresolved_directions(F, filt: Moments):
+    """The filtered diffuse directions that no later observation resolves either (a state no
+    observation ever loads on, or one a singular ``F`` [B, T, n, n] forgets first): they stay
+    diffuse in the smoothed moments. Returns (keep [B, T, n, n], Pu [B, nd, n, n]), or
+    (None, None) where there are none: ``keep`` an orthonormal basis, in
+    :func:`diffuse_factor`'s coordinates ``v`` (``x_t = m_t + L u + D v``), of the resolved
+    ones (zero columns elsewhere), ``Pu`` the projector on the unresolved ones (``nd`` the
+    filter's diffuse steps).
+
+    Decided from the structure, as the filter decides (not from the magnitudes of the
+    information, which a small entry of ``F`` makes as small as it likes): at the last step
+    every filtered diffuse direction is unresolved; before, ``D v`` is unresolved where
+    ``F_{t+1} D v`` lies in the next step's unresolved directions (the filtered ones are those
+    not seen at ``t + 1``), with each column of ``F D`` normalized and one at the rounding of
+    its own product (:func:`factor_basis`' entrywise bound) taken as 0 (forgotten).
+
+    With ``v ~ N(0, kappa W)``, ``W = D' P_inf D`` (the filter's diffuse part, from the prior's
+    ``kappa I``), the unresolved ``v`` are independent of their complement in the metric
+    ``W^-1``, which ``W`` maps the orthogonal complement onto: the data fix that complement and
+    leave the unresolved part at its prior mean (0) and variance (``kappa``). No derivative
+    (the basis is a constant; the smoothed moments follow ``D`` through it)."""
+    B, T, n = filt.mean.shape
+    nd = min(filt.ndiffuse, T)
+    if nd == 0:
+        return None, None
+    dtype, device = filt.mean.dtype, filt.mean.device
+    tol = 1e-11 if dtype == torch.float64 else 1e-4  # the filter's dif_tol
+    eye = torch.eye(n, dtype=dtype, device=device)
+    with torch.no_grad():
+        head = Moments(*(x[:, :nd].detach() for x in filt[:3]), nd)
+        Dd, flat = (x[:, :nd] for x in diffuse_factor(head))
+        Dd, kept = Dd[..., n:], (~flat).to(dtype)
+        F = F.detach().expand(B, T, n, n)
+        last = torch.diag_embed(kept[:, -1]) if nd == T else torch.zeros_like(eye).expand(B, n, n)
+        Zs = [last]  # [B, n, n] orthonormal bases (v coordinates) of the unresolved, backward
+        P = Dd[:, -1] @ last @ Dd[:, -1].mT if nd == T else torch.zeros_like(last)
+        for t in range(nd - 2 if nd == T else nd - 1, -1, -1):
+            X = F[:, t + 1] @ Dd[:, t]
+            bound = F[:, t + 1].abs() @ Dd[:, t].abs()
+            gone = (X.abs() <= tol * bound).all(-2)  # forgotten (flat columns too: 0 <= 0)
+            one = torch.ones_like(kept[:, t])
+            top = torch.where(gone, one, X.abs().amax(-2))  # no squares of tiny entries (1e-200)
+            nrm = torch.where(
+                gone, one, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2)
+            )
+            Y = (eye - P) @ (X / nrm.unsqueeze(-2)) * (~gone).to(dtype).unsqueeze(-2)
+            G = torch.cat([Y, torch.diag_embed(1.0 - kept[:, t])], -2)  # flat: never null
+            _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
+            null = (sv <= tol).flip(-1)  # the null vectors first
+            V = (Vh.mT.flip(-1) / nrm.unsqueeze(-1)) * null.to(dtype).unsqueeze(-2)
+            V = V / V.abs().amax(-2, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+            Z = torch.linalg.qr(V)[0] * null.to(dtype).unsqueeze(-2)
+            Zs.append(Z)
+            P = Dd[:, t] @ Z @ Z.mT @ Dd[:, t].mT
+        if nd < T:
+            Zs = Zs[1:]
+        Z = torch.stack(Zs[::-1], 1)  # [B, nd, n, n]
+        nnull = (Z != 0).any(-2).sum(-1)
+        if not bool((nnull > 0).any()):
+            return None, None
+        Pz = Z @ Z.mT
+        W = _sym(Dd.mT @ _sym(head.diffuse) @ Dd)
+        Yr = torch.linalg.svd(W @ (eye - Pz))[0]
+        nres = kept.sum(-1) - nnull
+        Yr = Yr * (torch.arange(n, device=device) < nres.unsqueeze(-1)).to(dtype).unsqueeze(-2)
+        keep = torch.where((nnull > 0)[..., None, None], Yr, torch.diag_embed(kept))
+        keep = torch.cat([keep, torch.zeros(B, T - nd, n, n, dtype=dtype, device=device)], 1)
+        return keep, _sym(Dd @ Pz @ Dd.mT)
+
+
+def combine_rows(A, bb, filt: Moments, keep=None):
     """Smoothed (mean, cov) [B, T, ...] from backward rows ``|A x_t - bb|^2`` (A [B, T, k, n],
     bb [B, T, k, 1]: the likelihood of z_{t+1:T}) and the filtered moments (finite part and
     diffuse directions), by one QR of the stacked backward and prior rows (no information matrix
-    inverted; :func:`smooth_moments`). With autograd, the derivative w.r.t. a singular filtered
-    covariance (an exact entry's step) comes from :func:`_singular_cov_tangent`."""
+    inverted; :func:`smooth_moments`). ``keep`` [B, T, n, n]: the diffuse coordinates to solve
+    for (:func:`unresolved_directions`; None: all, every direction then resolved). With
+    autograd, the derivative w.r.t. a singular filtered covariance (an exact entry's step) comes
+    from :func:`_singular_cov_tangent`."""
     if not filt.cov.requires_grad:
-        return _combine_rows(A, bb, filt)
+        return _combine_rows(A, bb, filt, keep)
     B, T, n = filt.mean.shape
     P = _sym(filt.cov)
     with torch.no_grad():
@@ -632,21 +709,24 @@ def combine_rows(A, bb, filt: Moments):
         sing = ok & (w[..., 0] <= rank_tol(P.dtype) * w[..., -1].abs())
         sing[:, : min(filt.ndiffuse, T)] = False  # steps with diffuse directions: as they are
     if not bool(sing.any()):
-        return _combine_rows(A, bb, filt)
+        return _combine_rows(A, bb, filt, keep)
     # the factor's derivative at those steps dropped (P detached there), the tangent added
     cov = torch.where(sing[..., None, None], filt.cov.detach(), filt.cov)
-    ms, Ps = _combine_rows(A, bb, filt._replace(cov=cov))
+    ms, Ps = _combine_rows(A, bb, filt._replace(cov=cov), keep)
     dms, dPs = _singular_cov_tangent(A, bb, filt.mean, P, sing)
     return ms + dms, Ps + dPs
 
 
-def _combine_rows(A, bb, filt: Moments):
+def _combine_rows(A, bb, filt: Moments, keep=None):
     """:func:`combine_rows`' values (and derivatives, but for a singular filtered covariance)."""
     B, T, n = filt.mean.shape
     dtype, device = filt.mean.dtype, filt.mean.device
     eye = torch.eye(n, dtype=dtype, device=device)
     m = filt.mean
     M, flat = diffuse_factor(filt)  # [B, T, n, 2n]
+    if keep is not None:  # the resolved diffuse coordinates only; the others stay at v = 0
+        M = torch.cat([M[..., :n], M[..., n:] @ keep], -1)
+        flat = ~(keep != 0).any(-2)
     prior = torch.zeros(B, T, 2 * n, 2 * n, dtype=dtype, device=device)
     prior[..., :n, :n] = eye
     prior[..., n:, n:] = torch.diag_embed(flat.to(dtype))
@@ -655,7 +735,6 @@ def _combine_rows(A, bb, filt: Moments):
     y = Qf[..., :k, :].mT @ (bb - A @ m.unsqueeze(-1))  # the prior rows' right side is 0
     # Ru is upper triangular: an LU solve reads all of it (no pivoting happens), so autograd sees
     # every entry (the straight-through rows of _reduce_rows are not triangular in their gradient)
-    # (a direction no observation ever resolves leaves Ru singular: non-finite moments there)
     X = torch.linalg.solve_ex(Ru.mT, M.mT)[0]  # [B, T, 2n, n]
     ms = m + (M @ torch.linalg.solve_ex(Ru, y)[0]).squeeze(-1)
     Ps = _sym(X.mT @ X)
