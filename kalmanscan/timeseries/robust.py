@@ -566,16 +566,16 @@ def _typical_step(x) -> np.ndarray:
       level than the level is from 0 counts as gross. (A record resting on 0, such as rare 0/1
       events, has no such scale and keeps the median change.)
 
-    >>> _typical_step(np.array([3.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0]))  # (the moves 1 and 2)
-    np.float64(1.5)
+    >>> float(_typical_step(np.array([3.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 6.0])))  # (moves 1, 2)
+    1.5
     >>> held = np.repeat([2.5, 2.75, 2.75, 2.5, 2.25, 2.5], 8)
     >>> held[[5, 15, 25, 35]] = -9999.0  # a code more often than the rate moves
-    >>> _typical_step(held)
-    np.float64(0.25)
+    >>> float(_typical_step(held))
+    0.25
     >>> blip = np.full(40, 1000.0)
     >>> blip[[15, 20]] = -999.0, 1000.5  # a code, and the record's one move of its own
-    >>> _typical_step(blip)
-    np.float64(0.5)
+    >>> float(_typical_step(blip))
+    0.5
 
     Numpy arrays are measured in numpy (the same operations, so the same values: a few
     microseconds an operation where torch's on such small arrays take several times more),
@@ -699,8 +699,8 @@ def gross_runs(z, steps: float = _RUN_STEPS, *, device=None) -> np.ndarray:
     >>> np.flatnonzero(gross_runs(temp[:, None])[:, 0]).tolist()
     [2, 3]
     >>> shift = np.array([21.3, 22.0, 21.2, 21.9, 521.1, 520.4, 522.9, 523.5, 524.1, 523.0])
-    >>> gross_runs(shift[:, None]).any()  # a level shift: no return
-    np.False_
+    >>> bool(gross_runs(shift[:, None]).any())  # a level shift: no return
+    False
     """
     device = _args.check_device("device", device)
     Z = np.asarray(z, dtype=np.float64)
