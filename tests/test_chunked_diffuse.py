@@ -16,7 +16,9 @@ one (``1e-170`` squared underflows at once; ``1e-100`` squared over a few steps)
 - 3: diffuse, the gap of lane 0 with one forgetting step (``decay = 0``) inside.
 
 Chunks are forced (``_MANY_LANES``) at the interpreter's checkpoint interval (``CK = 4``, also
-on a GPU): 63 steps are 4 chunks, 1000 steps 63 (the forward carry scans them in 16 tiles).
+on a GPU): 33 steps are 3 chunks of 12, 12 and 9 (a first, a middle and a last; the gap ends
+inside the middle one, which it enters diffuse: ``gap_regime`` asserts it), 1000 steps 63 (the
+forward carry scans them in 16 tiles).
 """
 
 import math
@@ -56,7 +58,7 @@ TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 def _lengths(*Ts, gpu_only=()):
     # 1000 steps: ~10-20 s a call in the interpreter (slow step of CI); on a GPU always. Those in
     # gpu_only run on a GPU alone (the mpmath differences of 1000 steps take ~30 s a case; the
-    # adjoint's chunk maps from the true starts are checked at 63 steps, 4 chunks, everywhere)
+    # adjoint's chunk maps from the true starts are checked at 33 steps, 3 chunks, everywhere)
     out = []
     for T in Ts:
         if T in gpu_only and not CUDA:
@@ -94,7 +96,7 @@ def scenario(T, tiny, dtype):
     for n in (0, 2, 3):
         z[:G, n] = np.nan
     if G > 2:
-        a[G // 2, 3] = 0.0
+        a[forget_step(G), 3] = 0.0
     params = [torch.tensor(x, dtype=dtype).double().numpy() for x in (R, a, p, h, c)]
     z = torch.tensor(z, dtype=dtype).double().numpy()
     m0, v0 = PRIOR
@@ -102,6 +104,22 @@ def scenario(T, tiny, dtype):
     e0 = np.array([0.0, 0.0, m0, 0.0])
     v0 = np.array([1.0, 1.0, v0, 1.0])
     return z, params, (u0, e0, v0), G
+
+
+def forget_step(G):
+    """Lane 3's forgetting step: inside the gap, off a chunk's edge at 33 steps (13 of the
+    middle chunk's 12-23)."""
+    return G // 2 + 2
+
+
+def gap_regime(T, params, G, dtype):
+    """Assert the regime the scenario is for at ``T`` steps: chunked, and the tiny-decay gap
+    ends (first informative step G) inside a later chunk that it enters diffuse, after steps
+    of that chunk whose product of ``decay**2`` underflows in ``dtype``."""
+    CH, NC = F._plan(T, N)[:2]
+    assert NC >= 3 and CH < G < CH * (NC - 1) and G % CH != 0
+    lead = torch.tensor(params[1][CH * (G // CH) : G, 0], dtype=dtype)
+    assert len(lead) >= 2 and float(torch.prod(lead * lead)) == 0.0
 
 
 def _t(x, dtype):
@@ -130,13 +148,13 @@ def _rel(x, ref):
     return float(np.max(np.abs(x[known] - ref[known]) / np.abs(ref[known]), initial=0.0))
 
 
-@pytest.mark.parametrize("T", _lengths(1, 63, 1000))
+@pytest.mark.parametrize("T", _lengths(1, 33, 1000))
 @pytest.mark.parametrize("kind, tiny", CASES, ids=[f"{k}-a{a:g}" for k, a in CASES])
 def test_filter_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
     dtype = DECAYS[kind][0]
     z, params, x0, G = scenario(T, tiny, dtype)
     if T > 1:
-        assert F._plan(T, N)[1] > 1  # chunked
+        gap_regime(T, params, G, dtype)
     ins = [_t(z, dtype)] + [_t(x, dtype) for x in params]
     x0t = tuple(_t(x, dtype) for x in x0)
     got = F.filter_lanes(*ins, x0t)
@@ -155,7 +173,7 @@ def test_filter_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
         assert_close(got[k].cpu(), ref[k], "kernel", dtype, what=k)
 
 
-@pytest.mark.parametrize("T", _lengths(63, 1000))
+@pytest.mark.parametrize("T", _lengths(33, 1000))
 @pytest.mark.parametrize("kind, tiny", CASES, ids=[f"{k}-a{a:g}" for k, a in CASES])
 def test_smoother_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
     """The smoothed moments where the truth's precision is a normal number of the dtype and its
@@ -163,7 +181,8 @@ def test_smoother_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
     squared times the later one's: below any float) the variance is inf and the mean not
     finite, as for a state nothing is known about."""
     dtype = DECAYS[kind][0]
-    z, params, x0, _ = scenario(T, tiny, dtype)
+    z, params, x0, G = scenario(T, tiny, dtype)
+    gap_regime(T, params, G, dtype)
     ins = [_t(z, dtype)] + [_t(x, dtype) for x in params]
     got = F.smooth_lanes(*ins, tuple(_t(x, dtype) for x in x0))
     assert int(got["flags"]) == 0
@@ -199,7 +218,7 @@ def _direction(params, k):
 GRAD_CASES = CASES
 
 
-@pytest.mark.parametrize("T", _lengths(63, 1000, gpu_only=(1000,)))
+@pytest.mark.parametrize("T", _lengths(33, 1000, gpu_only=(1000,)))
 @pytest.mark.parametrize("kind, tiny", GRAD_CASES, ids=[f"{k}-a{a:g}" for k, a in GRAD_CASES])
 def test_loglik_gradient_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
     """The fused adjoint (chunked: the adjoint chunk maps of the rerun from the true starts):
@@ -208,13 +227,14 @@ def test_loglik_gradient_from_a_diffuse_start_matches_mpmath(T, kind, tiny):
     one (its state there is the same for any decay, process variance or offset)."""
     dtype = DECAYS[kind][0]
     z, params, x0, G = scenario(T, tiny, dtype)
+    gap_regime(T, params, G, dtype)
     leaves = [_t(x, dtype).requires_grad_(True) for x in params]
     r = F.filter_lanes(_t(z, dtype), *leaves, tuple(_t(x, dtype) for x in x0), outputs="loglik")
     grads = [g.cpu().double().numpy() for g in torch.autograd.grad(r["loglik"].sum(), leaves)]
     for g in grads:
         assert np.isfinite(g).all()
     for k in (1, 2, 4):  # decay, process_var, offset: nothing up to the first informative step
-        assert (grads[k][: G + 1, :2] == 0).all() and (grads[k][: G // 2, 3] == 0).all()
+        assert (grads[k][: G + 1, :2] == 0).all() and (grads[k][: forget_step(G), 3] == 0).all()
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     for n in range(N):
         for k in range(5):
@@ -289,12 +309,13 @@ def known_scenario(T, kind):
 def test_tiny_decay_meets_a_known_state_across_chunks(kind):
     """The carry walks a chunk holding such a step (its map loses ``decay**2 v``: the next
     chunks started from variance 0, the state known exactly, before): filtered means, variances
-    and the log-likelihood against mpmath, 4 chunks; the fused log-likelihood gradient against
-    the float64 sequential reference's."""
-    T = 63
+    and the log-likelihood against mpmath, 3 chunks of 16 (the steps at 5, 20 and 31 in the first
+    and middle ones, the last chunk after them); the fused log-likelihood gradient against the
+    float64 sequential reference's."""
+    T = 40
     dtype = KNOWN[kind][0]
     z, params, x0, (lam0, m0) = known_scenario(T, kind)
-    assert F._plan(T, N)[1] == 4
+    assert F._plan(T, N)[:2] == (16, 3)
     ins = [_t(z, dtype)] + [_t(x, dtype) for x in params]
     x0t = tuple(_t(x, dtype) for x in x0)
     got = F.filter_lanes(*ins, x0t)

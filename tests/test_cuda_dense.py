@@ -94,7 +94,7 @@ CASES = [
     ("n3-d2-T40", 3, 2, 40, False),
     ("n4-d1-T130", 4, 1, 130, False),  # interpreted: 9 chunks of 16, 3 groups (two-level carry)
     ("n8-d1-T70", 8, 1, 70, False),
-    ("n3-d2-T30-fullR", 3, 2, 30, True),
+    ("n3-d2-T10-fullR", 3, 2, 10, True),  # interpreted: 3 chunks (4, 4, 2)
 ]
 
 
@@ -112,6 +112,8 @@ SLOW_INTERPRETED = () if CUDA else ("n4-d1-T130",)
 )
 def test_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
+    if not CUDA and T > 8:  # several chunks, the carries between them
+        assert CD.cdiv(T, CD.chunk_length(T)) >= 3
     check(z, kw, dtype)
 
 
@@ -247,12 +249,14 @@ def normwise(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def check_smooth(z, kw, dtype):
-    ref = kd.smooth(
-        torch.as_tensor(z, dtype=torch.float64),
-        **{k: torch.as_tensor(v, dtype=torch.float64) for k, v in kw.items()},
-        backend="sequential",
-    )
+def check_smooth(z, kw, dtype, ref=None):
+    """``ref``: the sequential float64 smoother's result on ``z, kw`` where the caller has it."""
+    if ref is None:
+        ref = kd.smooth(
+            torch.as_tensor(z, dtype=torch.float64),
+            **{k: torch.as_tensor(v, dtype=torch.float64) for k, v in kw.items()},
+            backend="sequential",
+        )
     model, layout = laid_out(z, kw, dtype)
     got = CD.dense_triton(model, layout, True, 32)
     assert isinstance(got, kd.DenseSmoothResult)
@@ -277,11 +281,14 @@ SMOOTH_CASES = [
     # id, n, d, T, full R, dtype (the default run: cheap interpreted sizes)
     ("n2-d1-T1-f64", 2, 1, 1, False, torch.float64),
     ("n2-d1-T1-f32", 2, 1, 1, False, torch.float32),
-    ("n2-d1-T21-f64", 2, 1, 21, False, torch.float64),  # interpreted: 3 chunks of 8, the last 5
-    ("n3-d2-T12-f32", 3, 2, 12, False, torch.float32),  # padded state, 3 chunks of 4
-    ("n8-d1-T12-f32", 8, 1, 12, False, torch.float32),
-    ("n3-d2-T16-fullR-f64", 3, 2, 16, True, torch.float64),
+    ("n2-d1-T11-f64", 2, 1, 11, False, torch.float64),  # interpreted: 3 chunks of 4, the last 3
+    # padded state, 4 chunks of 2, the last 1; a vector missing whole and one missing in part
+    ("n3-d2-T7-f32", 3, 2, 7, False, torch.float32),
+    ("n8-d1-T6-f32", 8, 1, 6, False, torch.float32),  # 3 chunks of 2
+    ("n3-d2-T8-fullR-f64", 3, 2, 8, True, torch.float64),  # 4 chunks of 2
 ]
+# interpreted: (chunks, steps of the last chunk) of SMOOTH_CASES past one step
+SMOOTH_CHUNKS = {11: (3, 3), 7: (4, 1), 6: (3, 2), 8: (4, 2)}
 
 
 @pytest.mark.parametrize(
@@ -290,6 +297,13 @@ SMOOTH_CASES = [
 )  # fmt: skip
 def test_smooth_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
+    if not CUDA and T > 1:
+        L = CD.chunk_length(T)
+        assert (CD.cdiv(T, L), T - L * (CD.cdiv(T, L) - 1)) == SMOOTH_CHUNKS[T]
+    if T > 5:  # a whole vector missing; with d = 2 and a diagonal R, one missing in part too
+        missing = np.isnan(z)
+        assert missing[5].all()
+        assert full_r or d == 1 or bool((missing.any(1) & ~missing.all(1)).any())
     check_smooth(z, kw, dtype)
 
 
@@ -330,7 +344,7 @@ def test_smooth_many_series():
     # two series on axis 1, each with its own F, Q, H, R, offset and prior (one program per
     # chunk and series), missing entries
     rng = np.random.default_rng(5)
-    T, B, n, d = 9, 2, 3, 2
+    T, B, n, d = 5, 2, 3, 2  # interpreted: 3 chunks of 2 steps
     F = rng.normal(size=(B, n, n))
     F *= 0.9 / np.abs(np.linalg.eigvals(F)).max(-1)[:, None, None]
     G = rng.normal(size=(B, n, n))
@@ -345,6 +359,9 @@ def test_smooth_many_series():
     )
     z = rng.normal(size=(T, B, d))
     z[rng.random(z.shape) < 0.2] = np.nan
+    assert np.isnan(z).any() and not np.isnan(z).all(2).all(0).any()  # every series observed
+    if not CUDA:
+        assert CD.cdiv(T, CD.chunk_length(T)) == 3
     got = check_smooth(z, kw, torch.float64)
     assert got.mean.shape == (T, B, n) and got.filtered.loglik.shape == (B,)
 
@@ -404,7 +421,7 @@ def auto_is_triton(monkeypatch):
 def test_auto_smooth_takes_triton(auto_is_triton, ran, ran_smooth):
     # kd.smooth(auto) runs the fused smoother for a model the triton backend serves (on CPU
     # through the auto rule that CUDA tensors get); kd.filter(auto) runs the fused filter
-    z, kw = random_model(6, 2, 1, 21)
+    z, kw = random_model(6, 2, 1, 11)  # interpreted: 3 chunks of 4, 4 and 3 steps
     t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
     zt = torch.as_tensor(z, device=DEVICE)
     got = kd.smooth(zt, **t)
@@ -477,9 +494,13 @@ def test_auto_known_directions_take_the_rule(auto_is_triton, ran, ran_smooth, na
 def test_gate_is_off_on_ordinary_models():
     # random stable models with SPD Q and prior (the rest of this file): the fused path serves
     # them, the gate kernel's bit stays 0 (float32's bound included, 1 / (64 eps n^2))
+    # (the gate kernel reads the model once a series, whatever T; interpreted: 2 chunks of 2 and
+    # 1 step, a carry between them)
+    T = 3
+    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 2
     for seed, n in [(1, 2), (2, 3), (3, 4), (4, 8)]:
         for dtype in (torch.float32, torch.float64):
-            z, kw = random_model(seed, n, 1, 5)
+            z, kw = random_model(seed, n, 1, T)
             model, layout = laid_out(z, kw, dtype)
             parts, flagged, gated = CD.run(model, layout)
             assert parts is not None and not flagged and not gated, (seed, n, dtype)
@@ -564,10 +585,10 @@ def test_near_noise_free_whole_state(name):
     # relative off before; every output within the scan's float64 tolerance of the sequential
     # reference now (which is within 2e-15 of the mpmath oracle on these rows)
     z, kw = near_noise_free(name)
-    check_smooth(z, kw, torch.float64)
+    ref = kd.smooth(z, **kw, backend="sequential")
+    check_smooth(z, kw, torch.float64, ref)
     # float32: covariances within 1e-4 per step (measured <= 5.8e-7 interpreted; 4.8e4 .. 1.9e11
     # off before), finite loglik (inf before)
-    ref = kd.smooth(z, **kw, backend="sequential")
     model, layout = laid_out(z, kw, torch.float32)
     g32 = CD.dense_triton(model, layout, True, 32)
     assert bool(torch.isfinite(g32.filtered.loglik).all())

@@ -238,18 +238,24 @@ def test_trailing_gap(auto_is_triton, served, op):
 
 
 def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
-    # chunks of 3 steps over T = 23 (8 chunks, groups of 4: the two-level carries forwards
-    # and backwards), the lost step (float32, F = 30 I: variance x900 a step over a gap) in the
-    # second group: NaN flows through the later chunks' carries and group elements; the other
-    # series, in the same launches, as alone
-    monkeypatch.setattr(CD, "chunk_length", lambda T: 3)
+    # chunks of 2 steps over T = 16 (8 chunks, groups of 4: the two-level carries forwards
+    # and backwards), the lost step (float32, F = 60 I: variance x3600 a step over a gap) in the
+    # second group, a chunk after it: NaN flows through the later chunks' carries and group
+    # elements, and past the observations after the gap; the other series, in the same
+    # launches, as alone
+    L = 2
+    monkeypatch.setattr(CD, "chunk_length", lambda T: L)
     monkeypatch.setitem(CD.TUNING, "one_level", 4)
-    T, dtype = 23, torch.float32
+    T, dtype = 16, torch.float32
+    NC = CD.cdiv(T, L)
+    G = CD.group_size(NC)
+    assert (NC, G) == (8, 4)
     rng = np.random.default_rng(8)
     z = rng.normal(size=(T, 2, 2))
-    z[2:20, 1] = np.nan  # series 1: prediction ~900^k past 3.4e38 inside the gap
+    z[2:14, 1] = np.nan  # series 1: prediction ~3600^k past 3.4e38 inside the gap
     z[rng.random(z.shape) < 0.1] = np.nan
-    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 30.0 * np.eye(2)])
+    assert not np.isnan(z[14:, 1]).all()  # observed after the gap
+    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 60.0 * np.eye(2)])
     kw = dict(F=F, Q=Q2, H=H2, R=R2, **PRIOR)
     got, msgs = call(kd.smooth, torch.as_tensor(z, dtype=dtype, device=DEVICE),
                      **tensors(kw, dtype, DEVICE))  # fmt: skip
@@ -258,7 +264,9 @@ def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
     assert msgs == ref_msgs == [expected_warning(dtype, " at series index (1,)")]
     lost = torch.isnan(ref.filtered.mean[:, 1, 0])
     first = int(lost.nonzero()[0])
-    assert 12 <= first < 21, f"the lost step {first} must lie in the second group of chunks"
+    assert G * L <= first < T - L, (
+        f"the lost step {first} must lie in the second group of chunks, a chunk after it"
+    )
     for (name, a), (_, b) in zip(moments(got, "smooth"), moments(ref, "smooth"), strict=True):
         if name.endswith("loglik"):
             assert bool(a[1].isnan()) and not bool(a[0].isnan()), name
@@ -321,9 +329,11 @@ def test_ordinary_models_leave_the_bit_off(lost_rule):
     # fires, the host does nothing more than before
     from tests.test_cuda_dense import laid_out, random_model
 
+    T = 5  # interpreted: 3 chunks of 2 steps, the carries between them
+    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 3
     for seed, n, d in [(1, 2, 1), (2, 3, 2)]:
         for dtype in DTYPES:
-            z, kw = random_model(seed, n, d, 9)
+            z, kw = random_model(seed, n, d, T)
             model, layout = laid_out(z, kw, dtype)
             parts, flagged, gated = CD.run_smooth(model, layout)  # the filter's kernels too
             assert parts is not None and not flagged and not gated, (seed, n, dtype)

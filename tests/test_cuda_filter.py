@@ -121,7 +121,11 @@ def test_filter_and_smoother_every_output(T, N, regime, dtype, monkeypatch):
 @pytest.mark.parametrize("regime", ["lanes", "chunks"])
 def test_loglik_mode_allocates_nothing_of_size_T_N(regime, monkeypatch):
     _force(monkeypatch, regime)
-    T, N = (2000, 300) if CUDA else (40, 3)
+    # interpreted: 17 steps, two chunks in the chunks regime (every chunked buffer, [NC, N]
+    # sized, beside [T, N])
+    T, N = (2000, 300) if CUDA else (17, 3)
+    if not CUDA:
+        assert F._plan(T, N)[1] == (2 if regime == "chunks" else 1)
     shapes = []
     real = F.empty
 
@@ -153,8 +157,15 @@ def test_fused_loglik_adjoint(regime, broadcast, dtype, monkeypatch):
     if CUDA:
         T, N = (30000, 200) if regime == "chunks-long" else (3000, 200)
     else:
-        T, N = (203, 3) if regime == "chunks-long" else (37, 3)
+        # chunks: three (12, 12 and 9 steps: a middle one; the last with a partial checkpoint
+        # segment, as the 21 steps of lanes)
+        T, N = {"chunks-long": (203, 3), "chunks": (33, 3), "lanes": (21, 3)}[regime]
+        if regime == "chunks":
+            assert F._plan(T, N)[:2] == (12, 3)
     xs = make_inputs(T, N, seed=7, broadcast=broadcast, forget=not broadcast)
+    # missing steps (NaN, and obs_var = inf), and forgetting steps (decay 0) where not broadcast
+    assert bool(xs[0].isnan().any())
+    assert broadcast or (bool(xs[1].isinf().any()) and bool((xs[2] == 0).any()))
     g = torch.Generator().manual_seed(8)
     w = torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE)
     gf = [torch.randn(N, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(3)]
@@ -204,6 +215,21 @@ def test_gradients_of_every_output(regime, smooth, monkeypatch):
 
 _CLEAN_FLAGS: dict[str, int] = {}  # regime -> flags of test_flags' inputs as made
 
+# test_flags' sizes (interpreted; on CUDA too, small either way): the lanes regime walks 10
+# steps; the chunks regime the fewest with two chunks, 12 and 5 steps. Each case injects its
+# value at a step given for 30 steps in two chunks of 16 (the size of this test before), mapped
+# into the same chunk (first, or second) for the chunks regime and spread over the 10 steps for
+# the lanes regime (the last step stays the last)
+FLAG_T = {"lanes": 10, "chunks": 17}
+
+
+def _flag_step(i, regime):
+    T = FLAG_T[regime]
+    if regime == "lanes":
+        return round(i * (T - 1) / 29)
+    CH = F._plan(T, 3)[0]
+    return min(i, CH - 1) if i < 16 else min(CH + i - 16, T - 1)
+
 
 @pytest.mark.parametrize("regime", ["lanes", "chunks"])
 @pytest.mark.parametrize(
@@ -215,25 +241,29 @@ _CLEAN_FLAGS: dict[str, int] = {}  # regime -> flags of test_flags' inputs as ma
 )  # fmt: skip
 def test_flags(what, bit, regime, monkeypatch):
     _force(monkeypatch, regime)
-    T, N = 30, 3
+    T, N = FLAG_T[regime], 3
+    if not CUDA and regime == "chunks":  # a second chunk, checked by its own programs
+        assert F._plan(T, N)[:2] == (12, 2)
+    assert _flag_step(29, regime) == T - 1
     xs = make_inputs(T, N, seed=3)
     z, R, a, p, h, c = xs[:6]
+    s = lambda i: _flag_step(i, regime)  # noqa: E731
     if what == "z_inf":
-        z[17, 1] = float("inf")
+        z[s(17), 1] = float("inf")
     elif what == "obs_var_zero":
-        R[5, 2] = 0.0
+        R[s(5), 2] = 0.0
     elif what == "obs_var_nan":
-        R[9, 0] = float("nan")
+        R[s(9), 0] = float("nan")
     elif what == "decay_nan":
-        a[20, 1] = float("nan")
+        a[s(20), 1] = float("nan")
     elif what == "process_var_negative":
-        p[3, 2] = -0.1
+        p[s(3), 2] = -0.1
     elif what == "loading_inf":
-        h[8, 0] = float("inf")
+        h[s(8), 0] = float("inf")
     elif what == "offset_nan":
-        c[29, 2] = float("nan")
+        c[s(29), 2] = float("nan")
     elif what == "tiny_obs_var":
-        z[4, 0], R[4, 0] = 1.0, 1e-320  # h*h/R overflows
+        z[s(4), 0], R[s(4), 0] = 1.0, 1e-320  # h*h/R overflows
     elif what == "prior_negative_v":
         xs[8][2] = -0.5
     elif what == "prior_nan_e":
@@ -241,7 +271,7 @@ def test_flags(what, bit, regime, monkeypatch):
     elif what == "prior_info_without_precision":
         xs[7][0] = 0.3  # lane 0 is diffuse (u0 = 0)
     elif what == "overflow":
-        z[12, 2], R[12, 2] = 1e200, 1.0  # squared innovation past the dtype's maximum
+        z[s(12), 2], R[s(12), 2] = 1e200, 1.0  # squared innovation past the dtype's maximum
     for outputs in ("all", "loglik"):
         got = F.filter_lanes(*[x.expand(T, N) for x in xs[:6]], tuple(xs[6:]), outputs=outputs)
         assert int(got["flags"]) & bit, (what, outputs)
@@ -256,8 +286,11 @@ def test_flags(what, bit, regime, monkeypatch):
 
 
 def test_regimes_agree():
-    T, N = (5000, 33) if CUDA else (45, 2)
+    T, N = (5000, 33) if CUDA else (33, 2)
+    if not CUDA:  # three chunks (12, 12 and 9 steps): a middle one
+        assert F._plan(T, N)[:2] == (12, 3)
     xs = make_inputs(T, N, seed=9, forget=True)
+    assert bool((xs[2] == 0).any()) and bool(xs[0].isnan().any())
     ins, x0 = expanded(xs, T, N, torch.float64)
     outs = []
     for many in (1, 10**9):
@@ -332,10 +365,14 @@ def test_public_loglik_gradient(regime, dtype, triton_auto, monkeypatch):
     import kalmanscan
 
     _force(monkeypatch, regime)
-    T, N = (3000, 50) if CUDA else (21, 2)
+    # interpreted: two chunks of 12 and 5 steps, or one lane program over 9 steps
+    T, N = (3000, 50) if CUDA else ((17 if regime == "chunks" else 9), 2)
+    if not CUDA:
+        assert F._plan(T, N)[:2] == (12, 2 if regime == "chunks" else 1)
     g = torch.Generator().manual_seed(31)
     z = torch.randn(T, N, generator=g, dtype=torch.float64)
     z[torch.rand(T, N, generator=g) < 0.1] = float("nan")
+    z[4, 1] = float("nan")  # a missing step at every size
     params = [0.5 + torch.rand(N, generator=g, dtype=torch.float64),
               0.6 + 0.4 * torch.rand(N, generator=g, dtype=torch.float64),
               0.05 + 0.2 * torch.rand(N, generator=g, dtype=torch.float64),
@@ -364,7 +401,7 @@ def test_loglik_gradient_launched_by_the_forward(regime, final, monkeypatch):
     well the backward runs its own adjoint. Both against the sequential reference in float64,
     twice through one graph (the second backward must not touch the first's gradients)."""
     _force(monkeypatch, regime)
-    T, N = (3000, 60) if CUDA else (33, 3)
+    T, N = (3000, 60) if CUDA else ((33 if regime == "chunks" else 13), 3)
     if not CUDA and regime == "chunks":  # three chunks (12, 12 and 9 steps): a middle one
         assert F._plan(T, N)[:2] == (12, 3)
     xs = make_inputs(T, N, seed=12, broadcast=True)
@@ -396,7 +433,10 @@ def test_loglik_backward_twice_leaves_the_first_gradients(regime, monkeypatch):
     """The adjoint's buffers come from the forward; a second backward through the same graph
     (retain_graph) must not write into the first one's gradients."""
     _force(monkeypatch, regime)
-    T, N = (500, 40) if CUDA else (21, 2)
+    # interpreted: two chunks of 12 and 5 steps, or one lane program over 9 steps
+    T, N = (500, 40) if CUDA else ((17 if regime == "chunks" else 9), 2)
+    if not CUDA:
+        assert F._plan(T, N)[1] == (2 if regime == "chunks" else 1)
     xs = make_inputs(T, N, seed=5, broadcast=True)
     leaves = [x.detach().clone().requires_grad_(True) for x in (xs[1], xs[6])]
     ins = [xs[0], leaves[0].expand(T, N)] + [x.expand(T, N) for x in xs[2:6]]

@@ -424,10 +424,10 @@ def test_default_initial_state(monkeypatch, many_lanes):
     # no gradient, and the kept tensors stay (1, 0)
     if many_lanes:
         monkeypatch.setattr(tuning, "LARGE", 1)
-    x = make_inputs(2, 19, 3, 4, seed=12)
+    x = make_inputs(2, 9, 3, 4, seed=12)  # 9 steps: whole blocks (4 or 8 steps) and a tail
     x["lam0"] = torch.ones_like(x["lam0"])
     x["eta0"] = torch.zeros_like(x["eta0"])
-    w = weights_for(2, 19, 3, 4)
+    w = weights_for(2, 9, 3, 4)
     outs = {}
     for default in (False, True):
         leaves = {n: t.detach().clone().requires_grad_(n not in ("lam0", "eta0"))

@@ -38,25 +38,42 @@ def poison(monkeypatch):
     monkeypatch.setattr(_common, "POISON", True)
 
 
-def chunked_runs(shape, C, dtype, monkeypatch, seed=0, forget=True, plain=True):
+def chunked_runs(shape, C, dtype, monkeypatch, seed=0, forget=True, plain=True, precision=True):
     """``(chunked, unchunked or None, reference)`` outputs and gradients, the kernels in
-    ``dtype``."""
+    ``dtype``; ``precision``: the precisions among the outputs (and their gradient)."""
     x = make_inputs(*shape, seed=seed, forget=forget)
     w = weights_for(*shape)
     monkeypatch.setattr(tuning, "CHUNKS", C)
-    got = run(kla_triton, x, dtype, w)
+    got = run(kla_triton, x, dtype, w, precision)
     monkeypatch.setattr(tuning, "CHUNKS", 1)
-    unchunked = run(kla_triton, x, dtype, w) if plain else None
-    ref = run(reference, x, torch.float64, w)
+    unchunked = run(kla_triton, x, dtype, w, precision) if plain else None
+    ref = run(reference, x, torch.float64, w, precision)
     return got, unchunked, ref
 
 
+def spy_maps(monkeypatch):
+    """A list that gets, at each ``chunked.chunk_starts``, the chunk maps it wrote ``[7, B,
+    C - 1, M S]`` (each row's last chunk has none: NaN-poisoned), from the op's own run."""
+    seen = []
+    real = chunked.chunk_starts
+
+    def spy(v, *args):
+        maps, start = real(v, *args)
+        B, C = v.shape[0], args[-1]
+        seen.append(maps.view(maps.shape[0], B, C, -1)[:, :, : C - 1].clone())
+        return maps, start
+
+    monkeypatch.setattr(chunked, "chunk_starts", spy)
+    return seen
+
+
 # The interpreter walks every step in Python (about 0.1 s a step here), so the shapes are small:
-def check_float64_reference(shape, C, monkeypatch):
+def check_float64_reference(shape, C, monkeypatch, precision=True):
     """The chunked op in float64 on ``shape`` in ``C`` chunks against the sequential reference:
-    outputs and the gradients of all six inputs."""
-    (got, ggot), _, (ref, gref) = chunked_runs(shape, C, torch.float64, monkeypatch, plain=False)
-    for name, a, b in zip(OUTS, got, ref, strict=True):
+    outputs and the gradients of all six inputs (``precision``: as chunked_runs)."""
+    (got, ggot), _, (ref, gref) = chunked_runs(shape, C, torch.float64, monkeypatch, plain=False,
+                                               precision=precision)  # fmt: skip
+    for name, a, b in zip(OUTS[: len(got)], got, ref, strict=True):
         assert_close(a, b, "kernel", torch.float64, what=name)
     for name, a, b in zip(NAMES, ggot, gref, strict=True):
         scale = max(b.abs().max().item(), 1.0)  # (as test_cuda_kla: exact zeros behind a forget)
@@ -75,12 +92,13 @@ def check_float32_reference(x, C, weights, monkeypatch):
         assert normwise(a, r) <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}"
 
 
-# L = 63 in 7 chunks of 9 steps (each row a whole block and a tail), a forgetting lane (decay
-# 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c) at L = 36 in 4 chunks.
+# L = 27 in 3 chunks of 9 steps (a first, a middle and a last; each row a whole block and a
+# tail), a forgetting lane (decay 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c)
+# at L = 36 in 4 chunks.
 @pytest.mark.parametrize(
     "shape,C",
-    [((1, 63, 2, 5), 7), ((2, 36, 3, 4), 4)],
-    ids=["B1-L63-M2-S5-C7-f64", "B2-L36-M3-S4-C4-f64"],
+    [((1, 27, 2, 5), 3), ((2, 36, 3, 4), 4)],
+    ids=["B1-L27-M2-S5-C3-f64", "B2-L36-M3-S4-C4-f64"],
 )
 def test_chunked_equals_reference_float64(shape, C, monkeypatch):
     check_float64_reference(shape, C, monkeypatch)
@@ -141,7 +159,7 @@ def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
         chunked_runs((1, 36, 2, 4), 4, torch.float64, monkeypatch, plain=False)
 
 
-@pytest.mark.parametrize("shape,C", [((1, 64, 3, 4), 4)], ids=["B1-L64-M3-S4-C4-f32"])
+@pytest.mark.parametrize("shape,C", [((1, 48, 3, 4), 3)], ids=["B1-L48-M3-S4-C3-f32"])
 def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
     (got, ggot), (plain, gplain), (ref, gref) = chunked_runs(
         shape, C, torch.float32, monkeypatch, seed=3, forget=False
@@ -159,7 +177,7 @@ def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
 # p / af (chunked._tangent_pa), large where the decay is small, and 0 where it is 0 (forget).
 @pytest.mark.parametrize("decay", [0.011, 1e-6, 1e-12, 0.0])
 def test_chunked_small_decays(decay, monkeypatch):
-    shape, C = (1, 64, 3, 4), 4
+    shape, C = (1, 48, 3, 4), 3  # chunks of 16: a first, a middle and a last
     x = make_inputs(*shape, seed=4, forget=False)
     x["decay"][1, 2] = decay
     x["decay"][2] = max(decay, 1e-3)
@@ -177,7 +195,7 @@ def test_chunked_small_decays(decay, monkeypatch):
 @pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0), (1.0, 1e12)],
                          ids=["Lv1e10", "Lv1e14-p50", "p1e12"])  # fmt: skip
 def test_chunked_precise_observations(where, scale, pv, monkeypatch):
-    shape, C = (2, 64, 3, 4), 4
+    shape, C = (2, 48, 3, 4), 3  # chunks of 16: a first, a middle and a last
     x = make_inputs(*shape, seed=6, forget=True)
     if where == "all":
         x["Lv"] = x["Lv"] * scale
@@ -186,10 +204,9 @@ def test_chunked_precise_observations(where, scale, pv, monkeypatch):
         x["Lv"][:, 20:28, 1] = x["Lv"][:, 20:28, 1] * scale  # chunk 1 (steps 16-31), channel 1
         x["process_var"][1] = pv
     w = weights_for(*shape)
-    maps, _ = chunked.chunk_starts(*(x[n].float() for n in ("v", "Lv", "k", "decay",
-                                                            "process_var")), None, None, C)
-    assert not torch.isfinite(maps).all()  # the maps overflowed: the walk is tested
+    maps = spy_maps(monkeypatch)
     check_float32_reference(x, C, w, monkeypatch)
+    assert len(maps) == 1 and not torch.isfinite(maps[0]).all()  # overflowed: the walk is tested
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (overflows)
@@ -200,12 +217,15 @@ def test_chunked_op_regimes(name, monkeypatch):
     kernels in the interpreter without a GPU), against the float64 sequential op: the tolerance
     of ``tests/test_extremes.py::test_kla_op_regimes``, no non-finite output. (The p = 1e12
     regime overflowed the chunk maps, which gave NaN, before the carry's walk.)"""
-    x = kla_inputs(name, shape=(2, 256, 4, 3))
+    x = kla_inputs(name, shape=(2, 64, 4, 3))  # 4 chunks of 16 steps
     ref = kla_filter(**x, backend="sequential")
     monkeypatch.setattr(tuning, "CHUNKS", 4)
     dev = [x[n].to(device=DEVICE, dtype=torch.float32) for n in NAMES[:6]]
+    maps = spy_maps(monkeypatch)
     y, yvar, lam, _, _ = (t.cpu().double() if t is not None else t
                           for t in kla_triton(*dev, None, None))  # fmt: skip
+    # the regime: p = 1e12 overflows the chunk maps (the carry walks them), the others do not
+    assert len(maps) == 1 and bool(torch.isfinite(maps[0]).all()) == (name != "kla-p-huge")
     e = kla_errors(SimpleNamespace(y=y, yvar=yvar, final=SimpleNamespace(lam=lam)), ref)
     tol = tolerance("truth", "float32")
     assert e["nonfinite"] == 0
@@ -393,14 +413,27 @@ def test_chunked_without_variance(monkeypatch):
 def test_tangent_maps_double_buffered_equal_reference(unroll, slots, monkeypatch):
     """The tangent maps with their inputs double-buffered in registers (``"db"`` of
     ``TANGENT_LAUNCH``) at other blocks and slots than the default's (8 steps, 2 slots:
-    test_map_kernels_default_launch_walks_full_blocks): chunks of 35 steps walk 8 blocks of 4
-    (pairs only) or 4 of 8 (pairs) and a tail of 3; chunks of 9 (L = 63 in 7) walk 2 blocks of
-    4 (one pair) or 1 of 8 (the odd last block, no pair) and a tail; the float64 reference's
-    outputs and gradients."""
+    test_map_kernels_default_launch_walks_full_blocks): chunks of 5 blocks and 3 steps walk
+    two pairs (the first pair loads the second's first block), the odd last block and a tail of
+    3; three chunks (the tangent maps walk the middle and the last); the float64 reference's
+    outputs and gradients. Without the precisions' gradient: with it (``HAS_GPREC``) the
+    kernel takes the plain loop, not the double buffer (the launch spied)."""
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH",
                         dict(chunked.TANGENT_LAUNCH, unroll=unroll, slots=slots, db=1))  # fmt: skip
-    check_float64_reference((1, 105, 2, 5), 3, monkeypatch)
-    check_float64_reference((1, 63, 2, 5), 7, monkeypatch)
+    C, Lc = 3, 5 * unroll + 3
+    assert chunked._double_buffered(True)
+    assert (Lc // unroll // 2, Lc // unroll % 2, Lc % unroll) == (2, 1, 3)  # pairs, odd, tail
+    seen = []
+    real = chunked.launch
+
+    def spy(fn, grid, *a, **kw):
+        if fn is chunked._adjoint_maps_kernel:
+            seen.append((kw["DB"], kw["HAS_GPREC"]))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(chunked, "launch", spy)
+    check_float64_reference((1, C * Lc, 2, 5), C, monkeypatch, precision=False)
+    assert seen == [(True, False)]  # the double-buffered loop ran
 
 
 def test_double_buffer_flag_is_checked(monkeypatch):
@@ -422,7 +455,7 @@ def test_map_kernel_register_cap(monkeypatch):
     assert chunked._reg_cap(True) == {} and chunked._reg_cap() == {}
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, maxnreg=96))
     assert chunked._reg_cap(True) == {"maxnreg": 96}
-    check_float64_reference((1, 36, 3, 4), 4, monkeypatch)
+    check_float64_reference((1, 27, 3, 4), 3, monkeypatch)  # chunks of 9: a block and a tail
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, maxnreg=8))
     with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['maxnreg'\]: expected 0 or an int"):
         chunked._reg_cap()

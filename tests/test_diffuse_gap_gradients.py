@@ -19,6 +19,7 @@ central differences at 400 digits (:func:`mp_gradient`).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -155,7 +156,8 @@ def reference(model, prior=None, loading=True):
         return mp_run(z, x["R"] * T, x["a"], x["p"] * T, x["h"], x["c"] * T, x["m0"][0], P0)[0]
 
     which = [("R", 0), ("p", 0), ("c", 0)] + [("a", i) for i in range(T)]
-    which += [("h", i) for i in range(T)] if loading else []
+    # the loading where observed: :func:`grad_error` judges it only there (elsewhere 0)
+    which += [("h", i) for i in range(T) if not math.isnan(z[i])] if loading else []
     which += [("m0", 0), ("P0", 0)] if prior is not None else []
     g = mp_gradient(f, params, which)
     with mp.workdps(DPS):
@@ -262,6 +264,23 @@ def test_loglik_gradient_with_a_proper_prior(backend, decay, prior, triton_on_cp
     _check(model, ("prior", decay, prior), backend, np.float64, prior=prior)
 
 
+@functools.cache
+def long_gap_reference(dtype, decay, G):
+    """The mpmath gradient of :func:`test_long_gap_of_ordinary_decays` (the same for every
+    backend: computed once)."""
+    model = gap_model(G + 6, G, decay, dtype)
+    T = G + 6
+    z = model["z"]
+    params = dict(R=[model["R"]], a=model["a"], p=[model["p"]], c=[model["c"]])
+    h = _mpf(model["h"])
+
+    def f(x):
+        return mp_run(z, x["R"] * T, x["a"], x["p"] * T, h, x["c"] * T)[0]
+
+    which = [("R", 0), ("p", 0), ("c", 0)] + [("a", i) for i in range(G - 2, T)]
+    return mp_gradient(f, params, which, dps=60, step=mp.mpf("1e-20"))
+
+
 @pytest.mark.parametrize("dtype, decay, G", [(np.float64, 0.5, 600), (np.float32, 0.5, 80)],
                          ids=["f64-a0.5-G600", "f32-a0.5-G80"])  # fmt: skip
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -270,7 +289,6 @@ def test_long_gap_of_ordinary_decays(backend, dtype, decay, G):
     NaN from ``sequential``, an OverflowError from ``native``). The gradient in obs_var,
     process_var, offset and the decays of the gap's last steps and after, against mpmath."""
     model = gap_model(G + 6, G, decay, dtype)
-    T = G + 6
     tdt = torch.float64 if dtype == np.float64 else torch.float32
     leaves = [torch.tensor(x, dtype=tdt, requires_grad=True)
               for x in (model["R"], model["a"], model["p"], model["c"])]  # fmt: skip
@@ -280,16 +298,7 @@ def test_long_gap_of_ordinary_decays(backend, dtype, decay, G):
     got = [g.double().numpy() for g in torch.autograd.grad(ll, leaves)]
     assert all(np.isfinite(g).all() for g in got)
     assert (got[1][:G] == 0).all()  # the gap's decays: nothing depends on them
-    z = model["z"]
-    params = dict(R=[model["R"]], a=model["a"], p=[model["p"]], c=[model["c"]])
-
-    h = _mpf(model["h"])
-
-    def f(x):
-        return mp_run(z, x["R"] * T, x["a"], x["p"] * T, h, x["c"] * T)[0]
-
-    which = [("R", 0), ("p", 0), ("c", 0)] + [("a", i) for i in range(G - 2, T)]
-    ref = mp_gradient(f, params, which, dps=60, step=mp.mpf("1e-20"))
+    ref = long_gap_reference(dtype, decay, G)
     tol = TOL[dtype]
     scale = max(abs(float(v)) for v in ref.values())
     index = {"R": 0, "a": 1, "p": 2, "c": 3}
@@ -299,7 +308,19 @@ def test_long_gap_of_ordinary_decays(backend, dtype, decay, G):
         assert abs(g - float(r)) <= tol * scale, (name, i, g, float(r))
 
 
+_SMOOTH_REFS: dict = {}
+
+
 def smooth_reference(model, which_t):
+    """:func:`_smooth_reference`, computed once per model and steps (the same for every
+    backend)."""
+    key = (tuple((k, np.asarray(v).tobytes()) for k, v in sorted(model.items())), tuple(which_t))
+    if key not in _SMOOTH_REFS:
+        _SMOOTH_REFS[key] = _smooth_reference(model, which_t)
+    return {k: np.copy(v) for k, v in _SMOOTH_REFS[key].items()}
+
+
+def _smooth_reference(model, which_t):
     """mpmath ``sum_t (smooth_mean + smooth_var)`` over ``which_t`` plus the log-likelihood,
     and its gradient (keys as :func:`ll_grads`, no prior)."""
     z = model["z"]
@@ -312,7 +333,8 @@ def smooth_reference(model, which_t):
         return ll + sum(sm[t] + sv[t] for t in which_t)
 
     which = [("R", 0), ("p", 0), ("c", 0)] + [("a", i) for i in range(T)]
-    which += [("h", i) for i in range(T)]
+    # the loading where observed: :func:`grad_error` judges it only there (elsewhere 0)
+    which += [("h", i) for i in range(T) if not math.isnan(z[i])]
     g = mp_gradient(f, params, which)
     out = {"R": 0.0, "p": 0.0, "c": 0.0, "a": np.zeros(T), "h": np.zeros(T)}
     for (name, i), v in g.items():
@@ -407,6 +429,35 @@ def mp_known(m):
         return (float(ll), as_f(means, math.nan), as_f(vars_, math.inf), as_f(pv, math.inf))
 
 
+@functools.cache
+def known_reference(dtype, decay, where):
+    """:func:`mp_known` of the model, the derivative of the filtered variance after the tiny
+    decay's step in that decay, and the log-likelihood's in every decay: the same for every
+    backend, computed once (the arrays are read only)."""
+    m = known_state_model(dtype, decay, where)
+    k = 0 if where == "prior" else 3  # the tiny decay's step
+    T = len(m["z"])
+    with mp.workdps(DPS):
+        x = {key: _mpf(m[key]) for key in ("R", "a", "p", "h", "c")}
+        P0 = None if m["prior"] is None else mp.mpf(m["prior"][1])
+        m0 = mp.mpf(0) if m["prior"] is None else mp.mpf(m["prior"][0])
+
+        def f(y):
+            return mp_run(m["z"], x["R"], y["a"], x["p"], x["h"], x["c"], m0, P0)[2][k + 1]
+
+        def f_ll(y):
+            return mp_run(m["z"], x["R"], y["a"], x["p"], x["h"], x["c"], m0, P0)[0]
+
+        var_grad = float(mp_gradient(f, {"a": m["a"]}, [("a", k)])[("a", k)])
+        ll_grad = mp_gradient(f_ll, {"a": m["a"]}, [("a", i) for i in range(T)])
+    ll_grad = np.array([float(ll_grad[("a", i)]) for i in range(T)])
+    out = (*mp_known(m), var_grad, ll_grad)
+    for v in out:
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return out
+
+
 KNOWN_CASES = [(np.float64, 1e-170, "prior"), (np.float64, 1e-160, "prior"),
                (np.float64, 1e-170, "later"), (np.float32, 1e-25, "prior"),
                (np.float32, 1e-22, "later")]  # fmt: skip
@@ -423,7 +474,9 @@ def test_tiny_decay_meets_a_known_state(backend, dtype, decay, where, triton_on_
     mpmath; so does the derivative of the filtered variance after the step in the decay
     (``2 a var``, 1e-70)."""
     m = known_state_model(dtype, decay, where)
-    ll_ref, mean_ref, var_ref, pvar_ref = mp_known(m)
+    ll_ref, mean_ref, var_ref, pvar_ref, var_grad_ref, ll_grad_ref = known_reference(
+        dtype, decay, where
+    )
     tdt = torch.float64 if dtype == np.float64 else torch.float32
     t = lambda k: torch.tensor(m[k], dtype=tdt)  # noqa: E731
     a = t("a").requires_grad_(True)
@@ -442,27 +495,12 @@ def test_tiny_decay_meets_a_known_state(backend, dtype, decay, where, triton_on_
     assert np.max(np.abs(mean[fin] - mean_ref[fin])) <= tol * np.max(np.abs(mean_ref[fin]))
     assert abs(float(r.loglik) - ll_ref) <= tol * abs(ll_ref)
     (g,) = torch.autograd.grad(r.var[k + 1], a)
-    with mp.workdps(DPS):
-        x = {key: _mpf(m[key]) for key in ("R", "a", "p", "h", "c")}
-        P0 = None if m["prior"] is None else mp.mpf(m["prior"][1])
-        m0 = mp.mpf(0) if m["prior"] is None else mp.mpf(m["prior"][0])
-
-        def f(y):
-            return mp_run(m["z"], x["R"], y["a"], x["p"], x["h"], x["c"], m0, P0)[2][k + 1]
-
-        ref = float(mp_gradient(f, {"a": m["a"]}, [("a", k)])[("a", k)])
+    ref = var_grad_ref
     assert ref != 0 and abs(float(g[k]) / ref - 1) <= tol, (float(g[k]), ref)
     ll = ks.loglik(t("z"), t("R"), a, t("p"), loading=t("h"), offset=t("c"), backend=backend,
                    **prior)  # fmt: skip
     assert abs(float(ll) - ll_ref) <= tol * abs(ll_ref)
     (g,) = torch.autograd.grad(ll, a)
-    with mp.workdps(DPS):
-
-        def f_ll(y):
-            return mp_run(m["z"], x["R"], y["a"], x["p"], x["h"], x["c"], m0, P0)[0]
-
-        T = len(m["z"])
-        ref = mp_gradient(f_ll, {"a": m["a"]}, [("a", i) for i in range(T)])
-    ref = np.array([float(ref[("a", i)]) for i in range(T)])
+    ref = ll_grad_ref
     g = g.double().numpy()
     assert np.max(np.abs(g - ref)) <= tol * np.max(np.abs(ref)), (g, ref)

@@ -32,6 +32,7 @@ before it, 3e99 for an offset or a process variance of 0, let a derivative repla
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -137,6 +138,22 @@ def _mp_args(ins, n, over=None):
     return col["z"], col["R"], col["a"], col["p"], col["h"], col["c"], m0, P0
 
 
+def _memo(fn):
+    """``fn(ins, n, *rest)`` computed once per content of ``ins`` (the mpmath references are the
+    same for every backend; only the backend's side is run again)."""
+    cache = {}
+
+    def wrapped(ins, n, *rest):
+        key = (tuple((k, v.shape, v.tobytes()) for k, v in sorted(ins.items())), n, *rest)
+        if key not in cache:
+            cache[key] = fn(ins, n, *rest)
+        return copy.deepcopy(cache[key])
+
+    wrapped.cache = cache
+    return wrapped
+
+
+@_memo
 def _truth(ins, n):
     """Lane ``n``: ``(ll, mean, var, smean, svar)`` as floats (NaN / inf where unknown)."""
     with mp.workdps(DPS):
@@ -146,6 +163,7 @@ def _truth(ins, n):
                 conv(svar, math.inf))  # fmt: skip
 
 
+@_memo
 def _mp_grad(ins, n, key, of):
     """Complex-step derivatives of lane ``n``'s log-likelihood (``of="ll"``) or the sum of its
     smoothed means (``"smean"``) in each step's ``key`` (``[T]``), or in ``m0`` / ``P0``
@@ -192,6 +210,7 @@ def _units(ins, n, parts):
     return {k: np.where((x > 0) & np.isfinite(x), x, 1.0) for k, x in out.items()}
 
 
+@_memo
 def _floors(ins, n, of):
     """Each input's floor in lane ``n``: the magnitude of the output's terms it reaches per unit
     of it (:func:`_units`), the log-likelihood's terms from its step on (every step's for the

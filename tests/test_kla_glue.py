@@ -1,8 +1,8 @@
 """The fused glue of the KLA layer (kalmanscan/cuda/kla/glue.py) against the layer's eager path:
 outputs, output variance, final state and the gradient of every parameter and of the input,
-float32, awkward lengths (1, 7, 64 across 16-token blocks) and every gate activation. Without
-CUDA the kernels run under TRITON_INTERPRET=1 (the op takes its CPU backend); with CUDA both
-paths run there (the op's triton backend)."""
+float32, awkward lengths (1, 7, 19 and two whole token blocks: 32 interpreted, 64 compiled) and
+every gate activation. Without CUDA the kernels run under TRITON_INTERPRET=1 (the op takes its
+CPU backend); with CUDA both paths run there (the op's triton backend)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ def assert_rel(have, want, name):
 CASES = [
     pytest.param(2, 1, 16, 4, {}, True, id="B2-L1-D16-S4-silu-var"),
     pytest.param(2, 7, 16, 4, {}, True, id="B2-L7-D16-S4-silu-var"),
-    pytest.param(2, 64, 16, 4, {}, False, id="B2-L64-D16-S4-silu"),
+    # two whole token blocks of the glue kernels (L = 2 BT: no masked tail; 32 interpreted, where
+    # BT = 16, and 64 compiled, BT = 32): L = None
+    pytest.param(2, None, 16, 4, {}, False, id="B2-L2BT-D16-S4-silu"),
     pytest.param(2, 7, 12, 3, {"gate_activation": "gelu"}, True, id="B2-L7-D12-S3-gelu-var"),
     pytest.param(2, 7, 16, 4, {"gate_activation": "relu"}, False, id="B2-L7-D16-S4-relu"),
     pytest.param(2, 7, 16, 4, {"qk_norm": False, "conv_kernel": 3}, True, id="B2-L7-noqk-K3"),
@@ -108,6 +110,13 @@ def conv_one_pass(request, monkeypatch):
 
 @pytest.mark.parametrize("B,L,D,S,cfg,with_var", CASES)
 def test_fused_glue_matches_eager(B, L, D, S, cfg, with_var, conv_one_pass):
+    if L is None:
+        from kalmanscan.cuda.kla import glue
+
+        L = 2 * glue._blocks()[0]
+        assert L == (32 if glue.interpreting() else 64)
+        if glue.interpreting():  # (the conv's walks too: 4 programs of 8 whole tokens)
+            assert L == 4 * glue._conv_walk_blocks()[0] == 4 * glue._conv_fwd_walk_blocks()[0]
     layer = make_layer(D, S, **cfg)
     x = torch.randn(B, L, D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     ref = run(layer, x, "eager", with_var)
@@ -223,7 +232,47 @@ print(json.dumps([a.split("=")[0].strip().lstrip("%") for a in loop.group(1).spl
 """
 
 
-def test_conv_one_pass_carries_its_window():
+# One process without the interpreter for the default run's two sm_90 frontend checks (an
+# interpreter start with torch and triton is most of the smaller one's cost): the carried-window
+# script (its error, if any, kept for its test) and then ``kalmanscan.cuda._aot --stage ttir``
+# as :func:`compile_glue_for_sm90` runs it, the process' exit status being ``_aot``'s.
+_SM90_TTIR = r"""
+import io, json, sys, traceback
+from contextlib import redirect_stdout
+buf = io.StringIO()
+try:
+    with redirect_stdout(buf):
+        exec(compile(sys.argv[1], "<carried>", "exec"), {"__name__": "carried"})
+    carried = [json.loads(buf.getvalue().strip().splitlines()[-1]), None]
+except BaseException:
+    carried = [None, traceback.format_exc()[-2000:]]
+print(json.dumps(carried))
+print("=====aot=====")
+sys.stdout.flush()
+from kalmanscan.cuda import _aot
+sys.exit(_aot.main(["kalmanscan.cuda.kla.glue", "aot_bad_kernel", "--stage", "ttir"]))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_ttir_process(tmp_path_factory):
+    """``{"carried": (loop-carried names or None, error or None), "aot": CompletedProcess-like
+    (returncode, stdout, stderr) of the _aot part}`` of :data:`_SM90_TTIR`, run once."""
+    tmp = tmp_path_factory.mktemp("aot")
+    (tmp / "aot_bad_kernel.py").write_text(BAD_KERNEL)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, str(tmp), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-W", "ignore", "-c", _SM90_TTIR, _CARRIED]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    head, sep, aot_out = proc.stdout.partition("=====aot=====\n")
+    assert sep, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    return {
+        "carried": json.loads(head.strip().splitlines()[-1]),
+        "aot": subprocess.CompletedProcess(proc.args, proc.returncode, aot_out, proc.stderr),
+    }
+
+
+def test_conv_one_pass_carries_its_window(sm90_ttir_process):
     """The one-pass conv backward compiled for sm_90 (no GPU needed; a subprocess without the
     interpreter): its token loop carries the last 3 gpre and the 5 sums, none of them folded
     to a constant. Triton takes a name for loop-carried only where the loop rebinds it to
@@ -232,14 +281,8 @@ def test_conv_one_pass_carries_its_window():
     right."""
     import re
 
-    pytest.importorskip("triton")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _CARRIED], capture_output=True, text=True,
-                          env=env, cwd=root, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    carried = json.loads(proc.stdout.strip().splitlines()[-1])
+    carried, error = sm90_ttir_process["carried"]
+    assert error is None, error
     assert carried, "no loop in the kernel's TTIR"
     names = {re.sub(r"_\d+$", "", c) for c in carried}
     assert {"gp0", "gp1", "gp2", "ab", "a0", "a1", "a2", "a3"} <= names, carried
@@ -371,20 +414,22 @@ def _aot_cases():
 """
 
 
-def compile_glue_for_sm90(stage, tmp_path):
+def compile_glue_for_sm90(stage, tmp_path, proc=None):
     """Every kernel specialization the layer launches (``glue._aot_cases``: d_model 256 and 512,
     L = 2048, 64 and 100, S = 16, QK_NORM on and off, each activation, float32/bfloat16/float16
     activations), and
     :data:`BAD_KERNEL`, compiled for sm_90 in a fresh process without the interpreter; skips
-    where Triton cannot compile here (``kalmanscan.cuda._aot.unavailable``)."""
-    (tmp_path / "aot_bad_kernel.py").write_text(BAD_KERNEL)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ROOT, str(tmp_path), env.get("PYTHONPATH")) if p
-    )
-    cmd = [sys.executable, "-W", "ignore", "-m", "kalmanscan.cuda._aot",
-           "kalmanscan.cuda.kla.glue", "aot_bad_kernel", "--stage", stage]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    where Triton cannot compile here (``kalmanscan.cuda._aot.unavailable``). ``proc``: that
+    process already run (:func:`sm90_ttir_process`)."""
+    if proc is None:
+        (tmp_path / "aot_bad_kernel.py").write_text(BAD_KERNEL)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (ROOT, str(tmp_path), env.get("PYTHONPATH")) if p
+        )
+        cmd = [sys.executable, "-W", "ignore", "-m", "kalmanscan.cuda._aot",
+               "kalmanscan.cuda.kla.glue", "aot_bad_kernel", "--stage", stage]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     if proc.returncode == 2:
         pytest.skip(proc.stdout.strip() or proc.stderr[-500:])
     assert proc.stdout, proc.stderr[-2000:]
@@ -396,11 +441,11 @@ def compile_glue_for_sm90(stage, tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]  # the bad kernel's failure only
 
 
-def test_glue_kernels_compile_for_sm90_frontend(tmp_path):
+def test_glue_kernels_compile_for_sm90_frontend(tmp_path, sm90_ttir_process):
     """The frontend (TTIR): the compiler's type and shape checks, which the interpreter skips
     (a name bound to a [BN, BM] tile in one branch of a runtime ``if`` and a [BN, BS] tile in
     the other runs under TRITON_INTERPRET=1 and fails to compile on the GPU). No ptxas."""
-    compile_glue_for_sm90("ttir", tmp_path)
+    compile_glue_for_sm90("ttir", tmp_path, sm90_ttir_process["aot"])
 
 
 @pytest.mark.slow  # about 2 minutes from an empty Triton cache on 2 cores

@@ -7,6 +7,13 @@ data written as a plain comma CSV with ISO dates, one column a series."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -35,6 +42,30 @@ def _run(tmp_path, capsys, text, name, *extra):
     return pd.read_csv(out / "results.csv"), err
 
 
+@functools.cache
+def _reference(text, name, *extra):
+    """:func:`_run` of a reference file (the plain comma CSV with ISO dates) that several cases
+    compare against: run once (in its own directory, its stderr captured) and shared. Returns a
+    copy of the results' frame and the stderr text."""
+    tmp = Path(tempfile.mkdtemp(prefix="kalmanscan-csv-ref-"))
+    try:
+        path, out = tmp / name, tmp / (name + "-out")
+        path.write_text(text)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = filter_main([str(path), "--time-col", "date", *GIVEN, *extra, "--out", str(out)])
+        assert rc == 0, err.getvalue()
+        return pd.read_csv(out / "results.csv"), err.getvalue()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_reference(text, name, *extra):
+    frame, err = _reference(text, name, *extra)
+    return frame.copy(), err
+
+
+@functools.cache
 def _macro():
     sm = pytest.importorskip("statsmodels.api")
     d = sm.datasets.macrodata.load_pandas().data
@@ -49,7 +80,7 @@ def test_quarter_labels_filter_like_iso_dates(tmp_path, capsys, style):
     rows = lambda ts: zip(ts, infl.tolist(), strict=True)  # noqa: E731
     body = lambda ts: "date,infl\n" + "".join(f"{t},{v!r}\n" for t, v in rows(ts))  # noqa: E731
     got, err = _run(tmp_path, capsys, body(labels), "q.csv", "--time-unit", "91D")
-    want, err_iso = _run(tmp_path, capsys, body(iso), "iso.csv", "--time-unit", "91D")
+    want, err_iso = _run_reference(body(iso), "iso.csv", "--time-unit", "91D")
     assert "column 'date' holds quarter labels: each time is the first day of its quarter" in err
     assert "quarter labels" not in err_iso
     pd.testing.assert_frame_equal(got, want)
@@ -92,6 +123,7 @@ def test_the_cli_names_the_row_of_a_bad_period_label(tmp_path, capsys):
     assert "2024Q1" in err and err.count("expected") == 1
 
 
+@functools.cache
 def _sunspots():
     sm = pytest.importorskip("statsmodels.api")
     d = sm.datasets.sunspots.load_pandas().data
@@ -107,7 +139,7 @@ def test_other_separators_and_decimal_commas_filter_like_a_plain_csv(
     rows = list(zip(years.tolist(), spots.tolist(), strict=True))
     plain = "date,spots\n" + "".join(f"{y},{v!r}\n" for y, v in rows)
     text = f"date{sep}spots\n" + "".join(f"{y}{sep}{v!r}\n".replace(".", decimal) for y, v in rows)
-    want, _ = _run(tmp_path, capsys, plain, "plain.csv", "--quiet")
+    want, _ = _run_reference(plain, "plain.csv", "--quiet")
     got, err = _run(tmp_path, capsys, text, "other.csv")
     assert f"fields separated by {name}" in err
     assert ("a comma read as the decimal mark" in err) == (decimal == ",")

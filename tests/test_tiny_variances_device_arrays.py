@@ -14,6 +14,7 @@ tests/test_tiny_variances.py), and mpmath itself for a few cases.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -157,15 +158,25 @@ def test_tiny_arrays_off_the_host_equal_the_host_path(name, backend, monkeypatch
     assert [r["host"] for r in spy.runs] == [False, True] * 3, spy.runs
 
 
+@functools.cache
+def _mpmath_reference():
+    """The data, parameters, mpmath moments and log-likelihood gradient of
+    :func:`test_tiny_arrays_off_the_host_match_mpmath`: the same for every backend, computed
+    once (read only)."""
+    s = 1e-100
+    zn = _walk() * s
+    zn.flags.writeable = False
+    vals = dict(obs_var=0.7 * s * s, decay=0.9, process_var=0.3 * s * s, offset=0.1 * s)
+    ref = scalar_oracle(zn, vals["obs_var"], vals["decay"], vals["process_var"],
+                        offset=vals["offset"])  # fmt: skip
+    return zn, vals, ref, scalar_loglik_grad(zn, **vals)
+
+
 @pytest.mark.parametrize("backend", API_BACKENDS)
 def test_tiny_arrays_off_the_host_match_mpmath(backend, monkeypatch, triton_on_cpu):
     """The device path against mpmath (scale 1e-100, variances 1e-200, gradient included)."""
     _Spy(monkeypatch, device=True)
-    s = 1e-100
-    zn = _walk() * s
-    vals = dict(obs_var=0.7 * s * s, decay=0.9, process_var=0.3 * s * s, offset=0.1 * s)
-    ref = scalar_oracle(zn, vals["obs_var"], vals["decay"], vals["process_var"],
-                        offset=vals["offset"])  # fmt: skip
+    zn, vals, ref, want = _mpmath_reference()
     t = {k: torch.full((T,), v, dtype=torch.float64) for k, v in vals.items()}
     sm = ks.smooth(torch.tensor(zn), **t, backend=backend)
     f = sm.filtered
@@ -174,7 +185,6 @@ def test_tiny_arrays_off_the_host_match_mpmath(backend, monkeypatch, triton_on_c
     assert np.max(np.abs(f.var.numpy() / ref.var - 1)) < 1e-12
     assert np.max(np.abs(sm.var.numpy() / ref.smooth_var - 1)) < 1e-11
     assert abs(float(f.loglik) / ref.loglik - 1) < 1e-12
-    want = scalar_loglik_grad(zn, **vals)
     t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in vals.items()}
     ks.loglik(torch.tensor(zn), **t, backend=backend).backward()
     for k, v in t.items():
