@@ -262,7 +262,9 @@ def _known_rows(model: Model, fcov, fprec, flag, pcov, sm):
 
 def run(model: Model, smooth: bool) -> NativeParts | None:
     """Filter (and smooth) a laid-out model; ``None`` when a diffuse direction is never resolved
-    (the caller then uses the torch path, which keeps unresolved directions)."""
+    (left at the end, or, when smoothing, one a singular F forgets first: Durbin & Koopman's
+    smoother would give it a finite variance; the caller then uses the torch path, which keeps
+    unresolved directions)."""
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
     e = _exponents(model)

@@ -677,7 +677,9 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     directions a matrix J keeps only to eps |J|). After the head: the folded prefix (the filtered
     moments) conditioned on the rows (:func:`kalmanscan.dense.scan.condition`). Head steps (few):
     the filtered finite part and diffuse directions combined with the rows as the reference does
-    (x_t = m_t + [L, D] (u, v), :func:`kalmanscan.dense.sequential.combine_rows`)."""
+    (x_t = m_t + [L, D] (u, v), :func:`kalmanscan.dense.sequential.combine_rows`); a diffuse
+    direction that a singular F forgets before any observation resolves it stays diffuse there
+    (:func:`kalmanscan.dense.sequential.unresolved_directions`)."""
     bad = []
     E = step_elements(
         model.z, model.observed, model.F, model.c, model.Q, model.H, model.R, singular=bad,
@@ -692,7 +694,7 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     if parts.x0[0] == "x0":
         return _smooth_from_x0(model, parts, S, Zb)
     tau = parts.x0[1]
-    means, covs = [], []
+    means, covs, Pu = [], [], None
     if tau > 0 and len(parts.x0) > 2:  # information head: p(x_t | x_0, z) and x_0 | z
         hp, U0 = parts.x0[2:]
         b2, C2, (A2,), _, _ = condition(Zb[:, :tau], hp.b, hp.C, hp.A)
@@ -705,8 +707,11 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
 
         f = parts.filtered
         fh = Moments(f.mean[:, :tau], f.cov[:, :tau], f.diffuse[:, :tau], min(f.ndiffuse, tau))
+        keep, Pu = sequential.unresolved_directions(model.F, f)  # forgotten by a singular F
         Zh = Zb[:, :tau]
-        ms, Ps = sequential.combine_rows(Zh[..., :n], Zh[..., n:], fh)
+        ms, Ps = sequential.combine_rows(
+            Zh[..., :n], Zh[..., n:], fh, None if keep is None else keep[:, :tau]
+        )
         means.append(ms)
         covs.append(Ps)
     if tau < T:
@@ -714,7 +719,10 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         means.append(mean)
         covs.append(cov)
     cov = torch.cat(covs, 1)
-    return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
+    if Pu is None:
+        return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
+    nd = Pu.shape[1]  # they stay diffuse until forgotten, as in the reference
+    return Moments(torch.cat(means, 1), cov, torch.cat([Pu, torch.zeros_like(cov[:, nd:])], 1), nd)
 
 
 def _row_info(Z):
