@@ -693,6 +693,8 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     Zb = torch.cat([S.Z[:, 1:], torch.zeros_like(S.Z[:, :1])], 1)  # z_{t+1:} about x_t
     if parts.x0[0] == "x0":
         return _smooth_from_x0(model, parts, S, Zb)
+    from kalmanscan.dense import sequential
+
     tau = parts.x0[1]
     means, covs, Pu = [], [], None
     if tau > 0 and len(parts.x0) > 2:  # information head: p(x_t | x_0, z) and x_0 | z
@@ -703,8 +705,6 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         means.append(mh.mean)
         covs.append(mh.cov)
     elif tau > 0:
-        from kalmanscan.dense import sequential
-
         f = parts.filtered
         fh = Moments(f.mean[:, :tau], f.cov[:, :tau], f.diffuse[:, :tau], min(f.ndiffuse, tau))
         keep, Pu = sequential.unresolved_directions(model.F, f)  # forgotten by a singular F
@@ -719,10 +719,7 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
         means.append(mean)
         covs.append(cov)
     cov = torch.cat(covs, 1)
-    if Pu is None:
-        return Moments(torch.cat(means, 1), cov, torch.zeros_like(cov), 0)
-    nd = Pu.shape[1]  # they stay diffuse until forgotten, as in the reference
-    return Moments(torch.cat(means, 1), cov, torch.cat([Pu, torch.zeros_like(cov[:, nd:])], 1), nd)
+    return sequential.smoothed(torch.cat(means, 1), cov, Pu)  # (forgotten ones stay diffuse)
 
 
 def _row_info(Z):

@@ -30,6 +30,12 @@ from kalmanscan.dense.parallel import (
 from kalmanscan.dense.scan import mask_observation
 
 
+def _dif_tol(dtype) -> float:
+    """The relative size below which a diffuse direction's image counts as gone (the filter's
+    :func:`factor_basis` and the smoother's :func:`unresolved_directions`)."""
+    return 1e-11 if dtype == torch.float64 else 1e-4
+
+
 def filter_moments(model: Model, stop_when_proper: bool = False):
     """Returns (Moments filtered, pred_mean, pred_cov, loglik_steps), all [B, T, ...].
 
@@ -59,7 +65,7 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     B, T, d = model.z.shape
     n = model.F.shape[-1]
     dtype, device = model.z.dtype, model.z.device
-    dif_tol = 1e-11 if dtype == torch.float64 else 1e-4
+    dif_tol = _dif_tol(dtype)
     eye = torch.eye(n, dtype=dtype, device=device)
     m = model.m0.clone()
     if model.P0 is not None:
@@ -464,9 +470,16 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     n = model.F.shape[-1]
     keep, Pu = unresolved_directions(model.F, filt)
     ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt, keep)
+    return smoothed(ms, Ps, Pu)
+
+
+def smoothed(ms, Ps, Pu=None) -> Moments:
+    """The smoothed :class:`Moments`: ``Pu`` [B, nd, n, n] the projectors on the directions
+    that stay diffuse over the first ``nd`` steps (:func:`unresolved_directions`), as in the
+    filter; ``None``: none."""
     if Pu is None:
         return Moments(ms, Ps, torch.zeros_like(Ps), 0)
-    nd = Pu.shape[1]  # a direction no observation resolves stays diffuse, as in the filter
+    nd = Pu.shape[1]
     return Moments(ms, Ps, torch.cat([Pu, torch.zeros_like(Ps[:, nd:])], 1), nd)
 
 
@@ -646,7 +659,7 @@ def unresolved_directions(F, filt: Moments):
     if nd == 0:
         return None, None
     dtype, device = filt.mean.dtype, filt.mean.device
-    tol = 1e-11 if dtype == torch.float64 else 1e-4  # the filter's dif_tol
+    tol = _dif_tol(dtype)
     eye = torch.eye(n, dtype=dtype, device=device)
     with torch.no_grad():
         head = Moments(*(x[:, :nd].detach() for x in filt[:3]), nd)
