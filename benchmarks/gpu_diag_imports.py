@@ -29,8 +29,11 @@ def main(argv=None):
     ap.add_argument("--module", default="sympy")
     args = ap.parse_args(argv)
     sys.meta_path.insert(0, _Tracer(args.module))
+    import pathlib
+
     import numpy as np
 
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # (not installed)
     import kalmanscan as ks
 
     fit = ks.fit_ou(np.random.default_rng(0).normal(size=50).cumsum())

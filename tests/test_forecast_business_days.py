@@ -103,3 +103,34 @@ def test_utc_close_across_daylight_saving_takes_the_latest_season():
     assert [str(x.astype("datetime64[m]")) for x in got] == [
         "2024-03-29T20:00", "2024-04-01T20:00",
     ]  # fmt: skip
+
+
+def test_far_weekday_forecasts_leave_nanoseconds_in_microseconds():
+    """A million trading days after a nanosecond record of 2261 pass nanoseconds' range
+    (2262-04-11): made in microseconds on the same weekdays and close (they wrapped around to
+    2002 before: numpy's cast overflowed silently; numpy 2.5.2 crashes on such a cast)."""
+    days = pd.bdate_range("2261-01-03", periods=40)
+    lab = (days + pd.Timedelta(hours=16)).values.astype("datetime64[ns]")
+    got = as_time_axis(lab, len(lab)).future(1_000_000)
+    assert got.dtype == np.dtype("datetime64[us]")
+    d = got.astype("datetime64[D]")
+    want = np.busday_offset(lab[-1].astype("datetime64[D]"), np.arange(1, 1_000_001))
+    np.testing.assert_array_equal(d, want)
+    assert (got - d == np.timedelta64(16, "h")).all()
+    assert str(got[-1]) == "6094-03-24T16:00:00.000000"
+    # the first ten still fit nanoseconds: kept there
+    assert as_time_axis(lab, len(lab)).future(10).dtype == np.dtype("datetime64[ns]")
+
+
+def test_weekday_forecasts_past_seconds_range_raise():
+    """A weekday record near the end of seconds' range (year 292,277,026,596): forecasts that
+    leave it raise, naming the steps, not wrapped dates."""
+    days = np.busday_offset(np.datetime64("292277025000-01-03"), np.arange(40), roll="forward")
+    lab = days.astype("datetime64[s]") + np.timedelta64(16, "h")
+    ax = as_time_axis(lab, len(lab))
+    assert (
+        ax.future(3).astype("datetime64[D]").tolist()
+        == np.busday_offset(days[-1], [1, 2, 3]).tolist()
+    )
+    with pytest.raises(ValueError, match=r"steps: 1000000 of the record's weekdays .* range"):
+        ax.future(1_000_000)

@@ -325,6 +325,6 @@ def test_weekmasks_are_not_bool(monkeypatch):
     bars = (days.values[:, None] + _times_of_day("09:30", "16:00", "30min").values).ravel()
     assert as_time_axis(bars, bars.size).future(20)[0] == np.datetime64("2024-02-13T09:30")
     mwf = pd.date_range("2024-01-01", periods=40, freq="D")
-    mwf = mwf[mwf.weekday.isin([0, 2, 4])].values
+    mwf = mwf[mwf.day_of_week.isin([0, 2, 4])].values
     assert str(as_time_axis(mwf, mwf.size).future(2)[-1])[:10] == "2024-02-14"
     assert len(seen) >= 4 and np.dtype(bool) not in seen, seen

@@ -54,7 +54,7 @@ KNOWN_WRONG: dict[str, str] = {}
 # (a checkout run uninstalled, as on the GPU machines); skipped there, run where they are
 _MISSING = re.compile(
     r"ModuleNotFoundError: No module named '(filterpy|dask|distributed|netCDF4|h5netcdf|"
-    r"statsmodels|triton|xarray|matplotlib|mpmath|scipy|pandas)'|"
+    r"polars|cftime|statsmodels|triton|xarray|matplotlib|mpmath|scipy|pandas)'|"
     r"RuntimeError: .*kalmanscan\.core\._native\w* is not built"
 )
 

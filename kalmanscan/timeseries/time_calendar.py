@@ -135,8 +135,17 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
     # the time of day most common among the last 10 (times in UTC of a place with daylight
     # saving move by an hour twice a year: the latest season's)
     values, counts = np.unique(clock[-10:], return_counts=True)
-    out = np.busday_offset(days[-1], k, roll="forward", weekmask=mask)
-    return out.astype(labels.dtype) + values[np.argmax(counts)]
+    out = _at_time_of_day(
+        np.busday_offset(days[-1], k, roll="forward", weekmask=mask),
+        values[np.argmax(counts)],
+        labels,
+    )
+    if out is None:
+        raise ValueError(
+            f"steps: {int(k[-1])} of the record's weekdays after {labels[-1]} leave the range of "
+            "datetime64"
+        )
+    return out
 
 
 _MON_TO_FRI = np.array([1] * 5 + [0] * 2, dtype=np.uint8)  # (a weekmask)
@@ -252,17 +261,9 @@ def _session_bars(labels, last_day, on_session, grid, mask, k, unit):
     day = np.where(later, day, last_day) if day is not None else None
     early = rest[np.clip(k - 1, 0, rest.size - 1)] if rest.size else np.zeros_like(k)
     tod = np.where(later, grid[slot], early)
-    res = _resolution(labels)
-    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
-        if day is None:
-            break
-        try:
-            clock = np.asarray(tod).astype(f"timedelta64[{unit}]").astype(f"timedelta64[{r}]")
-            out = day.astype(f"datetime64[{r}]") + clock
-        except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
-            continue
-        if (out.astype("datetime64[D]") == day).all():
-            return out
+    out = _at_time_of_day(day, np.asarray(tod).astype(f"timedelta64[{unit}]"), labels)
+    if out is not None:
+        return out
     raise ValueError(
         f"steps: {int(k[-1])} bars of the record's trading sessions after {labels[-1]} leave "
         "the range of datetime64"
@@ -471,20 +472,13 @@ def _calendar_future(parts, slots: int, k: np.ndarray, labels: np.ndarray) -> np
     months for two days a month), on the same month rule and time of day (``parts``: their
     :func:`_month_parts`)."""
     m, rule, tod = parts
-    res = _resolution(labels)
     try:
         day = _rule_days(rule, m[-1] + k * slots)
     except (OverflowError, ValueError):
         day = None
-    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
-        if day is None:
-            break
-        try:
-            out = day.astype(f"datetime64[{r}]") + tod.astype(f"timedelta64[{r}]")
-        except OverflowError:  # (numpy 2.3 on raises; older ones wrap silently, checked below)
-            continue
-        if (out.astype("datetime64[D]") == day).all():
-            return out
+    out = _at_time_of_day(day, tod, labels)
+    if out is not None:
+        return out
     per = "months" if _slots_per_month(rule) == 1 else "half months"
     raise ValueError(
         f"steps: {int(k[-1])} steps of {slots} {per} after {labels[-1]} leave the range of "
@@ -505,6 +499,41 @@ def check_steps(steps, name: str = "steps") -> int:
             f"value per series in memory), got {steps}"
         )
     return int(steps)
+
+
+def _at_time_of_day(day, tod, labels: np.ndarray):
+    """``day + tod`` (``datetime64[D]`` days, ``timedelta64`` times of day) at the labels'
+    resolution, or at the finest of ms / us / s coarser than that which holds every date (a
+    nanosecond record's far forecasts pass 2262-04-11), else ``None`` (``day`` ``None``: its
+    arithmetic overflowed). The range is checked in Python integers before any cast: numpy's
+    datetime casts wrap silently on overflow (before 2.3), raise (2.3, 2.4) or crash the
+    interpreter (2.5.2, a million dates cast past nanoseconds' range).
+
+    >>> d = np.array(["2262-04-10", "2262-04-12"], "datetime64[D]")
+    >>> at = np.timedelta64(9, "h").astype("timedelta64[ns]")
+    >>> _at_time_of_day(d, at, np.array(["2262-01-01"], "datetime64[ns]")).dtype
+    dtype('<M8[us]')
+    """
+    if day is None or not np.size(day):
+        return None
+    day = np.asarray(day).astype("datetime64[D]")
+    if np.isnat(day).any():
+        return None
+    d = day.view(np.int64)
+    t = np.asarray(tod).astype("timedelta64[ns]").view(np.int64)  # (times of day: no overflow)
+    lo, hi = int(d.min()), int(d.max())
+    t_lo, t_hi = int(t.min()), int(t.max())
+    res = _resolution(labels)
+    for r in [x for x in ("ns", "us", "ms", "s") if _NS_PER[x] >= _NS_PER[res]]:
+        per_day = 86_400 * 10**9 // _NS_PER[r]
+        # (floor division: numpy's casts of times before 1970 to a coarser unit floor as well;
+        # -2**63 is NaT)
+        if hi * per_day + t_hi // _NS_PER[r] > _INT64_MAX:
+            continue
+        if lo * per_day + t_lo // _NS_PER[r] <= -_INT64_MAX - 1:
+            continue
+        return day.astype(f"datetime64[{r}]") + np.asarray(tod).astype(f"timedelta64[{r}]")
+    return None
 
 
 def _resolution(arr: np.ndarray) -> str:
