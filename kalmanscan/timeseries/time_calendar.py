@@ -506,8 +506,8 @@ def _at_time_of_day(day, tod, labels: np.ndarray):
     resolution, or at the finest of ms / us / s coarser than that which holds every date (a
     nanosecond record's far forecasts pass 2262-04-11), else ``None`` (``day`` ``None``: its
     arithmetic overflowed). The range is checked in Python integers before any cast: numpy's
-    datetime casts wrap silently on overflow (before 2.3), raise (2.3, 2.4) or crash the
-    interpreter (2.5.2, a million dates cast past nanoseconds' range).
+    datetime casts may wrap silently on overflow (numpy 2.4 put a weekday record of 2261's far
+    forecasts in 2002) or crash the interpreter (2.5.2, a million bars cast past 2262).
 
     >>> d = np.array(["2262-04-10", "2262-04-12"], "datetime64[D]")
     >>> at = np.timedelta64(9, "h").astype("timedelta64[ns]")
