@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import kalmanscan as ks
 
@@ -56,12 +57,21 @@ def test_pickled_fit_forecasts_the_same():
     np.testing.assert_array_equal(a.var, b.var)
 
 
-def test_first_forecast_imports_no_sympy():
+@pytest.mark.parametrize("backend", ["default", "torch"])
+def test_first_forecast_imports_no_sympy(backend):
+    """torch.broadcast_shapes imports sympy on its first call (about a second): no call of the
+    public API goes through it, on the backend a machine picks (the torch one where the native
+    kernels are not built, as on the GPU machines) or on the torch backend named."""
+    b = "" if backend == "default" else f", backend={backend!r}"
     code = (
-        "import sys, numpy as np, kalmanscan as ks\n"
-        "fit = ks.fit_ou(np.random.default_rng(0).normal(size=50).cumsum())\n"
+        "import sys, numpy as np, kalmanscan as ks, kalmanscan.dense as kd\n"
+        "y = np.random.default_rng(0).normal(size=50).cumsum()\n"
+        f"fit = ks.fit_ou(y{b})\n"
         "fit.forecast(2); ks.discretize_ou(0.5, 1.0, np.ones(3))\n"
+        f"ks.smooth(np.stack([y, y]), obs_var=1.0, decay=0.9, process_var=0.5{b})\n"
+        "m = kd.local_linear_trend(level_var=0.1, slope_var=0.01, obs_var=0.5)\n"
+        f"kd.smooth(np.stack([y, y], -1)[..., None], **m._asdict(){b})\n"
         "print('sympy' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"  # torch.broadcast_shapes imported it: ~1 s
+    assert out.stdout.strip() == "False"

@@ -832,6 +832,17 @@ def broadcast_to(name, t: torch.Tensor, shape, target_desc) -> torch.Tensor:
     return t.expand(shape)
 
 
+def broadcast_shapes(*shapes) -> torch.Size:
+    """The shape ``shapes`` broadcast to, by numpy's rules on the tuples (``ValueError`` where
+    they do not broadcast): ``torch.broadcast_shapes`` imports sympy on its first call (about a
+    second of a first filter on the torch backends, through torch's symbolic shapes).
+
+    >>> broadcast_shapes(torch.Size([5, 1]), (1, 3))
+    torch.Size([5, 3])
+    """
+    return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+
+
 def check_device(name, device):
     """``device`` (a ``torch.device``, its name such as ``"cuda:0"``, or ``None``) as a
     ``torch.device`` this torch can compute on (``None`` stays ``None``), or a ``ValueError``

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from kalmanscan.core import sequential
+from kalmanscan.core._args import broadcast_shapes
 from kalmanscan.core.scan import projective_scan
 from kalmanscan.core.steps import (
     _LOW,
@@ -197,7 +198,7 @@ def _no_information_prefix(leaves, informative):
     the only one such a state meets, was lost in their normalization (float32, decay 1e10 and
     the last 5 steps missing: a column ratio of 1e20 a row, NaN smoothed moments)."""
     A11, A12, A21, A22 = leaves[:4]
-    L, N = torch.broadcast_shapes(*(x.shape for x in leaves))
+    L, N = broadcast_shapes(*(x.shape for x in leaves))
     informative = informative.expand(L, N)
     seen = informative.to(torch.int32).cumsum(0)
     pre = (seen == 0) | ((seen == 1) & informative)

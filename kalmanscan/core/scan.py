@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from kalmanscan.core._args import broadcast_shapes
 from kalmanscan.core.steps import normalize_max
 
 _TARGET_ELEMS = 1 << 15  # elements per vectorized step worth aiming for
@@ -98,7 +99,7 @@ def _loop_in_chunks(leaves, x0, compose, loop):
     (step by step), in chunks where there are enough steps: each chunk's leaves composed
     (``compose``, a tree), the chunks' starts by the same scan over the totals, then each chunk
     looped from its start, all chunks at once."""
-    T, N = torch.broadcast_shapes(*(x.shape for x in leaves))
+    T, N = broadcast_shapes(*(x.shape for x in leaves))
     if num_chunks(T, N) <= 1:
         return loop(leaves, x0)
     n, K, chunks = _chunked(leaves, T, N)
@@ -125,7 +126,7 @@ def _mobius_loop(leaves, lam):
 
 def affine_scan(alpha, b, x0, annihilate: bool = False):
     """``x_t = alpha_t x_{t-1} + b_t`` from ``x0 [N]`` for ``[T, N]`` inputs; returns ``x``."""
-    T, N = torch.broadcast_shapes(alpha.shape, b.shape)
+    T, N = broadcast_shapes(alpha.shape, b.shape)
     if num_chunks(T, N) <= 1:
         return _affine_loop(alpha, b, x0, annihilate)
     n, K, (al, bl) = _chunked((alpha, b), T, N)
@@ -250,7 +251,7 @@ def projective_scan(leaves, x0, detach=False):
     the log-likelihood's), exactly, without the divisors' paths, which cancel: a divisor that
     depends on a parameter far more than the beliefs do left that cancellation's rounding
     (kalmanscan/core/parallel_scan.py, ``_scan_exact``)."""
-    T, N = torch.broadcast_shapes(*(t.shape for t in leaves))
+    T, N = broadcast_shapes(*(t.shape for t in leaves))
     if num_chunks(T, N) <= 1:
         return _projective_loop(leaves, x0, detach)
     s = (

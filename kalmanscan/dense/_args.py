@@ -130,8 +130,8 @@ def _to_layout(name, t, lead, axis, k):
     trail = t.shape[t.ndim - k :] if k else ()
     head = t.shape[: t.ndim - k]
     try:
-        full = torch.broadcast_shapes(head, lead)
-    except RuntimeError:
+        full = core_args.broadcast_shapes(head, lead)
+    except ValueError:
         full = None
     if full != torch.Size(lead):
         hint = ""
@@ -158,8 +158,8 @@ def _to_batch(name, t, batch_shape, k):
     head = t.shape[: t.ndim - k]
     trail = t.shape[t.ndim - k :]
     try:
-        full = torch.broadcast_shapes(head, batch_shape)
-    except RuntimeError:
+        full = core_args.broadcast_shapes(head, batch_shape)
+    except ValueError:
         full = None
     if full != torch.Size(batch_shape):
         raise ValueError(

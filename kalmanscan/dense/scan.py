@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import torch
 
+from kalmanscan.core._args import broadcast_shapes
+
 
 class Element(NamedTuple):
     A: torch.Tensor
@@ -107,7 +109,7 @@ def step_elements(z, observed, F, c, Q, H, R, singular=None, rows=False):
             X = torch.cat([IKH @ _psd_root(Q), K @ Lr], -1)
             Uc = _triangle(X.transpose(-1, -2))
         C = _st(_sym(Uc.transpose(-1, -2) @ Uc), C)  # the form above's derivatives
-        shape = torch.broadcast_shapes(WHF.shape[:-2], e.shape[:-2])
+        shape = broadcast_shapes(WHF.shape[:-2], e.shape[:-2])
         d = WHF.shape[-2]
         Z = torch.cat([WHF.expand(shape + (d, n)), e.expand(shape + (d, 1))], -1)
         out = RowElement(A, b, C, Uc.expand(A.shape), square_rows(Z, n + 1))
@@ -200,7 +202,7 @@ def _sqrt_elements(z, F, c, Q, H, R, rows=False):
     ``rows``: a :class:`RowElement` with the rows ``Z = [R22 | -r2]`` (and ``rho``'s row)."""
     from kalmanscan.dense.sequential import _factor, _reduce_rows
 
-    shape = torch.broadcast_shapes(F.shape[:-2], Q.shape[:-2], H.shape[:-2], R.shape[:-2])
+    shape = broadcast_shapes(F.shape[:-2], Q.shape[:-2], H.shape[:-2], R.shape[:-2])
     n, d = F.shape[-1], H.shape[-2]
     F = F.expand(shape + (n, n))
     Q = Q.expand(shape + (n, n))
@@ -339,7 +341,7 @@ def condition(Z, b, C, *mats, U=None):
     Zx, r = Z[..., :n], Z[..., n:]
     eye_n = torch.eye(n, dtype=dtype, device=device)
     eye_k = torch.eye(k, dtype=dtype, device=device)
-    shape = torch.broadcast_shapes(
+    shape = broadcast_shapes(
         Z.shape[:-2], b.shape[:-1], C.shape[:-2], *(M.shape[:-2] for M in mats)
     )
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (Z, b, C, *mats))
