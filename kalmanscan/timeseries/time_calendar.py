@@ -71,8 +71,8 @@ def _future_local(axis: TimeAxis, k: np.ndarray):
         if fut is None:
             fut = _session_future(local, k)  # (intraday bars in trading hours)
         if fut is None:
-            days = local.astype("datetime64[D]")
-            tod = local - days.astype(local.dtype)
+            days = _days_of(local)
+            tod = _time_of_day(local)
             steps = np.diff(days).astype(np.int64)
             steps = steps[steps > 0]
             if (tod != tod[0]).any() or not steps.size:
@@ -113,13 +113,13 @@ def _weekday_future(labels: np.ndarray, k: np.ndarray):
     if _resolution(labels) in ("Y", "M", "W"):
         return None
     try:
-        days = labels.astype("datetime64[D]")
+        days = _days_of(labels)
     except (OverflowError, ValueError):
         return None
     if (days[-1] - days[0]).astype(np.int64) < 14 or (np.diff(days).astype(np.int64) <= 0).any():
         return None
     try:
-        clock = labels - days.astype(labels.dtype)
+        clock = _time_of_day(labels)
     except (OverflowError, ValueError):
         return None
     weekday = (days.astype(np.int64) + 3) % 7  # Monday 0 (1970-01-01 was a Thursday)
@@ -249,7 +249,7 @@ def _session_bars(labels, last_day, on_session, grid, mask, k, unit):
     """The ``k``-th bars after the last of ``labels`` (on day ``last_day``, a kept weekday where
     ``on_session``) at times of day ``grid`` (ticks of ``unit``) of the weekdays ``mask``."""
     k = np.asarray(k, dtype=np.int64)
-    last_tod = labels[-1] - last_day.astype(labels.dtype)
+    last_tod = _time_of_day(labels[-1:])[0]
     rest = grid[grid > last_tod.astype(np.int64)] if on_session else grid[:0]
     j = k - 1 - rest.size
     later = j >= 0
@@ -357,12 +357,12 @@ def _month_parts(labels: np.ndarray):
     if labels.size < 2 or labels.dtype.kind != "M":
         return None
     try:
-        days = labels.astype("datetime64[D]")
+        days = _days_of(labels)
         # the time of day, exact at the labels' resolution (days floor towards the past)
-        tod = labels - days.astype(labels.dtype)
+        tod = _time_of_day(labels)
         if (tod != tod[0]).any():  # (before the month arithmetic: intraday records are long)
             return None
-        month = labels.astype("datetime64[M]")
+        month = days.astype("datetime64[M]")
         m = month.astype(np.int64)
         ends = _rule_days(-1, m)
     except (OverflowError, ValueError):
@@ -499,6 +499,44 @@ def check_steps(steps, name: str = "steps") -> int:
             f"value per series in memory), got {steps}"
         )
     return int(steps)
+
+
+def _per_day(dtype) -> int | None:
+    """Ticks of datetime64 ``dtype`` in a day (``None`` for days, weeks, months, years)."""
+    unit, count = np.datetime_data(dtype)
+    if unit in ("Y", "M", "W", "D"):
+        return None
+    return int(np.timedelta64(1, "D") // np.timedelta64(count, unit))
+
+
+def _days_of(labels: np.ndarray) -> np.ndarray:
+    """The days (``datetime64[D]``) of datetimes ``labels``, floored in integers: numpy's cast
+    overflows within a day of a unit's lower limit (nanoseconds' 1677-09-21 became 2262), which
+    it wraps or crashes on.
+
+    >>> _days_of(np.array(["1677-09-21T01:00", "NaT"], "datetime64[ns]"))
+    array(['1677-09-21',        'NaT'], dtype='datetime64[D]')
+    """
+    per_day = _per_day(labels.dtype)
+    if per_day is None:
+        return labels.astype("datetime64[D]")
+    days = (labels.view(np.int64) // per_day).view("datetime64[D]")
+    return np.where(np.isnat(labels), np.datetime64("NaT", "D"), days)
+
+
+def _time_of_day(labels: np.ndarray) -> np.ndarray:
+    """The times of day of datetimes ``labels`` (``timedelta64`` at their unit), floored in
+    integers (see :func:`_days_of`).
+
+    >>> _time_of_day(np.array(["1677-09-21T01:00"], "datetime64[ns]")).astype("m8[m]")
+    array([60], dtype='timedelta64[m]')
+    """
+    unit, count = np.datetime_data(labels.dtype)
+    per_day = _per_day(labels.dtype)
+    if per_day is None:
+        return np.zeros(labels.shape, f"timedelta64[{count}{unit}]")
+    tod = (labels.view(np.int64) % per_day).view(f"timedelta64[{count}{unit}]")
+    return np.where(np.isnat(labels), np.timedelta64("NaT", unit), tod)
 
 
 def _at_time_of_day(day, tod, labels: np.ndarray):

@@ -21,7 +21,7 @@ with ``p = 0``: a ``decay`` of 0.9577 over 1000 steps amplifies by ``10**19``, O
 :mod:`regimes`' metrics) as ``own_error``; the battery checks it is negligible.
 
 Outputs are float64 numpy arrays (values below float64's range underflow to 0, as a float64
-filter's would); ``mp`` keeps the mpf values for callers that need more.
+filter's would), with ``dps`` the digits they were computed with; no mpf values are returned.
 Derivations and conventions: docs/validation.md ("The high-precision oracle").
 """
 
