@@ -93,13 +93,20 @@ CASES = [
     ("n2-d1-T63", 2, 1, 63, False),  # interpreted: 4 chunks, one-level carry
     ("n3-d2-T40", 3, 2, 40, False),
     ("n4-d1-T130", 4, 1, 130, False),  # interpreted: 9 chunks of 16, 3 groups (two-level carry)
-    ("n8-d1-T70", 8, 1, 70, False),
+    ("n8-d1-T70", 8, 1, 70, False),  # interpreted: 5 chunks of 16, 2 groups (two-level carry)
     ("n3-d2-T10-fullR", 3, 2, 10, True),  # interpreted: 3 chunks (4, 4, 2)
 ]
+# the paths of n2-d1-T63 and n3-d2-T40 at a quarter of the steps (the interpreter's cost is
+# about linear in T): 4 chunks of 4, the last 3 (one-level carry); a padded state, 3 chunks of
+# 4, the last 3, a vector missing whole and one missing in part (n8-d1-T70's two-level carry:
+# test_filter_chunk_counts)
+SMALL_CASES = [("n2-d1-T15", 2, 1, 15, False), ("n3-d2-T11", 3, 2, 11, False)]
+# interpreted: (chunks, steps of the last chunk) of the cases past 8 steps
+CHUNKS = {15: (4, 3), 11: (3, 3), 63: (4, 15), 40: (3, 8), 130: (9, 2), 70: (5, 6), 10: (3, 2)}
 
-
-# the two-level carry case takes 7-8 s a dtype interpreted: in the slow step (CI's second) there
-SLOW_INTERPRETED = () if CUDA else ("n4-d1-T130",)
+# interpreted, 2.3 to 7 s a dtype: in the slow step (CI's second) there, their paths by default
+# in SMALL_CASES and test_filter_chunk_counts
+SLOW_INTERPRETED = () if CUDA else ("n2-d1-T63", "n3-d2-T40", "n4-d1-T130", "n8-d1-T70")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -107,14 +114,33 @@ SLOW_INTERPRETED = () if CUDA else ("n4-d1-T130",)
     ("n", "d", "T", "full_r"),
     [
         pytest.param(*c[1:], id=c[0], marks=pytest.mark.slow if c[0] in SLOW_INTERPRETED else ())
-        for c in CASES
+        for c in CASES + SMALL_CASES
     ],
 )
 def test_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
     if not CUDA and T > 8:  # several chunks, the carries between them
-        assert CD.cdiv(T, CD.chunk_length(T)) >= 3
+        L = CD.chunk_length(T)
+        assert (CD.cdiv(T, L), T - L * (CD.cdiv(T, L) - 1)) == CHUNKS[T]
+    if T > 5:  # a whole vector missing; with d = 2 and a diagonal R, one missing in part too
+        missing = np.isnan(z)
+        assert missing[5].all()
+        assert full_r or d == 1 or bool((missing.any(1) & ~missing.all(1)).any())
     check(z, kw, dtype)
+
+
+def test_filter_chunk_counts(monkeypatch):
+    # the filter's two-level carry (n8-d1-T70's path interpreted, at a seventh of its steps):
+    # chunks of 2 steps over T = 9, 5 chunks in groups of 4 (4, 1), the last chunk 1 step; the
+    # padless n = 8 tiles (NP = 8) in every kernel
+    T, L = 9, 2
+    monkeypatch.setattr(CD, "chunk_length", lambda T: L)
+    # the interpreter's one-level limit (4 chunks) on the GPU too
+    monkeypatch.setitem(CD.TUNING, "one_level", 4)
+    nc = CD.cdiv(T, L)
+    assert (nc, CD.group_size(nc)) == (5, 4)
+    z, kw = random_model(100 * 8 + 70, 8, 1, T)
+    check(z, kw, torch.float64)
 
 
 @pytest.mark.slow
@@ -554,7 +580,8 @@ NEAR_NOISE_FREE = [
 ]
 
 
-def near_noise_free(name):
+def near_noise_free(name, T=None):
+    """The battery's row ``name`` as ``(z, kw)``; ``T``: its first ``T`` steps only."""
     from kalmanscan.validation.regimes import _near_noiseless_heads
 
     (reg,) = [r for r in _near_noiseless_heads() if r.name == name]
@@ -562,7 +589,12 @@ def near_noise_free(name):
     offset = np.zeros(n) if reg.offset is None else reg.offset
     kw = dict(F=reg.F, Q=reg.Q, H=reg.H, R=reg.R, offset=offset, prior_mean=reg.prior_mean,
               prior_cov=reg.prior_cov)  # fmt: skip
-    return reg.z, kw
+    return reg.z[:T], kw
+
+
+def traces(a):
+    """Per-step traces of ``a [T, n, n]``, float64."""
+    return np.trace(np.asarray(a, dtype=np.float64), axis1=-2, axis2=-1)
 
 
 def cov_normwise(a, b):
@@ -572,20 +604,29 @@ def cov_normwise(a, b):
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "T"),
     # the default run keeps the worst row (1e6 prior, seed 3: 3.5e2 relative off before the
-    # square-root steps); the other three, 8 s each interpreted, run with -m slow
-    [pytest.param(n, marks=pytest.mark.slow) if i != 3 else n
-     for i, n in enumerate(NEAR_NOISE_FREE)],
-    ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3"],
+    # square-root steps) over its first 9 steps (interpreted: 3 chunks of 4, 4 and 1 steps): the
+    # 4e6-sized prediction at step 0 and the O(1) ones after it, each updated to a 1e-11-sized
+    # posterior, as over the whole row; the four whole rows, 7-8 s each interpreted, run with
+    # -m slow (1e6-s3 by tests/_default_run.py, on CUDA by default)
+    [pytest.param(n, None, marks=pytest.mark.slow) if i != 3 else (n, None)
+     for i, n in enumerate(NEAR_NOISE_FREE)] + [(NEAR_NOISE_FREE[3], 9)],
+    ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3", "1e6-s3-T9"],
 )  # fmt: skip
-def test_near_noise_free_whole_state(name):
+def test_near_noise_free_whole_state(name, T):
     # the scalar updates formed each 1e-12-sized posterior as a difference of prediction-sized
     # terms: filtered and smoothed covariances 1.9e-4 (prior I) and 3.5e2 (prior 1e6 I)
     # relative off before; every output within the scan's float64 tolerance of the sequential
     # reference now (which is within 2e-15 of the mpmath oracle on these rows)
-    z, kw = near_noise_free(name)
+    z, kw = near_noise_free(name, T)
     ref = kd.smooth(z, **kw, backend="sequential")
+    # the regime: every filtered covariance 1e-11-sized, under the prior's 1e6 at step 0
+    assert traces(ref.filtered.cov).max() < 1e-10
+    big = np.diag(kw["prior_cov"]).max() >= 1e6
+    assert traces(ref.filtered.pred_cov)[0] > (1e6 if big else 1.0)
+    if not CUDA and T is not None:
+        assert (CD.cdiv(T, CD.chunk_length(T)), CD.chunk_length(T)) == (3, 4)
     check_smooth(z, kw, torch.float64, ref)
     # float32: covariances within 1e-4 per step (measured <= 5.8e-7 interpreted; 4.8e4 .. 1.9e11
     # off before), finite loglik (inf before)
@@ -622,10 +663,12 @@ def test_near_noise_free_partial_oracle():
     assert RG.passes(errs, "float64"), errs
 
 
-def test_auto_near_noise_free_takes_triton(auto_is_triton, ran_smooth):
+@pytest.mark.parametrize("T", [9, None], ids=["T9", "whole"])
+def test_auto_near_noise_free_takes_triton(auto_is_triton, ran_smooth, T):
     # kd.smooth(auto) keeps the fused smoother for these models (they are in its class) and is
-    # right there
-    z, kw = near_noise_free(NEAR_NOISE_FREE[2])
+    # right there (the model decides; the row's first 9 steps by default without CUDA, the
+    # whole row with -m slow)
+    z, kw = near_noise_free(NEAR_NOISE_FREE[2], T)
     t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
     got = kd.smooth(torch.as_tensor(z, device=DEVICE), **t)
     assert ran_smooth == [2], "kd.smooth(auto) must run the triton smoother"
