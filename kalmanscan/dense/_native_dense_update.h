@@ -349,15 +349,26 @@ static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd,
 }
 
 /* Outputs of a step whose filtered state is still diffuse along range(D[:, :k]): the covariance
- * with +-inf where the projector Pd on that range is nonzero (above 64 eps) and the finite part
- * elsewhere, and the limit precision Pk (Pk P Pk + tau Pd)^-1 Pk, Pk = I - Pd, tau the largest
- * diagonal entry of Pk P Pk (any tau > 0 gives the same limit; a unit one beside a P of scale v
- * cost |log10 v| digits, 1e-4 relative at v = 1e-12). 0 if not invertible. */
+ * with +inf on the diagonal of a coordinate that range reaches (the projector Pd above 64 eps
+ * there), between two such coordinates the sign of D D' where its correlation exceeds 1e-11
+ * (kalmanscan.dense.parallel.cov_with_inf: two diffuse directions that F mixes are correlated,
+ * which Pd = I does not show), the finite part elsewhere; and the limit precision
+ * Pk (Pk P Pk + tau Pd)^-1 Pk, Pk = I - Pd, tau the largest diagonal entry of Pk P Pk (any
+ * tau > 0 gives the same limit; a unit one beside a P of scale v cost |log10 v| digits, 1e-4
+ * relative at v = 1e-12). 0 if not invertible. */
 static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
     double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
     range_projector(n, k, w->D, U, Pd);
     const double tol = 64.0 * 2.220446049250313e-16;
-    for (int i = 0; i < n * n; i++) cov[i] = fabs(Pd[i]) > tol ? copysign(INFINITY, Pd[i]) : P[i];
+    double *DD = w->tmp;
+    DDt(n, k, w->D, DD);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int on = Pd[i * n + i] > tol && Pd[j * n + j] > tol;
+            double r = sqrt(fmax(DD[i * n + i], 0.0)) * sqrt(fmax(DD[j * n + j], 0.0));
+            int big = on && (i == j || fabs(DD[i * n + j]) > 1e-11 * r);
+            cov[i * n + j] = big ? copysign(INFINITY, i == j ? 1.0 : DD[i * n + j]) : P[i * n + j];
+        }
     /* M = Pk P Pk + tau Pd */
     project_sandwich(n, P, Pd, w->tmp, M, 0.0);
     double tau = 0.0;

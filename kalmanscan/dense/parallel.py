@@ -441,14 +441,29 @@ def precision_of(m: Moments, tol, screened: bool = False):
 
 
 def cov_with_inf(m: Moments, tol):
-    """The covariance with +-inf in the entries that the diffuse directions make unbounded."""
+    """The covariance with +-inf in the entries that the diffuse part ``kappa D`` makes
+    unbounded (``D = m.diffuse``, from the prior's ``kappa I``): ``+inf`` on the diagonal of a
+    coordinate the diffuse directions reach (the projector on ``range(D)`` above ``tol`` there)
+    and, between two such coordinates, the sign of ``D[i, j]`` where the diffuse part's
+    correlation ``D[i, j] / sqrt(D[i, i] D[j, j])`` is not 0 (above
+    :func:`kalmanscan.dense.sequential._dif_tol`, 1e-11 in float64: a ``D`` conditioned on
+    resolved directions 1e5 its scale carries 1e-11 of rounding there): two diffuse directions
+    that ``F`` mixes are correlated, which the projector (``I`` for two of them) does not show."""
     if m.ndiffuse == 0:
         return m.cov
+    from kalmanscan.dense.sequential import _dif_tol
+
     nd = m.ndiffuse
-    D = m.diffuse[:, :nd]
-    Pd, _ = _range_projector(D, torch.linalg.matrix_norm(D), tol)
-    big = Pd.abs() > tol
-    inf = torch.full_like(Pd, float("inf")).copysign(Pd)
+    with torch.no_grad():
+        D = _sym(m.diffuse[:, :nd])
+        Pd, _ = _range_projector(D, torch.linalg.matrix_norm(D), tol)
+        on = torch.diagonal(Pd, dim1=-2, dim2=-1) > tol  # [B, nd, n] coordinates reached
+        root = torch.diagonal(D, dim1=-2, dim2=-1).clamp_min(0.0).sqrt()
+        corr = D.abs() > _dif_tol(D.dtype) * root.unsqueeze(-1) * root.unsqueeze(-2)
+        diag = torch.diag_embed(on)
+        big = diag | (on.unsqueeze(-1) & on.unsqueeze(-2) & corr)
+        sign = torch.where(diag, torch.ones_like(D), D)
+    inf = torch.full_like(D, float("inf")).copysign(sign)
     head = torch.where(big, inf, m.cov[:, :nd])
     return torch.cat([head, m.cov[:, nd:]], 1)
 
@@ -707,7 +722,7 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     elif tau > 0:
         f = parts.filtered
         fh = Moments(f.mean[:, :tau], f.cov[:, :tau], f.diffuse[:, :tau], min(f.ndiffuse, tau))
-        keep, Pu = sequential.unresolved_directions(model.F, f)  # forgotten by a singular F
+        keep, Pu = sequential.unresolved_directions(model, f)  # forgotten by a singular F
         Zh = Zb[:, :tau]
         ms, Ps = sequential.combine_rows(
             Zh[..., :n], Zh[..., n:], fh, None if keep is None else keep[:, :tau]

@@ -32,7 +32,8 @@ from kalmanscan.dense.scan import mask_observation
 
 def _dif_tol(dtype) -> float:
     """The relative size below which a diffuse direction's image counts as gone (the filter's
-    :func:`factor_basis` and the smoother's :func:`unresolved_directions`)."""
+    :func:`factor_basis` and the smoother's :func:`unresolved_directions`), and a correlation of
+    two diffuse coordinates as 0 (:func:`kalmanscan.dense.parallel.cov_with_inf`)."""
     return 1e-11 if dtype == torch.float64 else 1e-4
 
 
@@ -468,15 +469,15 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     """
     Rb = backward_rows(model)
     n = model.F.shape[-1]
-    keep, Pu = unresolved_directions(model.F, filt)
+    keep, Pu = unresolved_directions(model, filt)
     ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt, keep)
     return smoothed(ms, Ps, Pu)
 
 
 def smoothed(ms, Ps, Pu=None) -> Moments:
-    """The smoothed :class:`Moments`: ``Pu`` [B, nd, n, n] the projectors on the directions
-    that stay diffuse over the first ``nd`` steps (:func:`unresolved_directions`), as in the
-    filter; ``None``: none."""
+    """The smoothed :class:`Moments`: ``Pu`` [B, nd, n, n] kappa's coefficient (up to a
+    positive factor per step) along the directions that stay diffuse over the first ``nd``
+    steps (:func:`unresolved_directions`), as in the filter; ``None``: none."""
     if Pu is None:
         return Moments(ms, Ps, torch.zeros_like(Ps), 0)
     nd = Pu.shape[1]
@@ -633,14 +634,14 @@ def diffuse_factor(filt: Moments):
     return torch.cat([L, Dd], -1), flat
 
 
-def unresolved_directions(F, filt: Moments):
+def unresolved_directions(model: Model, filt: Moments):
     """The filtered diffuse directions that no later observation resolves either (a state no
-    observation ever loads on, or one a singular ``F`` [B, T, n, n] forgets first): they stay
-    diffuse in the smoothed moments. Returns (keep [B, T, n, n], Pu [B, nd, n, n]), or
-    (None, None) where there are none: ``keep`` an orthonormal basis, in
-    :func:`diffuse_factor`'s coordinates ``v`` (``x_t = m_t + L u + D v``), of the resolved
-    ones (zero columns elsewhere), ``Pu`` the projector on the unresolved ones (``nd`` the
-    filter's diffuse steps).
+    observation ever loads on, or one a singular ``F`` forgets first): they stay diffuse in the
+    smoothed moments. Returns (keep [B, T, n, n], Pu [B, nd, n, n]), or (None, None) where there
+    are none: ``keep`` an orthonormal basis, in :func:`diffuse_factor`'s coordinates ``v``
+    (``x_t = m_t + L u + D v``), of the resolved ones (zero columns elsewhere), ``Pu`` kappa's
+    coefficient along the unresolved ones, up to a positive factor per step
+    (:func:`_unresolved_kappa`; ``nd`` the filter's diffuse steps).
 
     Decided from the structure, as the filter decides (not from the magnitudes of the
     information, which a small entry of ``F`` makes as small as it likes): at the last step
@@ -654,6 +655,7 @@ def unresolved_directions(F, filt: Moments):
     ``W^-1``, which ``W`` maps the orthogonal complement onto: the data fix that complement and
     leave the unresolved part at its prior mean (0) and variance (``kappa``). No derivative
     (the basis is a constant; the smoothed moments follow ``D`` through it)."""
+    F = model.F
     B, T, n = filt.mean.shape
     nd = min(filt.ndiffuse, T)
     if nd == 0:
@@ -700,7 +702,58 @@ def unresolved_directions(F, filt: Moments):
         Yr = Yr * (torch.arange(n, device=device) < nres.unsqueeze(-1)).to(dtype).unsqueeze(-2)
         keep = torch.where((nnull > 0)[..., None, None], Yr, torch.diag_embed(kept))
         keep = torch.cat([keep, torch.zeros(B, T - nd, n, n, dtype=dtype, device=device)], 1)
-        return keep, _sym(Dd @ Pz @ Dd.mT)
+        U = Dd @ Z  # x-space orthonormal bases of the unresolved directions (zero columns)
+        if model.P0 is None:  # (a diffuse prior: always, where the filter has diffuse steps)
+            D0 = prior_start(model)[1].detach().to(dtype).expand(B, n, n)
+        else:  # none: the projectors below
+            D0 = torch.zeros(B, n, n, dtype=dtype, device=device)
+        Pu = _unresolved_kappa(F, D0, U, nnull, tol)
+        return keep, Pu
+
+
+def _unresolved_kappa(F, D0, U, k, tol):
+    """[B, nd, n, n]: kappa's coefficient in the smoothed covariance along the unresolved
+    directions (``U`` [B, nd, n, n] their orthonormal bases, zero columns elsewhere; ``k`` [B, nd]
+    their number), up to a positive factor per step: ``A_t Pi A_t'`` with ``Pi`` the projector on
+    the prior's diffuse directions (``D0`` [B, n, n], kappa I on them) that no observation
+    resolves, ``A_t = F_t ... F_0``. Its off-diagonal entries are the signs of the unbounded
+    covariances between two unresolved coordinates (:func:`kalmanscan.dense.parallel.cov_with_inf`):
+    two unobserved states that ``F`` mixes are correlated, which the projector ``U U'`` does not
+    show. Propagated from the prior as a factor ``G_t = F_t G_{t-1}`` (no subtraction: the
+    filtered diffuse part conditioned on the resolved directions lost ``eps`` times the ratio of
+    their scales), scaled to a largest entry of 1 at each step (no overflow over a long series)
+    and projected on ``range(U_t)`` (what a singular ``F`` forgets drops out); a step whose
+    directions' scales lie more than ``2^20`` apart (float32 ``2^7``: as :func:`factor_basis`)
+    keeps the projector ``U U'``, the range without the correlations."""
+    B, nd, n, _ = U.shape
+    dtype = U.dtype
+    eye = torch.eye(n, dtype=dtype, device=U.device)
+    one = torch.ones(B, n, dtype=dtype, device=U.device)
+    # the prior's unresolved directions: c with F_0 D0 c in range(U_0), each column normalized
+    X = F[:, 0] @ D0
+    bound = F[:, 0].abs() @ D0.abs()
+    live = (D0 != 0).any(-2) & ~(X.abs() <= tol * bound).all(-2)
+    top = torch.where(live, X.abs().amax(-2), one)
+    nrm = torch.where(live, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2), one)
+    P0 = U[:, 0] @ U[:, 0].mT
+    Y = (eye - P0) @ (X / nrm.unsqueeze(-2)) * live.to(dtype).unsqueeze(-2)
+    G = torch.cat([Y, torch.diag_embed((~live).to(dtype))], -2)
+    _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
+    null = (sv <= tol).flip(-1)
+    V = (Vh.mT.flip(-1) / nrm.unsqueeze(-1)) * null.to(dtype).unsqueeze(-2)
+    V = V / V.abs().amax(-2, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    G = D0 @ (torch.linalg.qr(V)[0] * null.to(dtype).unsqueeze(-2))
+    Gs = []
+    for t in range(nd):
+        G = F[:, t] @ G
+        G = G / G.abs().amax((-1, -2), keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        Gs.append(G)
+    Gp = U @ (U.mT @ torch.stack(Gs, 1))
+    sv = torch.linalg.svdvals(Gp)  # [B, nd, n] descending
+    last = sv.gather(-1, (k - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    grade = 2.0**-20 if dtype == torch.float64 else 2.0**-7
+    ok = (k > 0) & (last > grade * sv[..., 0])
+    return torch.where(ok[..., None, None], _sym(Gp @ Gp.mT), U @ U.mT)
 
 
 def combine_rows(A, bb, filt: Moments, keep=None):
