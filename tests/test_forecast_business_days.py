@@ -141,14 +141,15 @@ def test_records_from_the_first_day_of_nanoseconds_range():
     cast overflow (it wrapped the first date's day to 2262; numpy 2.5.2 crashes on such a cast
     of 10,000 dates): a monthly record kept its 21st at 01:00 only where the days are floored in
     integers (by the median step before), and 12,000 trading days keep their weekdays."""
-    months = np.arange(np.datetime64("1677-09"), np.datetime64("1678-09")).astype("M8[D]") + 20
-    lab = months.astype("datetime64[ns]") + np.timedelta64(1, "h")
+    # (built in minutes: 1677-09-21 00:00 itself is outside nanoseconds' range)
+    months = np.arange(np.datetime64("1677-09"), np.datetime64("1678-09")).astype("M8[D]")
+    lab = (months + np.timedelta64(20, "D") + np.timedelta64(60, "m")).astype("datetime64[ns]")
     got = as_time_axis(lab, lab.size).future(3)
     assert [str(x) for x in got.astype("datetime64[m]")] == [
         "1678-09-21T01:00", "1678-10-21T01:00", "1678-11-21T01:00",
     ]  # fmt: skip
     d = np.busday_offset(np.datetime64("1677-09-21"), np.arange(12_000), roll="forward")
-    lab = d.astype("datetime64[ns]") + np.timedelta64(16, "h")
+    lab = (d + np.timedelta64(16, "h")).astype("datetime64[ns]")
     got = as_time_axis(lab, lab.size).future(4)
     np.testing.assert_array_equal(
         got.astype("datetime64[D]"), np.busday_offset(d[-1], [1, 2, 3, 4])
