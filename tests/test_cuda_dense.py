@@ -109,6 +109,20 @@ CHUNKS = {15: (4, 3), 11: (3, 3), 63: (4, 15), 40: (3, 8), 130: (9, 2), 70: (5, 
 SLOW_INTERPRETED = () if CUDA else ("n2-d1-T63", "n3-d2-T40", "n4-d1-T130", "n8-d1-T70")
 
 
+def _assert_layout(z, d, full_r, chunks):
+    """Without CUDA, the interpreted kernel's chunk plan (``chunks[T]``: chunks, steps in the
+    last; ``None``: not checked); past step 5 a whole vector missing, and with ``d = 2`` and a
+    diagonal ``R`` one missing in part too."""
+    T = z.shape[0]
+    if not CUDA and chunks is not None:
+        L = CD.chunk_length(T)
+        assert (CD.cdiv(T, L), T - L * (CD.cdiv(T, L) - 1)) == chunks[T]
+    if T > 5:
+        missing = np.isnan(z)
+        assert missing[5].all()
+        assert full_r or d == 1 or bool((missing.any(1) & ~missing.all(1)).any())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize(
     ("n", "d", "T", "full_r"),
@@ -119,13 +133,7 @@ SLOW_INTERPRETED = () if CUDA else ("n2-d1-T63", "n3-d2-T40", "n4-d1-T130", "n8-
 )
 def test_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
-    if not CUDA and T > 8:  # several chunks, the carries between them
-        L = CD.chunk_length(T)
-        assert (CD.cdiv(T, L), T - L * (CD.cdiv(T, L) - 1)) == CHUNKS[T]
-    if T > 5:  # a whole vector missing; with d = 2 and a diagonal R, one missing in part too
-        missing = np.isnan(z)
-        assert missing[5].all()
-        assert full_r or d == 1 or bool((missing.any(1) & ~missing.all(1)).any())
+    _assert_layout(z, d, full_r, CHUNKS if T > 8 else None)  # (several chunks: their carries)
     check(z, kw, dtype)
 
 
@@ -323,13 +331,7 @@ SMOOTH_CHUNKS = {11: (3, 3), 7: (4, 1), 6: (3, 2), 8: (4, 2)}
 )  # fmt: skip
 def test_smooth_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
-    if not CUDA and T > 1:
-        L = CD.chunk_length(T)
-        assert (CD.cdiv(T, L), T - L * (CD.cdiv(T, L) - 1)) == SMOOTH_CHUNKS[T]
-    if T > 5:  # a whole vector missing; with d = 2 and a diagonal R, one missing in part too
-        missing = np.isnan(z)
-        assert missing[5].all()
-        assert full_r or d == 1 or bool((missing.any(1) & ~missing.all(1)).any())
+    _assert_layout(z, d, full_r, SMOOTH_CHUNKS if T > 1 else None)
     check_smooth(z, kw, dtype)
 
 
