@@ -23,6 +23,7 @@ from kalmanscan.dense._args import LOG_2PI, Model
 from kalmanscan.dense.parallel import (
     Moments,
     _mv,
+    _range_projector,
     _sym,
     prior_start,
     rank_tol,
@@ -611,7 +612,9 @@ def _pivot_tangent(U, K, dg):
 def diffuse_factor(filt: Moments):
     """``M = [L, D]`` [B, T, n, 2n] with ``x_t = m_t + M (u, v)``: ``L L' = P_t`` (u ~ N(0, I)) and
     ``D`` an orthonormal basis of the diffuse directions (v flat), with zero columns elsewhere;
-    and ``flat`` [B, T, n] bool: the zero columns of ``D`` (give them a unit prior)."""
+    and ``flat`` [B, T, n] bool: the zero columns of ``D`` (give them a unit prior). The
+    directions: the eigenvectors of the filter's ``P_inf`` above ``rank_tol`` of the largest, or
+    where :func:`_scaled_eigh` (the rank in the coordinates' own scales) finds more, those."""
     B, T, n = filt.mean.shape
     dtype = filt.mean.dtype
     L = _factor(_sym(filt.cov))
@@ -623,15 +626,53 @@ def diffuse_factor(filt: Moments):
         with torch.no_grad():
             w, U = torch.linalg.eigh(Pinf)
             keep = w > rank_tol(dtype) * torch.linalg.matrix_norm(Pinf).unsqueeze(-1)
-            basis = U * keep.to(dtype).unsqueeze(-2)
+            # the rank in the coordinates' own scales (_scaled_eigh) where it sees more: then
+            # an orthonormal basis of S V_k (the kept columns first)
+            s, ws, V, keep_s = _scaled_eigh(Pinf)
+            more = (keep_s.sum(-1) > keep.sum(-1))[..., None]
+            km = keep_s.to(dtype).unsqueeze(-2)
+            Qb, Rq = torch.linalg.qr(s.unsqueeze(-1) * V * km)
+            basis = torch.where(more.unsqueeze(-1), Qb * km, U * keep.to(dtype).unsqueeze(-2))
+            keep = torch.where(more, keep_s, keep)
         if Pinf.requires_grad:  # Pinf C = basis, and its columns follow range(Pinf) when it moves
             C = basis / torch.where(keep, w, torch.ones_like(w)).unsqueeze(-2)
+            if bool(more.any()):  # Pinf S^-1 V_k W_k^-1 = S V_k (S^-1 Pinf S^-1 = V W V'),
+                # S V_k = Qb Rq
+                one = torch.ones_like(ws)
+                X = V * km / (s.unsqueeze(-1) * torch.where(keep_s, ws, one).unsqueeze(-2))
+                Rs = Rq + torch.diag_embed((~keep_s).to(dtype))
+                Cs = torch.linalg.solve_triangular(Rs, X, upper=True, left=False)
+                C = torch.where(more.unsqueeze(-1), Cs, C)
             basis = basis + (Pinf @ C - (Pinf @ C).detach())
         Dd = torch.cat([basis, Dd[:, nd:]], 1)
         flat = torch.cat([~keep, torch.ones_like(flat[:, nd:])], 1)
     else:
         flat = torch.ones_like(flat)
     return torch.cat([L, Dd], -1), flat
+
+
+def _scaled_eigh(Pinf):
+    """The eigendecomposition of kappa's coefficient ``Pinf`` [..., n, n] in its coordinates'
+    own scales, for its rank: (s [..., n], w [..., n] descending, V [..., n, n], keep [..., n])
+    with ``Pinf = S V diag(w) V' S`` (``S = diag(s)``) and ``keep`` the eigenvalues above
+    :func:`kalmanscan.dense.parallel.rank_tol` of the scaled matrix (a prefix).
+
+    ``Pinf = D D'`` as the filter forms it is exact to ``eps |D_i| |D_j|`` in entry (i, j), so
+    its rank shows in ``S^-1 Pinf S^-1`` (``s_i = sqrt(Pinf_ii)``), not in ``Pinf``: a state 1e3
+    times another's diffuse scale that F couples into it leaves an eigenvalue 3e-15 of the
+    largest (x0 feeding 1000 x0 into x1), below the threshold, though 3e-9 after scaling.
+    ``s_i`` is at least ``sqrt(rank_tol)`` of the largest: a coordinate the filter resolved
+    keeps ``eps |D|`` of rounding, which the scaling then raises to ``eps / sqrt(rank_tol)``
+    only (eigenvalues ``eps / 64``, below the threshold)."""
+    dtype = Pinf.dtype
+    tol = rank_tol(dtype)
+    d = torch.diagonal(Pinf, dim1=-2, dim2=-1).clamp_min(0.0).sqrt()
+    s = torch.maximum(d, tol**0.5 * d.amax(-1, keepdim=True))
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    w, V = torch.linalg.eigh(Pinf / (s.unsqueeze(-1) * s.unsqueeze(-2)))
+    w, V = w.flip(-1), V.flip(-1)
+    keep = w > tol * torch.linalg.vector_norm(w, dim=-1, keepdim=True)  # |.|_F, as before
+    return s, w, V, keep
 
 
 def unresolved_directions(model: Model, filt: Moments):
@@ -646,9 +687,14 @@ def unresolved_directions(model: Model, filt: Moments):
     Decided from the structure, as the filter decides (not from the magnitudes of the
     information, which a small entry of ``F`` makes as small as it likes): at the last step
     every filtered diffuse direction is unresolved; before, ``D v`` is unresolved where
-    ``F_{t+1} D v`` lies in the next step's unresolved directions (the filtered ones are those
-    not seen at ``t + 1``), with each column of ``F D`` normalized and one at the rounding of
-    its own product (:func:`factor_basis`' entrywise bound) taken as 0 (forgotten).
+    ``F_{t+1} D v`` is not seen by the observed rows of ``H_{t+1}`` (normalized) and has no part
+    on the next step's filtered directions outside its unresolved ones, with each column of
+    ``F D`` normalized and one at the rounding of its own product (:func:`factor_basis`'
+    entrywise bound) taken as 0 (forgotten). A part of ``F D v`` that no observation sees and
+    that the next step's filtered directions lack was dropped there (a direction whose share of
+    ``P_inf`` fell below the rounding: two unobserved states ``F`` mixes, the second
+    ``(0.6 / 1.1)^t`` of the first; or the filter's own :func:`factor_basis`), not resolved: it
+    stays diffuse (formerly taken as resolved, with no data on it: every earlier step NaN).
 
     With ``v ~ N(0, kappa W)``, ``W = D' P_inf D`` (the filter's diffuse part, from the prior's
     ``kappa I``), the unresolved ``v`` are independent of their complement in the metric
@@ -668,6 +714,7 @@ def unresolved_directions(model: Model, filt: Moments):
         Dd, flat = (x[:, :nd] for x in diffuse_factor(head))
         Dd, kept = Dd[..., n:], (~flat).to(dtype)
         F = F.detach().expand(B, T, n, n)
+        Hn = _unit_rows(model)
         last = torch.diag_embed(kept[:, -1]) if nd == T else torch.zeros_like(eye).expand(B, n, n)
         Zs = [last]  # [B, n, n] orthonormal bases (v coordinates) of the unresolved, backward
         P = Dd[:, -1] @ last @ Dd[:, -1].mT if nd == T else torch.zeros_like(last)
@@ -680,7 +727,11 @@ def unresolved_directions(model: Model, filt: Moments):
             nrm = torch.where(
                 gone, one, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2)
             )
-            Y = (eye - P) @ (X / nrm.unsqueeze(-2)) * (~gone).to(dtype).unsqueeze(-2)
+            Xn = X / nrm.unsqueeze(-2) * (~gone).to(dtype).unsqueeze(-2)
+            # resolved: seen at t + 1, or landing on the resolved part of the next step's
+            # filtered directions; what leaves those unseen was dropped, not resolved
+            Pf = Dd[:, t + 1] @ Dd[:, t + 1].mT if t + 1 < nd else torch.zeros_like(P)
+            Y = torch.cat([(Pf - P) @ Xn, Hn[:, t + 1] @ Xn], -2)
             G = torch.cat([Y, torch.diag_embed(1.0 - kept[:, t])], -2)  # flat: never null
             _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
             null = (sv <= tol).flip(-1)  # the null vectors first
@@ -707,11 +758,20 @@ def unresolved_directions(model: Model, filt: Moments):
             D0 = prior_start(model)[1].detach().to(dtype).expand(B, n, n)
         else:  # none: the projectors below
             D0 = torch.zeros(B, n, n, dtype=dtype, device=device)
-        Pu = _unresolved_kappa(F, D0, U, nnull, tol)
+        Pu = _unresolved_kappa(F, D0, U, nnull, tol, Dd[:, 0] @ Dd[:, 0].mT, Hn[:, 0])
         return keep, Pu
 
 
-def _unresolved_kappa(F, D0, U, k, tol):
+def _unit_rows(model: Model):
+    """[B, T, d, n] the rows of H with the missing ones 0, each scaled to norm 1 (0 stays 0):
+    a diffuse direction ``v`` is seen at step t where ``H_t v`` is not 0 (the filter's
+    decorrelated rows ``L^-1 H`` span the same rows)."""
+    H = mask_observation(model.z, model.observed, model.H, model.R)[0].detach()
+    h = torch.linalg.vector_norm(H, dim=-1, keepdim=True)
+    return H / torch.where(h > 0, h, torch.ones_like(h))
+
+
+def _unresolved_kappa(F, D0, U, k, tol, Pf0, H0):
     """[B, nd, n, n]: kappa's coefficient in the smoothed covariance along the unresolved
     directions (``U`` [B, nd, n, n] their orthonormal bases, zero columns elsewhere; ``k`` [B, nd]
     their number), up to a positive factor per step: ``A_t Pi A_t'`` with ``Pi`` the projector on
@@ -724,10 +784,13 @@ def _unresolved_kappa(F, D0, U, k, tol):
     their scales), scaled to a largest entry of 1 at each step (no overflow over a long series)
     and projected on ``range(U_t)`` (what a singular ``F`` forgets drops out); a step whose
     directions' scales lie more than ``2^20`` apart (float32 ``2^7``: as :func:`factor_basis`)
-    keeps the projector ``U U'``, the range without the correlations."""
+    keeps it where its range (above ``rank_tol``, as
+    :func:`kalmanscan.dense.parallel.cov_with_inf` reads it) reaches the coordinates that
+    ``range(U_t)`` does, else the projector ``U U'``, the range without the correlations.
+    ``Pf0`` [B, n, n] the projector on the filtered diffuse directions at step 0, ``H0``
+    [B, d, n] its unit observed rows (:func:`unresolved_directions`' rule)."""
     B, nd, n, _ = U.shape
     dtype = U.dtype
-    eye = torch.eye(n, dtype=dtype, device=U.device)
     one = torch.ones(B, n, dtype=dtype, device=U.device)
     # the prior's unresolved directions: c with F_0 D0 c in range(U_0), each column normalized
     X = F[:, 0] @ D0
@@ -736,7 +799,8 @@ def _unresolved_kappa(F, D0, U, k, tol):
     top = torch.where(live, X.abs().amax(-2), one)
     nrm = torch.where(live, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2), one)
     P0 = U[:, 0] @ U[:, 0].mT
-    Y = (eye - P0) @ (X / nrm.unsqueeze(-2)) * live.to(dtype).unsqueeze(-2)
+    Xn = X / nrm.unsqueeze(-2) * live.to(dtype).unsqueeze(-2)
+    Y = torch.cat([(Pf0 - P0) @ Xn, H0 @ Xn], -2)  # as unresolved_directions' steps
     G = torch.cat([Y, torch.diag_embed((~live).to(dtype))], -2)
     _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
     null = (sv <= tol).flip(-1)
@@ -752,8 +816,14 @@ def _unresolved_kappa(F, D0, U, k, tol):
     sv = torch.linalg.svdvals(Gp)  # [B, nd, n] descending
     last = sv.gather(-1, (k - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1)
     grade = 2.0**-20 if dtype == torch.float64 else 2.0**-7
-    ok = (k > 0) & (last > grade * sv[..., 0])
-    return torch.where(ok[..., None, None], _sym(Gp @ Gp.mT), U @ U.mT)
+    K, Pr = _sym(Gp @ Gp.mT), U @ U.mT
+    # scales far apart: K still serves where it reaches the coordinates the range does (as
+    # cov_with_inf reads it): two directions F mixes, the second (0.6 / 1.1)^t of the first
+    rt = rank_tol(dtype)
+    Pd = _range_projector(K, torch.linalg.matrix_norm(K), rt)[0]
+    dia = lambda X: torch.diagonal(X, dim1=-2, dim2=-1) > rt  # noqa: E731
+    ok = (k > 0) & ((last > grade * sv[..., 0]) | (dia(Pd) == dia(Pr)).all(-1))
+    return torch.where(ok[..., None, None], K, Pr)
 
 
 def combine_rows(A, bb, filt: Moments, keep=None):
