@@ -91,15 +91,21 @@ if CUDA:
     CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (1000, 77, "chunks"), (1000, 20000, "lanes"),
              (4099, 64, "chunks"), (1000, 300, "lanes")]  # fmt: skip
 else:
-    # (203, 3): 13 chunks, the forward carry scanning their 12 maps in 3 tiles of 4
-    CASES = [(1, 3, "lanes"), (63, 5, "chunks"), (45, 3, "lanes"), (30, 2, "chunks"),
-             pytest.param(203, 3, "chunks", marks=pytest.mark.slow)]  # fmt: skip
+    # (203, 3): 13 chunks, the forward carry scanning their 12 maps in 3 tiles of 4; (33, 5):
+    # 3 chunks of 12, 12 and 9 steps (a first, a middle and a partial last: the paths of (63, 5)'s
+    # 4 chunks of 16 at about half the steps)
+    CASES = [(1, 3, "lanes"), (33, 5, "chunks"), (63, 5, "chunks"), (45, 3, "lanes"),
+             (30, 2, "chunks"), pytest.param(203, 3, "chunks", marks=pytest.mark.slow)]  # fmt: skip
+# interpreted: (chunk length, chunks) of the chunked cases
+PLANS = {33: (12, 3), 63: (16, 4), 30: (16, 2), 203: (16, 13)}
 
 
 @pytest.mark.parametrize("T, N, regime", CASES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_filter_and_smoother_every_output(T, N, regime, dtype, monkeypatch):
     _force(monkeypatch, regime)
+    if not CUDA and regime == "chunks":
+        assert F._plan(T, N)[:2] == PLANS[T]
     xs = make_inputs(T, N, forget=True)
     ins, x0 = expanded(xs, T, N, dtype)
     ref = sequential.smooth_lanes(*expanded(xs, T, N, torch.float64)[0], tuple(xs[6:]))

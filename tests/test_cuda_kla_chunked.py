@@ -177,7 +177,7 @@ def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
 # p / af (chunked._tangent_pa), large where the decay is small, and 0 where it is 0 (forget).
 @pytest.mark.parametrize("decay", [0.011, 1e-6, 1e-12, 0.0])
 def test_chunked_small_decays(decay, monkeypatch):
-    shape, C = (1, 48, 3, 4), 3  # chunks of 16: a first, a middle and a last
+    shape, C = (1, 24, 3, 4), 3  # chunks of 8: a first, a middle and a last
     x = make_inputs(*shape, seed=4, forget=False)
     x["decay"][1, 2] = decay
     x["decay"][2] = max(decay, 1e-3)
@@ -190,18 +190,19 @@ def test_chunked_small_decays(decay, monkeypatch):
 # exact (p = 1e12 is benchmarks/reliability.py's kla-p-huge regime). The carry then
 # walks the lanes' bad chunks step by step (chunked._apply_map, _walk_chunk). Cases: every lane
 # in every chunk; one channel in one chunk only (the other lanes and chunks take their maps).
+# Chunks of 8 steps: two groups of 4 (the overflow is within one), and the walk's steps.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (the overflow)
 @pytest.mark.parametrize("where", ["all", "one-channel-one-chunk"])
 @pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0), (1.0, 1e12)],
                          ids=["Lv1e10", "Lv1e14-p50", "p1e12"])  # fmt: skip
 def test_chunked_precise_observations(where, scale, pv, monkeypatch):
-    shape, C = (2, 48, 3, 4), 3  # chunks of 16: a first, a middle and a last
+    shape, C = (2, 24, 3, 4), 3  # chunks of 8: a first, a middle and a last
     x = make_inputs(*shape, seed=6, forget=True)
     if where == "all":
         x["Lv"] = x["Lv"] * scale
         x["process_var"] = torch.full_like(x["process_var"], pv)
     else:
-        x["Lv"][:, 20:28, 1] = x["Lv"][:, 20:28, 1] * scale  # chunk 1 (steps 16-31), channel 1
+        x["Lv"][:, 8:16, 1] = x["Lv"][:, 8:16, 1] * scale  # chunk 1 (steps 8-15), channel 1
         x["process_var"][1] = pv
     w = weights_for(*shape)
     maps = spy_maps(monkeypatch)
@@ -217,7 +218,7 @@ def test_chunked_op_regimes(name, monkeypatch):
     kernels in the interpreter without a GPU), against the float64 sequential op: the tolerance
     of ``tests/test_extremes.py::test_kla_op_regimes``, no non-finite output. (The p = 1e12
     regime overflowed the chunk maps, which gave NaN, before the carry's walk.)"""
-    x = kla_inputs(name, shape=(2, 64, 4, 3))  # 4 chunks of 16 steps
+    x = kla_inputs(name, shape=(2, 32, 4, 3))  # 4 chunks of 8 steps
     ref = kla_filter(**x, backend="sequential")
     monkeypatch.setattr(tuning, "CHUNKS", 4)
     dev = [x[n].to(device=DEVICE, dtype=torch.float32) for n in NAMES[:6]]
@@ -415,12 +416,13 @@ def test_tangent_maps_double_buffered_equal_reference(unroll, slots, monkeypatch
     ``TANGENT_LAUNCH``) at other blocks and slots than the default's (8 steps, 2 slots:
     test_map_kernels_default_launch_walks_full_blocks): chunks of 5 blocks and 3 steps walk
     two pairs (the first pair loads the second's first block), the odd last block and a tail of
-    3; three chunks (the tangent maps walk the middle and the last); the float64 reference's
-    outputs and gradients. Without the precisions' gradient: with it (``HAS_GPREC``) the
-    kernel takes the plain loop, not the double buffer (the launch spied)."""
+    3; two chunks (the tangent maps walk every chunk but the first the same way: the last here,
+    as a middle one); the float64 reference's outputs and gradients. Without the precisions'
+    gradient: with it (``HAS_GPREC``) the kernel takes the plain loop, not the double buffer
+    (the launch spied)."""
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH",
                         dict(chunked.TANGENT_LAUNCH, unroll=unroll, slots=slots, db=1))  # fmt: skip
-    C, Lc = 3, 5 * unroll + 3
+    C, Lc = 2, 5 * unroll + 3
     assert chunked._double_buffered(True)
     assert (Lc // unroll // 2, Lc // unroll % 2, Lc % unroll) == (2, 1, 3)  # pairs, odd, tail
     seen = []

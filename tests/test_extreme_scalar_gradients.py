@@ -163,16 +163,23 @@ def _truth(ins, n):
                 conv(svar, math.inf))  # fmt: skip
 
 
-@_memo
 def _mp_grad(ins, n, key, of):
     """Complex-step derivatives of lane ``n``'s log-likelihood (``of="ll"``) or the sum of its
     smoothed means (``"smean"``) in each step's ``key`` (``[T]``), or in ``m0`` / ``P0``
-    (``[1]``). The step is ``10**-(DPS/3)`` times the input (``1e-300`` times that at 0): its
-    truncation error, the step squared times the third derivative, stays far below the
-    derivative on these magnitudes (mpmath keeps the imaginary parts' digits at any scale)."""
+    (``[1]``): :func:`_mp_grads`' ``of``."""
+    return _mp_grads(ins, n, key)[of]
+
+
+@_memo
+def _mp_grads(ins, n, key):
+    """``{"ll": ..., "smean": ...}``: :func:`_mp_grad` of both outputs, from the same complex
+    steps (one :func:`mp_lane` run a step gives both). The step is ``10**-(DPS/3)`` times the
+    input (``1e-300`` times that at 0): its truncation error, the step squared times the third
+    derivative, stays far below the derivative on these magnitudes (mpmath keeps the imaginary
+    parts' digits at any scale)."""
     T = ins["z"].shape[0]
     where = [(key,)] if key in ("m0", "P0") else [(key, t) for t in range(T)]
-    out = np.zeros(len(where))
+    out = {"ll": np.zeros(len(where)), "smean": np.zeros(len(where))}
     with mp.workdps(DPS):
         rel = mp.mpf(10) ** -(DPS // 3)
         for i, w in enumerate(where):
@@ -181,8 +188,9 @@ def _mp_grad(ins, n, key, of):
                 continue
             step = mp.mpf(abs(x) if x != 0 else 1e-300) * rel
             res = mp_lane(*_mp_args(ins, n, {w: mp.mpc(x, step)}))
-            val = res[0] if of == "ll" else mp.fsum(s for s in res[3] if s is not None)
-            out[i] = float(mp.im(val) / step)
+            out["ll"][i] = float(mp.im(res[0]) / step)
+            smean = mp.fsum(s for s in res[3] if s is not None)
+            out["smean"][i] = float(mp.im(smean) / step)
     return out
 
 
