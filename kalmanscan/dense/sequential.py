@@ -719,25 +719,9 @@ def unresolved_directions(model: Model, filt: Moments):
         Zs = [last]  # [B, n, n] orthonormal bases (v coordinates) of the unresolved, backward
         P = Dd[:, -1] @ last @ Dd[:, -1].mT if nd == T else torch.zeros_like(last)
         for t in range(nd - 2 if nd == T else nd - 1, -1, -1):
-            X = F[:, t + 1] @ Dd[:, t]
-            bound = F[:, t + 1].abs() @ Dd[:, t].abs()
-            gone = (X.abs() <= tol * bound).all(-2)  # forgotten (flat columns too: 0 <= 0)
-            one = torch.ones_like(kept[:, t])
-            top = torch.where(gone, one, X.abs().amax(-2))  # no squares of tiny entries (1e-200)
-            nrm = torch.where(
-                gone, one, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2)
-            )
-            Xn = X / nrm.unsqueeze(-2) * (~gone).to(dtype).unsqueeze(-2)
-            # resolved: seen at t + 1, or landing on the resolved part of the next step's
-            # filtered directions; what leaves those unseen was dropped, not resolved
             Pf = Dd[:, t + 1] @ Dd[:, t + 1].mT if t + 1 < nd else torch.zeros_like(P)
-            Y = torch.cat([(Pf - P) @ Xn, Hn[:, t + 1] @ Xn], -2)
-            G = torch.cat([Y, torch.diag_embed(1.0 - kept[:, t])], -2)  # flat: never null
-            _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
-            null = (sv <= tol).flip(-1)  # the null vectors first
-            V = (Vh.mT.flip(-1) / nrm.unsqueeze(-1)) * null.to(dtype).unsqueeze(-2)
-            V = V / V.abs().amax(-2, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-            Z = torch.linalg.qr(V)[0] * null.to(dtype).unsqueeze(-2)
+            # flat columns: never null
+            Z = _unseen_null(F[:, t + 1], Dd[:, t], P, Pf, Hn[:, t + 1], tol, 1.0 - kept[:, t])
             Zs.append(Z)
             P = Dd[:, t] @ Z @ Z.mT @ Dd[:, t].mT
         if nd < T:
@@ -760,6 +744,31 @@ def unresolved_directions(model: Model, filt: Moments):
             D0 = torch.zeros(B, n, n, dtype=dtype, device=device)
         Pu = _unresolved_kappa(F, D0, U, nnull, tol, Dd[:, 0] @ Dd[:, 0].mT, Hn[:, 0])
         return keep, Pu
+
+
+def _unseen_null(F1, D, P, Pf, H1, tol, pinned=None):
+    """[B, n, n] an orthonormal basis (zero columns elsewhere) of the coefficients ``c`` whose
+    image ``F1 D c`` stays unresolved at the next step: not seen by its unit observed rows
+    ``H1`` and with no part on its filtered diffuse directions (projector ``Pf``) outside the
+    unresolved ones (projector ``P``); what leaves those unseen was dropped there, not resolved.
+    Each column of ``F1 D`` is normalized and one at the rounding of its own product
+    (:func:`factor_basis`' entrywise bound) taken as 0 (forgotten: then unresolved, unless
+    ``pinned``); ``pinned`` [B, n] (1: never unresolved), by default the forgotten columns."""
+    dtype = D.dtype
+    X = F1 @ D
+    bound = F1.abs() @ D.abs()
+    gone = (X.abs() <= tol * bound).all(-2)  # forgotten (zero columns too: 0 <= 0)
+    one = torch.ones_like(gone, dtype=dtype)
+    top = torch.where(gone, one, X.abs().amax(-2))  # no squares of tiny entries (1e-200)
+    nrm = torch.where(gone, one, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2))
+    Xn = X / nrm.unsqueeze(-2) * (~gone).to(dtype).unsqueeze(-2)
+    pin = gone.to(dtype) if pinned is None else pinned
+    G = torch.cat([(Pf - P) @ Xn, H1 @ Xn, torch.diag_embed(pin)], -2)
+    _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
+    null = (sv <= tol).flip(-1)  # the null vectors first
+    V = (Vh.mT.flip(-1) / nrm.unsqueeze(-1)) * null.to(dtype).unsqueeze(-2)
+    V = V / V.abs().amax(-2, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    return torch.linalg.qr(V)[0] * null.to(dtype).unsqueeze(-2)
 
 
 def _unit_rows(model: Model):
@@ -791,22 +800,9 @@ def _unresolved_kappa(F, D0, U, k, tol, Pf0, H0):
     [B, d, n] its unit observed rows (:func:`unresolved_directions`' rule)."""
     B, nd, n, _ = U.shape
     dtype = U.dtype
-    one = torch.ones(B, n, dtype=dtype, device=U.device)
-    # the prior's unresolved directions: c with F_0 D0 c in range(U_0), each column normalized
-    X = F[:, 0] @ D0
-    bound = F[:, 0].abs() @ D0.abs()
-    live = (D0 != 0).any(-2) & ~(X.abs() <= tol * bound).all(-2)
-    top = torch.where(live, X.abs().amax(-2), one)
-    nrm = torch.where(live, top * torch.linalg.vector_norm(X / top.unsqueeze(-2), dim=-2), one)
-    P0 = U[:, 0] @ U[:, 0].mT
-    Xn = X / nrm.unsqueeze(-2) * live.to(dtype).unsqueeze(-2)
-    Y = torch.cat([(Pf0 - P0) @ Xn, H0 @ Xn], -2)  # as unresolved_directions' steps
-    G = torch.cat([Y, torch.diag_embed((~live).to(dtype))], -2)
-    _, sv, Vh = torch.linalg.svd(G, full_matrices=False)
-    null = (sv <= tol).flip(-1)
-    V = (Vh.mT.flip(-1) / nrm.unsqueeze(-1)) * null.to(dtype).unsqueeze(-2)
-    V = V / V.abs().amax(-2, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-    G = D0 @ (torch.linalg.qr(V)[0] * null.to(dtype).unsqueeze(-2))
+    # the prior's unresolved directions: c with F_0 D0 c in range(U_0) (a column of D0 that is
+    # 0 or that F_0 forgets: never)
+    G = D0 @ _unseen_null(F[:, 0], D0, U[:, 0] @ U[:, 0].mT, Pf0, H0, tol)
     Gs = []
     for t in range(nd):
         G = F[:, t] @ G
