@@ -11,6 +11,7 @@ import tempfile
 import numpy as np
 
 from kalmanscan.timeseries.csvfile import InputError
+from kalmanscan.timeseries.time_calendar import floor_datetimes, whole_in
 from kalmanscan.timeseries.time_cftime import is_cftime_array
 
 
@@ -143,7 +144,7 @@ def _iso_unit(t: np.ndarray, with_time: bool = False) -> str:
     """The coarsest of days (unless ``with_time``), s, ms and us that holds the datetimes
     ``t`` exactly, else ns."""
     for unit in ("s", "ms", "us") if with_time else ("D", "s", "ms", "us"):
-        if (t == t.astype(f"datetime64[{unit}]")).all():
+        if whole_in(t, unit):
             return unit
     return "ns"
 
@@ -153,7 +154,7 @@ _DIGITS4 = np.frombuffer("".join(f"{k:04d}" for k in range(10_000)).encode(), np
 
 def _iso_time_bytes(t: np.ndarray, unit: str) -> np.ndarray:
     """``np.datetime_as_string(t, unit)`` with a space for the ``T``, as ASCII bytes (``S``)."""
-    text = np.datetime_as_string(t.astype(f"datetime64[{unit}]"), unit=unit)
+    text = np.datetime_as_string(floor_datetimes(t, unit), unit=unit)
     chars = text.view(np.uint32)
     chars[chars == ord("T")] = ord(" ")
     return text.astype("S")

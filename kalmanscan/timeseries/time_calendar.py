@@ -503,19 +503,62 @@ def _per_day(dtype) -> int | None:
     return int(np.timedelta64(1, "D") // np.timedelta64(count, unit))
 
 
+# a fixed-length datetime64 unit in attoseconds (numpy's finest), exact in Python integers
+_UNIT_AS = {u: 10**18 * s for u, s in (("W", 604_800), ("D", 86_400), ("h", 3_600), ("m", 60),
+                                       ("s", 1))}  # fmt: skip
+_UNIT_AS.update({u: 10**e for u, e in (("ms", 15), ("us", 12), ("ns", 9), ("ps", 6), ("fs", 3),
+                                       ("as", 0))})  # fmt: skip
+
+
+def _coarsening(dtype, unit: str) -> int | None:
+    """Ticks of datetime64 ``dtype`` in one ``unit`` where ``unit`` is a whole multiple above 1
+    of them (so flooring to ``unit`` is an integer division); None otherwise (months, years, a
+    unit as coarse as ``unit``, or one ``unit`` is not a whole number of ticks)."""
+    tunit, count = np.datetime_data(dtype)
+    tick = _UNIT_AS.get(tunit, 0) * count
+    big = _UNIT_AS[unit]
+    if not tick or tick >= big or big % tick:
+        return None
+    return big // tick
+
+
+def floor_datetimes(t: np.ndarray, unit: str) -> np.ndarray:
+    """Datetimes ``t`` floored to ``unit`` (``datetime64[unit]``; NaT kept), in integers where
+    ``unit`` is coarser: numpy's cast overflows within a day of a unit's lower limit
+    (nanoseconds' 1677-09-21 became 2262), which it wraps or crashes on.
+
+    >>> floor_datetimes(np.array(["1677-09-21T00:13", "NaT"], "datetime64[ns]"), "D")
+    array(['1677-09-21',        'NaT'], dtype='datetime64[D]')
+    """
+    f = _coarsening(t.dtype, unit)
+    if f is None:
+        return t.astype(f"datetime64[{unit}]")
+    out = (t.view(np.int64) // f).view(f"datetime64[{unit}]")
+    return np.where(np.isnat(t), np.datetime64("NaT", unit), out)
+
+
+def whole_in(t: np.ndarray, unit: str) -> bool:
+    """Whether every datetime of ``t`` is a whole number of ``unit`` (NaT counts as one),
+    checked in integers where ``unit`` is coarser (numpy's floor cast overflows near a unit's
+    lower limit: :func:`floor_datetimes`).
+
+    >>> whole_in(np.array(["1677-09-22", "NaT"], "datetime64[ns]"), "D")
+    True
+    """
+    f = _coarsening(t.dtype, unit)
+    if f is not None:
+        return bool(((t.view(np.int64) % f == 0) | np.isnat(t)).all())
+    return bool(((t == t.astype(f"datetime64[{unit}]")) | np.isnat(t)).all())
+
+
 def _days_of(labels: np.ndarray) -> np.ndarray:
-    """The days (``datetime64[D]``) of datetimes ``labels``, floored in integers: numpy's cast
-    overflows within a day of a unit's lower limit (nanoseconds' 1677-09-21 became 2262), which
-    it wraps or crashes on.
+    """The days (``datetime64[D]``) of datetimes ``labels``, floored in integers
+    (:func:`floor_datetimes`).
 
     >>> _days_of(np.array(["1677-09-21T01:00", "NaT"], "datetime64[ns]"))
     array(['1677-09-21',        'NaT'], dtype='datetime64[D]')
     """
-    per_day = _per_day(labels.dtype)
-    if per_day is None:
-        return labels.astype("datetime64[D]")
-    days = (labels.view(np.int64) // per_day).view("datetime64[D]")
-    return np.where(np.isnat(labels), np.datetime64("NaT", "D"), days)
+    return floor_datetimes(labels, "D")
 
 
 def _time_of_day(labels: np.ndarray) -> np.ndarray:
