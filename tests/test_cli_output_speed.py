@@ -21,6 +21,7 @@ from kalmanscan.timeseries.outputs import (  # noqa: E402
     _results_table,
     _write_csv,
 )
+from kalmanscan.timeseries.time_calendar import floor_datetimes, whole_in  # noqa: E402
 
 
 # --- floats as %.10g --------------------------------------------------------------------------
@@ -119,6 +120,26 @@ def test_dates_are_written_as_numpy_writes_them(unit):
     if unit != "ns":
         far = np.array(["-0001-01-01", "10000-01-01", "2000-01-01"], dtype=f"datetime64[{unit}]")
         assert (_iso_time_bytes(far, unit) == _reference_iso(far, unit)).all()
+
+
+def test_dates_on_nanoseconds_first_day():
+    """Nanoseconds' range starts at 1677-09-21 00:12:43: numpy's floor cast to days overflows
+    on that day (it gave 2262), which made whole days there read as not whole (written with a
+    time of day) and can give wrong dates; the unit and the text are now taken in integers."""
+    days = np.array(["1677-09-22", "1677-09-23"], "datetime64[ns]")
+    assert _iso_times(days) == ["1677-09-22", "1677-09-23"]
+    hours = np.array(["1677-09-21T01:00", "1677-09-21T02:30"], "datetime64[ns]")
+    assert _iso_times(hours) == ["1677-09-21 01:00:00", "1677-09-21 02:30:00"]
+    # every unit from days to microseconds floored as Python's integers floor
+    lo = np.iinfo(np.int64).min + 1
+    ticks = np.concatenate([lo + np.arange(5), np.random.default_rng(2).integers(lo, 2**62, 1000),
+                            [-1, 0, 1, np.iinfo(np.int64).max]])  # fmt: skip
+    t = ticks.astype("datetime64[ns]")
+    for unit, per in (("D", 86_400 * 10**9), ("s", 10**9), ("ms", 10**6), ("us", 10**3)):
+        want = np.array([int(x) // per for x in ticks.tolist()], dtype=np.int64)
+        assert (floor_datetimes(t, unit).astype(np.int64) == want).all(), unit
+        whole = np.append((ticks[5:8] // per * per).astype("datetime64[ns]"), np.datetime64("NaT"))
+        assert whole_in(whole, unit) and not whole_in(whole + np.timedelta64(1, "ns"), unit)
 
 
 def test_every_day_of_the_years_1_to_9999():
