@@ -9,6 +9,58 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _patch_language_once_a_launch() -> bool:
+    """Under Triton's interpreter, patch ``triton.language`` once a kernel launch: the
+    interpreter patches the language (every member of ``tl``, ``tl.core``, ``tl.tensor`` and
+    ``tl.math``, a few milliseconds) when a launch starts and restores it when the launch ends,
+    and again at every call of one of the language's own jitted functions inside the kernel
+    (``tl.sum``, ``tl.max``, ``tl.zeros``: 455 patches for 6 launches of the dense kernels),
+    though the launch's patch is still in place: about a third of the interpreted tests' time.
+    Here the launch patches both ``tl`` and ``tl.core`` (what any function's patch covers), and a
+    call inside the launch keeps it. The values are the interpreter's own either way. False
+    where the interpreter is off or has no ``_patch_lang``."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        return False
+    import types
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang", None)
+    if patch is None or getattr(patch, "once_a_launch", False):
+        return patch is not None
+    # a function that sees both language modules, as tl.core's own functions do
+    both = types.FunctionType((lambda: None).__code__, {"tl": tl, "core": tl.core})
+    active = [False]
+
+    class _LaunchScope:
+        def __init__(self, scope):
+            self.scope = scope
+
+        def restore(self):
+            active[0] = False
+            self.scope.restore()
+
+    class _Kept:
+        def restore(self):
+            pass
+
+    def once_a_launch(fn):
+        if active[0]:
+            return _Kept()
+        scope = patch(both)
+        active[0] = True
+        return _LaunchScope(scope)
+
+    once_a_launch.once_a_launch = True
+    once_a_launch.original = patch
+    interpreter._patch_lang = once_a_launch
+    return True
+
+
+INTERPRETER_PATCHED_ONCE = _patch_language_once_a_launch()
+
+
 def _worker_threads() -> int | None:
     """torch's CPU threads for one pytest-xdist worker: the cores shared among the workers (at
     least 1); None outside xdist. Every worker running torch's default (one thread a core) puts
@@ -40,6 +92,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in NODE_IDS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def png_not_rasterized(request, monkeypatch):
+    """In a test module that sets ``PNG_DRAWN`` (a set of test names), the CLI's figures are
+    built (plot_overview, titles, labels, layout) but not rasterized in the other tests: an
+    empty file is written where ``savefig`` would write results.png. Rasterizing is most of a
+    small file's run (0.3-0.5 s of about 0.9 s); those modules check reading, results.csv and
+    the messages, and drawing is tests/test_plot*.py's and, on the CLI's odd time axes,
+    tests/test_real_data_times.py's (and each module's PNG_DRAWN cases')."""
+    drawn = getattr(request.module, "PNG_DRAWN", None)
+    if drawn is None or request.node.originalname in drawn:
+        return
+    from matplotlib.figure import Figure
+
+    def savefig(self, fname, *args, **kwargs):
+        with open(fname, "wb"):
+            pass
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 
 GIVEN = ["--sigma2", "1", "--obs-var", "1"]
 PROG = "kalmanscan filter: "
+# (a real series with two gross values, PNG drawn)
+PNG_DRAWN = {"test_the_gross_value_warning_says_how_it_counts_rows_and_gives_the_file_lines"}
 
 
 def _run(tmp_path, capsys, text, *args, name="in.csv"):

@@ -23,6 +23,9 @@ from kalmanscan.timeseries.cli import filter_main, read_csv_series  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIVEN = ["--sigma2", "0.01", "--obs-var", "0.001"]
+# (the docs' example runs as a user runs it, PNG drawn)
+PNG_DRAWN = {"test_cli_page_missing_example_runs_as_written"}
+
 
 # FRED's DGS10 layout: daily, holidays written '.'
 FRED = """DATE,DGS10

@@ -21,6 +21,16 @@ from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIVEN = ["--sigma2", "1", "--obs-var", "1", "--quiet"]
+# drawn (tests/conftest.py's png_not_rasterized): dates before 1000 and times of day, UTC
+# times, values of 1e200 and 1e300 that fit (listed errors), replaced links, and the round
+# trip's generated tables (1-12 rows, all values missing, dates over 9000 years)
+PNG_DRAWN = {
+    "test_results_csv_writes_four_digit_years_and_times_of_day",
+    "test_times_with_utc_offsets_are_written_as_utc_and_marked",
+    "test_listed_errors_exit_2_with_one_line",
+    "test_a_link_in_out_pointing_elsewhere_is_replaced_not_followed",
+    "test_accepted_csvs_round_trip_in_sorted_unique_time_order",
+}
 
 
 def _csv(tmp_path, text, name="in.csv"):

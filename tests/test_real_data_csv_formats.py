@@ -30,6 +30,8 @@ from kalmanscan.timeseries.times import (  # noqa: E402
 )
 
 GIVEN = ["--sigma2", "4", "--obs-var", "1"]
+# (millisecond times and forecasts, PNG drawn)
+PNG_DRAWN = {"test_millisecond_forecasts_and_notes_kept_in_the_summary"}
 
 
 def _run(tmp_path, capsys, text, name, *extra):
