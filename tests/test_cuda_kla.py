@@ -117,8 +117,10 @@ def test_forward_backward_float64(shape):
 
 def test_forward_without_gradients_float64():
     # without gradients the forward runs 8-step blocks and saves no checkpoints (with them,
-    # 4-step blocks): both exact in float64, on lengths with whole blocks, a tail, or no block
-    for shape in [(2, 63, 3, 4), (1, 16, 3, 16), (1, 9, 2, 8), (1, 7, 1, 1)]:
+    # 4-step blocks): both exact in float64, on lengths with whole blocks, a tail, or no block.
+    # The interpreter walks the blocks one by one (it has no pipeline stages): 2 whole blocks
+    # and the longest tail (7) there, 7 blocks and the tail on a GPU (NS = 5 stages)
+    for shape in [(2, 63 if CUDA else 23, 3, 4), (1, 16, 3, 16), (1, 9, 2, 8), (1, 7, 1, 1)]:
         x = make_inputs(*shape, seed=7, forget=True)
         with torch.no_grad():
             got = kla_triton(*x.values(), return_precision=True)
@@ -149,12 +151,12 @@ TUNINGS = [{"bwd_slots": 4}, {"ck": 4}, {"fwd_slots": 2, "bwd_slots": 2}, {"fwd_
            {"bwd_slots": 2, "ck": 8, "bwd_rerun": True}]  # fmt: skip
 
 
-@pytest.mark.parametrize("shape", [(2, 21, 3, 4), (1, 16, 2, 16)],
+@pytest.mark.parametrize("shape", [(2, 13, 3, 4), (1, 16, 2, 16)],
                          ids=lambda s: "B{}-L{}-M{}-S{}".format(*s))  # fmt: skip
 def test_rerun_backward_is_exact(shape, monkeypatch):
     """8-step intervals whose first half the backward recomputes after walking back the
     second (``TUNING["bwd_rerun"]``, 4 slots a thread): the reference's results, with a partial
-    last interval (L = 21) and without (16; 4 threads a channel there)."""
+    last interval after a whole one (L = 13) and without (16; 4 threads a channel there)."""
     monkeypatch.setitem(tuning.TUNING, "ck", 8)
     monkeypatch.setitem(tuning.TUNING, "bwd_rerun", True)
     monkeypatch.setitem(tuning.TUNING, "bwd_slots", 4)
@@ -267,7 +269,8 @@ def test_forward_launch_at_the_benchmark_shapes(shape, grad, monkeypatch):
 def test_float32_against_float64_reference(many_lanes, monkeypatch):
     if many_lanes:
         monkeypatch.setattr(tuning, "LARGE", 1)
-    shape = (4, 1000, 96, 16) if CUDA else (1, 40, 3, 4)
+    # (interpreted: 3 checkpoint intervals, the last partial, and 5 forward blocks)
+    shape = (4, 1000, 96, 16) if CUDA else (1, 20, 3, 4)
     x = make_inputs(*shape, seed=2)
     w = weights_for(*shape)
     got, ggot = run(kla_triton, x, torch.float32, w, precision=False)
@@ -294,11 +297,13 @@ def assert_float32_grads(got, other, ref, what):
         assert err <= TOLERANCES[("kernel_grad", "float32")], f"grad {name}: normwise {err:.3e}"
 
 
-def kernel_and_reference_runs(S, seed, precision):
+def kernel_and_reference_runs(S, seed, precision, L=11):
     """The inputs and ``(outputs, gradients)`` of the kernel in float32, in float64 and of the
     float64 reference, on a shape whose L is not a multiple of the blocks nor intervals and
-    whose M is not a multiple of a program's channels."""
-    shape = (2, 203, 21, S) if CUDA else (1, 11, 5, S)
+    whose M is not a multiple of a program's channels (interpreted: ``L`` steps, by default 11,
+    2 blocks of 4 or one of 8 and a tail, a whole checkpoint interval and a partial one)."""
+    assert L % 4
+    shape = (2, 203, 21, S) if CUDA else (1, L, 5, S)
     x = make_inputs(*shape, seed=seed)
     w = weights_for(*shape)
     runs = [run(fn, x, dtype, w, precision=precision) for fn, dtype in
@@ -314,9 +319,14 @@ def kernel_and_reference_runs(S, seed, precision):
                          ids=lambda v: str(v))  # fmt: skip
 def test_scatter_channel_sums_float32(slots, S, monkeypatch):
     # float32 gradients (reduce-scatter) against the float64 kernel's (tl.sum) and against the
-    # float64 reference; the interpreter moves values between lanes by indexing
+    # float64 reference; the interpreter moves values between lanes by indexing. The sums are
+    # stored step by step, whatever the interval: 4-step checkpoint intervals (TUNING["ck"] 4)
+    # over 5 steps, a whole one (unmasked steps) and a partial one (masked), half the steps
+    # the two 8-step intervals of 11 walk
     monkeypatch.setitem(tuning.TUNING, "bwd_slots", slots)
-    _, (_, g_scatter), (_, g_sum), (_, gref) = kernel_and_reference_runs(S, seed=5, precision=False)
+    monkeypatch.setitem(tuning.TUNING, "ck", 4)
+    _, (_, g_scatter), (_, g_sum), (_, gref) = kernel_and_reference_runs(S, seed=5, precision=False,
+                                                                         L=5)  # fmt: skip
     assert_float32_grads(g_scatter, g_sum, gref, "float32 scatter against float64 tl.sum")
 
 
@@ -324,7 +334,9 @@ def test_scatter_channel_sums_float32(slots, S, monkeypatch):
 # float32 atomics; under torch.use_deterministic_algorithms it stores them as per-program
 # partial sums that one torch sum adds in a fixed order. Both exact (float64 reference), both
 # with several programs a batch row (M = 20 channels); S = 16 takes the float32 reduce-scatter,
-# S = 4 tl.sum.
+# S = 4 tl.sum. The sums are stored step by step, whatever the interval: 4-step checkpoint
+# intervals (TUNING["ck"] 4) over 5 steps, a whole one (unmasked steps) and a partial one
+# (masked), half the steps the two 8-step intervals of 9 walk.
 @pytest.mark.parametrize("S", [4, 16])
 def test_channel_sums_atomic_or_deterministic(S, monkeypatch):
     seen = []
@@ -335,7 +347,8 @@ def test_channel_sums_atomic_or_deterministic(S, monkeypatch):
         return real(fn, grid, *a, **kw)
 
     monkeypatch.setattr(K.backward, "launch", spy)
-    shape = (2, 9, 20, S)
+    monkeypatch.setitem(tuning.TUNING, "ck", 4)
+    shape = (2, 5, 20, S)
     x = make_inputs(*shape, seed=4)
     w = weights_for(*shape)
     _, gref = run(reference, x, torch.float64, w)
@@ -391,7 +404,9 @@ def test_half_inputs_compute_in_float32(dtype, l2_ahead, monkeypatch):
         monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
     # the backward's L2 prefetch addresses half inputs and float32 gradients in one instruction
     monkeypatch.setitem(tuning.TUNING, "bwd_l2_ahead", l2_ahead)
-    shape = (2, 100, 8, 16) if CUDA else (1, 12, 3, 4)
+    # interpreted: 12 steps where the prefetch 8 steps back reaches rows (the second interval),
+    # else 7 (one partial interval)
+    shape = (2, 100, 8, 16) if CUDA else (1, 12 if l2_ahead else 7, 3, 4)
     x = {n: t.to(dtype) for n, t in make_inputs(*shape, seed=4).items()}
     got = kla_filter(**x, backend="triton")
     assert got.y.dtype == torch.float32
@@ -424,10 +439,12 @@ def test_default_initial_state(monkeypatch, many_lanes):
     # no gradient, and the kept tensors stay (1, 0)
     if many_lanes:
         monkeypatch.setattr(tuning, "LARGE", 1)
-    x = make_inputs(2, 9, 3, 4, seed=12)  # 9 steps: whole blocks (4 or 8 steps) and a tail
+    # 5 steps: a whole 4-step block and a tail with gradients, a tail of 5 without (the state
+    # is read before the first block), one partial checkpoint interval in the backward
+    x = make_inputs(2, 5, 3, 4, seed=12)
     x["lam0"] = torch.ones_like(x["lam0"])
     x["eta0"] = torch.zeros_like(x["eta0"])
-    w = weights_for(2, 9, 3, 4)
+    w = weights_for(2, 5, 3, 4)
     outs = {}
     for default in (False, True):
         leaves = {n: t.detach().clone().requires_grad_(n not in ("lam0", "eta0"))
@@ -525,7 +542,9 @@ def test_without_variance(S, dtype, monkeypatch):
         from kalmanscan.core import kla_op
 
         monkeypatch.setattr(kla_op, "_resolve", lambda backend, device: backend)
-    x = {n: t.to(dtype) for n, t in make_inputs(2, 9, 3, S, seed=21).items()}
+    # one batch row (the flags select what a step reads and writes, not where): 9 steps, two
+    # 4-step blocks and a tail, a whole checkpoint interval and a partial one
+    x = {n: t.to(dtype) for n, t in make_inputs(1, 9, 3, S, seed=21).items()}
     seen = []
     real = forward.launch
 

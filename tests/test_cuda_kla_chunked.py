@@ -94,11 +94,12 @@ def check_float32_reference(x, C, weights, monkeypatch):
 
 # L = 27 in 3 chunks of 9 steps (a first, a middle and a last; each row a whole block and a
 # tail), a forgetting lane (decay 0), S = 5 (padded slots); 2 batch rows (chunk rows b C + c)
-# at L = 36 in 4 chunks.
+# at L = 24 in 3 chunks of 8 (a whole tangent-map block and checkpoint interval a row: the
+# plain backward walks each chunk row's intervals, so 8 steps cost half of 9's 2 intervals).
 @pytest.mark.parametrize(
     "shape,C",
-    [((1, 27, 2, 5), 3), ((2, 36, 3, 4), 4)],
-    ids=["B1-L27-M2-S5-C3-f64", "B2-L36-M3-S4-C4-f64"],
+    [((1, 27, 2, 5), 3), ((2, 24, 3, 4), 3)],
+    ids=["B1-L27-M2-S5-C3-f64", "B2-L24-M3-S4-C3-f64"],
 )
 def test_chunked_equals_reference_float64(shape, C, monkeypatch):
     check_float64_reference(shape, C, monkeypatch)
@@ -146,11 +147,24 @@ def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
     tail of 3, the tangent maps 4 double-buffered 8-step blocks (2 pairs) and a tail of 3,
     where the other tests' chunks of 9 steps are a block or less and a tail. Two chunks: the
     first chunk's map and the last chunk's tangents walk the blocks (a third chunk repeats
-    them)."""
+    them). Without the precisions' gradient, which takes the plain loop (``HAS_GPREC``; its
+    whole blocks in the chunks of 8 of test_chunked_equals_reference_float64[B2-L24-M3-S4-C3-f64],
+    a block and a tail in the chunks of 9 of test_map_kernel_launches_equal_reference): the
+    launch spied."""
     assert chunked.MAPS_LAUNCH["unroll"] == 16 and chunked.TANGENT_LAUNCH["unroll"] == 8
     L, C = 70, 2
     assert L // C == 35 and L % C == 0 and (35 // 16, 35 % 16) == (2, 3) and (35 // 8) == 4
-    check_float64_reference((1, L, 2, 5), C, monkeypatch)
+    seen = []
+    real = chunked.launch
+
+    def spy(fn, grid, *a, **kw):
+        if fn is chunked._adjoint_maps_kernel:
+            seen.append((kw["DB"], kw["HAS_GPREC"]))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(chunked, "launch", spy)
+    check_float64_reference((1, L, 2, 5), C, monkeypatch, precision=False)
+    assert seen == [(True, False)]  # the double-buffered loop ran
 
 
 def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
@@ -159,7 +173,8 @@ def test_map_kernel_launch_rejects_other_unrolls(monkeypatch):
         chunked_runs((1, 36, 2, 4), 4, torch.float64, monkeypatch, plain=False)
 
 
-@pytest.mark.parametrize("shape,C", [((1, 48, 3, 4), 3)], ids=["B1-L48-M3-S4-C3-f32"])
+# 3 chunks of 8 steps (a first, a middle and a last; one checkpoint interval a chunk row)
+@pytest.mark.parametrize("shape,C", [((1, 24, 3, 4), 3)], ids=["B1-L24-M3-S4-C3-f32"])
 def test_chunked_float32_equals_unchunked(shape, C, monkeypatch):
     (got, ggot), (plain, gplain), (ref, gref) = chunked_runs(
         shape, C, torch.float32, monkeypatch, seed=3, forget=False
@@ -196,7 +211,9 @@ def test_chunked_small_decays(decay, monkeypatch):
 @pytest.mark.parametrize("scale,pv", [(1e10, 1.0), (1e14, 50.0), (1.0, 1e12)],
                          ids=["Lv1e10", "Lv1e14-p50", "p1e12"])  # fmt: skip
 def test_chunked_precise_observations(where, scale, pv, monkeypatch):
-    shape, C = (2, 24, 3, 4), 3  # chunks of 8: a first, a middle and a last
+    # chunks of 8: a first, a middle and a last; one batch row (the walk of every lane of 2
+    # batch rows, chunk rows b C + c: test_chunked_op_regimes[kla-p-huge])
+    shape, C = (1, 24, 3, 4), 3
     x = make_inputs(*shape, seed=6, forget=True)
     if where == "all":
         x["Lv"] = x["Lv"] * scale
@@ -214,13 +231,13 @@ def test_chunked_precise_observations(where, scale, pv, monkeypatch):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("name", list(KLA_REGIMES))
 def test_chunked_op_regimes(name, monkeypatch):
-    """benchmarks/reliability.py's KLA regimes through the op in 4 time chunks (float32, the
+    """benchmarks/reliability.py's KLA regimes through the op in 3 time chunks (float32, the
     kernels in the interpreter without a GPU), against the float64 sequential op: the tolerance
     of ``tests/test_extremes.py::test_kla_op_regimes``, no non-finite output. (The p = 1e12
     regime overflowed the chunk maps, which gave NaN, before the carry's walk.)"""
-    x = kla_inputs(name, shape=(2, 32, 4, 3))  # 4 chunks of 8 steps
+    x = kla_inputs(name, shape=(2, 24, 4, 3))  # 3 chunks of 8 steps: a first, a middle, a last
     ref = kla_filter(**x, backend="sequential")
-    monkeypatch.setattr(tuning, "CHUNKS", 4)
+    monkeypatch.setattr(tuning, "CHUNKS", 3)
     dev = [x[n].to(device=DEVICE, dtype=torch.float32) for n in NAMES[:6]]
     maps = spy_maps(monkeypatch)
     y, yvar, lam, _, _ = (t.cpu().double() if t is not None else t
@@ -279,7 +296,7 @@ def pretend_two_sms(monkeypatch):
 
 
 def test_auto_rule_takes_the_chunked_path(monkeypatch):
-    # few lanes on a (pretend) device of 2 multiprocessors: the rule asks for 4 chunks of 4
+    # few lanes on a (pretend) device of 2 multiprocessors: the rule asks for 2 chunks of 4
     # steps, kla_filter takes them, from the default initial state (which gets no gradient)
     pretend_two_sms(monkeypatch)
     calls = []
@@ -290,12 +307,12 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(autograd, "forward_chunked", spy)
-    x = make_inputs(1, 16, 3, 4, seed=7)
-    assert tuning.chunks_for(3 * 4, 16, 2) == 4
+    x = make_inputs(1, 8, 3, 4, seed=7)
+    assert tuning.chunks_for(3 * 4, 8, 2) == 2
     leaves = {n: x[n].float().requires_grad_(True) for n in NAMES[:6]}
     res = kla_filter(**leaves, backend="triton")
     (res.y.sum() + res.yvar.sum() + res.final.eta.sum()).backward()
-    assert calls == [4]
+    assert calls == [2]
     ref_leaves = {n: x[n].double().requires_grad_(True) for n in NAMES[:6]}
     ref = kla_filter(**ref_leaves, backend="sequential")
     (ref.y.sum() + ref.yvar.sum() + ref.final.eta.sum()).backward()
@@ -306,7 +323,7 @@ def test_auto_rule_takes_the_chunked_path(monkeypatch):
     # without gradients: the forward alone, also chunked
     with torch.no_grad():
         again = kla_filter(**{n: t.detach() for n, t in leaves.items()}, backend="triton")
-    assert calls == [4, 4]
+    assert calls == [2, 2]
     # the same chunks without checkpoints: another specialization of the forward kernel, whose
     # compiled arithmetic may round differently (7.8e-8 on the H200; 0 in the interpreter)
     assert normwise(again.y, res.y) <= TOLERANCES[("rounding", "float32")]
@@ -388,8 +405,8 @@ def test_chunked_without_variance(monkeypatch):
         return real(fn, grid, *a, **kw)
 
     monkeypatch.setattr(chunked, "launch", spy)
-    x = make_inputs(1, 16, 3, 4, seed=9)
-    assert tuning.chunks_for(3 * 4, 16, 2) == 4
+    x = make_inputs(1, 8, 3, 4, seed=9)  # 2 chunks of 4: the tangent maps walk the last
+    assert tuning.chunks_for(3 * 4, 8, 2) == 2
     out = {}
     for var in (True, False):
         leaves = {n: x[n].float().requires_grad_(True) for n in NAMES[:6]}
@@ -453,11 +470,24 @@ def test_double_buffer_flag_is_checked(monkeypatch):
 
 def test_map_kernel_register_cap(monkeypatch):
     # "maxnreg" of a map kernel's launch: a compile option for its launch (0: ptxas's choice);
-    # the results do not change (interpreted here: the same arithmetic)
+    # the results do not change (interpreted here, where the option is taken and ignored: the
+    # same arithmetic, on 2 chunks of 8)
     assert chunked._reg_cap(True) == {} and chunked._reg_cap() == {}
     monkeypatch.setattr(chunked, "TANGENT_LAUNCH", dict(chunked.TANGENT_LAUNCH, maxnreg=96))
     assert chunked._reg_cap(True) == {"maxnreg": 96}
-    check_float64_reference((1, 27, 3, 4), 3, monkeypatch)  # chunks of 9: a block and a tail
+    seen = []
+    real = chunked.launch
+
+    def spy(fn, grid, *a, **kw):
+        if fn is chunked._adjoint_maps_kernel:
+            seen.append(kw.get("maxnreg"))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(chunked, "launch", spy)
+    # chunks of 9 (a block and a tail) on a GPU
+    shape, C = ((1, 27, 3, 4), 3) if CUDA else ((1, 16, 3, 4), 2)
+    check_float64_reference(shape, C, monkeypatch)
+    assert seen == [96]
     monkeypatch.setattr(chunked, "MAPS_LAUNCH", dict(chunked.MAPS_LAUNCH, maxnreg=8))
     with pytest.raises(ValueError, match=r"MAPS_LAUNCH\['maxnreg'\]: expected 0 or an int"):
         chunked._reg_cap()

@@ -79,21 +79,24 @@ def assert_rel(have, want, name):
 
 
 CASES = [
-    pytest.param(2, 1, 16, 4, {}, True, id="B2-L1-D16-S4-silu-var"),
+    pytest.param(2, 1, 8, 4, {}, True, id="B2-L1-D8-S4-silu-var"),
     pytest.param(2, 7, 16, 4, {}, True, id="B2-L7-D16-S4-silu-var"),
     # two whole token blocks of the glue kernels (L = 2 BT: no masked tail; 32 interpreted, where
     # BT = 16, and 64 compiled, BT = 32): L = None
     pytest.param(2, None, 16, 4, {}, False, id="B2-L2BT-D16-S4-silu"),
     pytest.param(2, 7, 12, 3, {"gate_activation": "gelu"}, True, id="B2-L7-D12-S3-gelu-var"),
-    pytest.param(2, 7, 16, 4, {"gate_activation": "relu"}, False, id="B2-L7-D16-S4-relu"),
-    pytest.param(2, 7, 16, 4, {"qk_norm": False, "conv_kernel": 3}, True, id="B2-L7-noqk-K3"),
-    pytest.param(2, 2, 16, 4, {"process_noise_mode": "zero"}, False, id="B2-L2-zero-noise"),
+    # (d_model 8: the 16 channels of one interpreted program, BM = 16; B2-L7-D16, B2-L2BT
+    # take 2 programs of channels, B2-L7-D12 a masked second one)
+    pytest.param(2, 7, 8, 4, {"gate_activation": "relu"}, False, id="B2-L7-D8-S4-relu"),
+    pytest.param(2, 7, 8, 4, {"qk_norm": False, "conv_kernel": 3}, True, id="B2-L7-D8-noqk-K3"),
+    pytest.param(2, 2, 8, 4, {"process_noise_mode": "zero"}, False, id="B2-L2-D8-zero-noise"),
     # the conv's one-pass backward at every width it takes (K <= 4), over several programs in
-    # time (19 tokens: 3 programs of 8 interpreted), and the two-pass form beyond (K = 5)
-    pytest.param(2, 19, 16, 4, {"conv_kernel": 2}, False, id="B2-L19-K2"),
-    pytest.param(1, 19, 16, 4, {"conv_kernel": 1}, False, id="B1-L19-K1"),
+    # time (19 tokens: 3 programs of 8 interpreted), and the two-pass form beyond (K = 5): one
+    # batch row of one program of channels (d_model 8; several of both in B2-L2BT)
+    pytest.param(1, 19, 8, 4, {"conv_kernel": 2}, False, id="B1-L19-D8-K2"),
+    pytest.param(1, 19, 8, 4, {"conv_kernel": 1}, False, id="B1-L19-D8-K1"),
     pytest.param(2, 19, 16, 4, {}, False, id="B2-L19-K4"),
-    pytest.param(2, 19, 16, 4, {"conv_kernel": 5}, True, id="B2-L19-K5-two-pass"),
+    pytest.param(1, 19, 8, 4, {"conv_kernel": 5}, True, id="B1-L19-D8-K5-two-pass"),
 ]
 
 
@@ -147,8 +150,8 @@ def test_conv_backward_kernels(K, kernels, monkeypatch):
         return real(fn, grid, *a, **kw)
 
     monkeypatch.setattr(glue, "launch", spy)
-    layer = make_layer(16, 4, conv_kernel=K)
-    run(layer, torch.randn(1, 5, 16, device=DEVICE), "fused", False)
+    layer = make_layer(8, 4, conv_kernel=K)  # (16 channels: one interpreted program of them)
+    run(layer, torch.randn(1, 5, 8, device=DEVICE), "fused", False)
     assert seen == kernels
 
 
@@ -272,6 +275,9 @@ def sm90_ttir_process(tmp_path_factory):
     }
 
 
+# the two users of sm90_ttir_process on one xdist worker (``--dist loadgroup``): its process
+# once a run, not once a worker
+@pytest.mark.xdist_group("sm90_ttir")
 def test_conv_one_pass_carries_its_window(sm90_ttir_process):
     """The one-pass conv backward compiled for sm_90 (no GPU needed; a subprocess without the
     interpreter): its token loop carries the last 3 gpre and the 5 sums, none of them folded
@@ -339,8 +345,8 @@ def test_bf16_autocast_close_to_eager():
 def test_gradient_through_the_final_state_only():
     """A loss on the returned state alone: no gradient reaches the gate, and the conv window's
     gradient goes to ``zg`` directly; the conv's backward then fills the gate half itself."""
-    layer = make_layer(16, 4, seed=4)
-    x = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    layer = make_layer(8, 4, seed=4)  # (16 channels: one interpreted program of them)
+    x = torch.randn(2, 7, 8, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     grads = {}
     for mode in ("eager", "fused"):
         layer.glue = mode
@@ -441,6 +447,7 @@ def compile_glue_for_sm90(stage, tmp_path, proc=None):
     assert proc.returncode == 1, proc.stderr[-2000:]  # the bad kernel's failure only
 
 
+@pytest.mark.xdist_group("sm90_ttir")
 def test_glue_kernels_compile_for_sm90_frontend(tmp_path, sm90_ttir_process):
     """The frontend (TTIR): the compiler's type and shape checks, which the interpreter skips
     (a name bound to a [BN, BM] tile in one branch of a runtime ``if`` and a [BN, BS] tile in
