@@ -94,15 +94,15 @@ CASES = [
     ("n3-d2-T40", 3, 2, 40, False),
     ("n4-d1-T130", 4, 1, 130, False),  # interpreted: 9 chunks of 16, 3 groups (two-level carry)
     ("n8-d1-T70", 8, 1, 70, False),  # interpreted: 5 chunks of 16, 2 groups (two-level carry)
-    ("n3-d2-T10-fullR", 3, 2, 10, True),  # interpreted: 3 chunks (4, 4, 2)
+    ("n3-d2-T6-fullR", 3, 2, 6, True),  # interpreted: 3 chunks (2, 2, 2)
 ]
-# the paths of n2-d1-T63 and n3-d2-T40 at a quarter of the steps (the interpreter's cost is
-# about linear in T): 4 chunks of 4, the last 3 (one-level carry); a padded state, 3 chunks of
-# 4, the last 3, a vector missing whole and one missing in part (n8-d1-T70's two-level carry:
-# test_filter_chunk_counts)
-SMALL_CASES = [("n2-d1-T15", 2, 1, 15, False), ("n3-d2-T11", 3, 2, 11, False)]
-# interpreted: (chunks, steps of the last chunk) of the cases past 8 steps
-CHUNKS = {15: (4, 3), 11: (3, 3), 63: (4, 15), 40: (3, 8), 130: (9, 2), 70: (5, 6), 10: (3, 2)}
+# the paths of n2-d1-T63 and n3-d2-T40 at a ninth and a sixth of the steps (the interpreter's
+# cost is about linear in T): 4 chunks of 2, the last 1 (one-level carry, the most chunks it
+# takes); a padded state, the same chunks, a vector missing whole and one missing in part
+# (n8-d1-T70's two-level carry: test_filter_chunk_counts)
+SMALL_CASES = [("n2-d1-T7", 2, 1, 7, False), ("n3-d2-T7", 3, 2, 7, False)]
+# interpreted: (chunks, steps of the last chunk) of the cases past one step
+CHUNKS = {7: (4, 1), 63: (4, 15), 40: (3, 8), 130: (9, 2), 70: (5, 6), 6: (3, 2)}
 
 # interpreted, 2.3 to 7 s a dtype: in the slow step (CI's second) there, their paths by default
 # in SMALL_CASES and test_filter_chunk_counts
@@ -133,7 +133,7 @@ def _assert_layout(z, d, full_r, chunks):
 )
 def test_matches_sequential(n, d, T, full_r, dtype):
     z, kw = random_model(100 * n + T, n, d, T, missing=0.0 if full_r else 0.1)
-    _assert_layout(z, d, full_r, CHUNKS if T > 8 else None)  # (several chunks: their carries)
+    _assert_layout(z, d, full_r, CHUNKS if T > 1 else None)  # (several chunks: their carries)
     check(z, kw, dtype)
 
 
@@ -197,7 +197,9 @@ def test_unsupported_raises(what, expect, smooth):
 
 @pytest.mark.parametrize("smooth", [False, True], ids=["filter", "smooth"])
 def test_inf_observation_raises(smooth):
-    z, kw = random_model(2, 2, 1, 8)
+    # interpreted: 2 chunks of 2 steps, the inf in the second (4 chunks over 8 steps before)
+    z, kw = random_model(2, 2, 1, 4)
+    assert CUDA or CD.cdiv(4, CD.chunk_length(4)) == 2
     z[3] = np.inf
     model, layout = laid_out(z, kw, torch.float64)
     with pytest.raises(ValueError, match="inf"):
@@ -346,24 +348,26 @@ def test_smooth_matches_sequential_slow(n, d, T, full_r, dtype):
 
 
 @pytest.mark.parametrize(
-    ("L", "dtype"),
+    ("L", "T", "dtype"),
     [
-        pytest.param(1, torch.float64, marks=pytest.mark.slow),
-        (3, torch.float32),
-        (5, torch.float64),
+        pytest.param(1, 23, torch.float64, marks=pytest.mark.slow),
+        (3, 23, torch.float32),
+        (2, 9, torch.float64),
     ],
-    ids=["L1-f64", "L3-f32", "L5-f64"],
+    ids=["L1-f64", "L3-f32", "L2-T9-f64"],
 )
-def test_smooth_chunk_counts(monkeypatch, L, dtype):
-    # chunks of L steps over T = 23: 23 chunks of one step (groups of 8: 8, 8, 7), 8 chunks
-    # (groups of 4: 4, 4, the last 2 steps) and 5 (groups of 4: 4, 1), each with the two-level
-    # carries forwards and backwards and a last chunk shorter than the others (L = 3, 5)
-    T = 23
+def test_smooth_chunk_counts(monkeypatch, L, T, dtype):
+    # chunks of L steps over T = 23: 23 chunks of one step (groups of 8: 8, 8, 7) and 8 chunks
+    # (groups of 4: 4, 4, the last 2 steps); over T = 9, 5 chunks (groups of 4: 4, 1, the last
+    # 1 step: the groups of 5 chunks of 5 over 23 steps at 9 steps); each with the two-level
+    # carries forwards and backwards and a last chunk shorter than the others (L = 3, 2)
     monkeypatch.setattr(CD, "chunk_length", lambda T: L)
     # the interpreter's one-level limit (4 chunks) on the GPU too, so that both run two levels
     monkeypatch.setitem(CD.TUNING, "one_level", 4)
     nc = CD.cdiv(T, L)
     assert CD.cdiv(nc, CD.group_size(nc)) >= 2
+    assert {1: (23, 8), 3: (8, 4), 2: (5, 4)}[L] == (nc, CD.group_size(nc))
+    assert L == 1 or T % L != 0  # the last chunk shorter
     z, kw = random_model(40 + L, 2, 1, T, missing=0.2)
     check_smooth(z, kw, dtype)
 
@@ -449,7 +453,10 @@ def auto_is_triton(monkeypatch):
 def test_auto_smooth_takes_triton(auto_is_triton, ran, ran_smooth):
     # kd.smooth(auto) runs the fused smoother for a model the triton backend serves (on CPU
     # through the auto rule that CUDA tensors get); kd.filter(auto) runs the fused filter
-    z, kw = random_model(6, 2, 1, 11)  # interpreted: 3 chunks of 4, 4 and 3 steps
+    # interpreted: 3 chunks of 2, 2 and 1 steps (the carries between chunks; 4, 4 and 3 steps
+    # over T = 11 before)
+    z, kw = random_model(6, 2, 1, 5)
+    assert CUDA or CD.cdiv(5, CD.chunk_length(5)) == 3
     t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
     zt = torch.as_tensor(z, device=DEVICE)
     got = kd.smooth(zt, **t)
@@ -522,10 +529,10 @@ def test_auto_known_directions_take_the_rule(auto_is_triton, ran, ran_smooth, na
 def test_gate_is_off_on_ordinary_models():
     # random stable models with SPD Q and prior (the rest of this file): the fused path serves
     # them, the gate kernel's bit stays 0 (float32's bound included, 1 / (64 eps n^2))
-    # (the gate kernel reads the model once a series, whatever T; interpreted: 2 chunks of 2 and
-    # 1 step, a carry between them)
-    T = 3
-    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 2
+    # (the gate kernel reads the model once a series, whatever T; interpreted: one chunk of 2
+    # steps, as a GPU runs 3 steps: one chunk of 32)
+    T = 2
+    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 1
     for seed, n in [(1, 2), (2, 3), (3, 4), (4, 8)]:
         for dtype in (torch.float32, torch.float64):
             z, kw = random_model(seed, n, 1, T)
@@ -608,13 +615,14 @@ def cov_normwise(a, b):
 @pytest.mark.parametrize(
     ("name", "T"),
     # the default run keeps the worst row (1e6 prior, seed 3: 3.5e2 relative off before the
-    # square-root steps) over its first 9 steps (interpreted: 3 chunks of 4, 4 and 1 steps): the
-    # 4e6-sized prediction at step 0 and the O(1) ones after it, each updated to a 1e-11-sized
-    # posterior, as over the whole row; the four whole rows, 7-8 s each interpreted, run with
-    # -m slow (1e6-s3 by tests/_default_run.py, on CUDA by default)
+    # square-root steps) over its first 5 steps (interpreted: 3 chunks of 2, 2 and 1 steps, the
+    # carries between them as at 9 steps' 4, 4 and 1): the 4e6-sized prediction at step 0 and
+    # the O(1) ones after it, each updated to a 1e-11-sized posterior, as over the whole row;
+    # the four whole rows, 7-8 s each interpreted, run with -m slow (1e6-s3 by
+    # tests/_default_run.py, on CUDA by default)
     [pytest.param(n, None, marks=pytest.mark.slow) if i != 3 else (n, None)
-     for i, n in enumerate(NEAR_NOISE_FREE)] + [(NEAR_NOISE_FREE[3], 9)],
-    ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3", "1e6-s3-T9"],
+     for i, n in enumerate(NEAR_NOISE_FREE)] + [(NEAR_NOISE_FREE[3], 5)],
+    ids=["I-s0", "I-s3", "1e6-s0", "1e6-s3", "1e6-s3-T5"],
 )  # fmt: skip
 def test_near_noise_free_whole_state(name, T):
     # the scalar updates formed each 1e-12-sized posterior as a difference of prediction-sized
@@ -628,7 +636,7 @@ def test_near_noise_free_whole_state(name, T):
     big = np.diag(kw["prior_cov"]).max() >= 1e6
     assert traces(ref.filtered.pred_cov)[0] > (1e6 if big else 1.0)
     if not CUDA and T is not None:
-        assert (CD.cdiv(T, CD.chunk_length(T)), CD.chunk_length(T)) == (3, 4)
+        assert (CD.cdiv(T, CD.chunk_length(T)), CD.chunk_length(T)) == (3, 2)
     check_smooth(z, kw, torch.float64, ref)
     # float32: covariances within 1e-4 per step (measured <= 5.8e-7 interpreted; 4.8e4 .. 1.9e11
     # off before), finite loglik (inf before)
@@ -665,12 +673,13 @@ def test_near_noise_free_partial_oracle():
     assert RG.passes(errs, "float64"), errs
 
 
-@pytest.mark.parametrize("T", [9, None], ids=["T9", "whole"])
+@pytest.mark.parametrize("T", [5, None], ids=["T5", "whole"])
 def test_auto_near_noise_free_takes_triton(auto_is_triton, ran_smooth, T):
     # kd.smooth(auto) keeps the fused smoother for these models (they are in its class) and is
-    # right there (the model decides; the row's first 9 steps by default without CUDA, the
-    # whole row with -m slow)
+    # right there (the model decides; the row's first 5 steps by default without CUDA, 3 chunks
+    # of 2, 2 and 1, the whole row with -m slow)
     z, kw = near_noise_free(NEAR_NOISE_FREE[2], T)
+    assert CUDA or T is None or CD.cdiv(T, CD.chunk_length(T)) == 3
     t = {k: torch.as_tensor(v, device=DEVICE) for k, v in kw.items()}
     got = kd.smooth(torch.as_tensor(z, device=DEVICE), **t)
     assert ran_smooth == [2], "kd.smooth(auto) must run the triton smoother"

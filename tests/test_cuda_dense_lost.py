@@ -129,8 +129,10 @@ LOST_STEP = 2
 
 
 def gap_series(dtype):
-    """(z [6, 2], F): one observed step, two missing, three observed; lost at step 2."""
-    z = np.array([[0.3, 0.1], [np.nan] * 2, [np.nan] * 2, [2.0, 0.4], [1.0, 0.2], [3.0, 0.3]])
+    """(z [5, 2], F): one observed step, two missing, two observed; lost at step 2 (interpreted:
+    chunks of 2, 2 and 1 steps, the lost step in the second, a chunk after it)."""
+    z = np.array([[0.3, 0.1], [np.nan] * 2, [np.nan] * 2, [2.0, 0.4], [1.0, 0.2]])
+    assert CUDA or CD.chunk_length(len(z)) == LOST_STEP == 2
     return z, BIG[dtype] * np.eye(2)
 
 
@@ -238,24 +240,25 @@ def test_trailing_gap(auto_is_triton, served, op):
 
 
 def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
-    # chunks of 2 steps over T = 16 (8 chunks, groups of 4: the two-level carries forwards
-    # and backwards), the lost step (float32, F = 60 I: variance x3600 a step over a gap) in the
-    # second group, a chunk after it: NaN flows through the later chunks' carries and group
-    # elements, and past the observations after the gap; the other series, in the same
-    # launches, as alone
+    # chunks of 2 steps over T = 12 (6 chunks, groups of 4 and 2: the two-level carries
+    # forwards and backwards), the lost step (float32, F = 300 I: variance x9e4 a step over a
+    # gap; step 9) in the second group, a chunk after it: NaN flows through the later chunks'
+    # carries and group elements, and past the observations after the gap; the other series,
+    # in the same launches, as alone (16 steps and F = 60 I before: the same chunks and
+    # groups at 4 chunks more)
     L = 2
     monkeypatch.setattr(CD, "chunk_length", lambda T: L)
     monkeypatch.setitem(CD.TUNING, "one_level", 4)
-    T, dtype = 16, torch.float32
+    T, dtype = 12, torch.float32
     NC = CD.cdiv(T, L)
     G = CD.group_size(NC)
-    assert (NC, G) == (8, 4)
+    assert (NC, G) == (6, 4)
     rng = np.random.default_rng(8)
     z = rng.normal(size=(T, 2, 2))
-    z[2:14, 1] = np.nan  # series 1: prediction ~3600^k past 3.4e38 inside the gap
+    z[2:10, 1] = np.nan  # series 1: prediction ~9e4^k past 3.4e38 inside the gap
     z[rng.random(z.shape) < 0.1] = np.nan
-    assert not np.isnan(z[14:, 1]).all()  # observed after the gap
-    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 60.0 * np.eye(2)])
+    assert not np.isnan(z[10:, 1]).all()  # observed after the gap
+    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 300.0 * np.eye(2)])
     kw = dict(F=F, Q=Q2, H=H2, R=R2, **PRIOR)
     got, msgs = call(kd.smooth, torch.as_tensor(z, dtype=dtype, device=DEVICE),
                      **tensors(kw, dtype, DEVICE))  # fmt: skip
@@ -329,8 +332,8 @@ def test_ordinary_models_leave_the_bit_off(lost_rule):
     # fires, the host does nothing more than before
     from tests.test_cuda_dense import laid_out, random_model
 
-    T = 5  # interpreted: 3 chunks of 2 steps, the carries between them
-    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 3
+    T = 3  # interpreted: 2 chunks of 2 and 1 steps, the carries between them
+    assert CUDA or CD.cdiv(T, CD.chunk_length(T)) == 2
     for seed, n, d in [(1, 2, 1), (2, 3, 2)]:
         for dtype in DTYPES:
             z, kw = random_model(seed, n, d, T)
