@@ -4,6 +4,8 @@ fixtures."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -179,6 +181,20 @@ def _oracle():
     from kalmanscan.validation import oracle
 
     return oracle
+
+
+@functools.cache
+def _mixing_oracle(seed, n, d, r, missing, dps):
+    """``_mixing(seed, n, d, r, "diffuse", missing)`` and its :func:`dense_oracle` at ``dps``
+    digits: the same for every backend, computed once (the arrays read only)."""
+    from kalmanscan.validation.regimes import _mixing
+
+    z, F, Q, H, R, _ = _mixing(seed, n, d, r, "diffuse", missing=missing)
+    o = _oracle().dense_oracle(z, F, Q, H, R, dps=dps)
+    for a in (z, F, Q, H, R, *o):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return (z, F, Q, H, R), o
 
 
 def _var1_missing():
@@ -362,12 +378,12 @@ def test_native_rank_decisions_against_oracle():
 
 
 def test_native_smoothed_diffuse_steps_of_a_weakly_resolved_state():
-    """The model above over its first 40 steps (an 80-digit oracle of 2 s): the smoothed moments
-    of the 13 diffuse steps (variances of 1e8 at step 0) from the backward square-root
-    information filter. Measured per step: covariances 9.9e-10 relative at most, means 4.9e-10
-    (8.1e-12 sd)."""
+    """The model above over its first 26 steps (an 80-digit oracle of 3 s; 5 s at 40): the
+    smoothed moments of the 13 diffuse steps (variances of 1e8 at step 0) from the backward
+    square-root information filter, 13 proper steps after them. Measured per step: covariances
+    1.3e-9 relative at most, means 2.8e-10 (2.0e-9 and 1.7e-10 at 40 steps)."""
     args, kw = random_model(len("n13-d1-T300-diffuse"), 13, 1, 300, prior="diffuse")
-    args = (args[0][:40],) + args[1:]
+    args = (args[0][:26],) + args[1:]
     o = _oracle().dense_oracle(*args, offset=kw["offset"], prior_mean=kw["prior_mean"], dps=80)
     res = kd.smooth(*args, backend="native", **kw)
     nd = int(o.diffuse.sum())
@@ -421,12 +437,11 @@ def test_diffuse_start_observed_whole_near_noiseless_against_oracle(backend, see
     8e-16 at most on seeds 0 and 3, 3.3e-12 on seed 13, whose means are 1e4 prior sd apart
     from step to step), means within 1e-6 sd in the battery's metric (measured 1.6e-7 at most,
     seed 13)."""
-    from kalmanscan.validation.regimes import _dense_mean_sd, _mixing
+    from kalmanscan.validation.regimes import _dense_mean_sd
 
     if backend == "native" and not native.available():
         pytest.skip("native extension not built")
-    z, F, Q, H, R, _ = _mixing(seed, 2, 2, 1e-12, "diffuse", missing=miss)
-    o = _oracle().dense_oracle(z, F, Q, H, R, dps=60)
+    (z, F, Q, H, R), o = _mixing_oracle(seed, 2, 2, 1e-12, miss, 60)
     f = kd.filter(z, F, Q, H, R, backend=backend)
     cov, mean = np.asarray(f.cov), np.asarray(f.mean)
     for t in np.flatnonzero(~o.diffuse):
@@ -447,14 +462,13 @@ def test_near_noiseless_entries_observing_the_whole_state_against_oracle(backend
     the reference. The scan's elements and step log-likelihoods did the same (3.2 sd,
     log-likelihood 1.5e-3 relative). Now within 1e-8 sd (measured 2.8e-11 .. 1.6e-9),
     covariances 1e-10."""
-    from kalmanscan.validation.regimes import _dense_mean_sd, _mixing, loglik_rel
+    from kalmanscan.validation.regimes import _dense_mean_sd, loglik_rel
 
     if backend == "native" and not native.available():
         pytest.skip("native extension not built")
-    z, F, Q, H, R, _ = _mixing(seed, n, d, 1e-12, "diffuse", missing=0.0)
     # 120 digits: at 60 the oracle's kappa = 1e20 covariance filter is itself wrong here (seed
     # 7's covariance at the diffuse step 136 % off; 40, 80, 120 and 160 digits agree)
-    o = _oracle().dense_oracle(z, F, Q, H, R, dps=120)
+    (z, F, Q, H, R), o = _mixing_oracle(seed, n, d, 1e-12, 0.0, 120)
     f = kd.filter(z, F, Q, H, R, backend=backend)
     steps = np.flatnonzero(~o.diffuse)
     assert _dense_mean_sd(np.asarray(f.mean), o.mean, o.cov, steps) < 1e-8

@@ -21,6 +21,8 @@ moments, and central differences of the oracle's values for the gradients.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -99,12 +101,19 @@ def test_explosive_exact_entry_smoother_against_oracle(prior, r00):
     assert em < 1e-9 and ec < 1e-9, (em, ec)
 
 
+@functools.cache
+def _long_oracle():
+    """:func:`dense_oracle` of :func:`_long_model` (60 digits), the same for every chunk:
+    computed once."""
+    return dense_oracle(*_long_model(), dps=60)
+
+
 @pytest.mark.parametrize("chunk", [8, 16, 32])
 def test_long_series_blocked_suffix_against_oracle(chunk):
     """The blocked suffix scan (chunk totals combined, then the fix-up) carries the rows too
     (before: means 39, 1.2e-2, 4.7e-2 relative off at chunk 8, 16, 32; now 2.5e-10 at most)."""
     z, F, Q, H, R = _long_model()
-    truth = dense_oracle(z, F, Q, H, R, dps=60)
+    truth = _long_oracle()
     em, ec = _errors(kd.smooth(z, F, Q, H, R, backend="torch", chunk=chunk), truth)
     assert em < 1e-8 and ec < 1e-8, (em, ec)
 
@@ -134,20 +143,14 @@ def _central(f, x, idx, h=1e-6):
     return (f(xp) - f(xm)) / (2 * h)
 
 
-@pytest.mark.parametrize("backend", [pytest.param("auto", marks=needs_native), "torch"])
-def test_smoother_gradients_against_central_differences(backend):
-    """Problem 1's autograd path: the gradients of smoothed means and covariances w.r.t. z, F,
-    Q (as G G'), H and the noisy entry's variance; "auto" returns native values carrying the
-    scan's gradients. Before: 4.5 (the variance) .. 2.4e3 (H) relative off, d sum(mean[11]) /
-    d z[11, 0] 1.1270 for 1.1386; now 6e-7 at most (the differences' own error)."""
+@functools.cache
+def _central_reference():
+    """The oracle's central differences of :func:`test_smoother_gradients_against_central_
+    differences` (the same for both backends: computed once): ``w``, ``{name: (idxs, fd)}``
+    and the report's ``d sum(smoothed mean[11]) / d z[11, 0]``."""
     w = np.random.default_rng(1).normal(size=(18, 3))
     args = dict(z=Z1, F=F1, G=G1, H=H1, r11=np.array(0.186))
-    ts = {k: torch.tensor(v, requires_grad=True) for k, v in args.items()}
-    res = kd.smooth(ts["z"], ts["F"], ts["G"] @ ts["G"].T, ts["H"],
-                    torch.diag(torch.stack([torch.zeros((), dtype=torch.float64), ts["r11"]])),
-                    backend=backend)  # fmt: skip
-    loss = (res.mean * torch.tensor(w)).sum() + res.cov.diagonal(0, -2, -1).sum()
-    grads = dict(zip(ts, torch.autograd.grad(loss, list(ts.values())), strict=True))
+    out = {}
     for name, x in args.items():
         x = np.asarray(x, dtype=np.float64)
         idxs = [i for i in np.ndindex(x.shape) if np.isfinite(x[i])]
@@ -157,7 +160,33 @@ def test_smoother_gradients_against_central_differences(backend):
         def f(v, name=name):
             return _loss_np(**{**args, name: v}, w=w)
 
-        fd = np.array([_central(f, x, i) for i in idxs])
+        out[name] = (idxs, np.array([_central(f, x, i) for i in idxs]))
+    zp, zm = Z1.copy(), Z1.copy()
+    zp[11, 0] += 1e-6
+    zm[11, 0] -= 1e-6
+    Q = G1 @ G1.T
+    fd = (dense_oracle(zp, F1, Q, H1, R1, dps=60).smooth_mean[11].sum()
+          - dense_oracle(zm, F1, Q, H1, R1, dps=60).smooth_mean[11].sum()) / 2e-6  # fmt: skip
+    w.flags.writeable = False
+    return w, out, fd
+
+
+@pytest.mark.parametrize("backend", [pytest.param("auto", marks=needs_native), "torch"])
+def test_smoother_gradients_against_central_differences(backend):
+    """Problem 1's autograd path: the gradients of smoothed means and covariances w.r.t. z, F,
+    Q (as G G'), H and the noisy entry's variance; "auto" returns native values carrying the
+    scan's gradients. Before: 4.5 (the variance) .. 2.4e3 (H) relative off, d sum(mean[11]) /
+    d z[11, 0] 1.1270 for 1.1386; now 6e-7 at most (the differences' own error)."""
+    w, central, fd_report = _central_reference()
+    args = dict(z=Z1, F=F1, G=G1, H=H1, r11=np.array(0.186))
+    ts = {k: torch.tensor(v, requires_grad=True) for k, v in args.items()}
+    res = kd.smooth(ts["z"], ts["F"], ts["G"] @ ts["G"].T, ts["H"],
+                    torch.diag(torch.stack([torch.zeros((), dtype=torch.float64), ts["r11"]])),
+                    backend=backend)  # fmt: skip
+    loss = (res.mean * torch.tensor(w)).sum() + res.cov.diagonal(0, -2, -1).sum()
+    grads = dict(zip(ts, torch.autograd.grad(loss, list(ts.values())), strict=True))
+    for name in args:
+        idxs, fd = central[name]
         g = grads[name].numpy()
         got = np.array([g[i] for i in idxs])
         err = np.abs(got - fd).max() / np.abs(fd).max()
@@ -165,12 +194,7 @@ def test_smoother_gradients_against_central_differences(backend):
     # the report's number: d sum(smoothed mean[11]) / d z[11, 0]
     tz = torch.tensor(Z1, requires_grad=True)
     kd.smooth(tz, F1, G1 @ G1.T, H1, R1, backend=backend).mean[11].sum().backward()
-    zp, zm = Z1.copy(), Z1.copy()
-    zp[11, 0] += 1e-6
-    zm[11, 0] -= 1e-6
-    Q = G1 @ G1.T
-    fd = (dense_oracle(zp, F1, Q, H1, R1, dps=60).smooth_mean[11].sum()
-          - dense_oracle(zm, F1, Q, H1, R1, dps=60).smooth_mean[11].sum()) / 2e-6  # fmt: skip
+    fd = fd_report
     assert abs(float(tz.grad[11, 0]) - fd) < 1e-6 * abs(fd), (float(tz.grad[11, 0]), fd)
 
 

@@ -205,6 +205,19 @@ GAPS = [0, 1, 3, 6]
 TOL = {np.float64: 1e-12, np.float32: 1e-4}
 CASES = [(np.float64, a) for a in DECAYS_F64] + [(np.float32, a) for a in DECAYS_F32]
 IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}" for d, a in CASES]
+# one decay of each regime in the default run (a square that underflows to 0, a subnormal
+# square, a small normal one whose product over the gap underflows, ordinary, exactly 1 and 0;
+# float32's 1e-5 was 1.7e-2 off): the others repeat a regime, the slow step runs them
+DEFAULT_DECAYS = {np.float64: (1e-300, 1e-160, 1e-100, 1e-10, 1.0, 0.0),
+                  np.float32: (1e-40, 1e-22, 1e-12, 1e-5, 0.0)}  # fmt: skip
+SLOW = pytest.mark.slow
+
+
+def _params(cases, ids, default):
+    """``cases`` as pytest params named ``ids``, those for which ``default(case)`` is false
+    marked slow."""
+    return [pytest.param(*c, id=i, marks=() if default(c) else SLOW)
+            for c, i in zip(cases, ids, strict=True)]  # fmt: skip
 
 
 def _check(model, key, backend, dtype, prior=None, loading=True):
@@ -219,7 +232,9 @@ def _check(model, key, backend, dtype, prior=None, loading=True):
 
 
 @pytest.mark.parametrize("G", GAPS, ids=[f"G{g}" for g in GAPS])
-@pytest.mark.parametrize("dtype, decay", CASES, ids=IDS)
+@pytest.mark.parametrize(
+    "dtype, decay", _params(CASES, IDS, lambda c: c[1] in DEFAULT_DECAYS[c[0]])
+)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_loglik_gradient_over_a_diffuse_gap(backend, dtype, decay, G):
     """A diffuse lane whose ``G`` first steps are missing, with ``decay`` in those steps and the
@@ -237,11 +252,17 @@ TRITON_CASES = [(np.float64, a) for a in (1e-300, 1e-160, 1e-100, 1e-10, 0.0)] +
     (np.float32, a) for a in (1e-40, 1e-22, 1e-12, 0.0)
 ]
 TRITON_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}" for d, a in TRITON_CASES]
+# every decay over 3 steps (where NaN came) and one over 1 step in the default run (the
+# interpreter takes about 0.5 s a case); the slow step runs the other steps of 1
+TRITON_GAPS = [(d, a, G) for d, a in TRITON_CASES for G in (1, 3)]
+TRITON_GAP_IDS = [f"{i}-G{G}" for i in TRITON_IDS for G in (1, 3)]
 
 
 @pytest.mark.skipif(not TRITON, reason="triton not installed")
-@pytest.mark.parametrize("G", [1, 3], ids=["G1", "G3"])
-@pytest.mark.parametrize("dtype, decay", TRITON_CASES, ids=TRITON_IDS)
+@pytest.mark.parametrize(
+    "dtype, decay, G",
+    _params(TRITON_GAPS, TRITON_GAP_IDS, lambda c: c[2] == 3 or c[:2] == (np.float64, 1e-300)),
+)
 def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cpu):
     """The fused adjoint of the triton backend (interpreter; one thread per lane over all of
     time), as :func:`test_loglik_gradient_over_a_diffuse_gap` (before: NaN at 1e-100 and 1e-12
@@ -251,11 +272,19 @@ def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cp
 
 
 PRIORS = [(0.3, 2.0), (0.3, 1e100)]
+# the interpreted triton backend by default at each decay with one of the priors (each prior
+# twice); the slow step runs it at the other
+TRITON_PRIOR_DEFAULT = {(1e-170, 1e100), (1e-100, 2.0), (1e-10, 1e100), (0.0, 2.0)}
+PRIOR_CASES = [
+    pytest.param(b, a, P, id=f"{b}-{a}-{i}",
+                 marks=SLOW if b == "triton" and (a, P[1]) not in TRITON_PRIOR_DEFAULT else ())
+    for b in BACKENDS + (["triton"] if TRITON else [])
+    for a in [1e-170, 1e-100, 1e-10, 0.0]
+    for P, i in zip(PRIORS, ["P2", "P1e100"], strict=True)
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("prior", PRIORS, ids=["P2", "P1e100"])
-@pytest.mark.parametrize("decay", [1e-170, 1e-100, 1e-10, 0.0])
-@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
+@pytest.mark.parametrize("backend, decay, prior", PRIOR_CASES)
 def test_loglik_gradient_with_a_proper_prior(backend, decay, prior, triton_on_cpu):
     """The same gap under a proper prior (so the gap's steps matter), gradients in the prior's
     mean and variance too (before: a decay of 0 gave the decay's gradient 0 there, not the
@@ -345,8 +374,17 @@ def _smooth_reference(model, which_t):
     return out
 
 
-@pytest.mark.parametrize("decay", [1e-300, 1e-160, 1e-100, 1e-10, 0.0])
-@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
+# triton's smoother gradient differentiates the torch backend (its forward filter aside): by
+# default at an underflowing square and at 0, the slow step runs the other decays
+SMOOTH_CASES = [
+    pytest.param(b, a, id=f"{b}-{a}",
+                 marks=SLOW if b == "triton" and a not in (1e-300, 0.0) else ())
+    for b in BACKENDS + (["triton"] if TRITON else [])
+    for a in [1e-300, 1e-160, 1e-100, 1e-10, 0.0]
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend, decay", SMOOTH_CASES)
 def test_smoother_gradient_over_a_diffuse_gap(backend, decay, triton_on_cpu):
     """``ks.smooth``: the smoothed means and variances from the first observation on, and the
     log-likelihood, differentiated through the same gap (the smoother's forward filter shares
@@ -462,10 +500,18 @@ KNOWN_CASES = [(np.float64, 1e-170, "prior"), (np.float64, 1e-160, "prior"),
                (np.float64, 1e-170, "later"), (np.float32, 1e-25, "prior"),
                (np.float32, 1e-22, "later")]  # fmt: skip
 KNOWN_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}-{w}" for d, a, w in KNOWN_CASES]
+# the interpreted triton backend by default in float64 at both places and in float32 "later"
+# (about 1.5 s a case); the slow step runs its other two
+KNOWN_TRITON_SLOW = {(np.float64, 1e-160, "prior"), (np.float32, 1e-25, "prior")}
+KNOWN_PARAMS = [
+    pytest.param(b, *c, id=f"{b}-{i}",
+                 marks=SLOW if b == "triton" and c in KNOWN_TRITON_SLOW else ())
+    for b in BACKENDS + (["triton"] if TRITON else [])
+    for c, i in zip(KNOWN_CASES, KNOWN_IDS, strict=True)
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype, decay, where", KNOWN_CASES, ids=KNOWN_IDS)
-@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
+@pytest.mark.parametrize("backend, dtype, decay, where", KNOWN_PARAMS)
 def test_tiny_decay_meets_a_known_state(backend, dtype, decay, where, triton_on_cpu):
     """``decay**2`` below the normal range and ``process_var * precision`` too: the predicted
     variance ``decay**2 var + process_var`` keeps its first term (``1e100 * 1e-340 = 1e-240``;

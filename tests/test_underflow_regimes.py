@@ -9,6 +9,7 @@ Gradients over a diffuse gap of small but normal decays, and a tiny decay meetin
 tests/test_diffuse_gap_gradients.py. docs/reliability.md ("Underflow regimes").
 """
 
+import functools
 import importlib.util
 import math
 import os
@@ -28,6 +29,16 @@ BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 
 # the public API with every backend, triton's kernels in the interpreter without a GPU
 API_BACKENDS = BACKENDS + (["triton"] if importlib.util.find_spec("triton") else [])
+
+
+def _cases(rows, ids, triton_slow):
+    """``(row..., backend)`` params over ``API_BACKENDS``, id ``"{id}-{backend}"`` (the ids of
+    a ``backend`` parametrization stacked over ``rows``): the interpreted triton backend's rows
+    in ``triton_slow`` (a regime another of its rows checks; 0.5-2 s a case) marked slow, for
+    CI's slow step."""
+    return [pytest.param(*row, b, id=f"{i}-{b}",
+                         marks=pytest.mark.slow if b == "triton" and row in triton_slow else ())
+            for b in API_BACKENDS for row, i in zip(rows, ids, strict=True)]  # fmt: skip
 
 
 def mp_filter(z, R, a, p, h=1.0, c=0.0, lam0=0.0, m0=0.0, dps=80, mp_loglik=False):
@@ -133,9 +144,16 @@ def _mp_derivative(z, params, k, direction, dps=60):
         return float((ll(1) - ll(-1)) / (2 * s))
 
 
-@pytest.mark.parametrize("backend", API_BACKENDS)
-@pytest.mark.parametrize("a, dtype", [(1e-170, np.float64), (1e-160, np.float64),
-                                      (1e-25, np.float32), (1e-20, np.float32)])  # fmt: skip
+GAP_DECAYS = [(1e-170, np.float64), (1e-160, np.float64), (1e-25, np.float32), (1e-20, np.float32)]
+
+
+# triton by default where the square underflows (float64 and float32: a*a == 0 taken for
+# forgetting fails both); its subnormal squares over a gap: tests/test_diffuse_gap_gradients.py
+@pytest.mark.parametrize(
+    "a, dtype, backend",
+    _cases(GAP_DECAYS, [f"{a}-{d.__name__}" for a, d in GAP_DECAYS],
+           {(1e-160, np.float64), (1e-20, np.float32)}),
+)  # fmt: skip
 def test_loglik_gradient_over_a_diffuse_gap_of_tiny_decays(backend, a, dtype, triton_on_cpu):
     """A diffuse lane's leading gap of decays whose square underflows or is subnormal: the
     gradient in obs_var, process_var, offset and the later decays against mpmath, 0 for the
@@ -201,8 +219,13 @@ TINY_INFORMATION = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", API_BACKENDS)
-@pytest.mark.parametrize("h, R, dtype", TINY_INFORMATION)
+# triton by default at a subnormal and an underflowing square, a normal square over a huge
+# obs_var, and float32 (1e-150, 1e20 and float32's 1e-20 repeat those)
+@pytest.mark.parametrize(
+    "h, R, dtype, backend",
+    _cases(TINY_INFORMATION, [f"{h}-{R}-{d.__name__}" for h, R, d in TINY_INFORMATION],
+           {(1e-150, 1e20, np.float64), (1e-20, 1.0, np.float32)}),
+)  # fmt: skip
 def test_tiny_information_at_a_diffuse_lanes_first_observation_is_refused(
     backend, h, R, dtype, triton_on_cpu
 ):
@@ -249,9 +272,14 @@ ACCEPTED = [  # (h, R, prior_var, steps with the tiny loading, dtype)
 ]
 
 
-@pytest.mark.parametrize("backend", API_BACKENDS)
-@pytest.mark.parametrize("h, R, prior_var, where, dtype", ACCEPTED)
-def test_tiny_loading_elsewhere_matches_mpmath(backend, h, R, prior_var, where, dtype,
+# triton by default at every float64 regime and float32's diffuse first step; float32's other
+# two repeat float64's first and fourth rows
+@pytest.mark.parametrize(
+    "h, R, prior_var, where, dtype, backend",
+    _cases(ACCEPTED, [f"{h}-{R}-{v}-where{i}-{d.__name__}"
+                      for i, (h, R, v, _, d) in enumerate(ACCEPTED)], ACCEPTED[6:8]),
+)  # fmt: skip
+def test_tiny_loading_elsewhere_matches_mpmath(h, R, prior_var, where, dtype, backend,
                                                 triton_on_cpu):  # fmt: skip
     """Everywhere but a diffuse lane's first informative step a tiny loading is computed:
     where loading**2 / obs_var is below the normal range it adds less than the rounding of
@@ -280,10 +308,17 @@ def test_tiny_loading_elsewhere_matches_mpmath(backend, h, R, prior_var, where, 
         assert_close(getattr(s, k), getattr(ref, k), "kernel", dtype, what=f"smooth {k}")
 
 
-@pytest.mark.parametrize("backend", API_BACKENDS)
-@pytest.mark.parametrize("h, R, prior_var", [(1e-160, 1e-300, 1.0), (1e-160, 1e-300, math.inf),
-                                             (1e-160, 1.0, 2.0)])  # fmt: skip
-def test_tiny_loading_loglik_gradient_matches_mpmath(backend, h, R, prior_var, triton_on_cpu):
+GRAD_LOADINGS = [(1e-160, 1e-300, 1.0), (1e-160, 1e-300, math.inf), (1e-160, 1.0, 2.0)]
+
+
+# triton by default with the rescaled observation at a diffuse lane and the tiny information
+# under a proper prior (the rescaled one under a proper prior: the slow step)
+@pytest.mark.parametrize(
+    "h, R, prior_var, backend",
+    _cases(GRAD_LOADINGS, [f"{h}-{R}-{v}" for h, R, v in GRAD_LOADINGS],
+           {(1e-160, 1e-300, 1.0)}),
+)  # fmt: skip
+def test_tiny_loading_loglik_gradient_matches_mpmath(h, R, prior_var, backend, triton_on_cpu):
     """d loglik / d (obs_var, decay, process_var, offset) with every step's loading tiny, against
     mpmath's finite differences (kalmanscan.validation.oracle.scalar_loglik_grad)."""
     g = np.random.default_rng(5)
@@ -337,18 +372,29 @@ def test_zero_loading_is_still_accepted(backend):
 # --------------------------------------------------------------- huge p / obs_var (bug 6)
 
 
+@functools.cache
+def _huge_case(p, R, missing):
+    """``(z, mpmath filter, sequential smoother)`` of :func:`test_huge_process_var_over_obs_var`:
+    the references are the same for every backend, computed once (the arrays read only)."""
+    z = np.random.default_rng(0).normal(size=50)
+    if missing:  # unobserved steps put the lane's unit at p, observed ones at ~R
+        z[[3, 4, 20, 33]] = np.nan
+    mvl = mp_filter(z, R, 0.9, p, lam0=1.0)
+    ref = ks.smooth(z, R, 0.9, p, prior_var=1.0, backend="sequential")
+    for x in (z, *mvl[:2]):
+        x.flags.writeable = False
+    return z, mvl, ref
+
+
 @pytest.mark.parametrize("p, R", [(1e150, 1e-150), (1e200, 1e-120), (1e300, 1e-300)])
 @pytest.mark.parametrize("missing", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_huge_process_var_over_obs_var(backend, p, R, missing):
-    z = np.random.default_rng(0).normal(size=50)
-    if missing:  # unobserved steps put the lane's unit at p, observed ones at ~R
-        z[[3, 4, 20, 33]] = np.nan
-    m, v, ll = mp_filter(z, R, 0.9, p, lam0=1.0)
-    s = ks.smooth(z, R, 0.9, p, prior_var=1.0, backend=backend)
+    z, (m, v, ll), ref = _huge_case(p, R, missing)
+    # (the sequential backend's own run is the cached reference: the same call)
+    s = ref if backend == "sequential" else ks.smooth(z, R, 0.9, p, prior_var=1.0, backend=backend)
     assert _rel(s.filtered.var, v) < 1e-13 and _rel(s.filtered.mean, m) < 1e-13
     assert abs(float(s.filtered.loglik) - ll) < 1e-12 * abs(ll)
-    ref = ks.smooth(z, R, 0.9, p, prior_var=1.0, backend="sequential")
     assert _rel(s.var, ref.var) < 1e-13 and _rel(s.mean, ref.mean) < 1e-13
 
 
