@@ -174,16 +174,42 @@ REPEATS = {
         "test_half_inputs_compute_in_float32[no-prefetch-torch.float16]",
     ],
     # the triton backend's adjoint over a diffuse gap: every decay over 3 steps (G3) stays, and
-    # over one step at the decays whose square underflows to 0 (f64-a1e-300, f32-a1e-40); every
-    # decay and gap on the other backends
+    # over one step float64's underflowing square (f64-a1e-300); every decay a regime and gap on
+    # the other backends (the file's default decays)
     "tests/test_diffuse_gap_gradients.py": [
         "test_triton_loglik_gradient_over_a_diffuse_gap[f64-a1e-160-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f64-a1e-100-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f64-a1e-10-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f64-a0-G1]",
+        "test_triton_loglik_gradient_over_a_diffuse_gap[f32-a1e-40-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f32-a1e-22-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f32-a1e-12-G1]",
         "test_triton_loglik_gradient_over_a_diffuse_gap[f32-a0-G1]",
+        # each decay with one prior (each prior twice) stays
+        "test_loglik_gradient_with_a_proper_prior[triton-1e-170-P2]",
+        "test_loglik_gradient_with_a_proper_prior[triton-1e-100-P1e100]",
+        "test_loglik_gradient_with_a_proper_prior[triton-1e-10-P2]",
+        "test_loglik_gradient_with_a_proper_prior[triton-0.0-P1e100]",
+        # an underflowing square and 0 stay (triton's smoother gradient is the torch backend's)
+        "test_smoother_gradient_over_a_diffuse_gap[triton-1e-160]",
+        "test_smoother_gradient_over_a_diffuse_gap[triton-1e-100]",
+        "test_smoother_gradient_over_a_diffuse_gap[triton-1e-10]",
+        # float64 at both places and float32 "later" stay
+        "test_tiny_decay_meets_a_known_state[triton-f64-a1e-160-prior]",
+        "test_tiny_decay_meets_a_known_state[triton-f32-a1e-25-prior]",
+    ],
+    # the triton backend's rows that repeat a regime another of its rows checks (the comments
+    # above each test in the file); every row on the other backends
+    "tests/test_underflow_regimes.py": [
+        "test_loglik_gradient_over_a_diffuse_gap_of_tiny_decays[1e-160-float64-triton]",
+        "test_loglik_gradient_over_a_diffuse_gap_of_tiny_decays[1e-20-float32-triton]",
+        "test_tiny_information_at_a_diffuse_lanes_first_observation_is_refused"
+        "[1e-150-1e+20-float64-triton]",
+        "test_tiny_information_at_a_diffuse_lanes_first_observation_is_refused"
+        "[1e-20-1.0-float32-triton]",
+        "test_tiny_loading_elsewhere_matches_mpmath[1e-20-1.0-1.0-where6-float32-triton]",
+        "test_tiny_loading_elsewhere_matches_mpmath[1e-20-1e-30-1.0-where7-float32-triton]",
+        "test_tiny_loading_loglik_gradient_matches_mpmath[1e-160-1e-300-1.0-triton]",
     ],
     # the triton backend on tiny arrays: per-step (three lanes of three scales, per-step and
     # per-lane arrays) and f32-1e-20 stay, 1e-200 as test_tiny_arrays_off_the_host_match_mpmath

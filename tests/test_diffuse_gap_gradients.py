@@ -252,17 +252,14 @@ TRITON_CASES = [(np.float64, a) for a in (1e-300, 1e-160, 1e-100, 1e-10, 0.0)] +
     (np.float32, a) for a in (1e-40, 1e-22, 1e-12, 0.0)
 ]
 TRITON_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}" for d, a in TRITON_CASES]
-# every decay over 3 steps (where NaN came) and one over 1 step in the default run (the
-# interpreter takes about 0.5 s a case); the slow step runs the other steps of 1
+# every decay over 3 steps (where NaN came) and over 1 step (without CUDA the default run
+# leaves most steps of 1 to the slow step: tests/_default_run.py)
 TRITON_GAPS = [(d, a, G) for d, a in TRITON_CASES for G in (1, 3)]
 TRITON_GAP_IDS = [f"{i}-G{G}" for i in TRITON_IDS for G in (1, 3)]
 
 
 @pytest.mark.skipif(not TRITON, reason="triton not installed")
-@pytest.mark.parametrize(
-    "dtype, decay, G",
-    _params(TRITON_GAPS, TRITON_GAP_IDS, lambda c: c[2] == 3 or c[:2] == (np.float64, 1e-300)),
-)
+@pytest.mark.parametrize("dtype, decay, G", TRITON_GAPS, ids=TRITON_GAP_IDS)
 def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cpu):
     """The fused adjoint of the triton backend (interpreter; one thread per lane over all of
     time), as :func:`test_loglik_gradient_over_a_diffuse_gap` (before: NaN at 1e-100 and 1e-12
@@ -272,12 +269,11 @@ def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cp
 
 
 PRIORS = [(0.3, 2.0), (0.3, 1e100)]
-# the interpreted triton backend by default at each decay with one of the priors (each prior
-# twice); the slow step runs it at the other
-TRITON_PRIOR_DEFAULT = {(1e-170, 1e100), (1e-100, 2.0), (1e-10, 1e100), (0.0, 2.0)}
+# (without CUDA the interpreted triton backend takes each decay with one of the priors by
+# default, each prior twice: tests/_default_run.py)
 PRIOR_CASES = [
     pytest.param(b, a, P, id=f"{b}-{a}-{i}",
-                 marks=SLOW if b == "triton" and (a, P[1]) not in TRITON_PRIOR_DEFAULT else ())
+                 )
     for b in BACKENDS + (["triton"] if TRITON else [])
     for a in [1e-170, 1e-100, 1e-10, 0.0]
     for P, i in zip(PRIORS, ["P2", "P1e100"], strict=True)
@@ -374,11 +370,11 @@ def _smooth_reference(model, which_t):
     return out
 
 
-# triton's smoother gradient differentiates the torch backend (its forward filter aside): by
-# default at an underflowing square and at 0, the slow step runs the other decays
+# triton's smoother gradient differentiates the torch backend (its forward filter aside):
+# without CUDA, by default at an underflowing square and at 0 (tests/_default_run.py)
 SMOOTH_CASES = [
     pytest.param(b, a, id=f"{b}-{a}",
-                 marks=SLOW if b == "triton" and a not in (1e-300, 0.0) else ())
+                 )
     for b in BACKENDS + (["triton"] if TRITON else [])
     for a in [1e-300, 1e-160, 1e-100, 1e-10, 0.0]
 ]  # fmt: skip
@@ -500,12 +496,11 @@ KNOWN_CASES = [(np.float64, 1e-170, "prior"), (np.float64, 1e-160, "prior"),
                (np.float64, 1e-170, "later"), (np.float32, 1e-25, "prior"),
                (np.float32, 1e-22, "later")]  # fmt: skip
 KNOWN_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}-{w}" for d, a, w in KNOWN_CASES]
-# the interpreted triton backend by default in float64 at both places and in float32 "later"
-# (about 1.5 s a case); the slow step runs its other two
-KNOWN_TRITON_SLOW = {(np.float64, 1e-160, "prior"), (np.float32, 1e-25, "prior")}
+# (without CUDA the interpreted triton backend takes float64 at both places and float32
+# "later" by default, about 1.5 s a case: tests/_default_run.py)
 KNOWN_PARAMS = [
     pytest.param(b, *c, id=f"{b}-{i}",
-                 marks=SLOW if b == "triton" and c in KNOWN_TRITON_SLOW else ())
+                 )
     for b in BACKENDS + (["triton"] if TRITON else [])
     for c, i in zip(KNOWN_CASES, KNOWN_IDS, strict=True)
 ]  # fmt: skip
