@@ -84,14 +84,17 @@ import pytest  # noqa: E402
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marks
 def pytest_collection_modifyitems(config, items):
     """Without CUDA, the cases of ``tests/_default_run.py`` are marked slow: the default run
-    leaves them to CI's slow step (each repeats a path another case checks in the default run)."""
-    if torch.cuda.is_available():
-        return
-    from tests._default_run import NODE_IDS
+    leaves them to CI's slow step (each repeats a path another case checks in the default run).
+    Then ``config.collected_cases``: node id -> marked slow, of every case this process
+    collected (before ``-m`` and ``-k`` select), which tests/test_default_run.py reads."""
+    if not torch.cuda.is_available():
+        from tests._default_run import NODE_IDS
 
-    for item in items:
-        if item.nodeid in NODE_IDS:
-            item.add_marker(pytest.mark.slow)
+        for item in items:
+            if item.nodeid in NODE_IDS:
+                item.add_marker(pytest.mark.slow)
+    config.collected_cases = {item.nodeid: item.get_closest_marker("slow") is not None
+                              for item in items}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -21,9 +21,14 @@ sys.exit(pytest.main(sys.argv[1:], plugins=[Deselected()]))
 """
 
 
-def _collected():
+def _collected(collected):
     """``(every, default)``: the node ids of the files of REPEATS, and those ``-m "not slow"``
-    keeps."""
+    keeps: from this process's own collection (``collected``, tests/conftest.py's) where it
+    holds every file of REPEATS (a whole run's, each worker's under xdist), else from a
+    collection of those files in a fresh interpreter."""
+    if set(REPEATS) <= {node.split("::")[0] for node in collected}:
+        every = {node for node in collected if node.split("::")[0] in REPEATS}
+        return every, {node for node in every if not collected[node]}
     out = subprocess.run(
         [sys.executable, "-c", _COLLECT, "--collect-only", "-q", "-p", "no:cacheprovider",
          "-o", "addopts=", "-n", "0", "-m", "not slow", *REPEATS],
@@ -37,8 +42,8 @@ def _collected():
     return default | deselected, default
 
 
-def test_listed_cases_exist_and_leave_a_case_in_the_default_run():
-    every, default = _collected()
+def test_listed_cases_exist_and_leave_a_case_in_the_default_run(pytestconfig):
+    every, default = _collected(getattr(pytestconfig, "collected_cases", {}))
     if torch.cuda.is_available():
         # a CUDA machine runs every listed case its own parametrization has by default (some
         # tests take GPU sizes there: the CPU cases listed need not exist)
