@@ -142,6 +142,21 @@ def test_default_map_launches():
     assert chunked._prefetches() and not chunked._prefetches(True)
 
 
+def _spy_tangent_maps(monkeypatch):
+    """The list that every launch of the tangent maps kernel appends its ``(DB, HAS_GPREC)``
+    to."""
+    seen = []
+    real = chunked.launch
+
+    def spy(fn, grid, *a, **kw):
+        if fn is chunked._adjoint_maps_kernel:
+            seen.append((kw["DB"], kw["HAS_GPREC"]))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(chunked, "launch", spy)
+    return seen
+
+
 def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
     """The default launches on chunks of 35 steps: the chunk maps 2 full 16-step blocks and a
     tail of 3, the tangent maps 4 double-buffered 8-step blocks (2 pairs) and a tail of 3,
@@ -154,15 +169,7 @@ def test_map_kernels_default_launch_walks_full_blocks(monkeypatch):
     assert chunked.MAPS_LAUNCH["unroll"] == 16 and chunked.TANGENT_LAUNCH["unroll"] == 8
     L, C = 70, 2
     assert L // C == 35 and L % C == 0 and (35 // 16, 35 % 16) == (2, 3) and (35 // 8) == 4
-    seen = []
-    real = chunked.launch
-
-    def spy(fn, grid, *a, **kw):
-        if fn is chunked._adjoint_maps_kernel:
-            seen.append((kw["DB"], kw["HAS_GPREC"]))
-        return real(fn, grid, *a, **kw)
-
-    monkeypatch.setattr(chunked, "launch", spy)
+    seen = _spy_tangent_maps(monkeypatch)
     check_float64_reference((1, L, 2, 5), C, monkeypatch, precision=False)
     assert seen == [(True, False)]  # the double-buffered loop ran
 
@@ -442,15 +449,7 @@ def test_tangent_maps_double_buffered_equal_reference(unroll, slots, monkeypatch
     C, Lc = 2, 5 * unroll + 3
     assert chunked._double_buffered(True)
     assert (Lc // unroll // 2, Lc // unroll % 2, Lc % unroll) == (2, 1, 3)  # pairs, odd, tail
-    seen = []
-    real = chunked.launch
-
-    def spy(fn, grid, *a, **kw):
-        if fn is chunked._adjoint_maps_kernel:
-            seen.append((kw["DB"], kw["HAS_GPREC"]))
-        return real(fn, grid, *a, **kw)
-
-    monkeypatch.setattr(chunked, "launch", spy)
+    seen = _spy_tangent_maps(monkeypatch)
     check_float64_reference((1, C * Lc, 2, 5), C, monkeypatch, precision=False)
     assert seen == [(True, False)]  # the double-buffered loop ran
 
