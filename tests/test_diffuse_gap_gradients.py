@@ -252,14 +252,13 @@ TRITON_CASES = [(np.float64, a) for a in (1e-300, 1e-160, 1e-100, 1e-10, 0.0)] +
     (np.float32, a) for a in (1e-40, 1e-22, 1e-12, 0.0)
 ]
 TRITON_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}" for d, a in TRITON_CASES]
+
+
 # every decay over 3 steps (where NaN came) and over 1 step (without CUDA the default run
 # leaves most steps of 1 to the slow step: tests/_default_run.py)
-TRITON_GAPS = [(d, a, G) for d, a in TRITON_CASES for G in (1, 3)]
-TRITON_GAP_IDS = [f"{i}-G{G}" for i in TRITON_IDS for G in (1, 3)]
-
-
 @pytest.mark.skipif(not TRITON, reason="triton not installed")
-@pytest.mark.parametrize("dtype, decay, G", TRITON_GAPS, ids=TRITON_GAP_IDS)
+@pytest.mark.parametrize("G", [1, 3], ids=["G1", "G3"])
+@pytest.mark.parametrize("dtype, decay", TRITON_CASES, ids=TRITON_IDS)
 def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cpu):
     """The fused adjoint of the triton backend (interpreter; one thread per lane over all of
     time), as :func:`test_loglik_gradient_over_a_diffuse_gap` (before: NaN at 1e-100 and 1e-12
@@ -269,18 +268,13 @@ def test_triton_loglik_gradient_over_a_diffuse_gap(dtype, decay, G, triton_on_cp
 
 
 PRIORS = [(0.3, 2.0), (0.3, 1e100)]
+
+
 # (without CUDA the interpreted triton backend takes each decay with one of the priors by
 # default, each prior twice: tests/_default_run.py)
-PRIOR_CASES = [
-    pytest.param(b, a, P, id=f"{b}-{a}-{i}",
-                 )
-    for b in BACKENDS + (["triton"] if TRITON else [])
-    for a in [1e-170, 1e-100, 1e-10, 0.0]
-    for P, i in zip(PRIORS, ["P2", "P1e100"], strict=True)
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("backend, decay, prior", PRIOR_CASES)
+@pytest.mark.parametrize("prior", PRIORS, ids=["P2", "P1e100"])
+@pytest.mark.parametrize("decay", [1e-170, 1e-100, 1e-10, 0.0])
+@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
 def test_loglik_gradient_with_a_proper_prior(backend, decay, prior, triton_on_cpu):
     """The same gap under a proper prior (so the gap's steps matter), gradients in the prior's
     mean and variance too (before: a decay of 0 gave the decay's gradient 0 there, not the
@@ -372,15 +366,8 @@ def _smooth_reference(model, which_t):
 
 # triton's smoother gradient differentiates the torch backend (its forward filter aside):
 # without CUDA, by default at an underflowing square and at 0 (tests/_default_run.py)
-SMOOTH_CASES = [
-    pytest.param(b, a, id=f"{b}-{a}",
-                 )
-    for b in BACKENDS + (["triton"] if TRITON else [])
-    for a in [1e-300, 1e-160, 1e-100, 1e-10, 0.0]
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("backend, decay", SMOOTH_CASES)
+@pytest.mark.parametrize("decay", [1e-300, 1e-160, 1e-100, 1e-10, 0.0])
+@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
 def test_smoother_gradient_over_a_diffuse_gap(backend, decay, triton_on_cpu):
     """``ks.smooth``: the smoothed means and variances from the first observation on, and the
     log-likelihood, differentiated through the same gap (the smoother's forward filter shares
@@ -496,17 +483,12 @@ KNOWN_CASES = [(np.float64, 1e-170, "prior"), (np.float64, 1e-160, "prior"),
                (np.float64, 1e-170, "later"), (np.float32, 1e-25, "prior"),
                (np.float32, 1e-22, "later")]  # fmt: skip
 KNOWN_IDS = [f"{'f64' if d == np.float64 else 'f32'}-a{a:g}-{w}" for d, a, w in KNOWN_CASES]
+
+
 # (without CUDA the interpreted triton backend takes float64 at both places and float32
 # "later" by default, about 1.5 s a case: tests/_default_run.py)
-KNOWN_PARAMS = [
-    pytest.param(b, *c, id=f"{b}-{i}",
-                 )
-    for b in BACKENDS + (["triton"] if TRITON else [])
-    for c, i in zip(KNOWN_CASES, KNOWN_IDS, strict=True)
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("backend, dtype, decay, where", KNOWN_PARAMS)
+@pytest.mark.parametrize("dtype, decay, where", KNOWN_CASES, ids=KNOWN_IDS)
+@pytest.mark.parametrize("backend", BACKENDS + (["triton"] if TRITON else []))
 def test_tiny_decay_meets_a_known_state(backend, dtype, decay, where, triton_on_cpu):
     """``decay**2`` below the normal range and ``process_var * precision`` too: the predicted
     variance ``decay**2 var + process_var`` keeps its first term (``1e100 * 1e-340 = 1e-240``;

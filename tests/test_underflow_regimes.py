@@ -31,14 +31,6 @@ BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 API_BACKENDS = BACKENDS + (["triton"] if importlib.util.find_spec("triton") else [])
 
 
-def _cases(rows, ids):
-    """``(row..., backend)`` params over ``API_BACKENDS``, id ``"{id}-{backend}"`` (the ids of
-    a ``backend`` parametrization stacked over ``rows``; without CUDA, the interpreted triton
-    backend's rows that repeat a regime are left to the slow step: tests/_default_run.py)."""
-    return [pytest.param(*row, b, id=f"{i}-{b}")
-            for b in API_BACKENDS for row, i in zip(rows, ids, strict=True)]  # fmt: skip
-
-
 def mp_filter(z, R, a, p, h=1.0, c=0.0, lam0=0.0, m0=0.0, dps=80, mp_loglik=False):
     """Information-form filter in mpmath (SPEC section 2): ``(mean, var, loglik)`` per step;
     parameters scalars or per-step arrays, ``z`` NaN where missing, ``lam0 = 0`` diffuse (exact
@@ -142,16 +134,12 @@ def _mp_derivative(z, params, k, direction, dps=60):
         return float((ll(1) - ll(-1)) / (2 * s))
 
 
-GAP_DECAYS = [(1e-170, np.float64), (1e-160, np.float64), (1e-25, np.float32), (1e-20, np.float32)]
-
-
 # without CUDA, triton by default where the square underflows (float64 and float32: a*a == 0
-# taken for forgetting fails both); its subnormal squares over a gap:
+# taken for forgetting fails both; tests/_default_run.py); its subnormal squares over a gap:
 # tests/test_diffuse_gap_gradients.py
-@pytest.mark.parametrize(
-    "a, dtype, backend",
-    _cases(GAP_DECAYS, [f"{a}-{d.__name__}" for a, d in GAP_DECAYS]),
-)  # fmt: skip
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize("a, dtype", [(1e-170, np.float64), (1e-160, np.float64),
+                                      (1e-25, np.float32), (1e-20, np.float32)])  # fmt: skip
 def test_loglik_gradient_over_a_diffuse_gap_of_tiny_decays(backend, a, dtype, triton_on_cpu):
     """A diffuse lane's leading gap of decays whose square underflows or is subnormal: the
     gradient in obs_var, process_var, offset and the later decays against mpmath, 0 for the
@@ -219,10 +207,8 @@ TINY_INFORMATION = [
 
 # without CUDA, triton by default at a subnormal and an underflowing square, a normal square
 # over a huge obs_var, and float32 (1e-150, 1e20 and float32's 1e-20 repeat those)
-@pytest.mark.parametrize(
-    "h, R, dtype, backend",
-    _cases(TINY_INFORMATION, [f"{h}-{R}-{d.__name__}" for h, R, d in TINY_INFORMATION]),
-)  # fmt: skip
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize("h, R, dtype", TINY_INFORMATION)
 def test_tiny_information_at_a_diffuse_lanes_first_observation_is_refused(
     backend, h, R, dtype, triton_on_cpu
 ):
@@ -271,11 +257,8 @@ ACCEPTED = [  # (h, R, prior_var, steps with the tiny loading, dtype)
 
 # without CUDA, triton by default at every float64 regime and float32's diffuse first step;
 # float32's other two repeat float64's first and fourth rows
-@pytest.mark.parametrize(
-    "h, R, prior_var, where, dtype, backend",
-    _cases(ACCEPTED, [f"{h}-{R}-{v}-where{i}-{d.__name__}"
-                      for i, (h, R, v, _, d) in enumerate(ACCEPTED)]),
-)  # fmt: skip
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize("h, R, prior_var, where, dtype", ACCEPTED)
 def test_tiny_loading_elsewhere_matches_mpmath(h, R, prior_var, where, dtype, backend,
                                                 triton_on_cpu):  # fmt: skip
     """Everywhere but a diffuse lane's first informative step a tiny loading is computed:
@@ -305,15 +288,11 @@ def test_tiny_loading_elsewhere_matches_mpmath(h, R, prior_var, where, dtype, ba
         assert_close(getattr(s, k), getattr(ref, k), "kernel", dtype, what=f"smooth {k}")
 
 
-GRAD_LOADINGS = [(1e-160, 1e-300, 1.0), (1e-160, 1e-300, math.inf), (1e-160, 1.0, 2.0)]
-
-
 # without CUDA, triton by default with the rescaled observation at a diffuse lane and the tiny
 # information under a proper prior (the rescaled one under a proper prior: the slow step)
-@pytest.mark.parametrize(
-    "h, R, prior_var, backend",
-    _cases(GRAD_LOADINGS, [f"{h}-{R}-{v}" for h, R, v in GRAD_LOADINGS]),
-)  # fmt: skip
+@pytest.mark.parametrize("backend", API_BACKENDS)
+@pytest.mark.parametrize("h, R, prior_var", [(1e-160, 1e-300, 1.0), (1e-160, 1e-300, math.inf),
+                                             (1e-160, 1.0, 2.0)])  # fmt: skip
 def test_tiny_loading_loglik_gradient_matches_mpmath(h, R, prior_var, backend, triton_on_cpu):
     """d loglik / d (obs_var, decay, process_var, offset) with every step's loading tiny, against
     mpmath's finite differences (kalmanscan.validation.oracle.scalar_loglik_grad)."""
