@@ -495,14 +495,6 @@ def check_steps(steps, name: str = "steps") -> int:
     return int(steps)
 
 
-def _per_day(dtype) -> int | None:
-    """Ticks of datetime64 ``dtype`` in a day (``None`` for days, weeks, months, years)."""
-    unit, count = np.datetime_data(dtype)
-    if unit in ("Y", "M", "W", "D"):
-        return None
-    return int(np.timedelta64(1, "D") // np.timedelta64(count, unit))
-
-
 # a fixed-length datetime64 unit in attoseconds (numpy's finest), exact in Python integers
 _UNIT_AS = {u: 10**18 * s for u, s in (("W", 604_800), ("D", 86_400), ("h", 3_600), ("m", 60),
                                        ("s", 1))}  # fmt: skip
@@ -520,6 +512,11 @@ def _coarsening(dtype, unit: str) -> int | None:
     if not tick or tick >= big or big % tick:
         return None
     return big // tick
+
+
+def _per_day(dtype) -> int | None:
+    """Ticks of datetime64 ``dtype`` in a day (``None`` for days, weeks, months, years)."""
+    return _coarsening(dtype, "D")
 
 
 def floor_datetimes(t: np.ndarray, unit: str) -> np.ndarray:
