@@ -7,6 +7,15 @@ import math
 import numpy as np
 
 
+def read_only(*values) -> tuple:
+    """``values``, every numpy array among them made read only: a reference cached for several
+    test cases cannot then be changed by one of them."""
+    for v in values:
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return values
+
+
 def random_model(rng, T, N, *, missing=0.2, time_varying=True, diffuse=True, offset=True):
     shape = (T, N) if time_varying else (1, N)
     model = dict(

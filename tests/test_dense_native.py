@@ -12,6 +12,7 @@ import pytest
 import kalmanscan.dense as kd
 from kalmanscan.dense import native
 from kalmanscan.testing import rel_error
+from tests.helpers import read_only
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native extension not built")
 
@@ -191,9 +192,7 @@ def _mixing_oracle(seed, n, d, r, missing, dps):
 
     z, F, Q, H, R, _ = _mixing(seed, n, d, r, "diffuse", missing=missing)
     o = _oracle().dense_oracle(z, F, Q, H, R, dps=dps)
-    for a in (z, F, Q, H, R, *o):
-        if isinstance(a, np.ndarray):
-            a.flags.writeable = False
+    read_only(z, F, Q, H, R, *o)
     return (z, F, Q, H, R), o
 
 

@@ -26,6 +26,7 @@ import torch
 
 import kalmanscan.dense as kd
 from kalmanscan.dense import native
+from tests.helpers import read_only
 
 BACKENDS = ["native", "torch", "sequential"]
 needs_native = pytest.mark.skipif(not native.available(), reason="native extension not built")
@@ -61,9 +62,7 @@ def _statsmodels_case(name):
     """(statsmodels results, z [T, d], F, Q, H, R, prior_cov, diffuse mask or None): the
     reference is the same for every backend, so it is computed once (the arrays read only)."""
     out = _statsmodels_case_once(name)
-    for a in out[1:]:
-        if isinstance(a, np.ndarray):
-            a.flags.writeable = False
+    read_only(*out[1:])
     return out
 
 
@@ -277,9 +276,7 @@ def _degenerate_oracle(name):
 
     z, F, Q, H, R, kw = _degenerate(name)
     o = dense_oracle(z, F, Q, H, R, dps=60, **kw)
-    for a in (z, F, Q, H, R, *kw.values(), *o):
-        if isinstance(a, np.ndarray):
-            a.flags.writeable = False
+    read_only(z, F, Q, H, R, *kw.values(), *o)
     return z, F, Q, H, R, kw, o
 
 

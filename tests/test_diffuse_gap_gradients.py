@@ -31,6 +31,7 @@ import torch
 import kalmanscan as ks
 from kalmanscan.core import native
 from kalmanscan.testing import mp_information_filter
+from tests.helpers import read_only
 
 BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 TRITON = importlib.util.find_spec("triton") is not None
@@ -472,11 +473,7 @@ def known_reference(dtype, decay, where):
         var_grad = float(mp_gradient(f, {"a": m["a"]}, [("a", k)])[("a", k)])
         ll_grad = mp_gradient(f_ll, {"a": m["a"]}, [("a", i) for i in range(T)])
     ll_grad = np.array([float(ll_grad[("a", i)]) for i in range(T)])
-    out = (*mp_known(m), var_grad, ll_grad)
-    for v in out:
-        if isinstance(v, np.ndarray):
-            v.flags.writeable = False
-    return out
+    return read_only(*mp_known(m), var_grad, ll_grad)
 
 
 KNOWN_CASES = [(np.float64, 1e-170, "prior"), (np.float64, 1e-160, "prior"),

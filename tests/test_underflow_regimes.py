@@ -23,6 +23,7 @@ import kalmanscan as ks
 from kalmanscan.core import native, sequential
 from kalmanscan.testing import TOLERANCES, assert_close, mp_information_filter, rel_error
 from kalmanscan.validation.oracle import scalar_loglik_grad
+from tests.helpers import read_only
 
 BACKENDS = ["sequential", "torch"] + (["native"] if native.available() else [])
 
@@ -356,8 +357,7 @@ def _huge_case(p, R, missing):
         z[[3, 4, 20, 33]] = np.nan
     mvl = mp_filter(z, R, 0.9, p, lam0=1.0)
     ref = ks.smooth(z, R, 0.9, p, prior_var=1.0, backend="sequential")
-    for x in (z, *mvl[:2]):
-        x.flags.writeable = False
+    read_only(z, *mvl[:2])
     return z, mvl, ref
 
 
