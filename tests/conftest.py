@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -58,7 +59,11 @@ def _patch_language_once_a_launch() -> bool:
     return True
 
 
-INTERPRETER_PATCHED_ONCE = _patch_language_once_a_launch()
+def pytest_collection_finish(session):
+    """The interpreter's patch once a launch (:func:`_patch_language_once_a_launch`), where a
+    collected test module imported triton (no triton import for a run without one)."""
+    if "triton" in sys.modules:
+        _patch_language_once_a_launch()
 
 
 def _worker_threads() -> int | None:
