@@ -285,3 +285,63 @@ def test_a_decimal_comma_marker_matches_by_value(tmp_path, capsys):
     rc, err, _, _ = _run(tmp_path, capsys, text, "--time-col", "Datum", "--dayfirst",
                          "--missing=-9999,0", "--missing=-9999", *GIVEN)  # fmt: skip
     assert rc == 2 and "the same number as --missing" in err
+
+
+# --- pandas' to_csv of a PeriodIndex: labels 1959Q1, 1998M1, and an unnamed index of years ----
+def _macro_quarters(named: bool) -> str:
+    index = pd.period_range("1959Q1", periods=6, freq="Q")
+    frame = pd.DataFrame({"unemp": [5.8, 5.1, 5.3, 5.6, 5.2, 5.2]}, index=index)
+    if named:
+        frame.index.name = "date"
+    return frame.to_csv()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_column_of_period_labels_is_skipped_with_a_time_col_hint(tmp_path, capsys, named):
+    # before: refused as numbers with a unit 'Q1' ("write the number alone, 1959"), and an
+    # unnamed index of them as "holds numbers": advice that loses the quarter
+    text = _macro_quarters(named)
+    col = "date" if named else "Unnamed: 0"
+    rc, err, out, _ = _run(tmp_path, capsys, text, *GIVEN)
+    assert rc == 0, err
+    assert (
+        f"note: skipped column(s) [{col!r}]: no numbers in them (name value columns with "
+        f"--value-col to use them; column {col!r} holds dates: pass --time-col {col!r} to use "
+        "them as the times)" in err
+    )
+    assert "unit" not in err
+    assert _observed(out) == [5.8, 5.1, 5.3, 5.6, 5.2, 5.2]
+    # and the hint's option reads them as quarters
+    rc, err, out, _ = _run(tmp_path, capsys, text, "--time-col", col, *GIVEN)
+    assert rc == 0, err
+    assert "holds quarter labels" in err
+    times = pd.read_csv(out / "results.csv").query("kind == 'data'")["time"].tolist()
+    assert times == ["1959-01-01", "1959-04-01", "1959-07-01", "1959-10-01", "1960-01-01",
+                     "1960-04-01"]  # fmt: skip
+
+
+def test_month_labels_are_not_numbers_with_a_unit(tmp_path, capsys):
+    text = "period,y\n1998M1,1.0\n1998M2,2.0\n1998M3,1.5\n"
+    rc, err, _, _ = _run(tmp_path, capsys, text, *GIVEN)
+    assert rc == 0, err
+    assert "column 'period' holds dates: pass --time-col 'period'" in err
+    # a unit after a number is still refused as such
+    rc, err, _, _ = _run(tmp_path, capsys, "t,y\n1,1.5 m3\n2,2.5 m3\n", "--time-col", "t", *GIVEN)
+    assert rc == 2 and "a number with a unit ('m3') is not read" in err
+
+
+def test_an_unnamed_first_column_of_numbers_names_the_time_col_option(tmp_path, capsys):
+    # pandas' to_csv of a yearly PeriodIndex (or of float times) leaves the first name empty
+    years = pd.period_range("2000", periods=3, freq="Y")
+    text = pd.DataFrame({"y": [1.0, 2.0, 1.5]}, index=years).to_csv()
+    rc, err, _, path = _run(tmp_path, capsys, text, *GIVEN)
+    assert rc == 2
+    assert err == (
+        f"{PROG}{path}: column 1 (the first) has no name in the header but holds numbers "
+        "('2000', row 2): every column needs a name; name it in the header, or name the value "
+        "columns to use with --value-col, or pass --time-col 'Unnamed: 0' if they are the times "
+        "(pandas' to_csv writes its index without a name)\n"
+    )
+    rc, err, out, _ = _run(tmp_path, capsys, text, "--time-col", "Unnamed: 0", *GIVEN)
+    assert rc == 0, err
+    assert _observed(out) == [1.0, 2.0, 1.5]

@@ -334,10 +334,17 @@ def _refuse_unnamed(c, cols, text, given, written, path, row) -> None:
         if written and j < len(written)
         else f"past the header's {len(written or cols)} names"
     )
+    # pandas writes its index so (an empty first name): the times, as often as not
+    index = (
+        f", or pass --time-col {c!r} if they are the times (pandas' to_csv writes its index "
+        "without a name)"
+        if j == 0 and re.fullmatch(r"Unnamed: \d+", str(c))
+        else ""
+    )
     raise InputError(
         f"{path}: column {j + 1} ({where}) has no name in the header but holds numbers "
         f"({text.iloc[i]!r}, row {row(i)}): every column needs a name; name it in the header, or "
-        "name the value columns to use with --value-col"
+        f"name the value columns to use with --value-col{index}"
     )
 
 

@@ -65,11 +65,23 @@ def _float_or_nan(text: str) -> float:
         return float("nan")
 
 
+def _period_labels(cells) -> bool:
+    """Whether the text cells (stripped, not empty) are all period labels of one kind
+    (``1959Q1``, ``1998M1``, ``2020-W01``, ``2007H2``:
+    :func:`~kalmanscan.timeseries.time_parse.period_starts`)."""
+    from kalmanscan.timeseries.time_parse import period_starts
+
+    return len(cells) > 0 and period_starts(list(cells)) is not None
+
+
 def _holds_dates(col) -> bool:
-    """Whether a text column's first cells read as dates (for a hint to pass --time-col)."""
+    """Whether a text column's first cells read as dates or period labels (``1959Q1``; for a
+    hint to pass --time-col)."""
     from kalmanscan.timeseries.times import parse_datetime_strings
 
     cells = [c for c in col.astype(str).str.strip().head(20) if c]
+    if _period_labels(cells):
+        return True
     try:
         return bool(cells) and len(parse_datetime_strings(cells)) == len(cells)
     except ValueError:

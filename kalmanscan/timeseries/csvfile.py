@@ -55,6 +55,7 @@ from kalmanscan.timeseries.csv_times import (
     _holds_dates,
     _packed_date_format,
     _parse_times,
+    _period_labels,
     _period_numbers,
     _quarter_format,
     _show_time,
@@ -454,7 +455,9 @@ def read_csv_series(
                     index.append((c, start))
                     continue
             if not numeric and (given.any() or any(c in k for k in counts.values())):
-                if not _grouped_numbers(cell[given], sep):
+                # (period labels, 1959Q1 as pandas writes a quarterly PeriodIndex, are times, not
+                # numbers with a unit 'Q1': a column of them is skipped with a --time-col hint)
+                if not _grouped_numbers(cell[given], sep) or _period_labels(text[given]):
                     skipped.append(c)  # (a column of labels, or of --missing markers only)
                     continue
             if c in unnamed:
