@@ -450,20 +450,56 @@ def read_config(directory: str | Path) -> dict:
     return config
 
 
-def _check_weight_header(model_config, weights: Path) -> None:
-    """Compare the tensor names, shapes and dtypes in the safetensors header with the model the
-    config describes, built on the meta device (no memory), before anything real is allocated."""
-    from safetensors import SafetensorError, safe_open
-
+def _empty_model(model_config: ModelConfig) -> nn.Module:
+    """The model ``model_config`` describes, on the meta device (no memory) and without its
+    random init (``kalmanscan.kla.layer._skip_init``: every tensor is read from the checkpoint
+    next); a config it cannot be built from raises :class:`CheckpointError`."""
+    from kalmanscan.kla.layer import _skip_init
     from kalmanscan.kla.model import KLALanguageModel
 
     try:
-        with torch.device("meta"):
-            expected = {
-                k: tuple(v.shape) for k, v in KLALanguageModel(model_config).state_dict().items()
-            }
+        with torch.device("meta"), _skip_init():
+            return KLALanguageModel(model_config)
     except (TypeError, ValueError, OverflowError, RuntimeError) as err:
         raise CheckpointError(f"checkpoint: invalid model config: {err}") from None
+
+
+def _allocate(model: nn.Module, dtype: torch.dtype, names) -> nn.Module:
+    """``model`` (built by :func:`_empty_model`) with each parameter and buffer replaced by
+    uninitialised CPU memory of its shape, the floating ones in ``dtype``: what
+    ``model.to(dtype).to_empty(device="cpu")`` gives, without their meta-device ops, which run
+    through ``torch._refs`` and import sympy on their first call. ``names`` are those of the
+    state dict that fills them next; a tensor outside it (a non-persistent buffer) would keep
+    uninitialised memory, so it is refused with a RuntimeError. A tensor shared by two modules
+    stays shared."""
+    made = {}  # id of a meta tensor -> its replacement
+    for prefix, module in model.named_modules():
+        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, old in own:
+            key = f"{prefix}.{name}" if prefix else name
+            if key not in names:
+                raise RuntimeError(
+                    f"load_checkpoint: expected every parameter and buffer of the model in its "
+                    f"state dict, got {key} outside it (it would keep uninitialised memory)"
+                )
+            new = made.get(id(old))
+            if new is None:
+                new = torch.empty(
+                    old.shape, dtype=dtype if old.is_floating_point() else old.dtype, device="cpu"
+                )
+                if isinstance(old, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=old.requires_grad)
+                made[id(old)] = new
+            setattr(module, name, new)
+    return model
+
+
+def _check_weight_header(model: nn.Module, weights: Path) -> None:
+    """Compare the tensor names, shapes and dtypes in the safetensors header with ``model``
+    (the one the config describes, on the meta device), before anything real is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     try:
         with safe_open(str(weights), framework="pt") as fh:
             header = {
@@ -567,8 +603,10 @@ def load_checkpoint(
     read (no pickle); the config is checked (types, sizes, finite numbers) and the weights'
     names, shapes and dtypes are compared with the model it describes, built on the meta device,
     before any tensor is allocated; anything that differs raises :class:`CheckpointError`.
-    ``backend`` overrides the KLA op backend of the stored config (e.g. ``"sequential"``, the
-    faster one for short CPU inputs). The model is returned in eval mode.
+    That model skips its random init (every tensor is read from the checkpoint), so loading
+    draws nothing from torch's global generator. ``backend`` overrides the KLA op backend of
+    the stored config (e.g. ``"sequential"``, the faster one for short CPU inputs). The model
+    is returned in eval mode.
 
     >>> import tempfile
     >>> from kalmanscan.kla import KLALanguageModel, ModelConfig, KLAConfig
@@ -580,8 +618,6 @@ def load_checkpoint(
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-
-    from kalmanscan.kla.model import KLALanguageModel
 
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(
@@ -611,11 +647,12 @@ def load_checkpoint(
         raise CheckpointError(
             f"checkpoint: invalid model config in {directory / CONFIG_FILE}: {err}"
         ) from None
-    _check_weight_header(model_config, weights)
+    model = _empty_model(model_config)
+    _check_weight_header(model, weights)
     try:
         state_dict = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"checkpoint: cannot read {weights} as safetensors ({err})") from None
-    model = KLALanguageModel(model_config).to(dtype)
+    model = _allocate(model, dtype, set(state_dict))
     load_state_dict(model, state_dict)
     return model.to(device).eval()

@@ -31,13 +31,16 @@ against (``KLALayer.glue``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
+import threading
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from kalmanscan.core import _args
 from kalmanscan.core.discretize import ou_transition
@@ -111,6 +114,48 @@ class KLATrace(NamedTuple):
     gate_act: torch.Tensor
 
 
+_SKIP_INIT = threading.local()  # .depth > 0 inside _skip_init() on this thread
+
+
+def _init_skipped() -> bool:
+    """Whether modules built now (on this thread) leave out their random init: see
+    :func:`_skip_init`."""
+    return getattr(_SKIP_INIT, "depth", 0) > 0
+
+
+class _NoTorchInit(TorchFunctionMode):
+    """Each ``torch.nn.init`` call (those of ``nn.Linear`` and ``nn.Embedding``) returns its
+    tensor untouched; every other call runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _skip_init():
+    """Build modules without their random init: inside, on this thread, the KLA modules do not
+    call ``reset_parameters`` and ``torch.nn.init`` calls do nothing, so every parameter keeps
+    the values it was allocated with (none on the meta device, uninitialised memory elsewhere).
+    For a model whose every tensor is read from a checkpoint next: on the meta device torch's
+    random fills (``normal_``, ``torch.rand``) run through ``torch._refs``, whose first call in
+    a process imports ``torch._dynamo`` and sympy (about 1.5 s of CPU); the init would also
+    draw from torch's global generator.
+
+    >>> with torch.device("meta"), _skip_init():
+    ...     layer = KLALayer(16, KLAConfig(d_state=2))
+    >>> layer.delta.device.type
+    'meta'
+    """
+    _SKIP_INIT.depth = getattr(_SKIP_INIT, "depth", 0) + 1
+    try:
+        with _NoTorchInit():
+            yield
+    finally:
+        _SKIP_INIT.depth -= 1
+
+
 class CausalConv1d(nn.Module):
     """Depthwise causal convolution over time, ``[B,L,M] -> [B,L,M]``, with a carried window.
 
@@ -128,7 +173,8 @@ class CausalConv1d(nn.Module):
         self.kernel = kernel
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
         self.bias = nn.Parameter(torch.empty(channels))
-        self.reset_parameters()
+        if not _init_skipped():
+            self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -246,7 +292,8 @@ class KLALayer(nn.Module):
         self._act = _ACTIVATIONS[config.gate_activation]
         self._dynamics_cache = None  # (key, parameter copies, (decay, process_var)), see _dynamics
         self._recorder = None  # set by kalmanscan.kla.inspect_record.record: receives each KLATrace
-        self.reset_parameters()
+        if not _init_skipped():
+            self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 
 from kalmanscan.core import _args
 from kalmanscan.kla.config import AttentionConfig, ModelConfig
-from kalmanscan.kla.layer import _FUSE_MODES, KLALayer, _triton_available
+from kalmanscan.kla.layer import _FUSE_MODES, KLALayer, _init_skipped, _triton_available
 
 _FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -240,7 +240,8 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = d_model // config.n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
-        self.reset_parameters()
+        if not _init_skipped():
+            self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -332,12 +333,13 @@ class KLALanguageModel(nn.Module):
         self.blocks = nn.ModuleList(Block(D, m, config) for m in config.mixer_list())
         self.norm_f = RMSNorm(D, config.norm_eps)
         self.lm_head = nn.Linear(D, config.vocab_size, bias=False)
-        with torch.no_grad():
-            nn.init.normal_(self.embedding.weight, std=0.02)
-            nn.init.normal_(self.lm_head.weight, std=0.02)
-            for blk in self.blocks:
-                nn.init.normal_(blk.mlp.w12.weight, std=0.02)
-                nn.init.normal_(blk.mlp.w3.weight, std=0.02)
+        if not _init_skipped():  # see kalmanscan.kla.layer._skip_init
+            with torch.no_grad():
+                nn.init.normal_(self.embedding.weight, std=0.02)
+                nn.init.normal_(self.lm_head.weight, std=0.02)
+                for blk in self.blocks:
+                    nn.init.normal_(blk.mlp.w12.weight, std=0.02)
+                    nn.init.normal_(blk.mlp.w3.weight, std=0.02)
 
     @property
     def kla_blocks(self) -> list[int]:
