@@ -266,14 +266,44 @@ def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
         times = da.indexes[time_dim]
     else:
         times = da[time_dim].values if time_dim in da.coords else None
-    return as_time_axis(times, da.sizes[time_dim], time_unit, name=f"coordinate {time_dim!r}")
+    name = f"coordinate {time_dim!r}"
+    freq = da[time_dim].attrs.get("period_freq") if time_dim in da.coords else None
+    if freq is not None and np.asarray(times).dtype.kind == "M":
+        times = _recorded_periods(np.asarray(times), freq, name)
+    return as_time_axis(times, da.sizes[time_dim], time_unit, name=name)
+
+
+def _recorded_periods(starts: np.ndarray, freq, name: str):
+    """The periods whose starts a results Dataset's time coordinate holds, its attr
+    ``period_freq`` naming their frequency (:mod:`kalmanscan.timeseries.dataset`), as a
+    ``PeriodIndex``; refused where the attr names no frequency or a time is not the start of
+    its period (the attr then does not describe the coordinate)."""
+    from kalmanscan.timeseries.time_periods import off_start, to_periods
+
+    try:
+        periods = to_periods(starts, str(freq))
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{name}: its attr period_freq = {freq!r} is not a frequency of pandas periods "
+            "(like 'Q-DEC', 'M', 'W-SUN'); drop the attr or correct it"
+        ) from err
+    off = off_start(starts, periods.freqstr)
+    if off is not None:
+        i, period = off
+        raise ValueError(
+            f"{name}: its attr period_freq = {freq!r} says the times are the starts of periods "
+            f"of that frequency, but {starts[i]} (position {i}) is inside the period {period}, "
+            "not its start; drop the attr or correct it"
+        )
+    return periods
 
 
 def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
     """``da`` with its time coordinate as the filter read it, where the two differ in kind:
     timestamp strings, datetime objects and timezone-aware times become the ``datetime64``
     labels of ``ax`` (in UTC where they carried a timezone or offset, and the coordinate then
-    says ``time_zone = "UTC"``), as ``OUModel.to_dataset`` lays them out. Numbers and naive
+    says ``time_zone = "UTC"``), pandas periods the times they start (the coordinate then says
+    their frequency, ``period_freq``), as ``OUModel.to_dataset`` lays them out. Numbers and naive
     ``datetime64`` stay as given. So the forecast times are of the same kind as the record's
     and the Dataset can be plotted and written to netCDF."""
     if time_dim not in da.coords:
@@ -285,6 +315,8 @@ def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
     attrs = dict(coord.attrs)
     if ax.utc:
         attrs["time_zone"] = "UTC"
+    if ax.period_freq is not None:
+        attrs["period_freq"] = ax.period_freq
     return da.assign_coords({time_dim: xr.Variable(time_dim, ax.labels, attrs=attrs)})
 
 
@@ -364,6 +396,7 @@ def filter_dataarray(
         forecast_time=fc_labels,
         custom_prior="prior_mean" in pv,
         time_units=_time_units(da, time_dim, ax),
+        period_freq=ax.period_freq,
     )
     for name, coord in da.coords.items():  # apply_ufunc's outputs carry them without attrs
         if name in ds.coords:

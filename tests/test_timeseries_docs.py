@@ -11,6 +11,7 @@ MODULES = [
     "kalmanscan.timeseries.times",
     "kalmanscan.timeseries.time_parse",
     "kalmanscan.timeseries.time_calendar",
+    "kalmanscan.timeseries.time_periods",
     "kalmanscan.timeseries.coverage",
     "kalmanscan.timeseries.model",
     "kalmanscan.timeseries.model_input",

@@ -15,6 +15,14 @@ Output variables (dims ``time`` plus the series dims): ``observed``, ``mean``, `
 model parameters over the series dims; ``forecast_*`` on a ``forecast_time`` dim. ``attrs`` record
 the model, prior, time unit and likelihood convention.
 
+Periods (data indexed by pandas periods, a ``PeriodIndex``): an xarray coordinate of periods can be
+neither written to netCDF nor interpolated (nor read through ``.dt``), so ``time`` and
+``forecast_time`` hold the times the periods start (``datetime64``, as the model reads them) and say
+their frequency in the attr ``period_freq`` (pandas' ``freqstr``: ``"Q-DEC"``, ``"M"``,
+``"W-SUN"``). It is lossless: ``ds.indexes["time"].to_period(ds["time"].attrs["period_freq"])``
+gives the periods back (a start lies inside its period), the attr survives netCDF, and the
+``.kalman`` accessor reads a coordinate with it as those periods again.
+
 Units (:func:`variable_units`): where the data carry a ``units`` attr, the outputs in the data's
 units (means, interval bounds, ``mu``) carry it, variances (``obs_var`` too) its square,
 ``precision`` its inverse square, ``sigma2`` its square per model time unit and ``theta`` the
@@ -277,6 +285,7 @@ def results_dataset(
     forecast_time=None,
     custom_prior: bool = False,
     time_units: str | None = None,
+    period_freq: str | None = None,
 ) -> xr.Dataset:
     """The Dataset of computed results (module docstring lists its variables).
 
@@ -294,6 +303,9 @@ def results_dataset(
         time_units: the model time unit in UDUNITS-2 syntax (e.g. ``"d"``, from a numeric time
             coordinate's ``units``); default: ``time_unit``'s duration, none for ``"1"``. With
             ``observed.attrs["units"]`` they give the variables' ``units`` (:func:`variable_units`).
+        period_freq: the frequency of the pandas periods whose starts the time coordinates
+            hold (``TimeAxis.period_freq``), recorded in their attr ``period_freq`` (module
+            docstring).
     """
     series_dims = [d for d in observed.dims if d != time_dim]
     sizes = [observed.sizes[d] for d in series_dims]
@@ -327,6 +339,10 @@ def results_dataset(
         ds[p] = v
         ds[p].attrs = {}  # (a fit's Dataset's attrs: its units are set below, from these data)
     _describe(ds, time_dim, time_unit, coverage, custom_prior, pv)
+    if period_freq is not None:
+        for coord in (time_dim, "forecast_time"):
+            if coord in ds.coords:
+                ds[coord].attrs["period_freq"] = period_freq
     if time_units is None:
         time_units = duration_units(time_unit)
     add_units(ds, data_units(observed), time_units)

@@ -641,7 +641,7 @@ class OUModel:
             unit = np.timedelta64(ax.unit, "ns") if isinstance(times, TimeAxis) else self.time_unit
             ax = as_time_axis(
                 da["time"].values, zt.shape[0], unit, name="coordinate 'time'"
-            )._replace(utc=ax.utc, tz=ax.tz)
+            )._replace(utc=ax.utc, tz=ax.tz, period_freq=ax.period_freq)
         fc_labels = forecast_labels(ax, forecast_steps, forecast_at)
         if future_params is not None and fc_labels is None:
             raise ValueError(
@@ -668,6 +668,7 @@ class OUModel:
             time_unit=ax.unit_name,
             forecast_time=fc_labels,
             custom_prior=model.prior_mean is not None,
+            period_freq=ax.period_freq,
         )
         if ax.utc:  # converted from a timezone or UTC offsets: the outputs say so
             for coord in ("time", "forecast_time"):
@@ -731,7 +732,9 @@ def forecast(
         model_or_fit: an :class:`OUFit` (uses its data) or an :class:`OUModel` (then give ``z``).
         z, times, axis: the record, as for :meth:`OUModel.filter` (only with a model).
         steps: number of future steps spaced by the median step of ``times``.
-        at: future timestamps (numbers or datetimes, like ``times``), each ``>=`` the last one.
+        at: future timestamps (numbers or datetimes, like ``times``; periods of their
+            frequency, or the times those start, where ``times`` are pandas periods), each
+            ``>=`` the last one.
         coverage: probability of the predictive interval of a new observation.
         future_params: parameter values that hold over the forecast, ``{name: value}``, in place
             of the model's: per series (``[*S]``), and for ``obs_var`` also per forecast time
@@ -739,7 +742,8 @@ def forecast(
             is still filtered with those values).
 
     Returns:
-        :class:`Forecast` with arrays ``[H, *S]``.
+        :class:`Forecast` with arrays ``[H, *S]``; its ``times`` are of the record's kind (a
+        ``PeriodIndex`` of the record's frequency for times given as pandas periods).
 
     >>> import numpy as np, kalmanscan as ks
     >>> m = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)

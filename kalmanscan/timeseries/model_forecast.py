@@ -37,6 +37,7 @@ from kalmanscan.timeseries.times import (  # as_time_axis: forecast_labels' exam
     _normalize_datetimes,
     as_time_axis,  # noqa: F401
     check_steps,
+    to_periods,
 )
 
 if TYPE_CHECKING:  # (an annotation only: model imports this module)
@@ -48,6 +49,8 @@ class Forecast(NamedTuple):
 
     ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
     ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
+    ``times`` are of the record's kind: float64 numbers, ``datetime64``, cftime dates, or, for a
+    record of pandas periods (a ``PeriodIndex``), a ``PeriodIndex`` of its frequency.
     Returned by :func:`kalmanscan.forecast`, :meth:`OUModel.forecast` and :meth:`OUFit.forecast`.
 
     >>> import numpy as np, kalmanscan as ks
@@ -222,8 +225,10 @@ def forecast_from_state(
     if (dt < 0).any():
         i = int(np.flatnonzero(dt < 0)[0])
 
-        def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text)
-            return str(x) if isinstance(x, np.datetime64) or is_cftime(x) else _plain(x)
+        def text(x):  # (1.5, not np.float64(1.5); a datetime as its ISO text, a period's)
+            if isinstance(x, np.datetime64):
+                return time_axis.label_text(x)[0]
+            return str(x) if is_cftime(x) else _plain(x)
 
         raise ValueError(
             "at: expected timestamps at or after the record's last time (the last of its "
@@ -271,7 +276,10 @@ def _forecast_unit(time_axis: TimeAxis, lanes: tuple, state, params: dict) -> np
 
 
 def _labels_out(time_axis: TimeAxis, labels) -> np.ndarray:
-    """The forecast times as a :class:`Forecast` holds them (numbers as float64)."""
+    """The forecast times as a :class:`Forecast` holds them (numbers as float64; the periods
+    they start, a ``PeriodIndex``, where the record's times are periods)."""
+    if time_axis.period_freq is not None:
+        return to_periods(labels, time_axis.period_freq)
     if time_axis.is_cftime:
         return np.asarray(labels, dtype=object)
     if time_axis.is_datetime:

@@ -534,8 +534,9 @@ def _label(t) -> str:
 
 def _row(ax, Z, t, i) -> str:
     """Value ``Z[t, i]`` named as the notes and warnings name it: ``row 20 (time 2024-01-21,
-    z = -9999)``."""
-    return f"row {int(t)} (time {_label(ax.labels[t])}, z = {Z[t, i]:.6g})"
+    z = -9999)``; a period as pandas writes it: ``time 1962Q1``."""
+    label = ax.label_text(ax.labels[t])[0] if ax.period_freq else _label(ax.labels[t])
+    return f"row {int(t)} (time {label}, z = {Z[t, i]:.6g})"
 
 
 def _typical_step(x) -> np.ndarray:

@@ -13,6 +13,10 @@ forming a nanosecond difference (seconds and sub-seconds apart), so spans of any
 e.g. under 1e-9 days over 10,000 years of daily data. Numeric times are float64 and used as they
 are (any size, as long as the span from first to last is finite in float64).
 
+pandas periods (a ``PeriodIndex``, ``Period`` objects) are read by
+:mod:`~kalmanscan.timeseries.time_periods`: each period as the time it starts, its frequency kept
+(:attr:`TimeAxis.period_freq`), so that forecasts continue the periods and come back as them.
+
 cftime dates (xarray's dates in model calendars) are read by
 :mod:`~kalmanscan.timeseries.time_cftime`: as ``datetime64`` where they are numpy's dates, else
 kept, with their steps measured in their own calendar.
@@ -79,6 +83,13 @@ from kalmanscan.timeseries.time_parse import (  # noqa: F401 - re-exported
     parse_datetime_strings,
     period_starts,
 )
+from kalmanscan.timeseries.time_periods import (
+    check_period_freq,
+    check_period_starts,
+    period_future,
+    period_labels,
+    to_periods,
+)
 
 
 class TimeAxis(NamedTuple):
@@ -96,6 +107,11 @@ class TimeAxis(NamedTuple):
         tz: the one timezone the times were given in (a pandas tz-aware index, or datetimes all
             of one ``tzinfo``), else ``None``: forecast times follow its calendar and clock
             (:meth:`future`).
+        period_freq: the frequency of the pandas periods the times were given as (a
+            ``PeriodIndex``, a Series of periods, ``Period`` objects; pandas' ``freqstr``, e.g.
+            ``"Q-DEC"``, ``"M"``, ``"W-SUN"``), else ``None``. The labels are then the times the
+            periods start (:mod:`~kalmanscan.timeseries.time_periods`); :meth:`periods` gives
+            the periods back, :meth:`future` continues them, and a forecast's times are them.
 
     Made by :func:`as_time_axis`; ``dt`` gives the step lengths, :meth:`future` the forecast
     times, :meth:`position` the model-time positions of other timestamps.
@@ -112,6 +128,7 @@ class TimeAxis(NamedTuple):
     unit_name: str
     utc: bool = False
     tz: object = None
+    period_freq: str | None = None
 
     @property
     def is_datetime(self) -> bool:
@@ -123,6 +140,24 @@ class TimeAxis(NamedTuple):
         """The labels are cftime dates of a calendar other than numpy's (``noleap``,
         ``360_day``, ...), kept as they were given: steps measured in their calendar."""
         return self.is_datetime and is_cftime_array(self.labels)
+
+    def periods(self):
+        """The labels as the pandas periods they were given as (a ``PeriodIndex`` of
+        :attr:`period_freq`), or ``None`` where the times were not periods.
+
+        >>> import pandas as pd
+        >>> ax = as_time_axis(pd.period_range("1959Q1", periods=2, freq="Q"), 2)
+        >>> str(ax.labels[1])[:10], ax.periods().astype(str).tolist()
+        ('1959-04-01', ['1959Q1', '1959Q2'])
+        """
+        return None if self.period_freq is None else to_periods(self.labels, self.period_freq)
+
+    def label_text(self, labels) -> list[str]:
+        """Labels of this record's kind as messages name them: periods as pandas writes them
+        (``1959Q2``) where the record's times are periods, else as given."""
+        if self.period_freq is not None and np.asarray(labels).dtype.kind == "M":
+            return to_periods(np.atleast_1d(labels), self.period_freq).astype(str).tolist()
+        return [str(x) for x in np.atleast_1d(labels)]
 
     @property
     def dt(self) -> np.ndarray:
@@ -196,7 +231,9 @@ class TimeAxis(NamedTuple):
     def labels_of(self, labels, name: str = "at") -> np.ndarray:
         """Other timestamps as this record's labels are (float64 or ``datetime64``, UTC where
         the record's are; see :meth:`position`), refusing times with a timezone against a
-        record without one."""
+        record without one. Against a record of periods (:attr:`period_freq`): periods of its
+        frequency, or the times they start at (anything else is refused: labelled by its
+        period, it would move)."""
         if self.is_cftime:  # texts read as dates of the record's calendar
             given = np.asarray(labels)
             if given.dtype.kind in "US" or (
@@ -208,7 +245,11 @@ class TimeAxis(NamedTuple):
                 return parse_cftime_strings(
                     given.ravel(), str(first.calendar), name, like=first
                 ).reshape(given.shape)
+        if self.period_freq is not None:
+            check_period_freq(labels, self.period_freq, name)
         arr, zoned, _ = _labels_and_zone(labels, name)
+        if self.period_freq is not None:
+            check_period_starts(arr, self.period_freq, name)
         if zoned and not self.utc:
             raise ValueError(
                 f"{name}: got times with a timezone or UTC offset, but the record's times have "
@@ -256,11 +297,14 @@ class TimeAxis(NamedTuple):
         return _utc_to_local(self.labels, self.tz)
 
     def future(self, steps: int) -> np.ndarray:
-        """``steps`` labels after the last one: by :meth:`calendar_step` months where the dates
-        are monthly, quarterly or yearly, each on the rule of the record's dates (its day of the
-        month, the month's end, its last or first weekday, its n-th or last Monday, ...,
-        Sunday) at their time of day; by half months on the two days of a semi-monthly record;
-        on the next weekdays of a record kept on some weekdays only (trading days); on the next
+        """``steps`` labels after the last one: the starts of the next periods of a record of
+        periods (:attr:`period_freq`; by its median step in periods, the lower middle one of an
+        even count: :func:`~kalmanscan.timeseries.time_periods.period_step`); by
+        :meth:`calendar_step` months where the dates are monthly, quarterly or yearly, each on
+        the rule of the record's dates (its day of the month, the month's end, its last or first
+        weekday, its n-th or last Monday, ..., Sunday) at their time of day; by half months on
+        the two days of a semi-monthly record; on the next weekdays of a record kept on some
+        weekdays only (trading days); on the next
         bars of the trading sessions of an intraday record kept within trading hours (the rest
         of the last session, then the next kept weekdays' sessions from their opening bar, at the
         record's times of day: :func:`~kalmanscan.timeseries.time_calendar._session_future`);
@@ -293,6 +337,8 @@ class TimeAxis(NamedTuple):
         """
         steps = check_steps(steps)
         k = np.arange(1, steps + 1)
+        if self.period_freq is not None and len(self.labels):
+            return period_future(self.labels, self.period_freq, k)
         if self.tz is not None and self.is_datetime:
             out = _future_local(self, k)
             if out is not None:
@@ -384,8 +430,18 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
     """``(labels, utc, tz)``: the timestamps as float64 or datetime64, whether they were
     converted to UTC from a timezone or UTC offsets, and the one timezone they were given in
     (``None`` if none, or several)."""
+    return _labels_zone_freq(times, name, time_format=time_format, dayfirst=dayfirst)[:3]
+
+
+def _labels_zone_freq(times, name: str, *, time_format=None, dayfirst=None):
+    """:func:`_labels_and_zone`'s ``(labels, utc, tz)`` and the frequency of the pandas periods
+    the times were given as (``None`` for other times): periods are the times they start
+    (:func:`~kalmanscan.timeseries.time_periods.period_labels`)."""
     utc = False
     tz = None
+    periods = period_labels(times, name)
+    if periods is not None:
+        return np.atleast_1d(periods[0]), False, None, periods[1]
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is an optional extra
@@ -404,8 +460,6 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             "as the index (e.g. df[column].unstack(level=0))"
         )
     if pd is not None and isinstance(times, (pd.Index, pd.Series)):
-        if isinstance(times.dtype, pd.PeriodDtype):  # a period is the time it starts
-            times = times.dt.start_time if isinstance(times, pd.Series) else times.start_time
         if isinstance(times.dtype, pd.DatetimeTZDtype):
             utc, tz = True, times.dtype.tz
             if isinstance(times, pd.Series):
@@ -491,7 +545,7 @@ def _labels_and_zone(times, name: str, *, time_format=None, dayfirst=None):
             f"{name}: expected real numbers or datetimes, got values of dtype {arr.dtype}"
         )
     zoned = utc and arr.dtype.kind == "M"
-    return np.atleast_1d(arr), zoned, tz if zoned else None
+    return np.atleast_1d(arr), zoned, tz if zoned else None, None
 
 
 def as_time_axis(
@@ -501,7 +555,9 @@ def as_time_axis(
 
     Args:
         times: ``None`` (steps ``0, 1, ..., n-1``), ``[n]`` numbers, numpy ``datetime64`` values, a
-            pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC), cftime dates
+            pandas ``DatetimeIndex``/``Series`` (tz-aware ones are converted to UTC), pandas
+            periods (a ``PeriodIndex``, ``Period`` objects: each the time it starts, the
+            frequency kept in :attr:`TimeAxis.period_freq`), cftime dates
             (a ``CFTimeIndex``; :mod:`~kalmanscan.timeseries.time_cftime`) or timestamp
             strings (see :func:`parse_datetime_strings`), or a :class:`TimeAxis` (its labels,
             in its unit unless ``time_unit`` is given). Non-decreasing, no NaN/NaT; equal
@@ -527,14 +583,19 @@ def as_time_axis(
             raise ValueError("time_unit: only meaningful with datetime times, but times is None")
         labels = np.arange(n, dtype=np.float64)
         return TimeAxis(labels, labels.copy(), None, "1")
-    given_utc, given_tz = False, None
+    given_utc, given_tz, given_freq = False, None, None
     if isinstance(times, TimeAxis):  # e.g. strings parsed once with dayfirst or time_format
         if time_unit is None and times.is_datetime:
             time_unit = np.timedelta64(times.unit, "ns")
+        given_freq = times.period_freq
         times, given_utc, given_tz = times.labels, times.utc, times.tz
-    labels, utc, tz = _labels_and_zone(times, name, time_format=time_format, dayfirst=dayfirst)
+    labels, utc, tz, freq = _labels_zone_freq(
+        times, name, time_format=time_format, dayfirst=dayfirst
+    )
     utc = utc or (given_utc and labels.dtype.kind == "M")
     tz = tz if tz is not None else (given_tz if utc else None)
+    if freq is None and labels.dtype.kind == "M":
+        freq = given_freq
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"{name}: expected {n} timestamps (one per step of the time axis), got shape "
@@ -571,11 +632,14 @@ def as_time_axis(
     steps = np.diff(t)
     if (steps < 0).any():
         i = int(np.flatnonzero(steps < 0)[0]) + 1
+        shown = labels[i - 1 : i + 1]
+        if freq is not None:  # (periods as pandas writes them: 1959Q2)
+            shown = to_periods(shown, freq).astype(str)
         raise ValueError(
-            f"{name}: expected non-decreasing timestamps, got {labels[i]} after {labels[i - 1]} "
+            f"{name}: expected non-decreasing timestamps, got {shown[1]} after {shown[0]} "
             f"(position {i}); sort the record by time first"
         )
-    return TimeAxis(labels, t, unit, unit_name, utc, tz)
+    return TimeAxis(labels, t, unit, unit_name, utc, tz, freq)
 
 
 def _decimal_places(labels, most: int = 12) -> int | None:
