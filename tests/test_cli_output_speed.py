@@ -6,6 +6,8 @@ examples of the CLI's reader and writer modules."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pytest
 
@@ -149,8 +151,86 @@ def test_dates_on_nanoseconds_first_day():
 
 def test_every_day_of_the_years_1_to_9999():
     days = np.arange(np.datetime64("0001-01-01"), np.datetime64("10000-01-01"))
-    assert (_iso_time_bytes(days, "D") == _reference_iso(days, "D")).all()
+    text = _iso_time_bytes(days, "D")
+    assert (text == _reference_iso(days, "D")).all()
     assert _iso_times(days[:2]) == ["0001-01-01", "0001-01-02"]
+    # and against the calendar's rule, not numpy's: each text is the day after the one before
+    # (the next day of the month, the 1st of the next month after the month's last day, January
+    # 1st after December 31st), month lengths from the Gregorian leap rule
+    assert text.dtype == "S10"
+    b = text.view(np.uint8).reshape(-1, 10)
+    assert (b[:, 4] == ord("-")).all() and (b[:, 7] == ord("-")).all()
+    digit = lambda j: b[:, j].astype(np.int32) - ord("0")  # noqa: E731
+    y = digit(0) * 1000 + digit(1) * 100 + digit(2) * 10 + digit(3)
+    m, d = digit(5) * 10 + digit(6), digit(8) * 10 + digit(9)
+    leap = (y % 4 == 0) & ((y % 100 != 0) | (y % 400 == 0))
+    ends = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[m - 1] + ((m == 2) & leap)
+    last = d == ends
+    year_end = last & (m == 12)
+    np.testing.assert_array_equal(y[1:], (y + year_end)[:-1])
+    np.testing.assert_array_equal(m[1:], np.where(year_end, 1, m + last)[:-1])
+    np.testing.assert_array_equal(d[1:], np.where(last, 1, d + 1)[:-1])
+    assert (y[0], m[0], d[0], y[-1], m[-1], d[-1]) == (1, 1, 1, 9999, 12, 31)
+
+
+_TICKS_PER_S = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def _python_iso(ticks, unit) -> np.ndarray:
+    """Python's text of integer ``ticks`` of ``unit`` (days, or datetime64 ticks of s to ns
+    from 1970-01-01) in the years 1 to 9999: ``date.isoformat``, ``datetime.isoformat(sep=" ")``
+    of the whole seconds and the fraction's digits written from the integer."""
+    out = []
+    for k in ticks.tolist():
+        if unit == "D":
+            out.append((dt.date(1970, 1, 1) + dt.timedelta(days=k)).isoformat())
+            continue
+        per = _TICKS_PER_S[unit]
+        sec, sub = divmod(k, per)
+        text = (dt.datetime(1970, 1, 1) + dt.timedelta(seconds=sec)).isoformat(sep=" ")
+        out.append(text + (f".{sub:0{len(str(per)) - 1}d}" if per > 1 else ""))
+    return np.array([t.encode("ascii") for t in out], dtype="S")
+
+
+def _limits(unit: str) -> np.ndarray:
+    """Ticks of ``unit`` at the ends of its range in the years 1 to 9999 (nanoseconds': 1677 to
+    2262), around 1970-01-01, and on leap days, month ends and century years."""
+    if unit == "ns":
+        lo, hi = np.iinfo(np.int64).min + 1, np.iinfo(np.int64).max
+    else:
+        lo = np.datetime64("0001-01-01", unit).astype(np.int64)
+        hi = np.datetime64("10000-01-01", unit).astype(np.int64) - 1
+    dates = ["1600-02-29", "1700-02-28", "1700-03-01", "1900-02-28", "1900-03-01",
+             "2000-02-29", "2000-12-31", "2001-01-01", "1969-12-31", "1970-01-01",
+             "1677-09-22", "2262-04-11"]  # fmt: skip
+    if unit != "ns":
+        dates += ["0001-12-31", "0004-02-29", "9996-02-29", "9999-12-31"]
+    days = np.array(dates, "datetime64[D]").astype(f"datetime64[{unit}]").astype(np.int64)
+    around = np.arange(-2, 3)
+    ticks = np.concatenate([[lo, hi], lo + around[3:], hi - around[3:], around,
+                            (days[:, None] + around).ravel()])  # fmt: skip
+    return ticks[(ticks >= lo) & (ticks <= hi)]
+
+
+_UNITS = ["D", "s", "ms", "us", "ns"]
+_PER_DAY = {"D": 1, "s": 86_400, "ms": 86_400 * 10**3, "us": 86_400 * 10**6, "ns": 86_400 * 10**9}
+
+
+@pytest.mark.parametrize(
+    "given,unit", [(g, u) for i, g in enumerate(_UNITS) for u in _UNITS[: i + 1]]
+)  # (the writer's unit is never finer than the times': the coarsest that holds them)
+def test_dates_are_written_as_python_writes_them(given, unit):
+    """Against Python's ``isoformat`` (independent of numpy's text): times given at one unit,
+    written floored to a coarser one or their own, random over the whole range (years 1 to
+    9999; nanoseconds' 1677 to 2262) and at its limits, around 1970 and on leap days."""
+    rng = np.random.default_rng(11)
+    lim = _limits(given)
+    ticks = np.concatenate([rng.integers(lim[0], lim[1], 3000), lim])
+    factor = _PER_DAY[given] // _PER_DAY[unit]
+    want = np.array([k // factor for k in ticks.tolist()], dtype=np.int64)  # Python's floor
+    got = _iso_time_bytes(ticks.astype(f"datetime64[{given}]"), unit)
+    np.testing.assert_array_equal(got, _python_iso(want, unit))
+    assert got.dtype.itemsize == {"D": 10, "s": 19, "ms": 23, "us": 26, "ns": 29}[unit]
 
 
 # --- results.csv against the table pandas writes --------------------------------------------
