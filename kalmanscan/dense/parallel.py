@@ -428,16 +428,25 @@ def precision_of(m: Moments, tol, screened: bool = False):
     nd = m.ndiffuse
     n = m.cov.shape[-1]
     D = m.diffuse[:, :nd]
-    Pd, _ = _range_projector(D, torch.linalg.matrix_norm(D), tol)
-    Pk = _eye(n, D) - Pd
-    inner = Pk @ m.cov[:, :nd] @ Pk
-    # Pd at the scale of the finite block (any positive scale gives the same Pk inner^-1 Pk):
-    # a unit Pd beside a cov of scale v costs |log v| digits (1e-4 relative at v = 1e-12)
+    dtype = D.dtype
+    with torch.no_grad():  # Pd = V V' (the range of D), Z an orthonormal basis of the rest
+        w, U = torch.linalg.eigh(_sym(D))
+        on = w > tol * torch.linalg.matrix_norm(D).unsqueeze(-1)
+        Pd = (U * on.to(dtype).unsqueeze(-2)) @ U.mT
+        none = ~on.any(-1)  # no diffuse direction: the coordinates as they are (Z = I)
+        Z = torch.where(none[..., None, None], _eye(n, D), U * (~on).to(dtype).unsqueeze(-2))
+        pad = (on & ~none.unsqueeze(-1)).to(dtype)
+    # the finite part in the basis Z: exactly 0 along the diffuse directions (I - Pd holds
+    # eps of them, which the inverse of a block that is all rounding made O(1): two diffuse
+    # directions, nothing finite, and a precision of 0.26 where the limit is 0)
+    inner = Z.mT @ m.cov[:, :nd] @ Z
+    # the diffuse coordinates' unit diagonal at the scale of the finite block (any positive
+    # scale gives the same Z inner^-1 Z'): one beside a cov of scale v costs |log v| digits
     tau = inner.detach().diagonal(dim1=-2, dim2=-1).amax(-1)
     tau = tau.clamp_min(torch.finfo(inner.dtype).tiny)
-    inv, fl = _inverse_screened(inner + tau[..., None, None] * Pd, tol, screened)
+    inv, fl = _inverse_screened(inner + tau[..., None, None] * torch.diag_embed(pad), tol, screened)
     flags[:, :nd] = fl
-    return torch.cat([_sym(Pk @ inv @ Pk), prec[:, nd:]], 1), flags, Pd
+    return torch.cat([_sym(Z @ inv @ Z.mT), prec[:, nd:]], 1), flags, Pd
 
 
 def cov_with_inf(m: Moments, tol):
@@ -737,6 +746,31 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     return sequential.smoothed(torch.cat(means, 1), cov, Pu)  # (forgotten ones stay diffuse)
 
 
+def _unresolved_reach(model: Model, K, PiK):
+    """Kappa's smoothed coefficient ``K = A_t PiK A_t'`` [B, T, n, n] completed on the range that
+    the prior's unresolved directions (``PiK`` [B, n, n] their projector) reach at each step,
+    carried as an orthonormal basis (:func:`kalmanscan.dense.sequential.reach_projectors`):
+    ``A_t`` aligns the directions as a power of ``F`` does, and a second one whose share falls
+    below the rounding (two unobserved states that ``F`` mixes, after about 26 steps) would
+    leave ``K``'s range, and the precision along it finite
+    (:func:`kalmanscan.dense.sequential.complete_kappa`)."""
+    from kalmanscan.dense import sequential
+
+    with torch.no_grad():
+        w, V = torch.linalg.eigh(_sym(PiK.detach()))
+        N = V * (w > 0.5).to(V.dtype).unsqueeze(-2)
+        if bool((sequential.kappa_rank(K) < (w > 0.5).sum(-1).unsqueeze(-1)).any()):
+            Hn = sequential._unit_rows(model)
+            F = model.F.detach().expand(K.shape)
+            S = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
+        else:  # K holds every direction (the loop over the steps not needed)
+            S = _range_projector(
+                K.detach(), torch.linalg.matrix_norm(K.detach()), rank_tol(K.dtype)
+            )[0]
+        done = sequential.complete_kappa(K.detach(), S)
+    return K + (done - K.detach())
+
+
 def _row_info(Z):
     """(J [.., n, n], eta [.., n]) of the rows Z = [Zx | r] [.., k, n+1]."""
     n = Z.shape[-1] - 1
@@ -754,7 +788,8 @@ def _smooth_from_x0(model, parts, S, Zb) -> Moments:
     if tau is None:  # one segment: its start's posterior given all data was computed by the filter
         mu, Sig = (x.unsqueeze(1) for x in start_post)
         if PiK_T is not None:
-            return _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
+            mm = _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
+            return mm._replace(diffuse=_unresolved_reach(model, mm.diffuse, PiK_T))
         return _moments(A2, b2, C2, mu, Sig, None, 0)
     # head: x_0 given all data (resolved: S_1.J is invertible on the diffuse part)
     mu_h, Sig_h = _post_prec(model.m0, model.L0, *_row_info(S.Z[:, :1]), None, known_prior(model))

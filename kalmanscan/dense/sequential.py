@@ -154,9 +154,12 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
                 diff = o & (k > 0) & (nu2 > dif_tol**2 * scale)
                 Minf, Ms = _mv(D, u), _mv(P, h)
                 fs = (h * Ms).sum(-1) + dg[:, i]
-                # an entry with f = 0 (noise-free and already determined) carries no information
-                tr = torch.diagonal(P, dim1=-2, dim2=-1).sum(-1)
-                informative = fs > _SKIP_TOL * h.square().sum(-1) * tr
+                # an entry with f = 0 (noise-free and already determined) carries no information:
+                # f at the rounding of h' P h, whose entrywise bound |h|' |P| |h| (not
+                # |h|^2 tr(P): the finite part along a diffuse direction that an explosive F
+                # grows, 1e15 after 100 steps, made every later entry on another state skipped)
+                ha = h.abs()
+                informative = fs > _SKIP_TOL * (ha * _mv(P.abs(), ha)).sum(-1)
                 prop = o & ~diff & informative
                 fs = torch.where(prop | diff, fs, torch.ones_like(fs))
                 v = y - (h * m).sum(-1)
@@ -285,7 +288,7 @@ def factor_basis(F, D_prev, D, k, tol):
     return torch.where(trig[:, None, None], basis, D), torch.where(trig, picked, k)
 
 
-_SKIP_TOL = 1e-13  # f below this times |h|^2 tr(P): an entry with no noise and no information
+_SKIP_TOL = 1e-13  # f below this times |h|' |P| |h|: an entry with no noise and no information
 
 # a diffuse step whose entries observe the whole state takes its finite part from
 # :func:`observed_whole_cov` where the data's covariance C = (W'W)^-1 is below this times tr(P_*)
@@ -468,11 +471,35 @@ def smooth_moments(model: Model, filt: Moments) -> Moments:
     the backward prediction (:func:`_exact_step`). A diffuse direction that no later observation
     resolves either (a state never observed) stays diffuse (:func:`unresolved_directions`).
     """
+    lost = ~torch.isfinite(filt.cov.detach()).flatten(1).all(1)
+    if bool(lost.any()):
+        return _smooth_kept(model, filt, lost)
     Rb = backward_rows(model)
     n = model.F.shape[-1]
     keep, Pu = unresolved_directions(model, filt)
     ms, Ps = combine_rows(Rb[..., :n], Rb[..., n:], filt, keep)
     return smoothed(ms, Ps, Pu)
+
+
+def _smooth_kept(model: Model, filt: Moments, lost) -> Moments:
+    """:func:`smooth_moments` of the series that ``lost`` [B] does not mark, NaN moments in
+    those it does: a series whose predicted covariance passed the range (:func:`filter_moments`'
+    ``lost``: NaN filtered moments from that step on, and ``kalmanscan.dense.api`` warns, naming
+    it) has no smoothed moments, and its steps before, with covariances up to the range, are not
+    factored (LAPACK's eigh did not converge on an explosive ``F``'s 1e185)."""
+    B = lost.shape[0]
+    idx = (~lost).nonzero().squeeze(-1)
+    nan = torch.full_like(filt.mean[:1, :1, :1], float("nan"))
+    mean = nan.expand(filt.mean.shape).clone()
+    cov = nan.unsqueeze(-1).expand(filt.cov.shape).clone()
+    if idx.numel() == 0:
+        return Moments(mean, cov, torch.zeros_like(cov), 0)
+    sub = model._replace(**{k: v[idx] for k, v in model._asdict().items() if v is not None})
+    fs = Moments(filt.mean[idx], filt.cov[idx], filt.diffuse[idx], filt.ndiffuse)
+    sm = smooth_moments(sub, fs)
+    dif = torch.zeros((B, *sm.diffuse.shape[1:]), dtype=cov.dtype, device=cov.device)
+    put = lambda full, part: full.index_copy(0, idx, part)  # noqa: E731
+    return Moments(put(mean, sm.mean), put(cov, sm.cov), put(dif, sm.diffuse), sm.ndiffuse)
 
 
 def smoothed(ms, Ps, Pu=None) -> Moments:
@@ -742,7 +769,7 @@ def unresolved_directions(model: Model, filt: Moments):
             D0 = prior_start(model)[1].detach().to(dtype).expand(B, n, n)
         else:  # none: the projectors below
             D0 = torch.zeros(B, n, n, dtype=dtype, device=device)
-        Pu = _unresolved_kappa(F, D0, U, nnull, tol, Dd[:, 0] @ Dd[:, 0].mT, Hn[:, 0])
+        Pu = _unresolved_kappa(F, D0, U, nnull, tol, Dd[:, 0] @ Dd[:, 0].mT, Hn)
         return keep, Pu
 
 
@@ -780,7 +807,7 @@ def _unit_rows(model: Model):
     return H / torch.where(h > 0, h, torch.ones_like(h))
 
 
-def _unresolved_kappa(F, D0, U, k, tol, Pf0, H0):
+def _unresolved_kappa(F, D0, U, k, tol, Pf0, Hn):
     """[B, nd, n, n]: kappa's coefficient in the smoothed covariance along the unresolved
     directions (``U`` [B, nd, n, n] their orthonormal bases, zero columns elsewhere; ``k`` [B, nd]
     their number), up to a positive factor per step: ``A_t Pi A_t'`` with ``Pi`` the projector on
@@ -796,14 +823,17 @@ def _unresolved_kappa(F, D0, U, k, tol, Pf0, H0):
     keeps it where its range (above ``rank_tol``, as
     :func:`kalmanscan.dense.parallel.cov_with_inf` reads it) reaches the coordinates that
     ``range(U_t)`` does, else the projector ``U U'``, the range without the correlations.
-    ``Pf0`` [B, n, n] the projector on the filtered diffuse directions at step 0, ``H0``
-    [B, d, n] its unit observed rows (:func:`unresolved_directions`' rule)."""
+    ``Pf0`` [B, n, n] the projector on the filtered diffuse directions at step 0, ``Hn``
+    [B, T, d, n] the unit observed rows (:func:`unresolved_directions`' rule). Where ``U_t``
+    holds fewer directions than the prior's unresolved ones reach at that step
+    (:func:`reach_projectors`: the filter's ``P_inf`` lost one below its rounding), those are
+    added; and ``K`` is completed on its structural range (:func:`complete_kappa`)."""
     B, nd, n, _ = U.shape
     dtype = U.dtype
     # the prior's unresolved directions: c with F_0 D0 c in range(U_0) (a column of D0 that is
     # 0 or that F_0 forgets: never)
-    G = D0 @ _unseen_null(F[:, 0], D0, U[:, 0] @ U[:, 0].mT, Pf0, H0, tol)
-    Gs = []
+    G0 = D0 @ _unseen_null(F[:, 0], D0, U[:, 0] @ U[:, 0].mT, Pf0, Hn[:, 0], tol)
+    G, Gs = G0, []
     for t in range(nd):
         G = F[:, t] @ G
         G = G / G.abs().amax((-1, -2), keepdim=True).clamp_min(torch.finfo(dtype).tiny)
@@ -819,7 +849,95 @@ def _unresolved_kappa(F, D0, U, k, tol, Pf0, H0):
     Pd = _range_projector(K, torch.linalg.matrix_norm(K), rt)[0]
     dia = lambda X: torch.diagonal(X, dim1=-2, dim2=-1) > rt  # noqa: E731
     ok = (k > 0) & ((last > grade * sv[..., 0]) | (dia(Pd) == dia(Pr)).all(-1))
-    return torch.where(ok[..., None, None], K, Pr)
+    # the range from the prior's unresolved directions carried forward (an orthonormal basis at
+    # each step), with U's: K's own range, and U_t's where the filter's P_inf lost a direction
+    # below its rounding, miss the directions whose share fell below eps (the second of two
+    # that F mixes after about 26 steps), which stay diffuse: K completed on them
+    S = Pr
+    if bool((kappa_rank(K) < (G0 != 0).any(-2).sum(-1).unsqueeze(-1)).any()):  # else: no loop
+        reach = reach_projectors(F[:, :nd], G0, Hn[:, :nd], tol)
+        short = torch.diagonal(reach, dim1=-2, dim2=-1).sum(-1) > k.to(dtype) + 0.5
+        S = torch.where(short[..., None, None], _union_projector(Pr, reach), Pr)
+    return torch.where(ok[..., None, None], complete_kappa(K, S), S)
+
+
+def kappa_rank(K):
+    """[...] the rank of kappa's coefficient ``K`` [..., n, n] as the precision reads it
+    (:func:`kalmanscan.dense.parallel.precision_of`: eigenvalues above ``rank_tol`` of the
+    Frobenius norm)."""
+    w = torch.linalg.eigvalsh(_sym(K.detach()))
+    return (w > rank_tol(K.dtype) * torch.linalg.matrix_norm(K.detach()).unsqueeze(-1)).sum(-1)
+
+
+def reach_projectors(F, N, Hn, tol):
+    """[B, T, n, n] the projectors on ``range(F_t ... F_0 N)`` (``F`` [B, T, n, n], ``N``
+    [B, n, n] orthonormal columns, zero columns elsewhere): the directions that the diffuse
+    directions ``N`` before step 0, which no observation resolves, reach at each step. Carried
+    as an orthonormal basis (``F`` applied to it, then orthonormalized by an SVD: no power of
+    ``F`` formed, whose columns align so that a second direction's share falls below the
+    rounding); a direction whose singular value is at most ``tol |F_t|`` is forgotten (a
+    singular ``F``), and each step's image is projected on the null space of its unit observed
+    rows ``Hn`` [B, T, d, n] (where it lies: else resolved), which removes the rounding that
+    ``F`` would otherwise grow along an observed direction whose eigenvalue exceeds one of
+    theirs (an observed random walk beside a direction shrinking by 0.59 a step: 2e-10 after 30
+    steps). No derivative."""
+    B, T, n, _ = F.shape
+    out = []
+    eye = torch.eye(n, dtype=F.dtype, device=F.device)
+    ar = torch.arange(n, device=F.device)
+    with torch.no_grad():
+        N = N.detach()
+        k = (torch.linalg.svdvals(N) > 0.5).sum(-1)
+        _, hs, Vh = torch.linalg.svd(Hn.detach(), full_matrices=True)
+        seen = torch.zeros(B, T, n, dtype=F.dtype, device=F.device)
+        r = hs.shape[-1]
+        seen[..., :r] = (hs > tol).to(F.dtype)
+        Pn = eye - (Vh.mT * seen.unsqueeze(-2)) @ Vh  # [B, T, n, n] null of the observed rows
+        PF = Pn @ F.detach()
+        floor = tol * torch.linalg.matrix_norm(F.detach())  # [B, T]
+        for t in range(T):
+            Us, sv, _ = torch.linalg.svd(PF[:, t] @ N)
+            keep = (sv > floor[:, t, None]) & (ar < k.unsqueeze(-1))
+            k = keep.sum(-1)
+            N = Us * keep.to(F.dtype).unsqueeze(-2)
+            out.append(N @ N.mT)
+    return torch.stack(out, 1)
+
+
+def _union_projector(P1, P2):
+    """The projector on ``range(P1) + range(P2)`` (two projectors [..., n, n] whose ranges
+    are the same or one holds the other: their sum's eigenvalues are 2 or 1 there, 0 outside)."""
+    w, V = torch.linalg.eigh(_sym(P1 + P2))
+    return _sym((V * (w > 0.5).to(V.dtype).unsqueeze(-2)) @ V.mT)
+
+
+def complete_kappa(K, S):
+    """Kappa's coefficient ``K`` [..., n, n] (PSD, up to a positive factor) with the directions of
+    ``range(S)`` (``S`` a projector: the directions known to be diffuse) that its range lacks
+    added at ``2^-20`` (float32 ``2^-7``) of its largest eigenvalue: ``K``'s rank, which the
+    precision reads (:func:`kalmanscan.dense.parallel.precision_of`), is then ``S``'s. A share
+    below the rounding (two directions that ``F`` mixes, the second ``(0.6 / 1.1)^t`` of the
+    first) is still kappa times a positive number, unbounded in the limit; its size is not
+    representable, so the entries that only it reaches get a unit-free stand-in whose signs
+    (the correlations :func:`kalmanscan.dense.parallel.cov_with_inf` reads) are its own.
+    Unchanged where ``K``'s range is ``S``'s, but for the rows and columns of the coordinates
+    that ``range(S)`` does not reach (``S_ii`` at most ``rank_tol``): 0, not their rounding
+    (``eps |K|``, which beside a stand-in ``2^-20 |K|`` tilts the precision's complement by
+    ``2^20 eps``: a finite coordinate's precision 1e-10 off)."""
+    grade = 2.0**-20 if K.dtype == torch.float64 else 2.0**-7
+    rt = rank_tol(K.dtype)
+    out = (torch.diagonal(S, dim1=-2, dim2=-1) <= rt).to(K.dtype)
+    keep = 1.0 - out
+    K = K * keep.unsqueeze(-1) * keep.unsqueeze(-2)
+    w, V = torch.linalg.eigh(_sym(K))
+    on = (w > rt * torch.linalg.matrix_norm(K).unsqueeze(-1)).to(K.dtype)
+    Pk = (V * on.unsqueeze(-2)) @ V.mT
+    wm, Vm = torch.linalg.eigh(_sym(S - Pk))
+    miss = (wm > 0.5).to(K.dtype)
+    Pm = (Vm * miss.unsqueeze(-2)) @ Vm.mT
+    top = w[..., -1].clamp_min(0.0)
+    top = torch.where(top > 0, top, torch.ones_like(top))  # K = 0: the projector itself
+    return _sym(K + (grade * top)[..., None, None] * Pm)
 
 
 def combine_rows(A, bb, filt: Moments, keep=None):
