@@ -38,6 +38,7 @@ from kalmanscan.timeseries.fit import (
 )
 from kalmanscan.timeseries.model import PARAMS, OUModel, align_series_labels, forecast_labels
 from kalmanscan.timeseries.result import OUFit
+from kalmanscan.timeseries.time_zones import recorded_zone, zone_name
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 __all__ = ["filter_dataarray", "fit_dataarray", "netcdf_engine", "save_netcdf", "to_dataset"]
@@ -267,9 +268,13 @@ def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
     else:
         times = da[time_dim].values if time_dim in da.coords else None
     name = f"coordinate {time_dim!r}"
-    freq = da[time_dim].attrs.get("period_freq") if time_dim in da.coords else None
+    attrs = da[time_dim].attrs if time_dim in da.coords else {}
+    freq = attrs.get("period_freq")
     if freq is not None and np.asarray(times).dtype.kind == "M":
         times = _recorded_periods(np.asarray(times), freq, name)
+    elif np.asarray(times).dtype.kind == "M":  # UTC times of a zone, as results record them
+        zoned = recorded_zone(np.asarray(times), attrs, name)
+        times = times if zoned is None else zoned
     return as_time_axis(times, da.sizes[time_dim], time_unit, name=name)
 
 
@@ -302,10 +307,11 @@ def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
     """``da`` with its time coordinate as the filter read it, where the two differ in kind:
     timestamp strings, datetime objects and timezone-aware times become the ``datetime64``
     labels of ``ax`` (in UTC where they carried a timezone or offset, and the coordinate then
-    says ``time_zone = "UTC"``), pandas periods the times they start (the coordinate then says
-    their frequency, ``period_freq``), as ``OUModel.to_dataset`` lays them out. Numbers and naive
-    ``datetime64`` stay as given. So the forecast times are of the same kind as the record's
-    and the Dataset can be plotted and written to netCDF."""
+    says ``time_zone = "UTC"`` and names the zone in ``local_time_zone``), pandas periods the
+    times they start (the coordinate then says their frequency, ``period_freq``), as
+    ``OUModel.to_dataset`` lays them out. Numbers and naive ``datetime64`` stay as given. So
+    the forecast times are of the same kind as the record's and the Dataset can be plotted and
+    written to netCDF."""
     if time_dim not in da.coords:
         return da
     coord = da[time_dim]
@@ -315,6 +321,9 @@ def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
     attrs = dict(coord.attrs)
     if ax.utc:
         attrs["time_zone"] = "UTC"
+        local = zone_name(ax.tz)
+        if local is not None and local != "UTC":
+            attrs["local_time_zone"] = local
     if ax.period_freq is not None:
         attrs["period_freq"] = ax.period_freq
     return da.assign_coords({time_dim: xr.Variable(time_dim, ax.labels, attrs=attrs)})
@@ -397,12 +406,12 @@ def filter_dataarray(
         custom_prior="prior_mean" in pv,
         time_units=_time_units(da, time_dim, ax),
         period_freq=ax.period_freq,
+        utc=ax.utc,
+        tz=ax.tz,
     )
     for name, coord in da.coords.items():  # apply_ufunc's outputs carry them without attrs
         if name in ds.coords:
             ds[name].attrs.update(coord.attrs)
-    if ax.utc and "forecast_time" in ds.coords:
-        ds["forecast_time"].attrs["time_zone"] = "UTC"
     if fit is not None:
         _record_fit(ds, fit, da, time_dim)
         view.add_units(ds, view.data_units(da), _time_units(da, time_dim, ax))  # of the *_se

@@ -345,3 +345,65 @@ def test_an_unnamed_first_column_of_numbers_names_the_time_col_option(tmp_path, 
     rc, err, out, _ = _run(tmp_path, capsys, text, "--time-col", "Unnamed: 0", *GIVEN)
     assert rc == 0, err
     assert _observed(out) == [1.0, 2.0, 1.5]
+
+
+# --- pandas' to_csv of a weekly PeriodIndex: ISO 8601 intervals start/end ---------------------
+def _weeks(named: bool) -> str:
+    index = pd.period_range("2000-01-03", periods=5, freq="W")
+    frame = pd.DataFrame({"sales": [1.0, 2.0, 1.5, 1.75, 2.25]}, index=index)
+    if named:
+        frame.index.name = "week"
+    return frame.to_csv()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_weekly_period_intervals_read_as_their_starts(tmp_path, capsys, named):
+    # before: "cannot parse '2000-01-03/2000-01-09' as a time", and no --time-col hint
+    text = _weeks(named)
+    assert "\n2000-01-03/2000-01-09," in text
+    col = "week" if named else "Unnamed: 0"
+    rc, err, out, _ = _run(tmp_path, capsys, text, *GIVEN)
+    assert rc == 0, err
+    assert f"column {col!r} holds dates: pass --time-col {col!r} to use them as the times" in err
+    rc, err, out, _ = _run(tmp_path, capsys, text, "--time-col", col, "--forecast", "2", *GIVEN)
+    assert rc == 0, err
+    assert (
+        f"note: column {col!r} holds intervals (start/end, as pandas writes weekly periods): "
+        "each time is the start of its interval" in err
+    )
+    got = pd.read_csv(out / "results.csv")
+    assert got.query("kind == 'data'")["time"].tolist() == [
+        "2000-01-03", "2000-01-10", "2000-01-17", "2000-01-24", "2000-01-31"
+    ]  # fmt: skip
+    assert got.query("kind == 'forecast'")["time"].tolist() == ["2000-02-07", "2000-02-14"]
+    assert _observed(out) == [1.0, 2.0, 1.5, 1.75, 2.25]
+
+
+@pytest.mark.parametrize(
+    "cell, why",
+    [
+        ("2000-01-17", "the other values are intervals (start/end) like '2000-01-03/2000-01-09'"),
+        ("2000-01-17/", "not an interval of two dates or datetimes start/end, like the others: "
+         "'2000-01-03/2000-01-09')"),
+        ("2000-01-17/P1W", "not an interval of two dates or datetimes"),
+        ("2000-01-17/2000-13-23", "an interval start/end, its end '2000-13-23' no date or time"),
+        ("2000-01-23/2000-01-17", "an interval start/end that ends before it starts"),
+    ],
+)  # fmt: skip
+def test_mixed_or_malformed_intervals_are_refused(tmp_path, capsys, cell, why):
+    rows = ["2000-01-03/2000-01-09", "2000-01-10/2000-01-16", cell, "2000-01-24/2000-01-30"]
+    text = "week,y\n" + "".join(
+        f"{r},{v}\n" for r, v in zip(rows, [1.0, 2.0, 1.5, 1.8], strict=True)
+    )
+    rc, err, _, path = _run(tmp_path, capsys, text, "--time-col", "week", *GIVEN)
+    assert rc == 2
+    assert f"{path}: column 'week' row 4: cannot parse {cell!r} as a time ({why}" in err
+
+
+def test_datetime_intervals_and_offsets_read_as_their_starts():
+    from kalmanscan.timeseries.times import as_time_axis
+
+    ax = as_time_axis(["2024-03-01T06:00/2024-03-01T12:00", "2024-03-01T12:00/2024-03-01T18:00"], 2)
+    assert [str(t) for t in ax.labels] == ["2024-03-01T06:00:00", "2024-03-01T12:00:00"]
+    zoned = as_time_axis(["2024-03-01T06:00+01:00/2024-03-01T12:00+01:00"], 1)
+    assert zoned.utc and str(zoned.labels[0]) == "2024-03-01T05:00:00"

@@ -75,7 +75,8 @@ def test_timezones_on_their_local_calendar(tz, close):
     t = (pd.bdate_range("2024-02-01", "2024-03-29") + pd.Timedelta(close)).tz_localize(tz)
     z = pd.Series(np.random.default_rng(1).normal(size=len(t)).cumsum(), index=t)
     fc = ks.forecast(ks.OUModel(sigma2=1.0, obs_var=1.0), z, steps=3)
-    local = pd.DatetimeIndex(np.asarray(fc.times)).tz_localize("UTC").tz_convert(tz)
+    local = fc.times  # in the record's zone (a tz-aware DatetimeIndex)
+    assert isinstance(local, pd.DatetimeIndex) and str(local.tz) == tz
     assert [x.day_name()[:3] for x in local] == ["Mon", "Tue", "Wed"]
     assert all(x.strftime("%H:%M") == (t[-1].strftime("%H:%M")) for x in local)
 

@@ -188,7 +188,8 @@ def test_through_forecast_and_fit():
     z = pd.Series(np.random.default_rng(0).normal(size=len(rec)).cumsum(), index=rec)
     m = ks.OUModel(theta=0.0, sigma2=1.0, obs_var=1.0)
     fc = ks.forecast(m, z, steps=3)
-    local = pd.DatetimeIndex(np.asarray(fc.times)).tz_localize("UTC").tz_convert(rec.tz)
+    local = fc.times  # in the record's zone (a tz-aware DatetimeIndex)
+    assert local.tz == rec.tz
     assert [x.strftime("%a %d %H:%M") for x in local] == ["Mon 25 09:30", "Mon 25 09:35",
                                                           "Mon 25 09:40"]  # fmt: skip
     # the level's variance grows by the calendar time: Friday 15:55 to Monday 09:30 (65 h 35 min)
@@ -197,7 +198,8 @@ def test_through_forecast_and_fit():
     assert fc.var[1] - fc.var[0] == pytest.approx(5 / 1440, rel=1e-9)
     fit = ks.fit_ou(z.iloc[-2000:], fix={"theta": 0.0})
     fc = fit.forecast(2)
-    local = pd.DatetimeIndex(np.asarray(fc.times)).tz_localize("UTC").tz_convert(rec.tz)
+    local = fc.times  # in the record's zone (a tz-aware DatetimeIndex)
+    assert local.tz == rec.tz
     assert [x.strftime("%a %H:%M") for x in local] == ["Mon 09:30", "Mon 09:35"]
 
 

@@ -116,8 +116,8 @@ def test_zoned_monthly_forecast_steps_on_the_local_calendar():
     as_pandas = pd.Series(z, index=_pandas_zoned(months, "Europe/Berlin"))
     want = ks.forecast(_fit(as_pandas), steps=2).times
     np.testing.assert_array_equal(got, want)
-    # midnight in Berlin on the first of January and February 2025, in UTC
+    # midnight in Berlin on the first of January and February 2025, in Berlin's zone
     assert got.tolist() == [
-        np.datetime64("2024-12-31T23:00", "us").item(),
-        np.datetime64("2025-01-31T23:00", "us").item(),
+        pd.Timestamp("2025-01-01", tz="Europe/Berlin"),
+        pd.Timestamp("2025-02-01", tz="Europe/Berlin"),
     ]

@@ -397,6 +397,7 @@ def read_csv_series(
                 "and 1969-1999 (69-99)"
             )
         if times.dtype.kind == "M" and notes is not None:
+            from kalmanscan.timeseries.time_parse import interval_starts
             from kalmanscan.timeseries.times import has_utc_offsets, period_starts
 
             # the parse refused a mix of times with and without offsets: the first tells
@@ -409,6 +410,11 @@ def read_csv_series(
                 notes.append(
                     f"note: column {time_col!r} holds {periods[1]} labels: each time is the "
                     f"first day of its {periods[1]}"
+                )
+            elif time_format is None and interval_starts(cells[:1]) is not None:
+                notes.append(
+                    f"note: column {time_col!r} holds intervals (start/end, as pandas writes "
+                    "weekly periods): each time is the start of its interval"
                 )
     else:
         times = np.arange(len(df), dtype=np.float64)

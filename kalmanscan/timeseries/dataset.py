@@ -23,6 +23,16 @@ their frequency in the attr ``period_freq`` (pandas' ``freqstr``: ``"Q-DEC"``, `
 gives the periods back (a start lies inside its period), the attr survives netCDF, and the
 ``.kalman`` accessor reads a coordinate with it as those periods again.
 
+Timezones (data whose times carried a timezone or UTC offsets): xarray and netCDF cannot hold
+tz-aware times, so ``time`` and ``forecast_time`` hold them in UTC (``datetime64``) with the
+attr ``time_zone = "UTC"``, and, where they were given in one zone, the attr
+``local_time_zone`` naming it (an IANA name such as ``"Europe/Paris"``, or a fixed offset such
+as ``"UTC+05:00"``). It is lossless:
+``ds.indexes["time"].tz_localize("UTC").tz_convert(ds["time"].attrs["local_time_zone"])``
+gives the times in their zone back, the attrs survive netCDF, and the ``.kalman`` accessor
+reads such a coordinate as those zoned times again
+(:mod:`~kalmanscan.timeseries.time_zones`).
+
 Units (:func:`variable_units`): where the data carry a ``units`` attr, the outputs in the data's
 units (means, interval bounds, ``mu``) carry it, variances (``obs_var`` too) its square,
 ``precision`` its inverse square, ``sigma2`` its square per model time unit and ``theta`` the
@@ -60,6 +70,7 @@ from kalmanscan.core._args import (
 )
 from kalmanscan.timeseries.coverage import normal_quantile
 from kalmanscan.timeseries.time_calendar import parse_time_unit
+from kalmanscan.timeseries.time_zones import zone_name
 
 MODEL_DESCRIPTION = (
     "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; "
@@ -286,6 +297,8 @@ def results_dataset(
     custom_prior: bool = False,
     time_units: str | None = None,
     period_freq: str | None = None,
+    utc: bool = False,
+    tz=None,
 ) -> xr.Dataset:
     """The Dataset of computed results (module docstring lists its variables).
 
@@ -306,6 +319,10 @@ def results_dataset(
         period_freq: the frequency of the pandas periods whose starts the time coordinates
             hold (``TimeAxis.period_freq``), recorded in their attr ``period_freq`` (module
             docstring).
+        utc, tz: the time coordinates hold UTC times converted from times given with a
+            timezone or UTC offsets (``TimeAxis.utc``), and the one zone they were given in
+            (``TimeAxis.tz``), recorded in the attrs ``time_zone = "UTC"`` and
+            ``local_time_zone`` (module docstring).
     """
     series_dims = [d for d in observed.dims if d != time_dim]
     sizes = [observed.sizes[d] for d in series_dims]
@@ -343,6 +360,13 @@ def results_dataset(
         for coord in (time_dim, "forecast_time"):
             if coord in ds.coords:
                 ds[coord].attrs["period_freq"] = period_freq
+    if utc:
+        local = zone_name(tz)
+        for coord in (time_dim, "forecast_time"):
+            if coord in ds.coords and ds[coord].dtype.kind == "M":
+                ds[coord].attrs["time_zone"] = "UTC"
+                if local is not None and local != "UTC":
+                    ds[coord].attrs["local_time_zone"] = local
     if time_units is None:
         time_units = duration_units(time_unit)
     add_units(ds, data_units(observed), time_units)

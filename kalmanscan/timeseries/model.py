@@ -669,11 +669,9 @@ class OUModel:
             forecast_time=fc_labels,
             custom_prior=model.prior_mean is not None,
             period_freq=ax.period_freq,
+            utc=ax.utc,  # converted from a timezone or UTC offsets: the outputs say so
+            tz=ax.tz,
         )
-        if ax.utc:  # converted from a timezone or UTC offsets: the outputs say so
-            for coord in ("time", "forecast_time"):
-                if coord in ds.coords:
-                    ds[coord].attrs["time_zone"] = "UTC"
         if name:
             ds.attrs["name"] = name
         if fit is not None:
@@ -733,8 +731,9 @@ def forecast(
         z, times, axis: the record, as for :meth:`OUModel.filter` (only with a model).
         steps: number of future steps spaced by the median step of ``times``.
         at: future timestamps (numbers or datetimes, like ``times``; periods of their
-            frequency, or the times those start, where ``times`` are pandas periods), each
-            ``>=`` the last one.
+            frequency, or the times those start, where ``times`` are pandas periods; times
+            of any timezone, taken at their instant, where ``times`` carried one: naive ones
+            are then read as UTC), each ``>=`` the last one.
         coverage: probability of the predictive interval of a new observation.
         future_params: parameter values that hold over the forecast, ``{name: value}``, in place
             of the model's: per series (``[*S]``), and for ``obs_var`` also per forecast time
@@ -743,7 +742,9 @@ def forecast(
 
     Returns:
         :class:`Forecast` with arrays ``[H, *S]``; its ``times`` are of the record's kind (a
-        ``PeriodIndex`` of the record's frequency for times given as pandas periods).
+        ``PeriodIndex`` of the record's frequency for times given as pandas periods; a
+        tz-aware ``DatetimeIndex`` in the record's timezone for times given with one, UTC for
+        UTC offsets of no one zone).
 
     >>> import numpy as np, kalmanscan as ks
     >>> m = ks.OUModel(theta=0.0, sigma2=1469.1, obs_var=15099.0)

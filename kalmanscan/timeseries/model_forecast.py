@@ -50,7 +50,10 @@ class Forecast(NamedTuple):
     ``mean``/``var``: the latent level; ``predictive_var = var + obs_var``: a new observation;
     ``lower``/``upper``: the central predictive interval of a new observation at ``coverage``.
     ``times`` are of the record's kind: float64 numbers, ``datetime64``, cftime dates, or, for a
-    record of pandas periods (a ``PeriodIndex``), a ``PeriodIndex`` of its frequency.
+    record of pandas periods (a ``PeriodIndex``), a ``PeriodIndex`` of its frequency; for a
+    record whose times carried a timezone (a tz-aware index, a polars ``Datetime`` with a
+    ``time_zone``, datetimes or strings with UTC offsets), a tz-aware pandas ``DatetimeIndex``
+    in the one zone they were given in (UTC where they carried offsets of no one zone).
     Returned by :func:`kalmanscan.forecast`, :meth:`OUModel.forecast` and :meth:`OUFit.forecast`.
 
     >>> import numpy as np, kalmanscan as ks
@@ -277,13 +280,20 @@ def _forecast_unit(time_axis: TimeAxis, lanes: tuple, state, params: dict) -> np
 
 def _labels_out(time_axis: TimeAxis, labels) -> np.ndarray:
     """The forecast times as a :class:`Forecast` holds them (numbers as float64; the periods
-    they start, a ``PeriodIndex``, where the record's times are periods)."""
+    they start, a ``PeriodIndex``, where the record's times are periods; a tz-aware
+    ``DatetimeIndex`` in the record's timezone where its times carried one)."""
     if time_axis.period_freq is not None:
         return to_periods(labels, time_axis.period_freq)
     if time_axis.is_cftime:
         return np.asarray(labels, dtype=object)
     if time_axis.is_datetime:
-        return _normalize_datetimes(np.asarray(labels))
+        labels = _normalize_datetimes(np.asarray(labels))
+        if time_axis.utc:  # given with a timezone: in it again (a tz-aware DatetimeIndex)
+            try:
+                return time_axis.zoned(labels)
+            except ImportError:  # pragma: no cover - (polars times without pandas: UTC)
+                return labels
+        return labels
     return np.asarray(labels, dtype=np.float64)
 
 

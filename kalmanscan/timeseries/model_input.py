@@ -235,6 +235,11 @@ def series_input(z, times, axis: int = 0):
         dim = z.dims[axis]
         if times is None and dim in z.indexes:
             times = z.indexes[dim]
+            if dim in z.coords:  # UTC times of a zone, as results Datasets record them
+                from kalmanscan.timeseries.time_zones import recorded_zone
+
+                zoned = recorded_zone(np.asarray(times), z[dim].attrs, f"coordinate {dim!r}")
+                times = times if zoned is None else zoned
         if z.ndim == 2:
             other = z.dims[1 - axis % 2]
             if other in z.indexes:

@@ -211,14 +211,16 @@ class OUFit:
         Args:
             steps: number of future steps, spaced by the median step of the fitted times.
             at: future timestamps instead (numbers or datetimes, like the fitted times;
-                periods of their frequency where those were pandas periods).
+                periods of their frequency where those were pandas periods; times of any
+                timezone where those carried one).
             coverage: probability of the predictive interval of a new observation.
             future_params: parameter values over the forecast in place of the fitted ones, as
                 for :func:`kalmanscan.forecast` (e.g. a known ``obs_var`` per forecast time).
 
         Returns:
             a :class:`~kalmanscan.timeseries.Forecast`, arrays ``[H, *S]`` (``times``: a
-            ``PeriodIndex`` continuing the periods, where the fitted times were pandas periods).
+            ``PeriodIndex`` continuing the periods, where the fitted times were pandas periods;
+            a tz-aware ``DatetimeIndex`` in their timezone, where they carried one).
 
         >>> import kalmanscan as ks
         >>> from kalmanscan.timeseries import load_nile

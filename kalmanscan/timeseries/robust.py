@@ -534,8 +534,10 @@ def _label(t) -> str:
 
 def _row(ax, Z, t, i) -> str:
     """Value ``Z[t, i]`` named as the notes and warnings name it: ``row 20 (time 2024-01-21,
-    z = -9999)``; a period as pandas writes it: ``time 1962Q1``."""
-    label = ax.label_text(ax.labels[t])[0] if ax.period_freq else _label(ax.labels[t])
+    z = -9999)``; a period as pandas writes it: ``time 1962Q1``; a time given with a timezone
+    in it: ``time 2024-04-01 00:00:00+02:00``."""
+    zoned = ax.utc and not ax.is_cftime and isinstance(ax.labels[t], np.datetime64)
+    label = ax.label_text(ax.labels[t])[0] if ax.period_freq or zoned else _label(ax.labels[t])
     return f"row {int(t)} (time {label}, z = {Z[t, i]:.6g})"
 
 

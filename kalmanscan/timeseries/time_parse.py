@@ -6,7 +6,8 @@ read every value differently (``03/04/1958``: day first or month first?) the dat
 with a message naming the ambiguity, unless ``dayfirst`` or an explicit ``time_format`` decides.
 Times with a UTC offset (``2024-03-01T12:30+01:00``) are converted to UTC; a column mixing
 times with and without an offset is refused. Quarter and month labels (``1959Q1``, ``1959M01``)
-stand for the first day of their period. A column written in one ISO 8601 layout
+stand for the first day of their period, ISO 8601 intervals (``1999-12-27/2000-01-02``, as
+pandas writes a weekly period) for the time they start. A column written in one ISO 8601 layout
 (``2024-03-01 12:30:00``, years 1678-2261) is read in numpy at once (:func:`_parse_fixed_iso`),
 giving what the general parse gives.
 
@@ -95,6 +96,88 @@ def period_starts(values) -> tuple[list[str], str] | None:
     return None
 
 
+# ISO 8601 time intervals ``start/end`` of two dates or datetimes, as pandas writes a weekly
+# period (1999-12-27/2000-01-02); a text of this start and a slash is meant as one
+_ISO_TIME = (
+    r"[+-]?\d{4}-\d{2}-\d{2}(?:[T ]\d{2}(?::\d{2}(?::\d{2}(?:[.,]\d+)?)?)?)?"
+    r"(?:\s*(?:Z|[+-]\d{2}(?::?\d{2})?))?"
+)
+_INTERVAL = re.compile(rf"^(?P<s>{_ISO_TIME})\s*/\s*(?P<e>{_ISO_TIME})$")
+_INTERVAL_LIKE = re.compile(r"^[+-]?\d{4}-\d{2}-\d{2}[^/]*/")
+
+
+def interval_starts(values) -> tuple[list[str], list[str]] | None:
+    """``(starts, ends)``: the texts of ISO 8601 intervals ``start/end`` (two dates or
+    datetimes, as pandas writes a weekly period: ``1999-12-27/2000-01-02``), or ``None`` unless
+    every value is such an interval. An interval is read as the time it starts
+    (:func:`parse_datetime_strings`).
+
+    >>> interval_starts(["1999-12-27/2000-01-02", "2000-01-03 / 2000-01-09"])
+    (['1999-12-27', '2000-01-03'], ['2000-01-02', '2000-01-09'])
+    >>> interval_starts(["1999-12-27", "2000-01-03/2000-01-09"]) is None
+    True
+    """
+    values = np.asarray(values, dtype=object).ravel()
+    if values.size == 0 or not _INTERVAL_LIKE.match(str(values[0]).strip()):
+        return None  # (the first value tells: no need to read a million)
+    found = [_INTERVAL.match(str(v).strip()) for v in values]
+    if not all(found):
+        return None
+    return [m["s"] for m in found], [m["e"] for m in found]
+
+
+def _parse_intervals(strs: list[str], name: str, dayfirst) -> np.ndarray | None:
+    """The starts of a column of ISO 8601 intervals ``start/end`` (:func:`interval_starts`) as
+    :func:`parse_datetime_strings` gives times, ``None`` where the values are no intervals;
+    refusing (:class:`TimeParseError`) intervals mixed with other times, texts that start like
+    an interval but are none (``2000-01-03/``, ``2000-01-03/P1W``, ``2000-01-03/09``), ends that
+    are no time and intervals that end before they start."""
+    if not any(_INTERVAL_LIKE.match(s) for s in strs[:20]):
+        return None
+    like = [bool(_INTERVAL_LIKE.match(s)) for s in strs]
+    whole = [_INTERVAL.match(s) for s in strs]
+    example = "1999-12-27/2000-01-02"
+    if not all(whole):
+        if sum(like) < len(strs) / 2:
+            return None  # (mostly other times: the parse names the interval it cannot read)
+        i = next(k for k, m in enumerate(whole) if m is None)
+        others = next((m[0] for m in whole if m is not None), None)
+        what = (
+            "not an interval of two dates or datetimes start/end, like "
+            + (f"{example!r}" if others is None else f"the others: {others!r}")
+            if like[i]
+            else f"the other values are intervals (start/end) like {strs[like.index(True)]!r}"
+        )
+        raise TimeParseError(
+            f"{name}: cannot parse {strs[i]!r} (position {i}) as a time ({what})", i, strs[i]
+        )
+    parts = {}
+    for side in ("s", "e"):
+        texts = [m[side] for m in whole]
+        try:
+            parts[side] = parse_datetime_strings(texts, name, dayfirst=dayfirst)
+        except TimeParseError as err:
+            i = err.index if err.index is not None else 0
+            which = "start" if side == "s" else "end"
+            raise TimeParseError(
+                f"{name}: cannot parse {strs[i]!r} (position {i}) as a time (an interval "
+                f"start/end, its {which} {texts[i]!r} no date or time)",
+                i,
+                strs[i],
+            ) from err
+    start, end = _normalize_datetimes(parts["s"]), _normalize_datetimes(parts["e"])
+    back = end < start
+    if back.any():
+        i = int(np.flatnonzero(back)[0])
+        raise TimeParseError(
+            f"{name}: cannot parse {strs[i]!r} (position {i}) as a time (an interval "
+            "start/end that ends before it starts)",
+            i,
+            strs[i],
+        )
+    return start
+
+
 def _quarter_start(m) -> str:
     return f"{m['y'] or m['y2']}-{3 * int(m['q'] or m['q2']) - 2:02d}-01"
 
@@ -164,7 +247,10 @@ def parse_datetime_strings(
     every value; if day-first and month-first formats both read every value differently,
     ``dayfirst`` picks one and without it the dates are refused. Quarter labels (``1959Q1``,
     ``1959-Q1``, ``Q1 1959``) and month labels (``1959M01``) read as the first day of their
-    period (:func:`period_starts`). Raises :class:`TimeParseError`
+    period (:func:`period_starts`); ISO 8601 intervals ``start/end`` of two dates or datetimes
+    (``1999-12-27/2000-01-02``, pandas' text of a weekly period) as the time they start
+    (:func:`interval_starts`; intervals mixed with other times, malformed ones and those ending
+    before they start are refused). Raises :class:`TimeParseError`
     (a ``ValueError``) naming the position and text of the first value that cannot be read.
 
     >>> parse_datetime_strings(["29/03/1958", "30/03/1958"]).tolist()[0].isoformat()
@@ -189,6 +275,10 @@ def parse_datetime_strings(
     for i, s in enumerate(strs):
         if s == "" or s.lower() in ("nat", "nan", "none", "na"):
             raise TimeParseError(f"{name}: expected a time, got {s!r} at position {i}", i, s)
+    if time_format is None:  # ISO 8601 intervals start/end: each the time it starts
+        starts = _parse_intervals(strs, name, dayfirst)
+        if starts is not None:
+            return starts
     has_offset = [bool(_OFFSET.search(s)) for s in strs]
     utc = any(has_offset)
     if utc and not all(has_offset):

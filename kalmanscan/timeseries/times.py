@@ -90,6 +90,7 @@ from kalmanscan.timeseries.time_periods import (
     period_labels,
     to_periods,
 )
+from kalmanscan.timeseries.time_zones import zoned_index
 
 
 class TimeAxis(NamedTuple):
@@ -104,9 +105,10 @@ class TimeAxis(NamedTuple):
         unit_name: how the unit is recorded in outputs (``"1"`` for numbers, e.g. ``"1D"``).
         utc: the labels are UTC, converted from times that carried a timezone or UTC offset
             (the results Dataset's time coordinates then say ``time_zone = "UTC"``).
-        tz: the one timezone the times were given in (a pandas tz-aware index, or datetimes all
-            of one ``tzinfo``), else ``None``: forecast times follow its calendar and clock
-            (:meth:`future`).
+        tz: the one timezone the times were given in (a pandas tz-aware index, a polars
+            ``Datetime`` with a ``time_zone``, or datetimes all of one ``tzinfo``), else
+            ``None``: forecast times follow its calendar and clock (:meth:`future`) and come
+            back in it (:meth:`zoned`; :mod:`~kalmanscan.timeseries.time_zones`).
         period_freq: the frequency of the pandas periods the times were given as (a
             ``PeriodIndex``, a Series of periods, ``Period`` objects; pandas' ``freqstr``, e.g.
             ``"Q-DEC"``, ``"M"``, ``"W-SUN"``), else ``None``. The labels are then the times the
@@ -152,11 +154,30 @@ class TimeAxis(NamedTuple):
         """
         return None if self.period_freq is None else to_periods(self.labels, self.period_freq)
 
+    def zoned(self, labels=None):
+        """The labels (or other UTC labels of this record, e.g. forecast times) as a tz-aware
+        pandas ``DatetimeIndex`` in the timezone the times were given in (:attr:`tz`; UTC where
+        they carried UTC offsets of no one zone), or ``None`` where they carried no timezone
+        (:mod:`~kalmanscan.timeseries.time_zones`).
+
+        >>> import pandas as pd
+        >>> idx = pd.date_range("2024-03-30", periods=3, freq="D", tz="Europe/Paris")
+        >>> ax = as_time_axis(idx, 3)
+        >>> str(ax.labels[2]), str(ax.zoned()[2])
+        ('2024-03-31T22:00:00.000000', '2024-04-01 00:00:00+02:00')
+        """
+        if not self.utc or self.is_cftime or not self.is_datetime:
+            return None
+        return zoned_index(self.labels if labels is None else labels, self.tz)
+
     def label_text(self, labels) -> list[str]:
         """Labels of this record's kind as messages name them: periods as pandas writes them
-        (``1959Q2``) where the record's times are periods, else as given."""
+        (``1959Q2``) where the record's times are periods, times in the timezone the record's
+        were given in (``2024-04-01 00:00:00+02:00``) where they carried one, else as given."""
         if self.period_freq is not None and np.asarray(labels).dtype.kind == "M":
             return to_periods(np.atleast_1d(labels), self.period_freq).astype(str).tolist()
+        if self.utc and np.asarray(labels).dtype.kind == "M":
+            return [str(x) for x in self.zoned(np.atleast_1d(labels))]
         return [str(x) for x in np.atleast_1d(labels)]
 
     @property
