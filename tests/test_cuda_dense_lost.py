@@ -241,11 +241,14 @@ def test_trailing_gap(auto_is_triton, served, op):
 
 def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
     # chunks of 2 steps over T = 12 (6 chunks, groups of 4 and 2: the two-level carries
-    # forwards and backwards), the lost step (float32, F = 300 I: variance x9e4 a step over a
-    # gap; step 9) in the second group, a chunk after it: NaN flows through the later chunks'
+    # forwards and backwards), the lost step (float32, F = 1000 I: variance x1e6 a step over a
+    # gap; step 8) in the second group, a chunk after it: NaN flows through the later chunks'
     # carries and group elements, and past the observations after the gap; the other series,
     # in the same launches, as alone (16 steps and F = 60 I before: the same chunks and
-    # groups at 4 chunks more)
+    # groups at 4 chunks more). The lost series' variances before the lost step against the
+    # exact recursion: 1.8e-2 off before chunk_elements took a step that shrinks its C
+    # 1e4-fold in information form (0.7 after a 4e5 prediction at step 1, the next chunk's
+    # carried start; tests/test_cuda_dense_f32_accuracy.py), 1.7e-7 now
     L = 2
     monkeypatch.setattr(CD, "chunk_length", lambda T: L)
     monkeypatch.setitem(CD.TUNING, "one_level", 4)
@@ -255,10 +258,10 @@ def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
     assert (NC, G) == (6, 4)
     rng = np.random.default_rng(8)
     z = rng.normal(size=(T, 2, 2))
-    z[2:10, 1] = np.nan  # series 1: prediction ~9e4^k past 3.4e38 inside the gap
+    z[2:10, 1] = np.nan  # series 1: prediction ~1e6^k past 3.4e38 inside the gap
     z[rng.random(z.shape) < 0.1] = np.nan
     assert not np.isnan(z[10:, 1]).all()  # observed after the gap
-    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 300.0 * np.eye(2)])
+    F = np.stack([np.array([[0.8, 0.1], [0.0, 0.6]]), 1000.0 * np.eye(2)])
     kw = dict(F=F, Q=Q2, H=H2, R=R2, **PRIOR)
     got, msgs = call(kd.smooth, torch.as_tensor(z, dtype=dtype, device=DEVICE),
                      **tensors(kw, dtype, DEVICE))  # fmt: skip
@@ -288,6 +291,18 @@ def test_lost_across_chunks(auto_is_triton, served, monkeypatch):
         assert torch.equal(a1.isnan(), b1.isnan()), name
         assert_close(a1[:first], b1[:first], kind(dtype), dtype, what=name)
         assert bool(torch.isfinite(a[:, 0]).all()), name  # the other series
+    # the lost series' model is diagonal: per component the scalar recursion, exact to
+    # float64's rounding (positive terms only)
+    r, var, pred_var, filt_var = np.diag(R2), np.ones(2), [], []
+    for t in range(first):
+        var = 1000.0**2 * var + 1.0
+        pred_var.append(var)
+        var = np.where(np.isnan(z[t, 1]), var, var * r / (var + r))
+        filt_var.append(var)
+    for what, exact in (("pred_cov", pred_var), ("cov", filt_var)):
+        v = torch.diagonal(getattr(got.filtered, what)[:first, 1].cpu(), dim1=-2, dim2=-1)
+        err = float(np.abs(v.double().numpy() / np.array(exact) - 1).max())
+        assert err <= 2e-6, f"lost series, {what}: variance per-step error {err:.2e}"
     one = {k: (v[0] if k == "F" else v) for k, v in kw.items()}
     alone = kd.smooth(torch.as_tensor(z[:, 0], dtype=dtype, device=DEVICE),
                       **tensors(one, dtype, DEVICE))  # fmt: skip

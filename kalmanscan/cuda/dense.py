@@ -11,6 +11,13 @@ Reduce-then-scan over chunks of ``L`` steps:
 1. ``chunk_elements``: one program per (chunk, series) composes its steps' elements from the
    identity, one step at a time (predict ``A <- F A``, ``b <- F b + c``, ``C <- F C F' + Q``; then
    one rank-1 update per observed component with ``g = A' h``, ``s = h' C h + r``): no solves.
+   A step with ``n`` or more observed entries each 1e4 times more precise than its prediction
+   (``r < 1e-4 s``) shrinks ``C`` in every direction, which the rank-1 updates form as a
+   difference of prediction-sized terms, ``eps s`` off; where the next predictions grow that
+   past Q (an explosive F: ``|F|_F^2 s > 1e4 tr Q``) such a chunk sets :data:`SHRUNK`, and the
+   call is launched again with an accurate pass that takes those steps' ``(b, C)`` in
+   information form (F = 1000 I over a gap: the carried start 1.8e-2 off before in float32,
+   1.7e-7 with it).
 2. ``carry``: the filtered state before each chunk, from the one before the previous chunk and
    that chunk's element (the posterior of ``x_{i-1}`` given the chunk's information,
    ``(I + P J)^-1`` by Gauss-Jordan with partial pivoting, pushed through ``A, b, C``: the "prior
@@ -56,7 +63,12 @@ Every step updates one observation component at a time (exact for diagonal R; a 
 whitened on the host, which the missing-data pattern then must not break). Float32 errors stay at
 a few ulp: the carried start states come from the accurate "prior at the end" step and the
 filter inside a chunk contracts its rounding errors, as does the RTS recursion from the smoothed
-chunk ends (measured in tests/test_cuda_dense.py and benchmarks/dense_gpu.py).
+chunk ends (measured in tests/test_cuda_dense.py, tests/test_cuda_dense_f32_accuracy.py and
+benchmarks/dense_gpu.py). Not where the smoothed covariance lies orders below the filtered one
+inside a chunk (an explosive F: the next observation pins the state): the RTS step ``P + E (P_s'
+- F P F' - Q) E'`` is then a difference of filtered-sized terms, ``eps |P|`` off (F = 1000 I over
+a gap: 6e4 relative in float32, 1e-4 in float64, where the torch scan is within 5e-7 and
+5e-16; tests/test_cuda_dense_f32_accuracy.py).
 
 The kernels and their device helpers are in :mod:`kalmanscan.cuda.dense_kernels`; this module
 holds the host side: the backend's entry (:func:`dense_triton`), the chunk sizes, the input
@@ -76,6 +88,7 @@ from kalmanscan.cuda.dense_kernels import (  # noqa: F401
     LOST,
     LOST_BIT,
     NEAR_STEP,
+    SHRUNK_BIT,
     WHOLE_RATIO,
     _back_walk,
     _carry_walk,
@@ -229,7 +242,7 @@ def _series(t):
     return t[:, 0].contiguous()
 
 
-def _launch(model, layout, smooth: bool, checks=None):
+def _launch(model, layout, smooth: bool, checks=None, accurate: bool = False):
     """Launch the kernels: ``(parts, flagged, gated)``. Their inputs are screened on the device
     (:func:`kalmanscan.dense._args.any_bad`) for what :func:`check_inputs` refuses (an infinite
     observation; an R without a Cholesky factor, a full one with missing observations) and, with
@@ -243,8 +256,10 @@ def _launch(model, layout, smooth: bool, checks=None):
     direction of the state may be known exactly, the caller must not use the parts; parts None:
     nothing was launched or nothing is to be used (flagged or gated, and a prediction past the
     range). With :data:`LOST` alone the parts follow the CPU backends' rule (:func:`_lost_rule`,
-    warning). Scratch and outputs share one buffer; the outputs are views of it in the user's
-    layout."""
+    warning). With :data:`SHRUNK` (a step shrinks a chunk element's covariance 1e4-fold, whose
+    scalar updates lose it) the call is launched again with :func:`chunk_elements`' accurate
+    pass (``accurate``), after the caller's checks where the screen was set. Scratch and
+    outputs share one buffer; the outputs are views of it in the user's layout."""
     from kalmanscan.dense import _args
 
     B, T, d = model.z.shape
@@ -332,8 +347,8 @@ def _launch(model, layout, smooth: bool, checks=None):
     ll = views[-1]
     # the filter's carry uses the elements of chunks [0, NC - 1), the smoother's [1, NC)
     if NC > 1:
-        launch(chunk_elements, (NC if smooth else NC - 1, B),
-               z, F, c, Q, H, r, E, T, n, L, NC, NP=NP, D=d, num_warps=nw)  # fmt: skip
+        launch(chunk_elements, (NC if smooth else NC - 1, B), z, F, c, Q, H, r, E, word, T, n,
+               L, NC, NP=NP, D=d, ACCURATE=accurate, num_warps=nw)  # fmt: skip
     # the prior as a carried start [B, 1, NP + 1, NP] (rows P, m; zero padding) and, for the
     # smoother, the information after the end (none, zero)
     if n == NP:
@@ -377,6 +392,10 @@ def _launch(model, layout, smooth: bool, checks=None):
         parts += (smean, scov, sprec)
     bits = read()
     flagged, gated = bool(bits & 1), bool(bits & gated_bit)
+    if bits & SHRUNK_BIT and not accurate:  # rare
+        if flagged or gated:  # the caller's checks first (they may refuse the call), then again
+            return None, flagged, gated
+        return _launch(model, layout, smooth, None, accurate=True)
     if bits & LOST_BIT:
         if flagged or gated:  # the caller's checks first (they may refuse the call), then again
             return None, flagged, gated
