@@ -351,8 +351,11 @@ def regime_rows(
     certify: bool = True,
     progress=None,
     names=None,
+    sequential_max_T: int | None = None,
 ) -> list[dict]:
     """Run every regime on every backend and dtype; one dict per (regime, backend, dtype).
+    ``sequential_max_T``: the scalar ``sequential`` backend (a Python loop over steps) skips
+    longer regimes (None: it runs them all).
 
     Keys: ``kind`` ("scalar"/"dense"), ``regime``, ``T``, ``backend``, ``dtype``, the five
     error columns (:data:`COLUMNS`), ``passes`` (True/False; None for float32), ``error``
@@ -386,6 +389,8 @@ def regime_rows(
         own = max(tr.own_error.values()) if tr.own_error else float("nan")
         say(f"{reg.name}: oracle {time.perf_counter() - t0:.1f} s at {tr.dps} digits")
         for be in avail:
+            if be == "sequential" and sequential_max_T is not None and reg.T > sequential_max_T:
+                continue
             for dt in dtypes:
                 row = dict(kind="scalar", regime=reg.name, T=reg.T, backend=be, dtype=dt)
                 t1 = time.perf_counter()
@@ -465,7 +470,9 @@ QUANTITY = {
 }
 
 
-def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict]:
+def validate_rows(
+    full: bool = False, backends=None, progress=None, sequential_max_T: int | None = None
+) -> list[dict]:
     """The regime battery as rows of ``kalmanscan validate``'s table (format:
     :mod:`kalmanscan.validation`): worst error over the regimes per (truth, quantity, dtype,
     backend). float64 rows carry the oracle tolerances; float32 rows are figures (tolerance
@@ -473,7 +480,8 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
     other raise is an infinite error, which fails the row even at tolerance inf. The oracle's
     self-check at +25 digits is left to the tests and ``python -m ...regimes``. ``backends``
     (runner labels) selects the scalar and the dense backends (:data:`DENSE_BACKENDS` among
-    them); ``None``: all.
+    them); ``None``: all. ``sequential_max_T``: as in :func:`regime_rows` (the command passes
+    the scalar battery's cap, :class:`~kalmanscan.validation.battery.BatteryConfig`).
     """
     names = None if full else VALIDATE_QUICK
     kw = {}
@@ -482,7 +490,14 @@ def validate_rows(full: bool = False, backends=None, progress=None) -> list[dict
             backends=tuple(backends),
             dense_backends=tuple(b for b in DENSE_BACKENDS if b in backends),
         )
-    rows = regime_rows(full=full, certify=False, progress=progress, names=names, **kw)
+    rows = regime_rows(
+        full=full,
+        certify=False,
+        progress=progress,
+        names=names,
+        sequential_max_T=sequential_max_T,
+        **kw,
+    )
     grads = gradient_rows(
         full=full,
         backends=[b for b in kw.get("backends", SCALAR_BACKENDS) if b not in GPU_RUNNERS],

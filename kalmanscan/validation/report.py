@@ -241,14 +241,16 @@ def plot_drift(batch, truth, runners, path=None, lane: int = 0):
     return fig
 
 
-def plot_drift_from_records(records: list[dict], runners, path=None, seed: int = 0):
-    """:func:`plot_drift` for the growth-study model whose float32 filtered variance drifts most.
+def drift_model(records: list[dict]) -> tuple[str, int]:
+    """``(model, T)`` for :func:`plot_drift_from_records`: the growth-study model with the largest
+    float32 filtered-variance error against filterpy at any length and by any runner (the
+    ``sequential`` loop stops short of the longest length in full mode), and the longest length.
 
-    Picks the model and the longest length of the growth study from ``records``.
+    >>> rec = lambda m, T, e: dict(family="growth", dtype="float32", quantity="filtered var",
+    ...                            truth="filterpy", model=m, T=T, rel_err=e)
+    >>> drift_model([rec("a", 16, 1e-4), rec("b", 100, 2e-5), rec("a", 100, 1e-5)])
+    ('a', 100)
     """
-    from .models import LaneBatch, growth_families
-    from .truths import filterpy_truth
-
     growth = [
         r
         for r in records
@@ -259,9 +261,19 @@ def plot_drift_from_records(records: list[dict], runners, path=None, seed: int =
     ]
     if not growth:
         raise ValueError("records: expected growth-study records (run the battery first)")
-    T = max(r["T"] for r in growth)
-    worst = max((r for r in growth if r["T"] == T), key=lambda r: r["rel_err"])
+    worst = max(growth, key=lambda r: r["rel_err"])
+    return worst["model"], max(r["T"] for r in growth)
+
+
+def plot_drift_from_records(records: list[dict], runners, path=None, seed: int = 0):
+    """:func:`plot_drift` for the growth-study model whose float32 filtered variance drifts most
+    (:func:`drift_model`), at the longest length of the growth study, every runner in ``runners``.
+    """
+    from .models import LaneBatch, growth_families
+    from .truths import filterpy_truth
+
+    model, T = drift_model(records)
     full = growth_families(seed, T)
-    n = full.names.index(worst["model"])
+    n = full.names.index(model)
     batch = LaneBatch.stack(full.family, [full.lane(n)])
     return plot_drift(batch, filterpy_truth(batch.lane(0)), runners, path)

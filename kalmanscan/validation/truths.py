@@ -68,6 +68,13 @@ def _gauss_loglik(z, mean, var):
     return -0.5 * (LOG2PI + np.log(var) + (z - mean) ** 2 / var)
 
 
+def _inv_1x1(m: np.ndarray) -> np.ndarray:
+    """The inverse of a 1x1 matrix, ``1/m``: what ``np.linalg.inv`` returns for it, bit for bit
+    (LAPACK's LU solve of ``m x = 1`` is the one division), without its per-call overhead, which
+    was most of filterpy's time in the battery."""
+    return 1.0 / m
+
+
 def filterpy_truth(lane: Lane) -> Truth:
     """Filter and smooth one lane with filterpy's ``KalmanFilter`` (float64, covariance form).
 
@@ -98,6 +105,7 @@ def filterpy_truth(lane: Lane) -> Truth:
     pred_var = np.full(T, np.inf)
     start, how = diffuse_start(lane)
     kf = KalmanFilter(dim_x=1, dim_z=1)
+    kf.inv = _inv_1x1
     if how == "prior":
         kf.x = np.array([[lane.prior_mean]])
         kf.P = np.array([[lane.prior_var]])
@@ -114,7 +122,9 @@ def filterpy_truth(lane: Lane) -> Truth:
         first = start + 1
     steps = range(first, T)
     if len(steps):
-        zs = [np.array([[lane.z[t]]]) if observed[t] else None for t in steps]
+        # z as a float: filterpy subtracts it from H x as it would a 1x1 array, and deep-copies
+        # it at every update (cheap for a float)
+        zs = [float(lane.z[t]) if observed[t] else None for t in steps]
         out = kf.batch_filter(
             zs,
             Fs=[np.array([[a[t]]]) for t in steps],
@@ -151,7 +161,7 @@ def filterpy_truth(lane: Lane) -> Truth:
         # KalmanFilter.rts_smoother indexes like batch_filter: Fs[k] is the step into k
         Fs = [np.array([[a[t]]]) for t in range(s0, T)]
         Qs = [np.array([[p[t]]]) for t in range(s0, T)]
-        xsm, Psm, _, _ = kf.rts_smoother(Xs, Ps_in, Fs=Fs, Qs=Qs)
+        xsm, Psm, _, _ = kf.rts_smoother(Xs, Ps_in, Fs=Fs, Qs=Qs, inv=_inv_1x1)
         sm_mean[s0:] = xsm[:, 0, 0] + d[s0:]
         sm_var[s0:] = Psm[:, 0, 0]
     if how == "observed":
@@ -228,22 +238,29 @@ def _tridiag_matvec(diag, off, x):
     return y, ay
 
 
-def _solve(diag, off, rhs):
-    """Banded Cholesky of the tridiagonal ``Q``: ``(Q^{-1} rhs, log det Q, max diag/pivot^2)``.
+def _solve(diag, off, rhs, logdet=False):
+    """Banded Cholesky of the tridiagonal ``Q``: ``(Q^{-1} rhs, log det Q or None, max
+    diag/pivot^2)``; ``log det Q`` only where ``logdet`` is true.
 
     The last is the cancellation of the elimination: a pivot far below its diagonal entry was
-    computed as a small difference of large numbers.
+    computed as a small difference of large numbers. LAPACK's ``dpbtrf``/``dpbtrs`` are called
+    as ``scipy.linalg.cholesky_banded``/``cho_solve_banded`` call them (the same results, bit for
+    bit), without those wrappers' per-call checks: the oracle makes one call per step.
     """
-    from scipy.linalg import cho_solve_banded, cholesky_banded
+    from scipy.linalg import LinAlgError
+    from scipy.linalg.lapack import dpbtrf, dpbtrs
 
     n = diag.shape[0]
     ab = np.zeros((2, n))
     ab[1] = diag
     ab[0, 1:] = off[: n - 1]
-    cb = cholesky_banded(ab, lower=False, check_finite=False)
-    sol = cho_solve_banded((cb, False), rhs, check_finite=False)
+    cb, info = dpbtrf(ab, lower=0, overwrite_ab=0)
+    if info == 0:
+        sol, info = dpbtrs(cb, rhs, lower=0, overwrite_b=0)
+    if info != 0:
+        raise LinAlgError(f"banded Cholesky of the oracle's precision matrix: LAPACK info {info}")
     cancel = float(np.max(diag / cb[1] ** 2))
-    return sol, 2.0 * math.fsum(np.log(cb[1])), cancel
+    return sol, (2.0 * math.fsum(np.log(cb[1])) if logdet else None), cancel
 
 
 def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
@@ -289,11 +306,12 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
         b[-1] = b_own[t]
         e = np.zeros(n)
         e[-1] = 1.0
-        sol, logdet, cancel_t = _solve(diag, off, np.stack([b, e], axis=1))
+        normaliser = t == start and how == "observed"  # the diffuse normaliser log Z_t
+        sol, logdet, cancel_t = _solve(diag, off, np.stack([b, e], axis=1), logdet=normaliser)
         cancel = max(cancel, cancel_t)
         mean[t] = sol[-1, 0]
         var[t] = sol[-1, 1]
-        if t == start and how == "observed":  # the diffuse normaliser; log Z_T comes below
+        if normaliser:  # log Z_T comes below
             quad_t = math.fsum(b * sol[:, 0])
             parts = [-0.5 * math.fsum(C_own[:n]), 0.5 * quad_t, -0.5 * logdet, 0.5 * n * LOG2PI]
             logZ[t] = math.fsum(parts)
@@ -303,7 +321,7 @@ def dense_truth(lane: Lane, max_T: int = 4000) -> Truth:
     b = b_own + b_next
     b[-1] = b_own[-1]
     rhs = np.concatenate([b[:, None], np.eye(T)], axis=1)
-    sol, logdet_T, cancel_T = _solve(diag, off, rhs)
+    sol, logdet_T, cancel_T = _solve(diag, off, rhs, logdet=True)
     cancel = max(cancel, cancel_T)
     sm_mean = sol[:, 0]
     sm_var = np.diagonal(sol[:, 1:]).copy()
