@@ -288,12 +288,17 @@ def test_a_decimal_comma_marker_matches_by_value(tmp_path, capsys):
 
 
 # --- pandas' to_csv of a PeriodIndex: labels 1959Q1, 1998M1, and an unnamed index of years ----
+def _pandas_csv(index, column: str, values: list, name: str | None) -> str:
+    """``DataFrame.to_csv`` of one column on ``index`` (named ``name``; None: unnamed, as
+    pandas writes an index without a name)."""
+    frame = pd.DataFrame({column: values}, index=index)
+    frame.index.name = name
+    return frame.to_csv()
+
+
 def _macro_quarters(named: bool) -> str:
     index = pd.period_range("1959Q1", periods=6, freq="Q")
-    frame = pd.DataFrame({"unemp": [5.8, 5.1, 5.3, 5.6, 5.2, 5.2]}, index=index)
-    if named:
-        frame.index.name = "date"
-    return frame.to_csv()
+    return _pandas_csv(index, "unemp", [5.8, 5.1, 5.3, 5.6, 5.2, 5.2], "date" if named else None)
 
 
 @pytest.mark.parametrize("named", [True, False])
@@ -350,10 +355,7 @@ def test_an_unnamed_first_column_of_numbers_names_the_time_col_option(tmp_path, 
 # --- pandas' to_csv of a weekly PeriodIndex: ISO 8601 intervals start/end ---------------------
 def _weeks(named: bool) -> str:
     index = pd.period_range("2000-01-03", periods=5, freq="W")
-    frame = pd.DataFrame({"sales": [1.0, 2.0, 1.5, 1.75, 2.25]}, index=index)
-    if named:
-        frame.index.name = "week"
-    return frame.to_csv()
+    return _pandas_csv(index, "sales", [1.0, 2.0, 1.5, 1.75, 2.25], "week" if named else None)
 
 
 @pytest.mark.parametrize("named", [True, False])
