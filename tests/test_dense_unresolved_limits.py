@@ -16,6 +16,10 @@ beside ``x0``'s 0.1 needs, where 80 digits put the smoothed variance of ``x0`` 0
   moments from that step on); the reference smoother then stopped with LAPACK's "eigh failed to
   converge" on the steps before (covariances up to 1e300). It now returns NaN smoothed moments
   for that series, as the warning says, and the other series of the batch as they are alone.
+- The filtered precision was finite along the pair (1.15 of the largest off, every backend); it
+  is 0 there now (tests/test_dense_filtered_precision_limits.py has the other cases).
+- Where native hands such a model to the scan and the scan raises ``OverflowError``, the message
+  said "backend 'torch'" and that native returns NaN with a warning; it names native now.
 """
 
 import functools
@@ -26,6 +30,7 @@ import pytest
 import kalmanscan.dense as kd
 from kalmanscan.dense import native
 from kalmanscan.validation.oracle import dense_oracle
+from tests.test_dense_filtered_precision_limits import _limit_precision
 from tests.test_dense_sequential_nan_cases import _check_against_oracle
 
 _Q, _H, _R = 0.1 * np.eye(3), np.array([[1.0, 0.0, 0.0]]), np.array([[0.5]])
@@ -65,6 +70,20 @@ def test_observations_beside_explosive_unobserved_pair_against_oracle():
     # the scan and native (its never resolved pair handed to the scan): x0's moments
     for backend in ["torch", "native"] if native.available() else ["torch"]:
         _x0_close(kd.smooth(_z(30), _F(1.3), _Q, _H, _R, backend=backend), o, 1e-11)
+
+
+@pytest.mark.parametrize(
+    "backend", ["sequential", "torch", "native"][: 3 if native.available() else 2]
+)
+def test_filtered_precision_beside_explosive_unobserved_pair_against_oracle(backend):
+    """Growth 1.4 a step: the filtered precision is 0 along the pair at every step and x0's
+    inverse variance where it is observed (formerly 1.15 of the largest off on every backend:
+    read off the numerical range of kappa's coefficient, which loses the pair's second
+    direction)."""
+    o = _oracle(1.3, 30, 200)
+    f = kd.filter(_z(30), _F(1.3), _Q, _H, _R, backend=backend)
+    want = _limit_precision(o.cov)
+    assert np.abs(f.precision - want).max() <= 1e-11 * np.abs(want).max()
 
 
 def test_sequential_smoother_lost_series_nan_with_warning():
@@ -109,3 +128,41 @@ def test_sequential_long_explosive_unobserved_pair_against_oracle():
     for sl in (slice(None), slice(0, 1)):  # all (the pair's up to 1e152) and x0's alone
         f, want = s.filtered.mean[4:3639, sl], o.mean[4:3639, sl]
         assert np.abs(f - want).max() <= 1e-11 * np.abs(want).max()
+
+
+@pytest.mark.skipif(not native.available(), reason="the native extension is not built")
+def test_overflow_error_names_the_backend_asked():
+    """Growth 1000 a step with the pair never resolved: native hands the model to the scan,
+    which cannot carry the step past the range. The OverflowError names the backend the user
+    asked for and what it does (it said "backend 'torch'" and that native returns NaN with a
+    warning, which native does only where every diffuse direction is resolved); the scan's own
+    keeps its words."""
+    args = (_z(60), _F(1e3), _Q, _H, _R)
+    with pytest.raises(OverflowError) as e:
+        kd.smooth(*args, backend="native")
+    msg = str(e.value)
+    assert msg.startswith("backend 'native': a predicted covariance passed float64's range")
+    assert "no observation resolves" in msg and "hands to the parallel scan" in msg
+    assert "'native' (CPU)" not in msg and "backend 'torch'" not in msg
+    want = r"^backend 'torch': .*backend='native' \(CPU\) where every"
+    with pytest.raises(OverflowError, match=want):
+        kd.filter(*args, backend="torch")
+
+
+@pytest.mark.skipif(not native.available(), reason="the native extension is not built")
+def test_overflow_error_native_gradients_names_native():
+    """A lost series with every direction resolved and an input that requires grad: native's
+    values are NaN with the warning, their gradients the scan's, which raises; the message
+    names native and says so (it said "backend 'torch'")."""
+    import torch
+
+    F = np.broadcast_to(np.eye(2), (6, 2, 2)).copy()
+    F[1] = F[2] = np.diag([1e100, 0.5])  # two unobserved steps: predicted variance ~1e400
+    z = np.array([[0.3, 0.1], [np.nan] * 2, [np.nan] * 2, [2e199, 0.4], [2e199, 0.2], [2e199, 0.3]])
+    Ft = torch.tensor(F, requires_grad=True)
+    with pytest.raises(OverflowError) as e, pytest.warns(RuntimeWarning, match="is NaN"):
+        kd.filter(z, Ft, np.eye(2), np.eye(2), np.diag([0.5, 0.7]), backend="native",
+                  prior_mean=np.zeros(2), prior_cov=np.eye(2))  # fmt: skip
+    msg = str(e.value)
+    assert msg.startswith("backend 'native': a predicted covariance passed float64's range")
+    assert "gradients" in msg and "without grad" in msg

@@ -26,6 +26,7 @@ from kalmanscan.dense import _args, native, sequential, singular
 from kalmanscan.dense.parallel import (
     cov_with_inf,
     filter_parts,
+    filtered_output,
     precision_of,
     rank_tol,
     smooth_moments,
@@ -137,31 +138,59 @@ def _native(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
     with torch.no_grad(), np.errstate(over="ignore"):
         parts = native.run(model, smooth)
     if parts is None:  # a diffuse direction is never resolved: the scan keeps it diffuse
-        return _torch(model, layout, smooth, chunk)
+        return _torch(model, layout, smooth, chunk, asked="native")
     res = _package(layout, parts, smooth)
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in model):
-        res = _graft(_torch(model, layout, smooth, chunk), res)
+        res = _graft(_torch(model, layout, smooth, chunk, asked="native-grad"), res)
     return res
 
 
-def _torch(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int):
+def _torch(
+    model: _args.Model, layout: _args.Layout, smooth: bool, chunk: int, asked: str = "torch"
+):
     """The chunked parallel scan (any device, differentiable); a singular R where H Q H' + R is
-    positive definite after the diffuse head (kalmanscan/dense/parallel.py)."""
+    positive definite after the diffuse head (kalmanscan/dense/parallel.py). ``asked``: the
+    backend that hands the model here, for the words of :func:`_refuse_lost` (``"native"``: a
+    direction it never resolves; ``"native-grad"``: the gradients of its values)."""
     model = _args.mask_missing(model)
     try:
         parts = filter_parts(model, chunk=chunk)
     except (torch.linalg.LinAlgError, ValueError):
-        _refuse_lost(model, layout)
+        _refuse_lost(model, layout, asked)
         raise
     sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
-    filtered = (parts.filtered, parts.pred_mean, parts.pred_cov, parts.loglik_steps)
+    filt = filtered_output(model, parts)  # kappa's coefficient on the never resolved directions
+    filtered = (filt, parts.pred_mean, parts.pred_cov, parts.loglik_steps)
     return _moments_result(model, layout, filtered, sm)
 
 
-def _refuse_lost(model: _args.Model, layout: _args.Layout) -> None:
+_HANDED = {
+    "torch": (
+        ", which the parallel scan cannot carry; backend='sequential' (float64) returns that "
+        "series' log-likelihood as NaN with a warning, and so does backend='native' (CPU) where "
+        "every diffuse direction is resolved (it hands a model with one never resolved to this "
+        "scan)"
+    ),
+    "native": (
+        "; the model has a diffuse direction that no observation resolves, which backend "
+        "'native' hands to the parallel scan (backend='torch'), and the scan cannot carry such a "
+        "step; backend='sequential' (float64) returns that series' log-likelihood as NaN with a "
+        "warning"
+    ),
+    "native-grad": (
+        "; backend 'native' returns that series' log-likelihood as NaN with a warning, but takes "
+        "the gradients of inputs that require grad from the parallel scan (backend='torch'), "
+        "which cannot carry such a step: call it without grad, or use backend='sequential' "
+        "(float64, differentiable), which returns NaN with the warning"
+    ),
+}
+
+
+def _refuse_lost(model: _args.Model, layout: _args.Layout, asked: str = "torch") -> None:
     """Raise ``OverflowError`` where the scan failed because a predicted covariance passed the
     range (it cannot carry such a step; its Cholesky factorizations fail): decided, on this
-    failure path only, by the float64 reference (:func:`_lost_steps` in the working dtype)."""
+    failure path only, by the float64 reference (:func:`_lost_steps` in the working dtype).
+    The message names the backend ``asked`` (:func:`_torch`) and what it does."""
     dtype = model.z.dtype
     f64 = {
         k: v.to(torch.float64)
@@ -172,11 +201,10 @@ def _refuse_lost(model: _args.Model, layout: _args.Layout) -> None:
     lost = _lost_steps(pred_cov.to(dtype))
     if lost is None:
         return
+    name = "native" if asked.startswith("native") else asked
     raise OverflowError(
-        f"backend 'torch': {lost_message(dtype, _series_index(layout, lost[0][:, -1]))}, which the "
-        "parallel scan cannot carry; backend='native' (CPU) and 'sequential' (float64) return "
-        "that series' log-likelihood as NaN with a warning. Rescale the state or time "
-        "(docs/reliability.md, limit 5)"
+        f"backend '{name}': {lost_message(dtype, _series_index(layout, lost[0][:, -1]))}"
+        f"{_HANDED[asked]}. Rescale the state or time (docs/reliability.md, limit 5)"
     ) from None
 
 
@@ -192,6 +220,8 @@ def _sequential(model: _args.Model, layout: _args.Layout, smooth: bool, chunk: i
     model = _args.mask_missing(model)
     filtered = sequential.filter_moments(model)
     sm = sequential.smooth_moments(model, filtered[0]) if smooth else None
+    # kappa's coefficient completed on the never resolved directions (the outputs only)
+    filtered = (sequential.filtered_output(model, filtered[0]), *filtered[1:])
     return _moments_result(model, layout, filtered, sm)
 
 

@@ -771,6 +771,33 @@ def _unresolved_reach(model: Model, K, PiK):
     return K + (done - K.detach())
 
 
+def filtered_output(model: Model, parts: FilterParts) -> Moments:
+    """The filtered :class:`Moments` with kappa's coefficient completed along the directions that
+    the prior's never resolved ones (the full-data ``PiK``, ``parts.x0``) reach at each step
+    (:func:`kalmanscan.dense.sequential.reach_projectors`,
+    :func:`kalmanscan.dense.sequential.filtered_kappa`): ``A_t PiK_t A_t'`` loses the second of
+    two directions that ``F`` mixes below its rounding, and the filtered precision along it was
+    finite (the limit is 0). ``parts.filtered`` itself where every direction is resolved (no
+    work). For the outputs only: the smoother starts from ``parts`` as they are."""
+    filt = parts.filtered
+    x0 = parts.x0
+    if not (len(x0) == 4 and isinstance(x0[0], str) and x0[3] is not None) or not filt.ndiffuse:
+        return filt
+    from kalmanscan.dense import sequential
+
+    nd = filt.ndiffuse
+    B, T, n = filt.mean.shape
+    K = filt.diffuse[:, :nd]
+    with torch.no_grad():
+        w, V = torch.linalg.eigh(_sym(x0[3].detach()))
+        N = V * (w > 0.5).to(V.dtype).unsqueeze(-2)
+        F = model.F.detach().expand(B, T, n, n)[:, :nd]
+        Hn = sequential._unit_rows(model)[:, :nd]
+        R = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
+    K = sequential.filtered_kappa(K, R)
+    return filt._replace(diffuse=torch.cat([K, filt.diffuse[:, nd:]], 1))
+
+
 def _row_info(Z):
     """(J [.., n, n], eta [.., n]) of the rows Z = [Zx | r] [.., k, n+1]."""
     n = Z.shape[-1] - 1

@@ -940,6 +940,73 @@ def complete_kappa(K, S):
     return _sym(K + (grade * top)[..., None, None] * Pm)
 
 
+def filtered_output(model: Model, filt: Moments) -> Moments:
+    """The filtered :class:`Moments` ``filt`` (:func:`filter_moments`) with kappa's coefficient
+    completed along the directions that stay diffuse over the whole series
+    (:func:`unresolved_directions`' ``Pu``, whose range holds their reach at each step) by
+    :func:`filtered_kappa`: ``D D'`` loses the second of two directions that ``F`` mixes once its
+    share falls below the rounding, and the precision along it was finite (the limit is 0).
+    ``filt`` itself where no direction is diffuse at the last step (no work). For the outputs
+    only: :func:`smooth_moments` takes ``filt`` as it is."""
+    B, T, n = filt.mean.shape
+    if filt.ndiffuse < T or not bool((filt.diffuse[:, -1].detach() != 0).any()):
+        return filt
+    # a lost series (filter_moments' NaN from the step past the range) as it is: its steps
+    # before, with covariances up to the range, are not factored (as in _smooth_kept)
+    lost = ~torch.isfinite(filt.cov.detach()).flatten(1).all(1)
+    idx = (~lost).nonzero().squeeze(-1)
+    if idx.numel() == 0:
+        return filt
+    sub, fs = model, filt
+    if bool(lost.any()):
+        sub = model._replace(**{k: v[idx] for k, v in model._asdict().items() if v is not None})
+        fs = Moments(filt.mean[idx], filt.cov[idx], filt.diffuse[idx], filt.ndiffuse)
+    Pu = unresolved_directions(sub, fs)[1]
+    if Pu is None:
+        return filt
+    with torch.no_grad():
+        R = _range_projector(Pu, torch.linalg.matrix_norm(Pu), rank_tol(Pu.dtype))[0]
+    K = filtered_kappa(fs.diffuse, R)
+    return filt._replace(diffuse=filt.diffuse.index_copy(0, idx, K) if bool(lost.any()) else K)
+
+
+def filtered_kappa(K, R):
+    """The filtered diffuse part's coefficient ``K`` [B, T, n, n] (PSD, up to a positive factor
+    per step) completed on ``R`` [B, T, n, n], projectors on directions known to be diffuse at
+    each step (those that no observation ever resolves: :func:`unresolved_directions`' or
+    :func:`reach_projectors`' range). Still diffuse in the filter, they belong to ``K``'s range,
+    but the filter carries ``K`` as a product whose columns ``F`` aligns: the second of two
+    directions that it mixes falls below the rounding after about 26 steps (and a direction 3e-15
+    of the largest eigenvalue is below :func:`~kalmanscan.dense.parallel.rank_tol`), and the
+    precision (:func:`kalmanscan.dense.parallel.precision_of`, read off ``K``'s numerical range)
+    was finite along it. ``K``'s range is ``Pk`` (the projector on its numerical range) with the
+    part of ``R`` orthogonal to it (above ``_dif_tol``), taken as ``R`` plus the rest of that
+    range orthogonal to ``R`` (a projector where ``R`` lies in it: ``R``'s directions kept as
+    carried, not as ``K``'s eigenvectors); :func:`complete_kappa` adds what ``K`` lacks and zeroes
+    the rows and columns that it does not reach (their rounding tilted the precision's
+    complement: a finite coordinate beside a pair grown from ``1000 x0``, 3e-9 off). Unchanged at
+    the steps where ``R`` is 0. The value only (the derivative ``K``'s)."""
+    with torch.no_grad():
+        Kd = _sym(K.detach())
+        R = _sym(R.detach())
+        n = K.shape[-1]
+        Pk = _range_projector(Kd, torch.linalg.matrix_norm(Kd), rank_tol(K.dtype))[0]
+        eye = torch.eye(n, dtype=K.dtype, device=K.device)
+        # Pk with R's directions outside it (their part orthogonal to it above _dif_tol)
+        Pc = eye - Pk
+        wm, Vm = torch.linalg.eigh(_sym(Pc @ R @ Pc))
+        Vm = Vm * (wm > _dif_tol(K.dtype)).to(K.dtype).unsqueeze(-2)
+        S = Pk + Vm @ Vm.mT
+        # then R with the rest of that range (a projector where R lies in it)
+        Pc = eye - R
+        wm, Vm = torch.linalg.eigh(_sym(Pc @ S @ Pc))
+        Vm = Vm * (wm > 0.5).to(K.dtype).unsqueeze(-2)
+        done = complete_kappa(Kd, _sym(R + Vm @ Vm.mT))
+        has = torch.diagonal(R, dim1=-2, dim2=-1).sum(-1) > 0.5
+        done = torch.where(has[..., None, None], done, Kd)
+    return K + (done - K.detach())
+
+
 def combine_rows(A, bb, filt: Moments, keep=None):
     """Smoothed (mean, cov) [B, T, ...] from backward rows ``|A x_t - bb|^2`` (A [B, T, k, n],
     bb [B, T, k, 1]: the likelihood of z_{t+1:T}) and the filtered moments (finite part and
