@@ -313,6 +313,23 @@ def _post_root(m0, U, J, eta):
     return m0 + (U @ sol[..., n:]).squeeze(-1), _sym(U @ sol[..., :n])
 
 
+def _post_start(m0, U, J, eta):
+    """The information head's posterior of the start state (prior ``N(m0, U U')``):
+    :func:`_post_root` in float64; in float32 :func:`_post_prec` with the prior's precision
+    ``(U U')^-1``. There ``G = I + U' J U`` of a 1e6 I prior beside an entry at R = 1e-10 spans
+    about 1e16 at the steps before J has full rank, beyond float32's range of digits, and the
+    root form's ``U G^-1 U'`` came out indefinite (an eigenvalue of -3.8e6: the step's S not
+    positive definite, LinAlgError), where the precision form's solve stays positive definite,
+    as the float32 scan did before the root form (kalmanscan validate's dense regime "3
+    states, prior 1e6 I, one entry at R=1e-10": log-likelihood -556.207 against the mpmath
+    oracle's -556.255)."""
+    if U.dtype != torch.float32:
+        return _post_root(m0, U, J, eta)
+    P0 = _sym(U @ U.transpose(-1, -2))
+    L0 = _sym(_scaled_solve(P0, _eye(P0.shape[-1], P0).expand(P0.shape)))
+    return _post_prec(m0, L0, J, eta)
+
+
 def _prepend_identity(e: Element) -> Element:
     B, T, n = e.b.shape
     eye = _eye(n, e.A).expand(B, 1, n, n)
@@ -608,7 +625,7 @@ def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
         if not bool(((cancel >= 1e4) & (cancel > 100.0 * spread)).all()):
             return None
     head = _slice(Ph, slice(0, tau + 1))
-    mu, Sig = _post_root(model.m0, U, head.J, head.eta)
+    mu, Sig = _post_start(model.m0, U, head.J, head.eta)
     allm = _moments(head.A, head.b, head.C, mu, Sig, None, 0)
     hm = _steps(model, slice(0, tau))
     pm = _mv(hm.F, allm.mean[:, :tau]) + hm.c
@@ -724,7 +741,7 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     if tau > 0 and len(parts.x0) > 2:  # information head: p(x_t | x_0, z) and x_0 | z
         hp, U0 = parts.x0[2:]
         b2, C2, (A2,), _, _ = condition(Zb[:, :tau], hp.b, hp.C, hp.A)
-        mu, Sig = _post_root(model.m0, U0, *_row_info(S.Z[:, :1]))
+        mu, Sig = _post_start(model.m0, U0, *_row_info(S.Z[:, :1]))
         mh = _moments(A2, b2, C2, mu, Sig, None, 0)
         means.append(mh.mean)
         covs.append(mh.cov)
