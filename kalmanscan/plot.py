@@ -584,6 +584,30 @@ def _plot_times(times, name: str = "times") -> np.ndarray:
 _CF_ORIGIN = "days since 0001-01-01"  # (the numbers cftime dates are drawn at)
 
 
+def _zone_axis(ax, coord) -> None:
+    """A date axis of UTC times (a results Dataset's ``time`` with attr ``time_zone = "UTC"``)
+    labelled on the clock of the record's own zone (attr ``local_time_zone``, e.g.
+    ``Europe/Paris``: a local midnight is labelled 00:00, not 22:00), else in UTC; the axis
+    label names the zone. The curves stay where they are (drawn in UTC: a local clock repeats
+    an hour in autumn)."""
+    attrs = getattr(coord, "attrs", {})
+    if attrs.get("time_zone") != "UTC" or np.asarray(coord).dtype.kind != "M":
+        return
+    import matplotlib.dates as mdates
+
+    from kalmanscan.timeseries.time_zones import zone_from_name
+
+    name = attrs.get("local_time_zone", "UTC")
+    try:
+        tz = zone_from_name(name, "attr 'local_time_zone'")
+    except ValueError:
+        return  # (an unknown name: the filter refuses it; the plot keeps UTC)
+    locator = mdates.AutoDateLocator(tz=tz)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=tz))
+    ax.set_xlabel(f"{ax.get_xlabel() or 'time'} ({name})")
+
+
 def _calendar_axis(ax, times) -> None:
     """Dates of a model calendar on ``ax``'s x axis: drawn at their days since 0001-01-01 in the
     calendar (:func:`_plot_times`), labelled as dates of that calendar."""
@@ -714,6 +738,7 @@ def plot_series(
     )
     ax.set_xlabel(tdim)
     _calendar_axis(ax, one[tdim].values)
+    _zone_axis(ax, one[tdim])
     _clamp_dates(ax)
     make_drawable(ax)
     return ax
@@ -779,6 +804,7 @@ def plot_precision(
     ax.set_ylabel(f"{kind} precision")
     ax.set_xlabel(tdim)
     _calendar_axis(ax, picks[0][0][tdim].values)
+    _zone_axis(ax, picks[0][0][tdim])
     _legend(ax)
     _clamp_dates(ax)
     make_drawable(ax)

@@ -187,3 +187,24 @@ def test_fit_and_forecast_of_a_results_dataarray_keep_the_zone():
         "2024-10-28 00:00+0100",
         "2024-10-29 00:00+0100",
     ]
+
+
+def test_plots_label_zoned_times_on_the_local_clock():
+    # before: the axis ticked and labelled UTC days (a Paris midnight drawn as 23:00 / 22:00)
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+
+    from kalmanscan import plot as kp
+
+    idx = pd.date_range("2024-03-10", periods=40, freq="D", tz="Europe/Paris")
+    s = pd.Series(np.cumsum(np.random.default_rng(0).normal(size=40)), index=idx)
+    ds = ks.OUModel(sigma2=1.0, obs_var=0.5).to_dataset(s, forecast_steps=5)
+    for ax in (kp.plot_series(ds), kp.plot_overview(ds)[-1]):
+        ax.figure.canvas.draw()
+        assert ax.get_xlabel().endswith("(Europe/Paris)")
+        ticks = [mdates.num2date(x, tz=idx.tz) for x in ax.get_xticks()]
+        assert ticks and all((t.hour, t.minute) == (0, 0) for t in ticks), ticks
+        matplotlib.pyplot.close(ax.figure)
