@@ -38,7 +38,7 @@ from kalmanscan.timeseries.fit import (
 )
 from kalmanscan.timeseries.model import PARAMS, OUModel, align_series_labels, forecast_labels
 from kalmanscan.timeseries.result import OUFit
-from kalmanscan.timeseries.time_zones import recorded_zone, zone_name
+from kalmanscan.timeseries.time_zones import coord_attrs, recorded_times
 from kalmanscan.timeseries.times import TimeAxis, as_time_axis
 
 __all__ = ["filter_dataarray", "fit_dataarray", "netcdf_engine", "save_netcdf", "to_dataset"]
@@ -268,39 +268,9 @@ def _time_axis(da: xr.DataArray, time_dim: str, time_unit) -> TimeAxis:
     else:
         times = da[time_dim].values if time_dim in da.coords else None
     name = f"coordinate {time_dim!r}"
-    attrs = da[time_dim].attrs if time_dim in da.coords else {}
-    freq = attrs.get("period_freq")
-    if freq is not None and np.asarray(times).dtype.kind == "M":
-        times = _recorded_periods(np.asarray(times), freq, name)
-    elif np.asarray(times).dtype.kind == "M":  # UTC times of a zone, as results record them
-        zoned = recorded_zone(np.asarray(times), attrs, name)
-        times = times if zoned is None else zoned
+    if time_dim in da.coords:  # periods' starts or a zone's UTC times, as results record them
+        times = recorded_times(times, da[time_dim].attrs, name)
     return as_time_axis(times, da.sizes[time_dim], time_unit, name=name)
-
-
-def _recorded_periods(starts: np.ndarray, freq, name: str):
-    """The periods whose starts a results Dataset's time coordinate holds, its attr
-    ``period_freq`` naming their frequency (:mod:`kalmanscan.timeseries.dataset`), as a
-    ``PeriodIndex``; refused where the attr names no frequency or a time is not the start of
-    its period (the attr then does not describe the coordinate)."""
-    from kalmanscan.timeseries.time_periods import off_start, to_periods
-
-    try:
-        periods = to_periods(starts, str(freq))
-    except (TypeError, ValueError) as err:
-        raise ValueError(
-            f"{name}: its attr period_freq = {freq!r} is not a frequency of pandas periods "
-            "(like 'Q-DEC', 'M', 'W-SUN'); drop the attr or correct it"
-        ) from err
-    off = off_start(starts, periods.freqstr)
-    if off is not None:
-        i, period = off
-        raise ValueError(
-            f"{name}: its attr period_freq = {freq!r} says the times are the starts of periods "
-            f"of that frequency, but {starts[i]} (position {i}) is inside the period {period}, "
-            "not its start; drop the attr or correct it"
-        )
-    return periods
 
 
 def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
@@ -318,14 +288,7 @@ def _as_read(da: xr.DataArray, time_dim: str, ax: TimeAxis) -> xr.DataArray:
     plain = isinstance(coord.dtype, np.dtype) and coord.dtype.kind in "iufM"
     if plain and not ax.utc:
         return da
-    attrs = dict(coord.attrs)
-    if ax.utc:
-        attrs["time_zone"] = "UTC"
-        local = zone_name(ax.tz)
-        if local is not None and local != "UTC":
-            attrs["local_time_zone"] = local
-    if ax.period_freq is not None:
-        attrs["period_freq"] = ax.period_freq
+    attrs = dict(coord.attrs) | coord_attrs(ax.utc, ax.tz, ax.period_freq)
     return da.assign_coords({time_dim: xr.Variable(time_dim, ax.labels, attrs=attrs)})
 
 

@@ -236,3 +236,13 @@ def test_messages_name_periods_as_pandas_writes_them():
     y.iloc[12] = 1e4
     with pytest.warns(UserWarning, match=r"row 12 \(time 2002, z = 10000\)"):
         ks.fit_ou(y, robust=True)
+
+
+def test_results_observed_forecast_again_as_periods():
+    # the DataArray of a results Dataset reads back as the periods it recorded (period_freq),
+    # through ks.forecast as through the .kalman accessor (and as zoned times do)
+    q = pd.Series(np.arange(8.0), index=pd.period_range("2000Q1", periods=8, freq="Q"))
+    model = ks.OUModel(sigma2=1.0, obs_var=0.5)
+    ds = model.to_dataset(q)
+    got = ks.forecast(model, ds["observed"], steps=2).times
+    assert isinstance(got, pd.PeriodIndex) and got.astype(str).tolist() == ["2002Q1", "2002Q2"]

@@ -70,7 +70,7 @@ from kalmanscan.core._args import (
 )
 from kalmanscan.timeseries.coverage import normal_quantile
 from kalmanscan.timeseries.time_calendar import parse_time_unit
-from kalmanscan.timeseries.time_zones import zone_name
+from kalmanscan.timeseries.time_zones import coord_attrs
 
 MODEL_DESCRIPTION = (
     "Ornstein-Uhlenbeck level dx = -theta (x - mu) dt + sigma dW (sigma2 = sigma^2; "
@@ -356,17 +356,9 @@ def results_dataset(
         ds[p] = v
         ds[p].attrs = {}  # (a fit's Dataset's attrs: its units are set below, from these data)
     _describe(ds, time_dim, time_unit, coverage, custom_prior, pv)
-    if period_freq is not None:
-        for coord in (time_dim, "forecast_time"):
-            if coord in ds.coords:
-                ds[coord].attrs["period_freq"] = period_freq
-    if utc:
-        local = zone_name(tz)
-        for coord in (time_dim, "forecast_time"):
-            if coord in ds.coords and ds[coord].dtype.kind == "M":
-                ds[coord].attrs["time_zone"] = "UTC"
-                if local is not None and local != "UTC":
-                    ds[coord].attrs["local_time_zone"] = local
+    for coord in (time_dim, "forecast_time"):
+        if coord in ds.coords and ds[coord].dtype.kind == "M":
+            ds[coord].attrs.update(coord_attrs(utc, tz, period_freq))
     if time_units is None:
         time_units = duration_units(time_unit)
     add_units(ds, data_units(observed), time_units)

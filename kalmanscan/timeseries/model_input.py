@@ -235,11 +235,10 @@ def series_input(z, times, axis: int = 0):
         dim = z.dims[axis]
         if times is None and dim in z.indexes:
             times = z.indexes[dim]
-            if dim in z.coords:  # UTC times of a zone, as results Datasets record them
-                from kalmanscan.timeseries.time_zones import recorded_zone
+            if dim in z.coords:  # periods' starts or a zone's UTC times, as results record
+                from kalmanscan.timeseries.time_zones import recorded_times
 
-                zoned = recorded_zone(np.asarray(times), z[dim].attrs, f"coordinate {dim!r}")
-                times = times if zoned is None else zoned
+                times = recorded_times(times, z[dim].attrs, f"coordinate {dim!r}")
         if z.ndim == 2:
             other = z.dims[1 - axis % 2]
             if other in z.indexes:

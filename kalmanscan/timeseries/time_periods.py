@@ -192,3 +192,26 @@ def check_period_freq(periods, freq: str, name: str) -> None:
             f"start at), got periods of frequency {idx.freqstr!r}; convert them "
             f"(periods.asfreq({freq!r})) if that is what is meant"
         )
+
+
+def recorded_periods(starts: np.ndarray, freq, name: str):
+    """The periods whose starts a results Dataset's time coordinate holds, its attr
+    ``period_freq`` naming their frequency (:mod:`kalmanscan.timeseries.dataset`), as a
+    ``PeriodIndex``; refused where the attr names no frequency or a time is not the start of
+    its period (the attr then does not describe the coordinate)."""
+    try:
+        periods = to_periods(starts, str(freq))
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{name}: its attr period_freq = {freq!r} is not a frequency of pandas periods "
+            "(like 'Q-DEC', 'M', 'W-SUN'); drop the attr or correct it"
+        ) from err
+    off = off_start(starts, periods.freqstr)
+    if off is not None:
+        i, period = off
+        raise ValueError(
+            f"{name}: its attr period_freq = {freq!r} says the times are the starts of periods "
+            f"of that frequency, but {starts[i]} (position {i}) is inside the period {period}, "
+            "not its start; drop the attr or correct it"
+        )
+    return periods

@@ -98,3 +98,34 @@ def recorded_zone(values: np.ndarray, attrs: dict, name: str):
             local, f"{name}: its attr local_time_zone (drop the attr or correct it)"
         )
     return zoned_index(values, tz)
+
+
+def coord_attrs(utc: bool, tz, period_freq) -> dict:
+    """The attrs a results Dataset's time coordinates carry for times read from a zone
+    (``time_zone = "UTC"``, ``local_time_zone`` naming the one zone they were given in) or from
+    pandas periods (``period_freq``): what :func:`recorded_times` reads back."""
+    attrs = {}
+    if utc:
+        attrs["time_zone"] = "UTC"
+        local = zone_name(tz)
+        if local is not None and local != "UTC":
+            attrs["local_time_zone"] = local
+    if period_freq is not None:
+        attrs["period_freq"] = period_freq
+    return attrs
+
+
+def recorded_times(values, attrs: dict, name: str):
+    """The times of a Dataset's time coordinate as its attrs (:func:`coord_attrs`) record them:
+    the periods whose starts it holds (``period_freq``; a ``PeriodIndex``), the zoned times of
+    UTC ones (:func:`recorded_zone`), else ``values`` as they are."""
+    arr = np.asarray(values)
+    if arr.dtype.kind != "M":
+        return values
+    freq = attrs.get("period_freq")
+    if freq is not None:
+        from kalmanscan.timeseries.time_periods import recorded_periods
+
+        return recorded_periods(arr, freq, name)
+    zoned = recorded_zone(arr, attrs, name)
+    return values if zoned is None else zoned
