@@ -108,6 +108,18 @@ def test_sequential_smoother_lost_series_nan_with_warning():
             kd.smooth(z[0], _F(1e3), _Q, _H, _R, backend=backend)
 
 
+def test_scan_singular_pivot_past_the_range_raises_overflow_error():
+    """Growth 10 a step: the predicted covariance passes the range at step ~310, where a
+    combined element of the scan has an exactly singular pivot. ``lu_factor`` raised its plain
+    ``RuntimeError`` ("U[3,3] is zero"), which the scan's rule did not read (also at growth 2
+    and 3; 1.5, 30 and 1000 reached the Cholesky's LinAlgError); now the OverflowError that
+    names the cause, as the other growths."""
+    args = (_z(370), _F(10.0), _Q, _H, _R)
+    for backend in ["torch", "native"] if native.available() else ["torch"]:
+        with pytest.raises(OverflowError, match=f"^backend '{backend}': a predicted covariance"):
+            kd.filter(*args, backend=backend)
+
+
 @pytest.mark.slow
 def test_sequential_long_explosive_unobserved_pair_against_oracle():
     """Length 5000 at growth 1.1 a step: the filtered moments against the oracle (80 digits:

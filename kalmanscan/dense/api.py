@@ -155,7 +155,12 @@ def _torch(
     model = _args.mask_missing(model)
     try:
         parts = filter_parts(model, chunk=chunk)
-    except (torch.linalg.LinAlgError, ValueError):
+    except (torch.linalg.LinAlgError, ValueError, RuntimeError) as e:
+        # lu_factor raises a plain RuntimeError (not LinAlgError) on an exactly singular pivot,
+        # on CPU where a prediction past the range makes a combined element singular, and on
+        # CUDA; other RuntimeErrors (out of memory, devices) pass through untouched
+        if type(e) is RuntimeError and not str(e).startswith("torch.linalg."):
+            raise
         _refuse_lost(model, layout, asked)
         raise
     sm = smooth_moments(model, parts, chunk=chunk) if smooth else None
