@@ -68,13 +68,16 @@ EXPLOSIVE = {
 
 
 def explosive_gap(case):
-    """(z [3, 2], kw): two observed steps, then a missing one; interpreted, chunks of 2 and 1
-    steps, the gap the second chunk's first step."""
+    """(z [L + 1, 2], kw): L observed steps, then a missing one, L the shortest chunk
+    (interpreted 2, on CUDA ``TUNING["min_chunk"]``): chunks of L and 1 steps, the gap the
+    second chunk's first step."""
     F, H, Q = EXPLOSIVE[case]
-    z = np.array([[0.3, -0.2], [-1.1, 0.4], [np.nan, np.nan]])
+    L = CD.chunk_length(2)
+    more = np.random.default_rng(0).normal(size=(L - 2, 2))
+    z = np.concatenate([[[0.3, -0.2], [-1.1, 0.4]], more, [[np.nan, np.nan]]])
     kw = dict(F=F, Q=Q, H=H, R=np.diag([0.5, 0.7]), offset=np.zeros(2), prior_mean=np.zeros(2),
               prior_cov=np.eye(2))  # fmt: skip
-    assert CUDA or (CD.chunk_length(len(z)), CD.cdiv(len(z), CD.chunk_length(len(z)))) == (2, 2)
+    assert (CD.chunk_length(len(z)), CD.cdiv(len(z), CD.chunk_length(len(z)))) == (L, 2)
     return z, kw
 
 
@@ -154,7 +157,8 @@ def test_screened_and_shrunk_runs_again(launches, monkeypatch):
 
     def screen_once(*args):
         seen.append(1)
-        return torch.ones((), dtype=torch.bool) if len(seen) == 1 else real(*args)
+        on = args[0][0].device  # the screen's word lives beside the data
+        return torch.ones((), dtype=torch.bool, device=on) if len(seen) == 1 else real(*args)
 
     monkeypatch.setattr(_args, "any_bad", screen_once)
     z, kw = explosive_gap("diag")
