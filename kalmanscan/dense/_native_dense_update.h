@@ -306,9 +306,11 @@ static KS_INLINE void DDt(int n, int k, const double *D, double *out) {
         }
 }
 
-/* Pd = U U' with U an orthonormal basis of range(D[:, :k]) (modified Gram-Schmidt, twice);
- * D row-major n x n, U and Pd n x n. */
-static KS_INLINE void range_projector(int n, int k, const double *D, double *U, double *Pd) {
+/* Pd = U U' with U an orthonormal basis of range(D[:, :k]) (modified Gram-Schmidt, twice; a
+ * column that the earlier ones leave exactly 0 stays 0); D row-major n x n, U and Pd n x n.
+ * Returns the rank (the nonzero columns of U). */
+static KS_INLINE int range_projector(int n, int k, const double *D, double *U, double *Pd) {
+    int r = 0;
     for (int j = 0; j < k; j++) {
         for (int i = 0; i < n; i++) U[i * n + j] = D[i * n + j];
         for (int pass = 0; pass < 2; pass++)
@@ -319,10 +321,60 @@ static KS_INLINE void range_projector(int n, int k, const double *D, double *U, 
             }
         double s = 0.0;
         for (int i = 0; i < n; i++) s += U[i * n + j] * U[i * n + j];
+        r += s > 0.0;
         s = s > 0.0 ? 1.0 / sqrt(s) : 0.0;
         for (int i = 0; i < n; i++) U[i * n + j] *= s;
     }
     DDt(n, k, U, Pd);
+    return r;
+}
+
+/* Z (n x m, row stride n): an orthonormal basis of the complement of range(U[:, :k]) (U from
+ * range_projector, m = n - its rank), completed from the identity's columns: their residues
+ * C = I - Pd (Pd = U U'), the largest left taken each time, orthogonalized once more against U
+ * and the earlier columns of Z and normalized, then projected out of the rest (Gram-Schmidt,
+ * twice). The largest residue has norm at least sqrt(1 / n) in exact arithmetic. C (n x n) is
+ * overwritten, used (n) scratch. Returns 0 where a residue vanished (a rank miscounted). */
+static KS_INLINE int complement_basis(int n, int k, int m, const double *U, const double *Pd,
+                                      double *C, double *Z, double *used) {
+    for (int i = 0; i < n; i++) {
+        used[i] = 0.0;
+        for (int j = 0; j < n; j++) C[i * n + j] = (i == j ? 1.0 : 0.0) - Pd[i * n + j];
+    }
+    for (int p = 0; p < m; p++) {
+        int c = -1;
+        double best = -1.0;
+        for (int j = 0; j < n; j++) {
+            if (used[j] != 0.0) continue;
+            double s = 0.0;
+            for (int i = 0; i < n; i++) s += C[i * n + j] * C[i * n + j];
+            if (s > best) {
+                best = s;
+                c = j;
+            }
+        }
+        if (c < 0) return 0;
+        used[c] = 1.0;
+        for (int i = 0; i < n; i++) Z[i * n + p] = C[i * n + c];
+        for (int q = 0; q < k + p; q++) { /* the second pass: against U, then Z so far */
+            const double *V = q < k ? U + q : Z + (q - k);
+            double s = 0.0;
+            for (int i = 0; i < n; i++) s += V[i * n] * Z[i * n + p];
+            for (int i = 0; i < n; i++) Z[i * n + p] -= s * V[i * n];
+        }
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += Z[i * n + p] * Z[i * n + p];
+        if (!(s > 0.0)) return 0;
+        s = 1.0 / sqrt(s);
+        for (int i = 0; i < n; i++) Z[i * n + p] *= s;
+        for (int j = 0; j < n; j++) {
+            if (used[j] != 0.0) continue;
+            double t = 0.0;
+            for (int i = 0; i < n; i++) t += Z[i * n + p] * C[i * n + j];
+            for (int i = 0; i < n; i++) C[i * n + j] -= t * Z[i * n + p];
+        }
+    }
+    return 1;
 }
 
 /* out = Pk A Pk + tau Pd, symmetrized, Pk = I - Pd (tmp = Pk A = A - Pd A first; out may be A). */
@@ -353,12 +405,20 @@ static KS_INLINE void project_sandwich(int n, const double *A, const double *Pd,
  * there), between two such coordinates the sign of D D' where its correlation exceeds 1e-11
  * (kalmanscan.dense.parallel.cov_with_inf: two diffuse directions that F mixes are correlated,
  * which Pd = I does not show), the finite part elsewhere; and the limit precision
- * Pk (Pk P Pk + tau Pd)^-1 Pk, Pk = I - Pd, tau the largest diagonal entry of Pk P Pk (any
- * tau > 0 gives the same limit; a unit one beside a P of scale v cost |log10 v| digits, 1e-4
- * relative at v = 1e-12). 0 if not invertible. */
+ * Z (Z' P Z)^-1 Z', Z an orthonormal basis of the complement of range(D) (n - r columns, r the
+ * rank of range_projector's U; complement_basis), as kalmanscan.dense.parallel.precision_of:
+ * exactly 0 along the diffuse directions, all 0 where every direction is diffuse (r = n). It
+ * was Pk (Pk P Pk + tau Pd)^-1 Pk, Pk = I - Pd, whose eps entries along the diffuse directions
+ * the inverse of a block that is all rounding turned into O(1) where every direction is diffuse
+ * and the limit is 0: up to 0.45 of the series' largest precision entry
+ * (tests/test_native_dense_diffuse_precision.py). Z' P Z is inverted as the n x n block
+ * diagonal [[Z' P Z, 0], [0, tau I]], tau its largest diagonal entry (any tau > 0 gives the
+ * same limit; a unit one beside a P of scale v cost |log10 v| digits), so that prec_inverse's
+ * screen sees the largest diagonal entries of the matrix and its inverse that it saw before.
+ * 0 if not invertible. */
 static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, double *cov, double *prec) {
-    double *U = w->G, *Pd = w->Lr, *M = w->tmp2x;
-    range_projector(n, k, w->D, U, Pd);
+    double *U = w->G, *Pd = w->Lr, *Z = w->xc, *M = w->tmp2x, *inv = w->xx, *W = w->tmp;
+    const int m = n - range_projector(n, k, w->D, U, Pd);
     const double tol = 64.0 * 2.220446049250313e-16;
     double *DD = w->tmp;
     DDt(n, k, w->D, DD);
@@ -369,29 +429,45 @@ static KS_INLINE int diffuse_outputs(ws_t *w, int n, int k, const double *P, dou
             int big = on && (i == j || fabs(DD[i * n + j]) > 1e-11 * r);
             cov[i * n + j] = big ? copysign(INFINITY, i == j ? 1.0 : DD[i * n + j]) : P[i * n + j];
         }
-    /* M = Pk P Pk + tau Pd */
-    project_sandwich(n, P, Pd, w->tmp, M, 0.0);
+    if (m <= 0) { /* every direction diffuse: the limit precision is 0 */
+        for (int i = 0; i < n * n; i++) prec[i] = 0.0;
+        return 1;
+    }
+    if (!complement_basis(n, k, m, U, Pd, M, Z, w->xu)) return 0;
+    /* M = [[Z' P Z, 0], [0, tau I]] (n x n), W = P Z (n x m, row stride n) */
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < m; b++) {
+            double s = 0.0;
+            for (int q = 0; q < n; q++) s += P[i * n + q] * Z[q * n + b];
+            W[i * n + b] = s;
+        }
     double tau = 0.0;
-    for (int i = 0; i < n; i++) tau = fmax(tau, M[i * n + i]);
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b <= a; b++) {
+            double s = 0.0;
+            if (a < m) {
+                for (int i = 0; i < n; i++)
+                    s += 0.5 * (Z[i * n + a] * W[i * n + b] + Z[i * n + b] * W[i * n + a]);
+                if (a == b) tau = fmax(tau, s);
+            }
+            M[a * n + b] = s;
+            M[b * n + a] = s;
+        }
     if (!(tau > 0.0) || !isfinite(tau)) tau = 1.0;
-    for (int i = 0; i < n * n; i++) M[i] += tau * Pd[i];
-    if (!prec_inverse(w, n, M, w->tmp, prec)) return 0;
-    /* prec <- Pk prec Pk */
+    for (int a = m; a < n; a++) M[a * n + a] = tau;
+    if (!prec_inverse(w, n, M, w->xl, inv)) return 0;
+    /* prec = Z inv[:m, :m] Z' (W = Z inv first), symmetrized */
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
-            double s = prec[i * n + j];
-            for (int q = 0; q < n; q++) s -= Pd[i * n + q] * prec[q * n + j];
-            M[i * n + j] = s;
+        for (int b = 0; b < m; b++) {
+            double s = 0.0;
+            for (int a = 0; a < m; a++) s += Z[i * n + a] * inv[a * n + b];
+            W[i * n + b] = s;
         }
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) {
-            double s = M[i * n + j];
-            for (int q = 0; q < n; q++) s -= M[i * n + q] * Pd[q * n + j];
-            prec[i * n + j] = s;
-        }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++) {
-            double s = 0.5 * (prec[i * n + j] + prec[j * n + i]);
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int b = 0; b < m; b++)
+                s += 0.5 * (W[i * n + b] * Z[j * n + b] + W[j * n + b] * Z[i * n + b]);
             prec[i * n + j] = s;
             prec[j * n + i] = s;
         }
