@@ -399,7 +399,7 @@ def plot_bands(
     >>> ax.get_legend_handles_labels()[1][:3]
     ['missing / no data', 'data', '90% band']
     """
-    from kalmanscan.timeseries.coverage import check_coverage
+    from kalmanscan.timeseries.coverage import check_coverage, percent
 
     given = times
     times = _plot_times(times)
@@ -455,7 +455,7 @@ def plot_bands(
     for k, c in enumerate(covs):
         lo, hi = edges[2 * k], edges[2 * k + 1]
         alpha = 0.15 + 0.2 * k / max(len(covs) - 1, 1)
-        ax.fill_between(t_d, lo, hi, color=color, alpha=alpha, lw=0, label=f"{c:.0%} band")
+        ax.fill_between(t_d, lo, hi, color=color, alpha=alpha, lw=0, label=f"{percent(c)} band")
         if lone.size:
             ax.vlines(t_d[lone], lo[lone], hi[lone], color=color, alpha=alpha, lw=4)
     ax.plot(t_d, m_d, color=color, lw=1.6, label=label, zorder=4, **_lone_markers(lone))
@@ -477,7 +477,7 @@ def plot_bands(
                     color="C1",
                     alpha=alpha,
                     lw=0,
-                    label=f"{c:.0%} band",
+                    label=f"{percent(c)} band",
                 )
             # a new observation's interval: lower and upper edge as one line, from the first
             # forecast time on (it is no band of the level, so it is not joined to one)
@@ -489,7 +489,7 @@ def plot_bands(
                 color="C1",
                 lw=1.5,
                 alpha=0.55 + 0.45 * k / max(len(covs) - 1, 1),
-                label=f"{c:.0%} predictive",
+                label=f"{percent(c)} predictive",
                 marker="_" if len(ft) == 1 else None,
                 zorder=4,
             )

@@ -151,9 +151,13 @@ def _filter(args) -> int:
     if args.time_unit is not None and not ax.is_datetime:  # (kept in summary.txt too)
         notes.append("note: --time-unit applies to dates only; numeric times are used as they are")
         log(notes[-1])
+    # a long table (--series-col): a row a (time, series) pair, counted as the times and the
+    # (time, series) cells with no value that the wide grid of them has
+    rows, gaps = (f"{T} times", "missing values on that grid") if args.series_col else (
+        f"{T} rows", "missing values")  # fmt: skip
     log(
-        f"read {args.csv}: {T} rows, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} "
-        "missing values" + ("" if was_sorted else "; rows sorted by time")
+        f"read {args.csv}: {rows}, {S} series ({', '.join(names)}), {int(np.isnan(z).sum())} "
+        f"{gaps}" + ("" if was_sorted else "; rows sorted by time")
     )
     time_unit = args.time_unit if ax.is_datetime else None
     units = _units_warning(ax, given, given=not args.fit)

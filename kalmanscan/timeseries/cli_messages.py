@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from kalmanscan.timeseries.coverage import percent
 from kalmanscan.timeseries.csvfile import _shorten
 from kalmanscan.timeseries.outputs import _cf_texts, _iso_times, _number_text
 
@@ -23,7 +24,7 @@ def _forecast_table(ds, series_dims, max_rows: int = 10, max_series: int = 4) ->
         return ""
     covs = list(ds["coverage"].values)
     c = max(covs)
-    lines = [f"forecast (mean, s.e. of a new observation, {c:.0%} predictive interval):"]
+    lines = [f"forecast (mean, s.e. of a new observation, {percent(c)} predictive interval):"]
     one = ds
     picks = [{}]
     if series_dims:

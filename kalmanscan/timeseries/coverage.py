@@ -34,7 +34,24 @@ def check_coverage(coverage, name: str = "coverage") -> tuple[float, ...]:
         if np.ndim(coverage):
             got += f" among {vals.tolist()}"
         raise ValueError(f"{name}: expected probabilities strictly between 0 and 1, got {got}")
+    _, first, counts = np.unique(vals, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = vals[np.sort(first[counts > 1])[0]]
+        raise ValueError(
+            f"{name}: expected distinct levels, got {_plain(dup)} more than once among "
+            f"{vals.tolist()}"
+        )
     return tuple(float(v) for v in vals)
+
+
+def percent(coverage: float) -> str:
+    """A coverage level as a percentage, in the digits it has (results.csv's column names'):
+    ``0.9`` -> ``'90%'``, ``0.975`` -> ``'97.5%'``, ``0.999`` -> ``'99.9%'``.
+
+    >>> percent(0.9), percent(0.975), percent(0.999)
+    ('90%', '97.5%', '99.9%')
+    """
+    return f"{float(coverage) * 100:g}%"
 
 
 def interval(mean, var, coverage: float):

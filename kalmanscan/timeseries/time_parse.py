@@ -40,7 +40,12 @@ _ISO = re.compile(
     r"^[+-]?\d{4}(-\d{2}(-\d{2}([T ]\d{2}(:\d{2}(:\d{2}([.,]\d+)?)?)?)?)?)?"
     r"\s*(Z|[+-]\d{2}(:?\d{2})?)?$"
 )
-_OFFSET = re.compile(r"\d{1,2}:\d{2}(:\d{2}([.,]\d+)?)?\s*(Z|[+-]\d{2}(:?\d{2})?|UTC|GMT)$")
+_OFFSET = re.compile(
+    r"\d{1,2}:\d{2}(:\d{2}([.,]\d+)?)?\s*(Z|[+-]\d{2}(:?\d{2}(:\d{2})?)?|UTC|GMT)$"
+)
+# an offset with seconds (local mean time: pandas writes Berlin before 1893 as +00:53:28), which
+# pandas does not read: the local time and the offset are read apart (_apply_second_offsets)
+_SECOND_OFFSET = re.compile(r"(?<=\d)\s*([+-])(\d{2}):(\d{2}):(\d{2})$")
 
 
 def has_utc_offsets(values) -> bool:
@@ -232,6 +237,22 @@ _MONTH_YEAR = ("%b %Y", "%B %Y", "%b-%Y", "%B-%Y", "%Y %b", "%Y %B", "%Y-%b")
 _TWO_DIGIT_YEAR = re.compile(r"^\d{1,2}([/.-])\d{1,2}\1\d{2}$")
 
 
+def _date_part(fmt: str) -> str | None:
+    """The date of a format that writes a date, then a time (``%d/%m/%Y %H:%M`` ->
+    ``%d/%m/%Y``): spreadsheets write a midnight as the date alone. None for any other format.
+
+    >>> _date_part("%d/%m/%Y %H:%M"), _date_part("%m/%d/%Y %I:%M %p"), _date_part("%d/%m/%Y")
+    ('%d/%m/%Y', '%m/%d/%Y', None)
+    """
+    at = [i for i in (fmt.find("%H"), fmt.find("%I")) if i > 0]
+    if not at:
+        return None
+    day, rest = fmt[: min(at)].rstrip(" T"), fmt[min(at) :]
+    if not day or any(c in rest for c in ("%d", "%m", "%Y", "%y", "%b", "%B", "%j")):
+        return None
+    return day if any(c in day for c in ("%d", "%j")) else None
+
+
 def _dayfirst(fmt: str) -> bool:
     d, m = fmt.find("%d"), fmt.find("%m")
     return 0 <= d < m
@@ -245,7 +266,10 @@ def parse_datetime_strings(
     ``time_format`` (strftime codes, e.g. ``"%d/%m/%Y"``, or ``"ISO8601"``) reads every value with
     that format. Otherwise ISO 8601 when every value is ISO, else the single format that reads
     every value; if day-first and month-first formats both read every value differently,
-    ``dayfirst`` picks one and without it the dates are refused. Quarter labels (``1959Q1``,
+    ``dayfirst`` picks one and without it the dates are refused. A format with a time of day
+    reads a value written as the date alone as its midnight (spreadsheets' ``13/02/2020`` beside
+    ``13/02/2020 06:00``); UTC offsets with seconds (``+00:53:28``) are applied exactly
+    (:func:`_apply_second_offsets`). Quarter labels (``1959Q1``,
     ``1959-Q1``, ``Q1 1959``) and month labels (``1959M01``) read as the first day of their
     period (:func:`period_starts`); ISO 8601 intervals ``start/end`` of two dates or datetimes
     (``1999-12-27/2000-01-02``, pandas' text of a weekly period) as the time they start
@@ -290,12 +314,23 @@ def parse_datetime_strings(
             i,
             strs[i],
         )
+    if utc and any(_SECOND_OFFSET.search(s) for s in strs):  # (pandas' %z drops the seconds)
+        return _apply_second_offsets(strs, name, dayfirst, time_format)
 
     def attempt(fmt):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 out = pd.to_datetime(pd.Series(strs), format=fmt, errors="coerce", utc=utc)
+                day = _date_part(fmt)
+                if day is not None and out.isna().any():  # midnights written as the date alone
+                    gap = out.isna().to_numpy()
+                    alone = pd.to_datetime(
+                        pd.Series(strs)[gap], format=day, errors="coerce", utc=utc
+                    )
+                    if alone.notna().any():
+                        out = out.astype(alone.dtype) if out.isna().all() else out
+                        out[gap] = alone.astype(out.dtype)
             except (ValueError, TypeError, OverflowError):
                 return None
         if utc:
@@ -395,6 +430,53 @@ def parse_datetime_strings(
 # ISO 8601 written in one layout for every value: the length (without a Z) and the positions
 # of its digits and of its separators, and which separators each may be
 _FIXED_ISO_SEPARATORS = {4: b"-", 7: b"-", 10: b" T", 13: b":", 16: b":", 19: b"."}
+
+
+def _apply_second_offsets(
+    strs: list[str], name: str, dayfirst: bool | None, time_format: str | None = None
+) -> np.ndarray:
+    """UTC datetimes of times that each carry a UTC offset, some with seconds (``-00:44:30``:
+    pandas reads none without a format, and drops the seconds with ``%z``): the local times
+    without their offsets, read as :func:`parse_datetime_strings` reads any (one format for all;
+    ``time_format`` less its final ``%z``), minus each offset.
+
+    >>> str(_apply_second_offsets(["1871-01-01 00:00:00+00:53:28"], "t", None)[0])
+    '1870-12-31T23:06:32'
+    """
+    local, shift = [], np.empty(len(strs), dtype=np.int64)
+    for i, s in enumerate(strs):
+        m = _SECOND_OFFSET.search(s) or re.search(r"(?<=\d)\s*([+-])(\d{2}):?(\d{2})?$", s)
+        if m is None:  # Z, UTC or GMT: offset 0
+            local.append(re.sub(r"\s*(Z|UTC|GMT)$", "", s))
+            shift[i] = 0
+            continue
+        sign = 1 if m.group(1) == "+" else -1
+        hh, mm = int(m.group(2)), int(m.group(3) or 0)
+        ss = int(m.group(4)) if m.re is _SECOND_OFFSET else 0
+        if hh > 23 or mm > 59 or ss > 59:
+            raise TimeParseError(
+                f"{name}: cannot parse {s!r} (position {i}) as a time (its UTC offset is no "
+                "offset: expected +-HH:MM or +-HH:MM:SS with HH < 24, MM and SS < 60)",
+                i,
+                s,
+            )
+        local.append(s[: m.start()])
+        shift[i] = sign * (3600 * hh + 60 * mm + ss)
+    fmt = time_format
+    if fmt is not None:
+        if not fmt.rstrip().endswith("%z"):
+            raise TimeParseError(
+                f"{name}: the times carry UTC offsets with seconds ({strs[0]!r}), which the "
+                f"format {time_format!r} does not end with: end it with %z, or leave the "
+                "format out",
+                0,
+                strs[0],
+            )
+        fmt = fmt.rstrip()[:-2].rstrip()
+    t = parse_datetime_strings(local, name, dayfirst=dayfirst, time_format=fmt)
+    unit = np.datetime_data(t.dtype)[0]
+    out = t - (shift * (_NS_PER["s"] // _NS_PER[unit])).astype(f"timedelta64[{unit}]")
+    return _coarsest_datetimes(out)
 
 
 def _parse_fixed_iso(values) -> np.ndarray | None:
