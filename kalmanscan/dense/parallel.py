@@ -449,6 +449,21 @@ def precision_of(m: Moments, tol, screened: bool = False):
     with torch.no_grad():  # Pd = V V' (the range of D), Z an orthonormal basis of the rest
         w, U = torch.linalg.eigh(_sym(D))
         on = w > tol * torch.linalg.matrix_norm(D).unsqueeze(-1)
+        # the rank in the coordinates' own scales where it sees more (the reference smoother's
+        # rule, :func:`kalmanscan.dense.sequential.diffuse_factor`): a diffuse direction whose
+        # eigenvalue is below tol of the largest (a faded share of kappa's coefficient, exact
+        # to its own scale) is still diffuse; then the range is that of S V_k
+        from kalmanscan.dense.sequential import _scaled_eigh
+
+        sc, _, V, keep_s = _scaled_eigh(_sym(D))
+        more = keep_s.sum(-1) > on.sum(-1)
+        if bool(more.any()):
+            km = keep_s.to(dtype).unsqueeze(-2)
+            Qb = torch.linalg.qr(sc.unsqueeze(-1) * V * km)[0] * km
+            w2, U2 = torch.linalg.eigh(_sym(Qb @ Qb.mT))
+            on2 = w2 > 0.5
+            U = torch.where(more[..., None, None], U2, U)
+            on = torch.where(more.unsqueeze(-1), on2, on)
         Pd = (U * on.to(dtype).unsqueeze(-2)) @ U.mT
         none = ~on.any(-1)  # no diffuse direction: the coordinates as they are (Z = I)
         Z = torch.where(none[..., None, None], _eye(n, D), U * (~on).to(dtype).unsqueeze(-2))

@@ -20,6 +20,15 @@ from __future__ import annotations
 import torch
 
 from kalmanscan.dense._args import LOG_2PI, Model
+from kalmanscan.dense.graded import (
+    _truncated,
+    _unseen,
+    column_graded,
+    faded_factor,
+    graded_factor,
+    predict_graded,
+    resolve_graded,
+)
 from kalmanscan.dense.parallel import (
     Moments,
     _mv,
@@ -57,7 +66,12 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
     as there were diffuse directions have been diffuse, ``D`` is 0 exactly. After a prediction
     whose factor has columns of sizes far apart (a tiny nonzero entry of ``F``: still diffuse),
     at the rounding of their own product (what a singular ``F`` forgets) or dependent, ``D``
-    becomes an orthonormal basis of its range (:func:`factor_basis`).
+    becomes an orthonormal basis of its range (:func:`factor_basis`). Where ``D``'s singular
+    values fall more than ``FADED`` apart (:func:`faded_factor`: a power of ``F`` whose second
+    direction's share falls below the rounding over a gap) the series' factor is carried as
+    ``D = Qa Ra`` as well (QR, each row of ``Ra`` to its own scale), and its diffuse steps run
+    on it; kappa's coefficient returned is completed on ``Qa``'s range where ``D D'`` lost one
+    of its directions (:func:`complete_kappa`).
 
     A series whose predicted covariance passes the dtype's range (an entry inf or NaN: an
     explosive F over a gap) stops there (``lost``: the covariance form cannot hold that
@@ -77,6 +91,11 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         P, D = prior_start(model)
         P = P.clone()
     k = (D.detach() != 0).any(-2).sum(-1)  # diffuse directions: D's nonzero columns
+    # D = Qa Ra carried beside it (:func:`graded_factor`), and the series whose D has faded
+    # (:func:`faded_factor`): their diffuse steps run on that factor
+    Qa, Ra = graded_factor(D.detach(), k)
+    fad = torch.zeros(B, dtype=torch.bool, device=device)
+    rawok = torch.ones(B, dtype=torch.bool, device=device)  # a faded D that still holds k
     H_all, R_all, z_all = mask_observation(model.z, model.observed, model.H, model.R)
     # entries decorrelated by R = L Dg L' (L unit lower triangular, Dg >= 0: R singular allowed)
     Lu, Dg = _ldl(R_all)
@@ -98,7 +117,18 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         m = _mv(F, m) + c
         P = _sym(F @ P @ F.transpose(-1, -2) + Q)
         if diffuse_now:
-            D, k = factor_basis(F, D, F @ D, k, dif_tol)
+            D_prev, k_prev = D, k
+            D, k = factor_basis(F, D_prev, F @ D_prev, k_prev, dif_tol)
+            with torch.no_grad():  # (a series past the range: 0, lost below)
+                Dn = torch.where(torch.isfinite(D).flatten(1).all(1)[:, None, None], D, 0.0)
+                fad = fad | faded_factor(Dn.detach(), k)
+                Qc, Rc, kc = predict_graded(F.detach(), Qa, Ra, k_prev, dif_tol)
+                Qr, Rr = graded_factor(Dn.detach(), k)
+                on = fad[:, None, None]
+                Qa, Ra = torch.where(on, Qc, Qr), torch.where(on, Rc, Rr)
+                k = torch.where(fad, kc, k)
+            # a faded D that lost a direction: the graded factor's product in its place
+            D = torch.where((fad & ~rawok)[:, None, None], (Qa @ Ra).to(D.dtype), D)
         was_lost = lost
         lost = lost | ~torch.isfinite(P).flatten(1).all(1)
         pms.append(torch.where(was_lost[:, None], nan, m))
@@ -108,6 +138,9 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
             P = torch.where(lost[:, None, None], eye, P)
             D = torch.where(lost[:, None, None], torch.zeros_like(D), D)
             k = torch.where(lost, torch.zeros_like(k), k)
+            Qa = torch.where(lost[:, None, None], torch.zeros_like(Qa), Qa)
+            Ra = torch.where(lost[:, None, None], torch.zeros_like(Ra), Ra)
+            fad = fad & ~lost
         if diffuse_now:  # once every series' D is 0 it stays 0: stop asking (a GPU host sync)
             diffuse_now = bool((k > 0).any())
         if not diffuse_now and not singular:
@@ -138,6 +171,18 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
         else:
             if diffuse_now:
                 nd = t + 1
+            was_diffuse = diffuse_now
+            any_fad = was_diffuse and bool(fad.any())
+            if any_fad:  # faded: decisions and the diffuse terms on the basis Qa; the gains
+                # on D itself while it still holds every direction in its coordinates' scales
+                # (the smoother's reading, _scaled_eigh), else on the graded factor Dg
+                with torch.no_grad():
+                    Dn = torch.where(torch.isfinite(D).flatten(1).all(1)[:, None, None], D, 0.0)
+                    held = _scaled_eigh(_sym(Dn @ Dn.mT))[3].sum(-1) >= k
+                    rawok = rawok & (held | ~fad)
+                Dgr = column_graded(Qa, Ra)
+                D_raw = D
+                D = torch.where(fad[:, None, None], Qa.to(D.dtype), D)
             P_pred, D_pred, k_pred = P, D, k
             # Convention: + 1/2 log pdet(2 pi F_inf), F_inf = H P_inf H' in observation space,
             # over the r largest eigenvalues, r = the step's diffuse entries (rank(H D) exactly)
@@ -165,6 +210,20 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
                 v = y - (h * m).sum(-1)
                 fi = torch.where(diff, nu2, torch.ones_like(nu2))
                 ki = Minf / fi.unsqueeze(-1)
+                if any_fad:  # the gain P_inf h / h' P_inf h of the faded series: D's or Dg's
+                    ug = _mv(Dgr.transpose(-1, -2), h)
+                    fg = ug.square().sum(-1)
+                    kg = _mv(Dgr, ug) / torch.where(fg > 0, fg, 1.0).unsqueeze(-1)
+                    ur = _mv(D_raw.transpose(-1, -2), h)
+                    fr = ur.square().sum(-1)
+                    kr = _mv(D_raw, ur) / torch.where(fr > 0, fr, 1.0).unsqueeze(-1)
+                    use_r = fad & rawok & (fr > 0)
+                    use_g = fad & ~use_r & (fg > 0)
+                    ki = torch.where(use_r[:, None], kr, torch.where(use_g[:, None], kg, ki))
+                    on = (diff & fad)[:, None, None]
+                    Dgr = torch.where(on, resolve_graded(Dgr, ug), Dgr)
+                    Dr = D_raw - kr.unsqueeze(-1) * ur.unsqueeze(-2)
+                    D_raw = torch.where(on & (rawok & (fr > 0))[:, None, None], Dr, D_raw)
                 m_d = m + ki * v.unsqueeze(-1)
                 P_d = (
                     P
@@ -197,19 +256,39 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
                         P, P_pred, D_pred, k_pred, diff & (k == 0), Hw, dg, obs & seen
                     )
                 if bool(diff.any()):  # keep D's k largest singular values: drop the residue
-                    with torch.no_grad():
-                        U, S, Vh = torch.linalg.svd(D)
-                        top = torch.arange(n, device=device) < k.unsqueeze(-1)
-                        Dk = (U * torch.where(top, S, torch.zeros_like(S)).unsqueeze(-2)) @ Vh
-                        Dk = torch.where(diff[:, None, None], Dk, D)
-                    D = D + (Dk - D.detach())  # the value truncated, the derivative D's
+                    D = _truncated(D, k, diff)
+                    if any_fad:
+                        D_raw = _truncated(D_raw, k, diff & fad)
             top = torch.arange(ev.shape[-1], device=device) < r.unsqueeze(-1)
             safe = torch.where(top, ev, torch.ones_like(ev))
             ll = ll + 0.5 * (torch.log(safe).sum(-1) + r.to(dtype) * LOG_2PI)
             D = torch.where((k > 0)[:, None, None], D, torch.zeros_like(D))
+            if was_diffuse:
+                with torch.no_grad():
+                    Qn, Rn = graded_factor(D.detach(), k)
+                    if any_fad:  # the remaining range is orthogonal to every observed row
+                        Qf, Rf = graded_factor(_unseen(Hw, obs) @ Dgr, k)
+                        on = fad[:, None, None]
+                        Qn, Rn = torch.where(on, Qf, Qn), torch.where(on, Rf, Rn)
+                Qa, Ra = Qn, Rn
+                if any_fad:  # the outputs' D: D's own where it holds every direction, else Dg's
+                    D_raw = torch.where((k > 0)[:, None, None], D_raw, torch.zeros_like(D_raw))
+                    Dd = torch.where(rawok[:, None, None], D_raw, (Qa @ Ra).to(D.dtype))
+                    D = torch.where(fad[:, None, None], Dd, D)
+                fad = fad & (k > 0)
+                rawok = rawok | ~fad
         means.append(torch.where(lost[:, None], nan, m))
         covs.append(torch.where(lost[:, None, None], nan, P))
-        difs.append(_sym(D @ D.transpose(-1, -2)))
+        Kd = _sym(D @ D.transpose(-1, -2))
+        if diffuse_now and bool(fad.any()):  # kappa's coefficient completed on Qa's range
+            with torch.no_grad():
+                short = fad & (_scaled_eigh(Kd.detach())[3].sum(-1) < k)
+            if bool(short.any()):
+                with torch.no_grad():
+                    done = complete_kappa(Kd.detach(), _sym(Qa @ Qa.mT))
+                    done = torch.where(short[:, None, None], done, Kd.detach())
+                Kd = Kd + (done - Kd.detach())
+        difs.append(Kd)
         lls.append(torch.where(lost, nan, ll))
         if stop_when_proper and not bool((k > 0).any()):
             break
