@@ -122,11 +122,13 @@ def filter_moments(model: Model, stop_when_proper: bool = False):
             with torch.no_grad():  # (a series past the range: 0, lost below)
                 Dn = torch.where(torch.isfinite(D).flatten(1).all(1)[:, None, None], D, 0.0)
                 fad = fad | faded_factor(Dn.detach(), k)
-                Qc, Rc, kc = predict_graded(F.detach(), Qa, Ra, k_prev, dif_tol)
                 Qr, Rr = graded_factor(Dn.detach(), k)
-                on = fad[:, None, None]
-                Qa, Ra = torch.where(on, Qc, Qr), torch.where(on, Rc, Rr)
-                k = torch.where(fad, kc, k)
+                if bool(fad.any()):  # (the graded prediction costs a factor_basis: faded only)
+                    Qc, Rc, kc = predict_graded(F.detach(), Qa, Ra, k_prev, dif_tol)
+                    on = fad[:, None, None]
+                    Qr, Rr = torch.where(on, Qc, Qr), torch.where(on, Rc, Rr)
+                    k = torch.where(fad, kc, k)
+                Qa, Ra = Qr, Rr
             # a faded D that lost a direction: the graded factor's product in its place
             D = torch.where((fad & ~rawok)[:, None, None], (Qa @ Ra).to(D.dtype), D)
         was_lost = lost
