@@ -10,6 +10,7 @@ import tempfile
 
 import numpy as np
 
+from kalmanscan.timeseries.coverage import percent
 from kalmanscan.timeseries.csvfile import InputError
 from kalmanscan.timeseries.time_calendar import floor_datetimes, whole_in
 from kalmanscan.timeseries.time_cftime import is_cftime_array
@@ -292,7 +293,7 @@ def _results_table(ds):
     tdim = ds.attrs.get("time_dim", "time")
     sdims = [d for d in ds["mean"].dims if d != tdim]
     c = float(max(ds["coverage"].values))
-    pct = f"{c * 100:g}"
+    pct = percent(c).removesuffix("%")  # (the summary's and the plots' labels' digits)
     cols = {
         "observed": ds["observed"],
         "mean": ds["mean"],
