@@ -72,6 +72,7 @@
 #define DIFFUSE_TOL 1e-11 /* |D'h| below this times |h| |D|_F: not a diffuse entry */
 #define FACTOR_GRADE 0x1p-20 /* a predicted factor's columns further apart: a basis (factor_basis) */
 #define FACTOR_SPAN 0x1p100  /* ... or one outside SPAN^-1 .. SPAN */
+#define FADED_RES 0x1p-16 /* a diffuse column's part beyond the others' range below this: faded */
 #define SKIP_TOL 1e-13    /* f below this times |h|^2 tr(P) with Dg = 0: an entry with no noise */
 #define INFO_COND 1e4 /* |J| |Q| up to this along the carried J: the diffuse steps' info form */
 #define SRIF_SWITCH 1e1 /* |P N P| up to this times |V|: r0, N0 set the square-root rows */
@@ -215,7 +216,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     w.obs_idx = ib;
     w.fnz = ib + dd + 1;
     w.fcol = ib + dd + 1 + n;
-    Py_ssize_t nd_max = 0, np_max = 0, err = 0, nbad = 0;
+    Py_ssize_t nd_max = 0, np_max = 0, err = 0, nbad = 0, nfaded = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t b = 0; b < B; b++) {
         Py_ssize_t npred = 0;
@@ -223,6 +224,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
                                    (const double *)pP0 + b * nn, (const double *)pD0 + b * nn, b,
                                    T, kcap, smooth, fins ? (int)fins[b] : fin, &npred, &nbad);
         if (nd < 0) err = 1;
+        nfaded += w.faded;
         if (nd > nd_max) nd_max = nd;
         if (npred > np_max) np_max = npred;
     }
@@ -231,7 +233,7 @@ static PyObject *dense_run(PyObject *self, PyObject *args) {
     free(el);
     free(ib);
     if (err) return PyErr_NoMemory();
-    return Py_BuildValue("nnni", nd_max, np_max, nbad, w.zinf);
+    return Py_BuildValue("nnnin", nd_max, np_max, nbad, w.zinf, nfaded);
 }
 
 static PyMethodDef methods[] = {

@@ -8,6 +8,7 @@
 typedef struct {
     int n, d, zinf;
     int screen; /* a direction may be known exactly: the precision's screen runs (prec_inverse) */
+    int faded;  /* the series' diffuse factor has faded (factor_basis): the torch scan serves it */
     /* workspace */
     double *m, *P, *D, *tmp, *tmp2, *tmp2x, *u, *w, *Ms, *Minf, *Hy, *y, *Dg, *Lr, *G, *K0, *K1, *sig, *a;
     double *xp, *xd, *xw, *xc, *xx, *xu, *xl; /* observed_whole: P, D before the step; W; scratch */

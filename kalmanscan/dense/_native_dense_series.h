@@ -60,6 +60,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     for (int i = 0; i < n; i++)
         for (int j = k; j < n; j++) D[i * n + j] = 0.0;
     w->screen = series_screen(w, n, in, b, k, fin);
+    w->faded = 0;
     Py_ssize_t nd = 0, np_ = 0, nfs = 0; /* nfs: steps whose entries ran on the factor of P */
     int forgot = 0; /* a diffuse direction of a step's filtered state that F then maps to 0 */
     Py_ssize_t nterm = 0; /* entries whose term is a proper density (type 1): scale -log s each */
@@ -177,7 +178,7 @@ static KS_INLINE Py_ssize_t run_series(ws_t *w, const int n, const arr_t *in, do
     if (out[O_NTERM]) out[O_NTERM][b] = (double)nterm;
     /* never resolved (left at the end, or forgotten by F): the scan's smoother keeps such a
        direction diffuse; Durbin & Koopman's here would give it a finite variance */
-    if ((k > 0 || (forgot && smooth > 0)) && !fin) nd = T + 1;
+    if ((k > 0 || (forgot && smooth > 0) || w->faded) && !fin) nd = T + 1;
     *npred = np_;
     if (smooth <= 0 || nd > T || np_ > kcap) {
         if (fin && !ll_only && np_ <= kcap) add_factor(n, np_, pcov, pD, pK, w->tmp);

@@ -164,6 +164,14 @@ static KS_NOINLINE int factor_basis(ws_t *w, const int n, int k) {
         double res = 0.0;
         for (int i = 0; i < n; i++) res += y[i] * y[i];
         res = sqrt(res);
+        /* a real column (not its product's rounding) nearly in the others' range: a power of F
+           aligns two directions it mixes (eigenvalues 1.0024 and 0.5876: the second's share
+           below FADED_RES after 21 steps, below the rounding after about 68), though both stay
+           diffuse; this factor cannot hold the second one's scale (the series goes to the torch
+           scan, whose diffuse head carries a graded factor: kalmanscan/dense/graded.py). Taken
+           on the way down, above DIFFUSE_TOL: at the rounding it is a singular F's dependent
+           column, which is dropped */
+        if (picked > 0 && res > DIFFUSE_TOL && res < FADED_RES) w->faded = 1;
         if (!(res > DIFFUSE_TOL)) continue;
         for (int i = 0; i < n; i++) Qb[i * n + picked] = y[i] / res;
         picked++;

@@ -264,7 +264,9 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
     """Filter (and smooth) a laid-out model; ``None`` when a diffuse direction is never resolved
     (left at the end, or, when smoothing, one a singular F forgets first: Durbin & Koopman's
     smoother would give it a finite variance; the caller then uses the torch path, which keeps
-    unresolved directions)."""
+    unresolved directions) or has faded (two diffuse directions that a power of ``F`` aligns
+    below ``2^-16`` of each other: the kernel's factor cannot hold the second one's scale, the
+    torch path's diffuse head carries it graded, :mod:`kalmanscan.dense.graded`)."""
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
     e = _exponents(model)
@@ -304,13 +306,13 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
         outs += [empty(B, T, n), empty(B, T, n, n), empty(B, T, n, n)] if smooth else [None] * 3
         outs.append(torch.zeros(B, **f64))  # O_NTERM
         ptrs = [0 if o is None else o.data_ptr() for o in outs]
-        nd, npred, nbad, zinf = _ext.run(
+        nd, npred, nbad, zinf, nfaded = _ext.run(
             int(smooth), 0, B, T, n, d, kcap, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins,
             ptrs, 0 if fin is None else fin.data_ptr(),
         )  # fmt: skip
         if zinf:
             raise ValueError(Z_INF_MESSAGE)
-        if nd > T:
+        if nd > T or nfaded:
             return None
         if npred <= kcap:
             break
@@ -332,10 +334,12 @@ def run(model: Model, smooth: bool) -> NativeParts | None:
 def loglik(model: Model) -> torch.Tensor:
     """The log-likelihood [B] alone (no per-step output is written): the objective of
     :func:`kalmanscan.dense.fit`. ``model.z`` keeps its NaNs; a direction never resolved is
-    fine here (its steps add nothing, as in :func:`run`)."""
+    fine here (its steps add nothing, as in :func:`run`); where one has faded (:func:`run`) the
+    torch path's log-likelihood."""
     if _ext is None:
         raise RuntimeError("kalmanscan.dense._native_dense is not built; use backend='torch'")
     e = _exponents(model)
+    model0 = model
     if e is not None:  # as in run
         model = _scaled_model(model, e)
     B, T, d = model.z.shape
@@ -349,10 +353,16 @@ def loglik(model: Model) -> torch.Tensor:
     ll, nterm = _empty(B), torch.zeros(B, dtype=torch.float64)
     ptrs = [0] * 13
     ptrs[5], ptrs[12] = ll.data_ptr(), nterm.data_ptr()
-    _, _, _, zinf = _ext.run(
+    _, _, _, zinf, nfaded = _ext.run(
         -1, 0, B, T, n, d, 0, m0.data_ptr(), P0.data_ptr(), D0.data_ptr(), ins, ptrs,
         0 if fin is None else fin.data_ptr(),
     )  # fmt: skip
     if zinf:
         raise ValueError(Z_INF_MESSAGE)
+    if nfaded:
+        from kalmanscan.dense._args import mask_missing
+        from kalmanscan.dense.parallel import filter_parts
+
+        with torch.no_grad():
+            return filter_parts(mask_missing(model0)).loglik_steps.sum(1)
     return ll if e is None else ll - nterm * torch.from_numpy(e * math.log(2.0))
