@@ -54,9 +54,6 @@ CASES = {
     "slow-mix-beside-rw-T60-gap40": (_beside(_SLOW_MIX, 60, 40), 40),  # -inf (oracle -142.070)
     "mix-beside-rw-T60-gap40": (_beside(_MIX3, 60, 40), 40),  # -137.054 (oracle -143.115)
 }
-# the torch scan hands the first 16 n + 64 steps to the reference: the cases whose diffuse
-# phase ends there (the 100-step gap of the pair does not: 96 steps)
-_IN_HEAD = [key for key, (model, gap) in CASES.items() if gap < 16 * model[1].shape[-1] + 64]
 
 
 @functools.lru_cache
@@ -107,19 +104,12 @@ def test_sequential_filter_against_oracle(key):
     _check_filter(f, _oracle(key), 1e-11)
 
 
-@pytest.mark.parametrize("key", _IN_HEAD)
+@pytest.mark.parametrize("key", list(CASES))
 def test_torch_filter_against_oracle(key):
-    """The scan's diffuse head is the reference filter: the same figures."""
-    f = kd.filter(*CASES[key][0], backend="torch")
-    _check_filter(f, _oracle(key), 1e-11)
-
-
-@pytest.mark.xfail(strict=True, reason="the diffuse phase passes the scan's sequential head")
-def test_torch_filter_past_head_against_oracle():
-    """A 100-step gap of the pair: past the scan's head (16 n + 64 = 96 steps) the scan's
-    prefix information about x_0 holds the faded direction to eps of the first (log-likelihood
-    -30.97 against the oracle's -64.68)."""
-    key = "pair-T120-gap100"
+    """The scan's diffuse head is the reference filter: the same figures. The 100-step gap of
+    the pair passes the head's first 16 n + 64 = 96 steps, where the scan's information about
+    x_0 held the faded direction to eps of the first (log-likelihood -30.97 against the
+    oracle's -64.68); the head now runs on (tests/test_dense_faded_past_head.py)."""
     f = kd.filter(*CASES[key][0], backend="torch")
     _check_filter(f, _oracle(key), 1e-11)
 

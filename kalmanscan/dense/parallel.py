@@ -8,7 +8,9 @@ former "prior at the end"). A diffuse prior: the head of the series up to the st
 the last diffuse direction runs the sequential reference's exact initial filter (a few steps), and
 its smoothed moments combine the filtered finite part and diffuse directions with the suffix
 information. A direction not resolved within 16 n + 64 steps keeps the prior-at-the-end form,
-which holds it diffuse over the whole series. Derivation: docs/dense.md.
+which holds it diffuse over the whole series, where that form holds every direction the data
+resolve (:func:`_x0_trusted`); else the reference runs on until every series is proper.
+Derivation: docs/dense.md.
 
 All arrays are [B, T, ...] (see :mod:`kalmanscan.dense.scan` for the element notation).
 """
@@ -66,14 +68,25 @@ def _mv(M, v):
 
 
 def _null_projector(J, PiN, tol):
-    """Projector onto {x in range(PiN): J x = 0}, from eigh of PiN J PiN + (I - PiN) s (no grad)."""
+    """Projector onto {x in range(PiN): J x = 0}, from eigh of ``Jn = PiN J PiN + (I - PiN) s``
+    equilibrated, ``S Jn S`` with ``S = diag(Jn)^-1/2`` (no grad): the structural information
+    of a local linear trend first observed after a gap of g steps, rows ``[1, s]`` for s near
+    g, has eigenvalues ``4 g^4`` apart (3e-15 at g = 3000, below the threshold: its slope was
+    decided resolved two observations late, the log-likelihood 17 % off), its equilibrated form
+    about ``g^2``. A null vector ``u`` of ``S Jn S`` is ``S u`` of ``Jn`` (the null ones
+    first in eigh's order, so the QR of those columns spans exactly them)."""
     with torch.no_grad():
         n = J.shape[-1]
         s = torch.linalg.matrix_norm(J).clamp_min(torch.finfo(J.dtype).tiny).unsqueeze(-1)
         Jn = PiN @ J @ PiN + (_eye(n, J) - PiN) * s.unsqueeze(-1)
-        w, U = torch.linalg.eigh(_sym(Jn))
-        null = (w <= tol * s).to(J.dtype)
-        return (U * null.unsqueeze(-2)) @ U.transpose(-1, -2)
+        d = torch.diagonal(Jn, dim1=-2, dim2=-1)
+        sc = torch.where(d > 0, d, torch.ones_like(d)).rsqrt()
+        Je = _sym(Jn * sc.unsqueeze(-1) * sc.unsqueeze(-2))
+        w, U = torch.linalg.eigh(Je)
+        se = torch.linalg.matrix_norm(Je).clamp_min(torch.finfo(J.dtype).tiny).unsqueeze(-1)
+        null = (w <= tol * se).to(J.dtype)
+        Q = torch.linalg.qr(sc.unsqueeze(-1) * U)[0] * null.unsqueeze(-2)
+        return Q @ Q.transpose(-1, -2)
 
 
 def fro_norm(X):
@@ -562,7 +575,9 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     (a few steps; singular R allowed there), and the rest is one prefix scan from the proper
     filtered state at tau - 1. A direction not resolved within 16 n + 64 steps falls back to the
     information about x_0 (prior applied at the end; it keeps a never-resolved direction diffuse
-    over the whole series).
+    over the whole series) where :func:`_x0_trusted` finds that it holds every direction the
+    data resolve; else the reference filter runs on from step 0 until every series is proper
+    (over the whole series where one never is).
     """
     tol = rank_tol(model.z.dtype)
     bad = []
@@ -597,9 +612,102 @@ def filter_parts(model: Model, chunk: int = 32) -> FilterParts:
     if bool((head[0].diffuse[:, -1] == 0).all()):
         filt = head[0]
         return _head_and_tail(model, E, bad, head, filt.mean[:, -1], filt.cov[:, -1], tol, chunk)
+    found = _diffuse_head(model, E, PiN, tol, chunk)
+    trusted = _x0_trusted(model, PiN, found, tol)
+    if trusted is None:  # the reference until every series is proper (or over the whole series)
+        if L < T:
+            head = sequential.filter_moments(model, stop_when_proper=True)
+        filt = head[0]
+        return _head_and_tail(model, E, bad, head, filt.mean[:, -1], filt.cov[:, -1], tol, chunk)
     if bool(bad.any()):
         raise ValueError(SINGULAR_MESSAGE)
-    return _unresolved_parts(model, E, PiN, tol, chunk)
+    return _unresolved_parts(model, E, PiN, tol, chunk, found, *trusted)
+
+
+def _share(dtype) -> float:
+    """The smallest share of a diffuse direction (:func:`_x0_trusted`) that the information
+    about x_0 is trusted to hold: its information is ``share^2`` of the largest, so the relative
+    error about ``eps / share^2`` (2.3e-10 in float64, 3e-5 in float32)."""
+    return 2.0**-10 if dtype == torch.float64 else 2.0**-4
+
+
+def _x0_trusted(model: Model, PiN, found, tol):
+    """Whether the information about x_0 (:func:`_unresolved_parts`) holds every diffuse
+    direction that the data resolve: (PiK [B, L+1, n, n] the unresolved projectors of the
+    structural head ``found`` (:func:`_diffuse_head`), reach [B, T, n, n] or None, the
+    projectors on the range that the never resolved directions reach at each step,
+    :func:`kalmanscan.dense.sequential.reach_projectors`), or None where it does not: then the
+    reference filter runs until every series is proper.
+
+    In x_0's coordinates a direction resolved at step s is seen through ``A_s = F_s ... F_0``,
+    whose columns a power of ``F`` aligns: the second of two directions that ``F`` mixes
+    (eigenvalues 1.0024 and 0.5876) keeps a share ``r = (0.5876 / 1.0024)^s`` of the first, its
+    information about x_0 is ``r^2`` relative, and once that is below the rounding the
+    structural information itself says the direction is never resolved. Two tests, each
+    decided per series:
+
+    - the directions the structural head resolves (the range of ``PiN - PiK`` at its end),
+      ``F_s ... F_0`` applied to them at every step up to the last resolution, diagonally
+      equilibrated on both sides (the solves of :func:`_post_prec` scale the information's
+      diagonal, and a product's rounding is relative to its entries: a local linear trend's
+      ``[[1, s], [0, 1]]`` spreads its singular values by ``s^2``, but its equilibrated form by
+      less than 3, and the information form holds it to 4e-13 after a 1000-step gap): its
+      singular values at least :func:`_share` apart;
+    - the directions it never resolves (``PiK`` at the end), carried forward as an orthonormal
+      basis (no power of ``F`` formed: their range is exact whatever the shares): no observed
+      row sees them (above ``_dif_tol`` of ``|F_t|``), which would be a resolution that the
+      structural information lost to the rounding.
+    """
+    from kalmanscan.dense import sequential
+
+    Ph, Js, tau = found
+    B, T1 = Js.shape[:2]
+    n = Js.shape[-1]
+    dtype = Js.dtype
+    with torch.no_grad():
+        PiK = _null_projector(Js.detach(), PiN.unsqueeze(1), tol)  # [B, T1, n, n]
+        rank = (torch.diagonal(PiK, dim1=-2, dim2=-1).sum(-1) + 0.5).floor()
+        if not bool(torch.isfinite(rank).all()):  # the information's norm past the range (a
+            return None  # faded pair over 1850 steps: 7.5e153 after its gap)
+        # s_last: the first index at which each series' count has its final value
+        final = rank[:, -1:]
+        reached = (rank == final).to(torch.int64)
+        s_last = T1 - reached.flip(1).cumprod(1).sum(1)  # [B]
+        Pres = _sym(PiN - PiK[:, -1])
+        k = (torch.diagonal(Pres, dim1=-2, dim2=-1).sum(-1) + 0.5).floor().to(torch.int64)
+        S = int(s_last.max())
+        if S > 0 and bool((k > 1).any()):
+            F = model.F.detach().expand(B, -1, n, n)
+            G, Gs = Pres, []
+            for s in range(S):
+                G = F[:, s] @ G
+                G = G / G.abs().amax((-1, -2), keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+                Gs.append(G)
+            G = torch.stack(Gs, 1)  # [B, S, n, n]
+            for _ in range(8):  # Ruiz's equilibration: every nonzero row and column's max -> 1
+                r = G.abs().amax(-1, keepdim=True).sqrt()
+                c = G.abs().amax(-2, keepdim=True).sqrt()
+                G = G / torch.where(r > 0, r, 1.0) / torch.where(c > 0, c, 1.0)
+            sv = torch.linalg.svdvals(G)  # [B, S, n] descending
+            kth = sv.gather(-1, (k - 1).clamp_min(0)[:, None, None].expand(B, S, 1))[..., 0]
+            ratio = kth / sv[..., 0].clamp_min(torch.finfo(dtype).tiny)
+            upto = torch.arange(S, device=G.device) < s_last.unsqueeze(-1)
+            low = (ratio < _share(dtype)) & upto & (k > 1).unsqueeze(-1)
+            if bool(low.any()):
+                return None
+        if tau is not None or not bool((final > 0).any()):
+            return PiK, None
+        w, V = torch.linalg.eigh(PiK[:, -1])
+        N = V * (w > 0.5).to(V.dtype).unsqueeze(-2)
+        F = model.F.detach().expand(B, T1 - 1, n, n)
+        Hn = sequential._unit_rows(model)
+        dt = sequential._dif_tol(dtype)
+        reach = sequential.reach_projectors(F, N, Hn, dt)
+        prev = torch.cat([(N @ N.mT).unsqueeze(1), reach[:, :-1]], 1)
+        seen = torch.linalg.matrix_norm(Hn @ F @ prev)  # [B, T]
+        if bool((seen > dt * torch.linalg.matrix_norm(F)).any()):
+            return None
+    return PiK, reach
 
 
 def _information_head(model: Model, E: Element, bad, P0, tol, chunk):
@@ -684,15 +792,16 @@ def _head_and_tail(model, E, bad, head, m, P, tol, chunk) -> FilterParts:
     return FilterParts(filt, cat(pms), cat(pPs), cat(lls), prefix, x0)
 
 
-def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
+def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk, found, PiK, reach) -> FilterParts:
     """A diffuse direction not resolved within the sequential head: prefix information about x_0
-    with the prior applied at the end; the head found on the structural elements (or never)."""
+    with the prior applied at the end; the head ``found`` on the structural elements (or never;
+    :func:`_diffuse_head`), ``PiK`` [B, L+1, n, n] its unresolved projectors and ``reach`` the
+    range the never resolved ones reach at each step (:func:`_x0_trusted`)."""
     B, T, n = E.b.shape
-    Ph, Js, tau = _diffuse_head(model, E, PiN, tol, chunk)
-    PiK_head = None if tau is None else _null_projector(Js[:, :tau], PiN.unsqueeze(1), tol)
+    Ph, Js, tau = found
+    PiK_head = None if tau is None else PiK[:, :tau]
     seg = None
     if tau is None:  # some direction is never resolved
-        PiK = _null_projector(Js, PiN.unsqueeze(1), tol)
         mu, Sig = _post_prec(model.m0, model.L0, Ph.J, Ph.eta, PiK, known_prior(model))
         P, nd = Ph, T + 1
         allm, PiK_T = _moments(P.A, P.b, P.C, mu, Sig, PiK, nd), PiK[:, -1]
@@ -723,7 +832,7 @@ def _unresolved_parts(model: Model, E: Element, PiN, tol, chunk) -> FilterParts:
     pP = _sym(F @ allm.cov[:, :T] @ Ft + model.Q)
     pD = _sym(F @ allm.diffuse[:, :T] @ Ft)
     ll = step_loglik(model, pm, pP, pD, min(nd, T), tol)
-    return FilterParts(filt, pm, pP, ll, P, ("x0", seg, start_post, PiK_T))
+    return FilterParts(filt, pm, pP, ll, P, ("x0", seg, start_post, PiK_T, reach))
 
 
 def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments:
@@ -778,10 +887,11 @@ def smooth_moments(model: Model, parts: FilterParts, chunk: int = 32) -> Moments
     return sequential.smoothed(torch.cat(means, 1), cov, Pu)  # (forgotten ones stay diffuse)
 
 
-def _unresolved_reach(model: Model, K, PiK):
+def _unresolved_reach(model: Model, K, PiK, reach=None):
     """Kappa's smoothed coefficient ``K = A_t PiK A_t'`` [B, T, n, n] completed on the range that
     the prior's unresolved directions (``PiK`` [B, n, n] their projector) reach at each step,
-    carried as an orthonormal basis (:func:`kalmanscan.dense.sequential.reach_projectors`):
+    carried as an orthonormal basis (:func:`kalmanscan.dense.sequential.reach_projectors`; the
+    filter's ``reach``, None: computed here):
     ``A_t`` aligns the directions as a power of ``F`` does, and a second one whose share falls
     below the rounding (two unobserved states that ``F`` mixes, after about 26 steps) would
     leave ``K``'s range, and the precision along it finite
@@ -792,9 +902,11 @@ def _unresolved_reach(model: Model, K, PiK):
         w, V = torch.linalg.eigh(_sym(PiK.detach()))
         N = V * (w > 0.5).to(V.dtype).unsqueeze(-2)
         if bool((sequential.kappa_rank(K) < (w > 0.5).sum(-1).unsqueeze(-1)).any()):
-            Hn = sequential._unit_rows(model)
-            F = model.F.detach().expand(K.shape)
-            S = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
+            S = reach
+            if S is None:
+                Hn = sequential._unit_rows(model)
+                F = model.F.detach().expand(K.shape)
+                S = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
         else:  # K holds every direction (the loop over the steps not needed)
             S = _range_projector(
                 K.detach(), torch.linalg.matrix_norm(K.detach()), rank_tol(K.dtype)
@@ -811,11 +923,14 @@ def filtered_output(model: Model, parts: FilterParts) -> Moments:
     two directions that ``F`` mixes below its rounding, and the filtered precision along it was
     finite (the limit is 0). ``parts.filtered`` itself where every direction is resolved (no
     work). For the outputs only: the smoother starts from ``parts`` as they are."""
+    from kalmanscan.dense import sequential
+
     filt = parts.filtered
     x0 = parts.x0
-    if not (len(x0) == 4 and isinstance(x0[0], str) and x0[3] is not None) or not filt.ndiffuse:
+    if x0[0] == "head" and len(x0) == 2:  # the reference's head (over the whole series: its own)
+        return sequential.filtered_output(model, filt)
+    if not (x0[0] == "x0" and x0[3] is not None) or not filt.ndiffuse:
         return filt
-    from kalmanscan.dense import sequential
 
     nd = filt.ndiffuse
     B, T, n = filt.mean.shape
@@ -823,9 +938,11 @@ def filtered_output(model: Model, parts: FilterParts) -> Moments:
     with torch.no_grad():
         w, V = torch.linalg.eigh(_sym(x0[3].detach()))
         N = V * (w > 0.5).to(V.dtype).unsqueeze(-2)
-        F = model.F.detach().expand(B, T, n, n)[:, :nd]
-        Hn = sequential._unit_rows(model)[:, :nd]
-        R = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
+        R = None if x0[4] is None else x0[4][:, :nd]
+        if R is None:
+            F = model.F.detach().expand(B, T, n, n)[:, :nd]
+            Hn = sequential._unit_rows(model)[:, :nd]
+            R = sequential.reach_projectors(F, N, Hn, sequential._dif_tol(K.dtype))
     K = sequential.filtered_kappa(K, R)
     return filt._replace(diffuse=torch.cat([K, filt.diffuse[:, nd:]], 1))
 
@@ -843,12 +960,12 @@ def _smooth_from_x0(model, parts, S, Zb) -> Moments:
     B, T, n = S.b.shape
     A, b, C = parts.prefix.A[:, 1:], parts.prefix.b[:, 1:], parts.prefix.C[:, 1:]
     b2, C2, (A2,), _, _ = condition(Zb, b, C, A)
-    _, tau, start_post, PiK_T = parts.x0
+    _, tau, start_post, PiK_T, reach = parts.x0
     if tau is None:  # one segment: its start's posterior given all data was computed by the filter
         mu, Sig = (x.unsqueeze(1) for x in start_post)
         if PiK_T is not None:
             mm = _moments(A2, b2, C2, mu, Sig, PiK_T.unsqueeze(1), T)
-            return mm._replace(diffuse=_unresolved_reach(model, mm.diffuse, PiK_T))
+            return mm._replace(diffuse=_unresolved_reach(model, mm.diffuse, PiK_T, reach))
         return _moments(A2, b2, C2, mu, Sig, None, 0)
     # head: x_0 given all data (resolved: S_1.J is invertible on the diffuse part)
     mu_h, Sig_h = _post_prec(model.m0, model.L0, *_row_info(S.Z[:, :1]), None, known_prior(model))
