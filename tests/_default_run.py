@@ -224,6 +224,16 @@ REPEATS = {
         "test_ordinary_arrays_are_not_flagged[f32-triton]",
     ],
     "tests/test_lost_loglik.py": ["test_lost_lane_chunked_triton[f32]"],  # f64 stays
+    # the triton backend on every variance tiny: the API carries each scale's lane in its unit
+    # (filter._run, _in_units) before any backend runs, so the kernels see inputs of order 1 at
+    # every scale (|z| 5-10, obs_var 0.5-1.9); diffuse-1e-80 and proper-1e-150 stay, and every
+    # scale and prior on the other backends (the units' mapping is the same code for all)
+    "tests/test_tiny_variances.py": [
+        "test_every_variance_tiny_matches_mpmath[diffuse-1e-100-triton]",
+        "test_every_variance_tiny_matches_mpmath[diffuse-1e-150-triton]",
+        "test_every_variance_tiny_matches_mpmath[proper-1e-80-triton]",
+        "test_every_variance_tiny_matches_mpmath[proper-1e-100-triton]",
+    ],
     # CPU paths repeated at larger sizes: T1000-N7 (sequential) and T3000-N64 (torch) stay
     "tests/test_memory.py": [
         "test_repeated_runs_are_bitwise_identical[T3000-N64-f64-sequential]",

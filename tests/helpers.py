@@ -16,6 +16,17 @@ def read_only(*values) -> tuple:
     return values
 
 
+_CACHES: dict[str, dict] = {}
+
+
+def process_cache(name: str) -> dict:
+    """A dict for the references named ``name``, one a process: pytest imports a test file as
+    a top-level module, and a second file's ``from tests.test_x import ...`` imports it again
+    under that name, so a cache kept in the test file itself is two caches; this module is
+    imported once (``tests.helpers``)."""
+    return _CACHES.setdefault(name, {})
+
+
 def random_model(rng, T, N, *, missing=0.2, time_varying=True, diffuse=True, offset=True):
     shape = (T, N) if time_varying else (1, N)
     model = dict(

@@ -17,6 +17,9 @@ pytest.importorskip("matplotlib")
 from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 from kalmanscan.timeseries.csvfile import read_csv_series  # noqa: E402
 
+# (weekly periods read as their starts, PNG drawn; conftest.png_not_rasterized)
+PNG_DRAWN = {"test_weekly_period_intervals_read_as_their_starts"}
+
 GIVEN = ["--sigma2", "1", "--obs-var", "1"]
 PROG = "kalmanscan filter: "
 

@@ -21,6 +21,9 @@ import kalmanscan as ks  # noqa: E402
 from kalmanscan.timeseries import load_nile  # noqa: E402
 from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 
+# (the Nile with a data error, PNG drawn; conftest.png_not_rasterized)
+PNG_DRAWN = {"test_a_single_data_error_in_the_nile_is_said_once_naming_what_it_does"}
+
 
 def _sst(n=240):
     sm = pytest.importorskip("statsmodels.api")

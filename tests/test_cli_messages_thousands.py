@@ -22,6 +22,9 @@ import kalmanscan as ks  # noqa: E402
 from kalmanscan.timeseries import load_nile  # noqa: E402
 from kalmanscan.timeseries.cli import filter_main  # noqa: E402
 
+# (data of a huge scale, PNG drawn; conftest.png_not_rasterized)
+PNG_DRAWN = {"test_a_huge_log_likelihood_is_printed_in_scientific_notation"}
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIVEN = ["--sigma2", "1", "--obs-var", "1"]
 PROG = "kalmanscan filter: "

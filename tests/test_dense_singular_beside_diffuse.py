@@ -202,6 +202,8 @@ def _oracle_late_resolved():
     return dense_oracle(z, F, Q, H, R, prior_mean=np.zeros(3), prior_cov=P0), ref
 
 
+# one pytest-xdist worker runs every backend (``--dist loadgroup``): _oracle_late_resolved once
+@pytest.mark.xdist_group("late-resolved-oracle")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_known_difference_beside_late_resolved_diffuse_state(backend):
     # the diffuse state first observed at step 120, after the scan's sequential head (16 n + 64

@@ -171,6 +171,8 @@ def _central_reference():
     return w, out, fd
 
 
+# one pytest-xdist worker runs both (``--dist loadgroup``): _central_reference once
+@pytest.mark.xdist_group("exact-entry-central-differences")
 @pytest.mark.parametrize("backend", [pytest.param("auto", marks=needs_native), "torch"])
 def test_smoother_gradients_against_central_differences(backend):
     """Problem 1's autograd path: the gradients of smoothed means and covariances w.r.t. z, F,

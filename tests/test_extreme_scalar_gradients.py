@@ -44,6 +44,7 @@ import torch
 import kalmanscan as ks
 from kalmanscan.core import native
 from kalmanscan.testing import tolerance
+from tests.helpers import process_cache
 
 NAN = math.nan
 DPS = 400
@@ -138,13 +139,19 @@ def _mp_args(ins, n, over=None):
     return col["z"], col["R"], col["a"], col["p"], col["h"], col["c"], m0, P0
 
 
+def _lane(ins, n):
+    """Lane ``n``'s own inputs (``[T]`` columns, ``[1]`` priors): all a reference of it reads."""
+    return tuple((k, v[:, n] if v.ndim == 2 else v[n : n + 1]) for k, v in sorted(ins.items()))
+
+
 def _memo(fn):
-    """``fn(ins, n, *rest)`` computed once per content of ``ins`` (the mpmath references are the
-    same for every backend; only the backend's side is run again)."""
-    cache = {}
+    """``fn(ins, n, *rest)`` computed once per content of lane ``n`` (:func:`_lane`: the mpmath
+    references are the same for every backend, and for a lane alone or among others; only the
+    backend's side is run again; one cache a process: :func:`tests.helpers.process_cache`)."""
+    cache = process_cache(f"test_extreme_scalar_gradients.{fn.__name__}")
 
     def wrapped(ins, n, *rest):
-        key = (tuple((k, v.shape, v.tobytes()) for k, v in sorted(ins.items())), n, *rest)
+        key = (tuple((k, v.shape, v.tobytes()) for k, v in _lane(ins, n)), *rest)
         if key not in cache:
             cache[key] = fn(ins, n, *rest)
         return copy.deepcopy(cache[key])
@@ -345,12 +352,16 @@ CASES = [
 ]
 # fmt: on
 IDS = [c[0] for c in CASES]
+# The mpmath references are computed once a process (_memo) for every test, backend and file
+# (tests/test_native_extreme_variances.py) that asks: the tests of a case whose references take
+# seconds run on one pytest-xdist worker (``--dist loadgroup``), which computes them once.
+SHARED = {"decay-growth-gap-f64": [pytest.mark.xdist_group("extreme-decay-growth-gap")],
+          1: [pytest.mark.xdist_group("extreme-random-lanes-1")]}  # fmt: skip
 # the gradients' cases: the 70-step alternating lane's take 11-13 s each against mpmath on one
 # core (the heaviest of the default run), so they run in CI's slow step
-GRAD_CASES = [
-    pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] == "alternating-T70-f64" else [])
-    for c in CASES
-]
+SLOW = {"alternating-T70-f64": [pytest.mark.slow]}
+GRAD_CASES = [pytest.param(*c, id=c[0], marks=SLOW.get(c[0], SHARED.get(c[0], []))) for c in CASES]
+SEEDS = [pytest.param(seed, marks=SHARED.get(seed, [])) for seed in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -489,7 +500,7 @@ def _sweep_lane(rng, T):
             return lane
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_extreme_lanes_match_mpmath(seed):
     """Eight random lanes of mixed extremes (:func:`_sweep_lane`), six steps, a call each:
     values, the log-likelihood's and the smoothed means' gradients, both backends."""

@@ -204,16 +204,18 @@ def test_lane_by_lane_form_equals_the_vectorized_tile(rng, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 def test_no_process_noise_contracting_state_over_long_records(dtype):
-    """process_var = 0, |decay| < 1, 10^4 and 10^5 steps: the precision grows like decay**(-2t)
-    past every float; it is inf (variance 0) there, not an error, and the mean is the value the
-    deterministic dynamics give, as the sequential reference says (float64)."""
-    for T in (10_000, 100_000):
+    """process_var = 0, |decay| < 1: the precision grows like decay**(-2t) past every float; it
+    is inf (variance 0) there, not an error, and the mean is the value the deterministic dynamics
+    give, as the sequential reference says (float64: decay 0.5 leaves the range at about 512
+    steps, 600 steps checked), and over 10^4 and 10^5 steps of decay 0.9577 (the kernel alone;
+    the sequential reference takes about 0.5 ms a step)."""
+    for T, decay in ((600, 0.5), (10_000, 0.9577), (100_000, 0.9577)):
         N = 2
         g = torch.Generator().manual_seed(T)
-        z = (0.4 / (1 - 0.9577) + torch.randn(T, N, generator=g, dtype=torch.float64)).to(dtype)
+        z = (0.4 / (1 - decay) + torch.randn(T, N, generator=g, dtype=torch.float64)).to(dtype)
         s = lambda v: torch.full((1, 1), v, dtype=dtype)  # noqa: E731
         x0 = (torch.zeros(N, dtype=dtype), torch.zeros(N, dtype=dtype), torch.ones(N, dtype=dtype))
-        params = (z, s(1.0), s(0.9577), s(0.0), s(1.0), s(0.4))
+        params = (z, s(1.0), s(decay), s(0.0), s(1.0), s(0.4))
         res = native.smooth_lanes(*params, x0)
         assert res["flags"] == 0
         # the variance ~ decay**(2t) is below the smallest float: 0 or a few subnormal ulps
@@ -221,7 +223,7 @@ def test_no_process_noise_contracting_state_over_long_records(dtype):
         assert (res["var"][-10:] < tiny).all() and torch.isinf(res["precision"][-10:]).all()
         assert (res["smooth_var"][:10] >= 0).all() and torch.isfinite(res["smooth_mean"]).all()
         assert torch.isfinite(res["loglik"]).all()
-        if dtype == torch.float64 and T == 10_000:
+        if dtype == torch.float64 and T == 600:
             ref = sequential.smooth_lanes(*params, x0)
             for k in ("mean", "var", "precision", "smooth_mean", "smooth_var", "loglik"):
                 assert_close(res[k], ref[k], "parallel", dtype, what=k)

@@ -31,6 +31,7 @@ from tests.test_extreme_scalar_gradients import (
     GRAD_CASES,
     IDS,
     OBS_CASES,
+    SEEDS,
     _check_grad,
     _check_values,
     _inputs,
@@ -125,7 +126,7 @@ def test_extreme_lanes_in_one_tile_match_mpmath():
         _check_grad(ins, torch.float64, B, of)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_extreme_lanes_match_mpmath(seed):
     """The other file's random lanes of mixed extremes (eight a seed; an OverflowError before on
     four of the 24), one call each, then all eight in one call."""

@@ -6,6 +6,7 @@ range, 80 significant digits: the smoother's backward gain can amplify rounding 
 step, up to ~1e19 over 1000 steps at decay 0.9577, far inside 80 digits).
 """
 
+import functools
 import math
 
 import mpmath as mp
@@ -320,16 +321,29 @@ def test_loglik_convention_statsmodels(h, a, p, R, backend):
         ks.filter(y, R, a, p, loglik_convention="KFAS")
 
 
+def _tiny_obs_var_data():
+    return np.random.default_rng(0).normal(size=300)
+
+
+@functools.cache
+def _tiny_obs_var_oracle(obs_var):
+    """The oracle's ``{"obs_var": d loglik / d obs_var, "process_var": ...}`` on
+    :func:`_tiny_obs_var_data` (about 0.6 s), once a process for every backend."""
+    from kalmanscan.validation.oracle import scalar_loglik_grad
+
+    return scalar_loglik_grad(_tiny_obs_var_data(), obs_var, 0.9, 1.0)
+
+
+# one pytest-xdist worker runs the cases (``--dist loadgroup``): the oracle once an obs_var
+@pytest.mark.xdist_group("tiny-obs-var-oracle")
 @pytest.mark.parametrize("obs_var", [1e-3, 1e-12, 1e-40, 1e-155, 1e-300])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_loglik_gradient_in_tiny_obs_var(obs_var, backend):
     """d loglik / d obs_var against the mpmath oracle (validation.oracle) however small obs_var
     is: the update is applied in its R-scaled form, without 1/R (through phi = h^2/R the
     gradient was 3e-5 off at 1e-12 and garbage below 1e-16)."""
-    from kalmanscan.validation.oracle import scalar_loglik_grad
-
-    z = np.random.default_rng(0).normal(size=300)
-    want = scalar_loglik_grad(z, obs_var, 0.9, 1.0)
+    z = _tiny_obs_var_data()
+    want = dict(_tiny_obs_var_oracle(obs_var))
     R = torch.tensor(obs_var, dtype=torch.float64, requires_grad=True)
     p = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
     g = torch.autograd.grad(ks.loglik(torch.tensor(z), R, 0.9, p, backend=backend), [R, p])

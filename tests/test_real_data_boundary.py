@@ -16,6 +16,9 @@ import kalmanscan as ks
 from kalmanscan.testing import assert_close, tolerance
 from kalmanscan.timeseries.profile import drop_for
 
+# (a fit on its bound, PNG drawn; conftest.png_not_rasterized)
+PNG_DRAWN = {"test_cli_reports_the_bound"}
+
 sm = pytest.importorskip("statsmodels.api")
 LOCAL_LEVEL = {"theta": 0.0, "mu": 0.0}
 DROP_ATOL = tolerance("profile_drop", "float64")

@@ -16,6 +16,9 @@ from kalmanscan.testing import assert_close, tolerance
 from kalmanscan.timeseries import load_nile
 from kalmanscan.timeseries.robust import auxiliary_residuals, default_threshold, fit_ou_robust
 
+# (a robust fit of the Nile, PNG drawn; conftest.png_not_rasterized)
+PNG_DRAWN = {"test_cli_robust"}
+
 LOCAL_LEVEL = {"theta": 0.0, "mu": 0.0}
 YEARS, FLOW = load_nile()
 FLOW = FLOW.astype(np.float64)

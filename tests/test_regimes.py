@@ -11,6 +11,8 @@ the mark must go.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -56,13 +58,25 @@ def _truth(name):
         if name in _SCALAR:
             r = _SCALAR[name]
             _TRUTH[name] = scalar_oracle(
-                r.z, r.obs_var, r.decay, r.process_var, r.loading, r.offset, r.prior_mean,
+                r.z,
+                r.obs_var,
+                r.decay,
+                r.process_var,
+                r.loading,
+                r.offset,
+                r.prior_mean,
                 r.prior_var,
             )
         else:
             r = _DENSE[name]
             _TRUTH[name] = dense_oracle(
-                r.z, r.F, r.Q, r.H, r.R, offset=r.offset, prior_mean=r.prior_mean,
+                r.z,
+                r.F,
+                r.Q,
+                r.H,
+                r.R,
+                offset=r.offset,
+                prior_mean=r.prior_mean,
                 prior_cov=r.prior_cov,
             )
     return _TRUTH[name]
@@ -76,11 +90,18 @@ def _available(backend, dense=False):
     return R._dense_native() if dense else native.available()
 
 
+def _shared(name):
+    """A regime's default cases run on one pytest-xdist worker (``--dist loadgroup``), which
+    computes its oracle (:func:`_truth`, ``_GRAD_TRUTH``: seconds for the long lanes) once for
+    every backend."""
+    return pytest.mark.xdist_group("regime-" + re.sub(r"[^\w.=-]+", "_", name))
+
+
 def _cases(names, backends, slow):
     out = []
     for name in names:
         for be in backends:
-            marks = [pytest.mark.slow] if slow else []
+            marks = [pytest.mark.slow] if slow else [_shared(name)]
             if (name, be) in KNOWN_FAILURES:
                 marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[(name, be)]))
             out.append(pytest.param(name, be, marks=marks, id=f"{name}-{be}"))
@@ -89,11 +110,7 @@ def _cases(names, backends, slow):
 
 def _check(errs, name, backend):
     sd, rel = R.TOLERANCES[("oracle_sd", "float64")], R.TOLERANCES[("oracle", "float64")]
-    bad = {
-        k: v
-        for k, v in errs.items()
-        if not v <= (sd if k.endswith("mean_sd") else rel)
-    }
+    bad = {k: v for k, v in errs.items() if not v <= (sd if k.endswith("mean_sd") else rel)}
     assert not bad, f"{name} / {backend} float64: {bad}"
 
 
@@ -160,8 +177,7 @@ def test_dense_regime_battery(name, backend):
 
 
 # gradients of the log-likelihood (ks.loglik(...).backward()) against the oracle's
-GRAD_FAILURES: dict[tuple[str, str], str] = {
-}
+GRAD_FAILURES: dict[tuple[str, str], str] = {}
 FAST_GRAD = (
     "p=0 a=0.9577 c=0.4 T=1000",
     "p=0 a=1.01 (explosive) T=500",
@@ -175,7 +191,7 @@ def _grad_cases(names, slow):
     out = []
     for name in names:
         for be in R.SCALAR_BACKENDS:
-            marks = [pytest.mark.slow] if slow else []
+            marks = [pytest.mark.slow] if slow else [_shared(name)]
             if (name, be) in GRAD_FAILURES:
                 marks.append(pytest.mark.xfail(strict=True, reason=GRAD_FAILURES[(name, be)]))
             out.append(pytest.param(name, be, marks=marks, id=f"grad-{name}-{be}"))
@@ -191,8 +207,14 @@ def _grad_case(name, backend):
     vals = {k: float(getattr(reg, k)[0]) for k in ("obs_var", "decay", "process_var", "offset")}
     if name not in _GRAD_TRUTH:
         _GRAD_TRUTH[name] = scalar_loglik_grad(
-            reg.z, vals["obs_var"], vals["decay"], vals["process_var"], float(reg.loading[0]),
-            vals["offset"], reg.prior_mean, reg.prior_var,
+            reg.z,
+            vals["obs_var"],
+            vals["decay"],
+            vals["process_var"],
+            float(reg.loading[0]),
+            vals["offset"],
+            reg.prior_mean,
+            reg.prior_var,
         )
     err = R.grad_rel(R.scalar_grad(reg, backend), _GRAD_TRUTH[name], vals)
     assert err <= R.TOLERANCES[("kernel_grad", "float64")], f"{name} / {backend}: {err:.2e}"

@@ -28,6 +28,7 @@ gradients there are 0.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -80,10 +81,20 @@ def _inputs(case, dtype):
     return ins
 
 
+_TRUTHS = {}
+
+
 def _truth(ins, ts, smooth=True):
     """The smoothed (``smooth``) or filtered variances at steps ``ts`` and ``{key: [len(ts), T
     or 1]}``, their derivatives in each step's input (``P0``: the prior variance), by the complex
-    step."""
+    step: computed once a process for every backend (a copy each call)."""
+    key = (tuple((k, v.tobytes()) for k, v in sorted(ins.items())), tuple(ts), smooth)
+    if key not in _TRUTHS:
+        _TRUTHS[key] = _complex_step_truth(ins, ts, smooth)
+    return copy.deepcopy(_TRUTHS[key])
+
+
+def _complex_step_truth(ins, ts, smooth):
     observed = [not math.isnan(x) for x in ins["z"]]
     out = {}
     with mp.workdps(DPS):
@@ -210,8 +221,18 @@ CASES = [
 # fmt: on
 
 
+def _shared(name):
+    """A case's backends run on one pytest-xdist worker (``--dist loadgroup``), which computes
+    its references once (:func:`_truth`: seconds for the long gap, every step's inputs by the
+    complex step)."""
+    return pytest.mark.xdist_group(f"forget-references-{name}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("cid, dtype, case, forget, exact", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "cid, dtype, case, forget, exact",
+    [pytest.param(*c, id=c[0], marks=_shared(c[0])) for c in CASES],
+)
 def test_smoothed_variance_gradient_before_a_forget(cid, dtype, case, forget, exact, backend):
     """The smoothed variances before the step that forgets and their gradients in every input
     (NaN or inf before, for variances past ``finfo.max 2**-G``)."""
@@ -219,7 +240,10 @@ def test_smoothed_variance_gradient_before_a_forget(cid, dtype, case, forget, ex
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(F64, id="f64", marks=_shared("held-f64")),
+              pytest.param(F32, id="f32", marks=_shared("held-f32"))],
+)  # fmt: skip
 def test_filtered_variance_gradient_past_the_held_range(dtype, backend):
     """The filtered variances of a prior of 1e300 (float32: 1e36) carried over a gap, then
     observed with obs_var as large, and their gradients (NaN before): the same held triples
@@ -237,7 +261,10 @@ ORDINARY = dict(z=[0.3, NAN, 1.1, -0.4, 0.8, NAN, 0.2], R=[0.5, 1.0, 0.7, 0.3, 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(F64, id="f64", marks=_shared("ordinary-f64")),
+              pytest.param(F32, id="f32", marks=_shared("ordinary-f32"))],
+)  # fmt: skip
 def test_ordinary_model_with_a_forget(dtype, backend):
     """Every step's smoothed variance and its gradients, an ordinary model."""
     _check(ORDINARY, dtype, backend, range(len(ORDINARY["z"])), exact=False)

@@ -42,11 +42,11 @@ GTOL = {torch.float64: (1e-9, 1e-12), torch.float32: (2e-3, 1e-5)}
 NAN = math.nan
 
 
-def mp_lane(z, R, a, p, h, c, m0, P0):
+def mp_lane(z, R, a, p, h, c, m0, P0, smooth=True):
     """One lane in mpmath: ``(ll, mean, var, pred_mean, pred_var, smooth_mean, smooth_var)``
     (lists of mp numbers; None where diffuse). Inputs are sequences of mp numbers (mpf, or mpc
     for the complex step); ``z`` None where missing; ``P0`` None: diffuse; ``a == 0``
-    forgets."""
+    forgets. ``smooth=False``: the filter's alone (``smooth_mean``, ``smooth_var`` None)."""
     T = len(z)
     m, P = (None, None) if P0 is None else (m0, P0)
     ll = mp.mpf(0)
@@ -67,6 +67,8 @@ def mp_lane(z, R, a, p, h, c, m0, P0):
                 m, P = m + P * h[t] * (z[t] - h[t] * m) / S, P * R[t] / S
         out["mean"].append(m)
         out["var"].append(P)
+    if not smooth:
+        return ll, out["mean"], out["var"], out["pmean"], out["pvar"], None, None
     L, E = mp.mpf(0), mp.mpf(0)
     sm, sv = [None] * T, [None] * T
     for t in range(T - 1, -1, -1):
@@ -136,7 +138,7 @@ def _mp_grad(ins, n, keys, of="ll"):
                 if key == "z" and math.isnan(x):
                     continue
                 step = mp.mpf(abs(x) if x != 0 else 1e-300) * mp.mpf(10) ** -40
-                res = mp_lane(*_mp_args(ins, n, {(key, t): mp.mpc(x, step)}))
+                res = mp_lane(*_mp_args(ins, n, {(key, t): mp.mpc(x, step)}), smooth=of != "ll")
                 val = res[0] if of == "ll" else mp.fsum(s for s in res[5] if s is not None)
                 g[t] = float(mp.im(val) / step)
             out[key] = g
