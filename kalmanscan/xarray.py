@@ -20,6 +20,7 @@ there). :func:`to_dataset` is ``OUModel.to_dataset`` on numpy/pandas data, and
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -237,7 +238,11 @@ def _where(da: xr.DataArray, time_dim: str):
     gets its own."""
     series_dims = tuple(d for d in da.dims if d != time_dim)
     where = dict(series_dims=series_dims, dims=da.dims, time_labels=_dim_labels(da, time_dim))
-    return where, [xr.DataArray(_dim_labels(da, d), dims=d) for d in series_dims]
+    labels = [xr.DataArray(_dim_labels(da, d), dims=d) for d in series_dims]
+    if da.chunks is not None:  # (chunked as the data: dask cannot size object labels, tuples of
+        # a MultiIndex, by itself)
+        labels = [v.chunk({d: da.chunksizes[d]}) for v, d in zip(labels, series_dims, strict=True)]
+    return where, labels
 
 
 def _label_text(v) -> str:
@@ -310,7 +315,9 @@ def filter_dataarray(
     ``model`` is an :class:`OUModel`, an :class:`OUFit`, a parameter Dataset from
     :func:`fit_dataarray`, or ``None`` with parameters as keywords (``sigma2=``, ``obs_var=``,
     optional ``theta=``, ``mu=``; scalars, arrays over the series dims, or DataArrays).
-    Dask-chunked input stays lazy and runs chunk-wise over the series dims.
+    Dask-chunked input stays lazy and runs chunk-wise over the series dims. With a fit, the
+    series it did not fit (fewer than 2 observations, or constant) are NaN
+    (:func:`_blank_unfitted`).
 
     >>> import numpy as np, xarray as xr
     >>> z = np.array([[1.0, 2.0], [np.nan, 2.5], [1.5, 3.0]])
@@ -378,12 +385,51 @@ def filter_dataarray(
     if fit is not None:
         _record_fit(ds, fit, da, time_dim)
         view.add_units(ds, view.data_units(da), _time_units(da, time_dim, ax))  # of the *_se
+        _blank_unfitted(ds, time_dim)
     if isinstance(da.name, str) and da.name:  # as OUModel.to_dataset(name=...) records it
         ds.attrs["name"] = da.name
     return ds
 
 
 _FIT_ATTRS = ("fitted", "fixed", "joint", "n_iter")
+
+
+def _blank_unfitted(ds: xr.Dataset, time_dim: str) -> None:
+    """NaN in the results computed from the parameters for the series a separate fit did not
+    fit (``converged`` 0 and, by ``fit_ou``'s rule, fewer than 2 observations or constant: their
+    parameters the starting values), as ``OUFit``'s methods give; with a warning naming them
+    where the data are in memory (lazy data stay lazy, unnamed)."""
+    if "converged" not in ds or ds.attrs.get("joint", 0) or not ds["converged"].dims:
+        return
+    z = ds["observed"]
+    n = z.count(time_dim)
+    constant = (n >= 2) & (z.max(time_dim) == z.min(time_dim))
+    none = (ds["converged"] == 0) & ((n < 2) | constant)
+    lazy = _is_lazy(none)
+    if not lazy and not bool(none.any()):
+        return
+    from kalmanscan.timeseries.result import _DERIVED_VARS
+
+    for k in _DERIVED_VARS:
+        if k in ds:
+            view.put(ds, k, ds[k].where(~none))
+    if not lazy:
+        flat = none.stack(_s=none.dims) if none.ndim > 1 else none
+        shown = [
+            ", ".join(f"{d}={_label_text(flat[d].values[i])}" for d in none.dims)
+            for i in np.flatnonzero(flat.values)[:5]
+        ]
+        more = f" and {int(flat.sum()) - len(shown)} more" if int(flat.sum()) > len(shown) else ""
+        warnings.warn(
+            f"kalman.filter: NaN for series {'; '.join(shown)}{more}: not fitted (fewer than 2 "
+            "observations, or constant), so there is no estimate (their parameters are only the "
+            "fit's starting values)",
+            stacklevel=4,
+        )
+
+
+def _is_lazy(x) -> bool:
+    return getattr(x, "chunks", None) is not None
 
 
 def _record_fit(ds: xr.Dataset, fit, da: xr.DataArray, time_dim: str) -> None:
@@ -419,7 +465,7 @@ def _record_fit(ds: xr.Dataset, fit, da: xr.DataArray, time_dim: str) -> None:
         return
     for k in [p + "_se" for p in PARAMS] + ["converged"]:
         if k in fit:
-            ds[k] = view.match_series(k, fit[k], da, time_dim)
+            view.put(ds, k, view.match_series(k, fit[k], da, time_dim))
     ds.attrs.update({k: fit.attrs[k] for k in _FIT_ATTRS if k in fit.attrs})
 
 
@@ -732,9 +778,10 @@ def fit_dataarray(
             )
         ds = xr.Dataset()
         for j, p in enumerate(PARAMS):
-            ds[p] = est.isel(param=j, drop=True)
-            ds[p + "_se"] = se.isel(param=j, drop=True)
-        ds["loglik"], ds["converged"], ds["n_obs"] = ll, conv, nobs
+            view.put(ds, p, est.isel(param=j, drop=True))
+            view.put(ds, p + "_se", se.isel(param=j, drop=True))
+        for k, v in (("loglik", ll), ("converged", conv), ("n_obs", nobs)):
+            view.put(ds, k, v)
     ds.attrs.update(
         {
             "model": MODEL_DESCRIPTION,
@@ -779,7 +826,14 @@ class _KalmanAccessor:
             nullable = [k for k in names if not isinstance(sub[k].dtype, np.dtype)]
             sub = sub.assign({k: sub[k].astype(np.float64) for k in nullable})
             units = {view.data_units(sub[k]) for k in names}
-            da = sub.to_dataarray(dim="series")
+            if len({frozenset(sub[k].dims) for k in names}) > 1:
+                # variables over different dims: each its own series, none broadcast along a dim
+                # it lacks (one series per variable and label; a MultiIndex "series" of the
+                # variable and the labels, NaN where a variable lacks that dim)
+                da = sub.to_stacked_array("series", [time_dim], variable_dim="variable")
+                da.name = None
+            else:
+                da = sub.to_dataarray(dim="series")
             da.attrs.pop("units", None)  # (the Dataset's attrs)
             if len(units) == 1 and None not in units:  # the series' units, where they share one
                 da.attrs["units"] = units.pop()
@@ -802,7 +856,9 @@ class _KalmanAccessor:
         """Filter/smooth every series along ``time_dim``; see :func:`filter_dataarray`.
 
         On a Dataset, the data variables with ``time_dim`` become a ``series`` dim (but CF bounds
-        variables: ``time_bnds``, named by a variable's ``bounds`` attr).
+        variables: ``time_bnds``, named by a variable's ``bounds`` attr); variables over
+        different dims are stacked without broadcasting, ``series`` then a MultiIndex of
+        ``variable`` and the other dims' labels (docs/api.md, "The .kalman accessor").
 
         >>> import numpy as np, xarray as xr, kalmanscan.xarray
         >>> da = xr.DataArray([1.0, 2.0, np.nan, 2.5], dims="time")

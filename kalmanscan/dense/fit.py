@@ -1,8 +1,9 @@
 """Maximum-likelihood fitting of the variances of a dense model, many series at once.
 
 Notation (docs/dense.md, "Fitting"): a model builder ``build(**x) -> DenseModel`` whose free
-parameters ``x_j >= 0`` are variances, entering linearly: ``Q = sum_j x_j Q_j``,
-``R = sum_j x_j R_j`` with ``F``, ``H`` and ``offset`` not depending on them (checked). Each series
+parameters ``x_j >= 0`` are variances, entering linearly: ``Q = Q0 + sum_j x_j Q_j``,
+``R = R0 + sum_j x_j R_j`` (``Q0``, ``R0``: the fixed parameters' constant part) with ``F``,
+``H`` and ``offset`` not depending on them (checked). Each series
 ``z [T, d]`` is standardized by ``s`` (the standard deviation of its first differences), the
 parameters by ``s**2``, and the negative exact-diffuse log-likelihood per observation is minimized
 over ``u_j = log(x_j / s**2)`` by :func:`kalmanscan.timeseries.optim.minimize`, the batched
@@ -42,7 +43,10 @@ class DenseFit(NamedTuple):
     information (the inverse Hessian of the log-likelihood at the estimate), NaN for an estimate
     on its boundary (the others' are then those with it held at 0), where the fit did not
     converge or the Hessian is not positive definite; stderr_note: why a series has NaN standard
-    errors ("" where it has none missing). The fitted model of series ``i`` is
+    errors ("" where it has none missing). A series without an estimate (no more observations
+    than free variances; every variance on its bound 0 with none fixed, where the likelihood is
+    unbounded: a constant series) has NaN params, loglik and stderr, converged False and a
+    message saying why. The fitted model of series ``i`` is
     ``build(**fixed, **{p: v[i] for p, v in params.items()})``.
 
     >>> import numpy as np, kalmanscan.dense as kd
@@ -99,8 +103,9 @@ def _as_np(x):
 
 
 def _basis(build, names, fixed):
-    """(F, H, offset, [Q_j], [R_j]) from unit values of each free parameter; raises unless the
-    parameters enter Q and R linearly and nothing else."""
+    """(F, H, offset, Q0, R0, [Q_j], [R_j]) with ``Q = Q0 + sum_j x_j Q_j`` (likewise R): the
+    free parameters' unit matrices and the constant part the fixed values make (0 where none);
+    raises unless the free parameters enter Q and R so and nothing else."""
 
     def at(vals):
         m = build(**fixed, **dict(zip(names, vals, strict=True)))
@@ -116,6 +121,14 @@ def _basis(build, names, fixed):
         plus = at(np.ones(k) + np.eye(k)[j])
         diff = zip(plus, ones, strict=True)
         units.append([p - o if i in (1, 3) else p for i, (p, o) in enumerate(diff)])
+    try:  # the constant part: the model at x = 0, where the builder takes it
+        const = at(np.zeros(k))
+        const = [const[1], const[3]]
+    except (ValueError, ZeroDivisionError, FloatingPointError):
+        const = [ones[i] - sum(u[i] for u in units) for i in (1, 3)]
+        for c, i in enumerate((1, 3)):  # (rounding left by the differences is no fixed part)
+            if np.abs(const[c]).max() <= 1e-12 * max(np.abs(u[i]).max() for u in units):
+                const[c] = np.zeros_like(const[c])
     probe = np.random.default_rng(0).uniform(0.5, 2.0, size=k)
     mp = at(probe)
     for j, u in enumerate(units):
@@ -125,17 +138,18 @@ def _basis(build, names, fixed):
                     f"build: expected {names} to be variances that enter Q and R only; "
                     f"{what} changes with {names[j]!r}"
                 )
-    for i, what in ((1, "Q"), (3, "R")):
+    held = f" plus a constant part from fixed {fixed}" if fixed else ""
+    for c, (i, what) in enumerate(((1, "Q"), (3, "R"))):
         for x, ref in ((probe, mp[i]), (np.ones(k), ones[i])):
-            lin = sum(p * u[i] for p, u in zip(x, units, strict=True))
+            lin = const[c] + sum(p * u[i] for p, u in zip(x, units, strict=True))
             scale = max(np.abs(ref).max(), 1e-300)
             if lin.shape != ref.shape or np.abs(lin - ref).max() > 1e-10 * scale:
                 raise ValueError(
-                    f"build: expected {what} to be linear in {names} (variances); "
-                    f"{what}(x) differs from sum_j x_j d{what}/dx_j"
+                    f"build: expected {what} to be linear in the free variances {names}{held} "
+                    f"({what}(x) = {what}0 + sum_j x_j d{what}/dx_j); it is not"
                 )
     F, H, off = mp[0], mp[2], mp[4]
-    return F, H, off, [u[1] for u in units], [u[3] for u in units]
+    return F, H, off, const[0], const[1], [u[1] for u in units], [u[3] for u in units]
 
 
 def _per_step(a, k: int, ndim: int, axis):
@@ -168,33 +182,44 @@ def _scale(zl: torch.Tensor) -> np.ndarray:
 class _Objective:
     """``fun(U [P, n, k], idx [n]) -> [P, n]``: minus the log-likelihood per observation."""
 
-    def __init__(self, zl, F, H, off, Qs, Rs, scale, n_obs, backend):
+    def __init__(self, zl, F, H, off, Q0, R0, Qs, Rs, scale, n_obs, backend):
         self.N, self.T, self.d = zl.shape
         self.n = F.shape[-1]
-        self.zs = zl / torch.as_tensor(scale)[:, None, None]
+        self.scale = np.asarray(scale, dtype=np.float64)
+        self.zs = zl / torch.as_tensor(self.scale)[:, None, None]
         t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
         self.F, self.H, self.off = t(F), t(H), t(off)
         qs, rs = (
-            np.broadcast_shapes(*(q.shape for q in Qs)),
-            np.broadcast_shapes(*(r.shape for r in Rs)),
+            np.broadcast_shapes(Q0.shape, *(q.shape for q in Qs)),
+            np.broadcast_shapes(R0.shape, *(r.shape for r in Rs)),
         )
         self.Qs = torch.stack([t(np.broadcast_to(q, qs)) for q in Qs])  # [k, (T,) n, n]
         self.Rs = torch.stack([t(np.broadcast_to(r, rs)) for r in Rs])
+        # the fixed parameters' constant part, None where it is 0
+        self.Q0 = t(np.broadcast_to(Q0, qs)) if np.any(Q0 != 0) else None
+        self.R0 = t(np.broadcast_to(R0, rs)) if np.any(R0 != 0) else None
         self.n_obs = np.maximum(n_obs, 1)
         self.backend = backend
         self.calls = 0
 
-    def _lanes(self, x):  # x [L, k] standardized variances -> Q [L, (T,) n, n], R [L, (T,) d, d]
+    def _lanes(self, x, idx):
+        """x [L, k] standardized variances of series idx [L] -> Q [L, (T,) n, n], R [L, (T,) d,
+        d], the fixed part over the series' squared scale."""
         xt = torch.as_tensor(x)
         Q = torch.einsum("lk,k...->l...", xt, self.Qs)
         R = torch.einsum("lk,k...->l...", xt, self.Rs)
+        inv = torch.as_tensor(1.0 / self.scale[np.asarray(idx)] ** 2)
+        if self.Q0 is not None:
+            Q = Q + inv.reshape(-1, *[1] * self.Q0.ndim) * self.Q0
+        if self.R0 is not None:
+            R = R + inv.reshape(-1, *[1] * self.R0.ndim) * self.R0
         return Q, R
 
     def loglik(self, x, idx):
         """log-likelihood [L] of standardized series idx [L] at standardized variances x [L, k]."""
         self.calls += 1
         L = len(idx)
-        Q, R = self._lanes(x)
+        Q, R = self._lanes(x, idx)
         z = self.zs[torch.as_tensor(idx)]
         if self.backend == "native":
             T, n, d = self.T, self.n, self.d
@@ -260,6 +285,39 @@ def _standard_errors(opt, est, n_obs, status, names):
     return se, note
 
 
+def _unbounded_text(z: np.ndarray) -> str:
+    """Why a series ``z [T, d]`` (NaN missing) whose every variance went to 0 has no estimate."""
+    seen = z[~np.isnan(z)]
+    if seen.size and np.all(seen == seen[0]):
+        what = f"every observed value is {float(seen[0])!r} (a constant series)"
+    else:
+        what = "the model without noise reproduces the observations exactly"
+    return (
+        f"{what}: the likelihood grows without bound as the variances go to 0, so there is no "
+        "maximum-likelihood estimate"
+    )
+
+
+def _warn_no_estimate(none: np.ndarray, msg: np.ndarray, shape: tuple) -> None:
+    """One warning naming the series (positions in the series shape) without an estimate."""
+    if not none.any():
+        return
+    for why in dict.fromkeys(msg[none]):
+        idx = np.flatnonzero(none & (msg == why))
+        if shape == ():
+            where = "the series has"
+        else:
+            pos = [tuple(int(a) for a in np.unravel_index(i, shape)) for i in idx[:5]]
+            shown = ", ".join(str(p[0]) if len(p) == 1 else str(p) for p in pos)
+            more = f" and {idx.size - 5} more" if idx.size > 5 else ""
+            where = f"series {shown}{more} have"
+        warnings.warn(
+            f"kd.fit: {where} no estimate ({why}); params, loglik and stderr are NaN there and "
+            "converged False",
+            stacklevel=3,
+        )
+
+
 def fit(
     z,
     build,
@@ -278,7 +336,9 @@ def fit(
     :func:`kalmanscan.dense.local_linear_trend`; its parameters without a default that are not in
     ``fixed`` (1 to 4) are fitted and must be variances entering ``Q`` and ``R`` linearly (checked:
     a ``ValueError`` names the parameter otherwise). fixed: ``{name: value}`` passed to ``build``
-    as is. init: optional starting values ``{name: value or [series] array}`` (natural units);
+    as is; a variance fixed at a nonzero value is a constant term of ``Q`` or ``R``. Series
+    without an estimate (:class:`DenseFit`) are NaN, with one warning naming them. init:
+    optional starting values ``{name: value or [series] array}`` (natural units);
     by default every combination of 0.01 and 0.3 times the series' squared difference scale is
     tried and the best taken. max_iter, tol: the optimizer's iteration limit and gradient
     tolerance (per observation, standardized). backend: ``"auto"`` (the native log-likelihood
@@ -295,8 +355,14 @@ def fit(
     """
     fixed = dict(fixed or {})
     names = _free_names(build, fixed)
+    # (the fit runs in float64 on the CPU: a float32 tensor would build float32 matrices, whose
+    # rounding the linearity check of _basis rightly refuses)
+    fixed = {
+        p: v.detach().cpu().double() if isinstance(v, torch.Tensor) and v.is_floating_point()
+        else v for p, v in fixed.items()
+    }  # fmt: skip
     k = len(names)
-    F, H, off, Qs, Rs = _basis(build, names, fixed)
+    F, H, off, Q0, R0, Qs, Rs = _basis(build, names, fixed)
     if backend not in ("auto", "native", "torch"):
         raise ValueError(f"backend: expected 'auto', 'native' or 'torch', got {backend!r}")
     if not isinstance(max_iter, int) or max_iter < 1:
@@ -306,15 +372,15 @@ def fit(
     zt = z.detach().cpu() if isinstance(z, torch.Tensor) else z
     lay = lambda a, k: _per_step(a, k, np.ndim(zt), axis)  # noqa: E731
     model, layout = _args.prepare(
-        zt, lay(F, 2), lay(sum(Qs), 2), lay(H, 2), lay(sum(Rs), 2), lay(off, 1), None, None,
-        None, axis, mask=False,
+        zt, lay(F, 2), lay(Q0 + sum(Qs), 2), lay(H, 2), lay(R0 + sum(Rs), 2), lay(off, 1), None,
+        None, None, axis, mask=False,
     )  # fmt: skip
     backend = backends.resolve(backend, torch.device("cpu"), op="dense")  # fitting runs on the CPU
     zl = model.z.to(torch.float64)
     N = zl.shape[0]
     n_obs = (~torch.isnan(zl)).sum((1, 2)).numpy().astype(np.float64)
     s = _scale(zl)
-    fun = _Objective(zl, F, H, off, Qs, Rs, s, n_obs, backend)
+    fun = _Objective(zl, F, H, off, Q0, R0, Qs, Rs, s, n_obs, backend)
     idx_all = np.arange(N)
     if init:
         bad = sorted(set(init) - set(names))
@@ -340,21 +406,32 @@ def fit(
     )
     x = np.where(opt.at_boundary, 0.0, np.exp(opt.u))
     est = x * (s**2)[:, None]
-    ll = _Objective(zl, F, H, off, Qs, Rs, np.ones(N), n_obs, backend).loglik(est, idx_all)
+    ll = _Objective(zl, F, H, off, Q0, R0, Qs, Rs, np.ones(N), n_obs, backend).loglik(est, idx_all)
     status = np.where(usable, opt.status, optim.NOT_FINITE)
     msg = np.array(
         [optim.STATUS_TEXT[c] if u else f"fewer than {k + 1} observations" for c, u in
-         zip(status, usable, strict=True)]
+         zip(status, usable, strict=True)], dtype=object,
     )  # fmt: skip
     se, note = _standard_errors(opt, est, n_obs, status, names)
+    # every variance on its bound 0 with no fixed one: the model without noise reproduces the
+    # data exactly, where the likelihood is +inf (it rose without bound on the way)
+    unbounded = usable & opt.at_boundary.all(1) & (not np.any(Q0) and not np.any(R0))
+    status = np.where(unbounded, optim.NOT_FINITE, status)
+    for i in np.flatnonzero(unbounded):
+        msg[i] = _unbounded_text(zl[i].numpy())
+    none = ~usable | unbounded  # no estimate: NaN, not the starting or limit values
+    est[none], ll[none], se[none] = np.nan, np.nan, np.nan
+    at_b = opt.at_boundary & ~none[:, None]
+    note[none] = "no estimate (see message)"
     shape = layout.batch_shape
+    _warn_no_estimate(none, msg, shape)
     return DenseFit(
         params={p: est[:, j].reshape(shape) for j, p in enumerate(names)},
         loglik=ll.reshape(shape),
         converged=(status == optim.CONVERGED).reshape(shape),
-        at_boundary={p: opt.at_boundary[:, j].reshape(shape) for j, p in enumerate(names)},
+        at_boundary={p: at_b[:, j].reshape(shape) for j, p in enumerate(names)},
         n_iter=opt.n_iter.reshape(shape),
-        message=msg.reshape(shape),
+        message=msg.astype(str).reshape(shape),
         stderr={p: se[:, j].reshape(shape) for j, p in enumerate(names)},
         stderr_note=note.astype(str).reshape(shape),
     )

@@ -263,14 +263,26 @@ def match_series(name: str, v: xr.DataArray, da: xr.DataArray, time_dim: str = "
     by position along a dim without labels (:func:`kalmanscan.core._args.match_dims`); its other
     coordinates dropped."""
     v = match_dims(name, v, da, [d for d in da.dims if d != time_dim], "series dims")
-    return v.drop_vars([c for c in v.coords if c not in v.dims])
+    return v.reset_coords(drop=True)  # (a MultiIndex's levels stay with their index)
+
+
+def put(ds: xr.Dataset, name: str, v) -> None:
+    """``ds[name] = v``, ``v``'s coordinates that ``ds`` holds already left out (the same
+    labels: checked), so that a MultiIndex's levels are not dropped one by one (deprecated by
+    xarray)."""
+    if isinstance(v, xr.DataArray):
+        for d in v.dims:
+            if d in v.indexes and d in ds.indexes and not v.indexes[d].equals(ds.indexes[d]):
+                raise ValueError(f"{name}: expected the labels of {d!r} of the Dataset")
+        v = v.drop_vars([c for c in v.coords if c in ds.coords])
+    ds[name] = v
 
 
 def _laid_out(x, dims, sizes) -> xr.DataArray:
     """A result as a DataArray over ``dims``: a DataArray transposed, an array (in ``dims``
     order) broadcast to ``sizes``."""
-    if isinstance(x, xr.DataArray):
-        return x.transpose(*dims)
+    if isinstance(x, xr.DataArray):  # (its values only: the Dataset holds the coordinates, a
+        return xr.DataArray(x.transpose(*dims).variable)  # MultiIndex's levels with its index)
     return xr.DataArray(np.array(np.broadcast_to(np.asarray(x), tuple(sizes))), dims=dims)
 
 
@@ -353,7 +365,7 @@ def results_dataset(
     # (parameters per step, which OUModel takes: over time_dim and the series dims)
     pv = {p: series_param(p, v, observed, time_dim, per_step=True) for p, v in params.items()}
     for p, v in pv.items():
-        ds[p] = v
+        put(ds, p, v)
         ds[p].attrs = {}  # (a fit's Dataset's attrs: its units are set below, from these data)
     _describe(ds, time_dim, time_unit, coverage, custom_prior, pv)
     for coord in (time_dim, "forecast_time"):

@@ -637,8 +637,9 @@ def fit_ou(
     it held at 0, see ``OUFit.notes``), when a local level of two observations leaves sigma2
     and obs_var not identified (no standard errors) and when one observation dominates the
     likelihood; series with fewer than 2 observations or constant keep their starting values
-    (not converged, named in ``OUFit.notes``, left out of ``total_loglik``), and data without a
-    series to fit are refused. Returns an :class:`OUFit`.
+    (not converged, named in ``OUFit.notes``, left out of ``total_loglik``; NaN, with a warning,
+    in every output the fit computes from the parameters: filter, smooth, disturbances, forecast,
+    to_dataset), and data without a series to fit are refused. Returns an :class:`OUFit`.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile

@@ -676,6 +676,10 @@ class OUModel:
             ds.attrs["name"] = name
         if fit is not None:
             view.record_fit(ds, fit, da.dims[1:])
+            if np.shape(fit.z)[1:] == zt.shape[1:]:  # (the fit's series: NaN for those unfitted)
+                from kalmanscan.timeseries.result import blank_unfitted
+
+                ds = blank_unfitted(ds, fit)
         return ds
 
 

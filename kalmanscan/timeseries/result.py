@@ -6,11 +6,12 @@ Dataset, summary table). The fitting itself: :mod:`kalmanscan.timeseries.fit`.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kalmanscan.timeseries._messages import SeriesLabel
+from kalmanscan.timeseries._messages import SeriesLabel, _names
 from kalmanscan.timeseries.model import PARAMS, Forecast, OUModel, forecast_from_state
 from kalmanscan.timeseries.model_numerics import _host_array
 from kalmanscan.timeseries.moments import _nan_moments
@@ -51,7 +52,9 @@ class OUFit:
 
     Properties ``params`` (``{name: value}``, fixed ones included) and ``total_loglik`` (the
     sum over the fitted series); methods :meth:`filter`, :meth:`smooth`, :meth:`disturbances`,
-    :meth:`forecast`, :meth:`to_dataset` and :meth:`summary` work on the fitted data.
+    :meth:`forecast`, :meth:`to_dataset` and :meth:`summary` work on the fitted data. Series that
+    were not fitted (fewer than 2 observations, or constant: their parameters the starting
+    values) have no estimate: those methods give NaN for them, with a warning naming them.
 
     >>> import kalmanscan as ks
     >>> from kalmanscan.timeseries import load_nile
@@ -110,6 +113,25 @@ class OUFit:
         n_obs = (~np.isnan(Z)).sum(0)
         return (n_obs < 2) | (_nan_moments(Z)[2] == 0)
 
+    def _no_estimate(self, what: str, stacklevel: int = 3) -> np.ndarray:
+        """:meth:`_unfitted`, with a warning naming those series where there are any: ``what``
+        (the method) reports NaN for them."""
+        none = self._unfitted()
+        if none.any():
+            T = self.z.shape[0]
+            Z = np.asarray(self.z, dtype=np.float64).reshape(T, -1)
+            few = (~np.isnan(Z)).sum(0) < 2
+            parts = []
+            for rows, why in ((none & few, "fewer than 2 observations"), (none & ~few, "constant")):
+                if rows.any():
+                    parts.append(f"{_names(np.flatnonzero(rows), self.series_labels)} ({why})")
+            warnings.warn(
+                f"OUFit.{what}: NaN for series " + " and ".join(parts) + ": not fitted, so there "
+                "is no estimate (their parameters are only the starting values; see notes)",
+                stacklevel=stacklevel,
+            )
+        return none
+
     @property
     def total_loglik(self) -> float:
         """The log-likelihood summed over the fitted series (a float). Series with fewer than
@@ -129,7 +151,8 @@ class OUFit:
         >>> res.mean.shape, round(float(res.var[-1]), 1), round(float(res.loglik), 4)
         ((100,), 4032.2, -632.5456)
         """
-        return self.model.filter_prepared(self.z, self.time_axis)
+        res = self.model.filter_prepared(self.z, self.time_axis)
+        return _blank_filter(res, self._no_estimate("filter"))
 
     def smooth(self):
         """:class:`kalmanscan.SmoothResult` of the data under the fitted model (time first).
@@ -141,7 +164,12 @@ class OUFit:
         >>> sm.mean.shape, round(float(sm.var[0]), 1), round(float(sm.filtered.var[-1]), 1)
         ((100,), 4032.2, 4032.2)
         """
-        return self.model.filter_prepared(self.z, self.time_axis, smooth=True)
+        res = self.model.filter_prepared(self.z, self.time_axis, smooth=True)
+        none = self._no_estimate("smooth")
+        return type(res)(
+            _blank(res.mean, none, True), _blank(res.var, none, True),
+            _blank_filter(res.filtered, none),
+        )  # fmt: skip
 
     def disturbances(self) -> Disturbances:
         """Standardized smoothed disturbances of the data under the fitted model (the auxiliary
@@ -197,7 +225,11 @@ class OUFit:
                     )
                 z[screened] = vals
         d = smoothed_disturbances(self, z, screened)
-        return Disturbances(d.observation.reshape(shape), d.state.reshape(shape))
+        none = self._no_estimate("disturbances")
+        return Disturbances(
+            _blank(d.observation, none, True).reshape(shape),
+            _blank(d.state, none, True).reshape(shape),
+        )
 
     def forecast(
         self, steps=None, *, at=None, coverage: float = 0.95, future_params=None
@@ -230,7 +262,7 @@ class OUFit:
         ([1971.0, 1972.0, 1973.0], [798.37, 798.37, 798.37], [562.29, 554.01, 546.01])
         """
         last_mean, last_var = self._filtered_last()
-        return forecast_from_state(
+        fc = forecast_from_state(
             self.model,
             self.time_axis,
             last_mean,
@@ -240,6 +272,11 @@ class OUFit:
             coverage=coverage,
             future_params=future_params,
         )
+        none = self._no_estimate("forecast")
+        if not none.any():
+            return fc
+        blank = (_blank(x, none, True) for x in fc[1:6])
+        return fc._replace(**dict(zip(fc._fields[1:6], blank, strict=True)))
 
     def _filtered_last(self):
         """``(mean, var)`` filtered at the last time: the filter is run once and its last
@@ -258,7 +295,7 @@ class OUFit:
         cached = self.__dict__.get("_last_state")
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        res = self.filter()
+        res = self.model.filter_prepared(self.z, self.time_axis)
         last = (key, np.array(_host_array(res.mean[-1])), np.array(_host_array(res.var[-1])))
         object.__setattr__(self, "_last_state", last)
         return last[1], last[2]
@@ -429,6 +466,54 @@ class OUFit:
         )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+# the results Dataset's variables computed from the parameters (to_dataset blanks them for the
+# series that were not fitted)
+_DERIVED_VARS = (
+    "mean", "variance", "precision", "lower", "upper", "pred_mean", "pred_variance",
+    "smoothed_mean", "smoothed_variance", "smoothed_lower", "smoothed_upper", "loglik",
+    "forecast_mean", "forecast_variance", "forecast_predictive_variance", "forecast_lower",
+    "forecast_upper",
+)  # fmt: skip
+
+
+def blank_unfitted(ds, fit, time_dim: str = "time"):
+    """``ds`` (``OUModel.to_dataset``'s results of ``fit``'s series) with NaN in the variables
+    computed from the parameters for the series ``fit`` did not fit, with its warning."""
+    none = fit._no_estimate("to_dataset", stacklevel=5)
+    if none.any():
+        import xarray as xr
+
+        dims = [d for d in ds["observed"].dims if d != time_dim]
+        keep = xr.DataArray(~none.reshape(fit.z.shape[1:]), dims=dims)
+        for k in _DERIVED_VARS:
+            if k in ds:
+                ds[k] = ds[k].where(keep)
+    return ds
+
+
+def _blank(a, none: np.ndarray, time_first: bool):
+    """``a`` (``[T, *S]`` if ``time_first`` else ``[*S]``, the series flattened in C order
+    matching ``none [N]``) with NaN for the series ``none``; ``a`` itself where there are none."""
+    if a is None or not none.any():
+        return a
+    arr = np.array(_host_array(a), dtype=np.float64)
+    flat = arr.reshape((arr.shape[0], -1) if time_first else (-1,))
+    flat[..., none] = np.nan
+    return flat.reshape(arr.shape)
+
+
+def _blank_filter(res, none: np.ndarray):
+    """A ``FilterResult`` with NaN for the series ``none`` (its ``final`` state included)."""
+    if not none.any():
+        return res
+    fields = {k: _blank(getattr(res, k), none, True) for k in res._fields[:7]}
+    fields["loglik"] = _blank(res.loglik, none, False)
+    final = res.final
+    if final is not None:
+        final = type(final)(*(_blank(x, none, False) for x in final))
+    return res._replace(**fields, final=final)
 
 
 def _decimals(x, places: int = 4) -> str:
