@@ -210,10 +210,12 @@ static KS_INLINE int KS_F(_step)(const int exact, const int careful, KS_FT z, KS
     } else {
         /* one division: S/u- = S^2 / (u- S) (range-checked, S^2 too: it loses digits where S
          * is below ~1e-154, e.g. loading 1e-80 with obs_var 1e-300; the exact form takes the
-         * rest) */
+         * rest). D (D / (u- S)), not D^2 / (u- S): D^2 passed the range where the term does
+         * not (an innovation of 1e154 in a lane's units with a variance of 1e8, the term 1e300:
+         * -inf); where D / (u- S) is below the normal range the term is below 4 * DBL_MIN. */
         const double us = du * S, ius = 1.0 / us, ss = S * S, ratio = ss * ius;
         const double mn = ss < us ? ss : us; /* (a fourth term here left the row scalar) */
-        l = ks_log(ratio) + D * D * ius;
+        l = ks_log(ratio) + D * (D * ius);
         fl |= (((ratio <= DBL_MAX) & (mn >= DBL_MIN) & finite) ^ 1) * KS_ROW_INEXACT;
     }
     *ll = contrib ? -0.5 * (KS_LOG_2PI + l) : 0.0;
@@ -387,7 +389,8 @@ static int KS_F(_check_x0)(KS_FT u, KS_FT e, KS_FT v) {
  * sequential.back_through). Rows of ordinary decays take the plain form. `careful` (the lanes
  * whose step back was not finite, run again: a row's lane, a lone lane's whole pass): where the
  * update's products pass the range though the belief does not (R E: obs_var 1e300, a mean of
- * 1e10), they are formed scaled (_observe_scaled). */
+ * 1e10), they are formed scaled (_observe_scaled), and the update is normalized before the step
+ * back, as in the odd form (its p U1 passed the range where process_var h^2 / obs_var does). */
 static KS_INLINE void KS_F(_back)(const int odd, const int careful, KS_FT z, KS_FT R, KS_FT a,
                                   KS_FT p, KS_FT h, KS_FT c, KS_FT *su, KS_FT *se, KS_FT *sv) {
     typedef KS_FT FT;
@@ -403,7 +406,21 @@ static KS_INLINE void KS_F(_back)(const int odd, const int careful, KS_FT z, KS_
         KS_F(_observe_scaled)(RR, h, zz, U, E, V, &U1, &E1, &V1);
     const int forget = a == (FT)0;
     FT u, e, v;
-    if (odd) {
+    if (careful && !odd) {
+        /* the update normalized before the step back: V1 + p U1 passed the range where
+         * process_var h^2 / obs_var does (process_var 1e5, obs_var 1e-304: the smoothed variances
+         * inf, the means NaN), though the belief before the step is an ordinary one; held at
+         * KS_FT_MAX / 4 as the odd form */
+        const FT im = (FT)1 / (U1 >= V1 ? U1 : V1);
+        U1 *= im;
+        E1 *= im;
+        V1 *= im;
+        const FT w = V1 + p * U1;
+        const FT top = (FT)(KS_FT_MAX / 4);
+        u = forget ? (FT)0 : (a * a) * U1;
+        e = forget ? (FT)0 : a * (E1 - c * U1);
+        v = forget ? (FT)1 : (w <= top ? w : top);
+    } else if (odd) {
         /* (max(U1, V1) >= obs_var >= 1/KS_FT_MAX: its reciprocal is finite) */
         const FT im = (FT)1 / (U1 >= V1 ? U1 : V1);
         U1 *= im;

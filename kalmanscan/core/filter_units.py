@@ -279,6 +279,9 @@ def _tiny_lanes(prep: _Prepared, ins, host: bool = False):
         )
         lc2 = np.maximum(lc2, np.minimum(np.minimum(lprior + below, keep), 0.0))
     kc = np.where(need & np.isfinite(lc2), np.floor(lc2 / 2), 0.0).astype(np.int32)
+    # c**2 a normal number (a subnormal obs_var, 1e-308, set 2**-1024: the prior's variance
+    # over it, and process_var's, inf)
+    kc = np.maximum(kc, -((1 - math.frexp(torch.finfo(dtype).tiny)[1]) // 2))
     dev = z.device
     c = torch.ldexp(torch.ones(N, dtype=dtype, device=dev), torch.from_numpy(kc).to(dev))
     with torch.no_grad():
@@ -399,7 +402,8 @@ def _in_units(prep: _Prepared, ins, x0, c, ks):
     z, R, a, pv, h, off = ins
     T, N = z.shape
     s = torch.ldexp(torch.ones_like(z), ks)
-    ins = (z * s, R * (s * s), a, (compact(pv) / (c * c)).expand(T, N), h * s * c,
+    # (R s first: s * s passes the range where obs_var is subnormal, 2**1024 at 1e-308)
+    ins = (z * s, R * s * s, a, (compact(pv) / (c * c)).expand(T, N), h * s * c,
            (compact(off) / c).expand(T, N))  # fmt: skip
     u, e, v = x0
     # (v <= 1 and 1/c^2 <= 2^(2/3 emax): finite)

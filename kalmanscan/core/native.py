@@ -429,10 +429,7 @@ class _NativeFunction(torch.autograd.Function):
             w = torch.where(lost, 0.0, w.expand(N)).contiguous()
         g = loglik_grad(params[0], *params[1:], x0, w, wrt=wrt)
         if g["flags"] & NOT_FINITE:
-            raise OverflowError(
-                "native adjoint: a gradient of the log-likelihood is not finite in "
-                f"{inputs[0].dtype}: the data or parameters are beyond what the dtype can hold"
-            )
+            return (None, None, None) + _vjp_or_raise(kind, T, N, inputs, grads, need, lost)
         res = []
         for name, x, n in zip(names, inputs, need, strict=True):
             gx = g[name] if n else None
@@ -440,6 +437,23 @@ class _NativeFunction(torch.autograd.Function):
                 gx = gx.masked_fill(lost, float("nan")) if gx.shape[-1] == N else gx + float("nan")
             res.append(gx.sum_to_size(x.shape) if n else None)
         return (None, None, None) + tuple(res)
+
+
+def _vjp_or_raise(kind, T, N, inputs, grads, need, lost):
+    """The log-likelihood's gradient by the torch backend's vector-Jacobian product where the
+    kernel's adjoint left the range (an intermediate past it, though the gradient is not:
+    ``process_var / obs_var`` past 1e308, a lane carried in units with ``loading`` 1e149, gave
+    an OverflowError where the torch backend is exact); the OverflowError only where that one is
+    not finite either (and no lane's log-likelihood is NaN by design: ``lost``)."""
+    from kalmanscan.core import parallel
+
+    res = _torch_vjp(parallel.filter_lanes, kind, T, N, inputs, grads, need)
+    if lost is None and any(g is not None and not bool(torch.isfinite(g).all()) for g in res):
+        raise OverflowError(
+            "native adjoint: a gradient of the log-likelihood is not finite in "
+            f"{inputs[0].dtype}: the data or parameters are beyond what the dtype can hold"
+        )
+    return res
 
 
 def _call(kind, z, obs_var, decay, process_var, loading, offset, x0):
