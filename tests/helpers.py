@@ -173,3 +173,28 @@ def fit_dask_recorded(da, fix, **options):
         assert bool(ds.chunks) == (da.chunks is not None), "expected a lazy fit of dask data"
         ds = ds.compute(scheduler="synchronous")
     return ds, [str(w.message) for w in caught]
+
+
+def _limit_precision(cov, big):
+    """The dense oracle's filtered precision in the limit: the inverse of the finite block on the
+    coordinates whose variance is below ``big`` (above it: kappa's part), 0 along the rest."""
+    prec = np.zeros_like(cov)
+    for t in range(cov.shape[0]):
+        res = np.flatnonzero(np.abs(np.diagonal(cov[t])) < big)
+        prec[t][np.ix_(res, res)] = np.linalg.inv(cov[t][np.ix_(res, res)])
+    return prec
+
+
+def check_faded_filter(f, o, tol, big=1e12):
+    """A dense filter result ``f`` against the dense oracle's ``o`` (kappa 1e66: an entry above
+    ``big`` is kappa's, +-inf in ``f``): the log-likelihood to 1e-10, the finite covariance,
+    the mean and the limit precision to ``tol`` of their largest entries."""
+    assert abs(float(f.loglik) - o.loglik) <= 1e-10 * abs(o.loglik)
+    kappa = np.abs(o.cov) > big
+    np.testing.assert_array_equal(np.isposinf(f.cov), kappa & (o.cov > 0))
+    np.testing.assert_array_equal(np.isneginf(f.cov), kappa & (o.cov < 0))
+    fin = np.where(kappa, 0.0, o.cov)
+    assert np.abs(np.where(kappa, 0.0, f.cov) - fin).max() <= tol * np.abs(fin).max()
+    assert np.abs(f.mean - o.mean).max() <= tol * max(np.abs(o.mean).max(), 1.0)
+    want = _limit_precision(o.cov, big)
+    assert np.abs(f.precision - want).max() <= tol * np.abs(want).max()

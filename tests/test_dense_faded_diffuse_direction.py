@@ -23,6 +23,7 @@ import pytest
 
 import kalmanscan.dense as kd
 from kalmanscan.validation.oracle import dense_oracle
+from tests.helpers import check_faded_filter
 
 _BIG = 1e12  # an oracle entry above this is its kappa part (kappa = 1e66)
 _MIX = np.array([[0.9, 0.3], [0.2, 0.8]])
@@ -61,28 +62,6 @@ def _oracle(key, dps=200):
     return dense_oracle(*CASES[key][0], dps=dps)
 
 
-def _limit_precision(cov):
-    """The oracle's filtered precision in the limit: the inverse of the finite block on the
-    coordinates whose variance is finite, 0 along the rest."""
-    prec = np.zeros_like(cov)
-    for t in range(cov.shape[0]):
-        res = np.flatnonzero(np.abs(np.diagonal(cov[t])) < _BIG)
-        prec[t][np.ix_(res, res)] = np.linalg.inv(cov[t][np.ix_(res, res)])
-    return prec
-
-
-def _check_filter(f, o, tol):
-    assert abs(float(f.loglik) - o.loglik) <= 1e-10 * abs(o.loglik)
-    big = np.abs(o.cov) > _BIG
-    np.testing.assert_array_equal(np.isposinf(f.cov), big & (o.cov > 0))
-    np.testing.assert_array_equal(np.isneginf(f.cov), big & (o.cov < 0))
-    fin = np.where(big, 0.0, o.cov)
-    assert np.abs(np.where(big, 0.0, f.cov) - fin).max() <= tol * np.abs(fin).max()
-    assert np.abs(f.mean - o.mean).max() <= tol * max(np.abs(o.mean).max(), 1.0)
-    want = _limit_precision(o.cov)
-    assert np.abs(f.precision - want).max() <= tol * np.abs(want).max()
-
-
 @pytest.mark.parametrize("key", list(CASES))
 def test_case_is_what_it_claims(key):
     """The pair is diffuse (its coordinates kappa's) up to the step before the gap ends, its
@@ -101,7 +80,7 @@ def test_case_is_what_it_claims(key):
 @pytest.mark.parametrize("key", list(CASES))
 def test_sequential_filter_against_oracle(key):
     f = kd.filter(*CASES[key][0], backend="sequential")
-    _check_filter(f, _oracle(key), 1e-11)
+    check_faded_filter(f, _oracle(key), 1e-11)
 
 
 @pytest.mark.parametrize("key", list(CASES))
@@ -111,7 +90,7 @@ def test_torch_filter_against_oracle(key):
     x_0 held the faded direction to eps of the first (log-likelihood -30.97 against the
     oracle's -64.68); the head now runs on (tests/test_dense_faded_past_head.py)."""
     f = kd.filter(*CASES[key][0], backend="torch")
-    _check_filter(f, _oracle(key), 1e-11)
+    check_faded_filter(f, _oracle(key), 1e-11)
 
 
 @pytest.mark.parametrize("backend", ["sequential", "torch"])

@@ -24,6 +24,7 @@ import pytest
 import kalmanscan.dense as kd
 from kalmanscan.dense import _args, parallel
 from kalmanscan.validation.oracle import dense_oracle
+from tests.helpers import check_faded_filter
 
 _BIG = 1e12  # an oracle entry above this is its kappa part
 _MIX = np.array([[0.9, 0.3], [0.2, 0.8]])  # eigenvalues 1.0024, 0.5876
@@ -79,28 +80,6 @@ def _oracle(key, b=0):
     return dense_oracle(*_series(key)[b], dps=CASES[key][2])
 
 
-def _limit_precision(cov):
-    """The oracle's filtered precision in the limit: the inverse of the finite block on the
-    coordinates whose variance is finite, 0 along the rest."""
-    prec = np.zeros_like(cov)
-    for t in range(cov.shape[0]):
-        res = np.flatnonzero(np.abs(np.diagonal(cov[t])) < _BIG)
-        prec[t][np.ix_(res, res)] = np.linalg.inv(cov[t][np.ix_(res, res)])
-    return prec
-
-
-def _check_filter(f, o, tol):
-    assert abs(float(f.loglik) - o.loglik) <= 1e-10 * abs(o.loglik)
-    big = np.abs(o.cov) > _BIG
-    np.testing.assert_array_equal(np.isposinf(f.cov), big & (o.cov > 0))
-    np.testing.assert_array_equal(np.isneginf(f.cov), big & (o.cov < 0))
-    fin = np.where(big, 0.0, o.cov)
-    assert np.abs(np.where(big, 0.0, f.cov) - fin).max() <= tol * np.abs(fin).max()
-    assert np.abs(f.mean - o.mean).max() <= tol * max(np.abs(o.mean).max(), 1.0)
-    want = _limit_precision(o.cov)
-    assert np.abs(f.precision - want).max() <= tol * np.abs(want).max()
-
-
 def _one(res, b, batched):
     """Series ``b`` of a result (the batch axis 1 of a batched case)."""
     if not batched:
@@ -142,7 +121,7 @@ def test_torch_filter_past_head_against_oracle(key):
     z = CASES[key][0][0]
     f = kd.filter(*CASES[key][0], backend="torch")
     for b in range(len(_series(key))):
-        _check_filter(_one(f, b, z.ndim == 3), _oracle(key, b), 1e-11)
+        check_faded_filter(_one(f, b, z.ndim == 3), _oracle(key, b), 1e-11)
 
 
 @pytest.mark.parametrize("key", ["pair-T120-gap100", "pair-beside-rw-T135-gap115"])
@@ -210,4 +189,4 @@ def test_llt_after_gap_against_oracle():
     """The local linear trend of :func:`test_form_past_head` in the information form."""
     args = _llt(340, 300)
     f = kd.filter(*args, backend="torch")
-    _check_filter(f, dense_oracle(*args, dps=200), 1e-11)
+    check_faded_filter(f, dense_oracle(*args, dps=200), 1e-11)
