@@ -64,7 +64,8 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
     """Write ``ds`` to netCDF with ``engine`` (default :func:`netcdf_engine`); returns the engine.
 
     netCDF3 (the ``scipy`` engine) has no 64-bit integers, so datetimes are stored there as float64
-    seconds since 1970-01-01 (about microsecond precision over centuries). netCDF has no
+    seconds since 1970-01-01 (about microsecond precision over centuries), and an integer
+    attribute past 32 bits (a fit's ``time_unit_ns``) as float64 (exact below 2^53). netCDF has no
     MultiIndex: a MultiIndex coordinate (e.g. a DataFrame's MultiIndex columns as ``series``) is
     written as its levels, coordinates along its dim (``ds.reset_index``).
 
@@ -85,8 +86,30 @@ def save_netcdf(ds: xr.Dataset, path, engine: str | None = None) -> str:
         for name, var in ds.variables.items():
             if var.dtype.kind == "M":
                 encoding[name] = {"units": "seconds since 1970-01-01T00:00:00", "dtype": "float64"}
+        ds = _nc3_attrs(ds)
     ds.to_netcdf(path, engine=engine, encoding=encoding)
     return engine
+
+
+def _nc3_attrs(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with its integer attributes (its own and its variables') that netCDF3's 32 bits
+    cannot hold (a fit's ``time_unit_ns``, 8.64e13 for a day) as float64 where that is exact
+    (below 2^53), else as their decimal text; the others as they are (a copy where any changed)."""
+
+    def fix(attrs):
+        out = {}
+        for k, v in attrs.items():
+            if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+                if not -(2**31) <= int(v) < 2**31:
+                    v = float(v) if abs(int(v)) < 2**53 else str(int(v))
+            out[k] = v
+        return out
+
+    ds = ds.copy()
+    ds.attrs = fix(ds.attrs)
+    for var in ds.variables.values():
+        var.attrs = fix(var.attrs)
+    return ds
 
 
 # --- filtering ---------------------------------------------------------------------------------
