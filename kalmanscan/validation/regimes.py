@@ -195,6 +195,29 @@ def _constant(reg: ScalarRegime) -> bool:
 GRAD_MAX_T = 20_000  # the gradient oracle costs five 120-digit passes: longer lanes are skipped
 
 
+def oracle_grad(reg: ScalarRegime) -> tuple[dict, dict]:
+    """``(vals, g)``: a constant-parameter regime's scalar parameters ``{obs_var, decay,
+    process_var, offset}`` and the mpmath oracle's log-likelihood gradient in them
+    (:func:`kalmanscan.validation.oracle.scalar_loglik_grad`), as :func:`grad_rel` compares."""
+    from .oracle import scalar_loglik_grad
+
+    vals = {
+        k: float(np.asarray(getattr(reg, k)).flat[0])
+        for k in ("obs_var", "decay", "process_var", "offset")
+    }
+    g = scalar_loglik_grad(
+        reg.z,
+        vals["obs_var"],
+        vals["decay"],
+        vals["process_var"],
+        float(reg.loading[0]),
+        vals["offset"],
+        reg.prior_mean,
+        reg.prior_var,
+    )
+    return vals, g
+
+
 def gradient_rows(
     full: bool = False, backends=SCALAR_BACKENDS, progress=None, max_T=GRAD_MAX_T, names=None
 ):
@@ -203,8 +226,6 @@ def gradient_rows(
     (:func:`grad_rel`), ``passes`` (within ``TOLERANCES[("kernel_grad", "float64")]``) and
     ``error`` (what a backend raised)."""
     from kalmanscan.core import native
-
-    from .oracle import scalar_loglik_grad
 
     say = progress or (lambda m: None)
     tol = TOLERANCES[("kernel_grad", "float64")]
@@ -215,20 +236,7 @@ def gradient_rows(
         if names and reg.name not in names:
             continue
         t0 = time.perf_counter()
-        vals = {
-            k: float(np.asarray(getattr(reg, k)).flat[0])
-            for k in ("obs_var", "decay", "process_var", "offset")
-        }
-        g_star = scalar_loglik_grad(
-            reg.z,
-            vals["obs_var"],
-            vals["decay"],
-            vals["process_var"],
-            float(reg.loading[0]),
-            vals["offset"],
-            reg.prior_mean,
-            reg.prior_var,
-        )
+        vals, g_star = oracle_grad(reg)
         say(f"{reg.name}: oracle gradient {time.perf_counter() - t0:.1f} s")
         for be in backends:
             if be == "native" and not native.available():
